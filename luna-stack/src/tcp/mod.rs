@@ -1,0 +1,5 @@
+//! TCP: sequence arithmetic, the RFC 9293 state machine, loss recovery and congestion control.
+
+pub mod seq;
+
+pub use seq::SeqNum;

@@ -236,9 +236,11 @@ fn run(cmd: Cmd) -> Result<()> {
                 "memif-client" => (Kind::Memif, 1),
                 "tap" => (Kind::Tap, 0),
                 "afpacket" => (Kind::AfPacket, 0),
-                other => return Err(Error::Config(format!(
+                other => {
+                    return Err(Error::Config(format!(
                     "unknown DPDK side `{other}`; valid: memif-server, memif-client, tap, afpacket"
-                ))),
+                )))
+                }
             };
             let port = match (Details::of(kind, &prefix), pick) {
                 (Details::Memif(m), 0) => m.server,

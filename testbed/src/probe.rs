@@ -48,8 +48,11 @@ impl PingStats {
                     }
                 }
             } else if let Some(rest) = line.strip_prefix("rtt min/avg/max/mdev = ") {
+                // `... = a/b/c/d ms` optionally followed by `, pipe N`.
                 let ms: Vec<f64> = rest
-                    .trim_end_matches(" ms")
+                    .split(" ms")
+                    .next()
+                    .unwrap_or("")
                     .split('/')
                     .filter_map(|v| v.parse().ok())
                     .collect();
@@ -100,7 +103,7 @@ mod tests {
     fn parses_iputils_summaries() {
         let out = "--- 198.18.2.2 ping statistics ---\n\
                    10 packets transmitted, 10 received, +3 duplicates, 0% packet loss, time 905ms\n\
-                   rtt min/avg/max/mdev = 0.033/40.055/100.077/0.022 ms\n";
+                   rtt min/avg/max/mdev = 0.033/40.055/100.077/0.022 ms, pipe 5\n";
         let s = PingStats::parse(out).unwrap();
         assert_eq!((s.transmitted, s.received, s.duplicates), (10, 10, 3));
         assert_eq!(s.rtt_max, Some(Duration::from_micros(100_077)));

@@ -342,7 +342,9 @@ fn sweep_after_kill_9_leaves_nothing_behind() {
     ns.sort();
     assert_eq!(ns, ["ltbk9-k1", "ltbk9-k2", "ltbk9-memif"]);
     assert!(rep.processes >= 2, "{rep:?}");
-    assert!(rep.dpdk_files >= 2 && rep.state_dir, "{rep:?}");
+    // >= 1, not 2: on a shared machine another engineer's hugepage cleanup may remove the
+    // fake hugepage file first; that nothing is left is asserted below either way.
+    assert!(rep.dpdk_files >= 1 && rep.state_dir, "{rep:?}");
     assert_nothing_left(&p);
     // The processes inside are gone, not just the names.
     assert!(

@@ -23,7 +23,7 @@ struct Cli {
 
 #[derive(clap::Args)]
 struct PrefixArg {
-    /// Name prefix of everything created (1-8 lowercase letters/digits).
+    /// Name prefix of everything created (1-10 lowercase letters/digits).
     #[arg(long, env = "LUNA_TESTBED_PREFIX", default_value = "luna")]
     prefix: String,
 }

@@ -17,10 +17,11 @@ pub const STATE_ROOT_ENV: &str = "LUNA_TESTBED_STATE_ROOT";
 /// Default state root: tmpfs, so a reboot clears it along with the namespaces.
 pub const DEFAULT_STATE_ROOT: &str = "/run/luna-testbed";
 
-/// Longest prefix: `<prefix>-` plus the longest interface suffix (6) must fit IFNAMSIZ-1.
-pub const MAX_PREFIX_LEN: usize = 8;
+/// Longest prefix: `<prefix>-` plus the longest interface suffix (3, e.g. `k1v`; one spare)
+/// must fit the 15 bytes of an interface name.
+pub const MAX_PREFIX_LEN: usize = 10;
 
-/// A validated name prefix: 1–8 characters, lowercase ASCII letters and digits, starting
+/// A validated name prefix: 1–10 characters, lowercase ASCII letters and digits, starting
 /// with a letter.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Prefix(String);
@@ -38,7 +39,7 @@ impl Prefix {
             return bad("empty");
         }
         if s.len() > MAX_PREFIX_LEN {
-            return bad("longer than 8 characters (interface names are limited to 15 bytes)");
+            return bad("longer than 10 characters (interface names are limited to 15 bytes)");
         }
         if !s.starts_with(|c: char| c.is_ascii_lowercase()) {
             return bad("must start with a lowercase letter");
@@ -104,12 +105,12 @@ mod tests {
     #[test]
     fn accepts_short_lowercase() {
         assert_eq!(Prefix::new("luna").unwrap().name("k1"), "luna-k1");
-        assert!(Prefix::new("ltb12345").is_ok());
+        assert!(Prefix::new("ltb1234567").is_ok());
     }
 
     #[test]
     fn rejects_bad_prefixes_with_reason() {
-        for bad in ["", "toolongpfx", "1abc", "Luna", "lu-na", "lu na"] {
+        for bad in ["", "toolongprefix", "1abc", "Luna", "lu-na", "lu na"] {
             let e = Prefix::new(bad).unwrap_err().to_string();
             assert!(e.contains("invalid prefix"), "{bad}: {e}");
         }

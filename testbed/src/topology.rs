@@ -906,7 +906,7 @@ mod tests {
 
     #[test]
     fn names_fit_ifnamsiz_and_addresses_stay_in_benchmark_range() {
-        let p = Prefix::new("abcdefgh").unwrap();
+        let p = Prefix::new("abcdefghij").unwrap();
         for k in Kind::ALL {
             let d = Details::of(k, &p);
             let mut ips = vec![];
@@ -932,10 +932,10 @@ mod tests {
             }
             for i in ifaces {
                 assert!(i.len() <= 15, "{i}");
-                assert!(i.starts_with("abcdefgh-"));
+                assert!(i.starts_with("abcdefghij-"));
             }
             for n in d.namespaces() {
-                assert!(n.starts_with("abcdefgh-"));
+                assert!(n.starts_with("abcdefghij-"));
             }
         }
     }

@@ -181,7 +181,10 @@ fn tcp_transfer_secs(t: &Topology, bytes: usize, limit: Duration) -> f64 {
     let server =
         v.k2.command("sh")
             .arg("-c")
-            .arg(format!("timeout {} nc -l -p 5201 | wc -c", limit.as_secs()))
+            .arg(format!(
+                "timeout {} nc.openbsd -l -p 5201 | wc -c",
+                limit.as_secs()
+            ))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
@@ -192,7 +195,7 @@ fn tcp_transfer_secs(t: &Topology, bytes: usize, limit: Duration) -> f64 {
         v.k1.command("sh")
             .arg("-c")
             .arg(format!(
-                "head -c {bytes} /dev/zero | timeout {} nc -N {} 5201",
+                "head -c {bytes} /dev/zero | timeout {} nc.openbsd -N {} 5201",
                 limit.as_secs(),
                 v.k2.ip
             ))

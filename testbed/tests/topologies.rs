@@ -72,7 +72,10 @@ fn veth_hosts_reach_each_other_and_drop_removes_everything() {
         );
         // Nothing was put in the root namespace.
         let root = testbed::sys::link_names(None).unwrap();
-        assert!(!root.iter().any(|l| l.starts_with("ltbv1-")), "{root:?}");
+        assert!(
+            !root.iter().any(|l| l.starts_with(&format!("{p}-"))),
+            "{root:?}"
+        );
         assert!(t.state_dir().join("veth.json").exists());
     }
     assert_nothing_left(&p);
@@ -117,7 +120,7 @@ fn memif_provides_namespace_state_dir_and_paired_eal_args() {
         let s = m.server.eal.args();
         assert!(
             s.windows(2)
-                .any(|w| w == ["--file-prefix", "ltbm1-memif-server"]),
+                .any(|w| w == ["--file-prefix".to_string(), p.name("memif-server")]),
             "{s:?}"
         );
         assert!(s.contains(&"--no-pci".to_string()));
@@ -224,7 +227,8 @@ fn afpacket_builds_a_silent_dut_end_and_a_kernel_host() {
 fn unknown_topology_is_one_clear_error() {
     let e = "ring".parse::<Kind>().unwrap_err();
     assert!(matches!(e, Error::UnknownTopology { .. }));
-    let out = cli_run(&["up", "ring", "--prefix", "ltbx1"]);
+    let p = prefix("x1");
+    let out = cli_run(&["up", "ring", "--prefix", p.as_str()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -239,13 +243,15 @@ fn bad_prefix_and_bad_netem_values_are_clear_errors() {
     let out = cli_run(&["up", "veth", "--prefix", "Bad-Prefix"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid prefix"));
-    let out = cli_run(&["netem", "k1", "--prefix", "ltbx2", "--loss", "150%"]);
+    let p = prefix("x2");
+    let ps = p.as_str();
+    let out = cli_run(&["netem", "k1", "--prefix", ps, "--loss", "150%"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("between 0 and 100"));
-    let out = cli_run(&["netem", "k9", "--prefix", "ltbx2", "--loss", "1%"]);
+    let out = cli_run(&["netem", "k9", "--prefix", ps, "--loss", "1%"]);
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains("no impairable link `k9` in any topology; valid links: tap, host, k1, k2"));
-    let out = cli_run(&["netem", "k1", "--prefix", "ltbx2", "--loss", "1%"]);
+    let out = cli_run(&["netem", "k1", "--prefix", ps, "--loss", "1%"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("is not up") && err.contains("testbed up veth"),
@@ -255,20 +261,21 @@ fn bad_prefix_and_bad_netem_values_are_clear_errors() {
 
 #[test]
 fn missing_root_or_ip_binary_is_a_clear_error() {
+    let p = prefix("x3");
     // Not root: drop privileges with setpriv (util-linux).
     let out = std::process::Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(env!("CARGO_BIN_EXE_testbed"))
-        .args(["up", "veth", "--prefix", "ltbx3"])
+        .args(["up", "veth", "--prefix", p.as_str()])
         .output()
         .expect("setpriv");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("needs root"), "{err}");
     // No `ip` in PATH.
-    let empty = tempdir("ltb-nopath");
+    let empty = tempdir("testbed-nopath");
     let out = cli()
-        .args(["up", "veth", "--prefix", "ltbx3"])
+        .args(["up", "veth", "--prefix", p.as_str()])
         .env("PATH", &empty)
         .stdin(Stdio::null())
         .output()
@@ -279,7 +286,7 @@ fn missing_root_or_ip_binary_is_a_clear_error() {
         err.contains("`ip` not found in PATH") && err.contains("iproute2"),
         "{err}"
     );
-    assert!(!netns_exists("ltbx3-k1"));
+    assert!(!netns_exists(&p.name("k1")));
 }
 
 fn tempdir(name: &str) -> std::path::PathBuf {
@@ -313,7 +320,7 @@ fn sweep_after_kill_9_leaves_nothing_behind() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut inside = testbed::netns_command("ltbk9-memif", "sleep")
+    let mut inside = testbed::netns_command(&p.name("memif"), "sleep")
         .arg("600")
         .spawn()
         .unwrap();
@@ -333,14 +340,14 @@ fn sweep_after_kill_9_leaves_nothing_behind() {
     holder.kill().unwrap(); // SIGKILL: no teardown runs
     holder.wait().unwrap();
     assert!(
-        netns_exists("ltbk9-k1"),
+        netns_exists(&p.name("k1")),
         "kill -9 should have left the namespaces"
     );
 
     let rep = testbed::sweep(&p).unwrap();
     let mut ns = rep.namespaces.clone();
     ns.sort();
-    assert_eq!(ns, ["ltbk9-k1", "ltbk9-k2", "ltbk9-memif"]);
+    assert_eq!(ns, [p.name("k1"), p.name("k2"), p.name("memif")]);
     assert!(rep.processes >= 2, "{rep:?}");
     // >= 1, not 2: on a shared machine another engineer's hugepage cleanup may remove the
     // fake hugepage file first; that nothing is left is asserted below either way.
@@ -363,7 +370,7 @@ fn sweep_after_kill_9_leaves_nothing_behind() {
     assert!(testbed::sweep(&p).unwrap().is_empty());
     // `testbed down` reports the same.
     let out = cli_run(&["down", "--prefix", ps]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing with prefix ltbk9"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("nothing with prefix {p}")));
 }
 
 #[test]
@@ -394,7 +401,7 @@ fn cli_up_status_down_round_trip() {
     assert!(args.lines().any(|l| l.contains("role=client")), "{args}");
     let out = cli_run(&["down", "veth", "--prefix", ps]);
     assert!(out.status.success());
-    assert!(!netns_exists("ltbc1-k1") && netns_exists("ltbc1-memif"));
+    assert!(!netns_exists(&p.name("k1")) && netns_exists(&p.name("memif")));
     let out = cli_run(&["down", "--prefix", ps]);
     assert!(out.status.success());
     assert_nothing_left(&p);

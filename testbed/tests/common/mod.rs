@@ -8,12 +8,55 @@ use std::time::{Duration, Instant};
 
 use testbed::{DpdkPort, Prefix};
 
-/// A prefix unique to one test, so tests run in parallel without colliding.
+fn base36(mut n: u32) -> String {
+    let digits = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(digits[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap()
+}
+
+/// A prefix unique to one test in this process: `lt<tag>p<pid base36>` (at most 10 chars),
+/// so concurrent `make test` runs on a shared machine never touch each other's topologies.
+/// Leftovers of earlier test processes that died are swept first.
 pub fn prefix(tag: &str) -> Prefix {
-    let p = Prefix::new(&format!("ltb{tag}")).expect("valid test prefix");
-    // A previous run that crashed may have left things behind.
-    testbed::sweep(&p).expect("pre-test sweep");
-    p
+    assert_eq!(tag.len(), 2, "test tags are two characters");
+    sweep_dead_test_prefixes();
+    Prefix::new(&format!("lt{tag}p{}", base36(std::process::id()))).expect("valid test prefix")
+}
+
+/// Sweeps `lt<tag>p<pid>` prefixes whose process no longer exists.
+fn sweep_dead_test_prefixes() {
+    let Ok(list) = testbed::sys::netns_list() else {
+        return;
+    };
+    let mut dead = std::collections::BTreeSet::new();
+    for ns in list {
+        let Some((p, _)) = ns.split_once('-') else {
+            continue;
+        };
+        // Only `lt<tag>p<pid>`: other names (other people's namespaces) are never touched.
+        if p.len() < 6 || !p.starts_with("lt") || p.as_bytes()[4] != b'p' {
+            continue;
+        }
+        let Ok(pid) = u32::from_str_radix(&p[5..], 36) else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            dead.insert(p.to_string());
+        }
+    }
+    for p in dead {
+        if let Ok(p) = Prefix::new(&p) {
+            let _ = testbed::sweep(&p);
+        }
+    }
 }
 
 /// Fails the test listing whatever carries `prefix`.
@@ -48,7 +91,8 @@ impl Testpmd {
     pub fn spawn(port: &DpdkPort, mode: &str, tag: &str) -> Testpmd {
         let mut port = port.clone();
         port.eal.lcores = "0,1".into();
-        let log = std::env::temp_dir().join(format!("ltb-testpmd-{tag}.log"));
+        let log =
+            std::env::temp_dir().join(format!("testbed-testpmd-{tag}-{}.log", std::process::id()));
         let f = File::create(&log).expect("log file");
         let child = port
             .command("dpdk-testpmd")
@@ -119,5 +163,9 @@ impl Testpmd {
 impl Drop for Testpmd {
     fn drop(&mut self) {
         self.shutdown();
+        // Keep the log only when the test failed.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
 }

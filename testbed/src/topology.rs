@@ -529,6 +529,9 @@ fn ensure_state_dir(p: &Prefix) -> Result<PathBuf> {
 
 impl Topology {
     /// Builds `kind` under `prefix`, or completes/adopts an existing one (idempotent).
+    ///
+    /// The value owns the topology: dropping it tears everything down, even if another
+    /// value (or `testbed up`) brought it up first; [`detach`](Self::detach) the extra ones.
     pub fn up(kind: Kind, prefix: &Prefix) -> Result<Topology> {
         sys::preflight()?;
         let details = Details::of(kind, prefix);

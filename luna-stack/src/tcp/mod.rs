@@ -1,5 +1,7 @@
 //! TCP: sequence arithmetic, the RFC 9293 state machine, loss recovery and congestion control.
 
+pub mod cc;
+pub mod rtt;
 pub mod seq;
 
 pub use seq::SeqNum;

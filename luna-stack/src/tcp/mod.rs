@@ -2,6 +2,7 @@
 
 pub mod cc;
 pub mod rtt;
+pub mod scoreboard;
 pub mod seq;
 
 pub use seq::SeqNum;

@@ -1,5 +1,6 @@
 //! TCP: sequence arithmetic, the RFC 9293 state machine, loss recovery and congestion control.
 
+pub mod assembler;
 pub mod cc;
 pub mod rtt;
 pub mod scoreboard;

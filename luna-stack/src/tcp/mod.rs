@@ -2,8 +2,10 @@
 
 pub mod assembler;
 pub mod cc;
+pub mod isn;
 pub mod rtt;
 pub mod scoreboard;
 pub mod seq;
+pub mod syncookie;
 
 pub use seq::SeqNum;

@@ -358,6 +358,12 @@ impl<P: Payload> Assembler<P> {
         }
     }
 
+    /// The D-SACK range the next [`Assembler::sack_blocks`] will report first, if any (the
+    /// connection may want to ACK immediately: RFC 2883 §4 expects prompt reporting).
+    pub fn pending_dsack(&self) -> Option<(SeqNum, SeqNum)> {
+        self.dsack
+    }
+
     /// Record a duplicate range the connection discarded itself (e.g. a segment entirely below
     /// RCV.NXT), so the next ACK D-SACKs it (RFC 2883 §4).
     pub fn note_duplicate(&mut self, start: SeqNum, end: SeqNum) {
@@ -402,6 +408,9 @@ impl<P: Payload> Assembler<P> {
             out[0] = d;
             n = 1;
         }
+        // RFC 2883 §4: the block containing the duplicate follows the D-SACK even if equal to
+        // it, so distinctness is only checked among the SACK blocks proper.
+        let first = n;
         let mut kept = 0;
         for k in 0..self.recent_len {
             let seq = self.recent[k];
@@ -410,7 +419,7 @@ impl<P: Payload> Assembler<P> {
             };
             self.recent[kept] = seq;
             kept += 1;
-            if n < out.len() && !out[..n].contains(&b) {
+            if n < out.len() && !out[first..n].contains(&b) {
                 out[n] = b;
                 n += 1;
             }
@@ -428,7 +437,7 @@ impl<P: Payload> Assembler<P> {
             let closes = iter.peek().map_or(true, |&(ns, _)| ns != e);
             if closes {
                 if let Some(b) = block.take() {
-                    if !out[..n].contains(&b) {
+                    if !out[first..n].contains(&b) {
                         out[n] = b;
                         n += 1;
                     }
@@ -549,6 +558,9 @@ mod tests {
         // Duplicate of part of the queued [100, 150) block.
         a.insert(nxt, SeqNum(110), data(10, 10));
         assert_eq!(sacks(&mut a, 4), vec![(110, 120), (100, 150), (300, 350)]);
+        // Duplicate of a whole queued block: it is still repeated as the second block.
+        a.insert(nxt, SeqNum(300), data(0, 50));
+        assert_eq!(sacks(&mut a, 4), vec![(300, 350), (300, 350), (100, 150)]);
     }
 
     #[test]
@@ -688,6 +700,19 @@ mod tests {
         })
     }
 
+    /// Maximal contiguous runs of queued data.
+    fn runs_of(a: &Asm) -> Vec<(SeqNum, SeqNum)> {
+        let mut v: Vec<(SeqNum, SeqNum)> = vec![];
+        for (s, p) in &a.segs {
+            let e = *s + p.len();
+            match v.last_mut() {
+                Some(last) if last.1 == *s => last.1 = e,
+                _ => v.push((*s, e)),
+            }
+        }
+        v
+    }
+
     /// Queue invariants: sorted, non-overlapping, non-empty, byte count exact, within bounds.
     fn check_invariants(a: &Asm) -> Result<(), TestCaseError> {
         let mut total = 0;
@@ -791,12 +816,23 @@ mod tests {
                 let n = n.min(len - o);
                 a.insert(nxt, SeqNum(7) + o, stream[o..o + n].to_vec());
                 check_invariants(&a)?;
-                // SACK blocks only ever describe queued data above RCV.NXT.
+                // SACK blocks: an optional D-SACK first, then distinct maximal runs of queued
+                // data (RFC 2018 §4: each block is a contiguous, isolated block).
+                let dsack = a.pending_dsack();
+                let runs = runs_of(&a);
                 let mut buf = [(SeqNum(0), SeqNum(0)); 4];
                 let nb = a.sack_blocks(&mut buf);
-                for &(l, r) in &buf[..nb] {
-                    prop_assert!(l.lt(r));
+                let mut rest = &buf[..nb];
+                if let Some(d) = dsack {
+                    prop_assert_eq!(rest.first(), Some(&d));
+                    rest = &rest[1..];
                 }
+                prop_assert!(a.pending_dsack().is_none(), "D-SACK reported once");
+                for (i, b) in rest.iter().enumerate() {
+                    prop_assert!(runs.contains(b), "{:?} not a run of {:?}", b, runs);
+                    prop_assert!(!rest[..i].contains(b));
+                }
+                prop_assert_eq!(rest.len(), runs.len().min(4 - usize::from(dsack.is_some())));
                 drain(&mut a, &mut nxt, &mut out);
                 prop_assert!(stream.starts_with(&out));
             }

@@ -317,6 +317,42 @@ impl RttEstimator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Samples can come from peer timestamps: any sequence keeps the RTO within
+        /// [min_rto, max_rto] (RFC 6298 §2.4, §2.5) and never panics.
+        #[test]
+        fn rfc6298_2_4_rto_always_within_bounds(
+            min_ms in 1u64..1000,
+            span_ms in 0u64..100_000,
+            ops in proptest::collection::vec((any::<u64>(), 0u8..4), 1..100),
+        ) {
+            let cfg = RttConfig {
+                min_rto: Duration::from_millis(min_ms),
+                max_rto: Duration::from_millis(min_ms + span_ms),
+                initial_rto: Duration::from_millis(min_ms),
+                syn_timeout_rto: Duration::from_millis(min_ms),
+                ..RttConfig::default()
+            };
+            let mut e = RttEstimator::new(cfg).unwrap();
+            for (i, (v, kind)) in ops.into_iter().enumerate() {
+                let now = Instant::from_millis(i as u64);
+                match kind {
+                    0 => { e.on_sample(now, Duration::from_nanos(v), SampleSource::Fresh); }
+                    1 => { e.on_sample(now, Duration::from_nanos(v), SampleSource::Timestamp); }
+                    2 => e.on_timeout(),
+                    _ => e.on_handshake_retransmitted(),
+                }
+                let rto = e.rto();
+                prop_assert!(rto >= cfg.min_rto && rto <= cfg.max_rto, "{:?}", rto);
+                prop_assert!(e.base_rto() <= rto);
+                if let (Some(m), Some(l)) = (e.min_rtt(), e.lifetime_min_rtt()) {
+                    prop_assert!(l <= m);
+                }
+            }
+        }
+    }
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

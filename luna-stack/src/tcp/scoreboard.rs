@@ -236,10 +236,16 @@ impl Scoreboard {
 
     /// SACKed bytes within `[start, end)` (clipped to the window).
     pub fn sacked_in(&self, start: SeqNum, end: SeqNum) -> u32 {
-        let (a, b) = (self.off(start), self.off(end));
         let flight = self.off(self.snd_max);
-        let (a, b) = (a.min(flight), b.min(flight));
-        if !start.ge(self.snd_una) || a >= b {
+        let clip = |s: SeqNum| {
+            if s.lt(self.snd_una) {
+                0
+            } else {
+                self.off(s).min(flight)
+            }
+        };
+        let (a, b) = (clip(start), clip(end));
+        if a >= b {
             return 0;
         }
         self.sacked_in_off(a, b)
@@ -572,6 +578,16 @@ mod tests {
         s.on_ack(SeqNum(1500), &[]);
         assert!(s.ranges().is_empty());
         assert_eq!(s.sacked_bytes(), 0);
+    }
+
+    #[test]
+    fn sacked_in_clips_to_window() {
+        let mut s = sb(1000, 1000);
+        s.on_ack(SeqNum(1000), &[blk(1200, 1300), blk(1400, 1500)]);
+        assert_eq!(s.sacked_in(SeqNum(900), SeqNum(1250)), 50);
+        assert_eq!(s.sacked_in(SeqNum(1250), SeqNum(5000)), 150);
+        assert_eq!(s.sacked_in(SeqNum(1300), SeqNum(1200)), 0);
+        assert_eq!(s.sacked_in(SeqNum(0), SeqNum(10)), 0);
     }
 
     #[test]

@@ -306,6 +306,49 @@ impl SynCookies {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::context::Rng;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn rfc4987_3_6_round_trip_any_tuple_and_options(
+            key in any::<[u8; 16]>(),
+            (lip, lport, rip, rport) in (any::<u32>(), any::<u16>(), any::<u32>(), any::<u16>()),
+            peer_isn in any::<u32>(),
+            now_s in 0u64..1_000_000_000,
+            later_s in 0u64..128,
+            mss in proptest::option::of(any::<u16>()),
+            wscale in proptest::option::of(any::<u8>()),
+            sack_permitted in any::<bool>(),
+            timestamps in any::<bool>(),
+            ts_clock in any::<u32>(),
+        ) {
+            let j = SynCookies::with_key(key, SynCookieConfig::default()).unwrap();
+            let l = SocketAddrV4::new(lip.into(), lport);
+            let r = SocketAddrV4::new(rip.into(), rport);
+            let s = SynInfo { mss, wscale, sack_permitted, timestamps };
+            let now = Instant::from_millis(now_s * 1000);
+            let c = j.generate(now, l, r, SeqNum(peer_isn), &s, ts_clock);
+            prop_assert_eq!(c.tsval.is_some(), timestamps);
+            if let Some(tsval) = c.tsval {
+                prop_assert!(SeqNum(tsval).le(SeqNum(ts_clock)));
+            }
+            let ok = j.validate(
+                now + Duration::from_secs(later_s), l, r,
+                SeqNum(peer_isn) + 1u32, c.isn + 1u32, c.tsval,
+            );
+            let ok = ok.map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            prop_assert_eq!(ok.peer_isn, SeqNum(peer_isn));
+            prop_assert_eq!(ok.peer_mss, c.peer_mss);
+            prop_assert!(mss.map_or(c.peer_mss == 536, |m| c.peer_mss <= m.max(536)));
+            prop_assert_eq!(ok.timestamps, timestamps);
+            prop_assert_eq!(ok.sack_permitted, timestamps && sack_permitted);
+            prop_assert_eq!(ok.wscale, if timestamps { wscale.map(|w| w.min(14)) } else { None });
+            // Another remote port never validates (up to the 2^-24 MAC guess).
+            let other = SocketAddrV4::new(rip.into(), rport.wrapping_add(1));
+            prop_assert!(j.validate(now, l, other, SeqNum(peer_isn) + 1u32, c.isn + 1u32, c.tsval).is_err());
+        }
+    }
     use crate::context::testutil::FakeRng;
     use core::net::Ipv4Addr;
 

@@ -538,6 +538,92 @@ pub fn cwnd_trace(algorithm: Algorithm, scenario: &TraceScenario) -> Vec<(Instan
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Ev {
+        Ack {
+            dt_us: u64,
+            back: bool,
+            acked: u32,
+            in_flight: u32,
+            app_limited: bool,
+            rtt_us: u64,
+        },
+        Enter(u32),
+        Exit(u32),
+        Rto(u32),
+        Idle(u64, u64),
+        Mss(u32),
+        Undo,
+    }
+
+    fn ev() -> impl Strategy<Value = Ev> {
+        prop_oneof![
+            6 => (0u64..2_000_000, any::<bool>(), any::<u32>(), any::<u32>(), any::<bool>(),
+                  0u64..10_000_000)
+                .prop_map(|(dt_us, back, acked, in_flight, app_limited, rtt_us)| Ev::Ack {
+                    dt_us,
+                    back: back && dt_us % 7 == 0,
+                    acked,
+                    in_flight,
+                    app_limited,
+                    rtt_us,
+                }),
+            1 => any::<u32>().prop_map(Ev::Enter),
+            1 => any::<u32>().prop_map(Ev::Exit),
+            1 => any::<u32>().prop_map(Ev::Rto),
+            1 => (any::<u64>(), any::<u64>()).prop_map(|(a, b)| Ev::Idle(a, b)),
+            1 => any::<u32>().prop_map(Ev::Mss),
+            1 => Just(Ev::Undo),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// ACK sizes, flight sizes and RTTs derive from peer input: no event sequence may
+        /// panic or push the window outside [SMSS, MAX_CWND].
+        #[test]
+        fn cc_bounds_hold_under_arbitrary_events(
+            cubic in any::<bool>(),
+            mss in any::<u32>(),
+            events in proptest::collection::vec(ev(), 1..150),
+        ) {
+            let alg = if cubic { Algorithm::Cubic } else { Algorithm::NewReno };
+            let mut cc = Cc::new(alg, CcConfig::default(), mss);
+            let mut est = RttEstimator::default();
+            let mut now = Instant::from_millis(1_000_000);
+            for e in events {
+                match e {
+                    Ev::Ack { dt_us, back, acked, in_flight, app_limited, rtt_us } => {
+                        now = if back {
+                            Instant::from_nanos(now.as_nanos().saturating_sub(dt_us * 1000))
+                        } else {
+                            now + Duration::from_micros(dt_us)
+                        };
+                        est.on_sample(now, Duration::from_micros(rtt_us), SampleSource::Timestamp);
+                        cc.on_ack(now, acked, &est, in_flight, app_limited);
+                    }
+                    Ev::Enter(f) => cc.on_enter_recovery(now, f),
+                    Ev::Exit(f) => cc.on_exit_recovery(now, f),
+                    Ev::Rto(f) => cc.on_rto(now, f),
+                    Ev::Idle(i, r) => {
+                        cc.on_idle_restart(now, Duration::from_nanos(i), Duration::from_nanos(r));
+                    }
+                    Ev::Mss(m) => cc.set_mss(m),
+                    Ev::Undo => {
+                        cc.undo();
+                    }
+                }
+                prop_assert!((MIN_MSS..=MAX_MSS).contains(&cc.mss()));
+                prop_assert!(cc.cwnd() >= cc.mss(), "cwnd {} < mss {}", cc.cwnd(), cc.mss());
+                prop_assert!(cc.cwnd() <= MAX_CWND);
+                prop_assert!(cc.ssthresh() <= MAX_CWND);
+                prop_assert!(cc.ssthresh() >= 2 * MIN_MSS);
+            }
+        }
+    }
 
     #[test]
     fn rfc5681_3_1_initial_window_by_smss() {

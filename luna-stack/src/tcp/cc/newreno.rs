@@ -29,15 +29,14 @@ impl NewReno {
 
     fn congestion_avoidance(&mut self, acked: u32) {
         // RFC 5681 §3.1 (byte counting, RFC 3465 §2.1): when bytes_acked >= cwnd,
-        // bytes_acked -= cwnd and cwnd += SMSS -- one SMSS per RTT.
+        // bytes_acked -= cwnd and cwnd += SMSS -- one SMSS per RTT, at most one per ACK.
         self.bytes_acked = self.bytes_acked.saturating_add(acked);
-        while self.bytes_acked >= self.w.cwnd && self.w.cwnd < MAX_CWND {
+        if self.bytes_acked >= self.w.cwnd {
             self.bytes_acked -= self.w.cwnd;
             self.w.cwnd = (self.w.cwnd + self.w.mss).min(MAX_CWND);
         }
-        if self.w.cwnd >= MAX_CWND {
-            self.bytes_acked = 0;
-        }
+        // A stretch ACK's surplus carries to the next ACK but never beyond one window.
+        self.bytes_acked = self.bytes_acked.min(self.w.cwnd);
     }
 }
 

@@ -51,7 +51,7 @@ fn assembler(c: &mut Criterion) {
             // Segment 0 lost, 1..=8 arrive (each ACK carries SACK blocks), then 0 arrives.
             for k in 1..=8u32 {
                 a.insert(nxt, nxt + k * MSS, Len(MSS as usize));
-                black_box(a.sack_blocks(&mut blocks[..3]));
+                black_box(a.sack_blocks(nxt, &mut blocks[..3]));
             }
             a.insert(nxt, nxt, Len(MSS as usize));
             while let Some(p) = a.pop_ready(nxt) {

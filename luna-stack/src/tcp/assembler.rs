@@ -394,12 +394,15 @@ impl<P: Payload> Assembler<P> {
         block.filter(|&(bs, be)| seq.ge(bs) && seq.lt(be))
     }
 
-    /// Fill `out` with SACK blocks for the next ACK and return how many were written; pass a
-    /// slice of the room the header has (4 blocks, 3 with timestamps). Order: a pending D-SACK
+    /// Fill `out` with SACK blocks for the next ACK (whose cumulative ACK is `rcv_nxt`) and
+    /// return how many were written; pass a slice of the room the header has (4 blocks, 3 with timestamps). Order: a pending D-SACK
     /// (RFC 2883 §4, reported once), then the block holding the most recently received segment
     /// and the other recently reported ones (RFC 2018 §4), then any remaining blocks in
     /// ascending order.
-    pub fn sack_blocks(&mut self, out: &mut [(SeqNum, SeqNum)]) -> usize {
+    pub fn sack_blocks(&mut self, rcv_nxt: SeqNum, out: &mut [(SeqNum, SeqNum)]) -> usize {
+        // Never report data at or below RCV.NXT as SACKed (RFC 2018 §3: blocks describe data
+        // above the cumulative ACK).
+        self.trim_below(rcv_nxt);
         if out.is_empty() {
             return 0;
         }
@@ -478,7 +481,7 @@ mod tests {
 
     fn sacks(a: &mut Asm, room: usize) -> Vec<(u32, u32)> {
         let mut buf = [(SeqNum(0), SeqNum(0)); 4];
-        let n = a.sack_blocks(&mut buf[..room]);
+        let n = a.sack_blocks(SeqNum(0), &mut buf[..room]);
         buf[..n].iter().map(|&(l, r)| (l.0, r.0)).collect()
     }
 
@@ -587,6 +590,19 @@ mod tests {
         drain(&mut a, &mut n, &mut vec![]);
         assert_eq!(n, SeqNum(120));
         assert_eq!(sacks(&mut a, 4), vec![(400, 410), (200, 210), (300, 310)]);
+    }
+
+    #[test]
+    fn rfc2018_3_blocks_never_cover_data_below_rcv_nxt() {
+        let mut a = asm(1 << 16, 16);
+        a.insert(SeqNum(0), SeqNum(100), data(0, 50));
+        // RCV.NXT moved to 120 by another path: only [120, 150) may be reported.
+        let mut buf = [(SeqNum(0), SeqNum(0)); 4];
+        let n = a.sack_blocks(SeqNum(120), &mut buf);
+        assert_eq!(&buf[..n], &[(SeqNum(120), SeqNum(150))]);
+        let n = a.sack_blocks(SeqNum(150), &mut buf);
+        assert_eq!(n, 0);
+        assert!(a.is_empty());
     }
 
     #[test]
@@ -821,7 +837,7 @@ mod tests {
                 let dsack = a.pending_dsack();
                 let runs = runs_of(&a);
                 let mut buf = [(SeqNum(0), SeqNum(0)); 4];
-                let nb = a.sack_blocks(&mut buf);
+                let nb = a.sack_blocks(nxt, &mut buf);
                 let mut rest = &buf[..nb];
                 if let Some(d) = dsack {
                     prop_assert_eq!(rest.first(), Some(&d));

@@ -144,28 +144,21 @@ impl Scoreboard {
         if cfg.dup_thresh == 0 {
             return Err(ScoreboardConfigError::DupThresh);
         }
-        Ok(Scoreboard {
-            cfg,
-            mss: mss.max(1),
-            snd_una,
-            snd_max: snd_una,
-            // +1: insertion may briefly exceed the cap before the highest range is dropped.
-            ranges: Vec::with_capacity(cfg.max_ranges + 1),
-            sacked: 0,
-            high_rxt: snd_una,
-            rescue_rxt: None,
-            stats: ScoreboardStats::default(),
-        })
+        Ok(Self::build(snd_una, mss, cfg))
     }
 
     /// A scoreboard with the default configuration.
     pub fn with_defaults(snd_una: SeqNum, mss: u32) -> Self {
-        let cfg = ScoreboardConfig::default();
+        Self::build(snd_una, mss, ScoreboardConfig::default())
+    }
+
+    fn build(snd_una: SeqNum, mss: u32, cfg: ScoreboardConfig) -> Self {
         Scoreboard {
             cfg,
             mss: mss.max(1),
             snd_una,
             snd_max: snd_una,
+            // +1: insertion may briefly exceed the cap before the highest range is dropped.
             ranges: Vec::with_capacity(cfg.max_ranges + 1),
             sacked: 0,
             high_rxt: snd_una,
@@ -822,6 +815,92 @@ mod tests {
         assert_eq!(s.snd_max(), SeqNum(100));
         s.on_transmit(SeqNum(50));
         assert_eq!(s.snd_max(), SeqNum(100));
+    }
+
+    /// Sender (this scoreboard) and receiver (the assembler's SACK blocks) composed: RFC 6675
+    /// recovery repairs several losses, including the last segment (rescue retransmission),
+    /// delivers the stream byte-exact across the 2^32 wrap, and never retransmits SACKed data.
+    #[test]
+    fn rfc6675_5_recovery_against_assembler_receiver_is_exact() {
+        use crate::tcp::assembler::{Assembler, AssemblerConfig};
+        use std::collections::{BTreeSet, VecDeque};
+
+        const N: u32 = 40;
+        let base = SeqNum(u32::MAX - 1234);
+        let stream: Vec<u8> = (0..N * MSS).map(|i| (i % 251) as u8).collect();
+        let lost: BTreeSet<u32> = [3, 4, 10, 25, 39].into_iter().collect();
+        let mut sb = Scoreboard::with_defaults(base, MSS);
+        let mut rx: Assembler<Vec<u8>> = Assembler::new(AssemblerConfig::default()).unwrap();
+        let mut rcv_nxt = base;
+        let mut delivered = vec![];
+        let mut acks: VecDeque<(SeqNum, Vec<(SeqNum, SeqNum)>)> = VecDeque::new();
+        let mut arrive = |seq: SeqNum, len: u32, acks: &mut VecDeque<_>, rcv_nxt: &mut SeqNum| {
+            let o = (seq - base) as usize;
+            rx.insert(*rcv_nxt, seq, stream[o..o + len as usize].to_vec());
+            while let Some(p) = rx.pop_ready(*rcv_nxt) {
+                *rcv_nxt += p.len();
+                delivered.extend_from_slice(&p);
+            }
+            let mut b = [(SeqNum(0), SeqNum(0)); 3];
+            let n = rx.sack_blocks(*rcv_nxt, &mut b);
+            acks.push_back((*rcv_nxt, b[..n].to_vec()));
+        };
+        // One flight; the network drops the segments in `lost` on first transmission.
+        for k in 0..N {
+            let seq = base + k * MSS;
+            sb.on_transmit(seq + MSS);
+            if !lost.contains(&k) {
+                arrive(seq, MSS, &mut acks, &mut rcv_nxt);
+            }
+        }
+        let cwnd = 10 * MSS;
+        let mut in_recovery = false;
+        let mut recovery_point = base;
+        let mut retransmitted = 0u32;
+        let mut dupacks = 0;
+        for _ in 0..1000 {
+            let Some((ack, blocks)) = acks.pop_front() else {
+                break;
+            };
+            let info = sb.on_ack(ack, &blocks);
+            assert_eq!(info.blocks_ignored, 0);
+            assert!(info.dsack.is_none(), "no spurious retransmission");
+            if info.acked_bytes == 0 && info.newly_sacked_bytes > 0 {
+                dupacks += 1;
+            }
+            // RFC 6675 §5: enter recovery on DupThresh duplicates or IsLost(HighACK + 1).
+            if !in_recovery && (dupacks >= 3 || sb.is_lost(sb.snd_una())) {
+                in_recovery = true;
+                recovery_point = sb.snd_max();
+                sb.on_enter_recovery();
+            }
+            if in_recovery && !sb.snd_una().lt(recovery_point) {
+                in_recovery = false;
+            }
+            // RFC 6675 §5 (C): send while pipe < cwnd.
+            while in_recovery && sb.pipe() < cwnd {
+                if let Some(NextSeg::Retransmit { start, len }) = sb.next_seg(false) {
+                    assert!((0..len).all(|i| !sb.is_sacked(start + i)));
+                    sb.on_retransmit(start, len);
+                    retransmitted += len;
+                    arrive(start, len, &mut acks, &mut rcv_nxt);
+                } else if let Some((start, len)) = sb.rescue_seg() {
+                    sb.set_rescue_rxt(recovery_point);
+                    retransmitted += len;
+                    arrive(start, len, &mut acks, &mut rcv_nxt);
+                } else {
+                    break;
+                }
+            }
+        }
+        assert_eq!(delivered, stream);
+        assert_eq!(sb.snd_una(), sb.snd_max());
+        assert_eq!(
+            retransmitted,
+            lost.len() as u32 * MSS,
+            "exactly the lost bytes"
+        );
+        assert!(rx.is_empty());
     }
 
     // ---- Model-based property test -------------------------------------------------------

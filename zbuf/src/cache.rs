@@ -47,7 +47,10 @@ impl CoreCache {
     pub(crate) fn new(slab: &Slab, core: usize) -> Result<CoreCache, SlabError> {
         let inner = slab.inner();
         if core >= inner.max_cores() {
-            return Err(SlabError::CoreOutOfRange { core, max: inner.max_cores() });
+            return Err(SlabError::CoreOutOfRange {
+                core,
+                max: inner.max_cores(),
+            });
         }
         if current_slot().is_some() {
             return Err(SlabError::ThreadHasCache);
@@ -57,7 +60,11 @@ impl CoreCache {
         }
         inner.acquire_ref();
         CURRENT.with(|c| c.set(Some((slab.inner_ptr(), core))));
-        Ok(CoreCache { inner: slab.inner_ptr(), core, _not_send: PhantomData })
+        Ok(CoreCache {
+            inner: slab.inner_ptr(),
+            core,
+            _not_send: PhantomData,
+        })
     }
 
     fn inner(&self) -> &SlabInner {
@@ -120,7 +127,9 @@ impl Drop for CoreCache {
 
 impl fmt::Debug for CoreCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CoreCache").field("core", &self.core).finish()
+        f.debug_struct("CoreCache")
+            .field("core", &self.core)
+            .finish()
     }
 }
 

@@ -142,7 +142,11 @@ impl SlabConfig {
 
     /// Shorthand: `true` is [`HugepageMode::Require`], `false` is [`HugepageMode::Prefer`].
     pub fn require_hugepages(self, require: bool) -> Self {
-        self.hugepages(if require { HugepageMode::Require } else { HugepageMode::Prefer })
+        self.hugepages(if require {
+            HugepageMode::Require
+        } else {
+            HugepageMode::Prefer
+        })
     }
 
     /// Map zones from files in this hugetlbfs mount (e.g. `/dev/hugepages`) instead of
@@ -225,13 +229,19 @@ impl SlabConfig {
             ));
         }
         if self.max_cores == 0 || self.max_cores > u32::MAX as usize {
-            return bad(format!("max_cores {} must be in 1..=u32::MAX", self.max_cores));
+            return bad(format!(
+                "max_cores {} must be in 1..=u32::MAX",
+                self.max_cores
+            ));
         }
         if self.cache_size == 0 {
             return bad("cache_size must be at least 1".into());
         }
         if self.file_prefix.is_empty() || self.file_prefix.contains('/') {
-            return bad(format!("file_prefix {:?} must be non-empty without '/'", self.file_prefix));
+            return bad(format!(
+                "file_prefix {:?} must be non-empty without '/'",
+                self.file_prefix
+            ));
         }
         Ok(())
     }

@@ -90,11 +90,23 @@ pub struct OutOfBounds {
 impl fmt::Display for OutOfBounds {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.start > self.end {
-            write!(f, "range start {} is after its end {}", self.start, self.end)
+            write!(
+                f,
+                "range start {} is after its end {}",
+                self.start, self.end
+            )
         } else if self.start == self.end {
-            write!(f, "position {} out of bounds for length {}", self.start, self.len)
+            write!(
+                f,
+                "position {} out of bounds for length {}",
+                self.start, self.len
+            )
         } else {
-            write!(f, "range {}..{} out of bounds for length {}", self.start, self.end, self.len)
+            write!(
+                f,
+                "range {}..{} out of bounds for length {}",
+                self.start, self.end, self.len
+            )
         }
     }
 }
@@ -109,7 +121,11 @@ pub(crate) fn resolve_range(
     use std::ops::Bound;
     let start = match range.start_bound() {
         Bound::Included(&s) => s,
-        Bound::Excluded(&s) => s.checked_add(1).ok_or(OutOfBounds { start: s, end: s, len })?,
+        Bound::Excluded(&s) => s.checked_add(1).ok_or(OutOfBounds {
+            start: s,
+            end: s,
+            len,
+        })?,
         Bound::Unbounded => 0,
     };
     let end = match range.end_bound() {
@@ -126,7 +142,11 @@ pub(crate) fn resolve_range(
 /// Checks a split/advance position.
 pub(crate) fn check_pos(at: usize, len: usize) -> Result<(), OutOfBounds> {
     if at > len {
-        Err(OutOfBounds { start: at, end: at, len })
+        Err(OutOfBounds {
+            start: at,
+            end: at,
+            len,
+        })
     } else {
         Ok(())
     }

@@ -88,14 +88,18 @@ impl IoVec {
     /// If `n > len`.
     #[track_caller]
     pub fn split_to(&mut self, n: usize) -> IoVec {
-        self.try_split_to(n).unwrap_or_else(|e| panic!("IoVec::split_to: {e}"))
+        self.try_split_to(n)
+            .unwrap_or_else(|e| panic!("IoVec::split_to: {e}"))
     }
 
     /// Checked [`IoVec::split_to`].
     pub fn try_split_to(&mut self, n: usize) -> Result<IoVec, OutOfBounds> {
         check_pos(n, self.len)?;
         let (whole, part) = self.locate(n);
-        let mut head = IoVec { segs: self.segs.drain(..whole).collect(), len: 0 };
+        let mut head = IoVec {
+            segs: self.segs.drain(..whole).collect(),
+            len: 0,
+        };
         if part > 0 {
             head.segs.push(self.segs[0].split_to(part));
         }
@@ -110,7 +114,8 @@ impl IoVec {
     /// If `n > len`.
     #[track_caller]
     pub fn split_off(&mut self, n: usize) -> IoVec {
-        self.try_split_off(n).unwrap_or_else(|e| panic!("IoVec::split_off: {e}"))
+        self.try_split_off(n)
+            .unwrap_or_else(|e| panic!("IoVec::split_off: {e}"))
     }
 
     /// Checked [`IoVec::split_off`].
@@ -135,7 +140,8 @@ impl IoVec {
     /// If `n > len`.
     #[track_caller]
     pub fn advance(&mut self, n: usize) {
-        self.try_advance(n).unwrap_or_else(|e| panic!("IoVec::advance: {e}"))
+        self.try_advance(n)
+            .unwrap_or_else(|e| panic!("IoVec::advance: {e}"))
     }
 
     /// Checked [`IoVec::advance`].
@@ -171,7 +177,8 @@ impl IoVec {
     /// If the range is out of bounds or decreasing.
     #[track_caller]
     pub fn slice(&self, range: impl RangeBounds<usize>) -> IoVec {
-        self.try_slice(range).unwrap_or_else(|e| panic!("IoVec::slice: {e}"))
+        self.try_slice(range)
+            .unwrap_or_else(|e| panic!("IoVec::slice: {e}"))
     }
 
     /// Checked [`IoVec::slice`].
@@ -278,7 +285,10 @@ impl PartialEq for IoVec {
     /// Byte-wise equality, whatever the segmentation.
     fn eq(&self, other: &IoVec) -> bool {
         self.len == other.len
-            && self.chunks().flat_map(|c| c.iter()).eq(other.chunks().flat_map(|c| c.iter()))
+            && self
+                .chunks()
+                .flat_map(|c| c.iter())
+                .eq(other.chunks().flat_map(|c| c.iter()))
     }
 }
 

@@ -49,7 +49,12 @@ impl Mapping {
 
     /// Normal anonymous pages.
     pub(crate) fn normal(len: usize) -> io::Result<Mapping> {
-        Self::map(len, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, Backing::Normal)
+        Self::map(
+            len,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            Backing::Normal,
+        )
     }
 
     /// A file in a hugetlbfs mount, mapped shared and unlinked at once.
@@ -93,7 +98,8 @@ impl Mapping {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        let ptr =
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
         Ok(Mapping { ptr, len, backing })
     }
 
@@ -148,7 +154,8 @@ pub(crate) fn physical_address(va: usize) -> Option<u64> {
     let page = page_size();
     let file = File::open("/proc/self/pagemap").ok()?;
     let mut entry = [0u8; 8];
-    file.read_exact_at(&mut entry, (va / page * 8) as u64).ok()?;
+    file.read_exact_at(&mut entry, (va / page * 8) as u64)
+        .ok()?;
     let e = u64::from_ne_bytes(entry);
     let pfn = e & PFN_MASK;
     if e & PRESENT == 0 || pfn == 0 {

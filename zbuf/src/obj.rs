@@ -130,7 +130,13 @@ impl Drop for HeapObj {
     }
 }
 
-fn heap(base: NonNull<u8>, cap: usize, iova: u64, writable: bool, storage: Storage) -> NonNull<ObjMeta> {
+fn heap(
+    base: NonNull<u8>,
+    cap: usize,
+    iova: u64,
+    writable: bool,
+    storage: Storage,
+) -> NonNull<ObjMeta> {
     let obj = Box::new(HeapObj {
         meta: ObjMeta {
             refcnt: RefCount::new(1),
@@ -177,7 +183,13 @@ impl SharedObj {
     /// Wraps a `'static` slice without copying.
     pub(crate) fn from_static(bytes: &'static [u8]) -> Self {
         let base = NonNull::from(bytes).cast::<u8>();
-        SharedObj(heap(base, bytes.len(), base.as_ptr() as u64, false, Storage::Static))
+        SharedObj(heap(
+            base,
+            bytes.len(),
+            base.as_ptr() as u64,
+            false,
+            Storage::Static,
+        ))
     }
 
     /// Wraps memory owned elsewhere.
@@ -201,7 +213,10 @@ impl SharedObj {
     /// Bytes `off..off+len` of the object.
     pub(crate) fn bytes(&self, off: usize, len: usize) -> &[u8] {
         let m = self.meta();
-        assert!(off <= m.cap && len <= m.cap - off, "zbuf: view outside its object");
+        assert!(
+            off <= m.cap && len <= m.cap - off,
+            "zbuf: view outside its object"
+        );
         // SAFETY: in bounds (checked); the object is live while `self` is; nobody writes
         // it while shared; bytes of zones and heap objects are initialized.
         unsafe { std::slice::from_raw_parts(m.base.as_ptr().add(off), len) }
@@ -264,7 +279,13 @@ impl UniqueObj {
         // `as_mut_ptr` is non-null (dangling for an empty Vec, never dereferenced then).
         let base = NonNull::new(v.as_mut_ptr()).unwrap_or(NonNull::dangling());
         std::mem::forget(v);
-        UniqueObj(heap(base, len, base.as_ptr() as u64, true, Storage::Vec { len, cap }))
+        UniqueObj(heap(
+            base,
+            len,
+            base.as_ptr() as u64,
+            true,
+            Storage::Vec { len, cap },
+        ))
     }
 
     pub(crate) fn cap(&self) -> usize {
@@ -273,14 +294,20 @@ impl UniqueObj {
 
     pub(crate) fn bytes(&self, off: usize, len: usize) -> &[u8] {
         let m = self.meta();
-        assert!(off <= m.cap && len <= m.cap - off, "zbuf: view outside its object");
+        assert!(
+            off <= m.cap && len <= m.cap - off,
+            "zbuf: view outside its object"
+        );
         // SAFETY: in bounds (checked), live, initialized; `&self` excludes writers.
         unsafe { std::slice::from_raw_parts(m.base.as_ptr().add(off), len) }
     }
 
     pub(crate) fn bytes_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
         let m = self.meta();
-        assert!(off <= m.cap && len <= m.cap - off, "zbuf: view outside its object");
+        assert!(
+            off <= m.cap && len <= m.cap - off,
+            "zbuf: view outside its object"
+        );
         debug_assert!(m.writable);
         // SAFETY: in bounds, live, initialized; this is the only handle to the object
         // (count 1, writable) and `&mut self` excludes other borrows of it.

@@ -344,7 +344,12 @@ impl SlabInner {
     ///
     /// # Safety
     /// The calling thread owns slot `core` (holds its live `CoreCache`).
-    pub(crate) unsafe fn alloc(&self, core: usize, headroom: usize, len: usize) -> Result<UniqueObj, AllocError> {
+    pub(crate) unsafe fn alloc(
+        &self,
+        core: usize,
+        headroom: usize,
+        len: usize,
+    ) -> Result<UniqueObj, AllocError> {
         let slot = &self.slots[core];
         // SAFETY: forwarded contract.
         let r = unsafe { self.alloc_obj(slot, headroom, len) };
@@ -362,10 +367,18 @@ impl SlabInner {
 
     /// # Safety
     /// As [`SlabInner::alloc`].
-    unsafe fn alloc_obj(&self, slot: &CoreSlot, headroom: usize, len: usize) -> Result<UniqueObj, AllocError> {
+    unsafe fn alloc_obj(
+        &self,
+        slot: &CoreSlot,
+        headroom: usize,
+        len: usize,
+    ) -> Result<UniqueObj, AllocError> {
         let largest = self.classes.last().map_or(0, |c| c.size);
         let need = headroom.saturating_add(len);
-        let class = self.class_for(need).ok_or(AllocError::TooLarge { requested: need, largest })?;
+        let class = self.class_for(need).ok_or(AllocError::TooLarge {
+            requested: need,
+            largest,
+        })?;
         // SAFETY: owner thread; the borrow ends at the end of this statement.
         let popped = unsafe { slot.local() }.free[class].pop();
         let obj = match popped {
@@ -385,7 +398,8 @@ impl SlabInner {
         let slot = &self.slots[slot_index];
         // SAFETY: owner thread; draining only pops pointers (no handle drops, no allocation).
         let local = unsafe { slot.local() };
-        slot.home.drain(|o| local.free[o.meta().class as usize].push(o))
+        slot.home
+            .drain(|o| local.free[o.meta().class as usize].push(o))
     }
 
     /// # Safety
@@ -454,7 +468,11 @@ impl SlabInner {
                 return Err(AllocError::ZoneRejected { reason });
             }
         }
-        let objs: Vec<ObjPtr> = zone.metas.iter().map(|m| ObjPtr(NonNull::from(m))).collect();
+        let objs: Vec<ObjPtr> = zone
+            .metas
+            .iter()
+            .map(|m| ObjPtr(NonNull::from(m)))
+            .collect();
         lock(&self.zones).push(zone);
         self.classes[class].zones.fetch_add(1, Ordering::Relaxed);
         lock(&self.classes[class].free).extend(objs);
@@ -527,7 +545,11 @@ impl SlabInner {
     pub(crate) unsafe fn release_slot(&self, core: usize) {
         let slot = &self.slots[core];
         // SAFETY: owner thread; the lists are taken out before any lock is taken.
-        let lists: Vec<Vec<ObjPtr>> = unsafe { slot.local() }.free.iter_mut().map(std::mem::take).collect();
+        let lists: Vec<Vec<ObjPtr>> = unsafe { slot.local() }
+            .free
+            .iter_mut()
+            .map(std::mem::take)
+            .collect();
         for (class, list) in lists.into_iter().enumerate() {
             if !list.is_empty() {
                 let n = list.len();
@@ -566,7 +588,10 @@ impl SlabInner {
     fn zone_usage(&self) -> Vec<ZoneUsage> {
         lock(&self.zones)
             .iter()
-            .map(|z| ZoneUsage { info: z.info.clone(), in_use: z.in_use() })
+            .map(|z| ZoneUsage {
+                info: z.info.clone(),
+                in_use: z.in_use(),
+            })
             .collect()
     }
 
@@ -593,7 +618,10 @@ fn map_hugepage(cfg: &SlabConfig) -> Result<Mapping, String> {
         Some(dir) => {
             mem::check_hugetlbfs(dir)?;
             Mapping::hugetlbfs_file(dir, &cfg.file_prefix, ZONE_SIZE).map_err(|e| {
-                format!("mapping a 2 MiB file in {}: {e} (free hugepages?)", dir.display())
+                format!(
+                    "mapping a 2 MiB file in {}: {e} (free hugepages?)",
+                    dir.display()
+                )
             })
         }
         None => Mapping::anon_hugepage(ZONE_SIZE).map_err(|e| {
@@ -658,7 +686,9 @@ impl Slab {
     /// zone up front to find out whether hugepages work (it becomes the first zone).
     pub fn new(cfg: SlabConfig) -> Result<Slab, SlabError> {
         let inner = Box::new(SlabInner::new(cfg)?);
-        Ok(Slab { inner: NonNull::from(Box::leak(inner)) })
+        Ok(Slab {
+            inner: NonNull::from(Box::leak(inner)),
+        })
     }
 
     pub(crate) fn inner(&self) -> &SlabInner {
@@ -676,7 +706,9 @@ impl Slab {
     /// `inner` is live and the caller transfers one `refs` reference to the new handle.
     pub(crate) unsafe fn from_inner(inner: NonNull<SlabInner>) -> Slab {
         // SAFETY: live per the contract.
-        unsafe { inner.as_ref() }.handles.fetch_add(1, Ordering::Relaxed);
+        unsafe { inner.as_ref() }
+            .handles
+            .fetch_add(1, Ordering::Relaxed);
         Slab { inner }
     }
 
@@ -703,9 +735,10 @@ impl Slab {
     pub fn reserve(&self, object_size: usize, zones: usize) -> Result<usize, AllocError> {
         let inner = self.inner();
         let largest = inner.classes.last().map_or(0, |c| c.size);
-        let class = inner
-            .class_for(object_size)
-            .ok_or(AllocError::TooLarge { requested: object_size, largest })?;
+        let class = inner.class_for(object_size).ok_or(AllocError::TooLarge {
+            requested: object_size,
+            largest,
+        })?;
         for done in 0..zones {
             if let Err(e) = inner.grow(class) {
                 return if done == 0 { Err(e) } else { Ok(done) };
@@ -717,7 +750,10 @@ impl Slab {
     /// Every zone mapped so far, with VA, IOVA and length: what a device must register.
     /// New zones are announced through [`SlabConfig::zone_hook`].
     pub fn zones(&self) -> Vec<ZoneInfo> {
-        lock(&self.inner().zones).iter().map(|z| z.info.clone()).collect()
+        lock(&self.inner().zones)
+            .iter()
+            .map(|z| z.info.clone())
+            .collect()
     }
 
     /// Every zone with its count of referenced objects.
@@ -752,7 +788,10 @@ impl Slab {
             .collect();
         SlabStats {
             zones: usage.len(),
-            hugepage_zones: usage.iter().filter(|z| z.info.backing == Backing::Hugepage).count(),
+            hugepage_zones: usage
+                .iter()
+                .filter(|z| z.info.backing == Backing::Hugepage)
+                .count(),
             mapped_bytes: usage.iter().map(|z| z.info.len).sum(),
             classes,
             cores,
@@ -761,7 +800,12 @@ impl Slab {
 
     /// Objects still referenced, by zone.
     pub fn leak_report(&self) -> LeakReport {
-        let zones: Vec<ZoneUsage> = self.inner().zone_usage().into_iter().filter(|z| z.in_use > 0).collect();
+        let zones: Vec<ZoneUsage> = self
+            .inner()
+            .zone_usage()
+            .into_iter()
+            .filter(|z| z.in_use > 0)
+            .collect();
         LeakReport {
             objects_in_use: zones.iter().map(|z| z.in_use).sum(),
             bytes_in_use: zones.iter().map(|z| z.in_use * z.info.object_size).sum(),

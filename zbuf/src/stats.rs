@@ -30,7 +30,10 @@ pub(crate) fn count_copy(n: usize) {
     COPIES.fetch_add(1, Ordering::Relaxed);
     let _ = LOCAL.try_with(|c| {
         let s = c.get();
-        c.set(CopyStats { bytes: s.bytes + n as u64, copies: s.copies + 1 });
+        c.set(CopyStats {
+            bytes: s.bytes + n as u64,
+            copies: s.copies + 1,
+        });
     });
 }
 
@@ -38,7 +41,10 @@ pub(crate) fn count_copy(n: usize) {
 /// [`crate::ZbufMut::extend_from_slice`], [`crate::IoVec::copy_to_slice`] and
 /// [`crate::IoVec::to_vec`].
 pub fn copy_stats() -> CopyStats {
-    CopyStats { bytes: BYTES.load(Ordering::Relaxed), copies: COPIES.load(Ordering::Relaxed) }
+    CopyStats {
+        bytes: BYTES.load(Ordering::Relaxed),
+        copies: COPIES.load(Ordering::Relaxed),
+    }
 }
 
 /// Copies made by the calling thread so far (exact even while other threads copy).

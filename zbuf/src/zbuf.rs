@@ -129,13 +129,18 @@ impl Zbuf {
     /// If the range is out of bounds or decreasing.
     #[track_caller]
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Zbuf {
-        self.try_slice(range).unwrap_or_else(|e| panic!("Zbuf::slice: {e}"))
+        self.try_slice(range)
+            .unwrap_or_else(|e| panic!("Zbuf::slice: {e}"))
     }
 
     /// Checked [`Zbuf::slice`].
     pub fn try_slice(&self, range: impl RangeBounds<usize>) -> Result<Zbuf, OutOfBounds> {
         let (s, e) = resolve_range(range, self.len)?;
-        Ok(Zbuf { obj: self.obj.clone(), off: self.off + s, len: e - s })
+        Ok(Zbuf {
+            obj: self.obj.clone(),
+            off: self.off + s,
+            len: e - s,
+        })
     }
 
     /// Splits off and returns `[0, at)`; `self` keeps `[at, len)`.
@@ -144,13 +149,18 @@ impl Zbuf {
     /// If `at > len`.
     #[track_caller]
     pub fn split_to(&mut self, at: usize) -> Zbuf {
-        self.try_split_to(at).unwrap_or_else(|e| panic!("Zbuf::split_to: {e}"))
+        self.try_split_to(at)
+            .unwrap_or_else(|e| panic!("Zbuf::split_to: {e}"))
     }
 
     /// Checked [`Zbuf::split_to`].
     pub fn try_split_to(&mut self, at: usize) -> Result<Zbuf, OutOfBounds> {
         check_pos(at, self.len)?;
-        let head = Zbuf { obj: self.obj.clone(), off: self.off, len: at };
+        let head = Zbuf {
+            obj: self.obj.clone(),
+            off: self.off,
+            len: at,
+        };
         self.off += at;
         self.len -= at;
         Ok(head)
@@ -162,13 +172,18 @@ impl Zbuf {
     /// If `at > len`.
     #[track_caller]
     pub fn split_off(&mut self, at: usize) -> Zbuf {
-        self.try_split_off(at).unwrap_or_else(|e| panic!("Zbuf::split_off: {e}"))
+        self.try_split_off(at)
+            .unwrap_or_else(|e| panic!("Zbuf::split_off: {e}"))
     }
 
     /// Checked [`Zbuf::split_off`].
     pub fn try_split_off(&mut self, at: usize) -> Result<Zbuf, OutOfBounds> {
         check_pos(at, self.len)?;
-        let tail = Zbuf { obj: self.obj.clone(), off: self.off + at, len: self.len - at };
+        let tail = Zbuf {
+            obj: self.obj.clone(),
+            off: self.off + at,
+            len: self.len - at,
+        };
         self.len = at;
         Ok(tail)
     }
@@ -179,7 +194,8 @@ impl Zbuf {
     /// If `n > len`.
     #[track_caller]
     pub fn advance(&mut self, n: usize) {
-        self.try_advance(n).unwrap_or_else(|e| panic!("Zbuf::advance: {e}"))
+        self.try_advance(n)
+            .unwrap_or_else(|e| panic!("Zbuf::advance: {e}"))
     }
 
     /// Checked [`Zbuf::advance`].
@@ -231,7 +247,11 @@ impl Zbuf {
 
 impl Clone for Zbuf {
     fn clone(&self) -> Self {
-        Zbuf { obj: self.obj.clone(), off: self.off, len: self.len }
+        Zbuf {
+            obj: self.obj.clone(),
+            off: self.off,
+            len: self.len,
+        }
     }
 }
 

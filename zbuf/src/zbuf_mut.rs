@@ -103,7 +103,10 @@ impl ZbufMut {
     /// Grows the body by `n` bytes at the front (into the headroom) and returns them.
     pub fn prepend(&mut self, n: usize) -> Result<&mut [u8], NoRoom> {
         if n > self.head {
-            return Err(NoRoom { requested: n, available: self.head });
+            return Err(NoRoom {
+                requested: n,
+                available: self.head,
+            });
         }
         self.head -= n;
         self.len += n;
@@ -114,7 +117,10 @@ impl ZbufMut {
     pub fn append(&mut self, n: usize) -> Result<&mut [u8], NoRoom> {
         let room = self.tailroom();
         if n > room {
-            return Err(NoRoom { requested: n, available: room });
+            return Err(NoRoom {
+                requested: n,
+                available: room,
+            });
         }
         let at = self.head + self.len;
         self.len += n;
@@ -135,7 +141,8 @@ impl ZbufMut {
     /// If `n > len`.
     #[track_caller]
     pub fn advance(&mut self, n: usize) {
-        self.try_advance(n).unwrap_or_else(|e| panic!("ZbufMut::advance: {e}"))
+        self.try_advance(n)
+            .unwrap_or_else(|e| panic!("ZbufMut::advance: {e}"))
     }
 
     /// Checked [`ZbufMut::advance`].

@@ -10,7 +10,9 @@
 #![allow(dead_code)]
 
 mod sync {
-    pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::atomic::{
+        fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    };
 
     /// Like crossbeam's `SegQueue` where it matters here: push publishes with Release,
     /// pop acquires what it takes, and a pop that finds the queue empty writes nothing
@@ -22,7 +24,10 @@ mod sync {
 
     impl<T> Queue<T> {
         pub(crate) fn new() -> Self {
-            Queue { items: loom::sync::Mutex::new(Default::default()), len: AtomicUsize::new(0) }
+            Queue {
+                items: loom::sync::Mutex::new(Default::default()),
+                len: AtomicUsize::new(0),
+            }
         }
         pub(crate) fn push(&self, item: T) {
             let mut q = self.items.lock().unwrap();
@@ -80,7 +85,10 @@ struct World {
 fn last_release_returns_object_once() {
     model(|| {
         let w = Arc::new(World {
-            obj: Obj { refs: RefCount::new(2), payload: UnsafeCell::new(0) },
+            obj: Obj {
+                refs: RefCount::new(2),
+                payload: UnsafeCell::new(0),
+            },
             home: Home::new(),
             pool: Mutex::new(Vec::new()),
         });
@@ -106,7 +114,10 @@ fn last_release_returns_object_once() {
         t.join().unwrap();
         w.home.drain(|o| local.push(o));
         assert_eq!(local.len() + w.pool.lock().unwrap().len(), 1);
-        assert!(w.pool.lock().unwrap().is_empty(), "home is claimed: nothing goes to the pool");
+        assert!(
+            w.pool.lock().unwrap().is_empty(),
+            "home is claimed: nothing goes to the pool"
+        );
     });
 }
 
@@ -116,7 +127,10 @@ fn last_release_returns_object_once() {
 fn unclaim_racing_remote_free_strands_nothing() {
     model(|| {
         let w = Arc::new(World {
-            obj: Obj { refs: RefCount::new(1), payload: UnsafeCell::new(0) },
+            obj: Obj {
+                refs: RefCount::new(1),
+                payload: UnsafeCell::new(0),
+            },
             home: Home::new(),
             pool: Mutex::new(Vec::new()),
         });

@@ -10,7 +10,9 @@ use zbuf::{
 };
 
 fn normal() -> SlabConfig {
-    SlabConfig::new().hugepages(HugepageMode::Never).max_memory(16 << 20)
+    SlabConfig::new()
+        .hugepages(HugepageMode::Never)
+        .max_memory(16 << 20)
 }
 
 /// Kernel page size of the mapping that starts at `va`, from /proc/self/smaps.
@@ -27,7 +29,10 @@ fn kernel_page_size_kb(va: usize) -> Option<u64> {
 
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
         .unwrap_or(false)
 }
 
@@ -41,16 +46,32 @@ fn check_hugepage_zone(slab: &Slab) {
     let zone = &zones[0];
     assert_eq!(zone.backing, Backing::Hugepage);
     assert_eq!(zone.len, ZONE_SIZE);
-    assert_eq!(zone.va % ZONE_SIZE, 0, "a hugepage mapping is 2 MiB aligned");
-    assert_eq!(kernel_page_size_kb(zone.va), Some(2048), "the kernel backs it with a 2 MiB page");
+    assert_eq!(
+        zone.va % ZONE_SIZE,
+        0,
+        "a hugepage mapping is 2 MiB aligned"
+    );
+    assert_eq!(
+        kernel_page_size_kb(zone.va),
+        Some(2048),
+        "the kernel backs it with a 2 MiB page"
+    );
     assert_eq!(zone.objects, ZONE_SIZE / 2048);
     // Object i's body starts at headroom 128 inside the object.
     let obj_index = (z.addr() - zone.va) / 2048;
     assert_eq!(z.addr() - zone.va - obj_index * 2048, 128);
     assert_eq!(z.iova(), zone.iova + (obj_index * 2048 + 128) as u64);
     if is_root() {
-        assert_eq!(zone.iova_kind, IovaKind::Physical, "root can read PFNs from pagemap");
-        assert_eq!(zone.iova % ZONE_SIZE as u64, 0, "a 2 MiB page is physically aligned");
+        assert_eq!(
+            zone.iova_kind,
+            IovaKind::Physical,
+            "root can read PFNs from pagemap"
+        );
+        assert_eq!(
+            zone.iova % ZONE_SIZE as u64,
+            0,
+            "a 2 MiB page is physically aligned"
+        );
         assert_ne!(zone.iova, zone.va as u64);
     } else {
         assert_eq!(zone.iova_kind, IovaKind::Virtual);
@@ -63,7 +84,12 @@ fn check_hugepage_zone(slab: &Slab) {
 
 #[test]
 fn anonymous_hugepage_zone_is_a_real_hugepage() {
-    let slab = Slab::new(SlabConfig::new().require_hugepages(true).max_memory(4 << 20)).unwrap();
+    let slab = Slab::new(
+        SlabConfig::new()
+            .require_hugepages(true)
+            .max_memory(4 << 20),
+    )
+    .unwrap();
     assert!(slab.uses_hugepages());
     check_hugepage_zone(&slab);
 }
@@ -85,17 +111,27 @@ fn hugetlbfs_file_zone_is_a_real_hugepage_and_leaves_no_file() {
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().to_string_lossy().starts_with(&mine))
         .collect();
-    assert!(left.is_empty(), "hugetlbfs files are unlinked after mapping: {left:?}");
+    assert!(
+        left.is_empty(),
+        "hugetlbfs files are unlinked after mapping: {left:?}"
+    );
 }
 
 #[test]
 fn require_hugepages_refuses_missing_hugetlbfs_path() {
-    let err = Slab::new(normal().require_hugepages(true).hugetlbfs_path("/nonexistent/lzb")).unwrap_err();
+    let err = Slab::new(
+        normal()
+            .require_hugepages(true)
+            .hugetlbfs_path("/nonexistent/lzb"),
+    )
+    .unwrap_err();
     match &err {
         SlabError::HugepagesUnavailable(msg) => assert!(msg.contains("/nonexistent/lzb"), "{msg}"),
         e => panic!("unexpected {e:?}"),
     }
-    assert!(err.to_string().contains("hugepages required but unavailable"));
+    assert!(err
+        .to_string()
+        .contains("hugepages required but unavailable"));
 }
 
 #[test]
@@ -109,11 +145,17 @@ fn require_hugepages_refuses_a_directory_that_is_not_hugetlbfs() {
 
 #[test]
 fn prefer_falls_back_to_normal_pages_with_one_warning() {
-    let cfg = SlabConfig::new().hugepages(HugepageMode::Prefer).hugetlbfs_path("/nonexistent/lzb");
+    let cfg = SlabConfig::new()
+        .hugepages(HugepageMode::Prefer)
+        .hugetlbfs_path("/nonexistent/lzb");
     let a = Slab::new(cfg.clone()).unwrap();
     let b = Slab::new(cfg).unwrap();
     assert!(!a.uses_hugepages());
-    assert_eq!(zbuf::hugepage_fallback_warnings(), 1, "warned exactly once per process");
+    assert_eq!(
+        zbuf::hugepage_fallback_warnings(),
+        1,
+        "warned exactly once per process"
+    );
     let cache = a.core_cache(0).unwrap();
     let m = cache.alloc(10).unwrap();
     let zone = &a.zones()[0];
@@ -131,7 +173,10 @@ fn prefer_falls_back_to_normal_pages_with_one_warning() {
 fn never_mode_uses_normal_pages_without_warning_or_probe() {
     let slab = Slab::new(normal()).unwrap();
     assert!(!slab.uses_hugepages());
-    assert!(slab.zones().is_empty(), "no zone is mapped before the first allocation");
+    assert!(
+        slab.zones().is_empty(),
+        "no zone is mapped before the first allocation"
+    );
     let cache = slab.core_cache(0).unwrap();
     let _m = cache.alloc(10).unwrap();
     assert_eq!(slab.zones()[0].backing, Backing::Normal);
@@ -180,9 +225,15 @@ fn too_large_requests_fail_and_are_counted() {
     let cache = slab.core_cache(0).unwrap();
     assert_eq!(
         cache.alloc(4096).unwrap_err(),
-        AllocError::TooLarge { requested: 4096 + 128, largest: 4096 }
+        AllocError::TooLarge {
+            requested: 4096 + 128,
+            largest: 4096
+        }
     );
-    assert!(matches!(cache.alloc_with_headroom(usize::MAX, 1), Err(AllocError::TooLarge { .. })));
+    assert!(matches!(
+        cache.alloc_with_headroom(usize::MAX, 1),
+        Err(AllocError::TooLarge { .. })
+    ));
     assert_eq!(cache.stats().alloc_failures, 2);
     assert_eq!(slab.stats().alloc_failures(), 2);
 }
@@ -197,7 +248,10 @@ fn exhaustion_returns_an_error_and_recovers_after_free() {
             Ok(m) => held.push(m),
             Err(e) => break e,
         }
-        assert!(held.len() <= ZONE_SIZE / 2048, "more objects than the limit allows");
+        assert!(
+            held.len() <= ZONE_SIZE / 2048,
+            "more objects than the limit allows"
+        );
     };
     assert_eq!(err, AllocError::Exhausted { class_size: 2048 });
     assert_eq!(held.len(), ZONE_SIZE / 2048);
@@ -233,21 +287,37 @@ fn exhausted_require_mode_zone_hook_rejection_is_an_error() {
     assert_eq!(slab.zones().len(), 2, "the rejected zone was unmapped");
     assert!(slab.zones().iter().all(|z| z.object_size == 2048));
     assert!(cache.alloc(100).is_ok());
-    assert_eq!(calls.load(Ordering::SeqCst), 3, "no new zone for the 2 KiB class");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "no new zone for the 2 KiB class"
+    );
 }
 
 #[test]
 fn reserve_stops_at_the_limit() {
     let slab = Slab::new(normal().max_memory(3 * ZONE_SIZE)).unwrap();
     assert_eq!(slab.reserve(2048, 5), Ok(3));
-    assert_eq!(slab.reserve(2048, 1), Err(AllocError::Exhausted { class_size: 2048 }));
-    assert_eq!(slab.reserve(1 << 30, 1), Err(AllocError::TooLarge { requested: 1 << 30, largest: 65536 }));
+    assert_eq!(
+        slab.reserve(2048, 1),
+        Err(AllocError::Exhausted { class_size: 2048 })
+    );
+    assert_eq!(
+        slab.reserve(1 << 30, 1),
+        Err(AllocError::TooLarge {
+            requested: 1 << 30,
+            largest: 65536
+        })
+    );
 }
 
 #[test]
 fn core_cache_registration_errors() {
     let slab = Slab::new(normal().max_cores(2)).unwrap();
-    assert!(matches!(slab.core_cache(2), Err(SlabError::CoreOutOfRange { core: 2, max: 2 })));
+    assert!(matches!(
+        slab.core_cache(2),
+        Err(SlabError::CoreOutOfRange { core: 2, max: 2 })
+    ));
     let c0 = slab.core_cache(0).unwrap();
     assert_eq!(zbuf::current_core(), Some(0));
     assert!(matches!(slab.core_cache(1), Err(SlabError::ThreadHasCache)));
@@ -294,7 +364,11 @@ fn local_free_is_reused_immediately() {
     assert_eq!(cache.stats().local_frees, 0, "one reference left");
     drop(b);
     assert_eq!(cache.stats().local_frees, 1);
-    assert_eq!(cache.alloc(10).unwrap().freeze().addr(), addr, "LIFO reuse of a hot object");
+    assert_eq!(
+        cache.alloc(10).unwrap().freeze().addr(),
+        addr,
+        "LIFO reuse of a hot object"
+    );
 }
 
 #[test]
@@ -317,7 +391,11 @@ fn cross_core_free_goes_home_through_the_queue() {
     assert_eq!(cache.stats().local_frees, 0);
     assert_eq!(slab.stats().remote_frees(), 1);
     assert_eq!(cache.drain_remote(), 1);
-    assert_eq!(cache.alloc(100).unwrap().freeze().addr(), addr, "the object came home");
+    assert_eq!(
+        cache.alloc(100).unwrap().freeze().addr(),
+        addr,
+        "the object came home"
+    );
 }
 
 #[test]
@@ -360,10 +438,20 @@ fn leak_report_names_zones_with_outstanding_objects() {
     assert_eq!(report.objects_in_use, 2);
     assert_eq!(report.bytes_in_use, 2048 + 4096);
     assert_eq!(report.zones.len(), 2);
-    assert!(report.to_string().contains("2 objects (6144 bytes) still in use"), "{report}");
+    assert!(
+        report
+            .to_string()
+            .contains("2 objects (6144 bytes) still in use"),
+        "{report}"
+    );
     let st = slab.stats();
-    assert_eq!(st.classes.iter().map(|c| (c.object_size, c.in_use)).collect::<Vec<_>>(),
-        vec![(2048, 1), (4096, 1), (16384, 0), (65536, 0)]);
+    assert_eq!(
+        st.classes
+            .iter()
+            .map(|c| (c.object_size, c.in_use))
+            .collect::<Vec<_>>(),
+        vec![(2048, 1), (4096, 1), (16384, 0), (65536, 0)]
+    );
     drop((a, b, b2));
     assert!(slab.leak_report().is_clean());
     assert_eq!(slab.leak_report().to_string(), "zbuf: no objects in use");
@@ -399,10 +487,22 @@ fn zbufmut_prepend_append_and_room_errors() {
     m.prepend(4).unwrap().copy_from_slice(b"hdr:");
     assert_eq!(&m[..], b"hdr:payload");
     assert_eq!(m.headroom(), 124);
-    assert_eq!(m.prepend(200).unwrap_err(), NoRoom { requested: 200, available: 124 });
+    assert_eq!(
+        m.prepend(200).unwrap_err(),
+        NoRoom {
+            requested: 200,
+            available: 124
+        }
+    );
     let tail = m.tailroom();
     assert_eq!(tail, 2048 - 128 - 7);
-    assert_eq!(m.append(tail + 1).unwrap_err(), NoRoom { requested: tail + 1, available: tail });
+    assert_eq!(
+        m.append(tail + 1).unwrap_err(),
+        NoRoom {
+            requested: tail + 1,
+            available: tail
+        }
+    );
     m.append(3).unwrap().copy_from_slice(b"!!!");
     assert_eq!(&m[..], b"hdr:payload!!!");
     m[0] = b'H';

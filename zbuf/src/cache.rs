@@ -31,7 +31,7 @@ pub(crate) fn current_slot() -> Option<(NonNull<SlabInner>, usize)> {
 /// `CoreCache` is neither `Send` nor `Sync`: its free lists are unsynchronized and tied
 /// to the thread that registered it.
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// use zbuf::{HugepageMode, Slab, SlabConfig};
 /// let slab = Slab::new(SlabConfig::new().hugepages(HugepageMode::Never)).unwrap();
 /// let cache = slab.core_cache(0).unwrap();

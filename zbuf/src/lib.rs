@@ -98,3 +98,6 @@ pub use slab::{
 pub use stats::{copy_stats, thread_copy_stats, CopyStats};
 pub use zbuf::Zbuf;
 pub use zbuf_mut::ZbufMut;
+
+#[cfg(test)]
+mod tests;

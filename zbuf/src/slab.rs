@@ -6,6 +6,7 @@
 
 use std::cell::UnsafeCell;
 use std::fmt;
+use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -177,6 +178,42 @@ impl Zone {
     }
 }
 
+/// An owned zone at a fixed heap address: object metadata points at it, so it is
+/// allocated once, written in place and never moved or mutably borrowed again.
+struct ZoneBox(NonNull<Zone>);
+
+// SAFETY: a `Zone` is immutable after construction apart from its objects' atomics;
+// its raw pointers name the slab and the mapping, which are Send + Sync.
+unsafe impl Send for ZoneBox {}
+// SAFETY: as above.
+unsafe impl Sync for ZoneBox {}
+
+impl ZoneBox {
+    /// Allocates the zone's memory first so `build` can point object metadata at it.
+    fn new(build: impl FnOnce(*const Zone) -> Zone) -> ZoneBox {
+        let raw = Box::into_raw(Box::new(MaybeUninit::<Zone>::uninit())).cast::<Zone>();
+        let zone = build(raw);
+        // SAFETY: `raw` is a fresh, uninitialized allocation with Zone's layout.
+        unsafe { raw.write(zone) };
+        ZoneBox(NonNull::new(raw).expect("Box pointers are non-null"))
+    }
+}
+
+impl std::ops::Deref for ZoneBox {
+    type Target = Zone;
+    fn deref(&self) -> &Zone {
+        // SAFETY: initialized in `new`, freed only in `drop`.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+impl Drop for ZoneBox {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `Box` in `new` with the same layout; dropped once.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
+}
+
 struct ClassPool {
     size: usize,
     batch: usize,
@@ -217,13 +254,14 @@ impl CoreSlot {
 }
 
 pub(crate) struct SlabInner {
+    /// Our own address as allocated (set once before sharing): zones point here, and the
+    /// last reference frees through it.
+    this: *mut SlabInner,
     refs: Refs,
     handles: AtomicUsize,
     cfg: SlabConfig,
     classes: Box<[ClassPool]>,
-    // Boxed: object metadata points at its zone, so zones must not move.
-    #[allow(clippy::vec_box)]
-    zones: Mutex<Vec<Box<Zone>>>,
+    zones: Mutex<Vec<ZoneBox>>,
     zone_limit: usize,
     zones_reserved: AtomicUsize,
     next_zone: AtomicUsize,
@@ -314,6 +352,7 @@ impl SlabInner {
             })
             .collect();
         Ok(SlabInner {
+            this: std::ptr::null_mut(),
             refs: Refs::new(1),
             handles: AtomicUsize::new(1),
             zone_limit: cfg.zone_limit(),
@@ -497,7 +536,7 @@ impl SlabInner {
         })
     }
 
-    fn build_zone(&self, mapping: Mapping, class: usize) -> Box<Zone> {
+    fn build_zone(&self, mapping: Mapping, class: usize) -> ZoneBox {
         let size = self.classes[class].size;
         let va = mapping.as_ptr() as usize;
         let backing = mapping.backing();
@@ -520,22 +559,23 @@ impl SlabInner {
             iova_kind,
             backing,
         };
-        let mut zone = Box::new(Zone {
-            slab: self as *const SlabInner,
-            info,
-            metas: Box::new([]),
-            _mapping: mapping,
-        });
-        let zp: *const Zone = &*zone;
-        let base = zone._mapping.as_ptr();
-        zone.metas = (0..objects)
-            .map(|i| {
-                // `i * size < len`, so the address stays inside the mapping.
-                let p = NonNull::new(base.wrapping_add(i * size)).expect("mapping is non-null");
-                ObjMeta::slab(zp, p, iova + (i * size) as u64, size, i as u32, class as u8)
-            })
-            .collect();
-        zone
+        let slab = self.this as *const SlabInner;
+        ZoneBox::new(|zp| {
+            let base = mapping.as_ptr();
+            let metas = (0..objects)
+                .map(|i| {
+                    // `i * size < len`, so the address stays inside the mapping.
+                    let p = NonNull::new(base.wrapping_add(i * size)).expect("mapping is non-null");
+                    ObjMeta::slab(zp, p, iova + (i * size) as u64, size, i as u32, class as u8)
+                })
+                .collect();
+            Zone {
+                slab,
+                info,
+                metas,
+                _mapping: mapping,
+            }
+        })
     }
 
     /// Gives slot `core` up: local lists and queued returns go to the shared pools.
@@ -643,7 +683,8 @@ pub(crate) unsafe fn recycle(obj: ObjPtr) {
     let home = meta.home.load(Ordering::Relaxed) as usize;
     let class = meta.class as usize;
     let slot = &inner.slots[home];
-    if current_slot() == Some((NonNull::from(inner), home)) {
+    let this = NonNull::new(inner.this).expect("set at creation");
+    if current_slot() == Some((this, home)) {
         // Home core: straight back to the local list.
         // SAFETY: the thread-local registration says this thread owns the slot; the
         // borrow is short and calls out only to take the class lock.
@@ -663,7 +704,7 @@ pub(crate) unsafe fn recycle(obj: ObjPtr) {
         inner.acquire_ref();
         slot.home.push_remote(obj, |o| inner.return_to_pool(o));
         // SAFETY: we own the reference taken above.
-        unsafe { SlabInner::release_ref(NonNull::from(inner)) };
+        unsafe { SlabInner::release_ref(this) };
     }
 }
 
@@ -685,9 +726,11 @@ impl Slab {
     /// Creates a slab. With hugepages preferred or required, this maps one hugepage
     /// zone up front to find out whether hugepages work (it becomes the first zone).
     pub fn new(cfg: SlabConfig) -> Result<Slab, SlabError> {
-        let inner = Box::new(SlabInner::new(cfg)?);
+        let raw = Box::into_raw(Box::new(SlabInner::new(cfg)?));
+        // SAFETY: `raw` is a fresh allocation nobody else has seen yet.
+        unsafe { (*raw).this = raw };
         Ok(Slab {
-            inner: NonNull::from(Box::leak(inner)),
+            inner: NonNull::new(raw).expect("Box pointers are non-null"),
         })
     }
 

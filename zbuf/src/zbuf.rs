@@ -24,7 +24,7 @@ use crate::zbuf_mut::ZbufMut;
 ///
 /// A `Zbuf` cannot be written through:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0594
 /// let z = zbuf::Zbuf::copy_from_slice(b"abc");
 /// z[0] = b'x'; // error: cannot assign through `Deref`
 /// ```
@@ -32,7 +32,7 @@ use crate::zbuf_mut::ZbufMut;
 /// and a borrow of its bytes cannot outlive it (so the object cannot be recycled under a
 /// reader):
 ///
-/// ```compile_fail
+/// ```compile_fail,E0597
 /// let s: &[u8];
 /// {
 ///     let z = zbuf::Zbuf::copy_from_slice(b"abc");
@@ -43,7 +43,7 @@ use crate::zbuf_mut::ZbufMut;
 ///
 /// Releasing twice is impossible, the handle is moved by the first drop:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0382
 /// let z = zbuf::Zbuf::copy_from_slice(b"abc");
 /// drop(z);
 /// drop(z); // error: use of moved value

@@ -26,7 +26,7 @@ use crate::zbuf::Zbuf;
 ///
 /// After `freeze` the `ZbufMut` is gone, so the bytes cannot change under readers:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0382
 /// let mut m = zbuf::ZbufMut::heap(16, 64);
 /// m.extend_from_slice(b"abc").unwrap();
 /// let z = m.freeze();
@@ -36,7 +36,7 @@ use crate::zbuf::Zbuf;
 ///
 /// and it cannot be duplicated:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0599
 /// let m = zbuf::ZbufMut::heap(16, 64);
 /// let n = m.clone(); // error: no method `clone`
 /// ```

@@ -54,6 +54,19 @@ use loom::sync::{Arc, Mutex};
 use loom::thread;
 use remote::{Home, RefCount, Refs};
 
+/// Writes a loom cell; loom fails the model if this races with any other access.
+fn write(cell: &UnsafeCell<u32>, v: u32) {
+    // SAFETY: loom tracks causality of every cell access and panics on a data race,
+    // which is exactly what these models test for.
+    cell.with_mut(|p| unsafe { *p = v });
+}
+
+/// Reads a loom cell (checked like `write`).
+fn read(cell: &UnsafeCell<u32>) -> u32 {
+    // SAFETY: as in `write`.
+    cell.with(|p| unsafe { *p })
+}
+
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
     if !cfg!(loom) {
@@ -69,7 +82,7 @@ struct Obj {
     payload: UnsafeCell<u32>,
 }
 
-// SAFETY-free test type: loom's UnsafeCell checks every access at run time.
+// SAFETY: the only non-Sync field is a loom UnsafeCell, whose accesses loom checks.
 unsafe impl Sync for Obj {}
 
 struct World {
@@ -96,7 +109,7 @@ fn last_release_returns_object_once() {
         let w1 = w.clone();
         let t = thread::spawn(move || {
             // The remote core wrote the buffer while it was unique, then shared it.
-            w1.obj.payload.with_mut(|p| unsafe { *p = 7 });
+            write(&w1.obj.payload, 7);
             if w1.obj.refs.release() {
                 w1.home.push_remote(1, |o| w1.pool.lock().unwrap().push(o));
             }
@@ -104,12 +117,12 @@ fn last_release_returns_object_once() {
         let mut local = Vec::new();
         if w.obj.refs.release() {
             // Last reference on the home core: reuse at once, before any join.
-            w.obj.payload.with_mut(|p| unsafe { *p = 0 });
+            write(&w.obj.payload, 0);
             local.push(1);
         }
         // The home core polls its queue while the other core may still be running.
         if w.home.drain(|o| local.push(o)) == 1 {
-            w.obj.payload.with_mut(|p| unsafe { *p = 0 });
+            write(&w.obj.payload, 0);
         }
         t.join().unwrap();
         w.home.drain(|o| local.push(o));
@@ -137,7 +150,7 @@ fn unclaim_racing_remote_free_strands_nothing() {
         assert!(w.home.try_claim());
         let w1 = w.clone();
         let t = thread::spawn(move || {
-            w1.obj.payload.with_mut(|p| unsafe { *p = 1 });
+            write(&w1.obj.payload, 1);
             if w1.obj.refs.release() {
                 w1.home.push_remote(1, |o| w1.pool.lock().unwrap().push(o));
             }
@@ -145,7 +158,7 @@ fn unclaim_racing_remote_free_strands_nothing() {
         let drained = w.home.unclaim(|o| w.pool.lock().unwrap().push(o));
         if drained == 1 {
             // Taken from the queue: usable at once.
-            w.obj.payload.with_mut(|p| unsafe { *p = 2 });
+            write(&w.obj.payload, 2);
         }
         t.join().unwrap();
         assert!(drained <= 1);
@@ -165,10 +178,10 @@ fn slab_outlives_remote_release() {
         memory: UnsafeCell<u32>,
         frees: loom::sync::atomic::AtomicUsize,
     }
-    // SAFETY-free test type: loom's UnsafeCell checks every access.
+    // SAFETY: the only non-Sync field is a loom UnsafeCell, whose accesses loom checks.
     unsafe impl Sync for Slab {}
     fn free(s: &Slab) {
-        s.memory.with_mut(|p| unsafe { *p = 0xdead });
+        write(&s.memory, 0xdead);
         s.frees.fetch_add(1, loom::sync::atomic::Ordering::Relaxed);
     }
     model(|| {
@@ -185,11 +198,11 @@ fn slab_outlives_remote_release() {
             // Remote release of the last reference to the object (the home is unowned).
             s1.refs.acquire(1);
             s1.home.push_remote(1, |o| {
-                s1.memory.with(|p| assert_eq!(unsafe { *p }, 1));
+                assert_eq!(read(&s1.memory), 1);
                 s1.pool.lock().unwrap().push(o);
                 assert!(!s1.refs.release(1), "the releaser's own reference is held");
             });
-            s1.memory.with(|p| assert_eq!(unsafe { *p }, 1));
+            assert_eq!(read(&s1.memory), 1);
             if s1.refs.release(1) {
                 free(&s1);
             }

@@ -214,3 +214,33 @@ fn slab_outlives_remote_release() {
         assert_eq!(s.frees.load(loom::sync::atomic::Ordering::Relaxed), 1);
     });
 }
+
+/// Two other cores drop the last two handles while the home gives its slot up: exactly
+/// one of them returns the object, and it lands in the pool exactly once.
+#[test]
+fn two_remote_releasers_and_unclaim() {
+    model(|| {
+        let w = Arc::new(World {
+            obj: Obj { refs: RefCount::new(2), payload: UnsafeCell::new(0) },
+            home: Home::new(),
+            pool: Mutex::new(Vec::new()),
+        });
+        assert!(w.home.try_claim());
+        let spawn_releaser = |w: Arc<World>| {
+            thread::spawn(move || {
+                assert_eq!(read(&w.obj.payload), 0, "readers see the bytes written before sharing");
+                if w.obj.refs.release() {
+                    w.home.push_remote(1, |o| w.pool.lock().unwrap().push(o));
+                }
+            })
+        };
+        let (a, b) = (spawn_releaser(w.clone()), spawn_releaser(w.clone()));
+        if w.home.unclaim(|o| w.pool.lock().unwrap().push(o)) == 1 {
+            write(&w.obj.payload, 3);
+        }
+        a.join().unwrap();
+        b.join().unwrap();
+        assert_eq!(*w.pool.lock().unwrap(), vec![1]);
+        assert_eq!(w.home.drain(|_| ()), 0);
+    });
+}

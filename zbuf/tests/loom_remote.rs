@@ -221,14 +221,21 @@ fn slab_outlives_remote_release() {
 fn two_remote_releasers_and_unclaim() {
     model(|| {
         let w = Arc::new(World {
-            obj: Obj { refs: RefCount::new(2), payload: UnsafeCell::new(0) },
+            obj: Obj {
+                refs: RefCount::new(2),
+                payload: UnsafeCell::new(0),
+            },
             home: Home::new(),
             pool: Mutex::new(Vec::new()),
         });
         assert!(w.home.try_claim());
         let spawn_releaser = |w: Arc<World>| {
             thread::spawn(move || {
-                assert_eq!(read(&w.obj.payload), 0, "readers see the bytes written before sharing");
+                assert_eq!(
+                    read(&w.obj.payload),
+                    0,
+                    "readers see the bytes written before sharing"
+                );
                 if w.obj.refs.release() {
                     w.home.push_remote(1, |o| w.pool.lock().unwrap().push(o));
                 }

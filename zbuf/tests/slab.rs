@@ -9,6 +9,9 @@ use zbuf::{
     ZbufMut, ZONE_SIZE,
 };
 
+const NEEDS_HUGEPAGES: &str =
+    "this test needs free 2 MiB hugepages (sysctl vm.nr_hugepages) and hugetlbfs at /dev/hugepages";
+
 fn normal() -> SlabConfig {
     SlabConfig::new()
         .hugepages(HugepageMode::Never)
@@ -103,7 +106,7 @@ fn hugetlbfs_file_zone_is_a_real_hugepage_and_leaves_no_file() {
             .file_prefix("lzb")
             .max_memory(4 << 20),
     )
-    .unwrap();
+    .expect(NEEDS_HUGEPAGES);
     check_hugepage_zone(&slab);
     let mine = format!("lzb-{}-", std::process::id());
     let left: Vec<_> = std::fs::read_dir("/dev/hugepages")

@@ -142,7 +142,9 @@ fn concurrent_alloc_and_cross_core_free_hugepages_with_exhaustion() {
         .size_classes(&[2048, 4096, 16384])
         .max_memory(3 << 21)
         .cache_size(32);
-    let failures = run(Slab::new(cfg).unwrap());
+    let slab =
+        Slab::new(cfg).expect("this test needs free 2 MiB hugepages (sysctl vm.nr_hugepages)");
+    let failures = run(slab);
     eprintln!("allocation failures: {failures}");
     assert!(failures > 0, "the memory limit was reached");
 }

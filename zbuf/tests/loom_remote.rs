@@ -10,9 +10,7 @@
 #![allow(dead_code)]
 
 mod sync {
-    pub(crate) use loom::sync::atomic::{
-        fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
-    };
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
     /// Like crossbeam's `SegQueue` where it matters here: push publishes with Release,
     /// pop acquires what it takes, and a pop that finds the queue empty writes nothing

@@ -87,7 +87,7 @@ mod zbuf;
 mod zbuf_mut;
 
 pub use cache::{alloc, alloc_with_headroom, current_core, CoreCache};
-pub use config::{HugepageMode, IovaMode, SlabConfig, ZoneHook, ZONE_SIZE};
+pub use config::{HugepageMode, IovaMode, SlabConfig, ZoneHook, MAX_CORES, ZONE_SIZE};
 pub use error::{AllocError, NoRoom, OutOfBounds, SlabError};
 pub use iovec::IoVec;
 pub use mem::Backing;

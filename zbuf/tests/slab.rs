@@ -197,6 +197,7 @@ fn bad_configs_are_rejected_with_a_message() {
         normal().max_memory(ZONE_SIZE - 1),
         normal().max_zones(0),
         normal().max_cores(0),
+        normal().max_cores(zbuf::MAX_CORES + 1),
         normal().cache_size(0),
         normal().file_prefix("a/b"),
         normal().file_prefix(""),

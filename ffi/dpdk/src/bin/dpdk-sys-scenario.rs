@@ -547,7 +547,13 @@ fn memif(o: &Opts) -> R<String> {
         },
         &mp,
     )?;
-    port.start()?;
+    // The client's start fails until the server process listens: retry.
+    while let Err(e) = port.start() {
+        if Instant::now() > deadline {
+            return Err(e.into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     port.wait_link_up(deadline.saturating_duration_since(Instant::now()))?;
     let (me, peer) = if role == "server" {
         ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])

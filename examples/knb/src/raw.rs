@@ -348,7 +348,16 @@ fn reflector(a: &RawArgs) -> Res<()> {
         Vec::<Mbuf>::with_capacity(4 * burst),
     );
     let (mut echoed, mut dropped) = (0u64, 0u64);
+    let mut next_link_check = Instant::now();
     'outer: while Instant::now() < deadline {
+        // memif: the initiator leaving takes the link down; stop even if
+        // its STOP frames were lost.
+        if a.transport == Transport::Memif && echoed > 0 && Instant::now() >= next_link_check {
+            next_link_check = Instant::now() + Duration::from_millis(100);
+            if !d.port.link().map(|l| l.up).unwrap_or(false) {
+                break;
+            }
+        }
         rx.clear();
         if d.rxq.rx_burst(&mut rx, burst) == 0 && pending.is_empty() {
             continue;

@@ -290,17 +290,22 @@ fn open_dev(a: &RawArgs, role: Role) -> Res<Dev> {
         conf.mtu = Some(mtu.min(info.max_mtu as u32) as u16);
     }
     port.configure(&conf, &pool).map_err(|e| e.to_string())?;
-    // A memif client's start fails until the server listens: retry a while.
-    let start_by = Instant::now() + Duration::from_secs(20);
-    while let Err(e) = port.start() {
-        if a.transport != Transport::Memif || Instant::now() > start_by {
-            return Err(e.to_string());
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    if a.transport == Transport::Memif && role != Role::Reflector {
+        let sock = format!("/tmp/{}.sock", a.run_id());
+        dpdk_sys::ethdev::wait_memif_listener(&sock, Duration::from_secs(20))
+            .map_err(|e| e.to_string())?;
     }
-    let _ = port.set_promiscuous(true);
-    port.wait_link_up(Duration::from_secs(20))
+    // A memif client connects at start; a server not started yet turns it
+    // away for good, so the client restarts until the link is up.
+    // The server (reflector) never restarts: that would cut a client off.
+    let retry = if role == Role::Reflector {
+        Duration::from_secs(30)
+    } else {
+        Duration::from_millis(500)
+    };
+    port.start_until_link_up(Duration::from_secs(30), retry)
         .map_err(|e| e.to_string())?;
+    let _ = port.set_promiscuous(true);
     let rxq = port.rx_queue(0).map_err(|e| e.to_string())?;
     let txq = port.tx_queue(0).map_err(|e| e.to_string())?;
     Ok(Dev {
@@ -615,7 +620,7 @@ impl Netns {
     }
 
     /// Waits for a tap created by DPDK, then bridges it.
-    fn attach_tap(&self, iface: &str, within: Duration) -> Res<()> {
+    fn attach_tap(&self, iface: &str, owner: &mut ChildProc, within: Duration) -> Res<()> {
         let end = Instant::now() + within;
         while Command::new("ip")
             .args(["-n", &self.0, "link", "show", iface])
@@ -623,6 +628,12 @@ impl Netns {
             .map(|o| !o.status.success())
             .unwrap_or(true)
         {
+            if let Ok(Some(_)) = owner.child.try_wait() {
+                return Err(format!(
+                    "the {} exited before its tap {iface} appeared",
+                    owner.name
+                ));
+            }
             if Instant::now() > end {
                 return Err(format!(
                     "tap {iface} did not appear in namespace {} within {within:?}",
@@ -774,20 +785,20 @@ fn orchestrate(a: &RawArgs) -> Res<()> {
         Transport::Memif => None,
         t => Some(Netns::create(&id, t)?),
     };
-    let reflector = ChildProc::spawn(&a, Role::Reflector, ns.as_ref(), "reflector")?;
-    let attach = |i: usize| match (&ns, a.transport) {
-        (Some(ns), Transport::Tap) => ns.attach_tap(NS_IFACES[i], Duration::from_secs(20)),
+    let mut reflector = ChildProc::spawn(&a, Role::Reflector, ns.as_ref(), "reflector")?;
+    let attach = |i: usize, owner: &mut ChildProc| match (&ns, a.transport) {
+        (Some(ns), Transport::Tap) => ns.attach_tap(NS_IFACES[i], owner, Duration::from_secs(20)),
         _ => Ok(()),
     };
-    if let Err(e) = attach(1) {
+    if let Err(e) = attach(1, &mut reflector) {
         let (_, _, rerr) = reflector.finish(Duration::from_secs(1));
         return Err(format!(
             "{e}\n  reflector:\n    {}",
             rerr.trim_end().replace('\n', "\n    ")
         ));
     }
-    let initiator = ChildProc::spawn(&a, Role::Initiator, ns.as_ref(), "initiator")?;
-    if let Err(e) = attach(0) {
+    let mut initiator = ChildProc::spawn(&a, Role::Initiator, ns.as_ref(), "initiator")?;
+    if let Err(e) = attach(0, &mut initiator) {
         let (_, _, ierr) = initiator.finish(Duration::from_secs(1));
         let _ = reflector.finish(Duration::from_secs(1));
         return Err(format!(

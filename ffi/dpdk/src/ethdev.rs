@@ -677,6 +677,37 @@ impl Port {
         }
     }
 
+    /// Starts the port and waits for link up; if the link stays down for
+    /// `retry_every`, stops and starts it again, until `timeout`.
+    ///
+    /// For memif clients: a client connects once, at start, and a server
+    /// that is not started yet refuses it for good, so the client must
+    /// restart to reconnect. Harmless for other PMDs.
+    pub fn start_until_link_up(
+        &mut self,
+        timeout: Duration,
+        retry_every: Duration,
+    ) -> Result<Link> {
+        let end = Instant::now() + timeout;
+        loop {
+            let started = self.start();
+            if started.is_ok() {
+                let wait = retry_every.min(end.saturating_duration_since(Instant::now()));
+                if let Ok(l) = self.wait_link_up(wait) {
+                    return Ok(l);
+                }
+            }
+            if Instant::now() >= end {
+                started?;
+                return self.wait_link_up(Duration::ZERO);
+            }
+            if self.is_started() {
+                self.stop()?;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Basic counters.
     pub fn stats(&self) -> Result<Stats> {
         // SAFETY: zeroed rte_eth_stats is valid (plain integers).
@@ -937,5 +968,33 @@ impl TxQueue {
     pub unsafe fn tx_burst_raw(&mut self, pkts: *mut *mut ffi::rte_mbuf, n: u16) -> u16 {
         // SAFETY: forwarded; &mut self makes this the queue's only user.
         unsafe { ffi::dpdk_sys_eth_tx_burst(self.shared.id, self.queue, pkts, n) }
+    }
+}
+
+/// Waits until a memif server listens on `socket` (the `socket=` devarg;
+/// abstract by default, as in 22.11/23.11), so a memif client port can be
+/// started without racing the server process. Reads /proc/net/unix.
+pub fn wait_memif_listener(socket: &str, timeout: Duration) -> Result<()> {
+    let end = Instant::now() + timeout;
+    let abstract_name = format!("@{socket}");
+    loop {
+        let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+        // Columns: Num RefCount Protocol Flags Type St Inode Path; St 01 = listening.
+        let listening = table.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() >= 8 && f[5] == "01" && (f[7] == abstract_name || f[7] == socket)
+        });
+        if listening {
+            return Ok(());
+        }
+        if Instant::now() >= end {
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                format!("wait for memif server on {socket}"),
+                format!("nothing listens on it after {timeout:?}"),
+            )
+            .with_fix("start the memif server (role=server) process with the same socket= first"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -51,3 +51,39 @@ pub use flow::{Flow, FlowAction, FlowAttr, FlowItem, FlowRule};
 pub use log::set_forward_to_stderr as set_log_to_stderr;
 pub use mbuf::Mbuf;
 pub use mempool::{Mempool, PoolConfig};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send<T: Send>() {}
+    fn sync<T: Sync>() {}
+
+    /// The thread-safety contract documented above, checked by the compiler.
+    #[test]
+    fn send_sync_contract() {
+        send::<Eal>();
+        sync::<Eal>();
+        send::<Mempool>();
+        sync::<Mempool>();
+        send::<Mbuf>();
+        sync::<Mbuf>();
+        send::<Port>();
+        send::<RxQueue>();
+        send::<TxQueue>();
+        send::<Flow>();
+    }
+
+    #[test]
+    fn constants_come_from_dpdk_headers() {
+        assert_eq!(
+            ffi::RTE_ETH_RSS_IP & ffi::RTE_ETH_RSS_IPV4,
+            ffi::RTE_ETH_RSS_IPV4
+        );
+        assert_eq!(
+            ffi::RTE_MBUF_DEFAULT_BUF_SIZE,
+            ffi::RTE_MBUF_DEFAULT_DATAROOM + ffi::RTE_PKTMBUF_HEADROOM
+        );
+        assert_ne!(ffi::RTE_ETH_TX_OFFLOAD_MULTI_SEGS, 0);
+    }
+}

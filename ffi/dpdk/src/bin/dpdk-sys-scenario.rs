@@ -547,14 +547,28 @@ fn memif(o: &Opts) -> R<String> {
         },
         &mp,
     )?;
-    // The client's start fails until the server process listens: retry.
-    while let Err(e) = port.start() {
-        if Instant::now() > deadline {
-            return Err(e.into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    // A memif client's start fails until the server listens: wait for it.
+    if role == "client" {
+        let sock = o
+            .eal
+            .iter()
+            .find_map(|a| a.split(',').find_map(|kv| kv.strip_prefix("socket=")))
+            .ok_or_else(|| check("memif client needs socket= in its --vdev"))?;
+        dpdk_sys::ethdev::wait_memif_listener(
+            sock,
+            deadline.saturating_duration_since(Instant::now()),
+        )?;
     }
-    port.wait_link_up(deadline.saturating_duration_since(Instant::now()))?;
+    // The client connects at start and a server that is not started yet
+    // turns it away: restart the client until the link comes up. The server
+    // never restarts (that would cut the client off).
+    let left = deadline.saturating_duration_since(Instant::now());
+    let retry = if role == "client" {
+        Duration::from_millis(500)
+    } else {
+        left
+    };
+    port.start_until_link_up(left, retry)?;
     let (me, peer) = if role == "server" {
         ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
     } else {

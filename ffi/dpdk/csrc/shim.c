@@ -1,0 +1,200 @@
+/* Non-inline wrappers over DPDK's static-inline fast path and over structs
+ * whose layout changes between releases. Each function is a direct call to
+ * the DPDK function or field of the same name; see wrapper.h. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* fopencookie */
+#endif
+#include "wrapper.h"
+
+#include <string.h>
+
+int dpdk_sys_errno(void) { return rte_errno; }
+void dpdk_sys_set_errno(int value) { rte_errno = value; }
+unsigned dpdk_sys_lcore_id(void) { return rte_lcore_id(); }
+uint64_t dpdk_sys_rdtsc(void) { return rte_rdtsc(); }
+const char *dpdk_sys_version(void) { return rte_version(); }
+
+uint16_t dpdk_sys_eth_rx_burst(uint16_t port_id, uint16_t queue_id,
+			       struct rte_mbuf **rx_pkts, uint16_t nb_pkts)
+{
+	return rte_eth_rx_burst(port_id, queue_id, rx_pkts, nb_pkts);
+}
+
+uint16_t dpdk_sys_eth_tx_burst(uint16_t port_id, uint16_t queue_id,
+			       struct rte_mbuf **tx_pkts, uint16_t nb_pkts)
+{
+	return rte_eth_tx_burst(port_id, queue_id, tx_pkts, nb_pkts);
+}
+
+int dpdk_sys_eth_link_get_nowait(uint16_t port_id, struct dpdk_sys_link *out)
+{
+	struct rte_eth_link link;
+	int ret;
+
+	memset(&link, 0, sizeof(link));
+	ret = rte_eth_link_get_nowait(port_id, &link);
+	if (ret != 0)
+		return ret;
+	out->speed_mbps = link.link_speed;
+	out->up = link.link_status == RTE_ETH_LINK_UP;
+	out->full_duplex = link.link_duplex == RTE_ETH_LINK_FULL_DUPLEX;
+	out->autoneg = link.link_autoneg == RTE_ETH_LINK_AUTONEG;
+	return 0;
+}
+
+struct rte_mbuf *dpdk_sys_pktmbuf_alloc(struct rte_mempool *mp)
+{
+	return rte_pktmbuf_alloc(mp);
+}
+
+int dpdk_sys_pktmbuf_alloc_bulk(struct rte_mempool *mp, struct rte_mbuf **mbufs,
+				unsigned count)
+{
+	return rte_pktmbuf_alloc_bulk(mp, mbufs, count);
+}
+
+void dpdk_sys_pktmbuf_free(struct rte_mbuf *m) { rte_pktmbuf_free(m); }
+
+char *dpdk_sys_pktmbuf_prepend(struct rte_mbuf *m, uint16_t len)
+{
+	return rte_pktmbuf_prepend(m, len);
+}
+
+char *dpdk_sys_pktmbuf_append(struct rte_mbuf *m, uint16_t len)
+{
+	return rte_pktmbuf_append(m, len);
+}
+
+char *dpdk_sys_pktmbuf_adj(struct rte_mbuf *m, uint16_t len)
+{
+	return rte_pktmbuf_adj(m, len);
+}
+
+int dpdk_sys_pktmbuf_trim(struct rte_mbuf *m, uint16_t len)
+{
+	return rte_pktmbuf_trim(m, len);
+}
+
+int dpdk_sys_pktmbuf_chain(struct rte_mbuf *head, struct rte_mbuf *tail)
+{
+	return rte_pktmbuf_chain(head, tail);
+}
+
+void *dpdk_sys_pktmbuf_mtod(struct rte_mbuf *m) { return rte_pktmbuf_mtod(m, void *); }
+uint16_t dpdk_sys_pktmbuf_data_len(const struct rte_mbuf *m) { return rte_pktmbuf_data_len(m); }
+uint32_t dpdk_sys_pktmbuf_pkt_len(const struct rte_mbuf *m) { return rte_pktmbuf_pkt_len(m); }
+uint16_t dpdk_sys_pktmbuf_nb_segs(const struct rte_mbuf *m) { return m->nb_segs; }
+struct rte_mbuf *dpdk_sys_pktmbuf_next(const struct rte_mbuf *m) { return m->next; }
+uint16_t dpdk_sys_pktmbuf_headroom(const struct rte_mbuf *m) { return rte_pktmbuf_headroom(m); }
+uint16_t dpdk_sys_pktmbuf_tailroom(const struct rte_mbuf *m) { return rte_pktmbuf_tailroom(m); }
+
+uint16_t dpdk_sys_pktmbuf_data_room_size(struct rte_mempool *mp)
+{
+	return rte_pktmbuf_data_room_size(mp);
+}
+
+struct rte_mempool *dpdk_sys_mbuf_pool(const struct rte_mbuf *m) { return m->pool; }
+uint16_t dpdk_sys_mbuf_refcnt_read(const struct rte_mbuf *m) { return rte_mbuf_refcnt_read(m); }
+
+void dpdk_sys_pktmbuf_refcnt_update(struct rte_mbuf *m, int16_t v)
+{
+	rte_pktmbuf_refcnt_update(m, v);
+}
+
+uint64_t dpdk_sys_mbuf_ol_flags(const struct rte_mbuf *m) { return m->ol_flags; }
+void dpdk_sys_mbuf_set_ol_flags(struct rte_mbuf *m, uint64_t flags) { m->ol_flags = flags; }
+
+void dpdk_sys_mbuf_set_tx_offload(struct rte_mbuf *m, uint64_t l2_len,
+				  uint64_t l3_len, uint64_t l4_len, uint64_t tso_segsz)
+{
+	m->l2_len = l2_len;
+	m->l3_len = l3_len;
+	m->l4_len = l4_len;
+	m->tso_segsz = tso_segsz;
+}
+
+uint32_t dpdk_sys_mbuf_rss_hash(const struct rte_mbuf *m) { return m->hash.rss; }
+uint32_t dpdk_sys_mbuf_packet_type(const struct rte_mbuf *m) { return m->packet_type; }
+
+struct rte_mbuf_ext_shared_info *dpdk_sys_pktmbuf_ext_shinfo_init_helper(
+	void *buf_addr, uint16_t *buf_len, rte_mbuf_extbuf_free_callback_t free_cb,
+	void *fcb_opaque)
+{
+	return rte_pktmbuf_ext_shinfo_init_helper(buf_addr, buf_len, free_cb, fcb_opaque);
+}
+
+void dpdk_sys_pktmbuf_attach_extbuf(struct rte_mbuf *m, void *buf_addr,
+				    rte_iova_t buf_iova, uint16_t buf_len,
+				    struct rte_mbuf_ext_shared_info *shinfo)
+{
+	rte_pktmbuf_attach_extbuf(m, buf_addr, buf_iova, buf_len, shinfo);
+}
+
+void dpdk_sys_flow_attr_set(struct rte_flow_attr *attr, uint32_t group,
+			    uint32_t priority, int ingress, int egress, int transfer)
+{
+	memset(attr, 0, sizeof(*attr));
+	attr->group = group;
+	attr->priority = priority;
+	attr->ingress = ingress != 0;
+	attr->egress = egress != 0;
+	attr->transfer = transfer != 0;
+}
+
+void dpdk_sys_flow_item_eth_set(struct rte_flow_item_eth *item,
+				const uint8_t dst[6], const uint8_t src[6],
+				uint16_t ether_type_be)
+{
+	memset(item, 0, sizeof(*item));
+	memcpy(item->dst.addr_bytes, dst, RTE_ETHER_ADDR_LEN);
+	memcpy(item->src.addr_bytes, src, RTE_ETHER_ADDR_LEN);
+	item->type = ether_type_be;
+}
+
+void dpdk_sys_flow_item_ipv4_set(struct rte_flow_item_ipv4 *item,
+				 uint32_t src_be, uint32_t dst_be, uint8_t proto)
+{
+	memset(item, 0, sizeof(*item));
+	item->hdr.src_addr = src_be;
+	item->hdr.dst_addr = dst_be;
+	item->hdr.next_proto_id = proto;
+}
+
+void dpdk_sys_flow_item_tcp_set(struct rte_flow_item_tcp *item,
+				uint16_t src_port_be, uint16_t dst_port_be,
+				uint8_t tcp_flags)
+{
+	memset(item, 0, sizeof(*item));
+	item->hdr.src_port = src_port_be;
+	item->hdr.dst_port = dst_port_be;
+	item->hdr.tcp_flags = tcp_flags;
+}
+
+void dpdk_sys_flow_item_udp_set(struct rte_flow_item_udp *item,
+				uint16_t src_port_be, uint16_t dst_port_be)
+{
+	memset(item, 0, sizeof(*item));
+	item->hdr.src_port = src_port_be;
+	item->hdr.dst_port = dst_port_be;
+}
+
+static dpdk_sys_log_write_fn log_write_fn;
+
+static ssize_t log_cookie_write(void *cookie, const char *buf, size_t size)
+{
+	(void)cookie;
+	return log_write_fn != NULL ? log_write_fn(buf, size) : (ssize_t)size;
+}
+
+int dpdk_sys_log_capture(dpdk_sys_log_write_fn fn)
+{
+	cookie_io_functions_t io = { .write = log_cookie_write };
+	FILE *f;
+
+	log_write_fn = fn;
+	f = fopencookie(NULL, "w", io);
+	if (f == NULL)
+		return -1;
+	setvbuf(f, NULL, _IOLBF, 0);
+	return rte_openlog_stream(f);
+}

@@ -1,0 +1,199 @@
+/* Input to bindgen and the C shim for dpdk-sys.
+ *
+ * DPDK's fast path (rx/tx burst, mbuf alloc/free, rte_errno, rte_lcore_id...)
+ * is static inline or a macro, so Rust cannot link to it. shim.c exports
+ * non-inline wrappers named dpdk_sys_*; their prototypes are here so bindgen
+ * generates matching Rust declarations. Macro constants built from
+ * function-like macros (RTE_BIT64...) are captured as `static const` values
+ * that clang evaluates, so no numbers are copied by hand and the crate builds
+ * against whichever DPDK pkg-config finds. */
+#ifndef DPDK_SYS_WRAPPER_H
+#define DPDK_SYS_WRAPPER_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include <rte_config.h>
+#include <rte_common.h>
+#include <rte_errno.h>
+#include <rte_eal.h>
+#include <rte_lcore.h>
+#include <rte_launch.h>
+#include <rte_log.h>
+#include <rte_cycles.h>
+#include <rte_dev.h>
+#include <rte_memory.h>
+#include <rte_mempool.h>
+#include <rte_mbuf.h>
+#include <rte_ether.h>
+#include <rte_ethdev.h>
+#include <rte_flow.h>
+#include <rte_version.h>
+
+/* ---- constants (renamed by build.rs: DPDK_SYS_C_X -> X) ---- */
+#define DPDK_SYS_U64(name) static const uint64_t DPDK_SYS_C_##name = (uint64_t)(name);
+#define DPDK_SYS_U32(name) static const uint32_t DPDK_SYS_C_##name = (uint32_t)(name);
+#define DPDK_SYS_U16(name) static const uint16_t DPDK_SYS_C_##name = (uint16_t)(name);
+
+DPDK_SYS_U64(RTE_ETH_RSS_IPV4)
+DPDK_SYS_U64(RTE_ETH_RSS_FRAG_IPV4)
+DPDK_SYS_U64(RTE_ETH_RSS_NONFRAG_IPV4_TCP)
+DPDK_SYS_U64(RTE_ETH_RSS_NONFRAG_IPV4_UDP)
+DPDK_SYS_U64(RTE_ETH_RSS_NONFRAG_IPV4_OTHER)
+DPDK_SYS_U64(RTE_ETH_RSS_IPV6)
+DPDK_SYS_U64(RTE_ETH_RSS_NONFRAG_IPV6_TCP)
+DPDK_SYS_U64(RTE_ETH_RSS_NONFRAG_IPV6_UDP)
+DPDK_SYS_U64(RTE_ETH_RSS_L2_PAYLOAD)
+DPDK_SYS_U64(RTE_ETH_RSS_ETH)
+DPDK_SYS_U64(RTE_ETH_RSS_IP)
+DPDK_SYS_U64(RTE_ETH_RSS_TCP)
+DPDK_SYS_U64(RTE_ETH_RSS_UDP)
+DPDK_SYS_U64(RTE_ETH_RSS_SCTP)
+DPDK_SYS_U64(RTE_ETH_RSS_L3_SRC_ONLY)
+DPDK_SYS_U64(RTE_ETH_RSS_L3_DST_ONLY)
+DPDK_SYS_U64(RTE_ETH_RSS_L4_SRC_ONLY)
+DPDK_SYS_U64(RTE_ETH_RSS_L4_DST_ONLY)
+
+DPDK_SYS_U64(RTE_ETH_RX_OFFLOAD_VLAN_STRIP)
+DPDK_SYS_U64(RTE_ETH_RX_OFFLOAD_IPV4_CKSUM)
+DPDK_SYS_U64(RTE_ETH_RX_OFFLOAD_UDP_CKSUM)
+DPDK_SYS_U64(RTE_ETH_RX_OFFLOAD_TCP_CKSUM)
+DPDK_SYS_U64(RTE_ETH_RX_OFFLOAD_CHECKSUM)
+DPDK_SYS_U64(RTE_ETH_RX_OFFLOAD_TCP_LRO)
+DPDK_SYS_U64(RTE_ETH_RX_OFFLOAD_SCATTER)
+DPDK_SYS_U64(RTE_ETH_RX_OFFLOAD_TIMESTAMP)
+DPDK_SYS_U64(RTE_ETH_RX_OFFLOAD_KEEP_CRC)
+DPDK_SYS_U64(RTE_ETH_RX_OFFLOAD_RSS_HASH)
+DPDK_SYS_U64(RTE_ETH_TX_OFFLOAD_VLAN_INSERT)
+DPDK_SYS_U64(RTE_ETH_TX_OFFLOAD_IPV4_CKSUM)
+DPDK_SYS_U64(RTE_ETH_TX_OFFLOAD_UDP_CKSUM)
+DPDK_SYS_U64(RTE_ETH_TX_OFFLOAD_TCP_CKSUM)
+DPDK_SYS_U64(RTE_ETH_TX_OFFLOAD_TCP_TSO)
+DPDK_SYS_U64(RTE_ETH_TX_OFFLOAD_UDP_TSO)
+DPDK_SYS_U64(RTE_ETH_TX_OFFLOAD_MT_LOCKFREE)
+DPDK_SYS_U64(RTE_ETH_TX_OFFLOAD_MULTI_SEGS)
+DPDK_SYS_U64(RTE_ETH_TX_OFFLOAD_MBUF_FAST_FREE)
+
+DPDK_SYS_U64(RTE_MBUF_F_RX_VLAN)
+DPDK_SYS_U64(RTE_MBUF_F_RX_RSS_HASH)
+DPDK_SYS_U64(RTE_MBUF_F_RX_FDIR)
+DPDK_SYS_U64(RTE_MBUF_F_RX_IP_CKSUM_MASK)
+DPDK_SYS_U64(RTE_MBUF_F_RX_IP_CKSUM_UNKNOWN)
+DPDK_SYS_U64(RTE_MBUF_F_RX_IP_CKSUM_BAD)
+DPDK_SYS_U64(RTE_MBUF_F_RX_IP_CKSUM_GOOD)
+DPDK_SYS_U64(RTE_MBUF_F_RX_IP_CKSUM_NONE)
+DPDK_SYS_U64(RTE_MBUF_F_RX_L4_CKSUM_MASK)
+DPDK_SYS_U64(RTE_MBUF_F_RX_L4_CKSUM_UNKNOWN)
+DPDK_SYS_U64(RTE_MBUF_F_RX_L4_CKSUM_BAD)
+DPDK_SYS_U64(RTE_MBUF_F_RX_L4_CKSUM_GOOD)
+DPDK_SYS_U64(RTE_MBUF_F_RX_L4_CKSUM_NONE)
+DPDK_SYS_U64(RTE_MBUF_F_RX_LRO)
+DPDK_SYS_U64(RTE_MBUF_F_TX_TCP_SEG)
+DPDK_SYS_U64(RTE_MBUF_F_TX_L4_NO_CKSUM)
+DPDK_SYS_U64(RTE_MBUF_F_TX_TCP_CKSUM)
+DPDK_SYS_U64(RTE_MBUF_F_TX_UDP_CKSUM)
+DPDK_SYS_U64(RTE_MBUF_F_TX_L4_MASK)
+DPDK_SYS_U64(RTE_MBUF_F_TX_IP_CKSUM)
+DPDK_SYS_U64(RTE_MBUF_F_TX_IPV4)
+DPDK_SYS_U64(RTE_MBUF_F_TX_IPV6)
+DPDK_SYS_U64(RTE_MBUF_F_TX_VLAN)
+DPDK_SYS_U64(RTE_MBUF_F_EXTERNAL)
+DPDK_SYS_U64(RTE_MBUF_F_INDIRECT)
+
+DPDK_SYS_U32(RTE_MBUF_DEFAULT_DATAROOM)
+DPDK_SYS_U32(RTE_MBUF_DEFAULT_BUF_SIZE)
+DPDK_SYS_U32(RTE_PKTMBUF_HEADROOM)
+DPDK_SYS_U32(RTE_MEMPOOL_CACHE_MAX_SIZE)
+DPDK_SYS_U32(RTE_MAX_ETHPORTS)
+DPDK_SYS_U32(RTE_MAX_LCORE)
+DPDK_SYS_U32(RTE_MAX_QUEUES_PER_PORT)
+DPDK_SYS_U32(RTE_ETH_NAME_MAX_LEN)
+DPDK_SYS_U32(RTE_ETH_XSTATS_NAME_SIZE)
+DPDK_SYS_U32(RTE_ETHER_ADDR_LEN)
+DPDK_SYS_U32(RTE_ETHER_MTU)
+DPDK_SYS_U32(RTE_ETHER_HDR_LEN)
+DPDK_SYS_U32(RTE_ETHER_CRC_LEN)
+DPDK_SYS_U32(RTE_ETH_SPEED_NUM_NONE)
+DPDK_SYS_U32(RTE_ETH_SPEED_NUM_UNKNOWN)
+DPDK_SYS_U32(LCORE_ID_ANY)
+DPDK_SYS_U32(SOCKET_ID_ANY)
+DPDK_SYS_U32(RTE_VERSION)
+
+/* ---- shim: plain structs where DPDK uses bitfields ---- */
+
+/** Link state without the bitfields of struct rte_eth_link. */
+struct dpdk_sys_link {
+	uint32_t speed_mbps;
+	uint8_t up;
+	uint8_t full_duplex;
+	uint8_t autoneg;
+};
+
+/* ---- shim functions (shim.c) ---- */
+int dpdk_sys_errno(void);
+void dpdk_sys_set_errno(int value);
+unsigned dpdk_sys_lcore_id(void);
+uint64_t dpdk_sys_rdtsc(void);
+const char *dpdk_sys_version(void);
+
+uint16_t dpdk_sys_eth_rx_burst(uint16_t port_id, uint16_t queue_id,
+			       struct rte_mbuf **rx_pkts, uint16_t nb_pkts);
+uint16_t dpdk_sys_eth_tx_burst(uint16_t port_id, uint16_t queue_id,
+			       struct rte_mbuf **tx_pkts, uint16_t nb_pkts);
+int dpdk_sys_eth_link_get_nowait(uint16_t port_id, struct dpdk_sys_link *out);
+
+struct rte_mbuf *dpdk_sys_pktmbuf_alloc(struct rte_mempool *mp);
+int dpdk_sys_pktmbuf_alloc_bulk(struct rte_mempool *mp, struct rte_mbuf **mbufs,
+				unsigned count);
+void dpdk_sys_pktmbuf_free(struct rte_mbuf *m);
+char *dpdk_sys_pktmbuf_prepend(struct rte_mbuf *m, uint16_t len);
+char *dpdk_sys_pktmbuf_append(struct rte_mbuf *m, uint16_t len);
+char *dpdk_sys_pktmbuf_adj(struct rte_mbuf *m, uint16_t len);
+int dpdk_sys_pktmbuf_trim(struct rte_mbuf *m, uint16_t len);
+int dpdk_sys_pktmbuf_chain(struct rte_mbuf *head, struct rte_mbuf *tail);
+void *dpdk_sys_pktmbuf_mtod(struct rte_mbuf *m);
+uint16_t dpdk_sys_pktmbuf_data_len(const struct rte_mbuf *m);
+uint32_t dpdk_sys_pktmbuf_pkt_len(const struct rte_mbuf *m);
+uint16_t dpdk_sys_pktmbuf_nb_segs(const struct rte_mbuf *m);
+struct rte_mbuf *dpdk_sys_pktmbuf_next(const struct rte_mbuf *m);
+uint16_t dpdk_sys_pktmbuf_headroom(const struct rte_mbuf *m);
+uint16_t dpdk_sys_pktmbuf_tailroom(const struct rte_mbuf *m);
+uint16_t dpdk_sys_pktmbuf_data_room_size(struct rte_mempool *mp);
+struct rte_mempool *dpdk_sys_mbuf_pool(const struct rte_mbuf *m);
+uint16_t dpdk_sys_mbuf_refcnt_read(const struct rte_mbuf *m);
+void dpdk_sys_pktmbuf_refcnt_update(struct rte_mbuf *m, int16_t v);
+uint64_t dpdk_sys_mbuf_ol_flags(const struct rte_mbuf *m);
+void dpdk_sys_mbuf_set_ol_flags(struct rte_mbuf *m, uint64_t flags);
+void dpdk_sys_mbuf_set_tx_offload(struct rte_mbuf *m, uint64_t l2_len,
+				  uint64_t l3_len, uint64_t l4_len, uint64_t tso_segsz);
+uint32_t dpdk_sys_mbuf_rss_hash(const struct rte_mbuf *m);
+uint32_t dpdk_sys_mbuf_packet_type(const struct rte_mbuf *m);
+struct rte_mbuf_ext_shared_info *dpdk_sys_pktmbuf_ext_shinfo_init_helper(
+	void *buf_addr, uint16_t *buf_len, rte_mbuf_extbuf_free_callback_t free_cb,
+	void *fcb_opaque);
+void dpdk_sys_pktmbuf_attach_extbuf(struct rte_mbuf *m, void *buf_addr,
+				    rte_iova_t buf_iova, uint16_t buf_len,
+				    struct rte_mbuf_ext_shared_info *shinfo);
+
+/* Routes DPDK's log stream (rte_openlog_stream) through `fn`, which gets
+ * each chunk DPDK writes and returns the bytes consumed (glibc fopencookie). */
+typedef long (*dpdk_sys_log_write_fn)(const char *buf, size_t size);
+int dpdk_sys_log_capture(dpdk_sys_log_write_fn fn);
+
+/* rte_flow item/attr fillers: field names differ between DPDK releases
+ * (23.11 wraps items around rte_*_hdr), C sees the right ones. Multi-byte
+ * values are in network byte order. */
+void dpdk_sys_flow_attr_set(struct rte_flow_attr *attr, uint32_t group,
+			    uint32_t priority, int ingress, int egress, int transfer);
+void dpdk_sys_flow_item_eth_set(struct rte_flow_item_eth *item,
+				const uint8_t dst[6], const uint8_t src[6],
+				uint16_t ether_type_be);
+void dpdk_sys_flow_item_ipv4_set(struct rte_flow_item_ipv4 *item,
+				 uint32_t src_be, uint32_t dst_be, uint8_t proto);
+void dpdk_sys_flow_item_tcp_set(struct rte_flow_item_tcp *item,
+				uint16_t src_port_be, uint16_t dst_port_be,
+				uint8_t tcp_flags);
+void dpdk_sys_flow_item_udp_set(struct rte_flow_item_udp *item,
+				uint16_t src_port_be, uint16_t dst_port_be);
+
+#endif

@@ -1,0 +1,252 @@
+//! Packet-mbuf pools.
+
+use std::ffi::CString;
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::eal::{Eal, LEAKED_POOLS};
+use crate::error::{rte_errno, Error, ErrorKind, Result};
+use crate::ffi;
+use crate::mbuf::Mbuf;
+
+/// rte_mempool names are at most RTE_MEMPOOL_NAMESIZE - 1 = 28 bytes.
+const MAX_NAME: usize = 28;
+
+/// Parameters of [`Mempool::create`].
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Name, unique within the EAL instance (≤ 28 bytes).
+    pub name: String,
+    /// Number of mbufs (a power of two minus one uses memory best).
+    pub size: u32,
+    /// Per-lcore cache (0 to disable; ≤ 512 and ≤ size / 1.5).
+    pub cache_size: u32,
+    /// Private area per mbuf, bytes (multiple of 8).
+    pub priv_size: u16,
+    /// Data room per mbuf including RTE_PKTMBUF_HEADROOM
+    /// (default RTE_MBUF_DEFAULT_BUF_SIZE = 2048 + 128).
+    pub data_room: u16,
+    /// NUMA socket, `None` for any.
+    pub socket: Option<i32>,
+}
+
+impl PoolConfig {
+    /// A pool of `size` default-sized mbufs with a 256-entry cache.
+    pub fn new(name: impl Into<String>, size: u32) -> Self {
+        PoolConfig {
+            name: name.into(),
+            size,
+            cache_size: 256.min(size * 2 / 3),
+            priv_size: 0,
+            data_room: ffi::RTE_MBUF_DEFAULT_BUF_SIZE as u16,
+            socket: None,
+        }
+    }
+}
+
+/// A pktmbuf mempool. Cloning shares the pool.
+///
+/// `Send + Sync`: the default mempool ops are multi-producer/multi-consumer.
+/// The pool is freed when the last clone drops *and* no mbuf is out; if mbufs
+/// are still in use then, it is leaked (with a message) rather than freed
+/// under them.
+#[derive(Clone)]
+pub struct Mempool {
+    inner: Arc<PoolInner>,
+}
+
+struct PoolInner {
+    ptr: NonNull<ffi::rte_mempool>,
+    name: String,
+    size: u32,
+    _eal: Eal,
+}
+
+// SAFETY: rte_mempool with the default ring_mp_mc ops is safe to use from any
+// thread; the pointer is only freed in Drop of the last owner.
+unsafe impl Send for PoolInner {}
+// SAFETY: as above; all methods taking &self are MT-safe DPDK calls.
+unsafe impl Sync for PoolInner {}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        // SAFETY: ptr is a live pool created by rte_pktmbuf_pool_create.
+        let in_use = unsafe { ffi::rte_mempool_in_use_count(self.ptr.as_ptr()) };
+        if in_use != 0 {
+            eprintln!(
+                "dpdk-sys: mempool {} dropped with {in_use} mbuf(s) still in use; leaking it",
+                self.name
+            );
+            LEAKED_POOLS.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+        // SAFETY: no mbuf is out and no other handle exists (last Arc), and
+        // ports using it for rx hold a clone, so they are closed already.
+        unsafe { ffi::rte_mempool_free(self.ptr.as_ptr()) }
+    }
+}
+
+impl Mempool {
+    /// Creates a pktmbuf pool (`rte_pktmbuf_pool_create`).
+    pub fn create(eal: &Eal, cfg: &PoolConfig) -> Result<Mempool> {
+        let step = format!("create mempool {:?}", cfg.name);
+        let bad = |cause: String, fix: &str| {
+            Err(Error::new(ErrorKind::InvalidArgument, step.clone(), cause).with_fix(fix))
+        };
+        if cfg.name.is_empty() || cfg.name.len() > MAX_NAME {
+            return bad(
+                format!("name must be 1..={MAX_NAME} bytes"),
+                "use a shorter name",
+            );
+        }
+        if cfg.size == 0 {
+            return bad("size 0".into(), "ask for at least one mbuf");
+        }
+        if cfg.cache_size > ffi::RTE_MEMPOOL_CACHE_MAX_SIZE
+            || cfg.cache_size as u64 * 3 > cfg.size as u64 * 2
+        {
+            return bad(
+                format!(
+                    "cache_size {} too large for size {}",
+                    cfg.cache_size, cfg.size
+                ),
+                "cache_size must be ≤ 512 and ≤ size / 1.5",
+            );
+        }
+        if (cfg.data_room as u32) < ffi::RTE_PKTMBUF_HEADROOM {
+            return bad(
+                format!(
+                    "data_room {} is below the headroom {}",
+                    cfg.data_room,
+                    ffi::RTE_PKTMBUF_HEADROOM
+                ),
+                "data_room includes RTE_PKTMBUF_HEADROOM",
+            );
+        }
+        let name = CString::new(cfg.name.as_bytes()).map_err(|_| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                step.clone(),
+                "name contains NUL",
+            )
+        })?;
+        crate::log::clear();
+        // SAFETY: EAL is initialised (we hold an Eal); name is NUL-terminated.
+        let p = unsafe {
+            ffi::rte_pktmbuf_pool_create(
+                name.as_ptr(),
+                cfg.size,
+                cfg.cache_size,
+                cfg.priv_size,
+                cfg.data_room,
+                cfg.socket.unwrap_or(ffi::SOCKET_ID_ANY as i32),
+            )
+        };
+        let Some(ptr) = NonNull::new(p) else {
+            let errno = rte_errno();
+            let e = Error::dpdk(ErrorKind::Mempool, step, errno);
+            let mib = (cfg.size as u64 * (cfg.data_room as u64 + cfg.priv_size as u64 + 256)) >> 20;
+            return Err(match errno {
+                libc::EEXIST => e.with_fix("mempool names are global in the EAL instance; pick an unused name"),
+                libc::ENOMEM => e.with_fix(format!(
+                    "not enough hugepage memory for ~{mib} MiB: reserve more hugepages (`make setup`), \
+                     lower -m limits, or make the pool smaller"
+                )),
+                _ => e.with_fix("check the pool parameters"),
+            });
+        };
+        Ok(Mempool {
+            inner: Arc::new(PoolInner {
+                ptr,
+                name: cfg.name.clone(),
+                size: cfg.size,
+                _eal: eal.clone(),
+            }),
+        })
+    }
+
+    /// Pool name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Number of mbufs in the pool.
+    pub fn size(&self) -> u32 {
+        self.inner.size
+    }
+
+    /// Free mbufs (ring + per-lcore caches).
+    pub fn avail_count(&self) -> u32 {
+        // SAFETY: live pool.
+        unsafe { ffi::rte_mempool_avail_count(self.inner.ptr.as_ptr()) }
+    }
+
+    /// Mbufs allocated and not yet freed.
+    pub fn in_use_count(&self) -> u32 {
+        // SAFETY: live pool.
+        unsafe { ffi::rte_mempool_in_use_count(self.inner.ptr.as_ptr()) }
+    }
+
+    /// Data room per mbuf, including headroom.
+    pub fn data_room(&self) -> u16 {
+        // SAFETY: live pktmbuf pool (created by rte_pktmbuf_pool_create).
+        unsafe { ffi::dpdk_sys_pktmbuf_data_room_size(self.inner.ptr.as_ptr()) }
+    }
+
+    /// Bytes of payload one freshly allocated mbuf holds (data room minus headroom).
+    pub fn seg_capacity(&self) -> usize {
+        self.data_room() as usize - ffi::RTE_PKTMBUF_HEADROOM as usize
+    }
+
+    /// Raw pointer for FFI (e.g. `rte_eth_rx_queue_setup`). Valid while `self` lives.
+    pub fn as_ptr(&self) -> *mut ffi::rte_mempool {
+        self.inner.ptr.as_ptr()
+    }
+
+    /// Allocates one mbuf (`rte_pktmbuf_alloc`), `None` if the pool is empty.
+    pub fn alloc(&self) -> Option<Mbuf> {
+        // SAFETY: live pktmbuf pool; a non-null result is a fresh mbuf we own.
+        let m = unsafe { ffi::dpdk_sys_pktmbuf_alloc(self.as_ptr()) };
+        // SAFETY: a non-null m is an mbuf with one reference, owned by us.
+        unsafe { Mbuf::from_raw(m) }
+    }
+
+    /// Appends `n` fresh mbufs to `out`, all or nothing (`rte_pktmbuf_alloc_bulk`).
+    /// Returns false (and leaves `out` as it was) if the pool has fewer than `n`.
+    pub fn alloc_bulk(&self, out: &mut Vec<Mbuf>, n: usize) -> bool {
+        out.reserve(n);
+        let spare = out.spare_capacity_mut();
+        // SAFETY: spare has room for n pointers; Mbuf is repr(transparent)
+        // over NonNull<rte_mbuf>, so the array layout matches rte_mbuf *[n].
+        let ret = unsafe {
+            ffi::dpdk_sys_pktmbuf_alloc_bulk(self.as_ptr(), spare.as_mut_ptr().cast(), n as u32)
+        };
+        if ret != 0 {
+            return false;
+        }
+        // SAFETY: on success DPDK wrote n non-null mbuf pointers we now own.
+        unsafe { out.set_len(out.len() + n) };
+        true
+    }
+
+    /// Allocates a frame of `len` bytes as a chain of as many mbufs as needed
+    /// (each filled to [`seg_capacity`](Self::seg_capacity)); contents are
+    /// uninitialised-but-valid bytes (whatever the buffer held). `None` if the
+    /// pool runs dry (nothing leaks) or the chain would exceed 65535 segments.
+    pub fn alloc_chain(&self, len: usize) -> Option<Mbuf> {
+        let cap = self.seg_capacity().max(1);
+        let mut head = self.alloc()?;
+        let first = len.min(cap);
+        head.append(first as u16)?;
+        let mut left = len - first;
+        while left > 0 {
+            let mut seg = self.alloc()?;
+            let n = left.min(cap);
+            seg.append(n as u16)?;
+            head.chain(seg).ok()?;
+            left -= n;
+        }
+        Some(head)
+    }
+}

@@ -3,12 +3,37 @@
 //! A `Packet<T: AsRef<[u8]>>` wraps a buffer; after `check_len` succeeds no accessor panics.
 //! `Repr::parse` validates and converts, `Repr::emit` writes, `Repr::buffer_len` sizes.
 //! Checksum work is governed by [`ChecksumCaps`] so NIC offload can skip software sums.
+//!
+//! Layering contract: each `Repr::parse` expects its packet buffer to span exactly that
+//! layer's bytes as bounded by the layer below (the IPv4 payload is bounded by Total Length,
+//! not by the frame, so Ethernet padding never reaches TCP/UDP/ICMP). IPv4 fragments are
+//! detected, not reassembled: drop them before parsing the transport header.
+//!
+//! Implemented: Ethernet II, ARP (Ethernet/IPv4), IPv4 (options skipped), ICMPv4 (echo,
+//! destination unreachable, time exceeded; others passed through), TCP with MSS, window
+//! scale, SACK-permitted, SACK and timestamps, UDP. Omitted: VLAN tags, IPv6, IPv4 option
+//! interpretation, fragment reassembly, TCP-AO/MD5 and other options (skipped by length).
 
 use core::fmt;
 
+pub mod arp;
+pub mod checksum;
+pub mod ethernet;
+pub mod icmpv4;
+pub mod ipv4;
 pub mod tcp;
+pub mod udp;
 
-pub use tcp::{SackBlocks, TcpFlags, TcpOptions, TcpRepr, Timestamps};
+pub use arp::{ArpOperation, ArpPacket, ArpRepr};
+pub use ethernet::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr};
+pub use icmpv4::{
+    Icmpv4DstUnreachable, Icmpv4Message, Icmpv4Packet, Icmpv4Quote, Icmpv4Repr, Icmpv4TimeExceeded,
+};
+pub use ipv4::{IpProtocol, Ipv4Addr, Ipv4Cidr, Ipv4Packet, Ipv4Repr};
+pub use tcp::{
+    SackBlocks, TcpFlags, TcpOption, TcpOptionIter, TcpOptions, TcpPacket, TcpRepr, Timestamps,
+};
+pub use udp::{UdpPacket, UdpRepr};
 
 /// A malformed or truncated packet. Deliberately opaque: callers drop and count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

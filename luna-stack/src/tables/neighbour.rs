@@ -235,9 +235,11 @@ impl NeighbourTable {
         Ok(())
     }
 
-    /// Set `ip` to `mac` in `state` (Reachable or Stale; a Permanent entry is kept, use
-    /// [`insert_permanent`](Self::insert_permanent) or [`remove`](Self::remove) to change
-    /// it; Incomplete is set with [`start_resolution`](Self::start_resolution)).
+    /// Set `ip` to `mac` in `state`, e.g. when mirroring the kernel's table. Reachable and
+    /// Stale get that state's timeout but never overwrite a Permanent entry (remove it
+    /// first); Permanent is [`insert_permanent`](Self::insert_permanent); Incomplete is
+    /// stored as Stale, since an address is known (use
+    /// [`start_resolution`](Self::start_resolution) for a pending entry).
     pub fn insert(
         &mut self,
         ip: Ipv4Addr,

@@ -649,6 +649,24 @@ impl TcpOptions {
     /// Parse an options area. Unknown options are skipped; malformed ones reject the whole
     /// area. A repeated option keeps its last value.
     pub fn parse(options: &[u8]) -> Result<Self> {
+        // RFC 7323 Appendix A: established segments carry <NOP,NOP,TS> as the only option;
+        // recognise that layout without walking the list.
+        if let [kind::NOP, kind::NOP, kind::TIMESTAMPS, 10, v0, v1, v2, v3, e0, e1, e2, e3] =
+            *options
+        {
+            return Ok(TcpOptions {
+                timestamps: Some(Timestamps {
+                    tsval: u32::from_be_bytes([v0, v1, v2, v3]),
+                    tsecr: u32::from_be_bytes([e0, e1, e2, e3]),
+                }),
+                ..TcpOptions::default()
+            });
+        }
+        Self::parse_list(options)
+    }
+
+    /// The general option walk behind [`parse`](Self::parse).
+    fn parse_list(options: &[u8]) -> Result<Self> {
         let mut out = TcpOptions::default();
         for opt in TcpOptionIter::new(options) {
             match opt? {
@@ -1062,6 +1080,25 @@ mod tests {
                 Ok(TcpOption::EndOfList)
             ]
         );
+    }
+
+    #[test]
+    fn rfc7323_appendix_a_aligned_timestamps_fast_path_matches_walk() {
+        let mut o = vec![1, 1, 8, 10];
+        o.extend_from_slice(&0x0102_0304u32.to_be_bytes());
+        o.extend_from_slice(&0x0506_0708u32.to_be_bytes());
+        let fast = TcpOptions::parse(&o).unwrap();
+        assert_eq!(fast, TcpOptions::parse_list(&o).unwrap());
+        assert_eq!(
+            fast.timestamps,
+            Some(Timestamps {
+                tsval: 0x0102_0304,
+                tsecr: 0x0506_0708
+            })
+        );
+        // Same length, different layout: the general walk decides.
+        o[1] = 30;
+        assert_eq!(TcpOptions::parse(&o), Err(Error));
     }
 
     #[test]

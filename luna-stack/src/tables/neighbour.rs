@@ -509,6 +509,77 @@ mod tests {
         assert_eq!(t.confirm(ip(3), mac(3), secs(0)), Ok(()));
     }
 
+    #[derive(Debug, Clone)]
+    enum Op {
+        Confirm(u8, u8),
+        Learn(u8, u8, bool),
+        Start(u8),
+        Permanent(u8, u8),
+        Lookup(u8),
+        Remove(u8),
+        Expire,
+    }
+
+    fn arb_op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        let a = 0u8..12;
+        prop_oneof![
+            (a.clone(), any::<u8>()).prop_map(|(i, m)| Op::Confirm(i, m)),
+            (a.clone(), any::<u8>(), any::<bool>()).prop_map(|(i, m, c)| Op::Learn(i, m, c)),
+            a.clone().prop_map(Op::Start),
+            (a.clone(), any::<u8>()).prop_map(|(i, m)| Op::Permanent(i, m)),
+            a.clone().prop_map(Op::Lookup),
+            a.prop_map(Op::Remove),
+            Just(Op::Expire),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Under any sequence of operations: the bound holds, permanent entries survive
+        /// until removed, a successful confirm resolves at once, and nothing panics.
+        #[test]
+        fn model_invariants(
+            ops in proptest::collection::vec((arb_op(), 0u64..20_000), 0..200),
+            capacity in 1usize..6,
+        ) {
+            let mut t = table(capacity);
+            let mut now = Instant::ZERO;
+            let mut permanent = std::collections::BTreeMap::new();
+            for (op, step_ms) in ops {
+                now += Duration::from_millis(step_ms);
+                match op {
+                    Op::Confirm(i, m) => {
+                        if t.confirm(ip(i), mac(m), now).is_ok() && !permanent.contains_key(&i) {
+                            proptest::prop_assert_eq!(t.lookup(ip(i), now), Resolution::Resolved(mac(m)));
+                        }
+                    }
+                    Op::Learn(i, m, c) => { let _ = t.learn(ip(i), mac(m), now, c); }
+                    Op::Start(i) => { let _ = t.start_resolution(ip(i), now); }
+                    Op::Permanent(i, m) => {
+                        if t.insert_permanent(ip(i), mac(m)).is_ok() {
+                            permanent.insert(i, m);
+                        }
+                    }
+                    Op::Lookup(i) => { let _ = t.lookup(ip(i), now); }
+                    Op::Remove(i) => {
+                        t.remove(ip(i));
+                        permanent.remove(&i);
+                    }
+                    Op::Expire => { t.expire(now); }
+                }
+                proptest::prop_assert!(t.len() <= capacity);
+                for (&i, &m) in &permanent {
+                    let n = t.get(ip(i)).copied();
+                    proptest::prop_assert_eq!(n.map(|n| (n.state, n.hardware_addr)),
+                        Some((NeighbourState::Permanent, Some(mac(m)))));
+                }
+                if let Some(e) = t.next_expiry() {
+                    proptest::prop_assert!(t.iter().all(|(_, n)| n.expires_at.map_or(true, |x| x >= e)));
+                }
+            }
+        }
+    }
+
     #[test]
     fn zero_capacity_rejects_everything() {
         let mut t = table(0);

@@ -133,6 +133,11 @@ mod field {
 /// Length of the Ethernet II header.
 pub const HEADER_LEN: usize = field::PAYLOAD.start;
 
+/// Shortest frame on the wire without FCS (IEEE 802.3 §4.4.2: 64 bytes with FCS). Received
+/// frames may carry padding up to this length; upper layers bound their payload by their
+/// own length fields. Transmit padding is left to the NIC.
+pub const MIN_FRAME_LEN: usize = 60;
+
 /// A view of an Ethernet II frame (without FCS, as NICs deliver it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EthernetFrame<T: AsRef<[u8]>> {

@@ -113,6 +113,10 @@ impl Checksum {
 }
 
 /// Checksum offload capabilities of the device, per protocol.
+///
+/// When transmit is offloaded, emit leaves what the NIC expects in the field (the DPDK
+/// convention): 0 for the IPv4 header checksum, the folded pseudo-header sum for TCP and
+/// UDP, 0 for ICMPv4.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ChecksumCaps {
     /// IPv4 header checksum.

@@ -76,7 +76,7 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
         self.u16_at(field::LENGTH)
     }
 
-    /// Length field below the header size (only possible before `check_len`).
+    /// No payload (Length field at most the header size).
     pub fn is_empty(&self) -> bool {
         usize::from(self.len()) <= HEADER_LEN
     }

@@ -60,6 +60,9 @@ pub mod ipv4;
 pub mod tcp;
 pub mod udp;
 
+#[cfg(test)]
+mod captured_tests;
+
 pub use arp::{ArpOperation, ArpPacket, ArpRepr};
 pub use ethernet::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr};
 pub use icmpv4::{

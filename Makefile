@@ -1,0 +1,47 @@
+# luna: build, test and demo entry points. `make demo` and `make test` are the two commands
+# a fresh Debian bookworm machine needs (as root); both run `setup` first.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+CARGO ?= cargo
+
+# Name prefix of everything the testbed creates for the demo and clean-testbed.
+export LUNA_TESTBED_PREFIX ?= luna
+# Extra arguments for `knb raw` in the demo (knb reads the prefix from the environment).
+KNB_RAW_ARGS ?=
+
+# Test suites run by `make test`, in order. Later suites (fuzz smoke runs, integration
+# suites) add a `test-<name>` target below and append it here.
+TEST_SUITES := test-workspace
+
+.PHONY: help setup build test $(TEST_SUITES) lint demo clean-testbed
+
+help:
+	@echo "make setup          install packages, reserve hugepages (root)"
+	@echo "make build          cargo build --workspace --all-targets"
+	@echo "make test           setup, then: $(TEST_SUITES) (root)"
+	@echo "make lint           rustfmt check + clippy -D warnings"
+	@echo "make demo           setup, then knb raw over the memif topology (root)"
+	@echo "make clean-testbed  remove every namespace/interface/file with prefix $(LUNA_TESTBED_PREFIX)"
+
+setup:
+	bash testbed/setup.sh
+
+build:
+	$(CARGO) build --workspace --all-targets
+
+test: setup
+	$(MAKE) --no-print-directory $(TEST_SUITES)
+
+# Unit and testbed integration tests of every crate (the testbed's need root).
+test-workspace:
+	$(CARGO) test --workspace
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+demo: setup
+	bash testbed/demo.sh $(KNB_RAW_ARGS)
+
+clean-testbed:
+	$(CARGO) run -q -p testbed -- down --prefix $(LUNA_TESTBED_PREFIX)

@@ -1,10 +1,16 @@
 //! TCP: sequence arithmetic, the RFC 9293 state machine, loss recovery and congestion control.
 
+pub mod assembler;
+pub mod cc;
 pub mod config;
 pub mod conn;
 pub mod counters;
+pub mod isn;
+pub mod rtt;
+pub mod scoreboard;
 pub mod seq;
 mod sendq;
+pub mod syncookie;
 
 pub use config::TcpConfig;
 pub use conn::{CloseReason, Connection, Disposition, Events, FourTuple, OutSegment, RecvError, SendError, State};

@@ -119,6 +119,21 @@ pub struct InsertOutcome {
     pub evicted: usize,
 }
 
+impl Payload for zbuf::Zbuf {
+    fn len(&self) -> usize {
+        zbuf::Zbuf::len(self)
+    }
+    fn split_to(&mut self, at: usize) -> Self {
+        zbuf::Zbuf::split_to(self, at)
+    }
+    fn advance(&mut self, n: usize) {
+        zbuf::Zbuf::advance(self, n)
+    }
+    fn truncate(&mut self, n: usize) {
+        zbuf::Zbuf::truncate(self, n)
+    }
+}
+
 /// Cumulative counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AssemblerStats {

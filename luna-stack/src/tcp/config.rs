@@ -4,6 +4,8 @@ use crate::time::Duration;
 
 /// Congestion control algorithm, chosen per connection.
 pub use super::cc::Algorithm as CcAlgorithm;
+/// Congestion control tuning (initial window, ABC limit, Cubic fast convergence).
+pub use super::cc::CcConfig;
 /// RTO bounds and initial value.
 pub use super::rtt::RttConfig;
 
@@ -41,8 +43,8 @@ pub struct TcpConfig {
     pub delayed_ack: Option<Duration>,
     /// Congestion control algorithm.
     pub cc: CcAlgorithm,
-    /// Initial window in segments (RFC 6928 allows 10).
-    pub initial_window: u32,
+    /// Congestion control tuning; the initial window defaults to IW10 (RFC 6928).
+    pub cc_config: CcConfig,
     /// RTO configuration (RFC 6298, with datacenter-friendly bounds).
     pub rtt: RttConfig,
     /// SYN (or SYN-ACK) retransmissions before giving up.
@@ -72,7 +74,7 @@ impl Default for TcpConfig {
             nagle: false,
             delayed_ack: None,
             cc: CcAlgorithm::NewReno,
-            initial_window: 10,
+            cc_config: CcConfig::default(),
             rtt: RttConfig::default(),
             syn_retries: 6,
             max_retries: 15,
@@ -105,7 +107,10 @@ mod tests {
 
     #[test]
     fn rfc7323_2_3_wscale_covers_buffer_and_caps_at_14() {
-        let mut c = TcpConfig { rcv_buf: 65_535, ..TcpConfig::default() };
+        let mut c = TcpConfig {
+            rcv_buf: 65_535,
+            ..TcpConfig::default()
+        };
         assert_eq!(c.rcv_wscale(), 0);
         c.rcv_buf = 1 << 20;
         assert_eq!(c.rcv_wscale(), 5);

@@ -8,12 +8,12 @@
 //! `poll_segment` until it returns `None`. Order per poll iteration: segments in, timers,
 //! application calls, then `poll_segment` until exhausted.
 
-use super::assembler::Assembler;
-use super::cc::{Cc, CongestionControl};
+use super::assembler::{Assembler, AssemblerConfig};
+use super::cc::{Cc, CongestionControl, RecoveryInflation};
 use super::config::TcpConfig;
 use super::counters::{ConnCounters, DropReason};
-use super::rtt::RttEstimator;
-use super::scoreboard::Scoreboard;
+use super::rtt::{RttEstimator, SampleSource};
+use super::scoreboard::{NextSeg, Scoreboard};
 use super::sendq::SendQueue;
 use super::SeqNum;
 use crate::time::{Duration, Instant};
@@ -32,6 +32,9 @@ pub const MIN_SND_MSS: u32 = 88;
 
 /// RFC 5681 §3.2: three duplicate ACKs trigger fast retransmit (RFC 6675 DupThresh).
 const DUP_THRESH: u32 = 3;
+
+/// Most duplicate ACKs sent for one burst of out-of-order segments.
+const MAX_DUPACKS_OWED: u32 = 64;
 
 /// RFC 7323 §5.5: TS.Recent is invalid after 24 days of idleness.
 const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
@@ -218,10 +221,12 @@ pub struct Connection {
     recovery: Option<SeqNum>,
     /// RFC 6582 `recover` of the previous recovery, to avoid entering twice for one window.
     last_recover: SeqNum,
+    /// NewReno's inflated window while recovering without SACK (RFC 6582 §3.2).
+    inflation: RecoveryInflation,
     /// A retransmission that must go out at the next opportunity (fast retransmit, partial ACK).
     rexmit_now: Option<SeqNum>,
-    /// RFC 6675 HighRxt.
-    high_rxt: SeqNum,
+    /// The SYN (or SYN-ACK) was retransmitted: RFC 6298 §5.7 applies once established.
+    syn_retransmitted: bool,
     /// The segment being timed for an RTT sample: (end sequence, send time). Karn: cleared on
     /// any retransmission.
     rtt_probe: Option<(SeqNum, Instant)>,
@@ -237,6 +242,10 @@ pub struct Connection {
 
     // ACK generation.
     ack_now: bool,
+    /// Duplicate ACKs owed for out-of-order segments received since the last poll: the
+    /// stack processes a burst before polling, and coalescing them into one ACK would hide
+    /// the loss from the sender's duplicate-ACK counter.
+    dupacks_owed: u32,
     ack_at: Option<Instant>,
     /// Sequence number our last ACK carried (RFC 7323 Last.ACK.sent).
     last_ack_sent: SeqNum,
@@ -289,11 +298,23 @@ pub struct SynInfo {
 
 impl Connection {
     fn blank(now: Instant, tuple: FourTuple, cfg: TcpConfig, iss: SeqNum, ts_offset: u32) -> Self {
-        let rtt = RttEstimator::new(cfg.rtt);
+        // Invalid RTT settings fall back to the defaults; `TcpConfig::validate` reports them
+        // to whoever built the config.
+        let rtt = RttEstimator::new(cfg.rtt).unwrap_or_default();
         let mss = u32::from(cfg.mss);
-        let cc = Cc::new(cfg.cc, mss, cfg.initial_window);
-        let ooo = Assembler::new(cfg.max_ooo_segments, cfg.rcv_buf as usize);
-        let ts = cfg.timestamps.then_some(TsState { recent: 0, recent_at: now, offset: ts_offset });
+        let cc = Cc::new(cfg.cc, cfg.cc_config, mss);
+        let ooo_cfg = AssemblerConfig {
+            max_bytes: (cfg.rcv_buf as usize).max(1),
+            max_segments: cfg.max_ooo_segments.max(1),
+        };
+        let ooo = Assembler::new(ooo_cfg).unwrap_or_else(|_| {
+            Assembler::new(AssemblerConfig::default()).expect("default assembler config is valid")
+        });
+        let ts = cfg.timestamps.then_some(TsState {
+            recent: 0,
+            recent_at: now,
+            offset: ts_offset,
+        });
         Connection {
             tuple,
             state: State::Closed,
@@ -321,12 +342,13 @@ impl Connection {
             fin_rcvd: false,
             rtt,
             cc,
-            sb: Scoreboard::new(),
+            sb: Scoreboard::with_defaults(iss + 1u32, DEFAULT_PEER_MSS),
             dupacks: 0,
             recovery: None,
             last_recover: iss,
+            inflation: RecoveryInflation::default(),
             rexmit_now: None,
-            high_rxt: iss,
+            syn_retransmitted: false,
             rtt_probe: None,
             rto_at: None,
             persist_at: None,
@@ -336,6 +358,7 @@ impl Connection {
             last_rcv: now,
             last_wnd_field: 0,
             ack_now: false,
+            dupacks_owed: 0,
             ack_at: None,
             last_ack_sent: SeqNum(0),
             ts,
@@ -356,7 +379,13 @@ impl Connection {
 
     /// Active open (RFC 9293 §3.10.1): the SYN goes out at the next `poll_segment`.
     /// `iss` comes from the stack's RFC 6528 generator, `ts_offset` from its RNG.
-    pub fn connect(now: Instant, tuple: FourTuple, cfg: TcpConfig, iss: SeqNum, ts_offset: u32) -> Self {
+    pub fn connect(
+        now: Instant,
+        tuple: FourTuple,
+        cfg: TcpConfig,
+        iss: SeqNum,
+        ts_offset: u32,
+    ) -> Self {
         let mut c = Connection::blank(now, tuple, cfg, iss, ts_offset);
         c.rcv_wscale = c.cfg.rcv_wscale();
         c.state = State::SynSent;
@@ -403,12 +432,15 @@ impl Connection {
         ts_offset: u32,
         peer_options: &TcpOptions,
     ) -> Self {
-        let syn = SynInfo { seq: irs, window: 0, options: *peer_options };
+        let syn = SynInfo {
+            seq: irs,
+            window: 0,
+            options: *peer_options,
+        };
         let mut c = Connection::accept_syn(now, tuple, cfg, iss, ts_offset, &syn);
         c.snd_nxt = iss + 1u32;
         c.snd_max = c.snd_nxt;
         c.last_recover = c.snd_nxt;
-        c.high_rxt = c.snd_nxt;
         c.state = State::SynReceived;
         c
     }
@@ -416,9 +448,13 @@ impl Connection {
     /// Apply the options of the peer's SYN (or SYN-ACK) and what we offered.
     fn negotiate(&mut self, opts: &TcpOptions) {
         // RFC 6691 / RFC 9293 §3.7.1: send no more than the peer's MSS; 536 if absent.
-        let peer_mss = opts.mss.map_or(DEFAULT_PEER_MSS, u32::from).max(MIN_SND_MSS);
+        let peer_mss = opts
+            .mss
+            .map_or(DEFAULT_PEER_MSS, u32::from)
+            .max(MIN_SND_MSS);
         self.snd_mss = peer_mss.min(u32::from(self.cfg.mss));
         self.cc.set_mss(self.snd_mss);
+        self.sb.set_mss(self.snd_mss);
         // RFC 7323 §2.2: scaling is on only when both SYNs carry the option.
         match (self.cfg.window_scaling, opts.window_scale) {
             (true, Some(shift)) => {
@@ -595,7 +631,9 @@ impl Connection {
         let mut out = IoVec::new();
         let mut left = max;
         while left > 0 {
-            let Some(front) = self.rcvq.front_mut() else { break };
+            let Some(front) = self.rcvq.front_mut() else {
+                break;
+            };
             if front.len() <= left {
                 let buf = self.rcvq.pop_front().expect("front exists");
                 left -= buf.len();
@@ -654,7 +692,11 @@ impl Connection {
     pub fn abort(&mut self) {
         let send_rst = matches!(
             self.state,
-            State::SynReceived | State::Established | State::FinWait1 | State::FinWait2 | State::CloseWait
+            State::SynReceived
+                | State::Established
+                | State::FinWait1
+                | State::FinWait2
+                | State::CloseWait
         );
         if send_rst {
             self.rst_pending = Some(self.snd_nxt);
@@ -740,6 +782,9 @@ impl Connection {
             self.snd_wl2 = seg.ack;
             self.last_wnd_field = seg.window;
             self.take_rtt_sample(now, seg.ack);
+            if self.syn_retransmitted {
+                self.rtt.on_handshake_retransmitted();
+            }
             self.rto_at = None;
             self.retries = 0;
             self.state = State::Established;
@@ -782,9 +827,16 @@ impl Connection {
         }
     }
 
-    fn on_segment_synchronized(&mut self, now: Instant, seg: &TcpRepr, payload: Zbuf) -> Disposition {
+    fn on_segment_synchronized(
+        &mut self,
+        now: Instant,
+        seg: &TcpRepr,
+        payload: Zbuf,
+    ) -> Disposition {
         let disposition = self.process(now, seg, payload);
-        if matches!(self.state, State::Established | State::CloseWait) && self.keepalive.at.is_some() {
+        if matches!(self.state, State::Established | State::CloseWait)
+            && self.keepalive.at.is_some()
+        {
             self.arm_keepalive(now);
         }
         self.arm_timers(now);
@@ -961,11 +1013,12 @@ impl Connection {
                 if dup >= payload.len() {
                     // Only the FIN (or nothing) remains new.
                     if !payload.is_empty() {
-                        self.ooo.report_duplicate(seq, seq + payload.len());
+                        // RFC 2883 §4: report the duplicate with a D-SACK.
+                        self.ooo.note_duplicate(seq, seq + payload.len());
                     }
                     payload.advance(payload.len());
                 } else {
-                    self.ooo.report_duplicate(seq, self.rcv_nxt);
+                    self.ooo.note_duplicate(seq, self.rcv_nxt);
                     payload.advance(dup);
                 }
                 seq = self.rcv_nxt;
@@ -993,10 +1046,14 @@ impl Connection {
             } else {
                 // Out of order: queue it and send an immediate duplicate ACK with SACK
                 // (RFC 5681 §4.2: an out-of-order segment SHOULD be acked immediately).
-                if !payload.is_empty() && self.ooo.insert(seq, payload).is_err() {
-                    self.counters.drop(DropReason::OooFull);
+                if !payload.is_empty() {
+                    let outcome = self.ooo.insert(self.rcv_nxt, seq, payload);
+                    if outcome.dropped > 0 {
+                        self.counters.drop(DropReason::OooFull);
+                    }
                 }
                 self.ack_now = true;
+                self.dupacks_owed = (self.dupacks_owed + 1).min(MAX_DUPACKS_OWED);
             }
             // RFC 9293 §3.10.7.4 eighth: FIN in sequence.
             if let Some(fseq) = self.fin_seq {
@@ -1077,7 +1134,9 @@ impl Connection {
     /// RFC 7323 §4.3: TS.Recent takes SEG.TSval when SEG.SEQ =< Last.ACK.sent < SEG.SEQ + len
     /// (with zero-length segments covering Last.ACK.sent when SEG.SEQ equals it).
     fn update_ts_recent_checked(&mut self, now: Instant, seg: &TcpRepr, len: u32) {
-        let Some(t) = seg.options.timestamps else { return };
+        let Some(t) = seg.options.timestamps else {
+            return;
+        };
         let Some(ts) = self.ts.as_mut() else { return };
         let covers = seg.seq.le(self.last_ack_sent) && self.last_ack_sent.le(seg.seq + len);
         if covers && (t.tsval.wrapping_sub(ts.recent) as i32) >= 0 {
@@ -1101,18 +1160,15 @@ impl Connection {
             return false;
         }
 
-        let sack_info = if self.sack_ok && !seg.options.sack_blocks.is_empty() {
-            let info = self.sb.on_ack(self.snd_una, self.snd_max, ack, seg.options.sack_blocks.as_slice());
-            if info.dsack.is_some() {
-                self.counters.dsacks += 1;
-            }
-            Some(info)
+        let blocks: &[(SeqNum, SeqNum)] = if self.sack_ok {
+            seg.options.sack_blocks.as_slice()
         } else {
-            if ack.gt(self.snd_una) {
-                self.sb.on_cumulative_ack(ack);
-            }
-            None
+            &[]
         };
+        let sack_info = self.sb.on_ack(ack, blocks);
+        if sack_info.dsack.is_some() {
+            self.counters.dsacks += 1;
+        }
 
         let in_flight_before = self.snd_max - self.snd_una;
         if ack.gt(self.snd_una) {
@@ -1135,20 +1191,22 @@ impl Connection {
                     self.recovery = None;
                     self.last_recover = recover;
                     self.dupacks = 0;
-                    self.cc.on_exit_recovery(now);
+                    self.cc.on_exit_recovery(now, self.snd_max - self.snd_una);
                 }
                 Some(_) => {
                     // RFC 6582 §3.2 step 3 (partial acknowledgment): retransmit the first
-                    // unacknowledged segment. With SACK, NextSeg drives retransmissions.
+                    // unacknowledged segment and deflate. With SACK, NextSeg drives
+                    // retransmissions.
                     if !self.sack_ok {
                         self.rexmit_now = Some(self.snd_una);
-                        self.dupacks = self.dupacks.saturating_sub(acked / self.snd_mss.max(1));
+                        self.inflation.on_partial_ack(acked, self.snd_mss);
                     }
                 }
                 None => {
                     self.dupacks = 0;
                     let app_limited = self.sndq.end().le(self.snd_max) && !self.fin_queued;
-                    self.cc.on_ack(now, acked, &self.rtt, in_flight_before, app_limited);
+                    self.cc
+                        .on_ack(now, acked, &self.rtt, in_flight_before, app_limited);
                 }
             }
             // RFC 6298 §5.2/5.3: stop the timer when all is acknowledged, else restart it.
@@ -1165,11 +1223,16 @@ impl Connection {
                 && !seg.flags.fin()
                 && seg.window == self.last_wnd_field
                 && self.snd_wnd != 0;
-            let sack_dup = sack_info.as_ref().is_some_and(|i| i.newly_sacked > 0);
+            let sack_dup = sack_info.newly_sacked_bytes > 0;
             if classic_dup || sack_dup {
-                self.dupacks += 1;
+                // Bounded: a flood of duplicate ACKs cannot overflow the counter.
+                self.dupacks = self.dupacks.saturating_add(1);
+                if self.recovery.is_some() && !self.sack_ok {
+                    // RFC 6582 §3.2 step 4: each further duplicate ACK inflates the window.
+                    self.inflation.on_dup_ack(self.snd_mss);
+                }
                 if self.recovery.is_none() {
-                    let lost = self.sack_ok && self.sb.is_lost(self.snd_una, self.snd_mss, DUP_THRESH);
+                    let lost = self.sack_ok && self.sb.is_lost(self.snd_una);
                     // RFC 6582 §3.2 step 2: only if SND.UNA passed the previous `recover`.
                     if (self.dupacks >= DUP_THRESH || lost) && self.snd_una.ge(self.last_recover) {
                         self.enter_recovery(now);
@@ -1210,8 +1273,9 @@ impl Connection {
     fn enter_recovery(&mut self, now: Instant) {
         let in_flight = self.snd_max - self.snd_una;
         self.recovery = Some(self.snd_max);
-        self.high_rxt = self.snd_una;
         self.cc.on_enter_recovery(now, in_flight);
+        self.sb.on_enter_recovery();
+        self.inflation = RecoveryInflation::on_enter(self.snd_mss);
         // RFC 5681 §3.2 step 2 / RFC 6675 §5 (4.2): retransmit the first unacknowledged
         // segment now.
         self.rexmit_now = Some(self.snd_una);
@@ -1224,7 +1288,11 @@ impl Connection {
     fn take_rtt_sample(&mut self, now: Instant, ack: SeqNum) {
         if let Some((end, sent)) = self.rtt_probe {
             if ack.ge(end) {
-                self.rtt.on_sample(now.saturating_duration_since(sent));
+                self.rtt.on_sample(
+                    now,
+                    now.saturating_duration_since(sent),
+                    SampleSource::Fresh,
+                );
                 self.rtt_probe = None;
             }
         }
@@ -1251,15 +1319,24 @@ impl Connection {
 
     /// The earliest instant at which `on_timeout` has work to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [self.rto_at, self.persist_at, self.ack_at, self.tw_at, self.keepalive.at]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.rto_at,
+            self.persist_at,
+            self.ack_at,
+            self.tw_at,
+            self.keepalive.at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn arm_keepalive(&mut self, now: Instant) {
         if let Some(ka) = self.cfg.keepalive {
-            self.keepalive = Keepalive { at: Some(now + ka.idle), probes_sent: 0 };
+            self.keepalive = Keepalive {
+                at: Some(now + ka.idle),
+                probes_sent: 0,
+            };
         }
     }
 
@@ -1296,7 +1373,8 @@ impl Connection {
     fn persist_interval(&self) -> Duration {
         let base = self.rtt.rto();
         let max = self.cfg.rtt.max_rto;
-        base.checked_mul(1u32 << self.persist_backoff.min(16)).map_or(max, |d| d.min(max))
+        base.checked_mul(1u32 << self.persist_backoff.min(16))
+            .map_or(max, |d| d.min(max))
     }
 
     /// Run the timers that expired by `now`.
@@ -1349,7 +1427,7 @@ impl Connection {
         }
         self.counters.rtos += 1;
         // RFC 6298 §5.5: back off; §5.6: restart; RFC 5681 §3.1 eq. 4: loss window.
-        self.rtt.backoff();
+        self.rtt.on_timeout();
         let in_flight = self.snd_max - self.snd_una;
         if self.state.is_synchronized() {
             self.cc.on_rto(now, in_flight);
@@ -1363,7 +1441,10 @@ impl Connection {
         // Go back N from SND.UNA (RFC 5681 §3.1); SACKed ranges are skipped when resent
         // (RFC 6675 §5.1).
         self.snd_nxt = self.snd_una;
-        self.high_rxt = self.snd_una;
+        self.sb.on_rto();
+        if !self.state.is_synchronized() {
+            self.syn_retransmitted = true;
+        }
     }
 
     fn on_keepalive(&mut self, now: Instant) {
@@ -1425,6 +1506,7 @@ impl Connection {
                 self.ack_now = false;
                 self.ack_at = None;
                 self.last_ack_sent = seg.repr.ack;
+                self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
             }
             if !seg.payload.is_empty() || seg.repr.flags.syn() || seg.repr.flags.fin() {
                 self.last_send = now;
@@ -1468,18 +1550,32 @@ impl Connection {
             return Some(self.segment(now, seq, TcpFlags::ACK, IoVec::new()));
         }
         if self.recovery.is_some() && self.sack_ok {
-            // RFC 6675 §5 (C): while pipe < cwnd, send NextSeg.
-            let pipe = self.sb.pipe(self.snd_una, self.snd_max, self.high_rxt, self.snd_mss, DUP_THRESH);
-            if pipe < self.cc.cwnd() {
-                if let Some((start, end)) =
-                    self.sb.next_seg(self.snd_una, self.snd_max, self.high_rxt, self.snd_mss, DUP_THRESH)
-                {
-                    if let Some(seg) = self.retransmit_at(now, start, end - start) {
+            // RFC 6675 §5 (C): while pipe < cwnd, send what NextSeg chooses.
+            if self.sb.pipe() >= self.cc.cwnd() {
+                return self.ack_segment_if_due(now);
+            }
+            let can_send_new = self.sndq.end().gt(self.snd_nxt)
+                && (self.snd_una + self.snd_wnd).gt(self.snd_nxt)
+                && self.snd_nxt == self.snd_max;
+            match self.sb.next_seg(can_send_new) {
+                Some(NextSeg::Retransmit { start, len }) => {
+                    if let Some(seg) = self.retransmit_at(now, start, len) {
                         return Some(seg);
                     }
                 }
-            } else {
-                return self.ack_segment_if_due(now);
+                Some(NextSeg::NewData) => {}
+                None => {
+                    // RFC 6675 §4 rule 4: one rescue retransmission per recovery.
+                    if let Some((start, len)) = self.sb.rescue_seg() {
+                        if let Some(seg) = self.retransmit_at(now, start, len) {
+                            if let Some(recover) = self.recovery {
+                                self.sb.set_rescue_rxt(recover);
+                            }
+                            return Some(seg);
+                        }
+                    }
+                    return self.ack_segment_if_due(now);
+                }
             }
         }
         if let Some(seg) = self.next_data_segment(now) {
@@ -1493,12 +1589,23 @@ impl Connection {
     fn data_options(&mut self, now: Instant) -> TcpOptions {
         let mut opts = TcpOptions::default();
         if let Some(ts) = self.ts {
-            opts.timestamps = Some(Timestamps { tsval: self.ts_clock(now, ts.offset), tsecr: ts.recent });
+            opts.timestamps = Some(Timestamps {
+                tsval: self.ts_clock(now, ts.offset),
+                tsecr: ts.recent,
+            });
         }
         if self.sack_ok {
             // With timestamps at most 3 blocks fit in 40 bytes of options.
-            let max = if opts.timestamps.is_some() { 3 } else { SackBlocks::MAX };
-            opts.sack_blocks = self.ooo.sack_blocks(self.rcv_nxt, max);
+            let max = if opts.timestamps.is_some() {
+                3
+            } else {
+                SackBlocks::MAX
+            };
+            let mut buf = [(SeqNum(0), SeqNum(0)); SackBlocks::MAX];
+            let n = self.ooo.sack_blocks(self.rcv_nxt, &mut buf[..max]);
+            for &(l, r) in &buf[..n] {
+                opts.sack_blocks.push(l, r);
+            }
         }
         opts
     }
@@ -1539,12 +1646,25 @@ impl Connection {
     }
 
     /// Build a segment with ACK, window and options filled in.
-    fn segment(&mut self, now: Instant, seq: SeqNum, flags: TcpFlags, payload: IoVec) -> OutSegment {
+    fn segment(
+        &mut self,
+        now: Instant,
+        seq: SeqNum,
+        flags: TcpFlags,
+        payload: IoVec,
+    ) -> OutSegment {
         let options = self.data_options(now);
         self.segment_with(now, seq, flags, payload, options)
     }
 
-    fn segment_with(&mut self, _now: Instant, seq: SeqNum, flags: TcpFlags, payload: IoVec, options: TcpOptions) -> OutSegment {
+    fn segment_with(
+        &mut self,
+        _now: Instant,
+        seq: SeqNum,
+        flags: TcpFlags,
+        payload: IoVec,
+        options: TcpOptions,
+    ) -> OutSegment {
         let window = self.advertise_window(flags.syn());
         let repr = TcpRepr {
             src_port: self.tuple.local.port(),
@@ -1561,7 +1681,10 @@ impl Connection {
 
     fn syn_segment(&mut self, now: Instant) -> OutSegment {
         let active = self.state == State::SynSent;
-        let mut options = TcpOptions { mss: Some(self.cfg.mss), ..TcpOptions::default() };
+        let mut options = TcpOptions {
+            mss: Some(self.cfg.mss),
+            ..TcpOptions::default()
+        };
         if active {
             if self.cfg.window_scaling {
                 options.window_scale = Some(self.rcv_wscale);
@@ -1576,9 +1699,16 @@ impl Connection {
         }
         if let Some(ts) = self.ts {
             let tsecr = if active { 0 } else { ts.recent };
-            options.timestamps = Some(Timestamps { tsval: self.ts_clock(now, ts.offset), tsecr });
+            options.timestamps = Some(Timestamps {
+                tsval: self.ts_clock(now, ts.offset),
+                tsecr,
+            });
         }
-        let flags = if active { TcpFlags::SYN } else { TcpFlags::SYN | TcpFlags::ACK };
+        let flags = if active {
+            TcpFlags::SYN
+        } else {
+            TcpFlags::SYN | TcpFlags::ACK
+        };
         let seg = self.segment_with(now, self.iss, flags, IoVec::new(), options);
         if self.retries == 0 && self.snd_max == self.iss {
             self.rtt_probe = Some((self.iss + 1u32, now));
@@ -1603,11 +1733,17 @@ impl Connection {
             urgent: 0,
             options: TcpOptions::default(),
         };
-        OutSegment { repr, payload: IoVec::new() }
+        OutSegment {
+            repr,
+            payload: IoVec::new(),
+        }
     }
 
     fn ack_segment_if_due(&mut self, now: Instant) -> Option<OutSegment> {
-        if !self.ack_now || matches!(self.state, State::Closed | State::SynSent) {
+        if !(self.ack_now || self.dupacks_owed > 0)
+            || matches!(self.state, State::Closed | State::SynSent)
+        {
+            self.dupacks_owed = 0;
             return None;
         }
         let seq = self.snd_nxt;
@@ -1637,10 +1773,7 @@ impl Connection {
         if seq + len == data_end {
             flags |= TcpFlags::PSH;
         }
-        let end = seq + len + u32::from(fin);
-        if end.gt(self.high_rxt) {
-            self.high_rxt = end;
-        }
+        self.sb.on_retransmit(seq, len + u32::from(fin));
         self.rtt_probe = None;
         self.counters.retransmits += 1;
         Some(self.segment_with(now, seq, flags, payload, opts))
@@ -1657,9 +1790,15 @@ impl Connection {
             return None;
         }
         self.counters.window_probes += 1;
-        // Everything past the probe octet counts as unsent again (go back N when it opens).
-        self.snd_nxt = self.snd_una + 1u32;
-        self.snd_max = self.snd_max.max(self.snd_nxt);
+        // The probe octet is sent outside the window without advancing SND.NXT: if the peer
+        // takes it, its ACK advances SND.UNA; if not, sending resumes from SND.UNA when the
+        // window opens, so the octet is never skipped.
+        self.snd_nxt = self.snd_una;
+        let probe_end = self.snd_una + 1u32;
+        if probe_end.gt(self.snd_max) {
+            self.snd_max = probe_end;
+            self.sb.on_transmit(self.snd_max);
+        }
         self.rtt_probe = None;
         let seq = self.snd_una;
         Some(self.segment_with(now, seq, TcpFlags::ACK, payload, opts))
@@ -1668,12 +1807,8 @@ impl Connection {
     /// Bytes considered in the network, for the congestion-window check.
     fn flight(&self) -> u32 {
         match self.recovery {
-            Some(_) if self.sack_ok => {
-                self.sb.pipe(self.snd_una, self.snd_max, self.high_rxt, self.snd_mss, DUP_THRESH)
-            }
-            // RFC 6582/5681: during NewReno recovery each duplicate ACK means a segment left
-            // the network (the classic cwnd inflation, expressed as a smaller flight).
-            Some(_) => (self.snd_max - self.snd_una).saturating_sub(self.dupacks * self.snd_mss),
+            Some(_) if self.sack_ok => self.sb.pipe(),
+            Some(_) => self.snd_max - self.snd_una,
             None => self.snd_nxt - self.snd_una,
         }
     }
@@ -1681,21 +1816,32 @@ impl Connection {
     fn next_data_segment(&mut self, now: Instant) -> Option<OutSegment> {
         if !matches!(
             self.state,
-            State::Established | State::CloseWait | State::FinWait1 | State::LastAck | State::Closing
+            State::Established
+                | State::CloseWait
+                | State::FinWait1
+                | State::LastAck
+                | State::Closing
         ) {
             return None;
         }
         let data_end = self.sndq.end();
         // RFC 6675 §5.1: after an RTO, do not resend what the peer SACKed.
         if self.sack_ok && self.snd_nxt.lt(self.snd_max) {
-            while let Some(end) = self.sb.sacked_end(self.snd_nxt) {
-                if !end.gt(self.snd_nxt) {
-                    break;
-                }
+            let nxt = self.snd_nxt;
+            if let Some(&(_, end)) = self
+                .sb
+                .ranges()
+                .iter()
+                .find(|&&(s, e)| nxt.ge(s) && nxt.lt(e))
+            {
                 self.snd_nxt = end.min(self.snd_max);
             }
         }
-        let unsent = if data_end.gt(self.snd_nxt) { data_end - self.snd_nxt } else { 0 };
+        let unsent = if data_end.gt(self.snd_nxt) {
+            data_end - self.snd_nxt
+        } else {
+            0
+        };
         let fin_due = self.fin_queued && self.snd_nxt == data_end;
         if unsent == 0 && !fin_due {
             return None;
@@ -1707,24 +1853,37 @@ impl Connection {
         let flight = self.flight();
         // RFC 5681 §4.1: after an idle period longer than the RTO, restart from the
         // restart window.
-        if flight == 0 && now.saturating_duration_since(self.last_send) > self.rtt.rto() {
-            self.cc.on_idle_restart(now, self.rtt.rto());
+        if flight == 0 {
+            self.cc.on_idle_restart(
+                now,
+                now.saturating_duration_since(self.last_send),
+                self.rtt.rto(),
+            );
         }
-        let cwnd_room = self.cc.cwnd().saturating_sub(flight);
+        let cwnd = match self.recovery {
+            Some(_) if !self.sack_ok => self.inflation.window(self.cc.cwnd(), self.snd_mss),
+            _ => self.cc.cwnd(),
+        };
+        let cwnd_room = cwnd.saturating_sub(flight);
         let wnd_edge = self.snd_una + self.snd_wnd;
-        let wnd_room = if wnd_edge.gt(self.snd_nxt) { wnd_edge - self.snd_nxt } else { 0 };
+        let wnd_room = if wnd_edge.gt(self.snd_nxt) {
+            wnd_edge - self.snd_nxt
+        } else {
+            0
+        };
         let opts = self.data_options(now);
         let max_payload = self.max_payload(&opts);
         let len = unsent.min(max_payload).min(cwnd_room).min(wnd_room);
         if len == 0 && !(fin_due && unsent == 0) {
             return None;
         }
-        if len < unsent && len < max_payload {
-            // RFC 9293 §3.8.6.2.1 sender SWS avoidance: a partial segment with more data
-            // waiting goes out only if it is at least half the largest window the peer offered,
-            // or nothing is in flight (otherwise nothing would ever open the window).
-            let window_limited = len < wnd_room.min(cwnd_room) || wnd_room <= cwnd_room;
-            if window_limited && len < self.max_snd_wnd / 2 && flight > 0 {
+        if len < unsent && len < max_payload && flight > 0 {
+            // RFC 9293 §3.8.6.2.1 sender SWS avoidance: with more data queued, a partial
+            // segment waits for ACKs to open the window, unless it fills at least half the
+            // largest window the peer ever offered. A byte-counted cwnd would otherwise leave
+            // a runt at the end of every flight.
+            let big_enough = len == wnd_room && len >= self.max_snd_wnd / 2;
+            if !big_enough {
                 return None;
             }
         }
@@ -1746,8 +1905,10 @@ impl Connection {
         self.snd_nxt = seq + len + u32::from(fin);
         if self.snd_nxt.gt(self.snd_max) {
             self.snd_max = self.snd_nxt;
+            self.sb.on_transmit(self.snd_max);
         }
         if is_rexmit {
+            self.sb.on_retransmit(seq, len + u32::from(fin));
             self.counters.retransmits += 1;
             self.rtt_probe = None;
         } else if self.rtt_probe.is_none() && self.retries == 0 {

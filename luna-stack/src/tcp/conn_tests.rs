@@ -2,7 +2,7 @@
 //! two-endpoint pair over a lossy in-memory link. Each test names the rule it proves.
 
 use super::*;
-use crate::tcp::config::TcpConfig;
+use crate::tcp::config::{CcAlgorithm, TcpConfig};
 use core::net::Ipv4Addr;
 use std::collections::VecDeque;
 
@@ -16,10 +16,16 @@ fn addr_b() -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 7000)
 }
 fn tuple_a() -> FourTuple {
-    FourTuple { local: addr_a(), remote: addr_b() }
+    FourTuple {
+        local: addr_a(),
+        remote: addr_b(),
+    }
 }
 fn tuple_b() -> FourTuple {
-    FourTuple { local: addr_b(), remote: addr_a() }
+    FourTuple {
+        local: addr_b(),
+        remote: addr_a(),
+    }
 }
 
 fn t(ms: u64) -> Instant {
@@ -31,7 +37,9 @@ fn zb(bytes: &[u8]) -> Zbuf {
 }
 
 fn pattern(len: usize, salt: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
+        .collect()
 }
 
 /// A segment from the peer (B) to the connection under test (A).
@@ -63,7 +71,12 @@ fn poll_all(c: &mut Connection, now: Instant) -> Vec<OutSegment> {
 
 fn plain_cfg() -> TcpConfig {
     // No options: keeps scripted segments small. Tests that need options turn them on.
-    TcpConfig { timestamps: false, sack: false, window_scaling: false, ..TcpConfig::default() }
+    TcpConfig {
+        timestamps: false,
+        sack: false,
+        window_scaling: false,
+        ..TcpConfig::default()
+    }
 }
 
 /// Active open to ESTABLISHED against a scripted peer (no options unless `cfg` asks and the
@@ -111,7 +124,10 @@ fn rfc9293_3_5_active_open_offers_options_and_completes() {
         mss: Some(1400),
         window_scale: Some(7),
         sack_permitted: true,
-        timestamps: Some(Timestamps { tsval: 9, tsecr: syn.repr.options.timestamps.unwrap().tsval }),
+        timestamps: Some(Timestamps {
+            tsval: 9,
+            tsecr: syn.repr.options.timestamps.unwrap().tsval,
+        }),
         ..TcpOptions::default()
     };
     c.on_segment(t(2), &synack, zb(&[]));
@@ -122,13 +138,24 @@ fn rfc9293_3_5_active_open_offers_options_and_completes() {
     let ack = c.poll_segment(t(2)).expect("ACK");
     assert_eq!(ack.repr.flags, TcpFlags::ACK);
     assert_eq!(ack.repr.ack, SeqNum(PEER_ISS + 1));
-    assert_eq!(ack.repr.options.timestamps.unwrap().tsecr, 9, "RFC 7323 §4.3: echo TS.Recent");
+    assert_eq!(
+        ack.repr.options.timestamps.unwrap().tsecr,
+        9,
+        "RFC 7323 §4.3: echo TS.Recent"
+    );
 }
 
 #[test]
 fn rfc7323_2_3_wscale_above_14_is_clamped() {
-    let opts = TcpOptions { window_scale: Some(15), ..TcpOptions::default() };
-    let cfg = TcpConfig { timestamps: false, sack: false, ..TcpConfig::default() };
+    let opts = TcpOptions {
+        window_scale: Some(15),
+        ..TcpOptions::default()
+    };
+    let cfg = TcpConfig {
+        timestamps: false,
+        sack: false,
+        ..TcpConfig::default()
+    };
     let mut c = established_with(cfg, opts);
     assert_eq!(c.negotiated().2.unwrap().0, 14);
     c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 1), zb(&[]));
@@ -153,7 +180,11 @@ fn rfc9293_3_10_7_3_syn_sent_drops_bare_ack_and_rst_without_ack() {
 fn rfc9293_3_10_7_3_syn_sent_unacceptable_ack_gets_rst() {
     let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
     poll_all(&mut c, t(0));
-    c.on_segment(t(1), &seg(TcpFlags::SYN | TcpFlags::ACK, PEER_ISS, ISS + 50, 1000), zb(&[]));
+    c.on_segment(
+        t(1),
+        &seg(TcpFlags::SYN | TcpFlags::ACK, PEER_ISS, ISS + 50, 1000),
+        zb(&[]),
+    );
     assert_eq!(c.state(), State::SynSent);
     let out = poll_all(&mut c, t(1));
     assert_eq!(out.len(), 1);
@@ -165,7 +196,11 @@ fn rfc9293_3_10_7_3_syn_sent_unacceptable_ack_gets_rst() {
 fn rfc9293_3_10_7_3_rst_with_acceptable_ack_refuses() {
     let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
     poll_all(&mut c, t(0));
-    c.on_segment(t(1), &seg(TcpFlags::RST | TcpFlags::ACK, 0, ISS + 1, 0), zb(&[]));
+    c.on_segment(
+        t(1),
+        &seg(TcpFlags::RST | TcpFlags::ACK, 0, ISS + 1, 0),
+        zb(&[]),
+    );
     assert_eq!(c.state(), State::Closed);
     assert_eq!(c.close_reason(), Some(CloseReason::Refused));
     assert!(c.take_events().closed);
@@ -184,7 +219,11 @@ fn rfc9293_3_5_simultaneous_open() {
     assert_eq!(out[0].repr.flags, TcpFlags::SYN | TcpFlags::ACK);
     assert_eq!(out[0].repr.seq, SeqNum(ISS));
     assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 1));
-    c.on_segment(t(2), &seg(TcpFlags::SYN | TcpFlags::ACK, PEER_ISS, ISS + 1, 8000), zb(&[]));
+    c.on_segment(
+        t(2),
+        &seg(TcpFlags::SYN | TcpFlags::ACK, PEER_ISS, ISS + 1, 8000),
+        zb(&[]),
+    );
     // The peer's SYN-ACK: its SYN is old (challenge-ACKed), but its ACK is not processed
     // before the SYN check. A plain ACK completes the handshake.
     c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 8000), zb(&[]));
@@ -193,7 +232,14 @@ fn rfc9293_3_5_simultaneous_open() {
 
 #[test]
 fn rfc9293_3_10_7_2_passive_open_and_reset_returns_to_listen() {
-    let syn = SynInfo { seq: SeqNum(PEER_ISS), window: 4000, options: TcpOptions { mss: Some(1000), ..Default::default() } };
+    let syn = SynInfo {
+        seq: SeqNum(PEER_ISS),
+        window: 4000,
+        options: TcpOptions {
+            mss: Some(1000),
+            ..Default::default()
+        },
+    };
     let mut c = Connection::accept_syn(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0, &syn);
     assert_eq!(c.state(), State::SynReceived);
     let out = poll_all(&mut c, t(0));
@@ -201,7 +247,10 @@ fn rfc9293_3_10_7_2_passive_open_and_reset_returns_to_listen() {
     assert_eq!(out[0].repr.flags, TcpFlags::SYN | TcpFlags::ACK);
     assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 1));
     assert_eq!(out[0].repr.options.mss, Some(1460));
-    assert!(!out[0].repr.options.sack_permitted, "not offered by the peer");
+    assert!(
+        !out[0].repr.options.sack_permitted,
+        "not offered by the peer"
+    );
     assert_eq!(c.mss(), 1000);
     // Retransmitted SYN: the SYN-ACK goes out again.
     c.on_segment(t(1), &seg(TcpFlags::SYN, PEER_ISS, 0, 4000), zb(&[]));
@@ -215,7 +264,11 @@ fn rfc9293_3_10_7_2_passive_open_and_reset_returns_to_listen() {
 
 #[test]
 fn rfc9293_3_10_7_4_syn_received_bad_ack_gets_rst() {
-    let syn = SynInfo { seq: SeqNum(PEER_ISS), window: 4000, options: TcpOptions::default() };
+    let syn = SynInfo {
+        seq: SeqNum(PEER_ISS),
+        window: 4000,
+        options: TcpOptions::default(),
+    };
     let mut c = Connection::accept_syn(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0, &syn);
     poll_all(&mut c, t(0));
     c.on_segment(t(1), &ack_seg(PEER_ISS + 1, ISS + 77, 4000), zb(&[]));
@@ -230,7 +283,10 @@ fn rfc9293_3_10_7_4_syn_received_bad_ack_gets_rst() {
 
 #[test]
 fn rfc6298_syn_is_retransmitted_with_backoff_then_times_out() {
-    let cfg = TcpConfig { syn_retries: 2, ..plain_cfg() };
+    let cfg = TcpConfig {
+        syn_retries: 2,
+        ..plain_cfg()
+    };
     let mut c = Connection::connect(t(0), tuple_a(), cfg, SeqNum(ISS), 0);
     assert_eq!(poll_all(&mut c, t(0)).len(), 1);
     let first = c.poll_timeout().expect("RTO armed");
@@ -239,7 +295,10 @@ fn rfc6298_syn_is_retransmitted_with_backoff_then_times_out() {
     assert_eq!(out.len(), 1);
     assert!(out[0].repr.flags.syn());
     let second = c.poll_timeout().expect("RTO re-armed");
-    assert!(second - first >= (first - t(0)) * 2 - Duration::from_millis(1), "RFC 6298 §5.5 backoff");
+    assert!(
+        second - first >= (first - t(0)) * 2 - Duration::from_millis(1),
+        "RFC 6298 §5.5 backoff"
+    );
     c.on_timeout(second);
     poll_all(&mut c, second);
     let third = c.poll_timeout().unwrap();
@@ -252,7 +311,11 @@ fn rfc6298_syn_is_retransmitted_with_backoff_then_times_out() {
 fn isn_ffffffff_connection_transfers_across_wrap() {
     let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(u32::MAX), 0);
     poll_all(&mut c, t(0));
-    c.on_segment(t(1), &seg(TcpFlags::SYN | TcpFlags::ACK, u32::MAX - 1, 0, 65535), zb(&[]));
+    c.on_segment(
+        t(1),
+        &seg(TcpFlags::SYN | TcpFlags::ACK, u32::MAX - 1, 0, 65535),
+        zb(&[]),
+    );
     assert_eq!(c.state(), State::Established);
     poll_all(&mut c, t(1));
     c.send(&zb(&pattern(3000, 1))).unwrap();
@@ -269,12 +332,17 @@ fn isn_ffffffff_connection_transfers_across_wrap() {
 
 #[test]
 fn zero_mss_option_is_floored_and_data_still_flows() {
-    let opts = TcpOptions { mss: Some(0), ..TcpOptions::default() };
+    let opts = TcpOptions {
+        mss: Some(0),
+        ..TcpOptions::default()
+    };
     let mut c = established_with(plain_cfg(), opts);
     assert_eq!(c.mss(), MIN_SND_MSS);
     c.send(&zb(&pattern(500, 3))).unwrap();
     let out = poll_all(&mut c, t(2));
-    assert!(out.iter().all(|s| !s.payload.is_empty() && s.payload.len() as u32 <= MIN_SND_MSS));
+    assert!(out
+        .iter()
+        .all(|s| !s.payload.is_empty() && s.payload.len() as u32 <= MIN_SND_MSS));
     assert_eq!(out.iter().map(|s| s.payload.len()).sum::<usize>(), 500);
 }
 
@@ -290,7 +358,11 @@ fn in_order_data_is_delivered_without_copy() {
     c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), payload);
     assert!(c.take_events().readable);
     let got = c.recv().unwrap().unwrap();
-    assert_eq!(got.as_ptr(), frame.as_ptr(), "the delivered buffer is the received one");
+    assert_eq!(
+        got.as_ptr(),
+        frame.as_ptr(),
+        "the delivered buffer is the received one"
+    );
     assert_eq!(got.as_ref(), &pattern(1000, 9)[..]);
     assert_eq!(c.recv(), Ok(None));
     let out = poll_all(&mut c, t(2));
@@ -314,7 +386,11 @@ fn sent_data_references_the_application_buffer() {
 #[test]
 fn rfc9293_3_10_7_4_out_of_window_segment_is_acked_and_dropped() {
     let mut c = established();
-    c.on_segment(t(2), &ack_seg(PEER_ISS + 1 + 70_000, ISS + 1, 65535), zb(b"late"));
+    c.on_segment(
+        t(2),
+        &ack_seg(PEER_ISS + 1 + 70_000, ISS + 1, 65535),
+        zb(b"late"),
+    );
     assert_eq!(c.counters.drops(DropReason::OutOfWindow), 1);
     let out = poll_all(&mut c, t(2));
     assert_eq!(out.len(), 1);
@@ -326,7 +402,11 @@ fn rfc9293_3_10_7_4_out_of_window_segment_is_acked_and_dropped() {
 fn rfc9293_3_10_7_4_overlapping_retransmission_is_trimmed() {
     let mut c = established();
     c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(b"hello"));
-    c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(b"hello world"));
+    c.on_segment(
+        t(2),
+        &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
+        zb(b"hello world"),
+    );
     let mut all = Vec::new();
     while let Ok(Some(b)) = c.recv() {
         all.extend_from_slice(&b);
@@ -336,15 +416,24 @@ fn rfc9293_3_10_7_4_overlapping_retransmission_is_trimmed() {
 
 #[test]
 fn rfc2018_out_of_order_data_is_sacked_then_reassembled() {
-    let cfg = TcpConfig { sack: true, ..plain_cfg() };
-    let opts = TcpOptions { sack_permitted: true, ..TcpOptions::default() };
+    let cfg = TcpConfig {
+        sack: true,
+        ..plain_cfg()
+    };
+    let opts = TcpOptions {
+        sack_permitted: true,
+        ..TcpOptions::default()
+    };
     let mut c = established_with(cfg, opts);
     let base = PEER_ISS + 1;
     c.on_segment(t(2), &ack_seg(base + 100, ISS + 1, 65535), zb(&[2u8; 100]));
     let out = poll_all(&mut c, t(2));
     assert_eq!(out.len(), 1, "RFC 5681 §4.2: immediate duplicate ACK");
     assert_eq!(out[0].repr.ack, SeqNum(base));
-    assert_eq!(out[0].repr.options.sack_blocks.as_slice(), &[(SeqNum(base + 100), SeqNum(base + 200))]);
+    assert_eq!(
+        out[0].repr.options.sack_blocks.as_slice(),
+        &[(SeqNum(base + 100), SeqNum(base + 200))]
+    );
     assert_eq!(c.recv(), Ok(None));
     c.on_segment(t(3), &ack_seg(base, ISS + 1, 65535), zb(&[1u8; 100]));
     let mut all = Vec::new();
@@ -359,22 +448,42 @@ fn rfc2018_out_of_order_data_is_sacked_then_reassembled() {
 }
 
 #[test]
-fn rfc9293_3_8_6_2_2_window_never_shrinks_and_opens_in_mss_steps() {
-    let cfg = TcpConfig { rcv_buf: 8000, ..plain_cfg() };
+fn rfc9293_3_8_6_2_2_receiver_sws_opens_window_in_mss_steps() {
+    let cfg = TcpConfig {
+        rcv_buf: 8000,
+        ..plain_cfg()
+    };
     let mut c = established_with(cfg, TcpOptions::default());
     let base = PEER_ISS + 1;
-    c.on_segment(t(2), &ack_seg(base, ISS + 1, 65535), zb(&[0u8; 5000]));
+    for i in 0..50 {
+        c.on_segment(
+            t(2),
+            &ack_seg(base + i * 100, ISS + 1, 65535),
+            zb(&[i as u8; 100]),
+        );
+    }
     let out = poll_all(&mut c, t(2));
-    let w1 = out.last().unwrap().repr.window;
-    assert_eq!(w1, 3000);
-    // Reading 100 bytes opens the window by less than an MSS: no update is sent.
-    let mut first = c.recv().unwrap().unwrap();
-    let _rest = first.split_off(100);
-    // (recv hands back whole buffers; emulate a small read by reading 5000 and checking the
-    // threshold on a separate connection below.)
+    assert_eq!(out.last().unwrap().repr.window, 3000);
+    // Reading 1000 bytes opens the window by less than one MSS (1460): no update.
+    for _ in 0..10 {
+        c.recv().unwrap().unwrap();
+    }
+    assert!(poll_all(&mut c, t(3)).is_empty());
+    // Another 500 crosses the threshold: one update announcing all free space.
+    for _ in 0..5 {
+        c.recv().unwrap().unwrap();
+    }
     let out = poll_all(&mut c, t(3));
-    assert_eq!(out.len(), 1, "window update after reading 5000 bytes (>= MSS)");
-    assert_eq!(out[0].repr.window, 8000);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.window, 4500);
+    // The right edge never moves left: more data arrives, window shrinks only by what came.
+    c.on_segment(
+        t(4),
+        &ack_seg(base + 5000, ISS + 1, 65535),
+        zb(&[0u8; 1000]),
+    );
+    let out = poll_all(&mut c, t(4));
+    assert_eq!(out[0].repr.window, 3500);
 }
 
 #[test]
@@ -384,7 +493,10 @@ fn rfc9293_3_8_6_1_zero_window_is_probed_with_backoff() {
     c.on_segment(t(2), &ack_seg(base, ISS + 1, 0), zb(&[]));
     assert_eq!(c.send_window(), 0);
     c.send(&zb(&pattern(3000, 1))).unwrap();
-    assert!(poll_all(&mut c, t(2)).is_empty(), "nothing goes into a zero window");
+    assert!(
+        poll_all(&mut c, t(2)).is_empty(),
+        "nothing goes into a zero window"
+    );
     let p1 = c.poll_timeout().expect("persist timer");
     c.on_timeout(p1);
     let out = poll_all(&mut c, p1);
@@ -407,11 +519,20 @@ fn rfc9293_3_8_6_1_zero_window_is_probed_with_backoff() {
 
 #[test]
 fn rfc9293_3_7_4_nagle_holds_small_segments_when_enabled() {
-    let mut c = established_with(TcpConfig { nagle: true, ..plain_cfg() }, TcpOptions::default());
+    let mut c = established_with(
+        TcpConfig {
+            nagle: true,
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
     c.send(&zb(b"a")).unwrap();
     assert_eq!(poll_all(&mut c, t(2)).len(), 1);
     c.send(&zb(b"b")).unwrap();
-    assert!(poll_all(&mut c, t(2)).is_empty(), "held while 'a' is unacked");
+    assert!(
+        poll_all(&mut c, t(2)).is_empty(),
+        "held while 'a' is unacked"
+    );
     c.on_segment(t(3), &ack_seg(PEER_ISS + 1, ISS + 2, 65535), zb(&[]));
     let out = poll_all(&mut c, t(3));
     assert_eq!(out.len(), 1);
@@ -426,7 +547,13 @@ fn rfc9293_3_7_4_nagle_holds_small_segments_when_enabled() {
 
 #[test]
 fn send_buffer_limits_and_writable_event() {
-    let mut c = established_with(TcpConfig { snd_buf: 3000, ..plain_cfg() }, TcpOptions::default());
+    let mut c = established_with(
+        TcpConfig {
+            snd_buf: 3000,
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
     assert_eq!(c.send(&zb(&pattern(5000, 0))), Ok(3000));
     assert_eq!(c.send(&zb(b"x")), Err(SendError::WouldBlock));
     poll_all(&mut c, t(2));
@@ -437,9 +564,16 @@ fn send_buffer_limits_and_writable_event() {
 
 #[test]
 fn rfc9293_3_8_6_3_delayed_ack_waits_then_fires() {
-    let cfg = TcpConfig { delayed_ack: Some(Duration::from_millis(5)), ..plain_cfg() };
+    let cfg = TcpConfig {
+        delayed_ack: Some(Duration::from_millis(5)),
+        ..plain_cfg()
+    };
     let mut c = established_with(cfg, TcpOptions::default());
-    c.on_segment(t(10), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(&[0u8; 100]));
+    c.on_segment(
+        t(10),
+        &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[0u8; 100]),
+    );
     assert!(poll_all(&mut c, t(10)).is_empty(), "ACK delayed");
     assert_eq!(c.poll_timeout(), Some(t(15)));
     // A reply written before the timer piggybacks the ACK.
@@ -447,10 +581,22 @@ fn rfc9293_3_8_6_3_delayed_ack_waits_then_fires() {
     let out = poll_all(&mut c, t(11));
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 101));
-    assert_eq!(c.poll_timeout().map(|d| d > t(15)), Some(true), "delack cancelled; only RTO left");
+    assert_eq!(
+        c.poll_timeout().map(|d| d > t(15)),
+        Some(true),
+        "delack cancelled; only RTO left"
+    );
     // Two full segments are acknowledged at once (RFC 5681 §4.2).
-    c.on_segment(t(12), &ack_seg(PEER_ISS + 101, ISS + 5, 65535), zb(&[0u8; 1460]));
-    c.on_segment(t(12), &ack_seg(PEER_ISS + 1561, ISS + 5, 65535), zb(&[0u8; 1460]));
+    c.on_segment(
+        t(12),
+        &ack_seg(PEER_ISS + 101, ISS + 5, 65535),
+        zb(&[0u8; 1460]),
+    );
+    c.on_segment(
+        t(12),
+        &ack_seg(PEER_ISS + 1561, ISS + 5, 65535),
+        zb(&[0u8; 1460]),
+    );
     assert_eq!(poll_all(&mut c, t(12)).len(), 1);
 }
 
@@ -468,7 +614,11 @@ fn rfc5961_3_2_rst_must_match_rcv_nxt_exactly() {
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].repr.flags, TcpFlags::ACK);
     // Out of window: silently dropped.
-    c.on_segment(t(2), &seg(TcpFlags::RST, PEER_ISS + 1_000_000, 0, 0), zb(&[]));
+    c.on_segment(
+        t(2),
+        &seg(TcpFlags::RST, PEER_ISS + 1_000_000, 0, 0),
+        zb(&[]),
+    );
     assert!(poll_all(&mut c, t(2)).is_empty());
     // Exact: reset.
     c.on_segment(t(2), &seg(TcpFlags::RST, PEER_ISS + 1, 0, 0), zb(&[]));
@@ -489,7 +639,13 @@ fn rfc5961_4_2_syn_in_established_gets_challenge_ack() {
 
 #[test]
 fn rfc5961_7_challenge_acks_are_rate_limited_per_connection() {
-    let mut c = established_with(TcpConfig { challenge_ack_limit: 3, ..plain_cfg() }, TcpOptions::default());
+    let mut c = established_with(
+        TcpConfig {
+            challenge_ack_limit: 3,
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
     let mut sent = 0;
     for _ in 0..50 {
         c.on_segment(t(2), &seg(TcpFlags::SYN, PEER_ISS + 5, 0, 1000), zb(&[]));
@@ -514,20 +670,38 @@ fn rfc5961_5_2_ack_of_unsent_data_is_dropped_and_acked() {
 
 #[test]
 fn rfc7323_5_3_paws_drops_old_timestamps() {
-    let cfg = TcpConfig { timestamps: true, ..plain_cfg() };
-    let opts = TcpOptions { timestamps: Some(Timestamps { tsval: 1000, tsecr: 0 }), ..TcpOptions::default() };
+    let cfg = TcpConfig {
+        timestamps: true,
+        ..plain_cfg()
+    };
+    let opts = TcpOptions {
+        timestamps: Some(Timestamps {
+            tsval: 1000,
+            tsecr: 0,
+        }),
+        ..TcpOptions::default()
+    };
     let mut c = established_with(cfg, opts);
     let mut s = ack_seg(PEER_ISS + 1, ISS + 1, 65535);
-    s.options.timestamps = Some(Timestamps { tsval: 1005, tsecr: 0 });
+    s.options.timestamps = Some(Timestamps {
+        tsval: 1005,
+        tsecr: 0,
+    });
     c.on_segment(t(2), &s, zb(b"new"));
     assert_eq!(c.recv_available(), 3);
     let mut old = ack_seg(PEER_ISS + 4, ISS + 1, 65535);
-    old.options.timestamps = Some(Timestamps { tsval: 990, tsecr: 0 });
+    old.options.timestamps = Some(Timestamps {
+        tsval: 990,
+        tsecr: 0,
+    });
     c.on_segment(t(3), &old, zb(b"old"));
     assert_eq!(c.counters.drops(DropReason::Paws), 1);
     assert_eq!(c.recv_available(), 3);
     let out = poll_all(&mut c, t(3));
-    assert_eq!(out.last().unwrap().repr.options.timestamps.unwrap().tsecr, 1005);
+    assert_eq!(
+        out.last().unwrap().repr.options.timestamps.unwrap().tsecr,
+        1005
+    );
     // RFC 7323 §3.2: a segment without timestamps after negotiation is dropped.
     c.on_segment(t(3), &ack_seg(PEER_ISS + 4, ISS + 1, 65535), zb(b"nots"));
     assert_eq!(c.recv_available(), 3);
@@ -539,7 +713,13 @@ fn rfc7323_5_3_paws_drops_old_timestamps() {
 
 #[test]
 fn rfc9293_3_6_active_close_through_time_wait() {
-    let mut c = established_with(TcpConfig { time_wait: Duration::from_secs(2), ..plain_cfg() }, TcpOptions::default());
+    let mut c = established_with(
+        TcpConfig {
+            time_wait: Duration::from_secs(2),
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
     c.send(&zb(b"bye")).unwrap();
     c.close();
     assert_eq!(c.state(), State::FinWait1);
@@ -547,9 +727,17 @@ fn rfc9293_3_6_active_close_through_time_wait() {
     assert_eq!(out.len(), 1, "FIN piggybacked on the data");
     assert!(out[0].repr.flags.fin());
     assert_eq!(c.send(&zb(b"more")), Err(SendError::Shutdown));
-    c.on_segment(t(3), &ack_seg(PEER_ISS + 1, ISS + 1 + 3 + 1, 65535), zb(&[]));
+    c.on_segment(
+        t(3),
+        &ack_seg(PEER_ISS + 1, ISS + 1 + 3 + 1, 65535),
+        zb(&[]),
+    );
     assert_eq!(c.state(), State::FinWait2);
-    c.on_segment(t(4), &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 1, ISS + 5, 65535), zb(b"ok"));
+    c.on_segment(
+        t(4),
+        &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 1, ISS + 5, 65535),
+        zb(b"ok"),
+    );
     assert_eq!(c.state(), State::TimeWait);
     assert_eq!(c.recv().unwrap().unwrap().as_ref(), b"ok");
     assert_eq!(c.recv(), Err(RecvError::Finished));
@@ -559,7 +747,11 @@ fn rfc9293_3_6_active_close_through_time_wait() {
     c.on_segment(t(5), &seg(TcpFlags::RST, PEER_ISS + 4, 0, 0), zb(&[]));
     assert_eq!(c.state(), State::TimeWait);
     // A retransmitted FIN is re-acknowledged and restarts 2 MSL.
-    c.on_segment(t(1000), &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 3, ISS + 5, 65535), zb(&[]));
+    c.on_segment(
+        t(1000),
+        &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 3, ISS + 5, 65535),
+        zb(&[]),
+    );
     assert_eq!(poll_all(&mut c, t(1000)).len(), 1);
     assert_eq!(c.poll_timeout(), Some(t(3000)));
     c.on_timeout(t(3000));
@@ -570,7 +762,11 @@ fn rfc9293_3_6_active_close_through_time_wait() {
 #[test]
 fn rfc9293_3_6_passive_close_through_last_ack() {
     let mut c = established();
-    c.on_segment(t(2), &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 1, ISS + 1, 65535), zb(&[]));
+    c.on_segment(
+        t(2),
+        &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[]),
+    );
     assert_eq!(c.state(), State::CloseWait);
     assert_eq!(c.recv(), Err(RecvError::Finished));
     assert_eq!(poll_all(&mut c, t(2)).len(), 1);
@@ -579,18 +775,32 @@ fn rfc9293_3_6_passive_close_through_last_ack() {
     assert_eq!(c.state(), State::LastAck);
     let out = poll_all(&mut c, t(3));
     assert!(out.last().unwrap().repr.flags.fin());
-    c.on_segment(t(4), &ack_seg(PEER_ISS + 2, ISS + 1 + 10 + 1, 65535), zb(&[]));
+    c.on_segment(
+        t(4),
+        &ack_seg(PEER_ISS + 2, ISS + 1 + 10 + 1, 65535),
+        zb(&[]),
+    );
     assert_eq!(c.state(), State::Closed);
     assert_eq!(c.close_reason(), Some(CloseReason::Normal));
 }
 
 #[test]
 fn rfc9293_3_6_simultaneous_close_through_closing() {
-    let mut c = established_with(TcpConfig { time_wait: Duration::from_millis(100), ..plain_cfg() }, TcpOptions::default());
+    let mut c = established_with(
+        TcpConfig {
+            time_wait: Duration::from_millis(100),
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
     c.close();
     let fin = poll_all(&mut c, t(2));
     assert!(fin[0].repr.flags.fin());
-    c.on_segment(t(3), &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 1, ISS + 1, 65535), zb(&[]));
+    c.on_segment(
+        t(3),
+        &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[]),
+    );
     assert_eq!(c.state(), State::Closing);
     c.on_segment(t(4), &ack_seg(PEER_ISS + 2, ISS + 2, 65535), zb(&[]));
     assert_eq!(c.state(), State::TimeWait);
@@ -611,7 +821,11 @@ fn rfc9293_3_10_5_abort_sends_rst() {
 #[test]
 fn out_of_order_fin_is_applied_when_the_hole_fills() {
     let mut c = established();
-    c.on_segment(t(2), &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 6, ISS + 1, 65535), zb(b"world"));
+    c.on_segment(
+        t(2),
+        &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 6, ISS + 1, 65535),
+        zb(b"world"),
+    );
     assert_eq!(c.state(), State::Established);
     c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(b"hello"));
     assert_eq!(c.state(), State::CloseWait);
@@ -629,7 +843,13 @@ fn out_of_order_fin_is_applied_when_the_hole_fills() {
 
 #[test]
 fn rfc6298_5_rto_retransmits_from_snd_una_and_aborts_after_max_retries() {
-    let mut c = established_with(TcpConfig { max_retries: 3, ..plain_cfg() }, TcpOptions::default());
+    let mut c = established_with(
+        TcpConfig {
+            max_retries: 3,
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
     c.send(&zb(&pattern(2000, 4))).unwrap();
     assert_eq!(poll_all(&mut c, t(2)).len(), 2);
     let cwnd_before = c.cwnd();
@@ -640,9 +860,8 @@ fn rfc6298_5_rto_retransmits_from_snd_una_and_aborts_after_max_retries() {
     let out = poll_all(&mut c, rto);
     assert_eq!(out.len(), 1, "cwnd = 1 MSS after RTO");
     assert_eq!(out[0].repr.seq, SeqNum(ISS + 1));
-    let mut now = rto;
     for _ in 0..3 {
-        now = c.poll_timeout().unwrap();
+        let now = c.poll_timeout().unwrap();
         c.on_timeout(now);
         poll_all(&mut c, now);
     }
@@ -664,7 +883,11 @@ fn rfc5681_3_2_three_dupacks_trigger_fast_retransmit_and_recovery_exits() {
     assert!(c.in_recovery());
     assert_eq!(c.counters.fast_retransmits, 1);
     let out = poll_all(&mut c, t(3));
-    assert_eq!(out[0].repr.seq, SeqNum(una), "first unacknowledged segment retransmitted");
+    assert_eq!(
+        out[0].repr.seq,
+        SeqNum(una),
+        "first unacknowledged segment retransmitted"
+    );
     assert_eq!(out[0].payload.len(), 1460);
     // Full ACK of everything: recovery ends without an RTO.
     c.on_segment(t(4), &ack_seg(PEER_ISS + 1, una + 1460 * 8, 65535), zb(&[]));
@@ -695,6 +918,9 @@ fn rfc6582_3_2_partial_ack_retransmits_next_hole() {
 // Two endpoints over an in-memory link
 // ---------------------------------------------------------------------------------------------
 
+/// Decides whether to drop the n-th data segment A sends.
+type DropFn = Box<dyn FnMut(u64, &OutSegment) -> bool>;
+
 /// Two connections joined by a link that can drop chosen segments. Deterministic.
 struct Pair {
     a: Connection,
@@ -704,7 +930,7 @@ struct Pair {
     /// In flight: (arrival time, to_b, segment).
     wire: VecDeque<(Instant, bool, OutSegment)>,
     /// Decides whether to drop the n-th data segment sent by A.
-    drop_a: Box<dyn FnMut(u64, &OutSegment) -> bool>,
+    drop_a: DropFn,
     a_data_segs: u64,
 }
 
@@ -713,7 +939,11 @@ impl Pair {
         let now = t(0);
         let mut a = Connection::connect(now, tuple_a(), cfg_a, SeqNum(ISS), 11);
         let syn = a.poll_segment(now).unwrap();
-        let info = SynInfo { seq: syn.repr.seq, window: syn.repr.window, options: syn.repr.options };
+        let info = SynInfo {
+            seq: syn.repr.seq,
+            window: syn.repr.window,
+            options: syn.repr.options,
+        };
         let b = Connection::accept_syn(now + delay, tuple_b(), cfg_b, SeqNum(PEER_ISS), 22, &info);
         let mut p = Pair {
             a,
@@ -724,7 +954,10 @@ impl Pair {
             drop_a: Box::new(|_, _| false),
             a_data_segs: 0,
         };
-        p.run_until(|p| p.a.state() == State::Established && p.b.state() == State::Established, 1000);
+        p.run_until(
+            |p| p.a.state() == State::Established && p.b.state() == State::Established,
+            1000,
+        );
         p
     }
 
@@ -734,6 +967,18 @@ impl Pair {
 
     fn flush(&mut self) {
         while let Some(s) = self.a.poll_segment(self.now) {
+            if std::env::var_os("PAIR_TRACE").is_some() {
+                eprintln!(
+                    "{:?} A> {:?} seq={} ack={} len={} win={} sack={:?}",
+                    self.now,
+                    s.repr.flags,
+                    s.repr.seq,
+                    s.repr.ack,
+                    s.payload.len(),
+                    s.repr.window,
+                    s.repr.options.sack_blocks
+                );
+            }
             if !s.payload.is_empty() {
                 self.a_data_segs += 1;
                 if (self.drop_a)(self.a_data_segs, &s) {
@@ -743,6 +988,18 @@ impl Pair {
             self.wire.push_back((self.now + self.delay, true, s));
         }
         while let Some(s) = self.b.poll_segment(self.now) {
+            if std::env::var_os("PAIR_TRACE").is_some() {
+                eprintln!(
+                    "{:?} B> {:?} seq={} ack={} len={} win={} sack={:?}",
+                    self.now,
+                    s.repr.flags,
+                    s.repr.seq,
+                    s.repr.ack,
+                    s.payload.len(),
+                    s.repr.window,
+                    s.repr.options.sack_blocks
+                );
+            }
             self.wire.push_back((self.now + self.delay, false, s));
         }
     }
@@ -751,7 +1008,10 @@ impl Pair {
     fn step(&mut self) -> bool {
         self.flush();
         let next_wire = self.wire.front().map(|w| w.0);
-        let next_timer = [self.a.poll_timeout(), self.b.poll_timeout()].into_iter().flatten().min();
+        let next_timer = [self.a.poll_timeout(), self.b.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
         let next = match (next_wire, next_timer) {
             (Some(w), Some(tm)) => w.min(tm),
             (Some(w), None) => w,
@@ -787,7 +1047,12 @@ impl Pair {
                 break;
             }
         }
-        assert!(done(self), "condition not reached; a={:?} b={:?}", self.a, self.b);
+        assert!(
+            done(self),
+            "condition not reached; a={:?} b={:?}",
+            self.a,
+            self.b
+        );
     }
 
     /// Move `data` from A to B, reading at B as it arrives; returns what B read.
@@ -844,7 +1109,10 @@ fn rfc6675_single_loss_is_repaired_by_sack_recovery_without_rto() {
 
 #[test]
 fn rfc6582_newreno_recovers_multiple_losses_without_sack() {
-    let cfg = TcpConfig { sack: false, ..TcpConfig::default() };
+    let cfg = TcpConfig {
+        sack: false,
+        ..TcpConfig::default()
+    };
     let mut p = Pair::new(cfg.clone(), cfg, Duration::from_micros(100));
     p.drop_a = Box::new(|n, _| n == 30 || n == 33);
     let data = pattern(400_000, 5);
@@ -858,7 +1126,10 @@ fn rfc6582_newreno_recovers_multiple_losses_without_sack() {
 fn pair_random_loss_both_algorithms_complete() {
     for alg in [CcAlgorithm::NewReno, CcAlgorithm::Cubic] {
         for seed in 0..5u64 {
-            let cfg = TcpConfig { cc: alg, ..TcpConfig::default() };
+            let cfg = TcpConfig {
+                cc: alg,
+                ..TcpConfig::default()
+            };
             let mut p = Pair::new(cfg.clone(), cfg, Duration::from_micros(200));
             let mut rng = crate::context::testutil::FakeRng::new(seed);
             p.drop_a = Box::new(move |_, _| {
@@ -867,14 +1138,22 @@ fn pair_random_loss_both_algorithms_complete() {
             });
             let data = pattern(300_000, seed as u8);
             let got = p.transfer(&data, 500_000);
-            assert!(got == data, "{alg:?} seed {seed}: got {} of {}", got.len(), data.len());
+            assert!(
+                got == data,
+                "{alg:?} seed {seed}: got {} of {}",
+                got.len(),
+                data.len()
+            );
         }
     }
 }
 
 #[test]
 fn pair_close_both_ways_reaches_closed() {
-    let cfg = TcpConfig { time_wait: Duration::from_millis(10), ..TcpConfig::default() };
+    let cfg = TcpConfig {
+        time_wait: Duration::from_millis(10),
+        ..TcpConfig::default()
+    };
     let mut p = Pair::new(cfg.clone(), cfg, Duration::from_micros(100));
     p.a.close();
     p.run_until(|p| p.b.state() == State::CloseWait, 100);
@@ -892,7 +1171,13 @@ fn rfc9293_3_8_4_keepalive_detects_dead_peer() {
         interval: Duration::from_millis(100),
         probes: 3,
     };
-    let mut c = established_with(TcpConfig { keepalive: Some(ka), ..plain_cfg() }, TcpOptions::default());
+    let mut c = established_with(
+        TcpConfig {
+            keepalive: Some(ka),
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
     let mut probes = 0;
     for _ in 0..10 {
         let Some(at) = c.poll_timeout() else { break };

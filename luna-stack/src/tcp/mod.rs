@@ -8,11 +8,14 @@ pub mod counters;
 pub mod isn;
 pub mod rtt;
 pub mod scoreboard;
-pub mod seq;
 mod sendq;
+pub mod seq;
 pub mod syncookie;
 
 pub use config::TcpConfig;
-pub use conn::{CloseReason, Connection, Disposition, Events, FourTuple, OutSegment, RecvError, SendError, State};
+pub use conn::{
+    CloseReason, Connection, Disposition, Events, FourTuple, OutSegment, RecvError, SendError,
+    State,
+};
 pub use counters::{ConnCounters, DropReason};
 pub use seq::SeqNum;

@@ -20,12 +20,12 @@ pub(crate) struct SendQueue {
 
 impl SendQueue {
     pub(crate) fn new(head: SeqNum) -> Self {
-        SendQueue { bufs: VecDeque::new(), head, len: 0, cursor: (0, head) }
-    }
-
-    /// Sequence number of the first queued byte.
-    pub(crate) fn head(&self) -> SeqNum {
-        self.head
+        SendQueue {
+            bufs: VecDeque::new(),
+            head,
+            len: 0,
+            cursor: (0, head),
+        }
     }
 
     /// Sequence number just past the last queued byte.
@@ -35,13 +35,6 @@ impl SendQueue {
 
     pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    /// Reset the starting sequence number of an empty queue (after the SYN is chosen).
-    pub(crate) fn rebase(&mut self, head: SeqNum) {
-        debug_assert!(self.bufs.is_empty());
-        self.head = head;
-        self.cursor = (0, head);
     }
 
     pub(crate) fn push(&mut self, buf: Zbuf) {
@@ -60,7 +53,9 @@ impl SendQueue {
         let mut n = (ack - self.head).min(self.len as u32) as usize;
         let released = n;
         while n > 0 {
-            let Some(front) = self.bufs.front_mut() else { break };
+            let Some(front) = self.bufs.front_mut() else {
+                break;
+            };
             if front.len() <= n {
                 n -= front.len();
                 self.bufs.pop_front();
@@ -129,13 +124,19 @@ mod tests {
         q.push(buf(10..25));
         q.push(buf(25..30));
         assert_eq!(q.len(), 30);
-        assert_eq!(q.slice(SeqNum(1005), 12).to_vec(), (5..17).collect::<Vec<u8>>());
-        assert_eq!(q.slice(SeqNum(1020), 100).to_vec(), (20..30).collect::<Vec<u8>>());
+        assert_eq!(
+            q.slice(SeqNum(1005), 12).to_vec(),
+            (5..17).collect::<Vec<u8>>()
+        );
+        assert_eq!(
+            q.slice(SeqNum(1020), 100).to_vec(),
+            (20..30).collect::<Vec<u8>>()
+        );
         // Out of range: before head, at end.
         assert!(q.slice(SeqNum(999), 5).is_empty());
         assert!(q.slice(SeqNum(1030), 5).is_empty());
         assert_eq!(q.ack_to(SeqNum(1012)), 12);
-        assert_eq!(q.head(), SeqNum(1012));
+        assert_eq!(q.end(), SeqNum(1030));
         assert_eq!(q.slice(SeqNum(1012), 3).to_vec(), vec![12, 13, 14]);
         // An old ACK releases nothing; an ACK beyond the queue releases only what is queued.
         assert_eq!(q.ack_to(SeqNum(1000)), 0);

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Regenerate the committed seed corpus in seeds/<target>/ (plain Python, no scapy).
+
+Each seed is a small, well-formed (or deliberately malformed) packet for one fuzz target,
+with correct checksums, so the fuzzer starts past the checksum and length checks.
+"""
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def csum(b: bytes) -> int:
+    if len(b) % 2:
+        b += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+SRC = bytes([198, 18, 0, 1])
+DST = bytes([198, 18, 0, 2])
+MAC_A = bytes([0x52, 0x54, 0, 0x12, 0x34, 0x56])
+MAC_B = bytes([0x52, 0x54, 0, 0xAB, 0xCD, 0xEF])
+
+
+def ipv4(proto, payload, ihl_opts=b"", flags_off=0x4000, ttl=64, tos=0, ident=0x1C46):
+    hlen = 20 + len(ihl_opts)
+    h = struct.pack("!BBHHHBBH4s4s", 0x40 | hlen // 4, tos, hlen + len(payload), ident,
+                    flags_off, ttl, proto, 0, SRC, DST) + ihl_opts
+    h = h[:10] + struct.pack("!H", csum(h)) + h[12:]
+    return h + payload
+
+
+def tcp(flags, opts=b"", payload=b"", seq=0x3ADE68B1, ack=0, win=64240, sport=40000, dport=80):
+    while len(opts) % 4:
+        opts += b"\0"
+    hlen = 20 + len(opts)
+    h = struct.pack("!HHIIBBHHH", sport, dport, seq, ack, (hlen // 4) << 4, flags, win, 0, 0)
+    seg = h + opts + payload
+    ph = SRC + DST + struct.pack("!BBH", 0, 6, len(seg))
+    c = csum(ph + seg)
+    return seg[:16] + struct.pack("!H", c) + seg[18:]
+
+
+def udp(payload, sport=5353, dport=53):
+    seg = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0) + payload
+    ph = SRC + DST + struct.pack("!BBH", 0, 17, len(seg))
+    c = csum(ph + seg) or 0xFFFF
+    return seg[:6] + struct.pack("!H", c) + seg[8:]
+
+
+def icmp(t, code, rest, data):
+    m = struct.pack("!BBH", t, code, 0) + rest + data
+    return m[:2] + struct.pack("!H", csum(m)) + m[4:]
+
+
+def eth(ethertype, payload, dst=MAC_B, src=MAC_A):
+    return dst + src + struct.pack("!H", ethertype) + payload
+
+
+def arp(op, tha=bytes(6)):
+    return struct.pack("!HHBBH", 1, 0x0800, 6, 4, op) + MAC_A + SRC + tha + DST
+
+
+TS = lambda v, e: struct.pack("!BBII", 8, 10, v, e)
+SYN_OPTS = struct.pack("!BBH", 2, 4, 1460) + b"\x04\x02" + TS(0xA1B2C3, 0) + b"\x01\x03\x03\x07"
+ACK_TS = b"\x01\x01" + TS(1000, 2000)
+SACK2 = b"\x01\x01\x05\x12" + struct.pack("!IIII", 100, 200, 300, 400)
+
+syn = tcp(0x02, SYN_OPTS)
+data_seg = tcp(0x18, ACK_TS, b"GET / HTTP/1.1\r\n\r\n", ack=1)
+sack_seg = tcp(0x10, ACK_TS + SACK2, ack=1)
+echo = icmp(8, 0, struct.pack("!HH", 0x1234, 1), b"abcdefgh")
+quoted = ipv4(6, syn)[:28]
+frag_needed = icmp(3, 4, struct.pack("!HH", 0, 1400), quoted)
+time_exceeded = icmp(11, 0, bytes(4), quoted)
+
+SEEDS = {
+    "ethernet": {
+        "arp-request": eth(0x0806, arp(1), dst=b"\xff" * 6),
+        "ipv4-syn": eth(0x0800, ipv4(6, syn)),
+        "vlan-tagged": eth(0x8100, b"\x00\x64\x08\x00" + ipv4(6, syn)),
+        "ipv6-ethertype": eth(0x86DD, bytes(40)),
+    },
+    "arp": {
+        "request": arp(1),
+        "reply": arp(2, MAC_B),
+        "request-padded": arp(1) + bytes(18),
+        "rarp": arp(3),
+    },
+    "ipv4": {
+        "tcp-syn": ipv4(6, syn),
+        "udp": ipv4(17, udp(b"luna!")),
+        "with-options": ipv4(6, syn, ihl_opts=b"\x01\x01\x01\x00"),
+        "first-fragment": ipv4(17, udp(b"x" * 24), flags_off=0x2000),
+        "later-fragment": ipv4(17, b"y" * 16, flags_off=0x0003),
+        "padded": ipv4(6, tcp(0x10, ack=1)) + bytes(6),
+        "dscp-ecn": ipv4(6, syn, tos=(46 << 2) | 2),
+    },
+    "icmpv4": {
+        "echo-request": echo,
+        "echo-reply": icmp(0, 0, struct.pack("!HH", 0x1234, 1), b"abcdefgh"),
+        "frag-needed": frag_needed,
+        "time-exceeded": time_exceeded,
+        "port-unreachable": icmp(3, 3, bytes(4), ipv4(17, udp(b"q"))[:28]),
+        "redirect": icmp(5, 1, DST, quoted),
+    },
+    "tcp": {
+        "syn": SRC + DST + syn,
+        "data-ts": SRC + DST + data_seg,
+        "sack": SRC + DST + sack_seg,
+        "bare-ack": SRC + DST + tcp(0x10, ack=1),
+        "zero-length-option": SRC + DST + tcp(0x02, b"\x1e\x00\x01\x01"),
+        "bad-sack-length": SRC + DST + tcp(0x10, b"\x01\x01\x05\x0b" + bytes(9)),
+        "unknown-option": SRC + DST + tcp(0x02, b"\x63\x04\xde\xad\x02\x04\x05\xb4"),
+    },
+    "udp": {
+        "dns": SRC + DST + udp(b"luna!"),
+        "no-checksum": SRC + DST + struct.pack("!HHHH", 1, 2, 9, 0) + b"z",
+        "empty": SRC + DST + udp(b""),
+    },
+    "frame": {
+        "syn": eth(0x0800, ipv4(6, syn)),
+        "data": eth(0x0800, ipv4(6, data_seg)),
+        "udp": eth(0x0800, ipv4(17, udp(b"luna!"))),
+        "icmp-frag-needed": eth(0x0800, ipv4(1, frag_needed)),
+        "arp": eth(0x0806, arp(1) + bytes(18), dst=b"\xff" * 6),
+        "padded-ack": eth(0x0800, ipv4(6, tcp(0x10, ack=1)) + bytes(6)),
+    },
+}
+
+if __name__ == "__main__":
+    for target, seeds in SEEDS.items():
+        d = os.path.join(HERE, "seeds", target)
+        os.makedirs(d, exist_ok=True)
+        for name, data in seeds.items():
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(data)
+    print(sum(len(s) for s in SEEDS.values()), "seeds written")

@@ -20,9 +20,9 @@ use crate::tcp::{CloseReason, ConnCounters, RecvError, SendError, SeqNum, State,
 use crate::time::{Duration, Instant};
 use crate::wire::checksum::Accumulator;
 use crate::wire::{
-    ArpOperation, ArpPacket, ArpRepr, ChecksumCaps, EtherType, EthernetAddress, EthernetFrame, EthernetRepr,
-    Icmpv4DstUnreachable, Icmpv4Message, Icmpv4Packet, Icmpv4Repr, IpProtocol, Ipv4Cidr, Ipv4Packet, Ipv4Repr,
-    TcpFlags, TcpOptions, TcpPacket, TcpRepr, Timestamps,
+    ArpOperation, ArpPacket, ArpRepr, ChecksumCaps, EtherType, EthernetAddress, EthernetFrame,
+    EthernetRepr, Icmpv4DstUnreachable, Icmpv4Message, Icmpv4Packet, Icmpv4Repr, IpProtocol,
+    Ipv4Cidr, Ipv4Packet, Ipv4Repr, TcpFlags, TcpOptions, TcpPacket, TcpRepr, Timestamps,
 };
 use core::hash::BuildHasher;
 use core::net::{Ipv4Addr, SocketAddrV4};
@@ -120,7 +120,9 @@ impl core::fmt::Display for ConfigError {
         match self {
             ConfigError::Mtu(m) => write!(f, "MTU {m} is outside 576..=9216"),
             ConfigError::Mac => f.write_str("the interface MAC must be a unicast address"),
-            ConfigError::PortRange => f.write_str("the ephemeral port range is empty or contains port 0"),
+            ConfigError::PortRange => {
+                f.write_str("the ephemeral port range is empty or contains port 0")
+            }
             ConfigError::MaxConnections => f.write_str("max_connections must be at least 1"),
             ConfigError::Tcp(why) => write!(f, "invalid TCP configuration: {why}"),
             ConfigError::Gateway => f.write_str("the gateway is not on the interface's prefix"),
@@ -220,7 +222,12 @@ pub struct TxOffload {
 
 impl Transmit {
     fn new() -> Self {
-        Transmit { header: [0; MAX_HEADER_LEN], header_len: 0, payload: IoVec::new(), offload: TxOffload::default() }
+        Transmit {
+            header: [0; MAX_HEADER_LEN],
+            header_len: 0,
+            payload: IoVec::new(),
+            offload: TxOffload::default(),
+        }
     }
 
     /// The header bytes (Ethernet, IP, TCP/ICMP/ARP).
@@ -349,14 +356,20 @@ impl<R: Rng> Stack<R> {
             }
         }
         let mut routes = RouteTable::new(256);
-        let on_link = Route { destination: cfg.addr.network(), next_hop: NextHop::Direct, source: cfg.addr.address(), interface: 0 };
+        let on_link = Route {
+            destination: cfg.addr.network(),
+            next_hop: NextHop::Direct,
+            source: cfg.addr.address(),
+            interface: 0,
+        };
         let _ = routes.insert(on_link);
         if let Some(gw) = cfg.gateway {
             let _ = routes.set_default(gw, cfg.addr.address(), 0);
         }
         let hasher = KeyedHasher(rng.next_u64(), rng.next_u64());
         let isn = IsnGenerator::new(&mut rng);
-        let cookies = SynCookies::new(&mut rng, SynCookieConfig::default()).map_err(|e| ConfigError::Tcp(e.to_string()))?;
+        let cookies = SynCookies::new(&mut rng, SynCookieConfig::default())
+            .map_err(|e| ConfigError::Tcp(e.to_string()))?;
         let next_port = lo + (rng.next_u32() % (u32::from(hi - lo) + 1)) as u16;
         Ok(Stack {
             neighbours: NeighbourTable::new(cfg.neighbour),
@@ -446,7 +459,10 @@ impl<R: Rng> Stack<R> {
     }
 
     fn handle_of(&self, idx: u32) -> SocketHandle {
-        SocketHandle { idx, gen: self.slots[idx as usize].gen }
+        SocketHandle {
+            idx,
+            gen: self.slots[idx as usize].gen,
+        }
     }
 
     /// The connection behind a handle, for inspection.
@@ -513,7 +529,13 @@ impl<R: Rng> Stack<R> {
         if port == 0 || self.listener_by_port.contains_key(&port) {
             return Err(ListenError::AddrInUse);
         }
-        let l = Listener { port, backlog, half_open: 0, accept_queue: VecDeque::new(), gen: 0 };
+        let l = Listener {
+            port,
+            backlog,
+            half_open: 0,
+            accept_queue: VecDeque::new(),
+            gen: 0,
+        };
         let idx = match self.listeners.iter().position(Option::is_none) {
             Some(i) => i,
             None => {
@@ -525,12 +547,17 @@ impl<R: Rng> Stack<R> {
         self.counters.listeners_opened += 1;
         self.listeners[idx] = Some(Listener { gen, ..l });
         self.listener_by_port.insert(port, idx as u32);
-        Ok(ListenerHandle { idx: idx as u32, gen })
+        Ok(ListenerHandle {
+            idx: idx as u32,
+            gen,
+        })
     }
 
     /// Stop listening. Connections already accepted are unaffected; unaccepted ones are reset.
     pub fn unlisten(&mut self, l: ListenerHandle) {
-        let Some(Some(lst)) = self.listeners.get(l.idx as usize) else { return };
+        let Some(Some(lst)) = self.listeners.get(l.idx as usize) else {
+            return;
+        };
         if lst.gen != l.gen {
             return;
         }
@@ -540,7 +567,11 @@ impl<R: Rng> Stack<R> {
             .slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.entry.as_ref().is_some_and(|e| e.owner == Owner::Listener(l.idx)))
+            .filter(|(_, s)| {
+                s.entry
+                    .as_ref()
+                    .is_some_and(|e| e.owner == Owner::Listener(l.idx))
+            })
             .map(|(i, _)| i as u32)
             .collect();
         self.listeners[l.idx as usize] = None;
@@ -563,7 +594,8 @@ impl<R: Rng> Stack<R> {
         let e = self.entry_mut(h)?;
         e.owner = Owner::App;
         // Data that arrived before accept is announced now.
-        if e.conn.recv_available() > 0 || matches!(e.conn.state(), State::CloseWait | State::Closed) {
+        if e.conn.recv_available() > 0 || matches!(e.conn.state(), State::CloseWait | State::Closed)
+        {
             self.events.push_back(Event::Readable(h));
         }
         Some(h)
@@ -571,9 +603,19 @@ impl<R: Rng> Stack<R> {
 
     /// Actively open a connection to `remote` (RFC 9293 §3.10.1). With `local_port` `None`
     /// a port from the ephemeral range is chosen.
-    pub fn connect(&mut self, now: Instant, remote: SocketAddrV4, local_port: Option<u16>) -> Result<SocketHandle, ConnectError> {
+    pub fn connect(
+        &mut self,
+        now: Instant,
+        remote: SocketAddrV4,
+        local_port: Option<u16>,
+    ) -> Result<SocketHandle, ConnectError> {
         let dst = *remote.ip();
-        if dst.is_unspecified() || dst.is_broadcast() || dst.is_multicast() || dst == self.ipv4() || remote.port() == 0 {
+        if dst.is_unspecified()
+            || dst.is_broadcast()
+            || dst.is_multicast()
+            || dst == self.ipv4()
+            || remote.port() == 0
+        {
             return Err(ConnectError::InvalidAddress);
         }
         let (next_hop, src) = match self.routes.next_hop(dst) {
@@ -582,19 +624,34 @@ impl<R: Rng> Stack<R> {
         };
         let port = match local_port {
             Some(p) => {
-                let t = FourTuple { local: SocketAddrV4::new(src, p), remote };
+                let t = FourTuple {
+                    local: SocketAddrV4::new(src, p),
+                    remote,
+                };
                 if p == 0 || self.by_tuple.contains_key(&t) {
                     return Err(ConnectError::AddrInUse);
                 }
                 p
             }
-            None => self.pick_port(src, remote).ok_or(ConnectError::PortsExhausted)?,
+            None => self
+                .pick_port(src, remote)
+                .ok_or(ConnectError::PortsExhausted)?,
         };
-        let tuple = FourTuple { local: SocketAddrV4::new(src, port), remote };
+        let tuple = FourTuple {
+            local: SocketAddrV4::new(src, port),
+            remote,
+        };
         let iss = self.isn.isn(now, tuple.local, tuple.remote);
         let ts_offset = self.rng.next_u32();
         let conn = Connection::connect(now, tuple, self.tcp_config_for(dst), iss, ts_offset);
-        let entry = Entry { conn, owner: Owner::App, dirty: false, timer_at: None, next_hop, held: None };
+        let entry = Entry {
+            conn,
+            owner: Owner::App,
+            dirty: false,
+            timer_at: None,
+            next_hop,
+            held: None,
+        };
         let idx = self.alloc_slot(entry).ok_or(ConnectError::TableFull)?;
         self.by_tuple.insert(tuple, idx);
         self.counters.active_opens += 1;
@@ -612,8 +669,15 @@ impl<R: Rng> Stack<R> {
         let span = u32::from(hi - lo) + 1;
         for _ in 0..span {
             let p = self.next_port;
-            self.next_port = if self.next_port >= hi { lo } else { self.next_port + 1 };
-            let t = FourTuple { local: SocketAddrV4::new(src, p), remote };
+            self.next_port = if self.next_port >= hi {
+                lo
+            } else {
+                self.next_port + 1
+            };
+            let t = FourTuple {
+                local: SocketAddrV4::new(src, p),
+                remote,
+            };
             if !self.by_tuple.contains_key(&t) && !self.listener_by_port.contains_key(&p) {
                 return Some(p);
             }
@@ -717,7 +781,9 @@ impl<R: Rng> Stack<R> {
 
     fn schedule_timer(&mut self, idx: u32) {
         let gen = self.slots[idx as usize].gen;
-        let Some(e) = self.slots[idx as usize].entry.as_deref_mut() else { return };
+        let Some(e) = self.slots[idx as usize].entry.as_deref_mut() else {
+            return;
+        };
         if let Some(t) = e.conn.poll_timeout() {
             if e.timer_at.is_none_or(|cur| t < cur) {
                 e.timer_at = Some(t);
@@ -730,7 +796,9 @@ impl<R: Rng> Stack<R> {
     fn after_activity(&mut self, idx: u32, _now: Instant) {
         let gen = self.slots[idx as usize].gen;
         let h = SocketHandle { idx, gen };
-        let Some(e) = self.slots[idx as usize].entry.as_deref_mut() else { return };
+        let Some(e) = self.slots[idx as usize].entry.as_deref_mut() else {
+            return;
+        };
         let ev = e.conn.take_events();
         let owner = e.owner;
         self.route_events(h, owner, ev);
@@ -759,7 +827,10 @@ impl<R: Rng> Stack<R> {
                     if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
                         lst.half_open = lst.half_open.saturating_sub(1);
                         lst.accept_queue.push_back(h);
-                        let lh = ListenerHandle { idx: l, gen: lst.gen };
+                        let lh = ListenerHandle {
+                            idx: l,
+                            gen: lst.gen,
+                        };
                         self.events.push_back(Event::Acceptable(lh));
                     }
                 }
@@ -797,7 +868,9 @@ impl<R: Rng> Stack<R> {
             if slot.gen != gen {
                 continue;
             }
-            let Some(e) = slot.entry.as_deref_mut() else { continue };
+            let Some(e) = slot.entry.as_deref_mut() else {
+                continue;
+            };
             if e.timer_at != Some(t) {
                 continue;
             }
@@ -848,8 +921,13 @@ impl<R: Rng> Stack<R> {
         // when we are the target.
         let sender = arp.sender_protocol_addr;
         let learned = match arp.operation {
-            ArpOperation::Reply if for_us => self.neighbours.confirm(sender, arp.sender_hardware_addr, now),
-            _ => self.neighbours.learn(sender, arp.sender_hardware_addr, now, for_us),
+            ArpOperation::Reply if for_us => {
+                self.neighbours
+                    .confirm(sender, arp.sender_hardware_addr, now)
+            }
+            _ => self
+                .neighbours
+                .learn(sender, arp.sender_hardware_addr, now, for_us),
         };
         if learned.is_err() {
             self.counters.drop(StackDrop::TableFull);
@@ -879,7 +957,12 @@ impl<R: Rng> Stack<R> {
         {
             let buf = &mut t.header[..len];
             let mut eth = EthernetFrame::new_unchecked(&mut buf[..]);
-            EthernetRepr { src_addr: self.cfg.mac, dst_addr: dst, ethertype: EtherType::Arp }.emit(&mut eth);
+            EthernetRepr {
+                src_addr: self.cfg.mac,
+                dst_addr: dst,
+                ethertype: EtherType::Arp,
+            }
+            .emit(&mut eth);
             let mut pkt = ArpPacket::new_unchecked(&mut buf[ETH_LEN..]);
             arp.emit(&mut pkt);
         }
@@ -912,7 +995,15 @@ impl<R: Rng> Stack<R> {
         }
     }
 
-    fn on_icmp(&mut self, _now: Instant, ip: &Ipv4Repr, frame: &Zbuf, l4: usize, l4_end: usize, src_mac: EthernetAddress) {
+    fn on_icmp(
+        &mut self,
+        _now: Instant,
+        ip: &Ipv4Repr,
+        frame: &Zbuf,
+        l4: usize,
+        l4_end: usize,
+        src_mac: EthernetAddress,
+    ) {
         let data = &frame[l4..l4_end];
         let Ok(pkt) = Icmpv4Packet::new_checked(data) else {
             return self.counters.drop(StackDrop::Malformed);
@@ -921,26 +1012,37 @@ impl<R: Rng> Stack<R> {
             return self.counters.drop(StackDrop::Malformed);
         };
         match repr {
-            Icmpv4Repr::EchoRequest { ident, seq_no, data: echo } if self.cfg.answer_ping => {
+            Icmpv4Repr::EchoRequest {
+                ident,
+                seq_no,
+                data: echo,
+            } if self.cfg.answer_ping => {
                 // The echo data is sent back by reference to the received frame.
                 let off = l4 + 8;
                 let payload = frame.slice(off..off + echo.len());
                 self.queue_echo_reply(ip.src_addr, src_mac, ident, seq_no, payload);
                 self.counters.icmp_echo_replies += 1;
             }
-            Icmpv4Repr::DstUnreachable { reason: Icmpv4DstUnreachable::FragRequired, next_hop_mtu, quote } => {
+            Icmpv4Repr::DstUnreachable {
+                reason: Icmpv4DstUnreachable::FragRequired,
+                next_hop_mtu,
+                quote,
+            } => {
                 // RFC 1191 §4 with RFC 5927 §4.1 validation: the quoted segment must belong
                 // to a connection and carry an in-flight sequence number.
                 let (Some((sport, dport)), Some(seq)) = (quote.ports(), quote.tcp_seq()) else {
                     return self.counters.drop(StackDrop::IcmpIgnored);
                 };
                 let tuple = FourTuple {
-                    local: SocketAddrV4::new(quote.ip.src_addr, sport),
-                    remote: SocketAddrV4::new(quote.ip.dst_addr, dport),
+                    local: SocketAddrV4::new(quote.header.src_addr, sport),
+                    remote: SocketAddrV4::new(quote.header.dst_addr, dport),
                 };
                 match self.by_tuple.get(&tuple).copied() {
                     Some(idx) => {
-                        let e = self.slots[idx as usize].entry.as_deref_mut().expect("tuple map is consistent");
+                        let e = self.slots[idx as usize]
+                            .entry
+                            .as_deref_mut()
+                            .expect("tuple map is consistent");
                         if e.conn.on_path_mtu(seq, next_hop_mtu) {
                             self.counters.pmtu_updates += 1;
                             self.mark_dirty(idx);
@@ -955,14 +1057,26 @@ impl<R: Rng> Stack<R> {
         }
     }
 
-    fn queue_echo_reply(&mut self, dst: Ipv4Addr, dst_mac: EthernetAddress, ident: u16, seq_no: u16, payload: Zbuf) {
+    fn queue_echo_reply(
+        &mut self,
+        dst: Ipv4Addr,
+        dst_mac: EthernetAddress,
+        ident: u16,
+        seq_no: u16,
+        payload: Zbuf,
+    ) {
         let mut t = Transmit::new();
         let icmp_len = 8 + payload.len();
         let len = ETH_LEN + IP_LEN + 8;
         {
             let buf = &mut t.header[..len];
             let mut eth = EthernetFrame::new_unchecked(&mut buf[..]);
-            EthernetRepr { src_addr: self.cfg.mac, dst_addr: dst_mac, ethertype: EtherType::Ipv4 }.emit(&mut eth);
+            EthernetRepr {
+                src_addr: self.cfg.mac,
+                dst_addr: dst_mac,
+                ethertype: EtherType::Ipv4,
+            }
+            .emit(&mut eth);
             self.ip_ident = self.ip_ident.wrapping_add(1);
             let mut ip = Ipv4Repr::new(self.ipv4(), dst, IpProtocol::Icmp, icmp_len);
             ip.ident = self.ip_ident;
@@ -982,11 +1096,24 @@ impl<R: Rng> Stack<R> {
         }
         t.header_len = len as u8;
         t.payload.push(payload);
-        t.offload = TxOffload { l2_len: ETH_LEN as u8, l3_len: IP_LEN as u8, l4_len: 8, ..TxOffload::default() };
+        t.offload = TxOffload {
+            l2_len: ETH_LEN as u8,
+            l3_len: IP_LEN as u8,
+            l4_len: 8,
+            ..TxOffload::default()
+        };
         self.ctl.push_back(t);
     }
 
-    fn on_tcp(&mut self, now: Instant, ip: &Ipv4Repr, frame: &Zbuf, l4: usize, l4_end: usize, src_mac: EthernetAddress) {
+    fn on_tcp(
+        &mut self,
+        now: Instant,
+        ip: &Ipv4Repr,
+        frame: &Zbuf,
+        l4: usize,
+        l4_end: usize,
+        src_mac: EthernetAddress,
+    ) {
         let Ok(pkt) = TcpPacket::new_checked(&frame[l4..l4_end]) else {
             return self.counters.drop(StackDrop::Malformed);
         };
@@ -999,7 +1126,10 @@ impl<R: Rng> Stack<R> {
             remote: SocketAddrV4::new(ip.src_addr, seg.src_port),
         };
         if let Some(idx) = self.by_tuple.get(&tuple).copied() {
-            let e = self.slots[idx as usize].entry.as_deref_mut().expect("tuple map is consistent");
+            let e = self.slots[idx as usize]
+                .entry
+                .as_deref_mut()
+                .expect("tuple map is consistent");
             // RFC 6191: a new SYN may reuse a TIME-WAIT tuple when it is clearly newer.
             let reuse = e.conn.state() == State::TimeWait
                 && seg.flags.syn()
@@ -1030,7 +1160,13 @@ impl<R: Rng> Stack<R> {
     }
 
     /// RFC 9293 §3.10.7.1: a segment for no connection gets a RST (unless it is one).
-    fn queue_rst_for(&mut self, seg: &TcpRepr, payload_len: usize, tuple: FourTuple, dst_mac: EthernetAddress) {
+    fn queue_rst_for(
+        &mut self,
+        seg: &TcpRepr,
+        payload_len: usize,
+        tuple: FourTuple,
+        dst_mac: EthernetAddress,
+    ) {
         if seg.flags.rst() {
             return;
         }
@@ -1056,7 +1192,15 @@ impl<R: Rng> Stack<R> {
     }
 
     /// RFC 9293 §3.10.7.2: SEGMENT ARRIVES in LISTEN.
-    fn on_listen_segment(&mut self, now: Instant, l: u32, tuple: FourTuple, seg: &TcpRepr, payload: Zbuf, src_mac: EthernetAddress) {
+    fn on_listen_segment(
+        &mut self,
+        now: Instant,
+        l: u32,
+        tuple: FourTuple,
+        seg: &TcpRepr,
+        payload: Zbuf,
+        src_mac: EthernetAddress,
+    ) {
         let flags = seg.flags;
         if flags.rst() {
             return self.counters.drop(StackDrop::ListenInvalid);
@@ -1065,7 +1209,10 @@ impl<R: Rng> Stack<R> {
             // Possibly the final ACK of a SYN-cookie handshake.
             if self.cfg.syn_cookies {
                 let tsecr = seg.options.timestamps.map(|t| t.tsecr);
-                if let Ok(ok) = self.cookies.validate(now, tuple.local, tuple.remote, seg.seq, seg.ack, tsecr) {
+                if let Ok(ok) =
+                    self.cookies
+                        .validate(now, tuple.local, tuple.remote, seg.seq, seg.ack, tsecr)
+                {
                     return self.accept_cookie(now, l, tuple, seg, payload, ok, src_mac);
                 }
             }
@@ -1075,9 +1222,14 @@ impl<R: Rng> Stack<R> {
         if !flags.syn() {
             return self.counters.drop(StackDrop::ListenInvalid);
         }
-        let Some(Some(lst)) = self.listeners.get(l as usize) else { return };
-        let full = lst.half_open + lst.accept_queue.len() >= lst.backlog || self.live >= self.cfg.max_connections;
-        let _ = self.neighbours.learn(ip_of(&tuple.remote), src_mac, now, true);
+        let Some(Some(lst)) = self.listeners.get(l as usize) else {
+            return;
+        };
+        let full = lst.half_open + lst.accept_queue.len() >= lst.backlog
+            || self.live >= self.cfg.max_connections;
+        let _ = self
+            .neighbours
+            .learn(ip_of(&tuple.remote), src_mac, now, true);
         if full {
             if self.cfg.syn_cookies {
                 return self.send_cookie_syn_ack(now, tuple, seg, src_mac);
@@ -1089,9 +1241,27 @@ impl<R: Rng> Stack<R> {
         };
         let iss = self.isn.isn(now, tuple.local, tuple.remote);
         let ts_offset = self.rng.next_u32();
-        let syn = SynInfo { seq: seg.seq, window: seg.window, options: seg.options };
-        let conn = Connection::accept_syn(now, tuple, self.tcp_config_for(*tuple.remote.ip()), iss, ts_offset, &syn);
-        let entry = Entry { conn, owner: Owner::Listener(l), dirty: false, timer_at: None, next_hop, held: None };
+        let syn = SynInfo {
+            seq: seg.seq,
+            window: seg.window,
+            options: seg.options,
+        };
+        let conn = Connection::accept_syn(
+            now,
+            tuple,
+            self.tcp_config_for(*tuple.remote.ip()),
+            iss,
+            ts_offset,
+            &syn,
+        );
+        let entry = Entry {
+            conn,
+            owner: Owner::Listener(l),
+            dirty: false,
+            timer_at: None,
+            next_hop,
+            held: None,
+        };
         let Some(idx) = self.alloc_slot(entry) else {
             return self.counters.drop(StackDrop::TableFull);
         };
@@ -1107,7 +1277,13 @@ impl<R: Rng> Stack<R> {
         self.routes.next_hop(*dst).map(|(hop, r)| (hop, r.source))
     }
 
-    fn send_cookie_syn_ack(&mut self, now: Instant, tuple: FourTuple, seg: &TcpRepr, dst_mac: EthernetAddress) {
+    fn send_cookie_syn_ack(
+        &mut self,
+        now: Instant,
+        tuple: FourTuple,
+        seg: &TcpRepr,
+        dst_mac: EthernetAddress,
+    ) {
         let info = syncookie::SynInfo {
             mss: seg.options.mss,
             wscale: seg.options.window_scale,
@@ -1115,16 +1291,24 @@ impl<R: Rng> Stack<R> {
             timestamps: seg.options.timestamps.is_some(),
         };
         let ts_clock = (now.as_nanos() / 1_000_000) as u32;
-        let c = self.cookies.generate(now, tuple.local, tuple.remote, seg.seq, &info, ts_clock);
+        let c = self
+            .cookies
+            .generate(now, tuple.local, tuple.remote, seg.seq, &info, ts_clock);
         let tcp = &self.cfg.tcp;
-        let mut options = TcpOptions { mss: Some(tcp.mss.min(self.cfg.mtu - 40)), ..TcpOptions::default() };
+        let mut options = TcpOptions {
+            mss: Some(tcp.mss.min(self.cfg.mtu - 40)),
+            ..TcpOptions::default()
+        };
         if tcp.window_scaling && seg.options.window_scale.is_some() {
             options.window_scale = Some(tcp.rcv_wscale());
         }
         options.sack_permitted = tcp.sack && seg.options.sack_permitted;
         if let (Some(tsval), Some(peer)) = (c.tsval, seg.options.timestamps) {
             if tcp.timestamps {
-                options.timestamps = Some(Timestamps { tsval, tsecr: peer.tsval });
+                options.timestamps = Some(Timestamps {
+                    tsval,
+                    tsecr: peer.tsval,
+                });
             }
         }
         let repr = TcpRepr {
@@ -1168,8 +1352,16 @@ impl<R: Rng> Stack<R> {
             cfg.timestamps = false;
         }
         let ts_offset = self.rng.next_u32();
-        let conn = Connection::from_cookie(now, tuple, cfg, ok.isn, ok.peer_isn, ts_offset, &peer_opts);
-        let entry = Entry { conn, owner: Owner::Listener(l), dirty: false, timer_at: None, next_hop, held: None };
+        let conn =
+            Connection::from_cookie(now, tuple, cfg, ok.isn, ok.peer_isn, ts_offset, &peer_opts);
+        let entry = Entry {
+            conn,
+            owner: Owner::Listener(l),
+            dirty: false,
+            timer_at: None,
+            next_hop,
+            held: None,
+        };
         let Some(idx) = self.alloc_slot(entry) else {
             return self.counters.drop(StackDrop::TableFull);
         };
@@ -1178,7 +1370,10 @@ impl<R: Rng> Stack<R> {
             lst.half_open += 1;
         }
         self.counters.syn_cookies_accepted += 1;
-        let e = self.slots[idx as usize].entry.as_deref_mut().expect("just allocated");
+        let e = self.slots[idx as usize]
+            .entry
+            .as_deref_mut()
+            .expect("just allocated");
         e.conn.on_segment(now, seg, payload);
         self.after_activity(idx, now);
     }
@@ -1217,14 +1412,22 @@ impl<R: Rng> Stack<R> {
             let _ = gen;
             match self.resolve(now, next_hop) {
                 Some(mac) => {
-                    let tuple = self.slots[idx as usize].entry.as_deref().expect("present").conn.tuple();
+                    let tuple = self.slots[idx as usize]
+                        .entry
+                        .as_deref()
+                        .expect("present")
+                        .conn
+                        .tuple();
                     let t = self.build_tcp(&seg.repr, seg.payload, tuple, mac);
                     self.counters.frames_out += 1;
                     return Some(t);
                 }
                 None => {
                     // Park the connection (holding its segment) until ARP answers.
-                    let e = self.slots[idx as usize].entry.as_deref_mut().expect("present");
+                    let e = self.slots[idx as usize]
+                        .entry
+                        .as_deref_mut()
+                        .expect("present");
                     e.held = Some(seg);
                     e.dirty = false;
                     self.dirty.pop_front();
@@ -1246,7 +1449,10 @@ impl<R: Rng> Stack<R> {
             Resolution::Resolved(mac) | Resolution::Stale(mac) => return Some(mac),
             Resolution::Pending | Resolution::Unknown => {}
         }
-        let due = self.arp_sent.get(&ip).is_none_or(|&at| now.saturating_duration_since(at) >= self.cfg.arp_retry);
+        let due = self
+            .arp_sent
+            .get(&ip)
+            .is_none_or(|&at| now.saturating_duration_since(at) >= self.cfg.arp_retry);
         if due {
             let _ = self.neighbours.start_resolution(ip, now);
             self.arp_sent.insert(ip, now);
@@ -1265,7 +1471,13 @@ impl<R: Rng> Stack<R> {
 
     /// Wrap a TCP segment in IPv4 and Ethernet. Only headers are written; the payload stays
     /// where it is.
-    fn build_tcp(&mut self, repr: &TcpRepr, payload: IoVec, tuple: FourTuple, dst_mac: EthernetAddress) -> Transmit {
+    fn build_tcp(
+        &mut self,
+        repr: &TcpRepr,
+        payload: IoVec,
+        tuple: FourTuple,
+        dst_mac: EthernetAddress,
+    ) -> Transmit {
         let repr = repr.emitted();
         let tcp_hlen = repr.header_len();
         let tcp_len = tcp_hlen + payload.len();
@@ -1275,9 +1487,19 @@ impl<R: Rng> Stack<R> {
         {
             let buf = &mut t.header[..len];
             let mut eth = EthernetFrame::new_unchecked(&mut buf[..]);
-            EthernetRepr { src_addr: self.cfg.mac, dst_addr: dst_mac, ethertype: EtherType::Ipv4 }.emit(&mut eth);
+            EthernetRepr {
+                src_addr: self.cfg.mac,
+                dst_addr: dst_mac,
+                ethertype: EtherType::Ipv4,
+            }
+            .emit(&mut eth);
             self.ip_ident = self.ip_ident.wrapping_add(1);
-            let mut ip = Ipv4Repr::new(*tuple.local.ip(), *tuple.remote.ip(), IpProtocol::Tcp, tcp_len);
+            let mut ip = Ipv4Repr::new(
+                *tuple.local.ip(),
+                *tuple.remote.ip(),
+                IpProtocol::Tcp,
+                tcp_len,
+            );
             ip.ident = self.ip_ident;
             // RFC 1191 §3: TCP sets DF for path MTU discovery.
             ip.dont_frag = true;

@@ -87,6 +87,40 @@ impl Default for TcpConfig {
 }
 
 impl TcpConfig {
+    /// Check the settings; the error names the offending one.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.mss < 88 {
+            return Err(format!("mss {} is below 88", self.mss));
+        }
+        if self.rcv_buf == 0 || self.snd_buf == 0 {
+            return Err("rcv_buf and snd_buf must be positive".into());
+        }
+        if self.rcv_buf > 1 << 30 {
+            return Err(format!(
+                "rcv_buf {} exceeds 2^30 (RFC 7323 §2.3)",
+                self.rcv_buf
+            ));
+        }
+        if self.max_ooo_segments == 0 {
+            return Err("max_ooo_segments must be positive".into());
+        }
+        if let Some(d) = self.delayed_ack {
+            // RFC 9293 §3.8.6.3: the delay MUST be less than 0.5 seconds.
+            if d >= Duration::from_millis(500) {
+                return Err(format!(
+                    "delayed_ack {d:?} must be below 500 ms (RFC 9293 §3.8.6.3)"
+                ));
+            }
+        }
+        if let Some(ka) = self.keepalive {
+            if ka.probes == 0 || ka.interval.is_zero() || ka.idle.is_zero() {
+                return Err("keepalive idle, interval and probes must be positive".into());
+            }
+        }
+        self.rtt.validate().map_err(|e| format!("rtt: {e}"))?;
+        Ok(())
+    }
+
     /// The window-scale shift we offer: the smallest that lets the window field cover
     /// `rcv_buf`, capped at 14 (RFC 7323 §2.3).
     pub fn rcv_wscale(&self) -> u8 {
@@ -104,6 +138,26 @@ impl TcpConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn validate_names_the_bad_setting() {
+        assert!(TcpConfig::default().validate().is_ok());
+        let bad = TcpConfig {
+            delayed_ack: Some(Duration::from_secs(1)),
+            ..TcpConfig::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("delayed_ack"));
+        let bad = TcpConfig {
+            mss: 10,
+            ..TcpConfig::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("mss"));
+        let bad = TcpConfig {
+            rcv_buf: 0,
+            ..TcpConfig::default()
+        };
+        assert!(bad.validate().is_err());
+    }
 
     #[test]
     fn rfc7323_2_3_wscale_covers_buffer_and_caps_at_14() {

@@ -144,6 +144,8 @@ pub enum SendError {
     Shutdown,
     /// The connection is closed (see its close reason).
     Closed,
+    /// The handle does not name a live connection.
+    InvalidHandle,
 }
 
 /// Errors from [`Connection::recv`].
@@ -153,6 +155,8 @@ pub enum RecvError {
     Finished,
     /// The connection is closed before the stream ended (reset, timeout, abort).
     Closed,
+    /// The handle does not name a live connection.
+    InvalidHandle,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -530,6 +534,38 @@ impl Connection {
     /// Bytes sent and not yet acknowledged.
     pub fn bytes_in_flight(&self) -> u32 {
         self.snd_nxt - self.snd_una
+    }
+
+    /// RFC 6191 / RFC 9293 §3.10.7.4 (TIME-WAIT): whether a new SYN for this tuple is
+    /// clearly from a new incarnation — its timestamp is newer than TS.Recent, or without
+    /// timestamps its sequence number is beyond RCV.NXT.
+    pub fn accepts_new_syn(&self, seg: &TcpRepr) -> bool {
+        match (self.ts, seg.options.timestamps) {
+            (Some(ts), Some(t)) => (t.tsval.wrapping_sub(ts.recent) as i32) > 0,
+            _ => seg.seq.gt(self.rcv_nxt),
+        }
+    }
+
+    /// RFC 1191 §6.3 / RFC 5927 §4.1: an ICMP "fragmentation needed" quoting sequence number
+    /// `seq` lowers the MSS to fit `mtu`, if `seq` is in flight. Returns whether it applied.
+    pub fn on_path_mtu(&mut self, seq: SeqNum, mtu: u16) -> bool {
+        if !seq.ge(self.snd_una) || !seq.lt(self.snd_max) {
+            return false;
+        }
+        // 68 is the IPv4 minimum MTU (RFC 791); below it the message is bogus.
+        if mtu < 68 {
+            return false;
+        }
+        let new_mss = (u32::from(mtu).saturating_sub(40)).max(MIN_SND_MSS);
+        if new_mss >= self.snd_mss {
+            return false;
+        }
+        self.snd_mss = new_mss;
+        self.cc.set_mss(new_mss);
+        self.sb.set_mss(new_mss);
+        // Resend what is in flight at the new size (RFC 1191 §6.3: retransmit promptly).
+        self.snd_nxt = self.snd_una;
+        true
     }
 
     /// Whether SACK, timestamps and window scaling were negotiated.

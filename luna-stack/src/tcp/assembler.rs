@@ -452,7 +452,7 @@ impl<P: Payload> Assembler<P> {
                 Some((bs, be)) if be == s => (bs, e),
                 _ => (s, e),
             });
-            let closes = iter.peek().map_or(true, |&(ns, _)| ns != e);
+            let closes = iter.peek().is_none_or(|&(ns, _)| ns != e);
             if closes {
                 if let Some(b) = block.take() {
                     if !out[first..n].contains(&b) {

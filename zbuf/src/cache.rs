@@ -52,14 +52,13 @@ impl CoreCache {
                 max: inner.max_cores(),
             });
         }
-        if current_slot().is_some() {
-            return Err(SlabError::ThreadHasCache);
-        }
         if !inner.claim_slot(core) {
             return Err(SlabError::CoreTaken(core));
         }
         inner.acquire_ref();
-        CURRENT.with(|c| c.set(Some((slab.inner_ptr(), core))));
+        if current_slot().is_none() {
+            CURRENT.with(|c| c.set(Some((slab.inner_ptr(), core))));
+        }
         Ok(CoreCache {
             inner: slab.inner_ptr(),
             core,
@@ -70,6 +69,13 @@ impl CoreCache {
     fn inner(&self) -> &SlabInner {
         // SAFETY: the cache holds a slab reference.
         unsafe { self.inner.as_ref() }
+    }
+
+    /// `true` if this is the calling thread's current cache (the first one registered
+    /// on it and still alive): [`crate::alloc`] uses it, and buffers of this core
+    /// released on this thread skip the return queue.
+    pub fn is_current(&self) -> bool {
+        current_slot() == Some((self.inner, self.core))
     }
 
     /// The core id this cache owns.

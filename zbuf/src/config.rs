@@ -10,6 +10,9 @@ use crate::slab::ZoneInfo;
 /// Size of one zone: one 2 MiB hugepage.
 pub const ZONE_SIZE: usize = 2 * 1024 * 1024;
 
+/// Upper bound for [`SlabConfig::max_cores`] (each core id costs a cache-line-padded slot).
+pub const MAX_CORES: usize = 4096;
+
 /// Whether zones are backed by hugepages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HugepageMode {
@@ -228,9 +231,9 @@ impl SlabConfig {
                 self.max_memory, self.max_zones
             ));
         }
-        if self.max_cores == 0 || self.max_cores > u32::MAX as usize {
+        if !(1..=MAX_CORES).contains(&self.max_cores) {
             return bad(format!(
-                "max_cores {} must be in 1..=u32::MAX",
+                "max_cores {} must be in 1..={MAX_CORES}",
                 self.max_cores
             ));
         }

@@ -61,9 +61,6 @@ pub enum SlabError {
     /// Another live [`crate::CoreCache`] owns this core id.
     #[error("zbuf: core {0} already has a cache")]
     CoreTaken(usize),
-    /// This thread already has a registered [`crate::CoreCache`].
-    #[error("zbuf: this thread already has a registered core cache")]
-    ThreadHasCache,
 }
 
 /// Not enough headroom or tailroom in a [`crate::ZbufMut`].

@@ -61,6 +61,11 @@
 //! list runs dry; if the home has no cache any more the releasing thread moves it to the
 //! shared pool. This protocol lives in `remote.rs` and is model-checked with loom.
 //!
+//! Each core keeps up to `cache_size` free objects per class. When a class runs out, the
+//! slab flags memory pressure for it and every core that frees on its home core hands its
+//! cached (and queued) free objects of that class back to the shared pool until some core
+//! gets objects of the class again.
+//!
 //! # Not done yet
 //!
 //! * DPDK registration (planned cargo feature `dpdk`, on `dpdk-sys`): the hooks are here —
@@ -87,7 +92,7 @@ mod zbuf;
 mod zbuf_mut;
 
 pub use cache::{alloc, alloc_with_headroom, current_core, CoreCache};
-pub use config::{HugepageMode, IovaMode, SlabConfig, ZoneHook, ZONE_SIZE};
+pub use config::{HugepageMode, IovaMode, SlabConfig, ZoneHook, MAX_CORES, ZONE_SIZE};
 pub use error::{AllocError, NoRoom, OutOfBounds, SlabError};
 pub use iovec::IoVec;
 pub use mem::Backing;

@@ -270,6 +270,11 @@ pub(crate) struct SlabInner {
     spare: Mutex<Option<Mapping>>,
     /// Hugepages worked at creation.
     huge_ok: bool,
+    /// Bit `c` (classes above 63 share bit 63) is set when a core found class `c`
+    /// exhausted. Until some core gets objects of it from the shared pool again, every
+    /// core that frees locally also hands its cached free objects of that class (and
+    /// its queued returns) to the pool. Only read on the local free path.
+    pressure: CachePadded<AtomicU64>,
 }
 
 // SAFETY: all shared state is atomics or mutexes, except each slot's `local`, which only
@@ -364,6 +369,7 @@ impl SlabInner {
             slots,
             spare: Mutex::new(spare),
             huge_ok,
+            pressure: CachePadded::new(AtomicU64::new(0)),
         })
     }
 
@@ -459,6 +465,10 @@ impl SlabInner {
                 free.split_off(at)
             };
             if let Some((&first, rest)) = batch.split_first() {
+                let bit = pressure_bit(class);
+                if self.pressure.load(Ordering::Relaxed) & bit != 0 {
+                    self.pressure.fetch_and(!bit, Ordering::Relaxed);
+                }
                 // Objects leaving the pool keep the slab alive (see `Refs`).
                 self.refs.acquire(batch.len());
                 // SAFETY: owner thread, short borrow, no calls out.
@@ -466,7 +476,38 @@ impl SlabInner {
                 return Ok(first);
             }
             // Each turn maps one more zone or fails, so this ends.
-            self.grow(class)?;
+            if let Err(e) = self.grow(class) {
+                self.pressure
+                    .fetch_or(pressure_bit(class), Ordering::Relaxed);
+                return Err(e);
+            }
+        }
+    }
+
+    /// Moves free objects from a core's list to the shared pool.
+    fn spill(&self, class: usize, objs: Vec<ObjPtr>) {
+        let n = objs.len();
+        lock(&self.classes[class].free).extend(objs);
+        // The core's cache holds its own reference: never the last.
+        self.refs.release(n);
+    }
+
+    /// Memory pressure: hands this core's free objects of the pressed classes, including
+    /// those other cores returned to it, to the shared pool.
+    ///
+    /// # Safety
+    /// The calling thread owns slot `core`; no borrow of its local state is in use.
+    unsafe fn relieve(&self, core: usize, pressure: u64) {
+        // SAFETY: forwarded contract.
+        unsafe { self.drain_home(core) };
+        for class in 0..self.classes.len() {
+            if pressure & pressure_bit(class) != 0 {
+                // SAFETY: owner thread, short borrow.
+                let objs = std::mem::take(&mut unsafe { self.slots[core].local() }.free[class]);
+                if !objs.is_empty() {
+                    self.spill(class, objs);
+                }
+            }
         }
     }
 
@@ -652,6 +693,10 @@ impl SlabInner {
     }
 }
 
+fn pressure_bit(class: usize) -> u64 {
+    1 << class.min(63)
+}
+
 /// Maps one hugepage zone as configured, or says why not.
 fn map_hugepage(cfg: &SlabConfig) -> Result<Mapping, String> {
     match &cfg.hugetlbfs_path {
@@ -694,10 +739,12 @@ pub(crate) unsafe fn recycle(obj: ObjPtr) {
         CoreSlot::bump(&slot.local_frees);
         if list.len() > inner.cfg.cache_size {
             let spill = list.split_off(list.len() / 2);
-            let n = spill.len();
-            lock(&inner.classes[class].free).extend(spill);
-            // The slot's cache holds its own reference: never the last.
-            inner.refs.release(n);
+            inner.spill(class, spill);
+        }
+        let pressure = inner.pressure.load(Ordering::Relaxed);
+        if pressure != 0 {
+            // SAFETY: as above; the previous borrow is no longer used.
+            unsafe { inner.relieve(home, pressure) };
         }
     } else {
         // Another core: keep the slab alive while we touch its queue, then go home.
@@ -755,10 +802,11 @@ impl Slab {
         Slab { inner }
     }
 
-    /// Claims core id `core` for the calling thread and returns its cache, which also
-    /// becomes this thread's current cache (used by [`crate::alloc`] and by releases
-    /// on this thread). Fails if the core id is out of range or taken, or if this
-    /// thread already has a cache.
+    /// Claims core id `core` for the calling thread and returns its cache. The first
+    /// cache registered on a thread becomes its *current* cache, used by [`crate::alloc`]
+    /// and by releases on this thread (a thread may hold more caches, e.g. of several
+    /// slabs; those work through their own methods). Fails if the core id is out of
+    /// range or owned by another live cache.
     pub fn core_cache(&self, core: usize) -> Result<CoreCache, SlabError> {
         CoreCache::new(self, core)
     }

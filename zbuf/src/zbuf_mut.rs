@@ -57,7 +57,10 @@ impl ZbufMut {
     }
 
     /// A heap-backed buffer with `headroom` bytes of headroom, an empty body and
-    /// `capacity` bytes of tailroom (all zeroed). Always works; for tests and slow paths.
+    /// `capacity` bytes of tailroom (all zeroed). For tests and slow paths; needs no slab.
+    ///
+    /// # Panics
+    /// Like `vec![0; n]`, if the heap cannot provide `headroom + capacity` bytes.
     pub fn heap(headroom: usize, capacity: usize) -> ZbufMut {
         let total = headroom.saturating_add(capacity);
         ZbufMut::from_parts(UniqueObj::from_vec(vec![0; total]), headroom, 0)

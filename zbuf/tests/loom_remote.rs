@@ -10,9 +10,7 @@
 #![allow(dead_code)]
 
 mod sync {
-    pub(crate) use loom::sync::atomic::{
-        fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
-    };
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
     /// Like crossbeam's `SegQueue` where it matters here: push publishes with Release,
     /// pop acquires what it takes, and a pop that finds the queue empty writes nothing
@@ -221,14 +219,21 @@ fn slab_outlives_remote_release() {
 fn two_remote_releasers_and_unclaim() {
     model(|| {
         let w = Arc::new(World {
-            obj: Obj { refs: RefCount::new(2), payload: UnsafeCell::new(0) },
+            obj: Obj {
+                refs: RefCount::new(2),
+                payload: UnsafeCell::new(0),
+            },
             home: Home::new(),
             pool: Mutex::new(Vec::new()),
         });
         assert!(w.home.try_claim());
         let spawn_releaser = |w: Arc<World>| {
             thread::spawn(move || {
-                assert_eq!(read(&w.obj.payload), 0, "readers see the bytes written before sharing");
+                assert_eq!(
+                    read(&w.obj.payload),
+                    0,
+                    "readers see the bytes written before sharing"
+                );
                 if w.obj.refs.release() {
                     w.home.push_remote(1, |o| w.pool.lock().unwrap().push(o));
                 }

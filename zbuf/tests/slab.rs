@@ -9,6 +9,9 @@ use zbuf::{
     ZbufMut, ZONE_SIZE,
 };
 
+const NEEDS_HUGEPAGES: &str =
+    "this test needs free 2 MiB hugepages (sysctl vm.nr_hugepages) and hugetlbfs at /dev/hugepages";
+
 fn normal() -> SlabConfig {
     SlabConfig::new()
         .hugepages(HugepageMode::Never)
@@ -103,7 +106,7 @@ fn hugetlbfs_file_zone_is_a_real_hugepage_and_leaves_no_file() {
             .file_prefix("lzb")
             .max_memory(4 << 20),
     )
-    .unwrap();
+    .expect(NEEDS_HUGEPAGES);
     check_hugepage_zone(&slab);
     let mine = format!("lzb-{}-", std::process::id());
     let left: Vec<_> = std::fs::read_dir("/dev/hugepages")
@@ -194,6 +197,7 @@ fn bad_configs_are_rejected_with_a_message() {
         normal().max_memory(ZONE_SIZE - 1),
         normal().max_zones(0),
         normal().max_cores(0),
+        normal().max_cores(zbuf::MAX_CORES + 1),
         normal().cache_size(0),
         normal().file_prefix("a/b"),
         normal().file_prefix(""),
@@ -320,7 +324,15 @@ fn core_cache_registration_errors() {
     ));
     let c0 = slab.core_cache(0).unwrap();
     assert_eq!(zbuf::current_core(), Some(0));
-    assert!(matches!(slab.core_cache(1), Err(SlabError::ThreadHasCache)));
+    let extra = slab.core_cache(1).unwrap();
+    assert!(
+        c0.is_current() && !extra.is_current(),
+        "the first cache stays current"
+    );
+    assert_eq!(zbuf::current_core(), Some(0));
+    let z = extra.alloc(5).unwrap().freeze();
+    drop(extra);
+    drop(z); // home core 1 is unowned now: straight to the pool
     let s2 = slab.clone();
     std::thread::spawn(move || {
         assert!(matches!(s2.core_cache(0), Err(SlabError::CoreTaken(0))));
@@ -585,4 +597,44 @@ fn copy_paths_are_counted_and_zero_copy_paths_are_not() {
     assert_eq!(after.bytes - mid.bytes, 11 + 4 + 3);
     assert_eq!(after.copies - mid.copies, 3);
     assert!(zbuf::copy_stats().bytes >= after.bytes - before.bytes);
+}
+
+#[test]
+fn memory_pressure_makes_other_cores_give_back_cached_objects() {
+    // One zone of 1024 objects; core 1 caches up to 512 free ones locally.
+    let slab = Slab::new(
+        normal()
+            .size_classes(&[2048])
+            .max_memory(ZONE_SIZE)
+            .cache_size(512),
+    )
+    .unwrap();
+    let (to_1, at_1) = std::sync::mpsc::channel::<()>();
+    let (to_0, at_0) = std::sync::mpsc::channel::<()>();
+    let s1 = slab.clone();
+    let t = std::thread::spawn(move || {
+        let c1 = s1.core_cache(1).unwrap();
+        // Take 400 and free them: they stay in core 1's local list.
+        let bufs: Vec<ZbufMut> = (0..400).map(|_| c1.alloc(1).unwrap()).collect();
+        let keep = c1.alloc(1).unwrap();
+        drop(bufs);
+        to_0.send(()).unwrap();
+        at_1.recv().unwrap(); // core 0 hit exhaustion
+        drop(keep); // a local free under pressure returns the whole list
+        to_0.send(()).unwrap();
+        at_1.recv().unwrap();
+    });
+    let c0 = slab.core_cache(0).unwrap();
+    at_0.recv().unwrap();
+    let mut held = Vec::new();
+    while let Ok(m) = c0.alloc(1) {
+        held.push(m);
+    }
+    assert!(held.len() < 1024 - 400, "core 1 still caches its objects");
+    to_1.send(()).unwrap();
+    at_0.recv().unwrap();
+    let more = (0..401).map(|_| c0.alloc(1)).filter(Result::is_ok).count();
+    assert_eq!(more, 401, "core 1 gave its cached objects back");
+    to_1.send(()).unwrap();
+    t.join().unwrap();
 }

@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod context;
+pub mod stack;
 pub mod tables;
 pub mod tcp;
 pub mod time;

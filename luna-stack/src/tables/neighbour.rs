@@ -574,7 +574,7 @@ mod tests {
                         Some((NeighbourState::Permanent, Some(mac(m)))));
                 }
                 if let Some(e) = t.next_expiry() {
-                    proptest::prop_assert!(t.iter().all(|(_, n)| n.expires_at.map_or(true, |x| x >= e)));
+                    proptest::prop_assert!(t.iter().all(|(_, n)| n.expires_at.is_none_or(|x| x >= e)));
                 }
             }
         }

@@ -119,6 +119,21 @@ pub struct InsertOutcome {
     pub evicted: usize,
 }
 
+impl Payload for zbuf::Zbuf {
+    fn len(&self) -> usize {
+        zbuf::Zbuf::len(self)
+    }
+    fn split_to(&mut self, at: usize) -> Self {
+        zbuf::Zbuf::split_to(self, at)
+    }
+    fn advance(&mut self, n: usize) {
+        zbuf::Zbuf::advance(self, n)
+    }
+    fn truncate(&mut self, n: usize) {
+        zbuf::Zbuf::truncate(self, n)
+    }
+}
+
 /// Cumulative counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AssemblerStats {
@@ -437,7 +452,7 @@ impl<P: Payload> Assembler<P> {
                 Some((bs, be)) if be == s => (bs, e),
                 _ => (s, e),
             });
-            let closes = iter.peek().map_or(true, |&(ns, _)| ns != e);
+            let closes = iter.peek().is_none_or(|&(ns, _)| ns != e);
             if closes {
                 if let Some(b) = block.take() {
                     if !out[first..n].contains(&b) {

@@ -1,0 +1,569 @@
+//! Stack tests: two stacks joined by an in-memory Ethernet link, plus hand-built frames.
+
+use super::*;
+use crate::context::testutil::FakeRng;
+use crate::wire::Ipv4Cidr;
+
+const MAC_A: EthernetAddress = EthernetAddress([0x02, 0, 0, 0, 0, 1]);
+const MAC_B: EthernetAddress = EthernetAddress([0x02, 0, 0, 0, 0, 2]);
+
+fn ip_a() -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, 0, 1)
+}
+fn ip_b() -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, 0, 2)
+}
+
+fn cfg(mac: EthernetAddress, ip: Ipv4Addr) -> StackConfig {
+    StackConfig::new(mac, Ipv4Cidr::new(ip, 24).unwrap())
+}
+
+fn t(ms: u64) -> Instant {
+    Instant::from_millis(ms)
+}
+
+fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(salt))
+        .collect()
+}
+
+/// Decides whether to drop a frame (`from_a`, bytes).
+type DropFn = Box<dyn FnMut(bool, &[u8]) -> bool>;
+
+/// Two stacks on one wire with a fixed one-way delay and a drop rule.
+struct Net {
+    a: Stack<FakeRng>,
+    b: Stack<FakeRng>,
+    now: Instant,
+    delay: Duration,
+    wire: VecDeque<(Instant, bool, Vec<u8>)>,
+    drop: DropFn,
+}
+
+impl Net {
+    fn new(ca: StackConfig, cb: StackConfig) -> Net {
+        Net {
+            a: Stack::new(ca, FakeRng::new(1)).unwrap(),
+            b: Stack::new(cb, FakeRng::new(2)).unwrap(),
+            now: t(0),
+            delay: Duration::from_micros(20),
+            wire: VecDeque::new(),
+            drop: Box::new(|_, _| false),
+        }
+    }
+
+    fn pair() -> Net {
+        Net::new(cfg(MAC_A, ip_a()), cfg(MAC_B, ip_b()))
+    }
+
+    fn flush(&mut self) {
+        while let Some(f) = self.a.poll_transmit(self.now) {
+            let bytes = f.to_vec();
+            if !(self.drop)(true, &bytes) {
+                self.wire.push_back((self.now + self.delay, true, bytes));
+            }
+        }
+        while let Some(f) = self.b.poll_transmit(self.now) {
+            let bytes = f.to_vec();
+            if !(self.drop)(false, &bytes) {
+                self.wire.push_back((self.now + self.delay, false, bytes));
+            }
+        }
+    }
+
+    fn step(&mut self) -> bool {
+        self.flush();
+        let next = [
+            self.wire.front().map(|w| w.0),
+            self.a.poll_timeout(),
+            self.b.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let Some(next) = next else { return false };
+        self.now = self.now.max(next);
+        while self.wire.front().is_some_and(|w| w.0 <= self.now) {
+            let (_, to_b, bytes) = self.wire.pop_front().unwrap();
+            let frame = Zbuf::copy_from_slice(&bytes);
+            if to_b {
+                self.b.handle_frame(self.now, frame);
+            } else {
+                self.a.handle_frame(self.now, frame);
+            }
+        }
+        self.a.handle_timeouts(self.now);
+        self.b.handle_timeouts(self.now);
+        self.flush();
+        true
+    }
+
+    fn run_until(&mut self, mut done: impl FnMut(&mut Net) -> bool, steps: usize) {
+        for _ in 0..steps {
+            if done(self) {
+                return;
+            }
+            if !self.step() {
+                break;
+            }
+        }
+        assert!(done(self), "condition not reached at {:?}", self.now);
+    }
+}
+
+fn events(s: &mut Stack<FakeRng>) -> Vec<Event> {
+    std::iter::from_fn(|| s.poll_event()).collect()
+}
+
+/// Connect A to B:7000 through a listener; returns (client handle, server handle).
+fn connected(net: &mut Net) -> (SocketHandle, SocketHandle) {
+    let l = net.b.listen(7000, 16).unwrap();
+    let c = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+        .unwrap();
+    let mut server = None;
+    net.run_until(
+        |n| {
+            for ev in events(&mut n.b) {
+                if ev == Event::Acceptable(l) {
+                    server = n.b.accept(l);
+                }
+            }
+            server.is_some() && n.a.state(c) == Some(State::Established)
+        },
+        1000,
+    );
+    (c, server.unwrap())
+}
+
+#[test]
+fn rfc826_arp_resolves_then_handshake_completes() {
+    let mut net = Net::pair();
+    let (c, s) = connected(&mut net);
+    assert_eq!(net.a.counters().arp_requests, 1);
+    assert_eq!(net.b.counters().arp_replies, 1);
+    assert_eq!(net.b.state(s), Some(State::Established));
+    assert!(
+        events(&mut net.a).contains(&Event::Connected(c))
+            || net.a.state(c) == Some(State::Established)
+    );
+    let tuple = net.a.connection(c).unwrap().tuple();
+    assert!((61440..=65535).contains(&tuple.local.port()));
+}
+
+#[test]
+fn request_response_is_zero_copy_end_to_end() {
+    let mut net = Net::pair();
+    let (c, s) = connected(&mut net);
+    let req = Zbuf::copy_from_slice(&pattern(4096, 1));
+    assert_eq!(net.a.send(c, &req), Ok(4096));
+    let mut got = Vec::new();
+    net.run_until(
+        |n| {
+            while let Ok(Some(b)) = n.b.recv(s) {
+                got.extend_from_slice(&b);
+            }
+            got.len() == 4096
+        },
+        1000,
+    );
+    assert_eq!(got, pattern(4096, 1));
+    // The response: B echoes and A reads it.
+    net.b.send(s, &Zbuf::copy_from_slice(&got)).unwrap();
+    let mut back = Vec::new();
+    net.run_until(
+        |n| {
+            while let Ok(Some(b)) = n.a.recv(c) {
+                back.extend_from_slice(&b);
+            }
+            back.len() == 4096
+        },
+        1000,
+    );
+    assert_eq!(back, pattern(4096, 1));
+}
+
+#[test]
+fn transmit_payload_references_the_application_buffer() {
+    let mut net = Net::pair();
+    let (c, _s) = connected(&mut net);
+    let data = Zbuf::copy_from_slice(&pattern(1000, 3));
+    net.a.send(c, &data).unwrap();
+    let t = net.a.poll_transmit(net.now).expect("data segment");
+    assert_eq!(t.payload.len(), 1000);
+    assert_eq!(
+        t.payload.segments()[0].as_ptr(),
+        data.as_ptr(),
+        "no copy on the TX path"
+    );
+    assert_eq!(
+        t.header().len(),
+        14 + 20 + 32,
+        "Ethernet + IPv4 + TCP with timestamps"
+    );
+}
+
+#[test]
+fn bulk_transfer_under_loss_is_byte_exact() {
+    let mut net = Net::pair();
+    let (c, s) = connected(&mut net);
+    let mut n = 0u64;
+    net.drop = Box::new(move |from_a, bytes| {
+        n += 1;
+        from_a && bytes.len() > 100 && n % 37 == 0
+    });
+    let data = pattern(1 << 20, 9);
+    let src = Zbuf::copy_from_slice(&data);
+    let mut off = 0;
+    let mut got = Vec::new();
+    for _ in 0..100_000 {
+        if off < data.len() {
+            if let Ok(k) = net.a.send(c, &src.slice(off..data.len())) {
+                off += k;
+            }
+        }
+        while let Ok(Some(b)) = net.b.recv(s) {
+            got.extend_from_slice(&b);
+        }
+        if got.len() == data.len() {
+            break;
+        }
+        if !net.step() {
+            break;
+        }
+    }
+    assert!(got == data, "got {} of {}", got.len(), data.len());
+    assert!(net.a.tcp_counters().retransmits > 0);
+}
+
+#[test]
+fn rfc9293_3_10_7_1_segment_without_socket_gets_rst() {
+    let mut net = Net::pair();
+    let c = net
+        .a
+        .connect(t(0), SocketAddrV4::new(ip_b(), 9), None)
+        .unwrap();
+    net.run_until(|n| n.a.state(c) == Some(State::Closed), 100);
+    assert_eq!(net.a.close_reason(c), Some(CloseReason::Refused));
+    assert_eq!(net.b.counters().rsts_sent, 1);
+    assert_eq!(net.b.counters().drops(StackDrop::NoSocket), 1);
+    assert!(events(&mut net.a).contains(&Event::Closed(c)));
+}
+
+#[test]
+fn syn_cookies_complete_a_handshake_when_the_backlog_is_full() {
+    let mut net = Net::pair();
+    let l = net.b.listen(7000, 1).unwrap();
+    let c1 = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+        .unwrap();
+    let c2 = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+        .unwrap();
+    net.run_until(
+        |n| {
+            n.a.state(c1) == Some(State::Established)
+                && n.a.state(c2) == Some(State::Established)
+                && n.b.counters().syn_cookies_accepted == 1
+        },
+        1000,
+    );
+    assert_eq!(net.b.counters().syn_cookies_sent, 1);
+    assert_eq!(net.b.counters().syn_cookies_accepted, 1);
+    // The accept queue holds both once the app catches up.
+    let s1 = net.b.accept(l).unwrap();
+    let s2 = net.b.accept(l).unwrap();
+    net.a
+        .send(c2, &Zbuf::copy_from_slice(b"via cookie"))
+        .unwrap();
+    let mut got = Vec::new();
+    net.run_until(
+        |n| {
+            for s in [s1, s2] {
+                while let Ok(Some(b)) = n.b.recv(s) {
+                    got.extend_from_slice(&b);
+                }
+            }
+            got == b"via cookie"
+        },
+        1000,
+    );
+}
+
+#[test]
+fn close_and_time_wait_reclaim_the_slot() {
+    let mut c = cfg(MAC_A, ip_a());
+    c.tcp.time_wait = Duration::from_millis(50);
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.tcp.time_wait = Duration::from_millis(50);
+    let mut net = Net::new(c, cb);
+    let (c, s) = connected(&mut net);
+    assert_eq!(net.a.connection_count(), 1);
+    net.a.close(c);
+    net.run_until(|n| matches!(n.b.recv(s), Err(RecvError::Finished)), 100);
+    net.b.close(s);
+    net.run_until(
+        |n| n.a.connection_count() == 0 && n.b.connection_count() == 0,
+        1000,
+    );
+    assert_eq!(
+        net.a.send(c, &Zbuf::copy_from_slice(b"x")),
+        Err(SendError::InvalidHandle)
+    );
+}
+
+#[test]
+fn icmp_echo_is_answered_by_reference() {
+    let mut s = Stack::new(cfg(MAC_A, ip_a()), FakeRng::new(3)).unwrap();
+    let data = b"ping payload 0123456789";
+    let frame = icmp_echo_frame(MAC_B, MAC_A, ip_b(), ip_a(), 7, 9, data);
+    let frame = Zbuf::copy_from_slice(&frame);
+    s.handle_frame(t(0), frame.clone());
+    let reply = s.poll_transmit(t(0)).expect("echo reply");
+    assert_eq!(reply.payload.segments()[0].as_ptr(), frame[42..].as_ptr());
+    let bytes = reply.to_vec();
+    let eth = EthernetFrame::new_checked(&bytes[..]).unwrap();
+    assert_eq!(eth.dst_addr(), MAC_B);
+    let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+    let ip_repr = Ipv4Repr::parse(&ip, &ChecksumCaps::software()).unwrap();
+    assert_eq!(ip_repr.dst_addr, ip_b());
+    let icmp = Icmpv4Packet::new_checked(ip.payload()).unwrap();
+    match Icmpv4Repr::parse(&icmp, &ChecksumCaps::software()).unwrap() {
+        Icmpv4Repr::EchoReply {
+            ident,
+            seq_no,
+            data: d,
+        } => {
+            assert_eq!((ident, seq_no, d), (7, 9, &data[..]));
+        }
+        other => panic!("not an echo reply: {other:?}"),
+    }
+}
+
+fn icmp_echo_frame(
+    src_mac: EthernetAddress,
+    dst_mac: EthernetAddress,
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    ident: u16,
+    seq_no: u16,
+    data: &[u8],
+) -> Vec<u8> {
+    let repr = Icmpv4Repr::EchoRequest {
+        ident,
+        seq_no,
+        data,
+    };
+    let icmp_len = repr.buffer_len();
+    let mut buf = vec![0u8; 14 + 20 + icmp_len];
+    EthernetRepr {
+        src_addr: src_mac,
+        dst_addr: dst_mac,
+        ethertype: EtherType::Ipv4,
+    }
+    .emit(&mut EthernetFrame::new_unchecked(&mut buf[..]));
+    Ipv4Repr::new(src, dst, IpProtocol::Icmp, icmp_len).emit(
+        &mut Ipv4Packet::new_unchecked(&mut buf[14..34]),
+        &ChecksumCaps::software(),
+    );
+    repr.emit(
+        &mut Icmpv4Packet::new_unchecked(&mut buf[34..]),
+        &ChecksumCaps::software(),
+    );
+    buf
+}
+
+#[test]
+fn malformed_and_foreign_frames_are_counted_never_panic() {
+    let mut s = Stack::new(cfg(MAC_A, ip_a()), FakeRng::new(4)).unwrap();
+    let good = icmp_echo_frame(MAC_B, MAC_A, ip_b(), ip_a(), 1, 1, b"abcdefgh");
+    // Every truncation of a valid frame.
+    for len in 0..good.len() {
+        s.handle_frame(t(0), Zbuf::copy_from_slice(&good[..len]));
+    }
+    assert_eq!(s.counters().icmp_echo_replies, 0);
+    assert_eq!(s.counters().drops(StackDrop::Malformed), good.len() as u64);
+    // Corrupt checksum.
+    let mut bad = good.clone();
+    bad[40] ^= 0xff;
+    s.handle_frame(t(0), Zbuf::copy_from_slice(&bad));
+    assert_eq!(
+        s.counters().drops(StackDrop::Malformed),
+        good.len() as u64 + 1
+    );
+    // Not our MAC, not our IP.
+    let other = icmp_echo_frame(
+        MAC_B,
+        EthernetAddress([2, 9, 9, 9, 9, 9]),
+        ip_b(),
+        ip_a(),
+        1,
+        1,
+        b"x",
+    );
+    s.handle_frame(t(0), Zbuf::copy_from_slice(&other));
+    let other = icmp_echo_frame(
+        MAC_B,
+        MAC_A,
+        ip_b(),
+        Ipv4Addr::new(198, 18, 0, 77),
+        1,
+        1,
+        b"x",
+    );
+    s.handle_frame(t(0), Zbuf::copy_from_slice(&other));
+    assert_eq!(s.counters().drops(StackDrop::NotForUs), 2);
+    // A fragment.
+    let mut frag = good.clone();
+    frag[20] |= 0x20; // MF
+    let sum = {
+        let mut p = Ipv4Packet::new_unchecked(&mut frag[14..34]);
+        p.fill_checksum();
+        p.checksum()
+    };
+    let _ = sum;
+    s.handle_frame(t(0), Zbuf::copy_from_slice(&frag));
+    assert_eq!(s.counters().drops(StackDrop::Fragment), 1);
+    // Random garbage of every small size.
+    let mut rng = FakeRng::new(99);
+    for len in 0..200 {
+        let mut v = vec![0u8; len];
+        rng.fill_bytes(&mut v);
+        s.handle_frame(t(0), Zbuf::copy_from_slice(&v));
+    }
+    assert!(s.poll_transmit(t(0)).is_none() || s.counters().frames_out > 0);
+}
+
+#[test]
+fn bad_configs_are_refused_with_a_reason() {
+    let mut c = cfg(MAC_A, ip_a());
+    c.mtu = 100;
+    assert_eq!(
+        Stack::new(c, FakeRng::new(1)).err(),
+        Some(ConfigError::Mtu(100))
+    );
+    let c = cfg(EthernetAddress::BROADCAST, ip_a());
+    assert_eq!(Stack::new(c, FakeRng::new(1)).err(), Some(ConfigError::Mac));
+    let mut c = cfg(MAC_A, ip_a());
+    c.ephemeral_ports = (100, 50);
+    assert_eq!(
+        Stack::new(c, FakeRng::new(1)).err(),
+        Some(ConfigError::PortRange)
+    );
+    let mut c = cfg(MAC_A, ip_a());
+    c.gateway = Some(Ipv4Addr::new(198, 19, 0, 1));
+    assert_eq!(
+        Stack::new(c, FakeRng::new(1)).err(),
+        Some(ConfigError::Gateway)
+    );
+    let mut c = cfg(MAC_A, ip_a());
+    c.tcp.delayed_ack = Some(Duration::from_secs(2));
+    assert!(matches!(
+        Stack::new(c, FakeRng::new(1)).err(),
+        Some(ConfigError::Tcp(_))
+    ));
+}
+
+#[test]
+fn api_errors_are_explicit() {
+    let mut s = Stack::new(cfg(MAC_A, ip_a()), FakeRng::new(5)).unwrap();
+    assert_eq!(s.listen(0, 1).err(), Some(ListenError::AddrInUse));
+    assert_eq!(s.listen(80, 0).err(), Some(ListenError::InvalidBacklog));
+    s.listen(80, 1).unwrap();
+    assert_eq!(s.listen(80, 1).err(), Some(ListenError::AddrInUse));
+    assert_eq!(
+        s.connect(
+            t(0),
+            SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 80),
+            None
+        )
+        .err(),
+        Some(ConnectError::NoRoute)
+    );
+    assert_eq!(
+        s.connect(t(0), SocketAddrV4::new(ip_a(), 80), None).err(),
+        Some(ConnectError::InvalidAddress)
+    );
+    assert_eq!(
+        s.connect(t(0), SocketAddrV4::new(ip_b(), 0), None).err(),
+        Some(ConnectError::InvalidAddress)
+    );
+    let h = s
+        .connect(t(0), SocketAddrV4::new(ip_b(), 80), Some(61500))
+        .unwrap();
+    assert_eq!(
+        s.connect(t(0), SocketAddrV4::new(ip_b(), 80), Some(61500))
+            .err(),
+        Some(ConnectError::AddrInUse)
+    );
+    s.abort(h);
+    assert_eq!(s.recv(h), Err(RecvError::Closed));
+}
+
+#[test]
+fn ephemeral_ports_are_unique_and_exhaust_cleanly() {
+    let mut c = cfg(MAC_A, ip_a());
+    c.ephemeral_ports = (61440, 61449);
+    let mut s = Stack::new(c, FakeRng::new(6)).unwrap();
+    let dst = SocketAddrV4::new(ip_b(), 80);
+    let mut ports = std::collections::BTreeSet::new();
+    for _ in 0..10 {
+        let h = s.connect(t(0), dst, None).unwrap();
+        ports.insert(s.connection(h).unwrap().tuple().local.port());
+    }
+    assert_eq!(ports.len(), 10);
+    assert_eq!(
+        s.connect(t(0), dst, None).err(),
+        Some(ConnectError::PortsExhausted)
+    );
+    // Another destination has its own port space.
+    assert!(s.connect(t(0), SocketAddrV4::new(ip_b(), 81), None).is_ok());
+}
+
+#[test]
+fn many_connections_each_carry_an_rpc() {
+    let mut net = Net::pair();
+    let l = net.b.listen(7000, 4096).unwrap();
+    let n = 2000;
+    let clients: Vec<_> = (0..n)
+        .map(|_| {
+            net.a
+                .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+                .unwrap()
+        })
+        .collect();
+    let mut servers = Vec::new();
+    net.run_until(
+        |net| {
+            while let Some(s) = net.b.accept(l) {
+                servers.push(s);
+            }
+            servers.len() == n
+                && clients
+                    .iter()
+                    .all(|&c| net.a.state(c) == Some(State::Established))
+        },
+        10_000,
+    );
+    for (i, &c) in clients.iter().enumerate() {
+        net.a
+            .send(c, &Zbuf::copy_from_slice(&(i as u32).to_be_bytes()))
+            .unwrap();
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    net.run_until(
+        |net| {
+            for &s in &servers {
+                while let Ok(Some(b)) = net.b.recv(s) {
+                    seen.insert(u32::from_be_bytes(b[..4].try_into().unwrap()));
+                }
+            }
+            seen.len() == n
+        },
+        10_000,
+    );
+}

@@ -1,0 +1,176 @@
+//! Per-connection TCP configuration.
+
+use crate::time::Duration;
+
+/// Congestion control algorithm, chosen per connection.
+pub use super::cc::Algorithm as CcAlgorithm;
+/// Congestion control tuning (initial window, ABC limit, Cubic fast convergence).
+pub use super::cc::CcConfig;
+/// RTO bounds and initial value.
+pub use super::rtt::RttConfig;
+
+/// Keepalive probing (RFC 9293 §3.8.4; off by default as RFC 1122 §4.2.3.6 requires).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepaliveConfig {
+    /// Idle time before the first probe.
+    pub idle: Duration,
+    /// Time between unanswered probes.
+    pub interval: Duration,
+    /// Unanswered probes before the connection is aborted.
+    pub probes: u32,
+}
+
+/// TCP tuning knobs. `Default` is tuned for datacenter RPC: Nagle off, quick ACKs,
+/// SACK, timestamps and window scaling on.
+#[derive(Debug, Clone)]
+pub struct TcpConfig {
+    /// MSS we advertise and the upper bound of what we send (RFC 6691: the TCP payload,
+    /// without IP or TCP options). Clamped to the interface MTU minus 40.
+    pub mss: u16,
+    /// Receive buffer: the most in-order plus out-of-order payload bytes held per connection.
+    pub rcv_buf: u32,
+    /// Send buffer: the most unacknowledged plus unsent bytes queued per connection.
+    pub snd_buf: u32,
+    /// Offer window scaling (RFC 7323 §2); the shift is derived from `rcv_buf`.
+    pub window_scaling: bool,
+    /// Offer timestamps (RFC 7323 §3).
+    pub timestamps: bool,
+    /// Offer SACK (RFC 2018).
+    pub sack: bool,
+    /// Nagle's algorithm (RFC 9293 §3.7.4). Off by default: RPC latency matters more.
+    pub nagle: bool,
+    /// Delayed ACK timeout (RFC 9293 §3.8.6.3: MUST be under 0.5 s). `None` acks every segment.
+    pub delayed_ack: Option<Duration>,
+    /// Congestion control algorithm.
+    pub cc: CcAlgorithm,
+    /// Congestion control tuning; the initial window defaults to IW10 (RFC 6928).
+    pub cc_config: CcConfig,
+    /// RTO configuration (RFC 6298, with datacenter-friendly bounds).
+    pub rtt: RttConfig,
+    /// SYN (or SYN-ACK) retransmissions before giving up.
+    pub syn_retries: u32,
+    /// Data retransmissions (RTO expiries in a row) before aborting (RFC 9293 §3.8.3 R2).
+    pub max_retries: u32,
+    /// Keepalive, off by default.
+    pub keepalive: Option<KeepaliveConfig>,
+    /// TIME-WAIT duration, 2*MSL (RFC 9293 §3.4.2). Datacenter deployments shorten it.
+    pub time_wait: Duration,
+    /// Challenge ACKs per connection per second (RFC 5961 §7). Per connection, never global:
+    /// a global limit leaks state to off-path attackers (CVE-2016-5696).
+    pub challenge_ack_limit: u32,
+    /// Most out-of-order segments held per connection.
+    pub max_ooo_segments: usize,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            mss: 1460,
+            rcv_buf: 1 << 20,
+            snd_buf: 1 << 20,
+            window_scaling: true,
+            timestamps: true,
+            sack: true,
+            nagle: false,
+            delayed_ack: None,
+            cc: CcAlgorithm::NewReno,
+            cc_config: CcConfig::default(),
+            rtt: RttConfig::default(),
+            syn_retries: 6,
+            max_retries: 15,
+            keepalive: None,
+            time_wait: Duration::from_secs(60),
+            challenge_ack_limit: 10,
+            max_ooo_segments: 256,
+        }
+    }
+}
+
+impl TcpConfig {
+    /// Check the settings; the error names the offending one.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.mss < 88 {
+            return Err(format!("mss {} is below 88", self.mss));
+        }
+        if self.rcv_buf == 0 || self.snd_buf == 0 {
+            return Err("rcv_buf and snd_buf must be positive".into());
+        }
+        if self.rcv_buf > 1 << 30 {
+            return Err(format!(
+                "rcv_buf {} exceeds 2^30 (RFC 7323 §2.3)",
+                self.rcv_buf
+            ));
+        }
+        if self.max_ooo_segments == 0 {
+            return Err("max_ooo_segments must be positive".into());
+        }
+        if let Some(d) = self.delayed_ack {
+            // RFC 9293 §3.8.6.3: the delay MUST be less than 0.5 seconds.
+            if d >= Duration::from_millis(500) {
+                return Err(format!(
+                    "delayed_ack {d:?} must be below 500 ms (RFC 9293 §3.8.6.3)"
+                ));
+            }
+        }
+        if let Some(ka) = self.keepalive {
+            if ka.probes == 0 || ka.interval.is_zero() || ka.idle.is_zero() {
+                return Err("keepalive idle, interval and probes must be positive".into());
+            }
+        }
+        self.rtt.validate().map_err(|e| format!("rtt: {e}"))?;
+        Ok(())
+    }
+
+    /// The window-scale shift we offer: the smallest that lets the window field cover
+    /// `rcv_buf`, capped at 14 (RFC 7323 §2.3).
+    pub fn rcv_wscale(&self) -> u8 {
+        if !self.window_scaling {
+            return 0;
+        }
+        let mut shift = 0u8;
+        while shift < 14 && (u64::from(u16::MAX) << shift) < u64::from(self.rcv_buf) {
+            shift += 1;
+        }
+        shift
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_names_the_bad_setting() {
+        assert!(TcpConfig::default().validate().is_ok());
+        let bad = TcpConfig {
+            delayed_ack: Some(Duration::from_secs(1)),
+            ..TcpConfig::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("delayed_ack"));
+        let bad = TcpConfig {
+            mss: 10,
+            ..TcpConfig::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("mss"));
+        let bad = TcpConfig {
+            rcv_buf: 0,
+            ..TcpConfig::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn rfc7323_2_3_wscale_covers_buffer_and_caps_at_14() {
+        let mut c = TcpConfig {
+            rcv_buf: 65_535,
+            ..TcpConfig::default()
+        };
+        assert_eq!(c.rcv_wscale(), 0);
+        c.rcv_buf = 1 << 20;
+        assert_eq!(c.rcv_wscale(), 5);
+        c.rcv_buf = u32::MAX;
+        assert_eq!(c.rcv_wscale(), 14);
+        c.window_scaling = false;
+        assert_eq!(c.rcv_wscale(), 0);
+    }
+}

@@ -1,0 +1,1959 @@
+//! One TCP connection: the transmission control block (RFC 9293 §3.3.1) and its state
+//! machine (RFC 9293 §3.10), with loss recovery (RFC 5681, 6582, 6675), RTO (RFC 6298),
+//! window scaling/timestamps/PAWS (RFC 7323), SACK (RFC 2018, 2883) and the RFC 5961
+//! blind-attack defences.
+//!
+//! The connection is sans-IO: the stack feeds it parsed segments (`on_segment`), timer
+//! expiries (`on_timeout`) and application calls, and pulls segments to send with
+//! `poll_segment` until it returns `None`. Order per poll iteration: segments in, timers,
+//! application calls, then `poll_segment` until exhausted.
+
+use super::assembler::{Assembler, AssemblerConfig};
+use super::cc::{Cc, CongestionControl, RecoveryInflation};
+use super::config::TcpConfig;
+use super::counters::{ConnCounters, DropReason};
+use super::rtt::{RttEstimator, SampleSource};
+use super::scoreboard::{NextSeg, Scoreboard};
+use super::sendq::SendQueue;
+use super::SeqNum;
+use crate::time::{Duration, Instant};
+use crate::wire::{SackBlocks, TcpFlags, TcpOptions, TcpRepr, Timestamps};
+use core::net::SocketAddrV4;
+use std::collections::VecDeque;
+use zbuf::{IoVec, Zbuf};
+
+/// RFC 9293 §3.7.1: without an MSS option the peer's MSS is 536.
+pub const DEFAULT_PEER_MSS: u32 = 536;
+
+/// Floor for the peer's MSS. A tiny or zero MSS would make us loop over zero-length or
+/// one-byte segments (a bug class found in other stacks; CVE-2019-11479 is its resource
+/// exhaustion variant). 88 leaves 48 payload bytes even with 40 bytes of options.
+pub const MIN_SND_MSS: u32 = 88;
+
+/// RFC 5681 §3.2: three duplicate ACKs trigger fast retransmit (RFC 6675 DupThresh).
+const DUP_THRESH: u32 = 3;
+
+/// Most duplicate ACKs sent for one burst of out-of-order segments.
+const MAX_DUPACKS_OWED: u32 = 64;
+
+/// RFC 7323 §5.5: TS.Recent is invalid after 24 days of idleness.
+const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
+
+/// The states of RFC 9293 §3.3.2 that a connection object can be in (LISTEN lives in the
+/// listener).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// No connection (initial, or after reset/abort/timeout).
+    Closed,
+    /// Active open: SYN sent.
+    SynSent,
+    /// SYN received and SYN-ACK sent.
+    SynReceived,
+    /// Data transfer.
+    Established,
+    /// We closed; our FIN is not yet acknowledged.
+    FinWait1,
+    /// Our FIN is acknowledged; waiting for the peer's.
+    FinWait2,
+    /// The peer closed; we may still send.
+    CloseWait,
+    /// Both closed simultaneously; waiting for the ACK of our FIN.
+    Closing,
+    /// The peer closed first, then we did; waiting for the ACK of our FIN.
+    LastAck,
+    /// Both closed; lingering 2*MSL (RFC 9293 §3.6.1).
+    TimeWait,
+}
+
+impl State {
+    /// RFC 9293: a synchronized state is any after the handshake.
+    pub fn is_synchronized(self) -> bool {
+        !matches!(self, State::Closed | State::SynSent | State::SynReceived)
+    }
+}
+
+/// The local and remote endpoints of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FourTuple {
+    /// Our address and port.
+    pub local: SocketAddrV4,
+    /// The peer's address and port.
+    pub remote: SocketAddrV4,
+}
+
+/// Why a connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// Both sides closed in order.
+    Normal,
+    /// The peer reset the connection.
+    Reset,
+    /// The peer refused the connection (RST in SYN-SENT).
+    Refused,
+    /// Retransmissions or keepalives went unanswered.
+    Timeout,
+    /// The application aborted it.
+    Aborted,
+}
+
+/// Application-visible events, collected by the stack after each call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Events {
+    /// The handshake completed.
+    pub connected: bool,
+    /// In-order data or the peer's FIN is ready to read.
+    pub readable: bool,
+    /// Send-buffer space was freed.
+    pub writable: bool,
+    /// The connection reached a terminal state.
+    pub closed: bool,
+}
+
+impl Events {
+    /// Whether any event is set.
+    pub fn any(&self) -> bool {
+        self.connected || self.readable || self.writable || self.closed
+    }
+}
+
+/// What the stack should do with the connection after a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Keep it.
+    Keep,
+    /// Remove it silently (e.g. a passive SYN-RECEIVED connection reset by the peer, which
+    /// RFC 9293 §3.10.7.4 returns to LISTEN).
+    Remove,
+}
+
+/// A segment for the stack to wrap in IP and Ethernet and send.
+#[derive(Debug, Clone)]
+pub struct OutSegment {
+    /// The TCP header.
+    pub repr: TcpRepr,
+    /// The payload, as references into send-queue buffers.
+    pub payload: IoVec,
+}
+
+/// Errors from [`Connection::send`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendError {
+    /// The send buffer is full; retry after a writable event.
+    WouldBlock,
+    /// The sending side was shut down.
+    Shutdown,
+    /// The connection is closed (see its close reason).
+    Closed,
+    /// The handle does not name a live connection.
+    InvalidHandle,
+}
+
+/// Errors from [`Connection::recv`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecvError {
+    /// The peer closed its side and every byte has been read (end of stream).
+    Finished,
+    /// The connection is closed before the stream ended (reset, timeout, abort).
+    Closed,
+    /// The handle does not name a live connection.
+    InvalidHandle,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TsState {
+    /// TS.Recent (RFC 7323 §4.3).
+    recent: u32,
+    /// When TS.Recent was last updated (for the 24-day rule).
+    recent_at: Instant,
+    /// Random per-connection offset of our timestamp clock (RFC 7323 §5.4).
+    offset: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Keepalive {
+    /// When the next probe is due.
+    at: Option<Instant>,
+    probes_sent: u32,
+}
+
+/// A TCP connection.
+pub struct Connection {
+    tuple: FourTuple,
+    state: State,
+    cfg: TcpConfig,
+    passive: bool,
+
+    // Send sequence space (RFC 9293 §3.3.1).
+    iss: SeqNum,
+    snd_una: SeqNum,
+    snd_nxt: SeqNum,
+    /// Highest sequence number sent plus one (SND.MAX): SND.NXT rewinds on RTO, this doesn't.
+    snd_max: SeqNum,
+    snd_wnd: u32,
+    max_snd_wnd: u32,
+    snd_wl1: SeqNum,
+    snd_wl2: SeqNum,
+    /// The peer's window-scale shift, applied to windows it advertises.
+    snd_wscale: u8,
+    /// Largest payload per segment before options are subtracted.
+    snd_mss: u32,
+    sndq: SendQueue,
+    /// The application shut down its sending side: a FIN follows the queued data.
+    fin_queued: bool,
+
+    // Receive sequence space.
+    irs: SeqNum,
+    rcv_nxt: SeqNum,
+    /// Our window-scale shift (0 unless both sides agreed).
+    rcv_wscale: u8,
+    /// Right edge of the last window we advertised; it never moves left (RFC 9293 §3.8.6.2.2).
+    rcv_adv: SeqNum,
+    rcvq: VecDeque<Zbuf>,
+    rcvq_len: usize,
+    ooo: Assembler<Zbuf>,
+    /// Sequence number of the peer's FIN, once seen (it may arrive out of order).
+    fin_seq: Option<SeqNum>,
+    /// The peer's FIN has been consumed in sequence.
+    fin_rcvd: bool,
+
+    // Loss recovery and congestion control.
+    rtt: RttEstimator,
+    cc: Cc,
+    sb: Scoreboard,
+    dupacks: u32,
+    /// RFC 6582 `recover`: SND.MAX when loss recovery started; `Some` while recovering.
+    recovery: Option<SeqNum>,
+    /// RFC 6582 `recover` of the previous recovery, to avoid entering twice for one window.
+    last_recover: SeqNum,
+    /// NewReno's inflated window while recovering without SACK (RFC 6582 §3.2).
+    inflation: RecoveryInflation,
+    /// A retransmission that must go out at the next opportunity (fast retransmit, partial ACK).
+    rexmit_now: Option<SeqNum>,
+    /// The SYN (or SYN-ACK) was retransmitted: RFC 6298 §5.7 applies once established.
+    syn_retransmitted: bool,
+    /// The segment being timed for an RTT sample: (end sequence, send time). Karn: cleared on
+    /// any retransmission.
+    rtt_probe: Option<(SeqNum, Instant)>,
+    rto_at: Option<Instant>,
+    /// Zero-window probing (RFC 9293 §3.8.6.1): next probe time and backoff exponent.
+    persist_at: Option<Instant>,
+    persist_backoff: u32,
+    retries: u32,
+    last_send: Instant,
+    last_rcv: Instant,
+    /// Window announced by the peer in the last ACK (RFC 5681 §2 duplicate-ACK definition).
+    last_wnd_field: u16,
+
+    // ACK generation.
+    ack_now: bool,
+    /// Duplicate ACKs owed for out-of-order segments received since the last poll: the
+    /// stack processes a burst before polling, and coalescing them into one ACK would hide
+    /// the loss from the sender's duplicate-ACK counter.
+    dupacks_owed: u32,
+    ack_at: Option<Instant>,
+    /// Sequence number our last ACK carried (RFC 7323 Last.ACK.sent).
+    last_ack_sent: SeqNum,
+
+    ts: Option<TsState>,
+    sack_ok: bool,
+    /// RFC 5961 §7 rate limit: (window start, challenge ACKs in this window).
+    challenge: (Instant, u32),
+    keepalive: Keepalive,
+    /// A keepalive probe is due at the next poll.
+    send_keepalive: bool,
+    /// A zero-window probe is due at the next poll.
+    send_window_probe: bool,
+    /// Window scaling was negotiated.
+    wscale_ok: bool,
+    tw_at: Option<Instant>,
+    /// Send a RST for (seq) at the next poll (abort).
+    rst_pending: Option<SeqNum>,
+    close_reason: Option<CloseReason>,
+    events: Events,
+    /// Counters for this connection.
+    pub counters: ConnCounters,
+}
+
+impl core::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Connection")
+            .field("tuple", &self.tuple)
+            .field("state", &self.state)
+            .field("snd_una", &self.snd_una)
+            .field("snd_nxt", &self.snd_nxt)
+            .field("snd_max", &self.snd_max)
+            .field("snd_wnd", &self.snd_wnd)
+            .field("rcv_nxt", &self.rcv_nxt)
+            .field("cwnd", &self.cc.cwnd())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The options of an incoming SYN a passive connection is created from.
+#[derive(Debug, Clone, Copy)]
+pub struct SynInfo {
+    /// The peer's ISN.
+    pub seq: SeqNum,
+    /// The peer's window field (unscaled; SYN windows are never scaled).
+    pub window: u16,
+    /// The peer's options.
+    pub options: TcpOptions,
+}
+
+impl Connection {
+    fn blank(now: Instant, tuple: FourTuple, cfg: TcpConfig, iss: SeqNum, ts_offset: u32) -> Self {
+        // Invalid RTT settings fall back to the defaults; `TcpConfig::validate` reports them
+        // to whoever built the config.
+        let rtt = RttEstimator::new(cfg.rtt).unwrap_or_default();
+        let mss = u32::from(cfg.mss);
+        let cc = Cc::new(cfg.cc, cfg.cc_config, mss);
+        let ooo_cfg = AssemblerConfig {
+            max_bytes: (cfg.rcv_buf as usize).max(1),
+            max_segments: cfg.max_ooo_segments.max(1),
+        };
+        let ooo = Assembler::new(ooo_cfg).unwrap_or_else(|_| {
+            Assembler::new(AssemblerConfig::default()).expect("default assembler config is valid")
+        });
+        let ts = cfg.timestamps.then_some(TsState {
+            recent: 0,
+            recent_at: now,
+            offset: ts_offset,
+        });
+        Connection {
+            tuple,
+            state: State::Closed,
+            passive: false,
+            iss,
+            snd_una: iss,
+            snd_nxt: iss,
+            snd_max: iss,
+            snd_wnd: 0,
+            max_snd_wnd: 0,
+            snd_wl1: SeqNum(0),
+            snd_wl2: SeqNum(0),
+            snd_wscale: 0,
+            snd_mss: DEFAULT_PEER_MSS.min(mss),
+            sndq: SendQueue::new(iss + 1u32),
+            fin_queued: false,
+            irs: SeqNum(0),
+            rcv_nxt: SeqNum(0),
+            rcv_wscale: 0,
+            rcv_adv: SeqNum(0),
+            rcvq: VecDeque::new(),
+            rcvq_len: 0,
+            ooo,
+            fin_seq: None,
+            fin_rcvd: false,
+            rtt,
+            cc,
+            sb: Scoreboard::with_defaults(iss + 1u32, DEFAULT_PEER_MSS),
+            dupacks: 0,
+            recovery: None,
+            last_recover: iss,
+            inflation: RecoveryInflation::default(),
+            rexmit_now: None,
+            syn_retransmitted: false,
+            rtt_probe: None,
+            rto_at: None,
+            persist_at: None,
+            persist_backoff: 0,
+            retries: 0,
+            last_send: now,
+            last_rcv: now,
+            last_wnd_field: 0,
+            ack_now: false,
+            dupacks_owed: 0,
+            ack_at: None,
+            last_ack_sent: SeqNum(0),
+            ts,
+            sack_ok: cfg.sack,
+            challenge: (now, 0),
+            keepalive: Keepalive::default(),
+            send_keepalive: false,
+            send_window_probe: false,
+            wscale_ok: false,
+            tw_at: None,
+            rst_pending: None,
+            close_reason: None,
+            events: Events::default(),
+            counters: ConnCounters::default(),
+            cfg,
+        }
+    }
+
+    /// Active open (RFC 9293 §3.10.1): the SYN goes out at the next `poll_segment`.
+    /// `iss` comes from the stack's RFC 6528 generator, `ts_offset` from its RNG.
+    pub fn connect(
+        now: Instant,
+        tuple: FourTuple,
+        cfg: TcpConfig,
+        iss: SeqNum,
+        ts_offset: u32,
+    ) -> Self {
+        let mut c = Connection::blank(now, tuple, cfg, iss, ts_offset);
+        c.rcv_wscale = c.cfg.rcv_wscale();
+        c.state = State::SynSent;
+        c
+    }
+
+    /// Passive open from a SYN that matched a listener (RFC 9293 §3.10.7.2): the connection
+    /// is in SYN-RECEIVED and the SYN-ACK goes out at the next `poll_segment`.
+    pub fn accept_syn(
+        now: Instant,
+        tuple: FourTuple,
+        cfg: TcpConfig,
+        iss: SeqNum,
+        ts_offset: u32,
+        syn: &SynInfo,
+    ) -> Self {
+        let mut c = Connection::blank(now, tuple, cfg, iss, ts_offset);
+        c.passive = true;
+        c.state = State::SynReceived;
+        c.irs = syn.seq;
+        c.rcv_nxt = syn.seq + 1u32;
+        c.last_ack_sent = c.rcv_nxt;
+        c.rcv_adv = c.rcv_nxt;
+        c.negotiate(&syn.options);
+        // RFC 7323 §2.2: the window in a SYN is never scaled.
+        c.snd_wnd = u32::from(syn.window);
+        c.max_snd_wnd = c.snd_wnd;
+        c.snd_wl1 = syn.seq;
+        c.snd_wl2 = iss;
+        c.update_ts_recent(now, &syn.options, syn.seq);
+        c
+    }
+
+    /// A connection re-created from a valid SYN cookie (the handshake's final ACK): it starts
+    /// ESTABLISHED with what the cookie encoded. The caller then feeds the ACK segment itself
+    /// through `on_segment` so its data and window are processed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_cookie(
+        now: Instant,
+        tuple: FourTuple,
+        cfg: TcpConfig,
+        iss: SeqNum,
+        irs: SeqNum,
+        ts_offset: u32,
+        peer_options: &TcpOptions,
+    ) -> Self {
+        let syn = SynInfo {
+            seq: irs,
+            window: 0,
+            options: *peer_options,
+        };
+        let mut c = Connection::accept_syn(now, tuple, cfg, iss, ts_offset, &syn);
+        c.snd_nxt = iss + 1u32;
+        c.snd_max = c.snd_nxt;
+        c.last_recover = c.snd_nxt;
+        c.state = State::SynReceived;
+        c
+    }
+
+    /// Apply the options of the peer's SYN (or SYN-ACK) and what we offered.
+    fn negotiate(&mut self, opts: &TcpOptions) {
+        // RFC 6691 / RFC 9293 §3.7.1: send no more than the peer's MSS; 536 if absent.
+        let peer_mss = opts
+            .mss
+            .map_or(DEFAULT_PEER_MSS, u32::from)
+            .max(MIN_SND_MSS);
+        self.snd_mss = peer_mss.min(u32::from(self.cfg.mss));
+        self.cc.set_mss(self.snd_mss);
+        self.sb.set_mss(self.snd_mss);
+        // RFC 7323 §2.2: scaling is on only when both SYNs carry the option.
+        match (self.cfg.window_scaling, opts.window_scale) {
+            (true, Some(shift)) => {
+                // RFC 7323 §2.3: a shift above 14 is treated as 14.
+                self.snd_wscale = shift.min(14);
+                self.rcv_wscale = self.cfg.rcv_wscale();
+                self.wscale_ok = true;
+            }
+            _ => {
+                self.snd_wscale = 0;
+                self.rcv_wscale = 0;
+                self.wscale_ok = false;
+            }
+        }
+        // RFC 2018 §2: SACK only if both sides sent SACK-permitted.
+        self.sack_ok = self.cfg.sack && opts.sack_permitted;
+        // RFC 7323 §3.2: timestamps only if both SYNs carried them.
+        if opts.timestamps.is_none() {
+            self.ts = None;
+        }
+    }
+
+    /// The connection's endpoints.
+    pub fn tuple(&self) -> FourTuple {
+        self.tuple
+    }
+
+    /// The current state.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// Why the connection closed, once it has.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.close_reason
+    }
+
+    /// Whether the connection was created by a listener.
+    pub fn is_passive(&self) -> bool {
+        self.passive
+    }
+
+    /// Current congestion window in bytes.
+    pub fn cwnd(&self) -> u32 {
+        self.cc.cwnd()
+    }
+
+    /// Current slow-start threshold in bytes.
+    pub fn ssthresh(&self) -> u32 {
+        self.cc.ssthresh()
+    }
+
+    /// The RTT estimator (SRTT, RTTVAR, RTO).
+    pub fn rtt(&self) -> &RttEstimator {
+        &self.rtt
+    }
+
+    /// Effective send MSS negotiated with the peer.
+    pub fn mss(&self) -> u32 {
+        self.snd_mss
+    }
+
+    /// The peer's window in bytes (scaled).
+    pub fn send_window(&self) -> u32 {
+        self.snd_wnd
+    }
+
+    /// Whether loss recovery is in progress.
+    pub fn in_recovery(&self) -> bool {
+        self.recovery.is_some()
+    }
+
+    /// Bytes sent and not yet acknowledged.
+    pub fn bytes_in_flight(&self) -> u32 {
+        self.snd_nxt - self.snd_una
+    }
+
+    /// RFC 6191 / RFC 9293 §3.10.7.4 (TIME-WAIT): whether a new SYN for this tuple is
+    /// clearly from a new incarnation — its timestamp is newer than TS.Recent, or without
+    /// timestamps its sequence number is beyond RCV.NXT.
+    pub fn accepts_new_syn(&self, seg: &TcpRepr) -> bool {
+        match (self.ts, seg.options.timestamps) {
+            (Some(ts), Some(t)) => (t.tsval.wrapping_sub(ts.recent) as i32) > 0,
+            _ => seg.seq.gt(self.rcv_nxt),
+        }
+    }
+
+    /// RFC 1191 §6.3 / RFC 5927 §4.1: an ICMP "fragmentation needed" quoting sequence number
+    /// `seq` lowers the MSS to fit `mtu`, if `seq` is in flight. Returns whether it applied.
+    pub fn on_path_mtu(&mut self, seq: SeqNum, mtu: u16) -> bool {
+        if !seq.ge(self.snd_una) || !seq.lt(self.snd_max) {
+            return false;
+        }
+        // 68 is the IPv4 minimum MTU (RFC 791); below it the message is bogus.
+        if mtu < 68 {
+            return false;
+        }
+        let new_mss = (u32::from(mtu).saturating_sub(40)).max(MIN_SND_MSS);
+        if new_mss >= self.snd_mss {
+            return false;
+        }
+        self.snd_mss = new_mss;
+        self.cc.set_mss(new_mss);
+        self.sb.set_mss(new_mss);
+        // Resend what is in flight at the new size (RFC 1191 §6.3: retransmit promptly).
+        self.snd_nxt = self.snd_una;
+        true
+    }
+
+    /// Whether SACK, timestamps and window scaling were negotiated.
+    pub fn negotiated(&self) -> (bool, bool, Option<(u8, u8)>) {
+        let ws = self.wscale_ok.then_some((self.snd_wscale, self.rcv_wscale));
+        (self.sack_ok, self.ts.is_some(), ws)
+    }
+
+    /// Take the events accumulated since the last call.
+    pub fn take_events(&mut self) -> Events {
+        core::mem::take(&mut self.events)
+    }
+
+    /// Whether the connection can be reclaimed by the stack.
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed && self.rst_pending.is_none()
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Application calls
+    // ---------------------------------------------------------------------------------------
+
+    /// Free send-buffer space in bytes.
+    pub fn send_capacity(&self) -> usize {
+        (self.cfg.snd_buf as usize).saturating_sub(self.sndq.len())
+    }
+
+    /// Queue `data` for sending without copying it (the queue keeps a reference until the
+    /// peer acknowledges it). Accepts as much as the send buffer has room for and returns the
+    /// number of bytes taken; a prefix is taken by slicing, never by copying.
+    pub fn send(&mut self, data: &Zbuf) -> Result<usize, SendError> {
+        match self.state {
+            State::SynSent | State::SynReceived | State::Established | State::CloseWait => {}
+            State::Closed => return Err(SendError::Closed),
+            _ => return Err(SendError::Shutdown),
+        }
+        if self.fin_queued {
+            return Err(SendError::Shutdown);
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let room = self.send_capacity();
+        if room == 0 {
+            return Err(SendError::WouldBlock);
+        }
+        let n = room.min(data.len());
+        if n == data.len() {
+            self.sndq.push(data.clone());
+        } else {
+            self.sndq.push(data.slice(0..n));
+        }
+        Ok(n)
+    }
+
+    /// Queue every segment of an io-vector that fits; returns bytes taken.
+    pub fn send_iovec(&mut self, data: &IoVec) -> Result<usize, SendError> {
+        let mut total = 0;
+        for seg in data.segments() {
+            match self.send(seg) {
+                Ok(n) => {
+                    total += n;
+                    if n < seg.len() {
+                        break;
+                    }
+                }
+                Err(SendError::WouldBlock) if total > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(total)
+    }
+
+    /// Bytes ready to read.
+    pub fn recv_available(&self) -> usize {
+        self.rcvq_len
+    }
+
+    /// Take the next in-order chunk of received payload (zero copy: the buffer the NIC wrote).
+    /// `Ok(None)` means no data now; `Err(Finished)` means end of stream.
+    pub fn recv(&mut self) -> Result<Option<Zbuf>, RecvError> {
+        if let Some(buf) = self.rcvq.pop_front() {
+            self.rcvq_len -= buf.len();
+            self.on_app_read();
+            return Ok(Some(buf));
+        }
+        if self.fin_rcvd {
+            return Err(RecvError::Finished);
+        }
+        match self.close_reason {
+            Some(CloseReason::Normal) => Err(RecvError::Finished),
+            Some(_) => Err(RecvError::Closed),
+            None => Ok(None),
+        }
+    }
+
+    /// Take up to `max` bytes of in-order payload as an io-vector (zero copy).
+    pub fn recv_iovec(&mut self, max: usize) -> Result<IoVec, RecvError> {
+        let mut out = IoVec::new();
+        let mut left = max;
+        while left > 0 {
+            let Some(front) = self.rcvq.front_mut() else {
+                break;
+            };
+            if front.len() <= left {
+                let buf = self.rcvq.pop_front().expect("front exists");
+                left -= buf.len();
+                self.rcvq_len -= buf.len();
+                out.push(buf);
+            } else {
+                let head = front.split_to(left);
+                self.rcvq_len -= head.len();
+                out.push(head);
+                left = 0;
+            }
+        }
+        if out.is_empty() {
+            return match self.recv()? {
+                Some(_) => unreachable!("rcvq was empty"),
+                None => Ok(out),
+            };
+        }
+        self.on_app_read();
+        Ok(out)
+    }
+
+    /// Receiver-side SWS avoidance (RFC 9293 §3.8.6.2.2): announce a larger window only when
+    /// it grows by at least min(half the buffer, one MSS).
+    fn on_app_read(&mut self) {
+        if !self.state.is_synchronized() || self.fin_rcvd {
+            return;
+        }
+        let new_edge = self.rcv_nxt + self.rcv_wnd();
+        if new_edge.gt(self.rcv_adv) {
+            let grow = new_edge - self.rcv_adv;
+            let threshold = (self.cfg.rcv_buf / 2).min(self.snd_mss);
+            if grow >= threshold {
+                self.ack_now = true;
+            }
+        }
+    }
+
+    /// Shut down the sending side (RFC 9293 §3.10.4 CLOSE): a FIN follows queued data.
+    pub fn close(&mut self) {
+        match self.state {
+            State::SynSent => self.terminate(CloseReason::Normal),
+            State::SynReceived | State::Established => {
+                self.fin_queued = true;
+                self.state = State::FinWait1;
+            }
+            State::CloseWait => {
+                self.fin_queued = true;
+                self.state = State::LastAck;
+            }
+            _ => {}
+        }
+    }
+
+    /// Abort (RFC 9293 §3.10.5): queued data is discarded, a RST is sent in synchronized states.
+    pub fn abort(&mut self) {
+        let send_rst = matches!(
+            self.state,
+            State::SynReceived
+                | State::Established
+                | State::FinWait1
+                | State::FinWait2
+                | State::CloseWait
+        );
+        if send_rst {
+            self.rst_pending = Some(self.snd_nxt);
+        }
+        self.terminate(CloseReason::Aborted);
+    }
+
+    fn terminate(&mut self, reason: CloseReason) {
+        if self.state != State::Closed {
+            self.state = State::Closed;
+            self.close_reason.get_or_insert(reason);
+            self.events.closed = true;
+        }
+        self.rto_at = None;
+        self.persist_at = None;
+        self.ack_at = None;
+        self.tw_at = None;
+        self.ack_now = false;
+        self.rexmit_now = None;
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Segment arrival (RFC 9293 §3.10.7)
+    // ---------------------------------------------------------------------------------------
+
+    /// Process one segment addressed to this connection. `payload` is the TCP payload, a
+    /// zero-copy slice of the received frame.
+    pub fn on_segment(&mut self, now: Instant, seg: &TcpRepr, payload: Zbuf) -> Disposition {
+        self.counters.segs_in += 1;
+        self.last_rcv = now;
+        match self.state {
+            State::Closed => Disposition::Keep,
+            State::SynSent => {
+                self.on_segment_syn_sent(now, seg);
+                self.arm_timers(now);
+                Disposition::Keep
+            }
+            _ => self.on_segment_synchronized(now, seg, payload),
+        }
+    }
+
+    /// RFC 9293 §3.10.7.3: SEGMENT ARRIVES in SYN-SENT.
+    fn on_segment_syn_sent(&mut self, now: Instant, seg: &TcpRepr) {
+        let flags = seg.flags;
+        if flags.ack() {
+            // RFC 9293 §3.10.7.3 first: an ACK outside (ISS, SND.NXT] is unacceptable.
+            if seg.ack.le(self.iss) || seg.ack.gt(self.snd_max) {
+                self.counters.drop(DropReason::SynSentInvalid);
+                if !flags.rst() {
+                    self.rst_pending = Some(seg.ack);
+                }
+                return;
+            }
+        }
+        if flags.rst() {
+            // RFC 9293 §3.10.7.3 second: RST is acceptable only with an acceptable ACK
+            // (RFC 5961 §3.2 allows the same check).
+            if flags.ack() {
+                self.terminate(CloseReason::Refused);
+            } else {
+                self.counters.drop(DropReason::SynSentInvalid);
+            }
+            return;
+        }
+        if !flags.syn() {
+            // Neither SYN nor RST: drop (accepting a bare ACK here is a known bug class).
+            self.counters.drop(DropReason::SynSentInvalid);
+            return;
+        }
+        // RFC 9293 §3.10.7.3 fourth: SYN.
+        self.irs = seg.seq;
+        self.rcv_nxt = seg.seq + 1u32;
+        self.rcv_adv = self.rcv_nxt;
+        self.negotiate(&seg.options);
+        self.update_ts_recent(now, &seg.options, seg.seq);
+        if flags.ack() {
+            self.snd_una = seg.ack;
+            self.sndq.ack_to(seg.ack);
+            // RFC 7323 §2.2: the SYN-ACK's window is not scaled.
+            self.snd_wnd = u32::from(seg.window);
+            self.max_snd_wnd = self.snd_wnd;
+            self.snd_wl1 = seg.seq;
+            self.snd_wl2 = seg.ack;
+            self.last_wnd_field = seg.window;
+            self.take_rtt_sample(now, seg.ack);
+            if self.syn_retransmitted {
+                self.rtt.on_handshake_retransmitted();
+            }
+            self.rto_at = None;
+            self.retries = 0;
+            self.state = State::Established;
+            self.events.connected = true;
+            self.events.writable = true;
+            self.ack_now = true;
+            self.arm_keepalive(now);
+            // A FIN may already be queued (close during SYN-SENT keeps the connection).
+        } else {
+            // RFC 9293 §3.10.7.3: simultaneous open — SYN-RECEIVED, send SYN-ACK.
+            self.state = State::SynReceived;
+            self.snd_wnd = u32::from(seg.window);
+            self.max_snd_wnd = self.snd_wnd;
+            self.snd_wl1 = seg.seq;
+            self.snd_wl2 = self.iss;
+            // Rewind so the SYN goes out again, now with ACK.
+            self.snd_nxt = self.iss;
+            self.rto_at = None;
+        }
+    }
+
+    /// Segment length in sequence space: payload plus one each for SYN and FIN.
+    fn seg_len(seg: &TcpRepr, payload_len: usize) -> u32 {
+        payload_len as u32 + u32::from(seg.flags.syn()) + u32::from(seg.flags.fin())
+    }
+
+    /// The receive window we currently offer, in bytes, unrounded.
+    fn rcv_wnd(&self) -> u32 {
+        let free = (self.cfg.rcv_buf as usize).saturating_sub(self.rcvq_len);
+        let max = u32::from(u16::MAX) << self.rcv_wscale;
+        (free.min(u32::MAX as usize) as u32).min(max)
+    }
+
+    /// The window used for the acceptability test: what we advertised.
+    fn rcv_wnd_for_check(&self) -> u32 {
+        if self.rcv_adv.gt(self.rcv_nxt) {
+            self.rcv_adv - self.rcv_nxt
+        } else {
+            0
+        }
+    }
+
+    fn on_segment_synchronized(
+        &mut self,
+        now: Instant,
+        seg: &TcpRepr,
+        payload: Zbuf,
+    ) -> Disposition {
+        let disposition = self.process(now, seg, payload);
+        if matches!(self.state, State::Established | State::CloseWait)
+            && self.keepalive.at.is_some()
+        {
+            self.arm_keepalive(now);
+        }
+        self.arm_timers(now);
+        disposition
+    }
+
+    fn process(&mut self, now: Instant, seg: &TcpRepr, mut payload: Zbuf) -> Disposition {
+        let flags = seg.flags;
+
+        // Our SYN-ACK was lost and the peer retransmitted its SYN: answer with the SYN-ACK
+        // again rather than a bare ACK (RFC 9293 §3.10.7.4 would ACK; that stalls the peer
+        // in SYN-SENT until our RTO).
+        if self.state == State::SynReceived && flags.syn() && !flags.ack() && seg.seq == self.irs {
+            self.snd_nxt = self.iss;
+            return Disposition::Keep;
+        }
+
+        // RFC 1337 §3 (fix F1): in TIME-WAIT ignore RST, avoiding TIME-WAIT assassination.
+        if self.state == State::TimeWait && flags.rst() {
+            self.counters.drop(DropReason::BadRst);
+            return Disposition::Keep;
+        }
+
+        // RFC 7323 §3.2: once negotiated, a non-RST segment without timestamps SHOULD be
+        // dropped.
+        if let Some(ts) = self.ts {
+            match seg.options.timestamps {
+                None if !flags.rst() && self.state != State::SynReceived => {
+                    self.counters.drop(DropReason::Paws);
+                    return Disposition::Keep;
+                }
+                // RFC 7323 §5.3 R1: PAWS — TSval older than TS.Recent (and TS.Recent is
+                // valid) makes a non-RST segment unacceptable: ACK and drop.
+                Some(t)
+                    if !flags.rst()
+                        && (t.tsval.wrapping_sub(ts.recent) as i32) < 0
+                        && now.saturating_duration_since(ts.recent_at) < PAWS_IDLE =>
+                {
+                    self.counters.drop(DropReason::Paws);
+                    self.ack_now = true;
+                    return Disposition::Keep;
+                }
+                _ => {}
+            }
+        }
+
+        // RFC 9293 §3.10.7.4 first: sequence number acceptability.
+        let mut seq = seg.seq;
+        let len = Self::seg_len(seg, payload.len());
+        let wnd = self.rcv_wnd_for_check();
+        let acceptable = if len == 0 {
+            if wnd == 0 {
+                seq == self.rcv_nxt
+            } else {
+                seq.in_range(self.rcv_nxt, self.rcv_nxt + wnd)
+            }
+        } else if wnd == 0 {
+            // "special allowance should be made to accept valid ACKs, URGs, and RSTs":
+            // a zero-window probe at RCV.NXT still has its ACK processed.
+            seq == self.rcv_nxt
+        } else {
+            seq.in_range(self.rcv_nxt, self.rcv_nxt + wnd)
+                || (seq + (len - 1)).in_range(self.rcv_nxt, self.rcv_nxt + wnd)
+        };
+        if !acceptable {
+            self.counters.drop(DropReason::OutOfWindow);
+            if !flags.rst() {
+                // An old duplicate or a segment beyond the window: ACK it (this is also what
+                // re-ACKs a retransmitted FIN in TIME-WAIT).
+                self.ack_now = true;
+                if self.state == State::TimeWait {
+                    self.restart_time_wait(now);
+                }
+            }
+            return Disposition::Keep;
+        }
+
+        // RFC 9293 §3.10.7.4 second: RST, with RFC 5961 §3.2 exact-match rule.
+        if flags.rst() {
+            if seq != self.rcv_nxt {
+                self.counters.drop(DropReason::BadRst);
+                self.challenge_ack(now);
+                return Disposition::Keep;
+            }
+            if self.state == State::SynReceived && self.passive {
+                // RFC 9293 §3.10.7.4: a passive SYN-RECEIVED connection returns to LISTEN.
+                self.terminate(CloseReason::Reset);
+                return Disposition::Remove;
+            }
+            let reason = match self.state {
+                State::SynReceived => CloseReason::Refused,
+                State::Closing | State::LastAck | State::TimeWait => CloseReason::Normal,
+                _ => CloseReason::Reset,
+            };
+            self.sndq.ack_to(self.sndq.end());
+            self.terminate(reason);
+            return Disposition::Keep;
+        }
+
+        // RFC 9293 §3.10.7.4 fourth / RFC 5961 §4.2: a SYN in a synchronized state (or in
+        // SYN-RECEIVED) gets a challenge ACK regardless of its sequence number.
+        if flags.syn() {
+            self.challenge_ack(now);
+            return Disposition::Keep;
+        }
+
+        // RFC 9293 §3.10.7.4 fifth: segments without ACK are dropped.
+        if !flags.ack() {
+            self.counters.drop(DropReason::NoAck);
+            return Disposition::Keep;
+        }
+
+        // Timestamps: RFC 7323 §4.3 (2) — update TS.Recent when the segment covers
+        // Last.ACK.sent.
+        self.update_ts_recent_checked(now, seg, len);
+
+        if self.state == State::SynReceived {
+            // RFC 9293 §3.10.7.4: SND.UNA < SEG.ACK =< SND.NXT moves to ESTABLISHED.
+            if seg.ack.gt(self.snd_una) && seg.ack.le(self.snd_max) {
+                self.state = State::Established;
+                self.snd_wnd = u32::from(seg.window) << self.snd_wscale;
+                self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
+                self.snd_wl1 = seg.seq;
+                self.snd_wl2 = seg.ack;
+                self.last_wnd_field = seg.window;
+                self.events.connected = true;
+                self.events.writable = true;
+                self.arm_keepalive(now);
+                if self.fin_queued {
+                    // close() during SYN-RECEIVED already moved us on; keep FIN-WAIT-1.
+                    self.state = State::FinWait1;
+                }
+            } else {
+                // RFC 9293 §3.10.7.4: <SEQ=SEG.ACK><CTL=RST>.
+                self.counters.drop(DropReason::BadAck);
+                self.rst_pending = Some(seg.ack);
+                return Disposition::Keep;
+            }
+        }
+
+        if !self.on_ack(now, seg, payload.len()) {
+            return Disposition::Keep;
+        }
+        if self.snd_wnd == 0 {
+            // The peer answers our zero-window probes: it is alive (RFC 9293 §3.8.6.1 MUST
+            // NOT close the connection while probes are acknowledged).
+            self.retries = 0;
+        }
+        if self.state == State::Closed {
+            return Disposition::Keep;
+        }
+
+        // RFC 9293 §3.10.7.4 seventh: segment text, in ESTABLISHED, FIN-WAIT-1, FIN-WAIT-2.
+        let mut fin = flags.fin();
+        if !payload.is_empty() || fin {
+            match self.state {
+                State::Established | State::FinWait1 | State::FinWait2 => {}
+                _ => {
+                    // CLOSE-WAIT, CLOSING, LAST-ACK, TIME-WAIT: the peer already sent FIN.
+                    if !payload.is_empty() {
+                        self.counters.drop(DropReason::DataAfterFin);
+                    }
+                    self.ack_now = true;
+                    if self.state == State::TimeWait && fin {
+                        // RFC 9293 §3.10.7.4 eighth: a retransmitted FIN restarts 2 MSL.
+                        self.restart_time_wait(now);
+                    }
+                    return Disposition::Keep;
+                }
+            }
+            // Trim what we already have (before RCV.NXT).
+            if seq.lt(self.rcv_nxt) {
+                let dup = (self.rcv_nxt - seq) as usize;
+                if dup >= payload.len() {
+                    // Only the FIN (or nothing) remains new.
+                    if !payload.is_empty() {
+                        // RFC 2883 §4: report the duplicate with a D-SACK.
+                        self.ooo.note_duplicate(seq, seq + payload.len());
+                    }
+                    payload.advance(payload.len());
+                } else {
+                    self.ooo.note_duplicate(seq, self.rcv_nxt);
+                    payload.advance(dup);
+                }
+                seq = self.rcv_nxt;
+            }
+            // Trim what lies beyond the window (RFC 9293 §3.10.7.4: "keep only the portion
+            // within the window").
+            let wnd = self.rcv_wnd_for_check().max(self.rcv_wnd());
+            let room = (self.rcv_nxt + wnd) - seq;
+            if payload.len() as u32 > room {
+                self.counters.drop(DropReason::RcvBufFull);
+                payload.truncate(room as usize);
+                fin = false;
+            }
+            if fin {
+                let fseq = seq + payload.len();
+                self.fin_seq = Some(fseq);
+            }
+            if seq == self.rcv_nxt {
+                self.deliver(payload);
+                // Anything out of order that is now contiguous follows (RFC 9293 §3.10.7.4).
+                while let Some(more) = self.ooo.pop_ready(self.rcv_nxt) {
+                    self.deliver(more);
+                }
+                self.schedule_ack(now, len > 0);
+            } else {
+                // Out of order: queue it and send an immediate duplicate ACK with SACK
+                // (RFC 5681 §4.2: an out-of-order segment SHOULD be acked immediately).
+                if !payload.is_empty() {
+                    let outcome = self.ooo.insert(self.rcv_nxt, seq, payload);
+                    if outcome.dropped > 0 {
+                        self.counters.drop(DropReason::OooFull);
+                    }
+                }
+                self.ack_now = true;
+                self.dupacks_owed = (self.dupacks_owed + 1).min(MAX_DUPACKS_OWED);
+            }
+            // RFC 9293 §3.10.7.4 eighth: FIN in sequence.
+            if let Some(fseq) = self.fin_seq {
+                if !self.fin_rcvd && fseq == self.rcv_nxt {
+                    self.on_fin(now);
+                }
+            }
+        }
+        Disposition::Keep
+    }
+
+    fn deliver(&mut self, buf: Zbuf) {
+        if buf.is_empty() {
+            return;
+        }
+        self.rcv_nxt += buf.len();
+        self.rcvq_len += buf.len();
+        self.counters.bytes_in += buf.len() as u64;
+        self.rcvq.push_back(buf);
+        self.events.readable = true;
+    }
+
+    fn on_fin(&mut self, now: Instant) {
+        self.fin_rcvd = true;
+        self.rcv_nxt += 1u32;
+        self.ack_now = true;
+        self.events.readable = true;
+        match self.state {
+            State::SynReceived | State::Established => self.state = State::CloseWait,
+            State::FinWait1 => {
+                // Our FIN not yet acknowledged (else on_ack moved us to FIN-WAIT-2).
+                self.state = State::Closing;
+            }
+            State::FinWait2 => self.enter_time_wait(now),
+            _ => {}
+        }
+    }
+
+    fn schedule_ack(&mut self, now: Instant, has_data: bool) {
+        if !has_data {
+            return;
+        }
+        match self.cfg.delayed_ack {
+            // RFC 9293 §3.8.6.3 / RFC 5681 §4.2: ACK at least every second full-sized
+            // segment and within the delayed-ACK timeout.
+            Some(d) => {
+                if self.rcv_nxt - self.last_ack_sent >= 2 * self.snd_mss.max(1) {
+                    self.ack_now = true;
+                } else if self.ack_at.is_none() {
+                    self.ack_at = Some(now + d);
+                }
+            }
+            None => self.ack_now = true,
+        }
+    }
+
+    /// RFC 5961 §7: challenge ACKs, rate limited per connection per second.
+    fn challenge_ack(&mut self, now: Instant) {
+        if now.saturating_duration_since(self.challenge.0) >= Duration::from_secs(1) {
+            self.challenge = (now, 0);
+        }
+        if self.challenge.1 < self.cfg.challenge_ack_limit {
+            self.challenge.1 += 1;
+            self.counters.challenge_acks += 1;
+            self.ack_now = true;
+        } else {
+            self.counters.challenge_acks_suppressed += 1;
+        }
+    }
+
+    fn update_ts_recent(&mut self, now: Instant, opts: &TcpOptions, _seq: SeqNum) {
+        if let (Some(ts), Some(t)) = (self.ts.as_mut(), opts.timestamps) {
+            ts.recent = t.tsval;
+            ts.recent_at = now;
+        }
+    }
+
+    /// RFC 7323 §4.3: TS.Recent takes SEG.TSval when SEG.SEQ =< Last.ACK.sent < SEG.SEQ + len
+    /// (with zero-length segments covering Last.ACK.sent when SEG.SEQ equals it).
+    fn update_ts_recent_checked(&mut self, now: Instant, seg: &TcpRepr, len: u32) {
+        let Some(t) = seg.options.timestamps else {
+            return;
+        };
+        let Some(ts) = self.ts.as_mut() else { return };
+        let covers = seg.seq.le(self.last_ack_sent) && self.last_ack_sent.le(seg.seq + len);
+        if covers && (t.tsval.wrapping_sub(ts.recent) as i32) >= 0 {
+            ts.recent = t.tsval;
+            ts.recent_at = now;
+        }
+    }
+
+    /// RFC 9293 §3.10.7.4 fifth: the ACK field. Returns false when the segment must be dropped.
+    fn on_ack(&mut self, now: Instant, seg: &TcpRepr, payload_len: usize) -> bool {
+        let ack = seg.ack;
+        // RFC 5961 §5.2: acceptable iff SND.UNA - MAX.SND.WND =< SEG.ACK =< SND.NXT.
+        if ack.gt(self.snd_max) {
+            self.counters.drop(DropReason::BadAck);
+            self.challenge_ack(now);
+            return false;
+        }
+        if ack.lt(self.snd_una - self.max_snd_wnd.max(1)) {
+            self.counters.drop(DropReason::BadAck);
+            self.challenge_ack(now);
+            return false;
+        }
+
+        let blocks: &[(SeqNum, SeqNum)] = if self.sack_ok {
+            seg.options.sack_blocks.as_slice()
+        } else {
+            &[]
+        };
+        let sack_info = self.sb.on_ack(ack, blocks);
+        if sack_info.dsack.is_some() {
+            self.counters.dsacks += 1;
+        }
+
+        let in_flight_before = self.snd_max - self.snd_una;
+        if ack.gt(self.snd_una) {
+            // New data acknowledged.
+            let acked = ack - self.snd_una;
+            // The SYN occupies the first sequence number; FIN the one after the data.
+            self.sndq.ack_to(ack);
+            self.snd_una = ack;
+            if self.snd_nxt.lt(self.snd_una) {
+                self.snd_nxt = self.snd_una;
+            }
+            self.retries = 0;
+            self.persist_backoff = 0;
+            self.keepalive.probes_sent = 0;
+            self.take_rtt_sample(now, ack);
+            self.events.writable = true;
+            match self.recovery {
+                Some(recover) if ack.ge(recover) => {
+                    // RFC 6582 §3.2 step 3 (full acknowledgment) / RFC 6675 §5: exit recovery.
+                    self.recovery = None;
+                    self.last_recover = recover;
+                    self.dupacks = 0;
+                    self.cc.on_exit_recovery(now, self.snd_max - self.snd_una);
+                }
+                Some(_) => {
+                    // RFC 6582 §3.2 step 3 (partial acknowledgment): retransmit the first
+                    // unacknowledged segment and deflate. With SACK, NextSeg drives
+                    // retransmissions.
+                    if !self.sack_ok {
+                        self.rexmit_now = Some(self.snd_una);
+                        self.inflation.on_partial_ack(acked, self.snd_mss);
+                    }
+                }
+                None => {
+                    self.dupacks = 0;
+                    let app_limited = self.sndq.end().le(self.snd_max) && !self.fin_queued;
+                    self.cc
+                        .on_ack(now, acked, &self.rtt, in_flight_before, app_limited);
+                }
+            }
+            // RFC 6298 §5.2/5.3: stop the timer when all is acknowledged, else restart it.
+            if self.snd_una == self.snd_max {
+                self.rto_at = None;
+            } else {
+                self.rto_at = Some(now + self.rtt.rto());
+            }
+        } else if ack == self.snd_una && self.snd_max.gt(self.snd_una) {
+            // RFC 5681 §2 duplicate ACK: no data, no SYN/FIN, same window, data outstanding.
+            // RFC 6675 §5: with SACK, an ACK that SACKs new data counts too.
+            let classic_dup = payload_len == 0
+                && !seg.flags.syn()
+                && !seg.flags.fin()
+                && seg.window == self.last_wnd_field
+                && self.snd_wnd != 0;
+            let sack_dup = sack_info.newly_sacked_bytes > 0;
+            if classic_dup || sack_dup {
+                // Bounded: a flood of duplicate ACKs cannot overflow the counter.
+                self.dupacks = self.dupacks.saturating_add(1);
+                if self.recovery.is_some() && !self.sack_ok {
+                    // RFC 6582 §3.2 step 4: each further duplicate ACK inflates the window.
+                    self.inflation.on_dup_ack(self.snd_mss);
+                }
+                if self.recovery.is_none() {
+                    let lost = self.sack_ok && self.sb.is_lost(self.snd_una);
+                    // RFC 6582 §3.2 step 2: only if SND.UNA passed the previous `recover`.
+                    if (self.dupacks >= DUP_THRESH || lost) && self.snd_una.ge(self.last_recover) {
+                        self.enter_recovery(now);
+                    }
+                }
+            }
+        }
+
+        // RFC 9293 §3.10.7.4: window update if SND.WL1 < SEG.SEQ or (SND.WL1 = SEG.SEQ and
+        // SND.WL2 =< SEG.ACK).
+        if self.snd_wl1.lt(seg.seq) || (self.snd_wl1 == seg.seq && self.snd_wl2.le(ack)) {
+            let wnd = u32::from(seg.window) << self.snd_wscale;
+            if self.snd_wnd == 0 && wnd > 0 {
+                self.persist_at = None;
+                self.persist_backoff = 0;
+            }
+            self.snd_wnd = wnd;
+            self.max_snd_wnd = self.max_snd_wnd.max(wnd);
+            self.snd_wl1 = seg.seq;
+            self.snd_wl2 = ack;
+        }
+        self.last_wnd_field = seg.window;
+
+        // FIN acknowledgment transitions (RFC 9293 §3.10.7.4 fifth, per state).
+        let fin_acked = self.fin_queued && self.snd_una == self.sndq.end() + 1u32;
+        match self.state {
+            State::FinWait1 if fin_acked => self.state = State::FinWait2,
+            State::Closing if fin_acked => self.enter_time_wait(now),
+            State::LastAck if fin_acked => {
+                self.terminate(CloseReason::Normal);
+                return false;
+            }
+            _ => {}
+        }
+        true
+    }
+
+    fn enter_recovery(&mut self, now: Instant) {
+        let in_flight = self.snd_max - self.snd_una;
+        self.recovery = Some(self.snd_max);
+        self.cc.on_enter_recovery(now, in_flight);
+        self.sb.on_enter_recovery();
+        self.inflation = RecoveryInflation::on_enter(self.snd_mss);
+        // RFC 5681 §3.2 step 2 / RFC 6675 §5 (4.2): retransmit the first unacknowledged
+        // segment now.
+        self.rexmit_now = Some(self.snd_una);
+        self.counters.fast_retransmits += 1;
+        if self.sack_ok {
+            self.counters.sack_recoveries += 1;
+        }
+    }
+
+    fn take_rtt_sample(&mut self, now: Instant, ack: SeqNum) {
+        if let Some((end, sent)) = self.rtt_probe {
+            if ack.ge(end) {
+                self.rtt.on_sample(
+                    now,
+                    now.saturating_duration_since(sent),
+                    SampleSource::Fresh,
+                );
+                self.rtt_probe = None;
+            }
+        }
+    }
+
+    fn enter_time_wait(&mut self, now: Instant) {
+        self.state = State::TimeWait;
+        self.rto_at = None;
+        self.persist_at = None;
+        self.restart_time_wait(now);
+        self.close_reason.get_or_insert(CloseReason::Normal);
+        self.events.closed = true;
+    }
+
+    fn restart_time_wait(&mut self, now: Instant) {
+        if self.state == State::TimeWait {
+            self.tw_at = Some(now + self.cfg.time_wait);
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Timers
+    // ---------------------------------------------------------------------------------------
+
+    /// The earliest instant at which `on_timeout` has work to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        [
+            self.rto_at,
+            self.persist_at,
+            self.ack_at,
+            self.tw_at,
+            self.keepalive.at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    fn arm_keepalive(&mut self, now: Instant) {
+        if let Some(ka) = self.cfg.keepalive {
+            self.keepalive = Keepalive {
+                at: Some(now + ka.idle),
+                probes_sent: 0,
+            };
+        }
+    }
+
+    /// RFC 6298 §5.1-5.2 and RFC 9293 §3.8.6.1: keep exactly one of the retransmission and
+    /// persist timers running while anything is outstanding or waiting for window.
+    fn arm_timers(&mut self, now: Instant) {
+        if matches!(self.state, State::Closed | State::TimeWait) {
+            self.rto_at = None;
+            self.persist_at = None;
+            return;
+        }
+        let outstanding = self.snd_max != self.snd_una;
+        // Payload unacknowledged or unsent: a zero window means probing, not retransmitting.
+        // (A lone FIN goes out regardless of the window and is covered by the RTO.)
+        let data_pending = self.sndq.end().gt(self.snd_una);
+        if self.state.is_synchronized() && self.snd_wnd == 0 && data_pending {
+            self.rto_at = None;
+            if self.persist_at.is_none() {
+                self.persist_at = Some(now + self.persist_interval());
+            }
+        } else {
+            self.persist_at = None;
+            if outstanding {
+                if self.rto_at.is_none() {
+                    self.rto_at = Some(now + self.rtt.rto());
+                }
+            } else {
+                self.rto_at = None;
+            }
+        }
+    }
+
+    /// RFC 9293 §3.8.6.1: probe intervals grow exponentially from the RTO.
+    fn persist_interval(&self) -> Duration {
+        let base = self.rtt.rto();
+        let max = self.cfg.rtt.max_rto;
+        base.checked_mul(1u32 << self.persist_backoff.min(16))
+            .map_or(max, |d| d.min(max))
+    }
+
+    /// Run the timers that expired by `now`.
+    pub fn on_timeout(&mut self, now: Instant) {
+        if self.tw_at.is_some_and(|t| t <= now) {
+            // RFC 9293 §3.10.8: 2 MSL elapsed in TIME-WAIT.
+            self.tw_at = None;
+            self.state = State::Closed;
+            return;
+        }
+        if self.ack_at.is_some_and(|t| t <= now) {
+            self.ack_at = None;
+            self.ack_now = true;
+        }
+        if self.rto_at.is_some_and(|t| t <= now) {
+            self.rto_at = None;
+            self.on_rto(now);
+        }
+        if self.persist_at.is_some_and(|t| t <= now) {
+            self.persist_at = None;
+            self.retries += 1;
+            if self.retries > self.cfg.max_retries {
+                // Unanswered probes: the peer is gone.
+                self.rst_pending = Some(self.snd_nxt);
+                self.terminate(CloseReason::Timeout);
+                return;
+            }
+            self.send_window_probe = true;
+            self.persist_backoff = self.persist_backoff.saturating_add(1);
+        }
+        if self.keepalive.at.is_some_and(|t| t <= now) {
+            self.on_keepalive(now);
+        }
+        self.arm_timers(now);
+    }
+
+    fn on_rto(&mut self, now: Instant) {
+        self.retries += 1;
+        let limit = match self.state {
+            State::SynSent | State::SynReceived => self.cfg.syn_retries,
+            _ => self.cfg.max_retries,
+        };
+        if self.retries > limit {
+            // RFC 9293 §3.8.3 R2: give up.
+            if self.state.is_synchronized() {
+                self.rst_pending = Some(self.snd_nxt);
+            }
+            self.terminate(CloseReason::Timeout);
+            return;
+        }
+        self.counters.rtos += 1;
+        // RFC 6298 §5.5: back off; §5.6: restart; RFC 5681 §3.1 eq. 4: loss window.
+        self.rtt.on_timeout();
+        let in_flight = self.snd_max - self.snd_una;
+        if self.state.is_synchronized() {
+            self.cc.on_rto(now, in_flight);
+        }
+        if self.recovery.take().is_some() {
+            self.last_recover = self.snd_max;
+        }
+        self.dupacks = 0;
+        self.rexmit_now = None;
+        self.rtt_probe = None;
+        // Go back N from SND.UNA (RFC 5681 §3.1); SACKed ranges are skipped when resent
+        // (RFC 6675 §5.1).
+        self.snd_nxt = self.snd_una;
+        self.sb.on_rto();
+        if !self.state.is_synchronized() {
+            self.syn_retransmitted = true;
+        }
+    }
+
+    fn on_keepalive(&mut self, now: Instant) {
+        let Some(ka) = self.cfg.keepalive else {
+            self.keepalive.at = None;
+            return;
+        };
+        if !matches!(self.state, State::Established | State::CloseWait) {
+            self.keepalive.at = None;
+            return;
+        }
+        if self.keepalive.probes_sent >= ka.probes {
+            // RFC 9293 §3.8.4: the peer is gone.
+            self.rst_pending = Some(self.snd_nxt);
+            self.terminate(CloseReason::Timeout);
+            return;
+        }
+        self.keepalive.probes_sent += 1;
+        self.keepalive.at = Some(now + ka.interval);
+        self.counters.keepalive_probes += 1;
+        self.send_keepalive = true;
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// Segment generation
+// -------------------------------------------------------------------------------------------
+
+/// Bytes a set of options occupies in the header, padded to 4 (RFC 9293 §3.1).
+fn options_len(opts: &TcpOptions) -> u32 {
+    let mut n = 0u32;
+    if opts.mss.is_some() {
+        n += 4;
+    }
+    if opts.window_scale.is_some() {
+        n += 3;
+    }
+    if opts.sack_permitted {
+        n += 2;
+    }
+    if opts.timestamps.is_some() {
+        n += 10;
+    }
+    if !opts.sack_blocks.is_empty() {
+        n += 2 + 8 * opts.sack_blocks.len() as u32;
+    }
+    (n + 3) & !3
+}
+
+impl Connection {
+    /// The next segment to send, or `None` when there is nothing (more) to send now. The stack
+    /// calls this until it returns `None` (or the device is full) after every input.
+    pub fn poll_segment(&mut self, now: Instant) -> Option<OutSegment> {
+        let out = self.next_segment(now);
+        if let Some(seg) = &out {
+            self.counters.segs_out += 1;
+            self.counters.bytes_out += seg.payload.len() as u64;
+            if seg.repr.flags.ack() {
+                self.ack_now = false;
+                self.ack_at = None;
+                self.last_ack_sent = seg.repr.ack;
+                self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
+            }
+            if !seg.payload.is_empty() || seg.repr.flags.syn() || seg.repr.flags.fin() {
+                self.last_send = now;
+            }
+        }
+        self.arm_timers(now);
+        out
+    }
+
+    fn next_segment(&mut self, now: Instant) -> Option<OutSegment> {
+        if let Some(seq) = self.rst_pending.take() {
+            return Some(self.rst_segment(seq));
+        }
+        match self.state {
+            State::Closed => return None,
+            State::SynSent | State::SynReceived => {
+                if self.snd_nxt == self.iss {
+                    return Some(self.syn_segment(now));
+                }
+                // Data may not go out before the handshake completes.
+                return self.ack_segment_if_due(now);
+            }
+            State::TimeWait => return self.ack_segment_if_due(now),
+            _ => {}
+        }
+        if let Some(seq) = self.rexmit_now.take() {
+            if seq.ge(self.snd_una) && seq.lt(self.snd_max) {
+                if let Some(seg) = self.retransmit_at(now, seq, u32::MAX) {
+                    return Some(seg);
+                }
+            }
+        }
+        if core::mem::take(&mut self.send_window_probe) {
+            if let Some(seg) = self.window_probe(now) {
+                return Some(seg);
+            }
+        }
+        if core::mem::take(&mut self.send_keepalive) {
+            // RFC 9293 §3.8.4: a keepalive is an ACK with SEG.SEQ = SND.NXT - 1 and no data.
+            let seq = self.snd_nxt - 1u32;
+            return Some(self.segment(now, seq, TcpFlags::ACK, IoVec::new()));
+        }
+        if self.recovery.is_some() && self.sack_ok {
+            // RFC 6675 §5 (C): while pipe < cwnd, send what NextSeg chooses.
+            if self.sb.pipe() >= self.cc.cwnd() {
+                return self.ack_segment_if_due(now);
+            }
+            let can_send_new = self.sndq.end().gt(self.snd_nxt)
+                && (self.snd_una + self.snd_wnd).gt(self.snd_nxt)
+                && self.snd_nxt == self.snd_max;
+            match self.sb.next_seg(can_send_new) {
+                Some(NextSeg::Retransmit { start, len }) => {
+                    if let Some(seg) = self.retransmit_at(now, start, len) {
+                        return Some(seg);
+                    }
+                }
+                Some(NextSeg::NewData) => {}
+                None => {
+                    // RFC 6675 §4 rule 4: one rescue retransmission per recovery.
+                    if let Some((start, len)) = self.sb.rescue_seg() {
+                        if let Some(seg) = self.retransmit_at(now, start, len) {
+                            if let Some(recover) = self.recovery {
+                                self.sb.set_rescue_rxt(recover);
+                            }
+                            return Some(seg);
+                        }
+                    }
+                    return self.ack_segment_if_due(now);
+                }
+            }
+        }
+        if let Some(seg) = self.next_data_segment(now) {
+            return Some(seg);
+        }
+        self.ack_segment_if_due(now)
+    }
+
+    /// Options for a non-SYN segment: timestamps and, when we hold out-of-order data or a
+    /// duplicate to report, SACK blocks (RFC 2018 §4, RFC 2883).
+    fn data_options(&mut self, now: Instant) -> TcpOptions {
+        let mut opts = TcpOptions::default();
+        if let Some(ts) = self.ts {
+            opts.timestamps = Some(Timestamps {
+                tsval: self.ts_clock(now, ts.offset),
+                tsecr: ts.recent,
+            });
+        }
+        if self.sack_ok {
+            // With timestamps at most 3 blocks fit in 40 bytes of options.
+            let max = if opts.timestamps.is_some() {
+                3
+            } else {
+                SackBlocks::MAX
+            };
+            let mut buf = [(SeqNum(0), SeqNum(0)); SackBlocks::MAX];
+            let n = self.ooo.sack_blocks(self.rcv_nxt, &mut buf[..max]);
+            for &(l, r) in &buf[..n] {
+                opts.sack_blocks.push(l, r);
+            }
+        }
+        opts
+    }
+
+    /// RFC 7323 §5.4: a 1 ms timestamp clock with a random per-connection offset.
+    fn ts_clock(&self, now: Instant, offset: u32) -> u32 {
+        ((now.as_nanos() / 1_000_000) as u32).wrapping_add(offset)
+    }
+
+    /// The window to advertise, never moving the right edge left (RFC 9293 §3.8.6.2.2,
+    /// RFC 7323 §2.4) and growing it only in steps of min(rcv_buf/2, MSS) (receiver SWS
+    /// avoidance, RFC 9293 §3.8.6.2.2).
+    fn advertise_window(&mut self, syn: bool) -> u16 {
+        let cur_edge = self.rcv_nxt + self.rcv_wnd();
+        let threshold = (self.cfg.rcv_buf / 2).min(self.snd_mss).max(1);
+        let edge = if self.rcv_adv.lt(self.rcv_nxt)
+            || (cur_edge.gt(self.rcv_adv) && cur_edge - self.rcv_adv >= threshold)
+        {
+            cur_edge
+        } else {
+            self.rcv_adv
+        };
+        let wnd = edge - self.rcv_nxt;
+        if syn {
+            // RFC 7323 §2.2: the window in a SYN or SYN-ACK is never scaled.
+            let field = wnd.min(u32::from(u16::MAX));
+            self.rcv_adv = self.rcv_nxt + field;
+            return field as u16;
+        }
+        let shift = self.rcv_wscale;
+        // Round up so the announced right edge never falls short of `edge`.
+        let field = (wnd.saturating_add((1 << shift) - 1) >> shift).min(u32::from(u16::MAX));
+        let announced = self.rcv_nxt + (field << shift);
+        if announced.gt(self.rcv_adv) || self.rcv_adv.lt(self.rcv_nxt) {
+            self.rcv_adv = announced;
+        }
+        field as u16
+    }
+
+    /// Build a segment with ACK, window and options filled in.
+    fn segment(
+        &mut self,
+        now: Instant,
+        seq: SeqNum,
+        flags: TcpFlags,
+        payload: IoVec,
+    ) -> OutSegment {
+        let options = self.data_options(now);
+        self.segment_with(now, seq, flags, payload, options)
+    }
+
+    fn segment_with(
+        &mut self,
+        _now: Instant,
+        seq: SeqNum,
+        flags: TcpFlags,
+        payload: IoVec,
+        options: TcpOptions,
+    ) -> OutSegment {
+        let window = self.advertise_window(flags.syn());
+        let repr = TcpRepr {
+            src_port: self.tuple.local.port(),
+            dst_port: self.tuple.remote.port(),
+            seq,
+            ack: if flags.ack() { self.rcv_nxt } else { SeqNum(0) },
+            flags,
+            window,
+            urgent: 0,
+            options,
+        };
+        OutSegment { repr, payload }
+    }
+
+    fn syn_segment(&mut self, now: Instant) -> OutSegment {
+        let active = self.state == State::SynSent;
+        let mut options = TcpOptions {
+            mss: Some(self.cfg.mss),
+            ..TcpOptions::default()
+        };
+        if active {
+            if self.cfg.window_scaling {
+                options.window_scale = Some(self.rcv_wscale);
+            }
+            options.sack_permitted = self.cfg.sack;
+        } else {
+            // RFC 7323 §1.3/§2.2, RFC 2018 §2: only answer options the peer offered.
+            if self.wscale_ok {
+                options.window_scale = Some(self.rcv_wscale);
+            }
+            options.sack_permitted = self.sack_ok;
+        }
+        if let Some(ts) = self.ts {
+            let tsecr = if active { 0 } else { ts.recent };
+            options.timestamps = Some(Timestamps {
+                tsval: self.ts_clock(now, ts.offset),
+                tsecr,
+            });
+        }
+        let flags = if active {
+            TcpFlags::SYN
+        } else {
+            TcpFlags::SYN | TcpFlags::ACK
+        };
+        let seg = self.segment_with(now, self.iss, flags, IoVec::new(), options);
+        if self.retries == 0 && self.snd_max == self.iss {
+            self.rtt_probe = Some((self.iss + 1u32, now));
+        } else {
+            // Karn: a retransmitted SYN gives no RTT sample.
+            self.rtt_probe = None;
+            self.counters.retransmits += 1;
+        }
+        self.snd_nxt = self.iss + 1u32;
+        self.snd_max = self.snd_max.max(self.snd_nxt);
+        seg
+    }
+
+    fn rst_segment(&mut self, seq: SeqNum) -> OutSegment {
+        let repr = TcpRepr {
+            src_port: self.tuple.local.port(),
+            dst_port: self.tuple.remote.port(),
+            seq,
+            ack: SeqNum(0),
+            flags: TcpFlags::RST,
+            window: 0,
+            urgent: 0,
+            options: TcpOptions::default(),
+        };
+        OutSegment {
+            repr,
+            payload: IoVec::new(),
+        }
+    }
+
+    fn ack_segment_if_due(&mut self, now: Instant) -> Option<OutSegment> {
+        if !(self.ack_now || self.dupacks_owed > 0)
+            || matches!(self.state, State::Closed | State::SynSent)
+        {
+            self.dupacks_owed = 0;
+            return None;
+        }
+        let seq = self.snd_nxt;
+        Some(self.segment(now, seq, TcpFlags::ACK, IoVec::new()))
+    }
+
+    /// Largest payload that fits in one segment next to `opts`.
+    fn max_payload(&self, opts: &TcpOptions) -> u32 {
+        self.snd_mss.saturating_sub(options_len(opts)).max(1)
+    }
+
+    /// Retransmit up to one MSS (and at most `limit` bytes) starting at `seq`.
+    fn retransmit_at(&mut self, now: Instant, seq: SeqNum, limit: u32) -> Option<OutSegment> {
+        let opts = self.data_options(now);
+        let data_end = self.sndq.end();
+        let max = self.max_payload(&opts).min(limit);
+        let payload = self.sndq.slice(seq, max as usize);
+        let len = payload.len() as u32;
+        let fin = self.fin_queued && seq + len == data_end && self.snd_max.gt(data_end);
+        if len == 0 && !fin {
+            return None;
+        }
+        let mut flags = TcpFlags::ACK;
+        if fin {
+            flags |= TcpFlags::FIN;
+        }
+        if seq + len == data_end {
+            flags |= TcpFlags::PSH;
+        }
+        self.sb.on_retransmit(seq, len + u32::from(fin));
+        self.rtt_probe = None;
+        self.counters.retransmits += 1;
+        Some(self.segment_with(now, seq, flags, payload, opts))
+    }
+
+    /// RFC 9293 §3.8.6.1: send one octet beyond a zero window (or the FIN if no data is left).
+    fn window_probe(&mut self, now: Instant) -> Option<OutSegment> {
+        if self.snd_wnd != 0 {
+            return None;
+        }
+        let opts = self.data_options(now);
+        let payload = self.sndq.slice(self.snd_una, 1);
+        if payload.is_empty() {
+            return None;
+        }
+        self.counters.window_probes += 1;
+        // The probe octet is sent outside the window without advancing SND.NXT: if the peer
+        // takes it, its ACK advances SND.UNA; if not, sending resumes from SND.UNA when the
+        // window opens, so the octet is never skipped.
+        self.snd_nxt = self.snd_una;
+        let probe_end = self.snd_una + 1u32;
+        if probe_end.gt(self.snd_max) {
+            self.snd_max = probe_end;
+            self.sb.on_transmit(self.snd_max);
+        }
+        self.rtt_probe = None;
+        let seq = self.snd_una;
+        Some(self.segment_with(now, seq, TcpFlags::ACK, payload, opts))
+    }
+
+    /// Bytes considered in the network, for the congestion-window check.
+    fn flight(&self) -> u32 {
+        match self.recovery {
+            Some(_) if self.sack_ok => self.sb.pipe(),
+            Some(_) => self.snd_max - self.snd_una,
+            None => self.snd_nxt - self.snd_una,
+        }
+    }
+
+    fn next_data_segment(&mut self, now: Instant) -> Option<OutSegment> {
+        if !matches!(
+            self.state,
+            State::Established
+                | State::CloseWait
+                | State::FinWait1
+                | State::LastAck
+                | State::Closing
+        ) {
+            return None;
+        }
+        let data_end = self.sndq.end();
+        // RFC 6675 §5.1: after an RTO, do not resend what the peer SACKed.
+        if self.sack_ok && self.snd_nxt.lt(self.snd_max) {
+            let nxt = self.snd_nxt;
+            if let Some(&(_, end)) = self
+                .sb
+                .ranges()
+                .iter()
+                .find(|&&(s, e)| nxt.ge(s) && nxt.lt(e))
+            {
+                self.snd_nxt = end.min(self.snd_max);
+            }
+        }
+        let unsent = if data_end.gt(self.snd_nxt) {
+            data_end - self.snd_nxt
+        } else {
+            0
+        };
+        let fin_due = self.fin_queued && self.snd_nxt == data_end;
+        if unsent == 0 && !fin_due {
+            return None;
+        }
+        // NewReno recovery sends only new data beyond `recover` (RFC 6582 §3.2 step 4).
+        if self.recovery.is_some() && !self.sack_ok && self.snd_nxt.lt(self.snd_max) {
+            return None;
+        }
+        let flight = self.flight();
+        // RFC 5681 §4.1: after an idle period longer than the RTO, restart from the
+        // restart window.
+        if flight == 0 {
+            self.cc.on_idle_restart(
+                now,
+                now.saturating_duration_since(self.last_send),
+                self.rtt.rto(),
+            );
+        }
+        let cwnd = match self.recovery {
+            Some(_) if !self.sack_ok => self.inflation.window(self.cc.cwnd(), self.snd_mss),
+            _ => self.cc.cwnd(),
+        };
+        let cwnd_room = cwnd.saturating_sub(flight);
+        let wnd_edge = self.snd_una + self.snd_wnd;
+        let wnd_room = if wnd_edge.gt(self.snd_nxt) {
+            wnd_edge - self.snd_nxt
+        } else {
+            0
+        };
+        let opts = self.data_options(now);
+        let max_payload = self.max_payload(&opts);
+        let len = unsent.min(max_payload).min(cwnd_room).min(wnd_room);
+        if len == 0 && !(fin_due && unsent == 0) {
+            return None;
+        }
+        if len < unsent && len < max_payload && flight > 0 {
+            // RFC 9293 §3.8.6.2.1 sender SWS avoidance: with more data queued, a partial
+            // segment waits for ACKs to open the window, unless it fills at least half the
+            // largest window the peer ever offered. A byte-counted cwnd would otherwise leave
+            // a runt at the end of every flight.
+            let big_enough = len == wnd_room && len >= self.max_snd_wnd / 2;
+            if !big_enough {
+                return None;
+            }
+        }
+        // RFC 9293 §3.7.4 Nagle (off by default): hold a small segment while data is unacked.
+        if self.cfg.nagle && len < max_payload && flight > 0 && !fin_due {
+            return None;
+        }
+        let seq = self.snd_nxt;
+        let payload = self.sndq.slice(seq, len as usize);
+        let fin = self.fin_queued && seq + len == data_end;
+        let mut flags = TcpFlags::ACK;
+        if seq + len == data_end && len > 0 {
+            flags |= TcpFlags::PSH;
+        }
+        if fin {
+            flags |= TcpFlags::FIN;
+        }
+        let is_rexmit = seq.lt(self.snd_max);
+        self.snd_nxt = seq + len + u32::from(fin);
+        if self.snd_nxt.gt(self.snd_max) {
+            self.snd_max = self.snd_nxt;
+            self.sb.on_transmit(self.snd_max);
+        }
+        if is_rexmit {
+            self.sb.on_retransmit(seq, len + u32::from(fin));
+            self.counters.retransmits += 1;
+            self.rtt_probe = None;
+        } else if self.rtt_probe.is_none() && self.retries == 0 {
+            self.rtt_probe = Some((self.snd_nxt, now));
+        }
+        Some(self.segment_with(now, seq, flags, payload, opts))
+    }
+}
+
+#[cfg(test)]
+#[path = "conn_tests.rs"]
+mod tests;

@@ -1,0 +1,1197 @@
+//! Connection state-machine tests: per-state fixtures driven by scripted peer segments, and a
+//! two-endpoint pair over a lossy in-memory link. Each test names the rule it proves.
+
+use super::*;
+use crate::tcp::config::{CcAlgorithm, TcpConfig};
+use core::net::Ipv4Addr;
+use std::collections::VecDeque;
+
+const ISS: u32 = 1000;
+const PEER_ISS: u32 = 5000;
+
+fn addr_a() -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 61440)
+}
+fn addr_b() -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 7000)
+}
+fn tuple_a() -> FourTuple {
+    FourTuple {
+        local: addr_a(),
+        remote: addr_b(),
+    }
+}
+fn tuple_b() -> FourTuple {
+    FourTuple {
+        local: addr_b(),
+        remote: addr_a(),
+    }
+}
+
+fn t(ms: u64) -> Instant {
+    Instant::from_millis(ms)
+}
+
+fn zb(bytes: &[u8]) -> Zbuf {
+    Zbuf::copy_from_slice(bytes)
+}
+
+fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
+        .collect()
+}
+
+/// A segment from the peer (B) to the connection under test (A).
+fn seg(flags: TcpFlags, seq: u32, ack: u32, window: u16) -> TcpRepr {
+    TcpRepr {
+        src_port: addr_b().port(),
+        dst_port: addr_a().port(),
+        seq: SeqNum(seq),
+        ack: SeqNum(ack),
+        flags,
+        window,
+        urgent: 0,
+        options: TcpOptions::default(),
+    }
+}
+
+fn ack_seg(seq: u32, ack: u32, window: u16) -> TcpRepr {
+    seg(TcpFlags::ACK, seq, ack, window)
+}
+
+fn poll_all(c: &mut Connection, now: Instant) -> Vec<OutSegment> {
+    let mut out = Vec::new();
+    while let Some(s) = c.poll_segment(now) {
+        out.push(s);
+        assert!(out.len() < 10_000, "poll_segment does not terminate");
+    }
+    out
+}
+
+fn plain_cfg() -> TcpConfig {
+    // No options: keeps scripted segments small. Tests that need options turn them on.
+    TcpConfig {
+        timestamps: false,
+        sack: false,
+        window_scaling: false,
+        ..TcpConfig::default()
+    }
+}
+
+/// Active open to ESTABLISHED against a scripted peer (no options unless `cfg` asks and the
+/// peer's SYN-ACK carries them).
+fn established_with(cfg: TcpConfig, peer_opts: TcpOptions) -> Connection {
+    let mut c = Connection::connect(t(0), tuple_a(), cfg, SeqNum(ISS), 0);
+    let out = poll_all(&mut c, t(0));
+    assert_eq!(out.len(), 1);
+    assert!(out[0].repr.flags.syn());
+    let mut synack = seg(TcpFlags::SYN | TcpFlags::ACK, PEER_ISS, ISS + 1, 65535);
+    synack.options = peer_opts;
+    synack.options.mss = synack.options.mss.or(Some(1460));
+    c.on_segment(t(1), &synack, Zbuf::copy_from_slice(&[]));
+    assert_eq!(c.state(), State::Established);
+    let out = poll_all(&mut c, t(1));
+    assert_eq!(out.len(), 1, "the handshake's final ACK");
+    assert_eq!(out[0].repr.flags, TcpFlags::ACK);
+    c.take_events();
+    c
+}
+
+fn established() -> Connection {
+    established_with(plain_cfg(), TcpOptions::default())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handshake
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn rfc9293_3_5_active_open_offers_options_and_completes() {
+    let cfg = TcpConfig::default();
+    let mut c = Connection::connect(t(0), tuple_a(), cfg.clone(), SeqNum(ISS), 77);
+    let syn = c.poll_segment(t(0)).expect("SYN");
+    assert_eq!(syn.repr.flags, TcpFlags::SYN);
+    assert_eq!(syn.repr.seq, SeqNum(ISS));
+    assert_eq!(syn.repr.options.mss, Some(cfg.mss));
+    assert_eq!(syn.repr.options.window_scale, Some(cfg.rcv_wscale()));
+    assert!(syn.repr.options.sack_permitted);
+    assert!(syn.repr.options.timestamps.is_some());
+    assert!(c.poll_segment(t(0)).is_none(), "one SYN only");
+
+    let mut synack = seg(TcpFlags::SYN | TcpFlags::ACK, PEER_ISS, ISS + 1, 65535);
+    synack.options = TcpOptions {
+        mss: Some(1400),
+        window_scale: Some(7),
+        sack_permitted: true,
+        timestamps: Some(Timestamps {
+            tsval: 9,
+            tsecr: syn.repr.options.timestamps.unwrap().tsval,
+        }),
+        ..TcpOptions::default()
+    };
+    c.on_segment(t(2), &synack, zb(&[]));
+    assert_eq!(c.state(), State::Established);
+    assert!(c.take_events().connected);
+    assert_eq!(c.mss(), 1400);
+    assert_eq!(c.negotiated(), (true, true, Some((7, cfg.rcv_wscale()))));
+    let ack = c.poll_segment(t(2)).expect("ACK");
+    assert_eq!(ack.repr.flags, TcpFlags::ACK);
+    assert_eq!(ack.repr.ack, SeqNum(PEER_ISS + 1));
+    assert_eq!(
+        ack.repr.options.timestamps.unwrap().tsecr,
+        9,
+        "RFC 7323 §4.3: echo TS.Recent"
+    );
+}
+
+#[test]
+fn rfc7323_2_3_wscale_above_14_is_clamped() {
+    let opts = TcpOptions {
+        window_scale: Some(15),
+        ..TcpOptions::default()
+    };
+    let cfg = TcpConfig {
+        timestamps: false,
+        sack: false,
+        ..TcpConfig::default()
+    };
+    let mut c = established_with(cfg, opts);
+    assert_eq!(c.negotiated().2.unwrap().0, 14);
+    c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 1), zb(&[]));
+    assert_eq!(c.send_window(), 1 << 14);
+}
+
+#[test]
+fn rfc9293_3_10_7_3_syn_sent_drops_bare_ack_and_rst_without_ack() {
+    let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
+    poll_all(&mut c, t(0));
+    // A bare ACK acknowledging our SYN but without SYN: not a handshake (known bug class).
+    c.on_segment(t(1), &ack_seg(PEER_ISS, ISS + 1, 1000), zb(&[]));
+    assert_eq!(c.state(), State::SynSent);
+    assert!(poll_all(&mut c, t(1)).is_empty());
+    // RST without ACK: ignored.
+    c.on_segment(t(1), &seg(TcpFlags::RST, 0, 0, 0), zb(&[]));
+    assert_eq!(c.state(), State::SynSent);
+    assert_eq!(c.counters.drops(DropReason::SynSentInvalid), 2);
+}
+
+#[test]
+fn rfc9293_3_10_7_3_syn_sent_unacceptable_ack_gets_rst() {
+    let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
+    poll_all(&mut c, t(0));
+    c.on_segment(
+        t(1),
+        &seg(TcpFlags::SYN | TcpFlags::ACK, PEER_ISS, ISS + 50, 1000),
+        zb(&[]),
+    );
+    assert_eq!(c.state(), State::SynSent);
+    let out = poll_all(&mut c, t(1));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.flags, TcpFlags::RST);
+    assert_eq!(out[0].repr.seq, SeqNum(ISS + 50), "<SEQ=SEG.ACK><CTL=RST>");
+}
+
+#[test]
+fn rfc9293_3_10_7_3_rst_with_acceptable_ack_refuses() {
+    let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
+    poll_all(&mut c, t(0));
+    c.on_segment(
+        t(1),
+        &seg(TcpFlags::RST | TcpFlags::ACK, 0, ISS + 1, 0),
+        zb(&[]),
+    );
+    assert_eq!(c.state(), State::Closed);
+    assert_eq!(c.close_reason(), Some(CloseReason::Refused));
+    assert!(c.take_events().closed);
+    assert_eq!(c.send(&zb(b"x")), Err(SendError::Closed));
+    assert_eq!(c.recv(), Err(RecvError::Closed));
+}
+
+#[test]
+fn rfc9293_3_5_simultaneous_open() {
+    let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
+    poll_all(&mut c, t(0));
+    c.on_segment(t(1), &seg(TcpFlags::SYN, PEER_ISS, 0, 8000), zb(&[]));
+    assert_eq!(c.state(), State::SynReceived);
+    let out = poll_all(&mut c, t(1));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.flags, TcpFlags::SYN | TcpFlags::ACK);
+    assert_eq!(out[0].repr.seq, SeqNum(ISS));
+    assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 1));
+    c.on_segment(
+        t(2),
+        &seg(TcpFlags::SYN | TcpFlags::ACK, PEER_ISS, ISS + 1, 8000),
+        zb(&[]),
+    );
+    // The peer's SYN-ACK: its SYN is old (challenge-ACKed), but its ACK is not processed
+    // before the SYN check. A plain ACK completes the handshake.
+    c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 8000), zb(&[]));
+    assert_eq!(c.state(), State::Established);
+}
+
+#[test]
+fn rfc9293_3_10_7_2_passive_open_and_reset_returns_to_listen() {
+    let syn = SynInfo {
+        seq: SeqNum(PEER_ISS),
+        window: 4000,
+        options: TcpOptions {
+            mss: Some(1000),
+            ..Default::default()
+        },
+    };
+    let mut c = Connection::accept_syn(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0, &syn);
+    assert_eq!(c.state(), State::SynReceived);
+    let out = poll_all(&mut c, t(0));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.flags, TcpFlags::SYN | TcpFlags::ACK);
+    assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 1));
+    assert_eq!(out[0].repr.options.mss, Some(1460));
+    assert!(
+        !out[0].repr.options.sack_permitted,
+        "not offered by the peer"
+    );
+    assert_eq!(c.mss(), 1000);
+    // Retransmitted SYN: the SYN-ACK goes out again.
+    c.on_segment(t(1), &seg(TcpFlags::SYN, PEER_ISS, 0, 4000), zb(&[]));
+    let out = poll_all(&mut c, t(1));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.flags, TcpFlags::SYN | TcpFlags::ACK);
+    // RST at RCV.NXT: back to LISTEN, i.e. the stack removes this connection.
+    let d = c.on_segment(t(2), &seg(TcpFlags::RST, PEER_ISS + 1, 0, 0), zb(&[]));
+    assert_eq!(d, Disposition::Remove);
+}
+
+#[test]
+fn rfc9293_3_10_7_4_syn_received_bad_ack_gets_rst() {
+    let syn = SynInfo {
+        seq: SeqNum(PEER_ISS),
+        window: 4000,
+        options: TcpOptions::default(),
+    };
+    let mut c = Connection::accept_syn(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0, &syn);
+    poll_all(&mut c, t(0));
+    c.on_segment(t(1), &ack_seg(PEER_ISS + 1, ISS + 77, 4000), zb(&[]));
+    assert_eq!(c.state(), State::SynReceived);
+    let out = poll_all(&mut c, t(1));
+    assert_eq!(out[0].repr.flags, TcpFlags::RST);
+    assert_eq!(out[0].repr.seq, SeqNum(ISS + 77));
+    c.on_segment(t(1), &ack_seg(PEER_ISS + 1, ISS + 1, 4000), zb(&[]));
+    assert_eq!(c.state(), State::Established);
+    assert!(c.take_events().connected);
+}
+
+#[test]
+fn rfc6298_syn_is_retransmitted_with_backoff_then_times_out() {
+    let cfg = TcpConfig {
+        syn_retries: 2,
+        ..plain_cfg()
+    };
+    let mut c = Connection::connect(t(0), tuple_a(), cfg, SeqNum(ISS), 0);
+    assert_eq!(poll_all(&mut c, t(0)).len(), 1);
+    let first = c.poll_timeout().expect("RTO armed");
+    c.on_timeout(first);
+    let out = poll_all(&mut c, first);
+    assert_eq!(out.len(), 1);
+    assert!(out[0].repr.flags.syn());
+    let second = c.poll_timeout().expect("RTO re-armed");
+    assert!(
+        second - first >= (first - t(0)) * 2 - Duration::from_millis(1),
+        "RFC 6298 §5.5 backoff"
+    );
+    c.on_timeout(second);
+    poll_all(&mut c, second);
+    let third = c.poll_timeout().unwrap();
+    c.on_timeout(third);
+    assert_eq!(c.state(), State::Closed);
+    assert_eq!(c.close_reason(), Some(CloseReason::Timeout));
+}
+
+#[test]
+fn isn_ffffffff_connection_transfers_across_wrap() {
+    let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(u32::MAX), 0);
+    poll_all(&mut c, t(0));
+    c.on_segment(
+        t(1),
+        &seg(TcpFlags::SYN | TcpFlags::ACK, u32::MAX - 1, 0, 65535),
+        zb(&[]),
+    );
+    assert_eq!(c.state(), State::Established);
+    poll_all(&mut c, t(1));
+    c.send(&zb(&pattern(3000, 1))).unwrap();
+    let out = poll_all(&mut c, t(1));
+    assert_eq!(out[0].repr.seq, SeqNum(0));
+    let total: usize = out.iter().map(|s| s.payload.len()).sum();
+    assert_eq!(total, 3000);
+    c.on_segment(t(2), &ack_seg(u32::MAX, 3000, 65535), zb(&[]));
+    assert_eq!(c.bytes_in_flight(), 0);
+    // Peer data wrapping its sequence space too.
+    c.on_segment(t(2), &ack_seg(u32::MAX, 3000, 65535), zb(b"abc"));
+    assert_eq!(c.recv().unwrap().unwrap().as_ref(), b"abc");
+}
+
+#[test]
+fn zero_mss_option_is_floored_and_data_still_flows() {
+    let opts = TcpOptions {
+        mss: Some(0),
+        ..TcpOptions::default()
+    };
+    let mut c = established_with(plain_cfg(), opts);
+    assert_eq!(c.mss(), MIN_SND_MSS);
+    c.send(&zb(&pattern(500, 3))).unwrap();
+    let out = poll_all(&mut c, t(2));
+    assert!(out
+        .iter()
+        .all(|s| !s.payload.is_empty() && s.payload.len() as u32 <= MIN_SND_MSS));
+    assert_eq!(out.iter().map(|s| s.payload.len()).sum::<usize>(), 500);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data transfer
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn in_order_data_is_delivered_without_copy() {
+    let mut c = established();
+    let frame = zb(&pattern(1000, 9));
+    let payload = frame.slice(0..1000);
+    c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), payload);
+    assert!(c.take_events().readable);
+    let got = c.recv().unwrap().unwrap();
+    assert_eq!(
+        got.as_ptr(),
+        frame.as_ptr(),
+        "the delivered buffer is the received one"
+    );
+    assert_eq!(got.as_ref(), &pattern(1000, 9)[..]);
+    assert_eq!(c.recv(), Ok(None));
+    let out = poll_all(&mut c, t(2));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 1 + 1000));
+}
+
+#[test]
+fn sent_data_references_the_application_buffer() {
+    let mut c = established();
+    let data = zb(&pattern(4000, 5));
+    assert_eq!(c.send(&data), Ok(4000));
+    let out = poll_all(&mut c, t(2));
+    assert_eq!(out.len(), 3, "1460 + 1460 + 1080");
+    assert_eq!(out[0].payload.segments()[0].as_ptr(), data.as_ptr());
+    let bytes: Vec<u8> = out.iter().flat_map(|s| s.payload.to_vec()).collect();
+    assert_eq!(bytes, pattern(4000, 5));
+    assert!(out[2].repr.flags.psh());
+}
+
+#[test]
+fn rfc9293_3_10_7_4_out_of_window_segment_is_acked_and_dropped() {
+    let mut c = established();
+    c.on_segment(
+        t(2),
+        &ack_seg(PEER_ISS + 1 + 70_000, ISS + 1, 65535),
+        zb(b"late"),
+    );
+    assert_eq!(c.counters.drops(DropReason::OutOfWindow), 1);
+    let out = poll_all(&mut c, t(2));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 1));
+    assert_eq!(c.recv_available(), 0);
+}
+
+#[test]
+fn rfc9293_3_10_7_4_overlapping_retransmission_is_trimmed() {
+    let mut c = established();
+    c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(b"hello"));
+    c.on_segment(
+        t(2),
+        &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
+        zb(b"hello world"),
+    );
+    let mut all = Vec::new();
+    while let Ok(Some(b)) = c.recv() {
+        all.extend_from_slice(&b);
+    }
+    assert_eq!(all, b"hello world");
+}
+
+#[test]
+fn rfc2018_out_of_order_data_is_sacked_then_reassembled() {
+    let cfg = TcpConfig {
+        sack: true,
+        ..plain_cfg()
+    };
+    let opts = TcpOptions {
+        sack_permitted: true,
+        ..TcpOptions::default()
+    };
+    let mut c = established_with(cfg, opts);
+    let base = PEER_ISS + 1;
+    c.on_segment(t(2), &ack_seg(base + 100, ISS + 1, 65535), zb(&[2u8; 100]));
+    let out = poll_all(&mut c, t(2));
+    assert_eq!(out.len(), 1, "RFC 5681 §4.2: immediate duplicate ACK");
+    assert_eq!(out[0].repr.ack, SeqNum(base));
+    assert_eq!(
+        out[0].repr.options.sack_blocks.as_slice(),
+        &[(SeqNum(base + 100), SeqNum(base + 200))]
+    );
+    assert_eq!(c.recv(), Ok(None));
+    c.on_segment(t(3), &ack_seg(base, ISS + 1, 65535), zb(&[1u8; 100]));
+    let mut all = Vec::new();
+    while let Ok(Some(b)) = c.recv() {
+        all.extend_from_slice(&b);
+    }
+    assert_eq!(all.len(), 200);
+    assert!(all[..100].iter().all(|&b| b == 1) && all[100..].iter().all(|&b| b == 2));
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(out.last().unwrap().repr.ack, SeqNum(base + 200));
+    assert!(out.last().unwrap().repr.options.sack_blocks.is_empty());
+}
+
+#[test]
+fn rfc9293_3_8_6_2_2_receiver_sws_opens_window_in_mss_steps() {
+    let cfg = TcpConfig {
+        rcv_buf: 8000,
+        ..plain_cfg()
+    };
+    let mut c = established_with(cfg, TcpOptions::default());
+    let base = PEER_ISS + 1;
+    for i in 0..50 {
+        c.on_segment(
+            t(2),
+            &ack_seg(base + i * 100, ISS + 1, 65535),
+            zb(&[i as u8; 100]),
+        );
+    }
+    let out = poll_all(&mut c, t(2));
+    assert_eq!(out.last().unwrap().repr.window, 3000);
+    // Reading 1000 bytes opens the window by less than one MSS (1460): no update.
+    for _ in 0..10 {
+        c.recv().unwrap().unwrap();
+    }
+    assert!(poll_all(&mut c, t(3)).is_empty());
+    // Another 500 crosses the threshold: one update announcing all free space.
+    for _ in 0..5 {
+        c.recv().unwrap().unwrap();
+    }
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.window, 4500);
+    // The right edge never moves left: more data arrives, window shrinks only by what came.
+    c.on_segment(
+        t(4),
+        &ack_seg(base + 5000, ISS + 1, 65535),
+        zb(&[0u8; 1000]),
+    );
+    let out = poll_all(&mut c, t(4));
+    assert_eq!(out[0].repr.window, 3500);
+}
+
+#[test]
+fn rfc9293_3_8_6_1_zero_window_is_probed_with_backoff() {
+    let mut c = established();
+    let base = PEER_ISS + 1;
+    c.on_segment(t(2), &ack_seg(base, ISS + 1, 0), zb(&[]));
+    assert_eq!(c.send_window(), 0);
+    c.send(&zb(&pattern(3000, 1))).unwrap();
+    assert!(
+        poll_all(&mut c, t(2)).is_empty(),
+        "nothing goes into a zero window"
+    );
+    let p1 = c.poll_timeout().expect("persist timer");
+    c.on_timeout(p1);
+    let out = poll_all(&mut c, p1);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].payload.len(), 1, "one octet probe");
+    assert_eq!(c.counters.window_probes, 1);
+    // The peer still has no room: it ACKs without taking the octet.
+    c.on_segment(p1, &ack_seg(base, ISS + 1, 0), zb(&[]));
+    let p2 = c.poll_timeout().unwrap();
+    assert!(p2 - p1 > p1 - t(2), "probe interval backs off");
+    c.on_timeout(p2);
+    assert_eq!(poll_all(&mut c, p2).len(), 1);
+    assert_eq!(c.state(), State::Established, "answered probes never abort");
+    // The window opens: the rest flows.
+    c.on_segment(p2, &ack_seg(base, ISS + 1, 65535), zb(&[]));
+    let out = poll_all(&mut c, p2);
+    assert_eq!(out.iter().map(|s| s.payload.len()).sum::<usize>(), 3000);
+    assert_eq!(out[0].repr.seq, SeqNum(ISS + 1));
+}
+
+#[test]
+fn rfc9293_3_7_4_nagle_holds_small_segments_when_enabled() {
+    let mut c = established_with(
+        TcpConfig {
+            nagle: true,
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
+    c.send(&zb(b"a")).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 1);
+    c.send(&zb(b"b")).unwrap();
+    assert!(
+        poll_all(&mut c, t(2)).is_empty(),
+        "held while 'a' is unacked"
+    );
+    c.on_segment(t(3), &ack_seg(PEER_ISS + 1, ISS + 2, 65535), zb(&[]));
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].payload.to_vec(), b"b");
+    // Nagle off (the default): both go immediately.
+    let mut d = established();
+    d.send(&zb(b"a")).unwrap();
+    poll_all(&mut d, t(2));
+    d.send(&zb(b"b")).unwrap();
+    assert_eq!(poll_all(&mut d, t(2)).len(), 1);
+}
+
+#[test]
+fn send_buffer_limits_and_writable_event() {
+    let mut c = established_with(
+        TcpConfig {
+            snd_buf: 3000,
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
+    assert_eq!(c.send(&zb(&pattern(5000, 0))), Ok(3000));
+    assert_eq!(c.send(&zb(b"x")), Err(SendError::WouldBlock));
+    poll_all(&mut c, t(2));
+    c.on_segment(t(3), &ack_seg(PEER_ISS + 1, ISS + 1 + 1460, 65535), zb(&[]));
+    assert!(c.take_events().writable);
+    assert_eq!(c.send_capacity(), 1460);
+}
+
+#[test]
+fn rfc9293_3_8_6_3_delayed_ack_waits_then_fires() {
+    let cfg = TcpConfig {
+        delayed_ack: Some(Duration::from_millis(5)),
+        ..plain_cfg()
+    };
+    let mut c = established_with(cfg, TcpOptions::default());
+    c.on_segment(
+        t(10),
+        &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[0u8; 100]),
+    );
+    assert!(poll_all(&mut c, t(10)).is_empty(), "ACK delayed");
+    assert_eq!(c.poll_timeout(), Some(t(15)));
+    // A reply written before the timer piggybacks the ACK.
+    c.send(&zb(b"resp")).unwrap();
+    let out = poll_all(&mut c, t(11));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 101));
+    assert_eq!(
+        c.poll_timeout().map(|d| d > t(15)),
+        Some(true),
+        "delack cancelled; only RTO left"
+    );
+    // Two full segments are acknowledged at once (RFC 5681 §4.2).
+    c.on_segment(
+        t(12),
+        &ack_seg(PEER_ISS + 101, ISS + 5, 65535),
+        zb(&[0u8; 1460]),
+    );
+    c.on_segment(
+        t(12),
+        &ack_seg(PEER_ISS + 1561, ISS + 5, 65535),
+        zb(&[0u8; 1460]),
+    );
+    assert_eq!(poll_all(&mut c, t(12)).len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RFC 5961 and PAWS
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn rfc5961_3_2_rst_must_match_rcv_nxt_exactly() {
+    let mut c = established();
+    c.on_segment(t(2), &seg(TcpFlags::RST, PEER_ISS + 10, 0, 0), zb(&[]));
+    assert_eq!(c.state(), State::Established);
+    assert_eq!(c.counters.challenge_acks, 1);
+    let out = poll_all(&mut c, t(2));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.flags, TcpFlags::ACK);
+    // Out of window: silently dropped.
+    c.on_segment(
+        t(2),
+        &seg(TcpFlags::RST, PEER_ISS + 1_000_000, 0, 0),
+        zb(&[]),
+    );
+    assert!(poll_all(&mut c, t(2)).is_empty());
+    // Exact: reset.
+    c.on_segment(t(2), &seg(TcpFlags::RST, PEER_ISS + 1, 0, 0), zb(&[]));
+    assert_eq!(c.state(), State::Closed);
+    assert_eq!(c.close_reason(), Some(CloseReason::Reset));
+}
+
+#[test]
+fn rfc5961_4_2_syn_in_established_gets_challenge_ack() {
+    let mut c = established();
+    c.on_segment(t(2), &seg(TcpFlags::SYN, PEER_ISS + 5, 0, 1000), zb(&[]));
+    assert_eq!(c.state(), State::Established);
+    let out = poll_all(&mut c, t(2));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.flags, TcpFlags::ACK);
+    assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 1));
+}
+
+#[test]
+fn rfc5961_7_challenge_acks_are_rate_limited_per_connection() {
+    let mut c = established_with(
+        TcpConfig {
+            challenge_ack_limit: 3,
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
+    let mut sent = 0;
+    for _ in 0..50 {
+        c.on_segment(t(2), &seg(TcpFlags::SYN, PEER_ISS + 5, 0, 1000), zb(&[]));
+        sent += poll_all(&mut c, t(2)).len();
+    }
+    assert_eq!(sent, 3);
+    assert_eq!(c.counters.challenge_acks_suppressed, 47);
+    // A new one-second window allows more: desynchronized peers cannot ping-pong forever,
+    // and legitimate challenges still get through.
+    c.on_segment(t(1003), &seg(TcpFlags::SYN, PEER_ISS + 5, 0, 1000), zb(&[]));
+    assert_eq!(poll_all(&mut c, t(1003)).len(), 1);
+}
+
+#[test]
+fn rfc5961_5_2_ack_of_unsent_data_is_dropped_and_acked() {
+    let mut c = established();
+    c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 5000, 65535), zb(b"data"));
+    assert_eq!(c.counters.drops(DropReason::BadAck), 1);
+    assert_eq!(c.recv_available(), 0, "the segment's data is dropped too");
+    assert_eq!(poll_all(&mut c, t(2)).len(), 1);
+}
+
+#[test]
+fn rfc7323_5_3_paws_drops_old_timestamps() {
+    let cfg = TcpConfig {
+        timestamps: true,
+        ..plain_cfg()
+    };
+    let opts = TcpOptions {
+        timestamps: Some(Timestamps {
+            tsval: 1000,
+            tsecr: 0,
+        }),
+        ..TcpOptions::default()
+    };
+    let mut c = established_with(cfg, opts);
+    let mut s = ack_seg(PEER_ISS + 1, ISS + 1, 65535);
+    s.options.timestamps = Some(Timestamps {
+        tsval: 1005,
+        tsecr: 0,
+    });
+    c.on_segment(t(2), &s, zb(b"new"));
+    assert_eq!(c.recv_available(), 3);
+    let mut old = ack_seg(PEER_ISS + 4, ISS + 1, 65535);
+    old.options.timestamps = Some(Timestamps {
+        tsval: 990,
+        tsecr: 0,
+    });
+    c.on_segment(t(3), &old, zb(b"old"));
+    assert_eq!(c.counters.drops(DropReason::Paws), 1);
+    assert_eq!(c.recv_available(), 3);
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(
+        out.last().unwrap().repr.options.timestamps.unwrap().tsecr,
+        1005
+    );
+    // RFC 7323 §3.2: a segment without timestamps after negotiation is dropped.
+    c.on_segment(t(3), &ack_seg(PEER_ISS + 4, ISS + 1, 65535), zb(b"nots"));
+    assert_eq!(c.recv_available(), 3);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Closing
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn rfc9293_3_6_active_close_through_time_wait() {
+    let mut c = established_with(
+        TcpConfig {
+            time_wait: Duration::from_secs(2),
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
+    c.send(&zb(b"bye")).unwrap();
+    c.close();
+    assert_eq!(c.state(), State::FinWait1);
+    let out = poll_all(&mut c, t(2));
+    assert_eq!(out.len(), 1, "FIN piggybacked on the data");
+    assert!(out[0].repr.flags.fin());
+    assert_eq!(c.send(&zb(b"more")), Err(SendError::Shutdown));
+    c.on_segment(
+        t(3),
+        &ack_seg(PEER_ISS + 1, ISS + 1 + 3 + 1, 65535),
+        zb(&[]),
+    );
+    assert_eq!(c.state(), State::FinWait2);
+    c.on_segment(
+        t(4),
+        &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 1, ISS + 5, 65535),
+        zb(b"ok"),
+    );
+    assert_eq!(c.state(), State::TimeWait);
+    assert_eq!(c.recv().unwrap().unwrap().as_ref(), b"ok");
+    assert_eq!(c.recv(), Err(RecvError::Finished));
+    let out = poll_all(&mut c, t(4));
+    assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 1 + 2 + 1));
+    // RFC 1337: RST in TIME-WAIT is ignored.
+    c.on_segment(t(5), &seg(TcpFlags::RST, PEER_ISS + 4, 0, 0), zb(&[]));
+    assert_eq!(c.state(), State::TimeWait);
+    // A retransmitted FIN is re-acknowledged and restarts 2 MSL.
+    c.on_segment(
+        t(1000),
+        &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 3, ISS + 5, 65535),
+        zb(&[]),
+    );
+    assert_eq!(poll_all(&mut c, t(1000)).len(), 1);
+    assert_eq!(c.poll_timeout(), Some(t(3000)));
+    c.on_timeout(t(3000));
+    assert_eq!(c.state(), State::Closed);
+    assert!(c.is_closed());
+}
+
+#[test]
+fn rfc9293_3_6_passive_close_through_last_ack() {
+    let mut c = established();
+    c.on_segment(
+        t(2),
+        &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[]),
+    );
+    assert_eq!(c.state(), State::CloseWait);
+    assert_eq!(c.recv(), Err(RecvError::Finished));
+    assert_eq!(poll_all(&mut c, t(2)).len(), 1);
+    c.send(&zb(b"last words")).unwrap();
+    c.close();
+    assert_eq!(c.state(), State::LastAck);
+    let out = poll_all(&mut c, t(3));
+    assert!(out.last().unwrap().repr.flags.fin());
+    c.on_segment(
+        t(4),
+        &ack_seg(PEER_ISS + 2, ISS + 1 + 10 + 1, 65535),
+        zb(&[]),
+    );
+    assert_eq!(c.state(), State::Closed);
+    assert_eq!(c.close_reason(), Some(CloseReason::Normal));
+}
+
+#[test]
+fn rfc9293_3_6_simultaneous_close_through_closing() {
+    let mut c = established_with(
+        TcpConfig {
+            time_wait: Duration::from_millis(100),
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
+    c.close();
+    let fin = poll_all(&mut c, t(2));
+    assert!(fin[0].repr.flags.fin());
+    c.on_segment(
+        t(3),
+        &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[]),
+    );
+    assert_eq!(c.state(), State::Closing);
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 2, ISS + 2, 65535), zb(&[]));
+    assert_eq!(c.state(), State::TimeWait);
+}
+
+#[test]
+fn rfc9293_3_10_5_abort_sends_rst() {
+    let mut c = established();
+    c.send(&zb(b"discarded")).unwrap();
+    c.abort();
+    let out = poll_all(&mut c, t(2));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.flags, TcpFlags::RST);
+    assert!(c.is_closed());
+    assert_eq!(c.close_reason(), Some(CloseReason::Aborted));
+}
+
+#[test]
+fn out_of_order_fin_is_applied_when_the_hole_fills() {
+    let mut c = established();
+    c.on_segment(
+        t(2),
+        &seg(TcpFlags::FIN | TcpFlags::ACK, PEER_ISS + 6, ISS + 1, 65535),
+        zb(b"world"),
+    );
+    assert_eq!(c.state(), State::Established);
+    c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(b"hello"));
+    assert_eq!(c.state(), State::CloseWait);
+    let mut all = Vec::new();
+    while let Ok(Some(b)) = c.recv() {
+        all.extend_from_slice(&b);
+    }
+    assert_eq!(all, b"helloworld");
+    assert_eq!(c.recv(), Err(RecvError::Finished));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loss recovery
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn rfc6298_5_rto_retransmits_from_snd_una_and_aborts_after_max_retries() {
+    let mut c = established_with(
+        TcpConfig {
+            max_retries: 3,
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
+    c.send(&zb(&pattern(2000, 4))).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 2);
+    let cwnd_before = c.cwnd();
+    let rto = c.poll_timeout().unwrap();
+    c.on_timeout(rto);
+    assert_eq!(c.counters.rtos, 1);
+    assert!(c.cwnd() < cwnd_before, "RFC 5681 §3.1: loss window");
+    let out = poll_all(&mut c, rto);
+    assert_eq!(out.len(), 1, "cwnd = 1 MSS after RTO");
+    assert_eq!(out[0].repr.seq, SeqNum(ISS + 1));
+    for _ in 0..3 {
+        let now = c.poll_timeout().unwrap();
+        c.on_timeout(now);
+        poll_all(&mut c, now);
+    }
+    assert_eq!(c.state(), State::Closed);
+    assert_eq!(c.close_reason(), Some(CloseReason::Timeout));
+}
+
+#[test]
+fn rfc5681_3_2_three_dupacks_trigger_fast_retransmit_and_recovery_exits() {
+    let mut c = established();
+    c.send(&zb(&pattern(1460 * 8, 1))).unwrap();
+    let out = poll_all(&mut c, t(2));
+    assert_eq!(out.len(), 8);
+    let una = ISS + 1;
+    // Segment 1 lost; 2..4 arrive: three duplicate ACKs.
+    for _ in 0..3 {
+        c.on_segment(t(3), &ack_seg(PEER_ISS + 1, una, 65535), zb(&[]));
+    }
+    assert!(c.in_recovery());
+    assert_eq!(c.counters.fast_retransmits, 1);
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(
+        out[0].repr.seq,
+        SeqNum(una),
+        "first unacknowledged segment retransmitted"
+    );
+    assert_eq!(out[0].payload.len(), 1460);
+    // Full ACK of everything: recovery ends without an RTO.
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 1, una + 1460 * 8, 65535), zb(&[]));
+    assert!(!c.in_recovery());
+    assert_eq!(c.counters.rtos, 0);
+}
+
+#[test]
+fn rfc6582_3_2_partial_ack_retransmits_next_hole() {
+    let mut c = established();
+    c.send(&zb(&pattern(1460 * 8, 1))).unwrap();
+    poll_all(&mut c, t(2));
+    let una = ISS + 1;
+    for _ in 0..3 {
+        c.on_segment(t(3), &ack_seg(PEER_ISS + 1, una, 65535), zb(&[]));
+    }
+    poll_all(&mut c, t(3));
+    // Partial ACK: segment 1 repaired, segment 3 also lost.
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 1, una + 1460 * 2, 65535), zb(&[]));
+    assert!(c.in_recovery());
+    let out = poll_all(&mut c, t(4));
+    assert_eq!(out[0].repr.seq, SeqNum(una + 1460 * 2));
+    c.on_segment(t(5), &ack_seg(PEER_ISS + 1, una + 1460 * 8, 65535), zb(&[]));
+    assert!(!c.in_recovery());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two endpoints over an in-memory link
+// ---------------------------------------------------------------------------------------------
+
+/// Decides whether to drop the n-th data segment A sends.
+type DropFn = Box<dyn FnMut(u64, &OutSegment) -> bool>;
+
+/// Two connections joined by a link that can drop chosen segments. Deterministic.
+struct Pair {
+    a: Connection,
+    b: Connection,
+    now: Instant,
+    delay: Duration,
+    /// In flight: (arrival time, to_b, segment).
+    wire: VecDeque<(Instant, bool, OutSegment)>,
+    /// Decides whether to drop the n-th data segment sent by A.
+    drop_a: DropFn,
+    a_data_segs: u64,
+}
+
+impl Pair {
+    fn new(cfg_a: TcpConfig, cfg_b: TcpConfig, delay: Duration) -> Pair {
+        let now = t(0);
+        let mut a = Connection::connect(now, tuple_a(), cfg_a, SeqNum(ISS), 11);
+        let syn = a.poll_segment(now).unwrap();
+        let info = SynInfo {
+            seq: syn.repr.seq,
+            window: syn.repr.window,
+            options: syn.repr.options,
+        };
+        let b = Connection::accept_syn(now + delay, tuple_b(), cfg_b, SeqNum(PEER_ISS), 22, &info);
+        let mut p = Pair {
+            a,
+            b,
+            now: now + delay,
+            delay,
+            wire: VecDeque::new(),
+            drop_a: Box::new(|_, _| false),
+            a_data_segs: 0,
+        };
+        p.run_until(
+            |p| p.a.state() == State::Established && p.b.state() == State::Established,
+            1000,
+        );
+        p
+    }
+
+    fn to_zbuf(iov: &IoVec) -> Zbuf {
+        Zbuf::copy_from_slice(&iov.to_vec())
+    }
+
+    fn flush(&mut self) {
+        while let Some(s) = self.a.poll_segment(self.now) {
+            if std::env::var_os("PAIR_TRACE").is_some() {
+                eprintln!(
+                    "{:?} A> {:?} seq={} ack={} len={} win={} sack={:?}",
+                    self.now,
+                    s.repr.flags,
+                    s.repr.seq,
+                    s.repr.ack,
+                    s.payload.len(),
+                    s.repr.window,
+                    s.repr.options.sack_blocks
+                );
+            }
+            if !s.payload.is_empty() {
+                self.a_data_segs += 1;
+                if (self.drop_a)(self.a_data_segs, &s) {
+                    continue;
+                }
+            }
+            self.wire.push_back((self.now + self.delay, true, s));
+        }
+        while let Some(s) = self.b.poll_segment(self.now) {
+            if std::env::var_os("PAIR_TRACE").is_some() {
+                eprintln!(
+                    "{:?} B> {:?} seq={} ack={} len={} win={} sack={:?}",
+                    self.now,
+                    s.repr.flags,
+                    s.repr.seq,
+                    s.repr.ack,
+                    s.payload.len(),
+                    s.repr.window,
+                    s.repr.options.sack_blocks
+                );
+            }
+            self.wire.push_back((self.now + self.delay, false, s));
+        }
+    }
+
+    /// Advance to the next event (delivery or timer) and process it.
+    fn step(&mut self) -> bool {
+        self.flush();
+        let next_wire = self.wire.front().map(|w| w.0);
+        let next_timer = [self.a.poll_timeout(), self.b.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
+        let next = match (next_wire, next_timer) {
+            (Some(w), Some(tm)) => w.min(tm),
+            (Some(w), None) => w,
+            (None, Some(tm)) => tm,
+            (None, None) => return false,
+        };
+        self.now = self.now.max(next);
+        while self.wire.front().is_some_and(|w| w.0 <= self.now) {
+            let (_, to_b, s) = self.wire.pop_front().unwrap();
+            let payload = Self::to_zbuf(&s.payload);
+            if to_b {
+                self.b.on_segment(self.now, &s.repr, payload);
+            } else {
+                self.a.on_segment(self.now, &s.repr, payload);
+            }
+        }
+        if self.a.poll_timeout().is_some_and(|x| x <= self.now) {
+            self.a.on_timeout(self.now);
+        }
+        if self.b.poll_timeout().is_some_and(|x| x <= self.now) {
+            self.b.on_timeout(self.now);
+        }
+        self.flush();
+        true
+    }
+
+    fn run_until(&mut self, mut done: impl FnMut(&mut Pair) -> bool, max_steps: usize) {
+        for _ in 0..max_steps {
+            if done(self) {
+                return;
+            }
+            if !self.step() {
+                break;
+            }
+        }
+        assert!(
+            done(self),
+            "condition not reached; a={:?} b={:?}",
+            self.a,
+            self.b
+        );
+    }
+
+    /// Move `data` from A to B, reading at B as it arrives; returns what B read.
+    fn transfer(&mut self, data: &[u8], max_steps: usize) -> Vec<u8> {
+        let mut offset = 0;
+        let mut got = Vec::new();
+        let src = zb(data);
+        for _ in 0..max_steps {
+            if offset < data.len() {
+                if let Ok(n) = self.a.send(&src.slice(offset..data.len())) {
+                    offset += n;
+                }
+            }
+            while let Ok(Some(b)) = self.b.recv() {
+                got.extend_from_slice(&b);
+            }
+            if got.len() == data.len() && self.a.bytes_in_flight() == 0 {
+                return got;
+            }
+            if !self.step() {
+                break;
+            }
+        }
+        got
+    }
+}
+
+fn sack_cfg() -> TcpConfig {
+    TcpConfig::default()
+}
+
+#[test]
+fn pair_bulk_transfer_is_byte_exact() {
+    let mut p = Pair::new(sack_cfg(), sack_cfg(), Duration::from_micros(50));
+    let data = pattern(2 << 20, 7);
+    let got = p.transfer(&data, 200_000);
+    assert_eq!(got.len(), data.len());
+    assert!(got == data);
+    assert_eq!(p.a.counters.retransmits, 0);
+}
+
+#[test]
+fn rfc6675_single_loss_is_repaired_by_sack_recovery_without_rto() {
+    let mut p = Pair::new(sack_cfg(), sack_cfg(), Duration::from_micros(100));
+    p.drop_a = Box::new(|n, _| n == 20);
+    let data = pattern(400_000, 3);
+    let got = p.transfer(&data, 200_000);
+    assert!(got == data);
+    assert_eq!(p.a.counters.rtos, 0, "no RTO");
+    assert_eq!(p.a.counters.fast_retransmits, 1);
+    assert_eq!(p.a.counters.sack_recoveries, 1);
+    assert_eq!(p.a.counters.retransmits, 1, "exactly the lost segment");
+}
+
+#[test]
+fn rfc6582_newreno_recovers_multiple_losses_without_sack() {
+    let cfg = TcpConfig {
+        sack: false,
+        ..TcpConfig::default()
+    };
+    let mut p = Pair::new(cfg.clone(), cfg, Duration::from_micros(100));
+    p.drop_a = Box::new(|n, _| n == 30 || n == 33);
+    let data = pattern(400_000, 5);
+    let got = p.transfer(&data, 200_000);
+    assert!(got == data);
+    assert_eq!(p.a.counters.rtos, 0);
+    assert!(p.a.counters.retransmits >= 2);
+}
+
+#[test]
+fn pair_random_loss_both_algorithms_complete() {
+    for alg in [CcAlgorithm::NewReno, CcAlgorithm::Cubic] {
+        for seed in 0..5u64 {
+            let cfg = TcpConfig {
+                cc: alg,
+                ..TcpConfig::default()
+            };
+            let mut p = Pair::new(cfg.clone(), cfg, Duration::from_micros(200));
+            let mut rng = crate::context::testutil::FakeRng::new(seed);
+            p.drop_a = Box::new(move |_, _| {
+                use crate::context::Rng;
+                rng.next_u32() % 50 == 0
+            });
+            let data = pattern(300_000, seed as u8);
+            let got = p.transfer(&data, 500_000);
+            assert!(
+                got == data,
+                "{alg:?} seed {seed}: got {} of {}",
+                got.len(),
+                data.len()
+            );
+        }
+    }
+}
+
+#[test]
+fn pair_close_both_ways_reaches_closed() {
+    let cfg = TcpConfig {
+        time_wait: Duration::from_millis(10),
+        ..TcpConfig::default()
+    };
+    let mut p = Pair::new(cfg.clone(), cfg, Duration::from_micros(100));
+    p.a.close();
+    p.run_until(|p| p.b.state() == State::CloseWait, 100);
+    assert_eq!(p.b.recv(), Err(RecvError::Finished));
+    p.b.close();
+    p.run_until(|p| p.a.is_closed() && p.b.is_closed(), 1000);
+    assert_eq!(p.a.close_reason(), Some(CloseReason::Normal));
+    assert_eq!(p.b.close_reason(), Some(CloseReason::Normal));
+}
+
+#[test]
+fn rfc9293_3_8_4_keepalive_detects_dead_peer() {
+    let ka = crate::tcp::config::KeepaliveConfig {
+        idle: Duration::from_secs(1),
+        interval: Duration::from_millis(100),
+        probes: 3,
+    };
+    let mut c = established_with(
+        TcpConfig {
+            keepalive: Some(ka),
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
+    let mut probes = 0;
+    for _ in 0..10 {
+        let Some(at) = c.poll_timeout() else { break };
+        c.on_timeout(at);
+        for s in poll_all(&mut c, at) {
+            if s.repr.flags == TcpFlags::ACK {
+                assert_eq!(s.repr.seq, SeqNum(ISS), "SEG.SEQ = SND.NXT - 1");
+                probes += 1;
+            }
+        }
+        if c.state() == State::Closed {
+            break;
+        }
+    }
+    assert_eq!(probes, 3);
+    assert_eq!(c.close_reason(), Some(CloseReason::Timeout));
+}

@@ -1,0 +1,124 @@
+//! Counters per connection; the stack sums them and adds its own drop reasons.
+
+/// Why a segment (or frame) was dropped. Every drop is counted under exactly one reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DropReason {
+    /// Failed sequence acceptability (RFC 9293 §3.10.7.4 first check).
+    OutOfWindow,
+    /// Failed PAWS (RFC 7323 §5).
+    Paws,
+    /// ACK of data never sent or too old (RFC 5961 §5).
+    BadAck,
+    /// Segment without ACK in a synchronized state.
+    NoAck,
+    /// RST that did not exactly match RCV.NXT and was out of window (RFC 5961 §3).
+    BadRst,
+    /// Anything but a valid SYN-ACK or RST in SYN-SENT.
+    SynSentInvalid,
+    /// Out-of-order queue full.
+    OooFull,
+    /// Receive buffer full: data beyond the window.
+    RcvBufFull,
+    /// Data arrived after the application shut down reading, or after FIN.
+    DataAfterFin,
+}
+
+impl DropReason {
+    /// Every reason, in a fixed order (for reports).
+    pub const ALL: [DropReason; 9] = [
+        DropReason::OutOfWindow,
+        DropReason::Paws,
+        DropReason::BadAck,
+        DropReason::NoAck,
+        DropReason::BadRst,
+        DropReason::SynSentInvalid,
+        DropReason::OooFull,
+        DropReason::RcvBufFull,
+        DropReason::DataAfterFin,
+    ];
+
+    /// A short stable name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::OutOfWindow => "out_of_window",
+            DropReason::Paws => "paws",
+            DropReason::BadAck => "bad_ack",
+            DropReason::NoAck => "no_ack",
+            DropReason::BadRst => "bad_rst",
+            DropReason::SynSentInvalid => "syn_sent_invalid",
+            DropReason::OooFull => "ooo_full",
+            DropReason::RcvBufFull => "rcv_buf_full",
+            DropReason::DataAfterFin => "data_after_fin",
+        }
+    }
+
+    fn index(self) -> usize {
+        DropReason::ALL.iter().position(|r| *r == self).unwrap_or(0)
+    }
+}
+
+/// Counters of one connection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConnCounters {
+    /// Segments received and processed (including dropped ones).
+    pub segs_in: u64,
+    /// Segments sent.
+    pub segs_out: u64,
+    /// Payload bytes delivered in order.
+    pub bytes_in: u64,
+    /// Payload bytes sent, including retransmissions.
+    pub bytes_out: u64,
+    /// Segments retransmitted (any cause).
+    pub retransmits: u64,
+    /// Retransmission timeouts.
+    pub rtos: u64,
+    /// Fast retransmits (dupack or SACK triggered).
+    pub fast_retransmits: u64,
+    /// Loss recoveries entered with SACK information (RFC 6675).
+    pub sack_recoveries: u64,
+    /// Challenge ACKs sent (RFC 5961).
+    pub challenge_acks: u64,
+    /// Challenge ACKs suppressed by the per-connection rate limit.
+    pub challenge_acks_suppressed: u64,
+    /// D-SACKs received (RFC 2883).
+    pub dsacks: u64,
+    /// Zero-window probes sent.
+    pub window_probes: u64,
+    /// Keepalive probes sent.
+    pub keepalive_probes: u64,
+    /// Drops by reason, indexed like [`DropReason::ALL`].
+    pub drops: [u64; DropReason::ALL.len()],
+}
+
+impl ConnCounters {
+    /// Count one drop.
+    pub fn drop(&mut self, reason: DropReason) {
+        self.drops[reason.index()] += 1;
+    }
+
+    /// Drops counted under `reason`.
+    pub fn drops(&self, reason: DropReason) -> u64 {
+        self.drops[reason.index()]
+    }
+
+    /// Add another connection's counters into these.
+    pub fn accumulate(&mut self, o: &ConnCounters) {
+        self.segs_in += o.segs_in;
+        self.segs_out += o.segs_out;
+        self.bytes_in += o.bytes_in;
+        self.bytes_out += o.bytes_out;
+        self.retransmits += o.retransmits;
+        self.rtos += o.rtos;
+        self.fast_retransmits += o.fast_retransmits;
+        self.sack_recoveries += o.sack_recoveries;
+        self.challenge_acks += o.challenge_acks;
+        self.challenge_acks_suppressed += o.challenge_acks_suppressed;
+        self.dsacks += o.dsacks;
+        self.window_probes += o.window_probes;
+        self.keepalive_probes += o.keepalive_probes;
+        for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {
+            *a += b;
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! The send queue: application buffers held by reference from the moment `send` accepts them
+//! until the peer acknowledges them. Retransmissions slice the same buffers; nothing is copied.
+
+use super::SeqNum;
+use std::collections::VecDeque;
+use zbuf::{IoVec, Zbuf};
+
+/// Unacknowledged and unsent payload, in sequence order, starting at `head`.
+#[derive(Debug)]
+pub(crate) struct SendQueue {
+    bufs: VecDeque<Zbuf>,
+    /// Sequence number of the first queued byte.
+    head: SeqNum,
+    /// Total queued bytes.
+    len: usize,
+    /// Lookup cache for `slice`: (index into `bufs`, sequence number of that buffer's first
+    /// byte). New data is sent in order, so this makes the common case O(1).
+    cursor: (usize, SeqNum),
+}
+
+impl SendQueue {
+    pub(crate) fn new(head: SeqNum) -> Self {
+        SendQueue {
+            bufs: VecDeque::new(),
+            head,
+            len: 0,
+            cursor: (0, head),
+        }
+    }
+
+    /// Sequence number just past the last queued byte.
+    pub(crate) fn end(&self) -> SeqNum {
+        self.head + self.len
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn push(&mut self, buf: Zbuf) {
+        if buf.is_empty() {
+            return;
+        }
+        self.len += buf.len();
+        self.bufs.push_back(buf);
+    }
+
+    /// Release every byte before `ack` (cumulative acknowledgment). Returns bytes released.
+    pub(crate) fn ack_to(&mut self, ack: SeqNum) -> usize {
+        if ack.le(self.head) {
+            return 0;
+        }
+        let mut n = (ack - self.head).min(self.len as u32) as usize;
+        let released = n;
+        while n > 0 {
+            let Some(front) = self.bufs.front_mut() else {
+                break;
+            };
+            if front.len() <= n {
+                n -= front.len();
+                self.bufs.pop_front();
+                // Keep the cursor pointing at the same buffer.
+                self.cursor.0 = self.cursor.0.saturating_sub(1);
+            } else {
+                front.advance(n);
+                n = 0;
+            }
+        }
+        self.head += released;
+        self.len -= released;
+        if self.cursor.1.lt(self.head) || self.bufs.is_empty() {
+            self.cursor = (0, self.head);
+        }
+        released
+    }
+
+    /// The bytes `[seq, seq + max)` clipped to the queue, as references into the queued buffers.
+    pub(crate) fn slice(&mut self, seq: SeqNum, max: usize) -> IoVec {
+        let mut out = IoVec::new();
+        if seq.lt(self.head) || !seq.lt(self.end()) || max == 0 {
+            return out;
+        }
+        // Start from the cursor when it is at or before `seq`, else from the front.
+        let (mut idx, mut at) = if self.cursor.1.le(seq) && self.cursor.0 < self.bufs.len() {
+            self.cursor
+        } else {
+            (0, self.head)
+        };
+        let mut remaining = max.min((self.end() - seq) as usize);
+        while remaining > 0 && idx < self.bufs.len() {
+            let buf = &self.bufs[idx];
+            let buf_end = at + buf.len();
+            if buf_end.le(seq) {
+                at = buf_end;
+                idx += 1;
+                continue;
+            }
+            if out.is_empty() {
+                self.cursor = (idx, at);
+            }
+            let off = if seq.gt(at) { (seq - at) as usize } else { 0 };
+            let take = (buf.len() - off).min(remaining);
+            out.push(buf.slice(off..off + take));
+            remaining -= take;
+            at = buf_end;
+            idx += 1;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buf(range: std::ops::Range<u8>) -> Zbuf {
+        Zbuf::copy_from_slice(&range.collect::<Vec<u8>>())
+    }
+
+    #[test]
+    fn slices_span_buffers_and_ack_releases() {
+        let mut q = SendQueue::new(SeqNum(1000));
+        q.push(buf(0..10));
+        q.push(buf(10..25));
+        q.push(buf(25..30));
+        assert_eq!(q.len(), 30);
+        assert_eq!(
+            q.slice(SeqNum(1005), 12).to_vec(),
+            (5..17).collect::<Vec<u8>>()
+        );
+        assert_eq!(
+            q.slice(SeqNum(1020), 100).to_vec(),
+            (20..30).collect::<Vec<u8>>()
+        );
+        // Out of range: before head, at end.
+        assert!(q.slice(SeqNum(999), 5).is_empty());
+        assert!(q.slice(SeqNum(1030), 5).is_empty());
+        assert_eq!(q.ack_to(SeqNum(1012)), 12);
+        assert_eq!(q.end(), SeqNum(1030));
+        assert_eq!(q.slice(SeqNum(1012), 3).to_vec(), vec![12, 13, 14]);
+        // An old ACK releases nothing; an ACK beyond the queue releases only what is queued.
+        assert_eq!(q.ack_to(SeqNum(1000)), 0);
+        assert_eq!(q.ack_to(SeqNum(2000)), 18);
+        assert_eq!(q.len(), 0);
+        assert_eq!(q.end(), SeqNum(1030));
+    }
+
+    #[test]
+    fn slice_wraps_sequence_space() {
+        let mut q = SendQueue::new(SeqNum(u32::MAX - 4));
+        q.push(buf(0..10));
+        assert_eq!(q.slice(SeqNum(u32::MAX), 3).to_vec(), vec![4, 5, 6]);
+        assert_eq!(q.slice(SeqNum(1), 10).to_vec(), vec![6, 7, 8, 9]);
+    }
+
+    #[test]
+    fn cursor_survives_acks_and_random_access() {
+        let mut q = SendQueue::new(SeqNum(0));
+        for i in 0..20u8 {
+            q.push(Zbuf::copy_from_slice(&[i; 7]));
+        }
+        let mut model: Vec<u8> = (0..20u8).flat_map(|i| [i; 7]).collect();
+        let mut head = 0usize;
+        for step in 0..60usize {
+            let seq = head + (step * 13) % (model.len() - head).max(1);
+            let got = q.slice(SeqNum(seq as u32), 9).to_vec();
+            let end = (seq + 9).min(model.len());
+            assert_eq!(got, model[seq..end].to_vec(), "step {step}");
+            if step % 5 == 4 && head + 3 <= model.len() {
+                head += 3;
+                q.ack_to(SeqNum(head as u32));
+            }
+        }
+        model.clear();
+    }
+}

@@ -1,0 +1,57 @@
+//! Devices: where frames come from and go to. The runtime polls a device in bursts.
+//!
+//! A device is owned by one core. Received frames are handed over as [`Zbuf`]s (zero copy
+//! where the device allows: the buffer the NIC wrote); frames to send are
+//! `luna_stack::stack::Transmit`s (header bytes + a zero-copy payload io-vector).
+//!
+//! `unsafe` is allowed only in the device modules (DPDK glue), each block with a SAFETY note.
+
+use luna_stack::stack::Transmit;
+use luna_stack::wire::{ChecksumCaps, EthernetAddress};
+use std::collections::VecDeque;
+use zbuf::Zbuf;
+
+/// Counters every device keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// Frames received.
+    pub rx_frames: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Frames sent.
+    pub tx_frames: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+    /// Frames the device could not take (ring full) and that were dropped by the runtime.
+    pub tx_dropped: u64,
+    /// Frames lost on receive (ring overflow, no buffers), as far as the device knows.
+    pub rx_missed: u64,
+    /// Payload bytes copied on RX or TX (0 on a zero-copy device).
+    pub copied_bytes: u64,
+}
+
+/// A frame source and sink owned by one core.
+pub trait Device {
+    /// Receive up to `max` frames, appending them to `out`; returns how many were added.
+    fn rx_burst(&mut self, out: &mut Vec<Zbuf>, max: usize) -> usize;
+
+    /// Send frames from the front of `frames`, removing the ones the device accepted;
+    /// returns how many were accepted. Frames left in `frames` were not sent (ring full).
+    fn tx_burst(&mut self, frames: &mut VecDeque<Transmit>) -> usize;
+
+    /// The device's MAC address.
+    fn mac(&self) -> EthernetAddress;
+
+    /// Checksum offloads the device performs.
+    fn caps(&self) -> ChecksumCaps {
+        ChecksumCaps::software()
+    }
+
+    /// IP MTU of the link.
+    fn mtu(&self) -> u16 {
+        1500
+    }
+
+    /// Counters.
+    fn stats(&self) -> DeviceStats;
+}

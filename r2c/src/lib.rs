@@ -1,8 +1,40 @@
 //! r2c: the per-core run-to-completion runtime of luna.
 //!
 //! One thread per core, pinned, owning its NIC queue pair(s) through a [`device::Device`],
-//! its own `luna_stack::stack::Stack`, timers and zbuf cache. No locks and no shared writes
-//! on the data path. Being built (issue "r2c and knb"); see the README for what works.
+//! its own [`luna_stack::stack::Stack`], timers and zbuf cache. No locks and no shared
+//! writes on the data path; per-core stats are published through a seqlock every
+//! `stats_interval` iterations.
+//!
+//! Poll iteration: `rx_burst` (32) → `handle_frame` each → `handle_timeouts` →
+//! application work → send backlog → `poll_transmit` until `None` → `tx_burst` (frames
+//! the ring refuses are retried next iteration up to `tx_retry_limit`, then dropped and
+//! counted).
+//!
+//! Three ways to run an application:
+//! - [`inline`]: callbacks inside packet processing ([`InlineApp`], [`Ctx`]);
+//! - [`batch`]: a BSD-socket/epoll-like API polled once per iteration;
+//! - [`split`]: I/O + TCP on one core, handlers on worker threads over lock-free rings.
+//!
+//! [`config`] reads the TOML configuration (with CLI overrides); [`device::mem`] is an
+//! in-memory multi-queue link for tests and CI without DPDK.
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
+pub mod batch;
+pub mod clock;
+pub mod config;
+mod core;
+#[allow(unsafe_code)]
 pub mod device;
+pub mod inline;
+pub mod rng;
+mod runtime;
+pub mod split;
+pub mod stats;
+
+pub use crate::core::{
+    Conn, CoreError, CoreOptions, CoreReport, CoreSetup, CoreState, IdleStrategy, Listener,
+};
+pub use inline::{Ctx, InlineApp};
+pub use runtime::{Runtime, RuntimeError, StatsReader, StopHandle};
+pub use stats::CoreStats;

@@ -6,6 +6,9 @@
 //!
 //! `unsafe` is allowed only in the device modules (DPDK glue), each block with a SAFETY note.
 
+pub mod mem;
+
+pub use bifurcation::RssConfig;
 use luna_stack::stack::Transmit;
 use luna_stack::wire::{ChecksumCaps, EthernetAddress};
 use std::collections::VecDeque;
@@ -54,4 +57,16 @@ pub trait Device {
 
     /// Counters.
     fn stats(&self) -> DeviceStats;
+
+    /// The device's RSS setup (key and redirection table), `None` when it does not spread
+    /// flows over queues (memif, tap, a single queue). The port chooser uses it so that
+    /// `connect()` picks ports whose replies land on the calling core's queue.
+    fn rss(&self) -> Option<RssConfig> {
+        None
+    }
+
+    /// The receive queue this device handle polls (0 on single-queue devices).
+    fn queue(&self) -> u16 {
+        0
+    }
 }

@@ -1,0 +1,132 @@
+//! Monotonic clocks converted to the stack's [`Instant`].
+
+use luna_stack::time::Instant;
+use std::sync::OnceLock;
+
+/// A monotonic time source.
+pub trait Clock {
+    /// The current time.
+    fn now(&mut self) -> Instant;
+}
+
+/// One epoch for the whole process, so instants from different cores are comparable.
+fn epoch() -> std::time::Instant {
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
+}
+
+/// `std::time::Instant` (CLOCK_MONOTONIC through the vDSO): always available.
+#[derive(Debug, Clone, Copy)]
+pub struct StdClock {
+    epoch: std::time::Instant,
+}
+
+impl StdClock {
+    /// A clock on the process-wide epoch.
+    pub fn new() -> Self {
+        StdClock { epoch: epoch() }
+    }
+}
+
+impl Default for StdClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for StdClock {
+    fn now(&mut self) -> Instant {
+        let ns = self.epoch.elapsed().as_nanos();
+        Instant::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+    }
+}
+
+/// The TSC read through DPDK (`rte_rdtsc`), converted with the EAL's calibrated rate.
+/// Monotonic on CPUs with an invariant TSC (every x86 server DPDK supports).
+#[cfg(feature = "dpdk")]
+#[derive(Debug, Clone, Copy)]
+pub struct TscClock {
+    base: u64,
+    hz: u64,
+}
+
+#[cfg(feature = "dpdk")]
+impl TscClock {
+    /// A clock ticking at `hz` (from `dpdk_sys::eal::Eal::tsc_hz`); `None` if `hz` is 0.
+    pub fn new(hz: u64) -> Option<Self> {
+        (hz > 0).then(|| TscClock {
+            base: dpdk_sys::eal::rdtsc(),
+            hz,
+        })
+    }
+}
+
+#[cfg(feature = "dpdk")]
+impl Clock for TscClock {
+    fn now(&mut self) -> Instant {
+        let ticks = dpdk_sys::eal::rdtsc().saturating_sub(self.base);
+        let ns = u128::from(ticks) * 1_000_000_000 / u128::from(self.hz);
+        Instant::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+    }
+}
+
+/// Which clock a core uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClockSource {
+    /// `std::time::Instant`.
+    #[default]
+    Std,
+    /// The TSC at this rate (ticks per second); needs the `dpdk` feature.
+    Tsc(u64),
+}
+
+/// The clock a core runs on.
+#[derive(Debug, Clone, Copy)]
+pub enum CoreClock {
+    /// See [`StdClock`].
+    Std(StdClock),
+    /// See [`TscClock`].
+    #[cfg(feature = "dpdk")]
+    Tsc(TscClock),
+}
+
+impl CoreClock {
+    /// The clock for `src`; the TSC falls back to `std` without the `dpdk` feature or
+    /// with a zero rate.
+    pub fn new(src: ClockSource) -> Self {
+        match src {
+            #[cfg(feature = "dpdk")]
+            ClockSource::Tsc(hz) => match TscClock::new(hz) {
+                Some(t) => CoreClock::Tsc(t),
+                None => CoreClock::Std(StdClock::new()),
+            },
+            _ => CoreClock::Std(StdClock::new()),
+        }
+    }
+}
+
+impl Clock for CoreClock {
+    fn now(&mut self) -> Instant {
+        match self {
+            CoreClock::Std(c) => c.now(),
+            #[cfg(feature = "dpdk")]
+            CoreClock::Tsc(c) => c.now(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clocks_never_go_back() {
+        let mut c = CoreClock::new(ClockSource::default());
+        let mut last = c.now();
+        for _ in 0..1000 {
+            let t = c.now();
+            assert!(t >= last);
+            last = t;
+        }
+    }
+}

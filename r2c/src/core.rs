@@ -1,0 +1,717 @@
+//! The per-core engine shared by the inline, batch and split modes: device polling, the
+//! stack, timers, the send backlog, port choice, stats and graceful shutdown.
+
+use crate::clock::{Clock, ClockSource, CoreClock};
+use crate::device::{Device, DeviceStats};
+use crate::rng::CoreRng;
+use crate::stats::{CoreStats, StatsCell};
+use bifurcation::{ChooseError, PortChooser, PortRange, Steering};
+use core::net::{Ipv4Addr, SocketAddrV4};
+use luna_stack::stack::{
+    ConnectError, ListenError, ListenerHandle, SocketHandle, Stack, StackConfig, Transmit,
+};
+use luna_stack::tables::Route;
+use luna_stack::tcp::{CloseReason, RecvError, SendError, State};
+use luna_stack::time::{Duration, Instant};
+use luna_stack::wire::EthernetAddress;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use zbuf::{AllocError, CoreCache, Slab, Zbuf, ZbufMut};
+
+/// A connection, as the application names it (the stack's handle).
+pub type Conn = SocketHandle;
+/// A listening port.
+pub type Listener = ListenerHandle;
+
+/// What a core does when an iteration found no work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IdleStrategy {
+    /// Spin (lowest latency, one CPU at 100%).
+    #[default]
+    BusyPoll,
+    /// `sched_yield` between empty iterations (shared CPUs, tests).
+    Yield,
+    /// Sleep, doubling from 1 µs up to `max` while idle, never past the next timer.
+    Backoff {
+        /// Longest sleep.
+        max: Duration,
+    },
+}
+
+/// Knobs of the poll loop; the same for every core of a runtime.
+#[derive(Debug, Clone)]
+pub struct CoreOptions {
+    /// Frames per receive burst.
+    pub burst: usize,
+    /// What to do when idle.
+    pub idle: IdleStrategy,
+    /// Publish stats every this many iterations.
+    pub stats_interval: u64,
+    /// Iterations a frame refused by the device is retried before it is dropped.
+    pub tx_retry_limit: u32,
+    /// Most frames waiting for the device; beyond, new frames are dropped and counted
+    /// (TCP retransmits them).
+    pub tx_queue_limit: usize,
+    /// Most bytes per connection the runtime holds beyond the TCP send buffer for
+    /// `Ctx::send`; beyond, `send` answers `WouldBlock`.
+    pub max_backlog: usize,
+    /// How long shutdown waits for connections to close before resetting them.
+    pub shutdown_grace: Duration,
+    /// Pin each core's thread to its CPU.
+    pub pin: bool,
+    /// Time source.
+    pub clock: ClockSource,
+    /// Fixed RNG seed for reproducible tests; `None` (always in production) seeds from the OS.
+    pub rng_seed: Option<[u8; 32]>,
+    /// Zbuf slab; each core registers a cache on it (core id = core index). Without it
+    /// buffers the runtime allocates come from the heap.
+    pub slab: Option<Slab>,
+}
+
+impl Default for CoreOptions {
+    fn default() -> Self {
+        CoreOptions {
+            burst: 32,
+            idle: IdleStrategy::BusyPoll,
+            stats_interval: 1024,
+            tx_retry_limit: 16,
+            tx_queue_limit: 4096,
+            max_backlog: 4 << 20,
+            shutdown_grace: Duration::from_secs(1),
+            pin: true,
+            clock: ClockSource::Std,
+            rng_seed: None,
+            slab: None,
+        }
+    }
+}
+
+/// Everything one core owns.
+pub struct CoreSetup<D> {
+    /// Index of the core in the runtime (also its zbuf core id).
+    pub index: usize,
+    /// CPU to pin to (when [`CoreOptions::pin`]).
+    pub cpu: Option<usize>,
+    /// The queue pair(s) the core polls; it transmits on the first.
+    pub devices: Vec<D>,
+    /// The stack's configuration.
+    pub stack: StackConfig,
+    /// Extra routes.
+    pub routes: Vec<Route>,
+    /// Static neighbours (the kernel owns ARP in LUNA's model; netlink-sync mirrors it).
+    pub neighbours: Vec<(Ipv4Addr, EthernetAddress)>,
+    /// This core's client ports (its partition of 61440–65535).
+    pub ports: Vec<PortRange>,
+}
+
+impl<D> CoreSetup<D> {
+    /// A core with `devices`, the stack config and the whole reserved range as its ports.
+    pub fn new(index: usize, devices: Vec<D>, stack: StackConfig) -> Self {
+        CoreSetup {
+            index,
+            cpu: None,
+            devices,
+            stack,
+            routes: Vec::new(),
+            neighbours: Vec::new(),
+            ports: vec![PortRange::RESERVED],
+        }
+    }
+}
+
+/// Why a core could not start or run.
+#[derive(Debug)]
+pub enum CoreError {
+    /// The core has no device.
+    NoDevice(usize),
+    /// Pinning to the CPU failed.
+    Pin {
+        /// Core index.
+        core: usize,
+        /// CPU.
+        cpu: usize,
+    },
+    /// The stack refused its configuration.
+    Stack(luna_stack::stack::ConfigError),
+    /// The zbuf core cache could not be registered.
+    Slab(zbuf::SlabError),
+    /// No CSPRNG seed.
+    Seed(crate::rng::SeedError),
+    /// A route or neighbour did not fit its table.
+    TableFull,
+    /// The core's thread panicked (a bug; the message is the panic payload).
+    Panicked(String),
+    /// The thread could not be spawned.
+    Spawn(String),
+}
+
+impl fmt::Display for CoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CoreError::NoDevice(c) => write!(f, "core {c} has no device queue; give it at least one"),
+            CoreError::Pin { core, cpu } => write!(
+                f,
+                "core {core}: cannot pin to CPU {cpu} (not in this process's affinity mask?); pick a CPU listed by `nproc --all` or set runtime.pin = false"
+            ),
+            CoreError::Stack(e) => write!(f, "stack configuration: {e}"),
+            CoreError::Slab(e) => write!(f, "zbuf core cache: {e}"),
+            CoreError::Seed(e) => write!(f, "{e}"),
+            CoreError::TableFull => f.write_str("too many static routes or neighbours for the stack's tables"),
+            CoreError::Panicked(m) => write!(f, "core thread panicked: {m}"),
+            CoreError::Spawn(m) => write!(f, "cannot spawn core thread: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for CoreError {}
+
+/// What a core reports when it stops.
+#[derive(Debug, Clone)]
+pub struct CoreReport {
+    /// Core index.
+    pub index: usize,
+    /// Final counters.
+    pub stats: CoreStats,
+    /// Device counters (summed over the core's queues).
+    pub device: DeviceStats,
+    /// The stack's counters.
+    pub stack: luna_stack::stack::StackCounters,
+    /// TCP counters summed over connections.
+    pub tcp: luna_stack::tcp::ConnCounters,
+}
+
+struct Backlog {
+    bufs: VecDeque<Zbuf>,
+    bytes: usize,
+    close: bool,
+}
+
+/// The device-independent state of a core, reached by applications through
+/// [`crate::Ctx`] and [`crate::batch::Sockets`].
+pub struct CoreState {
+    pub(crate) index: usize,
+    pub(crate) stack: Stack<CoreRng>,
+    pub(crate) now: Instant,
+    chooser: PortChooser,
+    backlog: HashMap<Conn, Backlog>,
+    backlog_bytes: usize,
+    /// Connections the application holds.
+    pub(crate) open: HashSet<Conn>,
+    /// Connections closed by the application or at shutdown, until they finish.
+    closing: Vec<Conn>,
+    pub(crate) listeners: Vec<Listener>,
+    pub(crate) stats: CoreStats,
+    stop: Arc<AtomicBool>,
+    pub(crate) stopping: bool,
+    max_backlog: usize,
+    cache: Option<CoreCache>,
+}
+
+impl CoreState {
+    /// Open a connection to `remote` from a port of this core's partition that the NIC
+    /// steers back to this core (see [`bifurcation::PortChooser`]).
+    pub(crate) fn connect(&mut self, remote: SocketAddrV4) -> Result<Conn, ConnectError> {
+        let local_ip = match self.stack.routes_mut().next_hop(*remote.ip()) {
+            Some((_, r)) => r.source,
+            None => self.stack.ipv4(),
+        };
+        let stack = &self.stack;
+        let port = self.chooser.choose(local_ip, remote, |p| {
+            stack.tuple_in_use(SocketAddrV4::new(local_ip, p), remote)
+        });
+        let port = match port {
+            Ok(p) => p,
+            Err(e) => {
+                self.stats.connect_errors += 1;
+                if e == ChooseError::NoPortForQueue {
+                    self.stats.no_port_for_queue += 1;
+                }
+                return Err(ConnectError::PortsExhausted);
+            }
+        };
+        match self.stack.connect(self.now, remote, Some(port)) {
+            Ok(h) => {
+                self.open.insert(h);
+                Ok(h)
+            }
+            Err(e) => {
+                self.stats.connect_errors += 1;
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn listen(&mut self, port: u16, backlog: usize) -> Result<Listener, ListenError> {
+        let l = self.stack.listen(port, backlog)?;
+        self.listeners.push(l);
+        Ok(l)
+    }
+
+    pub(crate) fn unlisten(&mut self, l: Listener) {
+        self.listeners.retain(|&x| x != l);
+        self.stack.unlisten(l);
+    }
+
+    pub(crate) fn accept(&mut self, l: Listener) -> Option<Conn> {
+        let h = self.stack.accept(l)?;
+        self.open.insert(h);
+        self.stats.accepted += 1;
+        Some(h)
+    }
+
+    /// Queue all of `data`: what the TCP send buffer cannot take waits in the runtime's
+    /// backlog (up to `max_backlog` bytes) and goes out as ACKs free space.
+    pub(crate) fn send_all(&mut self, h: Conn, data: Zbuf) -> Result<(), SendError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        if let Some(b) = self.backlog.get_mut(&h) {
+            if b.close {
+                return Err(SendError::Shutdown);
+            }
+            if b.bytes + data.len() > self.max_backlog {
+                return Err(SendError::WouldBlock);
+            }
+            b.bytes += data.len();
+            self.backlog_bytes += data.len();
+            b.bufs.push_back(data);
+            return Ok(());
+        }
+        // All or nothing: refuse what neither the send buffer nor the backlog can hold.
+        if data.len() > self.stack.send_capacity(h) + self.max_backlog {
+            return Err(SendError::WouldBlock);
+        }
+        let n = match self.stack.send(h, &data) {
+            Ok(n) => n,
+            Err(SendError::WouldBlock) => 0,
+            Err(e) => return Err(e),
+        };
+        if n < data.len() {
+            let rest = data.slice(n..);
+            self.backlog_bytes += rest.len();
+            self.backlog.insert(
+                h,
+                Backlog {
+                    bytes: rest.len(),
+                    bufs: VecDeque::from([rest]),
+                    close: false,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Push backlogged data into send buffers that have room; finish deferred closes.
+    pub(crate) fn flush_backlogs(&mut self) {
+        if self.backlog.is_empty() {
+            return;
+        }
+        let CoreState {
+            backlog,
+            stack,
+            backlog_bytes,
+            closing,
+            ..
+        } = self;
+        backlog.retain(|&h, b| {
+            while let Some(front) = b.bufs.front_mut() {
+                match stack.send(h, front) {
+                    Ok(n) if n == front.len() => {
+                        b.bytes -= n;
+                        *backlog_bytes -= n;
+                        b.bufs.pop_front();
+                    }
+                    Ok(n) => {
+                        front.advance(n);
+                        b.bytes -= n;
+                        *backlog_bytes -= n;
+                        return true;
+                    }
+                    Err(SendError::WouldBlock) => return true,
+                    Err(_) => {
+                        // The connection is gone: nothing will ever take this data.
+                        *backlog_bytes -= b.bytes;
+                        return false;
+                    }
+                }
+            }
+            if b.close {
+                stack.close(h);
+                closing.push(h);
+            }
+            false
+        });
+    }
+
+    /// Close gracefully once backlogged data is queued; the handle is released.
+    pub(crate) fn close(&mut self, h: Conn) {
+        self.open.remove(&h);
+        match self.backlog.get_mut(&h) {
+            Some(b) => b.close = true,
+            None => {
+                self.stack.close(h);
+                self.closing.push(h);
+            }
+        }
+    }
+
+    pub(crate) fn abort(&mut self, h: Conn) {
+        self.open.remove(&h);
+        if let Some(b) = self.backlog.remove(&h) {
+            self.backlog_bytes -= b.bytes;
+        }
+        self.stack.abort(h);
+    }
+
+    pub(crate) fn is_closing(&self, h: Conn) -> bool {
+        self.backlog.get(&h).is_some_and(|b| b.close)
+    }
+
+    /// The stack reported the connection closed: forget it and release the handle.
+    pub(crate) fn on_closed(&mut self, h: Conn) -> Option<CloseReason> {
+        let reason = self.stack.close_reason(h);
+        self.open.remove(&h);
+        if let Some(b) = self.backlog.remove(&h) {
+            self.backlog_bytes -= b.bytes;
+        }
+        self.stack.close(h);
+        self.stats.closed += 1;
+        reason
+    }
+
+    pub(crate) fn recv(&mut self, h: Conn) -> Result<Option<Zbuf>, RecvError> {
+        self.stack.recv(h)
+    }
+
+    pub(crate) fn alloc(&self, len: usize) -> Result<ZbufMut, AllocError> {
+        match &self.cache {
+            Some(c) => c.alloc(len),
+            None => Ok(ZbufMut::heap(128, len)),
+        }
+    }
+
+    pub(crate) fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stopping || self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Start shutdown: stop listening, close every connection the application holds.
+    fn begin_shutdown(&mut self) {
+        self.stopping = true;
+        for l in std::mem::take(&mut self.listeners) {
+            self.stack.unlisten(l);
+        }
+        let open: Vec<Conn> = self.open.iter().copied().collect();
+        for h in open {
+            self.close(h);
+        }
+    }
+
+    /// Forget closed connections that have finished (reclaimed, closed or in TIME-WAIT).
+    fn prune_closing(&mut self) {
+        let stack = &self.stack;
+        self.closing.retain(|&h| {
+            !matches!(
+                stack.state(h),
+                None | Some(State::Closed) | Some(State::TimeWait)
+            )
+        });
+    }
+
+    fn closing_done(&mut self) -> bool {
+        self.prune_closing();
+        self.closing.is_empty() && self.backlog.is_empty() && self.open.is_empty()
+    }
+
+    fn abort_all(&mut self) {
+        let hs: Vec<Conn> = self
+            .closing
+            .drain(..)
+            .chain(self.open.iter().copied())
+            .chain(self.backlog.keys().copied())
+            .collect();
+        for h in hs {
+            self.abort(h);
+        }
+    }
+}
+
+/// How a mode plugs into the loop.
+pub(crate) trait Mode {
+    /// Once, before the first iteration.
+    fn start(&mut self, st: &mut CoreState);
+    /// After each received frame (inline mode dispatches events here).
+    fn after_frame(&mut self, st: &mut CoreState);
+    /// Once per iteration after timers: events and application work. Returns whether
+    /// anything was done.
+    fn iteration(&mut self, st: &mut CoreState) -> bool;
+    /// When shutdown begins, before connections are closed.
+    fn stop(&mut self, st: &mut CoreState);
+}
+
+/// Shared with the runtime handle.
+pub(crate) struct Shared {
+    pub stop: Arc<AtomicBool>,
+    pub cell: Arc<StatsCell>,
+}
+
+pub(crate) struct CoreLoop<D: Device> {
+    pub st: CoreState,
+    devices: Vec<D>,
+    clock: CoreClock,
+    rx: Vec<Zbuf>,
+    tx: VecDeque<Transmit>,
+    tx_stalled: u32,
+    opts: CoreOptions,
+    cell: Arc<StatsCell>,
+    idle_streak: u32,
+}
+
+impl<D: Device> CoreLoop<D> {
+    /// Build the core on its own thread (the zbuf cache is tied to it).
+    pub fn new(setup: CoreSetup<D>, opts: &CoreOptions, shared: Shared) -> Result<Self, CoreError> {
+        if setup.devices.is_empty() {
+            return Err(CoreError::NoDevice(setup.index));
+        }
+        if let (true, Some(cpu)) = (opts.pin, setup.cpu) {
+            if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+                return Err(CoreError::Pin {
+                    core: setup.index,
+                    cpu,
+                });
+            }
+        }
+        let cache = match &opts.slab {
+            Some(s) => Some(s.core_cache(setup.index).map_err(CoreError::Slab)?),
+            None => None,
+        };
+        let rng = match opts.rng_seed {
+            Some(mut seed) => {
+                // Distinct streams per core from one test seed.
+                seed[0] ^= setup.index as u8;
+                seed[1] ^= (setup.index >> 8) as u8;
+                CoreRng::from_seed(seed)
+            }
+            None => CoreRng::from_os().map_err(CoreError::Seed)?,
+        };
+        let mut stack = Stack::new(setup.stack, rng).map_err(CoreError::Stack)?;
+        for r in setup.routes {
+            stack
+                .routes_mut()
+                .insert(r)
+                .map_err(|_| CoreError::TableFull)?;
+        }
+        for (ip, mac) in setup.neighbours {
+            stack
+                .neighbours_mut()
+                .insert_permanent(ip, mac)
+                .map_err(|_| CoreError::TableFull)?;
+        }
+        let steering = setup.devices[0].rss().map(|rss| Steering {
+            rss,
+            queues: setup.devices.iter().map(Device::queue).collect(),
+        });
+        let chooser = PortChooser::new(&setup.ports, steering);
+        let mut clock = CoreClock::new(opts.clock);
+        let st = CoreState {
+            index: setup.index,
+            now: clock.now(),
+            stack,
+            chooser,
+            backlog: HashMap::new(),
+            backlog_bytes: 0,
+            open: HashSet::new(),
+            closing: Vec::new(),
+            listeners: Vec::new(),
+            stats: CoreStats::default(),
+            stop: shared.stop,
+            stopping: false,
+            max_backlog: opts.max_backlog,
+            cache,
+        };
+        Ok(CoreLoop {
+            st,
+            devices: setup.devices,
+            clock,
+            rx: Vec::with_capacity(opts.burst),
+            tx: VecDeque::new(),
+            tx_stalled: 0,
+            opts: opts.clone(),
+            cell: shared.cell,
+            idle_streak: 0,
+        })
+    }
+
+    /// Run until stopped and drained; returns the final report.
+    pub fn run<M: Mode>(mut self, mode: &mut M) -> CoreReport {
+        mode.start(&mut self.st);
+        let mut deadline = None;
+        loop {
+            self.st.now = self.clock.now();
+            let busy = self.poll_once(mode);
+            let now = self.st.now;
+            if deadline.is_none() && self.st.stop.load(Ordering::Acquire) {
+                mode.stop(&mut self.st);
+                self.st.begin_shutdown();
+                deadline = Some(now + self.opts.shutdown_grace);
+            }
+            if let Some(d) = deadline {
+                let drained = self.st.closing_done() && self.tx.is_empty();
+                if drained || now >= d {
+                    if !drained {
+                        self.st.abort_all();
+                        self.drain_stack_tx();
+                        self.transmit();
+                    }
+                    break;
+                }
+            }
+            if self.st.stats.iterations % self.opts.stats_interval.max(1) == 0 {
+                self.publish(false);
+            }
+            if busy {
+                self.idle_streak = 0;
+            } else {
+                self.st.stats.idle_iterations += 1;
+                self.idle();
+            }
+        }
+        self.publish(true);
+        let mut device = DeviceStats::default();
+        for d in &self.devices {
+            let s = d.stats();
+            device.rx_frames += s.rx_frames;
+            device.rx_bytes += s.rx_bytes;
+            device.tx_frames += s.tx_frames;
+            device.tx_bytes += s.tx_bytes;
+            device.tx_dropped += s.tx_dropped;
+            device.rx_missed += s.rx_missed;
+            device.copied_bytes += s.copied_bytes;
+        }
+        CoreReport {
+            index: self.st.index,
+            stats: self.st.stats,
+            device,
+            stack: self.st.stack.counters().clone(),
+            tcp: self.st.stack.tcp_counters(),
+        }
+    }
+
+    /// One iteration: rx burst -> stack (+ inline callbacks) -> timers -> application ->
+    /// backlog -> poll_transmit -> tx burst.
+    fn poll_once<M: Mode>(&mut self, mode: &mut M) -> bool {
+        self.st.stats.iterations += 1;
+        let burst = self.opts.burst;
+        for d in &mut self.devices {
+            if self.rx.len() >= burst {
+                break;
+            }
+            let room = burst - self.rx.len();
+            d.rx_burst(&mut self.rx, room);
+        }
+        let received = self.rx.len();
+        for frame in self.rx.drain(..) {
+            self.st.stats.rx_frames += 1;
+            self.st.stats.rx_bytes += frame.len() as u64;
+            self.st.stack.handle_frame(self.st.now, frame);
+            mode.after_frame(&mut self.st);
+        }
+        if self
+            .st
+            .stack
+            .poll_timeout()
+            .is_some_and(|t| t <= self.st.now)
+        {
+            self.st.stack.handle_timeouts(self.st.now);
+        }
+        let worked = mode.iteration(&mut self.st);
+        self.st.flush_backlogs();
+        self.drain_stack_tx();
+        let sent = self.transmit();
+        received > 0 || sent > 0 || worked || !self.tx.is_empty()
+    }
+
+    fn drain_stack_tx(&mut self) {
+        while let Some(t) = self.st.stack.poll_transmit(self.st.now) {
+            if self.tx.len() >= self.opts.tx_queue_limit {
+                self.st.stats.tx_dropped += 1;
+                continue;
+            }
+            self.tx.push_back(t);
+        }
+    }
+
+    fn transmit(&mut self) -> usize {
+        if self.tx.is_empty() {
+            return 0;
+        }
+        let mut sent = 0;
+        for d in &mut self.devices {
+            let n = d.tx_burst(&mut self.tx);
+            sent += n;
+            self.st.stats.tx_frames += n as u64;
+            if self.tx.is_empty() {
+                break;
+            }
+        }
+        if self.tx.is_empty() {
+            self.tx_stalled = 0;
+        } else {
+            // The ring is full: retry next iteration, but not forever.
+            self.st.stats.tx_retries += 1;
+            if sent == 0 {
+                self.tx_stalled += 1;
+            }
+            if self.tx_stalled > self.opts.tx_retry_limit {
+                self.st.stats.tx_dropped += self.tx.len() as u64;
+                self.tx.clear();
+                self.tx_stalled = 0;
+            }
+        }
+        sent
+    }
+
+    fn idle(&mut self) {
+        match self.opts.idle {
+            IdleStrategy::BusyPoll => std::hint::spin_loop(),
+            IdleStrategy::Yield => std::thread::yield_now(),
+            IdleStrategy::Backoff { max } => {
+                self.idle_streak = self.idle_streak.saturating_add(1);
+                let mut d = Duration::from_micros(1u64 << self.idle_streak.min(20)).min(max);
+                if let Some(t) = self.st.stack.poll_timeout() {
+                    d = d.min(t.saturating_duration_since(self.st.now));
+                }
+                if !d.is_zero() {
+                    std::thread::sleep(d);
+                }
+            }
+        }
+    }
+
+    fn publish(&mut self, stopped: bool) {
+        let s = &mut self.st.stats;
+        s.open_connections = self.st.open.len() as u64;
+        s.backlog_bytes = self.st.backlog_bytes as u64;
+        s.stack_drops = self.st.stack.counters().total_drops();
+        s.published_at_ns = self.st.now.as_nanos();
+        s.stopped = u64::from(stopped);
+        let (mut missed, mut copied, mut tx_bytes) = (0, 0, 0);
+        for d in &self.devices {
+            let ds = d.stats();
+            missed += ds.rx_missed;
+            copied += ds.copied_bytes;
+            tx_bytes += ds.tx_bytes;
+        }
+        s.rx_missed = missed;
+        s.copied_bytes = copied;
+        s.tx_bytes = tx_bytes;
+        s.retransmits = self.st.stack.tcp_counters().retransmits;
+        self.cell.publish(s);
+        self.st.prune_closing();
+    }
+}

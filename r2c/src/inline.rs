@@ -1,0 +1,240 @@
+//! inline-r2c: application callbacks run inside packet processing. After each received
+//! frame the stack's events are dispatched at once, so receive, TCP, the callback, the
+//! reply's header build and (at the end of the burst) transmit happen in one pass over
+//! hot caches, with no event queue in between.
+//!
+//! ```
+//! use r2c::{Conn, Ctx, InlineApp};
+//! /// An echo server: every received buffer goes back as is (zero copy).
+//! struct Echo;
+//! impl InlineApp for Echo {
+//!     fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+//!         ctx.listen(7, 1024).expect("port 7 is free");
+//!     }
+//!     fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+//!         loop {
+//!             match ctx.recv(conn) {
+//!                 Ok(Some(buf)) => {
+//!                     if ctx.send(conn, buf).is_err() {
+//!                         return ctx.abort(conn);
+//!                     }
+//!                 }
+//!                 Ok(None) => return,
+//!                 Err(_) => return ctx.close(conn), // end of stream or reset
+//!             }
+//!         }
+//!     }
+//! }
+//! ```
+
+use crate::core::{Conn, CoreState, Listener, Mode};
+use core::net::SocketAddrV4;
+use luna_stack::stack::{ConnectError, Event, ListenError, Stack};
+use luna_stack::tcp::{CloseReason, RecvError, SendError};
+use luna_stack::time::Instant;
+use zbuf::{AllocError, IoVec, Zbuf, ZbufMut};
+
+use crate::rng::CoreRng;
+
+/// What a callback may do: the core's socket calls, buffers and clock.
+pub struct Ctx<'a> {
+    pub(crate) st: &'a mut CoreState,
+}
+
+impl Ctx<'_> {
+    /// The core's index in the runtime.
+    pub fn core(&self) -> usize {
+        self.st.index
+    }
+
+    /// The time of this iteration.
+    pub fn now(&self) -> Instant {
+        self.st.now
+    }
+
+    /// Listen on `port` (every core of a runtime may listen on the same port: the NIC's RSS
+    /// spreads connections over them by 4-tuple hash).
+    pub fn listen(&mut self, port: u16, backlog: usize) -> Result<Listener, ListenError> {
+        self.st.listen(port, backlog)
+    }
+
+    /// Stop listening.
+    pub fn unlisten(&mut self, l: Listener) {
+        self.st.unlisten(l)
+    }
+
+    /// Connect to `remote` from a port of this core's partition whose replies the NIC
+    /// steers to this core; `on_connected` follows.
+    pub fn connect(&mut self, remote: SocketAddrV4) -> Result<Conn, ConnectError> {
+        self.st.connect(remote)
+    }
+
+    /// The next received buffer (zero copy), `Ok(None)` when nothing is ready,
+    /// `Err(Finished)` at end of stream.
+    pub fn recv(&mut self, conn: Conn) -> Result<Option<Zbuf>, RecvError> {
+        self.st.recv(conn)
+    }
+
+    /// Up to `max` received bytes as an io-vector (zero copy).
+    pub fn recv_iovec(&mut self, conn: Conn, max: usize) -> Result<IoVec, RecvError> {
+        self.st.stack.recv_iovec(conn, max)
+    }
+
+    /// Bytes ready to read.
+    pub fn recv_available(&self, conn: Conn) -> usize {
+        self.st
+            .stack
+            .connection(conn)
+            .map_or(0, |c| c.recv_available())
+    }
+
+    /// Send all of `data` without copying: what the send buffer cannot take now waits in
+    /// the runtime's backlog. `Err(WouldBlock)` (nothing taken) when even the backlog is
+    /// full; other errors mean the connection cannot send any more.
+    pub fn send(&mut self, conn: Conn, data: Zbuf) -> Result<(), SendError> {
+        self.st.send_all(conn, data)
+    }
+
+    /// Send as much of `data` as the send buffer takes now (no backlog); returns the bytes
+    /// taken.
+    pub fn try_send(&mut self, conn: Conn, data: &Zbuf) -> Result<usize, SendError> {
+        self.st.stack.send(conn, data)
+    }
+
+    /// Free send-buffer space.
+    pub fn send_capacity(&self, conn: Conn) -> usize {
+        self.st.stack.send_capacity(conn)
+    }
+
+    /// Close gracefully (after backlogged data); the handle is released.
+    pub fn close(&mut self, conn: Conn) {
+        self.st.close(conn)
+    }
+
+    /// Reset the connection; the handle is released.
+    pub fn abort(&mut self, conn: Conn) {
+        self.st.abort(conn)
+    }
+
+    /// The connection's addresses (local, remote).
+    pub fn addrs(&self, conn: Conn) -> Option<(SocketAddrV4, SocketAddrV4)> {
+        self.st
+            .stack
+            .connection(conn)
+            .map(|c| (c.tuple().local, c.tuple().remote))
+    }
+
+    /// A writable buffer from this core's zbuf cache (heap without a slab).
+    pub fn alloc(&self, len: usize) -> Result<ZbufMut, AllocError> {
+        self.st.alloc(len)
+    }
+
+    /// Ask every core of the runtime to shut down gracefully.
+    pub fn request_stop(&self) {
+        self.st.request_stop()
+    }
+
+    /// Whether shutdown was requested.
+    pub fn stop_requested(&self) -> bool {
+        self.st.stop_requested()
+    }
+
+    /// The stack itself, for what the calls above do not cover.
+    pub fn stack(&mut self) -> &mut Stack<CoreRng> {
+        &mut self.st.stack
+    }
+}
+
+/// An application run inline. Every method has an empty default.
+///
+/// Handles are valid until `on_closed` returns or the application calls `close`/`abort`.
+pub trait InlineApp {
+    /// Once on the core's thread before the first poll (listen or connect here).
+    fn on_start(&mut self, _ctx: &mut Ctx<'_>) {}
+    /// A connection was accepted from `listener`.
+    fn on_accept(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn, _listener: Listener) {}
+    /// An active open completed.
+    fn on_connected(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn) {}
+    /// Data or end of stream is ready: read with `ctx.recv`.
+    fn on_readable(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn) {}
+    /// Send-buffer space was freed.
+    fn on_writable(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn) {}
+    /// The connection ended (`reason` from the stack); the handle dies after this returns.
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn, _reason: Option<CloseReason>) {}
+    /// Once per poll iteration, after the received burst (clients generate load here).
+    fn on_poll(&mut self, _ctx: &mut Ctx<'_>) {}
+    /// Shutdown began; open connections are closed right after this returns.
+    fn on_stop(&mut self, _ctx: &mut Ctx<'_>) {}
+}
+
+pub(crate) struct InlineMode<A> {
+    pub app: A,
+}
+
+impl<A: InlineApp> InlineMode<A> {
+    fn dispatch(&mut self, st: &mut CoreState) -> bool {
+        let mut any = false;
+        while let Some(ev) = st.stack.poll_event() {
+            any = true;
+            st.stats.events += 1;
+            match ev {
+                Event::Acceptable(l) => {
+                    while let Some(h) = st.accept(l) {
+                        if st.stopping {
+                            st.close(h);
+                            continue;
+                        }
+                        self.app.on_accept(&mut Ctx { st }, h, l);
+                    }
+                }
+                Event::Connected(h) => {
+                    st.stats.connected += 1;
+                    if st.open.contains(&h) {
+                        self.app.on_connected(&mut Ctx { st }, h);
+                    }
+                }
+                Event::Readable(h) => {
+                    if st.open.contains(&h) && !st.is_closing(h) {
+                        self.app.on_readable(&mut Ctx { st }, h);
+                    }
+                }
+                Event::Writable(h) => {
+                    st.flush_backlogs();
+                    if st.open.contains(&h) && !st.is_closing(h) {
+                        self.app.on_writable(&mut Ctx { st }, h);
+                    }
+                }
+                Event::Closed(h) => {
+                    let held = st.open.contains(&h);
+                    let reason = st.on_closed(h);
+                    if held {
+                        self.app.on_closed(&mut Ctx { st }, h, reason);
+                    }
+                }
+            }
+        }
+        any
+    }
+}
+
+impl<A: InlineApp> Mode for InlineMode<A> {
+    fn start(&mut self, st: &mut CoreState) {
+        self.app.on_start(&mut Ctx { st });
+    }
+
+    fn after_frame(&mut self, st: &mut CoreState) {
+        self.dispatch(st);
+    }
+
+    fn iteration(&mut self, st: &mut CoreState) -> bool {
+        // Events from timers, then the application's own work and what it caused.
+        let timers = self.dispatch(st);
+        self.app.on_poll(&mut Ctx { st });
+        let polled = self.dispatch(st);
+        timers || polled
+    }
+
+    fn stop(&mut self, st: &mut CoreState) {
+        self.app.on_stop(&mut Ctx { st });
+    }
+}

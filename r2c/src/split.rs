@@ -1,0 +1,596 @@
+//! Split mode: NIC I/O and TCP on one core, application handlers on worker threads, joined
+//! by bounded lock-free rings (one pair per worker). Messages carry zero-copy [`Zbuf`]s
+//! and connection handles; replies go back over the worker's ring and the I/O core sends
+//! them. This is the OSS deployment of LUNA (§4.1), and what msgsched's schedulers build on.
+//!
+//! Connections are assigned to workers by a software steering hash: the Toeplitz hash of
+//! the connection's 4-tuple (as the NIC would compute for RSS) through a table of workers,
+//! so connections to one port spread over workers by source port. A worker's connections
+//! stay with it.
+//!
+//! Back pressure, never loss: when a worker's inbound ring is full the I/O core stops
+//! reading that worker's connections (their data waits in TCP receive buffers, closing the
+//! window); control messages (accepted, closed, ...) wait in a per-worker overflow queue
+//! in order. When the send backlog of a connection is full the I/O core stops draining that
+//! worker's replies until it empties.
+
+use crate::core::{Conn, CoreOptions, CoreSetup, CoreState, Mode};
+use crate::device::Device;
+use crate::runtime::{Runtime, RuntimeError};
+use bifurcation::{RssConfig, MICROSOFT_KEY};
+use core::net::SocketAddrV4;
+use crossbeam_queue::ArrayQueue;
+use luna_stack::stack::{ConnectError, Event};
+use luna_stack::tcp::{CloseReason, RecvError, SendError};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use zbuf::{AllocError, Slab, Zbuf, ZbufMut};
+
+/// I/O core to worker.
+#[derive(Debug)]
+pub enum ToWorker {
+    /// A connection was accepted and assigned to this worker.
+    Accepted {
+        /// The connection.
+        conn: Conn,
+        /// Our address.
+        local: SocketAddrV4,
+        /// The peer.
+        peer: SocketAddrV4,
+    },
+    /// A connection this worker opened is established.
+    Connected {
+        /// The connection.
+        conn: Conn,
+        /// The worker's token from [`WorkerCtx::connect`].
+        token: u64,
+    },
+    /// A connect failed at once.
+    ConnectFailed {
+        /// The worker's token.
+        token: u64,
+        /// Why.
+        error: ConnectError,
+    },
+    /// Received bytes, in order (zero copy).
+    Data {
+        /// The connection.
+        conn: Conn,
+        /// The bytes.
+        data: Zbuf,
+    },
+    /// The peer finished sending.
+    Eof {
+        /// The connection.
+        conn: Conn,
+    },
+    /// The connection ended; the handle is dead.
+    Closed {
+        /// The connection.
+        conn: Conn,
+        /// Why, if known.
+        reason: Option<CloseReason>,
+    },
+}
+
+/// Worker to I/O core.
+#[derive(Debug)]
+pub enum ToIo {
+    /// Send all of `data` (zero copy).
+    Send {
+        /// The connection.
+        conn: Conn,
+        /// The bytes.
+        data: Zbuf,
+    },
+    /// Close gracefully after queued data.
+    Close {
+        /// The connection.
+        conn: Conn,
+    },
+    /// Reset.
+    Abort {
+        /// The connection.
+        conn: Conn,
+    },
+    /// Open a connection owned by this worker; answered by `Connected`/`ConnectFailed`.
+    Connect {
+        /// Echoed back.
+        token: u64,
+        /// Where to.
+        remote: SocketAddrV4,
+    },
+}
+
+/// Split-mode settings.
+#[derive(Debug, Clone)]
+pub struct SplitConfig {
+    /// Ports the I/O core listens on, with their backlog.
+    pub listen: Vec<(u16, usize)>,
+    /// Worker threads.
+    pub workers: usize,
+    /// CPUs to pin workers to (index = worker), when [`CoreOptions::pin`].
+    pub worker_cpus: Vec<usize>,
+    /// Slots of each ring.
+    pub ring_size: usize,
+    /// Key of the software steering hash.
+    pub steering_key: Vec<u8>,
+}
+
+impl Default for SplitConfig {
+    fn default() -> Self {
+        SplitConfig {
+            listen: Vec::new(),
+            workers: 1,
+            worker_cpus: Vec::new(),
+            ring_size: 1024,
+            steering_key: MICROSOFT_KEY.to_vec(),
+        }
+    }
+}
+
+/// A worker's counters, readable while running.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    /// Messages received from the I/O core.
+    pub messages_in: AtomicU64,
+    /// Messages sent to the I/O core.
+    pub messages_out: AtomicU64,
+    /// Times the outbound ring was full (messages waited in the worker).
+    pub ring_full: AtomicU64,
+}
+
+struct Link {
+    to_worker: ArrayQueue<ToWorker>,
+    to_io: ArrayQueue<ToIo>,
+    stats: WorkerStats,
+}
+
+/// What a worker's handler may do.
+pub struct WorkerCtx<'a> {
+    index: usize,
+    link: &'a Link,
+    overflow: &'a mut VecDeque<ToIo>,
+    stop: &'a AtomicBool,
+    cache: Option<&'a zbuf::CoreCache>,
+}
+
+impl WorkerCtx<'_> {
+    /// This worker's index.
+    pub fn worker(&self) -> usize {
+        self.index
+    }
+
+    fn push(&mut self, m: ToIo) {
+        self.link.stats.messages_out.fetch_add(1, Ordering::Relaxed);
+        if self.overflow.is_empty() {
+            if let Err(m) = self.link.to_io.push(m) {
+                self.link.stats.ring_full.fetch_add(1, Ordering::Relaxed);
+                self.overflow.push_back(m);
+            }
+        } else {
+            self.overflow.push_back(m);
+        }
+    }
+
+    /// Send all of `data` on `conn` (zero copy; the I/O core queues it).
+    pub fn send(&mut self, conn: Conn, data: Zbuf) {
+        self.push(ToIo::Send { conn, data });
+    }
+
+    /// Close `conn` gracefully.
+    pub fn close(&mut self, conn: Conn) {
+        self.push(ToIo::Close { conn });
+    }
+
+    /// Reset `conn`.
+    pub fn abort(&mut self, conn: Conn) {
+        self.push(ToIo::Abort { conn });
+    }
+
+    /// Open a connection owned by this worker; `token` comes back in the answer.
+    pub fn connect(&mut self, token: u64, remote: SocketAddrV4) {
+        self.push(ToIo::Connect { token, remote });
+    }
+
+    /// A buffer from this worker's zbuf cache (heap without a slab).
+    pub fn alloc(&self, len: usize) -> Result<ZbufMut, AllocError> {
+        match self.cache {
+            Some(c) => c.alloc(len),
+            None => Ok(ZbufMut::heap(128, len)),
+        }
+    }
+
+    /// Ask the whole runtime to shut down.
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// A worker's application logic.
+pub trait Handler {
+    /// One message from the I/O core.
+    fn on_message(&mut self, ctx: &mut WorkerCtx<'_>, msg: ToWorker);
+    /// Called when the inbound ring is empty (start client work here).
+    fn on_idle(&mut self, _ctx: &mut WorkerCtx<'_>) {}
+}
+
+/// The I/O core's side.
+struct SplitIo {
+    links: Vec<Arc<Link>>,
+    listen: Vec<(u16, usize)>,
+    steering: RssConfig,
+    owner: HashMap<Conn, usize>,
+    tokens: HashMap<Conn, u64>,
+    /// Control messages waiting for room, per worker (order kept).
+    overflow: Vec<VecDeque<ToWorker>>,
+    /// Readable connections whose worker ring was full.
+    paused: HashSet<Conn>,
+    /// A reply that did not fit the backlog, per worker (retried first).
+    stalled: Vec<Option<ToIo>>,
+}
+
+impl SplitIo {
+    fn send_to_worker(&mut self, w: usize, m: ToWorker, st: &mut CoreState) {
+        st.stats.to_workers += 1;
+        if self.overflow[w].is_empty() {
+            if let Err(m) = self.links[w].to_worker.push(m) {
+                self.overflow[w].push_back(m);
+            }
+        } else {
+            self.overflow[w].push_back(m);
+        }
+    }
+
+    /// Move readable data of `h` to its worker while its ring has room.
+    fn forward(&mut self, h: Conn, st: &mut CoreState) {
+        let Some(&w) = self.owner.get(&h) else {
+            return;
+        };
+        loop {
+            if !self.overflow[w].is_empty() || self.links[w].to_worker.is_full() {
+                if self.paused.insert(h) {
+                    st.stats.worker_ring_full += 1;
+                }
+                return;
+            }
+            match st.recv(h) {
+                Ok(Some(data)) => {
+                    st.stats.to_workers += 1;
+                    // Checked not full above, and only this thread pushes.
+                    if let Err(ToWorker::Data { data, .. }) = self.links[w]
+                        .to_worker
+                        .push(ToWorker::Data { conn: h, data })
+                    {
+                        self.overflow[w].push_back(ToWorker::Data { conn: h, data });
+                    }
+                }
+                Ok(None) => break,
+                Err(RecvError::Finished) => {
+                    self.send_to_worker(w, ToWorker::Eof { conn: h }, st);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        self.paused.remove(&h);
+    }
+
+    fn apply(&mut self, w: usize, m: ToIo, st: &mut CoreState) -> Result<(), ToIo> {
+        match m {
+            ToIo::Send { conn, data } => match st.send_all(conn, data.clone()) {
+                Ok(()) => {}
+                Err(SendError::WouldBlock) => return Err(ToIo::Send { conn, data }),
+                // The connection is gone or shut: its Closed message tells the worker.
+                Err(_) => {}
+            },
+            ToIo::Close { conn } => {
+                if self.owner.remove(&conn).is_some() {
+                    self.paused.remove(&conn);
+                    st.close(conn);
+                }
+            }
+            ToIo::Abort { conn } => {
+                if self.owner.remove(&conn).is_some() {
+                    self.paused.remove(&conn);
+                    st.abort(conn);
+                }
+            }
+            ToIo::Connect { token, remote } => match st.connect(remote) {
+                Ok(h) => {
+                    self.owner.insert(h, w);
+                    self.tokens.insert(h, token);
+                }
+                Err(error) => self.send_to_worker(w, ToWorker::ConnectFailed { token, error }, st),
+            },
+        }
+        Ok(())
+    }
+
+    fn on_events(&mut self, st: &mut CoreState) -> bool {
+        let mut any = false;
+        while let Some(ev) = st.stack.poll_event() {
+            any = true;
+            st.stats.events += 1;
+            match ev {
+                Event::Acceptable(l) => {
+                    while let Some(h) = st.accept(l) {
+                        let Some((local, peer)) = st
+                            .stack
+                            .connection(h)
+                            .map(|c| (c.tuple().local, c.tuple().remote))
+                        else {
+                            continue;
+                        };
+                        if st.stopping {
+                            st.close(h);
+                            continue;
+                        }
+                        let w = usize::from(self.steering.queue_of_ipv4_tcp(peer, local));
+                        self.owner.insert(h, w);
+                        self.send_to_worker(
+                            w,
+                            ToWorker::Accepted {
+                                conn: h,
+                                local,
+                                peer,
+                            },
+                            st,
+                        );
+                    }
+                }
+                Event::Connected(h) => {
+                    st.stats.connected += 1;
+                    if let (Some(&w), Some(token)) = (self.owner.get(&h), self.tokens.remove(&h)) {
+                        self.send_to_worker(w, ToWorker::Connected { conn: h, token }, st);
+                    }
+                }
+                Event::Readable(h) => self.forward(h, st),
+                Event::Writable(_) => {}
+                Event::Closed(h) => {
+                    let reason = st.on_closed(h);
+                    self.paused.remove(&h);
+                    self.tokens.remove(&h);
+                    if let Some(w) = self.owner.remove(&h) {
+                        self.send_to_worker(w, ToWorker::Closed { conn: h, reason }, st);
+                    }
+                }
+            }
+        }
+        any
+    }
+}
+
+impl Mode for SplitIo {
+    fn start(&mut self, st: &mut CoreState) {
+        for &(port, backlog) in &self.listen.clone() {
+            // A port already in use is a configuration error the caller sees at listen
+            // time in the other modes; here it is counted and the port skipped.
+            if st.listen(port, backlog).is_err() {
+                st.stats.connect_errors += 1;
+            }
+        }
+    }
+
+    fn after_frame(&mut self, _st: &mut CoreState) {}
+
+    fn iteration(&mut self, st: &mut CoreState) -> bool {
+        let mut work = self.on_events(st);
+        // Flush control overflow, then resume paused connections.
+        for w in 0..self.links.len() {
+            while let Some(m) = self.overflow[w].pop_front() {
+                if let Err(m) = self.links[w].to_worker.push(m) {
+                    self.overflow[w].push_front(m);
+                    break;
+                }
+                work = true;
+            }
+        }
+        if !self.paused.is_empty() {
+            let paused: Vec<Conn> = self.paused.iter().copied().collect();
+            for h in paused {
+                self.forward(h, st);
+            }
+        }
+        // Replies, a bounded number per worker so one worker cannot starve the others.
+        for w in 0..self.links.len() {
+            if let Some(m) = self.stalled[w].take() {
+                st.flush_backlogs();
+                if let Err(m) = self.apply(w, m, st) {
+                    self.stalled[w] = Some(m);
+                    continue;
+                }
+            }
+            for _ in 0..256 {
+                let Some(m) = self.links[w].to_io.pop() else {
+                    break;
+                };
+                work = true;
+                st.stats.from_workers += 1;
+                if let Err(m) = self.apply(w, m, st) {
+                    self.stalled[w] = Some(m);
+                    break;
+                }
+            }
+        }
+        work || self.on_events(st)
+    }
+
+    fn stop(&mut self, _st: &mut CoreState) {}
+}
+
+fn worker_loop<H: Handler>(
+    index: usize,
+    link: Arc<Link>,
+    mut handler: H,
+    stop: Arc<AtomicBool>,
+    cache: Option<zbuf::CoreCache>,
+    io_done: Arc<AtomicBool>,
+) {
+    let mut overflow = VecDeque::new();
+    loop {
+        // Replies that did not fit go first, in order.
+        while let Some(m) = overflow.pop_front() {
+            if let Err(m) = link.to_io.push(m) {
+                overflow.push_front(m);
+                break;
+            }
+        }
+        let mut ctx = WorkerCtx {
+            index,
+            link: &link,
+            overflow: &mut overflow,
+            stop: &stop,
+            cache: cache.as_ref(),
+        };
+        // Do not take more input while replies are stuck: back pressure to the I/O core.
+        let msg = if ctx.overflow.len() < 1024 {
+            link.to_worker.pop()
+        } else {
+            None
+        };
+        match msg {
+            Some(m) => {
+                link.stats.messages_in.fetch_add(1, Ordering::Relaxed);
+                handler.on_message(&mut ctx, m);
+            }
+            None => {
+                if io_done.load(Ordering::Acquire) {
+                    break;
+                }
+                handler.on_idle(&mut ctx);
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Handles to a split runtime's workers.
+#[derive(Clone)]
+pub struct SplitWorkers {
+    links: Vec<Arc<Link>>,
+}
+
+impl SplitWorkers {
+    /// Counters of worker `i`.
+    pub fn stats(&self, i: usize) -> Option<&WorkerStats> {
+        self.links.get(i).map(|l| &l.stats)
+    }
+
+    /// Number of workers.
+    pub fn len(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Whether there are no workers.
+    pub fn is_empty(&self) -> bool {
+        self.links.is_empty()
+    }
+}
+
+impl Runtime {
+    /// Start split mode: `io` runs NIC I/O and TCP, `split.workers` threads run
+    /// `make_handler(worker_index)`. Workers exit after the I/O core has stopped.
+    pub fn spawn_split<D, H, F>(
+        io: CoreSetup<D>,
+        opts: CoreOptions,
+        split: SplitConfig,
+        make_handler: F,
+    ) -> Result<(Runtime, SplitWorkers), RuntimeError>
+    where
+        D: Device + Send + 'static,
+        H: Handler + 'static,
+        F: Fn(usize) -> H + Send + Sync + 'static,
+    {
+        let io_index = io.index;
+        let bad = |m: &str| RuntimeError {
+            core: io_index,
+            error: crate::core::CoreError::Spawn(m.to_string()),
+        };
+        if split.workers == 0 || split.workers > usize::from(u16::MAX) {
+            return Err(bad("split mode needs 1..=65535 workers"));
+        }
+        if split.ring_size == 0 {
+            return Err(bad("split ring_size must be at least 1"));
+        }
+        let steering = RssConfig::round_robin(&split.steering_key, 128, split.workers as u16)
+            .map_err(|e| bad(&e.to_string()))?;
+        let links: Vec<Arc<Link>> = (0..split.workers)
+            .map(|_| {
+                Arc::new(Link {
+                    to_worker: ArrayQueue::new(split.ring_size),
+                    to_io: ArrayQueue::new(split.ring_size),
+                    stats: WorkerStats::default(),
+                })
+            })
+            .collect();
+        let io_links = links.clone();
+        let n = split.workers;
+        let listen = split.listen.clone();
+        let slab: Option<Slab> = opts.slab.clone();
+        let pin = opts.pin;
+        let mut rt = Runtime::spawn_with(vec![io], opts, move |_| SplitIo {
+            links: io_links.clone(),
+            listen: listen.clone(),
+            steering: steering.clone(),
+            owner: HashMap::new(),
+            tokens: HashMap::new(),
+            overflow: (0..n).map(|_| VecDeque::new()).collect(),
+            paused: HashSet::new(),
+            stalled: (0..n).map(|_| None).collect(),
+        })?;
+        let stop = rt.stop_flag();
+        let io_done = Arc::new(AtomicBool::new(false));
+        let make_handler = Arc::new(make_handler);
+        let mut handles = Vec::new();
+        for (w, link) in links.iter().enumerate() {
+            let (link, stop, io_done) = (Arc::clone(link), Arc::clone(&stop), Arc::clone(&io_done));
+            let make_handler = Arc::clone(&make_handler);
+            let slab = slab.clone();
+            let cpu = split.worker_cpus.get(w).copied();
+            let h = std::thread::Builder::new()
+                .name(format!("r2c-worker-{w}"))
+                .spawn(move || {
+                    if let (true, Some(cpu)) = (pin, cpu) {
+                        if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+                            return Err(crate::core::CoreError::Pin { core: w, cpu });
+                        }
+                    }
+                    // Worker zbuf core ids follow the I/O core's.
+                    let cache = match &slab {
+                        Some(s) => Some(
+                            s.core_cache(io_index + 1 + w)
+                                .map_err(crate::core::CoreError::Slab)?,
+                        ),
+                        None => None,
+                    };
+                    worker_loop(w, link, make_handler(w), stop, cache, io_done);
+                    Ok(())
+                })
+                .map_err(|e| bad(&e.to_string()))?;
+            handles.push(h);
+        }
+        // Workers run until the I/O core has finished (its replies drained).
+        let watcher_rt_done = Arc::clone(&io_done);
+        let handles = std::sync::Mutex::new(Some(handles));
+        rt.add_thread(Box::new(move || {
+            watcher_rt_done.store(true, Ordering::Release);
+            let hs = handles
+                .lock()
+                .ok()
+                .and_then(|mut g| g.take())
+                .unwrap_or_default();
+            let mut res = Ok(());
+            for h in hs {
+                match h.join() {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => res = Err(e),
+                    Err(_) => res = Err(crate::core::CoreError::Panicked("worker".into())),
+                }
+            }
+            res
+        }));
+        Ok((rt, SplitWorkers { links }))
+    }
+}

@@ -1,0 +1,200 @@
+//! Per-core counters, published for readers on other threads without slowing the core.
+//!
+//! The core counts in a plain local struct and every `stats_interval` iterations (and at
+//! shutdown) copies it into a [`StatsCell`], a seqlock of relaxed atomics: the writer never
+//! waits, readers retry while a publish is in progress. No counter is shared-written on
+//! the data path.
+
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+macro_rules! core_stats {
+    ($( $(#[$m:meta])* $f:ident ),* $(,)?) => {
+        /// A snapshot of one core's counters.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct CoreStats {
+            $( $(#[$m])* pub $f: u64, )*
+        }
+
+        const FIELDS: usize = [$( stringify!($f) ),*].len();
+
+        impl CoreStats {
+            /// Field names in publication order (for reports).
+            pub const NAMES: [&'static str; FIELDS] = [$( stringify!($f) ),*];
+
+            fn to_array(self) -> [u64; FIELDS] {
+                [$( self.$f ),*]
+            }
+
+            fn from_array(a: [u64; FIELDS]) -> Self {
+                let mut it = a.into_iter();
+                CoreStats { $( $f: it.next().unwrap_or(0), )* }
+            }
+
+            /// `(name, value)` pairs.
+            pub fn fields(&self) -> impl Iterator<Item = (&'static str, u64)> {
+                Self::NAMES.into_iter().zip(self.to_array())
+            }
+
+            /// Field-wise sum (gauges add up too: totals over cores).
+            pub fn sum(&self, o: &CoreStats) -> CoreStats {
+                let (a, b) = (self.to_array(), o.to_array());
+                let mut c = [0u64; FIELDS];
+                for i in 0..FIELDS {
+                    c[i] = a[i].wrapping_add(b[i]);
+                }
+                Self::from_array(c)
+            }
+        }
+    };
+}
+
+core_stats! {
+    /// Poll-loop iterations.
+    iterations,
+    /// Iterations that found no work.
+    idle_iterations,
+    /// Frames received from the device(s).
+    rx_frames,
+    /// Bytes received.
+    rx_bytes,
+    /// Frames handed to the device(s).
+    tx_frames,
+    /// Bytes handed to the device(s).
+    tx_bytes,
+    /// Iterations that ended with frames the device refused (retried next iteration).
+    tx_retries,
+    /// Frames dropped after `tx_retry_limit` refused iterations or a full transmit queue.
+    tx_dropped,
+    /// Stack events handled (inline callbacks, batch readiness updates, split messages).
+    events,
+    /// Connections accepted.
+    accepted,
+    /// Active opens that completed.
+    connected,
+    /// Connections that ended (Closed events).
+    closed,
+    /// `connect()` calls that failed (no route, no port, table full).
+    connect_errors,
+    /// Ports refused by the chooser because no free port steers to this core.
+    no_port_for_queue,
+    /// Connections the application holds now (gauge).
+    open_connections,
+    /// Bytes waiting in send backlogs (gauge).
+    backlog_bytes,
+    /// Frames the stack dropped (all reasons).
+    stack_drops,
+    /// TCP segments retransmitted.
+    retransmits,
+    /// Split mode: messages to workers.
+    to_workers,
+    /// Split mode: messages from workers.
+    from_workers,
+    /// Split mode: connections paused because their worker's ring was full.
+    worker_ring_full,
+    /// Device: frames lost on receive.
+    rx_missed,
+    /// Device: payload bytes copied.
+    copied_bytes,
+    /// Nanoseconds on the core clock at the last publish.
+    published_at_ns,
+    /// 1 once the core has stopped (final stats).
+    stopped,
+}
+
+/// The published copy of a core's [`CoreStats`]: written by its core only, read by anyone.
+#[derive(Debug)]
+pub struct StatsCell {
+    seq: AtomicU64,
+    vals: [AtomicU64; FIELDS],
+}
+
+impl Default for StatsCell {
+    fn default() -> Self {
+        StatsCell {
+            seq: AtomicU64::new(0),
+            vals: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl StatsCell {
+    /// Publish a snapshot. Only the owning core calls this (single writer).
+    pub fn publish(&self, s: &CoreStats) {
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        // Orders the odd sequence before the field stores.
+        fence(Ordering::Release);
+        for (cell, v) in self.vals.iter().zip(s.to_array()) {
+            cell.store(v, Ordering::Relaxed);
+        }
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
+    /// A consistent snapshot (all fields from one publish).
+    pub fn read(&self) -> CoreStats {
+        loop {
+            let s1 = self.seq.load(Ordering::Acquire);
+            if s1 % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let mut a = [0u64; FIELDS];
+            for (v, cell) in a.iter_mut().zip(&self.vals) {
+                *v = cell.load(Ordering::Relaxed);
+            }
+            // Orders the field loads before the sequence re-check.
+            fence(Ordering::Acquire);
+            if self.seq.load(Ordering::Relaxed) == s1 {
+                return CoreStats::from_array(a);
+            }
+        }
+    }
+
+    /// Publishes so far.
+    pub fn generation(&self) -> u64 {
+        self.seq.load(Ordering::Acquire) / 2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn readers_never_see_a_torn_snapshot() {
+        let cell = Arc::new(StatsCell::default());
+        let w = Arc::clone(&cell);
+        let writer = std::thread::spawn(move || {
+            for i in 1..=20_000u64 {
+                // Every field carries the same value: a torn read would mix two.
+                w.publish(&CoreStats::from_array([i; FIELDS]));
+            }
+        });
+        let mut last = 0;
+        while last < 20_000 {
+            let s = cell.read().to_array();
+            assert!(s.iter().all(|&v| v == s[0]), "torn snapshot {s:?}");
+            assert!(s[0] >= last, "snapshots go forward");
+            last = s[0];
+        }
+        writer.join().unwrap();
+        assert_eq!(cell.generation(), 20_000);
+    }
+
+    #[test]
+    fn names_and_sum() {
+        let a = CoreStats {
+            rx_frames: 2,
+            ..Default::default()
+        };
+        let b = CoreStats {
+            rx_frames: 3,
+            tx_frames: 1,
+            ..Default::default()
+        };
+        let c = a.sum(&b);
+        assert_eq!((c.rx_frames, c.tx_frames), (5, 1));
+        assert!(c.fields().any(|(n, v)| n == "rx_frames" && v == 5));
+    }
+}

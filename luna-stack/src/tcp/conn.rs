@@ -1509,25 +1509,11 @@ impl Connection {
 // Segment generation
 // -------------------------------------------------------------------------------------------
 
-/// Bytes a set of options occupies in the header, padded to 4 (RFC 9293 §3.1).
+/// Bytes a set of options occupies in the header, exactly as the emitter lays them out
+/// (NOP-aligned, RFC 9293 §3.1). Counting them without the NOPs undercounted TS + SACK by 4
+/// and produced frames 4 bytes over the MTU during loss recovery.
 fn options_len(opts: &TcpOptions) -> u32 {
-    let mut n = 0u32;
-    if opts.mss.is_some() {
-        n += 4;
-    }
-    if opts.window_scale.is_some() {
-        n += 3;
-    }
-    if opts.sack_permitted {
-        n += 2;
-    }
-    if opts.timestamps.is_some() {
-        n += 10;
-    }
-    if !opts.sack_blocks.is_empty() {
-        n += 2 + 8 * opts.sack_blocks.len() as u32;
-    }
-    (n + 3) & !3
+    opts.buffer_len() as u32
 }
 
 impl Connection {

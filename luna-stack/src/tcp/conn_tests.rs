@@ -1195,3 +1195,21 @@ fn rfc9293_3_8_4_keepalive_detects_dead_peer() {
     assert_eq!(probes, 3);
     assert_eq!(c.close_reason(), Some(CloseReason::Timeout));
 }
+
+/// Regression: options_len ignored the NOP padding the emitter writes, so TS + SACK was
+/// counted as 20 bytes instead of 24 and loss-recovery segments overran the MTU by 4 bytes
+/// (RFC 9293 §3.7.1: the segment must fit the MSS after options are subtracted).
+#[test]
+fn rfc9293_3_7_1_options_len_matches_emitted_header_with_ts_and_sack() {
+    use crate::wire::{SackBlocks, Timestamps};
+    let mut sack = SackBlocks::new();
+    sack.push(SeqNum(10), SeqNum(20));
+    let opts = TcpOptions {
+        timestamps: Some(Timestamps { tsval: 1, tsecr: 2 }),
+        sack_blocks: sack,
+        ..TcpOptions::default()
+    };
+    let mut buf = [0u8; 40];
+    assert_eq!(options_len(&opts) as usize, opts.emit(&mut buf));
+    assert_eq!(options_len(&opts), 24);
+}

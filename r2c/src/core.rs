@@ -436,9 +436,18 @@ impl CoreState {
             .chain(self.backlog.keys().copied())
             .collect();
         for h in hs {
+            self.stats.shutdown_aborts += 1;
             self.abort(h);
         }
     }
+}
+
+/// Pin the calling thread to `cpu`; `false` if the CPU is not one this process may use.
+pub(crate) fn pin_to(cpu: usize) -> bool {
+    // core_affinity's CPU_SET asserts on ids past the mask size: check membership first.
+    let allowed = core_affinity::get_core_ids().unwrap_or_default();
+    allowed.iter().any(|c| c.id == cpu)
+        && core_affinity::set_for_current(core_affinity::CoreId { id: cpu })
 }
 
 /// How a mode plugs into the loop.
@@ -479,7 +488,7 @@ impl<D: Device> CoreLoop<D> {
             return Err(CoreError::NoDevice(setup.index));
         }
         if let (true, Some(cpu)) = (opts.pin, setup.cpu) {
-            if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+            if !crate::core::pin_to(cpu) {
                 return Err(CoreError::Pin {
                     core: setup.index,
                     cpu,

@@ -553,7 +553,7 @@ impl Runtime {
                 .name(format!("r2c-worker-{w}"))
                 .spawn(move || {
                     if let (true, Some(cpu)) = (pin, cpu) {
-                        if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+                        if !crate::core::pin_to(cpu) {
                             return Err(crate::core::CoreError::Pin { core: w, cpu });
                         }
                     }

@@ -85,6 +85,8 @@ core_stats! {
     stack_drops,
     /// TCP segments retransmitted.
     retransmits,
+    /// Connections reset because they had not closed when the shutdown grace ran out.
+    shutdown_aborts,
     /// Split mode: messages to workers.
     to_workers,
     /// Split mode: messages from workers.

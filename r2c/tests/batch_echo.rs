@@ -1,0 +1,195 @@
+//! batch-r2c: an epoll-style echo server and a client written against the socket API.
+
+mod common;
+
+use common::*;
+use r2c::batch::{BatchApp, Fd, Interest, PollEvent, SockError, Sockets};
+use r2c::Runtime;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The server loop an epoll program would have, with calls replaced one for one.
+#[derive(Default)]
+struct EchoServer {
+    lfd: Option<Fd>,
+    events: Vec<PollEvent>,
+    buf: Vec<u8>,
+}
+
+impl BatchApp for EchoServer {
+    fn on_start(&mut self, s: &mut Sockets<'_>) {
+        let fd = s.socket(); // socket()
+        s.bind(fd, 7).unwrap(); // bind()
+        s.listen(fd, 1024).unwrap(); // listen()
+        s.register(fd, Interest::READABLE).unwrap(); // epoll_ctl(ADD)
+        self.lfd = Some(fd);
+        self.buf = vec![0; 1000]; // small on purpose: recv loops over partial chunks
+    }
+
+    fn on_poll(&mut self, s: &mut Sockets<'_>) {
+        s.poll(&mut self.events); // epoll_wait(.., 0)
+        for ev in std::mem::take(&mut self.events) {
+            if Some(ev.fd) == self.lfd {
+                while let Ok((c, _peer)) = s.accept(ev.fd) {
+                    s.register(c, Interest::READABLE).unwrap();
+                }
+                continue;
+            }
+            loop {
+                match s.recv(ev.fd, &mut self.buf) {
+                    Ok(0) => {
+                        s.close(ev.fd).unwrap();
+                        break;
+                    }
+                    Ok(n) => {
+                        // A real server would keep what send() did not take; the test's
+                        // buffers are large enough that it always takes everything.
+                        assert_eq!(s.send(ev.fd, &self.buf[..n]), Ok(n));
+                    }
+                    Err(SockError::WouldBlock) => break,
+                    Err(_) => {
+                        s.close(ev.fd).unwrap();
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Connects, waits for writability, sends, reads the echo back, closes.
+struct EchoClient {
+    conns: usize,
+    len: usize,
+    started: bool,
+    socks: HashMap<Fd, (usize, bool, Vec<u8>)>,
+    events: Vec<PollEvent>,
+    done: Arc<AtomicUsize>,
+    bad: Arc<Mutex<Vec<String>>>,
+}
+
+impl BatchApp for EchoClient {
+    fn on_poll(&mut self, s: &mut Sockets<'_>) {
+        if !self.started {
+            self.started = true;
+            for i in 0..self.conns {
+                let fd = s.socket();
+                assert_eq!(s.connect(fd, server_addr(7)), Err(SockError::InProgress));
+                s.register(fd, Interest::BOTH).unwrap();
+                self.socks.insert(fd, (i, false, Vec::new()));
+            }
+        }
+        s.poll(&mut self.events);
+        let core = s.core();
+        for ev in std::mem::take(&mut self.events) {
+            if let Some(e) = ev.error {
+                self.bad.lock().unwrap().push(format!("{e}"));
+                continue;
+            }
+            let Some((idx, sent, got)) = self.socks.get_mut(&ev.fd) else {
+                continue;
+            };
+            if ev.writable && !*sent {
+                let msg = message(core, *idx, self.len);
+                assert_eq!(s.send(ev.fd, &msg), Ok(self.len));
+                *sent = true;
+                s.register(ev.fd, Interest::READABLE).unwrap();
+            }
+            if ev.readable {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.recv(ev.fd, &mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                if got.len() >= self.len {
+                    if *got != message(core, *idx, self.len) {
+                        self.bad.lock().unwrap().push("echo differs".into());
+                    }
+                    s.close(ev.fd).unwrap();
+                    self.socks.remove(&ev.fd);
+                    self.done.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn batch_echo_two_cores_each_side() {
+    let (server, client) = pair(2, 2, |_| {});
+    let srv = Runtime::spawn_batch(server, opts(), |_| EchoServer::default()).unwrap();
+    let done = Arc::new(AtomicUsize::new(0));
+    let bad = Arc::new(Mutex::new(Vec::new()));
+    let (d, b) = (done.clone(), bad.clone());
+    let cli = Runtime::spawn_batch(client, opts(), move |_| EchoClient {
+        conns: 8,
+        len: 12_345,
+        started: false,
+        socks: HashMap::new(),
+        events: Vec::new(),
+        done: d.clone(),
+        bad: b.clone(),
+    })
+    .unwrap();
+    wait_for("batch echoes", || {
+        done.load(Ordering::SeqCst) == 16 || !bad.lock().unwrap().is_empty()
+    });
+    assert!(bad.lock().unwrap().is_empty(), "{:?}", bad.lock().unwrap());
+    cli.stop();
+    srv.stop();
+    let c = cli.join().unwrap();
+    let s = srv.join().unwrap();
+    assert_eq!(s.iter().map(|r| r.stats.accepted).sum::<u64>(), 16);
+    assert_eq!(c.iter().map(|r| r.stats.connected).sum::<u64>(), 16);
+}
+
+#[test]
+fn batch_api_errors() {
+    // Calls on the wrong kind of socket answer with errno-style errors, never panic.
+    let (server, _client) = pair(1, 1, |_| {});
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let o = out.clone();
+    let rt = Runtime::spawn_batch(server, opts(), move |_| {
+        let o = o.clone();
+        let mut ran = false;
+        move |s: &mut Sockets<'_>| {
+            if ran {
+                return;
+            }
+            ran = true;
+            let fd = s.socket();
+            let mut r = Vec::new();
+            r.push(s.listen(fd, 8)); // not bound
+            r.push(s.send(fd, b"x").map(|_| ())); // not connected
+            r.push(s.accept(fd).map(|_| ())); // not listening
+            s.bind(fd, 80).unwrap();
+            s.listen(fd, 8).unwrap();
+            let fd2 = s.socket();
+            s.bind(fd2, 80).unwrap();
+            r.push(s.listen(fd2, 8)); // port taken
+            r.push(s.accept(fd).map(|_| ())); // nothing pending
+            r.push(s.close(Fd(999))); // bad fd
+            let fd3 = s.socket();
+            r.push(s.connect(fd3, "198.18.0.1:80".parse().unwrap())); // our own address
+            o.lock().unwrap().extend(r);
+            s.request_stop();
+        }
+    })
+    .unwrap();
+    let _ = rt.join().unwrap();
+    assert_eq!(
+        *out.lock().unwrap(),
+        vec![
+            Err(SockError::InvalidInput),
+            Err(SockError::NotConnected),
+            Err(SockError::InvalidInput),
+            Err(SockError::AddrInUse),
+            Err(SockError::WouldBlock),
+            Err(SockError::BadFd),
+            Err(SockError::InvalidInput),
+        ]
+    );
+}

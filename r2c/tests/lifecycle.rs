@@ -1,0 +1,238 @@
+//! Graceful shutdown, stats read while running, lossy links, bad input, start errors.
+
+mod common;
+
+use common::*;
+use r2c::{Conn, CoreError, Ctx, InlineApp, Runtime};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use zbuf::Zbuf;
+
+/// Server that reads and discards; closes when the peer finishes; records how each
+/// connection ended (`None` = end of stream, `Some(reason)` = closed by the stack).
+struct Hold {
+    closed: Arc<Mutex<Vec<Option<luna_stack::tcp::CloseReason>>>>,
+}
+
+impl InlineApp for Hold {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        ctx.listen(7, 64).unwrap();
+    }
+    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        loop {
+            match ctx.recv(conn) {
+                Ok(Some(_)) => {}
+                Ok(None) => return,
+                Err(luna_stack::tcp::RecvError::Finished) => {
+                    self.closed.lock().unwrap().push(None);
+                    return ctx.close(conn);
+                }
+                Err(_) => return,
+            }
+        }
+    }
+    fn on_closed(&mut self, _: &mut Ctx<'_>, _: Conn, r: Option<luna_stack::tcp::CloseReason>) {
+        self.closed.lock().unwrap().push(r);
+    }
+}
+
+/// Client that opens connections and keeps them.
+struct Opener {
+    n: usize,
+    up: Arc<AtomicUsize>,
+}
+
+impl InlineApp for Opener {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        for _ in 0..self.n {
+            ctx.connect(server_addr(7)).unwrap();
+        }
+    }
+    fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        ctx.send(conn, Zbuf::from_static(b"hello")).unwrap();
+        self.up.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn graceful_shutdown_closes_connections_with_fin_and_reports_final_stats() {
+    let (server, client) = pair(1, 1, |_| {});
+    let closed = Arc::new(Mutex::new(Vec::new()));
+    let c2 = closed.clone();
+    let srv = Runtime::spawn_inline(server, opts(), move |_| Hold { closed: c2.clone() }).unwrap();
+    let up = Arc::new(AtomicUsize::new(0));
+    let u2 = up.clone();
+    let cli = Runtime::spawn_inline(client, opts(), move |_| Opener {
+        n: 5,
+        up: u2.clone(),
+    })
+    .unwrap();
+    wait_for("connections", || up.load(Ordering::SeqCst) == 5);
+    wait_for("server sees them", || srv.stats()[0].open_connections == 5);
+    // Stopping the client closes its connections with FIN (no reset): the server reads end
+    // of stream on each and closes too, so the client's shutdown completes within grace.
+    cli.stop();
+    let reports = cli.join().unwrap();
+    assert_eq!(reports[0].stats.stopped, 1);
+    assert_eq!(reports[0].stats.open_connections, 0);
+    assert_eq!(reports[0].stats.shutdown_aborts, 0);
+    wait_for("server sees end of stream", || {
+        closed.lock().unwrap().len() == 5
+    });
+    assert!(closed.lock().unwrap().iter().all(Option::is_none));
+    srv.stop();
+    let s = srv.join().unwrap();
+    assert_eq!(s[0].stats.stopped, 1);
+    assert_eq!(s[0].stats.shutdown_aborts, 0);
+    assert_eq!(s[0].stack.drops(luna_stack::stack::StackDrop::NoSocket), 0);
+}
+
+#[test]
+fn shutdown_resets_connections_that_do_not_close_in_time() {
+    // A server that never closes: the client's FIN leaves it in CLOSE-WAIT, so the client
+    // sits in FIN-WAIT-2 until the grace period ends and then resets.
+    struct Mute;
+    impl InlineApp for Mute {
+        fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+            ctx.listen(7, 64).unwrap();
+        }
+    }
+    let (server, client) = pair(1, 1, |_| {});
+    let srv = Runtime::spawn_inline(server, opts(), |_| Mute).unwrap();
+    let up = Arc::new(AtomicUsize::new(0));
+    let u2 = up.clone();
+    let o = r2c::CoreOptions {
+        shutdown_grace: luna_stack::time::Duration::from_millis(100),
+        ..opts()
+    };
+    let cli = Runtime::spawn_inline(client, o, move |_| Opener {
+        n: 2,
+        up: u2.clone(),
+    })
+    .unwrap();
+    wait_for("connections", || up.load(Ordering::SeqCst) == 2);
+    cli.stop();
+    let r = cli.join().unwrap();
+    assert_eq!(r[0].stats.shutdown_aborts, 2);
+    srv.stop();
+    srv.join().unwrap();
+}
+
+#[test]
+fn stats_are_readable_while_running() {
+    let (server, client) = pair(1, 1, |_| {});
+    let closed = Arc::new(Mutex::new(Vec::new()));
+    let srv = Runtime::spawn_inline(server, opts(), move |_| Hold {
+        closed: closed.clone(),
+    })
+    .unwrap();
+    let up = Arc::new(AtomicUsize::new(0));
+    let u2 = up.clone();
+    let cli = Runtime::spawn_inline(client, opts(), move |_| Opener {
+        n: 3,
+        up: u2.clone(),
+    })
+    .unwrap();
+    let reader = srv.stats_reader(0).unwrap();
+    // From another thread, while the cores run: snapshots advance and are consistent.
+    let watcher = std::thread::spawn(move || {
+        let mut last = reader.read();
+        let mut advances = 0;
+        while advances < 5 {
+            let s = reader.read();
+            assert!(s.iterations >= last.iterations);
+            assert!(s.idle_iterations <= s.iterations);
+            if s.iterations > last.iterations {
+                advances += 1;
+            }
+            last = s;
+            std::thread::yield_now();
+        }
+        last
+    });
+    let seen = watcher.join().unwrap();
+    assert_eq!(seen.stopped, 0);
+    wait_for("accepts visible", || srv.stats()[0].accepted == 3);
+    assert!(reader_gen(&srv) > 0);
+    cli.stop();
+    srv.stop();
+    cli.join().unwrap();
+    srv.join().unwrap();
+}
+
+fn reader_gen(rt: &Runtime) -> u64 {
+    rt.stats_reader(0).unwrap().generation()
+}
+
+#[test]
+fn echo_survives_a_lossy_link() {
+    // 5% loss each way: TCP retransmits, every byte still arrives.
+    #[path = "inline_echo.rs"]
+    #[allow(dead_code)]
+    mod inline_echo;
+    inline_echo::run_echo(1, 1, 4, 50_000, |c| {
+        c.loss = 0.05;
+        c.seed = 7;
+    });
+}
+
+#[test]
+fn malformed_frames_are_counted_not_fatal() {
+    let (mut server, client) = pair(1, 1, |_| {});
+    let closed = Arc::new(Mutex::new(Vec::new()));
+    let srv_dev_setup = server.remove(0);
+    let srv = Runtime::spawn_inline(vec![srv_dev_setup], opts(), move |_| Hold {
+        closed: closed.clone(),
+    })
+    .unwrap();
+    // The client side's device injects garbage towards the server.
+    let dev = &client[0].devices[0];
+    for len in [0usize, 1, 13, 14, 40, 60, 1514] {
+        let mut f = vec![0xa5u8; len];
+        if len >= 14 {
+            f[..6].copy_from_slice(&SERVER_MAC.0);
+            f[12] = 0x08; // IPv4 with a garbage header
+        }
+        assert!(dev.inject(Zbuf::from_vec(f)));
+    }
+    wait_for("drops counted", || srv.stats()[0].stack_drops >= 7);
+    srv.stop();
+    let r = srv.join().unwrap();
+    assert_eq!(r[0].stats.rx_frames, 7);
+}
+
+#[test]
+fn start_errors_are_reported_not_panics() {
+    // No device.
+    let (mut server, _client) = pair(1, 1, |_| {});
+    server[0].devices.clear();
+    let e = Runtime::spawn_inline(server, opts(), |_| Hold {
+        closed: Arc::default(),
+    })
+    .unwrap_err();
+    assert!(matches!(e.error, CoreError::NoDevice(0)), "{e}");
+    // A bad stack configuration (gateway off the prefix).
+    let (mut server, _client) = pair(1, 1, |_| {});
+    server[0].stack.gateway = Some("203.0.113.1".parse().unwrap());
+    let e = Runtime::spawn_inline(server, opts(), |_| Hold {
+        closed: Arc::default(),
+    })
+    .unwrap_err();
+    assert!(matches!(e.error, CoreError::Stack(_)), "{e}");
+    assert!(e.to_string().contains("gateway"));
+    // Pinning to a CPU that does not exist.
+    let (mut server, _client) = pair(1, 1, |_| {});
+    server[0].cpu = Some(100_000);
+    let o = r2c::CoreOptions {
+        pin: true,
+        ..opts()
+    };
+    let e = Runtime::spawn_inline(server, o, |_| Hold {
+        closed: Arc::default(),
+    })
+    .unwrap_err();
+    assert!(
+        matches!(e.error, CoreError::Pin { cpu: 100_000, .. }),
+        "{e}"
+    );
+}

@@ -154,3 +154,19 @@ fn inline_echo_one_core_each() {
 fn inline_echo_two_server_cores_two_client_cores() {
     run_echo(2, 2, 16, 20_000, |_| {});
 }
+
+#[test]
+fn inline_echo_survives_a_lossy_link() {
+    // 5% loss each way: TCP retransmits (with SACK), every byte still arrives.
+    run_echo(1, 1, 4, 50_000, |c| {
+        c.loss = 0.05;
+        c.seed = 7;
+    });
+}
+
+#[test]
+fn inline_echo_with_latency_two_server_queues() {
+    run_echo(2, 1, 4, 8000, |c| {
+        c.latency = std::time::Duration::from_micros(200);
+    });
+}

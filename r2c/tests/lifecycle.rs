@@ -165,18 +165,6 @@ fn reader_gen(rt: &Runtime) -> u64 {
 }
 
 #[test]
-fn echo_survives_a_lossy_link() {
-    // 5% loss each way: TCP retransmits, every byte still arrives.
-    #[path = "inline_echo.rs"]
-    #[allow(dead_code)]
-    mod inline_echo;
-    inline_echo::run_echo(1, 1, 4, 50_000, |c| {
-        c.loss = 0.05;
-        c.seed = 7;
-    });
-}
-
-#[test]
 fn malformed_frames_are_counted_not_fatal() {
     let (mut server, client) = pair(1, 1, |_| {});
     let closed = Arc::new(Mutex::new(Vec::new()));

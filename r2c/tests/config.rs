@@ -1,0 +1,214 @@
+//! Configuration: a good file with overrides, and one clear error per bad input.
+
+use clap::Parser;
+use r2c::config::{CliOverrides, Config, ConfigError, DeviceKind, RunMode};
+use r2c::device::mem::MemPair;
+
+const GOOD: &str = r#"
+eal = ["--no-pci", "--in-memory"]
+
+[device]
+kind = "mem"
+
+[cores]
+list = [0]
+
+[net]
+ip = "198.18.0.1"
+prefix_len = 24
+gateway = "198.18.0.254"
+routes = [{ dest = "198.19.0.0/16", via = "198.18.0.254" }]
+neighbours = [{ ip = "198.18.0.2", mac = "02:00:00:00:00:02" }]
+
+[tcp]
+mss = 1400
+cc = "cubic"
+delayed_ack_us = 200
+rto_min_us = 5000
+rto_max_us = 2000000
+
+[ports]
+app = "knb"
+apps = [{ name = "knb" }, { name = "other", ports = [61440, 62463], threads = 2 }]
+
+[runtime]
+mode = "batch"
+idle = "yield"
+"#;
+
+fn bad(text: &str) -> ConfigError {
+    Config::parse(text).expect_err("config should be refused")
+}
+
+fn with(extra: &str) -> String {
+    format!("[device]\nkind = \"mem\"\n[cores]\nlist = [0]\n[net]\nip = \"198.18.0.1\"\n{extra}")
+}
+
+fn assert_names(e: &ConfigError, key: &str, words: &[&str]) {
+    assert_eq!(e.key, key, "{e}");
+    let msg = e.to_string();
+    for w in words {
+        assert!(msg.contains(w), "`{msg}` should mention `{w}`");
+    }
+    assert!(!e.fix.is_empty(), "every error says how to fix it: {e}");
+}
+
+#[test]
+fn good_config_parses_and_builds_core_setups() {
+    let c = Config::parse(GOOD).unwrap();
+    assert_eq!(c.eal, vec!["--no-pci", "--in-memory"]);
+    assert_eq!(c.device, DeviceKind::Mem);
+    assert_eq!(c.mode, RunMode::Batch);
+    assert_eq!(c.tcp.mss, 1400);
+    assert_eq!(c.tcp.rtt.min_rto.as_micros(), 5000);
+    assert_eq!(c.net.routes.len(), 1);
+    // "other" owns 61440-62463; "knb" (one core) gets the rest.
+    let mine = c.ports.plan.ports_of("knb", 0);
+    assert_eq!(mine.iter().map(|r| r.len()).sum::<u32>(), 4096 - 1024);
+    assert!(mine.iter().all(|r| r.first() > 62463));
+    let (a, _b) = MemPair::single();
+    let setups = c.core_setups(vec![vec![a]]).unwrap();
+    assert_eq!(setups[0].cpu, Some(0));
+    assert_eq!(setups[0].neighbours.len(), 1);
+    assert_eq!(setups[0].ports, mine);
+    assert_eq!(
+        setups[0].stack.gateway,
+        Some("198.18.0.254".parse().unwrap())
+    );
+}
+
+#[test]
+fn cli_overrides_win_over_the_file() {
+    let dir = std::env::temp_dir().join(format!("lrc-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("r2c.toml");
+    std::fs::write(&path, GOOD).unwrap();
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        o: CliOverrides,
+    }
+    let cli = Cli::parse_from([
+        "app",
+        "--config",
+        path.to_str().unwrap(),
+        "--ip",
+        "198.18.0.7",
+        "--eal",
+        "--no-pci --file-prefix=lrc",
+        "--set",
+        "tcp.mss=1200",
+        "--set",
+        "runtime.mode=inline",
+    ]);
+    let c = cli.o.load().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        c.net.ip,
+        "198.18.0.7".parse::<std::net::Ipv4Addr>().unwrap()
+    );
+    assert_eq!(c.eal, vec!["--no-pci", "--file-prefix=lrc"]);
+    assert_eq!(c.tcp.mss, 1200);
+    assert_eq!(c.mode, RunMode::Inline);
+}
+
+#[test]
+fn unknown_key() {
+    let e = bad(&with("[tcp]\nmsss = 1400\n"));
+    assert_names(&e, "tcp.msss", &["unknown key", "mss"]);
+    let e = bad(&with("colour = \"blue\"\n"));
+    assert_names(&e, "net.colour", &["unknown key"]);
+    let e = bad(&(with("") + "[bogus]\nx = 1\n"));
+    assert_names(&e, "bogus", &["unknown key", "runtime"]);
+}
+
+#[test]
+fn bad_ip() {
+    let e = bad("[device]\nkind = \"mem\"\n[cores]\nlist = [0]\n[net]\nip = \"198.18.0.300\"\n");
+    assert_names(&e, "net.ip", &["198.18.0.300", "IPv4"]);
+    let e = bad("[device]\nkind = \"mem\"\n[cores]\nlist = [0]\n[net]\nip = \"224.0.0.1\"\n");
+    assert_names(&e, "net.ip", &["unicast"]);
+    let e = bad(&with("gateway = \"10.0.0.1\"\n"));
+    assert_names(&e, "net.gateway", &["not on"]);
+    let e = bad(&with(
+        "neighbours = [{ ip = \"198.18.0.2\", mac = \"ff:ff:ff:ff:ff:ff\" }]\n",
+    ));
+    assert_names(&e, "net.neighbours[0].mac", &["broadcast"]);
+    let e = bad(&with("routes = [{ dest = \"198.19.0.0/40\" }]\n"));
+    assert_names(&e, "net.routes[0].dest", &["prefix"]);
+}
+
+#[test]
+fn core_out_of_range() {
+    let e = bad("[device]\nkind = \"mem\"\n[cores]\nlist = [4095]\n[net]\nip = \"198.18.0.1\"\n");
+    assert_names(&e, "cores.list[0]", &["4095", "out of range"]);
+    let e = bad("[device]\nkind = \"mem\"\n[cores]\nlist = [0, 0]\n[net]\nip = \"198.18.0.1\"\n");
+    assert_names(&e, "cores.list[1]", &["twice"]);
+    let e = bad("[device]\nkind = \"mem\"\n[cores]\nlist = []\n[net]\nip = \"198.18.0.1\"\n");
+    assert_names(&e, "cores.list", &["no CPUs"]);
+    let e = bad("[device]\nkind = \"mem\"\n[cores]\nlist = [0]\nqueues_per_core = 0\n[net]\nip = \"198.18.0.1\"\n");
+    assert_names(&e, "cores.queues_per_core", &["out of range"]);
+}
+
+#[test]
+fn port_range_overlap() {
+    let e = bad(&with(
+        "[ports]\napp = \"a\"\napps = [{ name = \"a\" }, { name = \"b\", ports = [61440, 62000] }, { name = \"c\", ports = [61900, 63000] }]\n",
+    ));
+    assert_names(&e, "ports.apps", &["overlap", "`b`", "`c`"]);
+    let e = bad(&with("[ports]\nrange = [65000, 61440]\n"));
+    assert_names(&e, "ports.range", &["65000 > 61440"]);
+    let e = bad(&with("[ports]\napp = \"x\"\napps = [{ name = \"y\" }]\n"));
+    assert_names(&e, "ports.app", &["\"x\""]);
+    let e = bad(&with("[ports]\napps = [{ name = \"r2c\", ports = 10 }]\n"));
+    assert_names(&e, "ports.apps", &["belong to no application"]);
+}
+
+#[test]
+fn missing_device() {
+    let e = bad("[cores]\nlist = [0]\n[net]\nip = \"198.18.0.1\"\n");
+    assert_names(&e, "device", &["no device", "kind"]);
+    let e = bad("[device]\nkind = \"dpdk\"\n[cores]\nlist = [0]\n[net]\nip = \"198.18.0.1\"\n");
+    assert_names(&e, "device.port", &["port name"]);
+    let e = bad("[device]\nkind = \"nic\"\n[cores]\nlist = [0]\n[net]\nip = \"198.18.0.1\"\n");
+    assert_names(&e, "device.kind", &["\"nic\""]);
+}
+
+#[test]
+fn bad_tcp_and_runtime_knobs() {
+    let e = bad(&with("[tcp]\ncc = \"bbr\"\n"));
+    assert_names(&e, "tcp.cc", &["bbr", "cubic"]);
+    let e = bad(&with("[tcp]\ndelayed_ack_us = 500000\n"));
+    assert_names(&e, "tcp.delayed_ack_us", &["out of range"]);
+    let e = bad(&with("[tcp]\nmss = 9000\n"));
+    assert_names(&e, "tcp.mss", &["out of range"]);
+    let e = bad(&with("[tcp]\nrto_min_us = 900\nrto_max_us = 800\n"));
+    assert_names(&e, "tcp.rto_min_us", &["rto_max_us"]);
+    let e = bad(&with("[tcp]\nsack = \"yes\"\n"));
+    assert_names(&e, "tcp.sack", &["true or false"]);
+    let e = bad(&with("[runtime]\nmode = \"split\"\n"));
+    assert_names(&e, "runtime.workers", &["worker"]);
+    let e = bad(&with("[runtime]\nmode = \"turbo\"\n"));
+    assert_names(&e, "runtime.mode", &["turbo"]);
+    let e = bad(&with("[runtime]\nworkers = [0]\nmode = \"split\"\n"));
+    assert_names(&e, "runtime.workers", &["also in cores.list"]);
+}
+
+#[test]
+fn bad_files_and_overrides() {
+    let e = bad("[device\nkind = 1");
+    assert_names(&e, "<toml>", &["TOML"]);
+    let e =
+        Config::parse_with_overrides(&with(""), &[("net.ip.x".into(), "1".into())]).unwrap_err();
+    assert_names(&e, "net.ip", &["not a section"]);
+    let e = Config::load(std::path::Path::new("/nonexistent/lrc.toml"), &[]).unwrap_err();
+    assert_names(&e, "<file>", &["cannot read"]);
+    let o = CliOverrides {
+        set: vec!["novalue".into()],
+        ..CliOverrides::default()
+    };
+    assert_names(&o.overrides().unwrap_err(), "novalue", &["KEY=VALUE"]);
+    let e = Config::parse_with_overrides(&with(""), &[("net.ip".into(), "198.18.0.999".into())])
+        .unwrap_err();
+    assert_names(&e, "net.ip", &["198.18.0.999"]);
+}

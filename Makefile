@@ -11,7 +11,7 @@ KNB_RAW_ARGS ?=
 
 # Test suites run by `make test`, in order. Later suites (fuzz smoke runs, integration
 # suites) add a `test-<name>` target below and append it here.
-TEST_SUITES := test-workspace
+TEST_SUITES := test-workspace test-dpdk-compat
 
 .PHONY: help setup build test $(TEST_SUITES) lint demo clean-testbed
 
@@ -35,6 +35,11 @@ test: setup
 # Unit and testbed integration tests of every crate (the testbed's need root).
 test-workspace:
 	$(CARGO) test --workspace
+
+# dpdk-sys must build against other DPDK releases without source changes (bindgen at
+# build time): cargo check over Debian trixie's DPDK 24.11 headers.
+test-dpdk-compat:
+	bash ffi/dpdk/compat-check.sh
 
 lint:
 	$(CARGO) fmt --all -- --check

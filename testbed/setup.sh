@@ -37,6 +37,7 @@ PACKAGES=(
     sockperf         # kernel baseline latency
     python3-scapy    # crafting packets in attack/edge-case suites
     netcat-openbsd
+    curl             # ffi/dpdk/compat-check.sh fetches another DPDK release's headers
 )
 
 log() { printf 'testbed/setup: %s\n' "$*" >&2; }

@@ -132,7 +132,7 @@ fn main() -> ExitCode {
 }
 
 fn eal_init(o: &Opts) -> R<String> {
-    let preflight = o.kv.get("preflight").map_or(true, |v| v != "off");
+    let preflight = o.kv.get("preflight").is_none_or(|v| v != "off");
     let eal = Eal::builder()
         .args(o.eal.clone())
         .preflight(preflight)
@@ -826,7 +826,7 @@ fn tap_ping(o: &Opts) -> R<String> {
                 "no ARP reply from {peer} within {timeout:?} ({others} other frames seen)"
             )));
         }
-        if last_arp.map_or(true, |t| t.elapsed() > Duration::from_millis(200)) {
+        if last_arp.is_none_or(|t| t.elapsed() > Duration::from_millis(200)) {
             send(&mut txq, &mp, &arp(1, mac, local, [0; 6], peer, [0xff; 6]))?;
             last_arp = Some(Instant::now());
         }
@@ -864,7 +864,7 @@ fn tap_ping(o: &Opts) -> R<String> {
                 "no ICMP echo reply from {peer} within {timeout:?}"
             )));
         }
-        if last_ping.map_or(true, |t| t.elapsed() > Duration::from_millis(500)) {
+        if last_ping.is_none_or(|t| t.elapsed() > Duration::from_millis(500)) {
             send(
                 &mut txq,
                 &mp,

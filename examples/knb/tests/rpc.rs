@@ -429,7 +429,7 @@ fn bad_cli_arguments_exit_2_with_a_clear_message() {
             "is not a number of seconds",
         ),
         (
-            &["rpc", "--stack", "kernel", "--rate", "-5"][..],
+            &["rpc", "--stack", "kernel", "--rate=-5"][..],
             "outside (0, 1e9]",
         ),
         (

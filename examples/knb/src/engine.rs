@@ -209,6 +209,16 @@ impl ClientWorker {
         }
     }
 
+    /// Most bytes to hand the stack per send call: one message in bulk mode (so
+    /// `--req-size 4k` means 4 KiB writes, like `iperf3 -l 4K`), unlimited for RPCs
+    /// (a client with several requests ready writes them at once).
+    pub fn send_chunk(&self) -> usize {
+        match self.spec.mode {
+            Mode::Bulk => self.spec.req_size as usize + HDR_LEN,
+            Mode::Rpc => usize::MAX,
+        }
+    }
+
     /// Bulk before the end: the worker always has more to send.
     pub fn streaming(&self, now: Instant) -> bool {
         self.spec.mode == Mode::Bulk && now < self.timing.end && self.error.is_none()

@@ -275,9 +275,11 @@ fn client_thread(
             break;
         }
         w.tick(now);
+        let chunk = w.send_chunk();
         for (i, s) in streams.iter_mut().enumerate() {
             while !blocked[i] && !w.tx(i).is_empty() {
-                match s.write(w.tx(i).pending()) {
+                let p = w.tx(i).pending();
+                match s.write(&p[..p.len().min(chunk)]) {
                     Ok(k) => w.on_sent(i, k, now),
                     Err(e) if e.kind() == ErrorKind::WouldBlock => blocked[i] = true,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}

@@ -521,9 +521,12 @@ fn client_lane(
                     s.state()
                 ));
             }
-            if !wk.tx(i).is_empty() && s.can_send() {
-                if let Ok(k) = s.send_slice(wk.tx(i).pending()) {
-                    wk.on_sent(i, k, now);
+            let chunk = wk.send_chunk();
+            while !wk.tx(i).is_empty() && s.can_send() {
+                let p = wk.tx(i).pending();
+                match s.send_slice(&p[..p.len().min(chunk)]) {
+                    Ok(k) if k > 0 => wk.on_sent(i, k, now),
+                    _ => break,
                 }
             }
         }

@@ -1,17 +1,38 @@
 //! knb: RPC load tester and benchmark driver.
 //!
-//! Implemented: `knb raw` (raw Ethernet ping-pong between two DPDK
-//! processes: the physical limit the TCP numbers are measured against).
+//! * `knb rpc --stack kernel|smoltcp|luna`: one measured run — sets up the testbed
+//!   topology, starts the server and the client as processes in their namespaces,
+//!   reports RPC/s, Gbit/s, latency percentiles and CPU, tears down.
+//! * `knb bulk --stack ...`: one connection streaming (iperf-like), single-flow Gbit/s.
+//! * `knb compare`: the stacks alternated A B A B … plus the raw memif ceiling, ratios.
+//! * `knb sweep`: message size, iodepth, latency CDF and cores, as CSV and SVG figures.
+//! * `knb server` / `knb client`: the two sides by hand (what `rpc` starts).
+//! * `knb raw`: Ethernet ping-pong between two DPDK processes, no TCP (the ceiling).
+//!
+//! Exit status: 0 success, 1 the run failed, 2 bad arguments.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod backend;
+mod compare;
+mod cpu;
+mod engine;
+mod proto;
 mod raw;
+mod report;
+mod run;
+mod svg;
+mod sweep;
+mod workload;
 
 #[derive(Parser)]
-#[command(name = "knb", about = "luna benchmark driver")]
+#[command(
+    name = "knb",
+    about = "luna benchmark driver: RPC load tester for luna, the kernel and smoltcp"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -19,6 +40,18 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// One RPC run: topology up, server + client, report, topology down.
+    Rpc(run::RpcArgs),
+    /// One connection streaming one way (iperf-like): single-flow Gbit/s.
+    Bulk(run::RpcArgs),
+    /// Stacks alternated A B A B ... plus the raw ceiling; ratios (median of rounds).
+    Compare(compare::CompareArgs),
+    /// Message size, iodepth, latency CDF and cores sweeps: CSV + SVG figures.
+    Sweep(sweep::SweepArgs),
+    /// The server side of a run (started by `rpc` in its namespace).
+    Server(run::ServerArgs),
+    /// The client side of a run (started by `rpc` in its namespace).
+    Client(run::ClientArgs),
     /// Ethernet frames ping-ponged between two DPDK processes (no TCP).
     Raw(raw::RawArgs),
 }
@@ -26,11 +59,24 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
-        Cmd::Raw(a) => raw::run(a),
+        Cmd::Raw(a) => raw::run(a).map_err(workload::Error::Run),
+        Cmd::Rpc(a) => run::rpc(a),
+        Cmd::Bulk(mut a) => {
+            a.workload.mode = workload::ModeArg::Bulk;
+            run::rpc(a)
+        }
+        Cmd::Compare(a) => compare::run(a),
+        Cmd::Sweep(a) => sweep::run(a),
+        Cmd::Server(a) => run::server(a),
+        Cmd::Client(a) => run::client(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+        Err(workload::Error::Usage(e)) => {
+            eprintln!("knb: error: {e}");
+            ExitCode::from(2)
+        }
+        Err(workload::Error::Run(e)) => {
             eprintln!("knb: error: {e}");
             ExitCode::from(1)
         }

@@ -216,7 +216,10 @@ fn is_root() -> bool {
 pub fn run(a: RawArgs) -> Res<()> {
     a.validate()?;
     match a.role {
-        Role::Both => orchestrate(&a),
+        Role::Both => {
+            let r = orchestrate(&a)?;
+            report(&a, &r)
+        }
         Role::Reflector => reflector(&a),
         Role::Initiator => {
             let r = initiator(&a)?;
@@ -775,7 +778,41 @@ impl ChildProc {
     }
 }
 
-fn orchestrate(a: &RawArgs) -> Res<()> {
+impl RawArgs {
+    /// A memif run for `knb compare`/`sweep`: the raw ceiling at `frame_size` and
+    /// `iodepth`, initiator on `cpus.0`, reflector on `cpus.1`.
+    pub fn memif_ceiling(
+        frame_size: u16,
+        iodepth: u32,
+        duration: f64,
+        warmup: f64,
+        cpus: (u32, u32),
+        run_id: String,
+    ) -> RawArgs {
+        RawArgs {
+            transport: Transport::Memif,
+            frame_size: frame_size.clamp(64, 9000),
+            burst: 32,
+            iodepth: iodepth.clamp(1, 4096),
+            duration,
+            warmup,
+            json: None,
+            role: Role::Both,
+            cpus,
+            name_prefix: "lkb".into(),
+            run_id: Some(run_id),
+            child: false,
+        }
+    }
+}
+
+/// Runs `a` (role both) and returns the initiator's result without printing.
+pub fn measure(a: &RawArgs) -> Res<Value> {
+    a.validate()?;
+    orchestrate(a)
+}
+
+fn orchestrate(a: &RawArgs) -> Res<Value> {
     let id = a.run_id();
     let a = RawArgs {
         run_id: Some(id.clone()),
@@ -818,7 +855,7 @@ fn orchestrate(a: &RawArgs) -> Res<()> {
         .find_map(|l| l.strip_prefix("KNB_RESULT "))
         .map(serde_json::from_str::<Value>);
     match (iok, result) {
-        (true, Some(Ok(r))) => report(&a, &r),
+        (true, Some(Ok(r))) => Ok(r),
         _ => {
             let tail = |s: &str| {
                 s.lines()

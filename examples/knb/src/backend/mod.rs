@@ -1,0 +1,311 @@
+//! Stack backends: the one seam between knb's orchestration and a network stack.
+//!
+//! A backend says which testbed topology it runs on and where each side lives
+//! ([`Backend::endpoints`]); inside the child processes that the orchestrator starts
+//! (`knb server` / `knb client`) it moves bytes between its sockets and the sans-IO RPC
+//! engines ([`crate::proto::ServerConn`], [`crate::engine::ClientWorker`]). Framing,
+//! validation, load generation, timing, histograms, CPU accounting and reporting are
+//! shared, so a new stack only writes its event loop.
+//!
+//! | backend | topology | server side | client side |
+//! |---|---|---|---|
+//! | [`kernel`] | `veth` (k2 ⇄ k1) | epoll (mio) threads in `<p>-k2` | mio threads in `<p>-k1` |
+//! | [`smoltcp`] | `memif` | DPDK process, one smoltcp `Interface` per queue | the same, role client |
+//! | [`luna`] | `memif` | r2c inline server over the devdpdk memif device | r2c client |
+//!
+//! See [`luna`] for exactly what the luna backend needs from r2c.
+
+pub mod kernel;
+pub mod luna;
+pub mod memif;
+pub mod smoltcp;
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use testbed::{Kind, Topology};
+
+use crate::engine::{ClientWorker, ThreadResult, Timing, WorkerSpec};
+use crate::proto::ServerCounters;
+use crate::workload::{Stack, Workload};
+
+/// Where one side of a run lives.
+#[derive(Debug, Clone)]
+pub struct Place {
+    /// Network namespace to run in.
+    pub netns: String,
+    /// This side's IPv4 address.
+    pub ip: Ipv4Addr,
+    /// Prefix length of `ip`.
+    pub prefix_len: u8,
+    /// DPDK EAL arguments (empty for kernel sides).
+    pub eal: Vec<String>,
+}
+
+/// Both sides.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    /// The server.
+    pub server: Place,
+    /// The client.
+    pub client: Place,
+}
+
+/// What a server child process is told.
+#[derive(Debug, Clone)]
+pub struct ServerSpec {
+    /// Sizes, connections, threads, mode.
+    pub workload: Workload,
+    /// Address to listen on.
+    pub ip: Ipv4Addr,
+    /// Prefix length (DPDK stacks configure it on their interface).
+    pub prefix_len: u8,
+    /// TCP port.
+    pub port: u16,
+    /// CPU of each thread (thread i on `cpus[i % len]`).
+    pub cpus: Vec<usize>,
+    /// EAL arguments (DPDK stacks).
+    pub eal: Vec<String>,
+    /// Hard stop: the server exits after this long whatever happens.
+    pub lifetime: Duration,
+}
+
+/// What a client child process is told.
+#[derive(Debug, Clone)]
+pub struct ClientSpec {
+    /// This side's address.
+    pub ip: Ipv4Addr,
+    /// Prefix length.
+    pub prefix_len: u8,
+    /// The server's address.
+    pub server_ip: Ipv4Addr,
+    /// TCP port.
+    pub port: u16,
+    /// CPU of each thread.
+    pub cpus: Vec<usize>,
+    /// EAL arguments (DPDK stacks).
+    pub eal: Vec<String>,
+}
+
+/// What a server reports when it exits.
+#[derive(Debug, Default, Clone)]
+pub struct ServerReport {
+    /// Connections accepted.
+    pub connections: u64,
+    /// Summed per-connection counters.
+    pub counters: ServerCounters,
+    /// Protocol or transport errors (a run with any is failed).
+    pub errors: Vec<String>,
+    /// Backend-specific counters (device drops, ...).
+    pub extra: Value,
+}
+
+impl ServerReport {
+    /// Adds one connection's counters.
+    pub fn add(&mut self, c: &ServerCounters) {
+        self.counters.requests += c.requests;
+        self.counters.rx_payload += c.rx_payload;
+        self.counters.tx_payload += c.tx_payload;
+    }
+
+    /// As JSON.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "connections": self.connections,
+            "requests": self.counters.requests,
+            "rx_payload": self.counters.rx_payload,
+            "tx_payload": self.counters.tx_payload,
+            "errors": self.errors,
+            "extra": self.extra,
+        })
+    }
+}
+
+/// A stack under test.
+pub trait Backend: Sync {
+    /// Which stack.
+    fn stack(&self) -> Stack;
+
+    /// The testbed topology both sides run on.
+    fn topology(&self) -> Kind;
+
+    /// Why this backend cannot run here (None when it can). Checked before any setup.
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
+
+    /// Namespaces, addresses and EAL arguments of both sides in `topo`. The server's
+    /// main thread goes on `server_cpus[0]`, the client's on `client_cpus[0]`.
+    fn endpoints(
+        &self,
+        topo: &Topology,
+        server_cpus: &[usize],
+        client_cpus: &[usize],
+    ) -> Result<Endpoints, String>;
+
+    /// Runs in the server child: call `ready` once clients may connect, serve
+    /// `workload.connections` connections until they close or `lifetime` passes.
+    fn serve(&self, spec: &ServerSpec, ready: &mut dyn FnMut()) -> Result<ServerReport, String>;
+
+    /// Runs in the client child: open the connections, get each thread's worker from
+    /// `plan` once its connections are up, drive it until it finishes.
+    fn run_client(&self, spec: &ClientSpec, plan: &ClientPlan)
+        -> Result<Vec<ThreadResult>, String>;
+}
+
+/// The backend of `stack`.
+pub fn backend(stack: Stack) -> &'static dyn Backend {
+    match stack {
+        Stack::Kernel => &kernel::Kernel,
+        Stack::Smoltcp => &smoltcp::Smoltcp,
+        Stack::Luna => &luna::Luna,
+    }
+}
+
+/// Pins the calling thread to `cpu`.
+pub fn pin(cpu: usize) -> Result<(), String> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu)
+        .map_err(|e| format!("CPU {cpu} is out of range: {e}"))?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+        .map_err(|e| format!("cannot pin to CPU {cpu}: {e} (is it online?)"))
+}
+
+/// Hands out workers so every client thread starts measuring at the same moment:
+/// each thread reports in once its connections are up; when all have, the run's
+/// [`Timing`] starts. A thread that fails releases the others with an error.
+pub struct ClientPlan {
+    workload: Workload,
+    gate: Mutex<Gate>,
+    cv: Condvar,
+    /// Completions so far (all threads), for progress lines.
+    pub progress: Arc<AtomicU64>,
+}
+
+#[derive(Default)]
+struct Gate {
+    arrived: u32,
+    failed: Option<String>,
+    timing: Option<Timing>,
+    end_sampled: bool,
+}
+
+/// How long client threads wait for each other to connect.
+const CONNECT_WAIT: Duration = Duration::from_secs(30);
+
+impl ClientPlan {
+    /// A plan for `workload`.
+    pub fn new(workload: Workload) -> ClientPlan {
+        ClientPlan {
+            workload,
+            gate: Mutex::new(Gate::default()),
+            cv: Condvar::new(),
+            progress: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The workload.
+    pub fn workload(&self) -> &Workload {
+        &self.workload
+    }
+
+    /// Thread `t` has its connections up: waits for the others, returns its worker.
+    pub fn start(&self, t: u32) -> Result<ClientWorker, String> {
+        let w = &self.workload;
+        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        g.arrived += 1;
+        if g.arrived == w.threads {
+            g.timing = Some(Timing::starting_now(w.warmup, w.duration));
+            self.cv.notify_all();
+        }
+        let end = Instant::now() + CONNECT_WAIT;
+        while g.timing.is_none() && g.failed.is_none() {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                g.failed = Some(format!(
+                    "client threads did not all connect within {CONNECT_WAIT:?}"
+                ));
+                self.cv.notify_all();
+                break;
+            }
+            g = self
+                .cv
+                .wait_timeout(g, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        if let Some(e) = &g.failed {
+            return Err(e.clone());
+        }
+        let timing = g.timing.ok_or("no timing")?;
+        let (first, conns) = w.conns_of(t);
+        let spec = WorkerSpec {
+            first_conn: first,
+            conns,
+            req_size: w.req_size,
+            resp_size: w.resp_size,
+            iodepth: w.iodepth,
+            rate: w.rate.map(|r| r / w.threads as f64),
+            verify: w.verify,
+            mode: w.mode.into(),
+            seed: 0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678_9abc_def1),
+        };
+        Ok(ClientWorker::new(spec, timing, self.progress.clone()))
+    }
+
+    /// Thread failed before starting: release the others.
+    pub fn fail(&self, msg: String) {
+        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        if g.failed.is_none() {
+            g.failed = Some(msg);
+        }
+        self.cv.notify_all();
+    }
+
+    /// A thread whose run is over calls this before closing its connections: it waits
+    /// (at most 2 s) until the end-of-window CPU sample is taken, so the server is still
+    /// running when it is sampled.
+    pub fn finished(&self) {
+        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(t) = g.timing else { return };
+        if Instant::now() < t.end || g.failed.is_some() {
+            return;
+        }
+        let end = Instant::now() + Duration::from_secs(2);
+        while !g.end_sampled {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            g = self
+                .cv
+                .wait_timeout(g, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// The end-of-window sample is taken (or will not be): release [`Self::finished`].
+    pub fn end_sampled(&self) {
+        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        g.end_sampled = true;
+        self.cv.notify_all();
+    }
+
+    /// The run's timing once all threads started.
+    pub fn timing(&self) -> Option<Timing> {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner()).timing
+    }
+
+    /// True once a thread failed.
+    pub fn failed(&self) -> bool {
+        self.gate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .failed
+            .is_some()
+    }
+}

@@ -1,0 +1,622 @@
+//! The load generator every client backend drives, and the per-thread results.
+//!
+//! A backend owns the sockets; per poll iteration it calls [`ClientWorker::tick`] (issue
+//! requests), writes each connection's [`ClientWorker::tx`] bytes and reports how many the
+//! stack took ([`ClientWorker::on_sent`]), and feeds received bytes to
+//! [`ClientWorker::on_rx`]. It stops when [`ClientWorker::finished`] says so.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde_json::{json, Value};
+
+use crate::proto::{flags, ClientConn, SyncReport, TxBuf, HDR_LEN};
+
+/// Closed loop (a fixed number outstanding) or open loop (Poisson arrivals).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// RPCs.
+    Rpc,
+    /// One-way streaming (iperf-like), no responses until the final SYNC.
+    Bulk,
+}
+
+/// The shared clock of a run.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Measurement starts.
+    pub warm_end: Instant,
+    /// No new requests after this.
+    pub end: Instant,
+}
+
+impl Timing {
+    /// Warm-up then measurement, starting now.
+    pub fn starting_now(warmup: f64, duration: f64) -> Timing {
+        let warm_end = Instant::now() + Duration::from_secs_f64(warmup);
+        Timing {
+            warm_end,
+            end: warm_end + Duration::from_secs_f64(duration),
+        }
+    }
+}
+
+/// What one client thread does.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// Global index of this thread's first connection.
+    pub first_conn: u32,
+    /// Connections of this thread.
+    pub conns: u32,
+    /// Request payload bytes (bulk: bytes per write).
+    pub req_size: u32,
+    /// Response payload bytes.
+    pub resp_size: u32,
+    /// Requests outstanding per connection (closed loop).
+    pub iodepth: u32,
+    /// Open loop: this thread's arrival rate (RPC/s).
+    pub rate: Option<f64>,
+    /// Check payload patterns.
+    pub verify: bool,
+    /// RPC or bulk.
+    pub mode: Mode,
+    /// RNG seed (open loop).
+    pub seed: u64,
+}
+
+/// Open loop: arrivals beyond this many outstanding per connection are dropped
+/// (counted), so an overloaded stack cannot make the client buffer without bound.
+const OPEN_LOOP_MAX_OUTSTANDING: usize = 4096;
+/// Bulk: bytes kept queued ahead of the socket.
+const BULK_BACKLOG: usize = 64 * 1024;
+/// Bulk: how long the final SYNC may take before the run is declared failed.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// xorshift64*: small, seeded, good enough for exponential inter-arrival times.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next_f64(&mut self) -> f64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        let r = x.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        // 53 random bits in (0, 1].
+        ((r >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    }
+}
+
+/// One client thread's state.
+pub struct ClientWorker {
+    spec: WorkerSpec,
+    timing: Timing,
+    conns: Vec<ClientConn>,
+    hist: Histogram<u64>,
+    completed: u64,
+    tx_payload: u64,
+    rx_payload: u64,
+    wire_tx_window: u64,
+    open: Option<(Rng, f64, Instant)>,
+    rr: usize,
+    offered: u64,
+    dropped: u64,
+    marked: bool,
+    synced: bool,
+    progress: Arc<AtomicU64>,
+    error: Option<String>,
+}
+
+impl ClientWorker {
+    /// A worker for `spec` on the run's `timing`; `progress` counts completions.
+    pub fn new(spec: WorkerSpec, timing: Timing, progress: Arc<AtomicU64>) -> ClientWorker {
+        let conns = (0..spec.conns)
+            .map(|i| {
+                ClientConn::new(
+                    spec.first_conn + i,
+                    spec.req_size,
+                    spec.resp_size,
+                    spec.verify,
+                )
+            })
+            .collect();
+        let open = spec.rate.map(|r| (Rng(spec.seed | 1), r, Instant::now()));
+        ClientWorker {
+            timing,
+            conns,
+            hist: new_hist(),
+            completed: 0,
+            tx_payload: 0,
+            rx_payload: 0,
+            wire_tx_window: 0,
+            open,
+            rr: 0,
+            offered: 0,
+            dropped: 0,
+            marked: false,
+            synced: false,
+            progress,
+            error: None,
+            spec,
+        }
+    }
+
+    /// Issues the requests due at `now`.
+    pub fn tick(&mut self, now: Instant) {
+        if self.error.is_some() {
+            return;
+        }
+        match self.spec.mode {
+            Mode::Bulk => self.tick_bulk(now),
+            Mode::Rpc if now >= self.timing.end => {}
+            Mode::Rpc => match &mut self.open {
+                None => {
+                    let depth = self.spec.iodepth as usize;
+                    for c in &mut self.conns {
+                        while c.outstanding() < depth {
+                            c.push_request(now);
+                        }
+                    }
+                }
+                Some((rng, rate, next)) => {
+                    let n = self.conns.len();
+                    while *next <= now {
+                        let t0 = *next;
+                        let gap = -rng.next_f64().ln() / *rate;
+                        *next += Duration::from_secs_f64(gap);
+                        if t0 >= self.timing.warm_end {
+                            self.offered += 1;
+                        }
+                        let c = &mut self.conns[self.rr % n];
+                        self.rr = self.rr.wrapping_add(1);
+                        if c.outstanding() >= OPEN_LOOP_MAX_OUTSTANDING {
+                            if t0 >= self.timing.warm_end {
+                                self.dropped += 1;
+                            }
+                            continue;
+                        }
+                        c.push_request(t0);
+                    }
+                }
+            },
+        }
+    }
+
+    fn tick_bulk(&mut self, now: Instant) {
+        for c in &mut self.conns {
+            if now >= self.timing.end {
+                if !self.synced && c.outstanding() == 0 && c.sync_report().is_none() {
+                    c.push_sync(now);
+                }
+                continue;
+            }
+            if !self.marked && now >= self.timing.warm_end {
+                c.push_bulk(flags::MARK);
+            }
+            while c.tx().len() < BULK_BACKLOG {
+                c.push_bulk(0);
+            }
+        }
+        if now >= self.timing.warm_end {
+            self.marked = true;
+        }
+        if now >= self.timing.end {
+            self.synced = true;
+        }
+    }
+
+    /// Most bytes to hand the stack per send call: one message in bulk mode (so
+    /// `--req-size 4k` means 4 KiB writes, like `iperf3 -l 4K`), unlimited for RPCs
+    /// (a client with several requests ready writes them at once).
+    pub fn send_chunk(&self) -> usize {
+        match self.spec.mode {
+            Mode::Bulk => self.spec.req_size as usize + HDR_LEN,
+            Mode::Rpc => usize::MAX,
+        }
+    }
+
+    /// Bulk before the end: the worker always has more to send.
+    pub fn streaming(&self, now: Instant) -> bool {
+        self.spec.mode == Mode::Bulk && now < self.timing.end && self.error.is_none()
+    }
+
+    /// When the next open-loop arrival is due (None in closed loop).
+    pub fn next_arrival(&self) -> Option<Instant> {
+        self.open.as_ref().map(|o| o.2)
+    }
+
+    /// Bytes connection `i` wants to send.
+    pub fn tx(&mut self, i: usize) -> &mut TxBuf {
+        self.conns[i].tx()
+    }
+
+    /// The stack took `n` bytes of connection `i` at `now`.
+    pub fn on_sent(&mut self, i: usize, n: usize, now: Instant) {
+        self.conns[i].tx().consume(n);
+        if now >= self.timing.warm_end && now < self.timing.end {
+            self.wire_tx_window += n as u64;
+        }
+    }
+
+    /// Bytes received on connection `i` at `now`.
+    pub fn on_rx(&mut self, i: usize, data: &[u8], now: Instant) {
+        if self.error.is_some() {
+            return;
+        }
+        let in_window = now >= self.timing.warm_end && now < self.timing.end;
+        let (hist, completed, progress) = (&mut self.hist, &mut self.completed, &self.progress);
+        let mut n = 0u64;
+        let r = self.conns[i].on_rx(data, |t0| {
+            n += 1;
+            if in_window {
+                *completed += 1;
+                let ns = now.saturating_duration_since(t0).as_nanos() as u64;
+                let _ = hist.record(ns.clamp(1, MAX_NS));
+            }
+        });
+        if n > 0 {
+            progress.fetch_add(n, Ordering::Relaxed);
+        }
+        if in_window && self.spec.mode == Mode::Rpc {
+            self.rx_payload += n * self.spec.resp_size as u64;
+            self.tx_payload += n * self.spec.req_size as u64;
+        }
+        if let Err(e) = r {
+            self.error = Some(format!(
+                "connection {}: {e}",
+                self.spec.first_conn as usize + i
+            ));
+        }
+    }
+
+    /// A protocol or transport error ends the run.
+    pub fn fail(&mut self, msg: String) {
+        if self.error.is_none() {
+            self.error = Some(msg);
+        }
+    }
+
+    /// The first error seen.
+    #[cfg(test)]
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    /// True once the run is over for this thread (or failed).
+    pub fn finished(&self, now: Instant) -> bool {
+        if self.error.is_some() {
+            return true;
+        }
+        match self.spec.mode {
+            Mode::Rpc => now >= self.timing.end,
+            Mode::Bulk => {
+                self.conns.iter().all(|c| c.sync_report().is_some())
+                    || now >= self.timing.end + SYNC_TIMEOUT
+            }
+        }
+    }
+
+    /// The thread's result.
+    pub fn finish(mut self) -> ThreadResult {
+        let bulk = if self.spec.mode == Mode::Bulk {
+            let reports: Vec<SyncReport> =
+                self.conns.iter().filter_map(|c| c.sync_report()).collect();
+            if reports.len() != self.conns.len() && self.error.is_none() {
+                self.error = Some(format!(
+                    "bulk: no SYNC answer within {SYNC_TIMEOUT:?} after the run"
+                ));
+            }
+            let sent: u64 = self.conns.iter().map(|c| c.bulk_sent).sum();
+            let msg = (self.spec.req_size as usize + HDR_LEN) as f64;
+            Some(BulkResult {
+                payload_sent: sent,
+                payload_received: reports.iter().map(|r| r.total_bytes).sum(),
+                window_bytes: reports.iter().map(|r| r.window_bytes).sum(),
+                window_ns: reports.iter().map(|r| r.window_ns).max().unwrap_or(0),
+                sender_window_payload: (self.wire_tx_window as f64 * self.spec.req_size as f64
+                    / msg) as u64,
+            })
+        } else {
+            None
+        };
+        ThreadResult {
+            hist: self.hist,
+            completed: self.completed,
+            tx_payload: self.tx_payload,
+            rx_payload: self.rx_payload,
+            offered: self.offered,
+            dropped: self.dropped,
+            bulk,
+            error: self.error,
+        }
+    }
+}
+
+/// Latencies above a minute are clamped (the histogram's range).
+const MAX_NS: u64 = 60_000_000_000;
+
+/// A latency histogram in ns, 3 significant digits.
+pub fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_NS, 3).expect("static histogram bounds are valid")
+}
+
+/// Bulk counters of a thread.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BulkResult {
+    /// Payload bytes the client queued in total.
+    pub payload_sent: u64,
+    /// Payload bytes the server says it received in total (checked equal).
+    pub payload_received: u64,
+    /// Server side: payload bytes between MARK and SYNC.
+    pub window_bytes: u64,
+    /// Server side: ns between MARK and SYNC.
+    pub window_ns: u64,
+    /// Client side: payload bytes the stack accepted during the measured window.
+    pub sender_window_payload: u64,
+}
+
+/// What one client thread measured.
+pub struct ThreadResult {
+    /// RPC latencies in the window (ns).
+    pub hist: Histogram<u64>,
+    /// RPCs completed in the window.
+    pub completed: u64,
+    /// Request payload bytes of completed RPCs.
+    pub tx_payload: u64,
+    /// Response payload bytes of completed RPCs.
+    pub rx_payload: u64,
+    /// Open loop: arrivals in the window.
+    pub offered: u64,
+    /// Open loop: arrivals dropped (too many outstanding).
+    pub dropped: u64,
+    /// Bulk counters.
+    pub bulk: Option<BulkResult>,
+    /// First error.
+    pub error: Option<String>,
+}
+
+/// Quantiles reported for the latency CDF (fig. 11).
+pub const CDF_QUANTILES: [f64; 21] = [
+    0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999,
+    0.9995, 0.9999, 0.99999, 1.0,
+];
+
+/// Merges thread results into the client's JSON report (`duration` = measured seconds).
+pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option<f64>) -> Value {
+    let mut hist = new_hist();
+    let (mut rpcs, mut txp, mut rxp, mut offered, mut dropped) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut bulk: Option<BulkResult> = None;
+    let mut errors = Vec::new();
+    for r in results {
+        let _ = hist.add(&r.hist);
+        rpcs += r.completed;
+        txp += r.tx_payload;
+        rxp += r.rx_payload;
+        offered += r.offered;
+        dropped += r.dropped;
+        if let Some(b) = r.bulk {
+            let t = bulk.get_or_insert_with(BulkResult::default);
+            t.payload_sent += b.payload_sent;
+            t.payload_received += b.payload_received;
+            t.window_bytes += b.window_bytes;
+            t.window_ns = t.window_ns.max(b.window_ns);
+            t.sender_window_payload += b.sender_window_payload;
+        }
+        if let Some(e) = r.error {
+            errors.push(e);
+        }
+    }
+    let gb = |bytes: u64| bytes as f64 * 8.0 / duration / 1e9;
+    let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    let lat = if rpcs > 0 {
+        json!({
+            "min": hist.min() as f64 / 1000.0,
+            "mean": hist.mean() / 1000.0,
+            "p50": us(0.5), "p90": us(0.9), "p99": us(0.99), "p999": us(0.999),
+            "max": hist.max() as f64 / 1000.0,
+        })
+    } else {
+        Value::Null
+    };
+    let cdf: Vec<Value> = if rpcs > 0 {
+        CDF_QUANTILES.iter().map(|&q| json!([q, us(q)])).collect()
+    } else {
+        Vec::new()
+    };
+    let bulk_v = bulk.map(|b| {
+        let recv = if b.window_ns > 0 {
+            b.window_bytes as f64 * 8.0 / b.window_ns as f64
+        } else {
+            0.0
+        };
+        json!({
+            "payload_sent": b.payload_sent,
+            "payload_received": b.payload_received,
+            "validated": b.payload_sent == b.payload_received,
+            "receiver_gbps": recv,
+            "sender_gbps": gb(b.sender_window_payload),
+            "receiver_window_s": b.window_ns as f64 / 1e9,
+        })
+    });
+    let (rps, gbps) = match mode {
+        Mode::Rpc => (
+            json!(rpcs as f64 / duration),
+            json!({
+                "total": gb(txp + rxp),
+                "client_to_server": gb(txp),
+                "server_to_client": gb(rxp),
+            }),
+        ),
+        Mode::Bulk => {
+            let g = bulk_v
+                .as_ref()
+                .and_then(|b| b["receiver_gbps"].as_f64())
+                .unwrap_or(0.0);
+            (
+                Value::Null,
+                json!({"total": g, "client_to_server": g, "server_to_client": 0.0}),
+            )
+        }
+    };
+    json!({
+        "duration_s": duration,
+        "rpcs": rpcs,
+        "rps": rps,
+        "gbps": gbps,
+        "latency_us": lat,
+        "cdf": cdf,
+        "open_loop": rate.map(|r| json!({
+            "offered_rps": r,
+            "arrivals": offered,
+            "achieved_rps": rpcs as f64 / duration,
+            "dropped_arrivals": dropped,
+        })),
+        "bulk": bulk_v,
+        "errors": errors,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::ServerConn;
+
+    fn spec(mode: Mode, rate: Option<f64>) -> WorkerSpec {
+        WorkerSpec {
+            first_conn: 0,
+            conns: 2,
+            req_size: 100,
+            resp_size: 200,
+            iodepth: 4,
+            rate,
+            verify: true,
+            mode,
+            seed: 7,
+        }
+    }
+
+    /// Moves every queued byte through in-memory servers.
+    fn exchange(w: &mut ClientWorker, servers: &mut [ServerConn], now: Instant) {
+        for (i, s) in servers.iter_mut().enumerate() {
+            let b = w.tx(i).pending().to_vec();
+            w.on_sent(i, b.len(), now);
+            s.on_rx(&b, now).unwrap();
+            let r = s.tx().pending().to_vec();
+            s.tx().consume(r.len());
+            w.on_rx(i, &r, now);
+        }
+    }
+
+    #[test]
+    fn closed_loop_keeps_iodepth_outstanding_and_counts_only_the_window() {
+        let t = Instant::now();
+        let timing = Timing {
+            warm_end: t + Duration::from_millis(10),
+            end: t + Duration::from_millis(20),
+        };
+        let p = Arc::new(AtomicU64::new(0));
+        let mut w = ClientWorker::new(spec(Mode::Rpc, None), timing, p.clone());
+        let mut s = [ServerConn::new(200), ServerConn::new(200)];
+        w.tick(t);
+        assert_eq!(w.conns[0].outstanding(), 4);
+        exchange(&mut w, &mut s, t); // warm-up: not counted
+        w.tick(t + Duration::from_millis(15));
+        exchange(&mut w, &mut s, t + Duration::from_millis(15));
+        assert!(!w.finished(t + Duration::from_millis(15)));
+        w.tick(t + Duration::from_millis(20)); // end: nothing new
+        assert_eq!(w.conns[0].outstanding(), 0);
+        assert!(w.finished(t + Duration::from_millis(20)));
+        assert_eq!(p.load(Ordering::Relaxed), 16);
+        let r = w.finish();
+        assert_eq!(r.completed, 8);
+        assert_eq!(r.tx_payload, 800);
+        assert_eq!(r.rx_payload, 1600);
+        assert!(r.error.is_none());
+        let v = merge(vec![r], 0.01, Mode::Rpc, None);
+        assert_eq!(v["rpcs"], 8);
+        assert!((v["rps"].as_f64().unwrap() - 800.0).abs() < 1e-9);
+        assert!(v["latency_us"]["p99"].as_f64().unwrap() > 0.0);
+    }
+
+    #[test]
+    fn open_loop_issues_poisson_arrivals_at_the_rate() {
+        let t = Instant::now();
+        let timing = Timing {
+            warm_end: t,
+            end: t + Duration::from_secs(10),
+        };
+        let mut w = ClientWorker::new(
+            spec(Mode::Rpc, Some(10_000.0)),
+            timing,
+            Arc::new(AtomicU64::new(0)),
+        );
+        let start = w.next_arrival().unwrap();
+        w.tick(start + Duration::from_millis(500));
+        // 5,000 expected; Poisson sd ~ 71, so 4,600..5,400 is > 5 sd (and the seed is fixed).
+        assert!((4_600..5_400).contains(&w.offered), "{}", w.offered);
+        let queued = w.conns[0].outstanding() + w.conns[1].outstanding();
+        assert_eq!(queued as u64, w.offered);
+        // Round robin over the two connections.
+        assert!(w.conns[0].outstanding().abs_diff(w.conns[1].outstanding()) <= 1);
+    }
+
+    #[test]
+    fn open_loop_drops_arrivals_beyond_the_outstanding_cap() {
+        let t = Instant::now();
+        let timing = Timing {
+            warm_end: t,
+            end: t + Duration::from_secs(100),
+        };
+        let mut w = ClientWorker::new(
+            spec(Mode::Rpc, Some(1_000_000.0)),
+            timing,
+            Arc::new(AtomicU64::new(0)),
+        );
+        w.tick(w.next_arrival().unwrap() + Duration::from_millis(20));
+        assert!(w.dropped > 0);
+        assert!(w.conns[0].outstanding() <= OPEN_LOOP_MAX_OUTSTANDING);
+    }
+
+    #[test]
+    fn bulk_streams_marks_and_syncs() {
+        let t = Instant::now();
+        let timing = Timing {
+            warm_end: t + Duration::from_millis(1),
+            end: t + Duration::from_millis(2),
+        };
+        let mut sp = spec(Mode::Bulk, None);
+        sp.conns = 1;
+        let mut w = ClientWorker::new(sp, timing, Arc::new(AtomicU64::new(0)));
+        let mut s = [ServerConn::new(0)];
+        for ms in [0, 1, 2] {
+            let now = t + Duration::from_millis(ms);
+            w.tick(now);
+            exchange(&mut w, &mut s, now);
+        }
+        assert!(w.finished(t + Duration::from_millis(2)));
+        let r = w.finish();
+        assert!(r.error.is_none(), "{:?}", r.error);
+        let b = r.bulk.unwrap();
+        assert!(b.payload_sent > 0);
+        assert_eq!(b.payload_sent, b.payload_received);
+        assert!(b.window_bytes > 0 && b.window_bytes < b.payload_sent);
+    }
+
+    #[test]
+    fn a_bad_response_fails_the_worker() {
+        let t = Instant::now();
+        let timing = Timing {
+            warm_end: t,
+            end: t + Duration::from_secs(1),
+        };
+        let mut w = ClientWorker::new(spec(Mode::Rpc, None), timing, Arc::new(AtomicU64::new(0)));
+        w.tick(t);
+        w.on_rx(0, &[0u8; 16], t);
+        assert!(w.finished(t));
+        assert!(w.error().unwrap().contains("bad magic"), "{:?}", w.error());
+    }
+}

@@ -1,0 +1,822 @@
+//! The knb RPC framing and the sans-IO connection engines every stack shares.
+//!
+//! A message is a 16-byte header followed by `len` payload bytes:
+//!
+//! | bytes | field | meaning |
+//! |---|---|---|
+//! | 0..8 | id (u64 LE) | request id; a response repeats its request's id |
+//! | 8..12 | len (u32 LE) | payload bytes that follow the header |
+//! | 12..14 | flags (u16 LE) | [`flags`] |
+//! | 14..16 | magic (u16 LE) | [`MAGIC`], catches a desynchronised stream |
+//!
+//! The engines ([`ClientConn`], [`ServerConn`]) never touch a socket: a backend feeds
+//! them received bytes (`on_rx`) and writes what they queue (`tx` / `consume_tx`). So
+//! the kernel, smoltcp and luna backends differ only in how bytes move.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::Instant;
+
+/// Header length in bytes.
+pub const HDR_LEN: usize = 16;
+/// The header's magic ("kn").
+pub const MAGIC: u16 = 0x6e6b;
+/// Largest payload accepted (1 MiB bounds what a peer can make us buffer).
+pub const MAX_PAYLOAD: u32 = 1 << 20;
+
+/// Header flag bits.
+pub mod flags {
+    /// The message is a response.
+    pub const RESPONSE: u16 = 1;
+    /// The payload carries the [`super::pattern_byte`] pattern and must be checked; the
+    /// server answers with a patterned payload too.
+    pub const VERIFY: u16 = 2;
+    /// Bulk data: counted by the server, never answered.
+    pub const NOREPLY: u16 = 4;
+    /// Bulk: start of the measured window (server notes time and byte count).
+    pub const MARK: u16 = 8;
+    /// Bulk: end of the stream; the server answers with [`super::SyncReport`].
+    pub const SYNC: u16 = 16;
+    /// All bits defined.
+    pub const ALL: u16 = RESPONSE | VERIFY | NOREPLY | MARK | SYNC;
+}
+
+/// What is wrong with a received stream. Any of these ends the connection's run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtoError {
+    /// The magic did not match: the stream is not knb framing or lost sync.
+    BadMagic(u16),
+    /// Unknown flag bits.
+    BadFlags(u16),
+    /// `len` above [`MAX_PAYLOAD`].
+    TooLong(u32),
+    /// A response arrived with no request outstanding.
+    Unsolicited(u64),
+    /// A response's id is not the oldest outstanding request's.
+    IdMismatch {
+        /// The id expected (oldest outstanding).
+        expected: u64,
+        /// The id received.
+        got: u64,
+    },
+    /// A response of the wrong size.
+    WrongLength {
+        /// Expected payload bytes.
+        expected: u32,
+        /// Received payload bytes.
+        got: u32,
+    },
+    /// A request where a response was expected, or the reverse.
+    WrongDirection(u64),
+    /// A payload byte differs from the pattern (verify mode).
+    Corrupt {
+        /// Message id.
+        id: u64,
+        /// Offset in the payload.
+        offset: u32,
+    },
+    /// A bulk SYNC report of the wrong size or with a byte count that differs from what
+    /// the client sent.
+    BulkMismatch {
+        /// Payload bytes the client sent.
+        sent: u64,
+        /// Payload bytes the server says it received.
+        received: u64,
+    },
+}
+
+impl fmt::Display for ProtoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtoError::BadMagic(m) => write!(f, "bad magic {m:#06x} (stream out of sync)"),
+            ProtoError::BadFlags(x) => write!(f, "unknown flags {x:#06x}"),
+            ProtoError::TooLong(n) => write!(f, "payload length {n} above {MAX_PAYLOAD}"),
+            ProtoError::Unsolicited(id) => write!(f, "response {id} with no request outstanding"),
+            ProtoError::IdMismatch { expected, got } => {
+                write!(f, "response id {got}, expected {expected}")
+            }
+            ProtoError::WrongLength { expected, got } => {
+                write!(f, "response of {got} B, expected {expected} B")
+            }
+            ProtoError::WrongDirection(id) => write!(f, "message {id} has the wrong direction"),
+            ProtoError::Corrupt { id, offset } => {
+                write!(f, "payload of message {id} corrupt at byte {offset}")
+            }
+            ProtoError::BulkMismatch { sent, received } => {
+                write!(
+                    f,
+                    "bulk: sent {sent} payload bytes, server received {received}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ProtoError {}
+
+/// A decoded header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Request id.
+    pub id: u64,
+    /// Payload length.
+    pub len: u32,
+    /// [`flags`] bits.
+    pub flags: u16,
+}
+
+impl Header {
+    /// The 16 header bytes.
+    pub fn encode(&self) -> [u8; HDR_LEN] {
+        let mut b = [0u8; HDR_LEN];
+        b[0..8].copy_from_slice(&self.id.to_le_bytes());
+        b[8..12].copy_from_slice(&self.len.to_le_bytes());
+        b[12..14].copy_from_slice(&self.flags.to_le_bytes());
+        b[14..16].copy_from_slice(&MAGIC.to_le_bytes());
+        b
+    }
+
+    /// Parses and checks magic, flags and length.
+    pub fn decode(b: &[u8; HDR_LEN]) -> Result<Header, ProtoError> {
+        let magic = u16::from_le_bytes([b[14], b[15]]);
+        if magic != MAGIC {
+            return Err(ProtoError::BadMagic(magic));
+        }
+        let flags = u16::from_le_bytes([b[12], b[13]]);
+        if flags & !flags::ALL != 0 {
+            return Err(ProtoError::BadFlags(flags));
+        }
+        let len = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+        if len > MAX_PAYLOAD {
+            return Err(ProtoError::TooLong(len));
+        }
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&b[0..8]);
+        Ok(Header {
+            id: u64::from_le_bytes(id),
+            len,
+            flags,
+        })
+    }
+}
+
+/// Salt of request payloads.
+pub const SALT_REQ: u64 = 0x11;
+/// Salt of response payloads (differs so an echoed request does not pass as a response).
+pub const SALT_RESP: u64 = 0x5a;
+
+/// Byte `offset` of the verify pattern of message `id`: depends on the id, so a
+/// response to the wrong request or a shifted stream fails the check.
+#[inline]
+pub fn pattern_byte(id: u64, salt: u64, offset: u32) -> u8 {
+    (id.wrapping_mul(131)
+        .wrapping_add(salt)
+        .wrapping_add(offset as u64)
+        & 0xff) as u8
+}
+
+fn push_pattern(out: &mut Vec<u8>, id: u64, salt: u64, len: u32) {
+    out.extend((0..len).map(|i| pattern_byte(id, salt, i)));
+}
+
+/// Incremental parser of a knb byte stream.
+#[derive(Debug, Default)]
+struct Parser {
+    hdr: [u8; HDR_LEN],
+    have: usize,
+    cur: Option<Header>,
+    off: u32,
+}
+
+enum Ev<'a> {
+    /// Payload bytes of the current message at `offset`.
+    Payload(Header, u32, &'a [u8]),
+    /// The message is complete.
+    Done(Header),
+}
+
+impl Parser {
+    /// Feeds `data`; calls `on` for payload chunks and completed messages.
+    fn feed(
+        &mut self,
+        mut data: &[u8],
+        mut on: impl FnMut(Ev<'_>) -> Result<(), ProtoError>,
+    ) -> Result<(), ProtoError> {
+        while !data.is_empty() {
+            let h = match self.cur {
+                Some(h) => h,
+                None => {
+                    let n = (HDR_LEN - self.have).min(data.len());
+                    self.hdr[self.have..self.have + n].copy_from_slice(&data[..n]);
+                    self.have += n;
+                    data = &data[n..];
+                    if self.have < HDR_LEN {
+                        return Ok(());
+                    }
+                    self.have = 0;
+                    let h = Header::decode(&self.hdr)?;
+                    self.cur = Some(h);
+                    self.off = 0;
+                    h
+                }
+            };
+            let n = ((h.len - self.off) as usize).min(data.len());
+            if n > 0 {
+                on(Ev::Payload(h, self.off, &data[..n]))?;
+                self.off += n as u32;
+                data = &data[n..];
+            }
+            if self.off == h.len {
+                self.cur = None;
+                on(Ev::Done(h))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bytes queued for sending, drained from the front.
+#[derive(Debug, Default)]
+pub struct TxBuf {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl TxBuf {
+    /// The bytes not sent yet.
+    pub fn pending(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+
+    /// Bytes not sent yet.
+    pub fn len(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// True if nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Marks `n` bytes as sent.
+    pub fn consume(&mut self, n: usize) {
+        self.start = (self.start + n).min(self.buf.len());
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        } else if self.start > 64 * 1024 && self.start * 2 > self.buf.len() {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+    }
+
+    fn vec(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+}
+
+fn push_msg(out: &mut Vec<u8>, h: Header, salt: u64, verify: bool) {
+    out.extend_from_slice(&h.encode());
+    if verify {
+        push_pattern(out, h.id, salt, h.len);
+    } else {
+        out.resize(out.len() + h.len as usize, 0);
+    }
+}
+
+/// Bulk SYNC answer: what the server received on the connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// NOREPLY payload bytes received in total.
+    pub total_bytes: u64,
+    /// NOREPLY payload bytes received after the MARK message.
+    pub window_bytes: u64,
+    /// Nanoseconds from receiving MARK to receiving SYNC.
+    pub window_ns: u64,
+}
+
+impl SyncReport {
+    /// Payload length of a SYNC response.
+    pub const LEN: u32 = 24;
+
+    fn encode(&self) -> [u8; 24] {
+        let mut b = [0u8; 24];
+        b[0..8].copy_from_slice(&self.total_bytes.to_le_bytes());
+        b[8..16].copy_from_slice(&self.window_bytes.to_le_bytes());
+        b[16..24].copy_from_slice(&self.window_ns.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; 24]) -> SyncReport {
+        let n = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(x)
+        };
+        SyncReport {
+            total_bytes: n(0),
+            window_bytes: n(8),
+            window_ns: n(16),
+        }
+    }
+}
+
+/// Server-side counters of one connection.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ServerCounters {
+    /// Requests answered.
+    pub requests: u64,
+    /// Request payload bytes received (RPC and bulk).
+    pub rx_payload: u64,
+    /// Response payload bytes queued.
+    pub tx_payload: u64,
+}
+
+/// The server side of one connection: parses requests, queues responses.
+#[derive(Debug)]
+pub struct ServerConn {
+    parser: Parser,
+    resp_size: u32,
+    tx: TxBuf,
+    /// Counters.
+    pub counters: ServerCounters,
+    bulk_total: u64,
+    mark: Option<(Instant, u64)>,
+}
+
+impl ServerConn {
+    /// A connection answering every request with `resp_size` payload bytes.
+    pub fn new(resp_size: u32) -> ServerConn {
+        ServerConn {
+            parser: Parser::default(),
+            resp_size,
+            tx: TxBuf::default(),
+            counters: ServerCounters::default(),
+            bulk_total: 0,
+            mark: None,
+        }
+    }
+
+    /// Feeds received bytes; responses are queued in [`ServerConn::tx`].
+    pub fn on_rx(&mut self, data: &[u8], now: Instant) -> Result<(), ProtoError> {
+        let ServerConn {
+            parser,
+            resp_size,
+            tx,
+            counters,
+            bulk_total,
+            mark,
+        } = self;
+        parser.feed(data, |ev| match ev {
+            Ev::Payload(h, off, chunk) => {
+                if h.flags & flags::RESPONSE != 0 {
+                    return Err(ProtoError::WrongDirection(h.id));
+                }
+                if h.flags & flags::VERIFY != 0 {
+                    check(h.id, SALT_REQ, off, chunk)?;
+                }
+                counters.rx_payload += chunk.len() as u64;
+                if h.flags & flags::NOREPLY != 0 {
+                    *bulk_total += chunk.len() as u64;
+                }
+                Ok(())
+            }
+            Ev::Done(h) => {
+                if h.flags & flags::RESPONSE != 0 {
+                    return Err(ProtoError::WrongDirection(h.id));
+                }
+                if h.flags & flags::MARK != 0 {
+                    *mark = Some((now, *bulk_total));
+                }
+                if h.flags & flags::SYNC != 0 {
+                    let (t, b) = mark.unwrap_or((now, *bulk_total));
+                    let r = SyncReport {
+                        total_bytes: *bulk_total,
+                        window_bytes: *bulk_total - b,
+                        window_ns: now.duration_since(t).as_nanos() as u64,
+                    };
+                    let out = tx.vec();
+                    out.extend_from_slice(
+                        &Header {
+                            id: h.id,
+                            len: SyncReport::LEN,
+                            flags: flags::RESPONSE | flags::SYNC,
+                        }
+                        .encode(),
+                    );
+                    out.extend_from_slice(&r.encode());
+                    counters.requests += 1;
+                    return Ok(());
+                }
+                if h.flags & (flags::NOREPLY | flags::MARK) != 0 {
+                    return Ok(());
+                }
+                let resp = Header {
+                    id: h.id,
+                    len: *resp_size,
+                    flags: flags::RESPONSE | (h.flags & flags::VERIFY),
+                };
+                push_msg(tx.vec(), resp, SALT_RESP, h.flags & flags::VERIFY != 0);
+                counters.requests += 1;
+                counters.tx_payload += *resp_size as u64;
+                Ok(())
+            }
+        })
+    }
+
+    /// Responses waiting to be sent.
+    pub fn tx(&mut self) -> &mut TxBuf {
+        &mut self.tx
+    }
+}
+
+fn check(id: u64, salt: u64, off: u32, chunk: &[u8]) -> Result<(), ProtoError> {
+    for (i, &b) in chunk.iter().enumerate() {
+        let o = off + i as u32;
+        if b != pattern_byte(id, salt, o) {
+            return Err(ProtoError::Corrupt { id, offset: o });
+        }
+    }
+    Ok(())
+}
+
+/// Client-side counters of one connection.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ClientCounters {
+    /// Requests queued.
+    pub sent: u64,
+    /// Responses received and validated.
+    pub completed: u64,
+}
+
+/// The client side of one connection: queues requests, matches responses.
+#[derive(Debug)]
+pub struct ClientConn {
+    parser: Parser,
+    req_size: u32,
+    resp_size: u32,
+    verify: bool,
+    next_id: u64,
+    outstanding: VecDeque<(u64, Instant)>,
+    tx: TxBuf,
+    sync: Option<SyncReport>,
+    sync_buf: Vec<u8>,
+    /// Counters.
+    pub counters: ClientCounters,
+    /// Bulk NOREPLY payload bytes queued.
+    pub bulk_sent: u64,
+}
+
+impl ClientConn {
+    /// Connection number `index` (ids start at `index << 40` so they are unique per run).
+    pub fn new(index: u32, req_size: u32, resp_size: u32, verify: bool) -> ClientConn {
+        ClientConn {
+            parser: Parser::default(),
+            req_size,
+            resp_size,
+            verify,
+            next_id: (index as u64) << 40,
+            outstanding: VecDeque::new(),
+            tx: TxBuf::default(),
+            sync: None,
+            sync_buf: Vec::new(),
+            counters: ClientCounters::default(),
+            bulk_sent: 0,
+        }
+    }
+
+    /// Requests sent and not answered yet.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    /// Queues one request issued (or, open loop, scheduled) at `t0`.
+    pub fn push_request(&mut self, t0: Instant) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let f = if self.verify { flags::VERIFY } else { 0 };
+        push_msg(
+            self.tx.vec(),
+            Header {
+                id,
+                len: self.req_size,
+                flags: f,
+            },
+            SALT_REQ,
+            self.verify,
+        );
+        self.outstanding.push_back((id, t0));
+        self.counters.sent += 1;
+    }
+
+    /// Queues a bulk message (`NOREPLY`, plus `extra` flags such as MARK).
+    pub fn push_bulk(&mut self, extra: u16) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let len = if extra & flags::MARK != 0 {
+            0
+        } else {
+            self.req_size
+        };
+        let f = flags::NOREPLY | extra | if self.verify { flags::VERIFY } else { 0 };
+        push_msg(
+            self.tx.vec(),
+            Header { id, len, flags: f },
+            SALT_REQ,
+            self.verify,
+        );
+        self.bulk_sent += len as u64;
+    }
+
+    /// Queues the bulk SYNC (end of stream) request.
+    pub fn push_sync(&mut self, t0: Instant) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.tx.vec().extend_from_slice(
+            &Header {
+                id,
+                len: 0,
+                flags: flags::SYNC,
+            }
+            .encode(),
+        );
+        self.outstanding.push_back((id, t0));
+    }
+
+    /// The SYNC report, once it arrived.
+    pub fn sync_report(&self) -> Option<SyncReport> {
+        self.sync
+    }
+
+    /// Feeds received bytes; calls `done(t0)` for each validated response.
+    pub fn on_rx(&mut self, data: &[u8], mut done: impl FnMut(Instant)) -> Result<(), ProtoError> {
+        let ClientConn {
+            parser,
+            resp_size,
+            verify,
+            outstanding,
+            counters,
+            sync,
+            sync_buf,
+            bulk_sent,
+            ..
+        } = self;
+        parser.feed(data, |ev| {
+            let h = match &ev {
+                Ev::Payload(h, ..) | Ev::Done(h) => *h,
+            };
+            if h.flags & flags::RESPONSE == 0 {
+                return Err(ProtoError::WrongDirection(h.id));
+            }
+            let &(id, t0) = outstanding.front().ok_or(ProtoError::Unsolicited(h.id))?;
+            if h.id != id {
+                return Err(ProtoError::IdMismatch {
+                    expected: id,
+                    got: h.id,
+                });
+            }
+            let is_sync = h.flags & flags::SYNC != 0;
+            let want = if is_sync { SyncReport::LEN } else { *resp_size };
+            if h.len != want {
+                return Err(ProtoError::WrongLength {
+                    expected: want,
+                    got: h.len,
+                });
+            }
+            match ev {
+                Ev::Payload(_, off, chunk) => {
+                    if is_sync {
+                        sync_buf.extend_from_slice(chunk);
+                    } else if *verify {
+                        check(h.id, SALT_RESP, off, chunk)?;
+                    }
+                    Ok(())
+                }
+                Ev::Done(_) => {
+                    outstanding.pop_front();
+                    if is_sync {
+                        let mut b = [0u8; 24];
+                        b.copy_from_slice(&sync_buf[..24]);
+                        let r = SyncReport::decode(&b);
+                        if r.total_bytes != *bulk_sent {
+                            return Err(ProtoError::BulkMismatch {
+                                sent: *bulk_sent,
+                                received: r.total_bytes,
+                            });
+                        }
+                        *sync = Some(r);
+                    } else {
+                        counters.completed += 1;
+                    }
+                    done(t0);
+                    Ok(())
+                }
+            }
+        })
+    }
+
+    /// Requests waiting to be sent.
+    pub fn tx(&mut self) -> &mut TxBuf {
+        &mut self.tx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pump(c: &mut ClientConn, s: &mut ServerConn, chunk: usize, now: Instant) -> u64 {
+        let mut done = 0;
+        let req = c.tx().pending().to_vec();
+        c.tx().consume(req.len());
+        for part in req.chunks(chunk) {
+            s.on_rx(part, now).unwrap();
+        }
+        let resp = s.tx().pending().to_vec();
+        s.tx().consume(resp.len());
+        for part in resp.chunks(chunk) {
+            c.on_rx(part, |_| done += 1).unwrap();
+        }
+        done
+    }
+
+    #[test]
+    fn header_round_trips_and_rejects_garbage() {
+        let h = Header {
+            id: 0x0102_0304_0506_0708,
+            len: 4096,
+            flags: flags::VERIFY,
+        };
+        assert_eq!(Header::decode(&h.encode()), Ok(h));
+        let mut b = h.encode();
+        b[15] ^= 1;
+        assert!(matches!(Header::decode(&b), Err(ProtoError::BadMagic(_))));
+        let mut b = h.encode();
+        b[13] = 0x80;
+        assert!(matches!(Header::decode(&b), Err(ProtoError::BadFlags(_))));
+        let b = Header {
+            len: MAX_PAYLOAD + 1,
+            ..h
+        }
+        .encode();
+        assert_eq!(
+            Header::decode(&b),
+            Err(ProtoError::TooLong(MAX_PAYLOAD + 1))
+        );
+    }
+
+    #[test]
+    fn requests_and_responses_flow_in_any_chunking() {
+        for verify in [false, true] {
+            for chunk in [1, 7, 16, 1000, 1 << 20] {
+                let now = Instant::now();
+                let mut c = ClientConn::new(3, 300, 4100, verify);
+                let mut s = ServerConn::new(4100);
+                for _ in 0..5 {
+                    c.push_request(now);
+                }
+                assert_eq!(c.outstanding(), 5);
+                assert_eq!(pump(&mut c, &mut s, chunk, now), 5);
+                assert_eq!(c.outstanding(), 0);
+                assert_eq!(c.counters.completed, 5);
+                assert_eq!(s.counters.requests, 5);
+                assert_eq!(s.counters.rx_payload, 1500);
+                assert_eq!(s.counters.tx_payload, 5 * 4100);
+            }
+        }
+    }
+
+    #[test]
+    fn zero_length_messages_work() {
+        let now = Instant::now();
+        let mut c = ClientConn::new(0, 0, 0, true);
+        let mut s = ServerConn::new(0);
+        c.push_request(now);
+        c.push_request(now);
+        assert_eq!(pump(&mut c, &mut s, 3, now), 2);
+    }
+
+    #[test]
+    fn verify_catches_a_flipped_payload_byte() {
+        let now = Instant::now();
+        let mut c = ClientConn::new(0, 64, 64, true);
+        let mut s = ServerConn::new(64);
+        c.push_request(now);
+        let mut req = c.tx().pending().to_vec();
+        req[HDR_LEN + 10] ^= 0xff;
+        assert_eq!(
+            s.on_rx(&req, now),
+            Err(ProtoError::Corrupt { id: 0, offset: 10 })
+        );
+        // And on the response side.
+        let mut s = ServerConn::new(64);
+        s.on_rx(c.tx().pending(), now).unwrap();
+        let mut resp = s.tx().pending().to_vec();
+        resp[HDR_LEN + 63] ^= 1;
+        assert!(matches!(
+            c.on_rx(&resp, |_| {}),
+            Err(ProtoError::Corrupt { offset: 63, .. })
+        ));
+    }
+
+    #[test]
+    fn mismatched_responses_are_errors() {
+        let now = Instant::now();
+        let resp = |id: u64, len: u32, f: u16| {
+            let mut v = Header { id, len, flags: f }.encode().to_vec();
+            v.resize(HDR_LEN + len as usize, 0);
+            v
+        };
+        let mut c = ClientConn::new(0, 8, 8, false);
+        assert_eq!(
+            c.on_rx(&resp(0, 8, flags::RESPONSE), |_| {}),
+            Err(ProtoError::Unsolicited(0))
+        );
+        let mut c = ClientConn::new(0, 8, 8, false);
+        c.push_request(now);
+        c.push_request(now);
+        assert_eq!(
+            c.on_rx(&resp(1, 8, flags::RESPONSE), |_| {}),
+            Err(ProtoError::IdMismatch {
+                expected: 0,
+                got: 1
+            })
+        );
+        let mut c = ClientConn::new(0, 8, 8, false);
+        c.push_request(now);
+        assert_eq!(
+            c.on_rx(&resp(0, 9, flags::RESPONSE), |_| {}),
+            Err(ProtoError::WrongLength {
+                expected: 8,
+                got: 9
+            })
+        );
+        let mut c = ClientConn::new(0, 8, 8, false);
+        c.push_request(now);
+        assert_eq!(
+            c.on_rx(&resp(0, 8, 0), |_| {}),
+            Err(ProtoError::WrongDirection(0))
+        );
+        // A server never accepts a response.
+        let mut s = ServerConn::new(8);
+        assert_eq!(
+            s.on_rx(&resp(0, 8, flags::RESPONSE), now),
+            Err(ProtoError::WrongDirection(0))
+        );
+    }
+
+    #[test]
+    fn bulk_stream_is_counted_and_synced() {
+        let now = Instant::now();
+        let mut c = ClientConn::new(0, 1000, 0, true);
+        let mut s = ServerConn::new(0);
+        c.push_bulk(0);
+        c.push_bulk(flags::MARK);
+        for _ in 0..10 {
+            c.push_bulk(0);
+        }
+        c.push_sync(now);
+        assert_eq!(c.bulk_sent, 11_000);
+        let mut synced = 0;
+        let req = c.tx().pending().to_vec();
+        s.on_rx(&req, now).unwrap();
+        let resp = s.tx().pending().to_vec();
+        c.on_rx(&resp, |_| synced += 1).unwrap();
+        assert_eq!(synced, 1);
+        let r = c.sync_report().unwrap();
+        assert_eq!(r.total_bytes, 11_000);
+        assert_eq!(r.window_bytes, 10_000);
+        assert_eq!(c.counters.completed, 0);
+    }
+
+    #[test]
+    fn bulk_sync_detects_lost_bytes() {
+        let now = Instant::now();
+        let mut c = ClientConn::new(0, 100, 0, false);
+        let mut s = ServerConn::new(0);
+        c.push_bulk(0);
+        let first = c.tx().pending().len();
+        c.tx().consume(first); // "lost": never reaches the server
+        c.push_sync(now);
+        s.on_rx(c.tx().pending(), now).unwrap();
+        let resp = s.tx().pending().to_vec();
+        assert_eq!(
+            c.on_rx(&resp, |_| {}),
+            Err(ProtoError::BulkMismatch {
+                sent: 100,
+                received: 0
+            })
+        );
+    }
+
+    #[test]
+    fn txbuf_drains_and_compacts() {
+        let mut t = TxBuf::default();
+        t.vec().extend(std::iter::repeat_n(1u8, 200_000));
+        t.consume(150_000);
+        assert_eq!(t.len(), 50_000);
+        assert!(t.pending().iter().all(|&b| b == 1));
+        t.consume(1_000_000);
+        assert!(t.is_empty());
+    }
+}

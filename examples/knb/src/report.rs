@@ -1,0 +1,159 @@
+//! Tables, CSV and JSON files.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::run::Output;
+use crate::workload::{Error, Res};
+
+fn f(v: &Value) -> String {
+    match v.as_f64() {
+        Some(x) if x >= 1000.0 => format!("{x:.0}"),
+        Some(x) if x >= 10.0 => format!("{x:.1}"),
+        Some(x) => format!("{x:.3}"),
+        None => "-".into(),
+    }
+}
+
+/// Prints one line per run report.
+pub fn print_table(rows: &[Value]) {
+    println!(
+        "{:<8} {:<4} {:>7} {:>7} {:>5} {:>5} {:>3} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6}",
+        "stack", "mode", "req B", "resp B", "depth", "conns", "thr", "RPC/s", "Gbit/s", "c->s", "s->c",
+        "p50 us", "p90 us", "p99 us", "p99.9 us", "cpu C", "cpu S"
+    );
+    for r in rows {
+        let c = &r["config"];
+        let lat = &r["latency_us"];
+        let mode = c["mode"].as_str().unwrap_or("?");
+        println!(
+            "{:<8} {:<4} {:>7} {:>7} {:>5} {:>5} {:>3} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6} {:>6}",
+            r["stack"].as_str().unwrap_or("?"),
+            mode,
+            c["req_size"].to_string(),
+            c["resp_size"].to_string(),
+            c["iodepth"].to_string(),
+            c["connections"].to_string(),
+            c["threads"].to_string(),
+            f(&r["rps"]),
+            f(&r["gbps"]["total"]),
+            f(&r["gbps"]["client_to_server"]),
+            f(&r["gbps"]["server_to_client"]),
+            f(&lat["p50"]),
+            f(&lat["p90"]),
+            f(&lat["p99"]),
+            f(&lat["p999"]),
+            f(&r["cpu"]["client"]["cores"]),
+            f(&r["cpu"]["server"]["cores"]),
+        );
+        if let Some(b) = r["bulk"].as_object() {
+            println!(
+                "  bulk: receiver {} Gbit/s, sender {} Gbit/s, {} payload bytes sent, all received: {}",
+                f(&b["receiver_gbps"]),
+                f(&b["sender_gbps"]),
+                b["payload_sent"],
+                b["validated"]
+            );
+        }
+        if let Some(o) = r["open_loop"].as_object() {
+            println!(
+                "  open loop: offered {} RPC/s, achieved {} RPC/s, {} arrivals dropped",
+                f(&o["offered_rps"]),
+                f(&o["achieved_rps"]),
+                o["dropped_arrivals"]
+            );
+        }
+    }
+}
+
+/// CSV columns, in order.
+pub const CSV_HEADER: &str = "stack,mode,req_size,resp_size,iodepth,connections,threads,rate,duration_s,rpcs,rps,gbps_total,gbps_c2s,gbps_s2c,p50_us,p90_us,p99_us,p999_us,max_us,cpu_client,cpu_server,bulk_receiver_gbps,bulk_sender_gbps";
+
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// One CSV row of a run report.
+pub fn csv_row(r: &Value) -> String {
+    let c = &r["config"];
+    let l = &r["latency_us"];
+    [
+        &r["stack"],
+        &c["mode"],
+        &c["req_size"],
+        &c["resp_size"],
+        &c["iodepth"],
+        &c["connections"],
+        &c["threads"],
+        &c["rate"],
+        &r["duration_s"],
+        &r["rpcs"],
+        &r["rps"],
+        &r["gbps"]["total"],
+        &r["gbps"]["client_to_server"],
+        &r["gbps"]["server_to_client"],
+        &l["p50"],
+        &l["p90"],
+        &l["p99"],
+        &l["p999"],
+        &l["max"],
+        &r["cpu"]["client"]["cores"],
+        &r["cpu"]["server"]["cores"],
+        &r["bulk"]["receiver_gbps"],
+        &r["bulk"]["sender_gbps"],
+    ]
+    .iter()
+    .map(|v| cell(v))
+    .collect::<Vec<_>>()
+    .join(",")
+}
+
+/// Writes `text` to `path` with a clear error.
+pub fn write_file(path: &Path, text: &str) -> Res<()> {
+    std::fs::write(path, text)
+        .map_err(|e| Error::Run(format!("cannot write {}: {e}", path.display())))
+}
+
+/// Writes `--json` (the document `doc`) and `--csv` (one row per run in `rows`).
+pub fn write_outputs(out: &Output, doc: &Value, rows: &[Value]) -> Res<()> {
+    if let Some(p) = &out.json {
+        let text = serde_json::to_string_pretty(doc).map_err(|e| Error::Run(e.to_string()))?;
+        write_file(p, &(text + "\n"))?;
+    }
+    if let Some(p) = &out.csv {
+        let mut s = String::from(CSV_HEADER);
+        s.push('\n');
+        for r in rows {
+            s.push_str(&csv_row(r));
+            s.push('\n');
+        }
+        write_file(p, &s)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn csv_rows_match_the_header() {
+        let r = json!({"stack": "kernel", "config": {"mode": "rpc", "req_size": 4096, "rate": null},
+            "rps": 1234.5, "latency_us": {"p99": 51.0}});
+        let row = csv_row(&r);
+        assert_eq!(
+            row.split(',').count(),
+            CSV_HEADER.split(',').count(),
+            "{row}"
+        );
+        assert!(row.starts_with("kernel,rpc,4096,"), "{row}");
+        assert!(row.contains(",1234.5,"), "{row}");
+    }
+}

@@ -1,0 +1,652 @@
+//! Orchestration: bring up the topology, start the server and the client as child
+//! processes in their namespaces, collect their results, tear down.
+//!
+//! Children talk to the orchestrator with lines on stdout:
+//! `KNB_READY {"pid":N}` (server listening), `KNB_PROGRESS <secs> <completions>`
+//! (client, once a second), `KNB_RESULT <json>` (either side, at exit).
+
+use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::{json, Value};
+use testbed::{Prefix, Topology};
+
+use crate::backend::{self, Backend, ClientPlan, ClientSpec, ServerSpec};
+use crate::cpu;
+use crate::engine;
+use crate::report;
+use crate::workload::{parse_cpus, parse_secs, Cpus, Error, Res, Stack, Workload};
+
+/// Default TCP port of the RPC server.
+pub const DEFAULT_PORT: u16 = 7700;
+
+fn ncpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Default server CPUs: CPU 1 (CPU 0 where there is only one).
+pub fn default_server_cpus() -> Vec<usize> {
+    vec![1 % ncpus()]
+}
+
+/// Where the two sides run.
+#[derive(Args, Debug, Clone)]
+pub struct Placement {
+    /// CPUs of the client threads (thread i on the i-th, wrapping), e.g. 0 or 0,2.
+    #[arg(long, default_value = "0", value_parser = parse_cpus)]
+    pub client_cpus: Cpus,
+    /// CPUs of the server threads [default: 1, or 0 on a one-CPU machine].
+    #[arg(long, value_parser = parse_cpus)]
+    pub server_cpus: Option<Cpus>,
+    /// TCP port of the server.
+    #[arg(long, default_value_t = DEFAULT_PORT, value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
+    /// Testbed name prefix (1-10 of [a-z0-9], starting with a letter) [default: lkb<pid>].
+    #[arg(long)]
+    pub prefix: Option<String>,
+}
+
+impl Placement {
+    /// Server CPUs after defaults.
+    pub fn server_cpus(&self) -> Vec<usize> {
+        self.server_cpus
+            .clone()
+            .map(|c| c.0)
+            .unwrap_or_else(default_server_cpus)
+    }
+
+    /// Checks the CPU numbers exist.
+    pub fn validate(&self) -> Res<()> {
+        let n = ncpus();
+        for c in self.client_cpus.0.iter().chain(self.server_cpus().iter()) {
+            if *c >= n {
+                return Err(Error::Usage(format!(
+                    "CPU {c} does not exist (this machine has {n}: 0..={})",
+                    n - 1
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The validated prefix.
+    pub fn prefix(&self) -> Res<Prefix> {
+        let s = self
+            .prefix
+            .clone()
+            .unwrap_or_else(|| format!("lkb{}", std::process::id()));
+        Prefix::new(&s).map_err(|e| Error::Usage(format!("--prefix: {e}")))
+    }
+}
+
+/// Output options.
+#[derive(Args, Debug, Clone, Default)]
+pub struct Output {
+    /// Also write the result as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Also write the result as CSV (header + one row per run) to this file.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Show a progress line on stderr even when it is not a terminal.
+    #[arg(long)]
+    pub progress: bool,
+}
+
+impl Output {
+    /// Whether to draw progress lines.
+    pub fn show_progress(&self) -> bool {
+        self.progress || std::io::stderr().is_terminal()
+    }
+}
+
+/// Removes testbed leftovers of earlier knb runs whose process is gone.
+pub fn sweep_stale() {
+    let Ok(dir) = std::fs::read_dir(testbed::state_root()) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("lkb").and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            if let Ok(p) = Prefix::new(&name) {
+                let _ = testbed::sweep(&p);
+            }
+        }
+    }
+}
+
+/// Brings up the topology `b` needs under `prefix`.
+pub fn topology_for(b: &dyn Backend, prefix: &Prefix) -> Res<Topology> {
+    testbed::require_root().map_err(|e| Error::Run(e.to_string()))?;
+    Topology::up(b.topology(), prefix)
+        .map_err(|e| Error::Run(format!("testbed {}: {e}", b.topology())))
+}
+
+/// A child process whose stdout lines arrive on a channel.
+struct ChildProc {
+    child: Child,
+    name: &'static str,
+    lines: Receiver<String>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl ChildProc {
+    fn spawn(mut cmd: Command, name: &'static str) -> Result<ChildProc, String> {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start the {name}: {e}"))?;
+        let (tx, lines) = mpsc::channel();
+        if let Some(out) = child.stdout.take() {
+            std::thread::spawn(move || {
+                for l in BufReader::new(out).lines().map_while(Result::ok) {
+                    if tx.send(l).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        let stderr = child.stderr.take().map(|e| {
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = BufReader::new(e).read_to_string(&mut s);
+                s
+            })
+        });
+        Ok(ChildProc {
+            child,
+            name,
+            lines,
+            stderr,
+        })
+    }
+
+    /// Waits up to `limit` for exit (kills past it); returns (ok, stderr tail).
+    fn finish(mut self, limit: Duration) -> (bool, String) {
+        let end = Instant::now() + limit;
+        let ok = loop {
+            match self.child.try_wait() {
+                Ok(Some(st)) => break st.success(),
+                Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(10)),
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    eprintln!(
+                        "knb: the {} did not exit within {limit:?}: killed",
+                        self.name
+                    );
+                    break false;
+                }
+            }
+        };
+        let err = self
+            .stderr
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default();
+        (ok, tail(&err, 12))
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let v: Vec<&str> = s.lines().collect();
+    v[v.len().saturating_sub(n)..].join("\n    ")
+}
+
+fn describe(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// One RPC (or bulk) run of `b` on an existing topology; returns the report JSON.
+pub fn run_on(
+    topo: &Topology,
+    b: &dyn Backend,
+    w: &Workload,
+    place: &Placement,
+    progress: bool,
+) -> Result<Value, String> {
+    if let Some(why) = b.unavailable() {
+        return Err(why);
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
+    let (scpus, ccpus) = (place.server_cpus(), place.client_cpus.0.clone());
+    let ep = b.endpoints(topo, &scpus, &ccpus)?;
+    if let Some(m) = topo.memif() {
+        // A socket left by an earlier server makes the next one fail to bind.
+        let _ = std::fs::remove_file(&m.socket);
+    }
+    let lifetime = w.warmup + w.duration + 60.0;
+    let list = |v: &[usize]| {
+        v.iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let side = |sub: &str, netns: &str, cpus: &[usize], ip: Ipv4Addr, eal: &[String]| {
+        let mut c = testbed::netns_command(netns, &exe);
+        c.arg(sub)
+            .arg(format!("--stack={}", b.stack().name()))
+            .arg(format!("--ip={ip}"))
+            .arg(format!("--port={}", place.port))
+            .arg(format!("--cpus={}", list(cpus)))
+            .args(w.to_args())
+            .arg("--child");
+        for a in eal {
+            c.arg(format!("--eal-arg={a}"));
+        }
+        c
+    };
+    let mut scmd = side(
+        "server",
+        &ep.server.netns,
+        &scpus,
+        ep.server.ip,
+        &ep.server.eal,
+    );
+    scmd.arg(format!("--prefix-len={}", ep.server.prefix_len))
+        .arg(format!("--lifetime={lifetime}"));
+    let server_cmd = describe(&scmd);
+    let server = ChildProc::spawn(scmd, "server")?;
+    // Wait for the server to listen.
+    let ready_by = Instant::now() + Duration::from_secs(30);
+    let server_pid = loop {
+        match server.lines.recv_timeout(Duration::from_millis(50)) {
+            Ok(l) => {
+                if let Some(j) = l.strip_prefix("KNB_READY ") {
+                    let v: Value = serde_json::from_str(j).unwrap_or(Value::Null);
+                    break v["pid"].as_u64().unwrap_or(0) as u32;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) if Instant::now() < ready_by => {}
+            Err(_) => {
+                let (_, err) = server.finish(Duration::from_secs(1));
+                return Err(format!(
+                    "the {} server did not become ready:\n    {err}",
+                    b.stack().name()
+                ));
+            }
+        }
+    };
+    let mut ccmd = side(
+        "client",
+        &ep.client.netns,
+        &ccpus,
+        ep.client.ip,
+        &ep.client.eal,
+    );
+    ccmd.arg(format!("--prefix-len={}", ep.client.prefix_len))
+        .arg(format!("--server-ip={}", ep.server.ip))
+        .arg(format!("--server-pid={server_pid}"));
+    let client_cmd = describe(&ccmd);
+    let client = match ChildProc::spawn(ccmd, "client") {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = server.finish(Duration::ZERO);
+            return Err(e);
+        }
+    };
+    let limit = Instant::now() + Duration::from_secs_f64(lifetime);
+    let mut result: Option<Value> = None;
+    loop {
+        match client.lines.recv_timeout(Duration::from_millis(100)) {
+            Ok(l) => {
+                if let Some(p) = l.strip_prefix("KNB_PROGRESS ") {
+                    if progress {
+                        eprint!("\r  {} {p:<40}", b.stack().name());
+                        let _ = std::io::stderr().flush();
+                    }
+                } else if let Some(j) = l.strip_prefix("KNB_RESULT ") {
+                    result = serde_json::from_str(j).ok();
+                }
+            }
+            Err(RecvTimeoutError::Timeout) if Instant::now() < limit => {}
+            Err(_) => break,
+        }
+    }
+    if progress {
+        eprint!("\r{:60}\r", "");
+    }
+    let (cok, cerr) = client.finish(Duration::from_secs(5));
+    // The server exits once its connections close; give it a moment.
+    let sres = loop {
+        match server.lines.recv_timeout(Duration::from_secs(10)) {
+            Ok(l) => {
+                if let Some(j) = l.strip_prefix("KNB_RESULT ") {
+                    break serde_json::from_str::<Value>(j).ok();
+                }
+            }
+            Err(_) => break None,
+        }
+    };
+    let (sok, serr) = server.finish(Duration::from_secs(5));
+    let name = b.stack().name();
+    let mut r = match (cok, result) {
+        (true, Some(r)) => r,
+        _ => {
+            return Err(format!(
+                "the {name} run failed.\n  client:\n    {cerr}\n  server:\n    {serr}"
+            ))
+        }
+    };
+    let server_v = sres.unwrap_or(Value::Null);
+    if !sok {
+        return Err(format!(
+            "the {name} server failed.\n    {serr}\n  (client finished: {})",
+            r["rpcs"]
+        ));
+    }
+    if let Some(errs) = server_v["errors"].as_array().filter(|e| !e.is_empty()) {
+        return Err(format!("the {name} server saw errors: {errs:?}"));
+    }
+    r["knb"] = json!("rpc");
+    r["stack"] = json!(name);
+    r["topology"] = json!(b.topology().name());
+    let mut cfg = w.to_json();
+    cfg["client_cpus"] = json!(ccpus);
+    cfg["server_cpus"] = json!(scpus);
+    r["config"] = cfg;
+    let server_cores = r["cpu"]["server"]["cores"].as_f64().unwrap_or(0.0);
+    r["rps_per_server_core"] = match r["rps"].as_f64() {
+        Some(rps) if server_cores > 0.0 => json!(rps / server_cores),
+        _ => Value::Null,
+    };
+    r["server"] = server_v;
+    r["commands"] = json!({"server": server_cmd, "client": client_cmd});
+    Ok(r)
+}
+
+/// Arguments of `knb rpc` / `knb bulk`.
+#[derive(Args, Debug, Clone)]
+pub struct RpcArgs {
+    /// The stack to measure.
+    #[arg(long, value_enum)]
+    pub stack: Stack,
+    #[command(flatten)]
+    pub workload: Workload,
+    #[command(flatten)]
+    pub place: Placement,
+    #[command(flatten)]
+    pub out: Output,
+}
+
+/// `knb rpc`: one run with topology set-up and tear-down.
+pub fn rpc(a: RpcArgs) -> Res<()> {
+    a.workload.validate()?;
+    a.place.validate()?;
+    let prefix = a.place.prefix()?;
+    let b = backend::backend(a.stack);
+    if let Some(why) = b.unavailable() {
+        return Err(Error::Run(why));
+    }
+    sweep_stale();
+    let topo = topology_for(b, &prefix)?;
+    let r = run_on(&topo, b, &a.workload, &a.place, a.out.show_progress());
+    drop(topo);
+    let r = r?;
+    report::print_table(std::slice::from_ref(&r));
+    report::write_outputs(&a.out, &r, std::slice::from_ref(&r))
+}
+
+// ---------------------------------------------------------------- children ---
+
+/// Arguments of `knb server`.
+#[derive(Args, Debug, Clone)]
+pub struct ServerArgs {
+    /// The stack to serve with.
+    #[arg(long, value_enum)]
+    pub stack: Stack,
+    /// Address to listen on.
+    #[arg(long)]
+    pub ip: Ipv4Addr,
+    /// Prefix length of --ip (DPDK stacks configure their interface with it).
+    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u8).range(1..=32))]
+    pub prefix_len: u8,
+    /// TCP port.
+    #[arg(long, default_value_t = DEFAULT_PORT, value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
+    /// CPUs of the server threads.
+    #[arg(long, default_value = "1", value_parser = parse_cpus)]
+    pub cpus: Cpus,
+    /// One DPDK EAL argument (repeat; DPDK stacks only), e.g. --eal-arg=--vdev=net_memif0,...
+    #[arg(long, allow_hyphen_values = true)]
+    pub eal_arg: Vec<String>,
+    /// Exit after this many seconds whatever happens [default: warm-up + duration + 60].
+    #[arg(long, value_parser = parse_secs)]
+    pub lifetime: Option<f64>,
+    #[command(flatten)]
+    pub workload: Workload,
+    /// Internal: machine-readable lines for the orchestrator.
+    #[arg(long, hide = true)]
+    pub child: bool,
+}
+
+/// `knb server`: serve `--connections` connections, then exit.
+pub fn server(a: ServerArgs) -> Res<()> {
+    a.workload.validate()?;
+    let b = backend::backend(a.stack);
+    if let Some(why) = b.unavailable() {
+        return Err(Error::Run(why));
+    }
+    let spec = ServerSpec {
+        workload: a.workload.clone(),
+        ip: a.ip,
+        prefix_len: a.prefix_len,
+        port: a.port,
+        cpus: a.cpus.0.clone(),
+        eal: a.eal_arg.clone(),
+        lifetime: Duration::from_secs_f64(
+            a.lifetime
+                .unwrap_or(a.workload.warmup + a.workload.duration + 60.0),
+        ),
+    };
+    backend::pin(a.cpus.0[0]).map_err(Error::Run)?;
+    let child = a.child;
+    let mut ready = || {
+        let pid = std::process::id();
+        if child {
+            println!("KNB_READY {}", json!({"pid": pid}));
+        } else {
+            eprintln!(
+                "knb server ({}) listening on {}:{} (pid {pid})",
+                a.stack.name(),
+                a.ip,
+                a.port
+            );
+        }
+        let _ = std::io::stdout().flush();
+    };
+    let r = b.serve(&spec, &mut ready).map_err(Error::Run)?;
+    if child {
+        println!("KNB_RESULT {}", r.to_json());
+    } else {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&r.to_json()).unwrap_or_default()
+        );
+    }
+    if !r.errors.is_empty() {
+        return Err(Error::Run(format!("server errors: {:?}", r.errors)));
+    }
+    Ok(())
+}
+
+/// Arguments of `knb client`.
+#[derive(Args, Debug, Clone)]
+pub struct ClientArgs {
+    /// The stack to load with.
+    #[arg(long, value_enum)]
+    pub stack: Stack,
+    /// This side's address (DPDK stacks configure it; the kernel picks its own).
+    #[arg(long)]
+    pub ip: Ipv4Addr,
+    /// Prefix length of --ip.
+    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u8).range(1..=32))]
+    pub prefix_len: u8,
+    /// The server's address.
+    #[arg(long)]
+    pub server_ip: Ipv4Addr,
+    /// TCP port.
+    #[arg(long, default_value_t = DEFAULT_PORT, value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
+    /// CPUs of the client threads.
+    #[arg(long, default_value = "0", value_parser = parse_cpus)]
+    pub cpus: Cpus,
+    /// One DPDK EAL argument (repeat; DPDK stacks only).
+    #[arg(long, allow_hyphen_values = true)]
+    pub eal_arg: Vec<String>,
+    /// The server's pid, to report its CPU use too.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    #[command(flatten)]
+    pub workload: Workload,
+    #[command(flatten)]
+    pub out: Output,
+    /// Internal: machine-readable lines for the orchestrator.
+    #[arg(long, hide = true)]
+    pub child: bool,
+}
+
+/// `knb client`: run the workload against a server, report.
+pub fn client(a: ClientArgs) -> Res<()> {
+    a.workload.validate()?;
+    let b = backend::backend(a.stack);
+    if let Some(why) = b.unavailable() {
+        return Err(Error::Run(why));
+    }
+    let w = a.workload.clone();
+    let spec = ClientSpec {
+        ip: a.ip,
+        prefix_len: a.prefix_len,
+        server_ip: a.server_ip,
+        port: a.port,
+        cpus: a.cpus.0.clone(),
+        eal: a.eal_arg.clone(),
+    };
+    backend::pin(a.cpus.0[0]).map_err(Error::Run)?;
+    let plan = ClientPlan::new(w.clone());
+    let done = AtomicBool::new(false);
+    let progress_tty = !a.child && a.out.show_progress();
+    let (results, cpu_v) = std::thread::scope(|s| {
+        let mon = s.spawn(|| {
+            let v = monitor(&plan, &done, a.server_pid, a.child, progress_tty);
+            plan.end_sampled();
+            v
+        });
+        let r = b.run_client(&spec, &plan);
+        done.store(true, Ordering::SeqCst);
+        (r, mon.join().unwrap_or(Value::Null))
+    });
+    let results = results.map_err(Error::Run)?;
+    let mut r = engine::merge(results, w.duration, w.mode.into(), w.rate);
+    r["cpu"] = cpu_v;
+    if let Some(errs) = r["errors"].as_array().filter(|e| !e.is_empty()) {
+        return Err(Error::Run(format!("the run failed: {errs:?}")));
+    }
+    if a.child {
+        println!("KNB_RESULT {r}");
+        return Ok(());
+    }
+    r["knb"] = json!("client");
+    r["stack"] = json!(a.stack.name());
+    r["config"] = w.to_json();
+    report::print_table(std::slice::from_ref(&r));
+    report::write_outputs(&a.out, &r, std::slice::from_ref(&r))
+}
+
+/// Samples CPU at the window's start and end and prints progress once a second.
+fn monitor(
+    plan: &ClientPlan,
+    done: &AtomicBool,
+    server_pid: Option<u32>,
+    child: bool,
+    tty: bool,
+) -> Value {
+    let sleep_until = |t: Instant| {
+        while Instant::now() < t && !done.load(Ordering::SeqCst) {
+            std::thread::sleep((t - Instant::now()).min(Duration::from_millis(10)));
+        }
+    };
+    let timing = loop {
+        if let Some(t) = plan.timing() {
+            break t;
+        }
+        if done.load(Ordering::SeqCst) {
+            return Value::Null;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let me = std::process::id();
+    let start = Instant::now();
+    let mut next = start + Duration::from_secs(1);
+    let mut a: Option<(cpu::Sample, Option<cpu::Sample>, Instant)> = None;
+    let mut b = None;
+    let mut last = 0u64;
+    loop {
+        let t = [next, timing.warm_end, timing.end]
+            .into_iter()
+            .filter(|&t| t > Instant::now())
+            .min();
+        match t {
+            Some(t) => sleep_until(t),
+            None => sleep_until(Instant::now() + Duration::from_millis(10)),
+        }
+        if done.load(Ordering::SeqCst) {
+            break;
+        }
+        let now = Instant::now();
+        if a.is_none() && now >= timing.warm_end {
+            a = cpu::sample(me).map(|s| (s, server_pid.and_then(cpu::sample), now));
+        }
+        if b.is_none() && now >= timing.end {
+            b = cpu::sample(me).map(|s| (s, server_pid.and_then(cpu::sample), now));
+        }
+        if now >= next {
+            next += Duration::from_secs(1);
+            let c = plan.progress.load(Ordering::Relaxed);
+            let secs = now.duration_since(start).as_secs_f64();
+            if child {
+                println!("KNB_PROGRESS {secs:.0}s {} RPC/s", c - last);
+                let _ = std::io::stdout().flush();
+            } else if tty {
+                eprint!("\r  {secs:.0}s {} RPC/s      ", c - last);
+            }
+            last = c;
+        }
+        if b.is_some() {
+            break;
+        }
+    }
+    if tty {
+        eprint!("\r{:40}\r", "");
+    }
+    match (a, b) {
+        (Some((ca, sa, ta)), Some((cb, sb, tb))) => {
+            let secs = tb.duration_since(ta).as_secs_f64();
+            let client = cpu::usage(&ca, &cb, secs);
+            let server = match (sa, sb) {
+                (Some(x), Some(y)) => cpu::usage(&x, &y, secs),
+                _ => Value::Null,
+            };
+            let per_core = cpu::per_core(&[&client, &server]);
+            json!({"client": client, "server": server, "per_core": per_core})
+        }
+        _ => Value::Null,
+    }
+}

@@ -1,0 +1,311 @@
+//! The workload options every RPC subcommand shares, and their validation.
+
+use clap::{Args, ValueEnum};
+use serde_json::{json, Value};
+
+use crate::engine::Mode;
+
+/// Errors of the RPC subcommands.
+#[derive(Debug)]
+pub enum Error {
+    /// Bad arguments (exit 2).
+    Usage(String),
+    /// The run failed (exit 1).
+    Run(String),
+}
+
+impl From<String> for Error {
+    fn from(s: String) -> Error {
+        Error::Run(s)
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Usage(s) | Error::Run(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Result of the RPC subcommands.
+pub type Res<T> = Result<T, Error>;
+
+/// The network stacks knb can measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
+pub enum Stack {
+    /// Linux TCP between two namespaces over veth.
+    Kernel,
+    /// smoltcp 0.14 in two DPDK processes over memif.
+    Smoltcp,
+    /// luna (r2c runtime) in two DPDK processes over memif.
+    Luna,
+}
+
+impl Stack {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stack::Kernel => "kernel",
+            Stack::Smoltcp => "smoltcp",
+            Stack::Luna => "luna",
+        }
+    }
+}
+
+/// `rpc` or `bulk`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    /// Request/response.
+    Rpc,
+    /// One-way streaming.
+    Bulk,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Mode {
+        match m {
+            ModeArg::Rpc => Mode::Rpc,
+            ModeArg::Bulk => Mode::Bulk,
+        }
+    }
+}
+
+/// Parses seconds (`5`, `0.5`, `2s`) in 0..=3600.
+pub fn parse_secs(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(0.0..=3600.0).contains(&v) {
+        return Err(format!("{v} s is outside 0..=3600"));
+    }
+    Ok(v)
+}
+
+/// Parses a byte size: `4096`, `4k`/`4K`/`4KiB`, `1m`.
+pub fn parse_size(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let (num, mul) = if let Some(n) = lower
+        .strip_suffix("kib")
+        .or_else(|| lower.strip_suffix('k'))
+    {
+        (n, 1024)
+    } else if let Some(n) = lower
+        .strip_suffix("mib")
+        .or_else(|| lower.strip_suffix('m'))
+    {
+        (n, 1024 * 1024)
+    } else {
+        (lower.strip_suffix('b').unwrap_or(&lower), 1)
+    };
+    let v: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 64, 4k, 64KiB)"))?;
+    let v = v * mul;
+    if v > crate::proto::MAX_PAYLOAD as u64 {
+        return Err(format!(
+            "{v} B is above the largest message ({} B)",
+            crate::proto::MAX_PAYLOAD
+        ));
+    }
+    Ok(v as u32)
+}
+
+/// A CPU list (one value on the command line, so clap does not treat it as repeated).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cpus(pub Vec<usize>);
+
+/// Parses a CPU list: `0`, `0,1`, `0-3`.
+pub fn parse_cpus(s: &str) -> Result<Cpus, String> {
+    let mut v = Vec::new();
+    for part in s.split(',') {
+        let p = part.trim();
+        let num = |x: &str| {
+            x.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("{x:?} is not a CPU number (expected e.g. 0,1 or 0-3)"))
+        };
+        match p.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (num(a)?, num(b)?);
+                if a > b || b - a > 1023 {
+                    return Err(format!("{p:?} is not a CPU range"));
+                }
+                v.extend(a..=b);
+            }
+            None => v.push(num(p)?),
+        }
+    }
+    if v.is_empty() {
+        return Err("empty CPU list".into());
+    }
+    Ok(Cpus(v))
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a rate in RPC/s"))?;
+    if !(v > 0.0 && v <= 1e9) {
+        return Err(format!("{v} RPC/s is outside (0, 1e9]"));
+    }
+    Ok(v)
+}
+
+/// What to run: sizes, concurrency, time, arrival process.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct Workload {
+    /// Request payload bytes (bulk: bytes per write), e.g. 64, 4k, 64KiB.
+    #[arg(long, default_value = "4096", value_parser = parse_size)]
+    pub req_size: u32,
+    /// Response payload bytes.
+    #[arg(long, default_value = "4096", value_parser = parse_size)]
+    pub resp_size: u32,
+    /// Outstanding RPCs per connection (closed loop).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub iodepth: u32,
+    /// Connections in total (spread over the threads).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub connections: u32,
+    /// Threads (cores) per side.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub threads: u32,
+    /// Measured seconds (after warm-up).
+    #[arg(long, default_value = "5", value_parser = parse_secs)]
+    pub duration: f64,
+    /// Warm-up seconds (not measured).
+    #[arg(long, default_value = "1", value_parser = parse_secs)]
+    pub warmup: f64,
+    /// Open loop: Poisson arrivals at this many RPC/s in total (default: closed loop).
+    #[arg(long, value_parser = parse_rate)]
+    pub rate: Option<f64>,
+    /// Fill payloads with a pattern and check every byte (costs CPU).
+    #[arg(long)]
+    pub verify: bool,
+    /// rpc (request/response) or bulk (one-way stream, iperf-like).
+    #[arg(long, value_enum, default_value = "rpc")]
+    pub mode: ModeArg,
+}
+
+impl Workload {
+    /// Cross-field checks clap cannot express.
+    pub fn validate(&self) -> Res<()> {
+        if self.duration <= 0.0 {
+            return Err(Error::Usage("--duration must be > 0".into()));
+        }
+        if self.threads > self.connections {
+            return Err(Error::Usage(format!(
+                "--threads {} needs at least as many --connections (got {})",
+                self.threads, self.connections
+            )));
+        }
+        if self.mode == ModeArg::Bulk && self.rate.is_some() {
+            return Err(Error::Usage(
+                "--rate (open loop) applies to --mode rpc, not bulk".into(),
+            ));
+        }
+        if self.mode == ModeArg::Bulk && self.req_size == 0 {
+            return Err(Error::Usage("bulk needs --req-size > 0".into()));
+        }
+        Ok(())
+    }
+
+    /// (first connection, count) of thread `t`: connections spread evenly.
+    pub fn conns_of(&self, t: u32) -> (u32, u32) {
+        let (c, n) = (self.connections, self.threads);
+        let base = c / n;
+        let extra = c % n;
+        let first = t * base + t.min(extra);
+        (first, base + u32::from(t < extra))
+    }
+
+    /// The arguments that reproduce this workload on a child's command line.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = vec![
+            format!("--req-size={}", self.req_size),
+            format!("--resp-size={}", self.resp_size),
+            format!("--iodepth={}", self.iodepth),
+            format!("--connections={}", self.connections),
+            format!("--threads={}", self.threads),
+            format!("--duration={}", self.duration),
+            format!("--warmup={}", self.warmup),
+            format!(
+                "--mode={}",
+                match self.mode {
+                    ModeArg::Rpc => "rpc",
+                    ModeArg::Bulk => "bulk",
+                }
+            ),
+        ];
+        if let Some(r) = self.rate {
+            a.push(format!("--rate={r}"));
+        }
+        if self.verify {
+            a.push("--verify".into());
+        }
+        a
+    }
+
+    /// As JSON (the `config` object of a report).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "mode": match self.mode { ModeArg::Rpc => "rpc", ModeArg::Bulk => "bulk" },
+            "req_size": self.req_size,
+            "resp_size": self.resp_size,
+            "iodepth": self.iodepth,
+            "connections": self.connections,
+            "threads": self.threads,
+            "duration_s": self.duration,
+            "warmup_s": self.warmup,
+            "rate": self.rate,
+            "verify": self.verify,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("64"), Ok(64));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert_eq!(parse_size("0"), Ok(0));
+        assert!(parse_size("2m").unwrap_err().contains("above the largest"));
+        assert!(parse_size("lots").unwrap_err().contains("not a size"));
+    }
+
+    #[test]
+    fn cpu_lists_parse() {
+        assert_eq!(parse_cpus("0"), Ok(Cpus(vec![0])));
+        assert_eq!(parse_cpus("1,0"), Ok(Cpus(vec![1, 0])));
+        assert_eq!(parse_cpus("0-2,5"), Ok(Cpus(vec![0, 1, 2, 5])));
+        assert!(parse_cpus("x").is_err());
+        assert!(parse_cpus("3-1").is_err());
+    }
+
+    #[test]
+    fn connections_spread_evenly_over_threads() {
+        let mut w = Workload {
+            req_size: 1,
+            resp_size: 1,
+            iodepth: 1,
+            connections: 5,
+            threads: 2,
+            duration: 1.0,
+            warmup: 0.0,
+            rate: None,
+            verify: false,
+            mode: ModeArg::Rpc,
+        };
+        assert_eq!(w.conns_of(0), (0, 3));
+        assert_eq!(w.conns_of(1), (3, 2));
+        w.threads = 6;
+        assert!(matches!(w.validate(), Err(Error::Usage(_))));
+    }
+}

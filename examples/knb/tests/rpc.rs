@@ -1,0 +1,625 @@
+//! `knb rpc`, `bulk`, `compare`, `sweep`, `server`, `client` end to end.
+//!
+//! The stack runs need root (namespaces, hugepages) like the rest of the workspace's
+//! integration tests; they are short (about a second measured) and check behaviour —
+//! validated responses, sane and complete JSON — never timing. The loopback tests drive
+//! `knb server` / `knb client` against hand-written peers that break the protocol.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const KNB: &str = env!("CARGO_BIN_EXE_knb");
+
+/// The machine has 2 CPUs: one busy-polling run at a time.
+static HEAVY: Mutex<()> = Mutex::new(());
+
+fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn run(args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(KNB)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn knb");
+    // Drain the pipes while waiting so a chatty child cannot block.
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let to = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let te = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let end = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("knb {args:?} did not stop within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: to.join().unwrap(),
+        stderr: te.join().unwrap(),
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("lkb-test-{}-{name}", std::process::id()))
+}
+
+fn read_json(p: &std::path::Path) -> Value {
+    let v = serde_json::from_str(&std::fs::read_to_string(p).expect("json written"))
+        .expect("valid json");
+    let _ = std::fs::remove_file(p);
+    v
+}
+
+fn num(v: &Value, path: &[&str]) -> f64 {
+    let mut x = v;
+    for k in path {
+        x = &x[*k];
+    }
+    x.as_f64()
+        .unwrap_or_else(|| panic!("{path:?} missing or not a number in {v:#}"))
+}
+
+/// The keys every RPC report has, with sane values.
+fn check_rpc_report(v: &Value, stack: &str) {
+    assert_eq!(v["knb"], "rpc");
+    assert_eq!(v["stack"], stack);
+    assert!(
+        v["errors"].as_array().is_some_and(|e| e.is_empty()),
+        "{v:#}"
+    );
+    let rpcs = num(v, &["rpcs"]);
+    assert!(rpcs > 0.0, "no RPC completed: {v:#}");
+    assert!(num(v, &["rps"]) > 0.0);
+    for k in ["total", "client_to_server", "server_to_client"] {
+        assert!(num(v, &["gbps", k]) > 0.0, "gbps.{k}: {v:#}");
+    }
+    let g = &v["gbps"];
+    let sum = g["client_to_server"].as_f64().unwrap() + g["server_to_client"].as_f64().unwrap();
+    assert!((sum - g["total"].as_f64().unwrap()).abs() < 1e-9, "{g}");
+    let q: Vec<f64> = ["min", "p50", "p90", "p99", "p999", "max"]
+        .iter()
+        .map(|k| num(v, &["latency_us", k]))
+        .collect();
+    assert!(q[0] > 0.0 && q.windows(2).all(|w| w[0] <= w[1]), "{q:?}");
+    let cdf = v["cdf"].as_array().expect("cdf");
+    assert!(cdf.len() > 10);
+    for k in ["client", "server"] {
+        let c = num(v, &["cpu", k, "cores"]);
+        assert!(c > 0.0 && c < 64.0, "cpu.{k}.cores = {c}");
+    }
+    assert!(v["cpu"]["per_core"].is_object());
+    // The server answered at least every RPC the client counted.
+    assert!(num(v, &["server", "requests"]) >= rpcs, "{v:#}");
+    assert!(v["server"]["errors"]
+        .as_array()
+        .is_some_and(|e| e.is_empty()));
+    assert!(v["commands"]["server"]
+        .as_str()
+        .is_some_and(|s| s.contains(" server ")));
+}
+
+fn rpc_run(stack: &str, extra: &[&str]) -> Value {
+    let _g = heavy();
+    let json = tmp(&format!("{stack}.json"));
+    let csv = tmp(&format!("{stack}.csv"));
+    let (j, c) = (
+        json.to_string_lossy().into_owned(),
+        csv.to_string_lossy().into_owned(),
+    );
+    let mut args = vec![
+        "rpc",
+        "--stack",
+        stack,
+        "--duration",
+        "1",
+        "--warmup",
+        "0.3",
+        "--verify",
+        "--json",
+        &j,
+        "--csv",
+        &c,
+    ];
+    args.extend_from_slice(extra);
+    let o = run(&args, Duration::from_secs(120));
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("RPC/s") && out.contains("p99 us"), "{out}");
+    let csv_text = std::fs::read_to_string(&csv).expect("csv written");
+    let _ = std::fs::remove_file(&csv);
+    let lines: Vec<&str> = csv_text.lines().collect();
+    assert_eq!(lines.len(), 2, "{csv_text}");
+    assert!(lines[0].starts_with("stack,mode,req_size"));
+    assert!(lines[1].starts_with(&format!("{stack},")));
+    read_json(&json)
+}
+
+#[test]
+fn kernel_rpc_run_validates_and_reports() {
+    let v = rpc_run(
+        "kernel",
+        &[
+            "--iodepth",
+            "4",
+            "--connections",
+            "2",
+            "--req-size",
+            "1000",
+            "--resp-size",
+            "3000",
+        ],
+    );
+    check_rpc_report(&v, "kernel");
+    assert_eq!(v["topology"], "veth");
+    assert_eq!(v["config"]["req_size"], 1000);
+    assert_eq!(v["config"]["resp_size"], 3000);
+    assert_eq!(v["config"]["iodepth"], 4);
+    assert_eq!(v["config"]["connections"], 2);
+    // Payload rates follow the sizes: 3x more bytes back than forth.
+    let r = num(&v, &["gbps", "server_to_client"]) / num(&v, &["gbps", "client_to_server"]);
+    assert!((r - 3.0).abs() < 1e-6, "{r}");
+}
+
+#[test]
+fn kernel_two_threads_and_open_loop() {
+    let v = rpc_run(
+        "kernel",
+        &[
+            "--threads",
+            "2",
+            "--connections",
+            "2",
+            "--client-cpus",
+            "0,1",
+            "--server-cpus",
+            "1,0",
+            "--rate",
+            "2000",
+        ],
+    );
+    check_rpc_report(&v, "kernel");
+    assert_eq!(v["config"]["threads"], 2);
+    assert_eq!(num(&v, &["open_loop", "offered_rps"]), 2000.0);
+    assert!(num(&v, &["open_loop", "arrivals"]) > 0.0);
+    assert!(v["open_loop"]["dropped_arrivals"].is_u64());
+}
+
+#[test]
+fn smoltcp_rpc_run_validates_and_reports() {
+    let v = rpc_run("smoltcp", &["--iodepth", "4", "--connections", "2"]);
+    check_rpc_report(&v, "smoltcp");
+    assert_eq!(v["topology"], "memif");
+    assert!(num(&v, &["server", "extra", "frames_rx"]) > 0.0, "{v:#}");
+    assert_eq!(num(&v, &["server", "extra", "tx_nombuf"]), 0.0);
+}
+
+fn bulk_run(stack: &str) {
+    let _g = heavy();
+    let json = tmp(&format!("{stack}-bulk.json"));
+    let j = json.to_string_lossy().into_owned();
+    let o = run(
+        &[
+            "bulk",
+            "--stack",
+            stack,
+            "--duration",
+            "1",
+            "--warmup",
+            "0.3",
+            "--verify",
+            "--json",
+            &j,
+        ],
+        Duration::from_secs(120),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let v = read_json(&json);
+    assert_eq!(v["config"]["mode"], "bulk");
+    assert_eq!(v["rps"], Value::Null);
+    assert_eq!(v["bulk"]["validated"], true, "{v:#}");
+    assert!(num(&v, &["bulk", "payload_sent"]) > 0.0);
+    assert_eq!(v["bulk"]["payload_sent"], v["bulk"]["payload_received"]);
+    assert!(num(&v, &["bulk", "receiver_gbps"]) > 0.0);
+    assert!(num(&v, &["bulk", "sender_gbps"]) > 0.0);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("bulk: receiver"));
+}
+
+#[test]
+fn kernel_bulk_stream_is_counted_end_to_end() {
+    bulk_run("kernel");
+}
+
+#[test]
+fn smoltcp_bulk_stream_is_counted_end_to_end() {
+    bulk_run("smoltcp");
+}
+
+#[test]
+fn luna_is_reported_unavailable_not_faked() {
+    let o = run(&["rpc", "--stack", "luna"], Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("luna backend is not available yet"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn compare_writes_ratios_and_null_luna_keys() {
+    let _g = heavy();
+    let json = tmp("compare.json");
+    let j = json.to_string_lossy().into_owned();
+    let o = run(
+        &[
+            "compare",
+            "--stacks",
+            "kernel,smoltcp,luna",
+            "--rounds",
+            "1",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0.2",
+            "--json",
+            &j,
+        ],
+        Duration::from_secs(240),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let v = read_json(&json);
+    assert_eq!(v["knb"], "compare");
+    for k in [
+        "luna_vs_kernel_rps",
+        "luna_vs_kernel_p99",
+        "luna_vs_smoltcp_rps",
+        "luna_vs_raw_rps",
+    ] {
+        assert!(v.get(k).is_some(), "{k} missing");
+        assert_eq!(v[k], Value::Null, "{k}: luna cannot run yet");
+    }
+    for k in [
+        "smoltcp_vs_kernel_rps",
+        "smoltcp_vs_kernel_p99",
+        "kernel_vs_raw_rps",
+        "smoltcp_vs_raw_rps",
+    ] {
+        assert!(num(&v, &[k]) > 0.0, "{k}: {v:#}");
+    }
+    assert!(
+        v["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("luna")),
+        "{v:#}"
+    );
+    assert_eq!(v["stacks"]["luna"]["available"], false);
+    assert!(num(&v, &["stacks", "raw", "median_rps"]) > 0.0);
+    assert_eq!(v["runs"].as_array().unwrap().len(), 2);
+    // The ratio is computed from the stored per-round values.
+    let k = num(&v, &["stacks", "kernel", "median_rps"]);
+    let s = num(&v, &["stacks", "smoltcp", "median_rps"]);
+    assert!((num(&v, &["smoltcp_vs_kernel_rps"]) - s / k).abs() < 1e-9);
+}
+
+#[test]
+fn sweep_writes_csv_and_svg_figures() {
+    let _g = heavy();
+    let dir = tmp("sweep");
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_string_lossy().into_owned();
+    let o = run(
+        &[
+            "sweep",
+            "--stacks",
+            "kernel,smoltcp",
+            "--figures",
+            "msgsize,cdf",
+            "--sizes",
+            "64,4k",
+            "--duration",
+            "0.3",
+            "--warmup",
+            "0.1",
+            "--out-dir",
+            &d,
+        ],
+        Duration::from_secs(300),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let csv = std::fs::read_to_string(dir.join("fig9-msgsize.csv")).unwrap();
+    // Header + 2 sizes x (kernel, smoltcp, raw).
+    assert_eq!(csv.lines().count(), 7, "{csv}");
+    for stack in ["kernel", "smoltcp", "raw"] {
+        assert_eq!(
+            csv.lines()
+                .filter(|l| l.contains(&format!(",{stack},")))
+                .count(),
+            2,
+            "{csv}"
+        );
+    }
+    let svg = std::fs::read_to_string(dir.join("fig9-msgsize.svg")).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.matches("<polyline").count() == 3,
+        "{svg}"
+    );
+    let cdf = std::fs::read_to_string(dir.join("fig11-cdf.csv")).unwrap();
+    assert!(cdf.lines().any(|l| l.starts_with("kernel,0.99,")), "{cdf}");
+    assert!(cdf.lines().any(|l| l.starts_with("smoltcp,0.5,")), "{cdf}");
+    assert!(std::fs::read_to_string(dir.join("fig11-cdf.svg"))
+        .unwrap()
+        .contains("<polyline"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_cli_arguments_exit_2_with_a_clear_message() {
+    let nodir = tmp("no-such-dir");
+    let nd = nodir.to_string_lossy().into_owned();
+    for (args, needle) in [
+        (&["rpc", "--stack", "quic"][..], "invalid value 'quic'"),
+        (&["rpc"][..], "--stack <STACK>"),
+        (
+            &["rpc", "--stack", "kernel", "--req-size", "2m"][..],
+            "above the largest message",
+        ),
+        (
+            &["rpc", "--stack", "kernel", "--req-size", "big"][..],
+            "is not a size",
+        ),
+        (
+            &["rpc", "--stack", "kernel", "--iodepth", "0"][..],
+            "not in 1..=4096",
+        ),
+        (
+            &["rpc", "--stack", "kernel", "--connections", "0"][..],
+            "not in 1..=1024",
+        ),
+        (
+            &[
+                "rpc",
+                "--stack",
+                "kernel",
+                "--threads",
+                "3",
+                "--connections",
+                "2",
+            ][..],
+            "needs at least as many --connections",
+        ),
+        (
+            &["rpc", "--stack", "kernel", "--duration", "0"][..],
+            "--duration must be > 0",
+        ),
+        (
+            &["rpc", "--stack", "kernel", "--duration", "soon"][..],
+            "is not a number of seconds",
+        ),
+        (
+            &["rpc", "--stack", "kernel", "--rate=-5"][..],
+            "outside (0, 1e9]",
+        ),
+        (
+            &["bulk", "--stack", "kernel", "--rate", "10"][..],
+            "applies to --mode rpc",
+        ),
+        (
+            &["rpc", "--stack", "kernel", "--client-cpus", "4096"][..],
+            "does not exist",
+        ),
+        (
+            &["rpc", "--stack", "kernel", "--server-cpus", "x"][..],
+            "is not a CPU number",
+        ),
+        (
+            &["rpc", "--stack", "kernel", "--prefix", "Bad-Prefix"][..],
+            "--prefix",
+        ),
+        (
+            &["rpc", "--stack", "kernel", "--port", "0"][..],
+            "not in 1..=65535",
+        ),
+        (&["compare", "--rounds", "0"][..], "not in 1..=50"),
+        (&["compare", "--mode", "bulk"][..], "use `knb bulk`"),
+        (&["sweep", "--out-dir", &nd][..], "is not a directory"),
+        (
+            &["sweep", "--figures", "fig99"][..],
+            "invalid value 'fig99'",
+        ),
+        (
+            &["server", "--stack", "kernel", "--ip", "not-an-ip"][..],
+            "invalid value 'not-an-ip'",
+        ),
+    ] {
+        let o = run(args, Duration::from_secs(20));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(needle), "{args:?}: {}", text(&o));
+        assert!(!text(&o).contains("panicked"), "{args:?}: {}", text(&o));
+    }
+}
+
+// ------------------------------------------------ protocol errors (loopback) ---
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn connect_retry(port: u16) -> TcpStream {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => return s,
+            Err(e) if Instant::now() > end => panic!("server did not listen: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+#[test]
+fn server_reports_garbage_from_a_client_and_exits() {
+    let port = free_port();
+    let p = port.to_string();
+    let t = std::thread::spawn(move || {
+        let mut s = connect_retry(port);
+        // A header with the wrong magic.
+        let _ = s.write_all(&[0xab; 16]);
+        let mut buf = [0u8; 64];
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = s.read(&mut buf);
+    });
+    let o = run(
+        &[
+            "server",
+            "--stack",
+            "kernel",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            &p,
+            "--cpus",
+            "0",
+            "--lifetime",
+            "15",
+        ],
+        Duration::from_secs(30),
+    );
+    t.join().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("bad magic"), "{}", text(&o));
+}
+
+/// A fake server that answers each 16-byte-header request with `reply(header)`.
+fn fake_server(reply: fn(&[u8; 16]) -> Vec<u8>) -> (u16, std::thread::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let h = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let mut hdr = [0u8; 16];
+        if s.read_exact(&mut hdr).is_ok() {
+            let len = u32::from_le_bytes(hdr[8..12].try_into().unwrap()) as usize;
+            let mut body = vec![0u8; len];
+            let _ = s.read_exact(&mut body);
+            let _ = s.write_all(&reply(&hdr));
+        }
+        let mut sink = [0u8; 4096];
+        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+    });
+    (port, h)
+}
+
+fn client_against(port: u16) -> Output {
+    let p = port.to_string();
+    run(
+        &[
+            "client",
+            "--stack",
+            "kernel",
+            "--ip",
+            "127.0.0.1",
+            "--server-ip",
+            "127.0.0.1",
+            "--port",
+            &p,
+            "--cpus",
+            "0",
+            "--req-size",
+            "64",
+            "--resp-size",
+            "64",
+            "--duration",
+            "1",
+            "--warmup",
+            "0",
+        ],
+        Duration::from_secs(30),
+    )
+}
+
+#[test]
+fn client_rejects_a_response_with_the_wrong_id() {
+    let (port, h) = fake_server(|req| {
+        let mut r = req.to_vec();
+        r[0] ^= 1; // id + 1
+        r[12] = 1; // RESPONSE
+        r.resize(16 + 64, 0);
+        r
+    });
+    let o = client_against(port);
+    h.join().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("response id 1, expected 0"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn client_rejects_a_short_response_and_garbage() {
+    let (port, h) = fake_server(|req| {
+        let mut r = req.to_vec();
+        r[12] = 1;
+        r[8..12].copy_from_slice(&10u32.to_le_bytes());
+        r.resize(16 + 10, 0);
+        r
+    });
+    let o = client_against(port);
+    h.join().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("response of 10 B, expected 64 B"),
+        "{}",
+        text(&o)
+    );
+
+    let (port, h) = fake_server(|_| b"HTTP/1.1 400 Bad Request\r\n\r\n".to_vec());
+    let o = client_against(port);
+    h.join().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("bad magic"), "{}", text(&o));
+}
+
+#[test]
+fn client_reports_a_server_that_is_not_there() {
+    let o = client_against(free_port());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("connect to 127.0.0.1"), "{}", text(&o));
+}

@@ -80,6 +80,8 @@
 
 mod cache;
 mod config;
+#[cfg(feature = "dpdk")]
+pub mod dpdk;
 mod error;
 mod iovec;
 mod mem;
@@ -92,13 +94,15 @@ mod zbuf;
 mod zbuf_mut;
 
 pub use cache::{alloc, alloc_with_headroom, current_core, CoreCache};
-pub use config::{HugepageMode, IovaMode, SlabConfig, ZoneHook, MAX_CORES, ZONE_SIZE};
+pub use config::{
+    HugepageMode, IovaMode, SlabConfig, ZoneHook, ZoneReleaseHook, MAX_CORES, ZONE_SIZE,
+};
 pub use error::{AllocError, NoRoom, OutOfBounds, SlabError};
 pub use iovec::IoVec;
 pub use mem::Backing;
 pub use slab::{
     hugepage_fallback_warnings, ClassStats, CoreStats, IovaKind, LeakReport, Slab, SlabStats,
-    ZoneInfo, ZoneUsage,
+    ZoneInfo, ZoneLease, ZoneUsage,
 };
 pub use stats::{copy_stats, thread_copy_stats, CopyStats};
 pub use zbuf::Zbuf;

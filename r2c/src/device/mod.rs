@@ -6,6 +6,8 @@
 //!
 //! `unsafe` is allowed only in the device modules (DPDK glue), each block with a SAFETY note.
 
+pub mod dpdk;
+
 use luna_stack::stack::Transmit;
 use luna_stack::wire::{ChecksumCaps, EthernetAddress};
 use std::collections::VecDeque;

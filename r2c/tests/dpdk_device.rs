@@ -259,11 +259,11 @@ fn tap_kernel_is_client_and_server_of_the_luna_stack() {
     let (kc, ks, d) = (&got[0], &got[1], &got[2]);
     assert!(kc.contains(&n), "{kc}");
     assert!(ks.contains(&format!("{n} {}", t.dpdk.ip)), "{ks}");
-    assert_eq!(field(&d, "echoed"), TAP_BYTES, "{d}");
-    assert_eq!(field(&d, "sent"), TAP_BYTES, "{d}");
-    assert_eq!(field(&d, "device_copied"), 0, "{d}");
-    assert_eq!(field(&d, "zbuf_copied"), 0, "{d}");
-    assert_eq!(field(&d, "leaked"), 0, "{d}");
+    assert_eq!(field(d, "echoed"), TAP_BYTES, "{d}");
+    assert_eq!(field(d, "sent"), TAP_BYTES, "{d}");
+    assert_eq!(field(d, "device_copied"), 0, "{d}");
+    assert_eq!(field(d, "zbuf_copied"), 0, "{d}");
+    assert_eq!(field(d, "leaked"), 0, "{d}");
 }
 
 #[test]

@@ -250,6 +250,7 @@ fn tap_kernel_is_client_and_server_of_the_luna_stack() {
     cmd.args(["-c", &client_py]);
     let kclient = spawn(cmd, "kernel client");
     let (kc, ks, d) = (kclient.wait(), kserver.wait(), dpdk.wait());
+    let _ = std::fs::remove_file(&ready);
     drop(topo);
     let got = lines(&[
         (&kc, "KERNEL-CLIENT ok"),

@@ -8,7 +8,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use dpdk_sys::{Eal, Mempool, PoolConfig};
 use zbuf::dpdk::{DmaRegistry, RxPool, RxPoolConfig, TxChains, TxConfig};
 use zbuf::{IoVec, Slab, SlabConfig};
@@ -102,4 +102,10 @@ criterion_group! {
         .sample_size(20);
     targets = alloc_free, per_frame
 }
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    // The EAL lives in a static and is never cleaned up: remove its runtime directory.
+    let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/ldv-bench-{}", std::process::id()));
+}

@@ -9,9 +9,9 @@
 //! * [`RxPool`] (receive): a pktmbuf pool whose data buffers are objects of zones leased
 //!   from the slab (`rte_pktmbuf_pool_create_extbuf` over [`crate::Slab::lease_zones`]).
 //!   The PMD writes frames straight into zone memory; [`RxPool::to_zbuf`] turns a
-//!   received mbuf into a [`Zbuf`] without copying or allocating: the object metadata
-//!   lives in the mbuf's private area, the `Zbuf` owns the mbuf, and dropping the last
-//!   reference frees the mbuf back to its pool.
+//!   received mbuf into a [`Zbuf`](crate::Zbuf) without copying or allocating: the
+//!   object metadata lives in the mbuf's private area, the `Zbuf` owns the mbuf, and
+//!   dropping the last reference frees the mbuf back to its pool.
 //! * [`TxChains`] (transmit): header bytes + a payload [`crate::IoVec`] become an mbuf
 //!   chain: one header mbuf (headers are copied: they are not payload) and one mbuf per
 //!   payload segment with the segment attached as an external buffer

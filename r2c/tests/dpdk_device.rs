@@ -154,6 +154,10 @@ fn field(line: &str, key: &str) -> u64 {
 
 /// This test binary, as a role child inside `port`'s namespace.
 fn role_command(role: &str, port: &DpdkPort, arg: &str) -> Command {
+    // Hugepages are shared: the pools here need far less than the testbed's default.
+    let mut port = port.clone();
+    port.eal.memory_mb = 64;
+    let port = &port;
     let exe = std::env::current_exe().expect("test binary");
     let mut c = testbed::netns_command(&port.netns, exe);
     c.args(["role_child", "--exact", "--ignored", "--nocapture"])

@@ -36,7 +36,7 @@ fn eal_base(tag: &str) -> Vec<String> {
         "--in-memory".into(),
         "--no-telemetry".into(),
         "-m".into(),
-        "128".into(),
+        "64".into(),
         "--lcores=0@(0,1)".into(),
         format!("--file-prefix={}", prefix(tag)),
     ]

@@ -556,6 +556,14 @@ impl Device for DpdkDevice {
 mod tests {
     use super::*;
 
+    /// The threading contract in the module docs, checked by the compiler: a device moves
+    /// to its core (Send); it is not shared (no Sync needed, and queues are not Sync).
+    #[test]
+    fn device_is_send() {
+        fn send<T: Send>() {}
+        send::<DpdkDevice>();
+    }
+
     #[test]
     fn vdev_names() {
         assert_eq!(

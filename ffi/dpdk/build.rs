@@ -99,6 +99,8 @@ fn main() {
         .allowlist_var("RTE_EAL_PMD_PATH")
         .allowlist_var("RTE_ETH_MQ_.*")
         .allowlist_type("dpdk_sys_.*")
+        .allowlist_type("rte_pktmbuf_extmem")
+        .allowlist_type("rte_iova_mode")
         .allowlist_type("rte_flow_item_type")
         .allowlist_type("rte_flow_action_type")
         .allowlist_type("rte_flow_error_type")
@@ -112,7 +114,8 @@ fn main() {
              log_cur_msg_loglevel|log_set_global_level|log_get_global_level|\
              get_tsc_hz|socket_id|lcore_count|get_main_lcore|get_next_lcore|\
              lcore_to_socket_id|eal_remote_launch|eal_wait_lcore|eal_mp_wait_lcore|\
-             thread_register|thread_unregister|dev_probe|mem_virt2iova|delay_us_block)",
+             thread_register|thread_unregister|dev_probe|mem_virt2iova|delay_us_block|\
+             extmem_register|extmem_unregister|eal_iova_mode|mem_virt2memseg_list)",
         )
         .allowlist_function(
             "rte_eth_(dev_count_avail|find_next|dev_get_port_by_name|dev_get_name_by_port|\

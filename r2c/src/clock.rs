@@ -43,14 +43,12 @@ impl Clock for StdClock {
 
 /// The TSC read through DPDK (`rte_rdtsc`), converted with the EAL's calibrated rate.
 /// Monotonic on CPUs with an invariant TSC (every x86 server DPDK supports).
-#[cfg(feature = "dpdk")]
 #[derive(Debug, Clone, Copy)]
 pub struct TscClock {
     base: u64,
     hz: u64,
 }
 
-#[cfg(feature = "dpdk")]
 impl TscClock {
     /// A clock ticking at `hz` (from `dpdk_sys::eal::Eal::tsc_hz`); `None` if `hz` is 0.
     pub fn new(hz: u64) -> Option<Self> {
@@ -61,7 +59,6 @@ impl TscClock {
     }
 }
 
-#[cfg(feature = "dpdk")]
 impl Clock for TscClock {
     fn now(&mut self) -> Instant {
         let ticks = dpdk_sys::eal::rdtsc().saturating_sub(self.base);
@@ -76,7 +73,7 @@ pub enum ClockSource {
     /// `std::time::Instant`.
     #[default]
     Std,
-    /// The TSC at this rate (ticks per second); needs the `dpdk` feature.
+    /// The TSC at this rate (ticks per second, from `Eal::tsc_hz`).
     Tsc(u64),
 }
 
@@ -86,16 +83,13 @@ pub enum CoreClock {
     /// See [`StdClock`].
     Std(StdClock),
     /// See [`TscClock`].
-    #[cfg(feature = "dpdk")]
     Tsc(TscClock),
 }
 
 impl CoreClock {
-    /// The clock for `src`; the TSC falls back to `std` without the `dpdk` feature or
-    /// with a zero rate.
+    /// The clock for `src`; the TSC falls back to `std` with a zero rate.
     pub fn new(src: ClockSource) -> Self {
         match src {
-            #[cfg(feature = "dpdk")]
             ClockSource::Tsc(hz) => match TscClock::new(hz) {
                 Some(t) => CoreClock::Tsc(t),
                 None => CoreClock::Std(StdClock::new()),
@@ -109,7 +103,6 @@ impl Clock for CoreClock {
     fn now(&mut self) -> Instant {
         match self {
             CoreClock::Std(c) => c.now(),
-            #[cfg(feature = "dpdk")]
             CoreClock::Tsc(c) => c.now(),
         }
     }

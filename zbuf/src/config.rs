@@ -43,6 +43,11 @@ pub enum IovaMode {
 /// allocating thread and must not allocate from the same slab.
 pub type ZoneHook = Arc<dyn Fn(&ZoneInfo) -> Result<(), String> + Send + Sync>;
 
+/// Called once for every zone the hook accepted, right before the zone is unmapped (when
+/// the slab's memory is freed): where DMA registrations are undone. Runs on the thread
+/// that releases the slab's last reference.
+pub type ZoneReleaseHook = Arc<dyn Fn(&ZoneInfo) + Send + Sync>;
+
 /// Configuration of a [`crate::Slab`], built with chained setters:
 ///
 /// ```
@@ -68,6 +73,7 @@ pub struct SlabConfig {
     pub(crate) max_cores: usize,
     pub(crate) cache_size: usize,
     pub(crate) zone_hook: Option<ZoneHook>,
+    pub(crate) zone_release_hook: Option<ZoneReleaseHook>,
 }
 
 impl Default for SlabConfig {
@@ -84,6 +90,7 @@ impl Default for SlabConfig {
             max_cores: 64,
             cache_size: 256,
             zone_hook: None,
+            zone_release_hook: None,
         }
     }
 }
@@ -102,6 +109,7 @@ impl fmt::Debug for SlabConfig {
             .field("max_cores", &self.max_cores)
             .field("cache_size", &self.cache_size)
             .field("zone_hook", &self.zone_hook.is_some())
+            .field("zone_release_hook", &self.zone_release_hook.is_some())
             .finish()
     }
 }
@@ -189,6 +197,12 @@ impl SlabConfig {
         hook: impl Fn(&ZoneInfo) -> Result<(), String> + Send + Sync + 'static,
     ) -> Self {
         self.zone_hook = Some(Arc::new(hook));
+        self
+    }
+
+    /// Hook run for each accepted zone before it is unmapped (see [`ZoneReleaseHook`]).
+    pub fn zone_release_hook(mut self, hook: impl Fn(&ZoneInfo) + Send + Sync + 'static) -> Self {
+        self.zone_release_hook = Some(Arc::new(hook));
         self
     }
 

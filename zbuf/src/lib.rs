@@ -68,11 +68,9 @@
 //!
 //! # Not done yet
 //!
-//! * DPDK registration (planned cargo feature `dpdk`, on `dpdk-sys`): the hooks are here —
-//!   [`SlabConfig::zone_hook`] sees every new zone (va, iova, len) before use and may
-//!   reject it, [`Slab::zones`] lists existing ones, [`Slab::reserve`] maps zones up front,
-//!   and [`Zbuf::from_external`] wraps an externally owned buffer (an mbuf) with a free
-//!   callback. Receiving into slab objects (mbufs with external buffers) is not done.
+//! * DPDK (cargo feature `dpdk`, module `dpdk`): zone registration, receive pools over
+//!   leased zones with zero-copy mbuf → `Zbuf`, and extbuf transmit chains are done; per
+//!   packet receive checksum flags and TSO are not.
 //! * Free objects parked in the return queue of a core whose cache is alive but idle are
 //!   not reachable by other cores until that core allocates or calls
 //!   [`CoreCache::drain_remote`]; a slab can report exhaustion while such objects exist.
@@ -80,6 +78,8 @@
 
 mod cache;
 mod config;
+#[cfg(feature = "dpdk")]
+pub mod dpdk;
 mod error;
 mod iovec;
 mod mem;
@@ -92,13 +92,15 @@ mod zbuf;
 mod zbuf_mut;
 
 pub use cache::{alloc, alloc_with_headroom, current_core, CoreCache};
-pub use config::{HugepageMode, IovaMode, SlabConfig, ZoneHook, MAX_CORES, ZONE_SIZE};
+pub use config::{
+    HugepageMode, IovaMode, SlabConfig, ZoneHook, ZoneReleaseHook, MAX_CORES, ZONE_SIZE,
+};
 pub use error::{AllocError, NoRoom, OutOfBounds, SlabError};
 pub use iovec::IoVec;
 pub use mem::Backing;
 pub use slab::{
     hugepage_fallback_warnings, ClassStats, CoreStats, IovaKind, LeakReport, Slab, SlabStats,
-    ZoneInfo, ZoneUsage,
+    ZoneInfo, ZoneLease, ZoneUsage,
 };
 pub use stats::{copy_stats, thread_copy_stats, CopyStats};
 pub use zbuf::Zbuf;

@@ -15,6 +15,10 @@ pub(crate) enum Kind {
     Slab,
     /// A boxed [`HeapObj`]; freed when released.
     Heap,
+    /// Metadata in the private area of a DPDK mbuf whose data buffer is the object;
+    /// releasing frees the mbuf (`crate::dpdk`).
+    #[cfg(feature = "dpdk")]
+    Mbuf,
 }
 
 /// Out-of-band metadata of one object. Slab objects keep theirs in the zone's metadata
@@ -67,6 +71,13 @@ impl ObjMeta {
         }
     }
 }
+
+/// Size of [`ObjMeta`]: what an mbuf's private area must hold for `Kind::Mbuf`.
+#[cfg(feature = "dpdk")]
+pub(crate) const META_SIZE: usize = std::mem::size_of::<ObjMeta>();
+/// Alignment of [`ObjMeta`].
+#[cfg(feature = "dpdk")]
+pub(crate) const META_ALIGN: usize = std::mem::align_of::<ObjMeta>();
 
 /// A raw pointer to slab object metadata, movable between threads (free lists, queues).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -190,6 +201,41 @@ impl SharedObj {
             false,
             Storage::Static,
         ))
+    }
+
+    /// Starts a `Kind::Mbuf` object: writes fresh metadata (count 1) at `meta`, which
+    /// is the private area of an mbuf whose data buffer is `base..base+cap`.
+    ///
+    /// # Safety
+    /// `meta` is valid for writing an `ObjMeta`, aligned, and not in use by any live
+    /// handle; the mbuf is owned by the caller, who hands that ownership to the
+    /// returned reference (released by `crate::dpdk::release_mbuf_obj`). `base..base+cap`
+    /// is initialized, readable memory that nobody else writes while the object lives;
+    /// when `writable`, a unique handle may also write it.
+    #[cfg(feature = "dpdk")]
+    pub(crate) unsafe fn init_mbuf(
+        meta: NonNull<ObjMeta>,
+        base: NonNull<u8>,
+        cap: usize,
+        iova: u64,
+        writable: bool,
+    ) -> SharedObj {
+        // SAFETY: per the contract the slot is ours to overwrite; ObjMeta has no Drop.
+        unsafe {
+            meta.as_ptr().write(ObjMeta {
+                refcnt: RefCount::new(1),
+                home: AtomicU32::new(0),
+                base,
+                iova,
+                cap,
+                index: 0,
+                class: 0,
+                kind: Kind::Mbuf,
+                writable,
+                zone: std::ptr::null(),
+            })
+        };
+        SharedObj(meta)
     }
 
     /// Wraps memory owned elsewhere.
@@ -347,5 +393,8 @@ unsafe fn release(obj: NonNull<ObjMeta>) {
         Kind::Heap => drop(unsafe { Box::from_raw(obj.as_ptr().cast::<HeapObj>()) }),
         // SAFETY: last reference to a slab object; ownership passes to the slab.
         Kind::Slab => unsafe { crate::slab::recycle(ObjPtr(obj)) },
+        // SAFETY: last reference to an mbuf-backed object: the mbuf goes back to its pool.
+        #[cfg(feature = "dpdk")]
+        Kind::Mbuf => unsafe { crate::dpdk::release_mbuf_obj(obj) },
     }
 }

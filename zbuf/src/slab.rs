@@ -277,6 +277,20 @@ pub(crate) struct SlabInner {
     pressure: CachePadded<AtomicU64>,
 }
 
+impl Drop for SlabInner {
+    fn drop(&mut self) {
+        // Undo registrations (the release hook) before the zones are unmapped, while the
+        // configuration holding the hooks is still alive.
+        let zones = std::mem::take(self.zones.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if let Some(hook) = &self.cfg.zone_release_hook {
+            for z in &zones {
+                hook(&z.info);
+            }
+        }
+        drop(zones);
+    }
+}
+
 // SAFETY: all shared state is atomics or mutexes, except each slot's `local`, which only
 // the thread owning the slot touches (claim flag + thread-local registration).
 unsafe impl Sync for SlabInner {}
@@ -521,6 +535,14 @@ impl SlabInner {
 
     /// Maps, registers and publishes one zone for `class`.
     fn grow(&self, class: usize) -> Result<(), AllocError> {
+        let (_, objs) = self.add_zone(class)?;
+        lock(&self.classes[class].free).extend(objs);
+        Ok(())
+    }
+
+    /// Maps and registers one zone for `class` and records it; its objects are returned
+    /// to the caller, free (count 0) and not in any pool yet.
+    fn add_zone(&self, class: usize) -> Result<(ZoneInfo, Vec<ObjPtr>), AllocError> {
         let class_size = self.classes[class].size;
         let reserved = self
             .zones_reserved
@@ -553,10 +575,10 @@ impl SlabInner {
             .iter()
             .map(|m| ObjPtr(NonNull::from(m)))
             .collect();
+        let info = zone.info.clone();
         lock(&self.zones).push(zone);
         self.classes[class].zones.fetch_add(1, Ordering::Relaxed);
-        lock(&self.classes[class].free).extend(objs);
-        Ok(())
+        Ok((info, objs))
     }
 
     fn map_zone(&self) -> Result<Mapping, AllocError> {
@@ -838,6 +860,38 @@ impl Slab {
         Ok(zones)
     }
 
+    /// Maps `zones` new zones for the class of `object_size` bytes and lends them whole
+    /// to the caller, e.g. as the data buffers of a DPDK mempool: their objects never
+    /// enter the free lists, count as in use (one reference each, held by the lease)
+    /// and go back to the slab's shared pool when the [`ZoneLease`] drops. The zone
+    /// hook sees them like any other zone. On error the zones mapped so far are
+    /// returned to the pool.
+    pub fn lease_zones(&self, object_size: usize, zones: usize) -> Result<ZoneLease, AllocError> {
+        let inner = self.inner();
+        let largest = inner.classes.last().map_or(0, |c| c.size);
+        let class = inner.class_for(object_size).ok_or(AllocError::TooLarge {
+            requested: object_size,
+            largest,
+        })?;
+        let mut lease = ZoneLease {
+            slab: self.clone(),
+            class,
+            zones: Vec::with_capacity(zones),
+            objs: Vec::new(),
+        };
+        for _ in 0..zones {
+            let (info, objs) = inner.add_zone(class)?;
+            for o in &objs {
+                o.meta().refcnt.init_one();
+            }
+            // Objects outside the pools keep the slab alive (see `Refs`).
+            inner.refs.acquire(objs.len());
+            lease.objs.extend(objs);
+            lease.zones.push(info);
+        }
+        Ok(lease)
+    }
+
     /// Every zone mapped so far, with VA, IOVA and length: what a device must register.
     /// New zones are announced through [`SlabConfig::zone_hook`].
     pub fn zones(&self) -> Vec<ZoneInfo> {
@@ -939,6 +993,67 @@ impl fmt::Debug for Slab {
         f.debug_struct("Slab")
             .field("hugepages", &self.uses_hugepages())
             .field("zones", &lock(&self.inner().zones).len())
+            .finish()
+    }
+}
+
+/// Whole zones lent out of a slab by [`Slab::lease_zones`]. `Send + Sync`; the objects
+/// return to the slab's shared pool when the lease drops, so whoever uses the memory
+/// (a device's mempool) must be done with it by then.
+pub struct ZoneLease {
+    slab: Slab,
+    class: usize,
+    zones: Vec<ZoneInfo>,
+    objs: Vec<ObjPtr>,
+}
+
+// SAFETY: the lease owns its objects exclusively (count 1, in no free list) and only
+// touches them in `drop`; `&ZoneLease` exposes zone descriptions only.
+unsafe impl Sync for ZoneLease {}
+
+impl ZoneLease {
+    /// The leased zones, in mapping order.
+    pub fn zones(&self) -> &[ZoneInfo] {
+        &self.zones
+    }
+
+    /// Object size of the leased zones' class.
+    pub fn object_size(&self) -> usize {
+        self.slab.inner().classes[self.class].size
+    }
+
+    /// Objects in all leased zones.
+    pub fn objects(&self) -> usize {
+        self.objs.len()
+    }
+
+    /// The slab the zones belong to.
+    pub fn slab(&self) -> &Slab {
+        &self.slab
+    }
+}
+
+impl Drop for ZoneLease {
+    fn drop(&mut self) {
+        let inner = self.slab.inner();
+        let objs = std::mem::take(&mut self.objs);
+        let n = objs.len();
+        for o in &objs {
+            // The lease's reference is the only one: this brings the count to zero.
+            let last = o.meta().refcnt.release();
+            debug_assert!(last);
+        }
+        lock(&inner.classes[self.class].free).extend(objs);
+        // The lease's own `Slab` handle is still held: never the last reference.
+        inner.refs.release(n);
+    }
+}
+
+impl fmt::Debug for ZoneLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZoneLease")
+            .field("zones", &self.zones.len())
+            .field("objects", &self.objs.len())
             .finish()
     }
 }

@@ -18,8 +18,14 @@ fn normal() -> SlabConfig {
         .max_memory(16 << 20)
 }
 
-/// Kernel page size of the mapping that starts at `va`, from /proc/self/smaps.
+/// Kernel page size of the mapping that starts at `va`, from /proc/self/smaps. Other
+/// tests map and unmap concurrently, which can make one read of smaps miss an entry:
+/// retry a few times.
 fn kernel_page_size_kb(va: usize) -> Option<u64> {
+    (0..5).find_map(|_| kernel_page_size_kb_once(va))
+}
+
+fn kernel_page_size_kb_once(va: usize) -> Option<u64> {
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
     let head = format!("{va:x}-");
     let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head));
@@ -637,4 +643,106 @@ fn memory_pressure_makes_other_cores_give_back_cached_objects() {
     assert_eq!(more, 401, "core 1 gave its cached objects back");
     to_1.send(()).unwrap();
     t.join().unwrap();
+}
+
+#[test]
+fn release_hook_sees_every_accepted_zone_once_before_unmapping() {
+    let released = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let r = released.clone();
+    let slab = Slab::new(
+        normal()
+            .zone_hook(|z| {
+                if z.object_size == 4096 {
+                    Err("no 4 KiB zones".into())
+                } else {
+                    Ok(())
+                }
+            })
+            .zone_release_hook(move |z| {
+                r.lock().unwrap().push((z.index, z.va, z.object_size));
+            }),
+    )
+    .unwrap();
+    assert_eq!(slab.reserve(2048, 2), Ok(2));
+    assert!(slab.reserve(4096, 1).is_err(), "rejected zone");
+    let cache = slab.core_cache(0).unwrap();
+    let held = cache.alloc(100).unwrap().freeze();
+    let zones = slab.zones();
+    drop(cache);
+    drop(slab);
+    assert!(
+        released.lock().unwrap().is_empty(),
+        "a live buffer keeps the slab's memory (and registrations)"
+    );
+    drop(held);
+    let mut got = released.lock().unwrap().clone();
+    got.sort_unstable();
+    let want: Vec<_> = zones
+        .iter()
+        .map(|z| (z.index, z.va, z.object_size))
+        .collect();
+    assert_eq!(got, want, "each accepted zone once; the rejected one never");
+}
+
+#[test]
+fn leased_zones_are_whole_out_of_the_free_lists_and_come_back_on_drop() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s = seen.clone();
+    let slab = Slab::new(normal().size_classes(&[2048, 16384]).zone_hook(move |_| {
+        s.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }))
+    .unwrap();
+    let cache = slab.core_cache(0).unwrap();
+    let lease = slab.lease_zones(2000, 2).unwrap();
+    assert_eq!(lease.zones().len(), 2);
+    assert_eq!(lease.object_size(), 2048);
+    assert_eq!(lease.objects(), 2 * ZONE_SIZE / 2048);
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        2,
+        "the zone hook saw the leased zones"
+    );
+    assert_eq!(slab.leak_report().objects_in_use, lease.objects());
+    assert_eq!(slab.stats().classes[0].in_shared_pool, 0);
+    // Allocation never hands out leased memory: it maps a third zone.
+    let z = cache.alloc(100).unwrap().freeze();
+    assert!(lease
+        .zones()
+        .iter()
+        .all(|l| z.addr() < l.va || z.addr() >= l.va + l.len));
+    assert_eq!(slab.zones().len(), 3);
+    let pool_before = slab.stats().classes[0].in_shared_pool;
+    drop(lease);
+    assert_eq!(slab.leak_report().objects_in_use, 1, "only the buffer");
+    assert_eq!(
+        slab.stats().classes[0].in_shared_pool - pool_before,
+        2 * ZONE_SIZE / 2048,
+        "leased objects went back to the shared pool"
+    );
+    drop(z);
+    // The slab outlives a lease's handle; the memory is reused.
+    let many: Vec<_> = (0..1500).map(|_| cache.alloc(100).unwrap()).collect();
+    assert_eq!(slab.zones().len(), 3, "returned objects were reused");
+    drop(many);
+    assert!(slab.leak_report().is_clean());
+}
+
+#[test]
+fn lease_errors_return_partial_zones() {
+    let slab = Slab::new(normal().max_zones(3)).unwrap();
+    assert!(matches!(
+        slab.lease_zones(1 << 20, 1),
+        Err(AllocError::TooLarge { .. })
+    ));
+    match slab.lease_zones(2048, 5) {
+        Err(AllocError::Exhausted { class_size: 2048 }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(slab.zones().len(), 3, "mapped before the limit");
+    assert!(slab.leak_report().is_clean(), "and given back to the pool");
+    let cache = slab.core_cache(0).unwrap();
+    assert!(cache.alloc(100).is_ok(), "usable after the failed lease");
+    let lease = slab.lease_zones(2048, 0).unwrap();
+    assert_eq!(lease.objects(), 0, "an empty lease is fine");
 }

@@ -4,8 +4,11 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* fopencookie */
 #endif
+/* rte_pktmbuf_pool_create_extbuf and rte_dev_dma_map are experimental. */
+#define ALLOW_EXPERIMENTAL_API
 #include "wrapper.h"
 
+#include <errno.h>
 #include <string.h>
 
 int dpdk_sys_errno(void) { return rte_errno; }
@@ -93,6 +96,11 @@ uint16_t dpdk_sys_pktmbuf_data_room_size(struct rte_mempool *mp)
 	return rte_pktmbuf_data_room_size(mp);
 }
 
+uint16_t dpdk_sys_pktmbuf_priv_size(struct rte_mempool *mp)
+{
+	return rte_pktmbuf_priv_size(mp);
+}
+
 struct rte_mempool *dpdk_sys_mbuf_pool(const struct rte_mbuf *m) { return m->pool; }
 uint16_t dpdk_sys_mbuf_refcnt_read(const struct rte_mbuf *m) { return rte_mbuf_refcnt_read(m); }
 
@@ -128,6 +136,93 @@ void dpdk_sys_pktmbuf_attach_extbuf(struct rte_mbuf *m, void *buf_addr,
 				    struct rte_mbuf_ext_shared_info *shinfo)
 {
 	rte_pktmbuf_attach_extbuf(m, buf_addr, buf_iova, buf_len, shinfo);
+}
+
+void dpdk_sys_mbuf_view(const struct rte_mbuf *m, struct dpdk_sys_mbuf_view *out)
+{
+	out->buf_addr = m->buf_addr;
+#if RTE_VERSION >= RTE_VERSION_NUM(22, 11, 0, 0)
+	out->buf_iova = rte_mbuf_iova_get(m);
+#else
+	out->buf_iova = m->buf_iova;
+#endif
+	out->pool = m->pool;
+	out->pkt_len = m->pkt_len;
+	out->buf_len = m->buf_len;
+	out->data_off = m->data_off;
+	out->data_len = m->data_len;
+	out->priv_size = m->priv_size;
+	out->nb_segs = m->nb_segs;
+	out->refcnt = rte_mbuf_refcnt_read(m);
+}
+
+struct rte_mempool *dpdk_sys_pktmbuf_pool_create_extbuf(
+	const char *name, unsigned int n, unsigned int cache_size,
+	uint16_t priv_size, uint16_t data_room_size, int socket_id,
+	const struct rte_pktmbuf_extmem *ext_mem, unsigned int ext_num)
+{
+	return rte_pktmbuf_pool_create_extbuf(name, n, cache_size, priv_size,
+					      data_room_size, socket_id, ext_mem,
+					      ext_num);
+}
+
+void dpdk_sys_ext_shinfo_init(struct rte_mbuf_ext_shared_info *shinfo,
+			      rte_mbuf_extbuf_free_callback_t free_cb,
+			      void *fcb_opaque)
+{
+	shinfo->free_cb = free_cb;
+	shinfo->fcb_opaque = fcb_opaque;
+	rte_mbuf_ext_refcnt_set(shinfo, 1);
+}
+
+uint16_t dpdk_sys_ext_shinfo_refcnt(const struct rte_mbuf_ext_shared_info *shinfo)
+{
+	return rte_mbuf_ext_refcnt_read(shinfo);
+}
+
+struct rte_mbuf *dpdk_sys_pktmbuf_unchain(struct rte_mbuf *m)
+{
+	struct rte_mbuf *rest = m->next;
+
+	if (rest == NULL)
+		return NULL;
+	rest->nb_segs = m->nb_segs - 1;
+	rest->pkt_len = m->pkt_len - m->data_len;
+	m->next = NULL;
+	m->nb_segs = 1;
+	m->pkt_len = m->data_len;
+	return rest;
+}
+
+static struct rte_device *port_device(uint16_t port_id)
+{
+	struct rte_eth_dev_info info;
+
+	if (rte_eth_dev_info_get(port_id, &info) != 0)
+		return NULL;
+	return info.device;
+}
+
+int dpdk_sys_port_dma_map(uint16_t port_id, void *addr, uint64_t iova, size_t len)
+{
+	struct rte_device *dev = port_device(port_id);
+
+	if (dev == NULL)
+		return -ENODEV;
+	if (rte_dev_dma_map(dev, addr, iova, len) != 0)
+		return -(rte_errno != 0 ? rte_errno : EIO);
+	return 0;
+}
+
+int dpdk_sys_port_dma_unmap(uint16_t port_id, void *addr, uint64_t iova, size_t len)
+{
+	struct rte_device *dev = port_device(port_id);
+
+	if (dev == NULL)
+		return -ENODEV;
+	if (rte_dev_dma_unmap(dev, addr, iova, len) != 0)
+		return -(rte_errno != 0 ? rte_errno : EIO);
+	return 0;
 }
 
 void dpdk_sys_flow_attr_set(struct rte_flow_attr *attr, uint32_t group,

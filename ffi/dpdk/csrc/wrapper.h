@@ -118,6 +118,10 @@ DPDK_SYS_U32(RTE_ETH_SPEED_NUM_UNKNOWN)
 DPDK_SYS_U32(LCORE_ID_ANY)
 DPDK_SYS_U32(SOCKET_ID_ANY)
 DPDK_SYS_U32(RTE_VERSION)
+DPDK_SYS_U64(RTE_BAD_IOVA)
+DPDK_SYS_U32(RTE_MBUF_PRIV_ALIGN)
+/** sizeof(struct rte_mbuf): the private area starts right after it. */
+static const uint32_t DPDK_SYS_C_MBUF_STRUCT_SIZE = (uint32_t)sizeof(struct rte_mbuf);
 
 /* ---- shim: plain structs where DPDK uses bitfields ---- */
 
@@ -159,6 +163,7 @@ struct rte_mbuf *dpdk_sys_pktmbuf_next(const struct rte_mbuf *m);
 uint16_t dpdk_sys_pktmbuf_headroom(const struct rte_mbuf *m);
 uint16_t dpdk_sys_pktmbuf_tailroom(const struct rte_mbuf *m);
 uint16_t dpdk_sys_pktmbuf_data_room_size(struct rte_mempool *mp);
+uint16_t dpdk_sys_pktmbuf_priv_size(struct rte_mempool *mp);
 struct rte_mempool *dpdk_sys_mbuf_pool(const struct rte_mbuf *m);
 uint16_t dpdk_sys_mbuf_refcnt_read(const struct rte_mbuf *m);
 void dpdk_sys_pktmbuf_refcnt_update(struct rte_mbuf *m, int16_t v);
@@ -174,6 +179,45 @@ struct rte_mbuf_ext_shared_info *dpdk_sys_pktmbuf_ext_shinfo_init_helper(
 void dpdk_sys_pktmbuf_attach_extbuf(struct rte_mbuf *m, void *buf_addr,
 				    rte_iova_t buf_iova, uint16_t buf_len,
 				    struct rte_mbuf_ext_shared_info *shinfo);
+
+/* ---- external memory (zero-copy buffers owned outside DPDK) ---- */
+
+/** The mbuf fields zero-copy conversion reads, in one call. */
+struct dpdk_sys_mbuf_view {
+	void *buf_addr;
+	uint64_t buf_iova;
+	struct rte_mempool *pool;
+	uint32_t pkt_len;
+	uint16_t buf_len;
+	uint16_t data_off;
+	uint16_t data_len;
+	uint16_t priv_size;
+	uint16_t nb_segs;
+	uint16_t refcnt;
+};
+void dpdk_sys_mbuf_view(const struct rte_mbuf *m, struct dpdk_sys_mbuf_view *out);
+
+/* rte_pktmbuf_pool_create_extbuf (experimental in 22.11/23.11). */
+struct rte_mempool *dpdk_sys_pktmbuf_pool_create_extbuf(
+	const char *name, unsigned int n, unsigned int cache_size,
+	uint16_t priv_size, uint16_t data_room_size, int socket_id,
+	const struct rte_pktmbuf_extmem *ext_mem, unsigned int ext_num);
+
+/* Fills a caller-owned shared-info block: callback, argument, refcnt 1. */
+void dpdk_sys_ext_shinfo_init(struct rte_mbuf_ext_shared_info *shinfo,
+			      rte_mbuf_extbuf_free_callback_t free_cb,
+			      void *fcb_opaque);
+uint16_t dpdk_sys_ext_shinfo_refcnt(const struct rte_mbuf_ext_shared_info *shinfo);
+
+/* Cuts a chain after its first segment: `m` becomes a one-segment packet,
+ * the rest (a valid chain with its own nb_segs/pkt_len) is returned, NULL if
+ * there was none. Both must be owned exclusively by the caller. */
+struct rte_mbuf *dpdk_sys_pktmbuf_unchain(struct rte_mbuf *m);
+
+/* rte_dev_dma_map / unmap (experimental) on the device behind an ethdev
+ * port. Return 0 or a negative errno. */
+int dpdk_sys_port_dma_map(uint16_t port_id, void *addr, uint64_t iova, size_t len);
+int dpdk_sys_port_dma_unmap(uint16_t port_id, void *addr, uint64_t iova, size_t len);
 
 /* Routes DPDK's log stream (rte_openlog_stream) through `fn`, which gets
  * each chunk DPDK writes and returns the bytes consumed (glibc fopencookie). */

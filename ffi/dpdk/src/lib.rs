@@ -50,7 +50,7 @@ pub use ethdev::{DevInfo, Link, Port, PortConf, RxQueue, Stats, TxQueue};
 pub use flow::{Flow, FlowAction, FlowAttr, FlowItem, FlowRule};
 pub use log::set_forward_to_stderr as set_log_to_stderr;
 pub use mbuf::Mbuf;
-pub use mempool::{Mempool, PoolConfig};
+pub use mempool::{ExtMem, Mempool, PoolConfig};
 
 #[cfg(test)]
 mod tests {

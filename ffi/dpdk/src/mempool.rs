@@ -60,7 +60,25 @@ struct PoolInner {
     ptr: NonNull<ffi::rte_mempool>,
     name: String,
     size: u32,
+    /// Owner of external data buffers ([`Mempool::create_extbuf`]): dropped only after
+    /// the pool is freed, leaked with it when mbufs are still out.
+    keep_alive: Option<Box<dyn Send + Sync>>,
     _eal: Eal,
+}
+
+/// One area of external memory for [`Mempool::create_extbuf`]
+/// (`struct rte_pktmbuf_extmem`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtMem {
+    /// Virtual address of the area.
+    pub va: *mut u8,
+    /// Its IO address, or `RTE_BAD_IOVA` (vdevs that copy need none).
+    pub iova: u64,
+    /// Length in bytes.
+    pub len: usize,
+    /// Bytes per mbuf data buffer (≥ the pool's data room); the area holds
+    /// `len / elt_size` buffers.
+    pub elt_size: u16,
 }
 
 // SAFETY: rte_mempool with the default ring_mp_mc ops is safe to use from any
@@ -79,17 +97,50 @@ impl Drop for PoolInner {
                 self.name
             );
             LEAKED_POOLS.fetch_add(1, Ordering::SeqCst);
+            // Mbufs still point into the external buffers: they must stay valid.
+            std::mem::forget(self.keep_alive.take());
             return;
         }
         // SAFETY: no mbuf is out and no other handle exists (last Arc), and
         // ports using it for rx hold a clone, so they are closed already.
         unsafe { ffi::rte_mempool_free(self.ptr.as_ptr()) }
+        // Only now may the external data buffers go.
+        drop(self.keep_alive.take());
     }
 }
 
 impl Mempool {
     /// Creates a pktmbuf pool (`rte_pktmbuf_pool_create`).
     pub fn create(eal: &Eal, cfg: &PoolConfig) -> Result<Mempool> {
+        Mempool::create_inner(eal, cfg, None)
+    }
+
+    /// Creates a pktmbuf pool whose data buffers are `ext` memory owned by the caller
+    /// (`rte_pktmbuf_pool_create_extbuf`, "pinned external buffers"): mbuf `i` keeps
+    /// the `i`-th `elt_size` slice of the areas for its whole life. `cfg.data_room`
+    /// (including headroom) must fit in every `elt_size`, and the areas must hold at
+    /// least `cfg.size` buffers. `keep_alive` owns the memory: it is dropped after
+    /// `rte_mempool_free`, or leaked together with the pool if mbufs are still out
+    /// when the last handle drops. Registering the memory for DMA
+    /// (`rte_extmem_register`, `rte_dev_dma_map`) is the caller's job.
+    ///
+    /// # Safety
+    /// Every area must be valid, writable memory of `len` bytes that nothing else uses
+    /// while `keep_alive` lives, and `iova` must be its IO address or `RTE_BAD_IOVA`.
+    pub unsafe fn create_extbuf(
+        eal: &Eal,
+        cfg: &PoolConfig,
+        ext: &[ExtMem],
+        keep_alive: Box<dyn Send + Sync>,
+    ) -> Result<Mempool> {
+        Mempool::create_inner(eal, cfg, Some((ext, keep_alive)))
+    }
+
+    fn create_inner(
+        eal: &Eal,
+        cfg: &PoolConfig,
+        ext: Option<(&[ExtMem], Box<dyn Send + Sync>)>,
+    ) -> Result<Mempool> {
         let step = format!("create mempool {:?}", cfg.name);
         let bad = |cause: String, fix: &str| {
             Err(Error::new(ErrorKind::InvalidArgument, step.clone(), cause).with_fix(fix))
@@ -131,17 +182,88 @@ impl Mempool {
                 "name contains NUL",
             )
         })?;
+        if cfg.priv_size as u32 % ffi::RTE_MBUF_PRIV_ALIGN != 0 {
+            return bad(
+                format!("priv_size {} is not a multiple of 8", cfg.priv_size),
+                "round priv_size up to a multiple of RTE_MBUF_PRIV_ALIGN (8)",
+            );
+        }
+        let socket = cfg.socket.unwrap_or(ffi::SOCKET_ID_ANY as i32);
+        let (ext, keep_alive) = match ext {
+            Some((areas, keep)) => (Some(areas), Some(keep)),
+            None => (None, None),
+        };
+        let raw_ext: Vec<ffi::rte_pktmbuf_extmem> = match ext {
+            None => Vec::new(),
+            Some(areas) => {
+                let mut buffers = 0usize;
+                for a in areas {
+                    if a.va.is_null() || a.len == 0 || a.elt_size == 0 {
+                        return bad(
+                            format!("external area {a:?} is empty"),
+                            "give every area an address, a length and an element size",
+                        );
+                    }
+                    if a.elt_size < cfg.data_room {
+                        return bad(
+                            format!(
+                                "external elt_size {} is below the data room {}",
+                                a.elt_size, cfg.data_room
+                            ),
+                            "use a data room no larger than the external buffers",
+                        );
+                    }
+                    buffers += a.len / a.elt_size as usize;
+                }
+                if buffers < cfg.size as usize {
+                    return bad(
+                        format!(
+                            "external areas hold {buffers} buffers, the pool needs {}",
+                            cfg.size
+                        ),
+                        "give more external memory or make the pool smaller",
+                    );
+                }
+                areas
+                    .iter()
+                    .map(|a| ffi::rte_pktmbuf_extmem {
+                        buf_ptr: a.va.cast(),
+                        buf_iova: a.iova,
+                        buf_len: a.len,
+                        elt_size: a.elt_size,
+                    })
+                    .collect()
+            }
+        };
         crate::log::clear();
-        // SAFETY: EAL is initialised (we hold an Eal); name is NUL-terminated.
-        let p = unsafe {
-            ffi::rte_pktmbuf_pool_create(
-                name.as_ptr(),
-                cfg.size,
-                cfg.cache_size,
-                cfg.priv_size,
-                cfg.data_room,
-                cfg.socket.unwrap_or(ffi::SOCKET_ID_ANY as i32),
-            )
+        let p = if ext.is_some() {
+            // SAFETY: EAL is initialised; name is NUL-terminated; raw_ext describes
+            // memory the caller vouches for (see `create_extbuf`) and is only read
+            // during the call.
+            unsafe {
+                ffi::dpdk_sys_pktmbuf_pool_create_extbuf(
+                    name.as_ptr(),
+                    cfg.size,
+                    cfg.cache_size,
+                    cfg.priv_size,
+                    cfg.data_room,
+                    socket,
+                    raw_ext.as_ptr(),
+                    raw_ext.len() as u32,
+                )
+            }
+        } else {
+            // SAFETY: EAL is initialised (we hold an Eal); name is NUL-terminated.
+            unsafe {
+                ffi::rte_pktmbuf_pool_create(
+                    name.as_ptr(),
+                    cfg.size,
+                    cfg.cache_size,
+                    cfg.priv_size,
+                    cfg.data_room,
+                    socket,
+                )
+            }
         };
         let Some(ptr) = NonNull::new(p) else {
             let errno = rte_errno();
@@ -161,6 +283,7 @@ impl Mempool {
                 ptr,
                 name: cfg.name.clone(),
                 size: cfg.size,
+                keep_alive,
                 _eal: eal.clone(),
             }),
         })
@@ -186,6 +309,12 @@ impl Mempool {
     pub fn in_use_count(&self) -> u32 {
         // SAFETY: live pool.
         unsafe { ffi::rte_mempool_in_use_count(self.inner.ptr.as_ptr()) }
+    }
+
+    /// Private area per mbuf in bytes (between `struct rte_mbuf` and the data).
+    pub fn priv_size(&self) -> u16 {
+        // SAFETY: live pktmbuf pool; reads its private header.
+        unsafe { ffi::dpdk_sys_pktmbuf_priv_size(self.inner.ptr.as_ptr()) }
     }
 
     /// Data room per mbuf, including headroom.

@@ -6,6 +6,7 @@
 //!
 //! `unsafe` is allowed only in the device modules (DPDK glue), each block with a SAFETY note.
 
+pub mod dpdk;
 pub mod mem;
 
 pub use bifurcation::RssConfig;

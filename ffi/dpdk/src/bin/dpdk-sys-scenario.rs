@@ -412,9 +412,100 @@ fn mbuf_api(o: &Opts) -> R<String> {
     ensure(mp.in_use_count() == 0, "no leak after tx/rx")?;
     drop((txq, rxq));
     port.stop()?;
+    extbuf_pool(&eal)?;
     Ok(format!(
         "mbuf API checks passed ({sent} of 3000 sent before the ring filled)"
     ))
+}
+
+/// `Mempool::create_extbuf`: data buffers in caller memory, kept alive until the pool is
+/// freed; bad descriptors are refused before DPDK is called.
+fn extbuf_pool(eal: &Eal) -> R<()> {
+    use dpdk_sys::ExtMem;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// Owns the external memory (never read, only kept) and records its release.
+    struct Owner(#[allow(dead_code)] Vec<u8>, Arc<AtomicBool>);
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            self.1.store(true, Ordering::SeqCst);
+        }
+    }
+    let mut mem = vec![0u8; 64 * 2048];
+    let area = ExtMem {
+        va: mem.as_mut_ptr(),
+        iova: ffi::RTE_BAD_IOVA,
+        len: mem.len(),
+        elt_size: 2048,
+    };
+    let cfg = PoolConfig {
+        cache_size: 0,
+        priv_size: 64,
+        data_room: 2048,
+        ..PoolConfig::new("ldp_ext", 64)
+    };
+    let dropped = Arc::new(AtomicBool::new(false));
+    let owner = Box::new(Owner(mem, dropped.clone()));
+    // SAFETY: `area` is the heap buffer `owner` holds, alive while the pool needs it.
+    let pool = unsafe { Mempool::create_extbuf(eal, &cfg, &[area], owner)? };
+    ensure(pool.priv_size() == 64, "extbuf pool private area")?;
+    let base = area.va as usize;
+    let mut m = pool.alloc().ok_or_else(|| check("extbuf alloc"))?;
+    m.append(10).ok_or_else(|| check("extbuf append"))?.fill(7);
+    let at = m.data().as_ptr() as usize;
+    ensure(
+        at >= base && at + 10 <= base + area.len,
+        "extbuf mbuf data lies in the external area",
+    )?;
+    let held = pool.clone();
+    drop(pool);
+    ensure(
+        !dropped.load(Ordering::SeqCst),
+        "memory kept while a handle lives",
+    )?;
+    drop(m);
+    drop(held);
+    ensure(
+        dropped.load(Ordering::SeqCst),
+        "memory released with the pool",
+    )?;
+
+    // Refused: element smaller than the data room, too little memory.
+    let mut mem = vec![0u8; 4 * 2048];
+    let small = ExtMem {
+        va: mem.as_mut_ptr(),
+        iova: ffi::RTE_BAD_IOVA,
+        len: mem.len(),
+        elt_size: 1024,
+    };
+    let bad = PoolConfig {
+        data_room: 2048,
+        ..PoolConfig::new("ldp_ext2", 4)
+    };
+    // SAFETY: refused before DPDK sees the area.
+    let e = unsafe { Mempool::create_extbuf(eal, &bad, &[small], Box::new(())) };
+    ensure(
+        e.err().is_some_and(|e| e.to_string().contains("elt_size")),
+        "elt_size below the data room is refused",
+    )?;
+    let few = ExtMem {
+        elt_size: 2048,
+        ..small
+    };
+    let big = PoolConfig {
+        data_room: 2048,
+        ..PoolConfig::new("ldp_ext3", 64)
+    };
+    // SAFETY: refused before DPDK sees the area.
+    let e = unsafe { Mempool::create_extbuf(eal, &big, &[few], Box::new(())) };
+    ensure(
+        e.err()
+            .is_some_and(|e| e.to_string().contains("hold 4 buffers")),
+        "too little external memory is refused",
+    )?;
+    drop(mem);
+    Ok(())
 }
 
 // ---------------------------------------------------------------- memif ---

@@ -1,0 +1,624 @@
+//! [`DpdkDevice`]: one queue pair of a DPDK ethdev port as a [`Device`], zero-copy both
+//! ways (zbuf's `dpdk` feature).
+//!
+//! * Receive: the port's rx queues take mbufs from a [`RxPool`] whose data buffers are
+//!   zbuf zone objects; each received single-segment frame becomes a [`Zbuf`] over the
+//!   mbuf (metadata in the mbuf's private area, no allocation, no copy). A frame that
+//!   arrives as a chain (larger than one buffer) is flattened into one buffer: a copy,
+//!   counted in [`DeviceStats::copied_bytes`].
+//! * Transmit: each [`Transmit`] becomes a header mbuf (the header bytes are copied:
+//!   they are not payload) chained to one external-buffer mbuf per payload segment
+//!   ([`TxChains`]); the payload `Zbuf`s stay referenced until DPDK frees the mbufs.
+//! * Checksums: offloads are reported only when the hardware does them. The software
+//!   PMDs (memif, tap, af_packet, ring, null, ...) report none — net_tap advertises
+//!   checksum offloads but computes them in software inside the PMD, on a copy of the
+//!   header, which gains nothing — and received checksums are always verified in software
+//!   (DPDK flags them per packet, which the stack cannot be told).
+//!
+//! # Threading rules (for the runtime)
+//!
+//! * A `DpdkDevice` is `Send`, not `Sync`: it owns its rx/tx queue, which DPDK requires
+//!   to be polled by one thread at a time. Create it anywhere, move it to its core, poll
+//!   it there. The thread should be an EAL lcore (the main thread, or one registered with
+//!   `Eal::register_thread`) so mempool operations use a per-lcore cache; other threads
+//!   work too, through the mempool ring.
+//! * Received `Zbuf`s may be dropped on any thread: the last reference frees the mbuf
+//!   to its mempool (MT-safe). Holding them holds rx buffers: size `rx_mbufs` for the
+//!   rx ring plus everything the stack and the application keep (receive windows).
+//! * Transmitted payload is released by DPDK's free callback, on the thread that frees
+//!   the mbuf: inside `tx_burst` for the software PMDs, later on the same queue for a
+//!   NIC. Zbufs from any core may be sent; they go home through zbuf's remote-free path.
+//! * Drop the device before its `Eal` is cleaned up (the device keeps an `Eal` handle,
+//!   so this holds unless the process exits first).
+// All DPDK and buffer unsafety lives in dpdk-sys and zbuf; this module needs none.
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dpdk_sys::{ffi, Eal, Mbuf, Port, PortConf, RxQueue, TxQueue};
+use luna_stack::stack::Transmit;
+use luna_stack::wire::{Checksum, ChecksumCaps, EthernetAddress};
+use zbuf::dpdk::{
+    mbuf_to_zbuf_copied, DmaRegistry, DpdkError, RxPool, RxPoolConfig, TxChains, TxConfig, TxError,
+    TxOffloadRequest, TxStats,
+};
+use zbuf::{Slab, Zbuf};
+
+use super::{Device, DeviceStats};
+
+/// Frames per `rte_eth_rx_burst` / `rte_eth_tx_burst` call.
+pub const BURST: usize = 32;
+
+/// PMDs that move frames with the CPU: no real checksum offload, no DMA.
+const SOFTWARE_PMDS: &[&str] = &[
+    "net_memif",
+    "net_tap",
+    "net_af_packet",
+    "net_ring",
+    "net_null",
+    "net_pcap",
+    "net_vhost",
+    "net_virtio_user",
+    "net_af_xdp",
+];
+
+/// Configuration of [`DpdkDevice::open`].
+#[derive(Debug, Clone)]
+pub struct DpdkDeviceConfig {
+    /// Port (device) name, e.g. `net_memif0`: the name part of the `--vdev` argument.
+    pub port: String,
+    /// Queue pairs to configure on the port; [`DpdkDevice::open_all`] returns one device
+    /// per pair.
+    pub queues: u16,
+    /// Rx ring size per queue (adjusted to the device's limits).
+    pub rx_desc: u16,
+    /// Tx ring size per queue.
+    pub tx_desc: u16,
+    /// Receive buffers (shared by the port's queues): rings plus what the stack holds.
+    pub rx_mbufs: u32,
+    /// Receive buffer size, headroom included (a zbuf size class ≤ 32 KiB).
+    pub rx_buf_size: usize,
+    /// Transmit mbufs per queue (one per header plus one per payload segment in flight).
+    pub tx_mbufs: u32,
+    /// Payload attachments in flight per queue.
+    pub tx_holds: u32,
+    /// MTU to set, `None` to keep the device's.
+    pub mtu: Option<u16>,
+    /// How long to wait for the link at open.
+    pub link_timeout: Duration,
+    /// Prefix of the mempool names (unique per process, ≤ 16 bytes).
+    pub pool_prefix: String,
+    /// Use checksum offloads the hardware really has (never for software PMDs).
+    pub checksum_offload: bool,
+}
+
+impl DpdkDeviceConfig {
+    /// Defaults for `port`: one queue pair, 1024-entry rings, 8191 receive buffers of
+    /// 2 KiB, 4095 transmit mbufs, 30 s to link up.
+    pub fn new(port: impl Into<String>) -> Self {
+        DpdkDeviceConfig {
+            port: port.into(),
+            queues: 1,
+            rx_desc: 1024,
+            tx_desc: 1024,
+            rx_mbufs: 8191,
+            rx_buf_size: 2048,
+            tx_mbufs: 4095,
+            tx_holds: 4095,
+            mtu: None,
+            link_timeout: Duration::from_secs(30),
+            pool_prefix: "r2c".into(),
+            checksum_offload: true,
+        }
+    }
+
+    fn validate(&self) -> Result<(), DeviceError> {
+        let bad = |m: String| Err(DeviceError::Config(m));
+        if self.port.is_empty() {
+            return bad("empty port name".into());
+        }
+        if self.queues == 0 {
+            return bad("at least one queue pair is needed".into());
+        }
+        if self.pool_prefix.is_empty() || self.pool_prefix.len() > 16 {
+            return bad(format!(
+                "pool_prefix {:?} must be 1..=16 bytes (mempool names are ≤ 28)",
+                self.pool_prefix
+            ));
+        }
+        let ring = self.rx_desc as u64 * self.queues as u64;
+        if (self.rx_mbufs as u64) <= ring {
+            return bad(format!(
+                "rx_mbufs {} must exceed the rx rings ({} queues × {} descriptors)",
+                self.rx_mbufs, self.queues, self.rx_desc
+            ));
+        }
+        if self.tx_mbufs < 2 || self.tx_holds == 0 {
+            return bad("tx_mbufs must be ≥ 2 and tx_holds ≥ 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// The name of the device a `--vdev` argument creates: `net_memif0,role=server,...` →
+/// `net_memif0`.
+pub fn port_name_from_vdev(vdev: &str) -> Option<&str> {
+    let name = vdev.split(',').next()?.trim();
+    (!name.is_empty()).then_some(name)
+}
+
+/// EAL arguments and device configuration for a testbed DPDK endpoint (the namespace,
+/// addresses and MACs are in `port` itself). `--no-telemetry` is added: a test process
+/// needs no telemetry socket.
+#[cfg(feature = "testbed")]
+pub fn from_testbed(
+    port: &testbed::DpdkPort,
+) -> Result<(Vec<String>, DpdkDeviceConfig), DeviceError> {
+    let name = port_name_from_vdev(&port.eal.vdev).ok_or_else(|| {
+        DeviceError::Config(format!(
+            "testbed vdev {:?} has no device name",
+            port.eal.vdev
+        ))
+    })?;
+    let mut args = port.eal.args();
+    args.push("--no-telemetry".into());
+    Ok((args, DpdkDeviceConfig::new(name)))
+}
+
+/// Why a device could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// A DPDK call failed.
+    #[error(transparent)]
+    Dpdk(#[from] dpdk_sys::Error),
+    /// Zone registration or pool setup failed.
+    #[error(transparent)]
+    Zbuf(#[from] DpdkError),
+    /// The configuration is inconsistent.
+    #[error("r2c dpdk device: {0}")]
+    Config(String),
+}
+
+/// DPDK-specific counters of one device (beyond [`DeviceStats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DpdkStats {
+    /// Frames handed over as zero-copy `Zbuf`s.
+    pub rx_zero_copy: u64,
+    /// Frames that arrived as mbuf chains and were flattened (copied).
+    pub rx_flattened: u64,
+    /// Frames that could not be turned into a chain (too large for the port) and were
+    /// dropped.
+    pub tx_invalid: u64,
+    /// Transmit attempts that found the mbuf pool or the hold table empty.
+    pub tx_no_buffers: u64,
+    /// The transmit path's own counters (attachments, frees, copies).
+    pub tx: TxStats,
+    /// Port-level counters (all queues).
+    pub port: dpdk_sys::Stats,
+}
+
+/// The port, shared by the devices of its queues; unmapped from the registry when the
+/// last one goes (queues first, so no burst is running).
+struct PortHandle {
+    port: Mutex<Port>,
+    registry: DmaRegistry,
+    id: u16,
+}
+
+impl Drop for PortHandle {
+    fn drop(&mut self) {
+        self.registry.remove_port(self.id);
+    }
+}
+
+/// One queue pair of a DPDK port (see the module docs for the threading rules).
+pub struct DpdkDevice {
+    // Field order is drop order: queues, then the port, then the pools they used.
+    rxq: RxQueue,
+    txq: TxQueue,
+    port: Arc<PortHandle>,
+    tx: TxChains,
+    rx: Arc<RxPool>,
+    queue: u16,
+    mac: EthernetAddress,
+    mtu: u16,
+    caps: ChecksumCaps,
+    offload: bool,
+    stats: DeviceStats,
+    dstats: DpdkStats,
+    rx_copied: u64,
+    mbufs: Vec<Mbuf>,
+    chains: Vec<Mbuf>,
+    lens: Vec<usize>,
+}
+
+impl std::fmt::Debug for DpdkDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DpdkDevice")
+            .field("port", &self.port.id)
+            .field("queue", &self.queue)
+            .field("mac", &self.mac)
+            .field("mtu", &self.mtu)
+            .finish()
+    }
+}
+
+/// The checksum offloads a port really performs on transmit. Receive checksums are left
+/// to software (DPDK reports them per packet; the stack's capability is per device).
+pub fn checksum_caps(driver: &str, tx_offload_capa: u64) -> ChecksumCaps {
+    if SOFTWARE_PMDS.contains(&driver) {
+        return ChecksumCaps::software();
+    }
+    let tx = |bit: u64| {
+        if tx_offload_capa & bit != 0 {
+            Checksum::Tx
+        } else {
+            Checksum::Both
+        }
+    };
+    ChecksumCaps {
+        ipv4: tx(ffi::RTE_ETH_TX_OFFLOAD_IPV4_CKSUM),
+        tcp: tx(ffi::RTE_ETH_TX_OFFLOAD_TCP_CKSUM),
+        udp: tx(ffi::RTE_ETH_TX_OFFLOAD_UDP_CKSUM),
+        icmpv4: Checksum::Both,
+    }
+}
+
+fn tx_offloads_for(caps: &ChecksumCaps) -> u64 {
+    let mut o = 0;
+    if !caps.ipv4.tx() {
+        o |= ffi::RTE_ETH_TX_OFFLOAD_IPV4_CKSUM;
+    }
+    if !caps.tcp.tx() {
+        o |= ffi::RTE_ETH_TX_OFFLOAD_TCP_CKSUM;
+    }
+    if !caps.udp.tx() {
+        o |= ffi::RTE_ETH_TX_OFFLOAD_UDP_CKSUM;
+    }
+    o
+}
+
+impl DpdkDevice {
+    /// Opens `cfg.port` with one queue pair: configures it with an rx pool over `slab`
+    /// zones (registered through `registry`, which `slab` must have been built with via
+    /// [`DmaRegistry::slab_config`]), starts it and waits for the link.
+    pub fn open(
+        eal: &Eal,
+        slab: &Slab,
+        registry: &DmaRegistry,
+        cfg: &DpdkDeviceConfig,
+    ) -> Result<DpdkDevice, DeviceError> {
+        let mut one = cfg.clone();
+        one.queues = 1;
+        let mut devs = DpdkDevice::open_all(eal, slab, registry, &one)?;
+        Ok(devs.remove(0))
+    }
+
+    /// Opens `cfg.port` with `cfg.queues` queue pairs and returns one device per pair,
+    /// in queue order (give each to its own core).
+    pub fn open_all(
+        eal: &Eal,
+        slab: &Slab,
+        registry: &DmaRegistry,
+        cfg: &DpdkDeviceConfig,
+    ) -> Result<Vec<DpdkDevice>, DeviceError> {
+        cfg.validate()?;
+        let mut port = Port::by_name(eal, &cfg.port)?;
+        let info = port.info()?;
+        let caps = if cfg.checksum_offload {
+            checksum_caps(&info.driver_name, info.tx_offload_capa)
+        } else {
+            ChecksumCaps::software()
+        };
+        let multi_seg = info.tx_offload_capa & ffi::RTE_ETH_TX_OFFLOAD_MULTI_SEGS != 0;
+        let dma = !SOFTWARE_PMDS.contains(&info.driver_name.as_str());
+        let rx = Arc::new(RxPool::new(
+            eal,
+            slab,
+            Some(registry),
+            &RxPoolConfig {
+                cache_size: 256.min(cfg.rx_mbufs * 2 / 3),
+                object_size: cfg.rx_buf_size,
+                ..RxPoolConfig::new(format!("{}-rx{}", cfg.pool_prefix, port.id()), cfg.rx_mbufs)
+            },
+        )?);
+        let conf = PortConf {
+            rx_queues: cfg.queues,
+            tx_queues: cfg.queues,
+            rx_desc: cfg.rx_desc,
+            tx_desc: cfg.tx_desc,
+            tx_offloads: tx_offloads_for(&caps)
+                | (info.tx_offload_capa & ffi::RTE_ETH_TX_OFFLOAD_MULTI_SEGS),
+            mtu: cfg.mtu,
+            ..PortConf::default()
+        };
+        port.configure(&conf, rx.mempool())?;
+        registry.add_port(port.id())?;
+        let handle_id = port.id();
+        let memif_client = info.driver_name == "net_memif"
+            && eal
+                .args()
+                .iter()
+                .any(|a| a.contains(&cfg.port) && a.contains("role=client"));
+        if memif_client {
+            // A memif client connects once, at start: restart until the server is there.
+            port.start_until_link_up(cfg.link_timeout, Duration::from_millis(500))?;
+        } else {
+            port.start()?;
+            port.wait_link_up(cfg.link_timeout)?;
+        }
+        let mac = EthernetAddress(port.mac()?);
+        let mtu = port.mtu()?;
+        let mut queues = Vec::with_capacity(cfg.queues as usize);
+        for q in 0..cfg.queues {
+            queues.push((port.rx_queue(q)?, port.tx_queue(q)?));
+        }
+        let handle = Arc::new(PortHandle {
+            port: Mutex::new(port),
+            registry: registry.clone(),
+            id: handle_id,
+        });
+        let mut devs = Vec::with_capacity(queues.len());
+        for (q, (rxq, txq)) in queues.into_iter().enumerate() {
+            let tx = TxChains::new(
+                eal,
+                &TxConfig {
+                    name: format!("{}-tx{}-{q}", cfg.pool_prefix, handle_id),
+                    mbufs: cfg.tx_mbufs,
+                    cache_size: 256.min(cfg.tx_mbufs * 2 / 3),
+                    data_room: ffi::RTE_MBUF_DEFAULT_BUF_SIZE as u16,
+                    holds: cfg.tx_holds,
+                    multi_seg,
+                    registry: dma.then(|| registry.clone()),
+                },
+            )?;
+            devs.push(DpdkDevice {
+                rxq,
+                txq,
+                port: handle.clone(),
+                tx,
+                rx: rx.clone(),
+                queue: q as u16,
+                mac,
+                mtu,
+                caps,
+                offload: caps != ChecksumCaps::software(),
+                stats: DeviceStats::default(),
+                dstats: DpdkStats::default(),
+                rx_copied: 0,
+                mbufs: Vec::with_capacity(BURST),
+                chains: Vec::with_capacity(BURST),
+                lens: Vec::with_capacity(BURST),
+            });
+        }
+        Ok(devs)
+    }
+
+    /// Port id.
+    pub fn port_id(&self) -> u16 {
+        self.port.id
+    }
+
+    /// Queue id of this device.
+    pub fn queue(&self) -> u16 {
+        self.queue
+    }
+
+    /// The receive pool (its zones hold every received frame).
+    pub fn rx_pool(&self) -> &RxPool {
+        &self.rx
+    }
+
+    /// DPDK-specific counters (reads the port's counters too).
+    pub fn dpdk_stats(&self) -> DpdkStats {
+        let mut s = self.dstats;
+        s.tx = self.tx.stats();
+        s.port = self
+            .port
+            .port
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stats()
+            .unwrap_or_default();
+        s
+    }
+
+    fn offload_request(&self, t: &Transmit) -> Option<TxOffloadRequest> {
+        let o = &t.offload;
+        (self.offload && (o.ipv4_checksum || o.tcp_checksum)).then_some(TxOffloadRequest {
+            l2_len: o.l2_len,
+            l3_len: o.l3_len as u16,
+            l4_len: o.l4_len,
+            ipv4_checksum: o.ipv4_checksum,
+            tcp_checksum: o.tcp_checksum,
+            udp_checksum: false,
+        })
+    }
+}
+
+impl Device for DpdkDevice {
+    fn rx_burst(&mut self, out: &mut Vec<Zbuf>, max: usize) -> usize {
+        let mut total = 0;
+        while total < max {
+            let want = (max - total).min(BURST);
+            let n = self.rxq.rx_burst(&mut self.mbufs, want);
+            if n == 0 {
+                break;
+            }
+            for m in self.mbufs.drain(..) {
+                let z = match self.rx.to_zbuf(m) {
+                    Ok(z) => {
+                        self.dstats.rx_zero_copy += 1;
+                        z
+                    }
+                    Err(chain) => {
+                        // Larger than one receive buffer: the stack takes one Zbuf per frame.
+                        let z = mbuf_to_zbuf_copied(&chain);
+                        self.dstats.rx_flattened += 1;
+                        self.rx_copied += z.len() as u64;
+                        z
+                    }
+                };
+                self.stats.rx_frames += 1;
+                self.stats.rx_bytes += z.len() as u64;
+                out.push(z);
+            }
+            total += n;
+            if n < want {
+                break;
+            }
+        }
+        total
+    }
+
+    fn tx_burst(&mut self, frames: &mut VecDeque<Transmit>) -> usize {
+        let mut taken = 0;
+        loop {
+            // Build up to one burst of chains from the front of the queue.
+            let mut invalid = 0;
+            self.lens.clear();
+            for t in frames.iter().skip(taken).take(BURST) {
+                let req = self.offload_request(t);
+                match self.tx.build(t.header(), &t.payload, req.as_ref()) {
+                    Ok(m) => {
+                        self.chains.push(m);
+                        self.lens.push(t.len());
+                    }
+                    Err(TxError::NoMbuf | TxError::NoHold) => {
+                        self.dstats.tx_no_buffers += 1;
+                        break;
+                    }
+                    Err(_) => {
+                        // Cannot ever be sent (too large for this port): drop it here, in
+                        // order, once the chains before it are out.
+                        invalid = 1;
+                        break;
+                    }
+                }
+            }
+            let built = self.chains.len();
+            let sent = self.txq.tx_burst(&mut self.chains);
+            // Unsent chains are freed: their payload references go back with them.
+            self.chains.clear();
+            for &len in &self.lens[..sent] {
+                self.stats.tx_frames += 1;
+                self.stats.tx_bytes += len as u64;
+            }
+            taken += sent;
+            if sent < built {
+                break;
+            }
+            if invalid == 1 {
+                taken += 1;
+                self.dstats.tx_invalid += 1;
+                self.stats.tx_dropped += 1;
+                continue;
+            }
+            if built < BURST || taken >= frames.len() {
+                break;
+            }
+        }
+        frames.drain(..taken);
+        taken
+    }
+
+    fn mac(&self) -> EthernetAddress {
+        self.mac
+    }
+
+    fn caps(&self) -> ChecksumCaps {
+        self.caps
+    }
+
+    fn mtu(&self) -> u16 {
+        self.mtu
+    }
+
+    fn stats(&self) -> DeviceStats {
+        let mut s = self.stats;
+        s.copied_bytes = self.rx_copied + self.tx.stats().copied_bytes;
+        let port = self
+            .port
+            .port
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stats()
+            .unwrap_or_default();
+        s.rx_missed = port.imissed + port.rx_nombuf;
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The threading contract in the module docs, checked by the compiler: a device moves
+    /// to its core (Send); it is not shared (no Sync needed, and queues are not Sync).
+    #[test]
+    fn device_is_send() {
+        fn send<T: Send>() {}
+        send::<DpdkDevice>();
+    }
+
+    #[test]
+    fn vdev_names() {
+        assert_eq!(
+            port_name_from_vdev("net_memif0,role=server,socket=/x"),
+            Some("net_memif0")
+        );
+        assert_eq!(port_name_from_vdev("net_tap0"), Some("net_tap0"));
+        assert_eq!(port_name_from_vdev(",iface=x"), None);
+        assert_eq!(port_name_from_vdev(""), None);
+    }
+
+    #[test]
+    fn software_pmds_never_claim_checksum_offload() {
+        let all = ffi::RTE_ETH_TX_OFFLOAD_IPV4_CKSUM
+            | ffi::RTE_ETH_TX_OFFLOAD_TCP_CKSUM
+            | ffi::RTE_ETH_TX_OFFLOAD_UDP_CKSUM;
+        // net_tap advertises these but computes them in software.
+        assert_eq!(checksum_caps("net_tap", all), ChecksumCaps::software());
+        assert_eq!(checksum_caps("net_memif", 0), ChecksumCaps::software());
+        let nic = checksum_caps("net_ice", all);
+        assert!(
+            !nic.tcp.tx() && !nic.ipv4.tx(),
+            "a NIC fills them on transmit"
+        );
+        assert!(
+            nic.tcp.rx() && nic.ipv4.rx(),
+            "receive is still verified in software"
+        );
+        assert!(nic.icmpv4.tx());
+        let partial = checksum_caps("net_ice", ffi::RTE_ETH_TX_OFFLOAD_IPV4_CKSUM);
+        assert!(!partial.ipv4.tx() && partial.tcp.tx());
+        assert_eq!(
+            tx_offloads_for(&partial),
+            ffi::RTE_ETH_TX_OFFLOAD_IPV4_CKSUM
+        );
+        assert_eq!(tx_offloads_for(&ChecksumCaps::software()), 0);
+    }
+
+    #[test]
+    fn config_errors_are_named() {
+        let mut c = DpdkDeviceConfig::new("net_null0");
+        assert!(c.validate().is_ok());
+        c.queues = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("queue"));
+        let mut c = DpdkDeviceConfig::new("net_null0");
+        c.rx_mbufs = 1000;
+        assert!(c.validate().unwrap_err().to_string().contains("rx_mbufs"));
+        let mut c = DpdkDeviceConfig::new("");
+        assert!(c.validate().is_err());
+        c.port = "x".into();
+        c.pool_prefix = "a-very-long-prefix-indeed".into();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("pool_prefix"));
+    }
+}

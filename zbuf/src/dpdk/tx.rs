@@ -1,0 +1,439 @@
+//! Transmit: header + payload io-vector -> mbuf chain with the payload attached as
+//! external buffers (no payload copy).
+
+use std::cell::UnsafeCell;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crossbeam_queue::ArrayQueue;
+use dpdk_sys::{ffi, Eal, Mbuf, Mempool, PoolConfig};
+
+use super::{DmaRegistry, DpdkError};
+use crate::stats::count_copy;
+use crate::{IoVec, Zbuf};
+
+/// Longest external buffer one mbuf can describe (`buf_len` is 16-bit).
+const MAX_EXT_LEN: usize = u16::MAX as usize;
+
+/// Parameters of [`TxChains::new`].
+#[derive(Debug, Clone)]
+pub struct TxConfig {
+    /// Name of the mbuf pool (≤ 28 bytes, unique in the EAL instance).
+    pub name: String,
+    /// Mbufs in the pool: one per header plus one per attached payload segment in flight.
+    pub mbufs: u32,
+    /// Per-lcore mempool cache.
+    pub cache_size: u32,
+    /// Data room per mbuf, headroom included: headers go here, and so does the payload
+    /// when it has to be copied (port without multi-segment support).
+    pub data_room: u16,
+    /// Attachments in flight at most (the bound on shared-info storage).
+    pub holds: u32,
+    /// The port takes mbuf chains (`RTE_ETH_TX_OFFLOAD_MULTI_SEGS`); without it every
+    /// frame is linearized into the header mbuf, a counted copy.
+    pub multi_seg: bool,
+    /// For ports that DMA: payload outside this registry's zones (heap buffers) is
+    /// copied, counted, instead of attached. `None` for vdevs, which read any virtual
+    /// address with the CPU.
+    pub registry: Option<DmaRegistry>,
+}
+
+impl TxConfig {
+    /// `mbufs` mbufs with default-sized data rooms, as many holds, chains allowed.
+    pub fn new(name: impl Into<String>, mbufs: u32) -> Self {
+        TxConfig {
+            name: name.into(),
+            mbufs,
+            cache_size: 256.min(mbufs * 2 / 3),
+            data_room: ffi::RTE_MBUF_DEFAULT_BUF_SIZE as u16,
+            holds: mbufs,
+            multi_seg: true,
+            registry: None,
+        }
+    }
+}
+
+/// Checksum work the NIC should do (only ask when the port really offloads it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TxOffloadRequest {
+    /// Ethernet header length.
+    pub l2_len: u8,
+    /// IP header length.
+    pub l3_len: u16,
+    /// L4 header length.
+    pub l4_len: u8,
+    /// Fill the IPv4 header checksum.
+    pub ipv4_checksum: bool,
+    /// Fill the TCP checksum (pseudo-header sum already in place).
+    pub tcp_checksum: bool,
+    /// Fill the UDP checksum (pseudo-header sum already in place).
+    pub udp_checksum: bool,
+}
+
+/// Why a frame could not be turned into a chain (nothing leaks: what was built is freed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TxError {
+    /// The mbuf pool is empty (mbufs are still in flight).
+    #[error("zbuf-dpdk tx: mbuf pool exhausted")]
+    NoMbuf,
+    /// Every hold is in flight.
+    #[error("zbuf-dpdk tx: all external-buffer holds are in flight")]
+    NoHold,
+    /// The header does not fit an mbuf's data room.
+    #[error("zbuf-dpdk tx: {len}-byte header exceeds the {room}-byte mbuf room")]
+    HeaderTooLarge {
+        /// Header length.
+        len: usize,
+        /// Room in one mbuf.
+        room: usize,
+    },
+    /// Without multi-segment support the frame must fit one mbuf, and it does not.
+    #[error("zbuf-dpdk tx: {len}-byte frame exceeds the {room}-byte mbuf room (port without multi-segment tx)")]
+    FrameTooLarge {
+        /// Frame length.
+        len: usize,
+        /// Room in one mbuf.
+        room: usize,
+    },
+    /// The chain would exceed 65535 segments.
+    #[error("zbuf-dpdk tx: too many segments for one mbuf chain")]
+    TooManySegments,
+}
+
+/// Counters of a [`TxChains`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TxStats {
+    /// Chains built.
+    pub chains: u64,
+    /// Payload segments attached as external buffers.
+    pub attaches: u64,
+    /// Free callbacks run (attachments the PMD, or an unsent chain, released).
+    pub frees: u64,
+    /// Attachments in flight now (`attaches - frees`).
+    pub in_flight: u64,
+    /// Size of the hold table.
+    pub hold_capacity: u64,
+    /// Payload bytes copied (port without chains, or unregistered memory on a DMA port).
+    pub copied_bytes: u64,
+    /// Builds that failed for lack of an mbuf.
+    pub no_mbuf: u64,
+    /// Builds that failed for lack of a hold.
+    pub no_hold: u64,
+}
+
+/// One attachment: DPDK's shared info (refcount, free callback) and the reference that
+/// keeps the payload alive until the callback runs.
+struct Hold {
+    shinfo: UnsafeCell<ffi::rte_mbuf_ext_shared_info>,
+    zbuf: UnsafeCell<Option<Zbuf>>,
+    idx: u32,
+    table: *const HoldTable,
+}
+
+/// Fixed-size table of holds with a lock-free free list: bounded, never reallocated
+/// (DPDK keeps pointers into it), safe to release from any thread.
+struct HoldTable {
+    holds: Box<[Hold]>,
+    free: ArrayQueue<u32>,
+    attaches: AtomicU64,
+    frees: AtomicU64,
+}
+
+// SAFETY: a hold's cells are touched only by whoever owns the hold: the builder between
+// popping its index from `free` and attaching it, then the single free callback (DPDK
+// runs it once, when the shared-info count drops to zero), which pushes the index back.
+// The queue's push/pop order those accesses. The raw `table` pointer names the
+// enclosing table, which outlives every attachment (see `TxChains::drop`).
+unsafe impl Send for HoldTable {}
+// SAFETY: as above.
+unsafe impl Sync for HoldTable {}
+
+/// DPDK's free callback for attached payload: drops the hold's `Zbuf` and returns the hold.
+unsafe extern "C" fn hold_free(_addr: *mut c_void, opaque: *mut c_void) {
+    // SAFETY: `opaque` is the `Hold` this callback was registered with in `attach`; its
+    // table is alive (leaked rather than freed while attachments are in flight).
+    let hold = unsafe { &*opaque.cast::<Hold>() };
+    // SAFETY: the hold is ours: DPDK calls this once per attachment, after the last
+    // mbuf referencing it was freed, and the builder is done with it.
+    let z = unsafe { (*hold.zbuf.get()).take() };
+    // SAFETY: see above.
+    let table = unsafe { &*hold.table };
+    table.frees.fetch_add(1, Ordering::Relaxed);
+    // Cannot fail: the queue has room for every index and this one is not in it.
+    let _ = table.free.push(hold.idx);
+    // Release the payload last; this may recycle the buffer to its zbuf home core.
+    drop(z);
+}
+
+/// Builds transmit chains: header mbuf + one external-buffer mbuf per payload segment.
+///
+/// `Send + Sync`; `build` may run on any thread, but a chain goes to one tx queue, which
+/// belongs to one thread. See the module docs for where the free callback runs.
+pub struct TxChains {
+    pool: Mempool,
+    holds: Arc<HoldTable>,
+    multi_seg: bool,
+    registry: Option<DmaRegistry>,
+    chains: AtomicU64,
+    copied: AtomicU64,
+    no_mbuf: AtomicU64,
+    no_hold: AtomicU64,
+}
+
+impl std::fmt::Debug for TxChains {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxChains")
+            .field("pool", &self.pool.name())
+            .field("multi_seg", &self.multi_seg)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl TxChains {
+    /// Creates the mbuf pool and the hold table.
+    pub fn new(eal: &Eal, cfg: &TxConfig) -> Result<TxChains, DpdkError> {
+        if cfg.holds == 0 {
+            return Err(DpdkError::Config("tx holds must be at least 1".into()));
+        }
+        if (cfg.data_room as u32) <= ffi::RTE_PKTMBUF_HEADROOM {
+            return Err(DpdkError::Config(format!(
+                "tx data_room {} leaves no room after the {}-byte headroom",
+                cfg.data_room,
+                ffi::RTE_PKTMBUF_HEADROOM
+            )));
+        }
+        let pool = Mempool::create(
+            eal,
+            &PoolConfig {
+                name: cfg.name.clone(),
+                size: cfg.mbufs,
+                cache_size: cfg.cache_size,
+                priv_size: 0,
+                data_room: cfg.data_room,
+                socket: None,
+            },
+        )?;
+        let n = cfg.holds as usize;
+        let holds = Arc::new_cyclic(|weak| {
+            let table = weak.as_ptr();
+            let free = ArrayQueue::new(n);
+            for i in 0..n as u32 {
+                let _ = free.push(i);
+            }
+            HoldTable {
+                holds: (0..n as u32)
+                    .map(|idx| Hold {
+                        shinfo: UnsafeCell::new(ffi::rte_mbuf_ext_shared_info::default()),
+                        zbuf: UnsafeCell::new(None),
+                        idx,
+                        table,
+                    })
+                    .collect(),
+                free,
+                attaches: AtomicU64::new(0),
+                frees: AtomicU64::new(0),
+            }
+        });
+        Ok(TxChains {
+            pool,
+            holds,
+            multi_seg: cfg.multi_seg,
+            registry: cfg.registry.clone(),
+            chains: AtomicU64::new(0),
+            copied: AtomicU64::new(0),
+            no_mbuf: AtomicU64::new(0),
+            no_hold: AtomicU64::new(0),
+        })
+    }
+
+    /// The mbuf pool (headers and attachment mbufs).
+    pub fn mempool(&self) -> &Mempool {
+        &self.pool
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> TxStats {
+        let attaches = self.holds.attaches.load(Ordering::Relaxed);
+        let frees = self.holds.frees.load(Ordering::Relaxed);
+        TxStats {
+            chains: self.chains.load(Ordering::Relaxed),
+            attaches,
+            frees,
+            in_flight: attaches.saturating_sub(frees),
+            hold_capacity: self.holds.holds.len() as u64,
+            copied_bytes: self.copied.load(Ordering::Relaxed),
+            no_mbuf: self.no_mbuf.load(Ordering::Relaxed),
+            no_hold: self.no_hold.load(Ordering::Relaxed),
+        }
+    }
+
+    fn alloc(&self) -> Result<Mbuf, TxError> {
+        self.pool.alloc().ok_or_else(|| {
+            self.no_mbuf.fetch_add(1, Ordering::Relaxed);
+            TxError::NoMbuf
+        })
+    }
+
+    /// Builds the chain for one frame: `header` copied into a fresh mbuf, every payload
+    /// segment attached without copying (split at 64 KiB), offload flags as requested.
+    /// The payload `Zbuf`s stay referenced until DPDK frees their mbufs.
+    pub fn build(
+        &self,
+        header: &[u8],
+        payload: &IoVec,
+        offload: Option<&TxOffloadRequest>,
+    ) -> Result<Mbuf, TxError> {
+        let mut head = self.alloc()?;
+        let room = head.tailroom();
+        if header.len() > room {
+            return Err(TxError::HeaderTooLarge {
+                len: header.len(),
+                room,
+            });
+        }
+        if !header.is_empty() {
+            head.append(header.len() as u16)
+                .ok_or(TxError::HeaderTooLarge {
+                    len: header.len(),
+                    room,
+                })?
+                .copy_from_slice(header);
+        }
+        if !self.multi_seg {
+            let total = header.len() + payload.len();
+            if payload.len() > head.tailroom() {
+                return Err(TxError::FrameTooLarge { len: total, room });
+            }
+            for chunk in payload.chunks() {
+                self.copy_into(&mut head, chunk)?;
+            }
+        } else {
+            for z in payload.segments() {
+                let unregistered = self
+                    .registry
+                    .as_ref()
+                    .is_some_and(|r| !r.contains(z.addr(), z.len()));
+                if unregistered {
+                    self.copy_chain(&mut head, z)?;
+                    continue;
+                }
+                let mut off = 0;
+                while off < z.len() {
+                    let n = (z.len() - off).min(MAX_EXT_LEN);
+                    let seg = self.attach(z.slice(off..off + n))?;
+                    head.chain(seg).map_err(|_| TxError::TooManySegments)?;
+                    off += n;
+                }
+            }
+        }
+        if let Some(o) = offload {
+            let mut flags = ffi::RTE_MBUF_F_TX_IPV4;
+            if o.ipv4_checksum {
+                flags |= ffi::RTE_MBUF_F_TX_IP_CKSUM;
+            }
+            if o.tcp_checksum {
+                flags |= ffi::RTE_MBUF_F_TX_TCP_CKSUM;
+            } else if o.udp_checksum {
+                flags |= ffi::RTE_MBUF_F_TX_UDP_CKSUM;
+            }
+            head.set_ol_flags(flags);
+            head.set_tx_offload(o.l2_len, o.l3_len, o.l4_len, 0);
+        }
+        self.chains.fetch_add(1, Ordering::Relaxed);
+        Ok(head)
+    }
+
+    /// Copies `bytes` to the end of `m`'s last segment (room checked by the caller).
+    fn copy_into(&self, m: &mut Mbuf, bytes: &[u8]) -> Result<(), TxError> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let room = m.tailroom();
+        m.append(bytes.len() as u16)
+            .ok_or(TxError::FrameTooLarge {
+                len: bytes.len(),
+                room,
+            })?
+            .copy_from_slice(bytes);
+        count_copy(bytes.len());
+        self.copied.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Copies `z` into fresh mbufs chained to `head` (memory a DMA device cannot reach).
+    fn copy_chain(&self, head: &mut Mbuf, z: &Zbuf) -> Result<(), TxError> {
+        let mut rest: &[u8] = z;
+        while !rest.is_empty() {
+            let mut seg = self.alloc()?;
+            let n = rest.len().min(seg.tailroom());
+            self.copy_into(&mut seg, &rest[..n])?;
+            head.chain(seg).map_err(|_| TxError::TooManySegments)?;
+            rest = &rest[n..];
+        }
+        Ok(())
+    }
+
+    /// An mbuf with `z` (≤ 64 KiB) attached as its external data buffer.
+    fn attach(&self, z: Zbuf) -> Result<Mbuf, TxError> {
+        let Some(idx) = self.holds.free.pop() else {
+            self.no_hold.fetch_add(1, Ordering::Relaxed);
+            return Err(TxError::NoHold);
+        };
+        let mut m = match self.alloc() {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = self.holds.free.push(idx);
+                return Err(e);
+            }
+        };
+        let hold = &self.holds.holds[idx as usize];
+        let (addr, iova, len) = (z.addr(), z.iova(), z.len());
+        // SAFETY: we popped `idx`, so nobody else touches this hold until its callback.
+        unsafe { *hold.zbuf.get() = Some(z) };
+        // SAFETY: the shared info is ours (as above) and lives in the table, which outlives
+        // the attachment; the callback and its argument stay valid as long.
+        unsafe {
+            ffi::dpdk_sys_ext_shinfo_init(
+                hold.shinfo.get(),
+                Some(hold_free),
+                (hold as *const Hold).cast_mut().cast(),
+            )
+        };
+        self.holds.attaches.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: `m` is a fresh, exclusive, direct one-segment mbuf with no data;
+        // addr..addr+len is the bytes of the `Zbuf` the hold keeps alive until the free
+        // callback runs; PMDs only read transmit data (checksum offload writes into the
+        // header, which is in the head mbuf); the shared info is initialised with count 1
+        // for this single attachment. `iova` is the zone's device address (its VA for
+        // heap buffers, which only CPU-copying vdevs get: see `TxConfig::registry`).
+        unsafe { m.attach_extbuf(addr as *mut u8, iova, len as u16, hold.shinfo.get()) };
+        // Cannot fail: after the attach the tailroom is exactly `len`.
+        if m.append(len as u16).is_none() {
+            return Err(TxError::TooManySegments);
+        }
+        Ok(m)
+    }
+}
+
+impl Drop for TxChains {
+    fn drop(&mut self) {
+        let st = self.stats();
+        if st.in_flight != 0 {
+            let msg = format!(
+                "zbuf-dpdk: TxChains dropped with {} attachment(s) in flight; keeping the hold \
+                 table (and their buffers) alive until the process exits",
+                st.in_flight
+            );
+            if log::max_level() >= log::LevelFilter::Warn {
+                log::warn!("{msg}");
+            } else {
+                eprintln!("{msg}");
+            }
+            // DPDK still points at holds: they must outlive this value.
+            std::mem::forget(self.holds.clone());
+        }
+    }
+}

@@ -692,6 +692,14 @@ fn memif_rx(eal: &Eal, sock: &str) -> String {
         assert!(Instant::now() < end, "could not send the FIN-ACK");
         txq.tx_burst(&mut out);
     }
+    // This side is the memif server: its shared memory goes away when it exits, and with it a
+    // FIN-ACK the client has not read yet. Repeat the FIN-ACK until the client disconnects.
+    let linger = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < linger && port.link().is_ok_and(|l| l.up) {
+        std::thread::sleep(Duration::from_millis(50));
+        let mut again = vec![tx.build(&ack, &IoVec::new(), None).unwrap()];
+        txq.tx_burst(&mut again);
+    }
     drop(txq);
     let copied = copy_stats().bytes - copies0.bytes;
     assert_eq!(

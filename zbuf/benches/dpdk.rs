@@ -94,13 +94,77 @@ fn per_frame(c: &mut Criterion) {
     g.finish();
 }
 
+/// Allocate on this thread, free on another (a registered EAL lcore, so DPDK frees through
+/// that lcore's mempool cache, as a second worker core would): zbuf's remote-free queue
+/// against an mbuf returning to its pool from a foreign cache. Batches of 256 go across a
+/// channel; only the alloc and free loops are timed.
+fn cross_core(c: &mut Criterion) {
+    use std::sync::mpsc;
+    use std::time::Instant;
+    const BATCH: usize = 256;
+    fn run<T: Send + 'static>(
+        iters: u64,
+        freer_init: impl FnOnce() + Send + 'static,
+        mut alloc: impl FnMut() -> T,
+    ) -> Duration {
+        let (to_b, from_a) = mpsc::channel::<Vec<T>>();
+        let (to_a, from_b) = mpsc::channel::<Duration>();
+        let freer = std::thread::spawn(move || {
+            freer_init();
+            for batch in from_a {
+                let t = Instant::now();
+                drop(batch);
+                to_a.send(t.elapsed()).unwrap();
+            }
+        });
+        let mut total = Duration::ZERO;
+        let mut left = iters as usize;
+        while left > 0 {
+            let n = left.min(BATCH);
+            let mut batch = Vec::with_capacity(BATCH);
+            let t = Instant::now();
+            for _ in 0..n {
+                batch.push(alloc());
+            }
+            total += t.elapsed();
+            to_b.send(batch).unwrap();
+            total += from_b.recv().unwrap();
+            left -= n;
+        }
+        drop(to_b);
+        freer.join().unwrap();
+        total
+    }
+    let e = env();
+    let cache = e.slab.core_cache(1).unwrap();
+    let pool = Mempool::create(&e.eal, &PoolConfig::new("ldv-bench-xc", 8191)).unwrap();
+    let mut g = c.benchmark_group("alloc_free_2k_cross_core");
+    g.bench_function("zbuf", |b| {
+        b.iter_custom(|iters| run(iters, || {}, || cache.alloc(2048 - 128).unwrap().freeze()))
+    });
+    g.bench_function("rte_pktmbuf", |b| {
+        b.iter_custom(|iters| {
+            let eal = e.eal.clone();
+            run(
+                iters,
+                move || {
+                    eal.register_thread()
+                        .expect("register the freeing thread as an EAL lcore");
+                },
+                || pool.alloc().unwrap(),
+            )
+        })
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .sample_size(20);
-    targets = alloc_free, per_frame
+    targets = alloc_free, per_frame, cross_core
 }
 
 fn main() {

@@ -711,7 +711,12 @@ impl Connection {
     /// Shut down the sending side (RFC 9293 §3.10.4 CLOSE): a FIN follows queued data.
     pub fn close(&mut self) {
         match self.state {
-            State::SynSent => self.terminate(CloseReason::Normal),
+            // RFC 9293 §3.10.4 (SYN-SENT): with nothing queued the TCB is deleted. Data the
+            // application already handed over is not thrown away: like SYN-RECEIVED, the FIN
+            // is queued for after the handshake, so send-then-close on a connecting socket
+            // delivers everything.
+            State::SynSent if self.sndq.len() == 0 => self.terminate(CloseReason::Normal),
+            State::SynSent => self.fin_queued = true,
             State::SynReceived | State::Established => {
                 self.fin_queued = true;
                 self.state = State::FinWait1;
@@ -828,7 +833,10 @@ impl Connection {
             self.events.writable = true;
             self.ack_now = true;
             self.arm_keepalive(now);
-            // A FIN may already be queued (close during SYN-SENT keeps the connection).
+            if self.fin_queued {
+                // close() during SYN-SENT with data queued: the FIN follows the data.
+                self.state = State::FinWait1;
+            }
         } else {
             // RFC 9293 §3.10.7.3: simultaneous open — SYN-RECEIVED, send SYN-ACK.
             self.state = State::SynReceived;

@@ -208,6 +208,41 @@ fn rfc9293_3_10_7_3_rst_with_acceptable_ack_refuses() {
     assert_eq!(c.recv(), Err(RecvError::Closed));
 }
 
+/// Regression (found by the smoltcp differential test): `close()` in SYN-SENT deleted the
+/// TCB even with data queued, so send-then-shutdown on a connecting socket lost the data and
+/// still reported a normal close. RFC 9293 §3.10.4: the FIN is queued behind the data.
+#[test]
+fn close_in_syn_sent_with_queued_data_sends_data_then_fin() {
+    let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
+    poll_all(&mut c, t(0));
+    assert_eq!(c.send(&zb(&pattern(3000, 1))), Ok(3000));
+    c.close();
+    assert_eq!(c.state(), State::SynSent, "the handshake goes on");
+    assert_eq!(c.send(&zb(b"x")), Err(SendError::Shutdown));
+    c.on_segment(
+        t(1),
+        &seg(TcpFlags::SYN | TcpFlags::ACK, PEER_ISS, ISS + 1, 65535),
+        zb(&[]),
+    );
+    assert_eq!(c.state(), State::FinWait1);
+    let out = poll_all(&mut c, t(1));
+    let data: usize = out.iter().map(|s| s.payload.len()).sum();
+    assert_eq!(data, 3000);
+    let last = out.last().unwrap();
+    assert!(last.repr.flags.fin(), "FIN after the data");
+    assert_eq!(
+        last.repr.seq + last.payload.len() as u32,
+        SeqNum(ISS + 1 + 3000)
+    );
+    c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 3002, 65535), zb(&[]));
+    assert_eq!(c.state(), State::FinWait2);
+    // With nothing queued, close in SYN-SENT still deletes the TCB (RFC 9293 §3.10.4).
+    let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
+    poll_all(&mut c, t(0));
+    c.close();
+    assert_eq!(c.state(), State::Closed);
+}
+
 #[test]
 fn rfc9293_3_5_simultaneous_open() {
     let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);

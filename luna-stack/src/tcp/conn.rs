@@ -740,7 +740,7 @@ impl Connection {
                 | State::CloseWait
         );
         if send_rst {
-            self.rst_pending = Some(self.snd_nxt);
+            self.rst_pending = Some(self.seq_for_control());
         }
         self.terminate(CloseReason::Aborted);
     }
@@ -1442,7 +1442,7 @@ impl Connection {
             self.retries += 1;
             if self.retries > self.cfg.max_retries {
                 // Unanswered probes: the peer is gone.
-                self.rst_pending = Some(self.snd_nxt);
+                self.rst_pending = Some(self.seq_for_control());
                 self.terminate(CloseReason::Timeout);
                 return;
             }
@@ -1464,7 +1464,7 @@ impl Connection {
         if self.retries > limit {
             // RFC 9293 §3.8.3 R2: give up.
             if self.state.is_synchronized() {
-                self.rst_pending = Some(self.snd_nxt);
+                self.rst_pending = Some(self.seq_for_control());
             }
             self.terminate(CloseReason::Timeout);
             return;
@@ -1502,7 +1502,7 @@ impl Connection {
         }
         if self.keepalive.probes_sent >= ka.probes {
             // RFC 9293 §3.8.4: the peer is gone.
-            self.rst_pending = Some(self.snd_nxt);
+            self.rst_pending = Some(self.seq_for_control());
             self.terminate(CloseReason::Timeout);
             return;
         }
@@ -1790,8 +1790,23 @@ impl Connection {
             self.dupacks_owed = 0;
             return None;
         }
-        let seq = self.snd_nxt;
+        let seq = self.seq_for_control();
         Some(self.segment(now, seq, TcpFlags::ACK, IoVec::new()))
+    }
+
+    /// Sequence number of segments without data (pure ACKs, RSTs). An RTO rewinds SND.NXT
+    /// to SND.UNA (go-back-N) while the peer may already hold everything up to SND.MAX, so
+    /// its RCV.NXT lies anywhere in [SND.UNA, SND.MAX]; a pure ACK below it fails the
+    /// peer's acceptability test (RFC 9293 §3.10.7.4) and is dropped with its ACK field
+    /// unread. SND.MAX is what RFC 9293 calls SND.NXT (BSD's tcp_output does the same for
+    /// ACK-only segments). While probing a zero window the probe octet may not have been
+    /// taken and the peer accepts only SEG.SEQ = RCV.NXT, so SND.NXT (= SND.UNA) is used.
+    fn seq_for_control(&self) -> SeqNum {
+        if self.snd_wnd == 0 {
+            self.snd_nxt
+        } else {
+            self.snd_max
+        }
     }
 
     /// Largest payload that fits in one segment next to `opts`.

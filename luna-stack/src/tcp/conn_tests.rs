@@ -876,6 +876,44 @@ fn out_of_order_fin_is_applied_when_the_hole_fills() {
 // Loss recovery
 // ---------------------------------------------------------------------------------------------
 
+/// Regression (found by the smoltcp differential test, seed 47): after an RTO rewound
+/// SND.NXT to SND.UNA, pure ACKs carried SEG.SEQ = SND.NXT. The peer had already received
+/// everything up to SND.MAX (only its ACKs were lost), so it found our ACKs out of window
+/// and dropped them unread: both sides retransmitted old data forever and the connection
+/// timed out. Pure ACKs and RSTs now carry SND.MAX (RFC 9293 §3.10.7.4 acceptability).
+#[test]
+fn pure_ack_after_rto_carries_snd_max_not_rewound_snd_nxt() {
+    let mut c = established();
+    c.send(&zb(&pattern(3000, 4))).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 3);
+    // The peer got all three segments; its ACKs are lost. The RTO goes back to SND.UNA.
+    let rto = c.poll_timeout().unwrap();
+    c.on_timeout(rto);
+    let out = poll_all(&mut c, rto);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.seq, SeqNum(ISS + 1), "go-back-N retransmission");
+    // Data from the peer (acking nothing new) must be acknowledged with a sequence number
+    // the peer accepts: its RCV.NXT is ISS + 3001.
+    c.on_segment(rto, &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(b"hello"));
+    let out = poll_all(&mut c, rto);
+    let ack = out
+        .iter()
+        .find(|s| s.payload.is_empty())
+        .expect("a pure ACK");
+    assert_eq!(ack.repr.ack, SeqNum(PEER_ISS + 6));
+    assert_eq!(
+        ack.repr.seq,
+        SeqNum(ISS + 3001),
+        "SND.MAX, not the rewound SND.NXT"
+    );
+    // Abort's RST likewise carries SND.MAX (RFC 5961 §3.2: the peer wants RCV.NXT exactly).
+    c.abort();
+    let rst = poll_all(&mut c, rto);
+    assert_eq!(rst.len(), 1);
+    assert!(rst[0].repr.flags.rst());
+    assert_eq!(rst[0].repr.seq, SeqNum(ISS + 3001));
+}
+
 #[test]
 fn rfc6298_5_rto_retransmits_from_snd_una_and_aborts_after_max_retries() {
     let mut c = established_with(

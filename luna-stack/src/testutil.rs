@@ -166,9 +166,9 @@ fn dir_idx(d: Dir) -> usize {
     }
 }
 
-/// A scripted drop rule: `(direction, frame, index of the frame in its direction)` →
-/// drop it?
-pub type DropRule = Box<dyn FnMut(Dir, &[u8], u64) -> bool>;
+/// A scripted drop rule: `(now, direction, frame, index of the frame in its direction)` →
+/// drop it? It sees every frame offered, so it doubles as an observer.
+pub type DropRule = Box<dyn FnMut(Instant, Dir, &[u8], u64) -> bool>;
 
 /// One line of the link's trace.
 #[derive(Debug, Clone)]
@@ -292,7 +292,7 @@ impl SimLink {
         let index = self.stats.offered[d];
         self.stats.offered[d] += 1;
         if let Some(rule) = self.rule.as_mut() {
-            if rule(dir, &frame, index) {
+            if rule(now, dir, &frame, index) {
                 self.stats.lost[d] += 1;
                 self.note(now, dir, Fate::DroppedByRule, &frame);
                 return;

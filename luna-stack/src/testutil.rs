@@ -147,7 +147,7 @@ pub enum Fate {
 pub struct LinkStats {
     /// Frames offered, per direction (index 0: A→B).
     pub offered: [u64; 2],
-    /// Frames delivered (duplicates included).
+    /// Frames delivered so far (duplicates included).
     pub delivered: [u64; 2],
     /// Frames lost at random or by rule or queue limit.
     pub lost: [u64; 2],
@@ -155,7 +155,7 @@ pub struct LinkStats {
     pub duplicated: [u64; 2],
     /// Frames held back.
     pub reordered: [u64; 2],
-    /// Frames delivered corrupted (one flipped bit), duplicate copies included.
+    /// Frames delivered corrupted (one flipped bit) so far, duplicate copies included.
     pub corrupted: [u64; 2],
 }
 
@@ -184,8 +184,8 @@ pub struct TraceEntry {
     pub frame: Vec<u8>,
 }
 
-/// A frame on the wire: (deliver at, tie-break sequence, direction, frame).
-type InFlight = (Instant, u64, Dir, Vec<u8>);
+/// A frame on the wire: (deliver at, tie-break sequence, direction, frame, corrupted).
+type InFlight = (Instant, u64, Dir, Vec<u8>, bool);
 
 /// A seeded, impaired, in-memory Ethernet link between two endpoints.
 pub struct SimLink {
@@ -280,10 +280,10 @@ impl SimLink {
         });
     }
 
-    fn push(&mut self, at: Instant, dir: Dir, frame: Vec<u8>) {
+    fn push(&mut self, at: Instant, dir: Dir, frame: Vec<u8>, corrupted: bool) {
         self.seq += 1;
-        self.stats.delivered[dir_idx(dir)] += 1;
-        self.queue.push(Reverse((at, self.seq, dir, frame)));
+        self.queue
+            .push(Reverse((at, self.seq, dir, frame, corrupted)));
     }
 
     /// Offer a frame sent at `now` in direction `dir`.
@@ -338,23 +338,19 @@ impl SimLink {
         if is_ipv4 && self.chance(self.cfg.corrupt_ppm) {
             let bit = (self.rng.next_u64() % ((frame.len() as u64 - 14) * 8)) as usize;
             frame[14 + bit / 8] ^= 1 << (bit % 8);
-            self.stats.corrupted[d] += 1;
             fate = Fate::Corrupted;
         }
         if self.chance(self.cfg.dup_ppm) {
             let later = at + self.rand_dur(self.cfg.delay.max(Duration::from_micros(1)));
             self.stats.duplicated[d] += 1;
-            if fate == Fate::Corrupted {
-                // Both copies reach the receiver corrupted.
-                self.stats.corrupted[d] += 1;
-            }
-            self.push(later, dir, frame.clone());
+            self.push(later, dir, frame.clone(), fate == Fate::Corrupted);
             if fate == Fate::Sent {
                 fate = Fate::Duplicated;
             }
         }
         self.note(now, dir, fate, &frame);
-        self.push(at, dir, frame);
+        let corrupted = fate == Fate::Corrupted;
+        self.push(at, dir, frame, corrupted);
     }
 
     /// When the next frame arrives.
@@ -367,7 +363,12 @@ impl SimLink {
         if self.next_delivery()? > now {
             return None;
         }
-        let Reverse((_, _, dir, frame)) = self.queue.pop()?;
+        let Reverse((_, _, dir, frame, corrupted)) = self.queue.pop()?;
+        let d = dir_idx(dir);
+        self.stats.delivered[d] += 1;
+        if corrupted {
+            self.stats.corrupted[d] += 1;
+        }
         Some((dir, frame))
     }
 

@@ -7,7 +7,8 @@
 //! connections must close normally; corrupted frames must be dropped by checksums and
 //! counted by luna (`StackDrop::Malformed`).
 //!
-//! Knobs (environment): `LUNA_DIFF_SEEDS` (default 100), `LUNA_DIFF_SEED` (run one seed),
+//! Knobs (environment): `LUNA_DIFF_SEEDS` (default 100), `LUNA_DIFF_SEED_BASE` (seeds run
+//! from base + 1), `LUNA_DIFF_SEED` (run one seed),
 //! `LUNA_DIFF_SCALE` (multiplies transfer sizes and RPC counts; default 1), `LUNA_DIFF_VERBOSE`
 //! (one line per run). The defaults
 //! keep each test well under a minute in a debug build; a soak:
@@ -52,7 +53,8 @@ fn seeds() -> Vec<u64> {
     {
         return vec![one];
     }
-    (1..=env_u64("LUNA_DIFF_SEEDS", 100)).collect()
+    let base = env_u64("LUNA_DIFF_SEED_BASE", 0);
+    (base + 1..=base + env_u64("LUNA_DIFF_SEEDS", 100)).collect()
 }
 
 /// Sizes of one run, drawn from the seed.

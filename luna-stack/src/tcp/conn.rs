@@ -652,6 +652,11 @@ impl Connection {
             self.on_app_read();
             return Ok(Some(buf));
         }
+        self.stream_status()
+    }
+
+    /// What a read finds when no data is queued: end of stream, an error, or nothing yet.
+    fn stream_status(&self) -> Result<Option<Zbuf>, RecvError> {
         if self.fin_rcvd {
             return Err(RecvError::Finished);
         }
@@ -683,10 +688,11 @@ impl Connection {
             }
         }
         if out.is_empty() {
-            return match self.recv()? {
-                Some(_) => unreachable!("rcvq was empty"),
-                None => Ok(out),
-            };
+            // `max == 0` with data queued asks for nothing: the data stays queued.
+            if !self.rcvq.is_empty() {
+                return Ok(out);
+            }
+            return self.stream_status().map(|_| out);
         }
         self.on_app_read();
         Ok(out)

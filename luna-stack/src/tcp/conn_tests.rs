@@ -405,6 +405,26 @@ fn in_order_data_is_delivered_without_copy() {
     assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 1 + 1000));
 }
 
+/// Regression (found by the stack_listen fuzz target): `recv_iovec(0)` with data queued
+/// fell through to `recv()`, which popped a buffer, and then hit `unreachable!` — a panic
+/// reachable from the application API, and the popped data would have been lost.
+#[test]
+fn recv_iovec_with_max_zero_returns_empty_and_keeps_the_data() {
+    let mut c = established();
+    c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(b"hello"));
+    let v = c.recv_iovec(0).unwrap();
+    assert!(v.is_empty());
+    assert_eq!(c.recv_available(), 5, "nothing was consumed");
+    assert_eq!(c.recv_iovec(16).unwrap().to_vec(), b"hello");
+    assert!(c.recv_iovec(0).unwrap().is_empty(), "no data: Ok(empty)");
+    c.on_segment(
+        t(3),
+        &seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 6, ISS + 1, 65535),
+        zb(&[]),
+    );
+    assert_eq!(c.recv_iovec(0).unwrap_err(), RecvError::Finished);
+}
+
 #[test]
 fn sent_data_references_the_application_buffer() {
     let mut c = established();

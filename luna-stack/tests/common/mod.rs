@@ -34,10 +34,21 @@ pub fn from_smol(t: smoltcp::time::Instant) -> Instant {
 }
 
 /// The in-memory device smoltcp polls.
-#[derive(Default)]
 pub struct SimDevice {
     pub rx: VecDeque<Vec<u8>>,
     pub tx: Vec<Vec<u8>>,
+    /// Largest frame including the Ethernet header (smoltcp's convention).
+    pub max_frame: usize,
+}
+
+impl Default for SimDevice {
+    fn default() -> Self {
+        SimDevice {
+            rx: VecDeque::new(),
+            tx: Vec::new(),
+            max_frame: 1514,
+        }
+    }
 }
 
 pub struct RxTok(Vec<u8>);
@@ -74,7 +85,7 @@ impl phy::Device for SimDevice {
     fn capabilities(&self) -> DeviceCapabilities {
         let mut caps = DeviceCapabilities::default();
         caps.medium = Medium::Ethernet;
-        caps.max_transmission_unit = 1514;
+        caps.max_transmission_unit = self.max_frame;
         caps
     }
 }
@@ -90,7 +101,15 @@ pub struct SmolHost {
 
 impl SmolHost {
     pub fn new(mac: [u8; 6], ip: [u8; 4], seed: u64) -> SmolHost {
-        let mut dev = SimDevice::default();
+        SmolHost::with_mtu(mac, ip, seed, 1500)
+    }
+
+    /// A host whose device carries IP packets of up to `mtu` bytes.
+    pub fn with_mtu(mac: [u8; 6], ip: [u8; 4], seed: u64, mtu: usize) -> SmolHost {
+        let mut dev = SimDevice {
+            max_frame: mtu + 14,
+            ..SimDevice::default()
+        };
         let mut cfg = Config::new(HardwareAddress::Ethernet(SmolMac(mac)));
         cfg.random_seed = seed;
         let mut iface = Interface::new(cfg, &mut dev, smoltcp::time::Instant::from_micros(0));

@@ -130,7 +130,10 @@ impl Harness {
                 mss: Some(1460),
                 window_scale: Some(7),
                 sack_permitted: true,
-                timestamps: Some(Timestamps { tsval: 100, tsecr: 0 }),
+                timestamps: Some(Timestamps {
+                    tsval: 100,
+                    tsecr: 0,
+                }),
                 ..TcpOptions::default()
             },
         };
@@ -214,7 +217,10 @@ impl Harness {
         assert!(self.stack.connection_count() <= MAX_CONNECTIONS);
         for &h in &self.handles {
             if let Some(c) = self.stack.connection(h) {
-                assert!(c.recv_available() <= BUF as usize, "receive queue over rcv_buf");
+                assert!(
+                    c.recv_available() <= BUF as usize,
+                    "receive queue over rcv_buf"
+                );
                 assert!(c.send_capacity() <= BUF as usize);
                 assert!(c.cwnd() >= 1, "cwnd collapsed to zero");
             }
@@ -288,7 +294,9 @@ impl Harness {
     fn app(&mut self, inp: &mut Input) {
         self.accept_all();
         let what = inp.u8();
-        let Some(&h) = self.handles.get(usize::from(what >> 4) % self.handles.len().max(1))
+        let Some(&h) = self
+            .handles
+            .get(usize::from(what >> 4) % self.handles.len().max(1))
         else {
             return;
         };

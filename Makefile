@@ -11,7 +11,10 @@ KNB_RAW_ARGS ?=
 
 # Test suites run by `make test`, in order. Later suites (fuzz smoke runs, integration
 # suites) add a `test-<name>` target below and append it here.
-TEST_SUITES := test-workspace test-dpdk-compat
+TEST_SUITES := test-workspace test-fuzz test-dpdk-compat
+
+# Seconds per fuzz target in `make test-fuzz` (9 targets; the build is most of the cost).
+FUZZ_SECS ?= 6
 
 .PHONY: help setup build test $(TEST_SUITES) lint demo clean-testbed
 
@@ -40,6 +43,17 @@ test-workspace:
 # build time): cargo check over Debian trixie's DPDK 24.11 headers.
 test-dpdk-compat:
 	bash ffi/dpdk/compat-check.sh
+
+# Fuzz smoke run: build every luna-stack cargo-fuzz target and run each for FUZZ_SECS with
+# the committed seeds (installs cargo-fuzz if missing). cargo-fuzz needs the nightly
+# toolchain, which a fresh machine cannot download: without it the suite is skipped with a
+# message, never silently.
+test-fuzz:
+	@if ! command -v rustup >/dev/null 2>&1 || ! rustup run nightly rustc --version >/dev/null 2>&1; then \
+		echo "test-fuzz: SKIPPED: the nightly Rust toolchain is not installed (cargo-fuzz needs it; rustup toolchain install nightly)"; \
+	else \
+		bash luna-stack/fuzz/run-bounded.sh $(FUZZ_SECS); \
+	fi
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -131,6 +131,56 @@ SEEDS = {
     },
 }
 
+# --- Scripts for the stack_listen / stack_established targets (format: stack_harness.rs).
+def op_seg(flags, seq=0, ack=0, win=1024, mask=0, extra=b"", payload=0, port=None):
+    """A TCP segment op: deltas are relative to the tracked peer/stack sequence numbers."""
+    b = struct.pack("!BBhhHB", 1, flags, seq, ack, win, mask) + extra + struct.pack("!H", payload)
+    if port is not None:
+        b += struct.pack("!H", port)
+    return b
+
+
+def op_time(ms, shift=0):
+    return struct.pack("!BBB", 5, ms, shift)
+
+
+def op_app(what, n=0):
+    return struct.pack("!BBH", 6, what, n)
+
+
+def op_raw(frame):
+    return struct.pack("!BH", 0, len(frame)) + frame
+
+
+def op_syns(n):
+    return struct.pack("!BB", 7, n)
+
+
+ACK, PSH, FIN, RST, SYN = 0x10, 0x08, 0x01, 0x04, 0x02
+SYN_MASK = 1 | 2 | 4  # mss, wscale, sack-permitted
+SEEDS["stack_listen"] = {
+    "syn-then-ack": op_seg(SYN, mask=SYN_MASK, extra=struct.pack("!HB", 1460, 7))
+    + op_seg(ACK, ack=0) + op_seg(ACK | PSH, payload=500) + op_app(0),
+    "syn-burst-cookies": op_syns(40) + op_time(200) + op_syns(10),
+    "rst-and-bare-ack": op_seg(RST, mask=64, port=1234) + op_seg(ACK, port=1235, mask=64),
+    "arp-and-ping": op_raw(eth(0x0806, arp(1), dst=b"\xff" * 6, src=MAC_B))
+    + op_raw(eth(0x0800, ipv4(1, echo), src=MAC_B)),
+    "syn-timeouts": op_seg(SYN) + op_time(255, 4) + op_time(255, 6),
+}
+SEEDS["stack_established"] = {
+    "in-order-data": op_seg(ACK | PSH, payload=1000) + op_seg(ACK | PSH, payload=1000) + op_app(0),
+    "out-of-order": op_seg(ACK | PSH, seq=3000, payload=1000) + op_seg(ACK | PSH, payload=3000),
+    "dupacks-sack": op_seg(ACK, mask=16, extra=struct.pack("!BhHhH", 2, 1448, 1448, 4344, 1448)) * 4,
+    "ack-all": op_seg(ACK, ack=20000, win=4096) + op_app(1, 30000) + op_seg(ACK, ack=32000),
+    "fin-and-close": op_seg(ACK | FIN, payload=10) + op_app(2) + op_time(100, 4),
+    "rst-in-window": op_seg(RST, seq=100) + op_seg(RST),
+    "zero-window": op_seg(ACK, win=0) + op_time(255, 2) + op_time(255, 5) + op_seg(ACK, win=500),
+    "paws-old-ts": op_seg(ACK | PSH, mask=8, extra=struct.pack("!hI", -5000, 0), payload=100),
+    "syn-in-window": op_seg(SYN, seq=10),
+    "abort": op_app(3) + op_seg(ACK | PSH, payload=10),
+}
+
+
 if __name__ == "__main__":
     for target, seeds in SEEDS.items():
         d = os.path.join(HERE, "seeds", target)

@@ -7,8 +7,11 @@
 # seeds/<target>/ are read-only inputs; new corpus entries go to corpus-work/<target>/
 # (git-ignored), crashes to artifacts/<target>/.
 #
-# Cost on the 2-core dev machine: cold build ~70 s (incremental ~3 s), then 7 targets ×
-# <seconds-per-target>; `run-bounded.sh 30` took 220 s in all.
+# Targets: every `cargo fuzz list` entry (the 7 wire parsers plus stack_listen and
+# stack_established, which inject frames into a whole Stack), or those named.
+# Cost on the 2-core dev machine: cold build ~70-100 s (incremental ~3 s), then 9 targets ×
+# <seconds-per-target>; `run-bounded.sh 30` took 220 s in all with the 7 wire targets.
+# `make test-fuzz` runs this with 6 s per target.
 set -euo pipefail
 
 secs="${1:-}"

@@ -11,5 +11,7 @@ pub mod context;
 pub mod stack;
 pub mod tables;
 pub mod tcp;
+#[cfg(any(test, feature = "testutils"))]
+pub mod testutil;
 pub mod time;
 pub mod wire;

@@ -652,6 +652,11 @@ impl Connection {
             self.on_app_read();
             return Ok(Some(buf));
         }
+        self.stream_status()
+    }
+
+    /// What a read finds when no data is queued: end of stream, an error, or nothing yet.
+    fn stream_status(&self) -> Result<Option<Zbuf>, RecvError> {
         if self.fin_rcvd {
             return Err(RecvError::Finished);
         }
@@ -683,10 +688,11 @@ impl Connection {
             }
         }
         if out.is_empty() {
-            return match self.recv()? {
-                Some(_) => unreachable!("rcvq was empty"),
-                None => Ok(out),
-            };
+            // `max == 0` with data queued asks for nothing: the data stays queued.
+            if !self.rcvq.is_empty() {
+                return Ok(out);
+            }
+            return self.stream_status().map(|_| out);
         }
         self.on_app_read();
         Ok(out)
@@ -711,7 +717,12 @@ impl Connection {
     /// Shut down the sending side (RFC 9293 §3.10.4 CLOSE): a FIN follows queued data.
     pub fn close(&mut self) {
         match self.state {
-            State::SynSent => self.terminate(CloseReason::Normal),
+            // RFC 9293 §3.10.4 (SYN-SENT): with nothing queued the TCB is deleted. Data the
+            // application already handed over is not thrown away: like SYN-RECEIVED, the FIN
+            // is queued for after the handshake, so send-then-close on a connecting socket
+            // delivers everything.
+            State::SynSent if self.sndq.len() == 0 => self.terminate(CloseReason::Normal),
+            State::SynSent => self.fin_queued = true,
             State::SynReceived | State::Established => {
                 self.fin_queued = true;
                 self.state = State::FinWait1;
@@ -735,7 +746,7 @@ impl Connection {
                 | State::CloseWait
         );
         if send_rst {
-            self.rst_pending = Some(self.snd_nxt);
+            self.rst_pending = Some(self.seq_for_control());
         }
         self.terminate(CloseReason::Aborted);
     }
@@ -828,7 +839,10 @@ impl Connection {
             self.events.writable = true;
             self.ack_now = true;
             self.arm_keepalive(now);
-            // A FIN may already be queued (close during SYN-SENT keeps the connection).
+            if self.fin_queued {
+                // close() during SYN-SENT with data queued: the FIN follows the data.
+                self.state = State::FinWait1;
+            }
         } else {
             // RFC 9293 §3.10.7.3: simultaneous open — SYN-RECEIVED, send SYN-ACK.
             self.state = State::SynReceived;
@@ -1434,7 +1448,7 @@ impl Connection {
             self.retries += 1;
             if self.retries > self.cfg.max_retries {
                 // Unanswered probes: the peer is gone.
-                self.rst_pending = Some(self.snd_nxt);
+                self.rst_pending = Some(self.seq_for_control());
                 self.terminate(CloseReason::Timeout);
                 return;
             }
@@ -1456,7 +1470,7 @@ impl Connection {
         if self.retries > limit {
             // RFC 9293 §3.8.3 R2: give up.
             if self.state.is_synchronized() {
-                self.rst_pending = Some(self.snd_nxt);
+                self.rst_pending = Some(self.seq_for_control());
             }
             self.terminate(CloseReason::Timeout);
             return;
@@ -1494,7 +1508,7 @@ impl Connection {
         }
         if self.keepalive.probes_sent >= ka.probes {
             // RFC 9293 §3.8.4: the peer is gone.
-            self.rst_pending = Some(self.snd_nxt);
+            self.rst_pending = Some(self.seq_for_control());
             self.terminate(CloseReason::Timeout);
             return;
         }
@@ -1768,8 +1782,23 @@ impl Connection {
             self.dupacks_owed = 0;
             return None;
         }
-        let seq = self.snd_nxt;
+        let seq = self.seq_for_control();
         Some(self.segment(now, seq, TcpFlags::ACK, IoVec::new()))
+    }
+
+    /// Sequence number of segments without data (pure ACKs, RSTs). An RTO rewinds SND.NXT
+    /// to SND.UNA (go-back-N) while the peer may already hold everything up to SND.MAX, so
+    /// its RCV.NXT lies anywhere in [SND.UNA, SND.MAX]; a pure ACK below it fails the
+    /// peer's acceptability test (RFC 9293 §3.10.7.4) and is dropped with its ACK field
+    /// unread. SND.MAX is what RFC 9293 calls SND.NXT (BSD's tcp_output does the same for
+    /// ACK-only segments). While probing a zero window the probe octet may not have been
+    /// taken and the peer accepts only SEG.SEQ = RCV.NXT, so SND.NXT (= SND.UNA) is used.
+    fn seq_for_control(&self) -> SeqNum {
+        if self.snd_wnd == 0 {
+            self.snd_nxt
+        } else {
+            self.snd_max
+        }
     }
 
     /// Largest payload that fits in one segment next to `opts`.

@@ -208,6 +208,41 @@ fn rfc9293_3_10_7_3_rst_with_acceptable_ack_refuses() {
     assert_eq!(c.recv(), Err(RecvError::Closed));
 }
 
+/// Regression (found by the smoltcp differential test): `close()` in SYN-SENT deleted the
+/// TCB even with data queued, so send-then-shutdown on a connecting socket lost the data and
+/// still reported a normal close. RFC 9293 §3.10.4: the FIN is queued behind the data.
+#[test]
+fn close_in_syn_sent_with_queued_data_sends_data_then_fin() {
+    let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
+    poll_all(&mut c, t(0));
+    assert_eq!(c.send(&zb(&pattern(3000, 1))), Ok(3000));
+    c.close();
+    assert_eq!(c.state(), State::SynSent, "the handshake goes on");
+    assert_eq!(c.send(&zb(b"x")), Err(SendError::Shutdown));
+    c.on_segment(
+        t(1),
+        &seg(TcpFlags::SYN | TcpFlags::ACK, PEER_ISS, ISS + 1, 65535),
+        zb(&[]),
+    );
+    assert_eq!(c.state(), State::FinWait1);
+    let out = poll_all(&mut c, t(1));
+    let data: usize = out.iter().map(|s| s.payload.len()).sum();
+    assert_eq!(data, 3000);
+    let last = out.last().unwrap();
+    assert!(last.repr.flags.fin(), "FIN after the data");
+    assert_eq!(
+        last.repr.seq + last.payload.len() as u32,
+        SeqNum(ISS + 1 + 3000)
+    );
+    c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 3002, 65535), zb(&[]));
+    assert_eq!(c.state(), State::FinWait2);
+    // With nothing queued, close in SYN-SENT still deletes the TCB (RFC 9293 §3.10.4).
+    let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
+    poll_all(&mut c, t(0));
+    c.close();
+    assert_eq!(c.state(), State::Closed);
+}
+
 #[test]
 fn rfc9293_3_5_simultaneous_open() {
     let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
@@ -368,6 +403,26 @@ fn in_order_data_is_delivered_without_copy() {
     let out = poll_all(&mut c, t(2));
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 1 + 1000));
+}
+
+/// Regression (found by the stack_listen fuzz target): `recv_iovec(0)` with data queued
+/// fell through to `recv()`, which popped a buffer, and then hit `unreachable!` — a panic
+/// reachable from the application API, and the popped data would have been lost.
+#[test]
+fn recv_iovec_with_max_zero_returns_empty_and_keeps_the_data() {
+    let mut c = established();
+    c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(b"hello"));
+    let v = c.recv_iovec(0).unwrap();
+    assert!(v.is_empty());
+    assert_eq!(c.recv_available(), 5, "nothing was consumed");
+    assert_eq!(c.recv_iovec(16).unwrap().to_vec(), b"hello");
+    assert!(c.recv_iovec(0).unwrap().is_empty(), "no data: Ok(empty)");
+    c.on_segment(
+        t(3),
+        &seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 6, ISS + 1, 65535),
+        zb(&[]),
+    );
+    assert_eq!(c.recv_iovec(0).unwrap_err(), RecvError::Finished);
 }
 
 #[test]
@@ -840,6 +895,44 @@ fn out_of_order_fin_is_applied_when_the_hole_fills() {
 // ---------------------------------------------------------------------------------------------
 // Loss recovery
 // ---------------------------------------------------------------------------------------------
+
+/// Regression (found by the smoltcp differential test, seed 47): after an RTO rewound
+/// SND.NXT to SND.UNA, pure ACKs carried SEG.SEQ = SND.NXT. The peer had already received
+/// everything up to SND.MAX (only its ACKs were lost), so it found our ACKs out of window
+/// and dropped them unread: both sides retransmitted old data forever and the connection
+/// timed out. Pure ACKs and RSTs now carry SND.MAX (RFC 9293 §3.10.7.4 acceptability).
+#[test]
+fn pure_ack_after_rto_carries_snd_max_not_rewound_snd_nxt() {
+    let mut c = established();
+    c.send(&zb(&pattern(3000, 4))).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 3);
+    // The peer got all three segments; its ACKs are lost. The RTO goes back to SND.UNA.
+    let rto = c.poll_timeout().unwrap();
+    c.on_timeout(rto);
+    let out = poll_all(&mut c, rto);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.seq, SeqNum(ISS + 1), "go-back-N retransmission");
+    // Data from the peer (acking nothing new) must be acknowledged with a sequence number
+    // the peer accepts: its RCV.NXT is ISS + 3001.
+    c.on_segment(rto, &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(b"hello"));
+    let out = poll_all(&mut c, rto);
+    let ack = out
+        .iter()
+        .find(|s| s.payload.is_empty())
+        .expect("a pure ACK");
+    assert_eq!(ack.repr.ack, SeqNum(PEER_ISS + 6));
+    assert_eq!(
+        ack.repr.seq,
+        SeqNum(ISS + 3001),
+        "SND.MAX, not the rewound SND.NXT"
+    );
+    // Abort's RST likewise carries SND.MAX (RFC 5961 §3.2: the peer wants RCV.NXT exactly).
+    c.abort();
+    let rst = poll_all(&mut c, rto);
+    assert_eq!(rst.len(), 1);
+    assert!(rst[0].repr.flags.rst());
+    assert_eq!(rst[0].repr.seq, SeqNum(ISS + 3001));
+}
 
 #[test]
 fn rfc6298_5_rto_retransmits_from_snd_una_and_aborts_after_max_retries() {

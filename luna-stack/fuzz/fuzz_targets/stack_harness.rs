@@ -1,0 +1,373 @@
+//! Shared harness of the stack fuzz targets: decodes the fuzz input into a script of
+//! operations (raw frames, TCP segments built with valid checksums and sequence/ACK numbers
+//! near the live connection's, timer advances, application calls) and checks the stack's
+//! resource bounds after every operation.
+//!
+//! Input format (every read past the end yields zeros, so any input is a valid script):
+//! ```text
+//! op u8, then by op % 8:
+//!   0     raw frame: len u16 (mod 1600), bytes
+//!   1..=4 TCP segment to the stack: flags u8, seq delta i16, ack delta i16, window u16,
+//!         option mask u8 [mss u16][wscale u8][ts: tsval delta i16, tsecr u32]
+//!         [sack: n u8, n x (left delta i16, len u16)], payload len u16 (mod 3000),
+//!         and, with mask bit 6, a peer port u16 (else the tracked peer's port)
+//!   5     advance time: ms u8, shift u8 (mod 12), then handle_timeouts
+//!   6     application: what u8 (recv all / send n / shutdown / abort / listen again)
+//!   7     SYN burst: n u8 (mod 64) SYNs from distinct ports
+//! ```
+#![allow(dead_code)]
+
+use luna_stack::stack::{Event, ListenerHandle, SocketHandle, Stack, StackConfig};
+use luna_stack::tcp::SeqNum;
+use luna_stack::testutil::{
+    build_tcp_frame, stack_config, FakeRng, Segment, IP_A, IP_B, MAC_A, MAC_B,
+};
+use luna_stack::time::{Duration, Instant};
+use luna_stack::wire::{SackBlocks, TcpFlags, TcpOptions, TcpRepr, Timestamps};
+use zbuf::Zbuf;
+
+/// Most connections the stack may hold.
+pub const MAX_CONNECTIONS: usize = 16;
+/// Receive and send buffers.
+pub const BUF: u32 = 64 * 1024;
+/// Frames one operation may make the stack emit (a bound, not a tuning: a loop in
+/// poll_transmit shows up here).
+const MAX_FRAMES_PER_OP: usize = 4096;
+
+pub struct Input<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Input<'a> {
+    pub fn new(data: &'a [u8]) -> Self {
+        Input { data, pos: 0 }
+    }
+    pub fn done(&self) -> bool {
+        self.pos >= self.data.len()
+    }
+    pub fn u8(&mut self) -> u8 {
+        let b = self.data.get(self.pos).copied().unwrap_or(0);
+        self.pos += 1;
+        b
+    }
+    pub fn u16(&mut self) -> u16 {
+        u16::from_be_bytes([self.u8(), self.u8()])
+    }
+    pub fn u32(&mut self) -> u32 {
+        u32::from_be_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
+    }
+    pub fn take(&mut self, n: usize) -> &'a [u8] {
+        let start = self.pos.min(self.data.len());
+        let end = (self.pos + n).min(self.data.len());
+        self.pos += n;
+        &self.data[start..end]
+    }
+}
+
+/// The scripted peer at IP_B: what it knows of the connection it talks on.
+pub struct Harness {
+    pub stack: Stack<FakeRng>,
+    pub now: Instant,
+    pub listener: Option<ListenerHandle>,
+    /// Connections the application holds.
+    pub handles: Vec<SocketHandle>,
+    /// The peer's port and its next sequence number, and the stack's ISS + 1 (from the
+    /// SYN-ACK) and the highest ACK it sent us.
+    pub peer_port: u16,
+    pub peer_seq: SeqNum,
+    pub stack_seq: SeqNum,
+    pub stack_ack: SeqNum,
+    pub ts_recent: u32,
+    frames_out: u64,
+}
+
+pub fn config() -> StackConfig {
+    let mut cfg = stack_config(MAC_A, IP_A);
+    cfg.max_connections = MAX_CONNECTIONS;
+    cfg.tcp.rcv_buf = BUF;
+    cfg.tcp.snd_buf = BUF;
+    cfg.tcp.max_ooo_segments = 64;
+    cfg
+}
+
+impl Harness {
+    /// A stack listening on port 80 (backlog 4, SYN cookies beyond it); the peer's MAC is
+    /// known so no ARP round trip is needed.
+    pub fn listening() -> Harness {
+        let mut stack = Stack::new(config(), FakeRng::new(7)).expect("valid config");
+        let _ = stack
+            .neighbours_mut()
+            .learn(IP_B, MAC_B, Instant::ZERO, true);
+        let listener = stack.listen(80, 4).ok();
+        Harness {
+            stack,
+            now: Instant::from_millis(1),
+            listener,
+            handles: Vec::new(),
+            peer_port: 40000,
+            peer_seq: SeqNum(0x1000_0000),
+            stack_seq: SeqNum(0),
+            stack_ack: SeqNum(0),
+            ts_recent: 0,
+            frames_out: 0,
+        }
+    }
+
+    /// A listening stack plus one connection established by a scripted handshake, with
+    /// 20 kB queued by the application so data and ACKs are in flight.
+    pub fn established() -> Harness {
+        let mut h = Harness::listening();
+        let syn = TcpRepr {
+            src_port: h.peer_port,
+            dst_port: 80,
+            seq: h.peer_seq,
+            ack: SeqNum(0),
+            flags: TcpFlags::SYN,
+            window: 65535,
+            urgent: 0,
+            options: TcpOptions {
+                mss: Some(1460),
+                window_scale: Some(7),
+                sack_permitted: true,
+                timestamps: Some(Timestamps {
+                    tsval: 100,
+                    tsecr: 0,
+                }),
+                ..TcpOptions::default()
+            },
+        };
+        h.inject(&syn, &[]);
+        h.peer_seq = h.peer_seq + 1u32;
+        let ack = TcpRepr {
+            src_port: h.peer_port,
+            dst_port: 80,
+            seq: h.peer_seq,
+            ack: h.stack_seq,
+            flags: TcpFlags::ACK,
+            window: 1024,
+            urgent: 0,
+            options: TcpOptions {
+                timestamps: Some(Timestamps {
+                    tsval: 101,
+                    tsecr: h.ts_recent,
+                }),
+                ..TcpOptions::default()
+            },
+        };
+        h.inject(&ack, &[]);
+        h.accept_all();
+        assert_eq!(h.handles.len(), 1, "the scripted handshake completes");
+        let data = Zbuf::from_vec(vec![0x42; 20_000]);
+        let _ = h.stack.send(h.handles[0], &data);
+        h.drain();
+        h
+    }
+
+    /// Hand a segment from the peer to the stack and collect what it sends back.
+    pub fn inject(&mut self, tcp: &TcpRepr, payload: &[u8]) {
+        let frame = build_tcp_frame(MAC_B, MAC_A, IP_B, IP_A, tcp, payload);
+        self.stack.handle_frame(self.now, Zbuf::from_vec(frame));
+        self.drain();
+    }
+
+    pub fn raw(&mut self, frame: &[u8]) {
+        self.stack
+            .handle_frame(self.now, Zbuf::copy_from_slice(frame));
+        self.drain();
+    }
+
+    /// Poll everything the stack wants to send; learn the live connection's numbers from it.
+    pub fn drain(&mut self) {
+        let mut n = 0;
+        while let Some(t) = self.stack.poll_transmit(self.now) {
+            n += 1;
+            assert!(n <= MAX_FRAMES_PER_OP, "poll_transmit does not run dry");
+            self.frames_out += 1;
+            let bytes = t.to_vec();
+            if let Some(seg) = Segment::parse(&bytes) {
+                if seg.tcp.dst_port == self.peer_port {
+                    if seg.tcp.flags.syn() {
+                        self.stack_seq = seg.tcp.seq + 1u32;
+                    }
+                    if seg.tcp.flags.ack() {
+                        self.stack_ack = seg.tcp.ack;
+                    }
+                    if let Some(ts) = seg.tcp.options.timestamps {
+                        self.ts_recent = ts.tsval;
+                    }
+                }
+            }
+        }
+        self.check_bounds();
+    }
+
+    pub fn accept_all(&mut self) {
+        while let Some(ev) = self.stack.poll_event() {
+            if let Event::Acceptable(l) = ev {
+                while let Some(s) = self.stack.accept(l) {
+                    self.handles.push(s);
+                }
+            }
+        }
+    }
+
+    /// Resource bounds that must hold whatever the peer sends.
+    pub fn check_bounds(&self) {
+        assert!(self.stack.connection_count() <= MAX_CONNECTIONS);
+        for &h in &self.handles {
+            if let Some(c) = self.stack.connection(h) {
+                assert!(
+                    c.recv_available() <= BUF as usize,
+                    "receive queue over rcv_buf"
+                );
+                assert!(c.send_capacity() <= BUF as usize);
+                assert!(c.cwnd() >= 1, "cwnd collapsed to zero");
+            }
+        }
+    }
+
+    fn segment(&mut self, inp: &mut Input) {
+        let flags = TcpFlags(inp.u8());
+        let seq = self.peer_seq + (inp.u16() as i16 as i32 as u32);
+        let ack = self.stack_seq + (inp.u16() as i16 as i32 as u32);
+        let window = inp.u16();
+        let mask = inp.u8();
+        let mut options = TcpOptions::default();
+        if mask & 1 != 0 {
+            options.mss = Some(inp.u16());
+        }
+        if mask & 2 != 0 {
+            options.window_scale = Some(inp.u8());
+        }
+        options.sack_permitted = mask & 4 != 0;
+        if mask & 8 != 0 {
+            let tsval = 101u32.wrapping_add(inp.u16() as i16 as i32 as u32);
+            options.timestamps = Some(Timestamps {
+                tsval,
+                tsecr: inp.u32(),
+            });
+        } else if mask & 0x80 == 0 {
+            // Usually a plausible timestamp, so segments get past PAWS.
+            options.timestamps = Some(Timestamps {
+                tsval: 101 + (self.now.as_nanos() / 1_000_000) as u32,
+                tsecr: self.ts_recent,
+            });
+        }
+        if mask & 16 != 0 {
+            let n = inp.u8() % 4;
+            let mut blocks = SackBlocks::new();
+            for _ in 0..n {
+                let left = self.stack_seq + (inp.u16() as i16 as i32 as u32);
+                let len = u32::from(inp.u16());
+                blocks.push(left, left + len);
+            }
+            options.sack_blocks = blocks;
+        }
+        let payload_len = usize::from(inp.u16() % 3000);
+        let port = if mask & 64 != 0 {
+            inp.u16()
+        } else {
+            self.peer_port
+        };
+        let payload = vec![0xA5u8; payload_len];
+        let tcp = TcpRepr {
+            src_port: port,
+            dst_port: 80,
+            seq,
+            ack,
+            flags,
+            window,
+            urgent: 0,
+            options,
+        };
+        self.inject(&tcp, &payload);
+        if port == self.peer_port && !flags.rst() {
+            // Keep the script near the live window: the peer "sent" this.
+            let len = tcp.segment_len(payload_len) as u32;
+            if seq == self.peer_seq {
+                self.peer_seq = self.peer_seq + len;
+            }
+        }
+    }
+
+    fn app(&mut self, inp: &mut Input) {
+        self.accept_all();
+        let what = inp.u8();
+        let Some(&h) = self
+            .handles
+            .get(usize::from(what >> 4) % self.handles.len().max(1))
+        else {
+            return;
+        };
+        match what % 5 {
+            0 => while let Ok(Some(_)) = self.stack.recv(h) {},
+            1 => {
+                let n = usize::from(inp.u16());
+                let _ = self.stack.send(h, &Zbuf::from_vec(vec![0x37; n]));
+            }
+            2 => self.stack.shutdown(h),
+            3 => self.stack.abort(h),
+            _ => {
+                let _ = self.stack.recv_iovec(h, usize::from(inp.u16()));
+            }
+        }
+        self.drain();
+    }
+
+    fn syn_burst(&mut self, inp: &mut Input) {
+        let n = inp.u8() % 64;
+        for i in 0..n {
+            let tcp = TcpRepr {
+                src_port: 50000 + u16::from(i),
+                dst_port: 80,
+                seq: SeqNum(u32::from(i) * 7919),
+                ack: SeqNum(0),
+                flags: TcpFlags::SYN,
+                window: 1000,
+                urgent: 0,
+                options: TcpOptions {
+                    mss: Some(536),
+                    ..TcpOptions::default()
+                },
+            };
+            self.inject(&tcp, &[]);
+        }
+    }
+
+    /// Run the whole script.
+    pub fn run(&mut self, data: &[u8]) {
+        let mut inp = Input::new(data);
+        let mut ops = 0;
+        while !inp.done() && ops < 256 {
+            ops += 1;
+            match inp.u8() % 8 {
+                0 => {
+                    let len = usize::from(inp.u16() % 1600);
+                    let bytes = inp.take(len);
+                    self.raw(bytes);
+                }
+                1..=4 => self.segment(&mut inp),
+                5 => {
+                    let ms = u64::from(inp.u8()) << (inp.u8() % 12);
+                    self.now += Duration::from_millis(ms);
+                    self.stack.handle_timeouts(self.now);
+                    self.drain();
+                }
+                6 => self.app(&mut inp),
+                _ => self.syn_burst(&mut inp),
+            }
+            self.accept_all();
+        }
+        // Whatever happened, time heals: every timer eventually fires and the stack stays
+        // within bounds; a connection never outlives max_retries of backed-off RTOs.
+        for _ in 0..64 {
+            let Some(t) = self.stack.poll_timeout() else {
+                break;
+            };
+            self.now = self.now.max(t);
+            self.stack.handle_timeouts(self.now);
+            self.drain();
+        }
+    }
+}

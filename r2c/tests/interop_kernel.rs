@@ -38,7 +38,7 @@ fn clean() -> Plan {
 #[test]
 fn lio_kernel_interop_reduced() {
     run(&Run {
-        prefix: "liored",
+        tag: 'r',
         clean: clean(),
         impaired: plan(
             32 << 20,
@@ -53,10 +53,10 @@ fn lio_kernel_interop_reduced() {
 /// `make interop`: 1 GiB bulk and 100,000 RPCs in each role, impaired both ways; the
 /// impaired capture keeps 128 bytes of each frame.
 #[test]
-#[ignore = "full-size run (several minutes): make interop"]
+#[ignore = "full-size run (about half an hour): make interop"]
 fn lio_kernel_interop_full() {
     run(&Run {
-        prefix: "liofull",
+        tag: 'f',
         clean: clean(),
         impaired: plan(
             1 << 30,

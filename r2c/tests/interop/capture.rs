@@ -364,4 +364,10 @@ mod tests {
         assert_eq!(r.streams[&1].rsts_before_close, 1);
         assert_eq!(r.streams[&1].kernel_without_ts, 0);
     }
+
+    #[test]
+    fn lines_that_are_not_tshark_fields_are_skipped() {
+        let r = parse_fields("garbage\n\n1\t2\t3\n", Ipv4Addr::new(198, 18, 0, 1));
+        assert_eq!(r, CaptureReport::default());
+    }
 }

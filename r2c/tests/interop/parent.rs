@@ -22,9 +22,10 @@ use super::*;
 const LUNA_MSS: u64 = 1460;
 const TS_OPTION: u64 = 12;
 
-/// One run: its prefix (≤ 10 chars, `lio...`) and the two segments' plans.
+/// One run: its tag (a letter: the testbed prefix is `lio<tag>p<pid>`) and the two
+/// segments' plans.
 pub struct Run {
-    pub prefix: &'static str,
+    pub tag: char,
     pub clean: Plan,
     pub impaired: Plan,
     /// tcpdump snaplen of the impaired segment (0: whole frames).
@@ -57,11 +58,67 @@ impl Drop for Dir {
     }
 }
 
+fn base36(mut n: u32) -> String {
+    let digits = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(digits[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).expect("ascii")
+}
+
+/// `lio<tag>p<pid>`: unique per test process, so runs by several engineers on one machine
+/// never share a namespace; at most 10 characters (pids < 36^5).
+fn prefix_for(tag: char, pid: u32) -> String {
+    format!("lio{tag}p{}", base36(pid))
+}
+
+/// The pid in a `lio<tag>p<pid>` prefix, `None` for any other name.
+fn pid_of(prefix: &str) -> Option<u32> {
+    let rest = prefix.strip_prefix("lio")?;
+    let mut c = rest.chars();
+    let tag = c.next()?;
+    if !tag.is_ascii_lowercase() || c.next()? != 'p' {
+        return None;
+    }
+    u32::from_str_radix(c.as_str(), 36).ok()
+}
+
+/// Removes what runs killed before their cleanup left behind (their process is gone).
+fn sweep_dead_runs() {
+    let Ok(list) = testbed::sys::netns_list() else {
+        return;
+    };
+    let mut dead = std::collections::BTreeSet::new();
+    for ns in list {
+        let Some((p, _)) = ns.split_once('-') else {
+            continue;
+        };
+        if let Some(pid) = pid_of(p) {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                dead.insert(p.to_string());
+            }
+        }
+    }
+    for p in dead {
+        if let Ok(p) = Prefix::new(&p) {
+            let _ = testbed::sweep(&p);
+        }
+    }
+}
+
 pub fn run(r: &Run) -> Vec<Segment> {
-    let prefix = Prefix::new(r.prefix).expect("prefix");
+    sweep_dead_runs();
+    let name = prefix_for(r.tag, std::process::id());
+    let prefix = Prefix::new(&name).expect("prefix");
     let mut topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
     let tap = topo.tap().expect("tap details").clone();
-    let dir = Dir(std::env::temp_dir().join(format!("{}-{}", r.prefix, std::process::id())));
+    let dir = Dir(std::env::temp_dir().join(&name));
     std::fs::create_dir_all(&dir.0).expect("capture dir");
     let clean = segment(&topo, &tap, "clean", &r.clean, 0, &dir.0);
     check(&clean);
@@ -408,6 +465,27 @@ fn print_summary(segs: &[Segment]) {
                 p.str("ss_snd_wscale"),
                 p.str("ss_rcv_wscale"),
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_prefixes_are_valid_unique_and_recognised() {
+        for pid in [1, 4242, 4_194_304, 36u32.pow(5) - 1] {
+            let p = prefix_for('r', pid);
+            assert!(Prefix::new(&p).is_ok(), "{p}");
+            assert_eq!(pid_of(&p), Some(pid));
+        }
+        assert_ne!(prefix_for('r', 7), prefix_for('f', 7));
+        // Other people's names are never taken for ours.
+        for other in [
+            "luna", "liored", "lio", "lior", "liorx12", "ldvtap", "ltabp12", "lioRp1",
+        ] {
+            assert_eq!(pid_of(other), None, "{other}");
         }
     }
 }

@@ -16,12 +16,13 @@ TEST_SUITES := test-workspace test-fuzz test-dpdk-compat
 # Seconds per fuzz target in `make test-fuzz` (9 targets; the build is most of the cost).
 FUZZ_SECS ?= 6
 
-.PHONY: help setup build test $(TEST_SUITES) lint demo clean-testbed
+.PHONY: help setup build test $(TEST_SUITES) interop lint demo clean-testbed
 
 help:
 	@echo "make setup          install packages, reserve hugepages (root)"
 	@echo "make build          cargo build --workspace --all-targets"
 	@echo "make test           setup, then: $(TEST_SUITES) (root)"
+	@echo "make interop        setup, then the full-size kernel interop run (docs/interop.md; root)"
 	@echo "make lint           rustfmt check + clippy -D warnings"
 	@echo "make demo           setup, then knb raw over the memif topology (root)"
 	@echo "make clean-testbed  remove every namespace/interface/file with prefix $(LUNA_TESTBED_PREFIX)"
@@ -35,7 +36,8 @@ build:
 test: setup
 	$(MAKE) --no-print-directory $(TEST_SUITES)
 
-# Unit and testbed integration tests of every crate (the testbed's need root).
+# Unit and testbed integration tests of every crate (the testbed's need root). Includes the
+# reduced kernel interop run (r2c/tests/interop_kernel.rs, about a minute).
 test-workspace:
 	$(CARGO) test --workspace
 
@@ -54,6 +56,12 @@ test-fuzz:
 	else \
 		bash luna-stack/fuzz/run-bounded.sh $(FUZZ_SECS); \
 	fi
+
+# TCP interoperability with the Linux kernel, full size (docs/interop.md): 1 GiB bulk and
+# 100,000 pipelined 4 KiB RPCs with luna as client and as server, 2% loss, 25% reordering
+# and 1% duplication both ways, tshark over the capture. About half an hour on this machine.
+interop: setup
+	$(CARGO) test -p r2c --test interop_kernel -- --ignored --exact lio_kernel_interop_full --nocapture
 
 lint:
 	$(CARGO) fmt --all -- --check

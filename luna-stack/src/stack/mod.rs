@@ -276,6 +276,10 @@ struct Entry {
     next_hop: Ipv4Addr,
     /// A segment polled while the next hop was unresolved (sent once it resolves).
     held: Option<OutSegment>,
+    /// Counted in its listener's `half_open` (created by the listener, handshake not yet
+    /// complete). The flag, not the state at reclaim time, decides the decrement: a
+    /// SYN-RECEIVED connection that times out or is reset is Closed when it is freed.
+    counted_half_open: bool,
 }
 
 struct Slot {
@@ -503,7 +507,7 @@ impl<R: Rng> Stack<R> {
             self.retired.accumulate(&e.conn.counters);
             if let Owner::Listener(l) = e.owner {
                 if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
-                    if e.conn.state() == State::SynReceived {
+                    if e.counted_half_open {
                         lst.half_open = lst.half_open.saturating_sub(1);
                     }
                     let h = SocketHandle { idx, gen: slot.gen };
@@ -651,6 +655,7 @@ impl<R: Rng> Stack<R> {
             timer_at: None,
             next_hop,
             held: None,
+            counted_half_open: false,
         };
         let idx = self.alloc_slot(entry).ok_or(ConnectError::TableFull)?;
         self.by_tuple.insert(tuple, idx);
@@ -801,12 +806,14 @@ impl<R: Rng> Stack<R> {
         };
         let ev = e.conn.take_events();
         let owner = e.owner;
-        self.route_events(h, owner, ev);
+        // The handshake completed: the connection leaves the listener's half-open count.
+        let leaves_half_open = ev.connected && core::mem::take(&mut e.counted_half_open);
+        self.route_events(h, owner, ev, leaves_half_open);
         self.mark_dirty(idx);
         self.schedule_timer(idx);
     }
 
-    fn route_events(&mut self, h: SocketHandle, owner: Owner, ev: Events) {
+    fn route_events(&mut self, h: SocketHandle, owner: Owner, ev: Events, leaves_half_open: bool) {
         match owner {
             Owner::App => {
                 if ev.connected {
@@ -825,7 +832,9 @@ impl<R: Rng> Stack<R> {
             Owner::Listener(l) => {
                 if ev.connected {
                     if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
-                        lst.half_open = lst.half_open.saturating_sub(1);
+                        if leaves_half_open {
+                            lst.half_open = lst.half_open.saturating_sub(1);
+                        }
                         lst.accept_queue.push_back(h);
                         let lh = ListenerHandle {
                             idx: l,
@@ -1261,6 +1270,7 @@ impl<R: Rng> Stack<R> {
             timer_at: None,
             next_hop,
             held: None,
+            counted_half_open: true,
         };
         let Some(idx) = self.alloc_slot(entry) else {
             return self.counters.drop(StackDrop::TableFull);
@@ -1361,6 +1371,7 @@ impl<R: Rng> Stack<R> {
             timer_at: None,
             next_hop,
             held: None,
+            counted_half_open: true,
         };
         let Some(idx) = self.alloc_slot(entry) else {
             return self.counters.drop(StackDrop::TableFull);

@@ -567,3 +567,96 @@ fn many_connections_each_carry_an_rpc() {
         10_000,
     );
 }
+
+fn is_tcp(bytes: &[u8]) -> bool {
+    bytes.len() > 34 && bytes[12..14] == [0x08, 0x00] && bytes[23] == 6
+}
+
+/// A hand-built TCP segment from A's address (`port`) to B:7000, delivered to B.
+fn inject_to_b(net: &mut Net, port: u16, seq: u32, ack: u32, flags: TcpFlags) {
+    let tuple = FourTuple {
+        local: SocketAddrV4::new(ip_a(), port),
+        remote: SocketAddrV4::new(ip_b(), 7000),
+    };
+    let repr = TcpRepr {
+        src_port: port,
+        dst_port: 7000,
+        seq: SeqNum(seq),
+        ack: SeqNum(ack),
+        flags,
+        window: 1000,
+        urgent: 0,
+        options: TcpOptions::default(),
+    };
+    let f = net.a.build_tcp(&repr, IoVec::new(), tuple, MAC_B).to_vec();
+    let now = net.now;
+    net.b.handle_frame(now, Zbuf::copy_from_slice(&f));
+}
+
+/// Regression (backlog leak): a passive connection that leaves SYN-RECEIVED by timeout is
+/// Closed when reclaimed; the listener's half-open count must still drop, or the backlog
+/// fills up for good (RFC 9293 §3.10.7.2: the listener keeps accepting new SYNs).
+#[test]
+fn rfc9293_3_10_7_2_half_open_slot_is_released_when_syn_received_times_out() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let mut ca = cfg(MAC_A, ip_a());
+    ca.tcp.syn_retries = 1;
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.syn_cookies = false;
+    cb.tcp.syn_retries = 1;
+    let mut net = Net::new(ca, cb);
+    let l = net.b.listen(7000, 1).unwrap();
+    let blackhole = Rc::new(Cell::new(true));
+    let bh = blackhole.clone();
+    // B's TCP segments are lost: A never completes, B's SYN-RECEIVED times out.
+    net.drop = Box::new(move |from_a, bytes| !from_a && bh.get() && is_tcp(bytes));
+    let c1 = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+        .unwrap();
+    net.run_until(
+        |n| n.a.state(c1) == Some(State::Closed) && n.b.connection_count() == 0,
+        10_000,
+    );
+    assert_eq!(
+        net.b.listeners[l.idx as usize].as_ref().unwrap().half_open,
+        0
+    );
+    blackhole.set(false);
+    let c2 = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+        .unwrap();
+    net.run_until(|n| n.a.state(c2) != Some(State::SynSent), 10_000);
+    assert_eq!(net.a.state(c2), Some(State::Established));
+    assert_eq!(net.b.counters().drops(StackDrop::BacklogFull), 0);
+}
+
+/// Regression (backlog leak by SYN scan): SYN, SYN-ACK, then the scanner's RST returns the
+/// passive connection to LISTEN (RFC 9293 §3.10.7.4) and must free its backlog slot.
+#[test]
+fn rfc9293_3_10_7_4_half_open_slot_is_released_when_syn_received_is_reset() {
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.syn_cookies = false;
+    let mut net = Net::new(cfg(MAC_A, ip_a()), cb);
+    let l = net.b.listen(7000, 4).unwrap();
+    for port in 40000..40004u16 {
+        inject_to_b(&mut net, port, 777, 0, TcpFlags::SYN);
+        // A has no such socket: it answers B's SYN-ACK with a RST.
+        for _ in 0..20 {
+            net.step();
+        }
+    }
+    assert_eq!(net.b.connection_count(), 0);
+    assert_eq!(
+        net.b.listeners[l.idx as usize].as_ref().unwrap().half_open,
+        0
+    );
+    let c = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+        .unwrap();
+    net.run_until(|n| n.a.state(c) == Some(State::Established), 1000);
+    assert_eq!(net.b.counters().drops(StackDrop::BacklogFull), 0);
+}

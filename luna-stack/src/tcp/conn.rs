@@ -999,10 +999,6 @@ impl Connection {
             return Disposition::Keep;
         }
 
-        // Timestamps: RFC 7323 §4.3 (2) — update TS.Recent when the segment covers
-        // Last.ACK.sent.
-        self.update_ts_recent_checked(now, seg, len);
-
         if self.state == State::SynReceived {
             // RFC 9293 §3.10.7.4: SND.UNA < SEG.ACK =< SND.NXT moves to ESTABLISHED.
             if seg.ack.gt(self.snd_una) && seg.ack.le(self.snd_max) {
@@ -1030,6 +1026,12 @@ impl Connection {
         if !self.on_ack(now, seg, payload.len()) {
             return Disposition::Keep;
         }
+        // RFC 7323 §4.3 (2): TS.Recent takes SEG.TSval when the segment covers Last.ACK.sent.
+        // Done after the ACK check rather than in the first check as RFC 7323 Appendix D
+        // sketches: RFC 5961 §5.2 discards a segment whose ACK is unacceptable, and updating
+        // earlier would let a blind segment with a guessed in-window SEQ poison TS.Recent so
+        // that PAWS drops the real peer.
+        self.update_ts_recent_checked(now, seg, len);
         if self.snd_wnd == 0 {
             // The peer answers our zero-window probes: it is alive (RFC 9293 §3.8.6.1 MUST
             // NOT close the connection while probes are acknowledged).

@@ -1306,3 +1306,42 @@ fn rfc9293_3_7_1_options_len_matches_emitted_header_with_ts_and_sack() {
     assert_eq!(options_len(&opts) as usize, opts.emit(&mut buf));
     assert_eq!(options_len(&opts), 24);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Regressions from the RFC review of the TCP core
+// ---------------------------------------------------------------------------------------------
+
+fn ts_opts(tsval: u32) -> TcpOptions {
+    TcpOptions {
+        timestamps: Some(Timestamps { tsval, tsecr: 0 }),
+        ..TcpOptions::default()
+    }
+}
+
+/// Regression (TS.Recent poisoning): a blind segment with an in-window SEQ but an ACK beyond
+/// SND.MAX is discarded (RFC 5961 §5.2) and must not update TS.Recent (RFC 7323 §4.3), or
+/// PAWS would then drop every segment of the real peer.
+#[test]
+fn rfc5961_5_2_segment_with_unacceptable_ack_does_not_update_ts_recent() {
+    let cfg = TcpConfig {
+        timestamps: true,
+        ..plain_cfg()
+    };
+    let mut c = established_with(cfg, ts_opts(100));
+    let mut bad = ack_seg(PEER_ISS + 1, ISS + 1 + 1_000_000, 65535);
+    bad.options = ts_opts(100 + (1 << 30));
+    c.on_segment(t(2), &bad, zb(&[]));
+    assert_eq!(c.counters.drops(DropReason::BadAck), 1);
+    poll_all(&mut c, t(2));
+    let mut good = ack_seg(PEER_ISS + 1, ISS + 1, 65535);
+    good.options = ts_opts(101);
+    c.on_segment(t(3), &good, zb(b"legit data"));
+    assert_eq!(c.recv_available(), 10, "the real peer's data is accepted");
+    assert_eq!(c.counters.drops(DropReason::Paws), 0);
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(
+        out.last().unwrap().repr.options.timestamps.unwrap().tsecr,
+        101,
+        "TS.Recent follows the real peer"
+    );
+}

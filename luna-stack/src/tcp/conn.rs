@@ -1293,6 +1293,22 @@ impl Connection {
             }
         }
 
+        if self
+            .sb
+            .ranges()
+            .first()
+            .is_some_and(|&(s, _)| s.le(self.snd_una))
+        {
+            // RFC 2018 §8: the receiver may discard data it has SACKed. A SACKed range at
+            // SND.UNA means the cumulative ACK stopped on data it reported holding: it
+            // reneged. RFC 6675 §5.1 lets SACK information outlive an RTO only with such a
+            // test, so forget it all, and resend the left edge now instead of waiting for
+            // the RTO to find it.
+            self.sb.clear_sacks();
+            self.counters.sack_renegings += 1;
+            self.rexmit_now = Some(self.snd_una);
+        }
+
         // RFC 9293 §3.10.7.4: window update if SND.WL1 < SEG.SEQ or (SND.WL1 = SEG.SEQ and
         // SND.WL2 =< SEG.ACK).
         if self.snd_wl1.lt(seg.seq) || (self.snd_wl1 == seg.seq && self.snd_wl2.le(ack)) {
@@ -1490,8 +1506,8 @@ impl Connection {
         self.dupacks = 0;
         self.rexmit_now = None;
         self.rtt_probe = None;
-        // Go back N from SND.UNA (RFC 5681 §3.1); SACKed ranges are skipped when resent
-        // (RFC 6675 §5.1).
+        // Go back N from SND.UNA (RFC 5681 §3.1); SACKed ranges above it are skipped when
+        // resent (RFC 6675 §5.1), which is safe because reneging is detected on every ACK.
         self.snd_nxt = self.snd_una;
         self.sb.on_rto();
         if !self.state.is_synchronized() {
@@ -1878,8 +1894,9 @@ impl Connection {
             return None;
         }
         let data_end = self.sndq.end();
-        // RFC 6675 §5.1: after an RTO, do not resend what the peer SACKed.
-        if self.sack_ok && self.snd_nxt.lt(self.snd_max) {
+        // RFC 6675 §5.1: after an RTO, do not resend what the peer SACKed. RFC 2018 §8: the
+        // left edge (SND.UNA) MUST be resent whether or not it is SACKed.
+        if self.sack_ok && self.snd_nxt.lt(self.snd_max) && self.snd_nxt != self.snd_una {
             let nxt = self.snd_nxt;
             if let Some(&(_, end)) = self
                 .sb

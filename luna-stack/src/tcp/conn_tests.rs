@@ -1345,3 +1345,53 @@ fn rfc5961_5_2_segment_with_unacceptable_ack_does_not_update_ts_recent() {
         "TS.Recent follows the real peer"
     );
 }
+
+/// Regression (reneging): the receiver SACKed segments 2-5, then acknowledged only segment 1
+/// (it discarded the SACKed data, which RFC 2018 §8 allows). The SACKed range now starting at
+/// SND.UNA used to be skipped by every RTO retransmission until the connection timed out;
+/// RFC 2018 §8 requires the left edge to be resent.
+#[test]
+fn rfc2018_8_reneged_left_edge_is_retransmitted() {
+    let cfg = TcpConfig {
+        sack: true,
+        max_retries: 4,
+        ..plain_cfg()
+    };
+    let peer = TcpOptions {
+        sack_permitted: true,
+        ..TcpOptions::default()
+    };
+    let mut c = established_with(cfg, peer);
+    c.send(&zb(&vec![3u8; 1460 * 8])).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 8);
+    let una = ISS + 1;
+    let mut a = ack_seg(PEER_ISS + 1, una, 65535);
+    a.options
+        .sack_blocks
+        .push(SeqNum(una + 1460), SeqNum(una + 1460 * 5));
+    c.on_segment(t(3), &a, zb(&[]));
+    poll_all(&mut c, t(3));
+    // Segment 1 arrives; the receiver reneged on 2..5 and acknowledges segment 1 only.
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 1, una + 1460, 65535), zb(&[]));
+    assert_eq!(c.counters.sack_renegings, 1);
+    let left_edge = |out: &[OutSegment]| {
+        out.iter()
+            .any(|s| s.repr.seq == SeqNum(una + 1460) && !s.payload.is_empty())
+    };
+    assert!(left_edge(&poll_all(&mut c, t(4))), "resent on detection");
+    // And every RTO resends it too, never skipping it as SACKed.
+    for _ in 0..2 {
+        let now = c.poll_timeout().unwrap();
+        c.on_timeout(now);
+        let out = poll_all(&mut c, now);
+        assert_eq!(out[0].repr.seq, SeqNum(una + 1460), "RTO starts at SND.UNA");
+        assert!(left_edge(&out));
+    }
+    c.on_segment(
+        t(9_000),
+        &ack_seg(PEER_ISS + 1, una + 1460 * 8, 65535),
+        zb(&[]),
+    );
+    assert_eq!(c.bytes_in_flight(), 0);
+    assert_eq!(c.close_reason(), None);
+}

@@ -1541,6 +1541,15 @@ impl Connection {
 // Segment generation
 // -------------------------------------------------------------------------------------------
 
+/// What a retransmission is for (RFC 6675 §4 treats the rescue retransmission apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rexmit {
+    /// NextSeg rules 1 and 3, fast retransmit, partial ACK: HighRxt moves.
+    Normal,
+    /// NextSeg rule 4: HighRxt stays.
+    Rescue,
+}
+
 /// Bytes a set of options occupies in the header, exactly as the emitter lays them out
 /// (NOP-aligned, RFC 9293 §3.1). Counting them without the NOPs undercounted TS + SACK by 4
 /// and produced frames 4 bytes over the MTU during loss recovery.
@@ -1588,7 +1597,7 @@ impl Connection {
         }
         if let Some(seq) = self.rexmit_now.take() {
             if seq.ge(self.snd_una) && seq.lt(self.snd_max) {
-                if let Some(seg) = self.retransmit_at(now, seq, u32::MAX) {
+                if let Some(seg) = self.retransmit_at(now, seq, u32::MAX, Rexmit::Normal) {
                     return Some(seg);
                 }
             }
@@ -1613,7 +1622,7 @@ impl Connection {
                 && self.snd_nxt == self.snd_max;
             match self.sb.next_seg(can_send_new) {
                 Some(NextSeg::Retransmit { start, len }) => {
-                    if let Some(seg) = self.retransmit_at(now, start, len) {
+                    if let Some(seg) = self.retransmit_at(now, start, len, Rexmit::Normal) {
                         return Some(seg);
                     }
                 }
@@ -1621,7 +1630,7 @@ impl Connection {
                 None => {
                     // RFC 6675 §4 rule 4: one rescue retransmission per recovery.
                     if let Some((start, len)) = self.sb.rescue_seg() {
-                        if let Some(seg) = self.retransmit_at(now, start, len) {
+                        if let Some(seg) = self.retransmit_at(now, start, len, Rexmit::Rescue) {
                             if let Some(recover) = self.recovery {
                                 self.sb.set_rescue_rxt(recover);
                             }
@@ -1825,7 +1834,13 @@ impl Connection {
     }
 
     /// Retransmit up to one MSS (and at most `limit` bytes) starting at `seq`.
-    fn retransmit_at(&mut self, now: Instant, seq: SeqNum, limit: u32) -> Option<OutSegment> {
+    fn retransmit_at(
+        &mut self,
+        now: Instant,
+        seq: SeqNum,
+        limit: u32,
+        kind: Rexmit,
+    ) -> Option<OutSegment> {
         let opts = self.data_options(now);
         let data_end = self.sndq.end();
         let max = self.max_payload(&opts).min(limit);
@@ -1842,7 +1857,11 @@ impl Connection {
         if seq + len == data_end {
             flags |= TcpFlags::PSH;
         }
-        self.sb.on_retransmit(seq, len + u32::from(fin));
+        // RFC 6675 §4 NextSeg rule 4: the rescue retransmission MUST NOT update HighRxt
+        // (it is tracked by RescueRxt alone).
+        if kind == Rexmit::Normal {
+            self.sb.on_retransmit(seq, len + u32::from(fin));
+        }
         self.rtt_probe = None;
         self.counters.retransmits += 1;
         Some(self.segment_with(now, seq, flags, payload, opts))

@@ -1395,3 +1395,68 @@ fn rfc2018_8_reneged_left_edge_is_retransmitted() {
     assert_eq!(c.bytes_in_flight(), 0);
     assert_eq!(c.close_reason(), None);
 }
+
+/// Regression (rescue retransmission): the rescue retransmission moved HighRxt, so `pipe`
+/// counted the tail twice and NextSeg searched above the rescued octets; the remaining hole
+/// waited for the RTO. RFC 6675 §4 rule 4: HighRxt MUST NOT be updated by it.
+#[test]
+fn rfc6675_4_rescue_retransmission_leaves_high_rxt_and_recovery_continues() {
+    let cfg = TcpConfig {
+        sack: true,
+        ..plain_cfg()
+    };
+    let peer = TcpOptions {
+        sack_permitted: true,
+        ..TcpOptions::default()
+    };
+    let mut c = established_with(cfg, peer);
+    let m = 1460u32;
+    c.send(&zb(&vec![5u8; (m * 10) as usize])).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 10);
+    let una = ISS + 1;
+    // Segments 1, 2 acknowledged; 3 lost; 4..7 SACKed; 8, 9, 10 lost.
+    c.on_segment(t(3), &ack_seg(PEER_ISS + 1, una + 2 * m, 65535), zb(&[]));
+    poll_all(&mut c, t(3));
+    let mut a = ack_seg(PEER_ISS + 1, una + 2 * m, 65535);
+    a.options
+        .sack_blocks
+        .push(SeqNum(una + 3 * m), SeqNum(una + 7 * m));
+    c.on_segment(t(3), &a, zb(&[]));
+    assert!(c.in_recovery());
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(out[0].repr.seq, SeqNum(una + 2 * m));
+    // The retransmitted segment 3 arrives: partial ACK up to segment 8.
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 1, una + 7 * m, 65535), zb(&[]));
+    let out = poll_all(&mut c, t(4));
+    let seqs: Vec<u32> = out
+        .iter()
+        .filter(|s| !s.payload.is_empty())
+        .map(|s| s.repr.seq.0 - una)
+        .collect();
+    assert_eq!(
+        seqs,
+        vec![9 * m],
+        "rescue retransmission of the last segment"
+    );
+    assert_eq!(c.sb.rescue_rxt(), Some(SeqNum(una + 10 * m)));
+    assert_eq!(
+        c.sb.high_rxt(),
+        SeqNum(una + 7 * m),
+        "HighRxt is not moved by the rescue"
+    );
+    // The rescued segment is SACKed: segments 8 and 9 are holes below the highest SACK and
+    // NextSeg resends them without waiting for the RTO.
+    let mut a = ack_seg(PEER_ISS + 1, una + 7 * m, 65535);
+    a.options
+        .sack_blocks
+        .push(SeqNum(una + 9 * m), SeqNum(una + 10 * m));
+    c.on_segment(t(5), &a, zb(&[]));
+    let out = poll_all(&mut c, t(5));
+    let data: Vec<u32> = out
+        .iter()
+        .filter(|s| !s.payload.is_empty())
+        .map(|s| s.repr.seq.0 - una)
+        .collect();
+    assert_eq!(data.first(), Some(&(7 * m)), "segment 8 resent: {data:?}");
+    assert_eq!(c.counters.rtos, 0);
+}

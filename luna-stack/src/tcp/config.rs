@@ -60,6 +60,11 @@ pub struct TcpConfig {
     pub challenge_ack_limit: u32,
     /// Most out-of-order segments held per connection.
     pub max_ooo_segments: usize,
+    /// Least time between ACKs sent in reply to unacceptable segments without data
+    /// (out-of-window or PAWS-failed pure ACKs), per connection; like Linux's
+    /// tcp_invalid_ratelimit. Segments with data or FIN are always acknowledged at once.
+    /// Zero disables the limit; at most 1 s so that peers' keepalives are still answered.
+    pub oow_ack_interval: Duration,
 }
 
 impl Default for TcpConfig {
@@ -82,6 +87,7 @@ impl Default for TcpConfig {
             time_wait: Duration::from_secs(60),
             challenge_ack_limit: 10,
             max_ooo_segments: 256,
+            oow_ack_interval: Duration::from_millis(500),
         }
     }
 }
@@ -116,6 +122,12 @@ impl TcpConfig {
             if ka.probes == 0 || ka.interval.is_zero() || ka.idle.is_zero() {
                 return Err("keepalive idle, interval and probes must be positive".into());
             }
+        }
+        if self.oow_ack_interval > Duration::from_secs(1) {
+            return Err(format!(
+                "oow_ack_interval {:?} exceeds 1 s: peers' keepalives would go unanswered",
+                self.oow_ack_interval
+            ));
         }
         self.rtt.validate().map_err(|e| format!("rtt: {e}"))?;
         Ok(())
@@ -157,6 +169,16 @@ mod tests {
             ..TcpConfig::default()
         };
         assert!(bad.validate().is_err());
+        let bad = TcpConfig {
+            oow_ack_interval: Duration::from_secs(2),
+            ..TcpConfig::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("oow_ack_interval"));
+        let off = TcpConfig {
+            oow_ack_interval: Duration::ZERO,
+            ..TcpConfig::default()
+        };
+        assert!(off.validate().is_ok());
     }
 
     #[test]

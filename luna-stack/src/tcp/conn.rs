@@ -258,6 +258,8 @@ pub struct Connection {
     sack_ok: bool,
     /// RFC 5961 §7 rate limit: (window start, challenge ACKs in this window).
     challenge: (Instant, u32),
+    /// When we last answered an unacceptable segment without data (rate limit).
+    oow_ack_at: Option<Instant>,
     keepalive: Keepalive,
     /// A keepalive probe is due at the next poll.
     send_keepalive: bool,
@@ -368,6 +370,7 @@ impl Connection {
             ts,
             sack_ok: cfg.sack,
             challenge: (now, 0),
+            oow_ack_at: None,
             keepalive: Keepalive::default(),
             send_keepalive: false,
             send_window_probe: false,
@@ -926,7 +929,7 @@ impl Connection {
                         && now.saturating_duration_since(ts.recent_at) < PAWS_IDLE =>
                 {
                     self.counters.drop(DropReason::Paws);
-                    self.ack_now = true;
+                    self.ack_unacceptable(now, seg, payload.len());
                     return Disposition::Keep;
                 }
                 _ => {}
@@ -956,7 +959,7 @@ impl Connection {
             if !flags.rst() {
                 // An old duplicate or a segment beyond the window: ACK it (this is also what
                 // re-ACKs a retransmitted FIN in TIME-WAIT).
-                self.ack_now = true;
+                self.ack_unacceptable(now, seg, payload.len());
                 if self.state == State::TimeWait {
                     self.restart_time_wait(now);
                 }
@@ -1160,6 +1163,33 @@ impl Connection {
             }
             None => self.ack_now = true,
         }
+    }
+
+    /// The ACK owed for an unacceptable segment (RFC 9293 §3.10.7.4 first check, RFC 7323
+    /// §5.3 PAWS). A segment with data or a FIN is acknowledged at once: the peer's
+    /// retransmissions and a FIN repeated into TIME-WAIT depend on it. Anything else is a
+    /// pure ACK (or a SYN): answering each one lets two desynchronized endpoints answer each
+    /// other's ACKs forever, so those replies are rate limited per connection
+    /// (`oow_ack_interval`), and a SYN gets a rate-limited challenge ACK (RFC 5961 §4.2:
+    /// whatever its sequence number).
+    fn ack_unacceptable(&mut self, now: Instant, seg: &TcpRepr, payload_len: usize) {
+        if payload_len > 0 || seg.flags.fin() {
+            self.ack_now = true;
+            return;
+        }
+        if seg.flags.syn() {
+            self.challenge_ack(now);
+            return;
+        }
+        if self
+            .oow_ack_at
+            .is_some_and(|at| now.saturating_duration_since(at) < self.cfg.oow_ack_interval)
+        {
+            self.counters.oow_acks_suppressed += 1;
+            return;
+        }
+        self.oow_ack_at = Some(now);
+        self.ack_now = true;
     }
 
     /// RFC 5961 §7: challenge ACKs, rate limited per connection per second.

@@ -1460,3 +1460,126 @@ fn rfc6675_4_rescue_retransmission_leaves_high_rxt_and_recovery_continues() {
     assert_eq!(data.first(), Some(&(7 * m)), "segment 8 resent: {data:?}");
     assert_eq!(c.counters.rtos, 0);
 }
+
+/// Regression (ACK ping-pong): two endpoints whose receive sides are desynchronized answered
+/// each other's out-of-window pure ACKs forever. RFC 9293 §3.10.7.4 asks for an ACK to an
+/// unacceptable segment; for segments without data those ACKs are now rate limited.
+#[test]
+fn rfc9293_3_10_7_4_acks_to_unacceptable_pure_acks_are_rate_limited() {
+    let cfg = plain_cfg();
+    let mut a = Connection::connect(t(0), tuple_a(), cfg.clone(), SeqNum(ISS), 1);
+    let syn = a.poll_segment(t(0)).unwrap();
+    let info = SynInfo {
+        seq: syn.repr.seq,
+        window: syn.repr.window,
+        options: syn.repr.options,
+    };
+    let mut b = Connection::accept_syn(t(0), tuple_b(), cfg, SeqNum(PEER_ISS), 2, &info);
+    let synack = b.poll_segment(t(0)).unwrap();
+    a.on_segment(t(1), &synack.repr, zb(&[]));
+    let ack = a.poll_segment(t(1)).unwrap();
+    b.on_segment(t(1), &ack.repr, zb(&[]));
+    assert_eq!(
+        (a.state(), b.state()),
+        (State::Established, State::Established)
+    );
+    // Desynchronize both receive sides (state loss in a middlebox, a buggy peer...).
+    for c in [&mut a, &mut b] {
+        c.rcv_nxt += 1u32 << 20;
+        c.rcv_adv = c.rcv_nxt + 65535u32;
+    }
+    a.ack_now = true;
+    let mut msgs = 0u32;
+    let mut now_ms = 2u64;
+    let mut from_a = poll_all(&mut a, t(now_ms));
+    while !from_a.is_empty() && msgs < 10_000 {
+        now_ms += 1;
+        let mut from_b = Vec::new();
+        for s in from_a.drain(..) {
+            msgs += 1;
+            b.on_segment(t(now_ms), &s.repr, zb(&[]));
+            from_b.extend(poll_all(&mut b, t(now_ms)));
+        }
+        for s in from_b {
+            msgs += 1;
+            a.on_segment(t(now_ms), &s.repr, zb(&[]));
+            from_a.extend(poll_all(&mut a, t(now_ms)));
+        }
+    }
+    assert!(msgs <= 3, "the ACK loop stops at once: {msgs} segments");
+    assert_eq!(
+        a.counters.oow_acks_suppressed + b.counters.oow_acks_suppressed,
+        1
+    );
+    // After the interval the next unacceptable pure ACK is answered again.
+    let later = t(now_ms + 500);
+    b.on_segment(later, &ack_seg(1, 1, 1000), zb(&[]));
+    assert_eq!(poll_all(&mut b, later).len(), 1);
+}
+
+/// Unacceptable segments carrying data or a FIN are still acknowledged every time (RFC 9293
+/// §3.10.7.4): the peer's retransmissions depend on those ACKs.
+#[test]
+fn rfc9293_3_10_7_4_unacceptable_data_and_fin_are_always_acked() {
+    let mut c = established();
+    c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(b"abc"));
+    poll_all(&mut c, t(2));
+    for k in 0..5 {
+        // A retransmission of data already received: below RCV.NXT.
+        c.on_segment(t(3 + k), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(b"abc"));
+        assert_eq!(poll_all(&mut c, t(3 + k)).len(), 1, "data re-ACKed");
+        let fin = seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 1, ISS + 1, 65535);
+        c.on_segment(t(3 + k), &fin, zb(&[]));
+        assert_eq!(poll_all(&mut c, t(3 + k)).len(), 1, "FIN re-ACKed");
+    }
+    // Pure ACKs in the same span: one answer.
+    let mut answers = 0;
+    for k in 0..5 {
+        c.on_segment(
+            t(10 + k),
+            &ack_seg(PEER_ISS + 999_999, ISS + 1, 65535),
+            zb(&[]),
+        );
+        answers += poll_all(&mut c, t(10 + k)).len();
+    }
+    assert_eq!(answers, 1);
+    assert_eq!(c.counters.oow_acks_suppressed, 4);
+}
+
+/// RFC 7323 §5.3 R1 (PAWS) with the same limit: an old-timestamp pure ACK is answered at most
+/// once per interval, old-timestamp data every time.
+#[test]
+fn rfc7323_5_3_paws_failed_pure_acks_are_answered_once_per_interval() {
+    let cfg = TcpConfig {
+        timestamps: true,
+        ..plain_cfg()
+    };
+    let mut c = established_with(cfg, ts_opts(1000));
+    let mut answers = 0;
+    for k in 0..5 {
+        let mut old = ack_seg(PEER_ISS + 1, ISS + 1, 65535);
+        old.options = ts_opts(900);
+        c.on_segment(t(2 + k), &old, zb(&[]));
+        answers += poll_all(&mut c, t(2 + k)).len();
+    }
+    assert_eq!(answers, 1);
+    assert_eq!(c.counters.drops(DropReason::Paws), 5);
+    let mut old = ack_seg(PEER_ISS + 1, ISS + 1, 65535);
+    old.options = ts_opts(900);
+    c.on_segment(t(9), &old, zb(b"data"));
+    assert_eq!(poll_all(&mut c, t(9)).len(), 1);
+}
+
+/// RFC 5961 §4.2: a SYN outside the window gets a rate-limited challenge ACK like any other
+/// SYN, not an unlimited ACK per segment.
+#[test]
+fn rfc5961_4_2_out_of_window_syns_get_rate_limited_challenge_acks() {
+    let mut c = established();
+    let mut answers = 0;
+    for k in 0..50u32 {
+        let syn = seg(TcpFlags::SYN, PEER_ISS + 100_000 + k * 70_000, 0, 1000);
+        c.on_segment(t(2), &syn, zb(&[]));
+        answers += poll_all(&mut c, t(2)).len();
+    }
+    assert_eq!(answers as u32, TcpConfig::default().challenge_ack_limit);
+}

@@ -1530,9 +1530,11 @@ impl Connection {
         if self.state.is_synchronized() {
             self.cc.on_rto(now, in_flight);
         }
-        if self.recovery.take().is_some() {
-            self.last_recover = self.snd_max;
-        }
+        // RFC 6582 §3.2 step 5: after an RTO, recover <- the highest sequence number sent, in
+        // or out of recovery, so the duplicate ACKs of the go-back-N retransmissions cannot
+        // start a fast retransmit below it (RFC 6675 §5.1 says the same for SACK recovery).
+        self.recovery = None;
+        self.last_recover = self.snd_max;
         self.dupacks = 0;
         self.rexmit_now = None;
         self.rtt_probe = None;

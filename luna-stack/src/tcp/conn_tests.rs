@@ -1583,3 +1583,31 @@ fn rfc5961_4_2_out_of_window_syns_get_rate_limited_challenge_acks() {
     }
     assert_eq!(answers as u32, TcpConfig::default().challenge_ack_limit);
 }
+
+/// Regression (spurious second recovery): RFC 6582 §3.2 step 5 — after an RTO, `recover` is
+/// set to the highest sequence number sent. It used to be set only for an RTO during
+/// recovery, so the duplicate ACKs caused by the go-back-N retransmissions started a fast
+/// retransmit (and another window reduction) below the RTO's HighData.
+#[test]
+fn rfc6582_3_2_step5_rto_outside_recovery_sets_recover() {
+    let mut c = established();
+    c.send(&zb(&vec![7u8; 1460 * 8])).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 8);
+    let rto = c.poll_timeout().unwrap();
+    c.on_timeout(rto);
+    assert!(!c.in_recovery());
+    poll_all(&mut c, rto);
+    // The receiver already held segments 2..8: the first retransmission is acknowledged, then
+    // the go-back-N duplicates produce duplicate ACKs below the RTO's HighData.
+    let una = ISS + 1;
+    c.on_segment(rto, &ack_seg(PEER_ISS + 1, una + 1460, 65535), zb(&[]));
+    poll_all(&mut c, rto);
+    for _ in 0..3 {
+        c.on_segment(rto, &ack_seg(PEER_ISS + 1, una + 1460, 65535), zb(&[]));
+    }
+    assert!(
+        !c.in_recovery(),
+        "no fast recovery below the RTO's recover point"
+    );
+    assert_eq!(c.counters.fast_retransmits, 0);
+}

@@ -887,11 +887,6 @@ impl Connection {
         payload: Zbuf,
     ) -> Disposition {
         let disposition = self.process(now, seg, payload);
-        if matches!(self.state, State::Established | State::CloseWait)
-            && self.keepalive.at.is_some()
-        {
-            self.arm_keepalive(now);
-        }
         self.arm_timers(now);
         disposition
     }
@@ -960,7 +955,7 @@ impl Connection {
                 // An old duplicate or a segment beyond the window: ACK it (this is also what
                 // re-ACKs a retransmitted FIN in TIME-WAIT).
                 self.ack_unacceptable(now, seg, payload.len());
-                if self.state == State::TimeWait {
+                if self.is_fin_retransmission(seg, len) {
                     self.restart_time_wait(now);
                 }
             }
@@ -1035,6 +1030,13 @@ impl Connection {
         // earlier would let a blind segment with a guessed in-window SEQ poison TS.Recent so
         // that PAWS drops the real peer.
         self.update_ts_recent_checked(now, seg, len);
+        // RFC 9293 §3.8.4: the peer is alive. Only a segment that passed the sequence and
+        // ACK checks counts: dropped junk (spoofed or stale) must not postpone the probes.
+        if matches!(self.state, State::Established | State::CloseWait)
+            && self.keepalive.at.is_some()
+        {
+            self.arm_keepalive(now);
+        }
         if self.snd_wnd == 0 {
             // The peer answers our zero-window probes: it is alive (RFC 9293 §3.8.6.1 MUST
             // NOT close the connection while probes are acknowledged).
@@ -1055,8 +1057,7 @@ impl Connection {
                         self.counters.drop(DropReason::DataAfterFin);
                     }
                     self.ack_now = true;
-                    if self.state == State::TimeWait && fin {
-                        // RFC 9293 §3.10.7.4 eighth: a retransmitted FIN restarts 2 MSL.
+                    if self.is_fin_retransmission(seg, len) {
                         self.restart_time_wait(now);
                     }
                     return Disposition::Keep;
@@ -1403,6 +1404,14 @@ impl Connection {
         self.restart_time_wait(now);
         self.close_reason.get_or_insert(CloseReason::Normal);
         self.events.closed = true;
+    }
+
+    /// RFC 9293 §3.10.7.4 (TIME-WAIT): "The only thing that can arrive in this state is a
+    /// retransmission of the remote FIN. Acknowledge it, and restart the 2 MSL timeout." A
+    /// retransmitted FIN ends exactly at RCV.NXT; any other segment leaves the timer alone,
+    /// so stray or spoofed segments cannot keep the tuple in TIME-WAIT.
+    fn is_fin_retransmission(&self, seg: &TcpRepr, len: u32) -> bool {
+        self.state == State::TimeWait && seg.flags.fin() && seg.seq + len == self.rcv_nxt
     }
 
     fn restart_time_wait(&mut self, now: Instant) {

@@ -1611,3 +1611,77 @@ fn rfc6582_3_2_step5_rto_outside_recovery_sets_recover() {
     );
     assert_eq!(c.counters.fast_retransmits, 0);
 }
+
+/// An established connection that closed first and reached TIME-WAIT (peer FIN at
+/// PEER_ISS + 1, so RCV.NXT = PEER_ISS + 2).
+fn time_wait() -> Connection {
+    let mut c = established();
+    c.close();
+    poll_all(&mut c, t(2));
+    let fin = seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 1, ISS + 2, 65535);
+    c.on_segment(t(3), &fin, zb(&[]));
+    poll_all(&mut c, t(3));
+    assert_eq!(c.state(), State::TimeWait);
+    c
+}
+
+/// Regression (TIME-WAIT extended by junk): RFC 9293 §3.10.7.4 restarts the 2 MSL timer for
+/// a retransmission of the remote FIN only; any unacceptable segment used to restart it.
+#[test]
+fn rfc9293_3_10_7_4_time_wait_restarts_only_on_a_retransmitted_fin() {
+    let mut c = time_wait();
+    let first = c.poll_timeout().unwrap();
+    assert_eq!(first, t(3) + TcpConfig::default().time_wait);
+    // A stray or spoofed ACK with an arbitrary sequence number, a new FIN at RCV.NXT, and a
+    // FIN far away: none of them restarts the timer.
+    c.on_segment(
+        t(59_000),
+        &ack_seg(PEER_ISS + 123_456_789, 42, 1000),
+        zb(&[]),
+    );
+    let new_fin = seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 2, ISS + 2, 65535);
+    c.on_segment(t(59_000), &new_fin, zb(&[]));
+    let far_fin = seg(
+        TcpFlags::ACK | TcpFlags::FIN,
+        PEER_ISS + 99_999,
+        ISS + 2,
+        65535,
+    );
+    c.on_segment(t(59_000), &far_fin, zb(&[]));
+    assert_eq!(c.poll_timeout(), Some(first), "2 MSL not extended by junk");
+    // The peer's FIN, retransmitted: ACKed, and the timer restarts.
+    let rexmit = seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 1, ISS + 2, 65535);
+    c.on_segment(t(59_500), &rexmit, zb(&[]));
+    let out = poll_all(&mut c, t(59_500));
+    assert_eq!(out.last().unwrap().repr.ack, SeqNum(PEER_ISS + 2));
+    assert_eq!(
+        c.poll_timeout(),
+        Some(t(59_500) + TcpConfig::default().time_wait)
+    );
+}
+
+/// Regression (keepalive fooled by junk): the idle timer was re-armed by any segment, even one
+/// dropped as unacceptable, so a stream of spoofed segments hid a dead peer (RFC 9293 §3.8.4:
+/// probes start after the connection has been idle; dropped segments are not activity).
+#[test]
+fn rfc9293_3_8_4_keepalive_is_not_rearmed_by_an_unacceptable_segment() {
+    let ka = crate::tcp::config::KeepaliveConfig {
+        idle: Duration::from_secs(10),
+        interval: Duration::from_secs(1),
+        probes: 3,
+    };
+    let cfg = TcpConfig {
+        keepalive: Some(ka),
+        ..plain_cfg()
+    };
+    let mut c = established_with(cfg, TcpOptions::default());
+    let first = c.poll_timeout().unwrap();
+    c.on_segment(t(9_000), &ack_seg(PEER_ISS + 99_999_999, 7, 1), zb(&[]));
+    c.on_segment(t(9_000), &ack_seg(PEER_ISS + 1, ISS + 500_000, 1), zb(&[]));
+    assert_eq!(c.counters.drops(DropReason::OutOfWindow), 1);
+    assert_eq!(c.counters.drops(DropReason::BadAck), 1);
+    assert_eq!(c.poll_timeout(), Some(first), "idle timer kept");
+    // A valid segment from the peer is activity.
+    c.on_segment(t(9_500), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(&[]));
+    assert_eq!(c.poll_timeout(), Some(t(9_500) + ka.idle));
+}

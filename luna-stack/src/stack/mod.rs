@@ -583,6 +583,7 @@ impl<R: Rng> Stack<R> {
             if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
                 e.owner = Owner::Released;
                 e.conn.abort();
+                e.conn.set_orphaned();
             }
             self.mark_dirty(idx);
         }
@@ -748,10 +749,12 @@ impl<R: Rng> Stack<R> {
     }
 
     /// Close: shut down sending and release the handle. The connection finishes its close
-    /// (FIN exchange, TIME-WAIT) on its own and is reclaimed afterwards.
+    /// (FIN exchange, TIME-WAIT) on its own and is reclaimed afterwards; a peer that never
+    /// sends its FIN is reset after `TcpConfig::fin_timeout` in FIN-WAIT-2.
     pub fn close(&mut self, h: SocketHandle) {
         if let Some(e) = self.entry_mut(h) {
             e.conn.close();
+            e.conn.set_orphaned();
             e.owner = Owner::Released;
             self.mark_dirty(h.idx);
         }
@@ -761,6 +764,7 @@ impl<R: Rng> Stack<R> {
     pub fn abort(&mut self, h: SocketHandle) {
         if let Some(e) = self.entry_mut(h) {
             e.conn.abort();
+            e.conn.set_orphaned();
             e.owner = Owner::Released;
             self.mark_dirty(h.idx);
         }

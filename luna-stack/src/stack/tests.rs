@@ -660,3 +660,22 @@ fn rfc9293_3_10_7_4_half_open_slot_is_released_when_syn_received_is_reset() {
     net.run_until(|n| n.a.state(c) == Some(State::Established), 1000);
     assert_eq!(net.b.counters().drops(StackDrop::BacklogFull), 0);
 }
+
+/// Regression (immortal orphans, stack level): the application closes its side and releases
+/// the handle; the peer never closes. The connection is reset after `fin_timeout` and its
+/// slot reclaimed; the peer's application sees the reset.
+#[test]
+fn released_connection_in_fin_wait_2_is_reclaimed_after_fin_timeout() {
+    let mut ca = cfg(MAC_A, ip_a());
+    ca.tcp.fin_timeout = Duration::from_secs(30);
+    let mut net = Net::new(ca, cfg(MAC_B, ip_b()));
+    let (c, s) = connected(&mut net);
+    net.a.close(c);
+    net.run_until(|n| n.b.state(s) == Some(State::CloseWait), 1000);
+    let closed_at = net.now;
+    net.run_until(|n| n.a.connection_count() == 0, 1000);
+    assert!(net.now >= closed_at + Duration::from_secs(30));
+    assert!(net.now < closed_at + Duration::from_secs(31));
+    net.run_until(|n| n.b.state(s) == Some(State::Closed), 10);
+    assert_eq!(net.b.close_reason(s), Some(CloseReason::Reset));
+}

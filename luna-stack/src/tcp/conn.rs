@@ -268,6 +268,10 @@ pub struct Connection {
     /// Window scaling was negotiated.
     wscale_ok: bool,
     tw_at: Option<Instant>,
+    /// The application released its handle: nobody reads or writes any more.
+    orphaned: bool,
+    /// FIN-WAIT-2 deadline of an orphan (`fin_timeout`).
+    fin_wait2_at: Option<Instant>,
     /// Send a RST for (seq) at the next poll (abort).
     rst_pending: Option<SeqNum>,
     close_reason: Option<CloseReason>,
@@ -376,6 +380,8 @@ impl Connection {
             send_window_probe: false,
             wscale_ok: false,
             tw_at: None,
+            orphaned: false,
+            fin_wait2_at: None,
             rst_pending: None,
             close_reason: None,
             events: Events::default(),
@@ -582,6 +588,18 @@ impl Connection {
         core::mem::take(&mut self.events)
     }
 
+    /// The application released its handle (the stack calls this on close and abort). The
+    /// states that wait on the peer without bound then get one: FIN-WAIT-2 ends after
+    /// `fin_timeout`, and zero-window probing counts toward `max_retries` even when answered.
+    pub fn set_orphaned(&mut self) {
+        self.orphaned = true;
+    }
+
+    /// Whether the application released its handle.
+    pub fn is_orphaned(&self) -> bool {
+        self.orphaned
+    }
+
     /// Whether the connection can be reclaimed by the stack.
     pub fn is_closed(&self) -> bool {
         self.state == State::Closed && self.rst_pending.is_none()
@@ -764,6 +782,7 @@ impl Connection {
         self.persist_at = None;
         self.ack_at = None;
         self.tw_at = None;
+        self.fin_wait2_at = None;
         self.ack_now = false;
         self.rexmit_now = None;
     }
@@ -1037,9 +1056,11 @@ impl Connection {
         {
             self.arm_keepalive(now);
         }
-        if self.snd_wnd == 0 {
+        if self.snd_wnd == 0 && !self.orphaned {
             // The peer answers our zero-window probes: it is alive (RFC 9293 §3.8.6.1 MUST
-            // NOT close the connection while probes are acknowledged).
+            // NOT close the connection while probes are acknowledged). RFC 6429 / RFC 9293
+            // §3.8.6.1: that does not stop reclaiming resources, so an orphan's probes keep
+            // counting toward max_retries and a peer holding the window shut cannot pin it.
             self.retries = 0;
         }
         if self.state == State::Closed {
@@ -1401,6 +1422,7 @@ impl Connection {
         self.state = State::TimeWait;
         self.rto_at = None;
         self.persist_at = None;
+        self.fin_wait2_at = None;
         self.restart_time_wait(now);
         self.close_reason.get_or_insert(CloseReason::Normal);
         self.events.closed = true;
@@ -1431,6 +1453,7 @@ impl Connection {
             self.persist_at,
             self.ack_at,
             self.tw_at,
+            self.fin_wait2_at,
             self.keepalive.at,
         ]
         .into_iter()
@@ -1450,6 +1473,12 @@ impl Connection {
     /// RFC 6298 §5.1-5.2 and RFC 9293 §3.8.6.1: keep exactly one of the retransmission and
     /// persist timers running while anything is outstanding or waiting for window.
     fn arm_timers(&mut self, now: Instant) {
+        if self.orphaned && self.state == State::FinWait2 && self.fin_wait2_at.is_none() {
+            // RFC 9293 has no FIN-WAIT-2 timer: a peer that never sends its FIN keeps the
+            // connection forever. With no application left to wait for it, give up after
+            // `fin_timeout` (Linux tcp_fin_timeout).
+            self.fin_wait2_at = Some(now + self.cfg.fin_timeout);
+        }
         if matches!(self.state, State::Closed | State::TimeWait) {
             self.rto_at = None;
             self.persist_at = None;
@@ -1490,6 +1519,13 @@ impl Connection {
             // RFC 9293 §3.10.8: 2 MSL elapsed in TIME-WAIT.
             self.tw_at = None;
             self.state = State::Closed;
+            return;
+        }
+        if self.fin_wait2_at.is_some_and(|t| t <= now) {
+            // An orphan's FIN-WAIT-2 expired: reset, so a peer stuck in CLOSE-WAIT learns.
+            self.fin_wait2_at = None;
+            self.rst_pending = Some(self.seq_for_control());
+            self.terminate(CloseReason::Timeout);
             return;
         }
         if self.ack_at.is_some_and(|t| t <= now) {

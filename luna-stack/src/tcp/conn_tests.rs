@@ -1685,3 +1685,107 @@ fn rfc9293_3_8_4_keepalive_is_not_rearmed_by_an_unacceptable_segment() {
     c.on_segment(t(9_500), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(&[]));
     assert_eq!(c.poll_timeout(), Some(t(9_500) + ka.idle));
 }
+
+/// Regression (immortal orphans): FIN-WAIT-2 had no timer, so a connection whose application
+/// had closed it lived forever if the peer never sent its FIN. An orphan now gives up after
+/// `fin_timeout` with a RST; a connection the application still holds waits (RFC 9293 has no
+/// FIN-WAIT-2 timeout: the application may be reading a half-closed stream).
+#[test]
+fn orphaned_fin_wait_2_is_reset_after_fin_timeout() {
+    let mut c = established();
+    c.close();
+    poll_all(&mut c, t(2));
+    c.on_segment(t(3), &ack_seg(PEER_ISS + 1, ISS + 2, 65535), zb(&[]));
+    assert_eq!(c.state(), State::FinWait2);
+    poll_all(&mut c, t(3));
+    assert_eq!(c.poll_timeout(), None, "held by the application: no timer");
+    // The application releases it at t = 10 s.
+    c.set_orphaned();
+    poll_all(&mut c, t(10_000));
+    let fin_timeout = TcpConfig::default().fin_timeout;
+    assert_eq!(c.poll_timeout(), Some(t(10_000) + fin_timeout));
+    // Peer data keeps arriving (half-closed stream), but the deadline stays.
+    c.on_segment(
+        t(20_000),
+        &ack_seg(PEER_ISS + 1, ISS + 2, 65535),
+        zb(b"more"),
+    );
+    poll_all(&mut c, t(20_000));
+    assert_eq!(c.poll_timeout(), Some(t(10_000) + fin_timeout));
+    let at = c.poll_timeout().unwrap();
+    c.on_timeout(at);
+    let out = poll_all(&mut c, at);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.flags, TcpFlags::RST);
+    assert_eq!(out[0].repr.seq, SeqNum(ISS + 2), "RST at SND.NXT");
+    assert!(c.is_closed());
+    assert_eq!(c.close_reason(), Some(CloseReason::Timeout));
+}
+
+/// An orphan that was released before its FIN was acknowledged starts the FIN-WAIT-2 clock
+/// when it gets there; one that receives the peer's FIN in time goes to TIME-WAIT as usual.
+#[test]
+fn orphan_reaching_fin_wait_2_gets_the_timer_and_a_timely_fin_clears_it() {
+    let mut c = established();
+    c.close();
+    c.set_orphaned();
+    poll_all(&mut c, t(2));
+    c.on_segment(t(5), &ack_seg(PEER_ISS + 1, ISS + 2, 65535), zb(&[]));
+    assert_eq!(c.state(), State::FinWait2);
+    let fin_timeout = TcpConfig::default().fin_timeout;
+    assert_eq!(c.poll_timeout(), Some(t(5) + fin_timeout));
+    let fin = seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 1, ISS + 2, 65535);
+    c.on_segment(t(6), &fin, zb(&[]));
+    assert_eq!(c.state(), State::TimeWait);
+    assert_eq!(
+        c.poll_timeout(),
+        Some(t(6) + TcpConfig::default().time_wait)
+    );
+}
+
+/// Regression (orphan pinned by a zero window): a peer that keeps its window shut and
+/// acknowledges every probe kept an orphaned FIN-WAIT-1 connection forever. RFC 6429 (folded
+/// into RFC 9293 §3.8.6.1): answered probes do not stop an orphan from being reclaimed, so
+/// they count toward max_retries; a connection the application holds keeps probing.
+#[test]
+fn rfc6429_orphan_zero_window_probing_is_bounded() {
+    let run = |orphan: bool| {
+        let cfg = TcpConfig {
+            max_retries: 5,
+            ..plain_cfg()
+        };
+        let mut c = established_with(cfg, TcpOptions::default());
+        c.send(&zb(&pattern(5000, 1))).unwrap();
+        poll_all(&mut c, t(2));
+        // Everything acknowledged but 100 bytes; the window closes.
+        c.on_segment(t(3), &ack_seg(PEER_ISS + 1, ISS + 1 + 4900, 0), zb(&[]));
+        c.send(&zb(&pattern(100, 2))).unwrap_or(0);
+        c.close();
+        if orphan {
+            c.set_orphaned();
+        }
+        poll_all(&mut c, t(3));
+        let mut probes = 0;
+        for _ in 0..30 {
+            let Some(at) = c.poll_timeout() else { break };
+            c.on_timeout(at);
+            for s in poll_all(&mut c, at) {
+                if s.payload.len() == 1 {
+                    probes += 1;
+                    // The peer answers each probe, window still shut, octet not taken.
+                    c.on_segment(at, &ack_seg(PEER_ISS + 1, ISS + 1 + 4900, 0), zb(&[]));
+                }
+            }
+            if c.state() == State::Closed {
+                break;
+            }
+        }
+        (probes, c.close_reason())
+    };
+    let (probes, reason) = run(true);
+    assert_eq!(probes, 5, "max_retries answered probes");
+    assert_eq!(reason, Some(CloseReason::Timeout));
+    let (probes, reason) = run(false);
+    assert_eq!(probes, 30, "an owned connection keeps probing");
+    assert_eq!(reason, None);
+}

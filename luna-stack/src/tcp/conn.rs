@@ -744,7 +744,11 @@ impl Connection {
             // delivers everything.
             State::SynSent if self.sndq.len() == 0 => self.terminate(CloseReason::Normal),
             State::SynSent => self.fin_queued = true,
-            State::SynReceived | State::Established => {
+            // RFC 9293 §3.10.4 (SYN-RECEIVED): the FIN is queued until ESTABLISHED. (The RFC
+            // lets a connection with nothing queued send it at once; waiting keeps the
+            // SYN-ACK retransmittable by the RTO and costs at most one round trip.)
+            State::SynReceived => self.fin_queued = true,
+            State::Established => {
                 self.fin_queued = true;
                 self.state = State::FinWait1;
             }
@@ -1029,7 +1033,7 @@ impl Connection {
                 self.events.writable = true;
                 self.arm_keepalive(now);
                 if self.fin_queued {
-                    // close() during SYN-RECEIVED already moved us on; keep FIN-WAIT-1.
+                    // close() during SYN-RECEIVED: the FIN follows the queued data now.
                     self.state = State::FinWait1;
                 }
             } else {

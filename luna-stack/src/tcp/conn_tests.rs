@@ -1789,3 +1789,38 @@ fn rfc6429_orphan_zero_window_probing_is_bounded() {
     assert_eq!(probes, 30, "an owned connection keeps probing");
     assert_eq!(reason, None);
 }
+
+/// Regression (close during the handshake): close() in SYN-RECEIVED (here after a
+/// simultaneous open) jumped to FIN-WAIT-1, so the RTO sent a FIN at SEQ = ISS instead of
+/// retransmitting the SYN-ACK. RFC 9293 §3.10.4: the FIN waits for ESTABLISHED.
+#[test]
+fn rfc9293_3_10_4_close_in_syn_received_keeps_the_handshake() {
+    let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
+    poll_all(&mut c, t(0));
+    c.on_segment(t(1), &seg(TcpFlags::SYN, PEER_ISS, 0, 65535), zb(&[]));
+    assert_eq!(c.state(), State::SynReceived);
+    let out = poll_all(&mut c, t(1));
+    assert_eq!(out[0].repr.flags, TcpFlags::SYN | TcpFlags::ACK);
+    c.close();
+    assert_eq!(c.state(), State::SynReceived);
+    assert_eq!(c.send(&zb(b"x")), Err(SendError::Shutdown));
+    let now = c.poll_timeout().unwrap();
+    c.on_timeout(now);
+    let out = poll_all(&mut c, now);
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        out[0].repr.flags,
+        TcpFlags::SYN | TcpFlags::ACK,
+        "SYN-ACK resent"
+    );
+    assert_eq!(out[0].repr.seq, SeqNum(ISS));
+    // The peer's ACK completes the handshake; the FIN follows.
+    c.on_segment(now, &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(&[]));
+    assert_eq!(c.state(), State::FinWait1);
+    let out = poll_all(&mut c, now);
+    assert_eq!(out.len(), 1);
+    assert!(out[0].repr.flags.fin());
+    assert_eq!(out[0].repr.seq, SeqNum(ISS + 1));
+    c.on_segment(now, &ack_seg(PEER_ISS + 1, ISS + 2, 65535), zb(&[]));
+    assert_eq!(c.state(), State::FinWait2);
+}

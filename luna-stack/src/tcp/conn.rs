@@ -1029,6 +1029,11 @@ impl Connection {
                 self.snd_wl1 = seg.seq;
                 self.snd_wl2 = seg.ack;
                 self.last_wnd_field = seg.window;
+                if self.syn_retransmitted {
+                    // RFC 6298 §5.7: the SYN-ACK timed out, so the RTO is re-initialized to
+                    // 3 s when data transmission begins (passive side of the same rule).
+                    self.rtt.on_handshake_retransmitted();
+                }
                 self.events.connected = true;
                 self.events.writable = true;
                 self.arm_keepalive(now);

@@ -1824,3 +1824,28 @@ fn rfc9293_3_10_4_close_in_syn_received_keeps_the_handshake() {
     c.on_segment(now, &ack_seg(PEER_ISS + 1, ISS + 2, 65535), zb(&[]));
     assert_eq!(c.state(), State::FinWait2);
 }
+
+/// Regression (passive side of RFC 6298 §5.7): after the SYN-ACK timed out, the RTO must be
+/// re-initialized to 3 s once the handshake completes; the passive side kept the backed-off
+/// 1 s RTO (2 s) while the active side applied the rule.
+#[test]
+fn rfc6298_5_7_passive_open_after_syn_ack_timeout_starts_with_3s_rto() {
+    let info = SynInfo {
+        seq: SeqNum(PEER_ISS),
+        window: 65535,
+        options: TcpOptions::default(),
+    };
+    let mut c = Connection::accept_syn(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0, &info);
+    poll_all(&mut c, t(0));
+    let now = c.poll_timeout().unwrap();
+    c.on_timeout(now);
+    assert!(poll_all(&mut c, now)[0].repr.flags.syn());
+    c.on_segment(t(2_500), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(&[]));
+    assert_eq!(c.state(), State::Established);
+    assert_eq!(c.rtt().rto(), Duration::from_secs(3));
+    assert_eq!(
+        c.rtt().srtt(),
+        None,
+        "Karn: no sample from a retransmitted SYN-ACK"
+    );
+}

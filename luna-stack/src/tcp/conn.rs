@@ -977,6 +977,7 @@ impl Connection {
             if !flags.rst() {
                 // An old duplicate or a segment beyond the window: ACK it (this is also what
                 // re-ACKs a retransmitted FIN in TIME-WAIT).
+                self.note_old_duplicate(seg.seq, payload.len());
                 self.ack_unacceptable(now, seg, payload.len());
                 if self.is_fin_retransmission(seg, len) {
                     self.restart_time_wait(now);
@@ -1193,6 +1194,16 @@ impl Connection {
                 }
             }
             None => self.ack_now = true,
+        }
+    }
+
+    /// RFC 2883 §4: data entirely below RCV.NXT (a spurious retransmission) is reported with a
+    /// D-SACK. Only plausible duplicates, within one receive buffer below RCV.NXT, are.
+    fn note_old_duplicate(&mut self, seq: SeqNum, payload_len: usize) {
+        let end = seq + payload_len;
+        let reach = self.cfg.rcv_buf.max(u32::from(u16::MAX));
+        if payload_len > 0 && end.le(self.rcv_nxt) && self.rcv_nxt - seq <= reach {
+            self.ooo.note_duplicate(seq, end);
         }
     }
 
@@ -1651,6 +1662,10 @@ impl Connection {
         if let Some(seg) = &out {
             self.counters.segs_out += 1;
             self.counters.bytes_out += seg.payload.len() as u64;
+            if let Some(&first) = seg.repr.options.sack_blocks.as_slice().first() {
+                // RFC 2883 §4: the D-SACK is reported once, by a segment that goes out.
+                self.ooo.on_dsack_sent(first);
+            }
             if seg.repr.flags.ack() {
                 self.ack_now = false;
                 self.ack_at = None;
@@ -1751,7 +1766,11 @@ impl Connection {
                 SackBlocks::MAX
             };
             let mut buf = [(SeqNum(0), SeqNum(0)); SackBlocks::MAX];
-            let n = self.ooo.sack_blocks(self.rcv_nxt, &mut buf[..max]);
+            // The D-SACK stays pending until a segment carrying it is sent (poll_segment):
+            // options are also built for segments that end up not being sent.
+            let n = self
+                .ooo
+                .sack_blocks_keeping_dsack(self.rcv_nxt, &mut buf[..max]);
             for &(l, r) in &buf[..n] {
                 opts.sack_blocks.push(l, r);
             }

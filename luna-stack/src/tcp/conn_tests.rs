@@ -1849,3 +1849,75 @@ fn rfc6298_5_7_passive_open_after_syn_ack_timeout_starts_with_3s_rto() {
         "Karn: no sample from a retransmitted SYN-ACK"
     );
 }
+
+fn sack_peer() -> Connection {
+    let cfg = TcpConfig {
+        sack: true,
+        ..plain_cfg()
+    };
+    let peer = TcpOptions {
+        sack_permitted: true,
+        ..TcpOptions::default()
+    };
+    established_with(cfg, peer)
+}
+
+/// Regression (missing D-SACK): a segment entirely below RCV.NXT (a spurious
+/// retransmission) takes the unacceptable path, which never recorded the duplicate, so its
+/// ACK carried no D-SACK. RFC 2883 §4: report it.
+#[test]
+fn rfc2883_4_fully_duplicate_segment_is_dsacked() {
+    let mut c = sack_peer();
+    c.on_segment(
+        t(2),
+        &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[1u8; 100]),
+    );
+    poll_all(&mut c, t(2));
+    c.on_segment(
+        t(3),
+        &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[1u8; 100]),
+    );
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        out[0].repr.options.sack_blocks.as_slice(),
+        &[(SeqNum(PEER_ISS + 1), SeqNum(PEER_ISS + 101))]
+    );
+    // Reported once.
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 101, ISS + 1, 65535), zb(b"x"));
+    let out = poll_all(&mut c, t(4));
+    assert!(out[0].repr.options.sack_blocks.is_empty());
+}
+
+/// Regression (lost D-SACK): building options for a data segment that then was not sent
+/// (cwnd-limited) consumed the pending D-SACK, so the ACK that did go out lacked it.
+#[test]
+fn rfc2883_4_pending_dsack_survives_a_segment_that_is_not_sent() {
+    let mut c = sack_peer();
+    // Fill cwnd (IW10) and keep more queued.
+    c.send(&zb(&vec![0u8; 1460 * 20])).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 10);
+    c.on_segment(
+        t(2),
+        &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[1u8; 100]),
+    );
+    poll_all(&mut c, t(2));
+    // Partial duplicate: bytes 50..150 (50..100 already received).
+    c.on_segment(
+        t(3),
+        &ack_seg(PEER_ISS + 1 + 50, ISS + 1, 65535),
+        zb(&[1u8; 100]),
+    );
+    assert!(c.ooo.pending_dsack().is_some());
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(out.len(), 1, "one ACK");
+    assert!(out[0].payload.is_empty());
+    assert_eq!(
+        out[0].repr.options.sack_blocks.as_slice(),
+        &[(SeqNum(PEER_ISS + 51), SeqNum(PEER_ISS + 101))]
+    );
+    assert!(c.ooo.pending_dsack().is_none());
+}

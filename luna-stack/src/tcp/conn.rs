@@ -1124,12 +1124,19 @@ impl Connection {
                 self.fin_seq = Some(fseq);
             }
             if seq == self.rcv_nxt {
+                // RFC 5681 §4.2: a segment that fills in all or part of a gap is ACKed at
+                // once (the sender is in loss recovery and waits for it), not delayed.
+                let fills_gap = !payload.is_empty() && !self.ooo.is_empty();
                 self.deliver(payload);
                 // Anything out of order that is now contiguous follows (RFC 9293 §3.10.7.4).
                 while let Some(more) = self.ooo.pop_ready(self.rcv_nxt) {
                     self.deliver(more);
                 }
-                self.schedule_ack(now, len > 0);
+                if fills_gap {
+                    self.ack_now = true;
+                } else {
+                    self.schedule_ack(now, len > 0);
+                }
             } else {
                 // Out of order: queue it and send an immediate duplicate ACK with SACK
                 // (RFC 5681 §4.2: an out-of-order segment SHOULD be acked immediately).

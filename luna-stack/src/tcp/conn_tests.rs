@@ -1921,3 +1921,40 @@ fn rfc2883_4_pending_dsack_survives_a_segment_that_is_not_sent() {
     );
     assert!(c.ooo.pending_dsack().is_none());
 }
+
+/// Regression (delayed gap-fill ACK): with delayed ACKs on, the segment that filled a hole
+/// was ACKed only when the delayed-ACK timer fired. RFC 5681 §4.2: it SHOULD be ACKed at once.
+#[test]
+fn rfc5681_4_2_segment_filling_a_gap_is_acked_immediately() {
+    let cfg = TcpConfig {
+        delayed_ack: Some(Duration::from_millis(40)),
+        ..plain_cfg()
+    };
+    let mut c = established_with(cfg, TcpOptions::default());
+    c.on_segment(
+        t(2),
+        &ack_seg(PEER_ISS + 1 + 100, ISS + 1, 65535),
+        zb(&[1u8; 100]),
+    );
+    assert_eq!(
+        poll_all(&mut c, t(2)).len(),
+        1,
+        "immediate dup ACK for OOO data"
+    );
+    c.on_segment(
+        t(3),
+        &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[1u8; 100]),
+    );
+    assert_eq!(c.recv_available(), 200);
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(out.len(), 1, "gap-filling segment ACKed at once");
+    assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 201));
+    // In-order data with no gap is still delayed.
+    c.on_segment(
+        t(4),
+        &ack_seg(PEER_ISS + 201, ISS + 1, 65535),
+        zb(&[1u8; 100]),
+    );
+    assert!(poll_all(&mut c, t(4)).is_empty());
+}

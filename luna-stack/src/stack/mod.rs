@@ -1218,9 +1218,9 @@ impl<R: Rng> Stack<R> {
         if flags.rst() {
             return self.counters.drop(StackDrop::ListenInvalid);
         }
-        if flags.ack() && !flags.syn() {
+        if flags.ack() {
             // Possibly the final ACK of a SYN-cookie handshake.
-            if self.cfg.syn_cookies {
+            if self.cfg.syn_cookies && !flags.syn() {
                 let tsecr = seg.options.timestamps.map(|t| t.tsecr);
                 if let Ok(ok) =
                     self.cookies
@@ -1229,6 +1229,8 @@ impl<R: Rng> Stack<R> {
                     return self.accept_cookie(now, l, tuple, seg, payload, ok, src_mac);
                 }
             }
+            // RFC 9293 §3.10.7.2 second: any acknowledgment is bad in LISTEN (a SYN-ACK too,
+            // which must not open a connection): <SEQ=SEG.ACK><CTL=RST>.
             self.counters.drop(StackDrop::ListenInvalid);
             return self.queue_rst_for(seg, payload.len(), tuple, src_mac);
         }

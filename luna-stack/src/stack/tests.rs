@@ -679,3 +679,21 @@ fn released_connection_in_fin_wait_2_is_reclaimed_after_fin_timeout() {
     net.run_until(|n| n.b.state(s) == Some(State::Closed), 10);
     assert_eq!(net.b.close_reason(s), Some(CloseReason::Reset));
 }
+
+/// Regression: a SYN-ACK to a listening port opened a SYN-RECEIVED connection. RFC 9293
+/// §3.10.7.2: any ACK-bearing segment in LISTEN gets <SEQ=SEG.ACK><CTL=RST>.
+#[test]
+fn rfc9293_3_10_7_2_syn_ack_to_a_listener_gets_rst() {
+    let mut net = Net::pair();
+    let _l = net.b.listen(7000, 16).unwrap();
+    inject_to_b(&mut net, 40000, 1234, 999, TcpFlags::SYN | TcpFlags::ACK);
+    assert_eq!(net.b.counters().passive_opens, 0);
+    assert_eq!(net.b.connection_count(), 0);
+    assert_eq!(net.b.counters().drops(StackDrop::ListenInvalid), 1);
+    let rst = net.b.poll_transmit(net.now).expect("RST");
+    let bytes = rst.to_vec();
+    let ip = Ipv4Packet::new_checked(&bytes[ETH_LEN..]).unwrap();
+    let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+    assert_eq!(tcp.flags(), TcpFlags::RST);
+    assert_eq!(tcp.seq_number(), SeqNum(999));
+}

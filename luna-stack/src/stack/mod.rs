@@ -500,10 +500,34 @@ impl<R: Rng> Stack<R> {
         }
     }
 
+    /// Remove the connection's tuple from the demux table (if it still maps to it: a newer
+    /// connection may own the tuple by now). The slot and its handle stay.
+    fn unmap(&mut self, idx: u32) {
+        if let Some(e) = self.slots[idx as usize].entry.as_deref() {
+            let tuple = e.conn.tuple();
+            if self.by_tuple.get(&tuple) == Some(&idx) {
+                self.by_tuple.remove(&tuple);
+            }
+        }
+    }
+
+    /// A connection that reached CLOSED stops owning its tuple at once, even while the
+    /// application holds its handle: new connections may use the tuple, and segments for it
+    /// are answered as for no connection (RFC 9293 §3.10.7.1).
+    fn unmap_if_closed(&mut self, idx: u32) {
+        if self.slots[idx as usize]
+            .entry
+            .as_deref()
+            .is_some_and(|e| e.conn.state() == State::Closed)
+        {
+            self.unmap(idx);
+        }
+    }
+
     fn free_slot(&mut self, idx: u32) {
+        self.unmap(idx);
         let slot = &mut self.slots[idx as usize];
         if let Some(e) = slot.entry.take() {
-            self.by_tuple.remove(&e.conn.tuple());
             self.retired.accumulate(&e.conn.counters);
             if let Owner::Listener(l) = e.owner {
                 if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
@@ -810,9 +834,13 @@ impl<R: Rng> Stack<R> {
         };
         let ev = e.conn.take_events();
         let owner = e.owner;
+        let closed = e.conn.state() == State::Closed;
         // The handshake completed: the connection leaves the listener's half-open count.
         let leaves_half_open = ev.connected && core::mem::take(&mut e.counted_half_open);
         self.route_events(h, owner, ev, leaves_half_open);
+        if closed {
+            self.unmap(idx);
+        }
         self.mark_dirty(idx);
         self.schedule_timer(idx);
     }
@@ -1143,6 +1171,14 @@ impl<R: Rng> Stack<R> {
                 .entry
                 .as_deref_mut()
                 .expect("tuple map is consistent");
+            if e.conn.state() == State::Closed {
+                // RFC 9293 §3.10.7.1: a CLOSED connection is no connection. One the
+                // application still holds (to read its close reason) must not swallow the
+                // segment: the tuple is freed and the segment goes to a listener or gets a
+                // RST below.
+                self.unmap(idx);
+                return self.on_tcp_unmatched(now, tuple, &seg, payload, src_mac);
+            }
             // RFC 6191: a new SYN may reuse a TIME-WAIT tuple when it is clearly newer.
             let reuse = e.conn.state() == State::TimeWait
                 && seg.flags.syn()
@@ -1160,14 +1196,31 @@ impl<R: Rng> Stack<R> {
                 }
                 return;
             }
-            self.free_slot(idx);
+            if e.owner == Owner::App {
+                // The application's handle stays valid; only the tuple is taken over.
+                self.unmap(idx);
+            } else {
+                self.free_slot(idx);
+            }
             self.counters.time_wait_reuses += 1;
         }
+        self.on_tcp_unmatched(now, tuple, &seg, payload, src_mac);
+    }
+
+    /// A segment that matched no live connection: a listener's, or a RST.
+    fn on_tcp_unmatched(
+        &mut self,
+        now: Instant,
+        tuple: FourTuple,
+        seg: &TcpRepr,
+        payload: Zbuf,
+        src_mac: EthernetAddress,
+    ) {
         match self.listener_by_port.get(&seg.dst_port).copied() {
-            Some(l) => self.on_listen_segment(now, l, tuple, &seg, payload, src_mac),
+            Some(l) => self.on_listen_segment(now, l, tuple, seg, payload, src_mac),
             None => {
                 self.counters.drop(StackDrop::NoSocket);
-                self.queue_rst_for(&seg, payload.len(), tuple, src_mac);
+                self.queue_rst_for(seg, payload.len(), tuple, src_mac);
             }
         }
     }
@@ -1420,6 +1473,7 @@ impl<R: Rng> Stack<R> {
                 e.dirty = false;
                 self.dirty.pop_front();
                 let reclaim = e.conn.is_closed() && e.owner != Owner::App;
+                self.unmap_if_closed(idx);
                 self.schedule_timer(idx);
                 if reclaim {
                     self.free_slot(idx);

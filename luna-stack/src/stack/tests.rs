@@ -697,3 +697,123 @@ fn rfc9293_3_10_7_2_syn_ack_to_a_listener_gets_rst() {
     assert_eq!(tcp.flags(), TcpFlags::RST);
     assert_eq!(tcp.seq_number(), SeqNum(999));
 }
+
+/// Regression (closed connections swallowing segments): a connection the peer reset stayed
+/// in the demux table while the application held its handle, so every later segment for the
+/// tuple, including the SYN of a new connection, was silently eaten. RFC 9293 §3.10.7.1: a
+/// CLOSED connection is no connection; the SYN must reach the listener, and the old handle
+/// must still report how it closed.
+#[test]
+fn rfc9293_3_10_7_1_closed_connection_held_by_the_app_frees_its_tuple() {
+    let mut net = Net::pair();
+    let (c, s) = connected(&mut net);
+    let port = net.a.connection(c).unwrap().tuple().local.port();
+    net.a.abort(c);
+    net.run_until(|n| n.b.state(s) == Some(State::Closed), 100);
+    assert_eq!(net.b.close_reason(s), Some(CloseReason::Reset));
+    assert!(!net.b.tuple_in_use(
+        SocketAddrV4::new(ip_b(), 7000),
+        SocketAddrV4::new(ip_a(), port)
+    ));
+    net.run_until(|n| n.a.connection_count() == 0, 100);
+    // A new connection on the same 4-tuple reaches B's listener.
+    let c2 = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), Some(port))
+        .unwrap();
+    net.run_until(|n| n.a.state(c2) == Some(State::Established), 1000);
+    let l = ListenerHandle { idx: 0, gen: 0 };
+    let mut s2 = None;
+    net.run_until(
+        |n| {
+            s2 = s2.or_else(|| n.b.accept(l));
+            s2.is_some()
+        },
+        1000,
+    );
+    let s2 = s2.unwrap();
+    assert_ne!(s2, s);
+    assert_eq!(
+        net.b.close_reason(s),
+        Some(CloseReason::Reset),
+        "old handle valid"
+    );
+    assert_eq!(net.b.state(s2), Some(State::Established));
+    // Releasing the old handle does not disturb the new connection on the same tuple.
+    net.b.close(s);
+    net.step();
+    assert_eq!(net.b.state(s), None);
+    net.b
+        .send(s2, &Zbuf::copy_from_slice(b"still here"))
+        .unwrap();
+    let mut got = Vec::new();
+    net.run_until(
+        |n| {
+            while let Ok(Some(b)) = n.a.recv(c2) {
+                got.extend_from_slice(&b);
+            }
+            got == b"still here"
+        },
+        1000,
+    );
+}
+
+/// The same rule without a listener: a segment for a CLOSED connection that the application
+/// still holds gets a RST (RFC 9293 §3.10.7.1), not silence.
+#[test]
+fn rfc9293_3_10_7_1_segment_for_a_closed_connection_held_by_the_app_gets_rst() {
+    let mut net = Net::pair();
+    let c = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 9), None)
+        .unwrap();
+    net.run_until(|n| n.a.state(c) == Some(State::Closed), 100);
+    assert_eq!(net.a.close_reason(c), Some(CloseReason::Refused));
+    let tuple = net.a.connection(c).unwrap().tuple();
+    let back = FourTuple {
+        local: tuple.remote,
+        remote: tuple.local,
+    };
+    let repr = TcpRepr {
+        src_port: back.local.port(),
+        dst_port: back.remote.port(),
+        seq: SeqNum(4242),
+        ack: SeqNum(777),
+        flags: TcpFlags::ACK,
+        window: 1000,
+        urgent: 0,
+        options: TcpOptions::default(),
+    };
+    let f = net.b.build_tcp(&repr, IoVec::new(), back, MAC_A).to_vec();
+    let rsts = net.a.counters().rsts_sent;
+    net.a.handle_frame(net.now, Zbuf::copy_from_slice(&f));
+    assert_eq!(net.a.counters().rsts_sent, rsts + 1);
+    assert_eq!(net.a.counters().drops(StackDrop::NoSocket), 1);
+    assert_eq!(net.a.close_reason(c), Some(CloseReason::Refused));
+}
+
+/// RFC 6191 TIME-WAIT reuse when the application still holds the TIME-WAIT connection's
+/// handle (it shut down without closing): the new connection takes the tuple and the old
+/// handle stays valid.
+#[test]
+fn rfc6191_time_wait_reuse_keeps_the_application_handle_valid() {
+    let mut net = Net::pair();
+    let (c, s) = connected(&mut net);
+    let port = net.a.connection(c).unwrap().tuple().local.port();
+    net.b.shutdown(s);
+    net.run_until(|n| matches!(n.a.recv(c), Err(RecvError::Finished)), 100);
+    net.a.close(c);
+    net.run_until(
+        |n| n.b.state(s) == Some(State::TimeWait) && n.a.connection_count() == 0,
+        100,
+    );
+    net.now += Duration::from_millis(10);
+    let c2 = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), Some(port))
+        .unwrap();
+    net.run_until(|n| n.a.state(c2) == Some(State::Established), 1000);
+    assert_eq!(net.b.counters().time_wait_reuses, 1);
+    assert_eq!(net.b.state(s), Some(State::TimeWait), "old handle valid");
+    assert_eq!(net.b.close_reason(s), Some(CloseReason::Normal));
+}

@@ -1386,6 +1386,7 @@ impl<R: Rng> Stack<R> {
             seq: c.isn,
             ack: seg.seq + 1u32,
             flags: TcpFlags::SYN | TcpFlags::ACK,
+            // Connection::from_cookie assumes exactly this window was offered.
             window: u16::try_from(tcp.rcv_buf).unwrap_or(u16::MAX),
             urgent: 0,
             options,

@@ -454,6 +454,10 @@ impl Connection {
         c.snd_nxt = iss + 1u32;
         c.snd_max = c.snd_nxt;
         c.last_recover = c.snd_nxt;
+        // The stack's cookie SYN-ACK offered min(rcv_buf, 65535), unscaled (RFC 7323 §2.2):
+        // that is the window the peer may fill before our first ACK, and the right edge that
+        // must not move left (RFC 9293 §3.8.6.2.2).
+        c.rcv_adv = c.rcv_nxt + c.cfg.rcv_buf.min(u32::from(u16::MAX));
         c.state = State::SynReceived;
         c
     }

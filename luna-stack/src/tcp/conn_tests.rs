@@ -1958,3 +1958,39 @@ fn rfc5681_4_2_segment_filling_a_gap_is_acked_immediately() {
     );
     assert!(poll_all(&mut c, t(4)).is_empty());
 }
+
+/// Regression (SYN-cookie window): a connection re-created from a SYN cookie set RCV.ADV to
+/// RCV.NXT, i.e. a zero window, although the cookie SYN-ACK offered min(rcv_buf, 65535), so
+/// in-window data that arrived before our first ACK (a reordered second segment) was dropped
+/// as out of window.
+#[test]
+fn syn_cookie_connection_accepts_in_window_data_before_its_first_ack() {
+    let peer = TcpOptions {
+        mss: Some(1460),
+        ..TcpOptions::default()
+    };
+    let mut c = Connection::from_cookie(
+        t(0),
+        tuple_a(),
+        plain_cfg(),
+        SeqNum(ISS),
+        SeqNum(PEER_ISS),
+        0,
+        &peer,
+    );
+    // The cookie ACK (pure), then the peer's first two data segments, reordered.
+    c.on_segment(t(1), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(&[]));
+    assert_eq!(c.state(), State::Established);
+    c.on_segment(
+        t(1),
+        &ack_seg(PEER_ISS + 1001, ISS + 1, 65535),
+        zb(&[7u8; 1000]),
+    );
+    assert_eq!(c.counters.drops(DropReason::OutOfWindow), 0);
+    c.on_segment(
+        t(1),
+        &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[6u8; 1000]),
+    );
+    assert_eq!(c.recv_available(), 2000, "both segments delivered");
+}

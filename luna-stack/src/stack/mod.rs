@@ -276,6 +276,10 @@ struct Entry {
     next_hop: Ipv4Addr,
     /// A segment polled while the next hop was unresolved (sent once it resolves).
     held: Option<OutSegment>,
+    /// Counted in its listener's `half_open` (created by the listener, handshake not yet
+    /// complete). The flag, not the state at reclaim time, decides the decrement: a
+    /// SYN-RECEIVED connection that times out or is reset is Closed when it is freed.
+    counted_half_open: bool,
 }
 
 struct Slot {
@@ -496,14 +500,38 @@ impl<R: Rng> Stack<R> {
         }
     }
 
+    /// Remove the connection's tuple from the demux table (if it still maps to it: a newer
+    /// connection may own the tuple by now). The slot and its handle stay.
+    fn unmap(&mut self, idx: u32) {
+        if let Some(e) = self.slots[idx as usize].entry.as_deref() {
+            let tuple = e.conn.tuple();
+            if self.by_tuple.get(&tuple) == Some(&idx) {
+                self.by_tuple.remove(&tuple);
+            }
+        }
+    }
+
+    /// A connection that reached CLOSED stops owning its tuple at once, even while the
+    /// application holds its handle: new connections may use the tuple, and segments for it
+    /// are answered as for no connection (RFC 9293 §3.10.7.1).
+    fn unmap_if_closed(&mut self, idx: u32) {
+        if self.slots[idx as usize]
+            .entry
+            .as_deref()
+            .is_some_and(|e| e.conn.state() == State::Closed)
+        {
+            self.unmap(idx);
+        }
+    }
+
     fn free_slot(&mut self, idx: u32) {
+        self.unmap(idx);
         let slot = &mut self.slots[idx as usize];
         if let Some(e) = slot.entry.take() {
-            self.by_tuple.remove(&e.conn.tuple());
             self.retired.accumulate(&e.conn.counters);
             if let Owner::Listener(l) = e.owner {
                 if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
-                    if e.conn.state() == State::SynReceived {
+                    if e.counted_half_open {
                         lst.half_open = lst.half_open.saturating_sub(1);
                     }
                     let h = SocketHandle { idx, gen: slot.gen };
@@ -579,6 +607,7 @@ impl<R: Rng> Stack<R> {
             if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
                 e.owner = Owner::Released;
                 e.conn.abort();
+                e.conn.set_orphaned();
             }
             self.mark_dirty(idx);
         }
@@ -651,6 +680,7 @@ impl<R: Rng> Stack<R> {
             timer_at: None,
             next_hop,
             held: None,
+            counted_half_open: false,
         };
         let idx = self.alloc_slot(entry).ok_or(ConnectError::TableFull)?;
         self.by_tuple.insert(tuple, idx);
@@ -743,10 +773,12 @@ impl<R: Rng> Stack<R> {
     }
 
     /// Close: shut down sending and release the handle. The connection finishes its close
-    /// (FIN exchange, TIME-WAIT) on its own and is reclaimed afterwards.
+    /// (FIN exchange, TIME-WAIT) on its own and is reclaimed afterwards; a peer that never
+    /// sends its FIN is reset after `TcpConfig::fin_timeout` in FIN-WAIT-2.
     pub fn close(&mut self, h: SocketHandle) {
         if let Some(e) = self.entry_mut(h) {
             e.conn.close();
+            e.conn.set_orphaned();
             e.owner = Owner::Released;
             self.mark_dirty(h.idx);
         }
@@ -756,6 +788,7 @@ impl<R: Rng> Stack<R> {
     pub fn abort(&mut self, h: SocketHandle) {
         if let Some(e) = self.entry_mut(h) {
             e.conn.abort();
+            e.conn.set_orphaned();
             e.owner = Owner::Released;
             self.mark_dirty(h.idx);
         }
@@ -801,12 +834,18 @@ impl<R: Rng> Stack<R> {
         };
         let ev = e.conn.take_events();
         let owner = e.owner;
-        self.route_events(h, owner, ev);
+        let closed = e.conn.state() == State::Closed;
+        // The handshake completed: the connection leaves the listener's half-open count.
+        let leaves_half_open = ev.connected && core::mem::take(&mut e.counted_half_open);
+        self.route_events(h, owner, ev, leaves_half_open);
+        if closed {
+            self.unmap(idx);
+        }
         self.mark_dirty(idx);
         self.schedule_timer(idx);
     }
 
-    fn route_events(&mut self, h: SocketHandle, owner: Owner, ev: Events) {
+    fn route_events(&mut self, h: SocketHandle, owner: Owner, ev: Events, leaves_half_open: bool) {
         match owner {
             Owner::App => {
                 if ev.connected {
@@ -825,7 +864,9 @@ impl<R: Rng> Stack<R> {
             Owner::Listener(l) => {
                 if ev.connected {
                     if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
-                        lst.half_open = lst.half_open.saturating_sub(1);
+                        if leaves_half_open {
+                            lst.half_open = lst.half_open.saturating_sub(1);
+                        }
                         lst.accept_queue.push_back(h);
                         let lh = ListenerHandle {
                             idx: l,
@@ -1130,6 +1171,14 @@ impl<R: Rng> Stack<R> {
                 .entry
                 .as_deref_mut()
                 .expect("tuple map is consistent");
+            if e.conn.state() == State::Closed {
+                // RFC 9293 §3.10.7.1: a CLOSED connection is no connection. One the
+                // application still holds (to read its close reason) must not swallow the
+                // segment: the tuple is freed and the segment goes to a listener or gets a
+                // RST below.
+                self.unmap(idx);
+                return self.on_tcp_unmatched(now, tuple, &seg, payload, src_mac);
+            }
             // RFC 6191: a new SYN may reuse a TIME-WAIT tuple when it is clearly newer.
             let reuse = e.conn.state() == State::TimeWait
                 && seg.flags.syn()
@@ -1147,14 +1196,31 @@ impl<R: Rng> Stack<R> {
                 }
                 return;
             }
-            self.free_slot(idx);
+            if e.owner == Owner::App {
+                // The application's handle stays valid; only the tuple is taken over.
+                self.unmap(idx);
+            } else {
+                self.free_slot(idx);
+            }
             self.counters.time_wait_reuses += 1;
         }
+        self.on_tcp_unmatched(now, tuple, &seg, payload, src_mac);
+    }
+
+    /// A segment that matched no live connection: a listener's, or a RST.
+    fn on_tcp_unmatched(
+        &mut self,
+        now: Instant,
+        tuple: FourTuple,
+        seg: &TcpRepr,
+        payload: Zbuf,
+        src_mac: EthernetAddress,
+    ) {
         match self.listener_by_port.get(&seg.dst_port).copied() {
-            Some(l) => self.on_listen_segment(now, l, tuple, &seg, payload, src_mac),
+            Some(l) => self.on_listen_segment(now, l, tuple, seg, payload, src_mac),
             None => {
                 self.counters.drop(StackDrop::NoSocket);
-                self.queue_rst_for(&seg, payload.len(), tuple, src_mac);
+                self.queue_rst_for(seg, payload.len(), tuple, src_mac);
             }
         }
     }
@@ -1205,9 +1271,9 @@ impl<R: Rng> Stack<R> {
         if flags.rst() {
             return self.counters.drop(StackDrop::ListenInvalid);
         }
-        if flags.ack() && !flags.syn() {
+        if flags.ack() {
             // Possibly the final ACK of a SYN-cookie handshake.
-            if self.cfg.syn_cookies {
+            if self.cfg.syn_cookies && !flags.syn() {
                 let tsecr = seg.options.timestamps.map(|t| t.tsecr);
                 if let Ok(ok) =
                     self.cookies
@@ -1216,6 +1282,8 @@ impl<R: Rng> Stack<R> {
                     return self.accept_cookie(now, l, tuple, seg, payload, ok, src_mac);
                 }
             }
+            // RFC 9293 §3.10.7.2 second: any acknowledgment is bad in LISTEN (a SYN-ACK too,
+            // which must not open a connection): <SEQ=SEG.ACK><CTL=RST>.
             self.counters.drop(StackDrop::ListenInvalid);
             return self.queue_rst_for(seg, payload.len(), tuple, src_mac);
         }
@@ -1261,6 +1329,7 @@ impl<R: Rng> Stack<R> {
             timer_at: None,
             next_hop,
             held: None,
+            counted_half_open: true,
         };
         let Some(idx) = self.alloc_slot(entry) else {
             return self.counters.drop(StackDrop::TableFull);
@@ -1317,6 +1386,7 @@ impl<R: Rng> Stack<R> {
             seq: c.isn,
             ack: seg.seq + 1u32,
             flags: TcpFlags::SYN | TcpFlags::ACK,
+            // Connection::from_cookie assumes exactly this window was offered.
             window: u16::try_from(tcp.rcv_buf).unwrap_or(u16::MAX),
             urgent: 0,
             options,
@@ -1361,6 +1431,7 @@ impl<R: Rng> Stack<R> {
             timer_at: None,
             next_hop,
             held: None,
+            counted_half_open: true,
         };
         let Some(idx) = self.alloc_slot(entry) else {
             return self.counters.drop(StackDrop::TableFull);
@@ -1403,6 +1474,7 @@ impl<R: Rng> Stack<R> {
                 e.dirty = false;
                 self.dirty.pop_front();
                 let reclaim = e.conn.is_closed() && e.owner != Owner::App;
+                self.unmap_if_closed(idx);
                 self.schedule_timer(idx);
                 if reclaim {
                     self.free_slot(idx);

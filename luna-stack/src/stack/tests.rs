@@ -567,3 +567,253 @@ fn many_connections_each_carry_an_rpc() {
         10_000,
     );
 }
+
+fn is_tcp(bytes: &[u8]) -> bool {
+    bytes.len() > 34 && bytes[12..14] == [0x08, 0x00] && bytes[23] == 6
+}
+
+/// A hand-built TCP segment from A's address (`port`) to B:7000, delivered to B.
+fn inject_to_b(net: &mut Net, port: u16, seq: u32, ack: u32, flags: TcpFlags) {
+    let tuple = FourTuple {
+        local: SocketAddrV4::new(ip_a(), port),
+        remote: SocketAddrV4::new(ip_b(), 7000),
+    };
+    let repr = TcpRepr {
+        src_port: port,
+        dst_port: 7000,
+        seq: SeqNum(seq),
+        ack: SeqNum(ack),
+        flags,
+        window: 1000,
+        urgent: 0,
+        options: TcpOptions::default(),
+    };
+    let f = net.a.build_tcp(&repr, IoVec::new(), tuple, MAC_B).to_vec();
+    let now = net.now;
+    net.b.handle_frame(now, Zbuf::copy_from_slice(&f));
+}
+
+/// Regression (backlog leak): a passive connection that leaves SYN-RECEIVED by timeout is
+/// Closed when reclaimed; the listener's half-open count must still drop, or the backlog
+/// fills up for good (RFC 9293 §3.10.7.2: the listener keeps accepting new SYNs).
+#[test]
+fn rfc9293_3_10_7_2_half_open_slot_is_released_when_syn_received_times_out() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let mut ca = cfg(MAC_A, ip_a());
+    ca.tcp.syn_retries = 1;
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.syn_cookies = false;
+    cb.tcp.syn_retries = 1;
+    let mut net = Net::new(ca, cb);
+    let l = net.b.listen(7000, 1).unwrap();
+    let blackhole = Rc::new(Cell::new(true));
+    let bh = blackhole.clone();
+    // B's TCP segments are lost: A never completes, B's SYN-RECEIVED times out.
+    net.drop = Box::new(move |from_a, bytes| !from_a && bh.get() && is_tcp(bytes));
+    let c1 = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+        .unwrap();
+    net.run_until(
+        |n| n.a.state(c1) == Some(State::Closed) && n.b.connection_count() == 0,
+        10_000,
+    );
+    assert_eq!(
+        net.b.listeners[l.idx as usize].as_ref().unwrap().half_open,
+        0
+    );
+    blackhole.set(false);
+    let c2 = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+        .unwrap();
+    net.run_until(|n| n.a.state(c2) != Some(State::SynSent), 10_000);
+    assert_eq!(net.a.state(c2), Some(State::Established));
+    assert_eq!(net.b.counters().drops(StackDrop::BacklogFull), 0);
+}
+
+/// Regression (backlog leak by SYN scan): SYN, SYN-ACK, then the scanner's RST returns the
+/// passive connection to LISTEN (RFC 9293 §3.10.7.4) and must free its backlog slot.
+#[test]
+fn rfc9293_3_10_7_4_half_open_slot_is_released_when_syn_received_is_reset() {
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.syn_cookies = false;
+    let mut net = Net::new(cfg(MAC_A, ip_a()), cb);
+    let l = net.b.listen(7000, 4).unwrap();
+    for port in 40000..40004u16 {
+        inject_to_b(&mut net, port, 777, 0, TcpFlags::SYN);
+        // A has no such socket: it answers B's SYN-ACK with a RST.
+        for _ in 0..20 {
+            net.step();
+        }
+    }
+    assert_eq!(net.b.connection_count(), 0);
+    assert_eq!(
+        net.b.listeners[l.idx as usize].as_ref().unwrap().half_open,
+        0
+    );
+    let c = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+        .unwrap();
+    net.run_until(|n| n.a.state(c) == Some(State::Established), 1000);
+    assert_eq!(net.b.counters().drops(StackDrop::BacklogFull), 0);
+}
+
+/// Regression (immortal orphans, stack level): the application closes its side and releases
+/// the handle; the peer never closes. The connection is reset after `fin_timeout` and its
+/// slot reclaimed; the peer's application sees the reset.
+#[test]
+fn released_connection_in_fin_wait_2_is_reclaimed_after_fin_timeout() {
+    let mut ca = cfg(MAC_A, ip_a());
+    ca.tcp.fin_timeout = Duration::from_secs(30);
+    let mut net = Net::new(ca, cfg(MAC_B, ip_b()));
+    let (c, s) = connected(&mut net);
+    net.a.close(c);
+    net.run_until(|n| n.b.state(s) == Some(State::CloseWait), 1000);
+    let closed_at = net.now;
+    net.run_until(|n| n.a.connection_count() == 0, 1000);
+    assert!(net.now >= closed_at + Duration::from_secs(30));
+    assert!(net.now < closed_at + Duration::from_secs(31));
+    net.run_until(|n| n.b.state(s) == Some(State::Closed), 10);
+    assert_eq!(net.b.close_reason(s), Some(CloseReason::Reset));
+}
+
+/// Regression: a SYN-ACK to a listening port opened a SYN-RECEIVED connection. RFC 9293
+/// §3.10.7.2: any ACK-bearing segment in LISTEN gets <SEQ=SEG.ACK><CTL=RST>.
+#[test]
+fn rfc9293_3_10_7_2_syn_ack_to_a_listener_gets_rst() {
+    let mut net = Net::pair();
+    let _l = net.b.listen(7000, 16).unwrap();
+    inject_to_b(&mut net, 40000, 1234, 999, TcpFlags::SYN | TcpFlags::ACK);
+    assert_eq!(net.b.counters().passive_opens, 0);
+    assert_eq!(net.b.connection_count(), 0);
+    assert_eq!(net.b.counters().drops(StackDrop::ListenInvalid), 1);
+    let rst = net.b.poll_transmit(net.now).expect("RST");
+    let bytes = rst.to_vec();
+    let ip = Ipv4Packet::new_checked(&bytes[ETH_LEN..]).unwrap();
+    let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+    assert_eq!(tcp.flags(), TcpFlags::RST);
+    assert_eq!(tcp.seq_number(), SeqNum(999));
+}
+
+/// Regression (closed connections swallowing segments): a connection the peer reset stayed
+/// in the demux table while the application held its handle, so every later segment for the
+/// tuple, including the SYN of a new connection, was silently eaten. RFC 9293 §3.10.7.1: a
+/// CLOSED connection is no connection; the SYN must reach the listener, and the old handle
+/// must still report how it closed.
+#[test]
+fn rfc9293_3_10_7_1_closed_connection_held_by_the_app_frees_its_tuple() {
+    let mut net = Net::pair();
+    let (c, s) = connected(&mut net);
+    let port = net.a.connection(c).unwrap().tuple().local.port();
+    net.a.abort(c);
+    net.run_until(|n| n.b.state(s) == Some(State::Closed), 100);
+    assert_eq!(net.b.close_reason(s), Some(CloseReason::Reset));
+    assert!(!net.b.tuple_in_use(
+        SocketAddrV4::new(ip_b(), 7000),
+        SocketAddrV4::new(ip_a(), port)
+    ));
+    net.run_until(|n| n.a.connection_count() == 0, 100);
+    // A new connection on the same 4-tuple reaches B's listener.
+    let c2 = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), Some(port))
+        .unwrap();
+    net.run_until(|n| n.a.state(c2) == Some(State::Established), 1000);
+    let l = ListenerHandle { idx: 0, gen: 0 };
+    let mut s2 = None;
+    net.run_until(
+        |n| {
+            s2 = s2.or_else(|| n.b.accept(l));
+            s2.is_some()
+        },
+        1000,
+    );
+    let s2 = s2.unwrap();
+    assert_ne!(s2, s);
+    assert_eq!(
+        net.b.close_reason(s),
+        Some(CloseReason::Reset),
+        "old handle valid"
+    );
+    assert_eq!(net.b.state(s2), Some(State::Established));
+    // Releasing the old handle does not disturb the new connection on the same tuple.
+    net.b.close(s);
+    net.step();
+    assert_eq!(net.b.state(s), None);
+    net.b
+        .send(s2, &Zbuf::copy_from_slice(b"still here"))
+        .unwrap();
+    let mut got = Vec::new();
+    net.run_until(
+        |n| {
+            while let Ok(Some(b)) = n.a.recv(c2) {
+                got.extend_from_slice(&b);
+            }
+            got == b"still here"
+        },
+        1000,
+    );
+}
+
+/// The same rule without a listener: a segment for a CLOSED connection that the application
+/// still holds gets a RST (RFC 9293 §3.10.7.1), not silence.
+#[test]
+fn rfc9293_3_10_7_1_segment_for_a_closed_connection_held_by_the_app_gets_rst() {
+    let mut net = Net::pair();
+    let c = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 9), None)
+        .unwrap();
+    net.run_until(|n| n.a.state(c) == Some(State::Closed), 100);
+    assert_eq!(net.a.close_reason(c), Some(CloseReason::Refused));
+    let tuple = net.a.connection(c).unwrap().tuple();
+    let back = FourTuple {
+        local: tuple.remote,
+        remote: tuple.local,
+    };
+    let repr = TcpRepr {
+        src_port: back.local.port(),
+        dst_port: back.remote.port(),
+        seq: SeqNum(4242),
+        ack: SeqNum(777),
+        flags: TcpFlags::ACK,
+        window: 1000,
+        urgent: 0,
+        options: TcpOptions::default(),
+    };
+    let f = net.b.build_tcp(&repr, IoVec::new(), back, MAC_A).to_vec();
+    let rsts = net.a.counters().rsts_sent;
+    net.a.handle_frame(net.now, Zbuf::copy_from_slice(&f));
+    assert_eq!(net.a.counters().rsts_sent, rsts + 1);
+    assert_eq!(net.a.counters().drops(StackDrop::NoSocket), 1);
+    assert_eq!(net.a.close_reason(c), Some(CloseReason::Refused));
+}
+
+/// RFC 6191 TIME-WAIT reuse when the application still holds the TIME-WAIT connection's
+/// handle (it shut down without closing): the new connection takes the tuple and the old
+/// handle stays valid.
+#[test]
+fn rfc6191_time_wait_reuse_keeps_the_application_handle_valid() {
+    let mut net = Net::pair();
+    let (c, s) = connected(&mut net);
+    let port = net.a.connection(c).unwrap().tuple().local.port();
+    net.b.shutdown(s);
+    net.run_until(|n| matches!(n.a.recv(c), Err(RecvError::Finished)), 100);
+    net.a.close(c);
+    net.run_until(
+        |n| n.b.state(s) == Some(State::TimeWait) && n.a.connection_count() == 0,
+        100,
+    );
+    net.now += Duration::from_millis(10);
+    let c2 = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), Some(port))
+        .unwrap();
+    net.run_until(|n| n.a.state(c2) == Some(State::Established), 1000);
+    assert_eq!(net.b.counters().time_wait_reuses, 1);
+    assert_eq!(net.b.state(s), Some(State::TimeWait), "old handle valid");
+    assert_eq!(net.b.close_reason(s), Some(CloseReason::Normal));
+}

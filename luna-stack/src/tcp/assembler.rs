@@ -388,6 +388,14 @@ impl<P: Payload> Assembler<P> {
         }
     }
 
+    /// A segment whose first SACK block was `first` went out: the pending D-SACK, if that
+    /// is it, has been reported.
+    pub fn on_dsack_sent(&mut self, first: (SeqNum, SeqNum)) {
+        if self.dsack == Some(first) {
+            self.dsack = None;
+        }
+    }
+
     fn push_recent(&mut self, seq: SeqNum) {
         let n = self.recent_len.min(RECENT - 1);
         self.recent.copy_within(0..n, 1);
@@ -415,6 +423,21 @@ impl<P: Payload> Assembler<P> {
     /// and the other recently reported ones (RFC 2018 §4), then any remaining blocks in
     /// ascending order.
     pub fn sack_blocks(&mut self, rcv_nxt: SeqNum, out: &mut [(SeqNum, SeqNum)]) -> usize {
+        let n = self.sack_blocks_keeping_dsack(rcv_nxt, out);
+        if n > 0 && Some(out[0]) == self.dsack {
+            self.dsack = None;
+        }
+        n
+    }
+
+    /// Like [`Assembler::sack_blocks`], but a D-SACK written first stays pending until
+    /// [`Assembler::on_dsack_sent`]: for a caller that builds options for a segment it may
+    /// then not send (RFC 2883 §4: the D-SACK must reach the peer once).
+    pub fn sack_blocks_keeping_dsack(
+        &mut self,
+        rcv_nxt: SeqNum,
+        out: &mut [(SeqNum, SeqNum)],
+    ) -> usize {
         // Never report data at or below RCV.NXT as SACKed (RFC 2018 §3: blocks describe data
         // above the cumulative ACK).
         self.trim_below(rcv_nxt);
@@ -422,7 +445,7 @@ impl<P: Payload> Assembler<P> {
             return 0;
         }
         let mut n = 0;
-        if let Some(d) = self.dsack.take() {
+        if let Some(d) = self.dsack {
             out[0] = d;
             n = 1;
         }
@@ -564,6 +587,22 @@ mod tests {
         a.note_duplicate(SeqNum(5), SeqNum(7));
         a.note_duplicate(SeqNum(9), SeqNum(7)); // inverted: ignored
         assert_eq!(sacks(&mut a, 4), vec![(5, 7)]);
+    }
+
+    #[test]
+    fn rfc2883_4_dsack_kept_until_reported_sent() {
+        let mut a = asm(1 << 16, 16);
+        a.note_duplicate(SeqNum(5), SeqNum(7));
+        let mut buf = [(SeqNum(0), SeqNum(0)); 4];
+        for _ in 0..2 {
+            let n = a.sack_blocks_keeping_dsack(SeqNum(10), &mut buf);
+            assert_eq!(&buf[..n], &[(SeqNum(5), SeqNum(7))]);
+        }
+        a.on_dsack_sent((SeqNum(1), SeqNum(2)));
+        assert!(a.pending_dsack().is_some(), "another block: still pending");
+        a.on_dsack_sent((SeqNum(5), SeqNum(7)));
+        assert_eq!(a.pending_dsack(), None);
+        assert_eq!(a.sack_blocks_keeping_dsack(SeqNum(10), &mut buf), 0);
     }
 
     #[test]

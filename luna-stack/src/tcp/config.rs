@@ -55,11 +55,20 @@ pub struct TcpConfig {
     pub keepalive: Option<KeepaliveConfig>,
     /// TIME-WAIT duration, 2*MSL (RFC 9293 §3.4.2). Datacenter deployments shorten it.
     pub time_wait: Duration,
+    /// How long a connection the application released (closed) waits in FIN-WAIT-2 for the
+    /// peer's FIN before it is reset (Linux tcp_fin_timeout, 60 s). Connections still held
+    /// by the application wait indefinitely, as RFC 9293 specifies. Must be positive.
+    pub fin_timeout: Duration,
     /// Challenge ACKs per connection per second (RFC 5961 §7). Per connection, never global:
     /// a global limit leaks state to off-path attackers (CVE-2016-5696).
     pub challenge_ack_limit: u32,
     /// Most out-of-order segments held per connection.
     pub max_ooo_segments: usize,
+    /// Least time between ACKs sent in reply to unacceptable segments without data
+    /// (out-of-window or PAWS-failed pure ACKs), per connection; like Linux's
+    /// tcp_invalid_ratelimit. Segments with data or FIN are always acknowledged at once.
+    /// Zero disables the limit; at most 1 s so that peers' keepalives are still answered.
+    pub oow_ack_interval: Duration,
 }
 
 impl Default for TcpConfig {
@@ -80,8 +89,10 @@ impl Default for TcpConfig {
             max_retries: 15,
             keepalive: None,
             time_wait: Duration::from_secs(60),
+            fin_timeout: Duration::from_secs(60),
             challenge_ack_limit: 10,
             max_ooo_segments: 256,
+            oow_ack_interval: Duration::from_millis(500),
         }
     }
 }
@@ -116,6 +127,15 @@ impl TcpConfig {
             if ka.probes == 0 || ka.interval.is_zero() || ka.idle.is_zero() {
                 return Err("keepalive idle, interval and probes must be positive".into());
             }
+        }
+        if self.fin_timeout.is_zero() {
+            return Err("fin_timeout must be positive".into());
+        }
+        if self.oow_ack_interval > Duration::from_secs(1) {
+            return Err(format!(
+                "oow_ack_interval {:?} exceeds 1 s: peers' keepalives would go unanswered",
+                self.oow_ack_interval
+            ));
         }
         self.rtt.validate().map_err(|e| format!("rtt: {e}"))?;
         Ok(())
@@ -157,6 +177,21 @@ mod tests {
             ..TcpConfig::default()
         };
         assert!(bad.validate().is_err());
+        let bad = TcpConfig {
+            oow_ack_interval: Duration::from_secs(2),
+            ..TcpConfig::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("oow_ack_interval"));
+        let bad = TcpConfig {
+            fin_timeout: Duration::ZERO,
+            ..TcpConfig::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("fin_timeout"));
+        let off = TcpConfig {
+            oow_ack_interval: Duration::ZERO,
+            ..TcpConfig::default()
+        };
+        assert!(off.validate().is_ok());
     }
 
     #[test]

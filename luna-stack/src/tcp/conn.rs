@@ -258,6 +258,8 @@ pub struct Connection {
     sack_ok: bool,
     /// RFC 5961 §7 rate limit: (window start, challenge ACKs in this window).
     challenge: (Instant, u32),
+    /// When we last answered an unacceptable segment without data (rate limit).
+    oow_ack_at: Option<Instant>,
     keepalive: Keepalive,
     /// A keepalive probe is due at the next poll.
     send_keepalive: bool,
@@ -266,6 +268,10 @@ pub struct Connection {
     /// Window scaling was negotiated.
     wscale_ok: bool,
     tw_at: Option<Instant>,
+    /// The application released its handle: nobody reads or writes any more.
+    orphaned: bool,
+    /// FIN-WAIT-2 deadline of an orphan (`fin_timeout`).
+    fin_wait2_at: Option<Instant>,
     /// Send a RST for (seq) at the next poll (abort).
     rst_pending: Option<SeqNum>,
     close_reason: Option<CloseReason>,
@@ -368,11 +374,14 @@ impl Connection {
             ts,
             sack_ok: cfg.sack,
             challenge: (now, 0),
+            oow_ack_at: None,
             keepalive: Keepalive::default(),
             send_keepalive: false,
             send_window_probe: false,
             wscale_ok: false,
             tw_at: None,
+            orphaned: false,
+            fin_wait2_at: None,
             rst_pending: None,
             close_reason: None,
             events: Events::default(),
@@ -445,6 +454,10 @@ impl Connection {
         c.snd_nxt = iss + 1u32;
         c.snd_max = c.snd_nxt;
         c.last_recover = c.snd_nxt;
+        // The stack's cookie SYN-ACK offered min(rcv_buf, 65535), unscaled (RFC 7323 §2.2):
+        // that is the window the peer may fill before our first ACK, and the right edge that
+        // must not move left (RFC 9293 §3.8.6.2.2).
+        c.rcv_adv = c.rcv_nxt + c.cfg.rcv_buf.min(u32::from(u16::MAX));
         c.state = State::SynReceived;
         c
     }
@@ -577,6 +590,18 @@ impl Connection {
     /// Take the events accumulated since the last call.
     pub fn take_events(&mut self) -> Events {
         core::mem::take(&mut self.events)
+    }
+
+    /// The application released its handle (the stack calls this on close and abort). The
+    /// states that wait on the peer without bound then get one: FIN-WAIT-2 ends after
+    /// `fin_timeout`, and zero-window probing counts toward `max_retries` even when answered.
+    pub fn set_orphaned(&mut self) {
+        self.orphaned = true;
+    }
+
+    /// Whether the application released its handle.
+    pub fn is_orphaned(&self) -> bool {
+        self.orphaned
     }
 
     /// Whether the connection can be reclaimed by the stack.
@@ -723,7 +748,11 @@ impl Connection {
             // delivers everything.
             State::SynSent if self.sndq.len() == 0 => self.terminate(CloseReason::Normal),
             State::SynSent => self.fin_queued = true,
-            State::SynReceived | State::Established => {
+            // RFC 9293 §3.10.4 (SYN-RECEIVED): the FIN is queued until ESTABLISHED. (The RFC
+            // lets a connection with nothing queued send it at once; waiting keeps the
+            // SYN-ACK retransmittable by the RTO and costs at most one round trip.)
+            State::SynReceived => self.fin_queued = true,
+            State::Established => {
                 self.fin_queued = true;
                 self.state = State::FinWait1;
             }
@@ -761,6 +790,7 @@ impl Connection {
         self.persist_at = None;
         self.ack_at = None;
         self.tw_at = None;
+        self.fin_wait2_at = None;
         self.ack_now = false;
         self.rexmit_now = None;
     }
@@ -884,11 +914,6 @@ impl Connection {
         payload: Zbuf,
     ) -> Disposition {
         let disposition = self.process(now, seg, payload);
-        if matches!(self.state, State::Established | State::CloseWait)
-            && self.keepalive.at.is_some()
-        {
-            self.arm_keepalive(now);
-        }
         self.arm_timers(now);
         disposition
     }
@@ -926,7 +951,7 @@ impl Connection {
                         && now.saturating_duration_since(ts.recent_at) < PAWS_IDLE =>
                 {
                     self.counters.drop(DropReason::Paws);
-                    self.ack_now = true;
+                    self.ack_unacceptable(now, seg, payload.len());
                     return Disposition::Keep;
                 }
                 _ => {}
@@ -956,8 +981,9 @@ impl Connection {
             if !flags.rst() {
                 // An old duplicate or a segment beyond the window: ACK it (this is also what
                 // re-ACKs a retransmitted FIN in TIME-WAIT).
-                self.ack_now = true;
-                if self.state == State::TimeWait {
+                self.note_old_duplicate(seg.seq, payload.len());
+                self.ack_unacceptable(now, seg, payload.len());
+                if self.is_fin_retransmission(seg, len) {
                     self.restart_time_wait(now);
                 }
             }
@@ -999,10 +1025,6 @@ impl Connection {
             return Disposition::Keep;
         }
 
-        // Timestamps: RFC 7323 §4.3 (2) — update TS.Recent when the segment covers
-        // Last.ACK.sent.
-        self.update_ts_recent_checked(now, seg, len);
-
         if self.state == State::SynReceived {
             // RFC 9293 §3.10.7.4: SND.UNA < SEG.ACK =< SND.NXT moves to ESTABLISHED.
             if seg.ack.gt(self.snd_una) && seg.ack.le(self.snd_max) {
@@ -1012,11 +1034,16 @@ impl Connection {
                 self.snd_wl1 = seg.seq;
                 self.snd_wl2 = seg.ack;
                 self.last_wnd_field = seg.window;
+                if self.syn_retransmitted {
+                    // RFC 6298 §5.7: the SYN-ACK timed out, so the RTO is re-initialized to
+                    // 3 s when data transmission begins (passive side of the same rule).
+                    self.rtt.on_handshake_retransmitted();
+                }
                 self.events.connected = true;
                 self.events.writable = true;
                 self.arm_keepalive(now);
                 if self.fin_queued {
-                    // close() during SYN-RECEIVED already moved us on; keep FIN-WAIT-1.
+                    // close() during SYN-RECEIVED: the FIN follows the queued data now.
                     self.state = State::FinWait1;
                 }
             } else {
@@ -1030,9 +1057,24 @@ impl Connection {
         if !self.on_ack(now, seg, payload.len()) {
             return Disposition::Keep;
         }
-        if self.snd_wnd == 0 {
+        // RFC 7323 §4.3 (2): TS.Recent takes SEG.TSval when the segment covers Last.ACK.sent.
+        // Done after the ACK check rather than in the first check as RFC 7323 Appendix D
+        // sketches: RFC 5961 §5.2 discards a segment whose ACK is unacceptable, and updating
+        // earlier would let a blind segment with a guessed in-window SEQ poison TS.Recent so
+        // that PAWS drops the real peer.
+        self.update_ts_recent_checked(now, seg, len);
+        // RFC 9293 §3.8.4: the peer is alive. Only a segment that passed the sequence and
+        // ACK checks counts: dropped junk (spoofed or stale) must not postpone the probes.
+        if matches!(self.state, State::Established | State::CloseWait)
+            && self.keepalive.at.is_some()
+        {
+            self.arm_keepalive(now);
+        }
+        if self.snd_wnd == 0 && !self.orphaned {
             // The peer answers our zero-window probes: it is alive (RFC 9293 §3.8.6.1 MUST
-            // NOT close the connection while probes are acknowledged).
+            // NOT close the connection while probes are acknowledged). RFC 6429 / RFC 9293
+            // §3.8.6.1: that does not stop reclaiming resources, so an orphan's probes keep
+            // counting toward max_retries and a peer holding the window shut cannot pin it.
             self.retries = 0;
         }
         if self.state == State::Closed {
@@ -1050,8 +1092,7 @@ impl Connection {
                         self.counters.drop(DropReason::DataAfterFin);
                     }
                     self.ack_now = true;
-                    if self.state == State::TimeWait && fin {
-                        // RFC 9293 §3.10.7.4 eighth: a retransmitted FIN restarts 2 MSL.
+                    if self.is_fin_retransmission(seg, len) {
                         self.restart_time_wait(now);
                     }
                     return Disposition::Keep;
@@ -1087,12 +1128,19 @@ impl Connection {
                 self.fin_seq = Some(fseq);
             }
             if seq == self.rcv_nxt {
+                // RFC 5681 §4.2: a segment that fills in all or part of a gap is ACKed at
+                // once (the sender is in loss recovery and waits for it), not delayed.
+                let fills_gap = !payload.is_empty() && !self.ooo.is_empty();
                 self.deliver(payload);
                 // Anything out of order that is now contiguous follows (RFC 9293 §3.10.7.4).
                 while let Some(more) = self.ooo.pop_ready(self.rcv_nxt) {
                     self.deliver(more);
                 }
-                self.schedule_ack(now, len > 0);
+                if fills_gap {
+                    self.ack_now = true;
+                } else {
+                    self.schedule_ack(now, len > 0);
+                }
             } else {
                 // Out of order: queue it and send an immediate duplicate ACK with SACK
                 // (RFC 5681 §4.2: an out-of-order segment SHOULD be acked immediately).
@@ -1158,6 +1206,43 @@ impl Connection {
             }
             None => self.ack_now = true,
         }
+    }
+
+    /// RFC 2883 §4: data entirely below RCV.NXT (a spurious retransmission) is reported with a
+    /// D-SACK. Only plausible duplicates, within one receive buffer below RCV.NXT, are.
+    fn note_old_duplicate(&mut self, seq: SeqNum, payload_len: usize) {
+        let end = seq + payload_len;
+        let reach = self.cfg.rcv_buf.max(u32::from(u16::MAX));
+        if payload_len > 0 && end.le(self.rcv_nxt) && self.rcv_nxt - seq <= reach {
+            self.ooo.note_duplicate(seq, end);
+        }
+    }
+
+    /// The ACK owed for an unacceptable segment (RFC 9293 §3.10.7.4 first check, RFC 7323
+    /// §5.3 PAWS). A segment with data or a FIN is acknowledged at once: the peer's
+    /// retransmissions and a FIN repeated into TIME-WAIT depend on it. Anything else is a
+    /// pure ACK (or a SYN): answering each one lets two desynchronized endpoints answer each
+    /// other's ACKs forever, so those replies are rate limited per connection
+    /// (`oow_ack_interval`), and a SYN gets a rate-limited challenge ACK (RFC 5961 §4.2:
+    /// whatever its sequence number).
+    fn ack_unacceptable(&mut self, now: Instant, seg: &TcpRepr, payload_len: usize) {
+        if payload_len > 0 || seg.flags.fin() {
+            self.ack_now = true;
+            return;
+        }
+        if seg.flags.syn() {
+            self.challenge_ack(now);
+            return;
+        }
+        if self
+            .oow_ack_at
+            .is_some_and(|at| now.saturating_duration_since(at) < self.cfg.oow_ack_interval)
+        {
+            self.counters.oow_acks_suppressed += 1;
+            return;
+        }
+        self.oow_ack_at = Some(now);
+        self.ack_now = true;
     }
 
     /// RFC 5961 §7: challenge ACKs, rate limited per connection per second.
@@ -1291,6 +1376,22 @@ impl Connection {
             }
         }
 
+        if self
+            .sb
+            .ranges()
+            .first()
+            .is_some_and(|&(s, _)| s.le(self.snd_una))
+        {
+            // RFC 2018 §8: the receiver may discard data it has SACKed. A SACKed range at
+            // SND.UNA means the cumulative ACK stopped on data it reported holding: it
+            // reneged. RFC 6675 §5.1 lets SACK information outlive an RTO only with such a
+            // test, so forget it all, and resend the left edge now instead of waiting for
+            // the RTO to find it.
+            self.sb.clear_sacks();
+            self.counters.sack_renegings += 1;
+            self.rexmit_now = Some(self.snd_una);
+        }
+
         // RFC 9293 §3.10.7.4: window update if SND.WL1 < SEG.SEQ or (SND.WL1 = SEG.SEQ and
         // SND.WL2 =< SEG.ACK).
         if self.snd_wl1.lt(seg.seq) || (self.snd_wl1 == seg.seq && self.snd_wl2.le(ack)) {
@@ -1352,9 +1453,18 @@ impl Connection {
         self.state = State::TimeWait;
         self.rto_at = None;
         self.persist_at = None;
+        self.fin_wait2_at = None;
         self.restart_time_wait(now);
         self.close_reason.get_or_insert(CloseReason::Normal);
         self.events.closed = true;
+    }
+
+    /// RFC 9293 §3.10.7.4 (TIME-WAIT): "The only thing that can arrive in this state is a
+    /// retransmission of the remote FIN. Acknowledge it, and restart the 2 MSL timeout." A
+    /// retransmitted FIN ends exactly at RCV.NXT; any other segment leaves the timer alone,
+    /// so stray or spoofed segments cannot keep the tuple in TIME-WAIT.
+    fn is_fin_retransmission(&self, seg: &TcpRepr, len: u32) -> bool {
+        self.state == State::TimeWait && seg.flags.fin() && seg.seq + len == self.rcv_nxt
     }
 
     fn restart_time_wait(&mut self, now: Instant) {
@@ -1374,6 +1484,7 @@ impl Connection {
             self.persist_at,
             self.ack_at,
             self.tw_at,
+            self.fin_wait2_at,
             self.keepalive.at,
         ]
         .into_iter()
@@ -1393,6 +1504,12 @@ impl Connection {
     /// RFC 6298 §5.1-5.2 and RFC 9293 §3.8.6.1: keep exactly one of the retransmission and
     /// persist timers running while anything is outstanding or waiting for window.
     fn arm_timers(&mut self, now: Instant) {
+        if self.orphaned && self.state == State::FinWait2 && self.fin_wait2_at.is_none() {
+            // RFC 9293 has no FIN-WAIT-2 timer: a peer that never sends its FIN keeps the
+            // connection forever. With no application left to wait for it, give up after
+            // `fin_timeout` (Linux tcp_fin_timeout).
+            self.fin_wait2_at = Some(now + self.cfg.fin_timeout);
+        }
         if matches!(self.state, State::Closed | State::TimeWait) {
             self.rto_at = None;
             self.persist_at = None;
@@ -1433,6 +1550,13 @@ impl Connection {
             // RFC 9293 §3.10.8: 2 MSL elapsed in TIME-WAIT.
             self.tw_at = None;
             self.state = State::Closed;
+            return;
+        }
+        if self.fin_wait2_at.is_some_and(|t| t <= now) {
+            // An orphan's FIN-WAIT-2 expired: reset, so a peer stuck in CLOSE-WAIT learns.
+            self.fin_wait2_at = None;
+            self.rst_pending = Some(self.seq_for_control());
+            self.terminate(CloseReason::Timeout);
             return;
         }
         if self.ack_at.is_some_and(|t| t <= now) {
@@ -1482,14 +1606,16 @@ impl Connection {
         if self.state.is_synchronized() {
             self.cc.on_rto(now, in_flight);
         }
-        if self.recovery.take().is_some() {
-            self.last_recover = self.snd_max;
-        }
+        // RFC 6582 §3.2 step 5: after an RTO, recover <- the highest sequence number sent, in
+        // or out of recovery, so the duplicate ACKs of the go-back-N retransmissions cannot
+        // start a fast retransmit below it (RFC 6675 §5.1 says the same for SACK recovery).
+        self.recovery = None;
+        self.last_recover = self.snd_max;
         self.dupacks = 0;
         self.rexmit_now = None;
         self.rtt_probe = None;
-        // Go back N from SND.UNA (RFC 5681 §3.1); SACKed ranges are skipped when resent
-        // (RFC 6675 §5.1).
+        // Go back N from SND.UNA (RFC 5681 §3.1); SACKed ranges above it are skipped when
+        // resent (RFC 6675 §5.1), which is safe because reneging is detected on every ACK.
         self.snd_nxt = self.snd_una;
         self.sb.on_rto();
         if !self.state.is_synchronized() {
@@ -1523,6 +1649,15 @@ impl Connection {
 // Segment generation
 // -------------------------------------------------------------------------------------------
 
+/// What a retransmission is for (RFC 6675 §4 treats the rescue retransmission apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rexmit {
+    /// NextSeg rules 1 and 3, fast retransmit, partial ACK: HighRxt moves.
+    Normal,
+    /// NextSeg rule 4: HighRxt stays.
+    Rescue,
+}
+
 /// Bytes a set of options occupies in the header, exactly as the emitter lays them out
 /// (NOP-aligned, RFC 9293 §3.1). Counting them without the NOPs undercounted TS + SACK by 4
 /// and produced frames 4 bytes over the MTU during loss recovery.
@@ -1538,6 +1673,10 @@ impl Connection {
         if let Some(seg) = &out {
             self.counters.segs_out += 1;
             self.counters.bytes_out += seg.payload.len() as u64;
+            if let Some(&first) = seg.repr.options.sack_blocks.as_slice().first() {
+                // RFC 2883 §4: the D-SACK is reported once, by a segment that goes out.
+                self.ooo.on_dsack_sent(first);
+            }
             if seg.repr.flags.ack() {
                 self.ack_now = false;
                 self.ack_at = None;
@@ -1570,7 +1709,7 @@ impl Connection {
         }
         if let Some(seq) = self.rexmit_now.take() {
             if seq.ge(self.snd_una) && seq.lt(self.snd_max) {
-                if let Some(seg) = self.retransmit_at(now, seq, u32::MAX) {
+                if let Some(seg) = self.retransmit_at(now, seq, u32::MAX, Rexmit::Normal) {
                     return Some(seg);
                 }
             }
@@ -1595,7 +1734,7 @@ impl Connection {
                 && self.snd_nxt == self.snd_max;
             match self.sb.next_seg(can_send_new) {
                 Some(NextSeg::Retransmit { start, len }) => {
-                    if let Some(seg) = self.retransmit_at(now, start, len) {
+                    if let Some(seg) = self.retransmit_at(now, start, len, Rexmit::Normal) {
                         return Some(seg);
                     }
                 }
@@ -1603,7 +1742,7 @@ impl Connection {
                 None => {
                     // RFC 6675 §4 rule 4: one rescue retransmission per recovery.
                     if let Some((start, len)) = self.sb.rescue_seg() {
-                        if let Some(seg) = self.retransmit_at(now, start, len) {
+                        if let Some(seg) = self.retransmit_at(now, start, len, Rexmit::Rescue) {
                             if let Some(recover) = self.recovery {
                                 self.sb.set_rescue_rxt(recover);
                             }
@@ -1638,7 +1777,11 @@ impl Connection {
                 SackBlocks::MAX
             };
             let mut buf = [(SeqNum(0), SeqNum(0)); SackBlocks::MAX];
-            let n = self.ooo.sack_blocks(self.rcv_nxt, &mut buf[..max]);
+            // The D-SACK stays pending until a segment carrying it is sent (poll_segment):
+            // options are also built for segments that end up not being sent.
+            let n = self
+                .ooo
+                .sack_blocks_keeping_dsack(self.rcv_nxt, &mut buf[..max]);
             for &(l, r) in &buf[..n] {
                 opts.sack_blocks.push(l, r);
             }
@@ -1807,7 +1950,13 @@ impl Connection {
     }
 
     /// Retransmit up to one MSS (and at most `limit` bytes) starting at `seq`.
-    fn retransmit_at(&mut self, now: Instant, seq: SeqNum, limit: u32) -> Option<OutSegment> {
+    fn retransmit_at(
+        &mut self,
+        now: Instant,
+        seq: SeqNum,
+        limit: u32,
+        kind: Rexmit,
+    ) -> Option<OutSegment> {
         let opts = self.data_options(now);
         let data_end = self.sndq.end();
         let max = self.max_payload(&opts).min(limit);
@@ -1824,7 +1973,11 @@ impl Connection {
         if seq + len == data_end {
             flags |= TcpFlags::PSH;
         }
-        self.sb.on_retransmit(seq, len + u32::from(fin));
+        // RFC 6675 §4 NextSeg rule 4: the rescue retransmission MUST NOT update HighRxt
+        // (it is tracked by RescueRxt alone).
+        if kind == Rexmit::Normal {
+            self.sb.on_retransmit(seq, len + u32::from(fin));
+        }
         self.rtt_probe = None;
         self.counters.retransmits += 1;
         Some(self.segment_with(now, seq, flags, payload, opts))
@@ -1876,8 +2029,9 @@ impl Connection {
             return None;
         }
         let data_end = self.sndq.end();
-        // RFC 6675 §5.1: after an RTO, do not resend what the peer SACKed.
-        if self.sack_ok && self.snd_nxt.lt(self.snd_max) {
+        // RFC 6675 §5.1: after an RTO, do not resend what the peer SACKed. RFC 2018 §8: the
+        // left edge (SND.UNA) MUST be resent whether or not it is SACKed.
+        if self.sack_ok && self.snd_nxt.lt(self.snd_max) && self.snd_nxt != self.snd_una {
             let nxt = self.snd_nxt;
             if let Some(&(_, end)) = self
                 .sb

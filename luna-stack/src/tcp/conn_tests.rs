@@ -1306,3 +1306,691 @@ fn rfc9293_3_7_1_options_len_matches_emitted_header_with_ts_and_sack() {
     assert_eq!(options_len(&opts) as usize, opts.emit(&mut buf));
     assert_eq!(options_len(&opts), 24);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Regressions from the RFC review of the TCP core
+// ---------------------------------------------------------------------------------------------
+
+fn ts_opts(tsval: u32) -> TcpOptions {
+    TcpOptions {
+        timestamps: Some(Timestamps { tsval, tsecr: 0 }),
+        ..TcpOptions::default()
+    }
+}
+
+/// Regression (TS.Recent poisoning): a blind segment with an in-window SEQ but an ACK beyond
+/// SND.MAX is discarded (RFC 5961 §5.2) and must not update TS.Recent (RFC 7323 §4.3), or
+/// PAWS would then drop every segment of the real peer.
+#[test]
+fn rfc5961_5_2_segment_with_unacceptable_ack_does_not_update_ts_recent() {
+    let cfg = TcpConfig {
+        timestamps: true,
+        ..plain_cfg()
+    };
+    let mut c = established_with(cfg, ts_opts(100));
+    let mut bad = ack_seg(PEER_ISS + 1, ISS + 1 + 1_000_000, 65535);
+    bad.options = ts_opts(100 + (1 << 30));
+    c.on_segment(t(2), &bad, zb(&[]));
+    assert_eq!(c.counters.drops(DropReason::BadAck), 1);
+    poll_all(&mut c, t(2));
+    let mut good = ack_seg(PEER_ISS + 1, ISS + 1, 65535);
+    good.options = ts_opts(101);
+    c.on_segment(t(3), &good, zb(b"legit data"));
+    assert_eq!(c.recv_available(), 10, "the real peer's data is accepted");
+    assert_eq!(c.counters.drops(DropReason::Paws), 0);
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(
+        out.last().unwrap().repr.options.timestamps.unwrap().tsecr,
+        101,
+        "TS.Recent follows the real peer"
+    );
+}
+
+/// Regression (reneging): the receiver SACKed segments 2-5, then acknowledged only segment 1
+/// (it discarded the SACKed data, which RFC 2018 §8 allows). The SACKed range now starting at
+/// SND.UNA used to be skipped by every RTO retransmission until the connection timed out;
+/// RFC 2018 §8 requires the left edge to be resent.
+#[test]
+fn rfc2018_8_reneged_left_edge_is_retransmitted() {
+    let cfg = TcpConfig {
+        sack: true,
+        max_retries: 4,
+        ..plain_cfg()
+    };
+    let peer = TcpOptions {
+        sack_permitted: true,
+        ..TcpOptions::default()
+    };
+    let mut c = established_with(cfg, peer);
+    c.send(&zb(&vec![3u8; 1460 * 8])).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 8);
+    let una = ISS + 1;
+    let mut a = ack_seg(PEER_ISS + 1, una, 65535);
+    a.options
+        .sack_blocks
+        .push(SeqNum(una + 1460), SeqNum(una + 1460 * 5));
+    c.on_segment(t(3), &a, zb(&[]));
+    poll_all(&mut c, t(3));
+    // Segment 1 arrives; the receiver reneged on 2..5 and acknowledges segment 1 only.
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 1, una + 1460, 65535), zb(&[]));
+    assert_eq!(c.counters.sack_renegings, 1);
+    let left_edge = |out: &[OutSegment]| {
+        out.iter()
+            .any(|s| s.repr.seq == SeqNum(una + 1460) && !s.payload.is_empty())
+    };
+    assert!(left_edge(&poll_all(&mut c, t(4))), "resent on detection");
+    // And every RTO resends it too, never skipping it as SACKed.
+    for _ in 0..2 {
+        let now = c.poll_timeout().unwrap();
+        c.on_timeout(now);
+        let out = poll_all(&mut c, now);
+        assert_eq!(out[0].repr.seq, SeqNum(una + 1460), "RTO starts at SND.UNA");
+        assert!(left_edge(&out));
+    }
+    c.on_segment(
+        t(9_000),
+        &ack_seg(PEER_ISS + 1, una + 1460 * 8, 65535),
+        zb(&[]),
+    );
+    assert_eq!(c.bytes_in_flight(), 0);
+    assert_eq!(c.close_reason(), None);
+}
+
+/// Regression (rescue retransmission): the rescue retransmission moved HighRxt, so `pipe`
+/// counted the tail twice and NextSeg searched above the rescued octets; the remaining hole
+/// waited for the RTO. RFC 6675 §4 rule 4: HighRxt MUST NOT be updated by it.
+#[test]
+fn rfc6675_4_rescue_retransmission_leaves_high_rxt_and_recovery_continues() {
+    let cfg = TcpConfig {
+        sack: true,
+        ..plain_cfg()
+    };
+    let peer = TcpOptions {
+        sack_permitted: true,
+        ..TcpOptions::default()
+    };
+    let mut c = established_with(cfg, peer);
+    let m = 1460u32;
+    c.send(&zb(&vec![5u8; (m * 10) as usize])).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 10);
+    let una = ISS + 1;
+    // Segments 1, 2 acknowledged; 3 lost; 4..7 SACKed; 8, 9, 10 lost.
+    c.on_segment(t(3), &ack_seg(PEER_ISS + 1, una + 2 * m, 65535), zb(&[]));
+    poll_all(&mut c, t(3));
+    let mut a = ack_seg(PEER_ISS + 1, una + 2 * m, 65535);
+    a.options
+        .sack_blocks
+        .push(SeqNum(una + 3 * m), SeqNum(una + 7 * m));
+    c.on_segment(t(3), &a, zb(&[]));
+    assert!(c.in_recovery());
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(out[0].repr.seq, SeqNum(una + 2 * m));
+    // The retransmitted segment 3 arrives: partial ACK up to segment 8.
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 1, una + 7 * m, 65535), zb(&[]));
+    let out = poll_all(&mut c, t(4));
+    let seqs: Vec<u32> = out
+        .iter()
+        .filter(|s| !s.payload.is_empty())
+        .map(|s| s.repr.seq.0 - una)
+        .collect();
+    assert_eq!(
+        seqs,
+        vec![9 * m],
+        "rescue retransmission of the last segment"
+    );
+    assert_eq!(c.sb.rescue_rxt(), Some(SeqNum(una + 10 * m)));
+    assert_eq!(
+        c.sb.high_rxt(),
+        SeqNum(una + 7 * m),
+        "HighRxt is not moved by the rescue"
+    );
+    // The rescued segment is SACKed: segments 8 and 9 are holes below the highest SACK and
+    // NextSeg resends them without waiting for the RTO.
+    let mut a = ack_seg(PEER_ISS + 1, una + 7 * m, 65535);
+    a.options
+        .sack_blocks
+        .push(SeqNum(una + 9 * m), SeqNum(una + 10 * m));
+    c.on_segment(t(5), &a, zb(&[]));
+    let out = poll_all(&mut c, t(5));
+    let data: Vec<u32> = out
+        .iter()
+        .filter(|s| !s.payload.is_empty())
+        .map(|s| s.repr.seq.0 - una)
+        .collect();
+    assert_eq!(data.first(), Some(&(7 * m)), "segment 8 resent: {data:?}");
+    assert_eq!(c.counters.rtos, 0);
+}
+
+/// Regression (ACK ping-pong): two endpoints whose receive sides are desynchronized answered
+/// each other's out-of-window pure ACKs forever. RFC 9293 §3.10.7.4 asks for an ACK to an
+/// unacceptable segment; for segments without data those ACKs are now rate limited.
+#[test]
+fn rfc9293_3_10_7_4_acks_to_unacceptable_pure_acks_are_rate_limited() {
+    let cfg = plain_cfg();
+    let mut a = Connection::connect(t(0), tuple_a(), cfg.clone(), SeqNum(ISS), 1);
+    let syn = a.poll_segment(t(0)).unwrap();
+    let info = SynInfo {
+        seq: syn.repr.seq,
+        window: syn.repr.window,
+        options: syn.repr.options,
+    };
+    let mut b = Connection::accept_syn(t(0), tuple_b(), cfg, SeqNum(PEER_ISS), 2, &info);
+    let synack = b.poll_segment(t(0)).unwrap();
+    a.on_segment(t(1), &synack.repr, zb(&[]));
+    let ack = a.poll_segment(t(1)).unwrap();
+    b.on_segment(t(1), &ack.repr, zb(&[]));
+    assert_eq!(
+        (a.state(), b.state()),
+        (State::Established, State::Established)
+    );
+    // Desynchronize both receive sides (state loss in a middlebox, a buggy peer...).
+    for c in [&mut a, &mut b] {
+        c.rcv_nxt += 1u32 << 20;
+        c.rcv_adv = c.rcv_nxt + 65535u32;
+    }
+    a.ack_now = true;
+    let mut msgs = 0u32;
+    let mut now_ms = 2u64;
+    let mut from_a = poll_all(&mut a, t(now_ms));
+    while !from_a.is_empty() && msgs < 10_000 {
+        now_ms += 1;
+        let mut from_b = Vec::new();
+        for s in from_a.drain(..) {
+            msgs += 1;
+            b.on_segment(t(now_ms), &s.repr, zb(&[]));
+            from_b.extend(poll_all(&mut b, t(now_ms)));
+        }
+        for s in from_b {
+            msgs += 1;
+            a.on_segment(t(now_ms), &s.repr, zb(&[]));
+            from_a.extend(poll_all(&mut a, t(now_ms)));
+        }
+    }
+    assert!(msgs <= 3, "the ACK loop stops at once: {msgs} segments");
+    assert_eq!(
+        a.counters.oow_acks_suppressed + b.counters.oow_acks_suppressed,
+        1
+    );
+    // After the interval the next unacceptable pure ACK is answered again.
+    let later = t(now_ms + 500);
+    b.on_segment(later, &ack_seg(1, 1, 1000), zb(&[]));
+    assert_eq!(poll_all(&mut b, later).len(), 1);
+}
+
+/// Unacceptable segments carrying data or a FIN are still acknowledged every time (RFC 9293
+/// §3.10.7.4): the peer's retransmissions depend on those ACKs.
+#[test]
+fn rfc9293_3_10_7_4_unacceptable_data_and_fin_are_always_acked() {
+    let mut c = established();
+    c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(b"abc"));
+    poll_all(&mut c, t(2));
+    for k in 0..5 {
+        // A retransmission of data already received: below RCV.NXT.
+        c.on_segment(t(3 + k), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(b"abc"));
+        assert_eq!(poll_all(&mut c, t(3 + k)).len(), 1, "data re-ACKed");
+        let fin = seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 1, ISS + 1, 65535);
+        c.on_segment(t(3 + k), &fin, zb(&[]));
+        assert_eq!(poll_all(&mut c, t(3 + k)).len(), 1, "FIN re-ACKed");
+    }
+    // Pure ACKs in the same span: one answer.
+    let mut answers = 0;
+    for k in 0..5 {
+        c.on_segment(
+            t(10 + k),
+            &ack_seg(PEER_ISS + 999_999, ISS + 1, 65535),
+            zb(&[]),
+        );
+        answers += poll_all(&mut c, t(10 + k)).len();
+    }
+    assert_eq!(answers, 1);
+    assert_eq!(c.counters.oow_acks_suppressed, 4);
+}
+
+/// RFC 7323 §5.3 R1 (PAWS) with the same limit: an old-timestamp pure ACK is answered at most
+/// once per interval, old-timestamp data every time.
+#[test]
+fn rfc7323_5_3_paws_failed_pure_acks_are_answered_once_per_interval() {
+    let cfg = TcpConfig {
+        timestamps: true,
+        ..plain_cfg()
+    };
+    let mut c = established_with(cfg, ts_opts(1000));
+    let mut answers = 0;
+    for k in 0..5 {
+        let mut old = ack_seg(PEER_ISS + 1, ISS + 1, 65535);
+        old.options = ts_opts(900);
+        c.on_segment(t(2 + k), &old, zb(&[]));
+        answers += poll_all(&mut c, t(2 + k)).len();
+    }
+    assert_eq!(answers, 1);
+    assert_eq!(c.counters.drops(DropReason::Paws), 5);
+    let mut old = ack_seg(PEER_ISS + 1, ISS + 1, 65535);
+    old.options = ts_opts(900);
+    c.on_segment(t(9), &old, zb(b"data"));
+    assert_eq!(poll_all(&mut c, t(9)).len(), 1);
+}
+
+/// RFC 5961 §4.2: a SYN outside the window gets a rate-limited challenge ACK like any other
+/// SYN, not an unlimited ACK per segment.
+#[test]
+fn rfc5961_4_2_out_of_window_syns_get_rate_limited_challenge_acks() {
+    let mut c = established();
+    let mut answers = 0;
+    for k in 0..50u32 {
+        let syn = seg(TcpFlags::SYN, PEER_ISS + 100_000 + k * 70_000, 0, 1000);
+        c.on_segment(t(2), &syn, zb(&[]));
+        answers += poll_all(&mut c, t(2)).len();
+    }
+    assert_eq!(answers as u32, TcpConfig::default().challenge_ack_limit);
+}
+
+/// Regression (spurious second recovery): RFC 6582 §3.2 step 5 — after an RTO, `recover` is
+/// set to the highest sequence number sent. It used to be set only for an RTO during
+/// recovery, so the duplicate ACKs caused by the go-back-N retransmissions started a fast
+/// retransmit (and another window reduction) below the RTO's HighData.
+#[test]
+fn rfc6582_3_2_step5_rto_outside_recovery_sets_recover() {
+    let mut c = established();
+    c.send(&zb(&vec![7u8; 1460 * 8])).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 8);
+    let rto = c.poll_timeout().unwrap();
+    c.on_timeout(rto);
+    assert!(!c.in_recovery());
+    poll_all(&mut c, rto);
+    // The receiver already held segments 2..8: the first retransmission is acknowledged, then
+    // the go-back-N duplicates produce duplicate ACKs below the RTO's HighData.
+    let una = ISS + 1;
+    c.on_segment(rto, &ack_seg(PEER_ISS + 1, una + 1460, 65535), zb(&[]));
+    poll_all(&mut c, rto);
+    for _ in 0..3 {
+        c.on_segment(rto, &ack_seg(PEER_ISS + 1, una + 1460, 65535), zb(&[]));
+    }
+    assert!(
+        !c.in_recovery(),
+        "no fast recovery below the RTO's recover point"
+    );
+    assert_eq!(c.counters.fast_retransmits, 0);
+}
+
+/// An established connection that closed first and reached TIME-WAIT (peer FIN at
+/// PEER_ISS + 1, so RCV.NXT = PEER_ISS + 2).
+fn time_wait() -> Connection {
+    let mut c = established();
+    c.close();
+    poll_all(&mut c, t(2));
+    let fin = seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 1, ISS + 2, 65535);
+    c.on_segment(t(3), &fin, zb(&[]));
+    poll_all(&mut c, t(3));
+    assert_eq!(c.state(), State::TimeWait);
+    c
+}
+
+/// Regression (TIME-WAIT extended by junk): RFC 9293 §3.10.7.4 restarts the 2 MSL timer for
+/// a retransmission of the remote FIN only; any unacceptable segment used to restart it.
+#[test]
+fn rfc9293_3_10_7_4_time_wait_restarts_only_on_a_retransmitted_fin() {
+    let mut c = time_wait();
+    let first = c.poll_timeout().unwrap();
+    assert_eq!(first, t(3) + TcpConfig::default().time_wait);
+    // A stray or spoofed ACK with an arbitrary sequence number, a new FIN at RCV.NXT, and a
+    // FIN far away: none of them restarts the timer.
+    c.on_segment(
+        t(59_000),
+        &ack_seg(PEER_ISS + 123_456_789, 42, 1000),
+        zb(&[]),
+    );
+    let new_fin = seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 2, ISS + 2, 65535);
+    c.on_segment(t(59_000), &new_fin, zb(&[]));
+    let far_fin = seg(
+        TcpFlags::ACK | TcpFlags::FIN,
+        PEER_ISS + 99_999,
+        ISS + 2,
+        65535,
+    );
+    c.on_segment(t(59_000), &far_fin, zb(&[]));
+    assert_eq!(c.poll_timeout(), Some(first), "2 MSL not extended by junk");
+    // The peer's FIN, retransmitted: ACKed, and the timer restarts.
+    let rexmit = seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 1, ISS + 2, 65535);
+    c.on_segment(t(59_500), &rexmit, zb(&[]));
+    let out = poll_all(&mut c, t(59_500));
+    assert_eq!(out.last().unwrap().repr.ack, SeqNum(PEER_ISS + 2));
+    assert_eq!(
+        c.poll_timeout(),
+        Some(t(59_500) + TcpConfig::default().time_wait)
+    );
+}
+
+/// Regression (keepalive fooled by junk): the idle timer was re-armed by any segment, even one
+/// dropped as unacceptable, so a stream of spoofed segments hid a dead peer (RFC 9293 §3.8.4:
+/// probes start after the connection has been idle; dropped segments are not activity).
+#[test]
+fn rfc9293_3_8_4_keepalive_is_not_rearmed_by_an_unacceptable_segment() {
+    let ka = crate::tcp::config::KeepaliveConfig {
+        idle: Duration::from_secs(10),
+        interval: Duration::from_secs(1),
+        probes: 3,
+    };
+    let cfg = TcpConfig {
+        keepalive: Some(ka),
+        ..plain_cfg()
+    };
+    let mut c = established_with(cfg, TcpOptions::default());
+    let first = c.poll_timeout().unwrap();
+    c.on_segment(t(9_000), &ack_seg(PEER_ISS + 99_999_999, 7, 1), zb(&[]));
+    c.on_segment(t(9_000), &ack_seg(PEER_ISS + 1, ISS + 500_000, 1), zb(&[]));
+    assert_eq!(c.counters.drops(DropReason::OutOfWindow), 1);
+    assert_eq!(c.counters.drops(DropReason::BadAck), 1);
+    assert_eq!(c.poll_timeout(), Some(first), "idle timer kept");
+    // A valid segment from the peer is activity.
+    c.on_segment(t(9_500), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(&[]));
+    assert_eq!(c.poll_timeout(), Some(t(9_500) + ka.idle));
+}
+
+/// Regression (immortal orphans): FIN-WAIT-2 had no timer, so a connection whose application
+/// had closed it lived forever if the peer never sent its FIN. An orphan now gives up after
+/// `fin_timeout` with a RST; a connection the application still holds waits (RFC 9293 has no
+/// FIN-WAIT-2 timeout: the application may be reading a half-closed stream).
+#[test]
+fn orphaned_fin_wait_2_is_reset_after_fin_timeout() {
+    let mut c = established();
+    c.close();
+    poll_all(&mut c, t(2));
+    c.on_segment(t(3), &ack_seg(PEER_ISS + 1, ISS + 2, 65535), zb(&[]));
+    assert_eq!(c.state(), State::FinWait2);
+    poll_all(&mut c, t(3));
+    assert_eq!(c.poll_timeout(), None, "held by the application: no timer");
+    // The application releases it at t = 10 s.
+    c.set_orphaned();
+    poll_all(&mut c, t(10_000));
+    let fin_timeout = TcpConfig::default().fin_timeout;
+    assert_eq!(c.poll_timeout(), Some(t(10_000) + fin_timeout));
+    // Peer data keeps arriving (half-closed stream), but the deadline stays.
+    c.on_segment(
+        t(20_000),
+        &ack_seg(PEER_ISS + 1, ISS + 2, 65535),
+        zb(b"more"),
+    );
+    poll_all(&mut c, t(20_000));
+    assert_eq!(c.poll_timeout(), Some(t(10_000) + fin_timeout));
+    let at = c.poll_timeout().unwrap();
+    c.on_timeout(at);
+    let out = poll_all(&mut c, at);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.flags, TcpFlags::RST);
+    assert_eq!(out[0].repr.seq, SeqNum(ISS + 2), "RST at SND.NXT");
+    assert!(c.is_closed());
+    assert_eq!(c.close_reason(), Some(CloseReason::Timeout));
+}
+
+/// An orphan that was released before its FIN was acknowledged starts the FIN-WAIT-2 clock
+/// when it gets there; one that receives the peer's FIN in time goes to TIME-WAIT as usual.
+#[test]
+fn orphan_reaching_fin_wait_2_gets_the_timer_and_a_timely_fin_clears_it() {
+    let mut c = established();
+    c.close();
+    c.set_orphaned();
+    poll_all(&mut c, t(2));
+    c.on_segment(t(5), &ack_seg(PEER_ISS + 1, ISS + 2, 65535), zb(&[]));
+    assert_eq!(c.state(), State::FinWait2);
+    let fin_timeout = TcpConfig::default().fin_timeout;
+    assert_eq!(c.poll_timeout(), Some(t(5) + fin_timeout));
+    let fin = seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 1, ISS + 2, 65535);
+    c.on_segment(t(6), &fin, zb(&[]));
+    assert_eq!(c.state(), State::TimeWait);
+    assert_eq!(
+        c.poll_timeout(),
+        Some(t(6) + TcpConfig::default().time_wait)
+    );
+}
+
+/// Regression (orphan pinned by a zero window): a peer that keeps its window shut and
+/// acknowledges every probe kept an orphaned FIN-WAIT-1 connection forever. RFC 6429 (folded
+/// into RFC 9293 §3.8.6.1): answered probes do not stop an orphan from being reclaimed, so
+/// they count toward max_retries; a connection the application holds keeps probing.
+#[test]
+fn rfc6429_orphan_zero_window_probing_is_bounded() {
+    let run = |orphan: bool| {
+        let cfg = TcpConfig {
+            max_retries: 5,
+            ..plain_cfg()
+        };
+        let mut c = established_with(cfg, TcpOptions::default());
+        c.send(&zb(&pattern(5000, 1))).unwrap();
+        poll_all(&mut c, t(2));
+        // Everything acknowledged but 100 bytes; the window closes.
+        c.on_segment(t(3), &ack_seg(PEER_ISS + 1, ISS + 1 + 4900, 0), zb(&[]));
+        c.send(&zb(&pattern(100, 2))).unwrap_or(0);
+        c.close();
+        if orphan {
+            c.set_orphaned();
+        }
+        poll_all(&mut c, t(3));
+        let mut probes = 0;
+        for _ in 0..30 {
+            let Some(at) = c.poll_timeout() else { break };
+            c.on_timeout(at);
+            for s in poll_all(&mut c, at) {
+                if s.payload.len() == 1 {
+                    probes += 1;
+                    // The peer answers each probe, window still shut, octet not taken.
+                    c.on_segment(at, &ack_seg(PEER_ISS + 1, ISS + 1 + 4900, 0), zb(&[]));
+                }
+            }
+            if c.state() == State::Closed {
+                break;
+            }
+        }
+        (probes, c.close_reason())
+    };
+    let (probes, reason) = run(true);
+    assert_eq!(probes, 5, "max_retries answered probes");
+    assert_eq!(reason, Some(CloseReason::Timeout));
+    let (probes, reason) = run(false);
+    assert_eq!(probes, 30, "an owned connection keeps probing");
+    assert_eq!(reason, None);
+}
+
+/// Regression (close during the handshake): close() in SYN-RECEIVED (here after a
+/// simultaneous open) jumped to FIN-WAIT-1, so the RTO sent a FIN at SEQ = ISS instead of
+/// retransmitting the SYN-ACK. RFC 9293 §3.10.4: the FIN waits for ESTABLISHED.
+#[test]
+fn rfc9293_3_10_4_close_in_syn_received_keeps_the_handshake() {
+    let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
+    poll_all(&mut c, t(0));
+    c.on_segment(t(1), &seg(TcpFlags::SYN, PEER_ISS, 0, 65535), zb(&[]));
+    assert_eq!(c.state(), State::SynReceived);
+    let out = poll_all(&mut c, t(1));
+    assert_eq!(out[0].repr.flags, TcpFlags::SYN | TcpFlags::ACK);
+    c.close();
+    assert_eq!(c.state(), State::SynReceived);
+    assert_eq!(c.send(&zb(b"x")), Err(SendError::Shutdown));
+    let now = c.poll_timeout().unwrap();
+    c.on_timeout(now);
+    let out = poll_all(&mut c, now);
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        out[0].repr.flags,
+        TcpFlags::SYN | TcpFlags::ACK,
+        "SYN-ACK resent"
+    );
+    assert_eq!(out[0].repr.seq, SeqNum(ISS));
+    // The peer's ACK completes the handshake; the FIN follows.
+    c.on_segment(now, &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(&[]));
+    assert_eq!(c.state(), State::FinWait1);
+    let out = poll_all(&mut c, now);
+    assert_eq!(out.len(), 1);
+    assert!(out[0].repr.flags.fin());
+    assert_eq!(out[0].repr.seq, SeqNum(ISS + 1));
+    c.on_segment(now, &ack_seg(PEER_ISS + 1, ISS + 2, 65535), zb(&[]));
+    assert_eq!(c.state(), State::FinWait2);
+}
+
+/// Regression (passive side of RFC 6298 §5.7): after the SYN-ACK timed out, the RTO must be
+/// re-initialized to 3 s once the handshake completes; the passive side kept the backed-off
+/// 1 s RTO (2 s) while the active side applied the rule.
+#[test]
+fn rfc6298_5_7_passive_open_after_syn_ack_timeout_starts_with_3s_rto() {
+    let info = SynInfo {
+        seq: SeqNum(PEER_ISS),
+        window: 65535,
+        options: TcpOptions::default(),
+    };
+    let mut c = Connection::accept_syn(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0, &info);
+    poll_all(&mut c, t(0));
+    let now = c.poll_timeout().unwrap();
+    c.on_timeout(now);
+    assert!(poll_all(&mut c, now)[0].repr.flags.syn());
+    c.on_segment(t(2_500), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(&[]));
+    assert_eq!(c.state(), State::Established);
+    assert_eq!(c.rtt().rto(), Duration::from_secs(3));
+    assert_eq!(
+        c.rtt().srtt(),
+        None,
+        "Karn: no sample from a retransmitted SYN-ACK"
+    );
+}
+
+fn sack_peer() -> Connection {
+    let cfg = TcpConfig {
+        sack: true,
+        ..plain_cfg()
+    };
+    let peer = TcpOptions {
+        sack_permitted: true,
+        ..TcpOptions::default()
+    };
+    established_with(cfg, peer)
+}
+
+/// Regression (missing D-SACK): a segment entirely below RCV.NXT (a spurious
+/// retransmission) takes the unacceptable path, which never recorded the duplicate, so its
+/// ACK carried no D-SACK. RFC 2883 §4: report it.
+#[test]
+fn rfc2883_4_fully_duplicate_segment_is_dsacked() {
+    let mut c = sack_peer();
+    c.on_segment(
+        t(2),
+        &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[1u8; 100]),
+    );
+    poll_all(&mut c, t(2));
+    c.on_segment(
+        t(3),
+        &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[1u8; 100]),
+    );
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        out[0].repr.options.sack_blocks.as_slice(),
+        &[(SeqNum(PEER_ISS + 1), SeqNum(PEER_ISS + 101))]
+    );
+    // Reported once.
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 101, ISS + 1, 65535), zb(b"x"));
+    let out = poll_all(&mut c, t(4));
+    assert!(out[0].repr.options.sack_blocks.is_empty());
+}
+
+/// Regression (lost D-SACK): building options for a data segment that then was not sent
+/// (cwnd-limited) consumed the pending D-SACK, so the ACK that did go out lacked it.
+#[test]
+fn rfc2883_4_pending_dsack_survives_a_segment_that_is_not_sent() {
+    let mut c = sack_peer();
+    // Fill cwnd (IW10) and keep more queued.
+    c.send(&zb(&vec![0u8; 1460 * 20])).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 10);
+    c.on_segment(
+        t(2),
+        &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[1u8; 100]),
+    );
+    poll_all(&mut c, t(2));
+    // Partial duplicate: bytes 50..150 (50..100 already received).
+    c.on_segment(
+        t(3),
+        &ack_seg(PEER_ISS + 1 + 50, ISS + 1, 65535),
+        zb(&[1u8; 100]),
+    );
+    assert!(c.ooo.pending_dsack().is_some());
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(out.len(), 1, "one ACK");
+    assert!(out[0].payload.is_empty());
+    assert_eq!(
+        out[0].repr.options.sack_blocks.as_slice(),
+        &[(SeqNum(PEER_ISS + 51), SeqNum(PEER_ISS + 101))]
+    );
+    assert!(c.ooo.pending_dsack().is_none());
+}
+
+/// Regression (delayed gap-fill ACK): with delayed ACKs on, the segment that filled a hole
+/// was ACKed only when the delayed-ACK timer fired. RFC 5681 §4.2: it SHOULD be ACKed at once.
+#[test]
+fn rfc5681_4_2_segment_filling_a_gap_is_acked_immediately() {
+    let cfg = TcpConfig {
+        delayed_ack: Some(Duration::from_millis(40)),
+        ..plain_cfg()
+    };
+    let mut c = established_with(cfg, TcpOptions::default());
+    c.on_segment(
+        t(2),
+        &ack_seg(PEER_ISS + 1 + 100, ISS + 1, 65535),
+        zb(&[1u8; 100]),
+    );
+    assert_eq!(
+        poll_all(&mut c, t(2)).len(),
+        1,
+        "immediate dup ACK for OOO data"
+    );
+    c.on_segment(
+        t(3),
+        &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[1u8; 100]),
+    );
+    assert_eq!(c.recv_available(), 200);
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(out.len(), 1, "gap-filling segment ACKed at once");
+    assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 201));
+    // In-order data with no gap is still delayed.
+    c.on_segment(
+        t(4),
+        &ack_seg(PEER_ISS + 201, ISS + 1, 65535),
+        zb(&[1u8; 100]),
+    );
+    assert!(poll_all(&mut c, t(4)).is_empty());
+}
+
+/// Regression (SYN-cookie window): a connection re-created from a SYN cookie set RCV.ADV to
+/// RCV.NXT, i.e. a zero window, although the cookie SYN-ACK offered min(rcv_buf, 65535), so
+/// in-window data that arrived before our first ACK (a reordered second segment) was dropped
+/// as out of window.
+#[test]
+fn syn_cookie_connection_accepts_in_window_data_before_its_first_ack() {
+    let peer = TcpOptions {
+        mss: Some(1460),
+        ..TcpOptions::default()
+    };
+    let mut c = Connection::from_cookie(
+        t(0),
+        tuple_a(),
+        plain_cfg(),
+        SeqNum(ISS),
+        SeqNum(PEER_ISS),
+        0,
+        &peer,
+    );
+    // The cookie ACK (pure), then the peer's first two data segments, reordered.
+    c.on_segment(t(1), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(&[]));
+    assert_eq!(c.state(), State::Established);
+    c.on_segment(
+        t(1),
+        &ack_seg(PEER_ISS + 1001, ISS + 1, 65535),
+        zb(&[7u8; 1000]),
+    );
+    assert_eq!(c.counters.drops(DropReason::OutOfWindow), 0);
+    c.on_segment(
+        t(1),
+        &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
+        zb(&[6u8; 1000]),
+    );
+    assert_eq!(c.recv_available(), 2000, "both segments delivered");
+}

@@ -81,8 +81,12 @@ pub struct ConnCounters {
     pub challenge_acks: u64,
     /// Challenge ACKs suppressed by the per-connection rate limit.
     pub challenge_acks_suppressed: u64,
+    /// ACKs not sent in reply to unacceptable segments without data (rate limit).
+    pub oow_acks_suppressed: u64,
     /// D-SACKs received (RFC 2883).
     pub dsacks: u64,
+    /// Times the peer reneged on SACKed data (RFC 2018 §8) and the scoreboard was cleared.
+    pub sack_renegings: u64,
     /// Zero-window probes sent.
     pub window_probes: u64,
     /// Keepalive probes sent.
@@ -114,7 +118,9 @@ impl ConnCounters {
         self.sack_recoveries += o.sack_recoveries;
         self.challenge_acks += o.challenge_acks;
         self.challenge_acks_suppressed += o.challenge_acks_suppressed;
+        self.oow_acks_suppressed += o.oow_acks_suppressed;
         self.dsacks += o.dsacks;
+        self.sack_renegings += o.sack_renegings;
         self.window_probes += o.window_probes;
         self.keepalive_probes += o.keepalive_probes;
         for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {

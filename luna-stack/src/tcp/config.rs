@@ -62,7 +62,8 @@ pub struct TcpConfig {
     /// Challenge ACKs per connection per second (RFC 5961 §7). Per connection, never global:
     /// a global limit leaks state to off-path attackers (CVE-2016-5696).
     pub challenge_ack_limit: u32,
-    /// Most out-of-order segments held per connection.
+    /// Floor of the out-of-order segment bound per connection; the bound actually used is
+    /// at least two segments per MSS of `rcv_buf`, so the advertised window can be held.
     pub max_ooo_segments: usize,
     /// Least time between ACKs sent in reply to unacceptable segments without data
     /// (out-of-window or PAWS-failed pure ACKs), per connection; like Linux's

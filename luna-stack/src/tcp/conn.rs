@@ -36,6 +36,10 @@ const DUP_THRESH: u32 = 3;
 /// Most duplicate ACKs sent for one burst of out-of-order segments.
 const MAX_DUPACKS_OWED: u32 = 64;
 
+/// Timestamp ticks a segment may lag TS.Recent before PAWS rejects it (Linux's
+/// TCP_PAWS_WINDOW); see the PAWS check.
+const PAWS_WINDOW: i32 = 1;
+
 /// RFC 7323 §5.5: TS.Recent is invalid after 24 days of idleness.
 const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
 
@@ -313,9 +317,14 @@ impl Connection {
         let rtt = RttEstimator::new(cfg.rtt).unwrap_or_default();
         let mss = u32::from(cfg.mss);
         let cc = Cc::new(cfg.cc, cfg.cc_config, mss);
+        // RFC 9293 §3.10.7.4: in-window segments SHOULD be held. The segment bound must cover
+        // the window we advertise, or a loss makes us drop (or renege on) in-window data the
+        // peer then resends: allow two segments per MSS of receive buffer, at least
+        // `max_ooo_segments` (found by the kernel interop run: 256 against a 1 MiB window).
+        let window_segments = 2 * (cfg.rcv_buf as usize) / usize::from(cfg.mss.max(1));
         let ooo_cfg = AssemblerConfig {
             max_bytes: (cfg.rcv_buf as usize).max(1),
-            max_segments: cfg.max_ooo_segments.max(1),
+            max_segments: cfg.max_ooo_segments.max(window_segments).clamp(1, 1 << 16),
         };
         let ooo = Assembler::new(ooo_cfg).unwrap_or_else(|_| {
             Assembler::new(AssemblerConfig::default()).expect("default assembler config is valid")
@@ -944,10 +953,14 @@ impl Connection {
                     return Disposition::Keep;
                 }
                 // RFC 7323 §5.3 R1: PAWS — TSval older than TS.Recent (and TS.Recent is
-                // valid) makes a non-RST segment unacceptable: ACK and drop.
+                // valid) makes a non-RST segment unacceptable: ACK and drop. Like Linux
+                // (TCP_PAWS_WINDOW) we tolerate one tick: with a 1 ms clock, ordinary
+                // reordering delivers segments one tick "old", and dropping them (20% of a
+                // kernel peer's ACKs in the interop run) costs far more than it protects —
+                // wrapped sequence numbers are 2^31 ticks apart, not one.
                 Some(t)
                     if !flags.rst()
-                        && (t.tsval.wrapping_sub(ts.recent) as i32) < 0
+                        && (t.tsval.wrapping_sub(ts.recent) as i32) < -PAWS_WINDOW
                         && now.saturating_duration_since(ts.recent_at) < PAWS_IDLE =>
                 {
                     self.counters.drop(DropReason::Paws);

@@ -724,6 +724,45 @@ fn rfc5961_5_2_ack_of_unsent_data_is_dropped_and_acked() {
 }
 
 #[test]
+fn rfc7323_5_3_paws_tolerates_one_tick_of_reordering() {
+    let cfg = TcpConfig {
+        timestamps: true,
+        ..plain_cfg()
+    };
+    let opts = TcpOptions {
+        timestamps: Some(Timestamps {
+            tsval: 1000,
+            tsecr: 0,
+        }),
+        ..TcpOptions::default()
+    };
+    let mut c = established_with(cfg, opts);
+    let mut s = ack_seg(PEER_ISS + 1, ISS + 1, 65535);
+    s.options.timestamps = Some(Timestamps {
+        tsval: 1005,
+        tsecr: 0,
+    });
+    c.on_segment(t(2), &s, zb(b"abc"));
+    // Reordered by less than one tick of the peer's clock: accepted, as Linux does.
+    let mut late = ack_seg(PEER_ISS + 4, ISS + 1, 65535);
+    late.options.timestamps = Some(Timestamps {
+        tsval: 1004,
+        tsecr: 0,
+    });
+    c.on_segment(t(3), &late, zb(b"def"));
+    assert_eq!(c.counters.drops(DropReason::Paws), 0);
+    assert_eq!(c.recv_available(), 6);
+    // Two ticks old: PAWS drops it.
+    let mut old = ack_seg(PEER_ISS + 7, ISS + 1, 65535);
+    old.options.timestamps = Some(Timestamps {
+        tsval: 1003,
+        tsecr: 0,
+    });
+    c.on_segment(t(4), &old, zb(b"ghi"));
+    assert_eq!(c.counters.drops(DropReason::Paws), 1);
+}
+
+#[test]
 fn rfc7323_5_3_paws_drops_old_timestamps() {
     let cfg = TcpConfig {
         timestamps: true,

@@ -1,6 +1,6 @@
-//! luna-stack defects the kernel interop runs exposed, pinned as minimal failing tests on
-//! `luna_stack::tcp::conn::Connection` (sans-IO, no DPDK). Ignored until fixed in
-//! luna-stack; run them with `cargo test -p r2c --test interop_kernel -- --ignored bug_`.
+//! luna-stack defects the kernel interop runs exposed, pinned as regression tests on
+//! `luna_stack::tcp::conn::Connection` (sans-IO, no DPDK). Both are fixed; each test asserts
+//! the correct behaviour and is named after the bug it pins.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
@@ -73,9 +73,6 @@ fn data(i: usize) -> (TcpRepr, Zbuf) {
 /// kernel then retransmitted a third of all segments (7,735 of ~23,200) and took 16 RTOs.
 /// RFC 9293 §3.10.7.4: in-window segments "SHOULD be held" for later processing.
 #[test]
-#[ignore = "bug: luna-stack holds max_ooo_segments=256 out-of-order segments but advertises \
-            rcv_buf=1 MiB (~724 segments): in-window data beyond 256 segments after a hole \
-            is dropped (DropReason::OooFull) — see docs/interop.md"]
 fn bug_ooo_queue_holds_less_than_the_advertised_window() {
     let cfg = TcpConfig::default();
     let mut c = established(cfg.clone());
@@ -170,9 +167,6 @@ fn ack(ack: usize, blocks: &[(usize, usize)]) -> TcpRepr {
 /// any future use of D-SACK (spurious retransmission undo, RFC 3708; reordering
 /// detection, RFC 4015) would act on phantom duplicates.
 #[test]
-#[ignore = "bug: luna-stack takes an ordinary SACK block of a reordered older ACK for a \
-            D-SACK (compares it with the current SND.UNA instead of the ACK's own \
-            cumulative ACK, RFC 2883 §4) — see docs/interop.md"]
 fn bug_sack_block_of_a_reordered_ack_is_counted_as_dsack() {
     let mut c = sending(4);
     let now = Instant::from_millis(2);

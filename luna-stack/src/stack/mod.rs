@@ -1322,6 +1322,22 @@ impl<R: Rng> Stack<R> {
             ts_offset,
             &syn,
         );
+        let Some(idx) = self.insert_passive(l, tuple, conn, next_hop) else {
+            return self.counters.drop(StackDrop::TableFull);
+        };
+        self.counters.passive_opens += 1;
+        self.after_activity(idx, now);
+    }
+
+    /// Table a connection a listener created (SYN or valid cookie); it counts against the
+    /// listener's half-open backlog until it is established or freed.
+    fn insert_passive(
+        &mut self,
+        l: u32,
+        tuple: FourTuple,
+        conn: Connection,
+        next_hop: Ipv4Addr,
+    ) -> Option<u32> {
         let entry = Entry {
             conn,
             owner: Owner::Listener(l),
@@ -1331,15 +1347,12 @@ impl<R: Rng> Stack<R> {
             held: None,
             counted_half_open: true,
         };
-        let Some(idx) = self.alloc_slot(entry) else {
-            return self.counters.drop(StackDrop::TableFull);
-        };
+        let idx = self.alloc_slot(entry)?;
         self.by_tuple.insert(tuple, idx);
         if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
             lst.half_open += 1;
         }
-        self.counters.passive_opens += 1;
-        self.after_activity(idx, now);
+        Some(idx)
     }
 
     fn route(&self, dst: &Ipv4Addr) -> Option<(Ipv4Addr, Ipv4Addr)> {
@@ -1424,22 +1437,9 @@ impl<R: Rng> Stack<R> {
         let ts_offset = self.rng.next_u32();
         let conn =
             Connection::from_cookie(now, tuple, cfg, ok.isn, ok.peer_isn, ts_offset, &peer_opts);
-        let entry = Entry {
-            conn,
-            owner: Owner::Listener(l),
-            dirty: false,
-            timer_at: None,
-            next_hop,
-            held: None,
-            counted_half_open: true,
-        };
-        let Some(idx) = self.alloc_slot(entry) else {
+        let Some(idx) = self.insert_passive(l, tuple, conn, next_hop) else {
             return self.counters.drop(StackDrop::TableFull);
         };
-        self.by_tuple.insert(tuple, idx);
-        if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
-            lst.half_open += 1;
-        }
         self.counters.syn_cookies_accepted += 1;
         let e = self.slots[idx as usize]
             .entry

@@ -58,23 +58,63 @@ macro_rules! scripts {
 
 scripts! {
     ack_of_unsent_data,
+    ack_too_old,
+    challenge_ack_rate_limit,
+    close_active,
+    close_active_fin_ack_together,
+    close_passive,
+    close_simultaneous,
+    close_with_unread_data_rst,
+    data_after_close_rst,
     delayed_ack_off_default,
     delayed_ack_on,
+    dupack_needs_same_window,
+    fast_retransmit,
+    fin_retransmitted_on_rto,
+    fin_wait2_orphan_timeout,
     handshake_active,
     handshake_active_blocking,
     handshake_passive,
     handshake_passive_no_options,
+    initial_window,
+    keepalive,
     listener_rst,
+    mss_default_and_mtu_clamp,
+    mss_zero,
+    nagle_off_by_default,
+    nagle_on,
+    newreno_partial_ack,
+    ooo_fin,
     ooo_immediate_sack,
+    oow_ack_rate_limit,
     out_of_window_data,
+    overlapping_segments,
     paws,
+    persist_window_opens,
+    receive_window_full,
     rst_challenge_ack,
+    rto_backoff,
+    rto_loss_window,
+    rto_syn_backoff,
+    sack_recovery,
+    sender_sws_avoidance,
+    seq_wraparound,
+    simultaneous_open,
+    syn_backlog_full_no_cookies,
+    syn_cookie_no_timestamps,
+    syn_cookies,
     syn_in_established,
     syn_received_bad_ack_rst,
     syn_received_dup_syn,
+    syn_received_rst,
     syn_sent_ignores_bare_ack,
     syn_sent_rst_refused,
+    time_wait_expires,
+    time_wait_ignores_rst,
+    time_wait_syn_reuse,
     window_scaling,
+    zero_window_data_in_flight,
+    zero_window_probe,
 }
 
 #[test]
@@ -116,4 +156,15 @@ fn table() {
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
+
+#[test]
+#[ignore]
+fn lpd_adhoc() {
+    let p = std::env::var("LPD_SCRIPT").expect("LPD_SCRIPT");
+    let text = std::fs::read_to_string(p).unwrap();
+    match run_text(&text) {
+        Ok(o) => println!("pass {o:?}"),
+        Err(f) => panic!("line {}: {}", f.error.line, f.error.msg),
+    }
 }

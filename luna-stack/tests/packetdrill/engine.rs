@@ -216,6 +216,8 @@ struct Runner {
     pending: Option<Pending>,
     line: usize,
     out: Outcome,
+    /// `LPD_TRACE=1`: print every packet in and out to stderr.
+    trace: bool,
 }
 
 fn us(t: Instant) -> u64 {
@@ -294,6 +296,7 @@ impl Runner {
             pending: None,
             line: 0,
             out: Outcome::default(),
+            trace: std::env::var_os("LPD_TRACE").is_some(),
         }
     }
 
@@ -427,12 +430,19 @@ impl Runner {
     fn drain(&mut self) -> Result<()> {
         loop {
             let now = self.now;
-            let Some(stack) = self.stack.as_mut() else {
-                return Ok(());
-            };
             let mut n = 0;
-            while let Some(t) = stack.poll_transmit(now) {
-                self.outq.push_back((now, t.to_vec()));
+            loop {
+                let Some(stack) = self.stack.as_mut() else {
+                    return Ok(());
+                };
+                let Some(t) = stack.poll_transmit(now) else {
+                    break;
+                };
+                let frame = t.to_vec();
+                if self.trace {
+                    eprintln!("  luna > {}", self.show_actual(now, &frame));
+                }
+                self.outq.push_back((now, frame));
                 self.out.frames_out += 1;
                 n += 1;
                 if n > MAX_BURST {
@@ -442,7 +452,9 @@ impl Runner {
                     ));
                 }
             }
-            while stack.poll_event().is_some() {}
+            if let Some(stack) = self.stack.as_mut() {
+                while stack.poll_event().is_some() {}
+            }
             if !self.try_complete()? {
                 return Ok(());
             }
@@ -582,6 +594,7 @@ impl Runner {
         let ports = self.flow_ports(p);
         let flow = self.flows.entry(ports).or_default();
         if p.flags & flag::SYN != 0 && flow.peer_isn.is_none() {
+            // Until luna answers: its SYN-ACK (or its SYN for an active open) settles it.
             flow.peer_isn = Some(p.seq);
         }
         let isn_off = flow.isn_off.unwrap_or(0);
@@ -625,6 +638,13 @@ impl Runner {
             Err(e) => return self.err(e),
         };
         let now = self.now;
+        if self.trace {
+            eprintln!(
+                "line {:>3}: < {}",
+                self.line,
+                self.show_spec(p, Some(us(now)))
+            );
+        }
         self.stack()?.handle_frame(now, Zbuf::from_vec(frame));
         self.out.frames_in += 1;
         self.drain()
@@ -741,10 +761,18 @@ impl Runner {
             );
         }
         // packetdrill's convention: the first SYN (or SYN-ACK) of a flow fixes luna's ISN.
+        // A SYN with another ISN is a new incarnation of the tuple (after TIME-WAIT or a
+        // reset): its numbering, timestamp offset and byte streams start afresh. A
+        // retransmitted SYN keeps its ISN and is compared as usual.
         let flow = self.flows.entry(ports).or_default();
-        if seg.flags & flag::SYN != 0 && flow.isn_off.is_none() {
-            flow.isn_off = Some(seg.seq.wrapping_sub(p.seq));
-            flow.luna_isn = Some(seg.seq);
+        if seg.flags & flag::SYN != 0 && flow.luna_isn != Some(seg.seq) {
+            *flow = Flow {
+                isn_off: Some(seg.seq.wrapping_sub(p.seq)),
+                luna_isn: Some(seg.seq),
+                // A SYN-ACK names the peer ISN it answers; an active SYN awaits one.
+                peer_isn: (seg.flags & flag::ACK != 0).then(|| seg.ack.wrapping_sub(1)),
+                ..Flow::default()
+            };
         }
         let isn_off = flow.isn_off.unwrap_or(0);
         let rel = seg.seq.wrapping_sub(isn_off);

@@ -8,7 +8,8 @@
 #[path = "packetdrill/mod.rs"]
 mod packetdrill;
 
-use packetdrill::{manifest, run_text, scripts_dir, ExpectedFailure};
+use packetdrill::{manifest, run_text, script, scripts_dir, ExpectedFailure};
+use proptest::prelude::*;
 use std::time::Instant as WallClock;
 
 /// Run one script and hold it to the manifest: it must pass, or fail exactly where the
@@ -95,6 +96,7 @@ scripts! {
     rst_challenge_ack,
     rto_backoff,
     rto_loss_window,
+    rto_skips_sacked,
     rto_syn_backoff,
     sack_recovery,
     sender_sws_avoidance,
@@ -107,11 +109,13 @@ scripts! {
     syn_received_bad_ack_rst,
     syn_received_dup_syn,
     syn_received_rst,
+    syn_retries_exhausted,
     syn_sent_ignores_bare_ack,
     syn_sent_rst_refused,
     time_wait_expires,
     time_wait_ignores_rst,
     time_wait_syn_reuse,
+    ts_recent_hole,
     window_scaling,
     zero_window_data_in_flight,
     zero_window_probe,
@@ -158,13 +162,285 @@ fn table() {
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
 }
 
+/// Author's tool: run any script file, e.g.
+/// `LPD_SCRIPT=/tmp/x.pkt LPD_TRACE=1 cargo test -p luna-stack --test packetdrill -- --ignored run_script_from_env --nocapture`.
 #[test]
-#[ignore]
-fn lpd_adhoc() {
-    let p = std::env::var("LPD_SCRIPT").expect("LPD_SCRIPT");
-    let text = std::fs::read_to_string(p).unwrap();
+#[ignore = "tool for script authors: needs LPD_SCRIPT=<path>"]
+fn run_script_from_env() {
+    let path = std::env::var("LPD_SCRIPT").expect("set LPD_SCRIPT to a .pkt file");
+    let text = std::fs::read_to_string(&path).expect("LPD_SCRIPT is readable");
     match run_text(&text) {
-        Ok(o) => println!("pass {o:?}"),
-        Err(f) => panic!("line {}: {}", f.error.line, f.error.msg),
+        Ok(o) => println!("{path}: pass ({o:?})"),
+        Err(f) => panic!(
+            "{path}:{} (seed {:#x}): {}",
+            f.error.line, f.seed, f.error.msg
+        ),
+    }
+}
+
+/// Run `text`, expecting a failure at `line` whose message contains `needle`.
+fn expect_error(text: &str, line: usize, needle: &str) {
+    match run_text(text) {
+        Ok(_) => panic!("expected an error at line {line} ({needle}), the script passed:\n{text}"),
+        Err(f) => assert!(
+            f.error.line == line && f.error.msg.contains(needle),
+            "expected line {line} containing {needle:?}, got line {}: {}\n--- script:\n{text}",
+            f.error.line,
+            f.error.msg
+        ),
+    }
+}
+
+const SOCKET: &str = "0 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3\n";
+const LISTEN: &str = "0 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3\n+0 bind(3, ..., ...) = 0\n\
+                      +0 listen(3, 1) = 0\n";
+
+#[test]
+fn unsupported_and_malformed_lines_name_the_line() {
+    let cases: &[(String, usize, &str)] = &[
+        (format!("{SOCKET}+0 `echo hi`"), 2, "shell commands"),
+        ("%{ print(1) }%".into(), 1, "python"),
+        ("/* never closed\n0 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3".into(), 1, "unterminated"),
+        (format!("{SOCKET}--tolerance_usecs=1"), 2, "before the first event"),
+        ("--bogus_option=1\n0 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3".into(), 1, "unknown header option"),
+        ("--luna_rcv_buf=lots\n0 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3".into(), 1, "bad number"),
+        ("0.1234567 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3".into(), 1, "6 decimals"),
+        ("-1 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3".into(), 1, "negative times"),
+        (format!("{SOCKET}0.5 socket(..., SOCK_STREAM, IPPROTO_TCP) = 4\n0.1 socket(..., SOCK_STREAM, IPPROTO_TCP) = 5"), 3, "before the previous event"),
+        ("* socket(..., SOCK_STREAM, IPPROTO_TCP) = 3".into(), 1, "only for outbound"),
+        (format!("{LISTEN}0...0.1 < S 0:0(0) win 1"), 4, "only system calls"),
+        (format!("{LISTEN}+0 < Q 0:0(0) win 100"), 4, "unknown TCP flag"),
+        (format!("{LISTEN}+0 < SS 0:0(0) win 100"), 4, "repeated"),
+        (format!("{LISTEN}+0 < S 0:10(5) win 100"), 4, "does not span"),
+        (format!("{LISTEN}+0 < S 0:0(0) win 70000"), 4, "out of range"),
+        (format!("{LISTEN}+0 < . 1:1(0) win 100"), 4, "needs `ack N`"),
+        (format!("{LISTEN}+0 < S 0:0(0)"), 4, "needs `win N`"),
+        (format!("{LISTEN}+0 < S 0:0(0) win 100 <...>"), 4, "only meaningful on outbound"),
+        (format!("{LISTEN}+0 < S 0:0(0) win 100 <md5 abc>"), 4, "unsupported TCP option"),
+        (format!("{LISTEN}+0 < S 0:0(0) win 100 <mss 1460,sackOK>"), 4, "not a multiple of 4"),
+        (format!("{LISTEN}+0 < S 0:0(0) win 100 <mss 1460"), 4, "unterminated option list"),
+        (format!("{LISTEN}+0 < S 0:0(0) win 100 <sack 1:2 3:4 5:6 7:8 9:10>"), 4, "at most 4"),
+        (format!("{LISTEN}+0 > S. 0:0(0) ecn 1"), 4, "unsupported packet keyword"),
+        (format!("{LISTEN}+0 < udp (100)"), 4, "TCP only"),
+        (format!("{SOCKET}+0 close(3) = -1"), 2, "needs an errno name"),
+        (format!("{SOCKET}+0 close(3) = 0 EBADF"), 2, "only with a -1"),
+        (format!("{SOCKET}+0 close(3) = 0 junk junk"), 2, "after the return value"),
+        (format!("{SOCKET}+0 close(3) = -1 EFOO"), 2, "unknown errno"),
+        (format!("{SOCKET}+0 epoll_create(1) = 4"), 2, "not supported"),
+        ("0 socket(..., SOCK_DGRAM, IPPROTO_UDP) = 3".into(), 1, "SOCK_STREAM"),
+        (format!("{SOCKET}+0 shutdown(3, SHUT_RD) = 0"), 2, "SHUT_RD"),
+        (format!("{SOCKET}+0 setsockopt(3, SOL_TCP, TCP_CONGESTION, [1], 4) = 0"), 2, "not supported"),
+        (format!("{LISTEN}+0 setsockopt(3, SOL_TCP, TCP_NODELAY, [0], 4) = 0"), 4, "per-socket"),
+        (format!("{LISTEN}+0 accept(3, ..., ...) = 4"), 4, "would block"),
+        (format!("{LISTEN}+0 getsockopt(3, SOL_TCP, TCP_INFO, {{tcpi_bogus=1}}, [...]) = 0"), 4, "not supported"),
+        (format!("{LISTEN}+0 listen(3, 1) = 0"), 4, "returned -1 EINVAL, expected 0"),
+        ("--luna_mss=10\n0 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3\n+0 bind(3, ..., ...) = 0\n+0 listen(3, 1) = 0".into(), 4, "rejected the configuration"),
+        (format!("{LISTEN}+0...0.5 accept(3, ..., ...) = 4"), 4, "still blocked at the end"),
+        (format!("{LISTEN}+0...0.5 accept(3, ..., ...) = 4\n+1 < S 0:0(0) win 100"), 4, "did not return by 0.500000"),
+    ];
+    for (text, line, needle) in cases {
+        expect_error(text, *line, needle);
+    }
+}
+
+fn script_text(name: &str) -> String {
+    std::fs::read_to_string(scripts_dir().join(format!("{name}.pkt"))).expect("script exists")
+}
+
+/// Replace the first `from` after the start of 1-based line `line` with `to`.
+fn edit_line(text: &str, line: usize, from: &str, to: &str) -> String {
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    assert!(
+        lines[line - 1].contains(from),
+        "line {line} has no {from:?}"
+    );
+    lines[line - 1] = lines[line - 1].replacen(from, to, 1);
+    lines.join("\n")
+}
+
+#[test]
+fn wrong_expectations_fail_with_script_and_actual_packets() {
+    let base = script_text("handshake_passive_no_options");
+    assert!(run_text(&base).is_ok());
+    let syn_ack = 8; // `> S. 0:0(0) ack 1 win 65535 <mss 1460>`
+    for (from, to, needle) in [
+        ("ack 1", "ack 2", "ack 1 != expected 2"),
+        ("win 65535", "win 65534", "win 65535 != expected 65534"),
+        (
+            "<mss 1460>",
+            "<mss 1400>",
+            "`mss 1460` != expected `mss 1400`",
+        ),
+        (
+            "<mss 1460>",
+            "<mss 1460,nop,nop,sackOK>",
+            "1 options, expected 4",
+        ),
+        ("S.", "S", "flags S. != expected S"),
+        ("+0 ", "+.2 ", "outbound packet timing"),
+    ] {
+        let text = edit_line(&base, syn_ack, from, to);
+        expect_error(&text, syn_ack, needle);
+        let msg = run_text(&text).unwrap_err().error.msg;
+        assert!(
+            msg.contains("script packet:") && msg.contains("actual packet:"),
+            "{msg}"
+        );
+    }
+    // A packet luna never sends, one it sends that nobody expects, a wrong return value.
+    let trimmed = base.trim_end();
+    let last = trimmed.lines().count();
+    expect_error(
+        &format!("{trimmed}\n+0 > . 1:1(0) ack 1"),
+        last + 1,
+        "luna sent nothing",
+    );
+    let lines: Vec<&str> = base.lines().collect();
+    let dropped = [&lines[..syn_ack - 1], &lines[syn_ack..]]
+        .concat()
+        .join("\n");
+    expect_error(&dropped, syn_ack, "unexpected packet");
+    expect_error(
+        &edit_line(&base, 10, "= 4", "= 5"),
+        10,
+        "accept returned 4, expected 5",
+    );
+    // Data must be exactly what was written: luna cannot send bytes beyond the write.
+    expect_error(
+        &edit_line(&base, 11, "2500) = 2500", "2400) = 2400"),
+        14,
+        "payload length",
+    );
+}
+
+/// Every expected packet of every passing script constrains luna: deleting any `>` line or
+/// changing its seq, ack or window makes the script fail. A surviving mutant means the
+/// script (or the runner) checks less than it claims.
+#[test]
+fn every_outbound_line_is_load_bearing() {
+    let xfail = manifest().expect("manifest");
+    let mut survivors = Vec::new();
+    let mut mutants = 0;
+    for name in SCRIPTS.iter().filter(|n| !xfail.contains_key(**n)) {
+        let text = script_text(name);
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            let Ok(s) = script::parse(l) else { continue };
+            let Some(ev) = s.events.first() else { continue };
+            let script::EventKind::Packet(p) = &ev.kind else {
+                continue;
+            };
+            if p.dir != script::Direction::Outbound {
+                continue;
+            }
+            // Deleting a line moves every later relative time, so only lines at `+0` or an
+            // absolute time are deleted; every line gets its flags, ack, window, seq changed.
+            let mut variants = Vec::new();
+            if matches!(ev.time, script::Time::Rel(0) | script::Time::Abs(_)) {
+                variants.push([&lines[..i], &lines[i + 1..]].concat().join("\n"));
+            }
+            let mut tweak = |from: String, to: String| {
+                let mut v: Vec<String> = lines.iter().map(|s| s.to_string()).collect();
+                v[i] = v[i].replacen(&from, &to, 1);
+                variants.push(v.join("\n"));
+            };
+            if let Some(a) = p.ack {
+                tweak(format!("ack {a}"), format!("ack {}", a.wrapping_add(1)));
+            }
+            if let Some(w) = p.win {
+                tweak(format!("win {w}"), format!("win {}", w ^ 1));
+            }
+            let psh_toggled = packetdrill::packet::flags_str(p.flags ^ script::flag::PSH);
+            tweak(
+                format!("{} ", packetdrill::packet::flags_str(p.flags)),
+                format!("{psh_toggled} "),
+            );
+            if p.flags & script::flag::SYN == 0 {
+                let end = p.seq.wrapping_add(p.len);
+                tweak(
+                    format!("{}:{}(", p.seq, end),
+                    format!("{}:{}(", p.seq.wrapping_add(1), end.wrapping_add(1)),
+                );
+            }
+            for v in variants {
+                mutants += 1;
+                if run_text(&v).is_ok() {
+                    survivors.push(format!("{name}.pkt:{}: {l}", i + 1));
+                }
+            }
+        }
+    }
+    assert!(mutants > 300, "only {mutants} mutants");
+    assert!(
+        survivors.is_empty(),
+        "mutants that still pass:\n{}",
+        survivors.join("\n")
+    );
+}
+
+/// One random edit of a script's text: delete, duplicate or swap lines, or replace a number.
+fn mangle(text: &str, edits: &[(usize, u8, u32)]) -> String {
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    for &(at, op, v) in edits {
+        if lines.is_empty() {
+            break;
+        }
+        let i = at % lines.len();
+        match op {
+            0 => {
+                lines.remove(i);
+            }
+            1 => {
+                let l = lines[i].clone();
+                lines.insert(i, l);
+            }
+            2 => {
+                let j = (at / 7) % lines.len();
+                lines.swap(i, j);
+            }
+            _ => {
+                // Replace the n-th run of digits on the line with `v`.
+                let l = &lines[i];
+                let runs: Vec<(usize, usize)> = l
+                    .char_indices()
+                    .filter(|&(j, c)| {
+                        c.is_ascii_digit() && (j == 0 || !l.as_bytes()[j - 1].is_ascii_digit())
+                    })
+                    .map(|(j, _)| {
+                        let end = l[j..]
+                            .find(|c: char| !c.is_ascii_digit())
+                            .map_or(l.len(), |e| j + e);
+                        (j, end)
+                    })
+                    .collect();
+                if let Some(&(a, b)) = runs.get((at / 3) % runs.len().max(1)) {
+                    lines[i] = format!("{}{}{}", &l[..a], v, &l[b..]);
+                }
+            }
+        }
+    }
+    lines.join("\n")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Arbitrary text gives a parse result or an error naming a line, never a panic.
+    #[test]
+    fn parser_never_panics(text in "\\PC{0,300}") {
+        if let Err(e) = script::parse(&text) {
+            prop_assert!(e.line >= 1 && e.line <= text.lines().count().max(1));
+        }
+    }
+
+    /// Mangled real scripts (lines dropped, repeated, swapped, numbers changed) run to a
+    /// pass or an error, never a panic or a hang, in the runner or in luna.
+    #[test]
+    fn mangled_scripts_never_panic(
+        which in 0..SCRIPTS.len(),
+        edits in proptest::collection::vec((any::<usize>(), 0u8..4, any::<u32>()), 1..5),
+    ) {
+        let text = mangle(&script_text(SCRIPTS[which]), &edits);
+        let _ = run_text(&text);
     }
 }

@@ -39,6 +39,12 @@ const ANY_TIME_LIMIT: Duration = Duration::from_secs(600);
 const MAX_TIMER_REPEATS: u32 = 10_000;
 /// Frames one call may emit before the runner calls it a transmit storm.
 const MAX_BURST: usize = 100_000;
+/// Scripts end within an hour of virtual time (bounds the timer loop of a mangled script).
+const MAX_SCRIPT_TIME_US: u64 = 3_600_000_000;
+/// Largest write/read one system call may ask for.
+const MAX_IO: usize = 16 << 20;
+/// Largest payload of an injected segment (one IPv4 datagram with a full TCP header).
+const MAX_PAYLOAD: u32 = 65_535 - 20 - 60;
 
 /// What a passing run did.
 #[derive(Debug, Clone, Default)]
@@ -414,6 +420,7 @@ impl Runner {
     // -----------------------------------------------------------------------------------
 
     fn script_time(&self, t: Time) -> Result<Option<u64>> {
+        let t = self.bounded(t)?;
         match t {
             Time::Any => Ok(None),
             Time::Rel(d) => Ok(Some(self.prev + d)),
@@ -424,6 +431,18 @@ impl Runner {
             )),
             Time::Abs(a) => Ok(Some(a)),
         }
+    }
+
+    fn bounded(&self, t: Time) -> Result<Time> {
+        let abs = match t {
+            Time::Any => return Ok(t),
+            Time::Rel(d) => self.prev.saturating_add(d),
+            Time::Abs(a) => a,
+        };
+        if abs > MAX_SCRIPT_TIME_US {
+            return self.err("event times beyond 3600 s are not supported");
+        }
+        Ok(t)
     }
 
     /// Everything luna has to send now goes to the queue; a blocking call may return.
@@ -528,7 +547,13 @@ impl Runner {
                 self.prev = t;
                 let end = match ev.end {
                     None => None,
+                    Some(Time::Abs(e)) if e > MAX_SCRIPT_TIME_US => {
+                        return self.err("event times beyond 3600 s are not supported")
+                    }
                     Some(Time::Abs(e)) => Some(e),
+                    Some(Time::Rel(d)) if t.saturating_add(d) > MAX_SCRIPT_TIME_US => {
+                        return self.err("event times beyond 3600 s are not supported")
+                    }
                     Some(Time::Rel(d)) => Some(t + d),
                     Some(Time::Any) => unreachable!("the parser refuses `*` ranges"),
                 };
@@ -591,6 +616,12 @@ impl Runner {
     }
 
     fn inject(&mut self, p: &PacketSpec) -> Result<()> {
+        if p.len > MAX_PAYLOAD {
+            return self.err(format!(
+                "a payload of {} bytes does not fit one IPv4 packet (at most {MAX_PAYLOAD})",
+                p.len
+            ));
+        }
         let ports = self.flow_ports(p);
         let flow = self.flows.entry(ports).or_default();
         if p.flags & flag::SYN != 0 && flow.peer_isn.is_none() {
@@ -1297,6 +1328,9 @@ impl Runner {
         let Ok(len) = usize::try_from(len) else {
             return Ok(Attempt::Done(fail("EINVAL")));
         };
+        if len > MAX_IO {
+            return self.err(format!("writes above {MAX_IO} bytes are not supported"));
+        }
         match self.try_write(fd, len)? {
             Some((n, None)) if (n as usize) < len && !self.nonblocking(fd) => {
                 Ok(Attempt::Block(Wait::Write {
@@ -1351,6 +1385,9 @@ impl Runner {
         let Ok(max) = usize::try_from(max) else {
             return Ok(Attempt::Done(fail("EINVAL")));
         };
+        if max > MAX_IO {
+            return self.err(format!("reads above {MAX_IO} bytes are not supported"));
+        }
         match self.try_read(fd, max)? {
             Some(r) => Ok(Attempt::Done(r)),
             None if self.nonblocking(fd) => Ok(Attempt::Done(fail("EAGAIN"))),

@@ -436,6 +436,16 @@ impl<'a> Parser<'a> {
             end = Some(e);
         }
         self.ws();
+        if self.peek() == Some(b'`') {
+            return self.err(
+                "shell commands (`...`) are not supported: the runner drives luna in-process",
+            );
+        }
+        if self.rest().starts_with("%{") {
+            return self.err(
+                "python blocks (%{ }%) are not supported; use getsockopt(TCP_INFO, {tcpi_...})",
+            );
+        }
         let kind = match self.peek() {
             Some(b'<') | Some(b'>') => {
                 if end.is_some() {

@@ -482,10 +482,16 @@ impl Runner {
 
     /// Run luna's timers up to `limit`; with `stop_on_output`, stop at the first frame.
     fn run_until(&mut self, limit: Instant, stop_on_output: bool) -> Result<()> {
+        self.run_timers(limit, |r| stop_on_output && !r.outq.is_empty())
+    }
+
+    /// Run luna's timers up to `limit` or until `done`; then move the clock to `limit`
+    /// unless `done`.
+    fn run_timers(&mut self, limit: Instant, done: impl Fn(&Self) -> bool) -> Result<()> {
         let mut repeats = 0u32;
         let mut last = None;
         loop {
-            if stop_on_output && !self.outq.is_empty() {
+            if done(self) {
                 return Ok(());
             }
             let Some(stack) = self.stack.as_mut() else {
@@ -515,7 +521,7 @@ impl Runner {
                 .handle_timeouts(t);
             self.drain()?;
         }
-        if stop_on_output && !self.outq.is_empty() {
+        if done(self) {
             return Ok(());
         }
         self.check_pending_deadline(limit)?;
@@ -570,7 +576,7 @@ impl Runner {
 
     fn finish(&mut self) -> Result<()> {
         if let Some(p) = self.pending.clone() {
-            self.run_until(at(p.end + self.tol), false)?;
+            self.run_timers(at(p.end + self.tol), |r| r.pending.is_none())?;
             if let Some(p) = &self.pending {
                 self.line = p.line;
                 return self.err(format!(

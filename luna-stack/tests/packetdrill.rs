@@ -208,6 +208,7 @@ fn unsupported_and_malformed_lines_name_the_line() {
         ("-1 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3".into(), 1, "negative times"),
         (format!("{SOCKET}0.5 socket(..., SOCK_STREAM, IPPROTO_TCP) = 4\n0.1 socket(..., SOCK_STREAM, IPPROTO_TCP) = 5"), 3, "before the previous event"),
         ("* socket(..., SOCK_STREAM, IPPROTO_TCP) = 3".into(), 1, "only for outbound"),
+        (format!("{LISTEN}* < S 0:0(0) win 100"), 4, "only for outbound"),
         (format!("{LISTEN}0...0.1 < S 0:0(0) win 1"), 4, "only system calls"),
         (format!("{LISTEN}+0 < Q 0:0(0) win 100"), 4, "unknown TCP flag"),
         (format!("{LISTEN}+0 < SS 0:0(0) win 100"), 4, "repeated"),
@@ -378,7 +379,8 @@ fn every_outbound_line_is_load_bearing() {
     );
 }
 
-/// One random edit of a script's text: delete, duplicate or swap lines, or replace a number.
+/// Random edits of a script's text: delete, duplicate, swap or re-time lines, or replace a
+/// number.
 fn mangle(text: &str, edits: &[(usize, u8, u32)]) -> String {
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
     for &(at, op, v) in edits {
@@ -397,6 +399,14 @@ fn mangle(text: &str, edits: &[(usize, u8, u32)]) -> String {
             2 => {
                 let j = (at / 7) % lines.len();
                 lines.swap(i, j);
+            }
+            3 => {
+                // Re-time the line: any time form on any statement.
+                const TIMES: [&str; 6] =
+                    ["*", "+0...0.1", "0", "+1000", "+.5...+.1", "3599.999999"];
+                let l = lines[i].trim_start();
+                let rest = l.find(char::is_whitespace).map_or("", |k| &l[k..]);
+                lines[i] = format!("{}{rest}", TIMES[v as usize % TIMES.len()]);
             }
             _ => {
                 // Replace the n-th run of digits on the line with `v`.
@@ -438,7 +448,7 @@ proptest! {
     #[test]
     fn mangled_scripts_never_panic(
         which in 0..SCRIPTS.len(),
-        edits in proptest::collection::vec((any::<usize>(), 0u8..4, any::<u32>()), 1..5),
+        edits in proptest::collection::vec((any::<usize>(), 0u8..5, any::<u32>()), 1..5),
     ) {
         let text = mangle(&script_text(SCRIPTS[which]), &edits);
         let _ = run_text(&text);

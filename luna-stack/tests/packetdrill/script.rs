@@ -447,9 +447,12 @@ impl<'a> Parser<'a> {
             );
         }
         let kind = match self.peek() {
-            Some(b'<') | Some(b'>') => {
+            Some(c @ (b'<' | b'>')) => {
                 if end.is_some() {
                     return self.err("only system calls take a start...end time range");
+                }
+                if c == b'<' && time == Time::Any {
+                    return self.err("`*` timing is only for outbound packets");
                 }
                 EventKind::Packet(self.packet()?)
             }

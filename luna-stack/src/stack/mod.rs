@@ -777,7 +777,13 @@ impl<R: Rng> Stack<R> {
     /// sends its FIN is reset after `TcpConfig::fin_timeout` in FIN-WAIT-2.
     pub fn close(&mut self, h: SocketHandle) {
         if let Some(e) = self.entry_mut(h) {
-            e.conn.close();
+            if e.conn.recv_available() > 0 {
+                // RFC 9293 §3.6.1 (SHLD-3): closing with received data unread loses it; a
+                // RST tells the peer so, where a FIN would claim an orderly close.
+                e.conn.abort();
+            } else {
+                e.conn.close();
+            }
             e.conn.set_orphaned();
             e.owner = Owner::Released;
             self.mark_dirty(h.idx);
@@ -1381,10 +1387,14 @@ impl<R: Rng> Stack<R> {
             mss: Some(tcp.mss.min(self.cfg.mtu - 40)),
             ..TcpOptions::default()
         };
-        if tcp.window_scaling && seg.options.window_scale.is_some() {
+        // The cookie carries window scale and SACK-permitted only in the timestamp
+        // (tcp/syncookie.rs): without timestamps, offering them would leave the re-created
+        // connection unscaled while the peer scales (RFC 7323 §2.2, RFC 2018 §2).
+        let ts = seg.options.timestamps.is_some() && tcp.timestamps;
+        if ts && tcp.window_scaling && seg.options.window_scale.is_some() {
             options.window_scale = Some(tcp.rcv_wscale());
         }
-        options.sack_permitted = tcp.sack && seg.options.sack_permitted;
+        options.sack_permitted = ts && tcp.sack && seg.options.sack_permitted;
         if let (Some(tsval), Some(peer)) = (c.tsval, seg.options.timestamps) {
             if tcp.timestamps {
                 options.timestamps = Some(Timestamps {

@@ -1172,6 +1172,12 @@ impl Connection {
                     self.on_fin(now);
                 }
             }
+            // RFC 9293 §3.6.1 (SHLD-3): data received after the application closed (and
+            // released) the connection can never be read: send a RST to show it was lost,
+            // rather than ACK it and let the peer believe it was delivered.
+            if self.orphaned && self.rcvq_len > 0 {
+                self.abort();
+            }
         }
         Disposition::Keep
     }

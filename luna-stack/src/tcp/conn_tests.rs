@@ -1743,12 +1743,8 @@ fn orphaned_fin_wait_2_is_reset_after_fin_timeout() {
     poll_all(&mut c, t(10_000));
     let fin_timeout = TcpConfig::default().fin_timeout;
     assert_eq!(c.poll_timeout(), Some(t(10_000) + fin_timeout));
-    // Peer data keeps arriving (half-closed stream), but the deadline stays.
-    c.on_segment(
-        t(20_000),
-        &ack_seg(PEER_ISS + 1, ISS + 2, 65535),
-        zb(b"more"),
-    );
+    // The peer keeps ACKing (a half-closed stream, no data), but the deadline stays.
+    c.on_segment(t(20_000), &ack_seg(PEER_ISS + 1, ISS + 2, 65535), zb(&[]));
     poll_all(&mut c, t(20_000));
     assert_eq!(c.poll_timeout(), Some(t(10_000) + fin_timeout));
     let at = c.poll_timeout().unwrap();
@@ -1759,6 +1755,24 @@ fn orphaned_fin_wait_2_is_reset_after_fin_timeout() {
     assert_eq!(out[0].repr.seq, SeqNum(ISS + 2), "RST at SND.NXT");
     assert!(c.is_closed());
     assert_eq!(c.close_reason(), Some(CloseReason::Timeout));
+}
+
+/// RFC 9293 §3.6.1 (SHLD-3): data arriving after the application closed and released the
+/// connection can never be read: the connection answers with RST instead of ACKing it.
+#[test]
+fn rfc9293_3_6_1_data_after_close_gets_rst() {
+    let mut c = established();
+    c.close();
+    c.set_orphaned();
+    poll_all(&mut c, t(2));
+    c.on_segment(t(3), &ack_seg(PEER_ISS + 1, ISS + 2, 65535), zb(&[]));
+    assert_eq!(c.state(), State::FinWait2);
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 1, ISS + 2, 65535), zb(b"lost"));
+    let out = poll_all(&mut c, t(4));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.flags, TcpFlags::RST);
+    assert!(c.is_closed());
+    assert_eq!(c.close_reason(), Some(CloseReason::Aborted));
 }
 
 /// An orphan that was released before its FIN was acknowledged starts the FIN-WAIT-2 clock

@@ -540,7 +540,7 @@ pub fn client(a: ClientArgs) -> Res<()> {
         eal: a.eal_arg.clone(),
     };
     backend::pin(a.cpus.0[0]).map_err(Error::Run)?;
-    let plan = ClientPlan::new(w.clone());
+    let plan = std::sync::Arc::new(ClientPlan::new(w.clone()));
     let done = AtomicBool::new(false);
     let progress_tty = !a.child && a.out.show_progress();
     let (results, cpu_v) = std::thread::scope(|s| {

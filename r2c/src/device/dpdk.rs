@@ -305,6 +305,21 @@ impl DpdkDevice {
         registry: &DmaRegistry,
         cfg: &DpdkDeviceConfig,
     ) -> Result<Vec<DpdkDevice>, DeviceError> {
+        Self::open_all_then(eal, slab, registry, cfg, &mut || {})
+    }
+
+    /// [`DpdkDevice::open_all`], calling `started` once the port is started and before
+    /// waiting for the link. A memif server uses it to tell its peer to connect: its
+    /// link comes up only when the client does, so waiting first would deadlock a
+    /// caller that starts the client after hearing from the server. A memif client's
+    /// start is retried until its link is up; `started` follows that.
+    pub fn open_all_then(
+        eal: &Eal,
+        slab: &Slab,
+        registry: &DmaRegistry,
+        cfg: &DpdkDeviceConfig,
+        started: &mut dyn FnMut(),
+    ) -> Result<Vec<DpdkDevice>, DeviceError> {
         cfg.validate()?;
         let mut port = Port::by_name(eal, &cfg.port)?;
         let info = port.info()?;
@@ -346,8 +361,10 @@ impl DpdkDevice {
         if memif_client {
             // A memif client connects once, at start: restart until the server is there.
             port.start_until_link_up(cfg.link_timeout, Duration::from_millis(500))?;
+            started();
         } else {
             port.start()?;
+            started();
             port.wait_link_up(cfg.link_timeout)?;
         }
         let mac = EthernetAddress(port.mac()?);

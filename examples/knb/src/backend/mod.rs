@@ -152,8 +152,11 @@ pub trait Backend: Sync {
 
     /// Runs in the client child: open the connections, get each thread's worker from
     /// `plan` once its connections are up, drive it until it finishes.
-    fn run_client(&self, spec: &ClientSpec, plan: &ClientPlan)
-        -> Result<Vec<ThreadResult>, String>;
+    fn run_client(
+        &self,
+        spec: &ClientSpec,
+        plan: &Arc<ClientPlan>,
+    ) -> Result<Vec<ThreadResult>, String>;
 }
 
 /// The backend of `stack`.
@@ -214,6 +217,16 @@ impl ClientPlan {
 
     /// Thread `t` has its connections up: waits for the others, returns its worker.
     pub fn start(&self, t: u32) -> Result<ClientWorker, String> {
+        self.start_with(t, false)
+    }
+
+    /// [`ClientPlan::start`] for a zero-copy backend: the worker queues requests as
+    /// [`crate::proto::Piece`]s ([`WorkerSpec::messages`]).
+    pub fn start_messages(&self, t: u32) -> Result<ClientWorker, String> {
+        self.start_with(t, true)
+    }
+
+    fn start_with(&self, t: u32, messages: bool) -> Result<ClientWorker, String> {
         let w = &self.workload;
         let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
         g.arrived += 1;
@@ -252,6 +265,7 @@ impl ClientPlan {
             verify: w.verify,
             mode: w.mode.into(),
             seed: 0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678_9abc_def1),
+            messages,
         };
         Ok(ClientWorker::new(spec, timing, self.progress.clone()))
     }

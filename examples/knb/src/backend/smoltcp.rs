@@ -7,6 +7,7 @@
 //! client with queue *i* of the server, so the connections of client thread *i* stay on
 //! server lane *i*. Checksums are computed in software (memif offloads nothing).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dpdk_sys::{Mbuf, Mempool, RxQueue, TxQueue};
@@ -363,7 +364,7 @@ impl Backend for Smoltcp {
     fn run_client(
         &self,
         spec: &ClientSpec,
-        plan: &ClientPlan,
+        plan: &Arc<ClientPlan>,
     ) -> Result<Vec<ThreadResult>, String> {
         let w = plan.workload();
         let dev = match memif::open(

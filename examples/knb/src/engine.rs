@@ -391,6 +391,7 @@ impl ClientWorker {
             dropped: self.dropped,
             bulk,
             error: self.error,
+            extra: Value::Null,
         }
     }
 }
@@ -436,6 +437,8 @@ pub struct ThreadResult {
     pub bulk: Option<BulkResult>,
     /// First error.
     pub error: Option<String>,
+    /// Backend counters of this thread's stack (device, TCP, poll loop), or null.
+    pub extra: Value,
 }
 
 /// Quantiles reported for the latency CDF (fig. 11).
@@ -450,7 +453,11 @@ pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option
     let (mut rpcs, mut txp, mut rxp, mut offered, mut dropped) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut bulk: Option<BulkResult> = None;
     let mut errors = Vec::new();
+    let mut extra = Vec::new();
     for r in results {
+        if !r.extra.is_null() {
+            extra.push(r.extra);
+        }
         let _ = hist.add(&r.hist);
         rpcs += r.completed;
         txp += r.tx_payload;
@@ -536,6 +543,7 @@ pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option
         })),
         "bulk": bulk_v,
         "errors": errors,
+        "client_extra": extra,
     })
 }
 

@@ -1768,7 +1768,11 @@ impl Connection {
             self.dupacks_owed = 0;
             return None;
         }
-        let seq = self.snd_nxt;
+        // RFC 9293 §3.10.7.4: a zero-length segment is acceptable only if RCV.NXT =<
+        // SEG.SEQ. After an RTO rewinds SND.NXT (go-back-N) the peer may already hold
+        // data beyond it, so a pure ACK carries SND.MAX (as BSD's tcp_output does);
+        // with SND.NXT both ends could reject each other's ACKs forever (ACK war).
+        let seq = self.snd_max;
         Some(self.segment(now, seq, TcpFlags::ACK, IoVec::new()))
     }
 

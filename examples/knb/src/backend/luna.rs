@@ -878,12 +878,18 @@ impl Backend for Luna {
         let joined = rt.join();
         let results =
             std::mem::take(&mut *shared.results.lock().unwrap_or_else(|p| p.into_inner()));
-        joined.map_err(|e| format!("r2c runtime: {e}"))?;
+        let reports = joined.map_err(|e| format!("r2c runtime: {e}"))?;
         drop(slab);
         results
             .into_iter()
             .enumerate()
-            .map(|(i, r)| r.unwrap_or_else(|| Err(format!("lane {i} delivered no result"))))
+            .map(|(i, r)| {
+                let mut r = r.unwrap_or_else(|| Err(format!("lane {i} delivered no result")))?;
+                if let Some(rep) = reports.iter().find(|rep| rep.index == i) {
+                    r.extra = core_counters(std::slice::from_ref(rep));
+                }
+                Ok(r)
+            })
             .collect()
     }
 }

@@ -46,6 +46,8 @@ pub struct PhyStats {
     pub rx_chained: u64,
     /// Frames smoltcp built that could not get an mbuf (dropped).
     pub tx_nombuf: u64,
+    /// Server poll-loop iterations (for per-iteration cost accounting in profiles).
+    pub iterations: u64,
 }
 
 /// A smoltcp device over one DPDK queue pair.
@@ -355,9 +357,11 @@ impl Backend for Smoltcp {
             extra.tx += st.tx;
             extra.rx_chained += st.rx_chained;
             extra.tx_nombuf += st.tx_nombuf;
+            extra.iterations += st.iterations;
         }
         total.extra = json!({"frames_rx": extra.rx, "frames_tx": extra.tx,
-            "rx_chained": extra.rx_chained, "tx_nombuf": extra.tx_nombuf});
+            "rx_chained": extra.rx_chained, "tx_nombuf": extra.tx_nombuf,
+            "iterations": extra.iterations});
         Ok(total)
     }
 
@@ -411,6 +415,7 @@ fn server_lane(
     let mut done = 0;
     while done < n && Instant::now() < deadline {
         let now = Instant::now();
+        lane.phy.stats.iterations += 1;
         lane.poll(now);
         for (i, (e, established, finished)) in conns.iter_mut().enumerate() {
             if *finished {
@@ -501,6 +506,7 @@ fn client_lane(
         if wk.finished(now) {
             break;
         }
+        lane.phy.stats.iterations += 1;
         lane.poll(now);
         let now = Instant::now();
         wk.tick(now);
@@ -550,5 +556,9 @@ fn client_lane(
         lane.sock(i).abort();
     }
     lane.poll(Instant::now());
-    Ok(wk.finish())
+    let st = lane.phy.stats;
+    let mut r = wk.finish();
+    r.extra = json!({"frames_rx": st.rx, "frames_tx": st.tx, "rx_chained": st.rx_chained,
+        "tx_nombuf": st.tx_nombuf, "iterations": st.iterations});
+    Ok(r)
 }

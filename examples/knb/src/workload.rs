@@ -167,7 +167,7 @@ pub struct Workload {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub iodepth: u32,
     /// Connections in total (spread over the threads).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16384))]
     pub connections: u32,
     /// Threads (cores) per side.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]

@@ -306,7 +306,9 @@ fn options(eal: &Eal, slab: &Slab) -> CoreOptions {
         idle: IdleStrategy::BusyPoll,
         // Publishing walks every connection's counters: keep it rare.
         stats_interval: 1 << 14,
-        pin: true,
+        // Core threads inherit the EAL main thread's one-CPU mask, which r2c's pinning
+        // check reads as "the only CPU allowed": they pin themselves in `on_start`.
+        pin: false,
         clock: ClockSource::Tsc(eal.tsc_hz()),
         slab: Some(slab.clone()),
         shutdown_grace: luna_stack::time::Duration::from_secs(1),
@@ -314,15 +316,14 @@ fn options(eal: &Eal, slab: &Slab) -> CoreOptions {
     }
 }
 
-/// Gives the calling core thread an lcore id (per-lcore mempool caches for every mbuf
-/// it allocates and frees) and keeps it on its CPU.
-fn register(eal: &Eal, cpu: usize) {
-    if let Err(e) = eal.register_thread() {
-        eprintln!("knb luna: core thread not registered with the EAL (slower mempools): {e}");
-    }
-    if let Err(e) = pin(cpu) {
-        eprintln!("knb luna: {e}");
-    }
+/// Pins the calling core thread to its CPU and gives it an lcore id (per-lcore mempool
+/// caches for every mbuf it allocates and frees).
+fn register(eal: &Eal, cpu: usize) -> Result<(), String> {
+    pin(cpu)?;
+    eal.register_thread()
+        .map_err(|e| format!("register the core thread with the EAL: {e}"))?;
+    // Registration may reset the affinity to the EAL's CPU set: pin again.
+    pin(cpu)
 }
 
 /// Counters of the cores' final reports, for `server.extra`.
@@ -477,11 +478,12 @@ impl ServerApp {
 
 impl InlineApp for ServerApp {
     fn on_start(&mut self, ctx: &mut Ctx<'_>) {
-        register(&self.shared.eal, self.cpu);
-        match Packer::new(&mut |n| ctx.alloc(n), &self.workload) {
+        let setup = register(&self.shared.eal, self.cpu)
+            .and_then(|()| Packer::new(&mut |n| ctx.alloc(n), &self.workload));
+        match setup {
             Ok(p) => self.packer = Some(p),
             Err(e) => {
-                self.report.errors.push(e);
+                self.report.errors.push(format!("lane {}: {e}", self.lane));
                 return ctx.request_stop();
             }
         }
@@ -627,10 +629,11 @@ impl ClientApp {
 
 impl InlineApp for ClientApp {
     fn on_start(&mut self, ctx: &mut Ctx<'_>) {
-        register(&self.shared.eal, self.cpu);
-        match Packer::new(&mut |n| ctx.alloc(n), &self.workload) {
+        let setup = register(&self.shared.eal, self.cpu)
+            .and_then(|()| Packer::new(&mut |n| ctx.alloc(n), &self.workload));
+        match setup {
             Ok(p) => self.packer = Some(p),
-            Err(e) => return self.fail(ctx, e),
+            Err(e) => return self.fail(ctx, format!("lane {}: {e}", self.lane)),
         }
         for k in 0..self.n {
             match ctx.connect(self.remote) {

@@ -11,9 +11,7 @@
 //! |---|---|---|---|
 //! | [`kernel`] | `veth` (k2 ⇄ k1) | epoll (mio) threads in `<p>-k2` | mio threads in `<p>-k1` |
 //! | [`smoltcp`] | `memif` | DPDK process, one smoltcp `Interface` per queue | the same, role client |
-//! | [`luna`] | `memif` | r2c inline server over the devdpdk memif device | r2c client |
-//!
-//! See [`luna`] for exactly what the luna backend needs from r2c.
+//! | [`luna`] | `memif` | inline-r2c server over r2c's `DpdkDevice`, zero copy | inline-r2c client |
 
 pub mod kernel;
 pub mod luna;

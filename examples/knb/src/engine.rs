@@ -181,6 +181,23 @@ impl ClientWorker {
         out.append(&mut self.touched);
     }
 
+    /// Whether [`ClientWorker::tick`] at `now` would issue anything (so a busy-polling
+    /// backend reads the precise clock only when it will): bulk always, closed loop when
+    /// responses completed since the last tick, open loop when an arrival is due.
+    pub fn has_work(&self, now: Instant) -> bool {
+        if self.error.is_some() {
+            return false;
+        }
+        match self.spec.mode {
+            Mode::Bulk => true,
+            Mode::Rpc if now >= self.timing.end => false,
+            Mode::Rpc => match &self.open {
+                None => !self.refill.is_empty(),
+                Some((_, _, next)) => *next <= now,
+            },
+        }
+    }
+
     /// Issues the requests due at `now`.
     pub fn tick(&mut self, now: Instant) {
         if self.error.is_some() {
@@ -589,9 +606,12 @@ mod tests {
         let p = Arc::new(AtomicU64::new(0));
         let mut w = ClientWorker::new(spec(Mode::Rpc, None), timing, p.clone());
         let mut s = [ServerConn::new(200), ServerConn::new(200)];
+        assert!(w.has_work(t), "the first tick fills every connection");
         w.tick(t);
         assert_eq!(w.conns[0].outstanding(), 4);
+        assert!(!w.has_work(t), "nothing completed: nothing to issue");
         exchange(&mut w, &mut s, t); // warm-up: not counted
+        assert!(w.has_work(t), "completions make room");
         w.tick(t + Duration::from_millis(15));
         exchange(&mut w, &mut s, t + Duration::from_millis(15));
         assert!(!w.finished(t + Duration::from_millis(15)));

@@ -263,6 +263,10 @@ fn open(
     cfg.rx_mbufs = 16383.max(2048 * u32::from(lanes) + 8192);
     cfg.link_timeout = link_timeout;
     cfg.pool_prefix = "lkb".into();
+    cfg.tx_copy_max = std::env::var("KNB_LUNA_TX_COPY_MAX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let devices = DpdkDevice::open_all_then(&eal, &slab, &registry, &cfg, started)
         .map_err(|e| format!("open {port}: {e}"))?;
     Ok(Env {
@@ -567,6 +571,8 @@ struct ClientApp {
     touched: Vec<usize>,
     phase: Phase,
     shared: Arc<ClientShared>,
+    /// (std, core clock) at start: maps the core's per-iteration clock to `Instant`s.
+    base: (Instant, luna_stack::time::Instant),
 }
 
 impl ClientApp {
@@ -635,6 +641,7 @@ impl InlineApp for ClientApp {
             Ok(p) => self.packer = Some(p),
             Err(e) => return self.fail(ctx, format!("lane {}: {e}", self.lane)),
         }
+        self.base = (Instant::now(), ctx.now());
         for k in 0..self.n {
             match ctx.connect(self.remote) {
                 Ok(c) => {
@@ -713,6 +720,12 @@ impl InlineApp for ClientApp {
                 }
             }
             Phase::Running(wk) => {
+                // The iteration's own clock (read anyway) decides whether there is
+                // anything to do; the precise clock stamps what is issued.
+                let approx = self.base.0 + ctx.now().saturating_duration_since(self.base.1);
+                if !wk.has_work(approx) && !wk.finished(approx) {
+                    return;
+                }
                 let now = Instant::now();
                 if wk.finished(now) {
                     let Phase::Running(wk) = std::mem::replace(&mut self.phase, Phase::Done) else {
@@ -863,6 +876,7 @@ impl Backend for Luna {
                 until: Instant::now() + CONNECT_WAIT,
             },
             shared: sh.clone(),
+            base: (Instant::now(), luna_stack::time::Instant::from_nanos(0)),
         })
         .map_err(|e| {
             let e = format!("r2c runtime: {e}");

@@ -249,7 +249,22 @@ pub fn run_pair(
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
     let (scpus, ccpus) = (place.server_cpus(), place.client_cpus.0.clone());
-    let ep = b.endpoints(topo, &scpus, &ccpus)?;
+    let mut ep = b.endpoints(topo, &scpus, &ccpus)?;
+    if w.mtu != 1500 {
+        if topo.memif().is_none() {
+            return Err(format!(
+                "--mtu {} applies to the memif stacks (luna, smoltcp), not {}",
+                w.mtu,
+                b.stack().name()
+            ));
+        }
+        // Both ends' memif buffers must hold a whole frame.
+        for p in [&mut ep.server, &mut ep.client] {
+            for a in p.eal.iter_mut().filter(|a| a.starts_with("net_memif")) {
+                a.push_str(&format!(",bsize={}", crate::workload::memif_bsize(w.mtu)));
+            }
+        }
+    }
     if let Some(m) = topo.memif() {
         // A socket left by an earlier server makes the next one fail to bind.
         let _ = std::fs::remove_file(&m.socket);
@@ -429,6 +444,12 @@ pub fn rpc(a: RpcArgs) -> Res<()> {
         return Err(Error::Run(why));
     }
     let cb = backend::backend(a.client_stack.unwrap_or(a.stack));
+    if a.workload.mtu != 1500 && b.topology() != testbed::Kind::Memif {
+        return Err(Error::Usage(format!(
+            "--mtu applies to the memif stacks (luna, smoltcp); {}'s veth is 1500",
+            b.stack().name()
+        )));
+    }
     if cb.topology() != b.topology() {
         return Err(Error::Usage(format!(
             "--client-stack {} runs on {}, --stack {} on {}: an interop run needs one topology \

@@ -245,6 +245,7 @@ fn vdev_of(eal: &[String]) -> Option<&str> {
 fn open(
     eal_args: &[String],
     lanes: u16,
+    mtu: u16,
     link_timeout: Duration,
     started: &mut dyn FnMut(),
 ) -> Result<Env, String> {
@@ -263,6 +264,14 @@ fn open(
     cfg.rx_mbufs = 16383.max(2048 * u32::from(lanes) + 8192);
     cfg.link_timeout = link_timeout;
     cfg.pool_prefix = "lkb".into();
+    // memif enforces no MTU (and ethdev refuses one above its 1518-byte frame limit):
+    // the receive buffers (a zbuf size class) must hold a whole frame.
+    let frame = usize::from(mtu) + 14 + 128;
+    (cfg.rx_buf_size, cfg.rx_mbufs) = match frame {
+        0..=2048 => (2048, 16383.max(2048 * u32::from(lanes) + 8192)),
+        2049..=4096 => (4096, 8191.max(1024 * u32::from(lanes) + 4096)),
+        _ => (16384, 4095.max(1024 * u32::from(lanes) + 1024)),
+    };
     cfg.tx_copy_max = std::env::var("KNB_LUNA_TX_COPY_MAX")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -282,6 +291,7 @@ fn setups(
     devices: Vec<DpdkDevice>,
     ip: Ipv4Addr,
     prefix_len: u8,
+    mtu: u16,
     cpus: &[usize],
 ) -> Result<Vec<CoreSetup<DpdkDevice>>, String> {
     let lanes = devices.len() as u32;
@@ -293,7 +303,9 @@ fn setups(
             let cidr = Ipv4Cidr::new(ip, prefix_len)
                 .map_err(|e| format!("address {ip}/{prefix_len}: {e:?}"))?;
             let mut sc = StackConfig::new(d.mac(), cidr);
-            sc.mtu = d.mtu();
+            // The workload's MTU (memif itself enforces none); MSS to match.
+            sc.mtu = mtu;
+            sc.tcp.mss = mtu - 40;
             sc.caps = d.caps();
             let mut s = CoreSetup::new(i, vec![d], sc);
             s.cpu = Some(cpus[i % cpus.len()]);
@@ -315,6 +327,8 @@ fn options(eal: &Eal, slab: &Slab) -> CoreOptions {
         pin: false,
         clock: ClockSource::Tsc(eal.tsc_hz()),
         slab: Some(slab.clone()),
+        // Room for a server's last answers after the client's FIN (see `end_of_stream`).
+        max_backlog: 2 * SERVER_TX_LIMIT,
         shutdown_grace: luna_stack::time::Duration::from_secs(1),
         ..CoreOptions::default()
     }
@@ -390,6 +404,8 @@ struct ServerApp {
     report: ServerReport,
     shared: Arc<ServerShared>,
     lane_done: bool,
+    /// (std, core clock) at start: maps the core's per-iteration clock to `Instant`s.
+    base: (Instant, luna_stack::time::Instant),
 }
 
 impl ServerApp {
@@ -418,49 +434,74 @@ impl ServerApp {
 
     /// Reads `conn` while its responses fit, answering as it goes.
     fn serve(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
-        let now = Instant::now();
+        // Only bulk MARK/SYNC use the time (µs accuracy over seconds): the iteration's
+        // clock, read anyway, saves a clock read per received segment.
+        let now = self.base.0 + ctx.now().saturating_duration_since(self.base.1);
         loop {
-            let Some(c) = self.conns.get_mut(&conn) else {
-                return;
-            };
-            if c.pending_bytes + c.e.tx().len() >= SERVER_TX_LIMIT {
-                break; // resumed by on_writable
-            }
-            match ctx.recv(conn) {
-                Ok(Some(z)) => {
-                    if let Err(e) = c.e.on_rx(&z, now) {
-                        self.report.errors.push(format!("connection {conn:?}: {e}"));
-                        ctx.abort(conn);
-                        self.finish(ctx, conn);
-                        return;
-                    }
+            let mut limited = false;
+            loop {
+                let Some(c) = self.conns.get_mut(&conn) else {
+                    return;
+                };
+                if c.pending_bytes + c.e.tx().len() >= SERVER_TX_LIMIT {
+                    limited = true;
+                    break;
                 }
-                Ok(None) => break,
-                Err(RecvError::Finished) => {
-                    // The client is done: answer what it asked, then close our side.
-                    if let Err(e) = self.flush(ctx, conn) {
-                        self.report.errors.push(format!("connection {conn:?}: {e}"));
-                    }
-                    if let Some(c) = self.conns.get_mut(&conn) {
-                        for z in c.pending.drain(..) {
-                            if ctx.send(conn, z).is_err() {
-                                break;
-                            }
+                match ctx.recv(conn) {
+                    Ok(Some(z)) => {
+                        if let Err(e) = c.e.on_rx(&z, now) {
+                            self.report.errors.push(format!("connection {conn:?}: {e}"));
+                            ctx.abort(conn);
+                            return self.finish(ctx, conn);
                         }
                     }
-                    ctx.close(conn);
-                    self.finish(ctx, conn);
-                    return;
+                    Ok(None) => break,
+                    Err(RecvError::Finished) => return self.end_of_stream(ctx, conn),
+                    // Reset: on_closed follows.
+                    Err(_) => return,
                 }
-                // Reset: on_closed follows.
-                Err(_) => return,
+            }
+            if let Err(e) = self.flush(ctx, conn) {
+                self.report.errors.push(format!("connection {conn:?}: {e}"));
+                ctx.abort(conn);
+                return self.finish(ctx, conn);
+            }
+            // Read on if the responses went out; else on_writable resumes.
+            let read_on = self
+                .conns
+                .get_mut(&conn)
+                .is_some_and(|c| limited && c.pending_bytes + c.e.tx().len() < SERVER_TX_LIMIT);
+            if !read_on {
+                return;
             }
         }
-        if let Err(e) = self.flush(ctx, conn) {
+    }
+
+    /// The client is done: queue every answer (the runtime's backlog holds what the send
+    /// buffer cannot), then close our side.
+    fn end_of_stream(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        let mut failed = None;
+        if let (Some(c), Some(packer)) = (self.conns.get_mut(&conn), self.packer.as_mut()) {
+            while !c.e.tx().is_empty() && failed.is_none() {
+                failed = packer
+                    .pack(&mut |n| ctx.alloc(n), c.e.tx(), &mut c.pending)
+                    .err();
+            }
+            for z in c.pending.drain(..) {
+                if failed.is_none() {
+                    if let Err(e) = ctx.send(conn, z) {
+                        failed = Some(format!("send: {e:?}"));
+                    }
+                }
+            }
+        }
+        if let Some(e) = failed {
             self.report.errors.push(format!("connection {conn:?}: {e}"));
             ctx.abort(conn);
-            self.finish(ctx, conn);
+        } else {
+            ctx.close(conn);
         }
+        self.finish(ctx, conn);
     }
 
     /// The connection is over (closed, reset or failed): count it.
@@ -491,6 +532,7 @@ impl InlineApp for ServerApp {
                 return ctx.request_stop();
             }
         }
+        self.base = (Instant::now(), ctx.now());
         let backlog = (self.expected + 64).max(1024);
         if let Err(e) = ctx.listen(self.port, backlog) {
             self.report.errors.push(format!(
@@ -521,7 +563,11 @@ impl InlineApp for ServerApp {
     }
 
     fn on_writable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
-        self.serve(ctx, conn);
+        // Every ACK frees space: only a connection with responses waiting (or reading
+        // paused because of them) has anything to do.
+        if self.conns.get(&conn).is_some_and(|c| !c.pending.is_empty()) {
+            self.serve(ctx, conn);
+        }
     }
 
     fn on_closed(&mut self, ctx: &mut Ctx<'_>, conn: Conn, _reason: Option<CloseReason>) {
@@ -769,7 +815,7 @@ impl Backend for Luna {
     fn serve(&self, spec: &ServerSpec, ready: &mut dyn FnMut()) -> Result<ServerReport, String> {
         let w = spec.workload.clone();
         let deadline = Instant::now() + spec.lifetime;
-        let env = open(&spec.eal, w.threads as u16, spec.lifetime, ready)?;
+        let env = open(&spec.eal, w.threads as u16, w.mtu, spec.lifetime, ready)?;
         let Env {
             eal,
             slab,
@@ -777,7 +823,7 @@ impl Backend for Luna {
             devices,
         } = env;
         let lanes = devices.len();
-        let cores = setups(devices, spec.ip, spec.prefix_len, &spec.cpus)?;
+        let cores = setups(devices, spec.ip, spec.prefix_len, w.mtu, &spec.cpus)?;
         let opts = options(&eal, &slab);
         let shared = Arc::new(ServerShared {
             eal: eal.clone(),
@@ -800,6 +846,7 @@ impl Backend for Luna {
             report: ServerReport::default(),
             shared: sh.clone(),
             lane_done: false,
+            base: (Instant::now(), luna_stack::time::Instant::from_nanos(0)),
         })
         .map_err(|e| format!("r2c runtime: {e}"))?;
         while !rt.is_finished() {
@@ -829,6 +876,7 @@ impl Backend for Luna {
         let env = match open(
             &spec.eal,
             w.threads as u16,
+            w.mtu,
             Duration::from_secs(30),
             &mut || {},
         ) {
@@ -845,7 +893,7 @@ impl Backend for Luna {
             devices,
         } = env;
         let lanes = devices.len();
-        let cores = setups(devices, spec.ip, spec.prefix_len, &spec.cpus)?;
+        let cores = setups(devices, spec.ip, spec.prefix_len, w.mtu, &spec.cpus)?;
         let opts = options(&eal, &slab);
         let shared = Arc::new(ClientShared {
             eal: eal.clone(),

@@ -329,6 +329,10 @@ fn options(eal: &Eal, slab: &Slab) -> CoreOptions {
         slab: Some(slab.clone()),
         // Room for a server's last answers after the client's FIN (see `end_of_stream`).
         max_backlog: 2 * SERVER_TX_LIMIT,
+        // A full memif ring means the peer process is busy or descheduled, not a lossy
+        // link: wait (the core stops polling the stack meanwhile) instead of dropping
+        // after a few microseconds of refusals, which turned bursts into RTOs.
+        tx_retry_limit: 1 << 24,
         shutdown_grace: luna_stack::time::Duration::from_secs(1),
         ..CoreOptions::default()
     }

@@ -106,7 +106,6 @@ pub fn run_echo(
 }
 
 /// [`run_echo`] with explicit core options.
-
 pub fn run_echo_opts(
     server_q: u16,
     client_q: u16,

@@ -16,7 +16,17 @@
 //!   completed RPCs or got new requests are visited per iteration, so 5,000
 //!   connections cost what their traffic costs.
 //! * The poll-loop threads are registered with the EAL (mempool caches) and pinned to
-//!   `--cpus`; the clock is the TSC; idle cores busy-poll.
+//!   `--cpus`; the clock is the TSC; idle cores busy-poll. A full memif ring (the peer
+//!   busy or descheduled) is waited out, never turned into drops.
+//! * `--mtu` (workload) sets the stack's MTU and MSS and sizes the receive buffers to
+//!   hold a whole frame; the orchestrator sizes the memif buffers (`bsize`) to match.
+//!
+//! Experiment knob (environment, read by both child processes):
+//! `KNB_LUNA_TX_COPY_MAX=<bytes>` copies frames up to that size into one flat mbuf
+//! instead of attaching the payload ([`DpdkDeviceConfig::tx_copy_max`]). memif copies
+//! every frame anyway, so on this link one flat copy costs less than building and
+//! freeing a chain (see docs/benchmarks.md); off by default, keeping transmit zero copy
+//! as on a NIC, and the copied bytes show in `copied_bytes`.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};

@@ -206,7 +206,8 @@ fn role_command(role: &str, port: &DpdkPort, arg: &str) -> Command {
     c
 }
 
-fn memif_rpcs(server_role: &str, prefix: &str) {
+/// `flat`: the client copies its frames flat (`tx_copy_max`) instead of chaining.
+fn memif_rpcs(server_role: &str, prefix: &str, flat: bool) {
     let prefix = Prefix::new(prefix).unwrap();
     let topo = Topology::up(Kind::Memif, &prefix).expect("memif topology (root, make setup)");
     let m = topo.memif().expect("memif details").clone();
@@ -214,7 +215,10 @@ fn memif_rpcs(server_role: &str, prefix: &str) {
         role_command(server_role, &m.server, &CONNS.to_string()),
         server_role,
     );
-    let client = spawn(role_command("client", &m.client, ""), "r2c client");
+    let client = spawn(
+        role_command("client", &m.client, if flat { "flat" } else { "" }),
+        "r2c client",
+    );
     let (c, s) = (client.wait(), server.wait());
     drop(topo);
     let got = lines(&[(&c, "OK "), (&s, "OK ")]);
@@ -233,16 +237,23 @@ fn memif_rpcs(server_role: &str, prefix: &str) {
     // The echo is zero copy: responses are slices of the received buffers.
     assert_eq!(field(s, "device_copied"), 0, "{s}");
     assert_eq!(field(s, "zbuf_copied"), 0, "{s}");
+    // Requests went out attached (zero copy) or, with `flat`, copied into single mbufs.
+    if flat {
+        assert!(field(c, "device_copied") >= payload, "{c}");
+    } else {
+        assert_eq!(field(c, "device_copied"), 0, "{c}");
+    }
 }
 
 #[test]
 fn memif_inline_server_answers_rpc_clients() {
-    memif_rpcs("server-inline", "llkri");
+    memif_rpcs("server-inline", "llkri", false);
 }
 
 #[test]
 fn memif_batch_server_answers_rpc_clients() {
-    memif_rpcs("server-batch", "llkrb");
+    // The client transmits through the flat-copy path: the bytes must be the same.
+    memif_rpcs("server-batch", "llkrb", true);
 }
 
 #[test]
@@ -367,7 +378,7 @@ fn role_child() {
         "server-inline" => serve(&port, false, arg.parse().expect("conns"), None),
         "server-batch" => serve(&port, true, arg.parse().expect("conns"), None),
         "tap-server" => serve(&port, false, 1, Some(arg)),
-        "client" => client(&port),
+        "client" => client(&port, arg == "flat"),
         other => panic!("unknown role {other}"),
     };
     println!("OK {msg}");
@@ -382,7 +393,13 @@ struct Env {
 }
 
 fn setup(port: &DpdkPort) -> Env {
-    let (args, cfg) = from_testbed(port).expect("testbed port");
+    setup_with(port, 0)
+}
+
+/// [`setup`] with `DpdkDeviceConfig::tx_copy_max` set.
+fn setup_with(port: &DpdkPort, tx_copy_max: usize) -> Env {
+    let (args, mut cfg) = from_testbed(port).expect("testbed port");
+    cfg.tx_copy_max = tx_copy_max;
     let eal = Eal::init(args).unwrap_or_else(|e| panic!("EAL: {e}"));
     let registry = DmaRegistry::new(&eal);
     let slab =
@@ -943,8 +960,8 @@ impl InlineApp for Client {
     }
 }
 
-fn client(port: &DpdkPort) -> String {
-    let env = setup(port);
+fn client(port: &DpdkPort, flat: bool) -> String {
+    let env = setup_with(port, if flat { 2048 } else { 0 });
     let tally = Arc::new(Tally::default());
     let t = tally.clone();
     let remote = SocketAddrV4::new(port.peer_ip, RPC_PORT);
@@ -968,9 +985,10 @@ fn client(port: &DpdkPort) -> String {
     let bad = tally.bad.lock().unwrap().clone();
     assert!(bad.is_empty(), "client errors: {bad:?}");
     format!(
-        "completed={} verified_bytes={} retransmits={}",
+        "completed={} verified_bytes={} retransmits={} device_copied={}",
         tally.completed.load(Ordering::Relaxed),
         tally.verified.load(Ordering::Relaxed),
         reports[0].tcp.retransmits,
+        reports[0].device.copied_bytes,
     )
 }

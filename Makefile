@@ -6,8 +6,9 @@ CARGO ?= cargo
 
 # Name prefix of everything the testbed creates for the demo and clean-testbed.
 export LUNA_TESTBED_PREFIX ?= luna
-# Extra arguments for `knb raw` in the demo (knb reads the prefix from the environment).
-KNB_RAW_ARGS ?=
+# Extra arguments for both `knb compare` runs of the demo (DEMO_ROUNDS, DEMO_DURATION
+# in the environment bound its length).
+KNB_DEMO_ARGS ?=
 
 # Test suites run by `make test`, in order. Later suites (fuzz smoke runs, integration
 # suites) add a `test-<name>` target below and append it here.
@@ -24,7 +25,7 @@ help:
 	@echo "make test           setup, then: $(TEST_SUITES) (root)"
 	@echo "make interop        setup, then the full-size kernel interop run (docs/interop.md; root)"
 	@echo "make lint           rustfmt check + clippy -D warnings"
-	@echo "make demo           setup, then knb raw over the memif topology (root)"
+	@echo "make demo           setup, then knb compare: luna vs kernel vs smoltcp vs raw, 4 KiB RPCs (root)"
 	@echo "make clean-testbed  remove every namespace/interface/file with prefix $(LUNA_TESTBED_PREFIX)"
 
 setup:
@@ -68,7 +69,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 demo: setup
-	bash testbed/demo.sh $(KNB_RAW_ARGS)
+	bash testbed/demo.sh $(KNB_DEMO_ARGS)
 
 clean-testbed:
 	$(CARGO) run -q -p testbed -- down --prefix $(LUNA_TESTBED_PREFIX)

@@ -1,31 +1,54 @@
 #!/usr/bin/env bash
-# `make demo`: the raw-link ping-pong between two DPDK processes over memif (`knb raw`),
-# the physical limit every TCP number is compared with. Arguments go to `knb raw`.
+# `make demo`: `knb compare` of 4 KiB RPCs at iodepth 1 and 16 — luna (r2c over memif)
+# vs the kernel (veth) vs smoltcp (memif) vs the raw memif link — one core per side,
+# stacks alternated round by round, medians and ratios printed.
 #
-# knb raw takes its topology from the testbed library with the prefix in
-# $LUNA_TESTBED_PREFIX (default luna); this script brings memif up first and always
-# tears it down.
+# Bounded: DEMO_ROUNDS rounds (default 3) of DEMO_DURATION measured seconds (default 2)
+# per stack, about a minute per iodepth. knb builds and tears down its topologies under
+# the testbed prefix $LUNA_TESTBED_PREFIX (default luna); the trap removes anything left
+# on any exit. Arguments go to both `knb compare` runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix="${LUNA_TESTBED_PREFIX:-luna}"
-export LUNA_TESTBED_PREFIX="$prefix"
+rounds="${DEMO_ROUNDS:-3}"
+duration="${DEMO_DURATION:-2}"
+out="${DEMO_OUT:-target/demo}"
 
 die() { printf 'make demo: %s\n' "$*" >&2; exit 1; }
 
 [[ "$(id -u)" -eq 0 ]] || die "must run as root (DPDK, hugepages, namespaces). Fix: sudo make demo"
+[[ "$rounds" =~ ^[1-9][0-9]?$ ]] || die "DEMO_ROUNDS=$rounds: give 1..99"
+[[ "$duration" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "DEMO_DURATION=$duration: give seconds, e.g. 2"
 
 echo "make demo: building knb (release) and testbed"
 cargo build -q --release -p knb || die "building knb failed (see above)"
 cargo build -q -p testbed || die "building testbed failed (see above)"
 knb=target/release/knb
 testbed=target/debug/testbed
+mkdir -p "$out"
 
-# Until `knb raw` exists, say so plainly instead of pretending.
-if ! "$knb" raw --help >/dev/null 2>&1; then
-    die "'knb raw' is not implemented yet (it is being built on branch 'dpdk'); nothing to demo until it lands. \`make test\` works today."
-fi
+cleanup() { "$testbed" down --prefix "$prefix" >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+cleanup # leftovers of an interrupted demo
 
-"$testbed" up memif --prefix "$prefix"
-trap '"$testbed" down memif --prefix "$prefix" || true' EXIT
-echo "make demo: knb raw $* (memif, prefix $prefix)"
-"$knb" raw "$@"
+for depth in 1 16; do
+    echo
+    echo "make demo: knb compare, 4 KiB RPCs, iodepth $depth, $rounds rounds of ${duration}s (luna, kernel, smoltcp, raw)"
+    # A hang guard only: a round takes seconds.
+    timeout --kill-after=10 $((rounds * 60 + 60)) \
+        "$knb" compare --stacks luna,kernel,smoltcp --rounds "$rounds" \
+        --req-size 4096 --resp-size 4096 --iodepth "$depth" \
+        --duration "$duration" --warmup 0.5 --prefix "$prefix" \
+        --json "$out/compare-d$depth.json" "$@" \
+        || die "knb compare (iodepth $depth) failed; see above"
+done
+
+echo
+echo "make demo: summary (median of per-round ratios; JSON in $out/compare-d{1,16}.json)"
+for depth in 1 16; do
+    printf '  iodepth %-3s' "$depth"
+    grep -o '"luna_vs_[a-z0-9_]*": *[^,}]*' "$out/compare-d$depth.json" |
+        tr -d '"' | sed 's/: */=/' | tr '\n' ' '
+    echo
+done

@@ -51,8 +51,8 @@ pub struct CoreOptions {
     pub stats_interval: u64,
     /// Iterations a frame refused by the device is retried before it is dropped.
     pub tx_retry_limit: u32,
-    /// Most frames waiting for the device; beyond, new frames are dropped and counted
-    /// (TCP retransmits them).
+    /// Most frames waiting for the device; beyond, the core stops asking the stack for
+    /// more until the device has taken some (back pressure, no loss).
     pub tx_queue_limit: usize,
     /// Most bytes per connection the runtime holds beyond the TCP send buffer for
     /// `Ctx::send`; beyond, `send` answers `WouldBlock`.
@@ -646,12 +646,14 @@ impl<D: Device> CoreLoop<D> {
     }
 
     fn drain_stack_tx(&mut self) {
-        while let Some(t) = self.st.stack.poll_transmit(self.st.now) {
-            if self.tx.len() >= self.opts.tx_queue_limit {
-                self.st.stats.tx_dropped += 1;
-                continue;
+        // A full queue stops the polling: what the stack has not emitted yet stays in
+        // it (connections stay dirty) until the device drains the queue, instead of
+        // being emitted and dropped. (5,000 connections closing at once are 5,000 FINs.)
+        while self.tx.len() < self.opts.tx_queue_limit {
+            match self.st.stack.poll_transmit(self.st.now) {
+                Some(t) => self.tx.push_back(t),
+                None => break,
             }
-            self.tx.push_back(t);
         }
     }
 

@@ -102,13 +102,25 @@ pub fn run_echo(
     len: usize,
     tweak: impl FnOnce(&mut r2c::device::mem::MemConfig),
 ) {
+    run_echo_opts(server_q, client_q, conns, len, tweak, opts());
+}
+
+/// [`run_echo`] with explicit core options.
+pub fn run_echo_opts(
+    server_q: u16,
+    client_q: u16,
+    conns: usize,
+    len: usize,
+    tweak: impl FnOnce(&mut r2c::device::mem::MemConfig),
+    opts: r2c::CoreOptions,
+) {
     let (server, client) = pair(server_q, client_q, tweak);
-    let srv = Runtime::spawn_inline(server, opts(), |_| Echo).unwrap();
+    let srv = Runtime::spawn_inline(server, opts.clone(), |_| Echo).unwrap();
     let done = Arc::new(AtomicUsize::new(0));
     let bad = Arc::new(Mutex::new(Vec::new()));
     let connected_on = Arc::new(Mutex::new(Vec::new()));
     let (d, b, c) = (done.clone(), bad.clone(), connected_on.clone());
-    let cli = Runtime::spawn_inline(client, opts(), move |core| Client {
+    let cli = Runtime::spawn_inline(client, opts, move |core| Client {
         conns,
         len,
         core,
@@ -134,7 +146,7 @@ pub fn run_echo(
     assert_eq!(accepted, total as u64);
     for r in creports.iter().chain(&sreports) {
         assert_eq!(r.stats.stopped, 1);
-        assert_eq!(r.stats.tx_dropped, 0);
+        assert_eq!(r.stats.tx_dropped, 0, "{r:?}");
     }
     if server_q > 1 {
         // RSS spread the connections: more than one server core accepted some.
@@ -153,6 +165,17 @@ fn inline_echo_one_core_each() {
 #[test]
 fn inline_echo_two_server_cores_two_client_cores() {
     run_echo(2, 2, 16, 20_000, |_| {});
+}
+
+/// Regression (5,000 knb connections closing at once): a full transmit queue stops the
+/// core from polling the stack instead of emitting frames and dropping them.
+#[test]
+fn inline_echo_a_full_tx_queue_holds_frames_in_the_stack() {
+    let o = r2c::CoreOptions {
+        tx_queue_limit: 2,
+        ..opts()
+    };
+    run_echo_opts(1, 1, 16, 20_000, |_| {}, o);
 }
 
 #[test]

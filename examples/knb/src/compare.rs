@@ -107,6 +107,13 @@ pub fn run(a: CompareArgs) -> Res<()> {
             None => order.push(*s),
         }
     }
+    if a.workload.mtu != 1500 {
+        notes.push(format!(
+            "--mtu {} applies to luna and smoltcp (memif); the kernel runs over veth at MTU \
+             1500 with GSO/GRO",
+            a.workload.mtu
+        ));
+    }
     if !a.stacks.contains(&Stack::Luna) {
         notes.push("luna: not requested (--stacks); luna ratios are null".into());
     }
@@ -139,7 +146,12 @@ pub fn run(a: CompareArgs) -> Res<()> {
                 a.rounds,
                 s.name()
             );
-            let r = run::run_on(&topos[&b.topology()], b, &a.workload, &a.place, progress);
+            // --mtu sizes the memif link; the kernel's veth stays at 1500 (with GSO/GRO).
+            let mut w = a.workload.clone();
+            if b.topology() != testbed::Kind::Memif {
+                w.mtu = 1500;
+            }
+            let r = run::run_on(&topos[&b.topology()], b, &w, &a.place, progress);
             let p = match r {
                 Ok(v) => {
                     let p = Point {
@@ -337,6 +349,7 @@ mod tests {
             rate: None,
             verify: false,
             mode: ModeArg::Rpc,
+            mtu: 1500,
         };
         assert_eq!(raw_frame(&w), (4166, false));
         w.req_size = 1;

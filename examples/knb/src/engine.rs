@@ -64,6 +64,9 @@ pub struct WorkerSpec {
     pub mode: Mode,
     /// RNG seed (open loop).
     pub seed: u64,
+    /// Queue requests as [`crate::proto::Piece`]s (zero-copy stacks) and keep the list
+    /// of connections with new data ([`ClientWorker::take_touched`]).
+    pub messages: bool,
 }
 
 /// Open loop: arrivals beyond this many outstanding per connection are dropped
@@ -109,6 +112,13 @@ pub struct ClientWorker {
     synced: bool,
     progress: Arc<AtomicU64>,
     error: Option<String>,
+    /// Closed loop: connections whose outstanding count dropped since the last tick
+    /// (only they need new requests, so a tick costs O(completions), not O(conns)).
+    refill: Vec<usize>,
+    in_refill: Vec<bool>,
+    /// Message mode: connections with newly queued data.
+    touched: Vec<usize>,
+    is_touched: Vec<bool>,
 }
 
 impl ClientWorker {
@@ -116,14 +126,20 @@ impl ClientWorker {
     pub fn new(spec: WorkerSpec, timing: Timing, progress: Arc<AtomicU64>) -> ClientWorker {
         let conns = (0..spec.conns)
             .map(|i| {
-                ClientConn::new(
+                let c = ClientConn::new(
                     spec.first_conn + i,
                     spec.req_size,
                     spec.resp_size,
                     spec.verify,
-                )
+                );
+                if spec.messages {
+                    c.message_mode()
+                } else {
+                    c
+                }
             })
             .collect();
+        let n = spec.conns as usize;
         let open = spec.rate.map(|r| (Rng(spec.seed | 1), r, Instant::now()));
         ClientWorker {
             timing,
@@ -141,7 +157,44 @@ impl ClientWorker {
             synced: false,
             progress,
             error: None,
+            refill: (0..n).collect(),
+            in_refill: vec![true; n],
+            touched: Vec::new(),
+            is_touched: vec![false; n],
             spec,
+        }
+    }
+
+    fn touch(&mut self, i: usize) {
+        if self.spec.messages && !self.is_touched[i] {
+            self.is_touched[i] = true;
+            self.touched.push(i);
+        }
+    }
+
+    /// Message mode: appends the connections that got new data to send since the last
+    /// call (each once) to `out`.
+    pub fn take_touched(&mut self, out: &mut Vec<usize>) {
+        for &i in &self.touched {
+            self.is_touched[i] = false;
+        }
+        out.append(&mut self.touched);
+    }
+
+    /// Whether [`ClientWorker::tick`] at `now` would issue anything (so a busy-polling
+    /// backend reads the precise clock only when it will): bulk always, closed loop when
+    /// responses completed since the last tick, open loop when an arrival is due.
+    pub fn has_work(&self, now: Instant) -> bool {
+        if self.error.is_some() {
+            return false;
+        }
+        match self.spec.mode {
+            Mode::Bulk => true,
+            Mode::Rpc if now >= self.timing.end => false,
+            Mode::Rpc => match &self.open {
+                None => !self.refill.is_empty(),
+                Some((_, _, next)) => *next <= now,
+            },
         }
     }
 
@@ -156,11 +209,20 @@ impl ClientWorker {
             Mode::Rpc => match &mut self.open {
                 None => {
                     let depth = self.spec.iodepth as usize;
-                    for c in &mut self.conns {
+                    let mut refill = std::mem::take(&mut self.refill);
+                    for &i in &refill {
+                        self.in_refill[i] = false;
+                        let c = &mut self.conns[i];
+                        let before = c.outstanding();
                         while c.outstanding() < depth {
                             c.push_request(now);
                         }
+                        if c.outstanding() > before {
+                            self.touch(i);
+                        }
                     }
+                    refill.clear();
+                    self.refill = refill;
                 }
                 Some((rng, rate, next)) => {
                     let n = self.conns.len();
@@ -171,7 +233,8 @@ impl ClientWorker {
                         if t0 >= self.timing.warm_end {
                             self.offered += 1;
                         }
-                        let c = &mut self.conns[self.rr % n];
+                        let i = self.rr % n;
+                        let c = &mut self.conns[i];
                         self.rr = self.rr.wrapping_add(1);
                         if c.outstanding() >= OPEN_LOOP_MAX_OUTSTANDING {
                             if t0 >= self.timing.warm_end {
@@ -180,6 +243,10 @@ impl ClientWorker {
                             continue;
                         }
                         c.push_request(t0);
+                        if self.spec.messages && !self.is_touched[i] {
+                            self.is_touched[i] = true;
+                            self.touched.push(i);
+                        }
                     }
                 }
             },
@@ -187,18 +254,23 @@ impl ClientWorker {
     }
 
     fn tick_bulk(&mut self, now: Instant) {
-        for c in &mut self.conns {
+        for i in 0..self.conns.len() {
+            let c = &mut self.conns[i];
+            let before = c.tx().len();
             if now >= self.timing.end {
                 if !self.synced && c.outstanding() == 0 && c.sync_report().is_none() {
                     c.push_sync(now);
                 }
-                continue;
+            } else {
+                if !self.marked && now >= self.timing.warm_end {
+                    c.push_bulk(flags::MARK);
+                }
+                while c.tx().len() < BULK_BACKLOG {
+                    c.push_bulk(0);
+                }
             }
-            if !self.marked && now >= self.timing.warm_end {
-                c.push_bulk(flags::MARK);
-            }
-            while c.tx().len() < BULK_BACKLOG {
-                c.push_bulk(0);
+            if c.tx().len() > before {
+                self.touch(i);
             }
         }
         if now >= self.timing.warm_end {
@@ -260,6 +332,10 @@ impl ClientWorker {
         });
         if n > 0 {
             progress.fetch_add(n, Ordering::Relaxed);
+            if !self.in_refill[i] {
+                self.in_refill[i] = true;
+                self.refill.push(i);
+            }
         }
         if in_window && self.spec.mode == Mode::Rpc {
             self.rx_payload += n * self.spec.resp_size as u64;
@@ -332,6 +408,7 @@ impl ClientWorker {
             dropped: self.dropped,
             bulk,
             error: self.error,
+            extra: Value::Null,
         }
     }
 }
@@ -377,6 +454,8 @@ pub struct ThreadResult {
     pub bulk: Option<BulkResult>,
     /// First error.
     pub error: Option<String>,
+    /// Backend counters of this thread's stack (device, TCP, poll loop), or null.
+    pub extra: Value,
 }
 
 /// Quantiles reported for the latency CDF (fig. 11).
@@ -391,7 +470,11 @@ pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option
     let (mut rpcs, mut txp, mut rxp, mut offered, mut dropped) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut bulk: Option<BulkResult> = None;
     let mut errors = Vec::new();
+    let mut extra = Vec::new();
     for r in results {
+        if !r.extra.is_null() {
+            extra.push(r.extra);
+        }
         let _ = hist.add(&r.hist);
         rpcs += r.completed;
         txp += r.tx_payload;
@@ -477,6 +560,7 @@ pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option
         })),
         "bulk": bulk_v,
         "errors": errors,
+        "client_extra": extra,
     })
 }
 
@@ -496,6 +580,7 @@ mod tests {
             verify: true,
             mode,
             seed: 7,
+            messages: false,
         }
     }
 
@@ -521,9 +606,12 @@ mod tests {
         let p = Arc::new(AtomicU64::new(0));
         let mut w = ClientWorker::new(spec(Mode::Rpc, None), timing, p.clone());
         let mut s = [ServerConn::new(200), ServerConn::new(200)];
+        assert!(w.has_work(t), "the first tick fills every connection");
         w.tick(t);
         assert_eq!(w.conns[0].outstanding(), 4);
+        assert!(!w.has_work(t), "nothing completed: nothing to issue");
         exchange(&mut w, &mut s, t); // warm-up: not counted
+        assert!(w.has_work(t), "completions make room");
         w.tick(t + Duration::from_millis(15));
         exchange(&mut w, &mut s, t + Duration::from_millis(15));
         assert!(!w.finished(t + Duration::from_millis(15)));

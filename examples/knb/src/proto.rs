@@ -235,22 +235,74 @@ impl Parser {
     }
 }
 
+/// One piece of a message-mode [`TxBuf`]: what a zero-copy stack turns into buffers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// A message header.
+    Header([u8; HDR_LEN]),
+    /// Bytes to send as they are (verify patterns, SYNC reports).
+    Bytes(Vec<u8>),
+    /// This many zero bytes: the payload of a message without `--verify`, which a
+    /// zero-copy stack sends from one preallocated buffer instead of writing it.
+    Zeros(u32),
+}
+
+impl Piece {
+    /// Bytes on the wire.
+    pub fn len(&self) -> usize {
+        match self {
+            Piece::Header(_) => HDR_LEN,
+            Piece::Bytes(v) => v.len(),
+            Piece::Zeros(n) => *n as usize,
+        }
+    }
+
+    /// True for a zero-length piece (never queued).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Bytes queued for sending, drained from the front.
+///
+/// Two modes: byte mode (default) keeps the stream in one `Vec<u8>` that a backend
+/// writes from ([`TxBuf::pending`] / [`TxBuf::consume`]); message mode
+/// ([`TxBuf::messages`]) keeps [`Piece`]s that a zero-copy backend takes with
+/// [`TxBuf::pop_piece`], so payloads are never written out byte by byte.
 #[derive(Debug, Default)]
 pub struct TxBuf {
     buf: Vec<u8>,
     start: usize,
+    pieces: Option<VecDeque<Piece>>,
+    piece_bytes: usize,
 }
 
 impl TxBuf {
-    /// The bytes not sent yet.
+    /// An empty message-mode buffer.
+    pub fn messages() -> TxBuf {
+        TxBuf {
+            pieces: Some(VecDeque::new()),
+            ..TxBuf::default()
+        }
+    }
+
+    /// True in message mode.
+    pub fn is_messages(&self) -> bool {
+        self.pieces.is_some()
+    }
+
+    /// The bytes not sent yet (byte mode; always empty in message mode).
     pub fn pending(&self) -> &[u8] {
         &self.buf[self.start..]
     }
 
     /// Bytes not sent yet.
     pub fn len(&self) -> usize {
-        self.buf.len() - self.start
+        if self.pieces.is_some() {
+            self.piece_bytes
+        } else {
+            self.buf.len() - self.start
+        }
     }
 
     /// True if nothing is queued.
@@ -258,8 +310,12 @@ impl TxBuf {
         self.len() == 0
     }
 
-    /// Marks `n` bytes as sent.
+    /// Marks `n` bytes as sent (byte mode; in message mode pieces leave through
+    /// [`TxBuf::pop_piece`] and this does nothing).
     pub fn consume(&mut self, n: usize) {
+        if self.pieces.is_some() {
+            return;
+        }
         self.start = (self.start + n).min(self.buf.len());
         if self.start == self.buf.len() {
             self.buf.clear();
@@ -270,17 +326,60 @@ impl TxBuf {
         }
     }
 
+    /// The oldest piece without taking it (message mode).
+    pub fn front_piece(&self) -> Option<&Piece> {
+        self.pieces.as_ref()?.front()
+    }
+
+    /// The oldest piece (message mode; `None` in byte mode or when empty).
+    pub fn pop_piece(&mut self) -> Option<Piece> {
+        let p = self.pieces.as_mut()?.pop_front()?;
+        self.piece_bytes -= p.len();
+        Some(p)
+    }
+
+    fn push_piece(&mut self, p: Piece) {
+        if let Some(q) = &mut self.pieces {
+            if !p.is_empty() {
+                self.piece_bytes += p.len();
+                q.push_back(p);
+            }
+        }
+    }
+
+    fn push_header(&mut self, h: Header) {
+        if self.pieces.is_some() {
+            self.push_piece(Piece::Header(h.encode()));
+        } else {
+            self.buf.extend_from_slice(&h.encode());
+        }
+    }
+
+    fn push_bytes(&mut self, b: &[u8]) {
+        if self.pieces.is_some() {
+            self.push_piece(Piece::Bytes(b.to_vec()));
+        } else {
+            self.buf.extend_from_slice(b);
+        }
+    }
+
+    #[cfg(test)]
     fn vec(&mut self) -> &mut Vec<u8> {
         &mut self.buf
     }
 }
 
-fn push_msg(out: &mut Vec<u8>, h: Header, salt: u64, verify: bool) {
-    out.extend_from_slice(&h.encode());
-    if verify {
-        push_pattern(out, h.id, salt, h.len);
-    } else {
-        out.resize(out.len() + h.len as usize, 0);
+fn push_msg(out: &mut TxBuf, h: Header, salt: u64, verify: bool) {
+    out.push_header(h);
+    match (&mut out.pieces, verify) {
+        (Some(_), false) => out.push_piece(Piece::Zeros(h.len)),
+        (Some(_), true) => {
+            let mut v = Vec::with_capacity(h.len as usize);
+            push_pattern(&mut v, h.id, salt, h.len);
+            out.push_piece(Piece::Bytes(v));
+        }
+        (None, true) => push_pattern(&mut out.buf, h.id, salt, h.len),
+        (None, false) => out.buf.resize(out.buf.len() + h.len as usize, 0),
     }
 }
 
@@ -357,6 +456,13 @@ impl ServerConn {
         }
     }
 
+    /// The same connection with its responses queued as [`Piece`]s ([`TxBuf::messages`]),
+    /// for zero-copy stacks.
+    pub fn message_mode(mut self) -> ServerConn {
+        self.tx = TxBuf::messages();
+        self
+    }
+
     /// Feeds received bytes; responses are queued in [`ServerConn::tx`].
     pub fn on_rx(&mut self, data: &[u8], now: Instant) -> Result<(), ProtoError> {
         let ServerConn {
@@ -395,16 +501,12 @@ impl ServerConn {
                         window_bytes: *bulk_total - b,
                         window_ns: now.duration_since(t).as_nanos() as u64,
                     };
-                    let out = tx.vec();
-                    out.extend_from_slice(
-                        &Header {
-                            id: h.id,
-                            len: SyncReport::LEN,
-                            flags: flags::RESPONSE | flags::SYNC,
-                        }
-                        .encode(),
-                    );
-                    out.extend_from_slice(&r.encode());
+                    tx.push_header(Header {
+                        id: h.id,
+                        len: SyncReport::LEN,
+                        flags: flags::RESPONSE | flags::SYNC,
+                    });
+                    tx.push_bytes(&r.encode());
                     counters.requests += 1;
                     return Ok(());
                 }
@@ -416,7 +518,7 @@ impl ServerConn {
                     len: *resp_size,
                     flags: flags::RESPONSE | (h.flags & flags::VERIFY),
                 };
-                push_msg(tx.vec(), resp, SALT_RESP, h.flags & flags::VERIFY != 0);
+                push_msg(tx, resp, SALT_RESP, h.flags & flags::VERIFY != 0);
                 counters.requests += 1;
                 counters.tx_payload += *resp_size as u64;
                 Ok(())
@@ -485,6 +587,13 @@ impl ClientConn {
         }
     }
 
+    /// The same connection with its requests queued as [`Piece`]s ([`TxBuf::messages`]),
+    /// for zero-copy stacks.
+    pub fn message_mode(mut self) -> ClientConn {
+        self.tx = TxBuf::messages();
+        self
+    }
+
     /// Requests sent and not answered yet.
     pub fn outstanding(&self) -> usize {
         self.outstanding.len()
@@ -496,7 +605,7 @@ impl ClientConn {
         self.next_id += 1;
         let f = if self.verify { flags::VERIFY } else { 0 };
         push_msg(
-            self.tx.vec(),
+            &mut self.tx,
             Header {
                 id,
                 len: self.req_size,
@@ -520,7 +629,7 @@ impl ClientConn {
         };
         let f = flags::NOREPLY | extra | if self.verify { flags::VERIFY } else { 0 };
         push_msg(
-            self.tx.vec(),
+            &mut self.tx,
             Header { id, len, flags: f },
             SALT_REQ,
             self.verify,
@@ -532,14 +641,11 @@ impl ClientConn {
     pub fn push_sync(&mut self, t0: Instant) {
         let id = self.next_id;
         self.next_id += 1;
-        self.tx.vec().extend_from_slice(
-            &Header {
-                id,
-                len: 0,
-                flags: flags::SYNC,
-            }
-            .encode(),
-        );
+        self.tx.push_header(Header {
+            id,
+            len: 0,
+            flags: flags::SYNC,
+        });
         self.outstanding.push_back((id, t0));
     }
 
@@ -807,6 +913,70 @@ mod tests {
                 received: 0
             })
         );
+    }
+
+    /// Drains a message-mode buffer into the byte stream it stands for.
+    fn flatten(t: &mut TxBuf) -> Vec<u8> {
+        let mut out = Vec::new();
+        while let Some(p) = t.pop_piece() {
+            match p {
+                Piece::Header(h) => out.extend_from_slice(&h),
+                Piece::Bytes(b) => out.extend_from_slice(&b),
+                Piece::Zeros(n) => out.resize(out.len() + n as usize, 0),
+            }
+        }
+        assert!(t.is_empty());
+        out
+    }
+
+    #[test]
+    fn message_mode_carries_the_same_stream_as_byte_mode() {
+        let now = Instant::now();
+        for verify in [false, true] {
+            let mut bytes = ClientConn::new(1, 300, 4100, verify);
+            let mut msgs = ClientConn::new(1, 300, 4100, verify).message_mode();
+            assert!(msgs.tx().is_messages() && !bytes.tx().is_messages());
+            for c in [&mut bytes, &mut msgs] {
+                c.push_request(now);
+                c.push_bulk(0);
+                c.push_bulk(flags::MARK);
+                c.push_sync(now);
+            }
+            let want = bytes.tx().pending().to_vec();
+            assert_eq!(msgs.tx().len(), want.len());
+            assert!(msgs.tx().pending().is_empty(), "no bytes in message mode");
+            let got = flatten(msgs.tx());
+            assert_eq!(got, want, "verify={verify}");
+            // Server side: the same responses, SYNC report included.
+            let mut sb = ServerConn::new(4100);
+            let mut sm = ServerConn::new(4100).message_mode();
+            sb.on_rx(&want, now).unwrap();
+            sm.on_rx(&got, now).unwrap();
+            let resp = sb.tx().pending().to_vec();
+            assert_eq!(sm.tx().len(), resp.len());
+            let mresp = flatten(sm.tx());
+            assert_eq!(mresp, resp, "same `now`, so the same SYNC report too");
+            let mut done = 0;
+            msgs.on_rx(&mresp, |_| done += 1).unwrap();
+            assert_eq!(done, 2, "the response and the SYNC report");
+        }
+    }
+
+    #[test]
+    fn message_mode_pieces_do_not_write_zero_payloads() {
+        let now = Instant::now();
+        let mut s = ServerConn::new(65536).message_mode();
+        let req = {
+            let mut c = ClientConn::new(0, 10, 65536, false);
+            c.push_request(now);
+            c.tx().pending().to_vec()
+        };
+        s.on_rx(&req, now).unwrap();
+        assert!(matches!(s.tx().pop_piece(), Some(Piece::Header(_))));
+        assert_eq!(s.tx().pop_piece(), Some(Piece::Zeros(65536)));
+        assert_eq!(s.tx().pop_piece(), None);
+        s.tx().consume(100); // a no-op in message mode
+        assert!(s.tx().is_empty());
     }
 
     #[test]

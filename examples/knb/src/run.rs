@@ -222,12 +222,49 @@ pub fn run_on(
     place: &Placement,
     progress: bool,
 ) -> Result<Value, String> {
-    if let Some(why) = b.unavailable() {
+    run_pair(topo, b, b, w, place, progress)
+}
+
+/// One run with `b` serving and `cb` as the client (the same backend except in interop
+/// runs, where both must share the topology).
+pub fn run_pair(
+    topo: &Topology,
+    b: &dyn Backend,
+    cb: &dyn Backend,
+    w: &Workload,
+    place: &Placement,
+    progress: bool,
+) -> Result<Value, String> {
+    if let Some(why) = b.unavailable().or_else(|| cb.unavailable()) {
         return Err(why);
+    }
+    if b.topology() != cb.topology() {
+        return Err(format!(
+            "{} and {} run on different topologies ({} and {})",
+            b.stack().name(),
+            cb.stack().name(),
+            b.topology().name(),
+            cb.topology().name()
+        ));
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
     let (scpus, ccpus) = (place.server_cpus(), place.client_cpus.0.clone());
-    let ep = b.endpoints(topo, &scpus, &ccpus)?;
+    let mut ep = b.endpoints(topo, &scpus, &ccpus)?;
+    if w.mtu != 1500 {
+        if topo.memif().is_none() {
+            return Err(format!(
+                "--mtu {} applies to the memif stacks (luna, smoltcp), not {}",
+                w.mtu,
+                b.stack().name()
+            ));
+        }
+        // Both ends' memif buffers must hold a whole frame.
+        for p in [&mut ep.server, &mut ep.client] {
+            for a in p.eal.iter_mut().filter(|a| a.starts_with("net_memif")) {
+                a.push_str(&format!(",bsize={}", crate::workload::memif_bsize(w.mtu)));
+            }
+        }
+    }
     if let Some(m) = topo.memif() {
         // A socket left by an earlier server makes the next one fail to bind.
         let _ = std::fs::remove_file(&m.socket);
@@ -241,8 +278,13 @@ pub fn run_on(
     };
     let side = |sub: &str, netns: &str, cpus: &[usize], ip: Ipv4Addr, eal: &[String]| {
         let mut c = testbed::netns_command(netns, &exe);
+        let stack = if sub == "client" {
+            cb.stack()
+        } else {
+            b.stack()
+        };
         c.arg(sub)
-            .arg(format!("--stack={}", b.stack().name()))
+            .arg(format!("--stack={}", stack.name()))
             .arg(format!("--ip={ip}"))
             .arg(format!("--port={}", place.port))
             .arg(format!("--cpus={}", list(cpus)))
@@ -357,6 +399,9 @@ pub fn run_on(
     }
     r["knb"] = json!("rpc");
     r["stack"] = json!(name);
+    if cb.stack() != b.stack() {
+        r["client_stack"] = json!(cb.stack().name());
+    }
     r["topology"] = json!(b.topology().name());
     let mut cfg = w.to_json();
     cfg["client_cpus"] = json!(ccpus);
@@ -378,6 +423,9 @@ pub struct RpcArgs {
     /// The stack to measure.
     #[arg(long, value_enum)]
     pub stack: Stack,
+    /// Interop: run the client on this stack instead (same topology: luna ⇄ smoltcp).
+    #[arg(long, value_enum)]
+    pub client_stack: Option<Stack>,
     #[command(flatten)]
     pub workload: Workload,
     #[command(flatten)]
@@ -395,9 +443,26 @@ pub fn rpc(a: RpcArgs) -> Res<()> {
     if let Some(why) = b.unavailable() {
         return Err(Error::Run(why));
     }
+    let cb = backend::backend(a.client_stack.unwrap_or(a.stack));
+    if a.workload.mtu != 1500 && b.topology() != testbed::Kind::Memif {
+        return Err(Error::Usage(format!(
+            "--mtu applies to the memif stacks (luna, smoltcp); {}'s veth is 1500",
+            b.stack().name()
+        )));
+    }
+    if cb.topology() != b.topology() {
+        return Err(Error::Usage(format!(
+            "--client-stack {} runs on {}, --stack {} on {}: an interop run needs one topology \
+             (luna and smoltcp share memif)",
+            cb.stack().name(),
+            cb.topology().name(),
+            b.stack().name(),
+            b.topology().name()
+        )));
+    }
     sweep_stale();
     let topo = topology_for(b, &prefix)?;
-    let r = run_on(&topo, b, &a.workload, &a.place, a.out.show_progress());
+    let r = run_pair(&topo, b, cb, &a.workload, &a.place, a.out.show_progress());
     drop(topo);
     let r = r?;
     report::print_table(std::slice::from_ref(&r));
@@ -540,7 +605,7 @@ pub fn client(a: ClientArgs) -> Res<()> {
         eal: a.eal_arg.clone(),
     };
     backend::pin(a.cpus.0[0]).map_err(Error::Run)?;
-    let plan = ClientPlan::new(w.clone());
+    let plan = std::sync::Arc::new(ClientPlan::new(w.clone()));
     let done = AtomicBool::new(false);
     let progress_tty = !a.child && a.out.show_progress();
     let (results, cpu_v) = std::thread::scope(|s| {

@@ -146,6 +146,7 @@ impl Sweeper<'_> {
             rate: None,
             verify: false,
             mode: ModeArg::Rpc,
+            mtu: 1500,
         }
     }
 

@@ -1001,6 +1001,31 @@ fn rfc6298_5_rto_retransmits_from_snd_una_and_aborts_after_max_retries() {
     assert_eq!(c.close_reason(), Some(CloseReason::Timeout));
 }
 
+/// Regression (ACK war after RTO on both ends, found by r2c's memif RPC test): after an
+/// RTO rewinds SND.NXT, a pure ACK must carry SND.MAX, or a peer that already received
+/// the data finds it unacceptable (RFC 9293 §3.10.7.4) and answers with its own ACK.
+#[test]
+fn rfc9293_3_10_7_4_pure_ack_after_rto_carries_snd_max() {
+    let mut c = established();
+    c.send(&zb(&pattern(2000, 4))).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 2);
+    let rto = c.poll_timeout().unwrap();
+    c.on_timeout(rto);
+    let out = poll_all(&mut c, rto);
+    assert_eq!(out.len(), 1, "go-back-N: the first segment again");
+    assert_eq!(out[0].repr.seq, SeqNum(ISS + 1));
+    // The peer's data arrives meanwhile (its ACK covers only the first segment): our
+    // ACK for it must start at SND.MAX, where the peer expects our next byte.
+    c.on_segment(rto, &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(b"data"));
+    let out = poll_all(&mut c, rto);
+    let ack = out
+        .iter()
+        .find(|s| s.payload.is_empty())
+        .expect("an ACK for the peer's data");
+    assert_eq!(ack.repr.ack, SeqNum(PEER_ISS + 1 + 4));
+    assert_eq!(ack.repr.seq, SeqNum(ISS + 1 + 2000), "SEG.SEQ = SND.MAX");
+}
+
 #[test]
 fn rfc5681_3_2_three_dupacks_trigger_fast_retransmit_and_recovery_exits() {
     let mut c = established();

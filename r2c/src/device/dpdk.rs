@@ -92,6 +92,11 @@ pub struct DpdkDeviceConfig {
     pub pool_prefix: String,
     /// Use checksum offloads the hardware really has (never for software PMDs).
     pub checksum_offload: bool,
+    /// Frames up to this many bytes are copied into one flat mbuf instead of being sent
+    /// as a chain with the payload attached (0, the default: never). For software PMDs,
+    /// which copy every frame anyway, one flat copy of a small frame can cost less than
+    /// building and freeing a chain; the bytes are counted in `copied_bytes`.
+    pub tx_copy_max: usize,
 }
 
 impl DpdkDeviceConfig {
@@ -111,6 +116,7 @@ impl DpdkDeviceConfig {
             link_timeout: Duration::from_secs(30),
             pool_prefix: "r2c".into(),
             checksum_offload: true,
+            tx_copy_max: 0,
         }
     }
 
@@ -227,9 +233,11 @@ pub struct DpdkDevice {
     mtu: u16,
     caps: ChecksumCaps,
     offload: bool,
+    tx_copy_max: usize,
     stats: DeviceStats,
     dstats: DpdkStats,
     rx_copied: u64,
+    tx_copied: u64,
     mbufs: Vec<Mbuf>,
     chains: Vec<Mbuf>,
     lens: Vec<usize>,
@@ -305,6 +313,21 @@ impl DpdkDevice {
         registry: &DmaRegistry,
         cfg: &DpdkDeviceConfig,
     ) -> Result<Vec<DpdkDevice>, DeviceError> {
+        Self::open_all_then(eal, slab, registry, cfg, &mut || {})
+    }
+
+    /// [`DpdkDevice::open_all`], calling `started` once the port is started and before
+    /// waiting for the link. A memif server uses it to tell its peer to connect: its
+    /// link comes up only when the client does, so waiting first would deadlock a
+    /// caller that starts the client after hearing from the server. A memif client's
+    /// start is retried until its link is up; `started` follows that.
+    pub fn open_all_then(
+        eal: &Eal,
+        slab: &Slab,
+        registry: &DmaRegistry,
+        cfg: &DpdkDeviceConfig,
+        started: &mut dyn FnMut(),
+    ) -> Result<Vec<DpdkDevice>, DeviceError> {
         cfg.validate()?;
         let mut port = Port::by_name(eal, &cfg.port)?;
         let info = port.info()?;
@@ -346,8 +369,10 @@ impl DpdkDevice {
         if memif_client {
             // A memif client connects once, at start: restart until the server is there.
             port.start_until_link_up(cfg.link_timeout, Duration::from_millis(500))?;
+            started();
         } else {
             port.start()?;
+            started();
             port.wait_link_up(cfg.link_timeout)?;
         }
         let mac = EthernetAddress(port.mac()?);
@@ -386,9 +411,11 @@ impl DpdkDevice {
                 mtu,
                 caps,
                 offload: caps != ChecksumCaps::software(),
+                tx_copy_max: cfg.tx_copy_max,
                 stats: DeviceStats::default(),
                 dstats: DpdkStats::default(),
                 rx_copied: 0,
+                tx_copied: 0,
                 mbufs: Vec::with_capacity(BURST),
                 chains: Vec::with_capacity(BURST),
                 lens: Vec::with_capacity(BURST),
@@ -439,6 +466,35 @@ impl DpdkDevice {
     }
 }
 
+/// `t` copied into one mbuf from the transmit pool; `None` if it does not fit (or no
+/// mbuf is free), so the caller builds a chain instead.
+fn flat_copy(tx: &TxChains, t: &Transmit, req: Option<&TxOffloadRequest>) -> Option<Mbuf> {
+    let mut m = tx.mempool().alloc()?;
+    if t.len() > m.tailroom() {
+        return None;
+    }
+    let buf = m.append(t.len() as u16)?;
+    let (h, rest) = buf.split_at_mut(t.header().len());
+    h.copy_from_slice(t.header());
+    let mut at = 0;
+    for c in t.payload.chunks() {
+        rest[at..at + c.len()].copy_from_slice(c);
+        at += c.len();
+    }
+    if let Some(o) = req {
+        let mut flags = ffi::RTE_MBUF_F_TX_IPV4;
+        if o.ipv4_checksum {
+            flags |= ffi::RTE_MBUF_F_TX_IP_CKSUM;
+        }
+        if o.tcp_checksum {
+            flags |= ffi::RTE_MBUF_F_TX_TCP_CKSUM;
+        }
+        m.set_ol_flags(flags);
+        m.set_tx_offload(o.l2_len, o.l3_len, o.l4_len, 0);
+    }
+    Some(m)
+}
+
 impl Device for DpdkDevice {
     fn rx_burst(&mut self, out: &mut Vec<Zbuf>, max: usize) -> usize {
         let mut total = 0;
@@ -482,6 +538,14 @@ impl Device for DpdkDevice {
             self.lens.clear();
             for t in frames.iter().skip(taken).take(BURST) {
                 let req = self.offload_request(t);
+                if t.len() <= self.tx_copy_max {
+                    if let Some(m) = flat_copy(&self.tx, t, req.as_ref()) {
+                        self.tx_copied += t.payload.len() as u64;
+                        self.chains.push(m);
+                        self.lens.push(t.len());
+                        continue;
+                    }
+                }
                 match self.tx.build(t.header(), &t.payload, req.as_ref()) {
                     Ok(m) => {
                         self.chains.push(m);
@@ -539,7 +603,7 @@ impl Device for DpdkDevice {
 
     fn stats(&self) -> DeviceStats {
         let mut s = self.stats;
-        s.copied_bytes = self.rx_copied + self.tx.stats().copied_bytes;
+        s.copied_bytes = self.rx_copied + self.tx_copied + self.tx.stats().copied_bytes;
         let port = self
             .port
             .port

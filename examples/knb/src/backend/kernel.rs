@@ -4,6 +4,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
@@ -125,7 +126,7 @@ impl Backend for Kernel {
     fn run_client(
         &self,
         spec: &ClientSpec,
-        plan: &ClientPlan,
+        plan: &Arc<ClientPlan>,
     ) -> Result<Vec<ThreadResult>, String> {
         let threads = plan.workload().threads;
         std::thread::scope(|s| {

@@ -1,54 +1,812 @@
-//! luna through the r2c runtime — **not available yet**: r2c (branch `r2c`) and its DPDK
-//! device (branch `devdpdk`) are being written. Until they are merged this backend
-//! reports itself unavailable; `knb rpc --stack luna` fails with that message (exit 1)
-//! and `knb compare` writes its luna ratios as null with a note. Nothing is faked.
+//! luna through the r2c runtime: two DPDK processes over the testbed's memif link, the
+//! same placement as smoltcp (one queue pair, one core and one `luna_stack` `Stack` per
+//! thread; memif pairs client queue *i* with server queue *i*).
 //!
-//! # What the luna backend needs (the drop-in contract)
+//! * Device: [`r2c::device::dpdk::DpdkDevice`], zero copy both ways: received frames are
+//!   zbuf zone objects handed to the stack as `Zbuf`s, transmitted payload goes out as
+//!   external-buffer mbufs over the application's `Zbuf`s.
+//! * Server: an inline-r2c app ([`r2c::InlineApp`]). Received `Zbuf`s are parsed in place
+//!   by [`ServerConn`] (message mode); a response is its 16-byte header (written into a
+//!   small buffer shared by the responses of one batch) followed by a slice of one
+//!   preallocated zero buffer (a reference count, no per-RPC payload copy). With
+//!   `--verify` the patterned payload is generated, as the protocol requires.
+//! * Client: an inline-r2c app driving [`ClientWorker`] (message mode) from `on_poll`:
+//!   requests are built the same way, responses are fed to the worker from the received
+//!   `Zbuf`s. Closed loop, open loop and bulk all work; only the connections that
+//!   completed RPCs or got new requests are visited per iteration, so 5,000
+//!   connections cost what their traffic costs.
+//! * The poll-loop threads are registered with the EAL (mempool caches) and pinned to
+//!   `--cpus`; the clock is the TSC; idle cores busy-poll. A full memif ring (the peer
+//!   busy or descheduled) is waited out, never turned into drops.
+//! * `--mtu` (workload) sets the stack's MTU and MSS and sizes the receive buffers to
+//!   hold a whole frame; the orchestrator sizes the memif buffers (`bsize`) to match.
 //!
-//! Topology and placement are already decided: [`Backend::topology`] is `Kind::Memif`
-//! and [`Backend::endpoints`] is the smoltcp backend's (same memif vdev, MACs,
-//! 198.18.3.1 server / .2 client, EAL `-l <cpu> --in-memory --no-telemetry`). The memif
-//! port can be opened with [`super::memif::open`] (one queue pair per thread; memif maps
-//! client queue *i* to server queue *i*) unless r2c wants to open it itself from the
-//! same EAL arguments. From r2c, per thread (lane):
-//!
-//! 1. A runtime built on one queue pair: `r2c::device::Device` over an rx/tx queue
-//!    (devdpdk's memif device), a `luna_stack::stack::Stack` configured with
-//!    `ServerSpec::ip`/`prefix_len` and the port MAC, its clock and timers; and a
-//!    `poll(now)` (or `run_once`) that does rx → stack → events → tx for one iteration
-//!    without blocking, so the lane loop can interleave knb's load generator.
-//! 2. Server: listen on `ServerSpec::port`; an inline-r2c callback per received data
-//!    io-vector `(conn, &[Zbuf])` that knb forwards slice by slice to
-//!    [`crate::proto::ServerConn::on_rx`], then sends [`crate::proto::ServerConn::tx`]'s
-//!    pending bytes (`send(conn, &[u8]) -> usize` accepting a prefix is enough; a
-//!    zero-copy `send_zbuf` would let the response payload skip a copy); events for
-//!    accepted and closed connections, so the server can exit when all are closed.
-//! 3. Client: `connect(remote, local_port) -> ConnId`, an "established" event, the same
-//!    receive callback (fed to [`crate::engine::ClientWorker::on_rx`]), `send`, a
-//!    "send space available" signal (or just retry each iteration), and `close` /
-//!    `abort` at the end.
-//! 4. Counters for the report (frames, drops, retransmissions) as a `serde_json::Value`.
-//!
-//! With those, `serve` / `run_client` are the smoltcp backend's lane loops with the
-//! smoltcp calls replaced (about 150 lines); framing, validation, load generation,
-//! timing, CPU accounting and reporting are shared and need no change.
-//!
-//! [`Backend::topology`]: super::Backend::topology
-//! [`Backend::endpoints`]: super::Backend::endpoints
+//! Experiment knob (environment, read by both child processes):
+//! `KNB_LUNA_TX_COPY_MAX=<bytes>` copies frames up to that size into one flat mbuf
+//! instead of attaching the payload ([`DpdkDeviceConfig::tx_copy_max`]). memif copies
+//! every frame anyway, so on this link one flat copy costs less than building and
+//! freeing a chain (see docs/benchmarks.md); off by default, keeping transmit zero copy
+//! as on a NIC, and the copied bytes show in `copied_bytes`.
 
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bifurcation::PortRange;
+use dpdk_sys::Eal;
+use luna_stack::stack::StackConfig;
+use luna_stack::tcp::{CloseReason, RecvError, SendError};
+use luna_stack::wire::Ipv4Cidr;
+use r2c::clock::ClockSource;
+use r2c::device::dpdk::{port_name_from_vdev, DpdkDevice, DpdkDeviceConfig};
+use r2c::device::Device;
+use r2c::{Conn, CoreOptions, CoreReport, CoreSetup, Ctx, IdleStrategy, InlineApp, Runtime};
+use serde_json::{json, Map, Value};
 use testbed::{Kind, Topology};
+use zbuf::dpdk::DmaRegistry;
+use zbuf::{Slab, SlabConfig, Zbuf, ZbufMut};
 
-use super::{Backend, ClientPlan, ClientSpec, Endpoints, ServerReport, ServerSpec};
-use crate::engine::ThreadResult;
-use crate::workload::Stack;
+use super::{pin, Backend, ClientPlan, ClientSpec, Endpoints, ServerReport, ServerSpec};
+use crate::engine::{ClientWorker, ThreadResult};
+use crate::proto::{Piece, ServerConn, TxBuf, HDR_LEN};
+use crate::workload::{Stack, Workload};
 
-/// The luna backend (placeholder until r2c lands).
+/// The luna backend.
 pub struct Luna;
 
-/// Why luna cannot run yet.
-pub const UNAVAILABLE: &str = "the luna backend is not available yet: it needs the r2c runtime \
-(branch r2c) and its DPDK memif device (branch devdpdk), which are not merged; \
-see examples/knb/src/backend/luna.rs for what it needs";
+/// Stop reading a connection while this many response bytes wait for send space.
+const SERVER_TX_LIMIT: usize = 4 << 20;
+/// Bytes of queued pieces turned into buffers at a time (bounds what waits outside
+/// the TCP send buffer, so bulk senders feel its back pressure).
+const PACK_BYTES: usize = 64 * 1024;
+/// Pieces up to this size are copied into the batch's shared small buffer; larger
+/// zero payloads are slices of the preallocated zero buffer.
+const SMALL_PIECE: usize = 256;
+// Headers always go into the shared small buffer.
+const _: () = assert!(HDR_LEN <= SMALL_PIECE);
+/// Room in one small buffer (a 2 KiB zbuf object minus its headroom).
+const SMALL_BUF: usize = 1920;
+/// Longest zero buffer (a 64 KiB zbuf class holds it); longer payloads are several
+/// slices of it.
+const MAX_ZEROS: usize = 32 * 1024;
+/// How long client connections may take to establish.
+const CONNECT_WAIT: Duration = Duration::from_secs(30);
+/// Client ports: split evenly between the lanes.
+const CLIENT_PORTS: (u16, u16) = (10_000, 65_535);
+/// zbuf memory per process (receive buffers, small buffers, the zero buffer).
+const SLAB_MEMORY: usize = 128 << 20;
+
+/// FxHash: handles are small integers chosen by the stack, not by a peer, so a keyed
+/// hash buys nothing on this per-event lookup.
+#[derive(Default, Clone, Copy)]
+struct Fx(u64);
+
+impl Hasher for Fx {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
+
+/// Turns a message-mode [`TxBuf`]'s pieces into `Zbuf`s without copying payload.
+struct Packer {
+    /// `MAX_ZEROS` (or fewer) zero bytes, sliced for every zero payload.
+    zeros: Zbuf,
+    batch: Vec<Piece>,
+}
+
+/// Where the packer gets writable buffers (the core's zbuf cache; the heap in tests).
+type Alloc<'a> = dyn FnMut(usize) -> Result<ZbufMut, zbuf::AllocError> + 'a;
+
+impl Packer {
+    /// Allocates the zero buffer (on the core's thread, from its zbuf cache).
+    fn new(alloc: &mut Alloc<'_>, w: &Workload) -> Result<Packer, String> {
+        let n = (w.req_size.max(w.resp_size) as usize).clamp(1, MAX_ZEROS);
+        let mut m = alloc(n).map_err(|e| format!("zbuf: zero buffer of {n} B: {e}"))?;
+        m.append(n)
+            .map_err(|e| format!("zbuf: zero buffer of {n} B: {e}"))?
+            .fill(0);
+        Ok(Packer {
+            zeros: m.freeze(),
+            batch: Vec::new(),
+        })
+    }
+
+    fn is_small(p: &Piece) -> bool {
+        p.len() <= SMALL_PIECE
+    }
+
+    /// Moves up to about `PACK_BYTES` of `tx`'s pieces into `out`: small pieces are
+    /// written once into one shared buffer (adjacent ones become one slice), zero
+    /// payloads are slices of the zero buffer, large byte pieces are taken as they are.
+    fn pack(
+        &mut self,
+        alloc: &mut Alloc<'_>,
+        tx: &mut TxBuf,
+        out: &mut VecDeque<Zbuf>,
+    ) -> Result<(), String> {
+        debug_assert!(tx.is_messages(), "the luna backend queues pieces");
+        self.batch.clear();
+        let (mut bytes, mut small) = (0usize, 0usize);
+        while bytes < PACK_BYTES {
+            let Some(p) = tx.front_piece() else { break };
+            if Self::is_small(p) {
+                if small + p.len() > SMALL_BUF {
+                    break;
+                }
+                small += p.len();
+            }
+            bytes += p.len();
+            self.batch.extend(tx.pop_piece());
+        }
+        let shared = if small > 0 {
+            let mut m = alloc(small).map_err(|e| format!("zbuf: {small} B for headers: {e}"))?;
+            let buf = m
+                .append(small)
+                .map_err(|e| format!("zbuf: {small} B for headers: {e}"))?;
+            let mut at = 0;
+            for p in self.batch.iter().filter(|p| Self::is_small(p)) {
+                let n = p.len();
+                match p {
+                    Piece::Header(h) => buf[at..at + n].copy_from_slice(h),
+                    Piece::Bytes(b) => buf[at..at + n].copy_from_slice(b),
+                    Piece::Zeros(_) => buf[at..at + n].fill(0),
+                }
+                at += n;
+            }
+            Some(m.freeze())
+        } else {
+            None
+        };
+        // Emit in order; `run` is the pending stretch of the shared buffer.
+        let (mut off, mut run) = (0usize, 0usize);
+        for p in self.batch.drain(..) {
+            if Self::is_small(&p) {
+                run += p.len();
+                continue;
+            }
+            if run > 0 {
+                if let Some(s) = &shared {
+                    out.push_back(s.slice(off..off + run));
+                }
+                off += run;
+                run = 0;
+            }
+            match p {
+                Piece::Zeros(mut n) => {
+                    while n > 0 {
+                        let k = (n as usize).min(self.zeros.len());
+                        out.push_back(self.zeros.slice(..k));
+                        n -= k as u32;
+                    }
+                }
+                Piece::Bytes(b) => out.push_back(Zbuf::from_vec(b)),
+                Piece::Header(_) => unreachable!("headers are small"),
+            }
+        }
+        if run > 0 {
+            if let Some(s) = &shared {
+                out.push_back(s.slice(off..off + run));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sends the front of `pending` as far as the send buffer takes it; returns the bytes
+/// taken. `Err` if the connection cannot send any more.
+fn drain(ctx: &mut Ctx<'_>, conn: Conn, pending: &mut VecDeque<Zbuf>) -> Result<usize, SendError> {
+    let mut taken = 0;
+    while let Some(z) = pending.front_mut() {
+        match ctx.try_send(conn, z) {
+            Ok(n) if n == z.len() => {
+                taken += n;
+                pending.pop_front();
+            }
+            Ok(n) => {
+                taken += n;
+                z.advance(n);
+                break;
+            }
+            Err(SendError::WouldBlock) => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(taken)
+}
+
+/// What every side needs: EAL, zbuf slab, DMA registry and one device per lane.
+struct Env {
+    eal: Eal,
+    slab: Slab,
+    _registry: DmaRegistry,
+    devices: Vec<DpdkDevice>,
+}
+
+/// The `--vdev` value in `eal` args.
+fn vdev_of(eal: &[String]) -> Option<&str> {
+    let mut it = eal.iter();
+    while let Some(a) = it.next() {
+        if a == "--vdev" {
+            return it.next().map(String::as_str);
+        }
+        if let Some(v) = a.strip_prefix("--vdev=") {
+            return Some(v);
+        }
+    }
+    None
+}
+
+fn open(
+    eal_args: &[String],
+    lanes: u16,
+    mtu: u16,
+    link_timeout: Duration,
+    started: &mut dyn FnMut(),
+) -> Result<Env, String> {
+    let vdev = vdev_of(eal_args).ok_or("no --vdev in the EAL arguments")?;
+    let port = port_name_from_vdev(vdev).ok_or_else(|| format!("bad --vdev {vdev:?}"))?;
+    let eal = Eal::builder()
+        .args(eal_args.iter().cloned())
+        .log_to_stderr(true)
+        .init()
+        .map_err(|e| format!("EAL init: {e}"))?;
+    let registry = DmaRegistry::new(&eal);
+    let slab = Slab::new(registry.slab_config(SlabConfig::new().max_memory(SLAB_MEMORY)))
+        .map_err(|e| format!("zbuf slab: {e}"))?;
+    let mut cfg = DpdkDeviceConfig::new(port);
+    cfg.queues = lanes;
+    cfg.rx_mbufs = 16383.max(2048 * u32::from(lanes) + 8192);
+    cfg.link_timeout = link_timeout;
+    cfg.pool_prefix = "lkb".into();
+    // memif enforces no MTU (and ethdev refuses one above its 1518-byte frame limit):
+    // the receive buffers (a zbuf size class) must hold a whole frame.
+    let frame = usize::from(mtu) + 14 + 128;
+    (cfg.rx_buf_size, cfg.rx_mbufs) = match frame {
+        0..=2048 => (2048, 16383.max(2048 * u32::from(lanes) + 8192)),
+        2049..=4096 => (4096, 8191.max(1024 * u32::from(lanes) + 4096)),
+        _ => (16384, 4095.max(1024 * u32::from(lanes) + 1024)),
+    };
+    cfg.tx_copy_max = std::env::var("KNB_LUNA_TX_COPY_MAX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let devices = DpdkDevice::open_all_then(&eal, &slab, &registry, &cfg, started)
+        .map_err(|e| format!("open {port}: {e}"))?;
+    Ok(Env {
+        eal,
+        slab,
+        _registry: registry,
+        devices,
+    })
+}
+
+/// One core per device, stack on `ip/prefix_len`, client ports split between lanes.
+fn setups(
+    devices: Vec<DpdkDevice>,
+    ip: Ipv4Addr,
+    prefix_len: u8,
+    mtu: u16,
+    cpus: &[usize],
+) -> Result<Vec<CoreSetup<DpdkDevice>>, String> {
+    let lanes = devices.len() as u32;
+    let span = (u32::from(CLIENT_PORTS.1) - u32::from(CLIENT_PORTS.0) + 1) / lanes.max(1);
+    devices
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let cidr = Ipv4Cidr::new(ip, prefix_len)
+                .map_err(|e| format!("address {ip}/{prefix_len}: {e:?}"))?;
+            let mut sc = StackConfig::new(d.mac(), cidr);
+            // The workload's MTU (memif itself enforces none); MSS to match.
+            sc.mtu = mtu;
+            sc.tcp.mss = mtu - 40;
+            sc.caps = d.caps();
+            let mut s = CoreSetup::new(i, vec![d], sc);
+            s.cpu = Some(cpus[i % cpus.len()]);
+            let first = u32::from(CLIENT_PORTS.0) + i as u32 * span;
+            s.ports = vec![PortRange::new(first as u16, (first + span - 1) as u16)
+                .ok_or("empty client port range")?];
+            Ok(s)
+        })
+        .collect()
+}
+
+fn options(eal: &Eal, slab: &Slab) -> CoreOptions {
+    CoreOptions {
+        idle: IdleStrategy::BusyPoll,
+        // Publishing walks every connection's counters: keep it rare.
+        stats_interval: 1 << 14,
+        // Core threads inherit the EAL main thread's one-CPU mask, which r2c's pinning
+        // check reads as "the only CPU allowed": they pin themselves in `on_start`.
+        pin: false,
+        clock: ClockSource::Tsc(eal.tsc_hz()),
+        slab: Some(slab.clone()),
+        // Room for a server's last answers after the client's FIN (see `end_of_stream`).
+        max_backlog: 2 * SERVER_TX_LIMIT,
+        // A full memif ring means the peer process is busy or descheduled, not a lossy
+        // link: wait (the core stops polling the stack meanwhile) instead of dropping
+        // after a few microseconds of refusals, which turned bursts into RTOs.
+        tx_retry_limit: 1 << 24,
+        shutdown_grace: luna_stack::time::Duration::from_secs(1),
+        ..CoreOptions::default()
+    }
+}
+
+/// Pins the calling core thread to its CPU and gives it an lcore id (per-lcore mempool
+/// caches for every mbuf it allocates and frees).
+fn register(eal: &Eal, cpu: usize) -> Result<(), String> {
+    pin(cpu)?;
+    eal.register_thread()
+        .map_err(|e| format!("register the core thread with the EAL: {e}"))?;
+    // Registration may reset the affinity to the EAL's CPU set: pin again.
+    pin(cpu)
+}
+
+/// Counters of the cores' final reports, for `server.extra`.
+fn core_counters(reports: &[CoreReport]) -> Value {
+    let mut stats = Map::new();
+    let mut sum = r2c::CoreStats::default();
+    let (mut copied, mut dev_dropped, mut rx_missed) = (0, 0, 0);
+    let mut tcp = luna_stack::tcp::ConnCounters::default();
+    let mut drops = 0;
+    for r in reports {
+        sum = sum.sum(&r.stats);
+        copied += r.device.copied_bytes;
+        dev_dropped += r.device.tx_dropped;
+        rx_missed += r.device.rx_missed;
+        tcp.accumulate(&r.tcp);
+        drops += r.stack.total_drops();
+    }
+    for (k, v) in sum.fields() {
+        if !matches!(k, "published_at_ns" | "stopped") {
+            stats.insert(k.into(), json!(v));
+        }
+    }
+    json!({
+        "frames_rx": sum.rx_frames,
+        "frames_tx": sum.tx_frames,
+        "copied_bytes": copied,
+        "device_tx_dropped": dev_dropped,
+        "rx_missed": rx_missed,
+        "retransmits": tcp.retransmits,
+        "rtos": tcp.rtos,
+        "stack_drops": drops,
+        "core": stats,
+    })
+}
+
+// ------------------------------------------------------------------------------ server
+
+struct ServerShared {
+    eal: Eal,
+    report: Mutex<ServerReport>,
+    lanes_done: AtomicUsize,
+    lanes: usize,
+}
+
+struct SConn {
+    e: ServerConn,
+    pending: VecDeque<Zbuf>,
+    pending_bytes: usize,
+}
+
+struct ServerApp {
+    lane: usize,
+    cpu: usize,
+    port: u16,
+    workload: Workload,
+    expected: usize,
+    finished: usize,
+    conns: FxMap<Conn, SConn>,
+    packer: Option<Packer>,
+    report: ServerReport,
+    shared: Arc<ServerShared>,
+    lane_done: bool,
+    /// (std, core clock) at start: maps the core's per-iteration clock to `Instant`s.
+    base: (Instant, luna_stack::time::Instant),
+}
+
+impl ServerApp {
+    /// Responses of `conn` into buffers and on to the stack.
+    fn flush(&mut self, ctx: &mut Ctx<'_>, conn: Conn) -> Result<(), String> {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return Ok(());
+        };
+        let packer = self.packer.as_mut().ok_or("no packer")?;
+        loop {
+            if c.pending.is_empty() {
+                if c.e.tx().is_empty() {
+                    break;
+                }
+                packer.pack(&mut |n| ctx.alloc(n), c.e.tx(), &mut c.pending)?;
+                c.pending_bytes = c.pending.iter().map(Zbuf::len).sum();
+            }
+            let n = drain(ctx, conn, &mut c.pending).map_err(|e| format!("send: {e:?}"))?;
+            c.pending_bytes -= n;
+            if !c.pending.is_empty() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads `conn` while its responses fit, answering as it goes.
+    fn serve(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        // Only bulk MARK/SYNC use the time (µs accuracy over seconds): the iteration's
+        // clock, read anyway, saves a clock read per received segment.
+        let now = self.base.0 + ctx.now().saturating_duration_since(self.base.1);
+        loop {
+            let mut limited = false;
+            loop {
+                let Some(c) = self.conns.get_mut(&conn) else {
+                    return;
+                };
+                if c.pending_bytes + c.e.tx().len() >= SERVER_TX_LIMIT {
+                    limited = true;
+                    break;
+                }
+                match ctx.recv(conn) {
+                    Ok(Some(z)) => {
+                        if let Err(e) = c.e.on_rx(&z, now) {
+                            self.report.errors.push(format!("connection {conn:?}: {e}"));
+                            ctx.abort(conn);
+                            return self.finish(ctx, conn);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(RecvError::Finished) => return self.end_of_stream(ctx, conn),
+                    // Reset: on_closed follows.
+                    Err(_) => return,
+                }
+            }
+            if let Err(e) = self.flush(ctx, conn) {
+                self.report.errors.push(format!("connection {conn:?}: {e}"));
+                ctx.abort(conn);
+                return self.finish(ctx, conn);
+            }
+            // Read on if the responses went out; else on_writable resumes.
+            let read_on = self
+                .conns
+                .get_mut(&conn)
+                .is_some_and(|c| limited && c.pending_bytes + c.e.tx().len() < SERVER_TX_LIMIT);
+            if !read_on {
+                return;
+            }
+        }
+    }
+
+    /// The client is done: queue every answer (the runtime's backlog holds what the send
+    /// buffer cannot), then close our side.
+    fn end_of_stream(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        let mut failed = None;
+        if let (Some(c), Some(packer)) = (self.conns.get_mut(&conn), self.packer.as_mut()) {
+            while !c.e.tx().is_empty() && failed.is_none() {
+                failed = packer
+                    .pack(&mut |n| ctx.alloc(n), c.e.tx(), &mut c.pending)
+                    .err();
+            }
+            for z in c.pending.drain(..) {
+                if failed.is_none() {
+                    if let Err(e) = ctx.send(conn, z) {
+                        failed = Some(format!("send: {e:?}"));
+                    }
+                }
+            }
+        }
+        if let Some(e) = failed {
+            self.report.errors.push(format!("connection {conn:?}: {e}"));
+            ctx.abort(conn);
+        } else {
+            ctx.close(conn);
+        }
+        self.finish(ctx, conn);
+    }
+
+    /// The connection is over (closed, reset or failed): count it.
+    fn finish(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        let Some(c) = self.conns.remove(&conn) else {
+            return;
+        };
+        self.report.add(&c.e.counters);
+        self.finished += 1;
+        if self.finished >= self.expected && !self.lane_done {
+            self.lane_done = true;
+            let done = self.shared.lanes_done.fetch_add(1, Ordering::AcqRel) + 1;
+            if done >= self.shared.lanes {
+                ctx.request_stop();
+            }
+        }
+    }
+}
+
+impl InlineApp for ServerApp {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        let setup = register(&self.shared.eal, self.cpu)
+            .and_then(|()| Packer::new(&mut |n| ctx.alloc(n), &self.workload));
+        match setup {
+            Ok(p) => self.packer = Some(p),
+            Err(e) => {
+                self.report.errors.push(format!("lane {}: {e}", self.lane));
+                return ctx.request_stop();
+            }
+        }
+        self.base = (Instant::now(), ctx.now());
+        let backlog = (self.expected + 64).max(1024);
+        if let Err(e) = ctx.listen(self.port, backlog) {
+            self.report.errors.push(format!(
+                "lane {}: listen on {}: {e:?}",
+                self.lane, self.port
+            ));
+            ctx.request_stop();
+        }
+        if self.expected == 0 {
+            self.lane_done = true;
+            self.shared.lanes_done.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    fn on_accept(&mut self, _ctx: &mut Ctx<'_>, conn: Conn, _l: r2c::Listener) {
+        self.conns.insert(
+            conn,
+            SConn {
+                e: ServerConn::new(self.workload.resp_size).message_mode(),
+                pending: VecDeque::new(),
+                pending_bytes: 0,
+            },
+        );
+    }
+
+    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        self.serve(ctx, conn);
+    }
+
+    fn on_writable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        // Every ACK frees space: only a connection with responses waiting (or reading
+        // paused because of them) has anything to do.
+        if self.conns.get(&conn).is_some_and(|c| !c.pending.is_empty()) {
+            self.serve(ctx, conn);
+        }
+    }
+
+    fn on_closed(&mut self, ctx: &mut Ctx<'_>, conn: Conn, _reason: Option<CloseReason>) {
+        self.finish(ctx, conn);
+    }
+
+    fn on_stop(&mut self, _ctx: &mut Ctx<'_>) {
+        let mut r = self.shared.report.lock().unwrap_or_else(|p| p.into_inner());
+        for c in self.conns.values() {
+            r.add(&c.e.counters);
+        }
+        r.add(&self.report.counters);
+        r.errors.append(&mut self.report.errors);
+    }
+}
+
+// ------------------------------------------------------------------------------ client
+
+/// What a client lane hands back.
+type LaneResult = Result<ThreadResult, String>;
+
+struct ClientShared {
+    eal: Eal,
+    plan: Arc<ClientPlan>,
+    results: Mutex<Vec<Option<LaneResult>>>,
+    delivered: AtomicUsize,
+}
+
+enum Phase {
+    Connecting { until: Instant },
+    Running(Box<ClientWorker>),
+    Done,
+}
+
+struct ClientApp {
+    lane: usize,
+    cpu: usize,
+    remote: SocketAddrV4,
+    n: usize,
+    workload: Workload,
+    conns: Vec<Conn>,
+    index: FxMap<Conn, usize>,
+    connected: usize,
+    /// Per connection: buffers waiting for send space (pumped again on writable).
+    pending: Vec<VecDeque<Zbuf>>,
+    packer: Option<Packer>,
+    touched: Vec<usize>,
+    phase: Phase,
+    shared: Arc<ClientShared>,
+    /// (std, core clock) at start: maps the core's per-iteration clock to `Instant`s.
+    base: (Instant, luna_stack::time::Instant),
+}
+
+impl ClientApp {
+    fn deliver(&mut self, ctx: &mut Ctx<'_>, r: LaneResult) {
+        self.phase = Phase::Done;
+        for &c in &self.conns {
+            ctx.close(c);
+        }
+        let mut all = self
+            .shared
+            .results
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        all[self.lane] = Some(r);
+        self.shared.delivered.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn fail(&mut self, ctx: &mut Ctx<'_>, msg: String) {
+        match &mut self.phase {
+            Phase::Running(wk) => wk.fail(msg),
+            Phase::Connecting { .. } => {
+                self.shared.plan.fail(msg.clone());
+                self.deliver(ctx, Err(msg));
+            }
+            Phase::Done => {}
+        }
+    }
+
+    /// Moves connection `i`'s requests to the stack.
+    fn pump(&mut self, ctx: &mut Ctx<'_>, i: usize, now: Instant) {
+        let Phase::Running(wk) = &mut self.phase else {
+            return;
+        };
+        let Some(packer) = self.packer.as_mut() else {
+            return;
+        };
+        let conn = self.conns[i];
+        let pending = &mut self.pending[i];
+        loop {
+            if pending.is_empty() {
+                if wk.tx(i).is_empty() {
+                    break;
+                }
+                if let Err(e) = packer.pack(&mut |n| ctx.alloc(n), wk.tx(i), pending) {
+                    return wk.fail(e);
+                }
+            }
+            match drain(ctx, conn, pending) {
+                Ok(n) => wk.on_sent(i, n, now),
+                Err(e) => {
+                    return wk.fail(format!("connection {i} of lane {}: send: {e:?}", self.lane))
+                }
+            }
+            if !pending.is_empty() {
+                break;
+            }
+        }
+    }
+}
+
+impl InlineApp for ClientApp {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        let setup = register(&self.shared.eal, self.cpu)
+            .and_then(|()| Packer::new(&mut |n| ctx.alloc(n), &self.workload));
+        match setup {
+            Ok(p) => self.packer = Some(p),
+            Err(e) => return self.fail(ctx, format!("lane {}: {e}", self.lane)),
+        }
+        self.base = (Instant::now(), ctx.now());
+        for k in 0..self.n {
+            match ctx.connect(self.remote) {
+                Ok(c) => {
+                    self.index.insert(c, k);
+                    self.conns.push(c);
+                }
+                Err(e) => {
+                    return self.fail(
+                        ctx,
+                        format!("lane {}: connect to {}: {e:?}", self.lane, self.remote),
+                    )
+                }
+            }
+        }
+        self.pending = (0..self.n).map(|_| VecDeque::new()).collect();
+    }
+
+    fn on_connected(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn) {
+        self.connected += 1;
+    }
+
+    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        let Some(&i) = self.index.get(&conn) else {
+            return;
+        };
+        let Phase::Running(wk) = &mut self.phase else {
+            return;
+        };
+        let now = Instant::now();
+        loop {
+            match ctx.recv(conn) {
+                Ok(Some(z)) => wk.on_rx(i, &z, now),
+                Ok(None) => break,
+                Err(e) => {
+                    wk.fail(format!(
+                        "connection {i} of lane {}: closed by the server ({e:?})",
+                        self.lane
+                    ));
+                    break;
+                }
+            }
+        }
+    }
+
+    fn on_writable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        if let Some(&i) = self.index.get(&conn) {
+            if !self.pending[i].is_empty() {
+                self.pump(ctx, i, Instant::now());
+            }
+        }
+    }
+
+    fn on_closed(&mut self, ctx: &mut Ctx<'_>, conn: Conn, reason: Option<CloseReason>) {
+        let i = self.index.get(&conn).copied();
+        self.fail(
+            ctx,
+            format!("connection {i:?} of lane {} closed ({reason:?})", self.lane),
+        );
+    }
+
+    fn on_poll(&mut self, ctx: &mut Ctx<'_>) {
+        match &mut self.phase {
+            Phase::Done => {}
+            Phase::Connecting { until } => {
+                if self.connected == self.n {
+                    match self.shared.plan.start_messages(self.lane as u32) {
+                        Ok(wk) => self.phase = Phase::Running(Box::new(wk)),
+                        Err(e) => self.deliver(ctx, Err(e)),
+                    }
+                } else if Instant::now() >= *until || self.shared.plan.failed() {
+                    let msg = format!(
+                        "luna: {} of {} connections to {} established within {CONNECT_WAIT:?}",
+                        self.connected, self.n, self.remote
+                    );
+                    self.fail(ctx, msg);
+                }
+            }
+            Phase::Running(wk) => {
+                // The iteration's own clock (read anyway) decides whether there is
+                // anything to do; the precise clock stamps what is issued.
+                let approx = self.base.0 + ctx.now().saturating_duration_since(self.base.1);
+                if !wk.has_work(approx) && !wk.finished(approx) {
+                    return;
+                }
+                let now = Instant::now();
+                if wk.finished(now) {
+                    let Phase::Running(wk) = std::mem::replace(&mut self.phase, Phase::Done) else {
+                        return;
+                    };
+                    self.shared.plan.finished();
+                    self.deliver(ctx, Ok(wk.finish()));
+                    return;
+                }
+                wk.tick(now);
+                let mut touched = std::mem::take(&mut self.touched);
+                wk.take_touched(&mut touched);
+                for &i in &touched {
+                    self.pump(ctx, i, now);
+                }
+                touched.clear();
+                self.touched = touched;
+            }
+        }
+    }
+}
 
 impl Backend for Luna {
     fn stack(&self) -> Stack {
@@ -57,10 +815,6 @@ impl Backend for Luna {
 
     fn topology(&self) -> Kind {
         Kind::Memif
-    }
-
-    fn unavailable(&self) -> Option<String> {
-        Some(UNAVAILABLE.into())
     }
 
     fn endpoints(
@@ -72,11 +826,277 @@ impl Backend for Luna {
         super::smoltcp::Smoltcp.endpoints(topo, server_cpus, client_cpus)
     }
 
-    fn serve(&self, _: &ServerSpec, _: &mut dyn FnMut()) -> Result<ServerReport, String> {
-        Err(UNAVAILABLE.into())
+    fn serve(&self, spec: &ServerSpec, ready: &mut dyn FnMut()) -> Result<ServerReport, String> {
+        let w = spec.workload.clone();
+        let deadline = Instant::now() + spec.lifetime;
+        let env = open(&spec.eal, w.threads as u16, w.mtu, spec.lifetime, ready)?;
+        let Env {
+            eal,
+            slab,
+            _registry,
+            devices,
+        } = env;
+        let lanes = devices.len();
+        let cores = setups(devices, spec.ip, spec.prefix_len, w.mtu, &spec.cpus)?;
+        let opts = options(&eal, &slab);
+        let shared = Arc::new(ServerShared {
+            eal: eal.clone(),
+            report: Mutex::new(ServerReport::default()),
+            lanes_done: AtomicUsize::new(0),
+            lanes,
+        });
+        let sh = shared.clone();
+        let cpus = spec.cpus.clone();
+        let port = spec.port;
+        let rt = Runtime::spawn_inline(cores, opts, move |i| ServerApp {
+            lane: i,
+            cpu: cpus[i % cpus.len()],
+            port,
+            expected: w.conns_of(i as u32).1 as usize,
+            workload: w.clone(),
+            finished: 0,
+            conns: FxMap::default(),
+            packer: None,
+            report: ServerReport::default(),
+            shared: sh.clone(),
+            lane_done: false,
+            base: (Instant::now(), luna_stack::time::Instant::from_nanos(0)),
+        })
+        .map_err(|e| format!("r2c runtime: {e}"))?;
+        while !rt.is_finished() {
+            if Instant::now() >= deadline {
+                rt.stop();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        rt.stop();
+        let reports = rt.join().map_err(|e| format!("r2c runtime: {e}"))?;
+        let mut total =
+            std::mem::take(&mut *shared.report.lock().unwrap_or_else(|p| p.into_inner()));
+        total.connections = spec.workload.connections as u64;
+        total.extra = core_counters(&reports);
+        drop(reports);
+        drop(slab);
+        Ok(total)
     }
 
-    fn run_client(&self, _: &ClientSpec, _: &ClientPlan) -> Result<Vec<ThreadResult>, String> {
-        Err(UNAVAILABLE.into())
+    fn run_client(
+        &self,
+        spec: &ClientSpec,
+        plan: &Arc<ClientPlan>,
+    ) -> Result<Vec<ThreadResult>, String> {
+        let w = plan.workload().clone();
+        let env = match open(
+            &spec.eal,
+            w.threads as u16,
+            w.mtu,
+            Duration::from_secs(30),
+            &mut || {},
+        ) {
+            Ok(e) => e,
+            Err(e) => {
+                plan.fail(e.clone());
+                return Err(e);
+            }
+        };
+        let Env {
+            eal,
+            slab,
+            _registry,
+            devices,
+        } = env;
+        let lanes = devices.len();
+        let cores = setups(devices, spec.ip, spec.prefix_len, w.mtu, &spec.cpus)?;
+        let opts = options(&eal, &slab);
+        let shared = Arc::new(ClientShared {
+            eal: eal.clone(),
+            plan: plan.clone(),
+            results: Mutex::new((0..lanes).map(|_| None).collect()),
+            delivered: AtomicUsize::new(0),
+        });
+        let sh = shared.clone();
+        let cpus = spec.cpus.clone();
+        let remote = SocketAddrV4::new(spec.server_ip, spec.port);
+        let limit = Instant::now()
+            + CONNECT_WAIT
+            + Duration::from_secs_f64(w.warmup + w.duration)
+            + Duration::from_secs(30);
+        let rt = Runtime::spawn_inline(cores, opts, move |i| ClientApp {
+            lane: i,
+            cpu: cpus[i % cpus.len()],
+            remote,
+            n: w.conns_of(i as u32).1 as usize,
+            workload: w.clone(),
+            conns: Vec::new(),
+            index: FxMap::default(),
+            connected: 0,
+            pending: Vec::new(),
+            packer: None,
+            touched: Vec::new(),
+            phase: Phase::Connecting {
+                until: Instant::now() + CONNECT_WAIT,
+            },
+            shared: sh.clone(),
+            base: (Instant::now(), luna_stack::time::Instant::from_nanos(0)),
+        })
+        .map_err(|e| {
+            let e = format!("r2c runtime: {e}");
+            plan.fail(e.clone());
+            e
+        })?;
+        while shared.delivered.load(Ordering::Acquire) < lanes && !rt.is_finished() {
+            if Instant::now() >= limit {
+                plan.fail("luna client: the run did not finish in time".into());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Graceful stop: the lanes closed their connections; FINs go out now.
+        rt.stop();
+        let joined = rt.join();
+        let results =
+            std::mem::take(&mut *shared.results.lock().unwrap_or_else(|p| p.into_inner()));
+        let reports = joined.map_err(|e| format!("r2c runtime: {e}"))?;
+        drop(slab);
+        results
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let mut r = r.unwrap_or_else(|| Err(format!("lane {i} delivered no result")))?;
+                if let Some(rep) = reports.iter().find(|rep| rep.index == i) {
+                    r.extra = core_counters(std::slice::from_ref(rep));
+                }
+                Ok(r)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_vdev() {
+        let a: Vec<String> = ["--no-pci", "--vdev", "net_memif0,role=server,socket=/x"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(vdev_of(&a), Some("net_memif0,role=server,socket=/x"));
+        assert_eq!(vdev_of(&["--vdev=net_tap0".to_string()]), Some("net_tap0"));
+        assert_eq!(vdev_of(&a[..2]), None);
+        assert_eq!(vdev_of(&[]), None);
+    }
+
+    fn heap(n: usize) -> Result<ZbufMut, zbuf::AllocError> {
+        Ok(ZbufMut::heap(128, n))
+    }
+
+    fn workload(req: u32, resp: u32) -> Workload {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct W {
+            #[command(flatten)]
+            w: Workload,
+        }
+        let mut w = W::parse_from(["w"]).w;
+        w.req_size = req;
+        w.resp_size = resp;
+        w
+    }
+
+    /// Packs everything queued; returns the buffers.
+    fn pack_all(p: &mut Packer, tx: &mut TxBuf) -> Vec<Zbuf> {
+        let mut out = VecDeque::new();
+        while !tx.is_empty() {
+            p.pack(&mut heap, tx, &mut out).unwrap();
+        }
+        out.into()
+    }
+
+    #[test]
+    fn packed_buffers_carry_the_stream_and_share_the_payload() {
+        let now = Instant::now();
+        for (size, verify) in [(4096, false), (64, false), (100_000, false), (300, true)] {
+            let w = workload(size, size);
+            let mut p = Packer::new(&mut heap, &w).unwrap();
+            let mut bytes = crate::proto::ClientConn::new(0, size, size, verify);
+            let mut msgs = crate::proto::ClientConn::new(0, size, size, verify).message_mode();
+            for _ in 0..16 {
+                bytes.push_request(now);
+                msgs.push_request(now);
+            }
+            let want = bytes.tx().pending().to_vec();
+            let got = pack_all(&mut p, msgs.tx());
+            let flat: Vec<u8> = got.iter().flat_map(|z| z.iter().copied()).collect();
+            assert_eq!(flat, want, "size {size} verify {verify}");
+            if !verify && size as usize > SMALL_PIECE {
+                // Every payload is a view of the one zero buffer: no per-message copy.
+                let zero = got
+                    .iter()
+                    .filter(|z| z.len() > SMALL_PIECE)
+                    .all(|z| z.same_object(&p.zeros));
+                assert!(zero, "size {size}");
+                // Headers of a batch share buffers: far fewer buffers than messages.
+                let shared: Vec<&Zbuf> = got.iter().filter(|z| z.len() <= SMALL_PIECE).collect();
+                assert_eq!(shared.len(), 16, "one header slice per message");
+                let pairs = shared.windows(2).filter(|w| w[0].same_object(w[1])).count();
+                if size == 4096 {
+                    assert_eq!(pairs, 15, "one batch, one header buffer");
+                }
+            }
+            if size == 64 {
+                // Small messages coalesce: 16 × 80 B in one buffer.
+                assert_eq!(
+                    got.len(),
+                    1,
+                    "{:?}",
+                    got.iter().map(Zbuf::len).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn packing_stops_at_the_batch_limit() {
+        let w = workload(16 * 1024, 0);
+        let mut p = Packer::new(&mut heap, &w).unwrap();
+        let mut c = crate::proto::ClientConn::new(0, 16 * 1024, 0, false).message_mode();
+        for _ in 0..20 {
+            c.push_bulk(0);
+        }
+        let before = c.tx().len();
+        let mut out = VecDeque::new();
+        p.pack(&mut heap, c.tx(), &mut out).unwrap();
+        let packed: usize = out.iter().map(Zbuf::len).sum();
+        assert!((PACK_BYTES..PACK_BYTES + 16 * 1024 + HDR_LEN).contains(&packed));
+        assert_eq!(c.tx().len(), before - packed);
+    }
+
+    #[test]
+    fn allocation_failure_is_an_error_not_a_panic() {
+        let w = workload(4096, 4096);
+        let mut p = Packer::new(&mut heap, &w).unwrap();
+        let mut c = crate::proto::ClientConn::new(0, 4096, 4096, false).message_mode();
+        c.push_request(Instant::now());
+        let mut none = |_n: usize| -> Result<ZbufMut, zbuf::AllocError> {
+            Err(zbuf::AllocError::Exhausted { class_size: 2048 })
+        };
+        let e = p.pack(&mut none, c.tx(), &mut VecDeque::new()).unwrap_err();
+        assert!(e.contains("zbuf"), "{e}");
+        assert!(Packer::new(&mut none, &w).is_err());
+    }
+
+    #[test]
+    fn fx_hash_spreads_handles() {
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..1000u64 {
+            let mut h = Fx::default();
+            h.write_u32(i as u32);
+            h.write_u32(0);
+            seen.insert(h.finish() >> 54);
+        }
+        assert!(seen.len() > 500, "top bits vary: {}", seen.len());
     }
 }

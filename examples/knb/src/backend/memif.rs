@@ -16,6 +16,8 @@ pub struct MemifDev {
     pub queues: Vec<(RxQueue, TxQueue)>,
     /// The port's MAC.
     pub mac: [u8; 6],
+    /// IP MTU the buffers are sized for.
+    pub mtu: u16,
 }
 
 fn err(step: &str) -> impl Fn(dpdk_sys::Error) -> String + '_ {
@@ -31,14 +33,15 @@ pub fn socket_of(eal: &[String]) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Initialises the EAL with `eal`, configures net_memif0 with `lanes` queue pairs and
-/// starts it. The server calls `ready` once its socket listens; the client waits for the
+/// Initialises the EAL with `eal`, configures net_memif0 with `lanes` queue pairs (mbufs
+/// that hold a whole frame of IP MTU `mtu`) and starts it. The server calls `ready` once its socket listens; the client waits for the
 /// server's socket and restarts its port until the link is up (memif clients connect
 /// only at start). Returns after link up.
 pub fn open(
     eal_args: &[String],
     server: bool,
     lanes: u16,
+    mtu: u16,
     link_timeout: Duration,
     ready: &mut dyn FnMut(),
 ) -> Result<MemifDev, String> {
@@ -48,9 +51,14 @@ pub fn open(
         .init()
         .map_err(err("EAL init"))?;
     let mut port = Port::by_name(&eal, "net_memif0").map_err(err("memif port"))?;
-    // Rings of 1024 per queue on each side plus what the stacks hold in flight.
-    let pool = Mempool::create(&eal, &PoolConfig::new("lkb_pool", 16383 * lanes as u32))
-        .map_err(err("mempool"))?;
+    // Rings of 1024 per queue on each side plus what the stacks hold in flight; jumbo
+    // frames get one mbuf each (fewer of them: EAL memory is 256 MB).
+    let mut pc = PoolConfig::new("lkb_pool", 16383 * lanes as u32);
+    if mtu > 1500 {
+        pc = PoolConfig::new("lkb_pool", 4095 * lanes as u32);
+        pc.data_room = (crate::workload::memif_bsize(mtu) + 128) as u16;
+    }
+    let pool = Mempool::create(&eal, &pc).map_err(err("mempool"))?;
     let conf = PortConf {
         rx_queues: lanes,
         tx_queues: lanes,
@@ -86,6 +94,7 @@ pub fn open(
         pool,
         queues,
         mac,
+        mtu,
     })
 }
 

@@ -11,9 +11,7 @@
 //! |---|---|---|---|
 //! | [`kernel`] | `veth` (k2 ⇄ k1) | epoll (mio) threads in `<p>-k2` | mio threads in `<p>-k1` |
 //! | [`smoltcp`] | `memif` | DPDK process, one smoltcp `Interface` per queue | the same, role client |
-//! | [`luna`] | `memif` | r2c inline server over the devdpdk memif device | r2c client |
-//!
-//! See [`luna`] for exactly what the luna backend needs from r2c.
+//! | [`luna`] | `memif` | inline-r2c server over r2c's `DpdkDevice`, zero copy | inline-r2c client |
 
 pub mod kernel;
 pub mod luna;
@@ -152,8 +150,11 @@ pub trait Backend: Sync {
 
     /// Runs in the client child: open the connections, get each thread's worker from
     /// `plan` once its connections are up, drive it until it finishes.
-    fn run_client(&self, spec: &ClientSpec, plan: &ClientPlan)
-        -> Result<Vec<ThreadResult>, String>;
+    fn run_client(
+        &self,
+        spec: &ClientSpec,
+        plan: &Arc<ClientPlan>,
+    ) -> Result<Vec<ThreadResult>, String>;
 }
 
 /// The backend of `stack`.
@@ -214,6 +215,16 @@ impl ClientPlan {
 
     /// Thread `t` has its connections up: waits for the others, returns its worker.
     pub fn start(&self, t: u32) -> Result<ClientWorker, String> {
+        self.start_with(t, false)
+    }
+
+    /// [`ClientPlan::start`] for a zero-copy backend: the worker queues requests as
+    /// [`crate::proto::Piece`]s ([`WorkerSpec::messages`]).
+    pub fn start_messages(&self, t: u32) -> Result<ClientWorker, String> {
+        self.start_with(t, true)
+    }
+
+    fn start_with(&self, t: u32, messages: bool) -> Result<ClientWorker, String> {
         let w = &self.workload;
         let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
         g.arrived += 1;
@@ -252,6 +263,7 @@ impl ClientPlan {
             verify: w.verify,
             mode: w.mode.into(),
             seed: 0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678_9abc_def1),
+            messages,
         };
         Ok(ClientWorker::new(spec, timing, self.progress.clone()))
     }

@@ -7,6 +7,7 @@
 //! client with queue *i* of the server, so the connections of client thread *i* stay on
 //! server lane *i*. Checksums are computed in software (memif offloads nothing).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dpdk_sys::{Mbuf, Mempool, RxQueue, TxQueue};
@@ -45,6 +46,8 @@ pub struct PhyStats {
     pub rx_chained: u64,
     /// Frames smoltcp built that could not get an mbuf (dropped).
     pub tx_nombuf: u64,
+    /// Server poll-loop iterations (for per-iteration cost accounting in profiles).
+    pub iterations: u64,
 }
 
 /// A smoltcp device over one DPDK queue pair.
@@ -55,19 +58,22 @@ pub struct DpdkPhy {
     /// Received, not yet handed to smoltcp; reversed so `pop` takes the oldest.
     rx: Vec<Mbuf>,
     tx: Vec<Mbuf>,
+    /// IP MTU.
+    mtu: u16,
     /// Counters.
     pub stats: PhyStats,
 }
 
 impl DpdkPhy {
-    /// A device on `rxq`/`txq`, allocating transmit frames from `pool`.
-    pub fn new(rxq: RxQueue, txq: TxQueue, pool: Mempool) -> DpdkPhy {
+    /// A device on `rxq`/`txq` with IP MTU `mtu`, allocating transmit frames from `pool`.
+    pub fn new(rxq: RxQueue, txq: TxQueue, pool: Mempool, mtu: u16) -> DpdkPhy {
         DpdkPhy {
             rxq,
             txq,
             pool,
             rx: Vec::with_capacity(TX_BATCH),
             tx: Vec::with_capacity(TX_LIMIT),
+            mtu,
             stats: PhyStats::default(),
         }
     }
@@ -173,7 +179,7 @@ impl Device for DpdkPhy {
     fn capabilities(&self) -> DeviceCapabilities {
         let mut c = DeviceCapabilities::default();
         c.medium = Medium::Ethernet;
-        c.max_transmission_unit = 1514;
+        c.max_transmission_unit = usize::from(self.mtu) + 14;
         c
     }
 }
@@ -205,8 +211,9 @@ impl Lane {
         mac: [u8; 6],
         cidr: (std::net::Ipv4Addr, u8),
         seed: u64,
+        mtu: u16,
     ) -> Lane {
-        let mut phy = DpdkPhy::new(rxq, txq, pool);
+        let mut phy = DpdkPhy::new(rxq, txq, pool, mtu);
         let base = Instant::now();
         let mut cfg = Config::new(HardwareAddress::Ethernet(EthernetAddress(mac)));
         cfg.random_seed = seed;
@@ -273,6 +280,7 @@ fn run_lanes<T: Send>(
         pool,
         queues,
         mac,
+        mtu,
     } = dev;
     let seed = std::process::id() as u64 ^ 0x5eed;
     let results: Vec<Result<T, String>> = std::thread::scope(|s| {
@@ -291,13 +299,13 @@ fn run_lanes<T: Send>(
                 eal.register_thread()
                     .map_err(|e| format!("register lane {i} with the EAL: {e}"))?;
                 pin(cpu)?;
-                let lane = Lane::new(rxq, txq, pool, mac, cidr, seed + i as u64);
+                let lane = Lane::new(rxq, txq, pool, mac, cidr, seed + i as u64, mtu);
                 body(i, lane)
             }));
         }
         let mut out = Vec::new();
         if let Some((rxq, txq, pool)) = first {
-            out.push(body(0, Lane::new(rxq, txq, pool, mac, cidr, seed)));
+            out.push(body(0, Lane::new(rxq, txq, pool, mac, cidr, seed, mtu)));
         }
         out.extend(hs.into_iter().map(|h| {
             h.join()
@@ -336,7 +344,14 @@ impl Backend for Smoltcp {
     fn serve(&self, spec: &ServerSpec, ready: &mut dyn FnMut()) -> Result<ServerReport, String> {
         let w = &spec.workload;
         let deadline = Instant::now() + spec.lifetime;
-        let dev = memif::open(&spec.eal, true, w.threads as u16, spec.lifetime, ready)?;
+        let dev = memif::open(
+            &spec.eal,
+            true,
+            w.threads as u16,
+            w.mtu,
+            spec.lifetime,
+            ready,
+        )?;
         let cidr = (spec.ip, spec.prefix_len);
         let reports = run_lanes(dev, cidr, &spec.cpus, &|i, lane| {
             let (_, n) = w.conns_of(i as u32);
@@ -354,22 +369,25 @@ impl Backend for Smoltcp {
             extra.tx += st.tx;
             extra.rx_chained += st.rx_chained;
             extra.tx_nombuf += st.tx_nombuf;
+            extra.iterations += st.iterations;
         }
         total.extra = json!({"frames_rx": extra.rx, "frames_tx": extra.tx,
-            "rx_chained": extra.rx_chained, "tx_nombuf": extra.tx_nombuf});
+            "rx_chained": extra.rx_chained, "tx_nombuf": extra.tx_nombuf,
+            "iterations": extra.iterations});
         Ok(total)
     }
 
     fn run_client(
         &self,
         spec: &ClientSpec,
-        plan: &ClientPlan,
+        plan: &Arc<ClientPlan>,
     ) -> Result<Vec<ThreadResult>, String> {
         let w = plan.workload();
         let dev = match memif::open(
             &spec.eal,
             false,
             w.threads as u16,
+            w.mtu,
             Duration::from_secs(30),
             &mut || {},
         ) {
@@ -410,6 +428,7 @@ fn server_lane(
     let mut done = 0;
     while done < n && Instant::now() < deadline {
         let now = Instant::now();
+        lane.phy.stats.iterations += 1;
         lane.poll(now);
         for (i, (e, established, finished)) in conns.iter_mut().enumerate() {
             if *finished {
@@ -500,6 +519,7 @@ fn client_lane(
         if wk.finished(now) {
             break;
         }
+        lane.phy.stats.iterations += 1;
         lane.poll(now);
         let now = Instant::now();
         wk.tick(now);
@@ -549,5 +569,9 @@ fn client_lane(
         lane.sock(i).abort();
     }
     lane.poll(Instant::now());
-    Ok(wk.finish())
+    let st = lane.phy.stats;
+    let mut r = wk.finish();
+    r.extra = json!({"frames_rx": st.rx, "frames_tx": st.tx, "rx_chained": st.rx_chained,
+        "tx_nombuf": st.tx_nombuf, "iterations": st.iterations});
+    Ok(r)
 }

@@ -1,0 +1,994 @@
+//! The r2c runtime over [`DpdkDevice`] on the testbed: RPC servers in inline and batch
+//! mode answer RPC clients.
+//!
+//! * memif: a server process (inline-r2c or batch-r2c) and a client process (an
+//!   inline-r2c client keeping several RPCs outstanding on each of several connections)
+//!   exchange RPCs of mixed sizes; every response is checked byte for byte, and the
+//!   server echoes payload without copying it (zero bytes copied by device and zbuf).
+//! * tap: a kernel client (Python sockets, in the tap topology's host namespace) sends
+//!   RPCs to an inline server on net_tap and checks every reply.
+//!
+//! Framing is knb's (examples/knb): a 16-byte header `id u64 | len u32 | flags u16 |
+//! magic u16 = 0x6e6b`, little endian, then `len` payload bytes. The server answers each
+//! request with the same id, the RESPONSE flag and the request's payload (echo RPC).
+//!
+//! Each DPDK process is this test binary re-executed inside the topology's namespace
+//! with `LLK_R2C_ROLE` set (the ignored `role_child` test is the entry point); it prints
+//! an `OK key=value...` line. Needs root, hugepages and the testbed (`make setup`).
+
+use std::collections::{HashMap, VecDeque};
+use std::io::Read;
+use std::net::SocketAddrV4;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dpdk_sys::Eal;
+use luna_stack::stack::StackConfig;
+use luna_stack::tcp::{CloseReason, RecvError};
+use luna_stack::wire::Ipv4Cidr;
+use r2c::batch::{BatchApp, Fd, Interest, PollEvent, SockError, Sockets};
+use r2c::device::dpdk::{from_testbed, DpdkDevice};
+use r2c::device::Device;
+use r2c::{Conn, CoreOptions, CoreReport, CoreSetup, Ctx, IdleStrategy, InlineApp, Runtime};
+use testbed::{DpdkPort, Kind, Prefix, Topology};
+use zbuf::dpdk::DmaRegistry;
+use zbuf::{copy_stats, Slab, SlabConfig, Zbuf};
+
+const ROLE: &str = "LLK_R2C_ROLE";
+const PORT_JSON: &str = "LLK_R2C_PORT";
+const ARG: &str = "LLK_R2C_ARG";
+/// Hang guard for a child (never reached in a passing run).
+const LIMIT: Duration = Duration::from_secs(60);
+const RPC_PORT: u16 = 7700;
+
+const MAGIC: u16 = 0x6e6b;
+const RESPONSE: u16 = 1;
+const HDR: usize = 16;
+/// Largest payload a server accepts (as knb).
+const MAX_PAYLOAD: u32 = 1 << 20;
+
+/// memif client: connections, RPCs outstanding per connection, RPCs per connection.
+const CONNS: usize = 4;
+const DEPTH: usize = 8;
+const RPCS: u64 = 300;
+/// Payload sizes, cycled by id: empty, tiny, one segment, several, many.
+const SIZES: [u32; 6] = [0, 1, 100, 1448, 4096, 20_000];
+
+fn size_of(id: u64) -> u32 {
+    SIZES[(id % SIZES.len() as u64) as usize]
+}
+
+/// Byte `off` of request `id`'s payload.
+fn pattern(id: u64, off: u32) -> u8 {
+    (id.wrapping_mul(131).wrapping_add(u64::from(off)) & 0xff) as u8
+}
+
+fn header(id: u64, len: u32, flags: u16) -> [u8; HDR] {
+    let mut h = [0u8; HDR];
+    h[0..8].copy_from_slice(&id.to_le_bytes());
+    h[8..12].copy_from_slice(&len.to_le_bytes());
+    h[12..14].copy_from_slice(&flags.to_le_bytes());
+    h[14..16].copy_from_slice(&MAGIC.to_le_bytes());
+    h
+}
+
+/// (id, len, flags) of a header, or why it is not one.
+fn parse(h: &[u8; HDR]) -> Result<(u64, u32, u16), String> {
+    let magic = u16::from_le_bytes([h[14], h[15]]);
+    if magic != MAGIC {
+        return Err(format!("bad magic {magic:#06x}"));
+    }
+    let len = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
+    if len > MAX_PAYLOAD {
+        return Err(format!("payload length {len} above {MAX_PAYLOAD}"));
+    }
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&h[0..8]);
+    Ok((
+        u64::from_le_bytes(id),
+        len,
+        u16::from_le_bytes([h[12], h[13]]),
+    ))
+}
+
+// ---------------------------------------------------------------- parent side
+
+struct Proc {
+    child: std::process::Child,
+    what: String,
+    out: std::thread::JoinHandle<String>,
+    err: std::thread::JoinHandle<String>,
+}
+
+fn reader(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = r.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    })
+}
+
+fn spawn(mut cmd: Command, what: &str) -> Proc {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+    let out = reader(child.stdout.take().expect("piped"));
+    let err = reader(child.stderr.take().expect("piped"));
+    Proc {
+        child,
+        what: what.into(),
+        out,
+        err,
+    }
+}
+
+struct Outcome {
+    what: String,
+    ok: bool,
+    out: String,
+    err: String,
+}
+
+impl Proc {
+    /// Waits up to `LIMIT`, then kills this child (by its pid).
+    fn wait(mut self) -> Outcome {
+        let end = Instant::now() + LIMIT;
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if Instant::now() > end => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break None;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                Err(_) => break None,
+            }
+        };
+        Outcome {
+            what: format!("{} (status {status:?})", self.what),
+            ok: status.is_some_and(|s| s.success()),
+            out: self.out.join().unwrap_or_default(),
+            err: self.err.join().unwrap_or_default(),
+        }
+    }
+}
+
+/// The line starting with `want` from each outcome; panics with every output if one
+/// failed.
+fn lines(all: &[(&Outcome, &str)]) -> Vec<String> {
+    let found: Vec<Option<String>> = all
+        .iter()
+        .map(|(o, want)| {
+            o.ok.then(|| {
+                o.out
+                    .lines()
+                    .find(|l| l.starts_with(want))
+                    .map(str::to_owned)
+            })
+            .flatten()
+        })
+        .collect();
+    if found.iter().any(Option::is_none) {
+        let mut msg = String::from("a process failed\n");
+        for (o, _) in all {
+            msg += &format!(
+                "=== {}\n--- stdout\n{}\n--- stderr\n{}\n",
+                o.what, o.out, o.err
+            );
+        }
+        panic!("{msg}");
+    }
+    found.into_iter().flatten().collect()
+}
+
+fn field(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in {line}"))
+}
+
+/// This test binary as a role child inside `port`'s namespace.
+fn role_command(role: &str, port: &DpdkPort, arg: &str) -> Command {
+    // Hugepages are shared: these pools need far less than the testbed's default.
+    let mut port = port.clone();
+    port.eal.memory_mb = 64;
+    let exe = std::env::current_exe().expect("test binary");
+    let mut c = testbed::netns_command(&port.netns, exe);
+    c.args(["role_child", "--exact", "--ignored", "--nocapture"])
+        .env(ROLE, role)
+        .env(PORT_JSON, serde_json::to_string(&port).expect("json"))
+        .env(ARG, arg);
+    c
+}
+
+/// `flat`: the client copies its frames flat (`tx_copy_max`) instead of chaining.
+fn memif_rpcs(server_role: &str, prefix: &str, flat: bool) {
+    let prefix = Prefix::new(prefix).unwrap();
+    let topo = Topology::up(Kind::Memif, &prefix).expect("memif topology (root, make setup)");
+    let m = topo.memif().expect("memif details").clone();
+    let server = spawn(
+        role_command(server_role, &m.server, &CONNS.to_string()),
+        server_role,
+    );
+    let client = spawn(
+        role_command("client", &m.client, if flat { "flat" } else { "" }),
+        "r2c client",
+    );
+    let (c, s) = (client.wait(), server.wait());
+    drop(topo);
+    let got = lines(&[(&c, "OK "), (&s, "OK ")]);
+    let (c, s) = (&got[0], &got[1]);
+    println!("client: {c}\nserver: {s}");
+    let total = CONNS as u64 * RPCS;
+    let payload: u64 = (0..CONNS as u64)
+        .flat_map(|k| (0..RPCS).map(move |i| u64::from(size_of((k << 32) + i))))
+        .sum();
+    assert_eq!(field(c, "completed"), total, "{c}");
+    assert_eq!(field(c, "verified_bytes"), payload, "{c}");
+    assert_eq!(field(s, "requests"), total, "{s}");
+    assert_eq!(field(s, "echoed"), payload, "{s}");
+    assert_eq!(field(s, "conns"), CONNS as u64, "{s}");
+    assert_eq!(field(s, "errors"), 0, "{s}");
+    // The echo is zero copy: responses are slices of the received buffers.
+    assert_eq!(field(s, "device_copied"), 0, "{s}");
+    assert_eq!(field(s, "zbuf_copied"), 0, "{s}");
+    // Requests went out attached (zero copy) or, with `flat`, copied into single mbufs.
+    if flat {
+        assert!(field(c, "device_copied") >= payload, "{c}");
+    } else {
+        assert_eq!(field(c, "device_copied"), 0, "{c}");
+    }
+}
+
+#[test]
+fn memif_inline_server_answers_rpc_clients() {
+    memif_rpcs("server-inline", "llkri", false);
+}
+
+#[test]
+fn memif_batch_server_answers_rpc_clients() {
+    // The client transmits through the flat-copy path: the bytes must be the same.
+    memif_rpcs("server-batch", "llkrb", true);
+}
+
+#[test]
+fn tap_kernel_client_gets_replies_from_an_inline_server() {
+    let prefix = Prefix::new("llkrt").unwrap();
+    let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
+    let t = topo.tap().expect("tap details").clone();
+    let ready = topo.state_dir().join("llk-r2c-tap-ready");
+    let _ = std::fs::remove_file(&ready);
+    let server = spawn(
+        role_command("tap-server", &t.dpdk, &ready.display().to_string()),
+        "inline server on net_tap",
+    );
+    let end = Instant::now() + Duration::from_secs(60);
+    while !ready.exists() {
+        assert!(
+            Instant::now() < end,
+            "the DPDK process did not open its port"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Starting the port resets the tap: configure the kernel side now.
+    t.configure_host(Duration::from_secs(30))
+        .expect("tap interface from the DPDK process");
+    let py = format!(
+        "import socket,struct,sys,time\n\
+         def pat(i,n): return bytes(((i*131+k)&0xff) for k in range(n))\n\
+         sizes=[0,1,100,1448,4096,20000]\n\
+         end=time.time()+30\n\
+         while True:\n  try:\n    c=socket.create_connection(('{ip}',{RPC_PORT}),timeout=5); break\n  \
+         except OSError:\n    if time.time()>end: raise\n    time.sleep(0.1)\n\
+         c.settimeout(30)\n\
+         reqs=[(i,sizes[i%6]) for i in range(60)]\n\
+         want=b''.join(struct.pack('<QIHH',i,n,1,0x6e6b)+pat(i,n) for i,n in reqs)\n\
+         for k in range(0,60,10):\n  c.sendall(b''.join(struct.pack('<QIHH',i,n,0,0x6e6b)+pat(i,n) for i,n in reqs[k:k+10]))\n\
+         buf=bytearray()\n\
+         while len(buf)<len(want):\n  d=c.recv(1<<16)\n  if not d: break\n  buf+=d\n\
+         c.shutdown(socket.SHUT_WR)\n\
+         rest=c.recv(1)\n\
+         ok = bytes(buf)==want and rest==b''\n\
+         print('KERNEL-CLIENT', 'ok' if ok else 'mismatch', len(buf), len(want))\n\
+         sys.exit(0 if ok else 1)\n",
+        ip = t.dpdk.ip
+    );
+    let mut cmd = t.host.command("python3");
+    cmd.args(["-c", &py]);
+    let kclient = spawn(cmd, "kernel client");
+    let (k, s) = (kclient.wait(), server.wait());
+    let _ = std::fs::remove_file(&ready);
+    drop(topo);
+    let got = lines(&[(&k, "KERNEL-CLIENT ok"), (&s, "OK ")]);
+    let s = &got[1];
+    println!("{}\nserver: {s}", got[0]);
+    let payload: u64 = (0..60).map(|i| u64::from(SIZES[i % 6])).sum();
+    assert_eq!(field(s, "requests"), 60, "{s}");
+    assert_eq!(field(s, "echoed"), payload, "{s}");
+    assert_eq!(field(s, "errors"), 0, "{s}");
+    assert_eq!(field(s, "zbuf_copied"), 0, "{s}");
+}
+
+#[test]
+fn a_server_resets_a_client_that_sends_garbage() {
+    // Bad input: a header with the wrong magic is counted as an error and the
+    // connection is reset; the server then finishes normally.
+    let prefix = Prefix::new("llkrg").unwrap();
+    let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
+    let t = topo.tap().expect("tap details").clone();
+    let ready = topo.state_dir().join("llk-r2c-tap-ready");
+    let _ = std::fs::remove_file(&ready);
+    let server = spawn(
+        role_command("tap-server", &t.dpdk, &ready.display().to_string()),
+        "inline server on net_tap",
+    );
+    let end = Instant::now() + Duration::from_secs(60);
+    while !ready.exists() {
+        assert!(
+            Instant::now() < end,
+            "the DPDK process did not open its port"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t.configure_host(Duration::from_secs(30))
+        .expect("tap interface from the DPDK process");
+    let py = format!(
+        "import socket,sys,time\n\
+         end=time.time()+30\n\
+         while True:\n  try:\n    c=socket.create_connection(('{ip}',{RPC_PORT}),timeout=5); break\n  \
+         except OSError:\n    if time.time()>end: raise\n    time.sleep(0.1)\n\
+         c.settimeout(30)\n\
+         c.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n\
+         try:\n  d=c.recv(100)\n  reset = (d==b'')\n\
+         except ConnectionResetError:\n  reset=True\n\
+         print('KERNEL-CLIENT', 'reset' if reset else 'answered')\n\
+         sys.exit(0 if reset else 1)\n",
+        ip = t.dpdk.ip
+    );
+    let mut cmd = t.host.command("python3");
+    cmd.args(["-c", &py]);
+    let kclient = spawn(cmd, "garbage client");
+    let (k, s) = (kclient.wait(), server.wait());
+    let _ = std::fs::remove_file(&ready);
+    drop(topo);
+    let got = lines(&[(&k, "KERNEL-CLIENT reset"), (&s, "OK ")]);
+    let s = &got[1];
+    assert_eq!(field(s, "errors"), 1, "{s}");
+    assert_eq!(field(s, "requests"), 0, "{s}");
+}
+
+// ---------------------------------------------------------------- child side
+
+/// Entry point of the role children (ignored in normal runs; see the module docs).
+#[test]
+#[ignore = "child-process entry point, run by the other tests"]
+fn role_child() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let port: DpdkPort =
+        serde_json::from_str(&std::env::var(PORT_JSON).expect("port json")).expect("port");
+    let arg = std::env::var(ARG).unwrap_or_default();
+    let msg = match role.as_str() {
+        "server-inline" => serve(&port, false, arg.parse().expect("conns"), None),
+        "server-batch" => serve(&port, true, arg.parse().expect("conns"), None),
+        "tap-server" => serve(&port, false, 1, Some(arg)),
+        "client" => client(&port, arg == "flat"),
+        other => panic!("unknown role {other}"),
+    };
+    println!("OK {msg}");
+}
+
+/// EAL, slab and one device, as a runtime's single core.
+struct Env {
+    _eal: Eal,
+    slab: Slab,
+    _registry: DmaRegistry,
+    core: CoreSetup<DpdkDevice>,
+}
+
+fn setup(port: &DpdkPort) -> Env {
+    setup_with(port, 0)
+}
+
+/// [`setup`] with `DpdkDeviceConfig::tx_copy_max` set.
+fn setup_with(port: &DpdkPort, tx_copy_max: usize) -> Env {
+    let (args, mut cfg) = from_testbed(port).expect("testbed port");
+    cfg.tx_copy_max = tx_copy_max;
+    let eal = Eal::init(args).unwrap_or_else(|e| panic!("EAL: {e}"));
+    let registry = DmaRegistry::new(&eal);
+    let slab =
+        Slab::new(registry.slab_config(SlabConfig::new().max_memory(96 << 20))).expect("slab");
+    let dev =
+        DpdkDevice::open(&eal, &slab, &registry, &cfg).unwrap_or_else(|e| panic!("open: {e}"));
+    let mut sc = StackConfig::new(
+        dev.mac(),
+        Ipv4Cidr::new(port.ip, port.prefix_len).expect("cidr"),
+    );
+    sc.mtu = dev.mtu();
+    sc.caps = dev.caps();
+    Env {
+        _eal: eal,
+        slab,
+        _registry: registry,
+        core: CoreSetup::new(0, vec![dev], sc),
+    }
+}
+
+/// Shared CPUs in tests: no pinning, yield when idle.
+fn options(slab: &Slab) -> CoreOptions {
+    CoreOptions {
+        idle: IdleStrategy::Yield,
+        pin: false,
+        slab: Some(slab.clone()),
+        ..CoreOptions::default()
+    }
+}
+
+/// Runs `rt` until its application stops it (or the hang guard, which reports the
+/// core's counters and `state()`); returns its reports.
+fn finish(rt: Runtime, state: impl Fn() -> String) -> Vec<CoreReport> {
+    let end = Instant::now() + LIMIT - Duration::from_secs(10);
+    while !rt.is_finished() {
+        if Instant::now() > end {
+            let stats: Vec<String> = rt.stats()[0]
+                .fields()
+                .filter(|(_, v)| *v != 0)
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            panic!(
+                "the runtime did not finish: {}; core: {}",
+                state(),
+                stats.join(" ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    rt.join().expect("runtime")
+}
+
+/// One connection's TCP state and counters, for hang reports.
+fn describe(ctx: &mut Ctx<'_>, conn: Conn) -> String {
+    let Some(c) = ctx.stack().connection(conn) else {
+        return format!("{conn:?}: gone");
+    };
+    let k = &c.counters;
+    let drops: Vec<String> = luna_stack::tcp::DropReason::ALL
+        .iter()
+        .filter(|r| k.drops(**r) > 0)
+        .map(|r| format!("{}={}", r.name(), k.drops(*r)))
+        .collect();
+    format!(
+        "{:?} state={:?} cwnd={} wnd={} flight={} recovery={} segs_in={} segs_out={} \
+         rexmit={} rtos={} fast={} dsacks={} challenge_acks={} drops[{}]",
+        c.tuple().local.port(),
+        c.state(),
+        c.cwnd(),
+        c.send_window(),
+        c.bytes_in_flight(),
+        c.in_recovery(),
+        k.segs_in,
+        k.segs_out,
+        k.retransmits,
+        k.rtos,
+        k.fast_retransmits,
+        k.dsacks,
+        k.challenge_acks,
+        drops.join(" ")
+    )
+}
+
+/// Every 8192 polls, the state of the open connections (read by the hang report).
+fn snapshot(
+    ctx: &mut Ctx<'_>,
+    polls: &mut u64,
+    conns: impl Iterator<Item = Conn>,
+    out: &Mutex<Vec<String>>,
+) {
+    *polls += 1;
+    if *polls % 8192 == 0 {
+        let v: Vec<String> = conns.map(|c| describe(ctx, c)).collect();
+        *out.lock().unwrap() = v;
+    }
+}
+
+/// What the server side counts (shared with the main thread).
+#[derive(Default)]
+struct Served {
+    requests: AtomicU64,
+    echoed: AtomicU64,
+    conns: AtomicU64,
+    errors: AtomicU64,
+    tcp: Mutex<Vec<String>>,
+}
+
+/// The echo-RPC parser of one connection: whatever it emits is sent in order.
+#[derive(Default)]
+struct Echo {
+    hdr: [u8; HDR],
+    have: usize,
+    /// Payload bytes of the current request still to echo.
+    left: u32,
+}
+
+enum Out {
+    Header([u8; HDR]),
+    Payload(Zbuf),
+}
+
+impl Echo {
+    /// Consumes `z`, emitting each response header and the payload slices to echo
+    /// (views of `z`, no copy).
+    fn feed(
+        &mut self,
+        mut z: Zbuf,
+        served: &Served,
+        out: &mut impl FnMut(Out),
+    ) -> Result<(), String> {
+        while !z.is_empty() {
+            if self.left > 0 {
+                let k = (self.left as usize).min(z.len());
+                out(Out::Payload(z.split_to(k)));
+                self.left -= k as u32;
+                served.echoed.fetch_add(k as u64, Ordering::Relaxed);
+                continue;
+            }
+            let k = (HDR - self.have).min(z.len());
+            self.hdr[self.have..self.have + k].copy_from_slice(&z[..k]);
+            z.advance(k);
+            self.have += k;
+            if self.have == HDR {
+                self.have = 0;
+                let (id, len, flags) = parse(&self.hdr)?;
+                if flags & RESPONSE != 0 {
+                    return Err(format!("request {id} carries the RESPONSE flag"));
+                }
+                out(Out::Header(header(id, len, RESPONSE)));
+                self.left = len;
+                served.requests.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// inline-r2c echo-RPC server: replies from the callbacks, payload zero copy.
+struct InlineServer {
+    expected: usize,
+    done: usize,
+    polls: u64,
+    conns: HashMap<Conn, Echo>,
+    served: Arc<Served>,
+}
+
+impl InlineServer {
+    fn end(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        if self.conns.remove(&conn).is_some() {
+            self.done += 1;
+            if self.done >= self.expected {
+                ctx.request_stop();
+            }
+        }
+    }
+}
+
+impl InlineApp for InlineServer {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        ctx.listen(RPC_PORT, 64).expect("listen");
+    }
+
+    fn on_accept(&mut self, _ctx: &mut Ctx<'_>, conn: Conn, _l: r2c::Listener) {
+        self.conns.insert(conn, Echo::default());
+        self.served.conns.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        loop {
+            let Some(echo) = self.conns.get_mut(&conn) else {
+                return;
+            };
+            match ctx.recv(conn) {
+                Ok(Some(z)) => {
+                    let mut failed = false;
+                    let r = echo.feed(z, &self.served, &mut |o| {
+                        let z = match o {
+                            Out::Payload(z) => z,
+                            Out::Header(h) => {
+                                let mut m = ctx.alloc(HDR).expect("zbuf");
+                                m.append(HDR).expect("room").copy_from_slice(&h);
+                                m.freeze()
+                            }
+                        };
+                        failed |= ctx.send(conn, z).is_err();
+                    });
+                    if r.is_err() || failed {
+                        self.served.errors.fetch_add(1, Ordering::Relaxed);
+                        ctx.abort(conn);
+                        return self.end(ctx, conn);
+                    }
+                }
+                Ok(None) => return,
+                Err(RecvError::Finished) => {
+                    ctx.close(conn);
+                    return self.end(ctx, conn);
+                }
+                Err(_) => return, // reset: on_closed follows
+            }
+        }
+    }
+
+    fn on_closed(&mut self, ctx: &mut Ctx<'_>, conn: Conn, _r: Option<CloseReason>) {
+        self.end(ctx, conn);
+    }
+
+    fn on_poll(&mut self, ctx: &mut Ctx<'_>) {
+        let conns: Vec<Conn> = self.conns.keys().copied().collect();
+        snapshot(ctx, &mut self.polls, conns.into_iter(), &self.served.tcp);
+    }
+}
+
+/// batch-r2c echo-RPC server: an epoll-style loop over the socket API, `recv_zbuf` /
+/// `send_zbuf` for the payload.
+struct BatchServer {
+    expected: usize,
+    done: usize,
+    lfd: Option<Fd>,
+    events: Vec<PollEvent>,
+    conns: HashMap<Fd, (Echo, VecDeque<Zbuf>, bool)>,
+    served: Arc<Served>,
+}
+
+impl BatchServer {
+    fn end(&mut self, s: &mut Sockets<'_>, fd: Fd) {
+        if self.conns.remove(&fd).is_some() {
+            let _ = s.close(fd);
+            self.done += 1;
+            if self.done >= self.expected {
+                s.request_stop();
+            }
+        }
+    }
+
+    /// Sends what waits; true when all of it went.
+    fn flush(s: &mut Sockets<'_>, fd: Fd, q: &mut VecDeque<Zbuf>) -> Result<bool, SockError> {
+        while let Some(z) = q.front_mut() {
+            match s.send_zbuf(fd, z.clone()) {
+                Ok(n) if n == z.len() => {
+                    q.pop_front();
+                }
+                Ok(n) => {
+                    z.advance(n);
+                    return Ok(false);
+                }
+                Err(SockError::WouldBlock) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    fn serve(&mut self, s: &mut Sockets<'_>, fd: Fd) {
+        let Some((echo, q, eof)) = self.conns.get_mut(&fd) else {
+            return;
+        };
+        loop {
+            match Self::flush(s, fd, q) {
+                Ok(true) => {}
+                Ok(false) => return, // writable interest brings us back
+                Err(_) => {
+                    self.served.errors.fetch_add(1, Ordering::Relaxed);
+                    return self.end(s, fd);
+                }
+            }
+            if *eof {
+                return self.end(s, fd);
+            }
+            match s.recv_zbuf(fd) {
+                Ok(Some(z)) => {
+                    let r = echo.feed(z, &self.served, &mut |o| {
+                        q.push_back(match o {
+                            Out::Payload(z) => z,
+                            // A fresh buffer per header: the bytes are the response's own.
+                            Out::Header(h) => Zbuf::from_vec(h.to_vec()),
+                        })
+                    });
+                    if r.is_err() {
+                        self.served.errors.fetch_add(1, Ordering::Relaxed);
+                        return self.end(s, fd);
+                    }
+                }
+                Ok(None) => *eof = true,
+                Err(SockError::WouldBlock) => return,
+                Err(_) => return self.end(s, fd),
+            }
+        }
+    }
+}
+
+impl BatchApp for BatchServer {
+    fn on_start(&mut self, s: &mut Sockets<'_>) {
+        let fd = s.socket();
+        s.bind(fd, RPC_PORT).expect("bind");
+        s.listen(fd, 64).expect("listen");
+        s.register(fd, Interest::READABLE).expect("register");
+        self.lfd = Some(fd);
+    }
+
+    fn on_poll(&mut self, s: &mut Sockets<'_>) {
+        s.poll(&mut self.events);
+        for ev in std::mem::take(&mut self.events) {
+            if Some(ev.fd) == self.lfd {
+                while let Ok((c, _)) = s.accept(ev.fd) {
+                    s.register(c, Interest::BOTH).expect("register");
+                    self.conns
+                        .insert(c, (Echo::default(), VecDeque::new(), false));
+                    self.served.conns.fetch_add(1, Ordering::Relaxed);
+                }
+                continue;
+            }
+            self.serve(s, ev.fd);
+        }
+    }
+}
+
+fn serve(port: &DpdkPort, batch: bool, expected: usize, ready: Option<String>) -> String {
+    let env = setup(port);
+    if let Some(f) = &ready {
+        std::fs::write(f, b"open").expect("ready file");
+    }
+    let served = Arc::new(Served::default());
+    let sv = served.clone();
+    let opts = options(&env.slab);
+    let rt = if batch {
+        Runtime::spawn_batch(vec![env.core], opts, move |_| BatchServer {
+            expected,
+            done: 0,
+            lfd: None,
+            events: Vec::new(),
+            conns: HashMap::new(),
+            served: sv.clone(),
+        })
+    } else {
+        Runtime::spawn_inline(vec![env.core], opts, move |_| InlineServer {
+            expected,
+            done: 0,
+            polls: 0,
+            conns: HashMap::new(),
+            served: sv.clone(),
+        })
+    }
+    .expect("runtime");
+    let st = served.clone();
+    let reports = finish(rt, move || {
+        format!(
+            "requests={} echoed={} conns={} tcp={:?}",
+            st.requests.load(Ordering::Relaxed),
+            st.echoed.load(Ordering::Relaxed),
+            st.conns.load(Ordering::Relaxed),
+            st.tcp.lock().unwrap()
+        )
+    });
+    let dev = reports[0].device;
+    drop(reports);
+    format!(
+        "requests={} echoed={} conns={} errors={} device_copied={} zbuf_copied={} \
+         rx_frames={} tx_frames={} leaked={}",
+        served.requests.load(Ordering::Relaxed),
+        served.echoed.load(Ordering::Relaxed),
+        served.conns.load(Ordering::Relaxed),
+        served.errors.load(Ordering::Relaxed),
+        dev.copied_bytes,
+        copy_stats().bytes,
+        dev.rx_frames,
+        dev.tx_frames,
+        env.slab.leak_report().objects_in_use,
+    )
+}
+
+/// One client connection: requests sent, responses expected (id, len), parse state.
+#[derive(Default)]
+struct ClientConn {
+    base: u64,
+    sent: u64,
+    done: u64,
+    outstanding: VecDeque<(u64, u32)>,
+    hdr: [u8; HDR],
+    have: usize,
+    /// (id, payload offset, payload length) of the response being read.
+    cur: Option<(u64, u32, u32)>,
+}
+
+/// What the client reports.
+#[derive(Default)]
+struct Tally {
+    completed: AtomicU64,
+    verified: AtomicU64,
+    finished: AtomicUsize,
+    bad: Mutex<Vec<String>>,
+    /// Per connection (sent, done, outstanding), for the hang report.
+    progress: Mutex<HashMap<u64, (u64, u64, usize)>>,
+    tcp: Mutex<Vec<String>>,
+}
+
+/// inline-r2c client: `CONNS` connections, `DEPTH` RPCs outstanding on each.
+struct Client {
+    polls: u64,
+    remote: SocketAddrV4,
+    conns: HashMap<Conn, ClientConn>,
+    tally: Arc<Tally>,
+}
+
+impl Client {
+    fn fill(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        while c.outstanding.len() < DEPTH && c.sent < RPCS {
+            let id = c.base + c.sent;
+            let len = size_of(id);
+            let mut m = ctx.alloc(HDR + len as usize).expect("zbuf");
+            let b = m.append(HDR + len as usize).expect("room");
+            b[..HDR].copy_from_slice(&header(id, len, 0));
+            for (off, x) in b[HDR..].iter_mut().enumerate() {
+                *x = pattern(id, off as u32);
+            }
+            ctx.send(conn, m.freeze()).expect("send");
+            c.outstanding.push_back((id, len));
+            c.sent += 1;
+        }
+    }
+
+    fn fail(&self, ctx: &mut Ctx<'_>, msg: String) {
+        self.tally.bad.lock().unwrap().push(msg);
+        ctx.request_stop();
+    }
+
+    /// Checks response bytes; returns responses completed.
+    fn check(c: &mut ClientConn, mut d: &[u8], tally: &Tally) -> Result<u64, String> {
+        let mut n = 0;
+        while !d.is_empty() {
+            if let Some((id, off, len)) = c.cur {
+                let k = ((len - off) as usize).min(d.len());
+                for (i, &b) in d[..k].iter().enumerate() {
+                    if b != pattern(id, off + i as u32) {
+                        return Err(format!("response {id}: byte {} differs", off + i as u32));
+                    }
+                }
+                tally.verified.fetch_add(k as u64, Ordering::Relaxed);
+                d = &d[k..];
+                let at = off + k as u32;
+                c.cur = (at < len).then_some((id, at, len));
+                if c.cur.is_none() {
+                    n += 1;
+                }
+                continue;
+            }
+            let k = (HDR - c.have).min(d.len());
+            c.hdr[c.have..c.have + k].copy_from_slice(&d[..k]);
+            d = &d[k..];
+            c.have += k;
+            if c.have < HDR {
+                break;
+            }
+            c.have = 0;
+            let (id, len, flags) = parse(&c.hdr)?;
+            let (want, wlen) = c
+                .outstanding
+                .pop_front()
+                .ok_or(format!("response {id} with nothing outstanding"))?;
+            if (id, len, flags) != (want, wlen, RESPONSE) {
+                return Err(format!(
+                    "response ({id}, {len}, {flags}) for request ({want}, {wlen})"
+                ));
+            }
+            if len == 0 {
+                n += 1;
+            } else {
+                c.cur = Some((id, 0, len));
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl InlineApp for Client {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        for k in 0..CONNS as u64 {
+            let c = ctx.connect(self.remote).expect("connect");
+            self.conns.insert(
+                c,
+                ClientConn {
+                    base: k << 32,
+                    ..ClientConn::default()
+                },
+            );
+        }
+    }
+
+    fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        self.fill(ctx, conn);
+    }
+
+    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        loop {
+            let Some(c) = self.conns.get_mut(&conn) else {
+                return;
+            };
+            match ctx.recv(conn) {
+                Ok(Some(z)) => match Self::check(c, &z, &self.tally) {
+                    Ok(n) => {
+                        c.done += n;
+                        self.tally.completed.fetch_add(n, Ordering::Relaxed);
+                        self.tally
+                            .progress
+                            .lock()
+                            .unwrap()
+                            .insert(c.base >> 32, (c.sent, c.done, c.outstanding.len()));
+                        if c.done == RPCS {
+                            self.conns.remove(&conn);
+                            ctx.close(conn);
+                            let f = self.tally.finished.fetch_add(1, Ordering::AcqRel) + 1;
+                            if f == CONNS {
+                                ctx.request_stop();
+                            }
+                            return;
+                        }
+                        self.fill(ctx, conn);
+                    }
+                    Err(e) => return self.fail(ctx, e),
+                },
+                Ok(None) => return,
+                Err(e) => return self.fail(ctx, format!("connection ended early: {e:?}")),
+            }
+        }
+    }
+
+    fn on_closed(&mut self, ctx: &mut Ctx<'_>, conn: Conn, r: Option<CloseReason>) {
+        if self.conns.contains_key(&conn) {
+            self.fail(ctx, format!("connection closed early: {r:?}"));
+        }
+    }
+
+    fn on_poll(&mut self, ctx: &mut Ctx<'_>) {
+        let conns: Vec<Conn> = self.conns.keys().copied().collect();
+        snapshot(ctx, &mut self.polls, conns.into_iter(), &self.tally.tcp);
+    }
+}
+
+fn client(port: &DpdkPort, flat: bool) -> String {
+    let env = setup_with(port, if flat { 2048 } else { 0 });
+    let tally = Arc::new(Tally::default());
+    let t = tally.clone();
+    let remote = SocketAddrV4::new(port.peer_ip, RPC_PORT);
+    let rt = Runtime::spawn_inline(vec![env.core], options(&env.slab), move |_| Client {
+        polls: 0,
+        remote,
+        conns: HashMap::new(),
+        tally: t.clone(),
+    })
+    .expect("runtime");
+    let st = tally.clone();
+    let reports = finish(rt, move || {
+        format!(
+            "completed={} finished={} conns={:?} tcp={:?}",
+            st.completed.load(Ordering::Relaxed),
+            st.finished.load(Ordering::Relaxed),
+            st.progress.lock().unwrap(),
+            st.tcp.lock().unwrap()
+        )
+    });
+    let bad = tally.bad.lock().unwrap().clone();
+    assert!(bad.is_empty(), "client errors: {bad:?}");
+    format!(
+        "completed={} verified_bytes={} retransmits={} device_copied={}",
+        tally.completed.load(Ordering::Relaxed),
+        tally.verified.load(Ordering::Relaxed),
+        reports[0].tcp.retransmits,
+        reports[0].device.copied_bytes,
+    )
+}

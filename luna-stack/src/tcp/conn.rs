@@ -507,6 +507,10 @@ impl Connection {
     pub fn tuple(&self) -> FourTuple {
         self.tuple
     }
+    /// SND.UNA: the oldest unacknowledged sequence number.
+    pub fn snd_una(&self) -> SeqNum {
+        self.snd_una
+    }
 
     /// The current state.
     pub fn state(&self) -> State {

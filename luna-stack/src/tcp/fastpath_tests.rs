@@ -61,6 +61,12 @@ struct Scenario {
     bytes: usize,
     /// Per-mille chance per step that B's application reads (slow readers shrink the window).
     read_chance: u32,
+    /// Per-mille chance per step that B's application stops reading for up to 800 ms (zero
+    /// windows, persist probes with backoff).
+    stall: u32,
+    /// Per-mille chance that a delivered segment's TSval is made 1 or 2 ticks older (PAWS
+    /// tolerance and drops).
+    ts_skew: u32,
 }
 
 impl Scenario {
@@ -87,9 +93,11 @@ impl Scenario {
             nagle: pick(5) == 0,
             time_wait: Duration::from_millis(50),
             keepalive: (pick(3) == 0).then_some(crate::tcp::config::KeepaliveConfig {
-                idle: Duration::from_millis(3),
-                interval: Duration::from_millis(2),
-                probes: 5,
+                // Probes during idle periods and reader stalls; the interval exceeds the
+                // peer's `oow_ack_interval`, so every probe is answered.
+                idle: Duration::from_millis(20),
+                interval: Duration::from_millis(600),
+                probes: 8,
             }),
             ..TcpConfig::default()
         };
@@ -107,6 +115,8 @@ impl Scenario {
             rpc: pick(2) == 0,
             bytes: 20_000 + pick(120_000) as usize,
             read_chance: [50, 300, 1000][pick(3) as usize],
+            stall: [0, 2, 10][pick(3) as usize],
+            ts_skew: [0, 0, 30][pick(3) as usize],
             cfg,
         }
     }
@@ -131,6 +141,8 @@ struct Outcome {
     /// Header prediction hits (A, B).
     hits: (u64, u64),
     segs_in: (u64, u64),
+    /// Bytes B's application read.
+    delivered_b: usize,
 }
 
 struct Sim {
@@ -232,8 +244,14 @@ impl Sim {
         }
     }
 
-    fn deliver(&mut self, f: InFlight) {
+    fn deliver(&mut self, mut f: InFlight) {
         let payload = Zbuf::copy_from_slice(&f.payload);
+        if self.chance(self.sc.ts_skew) {
+            let back = 1 + self.rng.next_u32() % 2;
+            if let Some(t) = f.repr.options.timestamps.as_mut() {
+                t.tsval = t.tsval.wrapping_sub(back);
+            }
+        }
         if f.to_b {
             match self.b.as_mut() {
                 Some(b) => {
@@ -321,9 +339,14 @@ impl Sim {
         ));
     }
 
-    fn read(conn: &mut Connection, into: &mut Vec<u8>, max: usize) {
-        if let Ok(iov) = conn.recv_iovec(max) {
-            into.extend_from_slice(&iov.to_vec());
+    /// Reads up to `max` bytes; returns whether the stream ended (the peer's FIN was read).
+    fn read(conn: &mut Connection, into: &mut Vec<u8>, max: usize) -> bool {
+        match conn.recv_iovec(max) {
+            Ok(iov) => {
+                into.extend_from_slice(&iov.to_vec());
+                false
+            }
+            Err(e) => e == RecvError::Finished,
         }
     }
 
@@ -339,8 +362,13 @@ impl Sim {
         let src_b = Zbuf::copy_from_slice(&data_b);
         let (mut sent_a, mut sent_b) = (0usize, 0usize);
         let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+        // One side closes when the data is done, the other when it reads the end of stream,
+        // so FINs arrive in ESTABLISHED as well as in FIN-WAIT-1.
+        let a_first = self.sc.seed % 2 == 0;
+        let (mut a_closed, mut b_closed) = (false, false);
         let mut closed = false;
         let mut idle = 0;
+        let mut stall_until = Instant::ZERO;
         for step in 0..200_000usize {
             // A's application: bulk writes everything it can; RPC writes one request of a
             // random size once the previous response has been read in full.
@@ -359,10 +387,18 @@ impl Sim {
                     sent_a += n;
                 }
             }
+            if self.now >= stall_until && self.chance(self.sc.stall) {
+                stall_until =
+                    self.now + Duration::from_millis(u64::from(self.rng.next_u32() % 800));
+            }
+            let reading = self.now >= stall_until;
             if let Some(b) = self.b.as_mut() {
-                if self.rng.next_u32() % 1000 < self.sc.read_chance {
+                if reading && self.rng.next_u32() % 1000 < self.sc.read_chance {
                     let max = 1 + (self.rng.next_u32() % 20_000) as usize;
-                    Self::read(b, &mut got_b, max);
+                    if Self::read(b, &mut got_b, max) && closed && !b_closed {
+                        b.close();
+                        b_closed = true;
+                    }
                 }
                 // B's application answers each request byte with a response byte.
                 if self.sc.rpc && got_b.len() > sent_b {
@@ -371,20 +407,28 @@ impl Sim {
                     }
                 }
             }
-            Self::read(&mut self.a, &mut got_a, usize::MAX);
-            let done_data = got_b.len() == data_a.len() && (!self.sc.rpc || got_a.len() == sent_b);
-            if done_data && !closed && self.b.is_some() {
+            if Self::read(&mut self.a, &mut got_a, usize::MAX) && closed && !a_closed {
                 self.a.close();
+                a_closed = true;
+            }
+            let done_data = got_b.len() == data_a.len() && (!self.sc.rpc || got_a.len() == sent_b);
+            if done_data && !closed {
                 if let Some(b) = self.b.as_mut() {
-                    b.close();
+                    if a_first {
+                        self.a.close();
+                        a_closed = true;
+                    } else {
+                        b.close();
+                        b_closed = true;
+                    }
+                    closed = true;
                 }
-                closed = true;
             }
             if self.step() {
                 idle = 0;
             } else {
                 idle += 1;
-                if idle > 1000 {
+                if idle > 5000 {
                     break;
                 }
             }
@@ -402,6 +446,7 @@ impl Sim {
             final_b: b.digest(),
             hits: (self.a.counters.fast_path_hits, b.counters.fast_path_hits),
             segs_in: (self.a.counters.segs_in, b.counters.segs_in),
+            delivered_b: got_b.len(),
             trace: self.trace,
         };
         (outcome, got_a, got_b)
@@ -454,11 +499,16 @@ fn header_prediction_is_invisible_in_randomized_runs() {
             (0, 0),
             "seed {seed}: prediction off takes no hits"
         );
+        assert_eq!(
+            on.delivered_b, sc.bytes,
+            "seed {seed}: A->B stream complete"
+        );
         assert!(on.trace.len() > 20, "seed {seed}: the run did something");
         total_hits += on.hits.0 + on.hits.1;
         total_in += on.segs_in.0 + on.segs_in.1;
     }
     // The randomized runs exercise both paths.
+    eprintln!("header prediction: {total_hits} of {total_in} segments");
     assert!(
         total_hits > 0 && total_hits < total_in,
         "hits {total_hits} of {total_in}"
@@ -520,6 +570,8 @@ fn steady_state_bulk_and_rpc_take_the_fast_path() {
             rpc,
             bytes: 200_000,
             read_chance: 1000,
+            stall: 0,
+            ts_skew: 0,
         };
         let (on, _) = compare(&sc).unwrap_or_else(|e| panic!("{e}"));
         let hits = on.hits.0 + on.hits.1;

@@ -68,7 +68,7 @@ fn per_frame(c: &mut Criterion) {
         &RxPoolConfig::new("ldv-bench-rx", 4095),
     )
     .unwrap();
-    let tx = TxChains::new(&e.eal, &TxConfig::new("ldv-bench-tx", 4095)).unwrap();
+    let mut tx = TxChains::new(&e.eal, &TxConfig::new("ldv-bench-tx", 4095)).unwrap();
     let mut m = cache.alloc(1460).unwrap();
     m.append(1460).unwrap().fill(0x5a);
     let payload = IoVec::from(m.freeze());

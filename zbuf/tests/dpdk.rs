@@ -421,7 +421,7 @@ fn tx(eal: &Eal) -> String {
     let cache = slab.core_cache(0).unwrap();
     let mut cfg = TxConfig::new("ldv-tx", 64);
     cfg.holds = 8;
-    let tx = TxChains::new(eal, &cfg).unwrap();
+    let mut tx = TxChains::new(eal, &cfg).unwrap();
     let copies0 = copy_stats();
 
     let fill = |n: usize, seed: u8| {
@@ -520,7 +520,7 @@ fn tx(eal: &Eal) -> String {
     // A port that DMAs: heap payload (not registered) is copied, zone payload attached.
     let mut dcfg = TxConfig::new("ldv-txdma", 64);
     dcfg.registry = Some(reg.clone());
-    let dma = TxChains::new(eal, &dcfg).unwrap();
+    let mut dma = TxChains::new(eal, &dcfg).unwrap();
     let mut p = IoVec::new();
     p.push(a.clone());
     p.push(heap.clone());
@@ -538,7 +538,7 @@ fn tx(eal: &Eal) -> String {
     // A port without chains: linearized into the head mbuf (counted), or refused if too big.
     let mut lcfg = TxConfig::new("ldv-txlin", 16);
     lcfg.multi_seg = false;
-    let lin = TxChains::new(eal, &lcfg).unwrap();
+    let mut lin = TxChains::new(eal, &lcfg).unwrap();
     let chain = lin.build(&header, &p, None).unwrap();
     assert_eq!(chain.nb_segs(), 1);
     assert_eq!(chain.to_vec()[54..], [&a[..], &heap[..]].concat()[..]);
@@ -552,7 +552,7 @@ fn tx(eal: &Eal) -> String {
     // Pool exhaustion is an error, not a hang or a leak.
     let mut scfg = TxConfig::new("ldv-txsmall", 3);
     scfg.cache_size = 0;
-    let small = TxChains::new(eal, &scfg).unwrap();
+    let mut small = TxChains::new(eal, &scfg).unwrap();
     let mut p3 = IoVec::new();
     for _ in 0..3 {
         p3.push(a.clone());
@@ -569,6 +569,13 @@ fn tx(eal: &Eal) -> String {
     let e = TxChains::new(eal, &{
         let mut c = TxConfig::new("ldv-txbad", 8);
         c.holds = 0;
+        c
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("holds"), "{e}");
+    let e = TxChains::new(eal, &{
+        let mut c = TxConfig::new("ldv-txbad", 8);
+        c.holds = zbuf::dpdk::MAX_HOLDS + 1;
         c
     })
     .unwrap_err();
@@ -682,7 +689,7 @@ fn memif_rx(eal: &Eal, sock: &str) -> String {
     assert!(slow_consumer_checked);
     assert_eq!(next as usize, FRAMES);
     // Tell the sender everything arrived, so it may close the link.
-    let tx = TxChains::new(eal, &TxConfig::new("ldv-mrxack", 64)).unwrap();
+    let mut tx = TxChains::new(eal, &TxConfig::new("ldv-mrxack", 64)).unwrap();
     let mut txq = port.tx_queue(0).unwrap();
     let mut ack = [0u8; 60];
     ack[12..14].copy_from_slice(&FIN_ACK);
@@ -734,7 +741,7 @@ fn memif_tx(eal: &Eal, sock: &str) -> String {
     let mut port = open_port(eal, rxp.mempool(), true, sock);
     reg.add_port(port.id()).unwrap();
     let mut txq = port.tx_queue(0).unwrap();
-    let tx = TxChains::new(eal, &TxConfig::new("ldv-mtx", 4095)).unwrap();
+    let mut tx = TxChains::new(eal, &TxConfig::new("ldv-mtx", 4095)).unwrap();
     let copies0 = copy_stats();
     let in_use0 = slab.stats().in_use();
 

@@ -11,7 +11,7 @@
 //! Everything is deterministic given the inputs and the [`Rng`].
 
 use crate::context::Rng;
-use crate::tables::neighbour::{NeighbourConfig, NeighbourTable, Resolution};
+use crate::tables::neighbour::{NeighbourConfig, NeighbourState, NeighbourTable, Resolution};
 use crate::tables::route::{NextHop, Route, RouteTable};
 use crate::tcp::conn::{Connection, Disposition, Events, FourTuple, OutSegment, SynInfo};
 use crate::tcp::isn::IsnGenerator;
@@ -280,7 +280,26 @@ struct Entry {
     /// complete). The flag, not the state at reclaim time, decides the decrement: a
     /// SYN-RECEIVED connection that times out or is reset is Closed when it is freed.
     counted_half_open: bool,
+    /// The next hop's MAC as last resolved (see [`NextHopMac`]).
+    hop_mac: Option<NextHopMac>,
 }
+
+/// A connection's copy of its next hop's neighbour entry, taken while that entry was
+/// `Reachable` or `Permanent`. Valid while the table is unchanged (`epoch`) and before
+/// `until` (never past the entry's own expiry). While valid, a table `lookup` would
+/// answer `mac` and a `learn` of `mac` from the peer's segments would change nothing, so
+/// both are skipped: each walks the table, ~400 instructions per frame pair. The one
+/// thing skipped for real is the entry's `last_used` stamp (eviction order), which
+/// `until` bounds to lag by at most [`HOP_MAC_REFRESH`].
+#[derive(Clone, Copy)]
+struct NextHopMac {
+    mac: EthernetAddress,
+    epoch: u64,
+    until: Instant,
+}
+
+/// Longest a connection trusts its [`NextHopMac`] before looking the entry up again.
+const HOP_MAC_REFRESH: Duration = Duration::from_secs(1);
 
 struct Slot {
     gen: u32,
@@ -318,6 +337,14 @@ pub struct Stack<R: Rng> {
     free: Vec<u32>,
     live: usize,
     by_tuple: HashMap<FourTuple, u32, KeyedHasher>,
+    /// The demux answer for the last segment: a connection's segments come in bursts
+    /// (a message is several segments), which then skip the keyed hash. Cleared whenever
+    /// `by_tuple` changes.
+    last_hit: Option<(FourTuple, u32)>,
+    /// Bumped whenever a neighbour entry may have changed state or address, or entries
+    /// came or went (and whenever the application takes the table): invalidates every
+    /// connection's [`NextHopMac`].
+    nb_epoch: u64,
     listeners: Vec<Option<Listener>>,
     listener_by_port: HashMap<u16, u32, KeyedHasher>,
     isn: IsnGenerator,
@@ -382,6 +409,8 @@ impl<R: Rng> Stack<R> {
             free: Vec::new(),
             live: 0,
             by_tuple: HashMap::with_hasher(hasher),
+            last_hit: None,
+            nb_epoch: 0,
             listeners: Vec::new(),
             listener_by_port: HashMap::with_hasher(hasher),
             isn,
@@ -411,9 +440,48 @@ impl<R: Rng> Stack<R> {
         self.cfg.addr.address()
     }
 
+    /// The neighbour table, read only.
+    pub fn neighbours(&self) -> &NeighbourTable {
+        &self.neighbours
+    }
+
     /// The neighbour table (filled by ARP, statically, or by netlink-sync).
     pub fn neighbours_mut(&mut self) -> &mut NeighbourTable {
+        // The caller may change anything: connections look their next hop up again.
+        self.nb_epoch += 1;
         &mut self.neighbours
+    }
+
+    /// Runs a neighbour-table operation about `ip` and invalidates the connections'
+    /// cached next-hop MACs if it changed `ip`'s address or state, or added or removed
+    /// entries (an insert may evict another entry). A refreshed expiry alone does not
+    /// count: it only moves later, and a cache never outlives the expiry it was taken at.
+    fn nb_update<T>(&mut self, ip: Ipv4Addr, f: impl FnOnce(&mut NeighbourTable) -> T) -> T {
+        let key = |t: &NeighbourTable| (t.len(), t.get(ip).map(|n| (n.hardware_addr, n.state)));
+        let before = key(&self.neighbours);
+        let r = f(&mut self.neighbours);
+        let after = key(&self.neighbours);
+        if before != after {
+            self.nb_epoch += 1;
+        }
+        r
+    }
+
+    /// A [`NextHopMac`] for `ip` if its entry is `Reachable` or `Permanent` at `now`.
+    fn hop_mac_of(&self, ip: Ipv4Addr, now: Instant) -> Option<NextHopMac> {
+        let n = self.neighbours.get(ip)?;
+        let mac = n.hardware_addr?;
+        let refresh = now + HOP_MAC_REFRESH;
+        let until = match n.state {
+            NeighbourState::Permanent => refresh,
+            NeighbourState::Reachable => n.expires_at?.min(refresh),
+            NeighbourState::Stale | NeighbourState::Incomplete => return None,
+        };
+        (now < until).then_some(NextHopMac {
+            mac,
+            epoch: self.nb_epoch,
+            until,
+        })
     }
 
     /// The route table.
@@ -507,6 +575,7 @@ impl<R: Rng> Stack<R> {
             let tuple = e.conn.tuple();
             if self.by_tuple.get(&tuple) == Some(&idx) {
                 self.by_tuple.remove(&tuple);
+                self.last_hit = None;
             }
         }
     }
@@ -681,9 +750,11 @@ impl<R: Rng> Stack<R> {
             next_hop,
             held: None,
             counted_half_open: false,
+            hop_mac: None,
         };
         let idx = self.alloc_slot(entry).ok_or(ConnectError::TableFull)?;
         self.by_tuple.insert(tuple, idx);
+        self.last_hit = None;
         self.counters.active_opens += 1;
         self.after_activity(idx, now);
         Ok(self.handle_of(idx))
@@ -967,15 +1038,11 @@ impl<R: Rng> Stack<R> {
         // RFC 826 "Packet Reception": merge the sender into the table; create an entry only
         // when we are the target.
         let sender = arp.sender_protocol_addr;
-        let learned = match arp.operation {
-            ArpOperation::Reply if for_us => {
-                self.neighbours
-                    .confirm(sender, arp.sender_hardware_addr, now)
-            }
-            _ => self
-                .neighbours
-                .learn(sender, arp.sender_hardware_addr, now, for_us),
-        };
+        let sha = arp.sender_hardware_addr;
+        let learned = self.nb_update(sender, |t| match arp.operation {
+            ArpOperation::Reply if for_us => t.confirm(sender, sha, now),
+            _ => t.learn(sender, sha, now, for_us),
+        });
         if learned.is_err() {
             self.counters.drop(StackDrop::TableFull);
         }
@@ -1172,7 +1239,15 @@ impl<R: Rng> Stack<R> {
             local: SocketAddrV4::new(ip.dst_addr, seg.dst_port),
             remote: SocketAddrV4::new(ip.src_addr, seg.src_port),
         };
-        if let Some(idx) = self.by_tuple.get(&tuple).copied() {
+        let hit = match self.last_hit {
+            Some((t, idx)) if t == tuple => Some(idx),
+            _ => {
+                let found = self.by_tuple.get(&tuple).copied();
+                self.last_hit = found.map(|idx| (tuple, idx));
+                found
+            }
+        };
+        if let Some(idx) = hit {
             let e = self.slots[idx as usize]
                 .entry
                 .as_deref_mut()
@@ -1194,12 +1269,39 @@ impl<R: Rng> Stack<R> {
             if !reuse {
                 // The peer's MAC is learned from its segments: no ARP round trip is needed to
                 // answer a connection the kernel-side neighbour table does not know yet.
-                let _ = self.neighbours.learn(ip.src_addr, src_mac, now, false);
+                // Skipped while the connection's cached entry says it would change nothing.
+                let cached = e.next_hop == ip.src_addr
+                    && e.hop_mac.is_some_and(|c| {
+                        c.epoch == self.nb_epoch && now < c.until && c.mac == src_mac
+                    });
+                if !cached {
+                    let src = ip.src_addr;
+                    let _ = self.nb_update(src, |t| t.learn(src, src_mac, now, false));
+                }
+                let e = self.slots[idx as usize]
+                    .entry
+                    .as_deref_mut()
+                    .expect("tuple map is consistent");
+                let una = e.conn.snd_una();
                 if e.conn.on_segment(now, &seg, payload) == Disposition::Remove {
                     self.free_slot(idx);
-                } else {
-                    self.after_activity(idx, now);
+                    return;
                 }
+                // RFC 4861 §7.3.1 (as Linux's dst_confirm): an ACK of new data proves
+                // forward progress, so the peer is reachable at the MAC it sent from. The
+                // entry becomes Reachable and the connection caches it, which then skips
+                // the per-segment learn above and the lookup on transmit.
+                let progressed = e.conn.snd_una() != una;
+                let direct = e.next_hop == ip.src_addr;
+                if progressed && direct && !cached {
+                    let src = ip.src_addr;
+                    let _ = self.nb_update(src, |t| t.confirm(src, src_mac, now));
+                    let fresh = self.hop_mac_of(src, now);
+                    if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
+                        e.hop_mac = fresh;
+                    }
+                }
+                self.after_activity(idx, now);
                 return;
             }
             if e.owner == Owner::App {
@@ -1301,9 +1403,9 @@ impl<R: Rng> Stack<R> {
         };
         let full = lst.half_open + lst.accept_queue.len() >= lst.backlog
             || self.live >= self.cfg.max_connections;
-        let _ = self
-            .neighbours
-            .learn(ip_of(&tuple.remote), src_mac, now, true);
+        let _ = self.nb_update(ip_of(&tuple.remote), |t| {
+            t.learn(ip_of(&tuple.remote), src_mac, now, true)
+        });
         if full {
             if self.cfg.syn_cookies {
                 return self.send_cookie_syn_ack(now, tuple, seg, src_mac);
@@ -1352,9 +1454,11 @@ impl<R: Rng> Stack<R> {
             next_hop,
             held: None,
             counted_half_open: true,
+            hop_mac: None,
         };
         let idx = self.alloc_slot(entry)?;
         self.by_tuple.insert(tuple, idx);
+        self.last_hit = None;
         if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
             lst.half_open += 1;
         }
@@ -1492,7 +1596,22 @@ impl<R: Rng> Stack<R> {
                 continue;
             };
             let _ = gen;
-            match self.resolve(now, next_hop) {
+            let cached = e
+                .hop_mac
+                .filter(|c| c.epoch == self.nb_epoch && now < c.until)
+                .map(|c| c.mac);
+            let mac = match cached {
+                Some(mac) => Some(mac),
+                None => {
+                    let mac = self.resolve(now, next_hop);
+                    let fresh = self.hop_mac_of(next_hop, now);
+                    if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
+                        e.hop_mac = fresh;
+                    }
+                    mac
+                }
+            };
+            match mac {
                 Some(mac) => {
                     let tuple = self.slots[idx as usize]
                         .entry
@@ -1527,7 +1646,7 @@ impl<R: Rng> Stack<R> {
 
     /// The MAC for `ip`, sending an ARP request (rate limited) when it is unknown.
     fn resolve(&mut self, now: Instant, ip: Ipv4Addr) -> Option<EthernetAddress> {
-        match self.neighbours.lookup(ip, now) {
+        match self.nb_update(ip, |t| t.lookup(ip, now)) {
             Resolution::Resolved(mac) | Resolution::Stale(mac) => return Some(mac),
             Resolution::Pending | Resolution::Unknown => {}
         }
@@ -1536,7 +1655,7 @@ impl<R: Rng> Stack<R> {
             .get(&ip)
             .is_none_or(|&at| now.saturating_duration_since(at) >= self.cfg.arp_retry);
         if due {
-            let _ = self.neighbours.start_resolution(ip, now);
+            let _ = self.nb_update(ip, |t| t.start_resolution(ip, now));
             self.arp_sent.insert(ip, now);
             let req = ArpRepr {
                 operation: ArpOperation::Request,

@@ -817,3 +817,49 @@ fn rfc6191_time_wait_reuse_keeps_the_application_handle_valid() {
     assert_eq!(net.b.state(s), Some(State::TimeWait), "old handle valid");
     assert_eq!(net.b.close_reason(s), Some(CloseReason::Normal));
 }
+
+/// RFC 4861 §7.3.1 (reachability confirmation by upper layers, as Linux's dst_confirm):
+/// the server learned the client from its SYN (Stale); the ACK of its SYN-ACK confirms
+/// it Reachable. The connection then caches the MAC, yet a peer that moves to a
+/// new MAC is followed at once, and a MAC set through `neighbours_mut` is used.
+#[test]
+fn rfc4861_7_3_1_forward_progress_confirms_the_peer_and_mac_changes_are_followed() {
+    const MAC_C: EthernetAddress = EthernetAddress([0x02, 0, 0, 0, 0, 3]);
+    const MAC_D: EthernetAddress = EthernetAddress([0x02, 0, 0, 0, 0, 4]);
+    let mut net = Net::pair();
+    let (c, s) = connected(&mut net);
+    // B learned A from its SYN (Stale, no ARP); A's ACK of B's SYN-ACK is progress.
+    let state = net.b.neighbours().get(ip_a()).map(|e| e.state);
+    assert_eq!(state, Some(NeighbourState::Reachable), "forward progress");
+
+    // A moves to MAC_C: its next segment comes from there, and B answers there.
+    net.a.send(c, &Zbuf::copy_from_slice(b"moved")).unwrap();
+    let now = net.now;
+    while let Some(f) = net.a.poll_transmit(now) {
+        let mut v = f.to_vec();
+        v[6..12].copy_from_slice(&MAC_C.0);
+        net.b.handle_frame(now, Zbuf::copy_from_slice(&v));
+    }
+    net.b.recv(s).unwrap();
+    net.b.send(s, &Zbuf::copy_from_slice(b"there")).unwrap();
+    let mut sent = 0;
+    while let Some(f) = net.b.poll_transmit(now) {
+        assert_eq!(
+            EthernetFrame::new_checked(f.to_vec()).unwrap().dst_addr(),
+            MAC_C
+        );
+        sent += 1;
+    }
+    assert!(sent > 0);
+    // The application rewrites the entry: the next segment goes to MAC_D.
+    net.b
+        .neighbours_mut()
+        .insert_permanent(ip_a(), MAC_D)
+        .unwrap();
+    net.b.send(s, &Zbuf::copy_from_slice(b"again")).unwrap();
+    let f = net.b.poll_transmit(now).expect("data segment");
+    assert_eq!(
+        EthernetFrame::new_checked(f.to_vec()).unwrap().dst_addr(),
+        MAC_D
+    );
+}

@@ -195,6 +195,13 @@ impl<P: Payload> Assembler<P> {
         self.segs.is_empty()
     }
 
+    /// Whether [`sack_blocks_keeping_dsack`](Self::sack_blocks_keeping_dsack) could report
+    /// a block or change state: false means it would return 0 and leave everything as is, so
+    /// a caller may skip it.
+    pub fn has_sack_info(&self) -> bool {
+        !self.segs.is_empty() || self.dsack.is_some() || self.recent_len > 0
+    }
+
     /// Counters.
     pub fn stats(&self) -> AssemblerStats {
         self.stats
@@ -486,6 +493,26 @@ impl<P: Payload> Assembler<P> {
             }
         }
         n
+    }
+}
+
+#[cfg(test)]
+impl<P: Payload + core::ops::Deref<Target = [u8]>> Assembler<P> {
+    /// The queue's state with payload contents hashed (not their addresses): for the
+    /// equivalence tests.
+    pub(crate) fn digest(&self) -> String {
+        let segs: Vec<(SeqNum, usize, u64)> = self
+            .segs
+            .iter()
+            .map(|(s, p)| (*s, p.len(), crate::tcp::seq::fnv1a(p)))
+            .collect();
+        format!(
+            "ooo(segs={segs:?} bytes={} recent={:?} dsack={:?} stats={:?})",
+            self.bytes,
+            &self.recent[..self.recent_len],
+            self.dsack,
+            self.stats
+        )
     }
 }
 

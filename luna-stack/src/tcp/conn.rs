@@ -507,6 +507,10 @@ impl Connection {
     pub fn tuple(&self) -> FourTuple {
         self.tuple
     }
+    /// SND.UNA: the oldest unacknowledged sequence number.
+    pub fn snd_una(&self) -> SeqNum {
+        self.snd_una
+    }
 
     /// The current state.
     pub fn state(&self) -> State {
@@ -813,6 +817,10 @@ impl Connection {
     pub fn on_segment(&mut self, now: Instant, seg: &TcpRepr, payload: Zbuf) -> Disposition {
         self.counters.segs_in += 1;
         self.last_rcv = now;
+        if self.cfg.header_prediction && self.header_predicted(seg, payload.len()) {
+            self.on_segment_predicted(now, seg, payload);
+            return Disposition::Keep;
+        }
         match self.state {
             State::Closed => Disposition::Keep,
             State::SynSent => {
@@ -822,6 +830,123 @@ impl Connection {
             }
             _ => self.on_segment_synchronized(now, seg, payload),
         }
+    }
+
+    /// Header prediction (Van Jacobson, "4BSD header prediction", 1990; BSD tcp_input, Linux
+    /// tcp_rcv_established): whether `seg` is an in-order segment in ESTABLISHED for which the
+    /// full processing of RFC 9293 §3.10.7.4 reduces to `on_segment_predicted`. Every
+    /// condition below rules out a branch of `process`; anything else takes the full path.
+    #[inline]
+    fn header_predicted(&self, seg: &TcpRepr, payload_len: usize) -> bool {
+        // RFC 9293 §3.10.7.4: the other states have their own ACK, text and FIN rules.
+        if self.state != State::Established {
+            return false;
+        }
+        // RFC 9293 §3.10.7.4 second to fifth checks (RST, SYN, no ACK) and eighth (FIN): only
+        // ACK, optionally PSH (which needs nothing on receive, RFC 9293 §3.9.1). URG, ECE and
+        // CWR go the full way too.
+        if seg.flags.0 & !TcpFlags::PSH.0 != TcpFlags::ACK.0 {
+            return false;
+        }
+        // RFC 9293 §3.10.7.4 first check: exactly in sequence (no trimming, no reassembly).
+        if seg.seq != self.rcv_nxt {
+            return false;
+        }
+        match (self.ts, seg.options.timestamps) {
+            // RFC 7323 §5.3 R1 (PAWS): TSval not older than TS.Recent passes without the
+            // one-tick tolerance the full path allows; RFC 7323 §4.3 TS.Recent is updated
+            // below under the same rule as the full path.
+            (Some(ts), Some(t)) if (t.tsval.wrapping_sub(ts.recent) as i32) >= 0 => {}
+            // Neither side uses timestamps.
+            (None, None) => {}
+            // RFC 7323 §3.2: a segment without timestamps once negotiated is dropped; an
+            // older TSval is PAWS' business; stray timestamps are left to the full path.
+            _ => return false,
+        }
+        // RFC 2018 / RFC 6675: SACK blocks, or SACK state to keep (renege check), need the
+        // scoreboard. RFC 6582 / RFC 6675: loss recovery has its own ACK processing.
+        if !seg.options.sack_blocks.is_empty() || !self.sb.ranges().is_empty() {
+            return false;
+        }
+        // RFC 6298 §5 / RFC 5681 §3.1: after an RTO SND.NXT rewinds below SND.MAX (go-back-N);
+        // a fast or partial-ACK retransmission may be pending.
+        if self.recovery.is_some() || self.snd_nxt != self.snd_max || self.rexmit_now.is_some() {
+            return false;
+        }
+        // RFC 9293 §3.8.6.1 (zero window, persist timer) and §3.10.7.4 fifth (window update):
+        // the send window is open and stays open. BSD's prediction demands an unchanged
+        // window because it then skips the update; ours runs the full path's update rule
+        // (SND.WL1/WL2), so only the zero-window transitions, which stop or start the
+        // persist timer, are excluded. (Our own receiver keeps its right edge fixed while
+        // data arrives, so the window field changes on most segments of a transfer.)
+        if self.snd_wnd == 0 || seg.window == 0 {
+            return false;
+        }
+        // RFC 9293 §3.6.1: an orphan's data is answered with RST.
+        if self.orphaned {
+            return false;
+        }
+        let ack = seg.ack;
+        if payload_len == 0 {
+            // A pure ACK acknowledges new data, SND.UNA < SEG.ACK =< SND.MAX (RFC 9293
+            // §3.10.7.4 fifth; RFC 5961 §5.2), or is a window update at SEG.ACK = SND.UNA that
+            // cannot be a duplicate ACK (RFC 5681 §2: nothing outstanding, or the window
+            // changed; with no SACK blocks RFC 6675 §5 adds nothing). Duplicate ACKs and old
+            // ACKs take the full path.
+            ack.le(self.snd_max)
+                && (ack.gt(self.snd_una)
+                    || (ack == self.snd_una
+                        && (self.snd_max == self.snd_una || seg.window != self.last_wnd_field)))
+        } else {
+            // Data: SND.UNA =< SEG.ACK =< SND.MAX (RFC 5961 §5.2; an ACK equal to SND.UNA on a
+            // segment with data is not a duplicate ACK, RFC 5681 §2); the payload fits the
+            // window we advertised (RFC 9293 §3.10.7.4: nothing to trim); nothing out of order
+            // is queued (RFC 5681 §4.2: a gap-filling segment is ACKed at once) and no FIN
+            // seen out of order waits (RFC 9293 §3.10.7.4 eighth).
+            ack.ge(self.snd_una)
+                && ack.le(self.snd_max)
+                && payload_len as u64 <= u64::from(self.rcv_wnd_for_check())
+                && self.ooo.is_empty()
+                && self.fin_seq.is_none()
+        }
+    }
+
+    /// The full processing of RFC 9293 §3.10.7.4 for a segment `header_predicted` accepted,
+    /// with the branches it ruled out left away: the same state changes, in the same order.
+    fn on_segment_predicted(&mut self, now: Instant, seg: &TcpRepr, payload: Zbuf) {
+        self.counters.fast_path_hits += 1;
+        let ack = seg.ack;
+        let len = payload.len() as u32;
+        // RFC 9293 §3.10.7.4 fifth: the ACK. The scoreboard sees it as on the full path (it
+        // tracks SND.UNA); with no blocks and no ranges it only moves its SND.UNA.
+        let info = self.sb.on_ack(ack, &[]);
+        debug_assert!(info.dsack.is_none() && info.newly_sacked_bytes == 0);
+        if ack.gt(self.snd_una) {
+            self.on_new_ack(now, ack);
+        }
+        // RFC 9293 §3.10.7.4: window update if SND.WL1 < SEG.SEQ or (SND.WL1 = SEG.SEQ and
+        // SND.WL2 =< SEG.ACK). Both windows are open (checked by the prediction), so the
+        // persist timer is not involved.
+        if self.snd_wl1.lt(seg.seq) || (self.snd_wl1 == seg.seq && self.snd_wl2.le(ack)) {
+            let wnd = u32::from(seg.window) << self.snd_wscale;
+            self.snd_wnd = wnd;
+            self.max_snd_wnd = self.max_snd_wnd.max(wnd);
+            self.snd_wl1 = seg.seq;
+            self.snd_wl2 = ack;
+        }
+        self.last_wnd_field = seg.window;
+        // RFC 7323 §4.3 (2): TS.Recent, after the ACK check as on the full path.
+        self.update_ts_recent_checked(now, seg, len);
+        // RFC 9293 §3.8.4: the peer is alive.
+        if self.keepalive.at.is_some() {
+            self.arm_keepalive(now);
+        }
+        // RFC 9293 §3.10.7.4 seventh: in-order text goes to the application.
+        if len > 0 {
+            self.deliver(payload);
+            self.schedule_ack(now, true);
+        }
+        self.arm_timers(now);
     }
 
     /// RFC 9293 §3.10.7.3: SEGMENT ARRIVES in SYN-SENT.
@@ -1324,51 +1449,8 @@ impl Connection {
             self.counters.dsacks += 1;
         }
 
-        let in_flight_before = self.snd_max - self.snd_una;
         if ack.gt(self.snd_una) {
-            // New data acknowledged.
-            let acked = ack - self.snd_una;
-            // The SYN occupies the first sequence number; FIN the one after the data.
-            self.sndq.ack_to(ack);
-            self.snd_una = ack;
-            if self.snd_nxt.lt(self.snd_una) {
-                self.snd_nxt = self.snd_una;
-            }
-            self.retries = 0;
-            self.persist_backoff = 0;
-            self.keepalive.probes_sent = 0;
-            self.take_rtt_sample(now, ack);
-            self.events.writable = true;
-            match self.recovery {
-                Some(recover) if ack.ge(recover) => {
-                    // RFC 6582 §3.2 step 3 (full acknowledgment) / RFC 6675 §5: exit recovery.
-                    self.recovery = None;
-                    self.last_recover = recover;
-                    self.dupacks = 0;
-                    self.cc.on_exit_recovery(now, self.snd_max - self.snd_una);
-                }
-                Some(_) => {
-                    // RFC 6582 §3.2 step 3 (partial acknowledgment): retransmit the first
-                    // unacknowledged segment and deflate. With SACK, NextSeg drives
-                    // retransmissions.
-                    if !self.sack_ok {
-                        self.rexmit_now = Some(self.snd_una);
-                        self.inflation.on_partial_ack(acked, self.snd_mss);
-                    }
-                }
-                None => {
-                    self.dupacks = 0;
-                    let app_limited = self.sndq.end().le(self.snd_max) && !self.fin_queued;
-                    self.cc
-                        .on_ack(now, acked, &self.rtt, in_flight_before, app_limited);
-                }
-            }
-            // RFC 6298 §5.2/5.3: stop the timer when all is acknowledged, else restart it.
-            if self.snd_una == self.snd_max {
-                self.rto_at = None;
-            } else {
-                self.rto_at = Some(now + self.rtt.rto());
-            }
+            self.on_new_ack(now, ack);
         } else if ack == self.snd_una && self.snd_max.gt(self.snd_una) {
             // RFC 5681 §2 duplicate ACK: no data, no SYN/FIN, same window, data outstanding.
             // RFC 6675 §5: with SACK, an ACK that SACKs new data counts too.
@@ -1440,6 +1522,55 @@ impl Connection {
         true
     }
 
+    /// RFC 9293 §3.10.7.4 fifth, SND.UNA < SEG.ACK =< SND.NXT: new data acknowledged. Shared
+    /// by the full path and header prediction.
+    #[inline]
+    fn on_new_ack(&mut self, now: Instant, ack: SeqNum) {
+        let in_flight_before = self.snd_max - self.snd_una;
+        let acked = ack - self.snd_una;
+        // The SYN occupies the first sequence number; FIN the one after the data.
+        self.sndq.ack_to(ack);
+        self.snd_una = ack;
+        if self.snd_nxt.lt(self.snd_una) {
+            self.snd_nxt = self.snd_una;
+        }
+        self.retries = 0;
+        self.persist_backoff = 0;
+        self.keepalive.probes_sent = 0;
+        self.take_rtt_sample(now, ack);
+        self.events.writable = true;
+        match self.recovery {
+            Some(recover) if ack.ge(recover) => {
+                // RFC 6582 §3.2 step 3 (full acknowledgment) / RFC 6675 §5: exit recovery.
+                self.recovery = None;
+                self.last_recover = recover;
+                self.dupacks = 0;
+                self.cc.on_exit_recovery(now, self.snd_max - self.snd_una);
+            }
+            Some(_) => {
+                // RFC 6582 §3.2 step 3 (partial acknowledgment): retransmit the first
+                // unacknowledged segment and deflate. With SACK, NextSeg drives
+                // retransmissions.
+                if !self.sack_ok {
+                    self.rexmit_now = Some(self.snd_una);
+                    self.inflation.on_partial_ack(acked, self.snd_mss);
+                }
+            }
+            None => {
+                self.dupacks = 0;
+                let app_limited = self.sndq.end().le(self.snd_max) && !self.fin_queued;
+                self.cc
+                    .on_ack(now, acked, &self.rtt, in_flight_before, app_limited);
+            }
+        }
+        // RFC 6298 §5.2/5.3: stop the timer when all is acknowledged, else restart it.
+        if self.snd_una == self.snd_max {
+            self.rto_at = None;
+        } else {
+            self.rto_at = Some(now + self.rtt.rto());
+        }
+    }
+
     fn enter_recovery(&mut self, now: Instant) {
         let in_flight = self.snd_max - self.snd_una;
         self.recovery = Some(self.snd_max);
@@ -1498,17 +1629,12 @@ impl Connection {
 
     /// The earliest instant at which `on_timeout` has work to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [
-            self.rto_at,
-            self.persist_at,
-            self.ack_at,
-            self.tw_at,
-            self.fin_wait2_at,
-            self.keepalive.at,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        // Called after every input by the stack: plain comparisons, no iterator chain.
+        let mut at = earliest(self.rto_at, self.persist_at);
+        at = earliest(at, self.ack_at);
+        at = earliest(at, self.tw_at);
+        at = earliest(at, self.fin_wait2_at);
+        earliest(at, self.keepalive.at)
     }
 
     fn arm_keepalive(&mut self, now: Instant) {
@@ -1677,6 +1803,19 @@ enum Rexmit {
     Rescue,
 }
 
+/// The earlier of two optional deadlines.
+#[inline]
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+/// Header bytes of the timestamps option as emitted (NOP, NOP, kind, length, 8 bytes).
+const TS_OPTION_LEN: u32 = 12;
+
 /// Bytes a set of options occupies in the header, exactly as the emitter lays them out
 /// (NOP-aligned, RFC 9293 §3.1). Counting them without the NOPs undercounted TS + SACK by 4
 /// and produced frames 4 bytes over the MTU during loss recovery.
@@ -1788,7 +1927,9 @@ impl Connection {
                 tsecr: ts.recent,
             });
         }
-        if self.sack_ok {
+        // Without out-of-order data, a pending D-SACK or blocks still being reported the scan
+        // would find nothing and change nothing: skip it (the common, in-order case).
+        if self.sack_ok && self.ooo.has_sack_info() {
             // With timestamps at most 3 blocks fit in 40 bytes of options.
             let max = if opts.timestamps.is_some() {
                 3
@@ -1965,7 +2106,19 @@ impl Connection {
 
     /// Largest payload that fits in one segment next to `opts`.
     fn max_payload(&self, opts: &TcpOptions) -> u32 {
-        self.snd_mss.saturating_sub(options_len(opts)).max(1)
+        // Data segments carry at most timestamps and SACK blocks; without blocks the length
+        // is known without walking the options.
+        let len = if opts.sack_blocks.is_empty() {
+            if opts.timestamps.is_some() {
+                TS_OPTION_LEN
+            } else {
+                0
+            }
+        } else {
+            options_len(opts)
+        };
+        debug_assert_eq!(len, options_len(opts));
+        self.snd_mss.saturating_sub(len).max(1)
     }
 
     /// Retransmit up to one MSS (and at most `limit` bytes) starting at `seq`.
@@ -2143,5 +2296,111 @@ impl Connection {
 }
 
 #[cfg(test)]
+impl Connection {
+    /// Every field of the connection (the fast-path counter left out) in one string: two
+    /// connections with equal digests are in the same state. For the equivalence tests.
+    pub(crate) fn digest(&self) -> String {
+        let mut counters = self.counters.clone();
+        counters.fast_path_hits = 0;
+        let rcvq: Vec<(usize, u64)> = self
+            .rcvq
+            .iter()
+            .map(|z| (z.len(), super::seq::fnv1a(z)))
+            .collect();
+        let mut out = String::new();
+        macro_rules! put {
+            ($($f:expr),* $(,)?) => { $( out.push_str(&format!("{:?};", $f)); )* };
+        }
+        put!(
+            self.tuple,
+            self.state,
+            self.passive,
+            self.iss,
+            self.snd_una,
+            self.snd_nxt
+        );
+        put!(
+            self.snd_max,
+            self.snd_wnd,
+            self.max_snd_wnd,
+            self.snd_wl1,
+            self.snd_wl2
+        );
+        put!(
+            self.snd_wscale,
+            self.snd_mss,
+            self.sndq.digest(),
+            self.fin_queued,
+            self.irs
+        );
+        put!(
+            self.rcv_nxt,
+            self.rcv_wscale,
+            self.rcv_adv,
+            rcvq,
+            self.rcvq_len,
+            self.ooo.digest()
+        );
+        put!(
+            self.fin_seq,
+            self.fin_rcvd,
+            self.rtt,
+            self.cc,
+            self.sb,
+            self.dupacks
+        );
+        put!(
+            self.recovery,
+            self.last_recover,
+            self.inflation,
+            self.rexmit_now
+        );
+        put!(
+            self.syn_retransmitted,
+            self.rtt_probe,
+            self.rto_at,
+            self.persist_at
+        );
+        put!(
+            self.persist_backoff,
+            self.retries,
+            self.last_send,
+            self.last_rcv
+        );
+        put!(
+            self.last_wnd_field,
+            self.ack_now,
+            self.dupacks_owed,
+            self.ack_at
+        );
+        put!(
+            self.last_ack_sent,
+            self.ts,
+            self.sack_ok,
+            self.challenge,
+            self.oow_ack_at
+        );
+        put!(
+            self.keepalive,
+            self.send_keepalive,
+            self.send_window_probe,
+            self.wscale_ok
+        );
+        put!(
+            self.tw_at,
+            self.orphaned,
+            self.fin_wait2_at,
+            self.rst_pending
+        );
+        put!(self.close_reason, self.events, counters);
+        out
+    }
+}
+
+#[cfg(test)]
 #[path = "conn_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "fastpath_tests.rs"]
+mod fastpath_tests;

@@ -91,6 +91,9 @@ pub struct ConnCounters {
     pub window_probes: u64,
     /// Keepalive probes sent.
     pub keepalive_probes: u64,
+    /// Segments handled by header prediction (the ESTABLISHED fast path) instead of the full
+    /// RFC 9293 §3.10.7.4 processing. Included in `segs_in`.
+    pub fast_path_hits: u64,
     /// Drops by reason, indexed like [`DropReason::ALL`].
     pub drops: [u64; DropReason::ALL.len()],
 }
@@ -123,6 +126,7 @@ impl ConnCounters {
         self.sack_renegings += o.sack_renegings;
         self.window_probes += o.window_probes;
         self.keepalive_probes += o.keepalive_probes;
+        self.fast_path_hits += o.fast_path_hits;
         for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {
             *a += b;
         }

@@ -310,6 +310,18 @@ impl Scoreboard {
             self.stats.acks_beyond_snd_max += 1;
             return info;
         }
+        if blocks.is_empty() && self.ranges.is_empty() {
+            // SACK idle (the common case): only the cumulative ACK moves. Same result as the
+            // general path below with nothing to trim and no block to read.
+            if ack.gt(self.snd_una) {
+                info.acked_bytes = ack - self.snd_una;
+                self.snd_una = ack;
+                if self.high_rxt.lt(ack) {
+                    self.high_rxt = ack;
+                }
+            }
+            return info;
+        }
         if ack.gt(self.snd_una) {
             info.acked_bytes = ack - self.snd_una;
             self.advance_una(ack);

@@ -110,6 +110,23 @@ impl SendQueue {
 }
 
 #[cfg(test)]
+impl SendQueue {
+    /// The queue's state with buffer contents hashed (not their addresses): for the
+    /// equivalence tests.
+    pub(crate) fn digest(&self) -> String {
+        let bytes: Vec<u8> = self.bufs.iter().flat_map(|b| b.iter().copied()).collect();
+        format!(
+            "sndq(head={:?} len={} n={} cursor={:?} fnv={:x})",
+            self.head,
+            self.len,
+            self.bufs.len(),
+            self.cursor,
+            crate::tcp::seq::fnv1a(&bytes)
+        )
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

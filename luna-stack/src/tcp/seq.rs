@@ -123,6 +123,14 @@ impl fmt::Display for SeqNum {
     }
 }
 
+/// FNV-1a over `bytes`: a cheap content fingerprint for test digests.
+#[cfg(test)]
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

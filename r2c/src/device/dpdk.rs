@@ -10,10 +10,16 @@
 //!   they are not payload) chained to one external-buffer mbuf per payload segment
 //!   ([`TxChains`]); the payload `Zbuf`s stay referenced until DPDK frees the mbufs.
 //! * Checksums: offloads are reported only when the hardware does them. The software
-//!   PMDs (memif, tap, af_packet, ring, null, ...) report none — net_tap advertises
-//!   checksum offloads but computes them in software inside the PMD, on a copy of the
-//!   header, which gains nothing — and received checksums are always verified in software
-//!   (DPDK flags them per packet, which the stack cannot be told).
+//!   PMDs (tap, af_packet, null, ...) report none — net_tap advertises checksum offloads
+//!   but computes them in software inside the PMD, on a copy of the header, which gains
+//!   nothing — and received checksums are always verified in software (DPDK flags them
+//!   per packet, which the stack cannot be told).
+//! * Virtual links ([`DpdkDeviceConfig::virtual_link_checksums`], on by default): memif
+//!   and ring ports move frames between processes through shared memory, which cannot
+//!   corrupt them, so the device reports checksums as offloaded (computed and verified by
+//!   nobody), as Linux does on veth (`CHECKSUM_PARTIAL` / `CHECKSUM_UNNECESSARY`). Both
+//!   ends of such a link must agree: a peer that verifies checksums would drop our
+//!   frames. Turn it off for that peer (or to measure the software checksum cost).
 //!
 //! # Threading rules (for the runtime)
 //!
@@ -64,6 +70,10 @@ const SOFTWARE_PMDS: &[&str] = &[
     "net_af_xdp",
 ];
 
+/// PMDs whose link is shared memory between processes on one host: a frame arrives as it
+/// was written, so checksums protect nothing (see `virtual_link_checksums`).
+const VIRTUAL_LINK_PMDS: &[&str] = &["net_memif", "net_ring"];
+
 /// Configuration of [`DpdkDevice::open`].
 #[derive(Debug, Clone)]
 pub struct DpdkDeviceConfig {
@@ -97,6 +107,13 @@ pub struct DpdkDeviceConfig {
     /// which copy every frame anyway, one flat copy of a small frame can cost less than
     /// building and freeing a chain; the bytes are counted in `copied_bytes`.
     pub tx_copy_max: usize,
+    /// On a virtual link (net_memif, net_ring: shared memory that cannot corrupt a
+    /// frame) the stack neither computes nor verifies IPv4/TCP/ICMP checksums: the
+    /// device reports them offloaded ([`ChecksumCaps::offloaded`]) while asking the PMD
+    /// for nothing. On by default; ignored for every other PMD (tap, af_packet and NICs
+    /// keep software checksums or real offloads). Both ends of the link must use the
+    /// same setting.
+    pub virtual_link_checksums: bool,
 }
 
 impl DpdkDeviceConfig {
@@ -117,6 +134,7 @@ impl DpdkDeviceConfig {
             pool_prefix: "r2c".into(),
             checksum_offload: true,
             tx_copy_max: 0,
+            virtual_link_checksums: true,
         }
     }
 
@@ -275,6 +293,26 @@ pub fn checksum_caps(driver: &str, tx_offload_capa: u64) -> ChecksumCaps {
     }
 }
 
+/// The checksum capabilities the stack gets and the ones the port is configured with:
+/// equal, except on a virtual link, where the stack skips checksums and the port is asked
+/// for nothing.
+fn device_caps(
+    driver: &str,
+    tx_offload_capa: u64,
+    checksum_offload: bool,
+    virtual_link_checksums: bool,
+) -> (ChecksumCaps, ChecksumCaps) {
+    if virtual_link_checksums && VIRTUAL_LINK_PMDS.contains(&driver) {
+        return (ChecksumCaps::offloaded(), ChecksumCaps::software());
+    }
+    let hw = if checksum_offload {
+        checksum_caps(driver, tx_offload_capa)
+    } else {
+        ChecksumCaps::software()
+    };
+    (hw, hw)
+}
+
 fn tx_offloads_for(caps: &ChecksumCaps) -> u64 {
     let mut o = 0;
     if !caps.ipv4.tx() {
@@ -331,11 +369,12 @@ impl DpdkDevice {
         cfg.validate()?;
         let mut port = Port::by_name(eal, &cfg.port)?;
         let info = port.info()?;
-        let caps = if cfg.checksum_offload {
-            checksum_caps(&info.driver_name, info.tx_offload_capa)
-        } else {
-            ChecksumCaps::software()
-        };
+        let (caps, hw_caps) = device_caps(
+            &info.driver_name,
+            info.tx_offload_capa,
+            cfg.checksum_offload,
+            cfg.virtual_link_checksums,
+        );
         let multi_seg = info.tx_offload_capa & ffi::RTE_ETH_TX_OFFLOAD_MULTI_SEGS != 0;
         let dma = !SOFTWARE_PMDS.contains(&info.driver_name.as_str());
         let rx = Arc::new(RxPool::new(
@@ -353,7 +392,7 @@ impl DpdkDevice {
             tx_queues: cfg.queues,
             rx_desc: cfg.rx_desc,
             tx_desc: cfg.tx_desc,
-            tx_offloads: tx_offloads_for(&caps)
+            tx_offloads: tx_offloads_for(&hw_caps)
                 | (info.tx_offload_capa & ffi::RTE_ETH_TX_OFFLOAD_MULTI_SEGS),
             mtu: cfg.mtu,
             ..PortConf::default()
@@ -410,7 +449,8 @@ impl DpdkDevice {
                 mac,
                 mtu,
                 caps,
-                offload: caps != ChecksumCaps::software(),
+                // Mbuf offload flags only for what the hardware does.
+                offload: hw_caps != ChecksumCaps::software(),
                 tx_copy_max: cfg.tx_copy_max,
                 stats: DeviceStats::default(),
                 dstats: DpdkStats::default(),
@@ -664,6 +704,42 @@ mod tests {
             ffi::RTE_ETH_TX_OFFLOAD_IPV4_CKSUM
         );
         assert_eq!(tx_offloads_for(&ChecksumCaps::software()), 0);
+    }
+
+    #[test]
+    fn virtual_links_skip_checksums_unless_turned_off() {
+        let all = ffi::RTE_ETH_TX_OFFLOAD_IPV4_CKSUM | ffi::RTE_ETH_TX_OFFLOAD_TCP_CKSUM;
+        for pmd in ["net_memif", "net_ring"] {
+            let (stack, hw) = device_caps(pmd, 0, true, true);
+            assert_eq!(stack, ChecksumCaps::offloaded(), "{pmd}: nobody checksums");
+            assert_eq!(
+                hw,
+                ChecksumCaps::software(),
+                "{pmd}: the PMD is asked for nothing"
+            );
+            assert_eq!(tx_offloads_for(&hw), 0);
+            let (stack, hw) = device_caps(pmd, 0, true, false);
+            assert_eq!(
+                (stack, hw),
+                (ChecksumCaps::software(), ChecksumCaps::software())
+            );
+        }
+        // Links that reach a kernel or a wire keep software checksums (or real offloads).
+        for pmd in ["net_tap", "net_af_packet", "net_null"] {
+            let (stack, hw) = device_caps(pmd, all, true, true);
+            assert_eq!(
+                (stack, hw),
+                (ChecksumCaps::software(), ChecksumCaps::software())
+            );
+        }
+        let (stack, hw) = device_caps("net_ice", all, true, true);
+        assert_eq!(stack, hw);
+        assert!(
+            !stack.tcp.tx() && stack.tcp.rx(),
+            "a NIC fills, software verifies"
+        );
+        let (stack, _) = device_caps("net_ice", all, false, true);
+        assert_eq!(stack, ChecksumCaps::software());
     }
 
     #[test]

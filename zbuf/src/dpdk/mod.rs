@@ -36,8 +36,9 @@
 //! * The TX free callback runs wherever DPDK frees the mbuf: inside `rte_eth_tx_burst`
 //!   on the transmitting core for memif, tap and af_packet (they copy and free at once),
 //!   at a later burst on the same queue for NICs that DMA, or on whichever thread drops
-//!   an unsent chain. The hold table's free list is a lock-free MPMC queue and its
-//!   counters are atomic, so any thread is fine.
+//!   an unsent chain. The hold table's free list is a lock-free LIFO stack (the hold freed
+//!   last is reused first, its cache lines still hot), so any thread is fine. The
+//!   builder's counters are plain integers: `TxChains::build` takes `&mut self`.
 //! * [`RxPool`] and [`TxChains`] are `Send + Sync`; a queue (and so a device using them)
 //!   belongs to one thread at a time (see `dpdk_sys::ethdev`).
 //!
@@ -56,7 +57,7 @@ use std::ptr::NonNull;
 
 pub use registry::{DmaRegistry, RegistryStats};
 pub use rx::{mbuf_to_zbuf, mbuf_to_zbuf_copied, RxPool, RxPoolConfig};
-pub use tx::{TxChains, TxConfig, TxError, TxOffloadRequest, TxStats};
+pub use tx::{TxChains, TxConfig, TxError, TxOffloadRequest, TxStats, MAX_HOLDS};
 
 use crate::obj::ObjMeta;
 use dpdk_sys::ffi;

@@ -3,10 +3,9 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crossbeam_queue::ArrayQueue;
 use dpdk_sys::{ffi, Eal, Mbuf, Mempool, PoolConfig};
 
 use super::{DmaRegistry, DpdkError};
@@ -15,6 +14,9 @@ use crate::{IoVec, Zbuf};
 
 /// Longest external buffer one mbuf can describe (`buf_len` is 16-bit).
 const MAX_EXT_LEN: usize = u16::MAX as usize;
+
+/// Largest hold table (the free-list head packs an index and two 20-bit counters).
+pub const MAX_HOLDS: u32 = (1 << 20) - 1;
 
 /// Parameters of [`TxChains::new`].
 #[derive(Debug, Clone)]
@@ -28,7 +30,8 @@ pub struct TxConfig {
     /// Data room per mbuf, headroom included: headers go here, and so does the payload
     /// when it has to be copied (port without multi-segment support).
     pub data_room: u16,
-    /// Attachments in flight at most (the bound on shared-info storage).
+    /// Attachments in flight at most (the bound on shared-info storage); at most
+    /// [`MAX_HOLDS`].
     pub holds: u32,
     /// The port takes mbuf chains (`RTE_ETH_TX_OFFLOAD_MULTI_SEGS`); without it every
     /// frame is linearized into the header mbuf, a counted copy.
@@ -128,24 +131,107 @@ pub struct TxStats {
 struct Hold {
     shinfo: UnsafeCell<ffi::rte_mbuf_ext_shared_info>,
     zbuf: UnsafeCell<Option<Zbuf>>,
+    /// Next free hold while this one is on the free list.
+    next: AtomicU32,
     idx: u32,
     table: *const HoldTable,
 }
 
-/// Fixed-size table of holds with a lock-free free list: bounded, never reallocated
-/// (DPDK keeps pointers into it), safe to release from any thread.
+/// Fields of the free-list head word: the top hold's index, and how many pops and pushes
+/// happened (mod 2^20). Every pop and push changes the word, so a stale compare-exchange
+/// fails (no ABA), and `pops - pushes` is the number of holds in flight.
+const IDX_BITS: u32 = 24;
+const CNT_BITS: u32 = 20;
+const NIL: u32 = (1 << IDX_BITS) - 1;
+const IDX_MASK: u64 = (1 << IDX_BITS) - 1;
+const CNT_MASK: u64 = (1 << CNT_BITS) - 1;
+const POPS_SHIFT: u32 = IDX_BITS;
+const PUSHES_SHIFT: u32 = IDX_BITS + CNT_BITS;
+
+/// Fixed-size table of holds with a lock-free LIFO free list (a Treiber stack): bounded,
+/// never reallocated (DPDK keeps pointers into it), safe to release from any thread.
+/// LIFO because the hold freed last is the one whose cache lines are hot: with a FIFO
+/// every attach touched the coldest hold of the table (see docs/benchmarks.md).
 struct HoldTable {
     holds: Box<[Hold]>,
-    free: ArrayQueue<u32>,
-    attaches: AtomicU64,
-    frees: AtomicU64,
+    head: AtomicU64,
+}
+
+impl HoldTable {
+    /// `n` (1..=MAX_HOLDS) free holds, listed 0 -> 1 -> ... -> n-1: the first attaches use
+    /// the first holds.
+    fn new(n: u32) -> Arc<HoldTable> {
+        Arc::new_cyclic(|weak| {
+            let table = weak.as_ptr();
+            HoldTable {
+                holds: (0..n)
+                    .map(|idx| Hold {
+                        shinfo: UnsafeCell::new(ffi::rte_mbuf_ext_shared_info::default()),
+                        zbuf: UnsafeCell::new(None),
+                        next: AtomicU32::new(if idx + 1 == n { NIL } else { idx + 1 }),
+                        idx,
+                        table,
+                    })
+                    .collect(),
+                head: AtomicU64::new(0),
+            }
+        })
+    }
+
+    fn pop(&self) -> Option<u32> {
+        let mut h = self.head.load(Ordering::Acquire);
+        loop {
+            let idx = (h & IDX_MASK) as u32;
+            if idx == NIL {
+                return None;
+            }
+            // A racing pop may change `next` under us; the compare-exchange then fails
+            // (the word moved on), so a stale value is never installed.
+            let next = self.holds[idx as usize].next.load(Ordering::Relaxed);
+            let pops = ((h >> POPS_SHIFT).wrapping_add(1)) & CNT_MASK;
+            let new = (h & !(IDX_MASK | (CNT_MASK << POPS_SHIFT)))
+                | u64::from(next)
+                | (pops << POPS_SHIFT);
+            match self
+                .head
+                .compare_exchange_weak(h, new, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => return Some(idx),
+                Err(cur) => h = cur,
+            }
+        }
+    }
+
+    fn push(&self, idx: u32) {
+        let hold = &self.holds[idx as usize];
+        let mut h = self.head.load(Ordering::Relaxed);
+        loop {
+            hold.next.store((h & IDX_MASK) as u32, Ordering::Relaxed);
+            let pushes = ((h >> PUSHES_SHIFT).wrapping_add(1)) & CNT_MASK;
+            let new = (h & (CNT_MASK << POPS_SHIFT)) | u64::from(idx) | (pushes << PUSHES_SHIFT);
+            match self
+                .head
+                .compare_exchange_weak(h, new, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(cur) => h = cur,
+            }
+        }
+    }
+
+    /// Holds popped and not yet pushed back.
+    fn in_flight(&self) -> u64 {
+        let h = self.head.load(Ordering::Relaxed);
+        ((h >> POPS_SHIFT).wrapping_sub(h >> PUSHES_SHIFT)) & CNT_MASK
+    }
 }
 
 // SAFETY: a hold's cells are touched only by whoever owns the hold: the builder between
-// popping its index from `free` and attaching it, then the single free callback (DPDK
-// runs it once, when the shared-info count drops to zero), which pushes the index back.
-// The queue's push/pop order those accesses. The raw `table` pointer names the
-// enclosing table, which outlives every attachment (see `TxChains::drop`).
+// popping its index from the free list and attaching it, then the single free callback
+// (DPDK runs it once, when the shared-info count drops to zero), which pushes the index
+// back. The head's acquire/release compare-exchanges order those accesses. The raw
+// `table` pointer names the enclosing table, which outlives every attachment (see
+// `TxChains::drop`).
 unsafe impl Send for HoldTable {}
 // SAFETY: as above.
 unsafe impl Sync for HoldTable {}
@@ -160,26 +246,25 @@ unsafe extern "C" fn hold_free(_addr: *mut c_void, opaque: *mut c_void) {
     let z = unsafe { (*hold.zbuf.get()).take() };
     // SAFETY: see above.
     let table = unsafe { &*hold.table };
-    table.frees.fetch_add(1, Ordering::Relaxed);
-    // Cannot fail: the queue has room for every index and this one is not in it.
-    let _ = table.free.push(hold.idx);
+    table.push(hold.idx);
     // Release the payload last; this may recycle the buffer to its zbuf home core.
     drop(z);
 }
 
 /// Builds transmit chains: header mbuf + one external-buffer mbuf per payload segment.
 ///
-/// `Send + Sync`; `build` may run on any thread, but a chain goes to one tx queue, which
-/// belongs to one thread. See the module docs for where the free callback runs.
+/// `Send + Sync`; `build` takes `&mut self` (one transmit queue, one thread: its counters
+/// are plain integers). The free callback may run on any thread (see the module docs).
 pub struct TxChains {
     pool: Mempool,
     holds: Arc<HoldTable>,
     multi_seg: bool,
     registry: Option<DmaRegistry>,
-    chains: AtomicU64,
-    copied: AtomicU64,
-    no_mbuf: AtomicU64,
-    no_hold: AtomicU64,
+    chains: u64,
+    attaches: u64,
+    copied: u64,
+    no_mbuf: u64,
+    no_hold: u64,
 }
 
 impl std::fmt::Debug for TxChains {
@@ -195,8 +280,11 @@ impl std::fmt::Debug for TxChains {
 impl TxChains {
     /// Creates the mbuf pool and the hold table.
     pub fn new(eal: &Eal, cfg: &TxConfig) -> Result<TxChains, DpdkError> {
-        if cfg.holds == 0 {
-            return Err(DpdkError::Config("tx holds must be at least 1".into()));
+        if cfg.holds == 0 || cfg.holds > MAX_HOLDS {
+            return Err(DpdkError::Config(format!(
+                "tx holds {} must be in 1..={MAX_HOLDS}",
+                cfg.holds
+            )));
         }
         if (cfg.data_room as u32) <= ffi::RTE_PKTMBUF_HEADROOM {
             return Err(DpdkError::Config(format!(
@@ -216,36 +304,17 @@ impl TxChains {
                 socket: None,
             },
         )?;
-        let n = cfg.holds as usize;
-        let holds = Arc::new_cyclic(|weak| {
-            let table = weak.as_ptr();
-            let free = ArrayQueue::new(n);
-            for i in 0..n as u32 {
-                let _ = free.push(i);
-            }
-            HoldTable {
-                holds: (0..n as u32)
-                    .map(|idx| Hold {
-                        shinfo: UnsafeCell::new(ffi::rte_mbuf_ext_shared_info::default()),
-                        zbuf: UnsafeCell::new(None),
-                        idx,
-                        table,
-                    })
-                    .collect(),
-                free,
-                attaches: AtomicU64::new(0),
-                frees: AtomicU64::new(0),
-            }
-        });
+        let holds = HoldTable::new(cfg.holds);
         Ok(TxChains {
             pool,
             holds,
             multi_seg: cfg.multi_seg,
             registry: cfg.registry.clone(),
-            chains: AtomicU64::new(0),
-            copied: AtomicU64::new(0),
-            no_mbuf: AtomicU64::new(0),
-            no_hold: AtomicU64::new(0),
+            chains: 0,
+            attaches: 0,
+            copied: 0,
+            no_mbuf: 0,
+            no_hold: 0,
         })
     }
 
@@ -256,23 +325,22 @@ impl TxChains {
 
     /// Counters.
     pub fn stats(&self) -> TxStats {
-        let attaches = self.holds.attaches.load(Ordering::Relaxed);
-        let frees = self.holds.frees.load(Ordering::Relaxed);
+        let in_flight = self.holds.in_flight();
         TxStats {
-            chains: self.chains.load(Ordering::Relaxed),
-            attaches,
-            frees,
-            in_flight: attaches.saturating_sub(frees),
+            chains: self.chains,
+            attaches: self.attaches,
+            frees: self.attaches.saturating_sub(in_flight),
+            in_flight,
             hold_capacity: self.holds.holds.len() as u64,
-            copied_bytes: self.copied.load(Ordering::Relaxed),
-            no_mbuf: self.no_mbuf.load(Ordering::Relaxed),
-            no_hold: self.no_hold.load(Ordering::Relaxed),
+            copied_bytes: self.copied,
+            no_mbuf: self.no_mbuf,
+            no_hold: self.no_hold,
         }
     }
 
-    fn alloc(&self) -> Result<Mbuf, TxError> {
+    fn alloc(&mut self) -> Result<Mbuf, TxError> {
         self.pool.alloc().ok_or_else(|| {
-            self.no_mbuf.fetch_add(1, Ordering::Relaxed);
+            self.no_mbuf += 1;
             TxError::NoMbuf
         })
     }
@@ -281,7 +349,7 @@ impl TxChains {
     /// segment attached without copying (split at 64 KiB), offload flags as requested.
     /// The payload `Zbuf`s stay referenced until DPDK frees their mbufs.
     pub fn build(
-        &self,
+        &mut self,
         header: &[u8],
         payload: &IoVec,
         offload: Option<&TxOffloadRequest>,
@@ -342,12 +410,12 @@ impl TxChains {
             head.set_ol_flags(flags);
             head.set_tx_offload(o.l2_len, o.l3_len, o.l4_len, 0);
         }
-        self.chains.fetch_add(1, Ordering::Relaxed);
+        self.chains += 1;
         Ok(head)
     }
 
     /// Copies `bytes` to the end of `m`'s last segment (room checked by the caller).
-    fn copy_into(&self, m: &mut Mbuf, bytes: &[u8]) -> Result<(), TxError> {
+    fn copy_into(&mut self, m: &mut Mbuf, bytes: &[u8]) -> Result<(), TxError> {
         if bytes.is_empty() {
             return Ok(());
         }
@@ -359,12 +427,12 @@ impl TxChains {
             })?
             .copy_from_slice(bytes);
         count_copy(bytes.len());
-        self.copied.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.copied += bytes.len() as u64;
         Ok(())
     }
 
     /// Copies `z` into fresh mbufs chained to `head` (memory a DMA device cannot reach).
-    fn copy_chain(&self, head: &mut Mbuf, z: &Zbuf) -> Result<(), TxError> {
+    fn copy_chain(&mut self, head: &mut Mbuf, z: &Zbuf) -> Result<(), TxError> {
         let mut rest: &[u8] = z;
         while !rest.is_empty() {
             let mut seg = self.alloc()?;
@@ -377,15 +445,15 @@ impl TxChains {
     }
 
     /// An mbuf with `z` (≤ 64 KiB) attached as its external data buffer.
-    fn attach(&self, z: Zbuf) -> Result<Mbuf, TxError> {
-        let Some(idx) = self.holds.free.pop() else {
-            self.no_hold.fetch_add(1, Ordering::Relaxed);
+    fn attach(&mut self, z: Zbuf) -> Result<Mbuf, TxError> {
+        let Some(idx) = self.holds.pop() else {
+            self.no_hold += 1;
             return Err(TxError::NoHold);
         };
         let mut m = match self.alloc() {
             Ok(m) => m,
             Err(e) => {
-                let _ = self.holds.free.push(idx);
+                self.holds.push(idx);
                 return Err(e);
             }
         };
@@ -402,7 +470,7 @@ impl TxChains {
                 (hold as *const Hold).cast_mut().cast(),
             )
         };
-        self.holds.attaches.fetch_add(1, Ordering::Relaxed);
+        self.attaches += 1;
         // SAFETY: `m` is a fresh, exclusive, direct one-segment mbuf with no data;
         // addr..addr+len is the bytes of the `Zbuf` the hold keeps alive until the free
         // callback runs; PMDs only read transmit data (checksum offload writes into the
@@ -435,5 +503,87 @@ impl Drop for TxChains {
             // DPDK still points at holds: they must outlive this value.
             std::mem::forget(self.holds.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hold_free_list_is_lifo_and_counts_in_flight() {
+        let t = HoldTable::new(4);
+        assert_eq!(t.in_flight(), 0);
+        let a = t.pop().unwrap();
+        let b = t.pop().unwrap();
+        assert_eq!((a, b), (0, 1));
+        assert_eq!(t.in_flight(), 2);
+        t.push(a);
+        // The hold freed last comes back first (its cache lines are the hot ones).
+        assert_eq!(t.pop(), Some(a));
+        let c = t.pop().unwrap();
+        let d = t.pop().unwrap();
+        assert_eq!((c, d), (2, 3));
+        assert_eq!(t.pop(), None, "every hold in flight");
+        assert_eq!(t.in_flight(), 4);
+        for i in [b, d, a, c] {
+            t.push(i);
+        }
+        assert_eq!(t.in_flight(), 0);
+        assert_eq!(t.pop(), Some(c));
+    }
+
+    #[test]
+    fn hold_counters_wrap_without_losing_in_flight() {
+        // More than 2^20 pops and pushes: the packed counters wrap, the difference holds.
+        let t = HoldTable::new(3);
+        let keep = t.pop().unwrap();
+        for _ in 0..(1u32 << 20) + 5 {
+            let i = t.pop().unwrap();
+            assert_eq!(t.in_flight(), 2);
+            t.push(i);
+        }
+        assert_eq!(t.in_flight(), 1);
+        t.push(keep);
+        assert_eq!(t.in_flight(), 0);
+    }
+
+    #[test]
+    fn hold_free_list_survives_concurrent_pop_and_push() {
+        // Four threads take and return holds; none is ever handed out twice at once.
+        let t = HoldTable::new(64);
+        let owner: Arc<Vec<AtomicU32>> = Arc::new((0..64).map(|_| AtomicU32::new(0)).collect());
+        std::thread::scope(|s| {
+            for id in 1..=4u32 {
+                let (t, owner) = (t.clone(), owner.clone());
+                s.spawn(move || {
+                    let mut mine = Vec::new();
+                    for round in 0..20_000u32 {
+                        if round % 3 != 2 {
+                            if let Some(i) = t.pop() {
+                                let prev = owner[i as usize].swap(id, Ordering::Relaxed);
+                                assert_eq!(prev, 0, "hold {i} handed out twice");
+                                mine.push(i);
+                            }
+                        } else if let Some(i) = mine.pop() {
+                            owner[i as usize].store(0, Ordering::Relaxed);
+                            t.push(i);
+                        }
+                    }
+                    for i in mine {
+                        owner[i as usize].store(0, Ordering::Relaxed);
+                        t.push(i);
+                    }
+                });
+            }
+        });
+        assert_eq!(t.in_flight(), 0);
+        let mut all: Vec<u32> = std::iter::from_fn(|| t.pop()).collect();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..64).collect::<Vec<_>>(),
+            "every hold back exactly once"
+        );
     }
 }

@@ -21,6 +21,11 @@
 //! * `--mtu` (workload) sets the stack's MTU and MSS and sizes the receive buffers to
 //!   hold a whole frame; the orchestrator sizes the memif buffers (`bsize`) to match.
 //!
+//! * Checksums: memif is a virtual link, so the device reports them offloaded and
+//!   nobody computes or verifies them (`DpdkDeviceConfig::virtual_link_checksums`), as
+//!   the kernel on veth and the smoltcp backend; `KNB_SOFTWARE_CHECKSUMS=1` computes
+//!   them in software on both memif stacks.
+//!
 //! Experiment knob (environment, read by both child processes):
 //! `KNB_LUNA_TX_COPY_MAX=<bytes>` copies frames up to that size into one flat mbuf
 //! instead of attaching the payload ([`DpdkDeviceConfig::tx_copy_max`]). memif copies
@@ -282,6 +287,8 @@ fn open(
         2049..=4096 => (4096, 8191.max(1024 * u32::from(lanes) + 4096)),
         _ => (16384, 4095.max(1024 * u32::from(lanes) + 1024)),
     };
+    // memif is shared memory: no checksums, like the kernel on veth and smoltcp here.
+    cfg.virtual_link_checksums = super::virtual_link_checksums();
     cfg.tx_copy_max = std::env::var("KNB_LUNA_TX_COPY_MAX")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -166,6 +166,14 @@ pub fn backend(stack: Stack) -> &'static dyn Backend {
     }
 }
 
+/// Whether the memif stacks (luna and smoltcp) skip IPv4/TCP checksums, as the kernel
+/// does on veth: memif is shared memory and cannot corrupt a frame. On unless the
+/// environment says `KNB_SOFTWARE_CHECKSUMS=1` (both child processes read it, so both
+/// ends of the link agree).
+pub fn virtual_link_checksums() -> bool {
+    !std::env::var("KNB_SOFTWARE_CHECKSUMS").is_ok_and(|v| v == "1")
+}
+
 /// Pins the calling thread to `cpu`.
 pub fn pin(cpu: usize) -> Result<(), String> {
     let mut set = nix::sched::CpuSet::new();

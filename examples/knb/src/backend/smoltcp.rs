@@ -5,7 +5,10 @@
 //! built in fresh mbufs and sent in bursts. Each thread ("lane") owns one queue pair and
 //! its own smoltcp `Interface` with the same address: memif pairs queue *i* of the
 //! client with queue *i* of the server, so the connections of client thread *i* stay on
-//! server lane *i*. Checksums are computed in software (memif offloads nothing).
+//! server lane *i*. memif is a virtual link (shared memory, no corruption): like the
+//! kernel on veth and luna on memif, smoltcp neither computes nor verifies checksums
+//! there (`ChecksumCapabilities::ignored`); `KNB_SOFTWARE_CHECKSUMS=1` computes them in
+//! software on every stack instead.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,6 +63,8 @@ pub struct DpdkPhy {
     tx: Vec<Mbuf>,
     /// IP MTU.
     mtu: u16,
+    /// Skip checksums (virtual link, see the module docs).
+    no_checksums: bool,
     /// Counters.
     pub stats: PhyStats,
 }
@@ -74,6 +79,7 @@ impl DpdkPhy {
             rx: Vec::with_capacity(TX_BATCH),
             tx: Vec::with_capacity(TX_LIMIT),
             mtu,
+            no_checksums: super::virtual_link_checksums(),
             stats: PhyStats::default(),
         }
     }
@@ -180,6 +186,9 @@ impl Device for DpdkPhy {
         let mut c = DeviceCapabilities::default();
         c.medium = Medium::Ethernet;
         c.max_transmission_unit = usize::from(self.mtu) + 14;
+        if self.no_checksums {
+            c.checksum = smoltcp::phy::ChecksumCapabilities::ignored();
+        }
         c
     }
 }

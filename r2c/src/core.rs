@@ -16,9 +16,41 @@ use luna_stack::time::{Duration, Instant};
 use luna_stack::wire::EthernetAddress;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use zbuf::{AllocError, CoreCache, Slab, Zbuf, ZbufMut};
+
+/// Hashes connection handles with one multiply per word instead of SipHash: they are
+/// slot indexes this core's stack assigned, never chosen by a peer, so there is nothing
+/// to defend against (the stack's own demux of peer-chosen 4-tuples stays keyed). The
+/// multiplier is odd, so distinct low index bits stay distinct in the bucket bits.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct HandleHash(u64);
+
+const HANDLE_HASH_K: u64 = 0x517c_c1b7_2722_0a95;
+
+impl Hasher for HandleHash {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(HANDLE_HASH_K);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub(crate) type HandleHashing = BuildHasherDefault<HandleHash>;
 
 /// A connection, as the application names it (the stack's handle).
 pub type Conn = SocketHandle;
@@ -195,10 +227,10 @@ pub struct CoreState {
     pub(crate) stack: Stack<CoreRng>,
     pub(crate) now: Instant,
     chooser: PortChooser,
-    backlog: HashMap<Conn, Backlog>,
+    backlog: HashMap<Conn, Backlog, HandleHashing>,
     backlog_bytes: usize,
     /// Connections the application holds.
-    pub(crate) open: HashSet<Conn>,
+    pub(crate) open: HashSet<Conn, HandleHashing>,
     /// Connections closed by the application or at shutdown, until they finish.
     closing: Vec<Conn>,
     pub(crate) listeners: Vec<Listener>,
@@ -532,9 +564,9 @@ impl<D: Device> CoreLoop<D> {
             now: clock.now(),
             stack,
             chooser,
-            backlog: HashMap::new(),
+            backlog: HashMap::default(),
             backlog_bytes: 0,
-            open: HashSet::new(),
+            open: HashSet::default(),
             closing: Vec::new(),
             listeners: Vec::new(),
             stats: CoreStats::default(),
@@ -724,5 +756,36 @@ impl<D: Device> CoreLoop<D> {
         s.retransmits = self.st.stack.tcp_counters().retransmits;
         self.cell.publish(s);
         self.st.prune_closing();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Handles are (slot index, generation) pairs, hashed as two `u32` writes by
+    /// `derive(Hash)`: sequential slots must spread over the table's buckets (the low
+    /// bits) instead of piling up, and generations must matter.
+    #[test]
+    fn handle_hash_spreads_sequential_slots() {
+        let hash = |idx: u32, gen: u32| {
+            let mut h = HandleHash::default();
+            h.write_u32(idx);
+            h.write_u32(gen);
+            h.finish()
+        };
+        let mut buckets = [0u32; 1024];
+        for idx in 0..1024 {
+            buckets[(hash(idx, 0) & 1023) as usize] += 1;
+        }
+        let worst = buckets.iter().max().copied().unwrap_or(0);
+        assert!(
+            worst <= 8,
+            "a bucket holds {worst} of 1024 sequential handles"
+        );
+        assert_ne!(hash(7, 0), hash(7, 1));
+        // hashbrown also uses the top 7 bits as a tag: they vary too.
+        let tags: HashSet<u64> = (0..1024).map(|i| hash(i, 0) >> 57).collect();
+        assert!(tags.len() > 64, "only {} distinct tags", tags.len());
     }
 }

@@ -38,7 +38,17 @@ impl RefCount {
     /// AcqRel on the decrement rather than Release plus an Acquire fence on the last
     /// one: the same instruction on x86, and ThreadSanitizer understands it (it does not
     /// model fences, which std's `Arc` works around the same way).
+    ///
+    /// The caller's handle being the only one is the common case (a received frame, a
+    /// sent segment once acknowledged): then no other handle exists that could clone or
+    /// drop concurrently (cloning needs a handle), so the count is read and cleared
+    /// without a locked read-modify-write. The Acquire load pairs with the other
+    /// handles' AcqRel decrements exactly as the last `fetch_sub` would.
     pub(crate) fn release(&self) -> bool {
+        if self.0.load(Ordering::Acquire) == 1 {
+            self.0.store(0, Ordering::Relaxed);
+            return true;
+        }
         self.0.fetch_sub(1, Ordering::AcqRel) == 1
     }
 

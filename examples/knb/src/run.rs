@@ -177,18 +177,18 @@ impl ChildProc {
     /// Waits up to `limit` for exit (kills past it); returns (ok, stderr tail).
     fn finish(mut self, limit: Duration) -> (bool, String) {
         let end = Instant::now() + limit;
-        let ok = loop {
+        let (ok, how) = loop {
             match self.child.try_wait() {
-                Ok(Some(st)) => break st.success(),
+                Ok(Some(st)) if st.success() => break (true, String::new()),
+                Ok(Some(st)) => break (false, format!("{} {st}", self.name)),
                 Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(10)),
                 _ => {
                     let _ = self.child.kill();
                     let _ = self.child.wait();
-                    eprintln!(
-                        "knb: the {} did not exit within {limit:?}: killed",
-                        self.name
+                    break (
+                        false,
+                        format!("{} did not exit within {limit:?}: killed", self.name),
                     );
-                    break false;
                 }
             }
         };
@@ -197,7 +197,12 @@ impl ChildProc {
             .take()
             .and_then(|h| h.join().ok())
             .unwrap_or_default();
-        (ok, tail(&err, 12))
+        // The exit status goes last, after the child's own words.
+        let mut err = tail(&err, 12);
+        if !how.is_empty() {
+            err.push_str(&format!("\n    ({how})"));
+        }
+        (ok, err)
     }
 }
 
@@ -381,10 +386,15 @@ pub fn run_pair(
     let name = b.stack().name();
     let mut r = match (cok, result) {
         (true, Some(r)) => r,
-        _ => {
+        (ok, r) => {
+            let why = if ok && r.is_none() {
+                " (the client exited 0 without a result line)"
+            } else {
+                ""
+            };
             return Err(format!(
-                "the {name} run failed.\n  client:\n    {cerr}\n  server:\n    {serr}"
-            ))
+                "the {name} run failed{why}.\n  client:\n    {cerr}\n  server:\n    {serr}"
+            ));
         }
     };
     let server_v = sres.unwrap_or(Value::Null);

@@ -100,6 +100,23 @@ pub struct CoreOptions {
     /// Zbuf slab; each core registers a cache on it (core id = core index). Without it
     /// buffers the runtime allocates come from the heap.
     pub slab: Option<Slab>,
+    /// Called on each core's thread, with the core index, once its loop has stopped
+    /// polling and before its devices are released (closing a port tells the peer).
+    /// For a rendezvous with a peer process: DPDK's memif PMD unmaps the shared rings
+    /// from its control thread when the peer disconnects, racing with a receive burst
+    /// still in progress, so neither side may close while the other polls
+    /// (see `device::dpdk::memif_quiesce`).
+    pub before_release: Option<ReleaseHook>,
+}
+
+/// See [`CoreOptions::before_release`].
+#[derive(Clone)]
+pub struct ReleaseHook(pub Arc<dyn Fn(usize) + Send + Sync>);
+
+impl fmt::Debug for ReleaseHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ReleaseHook")
+    }
 }
 
 impl Default for CoreOptions {
@@ -116,6 +133,7 @@ impl Default for CoreOptions {
             clock: ClockSource::Std,
             rng_seed: None,
             slab: None,
+            before_release: None,
         }
     }
 }
@@ -623,6 +641,9 @@ impl<D: Device> CoreLoop<D> {
             }
         }
         self.publish(true);
+        if let Some(hook) = &self.opts.before_release {
+            (hook.0)(self.st.index);
+        }
         let mut device = DeviceStats::default();
         for d in &self.devices {
             let s = d.stats();

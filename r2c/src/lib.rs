@@ -34,6 +34,7 @@ pub mod stats;
 
 pub use crate::core::{
     Conn, CoreError, CoreOptions, CoreReport, CoreSetup, CoreState, IdleStrategy, Listener,
+    ReleaseHook,
 };
 pub use inline::{Ctx, InlineApp};
 pub use runtime::{Runtime, RuntimeError, StatsReader, StopHandle};

@@ -29,9 +29,11 @@ use luna_stack::stack::StackConfig;
 use luna_stack::tcp::{CloseReason, RecvError};
 use luna_stack::wire::Ipv4Cidr;
 use r2c::batch::{BatchApp, Fd, Interest, PollEvent, SockError, Sockets};
-use r2c::device::dpdk::{from_testbed, DpdkDevice};
+use r2c::device::dpdk::{from_testbed, memif_quiesce, memif_quiesce_reset, DpdkDevice};
 use r2c::device::Device;
-use r2c::{Conn, CoreOptions, CoreReport, CoreSetup, Ctx, IdleStrategy, InlineApp, Runtime};
+use r2c::{
+    Conn, CoreOptions, CoreReport, CoreSetup, Ctx, IdleStrategy, InlineApp, ReleaseHook, Runtime,
+};
 use testbed::{DpdkPort, Kind, Prefix, Topology};
 use zbuf::dpdk::DmaRegistry;
 use zbuf::{copy_stats, Slab, SlabConfig, Zbuf};
@@ -211,6 +213,7 @@ fn memif_rpcs(server_role: &str, prefix: &str, flat: bool) {
     let prefix = Prefix::new(prefix).unwrap();
     let topo = Topology::up(Kind::Memif, &prefix).expect("memif topology (root, make setup)");
     let m = topo.memif().expect("memif details").clone();
+    memif_quiesce_reset(&m.socket);
     let server = spawn(
         role_command(server_role, &m.server, &CONNS.to_string()),
         server_role,
@@ -420,12 +423,20 @@ fn setup_with(port: &DpdkPort, tx_copy_max: usize) -> Env {
     }
 }
 
-/// Shared CPUs in tests: no pinning, yield when idle.
-fn options(slab: &Slab) -> CoreOptions {
+/// Shared CPUs in tests: no pinning, yield when idle. On memif, the process meets its
+/// peer before closing the port (`memif_quiesce`: a disconnect while the peer polls can
+/// fault inside the PMD).
+fn options(slab: &Slab, port: &DpdkPort) -> CoreOptions {
+    let vdev = port.eal.vdev.clone();
     CoreOptions {
         idle: IdleStrategy::Yield,
         pin: false,
         slab: Some(slab.clone()),
+        before_release: vdev.starts_with("net_memif").then(|| {
+            ReleaseHook(Arc::new(move |_| {
+                let _ = memif_quiesce(&vdev, Duration::from_secs(10));
+            }))
+        }),
         ..CoreOptions::default()
     }
 }
@@ -743,7 +754,7 @@ fn serve(port: &DpdkPort, batch: bool, expected: usize, ready: Option<String>) -
     }
     let served = Arc::new(Served::default());
     let sv = served.clone();
-    let opts = options(&env.slab);
+    let opts = options(&env.slab, port);
     let rt = if batch {
         Runtime::spawn_batch(vec![env.core], opts, move |_| BatchServer {
             expected,
@@ -965,7 +976,7 @@ fn client(port: &DpdkPort, flat: bool) -> String {
     let tally = Arc::new(Tally::default());
     let t = tally.clone();
     let remote = SocketAddrV4::new(port.peer_ip, RPC_PORT);
-    let rt = Runtime::spawn_inline(vec![env.core], options(&env.slab), move |_| Client {
+    let rt = Runtime::spawn_inline(vec![env.core], options(&env.slab, port), move |_| Client {
         polls: 0,
         remote,
         conns: HashMap::new(),

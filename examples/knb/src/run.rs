@@ -273,6 +273,7 @@ pub fn run_pair(
     if let Some(m) = topo.memif() {
         // A socket left by an earlier server makes the next one fail to bind.
         let _ = std::fs::remove_file(&m.socket);
+        r2c::device::dpdk::memif_quiesce_reset(&m.socket);
     }
     let lifetime = w.warmup + w.duration + 60.0;
     let list = |v: &[usize]| {

@@ -36,7 +36,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,9 +46,11 @@ use luna_stack::stack::StackConfig;
 use luna_stack::tcp::{CloseReason, RecvError, SendError};
 use luna_stack::wire::Ipv4Cidr;
 use r2c::clock::ClockSource;
-use r2c::device::dpdk::{port_name_from_vdev, DpdkDevice, DpdkDeviceConfig};
+use r2c::device::dpdk::{memif_quiesce, port_name_from_vdev, DpdkDevice, DpdkDeviceConfig};
 use r2c::device::Device;
-use r2c::{Conn, CoreOptions, CoreReport, CoreSetup, Ctx, IdleStrategy, InlineApp, Runtime};
+use r2c::{
+    Conn, CoreOptions, CoreReport, CoreSetup, Ctx, IdleStrategy, InlineApp, ReleaseHook, Runtime,
+};
 use serde_json::{json, Map, Value};
 use testbed::{Kind, Topology};
 use zbuf::dpdk::DmaRegistry;
@@ -334,8 +336,36 @@ fn setups(
         .collect()
 }
 
-fn options(eal: &Eal, slab: &Slab) -> CoreOptions {
+/// How long a side waits for its memif peer to stop polling before it closes anyway.
+const QUIESCE_WAIT: Duration = Duration::from_secs(5);
+
+/// Before any lane releases its device, both processes must have stopped polling
+/// (`r2c::device::dpdk::memif_quiesce`: memif's disconnect races with a receive burst).
+/// The last local lane to stop meets the peer; the others wait for it.
+fn quiesce_hook(vdev: String, lanes: usize) -> ReleaseHook {
+    let stopped = Arc::new(AtomicUsize::new(0));
+    let met = Arc::new(AtomicBool::new(false));
+    ReleaseHook(Arc::new(move |_core| {
+        if stopped.fetch_add(1, Ordering::AcqRel) + 1 == lanes {
+            match memif_quiesce(&vdev, QUIESCE_WAIT) {
+                Ok(true) | Err(_) => {}
+                Ok(false) => eprintln!(
+                    "knb: the memif peer did not stop polling within {QUIESCE_WAIT:?}; closing anyway"
+                ),
+            }
+            met.store(true, Ordering::Release);
+        } else {
+            let end = Instant::now() + QUIESCE_WAIT + Duration::from_secs(1);
+            while !met.load(Ordering::Acquire) && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }))
+}
+
+fn options(eal: &Eal, slab: &Slab, vdev: &str, lanes: usize) -> CoreOptions {
     CoreOptions {
+        before_release: Some(quiesce_hook(vdev.to_owned(), lanes)),
         idle: IdleStrategy::BusyPoll,
         // Publishing walks every connection's counters: keep it rare.
         stats_interval: 1 << 14,
@@ -845,7 +875,7 @@ impl Backend for Luna {
         } = env;
         let lanes = devices.len();
         let cores = setups(devices, spec.ip, spec.prefix_len, w.mtu, &spec.cpus)?;
-        let opts = options(&eal, &slab);
+        let opts = options(&eal, &slab, vdev_of(&spec.eal).unwrap_or_default(), lanes);
         let shared = Arc::new(ServerShared {
             eal: eal.clone(),
             report: Mutex::new(ServerReport::default()),
@@ -915,7 +945,7 @@ impl Backend for Luna {
         } = env;
         let lanes = devices.len();
         let cores = setups(devices, spec.ip, spec.prefix_len, w.mtu, &spec.cpus)?;
-        let opts = options(&eal, &slab);
+        let opts = options(&eal, &slab, vdev_of(&spec.eal).unwrap_or_default(), lanes);
         let shared = Arc::new(ClientShared {
             eal: eal.clone(),
             plan: plan.clone(),

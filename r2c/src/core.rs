@@ -21,12 +21,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use zbuf::{AllocError, CoreCache, Slab, Zbuf, ZbufMut};
 
-/// Hashes connection handles with one multiply per word instead of SipHash: they are
+/// Hashes connection handles with one multiply per word instead of SipHash (FxHash's
+/// step); for the runtime's and applications' maps keyed by handles. Handles are
 /// slot indexes this core's stack assigned, never chosen by a peer, so there is nothing
-/// to defend against (the stack's own demux of peer-chosen 4-tuples stays keyed). The
-/// multiplier is odd, so distinct low index bits stay distinct in the bucket bits.
+/// to defend against (the stack's own demux of peer-chosen 4-tuples stays keyed).
+/// `handle_hash_spreads_sequential_slots` checks that sequential slots spread.
 #[derive(Default, Clone, Copy)]
-pub(crate) struct HandleHash(u64);
+pub struct HandleHash(u64);
 
 const HANDLE_HASH_K: u64 = 0x517c_c1b7_2722_0a95;
 
@@ -50,7 +51,8 @@ impl Hasher for HandleHash {
     }
 }
 
-pub(crate) type HandleHashing = BuildHasherDefault<HandleHash>;
+/// `BuildHasher` of [`HandleHash`], for maps keyed by connection handles.
+pub type HandleHashing = BuildHasherDefault<HandleHash>;
 
 /// A connection, as the application names it (the stack's handle).
 pub type Conn = SocketHandle;

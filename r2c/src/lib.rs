@@ -33,8 +33,8 @@ pub mod split;
 pub mod stats;
 
 pub use crate::core::{
-    Conn, CoreError, CoreOptions, CoreReport, CoreSetup, CoreState, IdleStrategy, Listener,
-    ReleaseHook,
+    Conn, CoreError, CoreOptions, CoreReport, CoreSetup, CoreState, HandleHash, HandleHashing,
+    IdleStrategy, Listener, ReleaseHook,
 };
 pub use inline::{Ctx, InlineApp};
 pub use runtime::{Runtime, RuntimeError, StatsReader, StopHandle};

@@ -34,7 +34,6 @@
 //! as on a NIC, and the copied bytes show in `copied_bytes`.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -86,29 +85,8 @@ const CLIENT_PORTS: (u16, u16) = (10_000, 65_535);
 /// zbuf memory per process (receive buffers, small buffers, the zero buffer).
 const SLAB_MEMORY: usize = 128 << 20;
 
-/// FxHash: handles are small integers chosen by the stack, not by a peer, so a keyed
-/// hash buys nothing on this per-event lookup.
-#[derive(Default, Clone, Copy)]
-struct Fx(u64);
-
-impl Hasher for Fx {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
+/// Maps keyed by connection handles, hashed by r2c's one-multiply handle hash.
+type FxMap<K, V> = HashMap<K, V, r2c::HandleHashing>;
 
 /// Turns a message-mode [`TxBuf`]'s pieces into `Zbuf`s without copying payload.
 struct Packer {
@@ -1123,17 +1101,5 @@ mod tests {
         let e = p.pack(&mut none, c.tx(), &mut VecDeque::new()).unwrap_err();
         assert!(e.contains("zbuf"), "{e}");
         assert!(Packer::new(&mut none, &w).is_err());
-    }
-
-    #[test]
-    fn fx_hash_spreads_handles() {
-        let mut seen = std::collections::HashSet::new();
-        for i in 0..1000u64 {
-            let mut h = Fx::default();
-            h.write_u32(i as u32);
-            h.write_u32(0);
-            seen.insert(h.finish() >> 54);
-        }
-        assert!(seen.len() > 500, "top bits vary: {}", seen.len());
     }
 }

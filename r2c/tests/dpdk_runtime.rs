@@ -261,14 +261,25 @@ fn memif_batch_server_answers_rpc_clients() {
 
 #[test]
 fn tap_kernel_client_gets_replies_from_an_inline_server() {
-    let prefix = Prefix::new("llkrt").unwrap();
+    tap_kernel_client("tap-server", "llkrt");
+}
+
+#[test]
+fn tap_kernel_client_gets_replies_from_a_batch_server() {
+    tap_kernel_client("tap-server-batch", "llkrs");
+}
+
+/// The kernel's TCP (a Python client in the tap's host namespace) against a luna server
+/// of role `server_role` on the DPDK side: 60 RPCs of mixed sizes, bytes checked.
+fn tap_kernel_client(server_role: &str, prefix: &str) {
+    let prefix = Prefix::new(prefix).unwrap();
     let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
     let t = topo.tap().expect("tap details").clone();
     let ready = topo.state_dir().join("llk-r2c-tap-ready");
     let _ = std::fs::remove_file(&ready);
     let server = spawn(
-        role_command("tap-server", &t.dpdk, &ready.display().to_string()),
-        "inline server on net_tap",
+        role_command(server_role, &t.dpdk, &ready.display().to_string()),
+        server_role,
     );
     let end = Instant::now() + Duration::from_secs(60);
     while !ready.exists() {
@@ -381,6 +392,7 @@ fn role_child() {
         "server-inline" => serve(&port, false, arg.parse().expect("conns"), None),
         "server-batch" => serve(&port, true, arg.parse().expect("conns"), None),
         "tap-server" => serve(&port, false, 1, Some(arg)),
+        "tap-server-batch" => serve(&port, true, 1, Some(arg)),
         "client" => client(&port, arg == "flat"),
         other => panic!("unknown role {other}"),
     };

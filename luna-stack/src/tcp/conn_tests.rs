@@ -1594,6 +1594,47 @@ fn rfc6675_5_2_limited_transmit_by_pipe_repairs_a_loss_in_a_small_window_without
     assert_eq!(c.counters.retransmits, 1);
 }
 
+/// Regression (impaired bulk: the RTOs left after limited transmit): a fast retransmission
+/// that is itself lost could only be repaired by the RTO, because RFC 6675's NextSeg never
+/// looks below HighRxt. RFC 8985 §6.2: once data sent after the retransmission is SACKed
+/// (DupThresh segments of it, as IsLost asks), the retransmission is lost and is sent again
+/// within the same recovery.
+#[test]
+fn rfc8985_6_2_lost_retransmission_is_repaired_within_recovery_without_rto() {
+    let mut c = sack_sender_with_iw(10);
+    let m = 1460u32;
+    let una = ISS + 1;
+    c.send(&zb(&vec![9u8; (m * 30) as usize])).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 10);
+    // Segment 1 lost, 2-4 SACKed: fast retransmit.
+    c.on_segment(t(3), &sack_ack(una, una + m, una + 4 * m), zb(&[]));
+    assert!(c.in_recovery());
+    assert_eq!(data_seqs(&poll_all(&mut c, t(3)), una), vec![0]);
+    // The rest of the first flight arrives; pipe has room for new data (segments 11..).
+    c.on_segment(t(4), &sack_ack(una, una + m, una + 10 * m), zb(&[]));
+    let new = data_seqs(&poll_all(&mut c, t(4)), una);
+    assert!(
+        new.len() >= 3 && new.iter().all(|&s| s >= 10 * m),
+        "{new:?}"
+    );
+    // The retransmission of segment 1 is lost; three segments sent after it are SACKed.
+    c.on_segment(t(5), &sack_ack(una, una + m, una + 13 * m), zb(&[]));
+    assert!(c.sb.is_retransmission_lost(SeqNum(una)));
+    let out = data_seqs(&poll_all(&mut c, t(5)), una);
+    assert_eq!(out.first(), Some(&0), "segment 1 sent again: {out:?}");
+    assert_eq!(c.sb.stats().lost_retransmissions, 1);
+    assert!(
+        !c.sb.is_retransmission_lost(SeqNum(una)),
+        "until new evidence"
+    );
+    c.on_segment(t(6), &ack_seg(PEER_ISS + 1, una + 13 * m, 65535), zb(&[]));
+    assert!(
+        !c.in_recovery(),
+        "full acknowledgment of the recovery point"
+    );
+    assert_eq!(c.counters.rtos, 0);
+}
+
 /// Regression (ACK ping-pong): two endpoints whose receive sides are desynchronized answered
 /// each other's out-of-window pure ACKs forever. RFC 9293 §3.10.7.4 asks for an ACK to an
 /// unacceptable segment; for segments without data those ACKs are now rate limited.

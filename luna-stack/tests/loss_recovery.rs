@@ -512,3 +512,162 @@ fn rfc9293_3_8_6_1_luna_probes_smoltcp_zero_window_until_reader_resumes() {
 fn rfc9293_3_8_6_1_smoltcp_probes_luna_zero_window_until_reader_resumes() {
     zero_window_with_pausing_reader(false);
 }
+
+// ------------------------------------------------------------------------------------------
+// Lost retransmissions and small windows under the kernel-interop impairment
+// ------------------------------------------------------------------------------------------
+
+/// RFC 8985 §6.2: segment 40 is lost, and so is its fast retransmission. The data sent after
+/// the retransmission is SACKed, which shows the retransmission lost: it is sent again within
+/// the same recovery, without waiting for the RTO (RFC 6675 alone cannot see it).
+#[test]
+fn rfc8985_6_2_lost_fast_retransmission_is_repaired_without_rto() {
+    let mut link = SimLink::new(LinkConfig::clean(DELAY), 1);
+    let sends = Rc::new(RefCell::new(Vec::<Instant>::new()));
+    let sn = sends.clone();
+    let (mut isn, mut high, mut new_segs, mut lost) = (None, 0u32, 0, None);
+    link.set_drop_rule(Box::new(move |now, dir, frame, _| {
+        let Some(seg) = Segment::parse(frame) else {
+            return false;
+        };
+        if dir != Dir::AtoB {
+            return false;
+        }
+        if seg.tcp.flags.syn() {
+            isn = Some(seg.tcp.seq + 1u32);
+            return false;
+        }
+        let (Some(isn), false) = (isn, seg.payload.is_empty()) else {
+            return false;
+        };
+        let rel = seg.tcp.seq - isn;
+        if rel >= high {
+            high = rel + seg.payload.len() as u32;
+            new_segs += 1;
+            if new_segs == 41 {
+                lost = Some(rel);
+            }
+        }
+        if Some(rel) != lost {
+            return false;
+        }
+        // The first transmission and the first retransmission are lost.
+        let mut sn = sn.borrow_mut();
+        sn.push(now);
+        sn.len() <= 2
+    }));
+    let len = 300_000usize;
+    let tcp = TcpConfig::default();
+    let mut sim = Sim::new(
+        LunaHost::new(MAC_A, IP_A, tcp.clone(), 1),
+        LunaHost::new(MAC_B, IP_B, tcp, 2),
+        link,
+    );
+    let check = run_bulk(&mut sim, len, Instant::from_millis(60_000));
+    assert_eq!(check, len as u64);
+    let c = sim.a.stack.tcp_counters();
+    let sends = sends.borrow();
+    assert_eq!(sends.len(), 3, "sent three times: {sends:?}");
+    assert_eq!(c.rtos, 0, "no RTO: {c:?}");
+    assert_eq!(c.sack_recoveries, 1, "one recovery repaired both: {c:?}");
+    // Both repairs within a few RTTs of the first transmission, far below the 200 ms RTO.
+    let took = sends[2] - sends[0];
+    assert!(took <= RTT * 4, "second repair after {took:?}");
+    eprintln!("lost retransmission repaired {took:?} after the first transmission: {c:?}");
+}
+
+/// A luna → luna bulk transfer of `len` bytes on `sim` (A sends); returns the bytes checked.
+fn run_bulk(sim: &mut Sim<LunaHost, LunaHost>, len: usize, limit: Instant) -> u64 {
+    let l = sim.b.stack.listen(80, 4).unwrap();
+    let c = sim
+        .a
+        .stack
+        .connect(sim.now, SocketAddrV4::new(IP_B, 80), None)
+        .unwrap();
+    let data = pattern(1, 0, len);
+    let mut sent = 0;
+    let mut server = None;
+    let mut check = StreamCheck::new(1);
+    while check.received < len as u64 {
+        if sent < len {
+            let end = (sent + (1 << 20)).min(len);
+            if let Ok(n) = sim
+                .a
+                .stack
+                .send(c, &Zbuf::copy_from_slice(&data[sent..end]))
+            {
+                sent += n;
+            }
+        }
+        while sim.b.stack.poll_event().is_some() {}
+        while sim.a.stack.poll_event().is_some() {}
+        if server.is_none() {
+            server = sim.b.stack.accept(l);
+        }
+        if let Some(s) = server {
+            while let Ok(Some(z)) = sim.b.stack.recv(s) {
+                check.feed(&z).unwrap();
+            }
+        }
+        assert!(
+            sim.now < limit && sim.step(),
+            "transfer stalled at {:?}: {} of {len} bytes",
+            sim.now,
+            check.received
+        );
+    }
+    check.received
+}
+
+/// The kernel-interop impairment (docs/interop.md), both ways: loss 2%, duplication 1%,
+/// reordering 25% (held back up to 2 ms) on a 1 ms one-way delay.
+fn interop_impairment() -> LinkConfig {
+    LinkConfig {
+        delay: DELAY,
+        loss_ppm: 20_000,
+        dup_ppm: 10_000,
+        reorder_ppm: 250_000,
+        reorder_delay: Duration::from_millis(2),
+        ..LinkConfig::default()
+    }
+}
+
+/// Measurement (luna sends to luna under the interop impairment): RTOs, retransmissions and
+/// simulated completion time of a 2 MiB bulk for three seeds, printed. In the kernel run most
+/// of luna's send time was RTOs (1,802 in 1 GiB); here they were windows of a few segments
+/// whose single loss could not collect DupThresh SACKs (RFC 6675 §5 (2) limited transmit now
+/// sends on) and lost retransmissions (RFC 8985 §6.2). Asserted: byte-exact delivery and at
+/// most one RTO per run on average (before both fixes: 17-20 per 4 MiB run).
+#[test]
+fn impaired_bulk_is_repaired_by_sack_recovery_not_by_rtos() {
+    const LEN: usize = 2 << 20;
+    let mut rtos = 0;
+    for seed in [1u64, 2, 4] {
+        let tcp = TcpConfig::default();
+        let mut sim = Sim::new(
+            LunaHost::new(MAC_A, IP_A, tcp.clone(), 1),
+            LunaHost::new(MAC_B, IP_B, tcp, 2),
+            SimLink::new(interop_impairment(), seed),
+        );
+        let got = run_bulk(&mut sim, LEN, Instant::from_millis(600_000));
+        assert_eq!(got, LEN as u64);
+        let c = sim.a.stack.tcp_counters();
+        let l = sim.link.stats();
+        let secs = sim.now.as_nanos() as f64 / 1e9;
+        eprintln!(
+            "impaired bulk seed {seed}: {secs:.3} s simulated ({:.1} Mbit/s), RTOs {}, \
+             retransmits {}, SACK recoveries {}, D-SACKs {}; link A->B lost {} reordered {} \
+             duplicated {}",
+            LEN as f64 * 8.0 / secs / 1e6,
+            c.rtos,
+            c.retransmits,
+            c.sack_recoveries,
+            c.dsacks,
+            l.lost[0],
+            l.reordered[0],
+            l.duplicated[0]
+        );
+        rtos += c.rtos;
+    }
+    assert!(rtos <= 3, "RTOs in three impaired runs: {rtos}");
+}

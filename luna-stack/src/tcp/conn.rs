@@ -2185,6 +2185,17 @@ impl Connection {
         match self.recovery {
             Some(_) if self.sack_ok => self.sb.pipe(),
             Some(_) => self.snd_max - self.snd_una,
+            // RFC 6675 §5 (2) (limited transmit, RFC 3042, counted by pipe): before DupThresh
+            // is reached, SACKed segments have left the network, so new data may go out while
+            // cwnd - pipe >= 1 SMSS. Without it a window of a few segments with one loss
+            // never collects DupThresh duplicate ACKs and waits for the RTO.
+            None if self.sack_ok
+                && self.snd_nxt == self.snd_max
+                && self.sb.sacked_bytes() > 0
+                && !self.sb.is_lost(self.snd_una) =>
+            {
+                self.sb.pipe()
+            }
             None => self.snd_nxt - self.snd_una,
         }
     }

@@ -1525,6 +1525,116 @@ fn rfc6675_4_rescue_retransmission_leaves_high_rxt_and_recovery_continues() {
     assert_eq!(c.counters.rtos, 0);
 }
 
+/// SACK connection against a scripted peer with a congestion window of `iw` segments.
+fn sack_sender_with_iw(iw: u32) -> Connection {
+    let cfg = TcpConfig {
+        sack: true,
+        cc_config: crate::tcp::cc::CcConfig {
+            initial_window: crate::tcp::cc::InitialWindow::Segments(iw),
+            ..Default::default()
+        },
+        ..plain_cfg()
+    };
+    let peer = TcpOptions {
+        sack_permitted: true,
+        ..TcpOptions::default()
+    };
+    established_with(cfg, peer)
+}
+
+/// An ACK from the scripted peer acknowledging `ack` and SACKing `[left, right)`.
+fn sack_ack(ack: u32, left: u32, right: u32) -> TcpRepr {
+    let mut a = ack_seg(PEER_ISS + 1, ack, 65535);
+    a.options.sack_blocks.push(SeqNum(left), SeqNum(right));
+    a
+}
+
+fn data_seqs(out: &[OutSegment], base: u32) -> Vec<u32> {
+    out.iter()
+        .filter(|s| !s.payload.is_empty())
+        .map(|s| s.repr.seq.0 - base)
+        .collect()
+}
+
+/// Regression (impaired bulk: most RTOs): with a window of three segments and the first one
+/// lost, the two SACKs that follow are fewer than DupThresh and the SACKed data was still
+/// counted as in flight, so nothing more could be sent and only the RTO repaired the loss.
+/// RFC 6675 §5 (2): before DupThresh, send new data while cwnd - pipe >= 1 SMSS (limited
+/// transmit, RFC 3042); the SACKs of that data make IsLost(HighACK + 1) true.
+#[test]
+fn rfc6675_5_2_limited_transmit_by_pipe_repairs_a_loss_in_a_small_window_without_rto() {
+    let mut c = sack_sender_with_iw(3);
+    let m = 1460u32;
+    let una = ISS + 1;
+    c.send(&zb(&vec![7u8; (m * 10) as usize])).unwrap();
+    assert_eq!(data_seqs(&poll_all(&mut c, t(2)), una), vec![0, m, 2 * m]);
+    // Segment 1 lost; segment 2 SACKed: one SACKed segment leaves pipe = 2 segments.
+    c.on_segment(t(3), &sack_ack(una, una + m, una + 2 * m), zb(&[]));
+    assert!(!c.in_recovery());
+    assert_eq!(
+        data_seqs(&poll_all(&mut c, t(3)), una),
+        vec![3 * m],
+        "limited transmit of one new segment"
+    );
+    c.on_segment(t(3), &sack_ack(una, una + m, una + 3 * m), zb(&[]));
+    assert!(!c.in_recovery());
+    assert_eq!(data_seqs(&poll_all(&mut c, t(3)), una), vec![4 * m]);
+    // The limited-transmit segment's SACK: three SACKed segments above SND.UNA (IsLost).
+    c.on_segment(t(4), &sack_ack(una, una + m, una + 4 * m), zb(&[]));
+    assert!(c.in_recovery(), "RFC 6675 §5 (4): loss recovery");
+    let out = data_seqs(&poll_all(&mut c, t(4)), una);
+    assert_eq!(
+        out.first(),
+        Some(&0),
+        "fast retransmit of segment 1: {out:?}"
+    );
+    c.on_segment(t(5), &ack_seg(PEER_ISS + 1, una + 5 * m, 65535), zb(&[]));
+    assert!(!c.in_recovery());
+    assert_eq!(c.counters.rtos, 0);
+    assert_eq!(c.counters.retransmits, 1);
+}
+
+/// Regression (impaired bulk: the RTOs left after limited transmit): a fast retransmission
+/// that is itself lost could only be repaired by the RTO, because RFC 6675's NextSeg never
+/// looks below HighRxt. RFC 8985 §6.2: once data sent after the retransmission is SACKed
+/// (DupThresh segments of it, as IsLost asks), the retransmission is lost and is sent again
+/// within the same recovery.
+#[test]
+fn rfc8985_6_2_lost_retransmission_is_repaired_within_recovery_without_rto() {
+    let mut c = sack_sender_with_iw(10);
+    let m = 1460u32;
+    let una = ISS + 1;
+    c.send(&zb(&vec![9u8; (m * 30) as usize])).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 10);
+    // Segment 1 lost, 2-4 SACKed: fast retransmit.
+    c.on_segment(t(3), &sack_ack(una, una + m, una + 4 * m), zb(&[]));
+    assert!(c.in_recovery());
+    assert_eq!(data_seqs(&poll_all(&mut c, t(3)), una), vec![0]);
+    // The rest of the first flight arrives; pipe has room for new data (segments 11..).
+    c.on_segment(t(4), &sack_ack(una, una + m, una + 10 * m), zb(&[]));
+    let new = data_seqs(&poll_all(&mut c, t(4)), una);
+    assert!(
+        new.len() >= 3 && new.iter().all(|&s| s >= 10 * m),
+        "{new:?}"
+    );
+    // The retransmission of segment 1 is lost; three segments sent after it are SACKed.
+    c.on_segment(t(5), &sack_ack(una, una + m, una + 13 * m), zb(&[]));
+    assert!(c.sb.is_retransmission_lost(SeqNum(una)));
+    let out = data_seqs(&poll_all(&mut c, t(5)), una);
+    assert_eq!(out.first(), Some(&0), "segment 1 sent again: {out:?}");
+    assert_eq!(c.sb.stats().lost_retransmissions, 1);
+    assert!(
+        !c.sb.is_retransmission_lost(SeqNum(una)),
+        "until new evidence"
+    );
+    c.on_segment(t(6), &ack_seg(PEER_ISS + 1, una + 13 * m, 65535), zb(&[]));
+    assert!(
+        !c.in_recovery(),
+        "full acknowledgment of the recovery point"
+    );
+    assert_eq!(c.counters.rtos, 0);
+}
+
 /// Regression (ACK ping-pong): two endpoints whose receive sides are desynchronized answered
 /// each other's out-of-window pure ACKs forever. RFC 9293 §3.10.7.4 asks for an ACK to an
 /// unacceptable segment; for segments without data those ACKs are now rate limited.

@@ -632,6 +632,53 @@ fn interop_impairment() -> LinkConfig {
     }
 }
 
+/// RFC 3708 §3 / RFC 4653 idea: with reordering but no loss (25% of frames held back up to
+/// 2 ms on a 1 ms link, nothing lost or duplicated), every fast retransmit is spurious. Its
+/// retransmission is D-SACKed, the reduction is undone and DupThresh adapts, so the
+/// transfer completes byte-exact without an RTO and with recoveries undone.
+#[test]
+fn rfc3708_pure_reordering_recoveries_are_undone() {
+    const LEN: usize = 2 << 20;
+    let link = LinkConfig {
+        delay: DELAY,
+        reorder_ppm: 250_000,
+        reorder_delay: Duration::from_millis(2),
+        ..LinkConfig::default()
+    };
+    for seed in [1u64, 2] {
+        let tcp = TcpConfig::default();
+        let mut sim = Sim::new(
+            LunaHost::new(MAC_A, IP_A, tcp.clone(), 1),
+            LunaHost::new(MAC_B, IP_B, tcp, 2),
+            SimLink::new(link, seed),
+        );
+        let got = run_bulk(&mut sim, LEN, Instant::from_millis(600_000));
+        assert_eq!(got, LEN as u64);
+        let c = sim.a.stack.tcp_counters();
+        let l = sim.link.stats();
+        eprintln!(
+            "pure reordering seed {seed}: {:.3} s simulated, SACK recoveries {}, undone {}, \
+             D-SACKs {}, retransmits {}, RTOs {}; link reordered {} lost {}",
+            sim.now.as_nanos() as f64 / 1e9,
+            c.sack_recoveries,
+            c.spurious_recoveries,
+            c.dsacks,
+            c.retransmits,
+            c.rtos,
+            l.reordered[0],
+            l.lost[0]
+        );
+        assert_eq!(l.lost[0] + l.lost[1], 0, "the link loses nothing");
+        assert!(
+            c.sack_recoveries > 0,
+            "reordering triggers fast retransmits"
+        );
+        assert!(c.spurious_recoveries > 0, "and they are undone: {c:?}");
+        assert!(c.spurious_recoveries <= c.sack_recoveries);
+        assert_eq!(c.rtos, 0, "{c:?}");
+    }
+}
+
 /// Measurement (luna sends to luna under the interop impairment): RTOs, retransmissions and
 /// simulated completion time of a 2 MiB bulk for three seeds, printed. In the kernel run most
 /// of luna's send time was RTOs (1,802 in 1 GiB); here they were windows of a few segments
@@ -640,34 +687,61 @@ fn interop_impairment() -> LinkConfig {
 /// most one RTO per run on average (before both fixes: 17-20 per 4 MiB run).
 #[test]
 fn impaired_bulk_is_repaired_by_sack_recovery_not_by_rtos() {
-    const LEN: usize = 2 << 20;
+    // LUNA_IMPAIRED_SEEDS=8 LUNA_IMPAIRED_MIB=4 reproduces the docs' 8 x 4 MiB measurement.
+    // Odd seeds only: `FakeRng::new` maps seeds 2k and 2k+1 to the same stream.
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    let seeds: Vec<u64> = match env("LUNA_IMPAIRED_SEEDS") {
+        Some(n) => (0..n.clamp(1, 64)).map(|i| 2 * i + 1).collect(),
+        None => vec![1, 2, 4],
+    };
+    let mib = env("LUNA_IMPAIRED_MIB").unwrap_or(2).clamp(1, 64) as usize;
+    let len = mib << 20;
     let mut rtos = 0;
-    for seed in [1u64, 2, 4] {
+    let mut total = (0.0, 0, 0, 0);
+    for &seed in &seeds {
         let tcp = TcpConfig::default();
         let mut sim = Sim::new(
             LunaHost::new(MAC_A, IP_A, tcp.clone(), 1),
             LunaHost::new(MAC_B, IP_B, tcp, 2),
             SimLink::new(interop_impairment(), seed),
         );
-        let got = run_bulk(&mut sim, LEN, Instant::from_millis(600_000));
-        assert_eq!(got, LEN as u64);
+        let got = run_bulk(&mut sim, len, Instant::from_millis(600_000));
+        assert_eq!(got, len as u64);
         let c = sim.a.stack.tcp_counters();
         let l = sim.link.stats();
         let secs = sim.now.as_nanos() as f64 / 1e9;
         eprintln!(
             "impaired bulk seed {seed}: {secs:.3} s simulated ({:.1} Mbit/s), RTOs {}, \
-             retransmits {}, SACK recoveries {}, D-SACKs {}; link A->B lost {} reordered {} \
-             duplicated {}",
-            LEN as f64 * 8.0 / secs / 1e6,
+             retransmits {}, SACK recoveries {}, undone {}, D-SACKs {}; link A->B lost {} \
+             reordered {} duplicated {}",
+            len as f64 * 8.0 / secs / 1e6,
             c.rtos,
             c.retransmits,
             c.sack_recoveries,
+            c.spurious_recoveries,
             c.dsacks,
             l.lost[0],
             l.reordered[0],
             l.duplicated[0]
         );
         rtos += c.rtos;
+        total.0 += secs;
+        total.1 += c.sack_recoveries;
+        total.2 += c.spurious_recoveries;
+        total.3 += c.retransmits;
     }
-    assert!(rtos <= 3, "RTOs in three impaired runs: {rtos}");
+    eprintln!(
+        "impaired bulk total ({} x {mib} MiB): {:.2} s simulated, RTOs {rtos}, SACK recoveries \
+         {}, undone {}, retransmits {}",
+        seeds.len(),
+        total.0,
+        total.1,
+        total.2,
+        total.3
+    );
+    assert!(
+        rtos <= seeds.len() as u64,
+        "RTOs in {} impaired runs: {rtos}",
+        seeds.len()
+    );
 }

@@ -33,6 +33,132 @@ pub const MIN_SND_MSS: u32 = 88;
 /// RFC 5681 §3.2: three duplicate ACKs trigger fast retransmit (RFC 6675 DupThresh).
 const DUP_THRESH: u32 = 3;
 
+/// Most disjoint retransmitted ranges one recovery episode tracks for D-SACK undo; beyond
+/// it the episode is simply not undone (bounded memory, conservative).
+const MAX_UNDO_RANGES: usize = 8;
+
+/// RFC 3708 §3 bookkeeping of the latest SACK recovery episode: which retransmissions have
+/// not yet been reported duplicate by a D-SACK. Kept after the recovery ends (the D-SACKs of
+/// its last retransmissions arrive about an RTT later) until the next recovery or RTO.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct UndoEpisode {
+    /// An episode is being watched.
+    active: bool,
+    /// SND.UNA at entry: the octet whose presumed loss started the recovery.
+    hole: SeqNum,
+    /// Retransmitted ranges no D-SACK has covered yet: disjoint, sorted, at most
+    /// `MAX_UNDO_RANGES` (capacity reserved once per connection).
+    pending: Vec<(SeqNum, SeqNum)>,
+    /// Retransmissions sent in the episode.
+    retransmissions: u32,
+    /// The episode can no longer be proven spurious: some data was retransmitted twice (its
+    /// first retransmission was deemed lost), or too many ranges.
+    tainted: bool,
+    /// How far beyond `hole` the peer had received data when `hole` was first cumulatively
+    /// acknowledged (bytes): the reordering extent if the episode proves spurious.
+    extent: Option<u32>,
+    /// TSval of the episode's first retransmission (timestamps in use).
+    rxt_tsval: Option<u32>,
+    /// RFC 3522 (Eifel detection): the ACK that first covered `hole` echoed a TSval older than the
+    /// first retransmission's, so the original transmission arrived.
+    original_arrived: bool,
+}
+
+impl UndoEpisode {
+    fn new() -> Self {
+        UndoEpisode {
+            active: false,
+            hole: SeqNum(0),
+            pending: Vec::with_capacity(MAX_UNDO_RANGES + 1),
+            retransmissions: 0,
+            tainted: false,
+            extent: None,
+            rxt_tsval: None,
+            original_arrived: false,
+        }
+    }
+
+    fn start(&mut self, hole: SeqNum) {
+        self.active = true;
+        self.hole = hole;
+        self.pending.clear();
+        self.retransmissions = 0;
+        self.tainted = false;
+        self.extent = None;
+        self.rxt_tsval = None;
+        self.original_arrived = false;
+    }
+
+    /// `[start, end)` was retransmitted.
+    fn on_retransmit(&mut self, start: SeqNum, end: SeqNum) {
+        if !self.active || !start.lt(end) {
+            return;
+        }
+        self.retransmissions = self.retransmissions.saturating_add(1);
+        if self.pending.iter().any(|&(a, b)| start.lt(b) && a.lt(end)) {
+            // Sent again: the first retransmission was deemed lost, so was (likely) the data.
+            self.tainted = true;
+            return;
+        }
+        let at = self.pending.partition_point(|&(a, _)| a.lt(start));
+        if at > 0 && self.pending[at - 1].1 == start {
+            self.pending[at - 1].1 = end;
+        } else if at < self.pending.len() && self.pending[at].0 == end {
+            self.pending[at].0 = start;
+        } else if self.pending.len() < MAX_UNDO_RANGES {
+            self.pending.insert(at, (start, end));
+        } else {
+            self.tainted = true;
+        }
+    }
+
+    /// RFC 2883 §4: the peer received `[l, r)` twice; forget it from the pending ranges.
+    fn on_dsack(&mut self, l: SeqNum, r: SeqNum) {
+        if !self.active || self.tainted {
+            return;
+        }
+        let mut i = 0;
+        while i < self.pending.len() {
+            let (a, b) = self.pending[i];
+            if !(l.lt(b) && a.lt(r)) {
+                i += 1;
+                continue;
+            }
+            match (a.lt(l), r.lt(b)) {
+                (true, true) => {
+                    if self.pending.len() >= MAX_UNDO_RANGES {
+                        self.tainted = true;
+                        return;
+                    }
+                    self.pending[i].1 = l;
+                    self.pending.insert(i + 1, (r, b));
+                    i += 2;
+                }
+                (true, false) => {
+                    self.pending[i].1 = l;
+                    i += 1;
+                }
+                (false, true) => {
+                    self.pending[i].0 = r;
+                    i += 1;
+                }
+                (false, false) => {
+                    self.pending.remove(i);
+                }
+            }
+        }
+    }
+
+    /// RFC 3708 §3: every retransmission of the episode was D-SACKed.
+    fn all_dsacked(&self) -> bool {
+        self.active
+            && !self.tainted
+            && self.retransmissions > 0
+            && self.pending.is_empty()
+            && self.original_arrived
+    }
+}
+
 /// Most duplicate ACKs sent for one burst of out-of-order segments.
 const MAX_DUPACKS_OWED: u32 = 64;
 
@@ -231,6 +357,8 @@ pub struct Connection {
     last_recover: SeqNum,
     /// NewReno's inflated window while recovering without SACK (RFC 6582 §3.2).
     inflation: RecoveryInflation,
+    /// D-SACK detection of a spurious recovery (RFC 3708).
+    undo: UndoEpisode,
     /// A retransmission that must go out at the next opportunity (fast retransmit, partial ACK).
     rexmit_now: Option<SeqNum>,
     /// The SYN (or SYN-ACK) was retransmitted: RFC 6298 §5.7 applies once established.
@@ -366,6 +494,7 @@ impl Connection {
             recovery: None,
             last_recover: iss,
             inflation: RecoveryInflation::default(),
+            undo: UndoEpisode::new(),
             rexmit_now: None,
             syn_retransmitted: false,
             rtt_probe: None,
@@ -1444,9 +1573,28 @@ impl Connection {
         } else {
             &[]
         };
+        let high_before = self.sb.highest_sacked();
         let sack_info = self.sb.on_ack(ack, blocks);
-        if sack_info.dsack.is_some() {
+        if let Some((l, r)) = sack_info.dsack {
             self.counters.dsacks += 1;
+            self.undo.on_dsack(l, r);
+        }
+        if self.undo.active && self.undo.extent.is_none() && ack.gt(self.undo.hole) {
+            // The presumed-lost octet arrived: everything the peer had beyond it came first
+            // (the reordering extent, if the episode proves spurious).
+            let high = [high_before, self.sb.highest_sacked()]
+                .into_iter()
+                .flatten()
+                .fold(ack, |h, s| if s.gt(h) { s } else { h });
+            self.undo.extent = Some(high - self.undo.hole);
+            self.undo.original_arrived = match (self.undo.rxt_tsval, seg.options.timestamps) {
+                (Some(rxt), Some(t)) => (t.tsecr.wrapping_sub(rxt) as i32) < 0,
+                _ => self.ts.is_none(),
+            };
+        }
+        // Before this ACK can start a new recovery (which replaces the episode).
+        if self.recovery.is_none() && self.undo.all_dsacked() {
+            self.undo_spurious_recovery();
         }
 
         if ack.gt(self.snd_una) {
@@ -1469,8 +1617,14 @@ impl Connection {
                 }
                 if self.recovery.is_none() {
                     let lost = self.sack_ok && self.sb.is_lost(self.snd_una);
+                    // RFC 6675 §5: DupThresh, adapted to measured reordering with SACK.
+                    let dup_thresh = if self.sack_ok {
+                        self.sb.dup_thresh()
+                    } else {
+                        DUP_THRESH
+                    };
                     // RFC 6582 §3.2 step 2: only if SND.UNA passed the previous `recover`.
-                    if (self.dupacks >= DUP_THRESH || lost) && self.snd_una.ge(self.last_recover) {
+                    if (self.dupacks >= dup_thresh || lost) && self.snd_una.ge(self.last_recover) {
                         self.enter_recovery(now);
                     }
                 }
@@ -1491,6 +1645,10 @@ impl Connection {
             self.sb.clear_sacks();
             self.counters.sack_renegings += 1;
             self.rexmit_now = Some(self.snd_una);
+        }
+
+        if self.recovery.is_none() && self.undo.all_dsacked() {
+            self.undo_spurious_recovery();
         }
 
         // RFC 9293 §3.10.7.4: window update if SND.WL1 < SEG.SEQ or (SND.WL1 = SEG.SEQ and
@@ -1583,6 +1741,29 @@ impl Connection {
         self.counters.fast_retransmits += 1;
         if self.sack_ok {
             self.counters.sack_recoveries += 1;
+            // RFC 3708 §3: watch this episode's retransmissions for D-SACKs. A previous
+            // episode not yet proven spurious can no longer be undone: the CC saved its state
+            // anew for this reduction.
+            self.undo.start(self.snd_una);
+        } else {
+            self.undo.active = false;
+        }
+    }
+
+    /// RFC 3708 §3: the recovery episode is over and every retransmission in it was
+    /// D-SACKed, so no data was lost: the reduction was spurious.
+    fn undo_spurious_recovery(&mut self) {
+        self.undo.active = false;
+        // RFC 9438 §4.9: restore the congestion state from before the reduction (cwnd,
+        // ssthresh, and CUBIC's W_max, K, epoch), as Linux does; RFC 4015's response would
+        // restore more cautiously.
+        if self.cc.undo() {
+            self.counters.spurious_recoveries += 1;
+        }
+        // RFC 4653's idea (Linux tcp_reordering): the same reordering should not trigger the
+        // next fast retransmit, so DupThresh rises to its extent (bounded in the scoreboard).
+        if let Some(extent) = self.undo.extent {
+            self.sb.note_reordering(extent);
         }
     }
 
@@ -1745,6 +1926,13 @@ impl Connection {
             return;
         }
         self.counters.rtos += 1;
+        // A timeout is a loss signal of its own; an earlier recovery is no longer undone
+        // (the CC saved its state anew), and if the raised DupThresh held back a fast
+        // retransmit the default would have sent, the reordering estimate is reset.
+        self.undo.active = false;
+        if self.recovery.is_none() {
+            self.sb.on_rto_outside_recovery();
+        }
         // RFC 6298 §5.5: back off; §5.6: restart; RFC 5681 §3.1 eq. 4: loss window.
         self.rtt.on_timeout();
         let in_flight = self.snd_max - self.snd_una;
@@ -2150,6 +2338,10 @@ impl Connection {
         if kind == Rexmit::Normal {
             self.sb.on_retransmit(seq, len + u32::from(fin));
         }
+        self.undo.on_retransmit(seq, seq + len + u32::from(fin));
+        if self.undo.active && self.undo.rxt_tsval.is_none() {
+            self.undo.rxt_tsval = opts.timestamps.map(|t| t.tsval);
+        }
         self.rtt_probe = None;
         self.counters.retransmits += 1;
         Some(self.segment_with(now, seq, flags, payload, opts))
@@ -2297,6 +2489,7 @@ impl Connection {
         }
         if is_rexmit {
             self.sb.on_retransmit(seq, len + u32::from(fin));
+            self.undo.on_retransmit(seq, seq + len + u32::from(fin));
             self.counters.retransmits += 1;
             self.rtt_probe = None;
         } else if self.rtt_probe.is_none() && self.retries == 0 {
@@ -2364,6 +2557,7 @@ impl Connection {
             self.recovery,
             self.last_recover,
             self.inflation,
+            self.undo,
             self.rexmit_now
         );
         put!(

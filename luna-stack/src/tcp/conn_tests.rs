@@ -1635,6 +1635,179 @@ fn rfc8985_6_2_lost_retransmission_is_repaired_within_recovery_without_rto() {
     assert_eq!(c.counters.rtos, 0);
 }
 
+/// Sends 30 segments' worth with a window of 10 and answers with SACKs of segments 2-6
+/// (segment 1 missing): fast retransmit of segment 1. Returns the connection, cwnd and
+/// ssthresh before the reduction, and the segment size.
+fn spurious_candidate(cfg_ts: bool) -> (Connection, u32, u32, u32) {
+    let mut c = if cfg_ts {
+        let cfg = TcpConfig {
+            sack: true,
+            timestamps: true,
+            cc_config: crate::tcp::cc::CcConfig {
+                initial_window: crate::tcp::cc::InitialWindow::Segments(10),
+                ..Default::default()
+            },
+            ..plain_cfg()
+        };
+        let peer = TcpOptions {
+            sack_permitted: true,
+            timestamps: Some(Timestamps {
+                tsval: 100,
+                tsecr: 0,
+            }),
+            ..TcpOptions::default()
+        };
+        established_with(cfg, peer)
+    } else {
+        sack_sender_with_iw(10)
+    };
+    let una = ISS + 1;
+    c.send(&zb(&vec![5u8; 1460 * 30])).unwrap();
+    let out = poll_all(&mut c, t(2));
+    assert_eq!(out.len(), 10);
+    let m = out[0].payload.len() as u32;
+    let (cwnd, ssthresh) = (c.cwnd(), c.ssthresh());
+    c.on_segment(
+        t(3),
+        &ts_ack(cfg_ts, sack_ack(una, una + m, una + 6 * m), 2),
+        zb(&[]),
+    );
+    assert!(c.in_recovery());
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(data_seqs(&out, una).first(), Some(&0), "fast retransmit");
+    assert!(c.cwnd() < cwnd, "window reduced");
+    assert_eq!(c.counters.retransmits, 1);
+    (c, cwnd, ssthresh, m)
+}
+
+/// With `ts`, adds a timestamp option echoing `tsecr` (the scripted peer's TSval stays 100:
+/// PAWS accepts equal values).
+fn ts_ack(ts: bool, mut a: TcpRepr, tsecr: u32) -> TcpRepr {
+    if ts {
+        a.options.timestamps = Some(Timestamps { tsval: 100, tsecr });
+    }
+    a
+}
+
+/// RFC 3708 §3: segment 1 was only reordered. Its original arrives after the fast
+/// retransmission (the ACK covers segments 1-10), then the retransmission is reported by a
+/// D-SACK: every retransmission of the episode was D-SACKed, so the reduction is undone
+/// (RFC 9438 §4.9) and DupThresh rises to the reordering seen (RFC 4653 idea):
+/// nine segments overtook segment 1, so five SACKed segments no longer start a recovery.
+#[test]
+fn rfc3708_3_spurious_fast_retransmit_is_undone_by_dsack_and_dupthresh_adapts() {
+    for ts in [false, true] {
+        let (mut c, cwnd, ssthresh, m) = spurious_candidate(ts);
+        let una = ISS + 1;
+        // The original of segment 1 arrives (TSecr 2: the original's TSval, RFC 3522).
+        c.on_segment(
+            t(4),
+            &ts_ack(ts, ack_seg(PEER_ISS + 1, una + 10 * m, 65535), 2),
+            zb(&[]),
+        );
+        assert!(!c.in_recovery());
+        assert_eq!(c.counters.spurious_recoveries, 0, "not before the D-SACK");
+        poll_all(&mut c, t(4));
+        // RFC 2883 §4: the retransmission arrives as a duplicate.
+        let dsack = ts_ack(ts, sack_ack(una + 10 * m, una, una + m), 3);
+        c.on_segment(t(5), &dsack, zb(&[]));
+        assert_eq!(c.counters.dsacks, 1);
+        assert_eq!(c.counters.spurious_recoveries, 1, "ts {ts}");
+        assert!(c.cwnd() >= cwnd, "cwnd restored: {} < {cwnd}", c.cwnd());
+        assert!(c.ssthresh() >= ssthresh);
+        assert_eq!(
+            c.sb.reordering(),
+            11,
+            "segment 1 and the nine that overtook it, plus one"
+        );
+        // The same D-SACK again does not undo twice.
+        c.on_segment(t(5), &dsack, zb(&[]));
+        assert_eq!(c.counters.spurious_recoveries, 1);
+        // The next hole with three (even five) SACKed segments above it is not a loss yet.
+        let out = poll_all(&mut c, t(5));
+        assert!(data_seqs(&out, una).len() >= 5, "the restored window sends");
+        assert!(c.sb.dup_thresh() > 5, "{}", c.sb.dup_thresh());
+        let hole = una + 10 * m;
+        c.on_segment(
+            t(6),
+            &ts_ack(ts, sack_ack(hole, hole + m, hole + 6 * m), 5),
+            zb(&[]),
+        );
+        assert!(!c.in_recovery(), "reordering within the learned extent");
+        assert_eq!(c.counters.sack_recoveries, 1);
+        assert_eq!(c.counters.rtos, 0);
+    }
+}
+
+/// RFC 3708 §3 (the other way): segment 1 was really lost; its retransmission fills the hole
+/// and is never D-SACKed, so the reduction stands. A D-SACK for other data (a duplicated
+/// original) does not count for the episode.
+#[test]
+fn rfc3708_3_real_loss_is_not_undone() {
+    for ts in [false, true] {
+        let (mut c, cwnd, _, m) = spurious_candidate(ts);
+        let una = ISS + 1;
+        // The retransmission (TSval 3) fills the hole.
+        c.on_segment(
+            t(5),
+            &ts_ack(ts, ack_seg(PEER_ISS + 1, una + 10 * m, 65535), 3),
+            zb(&[]),
+        );
+        assert!(!c.in_recovery());
+        poll_all(&mut c, t(5));
+        let reduced = c.cwnd();
+        assert!(reduced < cwnd);
+        // A network duplicate of segment 5 (never retransmitted) is D-SACKed.
+        let dup = ts_ack(ts, sack_ack(una + 10 * m, una + 4 * m, una + 5 * m), 3);
+        c.on_segment(t(6), &dup, zb(&[]));
+        assert_eq!(c.counters.dsacks, 1);
+        assert_eq!(c.counters.spurious_recoveries, 0, "ts {ts}");
+        assert!(c.cwnd() < cwnd);
+        assert_eq!(c.sb.reordering(), 3);
+    }
+}
+
+/// RFC 3522 (Eifel detection) guarding RFC 3708: with timestamps, the ACK that filled the hole
+/// echoed the retransmission's TSval, so the original was lost; a D-SACK of the
+/// retransmission then only means the network duplicated it, and nothing is undone.
+#[test]
+fn rfc3522_duplicated_retransmission_of_a_lost_segment_is_not_undone() {
+    let ts = true;
+    let (mut c, cwnd, _, m) = spurious_candidate(ts);
+    let una = ISS + 1;
+    c.on_segment(
+        t(5),
+        &ts_ack(ts, ack_seg(PEER_ISS + 1, una + 10 * m, 65535), 3),
+        zb(&[]),
+    );
+    poll_all(&mut c, t(5));
+    // The retransmission's duplicate arrives: D-SACK of exactly what was retransmitted.
+    c.on_segment(
+        t(6),
+        &ts_ack(ts, sack_ack(una + 10 * m, una, una + m), 3),
+        zb(&[]),
+    );
+    assert_eq!(c.counters.dsacks, 1);
+    assert_eq!(c.counters.spurious_recoveries, 0);
+    assert!(c.cwnd() < cwnd);
+    assert_eq!(c.sb.reordering(), 3);
+}
+
+/// A retransmission timeout ends the episode: a D-SACK arriving after it undoes nothing.
+#[test]
+fn rfc3708_rto_ends_the_undo_episode() {
+    let (mut c, _, _, m) = spurious_candidate(false);
+    let una = ISS + 1;
+    let rto = c.poll_timeout().unwrap();
+    c.on_timeout(rto);
+    assert_eq!(c.counters.rtos, 1);
+    poll_all(&mut c, rto);
+    c.on_segment(rto, &sack_ack(una + 10 * m, una, una + m), zb(&[]));
+    assert_eq!(c.counters.dsacks, 1);
+    assert_eq!(c.counters.spurious_recoveries, 0);
+    assert!(c.cwnd() <= 3 * 1460, "not restored: {}", c.cwnd());
+}
+
 /// Regression (ACK ping-pong): two endpoints whose receive sides are desynchronized answered
 /// each other's out-of-window pure ACKs forever. RFC 9293 §3.10.7.4 asks for an ACK to an
 /// unacceptable segment; for segments without data those ACKs are now rate limited.

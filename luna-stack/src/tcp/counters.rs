@@ -85,6 +85,8 @@ pub struct ConnCounters {
     pub oow_acks_suppressed: u64,
     /// D-SACKs received (RFC 2883).
     pub dsacks: u64,
+    /// Recoveries found spurious (every retransmission D-SACKed, RFC 3708) and undone.
+    pub spurious_recoveries: u64,
     /// Times the peer reneged on SACKed data (RFC 2018 §8) and the scoreboard was cleared.
     pub sack_renegings: u64,
     /// Zero-window probes sent.
@@ -123,6 +125,7 @@ impl ConnCounters {
         self.challenge_acks_suppressed += o.challenge_acks_suppressed;
         self.oow_acks_suppressed += o.oow_acks_suppressed;
         self.dsacks += o.dsacks;
+        self.spurious_recoveries += o.spurious_recoveries;
         self.sack_renegings += o.sack_renegings;
         self.window_probes += o.window_probes;
         self.keepalive_probes += o.keepalive_probes;

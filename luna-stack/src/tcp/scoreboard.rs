@@ -15,6 +15,11 @@
 //!   `max_ranges` records. It is deemed lost when `IsLost`'s DupThresh criterion holds for
 //!   SACKed data first sent after it (RFC 8985 §6.2's principle, with DupThresh standing in
 //!   for the reordering window); `pipe` stops counting it and `next_seg` offers it again.
+//! - DupThresh adapts to measured reordering (RFC 4653's idea, Linux `tcp_reordering`): the
+//!   connection reports the extent of reordering a spurious recovery revealed
+//!   ([`Scoreboard::note_reordering`]); the threshold [`Scoreboard::dup_thresh`] used by
+//!   `IsLost` is raised to it, bounded by [`MAX_REORDERING`] and by the segments in flight (so
+//!   a loss can always still be detected once everything above it is SACKed).
 //! - Sequence numbers are tracked as byte ranges; the sender's segmentation is unknown here,
 //!   so "SACKed segments" in `IsLost` are counted as SMSS-sized chunks of each SACKed range
 //!   (rounded up), and `NextSeg` returns up to SMSS bytes starting at the chosen octet.
@@ -68,6 +73,10 @@ impl fmt::Display for ScoreboardConfigError {
 
 impl std::error::Error for ScoreboardConfigError {}
 
+/// Largest DupThresh reordering can raise the threshold to (segments; Linux caps
+/// `tcp_reordering` at 300 by default, a bound keeps the loss detection delay bounded).
+pub const MAX_REORDERING: u32 = 127;
+
 /// Largest outstanding window the scoreboard tracks (RFC 7323 §2.3: 2^30). Larger
 /// transmissions are refused by `on_transmit`, keeping every comparison within 2^31.
 const MAX_FLIGHT: u32 = 1 << 30;
@@ -120,6 +129,10 @@ pub struct ScoreboardStats {
     /// Retransmission records forgotten because `max_ranges` was exceeded (those
     /// retransmissions are left to the RTO if lost, as in plain RFC 6675).
     pub rxt_records_dropped: u64,
+    /// Times the reordering estimate was raised by a spurious recovery.
+    pub reordering_raised: u64,
+    /// Times the reordering estimate was reset because it delayed loss detection to an RTO.
+    pub reordering_reset: u64,
 }
 
 /// Octets `[start, end)` were last retransmitted when SND.MAX was `sent_max`.
@@ -147,6 +160,9 @@ pub struct Scoreboard {
     rescue_rxt: Option<SeqNum>,
     /// Retransmissions of this recovery: disjoint, sorted, inside [snd_una, high_rxt).
     rxt: Vec<RxtRecord>,
+    /// Reordering estimate in segments: DupThresh before the flight bound, at least
+    /// `cfg.dup_thresh`, at most [`MAX_REORDERING`].
+    reordering: u32,
     stats: ScoreboardStats,
 }
 
@@ -185,6 +201,7 @@ impl Scoreboard {
             rescue_rxt: None,
             // +2: a retransmission inside a record splits it before the cap is applied.
             rxt: Vec::with_capacity(cfg.max_ranges + 2),
+            reordering: cfg.dup_thresh,
             stats: ScoreboardStats::default(),
         }
     }
@@ -192,6 +209,60 @@ impl Scoreboard {
     /// Change SMSS (used by `IsLost` and `NextSeg`).
     pub fn set_mss(&mut self, mss: u32) {
         self.mss = mss.max(1);
+    }
+
+    /// The DupThresh in force: the reordering estimate, but never more than one less than the
+    /// segments in flight (RFC 4653 also ties its threshold to the flight: with all data above
+    /// a loss SACKed, waiting longer only leaves it to the RTO),
+    /// and never less than the configured DupThresh (RFC 6675 §2, RFC 5681 §3.2).
+    pub fn dup_thresh(&self) -> u32 {
+        if self.reordering <= self.cfg.dup_thresh {
+            return self.cfg.dup_thresh;
+        }
+        let flight_segs = self.off(self.snd_max).div_ceil(self.mss);
+        self.reordering
+            .min(flight_segs.saturating_sub(1))
+            .max(self.cfg.dup_thresh)
+    }
+
+    /// The reordering estimate (segments), before the flight bound.
+    pub fn reordering(&self) -> u32 {
+        self.reordering
+    }
+
+    /// A recovery proved spurious (RFC 3708 D-SACK detection): when the octet deemed lost
+    /// arrived, the peer held data up to `extent` bytes from its start. Raise the reordering
+    /// estimate so that much reordering no longer looks like a loss (RFC 4653's adaptation of
+    /// DupThresh): DupThresh becomes the extent in SMSS-sized segments plus one, as Linux's
+    /// `tcp_check_sack_reordering` measures it (the extent spans the late segment and its
+    /// overtakers, so this leaves one segment of margin), bounded by [`MAX_REORDERING`].
+    /// Returns the new estimate.
+    pub fn note_reordering(&mut self, extent: u32) -> u32 {
+        let segs = u64::from(extent).div_ceil(u64::from(self.mss)) + 1;
+        let want = segs.min(u64::from(MAX_REORDERING)) as u32;
+        if want > self.reordering {
+            self.reordering = want;
+            self.stats.reordering_raised += 1;
+        }
+        self.reordering
+    }
+
+    /// A retransmission timeout outside recovery while at least the configured DupThresh of
+    /// segments were SACKed: the raised threshold held back a fast retransmit the default
+    /// would have sent, so the estimate is reset (Linux `tcp_enter_loss`).
+    pub fn on_rto_outside_recovery(&mut self) {
+        if self.reordering > self.cfg.dup_thresh && self.sacked_segments() >= self.cfg.dup_thresh {
+            self.reordering = self.cfg.dup_thresh;
+            self.stats.reordering_reset += 1;
+        }
+    }
+
+    /// SACKed data counted as RFC 6675 §4 counts it: SMSS-sized chunks of each range.
+    fn sacked_segments(&self) -> u32 {
+        self.ranges
+            .iter()
+            .map(|&(s, e)| (e - s).div_ceil(self.mss))
+            .fold(0u32, u32::saturating_add)
     }
 
     /// Offset of `s` from SND.UNA. Meaningful for `s` in [snd_una, snd_una + 2^31).
@@ -546,7 +617,8 @@ impl Scoreboard {
     /// The lowest octet offset at or above which unSACKed data is *not* lost: an unSACKed
     /// octet is lost (IsLost) iff its offset is below this.
     fn lost_boundary(&self) -> u32 {
-        let thresh_bytes = u64::from(self.cfg.dup_thresh - 1) * u64::from(self.mss);
+        let dup_thresh = self.dup_thresh();
+        let thresh_bytes = u64::from(dup_thresh - 1) * u64::from(self.mss);
         let mut bytes = 0u64;
         let mut segs = 0u64;
         for &(s, e) in self.ranges.iter().rev() {
@@ -555,7 +627,7 @@ impl Scoreboard {
             segs += len.div_ceil(u64::from(self.mss));
             // RFC 6675 §4 IsLost: DupThresh discontiguous SACKed sequences, or more than
             // (DupThresh - 1) * SMSS SACKed bytes, above the octet.
-            if segs >= u64::from(self.cfg.dup_thresh) || bytes > thresh_bytes {
+            if segs >= u64::from(dup_thresh) || bytes > thresh_bytes {
                 return self.off(s);
             }
         }
@@ -565,7 +637,8 @@ impl Scoreboard {
     /// RFC 6675 §4 IsLost's criterion for the data at or above offset `from`: DupThresh
     /// discontiguous SACKed sequences or more than (DupThresh - 1) * SMSS SACKed bytes.
     fn sacked_beyond_thresh(&self, from: u32) -> bool {
-        let thresh_bytes = u64::from(self.cfg.dup_thresh - 1) * u64::from(self.mss);
+        let dup_thresh = self.dup_thresh();
+        let thresh_bytes = u64::from(dup_thresh - 1) * u64::from(self.mss);
         let mut bytes = 0u64;
         let mut segs = 0u64;
         for &(s, e) in self.ranges.iter().rev() {
@@ -576,7 +649,7 @@ impl Scoreboard {
             let len = u64::from(eo - so);
             bytes += len;
             segs += len.div_ceil(u64::from(self.mss));
-            if segs >= u64::from(self.cfg.dup_thresh) || bytes > thresh_bytes {
+            if segs >= u64::from(dup_thresh) || bytes > thresh_bytes {
                 return true;
             }
         }
@@ -1094,6 +1167,52 @@ mod tests {
         );
         assert_eq!(e.unwrap_err(), ScoreboardConfigError::DupThresh);
         assert!(!ScoreboardConfigError::MaxRanges.to_string().is_empty());
+    }
+
+    #[test]
+    fn rfc4653_dupthresh_follows_reordering_bounded_by_flight_and_max() {
+        let mut s = sb(0, 2000);
+        assert_eq!(s.dup_thresh(), 3);
+        // Nine segments overtook the late one: extent 10 segments, DupThresh 11.
+        assert_eq!(s.note_reordering(10 * MSS), 11);
+        assert_eq!(s.dup_thresh(), 11);
+        assert_eq!(s.stats().reordering_raised, 1);
+        // Never lowered by a smaller extent; bounded by MAX_REORDERING.
+        assert_eq!(s.note_reordering(2 * MSS), 11);
+        assert_eq!(s.note_reordering(u32::MAX), MAX_REORDERING);
+        // IsLost follows: 10 SACKed segments above octet 0 are not enough with 20 in flight...
+        let mut t = sb(0, 2000);
+        t.note_reordering(10 * MSS);
+        t.on_ack(SeqNum(0), &[blk(100, 1100)]);
+        assert!(!t.is_lost(SeqNum(0)), "10 SACKed segments, DupThresh 11");
+        t.on_ack(SeqNum(0), &[blk(1100, 1101)]);
+        assert!(
+            t.is_lost(SeqNum(0)),
+            "more than (DupThresh - 1) * SMSS bytes"
+        );
+        // ...but DupThresh never exceeds the segments in flight minus one: with 5 segments
+        // outstanding and the 4 above the first SACKed, the first is lost.
+        let mut u = sb(0, 500);
+        u.note_reordering(10 * MSS);
+        assert_eq!(u.dup_thresh(), 4);
+        u.on_ack(SeqNum(0), &[blk(100, 400)]);
+        assert!(!u.is_lost(SeqNum(0)));
+        u.on_ack(SeqNum(0), &[blk(400, 500)]);
+        assert!(u.is_lost(SeqNum(0)));
+        // Never below the configured DupThresh, even with a tiny flight.
+        let mut v = sb(0, 100);
+        v.note_reordering(10 * MSS);
+        assert_eq!(v.dup_thresh(), 3);
+        // An RTO outside recovery with DupThresh segments SACKed resets the estimate.
+        t.on_rto_outside_recovery();
+        assert_eq!(t.reordering(), 3);
+        assert_eq!(t.stats().reordering_reset, 1);
+        // Without that evidence it is kept.
+        let mut w = sb(0, 2000);
+        w.note_reordering(10 * MSS);
+        w.on_ack(SeqNum(0), &[blk(100, 300)]);
+        w.on_rto_outside_recovery();
+        assert_eq!(w.reordering(), 11);
     }
 
     #[test]

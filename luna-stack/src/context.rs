@@ -34,8 +34,13 @@ pub mod testutil {
     impl FakeRng {
         /// A generator whose stream is fixed by `seed`.
         pub fn new(seed: u64) -> Self {
-            // Zero is a fixed point of xorshift; map it away.
-            FakeRng(seed ^ 0x9E37_79B9_7F4A_7C15 | 1)
+            // SplitMix64's finaliser spreads every seed bit over the state (distinct seeds,
+            // distinct streams); zero is a fixed point of xorshift, so map it away.
+            let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            FakeRng(if z == 0 { 1 } else { z })
         }
     }
 
@@ -67,6 +72,10 @@ pub mod testutil {
             let (x, y, z) = (a.next_u64(), b.next_u64(), c.next_u64());
             assert_eq!(x, y);
             assert_ne!(x, z);
+            // Every seed its own stream (the first version mapped 2k and 2k+1 together).
+            let firsts: std::collections::HashSet<u64> =
+                (0..4096).map(|s| FakeRng::new(s).next_u64()).collect();
+            assert_eq!(firsts.len(), 4096);
         }
     }
 }

@@ -688,7 +688,6 @@ fn rfc3708_pure_reordering_recoveries_are_undone() {
 #[test]
 fn impaired_bulk_is_repaired_by_sack_recovery_not_by_rtos() {
     // LUNA_IMPAIRED_SEEDS=8 LUNA_IMPAIRED_MIB=4 reproduces the docs' 8 x 4 MiB measurement.
-    // Odd seeds only: `FakeRng::new` maps seeds 2k and 2k+1 to the same stream.
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
     let seeds: Vec<u64> = match env("LUNA_IMPAIRED_SEEDS") {
         Some(n) => (0..n.clamp(1, 64)).map(|i| 2 * i + 1).collect(),

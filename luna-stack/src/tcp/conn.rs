@@ -1965,6 +1965,15 @@ impl Connection {
             self.keepalive.at = None;
             return;
         }
+        if self.snd_max != self.snd_una || self.sndq.end().gt(self.snd_una) {
+            // RFC 1122 §4.2.3.6: probe only an idle connection. With data (or a FIN)
+            // outstanding or queued, the retransmission or persist timer watches the peer;
+            // and a probe at SND.NXT - 1 is an acceptable segment, left unanswered, to a
+            // receiver still missing earlier data, so counting it would reset a live peer
+            // (Linux tcp_keepalive_timer skips probing the same way).
+            self.keepalive.at = Some(now + ka.idle);
+            return;
+        }
         if self.keepalive.probes_sent >= ka.probes {
             // RFC 9293 §3.8.4: the peer is gone.
             self.rst_pending = Some(self.seq_for_control());

@@ -1353,6 +1353,56 @@ fn rfc9293_3_8_4_keepalive_detects_dead_peer() {
     assert_eq!(c.close_reason(), Some(CloseReason::Timeout));
 }
 
+/// RFC 1122 §4.2.3.6: keepalive probes go only to an idle connection. Found by the
+/// randomized fast-path runs (50% loss): data outstanding behind a long RTO (3 s after a
+/// retransmitted SYN, RFC 6298 §5.7) got keepalive probes at SND.NXT - 1, which the
+/// receiver, still missing the data, accepted without answering; the probes ran out and
+/// a live connection was reset before its RTO fired.
+#[test]
+fn rfc1122_4_2_3_6_no_keepalive_probes_while_data_is_outstanding() {
+    let ka = crate::tcp::config::KeepaliveConfig {
+        idle: Duration::from_millis(20),
+        interval: Duration::from_millis(10),
+        probes: 3,
+    };
+    let mut c = established_with(
+        TcpConfig {
+            keepalive: Some(ka),
+            ..plain_cfg()
+        },
+        TcpOptions::default(),
+    );
+    c.send(&Zbuf::copy_from_slice(&[7u8; 100])).unwrap();
+    let sent = poll_all(&mut c, t(0));
+    assert!(
+        sent.iter().any(|s| s.payload.len() == 100),
+        "the data goes out"
+    );
+    // Nothing comes back. Until the RTO the only thing sent is... nothing: no probe.
+    let rto = c.poll_timeout().expect("a timer runs");
+    let mut now = t(0);
+    let mut retransmitted = false;
+    for _ in 0..50 {
+        let Some(at) = c.poll_timeout() else { break };
+        now = at;
+        c.on_timeout(now);
+        for s in poll_all(&mut c, now) {
+            assert!(
+                !s.payload.is_empty(),
+                "only retransmissions while data is outstanding, got {:?} at {now:?}",
+                s.repr
+            );
+            retransmitted = true;
+        }
+        if retransmitted {
+            break;
+        }
+    }
+    assert!(retransmitted && now >= rto, "the RTO, not keepalive, acts");
+    assert_eq!(c.state(), State::Established);
+    assert_eq!(c.counters.keepalive_probes, 0);
+}
+
 /// Regression: options_len ignored the NOP padding the emitter writes, so TS + SACK was
 /// counted as 20 bytes instead of 24 and loss-recovery segments overran the MTU by 4 bytes
 /// (RFC 9293 §3.7.1: the segment must fit the MSS after options are subtracted).

@@ -111,40 +111,7 @@ fn bulk_a_to_b(
         LunaHost::new(MAC_B, IP_B, tcp, 2),
         link,
     );
-    let l = sim.b.stack.listen(80, 4).unwrap();
-    let c = sim
-        .a
-        .stack
-        .connect(sim.now, SocketAddrV4::new(IP_B, 80), None)
-        .unwrap();
-    let data = pattern(1, 0, len);
-    let mut sent = 0;
-    let mut server = None;
-    let mut check = StreamCheck::new(1);
-    while check.received < len as u64 {
-        if sent < len {
-            if let Ok(n) = sim.a.stack.send(c, &Zbuf::copy_from_slice(&data[sent..])) {
-                sent += n;
-            }
-        }
-        while sim.b.stack.poll_event().is_some() {}
-        while sim.a.stack.poll_event().is_some() {}
-        if server.is_none() {
-            server = sim.b.stack.accept(l);
-        }
-        if let Some(s) = server {
-            while let Ok(Some(z)) = sim.b.stack.recv(s) {
-                check.feed(&z).unwrap();
-            }
-        }
-        assert!(
-            sim.now < Instant::from_millis(60_000) && sim.step(),
-            "transfer stalled at {:?}: {} of {len} bytes\n{}",
-            sim.now,
-            check.received,
-            sim.link.trace_dump()
-        );
-    }
+    run_bulk(&mut sim, len, Instant::from_millis(60_000));
     (sim, obs)
 }
 
@@ -611,9 +578,10 @@ fn run_bulk(sim: &mut Sim<LunaHost, LunaHost>, len: usize, limit: Instant) -> u6
         }
         assert!(
             sim.now < limit && sim.step(),
-            "transfer stalled at {:?}: {} of {len} bytes",
+            "transfer stalled at {:?}: {} of {len} bytes\n{}",
             sim.now,
-            check.received
+            check.received,
+            sim.link.trace_dump()
         );
     }
     check.received

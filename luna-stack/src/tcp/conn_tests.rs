@@ -1321,20 +1321,25 @@ fn pair_close_both_ways_reaches_closed() {
     assert_eq!(p.b.close_reason(), Some(CloseReason::Normal));
 }
 
-#[test]
-fn rfc9293_3_8_4_keepalive_detects_dead_peer() {
+/// An established connection with keepalive on.
+fn with_keepalive(idle: Duration, interval: Duration, probes: u32) -> Connection {
     let ka = crate::tcp::config::KeepaliveConfig {
-        idle: Duration::from_secs(1),
-        interval: Duration::from_millis(100),
-        probes: 3,
+        idle,
+        interval,
+        probes,
     };
-    let mut c = established_with(
+    established_with(
         TcpConfig {
             keepalive: Some(ka),
             ..plain_cfg()
         },
         TcpOptions::default(),
-    );
+    )
+}
+
+#[test]
+fn rfc9293_3_8_4_keepalive_detects_dead_peer() {
+    let mut c = with_keepalive(Duration::from_secs(1), Duration::from_millis(100), 3);
     let mut probes = 0;
     for _ in 0..10 {
         let Some(at) = c.poll_timeout() else { break };
@@ -1360,18 +1365,7 @@ fn rfc9293_3_8_4_keepalive_detects_dead_peer() {
 /// a live connection was reset before its RTO fired.
 #[test]
 fn rfc1122_4_2_3_6_no_keepalive_probes_while_data_is_outstanding() {
-    let ka = crate::tcp::config::KeepaliveConfig {
-        idle: Duration::from_millis(20),
-        interval: Duration::from_millis(10),
-        probes: 3,
-    };
-    let mut c = established_with(
-        TcpConfig {
-            keepalive: Some(ka),
-            ..plain_cfg()
-        },
-        TcpOptions::default(),
-    );
+    let mut c = with_keepalive(Duration::from_millis(20), Duration::from_millis(10), 3);
     c.send(&Zbuf::copy_from_slice(&[7u8; 100])).unwrap();
     let sent = poll_all(&mut c, t(0));
     assert!(

@@ -1679,6 +1679,51 @@ fn rfc8985_6_2_lost_retransmission_is_repaired_within_recovery_without_rto() {
     assert_eq!(c.counters.rtos, 0);
 }
 
+/// Regression (review): with DupThresh raised by an earlier spurious recovery, its flight
+/// bound (segments in flight minus one) only lets a *single* loss be detected. Two losses in
+/// a flight of six left four SACKed segments against DupThresh 5: no fast retransmit, ever;
+/// only the RTO (which the default DupThresh 3 would have avoided). RFC 4653 (adapted
+/// DupThresh): once SND.MAX itself is SACKed no later data can bring more evidence, so the
+/// configured DupThresh applies and the losses are repaired by SACK recovery.
+#[test]
+fn rfc4653_raised_dupthresh_still_repairs_two_losses_in_a_small_window_without_rto() {
+    let mut c = sack_sender_with_iw(10);
+    let m = 1460u32;
+    let una = ISS + 1;
+    c.send(&zb(&vec![3u8; (m * 6) as usize])).unwrap();
+    assert_eq!(data_seqs(&poll_all(&mut c, t(2)), una).len(), 6);
+    // As after a spurious recovery that revealed ten segments of reordering.
+    assert_eq!(c.sb.note_reordering(10 * m), 11);
+    // Segments 1 and 3 (offsets 0 and 2m) lost; 2, 4, 5 and 6 arrive and are SACKed.
+    let sacks: [&[(u32, u32)]; 4] = [
+        &[(1, 2)],
+        &[(3, 4), (1, 2)],
+        &[(3, 5), (1, 2)],
+        &[(3, 6), (1, 2)],
+    ];
+    for blocks in sacks {
+        let mut a = ack_seg(PEER_ISS + 1, una, 65535);
+        for &(l, r) in blocks {
+            a.options
+                .sack_blocks
+                .push(SeqNum(una + l * m), SeqNum(una + r * m));
+        }
+        c.on_segment(t(3), &a, zb(&[]));
+    }
+    assert!(
+        c.in_recovery(),
+        "RFC 6675 §5: four SACKed segments and nothing left to be SACKed (DupThresh {})",
+        c.sb.dup_thresh()
+    );
+    let out = data_seqs(&poll_all(&mut c, t(3)), una);
+    // (RFC 6675 §4 rule 4 may add its rescue copy of the highest hole after them.)
+    assert_eq!(out[..2], [0, 2 * m], "both holes resent: {out:?}");
+    c.on_segment(t(5), &ack_seg(PEER_ISS + 1, una + 6 * m, 65535), zb(&[]));
+    assert!(!c.in_recovery());
+    assert_eq!(c.counters.rtos, 0);
+    assert_eq!(c.sb.reordering(), 11, "the estimate itself is kept");
+}
+
 /// Sends 30 segments' worth with a window of 10 and answers with SACKs of segments 2-6
 /// (segment 1 missing): fast retransmit of segment 1. Returns the connection, cwnd and
 /// ssthresh before the reduction, and the segment size.

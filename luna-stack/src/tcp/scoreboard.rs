@@ -19,7 +19,8 @@
 //!   connection reports the extent of reordering a spurious recovery revealed
 //!   ([`Scoreboard::note_reordering`]); the threshold [`Scoreboard::dup_thresh`] used by
 //!   `IsLost` is raised to it, bounded by [`MAX_REORDERING`] and by the segments in flight (so
-//!   a loss can always still be detected once everything above it is SACKed).
+//!   a loss can always still be detected once everything above it is SACKed), and it falls
+//!   back to the configured DupThresh once SND.MAX is SACKed (several holes).
 //! - Sequence numbers are tracked as byte ranges; the sender's segmentation is unknown here,
 //!   so "SACKed segments" in `IsLost` are counted as SMSS-sized chunks of each SACKed range
 //!   (rounded up), and `NextSeg` returns up to SMSS bytes starting at the chosen octet.
@@ -217,6 +218,13 @@ impl Scoreboard {
     /// and never less than the configured DupThresh (RFC 6675 §2, RFC 5681 §3.2).
     pub fn dup_thresh(&self) -> u32 {
         if self.reordering <= self.cfg.dup_thresh {
+            return self.cfg.dup_thresh;
+        }
+        // RFC 4653 (DupThresh raised for reordering) waits for data sent later to be SACKed.
+        // Once SND.MAX itself is SACKed none can come; with two or more holes the flight bound
+        // below is never met and only the RTO would repair them, so the configured DupThresh
+        // (RFC 6675 §2) applies.
+        if self.highest_sacked() == Some(self.snd_max) {
             return self.cfg.dup_thresh;
         }
         let flight_segs = self.off(self.snd_max).div_ceil(self.mss);

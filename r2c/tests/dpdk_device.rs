@@ -7,13 +7,12 @@
 //!   checks).
 //!
 //! Each DPDK process is this test binary re-executed inside the topology's namespace with
-//! `LDV_R2C_ROLE` set (the ignored `role_child` test is the entry point); it prints an
+//! its role set (`common/children.rs`) (the ignored `role_child` test is the entry point); it prints an
 //! `OK key=value...` line. Needs root, hugepages and the testbed's tools (`make setup`).
 
 use std::collections::VecDeque;
 use std::io::Read;
 use std::net::SocketAddrV4;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dpdk_sys::Eal;
@@ -25,12 +24,13 @@ use luna_stack::wire::Ipv4Cidr;
 use r2c::device::dpdk::{from_testbed, DpdkDevice};
 use r2c::device::Device;
 use testbed::{DpdkPort, Kind, Prefix, Topology};
+
+#[path = "common/children.rs"]
+mod children;
+use children::{field, lines, role_command, spawn, ARG, PORT_JSON, ROLE};
 use zbuf::dpdk::DmaRegistry;
 use zbuf::{copy_stats, CoreCache, Slab, SlabConfig, Zbuf};
 
-const ROLE: &str = "LDV_R2C_ROLE";
-const PORT_JSON: &str = "LDV_R2C_PORT";
-const ARG: &str = "LDV_R2C_ARG";
 const LIMIT: Duration = Duration::from_secs(240);
 
 /// 64 MiB over memif.
@@ -50,123 +50,6 @@ const PY_PATTERN: &str = "bytes(((i * 2654435761) & 0xffffffff) >> 24 for i in r
 
 // ---------------------------------------------------------------- parent side
 
-struct Proc {
-    child: std::process::Child,
-    what: String,
-    out: std::thread::JoinHandle<String>,
-    err: std::thread::JoinHandle<String>,
-}
-
-fn reader(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = r.read_to_end(&mut s);
-        String::from_utf8_lossy(&s).into_owned()
-    })
-}
-
-fn spawn(mut cmd: Command, what: &str) -> Proc {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}"));
-    let out = reader(child.stdout.take().expect("piped"));
-    let err = reader(child.stderr.take().expect("piped"));
-    Proc {
-        child,
-        what: what.into(),
-        out,
-        err,
-    }
-}
-
-/// How a child process ended.
-struct Outcome {
-    what: String,
-    ok: bool,
-    out: String,
-    err: String,
-}
-
-impl Proc {
-    /// Waits up to `LIMIT`, then kills this child (by its pid).
-    fn wait(mut self) -> Outcome {
-        let end = Instant::now() + LIMIT;
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() > end => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break None;
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-                Err(_) => break None,
-            }
-        };
-        Outcome {
-            what: format!("{} (status {status:?})", self.what),
-            ok: status.is_some_and(|s| s.success()),
-            out: self.out.join().unwrap_or_default(),
-            err: self.err.join().unwrap_or_default(),
-        }
-    }
-}
-
-/// The line starting with `want` from each outcome, in order; panics with every
-/// process's output if one failed.
-fn lines(all: &[(&Outcome, &str)]) -> Vec<String> {
-    let found: Vec<Option<String>> = all
-        .iter()
-        .map(|(o, want)| {
-            o.ok.then(|| {
-                o.out
-                    .lines()
-                    .find(|l| l.starts_with(want))
-                    .map(str::to_owned)
-            })
-            .flatten()
-        })
-        .collect();
-    if found.iter().any(Option::is_none) {
-        let mut msg = String::from("a process failed\n");
-        for (o, _) in all {
-            msg += &format!(
-                "=== {}\n--- stdout\n{}\n--- stderr\n{}\n",
-                o.what, o.out, o.err
-            );
-        }
-        panic!("{msg}");
-    }
-    let found: Vec<String> = found.into_iter().flatten().collect();
-    for (l, (o, _)) in found.iter().zip(all) {
-        println!("{}: {l}", o.what);
-    }
-    found
-}
-
-fn field(line: &str, key: &str) -> u64 {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{key}=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {key}= in {line}"))
-}
-
-/// This test binary, as a role child inside `port`'s namespace.
-fn role_command(role: &str, port: &DpdkPort, arg: &str) -> Command {
-    // Hugepages are shared: the pools here need far less than the testbed's default.
-    let mut port = port.clone();
-    port.eal.memory_mb = 64;
-    let port = &port;
-    let exe = std::env::current_exe().expect("test binary");
-    let mut c = testbed::netns_command(&port.netns, exe);
-    c.args(["role_child", "--exact", "--ignored", "--nocapture"])
-        .env(ROLE, role)
-        .env(PORT_JSON, serde_json::to_string(port).expect("json"))
-        .env(ARG, arg);
-    c
-}
-
 #[test]
 fn memif_two_stacks_move_64_mib_without_copying() {
     let prefix = Prefix::new("ldvmem").unwrap();
@@ -177,7 +60,7 @@ fn memif_two_stacks_move_64_mib_without_copying() {
         role_command("memif-client", &m.client, &m.socket.display().to_string()),
         "memif client",
     );
-    let (c, s) = (client.wait(), server.wait());
+    let (c, s) = (client.wait(LIMIT), server.wait(LIMIT));
     drop(topo);
     let got = lines(&[(&c, "OK "), (&s, "OK ")]);
     let (c, s) = (&got[0], &got[1]);
@@ -253,7 +136,7 @@ fn tap_kernel_is_client_and_server_of_the_luna_stack() {
     let mut cmd = t.host.command("python3");
     cmd.args(["-c", &client_py]);
     let kclient = spawn(cmd, "kernel client");
-    let (kc, ks, d) = (kclient.wait(), kserver.wait(), dpdk.wait());
+    let (kc, ks, d) = (kclient.wait(LIMIT), kserver.wait(LIMIT), dpdk.wait(LIMIT));
     let _ = std::fs::remove_file(&ready);
     drop(topo);
     let got = lines(&[
@@ -276,7 +159,7 @@ fn opening_a_missing_port_is_a_clean_error() {
     let prefix = Prefix::new("ldvbad").unwrap();
     let topo = Topology::up(Kind::Memif, &prefix).expect("memif topology");
     let m = topo.memif().expect("memif").clone();
-    let d = spawn(role_command("bad-open", &m.server, ""), "bad open").wait();
+    let d = spawn(role_command("bad-open", &m.server, ""), "bad open").wait(LIMIT);
     drop(topo);
     let d = &lines(&[(&d, "OK ")])[0];
     assert!(d.contains("no-such-port"), "{d}");

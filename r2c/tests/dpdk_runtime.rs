@@ -13,13 +13,11 @@
 //! request with the same id, the RESPONSE flag and the request's payload (echo RPC).
 //!
 //! Each DPDK process is this test binary re-executed inside the topology's namespace
-//! with `LLK_R2C_ROLE` set (the ignored `role_child` test is the entry point); it prints
+//! with its role set (`common/children.rs`) (the ignored `role_child` test is the entry point); it prints
 //! an `OK key=value...` line. Needs root, hugepages and the testbed (`make setup`).
 
 use std::collections::{HashMap, VecDeque};
-use std::io::Read;
 use std::net::SocketAddrV4;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,12 +33,13 @@ use r2c::{
     Conn, CoreOptions, CoreReport, CoreSetup, Ctx, IdleStrategy, InlineApp, ReleaseHook, Runtime,
 };
 use testbed::{DpdkPort, Kind, Prefix, Topology};
+
+#[path = "common/children.rs"]
+mod children;
+use children::{field, lines, role_command, spawn, ARG, PORT_JSON, ROLE};
 use zbuf::dpdk::DmaRegistry;
 use zbuf::{copy_stats, Slab, SlabConfig, Zbuf};
 
-const ROLE: &str = "LLK_R2C_ROLE";
-const PORT_JSON: &str = "LLK_R2C_PORT";
-const ARG: &str = "LLK_R2C_ARG";
 /// Hang guard for a child (never reached in a passing run).
 const LIMIT: Duration = Duration::from_secs(60);
 const RPC_PORT: u16 = 7700;
@@ -97,117 +96,6 @@ fn parse(h: &[u8; HDR]) -> Result<(u64, u32, u16), String> {
 
 // ---------------------------------------------------------------- parent side
 
-struct Proc {
-    child: std::process::Child,
-    what: String,
-    out: std::thread::JoinHandle<String>,
-    err: std::thread::JoinHandle<String>,
-}
-
-fn reader(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = r.read_to_end(&mut s);
-        String::from_utf8_lossy(&s).into_owned()
-    })
-}
-
-fn spawn(mut cmd: Command, what: &str) -> Proc {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}"));
-    let out = reader(child.stdout.take().expect("piped"));
-    let err = reader(child.stderr.take().expect("piped"));
-    Proc {
-        child,
-        what: what.into(),
-        out,
-        err,
-    }
-}
-
-struct Outcome {
-    what: String,
-    ok: bool,
-    out: String,
-    err: String,
-}
-
-impl Proc {
-    /// Waits up to `LIMIT`, then kills this child (by its pid).
-    fn wait(mut self) -> Outcome {
-        let end = Instant::now() + LIMIT;
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() > end => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break None;
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-                Err(_) => break None,
-            }
-        };
-        Outcome {
-            what: format!("{} (status {status:?})", self.what),
-            ok: status.is_some_and(|s| s.success()),
-            out: self.out.join().unwrap_or_default(),
-            err: self.err.join().unwrap_or_default(),
-        }
-    }
-}
-
-/// The line starting with `want` from each outcome; panics with every output if one
-/// failed.
-fn lines(all: &[(&Outcome, &str)]) -> Vec<String> {
-    let found: Vec<Option<String>> = all
-        .iter()
-        .map(|(o, want)| {
-            o.ok.then(|| {
-                o.out
-                    .lines()
-                    .find(|l| l.starts_with(want))
-                    .map(str::to_owned)
-            })
-            .flatten()
-        })
-        .collect();
-    if found.iter().any(Option::is_none) {
-        let mut msg = String::from("a process failed\n");
-        for (o, _) in all {
-            msg += &format!(
-                "=== {}\n--- stdout\n{}\n--- stderr\n{}\n",
-                o.what, o.out, o.err
-            );
-        }
-        panic!("{msg}");
-    }
-    found.into_iter().flatten().collect()
-}
-
-fn field(line: &str, key: &str) -> u64 {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{key}=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {key}= in {line}"))
-}
-
-/// This test binary as a role child inside `port`'s namespace.
-fn role_command(role: &str, port: &DpdkPort, arg: &str) -> Command {
-    // Hugepages are shared: these pools need far less than the testbed's default.
-    let mut port = port.clone();
-    port.eal.memory_mb = 64;
-    let exe = std::env::current_exe().expect("test binary");
-    let mut c = testbed::netns_command(&port.netns, exe);
-    c.args(["role_child", "--exact", "--ignored", "--nocapture"])
-        .env(ROLE, role)
-        .env(PORT_JSON, serde_json::to_string(&port).expect("json"))
-        .env(ARG, arg);
-    c
-}
-
 /// `flat`: the client copies its frames flat (`tx_copy_max`) instead of chaining.
 fn memif_rpcs(server_role: &str, prefix: &str, flat: bool) {
     let prefix = Prefix::new(prefix).unwrap();
@@ -222,7 +110,7 @@ fn memif_rpcs(server_role: &str, prefix: &str, flat: bool) {
         role_command("client", &m.client, if flat { "flat" } else { "" }),
         "r2c client",
     );
-    let (c, s) = (client.wait(), server.wait());
+    let (c, s) = (client.wait(LIMIT), server.wait(LIMIT));
     drop(topo);
     let got = lines(&[(&c, "OK "), (&s, "OK ")]);
     let (c, s) = (&got[0], &got[1]);
@@ -315,7 +203,7 @@ fn tap_kernel_client(server_role: &str, prefix: &str) {
     let mut cmd = t.host.command("python3");
     cmd.args(["-c", &py]);
     let kclient = spawn(cmd, "kernel client");
-    let (k, s) = (kclient.wait(), server.wait());
+    let (k, s) = (kclient.wait(LIMIT), server.wait(LIMIT));
     let _ = std::fs::remove_file(&ready);
     drop(topo);
     let got = lines(&[(&k, "KERNEL-CLIENT ok"), (&s, "OK ")]);
@@ -367,7 +255,7 @@ fn a_server_resets_a_client_that_sends_garbage() {
     let mut cmd = t.host.command("python3");
     cmd.args(["-c", &py]);
     let kclient = spawn(cmd, "garbage client");
-    let (k, s) = (kclient.wait(), server.wait());
+    let (k, s) = (kclient.wait(LIMIT), server.wait(LIMIT));
     let _ = std::fs::remove_file(&ready);
     drop(topo);
     let got = lines(&[(&k, "KERNEL-CLIENT reset"), (&s, "OK ")]);

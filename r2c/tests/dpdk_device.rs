@@ -27,7 +27,7 @@ use testbed::{DpdkPort, Kind, Prefix, Topology};
 
 #[path = "common/children.rs"]
 mod children;
-use children::{field, lines, role_command, spawn, ARG, PORT_JSON, ROLE};
+use children::{field, lines, role_command, spawn, spawn_on_tap, ARG, PORT_JSON, ROLE};
 use zbuf::dpdk::DmaRegistry;
 use zbuf::{copy_stats, CoreCache, Slab, SlabConfig, Zbuf};
 
@@ -102,24 +102,7 @@ fn tap_kernel_is_client_and_server_of_the_luna_stack() {
     let mut cmd = t.host.command("python3");
     cmd.args(["-c", &server_py]);
     let kserver = spawn(cmd, "kernel server");
-    // The kernel side is configured once the DPDK port is started (starting it resets
-    // the interface), which the child signals with a file.
-    let ready = topo.state_dir().join("ldv-tap-ready");
-    let _ = std::fs::remove_file(&ready);
-    let dpdk = spawn(
-        role_command("tap", &t.dpdk, &ready.display().to_string()),
-        "luna on net_tap",
-    );
-    let end = Instant::now() + Duration::from_secs(60);
-    while !ready.exists() {
-        assert!(
-            Instant::now() < end,
-            "the DPDK process did not open its port"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    t.configure_host(Duration::from_secs(30))
-        .expect("tap interface from the DPDK process");
+    let dpdk = spawn_on_tap(&topo, "tap", "luna on net_tap");
     // Kernel client: sends N bytes, expects them echoed back.
     let client_py = format!(
         "import socket,sys,time\nN={n}\ndata={PY_PATTERN}\n\
@@ -137,7 +120,6 @@ fn tap_kernel_is_client_and_server_of_the_luna_stack() {
     cmd.args(["-c", &client_py]);
     let kclient = spawn(cmd, "kernel client");
     let (kc, ks, d) = (kclient.wait(LIMIT), kserver.wait(LIMIT), dpdk.wait(LIMIT));
-    let _ = std::fs::remove_file(&ready);
     drop(topo);
     let got = lines(&[
         (&kc, "KERNEL-CLIENT ok"),

@@ -36,7 +36,7 @@ use testbed::{DpdkPort, Kind, Prefix, Topology};
 
 #[path = "common/children.rs"]
 mod children;
-use children::{field, lines, role_command, spawn, ARG, PORT_JSON, ROLE};
+use children::{field, lines, role_command, spawn, spawn_on_tap, ARG, PORT_JSON, ROLE};
 use zbuf::dpdk::DmaRegistry;
 use zbuf::{copy_stats, Slab, SlabConfig, Zbuf};
 
@@ -163,23 +163,7 @@ fn tap_kernel_client(server_role: &str, prefix: &str) {
     let prefix = Prefix::new(prefix).unwrap();
     let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
     let t = topo.tap().expect("tap details").clone();
-    let ready = topo.state_dir().join("llk-r2c-tap-ready");
-    let _ = std::fs::remove_file(&ready);
-    let server = spawn(
-        role_command(server_role, &t.dpdk, &ready.display().to_string()),
-        server_role,
-    );
-    let end = Instant::now() + Duration::from_secs(60);
-    while !ready.exists() {
-        assert!(
-            Instant::now() < end,
-            "the DPDK process did not open its port"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // Starting the port resets the tap: configure the kernel side now.
-    t.configure_host(Duration::from_secs(30))
-        .expect("tap interface from the DPDK process");
+    let server = spawn_on_tap(&topo, server_role, server_role);
     let py = format!(
         "import socket,struct,sys,time\n\
          def pat(i,n): return bytes(((i*131+k)&0xff) for k in range(n))\n\
@@ -204,7 +188,6 @@ fn tap_kernel_client(server_role: &str, prefix: &str) {
     cmd.args(["-c", &py]);
     let kclient = spawn(cmd, "kernel client");
     let (k, s) = (kclient.wait(LIMIT), server.wait(LIMIT));
-    let _ = std::fs::remove_file(&ready);
     drop(topo);
     let got = lines(&[(&k, "KERNEL-CLIENT ok"), (&s, "OK ")]);
     let s = &got[1];
@@ -223,22 +206,7 @@ fn a_server_resets_a_client_that_sends_garbage() {
     let prefix = Prefix::new("llkrg").unwrap();
     let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
     let t = topo.tap().expect("tap details").clone();
-    let ready = topo.state_dir().join("llk-r2c-tap-ready");
-    let _ = std::fs::remove_file(&ready);
-    let server = spawn(
-        role_command("tap-server", &t.dpdk, &ready.display().to_string()),
-        "inline server on net_tap",
-    );
-    let end = Instant::now() + Duration::from_secs(60);
-    while !ready.exists() {
-        assert!(
-            Instant::now() < end,
-            "the DPDK process did not open its port"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    t.configure_host(Duration::from_secs(30))
-        .expect("tap interface from the DPDK process");
+    let server = spawn_on_tap(&topo, "tap-server", "inline server on net_tap");
     let py = format!(
         "import socket,sys,time\n\
          end=time.time()+30\n\
@@ -256,7 +224,6 @@ fn a_server_resets_a_client_that_sends_garbage() {
     cmd.args(["-c", &py]);
     let kclient = spawn(cmd, "garbage client");
     let (k, s) = (kclient.wait(LIMIT), server.wait(LIMIT));
-    let _ = std::fs::remove_file(&ready);
     drop(topo);
     let got = lines(&[(&k, "KERNEL-CLIENT reset"), (&s, "OK ")]);
     let s = &got[1];

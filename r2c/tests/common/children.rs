@@ -132,3 +132,42 @@ pub fn field(line: &str, key: &str) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {key}= in {line}"))
 }
+
+/// Starts role `role` (its argument: the path of a ready file) on the tap topology's
+/// DPDK side, waits until the child has started its port (starting it resets the tap
+/// interface; the child then writes the ready file) and configures the kernel side.
+/// Removes the ready file again when the child is done ([`TapChild::wait`]).
+pub fn spawn_on_tap(topo: &testbed::Topology, role: &str, what: &str) -> TapChild {
+    let t = topo.tap().expect("tap details");
+    let ready = topo.state_dir().join(format!("r2c-{role}-ready"));
+    let _ = std::fs::remove_file(&ready);
+    let proc = spawn(
+        role_command(role, &t.dpdk, &ready.display().to_string()),
+        what,
+    );
+    let end = Instant::now() + Duration::from_secs(60);
+    while !ready.exists() {
+        assert!(
+            Instant::now() < end,
+            "the DPDK process did not open its port"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t.configure_host(Duration::from_secs(30))
+        .expect("tap interface from the DPDK process");
+    TapChild { proc, ready }
+}
+
+/// A role child on a tap topology (see [`spawn_on_tap`]).
+pub struct TapChild {
+    proc: Proc,
+    ready: std::path::PathBuf,
+}
+
+impl TapChild {
+    pub fn wait(self, limit: Duration) -> Outcome {
+        let o = self.proc.wait(limit);
+        let _ = std::fs::remove_file(&self.ready);
+        o
+    }
+}

@@ -223,6 +223,45 @@ struct Env {
     devices: Vec<DpdkDevice>,
 }
 
+/// What a side runs its r2c runtime with: one core per lane.
+struct Lanes {
+    eal: Eal,
+    slab: Slab,
+    _registry: DmaRegistry,
+    cores: Vec<CoreSetup<DpdkDevice>>,
+    opts: CoreOptions,
+    lanes: usize,
+}
+
+impl Env {
+    /// One core per device on `ip/prefix_len` (see [`setups`]) and the runtime options.
+    fn lanes(
+        self,
+        eal_args: &[String],
+        ip: Ipv4Addr,
+        prefix_len: u8,
+        mtu: u16,
+        cpus: &[usize],
+    ) -> Result<Lanes, String> {
+        let lanes = self.devices.len();
+        let cores = setups(self.devices, ip, prefix_len, mtu, cpus)?;
+        let opts = options(
+            &self.eal,
+            &self.slab,
+            vdev_of(eal_args).unwrap_or_default(),
+            lanes,
+        );
+        Ok(Lanes {
+            eal: self.eal,
+            slab: self.slab,
+            _registry: self._registry,
+            cores,
+            opts,
+            lanes,
+        })
+    }
+}
+
 /// The `--vdev` value in `eal` args.
 fn vdev_of(eal: &[String]) -> Option<&str> {
     let mut it = eal.iter();
@@ -844,16 +883,20 @@ impl Backend for Luna {
     fn serve(&self, spec: &ServerSpec, ready: &mut dyn FnMut()) -> Result<ServerReport, String> {
         let w = spec.workload.clone();
         let deadline = Instant::now() + spec.lifetime;
-        let env = open(&spec.eal, w.threads as u16, w.mtu, spec.lifetime, ready)?;
-        let Env {
+        let Lanes {
             eal,
             slab,
             _registry,
-            devices,
-        } = env;
-        let lanes = devices.len();
-        let cores = setups(devices, spec.ip, spec.prefix_len, w.mtu, &spec.cpus)?;
-        let opts = options(&eal, &slab, vdev_of(&spec.eal).unwrap_or_default(), lanes);
+            cores,
+            opts,
+            lanes,
+        } = open(&spec.eal, w.threads as u16, w.mtu, spec.lifetime, ready)?.lanes(
+            &spec.eal,
+            spec.ip,
+            spec.prefix_len,
+            w.mtu,
+            &spec.cpus,
+        )?;
         let shared = Arc::new(ServerShared {
             eal: eal.clone(),
             report: Mutex::new(ServerReport::default()),
@@ -915,15 +958,14 @@ impl Backend for Luna {
                 return Err(e);
             }
         };
-        let Env {
+        let Lanes {
             eal,
             slab,
             _registry,
-            devices,
-        } = env;
-        let lanes = devices.len();
-        let cores = setups(devices, spec.ip, spec.prefix_len, w.mtu, &spec.cpus)?;
-        let opts = options(&eal, &slab, vdev_of(&spec.eal).unwrap_or_default(), lanes);
+            cores,
+            opts,
+            lanes,
+        } = env.lanes(&spec.eal, spec.ip, spec.prefix_len, w.mtu, &spec.cpus)?;
         let shared = Arc::new(ClientShared {
             eal: eal.clone(),
             plan: plan.clone(),

@@ -147,6 +147,27 @@ fn check_corruption_counted(
 
 /// luna is endpoint A, smoltcp endpoint B. `luna_client`: luna connects to smoltcp's
 /// listeners, else smoltcp connects to luna's.
+/// Calls `poll` (one round of the applications' work; `Ok(true)` once every stream is
+/// done) and advances the simulation, until done, an error, the step or time limit, or
+/// nothing left to schedule.
+fn drive<A: Endpoint, B: Endpoint>(
+    sim: &mut Sim<A, B>,
+    limit: Instant,
+    mut poll: impl FnMut(&mut Sim<A, B>) -> Result<bool, String>,
+) -> Result<(), String> {
+    loop {
+        if poll(sim)? {
+            return Ok(());
+        }
+        if sim.steps > STEP_LIMIT || sim.now >= limit {
+            return Err("no completion within the limits".into());
+        }
+        if !sim.step_until(limit) {
+            return Err("stalled: nothing scheduled".into());
+        }
+    }
+}
+
 fn run_luna_smol(seed: u64, luna_client: bool) -> Result<(), String> {
     let w = workload(seed);
     let ts = seed % 4 != 1;
@@ -208,8 +229,7 @@ fn run_luna_smol(seed: u64, luna_client: bool) -> Result<(), String> {
     } else {
         "smoltcp client -> luna server"
     };
-    let mut result: Result<(), String> = Ok(());
-    loop {
+    let mut result = drive(&mut sim, limit, |sim| {
         if let Some((lb, lr)) = listeners {
             common::drain_events(&mut sim.a);
             if l_bulk.is_none() {
@@ -219,41 +239,24 @@ fn run_luna_smol(seed: u64, luna_client: bool) -> Result<(), String> {
                 l_rpc = sim.a.stack.accept(lr);
             }
         }
-        let step = (|| -> Result<(), String> {
-            if let Some(h) = l_bulk {
-                luna_bulk
-                    .poll(&mut sim.a, h)
-                    .map_err(|e| format!("luna bulk: {e}"))?;
-            }
-            if let Some(h) = l_rpc {
-                luna_rpc
-                    .poll(&mut sim.a, h)
-                    .map_err(|e| format!("luna rpc: {e}"))?;
-            }
-            smol_bulk
-                .poll(&mut sim.b, s_bulk)
-                .map_err(|e| format!("smoltcp bulk: {e}"))?;
-            smol_rpc
-                .poll(&mut sim.b, s_rpc)
-                .map_err(|e| format!("smoltcp rpc: {e}"))?;
-            Ok(())
-        })();
-        if let Err(e) = step {
-            result = Err(e);
-            break;
+        if let Some(h) = l_bulk {
+            luna_bulk
+                .poll(&mut sim.a, h)
+                .map_err(|e| format!("luna bulk: {e}"))?;
         }
-        if luna_bulk.done() && smol_bulk.done() && luna_rpc.done() && smol_rpc.done() {
-            break;
+        if let Some(h) = l_rpc {
+            luna_rpc
+                .poll(&mut sim.a, h)
+                .map_err(|e| format!("luna rpc: {e}"))?;
         }
-        if sim.steps > STEP_LIMIT || sim.now >= limit {
-            result = Err("no completion within the limits".into());
-            break;
-        }
-        if !sim.step_until(limit) {
-            result = Err("stalled: nothing scheduled".into());
-            break;
-        }
-    }
+        smol_bulk
+            .poll(&mut sim.b, s_bulk)
+            .map_err(|e| format!("smoltcp bulk: {e}"))?;
+        smol_rpc
+            .poll(&mut sim.b, s_rpc)
+            .map_err(|e| format!("smoltcp rpc: {e}"))?;
+        Ok(luna_bulk.done() && smol_bulk.done() && luna_rpc.done() && smol_rpc.done())
+    });
     // Let the closing handshakes finish (lossy link: give retransmissions time).
     if result.is_ok() {
         let end = sim.now + Duration::from_secs(120);
@@ -353,8 +356,7 @@ fn run_luna_luna(seed: u64) -> Result<(), String> {
     let mut a_rpc = Rpc::new(w.rpcs.clone(), true, seed * 16 + 4);
     let mut b_rpc = Rpc::new(w.rpcs.clone(), false, seed * 16 + 4);
     let limit = Instant::ZERO + VIRTUAL_LIMIT;
-    let mut result: Result<(), String> = Ok(());
-    loop {
+    let mut result = drive(&mut sim, limit, |sim| {
         common::drain_events(&mut sim.a);
         common::drain_events(&mut sim.b);
         if s_bulk.is_none() {
@@ -363,41 +365,24 @@ fn run_luna_luna(seed: u64) -> Result<(), String> {
         if s_rpc.is_none() {
             s_rpc = sim.b.stack.accept(lr);
         }
-        let step = (|| -> Result<(), String> {
-            a_bulk
-                .poll(&mut sim.a, c_bulk)
-                .map_err(|e| format!("A bulk: {e}"))?;
-            a_rpc
-                .poll(&mut sim.a, c_rpc)
-                .map_err(|e| format!("A rpc: {e}"))?;
-            if let Some(h) = s_bulk {
-                b_bulk
-                    .poll(&mut sim.b, h)
-                    .map_err(|e| format!("B bulk: {e}"))?;
-            }
-            if let Some(h) = s_rpc {
-                b_rpc
-                    .poll(&mut sim.b, h)
-                    .map_err(|e| format!("B rpc: {e}"))?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = step {
-            result = Err(e);
-            break;
+        a_bulk
+            .poll(&mut sim.a, c_bulk)
+            .map_err(|e| format!("A bulk: {e}"))?;
+        a_rpc
+            .poll(&mut sim.a, c_rpc)
+            .map_err(|e| format!("A rpc: {e}"))?;
+        if let Some(h) = s_bulk {
+            b_bulk
+                .poll(&mut sim.b, h)
+                .map_err(|e| format!("B bulk: {e}"))?;
         }
-        if a_bulk.done() && b_bulk.done() && a_rpc.done() && b_rpc.done() {
-            break;
+        if let Some(h) = s_rpc {
+            b_rpc
+                .poll(&mut sim.b, h)
+                .map_err(|e| format!("B rpc: {e}"))?;
         }
-        if sim.steps > STEP_LIMIT || sim.now >= limit {
-            result = Err("no completion within the limits".into());
-            break;
-        }
-        if !sim.step_until(limit) {
-            result = Err("stalled: nothing scheduled".into());
-            break;
-        }
-    }
+        Ok(a_bulk.done() && b_bulk.done() && a_rpc.done() && b_rpc.done())
+    });
     if result.is_ok() {
         let end = sim.now + Duration::from_secs(120);
         let handles_b: Vec<_> = [s_bulk, s_rpc].into_iter().flatten().collect();

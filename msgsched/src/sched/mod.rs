@@ -1,0 +1,1 @@
+//! The cross-thread message scheduler (not written yet).

@@ -1,0 +1,1 @@
+//! Discrete-event simulator of the CP / CS / MS queueing models (not written yet).

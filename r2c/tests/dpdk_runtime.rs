@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dpdk_sys::Eal;
-use luna_stack::stack::StackConfig;
+use luna_stack::stack::{StackConfig, SynCookieMode};
 use luna_stack::tcp::{CloseReason, RecvError};
 use luna_stack::wire::Ipv4Cidr;
 use r2c::batch::{BatchApp, Fd, Interest, PollEvent, SockError, Sockets};
@@ -199,6 +199,64 @@ fn tap_kernel_client(server_role: &str, prefix: &str) {
     assert_eq!(field(s, "zbuf_copied"), 0, "{s}");
 }
 
+/// Kernel clients connecting to a SYN-cookie listener.
+const COOKIE_CONNS: usize = 16;
+
+/// Regression (found by a SYN flood against Linux clients): a connection made through a
+/// SYN cookie ran its timestamp clock from a fresh random offset instead of the clock its
+/// cookie SYN-ACK had started; whenever the jump was 2^31 or more, the Linux client's PAWS
+/// check (RFC 7323 §5.3) discarded every later segment from luna and the connection hung
+/// (about half of them). Here every SYN gets a cookie (`SynCookieMode::Always`, Linux's
+/// `tcp_syncookies=2`; the same path a full backlog takes), and 16 kernel connections must
+/// each complete RPCs in both directions with every byte checked.
+#[test]
+fn tap_kernel_clients_through_syn_cookies_keep_working() {
+    let prefix = Prefix::new("llkrc").unwrap();
+    let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
+    let t = topo.tap().expect("tap details").clone();
+    let server = spawn_on_tap(&topo, "tap-server-cookies", "inline server, cookies always");
+    let py = format!(
+        "import socket,struct,sys,time\n\
+         def pat(i,n): return bytes(((i*131+k)&0xff) for k in range(n))\n\
+         sizes=[1,1448,4096,20000]\n\
+         def rpc(c,i,n):\n  c.sendall(struct.pack('<QIHH',i,n,0,0x6e6b)+pat(i,n))\n  \
+         want=struct.pack('<QIHH',i,n,1,0x6e6b)+pat(i,n)\n  buf=b''\n  \
+         while len(buf)<len(want):\n    d=c.recv(1<<16)\n    if not d: break\n    buf+=d\n  \
+         return buf==want\n\
+         end=time.time()+30\n\
+         conns=[]\n\
+         for k in range({n}):\n  \
+         while True:\n    try:\n      conns.append(socket.create_connection(('{ip}',{RPC_PORT}),timeout=5)); break\n    \
+         except OSError:\n      if time.time()>end: raise\n      time.sleep(0.1)\n\
+         bad=0\n\
+         for k,c in enumerate(conns):\n  \
+         try:\n    ok=all(rpc(c,k*10+j,sizes[j%4]) for j in range(8))\n  \
+         except OSError as e:\n    ok=False\n  \
+         if not ok: bad+=1\n\
+         for c in conns:\n  c.shutdown(socket.SHUT_WR)\n\
+         for c in conns:\n  \
+         try: c.recv(1)\n  \
+         except OSError: bad+=1\n  \
+         c.close()\n\
+         print('KERNEL-CLIENT', 'ok' if bad==0 else 'stalled', bad)\n\
+         sys.exit(0 if bad==0 else 1)\n",
+        n = COOKIE_CONNS,
+        ip = t.dpdk.ip
+    );
+    let mut cmd = t.host.command("python3");
+    cmd.args(["-c", &py]);
+    let kclient = spawn(cmd, "kernel clients");
+    let (k, s) = (kclient.wait(LIMIT), server.wait(LIMIT));
+    drop(topo);
+    let got = lines(&[(&k, "KERNEL-CLIENT ok"), (&s, "OK ")]);
+    let s = &got[1];
+    println!("{}\nserver: {s}", got[0]);
+    let n = COOKIE_CONNS as u64;
+    assert_eq!(field(s, "requests"), 8 * n, "{s}");
+    assert_eq!(field(s, "errors"), 0, "{s}");
+    assert!(field(s, "cookies_accepted") >= n, "{s}");
+}
+
 #[test]
 fn a_server_resets_a_client_that_sends_garbage() {
     // Bad input: a header with the wrong magic is counted as an error and the
@@ -248,6 +306,9 @@ fn role_child() {
         "server-batch" => serve(&port, true, arg.parse().expect("conns"), None),
         "tap-server" => serve(&port, false, 1, Some(arg)),
         "tap-server-batch" => serve(&port, true, 1, Some(arg)),
+        "tap-server-cookies" => {
+            serve_with(&port, false, COOKIE_CONNS, Some(arg), SynCookieMode::Always)
+        }
         "client" => client(&port, arg == "flat"),
         other => panic!("unknown role {other}"),
     };
@@ -615,7 +676,19 @@ impl BatchApp for BatchServer {
 }
 
 fn serve(port: &DpdkPort, batch: bool, expected: usize, ready: Option<String>) -> String {
-    let env = setup(port);
+    serve_with(port, batch, expected, ready, SynCookieMode::WhenFull)
+}
+
+/// [`serve`] with the listener's SYN-cookie mode set.
+fn serve_with(
+    port: &DpdkPort,
+    batch: bool,
+    expected: usize,
+    ready: Option<String>,
+    cookies: SynCookieMode,
+) -> String {
+    let mut env = setup(port);
+    env.core.stack.syn_cookies = cookies;
     if let Some(f) = &ready {
         std::fs::write(f, b"open").expect("ready file");
     }
@@ -652,10 +725,15 @@ fn serve(port: &DpdkPort, batch: bool, expected: usize, ready: Option<String>) -
         )
     });
     let dev = reports[0].device;
+    let (cookies_sent, cookies_accepted) = (
+        reports[0].stack.syn_cookies_sent,
+        reports[0].stack.syn_cookies_accepted,
+    );
     drop(reports);
     format!(
         "requests={} echoed={} conns={} errors={} device_copied={} zbuf_copied={} \
-         rx_frames={} tx_frames={} leaked={}",
+         rx_frames={} tx_frames={} leaked={} cookies_sent={cookies_sent} \
+         cookies_accepted={cookies_accepted}",
         served.requests.load(Ordering::Relaxed),
         served.echoed.load(Ordering::Relaxed),
         served.conns.load(Ordering::Relaxed),

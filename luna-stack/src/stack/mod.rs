@@ -64,8 +64,8 @@ pub struct StackConfig {
     pub ephemeral_ports: (u16, u16),
     /// Most connections (including TIME-WAIT and half-open ones).
     pub max_connections: usize,
-    /// Answer SYNs with cookies when a listener's backlog is full.
-    pub syn_cookies: bool,
+    /// When a listener answers SYNs with cookies instead of keeping state.
+    pub syn_cookies: SynCookieMode,
     /// Answer ARP requests for our address (off when the kernel owns ARP and netlink
     /// mirrors its table).
     pub answer_arp: bool,
@@ -75,6 +75,20 @@ pub struct StackConfig {
     pub neighbour: NeighbourConfig,
     /// Interval between ARP requests for an unresolved neighbour.
     pub arp_retry: Duration,
+}
+
+/// When a listener answers a SYN with a SYN cookie (RFC 4987 §3.6) instead of a
+/// connection in SYN-RECEIVED (Linux's `net.ipv4.tcp_syncookies` 0 / 1 / 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SynCookieMode {
+    /// Never: a SYN to a full backlog is dropped (counted as `backlog_full`).
+    Off,
+    /// Only when the listener's backlog (or the connection table) is full.
+    #[default]
+    WhenFull,
+    /// For every SYN (a listener keeps no half-open state at all; also how tests make
+    /// real clients go through the cookie path without a flood).
+    Always,
 }
 
 impl StackConfig {
@@ -89,7 +103,7 @@ impl StackConfig {
             caps: ChecksumCaps::default(),
             ephemeral_ports: (61440, 65535),
             max_connections: 65536,
-            syn_cookies: true,
+            syn_cookies: SynCookieMode::WhenFull,
             answer_arp: true,
             answer_ping: true,
             neighbour: NeighbourConfig::default(),
@@ -330,7 +344,10 @@ impl BuildHasher for KeyedHasher {
 /// The per-core stack.
 pub struct Stack<R: Rng> {
     cfg: StackConfig,
-    rng: R,
+    /// Every secret and offset is drawn from the `Rng` at construction (keys of the ISN,
+    /// timestamp-offset, cookie and demux hashes; the first ephemeral port and IP id); per
+    /// connection values are keyed hashes of the 4-tuple, not draws.
+    _rng: core::marker::PhantomData<R>,
     neighbours: NeighbourTable,
     routes: RouteTable,
     slots: Vec<Slot>,
@@ -425,7 +442,7 @@ impl<R: Rng> Stack<R> {
             ip_ident: rng.next_u32() as u16,
             counters: StackCounters::default(),
             retired: ConnCounters::default(),
-            rng,
+            _rng: core::marker::PhantomData,
             cfg,
         })
     }
@@ -740,7 +757,7 @@ impl<R: Rng> Stack<R> {
             remote,
         };
         let iss = self.isn.isn(now, tuple.local, tuple.remote);
-        let ts_offset = self.rng.next_u32();
+        let ts_offset = self.isn.ts_offset(tuple.local, tuple.remote);
         let conn = Connection::connect(now, tuple, self.tcp_config_for(dst), iss, ts_offset);
         let entry = Entry {
             conn,
@@ -1381,7 +1398,7 @@ impl<R: Rng> Stack<R> {
         }
         if flags.ack() {
             // Possibly the final ACK of a SYN-cookie handshake.
-            if self.cfg.syn_cookies && !flags.syn() {
+            if self.cfg.syn_cookies != SynCookieMode::Off && !flags.syn() {
                 let tsecr = seg.options.timestamps.map(|t| t.tsecr);
                 if let Ok(ok) =
                     self.cookies
@@ -1406,17 +1423,18 @@ impl<R: Rng> Stack<R> {
         let _ = self.nb_update(ip_of(&tuple.remote), |t| {
             t.learn(ip_of(&tuple.remote), src_mac, now, true)
         });
-        if full {
-            if self.cfg.syn_cookies {
+        match (self.cfg.syn_cookies, full) {
+            (SynCookieMode::Always, _) | (SynCookieMode::WhenFull, true) => {
                 return self.send_cookie_syn_ack(now, tuple, seg, src_mac);
             }
-            return self.counters.drop(StackDrop::BacklogFull);
+            (SynCookieMode::Off, true) => return self.counters.drop(StackDrop::BacklogFull),
+            (_, false) => {}
         }
         let Some((next_hop, _)) = self.route(tuple.remote.ip()) else {
             return self.counters.drop(StackDrop::NoRoute);
         };
         let iss = self.isn.isn(now, tuple.local, tuple.remote);
-        let ts_offset = self.rng.next_u32();
+        let ts_offset = self.isn.ts_offset(tuple.local, tuple.remote);
         let syn = SynInfo {
             seq: seg.seq,
             window: seg.window,
@@ -1482,7 +1500,9 @@ impl<R: Rng> Stack<R> {
             sack_permitted: seg.options.sack_permitted,
             timestamps: seg.options.timestamps.is_some(),
         };
-        let ts_clock = (now.as_nanos() / 1_000_000) as u32;
+        // The connection re-created from the cookie continues this clock (accept_cookie).
+        let ts_clock = ((now.as_nanos() / 1_000_000) as u32)
+            .wrapping_add(self.isn.ts_offset(tuple.local, tuple.remote));
         let c = self
             .cookies
             .generate(now, tuple.local, tuple.remote, seg.seq, &info, ts_clock);
@@ -1548,7 +1568,10 @@ impl<R: Rng> Stack<R> {
         if !ok.timestamps {
             cfg.timestamps = false;
         }
-        let ts_offset = self.rng.next_u32();
+        // The SYN-ACK's TSval came from this clock and the peer echoes it: a connection on
+        // another clock would look 2^31 or more in the past to the peer's PAWS check about
+        // half the time, and every later segment would be dropped.
+        let ts_offset = self.isn.ts_offset(tuple.local, tuple.remote);
         let conn =
             Connection::from_cookie(now, tuple, cfg, ok.isn, ok.peer_isn, ts_offset, &peer_opts);
         let Some(idx) = self.insert_passive(l, tuple, conn, next_hop) else {

@@ -294,6 +294,82 @@ fn syn_cookies_complete_a_handshake_when_the_backlog_is_full() {
     );
 }
 
+/// Regression (found by a SYN flood against Linux clients over tap): a connection made
+/// through a SYN cookie ran its timestamp clock from a fresh random offset, not from the
+/// clock of the cookie SYN-ACK the client had echoed; whenever the two were 2^31 or more
+/// apart the client's PAWS check (RFC 7323 §5.3) discarded every later segment from the
+/// server and the connection hung. Here the client is luna itself (which enforces PAWS the
+/// same way): every cookie connection must carry data both ways with no PAWS drop.
+#[test]
+fn rfc7323_5_3_syn_cookie_connections_continue_the_syn_ack_timestamp_clock() {
+    let mut net = Net::pair();
+    let l = net.b.listen(7000, 1).unwrap();
+    let clients: Vec<SocketHandle> = (0..32)
+        .map(|_| {
+            net.a
+                .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+                .unwrap()
+        })
+        .collect();
+    net.run_until(
+        |n| {
+            clients
+                .iter()
+                .all(|&c| n.a.state(c) == Some(State::Established))
+                && n.b.counters().syn_cookies_accepted + 1 == clients.len() as u64
+        },
+        10_000,
+    );
+    assert!(net.b.counters().syn_cookies_sent >= 31);
+    let servers: Vec<SocketHandle> = std::iter::from_fn(|| net.b.accept(l)).collect();
+    assert_eq!(servers.len(), clients.len());
+    for &s in &servers {
+        net.b.send(s, &Zbuf::copy_from_slice(b"pong")).unwrap();
+    }
+    let mut got = vec![Vec::new(); clients.len()];
+    net.run_until(
+        |n| {
+            for (i, &c) in clients.iter().enumerate() {
+                while let Ok(Some(b)) = n.a.recv(c) {
+                    got[i].extend_from_slice(&b);
+                }
+            }
+            got.iter().all(|g| g == b"pong")
+        },
+        10_000,
+    );
+    assert_eq!(
+        net.a
+            .tcp_counters()
+            .drops(crate::tcp::counters::DropReason::Paws),
+        0
+    );
+}
+
+#[test]
+fn syn_cookie_mode_always_answers_every_syn_with_a_cookie() {
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.syn_cookies = SynCookieMode::Always;
+    let mut net = Net::new(cfg(MAC_A, ip_a()), cb);
+    let (c, s) = connected(&mut net);
+    assert_eq!(net.b.counters().syn_cookies_sent, 1);
+    assert_eq!(net.b.counters().syn_cookies_accepted, 1);
+    assert_eq!(net.b.counters().passive_opens, 0);
+    net.b
+        .send(s, &Zbuf::copy_from_slice(b"from a cookie"))
+        .unwrap();
+    let mut got = Vec::new();
+    net.run_until(
+        |n| {
+            while let Ok(Some(b)) = n.a.recv(c) {
+                got.extend_from_slice(&b);
+            }
+            got == b"from a cookie"
+        },
+        1000,
+    );
+}
+
 #[test]
 fn close_and_time_wait_reclaim_the_slot() {
     let mut c = cfg(MAC_A, ip_a());
@@ -603,7 +679,7 @@ fn rfc9293_3_10_7_2_half_open_slot_is_released_when_syn_received_times_out() {
     let mut ca = cfg(MAC_A, ip_a());
     ca.tcp.syn_retries = 1;
     let mut cb = cfg(MAC_B, ip_b());
-    cb.syn_cookies = false;
+    cb.syn_cookies = SynCookieMode::Off;
     cb.tcp.syn_retries = 1;
     let mut net = Net::new(ca, cb);
     let l = net.b.listen(7000, 1).unwrap();
@@ -638,7 +714,7 @@ fn rfc9293_3_10_7_2_half_open_slot_is_released_when_syn_received_times_out() {
 #[test]
 fn rfc9293_3_10_7_4_half_open_slot_is_released_when_syn_received_is_reset() {
     let mut cb = cfg(MAC_B, ip_b());
-    cb.syn_cookies = false;
+    cb.syn_cookies = SynCookieMode::Off;
     let mut net = Net::new(cfg(MAC_A, ip_a()), cb);
     let l = net.b.listen(7000, 4).unwrap();
     for port in 40000..40004u16 {

@@ -76,6 +76,18 @@ impl IsnGenerator {
         let f = fold32(tuple_hash(&self.key, local, remote, &[]));
         SeqNum(m.wrapping_add(f))
     }
+
+    /// The offset of our RFC 7323 timestamp clock for the connection from `local` to
+    /// `remote`: a keyed hash of the 4-tuple, independent of the ISN's (as Linux's
+    /// `secure_tcp_ts_off`). RFC 7323 §5.4: the clock gets a random offset per connection
+    /// so that TSvals reveal no uptime; deriving it from the tuple instead of drawing it
+    /// keeps one clock per tuple, which a SYN-cookie connection needs (its SYN-ACK's TSval
+    /// is computed before the connection exists, and the peer's PAWS check rejects every
+    /// later segment if the connection's clock jumps 2^31 or more away from it) and which
+    /// RFC 6191 needs across incarnations (a new SYN's TSval above the old connection's).
+    pub fn ts_offset(&self, local: SocketAddrV4, remote: SocketAddrV4) -> u32 {
+        fold32(tuple_hash(&self.key, local, remote, b"rfc7323-ts"))
+    }
 }
 
 #[cfg(test)]

@@ -371,7 +371,20 @@ impl Runner {
                 "luna_fin_timeout_ms" => tcp.fin_timeout = ms(line, n, v)?,
                 "luna_challenge_ack_limit" => tcp.challenge_ack_limit = parse_num(line, n, v)?,
                 "luna_oow_ack_interval_ms" => tcp.oow_ack_interval = ms(line, n, v)?,
-                "luna_syn_cookies" => self.cfg.syn_cookies = parse_bool(line, n, v)?,
+                "luna_syn_cookies" => {
+                    use luna_stack::stack::SynCookieMode;
+                    self.cfg.syn_cookies = match v {
+                        "0" => SynCookieMode::Off,
+                        "1" => SynCookieMode::WhenFull,
+                        "2" => SynCookieMode::Always,
+                        _ => {
+                            return Err(ScriptError::new(
+                                line,
+                                format!("--{n} takes 0, 1 or 2 (as tcp_syncookies), not `{v}`"),
+                            ))
+                        }
+                    }
+                }
                 _ => {
                     return Err(ScriptError::new(
                         line,

@@ -1,12 +1,22 @@
 //! Message sockets: RPCs detached from connections and scheduled across workers
 //! (Rakaia-style CP/CS/MS queueing, power-of-two choices, stealing, transmit delegation).
 //!
-//! Layers (each sans-IO except `sched`, which is the cross-thread queue):
-//! - [`sim`]: a discrete-event simulator of the CP/CS/MS queueing models (the ideal the real
-//!   system is measured against);
-//! - [`sched`]: the scheduler proper: per-worker FIFOs, placement, handoff, stealing.
+//! Layers:
+//! - [`parser`]: where a message ends in a byte stream (the strparser contract), and the
+//!   first parser, knb's 16-byte framing;
+//! - [`framer`]: one connection's receive side, bytes in, bounded whole messages out
+//!   (sans-IO, zero copy);
+//! - [`reply`]: transmit delegation from workers to the I/O core and request order
+//!   restored for ordered protocols;
+//! - [`sched`]: the scheduler proper: per-worker FIFOs, placement, handoff, stealing;
+//! - [`sim`]: a discrete-event simulator of the CP/CS/MS queueing models (the ideal the
+//!   real system is measured against).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod framer;
+pub mod parser;
+pub mod reply;
 pub mod sched;
 pub mod sim;
+mod sync;

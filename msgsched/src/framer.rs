@@ -1,0 +1,364 @@
+//! One connection's receive side: bytes in, whole messages out (sans-IO).
+//!
+//! The I/O core pushes the connection's received [`Zbuf`]s in order and takes messages
+//! while [`Framer::next_message`] yields them. Each message is a slice of the received buffers
+//! (zero copy) with its per-connection sequence number, which the reply path uses to put
+//! ordered replies back in request order ([`crate::reply::Sequencer`]).
+//!
+//! Bounds (so one connection cannot make the I/O core buffer without limit, KCM's
+//! SO_RCVBUF rule): a message larger than `max_message`, or `max_message` bytes buffered
+//! with no message boundary found, is a [`ParseErrorKind::TooLarge`] error; at most
+//! `max_in_flight` messages of a connection are out at workers at once — past that,
+//! `next_message` yields nothing until a reply completes, and [`Framer::wants_input`] turns false
+//! once a message's worth is buffered, so the rest waits in TCP's receive buffer and the
+//! window closes (back pressure, never loss).
+
+use crate::parser::{Ordering, ParseError, ParseErrorKind, Parser};
+use core::fmt;
+use zbuf::{IoVec, Zbuf};
+
+/// Per-connection bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FramerConfig {
+    /// Largest message, in bytes, headers included.
+    pub max_message: usize,
+    /// Most messages of one connection at workers (or waiting for their reply's turn).
+    pub max_in_flight: usize,
+}
+
+impl Default for FramerConfig {
+    fn default() -> Self {
+        FramerConfig {
+            max_message: (1 << 20) + 64,
+            max_in_flight: 64,
+        }
+    }
+}
+
+/// A [`FramerConfig`] that cannot work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FramerConfigError {
+    /// `max_message` is 0.
+    MaxMessage,
+    /// `max_in_flight` is 0 or above 65,536.
+    MaxInFlight,
+}
+
+impl fmt::Display for FramerConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FramerConfigError::MaxMessage => f.write_str("max_message must be at least 1 byte"),
+            FramerConfigError::MaxInFlight => f.write_str("max_in_flight must be in 1..=65536"),
+        }
+    }
+}
+
+impl std::error::Error for FramerConfigError {}
+
+impl FramerConfig {
+    /// Checks the bounds.
+    pub fn validate(&self) -> Result<(), FramerConfigError> {
+        if self.max_message == 0 {
+            return Err(FramerConfigError::MaxMessage);
+        }
+        if self.max_in_flight == 0 || self.max_in_flight > 1 << 16 {
+            return Err(FramerConfigError::MaxInFlight);
+        }
+        Ok(())
+    }
+}
+
+/// A whole message taken from a connection.
+#[derive(Debug, Clone)]
+pub struct Framed {
+    /// Position of the message in its connection (0, 1, 2, ...).
+    pub seq: u64,
+    /// The parser's stream or request id, where the protocol has one.
+    pub stream: Option<u64>,
+    /// The message bytes (zero copy).
+    pub body: IoVec,
+}
+
+/// One connection's framing state.
+pub struct Framer<P> {
+    parser: P,
+    cfg: FramerConfig,
+    buf: IoVec,
+    /// Length of the message at the head, once the parser has told it.
+    want: usize,
+    next_seq: u64,
+    in_flight: usize,
+    failed: Option<ParseError>,
+}
+
+impl<P: Parser> Framer<P> {
+    /// A framer for a new connection.
+    pub fn new(parser: P, cfg: FramerConfig) -> Result<Self, FramerConfigError> {
+        cfg.validate()?;
+        Ok(Framer {
+            parser,
+            cfg,
+            buf: IoVec::new(),
+            want: 0,
+            next_seq: 0,
+            in_flight: 0,
+            failed: None,
+        })
+    }
+
+    /// Received bytes, in stream order.
+    pub fn push(&mut self, data: Zbuf) {
+        if self.failed.is_none() {
+            self.buf.push(data);
+        }
+    }
+
+    /// Whether the I/O core should read more of this connection now (false once a whole
+    /// message's worth waits, or after an error).
+    pub fn wants_input(&self) -> bool {
+        self.failed.is_none() && self.buf.len() <= self.cfg.max_message
+    }
+
+    /// The next whole message, `Ok(None)` if it has not fully arrived or
+    /// `max_in_flight` messages are out, or the error that ends the connection (returned
+    /// again on every later call).
+    pub fn next_message(&mut self) -> Result<Option<Framed>, ParseError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        if self.in_flight >= self.cfg.max_in_flight {
+            return Ok(None);
+        }
+        if self.want == 0 {
+            match self.parser.parse(&self.buf, self.cfg.max_message) {
+                Ok(0) if self.buf.len() > self.cfg.max_message => {
+                    return Err(self.fail(ParseError::new(
+                        ParseErrorKind::TooLarge,
+                        "no message boundary within max_message bytes",
+                    )));
+                }
+                Ok(0) => return Ok(None),
+                Ok(n) if n > self.cfg.max_message => {
+                    return Err(self.fail(ParseError::new(
+                        ParseErrorKind::TooLarge,
+                        "message above max_message",
+                    )));
+                }
+                Ok(n) => self.want = n,
+                Err(e) => return Err(self.fail(e)),
+            }
+        }
+        if self.buf.len() < self.want {
+            return Ok(None);
+        }
+        let body = self.buf.split_to(self.want);
+        self.want = 0;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.in_flight += 1;
+        Ok(Some(Framed {
+            seq,
+            stream: self.parser.stream(&body),
+            body,
+        }))
+    }
+
+    fn fail(&mut self, e: ParseError) -> ParseError {
+        self.failed = Some(e);
+        self.buf = IoVec::new();
+        e
+    }
+
+    /// One message's reply (or completion without a reply) has gone out: one more may be
+    /// taken. Extra calls are ignored (never below zero).
+    pub fn reply_done(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// Messages out at workers (or waiting for their reply's turn).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Bytes received but not yet part of a taken message.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Messages taken so far.
+    pub fn taken(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The protocol's reply order.
+    pub fn ordering(&self) -> Ordering {
+        self.parser.ordering()
+    }
+
+    /// The configured bounds.
+    pub fn config(&self) -> &FramerConfig {
+        &self.cfg
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parser::knb::{Header, KnbParser, HDR_LEN};
+    use proptest::prelude::*;
+
+    fn req(id: u64, len: u32) -> Vec<u8> {
+        let mut v = Header { id, len, flags: 0 }.bytes().to_vec();
+        v.extend((0..len).map(|i| (i as u8) ^ (id as u8)));
+        v
+    }
+
+    fn framer(max_message: usize, max_in_flight: usize) -> Framer<KnbParser> {
+        Framer::new(
+            KnbParser::new(Ordering::Ordered),
+            FramerConfig {
+                max_message,
+                max_in_flight,
+            },
+        )
+        .unwrap()
+    }
+
+    proptest! {
+        /// However the stream is cut into buffers, the same messages come out, in order,
+        /// byte for byte, numbered 0, 1, 2, ...
+        #[test]
+        fn messages_survive_any_segmentation(
+            lens in proptest::collection::vec(0u32..3000, 1..20),
+            cuts in proptest::collection::vec(1usize..700, 1..200),
+        ) {
+            let stream: Vec<u8> = lens.iter().enumerate().flat_map(|(i, &l)| req(i as u64, l)).collect();
+            let mut f = framer(1 << 16, 1 << 16);
+            let mut got = Vec::new();
+            let (mut at, mut k) = (0, 0);
+            while at < stream.len() {
+                let n = cuts[k % cuts.len()].min(stream.len() - at);
+                f.push(Zbuf::copy_from_slice(&stream[at..at + n]));
+                at += n;
+                k += 1;
+                while let Some(m) = f.next_message().unwrap() {
+                    got.push(m);
+                }
+            }
+            prop_assert_eq!(got.len(), lens.len());
+            for (i, m) in got.iter().enumerate() {
+                prop_assert_eq!(m.seq, i as u64);
+                prop_assert_eq!(m.body.to_vec(), req(i as u64, lens[i]));
+            }
+            prop_assert_eq!(f.buffered(), 0);
+        }
+    }
+
+    #[test]
+    fn the_in_flight_cap_holds_messages_back_until_replies_complete() {
+        let mut f = framer(1 << 16, 2);
+        for i in 0..4 {
+            f.push(Zbuf::copy_from_slice(&req(i, 10)));
+        }
+        assert_eq!(f.next_message().unwrap().unwrap().seq, 0);
+        assert_eq!(f.next_message().unwrap().unwrap().seq, 1);
+        assert!(f.next_message().unwrap().is_none(), "cap of 2 reached");
+        assert_eq!(f.in_flight(), 2);
+        f.reply_done();
+        assert_eq!(f.next_message().unwrap().unwrap().seq, 2);
+        assert!(f.next_message().unwrap().is_none());
+        f.reply_done();
+        f.reply_done();
+        f.reply_done();
+        f.reply_done();
+        assert_eq!(f.in_flight(), 0, "never below zero");
+        assert_eq!(f.next_message().unwrap().unwrap().seq, 3);
+    }
+
+    #[test]
+    fn a_message_above_the_cap_is_too_large_and_the_error_sticks() {
+        let mut f = framer(HDR_LEN + 100, 8);
+        f.push(Zbuf::copy_from_slice(&req(0, 100)));
+        f.push(Zbuf::copy_from_slice(&req(1, 101)));
+        assert!(f.next_message().unwrap().is_some());
+        let e = f.next_message().unwrap_err();
+        assert_eq!(e.kind(), ParseErrorKind::TooLarge);
+        assert_eq!(f.next_message().unwrap_err(), e);
+        assert!(!f.wants_input());
+        f.push(Zbuf::copy_from_slice(&req(2, 1)));
+        assert_eq!(f.buffered(), 0, "nothing is kept after an error");
+    }
+
+    /// A parser that never finds a boundary (a line protocol fed no newline).
+    struct Endless;
+    impl Parser for Endless {
+        fn parse(&mut self, _: &IoVec, _: usize) -> Result<usize, ParseError> {
+            Ok(0)
+        }
+        fn ordering(&self) -> Ordering {
+            Ordering::Ordered
+        }
+    }
+
+    #[test]
+    fn no_boundary_within_the_cap_is_too_large_and_input_stops_before() {
+        let mut f = Framer::new(
+            Endless,
+            FramerConfig {
+                max_message: 1000,
+                max_in_flight: 4,
+            },
+        )
+        .unwrap();
+        for _ in 0..10 {
+            assert!(f.wants_input());
+            f.push(Zbuf::copy_from_slice(&[b'x'; 100]));
+            assert!(f.next_message().unwrap().is_none());
+        }
+        assert!(
+            f.wants_input(),
+            "exactly max_message buffered: one more read decides"
+        );
+        f.push(Zbuf::copy_from_slice(b"x"));
+        assert_eq!(
+            f.next_message().unwrap_err().kind(),
+            ParseErrorKind::TooLarge
+        );
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        let p = || KnbParser::new(Ordering::Ordered);
+        let c = |max_message, max_in_flight| FramerConfig {
+            max_message,
+            max_in_flight,
+        };
+        assert_eq!(
+            Framer::new(p(), c(0, 1)).err(),
+            Some(FramerConfigError::MaxMessage)
+        );
+        assert_eq!(
+            Framer::new(p(), c(1, 0)).err(),
+            Some(FramerConfigError::MaxInFlight)
+        );
+        assert_eq!(
+            Framer::new(p(), c(1, (1 << 16) + 1)).err(),
+            Some(FramerConfigError::MaxInFlight)
+        );
+        assert!(Framer::new(p(), c(1, 1 << 16)).is_ok());
+    }
+
+    #[test]
+    fn messages_are_slices_of_the_received_buffers() {
+        let before = zbuf::thread_copy_stats().bytes;
+        let data = Zbuf::copy_from_slice(&[req(0, 4000), req(1, 10)].concat());
+        let mut f = framer(1 << 16, 8);
+        f.push(data.clone());
+        let m0 = f.next_message().unwrap().unwrap();
+        let m1 = f.next_message().unwrap().unwrap();
+        assert!(m0.body.segments()[0].same_object(&data));
+        assert!(m1.body.segments()[0].same_object(&data));
+        // copy_from_slice above counted its own copy; framing added none.
+        assert_eq!(zbuf::thread_copy_stats().bytes - before, data.len() as u64);
+    }
+}

@@ -1,0 +1,323 @@
+//! Unit tests: placement rules, back pressure, idle/handoff, CS gating, disconnect.
+
+use super::*;
+use std::thread;
+use std::time::{Duration, Instant};
+
+fn cfg(model: Model, workers: usize, queue_capacity: usize) -> SchedConfig {
+    SchedConfig {
+        model,
+        workers,
+        queue_capacity,
+        seed: 7,
+    }
+}
+
+fn sched<T: Send>(model: Model, workers: usize, cap: usize) -> (Dispatcher<T>, Vec<Worker<T>>) {
+    scheduler(&cfg(model, workers, cap)).unwrap()
+}
+
+/// Waits (bounded) until worker `w` has announced idle.
+fn wait_idle<T: Send>(d: &Dispatcher<T>, w: usize) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !d.stats().workers[w].idle {
+        assert!(Instant::now() < until, "worker {w} never went idle");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn config_errors_are_reported() {
+    let e = |c: SchedConfig| scheduler::<u32>(&c).err().unwrap();
+    assert_eq!(e(cfg(Model::Ms, 0, 4)), SchedConfigError::NoWorkers);
+    assert_eq!(e(cfg(Model::Ms, 2, 0)), SchedConfigError::ZeroCapacity);
+    let too_many = e(cfg(Model::Cs, MAX_WORKERS + 1, 4));
+    assert_eq!(
+        too_many,
+        SchedConfigError::TooManyWorkers {
+            workers: MAX_WORKERS + 1,
+            max: MAX_WORKERS
+        }
+    );
+    assert_eq!(
+        too_many.to_string(),
+        format!(
+            "{} workers requested, at most {MAX_WORKERS} supported",
+            MAX_WORKERS + 1
+        )
+    );
+    assert!(SchedConfigError::NoWorkers
+        .to_string()
+        .contains("at least one"));
+    assert!(scheduler::<u32>(&cfg(Model::Cp, MAX_WORKERS, 1)).is_ok());
+}
+
+#[test]
+fn model_parses_and_displays() {
+    for (s, m) in [("cp", Model::Cp), ("cs", Model::Cs), ("ms", Model::Ms)] {
+        assert_eq!(s.parse::<Model>().unwrap(), m);
+        assert_eq!(m.to_string(), s);
+    }
+    let err = "MS".parse::<Model>().unwrap_err();
+    assert_eq!(err, ParseModelError("MS".into()));
+    assert!(err.to_string().contains("cp, cs or ms"));
+}
+
+#[test]
+fn p2c_picks_the_shorter_queue() {
+    let (mut d, mut w) = sched::<u32>(Model::Ms, 2, 16);
+    for i in 0..4 {
+        assert!(matches!(d.dispatch(i, i as u32), Ok(Placed::Queued(_))));
+    }
+    // With two workers both are always compared: the queues stay level.
+    let q: Vec<_> = d.stats().workers.iter().map(|w| w.queued).collect();
+    assert_eq!(q, [2, 2]);
+    // Worker 1 empties its own FIFO (own FIFO first, no steal needed).
+    assert!(w[1].try_recv().is_some());
+    assert!(w[1].try_recv().is_some());
+    assert_eq!(d.stats().workers[1].queued, 0);
+    assert_eq!(d.stats().steals, 0);
+    // Now worker 1 is shorter whichever pair order the PRNG draws.
+    assert_eq!(d.dispatch(10, 10), Ok(Placed::Queued(1)));
+    assert_eq!(d.dispatch(11, 11), Ok(Placed::Queued(1)));
+    assert_eq!(d.stats().p2c, 6);
+}
+
+#[test]
+fn p2c_falls_back_to_any_queue_with_room_then_rejects_with_the_same_message() {
+    let (mut d, _w) = sched::<String>(Model::Ms, 3, 1);
+    for i in 0..3 {
+        assert!(d.dispatch(i, format!("m{i}")).is_ok());
+    }
+    assert!(d.stats().workers.iter().all(|w| w.queued == 1));
+    let r = d.dispatch(99, "kept".to_string()).unwrap_err();
+    assert_eq!(r.key, 99);
+    assert_eq!(r.into_inner(), "kept");
+    assert_eq!(d.stats().rejected, 1);
+}
+
+#[test]
+fn handoff_to_an_idle_worker() {
+    let (mut d, mut w) = sched::<u64>(Model::Ms, 3, 4);
+    let mut w2 = w.remove(2);
+    let t = thread::spawn(move || w2.recv_timeout(Duration::from_secs(20)));
+    wait_idle(&d, 2);
+    assert_eq!(d.dispatch(5, 500), Ok(Placed::Handoff(2)));
+    assert_eq!(t.join().unwrap(), Ok(500));
+    let st = d.stats();
+    assert_eq!((st.handoffs, st.p2c), (1, 0));
+    assert_eq!(st.workers[2].taken, 1);
+    assert!(!st.workers[2].idle);
+}
+
+#[test]
+fn recv_timeout_times_out_and_withdraws() {
+    let (d, mut w) = sched::<u64>(Model::Ms, 2, 4);
+    assert_eq!(
+        w[0].recv_timeout(Duration::from_millis(5)),
+        Err(RecvError::Timeout)
+    );
+    assert!(!d.stats().workers[0].idle);
+    assert_eq!(w[0].try_recv(), None);
+}
+
+#[test]
+fn ms_worker_steals_from_a_busy_worker() {
+    let (mut d, mut w) = sched::<u64>(Model::Ms, 2, 8);
+    for i in 0..6 {
+        d.dispatch(i, i).unwrap();
+    }
+    let mut got: Vec<_> = std::iter::from_fn(|| w[0].try_recv()).collect();
+    got.sort();
+    assert_eq!(got, (0..6).collect::<Vec<_>>());
+    assert_eq!(d.stats().steals, 3);
+    assert_eq!(w[1].try_recv(), None);
+}
+
+#[test]
+fn cp_maps_a_key_to_one_worker_and_never_steals() {
+    let (mut d, mut w) = sched::<u64>(Model::Cp, 4, 64);
+    for key in 0..40u64 {
+        let home = d.worker_of(key);
+        assert!(home < 4);
+        for _ in 0..2 {
+            assert_eq!(d.dispatch(key, key), Ok(Placed::Queued(home)));
+        }
+    }
+    // Keys do spread over workers.
+    let q: Vec<_> = d.stats().workers.iter().map(|w| w.queued).collect();
+    assert!(q.iter().all(|&n| n > 0), "{q:?}");
+    for (i, wk) in w.iter_mut().enumerate() {
+        let mut last = None;
+        while let Some(key) = wk.try_recv() {
+            assert_eq!(d.worker_of(key), i, "worker {i} got key {key}");
+            assert!(last <= Some(key), "per-worker FIFO order");
+            last = Some(key);
+        }
+    }
+    assert_eq!(d.stats().steals, 0);
+    assert_eq!(d.stats().partitioned, 80);
+}
+
+#[test]
+fn cp_wakes_the_keys_worker_when_idle() {
+    let (mut d, mut w) = sched::<u64>(Model::Cp, 2, 4);
+    let key = (0..).find(|&k| d.worker_of(k) == 1).unwrap();
+    let mut w1 = w.remove(1);
+    let t = thread::spawn(move || w1.recv_timeout(Duration::from_secs(20)));
+    wait_idle(&d, 1);
+    assert_eq!(d.dispatch(key, 42), Ok(Placed::Queued(1)));
+    assert_eq!(t.join().unwrap(), Ok(42));
+    assert_eq!(d.stats().handoffs, 0);
+}
+
+#[test]
+fn cs_holds_a_busy_key_and_releases_in_key_order() {
+    let (mut d, mut w) = sched::<(u64, u32)>(Model::Cs, 2, 8);
+    assert!(matches!(d.dispatch(1, (1, 0)), Ok(Placed::Queued(_))));
+    assert_eq!(d.dispatch(1, (1, 1)), Ok(Placed::Held));
+    assert_eq!(d.dispatch(1, (1, 2)), Ok(Placed::Held));
+    assert!(matches!(d.dispatch(2, (2, 0)), Ok(Placed::Queued(_))));
+    assert_eq!(d.held(), 2);
+    let mut first: Vec<_> = std::iter::from_fn(|| w[0].try_recv()).collect();
+    first.sort();
+    assert_eq!(first, [(1, 0), (2, 0)]);
+    // Nothing of key 1 reaches a worker before its completion.
+    assert_eq!(w[1].try_recv(), None);
+    assert!(d.complete(1));
+    assert_eq!(w[1].try_recv(), Some((1, 1)));
+    assert_eq!(w[1].try_recv(), None);
+    // The worker-side completion path.
+    w[1].finish(1);
+    assert_eq!(d.poll(), 1);
+    assert_eq!(w[0].try_recv(), Some((1, 2)));
+    assert!(d.complete(1));
+    assert!(!d.complete(1), "stray completion");
+    assert!(d.complete(2));
+    assert_eq!(d.held(), 0);
+    // An idle key is placed at once again.
+    assert!(matches!(d.dispatch(1, (1, 3)), Ok(Placed::Queued(_))));
+    assert_eq!(d.stats().held, 2);
+}
+
+#[test]
+fn cs_release_waits_for_room_then_poll_places_it() {
+    let (mut d, mut w) = sched::<u32>(Model::Cs, 1, 1);
+    assert_eq!(d.dispatch(1, 10), Ok(Placed::Queued(0)));
+    assert_eq!(d.dispatch(1, 11), Ok(Placed::Held));
+    assert_eq!(w[0].try_recv(), Some(10));
+    assert_eq!(d.dispatch(2, 20), Ok(Placed::Queued(0)));
+    // Key 1 completes, but the only FIFO is full: 11 stays held.
+    assert!(d.complete(1));
+    assert_eq!(d.held(), 1);
+    // Its held FIFO (capacity 1 here) is full too: back pressure on key 1.
+    assert_eq!(d.dispatch(1, 12).unwrap_err().msg, 12);
+    assert_eq!(w[0].try_recv(), Some(20));
+    d.poll();
+    assert_eq!(d.dispatch(1, 12), Ok(Placed::Held));
+    assert_eq!(w[0].try_recv(), Some(11));
+    assert_eq!(w[0].try_recv(), None);
+    assert!(d.complete(1));
+    assert_eq!(w[0].try_recv(), Some(12));
+}
+
+#[test]
+fn cs_held_fifo_is_bounded_and_rejects_with_the_message() {
+    let (mut d, _w) = sched::<u32>(Model::Cs, 1, 2);
+    d.dispatch(1, 0).unwrap();
+    assert_eq!(d.dispatch(1, 1), Ok(Placed::Held));
+    assert_eq!(d.dispatch(1, 2), Ok(Placed::Held));
+    let r = d.dispatch(1, 3).unwrap_err();
+    assert_eq!((r.key, r.msg), (1, 3));
+}
+
+#[test]
+fn finish_is_a_no_op_outside_cs() {
+    let (mut d, w) = sched::<u32>(Model::Ms, 1, 2);
+    w[0].finish(1);
+    assert_eq!(d.poll(), 0);
+}
+
+#[test]
+fn disconnect_drains_queues_then_reports_disconnected() {
+    let (mut d, mut w) = sched::<u64>(Model::Ms, 2, 8);
+    for i in 0..5 {
+        d.dispatch(i, i).unwrap();
+    }
+    drop(d);
+    assert!(w[1].is_disconnected());
+    let mut got = Vec::new();
+    while let Ok(m) = w[1].recv_timeout(Duration::from_secs(5)) {
+        got.push(m);
+    }
+    got.sort();
+    assert_eq!(got, [0, 1, 2, 3, 4]);
+    assert_eq!(w[1].recv(), Err(RecvError::Disconnected));
+    assert_eq!(w[0].recv(), Err(RecvError::Disconnected));
+}
+
+#[test]
+fn dropping_the_dispatcher_unparks_parked_workers() {
+    let (d, w) = sched::<u64>(Model::Cs, 3, 8);
+    let threads: Vec<_> = w
+        .into_iter()
+        .map(|mut w| thread::spawn(move || w.recv()))
+        .collect();
+    for i in 0..3 {
+        wait_idle(&d, i);
+    }
+    drop(d);
+    for t in threads {
+        assert_eq!(t.join().unwrap(), Err(RecvError::Disconnected));
+    }
+}
+
+#[test]
+fn cp_stuck_worker_is_detected_by_its_progress_counter() {
+    let (mut d, mut w) = sched::<u64>(Model::Cp, 2, 8);
+    let k0 = (0..).find(|&k| d.worker_of(k) == 0).unwrap();
+    let k1 = (0..).find(|&k| d.worker_of(k) == 1).unwrap();
+    d.dispatch(k0, 1).unwrap();
+    d.dispatch(k1, 2).unwrap();
+    d.dispatch(k1, 3).unwrap();
+    let before = d.stats();
+    assert_eq!(w[1].try_recv(), Some(2));
+    // Worker 0 never takes; worker 1 progressed.
+    let after = d.stats();
+    assert_eq!(after.stuck_since(&before), [0]);
+    assert_eq!(w[1].try_recv(), Some(3));
+    assert_eq!(
+        w[1].try_recv(),
+        None,
+        "CP never steals the stuck worker's queue"
+    );
+}
+
+#[test]
+fn supports_hundreds_of_workers() {
+    let n = 300;
+    let (mut d, mut w) = sched::<u64>(Model::Ms, n, 4);
+    for i in 0..1000 {
+        d.dispatch(i, i).unwrap();
+    }
+    let last = w.last_mut().unwrap();
+    let mut got: Vec<_> = std::iter::from_fn(|| last.try_recv()).collect();
+    got.sort();
+    assert_eq!(got, (0..1000).collect::<Vec<_>>());
+    assert!(d.stats().steals >= 996);
+    // Handoff to a high-index worker.
+    let mut w299 = w.pop().unwrap();
+    let t = thread::spawn(move || w299.recv_timeout(Duration::from_secs(20)));
+    wait_idle(&d, n - 1);
+    assert_eq!(d.dispatch(1, 7), Ok(Placed::Handoff(n - 1)));
+    assert_eq!(t.join().unwrap(), Ok(7));
+}
+
+#[test]
+fn partition_stays_in_range() {
+    for n in [1, 2, 3, 7, 256, MAX_WORKERS] {
+        for key in (0..10_000u64).chain([u64::MAX, u64::MAX - 1]) {
+            assert!(partition(key, n) < n);
+        }
+    }
+}

@@ -19,4 +19,5 @@ pub mod parser;
 pub mod reply;
 pub mod sched;
 pub mod sim;
+pub mod socket;
 mod sync;

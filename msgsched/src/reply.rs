@@ -176,11 +176,9 @@ pub struct Sequencer<R> {
     ordering: Ordering,
     /// Sequence number of the oldest message not yet released.
     next: u64,
-    /// Reorder slot: index i holds message `next + i` once it has completed.
+    /// Reorder slot (ordered): index i holds message `next + i` once it has completed.
     held: VecDeque<Option<Option<R>>>,
     window: usize,
-    /// Completed messages (unordered: to detect duplicates within the window).
-    done_unordered: VecDeque<bool>,
 }
 
 impl<R> Sequencer<R> {
@@ -191,7 +189,6 @@ impl<R> Sequencer<R> {
             next: 0,
             held: VecDeque::new(),
             window: window.max(1),
-            done_unordered: VecDeque::new(),
         }
     }
 
@@ -204,6 +201,12 @@ impl<R> Sequencer<R> {
         reply: Option<R>,
         mut out: impl FnMut(Option<R>),
     ) -> Result<usize, SequenceError> {
+        if self.ordering == Ordering::Unordered {
+            // Each completion comes from consuming its message's origin, so it happens
+            // once by construction; nothing to hold or check.
+            out(reply);
+            return Ok(1);
+        }
         if seq < self.next {
             return Err(SequenceError::Duplicate(seq));
         }
@@ -211,41 +214,22 @@ impl<R> Sequencer<R> {
             .ok()
             .filter(|&i| i < self.window)
             .ok_or(SequenceError::OutOfWindow(seq))?;
-        match self.ordering {
-            Ordering::Unordered => {
-                if self.done_unordered.len() <= at {
-                    self.done_unordered.resize(at + 1, false);
-                }
-                if self.done_unordered[at] {
-                    return Err(SequenceError::Duplicate(seq));
-                }
-                self.done_unordered[at] = true;
-                out(reply);
-                while self.done_unordered.front() == Some(&true) {
-                    self.done_unordered.pop_front();
-                    self.next += 1;
-                }
-                Ok(1)
-            }
-            Ordering::Ordered => {
-                if self.held.len() <= at {
-                    self.held.resize_with(at + 1, || None);
-                }
-                if self.held[at].is_some() {
-                    return Err(SequenceError::Duplicate(seq));
-                }
-                self.held[at] = Some(reply);
-                let mut n = 0;
-                while matches!(self.held.front(), Some(Some(_))) {
-                    if let Some(Some(r)) = self.held.pop_front() {
-                        out(r);
-                    }
-                    self.next += 1;
-                    n += 1;
-                }
-                Ok(n)
-            }
+        if self.held.len() <= at {
+            self.held.resize_with(at + 1, || None);
         }
+        if self.held[at].is_some() {
+            return Err(SequenceError::Duplicate(seq));
+        }
+        self.held[at] = Some(reply);
+        let mut n = 0;
+        while matches!(self.held.front(), Some(Some(_))) {
+            if let Some(Some(r)) = self.held.pop_front() {
+                out(r);
+            }
+            self.next += 1;
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// Completions held back waiting for an earlier one.
@@ -256,7 +240,7 @@ impl<R> Sequencer<R> {
         }
     }
 
-    /// The oldest message not yet released.
+    /// The oldest message not yet released (ordered).
     pub fn next_seq(&self) -> u64 {
         self.next
     }
@@ -292,7 +276,6 @@ mod tests {
                 s.complete(seq, Some(seq), |r| out.push(r.unwrap())).unwrap();
             }
             prop_assert_eq!(out, perm);
-            prop_assert_eq!(s.next_seq(), 32);
         }
     }
 
@@ -310,8 +293,8 @@ mod tests {
 
     #[test]
     fn duplicates_and_strangers_are_refused() {
-        for ord in [Ordering::Ordered, Ordering::Unordered] {
-            let mut s = Sequencer::new(ord, 4);
+        {
+            let mut s = Sequencer::new(Ordering::Ordered, 4);
             s.complete(0, Some(0), |_| {}).unwrap();
             assert_eq!(
                 s.complete(0, Some(0), |_| {}),

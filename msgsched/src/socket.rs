@@ -1,0 +1,566 @@
+//! Message sockets: the I/O core's side ([`MsgIo`]) and one socket per worker
+//! ([`MsgSocket`]). Connections are *attached* to the I/O side with a parser and belong
+//! to no worker; workers receive whole messages with their [`Origin`] and send the reply
+//! on it. One socket per worker, never workers × connections.
+//!
+//! Driving contract (sans-IO on the I/O side; the r2c integration or a test is the
+//! driver), per poll iteration of the I/O core:
+//! 1. for each readable attached connection, while [`MsgIo::wants_input`]: read bytes
+//!    from TCP and pass them to [`MsgIo::on_data`] (whole messages are dispatched);
+//! 2. [`MsgIo::poll_replies`]: replies staged by workers come back, in request order for
+//!    ordered protocols, through the callback that queues them on TCP;
+//! 3. [`MsgIo::poll_event`] until `None`: connections to close (a parse error) with the
+//!    counted reason;
+//! 4. a connection that TCP closed: [`MsgIo::detach`] (replies still in flight for it
+//!    are counted and dropped when they arrive).
+//!
+//! A worker: [`MsgSocket::recv_timeout`] → handle → [`MsgSocket::reply`] (or
+//! [`MsgSocket::finish`] for a message without a reply). The [`Origin`] is consumed by
+//! the reply, so a message is answered at most once; an origin dropped unanswered (a
+//! handler that bailed out) completes its message without a reply, counted as
+//! `abandoned`, so an ordered connection never waits for it forever.
+
+use crate::framer::{Framed, Framer, FramerConfig, FramerConfigError};
+use crate::parser::{ParseErrorKind, Parser};
+use crate::reply::{SequenceError, Sequencer, StageError, Staged, Staging};
+use crate::sched::{self, Dispatcher, Placed, RecvError, SchedConfig, SchedConfigError, Worker};
+use crossbeam_queue::SegQueue;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::Arc;
+use std::time::Duration;
+use zbuf::{IoVec, Zbuf};
+
+/// Counters of a message-socket group (shared by the I/O side and the workers).
+#[derive(Debug, Default)]
+pub struct MsgCounters {
+    /// Whole messages taken from connections and dispatched.
+    pub messages: AtomicU64,
+    /// Replies handed to the transmit callback.
+    pub replies: AtomicU64,
+    /// Messages completed without a reply ([`MsgSocket::finish`]).
+    pub finished: AtomicU64,
+    /// Origins dropped unanswered (completed without a reply).
+    pub abandoned: AtomicU64,
+    /// Replies (or completions) that arrived after their connection was detached.
+    pub closed_in_flight: AtomicU64,
+    /// Connections closed for a framing error, by [`ParseErrorKind`] (index = position
+    /// in [`ParseErrorKind::ALL`]).
+    pub parse_errors: [AtomicU64; ParseErrorKind::ALL.len()],
+    /// Times a message could not be placed (every queue full): its connection paused.
+    pub backpressure: AtomicU64,
+    /// Completions refused by the sequencer (duplicates; a bug if ever non-zero).
+    pub sequence_errors: AtomicU64,
+}
+
+impl MsgCounters {
+    /// Connections closed for `kind`.
+    pub fn parse_errors(&self, kind: ParseErrorKind) -> u64 {
+        let i = ParseErrorKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .unwrap_or(0);
+        self.parse_errors[i].load(AtomicOrdering::Relaxed)
+    }
+
+    /// `name=value` pairs of every counter (for reports).
+    pub fn fields(&self) -> Vec<(&'static str, u64)> {
+        let l = |a: &AtomicU64| a.load(AtomicOrdering::Relaxed);
+        let mut v = vec![
+            ("messages", l(&self.messages)),
+            ("replies", l(&self.replies)),
+            ("finished", l(&self.finished)),
+            ("abandoned", l(&self.abandoned)),
+            ("closed_in_flight", l(&self.closed_in_flight)),
+            ("backpressure", l(&self.backpressure)),
+            ("sequence_errors", l(&self.sequence_errors)),
+        ];
+        for k in ParseErrorKind::ALL {
+            v.push((
+                match k {
+                    ParseErrorKind::Malformed => "parse_malformed",
+                    ParseErrorKind::TooLarge => "parse_too_large",
+                    ParseErrorKind::BadField => "parse_bad_field",
+                },
+                self.parse_errors(k),
+            ));
+        }
+        v
+    }
+}
+
+/// A reply's way back: the connection's staging queue and the I/O core's notification
+/// ring.
+type Notice = (u64, Arc<Staging<IoVec>>);
+
+struct Shared {
+    notices: SegQueue<Notice>,
+    counters: MsgCounters,
+}
+
+/// Where a message came from, and the only way to answer it.
+pub struct Origin<C> {
+    conn: C,
+    key: u64,
+    seq: u64,
+    stream: Option<u64>,
+    staging: Arc<Staging<IoVec>>,
+    shared: Arc<Shared>,
+    answered: bool,
+}
+
+impl<C: Copy> Origin<C> {
+    /// The connection (the I/O core's handle).
+    pub fn conn(&self) -> C {
+        self.conn
+    }
+
+    /// The stream or request id, where the protocol has one.
+    pub fn stream(&self) -> Option<u64> {
+        self.stream
+    }
+
+    /// The message's position in its connection.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+impl<C> Origin<C> {
+    /// Stages the completion; false if the connection is gone (counted).
+    fn complete(&mut self, reply: Option<IoVec>) -> bool {
+        self.answered = true;
+        match self.staging.stage(self.seq, reply) {
+            Ok(Staged::Notify) => {
+                self.shared
+                    .notices
+                    .push((self.key, Arc::clone(&self.staging)));
+                true
+            }
+            Ok(Staged::Queued) => true,
+            Err(StageError::Closed(_)) => {
+                self.shared
+                    .counters
+                    .closed_in_flight
+                    .fetch_add(1, AtomicOrdering::Relaxed);
+                false
+            }
+            // The framer lets at most `max_in_flight` messages out per connection and
+            // staging has that room, and an origin completes once: cannot happen.
+            Err(StageError::Full(_)) => {
+                self.shared
+                    .counters
+                    .sequence_errors
+                    .fetch_add(1, AtomicOrdering::Relaxed);
+                false
+            }
+        }
+    }
+}
+
+impl<C> Drop for Origin<C> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.shared
+                .counters
+                .abandoned
+                .fetch_add(1, AtomicOrdering::Relaxed);
+            self.complete(None);
+        }
+    }
+}
+
+impl<C: fmt::Debug> fmt::Debug for Origin<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Origin")
+            .field("conn", &self.conn)
+            .field("seq", &self.seq)
+            .field("stream", &self.stream)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A whole message at a worker.
+#[derive(Debug)]
+pub struct Message<C> {
+    /// Where to reply.
+    pub origin: Origin<C>,
+    /// The message bytes (zero copy: slices of the received buffers).
+    pub body: IoVec,
+}
+
+/// A worker's message socket.
+pub struct MsgSocket<C> {
+    worker: Worker<Message<C>>,
+    shared: Arc<Shared>,
+}
+
+impl<C: Send> MsgSocket<C> {
+    /// This socket's worker index.
+    pub fn index(&self) -> usize {
+        self.worker.index()
+    }
+
+    /// The next message, if one is available now.
+    pub fn try_recv(&mut self) -> Option<Message<C>> {
+        self.worker.try_recv()
+    }
+
+    /// Waits up to `timeout` for a message (parked while idle); `Disconnected` once the
+    /// I/O side is gone and nothing is left.
+    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Message<C>, RecvError> {
+        self.worker.recv_timeout(timeout)
+    }
+
+    /// Sends `reply` on the message's connection (in request order for an ordered
+    /// protocol). `false` if the connection has gone (the reply is dropped, counted).
+    pub fn reply(&mut self, mut origin: Origin<C>, reply: IoVec) -> bool {
+        origin.complete(Some(reply))
+    }
+
+    /// Completes a message that has no reply.
+    pub fn finish(&mut self, mut origin: Origin<C>) -> bool {
+        self.shared
+            .counters
+            .finished
+            .fetch_add(1, AtomicOrdering::Relaxed);
+        origin.complete(None)
+    }
+
+    /// The group's counters.
+    pub fn counters(&self) -> &MsgCounters {
+        &self.shared.counters
+    }
+
+    /// The scheduler's counters (handoffs, steals, per-worker progress).
+    pub fn sched_stats(&self) -> sched::Stats {
+        self.worker.stats()
+    }
+}
+
+/// What the I/O side asks its driver to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IoEvent<C> {
+    /// Close (reset) this connection: its stream could not be framed. It has been
+    /// detached; the reason was counted.
+    Close {
+        /// The connection.
+        conn: C,
+        /// Why.
+        reason: ParseErrorKind,
+    },
+}
+
+/// Why a connection could not be attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachError {
+    /// The connection is attached already.
+    Attached,
+}
+
+impl fmt::Display for AttachError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttachError::Attached => f.write_str("connection already attached"),
+        }
+    }
+}
+
+impl std::error::Error for AttachError {}
+
+/// Why a message-socket group could not be built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MsgConfigError {
+    /// The scheduler's settings.
+    Sched(SchedConfigError),
+    /// The per-connection bounds.
+    Framer(FramerConfigError),
+}
+
+impl fmt::Display for MsgConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MsgConfigError::Sched(e) => write!(f, "scheduler: {e}"),
+            MsgConfigError::Framer(e) => write!(f, "framer: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for MsgConfigError {}
+
+struct ConnState<C, P> {
+    conn: C,
+    framer: Framer<P>,
+    sequencer: Sequencer<IoVec>,
+    staging: Arc<Staging<IoVec>>,
+    /// A framed message the scheduler had no room for (sent first next time).
+    stalled: Option<(u64, Framed)>,
+}
+
+/// The I/O core's side of a message-socket group.
+pub struct MsgIo<C, P> {
+    dispatcher: Dispatcher<Message<C>>,
+    shared: Arc<Shared>,
+    framer_cfg: FramerConfig,
+    conns: HashMap<u64, ConnState<C, P>>,
+    keys: HashMap<C, u64>,
+    next_key: u64,
+    /// Connections with a stalled message (back pressure), retried in `poll_replies`.
+    stalled: VecDeque<u64>,
+    events: VecDeque<IoEvent<C>>,
+}
+
+/// Builds a message-socket group: the I/O side and one socket per worker.
+#[allow(clippy::type_complexity)]
+pub fn group<C, P>(
+    sched_cfg: &SchedConfig,
+    framer_cfg: FramerConfig,
+) -> Result<(MsgIo<C, P>, Vec<MsgSocket<C>>), MsgConfigError>
+where
+    C: Copy + Eq + Hash + Send,
+    P: Parser,
+{
+    framer_cfg.validate().map_err(MsgConfigError::Framer)?;
+    let (dispatcher, workers) = sched::scheduler(sched_cfg).map_err(MsgConfigError::Sched)?;
+    let shared = Arc::new(Shared {
+        notices: SegQueue::new(),
+        counters: MsgCounters::default(),
+    });
+    let sockets = workers
+        .into_iter()
+        .map(|worker| MsgSocket {
+            worker,
+            shared: Arc::clone(&shared),
+        })
+        .collect();
+    Ok((
+        MsgIo {
+            dispatcher,
+            shared,
+            framer_cfg,
+            conns: HashMap::new(),
+            keys: HashMap::new(),
+            next_key: 0,
+            stalled: VecDeque::new(),
+            events: VecDeque::new(),
+        },
+        sockets,
+    ))
+}
+
+impl<C, P> MsgIo<C, P>
+where
+    C: Copy + Eq + Hash + Send,
+    P: Parser,
+{
+    /// Attaches an accepted connection with its parser.
+    pub fn attach(&mut self, conn: C, parser: P) -> Result<(), AttachError> {
+        if self.keys.contains_key(&conn) {
+            return Err(AttachError::Attached);
+        }
+        let key = self.next_key;
+        self.next_key += 1;
+        let ordering = parser.ordering();
+        let framer = Framer::new(parser, self.framer_cfg).expect("validated in group()");
+        let window = self.framer_cfg.max_in_flight;
+        self.conns.insert(
+            key,
+            ConnState {
+                conn,
+                framer,
+                sequencer: Sequencer::new(ordering, window),
+                staging: Arc::new(Staging::new(window)),
+                stalled: None,
+            },
+        );
+        self.keys.insert(conn, key);
+        Ok(())
+    }
+
+    /// Whether `conn` should be read now (attached, no framing error, not paused by back
+    /// pressure or its in-flight cap with a message's worth buffered).
+    pub fn wants_input(&self, conn: C) -> bool {
+        self.keys
+            .get(&conn)
+            .and_then(|k| self.conns.get(k))
+            .is_some_and(|c| c.stalled.is_none() && c.framer.wants_input())
+    }
+
+    /// Bytes received on `conn`, in order: whole messages are dispatched to workers.
+    /// Bytes for a connection that is not attached are ignored.
+    pub fn on_data(&mut self, conn: C, data: Zbuf) {
+        let Some(&key) = self.keys.get(&conn) else {
+            return;
+        };
+        if let Some(c) = self.conns.get_mut(&key) {
+            c.framer.push(data);
+        }
+        self.frame(key);
+    }
+
+    /// Takes and dispatches `key`'s whole messages while the scheduler has room.
+    fn frame(&mut self, key: u64) {
+        loop {
+            let Some(c) = self.conns.get_mut(&key) else {
+                return;
+            };
+            let (seq_key, framed) = match c.stalled.take() {
+                Some(s) => s,
+                None => match c.framer.next_message() {
+                    Ok(Some(m)) => (key, m),
+                    Ok(None) => return,
+                    Err(e) => {
+                        let i = ParseErrorKind::ALL
+                            .iter()
+                            .position(|k| *k == e.kind())
+                            .unwrap_or(0);
+                        self.shared.counters.parse_errors[i].fetch_add(1, AtomicOrdering::Relaxed);
+                        let conn = c.conn;
+                        self.detach(conn);
+                        self.events.push_back(IoEvent::Close {
+                            conn,
+                            reason: e.kind(),
+                        });
+                        return;
+                    }
+                },
+            };
+            let msg = Message {
+                origin: Origin {
+                    conn: c.conn,
+                    key,
+                    seq: framed.seq,
+                    stream: framed.stream,
+                    staging: Arc::clone(&c.staging),
+                    shared: Arc::clone(&self.shared),
+                    answered: false,
+                },
+                body: framed.body.clone(),
+            };
+            match self.dispatcher.dispatch(seq_key, msg) {
+                Ok(_placed @ (Placed::Handoff(_) | Placed::Queued(_) | Placed::Held)) => {
+                    self.shared
+                        .counters
+                        .messages
+                        .fetch_add(1, AtomicOrdering::Relaxed);
+                }
+                Err(rejected) => {
+                    // Keep the bytes, not the message: an Origin dropped here would
+                    // complete it.
+                    let mut m = rejected.into_inner();
+                    m.origin.answered = true;
+                    drop(m);
+                    self.shared
+                        .counters
+                        .backpressure
+                        .fetch_add(1, AtomicOrdering::Relaxed);
+                    if let Some(c) = self.conns.get_mut(&key) {
+                        c.stalled = Some((seq_key, framed));
+                    }
+                    self.stalled.push_back(key);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Replies staged by workers: each connection's, in wire order, through
+    /// `send(conn, reply)`; then connections paused by back pressure or by their
+    /// in-flight cap are framed again. Returns the replies sent.
+    pub fn poll_replies(&mut self, mut send: impl FnMut(C, IoVec)) -> usize {
+        let mut sent = 0;
+        let mut freed = Vec::new();
+        while let Some((key, staging)) = self.shared.notices.pop() {
+            let Some(c) = self.conns.get_mut(&key) else {
+                // Detached: the completions are counted and dropped.
+                let n = staging.drain(|_| {});
+                self.shared
+                    .counters
+                    .closed_in_flight
+                    .fetch_add(n as u64, AtomicOrdering::Relaxed);
+                continue;
+            };
+            let (conn, counters) = (c.conn, &self.shared.counters);
+            let mut done = 0;
+            let (seqr, framer) = (&mut c.sequencer, &mut c.framer);
+            staging.drain(|(seq, reply)| {
+                done += 1;
+                let r = seqr.complete(seq, reply, |r| {
+                    framer.reply_done();
+                    if let Some(r) = r {
+                        counters.replies.fetch_add(1, AtomicOrdering::Relaxed);
+                        send(conn, r);
+                        sent += 1;
+                    }
+                });
+                if let Err(SequenceError::Duplicate(_) | SequenceError::OutOfWindow(_)) = r {
+                    counters
+                        .sequence_errors
+                        .fetch_add(1, AtomicOrdering::Relaxed);
+                }
+            });
+            for _ in 0..done {
+                self.dispatcher.complete(key);
+            }
+            freed.push(key);
+        }
+        self.dispatcher.poll();
+        for key in freed {
+            self.frame(key);
+        }
+        for _ in 0..self.stalled.len() {
+            let Some(key) = self.stalled.pop_front() else {
+                break;
+            };
+            self.frame(key);
+        }
+        sent
+    }
+
+    /// Takes the next event for the driver.
+    pub fn poll_event(&mut self) -> Option<IoEvent<C>> {
+        self.events.pop_front()
+    }
+
+    /// The connection is gone (closed by TCP, or by the driver): replies still in
+    /// flight for it are dropped and counted when they arrive. Returns the messages that
+    /// were in flight.
+    pub fn detach(&mut self, conn: C) -> usize {
+        let Some(key) = self.keys.remove(&conn) else {
+            return 0;
+        };
+        let Some(c) = self.conns.remove(&key) else {
+            return 0;
+        };
+        let in_flight = c.framer.in_flight();
+        let n = c.staging.close(|_| {});
+        self.shared
+            .counters
+            .closed_in_flight
+            .fetch_add(n as u64, AtomicOrdering::Relaxed);
+        self.stalled.retain(|k| *k != key);
+        in_flight
+    }
+
+    /// Whether `conn` is attached.
+    pub fn is_attached(&self, conn: C) -> bool {
+        self.keys.contains_key(&conn)
+    }
+
+    /// Attached connections.
+    pub fn attached(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The group's counters.
+    pub fn counters(&self) -> &MsgCounters {
+        &self.shared.counters
+    }
+
+    /// The scheduler's counters.
+    pub fn sched_stats(&self) -> sched::Stats {
+        self.dispatcher.stats()
+    }
+}

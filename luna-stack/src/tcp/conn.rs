@@ -691,13 +691,24 @@ impl Connection {
         self.snd_nxt - self.snd_una
     }
 
-    /// RFC 6191 / RFC 9293 §3.10.7.4 (TIME-WAIT): whether a new SYN for this tuple is
-    /// clearly from a new incarnation — its timestamp is newer than TS.Recent, or without
-    /// timestamps its sequence number is beyond RCV.NXT.
+    /// RFC 9293 §3.10.7.4 (TIME-WAIT) with RFC 6191: whether `seg` is a SYN that may reopen
+    /// this TIME-WAIT connection as a new incarnation. Anything else (a SYN this refuses
+    /// included) goes through `on_segment`, where a SYN gets a challenge ACK (RFC 5961 §4.2).
     pub fn accepts_new_syn(&self, seg: &TcpRepr) -> bool {
+        let f = seg.flags;
+        // RFC 9293 §3.10.7.4: only a plain SYN opens a connection; a SYN+FIN (or with ACK or
+        // RST) never reopens one.
+        if self.state != State::TimeWait || !f.syn() || f.ack() || f.rst() || f.fin() {
+            return false;
+        }
         match (self.ts, seg.options.timestamps) {
+            // RFC 6191 §2: with timestamps on both sides, the SYN is new iff its TSval is
+            // newer than TS.Recent (an equal or older one is an old duplicate).
             (Some(ts), Some(t)) => (t.tsval.wrapping_sub(ts.recent) as i32) > 0,
-            _ => seg.seq.gt(self.rcv_nxt),
+            // RFC 6191 §2 falls back to RFC 1122 §4.2.2.13 (reopen if SEG.SEQ > RCV.NXT) when
+            // timestamps cannot decide; that is opt-in (`time_wait_reopen_by_seq`), since a
+            // delayed old SYN can pass it.
+            _ => self.cfg.time_wait_reopen_by_seq && seg.seq.gt(self.rcv_nxt),
         }
     }
 
@@ -1199,10 +1210,13 @@ impl Connection {
         }
 
         // RFC 7323 §3.2: once negotiated, a non-RST segment without timestamps SHOULD be
-        // dropped.
+        // dropped. Not a SYN in TIME-WAIT: that is a peer opening a new connection without
+        // timestamps, and RFC 9293 §3.10.7.4 fourth / RFC 5961 §4.2 answer it with a
+        // challenge ACK (it cannot reopen the tuple, see `accepts_new_syn`).
         if let Some(ts) = self.ts {
+            let tw_syn = flags.syn() && self.state == State::TimeWait;
             match seg.options.timestamps {
-                None if !flags.rst() && self.state != State::SynReceived => {
+                None if !flags.rst() && !tw_syn && self.state != State::SynReceived => {
                     self.counters.drop(DropReason::Paws);
                     return Disposition::Keep;
                 }
@@ -1321,7 +1335,24 @@ impl Connection {
             }
         }
 
+        let time_wait = self.state == State::TimeWait;
         if !self.on_ack(now, seg, payload.len()) {
+            return Disposition::Keep;
+        }
+        if time_wait {
+            // RFC 9293 §3.10.7.4 fifth (TIME-WAIT): "The only thing that can arrive in this
+            // state is a retransmission of the remote FIN. Acknowledge it, and restart the
+            // 2 MSL timeout." So any acceptable segment with an acceptable ACK (eighth, FIN:
+            // restart too). Data cannot be delivered after the FIN (seventh). A pure ACK is
+            // answered under the out-of-window ACK limit, as Linux does in TIME-WAIT
+            // (tcp_timewait_check_oow_rate_limit): two desynchronized ends must not ACK
+            // each other's ACKs forever.
+            if !payload.is_empty() {
+                self.counters.drop(DropReason::DataAfterFin);
+            }
+            self.update_ts_recent_checked(now, seg, len);
+            self.ack_unacceptable(now, seg, payload.len());
+            self.restart_time_wait(now);
             return Disposition::Keep;
         }
         // RFC 7323 §4.3 (2): TS.Recent takes SEG.TSval when the segment covers Last.ACK.sent.
@@ -1354,14 +1385,12 @@ impl Connection {
             match self.state {
                 State::Established | State::FinWait1 | State::FinWait2 => {}
                 _ => {
-                    // CLOSE-WAIT, CLOSING, LAST-ACK, TIME-WAIT: the peer already sent FIN.
+                    // CLOSE-WAIT, CLOSING, LAST-ACK (TIME-WAIT returned above): the peer
+                    // already sent FIN.
                     if !payload.is_empty() {
                         self.counters.drop(DropReason::DataAfterFin);
                     }
                     self.ack_now = true;
-                    if self.is_fin_retransmission(seg, len) {
-                        self.restart_time_wait(now);
-                    }
                     return Disposition::Keep;
                 }
             }
@@ -1792,8 +1821,10 @@ impl Connection {
 
     /// RFC 9293 §3.10.7.4 (TIME-WAIT): "The only thing that can arrive in this state is a
     /// retransmission of the remote FIN. Acknowledge it, and restart the 2 MSL timeout." A
-    /// retransmitted FIN ends exactly at RCV.NXT; any other segment leaves the timer alone,
-    /// so stray or spoofed segments cannot keep the tuple in TIME-WAIT.
+    /// retransmitted FIN ends exactly at RCV.NXT, below the window, so it fails the first
+    /// (sequence) check; of the other unacceptable segments none restarts the timer, so
+    /// stray or spoofed ones cannot keep the tuple in TIME-WAIT (RFC 9293 §3.10.7.4 first:
+    /// they are only acknowledged).
     fn is_fin_retransmission(&self, seg: &TcpRepr, len: u32) -> bool {
         self.state == State::TimeWait && seg.flags.fin() && seg.seq + len == self.rcv_nxt
     }

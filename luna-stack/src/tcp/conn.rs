@@ -1285,7 +1285,11 @@ impl Connection {
             }
             let reason = match self.state {
                 State::SynReceived => CloseReason::Refused,
-                State::Closing | State::LastAck | State::TimeWait => CloseReason::Normal,
+                // RFC 9293 §3.10.7.4 second (CLOSING, LAST-ACK): enter CLOSED and delete the
+                // TCB. The RFC signals no error there, but our FIN (and maybe data before it)
+                // was never acknowledged, so the peer may not have received everything: the
+                // close reason is a reset (ECONNRESET), as BSD and Linux report. (TIME-WAIT
+                // ignored the RST above, RFC 1337.)
                 _ => CloseReason::Reset,
             };
             self.sndq.ack_to(self.sndq.end());

@@ -2207,12 +2207,22 @@ impl Connection {
             return field as u16;
         }
         let shift = self.rcv_wscale;
-        // Round up so the announced right edge never falls short of `edge`.
-        let field = (wnd.saturating_add((1 << shift) - 1) >> shift).min(u32::from(u16::MAX));
+        // RFC 7323 §2.4: the scaled field is rounded down, so the announced right edge never
+        // passes the buffer's free space. Rounding up let RCV.ADV creep past it by up to
+        // 2^shift - 1 octets on every ACK after RCV.NXT moved by a non-multiple of 2^shift,
+        // and the peer filled the receive queue beyond rcv_buf. When this shows an edge a
+        // little left of RCV.ADV (the window seems to shrink by < 2^shift), RCV.ADV stays:
+        // RFC 7323 §2.4 (1) "the receiver MUST honor, as in window, any segment that would
+        // have been in window for any ACK sent by the receiver".
+        let field = (wnd >> shift).min(u32::from(u16::MAX));
         let announced = self.rcv_nxt + (field << shift);
         if announced.gt(self.rcv_adv) || self.rcv_adv.lt(self.rcv_nxt) {
             self.rcv_adv = announced;
         }
+        debug_assert!(
+            !self.rcv_adv.gt(self.rcv_nxt) || self.rcv_adv - self.rcv_nxt <= self.rcv_wnd(),
+            "RCV.ADV beyond the receive buffer"
+        );
         field as u16
     }
 

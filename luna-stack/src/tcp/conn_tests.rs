@@ -2561,3 +2561,50 @@ fn syn_cookie_connection_accepts_in_window_data_before_its_first_ack() {
     );
     assert_eq!(c.recv_available(), 2000, "both segments delivered");
 }
+
+/// Regression (receive queue over rcv_buf, found by the `stack_established` fuzz target):
+/// with window scaling the advertised field was rounded up, and because the rounding was
+/// applied to RCV.ADV after RCV.NXT moved by a non-multiple of 2^shift, RCV.ADV crept one
+/// unit further past the free space on every ACK. Both the full path (trim to the window,
+/// RFC 9293 §3.10.7.4) and header prediction accept up to RCV.ADV, so a peer filling the
+/// window with segments larger than the MSS left 65,546 bytes queued against 65,536.
+/// RFC 7323 §2.4: round down; RCV.ADV never passes RCV.NXT plus the free space.
+#[test]
+fn rfc9293_3_10_7_4_receive_queue_never_exceeds_rcv_buf_with_window_scaling() {
+    for fast in [true, false] {
+        let cfg = TcpConfig {
+            rcv_buf: 65536,
+            window_scaling: true,
+            header_prediction: fast,
+            ..plain_cfg()
+        };
+        let peer = TcpOptions {
+            window_scale: Some(7),
+            ..TcpOptions::default()
+        };
+        let mut c = established_with(cfg, peer);
+        assert_eq!(c.negotiated().2, Some((7, 1)));
+        let sizes = [2280usize, 2775, 2500, 2331, 2612];
+        for (k, &n) in sizes.iter().cycle().take(60).enumerate() {
+            // In order, no application reads: the peer sends whatever it has, the window
+            // trims it.
+            let seq = PEER_ISS + 1 + c.recv_available() as u32;
+            let now = t(2 + k as u64);
+            c.on_segment(now, &ack_seg(seq, ISS + 1, 65535), zb(&vec![7u8; n]));
+            let out = poll_all(&mut c, now);
+            assert!(
+                c.recv_available() <= 65536,
+                "fast path {fast}: {} bytes queued",
+                c.recv_available()
+            );
+            for o in &out {
+                let edge = o.repr.ack + (u32::from(o.repr.window) << 1);
+                assert!(
+                    edge.le(SeqNum(PEER_ISS + 1 + 65536)),
+                    "advertised beyond the buffer"
+                );
+            }
+        }
+        assert_eq!(c.recv_available(), 65536, "the window was filled exactly");
+    }
+}

@@ -1277,12 +1277,11 @@ impl<R: Rng> Stack<R> {
                 self.unmap(idx);
                 return self.on_tcp_unmatched(now, tuple, &seg, payload, src_mac);
             }
-            // RFC 6191: a new SYN may reuse a TIME-WAIT tuple when it is clearly newer.
-            let reuse = e.conn.state() == State::TimeWait
-                && seg.flags.syn()
-                && !seg.flags.ack()
-                && e.conn.accepts_new_syn(&seg)
-                && self.listener_by_port.contains_key(&seg.dst_port);
+            // RFC 9293 §3.10.7.4 with RFC 6191: a new SYN may reopen a TIME-WAIT tuple when
+            // its timestamp shows it is new (`Connection::accepts_new_syn`); any other SYN
+            // gets the connection's rate-limited challenge ACK (RFC 5961 §4.2).
+            let reuse =
+                e.conn.accepts_new_syn(&seg) && self.listener_by_port.contains_key(&seg.dst_port);
             if !reuse {
                 // The peer's MAC is learned from its segments: no ARP round trip is needed to
                 // answer a connection the kernel-side neighbour table does not know yet.

@@ -75,6 +75,11 @@ pub struct TcpConfig {
     /// RFC 9293 §3.10.7.4 checks. The result is identical either way; turning it off exists
     /// for the equivalence tests and for measuring what it saves.
     pub header_prediction: bool,
+    /// RFC 1122 §4.2.2.13: reopen a TIME-WAIT connection for a SYN with SEG.SEQ > RCV.NXT
+    /// when timestamps cannot decide (either side does not use them). Off by default: the
+    /// sequence number alone cannot tell a new SYN from an old duplicate, so without
+    /// timestamps on both sides such a SYN gets a challenge ACK (RFC 5961 §4.2).
+    pub time_wait_reopen_by_seq: bool,
 }
 
 impl Default for TcpConfig {
@@ -100,6 +105,7 @@ impl Default for TcpConfig {
             max_ooo_segments: 256,
             oow_ack_interval: Duration::from_millis(500),
             header_prediction: true,
+            time_wait_reopen_by_seq: false,
         }
     }
 }

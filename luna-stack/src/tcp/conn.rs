@@ -691,13 +691,24 @@ impl Connection {
         self.snd_nxt - self.snd_una
     }
 
-    /// RFC 6191 / RFC 9293 §3.10.7.4 (TIME-WAIT): whether a new SYN for this tuple is
-    /// clearly from a new incarnation — its timestamp is newer than TS.Recent, or without
-    /// timestamps its sequence number is beyond RCV.NXT.
+    /// RFC 9293 §3.10.7.4 (TIME-WAIT) with RFC 6191: whether `seg` is a SYN that may reopen
+    /// this TIME-WAIT connection as a new incarnation. Anything else (a SYN this refuses
+    /// included) goes through `on_segment`, where a SYN gets a challenge ACK (RFC 5961 §4.2).
     pub fn accepts_new_syn(&self, seg: &TcpRepr) -> bool {
+        let f = seg.flags;
+        // RFC 9293 §3.10.7.4: only a plain SYN opens a connection; a SYN+FIN (or with ACK or
+        // RST) never reopens one.
+        if self.state != State::TimeWait || !f.syn() || f.ack() || f.rst() || f.fin() {
+            return false;
+        }
         match (self.ts, seg.options.timestamps) {
+            // RFC 6191 §2: with timestamps on both sides, the SYN is new iff its TSval is
+            // newer than TS.Recent (an equal or older one is an old duplicate).
             (Some(ts), Some(t)) => (t.tsval.wrapping_sub(ts.recent) as i32) > 0,
-            _ => seg.seq.gt(self.rcv_nxt),
+            // RFC 6191 §2 falls back to RFC 1122 §4.2.2.13 (reopen if SEG.SEQ > RCV.NXT) when
+            // timestamps cannot decide; that is opt-in (`time_wait_reopen_by_seq`), since a
+            // delayed old SYN can pass it.
+            _ => self.cfg.time_wait_reopen_by_seq && seg.seq.gt(self.rcv_nxt),
         }
     }
 
@@ -1199,10 +1210,13 @@ impl Connection {
         }
 
         // RFC 7323 §3.2: once negotiated, a non-RST segment without timestamps SHOULD be
-        // dropped.
+        // dropped. Not a SYN in TIME-WAIT: that is a peer opening a new connection without
+        // timestamps, and RFC 9293 §3.10.7.4 fourth / RFC 5961 §4.2 answer it with a
+        // challenge ACK (it cannot reopen the tuple, see `accepts_new_syn`).
         if let Some(ts) = self.ts {
+            let tw_syn = flags.syn() && self.state == State::TimeWait;
             match seg.options.timestamps {
-                None if !flags.rst() && self.state != State::SynReceived => {
+                None if !flags.rst() && !tw_syn && self.state != State::SynReceived => {
                     self.counters.drop(DropReason::Paws);
                     return Disposition::Keep;
                 }
@@ -1271,7 +1285,11 @@ impl Connection {
             }
             let reason = match self.state {
                 State::SynReceived => CloseReason::Refused,
-                State::Closing | State::LastAck | State::TimeWait => CloseReason::Normal,
+                // RFC 9293 §3.10.7.4 second (CLOSING, LAST-ACK): enter CLOSED and delete the
+                // TCB. The RFC signals no error there, but our FIN (and maybe data before it)
+                // was never acknowledged, so the peer may not have received everything: the
+                // close reason is a reset (ECONNRESET), as BSD and Linux report. (TIME-WAIT
+                // ignored the RST above, RFC 1337.)
                 _ => CloseReason::Reset,
             };
             self.sndq.ack_to(self.sndq.end());
@@ -1321,7 +1339,24 @@ impl Connection {
             }
         }
 
+        let time_wait = self.state == State::TimeWait;
         if !self.on_ack(now, seg, payload.len()) {
+            return Disposition::Keep;
+        }
+        if time_wait {
+            // RFC 9293 §3.10.7.4 fifth (TIME-WAIT): "The only thing that can arrive in this
+            // state is a retransmission of the remote FIN. Acknowledge it, and restart the
+            // 2 MSL timeout." So any acceptable segment with an acceptable ACK (eighth, FIN:
+            // restart too). Data cannot be delivered after the FIN (seventh). A pure ACK is
+            // answered under the out-of-window ACK limit, as Linux does in TIME-WAIT
+            // (tcp_timewait_check_oow_rate_limit): two desynchronized ends must not ACK
+            // each other's ACKs forever.
+            if !payload.is_empty() {
+                self.counters.drop(DropReason::DataAfterFin);
+            }
+            self.update_ts_recent_checked(now, seg, len);
+            self.ack_unacceptable(now, seg, payload.len());
+            self.restart_time_wait(now);
             return Disposition::Keep;
         }
         // RFC 7323 §4.3 (2): TS.Recent takes SEG.TSval when the segment covers Last.ACK.sent.
@@ -1354,14 +1389,12 @@ impl Connection {
             match self.state {
                 State::Established | State::FinWait1 | State::FinWait2 => {}
                 _ => {
-                    // CLOSE-WAIT, CLOSING, LAST-ACK, TIME-WAIT: the peer already sent FIN.
+                    // CLOSE-WAIT, CLOSING, LAST-ACK (TIME-WAIT returned above): the peer
+                    // already sent FIN.
                     if !payload.is_empty() {
                         self.counters.drop(DropReason::DataAfterFin);
                     }
                     self.ack_now = true;
-                    if self.is_fin_retransmission(seg, len) {
-                        self.restart_time_wait(now);
-                    }
                     return Disposition::Keep;
                 }
             }
@@ -1792,8 +1825,10 @@ impl Connection {
 
     /// RFC 9293 §3.10.7.4 (TIME-WAIT): "The only thing that can arrive in this state is a
     /// retransmission of the remote FIN. Acknowledge it, and restart the 2 MSL timeout." A
-    /// retransmitted FIN ends exactly at RCV.NXT; any other segment leaves the timer alone,
-    /// so stray or spoofed segments cannot keep the tuple in TIME-WAIT.
+    /// retransmitted FIN ends exactly at RCV.NXT, below the window, so it fails the first
+    /// (sequence) check; of the other unacceptable segments none restarts the timer, so
+    /// stray or spoofed ones cannot keep the tuple in TIME-WAIT (RFC 9293 §3.10.7.4 first:
+    /// they are only acknowledged).
     fn is_fin_retransmission(&self, seg: &TcpRepr, len: u32) -> bool {
         self.state == State::TimeWait && seg.flags.fin() && seg.seq + len == self.rcv_nxt
     }
@@ -2172,12 +2207,22 @@ impl Connection {
             return field as u16;
         }
         let shift = self.rcv_wscale;
-        // Round up so the announced right edge never falls short of `edge`.
-        let field = (wnd.saturating_add((1 << shift) - 1) >> shift).min(u32::from(u16::MAX));
+        // RFC 7323 §2.4: the scaled field is rounded down, so the announced right edge never
+        // passes the buffer's free space. Rounding up let RCV.ADV creep past it by up to
+        // 2^shift - 1 octets on every ACK after RCV.NXT moved by a non-multiple of 2^shift,
+        // and the peer filled the receive queue beyond rcv_buf. When this shows an edge a
+        // little left of RCV.ADV (the window seems to shrink by < 2^shift), RCV.ADV stays:
+        // RFC 7323 §2.4 (1) "the receiver MUST honor, as in window, any segment that would
+        // have been in window for any ACK sent by the receiver".
+        let field = (wnd >> shift).min(u32::from(u16::MAX));
         let announced = self.rcv_nxt + (field << shift);
         if announced.gt(self.rcv_adv) || self.rcv_adv.lt(self.rcv_nxt) {
             self.rcv_adv = announced;
         }
+        debug_assert!(
+            !self.rcv_adv.gt(self.rcv_nxt) || self.rcv_adv - self.rcv_nxt <= self.rcv_wnd(),
+            "RCV.ADV beyond the receive buffer"
+        );
         field as u16
     }
 

@@ -2061,22 +2061,21 @@ fn time_wait() -> Connection {
     c
 }
 
-/// Regression (TIME-WAIT extended by junk): RFC 9293 §3.10.7.4 restarts the 2 MSL timer for
-/// a retransmission of the remote FIN only; any unacceptable segment used to restart it.
+/// Regression (TIME-WAIT extended by junk): RFC 9293 §3.10.7.4 first check: an unacceptable
+/// segment is only acknowledged; of those, only a retransmission of the remote FIN restarts
+/// the 2 MSL timer. Any unacceptable segment used to restart it.
 #[test]
 fn rfc9293_3_10_7_4_time_wait_restarts_only_on_a_retransmitted_fin() {
     let mut c = time_wait();
     let first = c.poll_timeout().unwrap();
     assert_eq!(first, t(3) + TcpConfig::default().time_wait);
-    // A stray or spoofed ACK with an arbitrary sequence number, a new FIN at RCV.NXT, and a
-    // FIN far away: none of them restarts the timer.
+    // A stray or spoofed ACK with an arbitrary sequence number and a FIN far away: neither
+    // restarts the timer.
     c.on_segment(
         t(59_000),
         &ack_seg(PEER_ISS + 123_456_789, 42, 1000),
         zb(&[]),
     );
-    let new_fin = seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 2, ISS + 2, 65535);
-    c.on_segment(t(59_000), &new_fin, zb(&[]));
     let far_fin = seg(
         TcpFlags::ACK | TcpFlags::FIN,
         PEER_ISS + 99_999,
@@ -2094,6 +2093,124 @@ fn rfc9293_3_10_7_4_time_wait_restarts_only_on_a_retransmitted_fin() {
         c.poll_timeout(),
         Some(t(59_500) + TcpConfig::default().time_wait)
     );
+}
+
+/// Regression (silent TIME-WAIT): an acceptable ACK in TIME-WAIT (SEG.SEQ = RCV.NXT + 1,
+/// inside the window) was neither answered nor restarted the timer. RFC 9293 §3.10.7.4
+/// fifth (TIME-WAIT): acknowledge it and restart the 2 MSL timeout; eighth: a FIN at RCV.NXT
+/// restarts it too. (This test used to assert that such a FIN left the timer alone.)
+#[test]
+fn rfc9293_3_10_7_4_time_wait_acks_an_acceptable_segment_and_restarts_2msl() {
+    let mut c = time_wait();
+    let tw = TcpConfig::default().time_wait;
+    c.on_segment(t(1_000), &ack_seg(PEER_ISS + 3, ISS + 2, 65535), zb(&[]));
+    let out = poll_all(&mut c, t(1_000));
+    assert_eq!(out.len(), 1, "the in-window ACK is acknowledged");
+    assert_eq!(out[0].repr.flags, TcpFlags::ACK);
+    assert_eq!(out[0].repr.seq, SeqNum(ISS + 2));
+    assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 2));
+    assert_eq!(c.poll_timeout(), Some(t(1_000) + tw));
+    assert_eq!(c.state(), State::TimeWait);
+    // A FIN at RCV.NXT (RFC 9293 §3.10.7.4 eighth: remain, restart 2 MSL) is ACKed at once.
+    let new_fin = seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 2, ISS + 2, 65535);
+    c.on_segment(t(1_100), &new_fin, zb(&[]));
+    assert_eq!(poll_all(&mut c, t(1_100)).len(), 1);
+    assert_eq!(c.poll_timeout(), Some(t(1_100) + tw));
+    // Pure ACKs are answered under the out-of-window ACK limit (oow_ack_interval).
+    c.on_segment(t(1_200), &ack_seg(PEER_ISS + 3, ISS + 2, 65535), zb(&[]));
+    assert!(poll_all(&mut c, t(1_200)).is_empty(), "rate limited");
+    assert_eq!(
+        c.poll_timeout(),
+        Some(t(1_200) + tw),
+        "but the timer restarts"
+    );
+    c.on_timeout(t(1_200) + tw);
+    assert_eq!(c.state(), State::Closed);
+}
+
+fn plain_time_wait(cfg: TcpConfig) -> Connection {
+    let mut c = established_with(cfg, TcpOptions::default());
+    c.close();
+    poll_all(&mut c, t(2));
+    let fin = seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 1, ISS + 2, 65535);
+    c.on_segment(t(3), &fin, zb(&[]));
+    poll_all(&mut c, t(3));
+    assert_eq!(c.state(), State::TimeWait);
+    c
+}
+
+/// Regression (TIME-WAIT reopened without timestamps): RFC 9293 §3.10.7.4 with RFC 6191 §2:
+/// without timestamps a SYN with SEG.SEQ > RCV.NXT cannot be told from an old duplicate, so
+/// it does not reopen the tuple unless `time_wait_reopen_by_seq` (RFC 1122 §4.2.2.13) is
+/// on; a SYN+FIN never does. Refused SYNs get a challenge ACK (RFC 5961 §4.2).
+#[test]
+fn rfc9293_3_10_7_4_time_wait_syn_reopens_only_by_timestamp_or_opt_in_seq_rule() {
+    let syn = |seq: u32| seg(TcpFlags::SYN, seq, 0, 65535);
+    let mut synfin = syn(PEER_ISS + 10_000);
+    synfin.flags = TcpFlags::SYN | TcpFlags::FIN;
+    let mut c = plain_time_wait(plain_cfg());
+    assert!(!c.accepts_new_syn(&syn(PEER_ISS + 10_000)));
+    assert!(!c.accepts_new_syn(&synfin));
+    c.on_segment(t(10), &syn(PEER_ISS + 10_000), zb(&[]));
+    let out = poll_all(&mut c, t(10));
+    assert_eq!(out.len(), 1, "challenge ACK");
+    assert_eq!(out[0].repr.flags, TcpFlags::ACK);
+    assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 2));
+    assert_eq!(c.state(), State::TimeWait);
+
+    let knob = TcpConfig {
+        time_wait_reopen_by_seq: true,
+        ..plain_cfg()
+    };
+    let c = plain_time_wait(knob);
+    assert!(c.accepts_new_syn(&syn(PEER_ISS + 10_000)));
+    assert!(!c.accepts_new_syn(&syn(PEER_ISS + 2)), "not beyond RCV.NXT");
+    assert!(!c.accepts_new_syn(&synfin), "SYN+FIN never reopens");
+}
+
+/// RFC 6191 §2: with timestamps on both sides only a newer TSval reopens (whatever the
+/// sequence number), never a SYN+FIN; a SYN without timestamps to a timestamped TIME-WAIT
+/// connection is not silently dropped (RFC 7323 §3.2) but challenged (RFC 5961 §4.2).
+#[test]
+fn rfc6191_2_time_wait_syn_needs_a_newer_timestamp() {
+    let cfg = TcpConfig {
+        timestamps: true,
+        time_wait_reopen_by_seq: true,
+        ..plain_cfg()
+    };
+    let mut c = established_with(cfg, ts_opts(100));
+    c.close();
+    poll_all(&mut c, t(2));
+    let mut fin = seg(TcpFlags::ACK | TcpFlags::FIN, PEER_ISS + 1, ISS + 2, 65535);
+    fin.options = ts_opts(101);
+    c.on_segment(t(3), &fin, zb(&[]));
+    poll_all(&mut c, t(3));
+    assert_eq!(c.state(), State::TimeWait);
+    let syn = |seq: u32, ts: Option<u32>| {
+        let mut s = seg(TcpFlags::SYN, seq, 0, 65535);
+        if let Some(v) = ts {
+            s.options = ts_opts(v);
+        }
+        s
+    };
+    assert!(c.accepts_new_syn(&syn(PEER_ISS, Some(102))), "newer TSval");
+    assert!(
+        !c.accepts_new_syn(&syn(PEER_ISS + 10_000, Some(101))),
+        "equal"
+    );
+    assert!(
+        !c.accepts_new_syn(&syn(PEER_ISS + 10_000, Some(50))),
+        "older"
+    );
+    let mut synfin = syn(PEER_ISS + 10_000, Some(102));
+    synfin.flags = TcpFlags::SYN | TcpFlags::FIN;
+    assert!(!c.accepts_new_syn(&synfin));
+    // Without timestamps in the SYN, the opt-in RFC 1122 rule decides.
+    assert!(c.accepts_new_syn(&syn(PEER_ISS + 10_000, None)));
+    c.on_segment(t(10), &syn(PEER_ISS + 10_000, None), zb(&[]));
+    let out = poll_all(&mut c, t(10));
+    assert_eq!(out.len(), 1, "challenge ACK, not a silent drop");
+    assert_eq!(out[0].repr.ack, SeqNum(PEER_ISS + 2));
 }
 
 /// Regression (keepalive fooled by junk): the idle timer was re-armed by any segment, even one
@@ -2443,4 +2560,51 @@ fn syn_cookie_connection_accepts_in_window_data_before_its_first_ack() {
         zb(&[6u8; 1000]),
     );
     assert_eq!(c.recv_available(), 2000, "both segments delivered");
+}
+
+/// Regression (receive queue over rcv_buf, found by the `stack_established` fuzz target):
+/// with window scaling the advertised field was rounded up, and because the rounding was
+/// applied to RCV.ADV after RCV.NXT moved by a non-multiple of 2^shift, RCV.ADV crept one
+/// unit further past the free space on every ACK. Both the full path (trim to the window,
+/// RFC 9293 §3.10.7.4) and header prediction accept up to RCV.ADV, so a peer filling the
+/// window with segments larger than the MSS left 65,546 bytes queued against 65,536.
+/// RFC 7323 §2.4: round down; RCV.ADV never passes RCV.NXT plus the free space.
+#[test]
+fn rfc9293_3_10_7_4_receive_queue_never_exceeds_rcv_buf_with_window_scaling() {
+    for fast in [true, false] {
+        let cfg = TcpConfig {
+            rcv_buf: 65536,
+            window_scaling: true,
+            header_prediction: fast,
+            ..plain_cfg()
+        };
+        let peer = TcpOptions {
+            window_scale: Some(7),
+            ..TcpOptions::default()
+        };
+        let mut c = established_with(cfg, peer);
+        assert_eq!(c.negotiated().2, Some((7, 1)));
+        let sizes = [2280usize, 2775, 2500, 2331, 2612];
+        for (k, &n) in sizes.iter().cycle().take(60).enumerate() {
+            // In order, no application reads: the peer sends whatever it has, the window
+            // trims it.
+            let seq = PEER_ISS + 1 + c.recv_available() as u32;
+            let now = t(2 + k as u64);
+            c.on_segment(now, &ack_seg(seq, ISS + 1, 65535), zb(&vec![7u8; n]));
+            let out = poll_all(&mut c, now);
+            assert!(
+                c.recv_available() <= 65536,
+                "fast path {fast}: {} bytes queued",
+                c.recv_available()
+            );
+            for o in &out {
+                let edge = o.repr.ack + (u32::from(o.repr.window) << 1);
+                assert!(
+                    edge.le(SeqNum(PEER_ISS + 1 + 65536)),
+                    "advertised beyond the buffer"
+                );
+            }
+        }
+        assert_eq!(c.recv_available(), 65536, "the window was filled exactly");
+    }
 }

@@ -371,6 +371,9 @@ impl Runner {
                 "luna_fin_timeout_ms" => tcp.fin_timeout = ms(line, n, v)?,
                 "luna_challenge_ack_limit" => tcp.challenge_ack_limit = parse_num(line, n, v)?,
                 "luna_oow_ack_interval_ms" => tcp.oow_ack_interval = ms(line, n, v)?,
+                "luna_time_wait_reopen_by_seq" => {
+                    tcp.time_wait_reopen_by_seq = parse_bool(line, n, v)?
+                }
                 "luna_syn_cookies" => {
                     use luna_stack::stack::SynCookieMode;
                     self.cfg.syn_cookies = match v {

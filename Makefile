@@ -12,7 +12,7 @@ KNB_DEMO_ARGS ?=
 
 # Test suites run by `make test`, in order. Later suites (fuzz smoke runs, integration
 # suites) add a `test-<name>` target below and append it here.
-TEST_SUITES := test-workspace test-fuzz test-dpdk-compat
+TEST_SUITES := test-workspace test-loom test-fuzz test-dpdk-compat
 
 # Seconds per fuzz target in `make test-fuzz` (9 targets; the build is most of the cost).
 FUZZ_SECS ?= 6
@@ -41,6 +41,12 @@ test: setup
 # reduced kernel interop run (r2c/tests/interop_kernel.rs, about a minute).
 test-workspace:
 	$(CARGO) test --workspace
+
+# loom models of msgsched's cross-thread protocols (the scheduler's handoff/steal/park and
+# the reply path's transmit delegation), bounded by their preemption limits. Own target
+# directory: `--cfg loom` would otherwise rebuild the workspace's cache.
+test-loom:
+	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test -p msgsched --release --test loom_reply --test loom_sched
 
 # dpdk-sys must build against other DPDK releases without source changes (bindgen at
 # build time): cargo check over Debian trixie's DPDK 24.11 headers.

@@ -26,9 +26,20 @@ fn kernel_page_size_kb(va: usize) -> Option<u64> {
 }
 
 fn kernel_page_size_kb_once(va: usize) -> Option<u64> {
+    // The mapping that contains `va`: normal-page zones are anonymous mappings the kernel
+    // may merge with a neighbour (two slabs made back to back), so the zone need not start
+    // its own line in smaps.
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let head = format!("{va:x}-");
-    let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head));
+    let contains = |l: &str| {
+        let range = l.split_whitespace().next()?;
+        let (a, b) = range.split_once('-')?;
+        let (a, b) = (
+            usize::from_str_radix(a, 16).ok()?,
+            usize::from_str_radix(b, 16).ok()?,
+        );
+        Some(a <= va && va < b)
+    };
+    let mut lines = smaps.lines().skip_while(|l| contains(l) != Some(true));
     lines.next()?;
     lines
         .take_while(|l| !l.contains('-') || l.contains(':'))

@@ -97,7 +97,7 @@ type Notice = (u64, Arc<Staging<IoVec>>);
 
 struct Shared {
     notices: SegQueue<Notice>,
-    counters: MsgCounters,
+    counters: Arc<MsgCounters>,
 }
 
 /// Where a message came from, and the only way to answer it.
@@ -326,7 +326,7 @@ where
     let (dispatcher, workers) = sched::scheduler(sched_cfg).map_err(MsgConfigError::Sched)?;
     let shared = Arc::new(Shared {
         notices: SegQueue::new(),
-        counters: MsgCounters::default(),
+        counters: Arc::new(MsgCounters::default()),
     });
     let sockets = workers
         .into_iter()
@@ -544,6 +544,13 @@ where
         in_flight
     }
 
+    /// Messages of `conn` out at workers or waiting for their reply's turn (`None` if
+    /// not attached).
+    pub fn in_flight(&self, conn: C) -> Option<usize> {
+        let c = self.conns.get(self.keys.get(&conn)?)?;
+        Some(c.framer.in_flight())
+    }
+
     /// Whether `conn` is attached.
     pub fn is_attached(&self, conn: C) -> bool {
         self.keys.contains_key(&conn)
@@ -557,6 +564,11 @@ where
     /// The group's counters.
     pub fn counters(&self) -> &MsgCounters {
         &self.shared.counters
+    }
+
+    /// A handle to the group's counters that outlives this side (for reports).
+    pub fn counters_handle(&self) -> Arc<MsgCounters> {
+        Arc::clone(&self.shared.counters)
     }
 
     /// The scheduler's counters.

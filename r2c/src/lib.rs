@@ -13,7 +13,9 @@
 //! Three ways to run an application:
 //! - [`inline`]: callbacks inside packet processing ([`InlineApp`], [`Ctx`]);
 //! - [`batch`]: a BSD-socket/epoll-like API polled once per iteration;
-//! - [`split`]: I/O + TCP on one core, handlers on worker threads over lock-free rings.
+//! - [`split`]: I/O + TCP on one core, handlers on worker threads over lock-free rings;
+//! - [`msg`]: split mode with message sockets: parsers on the I/O core, whole messages
+//!   scheduled across workers by msgsched (CP / CS / MS), replies in request order.
 //!
 //! [`config`] reads the TOML configuration (with CLI overrides); [`device::mem`] is an
 //! in-memory multi-queue link for tests and CI without DPDK.
@@ -27,6 +29,7 @@ mod core;
 #[allow(unsafe_code)]
 pub mod device;
 pub mod inline;
+pub mod msg;
 pub mod rng;
 mod runtime;
 pub mod split;

@@ -1,0 +1,415 @@
+//! Message mode: split mode with message sockets (msgsched). The I/O core runs NIC I/O,
+//! TCP and each connection's parser; whole messages are scheduled across worker threads
+//! by msgsched's CP / CS / MS scheduler, and replies come back through per-connection
+//! staging (transmit delegation) in request order for ordered protocols.
+//!
+//! Connections belong to no worker: an accepted connection is *attached* to the I/O
+//! core's [`MsgIo`] with a parser made by the application's factory. A worker's handler
+//! gets one [`Message`] at a time and answers on its [`Origin`](msgsched::socket::Origin)
+//! through [`MsgCtx::reply`] (zero copy: the reply is an [`IoVec`] of zbufs).
+//!
+//! Back pressure, never loss: a connection is read only while its framer wants input,
+//! the scheduler had room for its last message, and no reply of it waits for TCP send
+//! space; otherwise its bytes wait in the TCP receive buffer (the window closes).
+//! A parse error resets only its own connection (counted by kind in
+//! [`msgsched::socket::MsgCounters`]).
+
+use crate::core::{Conn, CoreOptions, CoreSetup, CoreState, Mode};
+use crate::device::Device;
+use crate::runtime::{Runtime, RuntimeError};
+use luna_stack::stack::Event;
+use luna_stack::tcp::{RecvError, SendError};
+use msgsched::framer::FramerConfig;
+use msgsched::parser::Parser;
+use msgsched::sched::{RecvError as SchedRecvError, SchedConfig};
+use msgsched::socket::{group, IoEvent, Message, MsgCounters, MsgIo, MsgSocket, Origin};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use zbuf::{AllocError, IoVec, Slab, Zbuf, ZbufMut};
+
+/// Message-mode settings.
+#[derive(Debug, Clone)]
+pub struct MsgConfig {
+    /// Ports the I/O core listens on, with their backlog.
+    pub listen: Vec<(u16, usize)>,
+    /// The scheduler: model (CP / CS / MS), workers, per-worker queue capacity.
+    pub sched: SchedConfig,
+    /// Per-connection bounds (largest message, messages in flight).
+    pub framer: FramerConfig,
+    /// CPUs to pin workers to (index = worker), when [`CoreOptions::pin`].
+    pub worker_cpus: Vec<usize>,
+}
+
+/// What a worker's handler may do.
+pub struct MsgCtx<'a> {
+    socket: &'a mut MsgSocket<Conn>,
+    cache: Option<&'a zbuf::CoreCache>,
+    stop: &'a AtomicBool,
+}
+
+impl MsgCtx<'_> {
+    /// This worker's index.
+    pub fn worker(&self) -> usize {
+        self.socket.index()
+    }
+
+    /// Answers the message of `origin` with `reply`; false if its connection has gone
+    /// (the reply is dropped and counted).
+    pub fn reply(&mut self, origin: Origin<Conn>, reply: IoVec) -> bool {
+        self.socket.reply(origin, reply)
+    }
+
+    /// Completes the message of `origin` without a reply.
+    pub fn finish(&mut self, origin: Origin<Conn>) -> bool {
+        self.socket.finish(origin)
+    }
+
+    /// A buffer from this worker's zbuf cache (heap without a slab).
+    pub fn alloc(&self, len: usize) -> Result<ZbufMut, AllocError> {
+        match self.cache {
+            Some(c) => c.alloc(len),
+            None => Ok(ZbufMut::heap(128, len)),
+        }
+    }
+
+    /// The group's counters.
+    pub fn counters(&self) -> &MsgCounters {
+        self.socket.counters()
+    }
+
+    /// Ask the whole runtime to shut down.
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// A worker's application logic in message mode.
+pub trait MsgHandler {
+    /// One whole message; answer it (now or later) through `ctx`. Dropping its origin
+    /// unanswered completes it without a reply (counted as abandoned).
+    fn on_message(&mut self, ctx: &mut MsgCtx<'_>, msg: Message<Conn>);
+}
+
+/// The I/O core's side.
+struct MsgMode<P: Parser, F: Fn() -> P> {
+    io: Option<MsgIo<Conn, P>>,
+    make_parser: F,
+    listen: Vec<(u16, usize)>,
+    /// Attached connections that may have unread bytes: read again each iteration.
+    unread: HashSet<Conn>,
+    /// Reply bytes the send backlog could not take yet, per connection (order kept).
+    unsent: HashMap<Conn, VecDeque<Zbuf>>,
+    /// Peers that finished sending: close once nothing is in flight and all is sent.
+    eof: HashSet<Conn>,
+}
+
+impl<P: Parser, F: Fn() -> P> MsgMode<P, F> {
+    fn io(&mut self) -> &mut MsgIo<Conn, P> {
+        self.io.as_mut().expect("message mode runs with its MsgIo")
+    }
+
+    /// Reads `h` while its framer and the scheduler take more.
+    fn read(&mut self, h: Conn, st: &mut CoreState) {
+        if self.unsent.contains_key(&h) {
+            // Replies wait for send space: leave the requests in TCP (back pressure).
+            self.unread.insert(h);
+            return;
+        }
+        loop {
+            if !self.io().wants_input(h) {
+                if self.io().is_attached(h) {
+                    self.unread.insert(h);
+                }
+                return;
+            }
+            match st.recv(h) {
+                Ok(Some(z)) => {
+                    st.stats.to_workers += 1;
+                    self.io().on_data(h, z);
+                }
+                Ok(None) => break,
+                Err(RecvError::Finished) => {
+                    self.eof.insert(h);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        self.unread.remove(&h);
+    }
+
+    /// Queues `z` on `h` behind anything already waiting.
+    fn send(unsent: &mut HashMap<Conn, VecDeque<Zbuf>>, h: Conn, z: Zbuf, st: &mut CoreState) {
+        if let Some(q) = unsent.get_mut(&h) {
+            q.push_back(z);
+            return;
+        }
+        match st.send_all(h, z.clone()) {
+            Ok(()) => {}
+            Err(SendError::WouldBlock) => {
+                unsent.insert(h, VecDeque::from([z]));
+            }
+            // Gone or shut: its Closed event detaches it.
+            Err(_) => {}
+        }
+    }
+
+    fn retry_unsent(&mut self, st: &mut CoreState) {
+        if self.unsent.is_empty() {
+            return;
+        }
+        st.flush_backlogs();
+        self.unsent.retain(|&h, q| {
+            while let Some(z) = q.front() {
+                match st.send_all(h, z.clone()) {
+                    Ok(()) => {
+                        q.pop_front();
+                    }
+                    Err(SendError::WouldBlock) => return true,
+                    Err(_) => return false,
+                }
+            }
+            false
+        });
+    }
+
+    fn on_events(&mut self, st: &mut CoreState) -> bool {
+        let mut any = false;
+        while let Some(ev) = st.stack.poll_event() {
+            any = true;
+            st.stats.events += 1;
+            match ev {
+                Event::Acceptable(l) => {
+                    while let Some(h) = st.accept(l) {
+                        if st.stopping {
+                            st.close(h);
+                            continue;
+                        }
+                        let p = (self.make_parser)();
+                        // A fresh handle cannot be attached already.
+                        let _ = self.io().attach(h, p);
+                        self.read(h, st);
+                    }
+                }
+                Event::Readable(h) => self.read(h, st),
+                Event::Connected(_) | Event::Writable(_) => {}
+                Event::Closed(h) => {
+                    let _ = st.on_closed(h);
+                    self.forget(h);
+                }
+            }
+        }
+        any
+    }
+
+    fn forget(&mut self, h: Conn) {
+        self.io().detach(h);
+        self.unread.remove(&h);
+        self.unsent.remove(&h);
+        self.eof.remove(&h);
+    }
+}
+
+impl<P: Parser, F: Fn() -> P> Mode for MsgMode<P, F> {
+    fn start(&mut self, st: &mut CoreState) {
+        for &(port, backlog) in &self.listen.clone() {
+            if st.listen(port, backlog).is_err() {
+                st.stats.connect_errors += 1;
+            }
+        }
+    }
+
+    fn after_frame(&mut self, _st: &mut CoreState) {}
+
+    fn iteration(&mut self, st: &mut CoreState) -> bool {
+        let mut work = self.on_events(st);
+        self.retry_unsent(st);
+        // Replies from the workers, in wire order per connection.
+        let mut unsent = std::mem::take(&mut self.unsent);
+        let mut sent = 0u64;
+        self.io().poll_replies(|h, reply| {
+            sent += 1;
+            for z in reply {
+                Self::send(&mut unsent, h, z, st);
+            }
+        });
+        self.unsent = unsent;
+        if sent > 0 {
+            st.stats.from_workers += sent;
+            work = true;
+        }
+        while let Some(IoEvent::Close { conn, .. }) = self.io().poll_event() {
+            // A stream that cannot be framed: reset it (MsgIo detached it already).
+            st.abort(conn);
+            self.forget(conn);
+            work = true;
+        }
+        // Connections paused by their caps or by back pressure.
+        if !self.unread.is_empty() {
+            let again: Vec<Conn> = self.unread.iter().copied().collect();
+            for h in again {
+                self.read(h, st);
+            }
+        }
+        // Half-closed peers: close once every request has been answered and sent.
+        if !self.eof.is_empty() {
+            let done: Vec<Conn> = self
+                .eof
+                .iter()
+                .copied()
+                .filter(|h| !self.unsent.contains_key(h))
+                .collect();
+            for h in done {
+                if self.io().in_flight(h) == Some(0) {
+                    self.forget(h);
+                    st.close(h);
+                    work = true;
+                }
+            }
+        }
+        work || self.on_events(st)
+    }
+
+    fn stop(&mut self, _st: &mut CoreState) {
+        // Dropping the I/O side disconnects the workers once their queues are drained.
+        self.io = None;
+    }
+}
+
+fn worker_loop<H: MsgHandler>(
+    mut socket: MsgSocket<Conn>,
+    mut handler: H,
+    stop: Arc<AtomicBool>,
+    cache: Option<zbuf::CoreCache>,
+) {
+    loop {
+        match socket.recv_timeout(Duration::from_millis(20)) {
+            Ok(m) => {
+                let mut ctx = MsgCtx {
+                    socket: &mut socket,
+                    cache: cache.as_ref(),
+                    stop: &stop,
+                };
+                handler.on_message(&mut ctx, m);
+            }
+            Err(SchedRecvError::Timeout) => {}
+            Err(SchedRecvError::Disconnected) => return,
+        }
+    }
+}
+
+/// Handles to a message-mode runtime's worker group.
+#[derive(Clone)]
+pub struct MsgWorkers {
+    counters: Arc<MsgCounters>,
+    workers: usize,
+}
+
+impl MsgWorkers {
+    /// The group's counters (messages, replies, drops by reason).
+    pub fn counters(&self) -> &MsgCounters {
+        &self.counters
+    }
+
+    /// Number of workers.
+    pub fn len(&self) -> usize {
+        self.workers
+    }
+
+    /// Whether there are no workers.
+    pub fn is_empty(&self) -> bool {
+        self.workers == 0
+    }
+}
+
+impl Runtime {
+    /// Start message mode: `io` runs NIC I/O, TCP and the parsers (`make_parser` for each
+    /// accepted connection); `cfg.sched.workers` threads run `make_handler(worker)`.
+    /// Workers exit after the I/O core has stopped and their queues are drained.
+    pub fn spawn_msg<D, P, FP, H, FH>(
+        io: CoreSetup<D>,
+        opts: CoreOptions,
+        cfg: MsgConfig,
+        make_parser: FP,
+        make_handler: FH,
+    ) -> Result<(Runtime, MsgWorkers), RuntimeError>
+    where
+        D: Device + Send + 'static,
+        P: Parser + 'static,
+        FP: Fn() -> P + Clone + Send + Sync + 'static,
+        H: MsgHandler + 'static,
+        FH: Fn(usize) -> H + Send + Sync + 'static,
+    {
+        let io_index = io.index;
+        let bad = |m: &str| RuntimeError {
+            core: io_index,
+            error: crate::core::CoreError::Spawn(m.to_string()),
+        };
+        let (msg_io, sockets) = group::<Conn, P>(&cfg.sched, cfg.framer)
+            .map_err(|e| bad(&format!("message mode: {e}")))?;
+        let counters = msg_io.counters_handle();
+        let workers = sockets.len();
+        // The I/O side moves into the core thread (built there by the closure, once).
+        let cell = std::sync::Mutex::new(Some(msg_io));
+        let listen = cfg.listen.clone();
+        let slab: Option<Slab> = opts.slab.clone();
+        let pin = opts.pin;
+        let mut rt = Runtime::spawn_with(vec![io], opts, move |_| MsgMode {
+            io: cell.lock().ok().and_then(|mut g| g.take()),
+            make_parser: make_parser.clone(),
+            listen: listen.clone(),
+            unread: HashSet::new(),
+            unsent: HashMap::new(),
+            eof: HashSet::new(),
+        })?;
+        let stop = rt.stop_flag();
+        let make_handler = Arc::new(make_handler);
+        let mut handles = Vec::new();
+        for (w, socket) in sockets.into_iter().enumerate() {
+            let stop = Arc::clone(&stop);
+            let make_handler = Arc::clone(&make_handler);
+            let slab = slab.clone();
+            let cpu = cfg.worker_cpus.get(w).copied();
+            let h = std::thread::Builder::new()
+                .name(format!("r2c-msg-worker-{w}"))
+                .spawn(move || {
+                    if let (true, Some(cpu)) = (pin, cpu) {
+                        if !crate::core::pin_to(cpu) {
+                            return Err(crate::core::CoreError::Pin { core: w, cpu });
+                        }
+                    }
+                    let cache = match &slab {
+                        Some(s) => Some(
+                            s.core_cache(io_index + 1 + w)
+                                .map_err(crate::core::CoreError::Slab)?,
+                        ),
+                        None => None,
+                    };
+                    worker_loop(socket, make_handler(w), stop, cache);
+                    Ok(())
+                })
+                .map_err(|e| bad(&e.to_string()))?;
+            handles.push(h);
+        }
+        let handles = std::sync::Mutex::new(Some(handles));
+        rt.add_thread(Box::new(move || {
+            let hs = handles
+                .lock()
+                .ok()
+                .and_then(|mut g| g.take())
+                .unwrap_or_default();
+            let mut res = Ok(());
+            for h in hs {
+                match h.join() {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => res = Err(e),
+                    Err(_) => res = Err(crate::core::CoreError::Panicked("worker".into())),
+                }
+            }
+            res
+        }));
+        Ok((rt, MsgWorkers { counters, workers }))
+    }
+}

@@ -1,0 +1,285 @@
+//! Message mode: an r2c server whose I/O core frames knb requests and schedules them
+//! across worker threads (msgsched CP / CS / MS); an inline client keeps several requests
+//! outstanding on each of several connections and checks every reply's order and bytes.
+
+mod common;
+
+use common::*;
+use msgsched::framer::FramerConfig;
+use msgsched::parser::knb::{Header, KnbParser, HDR_LEN, RESPONSE};
+use msgsched::parser::{Ordering as Order, ParseErrorKind};
+use msgsched::sched::{Model, SchedConfig};
+use msgsched::socket::Message;
+use r2c::msg::{MsgConfig, MsgCtx, MsgHandler};
+use r2c::{Conn, Ctx, InlineApp, Runtime};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use zbuf::{IoVec, Zbuf};
+
+const PORT: u16 = 11;
+const CONNS: usize = 8;
+const PER_CONN: u64 = 40;
+const DEPTH: usize = 8;
+
+fn size_of(id: u64) -> u32 {
+    [0u32, 10, 1448, 4096, 9000][(id % 5) as usize]
+}
+
+fn payload(id: u64, len: u32) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8) ^ (id as u8).wrapping_mul(3))
+        .collect()
+}
+
+/// Echo handler: some requests take a while, so workers finish out of order.
+struct Echo {
+    served: Arc<Mutex<Vec<usize>>>,
+}
+
+impl MsgHandler for Echo {
+    fn on_message(&mut self, ctx: &mut MsgCtx<'_>, m: Message<Conn>) {
+        let h = Header::read(&m.body).unwrap().unwrap();
+        if h.id % 7 == 0 {
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        self.served.lock().unwrap().push(ctx.worker());
+        let mut hdr = ctx.alloc(HDR_LEN).unwrap();
+        hdr.extend_from_slice(
+            &Header {
+                flags: RESPONSE,
+                ..h
+            }
+            .bytes(),
+        )
+        .unwrap();
+        let mut reply = IoVec::from(hdr.freeze());
+        reply.append(m.body.slice(HDR_LEN..));
+        ctx.reply(m.origin, reply);
+    }
+}
+
+/// Per connection: next id to send, ids outstanding in order, bytes received.
+#[derive(Default)]
+struct CConn {
+    base: u64,
+    next: u64,
+    outstanding: VecDeque<u64>,
+    buf: Vec<u8>,
+    done: u64,
+}
+
+struct Client {
+    conns: HashMap<Conn, CConn>,
+    garbage: Option<Conn>,
+    reset: Arc<AtomicUsize>,
+    finished: Arc<AtomicUsize>,
+    bad: Arc<Mutex<Vec<String>>>,
+    with_garbage: bool,
+}
+
+impl Client {
+    fn pump(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        while c.outstanding.len() < DEPTH && c.next < PER_CONN {
+            let id = c.base + c.next;
+            let len = size_of(id);
+            let mut v = Header { id, len, flags: 0 }.bytes().to_vec();
+            v.extend(payload(id, len));
+            ctx.send(conn, Zbuf::from_vec(v)).unwrap();
+            c.outstanding.push_back(id);
+            c.next += 1;
+        }
+    }
+}
+
+impl InlineApp for Client {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        for i in 0..CONNS {
+            let c = ctx.connect(server_addr(PORT)).unwrap();
+            self.conns.insert(
+                c,
+                CConn {
+                    base: (i as u64) << 32,
+                    ..CConn::default()
+                },
+            );
+        }
+        if self.with_garbage {
+            self.garbage = Some(ctx.connect(server_addr(PORT)).unwrap());
+        }
+    }
+
+    fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        if Some(conn) == self.garbage {
+            ctx.send(conn, Zbuf::copy_from_slice(b"GET / HTTP/1.1\r\n\r\n"))
+                .unwrap();
+            return;
+        }
+        self.pump(ctx, conn);
+    }
+
+    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        while let Ok(Some(b)) = ctx.recv(conn) {
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.buf.extend_from_slice(&b);
+            }
+        }
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        loop {
+            if c.buf.len() < HDR_LEN {
+                break;
+            }
+            let mut h = [0u8; HDR_LEN];
+            h.copy_from_slice(&c.buf[..HDR_LEN]);
+            let hv = Header::read(&IoVec::from(Zbuf::copy_from_slice(&h)))
+                .unwrap()
+                .unwrap();
+            let total = HDR_LEN + hv.len as usize;
+            if c.buf.len() < total {
+                break;
+            }
+            let want = c.outstanding.pop_front();
+            if want != Some(hv.id)
+                || hv.flags != RESPONSE
+                || c.buf[HDR_LEN..total] != payload(hv.id, hv.len)[..]
+                || hv.len != size_of(hv.id)
+            {
+                self.bad
+                    .lock()
+                    .unwrap()
+                    .push(format!("expected {want:?}, got {hv:?}"));
+            }
+            c.buf.drain(..total);
+            c.done += 1;
+        }
+        let done = c.done;
+        if done == PER_CONN {
+            ctx.close(conn);
+            self.conns.remove(&conn);
+            self.finished.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.pump(ctx, conn);
+        }
+    }
+
+    fn on_closed(
+        &mut self,
+        _ctx: &mut Ctx<'_>,
+        conn: Conn,
+        r: Option<luna_stack::tcp::CloseReason>,
+    ) {
+        if Some(conn) == self.garbage && r == Some(luna_stack::tcp::CloseReason::Reset) {
+            self.reset.fetch_add(1, Ordering::SeqCst);
+        } else if self.conns.remove(&conn).is_some() {
+            self.bad
+                .lock()
+                .unwrap()
+                .push(format!("connection closed early: {r:?}"));
+        }
+    }
+}
+
+fn run(model: Model, with_garbage: bool) {
+    let (mut server, client) = pair(1, 1, |_| {});
+    let slab = zbuf::Slab::new(
+        zbuf::SlabConfig::new()
+            .hugepages(zbuf::HugepageMode::Never)
+            .max_memory(64 << 20),
+    )
+    .unwrap();
+    let sopts = r2c::CoreOptions {
+        slab: Some(slab.clone()),
+        ..opts()
+    };
+    let cfg = MsgConfig {
+        listen: vec![(PORT, 64)],
+        sched: SchedConfig {
+            model,
+            workers: 4,
+            queue_capacity: 16,
+            seed: 1,
+        },
+        framer: FramerConfig {
+            max_message: 16 << 10,
+            max_in_flight: 4,
+        },
+        worker_cpus: Vec::new(),
+    };
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let s2 = Arc::clone(&served);
+    let (srv, workers) = Runtime::spawn_msg(
+        server.remove(0),
+        sopts,
+        cfg,
+        || KnbParser::new(Order::Ordered),
+        move |_| Echo {
+            served: Arc::clone(&s2),
+        },
+    )
+    .unwrap();
+    let finished = Arc::new(AtomicUsize::new(0));
+    let reset = Arc::new(AtomicUsize::new(0));
+    let bad = Arc::new(Mutex::new(Vec::new()));
+    let (f, r, b) = (finished.clone(), reset.clone(), bad.clone());
+    let cli = Runtime::spawn_inline(client, opts(), move |_| Client {
+        conns: HashMap::new(),
+        garbage: None,
+        reset: r.clone(),
+        finished: f.clone(),
+        bad: b.clone(),
+        with_garbage,
+    })
+    .unwrap();
+    wait_for("message-mode replies", || {
+        (finished.load(Ordering::SeqCst) == CONNS
+            && (!with_garbage || reset.load(Ordering::SeqCst) == 1))
+            || !bad.lock().unwrap().is_empty()
+    });
+    assert!(bad.lock().unwrap().is_empty(), "{:?}", bad.lock().unwrap());
+    cli.stop();
+    srv.stop();
+    cli.join().unwrap();
+    srv.join().unwrap();
+    let c = workers.counters();
+    let f: HashMap<_, _> = c.fields().into_iter().collect();
+    let total = CONNS as u64 * PER_CONN;
+    assert_eq!(f["messages"], total, "{f:?}");
+    assert_eq!(f["replies"], total, "{f:?}");
+    assert_eq!(f["sequence_errors"], 0);
+    assert_eq!(
+        c.parse_errors(ParseErrorKind::Malformed),
+        u64::from(with_garbage)
+    );
+    let served = served.lock().unwrap();
+    let mut used: Vec<usize> = served.clone();
+    used.sort_unstable();
+    used.dedup();
+    if model == Model::Ms {
+        assert!(
+            used.len() > 1,
+            "MS spread the messages over workers: {used:?}"
+        );
+    }
+}
+
+#[test]
+fn ms_workers_answer_pipelined_requests_in_request_order() {
+    run(Model::Ms, false);
+}
+
+#[test]
+fn cs_and_cp_answer_in_request_order_too() {
+    run(Model::Cs, false);
+    run(Model::Cp, false);
+}
+
+#[test]
+fn a_garbage_stream_is_reset_and_the_others_are_served() {
+    run(Model::Ms, true);
+}

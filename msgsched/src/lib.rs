@@ -1,7 +1,7 @@
 //! Message sockets: RPCs detached from connections and scheduled across workers
 //! (Rakaia-style CP/CS/MS queueing, power-of-two choices, stealing, transmit delegation).
 //!
-//! Layers:
+//! Layers ([`model`] names the CP / CS / MS queueing models for all of them):
 //! - [`parser`]: where a message ends in a byte stream (the strparser contract), and the
 //!   first parser, knb's 16-byte framing;
 //! - [`framer`]: one connection's receive side, bytes in, bounded whole messages out
@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod framer;
+pub mod model;
 pub mod parser;
 pub mod reply;
 pub mod sched;

@@ -36,50 +36,12 @@ pub use worker::Worker;
 
 use bitmap::Bitmap;
 use std::fmt;
-use std::str::FromStr;
 use sync::{Arc, AtomicBool, AtomicU64, Parker, Queue, Unparker};
 
 /// The most workers a scheduler supports (bitmaps are arrays of 64-bit words).
 pub const MAX_WORKERS: usize = 1024;
 
-/// Which queueing model the scheduler implements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Model {
-    /// Connections partitioned: a connection's messages always go to the same worker.
-    Cp,
-    /// Connections shared: any worker, but one message of a connection at a time.
-    Cs,
-    /// Messages shared: any worker, any message (one logical FIFO).
-    Ms,
-}
-
-impl FromStr for Model {
-    type Err = ParseModelError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "cp" => Ok(Model::Cp),
-            "cs" => Ok(Model::Cs),
-            "ms" => Ok(Model::Ms),
-            _ => Err(ParseModelError(s.to_owned())),
-        }
-    }
-}
-
-impl fmt::Display for Model {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Model::Cp => "cp",
-            Model::Cs => "cs",
-            Model::Ms => "ms",
-        })
-    }
-}
-
-/// A model name other than `cp`, `cs` or `ms`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown scheduling model {0:?} (expected cp, cs or ms)")]
-pub struct ParseModelError(pub String);
+pub use crate::model::{Model, ParseModelError};
 
 /// Scheduler configuration.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -34,53 +34,7 @@ pub mod theory;
 
 pub use slo::{default_grid, throughput_under_slo, throughput_under_slos, SloOutcome, SloSearch};
 
-/// Queueing model (see the module documentation).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Model {
-    /// Connections partitioned to workers (`i mod c`), a FIFO per worker.
-    Cp,
-    /// A FIFO per connection, connections shared by all workers, one worker per connection.
-    Cs,
-    /// One FIFO of messages shared by all workers (M/G/c).
-    Ms,
-}
-
-impl Model {
-    /// All models, in the order tables print them.
-    pub const ALL: [Model; 3] = [Model::Cp, Model::Cs, Model::Ms];
-
-    /// Lower-case name, as accepted by [`FromStr`].
-    pub fn name(self) -> &'static str {
-        match self {
-            Model::Cp => "cp",
-            Model::Cs => "cs",
-            Model::Ms => "ms",
-        }
-    }
-}
-
-impl fmt::Display for Model {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.name())
-    }
-}
-
-impl FromStr for Model {
-    type Err = ParseError;
-    fn from_str(s: &str) -> Result<Self, ParseError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "cp" => Ok(Model::Cp),
-            "cs" => Ok(Model::Cs),
-            "ms" => Ok(Model::Ms),
-            _ => Err(ParseError {
-                what: "model",
-                got: s.to_string(),
-                expected: "cp, cs or ms",
-            }),
-        }
-    }
-}
+pub use crate::model::Model;
 
 /// Service-time distribution, scaled to the configured mean.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]

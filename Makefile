@@ -17,13 +17,14 @@ TEST_SUITES := test-workspace test-loom test-fuzz test-dpdk-compat
 # Seconds per fuzz target in `make test-fuzz` (9 targets; the build is most of the cost).
 FUZZ_SECS ?= 6
 
-.PHONY: help setup build test $(TEST_SUITES) interop lint demo clean-testbed
+.PHONY: help setup build test $(TEST_SUITES) interop attack lint demo clean-testbed
 
 help:
 	@echo "make setup          install packages, reserve hugepages (root)"
 	@echo "make build          cargo build --workspace --all-targets"
 	@echo "make test           setup, then: $(TEST_SUITES) (root)"
 	@echo "make interop        setup, then the full-size kernel interop run (docs/interop.md; root)"
+	@echo "make attack         setup, then the attack suite against a luna server over tap (docs/reliability.md; root)"
 	@echo "make lint           rustfmt check + clippy -D warnings"
 	@echo "make demo           setup, then knb compare: luna vs kernel vs smoltcp vs raw, 4 KiB RPCs (root)"
 	@echo "make clean-testbed  remove every namespace/interface/file with prefix $(LUNA_TESTBED_PREFIX)"
@@ -69,6 +70,12 @@ test-fuzz:
 # and 1% duplication both ways, tshark over the capture. About half an hour on this machine.
 interop: setup
 	$(CARGO) test -p r2c --test interop_kernel -- --ignored --exact lio_kernel_interop_full --nocapture
+
+# Attack suite (docs/reliability.md): scapy from the tap's kernel namespace against a luna
+# server while a legitimate client keeps doing RPCs; 13 phases of 5 s, about 70 s. A
+# reduced run (7 phases of 1 s) is part of `make test`.
+attack: setup
+	$(CARGO) test -p r2c --test dpdk_runtime -- --ignored --exact tap_attack_full --nocapture
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -1,0 +1,544 @@
+#!/usr/bin/python3
+"""Attack suite against a luna server over tap (docs/reliability.md).
+
+Runs in the tap topology's kernel namespace, with Debian's python3-scapy (run it with
+/usr/bin/python3: a pyenv python on PATH lacks scapy). A legitimate kernel client keeps
+doing knb echo RPCs (4 KiB, one connection, every byte checked) through every phase while
+scapy sends one kind of hostile traffic per phase. Every loop is bounded in packets and in
+time; all traffic goes to the luna server's address inside the testbed namespace.
+
+usage: attack.py SERVER_IP PORT IFACE PHASE_SECONDS OUT_JSON STOP_FILE [PHASE ...]
+Writes OUT_JSON (per phase: RPCs, p50/p99 latency, packets sent, replies seen), then
+creates STOP_FILE so the server ends. Exit status 0 when the legitimate connection
+survived every phase with every reply correct, else 1.
+"""
+
+import json
+import random
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+from scapy.all import (  # noqa: E402  (scapy prints warnings at import)
+    IP,
+    TCP,
+    AsyncSniffer,
+    Ether,
+    Raw,
+    conf,
+    fragment,
+    get_if_hwaddr,
+    sendp,
+)
+
+conf.verb = 0
+MAGIC = 0x6E6B
+HDR = struct.Struct("<QIHH")
+RPC_LEN = 4096
+
+ALL_PHASES = [
+    "baseline",
+    "synflood",
+    "blind_rst",
+    "blind_syn",
+    "blind_data",
+    "rst_ack_storm",
+    "bad_checksums",
+    "malformed_options",
+    "ip_options_fragments",
+    "sack_abuse_mss48",
+    "ack_unsent",
+    "paws",
+    "baseline_after",
+]
+
+
+def pat(i, n):
+    return bytes(((i * 131 + k) & 0xFF) for k in range(n))
+
+
+class Legit(threading.Thread):
+    """One kernel connection doing echo RPCs back to back (with a 1 ms pause)."""
+
+    def __init__(self, ip, port):
+        super().__init__(daemon=True)
+        end = time.time() + 30
+        while True:
+            try:
+                self.s = socket.create_connection((ip, port), timeout=5)
+                break
+            except OSError:
+                if time.time() > end:
+                    raise
+                time.sleep(0.1)
+        self.s.settimeout(10)
+        self.local_port = self.s.getsockname()[1]
+        self.lock = threading.Lock()
+        self.samples = []  # (send time, latency)
+        self.errors = []
+        self.stop = False
+        self.done = threading.Event()
+        self.payloads = {i: pat(i, RPC_LEN) for i in range(64)}
+
+    def run(self):
+        i = 0
+        try:
+            while not self.stop:
+                body = self.payloads[i % 64]
+                t0 = time.perf_counter()
+                self.s.sendall(HDR.pack(i, RPC_LEN, 0, MAGIC) + body)
+                want = HDR.pack(i, RPC_LEN, 1, MAGIC) + body
+                buf = bytearray()
+                while len(buf) < len(want):
+                    d = self.s.recv(len(want) - len(buf))
+                    if not d:
+                        raise OSError("connection closed by the server")
+                    buf += d
+                if bytes(buf) != want:
+                    raise OSError(f"reply {i} differs (injected data accepted?)")
+                with self.lock:
+                    self.samples.append((t0, time.perf_counter() - t0))
+                i += 1
+                time.sleep(0.001)
+        except OSError as e:
+            self.errors.append(str(e))
+        self.done.set()
+
+    def window(self, a, b):
+        with self.lock:
+            return [lat for (t, lat) in self.samples if a <= t < b]
+
+
+def pct(v, q):
+    if not v:
+        return None
+    v = sorted(v)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+class Ctx:
+    def __init__(self, ip, port, iface, secs, legit):
+        self.ip, self.port, self.iface, self.secs, self.legit = ip, port, iface, secs, legit
+        self.mac = get_if_hwaddr(iface)
+        self.me = subprocess.run(
+            ["ip", "-4", "-o", "addr", "show", "dev", iface], capture_output=True, text=True
+        ).stdout.split()[3].split("/")[0]
+        self.peer_mac = None
+        self.last = None  # last luna -> legit segment (seq, ack, window)
+        self.ts = None  # the client's TSval as luna last echoed it
+        self.sniffer = AsyncSniffer(iface=iface, filter=f"tcp and src host {ip}", prn=self.seen, store=False)
+        self.replies = {"ack": 0, "rst": 0, "synack": 0, "other": 0}
+
+    def seen(self, p):
+        if TCP not in p:
+            return
+        t = p[TCP]
+        if self.peer_mac is None:
+            self.peer_mac = p[Ether].src
+        if t.sport == self.port and t.dport == self.legit.local_port:
+            self.last = (t.seq, t.ack, t.window)
+            for name, val in t.options:
+                if name == "Timestamp":
+                    # luna's TSecr echoes the client's latest TSval: using it as our TSval
+                    # passes PAWS, so the segment reaches the RFC 5961 checks.
+                    self.ts = val[1]
+        f = int(t.flags)
+        if f & 0x04:
+            self.replies["rst"] += 1
+        elif f & 0x12 == 0x12:
+            self.replies["synack"] += 1
+        elif f & 0x10:
+            self.replies["ack"] += 1
+        else:
+            self.replies["other"] += 1
+
+    def eth(self):
+        return Ether(src=self.mac, dst=self.peer_mac or "ff:ff:ff:ff:ff:ff")
+
+    def send(self, pkts):
+        sendp(pkts, iface=self.iface)
+        return len(pkts)
+
+    def until_done(self, make_batch, limit):
+        """Sends batches from make_batch() until the phase time or `limit` packets."""
+        end, n = time.time() + self.secs, 0
+        while time.time() < end and n < limit:
+            n += self.send(make_batch())
+        left = end - time.time()
+        if left > 0:
+            time.sleep(left)
+        return n
+
+
+def legit_tuple(c):
+    for _ in range(200):
+        if c.last:
+            return c.last
+        time.sleep(0.01)
+    raise RuntimeError("never saw the legitimate connection's segments")
+
+
+def spoofed_sources(c, n):
+    net = c.ip.rsplit(".", 1)[0]
+    used = {c.ip, c.me}
+    out = []
+    while len(out) < n:
+        a = f"{net}.{random.randint(10, 250)}"
+        if a not in used:
+            out.append(a)
+    return out
+
+
+def ph_baseline(c):
+    time.sleep(c.secs)
+    return 0
+
+
+ph_baseline_after = ph_baseline
+
+
+def ph_synflood(c):
+    srcs = spoofed_sources(c, 64)
+
+    def batch():
+        return [
+            c.eth() / IP(src=random.choice(srcs), dst=c.ip)
+            / TCP(sport=random.randint(1024, 65535), dport=c.port, flags="S", seq=random.getrandbits(32),
+                  options=[("MSS", 1460), ("SAckOK", b""), ("Timestamp", (random.getrandbits(32), 0)), ("WScale", 7)])
+            for _ in range(200)
+        ]
+
+    return c.until_done(batch, 200_000)
+
+
+def in_window_offsets():
+    # Inside the window yet never an exact RCV.NXT. The attacker's view of RCV.NXT lags
+    # (scapy's sniffer is slow) by a few RPCs, so aim five RPCs (5 x 4,112 bytes) ahead; the
+    # client's segment boundaries relative to any observed RCV.NXT are 0, 1,216, 1,448,
+    # 2,664 or 2,896 modulo 4,112 (MSS 1,448, 4,112-byte messages), and these offsets are
+    # 3..11 modulo 4,112: in the window (luna's is far larger), never a legal reset.
+    return [5 * 4112 + o for o in (3, 5, 7, 9, 11)]
+
+
+def ph_blind_rst(c):
+    seq, ack, win = legit_tuple(c)
+
+    def batch():
+        _, ack, win = c.last
+        return [
+            c.eth() / IP(src=c.me, dst=c.ip)
+            / TCP(sport=c.legit.local_port, dport=c.port, flags="R", seq=(ack + o) & 0xFFFFFFFF)
+            for o in in_window_offsets()
+        ]
+
+    return c.until_done(batch, 5_000)
+
+
+def ph_blind_syn(c):
+    legit_tuple(c)
+
+    def batch():
+        return [
+            c.eth() / IP(src=c.me, dst=c.ip)
+            / TCP(sport=c.legit.local_port, dport=c.port, flags="S", seq=random.getrandbits(32))
+            for _ in range(5)
+        ]
+
+    return c.until_done(batch, 5_000)
+
+
+def ph_blind_data(c):
+    legit_tuple(c)
+
+    def batch():
+        seq, ack, win = c.last
+        junk = Raw(b"X" * 64)
+        # 100 ms ahead of the client's clock as luna last echoed it: passes PAWS despite
+        # the sniffer's lag (and if luna wrongly took it as TS.Recent, the legitimate
+        # client would stall for 100 ms: visible in the phase's p99).
+        ts = [("Timestamp", (((c.ts or 0) + 100) & 0xFFFFFFFF, 0))]
+        # In the window despite the sniffer's lag (see in_window_offsets): if luna queued
+        # this data, the legitimate client's echo would come back with X's in it.
+        ahead = in_window_offsets()[0]
+        return [
+            # RFC 5961 §5.2: an ACK beyond SND.NXT (unsent data) -> dropped, challenge ACK.
+            c.eth() / IP(src=c.me, dst=c.ip)
+            / TCP(sport=c.legit.local_port, dport=c.port, flags="PA", seq=(ack + ahead) & 0xFFFFFFFF, ack=(seq + 10_000_000) & 0xFFFFFFFF, options=ts) / junk,
+            # An ACK too old (before SND.UNA - MAX.SND.WND) -> dropped.
+            c.eth() / IP(src=c.me, dst=c.ip)
+            / TCP(sport=c.legit.local_port, dport=c.port, flags="PA", seq=(ack + ahead) & 0xFFFFFFFF, ack=(seq - 2_000_000_000) & 0xFFFFFFFF, options=ts) / junk,
+            # Old data below RCV.NXT -> acknowledged, never delivered.
+            c.eth() / IP(src=c.me, dst=c.ip)
+            / TCP(sport=c.legit.local_port, dport=c.port, flags="PA", seq=(ack - 100_000) & 0xFFFFFFFF, ack=seq, options=ts) / junk,
+        ]
+
+    return c.until_done(batch, 6_000)
+
+
+def ph_rst_ack_storm(c):
+    legit_tuple(c)
+    srcs = spoofed_sources(c, 16)
+
+    def batch():
+        _, ack, _ = c.last
+        out = []
+        for _ in range(20):
+            out.append(c.eth() / IP(src=c.me, dst=c.ip)
+                       / TCP(sport=c.legit.local_port, dport=c.port, flags="RA",
+                             seq=(ack + random.randint(2_000_000, 4_000_000_000)) & 0xFFFFFFFF, ack=random.getrandbits(32)))
+            out.append(c.eth() / IP(src=random.choice(srcs), dst=c.ip)
+                       / TCP(sport=random.randint(1024, 65535), dport=c.port, flags="A",
+                             seq=random.getrandbits(32), ack=random.getrandbits(32)))
+        return out
+
+    return c.until_done(batch, 40_000)
+
+
+def ph_bad_checksums(c):
+    legit_tuple(c)
+
+    def batch():
+        _, ack, _ = c.last
+        return [
+            c.eth() / IP(src=c.me, dst=c.ip)
+            / TCP(sport=c.legit.local_port, dport=c.port, flags="PA", seq=ack, ack=c.last[0], chksum=0xBEEF) / Raw(b"Y" * 32),
+            c.eth() / IP(src=c.me, dst=c.ip, chksum=0x1234)
+            / TCP(sport=c.legit.local_port, dport=c.port, flags="R", seq=ack),
+            c.eth() / IP(src=c.me, dst=c.ip)
+            / TCP(sport=random.randint(1024, 65535), dport=c.port, flags="S", chksum=0x0001),
+        ]
+
+    return c.until_done(batch, 6_000)
+
+
+def csum(data):
+    if len(data) % 2:
+        data += b"\x00"
+    s = sum(struct.unpack("!%dH" % (len(data) // 2), data))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return (~s) & 0xFFFF
+
+
+def raw_syn(c, sport, opts, doff=None):
+    """A SYN whose header carries `opts` as raw bytes (and optionally a lying data
+    offset), with correct IP and TCP checksums, so only the options are wrong."""
+    opts = opts + b"\x00" * (-len(opts) % 4)
+    words = doff if doff is not None else (20 + len(opts)) // 4
+    tcp = bytearray(struct.pack("!HHIIBBHHH", sport, c.port, random.getrandbits(32), 0,
+                                (words & 0xF) << 4, 0x02, 65535, 0, 0) + opts)
+    src = socket.inet_aton(c.me)
+    dst = socket.inet_aton(c.ip)
+    pseudo = src + dst + struct.pack("!BBH", 0, 6, len(tcp))
+    tcp[16:18] = struct.pack("!H", csum(pseudo + bytes(tcp)))
+    return c.eth() / IP(src=c.me, dst=c.ip, proto=6) / Raw(bytes(tcp))
+
+
+def ph_malformed_options(c):
+    # Each from its own source port; the kernel would RST luna's SYN-ACKs, harmless.
+    cases = [
+        b"\x02\x04\x00\x00",              # MSS 0
+        b"\x02\x04\x00\x01",              # MSS 1
+        b"\x02\x04\x05",                  # MSS option truncated by the header end
+        b"\x03\x03\xff\x00",              # window scale 255
+        b"\x08\x0a\x00\x00",              # timestamps with length 10 but 2 bytes left
+        b"\x04\x03\x00\x00",              # SACK-permitted with length 3
+        b"\x05\x00\x00\x00",              # SACK with length 0 (would loop)
+        b"\xfe\x01\x00\x00",              # unknown option, length 1
+        b"\xfe\x00\x00\x00",              # unknown option, length 0 (would loop)
+        b"\x01" * 40,                     # 40 NOPs
+        b"\x02\x04\x05\xb4" * 10,         # MSS ten times
+    ]
+
+    def batch():
+        out = [raw_syn(c, random.randint(1024, 65535), o) for o in cases]
+        out.append(raw_syn(c, random.randint(1024, 65535), b"", doff=3))   # offset below 5
+        out.append(raw_syn(c, random.randint(1024, 65535), b"", doff=15))  # offset past the end
+        return out
+
+    return c.until_done(batch, 13 * 500)
+
+
+def ph_ip_options_fragments(c):
+    def batch():
+        syn = IP(src=c.me, dst=c.ip) / TCP(sport=random.randint(1024, 65535), dport=c.port, flags="S",
+                                           seq=random.getrandbits(32), options=[("MSS", 1460)]) / Raw(b"Z" * 64)
+        frags = [c.eth() / f for f in fragment(syn, fragsize=24)]
+        opt = c.eth() / IP(src=c.me, dst=c.ip, options=[b"\x07\x07\x04\x00\x00\x00\x00"]) \
+            / TCP(sport=random.randint(1024, 65535), dport=c.port, flags="S", seq=random.getrandbits(32))
+        return frags + [opt]
+
+    return c.until_done(batch, 5_000)
+
+
+class RawConn:
+    """A TCP connection made by scapy (the kernel's RSTs for its port are dropped by an
+    iptables rule for the phase)."""
+
+    def __init__(self, c, mss, sack=True):
+        self.c, self.sport = c, random.randint(20000, 29999)
+        self.isn = random.getrandbits(32)
+        self.got = []
+        self.sn = AsyncSniffer(iface=c.iface, filter=f"tcp and src host {c.ip} and dst port {self.sport}",
+                               prn=self.got.append, store=False)
+        self.sn.start()
+        time.sleep(0.2)
+        opts = [("MSS", mss)] + ([("SAckOK", b"")] if sack else [])
+        c.send([c.eth() / IP(src=c.me, dst=c.ip) / TCP(sport=self.sport, dport=c.port, flags="S", seq=self.isn, options=opts)])
+        end = time.time() + 3
+        while time.time() < end and not any(int(p[TCP].flags) & 0x12 == 0x12 for p in self.got):
+            time.sleep(0.01)
+        sa = [p for p in self.got if int(p[TCP].flags) & 0x12 == 0x12]
+        if not sa:
+            raise RuntimeError("no SYN-ACK for the scapy connection")
+        self.irs = sa[0][TCP].seq
+        self.snd = (self.isn + 1) & 0xFFFFFFFF
+        self.rcv = (self.irs + 1) & 0xFFFFFFFF
+        self.seg(flags="A")
+
+    def seg(self, flags="A", data=b"", ack=None, options=None):
+        t = TCP(sport=self.sport, dport=self.c.port, flags=flags, seq=self.snd,
+                ack=self.rcv if ack is None else ack, window=65535, options=options or [])
+        p = self.c.eth() / IP(src=self.c.me, dst=self.c.ip) / t
+        if data:
+            p = p / Raw(data)
+        self.snd = (self.snd + len(data)) & 0xFFFFFFFF
+        return self.c.send([p])
+
+    def close(self):
+        self.seg(flags="R")
+        self.sn.stop()
+
+
+def with_rst_filter(fn):
+    def run(c):
+        rule = ["OUTPUT", "-p", "tcp", "--tcp-flags", "RST", "RST", "-d", c.ip, "--sport", "20000:29999", "-j", "DROP"]
+        subprocess.run(["iptables", "-I"] + rule, check=True)
+        try:
+            return fn(c)
+        finally:
+            subprocess.run(["iptables", "-D"] + rule, check=False)
+    return run
+
+
+@with_rst_filter
+def ph_sack_abuse_mss48(c):
+    # CVE-2019-11477/8/9 patterns: MSS 48, a large reply, ACKs whose SACK blocks cover every
+    # other tiny segment, blocks above SND.NXT and wrapped blocks.
+    n, end = 0, time.time() + c.secs
+    while time.time() < end and n < 20_000:
+        rc = RawConn(c, mss=48)
+        req = HDR.pack(1, 60_000, 0, MAGIC) + bytes(60_000)
+        for k in range(0, len(req), 1400):
+            n += rc.seg(flags="PA", data=req[k:k + 1400])
+        t_end = min(end, time.time() + 2)
+        while time.time() < t_end and n < 20_000:
+            base = rc.rcv
+            blocks = [((base + 96 * i + 48) & 0xFFFFFFFF, (base + 96 * i + 96) & 0xFFFFFFFF) for i in range(4)]
+            wild = [((base + 10_000_000) & 0xFFFFFFFF, (base + 10_000_048) & 0xFFFFFFFF),
+                    ((base - 1_000_000) & 0xFFFFFFFF, (base + 48) & 0xFFFFFFFF)]
+            for sack in (blocks[:4], wild, blocks[1:3] + wild[:1]):
+                n += rc.seg(flags="A", options=[("NOP", None), ("NOP", None), ("SAck", tuple(x for b in sack for x in b))])
+            rc.rcv = (rc.rcv + 48) & 0xFFFFFFFF  # creep the cumulative ACK slowly
+            n += rc.seg(flags="A")
+        rc.close()
+    left = end - time.time()
+    if left > 0:
+        time.sleep(left)
+    return n
+
+
+@with_rst_filter
+def ph_ack_unsent(c):
+    n, end = 0, time.time() + c.secs
+    while time.time() < end and n < 5_000:
+        rc = RawConn(c, mss=1460)
+        for k in range(50):
+            n += rc.seg(flags="A", ack=(rc.rcv + 1_000_000 + k) & 0xFFFFFFFF)
+        rc.close()
+    left = end - time.time()
+    if left > 0:
+        time.sleep(left)
+    return n
+
+
+@with_rst_filter
+def ph_paws(c):
+    # Timestamps going backwards by more than 2^31 on a connection that negotiated them.
+    n, end = 0, time.time() + c.secs
+    while time.time() < end and n < 5_000:
+        rc = RawConn(c, mss=1460)
+        rc.got.clear()
+        tsv = random.getrandbits(32)
+        n += rc.seg(flags="A", options=[("Timestamp", (tsv, 0))])
+        for k in range(30):
+            n += rc.seg(flags="PA", data=b"Q" * 16, options=[("Timestamp", ((tsv - 0x8000_0000 - k) & 0xFFFFFFFF, 0))])
+            rc.snd = (rc.snd - 16) & 0xFFFFFFFF
+        rc.close()
+    left = end - time.time()
+    if left > 0:
+        time.sleep(left)
+    return n
+
+
+def main():
+    ip, port, iface, secs, out, stop = sys.argv[1:7]
+    phases = sys.argv[7:] or ALL_PHASES
+    port, secs = int(port), float(secs)
+    legit = Legit(ip, port)
+    legit.start()
+    c = Ctx(ip, port, iface, secs, legit)
+    c.sniffer.start()
+    time.sleep(0.5)
+    results = []
+    ok = True
+    for name in phases:
+        fn = globals().get("ph_" + name)
+        if fn is None:
+            raise SystemExit(f"unknown phase {name!r} (phases: {' '.join(ALL_PHASES)})")
+        before = dict(c.replies)
+        t0 = time.perf_counter()
+        err = None
+        try:
+            sent = fn(c)
+        except Exception as e:  # a phase that cannot run is a failure, reported
+            sent, err = 0, f"{type(e).__name__}: {e}"
+            ok = False
+        t1 = time.perf_counter()
+        lat = c.legit.window(t0, t1)
+        r = {k: c.replies[k] - before[k] for k in c.replies}
+        results.append({"phase": name, "seconds": round(t1 - t0, 3), "sent": sent, "rpcs": len(lat),
+                        "p50_us": None if not lat else round(pct(lat, 0.5) * 1e6, 1),
+                        "p99_us": None if not lat else round(pct(lat, 0.99) * 1e6, 1),
+                        "luna_replies": r, "error": err,
+                        "legit_alive": not c.legit.errors})
+        print("PHASE", json.dumps(results[-1]), flush=True)
+        if c.legit.errors:
+            ok = False
+            break
+    c.legit.stop = True
+    c.legit.done.wait(15)
+    c.sniffer.stop()
+    try:
+        c.legit.s.shutdown(socket.SHUT_WR)
+        c.legit.s.recv(1)
+        c.legit.s.close()
+    except OSError as e:
+        c.legit.errors.append(f"close: {e}")
+    ok = ok and not c.legit.errors and all(p["rpcs"] > 0 for p in results)
+    json.dump({"phases": results, "legit_errors": c.legit.errors, "ok": ok}, open(out, "w"), indent=1)
+    open(stop, "w").write("stop")
+    print("ATTACK", "ok" if ok else "failed", json.dumps(c.legit.errors), flush=True)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        # Whatever happened, let the server end (it waits for this file).
+        if len(sys.argv) > 6:
+            open(sys.argv[6], "a").close()

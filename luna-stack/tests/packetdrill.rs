@@ -8,7 +8,8 @@
 #[path = "packetdrill/mod.rs"]
 mod packetdrill;
 
-use packetdrill::{manifest, run_text, script, scripts_dir, ExpectedFailure};
+use packetdrill::engine::RunOptions;
+use packetdrill::{manifest, run_text, run_text_with, script, scripts_dir, ExpectedFailure};
 use proptest::prelude::*;
 use std::time::Instant as WallClock;
 
@@ -78,6 +79,7 @@ scripts! {
     handshake_active_blocking,
     handshake_passive,
     handshake_passive_no_options,
+    icmp_frag_needed,
     initial_window,
     keepalive,
     last_ack_rst,
@@ -95,6 +97,7 @@ scripts! {
     paws,
     persist_window_opens,
     receive_window_full,
+    recv_peek,
     rst_challenge_ack,
     rto_backoff,
     rto_loss_window,
@@ -122,6 +125,9 @@ scripts! {
     time_wait_syn_reuse,
     time_wait_syn_timestamps,
     ts_recent_hole,
+    upstream_sockopts,
+    upstream_state_checks,
+    upstream_sysctl_shell,
     window_scaling,
     zero_window_data_in_flight,
     zero_window_probe,
@@ -165,6 +171,12 @@ fn table() {
             }
         }
     }
+    println!(
+        "{} of {} scripts as expected ({} failed)",
+        SCRIPTS.len() - failed.len(),
+        SCRIPTS.len(),
+        failed.len()
+    );
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
 }
 
@@ -184,12 +196,32 @@ fn run_script_from_env() {
     }
 }
 
+/// Run `text` with `opts`, expecting it to be skipped at `line` for a reason containing
+/// `needle`.
+fn expect_skip_with(opts: &RunOptions, text: &str, line: usize, needle: &str) {
+    match run_text_with(text, opts) {
+        Ok(_) => panic!("expected a skip at line {line} ({needle}), the script passed:\n{text}"),
+        Err(f) => assert!(
+            f.error.line == line && f.error.msg.contains(needle) && f.error.skip,
+            "expected a skip at line {line} containing {needle:?}, got line {} (skip: {}): {}\n\
+             --- script:\n{text}",
+            f.error.line,
+            f.error.skip,
+            f.error.msg
+        ),
+    }
+}
+
+fn expect_skip(text: &str, line: usize, needle: &str) {
+    expect_skip_with(&RunOptions::default(), text, line, needle)
+}
+
 /// Run `text`, expecting a failure at `line` whose message contains `needle`.
 fn expect_error(text: &str, line: usize, needle: &str) {
     match run_text(text) {
         Ok(_) => panic!("expected an error at line {line} ({needle}), the script passed:\n{text}"),
         Err(f) => assert!(
-            f.error.line == line && f.error.msg.contains(needle),
+            f.error.line == line && f.error.msg.contains(needle) && !f.error.skip,
             "expected line {line} containing {needle:?}, got line {}: {}\n--- script:\n{text}",
             f.error.line,
             f.error.msg
@@ -204,8 +236,6 @@ const LISTEN: &str = "0 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3\n+0 bind(3, ..
 #[test]
 fn unsupported_and_malformed_lines_name_the_line() {
     let cases: &[(String, usize, &str)] = &[
-        (format!("{SOCKET}+0 `echo hi`"), 2, "shell commands"),
-        ("%{ print(1) }%".into(), 1, "python"),
         ("/* never closed\n0 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3".into(), 1, "unterminated"),
         (format!("{SOCKET}--tolerance_usecs=1"), 2, "before the first event"),
         ("--bogus_option=1\n0 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3".into(), 1, "unknown header option"),
@@ -223,21 +253,16 @@ fn unsupported_and_malformed_lines_name_the_line() {
         (format!("{LISTEN}+0 < . 1:1(0) win 100"), 4, "needs `ack N`"),
         (format!("{LISTEN}+0 < S 0:0(0)"), 4, "needs `win N`"),
         (format!("{LISTEN}+0 < S 0:0(0) win 100 <...>"), 4, "only meaningful on outbound"),
-        (format!("{LISTEN}+0 < S 0:0(0) win 100 <md5 abc>"), 4, "unsupported TCP option"),
         (format!("{LISTEN}+0 < S 0:0(0) win 100 <mss 1460,sackOK>"), 4, "not a multiple of 4"),
         (format!("{LISTEN}+0 < S 0:0(0) win 100 <mss 1460"), 4, "unterminated option list"),
         (format!("{LISTEN}+0 < S 0:0(0) win 100 <sack 1:2 3:4 5:6 7:8 9:10>"), 4, "at most 4"),
         (format!("{LISTEN}+0 > S. 0:0(0) ecn 1"), 4, "unsupported packet keyword"),
-        (format!("{LISTEN}+0 < udp (100)"), 4, "TCP only"),
         (format!("{SOCKET}+0 close(3) = -1"), 2, "needs an errno name"),
         (format!("{SOCKET}+0 close(3) = 0 EBADF"), 2, "only with a -1"),
         (format!("{SOCKET}+0 close(3) = 0 junk junk"), 2, "after the return value"),
         (format!("{SOCKET}+0 close(3) = -1 EFOO"), 2, "unknown errno"),
-        (format!("{SOCKET}+0 epoll_create(1) = 4"), 2, "not supported"),
         ("0 socket(..., SOCK_DGRAM, IPPROTO_UDP) = 3".into(), 1, "SOCK_STREAM"),
         (format!("{SOCKET}+0 shutdown(3, SHUT_RD) = 0"), 2, "SHUT_RD"),
-        (format!("{SOCKET}+0 setsockopt(3, SOL_TCP, TCP_CONGESTION, [1], 4) = 0"), 2, "not supported"),
-        (format!("{LISTEN}+0 setsockopt(3, SOL_TCP, TCP_NODELAY, [0], 4) = 0"), 4, "per-socket"),
         (format!("{LISTEN}+0 accept(3, ..., ...) = 4"), 4, "would block"),
         (format!("{LISTEN}+0 getsockopt(3, SOL_TCP, TCP_INFO, {{tcpi_bogus=1}}, [...]) = 0"), 4, "not supported"),
         (format!("{LISTEN}+0 listen(3, 1) = 0"), 4, "returned -1 EINVAL, expected 0"),
@@ -247,6 +272,117 @@ fn unsupported_and_malformed_lines_name_the_line() {
     ];
     for (text, line, needle) in cases {
         expect_error(text, *line, needle);
+    }
+}
+
+/// Valid upstream syntax luna cannot run is a skip naming the line and the reason, never a
+/// pass and never a failure.
+#[test]
+fn unsupported_upstream_features_skip_with_the_reason() {
+    let cases: &[(String, usize, &str)] = &[
+        (
+            format!("{SOCKET}+0 `echo hi`"),
+            2,
+            "shell command `echo hi` is not supported",
+        ),
+        ("%{ print(1) }%".into(), 1, "python"),
+        (
+            format!("{LISTEN}+0 < S 0:0(0) win 100 <md5 abc>"),
+            4,
+            "unsupported TCP option",
+        ),
+        (format!("{LISTEN}+0 < udp (100)"), 4, "TCP only"),
+        (
+            format!("{SOCKET}+0 epoll_create(1) = 4"),
+            2,
+            "not supported",
+        ),
+        (
+            format!("{SOCKET}+0 setsockopt(3, SOL_TCP, TCP_CONGESTION, [1], 4) = 0"),
+            2,
+            "not supported",
+        ),
+        (
+            format!("{LISTEN}+0 setsockopt(3, SOL_TCP, TCP_NODELAY, [0], 4) = 0"),
+            4,
+            "per-socket",
+        ),
+        (
+            "--ip_version=ipv6\n0 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3".into(),
+            1,
+            "IPv4 only",
+        ),
+        (
+            format!("{SOCKET}+0 `sysctl -q net.ipv4.tcp_frto=2`"),
+            2,
+            "tcp_frto: no luna counterpart",
+        ),
+        (
+            format!("{SOCKET}+0 `sysctl -w net.inet.tcp.insecure_rst=1`"),
+            2,
+            "RFC 5961",
+        ),
+        (
+            format!("{SOCKET}+0 `sysctl -q net.ipv4.tcp_sack=1; nstat > /dev/null`"),
+            2,
+            "`nstat`",
+        ),
+        (
+            format!("`../common/defaults.sh\n../common/set_sysctls.py /proc/sys/x=1`\n{SOCKET}"),
+            1,
+            "set_sysctls.py",
+        ),
+        (
+            format!("{LISTEN}+0 `sysctl -q net.ipv4.tcp_sack=0`"),
+            4,
+            "fixed once the stack runs",
+        ),
+        (
+            format!(
+                "{SOCKET}+0 setsockopt(3, SOL_SOCKET, SO_LINGER, {{l_onoff=1, l_linger=5}}, 8) = 0"
+            ),
+            2,
+            "never blocks",
+        ),
+        (
+            format!("{SOCKET}+0 setsockopt(3, SOL_IP, IP_TTL, [3], 4) = 0"),
+            2,
+            "TTL is 64",
+        ),
+        (
+            format!("{SOCKET}+0 setsockopt(3, SOL_TCP, TCP_NOOPT, [1], 4) = 0"),
+            2,
+            "always sends its options",
+        ),
+        (
+            format!("{SOCKET}+0 getsockopt(3, SOL_TCP, TCP_CONGESTION, [1], [4]) = 0"),
+            2,
+            "not supported",
+        ),
+        (
+            format!("{LISTEN}+0 > icmp unreachable port_unreachable"),
+            4,
+            "no ICMP errors",
+        ),
+        (format!("{LISTEN}+0 < (hlim 3) S 0:0(0) win 100"), 4, "IPv6"),
+        (
+            format!("{LISTEN}+0 > S. ...(0) ack 1 <...>/udp(9811 > 2)"),
+            4,
+            "encapsulation",
+        ),
+        (
+            format!("{LISTEN}+0 `ss -tn state syn-recv | grep -c foo`"),
+            4,
+            "not answerable",
+        ),
+        (
+            "0 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3\n%{\nassert 1\n}%".into(),
+            2,
+            "python",
+        ),
+    ];
+    for (text, line, needle) in cases {
+        expect_skip(text, *line, needle);
     }
 }
 
@@ -459,4 +595,355 @@ proptest! {
         let text = mangle(&script_text(SCRIPTS[which]), &edits);
         let _ = run_text(&text);
     }
+}
+
+/// The verdict on one script of another stack's corpus.
+enum Verdict {
+    Pass,
+    Fail(usize, String),
+    Skip(usize, String),
+}
+
+/// A reason without its numbers, so that the same cause groups across scripts.
+fn reason_class(msg: &str) -> String {
+    let first = msg.lines().next().unwrap_or("");
+    let mut out = String::new();
+    let mut in_num = false;
+    for c in first.chars() {
+        if c.is_ascii_digit() {
+            if !in_num {
+                out.push('N');
+            }
+            in_num = true;
+        } else {
+            in_num = false;
+            out.push(c);
+        }
+    }
+    out.chars().take(110).collect()
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            '\n' => o.push_str("\\n"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+fn pkt_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut entries: Vec<_> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            pkt_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "pkt") {
+            out.push(p);
+        }
+    }
+}
+
+/// Run another stack's corpus: every `.pkt` under `LPD_DIR`, with `LPD_ARGS`
+/// (`--profile=linux|bsd --peer=luna|linux|bsd --lenient --define=A,B --json --list`).
+/// Prints passed / failed / skipped per directory and the commonest reasons, e.g.
+/// `LPD_DIR=/tmp/pd/gtests/net/tcp LPD_ARGS="--lenient" cargo test -p luna-stack --test packetdrill -- --ignored run_dir --nocapture`.
+#[test]
+#[ignore = "tool for outside testers: needs LPD_DIR=<directory of .pkt scripts>"]
+fn run_dir() {
+    let root = std::path::PathBuf::from(std::env::var("LPD_DIR").expect("set LPD_DIR"));
+    let args = std::env::var("LPD_ARGS").unwrap_or_default();
+    let (opts, rest) = RunOptions::from_args(args.split_whitespace()).expect("LPD_ARGS");
+    let json = rest.iter().any(|a| a == "--json");
+    let list = rest.iter().any(|a| a == "--list");
+    if let Some(bad) = rest
+        .iter()
+        .find(|a| !matches!(a.as_str(), "--json" | "--list"))
+    {
+        panic!("unknown LPD_ARGS argument {bad}");
+    }
+    let mut files = Vec::new();
+    pkt_files(&root, &mut files);
+    assert!(!files.is_empty(), "no .pkt files under {}", root.display());
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let mut results = Vec::new();
+    for f in &files {
+        let text = String::from_utf8_lossy(&std::fs::read(f).expect("readable")).into_owned();
+        let r = std::panic::catch_unwind(|| run_text_with(&text, &opts));
+        let v = match r {
+            Ok(Ok(_)) => Verdict::Pass,
+            Ok(Err(e)) if e.error.skip => Verdict::Skip(e.error.line, e.error.msg),
+            Ok(Err(e)) => Verdict::Fail(e.error.line, e.error.msg),
+            Err(p) => {
+                let what = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                Verdict::Fail(0, format!("panic (luna or runner bug): {what}"))
+            }
+        };
+        let rel = f.strip_prefix(&root).unwrap_or(f).display().to_string();
+        results.push((rel, v));
+    }
+    std::panic::set_hook(hook);
+    // Per directory counts and reason tallies.
+    let mut dirs: std::collections::BTreeMap<String, [usize; 3]> = Default::default();
+    let mut reasons: [std::collections::BTreeMap<String, (usize, String)>; 2] = Default::default();
+    for (rel, v) in &results {
+        let d = rel.rsplit_once('/').map_or(".", |(d, _)| d).to_string();
+        let c = dirs.entry(d).or_default();
+        match v {
+            Verdict::Pass => c[0] += 1,
+            Verdict::Fail(_, m) | Verdict::Skip(_, m) => {
+                let k = usize::from(matches!(v, Verdict::Skip(..)));
+                c[1 + k] += 1;
+                let e = reasons[k]
+                    .entry(reason_class(m))
+                    .or_insert((0, rel.clone()));
+                e.0 += 1;
+            }
+        }
+    }
+    let total = |i: usize| dirs.values().map(|c| c[i]).sum::<usize>();
+    if json {
+        let mut o = String::from("{\"scripts\":[");
+        for (i, (rel, v)) in results.iter().enumerate() {
+            let (res, line, msg) = match v {
+                Verdict::Pass => ("pass", 0, ""),
+                Verdict::Fail(l, m) => ("fail", *l, m.as_str()),
+                Verdict::Skip(l, m) => ("skip", *l, m.as_str()),
+            };
+            if i > 0 {
+                o.push(',');
+            }
+            o.push_str(&format!(
+                "{{\"path\":{},\"result\":\"{res}\",\"line\":{line},\"reason\":{}}}",
+                json_str(rel),
+                json_str(msg)
+            ));
+        }
+        o.push_str("],\"directories\":{");
+        for (i, (d, c)) in dirs.iter().enumerate() {
+            if i > 0 {
+                o.push(',');
+            }
+            o.push_str(&format!(
+                "{}:{{\"passed\":{},\"failed\":{},\"skipped\":{}}}",
+                json_str(d),
+                c[0],
+                c[1],
+                c[2]
+            ));
+        }
+        o.push_str(&format!(
+            "}},\"passed\":{},\"failed\":{},\"skipped\":{}}}",
+            total(0),
+            total(1),
+            total(2)
+        ));
+        println!("{o}");
+        return;
+    }
+    if list {
+        for (rel, v) in &results {
+            match v {
+                Verdict::Pass => println!("pass  {rel}"),
+                Verdict::Fail(l, m) => {
+                    println!("FAIL  {rel}:{l}: {}", m.lines().next().unwrap_or(""))
+                }
+                Verdict::Skip(l, m) => {
+                    println!("skip  {rel}:{l}: {}", m.lines().next().unwrap_or(""))
+                }
+            }
+        }
+        println!();
+    }
+    println!(
+        "{:<40} {:>6} {:>6} {:>7}",
+        "directory", "passed", "failed", "skipped"
+    );
+    for (d, c) in &dirs {
+        println!("{d:<40} {:>6} {:>6} {:>7}", c[0], c[1], c[2]);
+    }
+    println!(
+        "{:<40} {:>6} {:>6} {:>7}   ({} scripts, {opts:?})",
+        "total",
+        total(0),
+        total(1),
+        total(2),
+        results.len()
+    );
+    for (k, title) in [(1, "skip reasons"), (0, "failure reasons")] {
+        let mut v: Vec<_> = reasons[k].iter().collect();
+        v.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(b.0)));
+        println!("\ntop {title}:");
+        for (r, (n, ex)) in v.iter().take(20) {
+            println!("{n:>5}  {r}   (e.g. {ex})");
+        }
+    }
+}
+
+fn opts(args: &str) -> RunOptions {
+    RunOptions::from_args(args.split_whitespace())
+        .expect("options")
+        .0
+}
+
+/// Passive handshake whose SYN-ACK line is `syn_ack`.
+fn passive(syn_ack: &str) -> String {
+    format!(
+        "{LISTEN}+0 < S 0:0(0) win 65535 <mss 1000,sackOK,nop,nop,nop,wscale 7>\n\
+         +0 > {syn_ack}\n+.1 < . 1:1(0) ack 1 win 257\n+0 accept(3, ..., ...) = 4\n"
+    )
+}
+
+#[test]
+fn lenient_mode_ignores_windows_option_order_and_padding_only() {
+    // luna sends <mss 1460,nop,nop,sackOK,nop,wscale 5> win 65535; Linux's shift is 8.
+    let linux = passive("S. 0:0(0) ack 1 win 29200 <mss 1460,sackOK,wscale 8,eol,eol>");
+    expect_error(&linux, 5, "outbound packet mismatch");
+    assert!(run_text_with(&linux, &opts("--lenient")).is_ok());
+    // Still compared in lenient mode: which options, their values, flags, ack.
+    for bad in [
+        "S. 0:0(0) ack 1 win 29200 <mss 1400,sackOK,wscale 8>",
+        "S. 0:0(0) ack 1 win 29200 <mss 1460,wscale 8>",
+        "S. 0:0(0) ack 1 win 29200 <mss 1460,sackOK,wscale 8,TS val 1 ecr 0>",
+        "S. 0:0(0) ack 2 win 29200 <mss 1460,sackOK,wscale 8>",
+        "S 0:0(0) win 29200 <mss 1460,sackOK,wscale 8>",
+    ] {
+        let r = run_text_with(&passive(bad), &opts("--lenient"));
+        assert!(
+            r.is_err_and(|f| f.error.line == 5 && !f.error.skip),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn peer_profiles_set_the_delayed_ack() {
+    let base = passive("S. 0:0(0) ack 1 win 65535 <mss 1460,nop,nop,sackOK,nop,wscale 5>");
+    let data = "+.1 < P. 1:1001(1000) ack 1 win 257\n";
+    for (args, delay) in [("", "+0"), ("--peer=linux", "+.04"), ("--peer=bsd", "+.1")] {
+        let text = format!("{base}{data}{delay} > . 1:1(0) ack 1001 win 32736\n");
+        assert!(run_text_with(&text, &opts(args)).is_ok(), "{args}");
+        let wrong = format!("{base}{data}+.02 > . 1:1(0) ack 1001 win 32736\n");
+        assert!(run_text_with(&wrong, &opts(args)).is_err(), "{args}");
+    }
+}
+
+#[test]
+fn profile_decides_buffer_sizes_getsockopt_returns() {
+    let text = format!(
+        "{SOCKET}+0 setsockopt(3, SOL_SOCKET, SO_SNDBUF, [50000], 4) = 0\n\
+         +0 getsockopt(3, SOL_SOCKET, SO_SNDBUF, [N], [4]) = 0\n"
+    );
+    let linux = text.replace("[N]", "[100000]");
+    let bsd = text.replace("[N]", "[50000]");
+    assert!(run_text_with(&linux, &opts("--profile=linux")).is_ok());
+    assert!(run_text_with(&bsd, &opts("--profile=bsd")).is_ok());
+    assert!(run_text_with(&bsd, &opts("--profile=linux")).is_err());
+    assert!(run_text_with(&linux, &opts("--profile=bsd")).is_err());
+}
+
+#[test]
+fn ifdef_follows_the_runs_defines() {
+    let text = format!(
+        "{SOCKET}#ifdef Linux\n+0 close(3) = 0\n#else\n+0 close(3) = -1 EBADF\n#endif\n\
+         #ifndef FreeBSD\n+0 close(3) = -1 EBADF\n#endif\n"
+    );
+    assert!(run_text(&text).is_ok());
+    let bsd = run_text_with(&text, &opts("--define=FreeBSD")).unwrap_err();
+    assert_eq!(
+        (bsd.error.line, bsd.error.skip),
+        (5, false),
+        "{}",
+        bsd.error.msg
+    );
+    assert!(run_text_with(&text, &opts("--profile=bsd")).is_err());
+    for (bad, line, needle) in [
+        ("#ifdef A\n", 1, "without #endif"),
+        ("#endif\n", 1, "without #ifdef"),
+        ("#ifdef A\n#else\n#else\n#endif\n", 3, "#else without"),
+        ("#if A\n", 1, "unsupported directive"),
+    ] {
+        expect_error(bad, line, needle);
+    }
+}
+
+#[test]
+fn upstream_syntax_parses() {
+    let text = "--local_ip=192.168.0.1\n--remote_ip=192.0.2.1\n--speed=1000\n-v\n\
+                `../common/defaults.sh\nsysctl -q net.ipv4.tcp_rmem=\"4096 540000 $((15*1024*1024))\"`\n\
+                %{\nassert 1\n}%\n\
+                + 0.00 socket(..., SOCK_STREAM, IPPROTO_TCP) = 3\n\
+                +0 fcntl(3, F_GETFL) = 0x02 (flags O_RDWR)\n\
+                +0 connect(3, {sa_family=AF_INET, sin_port=htons(8080), sin_addr=inet_addr(\"192.0.2.1\")}, 16) = 0\n\
+                +0 > (tos 0x0, ttl 64) [noecn] S. ...(0) ack 1 <...>\n\
+                +0 < [ect0] - 1:1(0) win 100\n\
+                +0 < icmp unreachable frag_needed mtu 1200 [1:1001(1000)]\n\
+                +0 <icmp time_exceeded ttl_exceeded_in_transit\n";
+    let s = script::parse(text).expect("parses");
+    assert_eq!(s.options.len(), 4);
+    let kinds: Vec<&script::EventKind> = s.events.iter().map(|e| &e.kind).collect();
+    assert!(
+        matches!(kinds[0], script::EventKind::Shell(c) if c.contains("tcp_rmem") && c.contains('\n'))
+    );
+    assert!(matches!(kinds[1], script::EventKind::Python(_)));
+    assert_eq!(s.events[2].line, 10);
+    let script::EventKind::Packet(p) = kinds[5] else {
+        panic!("packet")
+    };
+    assert!(p.seq_any && p.ip.ttl == Some(64) && p.ip.ecn.as_deref() == Some("noecn"));
+    let script::EventKind::Packet(p) = kinds[6] else {
+        panic!("packet")
+    };
+    assert_eq!(p.flags, 0);
+    let script::EventKind::Icmp(i) = kinds[7] else {
+        panic!("icmp")
+    };
+    assert_eq!(
+        (i.kind.as_str(), i.code.as_str(), i.mtu, i.quote),
+        ("unreachable", "frag_needed", Some(1200), Some((1, 1001)))
+    );
+    // The multi-line block's sysctls apply; the python block then skips the script.
+    let f = run_text(text).unwrap_err();
+    assert!(f.error.skip && f.error.line == 7, "{}", f.error.msg);
+}
+
+#[test]
+fn shell_commands_split_like_sh() {
+    let c = packetdrill::engine::split_shell(
+        "sysctl -q a=\"1 2 3\" > /dev/null 2>&1; ! ss -tn | grep -c X && b\\\nc",
+    )
+    .expect("splits");
+    let words = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(c.len(), 3);
+    assert_eq!(c[0], vec![words(&["sysctl", "-q", "a=1 2 3"])]);
+    assert_eq!(
+        c[1],
+        vec![words(&["!", "ss", "-tn"]), words(&["grep", "-c", "X"])]
+    );
+    assert_eq!(c[2], vec![words(&["b", "c"])]);
+}
+
+#[test]
+fn state_checks_fail_the_script_when_grep_would() {
+    let text = format!("{LISTEN}+0 `netstat -n | grep -c ESTABLISHED`\n");
+    expect_error(&text, 4, "exit status 1");
+    expect_error(
+        &format!("{LISTEN}+0 `sockstat -s | grep -c LISTEN | grep 2`\n"),
+        4,
+        "exit status 1",
+    );
 }

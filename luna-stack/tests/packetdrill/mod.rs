@@ -30,10 +30,17 @@ pub struct Failure {
 
 /// Parse and run a script under every seed.
 pub fn run_text(text: &str) -> Result<engine::Outcome, Failure> {
-    let parsed = script::parse(text).map_err(|error| Failure { seed: 0, error })?;
+    run_text_with(text, &engine::RunOptions::default())
+}
+
+/// Parse (with the run's `#ifdef` names) and run a script under every seed.
+pub fn run_text_with(text: &str, opts: &engine::RunOptions) -> Result<engine::Outcome, Failure> {
+    let parsed = script::parse_with(text, &opts.parse_options())
+        .map_err(|error| Failure { seed: 0, error })?;
     let mut last = None;
     for seed in SEEDS {
-        last = Some(engine::run(&parsed, seed).map_err(|error| Failure { seed, error })?);
+        last =
+            Some(engine::run_with(&parsed, seed, opts).map_err(|error| Failure { seed, error })?);
     }
     Ok(last.expect("SEEDS is not empty"))
 }

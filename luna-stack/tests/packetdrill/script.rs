@@ -12,6 +12,9 @@ pub struct ScriptError {
     pub line: usize,
     /// What went wrong, possibly several lines (expected vs actual packets).
     pub msg: String,
+    /// The script uses something luna or the runner cannot do (a shell command, an unknown
+    /// sysctl, IPv6...): the script is skipped with `msg` as the reason, never passed.
+    pub skip: bool,
 }
 
 impl ScriptError {
@@ -19,13 +22,23 @@ impl ScriptError {
         ScriptError {
             line,
             msg: msg.into(),
+            skip: false,
+        }
+    }
+
+    /// A reason to skip the script (valid upstream syntax luna cannot run).
+    pub fn skip(line: usize, msg: impl Into<String>) -> Self {
+        ScriptError {
+            skip: true,
+            ..ScriptError::new(line, msg)
         }
     }
 }
 
 impl fmt::Display for ScriptError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "line {}: {}", self.line, self.msg)
+        let what = if self.skip { "skipped: " } else { "" };
+        write!(f, "line {}: {what}{}", self.line, self.msg)
     }
 }
 
@@ -64,6 +77,34 @@ pub struct Event {
 pub enum EventKind {
     Packet(PacketSpec),
     Syscall(Syscall),
+    /// A backquoted shell command (possibly several lines), run by `engine::shell`.
+    Shell(String),
+    /// A `%{ python }%` block: never evaluated, the script is skipped (docs/packetdrill.md).
+    Python(String),
+    /// An ICMP packet line.
+    Icmp(IcmpSpec),
+}
+
+/// `< icmp unreachable frag_needed mtu 1200 [1:1001(1000)]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IcmpSpec {
+    pub dir: Direction,
+    /// `unreachable`, `time_exceeded`, `source_quench`...
+    pub kind: String,
+    /// `frag_needed`, `port_unreachable`... (empty if none).
+    pub code: String,
+    pub mtu: Option<u16>,
+    /// The quoted TCP segment `[start:end(len)]` in luna's (relative) numbering.
+    pub quote: Option<(u32, u32)>,
+}
+
+/// IP header fields written before a packet's flags: `(tos 0x28)`, `(ttl 3)`, `[ect0]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IpFields {
+    pub tos: Option<u8>,
+    pub ttl: Option<u8>,
+    /// `noecn`, `ect0`, `ect1`, `ce`, `ect01`, or `ecn` for the `(ecn)` form.
+    pub ecn: Option<String>,
 }
 
 /// `<` (injected into luna) or `>` (expected from luna).
@@ -103,6 +144,10 @@ pub struct PacketSpec {
     pub rport: Option<u16>,
     /// luna extension `lport N`: luna's port.
     pub lport: Option<u16>,
+    /// `...(0)`: any sequence number (outbound).
+    pub seq_any: bool,
+    /// IP header fields, parsed (docs/packetdrill.md says which are checked).
+    pub ip: IpFields,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,6 +231,10 @@ pub enum Arg {
     Array(Vec<Arg>),
     /// `{tcpi_state=TCP_ESTABLISHED}`.
     Struct(Vec<(String, Arg)>),
+    /// `"text"`.
+    Str(String),
+    /// `htons(8080)`, `inet_addr("192.0.2.1")`.
+    Call(String, Vec<Arg>),
 }
 
 impl fmt::Display for Arg {
@@ -203,6 +252,17 @@ impl fmt::Display for Arg {
                     write!(f, "{a}")?;
                 }
                 f.write_str("]")
+            }
+            Arg::Str(t) => write!(f, "{t:?}"),
+            Arg::Call(n, v) => {
+                write!(f, "{n}(")?;
+                for (i, a) in v.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{a}")?;
+                }
+                f.write_str(")")
             }
             Arg::Struct(v) => {
                 f.write_str("{")?;
@@ -259,8 +319,128 @@ fn strip_comments(text: &str, errors: &mut Option<ScriptError>) -> String {
     out
 }
 
-/// Parse a whole script.
+/// Per-run choices that change how a script parses: the names `#ifdef` tests.
+#[derive(Debug, Clone)]
+pub struct ParseOptions {
+    pub defines: Vec<String>,
+}
+
+impl Default for ParseOptions {
+    fn default() -> Self {
+        ParseOptions {
+            defines: vec!["Linux".to_string()],
+        }
+    }
+}
+
+/// Parse a whole script with the default defines (`Linux`).
 pub fn parse(text: &str) -> Result<Script> {
+    parse_with(text, &ParseOptions::default())
+}
+
+/// One `#ifdef` level: whether its lines are active, whether a branch was taken.
+struct Cond {
+    parent_active: bool,
+    active: bool,
+    seen_else: bool,
+    line: usize,
+}
+
+/// Statements after comments, `#ifdef` and multi-line `` `...` `` / `%{ }%` blocks are
+/// resolved: (first line, text).
+fn statements(clean: &str, opts: &ParseOptions) -> Result<Vec<(usize, String)>> {
+    let mut out = Vec::new();
+    let mut defines: Vec<String> = opts.defines.clone();
+    let mut conds: Vec<Cond> = Vec::new();
+    // An open block: (first line, text so far, closing token).
+    let mut open: Option<(usize, String, &str)> = None;
+    for (i, raw) in clean.lines().enumerate() {
+        let line = i + 1;
+        if let Some((l0, mut text, close)) = open.take() {
+            text.push('\n');
+            text.push_str(raw);
+            if raw.contains(close) {
+                out.push((l0, text));
+            } else {
+                open = Some((l0, text, close));
+            }
+            continue;
+        }
+        let s = raw.trim();
+        if s.is_empty() {
+            continue;
+        }
+        let active = conds.last().is_none_or(|c| c.active);
+        if let Some(d) = s.strip_prefix('#') {
+            let mut w = d.split_whitespace();
+            let dir = w.next().unwrap_or("");
+            let name = w.next();
+            if w.next().is_some() {
+                return Err(ScriptError::new(
+                    line,
+                    format!("`{s}`: one name per directive"),
+                ));
+            }
+            match (dir, name) {
+                ("ifdef" | "ifndef", Some(n)) => {
+                    let def = defines.iter().any(|d| d == n);
+                    let cond = if dir == "ifdef" { def } else { !def };
+                    conds.push(Cond {
+                        parent_active: active,
+                        active: active && cond,
+                        seen_else: false,
+                        line,
+                    });
+                }
+                ("else", None) => match conds.last_mut() {
+                    Some(c) if !c.seen_else => {
+                        c.seen_else = true;
+                        c.active = c.parent_active && !c.active;
+                    }
+                    _ => return Err(ScriptError::new(line, "#else without #ifdef")),
+                },
+                ("endif", None) => {
+                    if conds.pop().is_none() {
+                        return Err(ScriptError::new(line, "#endif without #ifdef"));
+                    }
+                }
+                ("define", Some(n)) if active => defines.push(n.to_string()),
+                ("define", Some(_)) => {}
+                _ => {
+                    return Err(ScriptError::new(
+                        line,
+                        format!("unsupported directive `{s}` (supported: #ifdef, #ifndef, #else, #endif, #define)"),
+                    ))
+                }
+            }
+            continue;
+        }
+        if !active {
+            continue;
+        }
+        let ticks = s.matches('`').count();
+        if ticks % 2 == 1 {
+            open = Some((line, s.to_string(), "`"));
+        } else if s.contains("%{") && !s[s.find("%{").unwrap_or(0)..].contains("}%") {
+            open = Some((line, s.to_string(), "}%"));
+        } else {
+            out.push((line, s.to_string()));
+        }
+    }
+    if let Some((l0, _, close)) = open {
+        return Err(ScriptError::new(
+            l0,
+            format!("unterminated block (missing `{close}`)"),
+        ));
+    }
+    if let Some(c) = conds.last() {
+        return Err(ScriptError::new(c.line, "#ifdef without #endif"));
+    }
+    Ok(out)
+}
+
+/// Parse a whole script, `#ifdef` deciding with `opts.defines`.
+pub fn parse_with(text: &str, opts: &ParseOptions) -> Result<Script> {
     let mut err = None;
     let clean = strip_comments(text, &mut err);
     if let Some(e) = err {
@@ -270,14 +450,16 @@ pub fn parse(text: &str) -> Result<Script> {
         options: Vec::new(),
         events: Vec::new(),
     };
-    for (i, raw) in clean.lines().enumerate() {
-        let line = i + 1;
-        let s = raw.trim();
-        if s.is_empty() {
-            continue;
-        }
-        if let Some(opt) = s.strip_prefix("--") {
-            if !script.events.is_empty() {
+    // Untimed shell commands and python blocks (`../common/defaults.sh` at the top) do not
+    // end the header.
+    let mut timed = false;
+    for (line, s) in statements(&clean, opts)? {
+        let s = s.as_str();
+        let short = s
+            .strip_prefix('-')
+            .filter(|r| r.starts_with(|c: char| c.is_ascii_alphabetic())); // `-v`
+        if let Some(opt) = s.strip_prefix("--").or(short) {
+            if timed {
                 return Err(ScriptError::new(
                     line,
                     "header options (--name=value) must come before the first event",
@@ -293,18 +475,26 @@ pub fn parse(text: &str) -> Result<Script> {
                 .push((line, name.to_string(), value.trim().to_string()));
             continue;
         }
-        if s.starts_with('`') {
-            return Err(ScriptError::new(
+        if let Some(body) = s.strip_prefix('`') {
+            let cmd = body.rsplit_once('`').map_or(body, |(c, _)| c);
+            script.events.push(Event {
                 line,
-                "shell commands (`...`) are not supported: the runner drives luna in-process",
-            ));
+                time: Time::Rel(0),
+                end: None,
+                kind: EventKind::Shell(cmd.to_string()),
+            });
+            continue;
         }
         if s.starts_with("%{") {
-            return Err(ScriptError::new(
+            script.events.push(Event {
                 line,
-                "python blocks (%{ }%) are not supported; use getsockopt(TCP_INFO, {tcpi_...})",
-            ));
+                time: Time::Rel(0),
+                end: None,
+                kind: EventKind::Python(s.to_string()),
+            });
+            continue;
         }
+        timed = true;
         script.events.push(Parser::new(s, line).event()?);
     }
     Ok(script)
@@ -417,6 +607,7 @@ impl<'a> Parser<'a> {
             return Ok(Time::Any);
         }
         if self.eat("+") {
+            self.ws(); // `+ 0.1` (FreeBSD corpus spacing)
             return Ok(Time::Rel(self.seconds()?));
         }
         if self.peek() == Some(b'-') {
@@ -436,15 +627,23 @@ impl<'a> Parser<'a> {
             end = Some(e);
         }
         self.ws();
-        if self.peek() == Some(b'`') {
-            return self.err(
-                "shell commands (`...`) are not supported: the runner drives luna in-process",
-            );
-        }
-        if self.rest().starts_with("%{") {
-            return self.err(
-                "python blocks (%{ }%) are not supported; use getsockopt(TCP_INFO, {tcpi_...})",
-            );
+        if self.peek() == Some(b'`') || self.rest().starts_with("%{") {
+            if end.is_some() || time == Time::Any {
+                return self.err("shell commands and python blocks take a plain time");
+            }
+            let rest = self.rest();
+            let kind = match rest.strip_prefix('`') {
+                Some(body) => {
+                    EventKind::Shell(body.rsplit_once('`').map_or(body, |(c, _)| c).to_string())
+                }
+                None => EventKind::Python(rest.to_string()),
+            };
+            return Ok(Event {
+                line: self.line,
+                time,
+                end,
+                kind,
+            });
         }
         let kind = match self.peek() {
             Some(c @ (b'<' | b'>')) => {
@@ -454,7 +653,7 @@ impl<'a> Parser<'a> {
                 if c == b'<' && time == Time::Any {
                     return self.err("`*` timing is only for outbound packets");
                 }
-                EventKind::Packet(self.packet()?)
+                self.packet_or_icmp()?
             }
             Some(c) if c.is_ascii_alphabetic() => {
                 if time == Time::Any {
@@ -509,25 +708,127 @@ impl<'a> Parser<'a> {
         T::try_from(v).or_else(|_| self.err(format!("{what} {v} is out of range")))
     }
 
-    fn packet(&mut self) -> Result<PacketSpec> {
+    fn skip<T>(&self, msg: impl Into<String>) -> Result<T> {
+        Err(ScriptError::skip(self.line, msg))
+    }
+
+    /// `(tos 0x28)`, `(ttl 3)`, `(ecn)`, `[ect0]` before a packet's flags.
+    fn ip_fields(&mut self) -> Result<IpFields> {
+        let mut ip = IpFields::default();
+        loop {
+            self.ws();
+            if self.eat("[") {
+                let w = self.word().to_string();
+                self.expect("]")?;
+                match w.as_str() {
+                    "noecn" | "ect0" | "ect1" | "ect01" | "ce" => ip.ecn = Some(w),
+                    _ => return self.err(format!("unknown ECN codepoint `[{w}]`")),
+                }
+            } else if self.eat("(") {
+                loop {
+                    self.ws();
+                    let k = self.word().to_string();
+                    match k.as_str() {
+                        "tos" => ip.tos = Some(self.number("tos")?),
+                        "ttl" => ip.ttl = Some(self.number("ttl")?),
+                        "ecn" => ip.ecn = Some(k),
+                        "hlim" | "class" | "flowlabel" => {
+                            return self.skip(format!("IPv6 header field `{k}`: IPv4 only"))
+                        }
+                        "" => {
+                            return self.err(format!("expected an IP field at `{}`", self.rest()))
+                        }
+                        _ => return self.skip(format!("IP header field `{k}` is not supported")),
+                    }
+                    self.ws();
+                    if self.eat(")") {
+                        break;
+                    }
+                    self.expect(",")?;
+                }
+            } else {
+                return Ok(ip);
+            }
+        }
+    }
+
+    fn packet_or_icmp(&mut self) -> Result<EventKind> {
         let dir = if self.eat("<") {
             Direction::Inbound
         } else {
             self.pos += 1;
             Direction::Outbound
         };
+        let ip = self.ip_fields()?;
         self.ws();
+        let save = self.pos;
+        let w = self.word();
+        if w == "icmp" {
+            return Ok(EventKind::Icmp(self.icmp(dir)?));
+        }
+        self.pos = save;
+        let mut p = self.packet(dir)?;
+        p.ip = ip;
+        Ok(EventKind::Packet(p))
+    }
+
+    /// After `icmp`: `type [code] [mtu N] [[start:end(len)]]`.
+    fn icmp(&mut self, dir: Direction) -> Result<IcmpSpec> {
+        self.ws();
+        let kind = self.word().to_string();
+        if kind.is_empty() {
+            return self.err("an icmp line needs a type, e.g. `icmp unreachable frag_needed`");
+        }
+        let mut spec = IcmpSpec {
+            dir,
+            kind,
+            code: String::new(),
+            mtu: None,
+            quote: None,
+        };
+        loop {
+            self.ws();
+            if self.pos >= self.s.len() {
+                return Ok(spec);
+            }
+            if self.eat("[") {
+                self.ws();
+                let a: u32 = self.number("sequence number")?;
+                self.expect(":")?;
+                let b: u32 = self.number("sequence number")?;
+                self.expect("(")?;
+                let len: u32 = self.number("length")?;
+                self.expect(")")?;
+                self.expect("]")?;
+                if b.wrapping_sub(a) != len {
+                    return self.err(format!("quoted range {a}:{b} does not span {len}"));
+                }
+                spec.quote = Some((a, b));
+                continue;
+            }
+            let w = self.word().to_string();
+            match w.as_str() {
+                "mtu" => spec.mtu = Some(self.number("mtu")?),
+                "" => return self.err(format!("unexpected `{}` in an icmp line", self.rest())),
+                _ if spec.code.is_empty() => spec.code = w,
+                _ => return self.err(format!("unexpected `{w}` in an icmp line")),
+            }
+        }
+    }
+
+    fn packet(&mut self, dir: Direction) -> Result<PacketSpec> {
         // Flags: a run of F S R P . U E W (packetdrill's letters; `.` is ACK).
         let fstart = self.pos;
         while self.peek().is_some_and(|c| !c.is_ascii_whitespace()) {
             self.pos += 1;
         }
         let ftok = std::str::from_utf8(&self.s[fstart..self.pos]).unwrap_or("");
-        if matches!(ftok, "udp" | "icmp" | "UDP" | "ICMP") || ftok.starts_with("udp") {
-            return self.err(format!("`{ftok}` packets are not supported: TCP only"));
+        if matches!(ftok, "udp" | "UDP" | "ICMP" | "encap" | "sctp") || ftok.starts_with("udp") {
+            return self.skip(format!("`{ftok}` packets are not supported: TCP only"));
         }
         let mut flags = 0u8;
-        for c in ftok.chars() {
+        // `-`: no flags at all.
+        for c in ftok.chars().filter(|_| ftok != "-") {
             let bit = match c {
                 'F' => flag::FIN,
                 'S' => flag::SYN,
@@ -547,13 +848,20 @@ impl<'a> Parser<'a> {
         if ftok.is_empty() {
             return self.err("expected TCP flags after the direction");
         }
-        // start:end(len)
-        let seq: u32 = self.number("sequence number")?;
-        self.expect(":")?;
-        let end: u32 = self.number("sequence number")?;
+        // start:end(len), or `...(len)` for any sequence number.
+        self.ws();
+        let seq_any = self.eat("...");
+        let (seq, end) = if seq_any {
+            (0, 0)
+        } else {
+            let seq: u32 = self.number("sequence number")?;
+            self.expect(":")?;
+            (seq, self.number("sequence number")?)
+        };
         self.expect("(")?;
         let len: u32 = self.number("payload length")?;
         self.expect(")")?;
+        let end = if seq_any { len } else { end };
         if end.wrapping_sub(seq) != len {
             return self.err(format!(
                 "sequence range {seq}:{end} does not span the payload length {len}"
@@ -570,6 +878,8 @@ impl<'a> Parser<'a> {
             options: None,
             rport: None,
             lport: None,
+            seq_any,
+            ip: IpFields::default(),
         };
         loop {
             self.ws();
@@ -582,6 +892,9 @@ impl<'a> Parser<'a> {
                 }
                 p.options = Some(self.options()?);
                 continue;
+            }
+            if self.peek() == Some(b'/') {
+                return self.skip(format!("encapsulation `{}` is not supported", self.rest()));
             }
             let kw = self.word();
             match kw {
@@ -598,6 +911,9 @@ impl<'a> Parser<'a> {
                 ))
                 }
             }
+        }
+        if seq_any && dir == Direction::Inbound {
+            return self.err("`...` as a sequence number is only meaningful on outbound packets");
         }
         if dir == Direction::Inbound {
             if p.options == Some(OptionSpec::Any) {
@@ -684,7 +1000,7 @@ impl<'a> Parser<'a> {
                 }
                 ["..."] => return self.err("`...` must be the whole option list: `<...>`"),
                 _ => {
-                    return self.err(format!(
+                    return self.skip(format!(
                     "unsupported TCP option `{}` (supported: nop, eol, mss N, wscale N, sackOK, \
                          sack L:R..., TS val N ecr N)",
                     item.trim()
@@ -803,9 +1119,12 @@ impl<'a> Parser<'a> {
                     self.eat(",");
                     continue;
                 }
-                let k = self.word().to_string();
+                let mut k = self.word().to_string();
                 if k.is_empty() {
                     return self.err(format!("expected field=value at `{}`", self.rest()));
+                }
+                if self.eat("(...)") {
+                    k.push_str("(...)"); // `msg_name(...)=...`
                 }
                 self.expect("=")?;
                 v.push((k, self.arg()?));
@@ -822,8 +1141,18 @@ impl<'a> Parser<'a> {
             let v: i64 = self.number("argument")?;
             return Ok(Arg::Int(if neg { -v } else { v }));
         }
-        if self.peek() == Some(b'"') {
-            return self.err("string arguments are not supported");
+        if self.eat("\"") {
+            let start = self.pos;
+            while self.peek().is_some_and(|c| c != b'"') {
+                self.pos += 1;
+            }
+            let t = std::str::from_utf8(&self.s[start..self.pos])
+                .unwrap_or("")
+                .to_string();
+            if !self.eat("\"") {
+                return self.err("unterminated string argument");
+            }
+            return Ok(Arg::Str(t));
         }
         let mut parts = Vec::new();
         loop {
@@ -834,6 +1163,23 @@ impl<'a> Parser<'a> {
             }
             parts.push(w.to_string());
             self.ws();
+            if parts.len() == 1 && self.eat("(") {
+                // A function-like argument: `htons(8080)`, `inet_addr("192.0.2.1")`.
+                let mut v = Vec::new();
+                self.ws();
+                if !self.eat(")") {
+                    loop {
+                        v.push(self.arg()?);
+                        self.ws();
+                        if self.eat(",") {
+                            continue;
+                        }
+                        self.expect(")")?;
+                        break;
+                    }
+                }
+                return Ok(Arg::Call(parts.remove(0), v));
+            }
             if !self.eat("|") {
                 break;
             }

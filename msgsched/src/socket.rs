@@ -36,6 +36,10 @@ use zbuf::{IoVec, Zbuf};
 /// Counters of a message-socket group (shared by the I/O side and the workers).
 #[derive(Debug, Default)]
 pub struct MsgCounters {
+    /// Connections attached.
+    pub attached: AtomicU64,
+    /// Connections detached (closed by TCP, by the driver, or for a framing error).
+    pub detached: AtomicU64,
     /// Whole messages taken from connections and dispatched.
     pub messages: AtomicU64,
     /// Replies handed to the transmit callback.
@@ -69,6 +73,8 @@ impl MsgCounters {
     pub fn fields(&self) -> Vec<(&'static str, u64)> {
         let l = |a: &AtomicU64| a.load(AtomicOrdering::Relaxed);
         let mut v = vec![
+            ("attached", l(&self.attached)),
+            ("detached", l(&self.detached)),
             ("messages", l(&self.messages)),
             ("replies", l(&self.replies)),
             ("finished", l(&self.finished)),
@@ -376,6 +382,10 @@ where
             },
         );
         self.keys.insert(conn, key);
+        self.shared
+            .counters
+            .attached
+            .fetch_add(1, AtomicOrdering::Relaxed);
         Ok(())
     }
 
@@ -534,6 +544,10 @@ where
         let Some(c) = self.conns.remove(&key) else {
             return 0;
         };
+        self.shared
+            .counters
+            .detached
+            .fetch_add(1, AtomicOrdering::Relaxed);
         let in_flight = c.framer.in_flight();
         let n = c.staging.close(|_| {});
         self.shared

@@ -273,8 +273,9 @@ impl<P: Parser, F: Fn() -> P> Mode for MsgMode<P, F> {
     }
 
     fn stop(&mut self, _st: &mut CoreState) {
-        // Dropping the I/O side disconnects the workers once their queues are drained.
-        self.io = None;
+        // Shutdown still delivers events (connections closing): the I/O side stays until
+        // the mode is dropped with the core thread, which disconnects the workers once
+        // their queues are drained.
     }
 }
 

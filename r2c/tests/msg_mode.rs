@@ -252,6 +252,8 @@ fn run(model: Model, with_garbage: bool) {
     assert_eq!(f["messages"], total, "{f:?}");
     assert_eq!(f["replies"], total, "{f:?}");
     assert_eq!(f["sequence_errors"], 0);
+    let conns = CONNS as u64 + u64::from(with_garbage);
+    assert_eq!((f["attached"], f["detached"]), (conns, conns), "{f:?}");
     assert_eq!(
         c.parse_errors(ParseErrorKind::Malformed),
         u64::from(with_garbage)

@@ -133,8 +133,8 @@ impl EalBuilder {
                 Ok(eal)
             }
             Err(e) => {
-                // Preflight failures never reached rte_eal_init: a retry is fine.
-                let next = if e.kind() == ErrorKind::Preflight {
+                // Preflight and tap-claim failures never reached rte_eal_init: a retry is fine.
+                let next = if matches!(e.kind(), ErrorKind::Preflight | ErrorKind::InterfaceBusy) {
                     UNINIT
                 } else {
                     FAILED
@@ -149,6 +149,9 @@ impl EalBuilder {
         if self.preflight {
             preflight::check(&self.args, &preflight::HugeEnv::probe(&self.args))?;
         }
+        // Before rte_eal_init probes the vdevs: opening a tap another process has
+        // open would take the interface over.
+        crate::tapclaim::claim(&self.args)?;
         log::set_forward_to_stderr(self.log_to_stderr);
         log::install();
         log::clear();

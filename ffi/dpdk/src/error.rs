@@ -35,6 +35,8 @@ pub enum ErrorKind {
     InvalidArgument,
     /// A wait (link up...) ran out of time.
     Timeout,
+    /// A tap interface (`iface=`) is already open in another process.
+    InterfaceBusy,
 }
 
 /// Error of the safe layer. `Display` prints one line:

@@ -514,17 +514,10 @@ impl Config {
                 "add [net] with ip = \"198.18.0.1\"",
             ));
         };
-        let ipaddr = match w.take("ip") {
+        let (ip_key, ipaddr) = match w.take("ip") {
             Some((k, v)) => {
                 let a = ip(&k, &v)?;
-                if a.is_unspecified() || a.is_multicast() || a.is_broadcast() {
-                    return Err(err(
-                        &k,
-                        format!("{a} is not a unicast address"),
-                        "use the interface's own unicast address",
-                    ));
-                }
-                a
+                (k, a)
             }
             None => return Err(err("net.ip", "missing", "set ip = \"198.18.0.1\"")),
         };
@@ -533,6 +526,14 @@ impl Config {
             None => 24,
         };
         let cidr = Ipv4Cidr::new(ipaddr, prefix_len).expect("prefix checked");
+        // The stack's own rule (Stack::new applies it too), reported here with the key.
+        if let Err(e) = luna_stack::stack::check_host_address(cidr) {
+            return Err(err(
+                &ip_key,
+                format!("{e} (prefix_len {prefix_len})"),
+                "set ip to the interface's own unicast host address (or fix prefix_len)",
+            ));
+        }
         let if_mac = match w.take("mac") {
             Some((k, v)) => Some(mac(&k, &v)?),
             None => None,

@@ -138,6 +138,45 @@ fn bad_ip() {
     assert_names(&e, "net.routes[0].dest", &["prefix"]);
 }
 
+/// Regression: 0.0.0.0 (with the CLI's --ip too), loopback, the broadcast and the network
+/// address were accepted as the interface address.
+#[test]
+fn interface_address_that_is_not_a_host_is_refused_in_file_and_override() {
+    for (ip, len, why) in [
+        ("0.0.0.0", 24, "unspecified"),
+        ("255.255.255.255", 24, "limited broadcast"),
+        ("224.0.0.1", 24, "multicast"),
+        ("127.0.0.1", 8, "loopback"),
+        ("198.18.0.0", 24, "network address"),
+        ("198.18.0.255", 24, "broadcast address of its prefix"),
+        ("240.1.2.3", 24, "reserved"),
+    ] {
+        let text = format!(
+            "[device]\nkind = \"mem\"\n[cores]\nlist = [0]\n[net]\nip = \"{ip}\"\nprefix_len = {len}\n"
+        );
+        assert_names(&bad(&text), "net.ip", &[ip, why, "unicast host address"]);
+        let e = Config::parse_with_overrides(
+            &with(&format!("prefix_len = {len}\n")),
+            &[("net.ip".into(), ip.into())],
+        )
+        .unwrap_err();
+        assert_names(&e, "net.ip", &[ip, why]);
+    }
+    let o = CliOverrides {
+        ip: Some("0.0.0.0".into()),
+        ..CliOverrides::default()
+    };
+    let e = Config::parse_with_overrides(&with(""), &o.overrides().unwrap()).unwrap_err();
+    assert_names(&e, "net.ip", &["0.0.0.0", "unspecified"]);
+    // A /31's and a /32's every address is a host (RFC 3021).
+    for (ip, len) in [("198.18.0.0", 31), ("198.18.0.255", 32)] {
+        let text = format!(
+            "[device]\nkind = \"mem\"\n[cores]\nlist = [0]\n[net]\nip = \"{ip}\"\nprefix_len = {len}\n"
+        );
+        Config::parse(&text).unwrap_or_else(|e| panic!("{ip}/{len}: {e}"));
+    }
+}
+
 #[test]
 fn core_out_of_range() {
     let e = bad("[device]\nkind = \"mem\"\n[cores]\nlist = [4095]\n[net]\nip = \"198.18.0.1\"\n");

@@ -136,6 +136,51 @@ fn tap_kernel_is_client_and_server_of_the_luna_stack() {
     assert_eq!(field(d, "leaked"), 0, "{d}");
 }
 
+/// Regression: a second DPDK process opening the same net_tap `iface=` silently took the
+/// interface over (the kernel attached it as another queue) and cut the first off. Now the
+/// second is refused before EAL starts, naming the interface and the first process, and the
+/// first still answers the kernel's ping.
+#[test]
+fn second_process_on_the_same_tap_is_refused_and_the_first_keeps_working() {
+    let prefix = Prefix::new("ldvtapdup").unwrap();
+    let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
+    let t = topo.tap().expect("tap details").clone();
+    let first = spawn_on_tap(&topo, "tap-hold", "first luna on net_tap");
+    let ready = topo.state_dir().join("r2c-tap-hold-ready");
+    let first_pid = std::fs::read_to_string(&ready).unwrap_or_default();
+    // Its own file prefix, so only the interface is shared.
+    let mut port2 = t.dpdk.clone();
+    port2.eal.file_prefix.push_str("-2");
+    let second = spawn(
+        role_command("tap-second", &port2, ""),
+        "second luna on net_tap",
+    )
+    .wait(LIMIT);
+    let ping = t.host.ping(
+        t.dpdk.ip,
+        3,
+        Duration::from_millis(200),
+        Duration::from_secs(1),
+    );
+    let _ = std::fs::remove_file(&ready);
+    let first = first.wait(LIMIT);
+    drop(topo);
+    let got = lines(&[(&second, "OK "), (&first, "OK ")]);
+    let refused = &got[0];
+    assert!(refused.contains("refused:"), "{refused}");
+    assert!(
+        refused.contains(&format!("tap interface {} ", t.host.iface)),
+        "{refused}"
+    );
+    assert!(
+        refused.contains(&format!("pid {}", first_pid.trim())),
+        "{refused}"
+    );
+    let ping = ping.expect("ping the first process after the refusal");
+    assert_eq!(ping.received, ping.transmitted, "{ping:?}");
+    assert!(field(&got[1], "rx_frames") > 0, "{}", got[1]);
+}
+
 #[test]
 fn opening_a_missing_port_is_a_clean_error() {
     let prefix = Prefix::new("ldvbad").unwrap();
@@ -315,6 +360,8 @@ fn role_child() {
         "memif-server" => memif_server(&port),
         "memif-client" => memif_client(&port, &arg),
         "tap" => tap(&port, &arg),
+        "tap-hold" => tap_hold(&port, &arg),
+        "tap-second" => tap_second(&port),
         "bad-open" => bad_open(&port),
         other => panic!("unknown role {other}"),
     };
@@ -491,6 +538,27 @@ fn memif_client(port: &DpdkPort, _socket: &str) -> String {
             sender.queued as f64 * 8.0 / secs / 1e6
         ),
     )
+}
+
+/// Opens the tap, writes its pid to `ready` and answers ARP/ICMP until `ready` is removed.
+fn tap_hold(port: &DpdkPort, ready: &str) -> String {
+    let mut env = setup(port);
+    std::fs::write(ready, std::process::id().to_string()).expect("ready file");
+    let end = deadline();
+    while std::path::Path::new(ready).exists() {
+        assert!(Instant::now() < end, "timeout: {ready} was not removed");
+        env.node.poll();
+    }
+    finish(env, "held=1".into())
+}
+
+/// Tries to start EAL on a tap another process has open: must be refused.
+fn tap_second(port: &DpdkPort) -> String {
+    let (args, _) = from_testbed(port).expect("testbed port");
+    match Eal::init(args) {
+        Ok(_) => panic!("a second process started EAL on the tap interface in use"),
+        Err(e) => format!("refused: {}", e.to_string().replace('\n', " | ")),
+    }
 }
 
 fn tap(port: &DpdkPort, ready: &str) -> String {

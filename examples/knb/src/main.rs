@@ -67,8 +67,12 @@ fn main() -> ExitCode {
         }
         Cmd::Compare(a) => compare::run(a),
         Cmd::Sweep(a) => sweep::run(a),
-        Cmd::Server(a) => run::server(a),
-        Cmd::Client(a) => run::client(a),
+        Cmd::Server(a) => {
+            workload::check_ip("--ip", a.ip, a.prefix_len, a.stack).and_then(|()| run::server(a))
+        }
+        Cmd::Client(a) => workload::check_ip("--ip", a.ip, a.prefix_len, a.stack)
+            .and_then(|()| workload::check_ip("--server-ip", a.server_ip, a.prefix_len, a.stack))
+            .and_then(|()| run::client(a)),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::run::Output;
 use crate::workload::{Error, Res};
@@ -56,6 +56,9 @@ pub fn print_table(rows: &[Value]) {
                 b["validated"]
             );
         }
+        if let Some(d) = drops_line(r) {
+            println!("  {d}");
+        }
         if let Some(o) = r["open_loop"].as_object() {
             println!(
                 "  open loop: offered {} RPC/s, achieved {} RPC/s, {} arrivals dropped",
@@ -65,6 +68,53 @@ pub fn print_table(rows: &[Value]) {
             );
         }
     }
+}
+
+/// Adds the `{reason: count}` objects under `key` of each backend `extra` in `extras`.
+fn sum_reasons<'a>(extras: impl Iterator<Item = &'a Value>, key: &str) -> Map<String, Value> {
+    let mut m = Map::new();
+    for e in extras {
+        for (k, v) in e[key].as_object().into_iter().flatten() {
+            let n = m.get(k).and_then(Value::as_u64).unwrap_or(0) + v.as_u64().unwrap_or(0);
+            m.insert(k.clone(), n.into());
+        }
+    }
+    m
+}
+
+fn reasons(m: &Map<String, Value>) -> String {
+    if m.is_empty() {
+        return "none".into();
+    }
+    m.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `drops: server stack no_socket=3 tcp none; client stack none tcp out_of_window=5` for
+/// runs whose backend reports drops by reason (luna), else None.
+pub fn drops_line(r: &Value) -> Option<String> {
+    let server = std::slice::from_ref(&r["server"]["extra"]);
+    let client = r["client_extra"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let mut parts = Vec::new();
+    for (side, extras) in [("server", server), ("client", client)] {
+        if !extras
+            .iter()
+            .any(|e| e.get("stack_drops_by_reason").is_some())
+        {
+            continue;
+        }
+        parts.push(format!(
+            "{side} stack {} tcp {}",
+            reasons(&sum_reasons(extras.iter(), "stack_drops_by_reason")),
+            reasons(&sum_reasons(extras.iter(), "tcp_drops_by_reason"))
+        ));
+    }
+    (!parts.is_empty()).then(|| format!("drops: {}", parts.join("; ")))
 }
 
 /// CSV columns, in order.
@@ -142,6 +192,31 @@ pub fn write_outputs(out: &Output, doc: &Value, rows: &[Value]) -> Res<()> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn drops_line_names_reasons_per_side() {
+        let r = json!({
+            "server": {"extra": {"stack_drops": 3, "stack_drops_by_reason": {"no_socket": 3},
+                "tcp_drops_by_reason": {}}},
+            "client_extra": [
+                {"stack_drops_by_reason": {}, "tcp_drops_by_reason": {"out_of_window": 2}},
+                {"stack_drops_by_reason": {"malformed": 1},
+                 "tcp_drops_by_reason": {"out_of_window": 3, "paws": 1}},
+            ],
+        });
+        assert_eq!(
+            drops_line(&r).as_deref(),
+            Some(
+                "drops: server stack no_socket=3 tcp none; \
+                 client stack malformed=1 tcp out_of_window=5 paws=1"
+            )
+        );
+        // Backends without the breakdown (kernel, smoltcp): no line.
+        assert_eq!(
+            drops_line(&json!({"server": {"extra": null}, "client_extra": []})),
+            None
+        );
+    }
 
     #[test]
     fn csv_rows_match_the_header() {

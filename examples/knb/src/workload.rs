@@ -200,6 +200,23 @@ pub fn memif_bsize(mtu: u16) -> u32 {
     (u32::from(mtu) + 14 + 128).next_power_of_two().max(2048)
 }
 
+/// `--ip` / `--server-ip` must be a unicast host address on its `--prefix-len` prefix
+/// (luna-stack's rule, so every stack and r2c refuse the same addresses). The kernel stack
+/// also takes loopback addresses: it has a loopback interface (DPDK stacks do not).
+pub fn check_ip(flag: &str, ip: std::net::Ipv4Addr, prefix_len: u8, stack: Stack) -> Res<()> {
+    if stack == Stack::Kernel && ip.is_loopback() {
+        return Ok(());
+    }
+    let cidr = luna_stack::wire::Ipv4Cidr::new(ip, prefix_len)
+        .map_err(|_| Error::Usage(format!("{flag} {ip}: prefix length {prefix_len} above 32")))?;
+    luna_stack::stack::check_host_address(cidr).map_err(|e| match e {
+        luna_stack::stack::ConfigError::Address(_, why) => Error::Usage(format!(
+            "{flag} {ip} (prefix length {prefix_len}) is {why}: give a unicast host address"
+        )),
+        other => Error::Usage(format!("{flag} {ip}/{prefix_len}: {other}")),
+    })
+}
+
 impl Workload {
     /// Cross-field checks clap cannot express.
     pub fn validate(&self) -> Res<()> {
@@ -283,6 +300,36 @@ impl Workload {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: `knb server --ip 0.0.0.0` (and broadcast, multicast, loopback, network
+    /// addresses) was accepted.
+    #[test]
+    fn ip_that_is_not_a_host_address_is_a_usage_error() {
+        for (ip, len, why) in [
+            ("0.0.0.0", 24, "unspecified"),
+            ("255.255.255.255", 24, "limited broadcast"),
+            ("224.0.0.1", 24, "multicast"),
+            ("127.0.0.1", 8, "loopback"),
+            ("198.18.0.0", 24, "network address"),
+            ("198.18.0.255", 24, "broadcast address of its prefix"),
+        ] {
+            match check_ip("--ip", ip.parse().unwrap(), len, Stack::Luna) {
+                Err(Error::Usage(m)) => {
+                    assert!(
+                        m.contains("--ip") && m.contains(ip) && m.contains(why),
+                        "{m}"
+                    )
+                }
+                other => panic!("{ip}/{len}: {other:?}"),
+            }
+        }
+        let ok = |flag, ip: &str, len, stack| check_ip(flag, ip.parse().unwrap(), len, stack);
+        assert!(ok("--server-ip", "198.18.0.2", 24, Stack::Smoltcp).is_ok());
+        assert!(ok("--ip", "198.18.0.255", 32, Stack::Luna).is_ok());
+        // The kernel has a loopback interface; 0.0.0.0 is still no server address.
+        assert!(ok("--server-ip", "127.0.0.1", 8, Stack::Kernel).is_ok());
+        assert!(ok("--ip", "0.0.0.0", 24, Stack::Kernel).is_err());
+    }
 
     #[test]
     fn sizes_parse_with_units() {

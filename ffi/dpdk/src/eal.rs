@@ -133,8 +133,8 @@ impl EalBuilder {
                 Ok(eal)
             }
             Err(e) => {
-                // Preflight failures never reached rte_eal_init: a retry is fine.
-                let next = if e.kind() == ErrorKind::Preflight {
+                // Preflight and tap-claim failures never reached rte_eal_init: a retry is fine.
+                let next = if matches!(e.kind(), ErrorKind::Preflight | ErrorKind::InterfaceBusy) {
                     UNINIT
                 } else {
                     FAILED
@@ -149,6 +149,9 @@ impl EalBuilder {
         if self.preflight {
             preflight::check(&self.args, &preflight::HugeEnv::probe(&self.args))?;
         }
+        // Before rte_eal_init probes the vdevs: opening a tap another process has
+        // open would take the interface over.
+        crate::tapclaim::claim(&self.args)?;
         log::set_forward_to_stderr(self.log_to_stderr);
         log::install();
         log::clear();
@@ -282,6 +285,42 @@ pub fn available_net_pmds() -> Vec<String> {
     v
 }
 
+/// The `--file-prefix` in `args` (EAL's default is `rte`).
+fn file_prefix(args: &[String]) -> String {
+    let mut it = args.iter();
+    let mut prefix = "rte".to_string();
+    while let Some(a) = it.next() {
+        if let Some(v) = a.strip_prefix("--file-prefix=") {
+            prefix = v.to_owned();
+        } else if a == "--file-prefix" {
+            if let Some(v) = it.next() {
+                prefix = v.clone();
+            }
+        }
+    }
+    prefix
+}
+
+/// The pid holding EAL's write lock on `config` (EAL locks it with fcntl).
+fn config_lock_holder(config: &std::path::Path) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(config).ok()?;
+    // SAFETY: all-zero is a valid `struct flock`.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: `f` is an open fd for the call; `fl` is a valid flock that F_GETLK fills in.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut fl) };
+    (r == 0 && fl.l_type != libc::F_UNLCK as libc::c_short && fl.l_pid > 0).then_some(fl.l_pid)
+}
+
+/// `" <comm>"` of a process, or empty if it cannot be read.
+pub(crate) fn comm_of(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| format!(", {}", c.trim()))
+        .unwrap_or_default()
+}
+
 fn diagnose_init_failure(args: &[String], errno: i32) -> Error {
     let err = Error::dpdk(ErrorKind::EalInit, "EAL init (rte_eal_init)", errno);
     let joined = err.dpdk_log().join("\n");
@@ -294,6 +333,26 @@ fn diagnose_init_failure(args: &[String], errno: i32) -> Error {
                 .or_else(|| (a == "--vdev").then(|| args.get(i + 1).cloned()).flatten())
         })
         .collect();
+    // rte_eal_init returns -1 without setting rte_errno when the shared config
+    // of the file prefix is locked by another primary process.
+    if joined.contains("Cannot create lock on") || joined.contains("another primary process") {
+        let prefix = file_prefix(args);
+        let config = runtime_dir()
+            .unwrap_or_else(|| format!("/var/run/dpdk/{prefix}").into())
+            .join("config");
+        let holder = match config_lock_holder(&config) {
+            Some(pid) => format!(" (pid {pid}{})", comm_of(pid)),
+            None => String::new(),
+        };
+        return err
+            .with_cause(format!(
+                "another DPDK process{holder} is using file prefix {prefix} (its lock on {} is held)",
+                config.display()
+            ))
+            .with_fix(
+                "stop it or choose another --file-prefix for this process (each primary DPDK process needs its own)",
+            );
+    }
     let unknown = unknown_options(args);
     if errno == libc::EINVAL && !unknown.is_empty() {
         let cause = format!(
@@ -442,6 +501,14 @@ mod tests {
         .map(|s| s.to_string())
         .collect();
         assert_eq!(unknown_options(&args), vec!["--bogus-flag".to_string()]);
+    }
+
+    #[test]
+    fn file_prefix_in_both_spellings_and_default() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(file_prefix(&v(&["--file-prefix=a1"])), "a1");
+        assert_eq!(file_prefix(&v(&["--no-pci", "--file-prefix", "b2"])), "b2");
+        assert_eq!(file_prefix(&v(&["--no-pci"])), "rte");
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub enum ErrorKind {
     InvalidArgument,
     /// A wait (link up...) ran out of time.
     Timeout,
+    /// A tap interface (`iface=`) is already open in another process.
+    InterfaceBusy,
 }
 
 /// Error of the safe layer. `Display` prints one line:
@@ -65,11 +67,18 @@ impl Error {
         }
     }
 
-    /// Error from a DPDK call that reported `errno` (positive).
+    /// Error from a DPDK call that reported `errno` (positive). Some DPDK
+    /// failures leave rte_errno at 0: then there is no errno to quote
+    /// (strerror(0) would say "Success").
     pub(crate) fn dpdk(kind: ErrorKind, step: impl Into<String>, errno: i32) -> Self {
         let errno = errno.abs();
-        let mut e = Error::new(kind, step, strerror(errno));
-        e.errno = Some(errno);
+        let cause = if errno == 0 {
+            "DPDK reported no error code".to_string()
+        } else {
+            strerror(errno)
+        };
+        let mut e = Error::new(kind, step, cause);
+        e.errno = (errno != 0).then_some(errno);
         e.dpdk_log = crate::log::take_errors();
         e
     }

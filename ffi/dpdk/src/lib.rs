@@ -43,6 +43,7 @@ mod log;
 pub mod mbuf;
 pub mod mempool;
 pub mod preflight;
+pub mod tapclaim;
 
 pub use eal::{Eal, EalBuilder};
 pub use error::{Error, ErrorKind, Result};

@@ -234,3 +234,40 @@ fn scenario_usage_errors_are_reported() {
     assert_eq!(out.code, Some(2), "{out:?}");
     assert!(out.stdout.contains("usage"), "{out:?}");
 }
+
+/// Regression: a second primary process with a file prefix in use failed with
+/// "Success (errno 0)" (rte_eal_init returns -1 without setting rte_errno when
+/// the lock on /var/run/dpdk/<prefix>/config is taken).
+#[test]
+fn reused_file_prefix_names_the_prefix_and_the_fix() {
+    // Without --in-memory EAL creates and locks its shared config file.
+    let (mut eal, _g) = with("reuse", &["--huge-unlink"]);
+    eal.retain(|a| a != "--in-memory");
+    let ready = std::env::temp_dir().join(format!("ldp-reuse-{}.ready", std::process::id()));
+    let _ = std::fs::remove_file(&ready);
+    let holder = spawn(scenario(
+        &["eal-hold", "--ready-file", &ready.display().to_string()],
+        &eal,
+    ));
+    let end = std::time::Instant::now() + LIMIT;
+    while !ready.exists() && std::time::Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second = run(scenario(&["eal-init"], &eal), LIMIT);
+    let _ = std::fs::remove_file(&ready);
+    let held = holder.wait(LIMIT);
+    held.ok();
+    let e = second.error("EalInit");
+    let p = prefix("reuse");
+    contains_all(
+        &e,
+        &[
+            "EAL init (rte_eal_init)",
+            "another DPDK process (pid ",
+            &format!("is using file prefix {p}"),
+            "stop it or choose another --file-prefix",
+        ],
+    );
+    assert!(!e.contains("Success"), "{e}");
+    assert!(!e.contains("errno 0"), "{e}");
+}

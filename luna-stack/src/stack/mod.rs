@@ -127,6 +127,81 @@ pub enum ConfigError {
     Tcp(String),
     /// The gateway is not on the interface's prefix.
     Gateway,
+    /// The interface address cannot be a host's own address.
+    Address(Ipv4Cidr, AddressError),
+}
+
+/// Why an address cannot be an interface's own unicast address (see [`check_host_address`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressError {
+    /// 0.0.0.0: "any", not a host.
+    Unspecified,
+    /// In 0.0.0.0/8 ("this network").
+    ThisNetwork,
+    /// In 127.0.0.0/8.
+    Loopback,
+    /// In 224.0.0.0/4.
+    Multicast,
+    /// 255.255.255.255.
+    LimitedBroadcast,
+    /// In 240.0.0.0/4 (reserved, not routable).
+    Reserved,
+    /// Host bits all zero: the prefix itself.
+    NetworkAddress,
+    /// Host bits all one: the prefix's directed broadcast.
+    DirectedBroadcast,
+}
+
+impl core::fmt::Display for AddressError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            AddressError::Unspecified => "the unspecified address (it means \"any\", not a host)",
+            AddressError::ThisNetwork => "in 0.0.0.0/8 (\"this network\", never a host's address)",
+            AddressError::Loopback => "a loopback address (127.0.0.0/8 never leaves a host)",
+            AddressError::Multicast => {
+                "a multicast address (224.0.0.0/4 names a group, not a host)"
+            }
+            AddressError::LimitedBroadcast => "the limited broadcast address",
+            AddressError::Reserved => "in the reserved block 240.0.0.0/4",
+            AddressError::NetworkAddress => {
+                "the network address of its prefix (host bits all zero)"
+            }
+            AddressError::DirectedBroadcast => {
+                "the broadcast address of its prefix (host bits all one)"
+            }
+        })
+    }
+}
+
+/// Checks that `addr` can be an interface's own address: a unicast host address that is
+/// neither its prefix's network nor its broadcast address. The one check behind
+/// [`Stack::new`], r2c's configuration and knb's `--ip`.
+// RFC 1122 §3.2.1.3: 0/8, 127/8, class D/E, limited and directed broadcast, and a host
+// number of all zeros are never a host's own source address. RFC 3021: a /31 has no network
+// or broadcast address (both are hosts); a /32 is a single host.
+pub fn check_host_address(addr: Ipv4Cidr) -> Result<(), ConfigError> {
+    let a = addr.address();
+    let o = a.octets();
+    let why = if a.is_unspecified() {
+        Some(AddressError::Unspecified)
+    } else if o[0] == 0 {
+        Some(AddressError::ThisNetwork)
+    } else if a.is_loopback() {
+        Some(AddressError::Loopback)
+    } else if a.is_multicast() {
+        Some(AddressError::Multicast)
+    } else if a.is_broadcast() {
+        Some(AddressError::LimitedBroadcast)
+    } else if o[0] >= 240 {
+        Some(AddressError::Reserved)
+    } else if addr.prefix_len() <= 30 && a == addr.network().address() {
+        Some(AddressError::NetworkAddress)
+    } else if addr.prefix_len() <= 30 && a == addr.broadcast() {
+        Some(AddressError::DirectedBroadcast)
+    } else {
+        None
+    };
+    why.map_or(Ok(()), |w| Err(ConfigError::Address(addr, w)))
 }
 
 impl core::fmt::Display for ConfigError {
@@ -140,6 +215,11 @@ impl core::fmt::Display for ConfigError {
             ConfigError::MaxConnections => f.write_str("max_connections must be at least 1"),
             ConfigError::Tcp(why) => write!(f, "invalid TCP configuration: {why}"),
             ConfigError::Gateway => f.write_str("the gateway is not on the interface's prefix"),
+            ConfigError::Address(addr, why) => write!(
+                f,
+                "{} cannot be the interface address: it is {why}; use a unicast host address",
+                addr.address()
+            ),
         }
     }
 }
@@ -384,6 +464,7 @@ pub struct Stack<R: Rng> {
 impl<R: Rng> Stack<R> {
     /// A stack for one interface. Fails with a precise reason on a bad configuration.
     pub fn new(cfg: StackConfig, mut rng: R) -> Result<Self, ConfigError> {
+        check_host_address(cfg.addr)?;
         if !(576..=9216).contains(&cfg.mtu) {
             return Err(ConfigError::Mtu(cfg.mtu));
         }

@@ -544,6 +544,52 @@ fn bad_configs_are_refused_with_a_reason() {
     ));
 }
 
+/// Regression: 0.0.0.0, broadcast, multicast, loopback and network addresses were accepted
+/// as the interface address (the tester started knb and r2c servers on them).
+#[test]
+fn interface_address_must_be_a_unicast_host_address() {
+    let bad = [
+        ("0.0.0.0", 24, AddressError::Unspecified),
+        ("0.1.2.3", 8, AddressError::ThisNetwork),
+        ("127.0.0.1", 8, AddressError::Loopback),
+        ("224.0.0.1", 24, AddressError::Multicast),
+        ("239.255.255.250", 24, AddressError::Multicast),
+        ("255.255.255.255", 32, AddressError::LimitedBroadcast),
+        ("240.0.0.1", 24, AddressError::Reserved),
+        ("198.18.0.0", 24, AddressError::NetworkAddress),
+        ("198.18.0.255", 24, AddressError::DirectedBroadcast),
+        ("198.18.0.4", 30, AddressError::NetworkAddress),
+        ("198.18.0.7", 30, AddressError::DirectedBroadcast),
+    ];
+    for (a, len, why) in bad {
+        let ip: Ipv4Addr = a.parse().unwrap();
+        let cidr = Ipv4Cidr::new(ip, len).unwrap();
+        let want = ConfigError::Address(cidr, why);
+        assert_eq!(check_host_address(cidr), Err(want.clone()), "{a}/{len}");
+        let mut c = cfg(MAC_A, ip_a());
+        c.addr = cidr;
+        let err = Stack::new(c, FakeRng::new(1)).err();
+        assert_eq!(err, Some(want), "{a}/{len}");
+        let text = err.unwrap().to_string();
+        assert!(
+            text.contains(a) && text.contains(&why.to_string()),
+            "{text}"
+        );
+    }
+    // Hosts: ordinary ones, and every address of a /31 (RFC 3021) and a /32.
+    for (a, len) in [
+        ("198.18.0.1", 24),
+        ("198.18.0.254", 24),
+        ("198.18.0.0", 31),
+        ("198.18.0.1", 31),
+        ("198.18.0.0", 32),
+        ("198.18.0.255", 32),
+    ] {
+        let cidr = Ipv4Cidr::new(a.parse().unwrap(), len).unwrap();
+        assert_eq!(check_host_address(cidr), Ok(()), "{a}/{len}");
+    }
+}
+
 #[test]
 fn api_errors_are_explicit() {
     let mut s = Stack::new(cfg(MAC_A, ip_a()), FakeRng::new(5)).unwrap();

@@ -41,8 +41,8 @@ use std::time::{Duration, Instant};
 
 use bifurcation::PortRange;
 use dpdk_sys::Eal;
-use luna_stack::stack::StackConfig;
-use luna_stack::tcp::{CloseReason, RecvError, SendError};
+use luna_stack::stack::{StackConfig, StackDrop};
+use luna_stack::tcp::{CloseReason, DropReason, RecvError, SendError};
 use luna_stack::wire::Ipv4Cidr;
 use r2c::clock::ClockSource;
 use r2c::device::dpdk::{memif_quiesce, port_name_from_vdev, DpdkDevice, DpdkDeviceConfig};
@@ -419,6 +419,7 @@ fn core_counters(reports: &[CoreReport]) -> Value {
     let (mut copied, mut dev_dropped, mut rx_missed) = (0, 0, 0);
     let mut tcp = luna_stack::tcp::ConnCounters::default();
     let mut drops = 0;
+    let mut stack_drops = [0u64; StackDrop::ALL.len()];
     for r in reports {
         sum = sum.sum(&r.stats);
         copied += r.device.copied_bytes;
@@ -426,6 +427,9 @@ fn core_counters(reports: &[CoreReport]) -> Value {
         rx_missed += r.device.rx_missed;
         tcp.accumulate(&r.tcp);
         drops += r.stack.total_drops();
+        for (sum, n) in stack_drops.iter_mut().zip(r.stack.drops) {
+            *sum += n;
+        }
     }
     for (k, v) in sum.fields() {
         if !matches!(k, "published_at_ns" | "stopped") {
@@ -441,8 +445,33 @@ fn core_counters(reports: &[CoreReport]) -> Value {
         "retransmits": tcp.retransmits,
         "rtos": tcp.rtos,
         "stack_drops": drops,
+        "stack_drops_by_reason": stack_drops_by_reason(&stack_drops),
+        "tcp_drops": tcp.drops.iter().sum::<u64>(),
+        "tcp_drops_by_reason": tcp_drops_by_reason(&tcp),
         "core": stats,
     })
+}
+
+/// The non-zero stack drop counts (indexed like [`StackDrop::ALL`]) by reason name.
+fn stack_drops_by_reason(drops: &[u64; StackDrop::ALL.len()]) -> Value {
+    let m: Map<String, Value> = StackDrop::ALL
+        .iter()
+        .zip(drops)
+        .filter(|(_, n)| **n != 0)
+        .map(|(r, n)| (r.name().to_owned(), json!(n)))
+        .collect();
+    Value::Object(m)
+}
+
+/// The non-zero TCP (per-connection, summed) drop counts by reason name.
+fn tcp_drops_by_reason(tcp: &luna_stack::tcp::ConnCounters) -> Value {
+    let m: Map<String, Value> = DropReason::ALL
+        .iter()
+        .map(|r| (r.name(), tcp.drops(*r)))
+        .filter(|(_, n)| *n != 0)
+        .map(|(name, n)| (name.to_owned(), json!(n)))
+        .collect();
+    Value::Object(m)
 }
 
 // ------------------------------------------------------------------------------ server
@@ -1033,6 +1062,52 @@ impl Backend for Luna {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reliability report needs drops by reason, not only their total.
+    #[test]
+    fn core_counters_break_drops_down_by_reason() {
+        let report = |stack: &[(StackDrop, u64)], tcp: &[(DropReason, u64)]| {
+            let mut r = CoreReport {
+                index: 0,
+                stats: Default::default(),
+                device: Default::default(),
+                stack: Default::default(),
+                tcp: Default::default(),
+            };
+            for &(why, n) in stack {
+                for _ in 0..n {
+                    r.stack.drop(why);
+                }
+            }
+            for &(why, n) in tcp {
+                let i = DropReason::ALL.iter().position(|x| *x == why).unwrap();
+                r.tcp.drops[i] = n;
+            }
+            r
+        };
+        let v = core_counters(&[
+            report(&[(StackDrop::NoSocket, 2)], &[(DropReason::OutOfWindow, 5)]),
+            report(
+                &[(StackDrop::NoSocket, 1), (StackDrop::Malformed, 4)],
+                &[(DropReason::Paws, 1)],
+            ),
+        ]);
+        assert_eq!(v["stack_drops"], json!(7), "{v}");
+        assert_eq!(
+            v["stack_drops_by_reason"],
+            json!({"no_socket": 3, "malformed": 4}),
+            "only non-zero reasons, by name: {v}"
+        );
+        assert_eq!(v["tcp_drops"], json!(6), "{v}");
+        assert_eq!(
+            v["tcp_drops_by_reason"],
+            json!({"out_of_window": 5, "paws": 1}),
+            "{v}"
+        );
+        let none = core_counters(&[report(&[], &[])]);
+        assert_eq!(none["stack_drops_by_reason"], json!({}), "{none}");
+        assert_eq!(none["tcp_drops_by_reason"], json!({}), "{none}");
+    }
 
     #[test]
     fn finds_the_vdev() {

@@ -9,6 +9,8 @@
 //! Scenarios:
 //! * `eal-init`: initialise EAL and report.
 //! * `double-init`: initialise twice; the second must fail cleanly.
+//! * `eal-hold --ready-file F [--timeout-ms T]`: initialise EAL, write F, keep
+//!   EAL up until F is removed (or T ms pass).
 //! * `port --name N [--rxq Q --txq Q --mtu M]`: find, configure, start a port.
 //! * `flow-validate --name N`: validate an eth/ipv4/udp → queue rule.
 //! * `flow-create --name N`: create and destroy the same rule.
@@ -107,6 +109,7 @@ fn main() -> ExitCode {
     let res = match scenario.as_str() {
         "eal-init" => eal_init(&opts),
         "double-init" => double_init(&opts),
+        "eal-hold" => eal_hold(&opts),
         "port" => port(&opts),
         "flow-validate" => flow(&opts, false),
         "flow-create" => flow(&opts, true),
@@ -142,6 +145,22 @@ fn eal_init(o: &Opts) -> R<String> {
         dpdk_sys::ethdev::ports(&eal).len(),
         dpdk_sys::eal::version()
     ))
+}
+
+fn eal_hold(o: &Opts) -> R<String> {
+    let ready = o.get("ready-file")?;
+    let timeout = Duration::from_millis(o.num("timeout-ms", 60_000)?);
+    let eal = Eal::init(o.eal.clone())?;
+    std::fs::write(ready, b"up").map_err(|e| check(format!("write {ready}: {e}")))?;
+    let end = Instant::now() + timeout;
+    while std::path::Path::new(ready).exists() {
+        if Instant::now() >= end {
+            return Err(check(format!("{ready} was not removed within {timeout:?}")));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(eal);
+    Ok("EAL held and released".into())
 }
 
 fn double_init(o: &Opts) -> R<String> {

@@ -451,6 +451,12 @@ pub fn rpc(a: RpcArgs) -> Res<()> {
     a.place.validate()?;
     let prefix = a.place.prefix()?;
     let b = backend::backend(a.stack);
+    if a.workload.emu.server_model.is_some() && a.stack != Stack::Kernel {
+        return Err(Error::Usage(format!(
+            "--server-model applies to --stack kernel (the kernel baselines), not {}",
+            a.stack.name()
+        )));
+    }
     if let Some(why) = b.unavailable() {
         return Err(Error::Run(why));
     }
@@ -516,6 +522,13 @@ pub struct ServerArgs {
 /// `knb server`: serve `--connections` connections, then exit.
 pub fn server(a: ServerArgs) -> Res<()> {
     a.workload.validate()?;
+    if a.workload.emu.server_model.is_some() && a.stack != Stack::Kernel {
+        return Err(Error::Usage(
+            "--server-model applies to --stack kernel (the kernel baselines)".into(),
+        ));
+    }
+    // Engines that answer inline (no --server-model) occupy their thread this way.
+    crate::service::set_inline_mode(a.workload.emu.service_mode);
     let b = backend::backend(a.stack);
     if let Some(why) = b.unavailable() {
         return Err(Error::Run(why));

@@ -648,6 +648,14 @@ pub fn client(a: ClientArgs) -> Res<()> {
     if let Some(errs) = r["errors"].as_array().filter(|e| !e.is_empty()) {
         return Err(Error::Run(format!("the run failed: {errs:?}")));
     }
+    if r["open_loop"]["arrivals"].as_u64() == Some(0) {
+        // Seen once (not reproduced): a client that ended before its window reported 0
+        // RPC/s as a success. A Poisson schedule always has arrivals in the window.
+        return Err(Error::Run(
+            "open loop: no arrival was scheduled in the measured window (the client ended              before it?)"
+                .into(),
+        ));
+    }
     if a.child {
         println!("KNB_RESULT {r}");
         return Ok(());

@@ -500,7 +500,7 @@ mod tests {
     }
 
     #[test]
-    fn ideal_ms_beats_cs_with_few_connections() {
+    fn ideal_ms_beats_cp_with_few_connections() {
         let svc = crate::service::parse_service("bimodal:100us").unwrap();
         let ms = ideal(msgsched::sim::Model::Ms, 4, 20, svc, 1000.0).unwrap();
         let cp = ideal(msgsched::sim::Model::Cp, 4, 4, svc, 1000.0).unwrap();

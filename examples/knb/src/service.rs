@@ -271,6 +271,12 @@ impl Emu {
         if bulk && self.service.is_some() {
             return Err("--service applies to --mode rpc, not bulk".into());
         }
+        if self.workers != 1 && self.server_model.is_none() {
+            return Err(format!(
+                "--workers {} applies to --server-model cp|cs|pool (kernel baselines)",
+                self.workers
+            ));
+        }
         if bulk && self.server_model.is_some() {
             return Err("--server-model applies to --mode rpc, not bulk".into());
         }
@@ -526,6 +532,14 @@ mod tests {
         };
         assert!(u.validate(0, true).unwrap_err().contains("not bulk"));
         assert!(Emu::default().validate(0, true).is_ok());
+        let w = Emu {
+            workers: 4,
+            ..Emu::default()
+        };
+        assert!(w
+            .validate(64, false)
+            .unwrap_err()
+            .contains("--server-model"));
     }
 
     fn mean_of(spec: &str, n: usize) -> (f64, Vec<u64>) {

@@ -816,6 +816,10 @@ fn bad_service_arguments_exit_2_with_a_clear_message() {
             "not in 1..=1024",
         ),
         (
+            &["rpc", "--stack", "kernel", "--workers", "4"][..],
+            "applies to --server-model",
+        ),
+        (
             &["bulk", "--stack", "kernel", "--unordered"][..],
             "--unordered applies to --mode rpc",
         ),

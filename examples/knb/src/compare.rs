@@ -350,6 +350,7 @@ mod tests {
             verify: false,
             mode: ModeArg::Rpc,
             mtu: 1500,
+            emu: Default::default(),
         };
         assert_eq!(raw_frame(&w), (4166, false));
         w.req_size = 1;

@@ -67,7 +67,18 @@ pub struct WorkerSpec {
     /// Queue requests as [`crate::proto::Piece`]s (zero-copy stacks) and keep the list
     /// of connections with new data ([`ClientWorker::take_touched`]).
     pub messages: bool,
+    /// `--service`: tag every request with a drawn service time.
+    pub service: Option<crate::service::ServiceSpec>,
+    /// `--unordered`: match responses by id.
+    pub unordered: bool,
 }
+
+/// Open loop: a request whose last byte reached the stack more than this after its
+/// scheduled time was sent behind schedule (counted, as Perséphone's client does).
+pub const BEHIND_SCHEDULE: Duration = Duration::from_micros(10);
+/// Open loop: after the end, keep receiving this long (at most) for answers to requests
+/// sent in the window, so the latency of late answers is recorded, not dropped.
+pub const OPEN_LOOP_DRAIN: Duration = Duration::from_millis(500);
 
 /// Open loop: arrivals beyond this many outstanding per connection are dropped
 /// (counted), so an overloaded stack cannot make the client buffer without bound.
@@ -110,6 +121,11 @@ pub struct ClientWorker {
     dropped: u64,
     marked: bool,
     synced: bool,
+    /// Open loop, window: requests handed to the stack, and those more than
+    /// [`BEHIND_SCHEDULE`] after their scheduled time; the largest lag (ns).
+    sent_window: u64,
+    behind: u64,
+    max_lag_ns: u64,
     progress: Arc<AtomicU64>,
     error: Option<String>,
     /// Closed loop: connections whose outstanding count dropped since the last tick
@@ -126,12 +142,20 @@ impl ClientWorker {
     pub fn new(spec: WorkerSpec, timing: Timing, progress: Arc<AtomicU64>) -> ClientWorker {
         let conns = (0..spec.conns)
             .map(|i| {
-                let c = ClientConn::new(
+                let mut c = ClientConn::new(
                     spec.first_conn + i,
                     spec.req_size,
                     spec.resp_size,
                     spec.verify,
                 );
+                if let Some(sv) = spec.service {
+                    let seed = spec.seed
+                        ^ (u64::from(spec.first_conn + i) + 1).wrapping_mul(0xa076_1d64_78bd_642f);
+                    c = c.with_service(sv, seed);
+                }
+                if spec.unordered {
+                    c = c.unordered();
+                }
                 if spec.messages {
                     c.message_mode()
                 } else {
@@ -155,6 +179,9 @@ impl ClientWorker {
             dropped: 0,
             marked: false,
             synced: false,
+            sent_window: 0,
+            behind: 0,
+            max_lag_ns: 0,
             progress,
             error: None,
             refill: (0..n).collect(),
@@ -312,6 +339,22 @@ impl ClientWorker {
         if now >= self.timing.warm_end && now < self.timing.end {
             self.wire_tx_window += n as u64;
         }
+        let (warm_end, end) = (self.timing.warm_end, self.timing.end);
+        let (sent, behind, max_lag) = (
+            &mut self.sent_window,
+            &mut self.behind,
+            &mut self.max_lag_ns,
+        );
+        self.conns[i].on_sent(n, |t0| {
+            if t0 >= warm_end && t0 < end {
+                *sent += 1;
+                let lag = now.saturating_duration_since(t0);
+                if lag > BEHIND_SCHEDULE {
+                    *behind += 1;
+                }
+                *max_lag = (*max_lag).max(lag.as_nanos() as u64);
+            }
+        });
     }
 
     /// Bytes received on connection `i` at `now`.
@@ -321,11 +364,22 @@ impl ClientWorker {
         }
         let in_window = now >= self.timing.warm_end && now < self.timing.end;
         let (hist, completed, progress) = (&mut self.hist, &mut self.completed, &self.progress);
+        let (open, warm_end, end) = (self.open.is_some(), self.timing.warm_end, self.timing.end);
         let mut n = 0u64;
         let r = self.conns[i].on_rx(data, |t0| {
             n += 1;
             if in_window {
                 *completed += 1;
+            }
+            // Closed loop: RPCs completed in the window. Open loop: RPCs *scheduled* in the
+            // window, whenever they complete (also during the drain), from the scheduled
+            // time (wrk2's rule), so slow answers are not left out.
+            let record = if open {
+                t0 >= warm_end && t0 < end
+            } else {
+                in_window
+            };
+            if record {
                 let ns = now.saturating_duration_since(t0).as_nanos() as u64;
                 let _ = hist.record(ns.clamp(1, MAX_NS));
             }
@@ -368,6 +422,10 @@ impl ClientWorker {
             return true;
         }
         match self.spec.mode {
+            Mode::Rpc if self.open.is_some() => {
+                now >= self.timing.end + OPEN_LOOP_DRAIN
+                    || (now >= self.timing.end && self.conns.iter().all(|c| c.outstanding() == 0))
+            }
             Mode::Rpc => now >= self.timing.end,
             Mode::Bulk => {
                 self.conns.iter().all(|c| c.sync_report().is_some())
@@ -399,6 +457,13 @@ impl ClientWorker {
         } else {
             None
         };
+        let honesty = Honesty {
+            sent: self.sent_window,
+            behind_schedule: self.behind,
+            max_send_lag_ns: self.max_lag_ns,
+            not_answered: self.conns.iter().map(|c| c.outstanding() as u64).sum(),
+            unsent: self.conns.iter().map(|c| c.unsent() as u64).sum(),
+        };
         ThreadResult {
             hist: self.hist,
             completed: self.completed,
@@ -406,6 +471,7 @@ impl ClientWorker {
             rx_payload: self.rx_payload,
             offered: self.offered,
             dropped: self.dropped,
+            honesty,
             bulk,
             error: self.error,
             extra: Value::Null,
@@ -436,6 +502,31 @@ pub struct BulkResult {
     pub sender_window_payload: u64,
 }
 
+/// Open-loop honesty counters of a thread (wrk2 / Perséphone rules).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Honesty {
+    /// Requests scheduled in the window and handed to the stack.
+    pub sent: u64,
+    /// Of those, handed over more than [`BEHIND_SCHEDULE`] after their scheduled time.
+    pub behind_schedule: u64,
+    /// Largest lag between scheduled time and hand-over (ns).
+    pub max_send_lag_ns: u64,
+    /// Requests queued and still unanswered at the end (after the drain), any time.
+    pub not_answered: u64,
+    /// Of those, requests whose bytes never fully left (the socket had no room).
+    pub unsent: u64,
+}
+
+impl Honesty {
+    fn add(&mut self, o: &Honesty) {
+        self.sent += o.sent;
+        self.behind_schedule += o.behind_schedule;
+        self.max_send_lag_ns = self.max_send_lag_ns.max(o.max_send_lag_ns);
+        self.not_answered += o.not_answered;
+        self.unsent += o.unsent;
+    }
+}
+
 /// What one client thread measured.
 pub struct ThreadResult {
     /// RPC latencies in the window (ns).
@@ -450,6 +541,8 @@ pub struct ThreadResult {
     pub offered: u64,
     /// Open loop: arrivals dropped (too many outstanding).
     pub dropped: u64,
+    /// Open loop: honesty counters.
+    pub honesty: Honesty,
     /// Bulk counters.
     pub bulk: Option<BulkResult>,
     /// First error.
@@ -471,7 +564,9 @@ pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option
     let mut bulk: Option<BulkResult> = None;
     let mut errors = Vec::new();
     let mut extra = Vec::new();
+    let mut hon = Honesty::default();
     for r in results {
+        hon.add(&r.honesty);
         if !r.extra.is_null() {
             extra.push(r.extra);
         }
@@ -557,6 +652,17 @@ pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option
             "arrivals": offered,
             "achieved_rps": rpcs as f64 / duration,
             "dropped_arrivals": dropped,
+            "sent": hon.sent,
+            "behind_schedule": hon.behind_schedule,
+            "behind_schedule_threshold_us": BEHIND_SCHEDULE.as_secs_f64() * 1e6,
+            "max_send_lag_us": hon.max_send_lag_ns as f64 / 1e3,
+            "sent_not_answered": hon.not_answered,
+            "unsent_at_end": hon.unsent,
+            "drain_s": OPEN_LOOP_DRAIN.as_secs_f64(),
+            "latency_from": "scheduled send time",
+            "p50_us": if rpcs > 0 { json!(us(0.5)) } else { Value::Null },
+            "p99_us": if rpcs > 0 { json!(us(0.99)) } else { Value::Null },
+            "p999_us": if rpcs > 0 { json!(us(0.999)) } else { Value::Null },
         })),
         "bulk": bulk_v,
         "errors": errors,
@@ -581,6 +687,8 @@ mod tests {
             mode,
             seed: 7,
             messages: false,
+            service: None,
+            unordered: false,
         }
     }
 
@@ -667,6 +775,74 @@ mod tests {
         w.tick(w.next_arrival().unwrap() + Duration::from_millis(20));
         assert!(w.dropped > 0);
         assert!(w.conns[0].outstanding() <= OPEN_LOOP_MAX_OUTSTANDING);
+    }
+
+    #[test]
+    fn open_loop_honesty_counters_on_a_synthetic_schedule() {
+        let t = Instant::now();
+        let timing = Timing {
+            warm_end: t,
+            end: t + Duration::from_secs(1),
+        };
+        let mut sp = spec(Mode::Rpc, Some(1_000.0));
+        sp.verify = false;
+        let mut w = ClientWorker::new(sp, timing, Arc::new(AtomicU64::new(0)));
+        let first = w.next_arrival().unwrap();
+        // About 1,000 arrivals scheduled over the second; the client "runs" at 0.9 s.
+        let late = t + Duration::from_millis(900);
+        w.tick(late);
+        let arrivals = w.offered;
+        assert!(arrivals > 500, "{arrivals}");
+        assert!(first >= t);
+        // Connection 0's bytes leave at 0.9 s: every one of its requests scheduled more than
+        // 10 us before is behind schedule. Connection 1 sends nothing.
+        let n0 = w.tx(0).pending().len();
+        w.on_sent(0, n0, late);
+        let c0 = w.conns[0].outstanding() as u64;
+        let c1 = w.conns[1].outstanding() as u64;
+        assert_eq!(c0 + c1, arrivals);
+        assert_eq!(w.sent_window, c0);
+        assert!(w.behind >= c0 - 1 && w.behind <= c0, "{} of {c0}", w.behind);
+        // Answer half of connection 0's requests, in order, at 0.95 s.
+        let mut srv = ServerConn::new(200);
+        let b = w.conns[0].tx().pending().to_vec();
+        assert!(b.is_empty());
+        let answered = c0 / 2;
+        let mut resp = Vec::new();
+        for k in 0..answered {
+            let mut h = crate::proto::Header {
+                id: k,
+                len: 200,
+                flags: flags::RESPONSE,
+            }
+            .encode()
+            .to_vec();
+            h.resize(16 + 200, 0);
+            resp.extend(h);
+        }
+        let _ = &mut srv;
+        w.on_rx(0, &resp, t + Duration::from_millis(950));
+        assert!(w.error().is_none(), "{:?}", w.error());
+        // Not finished at the end while answers are due (the drain), finished after it.
+        assert!(!w.finished(t + Duration::from_secs(1)));
+        assert!(w.finished(t + Duration::from_secs(1) + OPEN_LOOP_DRAIN));
+        let r = w.finish();
+        assert_eq!(r.completed, answered);
+        assert_eq!(r.hist.len(), answered);
+        // Latency from the scheduled time: at least 50 ms for every recorded answer.
+        assert!(r.hist.min() >= 50_000_000, "{}", r.hist.min());
+        assert_eq!(r.honesty.sent, c0);
+        assert_eq!(r.honesty.not_answered, arrivals - answered);
+        assert_eq!(r.honesty.unsent, c1);
+        assert!(r.honesty.max_send_lag_ns >= 800_000_000);
+        let v = merge(vec![r], 1.0, Mode::Rpc, Some(1_000.0));
+        let o = &v["open_loop"];
+        assert_eq!(o["sent_not_answered"], arrivals - answered);
+        assert_eq!(o["unsent_at_end"], c1);
+        assert_eq!(o["sent"], c0);
+        assert!(o["behind_schedule"].as_u64().unwrap() >= c0 - 1);
+        assert!(o["p99_us"].as_f64().unwrap() >= 50_000.0);
+        assert_eq!(o["achieved_rps"], answered as f64);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! * `knb sweep`: message size, iodepth, latency CDF and cores, as CSV and SVG figures.
 //! * `knb server` / `knb client`: the two sides by hand (what `rpc` starts).
 //! * `knb raw`: Ethernet ping-pong between two DPDK processes, no TCP (the ceiling).
+//! * `knb service-check`: the error of the service-time emulation (`--service-mode`).
 //!
 //! Exit status: 0 success, 1 the run failed, 2 bad arguments.
 #![forbid(unsafe_code)]
@@ -24,6 +25,9 @@ mod proto;
 mod raw;
 mod report;
 mod run;
+mod servers;
+mod service;
+mod slo;
 mod svg;
 mod sweep;
 mod workload;
@@ -54,6 +58,8 @@ enum Cmd {
     Client(run::ClientArgs),
     /// Ethernet frames ping-ponged between two DPDK processes (no TCP).
     Raw(raw::RawArgs),
+    /// Service-time emulation error (actual - requested) of spin and sleep modes.
+    ServiceCheck(service::CheckArgs),
 }
 
 fn main() -> ExitCode {
@@ -73,6 +79,7 @@ fn main() -> ExitCode {
         Cmd::Client(a) => workload::check_ip("--ip", a.ip, a.prefix_len, a.stack)
             .and_then(|()| workload::check_ip("--server-ip", a.server_ip, a.prefix_len, a.stack))
             .and_then(|()| run::client(a)),
+        Cmd::ServiceCheck(a) => service::check(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

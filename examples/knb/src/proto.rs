@@ -9,11 +9,24 @@
 //! | 12..14 | flags (u16 LE) | [`flags`] |
 //! | 14..16 | magic (u16 LE) | [`MAGIC`], catches a desynchronised stream |
 //!
+//! Flags: RESPONSE 1, VERIFY 2, NOREPLY 4, MARK 8, SYNC 16, SERVICE 32 ([`flags`]).
+//! A request with SERVICE carries a service-time tag as its first 8 payload bytes:
+//!
+//! | payload bytes | field | meaning |
+//! |---|---|---|
+//! | 0..8 | service (u64 LE) | nanoseconds the server keeps a worker busy with this request before replying (`--service`, [`crate::service`]) |
+//! | 8..len | payload | zeros, or the VERIFY pattern from offset 8 on |
+//!
+//! so `len >= 8` (a shorter SERVICE request is [`ProtoError::BadTag`]). Responses never carry
+//! SERVICE. Without `--unordered` responses come in request order ([`ProtoError::IdMismatch`]
+//! otherwise); with it, by id in any order ([`ProtoError::UnknownId`] for an id not
+//! outstanding).
+//!
 //! The engines ([`ClientConn`], [`ServerConn`]) never touch a socket: a backend feeds
 //! them received bytes (`on_rx`) and writes what they queue (`tx` / `consume_tx`). So
 //! the kernel, smoltcp and luna backends differ only in how bytes move.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::time::Instant;
 
@@ -37,8 +50,11 @@ pub mod flags {
     pub const MARK: u16 = 8;
     /// Bulk: end of the stream; the server answers with [`super::SyncReport`].
     pub const SYNC: u16 = 16;
+    /// The request's first 8 payload bytes are its service time in ns (u64 LE): the server
+    /// occupies a worker that long before replying.
+    pub const SERVICE: u16 = 32;
     /// All bits defined.
-    pub const ALL: u16 = RESPONSE | VERIFY | NOREPLY | MARK | SYNC;
+    pub const ALL: u16 = RESPONSE | VERIFY | NOREPLY | MARK | SYNC | SERVICE;
 }
 
 /// What is wrong with a received stream. Any of these ends the connection's run.
@@ -83,6 +99,10 @@ pub enum ProtoError {
         /// Payload bytes the server says it received.
         received: u64,
     },
+    /// Unordered mode: a response whose id matches no outstanding request.
+    UnknownId(u64),
+    /// A SERVICE request too short to hold its 8-byte tag.
+    BadTag(u64),
 }
 
 impl fmt::Display for ProtoError {
@@ -108,6 +128,13 @@ impl fmt::Display for ProtoError {
                     "bulk: sent {sent} payload bytes, server received {received}"
                 )
             }
+            ProtoError::UnknownId(id) => {
+                write!(f, "response id {id} matches no outstanding request")
+            }
+            ProtoError::BadTag(id) => write!(
+                f,
+                "request {id} has the SERVICE flag but fewer than 8 payload bytes"
+            ),
         }
     }
 }
@@ -176,7 +203,11 @@ pub fn pattern_byte(id: u64, salt: u64, offset: u32) -> u8 {
 }
 
 fn push_pattern(out: &mut Vec<u8>, id: u64, salt: u64, len: u32) {
-    out.extend((0..len).map(|i| pattern_byte(id, salt, i)));
+    push_pattern_from(out, id, salt, 0, len);
+}
+
+fn push_pattern_from(out: &mut Vec<u8>, id: u64, salt: u64, from: u32, len: u32) {
+    out.extend((from..len).map(|i| pattern_byte(id, salt, i)));
 }
 
 /// Incremental parser of a knb byte stream.
@@ -383,6 +414,37 @@ fn push_msg(out: &mut TxBuf, h: Header, salt: u64, verify: bool) {
     }
 }
 
+/// A request with a service tag: the tag, then the rest of the payload from offset 8.
+fn push_tagged(out: &mut TxBuf, h: Header, tag: [u8; crate::service::TAG_LEN], verify: bool) {
+    let t = crate::service::TAG_LEN as u32;
+    out.push_header(h);
+    out.push_bytes(&tag);
+    let rest = h.len.saturating_sub(t);
+    match (&mut out.pieces, verify) {
+        (Some(_), false) => out.push_piece(Piece::Zeros(rest)),
+        (Some(_), true) => {
+            let mut v = Vec::with_capacity(rest as usize);
+            push_pattern_from(&mut v, h.id, SALT_REQ, t, h.len);
+            out.push_piece(Piece::Bytes(v));
+        }
+        (None, true) => push_pattern_from(&mut out.buf, h.id, SALT_REQ, t, h.len),
+        (None, false) => out.buf.resize(out.buf.len() + rest as usize, 0),
+    }
+}
+
+/// A request the server parsed and has not answered yet (deferred mode,
+/// [`ServerConn::deferred`]): the server models hand it to a worker, then
+/// [`ServerConn::respond`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// Request id.
+    pub id: u64,
+    /// Request flags.
+    pub flags: u16,
+    /// Service time from the tag (ns; 0 without SERVICE).
+    pub service_ns: u64,
+}
+
 /// Bulk SYNC answer: what the server received on the connection.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SyncReport {
@@ -441,6 +503,8 @@ pub struct ServerConn {
     pub counters: ServerCounters,
     bulk_total: u64,
     mark: Option<(Instant, u64)>,
+    tag: [u8; crate::service::TAG_LEN],
+    deferred: Option<Vec<Request>>,
 }
 
 impl ServerConn {
@@ -453,7 +517,30 @@ impl ServerConn {
             counters: ServerCounters::default(),
             bulk_total: 0,
             mark: None,
+            tag: [0; crate::service::TAG_LEN],
+            deferred: None,
         }
+    }
+
+    /// The same connection collecting parsed requests instead of answering them
+    /// ([`ServerConn::take_requests`], then [`ServerConn::respond`] each): for servers that
+    /// apply service times on worker threads. Without it, a SERVICE request occupies the
+    /// caller inline ([`crate::service::inline_mode`]) before its response is queued.
+    pub fn deferred(mut self) -> ServerConn {
+        self.deferred = Some(Vec::new());
+        self
+    }
+
+    /// Deferred mode: the requests parsed since the last call, in arrival order.
+    pub fn take_requests(&mut self, out: &mut Vec<Request>) {
+        if let Some(v) = &mut self.deferred {
+            out.append(v);
+        }
+    }
+
+    /// Queues the response to `r` (deferred mode).
+    pub fn respond(&mut self, r: &Request) {
+        respond(&mut self.tx, &mut self.counters, self.resp_size, r);
     }
 
     /// The same connection with its responses queued as [`Piece`]s ([`TxBuf::messages`]),
@@ -472,14 +559,22 @@ impl ServerConn {
             counters,
             bulk_total,
             mark,
+            tag,
+            deferred,
         } = self;
         parser.feed(data, |ev| match ev {
             Ev::Payload(h, off, chunk) => {
                 if h.flags & flags::RESPONSE != 0 {
                     return Err(ProtoError::WrongDirection(h.id));
                 }
+                let mut body = (off, chunk);
+                if h.flags & flags::SERVICE != 0 && (off as usize) < tag.len() {
+                    let n = (tag.len() - off as usize).min(chunk.len());
+                    tag[off as usize..off as usize + n].copy_from_slice(&chunk[..n]);
+                    body = (off + n as u32, &chunk[n..]);
+                }
                 if h.flags & flags::VERIFY != 0 {
-                    check(h.id, SALT_REQ, off, chunk)?;
+                    check(h.id, SALT_REQ, body.0, body.1)?;
                 }
                 counters.rx_payload += chunk.len() as u64;
                 if h.flags & flags::NOREPLY != 0 {
@@ -513,14 +608,31 @@ impl ServerConn {
                 if h.flags & (flags::NOREPLY | flags::MARK) != 0 {
                     return Ok(());
                 }
-                let resp = Header {
-                    id: h.id,
-                    len: *resp_size,
-                    flags: flags::RESPONSE | (h.flags & flags::VERIFY),
+                let service_ns = if h.flags & flags::SERVICE != 0 {
+                    if (h.len as usize) < tag.len() {
+                        return Err(ProtoError::BadTag(h.id));
+                    }
+                    crate::service::decode_tag(tag)
+                } else {
+                    0
                 };
-                push_msg(tx, resp, SALT_RESP, h.flags & flags::VERIFY != 0);
-                counters.requests += 1;
-                counters.tx_payload += *resp_size as u64;
+                let r = Request {
+                    id: h.id,
+                    flags: h.flags,
+                    service_ns,
+                };
+                match deferred {
+                    Some(v) => v.push(r),
+                    None => {
+                        if service_ns > 0 {
+                            crate::service::occupy(
+                                std::time::Duration::from_nanos(service_ns),
+                                crate::service::inline_mode(),
+                            );
+                        }
+                        respond(tx, counters, *resp_size, &r);
+                    }
+                }
                 Ok(())
             }
         })
@@ -530,6 +642,17 @@ impl ServerConn {
     pub fn tx(&mut self) -> &mut TxBuf {
         &mut self.tx
     }
+}
+
+fn respond(tx: &mut TxBuf, counters: &mut ServerCounters, resp_size: u32, r: &Request) {
+    let resp = Header {
+        id: r.id,
+        len: resp_size,
+        flags: flags::RESPONSE | (r.flags & flags::VERIFY),
+    };
+    push_msg(tx, resp, SALT_RESP, r.flags & flags::VERIFY != 0);
+    counters.requests += 1;
+    counters.tx_payload += resp_size as u64;
 }
 
 fn check(id: u64, salt: u64, off: u32, chunk: &[u8]) -> Result<(), ProtoError> {
@@ -560,6 +683,15 @@ pub struct ClientConn {
     verify: bool,
     next_id: u64,
     outstanding: VecDeque<(u64, Instant)>,
+    /// `--unordered`: outstanding requests by id (then `outstanding` stays empty).
+    unordered: Option<HashMap<u64, Instant>>,
+    /// `--service`: the tag distribution and this connection's RNG.
+    service: Option<(crate::service::ServiceSpec, crate::service::Rng)>,
+    /// Bytes ever queued / handed to the stack, and the requests not fully handed over yet
+    /// (end offset in the stream, scheduled time): for the behind-schedule count.
+    queued_bytes: u64,
+    sent_bytes: u64,
+    unsent: VecDeque<(u64, Instant)>,
     tx: TxBuf,
     sync: Option<SyncReport>,
     sync_buf: Vec<u8>,
@@ -579,6 +711,11 @@ impl ClientConn {
             verify,
             next_id: (index as u64) << 40,
             outstanding: VecDeque::new(),
+            unordered: None,
+            service: None,
+            queued_bytes: 0,
+            sent_bytes: 0,
+            unsent: VecDeque::new(),
             tx: TxBuf::default(),
             sync: None,
             sync_buf: Vec::new(),
@@ -594,28 +731,77 @@ impl ClientConn {
         self
     }
 
-    /// Requests sent and not answered yet.
+    /// The same connection matching responses by id, in any order (`--unordered`).
+    pub fn unordered(mut self) -> ClientConn {
+        self.unordered = Some(HashMap::new());
+        self
+    }
+
+    /// The same connection tagging each request with a service time drawn from `spec`
+    /// with an RNG seeded by `seed` (`--service`; needs `req_size >= 8`).
+    pub fn with_service(mut self, spec: crate::service::ServiceSpec, seed: u64) -> ClientConn {
+        self.service = Some((spec, crate::service::Rng::new(seed)));
+        self
+    }
+
+    /// Requests queued and not answered yet.
     pub fn outstanding(&self) -> usize {
-        self.outstanding.len()
+        match &self.unordered {
+            Some(m) => m.len(),
+            None => self.outstanding.len(),
+        }
+    }
+
+    /// Requests queued whose bytes the stack has not fully taken yet.
+    pub fn unsent(&self) -> usize {
+        self.unsent.len()
+    }
+
+    fn track(&mut self, id: u64, t0: Instant) {
+        match &mut self.unordered {
+            Some(m) => {
+                m.insert(id, t0);
+            }
+            None => self.outstanding.push_back((id, t0)),
+        }
     }
 
     /// Queues one request issued (or, open loop, scheduled) at `t0`.
     pub fn push_request(&mut self, t0: Instant) {
         let id = self.next_id;
         self.next_id += 1;
-        let f = if self.verify { flags::VERIFY } else { 0 };
-        push_msg(
-            &mut self.tx,
-            Header {
-                id,
-                len: self.req_size,
-                flags: f,
-            },
-            SALT_REQ,
-            self.verify,
-        );
-        self.outstanding.push_back((id, t0));
+        let mut f = if self.verify { flags::VERIFY } else { 0 };
+        let tag = self.service.as_mut().map(|(s, rng)| s.draw(rng));
+        let h = Header {
+            id,
+            len: self.req_size,
+            flags: f,
+        };
+        match tag {
+            Some(ns) if self.req_size as usize >= crate::service::TAG_LEN => {
+                f |= flags::SERVICE;
+                let h = Header { flags: f, ..h };
+                push_tagged(&mut self.tx, h, crate::service::encode_tag(ns), self.verify);
+            }
+            _ => push_msg(&mut self.tx, h, SALT_REQ, self.verify),
+        }
+        self.queued_bytes += (HDR_LEN + self.req_size as usize) as u64;
+        self.unsent.push_back((self.queued_bytes, t0));
+        self.track(id, t0);
         self.counters.sent += 1;
+    }
+
+    /// The stack took `n` more bytes: calls `sent(scheduled time)` for every request whose
+    /// last byte is now handed over.
+    pub fn on_sent(&mut self, n: usize, mut sent: impl FnMut(Instant)) {
+        self.sent_bytes += n as u64;
+        while let Some(&(end, t0)) = self.unsent.front() {
+            if end > self.sent_bytes {
+                break;
+            }
+            self.unsent.pop_front();
+            sent(t0);
+        }
     }
 
     /// Queues a bulk message (`NOREPLY`, plus `extra` flags such as MARK).
@@ -634,6 +820,7 @@ impl ClientConn {
             SALT_REQ,
             self.verify,
         );
+        self.queued_bytes += (HDR_LEN + len as usize) as u64;
         self.bulk_sent += len as u64;
     }
 
@@ -646,7 +833,8 @@ impl ClientConn {
             len: 0,
             flags: flags::SYNC,
         });
-        self.outstanding.push_back((id, t0));
+        self.queued_bytes += HDR_LEN as u64;
+        self.track(id, t0);
     }
 
     /// The SYNC report, once it arrived.
@@ -661,6 +849,7 @@ impl ClientConn {
             resp_size,
             verify,
             outstanding,
+            unordered,
             counters,
             sync,
             sync_buf,
@@ -674,13 +863,19 @@ impl ClientConn {
             if h.flags & flags::RESPONSE == 0 {
                 return Err(ProtoError::WrongDirection(h.id));
             }
-            let &(id, t0) = outstanding.front().ok_or(ProtoError::Unsolicited(h.id))?;
-            if h.id != id {
-                return Err(ProtoError::IdMismatch {
-                    expected: id,
-                    got: h.id,
-                });
-            }
+            let t0 = match unordered {
+                Some(m) => *m.get(&h.id).ok_or(ProtoError::UnknownId(h.id))?,
+                None => {
+                    let &(id, t0) = outstanding.front().ok_or(ProtoError::Unsolicited(h.id))?;
+                    if h.id != id {
+                        return Err(ProtoError::IdMismatch {
+                            expected: id,
+                            got: h.id,
+                        });
+                    }
+                    t0
+                }
+            };
             let is_sync = h.flags & flags::SYNC != 0;
             let want = if is_sync { SyncReport::LEN } else { *resp_size };
             if h.len != want {
@@ -699,7 +894,14 @@ impl ClientConn {
                     Ok(())
                 }
                 Ev::Done(_) => {
-                    outstanding.pop_front();
+                    match unordered {
+                        Some(m) => {
+                            m.remove(&h.id);
+                        }
+                        None => {
+                            outstanding.pop_front();
+                        }
+                    }
                     if is_sync {
                         let mut b = [0u8; 24];
                         b.copy_from_slice(&sync_buf[..24]);
@@ -977,6 +1179,147 @@ mod tests {
         assert_eq!(s.tx().pop_piece(), None);
         s.tx().consume(100); // a no-op in message mode
         assert!(s.tx().is_empty());
+    }
+
+    fn resp_bytes(id: u64, len: u32) -> Vec<u8> {
+        let mut v = Header {
+            id,
+            len,
+            flags: flags::RESPONSE,
+        }
+        .encode()
+        .to_vec();
+        v.resize(HDR_LEN + len as usize, 0);
+        v
+    }
+
+    #[test]
+    fn service_tags_travel_in_the_first_payload_bytes() {
+        let now = Instant::now();
+        let spec = crate::service::parse_service("bimodal:100us").unwrap();
+        for verify in [false, true] {
+            for msgs in [false, true] {
+                let mut c = ClientConn::new(0, 64, 32, verify).with_service(spec, 9);
+                if msgs {
+                    c = c.message_mode();
+                }
+                for _ in 0..50 {
+                    c.push_request(now);
+                }
+                let bytes = if msgs {
+                    flatten(c.tx())
+                } else {
+                    let b = c.tx().pending().to_vec();
+                    c.tx().consume(b.len());
+                    b
+                };
+                assert_eq!(bytes.len(), 50 * (HDR_LEN + 64));
+                // The wire format by hand: flag bit 32 and the tag, little endian.
+                let h = Header::decode(bytes[..HDR_LEN].try_into().unwrap()).unwrap();
+                assert_ne!(h.flags & flags::SERVICE, 0);
+                let tag = u64::from_le_bytes(bytes[HDR_LEN..HDR_LEN + 8].try_into().unwrap());
+                assert!(tag == 50_000 || tag == 550_000, "{tag}");
+                let mut s = ServerConn::new(32).deferred();
+                for part in bytes.chunks(5) {
+                    s.on_rx(part, now).unwrap();
+                }
+                let mut reqs = Vec::new();
+                s.take_requests(&mut reqs);
+                assert_eq!(reqs.len(), 50);
+                assert_eq!(reqs[0].service_ns, tag);
+                assert!(reqs
+                    .iter()
+                    .all(|r| r.service_ns == 50_000 || r.service_ns == 550_000));
+                assert!(s.tx().is_empty(), "deferred: nothing answered yet");
+                for r in &reqs {
+                    s.respond(r);
+                }
+                let resp = s.tx().pending().to_vec();
+                let mut done = 0;
+                c.on_rx(&resp, |_| done += 1).unwrap();
+                assert_eq!(done, 50, "verify={verify} msgs={msgs}");
+            }
+        }
+        // The wire format in the module table: a SERVICE request shorter than the tag is
+        // rejected.
+        let mut b = Header {
+            id: 3,
+            len: 4,
+            flags: flags::SERVICE,
+        }
+        .encode()
+        .to_vec();
+        b.extend_from_slice(&[1, 2, 3, 4]);
+        assert_eq!(
+            ServerConn::new(8).on_rx(&b, now),
+            Err(ProtoError::BadTag(3))
+        );
+    }
+
+    #[test]
+    fn inline_server_occupies_for_the_tagged_time() {
+        let now = Instant::now();
+        let spec = crate::service::parse_service("fixed:2ms").unwrap();
+        let mut c = ClientConn::new(0, 8, 8, false).with_service(spec, 1);
+        c.push_request(now);
+        let mut s = ServerConn::new(8);
+        let t = Instant::now();
+        s.on_rx(c.tx().pending(), now).unwrap();
+        assert!(t.elapsed() >= std::time::Duration::from_millis(2));
+        assert_eq!(s.counters.requests, 1);
+    }
+
+    #[test]
+    fn unordered_accepts_any_order_and_rejects_unknown_ids() {
+        let now = Instant::now();
+        let mut c = ClientConn::new(0, 8, 8, false).unordered();
+        for _ in 0..3 {
+            c.push_request(now);
+        }
+        let mut done = 0;
+        for id in [2u64, 0, 1] {
+            c.on_rx(&resp_bytes(id, 8), |_| done += 1).unwrap();
+        }
+        assert_eq!(done, 3);
+        assert_eq!(c.outstanding(), 0);
+        // An id answered twice, or never sent, is unknown.
+        c.push_request(now);
+        assert_eq!(
+            c.on_rx(&resp_bytes(1, 8), |_| {}),
+            Err(ProtoError::UnknownId(1))
+        );
+        let mut c = ClientConn::new(0, 8, 8, false).unordered();
+        assert_eq!(
+            c.on_rx(&resp_bytes(77, 8), |_| {}),
+            Err(ProtoError::UnknownId(77))
+        );
+        // Ordered connections still insist on request order.
+        let mut c = ClientConn::new(0, 8, 8, false);
+        c.push_request(now);
+        c.push_request(now);
+        assert_eq!(
+            c.on_rx(&resp_bytes(1, 8), |_| {}),
+            Err(ProtoError::IdMismatch {
+                expected: 0,
+                got: 1
+            })
+        );
+    }
+
+    #[test]
+    fn sent_tracking_reports_each_request_once_its_last_byte_left() {
+        let t0 = Instant::now();
+        let mut c = ClientConn::new(0, 100, 8, false);
+        c.push_request(t0);
+        c.push_request(t0 + std::time::Duration::from_micros(5));
+        let mut got = Vec::new();
+        c.on_sent(HDR_LEN + 99, |t| got.push(t));
+        assert!(got.is_empty(), "one byte of the first request still queued");
+        assert_eq!(c.unsent(), 2);
+        c.on_sent(1 + HDR_LEN + 100, |t| got.push(t));
+        assert_eq!(got, vec![t0, t0 + std::time::Duration::from_micros(5)]);
+        assert_eq!(c.unsent(), 0);
+        assert_eq!(c.outstanding(), 2, "sent is not answered");
     }
 
     #[test]

@@ -66,6 +66,25 @@ pub fn print_table(rows: &[Value]) {
                 f(&o["achieved_rps"]),
                 o["dropped_arrivals"]
             );
+            // Honesty counters (wrk2 / Perséphone): latency from the scheduled send time.
+            if o.contains_key("sent") {
+                println!(
+                    "  open loop honesty: p50/p99/p99.9 {}/{}/{} us at achieved {} RPC/s (offered {}); \
+                     {} sent, {} behind schedule (>{} us, max lag {} us), {} sent-not-answered, \
+                     {} never sent",
+                    f(&o["p50_us"]),
+                    f(&o["p99_us"]),
+                    f(&o["p999_us"]),
+                    f(&o["achieved_rps"]),
+                    f(&o["offered_rps"]),
+                    o["sent"],
+                    o["behind_schedule"],
+                    f(&o["behind_schedule_threshold_us"]),
+                    f(&o["max_send_lag_us"]),
+                    o["sent_not_answered"],
+                    o["unsent_at_end"]
+                );
+            }
         }
     }
 }

@@ -451,6 +451,12 @@ pub fn rpc(a: RpcArgs) -> Res<()> {
     a.place.validate()?;
     let prefix = a.place.prefix()?;
     let b = backend::backend(a.stack);
+    if a.workload.emu.server_model.is_some() && a.stack != Stack::Kernel {
+        return Err(Error::Usage(format!(
+            "--server-model applies to --stack kernel (the kernel baselines), not {}",
+            a.stack.name()
+        )));
+    }
     if let Some(why) = b.unavailable() {
         return Err(Error::Run(why));
     }
@@ -516,6 +522,13 @@ pub struct ServerArgs {
 /// `knb server`: serve `--connections` connections, then exit.
 pub fn server(a: ServerArgs) -> Res<()> {
     a.workload.validate()?;
+    if a.workload.emu.server_model.is_some() && a.stack != Stack::Kernel {
+        return Err(Error::Usage(
+            "--server-model applies to --stack kernel (the kernel baselines)".into(),
+        ));
+    }
+    // Engines that answer inline (no --server-model) occupy their thread this way.
+    crate::service::set_inline_mode(a.workload.emu.service_mode);
     let b = backend::backend(a.stack);
     if let Some(why) = b.unavailable() {
         return Err(Error::Run(why));
@@ -634,6 +647,14 @@ pub fn client(a: ClientArgs) -> Res<()> {
     r["cpu"] = cpu_v;
     if let Some(errs) = r["errors"].as_array().filter(|e| !e.is_empty()) {
         return Err(Error::Run(format!("the run failed: {errs:?}")));
+    }
+    if r["open_loop"]["arrivals"].as_u64() == Some(0) {
+        // Seen once (not reproduced): a client that ended before its window reported 0
+        // RPC/s as a success. A Poisson schedule always has arrivals in the window.
+        return Err(Error::Run(
+            "open loop: no arrival was scheduled in the measured window (the client ended              before it?)"
+                .into(),
+        ));
     }
     if a.child {
         println!("KNB_RESULT {r}");

@@ -36,6 +36,9 @@ pub enum Figure {
     Cdf,
     /// fig12: cores.
     Cores,
+    /// p99 vs achieved load of the kernel server models (open loop, service times),
+    /// throughput under --slo ([`crate::slo`]); run on its own.
+    Slo,
 }
 
 /// Arguments of `knb sweep`.
@@ -52,6 +55,7 @@ pub struct SweepArgs {
     /// Figures to make.
     #[arg(
         long,
+        alias = "figure",
         value_enum,
         value_delimiter = ',',
         default_value = "msgsize,iodepth,cdf,cores"
@@ -99,6 +103,41 @@ pub struct SweepArgs {
     /// Progress lines on stderr even when it is not a terminal.
     #[arg(long)]
     pub progress: bool,
+    /// --figure slo: the p99 target, a multiple of the mean service time (10x) or a time
+    /// (500us).
+    #[arg(long, value_parser = crate::slo::parse_slo)]
+    pub slo: Option<crate::slo::Slo>,
+    /// --figure slo: also divide throughput under SLO by msgsched::sim's ideal MS.
+    #[arg(long)]
+    pub ideal: bool,
+    /// --figure slo: kernel server models to compare.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "cp,cs,pool")]
+    pub models: Vec<crate::service::ServerModel>,
+    /// --figure slo: offered loads as fractions of capacity (workers / mean service).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
+    )]
+    pub loads: Vec<f64>,
+    /// --figure slo: service-time distribution and mean.
+    #[arg(long, default_value = "bimodal:100us", value_parser = crate::service::parse_service)]
+    pub service: crate::service::ServiceSpec,
+    /// --figure slo: how workers are occupied.
+    #[arg(long, value_enum, default_value = "sleep")]
+    pub service_mode: crate::service::ServiceMode,
+    /// --figure slo: server worker threads.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub workers: u32,
+    /// --figure slo: client connections.
+    #[arg(long = "connections", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=16384))]
+    pub slo_connections: u32,
+    /// --figure slo: request and response payload bytes (>= 8).
+    #[arg(long, default_value = "64", value_parser = parse_size)]
+    pub rpc_size: u32,
+    /// --figure slo: the pool replies out of order (the client matches by id).
+    #[arg(long)]
+    pub unordered: bool,
 }
 
 fn ncpus() -> usize {
@@ -147,6 +186,7 @@ impl Sweeper<'_> {
             verify: false,
             mode: ModeArg::Rpc,
             mtu: 1500,
+            emu: Default::default(),
         }
     }
 
@@ -294,6 +334,14 @@ fn csv(rows: &[&Value]) -> String {
 pub fn run(a: SweepArgs) -> Res<()> {
     if a.duration <= 0.0 {
         return Err(Error::Usage("--duration must be > 0".into()));
+    }
+    if a.figures.contains(&Figure::Slo) {
+        if a.figures.len() > 1 {
+            return Err(Error::Usage(
+                "--figure slo runs on its own (the kernel server models, open loop)".into(),
+            ));
+        }
+        return crate::slo::run(&a);
     }
     if a.sizes.is_empty() || a.iodepths.is_empty() || a.cores.is_empty() || a.figures.is_empty() {
         return Err(Error::Usage(

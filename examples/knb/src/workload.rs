@@ -192,6 +192,9 @@ pub struct Workload {
     /// kernel's GSO/GRO over veth move it). The kernel's veth stays at 1500.
     #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(576..=9000))]
     pub mtu: u16,
+    /// Service-time emulation, unordered replies, kernel server models.
+    #[command(flatten)]
+    pub emu: crate::service::Emu,
 }
 
 /// memif buffer size (`bsize`) for frames of IP MTU `mtu`: one buffer per frame (DPDK
@@ -237,6 +240,9 @@ impl Workload {
         if self.mode == ModeArg::Bulk && self.req_size == 0 {
             return Err(Error::Usage("bulk needs --req-size > 0".into()));
         }
+        self.emu
+            .validate(self.req_size, self.mode == ModeArg::Bulk)
+            .map_err(Error::Usage)?;
         Ok(())
     }
 
@@ -276,6 +282,7 @@ impl Workload {
         if self.mtu != 1500 {
             a.push(format!("--mtu={}", self.mtu));
         }
+        a.extend(self.emu.to_args());
         a
     }
 
@@ -293,6 +300,7 @@ impl Workload {
             "rate": self.rate,
             "mtu": self.mtu,
             "verify": self.verify,
+            "emu": self.emu.to_json(),
         })
     }
 }
@@ -375,6 +383,7 @@ mod tests {
             verify: false,
             mode: ModeArg::Rpc,
             mtu: 1500,
+            emu: Default::default(),
         };
         assert_eq!(w.conns_of(0), (0, 3));
         assert_eq!(w.conns_of(1), (3, 2));

@@ -698,3 +698,183 @@ fn client_reports_a_server_that_is_not_there() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("connect to 127.0.0.1"), "{}", text(&o));
 }
+
+// ------------------------------------- service emulation and kernel server models ---
+
+/// Each kernel server model answers a short open-loop run with service times (bimodal,
+/// sleep mode): every RPC validated, the honesty counters reported, the model in the
+/// server's report. Checks behaviour, never timing.
+#[test]
+fn kernel_server_models_answer_with_service_times() {
+    for (model, extra) in [
+        ("cp", &[][..]),
+        ("cs", &[][..]),
+        ("pool", &[][..]),
+        ("pool", &["--unordered"][..]),
+    ] {
+        let mut args = vec![
+            "--server-model",
+            model,
+            "--workers",
+            "3",
+            "--connections",
+            "6",
+            "--req-size",
+            "64",
+            "--resp-size",
+            "100",
+            "--service",
+            "bimodal:50us",
+            "--service-mode",
+            "sleep",
+            "--rate",
+            "3000",
+        ];
+        args.extend_from_slice(extra);
+        let v = rpc_run("kernel", &args);
+        check_rpc_report(&v, "kernel");
+        assert_eq!(v["server"]["extra"]["server_model"], model, "{v:#}");
+        assert_eq!(num(&v, &["server", "extra", "workers"]), 3.0);
+        assert_eq!(v["config"]["emu"]["service"]["dist"], "bimodal");
+        assert_eq!(v["config"]["emu"]["unordered"], !extra.is_empty());
+        let o = &v["open_loop"];
+        for k in [
+            "sent",
+            "behind_schedule",
+            "sent_not_answered",
+            "unsent_at_end",
+            "dropped_arrivals",
+        ] {
+            assert!(o[k].is_u64(), "{k}: {v:#}");
+        }
+        assert!(num(o, &["sent"]) > 0.0, "{v:#}");
+        assert!(num(o, &["p99_us"]) >= num(o, &["p50_us"]));
+        assert_eq!(num(o, &["behind_schedule_threshold_us"]), 10.0);
+        assert_eq!(o["latency_from"], "scheduled send time");
+    }
+}
+
+/// Without --server-model the kernel server applies the service time inline (closed loop),
+/// and an unordered closed-loop client works against it.
+#[test]
+fn kernel_inline_service_and_unordered_closed_loop() {
+    let v = rpc_run(
+        "kernel",
+        &[
+            "--service",
+            "fixed:20us",
+            "--unordered",
+            "--iodepth",
+            "4",
+            "--req-size",
+            "8",
+            "--resp-size",
+            "8",
+        ],
+    );
+    check_rpc_report(&v, "kernel");
+    assert_eq!(v["config"]["emu"]["service"]["mean_us"], 20.0);
+}
+
+#[test]
+fn bad_service_arguments_exit_2_with_a_clear_message() {
+    for (args, needle) in [
+        (
+            &["rpc", "--stack", "kernel", "--service", "pareto:10us"][..],
+            "unknown distribution",
+        ),
+        (
+            &["rpc", "--stack", "kernel", "--service", "fixed:10"][..],
+            "needs a unit",
+        ),
+        (
+            &["rpc", "--stack", "kernel", "--service", "bimodal"][..],
+            "expected fixed:MEAN",
+        ),
+        (
+            &[
+                "rpc",
+                "--stack",
+                "kernel",
+                "--service",
+                "fixed:20us",
+                "--req-size",
+                "4",
+            ][..],
+            "--req-size >= 8",
+        ),
+        (
+            &[
+                "rpc",
+                "--stack",
+                "kernel",
+                "--server-model",
+                "cp",
+                "--workers",
+                "0",
+            ][..],
+            "not in 1..=1024",
+        ),
+        (
+            &["rpc", "--stack", "kernel", "--workers", "4"][..],
+            "applies to --server-model",
+        ),
+        (
+            &["bulk", "--stack", "kernel", "--unordered"][..],
+            "--unordered applies to --mode rpc",
+        ),
+        (
+            &["rpc", "--stack", "smoltcp", "--server-model", "cs"][..],
+            "--server-model applies to --stack kernel",
+        ),
+        (
+            &["rpc", "--stack", "kernel", "--server-model", "kcm"][..],
+            "invalid value 'kcm'",
+        ),
+        (
+            &["sweep", "--figure", "slo"][..],
+            "--figure slo needs --slo",
+        ),
+        (
+            &["sweep", "--figure", "slo", "--slo", "fast"][..],
+            "or a multiple of the mean, e.g. 10x",
+        ),
+        (
+            &["service-check", "--modes", "nap"][..],
+            "invalid value 'nap'",
+        ),
+    ] {
+        let o = run(args, Duration::from_secs(20));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(needle), "{args:?}: {}", text(&o));
+        assert!(!text(&o).contains("panicked"), "{args:?}: {}", text(&o));
+    }
+}
+
+#[test]
+fn service_check_reports_both_modes() {
+    let json = tmp("service-check.json");
+    let j = json.to_string_lossy().into_owned();
+    let o = run(
+        &[
+            "service-check",
+            "--means",
+            "20us",
+            "--samples",
+            "50",
+            "--json",
+            &j,
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let v = read_json(&json);
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{v:#}");
+    for r in rows {
+        // Never earlier than requested.
+        assert!(num(r, &["err_p50_us"]) >= 0.0, "{v:#}");
+        assert!(num(r, &["err_p999_us"]) >= num(r, &["err_p50_us"]));
+    }
+    assert!(num(&v, &["margin_us"]) > 0.0);
+}

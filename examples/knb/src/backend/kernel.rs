@@ -59,6 +59,9 @@ impl Backend for Kernel {
             .set_nonblocking(true)
             .map_err(|e| format!("listener: {e}"))?;
         ready();
+        if let Some(m) = w.emu.server_model {
+            return crate::servers::serve(m, spec, listener);
+        }
         // Accept every expected connection, then hand them to the threads in order
         // (the client connects thread by thread, so the split matches).
         let mut streams = Vec::new();
@@ -293,7 +296,15 @@ fn client_thread(
         }
         let mut timeout = Duration::from_millis(5);
         if let Some(next) = w.next_arrival() {
-            timeout = timeout.min(next.saturating_duration_since(now));
+            // epoll waits in whole milliseconds (mio rounds up): an arrival due sooner than
+            // ~1.5 ms is waited for by polling without blocking, or it would leave up to
+            // 1 ms late (counted as behind schedule).
+            let gap = next.saturating_duration_since(now);
+            timeout = if gap < Duration::from_micros(1500) {
+                Duration::ZERO
+            } else {
+                timeout.min(gap - Duration::from_millis(1))
+            };
         }
         if readable.iter().any(|&r| r) || (w.streaming(now) && blocked.iter().any(|&b| !b)) {
             timeout = Duration::ZERO;

@@ -272,6 +272,8 @@ impl ClientPlan {
             mode: w.mode.into(),
             seed: 0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678_9abc_def1),
             messages,
+            service: w.emu.service,
+            unordered: w.emu.unordered,
         };
         Ok(ClientWorker::new(spec, timing, self.progress.clone()))
     }

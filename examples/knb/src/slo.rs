@@ -1,0 +1,510 @@
+//! `knb sweep --figure slo`: p99 vs achieved load for the kernel server models (open loop,
+//! emulated service times), throughput under an SLO, and (`--ideal`) that throughput as a
+//! fraction of the simulator's ideal MS (msgsched::sim) for the same workers, connections,
+//! service distribution, mean and SLO.
+//!
+//! Throughput under SLO of measured points follows `msgsched::sim::throughput_under_slo`'s
+//! grid rule without its bisection (a real run per bisection step is too expensive): scan
+//! the offered loads upward; `L` is the highest offered load such that it **and every lower
+//! one** pass (p99 <= SLO and no arrival dropped); the answer is the highest achieved load
+//! among the passing prefix (0 if the lowest fails; flagged `saturated` if all pass).
+
+use serde_json::{json, Value};
+
+use crate::backend;
+use crate::report;
+use crate::run::{self, Placement};
+use crate::service::{Emu, ServiceSpec};
+use crate::svg::{self, Chart, Series};
+use crate::sweep::SweepArgs;
+use crate::workload::{Cpus, Error, ModeArg, Res, Stack, Workload};
+
+/// An SLO: a multiple of the mean service time or an absolute time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Slo {
+    /// `10x`: 10 × the mean service time.
+    Times(f64),
+    /// `500us`: absolute, in ns.
+    Abs(u64),
+}
+
+/// Parses `10x` or a duration (`500us`, `1ms`).
+pub fn parse_slo(s: &str) -> Result<Slo, String> {
+    if let Some(x) = s.trim().strip_suffix('x') {
+        let v: f64 = x
+            .parse()
+            .map_err(|_| format!("--slo {s:?}: expected e.g. 10x or 500us"))?;
+        if !(v.is_finite() && v > 0.0) {
+            return Err(format!("--slo {s:?}: the multiple must be > 0"));
+        }
+        return Ok(Slo::Times(v));
+    }
+    crate::service::parse_duration_ns(s)
+        .map(Slo::Abs)
+        .map_err(|e| format!("--slo: {e} (or a multiple of the mean, e.g. 10x)"))
+}
+
+impl Slo {
+    /// The SLO in µs for mean service `mean_ns`.
+    pub fn us(self, mean_ns: u64) -> f64 {
+        match self {
+            Slo::Times(x) => x * mean_ns as f64 / 1e3,
+            Slo::Abs(ns) => ns as f64 / 1e3,
+        }
+    }
+}
+
+/// One measured point.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Point {
+    /// Offered load (fraction of capacity).
+    pub offered: f64,
+    /// Achieved load (completed RPC/s / capacity).
+    pub achieved: f64,
+    /// p99 latency (µs), None when nothing completed.
+    pub p99_us: Option<f64>,
+    /// Arrivals dropped (the client had no room).
+    pub dropped: u64,
+}
+
+/// Throughput under SLO of measured points.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tus {
+    /// Achieved load (fraction of capacity); 0 when the lowest point fails.
+    pub load: f64,
+    /// Every point passed: the true answer may be higher.
+    pub saturated: bool,
+    /// Offered load of the first failing point.
+    pub first_failing: Option<f64>,
+}
+
+/// Throughput under `slo_us` (module docs).
+pub fn throughput_under_slo(points: &[Point], slo_us: f64) -> Tus {
+    let mut p: Vec<&Point> = points.iter().collect();
+    p.sort_by(|a, b| a.offered.total_cmp(&b.offered));
+    let mut best = 0.0f64;
+    for x in &p {
+        let pass = x.dropped == 0 && x.p99_us.is_some_and(|q| q <= slo_us);
+        if !pass {
+            return Tus {
+                load: best,
+                saturated: false,
+                first_failing: Some(x.offered),
+            };
+        }
+        best = best.max(x.achieved);
+    }
+    Tus {
+        load: best,
+        saturated: !p.is_empty(),
+        first_failing: None,
+    }
+}
+
+/// The simulator's throughput under SLO (fraction of the workers) for `model`.
+pub fn ideal(
+    model: msgsched::sim::Model,
+    workers: u32,
+    conns: u32,
+    svc: ServiceSpec,
+    slo_us: f64,
+) -> Result<msgsched::sim::SloOutcome, String> {
+    use msgsched::sim::{SimConfig, SloSearch};
+    let base = SimConfig {
+        requests: 200_000,
+        warmup: 20_000,
+        ..SimConfig::new(
+            model,
+            workers as usize,
+            conns as usize,
+            svc.sim_service(),
+            0.5,
+        )
+    };
+    let mut s = SloSearch::new(base, slo_us * 1e3 / svc.mean_ns as f64);
+    s.jobs = 2;
+    msgsched::sim::throughput_under_slo(&s).map_err(|e| e.to_string())
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").to_string()
+}
+
+/// `knb sweep --figure slo`.
+pub fn run(a: &SweepArgs) -> Res<()> {
+    let svc = a.service;
+    let slo = a
+        .slo
+        .ok_or_else(|| Error::Usage("--figure slo needs --slo (e.g. 10x or 500us)".into()))?;
+    if a.models.is_empty() || a.loads.is_empty() {
+        return Err(Error::Usage(
+            "--models and --loads need at least one value".into(),
+        ));
+    }
+    if let Some(l) = a.loads.iter().find(|l| !(**l > 0.0 && **l <= 2.0)) {
+        return Err(Error::Usage(format!("--loads: {l} is outside (0, 2]")));
+    }
+    if (a.rpc_size as usize) < crate::service::TAG_LEN {
+        return Err(Error::Usage(format!(
+            "--rpc-size must be >= {} (the service tag)",
+            crate::service::TAG_LEN
+        )));
+    }
+    if !a.out_dir.is_dir() {
+        return Err(Error::Usage(format!(
+            "--out-dir {} is not a directory",
+            a.out_dir.display()
+        )));
+    }
+    let slo_us = slo.us(svc.mean_ns);
+    let capacity = a.workers as f64 / svc.mean_s();
+    let place = Placement {
+        client_cpus: a.client_cpus.clone().unwrap_or(Cpus(vec![0])),
+        server_cpus: a.server_cpus.clone(),
+        port: run::DEFAULT_PORT,
+        prefix: a.prefix.clone(),
+    };
+    place.validate()?;
+    let prefix = place.prefix()?;
+    let b = backend::backend(Stack::Kernel);
+    run::sweep_stale();
+    let topo = run::topology_for(b, &prefix)?;
+    let total = a.loads.len() * a.models.len();
+    eprintln!(
+        "knb sweep --figure slo: {total} runs of {} s (+{} s warm-up), capacity {:.0} RPC/s \
+         ({} workers / {} us mean), SLO {slo_us} us",
+        a.duration,
+        a.warmup,
+        capacity,
+        a.workers,
+        svc.mean_ns as f64 / 1e3
+    );
+    let mut rows: Vec<Value> = Vec::new();
+    let mut notes = Vec::new();
+    let mut failures = 0;
+    let mut done = 0;
+    let mut loads = a.loads.clone();
+    loads.sort_by(f64::total_cmp);
+    for &load in &loads {
+        for &m in &a.models {
+            done += 1;
+            let w = Workload {
+                req_size: a.rpc_size,
+                resp_size: a.rpc_size,
+                iodepth: 1,
+                connections: a.slo_connections,
+                threads: 1,
+                duration: a.duration,
+                warmup: a.warmup,
+                rate: Some(load * capacity),
+                verify: false,
+                mode: ModeArg::Rpc,
+                mtu: 1500,
+                emu: Emu {
+                    service: Some(svc),
+                    service_mode: a.service_mode,
+                    unordered: a.unordered,
+                    server_model: Some(m),
+                    workers: a.workers,
+                },
+            };
+            eprintln!(
+                "knb sweep: [{done}/{total}] {} load {load:.2} ({:.0} RPC/s)",
+                m.name(),
+                load * capacity
+            );
+            match run::run_on(&topo, b, &w, &place, a.progress) {
+                Ok(r) => {
+                    let o = &r["open_loop"];
+                    let ach = o["achieved_rps"].as_f64().unwrap_or(0.0);
+                    let load_avg = std::fs::read_to_string("/proc/loadavg")
+                        .unwrap_or_default()
+                        .split_whitespace()
+                        .next()
+                        .unwrap_or("")
+                        .to_string();
+                    rows.push(json!({
+                        "model": m.name(), "offered_load": load, "offered_rps": load * capacity,
+                        "achieved_rps": ach, "achieved_load": ach / capacity,
+                        "p50_us": r["latency_us"]["p50"], "p99_us": r["latency_us"]["p99"],
+                        "p999_us": r["latency_us"]["p999"],
+                        "dropped_arrivals": o["dropped_arrivals"],
+                        "behind_schedule": o["behind_schedule"], "sent": o["sent"],
+                        "sent_not_answered": o["sent_not_answered"],
+                        "cpu_client": r["cpu"]["client"]["cores"],
+                        "cpu_server": r["cpu"]["server"]["cores"],
+                        "loadavg_1m": load_avg,
+                        "run": r,
+                    }));
+                }
+                Err(e) => {
+                    failures += 1;
+                    notes.push(format!(
+                        "{} load {load}: failed: {}",
+                        m.name(),
+                        first_line(&e)
+                    ));
+                }
+            }
+        }
+    }
+    drop(topo);
+    // Per model: points, throughput under SLO, ideal.
+    let ideal_ms = if a.ideal {
+        Some(
+            ideal(
+                msgsched::sim::Model::Ms,
+                a.workers,
+                a.slo_connections,
+                svc,
+                slo_us,
+            )
+            .map_err(Error::Run)?,
+        )
+    } else {
+        None
+    };
+    let mut models = serde_json::Map::new();
+    let mut series = Vec::new();
+    println!(
+        "{:<5} {:>7} {:>10} {:>10} {:>8} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9}",
+        "model",
+        "offered",
+        "offer/s",
+        "achieved/s",
+        "ach.load",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "dropped",
+        "behind",
+        "unanswrd"
+    );
+    for &m in &a.models {
+        let mine: Vec<&Value> = rows.iter().filter(|r| r["model"] == m.name()).collect();
+        for r in &mine {
+            let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "{:<5} {:>7.2} {:>10.0} {:>10.0} {:>8.3} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>7} {:>9}",
+                m.name(),
+                f("offered_load"),
+                f("offered_rps"),
+                f("achieved_rps"),
+                f("achieved_load"),
+                f("p50_us"),
+                f("p99_us"),
+                f("p999_us"),
+                r["dropped_arrivals"],
+                r["behind_schedule"],
+                r["sent_not_answered"]
+            );
+        }
+        let pts: Vec<Point> = mine
+            .iter()
+            .map(|r| Point {
+                offered: r["offered_load"].as_f64().unwrap_or(0.0),
+                achieved: r["achieved_load"].as_f64().unwrap_or(0.0),
+                p99_us: r["p99_us"].as_f64(),
+                dropped: r["dropped_arrivals"].as_u64().unwrap_or(0),
+            })
+            .collect();
+        let t = throughput_under_slo(&pts, slo_us);
+        let frac = ideal_ms.as_ref().map(|i| t.load / i.load);
+        models.insert(
+            m.name().into(),
+            json!({
+                "throughput_under_slo_load": t.load,
+                "throughput_under_slo_rps": t.load * capacity,
+                "saturated": t.saturated,
+                "first_failing_offered_load": t.first_failing,
+                "fraction_of_ideal_ms": frac,
+            }),
+        );
+        series.push(Series {
+            name: m.name().to_string(),
+            points: mine
+                .iter()
+                .filter_map(|r| Some((r["achieved_rps"].as_f64()?, r["p99_us"].as_f64()?)))
+                .collect(),
+        });
+    }
+    let max_x = rows
+        .iter()
+        .filter_map(|r| r["achieved_rps"].as_f64())
+        .fold(capacity, f64::max);
+    series.push(Series {
+        name: format!("SLO {slo_us} us"),
+        points: vec![(0.0, slo_us), (max_x, slo_us)],
+    });
+    for (name, v) in &models {
+        let t = &v["throughput_under_slo_rps"];
+        let f = v["fraction_of_ideal_ms"]
+            .as_f64()
+            .map(|x| format!(", {:.2} of ideal MS", x))
+            .unwrap_or_default();
+        println!(
+            "throughput under SLO ({slo_us} us): {name} {:.0} RPC/s ({:.3} of capacity{}{f})",
+            t.as_f64().unwrap_or(0.0),
+            v["throughput_under_slo_load"].as_f64().unwrap_or(0.0),
+            if v["saturated"] == true {
+                ", saturated: every load passed"
+            } else {
+                ""
+            },
+        );
+    }
+    if let Some(i) = &ideal_ms {
+        println!(
+            "ideal MS (msgsched::sim, {} workers, {} connections, {}): {:.3} of capacity ({:.0} RPC/s)",
+            a.workers,
+            a.slo_connections,
+            svc.to_arg(),
+            i.load,
+            i.load * capacity
+        );
+    }
+    let mode = a.service_mode.name();
+    let chart = Chart {
+        title: format!(
+            "p99 vs achieved load: kernel server models, {} workers, {} {} service",
+            a.workers,
+            svc.to_arg(),
+            mode
+        ),
+        subtitle: format!(
+            "{} connections, {} B RPCs, open loop Poisson, {} s per point; SLO {slo_us} us",
+            a.slo_connections, a.rpc_size, a.duration
+        ),
+        x_label: "achieved load (RPC/s)".into(),
+        y_label: "p99 latency (µs, from scheduled send)".into(),
+        log_y: true,
+        series,
+        ..Default::default()
+    };
+    let dir = &a.out_dir;
+    report::write_file(&dir.join("fig-slo.svg"), &svg::render(&chart))?;
+    let mut csv = String::from(
+        "model,offered_load,offered_rps,achieved_rps,achieved_load,p50_us,p99_us,p999_us,dropped_arrivals,behind_schedule,sent_not_answered,cpu_client,cpu_server,loadavg_1m\n",
+    );
+    for r in &rows {
+        let cells: Vec<String> = [
+            "model",
+            "offered_load",
+            "offered_rps",
+            "achieved_rps",
+            "achieved_load",
+            "p50_us",
+            "p99_us",
+            "p999_us",
+            "dropped_arrivals",
+            "behind_schedule",
+            "sent_not_answered",
+            "cpu_client",
+            "cpu_server",
+            "loadavg_1m",
+        ]
+        .iter()
+        .map(|k| match &r[*k] {
+            Value::Null => String::new(),
+            Value::String(s) => s.clone(),
+            v => v.to_string(),
+        })
+        .collect();
+        csv.push_str(&cells.join(","));
+        csv.push('\n');
+    }
+    report::write_file(&dir.join("fig-slo.csv"), &csv)?;
+    let doc = json!({
+        "knb": "sweep-slo",
+        "service": svc.to_arg(), "service_mode": mode, "workers": a.workers,
+        "connections": a.slo_connections, "rpc_size": a.rpc_size,
+        "capacity_rps": capacity, "slo_us": slo_us,
+        "definition": "highest achieved load among the offered loads that, with every lower one, have p99 <= SLO and no dropped arrival (msgsched::sim grid rule, no bisection)",
+        "ideal_ms": ideal_ms,
+        "models": models, "notes": notes, "points": rows,
+    });
+    let jp = a.json.clone().unwrap_or_else(|| dir.join("fig-slo.json"));
+    report::write_file(
+        &jp,
+        &(serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n"),
+    )?;
+    eprintln!(
+        "knb sweep: wrote {}, {}, {}",
+        dir.join("fig-slo.svg").display(),
+        dir.join("fig-slo.csv").display(),
+        jp.display()
+    );
+    for n in &notes {
+        eprintln!("note: {n}");
+    }
+    if failures > 0 {
+        return Err(Error::Run(format!("{failures} sweep run(s) failed")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pt(offered: f64, achieved: f64, p99: f64) -> Point {
+        Point {
+            offered,
+            achieved,
+            p99_us: Some(p99),
+            dropped: 0,
+        }
+    }
+
+    #[test]
+    fn slo_specs_parse() {
+        assert_eq!(parse_slo("10x"), Ok(Slo::Times(10.0)));
+        assert_eq!(parse_slo("500us"), Ok(Slo::Abs(500_000)));
+        assert_eq!(Slo::Times(10.0).us(100_000), 1000.0);
+        assert_eq!(Slo::Abs(2_000_000).us(1), 2000.0);
+        assert!(parse_slo("0x").is_err());
+        assert!(parse_slo("fast").is_err());
+    }
+
+    #[test]
+    fn throughput_under_slo_is_the_passing_prefix() {
+        // Passing 0.1..0.5, failing at 0.6, passing again at 0.7 (noise): the answer stops
+        // at the first failure, like msgsched::sim's grid rule.
+        let pts = vec![
+            pt(0.3, 0.29, 400.0),
+            pt(0.1, 0.1, 300.0),
+            pt(0.2, 0.2, 350.0),
+            pt(0.5, 0.48, 900.0),
+            pt(0.6, 0.55, 1500.0),
+            pt(0.7, 0.6, 800.0),
+        ];
+        let t = throughput_under_slo(&pts, 1000.0);
+        assert_eq!(t.load, 0.48);
+        assert_eq!(t.first_failing, Some(0.6));
+        assert!(!t.saturated);
+        // All pass: saturated, highest achieved.
+        let t = throughput_under_slo(&pts[..4], 1000.0);
+        assert!(t.saturated && t.load == 0.48);
+        // First fails: 0.
+        let t = throughput_under_slo(&pts, 100.0);
+        assert_eq!(t.load, 0.0);
+        assert_eq!(t.first_failing, Some(0.1));
+        // A point that dropped arrivals or completed nothing fails whatever its p99.
+        let mut d = pts.clone();
+        d[2].dropped = 1;
+        assert_eq!(throughput_under_slo(&d, 1000.0).load, 0.1);
+        d[2].dropped = 0;
+        d[2].p99_us = None;
+        assert_eq!(throughput_under_slo(&d, 1000.0).first_failing, Some(0.2));
+        assert_eq!(throughput_under_slo(&[], 1.0).load, 0.0);
+    }
+
+    #[test]
+    fn ideal_ms_beats_cp_with_few_connections() {
+        let svc = crate::service::parse_service("bimodal:100us").unwrap();
+        let ms = ideal(msgsched::sim::Model::Ms, 4, 20, svc, 1000.0).unwrap();
+        let cp = ideal(msgsched::sim::Model::Cp, 4, 4, svc, 1000.0).unwrap();
+        assert!(ms.load > cp.load, "{ms:?} {cp:?}");
+        assert!(ms.load > 0.3 && ms.load < 1.0, "{ms:?}");
+    }
+}

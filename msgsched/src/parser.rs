@@ -136,8 +136,11 @@ pub mod knb {
     pub const MAGIC: u16 = 0x6e6b;
     /// knb's own payload limit (1 MiB).
     pub const MAX_PAYLOAD: u32 = 1 << 20;
-    /// Flag bits a request may carry (RESPONSE = 1 is not one of them).
-    pub const REQUEST_FLAGS: u16 = 2 | 4 | 8 | 16;
+    /// Flag bits a request may carry: VERIFY 2, NOREPLY 4, MARK 8, SYNC 16, SERVICE 32
+    /// (a service-time tag in the first 8 payload bytes; RESPONSE = 1 is not one of them).
+    pub const REQUEST_FLAGS: u16 = 2 | 4 | 8 | 16 | 32;
+    /// The SERVICE flag.
+    pub const SERVICE: u16 = 32;
     /// The RESPONSE flag.
     pub const RESPONSE: u16 = 1;
 

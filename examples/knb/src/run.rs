@@ -451,12 +451,7 @@ pub fn rpc(a: RpcArgs) -> Res<()> {
     a.place.validate()?;
     let prefix = a.place.prefix()?;
     let b = backend::backend(a.stack);
-    if a.workload.emu.server_model.is_some() && a.stack != Stack::Kernel {
-        return Err(Error::Usage(format!(
-            "--server-model applies to --stack kernel (the kernel baselines), not {}",
-            a.stack.name()
-        )));
-    }
+    check_server_model(a.stack, a.workload.emu.server_model)?;
     if let Some(why) = b.unavailable() {
         return Err(Error::Run(why));
     }
@@ -519,14 +514,25 @@ pub struct ServerArgs {
     pub child: bool,
 }
 
+/// Which stacks run which `--server-model`: the kernel cp|cs|pool, luna cp|cs|ms.
+fn check_server_model(stack: Stack, m: Option<crate::service::ServerModel>) -> Res<()> {
+    use crate::service::ServerModel as M;
+    match (stack, m) {
+        (_, None)
+        | (Stack::Kernel, Some(M::Cp | M::Cs | M::Pool))
+        | (Stack::Luna, Some(M::Cp | M::Cs | M::Ms)) => Ok(()),
+        (s, Some(m)) => Err(Error::Usage(format!(
+            "--server-model {} is not available on --stack {} (kernel: cp, cs, pool; luna: cp, cs, ms)",
+            m.name(),
+            s.name()
+        ))),
+    }
+}
+
 /// `knb server`: serve `--connections` connections, then exit.
 pub fn server(a: ServerArgs) -> Res<()> {
     a.workload.validate()?;
-    if a.workload.emu.server_model.is_some() && a.stack != Stack::Kernel {
-        return Err(Error::Usage(
-            "--server-model applies to --stack kernel (the kernel baselines)".into(),
-        ));
-    }
+    check_server_model(a.stack, a.workload.emu.server_model)?;
     // Engines that answer inline (no --server-model) occupy their thread this way.
     crate::service::set_inline_mode(a.workload.emu.service_mode);
     let b = backend::backend(a.stack);

@@ -178,6 +178,8 @@ pub fn serve(
         ServerModel::Cp => serve_cp(conns, workers, &cpus, mode, deadline)?,
         ServerModel::Cs => serve_cs(conns, workers, &cpus, mode, deadline)?,
         ServerModel::Pool => serve_pool(conns, workers, &cpus, mode, w.emu.unordered, deadline)?,
+        // Refused by the argument checks (run.rs): ms is luna's message mode.
+        ServerModel::Ms => return Err("--server-model ms runs on --stack luna only".into()),
     };
     report.connections = w.connections as u64;
     let mut extra = json!({

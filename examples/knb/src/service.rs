@@ -206,6 +206,9 @@ pub enum ServerModel {
     Cs,
     /// One I/O thread feeding a bounded queue consumed by N worker threads.
     Pool,
+    /// Messages shared (luna only: r2c's message mode over msgsched, where `cp` and `cs`
+    /// are msgsched's CP and CS models).
+    Ms,
 }
 
 impl ServerModel {
@@ -215,6 +218,7 @@ impl ServerModel {
             ServerModel::Cp => "cp",
             ServerModel::Cs => "cs",
             ServerModel::Pool => "pool",
+            ServerModel::Ms => "ms",
         }
     }
 }
@@ -235,8 +239,10 @@ pub struct Emu {
     /// Match responses by id: a request may complete out of order (rpc only).
     #[arg(long)]
     pub unordered: bool,
-    /// Kernel baseline server model: cp (partitioned epoll threads), cs (shared epoll,
-    /// EPOLLONESHOT) or pool (one I/O thread + a worker pool). Kernel stack only.
+    /// Server model. Kernel: cp (partitioned epoll threads), cs (shared epoll,
+    /// EPOLLONESHOT) or pool (one I/O thread + a worker pool). luna: cp, cs or ms, r2c's
+    /// message mode (parsers on the I/O core, messages scheduled over --workers threads
+    /// by msgsched).
     #[arg(long, value_enum)]
     pub server_model: Option<ServerModel>,
     /// Worker threads of --server-model (they share the --server-cpus).
@@ -273,7 +279,7 @@ impl Emu {
         }
         if self.workers != 1 && self.server_model.is_none() {
             return Err(format!(
-                "--workers {} applies to --server-model cp|cs|pool (kernel baselines)",
+                "--workers {} applies to --server-model (cp|cs|pool on the kernel, cp|cs|ms on luna)",
                 self.workers
             ));
         }

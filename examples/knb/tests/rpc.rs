@@ -325,6 +325,78 @@ fn luna_two_lanes_and_open_loop() {
     assert_eq!(num(&v, &["server", "extra", "core", "accepted"]), 4.0);
 }
 
+/// luna in r2c's message mode: four workers scheduled by msgsched (MS, then CS with
+/// unordered replies), service-time tags applied by the workers, every response checked.
+#[test]
+fn luna_message_mode_serves_scheduled_workers() {
+    for extra in [
+        &["--server-model", "ms"][..],
+        &[
+            "--server-model",
+            "cs",
+            "--unordered",
+            "--service-mode",
+            "sleep",
+        ][..],
+        &["--server-model", "cp"][..],
+    ] {
+        let mut args = vec![
+            "--iodepth",
+            "4",
+            "--connections",
+            "6",
+            "--workers",
+            "4",
+            "--req-size",
+            "64",
+            "--resp-size",
+            "3000",
+            "--service",
+            "bimodal:20us",
+        ];
+        args.extend_from_slice(extra);
+        let v = rpc_run("luna", &args);
+        check_rpc_report(&v, "luna");
+        let m = &v["server"]["extra"]["msgsched"];
+        assert_eq!(num(m, &["attached"]), 6.0, "{v:#}");
+        assert_eq!(num(m, &["detached"]), 6.0, "{v:#}");
+        assert!(num(m, &["replies"]) >= num(&v, &["rpcs"]), "{v:#}");
+        for k in [
+            "parse_malformed",
+            "parse_too_large",
+            "parse_bad_field",
+            "sequence_errors",
+        ] {
+            assert_eq!(num(m, &[k]), 0.0, "{k}: {v:#}");
+        }
+        assert_eq!(v["server"]["extra"]["server_model"], extra[1], "{v:#}");
+    }
+}
+
+#[test]
+fn a_server_model_the_stack_lacks_is_a_usage_error() {
+    for (stack, model) in [("luna", "pool"), ("kernel", "ms"), ("smoltcp", "ms")] {
+        let o = run(
+            &[
+                "rpc",
+                "--stack",
+                stack,
+                "--server-model",
+                model,
+                "--workers",
+                "2",
+            ],
+            Duration::from_secs(20),
+        );
+        assert_eq!(o.status.code(), Some(2), "{stack} {model}: {}", text(&o));
+        assert!(
+            text(&o).contains("not available on --stack"),
+            "{}",
+            text(&o)
+        );
+    }
+}
+
 #[test]
 fn luna_bulk_stream_is_counted_end_to_end() {
     bulk_run("luna");

@@ -35,7 +35,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,11 +53,11 @@ use r2c::{
 use serde_json::{json, Map, Value};
 use testbed::{Kind, Topology};
 use zbuf::dpdk::DmaRegistry;
-use zbuf::{Slab, SlabConfig, Zbuf, ZbufMut};
+use zbuf::{IoVec, Slab, SlabConfig, Zbuf, ZbufMut};
 
 use super::{pin, Backend, ClientPlan, ClientSpec, Endpoints, ServerReport, ServerSpec};
 use crate::engine::{ClientWorker, ThreadResult};
-use crate::proto::{Piece, ServerConn, TxBuf, HDR_LEN};
+use crate::proto::{flags, Piece, ServerConn, TxBuf, HDR_LEN};
 use crate::workload::{Stack, Workload};
 
 /// The luna backend.
@@ -891,6 +891,232 @@ impl InlineApp for ClientApp {
     }
 }
 
+/// What the message-mode workers count (shared by them).
+#[derive(Default)]
+struct MsgServed {
+    requests: AtomicU64,
+    rx_payload: AtomicU64,
+    tx_payload: AtomicU64,
+    errors: Mutex<Vec<String>>,
+}
+
+/// A message-mode worker: applies the request's service time (its tag), then answers
+/// with `resp_size` bytes — the verify pattern when asked, else a zero payload shared by
+/// every reply of this worker (zero copy).
+struct MsgWorker {
+    resp_size: u32,
+    mode: crate::service::ServiceMode,
+    zeros: Option<Zbuf>,
+    served: Arc<MsgServed>,
+}
+
+impl MsgWorker {
+    fn fail(&self, why: String) {
+        let mut e = self.served.errors.lock().unwrap_or_else(|p| p.into_inner());
+        if e.len() < 16 {
+            e.push(why);
+        }
+    }
+
+    fn payload(
+        &mut self,
+        ctx: &mut r2c::msg::MsgCtx<'_>,
+        id: u64,
+        verify: bool,
+    ) -> Result<Zbuf, String> {
+        let n = self.resp_size as usize;
+        if verify {
+            let mut m = ctx.alloc(n).map_err(|e| format!("zbuf: {e}"))?;
+            let bytes: Vec<u8> = (0..self.resp_size)
+                .map(|i| crate::proto::pattern_byte(id, crate::proto::SALT_RESP, i))
+                .collect();
+            m.extend_from_slice(&bytes)
+                .map_err(|e| format!("zbuf: {e:?}"))?;
+            return Ok(m.freeze());
+        }
+        if self.zeros.is_none() {
+            let mut m = ctx.alloc(n).map_err(|e| format!("zbuf: {e}"))?;
+            m.extend_from_slice(&vec![0u8; n])
+                .map_err(|e| format!("zbuf: {e:?}"))?;
+            self.zeros = Some(m.freeze());
+        }
+        Ok(self
+            .zeros
+            .clone()
+            .unwrap_or_else(|| Zbuf::from_vec(vec![0; n])))
+    }
+}
+
+impl r2c::msg::MsgHandler for MsgWorker {
+    fn on_message(&mut self, ctx: &mut r2c::msg::MsgCtx<'_>, m: msgsched::socket::Message<Conn>) {
+        use msgsched::parser::knb::{
+            Header as MHeader, HDR_LEN as MHDR, RESPONSE as MRESP, SERVICE,
+        };
+        let Ok(Some(h)) = MHeader::read(&m.body) else {
+            // The parser framed it, so the header is whole: cannot happen.
+            return self.fail("message without a header".into());
+        };
+        if h.flags & (flags::NOREPLY | flags::MARK | flags::SYNC) != 0 {
+            self.fail(format!(
+                "request {} is bulk traffic: message mode serves --mode rpc",
+                h.id
+            ));
+            drop(m);
+            return;
+        }
+        self.served.requests.fetch_add(1, Ordering::Relaxed);
+        self.served
+            .rx_payload
+            .fetch_add(u64::from(h.len), Ordering::Relaxed);
+        if h.flags & SERVICE != 0 {
+            let mut tag = [0u8; crate::service::TAG_LEN];
+            if !msgsched::parser::peek(&m.body, MHDR, &mut tag) {
+                return self.fail(format!("request {}: service tag cut short", h.id));
+            }
+            let ns = crate::service::decode_tag(&tag);
+            crate::service::occupy(Duration::from_nanos(ns), self.mode);
+        }
+        let verify = h.flags & flags::VERIFY != 0;
+        let body = match self.payload(ctx, h.id, verify) {
+            Ok(b) => b,
+            Err(e) => return self.fail(e),
+        };
+        let hdr = MHeader {
+            id: h.id,
+            len: self.resp_size,
+            flags: MRESP | (h.flags & flags::VERIFY),
+        };
+        let mut head = match ctx.alloc(MHDR) {
+            Ok(z) => z,
+            Err(e) => return self.fail(format!("zbuf: {e}")),
+        };
+        if head.extend_from_slice(&hdr.bytes()).is_err() {
+            return self.fail("zbuf: header".into());
+        }
+        let mut reply = IoVec::from(head.freeze());
+        reply.push(body);
+        self.served
+            .tx_payload
+            .fetch_add(u64::from(self.resp_size), Ordering::Relaxed);
+        ctx.reply(m.origin, reply);
+    }
+}
+
+/// The luna server in r2c's message mode (`--server-model cp|cs|ms`): one I/O core runs
+/// the memif port, TCP and knb's parser; `--workers` threads take whole requests through
+/// msgsched's scheduler. Serves `--connections` connections, then returns.
+fn serve_msg(
+    spec: &ServerSpec,
+    model: crate::service::ServerModel,
+    ready: &mut dyn FnMut(),
+) -> Result<ServerReport, String> {
+    use crate::service::ServerModel as M;
+    let w = spec.workload.clone();
+    if w.threads != 1 {
+        return Err("--server-model on luna runs one I/O core: use --threads 1".into());
+    }
+    let sched_model = match model {
+        M::Cp => msgsched::model::Model::Cp,
+        M::Cs => msgsched::model::Model::Cs,
+        M::Ms => msgsched::model::Model::Ms,
+        M::Pool => {
+            return Err("--server-model pool is a kernel baseline; luna has cp, cs, ms".into())
+        }
+    };
+    if w.emu.service_mode == crate::service::ServiceMode::Sleep {
+        // Measure the sleep margin once, before any worker needs it.
+        let _ = crate::service::margin();
+    }
+    let deadline = Instant::now() + spec.lifetime;
+    let Lanes {
+        eal: _eal,
+        slab,
+        _registry,
+        mut cores,
+        opts,
+        ..
+    } = open(&spec.eal, 1, w.mtu, spec.lifetime, ready)?.lanes(
+        &spec.eal,
+        spec.ip,
+        spec.prefix_len,
+        w.mtu,
+        &spec.cpus,
+    )?;
+    let ordering = if w.emu.unordered {
+        msgsched::parser::Ordering::Unordered
+    } else {
+        msgsched::parser::Ordering::Ordered
+    };
+    let cfg = r2c::msg::MsgConfig {
+        listen: vec![(spec.port, 4096)],
+        sched: msgsched::sched::SchedConfig {
+            model: sched_model,
+            workers: w.emu.workers as usize,
+            queue_capacity: 1024,
+            seed: 0x6b6e62,
+        },
+        framer: msgsched::framer::FramerConfig {
+            max_message: crate::proto::HDR_LEN + crate::proto::MAX_PAYLOAD as usize,
+            max_in_flight: (w.iodepth as usize).clamp(1, 1024),
+        },
+        worker_cpus: Vec::new(),
+    };
+    let served = Arc::new(MsgServed::default());
+    let sv = Arc::clone(&served);
+    let (resp_size, mode) = (w.resp_size, w.emu.service_mode);
+    let (rt, workers) = Runtime::spawn_msg(
+        cores.remove(0),
+        opts,
+        cfg,
+        move || msgsched::parser::knb::KnbParser::new(ordering),
+        move |_| {
+            crate::service::set_timer_slack();
+            MsgWorker {
+                resp_size,
+                mode,
+                zeros: None,
+                served: Arc::clone(&sv),
+            }
+        },
+    )
+    .map_err(|e| format!("r2c message mode: {e}"))?;
+    let expected = u64::from(w.connections);
+    while !rt.is_finished() && Instant::now() < deadline {
+        let c = workers.counters();
+        if c.attached.load(Ordering::Relaxed) >= expected
+            && c.detached.load(Ordering::Relaxed) >= expected
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    rt.stop();
+    let reports = rt.join().map_err(|e| format!("r2c runtime: {e}"))?;
+    let mut total = ServerReport {
+        connections: workers.counters().attached.load(Ordering::Relaxed),
+        ..ServerReport::default()
+    };
+    total.counters.requests = served.requests.load(Ordering::Relaxed);
+    total.counters.rx_payload = served.rx_payload.load(Ordering::Relaxed);
+    total.counters.tx_payload = served.tx_payload.load(Ordering::Relaxed);
+    total.errors = std::mem::take(&mut *served.errors.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut extra = core_counters(&reports);
+    if let Value::Object(o) = &mut extra {
+        let msg: Map<String, Value> = workers
+            .counters()
+            .fields()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Value::from(v)))
+            .collect();
+        o.insert("msgsched".into(), Value::Object(msg));
+        o.insert("server_model".into(), Value::from(model.name()));
+    }
+    total.extra = extra;
+    drop(reports);
+    drop(slab);
+    Ok(total)
+}
+
 impl Backend for Luna {
     fn stack(&self) -> Stack {
         Stack::Luna
@@ -910,6 +1136,9 @@ impl Backend for Luna {
     }
 
     fn serve(&self, spec: &ServerSpec, ready: &mut dyn FnMut()) -> Result<ServerReport, String> {
+        if let Some(m) = spec.workload.emu.server_model {
+            return serve_msg(spec, m, ready);
+        }
         let w = spec.workload.clone();
         let deadline = Instant::now() + spec.lifetime;
         let Lanes {

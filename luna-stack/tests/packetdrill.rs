@@ -69,6 +69,7 @@ scripts! {
     closing_fin_retransmit,
     data_after_close_rst,
     delayed_ack_off_default,
+    dsack_rfc2883_4,
     delayed_ack_on,
     dupack_needs_same_window,
     fast_retransmit,

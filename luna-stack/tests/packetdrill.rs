@@ -82,6 +82,7 @@ scripts! {
     initial_window,
     keepalive,
     last_ack_rst,
+    listen_syn_fin_syn_rst_rfc9293_3_10_7_2,
     listener_rst,
     mss_default_and_mtu_clamp,
     mss_zero,

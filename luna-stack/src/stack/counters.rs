@@ -16,7 +16,8 @@ pub enum StackDrop {
     Fragment,
     /// TCP segment for no connection and no listener (answered with RST).
     NoSocket,
-    /// A segment a listener cannot use (RST, bare ACK without a valid cookie, no SYN).
+    /// A segment a listener cannot use (RST, bare ACK without a valid cookie, no SYN,
+    /// SYN+FIN).
     ListenInvalid,
     /// Listen backlog full and SYN cookies off.
     BacklogFull,

@@ -1414,6 +1414,12 @@ impl<R: Rng> Stack<R> {
         if !flags.syn() {
             return self.counters.drop(StackDrop::ListenInvalid);
         }
+        // RFC 9293 §3.10.7.2 defines no SYN+FIN (a scan or an attack, never a connection
+        // attempt): drop it silently, as Linux and BSD do, rather than open a connection
+        // whose FIN would close it at once.
+        if flags.fin() {
+            return self.counters.drop(StackDrop::ListenInvalid);
+        }
         let Some(Some(lst)) = self.listeners.get(l as usize) else {
             return;
         };

@@ -774,6 +774,31 @@ fn rfc9293_3_10_7_2_syn_ack_to_a_listener_gets_rst() {
     assert_eq!(tcp.seq_number(), SeqNum(999));
 }
 
+/// RFC 9293 §3.10.7.2 (LISTEN): SYN+FIN is not defined, so it is dropped silently and
+/// counted (Linux and BSD drop it too); SYN+RST is a RST, ignored in LISTEN.
+#[test]
+fn rfc9293_3_10_7_2_syn_fin_and_syn_rst_to_a_listener_are_dropped_and_counted() {
+    let mut net = Net::pair();
+    let _l = net.b.listen(7000, 16).unwrap();
+    inject_to_b(&mut net, 40000, 1234, 0, TcpFlags::SYN | TcpFlags::FIN);
+    inject_to_b(&mut net, 40001, 1234, 0, TcpFlags::SYN | TcpFlags::RST);
+    inject_to_b(
+        &mut net,
+        40002,
+        1234,
+        0,
+        TcpFlags::SYN | TcpFlags::FIN | TcpFlags::PSH,
+    );
+    assert!(net.b.poll_transmit(net.now).is_none(), "no SYN-ACK, no RST");
+    assert_eq!(net.b.counters().passive_opens, 0);
+    assert_eq!(net.b.connection_count(), 0);
+    assert_eq!(net.b.counters().drops(StackDrop::ListenInvalid), 3);
+    // A plain SYN is still answered.
+    inject_to_b(&mut net, 40003, 1234, 0, TcpFlags::SYN);
+    assert!(net.b.poll_transmit(net.now).is_some(), "SYN-ACK");
+    assert_eq!(net.b.counters().passive_opens, 1);
+}
+
 /// Regression (closed connections swallowing segments): a connection the peer reset stayed
 /// in the demux table while the application held its handle, so every later segment for the
 /// tuple, including the SYN of a new connection, was silently eaten. RFC 9293 §3.10.7.1: a

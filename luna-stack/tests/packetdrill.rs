@@ -110,6 +110,7 @@ scripts! {
     syn_cookie_no_timestamps,
     syn_cookies,
     syn_in_established,
+    syn_no_ts_established_rfc5961_4_2,
     syn_received_bad_ack_rst,
     syn_received_dup_syn,
     syn_received_rst,

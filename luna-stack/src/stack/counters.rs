@@ -16,7 +16,8 @@ pub enum StackDrop {
     Fragment,
     /// TCP segment for no connection and no listener (answered with RST).
     NoSocket,
-    /// A segment a listener cannot use (RST, bare ACK without a valid cookie, no SYN).
+    /// A segment a listener cannot use (RST, bare ACK without a valid cookie, no SYN,
+    /// SYN+FIN).
     ListenInvalid,
     /// Listen backlog full and SYN cookies off.
     BacklogFull,
@@ -26,11 +27,15 @@ pub enum StackDrop {
     NoRoute,
     /// ICMP message we do not act on (or failed RFC 5927 validation).
     IcmpIgnored,
+    /// From a broadcast, multicast, 0.0.0.0 or loopback source, to a broadcast or
+    /// multicast address, or in a link-layer broadcast/multicast frame (RFC 1122 §3.2.1.3,
+    /// §3.3.6, §4.2.3.10): never answered, not even with a RST or an echo reply.
+    NonUnicast,
 }
 
 impl StackDrop {
     /// Every reason, in a fixed order.
-    pub const ALL: [StackDrop; 11] = [
+    pub const ALL: [StackDrop; 12] = [
         StackDrop::Malformed,
         StackDrop::NotForUs,
         StackDrop::UnknownEthertype,
@@ -42,6 +47,7 @@ impl StackDrop {
         StackDrop::TableFull,
         StackDrop::NoRoute,
         StackDrop::IcmpIgnored,
+        StackDrop::NonUnicast,
     ];
 
     /// A short stable name for reports.
@@ -58,6 +64,7 @@ impl StackDrop {
             StackDrop::TableFull => "table_full",
             StackDrop::NoRoute => "no_route",
             StackDrop::IcmpIgnored => "icmp_ignored",
+            StackDrop::NonUnicast => "non_unicast",
         }
     }
 

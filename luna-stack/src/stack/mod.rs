@@ -1111,12 +1111,18 @@ impl<R: Rng> Stack<R> {
         let Ok(eth_repr) = EthernetRepr::parse(&eth) else {
             return self.counters.drop(StackDrop::Malformed);
         };
-        if eth_repr.dst_addr != self.cfg.mac && !eth_repr.dst_addr.is_broadcast() {
+        // Broadcast and multicast frames are taken for ARP (broadcast only) and for IPv4,
+        // which must see the link-layer flag to discard them (RFC 1122 §3.3.6).
+        let l2_multicast = eth_repr.dst_addr.is_multicast();
+        if eth_repr.dst_addr != self.cfg.mac && !l2_multicast {
             return self.counters.drop(StackDrop::NotForUs);
         }
         match eth_repr.ethertype {
-            EtherType::Arp => self.on_arp(now, &frame[ETH_LEN..]),
-            EtherType::Ipv4 => self.on_ipv4(now, &frame, eth_repr.src_addr),
+            EtherType::Arp if eth_repr.dst_addr.is_broadcast() || !l2_multicast => {
+                self.on_arp(now, &frame[ETH_LEN..])
+            }
+            EtherType::Arp => self.counters.drop(StackDrop::NotForUs),
+            EtherType::Ipv4 => self.on_ipv4(now, &frame, eth_repr.src_addr, l2_multicast),
             _ => self.counters.drop(StackDrop::UnknownEthertype),
         }
     }
@@ -1183,15 +1189,43 @@ impl<R: Rng> Stack<R> {
         self.ctl.push_back(t);
     }
 
-    fn on_ipv4(&mut self, now: Instant, frame: &Zbuf, src_mac: EthernetAddress) {
+    /// `l2_multicast`: the frame was sent to a link-layer broadcast or multicast address.
+    fn on_ipv4(
+        &mut self,
+        now: Instant,
+        frame: &Zbuf,
+        src_mac: EthernetAddress,
+        l2_multicast: bool,
+    ) {
         let Ok(pkt) = Ipv4Packet::new_checked(&frame[ETH_LEN..]) else {
             return self.counters.drop(StackDrop::Malformed);
         };
         let Ok(ip) = Ipv4Repr::parse(&pkt, &self.cfg.caps) else {
             return self.counters.drop(StackDrop::Malformed);
         };
+        // RFC 1122 §3.2.1.3: a datagram whose source is a broadcast or multicast address,
+        // 0.0.0.0 (only legal while a host learns its address, which luna never answers)
+        // or loopback (127/8 never appears on a wire) MUST be discarded silently.
+        // RFC 1122 §4.2.3.10: a SYN to a broadcast or multicast address MUST be discarded
+        // (luna has nothing else that takes broadcasts): no SYN-ACK, no RST, no echo reply
+        // (RFC 1122 §3.2.2.6 lets broadcast echoes go unanswered; answering one, or a forged
+        // broadcast source, would make luna a smurf amplifier).
+        let src = ip.src_addr;
+        if self.is_non_unicast(src)
+            || src.is_unspecified()
+            || src.is_loopback()
+            || self.is_non_unicast(ip.dst_addr)
+        {
+            return self.counters.drop(StackDrop::NonUnicast);
+        }
         if ip.dst_addr != self.ipv4() {
             return self.counters.drop(StackDrop::NotForUs);
+        }
+        // RFC 1122 §3.3.6: a datagram received in a link-layer broadcast (or multicast) frame
+        // without an IP broadcast or multicast destination SHOULD be discarded silently; for
+        // TCP that is RFC 1122 §4.2.3.10's rule again.
+        if l2_multicast {
+            return self.counters.drop(StackDrop::NonUnicast);
         }
         if ip.is_fragment() {
             // Reassembly is not implemented: TCP never sends fragments (DF + PMTU), so a
@@ -1205,6 +1239,15 @@ impl<R: Rng> Stack<R> {
             IpProtocol::Icmp => self.on_icmp(now, &ip, frame, l4, l4_end, src_mac),
             _ => self.counters.drop(StackDrop::UnknownProtocol),
         }
+    }
+
+    /// A broadcast (limited, or our subnet's for prefixes of /30 or shorter: a /31 has no
+    /// broadcast address, RFC 3021) or multicast address.
+    fn is_non_unicast(&self, a: Ipv4Addr) -> bool {
+        let subnet = self.cfg.addr;
+        a.is_broadcast()
+            || a.is_multicast()
+            || (subnet.prefix_len() <= 30 && a == subnet.broadcast())
     }
 
     fn on_icmp(
@@ -1493,6 +1536,12 @@ impl<R: Rng> Stack<R> {
             return self.queue_rst_for(seg, payload.len(), tuple, src_mac);
         }
         if !flags.syn() {
+            return self.counters.drop(StackDrop::ListenInvalid);
+        }
+        // RFC 9293 §3.10.7.2 defines no SYN+FIN (a scan or an attack, never a connection
+        // attempt): drop it silently, as Linux and BSD do, rather than open a connection
+        // whose FIN would close it at once.
+        if flags.fin() {
             return self.counters.drop(StackDrop::ListenInvalid);
         }
         let Some(Some(lst)) = self.listeners.get(l as usize) else {

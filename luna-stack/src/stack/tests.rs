@@ -820,6 +820,31 @@ fn rfc9293_3_10_7_2_syn_ack_to_a_listener_gets_rst() {
     assert_eq!(tcp.seq_number(), SeqNum(999));
 }
 
+/// RFC 9293 §3.10.7.2 (LISTEN): SYN+FIN is not defined, so it is dropped silently and
+/// counted (Linux and BSD drop it too); SYN+RST is a RST, ignored in LISTEN.
+#[test]
+fn rfc9293_3_10_7_2_syn_fin_and_syn_rst_to_a_listener_are_dropped_and_counted() {
+    let mut net = Net::pair();
+    let _l = net.b.listen(7000, 16).unwrap();
+    inject_to_b(&mut net, 40000, 1234, 0, TcpFlags::SYN | TcpFlags::FIN);
+    inject_to_b(&mut net, 40001, 1234, 0, TcpFlags::SYN | TcpFlags::RST);
+    inject_to_b(
+        &mut net,
+        40002,
+        1234,
+        0,
+        TcpFlags::SYN | TcpFlags::FIN | TcpFlags::PSH,
+    );
+    assert!(net.b.poll_transmit(net.now).is_none(), "no SYN-ACK, no RST");
+    assert_eq!(net.b.counters().passive_opens, 0);
+    assert_eq!(net.b.connection_count(), 0);
+    assert_eq!(net.b.counters().drops(StackDrop::ListenInvalid), 3);
+    // A plain SYN is still answered.
+    inject_to_b(&mut net, 40003, 1234, 0, TcpFlags::SYN);
+    assert!(net.b.poll_transmit(net.now).is_some(), "SYN-ACK");
+    assert_eq!(net.b.counters().passive_opens, 1);
+}
+
 /// Regression (closed connections swallowing segments): a connection the peer reset stayed
 /// in the demux table while the application held its handle, so every later segment for the
 /// tuple, including the SYN of a new connection, was silently eaten. RFC 9293 §3.10.7.1: a
@@ -984,4 +1009,162 @@ fn rfc4861_7_3_1_forward_progress_confirms_the_peer_and_mac_changes_are_followed
         EthernetFrame::new_checked(f.to_vec()).unwrap().dst_addr(),
         MAC_D
     );
+}
+
+/// A SYN from `src` to `dst`:7000 in a frame to `dst_mac`, built by `net.a`.
+fn syn_frame(net: &mut Net, src: Ipv4Addr, dst: Ipv4Addr, dst_mac: EthernetAddress) -> Vec<u8> {
+    let tuple = FourTuple {
+        local: SocketAddrV4::new(src, 40000),
+        remote: SocketAddrV4::new(dst, 7000),
+    };
+    let repr = TcpRepr {
+        src_port: 40000,
+        dst_port: 7000,
+        seq: SeqNum(1234),
+        ack: SeqNum(0),
+        flags: TcpFlags::SYN,
+        window: 1000,
+        urgent: 0,
+        options: TcpOptions::default(),
+    };
+    net.a
+        .build_tcp(&repr, IoVec::new(), tuple, dst_mac)
+        .to_vec()
+}
+
+const MAC_MULTICAST: EthernetAddress = EthernetAddress([0x01, 0x00, 0x5e, 0, 0, 1]);
+
+/// Regression (non-unicast SYNs answered): RFC 1122 §4.2.3.10: a SYN addressed to a
+/// broadcast or multicast address is discarded; RFC 1122 §3.2.1.3: so is any datagram from
+/// a broadcast, multicast, 0.0.0.0 or loopback source; RFC 1122 §3.3.6: and a unicast
+/// datagram in a link-layer broadcast or multicast frame. No SYN-ACK, no RST, counted as
+/// `NonUnicast`, with a listener and on a closed port.
+#[test]
+fn rfc1122_4_2_3_10_non_unicast_syns_get_neither_syn_ack_nor_rst() {
+    for listening in [true, false] {
+        let mut net = Net::pair();
+        if listening {
+            let _l = net.b.listen(7000, 16).unwrap();
+        }
+        let bad_sources = [
+            Ipv4Addr::BROADCAST,
+            Ipv4Addr::new(198, 18, 0, 255), // B's /24 broadcast
+            Ipv4Addr::new(224, 0, 0, 1),
+            Ipv4Addr::new(239, 1, 2, 3),
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::LOCALHOST,
+            Ipv4Addr::new(127, 9, 9, 9),
+        ];
+        let mut frames: Vec<Vec<u8>> = bad_sources
+            .iter()
+            .map(|&src| syn_frame(&mut net, src, ip_b(), MAC_B))
+            .collect();
+        // Broadcast or multicast destinations (link-layer broadcast frames, as they would be).
+        for dst in [
+            Ipv4Addr::BROADCAST,
+            Ipv4Addr::new(198, 18, 0, 255),
+            Ipv4Addr::new(224, 0, 0, 1),
+        ] {
+            frames.push(syn_frame(&mut net, ip_a(), dst, EthernetAddress::BROADCAST));
+        }
+        // A unicast SYN to B in a link-layer broadcast or multicast frame.
+        frames.push(syn_frame(
+            &mut net,
+            ip_a(),
+            ip_b(),
+            EthernetAddress::BROADCAST,
+        ));
+        frames.push(syn_frame(&mut net, ip_a(), ip_b(), MAC_MULTICAST));
+        for f in &frames {
+            let now = net.now;
+            net.b.handle_frame(now, Zbuf::copy_from_slice(f));
+        }
+        assert!(net.b.poll_transmit(net.now).is_none(), "no SYN-ACK, no RST");
+        let c = net.b.counters();
+        assert_eq!(c.drops(StackDrop::NonUnicast), frames.len() as u64);
+        assert_eq!((c.passive_opens, c.rsts_sent), (0, 0));
+        assert_eq!(net.b.connection_count(), 0);
+        // The same SYN from A, unicast, is answered.
+        let ok = syn_frame(&mut net, ip_a(), ip_b(), MAC_B);
+        let now = net.now;
+        net.b.handle_frame(now, Zbuf::copy_from_slice(&ok));
+        assert!(net.b.poll_transmit(net.now).is_some(), "SYN-ACK or RST");
+    }
+}
+
+/// RFC 1122 §4.2.3.10 / §3.2.1.3: only prefixes of /30 or shorter have a subnet broadcast
+/// address; on a /31 (RFC 3021) both addresses are hosts and their SYNs are answered.
+#[test]
+fn rfc1122_4_2_3_10_slash_31_has_no_subnet_broadcast() {
+    let mut net = Net::new(
+        StackConfig::new(
+            MAC_A,
+            Ipv4Cidr::new(Ipv4Addr::new(198, 18, 0, 0), 31).unwrap(),
+        ),
+        StackConfig::new(
+            MAC_B,
+            Ipv4Cidr::new(Ipv4Addr::new(198, 18, 0, 1), 31).unwrap(),
+        ),
+    );
+    let _l = net.b.listen(7000, 16).unwrap();
+    let f = syn_frame(
+        &mut net,
+        Ipv4Addr::new(198, 18, 0, 0),
+        Ipv4Addr::new(198, 18, 0, 1),
+        MAC_B,
+    );
+    let now = net.now;
+    net.b.handle_frame(now, Zbuf::copy_from_slice(&f));
+    assert!(net.b.poll_transmit(net.now).is_some(), "SYN-ACK");
+    assert_eq!(net.b.counters().drops(StackDrop::NonUnicast), 0);
+    assert_eq!(net.b.counters().passive_opens, 1);
+}
+
+/// RFC 1122 §3.2.2.6 (a broadcast echo MAY be ignored) with §3.2.1.3: an echo request from
+/// a broadcast, multicast, 0.0.0.0 or loopback source, or in a link-layer broadcast frame,
+/// is not answered (answering a forged broadcast source is a smurf amplifier).
+#[test]
+fn rfc1122_3_2_2_6_non_unicast_echo_requests_are_not_answered() {
+    let mut s = Stack::new(cfg(MAC_A, ip_a()), FakeRng::new(5)).unwrap();
+    let mut frames = vec![];
+    for src in [
+        Ipv4Addr::BROADCAST,
+        Ipv4Addr::new(198, 18, 0, 255),
+        Ipv4Addr::new(224, 0, 0, 5),
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::LOCALHOST,
+    ] {
+        frames.push(icmp_echo_frame(MAC_B, MAC_A, src, ip_a(), 1, 1, b"smurf"));
+    }
+    frames.push(icmp_echo_frame(
+        MAC_B,
+        EthernetAddress::BROADCAST,
+        ip_b(),
+        ip_a(),
+        1,
+        1,
+        b"smurf",
+    ));
+    frames.push(icmp_echo_frame(
+        MAC_B,
+        EthernetAddress::BROADCAST,
+        ip_b(),
+        Ipv4Addr::new(198, 18, 0, 255),
+        1,
+        1,
+        b"smurf",
+    ));
+    for f in &frames {
+        s.handle_frame(t(0), Zbuf::copy_from_slice(f));
+    }
+    assert!(s.poll_transmit(t(0)).is_none(), "no echo reply");
+    assert_eq!(s.counters().icmp_echo_replies, 0);
+    assert_eq!(
+        s.counters().drops(StackDrop::NonUnicast),
+        frames.len() as u64
+    );
+    // A unicast echo is still answered.
+    let ok = icmp_echo_frame(MAC_B, MAC_A, ip_b(), ip_a(), 1, 1, b"ping");
+    s.handle_frame(t(0), Zbuf::copy_from_slice(&ok));
+    assert_eq!(s.counters().icmp_echo_replies, 1);
 }

@@ -8,7 +8,8 @@
 //!   §3.10.7.4) and handles SYN/FIN; it passes payload bytes to [`Assembler::insert`] with its
 //!   current RCV.NXT, then drains in-order data with [`Assembler::pop_ready`]. Data entirely
 //!   below RCV.NXT may be passed too (it is counted as duplicate and D-SACKed) or reported with
-//!   [`Assembler::note_duplicate`].
+//!   [`Assembler::note_duplicate`]. Queued data the connection delivered itself (an in-order
+//!   segment that repeated it) is discarded by the next call and D-SACKed too.
 //! - Overlaps keep the data already queued and trim the new segment (RFC 9293 §3.10.7.4 allows
 //!   either; keeping the old data means a stored buffer is never split or freed by a later
 //!   arrival, so same-sequence segments of different lengths cannot corrupt or double-free
@@ -347,13 +348,17 @@ impl<P: Payload> Assembler<P> {
         Some(n)
     }
 
-    /// Drop queued data below `rcv_nxt` (delivered by another path).
+    /// Drop queued data below `rcv_nxt`: the connection delivered an in-order segment that
+    /// repeated it, so those bytes arrived twice.
     fn trim_below(&mut self, rcv_nxt: SeqNum) {
+        let mut dup: Option<(SeqNum, SeqNum)> = None;
         while let Some((s, p)) = self.segs.front_mut() {
             if !(*s).lt(rcv_nxt) {
                 break;
             }
-            let below = (rcv_nxt - *s) as usize;
+            let start = *s;
+            let below = (rcv_nxt - start) as usize;
+            let n = below.min(p.len());
             if below >= p.len() {
                 self.bytes -= p.len();
                 self.segs.pop_front();
@@ -361,8 +366,19 @@ impl<P: Payload> Assembler<P> {
                 p.advance(below);
                 self.bytes -= below;
                 *s = rcv_nxt;
-                break;
             }
+            self.stats.duplicate_bytes += n as u64;
+            match dup {
+                None => dup = Some((start, start + n)),
+                Some((da, db)) if db == start => dup = Some((da, start + n)),
+                Some(_) => {}
+            }
+        }
+        if let Some(d) = dup {
+            // RFC 2883 §4: the segment that advanced RCV.NXT repeated queued data: report
+            // the (first contiguous) duplicate range as the D-SACK, although it now lies
+            // below the cumulative ACK; only ordinary SACK blocks must stay above it.
+            self.dsack = Some(d);
         }
     }
 
@@ -445,8 +461,9 @@ impl<P: Payload> Assembler<P> {
         rcv_nxt: SeqNum,
         out: &mut [(SeqNum, SeqNum)],
     ) -> usize {
-        // Never report data at or below RCV.NXT as SACKed (RFC 2018 §3: blocks describe data
-        // above the cumulative ACK).
+        // RFC 2018 §3: ordinary SACK blocks describe data above the cumulative ACK, so queued
+        // data below RCV.NXT is dropped first (RFC 2883 §4: it becomes the D-SACK, which may
+        // lie below the cumulative ACK).
         self.trim_below(rcv_nxt);
         if out.is_empty() {
             return 0;
@@ -674,16 +691,57 @@ mod tests {
     }
 
     #[test]
-    fn rfc2018_3_blocks_never_cover_data_below_rcv_nxt() {
+    fn rfc2018_3_ordinary_blocks_never_cover_data_below_rcv_nxt_rfc2883_4_dsack_may() {
         let mut a = asm(1 << 16, 16);
         a.insert(SeqNum(0), SeqNum(100), data(0, 50));
-        // RCV.NXT moved to 120 by another path: only [120, 150) may be reported.
+        // RCV.NXT moved to 120 by another path (an in-order segment the connection delivered
+        // itself), so [100, 120) arrived twice. RFC 2883 §4: the D-SACK block, first, reports
+        // it although it lies below the cumulative ACK. RFC 2018 §3: the ordinary SACK
+        // blocks after it describe only data above RCV.NXT: [120, 150).
         let mut buf = [(SeqNum(0), SeqNum(0)); 4];
+        let n = a.sack_blocks(SeqNum(120), &mut buf);
+        assert_eq!(
+            &buf[..n],
+            &[(SeqNum(100), SeqNum(120)), (SeqNum(120), SeqNum(150))]
+        );
+        for &(l, _) in &buf[1..n] {
+            assert!(l.ge(SeqNum(120)), "ordinary block below RCV.NXT");
+        }
+        // Reported once; then the ordinary blocks alone, never below RCV.NXT.
         let n = a.sack_blocks(SeqNum(120), &mut buf);
         assert_eq!(&buf[..n], &[(SeqNum(120), SeqNum(150))]);
         let n = a.sack_blocks(SeqNum(150), &mut buf);
+        assert_eq!(
+            &buf[..n],
+            &[(SeqNum(120), SeqNum(150))],
+            "D-SACK of [120, 150)"
+        );
+        let n = a.sack_blocks(SeqNum(150), &mut buf);
         assert_eq!(n, 0);
         assert!(a.is_empty());
+    }
+
+    #[test]
+    fn rfc2883_4_in_order_segment_repeating_queued_data_is_dsacked() {
+        let mut a = asm(1 << 16, 16);
+        let nxt = SeqNum(100);
+        a.insert(nxt, SeqNum(110), data(10, 10));
+        a.insert(nxt, SeqNum(130), data(30, 10));
+        a.insert(nxt, SeqNum(200), data(0, 10));
+        assert_eq!(sacks(&mut a, 4).len(), 3);
+        // The connection delivers the in-order segment [100, 135) whole; it repeats the
+        // queued [110, 120) and [130, 135). RFC 2883 §4: the first contiguous duplicate is
+        // reported once, then the ordinary blocks above RCV.NXT.
+        assert_eq!(a.pop_ready(SeqNum(135)), Some(data(35, 5)));
+        let mut buf = [(SeqNum(0), SeqNum(0)); 4];
+        let n = a.sack_blocks(SeqNum(140), &mut buf);
+        assert_eq!(
+            &buf[..n],
+            &[(SeqNum(110), SeqNum(120)), (SeqNum(200), SeqNum(210))]
+        );
+        assert_eq!(a.stats().duplicate_bytes, 15);
+        let n = a.sack_blocks(SeqNum(140), &mut buf);
+        assert_eq!(&buf[..n], &[(SeqNum(200), SeqNum(210))]);
     }
 
     #[test]

@@ -1210,13 +1210,15 @@ impl Connection {
         }
 
         // RFC 7323 §3.2: once negotiated, a non-RST segment without timestamps SHOULD be
-        // dropped. Not a SYN in TIME-WAIT: that is a peer opening a new connection without
-        // timestamps, and RFC 9293 §3.10.7.4 fourth / RFC 5961 §4.2 answer it with a
-        // challenge ACK (it cannot reopen the tuple, see `accepts_new_syn`).
+        // dropped. Not a SYN: RFC 5961 §4.2 (and RFC 9293 §3.10.7.4 fourth) answer a SYN in
+        // any synchronized state with a challenge ACK, whatever it carries. A SYN is no
+        // segment of this connection's timestamp clock: a peer that restarted opens without
+        // it, and dropping its SYN silently would leave both ends stuck, while the
+        // challenge ACK lets it reset the stale connection (RFC 5961 §4). In TIME-WAIT such
+        // a SYN cannot reopen the tuple (see `accepts_new_syn`).
         if let Some(ts) = self.ts {
-            let tw_syn = flags.syn() && self.state == State::TimeWait;
             match seg.options.timestamps {
-                None if !flags.rst() && !tw_syn && self.state != State::SynReceived => {
+                None if !flags.rst() && !flags.syn() && self.state != State::SynReceived => {
                     self.counters.drop(DropReason::Paws);
                     return Disposition::Keep;
                 }

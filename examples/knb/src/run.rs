@@ -515,7 +515,7 @@ pub struct ServerArgs {
 }
 
 /// Which stacks run which `--server-model`: the kernel cp|cs|pool, luna cp|cs|ms.
-fn check_server_model(stack: Stack, m: Option<crate::service::ServerModel>) -> Res<()> {
+pub(crate) fn check_server_model(stack: Stack, m: Option<crate::service::ServerModel>) -> Res<()> {
     use crate::service::ServerModel as M;
     match (stack, m) {
         (_, None)

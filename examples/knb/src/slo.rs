@@ -17,7 +17,7 @@ use crate::run::{self, Placement};
 use crate::service::{Emu, ServiceSpec};
 use crate::svg::{self, Chart, Series};
 use crate::sweep::SweepArgs;
-use crate::workload::{Cpus, Error, ModeArg, Res, Stack, Workload};
+use crate::workload::{Cpus, Error, ModeArg, Res, Workload};
 
 /// An SLO: a multiple of the mean service time or an absolute time.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -166,7 +166,16 @@ pub fn run(a: &SweepArgs) -> Res<()> {
     };
     place.validate()?;
     let prefix = place.prefix()?;
-    let b = backend::backend(Stack::Kernel);
+    for &m in &a.models {
+        run::check_server_model(a.slo_stack, Some(m))?;
+    }
+    let b = backend::backend(a.slo_stack);
+    if let Some(why) = b.unavailable() {
+        return Err(Error::Usage(format!(
+            "--slo-stack {}: {why}",
+            a.slo_stack.name()
+        )));
+    }
     run::sweep_stale();
     let topo = run::topology_for(b, &prefix)?;
     let total = a.loads.len() * a.models.len();
@@ -224,6 +233,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                         .unwrap_or("")
                         .to_string();
                     rows.push(json!({
+                        "stack": a.slo_stack.name(),
                         "model": m.name(), "offered_load": load, "offered_rps": load * capacity,
                         "achieved_rps": ach, "achieved_load": ach / capacity,
                         "p50_us": r["latency_us"]["p50"], "p99_us": r["latency_us"]["p99"],
@@ -366,7 +376,8 @@ pub fn run(a: &SweepArgs) -> Res<()> {
     let mode = a.service_mode.name();
     let chart = Chart {
         title: format!(
-            "p99 vs achieved load: kernel server models, {} workers, {} {} service",
+            "p99 vs achieved load: {} server models, {} workers, {} {} service",
+            a.slo_stack.name(),
             a.workers,
             svc.to_arg(),
             mode

@@ -110,7 +110,11 @@ pub struct SweepArgs {
     /// --figure slo: also divide throughput under SLO by msgsched::sim's ideal MS.
     #[arg(long)]
     pub ideal: bool,
-    /// --figure slo: kernel server models to compare.
+    /// --figure slo: the stack whose server models run (kernel: cp, cs, pool; luna: cp, cs,
+    /// ms in r2c's message mode).
+    #[arg(long, value_enum, default_value = "kernel")]
+    pub slo_stack: Stack,
+    /// --figure slo: server models to compare.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "cp,cs,pool")]
     pub models: Vec<crate::service::ServerModel>,
     /// --figure slo: offered loads as fractions of capacity (workers / mean service).

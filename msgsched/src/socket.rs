@@ -132,6 +132,12 @@ impl<C: Copy> Origin<C> {
     pub fn seq(&self) -> u64 {
         self.seq
     }
+
+    /// Whether the connection has gone: a reply would be dropped, so a handler may skip
+    /// the work (dropping the origin then counts it under `closed_in_flight`).
+    pub fn is_closed(&self) -> bool {
+        self.staging.is_closed()
+    }
 }
 
 impl<C> Origin<C> {
@@ -169,10 +175,14 @@ impl<C> Origin<C> {
 impl<C> Drop for Origin<C> {
     fn drop(&mut self) {
         if !self.answered {
-            self.shared
-                .counters
-                .abandoned
-                .fetch_add(1, AtomicOrdering::Relaxed);
+            // A message of a connection that has gone counts as closed_in_flight (in
+            // `complete`), not as abandoned.
+            if !self.staging.is_closed() {
+                self.shared
+                    .counters
+                    .abandoned
+                    .fetch_add(1, AtomicOrdering::Relaxed);
+            }
             self.complete(None);
         }
     }

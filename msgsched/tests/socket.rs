@@ -235,6 +235,7 @@ fn a_connection_closing_with_messages_in_flight_costs_no_other_connection_anythi
         while m.origin.conn() == 1 && !g.load(AO::Acquire) {
             std::thread::sleep(Duration::from_millis(1));
         }
+        assert_eq!(m.origin.is_closed(), m.origin.conn() == 1);
         let r = echo(&m);
         s.reply(m.origin, r);
     });

@@ -1033,7 +1033,7 @@ fn serve_msg(
         slab,
         _registry,
         mut cores,
-        opts,
+        mut opts,
         ..
     } = open(&spec.eal, 1, w.mtu, spec.lifetime, ready)?.lanes(
         &spec.eal,
@@ -1042,6 +1042,9 @@ fn serve_msg(
         w.mtu,
         &spec.cpus,
     )?;
+    // The I/O core yields when it has nothing to do: its workers may share its CPU (on
+    // this 2-CPU machine they must), and a busy-polling I/O core would starve them.
+    opts.idle = IdleStrategy::Yield;
     let ordering = if w.emu.unordered {
         msgsched::parser::Ordering::Unordered
     } else {

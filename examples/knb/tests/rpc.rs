@@ -897,7 +897,7 @@ fn bad_service_arguments_exit_2_with_a_clear_message() {
         ),
         (
             &["rpc", "--stack", "smoltcp", "--server-model", "cs"][..],
-            "--server-model applies to --stack kernel",
+            "--server-model cs is not available on --stack smoltcp",
         ),
         (
             &["rpc", "--stack", "kernel", "--server-model", "kcm"][..],

@@ -9,6 +9,7 @@
 //! known to fail are listed in `expected_failures.txt` like the hand-written ones.
 //! docs/packetdrill.md, "Generated corpus", has the matrix and the counts.
 
+mod families;
 mod states;
 
 use crate::packetdrill::{manifest, run_text, ExpectedFailure};
@@ -23,11 +24,12 @@ pub struct Script {
 }
 
 /// Every family, in order (each has a `family_<name>` test below).
-pub const FAMILIES: &[&str] = &["state"];
+pub const FAMILIES: &[&str] = &["state", "ovl", "zwnd", "wscale", "paws", "mss", "keepalive"];
 
 pub fn generate() -> Vec<Script> {
     let mut out = Vec::new();
     states::generate(&mut out);
+    families::generate(&mut out);
     out
 }
 
@@ -194,4 +196,34 @@ fn counts() {
 #[test]
 fn family_state() {
     run_family("state");
+}
+
+#[test]
+fn family_ovl() {
+    run_family("ovl");
+}
+
+#[test]
+fn family_zwnd() {
+    run_family("zwnd");
+}
+
+#[test]
+fn family_wscale() {
+    run_family("wscale");
+}
+
+#[test]
+fn family_paws() {
+    run_family("paws");
+}
+
+#[test]
+fn family_mss() {
+    run_family("mss");
+}
+
+#[test]
+fn family_keepalive() {
+    run_family("keepalive");
 }

@@ -33,6 +33,22 @@ pub fn generate() -> Vec<Script> {
     out
 }
 
+/// Append `text` as `// ` comment lines wrapped at 100 columns (continuation lines indented).
+pub fn comment(out: &mut String, text: &str) {
+    let mut line = String::from("//");
+    for w in text.split_whitespace() {
+        if line.len() + 1 + w.len() > 100 && line.len() > 4 {
+            out.push_str(&line);
+            out.push('\n');
+            line = String::from("//  ");
+        }
+        line.push(' ');
+        line.push_str(w);
+    }
+    out.push_str(&line);
+    out.push('\n');
+}
+
 pub fn corpus_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/packetdrill/corpus")
 }

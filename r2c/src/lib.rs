@@ -34,6 +34,7 @@ pub mod rng;
 mod runtime;
 pub mod split;
 pub mod stats;
+mod workers;
 
 pub use crate::core::{
     Conn, CoreError, CoreOptions, CoreReport, CoreSetup, CoreState, HandleHash, HandleHashing,

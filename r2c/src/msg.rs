@@ -366,51 +366,18 @@ impl Runtime {
             eof: HashSet::new(),
         })?;
         let stop = rt.stop_flag();
-        let make_handler = Arc::new(make_handler);
-        let mut handles = Vec::new();
-        for (w, socket) in sockets.into_iter().enumerate() {
-            let stop = Arc::clone(&stop);
-            let make_handler = Arc::clone(&make_handler);
-            let slab = slab.clone();
-            let cpu = cfg.worker_cpus.get(w).copied();
-            let h = std::thread::Builder::new()
-                .name(format!("r2c-msg-worker-{w}"))
-                .spawn(move || {
-                    if let (true, Some(cpu)) = (pin, cpu) {
-                        if !crate::core::pin_to(cpu) {
-                            return Err(crate::core::CoreError::Pin { core: w, cpu });
-                        }
-                    }
-                    let cache = match &slab {
-                        Some(s) => Some(
-                            s.core_cache(io_index + 1 + w)
-                                .map_err(crate::core::CoreError::Slab)?,
-                        ),
-                        None => None,
-                    };
-                    worker_loop(socket, make_handler(w), stop, cache);
-                    Ok(())
-                })
-                .map_err(|e| bad(&e.to_string()))?;
-            handles.push(h);
-        }
-        let handles = std::sync::Mutex::new(Some(handles));
-        rt.add_thread(Box::new(move || {
-            let hs = handles
-                .lock()
-                .ok()
-                .and_then(|mut g| g.take())
-                .unwrap_or_default();
-            let mut res = Ok(());
-            for h in hs {
-                match h.join() {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => res = Err(e),
-                    Err(_) => res = Err(crate::core::CoreError::Panicked("worker".into())),
-                }
-            }
-            res
-        }));
+        let spawn = crate::workers::Spawn {
+            name: "r2c-msg-worker",
+            io_index,
+            pin,
+            cpus: &cfg.worker_cpus,
+            slab,
+        };
+        let handles = crate::workers::spawn(&spawn, sockets, move |w, socket, cache| {
+            worker_loop(socket, make_handler(w), Arc::clone(&stop), cache)
+        })
+        .map_err(|e| bad(&e))?;
+        rt.add_thread(crate::workers::joiner(handles, || {}));
         Ok((rt, MsgWorkers { counters, workers }))
     }
 }

@@ -542,54 +542,28 @@ impl Runtime {
         })?;
         let stop = rt.stop_flag();
         let io_done = Arc::new(AtomicBool::new(false));
-        let make_handler = Arc::new(make_handler);
-        let mut handles = Vec::new();
-        for (w, link) in links.iter().enumerate() {
-            let (link, stop, io_done) = (Arc::clone(link), Arc::clone(&stop), Arc::clone(&io_done));
-            let make_handler = Arc::clone(&make_handler);
-            let slab = slab.clone();
-            let cpu = split.worker_cpus.get(w).copied();
-            let h = std::thread::Builder::new()
-                .name(format!("r2c-worker-{w}"))
-                .spawn(move || {
-                    if let (true, Some(cpu)) = (pin, cpu) {
-                        if !crate::core::pin_to(cpu) {
-                            return Err(crate::core::CoreError::Pin { core: w, cpu });
-                        }
-                    }
-                    // Worker zbuf core ids follow the I/O core's.
-                    let cache = match &slab {
-                        Some(s) => Some(
-                            s.core_cache(io_index + 1 + w)
-                                .map_err(crate::core::CoreError::Slab)?,
-                        ),
-                        None => None,
-                    };
-                    worker_loop(w, link, make_handler(w), stop, cache, io_done);
-                    Ok(())
-                })
-                .map_err(|e| bad(&e.to_string()))?;
-            handles.push(h);
-        }
+        let spawn = crate::workers::Spawn {
+            name: "r2c-worker",
+            io_index,
+            pin,
+            cpus: &split.worker_cpus,
+            slab,
+        };
+        let done = Arc::clone(&io_done);
+        let handles = crate::workers::spawn(&spawn, links.clone(), move |w, link, cache| {
+            worker_loop(
+                w,
+                link,
+                make_handler(w),
+                Arc::clone(&stop),
+                cache,
+                Arc::clone(&done),
+            )
+        })
+        .map_err(|e| bad(&e))?;
         // Workers run until the I/O core has finished (its replies drained).
-        let watcher_rt_done = Arc::clone(&io_done);
-        let handles = std::sync::Mutex::new(Some(handles));
-        rt.add_thread(Box::new(move || {
-            watcher_rt_done.store(true, Ordering::Release);
-            let hs = handles
-                .lock()
-                .ok()
-                .and_then(|mut g| g.take())
-                .unwrap_or_default();
-            let mut res = Ok(());
-            for h in hs {
-                match h.join() {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => res = Err(e),
-                    Err(_) => res = Err(crate::core::CoreError::Panicked("worker".into())),
-                }
-            }
-            res
+        rt.add_thread(crate::workers::joiner(handles, move || {
+            io_done.store(true, Ordering::Release)
         }));
         Ok((rt, SplitWorkers { links }))
     }

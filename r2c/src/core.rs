@@ -295,6 +295,17 @@ impl CoreState {
         }
     }
 
+    /// Listens on each `(port, backlog)` for a mode whose application cannot see a listen
+    /// error (split and message mode): a port already in use is counted in
+    /// `connect_errors` and skipped; the other modes report it to the caller.
+    pub(crate) fn listen_all(&mut self, ports: &[(u16, usize)]) {
+        for &(port, backlog) in ports {
+            if self.listen(port, backlog).is_err() {
+                self.stats.connect_errors += 1;
+            }
+        }
+    }
+
     pub(crate) fn listen(&mut self, port: u16, backlog: usize) -> Result<Listener, ListenError> {
         let l = self.stack.listen(port, backlog)?;
         self.listeners.push(l);

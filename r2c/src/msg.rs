@@ -214,11 +214,7 @@ impl<P: Parser, F: Fn() -> P> MsgMode<P, F> {
 
 impl<P: Parser, F: Fn() -> P> Mode for MsgMode<P, F> {
     fn start(&mut self, st: &mut CoreState) {
-        for &(port, backlog) in &self.listen.clone() {
-            if st.listen(port, backlog).is_err() {
-                st.stats.connect_errors += 1;
-            }
-        }
+        st.listen_all(&self.listen);
     }
 
     fn after_frame(&mut self, _st: &mut CoreState) {}

@@ -364,13 +364,7 @@ impl SplitIo {
 
 impl Mode for SplitIo {
     fn start(&mut self, st: &mut CoreState) {
-        for &(port, backlog) in &self.listen.clone() {
-            // A port already in use is a configuration error the caller sees at listen
-            // time in the other modes; here it is counted and the port skipped.
-            if st.listen(port, backlog).is_err() {
-                st.stats.connect_errors += 1;
-            }
-        }
+        st.listen_all(&self.listen);
     }
 
     fn after_frame(&mut self, _st: &mut CoreState) {}

@@ -1,0 +1,225 @@
+//! An HTTP/2 server (cleartext, prior knowledge: `h2c`) on luna over the tap topology,
+//! in r2c's message mode: the I/O core runs TCP and each connection's HTTP/2 session
+//! (msgsched::proto::h2), the workers answer requests under the CP / CS / MS model.
+//!
+//! Routes: `/` a static text, `/echo` the request body back (zero copy: the reply's
+//! DATA frames are slices of the request's), `/big` a static 64 KiB body, anything else
+//! 404.
+//!
+//! ```sh
+//! testbed up tap
+//! cargo run -p r2c --example luna-h2 -- --model ms --workers 4 &
+//! ip netns exec luna-tap nghttp -nv http://198.18.0.2:8080/
+//! ip netns exec luna-tap h2load -n 1000 -c 4 -m 10 http://198.18.0.2:8080/
+//! ```
+//!
+//! The process re-executes itself inside the tap topology's namespace (DPDK's tap
+//! interface is created where the process runs), waits for the port and configures the
+//! kernel side. It stops when `--stop-file` appears or after `--secs` (0: never), and
+//! prints `OK key=value...` with the HTTP/2 and message counters.
+
+use clap::Parser as _;
+use dpdk_sys::Eal;
+use luna_stack::stack::StackConfig;
+use luna_stack::wire::Ipv4Cidr;
+use msgsched::framer::FramerConfig;
+use msgsched::proto::h2::{H2Config, H2Counters, H2Session, Request, Response};
+use msgsched::proto::Session;
+use msgsched::sched::{Model, SchedConfig};
+use msgsched::socket::Message;
+use r2c::device::dpdk::{from_testbed, DpdkDevice};
+use r2c::device::Device;
+use r2c::msg::{MsgConfig, MsgCtx, MsgHandler};
+use r2c::{Conn, CoreOptions, CoreSetup, IdleStrategy, Runtime};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use testbed::{Kind, Prefix};
+use zbuf::dpdk::DmaRegistry;
+use zbuf::{IoVec, Slab, SlabConfig, Zbuf};
+
+const IN_NS: &str = "LUNA_H2_IN_NETNS";
+
+#[derive(clap::Parser, Debug, Clone)]
+#[command(about = "HTTP/2 server on luna (tap topology, message mode)")]
+struct Args {
+    /// Testbed prefix of the tap topology (`testbed up tap --prefix P`).
+    #[arg(long, default_value = "luna")]
+    prefix: String,
+    /// Scheduling model: cp, cs or ms.
+    #[arg(long, default_value = "ms")]
+    model: Model,
+    /// Worker threads.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// TCP port.
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Stop after this many seconds (0: run until --stop-file appears).
+    #[arg(long, default_value_t = 0)]
+    secs: u64,
+    /// Stop when this file exists.
+    #[arg(long)]
+    stop_file: Option<PathBuf>,
+    /// Write this file once the server listens (for scripts and tests).
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS.
+    #[arg(long, default_value_t = 100)]
+    max_streams: u32,
+    /// Flood budget (see msgsched::proto::h2::session).
+    #[arg(long, default_value_t = 1000)]
+    flood_budget: u32,
+}
+
+struct App {
+    hello: Zbuf,
+    big: Zbuf,
+}
+
+impl MsgHandler for App {
+    fn on_message(&mut self, ctx: &mut MsgCtx<'_>, m: Message<Conn>) {
+        let Ok(req) = Request::parse(&m.body) else {
+            // Dropping the origin resets the stream (counted).
+            return;
+        };
+        let resp = match req.path() {
+            b"/" => Response::new(200)
+                .header("content-type", "text/plain")
+                .body(IoVec::from(self.hello.clone())),
+            b"/echo" => Response::new(200).body(req.body),
+            b"/big" => Response::new(200).body(IoVec::from(self.big.clone())),
+            _ => Response::new(404),
+        };
+        ctx.reply(m.origin, resp.into_iovec());
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let prefix = Prefix::new(&args.prefix).unwrap_or_else(|e| die(&format!("prefix: {e}")));
+    let Some(testbed::Details::Tap(tap)) = testbed::read_state(Kind::Tap, &prefix) else {
+        die(&format!(
+            "no tap topology with prefix {}: run `testbed up tap --prefix {}` first",
+            args.prefix, args.prefix
+        ));
+    };
+    if std::env::var_os(IN_NS).is_none() {
+        // Parent: run the server in the topology's namespace, configure the kernel side.
+        let ready = std::env::temp_dir().join(format!("luna-h2-{}-open", std::process::id()));
+        let _ = std::fs::remove_file(&ready);
+        let exe = std::env::current_exe().unwrap_or_else(|e| die(&format!("exe: {e}")));
+        let mut cmd = testbed::netns_command(&tap.dpdk.netns, exe);
+        cmd.args(std::env::args_os().skip(1)).env(IN_NS, &ready);
+        let mut child = cmd.spawn().unwrap_or_else(|e| die(&format!("spawn: {e}")));
+        let end = Instant::now() + Duration::from_secs(60);
+        while !ready.exists() {
+            if Instant::now() > end || child.try_wait().ok().flatten().is_some() {
+                let _ = child.kill();
+                die("the server did not open its port");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        tap.configure_host(Duration::from_secs(30))
+            .unwrap_or_else(|e| die(&format!("tap host side: {e}")));
+        let _ = std::fs::remove_file(&ready);
+        eprintln!(
+            "luna-h2: listening on http://{}:{} (model {:?}, {} workers)",
+            tap.dpdk.ip, args.port, args.model, args.workers
+        );
+        if let Some(f) = &args.ready_file {
+            let _ = std::fs::write(f, b"ready");
+        }
+        let st = child.wait().unwrap_or_else(|e| die(&format!("wait: {e}")));
+        std::process::exit(st.code().unwrap_or(1));
+    }
+    serve(&args, &tap.dpdk);
+}
+
+fn die(m: &str) -> ! {
+    eprintln!("luna-h2: {m}");
+    std::process::exit(2);
+}
+
+fn serve(args: &Args, port: &testbed::DpdkPort) {
+    let mut port = port.clone();
+    port.eal.memory_mb = 128;
+    let (eal_args, cfg) = from_testbed(&port).unwrap_or_else(|e| die(&format!("port: {e}")));
+    let eal = Eal::init(eal_args).unwrap_or_else(|e| die(&format!("EAL: {e}")));
+    let registry = DmaRegistry::new(&eal);
+    let slab = Slab::new(registry.slab_config(SlabConfig::new().max_memory(96 << 20)))
+        .unwrap_or_else(|e| die(&format!("slab: {e}")));
+    let dev = DpdkDevice::open(&eal, &slab, &registry, &cfg)
+        .unwrap_or_else(|e| die(&format!("open: {e}")));
+    let mut sc = StackConfig::new(
+        dev.mac(),
+        Ipv4Cidr::new(port.ip, port.prefix_len).unwrap_or_else(|e| die(&format!("address: {e}"))),
+    );
+    sc.mtu = dev.mtu();
+    sc.caps = dev.caps();
+    if let Some(ready) = std::env::var_os(IN_NS) {
+        let _ = std::fs::write(ready, b"open");
+    }
+    let opts = CoreOptions {
+        idle: IdleStrategy::Yield,
+        pin: false,
+        slab: Some(slab.clone()),
+        ..CoreOptions::default()
+    };
+    let mcfg = MsgConfig {
+        listen: vec![(args.port, 1024)],
+        sched: SchedConfig {
+            model: args.model,
+            workers: args.workers,
+            queue_capacity: 256,
+            seed: 1,
+        },
+        framer: FramerConfig {
+            max_message: 1 << 20,
+            max_in_flight: 64,
+        },
+        worker_cpus: Vec::new(),
+    };
+    let counters = Arc::new(H2Counters::default());
+    let h2cfg = H2Config {
+        max_concurrent_streams: args.max_streams,
+        flood_budget: args.flood_budget,
+        counters: Arc::clone(&counters),
+        ..H2Config::default()
+    };
+    let hello = Zbuf::copy_from_slice(b"hello from luna over HTTP/2\n");
+    let big = Zbuf::from_vec((0..64 << 10).map(|i| (i % 251) as u8).collect());
+    let (rt, workers) = Runtime::spawn_msg_session(
+        CoreSetup::new(0, vec![dev], sc),
+        opts,
+        mcfg,
+        move || Box::new(H2Session::new(h2cfg.clone())) as Box<dyn Session>,
+        move |_| App {
+            hello: hello.clone(),
+            big: big.clone(),
+        },
+    )
+    .unwrap_or_else(|e| die(&format!("runtime: {e}")));
+    let start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        if args.stop_file.as_ref().is_some_and(|f| f.exists())
+            || (args.secs > 0 && start.elapsed() > Duration::from_secs(args.secs))
+            || rt.is_finished()
+        {
+            break;
+        }
+    }
+    rt.stop();
+    let _ = rt.join();
+    let mut line = String::from("OK");
+    for (k, v) in counters.fields() {
+        if v != 0 {
+            line.push_str(&format!(" h2_{k}={v}"));
+        }
+    }
+    for (k, v) in workers.counters().fields() {
+        line.push_str(&format!(" {k}={v}"));
+    }
+    println!("{line}");
+}

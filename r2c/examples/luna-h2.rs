@@ -31,8 +31,10 @@ use r2c::device::dpdk::{from_testbed, DpdkDevice};
 use r2c::device::Device;
 use r2c::msg::{MsgConfig, MsgCtx, MsgHandler};
 use r2c::{Conn, CoreOptions, CoreSetup, IdleStrategy, Runtime};
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use testbed::{Kind, Prefix};
 use zbuf::dpdk::DmaRegistry;
@@ -75,6 +77,10 @@ struct Args {
 struct App {
     hello: Zbuf,
     big: Zbuf,
+    /// Requests served, per worker (to show one connection's streams spread over them).
+    served: Arc<Vec<AtomicU64>>,
+    /// Per connection, the set of workers that served it (bit i: worker i).
+    spread: Arc<Mutex<HashMap<Conn, u64>>>,
 }
 
 impl MsgHandler for App {
@@ -91,6 +97,10 @@ impl MsgHandler for App {
             b"/big" => Response::new(200).body(IoVec::from(self.big.clone())),
             _ => Response::new(404),
         };
+        self.served[ctx.worker()].fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut s) = self.spread.lock() {
+            *s.entry(m.origin.conn()).or_default() |= 1 << (ctx.worker() % 64);
+        }
         ctx.reply(m.origin, resp.into_iovec());
     }
 }
@@ -189,6 +199,11 @@ fn serve(args: &Args, port: &testbed::DpdkPort) {
     };
     let hello = Zbuf::copy_from_slice(b"hello from luna over HTTP/2\n");
     let big = Zbuf::from_vec((0..64 << 10).map(|i| (i % 251) as u8).collect());
+    let served: Arc<Vec<AtomicU64>> =
+        Arc::new((0..args.workers).map(|_| AtomicU64::new(0)).collect());
+    let served2 = Arc::clone(&served);
+    let spread: Arc<Mutex<HashMap<Conn, u64>>> = Arc::default();
+    let spread2 = Arc::clone(&spread);
     let (rt, workers) = Runtime::spawn_msg_session(
         CoreSetup::new(0, vec![dev], sc),
         opts,
@@ -197,6 +212,8 @@ fn serve(args: &Args, port: &testbed::DpdkPort) {
         move |_| App {
             hello: hello.clone(),
             big: big.clone(),
+            served: Arc::clone(&served2),
+            spread: Arc::clone(&spread2),
         },
     )
     .unwrap_or_else(|e| die(&format!("runtime: {e}")));
@@ -221,5 +238,13 @@ fn serve(args: &Args, port: &testbed::DpdkPort) {
     for (k, v) in workers.counters().fields() {
         line.push_str(&format!(" {k}={v}"));
     }
+    for (w, n) in served.iter().enumerate() {
+        line.push_str(&format!(" served_w{w}={}", n.load(Ordering::Relaxed)));
+    }
+    let most = spread
+        .lock()
+        .map(|s| s.values().map(|m| m.count_ones()).max().unwrap_or(0))
+        .unwrap_or(0);
+    line.push_str(&format!(" max_workers_per_conn={most}"));
     println!("{line}");
 }

@@ -19,28 +19,18 @@
 //! prints `OK key=value...` with the HTTP/2 and message counters.
 
 use clap::Parser as _;
-use dpdk_sys::Eal;
-use luna_stack::stack::StackConfig;
-use luna_stack::wire::Ipv4Cidr;
 use msgsched::framer::FramerConfig;
 use msgsched::proto::h2::{H2Config, H2Counters, H2Session, Request, Response};
 use msgsched::proto::Session;
 use msgsched::sched::{Model, SchedConfig};
 use msgsched::socket::Message;
-use r2c::device::dpdk::{from_testbed, DpdkDevice};
-use r2c::device::Device;
 use r2c::msg::{MsgConfig, MsgCtx, MsgHandler};
-use r2c::{Conn, CoreOptions, CoreSetup, IdleStrategy, Runtime};
+use r2c::{Conn, Runtime};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use testbed::{Kind, Prefix};
-use zbuf::dpdk::DmaRegistry;
-use zbuf::{IoVec, Slab, SlabConfig, Zbuf};
-
-const IN_NS: &str = "LUNA_H2_IN_NETNS";
+use zbuf::{IoVec, Zbuf};
 
 #[derive(clap::Parser, Debug, Clone)]
 #[command(about = "HTTP/2 server on luna (tap topology, message mode)")]
@@ -105,77 +95,22 @@ impl MsgHandler for App {
     }
 }
 
+#[path = "common/tap.rs"]
+mod tap;
+
 fn main() {
     let args = Args::parse();
-    let prefix = Prefix::new(&args.prefix).unwrap_or_else(|e| die(&format!("prefix: {e}")));
-    let Some(testbed::Details::Tap(tap)) = testbed::read_state(Kind::Tap, &prefix) else {
-        die(&format!(
-            "no tap topology with prefix {}: run `testbed up tap --prefix {}` first",
-            args.prefix, args.prefix
-        ));
-    };
-    if std::env::var_os(IN_NS).is_none() {
-        // Parent: run the server in the topology's namespace, configure the kernel side.
-        let ready = std::env::temp_dir().join(format!("luna-h2-{}-open", std::process::id()));
-        let _ = std::fs::remove_file(&ready);
-        let exe = std::env::current_exe().unwrap_or_else(|e| die(&format!("exe: {e}")));
-        let mut cmd = testbed::netns_command(&tap.dpdk.netns, exe);
-        cmd.args(std::env::args_os().skip(1)).env(IN_NS, &ready);
-        let mut child = cmd.spawn().unwrap_or_else(|e| die(&format!("spawn: {e}")));
-        let end = Instant::now() + Duration::from_secs(60);
-        while !ready.exists() {
-            if Instant::now() > end || child.try_wait().ok().flatten().is_some() {
-                let _ = child.kill();
-                die("the server did not open its port");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        tap.configure_host(Duration::from_secs(30))
-            .unwrap_or_else(|e| die(&format!("tap host side: {e}")));
-        let _ = std::fs::remove_file(&ready);
-        eprintln!(
-            "luna-h2: listening on http://{}:{} (model {:?}, {} workers)",
-            tap.dpdk.ip, args.port, args.model, args.workers
-        );
-        if let Some(f) = &args.ready_file {
-            let _ = std::fs::write(f, b"ready");
-        }
-        let st = child.wait().unwrap_or_else(|e| die(&format!("wait: {e}")));
-        std::process::exit(st.code().unwrap_or(1));
-    }
-    serve(&args, &tap.dpdk);
-}
-
-fn die(m: &str) -> ! {
-    eprintln!("luna-h2: {m}");
-    std::process::exit(2);
+    let what = format!(
+        "HTTP/2 on port {}, model {:?}, {} workers",
+        args.port, args.model, args.workers
+    );
+    let port = tap::enter("luna-h2", &args.prefix, args.ready_file.as_deref(), &what);
+    serve(&args, &port);
 }
 
 fn serve(args: &Args, port: &testbed::DpdkPort) {
-    let mut port = port.clone();
-    port.eal.memory_mb = 128;
-    let (eal_args, cfg) = from_testbed(&port).unwrap_or_else(|e| die(&format!("port: {e}")));
-    let eal = Eal::init(eal_args).unwrap_or_else(|e| die(&format!("EAL: {e}")));
-    let registry = DmaRegistry::new(&eal);
-    let slab = Slab::new(registry.slab_config(SlabConfig::new().max_memory(96 << 20)))
-        .unwrap_or_else(|e| die(&format!("slab: {e}")));
-    let dev = DpdkDevice::open(&eal, &slab, &registry, &cfg)
-        .unwrap_or_else(|e| die(&format!("open: {e}")));
-    let mut sc = StackConfig::new(
-        dev.mac(),
-        Ipv4Cidr::new(port.ip, port.prefix_len).unwrap_or_else(|e| die(&format!("address: {e}"))),
-    );
-    sc.mtu = dev.mtu();
-    sc.caps = dev.caps();
-    if let Some(ready) = std::env::var_os(IN_NS) {
-        let _ = std::fs::write(ready, b"open");
-    }
-    let opts = CoreOptions {
-        idle: IdleStrategy::Yield,
-        pin: false,
-        slab: Some(slab.clone()),
-        ..CoreOptions::default()
-    };
+    let mut p = tap::open("luna-h2", port);
+    let opts = tap::options(&p.slab);
     let mcfg = MsgConfig {
         listen: vec![(args.port, 1024)],
         sched: SchedConfig {
@@ -205,7 +140,7 @@ fn serve(args: &Args, port: &testbed::DpdkPort) {
     let spread: Arc<Mutex<HashMap<Conn, u64>>> = Arc::default();
     let spread2 = Arc::clone(&spread);
     let (rt, workers) = Runtime::spawn_msg_session(
-        CoreSetup::new(0, vec![dev], sc),
+        p.core.take().expect("opened"),
         opts,
         mcfg,
         move || Box::new(H2Session::new(h2cfg.clone())) as Box<dyn Session>,
@@ -216,19 +151,8 @@ fn serve(args: &Args, port: &testbed::DpdkPort) {
             spread: Arc::clone(&spread2),
         },
     )
-    .unwrap_or_else(|e| die(&format!("runtime: {e}")));
-    let start = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(50));
-        if args.stop_file.as_ref().is_some_and(|f| f.exists())
-            || (args.secs > 0 && start.elapsed() > Duration::from_secs(args.secs))
-            || rt.is_finished()
-        {
-            break;
-        }
-    }
-    rt.stop();
-    let _ = rt.join();
+    .unwrap_or_else(|e| tap::die("luna-h2", &format!("runtime: {e}")));
+    tap::run_until_stopped(rt, args.stop_file.as_ref(), args.secs);
     let mut line = String::from("OK");
     for (k, v) in counters.fields() {
         if v != 0 {

@@ -17,11 +17,11 @@ use testbed::{Kind, Prefix, Topology};
 
 const PORT: u16 = 8080;
 
-/// The example binary, built if it is missing or older than this test.
-fn example() -> PathBuf {
+/// An example binary, built if it is missing or older than this test.
+fn example(name: &str) -> PathBuf {
     let me = std::env::current_exe().expect("test exe");
     let dir = me.parent().and_then(Path::parent).expect("target dir");
-    let exe = dir.join("examples").join("luna-h2");
+    let exe = dir.join("examples").join(name);
     let stale = |p: &Path| {
         let m = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
         match (m(p), m(&me)) {
@@ -32,10 +32,10 @@ fn example() -> PathBuf {
     if stale(&exe) {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let st = Command::new(cargo)
-            .args(["build", "-p", "r2c", "--example", "luna-h2"])
+            .args(["build", "-p", "r2c", "--example", name])
             .status()
-            .expect("cargo build --example luna-h2");
-        assert!(st.success(), "building the luna-h2 example failed");
+            .expect("cargo build --example");
+        assert!(st.success(), "building the {name} example failed");
     }
     exe
 }
@@ -44,17 +44,22 @@ struct Server {
     child: Child,
     stop: PathBuf,
     topo: Topology,
+    port: u16,
 }
 
 impl Server {
     fn start(prefix: &str, model: &str, extra: &[&str]) -> Server {
+        Self::start_example("luna-h2", PORT, prefix, model, extra)
+    }
+
+    fn start_example(name: &str, port: u16, prefix: &str, model: &str, extra: &[&str]) -> Server {
         let prefix = Prefix::new(prefix).unwrap();
         let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
         let dir = topo.state_dir();
         let (stop, ready) = (dir.join("h2-stop"), dir.join("h2-ready"));
         let _ = std::fs::remove_file(&stop);
         let _ = std::fs::remove_file(&ready);
-        let mut cmd = Command::new(example());
+        let mut cmd = Command::new(example(name));
         cmd.args([
             "--prefix",
             prefix.as_str(),
@@ -83,7 +88,12 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Server { child, stop, topo }
+        Server {
+            child,
+            stop,
+            topo,
+            port,
+        }
     }
 
     /// A command in the kernel side's namespace.
@@ -92,10 +102,11 @@ impl Server {
     }
 
     fn url(&self, path: &str) -> String {
-        format!(
-            "http://{}:{PORT}{path}",
-            self.topo.tap().expect("tap").dpdk.ip
-        )
+        format!("http://{}:{}{path}", self.addr(), self.port)
+    }
+
+    fn addr(&self) -> std::net::Ipv4Addr {
+        self.topo.tap().expect("tap").dpdk.ip
     }
 
     /// Stops the server; its counters.
@@ -318,4 +329,72 @@ fn nghttp_and_h2load_against_luna_h2_cs() {
 #[test]
 fn nghttp_and_h2load_against_luna_h2_cp() {
     clients("lh2cp", "cp");
+}
+
+/// The test scripts' directory.
+fn scripts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("h2")
+}
+
+/// A Python grpcio unary client (generic methods, raw bytes) against luna-grpc: echo of
+/// sizes around the frame and window sizes, 200 calls in flight on one channel, KV puts
+/// and gets, NOT_FOUND / INVALID_ARGUMENT / UNIMPLEMENTED statuses; a non-gRPC request
+/// is answered 415.
+fn grpc_client(prefix: &str, model: &str) {
+    let srv = Server::start_example("luna-grpc", 50051, prefix, model, &[]);
+    let o = run(
+        {
+            let mut c = srv.client("/usr/bin/python3");
+            c.arg(scripts().join("grpc_client.py"))
+                .arg(format!("{}:{}", srv.addr(), srv.port));
+            c
+        },
+        Duration::from_secs(120),
+    );
+    let t = text(&o);
+    assert!(
+        o.status.success() && t.contains("GRPC-CLIENT ok calls=312"),
+        "{t}"
+    );
+    let o = run(
+        {
+            let mut c = srv.client("nghttp");
+            c.args([
+                "-v",
+                "-H",
+                "content-type: text/plain",
+                &srv.url("/luna.Echo/Echo"),
+            ]);
+            c
+        },
+        Duration::from_secs(30),
+    );
+    assert!(text(&o).contains(":status: 415"), "{}", text(&o));
+    let c = srv.stop();
+    // 9 + 200 + 50 + 50 successful calls; NOT_FOUND (5), INVALID_ARGUMENT (3) and
+    // UNIMPLEMENTED (12) once each; the 415 is not a gRPC call.
+    assert_eq!(c["grpc_ok"], 309, "{c:?}");
+    assert_eq!(c["grpc_status_5"], 1, "{c:?}");
+    assert_eq!(c["grpc_status_3"], 1, "{c:?}");
+    assert_eq!(c["grpc_status_12"], 1, "{c:?}");
+    assert_eq!(c["h2_requests"], 313, "{c:?}");
+    assert_eq!(c["h2_responses"], 313, "{c:?}");
+    assert_eq!(c["abandoned"], 0, "{c:?}");
+    assert!(
+        !c.keys()
+            .any(|k| k.starts_with("h2_goaway_") || k.starts_with("h2_rst_")),
+        "{c:?}"
+    );
+}
+
+#[test]
+fn grpcio_unary_client_against_luna_grpc_ms() {
+    grpc_client("lgrms", "ms");
+}
+
+#[test]
+fn grpcio_unary_client_against_luna_grpc_cs() {
+    grpc_client("lgrcs", "cs");
 }

@@ -23,6 +23,7 @@
 //!   (its last transmit carries the goodbye, e.g. GOAWAY with the error code): the driver
 //!   writes what is pending, then closes; `Done` once a clean end is reached.
 
+pub mod grpc;
 pub mod h2;
 pub mod io;
 

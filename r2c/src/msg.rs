@@ -175,8 +175,11 @@ impl<F: Fn() -> Box<dyn Session>> IoSide for Sessions<F> {
 /// The I/O core's side.
 struct MsgMode<S: IoSide> {
     io: Option<S>,
-    /// Connections whose session ended: closed once their queued replies are sent.
-    closing: HashSet<Conn>,
+    /// Connections whose session ended (its goodbye, e.g. GOAWAY, is queued): they
+    /// linger — the peer's bytes are read and discarded, so the peer is not reset
+    /// before it has read the goodbye — and are closed once everything queued has been
+    /// acknowledged, or aborted past the bounds (value: bytes discarded, when it began).
+    closing: HashMap<Conn, (usize, luna_stack::time::Instant)>,
     listen: Vec<(u16, usize)>,
     /// Attached connections that may have unread bytes: read again each iteration.
     unread: HashSet<Conn>,
@@ -290,7 +293,46 @@ impl<S: IoSide> MsgMode<S> {
         self.eof.remove(&h);
         self.closing.remove(&h);
     }
+
+    /// Lingering connections: discard input; close once sent and acknowledged.
+    fn linger(&mut self, st: &mut CoreState) -> bool {
+        let mut work = false;
+        let hs: Vec<Conn> = self.closing.keys().copied().collect();
+        for h in hs {
+            let Some(&(mut discarded, since)) = self.closing.get(&h) else {
+                continue;
+            };
+            while let Ok(Some(z)) = st.recv(h) {
+                discarded += z.len();
+                work = true;
+            }
+            let sent = !self.unsent.contains_key(&h)
+                && st.stack.connection(h).is_none_or(|c| {
+                    c.bytes_in_flight() == 0
+                        && c.send_capacity() >= st.stack.config().tcp.snd_buf as usize
+                });
+            if sent {
+                self.forget(h);
+                st.close(h);
+                work = true;
+            } else if discarded > LINGER_BYTES
+                || st.now.saturating_duration_since(since) > LINGER_TIME
+            {
+                self.forget(h);
+                st.abort(h);
+                work = true;
+            } else {
+                self.closing.insert(h, (discarded, since));
+            }
+        }
+        work
+    }
 }
+
+/// Most bytes read and discarded from a lingering connection before it is reset.
+const LINGER_BYTES: usize = 1 << 20;
+/// Longest a connection lingers before it is reset.
+const LINGER_TIME: Duration = Duration::from_secs(5);
 
 impl<S: IoSide> Mode for MsgMode<S> {
     fn start(&mut self, st: &mut CoreState) {
@@ -324,23 +366,14 @@ impl<S: IoSide> Mode for MsgMode<S> {
                     self.forget(conn);
                 }
                 IoEvent::Shutdown { conn, .. } => {
-                    // A session's goodbye (e.g. GOAWAY) is queued: close after it.
-                    self.closing.insert(conn);
+                    // A session's goodbye (e.g. GOAWAY) is queued: linger, then close.
+                    self.closing.insert(conn, (0, st.now));
                 }
             }
             work = true;
         }
-        if !self.closing.is_empty() {
-            let done: Vec<Conn> = self
-                .closing
-                .iter()
-                .copied()
-                .filter(|h| !self.unsent.contains_key(h))
-                .collect();
-            for h in done {
-                self.forget(h);
-                st.close(h);
-            }
+        if !self.closing.is_empty() && self.linger(st) {
+            work = true;
         }
         // Connections paused by their caps or by back pressure.
         if !self.unread.is_empty() {
@@ -511,7 +544,7 @@ where
     let pin = opts.pin;
     let mut rt = Runtime::spawn_with(vec![io], opts, move |_| MsgMode {
         io: cell.lock().ok().and_then(|mut g| g.take()),
-        closing: HashSet::new(),
+        closing: HashMap::new(),
         listen: listen.clone(),
         unread: HashSet::new(),
         unsent: HashMap::new(),

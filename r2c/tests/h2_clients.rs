@@ -398,3 +398,82 @@ fn grpcio_unary_client_against_luna_grpc_ms() {
 fn grpcio_unary_client_against_luna_grpc_cs() {
     grpc_client("lgrcs", "cs");
 }
+
+/// Each attack of `tests/h2/attacks.py` on its own connection while h2load, a
+/// well-behaved client, keeps requesting on two others: the attacker gets the GOAWAY
+/// code the defence says (or, for the zero-window slow read, its streams past the
+/// concurrency limit refused while the connection stays up), every h2load request
+/// succeeds, and the server's counters name each defence.
+#[test]
+fn http2_attacks_are_stopped_and_a_good_client_is_served() {
+    let srv = Server::start("lh2at", "ms", &[]);
+    let mut good = srv.client("h2load");
+    good.args(["-D", "20", "-c", "2", "-m", "4", &srv.url("/")]);
+    let good = std::thread::spawn(move || run(good, Duration::from_secs(90)));
+    std::thread::sleep(Duration::from_secs(1));
+    // (attack, expected GOAWAY code: 11 ENHANCE_YOUR_CALM, 3 FLOW_CONTROL_ERROR)
+    let attacks = [
+        ("rapid_reset", "goaway=11"),
+        ("made_you_reset", "goaway=11"),
+        ("continuation_flood", "goaway=11"),
+        ("hpack_bomb", "goaway=11"),
+        ("ping_flood", "goaway=11"),
+        ("settings_flood", "goaway=11"),
+        ("empty_frames", "goaway=11"),
+        ("window_overflow", "goaway=3"),
+        ("zero_window", "goaway=none rst=50 closed=0 refused=50"),
+    ];
+    for (a, want) in attacks {
+        let o = run(
+            {
+                let mut c = srv.client("/usr/bin/python3");
+                c.arg(scripts().join("attacks.py"))
+                    .arg(srv.addr().to_string())
+                    .arg(PORT.to_string())
+                    .arg(a);
+                c
+            },
+            Duration::from_secs(60),
+        );
+        let t = text(&o);
+        println!("{}", t.trim());
+        assert!(t.contains(&format!("ATTACK {a} {want}")), "{a}: {t}");
+        if want.starts_with("goaway=1") || want.starts_with("goaway=3") {
+            assert!(t.contains("closed=1"), "{a}: the server closed it: {t}");
+        }
+    }
+    let g = good.join().unwrap();
+    let t = text(&g);
+    let (total, ok, failed) = h2load_counts(&t);
+    assert!(total > 0 && ok == total && failed == 0, "good client: {t}");
+    // And a checked reply after it all.
+    let o = run(
+        {
+            let mut c = srv.client("nghttp");
+            c.arg(srv.url("/"));
+            c
+        },
+        Duration::from_secs(30),
+    );
+    assert_eq!(o.stdout, b"hello from luna over HTTP/2\n", "{}", text(&o));
+    let c = srv.stop();
+    let n = |k: &str| c.get(k).copied().unwrap_or(0);
+    // Rapid reset, MadeYouReset, the ping, settings and empty-frame floods.
+    assert_eq!(n("h2_goaway_flood"), 5, "{c:?}");
+    assert_eq!(n("h2_goaway_header_block"), 1, "{c:?}");
+    assert_eq!(n("h2_goaway_header_list"), 1, "{c:?}");
+    assert_eq!(n("h2_goaway_window_overflow"), 1, "{c:?}");
+    assert_eq!(n("h2_rst_refused"), 50, "{c:?}");
+    assert!(n("h2_rst_zero_window_update") > 0, "{c:?}");
+    assert_eq!(n("abandoned"), 0, "{c:?}");
+    assert_eq!(c["attached"], c["detached"], "{c:?}");
+    // Answered: h2load's requests, the last GET, and the few attack streams whose reply
+    // went out before their reset arrived (at most one concurrency window of each).
+    let extra = n("h2_responses") - (ok + 1).min(n("h2_responses"));
+    assert!(
+        n("h2_responses") >= ok + 1 && extra <= 300,
+        "responses {} for {} good requests: {c:?}",
+        n("h2_responses"),
+        ok + 1
+    );
+}

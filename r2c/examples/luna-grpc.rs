@@ -124,10 +124,11 @@ impl MsgHandler for App {
                     grpc::error(&s)
                 }
             },
-            Err(Ok(http)) => http,
-            Err(Err(s)) => {
-                self.stats.errors[s.code as usize].fetch_add(1, Ordering::Relaxed);
-                grpc::error(&s)
+            Err(r) => {
+                if let grpc::Refusal::Status(s) = &r {
+                    self.stats.errors[s.code as usize].fetch_add(1, Ordering::Relaxed);
+                }
+                r.response()
             }
         };
         ctx.reply(m.origin, resp.into_iovec());

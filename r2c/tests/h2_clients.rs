@@ -471,7 +471,7 @@ fn http2_attacks_are_stopped_and_a_good_client_is_served() {
     // went out before their reset arrived (at most one concurrency window of each).
     let extra = n("h2_responses") - (ok + 1).min(n("h2_responses"));
     assert!(
-        n("h2_responses") >= ok + 1 && extra <= 300,
+        n("h2_responses") > ok && extra <= 300,
         "responses {} for {} good requests: {c:?}",
         n("h2_responses"),
         ok + 1

@@ -133,31 +133,48 @@ pub fn messages(body: &IoVec, max: usize) -> Result<Vec<GrpcMessage>, Status> {
     Ok(out)
 }
 
-/// Checks a request as a unary gRPC call: `Err(Ok(response))` is an HTTP-level refusal
-/// to send as it is (not gRPC: 415), `Err(Err(status))` a gRPC error for [`error`].
-pub fn unary(req: &Request, max: usize) -> Result<Call, Result<Response, Status>> {
+/// Why a request is not a call this server runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not gRPC at all (its content-type): answered at the HTTP level, 415.
+    NotGrpc,
+    /// A gRPC error.
+    Status(Status),
+}
+
+impl Refusal {
+    /// The reply for this refusal.
+    pub fn response(&self) -> Response {
+        match self {
+            Refusal::NotGrpc => Response::new(415).header("content-type", "text/plain"),
+            Refusal::Status(s) => error(s),
+        }
+    }
+}
+
+/// Checks a request as a unary gRPC call.
+pub fn unary(req: &Request, max: usize) -> Result<Call, Refusal> {
     let ct = req.header("content-type").unwrap_or_default();
     if !ct.starts_with(b"application/grpc") {
-        return Err(Ok(Response::new(415).header("content-type", "text/plain")));
+        return Err(Refusal::NotGrpc);
     }
+    let refuse = |code, m: String| Err(Refusal::Status(Status::new(code, m)));
     if req.method() != b"POST" {
-        return Err(Err(Status::new(Code::Unimplemented, "gRPC needs POST")));
+        return refuse(Code::Unimplemented, "gRPC needs POST".into());
     }
     let encoding = req.header("grpc-encoding").unwrap_or(b"identity");
-    let mut ms = messages(&req.body, max).map_err(Err)?;
+    let mut ms = messages(&req.body, max).map_err(Refusal::Status)?;
     if ms.len() != 1 {
-        return Err(Err(Status::new(
-            Code::Unimplemented,
-            format!("unary call with {} request messages", ms.len()),
-        )));
+        let m = format!("unary call with {} request messages", ms.len());
+        return refuse(Code::Unimplemented, m);
     }
     let m = ms.remove(0);
     if m.compressed {
         let what = String::from_utf8_lossy(encoding).into_owned();
-        return Err(Err(Status::new(
+        return refuse(
             Code::Unimplemented,
             format!("compressed message ({what}) not supported"),
-        )));
+        );
     }
     Ok(Call {
         method: req.path().to_vec(),
@@ -270,19 +287,24 @@ mod tests {
             (&b"/luna.Echo/Echo"[..], b"x".to_vec())
         );
         let two = [lpm(b"a"), lpm(b"b")].concat();
-        let e = unary(&request(&GRPC, &two), 100).unwrap_err().unwrap_err();
-        assert_eq!(e.code, Code::Unimplemented);
+        let code = |r: Refusal| match r {
+            Refusal::Status(s) => s.code,
+            Refusal::NotGrpc => panic!("not a status"),
+        };
+        let e = unary(&request(&GRPC, &two), 100).unwrap_err();
+        assert_eq!(code(e), Code::Unimplemented);
         let mut z = lpm(b"a");
         z[0] = 1;
-        let e = unary(&request(&GRPC, &z), 100).unwrap_err().unwrap_err();
-        assert_eq!(e.code, Code::Unimplemented);
+        let e = unary(&request(&GRPC, &z), 100).unwrap_err();
+        assert_eq!(code(e), Code::Unimplemented);
         let not = [
             (":method", "POST"),
             (":path", "/x"),
             ("content-type", "text/plain"),
         ];
-        let r = unary(&request(&not, b""), 100).unwrap_err().unwrap();
-        assert_eq!(r.status, 415);
+        let r = unary(&request(&not, b""), 100).unwrap_err();
+        assert_eq!(r, Refusal::NotGrpc);
+        assert_eq!(r.response().status, 415);
     }
 
     #[test]

@@ -31,8 +31,10 @@ fn example(name: &str) -> PathBuf {
     };
     if stale(&exe) {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let release = dir.file_name().is_some_and(|d| d == "release");
         let st = Command::new(cargo)
             .args(["build", "-p", "r2c", "--example", name])
+            .args(release.then_some("--release"))
             .status()
             .expect("cargo build --example");
         assert!(st.success(), "building the {name} example failed");

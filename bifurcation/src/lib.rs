@@ -29,9 +29,12 @@
 #![warn(missing_docs)]
 
 pub mod classify;
+#[cfg(feature = "dpdk")]
+pub mod install;
 pub mod model;
 pub mod ports;
 pub mod rules;
+pub mod sriov;
 pub mod toeplitz;
 
 pub use classify::{classify, Classifier, Counters, DropReason, KernelReason, LunaTarget, Verdict};

@@ -208,6 +208,11 @@ impl SriovPlan {
             onoff(self.trust),
             onoff(self.spoofchk)
         )];
+        out.push(format!(
+            "# 0. once, in firmware (then a cold reboot): mlxconfig -d {} set SRIOV_EN=1 NUM_OF_VFS={}",
+            self.pci.as_deref().unwrap_or("<pf pci>"),
+            self.vfs
+        ));
         out.push(
             "# 1. PF: legacy eswitch (VFs are plain NIC functions), then create the VFs".into(),
         );
@@ -302,6 +307,8 @@ mod tests {
         let c = p.commands().unwrap();
         let has = |s: &str| c.iter().any(|l| l == s);
         assert!(has("devlink dev eswitch set pci/0000:03:00.0 mode legacy"));
+        assert!(c.iter().any(|l| l.starts_with('#')
+            && l.contains("mlxconfig -d 0000:03:00.0 set SRIOV_EN=1 NUM_OF_VFS=4")));
         assert!(has("echo 4 > /sys/class/net/ens1f0/device/sriov_numvfs"));
         assert!(has("ip link set dev ens1f0 mtu 9000"));
         assert!(has("ip link set dev ens1f0 vf 0 mac 02:00:00:00:10:00"));

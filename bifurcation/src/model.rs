@@ -151,6 +151,9 @@ pub struct KernelPorts {
     pub ephemeral: PortRange,
     /// `net.ipv4.ip_local_reserved_ports`: ports the kernel never picks as ephemeral.
     pub reserved: Vec<PortRange>,
+    /// Ports of the kernel's own servers: TCP sockets in LISTEN and bound UDP sockets
+    /// (`/proc/net/{tcp,tcp6,udp,udp6}`), sorted; luna must not claim them.
+    pub listeners: Vec<(L4, u16)>,
 }
 
 impl KernelPorts {
@@ -159,6 +162,7 @@ impl KernelPorts {
         KernelPorts {
             ephemeral: PortRange::new(32768, 60999).expect("non-empty"),
             reserved: Vec::new(),
+            listeners: Vec::new(),
         }
     }
 
@@ -174,7 +178,22 @@ impl KernelPorts {
         };
         let range = read("/proc/sys/net/ipv4/ip_local_port_range")?;
         let reserved = read("/proc/sys/net/ipv4/ip_local_reserved_ports").unwrap_or_default();
-        Self::parse(&range, &reserved)
+        let mut k = Self::parse(&range, &reserved)?;
+        for (proto, file) in [
+            (L4::Tcp, "/proc/net/tcp"),
+            (L4::Tcp, "/proc/net/tcp6"),
+            (L4::Udp, "/proc/net/udp"),
+            (L4::Udp, "/proc/net/udp6"),
+        ] {
+            // tcp6/udp6 are absent when IPv6 is disabled: nothing listens there then.
+            if let Ok(text) = std::fs::read_to_string(file) {
+                k.listeners
+                    .extend(parse_proc_net(proto, &text).into_iter().map(|p| (proto, p)));
+            }
+        }
+        k.listeners.sort_unstable();
+        k.listeners.dedup();
+        Ok(k)
     }
 
     /// Parses the two files' contents: `"32768\t60999"` and `"8080,9000-9010"`.
@@ -207,6 +226,7 @@ impl KernelPorts {
         Ok(KernelPorts {
             ephemeral,
             reserved: res,
+            listeners: Vec::new(),
         })
     }
 
@@ -214,6 +234,31 @@ impl KernelPorts {
     pub fn may_pick(&self, port: u16) -> bool {
         self.ephemeral.contains(port) && !self.reserved.iter().any(|r| r.contains(port))
     }
+}
+
+/// Local ports of the server sockets in one `/proc/net/{tcp,udp}[6]` table: TCP in
+/// state LISTEN (`0A`), UDP in any state (a bound UDP socket receives). Lines that do not
+/// parse are skipped (the header, or a future format).
+pub fn parse_proc_net(proto: L4, text: &str) -> Vec<u16> {
+    let mut out: Vec<u16> = text
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let local = f.nth(1)?;
+            let st = f.nth(1)?;
+            let port = u16::from_str_radix(local.rsplit_once(':')?.1, 16).ok()?;
+            let listening = match proto {
+                L4::Tcp => st == "0A",
+                // UDP client sockets use ephemeral ports; only count the fixed ones.
+                L4::Udp => true,
+            };
+            (listening && port != 0).then_some(port)
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// A problem with the traffic model: the key, what is wrong, and the fix (shaped like
@@ -333,6 +378,18 @@ impl TrafficConfig {
                 ));
             }
         }
+        for &(proto, p) in &kernel.listeners {
+            if proto == L4::Tcp && range.contains(p) {
+                return Err(err(
+                    "traffic.client_range",
+                    format!(
+                        "a kernel TCP server listens on port {p}, inside luna's client range {range}: \
+                         its clients' packets would be steered to luna"
+                    ),
+                    "move that server to another port, or move luna's client range",
+                ));
+            }
+        }
         let mut seen: Vec<(L4, u16)> = Vec::new();
         for (proto, key, ports) in [
             (L4::Tcp, "traffic.listen_tcp", &self.listen_tcp),
@@ -355,6 +412,13 @@ impl TrafficConfig {
                         key,
                         format!("{proto} port {p} is one of the kernel's ports (kernel_ports)"),
                         "pick another port: the kernel keeps these (ssh is 22)",
+                    ));
+                }
+                if kernel.listeners.contains(&(proto, p)) {
+                    return Err(err(
+                        key,
+                        format!("a kernel socket already serves {proto} port {p}"),
+                        "stop the kernel's server on that port, or give luna another port",
                     ));
                 }
                 if p < 1024 && !self.allow_well_known {
@@ -739,6 +803,34 @@ mod tests {
         let k = KernelPorts::parse("1024 65535", "22,61440-65535\n").unwrap();
         assert!(!k.may_pick(61440));
         assert!(k.may_pick(2000));
+    }
+
+    #[test]
+    fn kernel_listeners_conflict_with_luna_ports() {
+        let tcp = "  sl  local_address rem_address   st tx_queue ...\n\
+           0: 00000000:1B58 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1\n\
+           1: 0100007F:F230 0100007F:869B 06 00000000:00000000 03:0000032B 00000000     0        0 0 3\n\
+           2: 00000000:F618 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1\n\
+           garbage\n";
+        // 0x1B58 = 7000 and 0xF618 = 63000 listen; 0xF230 is an established socket.
+        assert_eq!(parse_proc_net(L4::Tcp, tcp), vec![7000, 63000]);
+        let mut k = kernel();
+        k.listeners = vec![(L4::Tcp, 7000)];
+        let c = TrafficConfig::from_toml("listen_tcp = [7000]\napps = [{ name = \"a\" }]").unwrap();
+        let e = c.validate(&k).unwrap_err();
+        assert!(
+            e.problem
+                .contains("kernel socket already serves tcp port 7000"),
+            "{e}"
+        );
+        // The same port in UDP is not a conflict.
+        let c = TrafficConfig::from_toml("listen_udp = [7000]\napps = [{ name = \"a\" }]").unwrap();
+        c.validate(&k).unwrap();
+        k.listeners = vec![(L4::Tcp, 63000)];
+        let c = TrafficConfig::from_toml("apps = [{ name = \"a\" }]").unwrap();
+        let e = c.validate(&k).unwrap_err();
+        assert_eq!(e.key, "traffic.client_range");
+        assert!(e.problem.contains("listens on port 63000"), "{e}");
     }
 
     #[test]

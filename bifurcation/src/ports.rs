@@ -428,11 +428,12 @@ fn aligned_split(range: PortRange, parts: usize, balance: f64) -> Vec<PortRange>
     let share = f64::from(total) / parts as f64;
     // Half the tolerance on each boundary keeps every piece within ±balance of `share`;
     // below `share / 2` so that boundaries stay strictly increasing. The window is capped
-    // so the DP stays small (parts × window² rule counts).
+    // so the DP stays small (parts × window² rule counts), which may cost a few rules.
     let mut w = ((share * balance) / 2.0).floor() as u32;
-    w = w
-        .min(((share / 2.0).floor() as u32).saturating_sub(1))
-        .min(256);
+    w = w.min(((share / 2.0).floor() as u32).saturating_sub(1));
+    // At most ~2M candidate pairs in all: (2w+1)² per boundary.
+    let cap = (((2_000_000.0 / parts as f64).sqrt() - 1.0) / 2.0).max(0.0) as u32;
+    w = w.min(cap);
     let ideal = |i: usize| first + ((i as f64) * share).round() as u32;
     // cands[i]: candidate boundaries for the start of piece i (i = 0 and i = parts fixed).
     let cands: Vec<Vec<u32>> = (0..=parts)

@@ -39,7 +39,9 @@ pub mod toeplitz;
 
 pub use classify::{classify, Classifier, Counters, DropReason, KernelReason, LunaTarget, Verdict};
 pub use model::{KernelPorts, ModelError, PortOwner, TrafficConfig, TrafficModel, L4};
-pub use rules::{compile, compile_plan, mask_cover, PortMask, PortRule, RuleSet, Target};
+pub use rules::{
+    compile, compile_for, compile_plan, mask_cover, PortMask, PortRule, RuleSet, Target,
+};
 
 pub use ports::{
     AppSpec, Assignment, ChooseError, PartitionPlan, PlanError, PortChooser, PortRange, Share,

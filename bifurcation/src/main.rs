@@ -5,7 +5,8 @@
 //! bifurcation rules --table                                     the docs/bifurcation.md table
 //! bifurcation check CONFIG.toml                                 validate [traffic] against /proc
 //! bifurcation sriov --pf ens1f0 --vfs 4 [...]                   print the SR-IOV commands
-//! bifurcation install --port net_memif0 [--threads 1] -- EAL... isolate + install, or fall back
+//! bifurcation install --port net_memif0 [--threads 1 | --config F [--app A]] -- EAL...
+//!                                                               isolate + install, or fall back
 //! ```
 
 use bifurcation::model::{KernelPorts, TrafficConfig, TrafficModel};
@@ -99,6 +100,9 @@ enum Cmd {
         /// Threads of the default single application.
         #[arg(long, default_value_t = 1)]
         threads: u16,
+        /// Install only this application's rules (its own port or VF).
+        #[arg(long)]
+        app: Option<String>,
         /// EAL arguments.
         #[arg(last = true)]
         eal: Vec<String>,
@@ -222,6 +226,7 @@ fn install(
     port: &str,
     config: Option<&str>,
     threads: u16,
+    app: Option<&str>,
     eal: Vec<String>,
 ) -> Result<(), String> {
     use bifurcation::install::{install, isolate};
@@ -240,7 +245,12 @@ fn install(
         .validate(&KernelPorts::from_proc().map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?,
     };
-    let rules = compile(&model);
+    let rules = bifurcation::rules::compile_for(&model, app);
+    if rules.is_empty() {
+        return Err(format!(
+            "no rules for application {app:?}: is it in [traffic].apps?"
+        ));
+    }
     let queues = model
         .plan()
         .apps()
@@ -344,8 +354,16 @@ fn main() -> ExitCode {
             port,
             config,
             threads,
+            app,
             eal,
-        } => install(&mut o, &port, config.as_deref(), threads, eal),
+        } => install(
+            &mut o,
+            &port,
+            config.as_deref(),
+            threads,
+            app.as_deref(),
+            eal,
+        ),
     };
     let _ = std::io::stdout().lock().write_all(o.as_bytes());
     match res {

@@ -194,12 +194,32 @@ pub fn compile_plan(plan: &PartitionPlan, dst_ip: Option<Ipv4Addr>) -> RuleSet {
 /// Rules for a whole model: its plan's client blocks, then one exact-match rule per
 /// listening TCP/UDP port spread over the queues of every thread of the plan.
 pub fn compile(model: &TrafficModel) -> RuleSet {
-    let mut set = compile_plan(model.plan(), model.ip());
-    let mut queues: Vec<u16> = model
-        .plan()
+    compile_for(model, None)
+}
+
+/// Rules for one application of the model (`Some(name)`), as installed on that
+/// application's own port or SR-IOV VF: its client blocks only, and the listening ports
+/// spread over its queues. `None` is [`compile`]. An unknown name gives an empty set.
+pub fn compile_for(model: &TrafficModel, app: Option<&str>) -> RuleSet {
+    let plan = model.plan();
+    let index = match app {
+        None => None,
+        Some(name) => match plan.apps().iter().position(|a| a.name == name) {
+            Some(i) => Some(i),
+            None => return RuleSet::default(),
+        },
+    };
+    let mut set = compile_plan(plan, model.ip());
+    if let Some(i) = index {
+        set.rules
+            .retain(|r| matches!(r.origin, Origin::Client { app, .. } if app == i));
+    }
+    let mut queues: Vec<u16> = plan
         .apps()
         .iter()
-        .flat_map(|a| a.threads.iter().map(|t| t.queue))
+        .enumerate()
+        .filter(|(i, _)| index.is_none_or(|j| j == *i))
+        .flat_map(|(_, a)| a.threads.iter().map(|t| t.queue))
         .collect();
     queues.sort_unstable();
     queues.dedup();
@@ -302,6 +322,27 @@ mod tests {
         assert_eq!(even.masked, 126);
         let aligned = counts(&plan(&[12, 6], 0.125));
         assert!(aligned.masked < even.masked, "{aligned:?} vs {even:?}");
+    }
+
+    #[test]
+    fn per_app_rules_for_its_own_vf() {
+        use crate::model::{KernelPorts, TrafficConfig};
+        let m = TrafficConfig::from_toml(
+            "listen_tcp = [7000]\napps = [{ name = \"a\", threads = 4 }, { name = \"b\", threads = 2 }]",
+        )
+        .unwrap()
+        .validate(&KernelPorts::linux_default())
+        .unwrap();
+        let all = compile(&m);
+        let a = compile_for(&m, Some("a"));
+        let b = compile_for(&m, Some("b"));
+        assert_eq!(a.len() + b.len(), all.len() + 1, "the listener is in both");
+        assert!(a.lookup(L4::Tcp, 65535).next().is_none());
+        assert!(b.lookup(L4::Tcp, 61440).next().is_none());
+        let l: Vec<_> = b.lookup(L4::Tcp, 7000).collect();
+        assert_eq!(l.len(), 1);
+        assert_eq!(l[0].target, Target::Rss(vec![4, 5]));
+        assert!(compile_for(&m, Some("nope")).is_empty());
     }
 
     #[test]

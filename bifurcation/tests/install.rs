@@ -163,3 +163,63 @@ fn bad_config_is_a_clear_error() {
     );
     assert!(o.stderr.contains("kernel's ports"), "{}", o.stderr);
 }
+
+/// After the fallback, the software path classifies what the kernel really sends out of
+/// the tap: SYNs to luna's client and listening ports are luna's, the SYN to ssh and the
+/// UDP datagram (UDP is not luna's on client ports) are the kernel's, nothing is dropped.
+#[test]
+fn tap_software_path_classifies_the_kernels_frames() {
+    let ns = format!("bif-scn-{}", std::process::id());
+    let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+    let st = Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()
+        .expect("ip");
+    assert!(st.success(), "ip netns add {ns}");
+    struct Del(String);
+    impl Drop for Del {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _del = Del(ns.clone());
+    let mut cmd = Command::new("ip");
+    cmd.args([
+        "netns",
+        "exec",
+        &ns,
+        env!("CARGO_BIN_EXE_bifurcation-scenario"),
+        "tap-classify",
+        "--iface",
+        "bifscn0",
+        "--kernel-addr",
+        "198.18.0.1/24",
+        "--luna-ip",
+        "198.18.0.2",
+        "--ms",
+        "3000",
+        "--",
+    ])
+    .args(eal("scn", "--vdev=net_tap0,iface=bifscn0".into()));
+    let o = run(cmd, Duration::from_secs(60));
+    assert_eq!(o.code, Some(0), "{}\n{}", o.stdout, o.stderr);
+    let line = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("OK "))
+        .unwrap_or("");
+    let count = |k: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    if line.contains("steering software") {
+        assert_eq!(fallback_lines(&o, "net_tap0").len(), 1, "{}", o.stderr);
+    }
+    assert!(count("luna.client") >= 1, "{line}");
+    assert!(count("luna.listener") >= 1, "{line}");
+    assert!(count("kernel.tcp_port") >= 1, "{line}");
+    assert!(count("kernel.udp_port") >= 1, "{line}");
+    assert!(!line.contains("drop."), "{line}");
+}

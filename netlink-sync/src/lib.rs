@@ -8,13 +8,19 @@
 //! - [`snapshot`]: immutable [`snapshot::Snapshot`]s (longest-prefix match, then neighbour
 //!   MAC; local addresses) published through `arc-swap` plus a version counter; each core
 //!   holds a [`snapshot::Reader`] and refreshes it once per poll iteration.
+//! - [`syncer`]: the I/O driver on a synchronous `netlink-sys` socket: subscribe, dump,
+//!   follow; re-dump on overrun.
+//! - [`netns`]: a private veth topology for the tests and the `nl-latency` benchmark.
 //!
 //! IPv4 only; the main routing table only. See docs/netlink-sync.md.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod mirror;
+pub mod netns;
 pub mod snapshot;
+pub mod syncer;
 
 pub use mirror::{Mirror, Outcome, SyncCounters};
 pub use snapshot::{LocalAddress, Lookup, MirroredNeighbour, Publisher, Reader, Snapshot};
+pub use syncer::{Error, Interface, PollStatus, SyncConfig, Syncer};

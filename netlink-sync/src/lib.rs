@@ -10,6 +10,8 @@
 //!   holds a [`snapshot::Reader`] and refreshes it once per poll iteration.
 //! - [`syncer`]: the I/O driver on a synchronous `netlink-sys` socket: subscribe, dump,
 //!   follow; re-dump on overrun.
+//! - [`pending`]: sans-IO queues of packets whose next hop is not resolved yet (bounded,
+//!   counted), with nudge pacing; [`nudge`] makes the kernel resolve from a kernel socket.
 //! - [`netns`]: a private veth topology for the tests and the `nl-latency` benchmark.
 //!
 //! IPv4 only; the main routing table only. See docs/netlink-sync.md.
@@ -18,9 +20,13 @@
 
 pub mod mirror;
 pub mod netns;
+pub mod nudge;
+pub mod pending;
 pub mod snapshot;
 pub mod syncer;
 
 pub use mirror::{Mirror, Outcome, SyncCounters};
+pub use nudge::Nudger;
+pub use pending::{PendingConfig, PendingCounters, PendingNextHops};
 pub use snapshot::{LocalAddress, Lookup, MirroredNeighbour, Publisher, Reader, Snapshot};
 pub use syncer::{Error, Interface, PollStatus, SyncConfig, Syncer};

@@ -91,6 +91,29 @@ impl TestNet {
         ip(&a)
     }
 
+    /// The MAC address of the peer's interface.
+    pub fn peer_mac(&self) -> io::Result<[u8; 6]> {
+        let out = Command::new("ip")
+            .args(["-n", &self.peer, "-br", "link", "show", PEER_IF])
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        // `nl1@if2  UP  72:8f:16:83:07:86 <BROADCAST,...>`
+        let field = text
+            .split_whitespace()
+            .nth(2)
+            .ok_or_else(|| io::Error::other(format!("no MAC in {text:?}")))?;
+        let mut mac = [0u8; 6];
+        let mut parts = field.split(':');
+        for b in &mut mac {
+            let part = parts
+                .next()
+                .ok_or_else(|| io::Error::other(format!("bad MAC {field:?}")))?;
+            *b = u8::from_str_radix(part, 16)
+                .map_err(|_| io::Error::other(format!("bad MAC {field:?}")))?;
+        }
+        Ok(mac)
+    }
+
     /// `ip -n <host> -force -batch -` fed `commands` (one `ip` command per line).
     pub fn host_batch(&self, commands: &str) -> io::Result<()> {
         use std::io::Write;

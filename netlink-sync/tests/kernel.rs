@@ -270,3 +270,76 @@ fn enobufs_overrun_resyncs_by_redumping() {
         assert_eq!(e.mac.0, [2, 0, 0, 0, (i / 256) as u8, (i % 256) as u8]);
     }
 }
+
+#[test]
+fn unresolved_next_hop_is_nudged_released_on_resolution_and_dropped_when_failed() {
+    use netlink_sync::netns::PEER_ADDR;
+    use netlink_sync::{Nudger, PendingConfig, PendingNextHops};
+
+    let net = TestNet::new().unwrap();
+    let peer_mac = net.peer_mac().unwrap();
+    let syncer = open(&net, SyncConfig::default());
+    let mut r = syncer.reader();
+    let run = Running::start(syncer);
+    let nudger = net.in_host(|| Nudger::new(Some(HOST_IF))).unwrap().unwrap();
+    let mut pending = PendingNextHops::new(PendingConfig::default());
+    let start = Instant::now();
+    let now = || luna_stack::time::Instant::from_nanos(start.elapsed().as_nanos() as u64);
+
+    let Lookup::Unresolved { next_hop, .. } = r.snapshot().next_hop(PEER_ADDR) else {
+        panic!(
+            "expected unresolved: {:?}",
+            r.snapshot().next_hop(PEER_ADDR)
+        );
+    };
+    assert_eq!(next_hop, PEER_ADDR);
+    pending.enqueue(now(), next_hop, "first").unwrap();
+    pending.enqueue(now(), next_hop, "second").unwrap();
+
+    let mut sent = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sent.len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "never resolved: {:?}",
+            pending.counters()
+        );
+        if r.refresh() {
+            pending.on_snapshot(r.snapshot(), |ip, mac, p| sent.push((ip, mac.0, p)));
+        }
+        while let Some(ip) = pending.poll_nudge(now()) {
+            nudger.nudge(ip).unwrap();
+        }
+        pending.expire(now(), |ip, _| panic!("gave up on {ip}"));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        sent,
+        vec![
+            (PEER_ADDR, peer_mac, "first"),
+            (PEER_ADDR, peer_mac, "second")
+        ]
+    );
+    assert!(pending.is_empty());
+    assert!(pending.counters().nudges >= 1);
+
+    // The kernel declares it failed: gone from the snapshot, so traffic queues again.
+    net.host_ip(&[
+        "neigh",
+        "change",
+        "198.18.0.2",
+        "dev",
+        HOST_IF,
+        "nud",
+        "failed",
+    ])
+    .unwrap();
+    wait_for(&mut r, "neighbour failed", |s| {
+        s.neighbour(PEER_ADDR).is_none()
+    });
+    assert!(matches!(
+        r.snapshot().next_hop(PEER_ADDR),
+        Lookup::Unresolved { .. }
+    ));
+    run.join().unwrap();
+}

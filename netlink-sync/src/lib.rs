@@ -12,12 +12,14 @@
 //!   follow; re-dump on overrun.
 //! - [`pending`]: sans-IO queues of packets whose next hop is not resolved yet (bounded,
 //!   counted), with nudge pacing; [`nudge`] makes the kernel resolve from a kernel socket.
-//! - [`netns`]: a private veth topology for the tests and the `nl-latency` benchmark.
+//! - [`netns`]: a private veth topology for the tests and the `nl-latency` benchmark;
+//!   [`latency`] is that benchmark.
 //!
 //! IPv4 only; the main routing table only. See docs/netlink-sync.md.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod latency;
 pub mod mirror;
 pub mod netns;
 pub mod nudge;

@@ -343,3 +343,13 @@ fn unresolved_next_hop_is_nudged_released_on_resolution_and_dropped_when_failed(
     ));
     run.join().unwrap();
 }
+
+/// The benchmark's machinery, small: every change reaches every reader (no timing asserted).
+#[test]
+fn latency_run_sees_every_change_on_every_reader() {
+    let report = netlink_sync::latency::run(40, 2).unwrap();
+    assert_eq!(report.lost, 0, "{report:?}");
+    assert_eq!(report.samples.len(), 40);
+    assert!(report.quantile(0.99).is_some());
+    assert_eq!(report.counters.malformed, 0);
+}

@@ -15,6 +15,7 @@ use luna_stack::tables::{NeighbourState, NextHop, Route, RouteTable};
 use luna_stack::wire::{EthernetAddress, Ipv4Cidr};
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_DUMP_INTR};
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage,
     NeighbourState as KernelState,
@@ -24,7 +25,7 @@ use netlink_packet_route::route::{
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
-use crate::snapshot::{LocalAddress, MirroredNeighbour, Snapshot};
+use crate::snapshot::{LinkInfo, LocalAddress, MirroredNeighbour, Snapshot};
 
 /// `nlmsghdr` is 16 bytes; messages are 4-byte aligned inside a datagram.
 const NLMSG_HDRLEN: usize = 16;
@@ -93,6 +94,10 @@ pub struct Outcome {
     pub overrun: bool,
     /// The datagram could not be walked to its end (bad `nlmsg_len`): messages may be lost.
     pub truncated: bool,
+    /// The interface went up or down (`IFF_UP` / `IFF_LOWER_UP` changed). The kernel
+    /// flushes IPv4 routes of a downed interface without `RTM_DELROUTE`, so the driver
+    /// re-dumps.
+    pub link_flapped: bool,
 }
 
 /// Identity of a kernel IPv4 route in the main table: (destination, length, TOS, metric).
@@ -117,6 +122,7 @@ pub struct Mirror {
     routes: BTreeMap<RouteKey, KernelRoute>,
     neighbours: BTreeMap<Ipv4Addr, MirroredNeighbour>,
     addresses: BTreeSet<LocalAddress>,
+    link: Option<LinkInfo>,
     gone: bool,
     counters: SyncCounters,
 }
@@ -129,6 +135,7 @@ impl Mirror {
             routes: BTreeMap::new(),
             neighbours: BTreeMap::new(),
             addresses: BTreeSet::new(),
+            link: None,
             gone: false,
             counters: SyncCounters::default(),
         }
@@ -161,6 +168,7 @@ impl Mirror {
         self.routes = other.routes;
         self.neighbours = other.neighbours;
         self.addresses = other.addresses;
+        self.link = other.link.or(self.link);
         self.gone |= other.gone;
         self.counters.applied += c.applied;
         self.counters.malformed += c.malformed;
@@ -258,6 +266,9 @@ impl Mirror {
                     self.gone = true;
                     Some(!was)
                 }
+                RouteNetlinkMessage::NewLink(l) if l.header.index == self.ifindex => {
+                    self.on_link(&l, out)
+                }
                 RouteNetlinkMessage::NewLink(_) | RouteNetlinkMessage::DelLink(_) => None,
                 _ => None,
             },
@@ -267,6 +278,35 @@ impl Mirror {
             Some(c) => out.changed |= c,
             None => self.counters.ignored += 1,
         }
+    }
+
+    fn on_link(&mut self, m: &LinkMessage, out: &mut Outcome) -> Option<bool> {
+        let mut info = LinkInfo {
+            up: m.header.flags.contains(LinkFlags::Up),
+            lower_up: m.header.flags.contains(LinkFlags::LowerUp),
+            mac: None,
+            mtu: None,
+        };
+        for a in &m.attributes {
+            match a {
+                LinkAttribute::Address(v) if v.len() == 6 => {
+                    let mut b = [0u8; 6];
+                    b.copy_from_slice(v);
+                    info.mac = Some(EthernetAddress(b));
+                }
+                LinkAttribute::Mtu(mtu) => info.mtu = Some(*mtu),
+                _ => {}
+            }
+        }
+        self.counters.applied += 1;
+        if let Some(old) = self.link {
+            if (old.up, old.lower_up) != (info.up, info.lower_up) {
+                out.link_flapped = true;
+            }
+        }
+        let changed = self.link != Some(info);
+        self.link = Some(info);
+        Some(changed)
     }
 
     /// `Some(changed)` when applied, `None` when ignored (counted by the caller), and
@@ -442,15 +482,16 @@ impl Mirror {
             // Capacity is the number of kernel routes, so this cannot be full.
             let _ = table.insert(route);
         }
-        Snapshot::new(
+        Snapshot {
             version,
-            self.ifindex,
-            table,
-            self.neighbours.iter().map(|(k, v)| (*k, *v)).collect(),
-            self.addresses.iter().copied().collect(),
-            self.gone,
-            self.counters,
-        )
+            ifindex: self.ifindex,
+            routes: table,
+            neighbours: self.neighbours.iter().map(|(k, v)| (*k, *v)).collect(),
+            addresses: self.addresses.iter().copied().collect(),
+            link: self.link,
+            gone: self.gone,
+            counters: self.counters,
+        }
     }
 
     /// The local address whose subnet holds `ip`, else the first local address.
@@ -813,6 +854,29 @@ mod tests {
     }
 
     #[test]
+    fn link_state_is_tracked_and_a_flap_is_reported() {
+        let mut m = Mirror::new(IF);
+        let mut l = link(IF);
+        l.header.flags = LinkFlags::Up | LinkFlags::LowerUp;
+        l.attributes.push(LinkAttribute::Address(MAC.to_vec()));
+        l.attributes.push(LinkAttribute::Mtu(1500));
+        let first = apply(&mut m, M::NewLink(l.clone()));
+        assert!(first.changed && !first.link_flapped);
+        assert!(!apply(&mut m, M::NewLink(l.clone())).changed);
+        let s = m.snapshot(1);
+        let info = s.link().unwrap();
+        assert_eq!(
+            (info.up, info.lower_up, info.mac.map(|x| x.0), info.mtu),
+            (true, true, Some(MAC), Some(1500))
+        );
+        l.header.flags = LinkFlags::empty();
+        assert!(apply(&mut m, M::NewLink(l)).link_flapped);
+        assert!(!m.snapshot(2).link().unwrap().up);
+        // Other interfaces' links are ignored.
+        assert!(!apply(&mut m, M::NewLink(link(IF + 1))).link_flapped);
+    }
+
+    #[test]
     fn several_messages_in_one_datagram_and_done() {
         let mut m = Mirror::new(IF);
         let mut d = emit(
@@ -931,6 +995,7 @@ mod tests {
             emit(M::DelRoute(route(IF, ip("198.19.0.0"), 16, None, 5)), 0, 1),
             emit(M::NewAddress(address(IF, ip("198.18.0.1"), 24)), 0, 1),
             emit(M::DelLink(link(IF)), 0, 1),
+            emit(M::NewLink(link(IF)), 0, 1),
             done(1),
         ]
     }
@@ -947,7 +1012,7 @@ mod tests {
 
         #[test]
         fn mutated_valid_messages_never_panic(
-            which in 0usize..7,
+            which in 0usize..8,
             flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
             cut in any::<usize>(),
         ) {
@@ -964,7 +1029,7 @@ mod tests {
         }
 
         #[test]
-        fn applying_twice_is_applying_once(order in proptest::collection::vec(0usize..7, 0..20)) {
+        fn applying_twice_is_applying_once(order in proptest::collection::vec(0usize..8, 0..20)) {
             let msgs = valid_messages();
             let mut once = Mirror::new(IF);
             let mut twice = Mirror::new(IF);

@@ -38,6 +38,19 @@ pub struct LocalAddress {
     pub prefix_len: u8,
 }
 
+/// The interface as the kernel last described it (`RTM_NEWLINK`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkInfo {
+    /// `IFF_UP`: administratively up.
+    pub up: bool,
+    /// `IFF_LOWER_UP`: carrier.
+    pub lower_up: bool,
+    /// Its hardware address.
+    pub mac: Option<EthernetAddress>,
+    /// Its MTU.
+    pub mtu: Option<u32>,
+}
+
 /// The answer of [`Snapshot::next_hop`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lookup<'a> {
@@ -67,48 +80,29 @@ pub enum Lookup<'a> {
 /// An immutable view of the kernel's tables for one interface.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
-    version: u64,
-    ifindex: u32,
-    routes: RouteTable,
-    neighbours: HashMap<Ipv4Addr, MirroredNeighbour>,
-    addresses: Vec<LocalAddress>,
-    gone: bool,
-    counters: SyncCounters,
+    pub(crate) version: u64,
+    pub(crate) ifindex: u32,
+    pub(crate) routes: RouteTable,
+    pub(crate) neighbours: HashMap<Ipv4Addr, MirroredNeighbour>,
+    pub(crate) addresses: Vec<LocalAddress>,
+    pub(crate) link: Option<LinkInfo>,
+    pub(crate) gone: bool,
+    pub(crate) counters: SyncCounters,
 }
 
 impl Snapshot {
-    /// Assembles a snapshot (the mirror does this; tests may too).
-    pub fn new(
-        version: u64,
-        ifindex: u32,
-        routes: RouteTable,
-        neighbours: HashMap<Ipv4Addr, MirroredNeighbour>,
-        addresses: Vec<LocalAddress>,
-        gone: bool,
-        counters: SyncCounters,
-    ) -> Snapshot {
-        Snapshot {
-            version,
-            ifindex,
-            routes,
-            neighbours,
-            addresses,
-            gone,
-            counters,
-        }
-    }
-
     /// An empty snapshot, version 0 (what readers see before the first dump completes).
     pub fn empty(ifindex: u32) -> Snapshot {
-        Snapshot::new(
-            0,
+        Snapshot {
+            version: 0,
             ifindex,
-            RouteTable::new(1),
-            HashMap::new(),
-            Vec::new(),
-            false,
-            SyncCounters::default(),
-        )
+            routes: RouteTable::new(1),
+            neighbours: HashMap::new(),
+            addresses: Vec::new(),
+            link: None,
+            gone: false,
+            counters: SyncCounters::default(),
+        }
     }
 
     /// Version: strictly increases with every publication.
@@ -124,6 +118,11 @@ impl Snapshot {
     /// The kernel deleted the interface: every lookup answers [`Lookup::NoRoute`].
     pub fn interface_gone(&self) -> bool {
         self.gone
+    }
+
+    /// The interface's flags, MAC and MTU (from the link dump and `RTM_NEWLINK`).
+    pub fn link(&self) -> Option<&LinkInfo> {
+        self.link.as_ref()
     }
 
     /// The sync's counters when this snapshot was built.

@@ -1,7 +1,7 @@
 //! The I/O driver: a synchronous `NETLINK_ROUTE` socket that subscribes, dumps, then follows.
 //!
 //! Order (docs/netlink-sync.md): join `RTNLGRP_LINK`, `RTNLGRP_NEIGH`, `RTNLGRP_IPV4_IFADDR`
-//! and `RTNLGRP_IPV4_ROUTE` first, then dump addresses, routes and neighbours one after the
+//! and `RTNLGRP_IPV4_ROUTE` first, then dump links, addresses, routes and neighbours one after the
 //! other (the kernel runs one dump per socket at a time). Notifications that arrive during
 //! the dumps are applied too; since every change is keyed and later messages on the socket
 //! are newer, the result is the kernel's state. A (re-)dump fills a fresh [`Mirror`] while
@@ -9,7 +9,9 @@
 //!
 //! Resync rule: `ENOBUFS` on `recv` (notifications were dropped), `NLMSG_OVERRUN`, a
 //! datagram that did not fit the buffer or could not be walked, or a dump flagged
-//! `NLM_F_DUMP_INTR` each start a full re-dump, counted in [`SyncCounters::resyncs`].
+//! `NLM_F_DUMP_INTR`, and the interface going up or down (the kernel flushes IPv4 routes
+//! of a downed interface without `RTM_DELROUTE`) each start a full re-dump, counted in
+//! [`SyncCounters::resyncs`].
 
 use std::collections::VecDeque;
 use std::io;
@@ -22,6 +24,7 @@ use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::AddressMessage;
+use netlink_packet_route::link::LinkMessage;
 use netlink_packet_route::neighbour::NeighbourMessage;
 use netlink_packet_route::route::RouteMessage;
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
@@ -110,6 +113,7 @@ fn sock_err(what: &'static str) -> impl FnOnce(io::Error) -> Error {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dump {
+    Links,
     Addresses,
     Routes,
     Neighbours,
@@ -118,6 +122,7 @@ enum Dump {
 impl Dump {
     fn name(self) -> &'static str {
         match self {
+            Dump::Links => "link",
             Dump::Addresses => "address",
             Dump::Routes => "route",
             Dump::Neighbours => "neighbour",
@@ -126,6 +131,7 @@ impl Dump {
 
     fn request(self) -> RouteNetlinkMessage {
         match self {
+            Dump::Links => RouteNetlinkMessage::GetLink(LinkMessage::default()),
             Dump::Addresses => {
                 let mut m = AddressMessage::default();
                 m.header.family = AddressFamily::Inet;
@@ -341,7 +347,7 @@ impl Syncer {
                 }
             }
         }
-        if out.overrun || out.truncated || out.dump_interrupted {
+        if out.overrun || out.truncated || out.dump_interrupted || out.link_flapped {
             if out.overrun {
                 self.mirror.counters_mut().overruns += 1;
             }
@@ -372,7 +378,7 @@ impl Syncer {
             self.mirror.counters_mut().resyncs += 1;
         }
         self.staging = Some(Mirror::new(self.ifindex()));
-        self.queued = [Dump::Addresses, Dump::Routes, Dump::Neighbours].into();
+        self.queued = [Dump::Links, Dump::Addresses, Dump::Routes, Dump::Neighbours].into();
         if self.in_flight.is_none() {
             self.send_next()?;
         }

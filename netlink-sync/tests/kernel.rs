@@ -353,3 +353,28 @@ fn latency_run_sees_every_change_on_every_reader() {
     assert!(report.quantile(0.99).is_some());
     assert_eq!(report.counters.malformed, 0);
 }
+
+/// The kernel flushes a downed interface's IPv4 routes without `RTM_DELROUTE`: the syncer
+/// re-dumps on the link flap and drops them too.
+#[test]
+fn link_down_flushes_routes_silently_and_the_resync_drops_them() {
+    let net = TestNet::new().unwrap();
+    net.host_ip(&["route", "add", "198.19.0.0/16", "via", "198.18.0.2"])
+        .unwrap();
+    let syncer = open(&net, SyncConfig::default());
+    let mut r = syncer.reader();
+    let link = *r.snapshot().link().expect("link dumped");
+    assert!(link.up && link.mac.is_some(), "{link:?}");
+    assert!(r.snapshot().routes().lookup(ip("198.19.0.1")).is_some());
+    let run = Running::start(syncer);
+    net.host_ip(&["link", "set", HOST_IF, "down"]).unwrap();
+    wait_for(&mut r, "route flushed by link down", |s| {
+        s.routes().lookup(ip("198.19.0.1")).is_none() && s.link().is_some_and(|l| !l.up)
+    });
+    assert!(r.snapshot().counters().resyncs >= 1);
+    net.host_ip(&["link", "set", HOST_IF, "up"]).unwrap();
+    wait_for(&mut r, "link up, connected route back", |s| {
+        s.link().is_some_and(|l| l.up) && s.routes().lookup(ip("198.18.0.9")).is_some()
+    });
+    run.join().unwrap();
+}

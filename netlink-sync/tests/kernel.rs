@@ -218,6 +218,57 @@ fn missing_interface_is_a_clear_error() {
     assert!(matches!(res, Err(Error::NoSuchInterface(_))), "{res:?}");
 }
 
+/// `ip -batch` lines adding `n` permanent neighbours 198.18.2.1.. with MACs 02:00:00:00:hi:lo.
+fn neigh_burst(n: u32) -> String {
+    let mut cmds = String::new();
+    for i in 0..n {
+        cmds.push_str(&format!(
+            "neigh replace 198.18.{}.{} lladdr 02:00:00:00:{:02x}:{:02x} dev {HOST_IF} nud permanent\n",
+            2 + i / 250,
+            1 + i % 250,
+            i / 256,
+            i % 256
+        ));
+    }
+    cmds
+}
+
+fn burst_addr(i: u32) -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, (2 + i / 250) as u8, (1 + i % 250) as u8)
+}
+
+/// Subscribing before dumping: changes made while the syncer opens are all mirrored.
+#[test]
+fn changes_during_the_initial_dump_are_not_missed() {
+    let net = TestNet::new().unwrap();
+    let n = 400u32;
+    let cmds = neigh_burst(n);
+    let net = &net;
+    std::thread::scope(|s| {
+        let burst = s.spawn(|| net.host_batch(&cmds));
+        let mut syncer = open(net, SyncConfig::default());
+        burst.join().unwrap().unwrap();
+        let mut r = syncer.reader();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            syncer.poll(Duration::from_millis(20)).unwrap();
+            r.refresh();
+            if r.snapshot().neighbours().count() == n as usize {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {n} neighbours mirrored",
+                r.snapshot().neighbours().count()
+            );
+        }
+        for i in 0..n {
+            let e = r.snapshot().neighbour(burst_addr(i)).unwrap();
+            assert_eq!(e.mac.0[4..], [(i / 256) as u8, (i % 256) as u8]);
+        }
+    });
+}
+
 #[test]
 fn enobufs_overrun_resyncs_by_redumping() {
     let net = TestNet::new().unwrap();
@@ -232,16 +283,7 @@ fn enobufs_overrun_resyncs_by_redumping() {
     let mut r = syncer.reader();
     // A burst while nobody reads: the socket buffer overflows.
     let n = 300u32;
-    let mut cmds = String::new();
-    for i in 0..n {
-        cmds.push_str(&format!(
-            "neigh replace 198.18.{}.{} lladdr 02:00:00:00:{:02x}:{:02x} dev {HOST_IF} nud permanent\n",
-            2 + i / 250,
-            1 + i % 250,
-            i / 256,
-            i % 256
-        ));
-    }
+    let cmds = neigh_burst(n);
     // Addresses of 198.18.2.0/23 are off-link for nl0's /24; add the subnet first.
     net.host_ip(&["addr", "add", "198.18.2.1/23", "dev", HOST_IF])
         .unwrap();
@@ -265,7 +307,7 @@ fn enobufs_overrun_resyncs_by_redumping() {
     // The resynced mirror is the kernel's: every entry, with its MAC.
     let s = r.snapshot();
     for i in 0..n {
-        let a = Ipv4Addr::new(198, 18, (2 + i / 250) as u8, (1 + i % 250) as u8);
+        let a = burst_addr(i);
         let e = s.neighbour(a).unwrap_or_else(|| panic!("{a} missing"));
         assert_eq!(e.mac.0, [2, 0, 0, 0, (i / 256) as u8, (i % 256) as u8]);
     }

@@ -305,4 +305,41 @@ mod tests {
         assert_eq!(p.counters().released, 2);
         assert_eq!(p.counters().dropped_unresolved, 1);
     }
+
+    proptest::proptest! {
+        /// Every packet handed in is queued-then-released, refused, dropped, or still
+        /// queued; the bounds always hold.
+        #[test]
+        fn packets_are_conserved_and_bounds_hold(
+            ops in proptest::collection::vec((0u8..5, 0u8..4, 0u64..50), 0..200)
+        ) {
+            let mut p = PendingNextHops::new(cfg());
+            let (mut now, mut handed, mut out) = (0u64, 0u64, 0u64);
+            for (op, hop, dt) in ops {
+                now += dt;
+                let ip = Ipv4Addr::new(198, 18, 0, 2 + hop);
+                match op {
+                    0 | 1 => {
+                        handed += 1;
+                        if p.enqueue(t(now), ip, handed).is_err() {
+                            out += 1;
+                        }
+                    }
+                    2 => while p.poll_nudge(t(now)).is_some() {},
+                    3 => out += p.on_snapshot(&resolved(ip), |_, _, _| {}) as u64,
+                    _ => out += p.expire(t(now), |_, _| {}) as u64,
+                }
+                proptest::prop_assert!(p.len() <= cfg().total);
+                for h in p.hops.values() {
+                    proptest::prop_assert!(h.packets.len() <= cfg().per_next_hop);
+                }
+                proptest::prop_assert_eq!(handed, out + p.len() as u64);
+            }
+            let c = *p.counters();
+            proptest::prop_assert_eq!(
+                c.queued,
+                c.released + c.dropped_unresolved + p.len() as u64
+            );
+        }
+    }
 }

@@ -263,3 +263,68 @@ impl std::fmt::Debug for Reader {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mirror::craft::{address, emit};
+    use crate::mirror::Mirror;
+    use netlink_packet_route::RouteNetlinkMessage as M;
+
+    #[test]
+    fn reader_sees_nothing_new_until_published_then_the_latest() {
+        let p = Publisher::new(Snapshot::empty(1));
+        let mut r = p.reader();
+        assert!(!r.refresh());
+        assert_eq!(r.version(), 0);
+        let mut m = Mirror::new(1);
+        m.apply_datagram(&emit(
+            M::NewAddress(address(1, Ipv4Addr::new(198, 18, 0, 1), 24)),
+            0,
+            0,
+        ));
+        p.publish(m.snapshot(1));
+        p.publish(m.snapshot(2));
+        assert!(r.refresh());
+        assert_eq!(r.version(), 2);
+        assert!(r.snapshot().is_local(Ipv4Addr::new(198, 18, 0, 1)));
+        assert!(!r.refresh());
+    }
+
+    /// Readers on other threads see versions only grow, each snapshot whole (its content
+    /// matches its version), and finally the last one.
+    #[test]
+    fn concurrent_readers_see_monotonic_whole_snapshots() {
+        const N: u64 = 300;
+        let p = Publisher::new(Snapshot::empty(1));
+        let readers: Vec<Reader> = (0..2).map(|_| p.reader()).collect();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = readers
+                .into_iter()
+                .map(|mut r| {
+                    s.spawn(move || {
+                        let mut last = 0;
+                        while last < N {
+                            r.refresh();
+                            let snap = r.snapshot();
+                            assert!(snap.version() >= last);
+                            last = snap.version();
+                            // Version v holds exactly v addresses.
+                            assert_eq!(snap.addresses().len() as u64, last);
+                            std::thread::yield_now();
+                        }
+                    })
+                })
+                .collect();
+            let mut m = Mirror::new(1);
+            for v in 1..=N {
+                let a = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + v as u32);
+                m.apply_datagram(&emit(M::NewAddress(address(1, a, 32)), 0, 0));
+                p.publish(m.snapshot(v));
+            }
+            for h in handles {
+                h.join().unwrap();
+            }
+        });
+    }
+}

@@ -164,12 +164,18 @@ impl Mirror {
     /// Replaces the tables with `other`'s (after a re-dump), keeping this mirror's counters
     /// plus what `other` counted while it was being filled.
     pub fn replace_tables(&mut self, other: Mirror) {
-        let c = other.counters;
+        self.add_counts(&other);
         self.routes = other.routes;
         self.neighbours = other.neighbours;
         self.addresses = other.addresses;
         self.link = other.link.or(self.link);
         self.gone |= other.gone;
+    }
+
+    /// Adds what `other` counted while applying messages (a re-dump that is abandoned for a
+    /// newer one still counts).
+    pub fn add_counts(&mut self, other: &Mirror) {
+        let c = &other.counters;
         self.counters.applied += c.applied;
         self.counters.malformed += c.malformed;
         self.counters.ignored += c.ignored;

@@ -377,6 +377,9 @@ impl Syncer {
         if self.version > 0 || self.staging.is_some() {
             self.mirror.counters_mut().resyncs += 1;
         }
+        if let Some(abandoned) = self.staging.take() {
+            self.mirror.add_counts(&abandoned);
+        }
         self.staging = Some(Mirror::new(self.ifindex()));
         self.queued = [Dump::Links, Dump::Addresses, Dump::Routes, Dump::Neighbours].into();
         if self.in_flight.is_none() {

@@ -60,6 +60,8 @@ pub struct SyncCounters {
     pub dumps_interrupted: u64,
     /// Snapshots published.
     pub published: u64,
+    /// Times the socket's receive buffer was doubled after an overrun.
+    pub rcvbuf_grown: u64,
 }
 
 /// A kernel neighbour state reduced to what luna can use.

@@ -60,6 +60,10 @@ pub struct SyncConfig {
     pub rcvbuf: Option<usize>,
     /// How long [`Syncer::open`] waits for the initial dumps.
     pub dump_timeout: Duration,
+    /// After an overrun the receive buffer is doubled, up to this many bytes
+    /// (`SO_RCVBUFFORCE` with `CAP_NET_ADMIN`, else `SO_RCVBUF`, capped by `rmem_max`), so
+    /// sustained churn does not re-dump forever. `0` disables growing.
+    pub max_rcvbuf: usize,
 }
 
 impl Default for SyncConfig {
@@ -67,6 +71,7 @@ impl Default for SyncConfig {
         SyncConfig {
             rcvbuf: None,
             dump_timeout: Duration::from_secs(5),
+            max_rcvbuf: 8 << 20,
         }
     }
 }
@@ -175,6 +180,7 @@ pub struct Syncer {
     version: u64,
     publisher: Arc<Publisher>,
     buf: Vec<u8>,
+    max_rcvbuf: usize,
 }
 
 impl std::fmt::Debug for Syncer {
@@ -222,6 +228,7 @@ impl Syncer {
             version: 0,
             publisher,
             buf: Vec::with_capacity(RECV_BUF),
+            max_rcvbuf: config.max_rcvbuf,
         };
         s.start_resync()?;
         let deadline = Instant::now() + config.dump_timeout;
@@ -369,7 +376,37 @@ impl Syncer {
 
     fn overrun(&mut self) -> Result<()> {
         self.mirror.counters_mut().overruns += 1;
+        self.grow_rcvbuf();
         self.start_resync()
+    }
+
+    /// The socket's receive buffer as the kernel reports it (twice the requested size).
+    pub fn rcvbuf(&self) -> io::Result<usize> {
+        self.sock.get_rx_buf_sz()
+    }
+
+    /// Doubles `SO_RCVBUF` up to `max_rcvbuf`; failures leave it as it is (the re-dump
+    /// still repairs the mirror).
+    fn grow_rcvbuf(&mut self) {
+        let Ok(now) = self.sock.get_rx_buf_sz() else {
+            return;
+        };
+        // The kernel reports twice what was set.
+        let want = now.min(self.max_rcvbuf);
+        if want <= now / 2 {
+            return;
+        }
+        let want = i32::try_from(want).unwrap_or(i32::MAX) as usize;
+        let forced =
+            nix::sys::socket::setsockopt(&self.sock, nix::sys::socket::sockopt::RcvBufForce, &want);
+        if forced.is_err() {
+            let _ = self
+                .sock
+                .set_rx_buf_sz(i32::try_from(want).unwrap_or(i32::MAX));
+        }
+        if self.sock.get_rx_buf_sz().is_ok_and(|after| after > now) {
+            self.mirror.counters_mut().rcvbuf_grown += 1;
+        }
     }
 
     /// Starts a full re-dump into a fresh mirror (the first dump too).

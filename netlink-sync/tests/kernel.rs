@@ -281,6 +281,7 @@ fn enobufs_overrun_resyncs_by_redumping() {
         },
     );
     let mut r = syncer.reader();
+    let before = syncer.rcvbuf().unwrap();
     // A burst while nobody reads: the socket buffer overflows.
     let n = 300u32;
     let cmds = neigh_burst(n);
@@ -296,6 +297,8 @@ fn enobufs_overrun_resyncs_by_redumping() {
         let c = *s.counters();
         if c.resyncs >= 1 && s.neighbours().count() >= n as usize {
             assert!(c.overruns >= 1, "{c:?}");
+            assert!(c.rcvbuf_grown >= 1, "{c:?}");
+            assert!(syncer.rcvbuf().unwrap() > before, "{c:?}");
             break;
         }
         assert!(

@@ -29,6 +29,6 @@ pub mod syncer;
 
 pub use mirror::{Mirror, Outcome, SyncCounters};
 pub use nudge::Nudger;
-pub use pending::{PendingConfig, PendingCounters, PendingNextHops};
+pub use pending::{Egress, PendingConfig, PendingCounters, PendingNextHops};
 pub use snapshot::{LocalAddress, Lookup, MirroredNeighbour, Publisher, Reader, Snapshot};
 pub use syncer::{Error, Interface, PollStatus, SyncConfig, Syncer};

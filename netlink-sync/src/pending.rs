@@ -20,7 +20,7 @@ use std::net::Ipv4Addr;
 use luna_stack::time::{Duration, Instant};
 use luna_stack::wire::EthernetAddress;
 
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Lookup, Snapshot};
 
 /// Bounds and timers of the pending queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,10 +57,30 @@ pub struct PendingCounters {
     pub dropped_hop_full: u64,
     /// Packets refused: the total bound was reached.
     pub dropped_total_full: u64,
+    /// Packets refused by [`PendingNextHops::egress`]: no route (or the interface is gone).
+    pub dropped_no_route: u64,
     /// Packets dropped because their next hop never resolved.
     pub dropped_unresolved: u64,
     /// Nudges asked for.
     pub nudges: u64,
+}
+
+/// What to do with an outgoing packet: the answer of [`PendingNextHops::egress`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Egress<P> {
+    /// Send now to `mac`.
+    Send {
+        /// The next hop's hardware address.
+        mac: EthernetAddress,
+        /// The packet.
+        packet: P,
+    },
+    /// Queued until the next hop resolves.
+    Queued,
+    /// The destination is the interface's own address: loop it back.
+    Local(P),
+    /// Drop it (free the packet): no route, or the pending queue is full (both counted).
+    Drop(P),
 }
 
 #[derive(Debug)]
@@ -131,6 +151,35 @@ impl<P> PendingNextHops<P> {
         self.total += 1;
         self.counters.queued += 1;
         Ok(())
+    }
+
+    /// The whole egress decision for `packet` to `dst`: look it up in `snap`; send it,
+    /// loop it back, queue it behind its unresolved next hop, or drop it (counted).
+    /// A packet to a next hop that already has packets waiting is queued behind them even
+    /// if `snap` has just resolved it, so the order per next hop is kept; release the queue
+    /// with [`PendingNextHops::on_snapshot`] first.
+    pub fn egress(&mut self, snap: &Snapshot, now: Instant, dst: Ipv4Addr, packet: P) -> Egress<P> {
+        match snap.next_hop(dst) {
+            Lookup::Resolved { next_hop, mac, .. } => {
+                if self.hops.contains_key(&next_hop) {
+                    match self.enqueue(now, next_hop, packet) {
+                        Ok(()) => Egress::Queued,
+                        Err(p) => Egress::Drop(p),
+                    }
+                } else {
+                    Egress::Send { mac, packet }
+                }
+            }
+            Lookup::Unresolved { next_hop, .. } => match self.enqueue(now, next_hop, packet) {
+                Ok(()) => Egress::Queued,
+                Err(p) => Egress::Drop(p),
+            },
+            Lookup::Local => Egress::Local(packet),
+            Lookup::NoRoute => {
+                self.counters.dropped_no_route += 1;
+                Egress::Drop(packet)
+            }
+        }
     }
 
     /// A next hop whose nudge is due at `now` (call until `None`).
@@ -304,6 +353,52 @@ mod tests {
         assert_eq!(p.clear(|_, _| {}), 1);
         assert_eq!(p.counters().released, 2);
         assert_eq!(p.counters().dropped_unresolved, 1);
+    }
+
+    #[test]
+    fn egress_sends_queues_loops_back_or_drops() {
+        use crate::mirror::craft::{address, route};
+        let mut m = Mirror::new(1);
+        m.apply_datagram(&emit(
+            M::NewAddress(address(1, Ipv4Addr::new(198, 18, 0, 1), 24)),
+            0,
+            0,
+        ));
+        m.apply_datagram(&emit(
+            M::NewRoute(route(1, Ipv4Addr::new(198, 18, 0, 0), 24, None, 0)),
+            0,
+            0,
+        ));
+        let unresolved = m.snapshot(1);
+        m.apply_datagram(&emit(
+            M::NewNeighbour(neighbour(1, A, Some(MAC), K::Reachable)),
+            0,
+            0,
+        ));
+        let resolved = m.snapshot(2);
+        let mut p = PendingNextHops::new(cfg());
+        assert_eq!(p.egress(&unresolved, t(0), A, 1), Egress::Queued);
+        // Resolved now, but 1 is still waiting: 2 goes behind it.
+        assert_eq!(p.egress(&resolved, t(0), A, 2), Egress::Queued);
+        let mut out = vec![];
+        p.on_snapshot(&resolved, |_, _, x| out.push(x));
+        assert_eq!(out, vec![1, 2]);
+        assert_eq!(
+            p.egress(&resolved, t(0), A, 3),
+            Egress::Send {
+                mac: EthernetAddress(MAC),
+                packet: 3
+            }
+        );
+        assert_eq!(
+            p.egress(&resolved, t(0), Ipv4Addr::new(198, 18, 0, 1), 4),
+            Egress::Local(4)
+        );
+        assert_eq!(
+            p.egress(&resolved, t(0), Ipv4Addr::new(198, 20, 0, 1), 5),
+            Egress::Drop(5)
+        );
+        assert_eq!(p.counters().dropped_no_route, 1);
     }
 
     proptest::proptest! {

@@ -293,7 +293,7 @@ impl Syncer {
                     if n > self.buf.len() {
                         // Truncated: part of a dump or some notifications are lost.
                         self.mirror.counters_mut().malformed += 1;
-                        self.overrun()?;
+                        self.start_resync()?;
                         continue;
                     }
                     self.on_datagram()?;

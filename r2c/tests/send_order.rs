@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use zbuf::Zbuf;
 
-/// Bytes handed over all-or-nothing first (several send buffers' worth, so most of them
+/// The client's TCP send buffer.
+const SND_BUF: u32 = 16 * 1024;
+/// Bytes handed over all-or-nothing first (many send buffers' worth, so most of them
 /// wait in the runtime's backlog).
 const HEAD: usize = 512 * 1024;
 /// Bytes handed over one at a time with the partial send afterwards.
@@ -45,6 +47,8 @@ fn tail() -> Vec<u8> {
 
 struct Mixer {
     conn: Option<Conn>,
+    /// The head was handed to the all-or-nothing send (the tail comes after it).
+    head_sent: bool,
     /// Tail bytes the partial send has taken so far.
     tail_sent: usize,
     got: Vec<u8>,
@@ -56,7 +60,7 @@ impl Mixer {
     /// Offers the next tail byte to the partial send (it may take it or not).
     fn offer_tail(&mut self, ctx: &mut Ctx<'_>) {
         let Some(conn) = self.conn else { return };
-        if self.tail_sent == TAIL {
+        if !self.head_sent || self.tail_sent == TAIL {
             return;
         }
         let b = Zbuf::copy_from_slice(&tail()[self.tail_sent..=self.tail_sent]);
@@ -82,8 +86,9 @@ impl InlineApp for Mixer {
         }
     }
     fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
-        if let Err(e) = ctx.send(conn, Zbuf::from_vec(head())) {
-            self.report(Err(format!("send-all of the head: {e:?}")));
+        match ctx.send(conn, Zbuf::from_vec(head())) {
+            Ok(()) => self.head_sent = true,
+            Err(e) => self.report(Err(format!("send-all of the head: {e:?}"))),
         }
         self.offer_tail(ctx);
     }
@@ -129,13 +134,16 @@ impl InlineApp for Mixer {
 #[test]
 #[ignore = "fails: the partial send overtakes the backlog (fixed in the next commit)"]
 fn send_all_then_partial_send_keeps_byte_order() {
-    let (server, client) = pair(1, 1, |_| {});
+    let (server, mut client) = pair(1, 1, |_| {});
+    // A small send buffer: most of the head waits in the runtime's backlog.
+    client[0].stack.tcp.snd_buf = SND_BUF;
     let srv = Runtime::spawn_inline(server, opts(), |_| Echo).unwrap();
     let result = Arc::new(Mutex::new(None));
     let done = Arc::new(AtomicBool::new(false));
     let (r, d) = (result.clone(), done.clone());
     let cli = Runtime::spawn_inline(client, opts(), move |_| Mixer {
         conn: None,
+        head_sent: false,
         tail_sent: 0,
         got: Vec::new(),
         result: r.clone(),

@@ -15,7 +15,7 @@
 //!         loop {
 //!             match ctx.recv(conn) {
 //!                 Ok(Some(buf)) => {
-//!                     if ctx.send(conn, buf).is_err() {
+//!                     if ctx.send_all(conn, buf).is_err() {
 //!                         return ctx.abort(conn);
 //!                     }
 //!                 }
@@ -88,22 +88,31 @@ impl Ctx<'_> {
             .map_or(0, |c| c.recv_available())
     }
 
-    /// Send all of `data` without copying: what the send buffer cannot take now waits in
-    /// the runtime's backlog. `Err(WouldBlock)` (nothing taken) when even the backlog is
-    /// full; other errors mean the connection cannot send any more.
-    pub fn send(&mut self, conn: Conn, data: Zbuf) -> Result<(), SendError> {
+    /// Send as much of `data` as the TCP send buffer takes now (zero copy: the stack
+    /// keeps a slice of `data`); returns the bytes taken, the rest is the caller's to
+    /// offer again after [`InlineApp::on_writable`]. `Err(WouldBlock)` when nothing fits,
+    /// which includes the time bytes of an earlier [`Ctx::send_all`] still wait in the
+    /// runtime's backlog (they go first, so mixing the two sends never reorders bytes);
+    /// other errors mean the connection cannot send any more.
+    pub fn send(&mut self, conn: Conn, data: &Zbuf) -> Result<usize, SendError> {
+        self.st.send(conn, data)
+    }
+
+    /// Send all of `data` or nothing, without copying: what the send buffer cannot take
+    /// now waits in the runtime's backlog (at most [`CoreOptions::max_backlog`] bytes per
+    /// connection) and goes out as ACKs free space, before anything sent later.
+    /// `Err(WouldBlock)` (nothing taken) when even the backlog is full; other errors mean
+    /// the connection cannot send any more.
+    ///
+    /// [`CoreOptions::max_backlog`]: crate::CoreOptions::max_backlog
+    pub fn send_all(&mut self, conn: Conn, data: Zbuf) -> Result<(), SendError> {
         self.st.send_all(conn, data)
     }
 
-    /// Send as much of `data` as the send buffer takes now (no backlog); returns the bytes
-    /// taken.
-    pub fn try_send(&mut self, conn: Conn, data: &Zbuf) -> Result<usize, SendError> {
-        self.st.stack.send(conn, data)
-    }
-
-    /// Free send-buffer space.
+    /// Free send-buffer space: what [`Ctx::send`] would take now (0 while the runtime's
+    /// backlog holds bytes of `conn`).
     pub fn send_capacity(&self, conn: Conn) -> usize {
-        self.st.stack.send_capacity(conn)
+        self.st.send_capacity(conn)
     }
 
     /// Close gracefully (after backlogged data); the handle is released.

@@ -693,7 +693,7 @@ impl InlineApp for InlineServer {
                                 m.freeze()
                             }
                         };
-                        failed |= ctx.send(conn, z).is_err();
+                        failed |= ctx.send_all(conn, z).is_err();
                     });
                     if r.is_err() || failed {
                         self.served.errors.fetch_add(1, Ordering::Relaxed);
@@ -943,7 +943,7 @@ impl Client {
             for (off, x) in b[HDR..].iter_mut().enumerate() {
                 *x = pattern(id, off as u32);
             }
-            ctx.send(conn, m.freeze()).expect("send");
+            ctx.send_all(conn, m.freeze()).expect("send");
             c.outstanding.push_back((id, len));
             c.sent += 1;
         }

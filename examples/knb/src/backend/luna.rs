@@ -198,7 +198,7 @@ impl Packer {
 fn drain(ctx: &mut Ctx<'_>, conn: Conn, pending: &mut VecDeque<Zbuf>) -> Result<usize, SendError> {
     let mut taken = 0;
     while let Some(z) = pending.front_mut() {
-        match ctx.try_send(conn, z) {
+        match ctx.send(conn, z) {
             Ok(n) if n == z.len() => {
                 taken += n;
                 pending.pop_front();
@@ -586,7 +586,7 @@ impl ServerApp {
             }
             for z in c.pending.drain(..) {
                 if failed.is_none() {
-                    if let Err(e) = ctx.send(conn, z) {
+                    if let Err(e) = ctx.send_all(conn, z) {
                         failed = Some(format!("send: {e:?}"));
                     }
                 }

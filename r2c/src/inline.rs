@@ -29,12 +29,12 @@
 
 use crate::core::{Conn, CoreState, Listener, Mode};
 use core::net::SocketAddrV4;
-use luna_stack::stack::{ConnectError, Event, ListenError, Stack};
+use luna_stack::stack::{ConnectError, Event, ListenError};
 use luna_stack::tcp::{CloseReason, RecvError, SendError};
 use luna_stack::time::Instant;
 use zbuf::{AllocError, IoVec, Zbuf, ZbufMut};
 
-use crate::rng::CoreRng;
+use crate::view::StackView;
 
 /// What a callback may do: the core's socket calls, buffers and clock.
 pub struct Ctx<'a> {
@@ -148,9 +148,11 @@ impl Ctx<'_> {
         self.st.stop_requested()
     }
 
-    /// The stack itself, for what the calls above do not cover.
-    pub fn stack(&mut self) -> &mut Stack<CoreRng> {
-        &mut self.st.stack
+    /// A read-only view of the core's stack: counters and per-connection state (what
+    /// changes a connection goes through the calls above, so the runtime's backlog and
+    /// bookkeeping stay right).
+    pub fn stack(&self) -> StackView<'_> {
+        StackView::new(&self.st.stack)
     }
 }
 

@@ -34,6 +34,7 @@ pub mod rng;
 mod runtime;
 pub mod split;
 pub mod stats;
+pub mod view;
 mod workers;
 
 pub use crate::core::{
@@ -43,3 +44,4 @@ pub use crate::core::{
 pub use inline::{Ctx, InlineApp};
 pub use runtime::{Runtime, RuntimeError, StatsReader, StopHandle};
 pub use stats::CoreStats;
+pub use view::{ConnView, StackView};

@@ -542,11 +542,11 @@ fn finish(rt: Runtime, state: impl Fn() -> String) -> Vec<CoreReport> {
 }
 
 /// One connection's TCP state and counters, for hang reports.
-fn describe(ctx: &mut Ctx<'_>, conn: Conn) -> String {
+fn describe(ctx: &Ctx<'_>, conn: Conn) -> String {
     let Some(c) = ctx.stack().connection(conn) else {
         return format!("{conn:?}: gone");
     };
-    let k = &c.counters;
+    let k = c.counters();
     let drops: Vec<String> = luna_stack::tcp::DropReason::ALL
         .iter()
         .filter(|r| k.drops(**r) > 0)
@@ -555,7 +555,7 @@ fn describe(ctx: &mut Ctx<'_>, conn: Conn) -> String {
     format!(
         "{:?} state={:?} cwnd={} wnd={} flight={} recovery={} segs_in={} segs_out={} \
          rexmit={} rtos={} fast={} dsacks={} challenge_acks={} drops[{}]",
-        c.tuple().local.port(),
+        c.local().port(),
         c.state(),
         c.cwnd(),
         c.send_window(),

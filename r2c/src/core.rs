@@ -354,6 +354,11 @@ impl CoreState {
         }
     }
 
+    /// Bytes of `h` waiting in the runtime's backlog (beyond the TCP send buffer).
+    pub(crate) fn backlog_len(&self, h: Conn) -> usize {
+        self.backlog.get(&h).map_or(0, |b| b.bytes)
+    }
+
     /// Queue all of `data`: what the TCP send buffer cannot take waits in the runtime's
     /// backlog (up to `max_backlog` bytes) and goes out as ACKs free space.
     pub(crate) fn send_all(&mut self, h: Conn, data: Zbuf) -> Result<(), SendError> {

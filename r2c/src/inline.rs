@@ -115,6 +115,12 @@ impl Ctx<'_> {
         self.st.send_capacity(conn)
     }
 
+    /// Bytes of `conn` that [`Ctx::send_all`] handed to the runtime's backlog and the TCP
+    /// send buffer has not taken yet (they go out before anything sent later).
+    pub fn send_backlog(&self, conn: Conn) -> usize {
+        self.st.backlog_len(conn)
+    }
+
     /// Close gracefully (after backlogged data); the handle is released.
     pub fn close(&mut self, conn: Conn) {
         self.st.close(conn)

@@ -15,6 +15,13 @@
 //!   `Zbuf`s. Closed loop, open loop and bulk all work; only the connections that
 //!   completed RPCs or got new requests are visited per iteration, so 5,000
 //!   connections cost what their traffic costs.
+//! * Sending: both sides pack their queued pieces into `Zbuf`s while the connection's
+//!   send buffer has room and hand them to r2c's all-or-nothing `Ctx::send_all`; the part
+//!   of the last pack TCP cannot take yet waits in r2c's backlog (knb keeps no queue of
+//!   its own), and nothing more is packed until it has drained. The server stops reading
+//!   a connection while `Ctx::send_backlog` plus its unpacked answers reach
+//!   `SERVER_TX_LIMIT`. The memif placement, EAL lane registration and vdev parsing are
+//!   shared with the smoltcp backend ([`super::memif`]).
 //! * The poll-loop threads are registered with the EAL (mempool caches) and pinned to
 //!   `--cpus`; the clock is the TSC; idle cores busy-poll. A full memif ring (the peer
 //!   busy or descheduled) is waited out, never turned into drops.

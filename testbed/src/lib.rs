@@ -19,6 +19,7 @@ pub mod impair;
 pub mod nfq;
 mod prefix;
 mod probe;
+mod records;
 mod sweep;
 pub mod sys;
 mod topology;

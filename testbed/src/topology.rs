@@ -859,7 +859,7 @@ pub fn teardown_kind(kind: Kind, prefix: &Prefix) -> Result<()> {
     let d = Details::of(kind, prefix);
     let mut first_err = None;
     for link in kind.links() {
-        crate::daemon::stop_impair_daemon(prefix, link);
+        crate::records::stop_impair_daemon(prefix, link);
     }
     for ns in d.namespaces() {
         if let Err(e) = sys::netns_delete(&ns) {

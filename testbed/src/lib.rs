@@ -13,6 +13,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+// Module layers, lowest first (no file imports one that imports it back; checked by
+// tests/modcycles.rs): error; prefix, sys; impair; nfq, records; topology; daemon,
+// probe, sweep.
 pub mod daemon;
 mod error;
 pub mod impair;

@@ -6,7 +6,7 @@
 //!   `LUNA_TESTBED_PREFIX`); addresses come only from 198.18.0.0/15 and live only inside
 //!   namespaces the testbed made. Nothing is configured in the root namespace.
 //! * [`Topology::up`] is idempotent; a [`Topology`] tears itself down on drop;
-//!   [`sweep`] removes whatever a crash left behind.
+//!   [`sweep()`] removes whatever a crash left behind.
 //! * [`Impairment`]s follow netem's semantics on the egress of kernel-side interfaces,
 //!   via tc netem where the kernel has it and a user-space NFQUEUE engine where not.
 //! * Root is required; missing tools give errors naming the package to install.

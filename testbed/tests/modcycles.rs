@@ -1,272 +1,31 @@
 //! No import circles between the source files of zbuf and testbed (issue 14): the
 //! modules of each crate form a DAG, so a walk through the code never comes back to a
-//! file it left. Run with `cargo test -p testbed --test modcycles` (part of `make test`).
+//! file it left. Run with `cargo test -p testbed --test modcycles` (part of `make test`);
+//! with `MODCYCLES_PRINT=1` and `-- --nocapture` it also prints every edge.
 //!
-//! The checker reads the sources, not the compiler's view, so it needs no extra tool:
+//! The checker reads the sources with `syn` (no extra tool to install):
 //!
 //! * Nodes are source files (`lib.rs`, `x.rs`, `x/mod.rs`), found by following `mod x;`
 //!   declarations from `src/lib.rs` (all features: `#[cfg(feature = ...)]` is ignored).
+//!   An inline `mod x { ... }` is a module of its file.
 //! * An edge `a → b` is a path in `a` that names an item *defined* in `b`: every `use`
-//!   tree (`pub use` included) and every qualified path in the code that starts with
-//!   `crate`, `self`, `super`, a child module or a name `a` imported. A re-export is an
-//!   alias: `crate::Zbuf` counts as an edge to the file that defines `Zbuf`, not to
-//!   `lib.rs`.
-//! * Comments, doc comments (intra-doc links are not imports), string literals and
-//!   `#[cfg(test)]` items (unit test modules) are left out. Inline non-test modules
-//!   (`mod x { ... }`) are rejected rather than guessed at; neither crate has one.
-//! * Not seen: macros used by textual scope. Neither crate defines one.
+//!   tree (`pub use` included) and every path of two or more segments in the code,
+//!   macro arguments included, that starts with `crate`, `self`, `super`, a child
+//!   module or a name imported there. A re-export is an alias: `crate::Zbuf` is an edge
+//!   to the file that defines `Zbuf`, not to `lib.rs`.
+//! * Comments and doc comments (intra-doc links are not imports), string literals and
+//!   `#[cfg(test)]` items (unit test modules) are left out.
+//! * Not seen: macros used by textual scope (`macro_rules!` without a path); neither
+//!   crate defines one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use proc_macro2::{Spacing, TokenStream, TokenTree};
+use syn::visit::{self, Visit};
+
 /// Crates whose module graph must be acyclic, relative to the workspace root.
 const CHECKED: &[&str] = &["zbuf", "testbed"];
-
-#[derive(Clone, Debug, PartialEq)]
-enum Tok {
-    Ident(String),
-    /// `::`
-    Path,
-    Punct(char),
-}
-
-/// A token with its 1-based line.
-#[derive(Clone, Debug)]
-struct T {
-    tok: Tok,
-    line: usize,
-}
-
-/// Removes comments, strings and char literals (keeping line breaks) and splits the
-/// rest into tokens.
-fn tokenize(src: &str) -> Vec<T> {
-    let c: Vec<char> = src.chars().collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    let mut line = 1;
-    let n = c.len();
-    let at = |i: usize| c.get(i).copied().unwrap_or('\0');
-    while i < n {
-        let ch = c[i];
-        if ch == '\n' {
-            line += 1;
-            i += 1;
-        } else if ch.is_whitespace() {
-            i += 1;
-        } else if ch == '/' && at(i + 1) == '/' {
-            while i < n && c[i] != '\n' {
-                i += 1;
-            }
-        } else if ch == '/' && at(i + 1) == '*' {
-            let mut depth = 0;
-            while i < n {
-                if c[i] == '/' && at(i + 1) == '*' {
-                    depth += 1;
-                    i += 2;
-                } else if c[i] == '*' && at(i + 1) == '/' {
-                    depth -= 1;
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    if c[i] == '\n' {
-                        line += 1;
-                    }
-                    i += 1;
-                }
-            }
-        } else if ch == '"'
-            || (ch == 'b' && at(i + 1) == '"')
-            || ((ch == 'r' || (ch == 'b' && at(i + 1) == 'r'))
-                && raw_string_hashes(&c, i).is_some())
-        {
-            // Plain, byte and raw string literals.
-            let raw = raw_string_hashes(&c, i);
-            if let Some(hashes) = raw {
-                while c[i] != '"' {
-                    i += 1;
-                }
-                i += 1;
-                loop {
-                    if i >= n {
-                        break;
-                    }
-                    if c[i] == '"' && (0..hashes).all(|k| at(i + 1 + k) == '#') {
-                        i += 1 + hashes;
-                        break;
-                    }
-                    if c[i] == '\n' {
-                        line += 1;
-                    }
-                    i += 1;
-                }
-            } else {
-                while c[i] != '"' {
-                    i += 1;
-                }
-                i += 1;
-                while i < n && c[i] != '"' {
-                    if c[i] == '\\' {
-                        i += 1;
-                    }
-                    if at(i) == '\n' {
-                        line += 1;
-                    }
-                    i += 1;
-                }
-                i += 1;
-            }
-        } else if ch == '\'' {
-            // A char literal ('x', '\n', '\u{..}') or a lifetime ('a).
-            if at(i + 1) == '\\' {
-                i += 2;
-                while i < n && c[i] != '\'' {
-                    i += 1;
-                }
-                i += 1;
-            } else if at(i + 2) == '\'' {
-                i += 3;
-            } else {
-                i += 1;
-                while i < n && (c[i].is_alphanumeric() || c[i] == '_') {
-                    i += 1;
-                }
-            }
-        } else if ch.is_alphabetic() || ch == '_' {
-            let s = i;
-            while i < n && (c[i].is_alphanumeric() || c[i] == '_') {
-                i += 1;
-            }
-            out.push(T {
-                tok: Tok::Ident(c[s..i].iter().collect()),
-                line,
-            });
-        } else if ch.is_ascii_digit() {
-            // `1_000`, `0x1f`, `2.5`; not the `..` of a range.
-            while i < n
-                && (c[i].is_alphanumeric()
-                    || c[i] == '_'
-                    || (c[i] == '.' && at(i + 1).is_ascii_digit()))
-            {
-                i += 1;
-            }
-        } else if ch == ':' && at(i + 1) == ':' {
-            out.push(T {
-                tok: Tok::Path,
-                line,
-            });
-            i += 2;
-        } else {
-            out.push(T {
-                tok: Tok::Punct(ch),
-                line,
-            });
-            i += 1;
-        }
-    }
-    out
-}
-
-/// `Some(number of #)` if a raw string literal (`r"`, `r#"`, `br"`) starts at `i`.
-fn raw_string_hashes(c: &[char], i: usize) -> Option<usize> {
-    let mut j = i;
-    if c.get(j) == Some(&'b') {
-        j += 1;
-    }
-    if c.get(j) != Some(&'r') {
-        return None;
-    }
-    j += 1;
-    let mut hashes = 0;
-    while c.get(j) == Some(&'#') {
-        hashes += 1;
-        j += 1;
-    }
-    (c.get(j) == Some(&'"')).then_some(hashes)
-}
-
-fn ident(t: &T) -> Option<&str> {
-    match &t.tok {
-        Tok::Ident(s) => Some(s),
-        _ => None,
-    }
-}
-
-fn is_punct(t: Option<&T>, ch: char) -> bool {
-    matches!(t, Some(T { tok: Tok::Punct(c), .. }) if *c == ch)
-}
-
-/// Index just past the bracketed group opening at `i` (`(`, `[` or `{`).
-fn skip_group(toks: &[T], i: usize) -> usize {
-    let mut depth = 0i32;
-    let mut j = i;
-    while j < toks.len() {
-        match toks[j].tok {
-            Tok::Punct('(' | '[' | '{') => depth += 1,
-            Tok::Punct(')' | ']' | '}') => {
-                depth -= 1;
-                if depth == 0 {
-                    return j + 1;
-                }
-            }
-            _ => {}
-        }
-        j += 1;
-    }
-    toks.len()
-}
-
-/// Drops every item carrying `#[cfg(test)]`; errors on an inline non-test module.
-fn strip_test_items(toks: Vec<T>, file: &str) -> Result<Vec<T>, String> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < toks.len() {
-        let is_cfg_test = is_punct(toks.get(i), '#')
-            && is_punct(toks.get(i + 1), '[')
-            && toks.get(i + 2).and_then(ident) == Some("cfg")
-            && is_punct(toks.get(i + 3), '(')
-            && toks.get(i + 4).and_then(ident) == Some("test")
-            && is_punct(toks.get(i + 5), ')')
-            && is_punct(toks.get(i + 6), ']');
-        if is_cfg_test {
-            i += 7;
-            // Further attributes of the same item.
-            while is_punct(toks.get(i), '#') && is_punct(toks.get(i + 1), '[') {
-                i = skip_group(&toks, i + 1);
-            }
-            // The item: up to its `;` or through its body.
-            while i < toks.len() {
-                match toks[i].tok {
-                    Tok::Punct(';') => {
-                        i += 1;
-                        break;
-                    }
-                    Tok::Punct('{') => {
-                        i = skip_group(&toks, i);
-                        break;
-                    }
-                    Tok::Punct('(' | '[') => i = skip_group(&toks, i),
-                    _ => i += 1,
-                }
-            }
-            continue;
-        }
-        if ident(&toks[i]) == Some("mod")
-            && toks.get(i + 1).and_then(ident).is_some()
-            && is_punct(toks.get(i + 2), '{')
-        {
-            return Err(format!(
-                "{file}:{}: inline module `{}` (not supported by this checker)",
-                toks[i].line,
-                ident(&toks[i + 1]).unwrap_or_default()
-            ));
-        }
-        out.push(toks[i].clone());
-        i += 1;
-    }
-    Ok(out)
-}
 
 /// One leaf of a `use` tree: `alias` names `path` in the importing module.
 #[derive(Clone, Debug)]
@@ -277,106 +36,239 @@ struct UseLeaf {
     line: usize,
 }
 
-/// Parses a `use` tree starting at `i` with `prefix` already read; returns the index
-/// after it.
-fn parse_use_tree(toks: &[T], mut i: usize, prefix: Vec<String>, out: &mut Vec<UseLeaf>) -> usize {
-    let mut path = prefix;
-    let line = toks.get(i).map_or(0, |t| t.line);
-    loop {
-        match toks.get(i).map(|t| &t.tok) {
-            Some(Tok::Path) => i += 1,
-            Some(Tok::Ident(s)) => {
-                path.push(s.clone());
-                i += 1;
-                if toks.get(i).map(|t| &t.tok) != Some(&Tok::Path) {
-                    let mut alias = path.last().cloned();
-                    if toks.get(i).and_then(ident) == Some("as") {
-                        alias = toks.get(i + 1).and_then(ident).map(str::to_string);
-                        i += 2;
-                    }
-                    // `x::{self}` names the module `x` itself.
-                    if path.last().map(String::as_str) == Some("self") {
-                        path.pop();
-                        if alias.as_deref() == Some("self") {
-                            alias = path.last().cloned();
-                        }
-                    }
-                    out.push(UseLeaf { path, alias, line });
-                    return i;
-                }
-            }
-            Some(Tok::Punct('*')) => {
-                out.push(UseLeaf {
-                    path,
-                    alias: None,
-                    line,
-                });
-                return i + 1;
-            }
-            Some(Tok::Punct('{')) => {
-                i += 1;
-                loop {
-                    match toks.get(i).map(|t| &t.tok) {
-                        Some(Tok::Punct('}')) | None => return i + 1,
-                        Some(Tok::Punct(',')) => i += 1,
-                        _ => i = parse_use_tree(toks, i, path.clone(), out),
-                    }
-                }
-            }
-            _ => return i,
-        }
-    }
-}
-
-/// What one file says about modules and paths.
+/// What one module says about modules and paths.
 #[derive(Debug, Default)]
 struct FileFacts {
-    /// `mod x;` declarations.
+    /// `mod x;` declarations (modules in their own file).
     children: Vec<String>,
     /// Every leaf of every `use` tree.
     uses: Vec<UseLeaf>,
-    /// Qualified paths in the code outside `use` items: (segments, line).
+    /// Paths of two or more segments outside `use` items: (segments, line).
     paths: Vec<(Vec<String>, usize)>,
 }
 
-fn facts(src: &str, file: &str) -> Result<FileFacts, String> {
-    let toks = strip_test_items(tokenize(src), file)?;
-    let mut f = FileFacts::default();
-    let mut i = 0;
-    while i < toks.len() {
-        match ident(&toks[i]) {
-            Some("mod") if is_punct(toks.get(i + 2), ';') => {
-                if let Some(name) = toks.get(i + 1).and_then(ident) {
-                    f.children.push(name.to_string());
-                }
-                i += 3;
+/// `true` for `#[cfg(test)]`.
+fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| match &a.meta {
+        syn::Meta::List(l) => l.path.is_ident("cfg") && l.tokens.to_string() == "test",
+        _ => false,
+    })
+}
+
+fn item_attrs(i: &syn::Item) -> &[syn::Attribute] {
+    use syn::Item::*;
+    match i {
+        Const(x) => &x.attrs,
+        Enum(x) => &x.attrs,
+        ExternCrate(x) => &x.attrs,
+        Fn(x) => &x.attrs,
+        ForeignMod(x) => &x.attrs,
+        Impl(x) => &x.attrs,
+        Macro(x) => &x.attrs,
+        Mod(x) => &x.attrs,
+        Static(x) => &x.attrs,
+        Struct(x) => &x.attrs,
+        Trait(x) => &x.attrs,
+        TraitAlias(x) => &x.attrs,
+        Type(x) => &x.attrs,
+        Union(x) => &x.attrs,
+        Use(x) => &x.attrs,
+        _ => &[],
+    }
+}
+
+fn impl_item_attrs(i: &syn::ImplItem) -> &[syn::Attribute] {
+    match i {
+        syn::ImplItem::Const(x) => &x.attrs,
+        syn::ImplItem::Fn(x) => &x.attrs,
+        syn::ImplItem::Type(x) => &x.attrs,
+        syn::ImplItem::Macro(x) => &x.attrs,
+        _ => &[],
+    }
+}
+
+/// Flattens a `use` tree below `prefix`.
+fn use_leaves(tree: &syn::UseTree, prefix: &mut Vec<String>, line: usize, out: &mut Vec<UseLeaf>) {
+    match tree {
+        syn::UseTree::Path(p) => {
+            prefix.push(p.ident.to_string());
+            use_leaves(&p.tree, prefix, line, out);
+            prefix.pop();
+        }
+        syn::UseTree::Name(n) => {
+            let name = n.ident.to_string();
+            let mut path = prefix.clone();
+            if name == "self" {
+                // `x::{self}` names the module `x` itself.
+                out.push(UseLeaf {
+                    alias: path.last().cloned(),
+                    path,
+                    line,
+                });
+            } else {
+                path.push(name.clone());
+                out.push(UseLeaf {
+                    path,
+                    alias: Some(name),
+                    line,
+                });
             }
-            Some("use") => {
-                i = parse_use_tree(&toks, i + 1, Vec::new(), &mut f.uses);
+        }
+        syn::UseTree::Rename(r) => {
+            let mut path = prefix.clone();
+            if r.ident != "self" {
+                path.push(r.ident.to_string());
             }
-            Some(_) if toks.get(i + 1).map(|t| &t.tok) == Some(&Tok::Path) => {
-                let preceded = i > 0 && toks[i - 1].tok == Tok::Path;
-                let line = toks[i].line;
-                let mut segs = Vec::new();
-                while let Some(s) = toks.get(i).and_then(ident) {
-                    segs.push(s.to_string());
-                    if toks.get(i + 1).map(|t| &t.tok) == Some(&Tok::Path)
-                        && toks.get(i + 2).and_then(ident).is_some()
-                    {
-                        i += 2;
-                    } else {
-                        i += 1;
-                        break;
-                    }
-                }
-                if !preceded {
-                    f.paths.push((segs, line));
-                }
+            out.push(UseLeaf {
+                path,
+                alias: Some(r.rename.to_string()),
+                line,
+            });
+        }
+        syn::UseTree::Glob(_) => out.push(UseLeaf {
+            path: prefix.clone(),
+            alias: None,
+            line,
+        }),
+        syn::UseTree::Group(g) => {
+            for t in &g.items {
+                use_leaves(t, prefix, line, out);
             }
-            _ => i += 1,
         }
     }
-    Ok(f)
+}
+
+/// Paths (`a::b::c`, two segments or more) in macro arguments, which syn leaves as tokens.
+fn token_paths(ts: TokenStream, out: &mut Vec<(Vec<String>, usize)>) {
+    let toks: Vec<TokenTree> = ts.into_iter().collect();
+    let is_colon2 = |k: usize| {
+        matches!((toks.get(k), toks.get(k + 1)),
+            (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b)))
+            if a.as_char() == ':' && a.spacing() == Spacing::Joint && b.as_char() == ':')
+    };
+    let mut k = 0;
+    while k < toks.len() {
+        match &toks[k] {
+            TokenTree::Group(g) => {
+                token_paths(g.stream(), out);
+                k += 1;
+            }
+            TokenTree::Ident(first) if !(k >= 2 && is_colon2(k - 2)) => {
+                let line = first.span().start().line;
+                let mut segs = vec![first.to_string()];
+                let mut j = k;
+                while is_colon2(j + 1) {
+                    match toks.get(j + 3) {
+                        Some(TokenTree::Ident(next)) => {
+                            segs.push(next.to_string());
+                            j += 3;
+                        }
+                        _ => break,
+                    }
+                }
+                if segs.len() > 1 {
+                    out.push((segs, line));
+                }
+                k = j + 1;
+            }
+            _ => k += 1,
+        }
+    }
+}
+
+/// Walks one file, collecting facts per module (the file's own and its inline ones).
+struct Walker {
+    /// The module of the file itself.
+    root: ModPath,
+    /// The module being walked (`root` or an inline module in it).
+    here: ModPath,
+    mods: BTreeMap<ModPath, FileFacts>,
+    error: Option<String>,
+}
+
+impl Walker {
+    fn cur(&mut self) -> &mut FileFacts {
+        self.mods.entry(self.here.clone()).or_default()
+    }
+}
+
+impl<'ast> Visit<'ast> for Walker {
+    fn visit_item(&mut self, i: &'ast syn::Item) {
+        if !is_cfg_test(item_attrs(i)) {
+            visit::visit_item(self, i);
+        }
+    }
+
+    fn visit_impl_item(&mut self, i: &'ast syn::ImplItem) {
+        if !is_cfg_test(impl_item_attrs(i)) {
+            visit::visit_impl_item(self, i);
+        }
+    }
+
+    fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+        let name = m.ident.to_string();
+        match &m.content {
+            None if self.here != self.root => {
+                self.error = Some(format!(
+                    "`mod {name};` inside an inline module (not supported by this checker)"
+                ));
+            }
+            None => self.cur().children.push(name),
+            Some((_, items)) => {
+                self.here.push(name);
+                self.cur();
+                for i in items {
+                    self.visit_item(i);
+                }
+                self.here.pop();
+            }
+        }
+    }
+
+    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+        let line = u.use_token.span.start().line;
+        let mut leaves = Vec::new();
+        if u.leading_colon.is_none() {
+            use_leaves(&u.tree, &mut Vec::new(), line, &mut leaves);
+        }
+        self.cur().uses.extend(leaves);
+    }
+
+    fn visit_path(&mut self, p: &'ast syn::Path) {
+        if p.leading_colon.is_none() && p.segments.len() > 1 {
+            let segs = p.segments.iter().map(|s| s.ident.to_string()).collect();
+            let line = p.segments[0].ident.span().start().line;
+            self.cur().paths.push((segs, line));
+        }
+        visit::visit_path(self, p);
+    }
+
+    fn visit_macro(&mut self, m: &'ast syn::Macro) {
+        visit::visit_macro(self, m);
+        let mut found = Vec::new();
+        token_paths(m.tokens.clone(), &mut found);
+        self.cur().paths.extend(found);
+    }
+}
+
+/// The facts of the file `src` whose module is `here`, and of its inline modules.
+fn facts(src: &str, file: &str, here: &ModPath) -> Result<BTreeMap<ModPath, FileFacts>, String> {
+    let ast = syn::parse_file(src).map_err(|e| {
+        let at = e.span().start();
+        format!("{file}:{}:{}: {e}", at.line, at.column)
+    })?;
+    let mut w = Walker {
+        root: here.clone(),
+        here: here.clone(),
+        mods: BTreeMap::new(),
+        error: None,
+    };
+    w.cur();
+    w.visit_file(&ast);
+    match w.error {
+        Some(e) => Err(format!("{file}: {e}")),
+        None => Ok(w.mods),
+    }
 }
 
 /// A module of the crate: its path from the root (empty for the root) and its file.
@@ -408,7 +300,8 @@ impl CrateGraph {
         let mut todo: Vec<(ModPath, String)> = vec![(Vec::new(), "lib.rs".into())];
         while let Some((mp, file)) = todo.pop() {
             let src = read(&file).ok_or_else(|| format!("cannot read {file}"))?;
-            let facts = facts(&src, &file)?;
+            let mut in_file = facts(&src, &file, &mp)?;
+            let own = in_file.remove(&mp).unwrap_or_default();
             // Directory holding this module's children.
             let dir = if file == "lib.rs" || file.ends_with("/mod.rs") || file == "mod.rs" {
                 Path::new(&file)
@@ -418,7 +311,7 @@ impl CrateGraph {
             } else {
                 PathBuf::from(file.trim_end_matches(".rs"))
             };
-            for child in &facts.children {
+            for child in &own.children {
                 let flat = dir.join(format!("{child}.rs"));
                 let nested = dir.join(child).join("mod.rs");
                 let flat = flat.to_string_lossy().into_owned();
@@ -434,7 +327,16 @@ impl CrateGraph {
                 cp.push(child.clone());
                 todo.push((cp, cf));
             }
-            mods.insert(mp, Module { file, facts });
+            for (inline, facts) in in_file {
+                mods.insert(
+                    inline,
+                    Module {
+                        file: file.clone(),
+                        facts,
+                    },
+                );
+            }
+            mods.insert(mp, Module { file, facts: own });
         }
         Ok(CrateGraph { mods })
     }
@@ -712,9 +614,36 @@ mod checker {
     }
 
     #[test]
-    fn rejects_inline_modules() {
-        let map: BTreeMap<String, String> =
-            [("lib.rs".to_string(), "mod inner { }\n".to_string())].into();
+    fn inline_modules_belong_to_their_file() {
+        let g = graph(&[
+            (
+                "lib.rs",
+                "mod a;\nmod inner {\n    pub fn f() { super::a::g() }\n}\n",
+            ),
+            ("a.rs", "pub fn g() { crate::inner::f() }\n"),
+        ]);
+        assert_eq!(circle_files(&g), vec![vec!["a.rs", "lib.rs"]]);
+    }
+
+    #[test]
+    fn sees_paths_in_macro_arguments() {
+        let g = graph(&[
+            ("lib.rs", "mod a;\nmod b;\n"),
+            (
+                "a.rs",
+                "pub fn ok() -> bool { debug_assert!(crate::b::ok()); true }\n",
+            ),
+            (
+                "b.rs",
+                "pub fn ok() -> bool { format!(\"{}\", crate::a::ok()).is_empty() }\n",
+            ),
+        ]);
+        assert_eq!(circle_files(&g), vec![vec!["a.rs", "b.rs"]]);
+    }
+
+    #[test]
+    fn a_parse_error_is_an_error() {
+        let map: BTreeMap<String, String> = [("lib.rs".to_string(), "mod a\n".to_string())].into();
         let r = CrateGraph::load(&|p: &str| map.get(p).cloned());
         assert!(r.is_err());
     }

@@ -87,3 +87,9 @@ demo: setup
 
 clean-testbed:
 	$(CARGO) run -q -p testbed -- down --prefix $(LUNA_TESTBED_PREFIX)
+
+# Change -> visible-on-every-reader latency of `ip route/neigh` changes over 1,000 changes
+# (docs/netlink-sync.md; root). Run on a quiet machine; prints p50/p90/p99/max.
+.PHONY: nl-latency
+nl-latency:
+	$(CARGO) run -p netlink-sync --release --bin nl-latency -- --changes 1000

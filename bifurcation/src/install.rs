@@ -9,7 +9,7 @@
 //!    (`rte_flow_create`). Any failure — isolation unavailable, a rule the PMD refuses,
 //!    no flow API at all (memif, af_packet; net_tap here, whose flow API needs the tc
 //!    flower classifier this kernel lacks) — destroys what was created and returns
-//!    [`Steering::Software`], after printing one line to stderr that says why and what
+//!    [`Installed::Software`], after printing one line to stderr that says why and what
 //!    happens instead: luna's poll loop classifies every frame
 //!    ([`crate::classify::Classifier`]) and the kernel's go out the exception interface.
 //!
@@ -40,7 +40,7 @@ pub fn isolate(port: &Port) -> Isolation {
 }
 
 /// How luna's traffic is steered on a port.
-pub enum Steering {
+pub enum Installed {
     /// In the NIC: the created rules (destroyed when this is dropped).
     Hardware {
         /// One handle per rule of the set, in order.
@@ -53,18 +53,18 @@ pub enum Steering {
     },
 }
 
-impl Steering {
+impl Installed {
     /// Whether the NIC steers.
     pub fn is_hardware(&self) -> bool {
-        matches!(self, Steering::Hardware { .. })
+        matches!(self, Installed::Hardware { .. })
     }
 }
 
-impl std::fmt::Debug for Steering {
+impl std::fmt::Debug for Installed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Steering::Hardware { flows } => write!(f, "Hardware({} rules)", flows.len()),
-            Steering::Software { message } => write!(f, "Software({message:?})"),
+            Installed::Hardware { flows } => write!(f, "Hardware({} rules)", flows.len()),
+            Installed::Software { message } => write!(f, "Software({message:?})"),
         }
     }
 }
@@ -135,7 +135,7 @@ pub fn flow_rule(rule: &PortRule) -> FlowRule {
     }
 }
 
-fn fallback(port: &mut Port, isolation: &Isolation, why: String) -> Steering {
+fn fallback(port: &mut Port, isolation: &Isolation, why: String) -> Installed {
     // Isolated with no rules, the port would receive nothing: undo isolation. mlx5 only
     // changes it on a stopped port, so retry around a stop/start.
     let undo = match isolation {
@@ -165,13 +165,13 @@ fn fallback(port: &mut Port, isolation: &Isolation, why: String) -> Steering {
         port.name()
     );
     eprintln!("{message}");
-    Steering::Software { message }
+    Installed::Software { message }
 }
 
 /// Installs `rules` on a started port (all or nothing; see the module docs). On
 /// fallback, isolation set by [`isolate`] is turned off again so that the port receives
 /// every frame for the software classifier.
-pub fn install(port: &mut Port, isolation: &Isolation, rules: &RuleSet) -> Steering {
+pub fn install(port: &mut Port, isolation: &Isolation, rules: &RuleSet) -> Installed {
     if let Isolation::Unavailable(why) = isolation {
         return fallback(port, isolation, why.clone());
     }
@@ -199,7 +199,7 @@ pub fn install(port: &mut Port, isolation: &Isolation, rules: &RuleSet) -> Steer
             }
         }
     }
-    Steering::Hardware { flows: made }
+    Installed::Hardware { flows: made }
 }
 
 #[cfg(test)]

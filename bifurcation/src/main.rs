@@ -277,10 +277,10 @@ fn install(
     p.start().map_err(|e| e.to_string())?;
     let s = install(&mut p, &iso, &rules);
     match &s {
-        bifurcation::install::Steering::Hardware { flows } => {
+        bifurcation::install::Installed::Hardware { flows } => {
             outln!(o, "steering: hardware, {} rules on {port}", flows.len())
         }
-        bifurcation::install::Steering::Software { .. } => outln!(
+        bifurcation::install::Installed::Software { .. } => outln!(
             o,
             "steering: software on {port} ({} rules compiled, none installed)",
             rules.len()

@@ -10,7 +10,7 @@
 //! ```
 
 use bifurcation::classify::Classifier;
-use bifurcation::install::{install, isolate, Steering};
+use bifurcation::install::{install, isolate, Installed};
 use bifurcation::model::{KernelPorts, TrafficConfig};
 use bifurcation::rules::compile;
 use dpdk_sys::{Eal, Mempool, PoolConfig, Port, PortConf};
@@ -75,8 +75,8 @@ fn tap_classify(args: &[String], eal: Vec<String>) -> Result<String, String> {
     port.start().map_err(|e| e.to_string())?;
     let steering = install(&mut port, &iso, &rules);
     let mode = match &steering {
-        Steering::Hardware { flows } => format!("hardware ({} rules)", flows.len()),
-        Steering::Software { .. } => "software".to_string(),
+        Installed::Hardware { flows } => format!("hardware ({} rules)", flows.len()),
+        Installed::Software { .. } => "software".to_string(),
     };
 
     sh(&["ip", "addr", "add", &kaddr, "dev", &iface])?;

@@ -359,14 +359,19 @@ impl TrafficConfig {
                      the NIC steers to luna",
                     kernel.ephemeral
                 ),
-                format!(
-                    "move the kernel's range below it (sysctl -w net.ipv4.ip_local_port_range=\"{} {}\"), \
-                     or reserve it (sysctl -w net.ipv4.ip_local_reserved_ports={}-{})",
-                    kernel.ephemeral.first(),
-                    range.first().saturating_sub(1).max(kernel.ephemeral.first()),
-                    range.first(),
-                    range.last()
-                ),
+                {
+                    let (lo, hi) = if kernel.ephemeral.first() < range.first() {
+                        (kernel.ephemeral.first(), range.first() - 1)
+                    } else {
+                        (32768, 60999)
+                    };
+                    format!(
+                        "move the kernel's range off it (sysctl -w net.ipv4.ip_local_port_range=\"{lo} {hi}\"), \
+                         or reserve it (sysctl -w net.ipv4.ip_local_reserved_ports={}-{})",
+                        range.first(),
+                        range.last()
+                    )
+                },
             ));
         }
         for &k in &self.kernel_ports {
@@ -720,7 +725,7 @@ mod tests {
         let e = c.validate(&k).unwrap_err();
         assert_eq!(e.key, "traffic.client_range");
         assert!(e.problem.contains("ephemeral"), "{e}");
-        assert!(e.fix.contains("ip_local_port_range"), "{e}");
+        assert!(e.fix.contains("ip_local_port_range=\"32768 61439\""), "{e}");
         // Reserving the client range in the kernel makes it fine.
         let k = KernelPorts::parse("32768 65000", "61440-65535").unwrap();
         c.validate(&k).unwrap();

@@ -249,16 +249,15 @@ impl SriovPlan {
         out.push(
             "# 3. VF netdevs stay on mlx5_core (bifurcated: kernel and DPDK share each VF);".into(),
         );
-        out.push(
-            "#    find each VF's PCI address and netdev, and keep the kernel's flow steering on"
-                .into(),
-        );
+        out.push("#    check the driver, find each VF's PCI address and netdev".into());
         for i in 0..self.vfs {
             out.push(format!(
                 "readlink -f /sys/class/net/{pf}/device/virtfn{i}; ls /sys/class/net/{pf}/device/virtfn{i}/net"
             ));
         }
-        out.push(format!("ethtool -K {pf} ntuple on"));
+        out.push(format!(
+            "ethtool -i {pf}   # driver: mlx5_core (bifurcated); firmware-version for DPDK's mlx5 notes"
+        ));
         out.push(
             "# 4. hugepages on the PF's NUMA node (luna's cores and memory on the same node)"
                 .into(),
@@ -315,7 +314,7 @@ mod tests {
         assert!(has("ip link set dev ens1f0 vf 3 mac 02:00:00:00:10:03"));
         assert!(has("ip link set dev ens1f0 vf 3 trust on"));
         assert!(has("ip link set dev ens1f0 vf 3 spoofchk on"));
-        assert!(has("ethtool -K ens1f0 ntuple on"));
+        assert!(c.iter().any(|l| l.starts_with("ethtool -i ens1f0 ")));
         assert!(has(
             "echo 1024 > /sys/devices/system/node/node1/hugepages/hugepages-2048kB/nr_hugepages"
         ));

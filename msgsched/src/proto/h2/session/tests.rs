@@ -310,15 +310,9 @@ fn replies_wait_for_the_peers_windows_both_stream_and_connection() {
 
 #[test]
 fn data_beyond_our_window_is_flow_control_error() {
-    let (mut s, mut p, _) = open();
-    let mut b = Vec::new();
-    let block = p.block("/");
-    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
-    // 65,535 per stream: five 16,000-byte frames overrun it (the first four are
-    // re-credited as they come, so send them without reading the updates: the
-    // session re-credits each, so overrun with one stream by lying in a single burst
-    // is impossible; use the connection window of a second session instead).
-    send(&mut s, b);
+    // The session re-credits each stream as its DATA arrives, so overrun the connection
+    // window instead: 65,535 bytes, and no credit returned while bodies wait
+    // (max_buffered 0): five 16,000-byte frames on five streams exceed it.
     let cfg = H2Config {
         conn_window: 65_535,
         max_buffered: 0,

@@ -97,9 +97,15 @@ impl MsgCounters {
     }
 }
 
+/// A staged reply: its bytes, and whether the connection closes after it.
+struct Out {
+    data: IoVec,
+    close: bool,
+}
+
 /// A reply's way back: the connection's staging queue and the I/O core's notification
 /// ring.
-type Notice = (u64, Arc<Staging<IoVec>>);
+type Notice = (u64, Arc<Staging<Out>>);
 
 struct Shared {
     notices: SegQueue<Notice>,
@@ -112,7 +118,7 @@ pub struct Origin<C> {
     key: u64,
     seq: u64,
     stream: Option<u64>,
-    staging: Arc<Staging<IoVec>>,
+    staging: Arc<Staging<Out>>,
     shared: Arc<Shared>,
     answered: bool,
 }
@@ -142,7 +148,7 @@ impl<C: Copy> Origin<C> {
 
 impl<C> Origin<C> {
     /// Stages the completion; false if the connection is gone (counted).
-    fn complete(&mut self, reply: Option<IoVec>) -> bool {
+    fn complete(&mut self, reply: Option<Out>) -> bool {
         self.answered = true;
         match self.staging.stage(self.seq, reply) {
             Ok(Staged::Notify) => {
@@ -233,7 +239,22 @@ impl<C: Send> MsgSocket<C> {
     /// Sends `reply` on the message's connection (in request order for an ordered
     /// protocol). `false` if the connection has gone (the reply is dropped, counted).
     pub fn reply(&mut self, mut origin: Origin<C>, reply: IoVec) -> bool {
-        origin.complete(Some(reply))
+        origin.complete(Some(Out {
+            data: reply,
+            close: false,
+        }))
+    }
+
+    /// Sends `reply` (it may be empty) and then closes the connection gracefully: once
+    /// this reply and every one before it (ordered protocols) have been handed to the
+    /// driver, the I/O side detaches the connection and emits [`IoEvent::Shutdown`];
+    /// replies to later messages are dropped (counted as `closed_in_flight`). For
+    /// commands such as memcached's `quit`. `false` if the connection has gone.
+    pub fn reply_and_close(&mut self, mut origin: Origin<C>, reply: IoVec) -> bool {
+        origin.complete(Some(Out {
+            data: reply,
+            close: true,
+        }))
     }
 
     /// Completes a message that has no reply.
@@ -266,6 +287,13 @@ pub enum IoEvent<C> {
         conn: C,
         /// Why.
         reason: ParseErrorKind,
+    },
+    /// Close this connection gracefully (FIN) after the replies already handed to the
+    /// transmit callback: a worker answered with [`MsgSocket::reply_and_close`]. It has
+    /// been detached.
+    Shutdown {
+        /// The connection.
+        conn: C,
     },
 }
 
@@ -309,8 +337,8 @@ impl std::error::Error for MsgConfigError {}
 struct ConnState<C, P> {
     conn: C,
     framer: Framer<P>,
-    sequencer: Sequencer<IoVec>,
-    staging: Arc<Staging<IoVec>>,
+    sequencer: Sequencer<Out>,
+    staging: Arc<Staging<Out>>,
     /// A framed message the scheduler had no room for (sent first next time).
     stalled: Option<(u64, Framed)>,
 }
@@ -504,14 +532,25 @@ where
             };
             let (conn, counters) = (c.conn, &self.shared.counters);
             let mut done = 0;
+            let mut close = false;
             let (seqr, framer) = (&mut c.sequencer, &mut c.framer);
             staging.drain(|(seq, reply)| {
                 done += 1;
                 let r = seqr.complete(seq, reply, |r| {
                     framer.reply_done();
+                    if close {
+                        // After a reply that closes the connection: dropped.
+                        counters
+                            .closed_in_flight
+                            .fetch_add(1, AtomicOrdering::Relaxed);
+                        return;
+                    }
                     if let Some(r) = r {
                         counters.replies.fetch_add(1, AtomicOrdering::Relaxed);
-                        send(conn, r);
+                        close = r.close;
+                        if !r.data.is_empty() {
+                            send(conn, r.data);
+                        }
                         sent += 1;
                     }
                 });
@@ -523,6 +562,11 @@ where
             });
             for _ in 0..done {
                 self.dispatcher.complete(key);
+            }
+            if close {
+                self.detach(conn);
+                self.events.push_back(IoEvent::Shutdown { conn });
+                continue;
             }
             freed.push(key);
         }

@@ -61,6 +61,13 @@ impl MsgCtx<'_> {
         self.socket.reply(origin, reply)
     }
 
+    /// Answers the message of `origin` with `reply` (it may be empty) and then closes its
+    /// connection gracefully, once every earlier reply has gone out (memcached's
+    /// `quit`); replies to its later messages are dropped.
+    pub fn reply_and_close(&mut self, origin: Origin<Conn>, reply: IoVec) -> bool {
+        self.socket.reply_and_close(origin, reply)
+    }
+
     /// Completes the message of `origin` without a reply.
     pub fn finish(&mut self, origin: Origin<Conn>) -> bool {
         self.socket.finish(origin)
@@ -103,6 +110,9 @@ struct MsgMode<P: Parser, F: Fn() -> P> {
     unsent: HashMap<Conn, VecDeque<Zbuf>>,
     /// Peers that finished sending: close once nothing is in flight and all is sent.
     eof: HashSet<Conn>,
+    /// Connections a worker closed after a reply (detached already): close once their
+    /// unsent replies have gone to TCP.
+    closing: HashSet<Conn>,
 }
 
 impl<P: Parser, F: Fn() -> P> MsgMode<P, F> {
@@ -173,6 +183,19 @@ impl<P: Parser, F: Fn() -> P> MsgMode<P, F> {
             }
             false
         });
+        if !self.closing.is_empty() {
+            let done: Vec<Conn> = self
+                .closing
+                .iter()
+                .copied()
+                .filter(|h| !self.unsent.contains_key(h))
+                .collect();
+            for h in done {
+                self.closing.remove(&h);
+                self.forget(h);
+                st.close(h);
+            }
+        }
     }
 
     fn on_events(&mut self, st: &mut CoreState) -> bool {
@@ -209,6 +232,7 @@ impl<P: Parser, F: Fn() -> P> MsgMode<P, F> {
         self.unread.remove(&h);
         self.unsent.remove(&h);
         self.eof.remove(&h);
+        self.closing.remove(&h);
     }
 }
 
@@ -236,10 +260,23 @@ impl<P: Parser, F: Fn() -> P> Mode for MsgMode<P, F> {
             st.stats.from_workers += sent;
             work = true;
         }
-        while let Some(IoEvent::Close { conn, .. }) = self.io().poll_event() {
-            // A stream that cannot be framed: reset it (MsgIo detached it already).
-            st.abort(conn);
-            self.forget(conn);
+        while let Some(ev) = self.io().poll_event() {
+            match ev {
+                IoEvent::Close { conn, .. } => {
+                    // A stream that cannot be framed: reset it (MsgIo detached it already).
+                    st.abort(conn);
+                    self.forget(conn);
+                }
+                IoEvent::Shutdown { conn } => {
+                    // Close after the replies queued so far (MsgIo detached it already).
+                    if self.unsent.contains_key(&conn) {
+                        self.closing.insert(conn);
+                    } else {
+                        self.forget(conn);
+                        st.close(conn);
+                    }
+                }
+            }
             work = true;
         }
         // Connections paused by their caps or by back pressure.
@@ -360,6 +397,7 @@ impl Runtime {
             unread: HashSet::new(),
             unsent: HashMap::new(),
             eof: HashSet::new(),
+            closing: HashSet::new(),
         })?;
         let stop = rt.stop_flag();
         let spawn = crate::workers::Spawn {

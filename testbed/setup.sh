@@ -38,6 +38,8 @@ PACKAGES=(
     python3-scapy    # crafting packets in attack/edge-case suites
     netcat-openbsd
     curl             # ffi/dpdk/compat-check.sh fetches another DPDK release's headers
+    libmemcached-tools  # memccapable, memcslap: real memcached clients against luna-kv (r2c/tests/memcached_clients.rs)
+    python3-pymemcache  # pymemcache client (Debian's python3) against luna-kv
 )
 
 log() { printf 'testbed/setup: %s\n' "$*" >&2; }

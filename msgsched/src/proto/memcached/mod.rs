@@ -49,6 +49,9 @@ pub const KEY_MAX: usize = 250;
 /// Stream tag of a swallowed chunk of a too-large value: the server completes it
 /// without a reply.
 pub const SWALLOW: u64 = u64::MAX;
+/// Stream tag of a binary-protocol message (text messages have none). The replies are
+/// ordered either way; the tag only tells the server how to read the message.
+pub const BINARY: u64 = u64::MAX - 1;
 /// Largest swallowed chunk.
 pub const SWALLOW_CHUNK: usize = 64 << 10;
 
@@ -82,14 +85,23 @@ pub enum Protocol {
     Binary,
 }
 
-/// Which protocol a framed message is in (its first byte; a swallowed chunk is tagged by
-/// its stream instead, see [`SWALLOW`]).
-pub fn protocol_of(msg: &IoVec) -> Protocol {
-    let mut b = [0u8; 1];
-    if peek(msg, 0, &mut b) && b[0] == binary::REQ_MAGIC {
-        Protocol::Binary
-    } else {
-        Protocol::Text
+/// What a framed message is, from its origin's stream tag (see [`McParser`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MsgKind {
+    /// A text command (line and data block).
+    Text,
+    /// A binary request.
+    Binary,
+    /// A chunk of a too-large value being swallowed: complete it without a reply.
+    Swallow,
+}
+
+/// The kind of a message whose origin carries `stream`.
+pub fn kind(stream: Option<u64>) -> MsgKind {
+    match stream {
+        Some(SWALLOW) => MsgKind::Swallow,
+        Some(BINARY) => MsgKind::Binary,
+        _ => MsgKind::Text,
     }
 }
 
@@ -157,7 +169,13 @@ impl Parser for McParser {
     }
 
     fn stream(&self, _msg: &IoVec) -> Option<u64> {
-        self.swallowing.then_some(SWALLOW)
+        if self.swallowing {
+            Some(SWALLOW)
+        } else if self.proto == Some(Protocol::Binary) {
+            Some(BINARY)
+        } else {
+            None
+        }
     }
 }
 

@@ -267,7 +267,13 @@ impl Request {
         let line = strip_eol(&head[..line_len]);
         let t: Vec<&[u8]> = tokens(line).collect();
         let noreply = t.len() > 1 && t.last() == Some(&&b"noreply"[..]);
-        let rej = |error| Rejected { error, noreply };
+        // memcached reads `noreply` only in the handlers of commands that take it, after
+        // their token count is checked: an unknown command or a wrong count always gets
+        // its `ERROR`.
+        let rej = |error| Rejected {
+            error,
+            noreply: noreply && error != Error::Unknown,
+        };
         let Some(&cmd) = t.first() else {
             return Err(rej(Error::Unknown));
         };
@@ -397,10 +403,20 @@ impl Request {
                 };
                 done(Command::FlushAll { delay })
             }
-            b"version" if n == 1 => done(Command::Version),
-            b"verbosity" if n == 2 || (n == 3 && noreply) => done(Command::Verbosity),
+            // memcached 1.6 ignores extra tokens of these, `noreply` included
+            // (`version noreply` is answered).
+            b"version" | b"quit" => Ok(Request {
+                cmd: if cmd == b"version" {
+                    Command::Version
+                } else {
+                    Command::Quit
+                },
+                noreply: false,
+            }),
+            // Statistics groups (`stats slabs`, ...) are not kept: ERROR, as memcached
+            // answers an unknown group (and `stats noreply`).
             b"stats" if n == 1 => done(Command::Stats),
-            b"quit" if n == 1 => done(Command::Quit),
+            b"verbosity" if n == 2 || n == 3 => done(Command::Verbosity),
             _ => Err(rej(Error::Unknown)),
         }
     }
@@ -575,6 +591,24 @@ mod tests {
         assert_eq!(d("get\r\n").unwrap_err().error, Error::Unknown);
         assert_eq!(d("set k 0 0\r\n").unwrap_err().error, Error::Unknown);
         assert_eq!(d("version\r\n").unwrap().cmd, Command::Version);
+        // memccapable's expectations of a 1.6 server.
+        assert_eq!(
+            d("version noreply\r\n").unwrap(),
+            Request {
+                cmd: Command::Version,
+                noreply: false
+            }
+        );
+        assert_eq!(d("version foo bar\r\n").unwrap().cmd, Command::Version);
+        assert_eq!(
+            d("verbosity foo bar my\r\n").unwrap_err().error,
+            Error::Unknown
+        );
+        assert_eq!(d("verbosity\r\n").unwrap_err().error, Error::Unknown);
+        assert!(d("verbosity noreply\r\n").unwrap().noreply);
+        assert_eq!(d("delete a b c d e\r\n").unwrap_err().error, Error::Unknown);
+        assert_eq!(d("stats noreply\r\n").unwrap_err().error, Error::Unknown);
+        assert_eq!(d("stats\r\n").unwrap().cmd, Command::Stats);
         assert_eq!(d("quit\n").unwrap().cmd, Command::Quit);
         assert_eq!(
             d("flush_all noreply\r\n").unwrap(),

@@ -341,6 +341,8 @@ struct ConnState<C, P> {
     staging: Arc<Staging<Out>>,
     /// A framed message the scheduler had no room for (sent first next time).
     stalled: Option<(u64, Framed)>,
+    /// The driver cannot send this connection's replies now: take no more messages.
+    paused: bool,
 }
 
 /// The I/O core's side of a message-socket group.
@@ -417,6 +419,7 @@ where
                 sequencer: Sequencer::new(ordering, window),
                 staging: Arc::new(Staging::new(window)),
                 stalled: None,
+                paused: false,
             },
         );
         self.keys.insert(conn, key);
@@ -433,7 +436,26 @@ where
         self.keys
             .get(&conn)
             .and_then(|k| self.conns.get(k))
-            .is_some_and(|c| c.stalled.is_none() && c.framer.wants_input())
+            .is_some_and(|c| c.stalled.is_none() && !c.paused && c.framer.wants_input())
+    }
+
+    /// Pauses (`true`) or resumes taking messages from `conn`, for a driver whose
+    /// transmit path cannot take the connection's replies now (a peer that does not
+    /// read): while paused, bytes already received stay buffered unframed, so no more
+    /// work is done and no more replies pile up for it (memcached likewise stops
+    /// processing a connection's commands while its replies cannot be written).
+    /// Resuming frames what is buffered. Ignored for a connection not attached.
+    pub fn pause(&mut self, conn: C, paused: bool) {
+        let Some(&key) = self.keys.get(&conn) else {
+            return;
+        };
+        let Some(c) = self.conns.get_mut(&key) else {
+            return;
+        };
+        let was = std::mem::replace(&mut c.paused, paused);
+        if was && !paused {
+            self.frame(key);
+        }
     }
 
     /// Bytes received on `conn`, in order: whole messages are dispatched to workers.
@@ -454,6 +476,9 @@ where
             let Some(c) = self.conns.get_mut(&key) else {
                 return;
             };
+            if c.paused {
+                return;
+            }
             let (seq_key, framed) = match c.stalled.take() {
                 Some(s) => s,
                 None => match c.framer.next_message() {

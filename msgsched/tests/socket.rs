@@ -421,3 +421,33 @@ fn reply_and_close_shuts_down_after_the_earlier_replies() {
         }
     }
 }
+
+/// `pause` (a peer that does not read its replies): nothing more is framed or dispatched
+/// while paused, the bytes stay buffered, and resuming serves them all in order.
+#[test]
+fn a_paused_connection_takes_no_messages_until_resumed() {
+    let (mut io, sockets) =
+        group::<u32, KnbParser>(&cfg(Model::Ms, 2), FramerConfig::default()).unwrap();
+    io.attach(1, KnbParser::new(Ordering::Ordered)).unwrap();
+    io.attach(2, KnbParser::new(Ordering::Ordered)).unwrap();
+    let workers = spawn_workers(sockets, |s, m| {
+        let r = echo(&m);
+        s.reply(m.origin, r);
+    });
+    io.pause(1, true);
+    assert!(!io.wants_input(1) && io.wants_input(2));
+    io.on_data(1, Zbuf::copy_from_slice(&stream(0..10)));
+    let (replies, _) = drive(&mut io, Pending::from([(2, stream(100..110))]), |r| {
+        count(r, 2) == 10
+    });
+    assert_eq!(count(&replies, 1), 0);
+    assert_eq!(io.counters().messages.load(AO::Relaxed), 10);
+    io.pause(1, false);
+    let (replies, _) = drive(&mut io, Pending::new(), |r| count(r, 1) == 10);
+    assert_eq!(replies[&1], (0..10).collect::<Vec<_>>());
+    io.pause(99, true); // not attached: ignored
+    drop(io);
+    for w in workers {
+        w.join().unwrap();
+    }
+}

@@ -171,6 +171,7 @@ impl<P: Parser, F: Fn() -> P> MsgMode<P, F> {
             return;
         }
         st.flush_backlogs();
+        let mut drained = Vec::new();
         self.unsent.retain(|&h, q| {
             while let Some(z) = q.front() {
                 match st.send_all(h, z.clone()) {
@@ -181,8 +182,13 @@ impl<P: Parser, F: Fn() -> P> MsgMode<P, F> {
                     Err(_) => return false,
                 }
             }
+            drained.push(h);
             false
         });
+        for h in drained {
+            // Its replies are in TCP again: take its next messages.
+            self.io().pause(h, false);
+        }
         if !self.closing.is_empty() {
             let done: Vec<Conn> = self
                 .closing
@@ -257,6 +263,12 @@ impl<P: Parser, F: Fn() -> P> Mode for MsgMode<P, F> {
         });
         self.unsent = unsent;
         if sent > 0 {
+            // A peer that does not read: take no more of its messages until its replies
+            // are in TCP (otherwise replies would pile up here without bound).
+            let waiting: Vec<Conn> = self.unsent.keys().copied().collect();
+            for h in waiting {
+                self.io().pause(h, true);
+            }
             st.stats.from_workers += sent;
             work = true;
         }

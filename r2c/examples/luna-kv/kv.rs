@@ -43,7 +43,7 @@ struct Item {
 
 /// Outcome of a store operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stored {
+pub enum Outcome {
     /// Stored.
     Stored,
     /// A condition failed (add of a present key, append to a missing one, ...).
@@ -181,18 +181,18 @@ impl Store {
         flags: u32,
         exptime: i64,
         value: &IoVec,
-    ) -> (Stored, u64) {
+    ) -> (Outcome, u64) {
         self.sets.fetch_add(1, Ordering::Relaxed);
         let t = now();
         let mut m = self.shard(key);
         let old = m.get(key).filter(|it| self.live(it, t)).cloned();
         let (bytes, flags, exp) = match (op, &old) {
-            (StoreOp::Add, Some(_)) => return (Stored::NotStored, 0),
+            (StoreOp::Add, Some(_)) => return (Outcome::NotStored, 0),
             (StoreOp::Replace | StoreOp::Append | StoreOp::Prepend, None) => {
-                return (Stored::NotStored, 0)
+                return (Outcome::NotStored, 0)
             }
-            (StoreOp::Cas(_), None) => return (Stored::NotFound, 0),
-            (StoreOp::Cas(c), Some(it)) if it.cas != c => return (Stored::Exists, 0),
+            (StoreOp::Cas(_), None) => return (Outcome::NotFound, 0),
+            (StoreOp::Cas(c), Some(it)) if it.cas != c => return (Outcome::Exists, 0),
             (StoreOp::Append, Some(it)) => {
                 let mut v = it.value.to_vec();
                 v.extend(value.to_vec());
@@ -207,7 +207,7 @@ impl Store {
         };
         let prev = m.get(key).map_or(0, |it| cost(key, it.value.len()));
         if !self.charge(cost(key, bytes.len()), prev) {
-            return (Stored::NoMemory, 0);
+            return (Outcome::NoMemory, 0);
         }
         let cas = self.cas();
         m.insert(
@@ -220,7 +220,7 @@ impl Store {
                 stored: t,
             },
         );
-        (Stored::Stored, cas)
+        (Outcome::Stored, cas)
     }
 
     /// The live item under `key` as `(value, flags, cas)`; `touch` sets a new expiry.
@@ -244,19 +244,19 @@ impl Store {
     }
 
     /// Removes `key` (if `cas` is given, only with that CAS value).
-    pub fn delete(&self, key: &[u8], cas: u64) -> Stored {
+    pub fn delete(&self, key: &[u8], cas: u64) -> Outcome {
         let t = now();
         let mut m = self.shard(key);
         match m.get(key) {
             Some(it) if self.live(it, t) => {
                 if cas != 0 && it.cas != cas {
-                    return Stored::Exists;
+                    return Outcome::Exists;
                 }
                 let it = m.remove(key).expect("present");
                 self.charge(0, cost(key, it.value.len()));
-                Stored::Stored
+                Outcome::Stored
             }
-            _ => Stored::NotFound,
+            _ => Outcome::NotFound,
         }
     }
 
@@ -418,11 +418,11 @@ impl Kv {
                 value,
             } => {
                 r.put(match s.store(op, &key, flags, exptime, &value).0 {
-                    Stored::Stored => b"STORED\r\n",
-                    Stored::NotStored => b"NOT_STORED\r\n",
-                    Stored::Exists => b"EXISTS\r\n",
-                    Stored::NotFound => b"NOT_FOUND\r\n",
-                    Stored::NoMemory => b"SERVER_ERROR out of memory storing object\r\n",
+                    Outcome::Stored => b"STORED\r\n",
+                    Outcome::NotStored => b"NOT_STORED\r\n",
+                    Outcome::Exists => b"EXISTS\r\n",
+                    Outcome::NotFound => b"NOT_FOUND\r\n",
+                    Outcome::NoMemory => b"SERVER_ERROR out of memory storing object\r\n",
                 });
             }
             Command::Get { keys, cas, touch } => {
@@ -441,7 +441,7 @@ impl Kv {
             }
             Command::Delete { key } => {
                 r.put(match s.delete(&key, 0) {
-                    Stored::Stored => b"DELETED\r\n",
+                    Outcome::Stored => b"DELETED\r\n",
                     _ => b"NOT_FOUND\r\n",
                 });
             }
@@ -598,17 +598,17 @@ impl Kv {
                         let (res, cas) =
                             s.store(sop, &q.key, be32(&ext), exp(be32(&ext[4..])), &q.value);
                         match res {
-                            Stored::Stored if quiet => answered = false,
-                            Stored::Stored => ok_empty(&mut r, cas),
-                            Stored::Exists => {
+                            Outcome::Stored if quiet => answered = false,
+                            Outcome::Stored => ok_empty(&mut r, cas),
+                            Outcome::Exists => {
                                 err(&mut r, status::KEY_EEXISTS, "Data exists for key.")
                             }
-                            Stored::NotFound => err(&mut r, status::KEY_ENOENT, "Not found"),
-                            Stored::NotStored if sop == StoreOp::Add => {
+                            Outcome::NotFound => err(&mut r, status::KEY_ENOENT, "Not found"),
+                            Outcome::NotStored if sop == StoreOp::Add => {
                                 err(&mut r, status::KEY_EEXISTS, "Data exists for key.")
                             }
-                            Stored::NotStored => err(&mut r, status::KEY_ENOENT, "Not found"),
-                            Stored::NoMemory => err(&mut r, status::ENOMEM, "Out of memory"),
+                            Outcome::NotStored => err(&mut r, status::KEY_ENOENT, "Not found"),
+                            Outcome::NoMemory => err(&mut r, status::ENOMEM, "Out of memory"),
                         }
                     }
                 }
@@ -623,9 +623,9 @@ impl Kv {
                             StoreOp::Prepend
                         };
                         match s.store(sop, &q.key, 0, 0, &q.value) {
-                            (Stored::Stored, _) if quiet => answered = false,
-                            (Stored::Stored, cas) => ok_empty(&mut r, cas),
-                            (Stored::NoMemory, _) => err(&mut r, status::ENOMEM, "Out of memory"),
+                            (Outcome::Stored, _) if quiet => answered = false,
+                            (Outcome::Stored, cas) => ok_empty(&mut r, cas),
+                            (Outcome::NoMemory, _) => err(&mut r, status::ENOMEM, "Out of memory"),
                             _ => err(&mut r, status::NOT_STORED, "Not stored."),
                         }
                     }
@@ -636,9 +636,9 @@ impl Kv {
                         close = true;
                     } else {
                         match s.delete(&q.key, h.cas) {
-                            Stored::Stored if quiet => answered = false,
-                            Stored::Stored => ok_empty(&mut r, 0),
-                            Stored::Exists => {
+                            Outcome::Stored if quiet => answered = false,
+                            Outcome::Stored => ok_empty(&mut r, 0),
+                            Outcome::Exists => {
                                 err(&mut r, status::KEY_EEXISTS, "Data exists for key.")
                             }
                             _ => err(&mut r, status::KEY_ENOENT, "Not found"),

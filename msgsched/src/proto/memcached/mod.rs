@@ -114,6 +114,8 @@ pub struct McParser {
     swallow: u64,
     /// The message just framed is a swallowed chunk.
     swallowing: bool,
+    /// Head bytes known to hold no `\n` (text).
+    scanned: usize,
 }
 
 impl McParser {
@@ -157,7 +159,7 @@ impl Parser for McParser {
             }
         };
         let f = match proto {
-            Protocol::Text => text::frame(buf, max, &self.limits)?,
+            Protocol::Text => text::frame(buf, max, &self.limits, &mut self.scanned)?,
             Protocol::Binary => binary::frame(buf, max)?,
         };
         self.swallow = f.swallow;

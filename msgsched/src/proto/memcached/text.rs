@@ -8,18 +8,26 @@ use super::{Frame, Limits, KEY_MAX};
 use crate::parser::{peek, ParseError, ParseErrorKind};
 use zbuf::IoVec;
 
-/// The index of the first `\n` within the first `limit` bytes of `buf`.
-fn find_lf(buf: &IoVec, limit: usize) -> Option<usize> {
-    let mut at = 0;
-    for chunk in buf.chunks() {
-        let n = chunk.len().min(limit.saturating_sub(at));
-        if let Some(i) = chunk[..n].iter().position(|&b| b == b'\n') {
-            return Some(at + i);
-        }
-        at += n;
+/// The index of the first `\n` within the first `limit` bytes of `buf`, looking from
+/// `from` on (the bytes before it are known to hold none). The segments before `from` are
+/// skipped from the back, so a call costs the new segments, not all of them.
+fn find_lf(buf: &IoVec, from: usize, limit: usize) -> Option<usize> {
+    let segs = buf.segments();
+    let (mut idx, mut at) = (segs.len(), buf.len());
+    while idx > 0 && at > from {
+        idx -= 1;
+        at -= segs[idx].len();
+    }
+    for z in &segs[idx..] {
         if at >= limit {
             break;
         }
+        let n = z.len().min(limit - at);
+        let skip = from.saturating_sub(at).min(n);
+        if let Some(i) = z[skip..n].iter().position(|&b| b == b'\n') {
+            return Some(at + skip + i);
+        }
+        at += z.len();
     }
     None
 }
@@ -75,10 +83,18 @@ fn storage_bytes(line: &[u8]) -> Option<usize> {
     Some(v as usize)
 }
 
-/// Frames the message at the head of a text stream.
-pub(crate) fn frame(buf: &IoVec, max: usize, lim: &Limits) -> Result<Frame, ParseError> {
-    let cap = lim.line_max.max(lim.multiget_max);
-    let Some(lf) = find_lf(buf, cap.min(max)) else {
+/// Frames the message at the head of a text stream. `scanned`: how many head bytes an
+/// earlier call found without a `\n` (so a line arriving a byte at a time is scanned once,
+/// not once per byte); reset when a message is framed.
+pub(crate) fn frame(
+    buf: &IoVec,
+    max: usize,
+    lim: &Limits,
+    scanned: &mut usize,
+) -> Result<Frame, ParseError> {
+    let cap = lim.line_max.max(lim.multiget_max).min(max);
+    let Some(lf) = find_lf(buf, *scanned, cap) else {
+        *scanned = buf.len().min(cap);
         if buf.len() > lim.line_max.min(max) {
             let mut head = [0u8; 16];
             let n = head.len().min(buf.len());
@@ -92,6 +108,7 @@ pub(crate) fn frame(buf: &IoVec, max: usize, lim: &Limits) -> Result<Frame, Pars
         }
         return Ok(Frame::MORE);
     };
+    *scanned = 0;
     let line_len = lf + 1;
     let mut line = vec![0u8; line_len.min(lim.line_max)];
     peek(buf, 0, &mut line);
@@ -261,7 +278,7 @@ fn key_ok(k: &[u8]) -> bool {
 impl Request {
     /// Decodes one framed text message (as [`super::McParser`] frames them).
     pub fn decode(msg: &IoVec) -> Result<Request, Rejected> {
-        let line_len = find_lf(msg, msg.len()).map_or(msg.len(), |i| i + 1);
+        let line_len = find_lf(msg, 0, msg.len()).map_or(msg.len(), |i| i + 1);
         let mut head = vec![0u8; line_len];
         peek(msg, 0, &mut head);
         let line = strip_eol(&head[..line_len]);
@@ -435,7 +452,28 @@ mod tests {
     }
 
     fn fr(b: &[u8], max: usize) -> Result<Frame, ParseErrorKind> {
-        frame(&iov(b), max, &Limits::default()).map_err(|e| e.kind())
+        frame(&iov(b), max, &Limits::default(), &mut 0).map_err(|e| e.kind())
+    }
+
+    /// Regression (review): a multiget line arriving a byte at a time was rescanned from
+    /// its start on every byte (quadratic work on the I/O core); the scan now resumes.
+    #[test]
+    fn a_line_arriving_byte_by_byte_is_scanned_once() {
+        let line = format!("get {}\r\n", "k ".repeat(20_000));
+        let lim = Limits::default();
+        let mut scanned = 0;
+        let mut buf = IoVec::new();
+        for (i, b) in line.bytes().enumerate() {
+            buf.push(Zbuf::copy_from_slice(&[b]));
+            let f = frame(&buf, 1 << 20, &lim, &mut scanned).unwrap();
+            if i + 1 < line.len() {
+                assert_eq!(f, Frame::MORE);
+                assert_eq!(scanned, i + 1);
+            } else {
+                assert_eq!(f, Frame::msg(line.len()));
+                assert_eq!(scanned, 0);
+            }
+        }
     }
 
     #[test]

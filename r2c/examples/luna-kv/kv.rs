@@ -63,6 +63,8 @@ pub enum ArithError {
     NotFound,
     /// The value is not a decimal number.
     NonNumeric,
+    /// The memory limit (creating or growing the value).
+    NoMemory,
 }
 
 /// The shared store.
@@ -290,7 +292,7 @@ impl Store {
         let bytes = n.to_string().into_bytes();
         let prev = m.get(key).map_or(0, |it| cost(key, it.value.len()));
         if !self.charge(cost(key, bytes.len()), prev) {
-            return Err(ArithError::NotFound);
+            return Err(ArithError::NoMemory);
         }
         let cas = self.cas();
         m.insert(
@@ -454,6 +456,9 @@ impl Kv {
                 }
                 Err(ArithError::NonNumeric) => {
                     r.put(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n");
+                }
+                Err(ArithError::NoMemory) => {
+                    r.put(b"SERVER_ERROR out of memory\r\n");
                 }
             },
             Command::Touch { key, exptime } => {
@@ -667,6 +672,9 @@ impl Kv {
                                 status::DELTA_BADVAL,
                                 "Non-numeric server-side value for incr or decr",
                             ),
+                            Err(ArithError::NoMemory) => {
+                                err(&mut r, status::ENOMEM, "Out of memory")
+                            }
                         }
                     }
                 }

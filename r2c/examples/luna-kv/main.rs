@@ -12,8 +12,8 @@
 //!
 //! It brings up the testbed's tap topology (prefix `--prefix`, default `lkv`), runs the
 //! DPDK side inside it (this program re-executed in the DPDK namespace), configures the
-//! kernel side and serves until Ctrl-C, `--duration` or the stop file it prints. Needs
-//! root and hugepages.
+//! kernel side and serves until `--duration` or the stop file it prints (both tear the
+//! topology down; after Ctrl-C, `make clean-testbed` does). Needs root and hugepages.
 
 mod kv;
 mod server;

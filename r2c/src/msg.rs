@@ -63,6 +63,13 @@ impl MsgCtx<'_> {
         self.socket.reply(origin, reply)
     }
 
+    /// Answers the message of `origin` with `reply` (it may be empty) and then closes its
+    /// connection gracefully, once every earlier reply has gone out (memcached's
+    /// `quit`); replies to its later messages are dropped.
+    pub fn reply_and_close(&mut self, origin: Origin<Conn>, reply: IoVec) -> bool {
+        self.socket.reply_and_close(origin, reply)
+    }
+
     /// Completes the message of `origin` without a reply.
     pub fn finish(&mut self, origin: Origin<Conn>) -> bool {
         self.socket.finish(origin)
@@ -105,6 +112,9 @@ trait IoSide {
     fn poll_event(&mut self) -> Option<IoEvent<Conn>>;
     fn detach(&mut self, h: Conn);
     fn in_flight(&self, h: Conn) -> Option<usize>;
+    /// Take no more messages of `h` (`true`) while its replies cannot go to TCP, or
+    /// resume.
+    fn pause(&mut self, h: Conn, paused: bool);
 }
 
 struct Framed<P: Parser, F: Fn() -> P> {
@@ -138,6 +148,9 @@ impl<P: Parser, F: Fn() -> P> IoSide for Framed<P, F> {
     fn in_flight(&self, h: Conn) -> Option<usize> {
         self.io.in_flight(h)
     }
+    fn pause(&mut self, h: Conn, paused: bool) {
+        self.io.pause(h, paused);
+    }
 }
 
 struct Sessions<F: Fn() -> Box<dyn Session>> {
@@ -169,6 +182,11 @@ impl<F: Fn() -> Box<dyn Session>> IoSide for Sessions<F> {
     }
     fn in_flight(&self, h: Conn) -> Option<usize> {
         self.io.in_flight(h)
+    }
+    fn pause(&mut self, _h: Conn, _paused: bool) {
+        // Nothing to do: a session bounds its own output (HTTP/2 flow control and its
+        // output cap), and `MsgMode::read` leaves the peer's bytes in TCP while replies
+        // wait for send space, so no more requests are taken meanwhile.
     }
 }
 
@@ -245,6 +263,7 @@ impl<S: IoSide> MsgMode<S> {
             return;
         }
         st.flush_backlogs();
+        let mut drained = Vec::new();
         self.unsent.retain(|&h, q| {
             while let Some(z) = q.front() {
                 match st.send_all(h, z.clone()) {
@@ -255,8 +274,13 @@ impl<S: IoSide> MsgMode<S> {
                     Err(_) => return false,
                 }
             }
+            drained.push(h);
             false
         });
+        for h in drained {
+            // Its replies are in TCP again: take its next messages.
+            self.io().pause(h, false);
+        }
     }
 
     fn on_events(&mut self, st: &mut CoreState) -> bool {
@@ -355,6 +379,12 @@ impl<S: IoSide> Mode for MsgMode<S> {
         });
         self.unsent = unsent;
         if sent > 0 {
+            // A peer that does not read: take no more of its messages until its replies
+            // are in TCP (otherwise replies would pile up here without bound).
+            let waiting: Vec<Conn> = self.unsent.keys().copied().collect();
+            for h in waiting {
+                self.io().pause(h, true);
+            }
             st.stats.from_workers += sent;
             work = true;
         }

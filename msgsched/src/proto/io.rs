@@ -22,6 +22,7 @@ use crate::parser::ParseErrorKind;
 use crate::proto::{Session, SessionRequest, SessionState};
 use crate::reply::Staging;
 use crate::sched::{self, Dispatcher, SchedConfig};
+use crate::socket::Out;
 use crate::socket::{IoEvent, Message, MsgConfigError, MsgCounters, MsgSocket, Origin, Shared};
 use crossbeam_queue::SegQueue;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -33,8 +34,11 @@ use zbuf::{IoVec, Zbuf};
 struct SConn<C> {
     conn: C,
     session: Box<dyn Session>,
-    staging: Arc<Staging<IoVec>>,
+    staging: Arc<Staging<Out>>,
     in_flight: usize,
+    /// A worker answered with [`MsgSocket::reply_and_close`](crate::socket::MsgSocket::reply_and_close):
+    /// end the connection once that reply has been written, as a clean end.
+    close_after: bool,
     /// A request the scheduler had no room for (sent first next time).
     stalled: Option<SessionRequest>,
 }
@@ -110,6 +114,7 @@ where
                 session,
                 staging: Arc::new(Staging::new(self.cap)),
                 in_flight: 0,
+                close_after: false,
                 stalled: None,
             },
         );
@@ -207,14 +212,17 @@ where
             };
             let counters = &self.shared.counters;
             let mut done = 0;
+            let mut close_after = false;
             staging.drain(|(id, reply)| {
                 done += 1;
                 if reply.is_some() {
                     counters.replies.fetch_add(1, AtomicOrdering::Relaxed);
                     replies += 1;
                 }
-                c.session.complete(id, reply);
+                close_after |= reply.as_ref().is_some_and(|o| o.close);
+                c.session.complete(id, reply.map(|o| o.data));
             });
+            c.close_after |= close_after;
             c.in_flight = c.in_flight.saturating_sub(done);
             for _ in 0..done {
                 self.dispatcher.complete(key);
@@ -246,7 +254,10 @@ where
         while let Some(tx) = c.session.poll_transmit() {
             send(conn, tx);
         }
-        let state = c.session.state();
+        let state = match c.session.state() {
+            SessionState::Open if c.close_after => SessionState::Done,
+            state => state,
+        };
         self.dispatch(key);
         match state {
             SessionState::Open => {}

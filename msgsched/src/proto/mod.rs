@@ -1,4 +1,8 @@
-//! Session protocols: protocols that need more than framing contiguous messages.
+//! Protocols beyond knb's own framing.
+//!
+//! - [`memcached`]: the memcached text and binary protocols on one port, each behind
+//!   [`crate::parser::Parser`] (contiguous messages framed by length).
+//! - [`h2`] (with [`grpc`] over it): HTTP/2, a *session* protocol.
 //!
 //! The [`Parser`](crate::parser::Parser) path frames one connection's byte stream into
 //! contiguous messages and sends replies back as they are. A multiplexed protocol such
@@ -26,6 +30,7 @@
 pub mod grpc;
 pub mod h2;
 pub mod io;
+pub mod memcached;
 
 use crate::parser::ParseError;
 use zbuf::{IoVec, Zbuf};

@@ -2,7 +2,13 @@
 
 use super::*;
 use crate::context::testutil::FakeRng;
-use crate::wire::Ipv4Cidr;
+use crate::tcp::SeqNum;
+use crate::time::Duration;
+use crate::wire::{
+    ChecksumCaps, EtherType, EthernetAddress, EthernetFrame, EthernetRepr, Icmpv4Packet,
+    Icmpv4Repr, IpProtocol, Ipv4Cidr, Ipv4Packet, Ipv4Repr, TcpFlags, TcpOptions, TcpPacket,
+    TcpRepr,
+};
 
 const MAC_A: EthernetAddress = EthernetAddress([0x02, 0, 0, 0, 0, 1]);
 const MAC_B: EthernetAddress = EthernetAddress([0x02, 0, 0, 0, 0, 2]);

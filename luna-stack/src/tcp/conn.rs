@@ -175,8 +175,8 @@ struct TsState {
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Keepalive {
-    /// When the next probe is due.
-    at: Option<Instant>,
+    /// Probes sent since the connection was last heard from (the deadline is
+    /// [`Timer::Keepalive`] in the timer table).
     probes_sent: u32,
 }
 
@@ -240,9 +240,10 @@ pub struct Connection {
     /// The segment being timed for an RTT sample: (end sequence, send time). Karn: cleared on
     /// any retransmission.
     rtt_probe: Option<(SeqNum, Instant)>,
-    rto_at: Option<Instant>,
-    /// Zero-window probing (RFC 9293 §3.8.6.1): next probe time and backoff exponent.
-    persist_at: Option<Instant>,
+    /// Every deadline of the connection (retransmission, persist, delayed ACK, TIME-WAIT,
+    /// an orphan's FIN-WAIT-2, keepalive): the one table `poll_timeout` reads.
+    timers: TimerTable,
+    /// Zero-window probing (RFC 9293 §3.8.6.1): backoff exponent of the persist timer.
     persist_backoff: u32,
     retries: u32,
     last_send: Instant,
@@ -256,7 +257,6 @@ pub struct Connection {
     /// stack processes a burst before polling, and coalescing them into one ACK would hide
     /// the loss from the sender's duplicate-ACK counter.
     dupacks_owed: u32,
-    ack_at: Option<Instant>,
     /// Sequence number our last ACK carried (RFC 7323 Last.ACK.sent).
     last_ack_sent: SeqNum,
 
@@ -273,11 +273,8 @@ pub struct Connection {
     send_window_probe: bool,
     /// Window scaling was negotiated.
     wscale_ok: bool,
-    tw_at: Option<Instant>,
     /// The application released its handle: nobody reads or writes any more.
     orphaned: bool,
-    /// FIN-WAIT-2 deadline of an orphan (`fin_timeout`).
-    fin_wait2_at: Option<Instant>,
     /// Send a RST for (seq) at the next poll (abort).
     rst_pending: Option<SeqNum>,
     close_reason: Option<CloseReason>,
@@ -372,8 +369,7 @@ impl Connection {
             rexmit_now: None,
             syn_retransmitted: false,
             rtt_probe: None,
-            rto_at: None,
-            persist_at: None,
+            timers: TimerTable::default(),
             persist_backoff: 0,
             retries: 0,
             last_send: now,
@@ -381,7 +377,6 @@ impl Connection {
             last_wnd_field: 0,
             ack_now: false,
             dupacks_owed: 0,
-            ack_at: None,
             last_ack_sent: SeqNum(0),
             ts,
             sack_ok: cfg.sack,
@@ -391,9 +386,7 @@ impl Connection {
             send_keepalive: false,
             send_window_probe: false,
             wscale_ok: false,
-            tw_at: None,
             orphaned: false,
-            fin_wait2_at: None,
             rst_pending: None,
             close_reason: None,
             events: Events::default(),
@@ -813,11 +806,11 @@ impl Connection {
             self.close_reason.get_or_insert(reason);
             self.events.closed = true;
         }
-        self.rto_at = None;
-        self.persist_at = None;
-        self.ack_at = None;
-        self.tw_at = None;
-        self.fin_wait2_at = None;
+        self.timers.clear(Timer::Rto);
+        self.timers.clear(Timer::Persist);
+        self.timers.clear(Timer::DelayedAck);
+        self.timers.clear(Timer::TimeWait);
+        self.timers.clear(Timer::FinWait2);
         self.ack_now = false;
         self.rexmit_now = None;
     }
@@ -830,6 +823,7 @@ mod undo;
 
 #[cfg(test)]
 use output::options_len;
+use timers::{Timer, TimerTable};
 use undo::UndoEpisode;
 
 #[cfg(test)]
@@ -893,24 +887,14 @@ impl Connection {
             self.undo,
             self.rexmit_now
         );
-        put!(
-            self.syn_retransmitted,
-            self.rtt_probe,
-            self.rto_at,
-            self.persist_at
-        );
+        put!(self.syn_retransmitted, self.rtt_probe, self.timers);
         put!(
             self.persist_backoff,
             self.retries,
             self.last_send,
             self.last_rcv
         );
-        put!(
-            self.last_wnd_field,
-            self.ack_now,
-            self.dupacks_owed,
-            self.ack_at
-        );
+        put!(self.last_wnd_field, self.ack_now, self.dupacks_owed);
         put!(
             self.last_ack_sent,
             self.ts,
@@ -924,12 +908,7 @@ impl Connection {
             self.send_window_probe,
             self.wscale_ok
         );
-        put!(
-            self.tw_at,
-            self.orphaned,
-            self.fin_wait2_at,
-            self.rst_pending
-        );
+        put!(self.orphaned, self.rst_pending);
         put!(self.close_reason, self.events, counters);
         out
     }

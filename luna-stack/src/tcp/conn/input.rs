@@ -134,7 +134,7 @@ impl Connection {
         // RFC 7323 §4.3 (2): TS.Recent, after the ACK check as on the full path.
         self.update_ts_recent_checked(now, seg, len);
         // RFC 9293 §3.8.4: the peer is alive.
-        if self.keepalive.at.is_some() {
+        if self.timers.is_armed(Timer::Keepalive) {
             self.arm_keepalive(now);
         }
         // RFC 9293 §3.10.7.4 seventh: in-order text goes to the application.
@@ -192,7 +192,7 @@ impl Connection {
             if self.syn_retransmitted {
                 self.rtt.on_handshake_retransmitted();
             }
-            self.rto_at = None;
+            self.timers.clear(Timer::Rto);
             self.retries = 0;
             self.state = State::Established;
             self.events.connected = true;
@@ -212,7 +212,7 @@ impl Connection {
             self.snd_wl2 = self.iss;
             // Rewind so the SYN goes out again, now with ACK.
             self.snd_nxt = self.iss;
-            self.rto_at = None;
+            self.timers.clear(Timer::Rto);
         }
     }
 
@@ -431,7 +431,7 @@ impl Connection {
         // RFC 9293 §3.8.4: the peer is alive. Only a segment that passed the sequence and
         // ACK checks counts: dropped junk (spoofed or stale) must not postpone the probes.
         if matches!(self.state, State::Established | State::CloseWait)
-            && self.keepalive.at.is_some()
+            && self.timers.is_armed(Timer::Keepalive)
         {
             self.arm_keepalive(now);
         }
@@ -569,8 +569,8 @@ impl Connection {
             Some(d) => {
                 if self.rcv_nxt - self.last_ack_sent >= 2 * self.snd_mss.max(1) {
                     self.ack_now = true;
-                } else if self.ack_at.is_none() {
-                    self.ack_at = Some(now + d);
+                } else if !self.timers.is_armed(Timer::DelayedAck) {
+                    self.timers.set(Timer::DelayedAck, now + d);
                 }
             }
             None => self.ack_now = true,
@@ -740,7 +740,7 @@ impl Connection {
         if self.snd_wl1.lt(seg.seq) || (self.snd_wl1 == seg.seq && self.snd_wl2.le(ack)) {
             let wnd = u32::from(seg.window) << self.snd_wscale;
             if self.snd_wnd == 0 && wnd > 0 {
-                self.persist_at = None;
+                self.timers.clear(Timer::Persist);
                 self.persist_backoff = 0;
             }
             self.snd_wnd = wnd;
@@ -807,9 +807,9 @@ impl Connection {
         }
         // RFC 6298 §5.2/5.3: stop the timer when all is acknowledged, else restart it.
         if self.snd_una == self.snd_max {
-            self.rto_at = None;
+            self.timers.clear(Timer::Rto);
         } else {
-            self.rto_at = Some(now + self.rtt.rto());
+            self.timers.set(Timer::Rto, now + self.rtt.rto());
         }
     }
 
@@ -849,9 +849,9 @@ impl Connection {
 
     pub(super) fn enter_time_wait(&mut self, now: Instant) {
         self.state = State::TimeWait;
-        self.rto_at = None;
-        self.persist_at = None;
-        self.fin_wait2_at = None;
+        self.timers.clear(Timer::Rto);
+        self.timers.clear(Timer::Persist);
+        self.timers.clear(Timer::FinWait2);
         self.restart_time_wait(now);
         self.close_reason.get_or_insert(CloseReason::Normal);
         self.events.closed = true;
@@ -869,7 +869,7 @@ impl Connection {
 
     pub(super) fn restart_time_wait(&mut self, now: Instant) {
         if self.state == State::TimeWait {
-            self.tw_at = Some(now + self.cfg.time_wait);
+            self.timers.set(Timer::TimeWait, now + self.cfg.time_wait);
         }
     }
 }

@@ -36,7 +36,7 @@ impl Connection {
             }
             if seg.repr.flags.ack() {
                 self.ack_now = false;
-                self.ack_at = None;
+                self.timers.clear(Timer::DelayedAck);
                 self.last_ack_sent = seg.repr.ack;
                 self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
             }

@@ -10,35 +10,29 @@ impl Connection {
 
     /// The earliest instant at which `on_timeout` has work to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        // Called after every input by the stack: plain comparisons, no iterator chain.
-        let mut at = earliest(self.rto_at, self.persist_at);
-        at = earliest(at, self.ack_at);
-        at = earliest(at, self.tw_at);
-        at = earliest(at, self.fin_wait2_at);
-        earliest(at, self.keepalive.at)
+        self.timers.next()
     }
 
     pub(super) fn arm_keepalive(&mut self, now: Instant) {
         if let Some(ka) = self.cfg.keepalive {
-            self.keepalive = Keepalive {
-                at: Some(now + ka.idle),
-                probes_sent: 0,
-            };
+            self.timers.set(Timer::Keepalive, now + ka.idle);
+            self.keepalive = Keepalive { probes_sent: 0 };
         }
     }
 
     /// RFC 6298 §5.1-5.2 and RFC 9293 §3.8.6.1: keep exactly one of the retransmission and
     /// persist timers running while anything is outstanding or waiting for window.
     pub(super) fn arm_timers(&mut self, now: Instant) {
-        if self.orphaned && self.state == State::FinWait2 && self.fin_wait2_at.is_none() {
+        if self.orphaned && self.state == State::FinWait2 && !self.timers.is_armed(Timer::FinWait2)
+        {
             // RFC 9293 has no FIN-WAIT-2 timer: a peer that never sends its FIN keeps the
             // connection forever. With no application left to wait for it, give up after
             // `fin_timeout` (Linux tcp_fin_timeout).
-            self.fin_wait2_at = Some(now + self.cfg.fin_timeout);
+            self.timers.set(Timer::FinWait2, now + self.cfg.fin_timeout);
         }
         if matches!(self.state, State::Closed | State::TimeWait) {
-            self.rto_at = None;
-            self.persist_at = None;
+            self.timers.clear(Timer::Rto);
+            self.timers.clear(Timer::Persist);
             return;
         }
         let outstanding = self.snd_max != self.snd_una;
@@ -46,18 +40,19 @@ impl Connection {
         // (A lone FIN goes out regardless of the window and is covered by the RTO.)
         let data_pending = self.sndq.end().gt(self.snd_una);
         if self.state.is_synchronized() && self.snd_wnd == 0 && data_pending {
-            self.rto_at = None;
-            if self.persist_at.is_none() {
-                self.persist_at = Some(now + self.persist_interval());
+            self.timers.clear(Timer::Rto);
+            if !self.timers.is_armed(Timer::Persist) {
+                self.timers
+                    .set(Timer::Persist, now + self.persist_interval());
             }
         } else {
-            self.persist_at = None;
+            self.timers.clear(Timer::Persist);
             if outstanding {
-                if self.rto_at.is_none() {
-                    self.rto_at = Some(now + self.rtt.rto());
+                if !self.timers.is_armed(Timer::Rto) {
+                    self.timers.set(Timer::Rto, now + self.rtt.rto());
                 }
             } else {
-                self.rto_at = None;
+                self.timers.clear(Timer::Rto);
             }
         }
     }
@@ -72,29 +67,24 @@ impl Connection {
 
     /// Run the timers that expired by `now`.
     pub fn on_timeout(&mut self, now: Instant) {
-        if self.tw_at.is_some_and(|t| t <= now) {
+        if self.timers.take_due(Timer::TimeWait, now) {
             // RFC 9293 §3.10.8: 2 MSL elapsed in TIME-WAIT.
-            self.tw_at = None;
             self.state = State::Closed;
             return;
         }
-        if self.fin_wait2_at.is_some_and(|t| t <= now) {
+        if self.timers.take_due(Timer::FinWait2, now) {
             // An orphan's FIN-WAIT-2 expired: reset, so a peer stuck in CLOSE-WAIT learns.
-            self.fin_wait2_at = None;
             self.rst_pending = Some(self.seq_for_control());
             self.terminate(CloseReason::Timeout);
             return;
         }
-        if self.ack_at.is_some_and(|t| t <= now) {
-            self.ack_at = None;
+        if self.timers.take_due(Timer::DelayedAck, now) {
             self.ack_now = true;
         }
-        if self.rto_at.is_some_and(|t| t <= now) {
-            self.rto_at = None;
+        if self.timers.take_due(Timer::Rto, now) {
             self.on_rto(now);
         }
-        if self.persist_at.is_some_and(|t| t <= now) {
-            self.persist_at = None;
+        if self.timers.take_due(Timer::Persist, now) {
             self.retries += 1;
             if self.retries > self.cfg.max_retries {
                 // Unanswered probes: the peer is gone.
@@ -105,7 +95,7 @@ impl Connection {
             self.send_window_probe = true;
             self.persist_backoff = self.persist_backoff.saturating_add(1);
         }
-        if self.keepalive.at.is_some_and(|t| t <= now) {
+        if self.timers.is_due(Timer::Keepalive, now) {
             self.on_keepalive(now);
         }
         self.arm_timers(now);
@@ -158,11 +148,11 @@ impl Connection {
 
     pub(super) fn on_keepalive(&mut self, now: Instant) {
         let Some(ka) = self.cfg.keepalive else {
-            self.keepalive.at = None;
+            self.timers.clear(Timer::Keepalive);
             return;
         };
         if !matches!(self.state, State::Established | State::CloseWait) {
-            self.keepalive.at = None;
+            self.timers.clear(Timer::Keepalive);
             return;
         }
         if self.snd_max != self.snd_una || self.sndq.end().gt(self.snd_una) {
@@ -171,7 +161,7 @@ impl Connection {
             // and a probe at SND.NXT - 1 is an acceptable segment, left unanswered, to a
             // receiver still missing earlier data, so counting it would reset a live peer
             // (Linux tcp_keepalive_timer skips probing the same way).
-            self.keepalive.at = Some(now + ka.idle);
+            self.timers.set(Timer::Keepalive, now + ka.idle);
             return;
         }
         if self.keepalive.probes_sent >= ka.probes {
@@ -181,9 +171,78 @@ impl Connection {
             return;
         }
         self.keepalive.probes_sent += 1;
-        self.keepalive.at = Some(now + ka.interval);
+        self.timers.set(Timer::Keepalive, now + ka.interval);
         self.counters.keepalive_probes += 1;
         self.send_keepalive = true;
+    }
+}
+
+/// One of a connection's timers: an index into its [`TimerTable`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Timer {
+    /// Retransmission timer (RFC 6298).
+    Rto,
+    /// Zero-window probe (RFC 9293 §3.8.6.1); never armed together with `Rto`.
+    Persist,
+    /// Delayed ACK (RFC 9293 §3.8.6.3).
+    DelayedAck,
+    /// 2 MSL in TIME-WAIT (RFC 9293 §3.6.1).
+    TimeWait,
+    /// An orphan's FIN-WAIT-2 limit (`TcpConfig::fin_timeout`).
+    FinWait2,
+    /// Next keepalive probe (RFC 9293 §3.8.4).
+    Keepalive,
+}
+
+impl Timer {
+    const COUNT: usize = 6;
+}
+
+/// A connection's deadlines, one optional instant per [`Timer`]: `poll_timeout` is their
+/// minimum and `on_timeout` fires the ones due, in a fixed order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct TimerTable {
+    at: [Option<Instant>; Timer::COUNT],
+}
+
+impl TimerTable {
+    /// Arms (or re-arms) `t` for `at`.
+    pub(super) fn set(&mut self, t: Timer, at: Instant) {
+        self.at[t as usize] = Some(at);
+    }
+
+    /// Disarms `t`.
+    pub(super) fn clear(&mut self, t: Timer) {
+        self.at[t as usize] = None;
+    }
+
+    /// Whether `t` is armed.
+    pub(super) fn is_armed(&self, t: Timer) -> bool {
+        self.at[t as usize].is_some()
+    }
+
+    /// Whether `t` is armed and due at `now`.
+    pub(super) fn is_due(&self, t: Timer, now: Instant) -> bool {
+        self.at[t as usize].is_some_and(|at| at <= now)
+    }
+
+    /// Disarms `t` if it is due at `now`; returns whether it was.
+    pub(super) fn take_due(&mut self, t: Timer, now: Instant) -> bool {
+        let due = self.is_due(t, now);
+        if due {
+            self.clear(t);
+        }
+        due
+    }
+
+    /// The earliest armed deadline.
+    pub(super) fn next(&self) -> Option<Instant> {
+        // Called after every input by the stack: plain comparisons over a fixed array.
+        let mut next = self.at[0];
+        for &at in &self.at[1..] {
+            next = earliest(next, at);
+        }
+        next
     }
 }
 

@@ -836,7 +836,7 @@ impl Connection {
         let rcvq: Vec<(usize, u64)> = self
             .rcvq
             .iter()
-            .map(|z| (z.len(), super::seq::fnv1a(z)))
+            .map(|z| (z.len(), crate::wire::tcp::fnv1a(z)))
             .collect();
         let mut out = String::new();
         macro_rules! put {

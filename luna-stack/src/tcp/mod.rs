@@ -9,13 +9,14 @@ pub mod isn;
 pub mod rtt;
 pub mod scoreboard;
 mod sendq;
-pub mod seq;
 pub mod syncookie;
 
+/// Re-exported from the wire layer, which owns it (TCP headers carry it); kept here
+/// because the TCP layer is where users import it from.
+pub use crate::wire::SeqNum;
 pub use config::TcpConfig;
 pub use conn::{
     CloseReason, Connection, Disposition, Events, FourTuple, OutSegment, RecvError, SendError,
     State,
 };
 pub use counters::{ConnCounters, DropReason};
-pub use seq::SeqNum;

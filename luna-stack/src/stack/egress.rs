@@ -93,6 +93,7 @@ impl<R: Rng> Stack<R> {
     // ---------------------------------------------------------------------------------------
 
     /// The next frame to send, or `None`. Call until `None` after every batch of input.
+    #[must_use]
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
         if let Some(t) = self.ctl.pop_front() {
             self.counters.frames_out += 1;

@@ -16,7 +16,7 @@ use crate::tables::route::{NextHop, Route, RouteTable};
 use crate::tcp::conn::{Connection, FourTuple};
 use crate::tcp::isn::IsnGenerator;
 use crate::tcp::syncookie::{SynCookieConfig, SynCookies};
-use crate::tcp::{CloseReason, ConnCounters, RecvError, SendError, State, TcpConfig};
+use crate::tcp::{self, CloseReason, ConnCounters, State, TcpConfig};
 use crate::time::Instant;
 use core::net::{Ipv4Addr, SocketAddrV4};
 use std::cmp::Reverse;
@@ -75,27 +75,84 @@ pub enum Event {
 }
 
 /// Errors from [`Stack::connect`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ConnectError {
     /// No route to the destination.
+    #[error("no route to the destination")]
     NoRoute,
     /// The destination is not a unicast address (or is our own).
+    #[error("the destination is not a unicast address of another host, or its port is 0")]
     InvalidAddress,
     /// The requested local port is in use for this destination.
+    #[error("the local port is in use for this destination")]
     AddrInUse,
     /// No free port in the ephemeral range for this destination.
+    #[error("no free port in the ephemeral range for this destination")]
     PortsExhausted,
     /// `max_connections` reached.
+    #[error("the connection table is full (max_connections)")]
     TableFull,
 }
 
 /// Errors from [`Stack::listen`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ListenError {
     /// Port 0 or a port already listened on.
+    #[error("port 0, or a port already listened on")]
     AddrInUse,
     /// Backlog of zero.
+    #[error("the backlog must be at least 1")]
     InvalidBacklog,
+}
+
+/// Errors from [`Stack::send`] and [`Stack::send_iovec`]: the handle's, or the connection's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The send buffer is full; retry after a writable event.
+    #[error("the send buffer is full")]
+    WouldBlock,
+    /// The sending side was shut down.
+    #[error("the sending side was shut down")]
+    Shutdown,
+    /// The connection is closed (see its close reason).
+    #[error("the connection is closed")]
+    Closed,
+    /// The handle does not name a live connection (never was one, or was reclaimed).
+    #[error("the handle does not name a live connection")]
+    InvalidHandle,
+}
+
+impl From<tcp::SendError> for SendError {
+    fn from(e: tcp::SendError) -> Self {
+        match e {
+            tcp::SendError::WouldBlock => SendError::WouldBlock,
+            tcp::SendError::Shutdown => SendError::Shutdown,
+            tcp::SendError::Closed => SendError::Closed,
+        }
+    }
+}
+
+/// Errors from [`Stack::recv`] and [`Stack::recv_iovec`]: the handle's, or the connection's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RecvError {
+    /// The peer closed its side and every byte has been read (end of stream).
+    #[error("end of stream: the peer closed and every byte was read")]
+    Finished,
+    /// The connection is closed before the stream ended (reset, timeout, abort).
+    #[error("the connection closed before the end of the stream")]
+    Closed,
+    /// The handle does not name a live connection (never was one, or was reclaimed).
+    #[error("the handle does not name a live connection")]
+    InvalidHandle,
+}
+
+impl From<tcp::RecvError> for RecvError {
+    fn from(e: tcp::RecvError) -> Self {
+        match e {
+            tcp::RecvError::Finished => RecvError::Finished,
+            tcp::RecvError::Closed => RecvError::Closed,
+        }
+    }
 }
 
 /// The per-core stack.
@@ -509,7 +566,7 @@ impl<R: Rng> Stack<R> {
             // Reading may open the window: a window update may be due.
             self.mark_dirty(h.idx);
         }
-        r
+        r.map_err(RecvError::from)
     }
 
     /// Up to `max` received bytes as an io-vector (zero copy).
@@ -519,7 +576,7 @@ impl<R: Rng> Stack<R> {
         if r.as_ref().is_ok_and(|v| !v.is_empty()) {
             self.mark_dirty(h.idx);
         }
-        r
+        r.map_err(RecvError::from)
     }
 
     /// Shut down the sending side (FIN after queued data).
@@ -559,6 +616,7 @@ impl<R: Rng> Stack<R> {
     }
 
     /// The next readiness event.
+    #[must_use]
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }

@@ -266,6 +266,7 @@ impl<R: Rng> Stack<R> {
     // ---------------------------------------------------------------------------------------
 
     /// When `handle_timeouts` next has work.
+    #[must_use]
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         while let Some(&Reverse((t, idx, gen))) = self.timers.peek() {
             let slot = &self.slots[idx as usize];

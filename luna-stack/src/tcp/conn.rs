@@ -139,28 +139,31 @@ pub struct OutSegment {
     pub payload: IoVec,
 }
 
-/// Errors from [`Connection::send`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Errors from [`Connection::send`]: why the connection takes no bytes. (A stale handle is
+/// the stack's error: `stack::SendError::InvalidHandle`.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum SendError {
     /// The send buffer is full; retry after a writable event.
+    #[error("the send buffer is full")]
     WouldBlock,
     /// The sending side was shut down.
+    #[error("the sending side was shut down")]
     Shutdown,
     /// The connection is closed (see its close reason).
+    #[error("the connection is closed")]
     Closed,
-    /// The handle does not name a live connection.
-    InvalidHandle,
 }
 
-/// Errors from [`Connection::recv`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Errors from [`Connection::recv`]: why no bytes can come any more. (A stale handle is
+/// the stack's error: `stack::RecvError::InvalidHandle`.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RecvError {
     /// The peer closed its side and every byte has been read (end of stream).
+    #[error("end of stream: the peer closed and every byte was read")]
     Finished,
     /// The connection is closed before the stream ended (reset, timeout, abort).
+    #[error("the connection closed before the end of the stream")]
     Closed,
-    /// The handle does not name a live connection.
-    InvalidHandle,
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -25,6 +25,7 @@ pub(super) fn options_len(opts: &TcpOptions) -> u32 {
 impl Connection {
     /// The next segment to send, or `None` when there is nothing (more) to send now. The stack
     /// calls this until it returns `None` (or the device is full) after every input.
+    #[must_use]
     pub fn poll_segment(&mut self, now: Instant) -> Option<OutSegment> {
         let out = self.next_segment(now);
         if let Some(seg) = &out {

@@ -9,6 +9,7 @@ impl Connection {
     // ---------------------------------------------------------------------------------------
 
     /// The earliest instant at which `on_timeout` has work to do.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.timers.next()
     }

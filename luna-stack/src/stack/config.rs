@@ -137,7 +137,7 @@ impl core::fmt::Display for AddressError {
 
 /// Checks that `addr` can be an interface's own address: a unicast host address that is
 /// neither its prefix's network nor its broadcast address. The one check behind
-/// [`Stack::new`], r2c's configuration and knb's `--ip`.
+/// [`Stack::new`](super::Stack::new), r2c's configuration and knb's `--ip`.
 // RFC 1122 §3.2.1.3: 0/8, 127/8, class D/E, limited and directed broadcast, and a host
 // number of all zeros are never a host's own source address. RFC 3021: a /31 has no network
 // or broadcast address (both are hosts); a /32 is a single host.

@@ -1,14 +1,13 @@
 //! The stack: one interface's Ethernet/ARP/IPv4/ICMP/TCP endpoint, sans-IO.
 //!
-//! Contract (one instance per core, never shared):
-//! - `handle_frame(now, frame)` for every received frame (a zero-copy [`Zbuf`]);
-//! - `handle_timeouts(now)` when `poll_timeout()` has passed;
-//! - application calls (`connect`, `listen`, `accept`, `send`, `recv`, `close`, ...);
-//! - then `poll_transmit(now)` until it returns `None`, handing each [`Transmit`] to the
-//!   device (header bytes + the payload's zero-copy io-vector);
-//! - `poll_event()` for readiness events, in the order they happened.
+//! [`Stack`]'s type documentation holds the contract: its method groups and the order a
+//! driver calls them in. Everything is deterministic given the inputs and the [`Rng`].
 //!
-//! Everything is deterministic given the inputs and the [`Rng`].
+//! The code is split by layer, as `impl` blocks of the one `Stack` type: `config` (the
+//! interface configuration), `slots` (the connection table behind generation-checked
+//! handles, per-connection bookkeeping, the timer heap), `ingress` (Ethernet, ARP, IPv4,
+//! ICMP, TCP demux), `passive` (LISTEN and SYN cookies) and `egress` (`poll_transmit`,
+//! next-hop resolution and the one Ethernet + IPv4 header writer).
 
 use crate::context::Rng;
 use crate::tables::neighbour::{NeighbourState, NeighbourTable};
@@ -155,7 +154,54 @@ impl From<tcp::RecvError> for RecvError {
     }
 }
 
-/// The per-core stack.
+/// The per-core stack: one interface's Ethernet/ARP/IPv4/ICMP/TCP endpoint.
+///
+/// One instance per core, never shared. It reads no clock and touches no device: the
+/// driver (r2c's runtime, a test's simulated wire) passes `now` into every call that
+/// needs time, hands it each received frame, and sends what it returns.
+///
+/// # Method groups
+///
+/// - **Setup**: [`Stack::new`] validates a [`StackConfig`]; the tables are filled through
+///   [`Stack::neighbours_mut`] (static entries, netlink-sync) and [`Stack::routes_mut`].
+/// - **Input**: [`Stack::handle_frame`] for every received frame (a zero-copy [`Zbuf`];
+///   anything malformed is dropped and counted in [`Stack::counters`]), and
+///   [`Stack::handle_timeouts`] once the instant [`Stack::poll_timeout`] gave has passed.
+/// - **Application calls**: [`Stack::listen`], [`Stack::accept`], [`Stack::unlisten`];
+///   [`Stack::connect`]; [`Stack::send`] / [`Stack::send_iovec`] (partial writes: they
+///   return how many bytes the send buffer took, zero copy); [`Stack::recv`] /
+///   [`Stack::recv_iovec`]; [`Stack::shutdown`], [`Stack::close`], [`Stack::abort`]. They
+///   only change connection state and queue work; nothing is sent from inside them.
+/// - **Output**: [`Stack::poll_transmit`] until it returns `None`, handing each
+///   [`Transmit`] (header bytes + the payload's io-vector + offload metadata) to the
+///   device; [`Stack::poll_event`] until `None` for readiness events ([`Event`]), in the
+///   order they happened; [`Stack::poll_timeout`] for when to call `handle_timeouts`.
+/// - **Inspection**: [`Stack::config`], [`Stack::ipv4`], [`Stack::counters`],
+///   [`Stack::tcp_counters`], [`Stack::connection_count`], [`Stack::connection`],
+///   [`Stack::state`], [`Stack::close_reason`], [`Stack::send_capacity`],
+///   [`Stack::tuple_in_use`], [`Stack::neighbours`].
+///
+/// # Call order
+///
+/// One iteration of the driver's loop, with one `now` that never goes backwards:
+///
+/// 1. [`Stack::handle_frame`]`(now, frame)` for each frame of the received burst;
+/// 2. [`Stack::handle_timeouts`]`(now)` if [`Stack::poll_timeout`] is at or before `now`;
+/// 3. [`Stack::poll_event`] until `None`, and the application's calls in response (or at
+///    any other time: they only queue work);
+/// 4. [`Stack::poll_transmit`]`(now)` until `None`. Input, timers and application calls
+///    only mark a connection dirty; its segments are built here, and its next deadline
+///    is scheduled when it has nothing more to send;
+/// 5. [`Stack::poll_timeout`], read after step 4, is when to wake up at the latest.
+///
+/// # Handles
+///
+/// [`SocketHandle`] and [`ListenerHandle`] are generation-checked: once a connection is
+/// reclaimed its handle names nothing, never another connection. Such a stale handle gets
+/// [`SendError::InvalidHandle`] / [`RecvError::InvalidHandle`] from the data calls, `None`
+/// from the inspection calls (0 from `send_capacity`), and is ignored by `shutdown`, `close`, `abort` and
+/// `unlisten`. After `close` or `abort` the application must not use the handle again: the
+/// connection finishes on its own and is reclaimed.
 pub struct Stack<R: Rng> {
     cfg: StackConfig,
     /// Every secret and offset is drawn from the `Rng` at construction (keys of the ISN,

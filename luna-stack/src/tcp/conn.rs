@@ -5,8 +5,10 @@
 //!
 //! The connection is sans-IO: the stack feeds it parsed segments (`on_segment`), timer
 //! expiries (`on_timeout`) and application calls, and pulls segments to send with
-//! `poll_segment` until it returns `None`. Order per poll iteration: segments in, timers,
-//! application calls, then `poll_segment` until exhausted.
+//! `poll_segment` until it returns `None`; [`Connection`]'s type documentation holds the
+//! contract. The code is split by direction, as `impl` blocks of the one type: `input`
+//! (segment arrival), `output` (segment generation), `timers` (the timer table and what
+//! fires from it) and `undo` (spurious-recovery detection and undo).
 
 use super::assembler::{Assembler, AssemblerConfig};
 use super::cc::{Cc, CongestionControl, RecoveryInflation};
@@ -140,7 +142,7 @@ pub struct OutSegment {
 }
 
 /// Errors from [`Connection::send`]: why the connection takes no bytes. (A stale handle is
-/// the stack's error: `stack::SendError::InvalidHandle`.)
+/// the stack's error: [`crate::stack::SendError::InvalidHandle`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum SendError {
     /// The send buffer is full; retry after a writable event.
@@ -155,7 +157,7 @@ pub enum SendError {
 }
 
 /// Errors from [`Connection::recv`]: why no bytes can come any more. (A stale handle is
-/// the stack's error: `stack::RecvError::InvalidHandle`.)
+/// the stack's error: [`crate::stack::RecvError::InvalidHandle`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RecvError {
     /// The peer closed its side and every byte has been read (end of stream).
@@ -183,7 +185,43 @@ struct Keepalive {
     probes_sent: u32,
 }
 
-/// A TCP connection.
+/// A TCP connection: one transmission control block and its state machine, sans-IO.
+///
+/// The stack owns every connection (one per 4-tuple) and is its only driver; tests drive
+/// one directly. It reads no clock: `now` comes with each call.
+///
+/// # Method groups
+///
+/// - **Creation**: [`Connection::connect`] (active open, the SYN goes out at the first
+///   poll), [`Connection::accept_syn`] (passive open from a listener's SYN, in
+///   SYN-RECEIVED), [`Connection::from_cookie`] (re-created from a valid SYN cookie; the
+///   caller then feeds it the ACK that carried the cookie).
+/// - **Input**: [`Connection::on_segment`] for each segment of its 4-tuple (the payload
+///   is a zero-copy slice of the frame); [`Disposition::Remove`] means the stack drops the
+///   connection silently. [`Connection::on_path_mtu`] for a validated ICMP "fragmentation
+///   needed". Before handing a SYN to a TIME-WAIT connection, [`Connection::accepts_new_syn`]
+///   says whether it may open a new incarnation instead.
+/// - **Timers**: [`Connection::poll_timeout`] is the earliest deadline of its timer table;
+///   [`Connection::on_timeout`]`(now)` once it has passed (it runs only what is due).
+/// - **Application calls**: [`Connection::send`] / [`Connection::send_iovec`] (partial:
+///   they return how much the send buffer took), [`Connection::send_capacity`];
+///   [`Connection::recv`] / [`Connection::recv_iovec`], [`Connection::recv_available`];
+///   [`Connection::close`] (FIN after queued data), [`Connection::abort`] (RST);
+///   [`Connection::set_orphaned`] when the application lets go of it.
+/// - **Output**: [`Connection::poll_segment`]`(now)` until `None`, each [`OutSegment`]
+///   for the stack to wrap in IPv4 and Ethernet; [`Connection::take_events`] for what the
+///   application should hear about.
+/// - **Inspection**: [`Connection::state`], [`Connection::close_reason`],
+///   [`Connection::tuple`], [`Connection::is_closed`] (the stack may reclaim it), the
+///   congestion and RTT state ([`Connection::cwnd`], [`Connection::rtt`], ...), and
+///   [`Connection::counters`].
+///
+/// # Call order
+///
+/// Segments in ([`Connection::on_segment`]), due timers ([`Connection::on_timeout`]),
+/// application calls; then [`Connection::poll_segment`] until `None` (it arms the
+/// retransmission and persist timers for what it sent); then [`Connection::poll_timeout`]
+/// for the next deadline and [`Connection::take_events`].
 pub struct Connection {
     tuple: FourTuple,
     state: State,

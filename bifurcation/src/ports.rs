@@ -241,6 +241,25 @@ impl PartitionPlan {
     /// order, then `Rest` applications share what is left equally. Each application's
     /// ports are split among its threads in contiguous chunks, in thread order.
     pub fn build(reserved: PortRange, apps: &[AppSpec]) -> Result<Self, PlanError> {
+        Self::build_aligned(reserved, apps, 0.0)
+    }
+
+    /// Like [`PartitionPlan::build`], but each application's split among its threads
+    /// moves the boundaries by up to `balance` × (ports per thread) / 2 so that they fall
+    /// on power-of-two aligned ports, which minimises the number of value/mask rules
+    /// needed to steer each thread's ports (see [`crate::rules`]). Every thread still
+    /// gets between (1 − `balance`) and (1 + `balance`) times its even share. `balance`
+    /// is clamped to 0..=0.5; 0 is the exact even split of `build`.
+    pub fn build_aligned(
+        reserved: PortRange,
+        apps: &[AppSpec],
+        balance: f64,
+    ) -> Result<Self, PlanError> {
+        let balance = if balance.is_finite() {
+            balance.clamp(0.0, 0.5)
+        } else {
+            0.0
+        };
         if apps.is_empty() {
             return Err(PlanError::NoApps);
         }
@@ -327,6 +346,17 @@ impl PartitionPlan {
                     threads: a.threads.len(),
                 });
             }
+            if balance > 0.0 && owned[i].len() == 1 {
+                let parts = aligned_split(owned[i][0], a.threads.len(), balance);
+                for (slot, ports) in a.threads.iter().zip(parts) {
+                    blocks.push(Assignment {
+                        app: i,
+                        slot: *slot,
+                        ports,
+                    });
+                }
+                continue;
+            }
             let mut cursor = Cursor::new(&owned[i]);
             for (slot, n) in a.threads.iter().zip(even_split(total, a.threads.len())) {
                 for ports in cursor.take(n) {
@@ -385,6 +415,69 @@ fn even_split(total: u32, parts: usize) -> Vec<u32> {
     let parts32 = parts as u32;
     (0..parts32)
         .map(|i| total / parts32 + u32::from(i < total % parts32))
+        .collect()
+}
+
+/// `range` split into `parts` contiguous pieces whose boundaries stay within
+/// ±`balance`/2 of a share of the even boundaries and, among those, minimise the total
+/// number of value/mask rules (dynamic programming over the candidate boundaries).
+/// Needs `range.len() >= parts` (checked by the caller).
+fn aligned_split(range: PortRange, parts: usize, balance: f64) -> Vec<PortRange> {
+    let first = u32::from(range.first);
+    let total = range.len();
+    let share = f64::from(total) / parts as f64;
+    // Half the tolerance on each boundary keeps every piece within ±balance of `share`;
+    // below `share / 2` so that boundaries stay strictly increasing. The window is capped
+    // so the DP stays small (parts × window² rule counts), which may cost a few rules.
+    let mut w = ((share * balance) / 2.0).floor() as u32;
+    w = w.min(((share / 2.0).floor() as u32).saturating_sub(1));
+    // At most ~2M candidate pairs in all: (2w+1)² per boundary.
+    let cap = (((2_000_000.0 / parts as f64).sqrt() - 1.0) / 2.0).max(0.0) as u32;
+    w = w.min(cap);
+    let ideal = |i: usize| first + ((i as f64) * share).round() as u32;
+    // cands[i]: candidate boundaries for the start of piece i (i = 0 and i = parts fixed).
+    let cands: Vec<Vec<u32>> = (0..=parts)
+        .map(|i| {
+            if i == 0 {
+                vec![first]
+            } else if i == parts {
+                vec![first + total]
+            } else {
+                let c = ideal(i);
+                (c - w..=c + w).collect()
+            }
+        })
+        .collect();
+    // best[i][k]: (cost, back pointer) of reaching candidate k of boundary i.
+    let mut best: Vec<Vec<(u32, usize)>> = vec![vec![(0, 0)]];
+    for i in 1..=parts {
+        let row: Vec<(u32, usize)> = cands[i]
+            .iter()
+            .map(|&b| {
+                cands[i - 1]
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &a)| a < b)
+                    .map(|(j, &a)| (best[i - 1][j].0 + crate::rules::cover_len(a, b - 1), j))
+                    .min()
+                    .unwrap_or((u32::MAX / 2, 0))
+            })
+            .collect();
+        best.push(row);
+    }
+    let mut bounds = vec![first + total];
+    let mut k = 0;
+    for i in (1..=parts).rev() {
+        k = best[i][k].1;
+        bounds.push(cands[i - 1][k]);
+    }
+    bounds.reverse();
+    bounds
+        .windows(2)
+        .map(|p| PortRange {
+            first: p[0] as u16,
+            last: (p[1] - 1) as u16,
+        })
         .collect()
 }
 

@@ -23,7 +23,7 @@ impl InlineApp for Echo {
         loop {
             match ctx.recv(conn) {
                 Ok(Some(buf)) => {
-                    if ctx.send(conn, buf).is_err() {
+                    if ctx.send_all(conn, buf).is_err() {
                         return ctx.abort(conn);
                     }
                 }
@@ -50,7 +50,7 @@ impl InlineApp for Client {
         }
     }
     fn on_connected(&mut self, ctx: &mut Ctx<'_>, c: Conn) {
-        ctx.send(c, self.msg.clone()).unwrap();
+        ctx.send_all(c, self.msg.clone()).unwrap();
     }
     fn on_readable(&mut self, ctx: &mut Ctx<'_>, c: Conn) {
         let mut got = self.pending[&c];
@@ -60,7 +60,7 @@ impl InlineApp for Client {
         while got >= self.msg.len() {
             got -= self.msg.len();
             self.done.fetch_add(1, Ordering::Relaxed);
-            let _ = ctx.send(c, self.msg.clone());
+            let _ = ctx.send_all(c, self.msg.clone());
         }
         self.pending.insert(c, got);
     }

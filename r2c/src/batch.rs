@@ -149,6 +149,15 @@ impl SockError {
         }
     }
 
+    fn from_send(e: SendError) -> SockError {
+        match e {
+            SendError::WouldBlock => SockError::WouldBlock,
+            SendError::Shutdown => SockError::BrokenPipe,
+            SendError::Closed => SockError::ConnReset,
+            SendError::InvalidHandle => SockError::BadFd,
+        }
+    }
+
     fn from_close(r: Option<CloseReason>) -> Option<SockError> {
         match r {
             Some(CloseReason::Reset) | Some(CloseReason::Aborted) => Some(SockError::ConnReset),
@@ -184,6 +193,8 @@ struct ConnSock {
     /// The stack reported the connection ended.
     ended: bool,
     error: Option<SockError>,
+    /// `shutdown` was called: sends fail with `BrokenPipe`.
+    shut: bool,
 }
 
 #[derive(Debug)]
@@ -370,6 +381,7 @@ impl Sockets<'_> {
             eof: false,
             ended: false,
             error: None,
+            shut: false,
         }));
         self.t.by_conn.insert(h, nfd);
         Ok((nfd, peer))
@@ -407,6 +419,7 @@ impl Sockets<'_> {
             eof: false,
             ended: false,
             error: None,
+            shut: false,
         });
         self.t.by_conn.insert(h, fd);
         Err(SockError::InProgress)
@@ -422,14 +435,15 @@ impl Sockets<'_> {
     /// `send`: copies `data` into buffers (the compatibility path); returns bytes taken.
     pub fn send(&mut self, fd: Fd, data: &[u8]) -> Result<usize, SockError> {
         let h = self.conn(fd)?.h;
-        let n = data.len().min(self.st.stack.send_capacity(h));
         if data.is_empty() {
             return Ok(0);
         }
+        let n = data.len().min(self.st.send_capacity(h));
         if n == 0 {
-            // No room: let the stack say why (full, shut down or closed); with no capacity
-            // it takes nothing.
-            return self.send_zbuf(fd, Zbuf::from_static(b"\0"));
+            // No room: say why (full, shut down or closed) without queueing anything.
+            let c = self.conn(fd)?;
+            let (sock, h) = (send_state(c), c.h);
+            return Err(send_blocked(self.st, sock, h));
         }
         let mut z = self.st.alloc(n).map_err(|_| SockError::NoBufs)?;
         z.extend_from_slice(&data[..n])
@@ -444,14 +458,11 @@ impl Sockets<'_> {
         if let Some(e) = c.error {
             return Err(e);
         }
-        let h = c.h;
-        match self.st.stack.send(h, &data) {
-            Ok(n) => Ok(n),
-            Err(SendError::WouldBlock) => Err(SockError::WouldBlock),
-            Err(SendError::Shutdown) => Err(SockError::BrokenPipe),
-            Err(SendError::Closed) => Err(SockError::ConnReset),
-            Err(SendError::InvalidHandle) => Err(SockError::BadFd),
+        if c.shut {
+            return Err(SockError::BrokenPipe);
         }
+        let h = c.h;
+        self.st.send(h, &data).map_err(SockError::from_send)
     }
 
     /// `recv`: copies into `buf`; `Ok(0)` is end of stream.
@@ -503,7 +514,9 @@ impl Sockets<'_> {
 
     /// `shutdown(SHUT_WR)`: FIN after queued data.
     pub fn shutdown(&mut self, fd: Fd) -> Result<(), SockError> {
-        let h = self.conn(fd)?.h;
+        let c = self.conn(fd)?;
+        c.shut = true;
+        let h = c.h;
         self.st.stack.shutdown(h);
         Ok(())
     }
@@ -590,6 +603,36 @@ impl Sockets<'_> {
     }
 }
 
+/// What a connected socket's own bookkeeping says about sending.
+fn send_state(c: &ConnSock) -> Result<(), SockError> {
+    match c.error {
+        Some(e) => Err(e),
+        None if c.shut => Err(SockError::BrokenPipe),
+        None => Ok(()),
+    }
+}
+
+/// Why a send that found no room takes nothing: the socket's recorded error or
+/// shutdown, a close by the runtime (shutdown of the core), the connection's TCP state,
+/// or else a full send buffer (`WouldBlock`).
+fn send_blocked(st: &CoreState, sock: Result<(), SockError>, h: Conn) -> SockError {
+    if let Err(e) = sock {
+        return e;
+    }
+    if !st.open.contains(&h) {
+        // The runtime closed it (graceful shutdown): the sending side is shut.
+        return SockError::BrokenPipe;
+    }
+    match st.stack.state(h) {
+        None => SockError::BadFd,
+        Some(State::Closed) => SockError::ConnReset,
+        Some(State::SynSent | State::SynReceived | State::Established | State::CloseWait) => {
+            SockError::WouldBlock
+        }
+        Some(_) => SockError::BrokenPipe,
+    }
+}
+
 fn readiness(st: &CoreState, fd: Fd, s: &Sock) -> PollEvent {
     let mut ev = PollEvent {
         fd,
@@ -615,7 +658,7 @@ fn readiness(st: &CoreState, fd: Fd, s: &Sock) -> PollEvent {
                 )
             });
             ev.readable = c.partial.is_some() || avail > 0 || c.eof || fin || c.ended;
-            ev.writable = c.connected && !c.ended && st.stack.send_capacity(c.h) > 0;
+            ev.writable = c.connected && !c.ended && st.send_capacity(c.h) > 0;
             ev.hup = c.ended || c.eof;
             ev.error = c.error;
         }

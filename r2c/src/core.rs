@@ -325,6 +325,41 @@ impl CoreState {
         Some(h)
     }
 
+    /// Send as much of `data` as the TCP send buffer takes now; returns the bytes taken.
+    ///
+    /// Bytes of an earlier [`CoreState::send_all`] still in the runtime's backlog go
+    /// first: the backlog is pushed into the send buffer, and while any of it remains
+    /// this answers `Err(WouldBlock)` and takes nothing, so the two sends never reorder
+    /// bytes. After a deferred close (backlog marked `close`) it answers `Shutdown`.
+    pub(crate) fn send(&mut self, h: Conn, data: &Zbuf) -> Result<usize, SendError> {
+        if self.backlog.contains_key(&h) {
+            self.flush_backlog(h);
+            if let Some(b) = self.backlog.get(&h) {
+                return Err(if b.close {
+                    SendError::Shutdown
+                } else {
+                    SendError::WouldBlock
+                });
+            }
+        }
+        self.stack.send(h, data)
+    }
+
+    /// Free send-buffer space of `h` as [`CoreState::send`] sees it: 0 while the
+    /// runtime's backlog holds bytes of `h`.
+    pub(crate) fn send_capacity(&self, h: Conn) -> usize {
+        if self.backlog.contains_key(&h) {
+            0
+        } else {
+            self.stack.send_capacity(h)
+        }
+    }
+
+    /// Bytes of `h` waiting in the runtime's backlog (beyond the TCP send buffer).
+    pub(crate) fn backlog_len(&self, h: Conn) -> usize {
+        self.backlog.get(&h).map_or(0, |b| b.bytes)
+    }
+
     /// Queue all of `data`: what the TCP send buffer cannot take waits in the runtime's
     /// backlog (up to `max_backlog` bytes) and goes out as ACKs free space.
     pub(crate) fn send_all(&mut self, h: Conn, data: Zbuf) -> Result<(), SendError> {
@@ -379,34 +414,23 @@ impl CoreState {
             closing,
             ..
         } = self;
-        backlog.retain(|&h, b| {
-            while let Some(front) = b.bufs.front_mut() {
-                match stack.send(h, front) {
-                    Ok(n) if n == front.len() => {
-                        b.bytes -= n;
-                        *backlog_bytes -= n;
-                        b.bufs.pop_front();
-                    }
-                    Ok(n) => {
-                        front.advance(n);
-                        b.bytes -= n;
-                        *backlog_bytes -= n;
-                        return true;
-                    }
-                    Err(SendError::WouldBlock) => return true,
-                    Err(_) => {
-                        // The connection is gone: nothing will ever take this data.
-                        *backlog_bytes -= b.bytes;
-                        return false;
-                    }
-                }
+        backlog.retain(|&h, b| flush_one(stack, backlog_bytes, closing, h, b));
+    }
+
+    /// [`CoreState::flush_backlogs`] for one connection.
+    fn flush_backlog(&mut self, h: Conn) {
+        let CoreState {
+            backlog,
+            stack,
+            backlog_bytes,
+            closing,
+            ..
+        } = self;
+        if let Some(b) = backlog.get_mut(&h) {
+            if !flush_one(stack, backlog_bytes, closing, h, b) {
+                backlog.remove(&h);
             }
-            if b.close {
-                stack.close(h);
-                closing.push(h);
-            }
-            false
-        });
+        }
     }
 
     /// Close gracefully once backlogged data is queued; the handle is released.
@@ -504,6 +528,43 @@ impl CoreState {
             self.abort(h);
         }
     }
+}
+
+/// Moves `b`'s bytes into `h`'s send buffer while it has room (a deferred close follows
+/// the last byte); returns whether anything is left in the backlog.
+fn flush_one(
+    stack: &mut Stack<CoreRng>,
+    backlog_bytes: &mut usize,
+    closing: &mut Vec<Conn>,
+    h: Conn,
+    b: &mut Backlog,
+) -> bool {
+    while let Some(front) = b.bufs.front_mut() {
+        match stack.send(h, front) {
+            Ok(n) if n == front.len() => {
+                b.bytes -= n;
+                *backlog_bytes -= n;
+                b.bufs.pop_front();
+            }
+            Ok(n) => {
+                front.advance(n);
+                b.bytes -= n;
+                *backlog_bytes -= n;
+                return true;
+            }
+            Err(SendError::WouldBlock) => return true,
+            Err(_) => {
+                // The connection is gone: nothing will ever take this data.
+                *backlog_bytes -= b.bytes;
+                return false;
+            }
+        }
+    }
+    if b.close {
+        stack.close(h);
+        closing.push(h);
+    }
+    false
 }
 
 /// Pin the calling thread to `cpu`; `false` if the CPU is not one this process may use.

@@ -15,7 +15,7 @@
 //!         loop {
 //!             match ctx.recv(conn) {
 //!                 Ok(Some(buf)) => {
-//!                     if ctx.send(conn, buf).is_err() {
+//!                     if ctx.send_all(conn, buf).is_err() {
 //!                         return ctx.abort(conn);
 //!                     }
 //!                 }
@@ -29,13 +29,12 @@
 
 use crate::core::{Conn, CoreState, Listener, Mode};
 use core::net::SocketAddrV4;
-use luna_stack::stack::{ConnectError, Event, ListenError, Stack};
-use luna_stack::stack::{RecvError, SendError};
+use luna_stack::stack::{ConnectError, Event, ListenError, RecvError, SendError};
 use luna_stack::tcp::CloseReason;
 use luna_stack::time::Instant;
 use zbuf::{AllocError, IoVec, Zbuf, ZbufMut};
 
-use crate::rng::CoreRng;
+use crate::view::StackView;
 
 /// What a callback may do: the core's socket calls, buffers and clock.
 pub struct Ctx<'a> {
@@ -89,22 +88,37 @@ impl Ctx<'_> {
             .map_or(0, |c| c.recv_available())
     }
 
-    /// Send all of `data` without copying: what the send buffer cannot take now waits in
-    /// the runtime's backlog. `Err(WouldBlock)` (nothing taken) when even the backlog is
-    /// full; other errors mean the connection cannot send any more.
-    pub fn send(&mut self, conn: Conn, data: Zbuf) -> Result<(), SendError> {
+    /// Send as much of `data` as the TCP send buffer takes now (zero copy: the stack
+    /// keeps a slice of `data`); returns the bytes taken, the rest is the caller's to
+    /// offer again after [`InlineApp::on_writable`]. `Err(WouldBlock)` when nothing fits,
+    /// which includes the time bytes of an earlier [`Ctx::send_all`] still wait in the
+    /// runtime's backlog (they go first, so mixing the two sends never reorders bytes);
+    /// other errors mean the connection cannot send any more.
+    pub fn send(&mut self, conn: Conn, data: &Zbuf) -> Result<usize, SendError> {
+        self.st.send(conn, data)
+    }
+
+    /// Send all of `data` or nothing, without copying: what the send buffer cannot take
+    /// now waits in the runtime's backlog (at most [`CoreOptions::max_backlog`] bytes per
+    /// connection) and goes out as ACKs free space, before anything sent later.
+    /// `Err(WouldBlock)` (nothing taken) when even the backlog is full; other errors mean
+    /// the connection cannot send any more.
+    ///
+    /// [`CoreOptions::max_backlog`]: crate::CoreOptions::max_backlog
+    pub fn send_all(&mut self, conn: Conn, data: Zbuf) -> Result<(), SendError> {
         self.st.send_all(conn, data)
     }
 
-    /// Send as much of `data` as the send buffer takes now (no backlog); returns the bytes
-    /// taken.
-    pub fn try_send(&mut self, conn: Conn, data: &Zbuf) -> Result<usize, SendError> {
-        self.st.stack.send(conn, data)
+    /// Free send-buffer space: what [`Ctx::send`] would take now (0 while the runtime's
+    /// backlog holds bytes of `conn`).
+    pub fn send_capacity(&self, conn: Conn) -> usize {
+        self.st.send_capacity(conn)
     }
 
-    /// Free send-buffer space.
-    pub fn send_capacity(&self, conn: Conn) -> usize {
-        self.st.stack.send_capacity(conn)
+    /// Bytes of `conn` that [`Ctx::send_all`] handed to the runtime's backlog and the TCP
+    /// send buffer has not taken yet (they go out before anything sent later).
+    pub fn send_backlog(&self, conn: Conn) -> usize {
+        self.st.backlog_len(conn)
     }
 
     /// Close gracefully (after backlogged data); the handle is released.
@@ -140,9 +154,11 @@ impl Ctx<'_> {
         self.st.stop_requested()
     }
 
-    /// The stack itself, for what the calls above do not cover.
-    pub fn stack(&mut self) -> &mut Stack<CoreRng> {
-        &mut self.st.stack
+    /// A read-only view of the core's stack: counters and per-connection state (what
+    /// changes a connection goes through the calls above, so the runtime's backlog and
+    /// bookkeeping stay right).
+    pub fn stack(&self) -> StackView<'_> {
+        StackView::new(&self.st.stack)
     }
 }
 

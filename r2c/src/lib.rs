@@ -10,12 +10,18 @@
 //! the ring refuses are retried next iteration up to `tx_retry_limit`, then dropped and
 //! counted).
 //!
-//! Three ways to run an application:
+//! Four ways to run an application:
 //! - [`inline`]: callbacks inside packet processing ([`InlineApp`], [`Ctx`]);
 //! - [`batch`]: a BSD-socket/epoll-like API polled once per iteration;
 //! - [`split`]: I/O + TCP on one core, handlers on worker threads over lock-free rings;
 //! - [`msg`]: split mode with message sockets: parsers on the I/O core, whole messages
 //!   scheduled across workers by msgsched (CP / CS / MS), replies in request order.
+//!
+//! Sending has one meaning per call (as quinn's `SendStream::write` / `write_all`):
+//! [`Ctx::send`] takes what the TCP send buffer takes now and returns how much;
+//! [`Ctx::send_all`] takes all or nothing, parking what does not fit in the runtime's
+//! bounded backlog. Bytes in the backlog always go first, so mixing the two keeps the
+//! byte order. Applications read the stack through the read-only [`view::StackView`].
 //!
 //! [`config`] reads the TOML configuration (with CLI overrides); [`device::mem`] is an
 //! in-memory multi-queue link for tests and CI without DPDK.
@@ -26,7 +32,6 @@ pub mod batch;
 pub mod clock;
 pub mod config;
 mod core;
-#[allow(unsafe_code)]
 pub mod device;
 pub mod inline;
 pub mod msg;
@@ -34,6 +39,7 @@ pub mod rng;
 mod runtime;
 pub mod split;
 pub mod stats;
+pub mod view;
 mod workers;
 
 pub use crate::core::{
@@ -43,3 +49,4 @@ pub use crate::core::{
 pub use inline::{Ctx, InlineApp};
 pub use runtime::{Runtime, RuntimeError, StatsReader, StopHandle};
 pub use stats::CoreStats;
+pub use view::{ConnView, StackView};

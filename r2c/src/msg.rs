@@ -5,7 +5,7 @@
 //!
 //! Connections belong to no worker: an accepted connection is *attached* to the I/O
 //! core's [`MsgIo`] with a parser made by the application's factory. A worker's handler
-//! gets one [`Message`] at a time and answers on its [`Origin`](msgsched::socket::Origin)
+//! gets one [`Message`] at a time and answers on its [`Origin`]
 //! through [`MsgCtx::reply`] (zero copy: the reply is an [`IoVec`] of zbufs).
 //!
 //! Back pressure, never loss: a connection is read only while its framer wants input,

@@ -12,7 +12,11 @@
 //! reading that worker's connections (their data waits in TCP receive buffers, closing the
 //! window); control messages (accepted, closed, ...) wait in a per-worker overflow queue
 //! in order. When the send backlog of a connection is full the I/O core stops draining that
-//! worker's replies until it empties.
+//! worker's replies until it empties. A worker whose outbound ring is full keeps at most
+//! [`SplitConfig::worker_backlog`] messages itself; beyond that [`WorkerCtx::send`] refuses
+//! and hands the data back ([`WouldBlock`]), and the worker takes no more input (so
+//! [`Handler::on_idle`] runs, the place to offer it again) until the I/O core has drained
+//! some.
 
 use crate::core::{Conn, CoreOptions, CoreSetup, CoreState, Mode};
 use crate::device::Device;
@@ -117,6 +121,10 @@ pub struct SplitConfig {
     pub ring_size: usize,
     /// Key of the software steering hash.
     pub steering_key: Vec<u8>,
+    /// Messages a worker holds beyond its full outbound ring before [`WorkerCtx::send`]
+    /// refuses with [`WouldBlock`] (control messages still queue: a close always follows
+    /// the data sent before it).
+    pub worker_backlog: usize,
 }
 
 impl Default for SplitConfig {
@@ -127,6 +135,7 @@ impl Default for SplitConfig {
             worker_cpus: Vec::new(),
             ring_size: 1024,
             steering_key: MICROSOFT_KEY.to_vec(),
+            worker_backlog: 1024,
         }
     }
 }
@@ -148,11 +157,37 @@ struct Link {
     stats: WorkerStats,
 }
 
+/// [`WorkerCtx::send`] refused: the worker already holds [`SplitConfig::worker_backlog`]
+/// messages the I/O core has not taken. The data is handed back unchanged; offer it
+/// again later (from [`Handler::on_idle`], which runs while the worker takes no input).
+#[derive(Debug)]
+pub struct WouldBlock(pub Zbuf);
+
+impl WouldBlock {
+    /// The refused data.
+    pub fn into_inner(self) -> Zbuf {
+        self.0
+    }
+}
+
+impl std::fmt::Display for WouldBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the worker's reply queue is full: {} bytes not taken, send again once the I/O core has drained it",
+            self.0.len()
+        )
+    }
+}
+
+impl std::error::Error for WouldBlock {}
+
 /// What a worker's handler may do.
 pub struct WorkerCtx<'a> {
     index: usize,
     link: &'a Link,
     overflow: &'a mut VecDeque<ToIo>,
+    limit: usize,
     stop: &'a AtomicBool,
     cache: Option<&'a zbuf::CoreCache>,
 }
@@ -175,9 +210,21 @@ impl WorkerCtx<'_> {
         }
     }
 
-    /// Send all of `data` on `conn` (zero copy; the I/O core queues it).
-    pub fn send(&mut self, conn: Conn, data: Zbuf) {
+    /// Send all of `data` on `conn` (zero copy; the I/O core queues it in the runtime's
+    /// send backlog, in order). `Err(WouldBlock(data))` when the worker already holds
+    /// [`SplitConfig::worker_backlog`] messages the I/O core has not taken: nothing is
+    /// queued and the data comes back ([`WorkerCtx::can_send`] tells beforehand).
+    pub fn send(&mut self, conn: Conn, data: Zbuf) -> Result<(), WouldBlock> {
+        if !self.can_send() {
+            return Err(WouldBlock(data));
+        }
         self.push(ToIo::Send { conn, data });
+        Ok(())
+    }
+
+    /// Whether [`WorkerCtx::send`] takes data now.
+    pub fn can_send(&self) -> bool {
+        self.overflow.len() < self.limit
     }
 
     /// Close `conn` gracefully.
@@ -213,7 +260,9 @@ impl WorkerCtx<'_> {
 pub trait Handler {
     /// One message from the I/O core.
     fn on_message(&mut self, ctx: &mut WorkerCtx<'_>, msg: ToWorker);
-    /// Called when the inbound ring is empty (start client work here).
+    /// Called when no message was taken: the inbound ring is empty, or input is paused
+    /// because the worker's reply queue is full (start client work and offer refused
+    /// sends again here).
     fn on_idle(&mut self, _ctx: &mut WorkerCtx<'_>) {}
 }
 
@@ -422,6 +471,7 @@ fn worker_loop<H: Handler>(
     stop: Arc<AtomicBool>,
     cache: Option<zbuf::CoreCache>,
     io_done: Arc<AtomicBool>,
+    limit: usize,
 ) {
     let mut overflow = VecDeque::new();
     loop {
@@ -436,11 +486,12 @@ fn worker_loop<H: Handler>(
             index,
             link: &link,
             overflow: &mut overflow,
+            limit,
             stop: &stop,
             cache: cache.as_ref(),
         };
         // Do not take more input while replies are stuck: back pressure to the I/O core.
-        let msg = if ctx.overflow.len() < 1024 {
+        let msg = if ctx.can_send() {
             link.to_worker.pop()
         } else {
             None
@@ -509,6 +560,10 @@ impl Runtime {
         if split.ring_size == 0 {
             return Err(bad("split ring_size must be at least 1"));
         }
+        if split.worker_backlog == 0 {
+            return Err(bad("split worker_backlog must be at least 1"));
+        }
+        let limit = split.worker_backlog;
         let steering = RssConfig::round_robin(&split.steering_key, 128, split.workers as u16)
             .map_err(|e| bad(&e.to_string()))?;
         let links: Vec<Arc<Link>> = (0..split.workers)
@@ -553,6 +608,7 @@ impl Runtime {
                 Arc::clone(&stop),
                 cache,
                 Arc::clone(&done),
+                limit,
             )
         })
         .map_err(|e| bad(&e))?;
@@ -561,5 +617,73 @@ impl Runtime {
             io_done.store(true, Ordering::Release)
         }));
         Ok((rt, SplitWorkers { links }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handle of a real (idle) stack: the rings only carry it.
+    fn a_conn() -> Conn {
+        use luna_stack::stack::{Stack, StackConfig};
+        use luna_stack::wire::{EthernetAddress, Ipv4Cidr};
+        let cidr = Ipv4Cidr::new(core::net::Ipv4Addr::new(198, 18, 0, 1), 24).unwrap();
+        let cfg = StackConfig::new(EthernetAddress([2, 0, 0, 0, 0, 1]), cidr);
+        let mut stack = Stack::new(cfg, crate::rng::CoreRng::from_seed([1; 32])).unwrap();
+        let peer = SocketAddrV4::new(core::net::Ipv4Addr::new(198, 18, 0, 2), 7);
+        let now = luna_stack::time::Instant::ZERO;
+        stack.connect(now, peer, Some(61440)).unwrap()
+    }
+
+    fn link(ring: usize) -> Link {
+        Link {
+            to_worker: ArrayQueue::new(ring),
+            to_io: ArrayQueue::new(ring),
+            stats: WorkerStats::default(),
+        }
+    }
+
+    /// A worker's reply queue is bounded: past the ring and `worker_backlog` messages,
+    /// `send` hands the data back; control messages still queue behind the data.
+    #[test]
+    fn worker_send_refuses_past_its_backlog_and_returns_the_data() {
+        let link = link(1);
+        let mut overflow = VecDeque::new();
+        let stop = AtomicBool::new(false);
+        let mut ctx = WorkerCtx {
+            index: 0,
+            link: &link,
+            overflow: &mut overflow,
+            limit: 2,
+            stop: &stop,
+            cache: None,
+        };
+        let conn = a_conn();
+        for i in 0..3u8 {
+            assert!(
+                ctx.send(conn, Zbuf::copy_from_slice(&[i])).is_ok(),
+                "send {i}"
+            );
+        }
+        assert!(!ctx.can_send());
+        let refused = ctx.send(conn, Zbuf::copy_from_slice(b"four"));
+        match refused {
+            Err(e) => assert_eq!(&e.into_inner()[..], b"four"),
+            Ok(()) => panic!("a fourth send past ring (1) + backlog (2) was taken"),
+        }
+        ctx.close(conn);
+        assert_eq!(overflow.len(), 3);
+        // The ring holds the first send, the worker the next two and the close, in order.
+        let mut order = Vec::new();
+        while let Some(m) = link.to_io.pop().or_else(|| overflow.pop_front()) {
+            order.push(match m {
+                ToIo::Send { data, .. } => data[0],
+                ToIo::Close { .. } => b'c',
+                other => panic!("unexpected {other:?}"),
+            });
+        }
+        assert_eq!(order, [0, 1, 2, b'c']);
+        assert_eq!(link.stats.ring_full.load(Ordering::Relaxed), 1);
     }
 }

@@ -193,3 +193,57 @@ fn batch_api_errors() {
         ]
     );
 }
+
+/// A send that finds no room takes nothing and says why from the socket's and the
+/// connection's state (full buffer: `WouldBlock`; after `shutdown`: `BrokenPipe`), not by
+/// offering the stack a dummy byte.
+#[test]
+fn batch_send_without_room_says_why() {
+    let (server, _client) = pair(1, 1, |_| {});
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let o = out.clone();
+    let rt = Runtime::spawn_batch(server, opts(), move |_| {
+        let o = o.clone();
+        let mut ran = false;
+        move |s: &mut Sockets<'_>| {
+            if ran {
+                return;
+            }
+            ran = true;
+            let fd = s.socket();
+            let mut r = Vec::new();
+            // Nobody answers on the other side: the connection stays in SYN-SENT, where
+            // data may already be queued.
+            r.push(s.connect(fd, "198.18.0.2:80".parse().unwrap()).map(|_| 0));
+            let big = vec![7u8; 4 << 20];
+            let mut taken = 0;
+            // Bounded: the 1 MiB send buffer is full long before 4 MiB went in.
+            for _ in 0..64 {
+                match s.send(fd, &big) {
+                    Ok(n) => taken += n,
+                    Err(e) => {
+                        r.push(Err(e));
+                        break;
+                    }
+                }
+            }
+            r.push(Ok(usize::from(taken > 0 && taken < big.len())));
+            r.push(s.shutdown(fd).map(|()| 0));
+            r.push(s.send(fd, b"x"));
+            o.lock().unwrap().extend(r);
+            s.request_stop();
+        }
+    })
+    .unwrap();
+    let _ = rt.join().unwrap();
+    assert_eq!(
+        *out.lock().unwrap(),
+        vec![
+            Err(SockError::InProgress),
+            Err(SockError::WouldBlock),
+            Ok(1),
+            Ok(0),
+            Err(SockError::BrokenPipe),
+        ]
+    );
+}

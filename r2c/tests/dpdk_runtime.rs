@@ -543,11 +543,11 @@ fn finish(rt: Runtime, state: impl Fn() -> String) -> Vec<CoreReport> {
 }
 
 /// One connection's TCP state and counters, for hang reports.
-fn describe(ctx: &mut Ctx<'_>, conn: Conn) -> String {
+fn describe(ctx: &Ctx<'_>, conn: Conn) -> String {
     let Some(c) = ctx.stack().connection(conn) else {
         return format!("{conn:?}: gone");
     };
-    let k = &c.counters;
+    let k = c.counters();
     let drops: Vec<String> = luna_stack::tcp::DropReason::ALL
         .iter()
         .filter(|r| k.drops(**r) > 0)
@@ -556,7 +556,7 @@ fn describe(ctx: &mut Ctx<'_>, conn: Conn) -> String {
     format!(
         "{:?} state={:?} cwnd={} wnd={} flight={} recovery={} segs_in={} segs_out={} \
          rexmit={} rtos={} fast={} dsacks={} challenge_acks={} drops[{}]",
-        c.tuple().local.port(),
+        c.local().port(),
         c.state(),
         c.cwnd(),
         c.send_window(),
@@ -694,7 +694,7 @@ impl InlineApp for InlineServer {
                                 m.freeze()
                             }
                         };
-                        failed |= ctx.send(conn, z).is_err();
+                        failed |= ctx.send_all(conn, z).is_err();
                     });
                     if r.is_err() || failed {
                         self.served.errors.fetch_add(1, Ordering::Relaxed);
@@ -944,7 +944,7 @@ impl Client {
             for (off, x) in b[HDR..].iter_mut().enumerate() {
                 *x = pattern(id, off as u32);
             }
-            ctx.send(conn, m.freeze()).expect("send");
+            ctx.send_all(conn, m.freeze()).expect("send");
             c.outstanding.push_back((id, len));
             c.sent += 1;
         }

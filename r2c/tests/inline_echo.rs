@@ -19,7 +19,7 @@ impl InlineApp for Echo {
         loop {
             match ctx.recv(conn) {
                 Ok(Some(buf)) => {
-                    if ctx.send(conn, buf).is_err() {
+                    if ctx.send_all(conn, buf).is_err() {
                         return ctx.abort(conn);
                     }
                 }
@@ -63,7 +63,7 @@ impl InlineApp for Client {
             .push((ctx.core(), local.port()));
         let idx = self.got[&conn].0;
         let msg = message(self.core, idx, self.len);
-        ctx.send(conn, Zbuf::from_vec(msg)).unwrap();
+        ctx.send_all(conn, Zbuf::from_vec(msg)).unwrap();
     }
     fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
         while let Ok(Some(b)) = ctx.recv(conn) {

@@ -49,7 +49,7 @@ impl InlineApp for Opener {
         }
     }
     fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
-        ctx.send(conn, Zbuf::from_static(b"hello")).unwrap();
+        ctx.send_all(conn, Zbuf::from_static(b"hello")).unwrap();
         self.up.fetch_add(1, Ordering::SeqCst);
     }
 }

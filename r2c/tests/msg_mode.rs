@@ -89,7 +89,7 @@ impl Client {
             let len = size_of(id);
             let mut v = Header { id, len, flags: 0 }.bytes().to_vec();
             v.extend(payload(id, len));
-            ctx.send(conn, Zbuf::from_vec(v)).unwrap();
+            ctx.send_all(conn, Zbuf::from_vec(v)).unwrap();
             c.outstanding.push_back(id);
             c.next += 1;
         }
@@ -115,7 +115,7 @@ impl InlineApp for Client {
 
     fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
         if Some(conn) == self.garbage {
-            ctx.send(conn, Zbuf::copy_from_slice(b"GET / HTTP/1.1\r\n\r\n"))
+            ctx.send_all(conn, Zbuf::copy_from_slice(b"GET / HTTP/1.1\r\n\r\n"))
                 .unwrap();
             return;
         }

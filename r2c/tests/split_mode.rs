@@ -3,9 +3,9 @@
 mod common;
 
 use common::*;
-use r2c::split::{Handler, SplitConfig, ToWorker, WorkerCtx};
+use r2c::split::{Handler, SplitConfig, ToWorker, WorkerCtx, WouldBlock};
 use r2c::{Conn, Ctx, InlineApp, Runtime};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use zbuf::Zbuf;
@@ -14,6 +14,30 @@ use zbuf::Zbuf;
 /// and records which worker thread served each connection.
 struct Upper {
     seen: Arc<Mutex<Vec<(usize, std::thread::ThreadId)>>>,
+    /// Replies and closes the worker's full reply queue refused, in order.
+    waiting: VecDeque<Out>,
+}
+
+enum Out {
+    Send(Conn, Zbuf),
+    Close(Conn),
+}
+
+impl Upper {
+    /// Hands waiting replies to the I/O core until it refuses one (kept, in order).
+    fn drain(&mut self, ctx: &mut WorkerCtx<'_>) {
+        while let Some(o) = self.waiting.pop_front() {
+            match o {
+                Out::Send(conn, data) => {
+                    if let Err(WouldBlock(data)) = ctx.send(conn, data) {
+                        self.waiting.push_front(Out::Send(conn, data));
+                        return;
+                    }
+                }
+                Out::Close(conn) => ctx.close(conn),
+            }
+        }
+    }
 }
 
 impl Handler for Upper {
@@ -27,11 +51,16 @@ impl Handler for Upper {
             ToWorker::Data { conn, data } => {
                 let mut out = ctx.alloc(data.len()).unwrap();
                 out.extend_from_slice(&data.to_ascii_uppercase()).unwrap();
-                ctx.send(conn, out.freeze());
+                self.waiting.push_back(Out::Send(conn, out.freeze()));
             }
-            ToWorker::Eof { conn } => ctx.close(conn),
+            ToWorker::Eof { conn } => self.waiting.push_back(Out::Close(conn)),
             _ => {}
         }
+        self.drain(ctx);
+    }
+
+    fn on_idle(&mut self, ctx: &mut WorkerCtx<'_>) {
+        self.drain(ctx);
     }
 }
 
@@ -59,7 +88,7 @@ impl InlineApp for Client {
     }
     fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
         let idx = self.got[&conn].0;
-        ctx.send(conn, Zbuf::from_vec(lower_msg(ctx.core(), idx, self.len)))
+        ctx.send_all(conn, Zbuf::from_vec(lower_msg(ctx.core(), idx, self.len)))
             .unwrap();
     }
     fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
@@ -105,6 +134,7 @@ fn split_mode_replies_arrive_intact_from_worker_threads() {
     };
     let (srv, workers) = Runtime::spawn_split(server.remove(0), sopts, split, move |_| Upper {
         seen: s2.clone(),
+        waiting: VecDeque::new(),
     })
     .unwrap();
     let done = Arc::new(AtomicUsize::new(0));

@@ -6,19 +6,23 @@
 //!   `LUNA_TESTBED_PREFIX`); addresses come only from 198.18.0.0/15 and live only inside
 //!   namespaces the testbed made. Nothing is configured in the root namespace.
 //! * [`Topology::up`] is idempotent; a [`Topology`] tears itself down on drop;
-//!   [`sweep`] removes whatever a crash left behind.
+//!   [`sweep()`] removes whatever a crash left behind.
 //! * [`Impairment`]s follow netem's semantics on the egress of kernel-side interfaces,
 //!   via tc netem where the kernel has it and a user-space NFQUEUE engine where not.
 //! * Root is required; missing tools give errors naming the package to install.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+// Module layers, lowest first (no file imports one that imports it back; checked by
+// tests/modcycles.rs): error; prefix, sys; impair; nfq, records; topology; daemon,
+// probe, sweep.
 pub mod daemon;
 mod error;
 pub mod impair;
 pub mod nfq;
 mod prefix;
 mod probe;
+mod records;
 mod sweep;
 pub mod sys;
 mod topology;

@@ -1,11 +1,12 @@
 //! User-space netem over NFQUEUE, for kernels without sch_netem.
 //!
-//! The engine binds NFQUEUE [`QUEUE_NUM`] in the network namespace of the thread that binds
-//! it, receives each queued IPv4 packet (full copy), and decides in netem's order: drop
-//! (loss), clone (duplicate), flip one bit (corrupt), then hold it for `delay ± jitter`
-//! unless it is picked for reorder, which releases it at once. Held packets get their
-//! ACCEPT verdict when due; duplicates are sent at the same moment through a raw IPv4
-//! socket carrying [`ENGINE_MARK`] so the NFQUEUE rule lets them pass.
+//! The engine binds NFQUEUE `impair::QUEUE_NUM` in the network namespace of the thread
+//! that binds it, receives each queued IPv4 packet (full copy), and decides in netem's
+//! order: drop (loss), clone (duplicate), flip one bit (corrupt), then hold it for
+//! `delay ± jitter` unless it is picked for reorder, which releases it at once. Held
+//! packets get their ACCEPT verdict when due; duplicates are sent at the same moment
+//! through a raw IPv4 socket carrying `impair::ENGINE_MARK` so the NFQUEUE rule lets
+//! them pass.
 //!
 //! Wire format (linux/netfilter/nfnetlink_queue.h): nlmsghdr (host order) + nfgenmsg
 //! (res_id = queue number, big-endian) + attributes (host-order headers, big-endian

@@ -1,6 +1,6 @@
 //! The name prefix: everything the testbed creates (namespaces, interfaces, state dir,
 //! DPDK file prefixes) starts with it, so concurrent runs and tests never collide and
-//! [`crate::sweep`] can find leftovers.
+//! [`crate::sweep()`] can find leftovers.
 
 use std::fmt;
 use std::path::PathBuf;

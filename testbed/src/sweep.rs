@@ -41,8 +41,8 @@ pub fn sweep(prefix: &Prefix) -> Result<SweepReport> {
 
     // Impairment daemons first (they also live in the namespaces, but a pid file may
     // point at one whose namespace is already gone).
-    for r in crate::daemon::persistent_impairments(prefix) {
-        if crate::daemon::stop_impair_daemon(prefix, &r.link) {
+    for r in crate::records::persistent_impairments(prefix) {
+        if crate::records::stop_impair_daemon(prefix, &r.link) {
             rep.processes += 1;
         }
     }

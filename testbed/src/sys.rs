@@ -1,5 +1,5 @@
 //! Thin wrappers over iproute2, sysctl and friends. Every external command goes through
-//! [`run`], so failures carry the command line and its stderr.
+//! one private `run` helper, so failures carry the command line and its stderr.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@
 //! | `veth` | `<p>-k1`, `<p>-k2` | kernel host ⇄ kernel host, MTU 1500 (the baseline) | 198.18.2.0/24 |
 //!
 //! Every name is derived from the prefix, so [`Topology::up`] is idempotent and
-//! [`crate::sweep`] finds whatever a crash left behind.
+//! [`crate::sweep()`] finds whatever a crash left behind.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -140,7 +140,7 @@ pub struct EalArgs {
 }
 
 impl EalArgs {
-    /// The EAL argument vector, without argv[0] and without the `--` that ends it.
+    /// The EAL argument vector, without `argv[0]` and without the `--` that ends it.
     ///
     /// `--huge-unlink` removes hugepage files once mapped, so a killed process leaks no
     /// hugepages; `--no-pci` because there is no NIC.
@@ -763,7 +763,7 @@ impl Topology {
     }
 
     /// Leaves the topology up when this value drops (for `testbed up`); `testbed down`
-    /// or [`crate::sweep`] removes it. In-process impairment engines still stop.
+    /// or [`crate::sweep()`] removes it. In-process impairment engines still stop.
     pub fn detach(mut self) {
         self.keep = true;
     }
@@ -828,7 +828,7 @@ fn veth_pair(a_ns: &str, a_if: &str, b_ns: &str, b_if: &str) -> Result<()> {
     .map(|_| ())
 }
 
-/// Removes DPDK runtime leftovers for `file_prefix`: /var/run/dpdk/<fp> and hugepage files.
+/// Removes DPDK runtime leftovers for `file_prefix`: `/var/run/dpdk/<fp>` and hugepage files.
 pub(crate) fn remove_dpdk_files(file_prefix_start: &str) -> usize {
     let mut n = 0;
     for dir in ["/var/run/dpdk", "/dev/hugepages"] {
@@ -859,7 +859,7 @@ pub fn teardown_kind(kind: Kind, prefix: &Prefix) -> Result<()> {
     let d = Details::of(kind, prefix);
     let mut first_err = None;
     for link in kind.links() {
-        crate::daemon::stop_impair_daemon(prefix, link);
+        crate::records::stop_impair_daemon(prefix, link);
     }
     for ns in d.namespaces() {
         if let Err(e) = sys::netns_delete(&ns) {

@@ -237,13 +237,14 @@ fn rate_limits_tcp_throughput() {
             "{shown}"
         ),
     }
-    // 1 MB at 4 Mbit/s is 2 s; allow the token bucket's burst and slack.
+    // 1 MB at 4 Mbit/s is 2 s; allow the token bucket's burst and slack. A lower bound
+    // only: the bucket makes the transfer at least this slow however idle the machine is,
+    // while a loaded machine can make the unlimited transfer slow too, so no ratio.
     let slow = tcp_transfer_secs(&t, 1_000_000, Duration::from_secs(20));
     assert!(
         slow > 1.5,
         "rate-limited transfer took {slow:.2}s (unlimited {fast:.2}s)"
     );
-    assert!(slow > fast * 3.0, "slow {slow:.2}s vs fast {fast:.2}s");
 }
 
 #[test]

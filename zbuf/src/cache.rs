@@ -1,25 +1,14 @@
-//! Per-core caches and the thread-local "current cache".
+//! Per-core caches: the allocation fast path on top of the slab, and the functions that
+//! allocate from the calling thread's current cache. The thread-local registration
+//! itself lives in `slab.rs`, which reads it when an object is released.
 
-use std::cell::Cell;
 use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
 use crate::error::{AllocError, SlabError};
-use crate::slab::{CoreStats, Slab, SlabInner};
+use crate::slab::{clear_current, current_slot, set_current_if_none, CoreStats, Slab, SlabInner};
 use crate::zbuf_mut::ZbufMut;
-
-thread_local! {
-    /// The slab and core slot this thread owns, if any. Set only while a `CoreCache`
-    /// lives on this thread (it holds a slab reference, so the pointer stays valid).
-    static CURRENT: Cell<Option<(NonNull<SlabInner>, usize)>> = const { Cell::new(None) };
-}
-
-/// The slot the calling thread owns, if any.
-pub(crate) fn current_slot() -> Option<(NonNull<SlabInner>, usize)> {
-    // During thread teardown the key may be gone: then nothing is owned here any more.
-    CURRENT.try_with(Cell::get).ok().flatten()
-}
 
 /// A core's allocation cache: the fast path of the slab.
 ///
@@ -56,9 +45,7 @@ impl CoreCache {
             return Err(SlabError::CoreTaken(core));
         }
         inner.acquire_ref();
-        if current_slot().is_none() {
-            CURRENT.with(|c| c.set(Some((slab.inner_ptr(), core))));
-        }
+        set_current_if_none(slab.inner_ptr(), core);
         Ok(CoreCache {
             inner: slab.inner_ptr(),
             core,
@@ -67,7 +54,8 @@ impl CoreCache {
     }
 
     fn inner(&self) -> &SlabInner {
-        // SAFETY: the cache holds a slab reference.
+        // SAFETY: the cache holds a slab reference (taken in `new`, given up in `drop`),
+        // so the `SlabInner` is not freed while `self` lives.
         unsafe { self.inner.as_ref() }
     }
 
@@ -117,13 +105,20 @@ impl CoreCache {
     }
 }
 
+impl Slab {
+    /// Claims core id `core` for the calling thread and returns its cache. The first
+    /// cache registered on a thread becomes its *current* cache, used by [`crate::alloc`]
+    /// and by releases on this thread (a thread may hold more caches, e.g. of several
+    /// slabs; those work through their own methods). Fails if the core id is out of
+    /// range or owned by another live cache.
+    pub fn core_cache(&self, core: usize) -> Result<CoreCache, SlabError> {
+        CoreCache::new(self, core)
+    }
+}
+
 impl Drop for CoreCache {
     fn drop(&mut self) {
-        let _ = CURRENT.try_with(|c| {
-            if c.get() == Some((self.inner, self.core)) {
-                c.set(None)
-            }
-        });
+        clear_current(self.inner, self.core);
         // SAFETY: this thread owns the slot and stops using it now.
         unsafe { self.inner().release_slot(self.core) };
         // SAFETY: the cache's reference is given up here.
@@ -144,8 +139,8 @@ impl fmt::Debug for CoreCache {
 /// [`AllocError::NoCache`] elsewhere.
 pub fn alloc(len: usize) -> Result<ZbufMut, AllocError> {
     let (inner, _) = current_slot().ok_or(AllocError::NoCache)?;
-    // SAFETY: CURRENT is set only while this thread's CoreCache is alive, and it holds
-    // a slab reference.
+    // SAFETY: the current slot is set only while this thread's CoreCache is alive, and
+    // that cache holds a slab reference.
     let headroom = unsafe { inner.as_ref() }.headroom();
     alloc_with_headroom(headroom, len)
 }
@@ -153,7 +148,8 @@ pub fn alloc(len: usize) -> Result<ZbufMut, AllocError> {
 /// As [`alloc`] with an explicit headroom.
 pub fn alloc_with_headroom(headroom: usize, len: usize) -> Result<ZbufMut, AllocError> {
     let (inner, core) = current_slot().ok_or(AllocError::NoCache)?;
-    // SAFETY: as in `alloc`; this thread owns slot `core`.
+    // SAFETY: the current slot is set only while this thread's CoreCache for it is
+    // alive, so the slab is live and this thread owns slot `core`.
     let obj = unsafe { inner.as_ref().alloc(core, headroom, len)? };
     Ok(ZbufMut::from_unique(obj, headroom))
 }

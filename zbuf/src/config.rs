@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::error::SlabError;
-use crate::slab::ZoneInfo;
+use crate::zone_info::ZoneInfo;
 
 /// Size of one zone: one 2 MiB hugepage.
 pub const ZONE_SIZE: usize = 2 * 1024 * 1024;

@@ -76,6 +76,11 @@
 //!   [`CoreCache::drain_remote`]; a slab can report exhaustion while such objects exist.
 //! * Zones are never unmapped before the slab is dropped (no shrinking).
 
+// The lints dpdk-sys has; Cargo.toml's `[lints]` sets the same levels for the tests and
+// benches too.
+#![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
 mod cache;
 mod config;
 #[cfg(feature = "dpdk")]
@@ -84,12 +89,14 @@ mod error;
 mod iovec;
 mod mem;
 mod obj;
+mod release;
 mod remote;
 mod slab;
 mod stats;
 mod sync;
 mod zbuf;
 mod zbuf_mut;
+mod zone_info;
 
 pub use cache::{alloc, alloc_with_headroom, current_core, CoreCache};
 pub use config::{
@@ -99,12 +106,13 @@ pub use error::{AllocError, NoRoom, OutOfBounds, SlabError};
 pub use iovec::IoVec;
 pub use mem::Backing;
 pub use slab::{
-    hugepage_fallback_warnings, ClassStats, CoreStats, IovaKind, LeakReport, Slab, SlabStats,
-    ZoneInfo, ZoneLease, ZoneUsage,
+    hugepage_fallback_warnings, ClassStats, CoreStats, LeakReport, Slab, SlabStats, ZoneLease,
+    ZoneUsage,
 };
 pub use stats::{copy_stats, thread_copy_stats, CopyStats};
 pub use zbuf::Zbuf;
 pub use zbuf_mut::ZbufMut;
+pub use zone_info::{IovaKind, ZoneInfo};
 
 #[cfg(test)]
 mod tests;

@@ -1,12 +1,15 @@
 //! Buffer objects: per-object metadata and the two owning handles built on it,
 //! [`SharedObj`] (one counted reference, read-only) and [`UniqueObj`] (the only
 //! reference, writable). The public handles are safe code on top of these.
+//!
+//! This layer knows what kinds of object exist but not the memory they come from:
+//! dropping a handle is implemented in `release.rs`, above this module, the slab and the
+//! DPDK glue, so that none of the three imports another.
 
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
 use crate::remote::RefCount;
-use crate::slab::Zone;
 use crate::sync::{AtomicU32, Ordering};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -37,20 +40,24 @@ pub(crate) struct ObjMeta {
     pub(crate) class: u8,
     kind: Kind,
     writable: bool,
-    pub(crate) zone: *const Zone,
+    /// Slab objects: the slab's `Zone` that holds this metadata, set by the slab when it
+    /// builds the zone and read back by it on release (untyped here so that this layer
+    /// does not import the slab). Null for other kinds.
+    pub(crate) owner: *const (),
 }
 
 // SAFETY: after construction every field is immutable except the atomics; the raw
 // pointers are addresses of memory owned by the slab (or the HeapObj), which outlives
 // every reference to the metadata.
 unsafe impl Send for ObjMeta {}
-// SAFETY: as above; shared access only reads immutable fields or uses atomics.
+// SAFETY: shared access only reads the fields that never change after construction, or
+// goes through the atomics (`refcnt`, `home`).
 unsafe impl Sync for ObjMeta {}
 
 impl ObjMeta {
-    /// Metadata of a free slab object (count 0) at `base`.
+    /// Metadata of a free slab object (count 0) at `base`, in the zone `owner`.
     pub(crate) fn slab(
-        zone: *const Zone,
+        owner: *const (),
         base: NonNull<u8>,
         iova: u64,
         cap: usize,
@@ -67,8 +74,13 @@ impl ObjMeta {
             class,
             kind: Kind::Slab,
             writable: true,
-            zone,
+            owner,
         }
+    }
+
+    /// Which kind of object this is: who takes it back after the last release.
+    pub(crate) fn kind(&self) -> Kind {
+        self.kind
     }
 }
 
@@ -115,7 +127,7 @@ enum Storage {
     External(Option<Box<dyn FnOnce() + Send>>),
 }
 
-/// A heap-allocated object: metadata first (`repr(C)`) so `*mut HeapObj` and
+/// A heap-allocated object ([`Kind::Heap`]): metadata first (`repr(C)`) so `*mut HeapObj` and
 /// `*mut ObjMeta` are the same address.
 #[repr(C)]
 struct HeapObj {
@@ -159,12 +171,22 @@ fn heap(
             class: 0,
             kind: Kind::Heap,
             writable,
-            zone: std::ptr::null(),
+            owner: std::ptr::null(),
         },
         storage,
     });
     // `meta` is the first field of a repr(C) struct.
     NonNull::from(Box::leak(obj)).cast::<ObjMeta>()
+}
+
+/// Frees a [`Kind::Heap`] object whose last reference was just released.
+///
+/// # Safety
+/// `obj` is a heap object (made by `heap`, so it is the first field of a leaked
+/// `Box<HeapObj>`), its count just dropped to zero, and nobody uses it afterwards.
+pub(crate) unsafe fn free_heap(obj: NonNull<ObjMeta>) {
+    // SAFETY: per the contract this rebuilds the Box that `heap` leaked, once.
+    drop(unsafe { Box::from_raw(obj.as_ptr().cast::<HeapObj>()) })
 }
 
 /// One counted reference to an object; the bytes are read-only while shared.
@@ -189,6 +211,11 @@ impl SharedObj {
     fn meta(&self) -> &ObjMeta {
         // SAFETY: we hold a reference, so the object (and its metadata) is live.
         unsafe { self.0.as_ref() }
+    }
+
+    /// The metadata this handle counts a reference on.
+    pub(crate) fn meta_ptr(&self) -> NonNull<ObjMeta> {
+        self.0
     }
 
     /// Wraps a `'static` slice without copying.
@@ -232,7 +259,7 @@ impl SharedObj {
                 class: 0,
                 kind: Kind::Mbuf,
                 writable,
-                zone: std::ptr::null(),
+                owner: std::ptr::null(),
             })
         };
         SharedObj(meta)
@@ -305,17 +332,15 @@ impl Clone for SharedObj {
     }
 }
 
-impl Drop for SharedObj {
-    fn drop(&mut self) {
-        // SAFETY: we own one reference and give it up here.
-        unsafe { release(self.0) }
-    }
-}
-
 impl UniqueObj {
     fn meta(&self) -> &ObjMeta {
         // SAFETY: we hold the only reference, so the object is live.
         unsafe { self.0.as_ref() }
+    }
+
+    /// The metadata this handle holds the only reference on.
+    pub(crate) fn meta_ptr(&self) -> NonNull<ObjMeta> {
+        self.0
     }
 
     /// Takes a `Vec<u8>` without copying; its length becomes the capacity.
@@ -367,34 +392,5 @@ impl UniqueObj {
     pub(crate) fn into_shared(self) -> SharedObj {
         let this = ManuallyDrop::new(self);
         SharedObj(this.0)
-    }
-}
-
-impl Drop for UniqueObj {
-    fn drop(&mut self) {
-        // SAFETY: we own the (only) reference and give it up here.
-        unsafe { release(self.0) }
-    }
-}
-
-/// Drops one reference; frees or recycles the object when it was the last.
-///
-/// # Safety
-/// `obj` is live and the caller owns one reference, which it must not use afterwards.
-unsafe fn release(obj: NonNull<ObjMeta>) {
-    // SAFETY: live per the contract.
-    let meta = unsafe { obj.as_ref() };
-    if !meta.refcnt.release() {
-        return;
-    }
-    match meta.kind {
-        // SAFETY: heap objects were made by `heap` from a Box<HeapObj>; we hold the last
-        // reference, so rebuilding and dropping the Box is the one free.
-        Kind::Heap => drop(unsafe { Box::from_raw(obj.as_ptr().cast::<HeapObj>()) }),
-        // SAFETY: last reference to a slab object; ownership passes to the slab.
-        Kind::Slab => unsafe { crate::slab::recycle(ObjPtr(obj)) },
-        // SAFETY: last reference to an mbuf-backed object: the mbuf goes back to its pool.
-        #[cfg(feature = "dpdk")]
-        Kind::Mbuf => unsafe { crate::dpdk::release_mbuf_obj(obj) },
     }
 }

@@ -4,7 +4,7 @@
 //! (owner thread only) → handle → back to the local list when released on the home
 //! core, or through the home's lock-free queue when released elsewhere.
 
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
@@ -13,43 +13,12 @@ use std::sync::{Mutex, MutexGuard};
 
 use crossbeam_utils::CachePadded;
 
-use crate::cache::{current_slot, CoreCache};
 use crate::config::{HugepageMode, IovaMode, SlabConfig, ZONE_SIZE};
 use crate::error::{AllocError, SlabError};
 use crate::mem::{self, Backing, Mapping};
 use crate::obj::{ObjMeta, ObjPtr, UniqueObj};
 use crate::remote::{Home, Refs};
-
-/// What a zone's IOVA is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IovaKind {
-    /// Physical address (from `/proc/self/pagemap`); the zone is physically contiguous.
-    Physical,
-    /// The virtual address stands in for the IOVA (no hugepage, no permission to read
-    /// PFNs, or [`IovaMode::Va`]).
-    Virtual,
-}
-
-/// Metadata of one zone: one 2 MiB region split into equal objects of one size class.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ZoneInfo {
-    /// Zone number within its slab (unique, in creation order).
-    pub index: usize,
-    /// Virtual address of the first byte.
-    pub va: usize,
-    /// IOVA of the first byte; object `i` starts at `iova + i * object_size`.
-    pub iova: u64,
-    /// Length in bytes (2 MiB).
-    pub len: usize,
-    /// Object size of the zone's class.
-    pub object_size: usize,
-    /// Number of objects (`len / object_size`).
-    pub objects: usize,
-    /// Whether `iova` is physical or virtual.
-    pub iova_kind: IovaKind,
-    /// Hugepage or normal pages.
-    pub backing: Backing,
-}
+use crate::zone_info::{IovaKind, ZoneInfo};
 
 /// A zone and how many of its objects are referenced by handles right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,7 +50,7 @@ pub struct ClassStats {
 pub struct CoreStats {
     /// Core id.
     pub core: usize,
-    /// A live [`CoreCache`] owns this core id.
+    /// A live [`CoreCache`](crate::CoreCache) owns this core id.
     pub active: bool,
     /// Successful allocations.
     pub allocs: u64,
@@ -165,7 +134,7 @@ impl fmt::Display for LeakReport {
     }
 }
 
-pub(crate) struct Zone {
+struct Zone {
     slab: *const SlabInner,
     info: ZoneInfo,
     metas: Box<[ObjMeta]>,
@@ -185,7 +154,8 @@ struct ZoneBox(NonNull<Zone>);
 // SAFETY: a `Zone` is immutable after construction apart from its objects' atomics;
 // its raw pointers name the slab and the mapping, which are Send + Sync.
 unsafe impl Send for ZoneBox {}
-// SAFETY: as above.
+// SAFETY: shared access to a `Zone` only reads fields that never change after
+// construction, or goes through its objects' atomics.
 unsafe impl Sync for ZoneBox {}
 
 impl ZoneBox {
@@ -410,7 +380,8 @@ impl SlabInner {
         len: usize,
     ) -> Result<UniqueObj, AllocError> {
         let slot = &self.slots[core];
-        // SAFETY: forwarded contract.
+        // SAFETY: the calling thread owns slot `core` (this function's contract), which
+        // is all `alloc_obj` asks.
         let r = unsafe { self.alloc_obj(slot, headroom, len) };
         match r {
             Ok(obj) => {
@@ -442,7 +413,8 @@ impl SlabInner {
         let popped = unsafe { slot.local() }.free[class].pop();
         let obj = match popped {
             Some(o) => o,
-            // SAFETY: forwarded contract.
+            // SAFETY: the calling thread owns `slot` (our contract), and the borrow of its
+            // local lists above has ended.
             None => unsafe { self.refill(slot, class)? },
         };
         // SAFETY: `obj` came off our own free list, so we own it exclusively.
@@ -464,7 +436,8 @@ impl SlabInner {
     /// # Safety
     /// The calling thread owns `slot`.
     unsafe fn refill(&self, slot: &CoreSlot, class: usize) -> Result<ObjPtr, AllocError> {
-        // SAFETY: forwarded contract.
+        // SAFETY: the calling thread owns `slot` (our contract); no borrow of its local
+        // lists is alive here.
         unsafe { self.drain_home(slot.index as usize) };
         // SAFETY: owner thread, short borrow.
         if let Some(o) = unsafe { slot.local() }.free[class].pop() {
@@ -512,7 +485,8 @@ impl SlabInner {
     /// # Safety
     /// The calling thread owns slot `core`; no borrow of its local state is in use.
     unsafe fn relieve(&self, core: usize, pressure: u64) {
-        // SAFETY: forwarded contract.
+        // SAFETY: the calling thread owns slot `core` and holds no borrow of its local
+        // state (our contract).
         unsafe { self.drain_home(core) };
         for class in 0..self.classes.len() {
             if pressure & pressure_bit(class) != 0 {
@@ -629,7 +603,8 @@ impl SlabInner {
                 .map(|i| {
                     // `i * size < len`, so the address stays inside the mapping.
                     let p = NonNull::new(base.wrapping_add(i * size)).expect("mapping is non-null");
-                    ObjMeta::slab(zp, p, iova + (i * size) as u64, size, i as u32, class as u8)
+                    let at = iova + (i * size) as u64;
+                    ObjMeta::slab(zp.cast(), p, at, size, i as u32, class as u8)
                 })
                 .collect();
             Zone {
@@ -737,15 +712,50 @@ fn map_hugepage(cfg: &SlabConfig) -> Result<Mapping, String> {
     }
 }
 
+thread_local! {
+    /// The slab and core slot this thread owns, if any: its *current* cache, which
+    /// [`crate::alloc`] uses and releases on this thread go straight back to. Set only
+    /// while that `CoreCache` lives on this thread (it holds a slab reference, so the
+    /// pointer stays valid).
+    static CURRENT: Cell<Option<(NonNull<SlabInner>, usize)>> = const { Cell::new(None) };
+}
+
+/// The slot the calling thread owns, if any.
+pub(crate) fn current_slot() -> Option<(NonNull<SlabInner>, usize)> {
+    // During thread teardown the key may be gone: then nothing is owned here any more.
+    CURRENT.try_with(Cell::get).ok().flatten()
+}
+
+/// Makes slot `core` of `inner` the calling thread's current slot unless it has one.
+/// The caller has just claimed the slot for a `CoreCache` on this thread.
+pub(crate) fn set_current_if_none(inner: NonNull<SlabInner>, core: usize) {
+    if current_slot().is_none() {
+        CURRENT.with(|c| c.set(Some((inner, core))));
+    }
+}
+
+/// Forgets the calling thread's current slot if it is slot `core` of `inner` (its
+/// `CoreCache` is being dropped).
+pub(crate) fn clear_current(inner: NonNull<SlabInner>, core: usize) {
+    let _ = CURRENT.try_with(|c| {
+        if c.get() == Some((inner, core)) {
+            c.set(None)
+        }
+    });
+}
+
 /// Takes back a slab object whose last reference was just dropped.
 ///
 /// # Safety
 /// `obj` is a slab object whose count just dropped to zero; the caller gives up all use.
 pub(crate) unsafe fn recycle(obj: ObjPtr) {
     let meta = obj.meta();
-    // SAFETY: a counted object keeps its slab (and so its zone) alive (`Refs`).
-    let zone = unsafe { &*meta.zone };
-    // SAFETY: as above.
+    // SAFETY: the owner of a slab object is the `Zone` `build_zone` made it in (the only
+    // place slab metadata is created), and a counted object keeps its slab, and so its
+    // zone, alive (`Refs`).
+    let zone = unsafe { &*meta.owner.cast::<Zone>() };
+    // SAFETY: a zone's `slab` is the `SlabInner` that built it, which frees its zones only
+    // when its last reference goes, and this object's reference kept one until now.
     let inner = unsafe { &*zone.slab };
     let home = meta.home.load(Ordering::Relaxed) as usize;
     let class = meta.class as usize;
@@ -765,7 +775,8 @@ pub(crate) unsafe fn recycle(obj: ObjPtr) {
         }
         let pressure = inner.pressure.load(Ordering::Relaxed);
         if pressure != 0 {
-            // SAFETY: as above; the previous borrow is no longer used.
+            // SAFETY: this thread owns the slot (as above), and `list`, the borrow of its
+            // local state, is no longer used.
             unsafe { inner.relieve(home, pressure) };
         }
     } else {
@@ -788,7 +799,7 @@ pub struct Slab {
 
 // SAFETY: `Slab` is a counted pointer to a `SlabInner`, which is Send + Sync.
 unsafe impl Send for Slab {}
-// SAFETY: as above.
+// SAFETY: `&Slab` only reaches the `SlabInner` through `&`, and `SlabInner` is Sync.
 unsafe impl Sync for Slab {}
 
 impl Slab {
@@ -822,15 +833,6 @@ impl Slab {
             .handles
             .fetch_add(1, Ordering::Relaxed);
         Slab { inner }
-    }
-
-    /// Claims core id `core` for the calling thread and returns its cache. The first
-    /// cache registered on a thread becomes its *current* cache, used by [`crate::alloc`]
-    /// and by releases on this thread (a thread may hold more caches, e.g. of several
-    /// slabs; those work through their own methods). Fails if the core id is out of
-    /// range or owned by another live cache.
-    pub fn core_cache(&self, core: usize) -> Result<CoreCache, SlabError> {
-        CoreCache::new(self, core)
     }
 
     /// The configuration (size classes sorted).

@@ -9,7 +9,6 @@ use std::ptr::NonNull;
 use crate::error::{check_pos, resolve_range, OutOfBounds};
 use crate::obj::{SharedObj, UniqueObj};
 use crate::stats::count_copy;
-use crate::zbuf_mut::ZbufMut;
 
 /// A read-only view `(object, offset, len)` of a refcounted buffer object.
 ///
@@ -60,6 +59,12 @@ impl Zbuf {
         Zbuf { obj, off, len }
     }
 
+    /// The object, offset and length of the view (`from_parts` undone).
+    pub(crate) fn into_parts(self) -> (SharedObj, usize, usize) {
+        let Zbuf { obj, off, len } = self;
+        (obj, off, len)
+    }
+
     /// Copies `data` into a new heap-backed buffer. Always works, without any slab or
     /// registration: this is the slow/test path, and it is counted in
     /// [`crate::copy_stats`].
@@ -93,7 +98,9 @@ impl Zbuf {
         iova: u64,
         free: impl FnOnce() + Send + 'static,
     ) -> Zbuf {
-        // SAFETY: forwarded contract.
+        // SAFETY: our caller keeps the same contract `SharedObj::from_external` asks
+        // (readable, unwritten, valid until `free`); `free` is `Send`, so any thread may
+        // run it.
         let obj = unsafe { SharedObj::from_external(ptr, len, iova, Box::new(free)) };
         Zbuf::from_parts(obj, 0, len)
     }
@@ -231,17 +238,6 @@ impl Zbuf {
     /// for tests and diagnostics.
     pub fn ref_count(&self) -> usize {
         self.obj.ref_count()
-    }
-
-    /// Turns the view back into a writable buffer if it is the only reference to a
-    /// writable object (slab or `Vec` backed). Head- and tailroom are the bytes of the
-    /// object before and after the view. Gives `self` back otherwise.
-    pub fn try_into_mut(self) -> Result<ZbufMut, Zbuf> {
-        let Zbuf { obj, off, len } = self;
-        match obj.try_unique() {
-            Ok(u) => Ok(ZbufMut::from_parts(u, off, len)),
-            Err(obj) => Err(Zbuf { obj, off, len }),
-        }
     }
 }
 

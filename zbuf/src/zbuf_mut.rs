@@ -173,6 +173,21 @@ impl ZbufMut {
     }
 }
 
+// The way back from `freeze` lives here too, so both conversions between the two handles
+// are in one file and `zbuf.rs` does not import this one.
+impl Zbuf {
+    /// Turns the view back into a writable buffer if it is the only reference to a
+    /// writable object (slab or `Vec` backed). Head- and tailroom are the bytes of the
+    /// object before and after the view. Gives `self` back otherwise.
+    pub fn try_into_mut(self) -> Result<ZbufMut, Zbuf> {
+        let (obj, off, len) = self.into_parts();
+        match obj.try_unique() {
+            Ok(u) => Ok(ZbufMut::from_parts(u, off, len)),
+            Err(obj) => Err(Zbuf::from_parts(obj, off, len)),
+        }
+    }
+}
+
 impl Deref for ZbufMut {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

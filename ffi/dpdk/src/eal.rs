@@ -414,7 +414,7 @@ impl Eal {
         EalBuilder::default()
     }
 
-    /// Initialises EAL with `args` (without argv[0]) and the default checks.
+    /// Initialises EAL with `args` (without `argv[0]`) and the default checks.
     pub fn init<I, S>(args: I) -> Result<Eal>
     where
         I: IntoIterator<Item = S>,

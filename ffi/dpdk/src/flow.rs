@@ -3,6 +3,8 @@
 //! Supported pattern items: eth, ipv4, tcp, udp (spec + optional mask; a
 //! `None` spec matches any packet of that protocol). Actions: queue, rss,
 //! drop, passthru. Multi-byte fields are given in host order and converted.
+//! [`Port::flow_isolate`] and [`Port::flow_flush`] wrap `rte_flow_isolate` and
+//! `rte_flow_flush`.
 
 use std::ffi::CStr;
 use std::net::Ipv4Addr;
@@ -403,6 +405,42 @@ impl Port {
         if ret != 0 {
             return Err(flow_error(
                 format!("validate flow on port {}", self.name()),
+                ret,
+                &e,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Turns flow isolation on or off (`rte_flow_isolate`): when on, the port
+    /// receives only what flow rules send to it and everything else stays with
+    /// the kernel netdev of a bifurcated driver (mlx5). DPDK requires this before
+    /// the port is configured, so call it on a port that is not started.
+    pub fn flow_isolate(&self, on: bool) -> Result<()> {
+        let mut e = ffi::rte_flow_error::default();
+        crate::log::clear();
+        // SAFETY: valid port id; `e` is a valid out-parameter for the call.
+        let ret = unsafe { ffi::rte_flow_isolate(self.id(), on as i32, &mut e) };
+        if ret != 0 {
+            return Err(flow_error(
+                format!("isolate (set {on}) port {}", self.name()),
+                ret,
+                &e,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Destroys every rule of the port (`rte_flow_flush`), including ones
+    /// whose [`Flow`] handles were leaked.
+    pub fn flow_flush(&self) -> Result<()> {
+        let mut e = ffi::rte_flow_error::default();
+        crate::log::clear();
+        // SAFETY: valid port id; `e` is a valid out-parameter for the call.
+        let ret = unsafe { ffi::rte_flow_flush(self.id(), &mut e) };
+        if ret != 0 {
+            return Err(flow_error(
+                format!("flush flows on port {}", self.name()),
                 ret,
                 &e,
             ));

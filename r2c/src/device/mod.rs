@@ -4,7 +4,9 @@
 //! where the device allows: the buffer the NIC wrote); frames to send are
 //! `luna_stack::stack::Transmit`s (header bytes + a zero-copy payload io-vector).
 //!
-//! `unsafe` is allowed only in the device modules (DPDK glue), each block with a SAFETY note.
+//! No `unsafe` here: the DPDK and buffer unsafety lives in dpdk-sys and zbuf. The crate
+//! denies `unsafe_code`; should a device ever need a block, it gets its own
+//! `#[allow(unsafe_code)]` and a `// SAFETY:` comment at the block, not a module-wide allow.
 
 pub mod dpdk;
 pub mod mem;

@@ -49,36 +49,20 @@
 //! leaked rather than freed under them. A [`TxChains`] whose holds are still in flight
 //! when dropped leaks its hold table for the same reason. Both warn.
 
+mod error;
 mod registry;
 mod rx;
 mod tx;
 
 use std::ptr::NonNull;
 
+pub use error::DpdkError;
 pub use registry::{DmaRegistry, RegistryStats};
 pub use rx::{mbuf_to_zbuf, mbuf_to_zbuf_copied, RxPool, RxPoolConfig};
 pub use tx::{TxChains, TxConfig, TxError, TxOffloadRequest, TxStats, MAX_HOLDS};
 
 use crate::obj::ObjMeta;
 use dpdk_sys::ffi;
-
-/// Errors of the DPDK glue: setup problems, never per-packet conditions.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DpdkError {
-    /// A DPDK call failed (the error carries the step, errno and DPDK's log lines).
-    #[error(transparent)]
-    Dpdk(#[from] dpdk_sys::Error),
-    /// The slab could not provide memory.
-    #[error(transparent)]
-    Alloc(#[from] crate::AllocError),
-    /// Registering memory with DPDK failed.
-    #[error("zbuf-dpdk: {0}")]
-    Register(String),
-    /// A parameter is out of range.
-    #[error("zbuf-dpdk: invalid configuration: {0}")]
-    Config(String),
-}
 
 /// Releases a `Kind::Mbuf` object whose count just dropped to zero: the mbuf goes back to
 /// its pool.

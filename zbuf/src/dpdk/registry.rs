@@ -9,7 +9,7 @@ use dpdk_sys::{ffi, Eal};
 use super::DpdkError;
 use crate::config::SlabConfig;
 use crate::mem::Backing;
-use crate::slab::{IovaKind, ZoneInfo};
+use crate::zone_info::{IovaKind, ZoneInfo};
 use crate::ZONE_SIZE;
 
 /// Counters of a [`DmaRegistry`].

@@ -7,7 +7,7 @@ use dpdk_sys::{ffi, Eal, ExtMem, Mbuf, Mempool, PoolConfig};
 use super::registry::{eal_iova_va, zone_iova};
 use super::{DmaRegistry, DpdkError};
 use crate::obj::{ObjMeta, SharedObj, META_ALIGN, META_SIZE};
-use crate::slab::ZoneInfo;
+use crate::zone_info::ZoneInfo;
 use crate::{IoVec, Slab, Zbuf, ZbufMut, ZONE_SIZE};
 
 /// Private area reserved per mbuf for the object metadata (`ObjMeta`, one cache line).

@@ -233,10 +233,15 @@ impl HoldTable {
 // `table` pointer names the enclosing table, which outlives every attachment (see
 // `TxChains::drop`).
 unsafe impl Send for HoldTable {}
-// SAFETY: as above.
+// SAFETY: shared access is the protocol above: a hold's cells are touched only by its
+// current owner, and ownership moves through the head's compare-exchanges.
 unsafe impl Sync for HoldTable {}
 
 /// DPDK's free callback for attached payload: drops the hold's `Zbuf` and returns the hold.
+///
+/// # Safety
+/// Called by DPDK only, once per attachment made by `attach`, with that attachment's
+/// `Hold` as `opaque`.
 unsafe extern "C" fn hold_free(_addr: *mut c_void, opaque: *mut c_void) {
     // SAFETY: `opaque` is the `Hold` this callback was registered with in `attach`; its
     // table is alive (leaked rather than freed while attachments are in flight).
@@ -244,7 +249,8 @@ unsafe extern "C" fn hold_free(_addr: *mut c_void, opaque: *mut c_void) {
     // SAFETY: the hold is ours: DPDK calls this once per attachment, after the last
     // mbuf referencing it was freed, and the builder is done with it.
     let z = unsafe { (*hold.zbuf.get()).take() };
-    // SAFETY: see above.
+    // SAFETY: `hold.table` is the table this hold lives in, alive for the same reason
+    // as the hold itself (first comment above).
     let table = unsafe { &*hold.table };
     table.push(hold.idx);
     // Release the payload last; this may recycle the buffer to its zbuf home core.

@@ -15,6 +15,13 @@
 //!   `Zbuf`s. Closed loop, open loop and bulk all work; only the connections that
 //!   completed RPCs or got new requests are visited per iteration, so 5,000
 //!   connections cost what their traffic costs.
+//! * Sending: both sides pack their queued pieces into `Zbuf`s while the connection's
+//!   send buffer has room and hand them to r2c's all-or-nothing `Ctx::send_all`; the part
+//!   of the last pack TCP cannot take yet waits in r2c's backlog (knb keeps no queue of
+//!   its own), and nothing more is packed until it has drained. The server stops reading
+//!   a connection while `Ctx::send_backlog` plus its unpacked answers reach
+//!   `SERVER_TX_LIMIT`. The memif placement, EAL lane registration and vdev parsing are
+//!   shared with the smoltcp backend ([`super::memif`]).
 //! * The poll-loop threads are registered with the EAL (mempool caches) and pinned to
 //!   `--cpus`; the clock is the TSC; idle cores busy-poll. A full memif ring (the peer
 //!   busy or descheduled) is waited out, never turned into drops.
@@ -41,8 +48,7 @@ use std::time::{Duration, Instant};
 
 use bifurcation::PortRange;
 use dpdk_sys::Eal;
-use luna_stack::stack::{RecvError, SendError};
-use luna_stack::stack::{StackConfig, StackDrop};
+use luna_stack::stack::{RecvError, StackConfig, StackDrop};
 use luna_stack::tcp::{CloseReason, DropReason};
 use luna_stack::wire::Ipv4Cidr;
 use r2c::clock::ClockSource;
@@ -56,7 +62,7 @@ use testbed::{Kind, Topology};
 use zbuf::dpdk::DmaRegistry;
 use zbuf::{IoVec, Slab, SlabConfig, Zbuf, ZbufMut};
 
-use super::{pin, Backend, ClientPlan, ClientSpec, Endpoints, ServerReport, ServerSpec};
+use super::{memif, Backend, ClientPlan, ClientSpec, Endpoints, ServerReport, ServerSpec};
 use crate::engine::{ClientWorker, ThreadResult};
 use crate::proto::{flags, Piece, ServerConn, TxBuf, HDR_LEN};
 use crate::workload::{Stack, Workload};
@@ -194,26 +200,28 @@ impl Packer {
     }
 }
 
-/// Sends the front of `pending` as far as the send buffer takes it; returns the bytes
-/// taken. `Err` if the connection cannot send any more.
-fn drain(ctx: &mut Ctx<'_>, conn: Conn, pending: &mut VecDeque<Zbuf>) -> Result<usize, SendError> {
-    let mut taken = 0;
-    while let Some(z) = pending.front_mut() {
-        match ctx.try_send(conn, z) {
-            Ok(n) if n == z.len() => {
-                taken += n;
-                pending.pop_front();
-            }
-            Ok(n) => {
-                taken += n;
-                z.advance(n);
-                break;
-            }
-            Err(SendError::WouldBlock) => break,
-            Err(e) => return Err(e),
+/// Packs and sends `tx`'s pieces while the connection's send buffer has room, through
+/// the runtime's all-or-nothing send: what the TCP send buffer cannot take of the last
+/// pack waits in r2c's backlog (one pack, about `PACK_BYTES`, at most), and nothing more
+/// is packed until the backlog has drained (`send_capacity` is 0 meanwhile), so bulk
+/// senders still feel TCP's back pressure. Returns the bytes handed over. `Err` if the
+/// connection cannot send any more or a buffer could not be allocated.
+fn send_packed(
+    ctx: &mut Ctx<'_>,
+    conn: Conn,
+    packer: &mut Packer,
+    tx: &mut TxBuf,
+    batch: &mut VecDeque<Zbuf>,
+) -> Result<usize, String> {
+    let mut handed = 0;
+    while !tx.is_empty() && ctx.send_capacity(conn) > 0 {
+        packer.pack(&mut |n| ctx.alloc(n), tx, batch)?;
+        for z in batch.drain(..) {
+            handed += z.len();
+            ctx.send_all(conn, z).map_err(|e| format!("send: {e:?}"))?;
         }
     }
-    Ok(taken)
+    Ok(handed)
 }
 
 /// What every side needs: EAL, zbuf slab, DMA registry and one device per lane.
@@ -249,7 +257,7 @@ impl Env {
         let opts = options(
             &self.eal,
             &self.slab,
-            vdev_of(eal_args).unwrap_or_default(),
+            memif::vdev_of(eal_args).unwrap_or_default(),
             lanes,
         );
         Ok(Lanes {
@@ -263,20 +271,6 @@ impl Env {
     }
 }
 
-/// The `--vdev` value in `eal` args.
-fn vdev_of(eal: &[String]) -> Option<&str> {
-    let mut it = eal.iter();
-    while let Some(a) = it.next() {
-        if a == "--vdev" {
-            return it.next().map(String::as_str);
-        }
-        if let Some(v) = a.strip_prefix("--vdev=") {
-            return Some(v);
-        }
-    }
-    None
-}
-
 fn open(
     eal_args: &[String],
     lanes: u16,
@@ -284,7 +278,7 @@ fn open(
     link_timeout: Duration,
     started: &mut dyn FnMut(),
 ) -> Result<Env, String> {
-    let vdev = vdev_of(eal_args).ok_or("no --vdev in the EAL arguments")?;
+    let vdev = memif::vdev_of(eal_args).ok_or("no --vdev in the EAL arguments")?;
     let port = port_name_from_vdev(vdev).ok_or_else(|| format!("bad --vdev {vdev:?}"))?;
     let eal = Eal::builder()
         .args(eal_args.iter().cloned())
@@ -403,16 +397,6 @@ fn options(eal: &Eal, slab: &Slab, vdev: &str, lanes: usize) -> CoreOptions {
     }
 }
 
-/// Pins the calling core thread to its CPU and gives it an lcore id (per-lcore mempool
-/// caches for every mbuf it allocates and frees).
-fn register(eal: &Eal, cpu: usize) -> Result<(), String> {
-    pin(cpu)?;
-    eal.register_thread()
-        .map_err(|e| format!("register the core thread with the EAL: {e}"))?;
-    // Registration may reset the affinity to the EAL's CPU set: pin again.
-    pin(cpu)
-}
-
 /// Counters of the cores' final reports, for `server.extra`.
 fn core_counters(reports: &[CoreReport]) -> Value {
     let mut stats = Map::new();
@@ -486,8 +470,6 @@ struct ServerShared {
 
 struct SConn {
     e: ServerConn,
-    pending: VecDeque<Zbuf>,
-    pending_bytes: usize,
 }
 
 struct ServerApp {
@@ -499,6 +481,8 @@ struct ServerApp {
     finished: usize,
     conns: FxMap<Conn, SConn>,
     packer: Option<Packer>,
+    /// Buffers of the pack being handed to the runtime (kept to reuse its allocation).
+    batch: VecDeque<Zbuf>,
     report: ServerReport,
     shared: Arc<ServerShared>,
     lane_done: bool,
@@ -513,20 +497,7 @@ impl ServerApp {
             return Ok(());
         };
         let packer = self.packer.as_mut().ok_or("no packer")?;
-        loop {
-            if c.pending.is_empty() {
-                if c.e.tx().is_empty() {
-                    break;
-                }
-                packer.pack(&mut |n| ctx.alloc(n), c.e.tx(), &mut c.pending)?;
-                c.pending_bytes = c.pending.iter().map(Zbuf::len).sum();
-            }
-            let n = drain(ctx, conn, &mut c.pending).map_err(|e| format!("send: {e:?}"))?;
-            c.pending_bytes -= n;
-            if !c.pending.is_empty() {
-                break;
-            }
-        }
+        send_packed(ctx, conn, packer, c.e.tx(), &mut self.batch)?;
         Ok(())
     }
 
@@ -541,7 +512,7 @@ impl ServerApp {
                 let Some(c) = self.conns.get_mut(&conn) else {
                     return;
                 };
-                if c.pending_bytes + c.e.tx().len() >= SERVER_TX_LIMIT {
+                if ctx.send_backlog(conn) + c.e.tx().len() >= SERVER_TX_LIMIT {
                     limited = true;
                     break;
                 }
@@ -565,10 +536,9 @@ impl ServerApp {
                 return self.finish(ctx, conn);
             }
             // Read on if the responses went out; else on_writable resumes.
-            let read_on = self
-                .conns
-                .get_mut(&conn)
-                .is_some_and(|c| limited && c.pending_bytes + c.e.tx().len() < SERVER_TX_LIMIT);
+            let read_on = self.conns.get_mut(&conn).is_some_and(|c| {
+                limited && ctx.send_backlog(conn) + c.e.tx().len() < SERVER_TX_LIMIT
+            });
             if !read_on {
                 return;
             }
@@ -582,13 +552,13 @@ impl ServerApp {
         if let (Some(c), Some(packer)) = (self.conns.get_mut(&conn), self.packer.as_mut()) {
             while !c.e.tx().is_empty() && failed.is_none() {
                 failed = packer
-                    .pack(&mut |n| ctx.alloc(n), c.e.tx(), &mut c.pending)
+                    .pack(&mut |n| ctx.alloc(n), c.e.tx(), &mut self.batch)
                     .err();
-            }
-            for z in c.pending.drain(..) {
-                if failed.is_none() {
-                    if let Err(e) = ctx.send(conn, z) {
-                        failed = Some(format!("send: {e:?}"));
+                for z in self.batch.drain(..) {
+                    if failed.is_none() {
+                        if let Err(e) = ctx.send_all(conn, z) {
+                            failed = Some(format!("send: {e:?}"));
+                        }
                     }
                 }
             }
@@ -621,7 +591,7 @@ impl ServerApp {
 
 impl InlineApp for ServerApp {
     fn on_start(&mut self, ctx: &mut Ctx<'_>) {
-        let setup = register(&self.shared.eal, self.cpu)
+        let setup = memif::register_lane(&self.shared.eal, self.cpu)
             .and_then(|()| Packer::new(&mut |n| ctx.alloc(n), &self.workload));
         match setup {
             Ok(p) => self.packer = Some(p),
@@ -650,8 +620,6 @@ impl InlineApp for ServerApp {
             conn,
             SConn {
                 e: ServerConn::new(self.workload.resp_size).message_mode(),
-                pending: VecDeque::new(),
-                pending_bytes: 0,
             },
         );
     }
@@ -663,7 +631,11 @@ impl InlineApp for ServerApp {
     fn on_writable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
         // Every ACK frees space: only a connection with responses waiting (or reading
         // paused because of them) has anything to do.
-        if self.conns.get(&conn).is_some_and(|c| !c.pending.is_empty()) {
+        if self
+            .conns
+            .get_mut(&conn)
+            .is_some_and(|c| !c.e.tx().is_empty())
+        {
             self.serve(ctx, conn);
         }
     }
@@ -709,8 +681,8 @@ struct ClientApp {
     conns: Vec<Conn>,
     index: FxMap<Conn, usize>,
     connected: usize,
-    /// Per connection: buffers waiting for send space (pumped again on writable).
-    pending: Vec<VecDeque<Zbuf>>,
+    /// Buffers of the pack being handed to the runtime (kept to reuse its allocation).
+    batch: VecDeque<Zbuf>,
     packer: Option<Packer>,
     touched: Vec<usize>,
     phase: Phase,
@@ -745,7 +717,8 @@ impl ClientApp {
         }
     }
 
-    /// Moves connection `i`'s requests to the stack.
+    /// Moves connection `i`'s requests to the stack (what the send buffer cannot take of
+    /// the last pack waits in the runtime's backlog; `on_writable` resumes).
     fn pump(&mut self, ctx: &mut Ctx<'_>, i: usize, now: Instant) {
         let Phase::Running(wk) = &mut self.phase else {
             return;
@@ -754,32 +727,17 @@ impl ClientApp {
             return;
         };
         let conn = self.conns[i];
-        let pending = &mut self.pending[i];
-        loop {
-            if pending.is_empty() {
-                if wk.tx(i).is_empty() {
-                    break;
-                }
-                if let Err(e) = packer.pack(&mut |n| ctx.alloc(n), wk.tx(i), pending) {
-                    return wk.fail(e);
-                }
-            }
-            match drain(ctx, conn, pending) {
-                Ok(n) => wk.on_sent(i, n, now),
-                Err(e) => {
-                    return wk.fail(format!("connection {i} of lane {}: send: {e:?}", self.lane))
-                }
-            }
-            if !pending.is_empty() {
-                break;
-            }
+        match send_packed(ctx, conn, packer, wk.tx(i), &mut self.batch) {
+            // Handed to the runtime: in TCP's send buffer, or next in line for it.
+            Ok(n) => wk.on_sent(i, n, now),
+            Err(e) => wk.fail(format!("connection {i} of lane {}: {e}", self.lane)),
         }
     }
 }
 
 impl InlineApp for ClientApp {
     fn on_start(&mut self, ctx: &mut Ctx<'_>) {
-        let setup = register(&self.shared.eal, self.cpu)
+        let setup = memif::register_lane(&self.shared.eal, self.cpu)
             .and_then(|()| Packer::new(&mut |n| ctx.alloc(n), &self.workload));
         match setup {
             Ok(p) => self.packer = Some(p),
@@ -800,7 +758,6 @@ impl InlineApp for ClientApp {
                 }
             }
         }
-        self.pending = (0..self.n).map(|_| VecDeque::new()).collect();
     }
 
     fn on_connected(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn) {
@@ -832,7 +789,11 @@ impl InlineApp for ClientApp {
 
     fn on_writable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
         if let Some(&i) = self.index.get(&conn) {
-            if !self.pending[i].is_empty() {
+            let waiting = match &mut self.phase {
+                Phase::Running(wk) => !wk.tx(i).is_empty(),
+                _ => false,
+            };
+            if waiting {
                 self.pump(ctx, i, Instant::now());
             }
         }
@@ -1136,7 +1097,7 @@ impl Backend for Luna {
         server_cpus: &[usize],
         client_cpus: &[usize],
     ) -> Result<Endpoints, String> {
-        super::smoltcp::Smoltcp.endpoints(topo, server_cpus, client_cpus)
+        memif::endpoints(topo, server_cpus, client_cpus, "luna")
     }
 
     fn serve(&self, spec: &ServerSpec, ready: &mut dyn FnMut()) -> Result<ServerReport, String> {
@@ -1177,6 +1138,7 @@ impl Backend for Luna {
             finished: 0,
             conns: FxMap::default(),
             packer: None,
+            batch: VecDeque::new(),
             report: ServerReport::default(),
             shared: sh.clone(),
             lane_done: false,
@@ -1250,7 +1212,7 @@ impl Backend for Luna {
             conns: Vec::new(),
             index: FxMap::default(),
             connected: 0,
-            pending: Vec::new(),
+            batch: VecDeque::new(),
             packer: None,
             touched: Vec::new(),
             phase: Phase::Connecting {
@@ -1340,18 +1302,6 @@ mod tests {
         let none = core_counters(&[report(&[], &[])]);
         assert_eq!(none["stack_drops_by_reason"], json!({}), "{none}");
         assert_eq!(none["tcp_drops_by_reason"], json!({}), "{none}");
-    }
-
-    #[test]
-    fn finds_the_vdev() {
-        let a: Vec<String> = ["--no-pci", "--vdev", "net_memif0,role=server,socket=/x"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        assert_eq!(vdev_of(&a), Some("net_memif0,role=server,socket=/x"));
-        assert_eq!(vdev_of(&["--vdev=net_tap0".to_string()]), Some("net_tap0"));
-        assert_eq!(vdev_of(&a[..2]), None);
-        assert_eq!(vdev_of(&[]), None);
     }
 
     fn heap(n: usize) -> Result<ZbufMut, zbuf::AllocError> {

@@ -1,8 +1,69 @@
-//! Opening the memif port of a DPDK side (shared by the smoltcp and, later, luna backends).
+//! What the two memif backends (smoltcp and luna) share: where each side runs and with
+//! which EAL arguments, reading those arguments back, putting extra lane threads on
+//! their CPUs and into the EAL, and (smoltcp, which drives dpdk-sys queues itself)
+//! opening the port. luna opens the same port through r2c's `DpdkDevice` instead.
 
 use std::time::Duration;
 
 use dpdk_sys::{Eal, Mempool, PoolConfig, Port, PortConf, RxQueue, TxQueue};
+use testbed::Topology;
+
+use super::{pin, Endpoints, Place};
+
+/// Where the server and client of a memif run go: the testbed's memif ports, with the
+/// EAL's main lcore on each side's first CPU, no telemetry socket and no shared runtime
+/// files (runs leave nothing behind). `who` names the backend in the error.
+pub fn endpoints(
+    topo: &Topology,
+    server_cpus: &[usize],
+    client_cpus: &[usize],
+    who: &str,
+) -> Result<Endpoints, String> {
+    let m = topo
+        .memif()
+        .ok_or_else(|| format!("the {who} backend needs the memif topology"))?;
+    let first = |cpus: &[usize]| cpus.first().copied().ok_or("no CPU given");
+    Ok(Endpoints {
+        server: place(&m.server, first(server_cpus)?),
+        client: place(&m.client, first(client_cpus)?),
+    })
+}
+
+fn place(p: &testbed::DpdkPort, cpu: usize) -> Place {
+    let mut eal = p.eal.clone();
+    eal.lcores = cpu.to_string();
+    eal.extra = vec!["--no-telemetry".into(), "--in-memory".into()];
+    Place {
+        netns: p.netns.clone(),
+        ip: p.ip,
+        prefix_len: p.prefix_len,
+        eal: eal.args(),
+    }
+}
+
+/// Pins the calling lane thread to `cpu` and gives it an lcore id (per-lcore mempool
+/// caches for every mbuf it allocates and frees).
+pub fn register_lane(eal: &Eal, cpu: usize) -> Result<(), String> {
+    pin(cpu)?;
+    eal.register_thread()
+        .map_err(|e| format!("register the lane thread on CPU {cpu} with the EAL: {e}"))?;
+    // Registration may reset the affinity to the EAL's CPU set: pin again.
+    pin(cpu)
+}
+
+/// The `--vdev` value in `eal` args.
+pub fn vdev_of(eal: &[String]) -> Option<&str> {
+    let mut it = eal.iter();
+    while let Some(a) = it.next() {
+        if a == "--vdev" {
+            return it.next().map(String::as_str);
+        }
+        if let Some(v) = a.strip_prefix("--vdev=") {
+            return Some(v);
+        }
+    }
+    None
+}
 
 /// An opened memif port with one queue pair per lane.
 pub struct MemifDev {
@@ -26,8 +87,8 @@ fn err(step: &str) -> impl Fn(dpdk_sys::Error) -> String + '_ {
 
 /// The `socket=` path of the memif vdev in `eal` args.
 pub fn socket_of(eal: &[String]) -> Option<String> {
-    eal.iter()
-        .find(|a| a.contains("net_memif"))?
+    vdev_of(eal)
+        .filter(|v| v.starts_with("net_memif"))?
         .split(',')
         .find_map(|kv| kv.strip_prefix("socket="))
         .map(str::to_owned)
@@ -111,5 +172,19 @@ mod tests {
         ];
         assert_eq!(socket_of(&a).as_deref(), Some("/run/x/memif.sock"));
         assert_eq!(socket_of(&a[..1]), None);
+        let tap = vec!["--vdev=net_tap0,iface=x".to_string()];
+        assert_eq!(socket_of(&tap), None);
+    }
+
+    #[test]
+    fn finds_the_vdev() {
+        let a: Vec<String> = ["--no-pci", "--vdev", "net_memif0,role=server,socket=/x"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(vdev_of(&a), Some("net_memif0,role=server,socket=/x"));
+        assert_eq!(vdev_of(&["--vdev=net_tap0".to_string()]), Some("net_tap0"));
+        assert_eq!(vdev_of(&a[..2]), None);
+        assert_eq!(vdev_of(&[]), None);
     }
 }

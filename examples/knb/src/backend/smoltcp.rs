@@ -22,7 +22,7 @@ use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
 use testbed::{Kind, Topology};
 
 use super::memif;
-use super::{pin, Backend, ClientPlan, ClientSpec, Endpoints, Place, ServerReport, ServerSpec};
+use super::{Backend, ClientPlan, ClientSpec, Endpoints, ServerReport, ServerSpec};
 use crate::engine::ThreadResult;
 use crate::proto::ServerConn;
 use crate::workload::{Stack, Workload};
@@ -262,19 +262,6 @@ impl Lane {
     }
 }
 
-fn place(p: &testbed::DpdkPort, cpu: usize) -> Place {
-    let mut eal = p.eal.clone();
-    eal.lcores = cpu.to_string();
-    // No telemetry socket, no shared runtime files: runs leave nothing behind.
-    eal.extra = vec!["--no-telemetry".into(), "--in-memory".into()];
-    Place {
-        netns: p.netns.clone(),
-        ip: p.ip,
-        prefix_len: p.prefix_len,
-        eal: eal.args(),
-    }
-}
-
 /// Runs `body(lane_index, lane)` on one thread per lane: lane 0 on the calling (EAL
 /// main) thread, the others pinned to their CPUs and registered with the EAL.
 fn run_lanes<T: Send>(
@@ -304,10 +291,7 @@ fn run_lanes<T: Send>(
             let cpu = cpus[i % cpus.len()];
             let eal = &eal;
             hs.push(s.spawn(move || {
-                pin(cpu)?;
-                eal.register_thread()
-                    .map_err(|e| format!("register lane {i} with the EAL: {e}"))?;
-                pin(cpu)?;
+                memif::register_lane(eal, cpu)?;
                 let lane = Lane::new(rxq, txq, pool, mac, cidr, seed + i as u64, mtu);
                 body(i, lane)
             }));
@@ -341,13 +325,7 @@ impl Backend for Smoltcp {
         server_cpus: &[usize],
         client_cpus: &[usize],
     ) -> Result<Endpoints, String> {
-        let m = topo
-            .memif()
-            .ok_or("the smoltcp backend needs the memif topology")?;
-        Ok(Endpoints {
-            server: place(&m.server, server_cpus[0]),
-            client: place(&m.client, client_cpus[0]),
-        })
+        memif::endpoints(topo, server_cpus, client_cpus, "smoltcp")
     }
 
     fn serve(&self, spec: &ServerSpec, ready: &mut dyn FnMut()) -> Result<ServerReport, String> {

@@ -1,0 +1,471 @@
+//! The software classifier: one frame in, luna's or the kernel's out (sans-IO, zero
+//! copy: it reads the headers in place and never allocates).
+//!
+//! r2c's poll loop calls [`Classifier::classify`] on every received frame when the NIC
+//! cannot steer in hardware (the exception path): [`Verdict::Luna`] frames go to the
+//! stack, [`Verdict::Kernel`] frames to the exception interface, [`Verdict::Drop`]
+//! frames are freed. Every verdict is counted by reason in [`Counters`].
+//!
+//! Malformed frames. A frame too short for an Ethernet header, an IPv4 header that is
+//! inconsistent (version, IHL, total length beyond the frame) or a TCP/UDP header cut
+//! short is **dropped and counted**, not handed to the kernel: the kernel would discard
+//! it too (it validates the same fields), and forwarding garbage would let a flood of it
+//! fill the exception queue that the kernel's ssh and ARP depend on. Well-formed frames
+//! luna does not own — including IPv4 fragments, which carry no ports after the first
+//! and which luna does not reassemble — go to the kernel. IP options are skipped by IHL
+//! (luna-stack does the same), so they do not change the verdict. Checksums are not
+//! checked here: the stack (or the NIC's offload) does that.
+
+use crate::model::{PortOwner, TrafficModel, L4};
+use core::fmt;
+use core::net::Ipv4Addr;
+
+/// Which of luna's flows a frame belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LunaTarget {
+    /// A TCP port of a client thread's share: its owner and queue.
+    Client {
+        /// Application index in the plan.
+        app: usize,
+        /// Thread within the application.
+        thread: u16,
+        /// The thread's receive queue.
+        queue: u16,
+    },
+    /// A listening port (any of luna's threads may own the connection).
+    Listener {
+        /// Protocol.
+        proto: L4,
+        /// Destination port.
+        port: u16,
+    },
+}
+
+macro_rules! reasons {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident => $s:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name { $($(#[$vm])* $v,)* }
+        impl $name {
+            /// Every reason, in counter order.
+            pub const ALL: &'static [$name] = &[$($name::$v,)*];
+            /// Short name for counters and logs.
+            pub const fn name(self) -> &'static str {
+                match self { $($name::$v => $s,)* }
+            }
+        }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+
+reasons! {
+    /// Why a frame belongs to the kernel.
+    KernelReason {
+        /// ARP.
+        Arp => "arp",
+        /// IPv6.
+        Ipv6 => "ipv6",
+        /// 802.1Q / 802.1ad tagged.
+        Vlan => "vlan",
+        /// Any other EtherType (LLDP, ...).
+        OtherEtherType => "other_ethertype",
+        /// IPv4 to another address than the model's.
+        OtherAddress => "other_address",
+        /// IPv4 to a broadcast or multicast address.
+        BroadcastOrMulticast => "broadcast_multicast",
+        /// An IPv4 fragment (luna never fragments and does not reassemble).
+        Fragment => "fragment",
+        /// ICMP.
+        Icmp => "icmp",
+        /// Another IP protocol (IGMP, SCTP, ...).
+        OtherIpProto => "other_ip_proto",
+        /// TCP to a port luna does not own (ssh, the kernel's servers and clients).
+        TcpPort => "tcp_port",
+        /// UDP to a port luna does not own.
+        UdpPort => "udp_port",
+    }
+}
+
+reasons! {
+    /// Why a frame is dropped.
+    DropReason {
+        /// Shorter than an Ethernet header.
+        Runt => "runt",
+        /// IPv4 header inconsistent or cut short.
+        BadIpv4 => "bad_ipv4",
+        /// TCP or UDP header cut short.
+        BadL4 => "bad_l4",
+    }
+}
+
+/// The classifier's answer for one frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Luna's: to the stack.
+    Luna(LunaTarget),
+    /// The kernel's: to the exception interface (or left to the kernel netdev).
+    Kernel(KernelReason),
+    /// Malformed: freed and counted.
+    Drop(DropReason),
+}
+
+const ETH_LEN: usize = 14;
+const ETHERTYPE_IPV4: u16 = 0x0800;
+const ETHERTYPE_ARP: u16 = 0x0806;
+const ETHERTYPE_IPV6: u16 = 0x86dd;
+const ETHERTYPE_VLAN: u16 = 0x8100;
+const ETHERTYPE_QINQ: u16 = 0x88a8;
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+/// Classifies one Ethernet frame against `model` (pure; see [`Classifier`] for counts).
+pub fn classify(model: &TrafficModel, frame: &[u8]) -> Verdict {
+    use KernelReason as K;
+    if frame.len() < ETH_LEN {
+        return Verdict::Drop(DropReason::Runt);
+    }
+    match be16(frame, 12) {
+        ETHERTYPE_IPV4 => {}
+        ETHERTYPE_ARP => return Verdict::Kernel(K::Arp),
+        ETHERTYPE_IPV6 => return Verdict::Kernel(K::Ipv6),
+        ETHERTYPE_VLAN | ETHERTYPE_QINQ => return Verdict::Kernel(K::Vlan),
+        _ => return Verdict::Kernel(K::OtherEtherType),
+    }
+    let ip = &frame[ETH_LEN..];
+    // RFC 791 §3.1: version 4, IHL >= 5 words, Total Length covers header and data; the
+    // frame may be longer (Ethernet padding) but not shorter.
+    if ip.len() < 20 || ip[0] >> 4 != 4 {
+        return Verdict::Drop(DropReason::BadIpv4);
+    }
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    let total = usize::from(be16(ip, 2));
+    if ihl < 20 || total < ihl || total > ip.len() {
+        return Verdict::Drop(DropReason::BadIpv4);
+    }
+    let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+    if dst.is_broadcast() || dst.is_multicast() {
+        return Verdict::Kernel(K::BroadcastOrMulticast);
+    }
+    if let Some(mine) = model.ip() {
+        if dst != mine {
+            return Verdict::Kernel(K::OtherAddress);
+        }
+    }
+    // RFC 791 §3.2: a fragment has MF set or a non-zero offset.
+    if be16(ip, 6) & 0x3fff != 0 {
+        return Verdict::Kernel(K::Fragment);
+    }
+    let l4 = &ip[ihl..total];
+    let (proto, min, reason) = match ip[9] {
+        6 => (L4::Tcp, 20, K::TcpPort),
+        17 => (L4::Udp, 8, K::UdpPort),
+        1 => return Verdict::Kernel(K::Icmp),
+        _ => return Verdict::Kernel(K::OtherIpProto),
+    };
+    if l4.len() < min {
+        return Verdict::Drop(DropReason::BadL4);
+    }
+    if proto == L4::Tcp && usize::from(l4[12] >> 4) * 4 < 20 {
+        // RFC 9293 §3.1: Data Offset is at least 5 words.
+        return Verdict::Drop(DropReason::BadL4);
+    }
+    let port = be16(l4, 2);
+    match model.owner(proto, port) {
+        PortOwner::Client { app, thread, queue } => {
+            Verdict::Luna(LunaTarget::Client { app, thread, queue })
+        }
+        PortOwner::Listener => Verdict::Luna(LunaTarget::Listener { proto, port }),
+        PortOwner::Kernel => Verdict::Kernel(reason),
+    }
+}
+
+/// Counts of verdicts by reason.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Frames for luna's client ports.
+    pub luna_client: u64,
+    /// Frames for luna's listening ports.
+    pub luna_listener: u64,
+    /// Luna's frames that carried IPv4 options (informational; they are still luna's).
+    pub luna_ip_options: u64,
+    kernel: [u64; KernelReason::ALL.len()],
+    drop: [u64; DropReason::ALL.len()],
+}
+
+impl Counters {
+    /// Frames handed to the kernel for `r`.
+    pub fn kernel(&self, r: KernelReason) -> u64 {
+        self.kernel[r as usize]
+    }
+
+    /// Frames dropped for `r`.
+    pub fn dropped(&self, r: DropReason) -> u64 {
+        self.drop[r as usize]
+    }
+
+    /// All frames handed to the kernel.
+    pub fn kernel_total(&self) -> u64 {
+        self.kernel.iter().sum()
+    }
+
+    /// All dropped frames.
+    pub fn drop_total(&self) -> u64 {
+        self.drop.iter().sum()
+    }
+
+    /// All luna frames.
+    pub fn luna_total(&self) -> u64 {
+        self.luna_client + self.luna_listener
+    }
+
+    /// Every counter as (name, value), for stats output (`luna.client`, `kernel.arp`, ...).
+    pub fn iter(&self) -> impl Iterator<Item = (String, u64)> + '_ {
+        [
+            ("luna.client".to_string(), self.luna_client),
+            ("luna.listener".to_string(), self.luna_listener),
+            ("luna.ip_options".to_string(), self.luna_ip_options),
+        ]
+        .into_iter()
+        .chain(
+            KernelReason::ALL
+                .iter()
+                .map(|&r| (format!("kernel.{}", r.name()), self.kernel(r))),
+        )
+        .chain(
+            DropReason::ALL
+                .iter()
+                .map(|&r| (format!("drop.{}", r.name()), self.dropped(r))),
+        )
+    }
+}
+
+/// A per-core classifier: the model plus its counters.
+#[derive(Debug, Clone)]
+pub struct Classifier {
+    model: TrafficModel,
+    counters: Counters,
+}
+
+impl Classifier {
+    /// A classifier over `model`.
+    pub fn new(model: TrafficModel) -> Self {
+        Classifier {
+            model,
+            counters: Counters::default(),
+        }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &TrafficModel {
+        &self.model
+    }
+
+    /// Classifies `frame` and counts the verdict.
+    pub fn classify(&mut self, frame: &[u8]) -> Verdict {
+        let v = classify(&self.model, frame);
+        match v {
+            Verdict::Luna(t) => {
+                match t {
+                    LunaTarget::Client { .. } => self.counters.luna_client += 1,
+                    LunaTarget::Listener { .. } => self.counters.luna_listener += 1,
+                }
+                // Only reached when the IPv4 header was checked: byte 14 is VER_IHL.
+                if frame[ETH_LEN] & 0x0f > 5 {
+                    self.counters.luna_ip_options += 1;
+                }
+            }
+            Verdict::Kernel(r) => self.counters.kernel[r as usize] += 1,
+            Verdict::Drop(r) => self.counters.drop[r as usize] += 1,
+        }
+        v
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::model::{KernelPorts, TrafficConfig};
+
+    pub(crate) fn model() -> TrafficModel {
+        TrafficConfig::from_toml(
+            r#"
+            listen_tcp = [7000]
+            listen_udp = [7001]
+            ip = "198.18.0.1"
+            apps = [{ name = "ebs", threads = 12 }, { name = "oss", threads = 6 }]
+            "#,
+        )
+        .unwrap()
+        .validate(&KernelPorts::linux_default())
+        .unwrap()
+    }
+
+    /// Ethernet + IPv4 (+ options of `opt_words` words) + an L4 header of `l4_len` bytes
+    /// whose destination port is `dport`.
+    pub(crate) fn ipv4(
+        proto: u8,
+        dst: [u8; 4],
+        dport: u16,
+        opt_words: u8,
+        l4_len: usize,
+    ) -> Vec<u8> {
+        let ihl = 20 + usize::from(opt_words) * 4;
+        let mut f = vec![0u8; 14 + ihl + l4_len];
+        f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        let ip = &mut f[14..];
+        ip[0] = 0x40 | (5 + opt_words);
+        ip[2..4].copy_from_slice(&((ihl + l4_len) as u16).to_be_bytes());
+        ip[6] = 0x40; // DF
+        ip[8] = 64;
+        ip[9] = proto;
+        ip[12..16].copy_from_slice(&[198, 18, 0, 2]);
+        ip[16..20].copy_from_slice(&dst);
+        let l4 = &mut ip[ihl..];
+        if l4.len() >= 4 {
+            l4[0..2].copy_from_slice(&40000u16.to_be_bytes());
+            l4[2..4].copy_from_slice(&dport.to_be_bytes());
+        }
+        if proto == 6 && l4.len() >= 13 {
+            l4[12] = 5 << 4;
+        }
+        f
+    }
+
+    const ME: [u8; 4] = [198, 18, 0, 1];
+
+    #[test]
+    fn luna_flows() {
+        let m = model();
+        assert_eq!(
+            classify(&m, &ipv4(6, ME, 7000, 0, 20)),
+            Verdict::Luna(LunaTarget::Listener {
+                proto: L4::Tcp,
+                port: 7000
+            })
+        );
+        assert_eq!(
+            classify(&m, &ipv4(17, ME, 7001, 0, 8)),
+            Verdict::Luna(LunaTarget::Listener {
+                proto: L4::Udp,
+                port: 7001
+            })
+        );
+        assert!(matches!(
+            classify(&m, &ipv4(6, ME, 61440, 0, 20)),
+            Verdict::Luna(LunaTarget::Client {
+                app: 0,
+                thread: 0,
+                queue: 0
+            })
+        ));
+        assert!(matches!(
+            classify(&m, &ipv4(6, ME, 65535, 2, 20)),
+            Verdict::Luna(LunaTarget::Client {
+                app: 1,
+                thread: 5,
+                queue: 17
+            })
+        ));
+    }
+
+    #[test]
+    fn kernel_flows() {
+        use KernelReason as K;
+        let m = model();
+        let k = |f: &[u8]| classify(&m, f);
+        assert_eq!(k(&ipv4(6, ME, 22, 0, 20)), Verdict::Kernel(K::TcpPort));
+        assert_eq!(k(&ipv4(17, ME, 61440, 0, 8)), Verdict::Kernel(K::UdpPort));
+        assert_eq!(k(&ipv4(1, ME, 0, 0, 8)), Verdict::Kernel(K::Icmp));
+        assert_eq!(k(&ipv4(2, ME, 0, 0, 8)), Verdict::Kernel(K::OtherIpProto));
+        assert_eq!(
+            k(&ipv4(6, [198, 18, 0, 9], 7000, 0, 20)),
+            Verdict::Kernel(K::OtherAddress)
+        );
+        assert_eq!(
+            k(&ipv4(17, [255, 255, 255, 255], 7001, 0, 8)),
+            Verdict::Kernel(K::BroadcastOrMulticast)
+        );
+        assert_eq!(
+            k(&ipv4(17, [224, 0, 0, 251], 7001, 0, 8)),
+            Verdict::Kernel(K::BroadcastOrMulticast)
+        );
+        let mut frag = ipv4(6, ME, 7000, 0, 20);
+        frag[14 + 6] = 0x20; // MF
+        assert_eq!(k(&frag), Verdict::Kernel(K::Fragment));
+        let mut frag = ipv4(6, ME, 7000, 0, 20);
+        frag[14 + 6] = 0x00;
+        frag[14 + 7] = 0x10; // offset 16 × 8
+        assert_eq!(k(&frag), Verdict::Kernel(K::Fragment));
+        let mut f = vec![0u8; 60];
+        f[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+        assert_eq!(k(&f), Verdict::Kernel(K::Arp));
+        f[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+        assert_eq!(k(&f), Verdict::Kernel(K::Ipv6));
+        f[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
+        assert_eq!(k(&f), Verdict::Kernel(K::Vlan));
+        f[12..14].copy_from_slice(&0x88ccu16.to_be_bytes());
+        assert_eq!(k(&f), Verdict::Kernel(K::OtherEtherType));
+    }
+
+    #[test]
+    fn malformed_frames_are_dropped_by_reason() {
+        use DropReason as D;
+        let m = model();
+        let k = |f: &[u8]| classify(&m, f);
+        assert_eq!(k(&[0u8; 13]), Verdict::Drop(D::Runt));
+        let good = ipv4(6, ME, 7000, 0, 20);
+        assert_eq!(k(&good[..30]), Verdict::Drop(D::BadIpv4));
+        let mut v6 = good.clone();
+        v6[14] = 0x65;
+        assert_eq!(k(&v6), Verdict::Drop(D::BadIpv4));
+        let mut ihl = good.clone();
+        ihl[14] = 0x44;
+        assert_eq!(k(&ihl), Verdict::Drop(D::BadIpv4));
+        let mut long = good.clone();
+        long[16..18].copy_from_slice(&100u16.to_be_bytes());
+        assert_eq!(k(&long), Verdict::Drop(D::BadIpv4));
+        assert_eq!(k(&ipv4(6, ME, 7000, 0, 19)), Verdict::Drop(D::BadL4));
+        assert_eq!(k(&ipv4(17, ME, 7001, 0, 7)), Verdict::Drop(D::BadL4));
+        let mut doff = good.clone();
+        doff[14 + 20 + 12] = 4 << 4;
+        assert_eq!(k(&doff), Verdict::Drop(D::BadL4));
+        // Ethernet padding beyond Total Length is fine.
+        let mut padded = ipv4(6, ME, 7000, 0, 20);
+        padded.extend_from_slice(&[0u8; 10]);
+        assert!(matches!(k(&padded), Verdict::Luna(_)));
+    }
+
+    #[test]
+    fn counters_count_every_verdict() {
+        let mut c = Classifier::new(model());
+        c.classify(&ipv4(6, ME, 7000, 0, 20));
+        c.classify(&ipv4(6, ME, 62000, 1, 20));
+        c.classify(&ipv4(6, ME, 22, 0, 20));
+        c.classify(&ipv4(6, ME, 22, 0, 20));
+        c.classify(&[1, 2, 3]);
+        let n = c.counters();
+        assert_eq!(n.luna_listener, 1);
+        assert_eq!(n.luna_client, 1);
+        assert_eq!(n.luna_ip_options, 1);
+        assert_eq!(n.kernel(KernelReason::TcpPort), 2);
+        assert_eq!(n.dropped(DropReason::Runt), 1);
+        assert_eq!(n.luna_total() + n.kernel_total() + n.drop_total(), 5);
+        let all: Vec<_> = n.iter().collect();
+        assert!(all.contains(&("kernel.tcp_port".to_string(), 2)));
+        assert_eq!(
+            all.len(),
+            3 + KernelReason::ALL.len() + DropReason::ALL.len()
+        );
+    }
+}

@@ -1,0 +1,484 @@
+//! The I/O driver: a synchronous `NETLINK_ROUTE` socket that subscribes, dumps, then follows.
+//!
+//! Order (docs/netlink-sync.md): join `RTNLGRP_LINK`, `RTNLGRP_NEIGH`, `RTNLGRP_IPV4_IFADDR`
+//! and `RTNLGRP_IPV4_ROUTE` first, then dump links, addresses, routes and neighbours one after the
+//! other (the kernel runs one dump per socket at a time). Notifications that arrive during
+//! the dumps are applied too; since every change is keyed and later messages on the socket
+//! are newer, the result is the kernel's state. A (re-)dump fills a fresh [`Mirror`] while
+//! readers keep the last complete snapshot; it replaces the tables when the last dump ends.
+//!
+//! Resync rule: `ENOBUFS` on `recv` (notifications were dropped), `NLMSG_OVERRUN`, a
+//! datagram that did not fit the buffer or could not be walked, or a dump flagged
+//! `NLM_F_DUMP_INTR`, and the interface going up or down (the kernel flushes IPv4 routes
+//! of a downed interface without `RTM_DELROUTE`) each start a full re-dump, counted in
+//! [`SyncCounters::resyncs`].
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use netlink_packet_core::{
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
+};
+use netlink_packet_route::address::AddressMessage;
+use netlink_packet_route::link::LinkMessage;
+use netlink_packet_route::neighbour::NeighbourMessage;
+use netlink_packet_route::route::RouteMessage;
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+
+use crate::mirror::{Mirror, SyncCounters};
+use crate::snapshot::{Publisher, Reader, Snapshot};
+
+const RTNLGRP_LINK: u32 = 1;
+const RTNLGRP_NEIGH: u32 = 3;
+const RTNLGRP_IPV4_IFADDR: u32 = 5;
+const RTNLGRP_IPV4_ROUTE: u32 = 7;
+/// Big enough for any dump datagram (the kernel sizes them at most 32 KiB).
+const RECV_BUF: usize = 64 * 1024;
+/// Datagrams read per poll before publishing, so a flood cannot delay publication forever.
+const MAX_BATCH: usize = 256;
+
+/// The interface to mirror.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Interface {
+    /// By index.
+    Index(u32),
+    /// By name (resolved once, after subscribing).
+    Name(String),
+}
+
+/// Settings of a [`Syncer`].
+#[derive(Debug, Clone)]
+pub struct SyncConfig {
+    /// `SO_RCVBUF` of the netlink socket; `None` keeps the system default. A tiny value
+    /// forces overruns (tests do that).
+    pub rcvbuf: Option<usize>,
+    /// How long [`Syncer::open`] waits for the initial dumps.
+    pub dump_timeout: Duration,
+    /// After an overrun the receive buffer is doubled, up to this many bytes
+    /// (`SO_RCVBUFFORCE` with `CAP_NET_ADMIN`, else `SO_RCVBUF`, capped by `rmem_max`), so
+    /// sustained churn does not re-dump forever. `0` disables growing.
+    pub max_rcvbuf: usize,
+}
+
+impl Default for SyncConfig {
+    fn default() -> Self {
+        SyncConfig {
+            rcvbuf: None,
+            dump_timeout: Duration::from_secs(5),
+            max_rcvbuf: 8 << 20,
+        }
+    }
+}
+
+/// Errors of the syncer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A socket call failed.
+    #[error("netlink socket: {what}: {source}")]
+    Socket {
+        /// The call.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+    /// The interface does not exist (in this network namespace).
+    #[error("no interface {0} in this network namespace")]
+    NoSuchInterface(String),
+    /// The kernel deleted the interface we mirror; the last snapshot says so too.
+    #[error("interface {ifindex} disappeared (RTM_DELLINK)")]
+    InterfaceGone {
+        /// Its index.
+        ifindex: u32,
+    },
+    /// The kernel answered a dump request with an error.
+    #[error("kernel refused the {what} dump: errno {errno}")]
+    DumpFailed {
+        /// Which dump.
+        what: &'static str,
+        /// The (positive) errno.
+        errno: i32,
+    },
+    /// The initial dumps did not end in time.
+    #[error("initial dump did not complete within {0:?}")]
+    DumpTimeout(Duration),
+}
+
+/// Result of the syncer.
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn sock_err(what: &'static str) -> impl FnOnce(io::Error) -> Error {
+    move |source| Error::Socket { what, source }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dump {
+    Links,
+    Addresses,
+    Routes,
+    Neighbours,
+}
+
+impl Dump {
+    fn name(self) -> &'static str {
+        match self {
+            Dump::Links => "link",
+            Dump::Addresses => "address",
+            Dump::Routes => "route",
+            Dump::Neighbours => "neighbour",
+        }
+    }
+
+    fn request(self) -> RouteNetlinkMessage {
+        match self {
+            Dump::Links => RouteNetlinkMessage::GetLink(LinkMessage::default()),
+            Dump::Addresses => {
+                let mut m = AddressMessage::default();
+                m.header.family = AddressFamily::Inet;
+                RouteNetlinkMessage::GetAddress(m)
+            }
+            Dump::Routes => {
+                let mut m = RouteMessage::default();
+                m.header.address_family = AddressFamily::Inet;
+                RouteNetlinkMessage::GetRoute(m)
+            }
+            Dump::Neighbours => {
+                let mut m = NeighbourMessage::default();
+                m.header.family = AddressFamily::Inet;
+                RouteNetlinkMessage::GetNeighbour(m)
+            }
+        }
+    }
+}
+
+/// What one [`Syncer::poll`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PollStatus {
+    /// Datagrams read.
+    pub datagrams: usize,
+    /// A new snapshot was published.
+    pub published: bool,
+    /// A re-dump is in progress (readers see the last complete snapshot).
+    pub resyncing: bool,
+}
+
+/// Follows the kernel's tables of one interface and publishes them to readers.
+pub struct Syncer {
+    sock: Socket,
+    mirror: Mirror,
+    /// The mirror being refilled by a (re-)dump.
+    staging: Option<Mirror>,
+    queued: VecDeque<Dump>,
+    in_flight: Option<(Dump, u32)>,
+    seq: u32,
+    dirty: bool,
+    version: u64,
+    publisher: Arc<Publisher>,
+    buf: Vec<u8>,
+    max_rcvbuf: usize,
+}
+
+impl std::fmt::Debug for Syncer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Syncer")
+            .field("ifindex", &self.mirror.ifindex())
+            .field("version", &self.version)
+            .field("resyncing", &self.staging.is_some())
+            .finish()
+    }
+}
+
+impl Syncer {
+    /// Subscribes, resolves `iface`, dumps, and publishes the first snapshot. Uses the
+    /// network namespace of the calling thread (the socket stays in it afterwards).
+    pub fn open(iface: Interface, config: &SyncConfig) -> Result<Syncer> {
+        let mut sock = Socket::new(NETLINK_ROUTE).map_err(sock_err("socket"))?;
+        if let Some(size) = config.rcvbuf {
+            let size = i32::try_from(size).unwrap_or(i32::MAX);
+            sock.set_rx_buf_sz(size).map_err(sock_err("SO_RCVBUF"))?;
+        }
+        sock.bind_auto().map_err(sock_err("bind"))?;
+        // Subscribe before resolving and dumping, so no change falls in between.
+        for g in [
+            RTNLGRP_LINK,
+            RTNLGRP_NEIGH,
+            RTNLGRP_IPV4_IFADDR,
+            RTNLGRP_IPV4_ROUTE,
+        ] {
+            sock.add_membership(g)
+                .map_err(sock_err("NETLINK_ADD_MEMBERSHIP"))?;
+        }
+        sock.set_non_blocking(true)
+            .map_err(sock_err("O_NONBLOCK"))?;
+        let ifindex = resolve(&iface)?;
+        let publisher = Arc::new(Publisher::new(Snapshot::empty(ifindex)));
+        let mut s = Syncer {
+            sock,
+            mirror: Mirror::new(ifindex),
+            staging: None,
+            queued: VecDeque::new(),
+            in_flight: None,
+            seq: 0,
+            dirty: false,
+            version: 0,
+            publisher,
+            buf: Vec::with_capacity(RECV_BUF),
+            max_rcvbuf: config.max_rcvbuf,
+        };
+        s.start_resync()?;
+        let deadline = Instant::now() + config.dump_timeout;
+        while s.staging.is_some() {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::DumpTimeout(config.dump_timeout));
+            }
+            s.poll((deadline - now).min(Duration::from_millis(100)))?;
+        }
+        Ok(s)
+    }
+
+    /// The mirrored interface index.
+    pub fn ifindex(&self) -> u32 {
+        self.mirror.ifindex()
+    }
+
+    /// A reader for one core (any number; each is `Send`).
+    pub fn reader(&self) -> Reader {
+        self.publisher.reader()
+    }
+
+    /// The publisher, to make readers after the syncer moved into its thread.
+    pub fn publisher(&self) -> Arc<Publisher> {
+        Arc::clone(&self.publisher)
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> SyncCounters {
+        *self.mirror.counters()
+    }
+
+    /// Waits up to `timeout` for netlink messages, applies them, and publishes a snapshot if
+    /// anything changed. Returns [`Error::InterfaceGone`] once the interface is deleted
+    /// (after publishing a snapshot that says so), and on every call after.
+    pub fn poll(&mut self, timeout: Duration) -> Result<PollStatus> {
+        if self.mirror.interface_gone() {
+            return Err(Error::InterfaceGone {
+                ifindex: self.ifindex(),
+            });
+        }
+        let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+        {
+            let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
+            match nix::poll::poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => {
+                    return Err(Error::Socket {
+                        what: "poll",
+                        source: e.into(),
+                    })
+                }
+            }
+        }
+        let mut status = PollStatus::default();
+        while status.datagrams < MAX_BATCH {
+            self.buf.clear();
+            match self.sock.recv(&mut self.buf, libc::MSG_TRUNC) {
+                Ok(n) => {
+                    status.datagrams += 1;
+                    if n > self.buf.len() {
+                        // Truncated: part of a dump or some notifications are lost.
+                        self.mirror.counters_mut().malformed += 1;
+                        self.start_resync()?;
+                        continue;
+                    }
+                    self.on_datagram()?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => self.overrun()?,
+                Err(e) => {
+                    return Err(Error::Socket {
+                        what: "recv",
+                        source: e,
+                    })
+                }
+            }
+        }
+        status.published = self.publish_if_dirty();
+        status.resyncing = self.staging.is_some();
+        if self.mirror.interface_gone() {
+            return Err(Error::InterfaceGone {
+                ifindex: self.ifindex(),
+            });
+        }
+        Ok(status)
+    }
+
+    /// Polls until `stop` is set or an error (such as [`Error::InterfaceGone`]) ends it.
+    pub fn run(mut self, stop: &AtomicBool) -> Result<()> {
+        while !stop.load(Ordering::Relaxed) {
+            self.poll(Duration::from_millis(50))?;
+        }
+        Ok(())
+    }
+
+    fn on_datagram(&mut self) -> Result<()> {
+        let target = self.staging.as_mut().unwrap_or(&mut self.mirror);
+        let out = target.apply_datagram(&self.buf);
+        let gone = target.interface_gone();
+        self.dirty |= out.changed;
+        if gone && self.staging.is_some() {
+            // Nothing to wait for: the interface is gone; say so now.
+            self.finish_staging();
+            return Ok(());
+        }
+        for (seq, code) in &out.errors {
+            if let Some((dump, s)) = self.in_flight {
+                if s == *seq {
+                    let errno = -code;
+                    if errno == libc::EBUSY || errno == libc::EINTR {
+                        self.in_flight = None;
+                        self.queued.push_front(dump);
+                        self.send_next()?;
+                        continue;
+                    }
+                    return Err(Error::DumpFailed {
+                        what: dump.name(),
+                        errno,
+                    });
+                }
+            }
+        }
+        if out.overrun || out.truncated || out.dump_interrupted || out.link_flapped {
+            if out.overrun {
+                self.mirror.counters_mut().overruns += 1;
+            }
+            self.start_resync()?;
+            return Ok(());
+        }
+        if let Some((_, s)) = self.in_flight {
+            if out.done.contains(&s) {
+                self.in_flight = None;
+                if self.queued.is_empty() {
+                    self.finish_staging();
+                } else {
+                    self.send_next()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn overrun(&mut self) -> Result<()> {
+        self.mirror.counters_mut().overruns += 1;
+        self.grow_rcvbuf();
+        self.start_resync()
+    }
+
+    /// The socket's receive buffer as the kernel reports it (twice the requested size).
+    pub fn rcvbuf(&self) -> io::Result<usize> {
+        self.sock.get_rx_buf_sz()
+    }
+
+    /// Doubles `SO_RCVBUF` up to `max_rcvbuf`; failures leave it as it is (the re-dump
+    /// still repairs the mirror).
+    fn grow_rcvbuf(&mut self) {
+        let Ok(now) = self.sock.get_rx_buf_sz() else {
+            return;
+        };
+        // The kernel reports twice what was set.
+        let want = now.min(self.max_rcvbuf);
+        if want <= now / 2 {
+            return;
+        }
+        let want = i32::try_from(want).unwrap_or(i32::MAX) as usize;
+        let forced =
+            nix::sys::socket::setsockopt(&self.sock, nix::sys::socket::sockopt::RcvBufForce, &want);
+        if forced.is_err() {
+            let _ = self
+                .sock
+                .set_rx_buf_sz(i32::try_from(want).unwrap_or(i32::MAX));
+        }
+        if self.sock.get_rx_buf_sz().is_ok_and(|after| after > now) {
+            self.mirror.counters_mut().rcvbuf_grown += 1;
+        }
+    }
+
+    /// Starts a full re-dump into a fresh mirror (the first dump too).
+    fn start_resync(&mut self) -> Result<()> {
+        if self.version > 0 || self.staging.is_some() {
+            self.mirror.counters_mut().resyncs += 1;
+        }
+        if let Some(abandoned) = self.staging.take() {
+            self.mirror.add_counts(&abandoned);
+        }
+        self.staging = Some(Mirror::new(self.ifindex()));
+        self.queued = [Dump::Links, Dump::Addresses, Dump::Routes, Dump::Neighbours].into();
+        if self.in_flight.is_none() {
+            self.send_next()?;
+        }
+        // Else the next dump goes out when the one in flight ends (one dump per socket).
+        Ok(())
+    }
+
+    fn send_next(&mut self) -> Result<()> {
+        let Some(dump) = self.queued.pop_front() else {
+            return Ok(());
+        };
+        self.seq = self.seq.wrapping_add(1);
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        header.sequence_number = self.seq;
+        let mut msg = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(dump.request()));
+        msg.finalize();
+        let mut bytes = vec![0u8; msg.buffer_len()];
+        msg.serialize(&mut bytes);
+        self.sock
+            .send(&bytes, 0)
+            .map_err(sock_err("send dump request"))?;
+        self.in_flight = Some((dump, self.seq));
+        Ok(())
+    }
+
+    fn finish_staging(&mut self) {
+        if let Some(fresh) = self.staging.take() {
+            self.mirror.replace_tables(fresh);
+            self.dirty = true;
+            self.publish_if_dirty();
+        }
+    }
+
+    fn publish_if_dirty(&mut self) -> bool {
+        if !self.dirty || self.staging.is_some() {
+            return false;
+        }
+        self.dirty = false;
+        self.version += 1;
+        self.mirror.counters_mut().published += 1;
+        self.publisher.publish(self.mirror.snapshot(self.version));
+        true
+    }
+}
+
+fn resolve(iface: &Interface) -> Result<u32> {
+    match iface {
+        Interface::Name(name) => nix::net::if_::if_nametoindex(name.as_str())
+            .map_err(|_| Error::NoSuchInterface(name.clone())),
+        Interface::Index(i) => {
+            let all = nix::net::if_::if_nameindex().map_err(|e| Error::Socket {
+                what: "if_nameindex",
+                source: e.into(),
+            })?;
+            if all.iter().any(|x| x.index() == *i) {
+                Ok(*i)
+            } else {
+                Err(Error::NoSuchInterface(format!("index {i}")))
+            }
+        }
+    }
+}

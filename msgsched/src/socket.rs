@@ -101,20 +101,20 @@ impl MsgCounters {
 /// ring.
 type Notice = (u64, Arc<Staging<IoVec>>);
 
-struct Shared {
-    notices: SegQueue<Notice>,
-    counters: Arc<MsgCounters>,
+pub(crate) struct Shared {
+    pub(crate) notices: SegQueue<Notice>,
+    pub(crate) counters: Arc<MsgCounters>,
 }
 
 /// Where a message came from, and the only way to answer it.
 pub struct Origin<C> {
-    conn: C,
-    key: u64,
-    seq: u64,
-    stream: Option<u64>,
-    staging: Arc<Staging<IoVec>>,
-    shared: Arc<Shared>,
-    answered: bool,
+    pub(crate) conn: C,
+    pub(crate) key: u64,
+    pub(crate) seq: u64,
+    pub(crate) stream: Option<u64>,
+    pub(crate) staging: Arc<Staging<IoVec>>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) answered: bool,
 }
 
 impl<C: Copy> Origin<C> {
@@ -209,8 +209,8 @@ pub struct Message<C> {
 
 /// A worker's message socket.
 pub struct MsgSocket<C> {
-    worker: Worker<Message<C>>,
-    shared: Arc<Shared>,
+    pub(crate) worker: Worker<Message<C>>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl<C: Send> MsgSocket<C> {
@@ -266,6 +266,15 @@ pub enum IoEvent<C> {
         conn: C,
         /// Why.
         reason: ParseErrorKind,
+    },
+    /// Write what has been sent on this connection, then close it: a session
+    /// protocol's goodbye ([`crate::proto`], e.g. HTTP/2's GOAWAY) is the last of it. It
+    /// has been detached. `reason`: the counted error, `None` for a clean end.
+    Shutdown {
+        /// The connection.
+        conn: C,
+        /// Why, if it was an error.
+        reason: Option<ParseErrorKind>,
     },
 }
 

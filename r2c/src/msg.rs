@@ -18,7 +18,7 @@ use crate::core::{Conn, CoreOptions, CoreSetup, CoreState, Mode};
 use crate::device::Device;
 use crate::runtime::{Runtime, RuntimeError};
 use luna_stack::stack::Event;
-use luna_stack::tcp::{RecvError, SendError};
+use luna_stack::stack::{RecvError, SendError};
 use msgsched::framer::FramerConfig;
 use msgsched::parser::Parser;
 use msgsched::proto::io::{session_group, SessionIo};

@@ -1,5 +1,5 @@
 //! Raw memory: zone mappings (anonymous hugepages, hugetlbfs files, normal pages) and
-//! physical-address lookup. This module and `obj.rs` hold the crate's unsafe code.
+//! physical-address lookup. The crate's unsafe code is here (mmap, page lookup) and in the object, slab, cache, release, buffer and DPDK modules, each block with its SAFETY comment.
 
 use std::ffi::CString;
 use std::fs::File;

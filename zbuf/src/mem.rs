@@ -1,5 +1,7 @@
 //! Raw memory: zone mappings (anonymous hugepages, hugetlbfs files, normal pages) and
-//! physical-address lookup. The crate's unsafe code is here (mmap, page lookup) and in the object, slab, cache, release, buffer and DPDK modules, each block with its SAFETY comment.
+//! physical-address lookup. The crate's unsafe code is here (mmap, page lookup) and in
+//! the object, slab, cache, release, buffer and DPDK modules, each block with its SAFETY
+//! comment.
 
 use std::ffi::CString;
 use std::fs::File;

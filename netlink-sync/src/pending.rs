@@ -1,7 +1,7 @@
 //! Packets waiting for the kernel to resolve their next hop (sans-IO).
 //!
 //! With mirroring on, luna never sends ARP itself. A packet whose next hop has no usable
-//! neighbour entry ([`Lookup::Unresolved`](crate::Lookup::Unresolved)) is queued here;
+//! neighbour entry ([`crate::Lookup::Unresolved`]) is queued here;
 //! [`PendingNextHops::poll_nudge`] names the next hops the driver should make the kernel
 //! resolve (with [`crate::nudge::Nudger`] or by sending through the exception interface);
 //! when a snapshot with the entry arrives, [`PendingNextHops::on_snapshot`] hands the packets

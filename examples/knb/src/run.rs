@@ -49,8 +49,12 @@ pub struct Placement {
     /// TCP port of the server.
     #[arg(long, default_value_t = DEFAULT_PORT, value_parser = clap::value_parser!(u16).range(1..))]
     pub port: u16,
-    /// Testbed name prefix (1-10 of [a-z0-9], starting with a letter) [default: lkb<pid>].
-    #[arg(long)]
+    // The help text is an attribute, not a doc comment: rustdoc would read its brackets as
+    // links and `<pid>` as an HTML tag.
+    #[arg(
+        long,
+        help = "Testbed name prefix (1-10 of [a-z0-9], starting with a letter) [default: lkb<pid>]."
+    )]
     pub prefix: Option<String>,
 }
 

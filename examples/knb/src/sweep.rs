@@ -97,8 +97,8 @@ pub struct SweepArgs {
     /// CPUs: server threads on these [default: odd CPUs].
     #[arg(long, value_parser = parse_cpus)]
     pub server_cpus: Option<Cpus>,
-    /// Testbed name prefix [default: lkb<pid>].
-    #[arg(long)]
+    // An attribute, not a doc comment: rustdoc would read `<pid>` as an HTML tag.
+    #[arg(long, help = "Testbed name prefix [default: lkb<pid>].")]
     pub prefix: Option<String>,
     /// Progress lines on stderr even when it is not a terminal.
     #[arg(long)]

@@ -27,6 +27,9 @@
 //! exception interface makes the kernel resolve it), and the neighbours netlink-sync
 //! mirrors from the exception interface are handed to the core's neighbour table
 //! ([`Device::table_changes`]), removals included (entries the kernel aged out).
+//! When the exception interface disappears ([`MirrorThread`] logs one line and ends with
+//! `InterfaceGone`), the core keeps its last neighbours so luna's own traffic goes on,
+//! sets `interface_gone`, and drops the kernel's frames, counted in `to_kernel_dropped`.
 
 use crate::device::{Device, DeviceStats};
 use bifurcation::{Classifier, KernelReason, TrafficModel, Verdict};
@@ -92,6 +95,91 @@ impl Mirroring {
             nudger,
             applied: HashMap::new(),
             first: true,
+        }
+    }
+}
+
+/// The control thread of mirroring: a netlink-sync [`Syncer`](netlink_sync::Syncer)
+/// following the exception interface, and the publisher every core reads from.
+pub struct MirrorThread {
+    publisher: std::sync::Arc<netlink_sync::Publisher>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    join: Option<std::thread::JoinHandle<Result<(), netlink_sync::Error>>>,
+    iface: String,
+}
+
+impl MirrorThread {
+    /// Dumps the kernel's tables of `iface` (in the calling thread's namespace) and
+    /// follows them on a thread of its own. A missing interface is
+    /// `Error::NoSuchInterface`.
+    pub fn start(iface: &str) -> Result<MirrorThread, netlink_sync::Error> {
+        let syncer = netlink_sync::Syncer::open(
+            netlink_sync::Interface::Name(iface.to_string()),
+            &netlink_sync::SyncConfig::default(),
+        )?;
+        let publisher = syncer.publisher();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let st = stop.clone();
+        let name = iface.to_string();
+        let join = std::thread::Builder::new()
+            .name("r2c-netlink".into())
+            .spawn(move || {
+                let r = syncer.run(&st);
+                if let Err(e) = &r {
+                    // The exception path's control plane is gone: say so once, clearly.
+                    eprintln!(
+                        "r2c: netlink mirror of exception interface {name} stopped: {e}; luna keeps its last neighbours, the kernel's frames are dropped and counted"
+                    );
+                }
+                r
+            })
+            .map_err(|source| netlink_sync::Error::Socket {
+                what: "spawning the netlink thread",
+                source,
+            })?;
+        Ok(MirrorThread {
+            publisher,
+            stop,
+            join: Some(join),
+            iface: iface.to_string(),
+        })
+    }
+
+    /// Mirroring for one core: a reader of this thread's snapshots and a nudger bound
+    /// to the exception interface.
+    pub fn for_core(&self) -> std::io::Result<Mirroring> {
+        Ok(Mirroring::new(
+            self.publisher.reader(),
+            Some(netlink_sync::Nudger::new(Some(&self.iface))?),
+        ))
+    }
+
+    /// Whether the thread has ended (the interface disappeared, or an error).
+    pub fn is_finished(&self) -> bool {
+        self.join.as_ref().is_none_or(|j| j.is_finished())
+    }
+
+    /// Stops the thread; returns how it ended (`Err(InterfaceGone)` if the exception
+    /// interface disappeared).
+    pub fn stop(mut self) -> Result<(), netlink_sync::Error> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        match self.join.take() {
+            Some(j) => j.join().unwrap_or_else(|_| {
+                Err(netlink_sync::Error::Socket {
+                    what: "netlink thread",
+                    source: std::io::Error::other("panicked"),
+                })
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for MirrorThread {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
         }
     }
 }
@@ -216,7 +304,9 @@ impl<D: Device + RawPort, E: Device + RawPort> Device for ExceptionDevice<D, E> 
                         out.push(f.clone());
                         n += 1;
                     }
-                    if self.to_kernel.len() >= self.limit {
+                    if self.to_kernel.len() >= self.limit || self.stats.interface_gone == 1 {
+                        // Full, or the mirror saw the exception interface deleted: no
+                        // kernel to hand it to.
                         self.stats.to_kernel_dropped += 1;
                     } else {
                         self.to_kernel.push_back(f);
@@ -302,7 +392,10 @@ impl<D: Device + RawPort, E: Device + RawPort> Device for ExceptionDevice<D, E> 
         m.first = false;
         let snap = m.reader.snapshot();
         if snap.interface_gone() {
+            // The kernel's tables are gone with the interface: keep the last neighbours
+            // (luna's own traffic goes on) and say so in the counters.
             self.stats.interface_gone = 1;
+            return;
         }
         let mut now: HashMap<Ipv4Addr, EthernetAddress> = HashMap::new();
         for (ip, n) in snap.neighbours() {
@@ -331,14 +424,16 @@ mod tests {
     use bifurcation::{KernelPorts, TrafficConfig};
 
     fn model() -> TrafficModel {
-        let mut c = TrafficConfig::default();
-        c.listen_tcp = vec![7700];
-        c.apps = vec![bifurcation::model::AppConfig {
-            name: "t".into(),
-            ports: Default::default(),
-            threads: Some(1),
-            queues: None,
-        }];
+        let c = TrafficConfig {
+            listen_tcp: vec![7700],
+            apps: vec![bifurcation::model::AppConfig {
+                name: "t".into(),
+                ports: Default::default(),
+                threads: Some(1),
+                queues: None,
+            }],
+            ..TrafficConfig::default()
+        };
         c.validate(&KernelPorts::parse("32768 60999", "").unwrap())
             .unwrap()
     }
@@ -372,8 +467,10 @@ mod tests {
         crate::device::mem::MemDevice,
         ExceptionDevice<crate::device::mem::MemDevice, crate::device::mem::MemDevice>,
     ) {
-        let mut cfg = crate::device::mem::MemConfig::default();
-        cfg.mac_a = EthernetAddress(MAC);
+        let cfg = crate::device::mem::MemConfig {
+            mac_a: EthernetAddress(MAC),
+            ..Default::default()
+        };
         let (mut a, mut wire) = MemPair::build(&cfg).unwrap();
         let (mut k, mut kernel) = MemPair::build(&cfg).unwrap();
         let dev = ExceptionDevice::new(a.remove(0), kernel.remove(0), model(), limit);
@@ -428,9 +525,11 @@ mod tests {
     #[test]
     fn a_full_exception_queue_drops_and_counts() {
         // The kernel side never reads and its ring holds 4: the bounded queue (2) fills.
-        let mut cfg = crate::device::mem::MemConfig::default();
-        cfg.mac_a = EthernetAddress(MAC);
-        cfg.ring_size = 4;
+        let cfg = crate::device::mem::MemConfig {
+            mac_a: EthernetAddress(MAC),
+            ring_size: 4,
+            ..Default::default()
+        };
         let (mut a, mut wire) = MemPair::build(&cfg).unwrap();
         let (mut k, mut _kernel) = MemPair::build(&cfg).unwrap();
         let mut dev = ExceptionDevice::new(a.remove(0), k.remove(0), model(), 2);

@@ -346,7 +346,7 @@ fn traffic_and_exception_mistakes_are_named() {
     let e = Config::parse_with_kernel(&no_traffic, &k).expect_err("exception without traffic");
     assert_eq!(e.key, "exception", "{e}");
     let e = Config::parse_with_kernel(
-        &COEXIST.replace("list = [0, 1]", "list = [0, 1]").replace(
+        &COEXIST.replace(
             "[traffic]",
             "[traffic]\napps = [{ name = \"knb\", threads = 3 }]",
         ),

@@ -751,6 +751,14 @@ impl Topology {
                     sys::exec_in(ns, "iptables", &add)?;
                 }
                 c.wire.configure()?;
+                // A veth leaves TCP/UDP checksums to a NIC that does not exist
+                // (CHECKSUM_PARTIAL); a packet socket hands them over unfinished, and
+                // neither luna nor the kernel behind the tap would accept them.
+                sys::exec_in(
+                    &c.wire.netns,
+                    "ethtool",
+                    &["-K", &c.wire.iface, "tx", "off"],
+                )?;
             }
         }
         Ok(())

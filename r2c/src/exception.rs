@@ -552,4 +552,44 @@ mod tests {
             "every frame is delivered, dropped and counted, or still queued: {s:?}"
         );
     }
+
+    #[test]
+    fn with_mirroring_the_stacks_arp_requests_are_not_sent() {
+        use luna_stack::stack::{Stack, StackConfig};
+        use luna_stack::time::Instant;
+        use luna_stack::wire::Ipv4Cidr;
+        let (mut wire, mut kernel, dev) = rig(16);
+        let publisher = netlink_sync::Publisher::new(netlink_sync::Snapshot::empty(1));
+        let mut dev = dev.with_mirror(Mirroring::new(publisher.reader(), None));
+        // A stack that must resolve 198.18.4.1 emits an ARP request (and parks its SYN).
+        let mut sc = StackConfig::new(
+            EthernetAddress(MAC),
+            Ipv4Cidr::new(Ipv4Addr::new(198, 18, 4, 2), 24).unwrap(),
+        );
+        sc.answer_arp = false;
+        let mut stack = Stack::new(sc, crate::rng::CoreRng::from_seed([7; 32])).unwrap();
+        let remote = core::net::SocketAddrV4::new(Ipv4Addr::new(198, 18, 4, 1), 7);
+        stack.connect(Instant::ZERO, remote, Some(61440)).unwrap();
+        let mut q: VecDeque<Transmit> =
+            std::iter::from_fn(|| stack.poll_transmit(Instant::ZERO)).collect();
+        assert!(
+            q.iter()
+                .any(|t| t.header().get(12..14) == Some(&ETHERTYPE_ARP[..])),
+            "the stack asked for resolution"
+        );
+        let n = q.len();
+        assert_eq!(dev.tx_burst(&mut q), n);
+        assert!(q.is_empty());
+        assert!(drain(&mut wire).is_empty(), "no ARP request on the wire");
+        assert_eq!(dev.exception_stats().arp_suppressed, 1);
+        // The (empty) first snapshot yields no neighbour changes; an ARP frame from the
+        // wire goes to the kernel only.
+        let mut changes = Vec::new();
+        dev.table_changes(&mut changes);
+        assert!(changes.is_empty());
+        assert!(wire.inject(Zbuf::from_vec(eth([0xff; 6], 0x0806, &[0; 28]))));
+        assert!(drain(&mut dev).is_empty(), "luna does not see ARP");
+        assert_eq!(drain(&mut kernel).len(), 1);
+        assert_eq!(dev.exception_stats().arp_to_luna, 0);
+    }
 }

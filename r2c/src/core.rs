@@ -883,6 +883,7 @@ impl<D: Device> CoreLoop<D> {
             e.malformed_dropped += x.malformed_dropped;
             e.not_for_us += x.not_for_us;
             e.arp_suppressed += x.arp_suppressed;
+            e.nudges += x.nudges;
             e.neighbours_added += x.neighbours_added;
             e.neighbours_removed += x.neighbours_removed;
             e.interface_gone |= x.interface_gone;
@@ -895,6 +896,7 @@ impl<D: Device> CoreLoop<D> {
         s.exc_malformed_dropped = e.malformed_dropped;
         s.exc_not_for_us = e.not_for_us;
         s.exc_arp_suppressed = e.arp_suppressed;
+        s.exc_nudges = e.nudges;
         s.exc_neighbours_added = e.neighbours_added;
         s.exc_neighbours_removed = e.neighbours_removed;
         s.exc_interface_gone = e.interface_gone;

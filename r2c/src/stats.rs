@@ -113,6 +113,8 @@ core_stats! {
     exc_not_for_us,
     /// Exception path (mirroring): luna's own ARP requests suppressed.
     exc_arp_suppressed,
+    /// Exception path (mirroring): next hops the kernel was asked to resolve.
+    exc_nudges,
     /// Exception path (mirroring): neighbour entries taken from the kernel's table.
     exc_neighbours_added,
     /// Exception path (mirroring): neighbour entries removed because the kernel did.

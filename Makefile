@@ -55,15 +55,17 @@ test-dpdk-compat:
 	bash ffi/dpdk/compat-check.sh
 
 # Fuzz smoke run: build every luna-stack cargo-fuzz target and run each for FUZZ_SECS with
-# the committed seeds, then bifurcation's classifier target (installs cargo-fuzz if
-# missing). cargo-fuzz needs the nightly toolchain, which a fresh machine cannot
-# download: without it the suite is skipped with a message, never silently.
+# the committed seeds, then bifurcation's classifier target and msgsched's protocol
+# targets (installs cargo-fuzz if missing). cargo-fuzz needs the nightly toolchain, which
+# a fresh machine cannot download: without it the suite is skipped with a message, never
+# silently.
 test-fuzz:
 	@if ! command -v rustup >/dev/null 2>&1 || ! rustup run nightly rustc --version >/dev/null 2>&1; then \
 		echo "test-fuzz: SKIPPED: the nightly Rust toolchain is not installed (cargo-fuzz needs it; rustup toolchain install nightly)"; \
 	else \
 		bash luna-stack/fuzz/run-bounded.sh $(FUZZ_SECS) && \
-		bash bifurcation/fuzz/run-bounded.sh $(FUZZ_SECS); \
+		bash bifurcation/fuzz/run-bounded.sh $(FUZZ_SECS) && \
+		bash msgsched/fuzz/run-bounded.sh $(FUZZ_SECS); \
 	fi
 
 # TCP interoperability with the Linux kernel, full size (docs/interop.md): 1 GiB bulk and

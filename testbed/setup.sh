@@ -38,6 +38,11 @@ PACKAGES=(
     python3-scapy    # crafting packets in attack/edge-case suites
     netcat-openbsd
     curl             # ffi/dpdk/compat-check.sh fetches another DPDK release's headers
+    nghttp2-client   # nghttp, h2load: real HTTP/2 clients against luna-h2 (r2c/tests/h2_clients.rs)
+    python3-h2       # adversarial HTTP/2 clients (h2, hyperframe, hpack) for the HTTP/2 attack tests
+    python3-grpcio   # Python gRPC unary client against luna-grpc
+    libmemcached-tools  # memccapable, memcslap: real memcached clients against luna-kv (r2c/tests/memcached_clients.rs)
+    python3-pymemcache  # pymemcache client (Debian's python3) against luna-kv
 )
 
 log() { printf 'testbed/setup: %s\n' "$*" >&2; }

@@ -17,6 +17,7 @@
 pub mod framer;
 pub mod model;
 pub mod parser;
+pub mod proto;
 pub mod reply;
 pub mod sched;
 pub mod sim;

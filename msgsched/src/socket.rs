@@ -97,24 +97,30 @@ impl MsgCounters {
     }
 }
 
+/// A staged reply: its bytes, and whether the connection closes after it.
+pub(crate) struct Out {
+    pub(crate) data: IoVec,
+    pub(crate) close: bool,
+}
+
 /// A reply's way back: the connection's staging queue and the I/O core's notification
 /// ring.
-type Notice = (u64, Arc<Staging<IoVec>>);
+type Notice = (u64, Arc<Staging<Out>>);
 
-struct Shared {
-    notices: SegQueue<Notice>,
-    counters: Arc<MsgCounters>,
+pub(crate) struct Shared {
+    pub(crate) notices: SegQueue<Notice>,
+    pub(crate) counters: Arc<MsgCounters>,
 }
 
 /// Where a message came from, and the only way to answer it.
 pub struct Origin<C> {
-    conn: C,
-    key: u64,
-    seq: u64,
-    stream: Option<u64>,
-    staging: Arc<Staging<IoVec>>,
-    shared: Arc<Shared>,
-    answered: bool,
+    pub(crate) conn: C,
+    pub(crate) key: u64,
+    pub(crate) seq: u64,
+    pub(crate) stream: Option<u64>,
+    pub(crate) staging: Arc<Staging<Out>>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) answered: bool,
 }
 
 impl<C: Copy> Origin<C> {
@@ -142,7 +148,7 @@ impl<C: Copy> Origin<C> {
 
 impl<C> Origin<C> {
     /// Stages the completion; false if the connection is gone (counted).
-    fn complete(&mut self, reply: Option<IoVec>) -> bool {
+    fn complete(&mut self, reply: Option<Out>) -> bool {
         self.answered = true;
         match self.staging.stage(self.seq, reply) {
             Ok(Staged::Notify) => {
@@ -209,8 +215,8 @@ pub struct Message<C> {
 
 /// A worker's message socket.
 pub struct MsgSocket<C> {
-    worker: Worker<Message<C>>,
-    shared: Arc<Shared>,
+    pub(crate) worker: Worker<Message<C>>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl<C: Send> MsgSocket<C> {
@@ -233,7 +239,22 @@ impl<C: Send> MsgSocket<C> {
     /// Sends `reply` on the message's connection (in request order for an ordered
     /// protocol). `false` if the connection has gone (the reply is dropped, counted).
     pub fn reply(&mut self, mut origin: Origin<C>, reply: IoVec) -> bool {
-        origin.complete(Some(reply))
+        origin.complete(Some(Out {
+            data: reply,
+            close: false,
+        }))
+    }
+
+    /// Sends `reply` (it may be empty) and then closes the connection gracefully: once
+    /// this reply and every one before it (ordered protocols) have been handed to the
+    /// driver, the I/O side detaches the connection and emits [`IoEvent::Shutdown`];
+    /// replies to later messages are dropped (counted as `closed_in_flight`). For
+    /// commands such as memcached's `quit`. `false` if the connection has gone.
+    pub fn reply_and_close(&mut self, mut origin: Origin<C>, reply: IoVec) -> bool {
+        origin.complete(Some(Out {
+            data: reply,
+            close: true,
+        }))
     }
 
     /// Completes a message that has no reply.
@@ -266,6 +287,16 @@ pub enum IoEvent<C> {
         conn: C,
         /// Why.
         reason: ParseErrorKind,
+    },
+    /// Close this connection gracefully (FIN) after what has already been handed to the
+    /// transmit callback: a worker answered with [`MsgSocket::reply_and_close`], or a
+    /// session protocol's goodbye ([`crate::proto`], e.g. HTTP/2's GOAWAY) is the last of
+    /// it. It has been detached. `reason`: the counted error, `None` for a clean end.
+    Shutdown {
+        /// The connection.
+        conn: C,
+        /// Why, if it was an error.
+        reason: Option<ParseErrorKind>,
     },
 }
 
@@ -309,10 +340,12 @@ impl std::error::Error for MsgConfigError {}
 struct ConnState<C, P> {
     conn: C,
     framer: Framer<P>,
-    sequencer: Sequencer<IoVec>,
-    staging: Arc<Staging<IoVec>>,
+    sequencer: Sequencer<Out>,
+    staging: Arc<Staging<Out>>,
     /// A framed message the scheduler had no room for (sent first next time).
     stalled: Option<(u64, Framed)>,
+    /// The driver cannot send this connection's replies now: take no more messages.
+    paused: bool,
 }
 
 /// The I/O core's side of a message-socket group.
@@ -389,6 +422,7 @@ where
                 sequencer: Sequencer::new(ordering, window),
                 staging: Arc::new(Staging::new(window)),
                 stalled: None,
+                paused: false,
             },
         );
         self.keys.insert(conn, key);
@@ -405,7 +439,26 @@ where
         self.keys
             .get(&conn)
             .and_then(|k| self.conns.get(k))
-            .is_some_and(|c| c.stalled.is_none() && c.framer.wants_input())
+            .is_some_and(|c| c.stalled.is_none() && !c.paused && c.framer.wants_input())
+    }
+
+    /// Pauses (`true`) or resumes taking messages from `conn`, for a driver whose
+    /// transmit path cannot take the connection's replies now (a peer that does not
+    /// read): while paused, bytes already received stay buffered unframed, so no more
+    /// work is done and no more replies pile up for it (memcached likewise stops
+    /// processing a connection's commands while its replies cannot be written).
+    /// Resuming frames what is buffered. Ignored for a connection not attached.
+    pub fn pause(&mut self, conn: C, paused: bool) {
+        let Some(&key) = self.keys.get(&conn) else {
+            return;
+        };
+        let Some(c) = self.conns.get_mut(&key) else {
+            return;
+        };
+        let was = std::mem::replace(&mut c.paused, paused);
+        if was && !paused {
+            self.frame(key);
+        }
     }
 
     /// Bytes received on `conn`, in order: whole messages are dispatched to workers.
@@ -426,6 +479,9 @@ where
             let Some(c) = self.conns.get_mut(&key) else {
                 return;
             };
+            if c.paused {
+                return;
+            }
             let (seq_key, framed) = match c.stalled.take() {
                 Some(s) => s,
                 None => match c.framer.next_message() {
@@ -504,14 +560,25 @@ where
             };
             let (conn, counters) = (c.conn, &self.shared.counters);
             let mut done = 0;
+            let mut close = false;
             let (seqr, framer) = (&mut c.sequencer, &mut c.framer);
             staging.drain(|(seq, reply)| {
                 done += 1;
                 let r = seqr.complete(seq, reply, |r| {
                     framer.reply_done();
+                    if close {
+                        // After a reply that closes the connection: dropped.
+                        counters
+                            .closed_in_flight
+                            .fetch_add(1, AtomicOrdering::Relaxed);
+                        return;
+                    }
                     if let Some(r) = r {
                         counters.replies.fetch_add(1, AtomicOrdering::Relaxed);
-                        send(conn, r);
+                        close = r.close;
+                        if !r.data.is_empty() {
+                            send(conn, r.data);
+                        }
                         sent += 1;
                     }
                 });
@@ -523,6 +590,12 @@ where
             });
             for _ in 0..done {
                 self.dispatcher.complete(key);
+            }
+            if close {
+                self.detach(conn);
+                self.events
+                    .push_back(IoEvent::Shutdown { conn, reason: None });
+                continue;
             }
             freed.push(key);
         }

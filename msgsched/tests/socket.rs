@@ -375,3 +375,86 @@ fn the_in_flight_cap_pauses_reading_and_resumes_after_replies() {
         w.join().unwrap();
     }
 }
+
+/// `reply_and_close` (memcached's `quit`): the replies before it and its own go out in
+/// order, then the connection is shut down gracefully; replies to later messages are
+/// dropped and counted, and another connection is unaffected.
+#[test]
+fn reply_and_close_shuts_down_after_the_earlier_replies() {
+    for model in [Model::Ms, Model::Cp] {
+        let (mut io, sockets) =
+            group::<u32, KnbParser>(&cfg(model, 4), FramerConfig::default()).unwrap();
+        io.attach(1, KnbParser::new(Ordering::Ordered)).unwrap();
+        io.attach(2, KnbParser::new(Ordering::Ordered)).unwrap();
+        let workers = spawn_workers(sockets, |s, m| {
+            let id = id_of(&m);
+            if id == 0 {
+                // Later messages finish first and wait in the reorder slot.
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let r = echo(&m);
+            if id == 5 && m.origin.conn() == 1 {
+                assert!(s.reply_and_close(m.origin, r));
+            } else {
+                s.reply(m.origin, r);
+            }
+        });
+        let (replies, events) = drive(
+            &mut io,
+            Pending::from([(1, stream(0..20)), (2, stream(100..120))]),
+            |r| count(r, 1) == 6 && count(r, 2) == 20,
+        );
+        assert_eq!(replies[&1], (0..6).collect::<Vec<_>>(), "{model:?}");
+        assert_eq!(replies[&2], (100..120).collect::<Vec<_>>(), "{model:?}");
+        assert_eq!(
+            events,
+            vec![IoEvent::Shutdown {
+                conn: 1,
+                reason: None
+            }],
+            "{model:?}"
+        );
+        assert!(!io.is_attached(1) && io.is_attached(2));
+        let end = Instant::now() + Duration::from_secs(30);
+        while io.counters().closed_in_flight.load(AO::Relaxed) < 14 {
+            assert!(Instant::now() < end, "{:?}", io.counters().fields());
+            io.poll_replies(|c, _| panic!("a reply after the close on {c}"));
+            std::thread::yield_now();
+        }
+        assert_eq!(io.counters().closed_in_flight.load(AO::Relaxed), 14);
+        drop(io);
+        for w in workers {
+            w.join().unwrap();
+        }
+    }
+}
+
+/// `pause` (a peer that does not read its replies): nothing more is framed or dispatched
+/// while paused, the bytes stay buffered, and resuming serves them all in order.
+#[test]
+fn a_paused_connection_takes_no_messages_until_resumed() {
+    let (mut io, sockets) =
+        group::<u32, KnbParser>(&cfg(Model::Ms, 2), FramerConfig::default()).unwrap();
+    io.attach(1, KnbParser::new(Ordering::Ordered)).unwrap();
+    io.attach(2, KnbParser::new(Ordering::Ordered)).unwrap();
+    let workers = spawn_workers(sockets, |s, m| {
+        let r = echo(&m);
+        s.reply(m.origin, r);
+    });
+    io.pause(1, true);
+    assert!(!io.wants_input(1) && io.wants_input(2));
+    io.on_data(1, Zbuf::copy_from_slice(&stream(0..10)));
+    let (replies, _) = drive(&mut io, Pending::from([(2, stream(100..110))]), |r| {
+        count(r, 2) == 10
+    });
+    assert_eq!(count(&replies, 1), 0);
+    assert_eq!(io.counters().messages.load(AO::Relaxed), 10);
+    io.pause(1, false);
+    let (replies, _) = drive(&mut io, Pending::new(), |r| count(r, 1) == 10);
+    assert_eq!(replies[&1], (0..10).collect::<Vec<_>>());
+    io.pause(99, true); // not attached: ignored
+    drop(io);
+    for w in workers {
+        w.join().unwrap();
+    }
+}

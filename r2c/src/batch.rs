@@ -44,7 +44,8 @@ use crate::core::{Conn, CoreState, Listener, Mode};
 use core::fmt;
 use core::net::SocketAddrV4;
 use luna_stack::stack::{ConnectError, Event, ListenError};
-use luna_stack::tcp::{CloseReason, RecvError, SendError, State};
+use luna_stack::stack::{RecvError, SendError};
+use luna_stack::tcp::{CloseReason, State};
 use std::collections::HashMap;
 use zbuf::Zbuf;
 

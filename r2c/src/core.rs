@@ -10,8 +10,9 @@ use core::net::{Ipv4Addr, SocketAddrV4};
 use luna_stack::stack::{
     ConnectError, ListenError, ListenerHandle, SocketHandle, Stack, StackConfig, Transmit,
 };
+use luna_stack::stack::{RecvError, SendError};
 use luna_stack::tables::Route;
-use luna_stack::tcp::{CloseReason, RecvError, SendError, State};
+use luna_stack::tcp::{CloseReason, State};
 use luna_stack::time::{Duration, Instant};
 use luna_stack::wire::EthernetAddress;
 use std::collections::{HashMap, HashSet, VecDeque};

@@ -29,8 +29,8 @@
 
 use crate::core::{Conn, CoreState, Listener, Mode};
 use core::net::SocketAddrV4;
-use luna_stack::stack::{ConnectError, Event, ListenError};
-use luna_stack::tcp::{CloseReason, RecvError, SendError};
+use luna_stack::stack::{ConnectError, Event, ListenError, RecvError, SendError};
+use luna_stack::tcp::CloseReason;
 use luna_stack::time::Instant;
 use zbuf::{AllocError, IoVec, Zbuf, ZbufMut};
 

@@ -18,9 +18,11 @@ use crate::core::{Conn, CoreOptions, CoreSetup, CoreState, Mode};
 use crate::device::Device;
 use crate::runtime::{Runtime, RuntimeError};
 use luna_stack::stack::Event;
-use luna_stack::tcp::{RecvError, SendError};
+use luna_stack::stack::{RecvError, SendError};
 use msgsched::framer::FramerConfig;
 use msgsched::parser::Parser;
+use msgsched::proto::io::{session_group, SessionIo};
+use msgsched::proto::Session;
 use msgsched::sched::{RecvError as SchedRecvError, SchedConfig};
 use msgsched::socket::{group, IoEvent, Message, MsgCounters, MsgIo, MsgSocket, Origin};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -61,6 +63,13 @@ impl MsgCtx<'_> {
         self.socket.reply(origin, reply)
     }
 
+    /// Answers the message of `origin` with `reply` (it may be empty) and then closes its
+    /// connection gracefully, once every earlier reply has gone out (memcached's
+    /// `quit`); replies to its later messages are dropped.
+    pub fn reply_and_close(&mut self, origin: Origin<Conn>, reply: IoVec) -> bool {
+        self.socket.reply_and_close(origin, reply)
+    }
+
     /// Completes the message of `origin` without a reply.
     pub fn finish(&mut self, origin: Origin<Conn>) -> bool {
         self.socket.finish(origin)
@@ -92,10 +101,103 @@ pub trait MsgHandler {
     fn on_message(&mut self, ctx: &mut MsgCtx<'_>, msg: Message<Conn>);
 }
 
+/// What the mode needs of msgsched's I/O side: a framer group ([`MsgIo`]) or a session
+/// group ([`SessionIo`]), each with its factory for new connections.
+trait IoSide {
+    fn attach_new(&mut self, h: Conn);
+    fn wants_input(&self, h: Conn) -> bool;
+    fn is_attached(&self, h: Conn) -> bool;
+    fn on_data(&mut self, h: Conn, z: Zbuf);
+    fn poll_replies(&mut self, send: &mut dyn FnMut(Conn, IoVec)) -> usize;
+    fn poll_event(&mut self) -> Option<IoEvent<Conn>>;
+    fn detach(&mut self, h: Conn);
+    fn in_flight(&self, h: Conn) -> Option<usize>;
+    /// Take no more messages of `h` (`true`) while its replies cannot go to TCP, or
+    /// resume.
+    fn pause(&mut self, h: Conn, paused: bool);
+}
+
+struct Framed<P: Parser, F: Fn() -> P> {
+    io: MsgIo<Conn, P>,
+    make: F,
+}
+
+impl<P: Parser, F: Fn() -> P> IoSide for Framed<P, F> {
+    fn attach_new(&mut self, h: Conn) {
+        // A fresh handle cannot be attached already.
+        let _ = self.io.attach(h, (self.make)());
+    }
+    fn wants_input(&self, h: Conn) -> bool {
+        self.io.wants_input(h)
+    }
+    fn is_attached(&self, h: Conn) -> bool {
+        self.io.is_attached(h)
+    }
+    fn on_data(&mut self, h: Conn, z: Zbuf) {
+        self.io.on_data(h, z)
+    }
+    fn poll_replies(&mut self, send: &mut dyn FnMut(Conn, IoVec)) -> usize {
+        self.io.poll_replies(send)
+    }
+    fn poll_event(&mut self) -> Option<IoEvent<Conn>> {
+        self.io.poll_event()
+    }
+    fn detach(&mut self, h: Conn) {
+        self.io.detach(h);
+    }
+    fn in_flight(&self, h: Conn) -> Option<usize> {
+        self.io.in_flight(h)
+    }
+    fn pause(&mut self, h: Conn, paused: bool) {
+        self.io.pause(h, paused);
+    }
+}
+
+struct Sessions<F: Fn() -> Box<dyn Session>> {
+    io: SessionIo<Conn>,
+    make: F,
+}
+
+impl<F: Fn() -> Box<dyn Session>> IoSide for Sessions<F> {
+    fn attach_new(&mut self, h: Conn) {
+        self.io.attach(h, (self.make)());
+    }
+    fn wants_input(&self, h: Conn) -> bool {
+        self.io.wants_input(h)
+    }
+    fn is_attached(&self, h: Conn) -> bool {
+        self.io.is_attached(h)
+    }
+    fn on_data(&mut self, h: Conn, z: Zbuf) {
+        self.io.on_data(h, z)
+    }
+    fn poll_replies(&mut self, send: &mut dyn FnMut(Conn, IoVec)) -> usize {
+        self.io.poll_replies(send)
+    }
+    fn poll_event(&mut self) -> Option<IoEvent<Conn>> {
+        self.io.poll_event()
+    }
+    fn detach(&mut self, h: Conn) {
+        self.io.detach(h);
+    }
+    fn in_flight(&self, h: Conn) -> Option<usize> {
+        self.io.in_flight(h)
+    }
+    fn pause(&mut self, _h: Conn, _paused: bool) {
+        // Nothing to do: a session bounds its own output (HTTP/2 flow control and its
+        // output cap), and `MsgMode::read` leaves the peer's bytes in TCP while replies
+        // wait for send space, so no more requests are taken meanwhile.
+    }
+}
+
 /// The I/O core's side.
-struct MsgMode<P: Parser, F: Fn() -> P> {
-    io: Option<MsgIo<Conn, P>>,
-    make_parser: F,
+struct MsgMode<S: IoSide> {
+    io: Option<S>,
+    /// Connections whose session ended (its goodbye, e.g. GOAWAY, is queued): they
+    /// linger — the peer's bytes are read and discarded, so the peer is not reset
+    /// before it has read the goodbye — and are closed once everything queued has been
+    /// acknowledged, or aborted past the bounds (value: bytes discarded, when it began).
+    closing: HashMap<Conn, (usize, luna_stack::time::Instant)>,
     listen: Vec<(u16, usize)>,
     /// Attached connections that may have unread bytes: read again each iteration.
     unread: HashSet<Conn>,
@@ -105,8 +207,8 @@ struct MsgMode<P: Parser, F: Fn() -> P> {
     eof: HashSet<Conn>,
 }
 
-impl<P: Parser, F: Fn() -> P> MsgMode<P, F> {
-    fn io(&mut self) -> &mut MsgIo<Conn, P> {
+impl<S: IoSide> MsgMode<S> {
+    fn io(&mut self) -> &mut S {
         self.io.as_mut().expect("message mode runs with its MsgIo")
     }
 
@@ -161,6 +263,7 @@ impl<P: Parser, F: Fn() -> P> MsgMode<P, F> {
             return;
         }
         st.flush_backlogs();
+        let mut drained = Vec::new();
         self.unsent.retain(|&h, q| {
             while let Some(z) = q.front() {
                 match st.send_all(h, z.clone()) {
@@ -171,8 +274,13 @@ impl<P: Parser, F: Fn() -> P> MsgMode<P, F> {
                     Err(_) => return false,
                 }
             }
+            drained.push(h);
             false
         });
+        for h in drained {
+            // Its replies are in TCP again: take its next messages.
+            self.io().pause(h, false);
+        }
     }
 
     fn on_events(&mut self, st: &mut CoreState) -> bool {
@@ -187,9 +295,7 @@ impl<P: Parser, F: Fn() -> P> MsgMode<P, F> {
                             st.close(h);
                             continue;
                         }
-                        let p = (self.make_parser)();
-                        // A fresh handle cannot be attached already.
-                        let _ = self.io().attach(h, p);
+                        self.io().attach_new(h);
                         self.read(h, st);
                     }
                 }
@@ -209,10 +315,50 @@ impl<P: Parser, F: Fn() -> P> MsgMode<P, F> {
         self.unread.remove(&h);
         self.unsent.remove(&h);
         self.eof.remove(&h);
+        self.closing.remove(&h);
+    }
+
+    /// Lingering connections: discard input; close once sent and acknowledged.
+    fn linger(&mut self, st: &mut CoreState) -> bool {
+        let mut work = false;
+        let hs: Vec<Conn> = self.closing.keys().copied().collect();
+        for h in hs {
+            let Some(&(mut discarded, since)) = self.closing.get(&h) else {
+                continue;
+            };
+            while let Ok(Some(z)) = st.recv(h) {
+                discarded += z.len();
+                work = true;
+            }
+            let sent = !self.unsent.contains_key(&h)
+                && st.stack.connection(h).is_none_or(|c| {
+                    c.bytes_in_flight() == 0
+                        && c.send_capacity() >= st.stack.config().tcp.snd_buf as usize
+                });
+            if sent {
+                self.forget(h);
+                st.close(h);
+                work = true;
+            } else if discarded > LINGER_BYTES
+                || st.now.saturating_duration_since(since) > LINGER_TIME
+            {
+                self.forget(h);
+                st.abort(h);
+                work = true;
+            } else {
+                self.closing.insert(h, (discarded, since));
+            }
+        }
+        work
     }
 }
 
-impl<P: Parser, F: Fn() -> P> Mode for MsgMode<P, F> {
+/// Most bytes read and discarded from a lingering connection before it is reset.
+const LINGER_BYTES: usize = 1 << 20;
+/// Longest a connection lingers before it is reset.
+const LINGER_TIME: Duration = Duration::from_secs(5);
+
+impl<S: IoSide> Mode for MsgMode<S> {
     fn start(&mut self, st: &mut CoreState) {
         st.listen_all(&self.listen);
     }
@@ -225,7 +371,7 @@ impl<P: Parser, F: Fn() -> P> Mode for MsgMode<P, F> {
         // Replies from the workers, in wire order per connection.
         let mut unsent = std::mem::take(&mut self.unsent);
         let mut sent = 0u64;
-        self.io().poll_replies(|h, reply| {
+        self.io().poll_replies(&mut |h, reply| {
             sent += 1;
             for z in reply {
                 Self::send(&mut unsent, h, z, st);
@@ -233,13 +379,30 @@ impl<P: Parser, F: Fn() -> P> Mode for MsgMode<P, F> {
         });
         self.unsent = unsent;
         if sent > 0 {
+            // A peer that does not read: take no more of its messages until its replies
+            // are in TCP (otherwise replies would pile up here without bound).
+            let waiting: Vec<Conn> = self.unsent.keys().copied().collect();
+            for h in waiting {
+                self.io().pause(h, true);
+            }
             st.stats.from_workers += sent;
             work = true;
         }
-        while let Some(IoEvent::Close { conn, .. }) = self.io().poll_event() {
-            // A stream that cannot be framed: reset it (MsgIo detached it already).
-            st.abort(conn);
-            self.forget(conn);
+        while let Some(ev) = self.io().poll_event() {
+            match ev {
+                IoEvent::Close { conn, .. } => {
+                    // A stream that cannot be framed: reset it (detached already).
+                    st.abort(conn);
+                    self.forget(conn);
+                }
+                IoEvent::Shutdown { conn, .. } => {
+                    // A session's goodbye (e.g. GOAWAY) is queued: linger, then close.
+                    self.closing.insert(conn, (0, st.now));
+                }
+            }
+            work = true;
+        }
+        if !self.closing.is_empty() && self.linger(st) {
             work = true;
         }
         // Connections paused by their caps or by back pressure.
@@ -340,40 +503,95 @@ impl Runtime {
         FH: Fn(usize) -> H + Send + Sync + 'static,
     {
         let io_index = io.index;
-        let bad = |m: &str| RuntimeError {
-            core: io_index,
-            error: crate::core::CoreError::Spawn(m.to_string()),
-        };
         let (msg_io, sockets) = group::<Conn, P>(&cfg.sched, cfg.framer)
-            .map_err(|e| bad(&format!("message mode: {e}")))?;
+            .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
         let counters = msg_io.counters_handle();
-        let workers = sockets.len();
-        // The I/O side moves into the core thread (built there by the closure, once).
-        let cell = std::sync::Mutex::new(Some(msg_io));
-        let listen = cfg.listen.clone();
-        let slab: Option<Slab> = opts.slab.clone();
-        let pin = opts.pin;
-        let mut rt = Runtime::spawn_with(vec![io], opts, move |_| MsgMode {
-            io: cell.lock().ok().and_then(|mut g| g.take()),
-            make_parser: make_parser.clone(),
-            listen: listen.clone(),
-            unread: HashSet::new(),
-            unsent: HashMap::new(),
-            eof: HashSet::new(),
-        })?;
-        let stop = rt.stop_flag();
-        let spawn = crate::workers::Spawn {
-            name: "r2c-msg-worker",
-            io_index,
-            pin,
-            cpus: &cfg.worker_cpus,
-            slab,
+        let side = Framed {
+            io: msg_io,
+            make: make_parser,
         };
-        let handles = crate::workers::spawn(&spawn, sockets, move |w, socket, cache| {
-            worker_loop(socket, make_handler(w), Arc::clone(&stop), cache)
-        })
-        .map_err(|e| bad(&e))?;
-        rt.add_thread(crate::workers::joiner(handles, || {}));
-        Ok((rt, MsgWorkers { counters, workers }))
+        spawn_side(io, opts, cfg, side, counters, sockets, make_handler)
     }
+
+    /// Start message mode with a session protocol ([`msgsched::proto`], e.g. HTTP/2):
+    /// each accepted connection gets `make_session()`; the session answers connection
+    /// frames on the I/O core and hands whole requests to the workers, which answer as in
+    /// [`Runtime::spawn_msg`]. Of `cfg.framer` only `max_in_flight` applies.
+    pub fn spawn_msg_session<D, FS, H, FH>(
+        io: CoreSetup<D>,
+        opts: CoreOptions,
+        cfg: MsgConfig,
+        make_session: FS,
+        make_handler: FH,
+    ) -> Result<(Runtime, MsgWorkers), RuntimeError>
+    where
+        D: Device + Send + 'static,
+        FS: Fn() -> Box<dyn Session> + Clone + Send + Sync + 'static,
+        H: MsgHandler + 'static,
+        FH: Fn(usize) -> H + Send + Sync + 'static,
+    {
+        let io_index = io.index;
+        let (sio, sockets) = session_group::<Conn>(&cfg.sched, cfg.framer)
+            .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
+        let counters = sio.counters_handle();
+        let side = Sessions {
+            io: sio,
+            make: make_session,
+        };
+        spawn_side(io, opts, cfg, side, counters, sockets, make_handler)
+    }
+}
+
+fn spawn_error(core: usize, m: &str) -> RuntimeError {
+    RuntimeError {
+        core,
+        error: crate::core::CoreError::Spawn(m.to_string()),
+    }
+}
+
+/// Starts the I/O core with `side` and the workers on `sockets`.
+fn spawn_side<D, S, H, FH>(
+    io: CoreSetup<D>,
+    opts: CoreOptions,
+    cfg: MsgConfig,
+    side: S,
+    counters: Arc<MsgCounters>,
+    sockets: Vec<MsgSocket<Conn>>,
+    make_handler: FH,
+) -> Result<(Runtime, MsgWorkers), RuntimeError>
+where
+    D: Device + Send + 'static,
+    S: IoSide + Send + 'static,
+    H: MsgHandler + 'static,
+    FH: Fn(usize) -> H + Send + Sync + 'static,
+{
+    let io_index = io.index;
+    let workers = sockets.len();
+    // The I/O side moves into the core thread (taken there by the closure, once).
+    let cell = std::sync::Mutex::new(Some(side));
+    let listen = cfg.listen.clone();
+    let slab: Option<Slab> = opts.slab.clone();
+    let pin = opts.pin;
+    let mut rt = Runtime::spawn_with(vec![io], opts, move |_| MsgMode {
+        io: cell.lock().ok().and_then(|mut g| g.take()),
+        closing: HashMap::new(),
+        listen: listen.clone(),
+        unread: HashSet::new(),
+        unsent: HashMap::new(),
+        eof: HashSet::new(),
+    })?;
+    let stop = rt.stop_flag();
+    let spawn = crate::workers::Spawn {
+        name: "r2c-msg-worker",
+        io_index,
+        pin,
+        cpus: &cfg.worker_cpus,
+        slab,
+    };
+    let handles = crate::workers::spawn(&spawn, sockets, move |w, socket, cache| {
+        worker_loop(socket, make_handler(w), Arc::clone(&stop), cache)
+    })
+    .map_err(|e| spawn_error(io_index, &e))?;
+    rt.add_thread(crate::workers::joiner(handles, || {}));
+    Ok((rt, MsgWorkers { counters, workers }))
 }

@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 
 use dpdk_sys::Eal;
 use luna_stack::context::Rng;
+use luna_stack::stack::RecvError;
 use luna_stack::stack::{Event, SocketHandle, Stack, StackConfig, Transmit};
-use luna_stack::tcp::{CloseReason, RecvError};
+use luna_stack::tcp::CloseReason;
 use luna_stack::time::Instant as StackInstant;
 use luna_stack::wire::Ipv4Cidr;
 use r2c::device::dpdk::{from_testbed, DpdkDevice};
@@ -336,7 +337,7 @@ impl Sender {
                     self.pending = Some(z.slice(n..));
                     return;
                 }
-                Err(luna_stack::tcp::SendError::WouldBlock) => {
+                Err(luna_stack::stack::SendError::WouldBlock) => {
                     self.pending = Some(z);
                     return;
                 }
@@ -657,7 +658,7 @@ fn tap(port: &DpdkPort, ready: &str) -> String {
                             break;
                         }
                     }
-                    Err(luna_stack::tcp::SendError::WouldBlock) => {
+                    Err(luna_stack::stack::SendError::WouldBlock) => {
                         echo_q.push_front(z);
                         break;
                     }

@@ -23,8 +23,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dpdk_sys::Eal;
+use luna_stack::stack::RecvError;
 use luna_stack::stack::{StackConfig, SynCookieMode};
-use luna_stack::tcp::{CloseReason, RecvError};
+use luna_stack::tcp::CloseReason;
 use luna_stack::wire::Ipv4Cidr;
 use r2c::batch::{BatchApp, Fd, Interest, PollEvent, SockError, Sockets};
 use r2c::device::dpdk::{from_testbed, memif_quiesce, memif_quiesce_reset, DpdkDevice};

@@ -23,7 +23,7 @@ impl InlineApp for Hold {
             match ctx.recv(conn) {
                 Ok(Some(_)) => {}
                 Ok(None) => return,
-                Err(luna_stack::tcp::RecvError::Finished) => {
+                Err(luna_stack::stack::RecvError::Finished) => {
                     self.closed.lock().unwrap().push(None);
                     return ctx.close(conn);
                 }

@@ -2,7 +2,13 @@
 
 use super::*;
 use crate::context::testutil::FakeRng;
-use crate::wire::Ipv4Cidr;
+use crate::tcp::SeqNum;
+use crate::time::Duration;
+use crate::wire::{
+    ChecksumCaps, EtherType, EthernetAddress, EthernetFrame, EthernetRepr, Icmpv4Packet,
+    Icmpv4Repr, IpProtocol, Ipv4Cidr, Ipv4Packet, Ipv4Repr, TcpFlags, TcpOptions, TcpPacket,
+    TcpRepr,
+};
 
 const MAC_A: EthernetAddress = EthernetAddress([0x02, 0, 0, 0, 0, 1]);
 const MAC_B: EthernetAddress = EthernetAddress([0x02, 0, 0, 0, 0, 2]);
@@ -390,6 +396,72 @@ fn close_and_time_wait_reclaim_the_slot() {
         net.a.send(c, &Zbuf::copy_from_slice(b"x")),
         Err(SendError::InvalidHandle)
     );
+}
+
+/// A reclaimed handle is the stack's error on every call that takes one, and the
+/// connection's own errors pass through `Stack` unchanged (issue 14: the handle error is
+/// the stack's, not the connection's).
+#[test]
+fn stale_handle_is_the_stacks_error_and_connection_errors_pass_through() {
+    let mut c = cfg(MAC_A, ip_a());
+    c.tcp.time_wait = Duration::from_millis(50);
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.tcp.time_wait = Duration::from_millis(50);
+    let mut net = Net::new(c, cb);
+    let (c, s) = connected(&mut net);
+    net.a.shutdown(c);
+    assert_eq!(
+        net.a.send(c, &Zbuf::copy_from_slice(b"x")),
+        Err(SendError::Shutdown),
+        "the connection's Shutdown, mapped from tcp::SendError"
+    );
+    net.run_until(|n| matches!(n.b.recv(s), Err(RecvError::Finished)), 100);
+    net.b.close(s);
+    net.a.close(c);
+    net.run_until(
+        |n| n.a.connection_count() == 0 && n.b.connection_count() == 0,
+        1000,
+    );
+    assert_eq!(net.a.recv(c), Err(RecvError::InvalidHandle));
+    assert_eq!(net.a.recv_iovec(c, 10), Err(RecvError::InvalidHandle));
+    assert_eq!(
+        net.a.send_iovec(c, &IoVec::new()),
+        Err(SendError::InvalidHandle)
+    );
+}
+
+/// Every error of the socket API is a `std::error::Error` with a message.
+#[test]
+fn socket_api_errors_display_and_are_std_errors() {
+    let errs: Vec<Box<dyn std::error::Error>> = vec![
+        Box::new(ConnectError::NoRoute),
+        Box::new(ConnectError::InvalidAddress),
+        Box::new(ConnectError::AddrInUse),
+        Box::new(ConnectError::PortsExhausted),
+        Box::new(ConnectError::TableFull),
+        Box::new(ListenError::AddrInUse),
+        Box::new(ListenError::InvalidBacklog),
+        Box::new(SendError::InvalidHandle),
+        Box::new(RecvError::InvalidHandle),
+        Box::new(tcp::SendError::WouldBlock),
+        Box::new(tcp::SendError::Shutdown),
+        Box::new(tcp::SendError::Closed),
+        Box::new(tcp::RecvError::Finished),
+        Box::new(tcp::RecvError::Closed),
+    ];
+    let msgs: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+    assert!(msgs.iter().all(|m| !m.is_empty()));
+    assert_eq!(
+        SendError::from(tcp::SendError::WouldBlock),
+        SendError::WouldBlock
+    );
+    assert_eq!(SendError::from(tcp::SendError::Closed), SendError::Closed);
+    assert_eq!(
+        RecvError::from(tcp::RecvError::Finished),
+        RecvError::Finished
+    );
+    assert_eq!(RecvError::from(tcp::RecvError::Closed), RecvError::Closed);
+    assert_eq!(SendError::WouldBlock.to_string(), "the send buffer is full");
 }
 
 #[test]

@@ -521,7 +521,7 @@ impl<P: Payload + core::ops::Deref<Target = [u8]>> Assembler<P> {
         let segs: Vec<(SeqNum, usize, u64)> = self
             .segs
             .iter()
-            .map(|(s, p)| (*s, p.len(), crate::tcp::seq::fnv1a(p)))
+            .map(|(s, p)| (*s, p.len(), crate::wire::tcp::fnv1a(p)))
             .collect();
         format!(
             "ooo(segs={segs:?} bytes={} recent={:?} dsack={:?} stats={:?})",

@@ -13,7 +13,7 @@ use super::*;
 use crate::context::testutil::FakeRng;
 use crate::context::Rng;
 use crate::tcp::config::{CcAlgorithm, TcpConfig};
-use crate::tcp::seq::fnv1a;
+use crate::wire::tcp::fnv1a;
 use core::net::Ipv4Addr;
 
 const ISS_A: u32 = 0xFFFF_F000; // wraps during every transfer

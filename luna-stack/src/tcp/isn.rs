@@ -62,6 +62,7 @@ impl IsnGenerator {
     }
 
     /// A generator with a fixed key (tests, reproducible simulations).
+    #[cfg(test)]
     pub fn with_key(key: [u8; 16]) -> Self {
         IsnGenerator { key }
     }

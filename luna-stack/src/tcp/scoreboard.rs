@@ -673,7 +673,7 @@ impl Scoreboard {
     }
 
     /// Unacknowledged octets that were retransmitted in this recovery and whose last
-    /// retransmission is deemed lost (see [`Scoreboard::rxt_lost`]).
+    /// retransmission is deemed lost (see `Scoreboard::rxt_lost`).
     pub fn is_retransmission_lost(&self, seq: SeqNum) -> bool {
         if !seq.ge(self.snd_una) || !seq.lt(self.snd_max) || self.is_sacked(seq) {
             return false;

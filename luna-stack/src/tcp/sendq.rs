@@ -121,7 +121,7 @@ impl SendQueue {
             self.len,
             self.bufs.len(),
             self.cursor,
-            crate::tcp::seq::fnv1a(&bytes)
+            crate::wire::tcp::fnv1a(&bytes)
         )
     }
 }

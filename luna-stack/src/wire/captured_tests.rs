@@ -3,7 +3,7 @@
 //! reprs and compare with the original bytes where the layout is ours too.
 
 use super::*;
-use crate::tcp::SeqNum;
+use crate::wire::SeqNum;
 
 const A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);

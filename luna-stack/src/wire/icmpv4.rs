@@ -7,8 +7,8 @@
 
 use super::checksum;
 use super::ipv4::{IpProtocol, Ipv4Packet, Ipv4Repr};
+use super::tcp::SeqNum;
 use super::{ChecksumCaps, Error, Result};
-use crate::tcp::SeqNum;
 
 /// The ICMP message type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

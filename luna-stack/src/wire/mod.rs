@@ -15,7 +15,7 @@
 //! interpretation, fragment reassembly, TCP-AO/MD5 and other options (skipped by length).
 //!
 //! ```
-//! use luna_stack::tcp::SeqNum;
+//! use luna_stack::wire::SeqNum;
 //! use luna_stack::wire::*;
 //!
 //! let caps = ChecksumCaps::software();
@@ -70,7 +70,8 @@ pub use icmpv4::{
 };
 pub use ipv4::{IpProtocol, Ipv4Addr, Ipv4Cidr, Ipv4Packet, Ipv4Repr};
 pub use tcp::{
-    SackBlocks, TcpFlags, TcpOption, TcpOptionIter, TcpOptions, TcpPacket, TcpRepr, Timestamps,
+    SackBlocks, SeqNum, TcpFlags, TcpOption, TcpOptionIter, TcpOptions, TcpPacket, TcpRepr,
+    Timestamps,
 };
 pub use udp::{UdpPacket, UdpRepr};
 

@@ -7,10 +7,14 @@
 
 use super::checksum::{self, Accumulator};
 use super::{ChecksumCaps, Error, Result};
-use crate::tcp::SeqNum;
 use core::fmt;
 use core::net::Ipv4Addr;
 use core::ops::{BitOr, BitOrAssign};
+
+mod seq;
+#[cfg(test)]
+pub(crate) use seq::fnv1a;
+pub use seq::SeqNum;
 
 /// The TCP control bits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]

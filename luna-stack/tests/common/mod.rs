@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use luna_stack::stack::{Event, ListenerHandle, SocketHandle};
-use luna_stack::tcp::{RecvError, SendError};
+use luna_stack::stack::{RecvError, SendError};
 use luna_stack::testutil::{pattern, Endpoint, FakeRng, LunaHost, StreamCheck};
 use luna_stack::time::Instant;
 use smoltcp::iface::{Config, Interface, SocketHandle as SmolHandle, SocketSet};

@@ -19,10 +19,11 @@ use super::script::{
     ScriptError, Syscall, Time,
 };
 use luna_stack::stack::{
-    ConnectError, ListenError, ListenerHandle, SocketHandle, Stack, StackConfig,
+    ConnectError, ListenError, ListenerHandle, RecvError, SendError, SocketHandle, Stack,
+    StackConfig,
 };
 use luna_stack::tcp::config::{CcAlgorithm, KeepaliveConfig};
-use luna_stack::tcp::{CloseReason, RecvError, SendError, State};
+use luna_stack::tcp::{CloseReason, State};
 use luna_stack::testutil::{pattern, stack_config, FakeRng, IP_A, IP_B, MAC_A, MAC_B};
 use luna_stack::time::{Duration, Instant};
 use std::collections::{BTreeMap, HashMap, VecDeque};

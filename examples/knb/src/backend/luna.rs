@@ -48,8 +48,8 @@ use std::time::{Duration, Instant};
 
 use bifurcation::PortRange;
 use dpdk_sys::Eal;
-use luna_stack::stack::{StackConfig, StackDrop};
-use luna_stack::tcp::{CloseReason, DropReason, RecvError};
+use luna_stack::stack::{RecvError, StackConfig, StackDrop};
+use luna_stack::tcp::{CloseReason, DropReason};
 use luna_stack::wire::Ipv4Cidr;
 use r2c::clock::ClockSource;
 use r2c::device::dpdk::{memif_quiesce, port_name_from_vdev, DpdkDevice, DpdkDeviceConfig};

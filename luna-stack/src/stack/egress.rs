@@ -1,0 +1,330 @@
+//! Egress: connections' segments and queued control frames out through `poll_transmit`,
+//! next-hop resolution (ARP requests), and the header writers. Every frame's Ethernet and
+//! IPv4 headers come from one place, [`Stack::emit_ethernet`] / [`Stack::emit_eth_ipv4`].
+
+use super::{Owner, Stack, ETH_LEN, IP_LEN, MAX_HEADER_LEN};
+use crate::context::Rng;
+use crate::tables::neighbour::Resolution;
+use crate::tcp::conn::FourTuple;
+use crate::time::Instant;
+use crate::wire::checksum::Accumulator;
+use crate::wire::{
+    ArpOperation, ArpPacket, ArpRepr, ChecksumCaps, EtherType, EthernetAddress, EthernetFrame,
+    EthernetRepr, Icmpv4Message, Icmpv4Packet, IpProtocol, Ipv4Packet, Ipv4Repr, TcpPacket,
+    TcpRepr,
+};
+use core::net::Ipv4Addr;
+use zbuf::{IoVec, Zbuf};
+
+/// A frame ready for the device: `header()` bytes followed by `payload` (zero copy).
+#[derive(Clone)]
+pub struct Transmit {
+    header: [u8; MAX_HEADER_LEN],
+    header_len: u8,
+    /// The payload: references into application or received buffers.
+    pub payload: IoVec,
+    /// Offload metadata for the device.
+    pub offload: TxOffload,
+}
+
+impl core::fmt::Debug for Transmit {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Transmit")
+            .field("header_len", &self.header_len)
+            .field("payload_len", &self.payload.len())
+            .finish()
+    }
+}
+
+/// What the device must finish in hardware (when the stack left checksums to it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TxOffload {
+    /// Ethernet header length.
+    pub l2_len: u8,
+    /// IP header length (0 for ARP).
+    pub l3_len: u8,
+    /// TCP/ICMP header length.
+    pub l4_len: u8,
+    /// The device must fill the IPv4 header checksum.
+    pub ipv4_checksum: bool,
+    /// The device must fill the TCP checksum (the pseudo-header sum is already in place).
+    pub tcp_checksum: bool,
+}
+
+impl Transmit {
+    fn new() -> Self {
+        Transmit {
+            header: [0; MAX_HEADER_LEN],
+            header_len: 0,
+            payload: IoVec::new(),
+            offload: TxOffload::default(),
+        }
+    }
+
+    /// The header bytes (Ethernet, IP, TCP/ICMP/ARP).
+    pub fn header(&self) -> &[u8] {
+        &self.header[..usize::from(self.header_len)]
+    }
+
+    /// Frame length in bytes.
+    pub fn len(&self) -> usize {
+        usize::from(self.header_len) + self.payload.len()
+    }
+
+    /// Whether the frame is empty (never, for frames the stack emits).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The whole frame in one buffer. This copies: it is for tests and slow paths.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len());
+        v.extend_from_slice(self.header());
+        for c in self.payload.chunks() {
+            v.extend_from_slice(c);
+        }
+        v
+    }
+}
+
+impl<R: Rng> Stack<R> {
+    // ---------------------------------------------------------------------------------------
+    // Transmit path
+    // ---------------------------------------------------------------------------------------
+
+    /// The next frame to send, or `None`. Call until `None` after every batch of input.
+    #[must_use]
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        if let Some(t) = self.ctl.pop_front() {
+            self.counters.frames_out += 1;
+            return Some(t);
+        }
+        while let Some(&idx) = self.dirty.front() {
+            let gen = self.slots[idx as usize].gen;
+            let Some(e) = self.slots[idx as usize].entry.as_deref_mut() else {
+                self.dirty.pop_front();
+                continue;
+            };
+            let next_hop = e.next_hop;
+            let seg = match e.held.take() {
+                Some(s) => Some(s),
+                None => e.conn.poll_segment(now),
+            };
+            let Some(seg) = seg else {
+                e.dirty = false;
+                self.dirty.pop_front();
+                let reclaim = e.conn.is_closed() && e.owner != Owner::App;
+                self.unmap_if_closed(idx);
+                self.schedule_timer(idx);
+                if reclaim {
+                    self.free_slot(idx);
+                }
+                continue;
+            };
+            let _ = gen;
+            let cached = e
+                .hop_mac
+                .filter(|c| c.epoch == self.nb_epoch && now < c.until)
+                .map(|c| c.mac);
+            let mac = match cached {
+                Some(mac) => Some(mac),
+                None => {
+                    let mac = self.resolve(now, next_hop);
+                    let fresh = self.hop_mac_of(next_hop, now);
+                    if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
+                        e.hop_mac = fresh;
+                    }
+                    mac
+                }
+            };
+            match mac {
+                Some(mac) => {
+                    let tuple = self.slots[idx as usize]
+                        .entry
+                        .as_deref()
+                        .expect("present")
+                        .conn
+                        .tuple();
+                    let t = self.build_tcp(&seg.repr, seg.payload, tuple, mac);
+                    self.counters.frames_out += 1;
+                    return Some(t);
+                }
+                None => {
+                    // Park the connection (holding its segment) until ARP answers.
+                    let e = self.slots[idx as usize]
+                        .entry
+                        .as_deref_mut()
+                        .expect("present");
+                    e.held = Some(seg);
+                    e.dirty = false;
+                    self.dirty.pop_front();
+                    self.arp_wait.entry(next_hop).or_default().push(idx);
+                    self.schedule_timer(idx);
+                    if let Some(t) = self.ctl.pop_front() {
+                        self.counters.frames_out += 1;
+                        return Some(t);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// The MAC for `ip`, sending an ARP request (rate limited) when it is unknown.
+    pub(super) fn resolve(&mut self, now: Instant, ip: Ipv4Addr) -> Option<EthernetAddress> {
+        match self.nb_update(ip, |t| t.lookup(ip, now)) {
+            Resolution::Resolved(mac) | Resolution::Stale(mac) => return Some(mac),
+            Resolution::Pending | Resolution::Unknown => {}
+        }
+        let due = self
+            .arp_sent
+            .get(&ip)
+            .is_none_or(|&at| now.saturating_duration_since(at) >= self.cfg.arp_retry);
+        if due {
+            let _ = self.nb_update(ip, |t| t.start_resolution(ip, now));
+            self.arp_sent.insert(ip, now);
+            let req = ArpRepr {
+                operation: ArpOperation::Request,
+                sender_hardware_addr: self.cfg.mac,
+                sender_protocol_addr: self.ipv4(),
+                target_hardware_addr: EthernetAddress([0; 6]),
+                target_protocol_addr: ip,
+            };
+            self.queue_arp(req, EthernetAddress::BROADCAST);
+            self.counters.arp_requests += 1;
+        }
+        None
+    }
+
+    /// Writes the Ethernet header, from our MAC to `dst_mac`, at the start of `buf`: the one
+    /// link-layer header writer of every frame the stack sends.
+    fn emit_ethernet(&self, buf: &mut [u8], dst_mac: EthernetAddress, ethertype: EtherType) {
+        let mut eth = EthernetFrame::new_unchecked(buf);
+        EthernetRepr {
+            src_addr: self.cfg.mac,
+            dst_addr: dst_mac,
+            ethertype,
+        }
+        .emit(&mut eth);
+    }
+
+    /// Writes the Ethernet and IPv4 headers of a datagram into `buf[..ETH_LEN + IP_LEN]`:
+    /// the next IP identification goes into `ip`, its header checksum as `caps` say (the
+    /// device fills it when `caps.ipv4` is not done in software). The transport header and
+    /// payload follow at `ETH_LEN + IP_LEN`.
+    fn emit_eth_ipv4(
+        &mut self,
+        buf: &mut [u8],
+        dst_mac: EthernetAddress,
+        mut ip: Ipv4Repr,
+        caps: &ChecksumCaps,
+    ) {
+        self.emit_ethernet(buf, dst_mac, EtherType::Ipv4);
+        self.ip_ident = self.ip_ident.wrapping_add(1);
+        ip.ident = self.ip_ident;
+        let mut ip_pkt = Ipv4Packet::new_unchecked(&mut buf[ETH_LEN..ETH_LEN + IP_LEN]);
+        ip.emit(&mut ip_pkt, caps);
+    }
+
+    /// Wrap a TCP segment in IPv4 and Ethernet. Only headers are written; the payload stays
+    /// where it is.
+    pub(super) fn build_tcp(
+        &mut self,
+        repr: &TcpRepr,
+        payload: IoVec,
+        tuple: FourTuple,
+        dst_mac: EthernetAddress,
+    ) -> Transmit {
+        let repr = repr.emitted();
+        let tcp_hlen = repr.header_len();
+        let tcp_len = tcp_hlen + payload.len();
+        let len = ETH_LEN + IP_LEN + tcp_hlen;
+        let caps = self.cfg.caps;
+        let (src, dst) = (*tuple.local.ip(), *tuple.remote.ip());
+        let mut ip = Ipv4Repr::new(src, dst, IpProtocol::Tcp, tcp_len);
+        // RFC 1191 §3: TCP sets DF for path MTU discovery.
+        ip.dont_frag = true;
+        let mut t = Transmit::new();
+        {
+            let buf = &mut t.header[..len];
+            self.emit_eth_ipv4(buf, dst_mac, ip, &caps);
+            let mut tcp = TcpPacket::new_unchecked(&mut buf[ETH_LEN + IP_LEN..]);
+            repr.emit_header(&mut tcp);
+            if caps.tcp.tx() {
+                let mut acc = Accumulator::new();
+                for chunk in payload.chunks() {
+                    acc.add_bytes(chunk);
+                }
+                tcp.fill_checksum_split(src, dst, &acc);
+            } else {
+                tcp.fill_pseudo_header_checksum(src, dst, tcp_len);
+            }
+        }
+        t.header_len = len as u8;
+        t.payload = payload;
+        t.offload = TxOffload {
+            l2_len: ETH_LEN as u8,
+            l3_len: IP_LEN as u8,
+            l4_len: tcp_hlen as u8,
+            ipv4_checksum: !caps.ipv4.tx(),
+            tcp_checksum: !caps.tcp.tx(),
+        };
+        t
+    }
+
+    /// Queue an ARP packet to `dst` as a control frame.
+    pub(super) fn queue_arp(&mut self, arp: ArpRepr, dst: EthernetAddress) {
+        let mut t = Transmit::new();
+        let len = ETH_LEN + 28;
+        {
+            let buf = &mut t.header[..len];
+            self.emit_ethernet(buf, dst, EtherType::Arp);
+            let mut pkt = ArpPacket::new_unchecked(&mut buf[ETH_LEN..]);
+            arp.emit(&mut pkt);
+        }
+        t.header_len = len as u8;
+        t.offload.l2_len = ETH_LEN as u8;
+        self.ctl.push_back(t);
+    }
+
+    /// Queue an ICMP echo reply whose data is `payload`, by reference to the request.
+    pub(super) fn queue_echo_reply(
+        &mut self,
+        dst: Ipv4Addr,
+        dst_mac: EthernetAddress,
+        ident: u16,
+        seq_no: u16,
+        payload: Zbuf,
+    ) {
+        let mut t = Transmit::new();
+        let icmp_len = 8 + payload.len();
+        let len = ETH_LEN + IP_LEN + 8;
+        let ip = Ipv4Repr::new(self.ipv4(), dst, IpProtocol::Icmp, icmp_len);
+        {
+            let buf = &mut t.header[..len];
+            // The IPv4 checksum is always computed here: the echo reply's offload metadata
+            // asks the device for nothing.
+            self.emit_eth_ipv4(buf, dst_mac, ip, &ChecksumCaps::software());
+            let mut icmp = Icmpv4Packet::new_unchecked(&mut buf[ETH_LEN + IP_LEN..]);
+            icmp.set_msg_type(Icmpv4Message::EchoReply);
+            icmp.set_msg_code(0);
+            icmp.set_echo_ident(ident);
+            icmp.set_echo_seq_no(seq_no);
+            icmp.set_checksum(0);
+            let mut acc = Accumulator::new();
+            acc.add_bytes(&buf[ETH_LEN + IP_LEN..len]);
+            acc.add_bytes(&payload);
+            let sum = acc.checksum();
+            Icmpv4Packet::new_unchecked(&mut buf[ETH_LEN + IP_LEN..]).set_checksum(sum);
+        }
+        t.header_len = len as u8;
+        t.payload.push(payload);
+        t.offload = TxOffload {
+            l2_len: ETH_LEN as u8,
+            l3_len: IP_LEN as u8,
+            l4_len: 8,
+            ..TxOffload::default()
+        };
+        self.ctl.push_back(t);
+    }
+}

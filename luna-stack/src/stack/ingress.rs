@@ -1,0 +1,356 @@
+//! Ingress: Ethernet demux, ARP reception, IPv4 validation, ICMP, and TCP demux to a
+//! connection (or to a listener, or a RST).
+
+use super::{Owner, Stack, StackDrop, ETH_LEN};
+use crate::context::Rng;
+use crate::tcp::conn::{Disposition, FourTuple};
+use crate::tcp::{SeqNum, State};
+use crate::time::Instant;
+use crate::wire::{
+    ArpOperation, ArpPacket, ArpRepr, EtherType, EthernetAddress, EthernetFrame, EthernetRepr,
+    Icmpv4DstUnreachable, Icmpv4Packet, Icmpv4Repr, IpProtocol, Ipv4Packet, Ipv4Repr, TcpFlags,
+    TcpOptions, TcpPacket, TcpRepr,
+};
+use core::net::{Ipv4Addr, SocketAddrV4};
+use zbuf::{IoVec, Zbuf};
+
+impl<R: Rng> Stack<R> {
+    // ---------------------------------------------------------------------------------------
+    // Receive path
+    // ---------------------------------------------------------------------------------------
+
+    /// Process one received Ethernet frame. Anything malformed is dropped and counted.
+    pub fn handle_frame(&mut self, now: Instant, frame: Zbuf) {
+        self.counters.frames_in += 1;
+        let Ok(eth) = EthernetFrame::new_checked(&frame[..]) else {
+            return self.counters.drop(StackDrop::Malformed);
+        };
+        let Ok(eth_repr) = EthernetRepr::parse(&eth) else {
+            return self.counters.drop(StackDrop::Malformed);
+        };
+        // Broadcast and multicast frames are taken for ARP (broadcast only) and for IPv4,
+        // which must see the link-layer flag to discard them (RFC 1122 §3.3.6).
+        let l2_multicast = eth_repr.dst_addr.is_multicast();
+        if eth_repr.dst_addr != self.cfg.mac && !l2_multicast {
+            return self.counters.drop(StackDrop::NotForUs);
+        }
+        match eth_repr.ethertype {
+            EtherType::Arp if eth_repr.dst_addr.is_broadcast() || !l2_multicast => {
+                self.on_arp(now, &frame[ETH_LEN..])
+            }
+            EtherType::Arp => self.counters.drop(StackDrop::NotForUs),
+            EtherType::Ipv4 => self.on_ipv4(now, &frame, eth_repr.src_addr, l2_multicast),
+            _ => self.counters.drop(StackDrop::UnknownEthertype),
+        }
+    }
+
+    pub(super) fn on_arp(&mut self, now: Instant, data: &[u8]) {
+        let Ok(pkt) = ArpPacket::new_checked(data) else {
+            return self.counters.drop(StackDrop::Malformed);
+        };
+        let Ok(arp) = ArpRepr::parse(&pkt) else {
+            return self.counters.drop(StackDrop::Malformed);
+        };
+        let me = self.ipv4();
+        let for_us = arp.target_protocol_addr == me;
+        if arp.sender_protocol_addr == me || !arp.sender_hardware_addr.is_unicast() {
+            return self.counters.drop(StackDrop::Malformed);
+        }
+        // RFC 826 "Packet Reception": merge the sender into the table; create an entry only
+        // when we are the target.
+        let sender = arp.sender_protocol_addr;
+        let sha = arp.sender_hardware_addr;
+        let learned = self.nb_update(sender, |t| match arp.operation {
+            ArpOperation::Reply if for_us => t.confirm(sender, sha, now),
+            _ => t.learn(sender, sha, now, for_us),
+        });
+        if learned.is_err() {
+            self.counters.drop(StackDrop::TableFull);
+        }
+        self.arp_sent.remove(&sender);
+        if let Some(waiting) = self.arp_wait.remove(&sender) {
+            for idx in waiting {
+                self.mark_dirty(idx);
+            }
+        }
+        if arp.operation == ArpOperation::Request && for_us && self.cfg.answer_arp {
+            let reply = ArpRepr {
+                operation: ArpOperation::Reply,
+                sender_hardware_addr: self.cfg.mac,
+                sender_protocol_addr: me,
+                target_hardware_addr: arp.sender_hardware_addr,
+                target_protocol_addr: sender,
+            };
+            self.queue_arp(reply, arp.sender_hardware_addr);
+            self.counters.arp_replies += 1;
+        }
+    }
+
+    /// `l2_multicast`: the frame was sent to a link-layer broadcast or multicast address.
+    pub(super) fn on_ipv4(
+        &mut self,
+        now: Instant,
+        frame: &Zbuf,
+        src_mac: EthernetAddress,
+        l2_multicast: bool,
+    ) {
+        let Ok(pkt) = Ipv4Packet::new_checked(&frame[ETH_LEN..]) else {
+            return self.counters.drop(StackDrop::Malformed);
+        };
+        let Ok(ip) = Ipv4Repr::parse(&pkt, &self.cfg.caps) else {
+            return self.counters.drop(StackDrop::Malformed);
+        };
+        // RFC 1122 §3.2.1.3: a datagram whose source is a broadcast or multicast address,
+        // 0.0.0.0 (only legal while a host learns its address, which luna never answers)
+        // or loopback (127/8 never appears on a wire) MUST be discarded silently.
+        // RFC 1122 §4.2.3.10: a SYN to a broadcast or multicast address MUST be discarded
+        // (luna has nothing else that takes broadcasts): no SYN-ACK, no RST, no echo reply
+        // (RFC 1122 §3.2.2.6 lets broadcast echoes go unanswered; answering one, or a forged
+        // broadcast source, would make luna a smurf amplifier).
+        let src = ip.src_addr;
+        if self.is_non_unicast(src)
+            || src.is_unspecified()
+            || src.is_loopback()
+            || self.is_non_unicast(ip.dst_addr)
+        {
+            return self.counters.drop(StackDrop::NonUnicast);
+        }
+        if ip.dst_addr != self.ipv4() {
+            return self.counters.drop(StackDrop::NotForUs);
+        }
+        // RFC 1122 §3.3.6: a datagram received in a link-layer broadcast (or multicast) frame
+        // without an IP broadcast or multicast destination SHOULD be discarded silently; for
+        // TCP that is RFC 1122 §4.2.3.10's rule again.
+        if l2_multicast {
+            return self.counters.drop(StackDrop::NonUnicast);
+        }
+        if ip.is_fragment() {
+            // Reassembly is not implemented: TCP never sends fragments (DF + PMTU), so a
+            // fragment is counted and dropped rather than buffered.
+            return self.counters.drop(StackDrop::Fragment);
+        }
+        let l4 = ETH_LEN + pkt.header_len();
+        let l4_end = l4 + ip.payload_len;
+        match ip.protocol {
+            IpProtocol::Tcp => self.on_tcp(now, &ip, frame, l4, l4_end, src_mac),
+            IpProtocol::Icmp => self.on_icmp(now, &ip, frame, l4, l4_end, src_mac),
+            _ => self.counters.drop(StackDrop::UnknownProtocol),
+        }
+    }
+
+    /// A broadcast (limited, or our subnet's for prefixes of /30 or shorter: a /31 has no
+    /// broadcast address, RFC 3021) or multicast address.
+    pub(super) fn is_non_unicast(&self, a: Ipv4Addr) -> bool {
+        let subnet = self.cfg.addr;
+        a.is_broadcast()
+            || a.is_multicast()
+            || (subnet.prefix_len() <= 30 && a == subnet.broadcast())
+    }
+
+    pub(super) fn on_icmp(
+        &mut self,
+        _now: Instant,
+        ip: &Ipv4Repr,
+        frame: &Zbuf,
+        l4: usize,
+        l4_end: usize,
+        src_mac: EthernetAddress,
+    ) {
+        let data = &frame[l4..l4_end];
+        let Ok(pkt) = Icmpv4Packet::new_checked(data) else {
+            return self.counters.drop(StackDrop::Malformed);
+        };
+        let Ok(repr) = Icmpv4Repr::parse(&pkt, &self.cfg.caps) else {
+            return self.counters.drop(StackDrop::Malformed);
+        };
+        match repr {
+            Icmpv4Repr::EchoRequest {
+                ident,
+                seq_no,
+                data: echo,
+            } if self.cfg.answer_ping => {
+                // The echo data is sent back by reference to the received frame.
+                let off = l4 + 8;
+                let payload = frame.slice(off..off + echo.len());
+                self.queue_echo_reply(ip.src_addr, src_mac, ident, seq_no, payload);
+                self.counters.icmp_echo_replies += 1;
+            }
+            Icmpv4Repr::DstUnreachable {
+                reason: Icmpv4DstUnreachable::FragRequired,
+                next_hop_mtu,
+                quote,
+            } => {
+                // RFC 1191 §4 with RFC 5927 §4.1 validation: the quoted segment must belong
+                // to a connection and carry an in-flight sequence number.
+                let (Some((sport, dport)), Some(seq)) = (quote.ports(), quote.tcp_seq()) else {
+                    return self.counters.drop(StackDrop::IcmpIgnored);
+                };
+                let tuple = FourTuple {
+                    local: SocketAddrV4::new(quote.header.src_addr, sport),
+                    remote: SocketAddrV4::new(quote.header.dst_addr, dport),
+                };
+                match self.by_tuple.get(&tuple).copied() {
+                    Some(idx) => {
+                        let e = self.slots[idx as usize]
+                            .entry
+                            .as_deref_mut()
+                            .expect("tuple map is consistent");
+                        if e.conn.on_path_mtu(seq, next_hop_mtu) {
+                            self.counters.pmtu_updates += 1;
+                            self.mark_dirty(idx);
+                        } else {
+                            self.counters.drop(StackDrop::IcmpIgnored);
+                        }
+                    }
+                    None => self.counters.drop(StackDrop::IcmpIgnored),
+                }
+            }
+            _ => self.counters.drop(StackDrop::IcmpIgnored),
+        }
+    }
+
+    pub(super) fn on_tcp(
+        &mut self,
+        now: Instant,
+        ip: &Ipv4Repr,
+        frame: &Zbuf,
+        l4: usize,
+        l4_end: usize,
+        src_mac: EthernetAddress,
+    ) {
+        let Ok(pkt) = TcpPacket::new_checked(&frame[l4..l4_end]) else {
+            return self.counters.drop(StackDrop::Malformed);
+        };
+        let Ok(seg) = TcpRepr::parse(&pkt, ip.src_addr, ip.dst_addr, &self.cfg.caps) else {
+            return self.counters.drop(StackDrop::Malformed);
+        };
+        let payload = frame.slice(l4 + pkt.header_len()..l4_end);
+        let tuple = FourTuple {
+            local: SocketAddrV4::new(ip.dst_addr, seg.dst_port),
+            remote: SocketAddrV4::new(ip.src_addr, seg.src_port),
+        };
+        let hit = match self.last_hit {
+            Some((t, idx)) if t == tuple => Some(idx),
+            _ => {
+                let found = self.by_tuple.get(&tuple).copied();
+                self.last_hit = found.map(|idx| (tuple, idx));
+                found
+            }
+        };
+        if let Some(idx) = hit {
+            let e = self.slots[idx as usize]
+                .entry
+                .as_deref_mut()
+                .expect("tuple map is consistent");
+            if e.conn.state() == State::Closed {
+                // RFC 9293 §3.10.7.1: a CLOSED connection is no connection. One the
+                // application still holds (to read its close reason) must not swallow the
+                // segment: the tuple is freed and the segment goes to a listener or gets a
+                // RST below.
+                self.unmap(idx);
+                return self.on_tcp_unmatched(now, tuple, &seg, payload, src_mac);
+            }
+            // RFC 9293 §3.10.7.4 with RFC 6191: a new SYN may reopen a TIME-WAIT tuple when
+            // its timestamp shows it is new (`Connection::accepts_new_syn`); any other SYN
+            // gets the connection's rate-limited challenge ACK (RFC 5961 §4.2).
+            let reuse =
+                e.conn.accepts_new_syn(&seg) && self.listener_by_port.contains_key(&seg.dst_port);
+            if !reuse {
+                // The peer's MAC is learned from its segments: no ARP round trip is needed to
+                // answer a connection the kernel-side neighbour table does not know yet.
+                // Skipped while the connection's cached entry says it would change nothing.
+                let cached = e.next_hop == ip.src_addr
+                    && e.hop_mac.is_some_and(|c| {
+                        c.epoch == self.nb_epoch && now < c.until && c.mac == src_mac
+                    });
+                if !cached {
+                    let src = ip.src_addr;
+                    let _ = self.nb_update(src, |t| t.learn(src, src_mac, now, false));
+                }
+                let e = self.slots[idx as usize]
+                    .entry
+                    .as_deref_mut()
+                    .expect("tuple map is consistent");
+                let una = e.conn.snd_una();
+                if e.conn.on_segment(now, &seg, payload) == Disposition::Remove {
+                    self.free_slot(idx);
+                    return;
+                }
+                // RFC 4861 §7.3.1 (as Linux's dst_confirm): an ACK of new data proves
+                // forward progress, so the peer is reachable at the MAC it sent from. The
+                // entry becomes Reachable and the connection caches it, which then skips
+                // the per-segment learn above and the lookup on transmit.
+                let progressed = e.conn.snd_una() != una;
+                let direct = e.next_hop == ip.src_addr;
+                if progressed && direct && !cached {
+                    let src = ip.src_addr;
+                    let _ = self.nb_update(src, |t| t.confirm(src, src_mac, now));
+                    let fresh = self.hop_mac_of(src, now);
+                    if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
+                        e.hop_mac = fresh;
+                    }
+                }
+                self.after_activity(idx, now);
+                return;
+            }
+            if e.owner == Owner::App {
+                // The application's handle stays valid; only the tuple is taken over.
+                self.unmap(idx);
+            } else {
+                self.free_slot(idx);
+            }
+            self.counters.time_wait_reuses += 1;
+        }
+        self.on_tcp_unmatched(now, tuple, &seg, payload, src_mac);
+    }
+
+    /// A segment that matched no live connection: a listener's, or a RST.
+    pub(super) fn on_tcp_unmatched(
+        &mut self,
+        now: Instant,
+        tuple: FourTuple,
+        seg: &TcpRepr,
+        payload: Zbuf,
+        src_mac: EthernetAddress,
+    ) {
+        match self.listener_by_port.get(&seg.dst_port).copied() {
+            Some(l) => self.on_listen_segment(now, l, tuple, seg, payload, src_mac),
+            None => {
+                self.counters.drop(StackDrop::NoSocket);
+                self.queue_rst_for(seg, payload.len(), tuple, src_mac);
+            }
+        }
+    }
+
+    /// RFC 9293 §3.10.7.1: a segment for no connection gets a RST (unless it is one).
+    pub(super) fn queue_rst_for(
+        &mut self,
+        seg: &TcpRepr,
+        payload_len: usize,
+        tuple: FourTuple,
+        dst_mac: EthernetAddress,
+    ) {
+        if seg.flags.rst() {
+            return;
+        }
+        let (seq, ack, flags) = if seg.flags.ack() {
+            (seg.ack, SeqNum(0), TcpFlags::RST)
+        } else {
+            let len = payload_len as u32 + u32::from(seg.flags.syn()) + u32::from(seg.flags.fin());
+            (SeqNum(0), seg.seq + len, TcpFlags::RST | TcpFlags::ACK)
+        };
+        let repr = TcpRepr {
+            src_port: tuple.local.port(),
+            dst_port: tuple.remote.port(),
+            seq,
+            ack,
+            flags,
+            window: 0,
+            urgent: 0,
+            options: TcpOptions::default(),
+        };
+        let t = self.build_tcp(&repr, IoVec::new(), tuple, dst_mac);
+        self.ctl.push_back(t);
+        self.counters.rsts_sent += 1;
+    }
+}

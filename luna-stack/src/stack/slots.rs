@@ -1,0 +1,307 @@
+//! The slot table: connection entries behind generation-checked handles, the demux map's
+//! upkeep, the per-connection bookkeeping after every change (events, dirty list, timer heap)
+//! and the stack's timer wheel (`poll_timeout` / `handle_timeouts`).
+
+use super::{Event, ListenerHandle, SocketHandle, Stack};
+use crate::context::Rng;
+use crate::tcp::conn::{Connection, Events, OutSegment};
+use crate::tcp::State;
+use crate::time::{Duration, Instant};
+use crate::wire::EthernetAddress;
+use core::hash::BuildHasher;
+use core::net::Ipv4Addr;
+use siphasher::sip::SipHasher13;
+use std::cmp::Reverse;
+use std::collections::VecDeque;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Owner {
+    /// The application holds the handle.
+    App,
+    /// Created by a listener; not yet accepted.
+    Listener(u32),
+    /// The application released the handle; reclaim when the connection is closed.
+    Released,
+}
+
+pub(super) struct Entry {
+    pub(super) conn: Connection,
+    pub(super) owner: Owner,
+    pub(super) dirty: bool,
+    /// Earliest deadline pushed to the timer heap and not yet popped.
+    pub(super) timer_at: Option<Instant>,
+    /// The link-layer next hop and our source address, from the route at creation.
+    pub(super) next_hop: Ipv4Addr,
+    /// A segment polled while the next hop was unresolved (sent once it resolves).
+    pub(super) held: Option<OutSegment>,
+    /// Counted in its listener's `half_open` (created by the listener, handshake not yet
+    /// complete). The flag, not the state at reclaim time, decides the decrement: a
+    /// SYN-RECEIVED connection that times out or is reset is Closed when it is freed.
+    pub(super) counted_half_open: bool,
+    /// The next hop's MAC as last resolved (see [`NextHopMac`]).
+    pub(super) hop_mac: Option<NextHopMac>,
+}
+
+/// A connection's copy of its next hop's neighbour entry, taken while that entry was
+/// `Reachable` or `Permanent`. Valid while the table is unchanged (`epoch`) and before
+/// `until` (never past the entry's own expiry). While valid, a table `lookup` would
+/// answer `mac` and a `learn` of `mac` from the peer's segments would change nothing, so
+/// both are skipped: each walks the table, ~400 instructions per frame pair. The one
+/// thing skipped for real is the entry's `last_used` stamp (eviction order), which
+/// `until` bounds to lag by at most [`HOP_MAC_REFRESH`].
+#[derive(Clone, Copy)]
+pub(super) struct NextHopMac {
+    pub(super) mac: EthernetAddress,
+    pub(super) epoch: u64,
+    pub(super) until: Instant,
+}
+
+/// Longest a connection trusts its [`NextHopMac`] before looking the entry up again.
+pub(super) const HOP_MAC_REFRESH: Duration = Duration::from_secs(1);
+
+pub(super) struct Slot {
+    pub(super) gen: u32,
+    pub(super) entry: Option<Box<Entry>>,
+}
+
+pub(super) struct Listener {
+    pub(super) port: u16,
+    pub(super) backlog: usize,
+    /// Connections in SYN-RECEIVED owned by this listener.
+    pub(super) half_open: usize,
+    pub(super) accept_queue: VecDeque<SocketHandle>,
+    pub(super) gen: u32,
+}
+
+/// A `BuildHasher` keyed from the stack's RNG: hash flooding resistance for the demux table
+/// without depending on process-global randomness (the stack stays deterministic).
+#[derive(Clone, Copy)]
+pub(super) struct KeyedHasher(pub(super) u64, pub(super) u64);
+
+impl BuildHasher for KeyedHasher {
+    type Hasher = SipHasher13;
+    fn build_hasher(&self) -> SipHasher13 {
+        SipHasher13::new_with_keys(self.0, self.1)
+    }
+}
+
+impl<R: Rng> Stack<R> {
+    // ---------------------------------------------------------------------------------------
+    // Handles
+    // ---------------------------------------------------------------------------------------
+
+    pub(super) fn entry(&self, h: SocketHandle) -> Option<&Entry> {
+        let slot = self.slots.get(h.idx as usize)?;
+        if slot.gen != h.gen {
+            return None;
+        }
+        slot.entry.as_deref()
+    }
+
+    pub(super) fn entry_mut(&mut self, h: SocketHandle) -> Option<&mut Entry> {
+        let slot = self.slots.get_mut(h.idx as usize)?;
+        if slot.gen != h.gen {
+            return None;
+        }
+        slot.entry.as_deref_mut()
+    }
+
+    pub(super) fn handle_of(&self, idx: u32) -> SocketHandle {
+        SocketHandle {
+            idx,
+            gen: self.slots[idx as usize].gen,
+        }
+    }
+
+    pub(super) fn alloc_slot(&mut self, entry: Entry) -> Option<u32> {
+        if self.live >= self.cfg.max_connections {
+            return None;
+        }
+        self.live += 1;
+        let entry = Some(Box::new(entry));
+        if let Some(idx) = self.free.pop() {
+            self.slots[idx as usize].entry = entry;
+            Some(idx)
+        } else {
+            let idx = u32::try_from(self.slots.len()).ok()?;
+            self.slots.push(Slot { gen: 0, entry });
+            Some(idx)
+        }
+    }
+
+    /// Remove the connection's tuple from the demux table (if it still maps to it: a newer
+    /// connection may own the tuple by now). The slot and its handle stay.
+    pub(super) fn unmap(&mut self, idx: u32) {
+        if let Some(e) = self.slots[idx as usize].entry.as_deref() {
+            let tuple = e.conn.tuple();
+            if self.by_tuple.get(&tuple) == Some(&idx) {
+                self.by_tuple.remove(&tuple);
+                self.last_hit = None;
+            }
+        }
+    }
+
+    /// A connection that reached CLOSED stops owning its tuple at once, even while the
+    /// application holds its handle: new connections may use the tuple, and segments for it
+    /// are answered as for no connection (RFC 9293 §3.10.7.1).
+    pub(super) fn unmap_if_closed(&mut self, idx: u32) {
+        if self.slots[idx as usize]
+            .entry
+            .as_deref()
+            .is_some_and(|e| e.conn.state() == State::Closed)
+        {
+            self.unmap(idx);
+        }
+    }
+
+    pub(super) fn free_slot(&mut self, idx: u32) {
+        self.unmap(idx);
+        let slot = &mut self.slots[idx as usize];
+        if let Some(e) = slot.entry.take() {
+            self.retired.accumulate(&e.conn.counters);
+            if let Owner::Listener(l) = e.owner {
+                if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
+                    if e.counted_half_open {
+                        lst.half_open = lst.half_open.saturating_sub(1);
+                    }
+                    let h = SocketHandle { idx, gen: slot.gen };
+                    lst.accept_queue.retain(|&x| x != h);
+                }
+            }
+            slot.gen = slot.gen.wrapping_add(1);
+            self.free.push(idx);
+            self.live -= 1;
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Bookkeeping after any change to a connection
+    // ---------------------------------------------------------------------------------------
+
+    pub(super) fn mark_dirty(&mut self, idx: u32) {
+        if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
+            if !e.dirty {
+                e.dirty = true;
+                self.dirty.push_back(idx);
+            }
+        }
+    }
+
+    pub(super) fn schedule_timer(&mut self, idx: u32) {
+        let gen = self.slots[idx as usize].gen;
+        let Some(e) = self.slots[idx as usize].entry.as_deref_mut() else {
+            return;
+        };
+        if let Some(t) = e.conn.poll_timeout() {
+            if e.timer_at.is_none_or(|cur| t < cur) {
+                e.timer_at = Some(t);
+                self.timers.push(Reverse((t, idx, gen)));
+            }
+        }
+    }
+
+    /// Route events, schedule timers and mark for transmission after the connection changed.
+    pub(super) fn after_activity(&mut self, idx: u32, _now: Instant) {
+        let gen = self.slots[idx as usize].gen;
+        let h = SocketHandle { idx, gen };
+        let Some(e) = self.slots[idx as usize].entry.as_deref_mut() else {
+            return;
+        };
+        let ev = e.conn.take_events();
+        let owner = e.owner;
+        let closed = e.conn.state() == State::Closed;
+        // The handshake completed: the connection leaves the listener's half-open count.
+        let leaves_half_open = ev.connected && core::mem::take(&mut e.counted_half_open);
+        self.route_events(h, owner, ev, leaves_half_open);
+        if closed {
+            self.unmap(idx);
+        }
+        self.mark_dirty(idx);
+        self.schedule_timer(idx);
+    }
+
+    pub(super) fn route_events(
+        &mut self,
+        h: SocketHandle,
+        owner: Owner,
+        ev: Events,
+        leaves_half_open: bool,
+    ) {
+        match owner {
+            Owner::App => {
+                if ev.connected {
+                    self.events.push_back(Event::Connected(h));
+                }
+                if ev.readable {
+                    self.events.push_back(Event::Readable(h));
+                }
+                if ev.writable && !ev.connected {
+                    self.events.push_back(Event::Writable(h));
+                }
+                if ev.closed {
+                    self.events.push_back(Event::Closed(h));
+                }
+            }
+            Owner::Listener(l) => {
+                if ev.connected {
+                    if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
+                        if leaves_half_open {
+                            lst.half_open = lst.half_open.saturating_sub(1);
+                        }
+                        lst.accept_queue.push_back(h);
+                        let lh = ListenerHandle {
+                            idx: l,
+                            gen: lst.gen,
+                        };
+                        self.events.push_back(Event::Acceptable(lh));
+                    }
+                }
+            }
+            Owner::Released => {}
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Timers
+    // ---------------------------------------------------------------------------------------
+
+    /// When `handle_timeouts` next has work.
+    #[must_use]
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((t, idx, gen))) = self.timers.peek() {
+            let slot = &self.slots[idx as usize];
+            match slot.entry.as_deref() {
+                Some(e) if slot.gen == gen && e.timer_at == Some(t) => return Some(t),
+                _ => {
+                    self.timers.pop();
+                }
+            }
+        }
+        None
+    }
+
+    /// Run every timer due at `now`.
+    pub fn handle_timeouts(&mut self, now: Instant) {
+        while let Some(&Reverse((t, idx, gen))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let slot = &mut self.slots[idx as usize];
+            if slot.gen != gen {
+                continue;
+            }
+            let Some(e) = slot.entry.as_deref_mut() else {
+                continue;
+            };
+            if e.timer_at != Some(t) {
+                continue;
+            }
+            e.timer_at = None;
+            if e.conn.poll_timeout().is_some_and(|d| d <= now) {
+                e.conn.on_timeout(now);
+            }
+            self.after_activity(idx, now);
+        }
+    }
+}

@@ -1,0 +1,522 @@
+//! Segment generation: what `poll_segment` sends next (control segments, retransmissions
+//! per RFC 6675 NextSeg, new data under the windows and Nagle, window probes, ACKs).
+
+use super::*;
+
+/// What a retransmission is for (RFC 6675 §4 treats the rescue retransmission apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rexmit {
+    /// NextSeg rules 1 and 3, fast retransmit, partial ACK: HighRxt moves.
+    Normal,
+    /// NextSeg rule 4: HighRxt stays.
+    Rescue,
+}
+
+/// Header bytes of the timestamps option as emitted (NOP, NOP, kind, length, 8 bytes).
+const TS_OPTION_LEN: u32 = 12;
+
+/// Bytes a set of options occupies in the header, exactly as the emitter lays them out
+/// (NOP-aligned, RFC 9293 §3.1). Counting them without the NOPs undercounted TS + SACK by 4
+/// and produced frames 4 bytes over the MTU during loss recovery.
+pub(super) fn options_len(opts: &TcpOptions) -> u32 {
+    opts.buffer_len() as u32
+}
+
+impl Connection {
+    /// The next segment to send, or `None` when there is nothing (more) to send now. The stack
+    /// calls this until it returns `None` (or the device is full) after every input.
+    #[must_use]
+    pub fn poll_segment(&mut self, now: Instant) -> Option<OutSegment> {
+        let out = self.next_segment(now);
+        if let Some(seg) = &out {
+            self.counters.segs_out += 1;
+            self.counters.bytes_out += seg.payload.len() as u64;
+            if let Some(&first) = seg.repr.options.sack_blocks.as_slice().first() {
+                // RFC 2883 §4: the D-SACK is reported once, by a segment that goes out.
+                self.ooo.on_dsack_sent(first);
+            }
+            if seg.repr.flags.ack() {
+                self.ack_now = false;
+                self.timers.clear(Timer::DelayedAck);
+                self.last_ack_sent = seg.repr.ack;
+                self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
+            }
+            if !seg.payload.is_empty() || seg.repr.flags.syn() || seg.repr.flags.fin() {
+                self.last_send = now;
+            }
+        }
+        self.arm_timers(now);
+        out
+    }
+
+    pub(super) fn next_segment(&mut self, now: Instant) -> Option<OutSegment> {
+        if let Some(seq) = self.rst_pending.take() {
+            return Some(self.rst_segment(seq));
+        }
+        match self.state {
+            State::Closed => return None,
+            State::SynSent | State::SynReceived => {
+                if self.snd_nxt == self.iss {
+                    return Some(self.syn_segment(now));
+                }
+                // Data may not go out before the handshake completes.
+                return self.ack_segment_if_due(now);
+            }
+            State::TimeWait => return self.ack_segment_if_due(now),
+            _ => {}
+        }
+        if let Some(seq) = self.rexmit_now.take() {
+            if seq.ge(self.snd_una) && seq.lt(self.snd_max) {
+                if let Some(seg) = self.retransmit_at(now, seq, u32::MAX, Rexmit::Normal) {
+                    return Some(seg);
+                }
+            }
+        }
+        if core::mem::take(&mut self.send_window_probe) {
+            if let Some(seg) = self.window_probe(now) {
+                return Some(seg);
+            }
+        }
+        if core::mem::take(&mut self.send_keepalive) {
+            // RFC 9293 §3.8.4: a keepalive is an ACK with SEG.SEQ = SND.NXT - 1 and no data.
+            let seq = self.snd_nxt - 1u32;
+            return Some(self.segment(now, seq, TcpFlags::ACK, IoVec::new()));
+        }
+        if self.recovery.is_some() && self.sack_ok {
+            // RFC 6675 §5 (C): while pipe < cwnd, send what NextSeg chooses.
+            if self.sb.pipe() >= self.cc.cwnd() {
+                return self.ack_segment_if_due(now);
+            }
+            let can_send_new = self.sndq.end().gt(self.snd_nxt)
+                && (self.snd_una + self.snd_wnd).gt(self.snd_nxt)
+                && self.snd_nxt == self.snd_max;
+            match self.sb.next_seg(can_send_new) {
+                Some(NextSeg::Retransmit { start, len }) => {
+                    if let Some(seg) = self.retransmit_at(now, start, len, Rexmit::Normal) {
+                        return Some(seg);
+                    }
+                }
+                Some(NextSeg::NewData) => {}
+                None => {
+                    // RFC 6675 §4 rule 4: one rescue retransmission per recovery.
+                    if let Some((start, len)) = self.sb.rescue_seg() {
+                        if let Some(seg) = self.retransmit_at(now, start, len, Rexmit::Rescue) {
+                            if let Some(recover) = self.recovery {
+                                self.sb.set_rescue_rxt(recover);
+                            }
+                            return Some(seg);
+                        }
+                    }
+                    return self.ack_segment_if_due(now);
+                }
+            }
+        }
+        if let Some(seg) = self.next_data_segment(now) {
+            return Some(seg);
+        }
+        self.ack_segment_if_due(now)
+    }
+
+    /// Options for a non-SYN segment: timestamps and, when we hold out-of-order data or a
+    /// duplicate to report, SACK blocks (RFC 2018 §4, RFC 2883).
+    pub(super) fn data_options(&mut self, now: Instant) -> TcpOptions {
+        let mut opts = TcpOptions::default();
+        if let Some(ts) = self.ts {
+            opts.timestamps = Some(Timestamps {
+                tsval: self.ts_clock(now, ts.offset),
+                tsecr: ts.recent,
+            });
+        }
+        // Without out-of-order data, a pending D-SACK or blocks still being reported the scan
+        // would find nothing and change nothing: skip it (the common, in-order case).
+        if self.sack_ok && self.ooo.has_sack_info() {
+            // With timestamps at most 3 blocks fit in 40 bytes of options.
+            let max = if opts.timestamps.is_some() {
+                3
+            } else {
+                SackBlocks::MAX
+            };
+            let mut buf = [(SeqNum(0), SeqNum(0)); SackBlocks::MAX];
+            // The D-SACK stays pending until a segment carrying it is sent (poll_segment):
+            // options are also built for segments that end up not being sent.
+            let n = self
+                .ooo
+                .sack_blocks_keeping_dsack(self.rcv_nxt, &mut buf[..max]);
+            for &(l, r) in &buf[..n] {
+                opts.sack_blocks.push(l, r);
+            }
+        }
+        opts
+    }
+
+    /// RFC 7323 §5.4: a 1 ms timestamp clock with a random per-connection offset.
+    pub(super) fn ts_clock(&self, now: Instant, offset: u32) -> u32 {
+        ((now.as_nanos() / 1_000_000) as u32).wrapping_add(offset)
+    }
+
+    /// The window to advertise, never moving the right edge left (RFC 9293 §3.8.6.2.2,
+    /// RFC 7323 §2.4) and growing it only in steps of min(rcv_buf/2, MSS) (receiver SWS
+    /// avoidance, RFC 9293 §3.8.6.2.2).
+    pub(super) fn advertise_window(&mut self, syn: bool) -> u16 {
+        let cur_edge = self.rcv_nxt + self.rcv_wnd();
+        let threshold = (self.cfg.rcv_buf / 2).min(self.snd_mss).max(1);
+        let edge = if self.rcv_adv.lt(self.rcv_nxt)
+            || (cur_edge.gt(self.rcv_adv) && cur_edge - self.rcv_adv >= threshold)
+        {
+            cur_edge
+        } else {
+            self.rcv_adv
+        };
+        let wnd = edge - self.rcv_nxt;
+        if syn {
+            // RFC 7323 §2.2: the window in a SYN or SYN-ACK is never scaled.
+            let field = wnd.min(u32::from(u16::MAX));
+            self.rcv_adv = self.rcv_nxt + field;
+            return field as u16;
+        }
+        let shift = self.rcv_wscale;
+        // RFC 7323 §2.4: the scaled field is rounded down, so the announced right edge never
+        // passes the buffer's free space. Rounding up let RCV.ADV creep past it by up to
+        // 2^shift - 1 octets on every ACK after RCV.NXT moved by a non-multiple of 2^shift,
+        // and the peer filled the receive queue beyond rcv_buf. When this shows an edge a
+        // little left of RCV.ADV (the window seems to shrink by < 2^shift), RCV.ADV stays:
+        // RFC 7323 §2.4 (1) "the receiver MUST honor, as in window, any segment that would
+        // have been in window for any ACK sent by the receiver".
+        let field = (wnd >> shift).min(u32::from(u16::MAX));
+        let announced = self.rcv_nxt + (field << shift);
+        if announced.gt(self.rcv_adv) || self.rcv_adv.lt(self.rcv_nxt) {
+            self.rcv_adv = announced;
+        }
+        debug_assert!(
+            !self.rcv_adv.gt(self.rcv_nxt) || self.rcv_adv - self.rcv_nxt <= self.rcv_wnd(),
+            "RCV.ADV beyond the receive buffer"
+        );
+        field as u16
+    }
+
+    /// Build a segment with ACK, window and options filled in.
+    pub(super) fn segment(
+        &mut self,
+        now: Instant,
+        seq: SeqNum,
+        flags: TcpFlags,
+        payload: IoVec,
+    ) -> OutSegment {
+        let options = self.data_options(now);
+        self.segment_with(now, seq, flags, payload, options)
+    }
+
+    pub(super) fn segment_with(
+        &mut self,
+        _now: Instant,
+        seq: SeqNum,
+        flags: TcpFlags,
+        payload: IoVec,
+        options: TcpOptions,
+    ) -> OutSegment {
+        let window = self.advertise_window(flags.syn());
+        let repr = TcpRepr {
+            src_port: self.tuple.local.port(),
+            dst_port: self.tuple.remote.port(),
+            seq,
+            ack: if flags.ack() { self.rcv_nxt } else { SeqNum(0) },
+            flags,
+            window,
+            urgent: 0,
+            options,
+        };
+        OutSegment { repr, payload }
+    }
+
+    pub(super) fn syn_segment(&mut self, now: Instant) -> OutSegment {
+        let active = self.state == State::SynSent;
+        let mut options = TcpOptions {
+            mss: Some(self.cfg.mss),
+            ..TcpOptions::default()
+        };
+        if active {
+            if self.cfg.window_scaling {
+                options.window_scale = Some(self.rcv_wscale);
+            }
+            options.sack_permitted = self.cfg.sack;
+        } else {
+            // RFC 7323 §1.3/§2.2, RFC 2018 §2: only answer options the peer offered.
+            if self.wscale_ok {
+                options.window_scale = Some(self.rcv_wscale);
+            }
+            options.sack_permitted = self.sack_ok;
+        }
+        if let Some(ts) = self.ts {
+            let tsecr = if active { 0 } else { ts.recent };
+            options.timestamps = Some(Timestamps {
+                tsval: self.ts_clock(now, ts.offset),
+                tsecr,
+            });
+        }
+        let flags = if active {
+            TcpFlags::SYN
+        } else {
+            TcpFlags::SYN | TcpFlags::ACK
+        };
+        let seg = self.segment_with(now, self.iss, flags, IoVec::new(), options);
+        if self.retries == 0 && self.snd_max == self.iss {
+            self.rtt_probe = Some((self.iss + 1u32, now));
+        } else {
+            // Karn: a retransmitted SYN gives no RTT sample.
+            self.rtt_probe = None;
+            self.counters.retransmits += 1;
+        }
+        self.snd_nxt = self.iss + 1u32;
+        self.snd_max = self.snd_max.max(self.snd_nxt);
+        seg
+    }
+
+    pub(super) fn rst_segment(&mut self, seq: SeqNum) -> OutSegment {
+        let repr = TcpRepr {
+            src_port: self.tuple.local.port(),
+            dst_port: self.tuple.remote.port(),
+            seq,
+            ack: SeqNum(0),
+            flags: TcpFlags::RST,
+            window: 0,
+            urgent: 0,
+            options: TcpOptions::default(),
+        };
+        OutSegment {
+            repr,
+            payload: IoVec::new(),
+        }
+    }
+
+    pub(super) fn ack_segment_if_due(&mut self, now: Instant) -> Option<OutSegment> {
+        if !(self.ack_now || self.dupacks_owed > 0)
+            || matches!(self.state, State::Closed | State::SynSent)
+        {
+            self.dupacks_owed = 0;
+            return None;
+        }
+        let seq = self.seq_for_control();
+        Some(self.segment(now, seq, TcpFlags::ACK, IoVec::new()))
+    }
+
+    /// Sequence number of segments without data (pure ACKs, RSTs). An RTO rewinds SND.NXT
+    /// to SND.UNA (go-back-N) while the peer may already hold everything up to SND.MAX, so
+    /// its RCV.NXT lies anywhere in [SND.UNA, SND.MAX]; a pure ACK below it fails the
+    /// peer's acceptability test (RFC 9293 §3.10.7.4) and is dropped with its ACK field
+    /// unread. SND.MAX is what RFC 9293 calls SND.NXT (BSD's tcp_output does the same for
+    /// ACK-only segments). While probing a zero window the probe octet may not have been
+    /// taken and the peer accepts only SEG.SEQ = RCV.NXT, so SND.NXT (= SND.UNA) is used.
+    pub(super) fn seq_for_control(&self) -> SeqNum {
+        if self.snd_wnd == 0 {
+            self.snd_nxt
+        } else {
+            self.snd_max
+        }
+    }
+
+    /// Largest payload that fits in one segment next to `opts`.
+    pub(super) fn max_payload(&self, opts: &TcpOptions) -> u32 {
+        // Data segments carry at most timestamps and SACK blocks; without blocks the length
+        // is known without walking the options.
+        let len = if opts.sack_blocks.is_empty() {
+            if opts.timestamps.is_some() {
+                TS_OPTION_LEN
+            } else {
+                0
+            }
+        } else {
+            options_len(opts)
+        };
+        debug_assert_eq!(len, options_len(opts));
+        self.snd_mss.saturating_sub(len).max(1)
+    }
+
+    /// Retransmit up to one MSS (and at most `limit` bytes) starting at `seq`.
+    pub(super) fn retransmit_at(
+        &mut self,
+        now: Instant,
+        seq: SeqNum,
+        limit: u32,
+        kind: Rexmit,
+    ) -> Option<OutSegment> {
+        let opts = self.data_options(now);
+        let data_end = self.sndq.end();
+        let max = self.max_payload(&opts).min(limit);
+        let payload = self.sndq.slice(seq, max as usize);
+        let len = payload.len() as u32;
+        let fin = self.fin_queued && seq + len == data_end && self.snd_max.gt(data_end);
+        if len == 0 && !fin {
+            return None;
+        }
+        let mut flags = TcpFlags::ACK;
+        if fin {
+            flags |= TcpFlags::FIN;
+        }
+        if seq + len == data_end {
+            flags |= TcpFlags::PSH;
+        }
+        // RFC 6675 §4 NextSeg rule 4: the rescue retransmission MUST NOT update HighRxt
+        // (it is tracked by RescueRxt alone).
+        if kind == Rexmit::Normal {
+            self.sb.on_retransmit(seq, len + u32::from(fin));
+        }
+        self.undo.on_retransmit(seq, seq + len + u32::from(fin));
+        if self.undo.active && self.undo.rxt_tsval.is_none() {
+            self.undo.rxt_tsval = opts.timestamps.map(|t| t.tsval);
+        }
+        self.rtt_probe = None;
+        self.counters.retransmits += 1;
+        Some(self.segment_with(now, seq, flags, payload, opts))
+    }
+
+    /// RFC 9293 §3.8.6.1: send one octet beyond a zero window (or the FIN if no data is left).
+    pub(super) fn window_probe(&mut self, now: Instant) -> Option<OutSegment> {
+        if self.snd_wnd != 0 {
+            return None;
+        }
+        let opts = self.data_options(now);
+        let payload = self.sndq.slice(self.snd_una, 1);
+        if payload.is_empty() {
+            return None;
+        }
+        self.counters.window_probes += 1;
+        // The probe octet is sent outside the window without advancing SND.NXT: if the peer
+        // takes it, its ACK advances SND.UNA; if not, sending resumes from SND.UNA when the
+        // window opens, so the octet is never skipped.
+        self.snd_nxt = self.snd_una;
+        let probe_end = self.snd_una + 1u32;
+        if probe_end.gt(self.snd_max) {
+            self.snd_max = probe_end;
+            self.sb.on_transmit(self.snd_max);
+        }
+        self.rtt_probe = None;
+        let seq = self.snd_una;
+        Some(self.segment_with(now, seq, TcpFlags::ACK, payload, opts))
+    }
+
+    /// Bytes considered in the network, for the congestion-window check.
+    pub(super) fn flight(&self) -> u32 {
+        match self.recovery {
+            Some(_) if self.sack_ok => self.sb.pipe(),
+            Some(_) => self.snd_max - self.snd_una,
+            // RFC 6675 §5 (2) (limited transmit, RFC 3042, counted by pipe): before DupThresh
+            // is reached, SACKed segments have left the network, so new data may go out while
+            // cwnd - pipe >= 1 SMSS. Without it a window of a few segments with one loss
+            // never collects DupThresh duplicate ACKs and waits for the RTO.
+            None if self.sack_ok
+                && self.snd_nxt == self.snd_max
+                && self.sb.sacked_bytes() > 0
+                && !self.sb.is_lost(self.snd_una) =>
+            {
+                self.sb.pipe()
+            }
+            None => self.snd_nxt - self.snd_una,
+        }
+    }
+
+    pub(super) fn next_data_segment(&mut self, now: Instant) -> Option<OutSegment> {
+        if !matches!(
+            self.state,
+            State::Established
+                | State::CloseWait
+                | State::FinWait1
+                | State::LastAck
+                | State::Closing
+        ) {
+            return None;
+        }
+        let data_end = self.sndq.end();
+        // RFC 6675 §5.1: after an RTO, do not resend what the peer SACKed. RFC 2018 §8: the
+        // left edge (SND.UNA) MUST be resent whether or not it is SACKed.
+        if self.sack_ok && self.snd_nxt.lt(self.snd_max) && self.snd_nxt != self.snd_una {
+            let nxt = self.snd_nxt;
+            if let Some(&(_, end)) = self
+                .sb
+                .ranges()
+                .iter()
+                .find(|&&(s, e)| nxt.ge(s) && nxt.lt(e))
+            {
+                self.snd_nxt = end.min(self.snd_max);
+            }
+        }
+        let unsent = if data_end.gt(self.snd_nxt) {
+            data_end - self.snd_nxt
+        } else {
+            0
+        };
+        let fin_due = self.fin_queued && self.snd_nxt == data_end;
+        if unsent == 0 && !fin_due {
+            return None;
+        }
+        // NewReno recovery sends only new data beyond `recover` (RFC 6582 §3.2 step 4).
+        if self.recovery.is_some() && !self.sack_ok && self.snd_nxt.lt(self.snd_max) {
+            return None;
+        }
+        let flight = self.flight();
+        // RFC 5681 §4.1: after an idle period longer than the RTO, restart from the
+        // restart window.
+        if flight == 0 {
+            self.cc.on_idle_restart(
+                now,
+                now.saturating_duration_since(self.last_send),
+                self.rtt.rto(),
+            );
+        }
+        let cwnd = match self.recovery {
+            Some(_) if !self.sack_ok => self.inflation.window(self.cc.cwnd(), self.snd_mss),
+            _ => self.cc.cwnd(),
+        };
+        let cwnd_room = cwnd.saturating_sub(flight);
+        let wnd_edge = self.snd_una + self.snd_wnd;
+        let wnd_room = if wnd_edge.gt(self.snd_nxt) {
+            wnd_edge - self.snd_nxt
+        } else {
+            0
+        };
+        let opts = self.data_options(now);
+        let max_payload = self.max_payload(&opts);
+        let len = unsent.min(max_payload).min(cwnd_room).min(wnd_room);
+        if len == 0 && !(fin_due && unsent == 0) {
+            return None;
+        }
+        if len < unsent && len < max_payload && flight > 0 {
+            // RFC 9293 §3.8.6.2.1 sender SWS avoidance: with more data queued, a partial
+            // segment waits for ACKs to open the window, unless it fills at least half the
+            // largest window the peer ever offered. A byte-counted cwnd would otherwise leave
+            // a runt at the end of every flight.
+            let big_enough = len == wnd_room && len >= self.max_snd_wnd / 2;
+            if !big_enough {
+                return None;
+            }
+        }
+        // RFC 9293 §3.7.4 Nagle (off by default): hold a small segment while data is unacked.
+        if self.cfg.nagle && len < max_payload && flight > 0 && !fin_due {
+            return None;
+        }
+        let seq = self.snd_nxt;
+        let payload = self.sndq.slice(seq, len as usize);
+        let fin = self.fin_queued && seq + len == data_end;
+        let mut flags = TcpFlags::ACK;
+        if seq + len == data_end && len > 0 {
+            flags |= TcpFlags::PSH;
+        }
+        if fin {
+            flags |= TcpFlags::FIN;
+        }
+        let is_rexmit = seq.lt(self.snd_max);
+        self.snd_nxt = seq + len + u32::from(fin);
+        if self.snd_nxt.gt(self.snd_max) {
+            self.snd_max = self.snd_nxt;
+            self.sb.on_transmit(self.snd_max);
+        }
+        if is_rexmit {
+            self.sb.on_retransmit(seq, len + u32::from(fin));
+            self.undo.on_retransmit(seq, seq + len + u32::from(fin));
+            self.counters.retransmits += 1;
+            self.rtt_probe = None;
+        } else if self.rtt_probe.is_none() && self.retries == 0 {
+            self.rtt_probe = Some((self.snd_nxt, now));
+        }
+        Some(self.segment_with(now, seq, flags, payload, opts))
+    }
+}

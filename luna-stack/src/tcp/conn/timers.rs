@@ -1,0 +1,258 @@
+//! Timers: retransmission (RFC 6298), persist (RFC 9293 §3.8.6.1), delayed ACK, TIME-WAIT,
+//! FIN-WAIT-2 of an orphan and keepalive (RFC 9293 §3.8.4).
+
+use super::*;
+
+impl Connection {
+    // ---------------------------------------------------------------------------------------
+    // Timers
+    // ---------------------------------------------------------------------------------------
+
+    /// The earliest instant at which `on_timeout` has work to do.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next()
+    }
+
+    pub(super) fn arm_keepalive(&mut self, now: Instant) {
+        if let Some(ka) = self.cfg.keepalive {
+            self.timers.set(Timer::Keepalive, now + ka.idle);
+            self.keepalive = Keepalive { probes_sent: 0 };
+        }
+    }
+
+    /// RFC 6298 §5.1-5.2 and RFC 9293 §3.8.6.1: keep exactly one of the retransmission and
+    /// persist timers running while anything is outstanding or waiting for window.
+    pub(super) fn arm_timers(&mut self, now: Instant) {
+        if self.orphaned && self.state == State::FinWait2 && !self.timers.is_armed(Timer::FinWait2)
+        {
+            // RFC 9293 has no FIN-WAIT-2 timer: a peer that never sends its FIN keeps the
+            // connection forever. With no application left to wait for it, give up after
+            // `fin_timeout` (Linux tcp_fin_timeout).
+            self.timers.set(Timer::FinWait2, now + self.cfg.fin_timeout);
+        }
+        if matches!(self.state, State::Closed | State::TimeWait) {
+            self.timers.clear(Timer::Rto);
+            self.timers.clear(Timer::Persist);
+            return;
+        }
+        let outstanding = self.snd_max != self.snd_una;
+        // Payload unacknowledged or unsent: a zero window means probing, not retransmitting.
+        // (A lone FIN goes out regardless of the window and is covered by the RTO.)
+        let data_pending = self.sndq.end().gt(self.snd_una);
+        if self.state.is_synchronized() && self.snd_wnd == 0 && data_pending {
+            self.timers.clear(Timer::Rto);
+            if !self.timers.is_armed(Timer::Persist) {
+                self.timers
+                    .set(Timer::Persist, now + self.persist_interval());
+            }
+        } else {
+            self.timers.clear(Timer::Persist);
+            if outstanding {
+                if !self.timers.is_armed(Timer::Rto) {
+                    self.timers.set(Timer::Rto, now + self.rtt.rto());
+                }
+            } else {
+                self.timers.clear(Timer::Rto);
+            }
+        }
+    }
+
+    /// RFC 9293 §3.8.6.1: probe intervals grow exponentially from the RTO.
+    pub(super) fn persist_interval(&self) -> Duration {
+        let base = self.rtt.rto();
+        let max = self.cfg.rtt.max_rto;
+        base.checked_mul(1u32 << self.persist_backoff.min(16))
+            .map_or(max, |d| d.min(max))
+    }
+
+    /// Run the timers that expired by `now`.
+    pub fn on_timeout(&mut self, now: Instant) {
+        if self.timers.take_due(Timer::TimeWait, now) {
+            // RFC 9293 §3.10.8: 2 MSL elapsed in TIME-WAIT.
+            self.state = State::Closed;
+            return;
+        }
+        if self.timers.take_due(Timer::FinWait2, now) {
+            // An orphan's FIN-WAIT-2 expired: reset, so a peer stuck in CLOSE-WAIT learns.
+            self.rst_pending = Some(self.seq_for_control());
+            self.terminate(CloseReason::Timeout);
+            return;
+        }
+        if self.timers.take_due(Timer::DelayedAck, now) {
+            self.ack_now = true;
+        }
+        if self.timers.take_due(Timer::Rto, now) {
+            self.on_rto(now);
+        }
+        if self.timers.take_due(Timer::Persist, now) {
+            self.retries += 1;
+            if self.retries > self.cfg.max_retries {
+                // Unanswered probes: the peer is gone.
+                self.rst_pending = Some(self.seq_for_control());
+                self.terminate(CloseReason::Timeout);
+                return;
+            }
+            self.send_window_probe = true;
+            self.persist_backoff = self.persist_backoff.saturating_add(1);
+        }
+        if self.timers.is_due(Timer::Keepalive, now) {
+            self.on_keepalive(now);
+        }
+        self.arm_timers(now);
+    }
+
+    pub(super) fn on_rto(&mut self, now: Instant) {
+        self.retries += 1;
+        let limit = match self.state {
+            State::SynSent | State::SynReceived => self.cfg.syn_retries,
+            _ => self.cfg.max_retries,
+        };
+        if self.retries > limit {
+            // RFC 9293 §3.8.3 R2: give up.
+            if self.state.is_synchronized() {
+                self.rst_pending = Some(self.seq_for_control());
+            }
+            self.terminate(CloseReason::Timeout);
+            return;
+        }
+        self.counters.rtos += 1;
+        // A timeout is a loss signal of its own; an earlier recovery is no longer undone
+        // (the CC saved its state anew), and if the raised DupThresh held back a fast
+        // retransmit the default would have sent, the reordering estimate is reset.
+        self.undo.active = false;
+        if self.recovery.is_none() {
+            self.sb.on_rto_outside_recovery();
+        }
+        // RFC 6298 §5.5: back off; §5.6: restart; RFC 5681 §3.1 eq. 4: loss window.
+        self.rtt.on_timeout();
+        let in_flight = self.snd_max - self.snd_una;
+        if self.state.is_synchronized() {
+            self.cc.on_rto(now, in_flight);
+        }
+        // RFC 6582 §3.2 step 5: after an RTO, recover <- the highest sequence number sent, in
+        // or out of recovery, so the duplicate ACKs of the go-back-N retransmissions cannot
+        // start a fast retransmit below it (RFC 6675 §5.1 says the same for SACK recovery).
+        self.recovery = None;
+        self.last_recover = self.snd_max;
+        self.dupacks = 0;
+        self.rexmit_now = None;
+        self.rtt_probe = None;
+        // Go back N from SND.UNA (RFC 5681 §3.1); SACKed ranges above it are skipped when
+        // resent (RFC 6675 §5.1), which is safe because reneging is detected on every ACK.
+        self.snd_nxt = self.snd_una;
+        self.sb.on_rto();
+        if !self.state.is_synchronized() {
+            self.syn_retransmitted = true;
+        }
+    }
+
+    pub(super) fn on_keepalive(&mut self, now: Instant) {
+        let Some(ka) = self.cfg.keepalive else {
+            self.timers.clear(Timer::Keepalive);
+            return;
+        };
+        if !matches!(self.state, State::Established | State::CloseWait) {
+            self.timers.clear(Timer::Keepalive);
+            return;
+        }
+        if self.snd_max != self.snd_una || self.sndq.end().gt(self.snd_una) {
+            // RFC 1122 §4.2.3.6: probe only an idle connection. With data (or a FIN)
+            // outstanding or queued, the retransmission or persist timer watches the peer;
+            // and a probe at SND.NXT - 1 is an acceptable segment, left unanswered, to a
+            // receiver still missing earlier data, so counting it would reset a live peer
+            // (Linux tcp_keepalive_timer skips probing the same way).
+            self.timers.set(Timer::Keepalive, now + ka.idle);
+            return;
+        }
+        if self.keepalive.probes_sent >= ka.probes {
+            // RFC 9293 §3.8.4: the peer is gone.
+            self.rst_pending = Some(self.seq_for_control());
+            self.terminate(CloseReason::Timeout);
+            return;
+        }
+        self.keepalive.probes_sent += 1;
+        self.timers.set(Timer::Keepalive, now + ka.interval);
+        self.counters.keepalive_probes += 1;
+        self.send_keepalive = true;
+    }
+}
+
+/// One of a connection's timers: an index into its [`TimerTable`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Timer {
+    /// Retransmission timer (RFC 6298).
+    Rto,
+    /// Zero-window probe (RFC 9293 §3.8.6.1); never armed together with `Rto`.
+    Persist,
+    /// Delayed ACK (RFC 9293 §3.8.6.3).
+    DelayedAck,
+    /// 2 MSL in TIME-WAIT (RFC 9293 §3.6.1).
+    TimeWait,
+    /// An orphan's FIN-WAIT-2 limit (`TcpConfig::fin_timeout`).
+    FinWait2,
+    /// Next keepalive probe (RFC 9293 §3.8.4).
+    Keepalive,
+}
+
+impl Timer {
+    const COUNT: usize = 6;
+}
+
+/// A connection's deadlines, one optional instant per [`Timer`]: `poll_timeout` is their
+/// minimum and `on_timeout` fires the ones due, in a fixed order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct TimerTable {
+    at: [Option<Instant>; Timer::COUNT],
+}
+
+impl TimerTable {
+    /// Arms (or re-arms) `t` for `at`.
+    pub(super) fn set(&mut self, t: Timer, at: Instant) {
+        self.at[t as usize] = Some(at);
+    }
+
+    /// Disarms `t`.
+    pub(super) fn clear(&mut self, t: Timer) {
+        self.at[t as usize] = None;
+    }
+
+    /// Whether `t` is armed.
+    pub(super) fn is_armed(&self, t: Timer) -> bool {
+        self.at[t as usize].is_some()
+    }
+
+    /// Whether `t` is armed and due at `now`.
+    pub(super) fn is_due(&self, t: Timer, now: Instant) -> bool {
+        self.at[t as usize].is_some_and(|at| at <= now)
+    }
+
+    /// Disarms `t` if it is due at `now`; returns whether it was.
+    pub(super) fn take_due(&mut self, t: Timer, now: Instant) -> bool {
+        let due = self.is_due(t, now);
+        if due {
+            self.clear(t);
+        }
+        due
+    }
+
+    /// The earliest armed deadline.
+    pub(super) fn next(&self) -> Option<Instant> {
+        // Called after every input by the stack: plain comparisons over a fixed array.
+        let mut next = self.at[0];
+        for &at in &self.at[1..] {
+            next = earliest(next, at);
+        }
+        next
+    }
+}
+
+/// The earlier of two optional deadlines.
+#[inline]
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}

@@ -1,0 +1,1153 @@
+//! One HTTP/2 connection's server session (RFC 9113), sans-IO and deterministic.
+//!
+//! Bytes in ([`Session::push`]), whole requests out ([`Session::poll_request`]), replies
+//! in ([`Session::complete`]), bytes out ([`Session::poll_transmit`]). Everything a
+//! connection needs that is not a request — the preface, SETTINGS and their ACK, PING
+//! ACKs, WINDOW_UPDATEs, RST_STREAM, GOAWAY — is answered here, on the I/O core.
+//!
+//! Bounds and defences (each counted by [`Reason`] in [`H2Counters`]; no timers, all
+//! by count, so tests are deterministic):
+//! - **Concurrency**: a stream counts against our SETTINGS_MAX_CONCURRENT_STREAMS from
+//!   its HEADERS until its reply has gone *and* its worker has finished — a stream the
+//!   peer resets (or makes us reset) while a worker still runs it keeps its slot, so
+//!   rapid reset (CVE-2023-44487) and MadeYouReset (CVE-2025-8671) cannot make more
+//!   work run than the limit; streams over the limit are refused (RST_STREAM
+//!   REFUSED_STREAM).
+//! - **Flood budget**: frames that make no progress (PING, SETTINGS, PRIORITY,
+//!   RST_STREAM either way, refused streams, empty DATA / header fragments, frames on
+//!   closed streams, unknown types) each cost one unit of a per-connection budget; each
+//!   completed response earns some back. An exhausted budget is GOAWAY
+//!   ENHANCE_YOUR_CALM (the CVE-2019-9512…9518 floods, rapid reset's reset stream).
+//! - **Header blocks**: HEADERS + CONTINUATION bytes and frame count bounded (the
+//!   CONTINUATION flood, CVE-2024-27316 class); the decoded list bounded in size and
+//!   count ([`super::hpack`]): both GOAWAY ENHANCE_YOUR_CALM.
+//! - **Memory**: a request body is bounded (`max_body`; the stream is refused), the
+//!   bodies buffered before dispatch are bounded (`max_buffered`: the connection window
+//!   is not reopened until they drain), input is taken only while the output queue is
+//!   small, and replies wait for the peer's windows (a zero-window peer holds at most
+//!   its streams' replies, within the concurrency limit).
+//! - **Flow control**: data beyond our window is FLOW_CONTROL_ERROR; a WINDOW_UPDATE or
+//!   SETTINGS_INITIAL_WINDOW_SIZE that pushes a window above 2^31-1 is
+//!   FLOW_CONTROL_ERROR (connection: GOAWAY; stream: RST_STREAM).
+
+use super::frame::{self, flag, kind, setting, ErrorCode, FrameHeader, HEADER_LEN};
+use super::hpack::{Decoder, Encoder, Field, HpackError, HpackLimits};
+use super::{Request, Response};
+use crate::parser::{peek, ParseError, ParseErrorKind};
+use crate::proto::{Session, SessionRequest, SessionState};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use zbuf::{IoVec, Zbuf};
+
+/// Why a connection got a GOAWAY or a stream a RST_STREAM (counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The client preface was wrong, or its first frame was not SETTINGS.
+    BadPreface,
+    /// A frame the protocol forbids where it came (bad stream id, bad state, PUSH_PROMISE).
+    Protocol,
+    /// A frame of the wrong size.
+    FrameSize,
+    /// An undecodable header block.
+    Compression,
+    /// More DATA than our window allowed.
+    FlowControl,
+    /// A WINDOW_UPDATE or INITIAL_WINDOW_SIZE pushing a window above 2^31-1.
+    WindowOverflow,
+    /// A WINDOW_UPDATE of 0.
+    ZeroWindowUpdate,
+    /// A SETTINGS value out of range.
+    BadSetting,
+    /// The decoded header list over its size or field-count bound (HPACK bomb).
+    HeaderList,
+    /// A header block over its byte or CONTINUATION-count bound (CONTINUATION flood).
+    HeaderBlock,
+    /// The flood budget ran out (control-frame, empty-frame, reset floods).
+    Flood,
+    /// A request malformed as HTTP (missing pseudo-headers, connection-specific fields).
+    Malformed,
+    /// DATA or HEADERS on a stream that had ended its side.
+    StreamClosed,
+    /// A stream over MAX_CONCURRENT_STREAMS.
+    Refused,
+    /// A request body over `max_body`.
+    BodyTooLarge,
+    /// The worker's reply did not parse, or the worker gave none.
+    BadReply,
+    /// The peer reset the stream (received, not sent).
+    PeerReset,
+}
+
+impl Reason {
+    /// Every reason, in counter order.
+    pub const ALL: [Reason; 17] = [
+        Reason::BadPreface,
+        Reason::Protocol,
+        Reason::FrameSize,
+        Reason::Compression,
+        Reason::FlowControl,
+        Reason::WindowOverflow,
+        Reason::ZeroWindowUpdate,
+        Reason::BadSetting,
+        Reason::HeaderList,
+        Reason::HeaderBlock,
+        Reason::Flood,
+        Reason::Malformed,
+        Reason::StreamClosed,
+        Reason::Refused,
+        Reason::BodyTooLarge,
+        Reason::BadReply,
+        Reason::PeerReset,
+    ];
+
+    /// Short name for counters.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::BadPreface => "bad_preface",
+            Reason::Protocol => "protocol",
+            Reason::FrameSize => "frame_size",
+            Reason::Compression => "compression",
+            Reason::FlowControl => "flow_control",
+            Reason::WindowOverflow => "window_overflow",
+            Reason::ZeroWindowUpdate => "zero_window_update",
+            Reason::BadSetting => "bad_setting",
+            Reason::HeaderList => "header_list",
+            Reason::HeaderBlock => "header_block",
+            Reason::Flood => "flood",
+            Reason::Malformed => "malformed",
+            Reason::StreamClosed => "stream_closed",
+            Reason::Refused => "refused",
+            Reason::BodyTooLarge => "body_too_large",
+            Reason::BadReply => "bad_reply",
+            Reason::PeerReset => "peer_reset",
+        }
+    }
+
+    fn index(self) -> usize {
+        Reason::ALL.iter().position(|r| *r == self).unwrap_or(0)
+    }
+
+    fn parse_kind(self) -> ParseErrorKind {
+        match self {
+            Reason::HeaderList | Reason::HeaderBlock | Reason::Flood | Reason::BodyTooLarge => {
+                ParseErrorKind::TooLarge
+            }
+            Reason::FlowControl
+            | Reason::WindowOverflow
+            | Reason::ZeroWindowUpdate
+            | Reason::BadSetting => ParseErrorKind::BadField,
+            _ => ParseErrorKind::Malformed,
+        }
+    }
+}
+
+/// Counters shared by every HTTP/2 session of a server.
+#[derive(Debug, Default)]
+pub struct H2Counters {
+    /// Sessions created.
+    pub sessions: AtomicU64,
+    /// Requests handed to workers.
+    pub requests: AtomicU64,
+    /// Responses sent to their end.
+    pub responses: AtomicU64,
+    /// PINGs answered.
+    pub pings: AtomicU64,
+    /// SETTINGS frames acknowledged.
+    pub settings: AtomicU64,
+    /// GOAWAYs sent, by error code (index = code value).
+    pub goaway: [AtomicU64; 14],
+    /// GOAWAYs sent, by [`Reason`] (index = position in [`Reason::ALL`]).
+    pub goaway_reasons: [AtomicU64; 17],
+    /// RST_STREAMs sent, by [`Reason`].
+    pub rst_sent: [AtomicU64; 17],
+    /// RST_STREAMs received.
+    pub rst_received: AtomicU64,
+    /// Replies that arrived for a stream already reset (dropped).
+    pub replies_dropped: AtomicU64,
+}
+
+impl H2Counters {
+    /// GOAWAYs sent with `code`.
+    pub fn goaway(&self, code: ErrorCode) -> u64 {
+        self.goaway[code as usize].load(Ordering::Relaxed)
+    }
+
+    /// GOAWAYs sent for `r`.
+    pub fn goaway_for(&self, r: Reason) -> u64 {
+        self.goaway_reasons[r.index()].load(Ordering::Relaxed)
+    }
+
+    /// RST_STREAMs sent for `r`.
+    pub fn rst_for(&self, r: Reason) -> u64 {
+        self.rst_sent[r.index()].load(Ordering::Relaxed)
+    }
+
+    /// `name=value` pairs of every non-zero counter (for reports).
+    pub fn fields(&self) -> Vec<(String, u64)> {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut v = vec![
+            ("sessions".to_string(), l(&self.sessions)),
+            ("requests".to_string(), l(&self.requests)),
+            ("responses".to_string(), l(&self.responses)),
+            ("pings".to_string(), l(&self.pings)),
+            ("settings".to_string(), l(&self.settings)),
+            ("rst_received".to_string(), l(&self.rst_received)),
+            ("replies_dropped".to_string(), l(&self.replies_dropped)),
+        ];
+        for r in Reason::ALL {
+            v.push((format!("goaway_{}", r.name()), self.goaway_for(r)));
+            v.push((format!("rst_{}", r.name()), self.rst_for(r)));
+        }
+        v
+    }
+}
+
+/// Per-connection settings and bounds.
+#[derive(Debug, Clone)]
+pub struct H2Config {
+    /// SETTINGS_MAX_CONCURRENT_STREAMS we advertise and enforce.
+    pub max_concurrent_streams: u32,
+    /// Largest header block (HEADERS + CONTINUATION payload bytes).
+    pub max_header_block: usize,
+    /// Most CONTINUATION frames in one header block.
+    pub max_continuations: usize,
+    /// Decoded header-list bounds (and the dynamic table size we allow).
+    pub hpack: HpackLimits,
+    /// Largest request body.
+    pub max_body: usize,
+    /// Most request-body bytes buffered before dispatch, over all streams.
+    pub max_buffered: usize,
+    /// Our connection receive window.
+    pub conn_window: u32,
+    /// The flood budget (units; see the module docs).
+    pub flood_budget: u32,
+    /// Budget earned back per completed response.
+    pub flood_refund: u32,
+    /// Input bytes buffered unprocessed before the session stops taking more.
+    pub max_input: usize,
+    /// Output bytes queued before the session stops processing input.
+    pub max_output: usize,
+    /// Counters shared by every session of the server.
+    pub counters: Arc<H2Counters>,
+}
+
+impl Default for H2Config {
+    fn default() -> Self {
+        H2Config {
+            max_concurrent_streams: 100,
+            max_header_block: 64 << 10,
+            max_continuations: 32,
+            hpack: HpackLimits::default(),
+            max_body: 1 << 20,
+            max_buffered: 4 << 20,
+            conn_window: 1 << 20,
+            flood_budget: 1000,
+            flood_refund: 10,
+            max_input: 64 << 10,
+            max_output: 256 << 10,
+            counters: Arc::new(H2Counters::default()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fail {
+    Conn(ErrorCode, Reason),
+    Stream(u32, ErrorCode, Reason),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Preface,
+    FirstSettings,
+    Frames,
+    Closing(ParseError),
+}
+
+struct Out {
+    body: IoVec,
+    trailers: Option<Vec<Field>>,
+}
+
+struct Stream {
+    /// The peer's side ended (END_STREAM received).
+    remote_done: bool,
+    headers: Vec<Field>,
+    body: IoVec,
+    /// What the peer may still send on this stream.
+    recv_window: i64,
+    /// What we may still send on this stream.
+    send_window: i64,
+    /// Handed to a worker, completion not yet back.
+    at_worker: bool,
+    /// Reset (by either side): nothing more is sent or accepted; kept only while the
+    /// worker still runs it (it holds its concurrency slot).
+    reset: bool,
+    /// A reply waiting for flow-control window.
+    out: Option<Out>,
+}
+
+struct Block {
+    stream: u32,
+    end_stream: bool,
+    buf: Vec<u8>,
+    continuations: usize,
+}
+
+/// One HTTP/2 server connection.
+pub struct H2Session {
+    cfg: H2Config,
+    phase: Phase,
+    input: IoVec,
+    tx: IoVec,
+    /// Small frames being gathered into one zbuf of `tx`.
+    ctl: Vec<u8>,
+    decoder: Decoder,
+    encoder: Encoder,
+    streams: HashMap<u32, Stream>,
+    /// Highest stream id the peer has opened.
+    last_stream: u32,
+    /// Streams whose request is complete, in arrival order.
+    ready: VecDeque<u32>,
+    /// Streams with reply data waiting for window, round robin.
+    sending: VecDeque<u32>,
+    block: Option<Block>,
+    conn_recv_window: i64,
+    conn_send_window: i64,
+    /// Connection credit consumed and not yet returned with a WINDOW_UPDATE.
+    unreturned: u64,
+    buffered: usize,
+    peer_initial_window: i64,
+    peer_max_frame: usize,
+    budget: i64,
+    peer_goaway: bool,
+}
+
+impl H2Session {
+    /// A session for a new connection; its SETTINGS go out with the first transmit.
+    pub fn new(cfg: H2Config) -> Self {
+        cfg.counters.sessions.fetch_add(1, Ordering::Relaxed);
+        let mut ctl = Vec::new();
+        frame::settings(
+            &mut ctl,
+            &[
+                (setting::MAX_CONCURRENT_STREAMS, cfg.max_concurrent_streams),
+                (setting::HEADER_TABLE_SIZE, cfg.hpack.max_table_size as u32),
+                (
+                    setting::MAX_HEADER_LIST_SIZE,
+                    cfg.hpack.max_list_size as u32,
+                ),
+            ],
+        );
+        let conn_window =
+            i64::from(cfg.conn_window).clamp(frame::DEFAULT_WINDOW, frame::MAX_WINDOW);
+        if conn_window > frame::DEFAULT_WINDOW {
+            frame::window_update(&mut ctl, 0, (conn_window - frame::DEFAULT_WINDOW) as u32);
+        }
+        H2Session {
+            decoder: Decoder::new(cfg.hpack),
+            encoder: Encoder::new(),
+            budget: i64::from(cfg.flood_budget),
+            cfg,
+            phase: Phase::Preface,
+            input: IoVec::new(),
+            tx: IoVec::new(),
+            ctl,
+            streams: HashMap::new(),
+            last_stream: 0,
+            ready: VecDeque::new(),
+            sending: VecDeque::new(),
+            block: None,
+            conn_recv_window: conn_window,
+            conn_send_window: frame::DEFAULT_WINDOW,
+            unreturned: 0,
+            buffered: 0,
+            peer_initial_window: frame::DEFAULT_WINDOW,
+            peer_max_frame: frame::DEFAULT_MAX_FRAME as usize,
+            peer_goaway: false,
+        }
+    }
+
+    /// Streams holding a concurrency slot.
+    pub fn open_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Request-body bytes buffered before dispatch.
+    pub fn buffered(&self) -> usize {
+        self.buffered
+    }
+
+    fn flush_ctl(&mut self) {
+        if !self.ctl.is_empty() {
+            self.tx.push(Zbuf::from_vec(std::mem::take(&mut self.ctl)));
+        }
+    }
+
+    fn out_len(&self) -> usize {
+        self.tx.len() + self.ctl.len()
+    }
+
+    fn cost(&mut self, n: i64) -> Result<(), Fail> {
+        self.budget -= n;
+        if self.budget < 0 {
+            return Err(Fail::Conn(ErrorCode::EnhanceYourCalm, Reason::Flood));
+        }
+        Ok(())
+    }
+
+    fn counters(&self) -> &H2Counters {
+        &self.cfg.counters
+    }
+
+    /// Ends the connection: GOAWAY with `code`, nothing more is read.
+    fn goaway(&mut self, code: ErrorCode, reason: Reason) {
+        if matches!(self.phase, Phase::Closing(_)) {
+            return;
+        }
+        let c = self.counters();
+        c.goaway[code as usize].fetch_add(1, Ordering::Relaxed);
+        c.goaway_reasons[reason.index()].fetch_add(1, Ordering::Relaxed);
+        frame::goaway(
+            &mut self.ctl,
+            self.last_stream,
+            code,
+            reason.name().as_bytes(),
+        );
+        self.flush_ctl();
+        self.phase = Phase::Closing(ParseError::new(reason.parse_kind(), reason.name()));
+        self.input = IoVec::new();
+        self.block = None;
+    }
+
+    /// Resets `id` (our side): RST_STREAM, the stream keeps its slot while at a worker.
+    fn reset(&mut self, id: u32, code: ErrorCode, reason: Reason) -> Result<(), Fail> {
+        self.counters().rst_sent[reason.index()].fetch_add(1, Ordering::Relaxed);
+        frame::rst_stream(&mut self.ctl, id, code);
+        self.close_stream(id);
+        self.cost(1)
+    }
+
+    /// Forgets `id`, or marks it reset while its worker still runs it.
+    fn close_stream(&mut self, id: u32) {
+        if let Some(s) = self.streams.get_mut(&id) {
+            // Only a stream not yet dispatched holds body bytes.
+            self.buffered -= s.body.len();
+            s.body = IoVec::new();
+            if s.at_worker {
+                s.reset = true;
+                s.out = None;
+            } else {
+                self.streams.remove(&id);
+            }
+        }
+    }
+
+    fn process(&mut self) {
+        while self.out_len() < self.cfg.max_output {
+            let r = match self.phase {
+                Phase::Closing(_) => return,
+                Phase::Preface => self.preface(),
+                Phase::FirstSettings | Phase::Frames => self.one_frame(),
+            };
+            match r {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(Fail::Conn(code, reason)) => {
+                    self.goaway(code, reason);
+                    return;
+                }
+                Err(Fail::Stream(id, code, reason)) => {
+                    if let Err(Fail::Conn(c, r)) = self.reset(id, code, reason) {
+                        self.goaway(c, r);
+                        return;
+                    }
+                }
+            }
+        }
+        self.return_credit();
+        self.flush_ctl();
+    }
+
+    fn return_credit(&mut self) {
+        if self.unreturned > 0
+            && self.buffered <= self.cfg.max_buffered
+            && !matches!(self.phase, Phase::Closing(_))
+        {
+            let n = self.unreturned.min(frame::MAX_WINDOW as u64);
+            frame::window_update(&mut self.ctl, 0, n as u32);
+            self.conn_recv_window += n as i64;
+            self.unreturned -= n;
+        }
+    }
+
+    fn preface(&mut self) -> Result<bool, Fail> {
+        let n = self.input.len().min(frame::PREFACE.len());
+        let mut got = vec![0u8; n];
+        peek(&self.input, 0, &mut got);
+        if got[..] != frame::PREFACE[..n] {
+            return Err(Fail::Conn(ErrorCode::Protocol, Reason::BadPreface));
+        }
+        if n < frame::PREFACE.len() {
+            return Ok(false);
+        }
+        self.input.advance(n);
+        self.phase = Phase::FirstSettings;
+        Ok(true)
+    }
+
+    fn one_frame(&mut self) -> Result<bool, Fail> {
+        let mut hb = [0u8; HEADER_LEN];
+        if !peek(&self.input, 0, &mut hb) {
+            return Ok(false);
+        }
+        let h = FrameHeader::parse(&hb);
+        if h.len > frame::DEFAULT_MAX_FRAME {
+            // We never raise SETTINGS_MAX_FRAME_SIZE above the default.
+            return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
+        }
+        let total = HEADER_LEN + h.len as usize;
+        if self.input.len() < total {
+            return Ok(false);
+        }
+        let mut f = self.input.split_to(total);
+        f.advance(HEADER_LEN);
+        if self.phase == Phase::FirstSettings {
+            if h.kind != kind::SETTINGS || h.flags & flag::ACK != 0 {
+                return Err(Fail::Conn(ErrorCode::Protocol, Reason::BadPreface));
+            }
+            self.phase = Phase::Frames;
+        }
+        if let Some(b) = &self.block {
+            if h.kind != kind::CONTINUATION || h.stream != b.stream {
+                return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
+            }
+        }
+        match h.kind {
+            kind::DATA => self.on_data(h, f)?,
+            kind::HEADERS => self.on_headers(h, f)?,
+            kind::CONTINUATION => self.on_continuation(h, f)?,
+            kind::PRIORITY => {
+                if h.stream == 0 {
+                    return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
+                }
+                if h.len != 5 {
+                    return Err(Fail::Stream(
+                        h.stream,
+                        ErrorCode::FrameSize,
+                        Reason::FrameSize,
+                    ));
+                }
+                self.cost(1)?;
+            }
+            kind::RST_STREAM => self.on_rst(h, f)?,
+            kind::SETTINGS => self.on_settings(h, f)?,
+            kind::PUSH_PROMISE => {
+                return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
+            }
+            kind::PING => {
+                if h.stream != 0 {
+                    return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
+                }
+                if h.len != 8 {
+                    return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
+                }
+                if h.flags & flag::ACK == 0 {
+                    self.cost(1)?;
+                    let mut p = [0u8; 8];
+                    f.copy_to_slice(&mut p);
+                    frame::put(&mut self.ctl, kind::PING, flag::ACK, 0, &p);
+                    self.counters().pings.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            kind::GOAWAY => {
+                if h.stream != 0 {
+                    return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
+                }
+                if h.len < 8 {
+                    return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
+                }
+                self.peer_goaway = true;
+            }
+            kind::WINDOW_UPDATE => self.on_window_update(h, f)?,
+            _ => self.cost(1)?,
+        }
+        Ok(true)
+    }
+
+    /// Strips padding: the payload without its pad-length byte and padding.
+    fn unpad(h: &FrameHeader, mut f: IoVec) -> Result<IoVec, Fail> {
+        if h.flags & flag::PADDED == 0 {
+            return Ok(f);
+        }
+        let mut p = [0u8; 1];
+        if !peek(&f, 0, &mut p) {
+            return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
+        }
+        let pad = p[0] as usize;
+        if pad >= f.len() {
+            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
+        }
+        f.advance(1);
+        f.truncate(f.len() - pad);
+        Ok(f)
+    }
+
+    fn on_data(&mut self, h: FrameHeader, f: IoVec) -> Result<(), Fail> {
+        if h.stream == 0 {
+            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
+        }
+        if h.stream > self.last_stream {
+            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
+        }
+        let flen = i64::from(h.len);
+        self.conn_recv_window -= flen;
+        if self.conn_recv_window < 0 {
+            return Err(Fail::Conn(ErrorCode::FlowControl, Reason::FlowControl));
+        }
+        self.unreturned += u64::from(h.len);
+        let data = Self::unpad(&h, f)?;
+        let end = h.flags & flag::END_STREAM != 0;
+        let max_body = self.cfg.max_body;
+        let Some(s) = self.streams.get_mut(&h.stream) else {
+            // A stream that has ended (we may have reset it: frames in flight are
+            // ignored, RFC 9113 §5.4.2), at a cost.
+            return self.cost(1);
+        };
+        if s.reset {
+            return self.cost(1);
+        }
+        if s.remote_done {
+            return Err(Fail::Stream(
+                h.stream,
+                ErrorCode::StreamClosed,
+                Reason::StreamClosed,
+            ));
+        }
+        s.recv_window -= flen;
+        if s.recv_window < 0 {
+            return Err(Fail::Stream(
+                h.stream,
+                ErrorCode::FlowControl,
+                Reason::FlowControl,
+            ));
+        }
+        if s.body.len() + data.len() > max_body {
+            return Err(Fail::Stream(
+                h.stream,
+                ErrorCode::RefusedStream,
+                Reason::BodyTooLarge,
+            ));
+        }
+        let dlen = data.len();
+        s.body.append(data);
+        self.buffered += dlen;
+        if end {
+            s.remote_done = true;
+            self.ready.push_back(h.stream);
+        } else if h.len > 0 {
+            s.recv_window += flen;
+            frame::window_update(&mut self.ctl, h.stream, h.len);
+        }
+        if h.len == 0 && !end {
+            self.cost(1)?;
+        }
+        Ok(())
+    }
+
+    fn on_headers(&mut self, h: FrameHeader, f: IoVec) -> Result<(), Fail> {
+        if h.stream == 0 {
+            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
+        }
+        let mut frag = Self::unpad(&h, f)?;
+        if h.flags & flag::PRIORITY != 0 {
+            if frag.len() < 5 {
+                return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
+            }
+            frag.advance(5);
+        }
+        if frag.is_empty() && h.flags & flag::END_HEADERS == 0 {
+            self.cost(1)?;
+        }
+        let b = Block {
+            stream: h.stream,
+            end_stream: h.flags & flag::END_STREAM != 0,
+            buf: frag.to_vec(),
+            continuations: 0,
+        };
+        if b.buf.len() > self.cfg.max_header_block {
+            return Err(Fail::Conn(ErrorCode::EnhanceYourCalm, Reason::HeaderBlock));
+        }
+        if h.flags & flag::END_HEADERS != 0 {
+            self.on_block(b)
+        } else {
+            self.block = Some(b);
+            Ok(())
+        }
+    }
+
+    fn on_continuation(&mut self, h: FrameHeader, f: IoVec) -> Result<(), Fail> {
+        let Some(mut b) = self.block.take() else {
+            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
+        };
+        b.continuations += 1;
+        if b.continuations > self.cfg.max_continuations
+            || b.buf.len() + f.len() > self.cfg.max_header_block
+        {
+            return Err(Fail::Conn(ErrorCode::EnhanceYourCalm, Reason::HeaderBlock));
+        }
+        if f.is_empty() && h.flags & flag::END_HEADERS == 0 {
+            self.cost(1)?;
+        }
+        b.buf.extend_from_slice(&f.to_vec());
+        if h.flags & flag::END_HEADERS != 0 {
+            self.on_block(b)
+        } else {
+            self.block = Some(b);
+            Ok(())
+        }
+    }
+
+    fn on_block(&mut self, b: Block) -> Result<(), Fail> {
+        // Decode first whatever becomes of the stream: the dynamic table must follow
+        // the peer's encoder.
+        let fields = match self.decoder.decode(&b.buf) {
+            Ok(f) => f,
+            Err(HpackError::Malformed(_)) => {
+                return Err(Fail::Conn(ErrorCode::Compression, Reason::Compression))
+            }
+            Err(HpackError::ListTooLarge | HpackError::TooManyFields) => {
+                return Err(Fail::Conn(ErrorCode::EnhanceYourCalm, Reason::HeaderList))
+            }
+        };
+        let id = b.stream;
+        if let Some(s) = self.streams.get_mut(&id) {
+            if s.reset {
+                return self.cost(1);
+            }
+            if s.remote_done {
+                return Err(Fail::Stream(
+                    id,
+                    ErrorCode::StreamClosed,
+                    Reason::StreamClosed,
+                ));
+            }
+            // Trailers: they must end the stream and carry no pseudo-headers.
+            if !b.end_stream || fields.iter().any(|(n, _)| n.first() == Some(&b':')) {
+                return Err(Fail::Stream(id, ErrorCode::Protocol, Reason::Malformed));
+            }
+            s.headers.extend(fields);
+            s.remote_done = true;
+            self.ready.push_back(id);
+            return Ok(());
+        }
+        if id <= self.last_stream {
+            // A stream that has ended; frames in flight after our RST_STREAM are ignored.
+            return self.cost(1);
+        }
+        if id % 2 == 0 {
+            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
+        }
+        self.last_stream = id;
+        if self.peer_goaway {
+            return self.cost(1);
+        }
+        if self.streams.len() >= self.cfg.max_concurrent_streams as usize {
+            return Err(Fail::Stream(id, ErrorCode::RefusedStream, Reason::Refused));
+        }
+        if !valid_request(&fields) {
+            return Err(Fail::Stream(id, ErrorCode::Protocol, Reason::Malformed));
+        }
+        self.streams.insert(
+            id,
+            Stream {
+                remote_done: b.end_stream,
+                headers: fields,
+                body: IoVec::new(),
+                recv_window: frame::DEFAULT_WINDOW,
+                send_window: self.peer_initial_window,
+                at_worker: false,
+                reset: false,
+                out: None,
+            },
+        );
+        if b.end_stream {
+            self.ready.push_back(id);
+        }
+        Ok(())
+    }
+
+    fn on_rst(&mut self, h: FrameHeader, _f: IoVec) -> Result<(), Fail> {
+        if h.stream == 0 || h.stream > self.last_stream {
+            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
+        }
+        if h.len != 4 {
+            return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
+        }
+        self.counters().rst_received.fetch_add(1, Ordering::Relaxed);
+        self.close_stream(h.stream);
+        self.cost(1)
+    }
+
+    fn on_settings(&mut self, h: FrameHeader, f: IoVec) -> Result<(), Fail> {
+        if h.stream != 0 {
+            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
+        }
+        if h.flags & flag::ACK != 0 {
+            if h.len != 0 {
+                return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
+            }
+            return Ok(());
+        }
+        if h.len % 6 != 0 {
+            return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
+        }
+        self.cost(1)?;
+        let p = f.to_vec();
+        for e in p.chunks(6) {
+            let id = u16::from_be_bytes([e[0], e[1]]);
+            let v = u32::from_be_bytes([e[2], e[3], e[4], e[5]]);
+            match id {
+                setting::HEADER_TABLE_SIZE => self.encoder.set_peer_table_size(v as usize),
+                setting::ENABLE_PUSH if v > 1 => {
+                    return Err(Fail::Conn(ErrorCode::Protocol, Reason::BadSetting))
+                }
+                setting::INITIAL_WINDOW_SIZE => {
+                    let v = i64::from(v);
+                    if v > frame::MAX_WINDOW {
+                        return Err(Fail::Conn(ErrorCode::FlowControl, Reason::WindowOverflow));
+                    }
+                    let delta = v - self.peer_initial_window;
+                    for s in self.streams.values_mut() {
+                        s.send_window += delta;
+                        if s.send_window > frame::MAX_WINDOW {
+                            return Err(Fail::Conn(ErrorCode::FlowControl, Reason::WindowOverflow));
+                        }
+                    }
+                    self.peer_initial_window = v;
+                    self.requeue_all();
+                }
+                setting::MAX_FRAME_SIZE => {
+                    if !(frame::DEFAULT_MAX_FRAME..=frame::MAX_MAX_FRAME).contains(&v) {
+                        return Err(Fail::Conn(ErrorCode::Protocol, Reason::BadSetting));
+                    }
+                    self.peer_max_frame = v as usize;
+                }
+                _ => {}
+            }
+        }
+        frame::put(&mut self.ctl, kind::SETTINGS, flag::ACK, 0, &[]);
+        self.counters().settings.fetch_add(1, Ordering::Relaxed);
+        self.send_data();
+        Ok(())
+    }
+
+    fn on_window_update(&mut self, h: FrameHeader, f: IoVec) -> Result<(), Fail> {
+        if h.len != 4 {
+            return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
+        }
+        let mut b = [0u8; 4];
+        f.copy_to_slice(&mut b);
+        let inc = i64::from(u32::from_be_bytes(b) & 0x7fff_ffff);
+        if h.stream == 0 {
+            if inc == 0 {
+                return Err(Fail::Conn(ErrorCode::Protocol, Reason::ZeroWindowUpdate));
+            }
+            self.conn_send_window += inc;
+            if self.conn_send_window > frame::MAX_WINDOW {
+                return Err(Fail::Conn(ErrorCode::FlowControl, Reason::WindowOverflow));
+            }
+            self.send_data();
+            return Ok(());
+        }
+        if h.stream > self.last_stream {
+            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
+        }
+        let Some(s) = self.streams.get_mut(&h.stream) else {
+            return Ok(());
+        };
+        if s.reset {
+            return Ok(());
+        }
+        if inc == 0 {
+            return Err(Fail::Stream(
+                h.stream,
+                ErrorCode::Protocol,
+                Reason::ZeroWindowUpdate,
+            ));
+        }
+        s.send_window += inc;
+        if s.send_window > frame::MAX_WINDOW {
+            return Err(Fail::Stream(
+                h.stream,
+                ErrorCode::FlowControl,
+                Reason::WindowOverflow,
+            ));
+        }
+        if s.out.is_some() && !self.sending.contains(&h.stream) {
+            self.sending.push_back(h.stream);
+        }
+        self.send_data();
+        Ok(())
+    }
+
+    fn requeue_all(&mut self) {
+        let mut ids: Vec<u32> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| s.out.is_some())
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        for id in ids {
+            if !self.sending.contains(&id) {
+                self.sending.push_back(id);
+            }
+        }
+    }
+
+    /// Sends reply data while the windows allow, round robin over the streams.
+    fn send_data(&mut self) {
+        let mut rounds = self.sending.len();
+        while rounds > 0 && self.conn_send_window > 0 {
+            rounds -= 1;
+            let Some(id) = self.sending.pop_front() else {
+                break;
+            };
+            let max_frame = self.peer_max_frame;
+            let Some(s) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            let Some(out) = s.out.as_mut() else {
+                continue;
+            };
+            let mut finished = false;
+            loop {
+                if out.body.is_empty() {
+                    if let Some(t) = out.trailers.take() {
+                        let mut block = Vec::new();
+                        self.encoder
+                            .encode(t.iter().map(|(n, v)| (&n[..], &v[..])), &mut block);
+                        frame::headers(&mut self.ctl, id, &block, true, max_frame);
+                    }
+                    finished = true;
+                    break;
+                }
+                let room = s.send_window.min(self.conn_send_window);
+                if room <= 0 {
+                    break;
+                }
+                let n = out.body.len().min(room as usize).min(max_frame);
+                let chunk = out.body.split_to(n);
+                let end = out.body.is_empty() && out.trailers.is_none();
+                let fh = FrameHeader {
+                    len: n as u32,
+                    kind: kind::DATA,
+                    flags: if end { flag::END_STREAM } else { 0 },
+                    stream: id,
+                };
+                self.ctl.extend_from_slice(&fh.bytes());
+                self.tx.push(Zbuf::from_vec(std::mem::take(&mut self.ctl)));
+                self.tx.append(chunk);
+                s.send_window -= n as i64;
+                self.conn_send_window -= n as i64;
+                if end {
+                    finished = true;
+                    break;
+                }
+            }
+            if finished {
+                s.out = None;
+                self.finish_stream(id);
+            } else if s.send_window > 0 || self.conn_send_window <= 0 {
+                // Blocked by the connection window, or by nothing: keep its turn.
+                self.sending.push_back(id);
+            }
+            // Blocked by its own window only: requeued by its WINDOW_UPDATE.
+        }
+    }
+
+    /// Our side of `id` has ended.
+    fn finish_stream(&mut self, id: u32) {
+        self.counters().responses.fetch_add(1, Ordering::Relaxed);
+        self.budget =
+            (self.budget + i64::from(self.cfg.flood_refund)).min(i64::from(self.cfg.flood_budget));
+        if let Some(s) = self.streams.get(&id) {
+            if s.remote_done && !s.at_worker {
+                self.streams.remove(&id);
+            } else if !s.remote_done {
+                // Replied before the request ended: the rest of it is not wanted.
+                self.counters().rst_sent[Reason::StreamClosed.index()]
+                    .fetch_add(1, Ordering::Relaxed);
+                frame::rst_stream(&mut self.ctl, id, ErrorCode::NoError);
+                self.close_stream(id);
+            }
+        }
+    }
+
+    fn respond(&mut self, id: u32, reply: Option<IoVec>) {
+        let parsed = reply.map(|r| Response::parse(&r));
+        let resp = match parsed {
+            Some(Ok(r)) => r,
+            _ => {
+                let _ = self.reset(id, ErrorCode::Internal, Reason::BadReply);
+                return;
+            }
+        };
+        let mut fields: Vec<(&[u8], &[u8])> = Vec::with_capacity(resp.headers.len() + 2);
+        let status = resp.status.to_string();
+        fields.push((b":status", status.as_bytes()));
+        let clen = resp.body.len().to_string();
+        let has_len = resp.headers.iter().any(|(n, _)| n == b"content-length");
+        for (n, v) in &resp.headers {
+            fields.push((n, v));
+        }
+        if !has_len && resp.trailers.is_none() {
+            fields.push((b"content-length", clen.as_bytes()));
+        }
+        let mut block = Vec::new();
+        self.encoder.encode(fields, &mut block);
+        let end = resp.body.is_empty() && resp.trailers.is_none();
+        frame::headers(&mut self.ctl, id, &block, end, self.peer_max_frame);
+        if end {
+            self.finish_stream(id);
+            return;
+        }
+        if let Some(s) = self.streams.get_mut(&id) {
+            s.out = Some(Out {
+                body: resp.body,
+                trailers: resp.trailers,
+            });
+            self.sending.push_back(id);
+        }
+        self.send_data();
+    }
+}
+
+/// RFC 9113 §8.2-8.3 checks a server makes on a request's header list.
+fn valid_request(fields: &[Field]) -> bool {
+    let mut regular = false;
+    let (mut method, mut path, mut scheme) = (None, false, false);
+    for (n, v) in fields {
+        if n.iter().any(|c| c.is_ascii_uppercase()) || n.is_empty() {
+            return false;
+        }
+        if n[0] == b':' {
+            if regular {
+                return false;
+            }
+            match &n[..] {
+                b":method" if method.is_none() => method = Some(v.clone()),
+                b":path" if !path && !v.is_empty() => path = true,
+                b":scheme" if !scheme => scheme = true,
+                b":authority" => {}
+                _ => return false,
+            }
+        } else {
+            regular = true;
+            let conn_specific = matches!(
+                &n[..],
+                b"connection"
+                    | b"keep-alive"
+                    | b"proxy-connection"
+                    | b"transfer-encoding"
+                    | b"upgrade"
+            );
+            if conn_specific || (&n[..] == b"te" && &v[..] != b"trailers") {
+                return false;
+            }
+        }
+    }
+    match method.as_deref() {
+        Some(b"CONNECT") => true,
+        Some(_) => path && scheme,
+        None => false,
+    }
+}
+
+impl Session for H2Session {
+    fn push(&mut self, data: Zbuf) {
+        if matches!(self.phase, Phase::Closing(_)) {
+            return;
+        }
+        self.input.push(data);
+        self.process();
+    }
+
+    fn wants_input(&self) -> bool {
+        !matches!(self.phase, Phase::Closing(_))
+            && self.input.len() < self.cfg.max_input
+            && self.out_len() < self.cfg.max_output
+    }
+
+    fn poll_request(&mut self) -> Option<SessionRequest> {
+        while let Some(id) = self.ready.pop_front() {
+            let Some(s) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            if s.reset || s.at_worker {
+                continue;
+            }
+            s.at_worker = true;
+            let body = std::mem::take(&mut s.body);
+            let headers = std::mem::take(&mut s.headers);
+            self.buffered -= body.len();
+            self.counters().requests.fetch_add(1, Ordering::Relaxed);
+            let msg = Request::encode(id, &headers, body);
+            self.return_credit();
+            self.flush_ctl();
+            return Some(SessionRequest {
+                id: u64::from(id),
+                body: msg,
+            });
+        }
+        None
+    }
+
+    fn complete(&mut self, id: u64, reply: Option<IoVec>) {
+        let Ok(id) = u32::try_from(id) else {
+            return;
+        };
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if !s.at_worker {
+            return;
+        }
+        s.at_worker = false;
+        if s.reset {
+            self.streams.remove(&id);
+            self.counters()
+                .replies_dropped
+                .fetch_add(1, Ordering::Relaxed);
+        } else if !matches!(self.phase, Phase::Closing(_)) {
+            self.respond(id, reply);
+        }
+        self.flush_ctl();
+    }
+
+    fn poll_transmit(&mut self) -> Option<IoVec> {
+        if self.tx.is_empty() && self.ctl.is_empty() {
+            // The output queue drained: process input that waited for it.
+            self.process();
+        }
+        self.flush_ctl();
+        if self.tx.is_empty() {
+            None
+        } else {
+            Some(std::mem::take(&mut self.tx))
+        }
+    }
+
+    fn state(&self) -> SessionState {
+        match self.phase {
+            Phase::Closing(e) => SessionState::Closing(e),
+            _ if self.peer_goaway && self.streams.is_empty() => SessionState::Done,
+            _ => SessionState::Open,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

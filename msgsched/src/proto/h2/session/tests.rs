@@ -1,0 +1,723 @@
+use super::*;
+use crate::proto::h2::frame::PREFACE;
+
+/// A client's side for the tests: frames out, frames parsed back.
+struct Peer {
+    enc: Encoder,
+    dec: Decoder,
+}
+
+type Got = Vec<(FrameHeader, Vec<u8>)>;
+
+impl Peer {
+    fn new() -> Self {
+        Peer {
+            enc: Encoder::new(),
+            dec: Decoder::new(HpackLimits::default()),
+        }
+    }
+
+    fn block(&mut self, path: &str) -> Vec<u8> {
+        let f: Vec<(&[u8], &[u8])> = vec![
+            (b":method", b"GET"),
+            (b":scheme", b"http"),
+            (b":path", path.as_bytes()),
+            (b":authority", b"x"),
+        ];
+        let mut b = Vec::new();
+        self.enc.encode(f, &mut b);
+        b
+    }
+
+    fn get(&mut self, out: &mut Vec<u8>, stream: u32, path: &str) {
+        let b = self.block(path);
+        frame::put(
+            out,
+            kind::HEADERS,
+            flag::END_HEADERS | flag::END_STREAM,
+            stream,
+            &b,
+        );
+    }
+}
+
+fn parse(bytes: &[u8]) -> Got {
+    let mut v = Vec::new();
+    let mut at = 0;
+    while at + HEADER_LEN <= bytes.len() {
+        let mut b = [0u8; HEADER_LEN];
+        b.copy_from_slice(&bytes[at..at + HEADER_LEN]);
+        let h = FrameHeader::parse(&b);
+        let end = at + HEADER_LEN + h.len as usize;
+        v.push((h, bytes[at + HEADER_LEN..end].to_vec()));
+        at = end;
+    }
+    v
+}
+
+fn drain(s: &mut H2Session) -> Got {
+    let mut all = Vec::new();
+    while let Some(t) = s.poll_transmit() {
+        all.extend(t.to_vec());
+    }
+    parse(&all)
+}
+
+fn open() -> (H2Session, Peer, Arc<H2Counters>) {
+    open_with(H2Config::default())
+}
+
+fn open_with(cfg: H2Config) -> (H2Session, Peer, Arc<H2Counters>) {
+    let c = Arc::clone(&cfg.counters);
+    let mut s = H2Session::new(cfg);
+    let mut b = PREFACE.to_vec();
+    frame::settings(&mut b, &[]);
+    s.push(Zbuf::from_vec(b));
+    let got = drain(&mut s);
+    assert_eq!(got[0].0.kind, kind::SETTINGS);
+    assert!(got
+        .iter()
+        .any(|(h, _)| h.kind == kind::SETTINGS && h.flags == flag::ACK));
+    (s, Peer::new(), c)
+}
+
+fn send(s: &mut H2Session, b: Vec<u8>) -> Got {
+    s.push(Zbuf::from_vec(b));
+    drain(s)
+}
+
+fn goaway_code(got: &Got) -> Option<u32> {
+    got.iter()
+        .find(|(h, _)| h.kind == kind::GOAWAY)
+        .map(|(_, p)| u32::from_be_bytes([p[4], p[5], p[6], p[7]]))
+}
+
+fn rst(got: &Got, stream: u32) -> Option<u32> {
+    got.iter()
+        .find(|(h, _)| h.kind == kind::RST_STREAM && h.stream == stream)
+        .map(|(_, p)| u32::from_be_bytes([p[0], p[1], p[2], p[3]]))
+}
+
+fn closing(s: &H2Session) -> bool {
+    matches!(s.state(), SessionState::Closing(_))
+}
+
+fn reply(s: &mut H2Session, id: u64, body: &[u8]) -> Got {
+    let r = Response::new(200)
+        .header("x", "y")
+        .body(IoVec::from(Zbuf::copy_from_slice(body)));
+    s.complete(id, Some(r.into_iovec()));
+    drain(s)
+}
+
+#[test]
+fn a_request_becomes_one_message_and_the_reply_goes_out_as_headers_and_data() {
+    let (mut s, mut p, c) = open();
+    let mut b = Vec::new();
+    let block = p.block("/echo");
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame::put(&mut b, kind::DATA, 0, 1, b"hello ");
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, b"world");
+    let got = send(&mut s, b);
+    // Stream window reopened for the non-final DATA; connection credit returned.
+    assert!(got
+        .iter()
+        .any(|(h, _)| h.kind == kind::WINDOW_UPDATE && h.stream == 1));
+    assert!(got
+        .iter()
+        .any(|(h, _)| h.kind == kind::WINDOW_UPDATE && h.stream == 0));
+    let req = s.poll_request().unwrap();
+    assert_eq!(req.id, 1);
+    assert!(s.poll_request().is_none());
+    let r = Request::parse(&req.body).unwrap();
+    assert_eq!(r.path(), b"/echo");
+    assert_eq!(r.method(), b"GET");
+    assert_eq!(r.body.to_vec(), b"hello world");
+    assert_eq!(
+        r.body.num_segments(),
+        2,
+        "DATA payloads are slices, not copies"
+    );
+    let got = reply(&mut s, 1, b"hi");
+    assert_eq!(got[0].0.kind, kind::HEADERS);
+    let hs = p.dec.decode(&got[0].1).unwrap();
+    assert_eq!(hs[0], (b":status".to_vec(), b"200".to_vec()));
+    assert!(hs.contains(&(b"content-length".to_vec(), b"2".to_vec())));
+    assert_eq!(
+        (got[1].0.kind, got[1].0.flags, &got[1].1[..]),
+        (kind::DATA, flag::END_STREAM, &b"hi"[..])
+    );
+    assert_eq!(s.open_streams(), 0);
+    assert_eq!(c.responses.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_bad_preface_or_first_frame_is_goaway_protocol_error() {
+    let mut s = H2Session::new(H2Config::default());
+    s.push(Zbuf::copy_from_slice(b"GET / HTTP/1.1\r\n\r\n"));
+    let got = drain(&mut s);
+    assert_eq!(goaway_code(&got), Some(ErrorCode::Protocol as u32));
+    assert!(closing(&s));
+    let mut s = H2Session::new(H2Config::default());
+    let mut b = PREFACE.to_vec();
+    frame::put(&mut b, kind::PING, 0, 0, &[0; 8]);
+    s.push(Zbuf::from_vec(b));
+    assert_eq!(
+        goaway_code(&drain(&mut s)),
+        Some(ErrorCode::Protocol as u32)
+    );
+    // A preface split anywhere is fine.
+    let mut s = H2Session::new(H2Config::default());
+    for ch in PREFACE.chunks(5) {
+        s.push(Zbuf::copy_from_slice(ch));
+    }
+    assert!(!closing(&s));
+}
+
+#[test]
+fn ping_is_answered_with_the_same_payload_and_bad_pings_are_errors() {
+    let (mut s, _, c) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::PING, 0, 0, b"12345678");
+    frame::put(&mut b, kind::PING, flag::ACK, 0, b"abcdefgh");
+    let got = send(&mut s, b);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].0.flags, &got[0].1[..]),
+        (flag::ACK, &b"12345678"[..])
+    );
+    assert_eq!(c.pings.load(Ordering::Relaxed), 1);
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::PING, 0, 0, b"1234567");
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::FrameSize as u32)
+    );
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::PING, 0, 1, b"12345678");
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Protocol as u32)
+    );
+}
+
+#[test]
+fn settings_are_validated_and_acknowledged() {
+    for (vals, code) in [
+        (vec![(setting::ENABLE_PUSH, 2)], ErrorCode::Protocol),
+        (
+            vec![(setting::INITIAL_WINDOW_SIZE, 1 << 31)],
+            ErrorCode::FlowControl,
+        ),
+        (vec![(setting::MAX_FRAME_SIZE, 100)], ErrorCode::Protocol),
+        (
+            vec![(setting::MAX_FRAME_SIZE, 1 << 24)],
+            ErrorCode::Protocol,
+        ),
+    ] {
+        let (mut s, _, _) = open();
+        let mut b = Vec::new();
+        frame::settings(&mut b, &vals);
+        assert_eq!(goaway_code(&send(&mut s, b)), Some(code as u32), "{vals:?}");
+    }
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::SETTINGS, 0, 0, &[0; 5]);
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::FrameSize as u32)
+    );
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::SETTINGS, flag::ACK, 0, &[0; 6]);
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::FrameSize as u32)
+    );
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::SETTINGS, 0, 3, &[]);
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Protocol as u32)
+    );
+}
+
+#[test]
+fn window_update_zero_and_overflow_are_errors_of_the_right_scope() {
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::window_update(&mut b, 0, 0);
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Protocol as u32)
+    );
+    let (mut s, _, c) = open();
+    let mut b = Vec::new();
+    frame::window_update(&mut b, 0, (1 << 31) - 1);
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::FlowControl as u32)
+    );
+    assert!(c.goaway_for(Reason::WindowOverflow) >= 1);
+    // On a stream: RST_STREAM, the connection lives.
+    let (mut s, mut p, _) = open();
+    let mut b = Vec::new();
+    let block = p.block("/");
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 3, &block);
+    frame::window_update(&mut b, 1, (1 << 31) - 1);
+    frame::window_update(&mut b, 3, 0);
+    let got = send(&mut s, b);
+    assert_eq!(rst(&got, 1), Some(ErrorCode::FlowControl as u32));
+    assert_eq!(rst(&got, 3), Some(ErrorCode::Protocol as u32));
+    assert!(!closing(&s));
+    // WINDOW_UPDATE on an idle stream.
+    let mut b = Vec::new();
+    frame::window_update(&mut b, 99, 1);
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Protocol as u32)
+    );
+}
+
+#[test]
+fn replies_wait_for_the_peers_windows_both_stream_and_connection() {
+    let (mut s, mut p, _) = open();
+    let mut b = Vec::new();
+    frame::settings(&mut b, &[(setting::INITIAL_WINDOW_SIZE, 10)]);
+    p.get(&mut b, 1, "/");
+    send(&mut s, b);
+    let id = s.poll_request().unwrap().id;
+    let got = reply(&mut s, id, &[7u8; 25]);
+    let data: Vec<_> = got.iter().filter(|(h, _)| h.kind == kind::DATA).collect();
+    assert_eq!(data.len(), 1);
+    assert_eq!(data[0].1.len(), 10, "stream window of 10");
+    let mut b = Vec::new();
+    frame::window_update(&mut b, 1, 10);
+    let got = send(&mut s, b);
+    assert_eq!(got[0].1.len(), 10);
+    assert_eq!(got[0].0.flags, 0);
+    // Raising the initial window reopens the stream.
+    let mut b = Vec::new();
+    frame::settings(&mut b, &[(setting::INITIAL_WINDOW_SIZE, 100)]);
+    let got = send(&mut s, b);
+    let d: Vec<_> = got.iter().filter(|(h, _)| h.kind == kind::DATA).collect();
+    assert_eq!((d[0].1.len(), d[0].0.flags), (5, flag::END_STREAM));
+    assert_eq!(s.open_streams(), 0);
+}
+
+#[test]
+fn data_beyond_our_window_is_flow_control_error() {
+    // The session re-credits each stream as its DATA arrives, so overrun the connection
+    // window instead: 65,535 bytes, and no credit returned while bodies wait
+    // (max_buffered 0): five 16,000-byte frames on five streams exceed it.
+    let cfg = H2Config {
+        conn_window: 65_535,
+        max_buffered: 0,
+        ..H2Config::default()
+    };
+    let (mut s, mut p, _) = open_with(cfg);
+    let mut b = Vec::new();
+    for id in [1u32, 3, 5, 7, 9] {
+        let block = p.block("/");
+        frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, id, &block);
+        frame::put(&mut b, kind::DATA, 0, id, &[0u8; 16_000]);
+    }
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::FlowControl as u32)
+    );
+}
+
+#[test]
+fn headers_and_continuation_are_assembled_and_bounded() {
+    let (mut s, mut p, _) = open();
+    let block = p.block("/split");
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::HEADERS, flag::END_STREAM, 1, &block[..3]);
+    frame::put(&mut b, kind::CONTINUATION, 0, 1, &block[3..6]);
+    frame::put(
+        &mut b,
+        kind::CONTINUATION,
+        flag::END_HEADERS,
+        1,
+        &block[6..],
+    );
+    send(&mut s, b);
+    let r = Request::parse(&s.poll_request().unwrap().body).unwrap();
+    assert_eq!(r.path(), b"/split");
+    // Another frame in the middle of a block.
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::HEADERS, flag::END_STREAM, 3, &block[..3]);
+    frame::put(&mut b, kind::PING, 0, 0, &[0; 8]);
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Protocol as u32)
+    );
+    // CONTINUATION flood: many frames, never END_HEADERS.
+    let (mut s, _, c) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::HEADERS, 0, 1, &[0x82]);
+    for _ in 0..40 {
+        frame::put(&mut b, kind::CONTINUATION, 0, 1, &[0x82]);
+    }
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::EnhanceYourCalm as u32)
+    );
+    assert_eq!(c.goaway_for(Reason::HeaderBlock), 1);
+    // A CONTINUATION with no block open.
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::CONTINUATION, flag::END_HEADERS, 1, &[0x82]);
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Protocol as u32)
+    );
+}
+
+#[test]
+fn an_hpack_bomb_and_a_bad_block_end_the_connection() {
+    let (mut s, _, c) = open();
+    let mut block = vec![0x40, 0x01, b'x', 0x7f, 0xe9, 0x06];
+    block.extend(std::iter::repeat_n(b'a', 1000));
+    block.extend(std::iter::repeat_n(0xbe, 3000));
+    let mut b = Vec::new();
+    frame::headers(&mut b, 1, &block, true, 16_384);
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::EnhanceYourCalm as u32)
+    );
+    assert_eq!(c.goaway_for(Reason::HeaderList), 1);
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &[0xc0]);
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Compression as u32)
+    );
+}
+
+#[test]
+fn stream_ids_and_states_are_checked() {
+    let (mut s, mut p, _) = open();
+    let mut b = Vec::new();
+    p.get(&mut b, 2, "/");
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Protocol as u32)
+    );
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::DATA, 0, 5, b"x");
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Protocol as u32),
+        "DATA on idle"
+    );
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::DATA, 0, 0, b"x");
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Protocol as u32),
+        "DATA on 0"
+    );
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(
+        &mut b,
+        kind::PUSH_PROMISE,
+        flag::END_HEADERS,
+        1,
+        &[0, 0, 0, 2],
+    );
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Protocol as u32)
+    );
+    // DATA after END_STREAM: stream error STREAM_CLOSED.
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    let mut p = Peer::new();
+    p.get(&mut b, 1, "/");
+    frame::put(&mut b, kind::DATA, 0, 1, b"x");
+    let got = send(&mut s, b);
+    assert_eq!(rst(&got, 1), Some(ErrorCode::StreamClosed as u32));
+    assert!(!closing(&s));
+    // Frame too large.
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::PING, 0, 0, &vec![0; 16_385]);
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::FrameSize as u32)
+    );
+}
+
+#[test]
+fn malformed_requests_are_reset_with_protocol_error() {
+    let (mut s, _, c) = open();
+    let mut enc = Encoder::new();
+    let bads: Vec<Vec<(&[u8], &[u8])>> = vec![
+        vec![(b":method", b"GET"), (b":scheme", b"http")],
+        vec![
+            (b":method", b"GET"),
+            (b":path", b"/"),
+            (b":scheme", b"http"),
+            (b"Upper", b"x"),
+        ],
+        vec![
+            (b":method", b"GET"),
+            (b":path", b"/"),
+            (b":scheme", b"http"),
+            (b"connection", b"x"),
+        ],
+        vec![
+            (b":method", b"GET"),
+            (b":path", b"/"),
+            (b"x", b"x"),
+            (b":scheme", b"http"),
+        ],
+        vec![
+            (b":method", b"GET"),
+            (b":path", b"/"),
+            (b":scheme", b"http"),
+            (b":bogus", b"x"),
+        ],
+    ];
+    let mut b = Vec::new();
+    for (i, f) in bads.into_iter().enumerate() {
+        let mut block = Vec::new();
+        enc.encode(f, &mut block);
+        frame::put(
+            &mut b,
+            kind::HEADERS,
+            flag::END_HEADERS | flag::END_STREAM,
+            1 + 2 * i as u32,
+            &block,
+        );
+    }
+    let got = send(&mut s, b);
+    for i in 0..5 {
+        assert_eq!(rst(&got, 1 + 2 * i), Some(ErrorCode::Protocol as u32));
+    }
+    assert!(s.poll_request().is_none());
+    assert_eq!(c.rst_for(Reason::Malformed), 5);
+}
+
+#[test]
+fn streams_over_the_limit_are_refused_and_reset_streams_keep_their_slot() {
+    let cfg = H2Config {
+        max_concurrent_streams: 2,
+        ..H2Config::default()
+    };
+    let (mut s, mut p, c) = open_with(cfg);
+    let mut b = Vec::new();
+    p.get(&mut b, 1, "/");
+    p.get(&mut b, 3, "/");
+    send(&mut s, b);
+    let r1 = s.poll_request().unwrap();
+    let _r3 = s.poll_request().unwrap();
+    // The peer resets both while the workers run them (rapid reset) ...
+    let mut b = Vec::new();
+    frame::rst_stream(&mut b, 1, ErrorCode::Cancel);
+    frame::rst_stream(&mut b, 3, ErrorCode::Cancel);
+    p.get(&mut b, 5, "/");
+    let got = send(&mut s, b);
+    // ... but they still hold their slots: stream 5 is refused.
+    assert_eq!(rst(&got, 5), Some(ErrorCode::RefusedStream as u32));
+    assert_eq!(c.rst_for(Reason::Refused), 1);
+    // A worker finishing frees the slot; its reply is dropped.
+    s.complete(r1.id, Some(Response::new(200).into_iovec()));
+    assert!(drain(&mut s).is_empty());
+    assert_eq!(c.replies_dropped.load(Ordering::Relaxed), 1);
+    let mut b = Vec::new();
+    p.get(&mut b, 7, "/");
+    send(&mut s, b);
+    assert_eq!(s.poll_request().unwrap().id, 7);
+}
+
+#[test]
+fn rapid_reset_and_control_floods_exhaust_the_budget() {
+    let cfg = H2Config {
+        flood_budget: 50,
+        ..H2Config::default()
+    };
+    let (mut s, mut p, c) = open_with(cfg.clone());
+    let mut b = Vec::new();
+    for i in 0..100u32 {
+        let id = 1 + 2 * i;
+        p.get(&mut b, id, "/");
+        frame::rst_stream(&mut b, id, ErrorCode::Cancel);
+    }
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::EnhanceYourCalm as u32)
+    );
+    assert_eq!(c.goaway_for(Reason::Flood), 1);
+    for flood in 0..3 {
+        let (mut s, _, _) = open_with(H2Config {
+            counters: Arc::new(H2Counters::default()),
+            ..cfg.clone()
+        });
+        let mut b = Vec::new();
+        for _ in 0..100 {
+            match flood {
+                0 => frame::put(&mut b, kind::PING, 0, 0, &[1; 8]),
+                1 => frame::settings(&mut b, &[]),
+                _ => frame::put(&mut b, 0xfa, 0, 0, b"unknown"),
+            }
+        }
+        assert_eq!(
+            goaway_code(&send(&mut s, b)),
+            Some(ErrorCode::EnhanceYourCalm as u32),
+            "{flood}"
+        );
+    }
+    // Empty DATA frames that never end the stream.
+    let (mut s, mut p, _) = open_with(H2Config {
+        counters: Arc::new(H2Counters::default()),
+        ..cfg.clone()
+    });
+    let mut b = Vec::new();
+    let block = p.block("/");
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    for _ in 0..100 {
+        frame::put(&mut b, kind::DATA, 0, 1, &[]);
+    }
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::EnhanceYourCalm as u32)
+    );
+}
+
+#[test]
+fn completed_responses_earn_budget_back_so_busy_clients_are_not_cut_off() {
+    let cfg = H2Config {
+        flood_budget: 50,
+        ..H2Config::default()
+    };
+    let (mut s, mut p, _) = open_with(cfg);
+    for round in 0..200u32 {
+        let id = 1 + 2 * round;
+        let mut b = Vec::new();
+        p.get(&mut b, id, "/");
+        frame::put(&mut b, kind::PING, 0, 0, &[2; 8]);
+        send(&mut s, b);
+        let r = s.poll_request().unwrap();
+        reply(&mut s, r.id, b"ok");
+    }
+    assert!(!closing(&s));
+}
+
+#[test]
+fn a_body_over_the_cap_is_refused_and_the_connection_goes_on() {
+    let cfg = H2Config {
+        max_body: 10,
+        ..H2Config::default()
+    };
+    let (mut s, mut p, c) = open_with(cfg);
+    let mut b = Vec::new();
+    let block = p.block("/");
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, &[0; 11]);
+    p.get(&mut b, 3, "/");
+    let got = send(&mut s, b);
+    assert_eq!(rst(&got, 1), Some(ErrorCode::RefusedStream as u32));
+    assert_eq!(c.rst_for(Reason::BodyTooLarge), 1);
+    assert_eq!(s.poll_request().unwrap().id, 3);
+    assert_eq!(s.buffered(), 0);
+}
+
+#[test]
+fn an_abandoned_or_bad_reply_resets_the_stream() {
+    let (mut s, mut p, c) = open();
+    let mut b = Vec::new();
+    p.get(&mut b, 1, "/");
+    p.get(&mut b, 3, "/");
+    send(&mut s, b);
+    let (a, bb) = (s.poll_request().unwrap(), s.poll_request().unwrap());
+    s.complete(a.id, None);
+    s.complete(bb.id, Some(IoVec::from(Zbuf::copy_from_slice(b"junk"))));
+    let got = drain(&mut s);
+    assert_eq!(rst(&got, 1), Some(ErrorCode::Internal as u32));
+    assert_eq!(rst(&got, 3), Some(ErrorCode::Internal as u32));
+    assert_eq!(c.rst_for(Reason::BadReply), 2);
+    assert_eq!(s.open_streams(), 0);
+}
+
+#[test]
+fn trailers_and_big_replies_are_framed_within_max_frame_size() {
+    let (mut s, mut p, _) = open();
+    let mut b = Vec::new();
+    p.get(&mut b, 1, "/");
+    send(&mut s, b);
+    let r = s.poll_request().unwrap();
+    let resp = Response::new(200)
+        .body(IoVec::from(Zbuf::from_vec(vec![1u8; 40_000])))
+        .trailers(vec![(b"grpc-status".to_vec(), b"0".to_vec())]);
+    s.complete(r.id, Some(resp.into_iovec()));
+    let got = drain(&mut s);
+    let sizes: Vec<_> = got
+        .iter()
+        .filter(|(h, _)| h.kind == kind::DATA)
+        .map(|(h, _)| (h.len, h.flags))
+        .collect();
+    assert_eq!(sizes, vec![(16_384, 0), (16_384, 0), (7_232, 0)]);
+    let last = got.last().unwrap();
+    assert_eq!(
+        (last.0.kind, last.0.flags),
+        (kind::HEADERS, flag::END_HEADERS | flag::END_STREAM)
+    );
+    let _ = p.dec.decode(&got[0].1).unwrap();
+    assert_eq!(
+        p.dec.decode(&last.1).unwrap(),
+        vec![(b"grpc-status".to_vec(), b"0".to_vec())]
+    );
+}
+
+#[test]
+fn the_peers_goaway_ends_the_session_once_its_streams_are_answered() {
+    let (mut s, mut p, _) = open();
+    let mut b = Vec::new();
+    p.get(&mut b, 1, "/");
+    frame::goaway(&mut b, 0, ErrorCode::NoError, b"");
+    p.get(&mut b, 3, "/");
+    send(&mut s, b);
+    let r = s.poll_request().unwrap();
+    assert!(s.poll_request().is_none(), "no new streams after GOAWAY");
+    assert_eq!(s.state(), SessionState::Open);
+    reply(&mut s, r.id, b"x");
+    assert_eq!(s.state(), SessionState::Done);
+}
+
+/// Input is not processed while too much output waits: a PING flood from a peer that
+/// does not read cannot grow the output queue beyond the bound.
+#[test]
+fn output_is_bounded_while_the_peer_does_not_read() {
+    let cfg = H2Config {
+        max_output: 1000,
+        flood_budget: 1_000_000,
+        ..H2Config::default()
+    };
+    let (mut s, _, _) = open_with(cfg);
+    let mut b = Vec::new();
+    for _ in 0..10_000 {
+        frame::put(&mut b, kind::PING, 0, 0, &[3; 8]);
+    }
+    s.push(Zbuf::from_vec(b));
+    assert!(s.out_len() < 1000 + 17);
+    assert!(!s.wants_input());
+    let mut total = 0;
+    while let Some(t) = s.poll_transmit() {
+        total += t.len();
+    }
+    assert_eq!(
+        total,
+        10_000 * 17,
+        "every PING answered once the output drains"
+    );
+}

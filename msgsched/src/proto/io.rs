@@ -1,0 +1,341 @@
+//! The I/O core's side of a group whose connections run a [`Session`]: the session
+//! counterpart of [`MsgIo`](crate::socket::MsgIo), over the same scheduler, worker
+//! sockets ([`MsgSocket`]), origins and transmit delegation.
+//!
+//! Driving contract, per poll iteration of the I/O core (as for `MsgIo`):
+//! 1. for each readable attached connection, while [`SessionIo::wants_input`]: read
+//!    bytes and pass them to [`SessionIo::on_data`];
+//! 2. [`SessionIo::poll_replies`]: workers' completions go to their sessions, and every
+//!    session with output hands it to the callback (in wire order per connection:
+//!    control frames the session answered itself and encoded replies alike);
+//! 3. [`SessionIo::poll_event`] until `None`: [`IoEvent::Shutdown`] — write what the
+//!    callback was given, then close (an error's reason is counted in
+//!    [`MsgCounters::parse_errors`], the protocol's own reasons in its counters);
+//! 4. a connection TCP closed: [`SessionIo::detach`].
+//!
+//! A request's [`Origin`] carries the session's request id as both `seq` and
+//! `stream`; at most the framer config's `max_in_flight` requests of one connection are
+//! at workers at once (the session holds the rest, within its own bounds).
+
+use crate::framer::FramerConfig;
+use crate::parser::ParseErrorKind;
+use crate::proto::{Session, SessionRequest, SessionState};
+use crate::reply::Staging;
+use crate::sched::{self, Dispatcher, SchedConfig};
+use crate::socket::Out;
+use crate::socket::{IoEvent, Message, MsgConfigError, MsgCounters, MsgSocket, Origin, Shared};
+use crossbeam_queue::SegQueue;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::sync::atomic::Ordering as AtomicOrdering;
+use std::sync::Arc;
+use zbuf::{IoVec, Zbuf};
+
+struct SConn<C> {
+    conn: C,
+    session: Box<dyn Session>,
+    staging: Arc<Staging<Out>>,
+    in_flight: usize,
+    /// A worker answered with [`MsgSocket::reply_and_close`](crate::socket::MsgSocket::reply_and_close):
+    /// end the connection once that reply has been written, as a clean end.
+    close_after: bool,
+    /// A request the scheduler had no room for (sent first next time).
+    stalled: Option<SessionRequest>,
+}
+
+/// The I/O core's side of a session group.
+pub struct SessionIo<C> {
+    dispatcher: Dispatcher<Message<C>>,
+    shared: Arc<Shared>,
+    cap: usize,
+    conns: HashMap<u64, SConn<C>>,
+    keys: HashMap<C, u64>,
+    next_key: u64,
+    stalled: VecDeque<u64>,
+    /// Connections whose session may have output.
+    dirty: HashSet<u64>,
+    events: VecDeque<IoEvent<C>>,
+}
+
+/// Builds a session group: the I/O side and one socket per worker. Of `framer_cfg`
+/// only `max_in_flight` applies (a session has its own bounds).
+#[allow(clippy::type_complexity)]
+pub fn session_group<C>(
+    sched_cfg: &SchedConfig,
+    framer_cfg: FramerConfig,
+) -> Result<(SessionIo<C>, Vec<MsgSocket<C>>), MsgConfigError>
+where
+    C: Copy + Eq + Hash + Send,
+{
+    framer_cfg.validate().map_err(MsgConfigError::Framer)?;
+    let (dispatcher, workers) = sched::scheduler(sched_cfg).map_err(MsgConfigError::Sched)?;
+    let shared = Arc::new(Shared {
+        notices: SegQueue::new(),
+        counters: Arc::new(MsgCounters::default()),
+    });
+    let sockets = workers
+        .into_iter()
+        .map(|worker| MsgSocket {
+            worker,
+            shared: Arc::clone(&shared),
+        })
+        .collect();
+    Ok((
+        SessionIo {
+            dispatcher,
+            shared,
+            cap: framer_cfg.max_in_flight,
+            conns: HashMap::new(),
+            keys: HashMap::new(),
+            next_key: 0,
+            stalled: VecDeque::new(),
+            dirty: HashSet::new(),
+            events: VecDeque::new(),
+        },
+        sockets,
+    ))
+}
+
+impl<C> SessionIo<C>
+where
+    C: Copy + Eq + Hash + Send,
+{
+    /// Attaches an accepted connection with its session; false if it is attached already.
+    pub fn attach(&mut self, conn: C, session: Box<dyn Session>) -> bool {
+        if self.keys.contains_key(&conn) {
+            return false;
+        }
+        let key = self.next_key;
+        self.next_key += 1;
+        self.conns.insert(
+            key,
+            SConn {
+                conn,
+                session,
+                staging: Arc::new(Staging::new(self.cap)),
+                in_flight: 0,
+                close_after: false,
+                stalled: None,
+            },
+        );
+        self.keys.insert(conn, key);
+        // The session's own first frames (e.g. HTTP/2 SETTINGS).
+        self.dirty.insert(key);
+        self.shared
+            .counters
+            .attached
+            .fetch_add(1, AtomicOrdering::Relaxed);
+        true
+    }
+
+    /// Whether `conn` should be read now.
+    pub fn wants_input(&self, conn: C) -> bool {
+        self.keys
+            .get(&conn)
+            .and_then(|k| self.conns.get(k))
+            .is_some_and(|c| c.stalled.is_none() && c.session.wants_input())
+    }
+
+    /// Bytes received on `conn`, in order (ignored if it is not attached).
+    pub fn on_data(&mut self, conn: C, data: Zbuf) {
+        let Some(&key) = self.keys.get(&conn) else {
+            return;
+        };
+        if let Some(c) = self.conns.get_mut(&key) {
+            c.session.push(data);
+        }
+        self.dirty.insert(key);
+        self.dispatch(key);
+    }
+
+    /// Hands `key`'s whole requests to the scheduler while it and the in-flight cap
+    /// have room.
+    fn dispatch(&mut self, key: u64) {
+        loop {
+            let Some(c) = self.conns.get_mut(&key) else {
+                return;
+            };
+            if c.in_flight >= self.cap {
+                return;
+            }
+            let Some(req) = c.stalled.take().or_else(|| c.session.poll_request()) else {
+                return;
+            };
+            let msg = Message {
+                origin: Origin {
+                    conn: c.conn,
+                    key,
+                    seq: req.id,
+                    stream: Some(req.id),
+                    staging: Arc::clone(&c.staging),
+                    shared: Arc::clone(&self.shared),
+                    answered: false,
+                },
+                body: req.body.clone(),
+            };
+            match self.dispatcher.dispatch(key, msg) {
+                Ok(_) => {
+                    c.in_flight += 1;
+                    self.shared
+                        .counters
+                        .messages
+                        .fetch_add(1, AtomicOrdering::Relaxed);
+                }
+                Err(rejected) => {
+                    let mut m = rejected.into_inner();
+                    m.origin.answered = true;
+                    drop(m);
+                    c.stalled = Some(req);
+                    self.shared
+                        .counters
+                        .backpressure
+                        .fetch_add(1, AtomicOrdering::Relaxed);
+                    self.stalled.push_back(key);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Workers' completions go to their sessions; every session's output goes to
+    /// `send(conn, bytes)` in wire order. Returns the replies completed.
+    pub fn poll_replies(&mut self, mut send: impl FnMut(C, IoVec)) -> usize {
+        let mut replies = 0;
+        while let Some((key, staging)) = self.shared.notices.pop() {
+            let Some(c) = self.conns.get_mut(&key) else {
+                let n = staging.drain(|_| {});
+                self.shared
+                    .counters
+                    .closed_in_flight
+                    .fetch_add(n as u64, AtomicOrdering::Relaxed);
+                continue;
+            };
+            let counters = &self.shared.counters;
+            let mut done = 0;
+            let mut close_after = false;
+            staging.drain(|(id, reply)| {
+                done += 1;
+                if reply.is_some() {
+                    counters.replies.fetch_add(1, AtomicOrdering::Relaxed);
+                    replies += 1;
+                }
+                close_after |= reply.as_ref().is_some_and(|o| o.close);
+                c.session.complete(id, reply.map(|o| o.data));
+            });
+            c.close_after |= close_after;
+            c.in_flight = c.in_flight.saturating_sub(done);
+            for _ in 0..done {
+                self.dispatcher.complete(key);
+            }
+            self.dirty.insert(key);
+        }
+        self.dispatcher.poll();
+        for _ in 0..self.stalled.len() {
+            let Some(key) = self.stalled.pop_front() else {
+                break;
+            };
+            self.dirty.insert(key);
+        }
+        let mut dirty: Vec<u64> = self.dirty.drain().collect();
+        dirty.sort_unstable();
+        for key in dirty {
+            self.service(key, &mut send);
+        }
+        replies
+    }
+
+    /// Dispatches `key`'s requests and writes its output; ends it if its session did.
+    fn service(&mut self, key: u64, send: &mut impl FnMut(C, IoVec)) {
+        self.dispatch(key);
+        let Some(c) = self.conns.get_mut(&key) else {
+            return;
+        };
+        let conn = c.conn;
+        while let Some(tx) = c.session.poll_transmit() {
+            send(conn, tx);
+        }
+        let state = match c.session.state() {
+            SessionState::Open if c.close_after => SessionState::Done,
+            state => state,
+        };
+        self.dispatch(key);
+        match state {
+            SessionState::Open => {}
+            SessionState::Closing(e) => {
+                let i = ParseErrorKind::ALL
+                    .iter()
+                    .position(|k| *k == e.kind())
+                    .unwrap_or(0);
+                self.shared.counters.parse_errors[i].fetch_add(1, AtomicOrdering::Relaxed);
+                self.detach(conn);
+                self.events.push_back(IoEvent::Shutdown {
+                    conn,
+                    reason: Some(e.kind()),
+                });
+            }
+            SessionState::Done => {
+                self.detach(conn);
+                self.events
+                    .push_back(IoEvent::Shutdown { conn, reason: None });
+            }
+        }
+    }
+
+    /// Takes the next event for the driver.
+    pub fn poll_event(&mut self) -> Option<IoEvent<C>> {
+        self.events.pop_front()
+    }
+
+    /// The connection is gone: completions still in flight are counted and dropped.
+    /// Returns the requests that were at workers.
+    pub fn detach(&mut self, conn: C) -> usize {
+        let Some(key) = self.keys.remove(&conn) else {
+            return 0;
+        };
+        let Some(c) = self.conns.remove(&key) else {
+            return 0;
+        };
+        self.shared
+            .counters
+            .detached
+            .fetch_add(1, AtomicOrdering::Relaxed);
+        let n = c.staging.close(|_| {});
+        self.shared
+            .counters
+            .closed_in_flight
+            .fetch_add(n as u64, AtomicOrdering::Relaxed);
+        self.stalled.retain(|k| *k != key);
+        self.dirty.remove(&key);
+        c.in_flight
+    }
+
+    /// Requests of `conn` at workers (`None` if not attached).
+    pub fn in_flight(&self, conn: C) -> Option<usize> {
+        Some(self.conns.get(self.keys.get(&conn)?)?.in_flight)
+    }
+
+    /// Whether `conn` is attached.
+    pub fn is_attached(&self, conn: C) -> bool {
+        self.keys.contains_key(&conn)
+    }
+
+    /// Attached connections.
+    pub fn attached(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The group's counters.
+    pub fn counters(&self) -> &MsgCounters {
+        &self.shared.counters
+    }
+
+    /// A handle to the group's counters that outlives this side.
+    pub fn counters_handle(&self) -> Arc<MsgCounters> {
+        Arc::clone(&self.shared.counters)
+    }
+
+    /// The scheduler's counters.
+    pub fn sched_stats(&self) -> sched::Stats {
+        self.dispatcher.stats()
+    }
+}

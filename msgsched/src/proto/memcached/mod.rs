@@ -1,0 +1,322 @@
+//! memcached, text and binary protocols on one port (the first byte of a connection
+//! decides: `0x80` is binary, anything else text, as memcached does).
+//!
+//! Framing ([`McParser`], the I/O core) is sans-IO over the received io-vectors and copies
+//! no payload: a text command line is found by its `\n` within the line cap (header
+//! bytes, peeked), a storage command's data block is framed by the line's `<bytes>`
+//! count (never by searching the data); a binary request by its 24-byte header's body
+//! length, checked against the key and extras lengths (the CVE-2016-8704/5/6 class)
+//! before anything else. Decoding a framed message for the server ([`text::Request`],
+//! [`binary::Request`]) also only peeks header bytes; values are slices of the message.
+//!
+//! Errors follow the real server (memcached 1.6):
+//! - bad binary magic, `keylen > 250`, `keylen + extlen > bodylen`, a text line with no
+//!   `\n` within the line cap (and a multiget line over its cap): the connection is closed
+//!   with a counted [`ParseErrorKind`](crate::parser::ParseErrorKind) (memcached closes too; for the binary
+//!   length errors it first writes an EINVAL reply, which we do not);
+//! - a bad command line (unknown command, wrong token count, key over 250 bytes, bad
+//!   numbers): the line alone is a message and the server answers `ERROR` /
+//!   `CLIENT_ERROR ...`, the connection stays;
+//! - a storage command whose value is above the cap: memcached answers
+//!   `SERVER_ERROR object too large for cache` (binary: status E2BIG) and swallows the
+//!   value. So do we: the command line (binary: header, extras, key) is framed as a
+//!   message the server answers with that error, and the value is consumed in chunks of
+//!   at most [`SWALLOW_CHUNK`] bytes tagged with stream [`SWALLOW`], which the server
+//!   completes without a reply. Memory stays bounded by the framer's caps.
+//!
+//! Line endings: memcached accepts `\n` alone as well as `\r\n` at the end of a command
+//! line (it strips one `\r` before the `\n`), and so do we; the data block of a storage
+//! command must be followed by exactly `\r\n` (`<bytes>` counts only the data), else
+//! the server answers `CLIENT_ERROR bad data chunk` having consumed `<bytes> + 2` bytes,
+//! as memcached does. Tokens and keys are computed from the line without its ending in
+//! both cases, so an LF-only line cannot shift a count by one (the CVE-2023-46853 class:
+//! memcached's proxy miscounted the keys of `\n`-terminated multigets); tests pin both.
+//!
+//! Reply order: both protocols are [`Ordering::Ordered`]. memcached answers a
+//! connection's requests in order, and binary clients depend on it: quiet commands
+//! (`getq`, `getkq`, `setq`, ...) answer only on a miss or an error and a following
+//! `noop` is the flush point that says every earlier request has been answered, which
+//! holds only if no reply overtakes it.
+
+pub mod binary;
+pub mod text;
+
+use crate::parser::{peek, Ordering, ParseError, Parser};
+use zbuf::IoVec;
+
+/// Longest key, in bytes (memcached's `KEY_MAX_LENGTH`).
+pub const KEY_MAX: usize = 250;
+/// Stream tag of a swallowed chunk of a too-large value: the server completes it
+/// without a reply.
+pub const SWALLOW: u64 = u64::MAX;
+/// Stream tag of a binary-protocol message (text messages have none). The replies are
+/// ordered either way; the tag only tells the server how to read the message.
+pub const BINARY: u64 = u64::MAX - 1;
+/// Largest swallowed chunk.
+pub const SWALLOW_CHUNK: usize = 64 << 10;
+
+/// Per-connection limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest text command line (ending included), other than a retrieval command's.
+    /// memcached closes a connection that sends 2048 bytes without a `\n`, except for
+    /// `get`/`gets`, whose lines it lets grow without bound.
+    pub line_max: usize,
+    /// Longest `get`/`gets`/`gat`/`gats` line: memcached has no bound; ours is this one
+    /// (and so at most `multiget_max / 2` keys per command).
+    pub multiget_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            line_max: 2048,
+            multiget_max: 64 << 10,
+        }
+    }
+}
+
+/// Which protocol a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// The ASCII protocol.
+    Text,
+    /// The binary protocol (first byte `0x80`).
+    Binary,
+}
+
+/// What a framed message is, from its origin's stream tag (see [`McParser`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MsgKind {
+    /// A text command (line and data block).
+    Text,
+    /// A binary request.
+    Binary,
+    /// A chunk of a too-large value being swallowed: complete it without a reply.
+    Swallow,
+}
+
+/// The kind of a message whose origin carries `stream`.
+pub fn kind(stream: Option<u64>) -> MsgKind {
+    match stream {
+        Some(SWALLOW) => MsgKind::Swallow,
+        Some(BINARY) => MsgKind::Binary,
+        _ => MsgKind::Text,
+    }
+}
+
+/// The memcached parser of one connection: text or binary, chosen by its first byte.
+#[derive(Debug, Clone, Default)]
+pub struct McParser {
+    limits: Limits,
+    proto: Option<Protocol>,
+    /// Bytes of a too-large value still to swallow.
+    swallow: u64,
+    /// The message just framed is a swallowed chunk.
+    swallowing: bool,
+    /// Head bytes known to hold no `\n` (text).
+    scanned: usize,
+}
+
+impl McParser {
+    /// A parser with `limits`.
+    pub fn new(limits: Limits) -> Self {
+        McParser {
+            limits,
+            ..McParser::default()
+        }
+    }
+
+    /// The connection's protocol, once its first byte has arrived.
+    pub fn protocol(&self) -> Option<Protocol> {
+        self.proto
+    }
+}
+
+impl Parser for McParser {
+    fn parse(&mut self, buf: &IoVec, max: usize) -> Result<usize, ParseError> {
+        self.swallowing = false;
+        if self.swallow > 0 {
+            let n = (self.swallow.min(SWALLOW_CHUNK as u64) as usize).min(max.max(1));
+            self.swallow -= n as u64;
+            self.swallowing = true;
+            return Ok(n);
+        }
+        let proto = match self.proto {
+            Some(p) => p,
+            None => {
+                let mut b = [0u8; 1];
+                if !peek(buf, 0, &mut b) {
+                    return Ok(0);
+                }
+                let p = if b[0] == binary::REQ_MAGIC {
+                    Protocol::Binary
+                } else {
+                    Protocol::Text
+                };
+                self.proto = Some(p);
+                p
+            }
+        };
+        let f = match proto {
+            Protocol::Text => text::frame(buf, max, &self.limits, &mut self.scanned)?,
+            Protocol::Binary => binary::frame(buf, max)?,
+        };
+        self.swallow = f.swallow;
+        Ok(f.len)
+    }
+
+    fn ordering(&self) -> Ordering {
+        Ordering::Ordered
+    }
+
+    fn stream(&self, _msg: &IoVec) -> Option<u64> {
+        if self.swallowing {
+            Some(SWALLOW)
+        } else if self.proto == Some(Protocol::Binary) {
+            Some(BINARY)
+        } else {
+            None
+        }
+    }
+}
+
+/// What a protocol's framing found at the head of the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Frame {
+    /// Length of the next message (0: need more bytes).
+    pub len: usize,
+    /// Bytes after it to swallow (a value above the cap).
+    pub swallow: u64,
+}
+
+impl Frame {
+    pub(crate) const MORE: Frame = Frame { len: 0, swallow: 0 };
+
+    pub(crate) fn msg(len: usize) -> Frame {
+        Frame { len, swallow: 0 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::framer::{Framer, FramerConfig};
+    use crate::parser::ParseErrorKind;
+    use zbuf::Zbuf;
+
+    fn framer(max: usize) -> Framer<McParser> {
+        Framer::new(
+            McParser::new(Limits::default()),
+            FramerConfig {
+                max_message: max,
+                max_in_flight: 1 << 16,
+            },
+        )
+        .unwrap()
+    }
+
+    /// Every message the framer yields for `input` pushed in pieces of `step` bytes.
+    fn frames(
+        input: &[u8],
+        step: usize,
+        max: usize,
+    ) -> Result<Vec<(Vec<u8>, bool)>, ParseErrorKind> {
+        let mut f = framer(max);
+        let mut out = Vec::new();
+        for c in input.chunks(step.max(1)) {
+            f.push(Zbuf::copy_from_slice(c));
+            loop {
+                match f.next_message() {
+                    Ok(Some(m)) => {
+                        out.push((m.body.to_vec(), m.stream == Some(SWALLOW)));
+                        f.reply_done();
+                    }
+                    Ok(None) => break,
+                    Err(e) => return Err(e.kind()),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn first_byte_chooses_the_protocol() {
+        let mut p = McParser::new(Limits::default());
+        assert_eq!(p.parse(&IoVec::new(), 1 << 20), Ok(0));
+        assert_eq!(p.protocol(), None);
+        let b: IoVec = [Zbuf::copy_from_slice(&[0x80])].into_iter().collect();
+        assert_eq!(p.parse(&b, 1 << 20), Ok(0));
+        assert_eq!(p.protocol(), Some(Protocol::Binary));
+        let mut p = McParser::new(Limits::default());
+        let b: IoVec = [Zbuf::copy_from_slice(b"ver")].into_iter().collect();
+        assert_eq!(p.parse(&b, 1 << 20), Ok(0));
+        assert_eq!(p.protocol(), Some(Protocol::Text));
+    }
+
+    #[test]
+    fn too_large_text_value_is_answered_and_swallowed_in_bounded_chunks() {
+        let value = vec![b'x'; 200_000];
+        let mut input = format!("set k 0 0 {}\r\n", value.len()).into_bytes();
+        input.extend(&value);
+        input.extend(b"\r\nget k\r\n");
+        for step in [7usize, 1000, 1 << 20] {
+            let got = frames(&input, step, 4096).unwrap();
+            assert_eq!(
+                got[0],
+                (format!("set k 0 0 {}\r\n", value.len()).into_bytes(), false)
+            );
+            let swallowed: usize = got.iter().filter(|m| m.1).map(|m| m.0.len()).sum();
+            assert_eq!(swallowed, value.len() + 2);
+            assert!(got.iter().all(|m| m.0.len() <= SWALLOW_CHUNK.min(4096)));
+            assert_eq!(got.last().unwrap(), &(b"get k\r\n".to_vec(), false));
+        }
+    }
+
+    #[test]
+    fn too_large_binary_value_is_answered_and_swallowed() {
+        let key = b"kk";
+        let mut m = binary::Header {
+            magic: binary::REQ_MAGIC,
+            opcode: binary::op::SET,
+            keylen: 2,
+            extlen: 8,
+            status: 0,
+            bodylen: 8 + 2 + 10_000,
+            opaque: 7,
+            cas: 0,
+        }
+        .bytes()
+        .to_vec();
+        m.extend([0u8; 8]);
+        m.extend(key);
+        m.extend(vec![1u8; 10_000]);
+        let noop = binary::Header::request(binary::op::NOOP, 0, 0, 0, 9).bytes();
+        m.extend(noop);
+        let got = frames(&m, 999, 4096).unwrap();
+        assert_eq!(got[0].0.len(), 24 + 8 + 2);
+        assert!(!got[0].1);
+        let swallowed: usize = got.iter().filter(|m| m.1).map(|m| m.0.len()).sum();
+        assert_eq!(swallowed, 10_000);
+        assert_eq!(got.last().unwrap().0, noop.to_vec());
+    }
+
+    proptest::proptest! {
+        /// Any segmentation of a mixed text stream gives the same messages.
+        #[test]
+        fn text_framing_is_independent_of_segmentation(step in 1usize..64, lf_only in proptest::bool::ANY) {
+            let nl = if lf_only { "\n" } else { "\r\n" };
+            let input = format!(
+                "set a 1 0 5{nl}hello\r\nget a b c{nl}delete a{nl}incr n 5{nl}cas a 0 0 3 99 noreply{nl}x\ny\r\nversion{nl}set big 0 0 5000{nl}{}\r\nquit{nl}",
+                "z".repeat(5000)
+            );
+            let whole = frames(input.as_bytes(), input.len(), 1024).unwrap();
+            let split = frames(input.as_bytes(), step, 1024).unwrap();
+            proptest::prop_assert_eq!(&whole, &split);
+            let msgs: Vec<&[u8]> = whole.iter().filter(|m| !m.1).map(|m| &m.0[..]).collect();
+            proptest::prop_assert_eq!(msgs.len(), 8);
+            proptest::prop_assert_eq!(msgs[0].to_vec(), format!("set a 1 0 5{nl}hello\r\n").into_bytes());
+            proptest::prop_assert_eq!(msgs[4].to_vec(), format!("cas a 0 0 3 99 noreply{nl}x\ny\r\n").into_bytes());
+        }
+    }
+}

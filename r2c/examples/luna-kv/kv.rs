@@ -1,0 +1,769 @@
+//! luna-kv's store and message handler: a memcached-compatible key-value service over
+//! msgsched message sockets (text and binary protocol on one port).
+//!
+//! The store is shared by every worker: `SHARDS` shards, each a `Mutex<HashMap>` chosen
+//! by the key's hash (a sharded mutex map: workers touching different shards never
+//! contend, and a shard's critical sections are a map operation and a refcount, never
+//! I/O). Values are copied once out of the receive buffers into their own heap buffers
+//! (so a stored item does not pin the NIC's receive memory) and sent from there without
+//! another copy of ours. Memory is bounded by `--memory-mb`: a store that would exceed it
+//! is refused (`SERVER_ERROR out of memory storing object` / status ENOMEM); there is no
+//! LRU eviction.
+
+use msgsched::proto::memcached::binary::{self, op, status, Header};
+use msgsched::proto::memcached::text::{self, Command, StoreOp};
+use msgsched::proto::memcached::{kind, MsgKind};
+use msgsched::socket::Message;
+use r2c::msg::{MsgCtx, MsgHandler};
+use r2c::Conn;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+use zbuf::{IoVec, Zbuf};
+
+const SHARDS: usize = 64;
+/// Per-item bookkeeping charged against the memory limit, besides key and value.
+const ITEM_OVERHEAD: usize = 64;
+/// memcached: an exptime above 30 days is a Unix time, else relative seconds.
+const REL_MAX: i64 = 60 * 60 * 24 * 30;
+/// The version luna-kv reports (the memcached protocol level it follows).
+pub const VERSION: &str = "1.6.21-luna";
+
+#[derive(Clone)]
+struct Item {
+    value: Zbuf,
+    flags: u32,
+    /// Unix seconds after which the item is gone (0: never).
+    exp: u64,
+    cas: u64,
+    stored: u64,
+}
+
+/// Outcome of a store operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Stored.
+    Stored,
+    /// A condition failed (add of a present key, append to a missing one, ...).
+    NotStored,
+    /// CAS mismatch.
+    Exists,
+    /// CAS or replace of a missing key.
+    NotFound,
+    /// The memory limit.
+    NoMemory,
+}
+
+/// Why incr/decr failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArithError {
+    /// No such key.
+    NotFound,
+    /// The value is not a decimal number.
+    NonNumeric,
+    /// The memory limit (creating or growing the value).
+    NoMemory,
+}
+
+/// The shared store.
+pub struct Store {
+    shards: Vec<Mutex<HashMap<Vec<u8>, Item>>>,
+    hasher: RandomState,
+    next_cas: AtomicU64,
+    bytes: AtomicUsize,
+    max_bytes: usize,
+    /// Items stored at or before this Unix second are gone (flush_all with a delay).
+    flush_at: AtomicU64,
+    /// Counters for `stats`.
+    pub gets: AtomicU64,
+    /// Hits among `gets`.
+    pub hits: AtomicU64,
+    /// Store commands.
+    pub sets: AtomicU64,
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// memcached's exptime rule: 0 never, negative already expired, up to 30 days relative.
+fn expiry(exptime: i64) -> u64 {
+    match exptime {
+        0 => 0,
+        e if e < 0 => 1,
+        e if e <= REL_MAX => now() + e as u64,
+        e => e as u64,
+    }
+}
+
+fn cost(key: &[u8], v: usize) -> usize {
+    key.len() + v + ITEM_OVERHEAD
+}
+
+fn parse_u64(v: &Zbuf) -> Option<u64> {
+    let s = core::str::from_utf8(v).ok()?;
+    let s = s.trim_end_matches(' ');
+    if s.is_empty() || s.len() > 20 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+impl Store {
+    /// A store holding at most `max_bytes` (keys, values and per-item overhead).
+    pub fn new(max_bytes: usize) -> Store {
+        Store {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            next_cas: AtomicU64::new(1),
+            bytes: AtomicUsize::new(0),
+            max_bytes,
+            flush_at: AtomicU64::new(0),
+            gets: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            sets: AtomicU64::new(0),
+        }
+    }
+
+    fn shard(&self, key: &[u8]) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Item>> {
+        let i = (self.hasher.hash_one(key) % SHARDS as u64) as usize;
+        // A panic while holding a shard cannot leave a map half-updated (each operation
+        // is one map call), so a poisoned lock is taken over.
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn live(&self, it: &Item, t: u64) -> bool {
+        let f = self.flush_at.load(Ordering::Relaxed);
+        (it.exp == 0 || it.exp > t) && !(f != 0 && f <= t && it.stored <= f)
+    }
+
+    fn cas(&self) -> u64 {
+        self.next_cas.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Bytes in use.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Items (live or not yet reclaimed).
+    pub fn items(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+
+    fn charge(&self, add: usize, sub: usize) -> bool {
+        let mut cur = self.bytes.load(Ordering::Relaxed);
+        loop {
+            let next = cur.saturating_sub(sub) + add;
+            if add > sub && next > self.max_bytes {
+                return false;
+            }
+            match self
+                .bytes
+                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// Stores `value` under `key` per `op`; the new CAS value on success.
+    pub fn store(
+        &self,
+        op: StoreOp,
+        key: &[u8],
+        flags: u32,
+        exptime: i64,
+        value: &IoVec,
+    ) -> (Outcome, u64) {
+        self.sets.fetch_add(1, Ordering::Relaxed);
+        let t = now();
+        let mut m = self.shard(key);
+        let old = m.get(key).filter(|it| self.live(it, t)).cloned();
+        let (bytes, flags, exp) = match (op, &old) {
+            (StoreOp::Add, Some(_)) => return (Outcome::NotStored, 0),
+            (StoreOp::Replace | StoreOp::Append | StoreOp::Prepend, None) => {
+                return (Outcome::NotStored, 0)
+            }
+            (StoreOp::Cas(_), None) => return (Outcome::NotFound, 0),
+            (StoreOp::Cas(c), Some(it)) if it.cas != c => return (Outcome::Exists, 0),
+            (StoreOp::Append, Some(it)) => {
+                let mut v = it.value.to_vec();
+                v.extend(value.to_vec());
+                (v, it.flags, it.exp)
+            }
+            (StoreOp::Prepend, Some(it)) => {
+                let mut v = value.to_vec();
+                v.extend_from_slice(&it.value);
+                (v, it.flags, it.exp)
+            }
+            _ => (value.to_vec(), flags, expiry(exptime)),
+        };
+        let prev = m.get(key).map_or(0, |it| cost(key, it.value.len()));
+        if !self.charge(cost(key, bytes.len()), prev) {
+            return (Outcome::NoMemory, 0);
+        }
+        let cas = self.cas();
+        m.insert(
+            key.to_vec(),
+            Item {
+                value: Zbuf::from_vec(bytes),
+                flags,
+                exp,
+                cas,
+                stored: t,
+            },
+        );
+        (Outcome::Stored, cas)
+    }
+
+    /// The live item under `key` as `(value, flags, cas)`; `touch` sets a new expiry.
+    pub fn get(&self, key: &[u8], touch: Option<i64>) -> Option<(Zbuf, u32, u64)> {
+        self.gets.fetch_add(1, Ordering::Relaxed);
+        let t = now();
+        let mut m = self.shard(key);
+        let live = m.get(key).is_some_and(|it| self.live(it, t));
+        if !live {
+            if let Some(it) = m.remove(key) {
+                self.charge(0, cost(key, it.value.len()));
+            }
+            return None;
+        }
+        let it = m.get_mut(key)?;
+        if let Some(e) = touch {
+            it.exp = expiry(e);
+        }
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        Some((it.value.clone(), it.flags, it.cas))
+    }
+
+    /// Removes `key` (if `cas` is given, only with that CAS value).
+    pub fn delete(&self, key: &[u8], cas: u64) -> Outcome {
+        let t = now();
+        let mut m = self.shard(key);
+        match m.get(key) {
+            Some(it) if self.live(it, t) => {
+                if cas != 0 && it.cas != cas {
+                    return Outcome::Exists;
+                }
+                let it = m.remove(key).expect("present");
+                self.charge(0, cost(key, it.value.len()));
+                Outcome::Stored
+            }
+            _ => Outcome::NotFound,
+        }
+    }
+
+    /// incr/decr (decr stops at 0, incr wraps at 2^64). `create`: the binary protocol's
+    /// initial value and expiry for a missing key. Returns the new value and CAS.
+    pub fn arith(
+        &self,
+        key: &[u8],
+        incr: bool,
+        delta: u64,
+        create: Option<(u64, i64)>,
+    ) -> Result<(u64, u64), ArithError> {
+        let t = now();
+        let mut m = self.shard(key);
+        let cur = m.get(key).filter(|it| self.live(it, t)).cloned();
+        let (n, flags, exp) = match cur {
+            None => {
+                let (init, e) = create.ok_or(ArithError::NotFound)?;
+                (init, 0, expiry(e))
+            }
+            Some(it) => {
+                let v = parse_u64(&it.value).ok_or(ArithError::NonNumeric)?;
+                let n = if incr {
+                    v.wrapping_add(delta)
+                } else {
+                    v.saturating_sub(delta)
+                };
+                (n, it.flags, it.exp)
+            }
+        };
+        let bytes = n.to_string().into_bytes();
+        let prev = m.get(key).map_or(0, |it| cost(key, it.value.len()));
+        if !self.charge(cost(key, bytes.len()), prev) {
+            return Err(ArithError::NoMemory);
+        }
+        let cas = self.cas();
+        m.insert(
+            key.to_vec(),
+            Item {
+                value: Zbuf::from_vec(bytes),
+                flags,
+                exp,
+                cas,
+                stored: t,
+            },
+        );
+        Ok((n, cas))
+    }
+
+    /// Sets a new expiry; false if there is no such key.
+    pub fn touch(&self, key: &[u8], exptime: i64) -> bool {
+        let t = now();
+        let mut m = self.shard(key);
+        match m.get_mut(key) {
+            Some(it) if self.live(it, t) => {
+                it.exp = expiry(exptime);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// flush_all: every item stored up to now (or up to `delay` seconds from now) is gone.
+    pub fn flush(&self, delay: i64) {
+        if delay > 0 {
+            self.flush_at.store(expiry(delay), Ordering::Relaxed);
+            return;
+        }
+        self.flush_at.store(0, Ordering::Relaxed);
+        for s in &self.shards {
+            let mut m = s.lock().unwrap_or_else(|p| p.into_inner());
+            for (k, it) in m.drain() {
+                self.charge(0, cost(&k, it.value.len()));
+            }
+        }
+    }
+}
+
+/// A reply under construction: small pieces are gathered, values are appended as their
+/// own segments (zero copy).
+#[derive(Default)]
+struct Reply {
+    out: IoVec,
+    pending: Vec<u8>,
+}
+
+impl Reply {
+    fn put(&mut self, b: &[u8]) -> &mut Self {
+        self.pending.extend_from_slice(b);
+        self
+    }
+
+    fn value(&mut self, z: Zbuf) -> &mut Self {
+        self.flush();
+        self.out.push(z);
+        self
+    }
+
+    fn flush(&mut self) {
+        if !self.pending.is_empty() {
+            self.out
+                .push(Zbuf::from_vec(std::mem::take(&mut self.pending)));
+        }
+    }
+
+    fn done(mut self) -> IoVec {
+        self.flush();
+        self.out
+    }
+}
+
+/// Counters of the handler (all workers).
+#[derive(Default)]
+pub struct KvCounters {
+    /// Text requests answered.
+    pub text: AtomicU64,
+    /// Binary requests answered.
+    pub binary: AtomicU64,
+    /// Error replies (CLIENT_ERROR / ERROR / binary error statuses).
+    pub errors: AtomicU64,
+    /// Swallowed chunks of too-large values.
+    pub swallowed: AtomicU64,
+}
+
+/// One worker's handler.
+pub struct Kv {
+    store: Arc<Store>,
+    counters: Arc<KvCounters>,
+}
+
+impl Kv {
+    /// A handler over `store`.
+    pub fn new(store: Arc<Store>, counters: Arc<KvCounters>) -> Kv {
+        Kv { store, counters }
+    }
+
+    fn text(&mut self, ctx: &mut MsgCtx<'_>, m: Message<Conn>) {
+        self.counters.text.fetch_add(1, Ordering::Relaxed);
+        let req = match text::Request::decode(&m.body) {
+            Ok(r) => r,
+            Err(rej) => {
+                self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                if rej.noreply {
+                    ctx.finish(m.origin);
+                } else {
+                    ctx.reply(m.origin, Zbuf::copy_from_slice(rej.error.reply()).into());
+                }
+                return;
+            }
+        };
+        let s = &self.store;
+        let mut r = Reply::default();
+        match req.cmd {
+            Command::Store {
+                op,
+                key,
+                flags,
+                exptime,
+                value,
+            } => {
+                r.put(match s.store(op, &key, flags, exptime, &value).0 {
+                    Outcome::Stored => b"STORED\r\n",
+                    Outcome::NotStored => b"NOT_STORED\r\n",
+                    Outcome::Exists => b"EXISTS\r\n",
+                    Outcome::NotFound => b"NOT_FOUND\r\n",
+                    Outcome::NoMemory => b"SERVER_ERROR out of memory storing object\r\n",
+                });
+            }
+            Command::Get { keys, cas, touch } => {
+                for k in &keys {
+                    if let Some((v, flags, c)) = s.get(k, touch) {
+                        r.put(b"VALUE ").put(k);
+                        if cas {
+                            r.put(format!(" {flags} {} {c}\r\n", v.len()).as_bytes());
+                        } else {
+                            r.put(format!(" {flags} {}\r\n", v.len()).as_bytes());
+                        }
+                        r.value(v).put(b"\r\n");
+                    }
+                }
+                r.put(b"END\r\n");
+            }
+            Command::Delete { key } => {
+                r.put(match s.delete(&key, 0) {
+                    Outcome::Stored => b"DELETED\r\n",
+                    _ => b"NOT_FOUND\r\n",
+                });
+            }
+            Command::Arith { key, incr, delta } => match s.arith(&key, incr, delta, None) {
+                Ok((n, _)) => {
+                    r.put(format!("{n}\r\n").as_bytes());
+                }
+                Err(ArithError::NotFound) => {
+                    r.put(b"NOT_FOUND\r\n");
+                }
+                Err(ArithError::NonNumeric) => {
+                    r.put(b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n");
+                }
+                Err(ArithError::NoMemory) => {
+                    r.put(b"SERVER_ERROR out of memory\r\n");
+                }
+            },
+            Command::Touch { key, exptime } => {
+                r.put(if s.touch(&key, exptime) {
+                    b"TOUCHED\r\n"
+                } else {
+                    b"NOT_FOUND\r\n"
+                });
+            }
+            Command::FlushAll { delay } => {
+                s.flush(delay);
+                r.put(b"OK\r\n");
+            }
+            Command::Version => {
+                r.put(format!("VERSION {VERSION}\r\n").as_bytes());
+            }
+            Command::Verbosity => {
+                r.put(b"OK\r\n");
+            }
+            Command::Stats => {
+                for (k, v) in self.stats() {
+                    r.put(format!("STAT {k} {v}\r\n").as_bytes());
+                }
+                r.put(b"END\r\n");
+            }
+            Command::Quit => {
+                ctx.reply_and_close(m.origin, IoVec::new());
+                return;
+            }
+        }
+        if req.noreply {
+            ctx.finish(m.origin);
+        } else {
+            ctx.reply(m.origin, r.done());
+        }
+    }
+
+    fn stats(&self) -> Vec<(&'static str, String)> {
+        let s = &self.store;
+        vec![
+            ("pid", std::process::id().to_string()),
+            ("time", now().to_string()),
+            ("version", VERSION.to_string()),
+            ("curr_items", s.items().to_string()),
+            ("bytes", s.bytes().to_string()),
+            ("limit_maxbytes", s.max_bytes.to_string()),
+            ("cmd_get", s.gets.load(Ordering::Relaxed).to_string()),
+            ("get_hits", s.hits.load(Ordering::Relaxed).to_string()),
+            ("cmd_set", s.sets.load(Ordering::Relaxed).to_string()),
+        ]
+    }
+
+    fn binary(&mut self, ctx: &mut MsgCtx<'_>, m: Message<Conn>) {
+        self.counters.binary.fetch_add(1, Ordering::Relaxed);
+        let Some(q) = binary::Request::decode(&m.body) else {
+            // The framer never yields such a message; close rather than guess.
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            ctx.reply_and_close(m.origin, IoVec::new());
+            return;
+        };
+        let h = q.header;
+        let quiet = binary::is_quiet(h.opcode);
+        let ext = q.extras_bytes();
+        let (klen, vlen) = (q.key.len(), q.value.len());
+        let be32 = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+        let be64 = |b: &[u8]| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[..8]);
+            u64::from_be_bytes(a)
+        };
+        // memcached's binary exptime is unsigned: the same 30-day rule.
+        let exp = |e: u32| i64::from(e);
+        let s = Arc::clone(&self.store);
+        let mut r = Reply::default();
+        let mut close = false;
+        let err = |r: &mut Reply, st: u16, msg: &str| {
+            r.put(&h.response(st, 0, 0, msg.len(), 0).bytes())
+                .put(msg.as_bytes());
+        };
+        let ok_empty = |r: &mut Reply, cas: u64| {
+            r.put(&h.response(status::OK, 0, 0, 0, cas).bytes());
+        };
+        // Whether a success reply is sent (quiet commands answer only errors).
+        let mut answered = true;
+        if q.truncated {
+            err(&mut r, status::E2BIG, "Too large.");
+        } else {
+            match h.opcode {
+                op::GET
+                | op::GETQ
+                | op::GETK
+                | op::GETKQ
+                | op::GAT
+                | op::GATQ
+                | op::GATK
+                | op::GATKQ => {
+                    let touch = matches!(h.opcode, op::GAT | op::GATQ | op::GATK | op::GATKQ);
+                    let with_key = matches!(h.opcode, op::GETK | op::GETKQ | op::GATK | op::GATKQ);
+                    let ext_ok = if touch {
+                        ext.len() == 4
+                    } else {
+                        ext.is_empty()
+                    };
+                    if !ext_ok || klen == 0 || vlen != 0 {
+                        err(&mut r, status::EINVAL, "Invalid arguments");
+                        close = true;
+                    } else {
+                        let t = touch.then(|| exp(be32(&ext)));
+                        match s.get(&q.key, t) {
+                            Some((v, flags, cas)) => {
+                                let kl = if with_key { klen } else { 0 };
+                                r.put(&h.response(status::OK, 4, kl as u16, v.len(), cas).bytes())
+                                    .put(&flags.to_be_bytes());
+                                if with_key {
+                                    r.put(&q.key);
+                                }
+                                r.value(v);
+                            }
+                            None if quiet => answered = false,
+                            None if with_key => {
+                                r.put(
+                                    &h.response(status::KEY_ENOENT, 0, klen as u16, 0, 0).bytes(),
+                                )
+                                .put(&q.key);
+                            }
+                            None => err(&mut r, status::KEY_ENOENT, "Not found"),
+                        }
+                    }
+                }
+                op::SET | op::SETQ | op::ADD | op::ADDQ | op::REPLACE | op::REPLACEQ => {
+                    if ext.len() != 8 || klen == 0 {
+                        err(&mut r, status::EINVAL, "Invalid arguments");
+                        close = true;
+                    } else {
+                        // A CAS value makes set and replace conditional (add ignores it).
+                        let sop = match h.opcode {
+                            op::ADD | op::ADDQ => StoreOp::Add,
+                            _ if h.cas != 0 => StoreOp::Cas(h.cas),
+                            op::REPLACE | op::REPLACEQ => StoreOp::Replace,
+                            _ => StoreOp::Set,
+                        };
+                        let (res, cas) =
+                            s.store(sop, &q.key, be32(&ext), exp(be32(&ext[4..])), &q.value);
+                        match res {
+                            Outcome::Stored if quiet => answered = false,
+                            Outcome::Stored => ok_empty(&mut r, cas),
+                            Outcome::Exists => {
+                                err(&mut r, status::KEY_EEXISTS, "Data exists for key.")
+                            }
+                            Outcome::NotFound => err(&mut r, status::KEY_ENOENT, "Not found"),
+                            Outcome::NotStored if sop == StoreOp::Add => {
+                                err(&mut r, status::KEY_EEXISTS, "Data exists for key.")
+                            }
+                            Outcome::NotStored => err(&mut r, status::KEY_ENOENT, "Not found"),
+                            Outcome::NoMemory => err(&mut r, status::ENOMEM, "Out of memory"),
+                        }
+                    }
+                }
+                op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ => {
+                    if !ext.is_empty() || klen == 0 {
+                        err(&mut r, status::EINVAL, "Invalid arguments");
+                        close = true;
+                    } else {
+                        let sop = if matches!(h.opcode, op::APPEND | op::APPENDQ) {
+                            StoreOp::Append
+                        } else {
+                            StoreOp::Prepend
+                        };
+                        match s.store(sop, &q.key, 0, 0, &q.value) {
+                            (Outcome::Stored, _) if quiet => answered = false,
+                            (Outcome::Stored, cas) => ok_empty(&mut r, cas),
+                            (Outcome::NoMemory, _) => err(&mut r, status::ENOMEM, "Out of memory"),
+                            _ => err(&mut r, status::NOT_STORED, "Not stored."),
+                        }
+                    }
+                }
+                op::DELETE | op::DELETEQ => {
+                    if !ext.is_empty() || klen == 0 || vlen != 0 {
+                        err(&mut r, status::EINVAL, "Invalid arguments");
+                        close = true;
+                    } else {
+                        match s.delete(&q.key, h.cas) {
+                            Outcome::Stored if quiet => answered = false,
+                            Outcome::Stored => ok_empty(&mut r, 0),
+                            Outcome::Exists => {
+                                err(&mut r, status::KEY_EEXISTS, "Data exists for key.")
+                            }
+                            _ => err(&mut r, status::KEY_ENOENT, "Not found"),
+                        }
+                    }
+                }
+                op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
+                    if ext.len() != 20 || klen == 0 || vlen != 0 {
+                        err(&mut r, status::EINVAL, "Invalid arguments");
+                        close = true;
+                    } else {
+                        let incr = matches!(h.opcode, op::INCREMENT | op::INCREMENTQ);
+                        let (delta, init, e) = (be64(&ext), be64(&ext[8..]), be32(&ext[16..]));
+                        let create = (e != u32::MAX).then_some((init, exp(e)));
+                        match s.arith(&q.key, incr, delta, create) {
+                            Ok(_) if quiet => answered = false,
+                            Ok((n, cas)) => {
+                                r.put(&h.response(status::OK, 0, 0, 8, cas).bytes())
+                                    .put(&n.to_be_bytes());
+                            }
+                            Err(ArithError::NotFound) => {
+                                err(&mut r, status::KEY_ENOENT, "Not found")
+                            }
+                            Err(ArithError::NonNumeric) => err(
+                                &mut r,
+                                status::DELTA_BADVAL,
+                                "Non-numeric server-side value for incr or decr",
+                            ),
+                            Err(ArithError::NoMemory) => {
+                                err(&mut r, status::ENOMEM, "Out of memory")
+                            }
+                        }
+                    }
+                }
+                op::QUIT | op::QUITQ => {
+                    if h.opcode == op::QUIT {
+                        ok_empty(&mut r, 0);
+                    }
+                    close = true;
+                }
+                op::FLUSH | op::FLUSHQ => {
+                    if !(ext.is_empty() || ext.len() == 4) || klen != 0 || vlen != 0 {
+                        err(&mut r, status::EINVAL, "Invalid arguments");
+                        close = true;
+                    } else {
+                        s.flush(if ext.len() == 4 { exp(be32(&ext)) } else { 0 });
+                        if quiet {
+                            answered = false;
+                        } else {
+                            ok_empty(&mut r, 0);
+                        }
+                    }
+                }
+                op::NOOP => ok_empty(&mut r, 0),
+                op::VERSION => {
+                    r.put(&h.response(status::OK, 0, 0, VERSION.len(), 0).bytes())
+                        .put(VERSION.as_bytes());
+                }
+                op::VERBOSITY => {
+                    if ext.len() != 4 || klen != 0 || vlen != 0 {
+                        err(&mut r, status::EINVAL, "Invalid arguments");
+                        close = true;
+                    } else {
+                        ok_empty(&mut r, 0);
+                    }
+                }
+                op::TOUCH => {
+                    if ext.len() != 4 || klen == 0 || vlen != 0 {
+                        err(&mut r, status::EINVAL, "Invalid arguments");
+                        close = true;
+                    } else if s.touch(&q.key, exp(be32(&ext))) {
+                        ok_empty(&mut r, 0);
+                    } else {
+                        err(&mut r, status::KEY_ENOENT, "Not found");
+                    }
+                }
+                op::STAT => {
+                    if klen == 0 {
+                        for (k, v) in self.stats() {
+                            r.put(
+                                &h.response(status::OK, 0, k.len() as u16, v.len(), 0)
+                                    .bytes(),
+                            )
+                            .put(k.as_bytes())
+                            .put(v.as_bytes());
+                        }
+                    }
+                    // The terminator (and the whole answer for a stats group we do not
+                    // keep).
+                    ok_empty(&mut r, 0);
+                }
+                _ => err(&mut r, status::UNKNOWN_COMMAND, "Unknown command"),
+            }
+        }
+        let reply = r.done();
+        if reply.len() >= binary::HDR_LEN {
+            let st = Header::read(&reply).map_or(0, |h| h.status);
+            if st != status::OK {
+                self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if close {
+            ctx.reply_and_close(m.origin, reply);
+        } else if !answered {
+            ctx.finish(m.origin);
+        } else {
+            ctx.reply(m.origin, reply);
+        }
+    }
+}
+
+impl MsgHandler for Kv {
+    fn on_message(&mut self, ctx: &mut MsgCtx<'_>, m: Message<Conn>) {
+        match kind(m.origin.stream()) {
+            MsgKind::Swallow => {
+                self.counters.swallowed.fetch_add(1, Ordering::Relaxed);
+                ctx.finish(m.origin);
+            }
+            MsgKind::Text => self.text(ctx, m),
+            MsgKind::Binary => self.binary(ctx, m),
+        }
+    }
+}

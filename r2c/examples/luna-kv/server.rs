@@ -1,0 +1,134 @@
+//! luna-kv's server process: luna on a testbed DPDK port (net_tap in the tap topology)
+//! in r2c message mode, memcached parsers on the I/O core, the store's handler on the
+//! workers.
+
+use super::kv::{Kv, KvCounters, Store};
+use dpdk_sys::Eal;
+use luna_stack::stack::StackConfig;
+use luna_stack::wire::Ipv4Cidr;
+use msgsched::framer::FramerConfig;
+use msgsched::proto::memcached::{Limits, McParser};
+use msgsched::sched::{Model, SchedConfig};
+use r2c::device::dpdk::{from_testbed, DpdkDevice};
+use r2c::device::Device;
+use r2c::msg::MsgConfig;
+use r2c::{CoreOptions, CoreSetup, IdleStrategy, Runtime};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use testbed::DpdkPort;
+use zbuf::dpdk::DmaRegistry;
+use zbuf::{Slab, SlabConfig};
+
+/// What to serve.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// CP / CS / MS.
+    pub model: Model,
+    /// Worker threads.
+    pub workers: usize,
+    /// TCP port.
+    pub port: u16,
+    /// Store memory limit.
+    pub memory_mb: usize,
+    /// Largest message (a value up to about this size can be stored).
+    pub max_message: usize,
+    /// Requests of one connection at workers at once.
+    pub max_in_flight: usize,
+    /// Stop after this long at the latest.
+    pub limit: Duration,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            model: Model::Ms,
+            workers: 4,
+            port: 11211,
+            memory_mb: 64,
+            // memcached's default item size limit (1 MiB) plus a command line.
+            max_message: (1 << 20) + 4096,
+            max_in_flight: 64,
+            limit: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Serves on `port` until `stop` exists (or `cfg.limit`); `ready` is written once the
+/// port is open. Returns a `key=value` report of the counters.
+pub fn serve(port: &DpdkPort, cfg: &ServeConfig, ready: &Path, stop: &Path) -> String {
+    let (args, dcfg) = from_testbed(port).expect("testbed port");
+    let eal = Eal::init(args).unwrap_or_else(|e| panic!("EAL: {e}"));
+    let registry = DmaRegistry::new(&eal);
+    let slab =
+        Slab::new(registry.slab_config(SlabConfig::new().max_memory(96 << 20))).expect("slab");
+    let dev =
+        DpdkDevice::open(&eal, &slab, &registry, &dcfg).unwrap_or_else(|e| panic!("open: {e}"));
+    let mut sc = StackConfig::new(
+        dev.mac(),
+        Ipv4Cidr::new(port.ip, port.prefix_len).expect("cidr"),
+    );
+    sc.mtu = dev.mtu();
+    sc.caps = dev.caps();
+    let core = CoreSetup::new(0, vec![dev], sc);
+    let _ = std::fs::remove_file(stop);
+    std::fs::write(ready, b"open").expect("ready file");
+    let opts = CoreOptions {
+        idle: IdleStrategy::Yield,
+        pin: false,
+        slab: Some(slab.clone()),
+        ..CoreOptions::default()
+    };
+    let mcfg = MsgConfig {
+        listen: vec![(cfg.port, 1024)],
+        sched: SchedConfig {
+            model: cfg.model,
+            workers: cfg.workers,
+            queue_capacity: 256,
+            seed: 11211,
+        },
+        framer: FramerConfig {
+            max_message: cfg.max_message,
+            max_in_flight: cfg.max_in_flight,
+        },
+        worker_cpus: Vec::new(),
+    };
+    let store = Arc::new(Store::new(cfg.memory_mb << 20));
+    let counters = Arc::new(KvCounters::default());
+    let (st, kc) = (Arc::clone(&store), Arc::clone(&counters));
+    let (rt, workers) = Runtime::spawn_msg(
+        core,
+        opts,
+        mcfg,
+        || McParser::new(Limits::default()),
+        move |_| Kv::new(Arc::clone(&st), Arc::clone(&kc)),
+    )
+    .expect("message-mode runtime");
+    let end = Instant::now() + cfg.limit;
+    let mut hwm = 0;
+    let mut store_hwm = 0;
+    while !stop.exists() && Instant::now() < end && !rt.is_finished() {
+        hwm = hwm.max(slab.leak_report().objects_in_use);
+        store_hwm = store_hwm.max(store.bytes());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let panicked = u64::from(rt.is_finished());
+    rt.stop();
+    let reports = rt.join().expect("runtime");
+    let mut line = format!(
+        "panicked={panicked} zbuf_objects_hwm={hwm} store_bytes_hwm={store_hwm} items={} \
+         text={} binary={} errors={} swallowed={}",
+        store.items(),
+        counters.text.load(Ordering::Relaxed),
+        counters.binary.load(Ordering::Relaxed),
+        counters.errors.load(Ordering::Relaxed),
+        counters.swallowed.load(Ordering::Relaxed),
+    );
+    for (k, v) in workers.counters().fields() {
+        line += &format!(" {k}={v}");
+    }
+    line += &format!(" rsts_sent={}", reports[0].stack.rsts_sent);
+    drop(reports);
+    line
+}

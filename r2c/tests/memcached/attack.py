@@ -1,0 +1,253 @@
+#!/usr/bin/python3
+"""memcached attacks against luna-kv, each on its own connection, while a well-behaved
+client on another connection keeps doing set/get pairs and checks every reply.
+
+Usage: attack.py HOST PORT. Prints one `ATTACK <name> ok` line per attack, then
+`LEGIT ok pairs=N` and `ATTACK-SUMMARY ok slow_sent=N`; exits 1 on the first wrong reply.
+Bounded: every socket has a timeout, every loop a count.
+"""
+import socket
+import struct
+import sys
+import threading
+import time
+
+HOST, PORT = sys.argv[1], int(sys.argv[2])
+T = 10
+failures = []
+
+
+def conn():
+    c = socket.create_connection((HOST, PORT), timeout=T)
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return c
+
+
+def read_exact(c, n):
+    buf = b""
+    while len(buf) < n:
+        d = c.recv(n - len(buf))
+        if not d:
+            raise EOFError("closed after %d of %d bytes" % (len(buf), n))
+        buf += d
+    return buf
+
+
+def read_line(c):
+    buf = b""
+    while not buf.endswith(b"\n"):
+        d = c.recv(1)
+        if not d:
+            raise EOFError("closed in a line: %r" % buf)
+        buf += d
+        if len(buf) > 4096:
+            raise ValueError("line too long")
+    return buf
+
+
+def closed(c):
+    """True if the server closed (FIN or RST) without sending anything more."""
+    try:
+        d = c.recv(4096)
+        return d == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def expect(name, got, want):
+    if got != want:
+        failures.append(name)
+        print("ATTACK-FAIL", name, repr(got)[:200], "!=", repr(want)[:200])
+        sys.exit(1)
+
+
+def bin_req(opcode, key=b"", extras=b"", value=b"", opaque=0, bodylen=None, keylen=None):
+    kl = len(key) if keylen is None else keylen
+    bl = len(extras) + len(key) + len(value) if bodylen is None else bodylen
+    return struct.pack(">BBHBBHIIQ", 0x80, opcode, kl, len(extras), 0, 0, bl, opaque, 0) + extras + key + value
+
+
+def bin_resp(c):
+    h = read_exact(c, 24)
+    magic, op, kl, el, _dt, status, bl, opaque, cas = struct.unpack(">BBHBBHIIQ", h)
+    body = read_exact(c, bl)
+    return op, status, opaque, body
+
+
+# ------------------------------------------------------------------ legit client
+legit_pairs = 0
+legit_stop = threading.Event()
+legit_err = []
+
+
+def legit():
+    global legit_pairs
+    try:
+        c = conn()
+        i = 0
+        while not legit_stop.is_set() and i < 100000:
+            v = (b"value-%d-" % i) * (1 + i % 50)
+            c.sendall(b"set legit%d 7 0 %d\r\n%s\r\n" % (i % 64, len(v), v))
+            expect("legit set", read_line(c), b"STORED\r\n")
+            c.sendall(b"get legit%d\r\n" % (i % 64))
+            expect("legit get header", read_line(c), b"VALUE legit%d 7 %d\r\n" % (i % 64, len(v)))
+            expect("legit get data", read_exact(c, len(v) + 2), v + b"\r\n")
+            expect("legit get end", read_line(c), b"END\r\n")
+            legit_pairs += 1
+            i += 1
+        c.close()
+    except BaseException as e:  # reported below
+        legit_err.append(repr(e))
+
+
+lt = threading.Thread(target=legit)
+lt.start()
+time.sleep(0.3)
+
+# ------------------------------------------------------------------ attacks
+# 1. Binary body length below key + extras (CVE-2016-8704/5/6): closed, no reply.
+c = conn()
+c.sendall(bin_req(0x01, keylen=10, extras=b"\0" * 8, bodylen=4))
+expect("bodylen<key+extras closed", closed(c), True)
+c.close()
+print("ATTACK bin_bodylen_underflow ok")
+
+# 2. Binary keylen over 250: closed.
+c = conn()
+c.sendall(bin_req(0x00, key=b"k" * 251))
+expect("bin key>250 closed", closed(c), True)
+c.close()
+print("ATTACK bin_key_over_250 ok")
+
+# 3. Binary huge body on a SET: E2BIG, opaque echoed (the value would be swallowed).
+c = conn()
+c.sendall(bin_req(0x01, key=b"huge", extras=b"\0" * 8, bodylen=0xFFFFFFF0, opaque=0xabcd))
+op, status, opaque, body = bin_resp(c)
+expect("bin huge set E2BIG", (op, status, opaque), (0x01, 0x03, 0xabcd))
+c.close()
+print("ATTACK bin_huge_bodylen ok")
+
+# 4. Binary: a good request answered, then a bad magic: closed. (A framing error resets
+# at once: a reply still in flight for an earlier request would be dropped, counted as
+# closed_in_flight, so the good request's reply is read first.)
+c = conn()
+c.sendall(bin_req(0x0A, opaque=5))
+op, status, opaque, _ = bin_resp(c)
+expect("bin noop before garbage", (op, status, opaque), (0x0A, 0, 5))
+c.sendall(b"\x42" + b"\0" * 23)
+expect("bin bad magic closed", closed(c), True)
+c.close()
+print("ATTACK bin_bad_magic ok")
+
+# 5. Text: <bytes> out of range and negative: CLIENT_ERROR, no allocation, in sync.
+c = conn()
+for b in (b"-1", b"4294967296", b"99999999999999999999999"):
+    c.sendall(b"set k 0 0 " + b + b"\r\n")
+    expect("bad bytes " + b.decode(), read_line(c), b"CLIENT_ERROR bad command line format\r\n")
+c.sendall(b"version\r\n")
+expect("in sync after bad bytes", read_line(c).startswith(b"VERSION "), True)
+c.close()
+print("ATTACK text_bad_bytes ok")
+
+# 6. Text: a value above the cap: SERVER_ERROR, the value is swallowed, still in sync.
+c = conn()
+n = 3 * 1024 * 1024
+c.sendall(b"set toolarge 0 0 %d\r\n" % n)
+expect("too large", read_line(c), b"SERVER_ERROR object too large for cache\r\n")
+chunk = b"z" * 65536
+sent = 0
+while sent < n:
+    k = min(len(chunk), n - sent)
+    c.sendall(chunk[:k])
+    sent += k
+c.sendall(b"\r\nget toolarge\r\n")
+expect("swallowed then get", read_line(c), b"END\r\n")
+c.close()
+print("ATTACK text_value_too_large ok")
+
+# 7. LF-only lines (CVE-2023-46853 class): handled as memcached does.
+c = conn()
+c.sendall(b"set lf 3 0 2\nhi\r\nget lf nokey lf\n")
+expect("lf set", read_line(c), b"STORED\r\n")
+expect("lf get 1", read_line(c) + read_exact(c, 4), b"VALUE lf 3 2\r\nhi\r\n")
+expect("lf get 2", read_line(c) + read_exact(c, 4), b"VALUE lf 3 2\r\nhi\r\n")
+expect("lf end", read_line(c), b"END\r\n")
+c.sendall(b"set lf2 0 0 2\nhi\nXget lf2\n")
+expect("lf data chunk", read_line(c), b"CLIENT_ERROR bad data chunk\r\n")
+expect("lf2 not stored", read_line(c), b"END\r\n")
+c.close()
+print("ATTACK lf_only_lines ok")
+
+# 8. Keys over 250 bytes: CLIENT_ERROR; the set's data line is then a command (ERROR).
+c = conn()
+k = b"k" * 251
+c.sendall(b"get a " + k + b"\r\n")
+expect("long key get", read_line(c), b"CLIENT_ERROR bad command line format\r\n")
+c.sendall(b"set " + k + b" 0 0 1\r\nx\r\n")
+expect("long key set", read_line(c), b"CLIENT_ERROR bad command line format\r\n")
+expect("data as command", read_line(c), b"ERROR\r\n")
+c.sendall(b"get " + b"k" * 250 + b"\r\n")
+expect("250-byte key ok", read_line(c), b"END\r\n")
+c.close()
+print("ATTACK key_over_250 ok")
+
+# 9. Huge multiget (a line with no end past the multiget cap): closed.
+c = conn()
+try:
+    for _ in range(20):
+        c.sendall(b"get" + b" k" * 4000)
+except (BrokenPipeError, ConnectionResetError):
+    pass
+expect("huge multiget closed", closed(c), True)
+c.close()
+print("ATTACK huge_multiget ok")
+
+# 10. A long junk line with no newline: closed.
+c = conn()
+try:
+    c.sendall(b"a" * 5000)
+except (BrokenPipeError, ConnectionResetError):
+    pass
+expect("long line closed", closed(c), True)
+c.close()
+print("ATTACK long_line ok")
+
+# 11. A large multiget within the caps is answered in full.
+c = conn()
+keys = [b"legit%d" % i for i in range(64)] * 30
+c.sendall(b"get " + b" ".join(keys) + b"\r\n")
+hits = 0
+while True:
+    l = read_line(c)
+    if l == b"END\r\n":
+        break
+    size = int(l.split()[3])
+    read_exact(c, size + 2)
+    hits += 1
+expect("multiget hits", hits > 0 and hits <= len(keys), True)
+c.close()
+print("ATTACK large_multiget_answered ok hits=%d" % hits)
+
+# 12. A slow reader: a 1 MB value requested 2000 times and never read.
+c = conn()
+c.sendall(b"set slowbig 0 0 1000000\r\n" + b"s" * 1000000 + b"\r\n")
+expect("slow set", read_line(c), b"STORED\r\n")
+# All in one write, so the server has them buffered before the first reply blocks.
+c.settimeout(5)
+c.sendall(b"get slowbig\r\n" * 2000)
+slow_sent = 2000
+time.sleep(2)
+c.close()
+print("ATTACK slow_reader ok sent=%d" % slow_sent)
+
+time.sleep(0.5)
+legit_stop.set()
+lt.join(30)
+if legit_err or lt.is_alive():
+    print("LEGIT-FAIL", legit_err)
+    sys.exit(1)
+expect("legit made progress", legit_pairs > 10, True)
+print("LEGIT ok pairs=%d" % legit_pairs)
+print("ATTACK-SUMMARY ok slow_sent=%d" % slow_sent)

@@ -777,24 +777,18 @@ impl<D: Device> CoreLoop<D> {
     }
 
     /// Neighbours the kernel resolved or removed (netlink-sync through the exception
-    /// device) into the stack's table; connections parked on a next hop retry it at
-    /// their next timer.
+    /// device) into the stack's table; connections parked on a next hop that resolved
+    /// are woken at once.
     fn apply_table_changes(&mut self) {
         self.devices[0].table_changes(&mut self.table_changes);
-        if self.table_changes.is_empty() {
-            return;
-        }
-        let table = self.st.stack.neighbours_mut();
         for (ip, mac) in self.table_changes.drain(..) {
             match mac {
                 Some(mac) => {
-                    if table.insert_permanent(ip, mac).is_err() {
+                    if self.st.stack.neighbour_resolved(ip, mac).is_err() {
                         self.st.stats.exc_neighbour_table_full += 1;
                     }
                 }
-                None => {
-                    table.remove(ip);
-                }
+                None => self.st.stack.neighbour_removed(ip),
             }
         }
     }

@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 
 use bifurcation::{KernelPorts, TrafficConfig};
 use dpdk_sys::Eal;
+use luna_stack::stack::RecvError;
 use luna_stack::stack::StackConfig;
-use luna_stack::tcp::{CloseReason, RecvError};
+use luna_stack::tcp::CloseReason;
 use luna_stack::wire::Ipv4Cidr;
 use r2c::device::dpdk::{from_testbed, DpdkDevice, DpdkDeviceConfig};
 use r2c::device::Device;

@@ -38,6 +38,20 @@
 //! [runtime]
 //! mode = "inline"            # inline | batch | split
 //! idle = "busy"              # busy | yield | backoff
+//!
+//! # Kernel coexistence (docs/bifurcation.md). `[traffic]` is bifurcation's traffic
+//! # model; it supersedes `[ports]` (only `ports.app` may remain, naming this process's
+//! # entry) and is checked against the kernel's port settings (/proc) at load.
+//! [traffic]
+//! client_range = [61440, 65535]
+//! listen_tcp = [7000]
+//! apps = [{ name = "knb" }]    # default: one application named ports.app, one thread per core
+//!
+//! [exception]                  # the software exception path (crate docs: `exception`)
+//! port = "net_tap1"            # DPDK port whose kernel netdev is the exception interface
+//! iface = "luna-exc"           # that netdev's name (the kernel's view of the NIC)
+//! mirror = false               # mirror the kernel's ARP/routes (netlink-sync); luna stops ARP
+//! queue = 1024                 # bound of each direction's queue, frames
 //! ```
 //!
 //! Overrides use dotted keys: `net.ip=198.18.0.2`, `cores.list=[2,3]`; values are TOML,
@@ -45,7 +59,10 @@
 
 use crate::clock::ClockSource;
 use crate::core::{CoreOptions, CoreSetup, IdleStrategy};
-use bifurcation::{AppSpec, PartitionPlan, PortRange, Share, ThreadSlot};
+use bifurcation::model::AppConfig;
+use bifurcation::{
+    AppSpec, KernelPorts, PartitionPlan, PortRange, Share, ThreadSlot, TrafficConfig, TrafficModel,
+};
 use core::fmt;
 use core::net::Ipv4Addr;
 use luna_stack::stack::StackConfig;
@@ -79,6 +96,15 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// bifurcation's `ModelError` has the same shape.
+fn model_err(e: bifurcation::ModelError) -> ConfigError {
+    ConfigError {
+        key: e.key,
+        problem: e.problem,
+        fix: e.fix,
+    }
+}
 
 fn err(key: &str, problem: impl Into<String>, fix: impl Into<String>) -> ConfigError {
     ConfigError {
@@ -142,6 +168,19 @@ pub struct PortsConfig {
     pub plan: PartitionPlan,
 }
 
+/// The `[exception]` section: the software exception path (see [`crate::exception`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExceptionSettings {
+    /// DPDK port name of the exception port (e.g. `net_tap1`).
+    pub port: String,
+    /// The kernel netdev of that port (the exception interface).
+    pub iface: String,
+    /// Mirror the kernel's neighbours/routes with netlink-sync; luna stops doing ARP.
+    pub mirror: bool,
+    /// Bound of each direction's exception queue, in frames.
+    pub queue: usize,
+}
+
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -165,6 +204,11 @@ pub struct Config {
     pub options: CoreOptions,
     /// Split mode: worker CPUs.
     pub workers: Vec<usize>,
+    /// The traffic model from `[traffic]`, validated against the kernel (`None` without
+    /// the section: luna owns the port).
+    pub traffic: Option<TrafficModel>,
+    /// The exception path from `[exception]`.
+    pub exception: Option<ExceptionSettings>,
 }
 
 /// Consumes keys of one table; what is left over is unknown.
@@ -406,10 +450,28 @@ impl Config {
         for (k, v) in overrides {
             set_override(&mut t, k, v)?;
         }
-        Self::from_table(t)
+        let kernel = if t.contains_key("traffic") {
+            Some(KernelPorts::from_proc().map_err(model_err)?)
+        } else {
+            None
+        };
+        Self::from_table(t, kernel.as_ref())
     }
 
-    fn from_table(t: Table) -> Result<Config, ConfigError> {
+    /// [`Config::parse`] with the kernel's port settings given instead of read from
+    /// /proc (for tests and for checking a config meant for another host).
+    pub fn parse_with_kernel(text: &str, kernel: &KernelPorts) -> Result<Config, ConfigError> {
+        let t: Table = text.parse().map_err(|e: toml::de::Error| {
+            err(
+                "<toml>",
+                format!("not valid TOML: {}", e.message()),
+                "fix the syntax",
+            )
+        })?;
+        Self::from_table(t, Some(kernel))
+    }
+
+    fn from_table(t: Table, kernel: Option<&KernelPorts>) -> Result<Config, ConfigError> {
         let mut root = Walk::new("", t);
         let eal = match root.take("eal") {
             None => Vec::new(),
@@ -423,9 +485,41 @@ impl Config {
         let (cores, queues_per_core) = Self::cores(root.table("cores")?)?;
         let net = Self::net(root.table("net")?)?;
         let tcp = Self::tcp(root.table("tcp")?, net.mtu)?;
-        let ports = Self::ports(root.table("ports")?, cores.len())?;
+        let traffic_value = root.take("traffic");
+        let ports_table = root.table("ports")?;
+        let (ports, traffic) = match traffic_value {
+            None => (Self::ports(ports_table, cores.len())?, None),
+            Some((k, v)) => {
+                let kernel = kernel.ok_or_else(|| {
+                    err(
+                        &k,
+                        "no kernel port settings to check against",
+                        "use Config::parse",
+                    )
+                })?;
+                Self::traffic(&k, v, ports_table, cores.len(), kernel)?
+            }
+        };
+        let exception = Self::exception(root.table("exception")?)?;
+        if exception.is_some() && traffic.is_none() {
+            return Err(err(
+                "exception",
+                "the exception path needs a traffic model to decide which frames are the kernel's",
+                "add a [traffic] section (listen_tcp = [...] at least)",
+            ));
+        }
         let (mode, options, workers) = Self::runtime(root.table("runtime")?, &cores)?;
-        root.finish(&["eal", "device", "cores", "net", "tcp", "ports", "runtime"])?;
+        root.finish(&[
+            "eal",
+            "device",
+            "cores",
+            "net",
+            "tcp",
+            "ports",
+            "traffic",
+            "exception",
+            "runtime",
+        ])?;
         Ok(Config {
             eal,
             device,
@@ -437,7 +531,98 @@ impl Config {
             mode,
             options,
             workers,
+            traffic,
+            exception,
         })
+    }
+
+    /// `[traffic]`: bifurcation's model, validated against `kernel`; its plan replaces
+    /// `[ports]` (of which only `app` is allowed alongside).
+    fn traffic(
+        key: &str,
+        v: Value,
+        ports: Option<Walk>,
+        threads: usize,
+        kernel: &KernelPorts,
+    ) -> Result<(PortsConfig, Option<TrafficModel>), ConfigError> {
+        let mut app = "r2c".to_string();
+        if let Some(mut w) = ports {
+            if let Some((k, v)) = w.take("app") {
+                app = string(&k, &v, "knb")?.to_string();
+            }
+            w.finish(&["app"]).map_err(|mut e| {
+                e.problem = "[traffic] replaces [ports]: only ports.app may stay".into();
+                e.fix = "move range/apps into [traffic] (client_range, apps)".into();
+                e
+            })?;
+        }
+        let mut tc: TrafficConfig = v.try_into().map_err(|e: toml::de::Error| {
+            err(
+                key,
+                e.to_string().trim_end().replace('\n', " "),
+                "see the [traffic] example in r2c's config docs",
+            )
+        })?;
+        if tc.apps.is_empty() {
+            tc.apps.push(AppConfig {
+                name: app.clone(),
+                ports: Default::default(),
+                threads: Some(threads as u16),
+                queues: None,
+            });
+        }
+        let model = tc.validate(kernel).map_err(model_err)?;
+        let plan = model.plan().clone();
+        let Some(me) = plan.apps().iter().find(|a| a.name == app) else {
+            return Err(err(
+                "ports.app",
+                format!("\"{app}\" is not among traffic.apps"),
+                "name one of the traffic.apps entries in ports.app, or add an entry for it",
+            ));
+        };
+        if me.threads.len() != threads {
+            return Err(err(
+                "traffic.apps",
+                format!(
+                    "application \"{app}\" has {} threads but cores.list has {threads}",
+                    me.threads.len()
+                ),
+                "make its `threads` equal to the number of cores",
+            ));
+        }
+        let range = plan.reserved();
+        Ok((PortsConfig { range, app, plan }, Some(model)))
+    }
+
+    fn exception(w: Option<Walk>) -> Result<Option<ExceptionSettings>, ConfigError> {
+        let Some(mut w) = w else {
+            return Ok(None);
+        };
+        let need = |w: &mut Walk, k: &str, ex: &str| match w.take(k) {
+            Some((key, v)) => string(&key, &v, ex).map(str::to_string),
+            None => Err(err(
+                &format!("exception.{k}"),
+                "missing",
+                format!("set {k} = \"{ex}\""),
+            )),
+        };
+        let port = need(&mut w, "port", "net_tap1")?;
+        let iface = need(&mut w, "iface", "luna-exc")?;
+        let mirror = match w.take("mirror") {
+            Some((k, v)) => boolean(&k, &v)?,
+            None => false,
+        };
+        let queue = match w.take("queue") {
+            Some((k, v)) => int(&k, &v, 1, 1 << 20)? as usize,
+            None => 1024,
+        };
+        w.finish(&["port", "iface", "mirror", "queue"])?;
+        Ok(Some(ExceptionSettings {
+            port,
+            iface,
+            mirror,
+            queue,
+        }))
     }
 
     fn device(w: Option<Walk>) -> Result<DeviceKind, ConfigError> {
@@ -1011,6 +1196,8 @@ impl Config {
         s.tcp = self.tcp.clone();
         let r = self.ports.range;
         s.ephemeral_ports = (r.first(), r.last());
+        // With mirroring the kernel owns ARP: the exception path hands it every ARP frame.
+        s.answer_arp = !self.exception.as_ref().is_some_and(|e| e.mirror);
         s
     }
 

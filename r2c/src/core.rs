@@ -604,6 +604,7 @@ pub(crate) struct CoreLoop<D: Device> {
     opts: CoreOptions,
     cell: Arc<StatsCell>,
     idle_streak: u32,
+    table_changes: Vec<(Ipv4Addr, Option<EthernetAddress>)>,
 }
 
 impl<D: Device> CoreLoop<D> {
@@ -678,6 +679,7 @@ impl<D: Device> CoreLoop<D> {
             opts: opts.clone(),
             cell: shared.cell,
             idle_streak: 0,
+            table_changes: Vec::new(),
         })
     }
 
@@ -743,6 +745,7 @@ impl<D: Device> CoreLoop<D> {
     /// backlog -> poll_transmit -> tx burst.
     fn poll_once<M: Mode>(&mut self, mode: &mut M) -> bool {
         self.st.stats.iterations += 1;
+        self.apply_table_changes();
         let burst = self.opts.burst;
         for d in &mut self.devices {
             if self.rx.len() >= burst {
@@ -771,6 +774,23 @@ impl<D: Device> CoreLoop<D> {
         self.drain_stack_tx();
         let sent = self.transmit();
         received > 0 || sent > 0 || worked || !self.tx.is_empty()
+    }
+
+    /// Neighbours the kernel resolved or removed (netlink-sync through the exception
+    /// device) into the stack's table; connections parked on a next hop that resolved
+    /// are woken at once.
+    fn apply_table_changes(&mut self) {
+        self.devices[0].table_changes(&mut self.table_changes);
+        for (ip, mac) in self.table_changes.drain(..) {
+            match mac {
+                Some(mac) => {
+                    if self.st.stack.neighbour_resolved(ip, mac).is_err() {
+                        self.st.stats.exc_neighbour_table_full += 1;
+                    }
+                }
+                None => self.st.stack.neighbour_removed(ip),
+            }
+        }
     }
 
     fn drain_stack_tx(&mut self) {
@@ -848,6 +868,33 @@ impl<D: Device> CoreLoop<D> {
         }
         s.rx_missed = missed;
         s.copied_bytes = copied;
+        let mut e = crate::exception::ExceptionStats::default();
+        for x in self.devices.iter().filter_map(Device::exception) {
+            e.luna += x.luna;
+            e.to_kernel += x.to_kernel;
+            e.to_kernel_dropped += x.to_kernel_dropped;
+            e.from_kernel += x.from_kernel;
+            e.from_kernel_dropped += x.from_kernel_dropped;
+            e.malformed_dropped += x.malformed_dropped;
+            e.not_for_us += x.not_for_us;
+            e.arp_suppressed += x.arp_suppressed;
+            e.nudges += x.nudges;
+            e.neighbours_added += x.neighbours_added;
+            e.neighbours_removed += x.neighbours_removed;
+            e.interface_gone |= x.interface_gone;
+        }
+        s.exc_luna = e.luna;
+        s.exc_to_kernel = e.to_kernel;
+        s.exc_to_kernel_dropped = e.to_kernel_dropped;
+        s.exc_from_kernel = e.from_kernel;
+        s.exc_from_kernel_dropped = e.from_kernel_dropped;
+        s.exc_malformed_dropped = e.malformed_dropped;
+        s.exc_not_for_us = e.not_for_us;
+        s.exc_arp_suppressed = e.arp_suppressed;
+        s.exc_nudges = e.nudges;
+        s.exc_neighbours_added = e.neighbours_added;
+        s.exc_neighbours_removed = e.neighbours_removed;
+        s.exc_interface_gone = e.interface_gone;
         s.tx_bytes = tx_bytes;
         s.retransmits = self.st.stack.tcp_counters().retransmits;
         self.cell.publish(s);

@@ -33,6 +33,7 @@ pub mod clock;
 pub mod config;
 mod core;
 pub mod device;
+pub mod exception;
 pub mod inline;
 pub mod msg;
 pub mod rng;

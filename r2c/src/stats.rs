@@ -97,6 +97,32 @@ core_stats! {
     rx_missed,
     /// Device: payload bytes copied.
     copied_bytes,
+    /// Exception path: frames classified as luna's (0 without the exception path).
+    exc_luna,
+    /// Exception path: the kernel's frames written to the exception interface.
+    exc_to_kernel,
+    /// Exception path: the kernel's frames dropped, queue to the kernel full.
+    exc_to_kernel_dropped,
+    /// Exception path: frames the kernel sent, out through the main port.
+    exc_from_kernel,
+    /// Exception path: the kernel's frames dropped, main port's queue full.
+    exc_from_kernel_dropped,
+    /// Exception path: malformed frames the classifier dropped.
+    exc_malformed_dropped,
+    /// Exception path: unicast frames for another MAC.
+    exc_not_for_us,
+    /// Exception path (mirroring): luna's own ARP requests suppressed.
+    exc_arp_suppressed,
+    /// Exception path (mirroring): next hops the kernel was asked to resolve.
+    exc_nudges,
+    /// Exception path (mirroring): neighbour entries taken from the kernel's table.
+    exc_neighbours_added,
+    /// Exception path (mirroring): neighbour entries removed because the kernel did.
+    exc_neighbours_removed,
+    /// Exception path (mirroring): kernel neighbours the stack's table had no room for.
+    exc_neighbour_table_full,
+    /// Exception path (mirroring): 1 once the exception interface has disappeared.
+    exc_interface_gone,
     /// Nanoseconds on the core clock at the last publish.
     published_at_ns,
     /// 1 once the core has stopped (final stats).

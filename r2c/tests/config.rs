@@ -251,3 +251,107 @@ fn bad_files_and_overrides() {
         .unwrap_err();
     assert_names(&e, "net.ip", &["198.18.0.999"]);
 }
+
+// ------------------------------------------------ [traffic] and [exception] (issue 11)
+
+const COEXIST: &str = r#"
+[device]
+kind = "mem"
+
+[cores]
+list = [0, 1]
+
+[net]
+ip = "198.18.4.2"
+
+[ports]
+app = "knb"
+
+[traffic]
+client_range = [61440, 65535]
+listen_tcp = [7700]
+ip = "198.18.4.2"
+
+[exception]
+port = "net_tap1"
+iface = "luna-exc"
+mirror = true
+"#;
+
+fn kernel_default() -> bifurcation::KernelPorts {
+    bifurcation::KernelPorts::parse("32768 60999", "").expect("kernel ports")
+}
+
+#[test]
+fn traffic_section_feeds_the_port_chooser_and_the_exception_path() {
+    let c = Config::parse_with_kernel(COEXIST, &kernel_default()).expect("config");
+    let model = c.traffic.as_ref().expect("traffic model");
+    assert_eq!(model.listen_tcp(), &[7700]);
+    let e = c.exception.as_ref().expect("exception");
+    assert_eq!(
+        (e.port.as_str(), e.iface.as_str(), e.mirror, e.queue),
+        ("net_tap1", "luna-exc", true, 1024)
+    );
+    // Two threads of "knb" split the client range; [traffic] replaced [ports].
+    let p0 = c.ports.plan.ports_of("knb", 0);
+    let p1 = c.ports.plan.ports_of("knb", 1);
+    assert!(!p0.is_empty() && !p1.is_empty());
+    assert_eq!(c.ports.range.first(), 61440);
+    // Mirroring on: the kernel owns ARP, the stack must not answer it.
+    let (a, _) = MemPair::single();
+    use r2c::device::Device;
+    assert!(!c.stack_config(a.mac()).answer_arp);
+    let setups = c
+        .core_setups(vec![vec![a], vec![MemPair::single().0]])
+        .expect("setups");
+    assert_eq!(setups[1].ports, p1);
+}
+
+#[test]
+fn luna_ports_overlapping_the_kernels_ephemeral_range_are_refused() {
+    // The kernel's ephemeral range reaches into luna's client range.
+    let k = bifurcation::KernelPorts::parse("32768 65000", "").expect("kernel ports");
+    let e = Config::parse_with_kernel(COEXIST, &k).expect_err("overlap refused");
+    assert_names(&e, "traffic.client_range", &["ephemeral"]);
+    assert!(e.fix.contains("sysctl"), "{e}");
+    // A listening port inside the kernel's default ephemeral range.
+    let text = COEXIST.replace("listen_tcp = [7700]", "listen_tcp = [40000]");
+    let e = Config::parse_with_kernel(&text, &kernel_default()).expect_err("refused");
+    assert_eq!(e.key, "traffic.listen_tcp", "{e}");
+}
+
+#[test]
+fn traffic_and_exception_mistakes_are_named() {
+    let k = kernel_default();
+    let e = Config::parse_with_kernel(&COEXIST.replace("listen_tcp", "listen_tpc"), &k)
+        .expect_err("unknown key");
+    assert_eq!(e.key, "traffic", "{e}");
+    let e = Config::parse_with_kernel(
+        &COEXIST.replace("app = \"knb\"", "app = \"knb\"\nrange = [61440, 65535]"),
+        &k,
+    )
+    .expect_err("ports.range with traffic");
+    assert_eq!(e.key, "ports.range", "{e}");
+    let e = Config::parse_with_kernel(&COEXIST.replace("iface = \"luna-exc\"\n", ""), &k)
+        .expect_err("no iface");
+    assert_eq!(e.key, "exception.iface", "{e}");
+    let e = Config::parse_with_kernel(&COEXIST.replace("mirror = true", "mirror = 1"), &k)
+        .expect_err("mirror type");
+    assert_eq!(e.key, "exception.mirror", "{e}");
+    let no_traffic: String = COEXIST
+        .split("[traffic]")
+        .next()
+        .map(|head| format!("{head}[exception]\nport = \"net_tap1\"\niface = \"x\"\n"))
+        .unwrap_or_default();
+    let e = Config::parse_with_kernel(&no_traffic, &k).expect_err("exception without traffic");
+    assert_eq!(e.key, "exception", "{e}");
+    let e = Config::parse_with_kernel(
+        &COEXIST.replace(
+            "[traffic]",
+            "[traffic]\napps = [{ name = \"knb\", threads = 3 }]",
+        ),
+        &k,
+    )
+    .expect_err("threads mismatch");
+    assert_eq!(e.key, "traffic.apps", "{e}");
+}

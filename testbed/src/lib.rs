@@ -35,8 +35,8 @@ pub use probe::PingStats;
 pub use sweep::{leftovers, sweep, SweepReport};
 pub use sys::{netns_command, netns_command_pinned, netns_exists, require_root};
 pub use topology::{
-    read_state, state_file, teardown_kind, AfPacket, Details, DpdkPort, EalArgs, KernelHost, Kind,
-    MacAddr, Memif, Tap, Topology, Veth, MTU, PREFIX_LEN,
+    read_state, state_file, teardown_kind, AfPacket, Coexist, Details, DpdkPort, EalArgs,
+    KernelHost, Kind, MacAddr, Memif, Tap, Topology, Veth, MTU, PREFIX_LEN,
 };
 
 /// Path of `setup.sh` (installs packages, reserves hugepages); `testbed setup` runs it.

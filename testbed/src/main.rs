@@ -236,9 +236,10 @@ fn run(cmd: Cmd) -> Result<()> {
                 "memif-client" => (Kind::Memif, 1),
                 "tap" => (Kind::Tap, 0),
                 "afpacket" => (Kind::AfPacket, 0),
+                "coexist" => (Kind::Coexist, 0),
                 other => {
                     return Err(Error::Config(format!(
-                    "unknown DPDK side `{other}`; valid: memif-server, memif-client, tap, afpacket"
+                    "unknown DPDK side `{other}`; valid: memif-server, memif-client, tap, afpacket, coexist"
                 )))
                 }
             };
@@ -247,6 +248,7 @@ fn run(cmd: Cmd) -> Result<()> {
                 (Details::Memif(m), _) => m.client,
                 (Details::Tap(t), _) => t.dpdk,
                 (Details::AfPacket(a), _) => a.dpdk,
+                (Details::Coexist(c), _) => c.dpdk,
                 (Details::Veth(_), _) => unreachable!("veth has no DPDK side"),
             };
             for a in port.eal.args() {
@@ -323,6 +325,23 @@ fn print_details(d: &Details) {
                 a.dpdk.ip,
                 a.dpdk.mac,
                 a.dpdk.eal.args().join(" ")
+            );
+        }
+        Details::Coexist(c) => {
+            println!("coexist (MTU {}):", c.wire.mtu);
+            println!(
+                "  {}: {}/{} mac {} on {} (kernel client)",
+                c.wire.netns, c.wire.ip, c.wire.prefix_len, c.wire.mac, c.wire.iface
+            );
+            println!(
+                "  {}: luna {} mac {} on {} (DPDK af_packet), exception tap {} ({})  EAL: {}",
+                c.dpdk.netns,
+                c.dpdk.ip,
+                c.dpdk.mac,
+                c.nic_iface,
+                c.exception.iface,
+                c.exception_port,
+                c.dpdk.eal.args().join(" ")
             );
         }
         Details::Veth(v) => {

@@ -38,11 +38,22 @@ pub enum Kind {
     AfPacket,
     /// Two kernel hosts over veth: the kernel baseline.
     Veth,
+    /// Kernel coexistence (issue 11): a host namespace whose "NIC" is a veth end bound by
+    /// DPDK's net_af_packet, facing a wire namespace with kernel clients; the DPDK
+    /// process also creates the exception tap in the host namespace, which carries the
+    /// NIC's MAC and luna's IP in the kernel.
+    Coexist,
 }
 
 impl Kind {
     /// All kinds, in a stable order.
-    pub const ALL: [Kind; 4] = [Kind::Memif, Kind::Tap, Kind::AfPacket, Kind::Veth];
+    pub const ALL: [Kind; 5] = [
+        Kind::Memif,
+        Kind::Tap,
+        Kind::AfPacket,
+        Kind::Veth,
+        Kind::Coexist,
+    ];
 
     /// The name used on the command line and in state files.
     pub fn name(self) -> &'static str {
@@ -51,6 +62,7 @@ impl Kind {
             Kind::Tap => "tap",
             Kind::AfPacket => "afpacket",
             Kind::Veth => "veth",
+            Kind::Coexist => "coexist",
         }
     }
 
@@ -61,6 +73,7 @@ impl Kind {
             Kind::Tap => &["tap"],
             Kind::AfPacket => &["host"],
             Kind::Veth => &["k1", "k2"],
+            Kind::Coexist => &["wire"],
         }
     }
 
@@ -319,6 +332,47 @@ pub struct Veth {
     pub k2: KernelHost,
 }
 
+/// `coexist`: luna and the kernel share one "NIC" (see [`Kind::Coexist`]).
+///
+/// The NIC is `nic_iface` in `dpdk.netns` (no kernel address, ARP off, and its IPv4 input
+/// dropped by an iptables raw rule, so only DPDK's packet socket sees its frames; the
+/// kernel's view of the NIC is the exception tap). The DPDK process opens the NIC as
+/// `dpdk.eal.vdev` and the exception tap as `exception_vdev` (already in
+/// `dpdk.eal.extra`); after it started, [`Coexist::configure_exception`] gives the tap
+/// the NIC's MAC and luna's IP.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Coexist {
+    /// The kernel client side, 198.18.4.1, in its own namespace.
+    pub wire: KernelHost,
+    /// luna on the NIC, 198.18.4.2 (MAC of `nic_iface`), in the host namespace.
+    pub dpdk: DpdkPort,
+    /// The veth end DPDK's net_af_packet binds (the NIC).
+    pub nic_iface: String,
+    /// The exception interface as the kernel sees it: the tap DPDK creates, with the
+    /// NIC's MAC and the same IP as luna.
+    pub exception: KernelHost,
+    /// The `--vdev` of the exception port (net_tap).
+    pub exception_vdev: String,
+    /// Its DPDK port name.
+    pub exception_port: String,
+}
+
+impl Coexist {
+    /// Waits up to `timeout` for the DPDK process to create the exception tap, then
+    /// configures it (MAC, MTU, luna's address, up).
+    pub fn configure_exception(&self, timeout: Duration) -> Result<()> {
+        let h = &self.exception;
+        if !sys::wait_until(timeout, || sys::link_exists(Some(&h.netns), &h.iface)) {
+            return Err(Error::Timeout {
+                what: format!("exception tap {} in namespace {}", h.iface, h.netns),
+                after: timeout,
+                hint: "is the DPDK process running with the topology's exception vdev (net_tap)? check its output",
+            });
+        }
+        h.configure()
+    }
+}
+
 /// What a topology provides, by kind.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Details {
@@ -330,6 +384,8 @@ pub enum Details {
     AfPacket(AfPacket),
     /// See [`Veth`].
     Veth(Veth),
+    /// See [`Coexist`].
+    Coexist(Coexist),
 }
 
 fn dpdk_port(
@@ -428,6 +484,25 @@ impl Details {
                 k1: host(p.name("k1"), p.name("k1v"), addr(2, 1), mac(2, 1)),
                 k2: host(p.name("k2"), p.name("k2v"), addr(2, 2), mac(2, 2)),
             }),
+            Kind::Coexist => {
+                let host_ns = p.name("cx-host");
+                let nic_iface = p.name("cxn");
+                let exc_iface = p.name("cxx");
+                let (w, d) = ((addr(4, 1), mac(4, 1)), (addr(4, 2), mac(4, 2)));
+                let vdev = format!("net_af_packet0,iface={nic_iface},qpairs=1");
+                // The DPDK side of the tap gets its own MAC; the kernel side the NIC's.
+                let exception_vdev = format!("net_tap1,iface={exc_iface},mac={}", mac(4, 3));
+                let mut dpdk = dpdk_port(&host_ns, d, w, p.name("cx-dpdk"), "0", vdev);
+                dpdk.eal.extra = vec!["--vdev".into(), exception_vdev.clone()];
+                Details::Coexist(Coexist {
+                    wire: host(p.name("cx-wire"), p.name("cxw"), w.0, w.1),
+                    exception: host(host_ns, exc_iface, d.0, d.1),
+                    dpdk,
+                    nic_iface,
+                    exception_vdev,
+                    exception_port: "net_tap1".into(),
+                })
+            }
         }
     }
 
@@ -438,6 +513,7 @@ impl Details {
             Details::Tap(_) => Kind::Tap,
             Details::AfPacket(_) => Kind::AfPacket,
             Details::Veth(_) => Kind::Veth,
+            Details::Coexist(_) => Kind::Coexist,
         }
     }
 
@@ -448,6 +524,7 @@ impl Details {
             Details::Tap(t) => vec![t.host.netns.clone()],
             Details::AfPacket(a) => vec![a.dpdk.netns.clone(), a.host.netns.clone()],
             Details::Veth(v) => vec![v.k1.netns.clone(), v.k2.netns.clone()],
+            Details::Coexist(c) => vec![c.dpdk.netns.clone(), c.wire.netns.clone()],
         }
     }
 
@@ -461,6 +538,7 @@ impl Details {
             Details::Tap(t) => vec![t.dpdk.eal.file_prefix.clone()],
             Details::AfPacket(a) => vec![a.dpdk.eal.file_prefix.clone()],
             Details::Veth(_) => vec![],
+            Details::Coexist(c) => vec![c.dpdk.eal.file_prefix.clone()],
         }
     }
 
@@ -471,6 +549,7 @@ impl Details {
             (Details::Veth(v), "k2") => Some(&v.k2),
             (Details::Tap(t), "tap") => Some(&t.host),
             (Details::AfPacket(a), "host") => Some(&a.host),
+            (Details::Coexist(c), "wire") => Some(&c.wire),
             _ => None,
         };
         found
@@ -628,6 +707,59 @@ impl Topology {
                 v.k1.configure()?;
                 v.k2.configure()?;
             }
+            Details::Coexist(c) => {
+                let ns = &c.dpdk.netns;
+                veth_pair(ns, &c.nic_iface, &c.wire.netns, &c.wire.iface)?;
+                let (nmac, mtu) = (c.dpdk.mac.to_string(), MTU.to_string());
+                sys::sysctl_in(
+                    ns,
+                    &format!("net.ipv6.conf.{}.disable_ipv6", c.nic_iface),
+                    "1",
+                )?;
+                // The kernel of the host namespace must not act on the NIC's frames: only
+                // DPDK's packet socket (which sees them before the IP layer) may. No ARP,
+                // no IPv4 input on it; the kernel's path is the exception tap.
+                sys::ip_in(
+                    ns,
+                    &[
+                        "link",
+                        "set",
+                        "dev",
+                        &c.nic_iface,
+                        "address",
+                        &nmac,
+                        "mtu",
+                        &mtu,
+                        "arp",
+                        "off",
+                        "up",
+                    ],
+                )?;
+                let rule = [
+                    "-t",
+                    "raw",
+                    "-C",
+                    "PREROUTING",
+                    "-i",
+                    &c.nic_iface,
+                    "-j",
+                    "DROP",
+                ];
+                if sys::exec_in(ns, "iptables", &rule).is_err() {
+                    let mut add = rule;
+                    add[2] = "-A";
+                    sys::exec_in(ns, "iptables", &add)?;
+                }
+                c.wire.configure()?;
+                // A veth leaves TCP/UDP checksums to a NIC that does not exist
+                // (CHECKSUM_PARTIAL); a packet socket hands them over unfinished, and
+                // neither luna nor the kernel behind the tap would accept them.
+                sys::exec_in(
+                    &c.wire.netns,
+                    "ethtool",
+                    &["-K", &c.wire.iface, "tx", "off"],
+                )?;
+            }
         }
         Ok(())
     }
@@ -687,6 +819,14 @@ impl Topology {
     pub fn veth(&self) -> Option<&Veth> {
         match &self.details {
             Details::Veth(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The coexistence details, if this is a coexist topology.
+    pub fn coexist(&self) -> Option<&Coexist> {
+        match &self.details {
+            Details::Coexist(c) => Some(c),
             _ => None,
         }
     }
@@ -900,7 +1040,7 @@ mod tests {
         let e = "ring".parse::<Kind>().unwrap_err().to_string();
         assert_eq!(
             e,
-            "unknown topology `ring`; valid topologies: memif, tap, afpacket, veth"
+            "unknown topology `ring`; valid topologies: memif, tap, afpacket, veth, coexist"
         );
         for k in Kind::ALL {
             assert_eq!(k.name().parse::<Kind>().unwrap(), k);
@@ -927,6 +1067,17 @@ mod tests {
                 Details::Veth(v) => {
                     ips.extend([v.k1.ip, v.k2.ip]);
                     ifaces.extend([v.k1.iface.clone(), v.k2.iface.clone()]);
+                }
+                Details::Coexist(c) => {
+                    ips.extend([c.wire.ip, c.dpdk.ip, c.exception.ip]);
+                    ifaces.extend([
+                        c.wire.iface.clone(),
+                        c.nic_iface.clone(),
+                        c.exception.iface.clone(),
+                    ]);
+                    assert_eq!(c.exception.ip, c.dpdk.ip, "the kernel carries luna's IP");
+                    assert_eq!(c.exception.mac, c.dpdk.mac, "and the NIC's MAC");
+                    assert!(c.dpdk.eal.args().join(" ").contains(&c.exception_vdev));
                 }
             }
             for ip in ips {

@@ -44,6 +44,34 @@ impl<R: Rng> Stack<R> {
         }
     }
 
+    /// A neighbour resolved outside the stack — netlink-sync mirroring the kernel's
+    /// table when the kernel owns ARP: stores `ip` → `mac` as a permanent entry and
+    /// wakes the connections parked on `ip` at once, as an ARP reply would (changing the
+    /// table through [`Stack::neighbours_mut`] leaves them parked until their next
+    /// timer). `Err` when the table is full.
+    pub fn neighbour_resolved(
+        &mut self,
+        ip: Ipv4Addr,
+        mac: EthernetAddress,
+    ) -> Result<(), crate::tables::TableFull> {
+        let r = self.nb_update(ip, |t| t.insert_permanent(ip, mac));
+        self.arp_sent.remove(&ip);
+        if let Some(waiting) = self.arp_wait.remove(&ip) {
+            for idx in waiting {
+                self.mark_dirty(idx);
+            }
+        }
+        r
+    }
+
+    /// The counterpart of [`Stack::neighbour_resolved`]: the kernel dropped `ip`'s entry
+    /// (aged out, failed, deleted); connections using it resolve it again.
+    pub fn neighbour_removed(&mut self, ip: Ipv4Addr) {
+        self.nb_update(ip, |t| {
+            t.remove(ip);
+        });
+    }
+
     pub(super) fn on_arp(&mut self, now: Instant, data: &[u8]) {
         let Ok(pkt) = ArpPacket::new_checked(data) else {
             return self.counters.drop(StackDrop::Malformed);

@@ -1240,3 +1240,30 @@ fn rfc1122_3_2_2_6_non_unicast_echo_requests_are_not_answered() {
     s.handle_frame(t(0), Zbuf::copy_from_slice(&ok));
     assert_eq!(s.counters().icmp_echo_replies, 1);
 }
+
+/// netlink-sync's path (the kernel owns ARP): a connection parked on an unresolved next
+/// hop goes out as soon as the neighbour is handed in, not at its next timer; a removed
+/// neighbour is resolved again.
+#[test]
+fn neighbour_resolved_from_outside_wakes_the_parked_connection() {
+    let mut c = cfg(EthernetAddress([2, 0, 0, 0, 0, 1]), ip_a());
+    c.answer_arp = false;
+    let mut s = Stack::new(c, FakeRng::new(1)).unwrap();
+    s.connect(t(0), SocketAddrV4::new(ip_b(), 7), None).unwrap();
+    let first: Vec<Transmit> = std::iter::from_fn(|| s.poll_transmit(t(0))).collect();
+    let is_arp = |f: &Transmit| f.header().get(12..14) == Some(&[0x08, 0x06][..]);
+    assert!(
+        first.iter().all(is_arp),
+        "only an ARP request while unresolved"
+    );
+    assert_eq!(s.counters().arp_requests, 1);
+    // Same instant: no timer is due; the hand-in alone releases the SYN.
+    let mac = EthernetAddress([2, 0, 0, 0, 0, 2]);
+    s.neighbour_resolved(ip_b(), mac).unwrap();
+    let out: Vec<Transmit> = std::iter::from_fn(|| s.poll_transmit(t(0))).collect();
+    assert_eq!(out.len(), 1, "the parked SYN");
+    assert_eq!(&out[0].header()[..6], &mac.0);
+    assert!(!is_arp(&out[0]));
+    s.neighbour_removed(ip_b());
+    assert!(s.neighbours().get(ip_b()).is_none());
+}

@@ -51,7 +51,7 @@ use zbuf::dpdk::{
     mbuf_to_zbuf_copied, DmaRegistry, DpdkError, RxPool, RxPoolConfig, TxChains, TxConfig, TxError,
     TxOffloadRequest, TxStats,
 };
-use zbuf::{Slab, Zbuf};
+use zbuf::{IoVec, Slab, Zbuf};
 
 use super::{Device, DeviceStats};
 
@@ -596,6 +596,58 @@ fn flat_copy(tx: &TxChains, t: &Transmit, req: Option<&TxOffloadRequest>) -> Opt
         m.set_tx_offload(o.l2_len, o.l3_len, o.l4_len, 0);
     }
     Some(m)
+}
+
+impl crate::exception::RawPort for DpdkDevice {
+    /// Each frame becomes a chain of an empty head and the received buffer attached
+    /// (no copy by r2c; a PMD without multi-segment support gets it copied into the head).
+    fn tx_raw(&mut self, frames: &mut VecDeque<Zbuf>) -> usize {
+        let mut taken = 0;
+        while taken < frames.len() {
+            self.lens.clear();
+            let mut invalid = false;
+            for z in frames.iter().skip(taken).take(BURST) {
+                let mut iov = IoVec::new();
+                iov.push(z.clone());
+                match self.tx.build(&[], &iov, None) {
+                    Ok(m) => {
+                        self.chains.push(m);
+                        self.lens.push(z.len());
+                    }
+                    Err(TxError::NoMbuf | TxError::NoHold) => {
+                        self.dstats.tx_no_buffers += 1;
+                        break;
+                    }
+                    Err(_) => {
+                        invalid = true;
+                        break;
+                    }
+                }
+            }
+            let built = self.chains.len();
+            let sent = self.txq.tx_burst(&mut self.chains);
+            self.chains.clear();
+            for &len in &self.lens[..sent] {
+                self.stats.tx_frames += 1;
+                self.stats.tx_bytes += len as u64;
+            }
+            taken += sent;
+            if sent < built {
+                break;
+            }
+            if invalid {
+                taken += 1;
+                self.dstats.tx_invalid += 1;
+                self.stats.tx_dropped += 1;
+                continue;
+            }
+            if built < BURST {
+                break;
+            }
+        }
+        frames.drain(..taken);
+        taken
+    }
 }
 
 impl Device for DpdkDevice {

@@ -272,6 +272,23 @@ impl MemDevice {
     }
 }
 
+impl crate::exception::RawPort for MemDevice {
+    fn tx_raw(&mut self, frames: &mut VecDeque<Zbuf>) -> usize {
+        let mut n = 0;
+        while let Some(f) = frames.front() {
+            let len = f.len() as u64;
+            if !self.inject(f.clone()) {
+                break;
+            }
+            frames.pop_front();
+            self.stats.tx_frames += 1;
+            self.stats.tx_bytes += len;
+            n += 1;
+        }
+        n
+    }
+}
+
 impl Device for MemDevice {
     fn rx_burst(&mut self, out: &mut Vec<Zbuf>, max: usize) -> usize {
         let ring = &self.rx.rings[usize::from(self.queue)];

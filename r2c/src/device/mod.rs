@@ -72,4 +72,15 @@ pub trait Device {
     fn queue(&self) -> u16 {
         0
     }
+
+    /// The exception path's counters, when this device is an
+    /// [`ExceptionDevice`](crate::exception::ExceptionDevice).
+    fn exception(&self) -> Option<crate::exception::ExceptionStats> {
+        None
+    }
+
+    /// Neighbour changes from the kernel's mirrored table since the last call
+    /// (`(ip, Some(mac))` to set, `(ip, None)` to remove); the core applies them to its
+    /// stack once per poll iteration. Nothing on devices without mirroring.
+    fn table_changes(&mut self, _out: &mut Vec<(core::net::Ipv4Addr, Option<EthernetAddress>)>) {}
 }

@@ -1,0 +1,497 @@
+//! Kernel coexistence on one NIC (issue 11), on the testbed's `coexist` topology: the
+//! "NIC" is a veth end bound by DPDK's net_af_packet in the host namespace; the wire
+//! namespace holds the kernel clients; luna's process also opens the exception tap
+//! (net_tap), which the kernel sees with the NIC's MAC and luna's IP.
+//!
+//! While knb-framed echo RPCs from the wire reach luna's listening port (7700), on the
+//! same IP the host kernel serves HTTP (`python3 -m http.server`) to a wire client,
+//! answers `ping`, and keeps a long-lived TCP echo session going through the whole RPC
+//! run. luna's counters must show the kernel's frames passed both ways and none dropped.
+//!
+//! `..._with_mirroring` runs the same with netlink-sync mirroring on (luna neither
+//! answers nor sends ARP: the kernel resolves, luna takes its neighbours from the
+//! mirror), then deletes the exception interface: luna's own RPCs keep working, the
+//! mirror reports the interface gone, and the kernel's frames are counted as dropped.
+//!
+//! The luna side is this test binary re-executed in the host namespace
+//! (`common/children.rs`; the ignored `role_child` test). Needs root and hugepages.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bifurcation::{KernelPorts, TrafficConfig};
+use dpdk_sys::Eal;
+use luna_stack::stack::RecvError;
+use luna_stack::stack::StackConfig;
+use luna_stack::tcp::CloseReason;
+use luna_stack::wire::Ipv4Cidr;
+use r2c::device::dpdk::{from_testbed, DpdkDevice, DpdkDeviceConfig};
+use r2c::device::Device;
+use r2c::exception::{ExceptionDevice, MirrorThread};
+use r2c::{Conn, CoreOptions, CoreSetup, Ctx, IdleStrategy, InlineApp, Runtime};
+use testbed::{Coexist, DpdkPort, Kind, Prefix, Topology};
+use zbuf::dpdk::DmaRegistry;
+use zbuf::{Slab, SlabConfig};
+
+#[path = "common/children.rs"]
+#[allow(dead_code)] // the tap helpers are for the other test binaries
+mod children;
+use children::{field, lines, role_command, spawn, Outcome, ARG, PORT_JSON, ROLE};
+
+const LIMIT: Duration = Duration::from_secs(90);
+const RPC_PORT: u16 = 7700;
+const HTTP_PORT: u16 = 8080;
+const ECHO_PORT: u16 = 9000;
+const HDR: usize = 16;
+const MAGIC: u16 = 0x6e6b;
+const RESPONSE: u16 = 1;
+/// RPC connections per client run, RPCs per connection.
+const CONNS: usize = 4;
+const RPCS: usize = 50;
+
+#[test]
+fn coexist_kernel_and_luna_share_one_nic() {
+    run("lcxa", false);
+}
+
+#[test]
+fn coexist_with_mirroring_and_the_exception_interface_disappearing() {
+    run("lcxb", true);
+}
+
+/// A Python kernel client in the wire namespace: `CONNS` connections, `RPCS` echo RPCs
+/// each (sizes cycle 0..20,000 bytes), every reply checked byte for byte.
+fn rpc_client(c: &Coexist, tag: &str) -> std::process::Command {
+    let py = format!(
+        "import socket,struct,sys,time,threading\n\
+         def pat(i,n): return bytes(((i*131+k)&0xff) for k in range(n))\n\
+         sizes=[0,1,100,1448,4096,20000]\n\
+         ok=[]\n\
+         def one(base):\n  end=time.time()+30\n  while True:\n    try:\n      c=socket.create_connection(('{ip}',{RPC_PORT}),timeout=5); break\n    \
+         except OSError:\n      if time.time()>end: raise\n      time.sleep(0.1)\n  \
+         c.settimeout(30)\n  reqs=[(base+i,sizes[i%6]) for i in range({RPCS})]\n  \
+         want=b''.join(struct.pack('<QIHH',i,n,{RESPONSE},{MAGIC})+pat(i,n) for i,n in reqs)\n  \
+         for k in range(0,{RPCS},10):\n    c.sendall(b''.join(struct.pack('<QIHH',i,n,0,{MAGIC})+pat(i,n) for i,n in reqs[k:k+10]))\n  \
+         buf=bytearray()\n  while len(buf)<len(want):\n    d=c.recv(1<<16)\n    if not d: break\n    buf+=d\n  \
+         c.shutdown(socket.SHUT_WR)\n  rest=c.recv(1)\n  c.close()\n  ok.append(bytes(buf)==want and rest==b'')\n\
+         ts=[threading.Thread(target=one,args=(j*1000,)) for j in range({CONNS})]\n\
+         [t.start() for t in ts]\n[t.join() for t in ts]\n\
+         good=sum(ok)\n\
+         print('RPC-CLIENT {tag}', 'ok' if good=={CONNS} else 'mismatch', 'conns=%d' % good)\n\
+         sys.exit(0 if good=={CONNS} else 1)\n",
+        ip = c.dpdk.ip
+    );
+    let mut cmd = c.wire.command("python3");
+    cmd.args(["-c", &py]);
+    cmd
+}
+
+fn run(prefix: &str, mirror: bool) {
+    let prefix = Prefix::new(prefix).unwrap();
+    let topo = Topology::up(Kind::Coexist, &prefix).expect("coexist topology (root, make setup)");
+    let c = topo.coexist().expect("coexist details").clone();
+    let dir = topo.state_dir();
+    let ready = dir.join("r2c-coexist-ready");
+    let stop = dir.join("r2c-coexist-stop");
+    let gone = dir.join("r2c-coexist-gone");
+    let long_stop = dir.join("r2c-coexist-long-stop");
+    let long_up = dir.join("r2c-coexist-long-up");
+    for f in [&ready, &stop, &gone, &long_stop, &long_up] {
+        let _ = std::fs::remove_file(f);
+    }
+    let arg = format!(
+        "{}|{}|{}|{}",
+        ready.display(),
+        stop.display(),
+        c.exception.iface,
+        if mirror { "mirror" } else { "plain" }
+    );
+    let server = spawn(role_command("coexist-server", &c.dpdk, &arg), "luna");
+    let end = Instant::now() + Duration::from_secs(60);
+    while !ready.exists() {
+        assert!(
+            Instant::now() < end,
+            "the luna child never opened its ports"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.configure_exception(Duration::from_secs(10))
+        .expect("configure the exception tap");
+    if mirror {
+        // Now that the interface exists, the child starts mirroring it.
+        std::fs::write(&ready, b"configured").expect("ready file");
+    }
+
+    // The kernel's services on luna's IP, in the host namespace.
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).expect("www dir");
+    std::fs::write(www.join("hello.txt"), b"kernel says hello\n").expect("file");
+    let mut http = c.exception.command("python3");
+    http.args(["-m", "http.server", &HTTP_PORT.to_string(), "--bind"])
+        .arg(c.exception.ip.to_string())
+        .arg("--directory")
+        .arg(&www);
+    let http = spawn(http, "kernel http server");
+    let echo_srv = format!(
+        "import socket\n\
+         s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+         s.bind(('{ip}',{ECHO_PORT})); s.listen(1)\n\
+         c,_=s.accept()\n\
+         while True:\n  d=c.recv(4096)\n  if not d: break\n  c.sendall(d)\n\
+         print('ECHO-SERVER done')\n",
+        ip = c.exception.ip
+    );
+    let mut e = c.exception.command("python3");
+    e.args(["-c", &echo_srv]);
+    let echo_server = spawn(e, "kernel echo server");
+
+    // The long-lived kernel session ("ssh"): one line every 20 ms until the stop file.
+    let long = format!(
+        "import socket,time,os,sys\n\
+         end=time.time()+20\n\
+         while True:\n  try:\n    c=socket.create_connection(('{ip}',{ECHO_PORT}),timeout=5); break\n  \
+         except OSError:\n    if time.time()>end: raise\n    time.sleep(0.1)\n\
+         c.settimeout(10)\n\
+         n=0\n\
+         deadline=time.time()+80\n\
+         while not os.path.exists('{stop}') and time.time()<deadline:\n  \
+         m=b'line %d\\n' % n\n  c.sendall(m)\n  got=b''\n  \
+         while len(got)<len(m):\n    d=c.recv(len(m)-len(got))\n    if not d: print('LONG broken', n); sys.exit(1)\n    got+=d\n  \
+         if got!=m: print('LONG mismatch', n); sys.exit(1)\n  n+=1\n  \
+         if n==5: open('{up}','w').write('up')\n  time.sleep(0.02)\n\
+         c.close()\n\
+         print('LONG ok lines=%d' % n)\n",
+        ip = c.exception.ip,
+        stop = long_stop.display(),
+        up = long_up.display()
+    );
+    let mut l = c.wire.command("python3");
+    l.args(["-c", &long]);
+    let long = spawn(l, "long-lived kernel session");
+    // The session is established and has exchanged 5 lines before luna's RPCs start.
+    let end = Instant::now() + Duration::from_secs(30);
+    while !long_up.exists() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // luna's RPCs and the kernel's HTTP and ping, at the same time.
+    let rpc = spawn(rpc_client(&c, "first"), "luna rpc client");
+    let get = format!(
+        "import urllib.request,time\n\
+         end=time.time()+30\n\
+         while True:\n  try:\n    r=urllib.request.urlopen('http://{ip}:{HTTP_PORT}/hello.txt',timeout=5); break\n  \
+         except OSError:\n    if time.time()>end: raise\n    time.sleep(0.2)\n\
+         b=r.read()\n\
+         print('HTTP', r.status, 'ok' if b==b'kernel says hello\\n' else 'mismatch')\n",
+        ip = c.exception.ip
+    );
+    let mut g = c.wire.command("python3");
+    g.args(["-c", &get]);
+    let http_client = spawn(g, "kernel http client");
+    let mut p = c.wire.command("ping");
+    p.args(["-c", "5", "-i", "0.2", "-W", "5"])
+        .arg(c.exception.ip.to_string());
+    let ping = spawn(p, "ping");
+    let (rpc, http_client, ping) = (rpc.wait(LIMIT), http_client.wait(LIMIT), ping.wait(LIMIT));
+    let mut checks: Vec<(Outcome, &str)> = vec![
+        (rpc, "RPC-CLIENT first ok"),
+        (http_client, "HTTP 200 ok"),
+        (ping, "5 packets transmitted, 5 received"),
+    ];
+    // ... and goes on after them.
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(&long_stop, b"stop").expect("long-stop file");
+    let long = long.wait(LIMIT);
+    if mirror {
+        // The exception interface disappears; luna's own RPCs must keep working. (The
+        // child samples its drop counter when the file appears, before the deletion.)
+        std::fs::write(&gone, b"gone").expect("gone file");
+        std::thread::sleep(Duration::from_millis(300));
+        testbed::netns_command(&c.exception.netns, "ip")
+            .args(["link", "del", &c.exception.iface])
+            .status()
+            .expect("ip link del");
+        // The kernel's frames now have nowhere to go: 3 pings, each counted as dropped.
+        let mut p = c.wire.command("ping");
+        p.args(["-c", "3", "-i", "0.2", "-W", "1"])
+            .arg(c.exception.ip.to_string());
+        let lost = spawn(p, "ping after the loss").wait(LIMIT);
+        assert!(lost.out.contains(" 0 received"), "{}", lost.out);
+        let rpc2 = spawn(rpc_client(&c, "second"), "luna rpc client after the loss");
+        checks.push((rpc2.wait(LIMIT), "RPC-CLIENT second ok"));
+    }
+    std::fs::write(&stop, b"stop").expect("stop file");
+    let server = server.wait(LIMIT);
+    drop(http);
+    drop(echo_server);
+    drop(topo);
+    let mut all: Vec<(&Outcome, &str)> = checks.iter().map(|(o, w)| (o, *w)).collect();
+    all.push((&long, "LONG ok"));
+    all.push((&server, "OK "));
+    let got = lines(&all);
+    let s = got.last().expect("server line");
+    println!("server: {s}\nserver stderr: {}", server.err);
+    let rounds = if mirror { 2 } else { 1 };
+    assert_eq!(field(s, "requests"), (rounds * CONNS * RPCS) as u64, "{s}");
+    assert_eq!(field(s, "errors"), 0, "{s}");
+    let long_lines: u64 = got[got.len() - 2]
+        .split("lines=")
+        .nth(1)
+        .and_then(|v| v.trim().parse().ok())
+        .expect("lines");
+    assert!(
+        long_lines > 10,
+        "the long session exchanged {long_lines} lines"
+    );
+    assert!(field(s, "exc_to_kernel") > 0, "{s}");
+    assert!(field(s, "exc_from_kernel") > 0, "{s}");
+    assert_eq!(field(s, "exc_from_kernel_dropped"), 0, "{s}");
+    assert_eq!(field(s, "exc_malformed_dropped"), 0, "{s}");
+    assert_eq!(field(s, "tx_dropped"), 0, "{s}");
+    // Neither luna's frames nor the kernel's were copied by r2c (the PMDs copy into
+    // the kernel as they do for every frame).
+    assert_eq!(field(s, "copied_bytes"), 0, "{s}");
+    if mirror {
+        assert_eq!(field(s, "exc_interface_gone"), 1, "{s}");
+        assert!(field(s, "exc_neighbours_added") >= 1, "{s}");
+        assert!(field(s, "arp_replies") == 0, "luna answered ARP: {s}");
+        assert!(
+            server.err.contains("stopped: interface") && server.err.contains("disappeared"),
+            "no clear error for the lost interface: {}",
+            server.err
+        );
+        // Before the loss nothing of the kernel's was dropped; after it, the pings were.
+        assert_eq!(field(s, "exc_to_kernel_dropped_before_loss"), 0, "{s}");
+        assert!(field(s, "exc_to_kernel_dropped") >= 3, "{s}");
+    } else {
+        assert_eq!(field(s, "exc_to_kernel_dropped"), 0, "{s}");
+    }
+}
+
+// ---------------------------------------------------------------- child side
+
+#[test]
+#[ignore = "child-process entry point, run by the other tests"]
+fn role_child() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let port: DpdkPort =
+        serde_json::from_str(&std::env::var(PORT_JSON).expect("port json")).expect("port");
+    let arg = std::env::var(ARG).unwrap_or_default();
+    let msg = match role.as_str() {
+        "coexist-server" => serve(&port, &arg),
+        other => panic!("unknown role {other}"),
+    };
+    println!("OK {msg}");
+}
+
+#[derive(Default)]
+struct Served {
+    requests: AtomicU64,
+    errors: AtomicU64,
+}
+
+#[derive(Default)]
+struct Echo {
+    hdr: [u8; HDR],
+    have: usize,
+    left: u32,
+}
+
+/// Echo-RPC server (knb's framing): replies with the request's id, the RESPONSE flag
+/// and its payload (slices of the received buffers, no copy).
+struct Server {
+    conns: HashMap<Conn, Echo>,
+    served: Arc<Served>,
+}
+
+impl InlineApp for Server {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        ctx.listen(RPC_PORT, 64).expect("listen");
+    }
+
+    fn on_accept(&mut self, _ctx: &mut Ctx<'_>, conn: Conn, _l: r2c::Listener) {
+        self.conns.insert(conn, Echo::default());
+    }
+
+    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        loop {
+            let Some(e) = self.conns.get_mut(&conn) else {
+                return;
+            };
+            match ctx.recv(conn) {
+                Ok(Some(mut z)) => {
+                    let mut failed = false;
+                    while !z.is_empty() && !failed {
+                        if e.left > 0 {
+                            let k = (e.left as usize).min(z.len());
+                            failed |= ctx.send_all(conn, z.split_to(k)).is_err();
+                            e.left -= k as u32;
+                            continue;
+                        }
+                        let k = (HDR - e.have).min(z.len());
+                        e.hdr[e.have..e.have + k].copy_from_slice(&z[..k]);
+                        z.advance(k);
+                        e.have += k;
+                        if e.have < HDR {
+                            continue;
+                        }
+                        e.have = 0;
+                        let h = e.hdr;
+                        let len = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
+                        let magic = u16::from_le_bytes([h[14], h[15]]);
+                        if magic != MAGIC || len > 1 << 20 {
+                            failed = true;
+                            break;
+                        }
+                        let mut r = h;
+                        r[12..14].copy_from_slice(&RESPONSE.to_le_bytes());
+                        let mut m = ctx.alloc(HDR).expect("zbuf");
+                        m.append(HDR).expect("room").copy_from_slice(&r);
+                        failed |= ctx.send_all(conn, m.freeze()).is_err();
+                        e.left = len;
+                        self.served.requests.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if failed {
+                        self.served.errors.fetch_add(1, Ordering::Relaxed);
+                        self.conns.remove(&conn);
+                        ctx.abort(conn);
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(RecvError::Finished) => {
+                    self.conns.remove(&conn);
+                    ctx.close(conn);
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, conn: Conn, _r: Option<CloseReason>) {
+        self.conns.remove(&conn);
+    }
+}
+
+fn serve(port: &DpdkPort, arg: &str) -> String {
+    let parts: Vec<&str> = arg.split('|').collect();
+    let [ready, stop, iface, mode] = parts[..] else {
+        panic!("bad arg {arg}");
+    };
+    let mirror = mode == "mirror";
+    let (args, cfg) = from_testbed(port).expect("testbed port");
+    let eal = Eal::init(args).unwrap_or_else(|e| panic!("EAL: {e}"));
+    let registry = DmaRegistry::new(&eal);
+    let slab =
+        Slab::new(registry.slab_config(SlabConfig::new().max_memory(48 << 20))).expect("slab");
+    let small = |mut c: DpdkDeviceConfig, prefix: &str| {
+        c.rx_buf_size = 4096;
+        c.rx_desc = 256;
+        c.tx_desc = 256;
+        c.rx_mbufs = 2047;
+        c.tx_mbufs = 1023;
+        c.tx_holds = 1023;
+        c.pool_prefix = prefix.into();
+        c
+    };
+    let nic = DpdkDevice::open(&eal, &slab, &registry, &small(cfg, "nic"))
+        .unwrap_or_else(|e| panic!("open the NIC: {e}"));
+    let exc = DpdkDevice::open(
+        &eal,
+        &slab,
+        &registry,
+        &small(DpdkDeviceConfig::new("net_tap1"), "exc"),
+    )
+    .unwrap_or_else(|e| panic!("open the exception port: {e}"));
+    // The software fallback, as a NIC without flow rules gets it (one line on stderr).
+    eprintln!(
+        "bifurcation: port {}: no hardware steering (net_af_packet has no flow API); falling back to software: luna classifies every frame in its poll loop and hands the kernel's to the exception interface",
+        port.eal.vdev
+    );
+    let tc = TrafficConfig {
+        listen_tcp: vec![RPC_PORT],
+        ip: Some(port.ip),
+        apps: vec![bifurcation::model::AppConfig {
+            name: "coexist".into(),
+            ports: Default::default(),
+            threads: Some(1),
+            queues: None,
+        }],
+        ..TrafficConfig::default()
+    };
+    let model = tc
+        .validate(&KernelPorts::from_proc().expect("kernel ports"))
+        .unwrap_or_else(|e| panic!("traffic model: {e}"));
+    let mut sc = StackConfig::new(
+        nic.mac(),
+        Ipv4Cidr::new(port.ip, port.prefix_len).expect("cidr"),
+    );
+    sc.mtu = nic.mtu();
+    sc.caps = nic.caps();
+    sc.answer_arp = !mirror;
+    std::fs::write(ready, b"open").expect("ready file");
+    let mut dev = ExceptionDevice::new(nic, exc, model, 1024);
+    let mut mirror_thread = None;
+    if mirror {
+        // Wait until the parent configured the tap, then mirror it.
+        let end = Instant::now() + Duration::from_secs(30);
+        while std::fs::read(ready).ok().as_deref() != Some(&b"configured"[..]) {
+            assert!(
+                Instant::now() < end,
+                "the exception tap was never configured"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let m = MirrorThread::start(iface).unwrap_or_else(|e| panic!("mirror: {e}"));
+        dev = dev.with_mirror(m.for_core().expect("nudger"));
+        mirror_thread = Some(m);
+    }
+    let served = Arc::new(Served::default());
+    let sv = served.clone();
+    let opts = CoreOptions {
+        idle: IdleStrategy::Yield,
+        pin: false,
+        slab: Some(slab.clone()),
+        stats_interval: 64,
+        ..CoreOptions::default()
+    };
+    let setup = CoreSetup::new(0, vec![dev], sc);
+    let rt = Runtime::spawn_inline(vec![setup], opts, move |_| Server {
+        conns: HashMap::new(),
+        served: sv.clone(),
+    })
+    .expect("runtime");
+    let gone = std::path::Path::new(stop).with_file_name("r2c-coexist-gone");
+    let mut dropped_before_loss = None;
+    let end = Instant::now() + LIMIT - Duration::from_secs(10);
+    while !std::path::Path::new(stop).exists() && Instant::now() < end {
+        if dropped_before_loss.is_none() && gone.exists() {
+            dropped_before_loss = Some(rt.stats()[0].exc_to_kernel_dropped);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rt.stop();
+    let reports = rt.join().expect("runtime");
+    let mirror_end = mirror_thread.map(|m| m.stop());
+    if let Some(Err(e)) = &mirror_end {
+        eprintln!("mirror ended: {e}");
+    }
+    let r = &reports[0];
+    let mut out = format!(
+        "requests={} errors={} arp_replies={} arp_requests={} exc_to_kernel_dropped_before_loss={}",
+        served.requests.load(Ordering::Relaxed),
+        served.errors.load(Ordering::Relaxed),
+        r.stack.arp_replies,
+        r.stack.arp_requests,
+        dropped_before_loss.unwrap_or(0),
+    );
+    for (k, v) in r.stats.fields() {
+        out += &format!(" {k}={v}");
+    }
+    out
+}

@@ -131,6 +131,7 @@ pub fn run(r: &Run) -> Vec<Segment> {
             "tap",
             &Impairment {
                 delay: imp.delay,
+                jitter: imp.jitter,
                 loss: imp.loss,
                 reorder: imp.reorder,
                 duplicate: imp.duplicate,
@@ -352,9 +353,20 @@ fn check(s: &Segment) {
             assert_eq!(p.get::<u64>("k_out_rsts"), 0, "{ctx}");
         }
         if plan.impair.is_none() {
-            // A clean link: nothing for luna to drop.
+            // A clean link: nothing for luna to drop, except the duplicates a kernel's
+            // spurious retransmission makes (a tail loss probe or an RTO when luna was
+            // slow to ACK on a loaded machine): each is below RCV.NXT, dropped as
+            // `out_of_window` and D-SACKed, at most one per kernel retransmission.
             for (k, v) in p.0.iter().filter(|(k, _)| k.starts_with("l_drop_")) {
-                assert_eq!(v, "0", "{k} on a clean link: {ctx}");
+                if k == "l_drop_out_of_window" {
+                    let n: u64 = p.get(k);
+                    assert!(
+                        n <= p.get::<u64>("k_retrans_segs"),
+                        "{k} on a clean link: {ctx}"
+                    );
+                } else {
+                    assert_eq!(v, "0", "{k} on a clean link: {ctx}");
+                }
             }
         }
     }
@@ -406,8 +418,8 @@ fn print_summary(segs: &[Segment]) {
     for s in segs {
         let imp = s.plan.impair.map_or("none".to_string(), |i| {
             format!(
-                "loss {}% reorder {}% duplicate {}% delay {:?} (both ways)",
-                i.loss, i.reorder, i.duplicate, i.delay
+                "loss {}% reorder {}% duplicate {}% delay {:?} ± {:?} (both ways)",
+                i.loss, i.reorder, i.duplicate, i.delay, i.jitter
             )
         });
         println!(

@@ -143,10 +143,14 @@ struct Shared {
     resp_verified: AtomicU64,
     errors: Mutex<Vec<String>>,
     /// Per-connection high-water marks (bytes): unacknowledged data (the retransmit
-    /// queue), the whole send queue, the receive queue.
+    /// queue), the whole send queue (unsent and unacknowledged), the receive queue (in
+    /// order, waiting for the application). The stack has no public figure of its
+    /// out-of-order queue.
     hwm_in_flight: AtomicU64,
     hwm_sndq: AtomicU64,
     hwm_rcvq: AtomicU64,
+    /// Unacknowledged bytes summed over one side's connections.
+    hwm_in_flight_side: AtomicU64,
     /// Connections open at once on one side.
     hwm_conns: AtomicU64,
 }
@@ -164,8 +168,15 @@ impl Shared {
 /// high-water marks.
 const SAMPLE_EVERY: u64 = 16;
 
+/// The receive queue when the application is told it is readable (the inline apps read
+/// it all at once, so `on_poll` would always see it empty).
+fn note_rcvq(ctx: &Ctx<'_>, c: Conn, sh: &Shared) {
+    sh.hwm_rcvq
+        .fetch_max(ctx.recv_available(c) as u64, Ordering::Relaxed);
+}
+
 fn sample(ctx: &mut Ctx<'_>, conns: impl Iterator<Item = Conn>, sh: &Shared, snd_buf: u64) {
-    let mut n = 0;
+    let (mut n, mut total) = (0, 0);
     for c in conns {
         n += 1;
         let Some(conn) = ctx.stack().connection(c) else {
@@ -174,16 +185,16 @@ fn sample(ctx: &mut Ctx<'_>, conns: impl Iterator<Item = Conn>, sh: &Shared, snd
         if !matches!(conn.state(), State::Established | State::CloseWait) {
             continue;
         }
-        sh.hwm_in_flight
-            .fetch_max(u64::from(conn.bytes_in_flight()), Ordering::Relaxed);
+        let flight = u64::from(conn.bytes_in_flight());
+        total += flight;
+        sh.hwm_in_flight.fetch_max(flight, Ordering::Relaxed);
         sh.hwm_sndq.fetch_max(
             snd_buf.saturating_sub(conn.send_capacity() as u64),
             Ordering::Relaxed,
         );
-        sh.hwm_rcvq
-            .fetch_max(conn.recv_available() as u64, Ordering::Relaxed);
     }
     sh.hwm_conns.fetch_max(n, Ordering::Relaxed);
+    sh.hwm_in_flight_side.fetch_max(total, Ordering::Relaxed);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -329,6 +340,7 @@ impl InlineApp for Server {
     }
 
     fn on_readable(&mut self, ctx: &mut Ctx<'_>, c: Conn) {
+        note_rcvq(ctx, c, &self.sh);
         if let Err(e) = self.read(ctx, c) {
             self.sh.error(e);
             self.conns.remove(&c);
@@ -500,6 +512,7 @@ impl InlineApp for Client {
     }
 
     fn on_readable(&mut self, ctx: &mut Ctx<'_>, c: Conn) {
+        note_rcvq(ctx, c, &self.sh);
         if let Err(e) = self.read(ctx, c) {
             self.sh.error(e);
             self.conns.remove(&c);
@@ -562,6 +575,7 @@ struct Outcome {
     hwm_in_flight: u64,
     hwm_sndq: u64,
     hwm_rcvq: u64,
+    hwm_in_flight_side: u64,
     hwm_conns: u64,
     slab_hwm_objects: usize,
     slab_leaked: usize,
@@ -720,6 +734,7 @@ fn run_profile(p: &Profile) -> Outcome {
         hwm_in_flight: sh.hwm_in_flight.load(Ordering::Relaxed),
         hwm_sndq: sh.hwm_sndq.load(Ordering::Relaxed),
         hwm_rcvq: sh.hwm_rcvq.load(Ordering::Relaxed),
+        hwm_in_flight_side: sh.hwm_in_flight_side.load(Ordering::Relaxed),
         hwm_conns: sh.hwm_conns.load(Ordering::Relaxed),
         slab_hwm_objects: slab_hwm,
         slab_leaked: leaked,
@@ -803,8 +818,8 @@ fn print(outs: &[Outcome]) {
             f.corrupted
         );
     }
-    println!("\n| profile | faults (each direction) | retransmits | RTOs | fast retransmits | SACK recoveries | D-SACKs | TCP drops by reason | hwm in flight / send queue / recv queue (bytes, one connection) | conns | zbuf objects hwm | alloc failures |");
-    println!("|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|");
+    println!("\n| profile | faults (each direction) | retransmits | RTOs | fast retransmits | SACK recoveries | D-SACKs | TCP drops by reason | hwm in flight / send queue / recv queue (bytes, one connection) | hwm in flight (bytes, one side) | conns | zbuf objects hwm | alloc failures |");
+    println!("|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|");
     for o in outs {
         let t = |g: fn(&CoreReport) -> u64| g(&o.server) + g(&o.client);
         let mut drops = Vec::new();
@@ -815,7 +830,7 @@ fn print(outs: &[Outcome]) {
             }
         }
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} | {} | {} | {} |",
             o.name,
             o.faults,
             t(|r| r.tcp.retransmits),
@@ -827,6 +842,7 @@ fn print(outs: &[Outcome]) {
             o.hwm_in_flight,
             o.hwm_sndq,
             o.hwm_rcvq,
+            o.hwm_in_flight_side,
             o.hwm_conns,
             o.slab_hwm_objects,
             o.slab_alloc_failures

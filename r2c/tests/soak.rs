@@ -1019,11 +1019,11 @@ fn kernel_soak(tag: char, bulk: u64, rpcs: u64, limit: Duration) {
     );
 }
 
-/// `make soak`: 256 MiB each way and 50,000 RPCs in each role through the kernel.
+/// `make soak`: 1 GiB each way and 200,000 RPCs in each role through the kernel.
 #[test]
 #[ignore = "full soak (luna <-> kernel share, about ten minutes): make soak"]
 fn soak_luna_kernel_full() {
-    kernel_soak('s', 256 << 20, 50_000, Duration::from_secs(900));
+    kernel_soak('s', 1 << 30, 200_000, Duration::from_secs(900));
 }
 
 /// `make test`: 4 MiB each way and 1,000 RPCs in each role through the kernel, with jitter.

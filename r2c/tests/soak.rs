@@ -587,13 +587,13 @@ fn impaired(
     faults: Faults,
     seed: u64,
 ) -> (Vec<ImpairDevice<MemDevice>>, Arc<FaultCounters>) {
-    let mut devs: Vec<_> = devs
+    assert_eq!(devs.len(), 1, "one queue per side");
+    let devs: Vec<_> = devs
         .into_iter()
         .map(|d| ImpairDevice::new(d, faults, seed))
         .collect();
-    assert_eq!(devs.len(), 1, "one queue per side");
     let c = devs[0].counters();
-    (std::mem::take(&mut devs), c)
+    (devs, c)
 }
 
 fn setup(

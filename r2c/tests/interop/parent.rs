@@ -341,14 +341,22 @@ fn check(s: &Segment) {
         assert_eq!(st.kernel_without_ts, 0, "{name}/{ph}: {st:?}");
         // The kernel saw no bad checksum and no error, and none of its connections was
         // reset; on a clean link it sent no RST at all (impaired: see the capture check).
-        for k in [
-            "k_estab_resets",
-            "k_tcp_csum_errors",
-            "k_ip_csum_errors",
-            "k_in_errs",
-        ] {
+        for k in ["k_estab_resets", "k_tcp_csum_errors", "k_ip_csum_errors"] {
             assert_eq!(p.get::<u64>(k), 0, "{k}: {ctx}");
         }
+        // TcpInErrs also counts a SYN reaching an established socket (Linux's
+        // tcp_validate_incoming answers it with a challenge ACK, RFC 5961 §4.2): on the
+        // impaired link a duplicated or retransmitted SYN / SYN-ACK from luna does that
+        // (seen once in a 1 GiB soak run). At most one per SYN beyond one each way.
+        let extra_syns = if plan.impair.is_some() {
+            st.syns.saturating_sub(2)
+        } else {
+            0
+        };
+        assert!(
+            p.get::<u64>("k_in_errs") <= extra_syns,
+            "k_in_errs above the {extra_syns} extra SYNs captured: {ctx}"
+        );
         if plan.impair.is_none() {
             assert_eq!(p.get::<u64>("k_out_rsts"), 0, "{ctx}");
         }

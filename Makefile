@@ -82,7 +82,7 @@ attack: setup
 # Soak (docs/reliability.md, `## Soak`): luna<->luna over an in-memory link with an
 # impairment device (two profiles, 1% and 5% loss, duplication, 0.1% corruption, reordering,
 # delay with jitter: 10 GiB and 10 M RPCs in all), then luna<->kernel over tap through the
-# NFQUEUE engine with delay and jitter (1 GiB each way and 200,000 RPCs per role). Every
+# NFQUEUE engine with delay and jitter (256 MiB each way and 50,000 RPCs per role). Every
 # byte checked end to end. Release build; one test at a time.
 soak: setup
 	$(CARGO) test --release -p r2c --test soak -- --ignored --exact --test-threads=1 --nocapture \

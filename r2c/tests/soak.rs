@@ -979,10 +979,10 @@ fn kernel_impair() -> LinkImpair {
     }
 }
 
-/// Bulk bytes each way and RPCs (4 KiB, 16 deep) in each role; the clean segment the
-/// interop machinery always runs first is 4 MiB and 1,000 RPCs (as in `interop_kernel.rs`:
-/// the kernel socket must live long enough for its `ss` sample).
-fn kernel_soak(tag: char, bulk: u64, rpcs: u64, limit: Duration) {
+/// Bulk bytes each way and RPCs (4 KiB, 16 deep) in each role; `clean` sizes the clean
+/// segment the interop machinery always runs first (bytes, RPCs): the kernel socket must
+/// live long enough for its `ss` sample.
+fn kernel_soak(tag: char, clean: (u64, u64), bulk: u64, rpcs: u64, limit: Duration) {
     let plan = |bulk, rpcs, impair, limit| Plan {
         bulk,
         rpcs,
@@ -994,7 +994,7 @@ fn kernel_soak(tag: char, bulk: u64, rpcs: u64, limit: Duration) {
     };
     let segs = run(&Run {
         tag,
-        clean: plan(4 << 20, 1_000, None, Duration::from_secs(60)),
+        clean: plan(clean.0, clean.1, None, Duration::from_secs(60)),
         impaired: plan(bulk, rpcs, Some(kernel_impair()), limit),
         impaired_snaplen: 128,
     });
@@ -1031,8 +1031,10 @@ fn soak_luna_kernel_full() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(d)
     };
+    // Release build: a 4 MiB clean phase ends before its `ss` sample; 64 MiB does not.
     kernel_soak(
         's',
+        (64 << 20, 5_000),
         env("LUNA_SOAK_KERNEL_MIB", 256) << 20,
         env("LUNA_SOAK_KERNEL_RPCS", 50_000),
         Duration::from_secs(900),
@@ -1042,7 +1044,13 @@ fn soak_luna_kernel_full() {
 /// `make test`: 4 MiB each way and 1,000 RPCs in each role through the kernel, with jitter.
 #[test]
 fn soak_luna_kernel_reduced() {
-    kernel_soak('k', 4 << 20, 1_000, Duration::from_secs(60));
+    kernel_soak(
+        'k',
+        (4 << 20, 1_000),
+        4 << 20,
+        1_000,
+        Duration::from_secs(60),
+    );
 }
 
 /// Entry point of the kernel share's child processes (see `interop/mod.rs`).

@@ -17,7 +17,7 @@ TEST_SUITES := test-workspace test-loom test-fuzz test-dpdk-compat
 # Seconds per fuzz target in `make test-fuzz` (9 targets; the build is most of the cost).
 FUZZ_SECS ?= 6
 
-.PHONY: help setup build test $(TEST_SUITES) interop attack lint demo clean-testbed
+.PHONY: help setup build test $(TEST_SUITES) interop attack soak lint demo clean-testbed
 
 help:
 	@echo "make setup          install packages, reserve hugepages (root)"
@@ -25,6 +25,7 @@ help:
 	@echo "make test           setup, then: $(TEST_SUITES) (root)"
 	@echo "make interop        setup, then the full-size kernel interop run (docs/interop.md; root)"
 	@echo "make attack         setup, then the attack suite against a luna server over tap (docs/reliability.md; root)"
+	@echo "make soak           setup, then the full soak: 10 GiB + 10 M RPCs luna<->luna, a kernel share over tap (docs/reliability.md; root)"
 	@echo "make lint           rustfmt check + clippy -D warnings"
 	@echo "make demo           setup, then knb compare: luna vs kernel vs smoltcp vs raw, 4 KiB RPCs (root)"
 	@echo "make clean-testbed  remove every namespace/interface/file with prefix $(LUNA_TESTBED_PREFIX)"
@@ -39,7 +40,8 @@ test: setup
 	$(MAKE) --no-print-directory $(TEST_SUITES)
 
 # Unit and testbed integration tests of every crate (the testbed's need root). Includes the
-# reduced kernel interop run (r2c/tests/interop_kernel.rs, about a minute).
+# reduced kernel interop run (r2c/tests/interop_kernel.rs, about a minute) and the reduced
+# soak (r2c/tests/soak.rs: soak_luna_luna_reduced, soak_luna_kernel_reduced, about 30 s).
 test-workspace:
 	$(CARGO) test --workspace
 
@@ -79,6 +81,15 @@ interop: setup
 # reduced run (7 phases of 1 s) is part of `make test`.
 attack: setup
 	$(CARGO) test -p r2c --test dpdk_runtime -- --ignored --exact tap_attack_full --nocapture
+
+# Soak (docs/reliability.md, `## Soak`): luna<->luna over an in-memory link with an
+# impairment device (two profiles, 1% and 5% loss, duplication, 0.1% corruption, reordering,
+# delay with jitter: 10 GiB and 10 M RPCs in all), then luna<->kernel over tap through the
+# NFQUEUE engine with delay and jitter (256 MiB each way and 50,000 RPCs per role). Every
+# byte checked end to end. Release build; one test at a time.
+soak: setup
+	$(CARGO) test --release -p r2c --test soak -- --ignored --exact --test-threads=1 --nocapture \
+		soak_luna_luna_full soak_luna_kernel_full
 
 lint:
 	$(CARGO) fmt --all -- --check

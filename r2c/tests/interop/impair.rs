@@ -4,8 +4,9 @@
 //!
 //! Per packet, in netem's order: drop with `loss`%; otherwise clone with `duplicate`%
 //! (the copy travels with the original); then either send at once (`reorder`%) or hold
-//! for `delay`. All held packets wait the same delay, so the hold queue is FIFO and the
-//! packets sent at once overtake it: that is the reordering.
+//! for `delay ± jitter` (uniform). Without jitter all held packets wait the same delay, so
+//! the hold queue is FIFO and the packets sent at once overtake it: that is the
+//! reordering; with jitter held packets also overtake each other (as in netem).
 
 use std::collections::VecDeque;
 
@@ -76,6 +77,7 @@ impl<T: Clone> Stage<T> {
             self.stats.duplicated += 1;
         }
         let delay = self.cfg.delay.as_nanos() as u64;
+        let jitter = (self.cfg.jitter.as_nanos() as u64).min(delay);
         if delay == 0 || self.rng.percent() < self.cfg.reorder {
             if delay > 0 {
                 self.stats.reordered += 1;
@@ -84,9 +86,19 @@ impl<T: Clone> Stage<T> {
             out.extend(copy);
         } else {
             self.stats.delayed += 1;
-            self.held.push_back((now + delay, item));
+            let due = if jitter == 0 {
+                now + delay
+            } else {
+                // delay - jitter + U[0, 2 jitter]
+                let r =
+                    ((u128::from(self.rng.next_u64()) * u128::from(2 * jitter + 1)) >> 64) as u64;
+                now + delay - jitter + r
+            };
+            // Kept sorted by due time (stable: equal times keep their order).
+            let at = self.held.partition_point(|(d, _)| *d <= due);
+            self.held.insert(at, (due, item));
             if let Some(c) = copy {
-                self.held.push_back((now + delay, c));
+                self.held.insert(at + 1, (due, c));
             }
         }
     }
@@ -129,6 +141,7 @@ mod tests {
             reorder: 0.0,
             duplicate: 0.0,
             delay: Duration::ZERO,
+            jitter: Duration::ZERO,
         };
         let (out, st) = run(cfg, 1, 1000);
         assert_eq!(out, (0..1000).collect::<Vec<_>>());
@@ -165,6 +178,7 @@ mod tests {
             reorder: 0.0,
             duplicate: 0.0,
             delay: Duration::from_millis(1),
+            jitter: Duration::ZERO,
         };
         let mut s = Stage::new(cfg, 3);
         let mut out = VecDeque::new();
@@ -176,6 +190,33 @@ mod tests {
         assert_eq!(out, [1]);
         s.release(1_500_000, &mut out);
         assert_eq!(out, [1, 2]);
+    }
+
+    #[test]
+    fn jitter_spreads_the_hold_time_and_reorders_held_packets() {
+        let cfg = LinkImpair {
+            loss: 0.0,
+            reorder: 0.0,
+            duplicate: 0.0,
+            delay: Duration::from_millis(1),
+            jitter: Duration::from_micros(500),
+        };
+        let mut s = Stage::new(cfg, 5);
+        let mut out = VecDeque::new();
+        for i in 0..1000u32 {
+            s.push(u64::from(i) * 10_000, i, &mut out);
+        }
+        assert!(out.is_empty(), "every packet is held");
+        // Nothing is due before delay - jitter, everything by delay + jitter.
+        s.release(500_000 - 1, &mut out);
+        assert!(out.is_empty());
+        s.release(999 * 10_000 + 1_500_000, &mut out);
+        assert_eq!(s.held(), 0);
+        let v: Vec<u32> = out.into_iter().collect();
+        assert!(v.windows(2).filter(|w| w[1] < w[0]).count() > 50);
+        let mut sorted = v.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..1000).collect::<Vec<_>>());
     }
 
     #[test]

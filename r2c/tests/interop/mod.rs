@@ -68,15 +68,17 @@ pub fn mismatch(seed: u64, start: u64, buf: &[u8]) -> Option<u64> {
 }
 
 /// Impairment of one direction, netem semantics: drop `loss`%, send `duplicate`% twice,
-/// hold every packet for `delay` except `reorder`% which go at once (overtaking the held
-/// ones). The same values go to the testbed engine (kernel -> luna) and to the luna
-/// child's stage (luna -> kernel).
+/// hold every packet for `delay ± jitter` (uniform) except `reorder`% which go at once
+/// (overtaking the held ones). The same values go to the testbed engine (kernel -> luna)
+/// and to the luna child's stage (luna -> kernel).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LinkImpair {
     pub loss: f64,
     pub reorder: f64,
     pub duplicate: f64,
     pub delay: Duration,
+    /// At most `delay`; zero keeps the hold queue FIFO.
+    pub jitter: Duration,
 }
 
 impl LinkImpair {
@@ -88,6 +90,7 @@ impl LinkImpair {
             reorder: 25.0,
             duplicate: 1.0,
             delay: Duration::from_millis(1),
+            jitter: Duration::ZERO,
         }
     }
 }
@@ -126,6 +129,7 @@ impl Plan {
             kv.set("reorder", i.reorder);
             kv.set("duplicate", i.duplicate);
             kv.set("delay_us", i.delay.as_micros());
+            kv.set("jitter_us", i.jitter.as_micros());
         }
         kv.line("")
     }
@@ -139,6 +143,7 @@ impl Plan {
                 reorder: kv.try_get("reorder")?,
                 duplicate: kv.try_get("duplicate")?,
                 delay: Duration::from_micros(kv.try_get("delay_us")?),
+                jitter: Duration::from_micros(kv.try_get("jitter_us")?),
             })
         } else {
             None
@@ -268,6 +273,11 @@ mod tests {
             seed: 7,
             phase_limit: Duration::from_secs(90),
         };
+        assert_eq!(Plan::decode(&p.encode()), Ok(p.clone()));
+        p.impair = Some(LinkImpair {
+            jitter: Duration::from_micros(300),
+            ..LinkImpair::acceptance()
+        });
         assert_eq!(Plan::decode(&p.encode()), Ok(p.clone()));
         p.impair = None;
         assert_eq!(Plan::decode(&p.encode()), Ok(p.clone()));

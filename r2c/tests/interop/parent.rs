@@ -131,6 +131,7 @@ pub fn run(r: &Run) -> Vec<Segment> {
             "tap",
             &Impairment {
                 delay: imp.delay,
+                jitter: imp.jitter,
                 loss: imp.loss,
                 reorder: imp.reorder,
                 duplicate: imp.duplicate,
@@ -340,21 +341,40 @@ fn check(s: &Segment) {
         assert_eq!(st.kernel_without_ts, 0, "{name}/{ph}: {st:?}");
         // The kernel saw no bad checksum and no error, and none of its connections was
         // reset; on a clean link it sent no RST at all (impaired: see the capture check).
-        for k in [
-            "k_estab_resets",
-            "k_tcp_csum_errors",
-            "k_ip_csum_errors",
-            "k_in_errs",
-        ] {
+        for k in ["k_estab_resets", "k_tcp_csum_errors", "k_ip_csum_errors"] {
             assert_eq!(p.get::<u64>(k), 0, "{k}: {ctx}");
         }
+        // TcpInErrs also counts a SYN reaching an established socket (Linux's
+        // tcp_validate_incoming answers it with a challenge ACK, RFC 5961 §4.2): on the
+        // impaired link a duplicated or retransmitted SYN / SYN-ACK from luna does that
+        // (seen once in a 1 GiB soak run). At most one per SYN beyond one each way.
+        let extra_syns = if plan.impair.is_some() {
+            st.syns.saturating_sub(2)
+        } else {
+            0
+        };
+        assert!(
+            p.get::<u64>("k_in_errs") <= extra_syns,
+            "k_in_errs above the {extra_syns} extra SYNs captured: {ctx}"
+        );
         if plan.impair.is_none() {
             assert_eq!(p.get::<u64>("k_out_rsts"), 0, "{ctx}");
         }
         if plan.impair.is_none() {
-            // A clean link: nothing for luna to drop.
+            // A clean link: nothing for luna to drop, except the duplicates a kernel's
+            // spurious retransmission makes (a tail loss probe or an RTO when luna was
+            // slow to ACK on a loaded machine): each is below RCV.NXT, dropped as
+            // `out_of_window` and D-SACKed, at most one per kernel retransmission.
             for (k, v) in p.0.iter().filter(|(k, _)| k.starts_with("l_drop_")) {
-                assert_eq!(v, "0", "{k} on a clean link: {ctx}");
+                if k == "l_drop_out_of_window" {
+                    let n: u64 = p.get(k);
+                    assert!(
+                        n <= p.get::<u64>("k_retrans_segs"),
+                        "{k} on a clean link: {ctx}"
+                    );
+                } else {
+                    assert_eq!(v, "0", "{k} on a clean link: {ctx}");
+                }
             }
         }
     }
@@ -406,8 +426,8 @@ fn print_summary(segs: &[Segment]) {
     for s in segs {
         let imp = s.plan.impair.map_or("none".to_string(), |i| {
             format!(
-                "loss {}% reorder {}% duplicate {}% delay {:?} (both ways)",
-                i.loss, i.reorder, i.duplicate, i.delay
+                "loss {}% reorder {}% duplicate {}% delay {:?} ± {:?} (both ways)",
+                i.loss, i.reorder, i.duplicate, i.delay, i.jitter
             )
         });
         println!(

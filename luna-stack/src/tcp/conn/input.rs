@@ -360,8 +360,21 @@ impl Connection {
             return Disposition::Keep;
         }
 
+        // RFC 9293 §3.10.7.4 fourth, SYN-RECEIVED: "If the connection was initiated with a
+        // passive OPEN, then return this connection to the LISTEN state and return". The
+        // embryonic connection is dropped silently (the listener lives on; a retransmission
+        // of the original SYN, SEG.SEQ = IRS, was answered with the SYN-ACK above and never
+        // gets here). Nothing is sent: the SYN is not from this connection's peer as far as
+        // we know, and RFC 5961 §4's challenge ACK is for the synchronized states. Linux's
+        // tcp_check_req likewise drops the request on such a SYN.
+        if flags.syn() && self.state == State::SynReceived && self.passive {
+            self.terminate(CloseReason::Reset);
+            return Disposition::Remove;
+        }
+
         // RFC 9293 §3.10.7.4 fourth / RFC 5961 §4.2: a SYN in a synchronized state (or in
-        // SYN-RECEIVED) gets a challenge ACK regardless of its sequence number.
+        // an active SYN-RECEIVED, simultaneous open) gets a challenge ACK regardless of its
+        // sequence number.
         if flags.syn() {
             self.challenge_ack(now);
             return Disposition::Keep;

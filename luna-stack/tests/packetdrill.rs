@@ -123,6 +123,7 @@ scripts! {
     syn_retries_exhausted,
     syn_sent_ignores_bare_ack,
     syn_sent_rst_refused,
+    stray_ack_rst_limit,
     time_wait_expires,
     time_wait_ignores_rst,
     time_wait_in_window_ack,

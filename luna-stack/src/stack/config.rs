@@ -1,5 +1,6 @@
 //! Interface configuration: [`StackConfig`], its validation errors and the host-address check.
 
+use super::RstLimit;
 use crate::tables::neighbour::NeighbourConfig;
 use crate::tcp::TcpConfig;
 use crate::time::Duration;
@@ -37,6 +38,11 @@ pub struct StackConfig {
     pub neighbour: NeighbourConfig,
     /// Interval between ARP requests for an unresolved neighbour.
     pub arp_retry: Duration,
+    /// Rate limit of the RSTs sent in reply to segments that match no connection (a closed
+    /// port, or a bad ACK to a listener); RSTs of connections are not limited by it.
+    /// Default 200/s, burst 200 (FreeBSD's `net.inet.icmp.icmplim`);
+    /// [`RstLimit::UNLIMITED`] answers every one.
+    pub rst_limit: RstLimit,
 }
 
 /// When a listener answers a SYN with a SYN cookie (RFC 4987 §3.6) instead of a
@@ -70,6 +76,7 @@ impl StackConfig {
             answer_ping: true,
             neighbour: NeighbourConfig::default(),
             arp_retry: Duration::from_secs(1),
+            rst_limit: RstLimit::default(),
         }
     }
 }

@@ -31,11 +31,15 @@ pub enum StackDrop {
     /// multicast address, or in a link-layer broadcast/multicast frame (RFC 1122 §3.2.1.3,
     /// §3.3.6, §4.2.3.10): never answered, not even with a RST or an echo reply.
     NonUnicast,
+    /// A segment for no connection (what `NoSocket` or a listener's bad ACK counts) that
+    /// got no RST because the stack-wide RST rate limit was exceeded
+    /// (`StackConfig::rst_limit`).
+    RstLimited,
 }
 
 impl StackDrop {
     /// Every reason, in a fixed order.
-    pub const ALL: [StackDrop; 12] = [
+    pub const ALL: [StackDrop; 13] = [
         StackDrop::Malformed,
         StackDrop::NotForUs,
         StackDrop::UnknownEthertype,
@@ -48,6 +52,7 @@ impl StackDrop {
         StackDrop::NoRoute,
         StackDrop::IcmpIgnored,
         StackDrop::NonUnicast,
+        StackDrop::RstLimited,
     ];
 
     /// A short stable name for reports.
@@ -65,6 +70,7 @@ impl StackDrop {
             StackDrop::NoRoute => "no_route",
             StackDrop::IcmpIgnored => "icmp_ignored",
             StackDrop::NonUnicast => "non_unicast",
+            StackDrop::RstLimited => "rst_limited",
         }
     }
 

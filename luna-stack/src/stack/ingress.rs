@@ -344,23 +344,30 @@ impl<R: Rng> Stack<R> {
         match self.listener_by_port.get(&seg.dst_port).copied() {
             Some(l) => self.on_listen_segment(now, l, tuple, seg, payload, src_mac),
             None => {
-                self.counters.drop(StackDrop::NoSocket);
-                self.queue_rst_for(seg, payload.len(), tuple, src_mac);
+                self.queue_rst_for(now, StackDrop::NoSocket, seg, payload.len(), tuple, src_mac)
             }
         }
     }
 
-    /// RFC 9293 §3.10.7.1: a segment for no connection gets a RST (unless it is one).
+    /// RFC 9293 §3.10.7.1: a segment for no connection gets a RST (unless it is one). The
+    /// segment is counted as a drop under `reason`, or under [`StackDrop::RstLimited`] when
+    /// the stack-wide RST bucket (`StackConfig::rst_limit`) is empty and no RST is sent.
     pub(super) fn queue_rst_for(
         &mut self,
+        now: Instant,
+        reason: StackDrop,
         seg: &TcpRepr,
         payload_len: usize,
         tuple: FourTuple,
         dst_mac: EthernetAddress,
     ) {
         if seg.flags.rst() {
-            return;
+            return self.counters.drop(reason);
         }
+        if !self.rst_bucket.take(now) {
+            return self.counters.drop(StackDrop::RstLimited);
+        }
+        self.counters.drop(reason);
         let (seq, ack, flags) = if seg.flags.ack() {
             (seg.ack, SeqNum(0), TcpFlags::RST)
         } else {

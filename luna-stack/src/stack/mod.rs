@@ -27,11 +27,14 @@ mod counters;
 mod egress;
 mod ingress;
 mod passive;
+mod rst_limit;
 mod slots;
 
 pub use config::{check_host_address, AddressError, ConfigError, StackConfig, SynCookieMode};
 pub use counters::{StackCounters, StackDrop};
 pub use egress::{Transmit, TxOffload};
+use rst_limit::RstBucket;
+pub use rst_limit::RstLimit;
 use slots::{Entry, KeyedHasher, Listener, NextHopMac, Owner, Slot, HOP_MAC_REFRESH};
 
 #[cfg(test)]
@@ -237,6 +240,8 @@ pub struct Stack<R: Rng> {
     next_port: u16,
     ip_ident: u16,
     counters: StackCounters,
+    /// Budget of RSTs for segments that match no connection (`StackConfig::rst_limit`).
+    rst_bucket: RstBucket,
     /// Counters of connections already reclaimed.
     retired: ConnCounters,
 }
@@ -302,6 +307,7 @@ impl<R: Rng> Stack<R> {
             next_port,
             ip_ident: rng.next_u32() as u16,
             counters: StackCounters::default(),
+            rst_bucket: RstBucket::new(cfg.rst_limit),
             retired: ConnCounters::default(),
             _rng: core::marker::PhantomData,
             cfg,

@@ -38,8 +38,14 @@ impl<R: Rng> Stack<R> {
             }
             // RFC 9293 §3.10.7.2 second: any acknowledgment is bad in LISTEN (a SYN-ACK too,
             // which must not open a connection): <SEQ=SEG.ACK><CTL=RST>.
-            self.counters.drop(StackDrop::ListenInvalid);
-            return self.queue_rst_for(seg, payload.len(), tuple, src_mac);
+            return self.queue_rst_for(
+                now,
+                StackDrop::ListenInvalid,
+                seg,
+                payload.len(),
+                tuple,
+                src_mac,
+            );
         }
         if !flags.syn() {
             return self.counters.drop(StackDrop::ListenInvalid);

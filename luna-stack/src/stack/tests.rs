@@ -1267,3 +1267,73 @@ fn neighbour_resolved_from_outside_wakes_the_parked_connection() {
     s.neighbour_removed(ip_b());
     assert!(s.neighbours().get(ip_b()).is_none());
 }
+
+/// RSTs that went out from B until its queue is empty.
+fn rsts_out_of_b(net: &mut Net) -> u64 {
+    let mut n = 0;
+    while let Some(f) = net.b.poll_transmit(net.now) {
+        let bytes = f.to_vec();
+        if is_tcp(&bytes) {
+            let ip = Ipv4Packet::new_checked(&bytes[ETH_LEN..]).unwrap();
+            let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+            if tcp.flags().contains(TcpFlags::RST) {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// A flood of stray ACKs (to a closed port, and bad ACKs to a listener) is answered with
+/// at most the RST budget: 200 at once, then 200 per second; the rest are counted as
+/// `rst_limited` drops, each segment under exactly one reason (FreeBSD badport_bandlim).
+#[test]
+fn stray_ack_flood_gets_rate_limited_rsts() {
+    let mut net = Net::pair();
+    net.now = t(1_000);
+    for i in 0..1_000u32 {
+        inject_to_b(
+            &mut net,
+            40000 + (i % 100) as u16,
+            1234 + i,
+            999 + i,
+            TcpFlags::ACK,
+        );
+    }
+    assert_eq!(rsts_out_of_b(&mut net), 200);
+    let c = net.b.counters();
+    assert_eq!(c.rsts_sent, 200);
+    assert_eq!(c.drops(StackDrop::NoSocket), 200);
+    assert_eq!(c.drops(StackDrop::RstLimited), 800);
+    // 100 ms later: 20 tokens, shared with a listener's bad ACKs.
+    let _l = net.b.listen(7000, 16).unwrap();
+    net.now = t(1_100);
+    for i in 0..50u32 {
+        inject_to_b(&mut net, 41000, 5000 + i, 7 + i, TcpFlags::ACK);
+    }
+    assert_eq!(rsts_out_of_b(&mut net), 20);
+    let c = net.b.counters();
+    assert_eq!(c.drops(StackDrop::ListenInvalid), 20);
+    assert_eq!(c.drops(StackDrop::RstLimited), 830);
+    // Stray RSTs never cost a token (they get no answer at all).
+    net.now = t(1_200);
+    for i in 0..50u32 {
+        inject_to_b(&mut net, 42000, 6000 + i, 0, TcpFlags::RST);
+    }
+    assert_eq!(rsts_out_of_b(&mut net), 0);
+    inject_to_b(&mut net, 42001, 1, 1, TcpFlags::ACK);
+    assert_eq!(rsts_out_of_b(&mut net), 1);
+}
+
+/// `RstLimit::UNLIMITED` answers every stray segment, as RFC 9293 §3.10.7.1 reads.
+#[test]
+fn rst_limit_zero_is_unlimited() {
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.rst_limit = RstLimit::UNLIMITED;
+    let mut net = Net::new(cfg(MAC_A, ip_a()), cb);
+    for i in 0..1_000u32 {
+        inject_to_b(&mut net, 40000, 1234 + i, 999 + i, TcpFlags::ACK);
+    }
+    assert_eq!(rsts_out_of_b(&mut net), 1_000);
+    assert_eq!(net.b.counters().drops(StackDrop::RstLimited), 0);
+}

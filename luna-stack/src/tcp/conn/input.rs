@@ -360,8 +360,21 @@ impl Connection {
             return Disposition::Keep;
         }
 
+        // RFC 9293 §3.10.7.4 fourth, SYN-RECEIVED: "If the connection was initiated with a
+        // passive OPEN, then return this connection to the LISTEN state and return". The
+        // embryonic connection is dropped silently (the listener lives on; a retransmission
+        // of the original SYN, SEG.SEQ = IRS, was answered with the SYN-ACK above and never
+        // gets here). Nothing is sent, as the RFC says: RFC 5961 §4's challenge ACK is for
+        // the synchronized states. Linux's tcp_check_req drops the request too (it also
+        // sends a RST; the corpus follows the RFC).
+        if flags.syn() && self.state == State::SynReceived && self.passive {
+            self.terminate(CloseReason::Reset);
+            return Disposition::Remove;
+        }
+
         // RFC 9293 §3.10.7.4 fourth / RFC 5961 §4.2: a SYN in a synchronized state (or in
-        // SYN-RECEIVED) gets a challenge ACK regardless of its sequence number.
+        // an active SYN-RECEIVED, simultaneous open) gets a challenge ACK regardless of its
+        // sequence number.
         if flags.syn() {
             self.challenge_ack(now);
             return Disposition::Keep;
@@ -452,12 +465,27 @@ impl Connection {
             match self.state {
                 State::Established | State::FinWait1 | State::FinWait2 => {}
                 _ => {
-                    // CLOSE-WAIT, CLOSING, LAST-ACK (TIME-WAIT returned above): the peer
-                    // already sent FIN.
+                    // CLOSE-WAIT, CLOSING, LAST-ACK (TIME-WAIT returned above; a CLOSING
+                    // connection whose FIN this segment acknowledged is now in TIME-WAIT
+                    // too): the peer already sent FIN. RFC 9293 §3.10.7.4 seventh: "This
+                    // should not occur since a FIN has been received from the remote side.
+                    // Ignore the segment text" (eighth, FIN, likewise: the FIN was taken).
+                    // The segment was acceptable (an unacceptable one was ACKed by the first
+                    // check) and its ACK has been processed; nothing is sent for its text,
+                    // as Linux stays silent (tcp_data_queue drops data after the FIN).
                     if !payload.is_empty() {
                         self.counters.drop(DropReason::DataAfterFin);
+                        return Disposition::Keep;
                     }
-                    self.ack_now = true;
+                    // A bare FIN past the peer's FIN. CLOSING, fifth: "if the ACK
+                    // acknowledges our FIN, then enter the TIME-WAIT state; otherwise,
+                    // ignore the segment". CLOSE-WAIT and LAST-ACK (and the TIME-WAIT just
+                    // entered, eighth) still acknowledge it: a FIN beyond RCV.NXT is out of
+                    // order, and RFC 5681 §4.2's immediate duplicate ACK resynchronizes a
+                    // peer that lost track of its own FIN.
+                    if self.state != State::Closing {
+                        self.ack_now = true;
+                    }
                     return Disposition::Keep;
                 }
             }

@@ -3,7 +3,7 @@
 //! value luna behaves like anyway; anything else is a skip reason (docs/packetdrill.md).
 
 use super::KeepaliveOpts;
-use luna_stack::stack::{StackConfig, SynCookieMode};
+use luna_stack::stack::{RstLimit, StackConfig, SynCookieMode};
 use luna_stack::tcp::cc::InitialWindow;
 use luna_stack::tcp::config::CcAlgorithm;
 use luna_stack::time::Duration;
@@ -217,6 +217,18 @@ pub fn apply(t: &mut Target<'_>, name: &str, v: &str) -> Result<(), String> {
     }
     match name {
         "kern.ipc.maxsockbuf" => Ok(()), // luna has no global cap on buffer sizes
+        // FreeBSD's badport_bandlim: RSTs (and ICMP errors) for segments that match no
+        // socket, per second (0: no limit). luna limits only the RSTs, burst = rate.
+        "net.inet.icmp.icmplim" => {
+            let n = u32::try_from(num(name, v)?)
+                .map_err(|_| format!("sysctl {name}={v}: out of range"))?;
+            t.cfg.rst_limit = RstLimit {
+                per_sec: n,
+                burst: n,
+            };
+            Ok(())
+        }
+        "net.inet.icmp.icmplim_output" => Ok(()), // only logs the limiting
         _ => Err(format!("sysctl {name}: no luna counterpart")),
     }
 }

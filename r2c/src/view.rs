@@ -98,6 +98,12 @@ impl<'a> ConnView<'a> {
         self.c.in_recovery()
     }
 
+    /// Free space in the send buffer, in bytes (the stack's own; the runtime's backlog is
+    /// not counted here).
+    pub fn send_capacity(&self) -> usize {
+        self.c.send_capacity()
+    }
+
     /// Received bytes ready to read.
     pub fn recv_available(&self) -> usize {
         self.c.recv_available()

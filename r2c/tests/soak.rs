@@ -29,8 +29,9 @@ use common::*;
 use impair::{FaultCounters, FaultStats, Faults, ImpairDevice};
 use interop::parent::{run, Run};
 use interop::{LinkImpair, Plan};
+use luna_stack::stack::SendError;
 use luna_stack::stack::StackDrop;
-use luna_stack::tcp::{DropReason, SendError, State};
+use luna_stack::tcp::{DropReason, State};
 use r2c::device::mem::{MemConfig, MemDevice, MemPair};
 use r2c::{Conn, CoreOptions, CoreReport, CoreSetup, Ctx, InlineApp, Runtime};
 use std::collections::HashMap;
@@ -102,7 +103,7 @@ const K_RESP: u64 = 3;
 /// The one place the soak uses r2c's send API: queue as much of `data` as the send buffer
 /// takes now, returning the bytes taken (0 when full).
 fn send_some(ctx: &mut Ctx<'_>, conn: Conn, data: &Zbuf) -> Result<usize, SendError> {
-    match ctx.try_send(conn, data) {
+    match ctx.send(conn, data) {
         Ok(n) => Ok(n),
         Err(SendError::WouldBlock) => Ok(0),
         Err(e) => Err(e),

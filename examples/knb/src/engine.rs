@@ -606,10 +606,13 @@ pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option
         Vec::new()
     };
     let bulk_v = bulk.map(|b| {
+        // The receiver's window runs from the MARK to the SYNC message as its reads saw
+        // them: a receiver starved of CPU can read both in one batch (window 0), and then
+        // its rate cannot be told — null (printed "-"), not a false 0 Gbit/s.
         let recv = if b.window_ns > 0 {
-            b.window_bytes as f64 * 8.0 / b.window_ns as f64
+            json!(b.window_bytes as f64 * 8.0 / b.window_ns as f64)
         } else {
-            0.0
+            Value::Null
         };
         json!({
             "payload_sent": b.payload_sent,

@@ -250,7 +250,14 @@ fn bulk_run(stack: &str) {
     assert_eq!(v["bulk"]["validated"], true, "{v:#}");
     assert!(num(&v, &["bulk", "payload_sent"]) > 0.0);
     assert_eq!(v["bulk"]["payload_sent"], v["bulk"]["payload_received"]);
-    assert!(num(&v, &["bulk", "receiver_gbps"]) > 0.0);
+    if num(&v, &["bulk", "receiver_window_s"]) > 0.0 {
+        assert!(num(&v, &["bulk", "receiver_gbps"]) > 0.0);
+    } else {
+        // A starved receiver read the MARK and the SYNC in one batch: its rate is not
+        // measurable, and knb must say so (null) rather than report 0 Gbit/s.
+        assert_eq!(v["bulk"]["receiver_gbps"], Value::Null, "{v:#}");
+        eprintln!("{stack} bulk: receiver window not measurable (starved round)");
+    }
     assert!(num(&v, &["bulk", "sender_gbps"]) > 0.0);
     assert!(String::from_utf8_lossy(&o.stdout).contains("bulk: receiver"));
 }

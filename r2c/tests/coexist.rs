@@ -50,6 +50,10 @@ const RESPONSE: u16 = 1;
 /// RPC connections per client run, RPCs per connection.
 const CONNS: usize = 4;
 const RPCS: usize = 50;
+/// RPCs per connection in the next-hop flap test.
+const FLAP_RPCS: usize = 400;
+/// `ip neigh del` of the wire client in the host namespace during the flap test.
+const FLAPS: usize = 3;
 
 #[test]
 fn coexist_kernel_and_luna_share_one_nic() {
@@ -61,24 +65,54 @@ fn coexist_with_mirroring_and_the_exception_interface_disappearing() {
     run("lcxb", true);
 }
 
-/// A Python kernel client in the wire namespace: `CONNS` connections, `RPCS` echo RPCs
-/// each (sizes cycle 0..20,000 bytes), every reply checked byte for byte.
-fn rpc_client(c: &Coexist, tag: &str) -> std::process::Command {
+/// A flap of the next hop during a run: with mirroring on, the kernel's entry for the
+/// wire client is deleted `FLAPS` times, 300 ms apart, during `CONNS` × `FLAP_RPCS`
+/// checked RPCs. Every RPC is answered and correct, and luna's mirror saw the removals.
+#[test]
+fn coexist_next_hop_flap_loses_no_rpc() {
+    run_flap("lcxc");
+}
+
+/// A Python kernel client in the wire namespace: `CONNS` connections, `rpcs` echo RPCs
+/// each (sizes cycle 0..20,000 bytes), every reply checked byte for byte. It sends ten
+/// RPCs, then reads their ten replies, then sends the next ten: a client that sent
+/// everything before reading would deadlock on flow control (both receive windows
+/// full) once the replies outgrow the kernel's initial receive buffer — 4 × 400 RPCs
+/// did, with no flap at all.
+///
+/// `pace` (the flap test's): seconds to pause between batches, and two files: created
+/// when every connection has its first batch answered, and when the client is done.
+fn rpc_client(
+    c: &Coexist,
+    tag: &str,
+    rpcs: usize,
+    pace: Option<(f64, &std::path::Path, &std::path::Path)>,
+) -> std::process::Command {
+    let (pause, started, done) = match pace {
+        Some((p, s, d)) => (p, s.display().to_string(), d.display().to_string()),
+        None => (0.0, String::new(), String::new()),
+    };
     let py = format!(
         "import socket,struct,sys,time,threading\n\
          def pat(i,n): return bytes(((i*131+k)&0xff) for k in range(n))\n\
          sizes=[0,1,100,1448,4096,20000]\n\
          ok=[]\n\
+         first=[]\n\
          def one(base):\n  end=time.time()+30\n  while True:\n    try:\n      c=socket.create_connection(('{ip}',{RPC_PORT}),timeout=5); break\n    \
          except OSError:\n      if time.time()>end: raise\n      time.sleep(0.1)\n  \
-         c.settimeout(30)\n  reqs=[(base+i,sizes[i%6]) for i in range({RPCS})]\n  \
-         want=b''.join(struct.pack('<QIHH',i,n,{RESPONSE},{MAGIC})+pat(i,n) for i,n in reqs)\n  \
-         for k in range(0,{RPCS},10):\n    c.sendall(b''.join(struct.pack('<QIHH',i,n,0,{MAGIC})+pat(i,n) for i,n in reqs[k:k+10]))\n  \
-         buf=bytearray()\n  while len(buf)<len(want):\n    d=c.recv(1<<16)\n    if not d: break\n    buf+=d\n  \
-         c.shutdown(socket.SHUT_WR)\n  rest=c.recv(1)\n  c.close()\n  ok.append(bytes(buf)==want and rest==b'')\n\
+         c.settimeout(30)\n  reqs=[(base+i,sizes[i%6]) for i in range({rpcs})]\n  good=True\n  \
+         for k in range(0,{rpcs},10):\n    b=reqs[k:k+10]\n    \
+         c.sendall(b''.join(struct.pack('<QIHH',i,n,0,{MAGIC})+pat(i,n) for i,n in b))\n    \
+         want=b''.join(struct.pack('<QIHH',i,n,{RESPONSE},{MAGIC})+pat(i,n) for i,n in b)\n    \
+         buf=bytearray()\n    while len(buf)<len(want):\n      d=c.recv(len(want)-len(buf))\n      if not d: break\n      buf+=d\n    \
+         good=good and bytes(buf)==want\n    \
+         if k==0:\n      first.append(1)\n      if len(first)=={CONNS} and '{started}': open('{started}','w').write('up')\n    \
+         time.sleep({pause})\n  \
+         c.shutdown(socket.SHUT_WR)\n  rest=c.recv(1)\n  c.close()\n  ok.append(good and rest==b'')\n\
          ts=[threading.Thread(target=one,args=(j*1000,)) for j in range({CONNS})]\n\
          [t.start() for t in ts]\n[t.join() for t in ts]\n\
          good=sum(ok)\n\
+         if '{done}': open('{done}','w').write('done')\n\
          print('RPC-CLIENT {tag}', 'ok' if good=={CONNS} else 'mismatch', 'conns=%d' % good)\n\
          sys.exit(0 if good=={CONNS} else 1)\n",
         ip = c.dpdk.ip
@@ -177,7 +211,7 @@ fn run(prefix: &str, mirror: bool) {
     }
 
     // luna's RPCs and the kernel's HTTP and ping, at the same time.
-    let rpc = spawn(rpc_client(&c, "first"), "luna rpc client");
+    let rpc = spawn(rpc_client(&c, "first", RPCS, None), "luna rpc client");
     let get = format!(
         "import urllib.request,time\n\
          end=time.time()+30\n\
@@ -219,7 +253,10 @@ fn run(prefix: &str, mirror: bool) {
             .arg(c.exception.ip.to_string());
         let lost = spawn(p, "ping after the loss").wait(LIMIT);
         assert!(lost.out.contains(" 0 received"), "{}", lost.out);
-        let rpc2 = spawn(rpc_client(&c, "second"), "luna rpc client after the loss");
+        let rpc2 = spawn(
+            rpc_client(&c, "second", RPCS, None),
+            "luna rpc client after the loss",
+        );
         checks.push((rpc2.wait(LIMIT), "RPC-CLIENT second ok"));
     }
     std::fs::write(&stop, b"stop").expect("stop file");
@@ -268,6 +305,103 @@ fn run(prefix: &str, mirror: bool) {
     } else {
         assert_eq!(field(s, "exc_to_kernel_dropped"), 0, "{s}");
     }
+}
+
+/// The flap test's parent side: luna with mirroring on, `CONNS` × `FLAP_RPCS` checked
+/// RPCs from the wire, and meanwhile `FLAPS` times: the host kernel resolves the wire
+/// client (one ping from the host namespace, so the entry exists), then `ip neigh del`
+/// of it on the exception interface. Bounded: 3 flaps, 300 ms apart, 90 s per process.
+fn run_flap(prefix: &str) {
+    let prefix = Prefix::new(prefix).unwrap();
+    let topo = Topology::up(Kind::Coexist, &prefix).expect("coexist topology (root, make setup)");
+    let c = topo.coexist().expect("coexist details").clone();
+    let dir = topo.state_dir();
+    let ready = dir.join("r2c-coexist-ready");
+    let stop = dir.join("r2c-coexist-stop");
+    let started = dir.join("r2c-coexist-rpc-started");
+    let done = dir.join("r2c-coexist-rpc-done");
+    for f in [&ready, &stop, &started, &done] {
+        let _ = std::fs::remove_file(f);
+    }
+    let arg = format!(
+        "{}|{}|{}|mirror",
+        ready.display(),
+        stop.display(),
+        c.exception.iface
+    );
+    let server = spawn(role_command("coexist-server", &c.dpdk, &arg), "luna");
+    let end = Instant::now() + Duration::from_secs(60);
+    while !ready.exists() {
+        assert!(
+            Instant::now() < end,
+            "the luna child never opened its ports"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.configure_exception(Duration::from_secs(10))
+        .expect("configure the exception tap");
+    std::fs::write(&ready, b"configured").expect("ready file");
+
+    // 50 ms between batches: 40 batches keep each connection busy for 2 s or more,
+    // while the flaps take about 1 s (asserted below: the client is not done).
+    let pace = Some((0.05, started.as_path(), done.as_path()));
+    let rpc = spawn(
+        rpc_client(&c, "flap", FLAP_RPCS, pace),
+        "luna rpc client (flap)",
+    );
+    let end = Instant::now() + Duration::from_secs(30);
+    while !started.exists() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let wire_ip = c.wire.ip.to_string();
+    let mut deleted = 0;
+    for _ in 0..FLAPS {
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = testbed::netns_command(&c.exception.netns, "ping")
+            .args(["-c", "1", "-W", "1", &wire_ip])
+            .output();
+        let del = testbed::netns_command(&c.exception.netns, "ip")
+            .args(["neigh", "del", &wire_ip, "dev", &c.exception.iface])
+            .status()
+            .expect("ip neigh del");
+        if del.success() {
+            deleted += 1;
+        }
+    }
+    // The flaps happened while RPCs were in flight: connected, and not yet done.
+    let during = started.exists() && !done.exists();
+    let rpc = rpc.wait(LIMIT);
+    std::fs::write(&stop, b"stop").expect("stop file");
+    let server = server.wait(LIMIT);
+    drop(topo);
+    let all: Vec<(&Outcome, &str)> = vec![(&rpc, "RPC-CLIENT flap ok"), (&server, "OK ")];
+    let got = lines(&all);
+    let s = got.last().expect("server line");
+    println!(
+        "flaps deleted={deleted} during={during}\nserver: {s}\nserver stderr: {}",
+        server.err
+    );
+    assert!(deleted >= 1, "no `ip neigh del` succeeded: nothing flapped");
+    assert!(during, "the flaps were not during the RPC run");
+    assert_eq!(field(s, "requests"), (CONNS * FLAP_RPCS) as u64, "{s}");
+    assert_eq!(field(s, "errors"), 0, "{s}");
+    assert_eq!(field(s, "tx_dropped"), 0, "{s}");
+    assert_eq!(field(s, "arp_replies"), 0, "luna answered ARP: {s}");
+    // Every deletion reached luna through the mirror.
+    assert!(field(s, "exc_neighbours_removed") >= deleted, "{s}");
+    // Whatever luna's stack wanted to ARP for after a removal never left the NIC: each
+    // request was suppressed and turned into a nudge of the kernel (how many depends on
+    // whether the peer's ACKs re-taught the MAC first; the run is printed above).
+    assert_eq!(
+        field(s, "exc_arp_suppressed"),
+        field(s, "arp_requests"),
+        "{s}"
+    );
+    assert_eq!(
+        field(s, "exc_nudges"),
+        field(s, "exc_arp_suppressed"),
+        "{s}"
+    );
 }
 
 // ---------------------------------------------------------------- child side

@@ -1337,3 +1337,63 @@ fn rst_limit_zero_is_unlimited() {
     assert_eq!(rsts_out_of_b(&mut net), 1_000);
     assert_eq!(net.b.counters().drops(StackDrop::RstLimited), 0);
 }
+
+/// The next hop vanishes (netlink-sync: the kernel's entry was deleted) while data is
+/// in flight and the peer is silent: the parked connection's retransmission timer keeps
+/// running, each firing asks for the next hop again (the ARP request that r2c's
+/// exception device suppresses and turns into a nudge of the kernel), nothing else
+/// leaves, and the hand-in releases the held retransmission at once, to the new MAC.
+#[test]
+fn next_hop_removed_in_flight_keeps_retransmitting_and_resumes_on_hand_in() {
+    let mut net = Net::pair();
+    let (c, _server) = connected(&mut net);
+    // As mirroring would: the kernel's entry for B is handed in.
+    net.a.neighbour_resolved(ip_b(), MAC_B).unwrap();
+    // The data is lost on the wire; then B's entry is deleted.
+    net.drop = Box::new(|from_a, _| from_a);
+    net.a.send(c, &Zbuf::copy_from_slice(b"hello")).unwrap();
+    net.flush();
+    net.a.neighbour_removed(ip_b());
+    assert!(net.a.neighbours().get(ip_b()).is_none());
+    let arp_before = net.a.counters().arp_requests;
+    let is_arp = |f: &[u8]| f.get(12..14) == Some(&[0x08, 0x06][..]);
+    // A's timers alone (B is silent), over several backed-off RTOs.
+    let mut now = net.now;
+    let mut frames = Vec::new();
+    for _ in 0..5 {
+        let next = net.a.poll_timeout().expect("a timer runs while parked");
+        now = now.max(next);
+        net.a.handle_timeouts(now);
+        frames.extend(std::iter::from_fn(|| net.a.poll_transmit(now)).map(|f| f.to_vec()));
+    }
+    assert!(
+        !frames.is_empty(),
+        "the parked connection asked for its next hop"
+    );
+    assert!(
+        frames.iter().all(|f| is_arp(f)),
+        "nothing but ARP requests while unresolved"
+    );
+    assert!(
+        net.a.counters().arp_requests >= arp_before + 2,
+        "the timer kept asking: {} ARP requests",
+        net.a.counters().arp_requests - arp_before
+    );
+    // The kernel resolved B at a new MAC: the held retransmission goes out at once.
+    let mac = EthernetAddress([2, 0, 0, 0, 0, 9]);
+    net.a.neighbour_resolved(ip_b(), mac).unwrap();
+    let out: Vec<Transmit> = std::iter::from_fn(|| net.a.poll_transmit(now)).collect();
+    // The held segment first; a timer that fired again while parked may add one more
+    // copy of the same bytes (a duplicate TCP discards; nothing is lost or reordered).
+    assert!(
+        (1..=2).contains(&out.len()),
+        "the held retransmission: {} frames",
+        out.len()
+    );
+    for f in &out {
+        assert_eq!(&f.header()[..6], &mac.0);
+        assert!(is_tcp(&f.to_vec()));
+        assert_eq!(f.payload.len(), 5);
+    }
+    assert_eq!(net.a.state(c), Some(State::Established));
+}

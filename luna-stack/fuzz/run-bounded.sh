@@ -12,6 +12,9 @@
 # Cost on the 2-core dev machine: cold build ~70-100 s (incremental ~3 s), then 9 targets ×
 # <seconds-per-target>; `run-bounded.sh 30` took 220 s in all with the 7 wire targets.
 # `make test-fuzz` runs this with 6 s per target.
+#
+# Other crates' fuzz directories (msgsched/fuzz) run their targets through this script
+# with FUZZ_DIR set to their own directory: one runner, one contract.
 set -euo pipefail
 
 secs="${1:-}"
@@ -21,7 +24,7 @@ if ! [[ "$secs" =~ ^[0-9]+$ ]] || [ "$secs" -lt 1 ]; then
 fi
 shift
 
-cd "$(dirname "$0")"
+cd "${FUZZ_DIR:-$(dirname "$0")}"
 
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
     echo "run-bounded: the nightly toolchain is required (rustup toolchain install nightly)" >&2
@@ -37,7 +40,7 @@ if [ "${#targets[@]}" -eq 0 ]; then
     mapfile -t targets < <(cargo +nightly fuzz list)
 fi
 
-# luna-stack forbids unsafe code, so AddressSanitizer has nothing to find; debug assertions
+# The fuzzed crates forbid unsafe code, so AddressSanitizer has nothing to find; debug assertions
 # (integer overflow checks) are what catch arithmetic bugs here.
 build_flags=(--sanitizer none --debug-assertions)
 

@@ -605,6 +605,8 @@ pub(crate) struct CoreLoop<D: Device> {
     cell: Arc<StatsCell>,
     idle_streak: u32,
     table_changes: Vec<(Ipv4Addr, Option<EthernetAddress>)>,
+    /// The first device mirrors the kernel's tables (asked once at start).
+    mirrors_tables: bool,
 }
 
 impl<D: Device> CoreLoop<D> {
@@ -669,6 +671,7 @@ impl<D: Device> CoreLoop<D> {
             max_backlog: opts.max_backlog,
             cache,
         };
+        let mirrors_tables = setup.devices.first().is_some_and(|d| d.mirrors_tables());
         Ok(CoreLoop {
             st,
             devices: setup.devices,
@@ -680,6 +683,7 @@ impl<D: Device> CoreLoop<D> {
             cell: shared.cell,
             idle_streak: 0,
             table_changes: Vec::new(),
+            mirrors_tables,
         })
     }
 
@@ -745,7 +749,9 @@ impl<D: Device> CoreLoop<D> {
     /// backlog -> poll_transmit -> tx burst.
     fn poll_once<M: Mode>(&mut self, mode: &mut M) -> bool {
         self.st.stats.iterations += 1;
-        self.apply_table_changes();
+        if self.mirrors_tables {
+            self.apply_table_changes();
+        }
         let burst = self.opts.burst;
         for d in &mut self.devices {
             if self.rx.len() >= burst {

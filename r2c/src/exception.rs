@@ -382,6 +382,10 @@ impl<D: Device + RawPort, E: Device + RawPort> Device for ExceptionDevice<D, E> 
         Some(self.stats)
     }
 
+    fn mirrors_tables(&self) -> bool {
+        self.mirror.is_some()
+    }
+
     fn table_changes(&mut self, out: &mut Vec<(Ipv4Addr, Option<EthernetAddress>)>) {
         let Some(m) = &mut self.mirror else {
             return;

@@ -83,4 +83,11 @@ pub trait Device {
     /// (`(ip, Some(mac))` to set, `(ip, None)` to remove); the core applies them to its
     /// stack once per poll iteration. Nothing on devices without mirroring.
     fn table_changes(&mut self, _out: &mut Vec<(core::net::Ipv4Addr, Option<EthernetAddress>)>) {}
+
+    /// Whether [`Device::table_changes`] can ever report anything (a device that mirrors
+    /// the kernel's tables). Asked once when the core starts, so a core without mirroring
+    /// pays nothing per poll iteration.
+    fn mirrors_tables(&self) -> bool {
+        false
+    }
 }

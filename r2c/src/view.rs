@@ -109,6 +109,11 @@ impl<'a> ConnView<'a> {
         self.c.recv_available()
     }
 
+    /// Received bytes held out of order (beyond a gap).
+    pub fn ooo_bytes(&self) -> usize {
+        self.c.ooo_bytes()
+    }
+
     /// The connection's counters (segments, retransmissions, drops by reason, ...).
     pub fn counters(&self) -> &'a ConnCounters {
         &self.c.counters

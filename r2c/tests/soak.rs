@@ -145,11 +145,11 @@ struct Shared {
     errors: Mutex<Vec<String>>,
     /// Per-connection high-water marks (bytes): unacknowledged data (the retransmit
     /// queue), the whole send queue (unsent and unacknowledged), the receive queue (in
-    /// order, waiting for the application). The stack has no public figure of its
-    /// out-of-order queue.
+    /// order, waiting for the application), the out-of-order queue (beyond a gap).
     hwm_in_flight: AtomicU64,
     hwm_sndq: AtomicU64,
     hwm_rcvq: AtomicU64,
+    hwm_ooo: AtomicU64,
     /// Unacknowledged bytes summed over one side's connections.
     hwm_in_flight_side: AtomicU64,
     /// Connections open at once on one side.
@@ -193,6 +193,8 @@ fn sample(ctx: &mut Ctx<'_>, conns: impl Iterator<Item = Conn>, sh: &Shared, snd
             snd_buf.saturating_sub(conn.send_capacity() as u64),
             Ordering::Relaxed,
         );
+        sh.hwm_ooo
+            .fetch_max(conn.ooo_bytes() as u64, Ordering::Relaxed);
     }
     sh.hwm_conns.fetch_max(n, Ordering::Relaxed);
     sh.hwm_in_flight_side.fetch_max(total, Ordering::Relaxed);
@@ -576,6 +578,7 @@ struct Outcome {
     hwm_in_flight: u64,
     hwm_sndq: u64,
     hwm_rcvq: u64,
+    hwm_ooo: u64,
     hwm_in_flight_side: u64,
     hwm_conns: u64,
     slab_hwm_objects: usize,
@@ -735,6 +738,7 @@ fn run_profile(p: &Profile) -> Outcome {
         hwm_in_flight: sh.hwm_in_flight.load(Ordering::Relaxed),
         hwm_sndq: sh.hwm_sndq.load(Ordering::Relaxed),
         hwm_rcvq: sh.hwm_rcvq.load(Ordering::Relaxed),
+        hwm_ooo: sh.hwm_ooo.load(Ordering::Relaxed),
         hwm_in_flight_side: sh.hwm_in_flight_side.load(Ordering::Relaxed),
         hwm_conns: sh.hwm_conns.load(Ordering::Relaxed),
         slab_hwm_objects: slab_hwm,
@@ -819,7 +823,7 @@ fn print(outs: &[Outcome]) {
             f.corrupted
         );
     }
-    println!("\n| profile | faults (each direction) | retransmits | RTOs | fast retransmits | SACK recoveries | D-SACKs | TCP drops by reason | hwm in flight / send queue / recv queue (bytes, one connection) | hwm in flight (bytes, one side) | conns | zbuf objects hwm | alloc failures |");
+    println!("\n| profile | faults (each direction) | retransmits | RTOs | fast retransmits | SACK recoveries | D-SACKs | TCP drops by reason | hwm in flight / send queue / recv queue / out of order (bytes, one connection) | hwm in flight (bytes, one side) | conns | zbuf objects hwm | alloc failures |");
     println!("|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|");
     for o in outs {
         let t = |g: fn(&CoreReport) -> u64| g(&o.server) + g(&o.client);
@@ -831,7 +835,7 @@ fn print(outs: &[Outcome]) {
             }
         }
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} / {} | {} | {} | {} | {} |",
             o.name,
             o.faults,
             t(|r| r.tcp.retransmits),
@@ -843,6 +847,7 @@ fn print(outs: &[Outcome]) {
             o.hwm_in_flight,
             o.hwm_sndq,
             o.hwm_rcvq,
+            o.hwm_ooo,
             o.hwm_in_flight_side,
             o.hwm_conns,
             o.slab_hwm_objects,

@@ -730,6 +730,11 @@ impl Connection {
         self.rcvq_len
     }
 
+    /// Bytes held out of order (received beyond RCV.NXT, waiting for the gap to fill).
+    pub fn ooo_bytes(&self) -> usize {
+        self.ooo.len_bytes()
+    }
+
     /// Take the next in-order chunk of received payload (zero copy: the buffer the NIC wrote).
     /// `Ok(None)` means no data now; `Err(Finished)` means end of stream.
     pub fn recv(&mut self) -> Result<Option<Zbuf>, RecvError> {

@@ -19,12 +19,11 @@
 //! prints `OK key=value...` with the HTTP/2 and message counters.
 
 use clap::Parser as _;
-use msgsched::framer::FramerConfig;
 use msgsched::proto::h2::{H2Config, H2Counters, H2Session, Request, Response};
 use msgsched::proto::Session;
-use msgsched::sched::{Model, SchedConfig};
+use msgsched::sched::Model;
 use msgsched::socket::Message;
-use r2c::msg::{MsgConfig, MsgCtx, MsgHandler};
+use r2c::msg::{MsgCtx, MsgHandler};
 use r2c::{Conn, Runtime};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -111,20 +110,7 @@ fn main() {
 fn serve(args: &Args, port: &testbed::DpdkPort) {
     let mut p = tap::open("luna-h2", port);
     let opts = tap::options(&p.slab);
-    let mcfg = MsgConfig {
-        listen: vec![(args.port, 1024)],
-        sched: SchedConfig {
-            model: args.model,
-            workers: args.workers,
-            queue_capacity: 256,
-            seed: 1,
-        },
-        framer: FramerConfig {
-            max_message: 1 << 20,
-            max_in_flight: 64,
-        },
-        worker_cpus: Vec::new(),
-    };
+    let mcfg = tap::msg_config(args.port, args.model, args.workers);
     let counters = Arc::new(H2Counters::default());
     let h2cfg = H2Config {
         max_concurrent_streams: args.max_streams,

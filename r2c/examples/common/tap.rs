@@ -4,8 +4,12 @@
 use dpdk_sys::Eal;
 use luna_stack::stack::StackConfig;
 use luna_stack::wire::Ipv4Cidr;
+use msgsched::framer::FramerConfig;
+use msgsched::sched::Model;
+use msgsched::sched::SchedConfig;
 use r2c::device::dpdk::{from_testbed, DpdkDevice};
 use r2c::device::Device;
+use r2c::msg::MsgConfig;
 use r2c::{CoreOptions, CoreSetup, IdleStrategy, Runtime};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -100,6 +104,25 @@ pub fn open(name: &str, port: &DpdkPort) -> Port {
 }
 
 /// Shared CPUs: no pinning, yield when idle.
+/// The HTTP/2 examples' message-mode configuration: one listening port (backlog 1024),
+/// `workers` under `model`, messages up to 1 MiB, 64 in flight per connection.
+pub fn msg_config(port: u16, model: Model, workers: usize) -> MsgConfig {
+    MsgConfig {
+        listen: vec![(port, 1024)],
+        sched: SchedConfig {
+            model,
+            workers,
+            queue_capacity: 256,
+            seed: 1,
+        },
+        framer: FramerConfig {
+            max_message: 1 << 20,
+            max_in_flight: 64,
+        },
+        worker_cpus: Vec::new(),
+    }
+}
+
 pub fn options(slab: &Slab) -> CoreOptions {
     CoreOptions {
         idle: IdleStrategy::Yield,

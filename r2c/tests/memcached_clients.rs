@@ -23,6 +23,9 @@ mod kv;
 #[allow(dead_code)]
 #[path = "../examples/luna-kv/server.rs"]
 mod server;
+#[allow(dead_code)]
+#[path = "../examples/common/service.rs"]
+mod service;
 
 use children::{field, lines, spawn, spawn_on_tap, Outcome, ARG, PORT_JSON, ROLE};
 use msgsched::sched::Model;

@@ -71,6 +71,8 @@ const MAX_MESSAGE: usize = 256 << 10;
 #[derive(Default)]
 struct Stats {
     ok: AtomicU64,
+    /// Calls whose request arrived gzip-compressed.
+    gzip: AtomicU64,
     errors: [AtomicU64; 17],
 }
 
@@ -123,16 +125,21 @@ impl MsgHandler for App {
         };
         self.service.occupy();
         let resp = match grpc::unary(&req, MAX_MESSAGE) {
-            Ok(call) => match self.call(&call.method, call.message) {
-                Ok(reply) => {
-                    self.stats.ok.fetch_add(1, Ordering::Relaxed);
-                    grpc::reply(reply)
+            Ok(call) => {
+                if call.compressed {
+                    self.stats.gzip.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(s) => {
-                    self.stats.errors[s.code as usize].fetch_add(1, Ordering::Relaxed);
-                    grpc::error(&s)
+                match self.call(&call.method, call.message) {
+                    Ok(reply) => {
+                        self.stats.ok.fetch_add(1, Ordering::Relaxed);
+                        grpc::reply(reply)
+                    }
+                    Err(s) => {
+                        self.stats.errors[s.code as usize].fetch_add(1, Ordering::Relaxed);
+                        grpc::error(&s)
+                    }
                 }
-            },
+            }
             Err(r) => {
                 if let grpc::Refusal::Status(s) = &r {
                     self.stats.errors[s.code as usize].fetch_add(1, Ordering::Relaxed);
@@ -177,7 +184,11 @@ fn main() {
     )
     .unwrap_or_else(|e| tap::die("luna-grpc", &format!("runtime: {e}")));
     tap::run_until_stopped(rt, args.stop_file.as_ref(), args.secs);
-    let mut line = format!("OK grpc_ok={}", stats.ok.load(Ordering::Relaxed));
+    let mut line = format!(
+        "OK grpc_ok={} grpc_gzip={}",
+        stats.ok.load(Ordering::Relaxed),
+        stats.gzip.load(Ordering::Relaxed)
+    );
     for (code, n) in stats.errors.iter().enumerate() {
         let n = n.load(Ordering::Relaxed);
         if n > 0 {

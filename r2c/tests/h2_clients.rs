@@ -357,7 +357,7 @@ fn grpc_client(prefix: &str, model: &str) {
     );
     let t = text(&o);
     assert!(
-        o.status.success() && t.contains("GRPC-CLIENT ok calls=312"),
+        o.status.success() && t.contains("GRPC-CLIENT ok calls=314"),
         "{t}"
     );
     let o = run(
@@ -375,14 +375,18 @@ fn grpc_client(prefix: &str, model: &str) {
     );
     assert!(text(&o).contains(":status: 415"), "{}", text(&o));
     let c = srv.stop();
-    // 9 + 200 + 50 + 50 successful calls; NOT_FOUND (5), INVALID_ARGUMENT (3) and
-    // UNIMPLEMENTED (12) once each; the 415 is not a gRPC call.
-    assert_eq!(c["grpc_ok"], 309, "{c:?}");
+    // 9 + 200 + 50 + 50 + 2 (gzip) successful calls; NOT_FOUND (5), INVALID_ARGUMENT
+    // (3) and UNIMPLEMENTED (12) once each; the 415 is not a gRPC call.
+    assert_eq!(c["grpc_ok"], 311, "{c:?}");
+    assert_eq!(
+        c["grpc_gzip"], 2,
+        "the two gzip calls arrived compressed: {c:?}"
+    );
     assert_eq!(c["grpc_status_5"], 1, "{c:?}");
     assert_eq!(c["grpc_status_3"], 1, "{c:?}");
     assert_eq!(c["grpc_status_12"], 1, "{c:?}");
-    assert_eq!(c["h2_requests"], 313, "{c:?}");
-    assert_eq!(c["h2_responses"], 313, "{c:?}");
+    assert_eq!(c["h2_requests"], 315, "{c:?}");
+    assert_eq!(c["h2_responses"], 315, "{c:?}");
     assert_eq!(c["abandoned"], 0, "{c:?}");
     assert!(
         !c.keys()

@@ -10,8 +10,8 @@
 # Prints one table row per run and the kernel/luna ratio. Root and `make setup`.
 #
 # Usage: sudo r2c/tests/proto_bench.sh [tiny]
-#   tiny: one model, 4 connections, a few requests: checks the script works (numbers
-#   from it mean nothing). Knobs (environment): MODELS ("cp cs ms"), CONNS ("20 5000"),
+#   tiny: one model, 4 connections, a few requests, a debug build: checks the script
+#   works (numbers from it mean nothing). Knobs (environment): MODELS ("cp cs ms"), CONNS ("20 5000"),
 #   SERVICE (bimodal:100us), SERVICE_MODE (sleep), WORKERS (4), H2_REQS (100000),
 #   KV_REQS_20 / KV_REQS_5000 (2000 / 10 per connection), GRPC_REQS_20 / GRPC_REQS_5000
 #   (1000 / 5 per connection).
@@ -29,7 +29,9 @@ KV_REQS_20=${KV_REQS_20:-2000}
 KV_REQS_5000=${KV_REQS_5000:-10}
 GRPC_REQS_20=${GRPC_REQS_20:-1000}
 GRPC_REQS_5000=${GRPC_REQS_5000:-5}
+PROFILE=${PROFILE:-release}
 if [ "${1:-}" = tiny ]; then
+    PROFILE=${PROFILE_TINY:-debug}
     MODELS=ms CONNS=4 H2_REQS=200 KV_REQS_20=50 KV_REQS_5000=50 GRPC_REQS_20=20 GRPC_REQS_5000=20
 fi
 reqs() { # reqs KIND CONNS: requests per connection
@@ -38,8 +40,9 @@ reqs() { # reqs KIND CONNS: requests per connection
     echo "${!v}"
 }
 T=${CARGO_TARGET_DIR:-$ROOT/target}
-cargo build --release -q -p testbed -p r2c --example luna-h2 --example luna-grpc --example luna-kv
-B=$T/release
+if [ "$PROFILE" = release ]; then REL=--release; else REL=; fi
+cargo build $REL -q -p testbed -p r2c --example luna-h2 --example luna-grpc --example luna-kv
+B=$T/$PROFILE
 PY=/usr/bin/python3
 LOAD=$ROOT/r2c/tests/bench/proto_load.py
 OUT=$(mktemp -d /tmp/proto-bench.XXXXXX)
@@ -50,7 +53,7 @@ cleanup() {
     "$B/testbed" down tap --prefix "$PFX" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-ulimit -n 65536 || true
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
 
 "$B/testbed" up tap --prefix "$PFX" >"$OUT/up.txt"
 NS=$(sed -n 's/^tap: namespace \([^ ]*\).*/\1/p' "$OUT/up.txt")

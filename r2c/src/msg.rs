@@ -443,7 +443,10 @@ impl<S: IoSide> MsgMode<S> {
                 (c.last_any, c.last_out) = (st.now, st.now);
             }
             c.cap = cap;
-            if owed {
+            if at_workers {
+                // Waiting for our workers is not the peer's doing.
+                (c.last_any, c.last_out) = (st.now, st.now);
+            } else if owed {
                 if self
                     .timeouts
                     .send
@@ -451,9 +454,6 @@ impl<S: IoSide> MsgMode<S> {
                 {
                     expired.push((h, Timeout::Send));
                 }
-            } else if at_workers {
-                // Waiting for our workers is not the peer's doing.
-                (c.last_any, c.last_out) = (st.now, st.now);
             } else if self
                 .timeouts
                 .idle

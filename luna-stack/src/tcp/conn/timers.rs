@@ -23,6 +23,7 @@ impl Connection {
 
     /// RFC 6298 §5.1-5.2 and RFC 9293 §3.8.6.1: keep exactly one of the retransmission and
     /// persist timers running while anything is outstanding or waiting for window.
+    #[inline]
     pub(super) fn arm_timers(&mut self, now: Instant) {
         if self.orphaned && self.state == State::FinWait2 && !self.timers.is_armed(Timer::FinWait2)
         {

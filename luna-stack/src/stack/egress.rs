@@ -145,15 +145,20 @@ impl<R: Rng> Stack<R> {
             };
             match mac {
                 Some(mac) => {
-                    let tuple = self.slots[idx as usize]
+                    let e = self.slots[idx as usize]
                         .entry
-                        .as_deref()
-                        .expect("present")
-                        .conn
-                        .tuple();
-                    let t = self.build_tcp(&seg.repr, seg.payload, tuple, mac);
+                        .as_deref_mut()
+                        .expect("present");
+                    let tuple = e.conn.tuple();
+                    // The last segment of the burst: leave the dirty list now rather than on
+                    // one more `poll_segment` that would find nothing (its timer work is done).
+                    if e.conn.nothing_to_send() {
+                        e.dirty = false;
+                        self.dirty.pop_front();
+                        self.schedule_timer(idx);
+                    }
                     self.counters.frames_out += 1;
-                    return Some(t);
+                    return Some(self.build_tcp(&seg.repr, seg.payload, tuple, mac));
                 }
                 None => {
                     // Park the connection (holding its segment) until ARP answers.

@@ -61,6 +61,31 @@ impl Connection {
         true
     }
 
+    /// Whether [`poll_segment`](Self::poll_segment) would return `None` now, with nothing
+    /// for it to change: a cheap and conservative test (`false` means "maybe"). A driver
+    /// may drop the connection from its transmit list after the last segment of a burst
+    /// instead of polling it once more; what `poll_segment` does on a `None` (arming the
+    /// retransmission and persist timers) it has already done after that segment.
+    ///
+    /// It mirrors `next_segment`'s sources in order: a pending RST, a retransmission, a
+    /// window probe, a keepalive, SACK recovery, new data or a FIN under the windows
+    /// (none when SND.NXT = SND.MAX and nothing is queued beyond it), an ACK that is due.
+    #[must_use]
+    pub fn nothing_to_send(&self) -> bool {
+        let data_end = self.sndq.end();
+        self.state.is_synchronized()
+            && self.rst_pending.is_none()
+            && self.rexmit_now.is_none()
+            && !self.send_window_probe
+            && !self.send_keepalive
+            && self.recovery.is_none()
+            && !self.ack_now
+            && self.dupacks_owed == 0
+            && self.snd_nxt == self.snd_max
+            && !data_end.gt(self.snd_nxt)
+            && !(self.fin_queued && self.snd_nxt == data_end)
+    }
+
     #[inline]
     pub(super) fn next_segment(&mut self, now: Instant, out: &mut OutSegment) -> bool {
         if let Some(seq) = self.rst_pending.take() {

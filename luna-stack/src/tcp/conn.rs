@@ -133,7 +133,7 @@ pub enum Disposition {
 }
 
 /// A segment for the stack to wrap in IP and Ethernet and send.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct OutSegment {
     /// The TCP header.
     pub repr: TcpRepr,

@@ -1,0 +1,257 @@
+//! The C example end to end: `examples/blockstore.c` is compiled with `cc` against
+//! `include/luna.h` and the cdylib (`libluna.so`), run as a luna server on the
+//! testbed's memif topology, and driven by knb's stock luna client with `--verify`
+//! (4 KiB writes, each answered with the block read back from the store, re-keyed for
+//! the client's pattern check). Asserts the client verified every reply and the
+//! server's counts match the client's.
+//!
+//! Needs root, hugepages and the testbed (`make setup`), `cc`, and the knb binary next
+//! to this test's target directory (`cargo test --workspace` builds it; alone:
+//! `cargo build -p knb` first).
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use testbed::{DpdkPort, Kind, Prefix, Topology};
+
+const PORT: u16 = 7700;
+const IODEPTH: u64 = 4;
+const CONNS: u64 = 2;
+/// Hang guard for a child (never reached in a passing run).
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// `target/<profile>` of this test binary.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
+}
+
+/// Compiles the example; returns the binary.
+fn build_blockstore(out: &Path) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = profile_dir();
+    assert!(
+        lib.join("libluna.so").exists(),
+        "no libluna.so in {} (cargo builds the cdylib with the crate)",
+        lib.display()
+    );
+    let bin = out.join("blockstore");
+    let st = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I"])
+        .arg(dir.join("include"))
+        .arg(dir.join("examples/blockstore.c"))
+        .arg("-L")
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .args(["-lluna", "-lpthread", "-o"])
+        .arg(&bin)
+        .status()
+        .expect("run cc (apt-get install build-essential)");
+    assert!(st.success(), "cc failed to build blockstore.c: {st}");
+    bin
+}
+
+/// EAL arguments as knb places a memif side: main lcore on `cpu`, no telemetry, no
+/// runtime files.
+fn eal(p: &DpdkPort, cpu: usize) -> Vec<String> {
+    let mut e = p.eal.clone();
+    e.lcores = cpu.to_string();
+    e.extra = vec!["--no-telemetry".into(), "--in-memory".into()];
+    e.args()
+}
+
+fn toml_list(v: &[String]) -> String {
+    let q: Vec<String> = v
+        .iter()
+        .map(|s| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\"")))
+        .collect();
+    format!("[{}]", q.join(", "))
+}
+
+struct Proc {
+    child: Child,
+    out: std::thread::JoinHandle<String>,
+    err: std::thread::JoinHandle<String>,
+}
+
+fn spawn(mut cmd: Command) -> Proc {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let read = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(r) = r {
+                for l in BufReader::new(r).lines().map_while(Result::ok) {
+                    s.push_str(&l);
+                    s.push('\n');
+                }
+            }
+            s
+        })
+    };
+    let out = read(
+        child
+            .stdout
+            .take()
+            .map(|o| Box::new(o) as Box<dyn Read + Send>),
+    );
+    let err = read(
+        child
+            .stderr
+            .take()
+            .map(|o| Box::new(o) as Box<dyn Read + Send>),
+    );
+    Proc { child, out, err }
+}
+
+impl Proc {
+    /// Waits (kills past `limit`); (exit ok, stdout, stderr).
+    fn wait(mut self, limit: Duration) -> (bool, String, String) {
+        let end = Instant::now() + limit;
+        let ok = loop {
+            match self.child.try_wait() {
+                Ok(Some(st)) => break st.success(),
+                Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    break false;
+                }
+            }
+        };
+        (
+            ok,
+            self.out.join().unwrap_or_default(),
+            self.err.join().unwrap_or_default(),
+        )
+    }
+}
+
+/// `key=value` of the first line starting with `prefix`.
+fn field(out: &str, prefix: &str, key: &str) -> u64 {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} line in:\n{out}"));
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in {line}"))
+}
+
+#[test]
+fn knb_luna_client_verifies_blocks_served_by_the_c_example() {
+    let knb = profile_dir().join("knb");
+    assert!(
+        knb.exists(),
+        "{} is missing: build it with `cargo build -p knb` (cargo test --workspace does)",
+        knb.display()
+    );
+    let prefix = Prefix::new(&format!("lcapi{}", std::process::id() % 100_000)).unwrap();
+    let topo = Topology::up(Kind::Memif, &prefix).expect("memif topology (root, make setup)");
+    let m = topo.memif().expect("memif details").clone();
+    let _ = std::fs::remove_file(&m.socket);
+    r2c::device::dpdk::memif_quiesce_reset(&m.socket);
+    let work = prefix.state_dir().join("capi");
+    std::fs::create_dir_all(&work).expect("work dir");
+    let bin = build_blockstore(&work);
+
+    let (server_cpu, client_cpu) = (1 % num_cpus(), 0);
+    let config = format!(
+        "eal = {eal}\n\n[device]\nkind = \"dpdk\"\nport = \"net_memif0\"\n\n[cores]\nlist = [{server_cpu}]\n\n\
+         [net]\nip = \"{ip}\"\nprefix_len = {plen}\n\n[runtime]\nidle = \"yield\"\npin = false\n",
+        eal = toml_list(&eal(&m.server, server_cpu)),
+        ip = m.server.ip,
+        plen = m.server.prefix_len,
+    );
+    let cfg_path = work.join("blockstore.toml");
+    std::fs::write(&cfg_path, &config).expect("write config");
+
+    let mut scmd = testbed::netns_command(&m.server.netns, &bin);
+    scmd.arg(&cfg_path).args([
+        "--port",
+        &PORT.to_string(),
+        "--blocks",
+        "256",
+        "--write-reply",
+        "block",
+        "--conns",
+        &CONNS.to_string(),
+        "--lifetime",
+        "60",
+    ]);
+    let server = spawn(scmd);
+    // The memif server creates its control socket when its port starts.
+    let end = Instant::now() + Duration::from_secs(30);
+    while !m.socket.exists() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut ccmd = testbed::netns_command(&m.client.netns, &knb);
+    ccmd.arg("client")
+        .arg("--stack=luna")
+        .arg(format!("--ip={}", m.client.ip))
+        .arg(format!("--prefix-len={}", m.client.prefix_len))
+        .arg(format!("--server-ip={}", m.server.ip))
+        .arg(format!("--port={PORT}"))
+        .arg(format!("--cpus={client_cpu}"))
+        .args(["--req-size=4096", "--resp-size=4096", "--verify"])
+        .arg(format!("--iodepth={IODEPTH}"))
+        .arg(format!("--connections={CONNS}"))
+        .args(["--duration=1", "--warmup=0", "--child"]);
+    for a in eal(&m.client, client_cpu) {
+        ccmd.arg(format!("--eal-arg={a}"));
+    }
+    let client = spawn(ccmd);
+    let (cok, cout, cerr) = client.wait(LIMIT);
+    let (sok, sout, serr) = server.wait(LIMIT);
+    drop(topo);
+    println!("server stdout:\n{sout}\nserver stderr:\n{serr}\nclient stderr:\n{cerr}");
+    assert!(cok, "knb client failed:\n{cerr}\n{cout}");
+    assert!(sok, "blockstore failed:\n{serr}\n{sout}");
+    let result = cout
+        .lines()
+        .find_map(|l| l.strip_prefix("KNB_RESULT "))
+        .unwrap_or_else(|| panic!("no KNB_RESULT from the client:\n{cout}"));
+    let r: serde_json::Value = serde_json::from_str(result).expect("KNB_RESULT json");
+    let errors = r["errors"].as_array().map_or(0, Vec::len);
+    assert_eq!(errors, 0, "client errors: {}", r["errors"]);
+    let rpcs = r["rpcs"].as_u64().expect("rpcs");
+    println!("knb client: {rpcs} RPCs verified");
+    assert!(rpcs > 0, "the client completed no RPC: {result}");
+
+    let f = |k| field(&sout, "BLOCKSTORE_RESULT", k);
+    let (writes, replies) = (f("writes"), f("replies"));
+    assert_eq!(f("errors"), 0, "{sout}");
+    assert_eq!(
+        f("conns"),
+        CONNS,
+        "every client connection was served and closed"
+    );
+    assert_eq!(f("reads"), 0, "the client only wrote");
+    assert_eq!(replies, writes, "each write answered with its block");
+    assert_eq!(
+        f("verified_bytes"),
+        writes * 4096,
+        "every written byte was checked"
+    );
+    // The client counts the RPCs completed in its measured window (no warm-up here);
+    // the server also answered those still in flight when the window closed.
+    assert!(
+        writes >= rpcs && writes - rpcs <= CONNS * IODEPTH,
+        "server wrote {writes} blocks, client verified {rpcs} replies"
+    );
+    assert_eq!(field(&sout, "LUNA_STATS", "accepted"), CONNS);
+    assert_eq!(field(&sout, "LUNA_CORE0", "accepted"), CONNS);
+    assert_eq!(field(&sout, "LUNA_CORE0", "stopped"), 1);
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}

@@ -139,8 +139,11 @@ pub unsafe extern "C" fn luna_zbuf_freeze(b: *mut luna_zbuf_mut_t) -> *mut luna_
 #[no_mangle]
 pub unsafe extern "C" fn luna_zbuf_mut_free(b: *mut luna_zbuf_mut_t) {
     if !b.is_null() {
-        // SAFETY: made by Box::into_raw, freed once.
-        guard((), || Ok(drop(unsafe { Box::from_raw(b) })))
+        guard((), || {
+            // SAFETY: made by Box::into_raw, freed once.
+            drop(unsafe { Box::from_raw(b) });
+            Ok(())
+        })
     }
 }
 
@@ -209,8 +212,11 @@ pub unsafe extern "C" fn luna_zbuf_slice(
 #[no_mangle]
 pub unsafe extern "C" fn luna_zbuf_free(z: *mut luna_zbuf_t) {
     if !z.is_null() {
-        // SAFETY: made by Box::into_raw, freed once.
-        guard((), || Ok(drop(unsafe { Box::from_raw(z) })))
+        guard((), || {
+            // SAFETY: made by Box::into_raw, freed once.
+            drop(unsafe { Box::from_raw(z) });
+            Ok(())
+        })
     }
 }
 
@@ -292,7 +298,10 @@ pub unsafe extern "C" fn luna_iovec_zbuf(v: *const luna_iovec_t, i: usize) -> *m
 #[no_mangle]
 pub unsafe extern "C" fn luna_iovec_free(v: *mut luna_iovec_t) {
     if !v.is_null() {
-        // SAFETY: made by Box::into_raw, freed once.
-        guard((), || Ok(drop(unsafe { Box::from_raw(v) })))
+        guard((), || {
+            // SAFETY: made by Box::into_raw, freed once.
+            drop(unsafe { Box::from_raw(v) });
+            Ok(())
+        })
     }
 }

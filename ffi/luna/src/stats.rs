@@ -277,9 +277,11 @@ mod tests {
 
     #[test]
     fn struct_and_pairs_agree() {
-        let mut s = CoreStats::default();
-        s.rx_frames = 5;
-        s.stopped = 1;
+        let s = CoreStats {
+            rx_frames: 5,
+            stopped: 1,
+            ..Default::default()
+        };
         let c: luna_core_stats_t = s.into();
         assert_eq!((c.rx_frames, c.stopped), (5, 1));
         assert_eq!(

@@ -31,30 +31,65 @@ fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// How the example is linked.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Link {
+    /// `-lluna` against `libluna.so` (rpath to the target directory).
+    Shared,
+    /// `libluna.a` plus DPDK's libraries from pkg-config.
+    Static,
+}
+
 /// Compiles the example; returns the binary.
-fn build_blockstore(out: &Path) -> PathBuf {
+fn build_blockstore(out: &Path, link: Link) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let lib = profile_dir();
+    let file = match link {
+        Link::Shared => "libluna.so",
+        Link::Static => "libluna.a",
+    };
     assert!(
-        lib.join("libluna.so").exists(),
-        "no libluna.so in {} (cargo builds the cdylib with the crate)",
+        lib.join(file).exists(),
+        "no {file} in {} (cargo builds it with the crate)",
         lib.display()
     );
-    let bin = out.join("blockstore");
-    let st = Command::new("cc")
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I"])
+    let bin = out.join(format!("blockstore-{link:?}").to_lowercase());
+    let mut cc = Command::new("cc");
+    cc.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I"])
         .arg(dir.join("include"))
-        .arg(dir.join("examples/blockstore.c"))
-        .arg("-L")
-        .arg(&lib)
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .args(["-lluna", "-lpthread", "-o"])
+        .arg(dir.join("examples/blockstore.c"));
+    match link {
+        Link::Shared => {
+            cc.arg("-L")
+                .arg(&lib)
+                .arg(format!("-Wl,-rpath,{}", lib.display()))
+                .arg("-lluna");
+        }
+        Link::Static => {
+            let pc = Command::new("pkg-config")
+                .args(["--libs", "libdpdk"])
+                .output()
+                .expect("run pkg-config (make setup installs it)");
+            assert!(pc.status.success(), "pkg-config --libs libdpdk failed");
+            cc.arg(lib.join(file))
+                .args(String::from_utf8_lossy(&pc.stdout).split_whitespace())
+                .args(["-ldl", "-lm", "-lgcc_s"]);
+        }
+    }
+    let st = cc
+        .args(["-lpthread", "-o"])
         .arg(&bin)
         .status()
         .expect("run cc (apt-get install build-essential)");
-    assert!(st.success(), "cc failed to build blockstore.c: {st}");
+    assert!(
+        st.success(),
+        "cc failed to build blockstore.c ({link:?}): {st}"
+    );
     bin
 }
+
+/// One memif run at a time: both sides poll the machine's two CPUs.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// EAL arguments as knb places a memif side: main lcore on `cpu`, no telemetry, no
 /// runtime files.
@@ -148,20 +183,30 @@ fn field(out: &str, prefix: &str, key: &str) -> u64 {
 
 #[test]
 fn knb_luna_client_verifies_blocks_served_by_the_c_example() {
+    serve_and_verify(Link::Shared, "s");
+}
+
+#[test]
+fn the_c_example_linked_with_the_staticlib_serves_knb_too() {
+    serve_and_verify(Link::Static, "a");
+}
+
+fn serve_and_verify(link: Link, tag: &str) {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let knb = profile_dir().join("knb");
     assert!(
         knb.exists(),
         "{} is missing: build it with `cargo build -p knb` (cargo test --workspace does)",
         knb.display()
     );
-    let prefix = Prefix::new(&format!("lcapi{}", std::process::id() % 100_000)).unwrap();
+    let prefix = Prefix::new(&format!("lcap{tag}{}", std::process::id() % 100_000)).unwrap();
     let topo = Topology::up(Kind::Memif, &prefix).expect("memif topology (root, make setup)");
     let m = topo.memif().expect("memif details").clone();
     let _ = std::fs::remove_file(&m.socket);
     r2c::device::dpdk::memif_quiesce_reset(&m.socket);
     let work = prefix.state_dir().join("capi");
     std::fs::create_dir_all(&work).expect("work dir");
-    let bin = build_blockstore(&work);
+    let bin = build_blockstore(&work, link);
 
     let (server_cpu, client_cpu) = (1 % num_cpus(), 0);
     let config = format!(
@@ -223,7 +268,7 @@ fn knb_luna_client_verifies_blocks_served_by_the_c_example() {
     let errors = r["errors"].as_array().map_or(0, Vec::len);
     assert_eq!(errors, 0, "client errors: {}", r["errors"]);
     let rpcs = r["rpcs"].as_u64().expect("rpcs");
-    println!("knb client: {rpcs} RPCs verified");
+    println!("knb client ({link:?}): {rpcs} RPCs verified");
     assert!(rpcs > 0, "the client completed no RPC: {result}");
 
     let f = |k| field(&sout, "BLOCKSTORE_RESULT", k);

@@ -40,10 +40,18 @@ enum Link {
     Static,
 }
 
+/// `target/<profile>/deps`: where this test binary and the crate's libraries are.
+fn deps_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    exe.parent().expect("target/<profile>/deps").to_path_buf()
+}
+
 /// Compiles the example; returns the binary.
 fn build_blockstore(out: &Path, link: Link) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let lib = profile_dir();
+    // `cargo test` builds the crate's cdylib and staticlib next to this test binary
+    // (`target/<profile>/deps`), from the same sources as the test.
+    let lib = deps_dir();
     let file = match link {
         Link::Shared => "libluna.so",
         Link::Static => "libluna.a",

@@ -308,3 +308,107 @@ fn serve_and_verify(link: Link, tag: &str) {
 fn num_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
+
+/// Reads, acks and the error path, with a kernel client over the tap topology: the
+/// client writes 16 blocks (`--write-reply ack`: empty answers), reads them back under
+/// other ids (each reply must be knb's response pattern for the reader's id, which the
+/// server derives from the stored bytes), then reads a block never written, which the
+/// server must refuse by aborting the connection (one counted error, exit status 1).
+#[test]
+fn kernel_client_reads_back_blocks_written_earlier_over_tap() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let prefix = Prefix::new(&format!("lcapt{}", std::process::id() % 100_000)).unwrap();
+    let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
+    let t = topo.tap().expect("tap details").clone();
+    let work = prefix.state_dir().join("capi");
+    std::fs::create_dir_all(&work).expect("work dir");
+    let bin = build_blockstore(&work, Link::Shared);
+    let cpu = 1 % num_cpus();
+    let config = format!(
+        "eal = {eal}\n\n[device]\nkind = \"dpdk\"\nport = \"{port}\"\n\n[cores]\nlist = [{cpu}]\n\n\
+         [net]\nip = \"{ip}\"\nprefix_len = {plen}\n\n[runtime]\nidle = \"yield\"\npin = false\n",
+        eal = toml_list(&eal(&t.dpdk, cpu)),
+        port = r2c::device::dpdk::port_name_from_vdev(&t.dpdk.eal.vdev).expect("tap vdev"),
+        ip = t.dpdk.ip,
+        plen = t.dpdk.prefix_len,
+    );
+    let cfg_path = work.join("blockstore-tap.toml");
+    std::fs::write(&cfg_path, &config).expect("write config");
+    let mut scmd = testbed::netns_command(&t.dpdk.netns, &bin);
+    scmd.arg(&cfg_path).args([
+        "--port",
+        &PORT.to_string(),
+        "--blocks",
+        "256",
+        "--write-reply",
+        "ack",
+        "--conns",
+        "1",
+        "--lifetime",
+        "60",
+    ]);
+    let mut server = spawn(scmd);
+    // The DPDK process creates the tap; starting its port resets it, so configure the
+    // kernel side until the server says it serves (luna_init returns after link up).
+    let end = Instant::now() + Duration::from_secs(60);
+    let mut configured = 0;
+    while Instant::now() < end {
+        if matches!(server.child.try_wait(), Ok(Some(_))) {
+            break; // it failed: its output says why (below)
+        }
+        if t.configure_host(Duration::from_secs(30)).is_ok() {
+            configured += 1;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        if testbed::netns_command(&t.host.netns, "ping")
+            .args(["-c", "1", "-W", "1", &t.dpdk.ip.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            break;
+        }
+    }
+    if configured == 0 {
+        let (_, out, err) = server.wait(Duration::from_secs(1));
+        panic!("the tap interface never appeared; server:\n{out}\n{err}");
+    }
+    let py = format!(
+        "import socket,struct,sys\n\
+         def pat(i,s,n): return bytes(((i*131+s+k)&0xff) for k in range(n))\n\
+         c=socket.create_connection(('{ip}',{PORT}),timeout=10)\n\
+         def msg():\n  h=b''\n  while len(h)<16:\n    d=c.recv(16-len(h))\n    if not d: return None\n    h+=d\n  \
+         i,n,f,m=struct.unpack('<QIHH',h)\n  p=b''\n  while len(p)<n:\n    d=c.recv(n-len(p))\n    if not d: return None\n    p+=d\n  return i,f,m,p\n\
+         c.sendall(b''.join(struct.pack('<QIHH',k,4096,2,0x6e6b)+pat(k,0x11,4096) for k in range(16)))\n\
+         for k in range(16):\n  r=msg()\n  assert r==(k,3,0x6e6b,b''), ('ack',k,r and r[:3])\n\
+         c.sendall(b''.join(struct.pack('<QIHH',256+k,0,2,0x6e6b) for k in range(16)))\n\
+         for k in range(16):\n  r=msg()\n  assert r is not None and r[:3]==(256+k,3,0x6e6b), ('read',k,r and r[:3])\n  \
+         assert r[3]==pat(256+k,0x5a,4096), ('read bytes',k)\n\
+         print('READS-OK 16', flush=True)\n\
+         c.sendall(struct.pack('<QIHH',100,0,2,0x6e6b))\n\
+         try:\n  r=msg()\nexcept ConnectionResetError:\n  r=None\n\
+         assert r is None, ('unwritten block answered', r and r[:3])\n\
+         print('UNWRITTEN-REFUSED', flush=True)\n",
+        ip = t.dpdk.ip
+    );
+    let mut ccmd = t.host.command("python3");
+    ccmd.args(["-c", &py]);
+    let (cok, cout, cerr) = spawn(ccmd).wait(LIMIT);
+    let (sok, sout, serr) = server.wait(LIMIT);
+    drop(topo);
+    println!("client:\n{cout}{cerr}\nserver stdout:\n{sout}\nserver stderr:\n{serr}");
+    assert!(cok, "kernel client failed:\n{cout}\n{cerr}");
+    assert!(
+        cout.contains("READS-OK 16") && cout.contains("UNWRITTEN-REFUSED"),
+        "{cout}"
+    );
+    assert!(!sok, "the refused read is a counted error: exit status 1");
+    let f = |k| field(&sout, "BLOCKSTORE_RESULT", k);
+    assert_eq!(f("writes"), 16, "{sout}");
+    assert_eq!(f("reads"), 17, "16 answered, 1 refused");
+    assert_eq!(f("replies"), 32);
+    assert_eq!(f("verified_bytes"), 16 * 4096);
+    assert_eq!(f("errors"), 1);
+    assert!(serr.contains("read of a block never written"), "{serr}");
+}

@@ -48,6 +48,11 @@ fn deps_dir() -> PathBuf {
 
 /// Compiles the example; returns the binary.
 fn build_blockstore(out: &Path, link: Link) -> PathBuf {
+    build_example("blockstore", out, link)
+}
+
+/// Compiles `examples/<name>.c`; returns the binary.
+fn build_example(name: &str, out: &Path, link: Link) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     // `cargo test` builds the crate's cdylib and staticlib next to this test binary
     // (`target/<profile>/deps`), from the same sources as the test.
@@ -61,11 +66,11 @@ fn build_blockstore(out: &Path, link: Link) -> PathBuf {
         "no {file} in {} (cargo builds it with the crate)",
         lib.display()
     );
-    let bin = out.join(format!("blockstore-{link:?}").to_lowercase());
+    let bin = out.join(format!("{name}-{link:?}").to_lowercase());
     let mut cc = Command::new("cc");
     cc.args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I"])
         .arg(dir.join("include"))
-        .arg(dir.join("examples/blockstore.c"));
+        .arg(dir.join(format!("examples/{name}.c")));
     match link {
         Link::Shared => {
             cc.arg("-L")
@@ -348,29 +353,7 @@ fn kernel_client_reads_back_blocks_written_earlier_over_tap() {
         "60",
     ]);
     let mut server = spawn(scmd);
-    // The DPDK process creates the tap; starting its port resets it, so configure the
-    // kernel side until the server says it serves (luna_init returns after link up).
-    let end = Instant::now() + Duration::from_secs(60);
-    let mut configured = 0;
-    while Instant::now() < end {
-        if matches!(server.child.try_wait(), Ok(Some(_))) {
-            break; // it failed: its output says why (below)
-        }
-        if t.configure_host(Duration::from_secs(30)).is_ok() {
-            configured += 1;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-        if testbed::netns_command(&t.host.netns, "ping")
-            .args(["-c", "1", "-W", "1", &t.dpdk.ip.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-        {
-            break;
-        }
-    }
-    if configured == 0 {
+    if !tap_up(&t, &mut server) {
         let (_, out, err) = server.wait(Duration::from_secs(1));
         panic!("the tap interface never appeared; server:\n{out}\n{err}");
     }
@@ -411,4 +394,92 @@ fn kernel_client_reads_back_blocks_written_earlier_over_tap() {
     assert_eq!(f("verified_bytes"), 16 * 4096);
     assert_eq!(f("errors"), 1);
     assert!(serr.contains("read of a block never written"), "{serr}");
+}
+
+/// The DPDK process creates the tap and starting its port resets it: configure the
+/// kernel side until luna answers a ping (luna_init returns after link up). False when
+/// the tap never appeared (the server's output says why).
+fn tap_up(t: &testbed::Tap, server: &mut Proc) -> bool {
+    let end = Instant::now() + Duration::from_secs(60);
+    let mut configured = 0;
+    while Instant::now() < end {
+        if matches!(server.child.try_wait(), Ok(Some(_))) {
+            break; // it failed: its output says why (below)
+        }
+        if t.configure_host(Duration::from_secs(30)).is_ok() {
+            configured += 1;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        if testbed::netns_command(&t.host.netns, "ping")
+            .args(["-c", "1", "-W", "1", &t.dpdk.ip.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            break;
+        }
+    }
+    configured > 0
+}
+
+/// The batch API from C: `examples/echo_batch.c` (an epoll loop with the calls replaced
+/// by `luna_sock_*`) on the tap topology echoes 300,000 bytes to a kernel client that
+/// writes and reads at the same time, then closes; every byte is checked.
+#[test]
+fn kernel_client_gets_its_bytes_back_from_the_batch_c_example() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let prefix = Prefix::new(&format!("lcapb{}", std::process::id() % 100_000)).unwrap();
+    let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
+    let t = topo.tap().expect("tap details").clone();
+    let work = prefix.state_dir().join("capi");
+    std::fs::create_dir_all(&work).expect("work dir");
+    let bin = build_example("echo_batch", &work, Link::Shared);
+    let cpu = 1 % num_cpus();
+    let config = format!(
+        "eal = {eal}\n\n[device]\nkind = \"dpdk\"\nport = \"{port}\"\n\n[cores]\nlist = [{cpu}]\n\n\
+         [net]\nip = \"{ip}\"\nprefix_len = {plen}\n\n[runtime]\nidle = \"yield\"\npin = false\n",
+        eal = toml_list(&eal(&t.dpdk, cpu)),
+        port = r2c::device::dpdk::port_name_from_vdev(&t.dpdk.eal.vdev).expect("tap vdev"),
+        ip = t.dpdk.ip,
+        plen = t.dpdk.prefix_len,
+    );
+    let cfg_path = work.join("echo-batch.toml");
+    std::fs::write(&cfg_path, &config).expect("write config");
+    let mut scmd = testbed::netns_command(&t.dpdk.netns, &bin);
+    scmd.arg(&cfg_path).args(["--port", "7000", "--conns", "1"]);
+    let mut server = spawn(scmd);
+    if !tap_up(&t, &mut server) {
+        let (_, out, err) = server.wait(Duration::from_secs(1));
+        panic!("the tap interface never appeared; server:\n{out}\n{err}");
+    }
+    let py = format!(
+        "import socket,threading\n\
+         N=300000\n\
+         data=bytes(((k*7+k//251)&0xff) for k in range(N))\n\
+         c=socket.create_connection(('{ip}',7000),timeout=20)\n\
+         def w():\n  c.sendall(data); c.shutdown(socket.SHUT_WR)\n\
+         th=threading.Thread(target=w); th.start()\n\
+         got=bytearray()\n\
+         while True:\n  d=c.recv(1<<16)\n  if not d: break\n  got+=d\n\
+         th.join()\n\
+         assert bytes(got)==data, ('echo differs', len(got))\n\
+         print('ECHO-OK', len(got), flush=True)\n",
+        ip = t.dpdk.ip
+    );
+    let mut ccmd = t.host.command("python3");
+    ccmd.args(["-c", &py]);
+    let (cok, cout, cerr) = spawn(ccmd).wait(LIMIT);
+    let (sok, sout, serr) = server.wait(LIMIT);
+    drop(topo);
+    println!("client:\n{cout}{cerr}\nserver stdout:\n{sout}\nserver stderr:\n{serr}");
+    assert!(
+        cok && cout.contains("ECHO-OK 300000"),
+        "kernel client failed:\n{cout}\n{cerr}"
+    );
+    assert!(sok, "echo_batch failed:\n{serr}\n{sout}");
+    let f = |k| field(&sout, "ECHO_RESULT", k);
+    assert_eq!(f("echoed"), 300_000);
+    assert_eq!(f("conns"), 1);
+    assert_eq!(f("errors"), 0);
 }

@@ -81,3 +81,40 @@ pub(crate) fn bad_handle(what: &str, v: u64) -> Fail {
         format!("{what} {v:#x} is not open on this core"),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    fn last() -> String {
+        // SAFETY: luna_last_error returns a live NUL-terminated string.
+        unsafe { CStr::from_ptr(luna_last_error()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn a_panic_becomes_eio_with_its_message() {
+        let r = guard(-1, || -> Res<i32> { panic!("boom at the edge") });
+        assert_eq!(r, -1);
+        assert_eq!(errno::errno().0, libc::EIO);
+        assert!(last().contains("boom at the edge"), "{}", last());
+    }
+
+    #[test]
+    fn errors_set_errno_and_the_message_successes_leave_them() {
+        assert_eq!(
+            guard(-1, || Err(Fail::new(libc::EBADF, "nope\0inside"))),
+            -1
+        );
+        assert_eq!(errno::errno().0, libc::EBADF);
+        assert_eq!(
+            last(),
+            "nope inside",
+            "a NUL in a message cannot cut it short"
+        );
+        assert_eq!(guard(-1, || Ok(7)), 7);
+        assert_eq!(last(), "nope inside");
+    }
+}

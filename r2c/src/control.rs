@@ -579,10 +579,19 @@ impl ControlServer {
                 for (_, c) in state.captures.drain() {
                     let _ = c.writer.finish();
                 }
-                if std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id) {
-                    let _ = std::fs::remove_file(&self.path);
-                }
+                // Dropping `self` removes the socket file.
+                drop(self);
             })
+    }
+}
+
+impl Drop for ControlServer {
+    /// Removes the socket file if it is still the one this server bound (a later process
+    /// may have replaced it).
+    fn drop(&mut self) {
+        if std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -992,11 +1001,14 @@ mod tests {
         let e = ControlServer::bind(&cfg).unwrap_err();
         assert!(matches!(e, ControlError::InUse(_)), "{e}");
         assert!(e.to_string().contains("in use"), "{e}");
-        // Dropping the listener without removing the file leaves a stale socket.
         drop(first);
+        assert!(!path.exists(), "a server removes its socket file");
+        // A process that died leaves its socket file: bound, nobody accepting.
+        drop(UnixListener::bind(&path).unwrap());
         assert!(path.exists());
         let again = ControlServer::bind(&cfg).unwrap();
         drop(again);
+        assert!(!path.exists());
         let plain = dir.join("plain");
         std::fs::write(&plain, b"x").unwrap();
         let e = ControlServer::bind(&ControlConfig::new(&plain)).unwrap_err();

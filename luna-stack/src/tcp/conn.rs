@@ -725,6 +725,11 @@ impl Connection {
         Ok(total)
     }
 
+    /// Bytes in the send queue: sent and unacknowledged, plus not yet sent.
+    pub fn send_queued(&self) -> usize {
+        self.sndq.len()
+    }
+
     /// Bytes ready to read.
     pub fn recv_available(&self) -> usize {
         self.rcvq_len

@@ -164,7 +164,7 @@ impl MirrorThread {
                 if let Err(e) = &r {
                     // The exception path's control plane is gone: say so once, clearly.
                     eprintln!(
-                        "r2c: netlink mirror of exception interface {name} stopped: {e}; luna keeps its last neighbours, the kernel's frames are dropped and counted"
+                        "r2c: netlink mirror of exception interface {name} stopped: {e}; luna keeps its last neighbours and routes, the kernel's frames are dropped and counted"
                     );
                 }
                 r

@@ -106,3 +106,9 @@ clean-testbed:
 .PHONY: nl-latency
 nl-latency:
 	$(CARGO) run -p netlink-sync --release --bin nl-latency -- --changes 1000
+
+# The same through r2c's cores: change -> in every core's stack (its published
+# exc_table_version), 1,000 changes, 2 cores (NL_CHANGES, NL_CORES); root.
+.PHONY: nl-latency-r2c
+nl-latency-r2c:
+	$(CARGO) test -p r2c --release --test mirror_cores nl_latency_r2c -- --ignored --nocapture

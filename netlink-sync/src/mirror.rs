@@ -958,6 +958,29 @@ mod tests {
     }
 
     #[test]
+    fn impossible_prefix_lengths_and_addressless_addresses_are_malformed() {
+        let mut m = Mirror::new(IF);
+        let mut r = route(IF, ip("198.19.0.0"), 16, None, 0);
+        r.header.destination_prefix_length = 33;
+        apply(&mut m, M::NewRoute(r));
+        let mut a = address(IF, ip("198.18.0.1"), 24);
+        a.header.prefix_len = 40;
+        apply(&mut m, M::NewAddress(a));
+        let mut a = address(IF, ip("198.18.0.1"), 24);
+        a.attributes.clear();
+        apply(&mut m, M::NewAddress(a));
+        assert_eq!(m.counters().malformed, 3);
+        let snap = m.snapshot(1);
+        assert!(snap.routes().is_empty() && snap.addresses().is_empty());
+        // The mirror still applies good messages afterwards.
+        apply(
+            &mut m,
+            M::NewRoute(route(IF, ip("198.19.0.0"), 16, None, 0)),
+        );
+        assert_eq!(m.snapshot(2).routes().len(), 1);
+    }
+
+    #[test]
     fn neighbour_without_destination_is_malformed() {
         let mut m = Mirror::new(IF);
         let mut n = neighbour(IF, ip("198.18.0.2"), Some(MAC), K::Reachable);

@@ -611,7 +611,7 @@ pub(crate) struct CoreLoop<D: Device> {
     opts: CoreOptions,
     cell: Arc<StatsCell>,
     idle_streak: u32,
-    table_changes: Vec<(Ipv4Addr, Option<EthernetAddress>)>,
+    table_changes: Vec<crate::device::TableChange>,
     /// The first device mirrors the kernel's tables (asked once at start).
     mirrors_tables: bool,
     /// The control endpoint's mailbox (looked at when stats are published).
@@ -808,20 +808,60 @@ impl<D: Device> CoreLoop<D> {
         received > 0 || sent > 0 || worked || !self.tx.is_empty()
     }
 
-    /// Neighbours the kernel resolved or removed (netlink-sync through the exception
-    /// device) into the stack's table; connections parked on a next hop that resolved
-    /// are woken at once.
+    /// The kernel's table changes (netlink-sync through the exception device) into the
+    /// stack: neighbours (connections parked on a next hop that resolved are woken at
+    /// once), routes (the kernel's table replaces the configured one; connections move
+    /// to a changed next hop) and addresses (counted: the stack has one address).
     fn apply_table_changes(&mut self) {
+        use crate::device::TableChange;
         self.devices[0].table_changes(&mut self.table_changes);
-        for (ip, mac) in self.table_changes.drain(..) {
-            match mac {
-                Some(mac) => {
+        if self.table_changes.is_empty() {
+            return;
+        }
+        let me = self.st.stack.ipv4();
+        let mut routes_changed = false;
+        for change in self.table_changes.drain(..) {
+            match change {
+                TableChange::NeighbourSet { ip, mac } => {
                     if self.st.stack.neighbour_resolved(ip, mac).is_err() {
                         self.st.stats.exc_neighbour_table_full += 1;
                     }
                 }
-                None => self.st.stack.neighbour_removed(ip),
+                TableChange::NeighbourRemoved(ip) => self.st.stack.neighbour_removed(ip),
+                TableChange::RoutesCleared => {
+                    self.st.stack.routes_mut().clear();
+                    routes_changed = true;
+                }
+                TableChange::RouteAdded(mut r) | TableChange::RouteReplaced(mut r) => {
+                    // The stack sends from its one address, on its one port.
+                    r.source = me;
+                    r.interface = 0;
+                    if self.st.stack.routes_mut().insert(r).is_err() {
+                        self.st.stats.exc_route_table_full += 1;
+                    }
+                    routes_changed = true;
+                }
+                TableChange::RouteRemoved(dst) => {
+                    self.st.stack.routes_mut().remove(dst);
+                    routes_changed = true;
+                }
+                TableChange::AddressAdded(a) => {
+                    if a.address == me {
+                        self.st.stats.exc_address_missing = 0;
+                    }
+                }
+                TableChange::AddressRemoved(a) => {
+                    if a.address == me {
+                        // The kernel no longer owns luna's address: luna keeps using it
+                        // (its connections go on); say so.
+                        self.st.stats.exc_address_missing = 1;
+                    }
+                }
+                TableChange::Version(_) => {}
             }
+        }
+        if routes_changed {
+            self.st.stats.exc_rerouted += self.st.stack.routes_changed() as u64;
         }
     }
 
@@ -923,6 +963,15 @@ impl<D: Device> CoreLoop<D> {
             e.neighbours_added += x.neighbours_added;
             e.neighbours_removed += x.neighbours_removed;
             e.interface_gone |= x.interface_gone;
+            e.table_version = e.table_version.max(x.table_version);
+            e.routes_added += x.routes_added;
+            e.routes_replaced += x.routes_replaced;
+            e.routes_removed += x.routes_removed;
+            e.addresses_added += x.addresses_added;
+            e.addresses_removed += x.addresses_removed;
+            e.sync_resyncs = e.sync_resyncs.max(x.sync_resyncs);
+            e.sync_overruns = e.sync_overruns.max(x.sync_overruns);
+            e.sync_malformed = e.sync_malformed.max(x.sync_malformed);
         }
         s.exc_luna = e.luna;
         s.exc_to_kernel = e.to_kernel;
@@ -936,6 +985,15 @@ impl<D: Device> CoreLoop<D> {
         s.exc_neighbours_added = e.neighbours_added;
         s.exc_neighbours_removed = e.neighbours_removed;
         s.exc_interface_gone = e.interface_gone;
+        s.exc_table_version = e.table_version;
+        s.exc_routes_added = e.routes_added;
+        s.exc_routes_replaced = e.routes_replaced;
+        s.exc_routes_removed = e.routes_removed;
+        s.exc_addresses_added = e.addresses_added;
+        s.exc_addresses_removed = e.addresses_removed;
+        s.exc_sync_resyncs = e.sync_resyncs;
+        s.exc_sync_overruns = e.sync_overruns;
+        s.exc_sync_malformed = e.sync_malformed;
         s.tx_bytes = tx_bytes;
         s.retransmits = self.st.stack.tcp_counters().retransmits;
         self.cell.publish(s);

@@ -31,11 +31,13 @@
 //! `InterfaceGone`), the core keeps its last neighbours so luna's own traffic goes on,
 //! sets `interface_gone`, and drops the kernel's frames, counted in `to_kernel_dropped`.
 
+use crate::device::TableChange;
 use crate::device::{Device, DeviceStats};
 use bifurcation::{Classifier, KernelReason, TrafficModel, Verdict};
 use core::net::Ipv4Addr;
 use luna_stack::stack::Transmit;
-use luna_stack::wire::{ChecksumCaps, EthernetAddress};
+use luna_stack::tables::Route;
+use luna_stack::wire::{ChecksumCaps, EthernetAddress, Ipv4Cidr};
 use std::collections::{HashMap, VecDeque};
 use zbuf::Zbuf;
 
@@ -75,6 +77,25 @@ pub struct ExceptionStats {
     pub neighbours_removed: u64,
     /// 1 once the mirrored exception interface has disappeared.
     pub interface_gone: u64,
+    /// The mirror version whose changes were last handed to the core (gauge).
+    pub table_version: u64,
+    /// Routes of the kernel handed to the stack for a new prefix.
+    pub routes_added: u64,
+    /// Routes of the kernel that replaced the stack's route of a prefix.
+    pub routes_replaced: u64,
+    /// Routes removed because the kernel removed them.
+    pub routes_removed: u64,
+    /// Addresses that appeared on the exception interface.
+    pub addresses_added: u64,
+    /// Addresses that disappeared from the exception interface.
+    pub addresses_removed: u64,
+    /// The syncer's full re-dumps (overrun, interrupted dump, link change), as of the
+    /// last snapshot.
+    pub sync_resyncs: u64,
+    /// The syncer's netlink receive overruns (`ENOBUFS`), as of the last snapshot.
+    pub sync_overruns: u64,
+    /// Malformed netlink messages the syncer counted and skipped, as of the last snapshot.
+    pub sync_malformed: u64,
 }
 
 /// What mirroring needs on a core.
@@ -83,8 +104,17 @@ pub struct Mirroring {
     pub reader: netlink_sync::Reader,
     /// Makes the kernel resolve a next hop (bound to the exception interface).
     pub nudger: Option<netlink_sync::Nudger>,
-    applied: HashMap<Ipv4Addr, EthernetAddress>,
+    applied: Applied,
     first: bool,
+}
+
+/// What a core's stack was last given from the mirror.
+#[derive(Default)]
+struct Applied {
+    neighbours: HashMap<Ipv4Addr, EthernetAddress>,
+    routes: HashMap<Ipv4Cidr, Route>,
+    addresses: Vec<netlink_sync::LocalAddress>,
+    routes_cleared: bool,
 }
 
 impl Mirroring {
@@ -93,7 +123,7 @@ impl Mirroring {
         Mirroring {
             reader,
             nudger,
-            applied: HashMap::new(),
+            applied: Applied::default(),
             first: true,
         }
     }
@@ -113,10 +143,16 @@ impl MirrorThread {
     /// follows them on a thread of its own. A missing interface is
     /// `Error::NoSuchInterface`.
     pub fn start(iface: &str) -> Result<MirrorThread, netlink_sync::Error> {
-        let syncer = netlink_sync::Syncer::open(
-            netlink_sync::Interface::Name(iface.to_string()),
-            &netlink_sync::SyncConfig::default(),
-        )?;
+        Self::start_with(iface, &netlink_sync::SyncConfig::default())
+    }
+
+    /// [`MirrorThread::start`] with the syncer's settings (e.g. a small `SO_RCVBUF`).
+    pub fn start_with(
+        iface: &str,
+        config: &netlink_sync::SyncConfig,
+    ) -> Result<MirrorThread, netlink_sync::Error> {
+        let syncer =
+            netlink_sync::Syncer::open(netlink_sync::Interface::Name(iface.to_string()), config)?;
         let publisher = syncer.publisher();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let st = stop.clone();
@@ -128,7 +164,7 @@ impl MirrorThread {
                 if let Err(e) = &r {
                     // The exception path's control plane is gone: say so once, clearly.
                     eprintln!(
-                        "r2c: netlink mirror of exception interface {name} stopped: {e}; luna keeps its last neighbours, the kernel's frames are dropped and counted"
+                        "r2c: netlink mirror of exception interface {name} stopped: {e}; luna keeps its last neighbours and routes, the kernel's frames are dropped and counted"
                     );
                 }
                 r
@@ -152,6 +188,12 @@ impl MirrorThread {
             self.publisher.reader(),
             Some(netlink_sync::Nudger::new(Some(&self.iface))?),
         ))
+    }
+
+    /// A reader of the published snapshots (to watch the mirror itself, e.g. which
+    /// version first holds a change).
+    pub fn reader(&self) -> netlink_sync::Reader {
+        self.publisher.reader()
     }
 
     /// Whether the thread has ended (the interface disappeared, or an error).
@@ -394,7 +436,7 @@ impl<D: Device + RawPort, E: Device + RawPort> Device for ExceptionDevice<D, E> 
         self.mirror.is_some()
     }
 
-    fn table_changes(&mut self, out: &mut Vec<(Ipv4Addr, Option<EthernetAddress>)>) {
+    fn table_changes(&mut self, out: &mut Vec<TableChange>) {
         let Some(m) = &mut self.mirror else {
             return;
         };
@@ -403,30 +445,103 @@ impl<D: Device + RawPort, E: Device + RawPort> Device for ExceptionDevice<D, E> 
         }
         m.first = false;
         let snap = m.reader.snapshot();
+        let c = snap.counters();
+        self.stats.sync_resyncs = c.resyncs;
+        self.stats.sync_overruns = c.overruns;
+        self.stats.sync_malformed = c.malformed;
         if snap.interface_gone() {
             // The kernel's tables are gone with the interface: keep the last neighbours
-            // (luna's own traffic goes on) and say so in the counters.
+            // and routes (luna's own traffic goes on) and say so in the counters.
             self.stats.interface_gone = 1;
-            return;
+        } else {
+            diff_tables(&mut m.applied, snap, out, &mut self.stats);
         }
-        let mut now: HashMap<Ipv4Addr, EthernetAddress> = HashMap::new();
-        for (ip, n) in snap.neighbours() {
-            now.insert(*ip, n.mac);
-        }
-        for (ip, mac) in &now {
-            if m.applied.get(ip) != Some(mac) {
-                out.push((*ip, Some(*mac)));
-                self.stats.neighbours_added += 1;
-            }
-        }
-        for ip in m.applied.keys() {
-            if !now.contains_key(ip) {
-                out.push((*ip, None));
-                self.stats.neighbours_removed += 1;
-            }
-        }
-        m.applied = now;
+        self.stats.table_version = snap.version();
+        out.push(TableChange::Version(snap.version()));
     }
+}
+
+/// The changes from what `m` last handed to the core to `snap`; `m` then holds `snap`'s
+/// tables.
+fn diff_tables(
+    m: &mut Applied,
+    snap: &netlink_sync::Snapshot,
+    out: &mut Vec<TableChange>,
+    stats: &mut ExceptionStats,
+) {
+    let mut now: HashMap<Ipv4Addr, EthernetAddress> = HashMap::new();
+    for (ip, n) in snap.neighbours() {
+        now.insert(*ip, n.mac);
+    }
+    for (ip, mac) in &now {
+        if m.neighbours.get(ip) != Some(mac) {
+            out.push(TableChange::NeighbourSet { ip: *ip, mac: *mac });
+            stats.neighbours_added += 1;
+        }
+    }
+    for ip in m.neighbours.keys() {
+        if !now.contains_key(ip) {
+            out.push(TableChange::NeighbourRemoved(*ip));
+            stats.neighbours_removed += 1;
+        }
+    }
+    m.neighbours = now;
+
+    // Routes: the kernel's table replaces the stack's configured one from the first
+    // snapshot that has a route (before the dump, or with the link down, it has none:
+    // the configured routes stay until the kernel has some).
+    if !m.routes_cleared && snap.routes().is_empty() {
+        return diff_addresses(m, snap, out, stats);
+    }
+    if !m.routes_cleared {
+        m.routes_cleared = true;
+        out.push(TableChange::RoutesCleared);
+    }
+    let mut routes: HashMap<Ipv4Cidr, Route> = HashMap::with_capacity(snap.routes().len());
+    for r in snap.routes().iter() {
+        routes.insert(r.destination, *r);
+        match m.routes.get(&r.destination) {
+            None => {
+                out.push(TableChange::RouteAdded(*r));
+                stats.routes_added += 1;
+            }
+            Some(old) if old != r => {
+                out.push(TableChange::RouteReplaced(*r));
+                stats.routes_replaced += 1;
+            }
+            Some(_) => {}
+        }
+    }
+    for dst in m.routes.keys() {
+        if !routes.contains_key(dst) {
+            out.push(TableChange::RouteRemoved(*dst));
+            stats.routes_removed += 1;
+        }
+    }
+    m.routes = routes;
+    diff_addresses(m, snap, out, stats);
+}
+
+fn diff_addresses(
+    m: &mut Applied,
+    snap: &netlink_sync::Snapshot,
+    out: &mut Vec<TableChange>,
+    stats: &mut ExceptionStats,
+) {
+    let now = snap.addresses();
+    for a in now {
+        if !m.addresses.contains(a) {
+            out.push(TableChange::AddressAdded(*a));
+            stats.addresses_added += 1;
+        }
+    }
+    for a in &m.addresses {
+        if !now.contains(a) {
+            out.push(TableChange::AddressRemoved(*a));
+            stats.addresses_removed += 1;
+        }
+    }
+    m.addresses = now.to_vec();
 }
 
 #[cfg(test)]
@@ -594,14 +709,140 @@ mod tests {
         assert!(q.is_empty());
         assert!(drain(&mut wire).is_empty(), "no ARP request on the wire");
         assert_eq!(dev.exception_stats().arp_suppressed, 1);
-        // The (empty) first snapshot yields no neighbour changes; an ARP frame from the
-        // wire goes to the kernel only.
+        // The (empty) first snapshot yields no table changes, only its version; an ARP
+        // frame from the wire goes to the kernel only.
         let mut changes = Vec::new();
         dev.table_changes(&mut changes);
-        assert!(changes.is_empty());
+        assert_eq!(changes, vec![TableChange::Version(0)]);
         assert!(wire.inject(Zbuf::from_vec(eth([0xff; 6], 0x0806, &[0; 28]))));
         assert!(drain(&mut dev).is_empty(), "luna does not see ARP");
         assert_eq!(drain(&mut kernel).len(), 1);
         assert_eq!(dev.exception_stats().arp_to_luna, 0);
+    }
+
+    #[test]
+    fn mirrored_routes_neighbours_and_addresses_become_typed_changes() {
+        use luna_stack::tables::NextHop;
+        use netlink_packet_route::neighbour::NeighbourState as K;
+        use netlink_packet_route::RouteNetlinkMessage as M;
+        use netlink_sync::mirror::craft::{address, emit, neighbour, route};
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        let (_wire, _kernel, dev) = rig(16);
+        let publisher = netlink_sync::Publisher::new(netlink_sync::Snapshot::empty(5));
+        let mut dev = dev.with_mirror(Mirroring::new(publisher.reader(), None));
+        let mut mirror = netlink_sync::Mirror::new(5);
+        let mut apply = |m: M| mirror.apply_datagram(&emit(m, 0, 0));
+        let gw_mac = [2, 0, 0, 0, 0, 0x33];
+        apply(M::NewAddress(address(5, ip("198.18.4.2"), 24)));
+        apply(M::NewRoute(route(5, ip("198.18.4.0"), 24, None, 0)));
+        apply(M::NewRoute(route(
+            5,
+            ip("0.0.0.0"),
+            0,
+            Some(ip("198.18.4.1")),
+            0,
+        )));
+        apply(M::NewNeighbour(neighbour(
+            5,
+            ip("198.18.4.1"),
+            Some(gw_mac),
+            K::Reachable,
+        )));
+        publisher.publish(mirror.snapshot(1));
+        let mut changes = Vec::new();
+        dev.table_changes(&mut changes);
+        // The configured routes are cleared before the kernel's are added; the version last.
+        let cleared = changes
+            .iter()
+            .position(|c| *c == TableChange::RoutesCleared);
+        let first_route = changes
+            .iter()
+            .position(|c| matches!(c, TableChange::RouteAdded(_)));
+        assert!(cleared.is_some() && cleared < first_route, "{changes:?}");
+        assert_eq!(changes.last(), Some(&TableChange::Version(1)));
+        let added: Vec<(Ipv4Cidr, NextHop)> = changes
+            .iter()
+            .filter_map(|c| match c {
+                TableChange::RouteAdded(r) => Some((r.destination, r.next_hop)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(added.len(), 2, "{changes:?}");
+        assert!(added.contains(&(
+            "0.0.0.0/0".parse().unwrap(),
+            NextHop::Gateway(ip("198.18.4.1"))
+        )));
+        assert!(added.contains(&("198.18.4.0/24".parse().unwrap(), NextHop::Direct)));
+        assert!(changes.contains(&TableChange::NeighbourSet {
+            ip: ip("198.18.4.1"),
+            mac: EthernetAddress(gw_mac),
+        }));
+        assert!(
+            changes.contains(&TableChange::AddressAdded(netlink_sync::LocalAddress {
+                address: ip("198.18.4.2"),
+                prefix_len: 24,
+            }))
+        );
+        assert_eq!(changes.len(), 6, "{changes:?}");
+
+        // Nothing new: nothing at all (one atomic load).
+        changes.clear();
+        dev.table_changes(&mut changes);
+        assert!(changes.is_empty());
+
+        // The default route moves to a fresh gateway, the old one's entry and the
+        // address go away.
+        let mut apply = |m: M| mirror.apply_datagram(&emit(m, 0, 0));
+        apply(M::DelRoute(route(
+            5,
+            ip("0.0.0.0"),
+            0,
+            Some(ip("198.18.4.1")),
+            0,
+        )));
+        apply(M::NewRoute(route(
+            5,
+            ip("0.0.0.0"),
+            0,
+            Some(ip("198.18.4.3")),
+            0,
+        )));
+        apply(M::DelNeighbour(neighbour(
+            5,
+            ip("198.18.4.1"),
+            None,
+            K::Reachable,
+        )));
+        apply(M::DelRoute(route(5, ip("198.18.4.0"), 24, None, 0)));
+        apply(M::DelAddress(address(5, ip("198.18.4.2"), 24)));
+        publisher.publish(mirror.snapshot(2));
+        dev.table_changes(&mut changes);
+        let replaced = changes.iter().find_map(|c| match c {
+            TableChange::RouteReplaced(r) => Some(r.next_hop),
+            _ => None,
+        });
+        assert_eq!(replaced, Some(NextHop::Gateway(ip("198.18.4.3"))));
+        assert!(changes.contains(&TableChange::RouteRemoved("198.18.4.0/24".parse().unwrap())));
+        assert!(changes.contains(&TableChange::NeighbourRemoved(ip("198.18.4.1"))));
+        assert!(changes
+            .iter()
+            .any(|c| matches!(c, TableChange::AddressRemoved(_))));
+        assert_eq!(changes.last(), Some(&TableChange::Version(2)));
+        assert!(!changes.contains(&TableChange::RoutesCleared), "only once");
+        assert_eq!(changes.len(), 5, "{changes:?}");
+        let s = dev.exception_stats();
+        assert_eq!(
+            (
+                s.routes_added,
+                s.routes_replaced,
+                s.routes_removed,
+                s.addresses_added,
+                s.addresses_removed,
+                s.neighbours_added,
+                s.neighbours_removed,
+                s.table_version
+            ),
+            (2, 1, 1, 1, 1, 1, 1, 2)
+        );
     }
 }

@@ -123,6 +123,30 @@ core_stats! {
     exc_neighbour_table_full,
     /// Exception path (mirroring): 1 once the exception interface has disappeared.
     exc_interface_gone,
+    /// Exception path (mirroring): the mirror version the stack's tables reflect (gauge).
+    exc_table_version,
+    /// Exception path (mirroring): the kernel's routes added to the stack.
+    exc_routes_added,
+    /// Exception path (mirroring): the stack's routes replaced by the kernel's.
+    exc_routes_replaced,
+    /// Exception path (mirroring): routes removed because the kernel did.
+    exc_routes_removed,
+    /// Exception path (mirroring): kernel routes the stack's table had no room for.
+    exc_route_table_full,
+    /// Exception path (mirroring): connections moved to a new next hop by a route change.
+    exc_rerouted,
+    /// Exception path (mirroring): addresses that appeared on the exception interface.
+    exc_addresses_added,
+    /// Exception path (mirroring): addresses that disappeared from it.
+    exc_addresses_removed,
+    /// Exception path (mirroring): 1 while the kernel does not hold luna's address.
+    exc_address_missing,
+    /// Exception path (mirroring): the netlink syncer's full re-dumps.
+    exc_sync_resyncs,
+    /// Exception path (mirroring): the netlink syncer's receive overruns (ENOBUFS).
+    exc_sync_overruns,
+    /// Exception path (mirroring): malformed netlink messages counted and skipped.
+    exc_sync_malformed,
     /// Nanoseconds on the core clock at the last publish.
     published_at_ns,
     /// 1 once the core has stopped (final stats).

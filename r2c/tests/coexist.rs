@@ -73,6 +73,17 @@ fn coexist_next_hop_flap_loses_no_rpc() {
     run_flap("lcxc");
 }
 
+/// A route's gateway changes mid-run: the wire client talks from 198.18.5.1 (an address
+/// behind a gateway, routed by the host kernel via 198.18.4.11); during the run the
+/// route is replaced by one via a fresh next hop (198.18.4.12, never resolved before)
+/// and the old gateway disappears (its address removed, its entry deleted). The
+/// kernel's routes reach luna's core through the mirror, the connections move to the new
+/// next hop (resolved by a nudge of the kernel), and no RPC is lost.
+#[test]
+fn coexist_gateway_change_mid_run_loses_no_rpc() {
+    run_gateway("lcxd");
+}
+
 /// A Python kernel client in the wire namespace: `CONNS` connections, `rpcs` echo RPCs
 /// each (sizes cycle 0..20,000 bytes), every reply checked byte for byte. It sends ten
 /// RPCs, then reads their ten replies, then sends the next ten: a client that sent
@@ -87,7 +98,12 @@ fn rpc_client(
     tag: &str,
     rpcs: usize,
     pace: Option<(f64, &std::path::Path, &std::path::Path)>,
+    source: Option<std::net::Ipv4Addr>,
 ) -> std::process::Command {
+    let source = match source {
+        Some(ip) => format!("('{ip}',0)"),
+        None => "None".to_string(),
+    };
     let (pause, started, done) = match pace {
         Some((p, s, d)) => (p, s.display().to_string(), d.display().to_string()),
         None => (0.0, String::new(), String::new()),
@@ -98,7 +114,7 @@ fn rpc_client(
          sizes=[0,1,100,1448,4096,20000]\n\
          ok=[]\n\
          first=[]\n\
-         def one(base):\n  end=time.time()+30\n  while True:\n    try:\n      c=socket.create_connection(('{ip}',{RPC_PORT}),timeout=5); break\n    \
+         def one(base):\n  end=time.time()+30\n  while True:\n    try:\n      c=socket.create_connection(('{ip}',{RPC_PORT}),timeout=5,source_address={source}); break\n    \
          except OSError:\n      if time.time()>end: raise\n      time.sleep(0.1)\n  \
          c.settimeout(30)\n  reqs=[(base+i,sizes[i%6]) for i in range({rpcs})]\n  good=True\n  \
          for k in range(0,{rpcs},10):\n    b=reqs[k:k+10]\n    \
@@ -211,7 +227,7 @@ fn run(prefix: &str, mirror: bool) {
     }
 
     // luna's RPCs and the kernel's HTTP and ping, at the same time.
-    let rpc = spawn(rpc_client(&c, "first", RPCS, None), "luna rpc client");
+    let rpc = spawn(rpc_client(&c, "first", RPCS, None, None), "luna rpc client");
     let get = format!(
         "import urllib.request,time\n\
          end=time.time()+30\n\
@@ -254,7 +270,7 @@ fn run(prefix: &str, mirror: bool) {
         let lost = spawn(p, "ping after the loss").wait(LIMIT);
         assert!(lost.out.contains(" 0 received"), "{}", lost.out);
         let rpc2 = spawn(
-            rpc_client(&c, "second", RPCS, None),
+            rpc_client(&c, "second", RPCS, None, None),
             "luna rpc client after the loss",
         );
         checks.push((rpc2.wait(LIMIT), "RPC-CLIENT second ok"));
@@ -346,7 +362,7 @@ fn run_flap(prefix: &str) {
     // while the flaps take about 1 s (asserted below: the client is not done).
     let pace = Some((0.05, started.as_path(), done.as_path()));
     let rpc = spawn(
-        rpc_client(&c, "flap", FLAP_RPCS, pace),
+        rpc_client(&c, "flap", FLAP_RPCS, pace, None),
         "luna rpc client (flap)",
     );
     let end = Instant::now() + Duration::from_secs(30);
@@ -392,6 +408,121 @@ fn run_flap(prefix: &str) {
     // Whatever luna's stack wanted to ARP for after a removal never left the NIC: each
     // request was suppressed and turned into a nudge of the kernel (how many depends on
     // whether the peer's ACKs re-taught the MAC first; the run is printed above).
+    assert_eq!(
+        field(s, "exc_arp_suppressed"),
+        field(s, "arp_requests"),
+        "{s}"
+    );
+    assert_eq!(
+        field(s, "exc_nudges"),
+        field(s, "exc_arp_suppressed"),
+        "{s}"
+    );
+}
+
+/// The gateway test's parent side (see [`coexist_gateway_change_mid_run_loses_no_rpc`]).
+fn run_gateway(prefix: &str) {
+    let prefix = Prefix::new(prefix).unwrap();
+    let topo = Topology::up(Kind::Coexist, &prefix).expect("coexist topology (root, make setup)");
+    let c = topo.coexist().expect("coexist details").clone();
+    let dir = topo.state_dir();
+    let ready = dir.join("r2c-coexist-ready");
+    let stop = dir.join("r2c-coexist-stop");
+    let started = dir.join("r2c-coexist-rpc-started");
+    let done = dir.join("r2c-coexist-rpc-done");
+    for f in [&ready, &stop, &started, &done] {
+        let _ = std::fs::remove_file(f);
+    }
+    let (far, old_gw, new_gw) = ("198.18.5.1", "198.18.4.11", "198.18.4.12");
+    let wire = |args: &[&str]| {
+        let ok = testbed::netns_command(&c.wire.netns, "ip")
+            .args(args)
+            .status()
+            .expect("ip in the wire namespace")
+            .success();
+        assert!(ok, "ip {args:?} in the wire namespace");
+    };
+    let host = |args: &[&str]| {
+        testbed::netns_command(&c.exception.netns, "ip")
+            .args(args)
+            .status()
+            .expect("ip in the host namespace")
+            .success()
+    };
+    // The wire namespace holds the far address and both gateways (one veth, one MAC).
+    wire(&["addr", "add", &format!("{far}/32"), "dev", &c.wire.iface]);
+    wire(&["addr", "add", &format!("{old_gw}/24"), "dev", &c.wire.iface]);
+    wire(&["addr", "add", &format!("{new_gw}/24"), "dev", &c.wire.iface]);
+    let arg = format!(
+        "{}|{}|{}|mirror",
+        ready.display(),
+        stop.display(),
+        c.exception.iface
+    );
+    let server = spawn(role_command("coexist-server", &c.dpdk, &arg), "luna");
+    let end = Instant::now() + Duration::from_secs(60);
+    while !ready.exists() {
+        assert!(
+            Instant::now() < end,
+            "the luna child never opened its ports"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.configure_exception(Duration::from_secs(10))
+        .expect("configure the exception tap");
+    let exc = c.exception.iface.as_str();
+    assert!(
+        host(&["route", "add", "198.18.5.0/24", "via", old_gw, "dev", exc]),
+        "route via the old gateway"
+    );
+    std::fs::write(&ready, b"configured").expect("ready file");
+
+    let pace = Some((0.05, started.as_path(), done.as_path()));
+    let rpc = spawn(
+        rpc_client(&c, "gateway", FLAP_RPCS, pace, Some(far.parse().unwrap())),
+        "luna rpc client (gateway change)",
+    );
+    let end = Instant::now() + Duration::from_secs(30);
+    while !started.exists() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let replaced = host(&[
+        "route",
+        "replace",
+        "198.18.5.0/24",
+        "via",
+        new_gw,
+        "dev",
+        exc,
+    ]);
+    // The old gateway is gone: nobody answers for it, the kernel forgets it.
+    wire(&["addr", "del", &format!("{old_gw}/24"), "dev", &c.wire.iface]);
+    let _ = host(&["neigh", "del", old_gw, "dev", exc]);
+    let during = started.exists() && !done.exists();
+    let rpc = rpc.wait(LIMIT);
+    std::fs::write(&stop, b"stop").expect("stop file");
+    let server = server.wait(LIMIT);
+    drop(topo);
+    let all: Vec<(&Outcome, &str)> = vec![(&rpc, "RPC-CLIENT gateway ok"), (&server, "OK ")];
+    let got = lines(&all);
+    let s = got.last().expect("server line");
+    println!(
+        "gateway replaced={replaced} during={during}\nserver: {s}\nserver stderr: {}",
+        server.err
+    );
+    assert!(replaced, "ip route replace failed");
+    assert!(during, "the change was not during the RPC run");
+    assert_eq!(field(s, "requests"), (CONNS * FLAP_RPCS) as u64, "{s}");
+    assert_eq!(field(s, "errors"), 0, "{s}");
+    assert_eq!(field(s, "tx_dropped"), 0, "{s}");
+    assert_eq!(field(s, "arp_replies"), 0, "luna answered ARP: {s}");
+    // The kernel's table replaced the configured one and followed the change...
+    assert!(field(s, "exc_routes_added") >= 2, "{s}");
+    assert!(field(s, "exc_routes_replaced") >= 1, "{s}");
+    // ... and every connection moved to the new next hop.
+    assert_eq!(field(s, "exc_rerouted"), CONNS as u64, "{s}");
+    assert!(field(s, "exc_neighbours_removed") >= 1, "{s}");
     assert_eq!(
         field(s, "exc_arp_suppressed"),
         field(s, "arp_requests"),

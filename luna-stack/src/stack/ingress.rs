@@ -72,6 +72,37 @@ impl<R: Rng> Stack<R> {
         });
     }
 
+    /// The route table changed (netlink-sync mirroring the kernel's routes through
+    /// [`Stack::routes_mut`]): every connection looks its next hop up again. A
+    /// connection whose route now goes through another next hop sends its next segment
+    /// there (its cached MAC is dropped; parked on the old next hop, it is woken and
+    /// resolves the new one). A connection whose destination has no route any more keeps
+    /// its next hop (TCP's timers decide its fate, as for a kernel socket whose route
+    /// vanished). Returns how many connections moved.
+    pub fn routes_changed(&mut self) -> usize {
+        let mut moved = 0;
+        for idx in 0..self.slots.len() {
+            let Some(e) = self.slots[idx].entry.as_deref_mut() else {
+                continue;
+            };
+            let dst = *e.conn.tuple().remote.ip();
+            let Some((hop, _)) = self.routes.next_hop(dst) else {
+                continue;
+            };
+            if hop == e.next_hop {
+                continue;
+            }
+            e.next_hop = hop;
+            e.hop_mac = None;
+            let parked = e.held.is_some();
+            moved += 1;
+            if parked {
+                self.mark_dirty(idx as u32);
+            }
+        }
+        moved
+    }
+
     pub(super) fn on_arp(&mut self, now: Instant, data: &[u8]) {
         let Ok(pkt) = ArpPacket::new_checked(data) else {
             return self.counters.drop(StackDrop::Malformed);

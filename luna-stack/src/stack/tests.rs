@@ -1419,3 +1419,42 @@ fn connections_and_listeners_list_what_the_stack_holds() {
     assert_eq!(sent, 100);
     assert_eq!(net.a.connection(c).unwrap().send_queued(), 100);
 }
+
+#[test]
+fn routes_changed_moves_connections_to_the_new_next_hop() {
+    use crate::tables::{NextHop, Route};
+    let mut net = Net::pair();
+    let (c, _server) = connected(&mut net);
+    let gw = Ipv4Addr::new(198, 18, 0, 77);
+    let mac_gw = EthernetAddress([2, 0, 0, 0, 0, 0x77]);
+    // The kernel's route to B now goes through a gateway (a fresh, unresolved next hop).
+    net.a
+        .routes_mut()
+        .insert(Route {
+            destination: crate::wire::Ipv4Cidr::new(ip_b(), 32).unwrap(),
+            next_hop: NextHop::Gateway(gw),
+            source: ip_a(),
+            interface: 0,
+        })
+        .unwrap();
+    assert_eq!(net.a.routes_changed(), 1, "the connection moved");
+    assert_eq!(net.a.routes_changed(), 0, "nothing left to move");
+    net.a.send(c, &Zbuf::copy_from_slice(b"hello")).unwrap();
+    let now = net.now;
+    let out: Vec<Vec<u8>> = std::iter::from_fn(|| net.a.poll_transmit(now))
+        .map(|f| f.to_vec())
+        .collect();
+    // Only an ARP request, for the gateway: the segment waits for its next hop.
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].get(12..14), Some(&[0x08, 0x06][..]));
+    assert_eq!(out[0].get(38..42), Some(&gw.octets()[..]));
+    // The gateway resolves: the held segment goes to its MAC.
+    net.a.neighbour_resolved(gw, mac_gw).unwrap();
+    let out: Vec<Transmit> = std::iter::from_fn(|| net.a.poll_transmit(now)).collect();
+    assert_eq!(out.len(), 1);
+    assert_eq!(&out[0].header()[..6], &mac_gw.0);
+    assert_eq!(out[0].payload.len(), 5);
+    // The route goes away: the connection keeps its (working) next hop.
+    net.a.routes_mut().clear();
+    assert_eq!(net.a.routes_changed(), 0, "no route: the next hop stays");
+}

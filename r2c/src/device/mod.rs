@@ -17,6 +17,37 @@ use luna_stack::wire::{ChecksumCaps, EthernetAddress};
 use std::collections::VecDeque;
 use zbuf::Zbuf;
 
+/// One change of the kernel's tables, mirrored by netlink-sync, for a core's stack
+/// ([`Device::table_changes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableChange {
+    /// The kernel has a usable entry for `ip` (new, or its MAC changed).
+    NeighbourSet {
+        /// The neighbour's address.
+        ip: core::net::Ipv4Addr,
+        /// Its hardware address.
+        mac: EthernetAddress,
+    },
+    /// The kernel removed (aged out, failed, deleted) the entry of this address.
+    NeighbourRemoved(core::net::Ipv4Addr),
+    /// The first mirrored table replaces the stack's configured routes: remove them all
+    /// (sent once, before the first route of the kernel's table).
+    RoutesCleared,
+    /// A route for a prefix the stack had no route for.
+    RouteAdded(luna_stack::tables::Route),
+    /// The route of a prefix changed (another gateway, source, on-link).
+    RouteReplaced(luna_stack::tables::Route),
+    /// The kernel removed the route of this prefix.
+    RouteRemoved(luna_stack::wire::Ipv4Cidr),
+    /// An address appeared on the interface.
+    AddressAdded(netlink_sync::LocalAddress),
+    /// An address disappeared from the interface.
+    AddressRemoved(netlink_sync::LocalAddress),
+    /// Every change of the kernel's tables up to this mirror version is in the list
+    /// (the last change of a batch; the core publishes it as `exc_table_version`).
+    Version(u64),
+}
+
 /// Counters every device keeps.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeviceStats {
@@ -144,10 +175,10 @@ pub trait Device {
         None
     }
 
-    /// Neighbour changes from the kernel's mirrored table since the last call
-    /// (`(ip, Some(mac))` to set, `(ip, None)` to remove); the core applies them to its
-    /// stack once per poll iteration. Nothing on devices without mirroring.
-    fn table_changes(&mut self, _out: &mut Vec<(core::net::Ipv4Addr, Option<EthernetAddress>)>) {}
+    /// Changes of the kernel's mirrored tables (neighbours, routes, addresses) since the
+    /// last call; the core applies them to its stack once per poll iteration. Nothing on
+    /// devices without mirroring; with mirroring, one atomic load when nothing changed.
+    fn table_changes(&mut self, _out: &mut Vec<TableChange>) {}
 
     /// Whether [`Device::table_changes`] can ever report anything (a device that mirrors
     /// the kernel's tables). Asked once when the core starts, so a core without mirroring

@@ -342,7 +342,7 @@ pub fn run(a: CompareArgs) -> Res<()> {
                     p50: v["rtt_p50_us"].as_f64().unwrap_or(f64::NAN),
                     p99: v["rtt_p99_us"].as_f64().unwrap_or(f64::NAN),
                     health: contention::assess(
-                        &raw_run_view(&before, &crate::cpu::host_times(), cpus),
+                        &raw_run_view(&v, &before, &crate::cpu::host_times(), cpus),
                         &a.trust,
                     ),
                 }),
@@ -430,18 +430,25 @@ pub fn run(a: CompareArgs) -> Res<()> {
     Ok(())
 }
 
-/// A raw round as a run report for [`contention::assess`]: only the host's steal over
-/// the whole raw run is known (`knb raw` does not sample its processes' CPU).
+/// A raw round as a run report for [`contention::assess`]: the initiator's `cpu` (its own
+/// and the reflector's threads and the host's steal over the measured window) when it
+/// has one, else only the host's steal over the whole raw run (`before`, `after`).
 pub(crate) fn raw_run_view(
+    raw: &Value,
     before: &BTreeMap<u32, crate::cpu::CpuTimes>,
     after: &BTreeMap<u32, crate::cpu::CpuTimes>,
     cpus: (u32, u32),
 ) -> Value {
-    let used = [cpus.0 as usize, cpus.1 as usize];
+    let cpu = if raw["cpu"].is_object() {
+        raw["cpu"].clone()
+    } else {
+        let used = [cpus.0 as usize, cpus.1 as usize];
+        json!({"steal": crate::cpu::steal(before, after, &used)})
+    };
     json!({
         "stack": "raw",
         "config": {"threads": 1, "client_cpus": [cpus.0], "server_cpus": [cpus.1]},
-        "cpu": {"steal": crate::cpu::steal(before, after, &used)},
+        "cpu": cpu,
     })
 }
 
@@ -682,9 +689,17 @@ mod tests {
         let quiet: BTreeMap<u32, crate::cpu::CpuTimes> = [(0, t(200, 1)), (1, t(200, 0))].into();
         let noisy: BTreeMap<u32, crate::cpu::CpuTimes> = [(0, t(200, 20)), (1, t(200, 10))].into();
         let th = TrustArgs::default();
-        assert!(!contention::assess(&raw_run_view(&a, &quiet, (0, 1)), &th).contended);
-        let h = contention::assess(&raw_run_view(&a, &noisy, (0, 1)), &th);
+        let old = json!({"frames_per_sec": 1.0});
+        assert!(!contention::assess(&raw_run_view(&old, &a, &quiet, (0, 1)), &th).contended);
+        let h = contention::assess(&raw_run_view(&old, &a, &noisy, (0, 1)), &th);
         assert!(h.contended && h.steal == Some(0.15), "{h:?}");
+        // With the initiator's own samples: a starved reflector is caught.
+        let sampled = json!({"cpu": {
+            "client": {"threads": [{"util": 0.99}]},
+            "server": {"threads": [{"util": 0.4}]},
+            "steal": {"share": 0.0, "per_cpu": {"0": 0.0, "1": 0.0}}}});
+        let h = contention::assess(&raw_run_view(&sampled, &a, &quiet, (0, 1)), &th);
+        assert_eq!(h.starved, vec!["server"], "{h:?}");
     }
 
     #[test]

@@ -209,6 +209,50 @@ pub fn steal(a: &BTreeMap<u32, CpuTimes>, b: &BTreeMap<u32, CpuTimes>, cpus: &[u
     json!({"share": share, "per_cpu": per})
 }
 
+/// A measured window of this process (the "client") and optionally a peer process (the
+/// "server"), with the host's steal: [`Window::start`] at the window's start,
+/// [`Window::finish`] at its end. Used by `knb raw`'s initiator (its peer: the reflector).
+pub struct Window {
+    me: Sample,
+    peer_pid: Option<u32>,
+    peer: Option<Sample>,
+    host: BTreeMap<u32, CpuTimes>,
+    at: std::time::Instant,
+}
+
+impl Window {
+    /// Samples now; None if this process's /proc is unreadable.
+    pub fn start(peer_pid: Option<u32>) -> Option<Window> {
+        let host = host_times();
+        Some(Window {
+            me: sample(std::process::id())?,
+            peer: peer_pid.and_then(sample),
+            peer_pid,
+            host,
+            at: std::time::Instant::now(),
+        })
+    }
+
+    /// `{client, server, per_core, steal}` like an RPC run's `cpu` (server null when the
+    /// peer was not sampled), over the time since [`Window::start`].
+    pub fn finish(self) -> Value {
+        let host = host_times();
+        let secs = self.at.elapsed().as_secs_f64().max(1e-9);
+        let Some(me) = sample(std::process::id()) else {
+            return Value::Null;
+        };
+        let client = usage(&self.me, &me, secs);
+        let server = match (self.peer, self.peer_pid.and_then(sample)) {
+            (Some(a), Some(b)) => usage(&a, &b, secs),
+            _ => Value::Null,
+        };
+        let per_core = per_core(&[&client, &server]);
+        let all: Vec<usize> = host.keys().map(|&c| c as usize).collect();
+        let steal = steal(&self.host, &host, &all);
+        json!({"client": client, "server": server, "per_core": per_core, "steal": steal})
+    }
+}
+
 /// Sum of thread utilisation per CPU over both sides' usage values.
 pub fn per_core(sides: &[&Value]) -> Value {
     let mut m: BTreeMap<String, f64> = BTreeMap::new();

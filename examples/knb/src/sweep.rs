@@ -272,7 +272,7 @@ impl Sweeper<'_> {
         match raw::measure(&args) {
             Ok(v) => {
                 let h = contention::assess(
-                    &crate::compare::raw_run_view(&before, &crate::cpu::host_times(), cpus),
+                    &crate::compare::raw_run_view(&v, &before, &crate::cpu::host_times(), cpus),
                     &self.a.trust,
                 );
                 if h.contended {

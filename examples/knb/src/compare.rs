@@ -144,7 +144,7 @@ const RATIOS: [(&str, &str, &str, bool); 8] = [
 /// The too-busy message of one ratio, or None when it could be measured (or had no
 /// rounds at all: that is a failure or a stack not run, reported elsewhere).
 fn too_busy(key: &str, r: &Ratio) -> Option<String> {
-    if r.value.is_some() || r.measured == 0 {
+    if r.measured == 0 || contention::enough_clean(r.kept, r.measured) {
         return None;
     }
     Some(format!(
@@ -215,16 +215,12 @@ fn cell(rps: &Value, contended: &Value, unstable: &Value) -> String {
     }
 }
 
-/// The `verdict` of a compare document: `ok`, or `too busy: <ratios>`.
-fn verdict(busy: &[String]) -> String {
-    if busy.is_empty() {
+/// The `verdict` of a compare document: `ok`, or `too busy to measure <ratio keys>`.
+fn verdict(busy_keys: &[&str]) -> String {
+    if busy_keys.is_empty() {
         "ok".into()
     } else {
-        let keys: Vec<&str> = busy
-            .iter()
-            .filter_map(|m| m.split(" measure ").nth(1)?.split(':').next())
-            .collect();
-        format!("too busy to measure {}", keys.join(" "))
+        format!("too busy to measure {}", busy_keys.join(" "))
     }
 }
 
@@ -383,6 +379,7 @@ pub fn run(a: CompareArgs) -> Res<()> {
     let mut ratios = serde_json::Map::new();
     let mut kept = serde_json::Map::new();
     let mut busy: Vec<String> = Vec::new();
+    let mut busy_keys: Vec<&str> = Vec::new();
     for (key, x, y, tail) in RATIOS {
         let r = if tail {
             ratio(&series, x, y, |p| p.p99)
@@ -391,7 +388,10 @@ pub fn run(a: CompareArgs) -> Res<()> {
         };
         ratios.insert(key.into(), json!(r.value));
         kept.insert(key.into(), json!({"kept": r.kept, "measured": r.measured}));
-        busy.extend(too_busy(key, &r));
+        if let Some(m) = too_busy(key, &r) {
+            busy.push(m);
+            busy_keys.push(key);
+        }
     }
     let mut doc = json!({
         "knb": "compare",
@@ -404,7 +404,7 @@ pub fn run(a: CompareArgs) -> Res<()> {
             "unstable_factor": a.trust.unstable_factor},
         "ratio_rounds": kept,
         "too_busy": busy,
-        "verdict": verdict(&busy),
+        "verdict": verdict(&busy_keys),
         "notes": notes,
         "runs": runs,
     });
@@ -424,7 +424,7 @@ pub fn run(a: CompareArgs) -> Res<()> {
     if a.trust.strict && !busy.is_empty() {
         return Err(Error::Run(format!(
             "--strict: {} (see above)",
-            verdict(&busy)
+            verdict(&busy_keys)
         )));
     }
     Ok(())
@@ -671,7 +671,10 @@ mod tests {
             "{m}"
         );
         assert!(m.contains("got 0.30") && m.contains("round 2"), "{m}");
-        assert_eq!(verdict(&[m]), "too busy to measure luna_vs_kernel_rps");
+        assert_eq!(
+            verdict(&["luna_vs_kernel_rps", "luna_vs_raw_rps"]),
+            "too busy to measure luna_vs_kernel_rps luna_vs_raw_rps"
+        );
         assert_eq!(verdict(&[]), "ok");
         // One round, starved: too busy; one round, clean: measured.
         let mut one: Series = BTreeMap::new();

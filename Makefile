@@ -17,7 +17,7 @@ TEST_SUITES := test-workspace test-loom test-fuzz test-dpdk-compat
 # Seconds per fuzz target in `make test-fuzz` (9 targets; the build is most of the cost).
 FUZZ_SECS ?= 6
 
-.PHONY: help setup build test $(TEST_SUITES) interop attack soak lint demo clean-testbed
+.PHONY: help setup build test $(TEST_SUITES) interop attack soak lint demo bench clean-testbed
 
 help:
 	@echo "make setup          install packages, reserve hugepages (root)"
@@ -28,6 +28,7 @@ help:
 	@echo "make soak           setup, then the full soak: 10 GiB + 10 M RPCs luna<->luna, a kernel share over tap (docs/reliability.md; root)"
 	@echo "make lint           rustfmt check + clippy -D warnings"
 	@echo "make demo           setup, then knb compare: luna vs kernel vs smoltcp vs raw, 4 KiB RPCs (root)"
+	@echo "make bench          luna-stack per-segment cost: callgrind instructions vs docs/bench/ + criterion (a report, never fails on a number)"
 	@echo "make clean-testbed  remove every namespace/interface/file with prefix $(LUNA_TESTBED_PREFIX)"
 
 setup:
@@ -97,6 +98,13 @@ lint:
 
 demo: setup
 	bash testbed/demo.sh $(KNB_DEMO_ARGS)
+
+# luna-stack's per-segment cost (RX/TX, 64 B/1460 B/4 KiB, luna vs smoltcp): instructions per
+# segment under callgrind against the record in docs/bench/stack-instructions.json, then
+# criterion wall clock against the last run here (indicative). BENCH_RECORD=1 updates the
+# record, BENCH_WALL=0 skips criterion. docs/benchmarks.md ("make bench").
+bench:
+	bash luna-stack/benches/make-bench.sh
 
 clean-testbed:
 	$(CARGO) run -q -p testbed -- down --prefix $(LUNA_TESTBED_PREFIX)

@@ -45,10 +45,19 @@ for depth in 1 16; do
 done
 
 echo
-echo "make demo: summary (median of per-round ratios; JSON in $out/compare-d{1,16}.json)"
+echo "make demo: summary (median of per-round ratios over clean rounds; JSON in $out/compare-d{1,16}.json)"
 for depth in 1 16; do
+    json="$out/compare-d$depth.json"
     printf '  iodepth %-3s' "$depth"
-    grep -o '"luna_vs_[a-z0-9_]*": *[^,}]*' "$out/compare-d$depth.json" |
-        tr -d '"' | sed 's/: */=/' | tr '\n' ' '
+    # knb compare leaves rounds where a busy-polling side was starved of CPU (or the host
+    # stole time) out of the ratios, and says so in "verdict" when too few were clean.
+    verdict=$(grep -o '"verdict": *"[^"]*"' "$json" | sed 's/^"verdict": *"//; s/"$//')
+    if [[ "$verdict" != "ok" ]]; then
+        printf 'the machine was too busy to measure: %s (starved sides in "too_busy" of %s)\n' \
+            "${verdict#too busy to measure }" "$json"
+        printf '              ratios that could be measured: '
+    fi
+    grep -o '"luna_vs_[a-z0-9_]*": *[^,}]*' "$json" |
+        tr -d '"' | sed 's/: */=/' | grep -v '=null' | tr '\n' ' ' || true
     echo
 done

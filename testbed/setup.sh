@@ -43,6 +43,7 @@ PACKAGES=(
     python3-grpcio   # Python gRPC unary client against luna-grpc
     libmemcached-tools  # memccapable, memcslap: real memcached clients against luna-kv (r2c/tests/memcached_clients.rs)
     python3-pymemcache  # pymemcache client (Debian's python3) against luna-kv
+    valgrind         # make bench: callgrind instruction counts (luna-stack/benches/make-bench.sh)
 )
 
 log() { printf 'testbed/setup: %s\n' "$*" >&2; }

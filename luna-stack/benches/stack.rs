@@ -14,13 +14,15 @@
 //! software on both sides. Frames are built outside the timed region in chunks of 256.
 //!
 //! Run: `cargo bench -p luna-stack --bench stack` (results in docs/benchmarks-stack.md).
+//! `make bench` also counts each case's instructions per segment under callgrind
+//! (`LUNA_BENCH_COUNT`, see [`count`]; testbed/bench.sh, docs/benchmarks.md).
 
 #[path = "../tests/common/mod.rs"]
 #[allow(unused_imports)]
 mod common;
 
 use common::SmolHost;
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use luna_stack::stack::{Event, SocketHandle, Stack};
 use luna_stack::tcp::cc::{CcConfig, InitialWindow};
 use luna_stack::tcp::SeqNum;
@@ -154,18 +156,7 @@ fn luna_rx(luna: &mut Luna, size: usize, iters: u64) -> Duration {
             })
             .collect();
         let start = std::time::Instant::now();
-        for f in frames {
-            luna.stack.handle_frame(NOW, f);
-            while let Ok(Some(z)) = luna.stack.recv(luna.h) {
-                black_box(z);
-            }
-            let ack = luna
-                .stack
-                .poll_transmit(NOW)
-                .expect("luna ACKs every segment");
-            black_box(ack);
-            debug_assert!(luna.stack.poll_transmit(NOW).is_none());
-        }
+        counted_region_luna_rx(luna, frames);
         total += start.elapsed();
         left -= n as u64;
     }
@@ -177,6 +168,37 @@ fn luna_rx(luna: &mut Luna, size: usize, iters: u64) -> Duration {
     total
 }
 
+/// The measured part of an RX iteration (a named, never-inlined function so that
+/// `make bench` can count its instructions alone with callgrind's `--toggle-collect`).
+#[inline(never)]
+fn counted_region_luna_rx(luna: &mut Luna, frames: Vec<Zbuf>) {
+    for f in frames {
+        luna.stack.handle_frame(NOW, f);
+        while let Ok(Some(z)) = luna.stack.recv(luna.h) {
+            black_box(z);
+        }
+        let ack = luna
+            .stack
+            .poll_transmit(NOW)
+            .expect("luna ACKs every segment");
+        black_box(ack);
+        debug_assert!(luna.stack.poll_transmit(NOW).is_none());
+    }
+}
+
+/// The measured part of a TX iteration (see [`counted_region_luna_rx`]).
+#[inline(never)]
+fn counted_region_luna_tx(luna: &mut Luna, payload: &Zbuf, n: usize) {
+    let size = payload.len();
+    for _ in 0..n {
+        let took = luna.stack.send(luna.h, payload).expect("send");
+        debug_assert_eq!(took, size);
+        let t = luna.stack.poll_transmit(NOW).expect("a segment per send");
+        assert_eq!(t.payload.len(), size, "one whole segment per send");
+        black_box(t);
+    }
+}
+
 fn luna_tx(luna: &mut Luna, size: usize, iters: u64) -> Duration {
     let payload = Zbuf::from_vec(vec![0x5a; size]);
     let mut total = Duration::ZERO;
@@ -184,13 +206,7 @@ fn luna_tx(luna: &mut Luna, size: usize, iters: u64) -> Duration {
     while left > 0 {
         let n = left.min(CHUNK as u64) as usize;
         let start = std::time::Instant::now();
-        for _ in 0..n {
-            let took = luna.stack.send(luna.h, &payload).expect("send");
-            debug_assert_eq!(took, size);
-            let t = luna.stack.poll_transmit(NOW).expect("a segment per send");
-            assert_eq!(t.payload.len(), size, "one whole segment per send");
-            black_box(t);
-        }
+        counted_region_luna_tx(luna, &payload, n);
         total += start.elapsed();
         left -= n as u64;
         // The peer acknowledges everything (untimed).
@@ -315,18 +331,7 @@ fn smol_rx(s: &mut Smol, size: usize, iters: u64) -> Duration {
             })
             .collect();
         let start = std::time::Instant::now();
-        for f in frames {
-            s.host.dev.rx.push_back(f);
-            smol_poll(s);
-            while let Ok(k) = s.host.tcp(s.h).recv(|b| (b.len(), b.len())) {
-                if k == 0 {
-                    break;
-                }
-                got += k;
-            }
-            let acks = s.host.dev.tx.drain(..).count();
-            assert_eq!(acks, 1, "smoltcp ACKs every segment (ack delay off)");
-        }
+        got += counted_region_smol_rx(s, frames);
         total += start.elapsed();
         left -= n as u64;
     }
@@ -338,6 +343,50 @@ fn smol_rx(s: &mut Smol, size: usize, iters: u64) -> Duration {
     total
 }
 
+/// The measured part of smoltcp's RX iteration; returns the payload bytes received.
+#[inline(never)]
+fn counted_region_smol_rx(s: &mut Smol, frames: Vec<Vec<u8>>) -> usize {
+    let mut got = 0;
+    for f in frames {
+        s.host.dev.rx.push_back(f);
+        smol_poll(s);
+        while let Ok(k) = s.host.tcp(s.h).recv(|b| (b.len(), b.len())) {
+            if k == 0 {
+                break;
+            }
+            got += k;
+        }
+        let acks = s.host.dev.tx.drain(..).count();
+        assert_eq!(acks, 1, "smoltcp ACKs every segment (ack delay off)");
+    }
+    got
+}
+
+/// The measured part of smoltcp's TX iteration.
+#[inline(never)]
+fn counted_region_smol_tx(s: &mut Smol, payload: &[u8], n: usize) {
+    let size = payload.len();
+    for i in 0..n {
+        let took = s.host.tcp(s.h).send_slice(payload).expect("send");
+        debug_assert_eq!(took, size);
+        smol_poll(s);
+        let f = s.host.dev.tx.pop().expect("a frame per send");
+        if f.len() != 54 + size {
+            let sock = s.host.tcp(s.h);
+            panic!(
+                "smoltcp sent {} bytes for a {size} B send (segment {i} of the chunk, \
+                 send queue {}, {}): {}",
+                f.len() - 54,
+                sock.send_queue(),
+                sock.state(),
+                luna_stack::testutil::describe_frame(&f)
+            );
+        }
+        assert!(s.host.dev.tx.is_empty());
+        black_box(f);
+    }
+}
+
 fn smol_tx(s: &mut Smol, size: usize, iters: u64) -> Duration {
     let payload = vec![0x5a; size];
     let mut total = Duration::ZERO;
@@ -345,25 +394,7 @@ fn smol_tx(s: &mut Smol, size: usize, iters: u64) -> Duration {
     while left > 0 {
         let n = left.min(CHUNK as u64) as usize;
         let start = std::time::Instant::now();
-        for i in 0..n {
-            let took = s.host.tcp(s.h).send_slice(&payload).expect("send");
-            debug_assert_eq!(took, size);
-            smol_poll(s);
-            let f = s.host.dev.tx.pop().expect("a frame per send");
-            if f.len() != 54 + size {
-                let sock = s.host.tcp(s.h);
-                panic!(
-                    "smoltcp sent {} bytes for a {size} B send (segment {i} of the chunk, \
-                     send queue {}, {}): {}",
-                    f.len() - 54,
-                    sock.send_queue(),
-                    sock.state(),
-                    luna_stack::testutil::describe_frame(&f)
-                );
-            }
-            assert!(s.host.dev.tx.is_empty());
-            black_box(f);
-        }
+        counted_region_smol_tx(s, &payload, n);
         total += start.elapsed();
         left -= n as u64;
         s.peer.stack_seq += (n * size) as u32;
@@ -402,5 +433,50 @@ fn bench(c: &mut Criterion) {
     }
 }
 
+/// Segments per case in counting mode (`LUNA_BENCH_COUNT`).
+const COUNT_SEGMENTS: u64 = 1024;
+
+/// Counting mode for `make bench`: `LUNA_BENCH_COUNT=<rx|tx>/<luna|smoltcp>/<size>` runs
+/// that one case for [`COUNT_SEGMENTS`] segments, no criterion, and prints how many;
+/// under `valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*counted_region_*'`
+/// the collected instructions divided by that are the case's instructions per segment
+/// (setup and frame building are outside the counted functions).
+fn count(case: &str) {
+    let parts: Vec<&str> = case.split('/').collect();
+    let size = parts.get(2).and_then(|s| s.parse::<usize>().ok());
+    let (Some(dir), Some(stack), Some(size)) = (parts.first(), parts.get(1), size) else {
+        eprintln!("LUNA_BENCH_COUNT={case:?}: give <rx|tx>/<luna|smoltcp>/<payload bytes>");
+        std::process::exit(2);
+    };
+    match (*dir, *stack) {
+        ("rx", "luna") => {
+            let _ = luna_rx(&mut luna(), size, COUNT_SEGMENTS);
+        }
+        ("tx", "luna") => {
+            let _ = luna_tx(&mut luna(), size, COUNT_SEGMENTS);
+        }
+        ("rx", "smoltcp") => {
+            let _ = smol_rx(&mut smol(), size, COUNT_SEGMENTS);
+        }
+        ("tx", "smoltcp") => {
+            let _ = smol_tx(&mut smol(), size, COUNT_SEGMENTS);
+        }
+        _ => {
+            eprintln!("LUNA_BENCH_COUNT={case:?}: unknown direction or stack");
+            std::process::exit(2);
+        }
+    }
+    println!("counted {COUNT_SEGMENTS} segments: {case}");
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    match std::env::var("LUNA_BENCH_COUNT") {
+        Ok(case) => count(&case),
+        Err(_) => {
+            benches();
+            Criterion::default().configure_from_args().final_summary();
+        }
+    }
+}

@@ -19,6 +19,7 @@ use clap::{Parser, Subcommand};
 
 mod backend;
 mod compare;
+mod contention;
 mod cpu;
 mod engine;
 mod proto;

@@ -115,6 +115,10 @@ pub struct RawArgs {
     /// Internal: print the result as one `KNB_RESULT` JSON line.
     #[arg(long, hide = true)]
     child: bool,
+    /// Internal: the reflector's pid, whose CPU the initiator samples with its own over
+    /// the measured window (contention detection).
+    #[arg(long, hide = true)]
+    peer_pid: Option<u32>,
 }
 
 type Res<T> = Result<T, String>;
@@ -414,6 +418,7 @@ fn initiator(a: &RawArgs) -> Res<Value> {
     let mut last_progress = start;
     let mut measuring = false;
     let mut measure_start = warm_end;
+    let mut window = None;
     loop {
         let now = Instant::now();
         if now >= end {
@@ -422,6 +427,7 @@ fn initiator(a: &RawArgs) -> Res<Value> {
         if !measuring && now >= warm_end {
             measuring = true;
             measure_start = now;
+            window = crate::cpu::Window::start(a.peer_pid);
         }
         while inflight + pending.len() < iodepth && pending.len() < burst {
             match build(&d.pool, len, KIND_DATA, next_seq, dpdk_sys::eal::rdtsc()) {
@@ -467,6 +473,8 @@ fn initiator(a: &RawArgs) -> Res<Value> {
         }
     }
     let secs = Instant::now().duration_since(measure_start).as_secs_f64();
+    // Before the stop frames: the reflector is still polling.
+    let cpu = window.map_or(Value::Null, crate::cpu::Window::finish);
     // Tell the reflector to stop (a few times: tap/veth may drop one).
     for _ in 0..5 {
         if let Some(m) = build(&d.pool, 64, KIND_STOP, u64::MAX, 0) {
@@ -495,6 +503,7 @@ fn initiator(a: &RawArgs) -> Res<Value> {
         "round_trips": frames,
         "frames_per_sec": fps,
         "gbit_per_sec": fps * len as f64 * 8.0 / 1e9,
+        "cpu": cpu,
         "rtt_p50_us": us(0.5),
         "rtt_p99_us": us(0.99),
         "rtt_p999_us": us(0.999),
@@ -724,6 +733,7 @@ impl ChildProc {
                 &a.run_id(),
                 "--child",
             ])
+            .args(a.peer_pid.map(|p| format!("--peer-pid={p}")))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -802,6 +812,7 @@ impl RawArgs {
             name_prefix: "lkb".into(),
             run_id: Some(run_id),
             child: false,
+            peer_pid: None,
         }
     }
 }
@@ -834,7 +845,11 @@ fn orchestrate(a: &RawArgs) -> Res<Value> {
             rerr.trim_end().replace('\n', "\n    ")
         ));
     }
-    let mut initiator = ChildProc::spawn(&a, Role::Initiator, ns.as_ref(), "initiator")?;
+    let ia = RawArgs {
+        peer_pid: Some(reflector.child.id()),
+        ..a.clone()
+    };
+    let mut initiator = ChildProc::spawn(&ia, Role::Initiator, ns.as_ref(), "initiator")?;
     if let Err(e) = attach(0, &mut initiator) {
         let (_, _, ierr) = initiator.finish(Duration::from_secs(1));
         let _ = reflector.finish(Duration::from_secs(1));

@@ -59,6 +59,9 @@ pub fn print_table(rows: &[Value]) {
         if let Some(d) = drops_line(r) {
             println!("  {d}");
         }
+        if let Some(c) = contention_line(r) {
+            println!("  {c}");
+        }
         if let Some(o) = r["open_loop"].as_object() {
             println!(
                 "  open loop: offered {} RPC/s, achieved {} RPC/s, {} arrivals dropped",
@@ -136,8 +139,37 @@ pub fn drops_line(r: &Value) -> Option<String> {
     (!parts.is_empty()).then(|| format!("drops: {}", parts.join("; ")))
 }
 
+/// `round: clean; per poller CPU client 0.99 server 0.97; involuntary switches client 40
+/// server 3; host steal 0.0%` from a run's `contention` (None when it has none).
+pub fn contention_line(r: &Value) -> Option<String> {
+    let c = r.get("contention").filter(|c| c.is_object())?;
+    let verdict = if c["contended"] == Value::Bool(true) {
+        let why: Vec<&str> = c["reasons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        format!("CONTENDED ({})", why.join("; "))
+    } else {
+        "clean".into()
+    };
+    let n = |v: &Value| v.as_u64().map_or("-".into(), |x| x.to_string());
+    let steal = c["steal"]
+        .as_f64()
+        .map_or("-".into(), |x| format!("{:.1}%", x * 100.0));
+    Some(format!(
+        "round: {verdict}; CPU per poller client {} server {}; involuntary switches client {} \
+         server {}; host steal {steal}",
+        f(&c["client_cpu"]),
+        f(&c["server_cpu"]),
+        n(&c["nvcsw"]["client"]),
+        n(&c["nvcsw"]["server"]),
+    ))
+}
+
 /// CSV columns, in order.
-pub const CSV_HEADER: &str = "stack,mode,req_size,resp_size,iodepth,connections,threads,rate,duration_s,rpcs,rps,gbps_total,gbps_c2s,gbps_s2c,p50_us,p90_us,p99_us,p999_us,max_us,cpu_client,cpu_server,bulk_receiver_gbps,bulk_sender_gbps";
+pub const CSV_HEADER: &str = "stack,mode,req_size,resp_size,iodepth,connections,threads,rate,duration_s,rpcs,rps,gbps_total,gbps_c2s,gbps_s2c,p50_us,p90_us,p99_us,p999_us,max_us,cpu_client,cpu_server,bulk_receiver_gbps,bulk_sender_gbps,contended,unstable,steal,nvcsw_client,nvcsw_server";
 
 fn cell(v: &Value) -> String {
     match v {
@@ -176,6 +208,11 @@ pub fn csv_row(r: &Value) -> String {
         &r["cpu"]["server"]["cores"],
         &r["bulk"]["receiver_gbps"],
         &r["bulk"]["sender_gbps"],
+        &r["contention"]["contended"],
+        &r["contention"]["unstable"],
+        &r["contention"]["steal"],
+        &r["contention"]["nvcsw"]["client"],
+        &r["contention"]["nvcsw"]["server"],
     ]
     .iter()
     .map(|v| cell(v))

@@ -5,11 +5,12 @@
 //! `KNB_READY {"pid":N}` (server listening), `KNB_PROGRESS <secs> <completions>`
 //! (client, once a second), `KNB_RESULT <json>` (either side, at exit).
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -357,7 +358,13 @@ pub fn run_pair(
     let limit = Instant::now() + Duration::from_secs_f64(lifetime);
     let mut result: Option<Value> = None;
     loop {
-        match client.lines.recv_timeout(Duration::from_millis(100)) {
+        // Blocks until a line (once a second) or the limit: the orchestrator's threads are
+        // not pinned and would otherwise wake on a poller's CPU ten times a second.
+        let left = limit.saturating_duration_since(Instant::now());
+        match client
+            .lines
+            .recv_timeout(left.max(Duration::from_millis(1)))
+        {
             Ok(l) => {
                 if let Some(p) = l.strip_prefix("KNB_PROGRESS ") {
                     if progress {
@@ -429,6 +436,8 @@ pub fn run_pair(
     };
     r["server"] = server_v;
     r["commands"] = json!({"server": server_cmd, "client": client_cmd});
+    // Default thresholds; compare and sweep judge again with theirs.
+    r["contention"] = crate::contention::assess(&r, &Default::default()).to_json();
     Ok(r)
 }
 
@@ -640,16 +649,16 @@ pub fn client(a: ClientArgs) -> Res<()> {
     };
     backend::pin(a.cpus.0[0]).map_err(Error::Run)?;
     let plan = std::sync::Arc::new(ClientPlan::new(w.clone()));
-    let done = AtomicBool::new(false);
+    let bell = Bell::default();
     let progress_tty = !a.child && a.out.show_progress();
     let (results, cpu_v) = std::thread::scope(|s| {
         let mon = s.spawn(|| {
-            let v = monitor(&plan, &done, a.server_pid, a.child, progress_tty);
+            let v = monitor(&plan, &bell, a.server_pid, a.child, progress_tty);
             plan.end_sampled();
             v
         });
         let r = b.run_client(&spec, &plan);
-        done.store(true, Ordering::SeqCst);
+        bell.ring();
         (r, mon.join().unwrap_or(Value::Null))
     });
     let results = results.map_err(Error::Run)?;
@@ -677,52 +686,100 @@ pub fn client(a: ClientArgs) -> Res<()> {
     report::write_outputs(&a.out, &r, std::slice::from_ref(&r))
 }
 
-/// Samples CPU at the window's start and end and prints progress once a second.
+/// The client's "run finished" flag, with a condition variable so the monitor thread
+/// sleeps until its next event instead of waking every few milliseconds: it shares a
+/// busy-polling client thread's CPU, and every wake-up preempts that thread.
+#[derive(Default)]
+struct Bell {
+    done: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Bell {
+    fn ring(&self) {
+        if let Ok(mut d) = self.done.lock() {
+            *d = true;
+        }
+        self.cv.notify_all();
+    }
+
+    fn is_done(&self) -> bool {
+        self.done.lock().map_or(true, |d| *d)
+    }
+
+    /// Sleeps until `t` or the ring; true if rung.
+    fn sleep_until(&self, t: Instant) -> bool {
+        let Ok(mut d) = self.done.lock() else {
+            return true;
+        };
+        while !*d {
+            let now = Instant::now();
+            if now >= t {
+                return false;
+            }
+            match self.cv.wait_timeout(d, t - now) {
+                Ok((g, _)) => d = g,
+                Err(_) => return true,
+            }
+        }
+        true
+    }
+}
+
+/// Samples CPU (per thread, with involuntary context switches) and the host's steal time
+/// at the window's start and end, and prints progress once a second. Wakes only for
+/// those events (about duration + 3 times a run).
 fn monitor(
     plan: &ClientPlan,
-    done: &AtomicBool,
+    bell: &Bell,
     server_pid: Option<u32>,
     child: bool,
     tty: bool,
 ) -> Value {
-    let sleep_until = |t: Instant| {
-        while Instant::now() < t && !done.load(Ordering::SeqCst) {
-            std::thread::sleep((t - Instant::now()).min(Duration::from_millis(10)));
-        }
-    };
     let timing = loop {
         if let Some(t) = plan.timing() {
             break t;
         }
-        if done.load(Ordering::SeqCst) {
+        // Before the window (connections being set up): a short poll is harmless.
+        if bell.sleep_until(Instant::now() + Duration::from_millis(2)) {
             return Value::Null;
         }
-        std::thread::sleep(Duration::from_millis(2));
     };
     let me = std::process::id();
     let start = Instant::now();
     let mut next = start + Duration::from_secs(1);
-    let mut a: Option<(cpu::Sample, Option<cpu::Sample>, Instant)> = None;
-    let mut b = None;
+    type At = (
+        cpu::Sample,
+        Option<cpu::Sample>,
+        BTreeMap<u32, cpu::CpuTimes>,
+        Instant,
+    );
+    let take = || -> Option<At> {
+        let host = cpu::host_times();
+        let c = cpu::sample(me)?;
+        Some((c, server_pid.and_then(cpu::sample), host, Instant::now()))
+    };
+    let mut a: Option<At> = None;
+    let mut b: Option<At> = None;
     let mut last = 0u64;
     loop {
         let t = [next, timing.warm_end, timing.end]
             .into_iter()
             .filter(|&t| t > Instant::now())
             .min();
-        match t {
-            Some(t) => sleep_until(t),
-            None => sleep_until(Instant::now() + Duration::from_millis(10)),
-        }
-        if done.load(Ordering::SeqCst) {
+        let rung = match t {
+            Some(t) => bell.sleep_until(t),
+            None => bell.sleep_until(Instant::now() + Duration::from_millis(10)),
+        };
+        if rung || bell.is_done() {
             break;
         }
         let now = Instant::now();
         if a.is_none() && now >= timing.warm_end {
-            a = cpu::sample(me).map(|s| (s, server_pid.and_then(cpu::sample), now));
+            a = take();
         }
         if b.is_none() && now >= timing.end {
-            b = cpu::sample(me).map(|s| (s, server_pid.and_then(cpu::sample), now));
+            b = take();
         }
         if now >= next {
             next += Duration::from_secs(1);
@@ -744,7 +801,7 @@ fn monitor(
         eprint!("\r{:40}\r", "");
     }
     match (a, b) {
-        (Some((ca, sa, ta)), Some((cb, sb, tb))) => {
+        (Some((ca, sa, ha, ta)), Some((cb, sb, hb, tb))) => {
             let secs = tb.duration_since(ta).as_secs_f64();
             let client = cpu::usage(&ca, &cb, secs);
             let server = match (sa, sb) {
@@ -752,7 +809,9 @@ fn monitor(
                 _ => Value::Null,
             };
             let per_core = cpu::per_core(&[&client, &server]);
-            json!({"client": client, "server": server, "per_core": per_core})
+            let all: Vec<usize> = hb.keys().map(|&c| c as usize).collect();
+            let steal = cpu::steal(&ha, &hb, &all);
+            json!({"client": client, "server": server, "per_core": per_core, "steal": steal})
         }
         _ => Value::Null,
     }

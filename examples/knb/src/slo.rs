@@ -336,6 +336,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                 .iter()
                 .filter_map(|r| Some((r["achieved_rps"].as_f64()?, r["p99_us"].as_f64()?)))
                 .collect(),
+            ..Default::default()
         });
     }
     let max_x = rows
@@ -345,6 +346,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
     series.push(Series {
         name: format!("SLO {slo_us} us"),
         points: vec![(0.0, slo_us), (max_x, slo_us)],
+        ..Default::default()
     });
     for (name, v) in &models {
         let t = &v["throughput_under_slo_rps"];

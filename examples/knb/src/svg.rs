@@ -4,12 +4,15 @@
 use std::fmt::Write;
 
 /// One line.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Series {
     /// Legend text.
     pub name: String,
     /// (x, y) points, drawn in x order.
     pub points: Vec<(f64, f64)>,
+    /// x values of points measured in a contended round (`crate::contention`): drawn
+    /// hollow and larger, and the chart says what hollow means.
+    pub flagged: Vec<f64>,
 }
 
 /// A chart.
@@ -268,9 +271,16 @@ pub fn render(c: &Chart) -> String {
                 path.join(" ")
             );
         }
-        for xy in &path {
+        for ((px, _), xy) in p.iter().zip(&path) {
             let (x, y) = xy.split_once(',').unwrap_or(("0", "0"));
-            let _ = writeln!(out, r#"<circle cx="{x}" cy="{y}" r="3" fill="{color}"/>"#);
+            if s.flagged.contains(px) {
+                let _ = writeln!(
+                    out,
+                    r#"<circle cx="{x}" cy="{y}" r="5" fill="white" stroke="{color}" stroke-width="2" class="contended"/>"#
+                );
+            } else {
+                let _ = writeln!(out, r#"<circle cx="{x}" cy="{y}" r="3" fill="{color}"/>"#);
+            }
         }
         let ly = T + 10.0 + i as f64 * 20.0;
         let _ = writeln!(
@@ -281,6 +291,14 @@ pub fn render(c: &Chart) -> String {
             W - R + 42.0,
             ly + 4.0,
             esc(&s.name)
+        );
+    }
+    if c.series.iter().any(|s| !s.flagged.is_empty()) {
+        let _ = writeln!(
+            out,
+            r#"<text x="{}" y="{}" font-size="11">hollow: contended (a poller starved of CPU, or host steal)</text>"#,
+            L,
+            H - 4.0
         );
     }
     out.push_str("</svg>\n");
@@ -302,10 +320,12 @@ mod tests {
                 Series {
                     name: "kernel".into(),
                     points: vec![(64.0, 10.0), (4096.0, 5.0), (65536.0, 1.0)],
+                    ..Default::default()
                 },
                 Series {
                     name: "smoltcp".into(),
                     points: vec![(64.0, 20.0), (f64::NAN, 1.0)],
+                    ..Default::default()
                 },
             ],
             ..Default::default()
@@ -319,6 +339,23 @@ mod tests {
         );
         assert_eq!(s.matches("<circle").count(), 4, "NaN points are skipped");
         assert!(s.contains("t &lt;1&gt;") && s.contains(">kernel<") && s.contains(">smoltcp<"));
+        assert!(!s.contains("contended"));
+    }
+
+    #[test]
+    fn contended_points_are_hollow_and_explained() {
+        let c = Chart {
+            series: vec![Series {
+                name: "luna".into(),
+                points: vec![(1.0, 10.0), (2.0, 5.0), (4.0, 12.0)],
+                flagged: vec![2.0],
+            }],
+            ..Default::default()
+        };
+        let s = render(&c);
+        assert_eq!(s.matches(r#"class="contended""#).count(), 1, "{s}");
+        assert_eq!(s.matches(r#"r="3""#).count(), 2, "{s}");
+        assert!(s.contains("hollow: contended"), "{s}");
     }
 
     #[test]

@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use crate::backend;
 use crate::compare::raw_frame;
+use crate::contention;
 use crate::raw;
 use crate::report;
 use crate::run::{self, Placement};
@@ -142,6 +143,8 @@ pub struct SweepArgs {
     /// --figure slo: the pool replies out of order (the client matches by id).
     #[arg(long)]
     pub unordered: bool,
+    #[command(flatten)]
+    pub trust: crate::contention::TrustArgs,
 }
 
 fn ncpus() -> usize {
@@ -172,6 +175,7 @@ struct Sweeper<'a> {
     notes: Vec<String>,
     runs: Vec<Value>,
     failures: usize,
+    contended: usize,
     done: usize,
     total: usize,
 }
@@ -228,6 +232,13 @@ impl Sweeper<'_> {
             match run::run_on(&self.topos[&b.topology()], b, w, &place, self.a.progress) {
                 Ok(mut r) => {
                     r["sweep_point"] = json!(label);
+                    let h = contention::assess(&r, &self.a.trust);
+                    if h.contended {
+                        self.contended += 1;
+                        self.notes
+                            .push(format!("{label} {}: {}", s.name(), h.describe()));
+                    }
+                    r["contention"] = h.to_json();
                     out.push(rpc_point(s.name(), x, &r));
                     self.runs.push(r);
                 }
@@ -248,16 +259,26 @@ impl Sweeper<'_> {
         }
         self.step(&format!("{label} raw"));
         let place = self.placement(1);
+        let cpus = (place.client_cpus.0[0] as u32, place.server_cpus()[0] as u32);
         let args = raw::RawArgs::memif_ceiling(
             frame,
             w.iodepth * w.connections,
             w.duration,
             w.warmup,
-            (place.client_cpus.0[0] as u32, place.server_cpus()[0] as u32),
+            cpus,
             format!("lkb-raw-{}-{}", std::process::id(), self.done),
         );
+        let before = crate::cpu::host_times();
         match raw::measure(&args) {
             Ok(v) => {
+                let h = contention::assess(
+                    &crate::compare::raw_run_view(&v, &before, &crate::cpu::host_times(), cpus),
+                    &self.a.trust,
+                );
+                if h.contended {
+                    self.contended += 1;
+                    self.notes.push(format!("{label} raw: {}", h.describe()));
+                }
                 let fps = v["frames_per_sec"].as_f64().unwrap_or(f64::NAN);
                 let size = w.req_size as f64;
                 let run = json!({
@@ -271,6 +292,7 @@ impl Sweeper<'_> {
                     "latency_us": {"p50": v["rtt_p50_us"], "p99": v["rtt_p99_us"],
                         "p999": v["rtt_p999_us"], "max": v["rtt_max_us"]},
                     "raw": v,
+                    "contention": h.to_json(),
                 });
                 out.push(rpc_point("raw", x, &run));
                 self.runs.push(run);
@@ -303,6 +325,11 @@ fn series(pts: &[Pt], y: impl Fn(&Value) -> Option<f64>) -> Vec<Series> {
                 .iter()
                 .filter(|p| p.stack == n)
                 .filter_map(|p| Some((p.x, y(&p.run)?)))
+                .collect(),
+            flagged: pts
+                .iter()
+                .filter(|p| p.stack == n && p.run["contention"]["contended"] == json!(true))
+                .map(|p| p.x)
                 .collect(),
         })
         .collect()
@@ -432,6 +459,7 @@ pub fn run(a: SweepArgs) -> Res<()> {
         notes,
         runs: Vec::new(),
         failures: 0,
+        contended: 0,
         done: 0,
         total,
     };
@@ -546,9 +574,15 @@ pub fn run(a: SweepArgs) -> Res<()> {
             for (us, q) in &pts {
                 s.push_str(&format!("{},{q},{us}\n", p.stack));
             }
+            let contended = p.run["contention"]["contended"] == json!(true);
             ser.push(Series {
-                name: p.stack.to_string(),
+                name: if contended {
+                    format!("{} (contended)", p.stack)
+                } else {
+                    p.stack.to_string()
+                },
                 points: pts,
+                ..Default::default()
             });
         }
         write(&dir, "fig11-cdf.csv", &s)?;
@@ -610,14 +644,22 @@ pub fn run(a: SweepArgs) -> Res<()> {
         notes,
         runs,
         failures,
+        contended,
         ..
     } = sw;
     drop(topos);
     for n in &notes {
         eprintln!("note: {n}");
     }
+    if contended > 0 {
+        eprintln!(
+            "knb sweep: {contended} point(s) contended (hollow in the SVGs, `contended` in the \
+             CSVs): the machine was too busy for those; rerun when it is quiet"
+        );
+    }
     if let Some(p) = &a.json {
-        let doc = json!({"knb": "sweep", "notes": notes, "runs": runs});
+        let doc = json!({"knb": "sweep", "notes": notes, "contended_points": contended,
+            "runs": runs});
         report::write_file(
             p,
             &(serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n"),

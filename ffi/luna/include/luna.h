@@ -202,6 +202,30 @@ typedef struct {
   uint64_t published_at_ns;
   // 1 once the core has stopped (final stats).
   uint64_t stopped;
+  // Exception path (mirroring): the mirror version the stack's tables reflect (gauge).
+  uint64_t exc_table_version;
+  // Exception path (mirroring): the kernel's routes added to the stack.
+  uint64_t exc_routes_added;
+  // Exception path (mirroring): the stack's routes replaced by the kernel's.
+  uint64_t exc_routes_replaced;
+  // Exception path (mirroring): routes removed because the kernel did.
+  uint64_t exc_routes_removed;
+  // Exception path (mirroring): kernel routes the stack's table had no room for.
+  uint64_t exc_route_table_full;
+  // Exception path (mirroring): connections moved to a new next hop by a route change.
+  uint64_t exc_rerouted;
+  // Exception path (mirroring): addresses that appeared on the exception interface.
+  uint64_t exc_addresses_added;
+  // Exception path (mirroring): addresses that disappeared from it.
+  uint64_t exc_addresses_removed;
+  // Exception path (mirroring): 1 while the kernel does not hold luna's address.
+  uint64_t exc_address_missing;
+  // Exception path (mirroring): the netlink syncer's full re-dumps.
+  uint64_t exc_sync_resyncs;
+  // Exception path (mirroring): the netlink syncer's receive overruns (ENOBUFS).
+  uint64_t exc_sync_overruns;
+  // Exception path (mirroring): malformed netlink messages counted and skipped.
+  uint64_t exc_sync_malformed;
 } luna_core_stats_t;
 
 #ifdef __cplusplus

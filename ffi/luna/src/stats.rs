@@ -88,6 +88,32 @@ pub struct luna_core_stats_t {
     pub published_at_ns: u64,
     /// 1 once the core has stopped (final stats).
     pub stopped: u64,
+    // Counters added later go here, after `stopped`, so that no existing field's offset
+    // moves.
+    /// Exception path (mirroring): the mirror version the stack's tables reflect (gauge).
+    pub exc_table_version: u64,
+    /// Exception path (mirroring): the kernel's routes added to the stack.
+    pub exc_routes_added: u64,
+    /// Exception path (mirroring): the stack's routes replaced by the kernel's.
+    pub exc_routes_replaced: u64,
+    /// Exception path (mirroring): routes removed because the kernel did.
+    pub exc_routes_removed: u64,
+    /// Exception path (mirroring): kernel routes the stack's table had no room for.
+    pub exc_route_table_full: u64,
+    /// Exception path (mirroring): connections moved to a new next hop by a route change.
+    pub exc_rerouted: u64,
+    /// Exception path (mirroring): addresses that appeared on the exception interface.
+    pub exc_addresses_added: u64,
+    /// Exception path (mirroring): addresses that disappeared from it.
+    pub exc_addresses_removed: u64,
+    /// Exception path (mirroring): 1 while the kernel does not hold luna's address.
+    pub exc_address_missing: u64,
+    /// Exception path (mirroring): the netlink syncer's full re-dumps.
+    pub exc_sync_resyncs: u64,
+    /// Exception path (mirroring): the netlink syncer's receive overruns (ENOBUFS).
+    pub exc_sync_overruns: u64,
+    /// Exception path (mirroring): malformed netlink messages counted and skipped.
+    pub exc_sync_malformed: u64,
 }
 
 impl From<CoreStats> for luna_core_stats_t {
@@ -134,6 +160,18 @@ impl From<CoreStats> for luna_core_stats_t {
             exc_interface_gone,
             published_at_ns,
             stopped,
+            exc_table_version,
+            exc_routes_added,
+            exc_routes_replaced,
+            exc_routes_removed,
+            exc_route_table_full,
+            exc_rerouted,
+            exc_addresses_added,
+            exc_addresses_removed,
+            exc_address_missing,
+            exc_sync_resyncs,
+            exc_sync_overruns,
+            exc_sync_malformed,
         } = s;
         luna_core_stats_t {
             iterations,
@@ -175,6 +213,18 @@ impl From<CoreStats> for luna_core_stats_t {
             exc_interface_gone,
             published_at_ns,
             stopped,
+            exc_table_version,
+            exc_routes_added,
+            exc_routes_replaced,
+            exc_routes_removed,
+            exc_route_table_full,
+            exc_rerouted,
+            exc_addresses_added,
+            exc_addresses_removed,
+            exc_address_missing,
+            exc_sync_resyncs,
+            exc_sync_overruns,
+            exc_sync_malformed,
         }
     }
 }

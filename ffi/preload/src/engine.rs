@@ -106,6 +106,21 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// An empty command queue.
+    pub fn new() -> Shared {
+        Shared {
+            cmds: Mutex::new(Vec::new()),
+            has_cmds: AtomicBool::new(false),
+        }
+    }
+
+    /// Takes the queued commands (as the poll thread does).
+    #[cfg(test)]
+    pub fn take(&self) -> Vec<Cmd> {
+        self.has_cmds.store(false, Ordering::Release);
+        std::mem::take(&mut *self.cmds.lock().unwrap())
+    }
+
     /// Queue a command for the next poll iteration.
     pub fn push(&self, c: Cmd) {
         self.cmds.lock().unwrap_or_else(|p| p.into_inner()).push(c);
@@ -210,10 +225,7 @@ fn start(net: &Net) -> Result<Arc<Shared>, String> {
         .map_err(|e| e.to_string())?;
     let mut opts = cfg.options.clone();
     opts.slab = Some(slab);
-    let sh = Arc::new(Shared {
-        cmds: Mutex::new(Vec::new()),
-        has_cmds: AtomicBool::new(false),
-    });
+    let sh = Arc::new(Shared::new());
     let app_sh = Arc::clone(&sh);
     let rt = Runtime::spawn_batch(setups, opts, move |_| PollApp::new(Arc::clone(&app_sh)))
         .map_err(|e| format!("runtime: {e}"))?;
@@ -481,5 +493,54 @@ impl BatchApp for PollApp {
                 self.service(s, &sock, Some(ev));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(extra: &str) -> Net {
+        let text = format!(
+            "eal = [\"--no-pci\"]\n[device]\nkind = \"dpdk\"\nport = \"net_tap0\"\n[cores]\nlist = [0]\n\
+             [net]\nip = \"198.18.0.2\"\nprefix_len = 24\n{extra}"
+        );
+        let cfg = Config::parse(&text).unwrap();
+        Net {
+            ip: cfg.net.ip,
+            prefix_len: cfg.net.prefix_len,
+            gateway: cfg.net.gateway,
+            cfg,
+        }
+    }
+
+    #[test]
+    fn connect_goes_to_luna_on_link_and_never_to_loopback() {
+        let n = net("");
+        assert!(n.routes(Ipv4Addr::new(198, 18, 0, 1)));
+        assert!(
+            !n.routes(Ipv4Addr::new(198, 18, 1, 1)),
+            "off-link without a gateway"
+        );
+        assert!(!n.routes(Ipv4Addr::LOCALHOST));
+        assert!(!n.routes(Ipv4Addr::UNSPECIFIED));
+        let g = net("gateway = \"198.18.0.254\"\n");
+        assert!(
+            g.routes(Ipv4Addr::new(10, 1, 2, 3)),
+            "routed by the gateway"
+        );
+        assert!(!g.routes(Ipv4Addr::new(127, 0, 0, 2)));
+    }
+
+    #[test]
+    fn commands_queue_in_order() {
+        let sh = Shared::new();
+        let a = Sock::new(Phase::Fresh, crate::sock::UNBOUND);
+        sh.push(Cmd::Flush(Arc::clone(&a)));
+        sh.push(Cmd::Close(Arc::clone(&a)));
+        assert!(sh.has_cmds.load(Ordering::Acquire));
+        let c = sh.take();
+        assert!(matches!(c[..], [Cmd::Flush(_), Cmd::Close(_)]));
+        assert!(!sh.has_cmds.load(Ordering::Acquire));
     }
 }

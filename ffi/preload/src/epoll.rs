@@ -248,3 +248,111 @@ pub(crate) fn wait(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sock::{Phase, UNBOUND};
+
+    fn set_with(events: u32) -> (Set, Arc<Sock>) {
+        let s = Sock::new(Phase::Connected, UNBOUND);
+        let set = Set {
+            note: Arc::new(Notifier::new().unwrap()),
+            members: Mutex::new(vec![Member {
+                fd: 5,
+                sock: Arc::clone(&s),
+                events,
+                data: 77,
+                seen: u64::MAX,
+                disarmed: false,
+            }]),
+        };
+        (set, s)
+    }
+
+    fn ev() -> [epoll_event; 4] {
+        [epoll_event { events: 0, u64: 0 }; 4]
+    }
+
+    #[test]
+    fn level_triggered_reports_until_drained() {
+        let (set, s) = set_with(libc::EPOLLIN as u32);
+        let mut out = ev();
+        assert_eq!(collect(&set, &mut out), 0, "writable only, not asked");
+        s.lock().rx.extend(b"x");
+        for _ in 0..2 {
+            assert_eq!(collect(&set, &mut out), 1);
+            assert_eq!({ out[0].events }, libc::EPOLLIN as u32);
+            assert_eq!({ out[0].u64 }, 77);
+        }
+        s.lock().rx.clear();
+        assert_eq!(collect(&set, &mut out), 0);
+        s.lock().fatal = Some(libc::ECONNRESET);
+        assert_eq!(collect(&set, &mut out), 1);
+        assert_ne!(
+            { out[0].events } & (libc::EPOLLERR | libc::EPOLLHUP) as u32,
+            0,
+            "always reported"
+        );
+    }
+
+    #[test]
+    fn edge_triggered_reports_once_per_change() {
+        let (set, s) = set_with((libc::EPOLLIN | libc::EPOLLET) as u32);
+        let mut out = ev();
+        {
+            let mut g = s.lock();
+            g.rx.extend(b"x");
+            s.notify(&g);
+        }
+        assert_eq!(collect(&set, &mut out), 1);
+        assert_eq!(collect(&set, &mut out), 0, "no new edge");
+        {
+            let g = s.lock();
+            s.notify(&g);
+        }
+        assert_eq!(collect(&set, &mut out), 1);
+    }
+
+    #[test]
+    fn oneshot_disarms() {
+        let (set, s) = set_with((libc::EPOLLIN | libc::EPOLLONESHOT) as u32);
+        s.lock().rx.extend(b"x");
+        let mut out = ev();
+        assert_eq!(collect(&set, &mut out), 1);
+        assert_eq!(collect(&set, &mut out), 0);
+    }
+
+    #[test]
+    fn strip_drops_the_wakeup_eventfd() {
+        let mut out = ev();
+        out[0].u64 = 1;
+        out[1].u64 = MAGIC;
+        out[2].u64 = 3;
+        assert_eq!(strip(&mut out, 3), (2, true));
+        assert_eq!(({ out[0].u64 }, { out[1].u64 }), (1, 3));
+        assert_eq!(strip(&mut out, 2), (2, false));
+    }
+
+    #[test]
+    fn wait_returns_luna_readiness_without_the_kernel() {
+        let (set, s) = set_with(libc::EPOLLIN as u32);
+        s.lock().rx.extend(b"x");
+        let mut out = ev();
+        let mut calls = Vec::new();
+        let n = wait(&set, &mut out, -1, &mut |_, t| {
+            calls.push(t);
+            0
+        });
+        assert_eq!(n, 1);
+        assert_eq!(calls, vec![0], "kernel fds polled without waiting");
+    }
+
+    #[test]
+    fn wait_times_out() {
+        let (set, _s) = set_with(libc::EPOLLIN as u32);
+        let mut out = ev();
+        let n = wait(&set, &mut out, 0, &mut |_, _| 0);
+        assert_eq!(n, 0);
+    }
+}

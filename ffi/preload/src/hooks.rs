@@ -984,3 +984,74 @@ pub unsafe extern "C-unwind" fn poll(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_round_trip_and_truncate() {
+        let a = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 6379);
+        let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+        unsafe { put_addr(a, (&mut sin as *mut libc::sockaddr_in).cast(), &mut len) }.unwrap();
+        assert_eq!(len, 16);
+        let back = unsafe { addr_in((&sin as *const libc::sockaddr_in).cast(), len) };
+        assert_eq!(back, Some(a));
+        assert_eq!(
+            unsafe { addr_in((&sin as *const libc::sockaddr_in).cast(), 8) },
+            None,
+            "short"
+        );
+        let mut small = [0u8; 4];
+        let mut len = 4;
+        unsafe { put_addr(a, small.as_mut_ptr().cast(), &mut len) }.unwrap();
+        assert_eq!(len, 16, "the full size is reported");
+        assert_eq!(small[..2], (libc::AF_INET as u16).to_ne_bytes());
+        assert_eq!(
+            unsafe { put_addr(a, std::ptr::null_mut(), &mut len) },
+            Err(libc::EFAULT)
+        );
+    }
+
+    #[test]
+    fn iovecs_are_checked() {
+        assert_eq!(
+            unsafe { iov_slices(std::ptr::null(), -1) }.err(),
+            Some(libc::EINVAL)
+        );
+        assert_eq!(
+            unsafe { iov_slices(std::ptr::null(), 1) }.err(),
+            Some(libc::EFAULT)
+        );
+        let mut a = [1u8, 2];
+        let io = [
+            iovec {
+                iov_base: a.as_mut_ptr().cast(),
+                iov_len: 2,
+            },
+            iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            },
+        ];
+        let v = unsafe { iov_slices(io.as_ptr(), 2) }.unwrap();
+        assert_eq!(v.len(), 1);
+        assert_eq!(&*v[0], &[1, 2]);
+    }
+
+    #[test]
+    fn without_luna_calls_reach_the_kernel() {
+        // This test binary exports the hooks too; ACTIVE is false: plain libc behaviour.
+        let mut fds = [0 as c_int; 2];
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        assert_eq!(unsafe { write(fds[1], b"ok".as_ptr().cast(), 2) }, 2);
+        let mut b = [0u8; 2];
+        assert_eq!(unsafe { read(fds[0], b.as_mut_ptr().cast(), 2) }, 2);
+        assert_eq!(&b, b"ok");
+        assert_eq!(unsafe { close(fds[0]) }, 0);
+        assert_eq!(unsafe { close(fds[1]) }, 0);
+        assert_eq!(unsafe { close(fds[1]) }, -1);
+        assert_eq!(crate::errno(), libc::EBADF);
+    }
+}

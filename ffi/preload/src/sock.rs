@@ -442,3 +442,146 @@ impl Sock {
 
 /// `0.0.0.0:0`.
 pub(crate) const UNBOUND: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Shared;
+
+    fn connected() -> Arc<Sock> {
+        Sock::new(
+            Phase::Connected,
+            SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 6379),
+        )
+    }
+
+    const NB: &dyn Fn() -> bool = &|| true;
+
+    #[test]
+    fn readiness_follows_linux_tcp() {
+        let s = Sock::new(Phase::Fresh, UNBOUND);
+        assert_eq!(s.lock().mask(), OUT | HUP);
+        let l = Sock::new(Phase::Listening, UNBOUND);
+        assert_eq!(l.lock().mask(), 0);
+        l.lock().accept_q.push_back(connected());
+        assert_eq!(l.lock().mask(), IN);
+        let c = connected();
+        assert_eq!(c.lock().mask(), OUT);
+        c.lock().rx.extend(b"x");
+        assert_eq!(c.lock().mask(), IN | OUT);
+        c.lock().rx.clear();
+        c.lock().tx.extend(std::iter::repeat_n(0u8, TX_CAP));
+        assert_eq!(c.lock().mask(), 0, "full send queue: not writable");
+        c.lock().eof = true;
+        assert_eq!(c.lock().mask(), IN | RDHUP);
+        c.lock().fatal = Some(libc::ECONNRESET);
+        assert_eq!(c.lock().mask(), IN | OUT | ERR | HUP | RDHUP);
+    }
+
+    #[test]
+    fn read_scatters_peeks_and_ends() {
+        let c = connected();
+        c.lock().rx.extend(b"hello world");
+        let (mut a, mut b) = ([0u8; 4], [0u8; 3]);
+        assert_eq!(c.read(&mut [&mut a, &mut b], true, NB), Ok(7));
+        assert_eq!((&a, &b), (b"hell", b"o w"));
+        assert_eq!(c.lock().rx.len(), 11, "peek leaves the bytes");
+        assert_eq!(c.read(&mut [&mut a, &mut b], false, NB), Ok(7));
+        let mut rest = [0u8; 16];
+        assert_eq!(c.read(&mut [&mut rest], false, NB), Ok(4));
+        assert_eq!(&rest[..4], b"orld");
+        assert_eq!(c.read(&mut [&mut rest], false, NB), Err(libc::EAGAIN));
+        c.lock().eof = true;
+        assert_eq!(c.read(&mut [&mut rest], false, NB), Ok(0));
+        c.lock().fatal = Some(libc::ECONNRESET);
+        c.lock().rx.extend(b"z");
+        assert_eq!(
+            c.read(&mut [&mut rest], false, NB),
+            Ok(1),
+            "bytes before the error"
+        );
+        assert_eq!(c.read(&mut [&mut rest], false, NB), Err(libc::ECONNRESET));
+        let f = Sock::new(Phase::Fresh, UNBOUND);
+        assert_eq!(f.read(&mut [&mut rest], false, NB), Err(libc::ENOTCONN));
+    }
+
+    #[test]
+    fn blocking_read_waits_for_the_poll_thread() {
+        let c = connected();
+        let c2 = Arc::clone(&c);
+        let t = std::thread::spawn(move || {
+            let mut b = [0u8; 8];
+            let n = c2.read(&mut [&mut b], false, &|| false).unwrap();
+            b[..n].to_vec()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        {
+            let mut g = c.lock();
+            g.rx.extend(b"late");
+            c.notify(&g);
+        }
+        assert_eq!(t.join().unwrap(), b"late");
+    }
+
+    #[test]
+    fn write_queues_flushes_once_and_stops_at_the_cap() {
+        let sh = Shared::new();
+        let c = connected();
+        assert_eq!(c.write(&sh, &[b"ab", b"cd"], NB), Ok(4));
+        assert_eq!(c.write(&sh, &[b"e"], NB), Ok(1));
+        assert_eq!(
+            sh.take().len(),
+            1,
+            "one flush while the queue was non-empty"
+        );
+        let big = vec![7u8; TX_CAP];
+        assert_eq!(c.write(&sh, &[&big], NB), Ok(TX_CAP - 5), "partial");
+        assert_eq!(c.write(&sh, &[b"x"], NB), Err(libc::EAGAIN));
+        assert_eq!(
+            c.lock().tx.iter().take(5).copied().collect::<Vec<u8>>(),
+            b"abcde"
+        );
+        c.lock().tx.clear();
+        c.lock().shut_wr = true;
+        assert_eq!(c.write(&sh, &[b"x"], NB), Err(libc::EPIPE));
+        c.lock().fatal = Some(libc::ECONNRESET);
+        assert_eq!(c.write(&sh, &[b"x"], NB), Err(libc::ECONNRESET));
+    }
+
+    #[test]
+    fn write_skips_what_an_earlier_round_took() {
+        let sh = Shared::new();
+        let c = connected();
+        c.lock().tx.extend(std::iter::repeat_n(0u8, TX_CAP - 3));
+        let c2 = Arc::clone(&c);
+        let t = std::thread::spawn(move || {
+            let sh = Shared::new();
+            c2.write(&sh, &[b"12", b"345", b"6"], &|| false)
+        });
+        // The poll thread drains; the blocked writer goes on where it stopped.
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(10));
+            let mut g = c.lock();
+            let n = g.tx.len();
+            if n >= TX_CAP - 3 + 3 {
+                g.tx.drain(..TX_CAP - 3);
+                c.notify(&g);
+                break;
+            }
+        }
+        assert_eq!(t.join().unwrap(), Ok(6));
+        assert_eq!(c.lock().tx.iter().copied().collect::<Vec<u8>>(), b"123456");
+        drop(sh);
+    }
+
+    #[test]
+    fn accept_takes_queued_connections() {
+        let l = Sock::new(Phase::Listening, UNBOUND);
+        assert_eq!(l.accept(NB).err(), Some(libc::EAGAIN));
+        let c = connected();
+        l.lock().accept_q.push_back(Arc::clone(&c));
+        assert!(Arc::ptr_eq(&l.accept(NB).unwrap(), &c));
+        let f = Sock::new(Phase::Fresh, UNBOUND);
+        assert_eq!(f.accept(NB).err(), Some(libc::EINVAL));
+    }
+}

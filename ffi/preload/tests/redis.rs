@@ -270,3 +270,65 @@ fn redis_server_on_luna_answers_redis_cli_and_redis_benchmark() {
     assert!(o.ok, "redis-server did not exit cleanly");
     assert!(!o.err.contains("luna-preload:"), "shim errors: {}", o.err);
 }
+
+/// Python (Debian's) under the shim as a luna client of a kernel echo server:
+/// blocking connect, getsockname/getpeername, options, 256 KiB echoed, one epoll set
+/// with a kernel pipe and the luna socket, non-blocking reads, poll(2), half close,
+/// a refused connect, and AF_UNIX/loopback left to the kernel (tests/py/client_check.py).
+#[test]
+fn python_client_on_luna_talks_to_a_kernel_server() {
+    if cannot_run() {
+        return;
+    }
+    if !Path::new("/usr/bin/python3").exists() {
+        skip("/usr/bin/python3 is missing");
+        return;
+    }
+    let so = shim();
+    let py = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py");
+    let prefix = Prefix::new("lprpy").unwrap();
+    let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
+    let tap = topo.tap().expect("tap details").clone();
+    let cfg = topo.state_dir().join("luna-preload-py.toml");
+    std::fs::write(&cfg, config(&tap)).expect("config");
+    let ready = topo.state_dir().join("luna-preload-echo-ready");
+    let _ = std::fs::remove_file(&ready);
+    let (luna, kernel, port) = (tap.dpdk.ip.to_string(), tap.host.ip.to_string(), "7007");
+
+    let mut cmd = testbed::netns_command(&tap.dpdk.netns, "env");
+    cmd.arg(format!("LD_PRELOAD={}", so.display()))
+        .arg(format!("LUNA_CONFIG={}", cfg.display()))
+        .arg("/usr/bin/python3")
+        .arg(format!("{py}/client_check.py"))
+        .args([&luna, &kernel, port, &ready.display().to_string()]);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let client = cmd.spawn().expect("python client");
+
+    let up = tap.configure_host(Duration::from_secs(60));
+    let mut echo = tap.host.command("/usr/bin/python3");
+    echo.arg(format!("{py}/echo_server.py")).args([
+        &kernel,
+        port,
+        &ready.display().to_string(),
+        "200",
+    ]);
+    echo.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut echo = echo.spawn().expect("echo server");
+    let o = output(client, LIMIT, "python client");
+    let _ = echo.kill();
+    let _ = echo.wait();
+    drop(topo);
+    println!("client:\n{}{}", o.out, o.err);
+    up.expect("tap up (did the client start luna?)");
+    assert!(o.ok, "client failed");
+    assert!(
+        o.out.lines().any(|l| l.starts_with("OK checks=")),
+        "{}",
+        o.out
+    );
+    assert!(!o.err.contains("luna-preload:"), "shim errors: {}", o.err);
+}

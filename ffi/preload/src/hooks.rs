@@ -116,6 +116,22 @@ fn is_tcp4(fd: c_int) -> bool {
         && sockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
 }
 
+/// A kernel socket not bound yet (a socket bound to a kernel address stays the kernel's).
+fn unbound(fd: c_int) -> bool {
+    // SAFETY: sockaddr_in is plain data; zeroed is valid.
+    let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+    // SAFETY: `sin`/`len` are live and sized for an IPv4 address.
+    let r = unsafe {
+        call_real!(getsockname(
+            fd,
+            (&mut sin as *mut libc::sockaddr_in).cast(),
+            &mut len
+        ))
+    };
+    r == 0 && sin.sin_port == 0
+}
+
 /// An IPv4 address from C (`None`: not `AF_INET` or too short).
 unsafe fn addr_in(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddrV4> {
     if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sockaddr_in>() {
@@ -376,7 +392,7 @@ unsafe fn luna_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Opti
             Some(s) => s,
             None => {
                 let take = match (a, engine::net()) {
-                    (Some(a), Some(net)) => net.routes(*a.ip()) && is_tcp4(fd),
+                    (Some(a), Some(net)) => net.routes(*a.ip()) && is_tcp4(fd) && unbound(fd),
                     _ => false,
                 };
                 if !take {

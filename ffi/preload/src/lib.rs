@@ -18,6 +18,8 @@
 //!   placeholders: it must not use them (redis: `save ""`, `appendonly no`).
 //! * No call panics across the C boundary: a failure is `-1` and `errno`.
 
+#![warn(missing_docs)]
+
 mod engine;
 mod epoll;
 mod hooks;

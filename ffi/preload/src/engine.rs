@@ -138,6 +138,15 @@ struct Keep {
 // Keep is only stored, never used from several threads.
 static KEEP: Mutex<Option<Keep>> = Mutex::new(None);
 
+/// False once the poll thread has ended on its own (a core error): waiting callers then
+/// fail with `ENETDOWN` instead of waiting forever. True before luna starts.
+pub(crate) fn alive() -> bool {
+    KEEP.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_none_or(|k| !k._rt.is_finished())
+}
+
 /// The running engine, started at the first call that needs it; `None` if it could not
 /// start (the reason is printed once).
 pub(crate) fn engine() -> Option<&'static Arc<Shared>> {

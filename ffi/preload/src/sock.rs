@@ -238,12 +238,18 @@ impl Sock {
         }
     }
 
-    /// Wait for a change (bounded, so a lost wake-up costs at most the slice).
+    /// Wait for a change (bounded, so a lost wake-up costs at most the slice). If the
+    /// poll thread is gone, the socket fails with `ENETDOWN` (nothing would wake it).
     fn wait<'a>(&self, g: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        match self.cv.wait_timeout(g, Duration::from_millis(100)) {
+        let mut g = match self.cv.wait_timeout(g, Duration::from_millis(100)) {
             Ok((g, _)) => g,
             Err(p) => p.into_inner().0,
+        };
+        if g.fatal.is_none() && !crate::engine::alive() {
+            g.fatal = Some(libc::ENETDOWN);
+            g.reply.get_or_insert(Err(libc::ENETDOWN));
         }
+        g
     }
 
     /// Waits for the poll thread's answer to a command.
@@ -407,6 +413,9 @@ impl Sock {
             }
             if let Some(s) = g.accept_q.pop_front() {
                 return Ok(s);
+            }
+            if let Some(e) = g.fatal {
+                return Err(e);
             }
             drop(g);
             if nonblock() {

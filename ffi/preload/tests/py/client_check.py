@@ -3,6 +3,7 @@ kernel echo server, each call's result checked. Prints one `OK ...` line at the 
 
 argv: luna_ip kernel_ip echo_port ready_file
 """
+import errno
 import os
 import select
 import socket
@@ -10,15 +11,14 @@ import sys
 import time
 
 luna_ip, kernel_ip, port, ready = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-checks = 0
+checks = set()
 
 
 def check(cond, what):
-    global checks
     if not cond:
         print("FAIL", what, flush=True)
         sys.exit(1)
-    checks += 1
+    checks.add(what)
 
 
 # A luna listener starts the engine (DPDK creates the tap); closing it stops listening.
@@ -33,12 +33,14 @@ try:
     lst.accept()
     check(False, "accept without a connection")
 except BlockingIOError:
-    check(True, "")
+    check(True, "accept without a connection: EAGAIN")
 lst.close()
 
 deadline = time.time() + 120
 while not os.path.exists(ready):
-    check(time.time() < deadline, "the echo server never came up")
+    if time.time() > deadline:
+        print("FAIL the echo server never came up", flush=True)
+        sys.exit(1)
     time.sleep(0.05)
 
 # UNIX sockets stay in the kernel.
@@ -50,7 +52,7 @@ check(b.recv(4) == b"unix", "socketpair")
 c = socket.socket()
 c.connect((kernel_ip, port))
 check(c.getpeername() == (kernel_ip, port), "getpeername")
-check(c.getsockname()[0] == luna_ip, "getsockname %r" % (c.getsockname(),))
+check(c.getsockname()[0] == luna_ip, "getsockname")
 check(c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0, "SO_ERROR")
 check(c.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_STREAM, "SO_TYPE")
 c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -78,7 +80,7 @@ ev = []
 end = time.time() + 10
 while not ev and time.time() < end:
     ev = ep.poll(5)
-check(ev == [(c.fileno(), select.EPOLLIN)], "the luna socket alone: %r" % ev)
+check(ev == [(c.fileno(), select.EPOLLIN)], "the luna socket alone")
 time.sleep(0.2)
 check(c.recv(16) == b"again", "epoll data")
 ep.modify(c.fileno(), select.EPOLLOUT)
@@ -92,7 +94,7 @@ try:
     c.recv(16)
     check(False, "recv with nothing queued")
 except BlockingIOError:
-    check(True, "")
+    check(True, "recv with nothing queued: EAGAIN")
 c.setblocking(True)
 
 # poll(2) on a luna socket.
@@ -100,7 +102,7 @@ p = select.poll()
 p.register(c.fileno(), select.POLLIN)
 c.sendall(b"polled")
 res = p.poll(10000)
-check(res and res[0][0] == c.fileno() and res[0][1] & select.POLLIN, "poll %r" % res)
+check(res and res[0][0] == c.fileno() and res[0][1] & select.POLLIN, "poll")
 check(c.recv(16, socket.MSG_PEEK) != b"", "MSG_PEEK")
 buf = bytearray()
 while len(buf) < 6:
@@ -113,7 +115,7 @@ try:
     c.send(b"x")
     check(False, "send after shutdown")
 except BrokenPipeError:
-    check(True, "")
+    check(True, "send after shutdown: EPIPE")
 check(c.recv(16) == b"", "end of stream")
 c.close()
 
@@ -123,8 +125,32 @@ try:
     d.connect((kernel_ip, port + 1))
     check(False, "connect to a closed port")
 except ConnectionRefusedError:
-    check(True, "")
+    check(True, "connect to a closed port: ECONNREFUSED")
 d.close()
+
+# Non-blocking connect: EINPROGRESS, then EPOLLOUT and SO_ERROR 0; refused: SO_ERROR.
+n = socket.socket()
+n.setblocking(False)
+check(n.connect_ex((kernel_ip, port)) == errno.EINPROGRESS, "EINPROGRESS")
+ep2 = select.epoll()
+ep2.register(n.fileno(), select.EPOLLOUT)
+ev = ep2.poll(10)
+check(ev and ev[0][1] & select.EPOLLOUT, "connect completion")
+check(n.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0, "SO_ERROR after connect")
+n.setblocking(True)
+n.sendall(b"nb")
+check(n.recv(2) == b"nb", "echo after a non-blocking connect")
+n.close()
+n = socket.socket()
+n.setblocking(False)
+check(n.connect_ex((kernel_ip, port + 1)) == errno.EINPROGRESS, "EINPROGRESS (refused)")
+ep2.register(n.fileno(), select.EPOLLOUT)
+ev = ep2.poll(10)
+check(ev and ev[0][1] & (select.EPOLLERR | select.EPOLLHUP), "refused reported")
+check(n.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED, "SO_ERROR refused")
+check(n.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0, "SO_ERROR is read once")
+n.close()
+ep2.close()
 
 # Loopback stays in the kernel.
 k = socket.socket()
@@ -135,4 +161,4 @@ ks, _ = k.accept()
 kc.sendall(b"lo")
 check(ks.recv(2) == b"lo", "loopback")
 
-print("OK checks=%d" % checks, flush=True)
+print("OK checks=%d" % len(checks), flush=True)

@@ -272,6 +272,12 @@ impl PollApp {
         match c {
             Cmd::Listen(sock) => {
                 let mut g = sock.lock();
+                if g.phase == Phase::Closed {
+                    // Closed by another thread before the poll thread got here.
+                    g.reply = Some(Err(libc::EBADF));
+                    sock.notify(&g);
+                    return;
+                }
                 let fd = s.socket();
                 let port = g.local.port();
                 let r = match s
@@ -290,6 +296,7 @@ impl PollApp {
                         g.bfd = Some(fd);
                         g.interest = Some(Interest::READABLE);
                         g.phase = Phase::Listening;
+                        g.listener = true;
                         g.reply = Some(Ok(()));
                         self.socks.insert(fd, Arc::clone(&sock));
                     }
@@ -302,6 +309,11 @@ impl PollApp {
             }
             Cmd::Connect(sock, addr) => {
                 let mut g = sock.lock();
+                if g.phase == Phase::Closed {
+                    g.reply = Some(Err(libc::EBADF));
+                    sock.notify(&g);
+                    return;
+                }
                 let fd = s.socket();
                 let port = g.local.port();
                 let r = s.bind(fd, port).and_then(|_| match s.connect(fd, addr) {
@@ -363,6 +375,7 @@ impl PollApp {
                     }
                 }
             }
+            Phase::Closed if g.listener => {}
             Phase::Connecting | Phase::Connected | Phase::Closed => {
                 if g.phase == Phase::Connecting {
                     if let Some(e) = ev.and_then(|e| e.error) {

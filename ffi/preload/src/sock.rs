@@ -92,6 +92,8 @@ pub(crate) struct State {
     pub backlog: usize,
     /// The poll thread's answer to `listen`/`connect`.
     pub reply: Option<Result<(), i32>>,
+    /// The poll thread's socket is a listener (poll thread only).
+    pub listener: bool,
     /// Epoll sets watching this socket: (epoll fd, its wake-up eventfd).
     pub watchers: Vec<(i32, Arc<Notifier>)>,
     pub opts: Opts,
@@ -165,6 +167,7 @@ impl State {
             accept_q: VecDeque::new(),
             backlog: 128,
             reply: None,
+            listener: false,
             watchers: Vec::new(),
             opts: Opts::default(),
         }

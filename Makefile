@@ -17,7 +17,7 @@ TEST_SUITES := test-workspace test-loom test-fuzz test-dpdk-compat
 # Seconds per fuzz target in `make test-fuzz` (9 targets; the build is most of the cost).
 FUZZ_SECS ?= 6
 
-.PHONY: help setup build test $(TEST_SUITES) interop attack soak lint demo bench clean-testbed
+.PHONY: help setup build test $(TEST_SUITES) interop attack soak lint demo bench clean-testbed preload preload-demo
 
 help:
 	@echo "make setup          install packages, reserve hugepages (root)"
@@ -30,6 +30,8 @@ help:
 	@echo "make demo           setup, then knb compare: luna vs kernel vs smoltcp vs raw, 4 KiB RPCs (root)"
 	@echo "make bench          luna-stack per-segment cost: callgrind instructions vs docs/bench/ + criterion (a report, never fails on a number)"
 	@echo "make clean-testbed  remove every namespace/interface/file with prefix $(LUNA_TESTBED_PREFIX)"
+	@echo "make preload        build the LD_PRELOAD shim target/release/libluna-preload.so (ffi/preload)"
+	@echo "make preload-demo   setup, then unmodified redis-server on luna via LD_PRELOAD, redis-benchmark against it (root)"
 
 setup:
 	bash testbed/setup.sh
@@ -120,3 +122,11 @@ nl-latency:
 .PHONY: nl-latency-r2c
 nl-latency-r2c:
 	$(CARGO) test -p r2c --release --test mirror_cores nl_latency_r2c -- --ignored --nocapture
+# The LD_PRELOAD shim (ffi/preload/README.md): cargo names the cdylib libluna_preload.so;
+# the docs' name is a link to it.
+preload:
+	$(CARGO) build --release -p luna-preload
+	ln -sf libluna_preload.so $${CARGO_TARGET_DIR:-target}/release/libluna-preload.so
+
+preload-demo: setup
+	$(CARGO) test -p luna-preload --test redis -- --nocapture

@@ -44,6 +44,8 @@ PACKAGES=(
     libmemcached-tools  # memccapable, memcslap: real memcached clients against luna-kv (r2c/tests/memcached_clients.rs)
     python3-pymemcache  # pymemcache client (Debian's python3) against luna-kv
     valgrind         # make bench: callgrind instruction counts (luna-stack/benches/make-bench.sh)
+    redis-server     # unmodified redis-server under LD_PRELOAD=libluna-preload.so (ffi/preload/tests/redis.rs)
+    redis-tools      # redis-benchmark, redis-cli: its stock clients
 )
 
 log() { printf 'testbed/setup: %s\n' "$*" >&2; }

@@ -1,0 +1,568 @@
+//! The poll thread: r2c in batch mode on one core, moving bytes between the stack and
+//! the sockets' shared state, plus its lazy start from `LUNA_CONFIG`.
+
+use crate::sock::{Phase, Sock, RX_CAP};
+use core::net::{Ipv4Addr, SocketAddrV4};
+use dpdk_sys::Eal;
+use r2c::batch::{BatchApp, Fd as BFd, Interest, PollEvent, SockError, Sockets};
+use r2c::config::{Config, DeviceKind};
+use r2c::device::dpdk::{DpdkDevice, DpdkDeviceConfig};
+use r2c::Runtime;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use zbuf::dpdk::DmaRegistry;
+use zbuf::{Slab, SlabConfig};
+
+/// Most bytes handed to one `Sockets::send` (one zbuf allocation).
+const SEND_CHUNK: usize = 16 << 10;
+
+/// The environment variable naming r2c's TOML configuration.
+pub(crate) const CONFIG_ENV: &str = "LUNA_CONFIG";
+
+/// What the application side asks of the poll thread.
+pub(crate) enum Cmd {
+    /// Listen on the socket's bound port (answer in `reply`).
+    Listen(Arc<Sock>),
+    /// Connect to the address (answer in `reply`: started or failed).
+    Connect(Arc<Sock>, SocketAddrV4),
+    /// The socket's send queue got bytes.
+    Flush(Arc<Sock>),
+    /// `shutdown(SHUT_WR)` after the queued bytes.
+    Shutdown(Arc<Sock>),
+    /// The application closed the socket.
+    Close(Arc<Sock>),
+}
+
+/// The addresses luna serves, from the configuration (read before starting DPDK, so a
+/// program that only talks to loopback never starts it).
+#[derive(Debug, Clone)]
+pub(crate) struct Net {
+    pub ip: Ipv4Addr,
+    pub prefix_len: u8,
+    pub gateway: Option<Ipv4Addr>,
+    pub cfg: Config,
+}
+
+impl Net {
+    /// Whether `connect` to `dst` goes through luna: on-link or routed, never loopback.
+    pub fn routes(&self, dst: Ipv4Addr) -> bool {
+        if dst.is_loopback() || dst.is_unspecified() || dst.is_multicast() {
+            return false;
+        }
+        let mask = if self.prefix_len == 0 {
+            0
+        } else {
+            u32::MAX << (32 - self.prefix_len as u32)
+        };
+        (u32::from(dst) & mask) == (u32::from(self.ip) & mask)
+            || self.gateway.is_some()
+            || !self.cfg.net.routes.is_empty()
+    }
+}
+
+/// The configuration, loaded once; `None` without `LUNA_CONFIG` or when it is invalid
+/// (the reason is printed once).
+pub(crate) fn net() -> Option<&'static Net> {
+    static NET: OnceLock<Option<Net>> = OnceLock::new();
+    NET.get_or_init(|| {
+        let path = std::env::var_os(CONFIG_ENV)?;
+        let _g = crate::Internal::enter();
+        match load(Path::new(&path)) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                eprintln!(
+                    "luna-preload: {CONFIG_ENV}={}: {e}; every socket stays in the kernel",
+                    path.to_string_lossy()
+                );
+                None
+            }
+        }
+    })
+    .as_ref()
+}
+
+fn load(path: &Path) -> Result<Net, String> {
+    let cfg = Config::load(path, &[]).map_err(|e| e.to_string())?;
+    if cfg.cores.len() != 1 || cfg.queues_per_core != 1 {
+        return Err("the preload shim runs one poll thread: set cores.list to one CPU and queues_per_core = 1".into());
+    }
+    if !matches!(cfg.device, DeviceKind::Dpdk { .. }) {
+        return Err("device.kind must be \"dpdk\" (the in-memory device has no peer here)".into());
+    }
+    Ok(Net {
+        ip: cfg.net.ip,
+        prefix_len: cfg.net.prefix_len,
+        gateway: cfg.net.gateway,
+        cfg,
+    })
+}
+
+/// What application threads share with the poll thread.
+pub(crate) struct Shared {
+    cmds: Mutex<Vec<Cmd>>,
+    has_cmds: AtomicBool,
+}
+
+impl Shared {
+    /// An empty command queue.
+    pub fn new() -> Shared {
+        Shared {
+            cmds: Mutex::new(Vec::new()),
+            has_cmds: AtomicBool::new(false),
+        }
+    }
+
+    /// Takes the queued commands (as the poll thread does).
+    #[cfg(test)]
+    pub fn take(&self) -> Vec<Cmd> {
+        self.has_cmds.store(false, Ordering::Release);
+        std::mem::take(&mut *self.cmds.lock().unwrap())
+    }
+
+    /// Queue a command for the next poll iteration.
+    pub fn push(&self, c: Cmd) {
+        self.cmds.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+        self.has_cmds.store(true, Ordering::Release);
+    }
+}
+
+/// What must live as long as the process: the EAL, the DMA registry, the runtime.
+struct Keep {
+    _rt: Runtime,
+    _registry: DmaRegistry,
+    _eal: Eal,
+}
+
+// Keep is only stored, never used from several threads.
+static KEEP: Mutex<Option<Keep>> = Mutex::new(None);
+
+/// False once the poll thread has ended on its own (a core error): waiting callers then
+/// fail with `ENETDOWN` instead of waiting forever. True before luna starts.
+pub(crate) fn alive() -> bool {
+    KEEP.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_none_or(|k| !k._rt.is_finished())
+}
+
+/// The running engine, started at the first call that needs it; `None` if it could not
+/// start (the reason is printed once).
+pub(crate) fn engine() -> Option<&'static Arc<Shared>> {
+    static ENGINE: OnceLock<Option<Arc<Shared>>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let net = net()?;
+            let _g = crate::Internal::enter();
+            match start(net) {
+                Ok(s) => {
+                    crate::ACTIVE.store(true, Ordering::Release);
+                    Some(s)
+                }
+                Err(e) => {
+                    eprintln!("luna-preload: cannot start luna: {e}");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// The calling thread's CPU affinity (EAL init pins the calling thread to its main
+/// lcore; the application's thread gets its own mask back).
+struct Affinity(Option<libc::cpu_set_t>);
+
+impl Affinity {
+    fn save() -> Affinity {
+        // SAFETY: cpu_set_t is plain data; zeroed is a valid empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: pid 0 = this thread; the size matches the set passed.
+        let r =
+            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+        Affinity((r == 0).then_some(set))
+    }
+
+    fn restore(&self) {
+        if let Some(set) = &self.0 {
+            // SAFETY: pid 0 = this thread; `set` is the mask read by `save`.
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) };
+        }
+    }
+}
+
+extern "C" fn after_fork_child() {
+    crate::FORKED.store(true, Ordering::Release);
+    crate::ACTIVE.store(false, Ordering::Release);
+}
+
+/// At exit: stop the poll thread gracefully, so luna's peers see their connections
+/// close (FIN, or RST after `runtime.shutdown_grace_ms`) instead of a silent peer.
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if crate::FORKED.load(Ordering::Acquire) {
+            return;
+        }
+        let _g = crate::Internal::enter();
+        let keep = KEEP.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(k) = keep {
+            crate::ACTIVE.store(false, Ordering::Release);
+            k._rt.stop();
+            let _ = k._rt.join();
+        }
+    });
+}
+
+fn start(net: &Net) -> Result<Arc<Shared>, String> {
+    let cfg = &net.cfg;
+    let DeviceKind::Dpdk { port } = &cfg.device else {
+        return Err("device.kind must be dpdk".into());
+    };
+    let aff = Affinity::save();
+    let eal = Eal::init(cfg.eal.clone()).map_err(|e| format!("EAL: {e}"));
+    aff.restore();
+    let eal = eal?;
+    let registry = DmaRegistry::new(&eal);
+    let slab = Slab::new(registry.slab_config(SlabConfig::new().max_memory(96 << 20)))
+        .map_err(|e| format!("slab: {e}"))?;
+    let mut dcfg = DpdkDeviceConfig::new(port.clone());
+    dcfg.pool_prefix = "lpre".into();
+    let dev =
+        DpdkDevice::open(&eal, &slab, &registry, &dcfg).map_err(|e| format!("open {port}: {e}"))?;
+    let setups = cfg
+        .core_setups(vec![vec![dev]])
+        .map_err(|e| e.to_string())?;
+    let mut opts = cfg.options.clone();
+    opts.slab = Some(slab);
+    let sh = Arc::new(Shared::new());
+    let app_sh = Arc::clone(&sh);
+    let rt = Runtime::spawn_batch(setups, opts, move |_| PollApp::new(Arc::clone(&app_sh)))
+        .map_err(|e| format!("runtime: {e}"))?;
+    // SAFETY: registers a plain extern "C" function with no captured state.
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    // SAFETY: as above.
+    unsafe { libc::atexit(at_exit) };
+    *KEEP.lock().unwrap_or_else(|p| p.into_inner()) = Some(Keep {
+        _rt: rt,
+        _registry: registry,
+        _eal: eal,
+    });
+    Ok(sh)
+}
+
+/// The batch-mode application of the poll thread.
+pub(crate) struct PollApp {
+    sh: Arc<Shared>,
+    socks: HashMap<BFd, Arc<Sock>>,
+    events: Vec<PollEvent>,
+    cmds: Vec<Cmd>,
+}
+
+impl PollApp {
+    pub(crate) fn new(sh: Arc<Shared>) -> PollApp {
+        PollApp {
+            sh,
+            socks: HashMap::new(),
+            events: Vec::new(),
+            cmds: Vec::new(),
+        }
+    }
+
+    fn command(&mut self, s: &mut Sockets<'_>, c: Cmd) {
+        match c {
+            Cmd::Listen(sock) => {
+                let mut g = sock.lock();
+                if g.phase == Phase::Closed {
+                    // Closed by another thread before the poll thread got here.
+                    g.reply = Some(Err(libc::EBADF));
+                    sock.notify(&g);
+                    return;
+                }
+                let fd = s.socket();
+                let port = g.local.port();
+                let r = match s
+                    .bind(fd, port)
+                    .and_then(|_| s.listen(fd, g.backlog.max(1)))
+                    .and_then(|_| s.register(fd, Interest::READABLE))
+                {
+                    Ok(()) => Ok(fd),
+                    Err(e) => {
+                        let _ = s.close(fd);
+                        Err(e.errno())
+                    }
+                };
+                match r {
+                    Ok(fd) => {
+                        g.bfd = Some(fd);
+                        g.interest = Some(Interest::READABLE);
+                        g.phase = Phase::Listening;
+                        g.listener = true;
+                        g.reply = Some(Ok(()));
+                        self.socks.insert(fd, Arc::clone(&sock));
+                    }
+                    Err(e) => {
+                        g.phase = Phase::Fresh;
+                        g.reply = Some(Err(e));
+                    }
+                }
+                sock.notify(&g);
+            }
+            Cmd::Connect(sock, addr) => {
+                let mut g = sock.lock();
+                if g.phase == Phase::Closed {
+                    g.reply = Some(Err(libc::EBADF));
+                    sock.notify(&g);
+                    return;
+                }
+                let fd = s.socket();
+                let port = g.local.port();
+                let r = s.bind(fd, port).and_then(|_| match s.connect(fd, addr) {
+                    Err(SockError::InProgress) | Ok(()) => Ok(()),
+                    Err(e) => Err(e),
+                });
+                match r.and_then(|_| s.register(fd, Interest::BOTH)) {
+                    Ok(()) => {
+                        g.bfd = Some(fd);
+                        g.interest = Some(Interest::BOTH);
+                        g.phase = Phase::Connecting;
+                        g.peer = Some(addr);
+                        g.reply = Some(Ok(()));
+                        self.socks.insert(fd, Arc::clone(&sock));
+                    }
+                    Err(e) => {
+                        let _ = s.close(fd);
+                        g.reply = Some(Err(e.errno()));
+                    }
+                }
+                sock.notify(&g);
+            }
+            Cmd::Flush(sock) | Cmd::Shutdown(sock) | Cmd::Close(sock) => {
+                self.service(s, &sock, None);
+            }
+        }
+    }
+
+    /// Moves bytes and connections between the stack and `sock`'s state; wakes waiters
+    /// when readiness grew.
+    fn service(&mut self, s: &mut Sockets<'_>, sock: &Arc<Sock>, ev: Option<PollEvent>) {
+        let mut g = sock.lock();
+        let Some(fd) = g.bfd else {
+            return;
+        };
+        let before = g.mask();
+        let mut grew = false;
+        match g.phase {
+            Phase::Listening => {
+                while g.accept_q.len() < g.backlog.max(1) {
+                    match s.accept(fd) {
+                        Ok((nfd, peer)) => {
+                            let local = s.addrs(nfd).map(|(l, _)| l).unwrap_or(g.local);
+                            let c = Sock::new(Phase::Connected, local);
+                            {
+                                let mut cg = c.lock();
+                                cg.peer = Some(peer);
+                                cg.bfd = Some(nfd);
+                                cg.opts = g.opts;
+                                if s.register(nfd, Interest::READABLE).is_ok() {
+                                    cg.interest = Some(Interest::READABLE);
+                                }
+                            }
+                            self.socks.insert(nfd, Arc::clone(&c));
+                            g.accept_q.push_back(c);
+                            grew = true;
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+            Phase::Closed if g.listener => {}
+            Phase::Connecting | Phase::Connected | Phase::Closed => {
+                if g.phase == Phase::Connecting {
+                    if let Some(e) = ev.and_then(|e| e.error) {
+                        g.fatal = Some(e.errno());
+                        g.so_error = Some(e.errno());
+                    } else if ev.is_some_and(|e| e.writable) {
+                        g.phase = Phase::Connected;
+                        if let Ok((l, _)) = s.addrs(fd) {
+                            g.local = l;
+                        }
+                    } else if ev.is_some_and(|e| e.hup) {
+                        // Ended without connecting and without a reason: refused.
+                        g.fatal = Some(libc::ECONNREFUSED);
+                        g.so_error = Some(libc::ECONNREFUSED);
+                    }
+                }
+                if g.phase != Phase::Connecting {
+                    self.transfer(s, fd, &mut g, &mut grew);
+                }
+            }
+            Phase::Fresh | Phase::Opening => {}
+        }
+        // Finish a close once the queued bytes are out (or cannot go).
+        if g.phase == Phase::Closed && (g.tx.is_empty() || g.fatal.is_some()) {
+            for c in std::mem::take(&mut g.accept_q) {
+                let cg = c.lock();
+                if let Some(cfd) = cg.bfd {
+                    let _ = s.close(cfd);
+                    self.socks.remove(&cfd);
+                }
+            }
+            let _ = s.close(fd);
+            self.socks.remove(&fd);
+            g.bfd = None;
+            return;
+        }
+        // Interest: always readable while reading matters; writable while bytes wait.
+        let want_out = !g.tx.is_empty() || g.phase == Phase::Connecting;
+        let done_reading = g.phase == Phase::Closed || g.eof || g.fatal.is_some();
+        let want = match (done_reading && g.phase != Phase::Listening, want_out) {
+            (true, false) => None,
+            (_, true) => Some(Interest::BOTH),
+            (false, false) => Some(Interest::READABLE),
+        };
+        if want != g.interest {
+            let _ = match want {
+                Some(i) => s.register(fd, i),
+                None => s.deregister(fd),
+            };
+            g.interest = want;
+        }
+        let after = g.mask();
+        if grew || after & !before != 0 {
+            sock.notify(&g);
+        }
+    }
+
+    /// Receive into `rx`, send from `tx`, pass on a pending shutdown.
+    fn transfer(
+        &mut self,
+        s: &mut Sockets<'_>,
+        fd: BFd,
+        g: &mut crate::sock::State,
+        grew: &mut bool,
+    ) {
+        let closed = g.phase == Phase::Closed;
+        while g.fatal.is_none() && !g.eof && (closed || g.rx.len() < RX_CAP) {
+            match s.recv_zbuf(fd) {
+                Ok(Some(z)) => {
+                    if !closed {
+                        g.rx.extend(&z[..]);
+                        *grew = true;
+                    }
+                }
+                Ok(None) => {
+                    g.eof = true;
+                    *grew = true;
+                }
+                Err(SockError::WouldBlock) => break,
+                Err(e) => {
+                    if crate::debug() {
+                        eprintln!("luna-preload: recv on {fd:?}: {e}");
+                    }
+                    g.fatal = Some(e.errno());
+                    *grew = true;
+                }
+            }
+        }
+        while !g.tx.is_empty() && g.fatal.is_none() {
+            let (a, _) = g.tx.as_slices();
+            // One buffer per send: the runtime's allocations are bounded in size.
+            let a = &a[..a.len().min(SEND_CHUNK)];
+            match s.send(fd, a) {
+                // No buffer now: the bytes stay queued and go at a later iteration.
+                Ok(0) | Err(SockError::WouldBlock) | Err(SockError::NoBufs) => break,
+                Ok(n) => {
+                    let was_full = g.tx.len() >= crate::sock::TX_CAP;
+                    g.tx.drain(..n);
+                    *grew |= was_full;
+                }
+                Err(e) => {
+                    if crate::debug() {
+                        eprintln!("luna-preload: send on {fd:?}: {e}");
+                    }
+                    g.fatal = Some(e.errno());
+                    g.tx.clear();
+                    *grew = true;
+                }
+            }
+        }
+        if g.shut_wr && !g.shut_sent && g.tx.is_empty() && g.fatal.is_none() {
+            let _ = s.shutdown(fd);
+            g.shut_sent = true;
+        }
+    }
+}
+
+impl BatchApp for PollApp {
+    fn on_start(&mut self, _s: &mut Sockets<'_>) {
+        // The poll thread's own libc calls are never luna's.
+        crate::Internal::mark_thread();
+    }
+
+    fn on_poll(&mut self, s: &mut Sockets<'_>) {
+        if self.sh.has_cmds.swap(false, Ordering::AcqRel) {
+            std::mem::swap(
+                &mut self.cmds,
+                &mut *self.sh.cmds.lock().unwrap_or_else(|p| p.into_inner()),
+            );
+            for c in std::mem::take(&mut self.cmds) {
+                self.command(s, c);
+            }
+        }
+        s.poll(&mut self.events);
+        for ev in std::mem::take(&mut self.events) {
+            if let Some(sock) = self.socks.get(&ev.fd).cloned() {
+                self.service(s, &sock, Some(ev));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(extra: &str) -> Net {
+        let text = format!(
+            "eal = [\"--no-pci\"]\n[device]\nkind = \"dpdk\"\nport = \"net_tap0\"\n[cores]\nlist = [0]\n\
+             [net]\nip = \"198.18.0.2\"\nprefix_len = 24\n{extra}"
+        );
+        let cfg = Config::parse(&text).unwrap();
+        Net {
+            ip: cfg.net.ip,
+            prefix_len: cfg.net.prefix_len,
+            gateway: cfg.net.gateway,
+            cfg,
+        }
+    }
+
+    #[test]
+    fn connect_goes_to_luna_on_link_and_never_to_loopback() {
+        let n = net("");
+        assert!(n.routes(Ipv4Addr::new(198, 18, 0, 1)));
+        assert!(
+            !n.routes(Ipv4Addr::new(198, 18, 1, 1)),
+            "off-link without a gateway"
+        );
+        assert!(!n.routes(Ipv4Addr::LOCALHOST));
+        assert!(!n.routes(Ipv4Addr::UNSPECIFIED));
+        let g = net("gateway = \"198.18.0.254\"\n");
+        assert!(
+            g.routes(Ipv4Addr::new(10, 1, 2, 3)),
+            "routed by the gateway"
+        );
+        assert!(!g.routes(Ipv4Addr::new(127, 0, 0, 2)));
+    }
+
+    #[test]
+    fn commands_queue_in_order() {
+        let sh = Shared::new();
+        let a = Sock::new(Phase::Fresh, crate::sock::UNBOUND);
+        sh.push(Cmd::Flush(Arc::clone(&a)));
+        sh.push(Cmd::Close(Arc::clone(&a)));
+        assert!(sh.has_cmds.load(Ordering::Acquire));
+        let c = sh.take();
+        assert!(matches!(c[..], [Cmd::Flush(_), Cmd::Close(_)]));
+        assert!(!sh.has_cmds.load(Ordering::Acquire));
+    }
+}

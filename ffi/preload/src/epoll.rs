@@ -1,0 +1,358 @@
+//! epoll sets holding luna sockets next to kernel fds.
+//!
+//! The epoll fd stays the kernel's. A set that gets a luna socket also gets an eventfd
+//! (data [`MAGIC`]) in the kernel set; the poll thread writes it when a member may have
+//! become ready. `epoll_wait` first reports ready luna members, then waits in the real
+//! `epoll_wait` on the kernel fds plus that eventfd.
+
+use crate::real::call_real;
+use crate::sock::{Notifier, Sock};
+use libc::{c_int, epoll_event};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The kernel-set data word of a set's eventfd ("LUNAPREL").
+pub(crate) const MAGIC: u64 = 0x4c55_4e41_5052_454c;
+
+const ET: u32 = libc::EPOLLET as u32;
+const ONESHOT: u32 = libc::EPOLLONESHOT as u32;
+const ALWAYS: u32 = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
+
+struct Member {
+    fd: c_int,
+    sock: Arc<Sock>,
+    events: u32,
+    data: u64,
+    /// Edge-triggered: the socket's generation last reported.
+    seen: u64,
+    /// One-shot: reported, waiting for `EPOLL_CTL_MOD`.
+    disarmed: bool,
+}
+
+pub(crate) struct Set {
+    note: Arc<Notifier>,
+    members: Mutex<Vec<Member>>,
+}
+
+impl Set {
+    fn lock(&self) -> MutexGuard<'_, Vec<Member>> {
+        self.members.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+static SETS: LazyLock<Mutex<HashMap<c_int, Arc<Set>>>> = LazyLock::new(Default::default);
+
+fn sets() -> MutexGuard<'static, HashMap<c_int, Arc<Set>>> {
+    SETS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The set of `epfd`, if it has ever held a luna socket.
+pub(crate) fn set(epfd: c_int) -> Option<Arc<Set>> {
+    if !crate::ACTIVE.load(Ordering::Acquire) {
+        return None;
+    }
+    sets().get(&epfd).cloned()
+}
+
+/// `epoll_ctl` with a luna socket `fd`.
+pub(crate) fn ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    sock: Arc<Sock>,
+    ev: Option<epoll_event>,
+) -> Result<(), i32> {
+    let set = match set(epfd) {
+        Some(s) => s,
+        None if op == libc::EPOLL_CTL_ADD => create(epfd)?,
+        None => return Err(libc::ENOENT),
+    };
+    let mut m = set.lock();
+    let pos = m.iter().position(|x| x.fd == fd);
+    match op {
+        libc::EPOLL_CTL_ADD => {
+            let ev = ev.ok_or(libc::EFAULT)?;
+            if pos.is_some() {
+                return Err(libc::EEXIST);
+            }
+            m.push(Member {
+                fd,
+                sock: Arc::clone(&sock),
+                events: ev.events,
+                data: ev.u64,
+                seen: u64::MAX,
+                disarmed: false,
+            });
+            sock.lock().watchers.push((epfd, Arc::clone(&set.note)));
+            // Whatever is ready already is found by the next wait.
+            set.note.signal();
+        }
+        libc::EPOLL_CTL_MOD => {
+            let ev = ev.ok_or(libc::EFAULT)?;
+            let x = &mut m[pos.ok_or(libc::ENOENT)?];
+            x.events = ev.events;
+            x.data = ev.u64;
+            x.seen = u64::MAX;
+            x.disarmed = false;
+            set.note.signal();
+        }
+        libc::EPOLL_CTL_DEL => {
+            m.remove(pos.ok_or(libc::ENOENT)?);
+            sock.lock().watchers.retain(|(e, _)| *e != epfd);
+        }
+        _ => return Err(libc::EINVAL),
+    }
+    Ok(())
+}
+
+fn create(epfd: c_int) -> Result<Arc<Set>, i32> {
+    let note = Arc::new(Notifier::new()?);
+    let mut ev = epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: MAGIC,
+    };
+    // SAFETY: adds our eventfd to the application's kernel epoll set; `ev` is live.
+    let r = unsafe { call_real!(epoll_ctl(epfd, libc::EPOLL_CTL_ADD, note.efd, &mut ev)) };
+    if r < 0 {
+        return Err(crate::errno());
+    }
+    let set = Arc::new(Set {
+        note,
+        members: Mutex::new(Vec::new()),
+    });
+    sets().insert(epfd, Arc::clone(&set));
+    Ok(set)
+}
+
+/// `close(epfd)`: forget the set.
+pub(crate) fn forget_set(epfd: c_int) {
+    if !crate::ACTIVE.load(Ordering::Acquire) {
+        return;
+    }
+    let Some(set) = sets().remove(&epfd) else {
+        return;
+    };
+    for m in set.lock().drain(..) {
+        m.sock
+            .lock()
+            .watchers
+            .retain(|(e, n)| !(*e == epfd && Arc::ptr_eq(n, &set.note)));
+    }
+}
+
+/// `close(fd)` of a luna socket: leave every set.
+pub(crate) fn forget_sock(fd: c_int, sock: &Arc<Sock>) {
+    let watchers = std::mem::take(&mut sock.lock().watchers);
+    for (epfd, _) in watchers {
+        if let Some(set) = set(epfd) {
+            set.lock()
+                .retain(|m| !(m.fd == fd && Arc::ptr_eq(&m.sock, sock)));
+        }
+    }
+}
+
+/// Ready luna members into `out` (up to its length).
+fn collect(set: &Set, out: &mut [epoll_event]) -> usize {
+    let mut n = 0;
+    for m in set.lock().iter_mut() {
+        if n == out.len() {
+            break;
+        }
+        if m.disarmed {
+            continue;
+        }
+        let gen = m.sock.gen.load(Ordering::Acquire);
+        if m.events & ET != 0 && gen == m.seen {
+            continue;
+        }
+        let ready = m.sock.lock().mask() & (m.events | ALWAYS);
+        if ready == 0 {
+            continue;
+        }
+        m.seen = gen;
+        if m.events & ONESHOT != 0 {
+            m.disarmed = true;
+        }
+        out[n] = epoll_event {
+            events: ready,
+            u64: m.data,
+        };
+        n += 1;
+    }
+    n
+}
+
+/// Drops the set's own eventfd from `ev[..n]`; the new count.
+fn strip(ev: &mut [epoll_event], n: usize) -> (usize, bool) {
+    let (mut k, mut woke) = (0, false);
+    for i in 0..n {
+        if ev[i].u64 == MAGIC {
+            woke = true;
+            continue;
+        }
+        ev[k] = ev[i];
+        k += 1;
+    }
+    (k, woke)
+}
+
+/// `epoll_wait`/`epoll_pwait` on a set with luna members. `wait(buf, timeout)` is the
+/// real call.
+pub(crate) fn wait(
+    set: &Set,
+    out: &mut [epoll_event],
+    timeout: c_int,
+    real: &mut dyn FnMut(&mut [epoll_event], c_int) -> c_int,
+) -> c_int {
+    let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
+    loop {
+        let mut n = collect(set, out);
+        if n == 0 {
+            set.note.drain();
+            n = collect(set, out);
+        }
+        if n > 0 {
+            // Kernel fds ready now join them (without waiting).
+            if n < out.len() {
+                let r = real(&mut out[n..], 0);
+                if r > 0 {
+                    let (k, _) = strip(&mut out[n..], r as usize);
+                    n += k;
+                }
+            }
+            return n as c_int;
+        }
+        let left = match deadline {
+            None => -1,
+            Some(d) => d
+                .saturating_duration_since(Instant::now())
+                .as_millis()
+                .min(i32::MAX as u128) as c_int,
+        };
+        let r = real(out, left);
+        if r < 0 {
+            return r;
+        }
+        let (k, woke) = strip(out, r as usize);
+        if k > 0 {
+            let extra = collect(set, &mut out[k..]);
+            return (k + extra) as c_int;
+        }
+        if !woke && deadline.is_some_and(|d| Instant::now() >= d) {
+            return 0;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return collect(set, out) as c_int;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sock::{Phase, UNBOUND};
+
+    fn set_with(events: u32) -> (Set, Arc<Sock>) {
+        let s = Sock::new(Phase::Connected, UNBOUND);
+        let set = Set {
+            note: Arc::new(Notifier::new().unwrap()),
+            members: Mutex::new(vec![Member {
+                fd: 5,
+                sock: Arc::clone(&s),
+                events,
+                data: 77,
+                seen: u64::MAX,
+                disarmed: false,
+            }]),
+        };
+        (set, s)
+    }
+
+    fn ev() -> [epoll_event; 4] {
+        [epoll_event { events: 0, u64: 0 }; 4]
+    }
+
+    #[test]
+    fn level_triggered_reports_until_drained() {
+        let (set, s) = set_with(libc::EPOLLIN as u32);
+        let mut out = ev();
+        assert_eq!(collect(&set, &mut out), 0, "writable only, not asked");
+        s.lock().rx.extend(b"x");
+        for _ in 0..2 {
+            assert_eq!(collect(&set, &mut out), 1);
+            assert_eq!({ out[0].events }, libc::EPOLLIN as u32);
+            assert_eq!({ out[0].u64 }, 77);
+        }
+        s.lock().rx.clear();
+        assert_eq!(collect(&set, &mut out), 0);
+        s.lock().fatal = Some(libc::ECONNRESET);
+        assert_eq!(collect(&set, &mut out), 1);
+        assert_ne!(
+            { out[0].events } & (libc::EPOLLERR | libc::EPOLLHUP) as u32,
+            0,
+            "always reported"
+        );
+    }
+
+    #[test]
+    fn edge_triggered_reports_once_per_change() {
+        let (set, s) = set_with((libc::EPOLLIN | libc::EPOLLET) as u32);
+        let mut out = ev();
+        {
+            let mut g = s.lock();
+            g.rx.extend(b"x");
+            s.notify(&g);
+        }
+        assert_eq!(collect(&set, &mut out), 1);
+        assert_eq!(collect(&set, &mut out), 0, "no new edge");
+        {
+            let g = s.lock();
+            s.notify(&g);
+        }
+        assert_eq!(collect(&set, &mut out), 1);
+    }
+
+    #[test]
+    fn oneshot_disarms() {
+        let (set, s) = set_with((libc::EPOLLIN | libc::EPOLLONESHOT) as u32);
+        s.lock().rx.extend(b"x");
+        let mut out = ev();
+        assert_eq!(collect(&set, &mut out), 1);
+        assert_eq!(collect(&set, &mut out), 0);
+    }
+
+    #[test]
+    fn strip_drops_the_wakeup_eventfd() {
+        let mut out = ev();
+        out[0].u64 = 1;
+        out[1].u64 = MAGIC;
+        out[2].u64 = 3;
+        assert_eq!(strip(&mut out, 3), (2, true));
+        assert_eq!(({ out[0].u64 }, { out[1].u64 }), (1, 3));
+        assert_eq!(strip(&mut out, 2), (2, false));
+    }
+
+    #[test]
+    fn wait_returns_luna_readiness_without_the_kernel() {
+        let (set, s) = set_with(libc::EPOLLIN as u32);
+        s.lock().rx.extend(b"x");
+        let mut out = ev();
+        let mut calls = Vec::new();
+        let n = wait(&set, &mut out, -1, &mut |_, t| {
+            calls.push(t);
+            0
+        });
+        assert_eq!(n, 1);
+        assert_eq!(calls, vec![0], "kernel fds polled without waiting");
+    }
+
+    #[test]
+    fn wait_times_out() {
+        let (set, _s) = set_with(libc::EPOLLIN as u32);
+        let mut out = ev();
+        let n = wait(&set, &mut out, 0, &mut |_, _| 0);
+        assert_eq!(n, 0);
+    }
+}

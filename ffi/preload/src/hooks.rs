@@ -1,0 +1,1073 @@
+//! The exported libc functions. Each one forwards to libc unless the descriptor is a
+//! luna socket (or is about to become one); none unwinds into C.
+//!
+//! Every function here is called by C code with C's contract for the libc function of
+//! the same name: pointers are valid for the lengths given (or null where libc allows).
+
+#![allow(clippy::missing_safety_doc)]
+
+use crate::engine::{self, Cmd};
+use crate::epoll;
+use crate::real::call_real;
+use crate::sock::{Phase, Sock, UNBOUND};
+use crate::{internal, set_errno, ACTIVE};
+use core::net::{Ipv4Addr, SocketAddrV4};
+use libc::{
+    c_int, c_ulong, c_void, epoll_event, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t,
+};
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, LazyLock, RwLock};
+
+static SOCKS: LazyLock<RwLock<HashMap<c_int, Arc<Sock>>>> = LazyLock::new(Default::default);
+
+/// The luna socket behind `fd`, if any (never on the shim's own threads or in a forked
+/// child).
+fn lookup(fd: c_int) -> Option<Arc<Sock>> {
+    if !ACTIVE.load(Ordering::Acquire) || internal() {
+        return None;
+    }
+    SOCKS
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&fd)
+        .cloned()
+}
+
+fn insert(fd: c_int, s: Arc<Sock>) {
+    SOCKS
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(fd, s);
+}
+
+fn remove(fd: c_int) -> Option<Arc<Sock>> {
+    if !ACTIVE.load(Ordering::Acquire) || internal() {
+        return None;
+    }
+    SOCKS.write().unwrap_or_else(|p| p.into_inner()).remove(&fd)
+}
+
+/// Runs `f`; a panic becomes `-1`/`EIO`.
+fn guard<R: From<i8>>(f: impl FnOnce() -> R) -> R {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        set_errno(libc::EIO);
+        R::from(-1)
+    })
+}
+
+/// Runs the luna side of a call: `None` means "not luna's, forward to libc" (done by the
+/// caller outside the unwinding guard, so a thread cancelled in a blocking libc call
+/// unwinds through the shim untouched).
+fn try_luna<R: From<i8>>(f: impl FnOnce() -> Option<R>) -> Option<R> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        set_errno(libc::EIO);
+        Some(R::from(-1))
+    })
+}
+
+fn fail<R: From<i8>>(e: i32) -> R {
+    set_errno(e);
+    R::from(-1)
+}
+
+fn ret_len(r: Result<usize, i32>) -> ssize_t {
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => fail(e),
+    }
+}
+
+fn ret0(r: Result<(), i32>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(e),
+    }
+}
+
+/// The placeholder's `O_NONBLOCK`.
+fn nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL takes no argument; fcntl is not interposed.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
+}
+
+fn sockopt_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
+    let mut v: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: `v` and `len` are live and sized for an int option.
+    let r = unsafe {
+        call_real!(getsockopt(
+            fd,
+            level,
+            name,
+            (&mut v as *mut c_int).cast(),
+            &mut len
+        ))
+    };
+    (r == 0).then_some(v)
+}
+
+/// A kernel IPv4 TCP socket (the only kind luna takes over).
+fn is_tcp4(fd: c_int) -> bool {
+    sockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN) == Some(libc::AF_INET)
+        && sockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+        && sockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
+}
+
+/// A kernel socket not bound yet (a socket bound to a kernel address stays the kernel's).
+fn unbound(fd: c_int) -> bool {
+    // SAFETY: sockaddr_in is plain data; zeroed is valid.
+    let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+    // SAFETY: `sin`/`len` are live and sized for an IPv4 address.
+    let r = unsafe {
+        call_real!(getsockname(
+            fd,
+            (&mut sin as *mut libc::sockaddr_in).cast(),
+            &mut len
+        ))
+    };
+    r == 0 && sin.sin_port == 0
+}
+
+/// An IPv4 address from C (`None`: not `AF_INET` or too short).
+unsafe fn addr_in(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddrV4> {
+    if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sockaddr_in>() {
+        return None;
+    }
+    // SAFETY: the caller passes `len` readable bytes; sockaddr_in fits (checked).
+    let sin = unsafe { std::ptr::read_unaligned(addr.cast::<libc::sockaddr_in>()) };
+    if sin.sin_family as c_int != libc::AF_INET {
+        return None;
+    }
+    Some(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+        u16::from_be(sin.sin_port),
+    ))
+}
+
+/// Writes `a` to a C address buffer of `*len` bytes (truncating like the kernel).
+unsafe fn put_addr(a: SocketAddrV4, addr: *mut sockaddr, len: *mut socklen_t) -> Result<(), i32> {
+    if addr.is_null() || len.is_null() {
+        return Err(libc::EFAULT);
+    }
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let full = std::mem::size_of::<libc::sockaddr_in>();
+    // SAFETY: `len` is a valid pointer (checked non-null); `addr` has `*len` bytes.
+    unsafe {
+        let n = (*len as usize).min(full);
+        std::ptr::copy_nonoverlapping(
+            (&sin as *const libc::sockaddr_in).cast::<u8>(),
+            addr.cast::<u8>(),
+            n,
+        );
+        *len = full as socklen_t;
+    }
+    Ok(())
+}
+
+/// `iovcnt` C buffers as slices.
+unsafe fn iov_slices<'a>(iov: *const iovec, cnt: c_int) -> Result<Vec<&'a mut [u8]>, i32> {
+    if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
+        return Err(libc::EINVAL);
+    }
+    if cnt > 0 && iov.is_null() {
+        return Err(libc::EFAULT);
+    }
+    let mut v = Vec::with_capacity(cnt as usize);
+    for i in 0..cnt as usize {
+        // SAFETY: the caller passes `cnt` iovecs.
+        let io = unsafe { *iov.add(i) };
+        if io.iov_len == 0 {
+            continue;
+        }
+        if io.iov_base.is_null() {
+            return Err(libc::EFAULT);
+        }
+        // SAFETY: each iovec describes `iov_len` bytes the caller owns.
+        v.push(unsafe { std::slice::from_raw_parts_mut(io.iov_base.cast::<u8>(), io.iov_len) });
+    }
+    Ok(v)
+}
+
+unsafe fn buf_mut<'a>(buf: *mut c_void, n: size_t) -> Result<&'a mut [u8], i32> {
+    if n == 0 {
+        return Ok(&mut []);
+    }
+    if buf.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller passes `n` writable bytes.
+    Ok(unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), n) })
+}
+
+unsafe fn buf<'a>(buf: *const c_void, n: size_t) -> Result<&'a [u8], i32> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if buf.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller passes `n` readable bytes.
+    Ok(unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), n) })
+}
+
+fn do_read(fd: c_int, s: &Sock, mut bufs: Vec<&mut [u8]>, flags: c_int) -> Result<usize, i32> {
+    let dontwait = flags & libc::MSG_DONTWAIT != 0;
+    s.read(&mut bufs, flags & libc::MSG_PEEK != 0, &|| {
+        dontwait || nonblocking(fd)
+    })
+}
+
+fn do_write(fd: c_int, s: &Arc<Sock>, bufs: &[&[u8]], flags: c_int) -> Result<usize, i32> {
+    let Some(sh) = engine::engine() else {
+        return Err(libc::ENETDOWN);
+    };
+    let dontwait = flags & libc::MSG_DONTWAIT != 0;
+    let r = s.write(sh, bufs, &|| dontwait || nonblocking(fd));
+    if r == Err(libc::EPIPE) && flags & libc::MSG_NOSIGNAL == 0 {
+        // As the kernel does for a stream socket without MSG_NOSIGNAL.
+        // SAFETY: raising a signal at ourselves.
+        unsafe { libc::raise(libc::SIGPIPE) };
+    }
+    r
+}
+
+// --- sockets ---------------------------------------------------------------------------
+
+/// `bind(2)`: luna's address or `0.0.0.0` makes an IPv4 TCP socket luna's.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    guard(|| {
+        if !internal() {
+            if let Some(s) = lookup(fd) {
+                // SAFETY: C's contract for bind.
+                let Some(a) = (unsafe { addr_in(addr, len) }) else {
+                    return fail(libc::EAFNOSUPPORT);
+                };
+                let mut g = s.lock();
+                if g.phase != Phase::Fresh || g.local.port() != 0 {
+                    return fail(libc::EINVAL);
+                }
+                g.local = a;
+                return 0;
+            }
+            // SAFETY: C's contract for bind.
+            if let (Some(a), Some(net)) = (unsafe { addr_in(addr, len) }, engine::net()) {
+                if (*a.ip() == net.ip || a.ip().is_unspecified()) && is_tcp4(fd) {
+                    if engine::engine().is_none() {
+                        return fail(libc::EADDRNOTAVAIL);
+                    }
+                    insert(fd, Sock::new(Phase::Fresh, a));
+                    return 0;
+                }
+            }
+        }
+        // SAFETY: forwarding the caller's arguments.
+        unsafe { call_real!(bind(fd, addr, len)) }
+    })
+}
+
+/// `listen(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    guard(|| {
+        let Some(s) = lookup(fd) else {
+            // SAFETY: forwarding.
+            return unsafe { call_real!(listen(fd, backlog)) };
+        };
+        let Some(sh) = engine::engine() else {
+            return fail(libc::ENETDOWN);
+        };
+        {
+            let mut g = s.lock();
+            g.backlog = if backlog <= 0 {
+                128
+            } else {
+                backlog.min(65535) as usize
+            };
+            match g.phase {
+                Phase::Listening => return 0,
+                // luna has no ephemeral listening port.
+                Phase::Fresh if g.local.port() == 0 => return fail(libc::EINVAL),
+                Phase::Fresh => g.phase = Phase::Opening,
+                _ => return fail(libc::EINVAL),
+            }
+        }
+        sh.push(Cmd::Listen(Arc::clone(&s)));
+        ret0(s.wait_reply())
+    })
+}
+
+unsafe fn do_accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    let Some(s) = lookup(fd) else {
+        // SAFETY: forwarding.
+        return unsafe { call_real!(accept4(fd, addr, len, flags)) };
+    };
+    // SAFETY: C's contract for accept4.
+    guard(|| unsafe { luna_accept(fd, &s, addr, len, flags) })
+}
+
+unsafe fn luna_accept(
+    fd: c_int,
+    s: &Sock,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    if flags & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
+        return fail(libc::EINVAL);
+    }
+    let c = match s.accept(&|| nonblocking(fd)) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    // SAFETY: a plain socket(2); socket is not interposed.
+    let nfd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | flags, 0) };
+    if nfd < 0 {
+        let e = crate::errno();
+        s.lock().accept_q.push_front(c);
+        return fail(e);
+    }
+    let peer = c.lock().peer.unwrap_or(UNBOUND);
+    insert(nfd, c);
+    if !addr.is_null() {
+        // SAFETY: C's contract for accept.
+        let _ = unsafe { put_addr(peer, addr, len) };
+    }
+    nfd
+}
+
+/// `accept(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn accept(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> c_int {
+    // SAFETY: C's contract for accept.
+    unsafe { do_accept(fd, addr, len, 0) }
+}
+
+/// `accept4(2)`: `SOCK_NONBLOCK`/`SOCK_CLOEXEC` go to the new placeholder.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: C's contract for accept4.
+    unsafe { do_accept(fd, addr, len, flags) }
+}
+
+/// `connect(2)`: an IPv4 TCP socket connecting to an address luna routes becomes luna's.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: C's contract for connect.
+    if let Some(r) = try_luna(|| unsafe { luna_connect(fd, addr, len) }) {
+        return r;
+    }
+    // SAFETY: forwarding.
+    unsafe { call_real!(connect(fd, addr, len)) }
+}
+
+unsafe fn luna_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
+    Some({
+        if internal() {
+            return None;
+        }
+        // SAFETY: C's contract for connect.
+        let a = unsafe { addr_in(addr, len) };
+        let s = match lookup(fd) {
+            Some(s) => s,
+            None => {
+                let take = match (a, engine::net()) {
+                    (Some(a), Some(net)) => net.routes(*a.ip()) && is_tcp4(fd) && unbound(fd),
+                    _ => false,
+                };
+                if !take {
+                    return None;
+                }
+                let s = Sock::new(Phase::Fresh, UNBOUND);
+                if engine::engine().is_none() {
+                    return Some(fail(libc::ENETUNREACH));
+                }
+                insert(fd, Arc::clone(&s));
+                s
+            }
+        };
+        let Some(a) = a else {
+            return Some(fail(libc::EAFNOSUPPORT));
+        };
+        let Some(sh) = engine::engine() else {
+            return Some(fail(libc::ENETDOWN));
+        };
+        match s.lock().phase {
+            Phase::Fresh => {}
+            Phase::Connecting => return Some(fail(libc::EALREADY)),
+            Phase::Connected => return Some(fail(libc::EISCONN)),
+            _ => return Some(fail(libc::EINVAL)),
+        }
+        sh.push(Cmd::Connect(Arc::clone(&s), a));
+        if let Err(e) = s.wait_reply() {
+            return Some(fail(e));
+        }
+        if nonblocking(fd) {
+            return Some(fail(libc::EINPROGRESS));
+        }
+        ret0(s.wait_connected())
+    })
+}
+
+/// `close(2)`: a luna socket closes gracefully after its queued bytes; the placeholder
+/// closes now.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn close(fd: c_int) -> c_int {
+    let forgotten: Option<c_int> = try_luna(|| {
+        if let Some(s) = remove(fd) {
+            epoll::forget_sock(fd, &s);
+            let had = {
+                let mut g = s.lock();
+                g.phase = Phase::Closed;
+                g.bfd.is_some()
+            };
+            if had {
+                if let Some(sh) = engine::engine() {
+                    sh.push(Cmd::Close(s));
+                }
+            }
+        } else {
+            epoll::forget_set(fd);
+        }
+        None
+    });
+    if let Some(r) = forgotten {
+        return r;
+    }
+    // SAFETY: forwarding (a luna socket's placeholder too).
+    unsafe { call_real!(close(fd)) }
+}
+
+/// `shutdown(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    guard(|| {
+        let Some(s) = lookup(fd) else {
+            // SAFETY: forwarding.
+            return unsafe { call_real!(shutdown(fd, how)) };
+        };
+        if !(libc::SHUT_RD..=libc::SHUT_RDWR).contains(&how) {
+            return fail(libc::EINVAL);
+        }
+        let mut g = s.lock();
+        if g.phase != Phase::Connected {
+            return fail(libc::ENOTCONN);
+        }
+        if how != libc::SHUT_WR {
+            g.shut_rd = true;
+        }
+        let wr = how != libc::SHUT_RD && !g.shut_wr;
+        if wr {
+            g.shut_wr = true;
+        }
+        s.notify(&g);
+        drop(g);
+        if wr {
+            if let Some(sh) = engine::engine() {
+                sh.push(Cmd::Shutdown(Arc::clone(&s)));
+            }
+        }
+        0
+    })
+}
+
+// --- data ------------------------------------------------------------------------------
+
+/// `read(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn read(fd: c_int, b: *mut c_void, n: size_t) -> ssize_t {
+    match lookup(fd) {
+        // SAFETY: C's contract for read.
+        Some(s) => {
+            guard(|| ret_len(unsafe { buf_mut(b, n) }.and_then(|x| do_read(fd, &s, vec![x], 0))))
+        }
+        // SAFETY: forwarding.
+        None => unsafe { call_real!(read(fd, b, n)) },
+    }
+}
+
+/// `write(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn write(fd: c_int, b: *const c_void, n: size_t) -> ssize_t {
+    match lookup(fd) {
+        // SAFETY: C's contract for write.
+        Some(s) => guard(|| ret_len(unsafe { buf(b, n) }.and_then(|x| do_write(fd, &s, &[x], 0)))),
+        // SAFETY: forwarding.
+        None => unsafe { call_real!(write(fd, b, n)) },
+    }
+}
+
+/// `readv(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    match lookup(fd) {
+        // SAFETY: C's contract for readv.
+        Some(s) => {
+            guard(|| ret_len(unsafe { iov_slices(iov, cnt) }.and_then(|v| do_read(fd, &s, v, 0))))
+        }
+        // SAFETY: forwarding.
+        None => unsafe { call_real!(readv(fd, iov, cnt)) },
+    }
+}
+
+/// `writev(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    match lookup(fd) {
+        Some(s) => guard(|| {
+            // SAFETY: C's contract for writev.
+            ret_len(unsafe { iov_slices(iov, cnt) }.and_then(|v| {
+                let v: Vec<&[u8]> = v.into_iter().map(|x| &*x).collect();
+                do_write(fd, &s, &v, 0)
+            }))
+        }),
+        // SAFETY: forwarding.
+        None => unsafe { call_real!(writev(fd, iov, cnt)) },
+    }
+}
+
+/// `send(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn send(
+    fd: c_int,
+    b: *const c_void,
+    n: size_t,
+    flags: c_int,
+) -> ssize_t {
+    match lookup(fd) {
+        // SAFETY: C's contract for send.
+        Some(s) => {
+            guard(|| ret_len(unsafe { buf(b, n) }.and_then(|x| do_write(fd, &s, &[x], flags))))
+        }
+        // SAFETY: forwarding.
+        None => unsafe { call_real!(send(fd, b, n, flags)) },
+    }
+}
+
+/// `recv(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn recv(
+    fd: c_int,
+    b: *mut c_void,
+    n: size_t,
+    flags: c_int,
+) -> ssize_t {
+    match lookup(fd) {
+        // SAFETY: C's contract for recv.
+        Some(s) => guard(|| {
+            ret_len(unsafe { buf_mut(b, n) }.and_then(|x| do_read(fd, &s, vec![x], flags)))
+        }),
+        // SAFETY: forwarding.
+        None => unsafe { call_real!(recv(fd, b, n, flags)) },
+    }
+}
+
+/// `sendto(2)`: the address is ignored on a connected stream socket, as Linux does.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn sendto(
+    fd: c_int,
+    b: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
+    match lookup(fd) {
+        // SAFETY: C's contract for sendto.
+        Some(s) => {
+            guard(|| ret_len(unsafe { buf(b, n) }.and_then(|x| do_write(fd, &s, &[x], flags))))
+        }
+        // SAFETY: forwarding.
+        None => unsafe { call_real!(sendto(fd, b, n, flags, addr, len)) },
+    }
+}
+
+/// `recvfrom(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn recvfrom(
+    fd: c_int,
+    b: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    match lookup(fd) {
+        Some(s) => guard(|| {
+            // SAFETY: C's contract for recvfrom.
+            let r = unsafe { buf_mut(b, n) }.and_then(|x| do_read(fd, &s, vec![x], flags));
+            if r.is_ok() && !addr.is_null() {
+                let peer = s.lock().peer.unwrap_or(UNBOUND);
+                // SAFETY: C's contract for recvfrom.
+                let _ = unsafe { put_addr(peer, addr, len) };
+            }
+            ret_len(r)
+        }),
+        // SAFETY: forwarding.
+        None => unsafe { call_real!(recvfrom(fd, b, n, flags, addr, len)) },
+    }
+}
+
+/// `sendmsg(2)`: the data only (no ancillary data on a luna socket).
+#[no_mangle]
+pub unsafe extern "C-unwind" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    match lookup(fd) {
+        Some(s) => guard(|| {
+            if msg.is_null() {
+                return fail(libc::EFAULT);
+            }
+            // SAFETY: C's contract for sendmsg: `msg` is a valid msghdr.
+            let m = unsafe { &*msg };
+            // SAFETY: its iovecs are valid.
+            ret_len(
+                unsafe { iov_slices(m.msg_iov, m.msg_iovlen as c_int) }.and_then(|v| {
+                    let v: Vec<&[u8]> = v.into_iter().map(|x| &*x).collect();
+                    do_write(fd, &s, &v, flags)
+                }),
+            )
+        }),
+        // SAFETY: forwarding.
+        None => unsafe { call_real!(sendmsg(fd, msg, flags)) },
+    }
+}
+
+/// `recvmsg(2)`: data and the peer's address; no ancillary data.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    match lookup(fd) {
+        Some(s) => guard(|| {
+            if msg.is_null() {
+                return fail(libc::EFAULT);
+            }
+            // SAFETY: C's contract for recvmsg: `msg` is a valid msghdr.
+            let m = unsafe { &mut *msg };
+            // SAFETY: its iovecs are valid.
+            let r = unsafe { iov_slices(m.msg_iov, m.msg_iovlen as c_int) }
+                .and_then(|v| do_read(fd, &s, v, flags));
+            if r.is_ok() {
+                m.msg_controllen = 0;
+                m.msg_flags = 0;
+                if !m.msg_name.is_null() {
+                    let peer = s.lock().peer.unwrap_or(UNBOUND);
+                    let mut l = m.msg_namelen;
+                    // SAFETY: msg_name has msg_namelen bytes.
+                    let _ = unsafe { put_addr(peer, m.msg_name.cast(), &mut l) };
+                    m.msg_namelen = l;
+                }
+            }
+            ret_len(r)
+        }),
+        // SAFETY: forwarding.
+        None => unsafe { call_real!(recvmsg(fd, msg, flags)) },
+    }
+}
+
+// --- options and addresses -------------------------------------------------------------
+
+/// `setsockopt(2)`: the common options are kept here; others go to the placeholder.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    guard(|| {
+        let Some(s) = lookup(fd) else {
+            // SAFETY: forwarding.
+            return unsafe { call_real!(setsockopt(fd, level, name, val, len)) };
+        };
+        let mut g = s.lock();
+        let o = &mut g.opts;
+        let slot = match (level, name) {
+            (libc::SOL_SOCKET, libc::SO_REUSEADDR) => Some(&mut o.reuseaddr),
+            (libc::SOL_SOCKET, libc::SO_REUSEPORT) => Some(&mut o.reuseport),
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => Some(&mut o.keepalive),
+            (libc::SOL_SOCKET, libc::SO_RCVBUF) => Some(&mut o.rcvbuf),
+            (libc::SOL_SOCKET, libc::SO_SNDBUF) => Some(&mut o.sndbuf),
+            (libc::IPPROTO_TCP, libc::TCP_NODELAY) => Some(&mut o.nodelay),
+            _ => None,
+        };
+        match slot {
+            Some(slot) => {
+                if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
+                    return fail(libc::EINVAL);
+                }
+                // SAFETY: `val` has at least an int (checked).
+                *slot = unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) };
+                0
+            }
+            None => {
+                drop(g);
+                // The placeholder answers the rest (timeouts, linger, keepalive timers):
+                // accepted, with no effect on luna.
+                // SAFETY: forwarding.
+                unsafe { call_real!(setsockopt(fd, level, name, val, len)) }
+            }
+        }
+    })
+}
+
+/// `getsockopt(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    guard(|| {
+        let Some(s) = lookup(fd) else {
+            // SAFETY: forwarding.
+            return unsafe { call_real!(getsockopt(fd, level, name, val, len)) };
+        };
+        let mut g = s.lock();
+        let v = match (level, name) {
+            (libc::SOL_SOCKET, libc::SO_ERROR) => g.so_error.take().unwrap_or(0),
+            (libc::SOL_SOCKET, libc::SO_TYPE) => libc::SOCK_STREAM,
+            (libc::SOL_SOCKET, libc::SO_DOMAIN) => libc::AF_INET,
+            (libc::SOL_SOCKET, libc::SO_PROTOCOL) => libc::IPPROTO_TCP,
+            (libc::SOL_SOCKET, libc::SO_ACCEPTCONN) => (g.phase == Phase::Listening) as c_int,
+            (libc::SOL_SOCKET, libc::SO_REUSEADDR) => g.opts.reuseaddr,
+            (libc::SOL_SOCKET, libc::SO_REUSEPORT) => g.opts.reuseport,
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => g.opts.keepalive,
+            (libc::SOL_SOCKET, libc::SO_RCVBUF) => g.opts.rcvbuf,
+            (libc::SOL_SOCKET, libc::SO_SNDBUF) => g.opts.sndbuf,
+            (libc::IPPROTO_TCP, libc::TCP_NODELAY) => g.opts.nodelay,
+            _ => {
+                drop(g);
+                // SAFETY: forwarding.
+                return unsafe { call_real!(getsockopt(fd, level, name, val, len)) };
+            }
+        };
+        if val.is_null() || len.is_null() {
+            return fail(libc::EFAULT);
+        }
+        // SAFETY: `len` is valid (checked); `val` has `*len` bytes.
+        unsafe {
+            if (*len as usize) < std::mem::size_of::<c_int>() {
+                return fail(libc::EINVAL);
+            }
+            std::ptr::write_unaligned(val.cast::<c_int>(), v);
+            *len = std::mem::size_of::<c_int>() as socklen_t;
+        }
+        0
+    })
+}
+
+/// `getsockname(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn getsockname(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> c_int {
+    match lookup(fd) {
+        Some(s) => guard(|| {
+            let a = s.lock().local;
+            // SAFETY: C's contract for getsockname.
+            ret0(unsafe { put_addr(a, addr, len) })
+        }),
+        // SAFETY: forwarding.
+        None => unsafe { call_real!(getsockname(fd, addr, len)) },
+    }
+}
+
+/// `getpeername(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn getpeername(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+) -> c_int {
+    match lookup(fd) {
+        Some(s) => guard(|| {
+            let g = s.lock();
+            match (g.phase, g.peer) {
+                (Phase::Connected, Some(a)) => {
+                    drop(g);
+                    // SAFETY: C's contract for getpeername.
+                    ret0(unsafe { put_addr(a, addr, len) })
+                }
+                _ => fail(libc::ENOTCONN),
+            }
+        }),
+        // SAFETY: forwarding.
+        None => unsafe { call_real!(getpeername(fd, addr, len)) },
+    }
+}
+
+/// `ioctl(2)`: `FIONREAD`/`TIOCOUTQ` on a luna socket; everything else (`FIONBIO` too,
+/// which sets the placeholder's `O_NONBLOCK`) goes to libc. Declared with the one
+/// pointer argument every socket ioctl takes (the variadic call passes it in the same
+/// register on the Linux ABIs).
+#[no_mangle]
+pub unsafe extern "C-unwind" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
+    guard(|| {
+        if let Some(s) = lookup(fd) {
+            let v = match req {
+                libc::FIONREAD => Some(s.readable()),
+                libc::TIOCOUTQ => Some(s.lock().tx.len()),
+                _ => None,
+            };
+            if let Some(v) = v {
+                if arg.is_null() {
+                    return fail(libc::EFAULT);
+                }
+                // SAFETY: these requests take an int pointer.
+                unsafe {
+                    std::ptr::write_unaligned(
+                        arg.cast::<c_int>(),
+                        v.min(c_int::MAX as usize) as c_int,
+                    )
+                };
+                return 0;
+            }
+        }
+        // SAFETY: forwarding.
+        unsafe { call_real!(ioctl(fd, req, arg)) }
+    })
+}
+
+// --- readiness -------------------------------------------------------------------------
+
+/// `epoll_ctl(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut epoll_event,
+) -> c_int {
+    match lookup(fd) {
+        Some(s) => guard(|| {
+            // SAFETY: `ev` is null or a valid epoll_event.
+            let e = (!ev.is_null()).then(|| unsafe { std::ptr::read_unaligned(ev) });
+            ret0(epoll::ctl(epfd, op, fd, s, e))
+        }),
+        // SAFETY: forwarding.
+        None => unsafe { call_real!(epoll_ctl(epfd, op, fd, ev)) },
+    }
+}
+
+unsafe fn events<'a>(ev: *mut epoll_event, max: c_int) -> Result<&'a mut [epoll_event], i32> {
+    if max <= 0 {
+        return Err(libc::EINVAL);
+    }
+    if ev.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller passes room for `max` events.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ev, max as usize) })
+}
+
+/// `epoll_wait(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn epoll_wait(
+    epfd: c_int,
+    ev: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    let set = if internal() { None } else { epoll::set(epfd) };
+    let Some(set) = set else {
+        // SAFETY: forwarding.
+        return unsafe { call_real!(epoll_wait(epfd, ev, max, timeout)) };
+    };
+    guard(|| {
+        // SAFETY: C's contract for epoll_wait.
+        let out = match unsafe { events(ev, max) } {
+            Ok(o) => o,
+            Err(e) => return fail(e),
+        };
+        epoll::wait(&set, out, timeout, &mut |b, t| {
+            // SAFETY: `b` is a live part of the caller's array.
+            unsafe { call_real!(epoll_wait(epfd, b.as_mut_ptr(), b.len() as c_int, t)) }
+        })
+    })
+}
+
+/// `epoll_pwait(2)`: the signal mask applies while waiting in the kernel.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn epoll_pwait(
+    epfd: c_int,
+    ev: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    let set = if internal() { None } else { epoll::set(epfd) };
+    let Some(set) = set else {
+        // SAFETY: forwarding.
+        return unsafe { call_real!(epoll_pwait(epfd, ev, max, timeout, mask)) };
+    };
+    guard(|| {
+        // SAFETY: C's contract for epoll_pwait.
+        let out = match unsafe { events(ev, max) } {
+            Ok(o) => o,
+            Err(e) => return fail(e),
+        };
+        epoll::wait(&set, out, timeout, &mut |b, t| {
+            // SAFETY: `b` is a live part of the caller's array.
+            unsafe { call_real!(epoll_pwait(epfd, b.as_mut_ptr(), b.len() as c_int, t, mask)) }
+        })
+    })
+}
+
+/// `poll(2)` over luna and kernel descriptors: luna readiness is checked between
+/// kernel waits of at most 1 ms.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn poll(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: c_int,
+) -> c_int {
+    if !ACTIVE.load(Ordering::Acquire) || internal() || n == 0 || fds.is_null() || n > 65536 {
+        // SAFETY: forwarding.
+        return unsafe { call_real!(poll(fds, n, timeout)) };
+    }
+    let luna: Vec<(usize, c_int, Arc<Sock>)> = {
+        // SAFETY: the caller passes `n` pollfds.
+        let p = unsafe { std::slice::from_raw_parts(fds, n as usize) };
+        p.iter()
+            .enumerate()
+            .filter_map(|(i, x)| lookup(x.fd).map(|s| (i, x.fd, s)))
+            .collect()
+    };
+    if luna.is_empty() {
+        // SAFETY: forwarding.
+        return unsafe { call_real!(poll(fds, n, timeout)) };
+    }
+    guard(|| {
+        // SAFETY: the caller passes `n` pollfds.
+        let p = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+        let deadline = (timeout >= 0)
+            .then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout as u64));
+        loop {
+            let mut ready = 0;
+            for (i, _, s) in &luna {
+                let m = s.lock().mask() as libc::c_short;
+                let want = p[*i].events | libc::POLLERR | libc::POLLHUP;
+                p[*i].revents = m & want;
+                if p[*i].revents != 0 {
+                    ready += 1;
+                }
+            }
+            let slice = if ready > 0 || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                0
+            } else {
+                1
+            };
+            for (i, _, _) in &luna {
+                p[*i].fd = -1;
+            }
+            // SAFETY: the caller's array; luna entries are masked with fd -1 (ignored).
+            let r = unsafe { call_real!(poll(fds, n, slice)) };
+            for (i, fd, s) in &luna {
+                p[*i].fd = *fd;
+                let m = s.lock().mask() as libc::c_short;
+                p[*i].revents = m & (p[*i].events | libc::POLLERR | libc::POLLHUP);
+            }
+            if r < 0 {
+                return r;
+            }
+            let total = r + luna.iter().filter(|(i, _, _)| p[*i].revents != 0).count() as c_int;
+            if total > 0 || slice == 0 {
+                return total;
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_round_trip_and_truncate() {
+        let a = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 6379);
+        let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+        unsafe { put_addr(a, (&mut sin as *mut libc::sockaddr_in).cast(), &mut len) }.unwrap();
+        assert_eq!(len, 16);
+        let back = unsafe { addr_in((&sin as *const libc::sockaddr_in).cast(), len) };
+        assert_eq!(back, Some(a));
+        assert_eq!(
+            unsafe { addr_in((&sin as *const libc::sockaddr_in).cast(), 8) },
+            None,
+            "short"
+        );
+        let mut small = [0u8; 4];
+        let mut len = 4;
+        unsafe { put_addr(a, small.as_mut_ptr().cast(), &mut len) }.unwrap();
+        assert_eq!(len, 16, "the full size is reported");
+        assert_eq!(small[..2], (libc::AF_INET as u16).to_ne_bytes());
+        assert_eq!(
+            unsafe { put_addr(a, std::ptr::null_mut(), &mut len) },
+            Err(libc::EFAULT)
+        );
+    }
+
+    #[test]
+    fn iovecs_are_checked() {
+        assert_eq!(
+            unsafe { iov_slices(std::ptr::null(), -1) }.err(),
+            Some(libc::EINVAL)
+        );
+        assert_eq!(
+            unsafe { iov_slices(std::ptr::null(), 1) }.err(),
+            Some(libc::EFAULT)
+        );
+        let mut a = [1u8, 2];
+        let io = [
+            iovec {
+                iov_base: a.as_mut_ptr().cast(),
+                iov_len: 2,
+            },
+            iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            },
+        ];
+        let v = unsafe { iov_slices(io.as_ptr(), 2) }.unwrap();
+        assert_eq!(v.len(), 1);
+        assert_eq!(&*v[0], &[1, 2]);
+    }
+
+    #[test]
+    fn without_luna_calls_reach_the_kernel() {
+        // This test binary exports the hooks too; ACTIVE is false: plain libc behaviour.
+        let mut fds = [0 as c_int; 2];
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        assert_eq!(unsafe { write(fds[1], b"ok".as_ptr().cast(), 2) }, 2);
+        let mut b = [0u8; 2];
+        assert_eq!(unsafe { read(fds[0], b.as_mut_ptr().cast(), 2) }, 2);
+        assert_eq!(&b, b"ok");
+        assert_eq!(unsafe { close(fds[0]) }, 0);
+        assert_eq!(unsafe { close(fds[1]) }, 0);
+        assert_eq!(unsafe { close(fds[1]) }, -1);
+        assert_eq!(crate::errno(), libc::EBADF);
+    }
+}

@@ -1,0 +1,599 @@
+//! A luna socket as the application sees it: the buffers and flags the poll thread fills
+//! and drains (like a kernel socket's buffers), and the application-side calls on them.
+
+use crate::engine::{Cmd, Shared};
+use core::net::{Ipv4Addr, SocketAddrV4};
+use r2c::batch::{Fd as BFd, Interest};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Bytes the poll thread buffers per socket for the application to read; beyond it leaves
+/// data in the stack (whose window then closes).
+pub(crate) const RX_CAP: usize = 1 << 20;
+/// Bytes an application may queue per socket before `write` blocks (`EAGAIN`).
+pub(crate) const TX_CAP: usize = 1 << 20;
+
+const IN: u32 = libc::EPOLLIN as u32;
+const OUT: u32 = libc::EPOLLOUT as u32;
+const ERR: u32 = libc::EPOLLERR as u32;
+const HUP: u32 = libc::EPOLLHUP as u32;
+const RDHUP: u32 = libc::EPOLLRDHUP as u32;
+
+/// Where a socket is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Bound (maybe to port 0), neither listening nor connected.
+    Fresh,
+    /// `listen` asked; waiting for the poll thread's answer.
+    Opening,
+    /// Listening.
+    Listening,
+    /// `connect` started; the handshake is running.
+    Connecting,
+    /// Connected (or accepted).
+    Connected,
+    /// Closed by the application.
+    Closed,
+}
+
+/// Options answered from here (`setsockopt`/`getsockopt`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Opts {
+    pub reuseaddr: i32,
+    pub reuseport: i32,
+    pub keepalive: i32,
+    pub nodelay: i32,
+    pub rcvbuf: i32,
+    pub sndbuf: i32,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            reuseaddr: 0,
+            reuseport: 0,
+            keepalive: 0,
+            // luna has no Nagle algorithm: every socket behaves as TCP_NODELAY.
+            nodelay: 1,
+            rcvbuf: RX_CAP as i32,
+            sndbuf: TX_CAP as i32,
+        }
+    }
+}
+
+/// The state shared by the application threads and the poll thread.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub phase: Phase,
+    /// Bound address (port 0: none yet).
+    pub local: SocketAddrV4,
+    pub peer: Option<SocketAddrV4>,
+    /// The poll thread's socket (poll thread only).
+    pub bfd: Option<BFd>,
+    /// The interest registered with batch mode (poll thread only).
+    pub interest: Option<Interest>,
+    pub rx: VecDeque<u8>,
+    /// The peer's FIN was read.
+    pub eof: bool,
+    /// `shutdown(SHUT_RD)`: reads return 0.
+    pub shut_rd: bool,
+    pub tx: VecDeque<u8>,
+    /// `shutdown(SHUT_WR)` asked; `shut_sent` once the poll thread passed it on.
+    pub shut_wr: bool,
+    pub shut_sent: bool,
+    /// The connection failed (errno): reads and writes return it.
+    pub fatal: Option<i32>,
+    /// The error `SO_ERROR` reports once.
+    pub so_error: Option<i32>,
+    /// Accepted connections not yet taken by `accept`.
+    pub accept_q: VecDeque<Arc<Sock>>,
+    pub backlog: usize,
+    /// The poll thread's answer to `listen`/`connect`.
+    pub reply: Option<Result<(), i32>>,
+    /// The poll thread's socket is a listener (poll thread only).
+    pub listener: bool,
+    /// Epoll sets watching this socket: (epoll fd, its wake-up eventfd).
+    pub watchers: Vec<(i32, Arc<Notifier>)>,
+    pub opts: Opts,
+}
+
+/// One luna socket.
+#[derive(Debug)]
+pub(crate) struct Sock {
+    st: Mutex<State>,
+    cv: Condvar,
+    /// Bumped whenever readiness may have grown (edge-triggered epoll compares it).
+    pub gen: AtomicU64,
+}
+
+/// An eventfd an epoll set waits on; the poll thread writes it when a member may have
+/// become ready.
+#[derive(Debug)]
+pub(crate) struct Notifier {
+    pub efd: i32,
+}
+
+impl Notifier {
+    /// A new non-blocking eventfd, or the errno.
+    pub fn new() -> Result<Notifier, i32> {
+        // SAFETY: plain syscall wrapper; eventfd is not interposed by this shim.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(crate::errno());
+        }
+        Ok(Notifier { efd })
+    }
+
+    /// Wake the waiter (a full counter just stays readable).
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our own eventfd (real libc write).
+        let _ = unsafe { crate::real::call_real!(write(self.efd, (&one as *const u64).cast(), 8)) };
+    }
+
+    /// Reset the counter.
+    pub fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from our own non-blocking eventfd.
+        let _ = unsafe { crate::real::call_real!(read(self.efd, (&mut v as *mut u64).cast(), 8)) };
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        // SAFETY: closes the eventfd this value owns (real libc close).
+        let _ = unsafe { crate::real::call_real!(close(self.efd)) };
+    }
+}
+
+impl State {
+    fn new(phase: Phase, local: SocketAddrV4) -> State {
+        State {
+            phase,
+            local,
+            peer: None,
+            bfd: None,
+            interest: None,
+            rx: VecDeque::new(),
+            eof: false,
+            shut_rd: false,
+            tx: VecDeque::new(),
+            shut_wr: false,
+            shut_sent: false,
+            fatal: None,
+            so_error: None,
+            accept_q: VecDeque::new(),
+            backlog: 128,
+            reply: None,
+            listener: false,
+            watchers: Vec::new(),
+            opts: Opts::default(),
+        }
+    }
+
+    /// epoll readiness bits, level triggered, as Linux reports them for TCP.
+    pub fn mask(&self) -> u32 {
+        match self.phase {
+            Phase::Fresh => OUT | HUP,
+            Phase::Opening => 0,
+            Phase::Listening => {
+                if self.accept_q.is_empty() {
+                    0
+                } else {
+                    IN
+                }
+            }
+            Phase::Connecting => match self.fatal {
+                Some(_) => OUT | ERR | HUP,
+                None => 0,
+            },
+            Phase::Connected => {
+                let mut m = 0;
+                if !self.rx.is_empty() || self.eof || self.shut_rd || self.fatal.is_some() {
+                    m |= IN;
+                }
+                if self.fatal.is_some() || (self.tx.len() < TX_CAP && !self.shut_wr) {
+                    m |= OUT;
+                }
+                if self.so_error.is_some() || self.fatal.is_some() {
+                    m |= ERR;
+                }
+                if self.fatal.is_some() || (self.eof && self.shut_wr) {
+                    m |= HUP;
+                }
+                if self.eof {
+                    m |= RDHUP;
+                }
+                m
+            }
+            Phase::Closed => HUP,
+        }
+    }
+}
+
+/// Ways an application call ends without a result.
+pub(crate) type Errno = i32;
+
+impl Sock {
+    /// A socket bound (or not) to `local`.
+    pub fn new(phase: Phase, local: SocketAddrV4) -> Arc<Sock> {
+        Arc::new(Sock {
+            st: Mutex::new(State::new(phase, local)),
+            cv: Condvar::new(),
+            gen: AtomicU64::new(0),
+        })
+    }
+
+    /// The state, even if a panicking thread poisoned the lock (the state stays
+    /// consistent: every update is a few field writes).
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wake blocked callers and epoll sets: readiness may have grown.
+    pub fn notify(&self, st: &State) {
+        self.gen.fetch_add(1, Ordering::Release);
+        self.cv.notify_all();
+        for (_, n) in &st.watchers {
+            n.signal();
+        }
+    }
+
+    /// Wait for a change (bounded, so a lost wake-up costs at most the slice). If the
+    /// poll thread is gone, the socket fails with `ENETDOWN` (nothing would wake it).
+    fn wait<'a>(&self, g: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        let mut g = match self.cv.wait_timeout(g, Duration::from_millis(100)) {
+            Ok((g, _)) => g,
+            Err(p) => p.into_inner().0,
+        };
+        if g.fatal.is_none() && !crate::engine::alive() {
+            g.fatal = Some(libc::ENETDOWN);
+            g.reply.get_or_insert(Err(libc::ENETDOWN));
+        }
+        g
+    }
+
+    /// Waits for the poll thread's answer to a command.
+    pub fn wait_reply(&self) -> Result<(), Errno> {
+        let mut g = self.lock();
+        loop {
+            if let Some(r) = g.reply.take() {
+                return r;
+            }
+            g = self.wait(g);
+        }
+    }
+
+    /// `read`/`recv`: `nonblock` is asked only when the call would block.
+    pub fn read(
+        &self,
+        bufs: &mut [&mut [u8]],
+        peek: bool,
+        nonblock: &dyn Fn() -> bool,
+    ) -> Result<usize, Errno> {
+        let want: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut g = self.lock();
+        loop {
+            match g.phase {
+                Phase::Connected => {}
+                Phase::Connecting if g.fatal.is_none() => {}
+                Phase::Connecting => return Err(g.fatal.unwrap_or(libc::ECONNREFUSED)),
+                _ => return Err(libc::ENOTCONN),
+            }
+            if want == 0 {
+                return Ok(0);
+            }
+            if g.shut_rd {
+                return Ok(0);
+            }
+            if !g.rx.is_empty() {
+                let mut n = 0;
+                {
+                    let (a, b) = g.rx.as_slices();
+                    let mut src = a.iter().chain(b.iter());
+                    'out: for buf in bufs.iter_mut() {
+                        for slot in buf.iter_mut() {
+                            match src.next() {
+                                Some(&x) => {
+                                    *slot = x;
+                                    n += 1;
+                                }
+                                None => break 'out,
+                            }
+                        }
+                    }
+                }
+                if !peek {
+                    g.rx.drain(..n);
+                }
+                return Ok(n);
+            }
+            if let Some(e) = g.fatal {
+                return Err(e);
+            }
+            if g.eof {
+                return Ok(0);
+            }
+            drop(g);
+            if nonblock() {
+                return Err(libc::EAGAIN);
+            }
+            g = self.lock();
+            if g.rx.is_empty() && !g.eof && g.fatal.is_none() {
+                g = self.wait(g);
+            }
+        }
+    }
+
+    /// `write`/`send`: queues bytes for the poll thread. Blocking sockets queue all of
+    /// `bufs`; non-blocking ones what fits (`EAGAIN` if nothing does).
+    pub fn write(
+        self: &Arc<Self>,
+        sh: &Shared,
+        bufs: &[&[u8]],
+        nonblock: &dyn Fn() -> bool,
+    ) -> Result<usize, Errno> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut done = 0usize;
+        let mut g = self.lock();
+        loop {
+            match g.phase {
+                Phase::Connected => {}
+                Phase::Connecting if g.fatal.is_none() => {
+                    drop(g);
+                    if nonblock() {
+                        return Err(libc::EAGAIN);
+                    }
+                    g = self.lock();
+                    g = self.wait(g);
+                    continue;
+                }
+                Phase::Connecting => return Err(g.fatal.unwrap_or(libc::ECONNREFUSED)),
+                _ => return Err(libc::ENOTCONN),
+            }
+            if let Some(e) = g.fatal {
+                return if done > 0 { Ok(done) } else { Err(e) };
+            }
+            if g.shut_wr {
+                return if done > 0 { Ok(done) } else { Err(libc::EPIPE) };
+            }
+            if total == 0 {
+                return Ok(0);
+            }
+            let room = TX_CAP.saturating_sub(g.tx.len());
+            if room > 0 {
+                let was_empty = g.tx.is_empty();
+                let mut left = room;
+                let mut skip = done;
+                for b in bufs {
+                    if left == 0 {
+                        break;
+                    }
+                    if skip >= b.len() {
+                        skip -= b.len();
+                        continue;
+                    }
+                    let part = &b[skip..];
+                    skip = 0;
+                    let n = part.len().min(left);
+                    g.tx.extend(&part[..n]);
+                    left -= n;
+                    done += n;
+                }
+                drop(g);
+                if was_empty {
+                    sh.push(Cmd::Flush(Arc::clone(self)));
+                }
+                if done == total {
+                    return Ok(done);
+                }
+                g = self.lock();
+                continue;
+            }
+            drop(g);
+            if nonblock() {
+                return if done > 0 {
+                    Ok(done)
+                } else {
+                    Err(libc::EAGAIN)
+                };
+            }
+            g = self.lock();
+            if g.tx.len() >= TX_CAP {
+                g = self.wait(g);
+            }
+        }
+    }
+
+    /// `accept`: an accepted connection.
+    pub fn accept(&self, nonblock: &dyn Fn() -> bool) -> Result<Arc<Sock>, Errno> {
+        let mut g = self.lock();
+        loop {
+            if g.phase != Phase::Listening {
+                return Err(libc::EINVAL);
+            }
+            if let Some(s) = g.accept_q.pop_front() {
+                return Ok(s);
+            }
+            if let Some(e) = g.fatal {
+                return Err(e);
+            }
+            drop(g);
+            if nonblock() {
+                return Err(libc::EAGAIN);
+            }
+            g = self.lock();
+            if g.accept_q.is_empty() {
+                g = self.wait(g);
+            }
+        }
+    }
+
+    /// Blocking `connect`: waits for the handshake.
+    pub fn wait_connected(&self) -> Result<(), Errno> {
+        let mut g = self.lock();
+        loop {
+            if let Some(e) = g.fatal {
+                g.so_error = None;
+                return Err(e);
+            }
+            if g.phase == Phase::Connected {
+                return Ok(());
+            }
+            g = self.wait(g);
+        }
+    }
+
+    /// Bytes readable now (`FIONREAD`).
+    pub fn readable(&self) -> usize {
+        self.lock().rx.len()
+    }
+}
+
+/// `0.0.0.0:0`.
+pub(crate) const UNBOUND: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Shared;
+
+    fn connected() -> Arc<Sock> {
+        Sock::new(
+            Phase::Connected,
+            SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 6379),
+        )
+    }
+
+    const NB: &dyn Fn() -> bool = &|| true;
+
+    #[test]
+    fn readiness_follows_linux_tcp() {
+        let s = Sock::new(Phase::Fresh, UNBOUND);
+        assert_eq!(s.lock().mask(), OUT | HUP);
+        let l = Sock::new(Phase::Listening, UNBOUND);
+        assert_eq!(l.lock().mask(), 0);
+        l.lock().accept_q.push_back(connected());
+        assert_eq!(l.lock().mask(), IN);
+        let c = connected();
+        assert_eq!(c.lock().mask(), OUT);
+        c.lock().rx.extend(b"x");
+        assert_eq!(c.lock().mask(), IN | OUT);
+        c.lock().rx.clear();
+        c.lock().tx.extend(std::iter::repeat_n(0u8, TX_CAP));
+        assert_eq!(c.lock().mask(), 0, "full send queue: not writable");
+        c.lock().eof = true;
+        assert_eq!(c.lock().mask(), IN | RDHUP);
+        c.lock().fatal = Some(libc::ECONNRESET);
+        assert_eq!(c.lock().mask(), IN | OUT | ERR | HUP | RDHUP);
+    }
+
+    #[test]
+    fn read_scatters_peeks_and_ends() {
+        let c = connected();
+        c.lock().rx.extend(b"hello world");
+        let (mut a, mut b) = ([0u8; 4], [0u8; 3]);
+        assert_eq!(c.read(&mut [&mut a, &mut b], true, NB), Ok(7));
+        assert_eq!((&a, &b), (b"hell", b"o w"));
+        assert_eq!(c.lock().rx.len(), 11, "peek leaves the bytes");
+        assert_eq!(c.read(&mut [&mut a, &mut b], false, NB), Ok(7));
+        let mut rest = [0u8; 16];
+        assert_eq!(c.read(&mut [&mut rest], false, NB), Ok(4));
+        assert_eq!(&rest[..4], b"orld");
+        assert_eq!(c.read(&mut [&mut rest], false, NB), Err(libc::EAGAIN));
+        c.lock().eof = true;
+        assert_eq!(c.read(&mut [&mut rest], false, NB), Ok(0));
+        c.lock().fatal = Some(libc::ECONNRESET);
+        c.lock().rx.extend(b"z");
+        assert_eq!(
+            c.read(&mut [&mut rest], false, NB),
+            Ok(1),
+            "bytes before the error"
+        );
+        assert_eq!(c.read(&mut [&mut rest], false, NB), Err(libc::ECONNRESET));
+        let f = Sock::new(Phase::Fresh, UNBOUND);
+        assert_eq!(f.read(&mut [&mut rest], false, NB), Err(libc::ENOTCONN));
+    }
+
+    #[test]
+    fn blocking_read_waits_for_the_poll_thread() {
+        let c = connected();
+        let c2 = Arc::clone(&c);
+        let t = std::thread::spawn(move || {
+            let mut b = [0u8; 8];
+            let n = c2.read(&mut [&mut b], false, &|| false).unwrap();
+            b[..n].to_vec()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        {
+            let mut g = c.lock();
+            g.rx.extend(b"late");
+            c.notify(&g);
+        }
+        assert_eq!(t.join().unwrap(), b"late");
+    }
+
+    #[test]
+    fn write_queues_flushes_once_and_stops_at_the_cap() {
+        let sh = Shared::new();
+        let c = connected();
+        assert_eq!(c.write(&sh, &[b"ab", b"cd"], NB), Ok(4));
+        assert_eq!(c.write(&sh, &[b"e"], NB), Ok(1));
+        assert_eq!(
+            sh.take().len(),
+            1,
+            "one flush while the queue was non-empty"
+        );
+        let big = vec![7u8; TX_CAP];
+        assert_eq!(c.write(&sh, &[&big], NB), Ok(TX_CAP - 5), "partial");
+        assert_eq!(c.write(&sh, &[b"x"], NB), Err(libc::EAGAIN));
+        assert_eq!(
+            c.lock().tx.iter().take(5).copied().collect::<Vec<u8>>(),
+            b"abcde"
+        );
+        c.lock().tx.clear();
+        c.lock().shut_wr = true;
+        assert_eq!(c.write(&sh, &[b"x"], NB), Err(libc::EPIPE));
+        c.lock().fatal = Some(libc::ECONNRESET);
+        assert_eq!(c.write(&sh, &[b"x"], NB), Err(libc::ECONNRESET));
+    }
+
+    #[test]
+    fn write_skips_what_an_earlier_round_took() {
+        let sh = Shared::new();
+        let c = connected();
+        c.lock().tx.extend(std::iter::repeat_n(0u8, TX_CAP - 3));
+        let c2 = Arc::clone(&c);
+        let t = std::thread::spawn(move || {
+            let sh = Shared::new();
+            c2.write(&sh, &[b"12", b"345", b"6"], &|| false)
+        });
+        // The poll thread drains; the blocked writer goes on where it stopped.
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(10));
+            let mut g = c.lock();
+            let n = g.tx.len();
+            if n >= TX_CAP - 3 + 3 {
+                g.tx.drain(..TX_CAP - 3);
+                c.notify(&g);
+                break;
+            }
+        }
+        assert_eq!(t.join().unwrap(), Ok(6));
+        assert_eq!(c.lock().tx.iter().copied().collect::<Vec<u8>>(), b"123456");
+        drop(sh);
+    }
+
+    #[test]
+    fn accept_takes_queued_connections() {
+        let l = Sock::new(Phase::Listening, UNBOUND);
+        assert_eq!(l.accept(NB).err(), Some(libc::EAGAIN));
+        let c = connected();
+        l.lock().accept_q.push_back(Arc::clone(&c));
+        assert!(Arc::ptr_eq(&l.accept(NB).unwrap(), &c));
+        let f = Sock::new(Phase::Fresh, UNBOUND);
+        assert_eq!(f.accept(NB).err(), Some(libc::EINVAL));
+    }
+}

@@ -1,0 +1,164 @@
+"""Runs under LD_PRELOAD=libluna-preload.so (Debian's python3): luna as a client of a
+kernel echo server, each call's result checked. Prints one `OK ...` line at the end.
+
+argv: luna_ip kernel_ip echo_port ready_file
+"""
+import errno
+import os
+import select
+import socket
+import sys
+import time
+
+luna_ip, kernel_ip, port, ready = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+checks = set()
+
+
+def check(cond, what):
+    if not cond:
+        print("FAIL", what, flush=True)
+        sys.exit(1)
+    checks.add(what)
+
+
+# A luna listener starts the engine (DPDK creates the tap); closing it stops listening.
+lst = socket.socket()
+lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+lst.bind((luna_ip, 7001))
+lst.listen(16)
+check(lst.getsockname() == (luna_ip, 7001), "listener address")
+check(lst.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1, "SO_ACCEPTCONN")
+lst.setblocking(False)
+try:
+    lst.accept()
+    check(False, "accept without a connection")
+except BlockingIOError:
+    check(True, "accept without a connection: EAGAIN")
+lst.close()
+
+deadline = time.time() + 120
+while not os.path.exists(ready):
+    if time.time() > deadline:
+        print("FAIL the echo server never came up", flush=True)
+        sys.exit(1)
+    time.sleep(0.05)
+
+# UNIX sockets stay in the kernel.
+a, b = socket.socketpair()
+a.sendall(b"unix")
+check(b.recv(4) == b"unix", "socketpair")
+
+# Blocking connect through luna, bytes echoed back.
+c = socket.socket()
+c.connect((kernel_ip, port))
+check(c.getpeername() == (kernel_ip, port), "getpeername")
+check(c.getsockname()[0] == luna_ip, "getsockname")
+check(c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0, "SO_ERROR")
+check(c.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_STREAM, "SO_TYPE")
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+check(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1, "TCP_NODELAY")
+payload = bytes(range(256)) * 1024  # 256 KiB
+c.sendall(payload)
+got = bytearray()
+while len(got) < len(payload):
+    d = c.recv(65536)
+    check(d, "early end of stream")
+    got += d
+check(bytes(got) == payload, "echoed bytes")
+
+# One epoll set with a kernel pipe and the luna socket.
+r, w = os.pipe()
+ep = select.epoll()
+ep.register(r, select.EPOLLIN)
+ep.register(c.fileno(), select.EPOLLIN)
+check(ep.poll(0.2) == [], "nothing ready")
+os.write(w, b"k")
+check(ep.poll(5) == [(r, select.EPOLLIN)], "the pipe alone")
+os.read(r, 1)
+c.sendall(b"again")
+ev = []
+end = time.time() + 10
+while not ev and time.time() < end:
+    ev = ep.poll(5)
+check(ev == [(c.fileno(), select.EPOLLIN)], "the luna socket alone")
+time.sleep(0.2)
+check(c.recv(16) == b"again", "epoll data")
+ep.modify(c.fileno(), select.EPOLLOUT)
+check(ep.poll(5) == [(c.fileno(), select.EPOLLOUT)], "writable")
+ep.unregister(c.fileno())
+check(ep.poll(0) == [], "unregistered")
+
+# Non-blocking reads.
+c.setblocking(False)
+try:
+    c.recv(16)
+    check(False, "recv with nothing queued")
+except BlockingIOError:
+    check(True, "recv with nothing queued: EAGAIN")
+c.setblocking(True)
+
+# poll(2) on a luna socket.
+p = select.poll()
+p.register(c.fileno(), select.POLLIN)
+c.sendall(b"polled")
+res = p.poll(10000)
+check(res and res[0][0] == c.fileno() and res[0][1] & select.POLLIN, "poll")
+check(c.recv(16, socket.MSG_PEEK) != b"", "MSG_PEEK")
+buf = bytearray()
+while len(buf) < 6:
+    buf += c.recv(16)
+check(bytes(buf) == b"polled", "poll data")
+
+# Half close: the echo server answers the FIN with its own.
+c.shutdown(socket.SHUT_WR)
+try:
+    c.send(b"x")
+    check(False, "send after shutdown")
+except BrokenPipeError:
+    check(True, "send after shutdown: EPIPE")
+check(c.recv(16) == b"", "end of stream")
+c.close()
+
+# Nobody listens on port + 1: refused.
+d = socket.socket()
+try:
+    d.connect((kernel_ip, port + 1))
+    check(False, "connect to a closed port")
+except ConnectionRefusedError:
+    check(True, "connect to a closed port: ECONNREFUSED")
+d.close()
+
+# Non-blocking connect: EINPROGRESS, then EPOLLOUT and SO_ERROR 0; refused: SO_ERROR.
+n = socket.socket()
+n.setblocking(False)
+check(n.connect_ex((kernel_ip, port)) == errno.EINPROGRESS, "EINPROGRESS")
+ep2 = select.epoll()
+ep2.register(n.fileno(), select.EPOLLOUT)
+ev = ep2.poll(10)
+check(ev and ev[0][1] & select.EPOLLOUT, "connect completion")
+check(n.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0, "SO_ERROR after connect")
+n.setblocking(True)
+n.sendall(b"nb")
+check(n.recv(2) == b"nb", "echo after a non-blocking connect")
+n.close()
+n = socket.socket()
+n.setblocking(False)
+check(n.connect_ex((kernel_ip, port + 1)) == errno.EINPROGRESS, "EINPROGRESS (refused)")
+ep2.register(n.fileno(), select.EPOLLOUT)
+ev = ep2.poll(10)
+check(ev and ev[0][1] & (select.EPOLLERR | select.EPOLLHUP), "refused reported")
+check(n.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED, "SO_ERROR refused")
+check(n.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0, "SO_ERROR is read once")
+n.close()
+ep2.close()
+
+# Loopback stays in the kernel.
+k = socket.socket()
+k.bind(("127.0.0.1", 0))
+k.listen(1)
+kc = socket.create_connection(k.getsockname())
+ks, _ = k.accept()
+kc.sendall(b"lo")
+check(ks.recv(2) == b"lo", "loopback")
+
+print("OK checks=%d" % len(checks), flush=True)

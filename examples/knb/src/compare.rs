@@ -350,6 +350,7 @@ mod tests {
             verify: false,
             mode: ModeArg::Rpc,
             mtu: 1500,
+            memif_zero_copy: false,
             emu: Default::default(),
         };
         assert_eq!(raw_frame(&w), (4166, false));

@@ -154,7 +154,8 @@ impl DmaRegistry {
     }
 
     /// [`DmaRegistry::slab_config`] with every zone taken from EAL memory (one 2 MiB
-    /// `rte_memzone` per zone, freed with the slab) instead of mapped by the slab and
+    /// `rte_memzone` per zone, cache-line aligned, freed with the slab) instead of mapped
+    /// by the slab and
     /// registered as external memory. memif's zero-copy mode needs this: its client
     /// shares EAL's memory-segment lists with the server (and fails on external ones),
     /// so every buffer it receives into or sends from must lie in them. Needs
@@ -175,7 +176,9 @@ impl DmaRegistry {
                 ffi::dpdk_sys_memzone_reserve(
                     cname.as_ptr(),
                     ZONE_SIZE,
-                    ZONE_SIZE as u32,
+                    // Cache-line aligned: 2 MiB alignment would waste almost a page per
+                    // zone (the heap's element header precedes the data).
+                    64,
                     &mut addr,
                     &mut iova,
                 )

@@ -691,6 +691,7 @@ impl<D: Device> CoreLoop<D> {
     pub fn run<M: Mode>(mut self, mode: &mut M) -> CoreReport {
         mode.start(&mut self.st);
         let mut deadline = None;
+        let mut publish_in = self.opts.stats_interval.max(1);
         loop {
             self.st.now = self.clock.now();
             let busy = self.poll_once(mode);
@@ -711,7 +712,10 @@ impl<D: Device> CoreLoop<D> {
                     break;
                 }
             }
-            if self.st.stats.iterations % self.opts.stats_interval.max(1) == 0 {
+            // A countdown instead of `iterations % stats_interval` (a 64-bit division).
+            publish_in -= 1;
+            if publish_in == 0 {
+                publish_in = self.opts.stats_interval.max(1);
                 self.publish(false);
             }
             if busy {
@@ -761,11 +765,15 @@ impl<D: Device> CoreLoop<D> {
             d.rx_burst(&mut self.rx, room);
         }
         let received = self.rx.len();
-        for frame in self.rx.drain(..) {
-            self.st.stats.rx_frames += 1;
-            self.st.stats.rx_bytes += frame.len() as u64;
-            self.st.stack.handle_frame(self.st.now, frame);
-            mode.after_frame(&mut self.st);
+        // An empty burst skips the drain (its construction and drop cost ~26
+        // instructions per idle iteration, measured with callgrind).
+        if received > 0 {
+            for frame in self.rx.drain(..) {
+                self.st.stats.rx_frames += 1;
+                self.st.stats.rx_bytes += frame.len() as u64;
+                self.st.stack.handle_frame(self.st.now, frame);
+                mode.after_frame(&mut self.st);
+            }
         }
         if self
             .st
@@ -776,9 +784,19 @@ impl<D: Device> CoreLoop<D> {
             self.st.stack.handle_timeouts(self.st.now);
         }
         let worked = mode.iteration(&mut self.st);
-        self.st.flush_backlogs();
-        self.drain_stack_tx();
-        let sent = self.transmit();
+        // The empty checks stay here, inline: called, each cost ~20 instructions per idle
+        // iteration.
+        if !self.st.backlog.is_empty() {
+            self.st.flush_backlogs();
+        }
+        if self.st.stack.may_transmit() {
+            self.drain_stack_tx();
+        }
+        let sent = if self.tx.is_empty() {
+            0
+        } else {
+            self.transmit()
+        };
         received > 0 || sent > 0 || worked || !self.tx.is_empty()
     }
 

@@ -588,7 +588,11 @@ impl DpdkDevice {
 /// as an offset into it: receive buffers elsewhere (zones registered as external memory)
 /// would make the peer write outside the shared region (DPDK even refuses to connect).
 fn check_zero_copy_pool(rx: &RxPool) -> Result<(), DeviceError> {
-    match rx.zones().iter().find(|z| z.backing != zbuf::Backing::Provided) {
+    match rx
+        .zones()
+        .iter()
+        .find(|z| z.backing != zbuf::Backing::Provided)
+    {
         None => Ok(()),
         Some(z) => Err(DeviceError::Config(format!(
             "memif zero-copy=yes needs receive buffers in EAL memory, but zone {} ({:?}) is \

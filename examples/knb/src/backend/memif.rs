@@ -43,8 +43,10 @@ fn place(p: &testbed::DpdkPort, cpu: usize) -> Place {
 
 /// memif zero-copy mode on a client's EAL arguments: `zero-copy=yes` on its memif vdev
 /// and `--single-file-segments` (DPDK's zero-copy client shares each of EAL's memory
-/// segment lists with the server as one file). The server side needs nothing: it always
-/// copies, now straight into and out of the client's buffers.
+/// segment lists with the server as one file; DPDK accepts it next to the testbed's
+/// `--huge-unlink` only with `--in-memory`, which [`endpoints`] always gives). The server
+/// side needs nothing: it always copies, now straight into and out of the client's
+/// buffers.
 pub fn zero_copy_client(eal: &mut Vec<String>) {
     let mut changed = false;
     for a in eal.iter_mut().filter(|a| a.starts_with("net_memif")) {

@@ -89,6 +89,8 @@ pub struct Framer<P> {
     next_seq: u64,
     in_flight: usize,
     failed: Option<ParseError>,
+    /// What the parser asked to write before the connection closes on `failed`.
+    farewell: Option<Zbuf>,
 }
 
 impl<P: Parser> Framer<P> {
@@ -103,6 +105,7 @@ impl<P: Parser> Framer<P> {
             next_seq: 0,
             in_flight: 0,
             failed: None,
+            farewell: None,
         })
     }
 
@@ -165,8 +168,15 @@ impl<P: Parser> Framer<P> {
 
     fn fail(&mut self, e: ParseError) -> ParseError {
         self.failed = Some(e);
+        self.farewell = self.parser.farewell(&e, &self.buf);
         self.buf = IoVec::new();
         e
+    }
+
+    /// After [`Framer::next_message`] returned an error: the bytes the parser wants
+    /// written before the connection closes ([`Parser::farewell`]), once.
+    pub fn take_farewell(&mut self) -> Option<Zbuf> {
+        self.farewell.take()
     }
 
     /// One message's reply (or completion without a reply) has gone out: one more may be

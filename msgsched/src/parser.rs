@@ -15,7 +15,7 @@
 //! `--unordered`, HTTP/2 streams, memcached binary with `opaque`).
 
 use core::fmt;
-use zbuf::IoVec;
+use zbuf::{IoVec, Zbuf};
 
 /// Whether replies must leave in request order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +97,16 @@ pub trait Parser: Send {
     /// The stream id of the message `msg` (as returned by the framer), where the protocol
     /// has streams or request ids that replies are matched by; `None` otherwise.
     fn stream(&self, _msg: &IoVec) -> Option<u64> {
+        None
+    }
+
+    /// The bytes to write before closing a connection whose stream failed with `err`
+    /// (memcached: `CLIENT_ERROR line too long`, a binary EINVAL reply echoing the bad
+    /// request's `opaque`), or `None` to close without a word. `buf` holds the unconsumed
+    /// bytes the error was found in (the bad request at its head). The message socket
+    /// writes them after the replies to every earlier request of the connection, then
+    /// closes it gracefully ([`crate::socket::IoEvent::Shutdown`] with the error's kind).
+    fn farewell(&mut self, _err: &ParseError, _buf: &IoVec) -> Option<Zbuf> {
         None
     }
 }

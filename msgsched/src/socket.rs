@@ -9,8 +9,10 @@
 //!    from TCP and pass them to [`MsgIo::on_data`] (whole messages are dispatched);
 //! 2. [`MsgIo::poll_replies`]: replies staged by workers come back, in request order for
 //!    ordered protocols, through the callback that queues them on TCP;
-//! 3. [`MsgIo::poll_event`] until `None`: connections to close (a parse error) with the
-//!    counted reason;
+//! 3. [`MsgIo::poll_event`] until `None`: connections to shut down gracefully
+//!    ([`IoEvent::Shutdown`]: a reply that closes, or a parse error — the requests before
+//!    the bad one are answered first, then the parser's farewell, e.g. memcached's
+//!    `CLIENT_ERROR line too long`, then FIN), with the counted reason;
 //! 4. a connection that TCP closed: [`MsgIo::detach`] (replies still in flight for it
 //!    are counted and dropped when they arrive).
 //!
@@ -57,6 +59,11 @@ pub struct MsgCounters {
     pub backpressure: AtomicU64,
     /// Completions refused by the sequencer (duplicates; a bug if ever non-zero).
     pub sequence_errors: AtomicU64,
+    /// Connections the driver ended for being idle too long (no request in progress).
+    pub timeout_idle: AtomicU64,
+    /// Connections the driver ended because their output made no progress for too long
+    /// (a peer that stopped reading, or an HTTP/2 peer holding its windows at zero).
+    pub timeout_send: AtomicU64,
 }
 
 impl MsgCounters {
@@ -82,6 +89,8 @@ impl MsgCounters {
             ("closed_in_flight", l(&self.closed_in_flight)),
             ("backpressure", l(&self.backpressure)),
             ("sequence_errors", l(&self.sequence_errors)),
+            ("timeout_idle", l(&self.timeout_idle)),
+            ("timeout_send", l(&self.timeout_send)),
         ];
         for k in ParseErrorKind::ALL {
             v.push((
@@ -280,8 +289,10 @@ impl<C: Send> MsgSocket<C> {
 /// What the I/O side asks its driver to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IoEvent<C> {
-    /// Close (reset) this connection: its stream could not be framed. It has been
-    /// detached; the reason was counted.
+    /// Close (reset) this connection at once. [`MsgIo`] no longer emits it (a stream
+    /// that cannot be framed ends with [`IoEvent::Shutdown`] after the replies to its
+    /// valid requests); kept for drivers and session protocols that need a reset. It
+    /// has been detached; the reason was counted.
     Close {
         /// The connection.
         conn: C,
@@ -289,9 +300,11 @@ pub enum IoEvent<C> {
         reason: ParseErrorKind,
     },
     /// Close this connection gracefully (FIN) after what has already been handed to the
-    /// transmit callback: a worker answered with [`MsgSocket::reply_and_close`], or a
-    /// session protocol's goodbye ([`crate::proto`], e.g. HTTP/2's GOAWAY) is the last of
-    /// it. It has been detached. `reason`: the counted error, `None` for a clean end.
+    /// transmit callback: a worker answered with [`MsgSocket::reply_and_close`], a
+    /// stream failed to frame (after the replies to the requests before the bad one and
+    /// the parser's farewell, [`Parser::farewell`]), or a session protocol's goodbye
+    /// ([`crate::proto`], e.g. HTTP/2's GOAWAY) is the last of it. It has been detached.
+    /// `reason`: the counted error, `None` for a clean end.
     Shutdown {
         /// The connection.
         conn: C,
@@ -346,6 +359,11 @@ struct ConnState<C, P> {
     stalled: Option<(u64, Framed)>,
     /// The driver cannot send this connection's replies now: take no more messages.
     paused: bool,
+    /// Its stream failed to frame (counted): once every earlier message is answered and
+    /// sent, `farewell` goes out and the connection is shut down with this reason.
+    failed: Option<ParseErrorKind>,
+    /// The parser's last word for `failed` ([`Parser::farewell`]).
+    farewell: Option<Zbuf>,
 }
 
 /// The I/O core's side of a message-socket group.
@@ -358,6 +376,8 @@ pub struct MsgIo<C, P> {
     next_key: u64,
     /// Connections with a stalled message (back pressure), retried in `poll_replies`.
     stalled: VecDeque<u64>,
+    /// Connections whose stream failed, waiting for their earlier replies to go out.
+    failing: Vec<u64>,
     events: VecDeque<IoEvent<C>>,
 }
 
@@ -393,6 +413,7 @@ where
             keys: HashMap::new(),
             next_key: 0,
             stalled: VecDeque::new(),
+            failing: Vec::new(),
             events: VecDeque::new(),
         },
         sockets,
@@ -423,6 +444,8 @@ where
                 staging: Arc::new(Staging::new(window)),
                 stalled: None,
                 paused: false,
+                failed: None,
+                farewell: None,
             },
         );
         self.keys.insert(conn, key);
@@ -479,7 +502,7 @@ where
             let Some(c) = self.conns.get_mut(&key) else {
                 return;
             };
-            if c.paused {
+            if c.paused || c.failed.is_some() {
                 return;
             }
             let (seq_key, framed) = match c.stalled.take() {
@@ -493,12 +516,11 @@ where
                             .position(|k| *k == e.kind())
                             .unwrap_or(0);
                         self.shared.counters.parse_errors[i].fetch_add(1, AtomicOrdering::Relaxed);
-                        let conn = c.conn;
-                        self.detach(conn);
-                        self.events.push_back(IoEvent::Close {
-                            conn,
-                            reason: e.kind(),
-                        });
+                        // The requests before the bad one were valid: their replies go
+                        // out first (in `poll_replies`), then the farewell, then FIN.
+                        c.failed = Some(e.kind());
+                        c.farewell = c.framer.take_farewell();
+                        self.failing.push(key);
                         return;
                     }
                 },
@@ -609,6 +631,36 @@ where
             };
             self.frame(key);
         }
+        if !self.failing.is_empty() {
+            sent += self.finish_failed(&mut send);
+        }
+        sent
+    }
+
+    /// Connections whose stream failed and whose earlier replies have all gone out:
+    /// their farewell is sent, they are detached and shut down with the error's kind.
+    fn finish_failed(&mut self, send: &mut impl FnMut(C, IoVec)) -> usize {
+        let mut sent = 0;
+        let failing = std::mem::take(&mut self.failing);
+        for key in failing {
+            let Some(c) = self.conns.get_mut(&key) else {
+                // Detached meanwhile (closed by TCP, or a reply that closes).
+                continue;
+            };
+            if c.framer.in_flight() > 0 {
+                self.failing.push(key);
+                continue;
+            }
+            let (conn, reason) = (c.conn, c.failed);
+            if let Some(z) = c.farewell.take() {
+                let mut v = IoVec::new();
+                v.push(z);
+                send(conn, v);
+                sent += 1;
+            }
+            self.detach(conn);
+            self.events.push_back(IoEvent::Shutdown { conn, reason });
+        }
         sent
     }
 
@@ -641,11 +693,11 @@ where
         in_flight
     }
 
-    /// Messages of `conn` out at workers or waiting for their reply's turn (`None` if
-    /// not attached).
+    /// Messages of `conn` out at workers or waiting for their reply's turn, plus one
+    /// for a pending farewell after a framing error (`None` if not attached).
     pub fn in_flight(&self, conn: C) -> Option<usize> {
         let c = self.conns.get(self.keys.get(&conn)?)?;
-        Some(c.framer.in_flight())
+        Some(c.framer.in_flight() + usize::from(c.failed.is_some()))
     }
 
     /// Whether `conn` is attached.

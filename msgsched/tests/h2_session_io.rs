@@ -193,3 +193,95 @@ fn one_connections_streams_spread_over_workers_and_come_back_as_frames() {
         h.join().unwrap();
     }
 }
+
+/// The driver's timers (the session has none): an idle session told `Timeout::Idle`
+/// sends GOAWAY NO_ERROR and ends cleanly; a peer with zero windows holding a reply is
+/// `busy`, and `Timeout::Send` ends it the same way although no DATA can go out.
+#[test]
+fn timed_out_sessions_say_goaway_no_error_and_end_cleanly() {
+    use msgsched::proto::Timeout;
+    let sched = SchedConfig {
+        model: Model::Cs,
+        workers: 1,
+        queue_capacity: 8,
+        seed: 1,
+    };
+    let (mut io, sockets) = session_group::<u32>(&sched, FramerConfig::default()).unwrap();
+    let mut s = sockets.into_iter().next().unwrap();
+    let worker = std::thread::spawn(move || loop {
+        match s.recv_timeout(Duration::from_millis(5)) {
+            Ok(m) => {
+                let body = IoVec::from(Zbuf::from_vec(vec![7u8; 1000]));
+                s.reply(m.origin, Response::new(200).body(body).into_iovec());
+            }
+            Err(RecvError::Timeout) => {}
+            Err(RecvError::Disconnected) => return,
+        }
+    });
+    let goaway_of = |bytes: &[u8]| {
+        let fs = frames(bytes);
+        let (h, p) = fs.last().unwrap().clone();
+        assert_eq!(h.kind, kind::GOAWAY, "GOAWAY last");
+        (
+            u32::from_be_bytes([p[4], p[5], p[6], p[7]]),
+            p[8..].to_vec(),
+        )
+    };
+
+    // Idle: preface and SETTINGS, nothing else.
+    assert!(io.attach(1, Box::new(H2Session::new(H2Config::default()))));
+    let mut input = PREFACE.to_vec();
+    frame::settings(&mut input, &[]);
+    io.on_data(1, Zbuf::from_vec(input));
+    io.poll_replies(|_, _| {});
+    assert!(!io.busy(1), "an idle session is not busy");
+    io.time_out(1, Timeout::Idle);
+    let mut out = Vec::new();
+    io.poll_replies(|_, b| out.extend(b.to_vec()));
+    assert_eq!(goaway_of(&out), (0, b"idle_timeout".to_vec()));
+    assert_eq!(
+        io.poll_event(),
+        Some(IoEvent::Shutdown {
+            conn: 1,
+            reason: None
+        })
+    );
+    assert_eq!(io.counters().timeout_idle.load(Ordering::Relaxed), 1);
+
+    // Zero window: the reply is held, the session is busy until the send timer fires.
+    assert!(io.attach(2, Box::new(H2Session::new(H2Config::default()))));
+    let mut input = PREFACE.to_vec();
+    frame::settings(&mut input, &[(frame::setting::INITIAL_WINDOW_SIZE, 0)]);
+    get(&mut Encoder::new(), &mut input, 1, "/big");
+    io.on_data(2, Zbuf::from_vec(input));
+    let end = Instant::now() + Duration::from_secs(30);
+    while io.counters().replies.load(Ordering::Relaxed) < 1 {
+        assert!(Instant::now() < end, "no reply");
+        io.poll_replies(|_, _| {});
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    io.poll_replies(|_, _| {});
+    assert_eq!(io.in_flight(2), Some(0));
+    assert!(
+        io.busy(2),
+        "a reply held by a zero window keeps the session busy"
+    );
+    io.time_out(2, Timeout::Send);
+    let mut out = Vec::new();
+    io.poll_replies(|_, b| out.extend(b.to_vec()));
+    assert!(
+        frames(&out).iter().all(|(h, _)| h.kind != kind::DATA),
+        "no DATA past a zero window"
+    );
+    assert_eq!(goaway_of(&out), (0, b"send_timeout".to_vec()));
+    assert_eq!(
+        io.poll_event(),
+        Some(IoEvent::Shutdown {
+            conn: 2,
+            reason: None
+        })
+    );
+    assert_eq!(io.counters().timeout_send.load(Ordering::Relaxed), 1);
+    drop(io);
+    worker.join().unwrap();
+}

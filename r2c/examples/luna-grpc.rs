@@ -32,6 +32,9 @@ use zbuf::{IoVec, Zbuf};
 #[path = "common/tap.rs"]
 mod tap;
 
+#[path = "common/service.rs"]
+mod service;
+
 #[derive(clap::Parser, Debug, Clone)]
 #[command(about = "gRPC unary server on luna (tap topology, message mode)")]
 struct Args {
@@ -56,6 +59,10 @@ struct Args {
     /// Write this file once the server listens.
     #[arg(long)]
     ready_file: Option<PathBuf>,
+    #[command(flatten)]
+    timeouts: tap::TimeoutArgs,
+    #[command(flatten)]
+    service: service::ServiceArgs,
 }
 
 /// Largest request message.
@@ -64,12 +71,16 @@ const MAX_MESSAGE: usize = 256 << 10;
 #[derive(Default)]
 struct Stats {
     ok: AtomicU64,
+    /// Calls whose request arrived gzip-compressed.
+    gzip: AtomicU64,
     errors: [AtomicU64; 17],
 }
 
 struct App {
     kv: Arc<Mutex<HashMap<Vec<u8>, Zbuf>>>,
     stats: Arc<Stats>,
+    /// Emulated service time (`--service`).
+    service: service::Service,
 }
 
 impl App {
@@ -112,17 +123,23 @@ impl MsgHandler for App {
         let Ok(req) = Request::parse(&m.body) else {
             return;
         };
+        self.service.occupy();
         let resp = match grpc::unary(&req, MAX_MESSAGE) {
-            Ok(call) => match self.call(&call.method, call.message) {
-                Ok(reply) => {
-                    self.stats.ok.fetch_add(1, Ordering::Relaxed);
-                    grpc::reply(reply)
+            Ok(call) => {
+                if call.compressed {
+                    self.stats.gzip.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(s) => {
-                    self.stats.errors[s.code as usize].fetch_add(1, Ordering::Relaxed);
-                    grpc::error(&s)
+                match self.call(&call.method, call.message) {
+                    Ok(reply) => {
+                        self.stats.ok.fetch_add(1, Ordering::Relaxed);
+                        grpc::reply(reply)
+                    }
+                    Err(s) => {
+                        self.stats.errors[s.code as usize].fetch_add(1, Ordering::Relaxed);
+                        grpc::error(&s)
+                    }
                 }
-            },
+            }
             Err(r) => {
                 if let grpc::Refusal::Status(s) = &r {
                     self.stats.errors[s.code as usize].fetch_add(1, Ordering::Relaxed);
@@ -152,19 +169,26 @@ fn main() {
     let kv: Arc<Mutex<HashMap<Vec<u8>, Zbuf>>> = Arc::default();
     let stats = Arc::new(Stats::default());
     let st2 = Arc::clone(&stats);
-    let (rt, workers) = Runtime::spawn_msg_session(
+    let svc = args.service.clone();
+    let (rt, workers) = Runtime::spawn_msg_session_with_timeouts(
         p.core.take().expect("opened"),
         opts,
         mcfg,
+        args.timeouts.timeouts(),
         move || Box::new(H2Session::new(h2cfg.clone())) as Box<dyn Session>,
-        move |_| App {
+        move |w| App {
             kv: Arc::clone(&kv),
             stats: Arc::clone(&st2),
+            service: svc.for_worker(w),
         },
     )
     .unwrap_or_else(|e| tap::die("luna-grpc", &format!("runtime: {e}")));
     tap::run_until_stopped(rt, args.stop_file.as_ref(), args.secs);
-    let mut line = format!("OK grpc_ok={}", stats.ok.load(Ordering::Relaxed));
+    let mut line = format!(
+        "OK grpc_ok={} grpc_gzip={}",
+        stats.ok.load(Ordering::Relaxed),
+        stats.gzip.load(Ordering::Relaxed)
+    );
     for (code, n) in stats.errors.iter().enumerate() {
         let n = n.load(Ordering::Relaxed);
         if n > 0 {

@@ -61,6 +61,10 @@ struct Args {
     /// Flood budget (see msgsched::proto::h2::session).
     #[arg(long, default_value_t = 1000)]
     flood_budget: u32,
+    #[command(flatten)]
+    timeouts: tap::TimeoutArgs,
+    #[command(flatten)]
+    service: service::ServiceArgs,
 }
 
 struct App {
@@ -70,6 +74,8 @@ struct App {
     served: Arc<Vec<AtomicU64>>,
     /// Per connection, the set of workers that served it (bit i: worker i).
     spread: Arc<Mutex<HashMap<Conn, u64>>>,
+    /// Emulated service time (`--service`).
+    service: service::Service,
 }
 
 impl MsgHandler for App {
@@ -78,6 +84,7 @@ impl MsgHandler for App {
             // Dropping the origin resets the stream (counted).
             return;
         };
+        self.service.occupy();
         let resp = match req.path() {
             b"/" => Response::new(200)
                 .header("content-type", "text/plain")
@@ -96,6 +103,9 @@ impl MsgHandler for App {
 
 #[path = "common/tap.rs"]
 mod tap;
+
+#[path = "common/service.rs"]
+mod service;
 
 fn main() {
     let args = Args::parse();
@@ -125,16 +135,19 @@ fn serve(args: &Args, port: &testbed::DpdkPort) {
     let served2 = Arc::clone(&served);
     let spread: Arc<Mutex<HashMap<Conn, u64>>> = Arc::default();
     let spread2 = Arc::clone(&spread);
-    let (rt, workers) = Runtime::spawn_msg_session(
+    let svc = args.service.clone();
+    let (rt, workers) = Runtime::spawn_msg_session_with_timeouts(
         p.core.take().expect("opened"),
         opts,
         mcfg,
+        args.timeouts.timeouts(),
         move || Box::new(H2Session::new(h2cfg.clone())) as Box<dyn Session>,
-        move |_| App {
+        move |w| App {
             hello: hello.clone(),
             big: big.clone(),
             served: Arc::clone(&served2),
             spread: Arc::clone(&spread2),
+            service: svc.for_worker(w),
         },
     )
     .unwrap_or_else(|e| tap::die("luna-h2", &format!("runtime: {e}")));

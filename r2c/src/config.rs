@@ -52,6 +52,9 @@
 //! iface = "luna-exc"           # that netdev's name (the kernel's view of the NIC)
 //! mirror = false               # mirror the kernel's ARP/routes (netlink-sync); luna stops ARP
 //! queue = 1024                 # bound of each direction's queue, frames
+//!
+//! [control]                    # the lunactl endpoint (crate docs: `control`); off without it
+//! socket = "/run/luna/app.sock"
 //! ```
 //!
 //! Overrides use dotted keys: `net.ip=198.18.0.2`, `cores.list=[2,3]`; values are TOML,
@@ -508,7 +511,8 @@ impl Config {
                 "add a [traffic] section (listen_tcp = [...] at least)",
             ));
         }
-        let (mode, options, workers) = Self::runtime(root.table("runtime")?, &cores)?;
+        let (mode, mut options, workers) = Self::runtime(root.table("runtime")?, &cores)?;
+        options.control = Self::control(root.table("control")?)?;
         root.finish(&[
             "eal",
             "device",
@@ -519,6 +523,7 @@ impl Config {
             "traffic",
             "exception",
             "runtime",
+            "control",
         ])?;
         Ok(Config {
             eal,
@@ -592,6 +597,44 @@ impl Config {
         }
         let range = plan.reserved();
         Ok((PortsConfig { range, app, plan }, Some(model)))
+    }
+
+    /// `[control]`: the control socket's path (bound when the runtime starts).
+    fn control(w: Option<Walk>) -> Result<Option<crate::control::ControlConfig>, ConfigError> {
+        let Some(mut w) = w else {
+            return Ok(None);
+        };
+        let Some((k, v)) = w.take("socket") else {
+            return Err(err(
+                "control.socket",
+                "missing",
+                "set socket = \"/run/luna/app.sock\" (or remove [control] to turn it off)",
+            ));
+        };
+        let path = string(&k, &v, "/run/luna/app.sock")?;
+        if path.is_empty() {
+            return Err(err(
+                &k,
+                "is empty",
+                "give a path such as \"/run/luna/app.sock\"",
+            ));
+        }
+        if path.len() > crate::control::MAX_SOCKET_PATH {
+            return Err(err(
+                &k,
+                format!(
+                    "is {} bytes; a unix socket path holds at most {}",
+                    path.len(),
+                    crate::control::MAX_SOCKET_PATH
+                ),
+                "use a shorter path",
+            ));
+        }
+        if path.contains('\0') {
+            return Err(err(&k, "contains a NUL byte", "remove it"));
+        }
+        w.finish(&["socket"])?;
+        Ok(Some(crate::control::ControlConfig::new(path)))
     }
 
     fn exception(w: Option<Walk>) -> Result<Option<ExceptionSettings>, ConfigError> {

@@ -110,6 +110,8 @@ pub struct CoreOptions {
     /// still in progress, so neither side may close while the other polls
     /// (see `device::dpdk::memif_quiesce`).
     pub before_release: Option<ReleaseHook>,
+    /// The control endpoint (`lunactl`): a unix socket path; off when `None`.
+    pub control: Option<crate::control::ControlConfig>,
 }
 
 /// See [`CoreOptions::before_release`].
@@ -137,6 +139,7 @@ impl Default for CoreOptions {
             rng_seed: None,
             slab: None,
             before_release: None,
+            control: None,
         }
     }
 }
@@ -198,6 +201,8 @@ pub enum CoreError {
     Panicked(String),
     /// The thread could not be spawned.
     Spawn(String),
+    /// The control endpoint could not start (its message says why).
+    Control(String),
 }
 
 impl fmt::Display for CoreError {
@@ -214,6 +219,7 @@ impl fmt::Display for CoreError {
             CoreError::TableFull => f.write_str("too many static routes or neighbours for the stack's tables"),
             CoreError::Panicked(m) => write!(f, "core thread panicked: {m}"),
             CoreError::Spawn(m) => write!(f, "cannot spawn core thread: {m}"),
+            CoreError::Control(m) => write!(f, "control endpoint: {m}"),
         }
     }
 }
@@ -592,6 +598,7 @@ pub(crate) trait Mode {
 pub(crate) struct Shared {
     pub stop: Arc<AtomicBool>,
     pub cell: Arc<StatsCell>,
+    pub probe: Arc<crate::control::Probe>,
 }
 
 pub(crate) struct CoreLoop<D: Device> {
@@ -607,6 +614,10 @@ pub(crate) struct CoreLoop<D: Device> {
     table_changes: Vec<(Ipv4Addr, Option<EthernetAddress>)>,
     /// The first device mirrors the kernel's tables (asked once at start).
     mirrors_tables: bool,
+    /// The control endpoint's mailbox (looked at when stats are published).
+    probe: Arc<crate::control::Probe>,
+    /// On while `lunactl capture` runs on this core's port.
+    capture: Option<crate::capture::CoreCapture>,
 }
 
 impl<D: Device> CoreLoop<D> {
@@ -684,6 +695,8 @@ impl<D: Device> CoreLoop<D> {
             idle_streak: 0,
             table_changes: Vec::new(),
             mirrors_tables,
+            probe: shared.probe,
+            capture: None,
         })
     }
 
@@ -717,6 +730,14 @@ impl<D: Device> CoreLoop<D> {
             if publish_in == 0 {
                 publish_in = self.opts.stats_interval.max(1);
                 self.publish(false);
+                if self.probe.pending() {
+                    crate::control::serve_core(
+                        &self.probe,
+                        &self.st,
+                        &self.devices,
+                        &mut self.capture,
+                    );
+                }
             }
             if busy {
                 self.idle_streak = 0;
@@ -726,6 +747,8 @@ impl<D: Device> CoreLoop<D> {
             }
         }
         self.publish(true);
+        self.probe.retire();
+        self.capture = None;
         if let Some(hook) = &self.opts.before_release {
             (hook.0)(self.st.index);
         }
@@ -765,9 +788,12 @@ impl<D: Device> CoreLoop<D> {
             d.rx_burst(&mut self.rx, room);
         }
         let received = self.rx.len();
-        // An empty burst skips the drain (its construction and drop cost ~26
-        // instructions per idle iteration, measured with callgrind).
+        // An empty burst skips capture and the drain (the drain's construction and drop
+        // cost ~26 instructions per idle iteration, measured with callgrind).
         if received > 0 {
+            if let Some(c) = &mut self.capture {
+                c.on_rx(self.st.now.as_nanos(), &self.rx);
+            }
             for frame in self.rx.drain(..) {
                 self.st.stats.rx_frames += 1;
                 self.st.stats.rx_bytes += frame.len() as u64;
@@ -834,8 +860,14 @@ impl<D: Device> CoreLoop<D> {
             return 0;
         }
         let mut sent = 0;
+        if let Some(c) = &mut self.capture {
+            c.stage_tx(self.st.now.as_nanos(), &self.tx);
+        }
         for d in &mut self.devices {
             let n = d.tx_burst(&mut self.tx);
+            if let Some(c) = &mut self.capture {
+                c.commit_tx(n);
+            }
             sent += n;
             self.st.stats.tx_frames += n as u64;
             if self.tx.is_empty() {
@@ -853,6 +885,9 @@ impl<D: Device> CoreLoop<D> {
             if self.tx_stalled > self.opts.tx_retry_limit {
                 self.st.stats.tx_dropped += self.tx.len() as u64;
                 self.tx.clear();
+                if let Some(c) = &mut self.capture {
+                    c.discard_tx();
+                }
                 self.tx_stalled = 0;
             }
         }

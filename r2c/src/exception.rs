@@ -378,6 +378,14 @@ impl<D: Device + RawPort, E: Device + RawPort> Device for ExceptionDevice<D, E> 
         self.main.queue()
     }
 
+    fn port(&self) -> u16 {
+        self.main.port()
+    }
+
+    fn observe(&self) -> crate::device::DeviceObservation {
+        self.main.observe()
+    }
+
     fn exception(&self) -> Option<ExceptionStats> {
         Some(self.stats)
     }

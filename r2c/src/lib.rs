@@ -23,14 +23,18 @@
 //! bounded backlog. Bytes in the backlog always go first, so mixing the two keeps the
 //! byte order. Applications read the stack through the read-only [`view::StackView`].
 //!
+//! [`control`] is the `lunactl` endpoint (counters, connections, [`capture`] to pcapng).
+//!
 //! [`config`] reads the TOML configuration (with CLI overrides); [`device::mem`] is an
 //! in-memory multi-queue link for tests and CI without DPDK.
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
 pub mod batch;
+pub mod capture;
 pub mod clock;
 pub mod config;
+pub mod control;
 mod core;
 pub mod device;
 pub mod exception;

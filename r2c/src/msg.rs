@@ -11,8 +11,18 @@
 //! Back pressure, never loss: a connection is read only while its framer wants input,
 //! the scheduler had room for its last message, and no reply of it waits for TCP send
 //! space; otherwise its bytes wait in the TCP receive buffer (the window closes).
-//! A parse error resets only its own connection (counted by kind in
-//! [`msgsched::socket::MsgCounters`]).
+//! A parse error ends only its own connection (counted by kind in
+//! [`msgsched::socket::MsgCounters`]): the requests before the bad one are answered,
+//! then the parser's farewell, then FIN.
+//!
+//! Timers ([`MsgTimeouts`]; the runtime owns the clock, sessions and framers stay
+//! sans-IO): a connection with nothing in progress and no traffic for `idle` is ended,
+//! and so is one whose output is owed to a peer that takes none of it for `send` (it
+//! stopped reading, or an HTTP/2 peer holds its windows at zero and goes quiet). A
+//! session says goodbye first ([`Session::timed_out`]: HTTP/2 GOAWAY NO_ERROR, then the
+//! linger below); a framed connection is closed (idle) or reset (send). Counted as
+//! `timeout_idle` / `timeout_send`. Time a request spends at a worker is ours, not the
+//! peer's: it never counts against the send timeout.
 
 use crate::core::{Conn, CoreOptions, CoreSetup, CoreState, Mode};
 use crate::device::Device;
@@ -22,7 +32,7 @@ use luna_stack::stack::{RecvError, SendError};
 use msgsched::framer::FramerConfig;
 use msgsched::parser::Parser;
 use msgsched::proto::io::{session_group, SessionIo};
-use msgsched::proto::Session;
+use msgsched::proto::{Session, Timeout};
 use msgsched::sched::{RecvError as SchedRecvError, SchedConfig};
 use msgsched::socket::{group, IoEvent, Message, MsgCounters, MsgIo, MsgSocket, Origin};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -42,6 +52,45 @@ pub struct MsgConfig {
     pub framer: FramerConfig,
     /// CPUs to pin workers to (index = worker), when [`CoreOptions::pin`].
     pub worker_cpus: Vec<usize>,
+}
+
+/// Message mode's timers (see the module docs). `None`: that timer is off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MsgTimeouts {
+    /// End a connection with nothing in progress and no bytes either way for this long
+    /// (nginx: `keepalive_timeout` 75 s, formerly `http2_idle_timeout`).
+    pub idle: Option<Duration>,
+    /// End a connection whose owed output made no progress for this long (nginx:
+    /// `send_timeout` 60 s, between two successive writes).
+    pub send: Option<Duration>,
+}
+
+impl MsgTimeouts {
+    /// No timers (memcached's default: `idle_timeout` 0; [`Runtime::spawn_msg`]).
+    pub const NONE: MsgTimeouts = MsgTimeouts {
+        idle: None,
+        send: None,
+    };
+
+    /// nginx's defaults for HTTP/2: idle 75 s, send 60 s ([`Runtime::spawn_msg_session`]).
+    pub const SESSIONS: MsgTimeouts = MsgTimeouts {
+        idle: Some(Duration::from_secs(75)),
+        send: Some(Duration::from_secs(60)),
+    };
+}
+
+/// How often the timers are checked (they are coarse: seconds).
+const TIMER_TICK: Duration = Duration::from_millis(100);
+
+/// A connection's last progress, for the timers.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    /// Bytes received, or output written.
+    last_any: luna_stack::time::Instant,
+    /// Output written (to TCP, or acknowledged by the peer), or work at a worker.
+    last_out: luna_stack::time::Instant,
+    /// TCP send capacity last seen (it grows as the peer acknowledges).
+    cap: usize,
 }
 
 /// What a worker's handler may do.
@@ -115,6 +164,11 @@ trait IoSide {
     /// Take no more messages of `h` (`true`) while its replies cannot go to TCP, or
     /// resume.
     fn pause(&mut self, h: Conn, paused: bool);
+    /// Whether output owed to `h`'s peer is held above TCP (a session's flow control).
+    fn busy(&self, h: Conn) -> bool;
+    /// `timer` expired for `h` (counted here): `true` if the I/O side says goodbye and
+    /// emits [`IoEvent::Shutdown`]; `false`: the driver closes `h` itself.
+    fn time_out(&mut self, h: Conn, timer: Timeout) -> bool;
 }
 
 struct Framed<P: Parser, F: Fn() -> P> {
@@ -150,6 +204,18 @@ impl<P: Parser, F: Fn() -> P> IoSide for Framed<P, F> {
     }
     fn pause(&mut self, h: Conn, paused: bool) {
         self.io.pause(h, paused);
+    }
+    fn busy(&self, _h: Conn) -> bool {
+        false
+    }
+    fn time_out(&mut self, _h: Conn, timer: Timeout) -> bool {
+        let c = self.io.counters();
+        match timer {
+            Timeout::Idle => &c.timeout_idle,
+            Timeout::Send => &c.timeout_send,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        false
     }
 }
 
@@ -188,6 +254,13 @@ impl<F: Fn() -> Box<dyn Session>> IoSide for Sessions<F> {
         // output cap), and `MsgMode::read` leaves the peer's bytes in TCP while replies
         // wait for send space, so no more requests are taken meanwhile.
     }
+    fn busy(&self, h: Conn) -> bool {
+        self.io.busy(h)
+    }
+    fn time_out(&mut self, h: Conn, timer: Timeout) -> bool {
+        self.io.time_out(h, timer);
+        true
+    }
 }
 
 /// The I/O core's side.
@@ -205,6 +278,11 @@ struct MsgMode<S: IoSide> {
     unsent: HashMap<Conn, VecDeque<Zbuf>>,
     /// Peers that finished sending: close once nothing is in flight and all is sent.
     eof: HashSet<Conn>,
+    timeouts: MsgTimeouts,
+    /// Per attached connection, its last progress (only with a timer on).
+    clocks: HashMap<Conn, Clock>,
+    /// When the timers were last checked.
+    last_tick: luna_stack::time::Instant,
 }
 
 impl<S: IoSide> MsgMode<S> {
@@ -229,6 +307,9 @@ impl<S: IoSide> MsgMode<S> {
             match st.recv(h) {
                 Ok(Some(z)) => {
                     st.stats.to_workers += 1;
+                    if let Some(c) = self.clocks.get_mut(&h) {
+                        c.last_any = st.now;
+                    }
                     self.io().on_data(h, z);
                 }
                 Ok(None) => break,
@@ -264,11 +345,15 @@ impl<S: IoSide> MsgMode<S> {
         }
         st.flush_backlogs();
         let mut drained = Vec::new();
+        let clocks = &mut self.clocks;
         self.unsent.retain(|&h, q| {
             while let Some(z) = q.front() {
                 match st.send_all(h, z.clone()) {
                     Ok(()) => {
                         q.pop_front();
+                        if let Some(c) = clocks.get_mut(&h) {
+                            (c.last_any, c.last_out) = (st.now, st.now);
+                        }
                     }
                     Err(SendError::WouldBlock) => return true,
                     Err(_) => return false,
@@ -296,6 +381,15 @@ impl<S: IoSide> MsgMode<S> {
                             continue;
                         }
                         self.io().attach_new(h);
+                        if self.timeouts != MsgTimeouts::NONE {
+                            let cap = st.stack.connection(h).map_or(0, |c| c.send_capacity());
+                            let c = Clock {
+                                last_any: st.now,
+                                last_out: st.now,
+                                cap,
+                            };
+                            self.clocks.insert(h, c);
+                        }
                         self.read(h, st);
                     }
                 }
@@ -316,6 +410,70 @@ impl<S: IoSide> MsgMode<S> {
         self.unsent.remove(&h);
         self.eof.remove(&h);
         self.closing.remove(&h);
+        self.clocks.remove(&h);
+    }
+
+    /// The timers: each attached connection's idle or send timeout (see the module
+    /// docs), checked every [`TIMER_TICK`].
+    fn timers(&mut self, st: &mut CoreState) -> bool {
+        if self.clocks.is_empty() || st.now.saturating_duration_since(self.last_tick) < TIMER_TICK {
+            return false;
+        }
+        self.last_tick = st.now;
+        let snd_buf = st.stack.config().tcp.snd_buf as usize;
+        let mut expired = Vec::new();
+        let hs: Vec<Conn> = self.clocks.keys().copied().collect();
+        for h in hs {
+            if self.closing.contains_key(&h) || !self.io().is_attached(h) {
+                continue;
+            }
+            let (cap, unacked) = st.stack.connection(h).map_or((0, false), |c| {
+                (
+                    c.send_capacity(),
+                    c.bytes_in_flight() > 0 || c.send_capacity() < snd_buf,
+                )
+            });
+            let owed = self.unsent.contains_key(&h) || unacked || self.io().busy(h);
+            let at_workers = self.io().in_flight(h).unwrap_or(0) > 0;
+            let Some(c) = self.clocks.get_mut(&h) else {
+                continue;
+            };
+            if cap > c.cap {
+                // The peer acknowledged output.
+                (c.last_any, c.last_out) = (st.now, st.now);
+            }
+            c.cap = cap;
+            if at_workers {
+                // Waiting for our workers is not the peer's doing.
+                (c.last_any, c.last_out) = (st.now, st.now);
+            } else if owed {
+                if self
+                    .timeouts
+                    .send
+                    .is_some_and(|t| st.now.saturating_duration_since(c.last_out) > t)
+                {
+                    expired.push((h, Timeout::Send));
+                }
+            } else if self
+                .timeouts
+                .idle
+                .is_some_and(|t| st.now.saturating_duration_since(c.last_any) > t)
+            {
+                expired.push((h, Timeout::Idle));
+            }
+        }
+        let work = !expired.is_empty();
+        for (h, timer) in expired {
+            self.clocks.remove(&h);
+            if !self.io().time_out(h, timer) {
+                self.forget(h);
+                match timer {
+                    Timeout::Idle => st.close(h),
+                    Timeout::Send => st.abort(h),
+                }
+            }
+        }
+        work
     }
 
     /// Lingering connections: discard input; close once sent and acknowledged.
@@ -368,16 +526,24 @@ impl<S: IoSide> Mode for MsgMode<S> {
     fn iteration(&mut self, st: &mut CoreState) -> bool {
         let mut work = self.on_events(st);
         self.retry_unsent(st);
+        if self.timers(st) {
+            work = true;
+        }
         // Replies from the workers, in wire order per connection.
         let mut unsent = std::mem::take(&mut self.unsent);
+        let mut clocks = std::mem::take(&mut self.clocks);
         let mut sent = 0u64;
         self.io().poll_replies(&mut |h, reply| {
             sent += 1;
+            if let Some(c) = clocks.get_mut(&h) {
+                (c.last_any, c.last_out) = (st.now, st.now);
+            }
             for z in reply {
                 Self::send(&mut unsent, h, z, st);
             }
         });
         self.unsent = unsent;
+        self.clocks = clocks;
         if sent > 0 {
             // A peer that does not read: take no more of its messages until its replies
             // are in TCP (otherwise replies would pile up here without bound).
@@ -488,10 +654,30 @@ impl Runtime {
     /// Start message mode: `io` runs NIC I/O, TCP and the parsers (`make_parser` for each
     /// accepted connection); `cfg.sched.workers` threads run `make_handler(worker)`.
     /// Workers exit after the I/O core has stopped and their queues are drained.
+    /// No timers ([`MsgTimeouts::NONE`], memcached's default).
     pub fn spawn_msg<D, P, FP, H, FH>(
         io: CoreSetup<D>,
         opts: CoreOptions,
         cfg: MsgConfig,
+        make_parser: FP,
+        make_handler: FH,
+    ) -> Result<(Runtime, MsgWorkers), RuntimeError>
+    where
+        D: Device + Send + 'static,
+        P: Parser + 'static,
+        FP: Fn() -> P + Clone + Send + Sync + 'static,
+        H: MsgHandler + 'static,
+        FH: Fn(usize) -> H + Send + Sync + 'static,
+    {
+        Self::spawn_msg_with_timeouts(io, opts, cfg, MsgTimeouts::NONE, make_parser, make_handler)
+    }
+
+    /// [`Runtime::spawn_msg`] with `timeouts`.
+    pub fn spawn_msg_with_timeouts<D, P, FP, H, FH>(
+        io: CoreSetup<D>,
+        opts: CoreOptions,
+        cfg: MsgConfig,
+        timeouts: MsgTimeouts,
         make_parser: FP,
         make_handler: FH,
     ) -> Result<(Runtime, MsgWorkers), RuntimeError>
@@ -510,17 +696,52 @@ impl Runtime {
             io: msg_io,
             make: make_parser,
         };
-        spawn_side(io, opts, cfg, side, counters, sockets, make_handler)
+        spawn_side(
+            io,
+            opts,
+            cfg,
+            timeouts,
+            side,
+            counters,
+            sockets,
+            make_handler,
+        )
     }
 
     /// Start message mode with a session protocol ([`msgsched::proto`], e.g. HTTP/2):
     /// each accepted connection gets `make_session()`; the session answers connection
     /// frames on the I/O core and hands whole requests to the workers, which answer as in
-    /// [`Runtime::spawn_msg`]. Of `cfg.framer` only `max_in_flight` applies.
+    /// [`Runtime::spawn_msg`]. Of `cfg.framer` only `max_in_flight` applies. Timers:
+    /// nginx's defaults ([`MsgTimeouts::SESSIONS`]).
     pub fn spawn_msg_session<D, FS, H, FH>(
         io: CoreSetup<D>,
         opts: CoreOptions,
         cfg: MsgConfig,
+        make_session: FS,
+        make_handler: FH,
+    ) -> Result<(Runtime, MsgWorkers), RuntimeError>
+    where
+        D: Device + Send + 'static,
+        FS: Fn() -> Box<dyn Session> + Clone + Send + Sync + 'static,
+        H: MsgHandler + 'static,
+        FH: Fn(usize) -> H + Send + Sync + 'static,
+    {
+        Self::spawn_msg_session_with_timeouts(
+            io,
+            opts,
+            cfg,
+            MsgTimeouts::SESSIONS,
+            make_session,
+            make_handler,
+        )
+    }
+
+    /// [`Runtime::spawn_msg_session`] with `timeouts`.
+    pub fn spawn_msg_session_with_timeouts<D, FS, H, FH>(
+        io: CoreSetup<D>,
+        opts: CoreOptions,
+        cfg: MsgConfig,
+        timeouts: MsgTimeouts,
         make_session: FS,
         make_handler: FH,
     ) -> Result<(Runtime, MsgWorkers), RuntimeError>
@@ -538,7 +759,16 @@ impl Runtime {
             io: sio,
             make: make_session,
         };
-        spawn_side(io, opts, cfg, side, counters, sockets, make_handler)
+        spawn_side(
+            io,
+            opts,
+            cfg,
+            timeouts,
+            side,
+            counters,
+            sockets,
+            make_handler,
+        )
     }
 }
 
@@ -550,10 +780,12 @@ fn spawn_error(core: usize, m: &str) -> RuntimeError {
 }
 
 /// Starts the I/O core with `side` and the workers on `sockets`.
+#[allow(clippy::too_many_arguments)]
 fn spawn_side<D, S, H, FH>(
     io: CoreSetup<D>,
     opts: CoreOptions,
     cfg: MsgConfig,
+    timeouts: MsgTimeouts,
     side: S,
     counters: Arc<MsgCounters>,
     sockets: Vec<MsgSocket<Conn>>,
@@ -579,6 +811,9 @@ where
         unread: HashSet::new(),
         unsent: HashMap::new(),
         eof: HashSet::new(),
+        timeouts,
+        clocks: HashMap::new(),
+        last_tick: luna_stack::time::Instant::ZERO,
     })?;
     let stop = rt.stop_flag();
     let spawn = crate::workers::Spawn {

@@ -1,6 +1,7 @@
 //! Starting cores on their threads, reading their stats, stopping them.
 
 use crate::batch::{BatchApp, BatchMode};
+use crate::control::{ControlServer, Probe};
 use crate::core::{CoreError, CoreLoop, CoreOptions, CoreReport, CoreSetup, Mode, Shared};
 use crate::device::Device;
 use crate::inline::{InlineApp, InlineMode};
@@ -47,6 +48,7 @@ pub struct Runtime {
     stop: StopHandle,
     cells: Vec<Arc<StatsCell>>,
     threads: Vec<JoinHandle<Result<CoreReport, CoreError>>>,
+    control: Option<JoinHandle<()>>,
     extra: Vec<Box<dyn FnOnce() -> Result<(), CoreError> + Send>>,
 }
 
@@ -123,13 +125,23 @@ impl Runtime {
         M: Mode + 'static,
         F: Fn(usize) -> M + Send + Sync + 'static,
     {
+        // Bound before any core starts: a socket in use fails the start cleanly.
+        let control = match &opts.control {
+            Some(c) => Some(ControlServer::bind(c).map_err(|e| RuntimeError {
+                core: 0,
+                error: CoreError::Control(e.to_string()),
+            })?),
+            None => None,
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let make_mode = Arc::new(make_mode);
+        let mut probes = Vec::new();
         let (ready_tx, ready_rx) = mpsc::channel::<(usize, Result<(), String>)>();
         let mut rt = Runtime {
             stop: StopHandle(Arc::clone(&stop)),
             cells: Vec::new(),
             threads: Vec::new(),
+            control: None,
             extra: Vec::new(),
         };
         let n = cores.len();
@@ -137,9 +149,12 @@ impl Runtime {
             let index = setup.index;
             let cell = Arc::new(StatsCell::default());
             rt.cells.push(Arc::clone(&cell));
+            let probe = Arc::new(Probe::default());
+            probes.push((Arc::clone(&probe), Arc::clone(&cell)));
             let shared = Shared {
                 stop: Arc::clone(&stop),
                 cell,
+                probe,
             };
             let opts = opts.clone();
             let make_mode = Arc::clone(&make_mode);
@@ -193,6 +208,19 @@ impl Runtime {
                 core: 0,
                 error: CoreError::Panicked("a core exited during start".into()),
             }));
+        }
+        if let Some(server) = control {
+            match server.spawn(Arc::clone(&stop), probes, opts.slab.clone()) {
+                Ok(h) => rt.control = Some(h),
+                Err(e) => {
+                    rt.stop.stop();
+                    let _ = rt.join();
+                    return Err(RuntimeError {
+                        core: 0,
+                        error: CoreError::Control(format!("cannot spawn its thread: {e}")),
+                    });
+                }
+            }
         }
         Ok(rt)
     }
@@ -254,6 +282,9 @@ impl Runtime {
                 }
             }
         }
+        if let Some(c) = self.control.take() {
+            let _ = c.join();
+        }
         for join in self.extra.drain(..) {
             if let Err(error) = join() {
                 first_err.get_or_insert(RuntimeError {
@@ -275,6 +306,9 @@ impl Drop for Runtime {
         self.stop.stop();
         for h in self.threads.drain(..) {
             let _ = h.join();
+        }
+        if let Some(c) = self.control.take() {
+            let _ = c.join();
         }
         for join in self.extra.drain(..) {
             let _ = join();

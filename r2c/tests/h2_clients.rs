@@ -357,7 +357,7 @@ fn grpc_client(prefix: &str, model: &str) {
     );
     let t = text(&o);
     assert!(
-        o.status.success() && t.contains("GRPC-CLIENT ok calls=312"),
+        o.status.success() && t.contains("GRPC-CLIENT ok calls=314"),
         "{t}"
     );
     let o = run(
@@ -375,14 +375,18 @@ fn grpc_client(prefix: &str, model: &str) {
     );
     assert!(text(&o).contains(":status: 415"), "{}", text(&o));
     let c = srv.stop();
-    // 9 + 200 + 50 + 50 successful calls; NOT_FOUND (5), INVALID_ARGUMENT (3) and
-    // UNIMPLEMENTED (12) once each; the 415 is not a gRPC call.
-    assert_eq!(c["grpc_ok"], 309, "{c:?}");
+    // 9 + 200 + 50 + 50 + 2 (gzip) successful calls; NOT_FOUND (5), INVALID_ARGUMENT
+    // (3) and UNIMPLEMENTED (12) once each; the 415 is not a gRPC call.
+    assert_eq!(c["grpc_ok"], 311, "{c:?}");
+    assert_eq!(
+        c["grpc_gzip"], 2,
+        "the two gzip calls arrived compressed: {c:?}"
+    );
     assert_eq!(c["grpc_status_5"], 1, "{c:?}");
     assert_eq!(c["grpc_status_3"], 1, "{c:?}");
     assert_eq!(c["grpc_status_12"], 1, "{c:?}");
-    assert_eq!(c["h2_requests"], 313, "{c:?}");
-    assert_eq!(c["h2_responses"], 313, "{c:?}");
+    assert_eq!(c["h2_requests"], 315, "{c:?}");
+    assert_eq!(c["h2_responses"], 315, "{c:?}");
     assert_eq!(c["abandoned"], 0, "{c:?}");
     assert!(
         !c.keys()
@@ -403,12 +407,18 @@ fn grpcio_unary_client_against_luna_grpc_cs() {
 
 /// Each attack of `tests/h2/attacks.py` on its own connection while h2load, a
 /// well-behaved client, keeps requesting on two others: the attacker gets the GOAWAY
-/// code the defence says (or, for the zero-window slow read, its streams past the
-/// concurrency limit refused while the connection stays up), every h2load request
-/// succeeds, and the server's counters name each defence.
+/// code the defence says (for the zero-window slow read: its streams past the
+/// concurrency limit refused, then, once it has been quiet for the send timeout, GOAWAY
+/// NO_ERROR and the close; an idle connection likewise after the idle timeout), every
+/// h2load request succeeds, and the server's counters name each defence.
 #[test]
 fn http2_attacks_are_stopped_and_a_good_client_is_served() {
-    let srv = Server::start("lh2at", "ms", &[]);
+    // Short timers so the test is quick (the defaults are nginx's: 75 s / 60 s).
+    let srv = Server::start(
+        "lh2at",
+        "ms",
+        &["--idle-timeout", "3", "--send-timeout", "3"],
+    );
     let mut good = srv.client("h2load");
     good.args(["-D", "20", "-c", "2", "-m", "4", &srv.url("/")]);
     let good = std::thread::spawn(move || run(good, Duration::from_secs(90)));
@@ -423,7 +433,14 @@ fn http2_attacks_are_stopped_and_a_good_client_is_served() {
         ("settings_flood", "goaway=11"),
         ("empty_frames", "goaway=11"),
         ("window_overflow", "goaway=3"),
-        ("zero_window", "goaway=none rst=50 closed=0 refused=50"),
+        (
+            "zero_window",
+            "goaway=0 rst=50 closed=1 refused=50 debug=send_timeout",
+        ),
+        (
+            "idle",
+            "goaway=0 rst=0 closed=1 refused=0 debug=idle_timeout",
+        ),
     ];
     for (a, want) in attacks {
         let o = run(
@@ -440,7 +457,7 @@ fn http2_attacks_are_stopped_and_a_good_client_is_served() {
         let t = text(&o);
         println!("{}", t.trim());
         assert!(t.contains(&format!("ATTACK {a} {want}")), "{a}: {t}");
-        if want.starts_with("goaway=1") || want.starts_with("goaway=3") {
+        if want.starts_with("goaway=") {
             assert!(t.contains("closed=1"), "{a}: the server closed it: {t}");
         }
     }
@@ -467,6 +484,12 @@ fn http2_attacks_are_stopped_and_a_good_client_is_served() {
     assert_eq!(n("h2_goaway_window_overflow"), 1, "{c:?}");
     assert_eq!(n("h2_rst_refused"), 50, "{c:?}");
     assert!(n("h2_rst_zero_window_update") > 0, "{c:?}");
+    // The timers: the zero-window reader by the send timeout, the idle one by the idle
+    // timeout, each with GOAWAY NO_ERROR; no other connection timed out.
+    assert_eq!(n("h2_goaway_send_timeout"), 1, "{c:?}");
+    assert_eq!(n("h2_goaway_idle_timeout"), 1, "{c:?}");
+    assert_eq!(n("timeout_send"), 1, "{c:?}");
+    assert_eq!(n("timeout_idle"), 1, "{c:?}");
     assert_eq!(n("abandoned"), 0, "{c:?}");
     assert_eq!(c["attached"], c["detached"], "{c:?}");
     // Answered: h2load's requests, the last GET, and the few attack streams whose reply

@@ -5,7 +5,7 @@
 use super::{Owner, Stack, ETH_LEN, IP_LEN, MAX_HEADER_LEN};
 use crate::context::Rng;
 use crate::tables::neighbour::Resolution;
-use crate::tcp::conn::FourTuple;
+use crate::tcp::conn::{FourTuple, OutSegment};
 use crate::time::Instant;
 use crate::wire::checksum::Accumulator;
 use crate::wire::{
@@ -106,11 +106,17 @@ impl<R: Rng> Stack<R> {
                 continue;
             };
             let next_hop = e.next_hop;
-            let seg = match e.held.take() {
-                Some(s) => Some(s),
-                None => e.conn.poll_segment(now),
+            // The segment is built in this slot (no move of header and io-vector out of
+            // the connection), or is the one parked for ARP.
+            let mut seg = OutSegment::default();
+            let got = match e.held.take() {
+                Some(s) => {
+                    seg = s;
+                    true
+                }
+                None => e.conn.poll_segment_into(now, &mut seg),
             };
-            let Some(seg) = seg else {
+            if !got {
                 e.dirty = false;
                 self.dirty.pop_front();
                 let reclaim = e.conn.is_closed() && e.owner != Owner::App;
@@ -120,7 +126,7 @@ impl<R: Rng> Stack<R> {
                     self.free_slot(idx);
                 }
                 continue;
-            };
+            }
             let _ = gen;
             let cached = e
                 .hop_mac
@@ -139,15 +145,20 @@ impl<R: Rng> Stack<R> {
             };
             match mac {
                 Some(mac) => {
-                    let tuple = self.slots[idx as usize]
+                    let e = self.slots[idx as usize]
                         .entry
-                        .as_deref()
-                        .expect("present")
-                        .conn
-                        .tuple();
-                    let t = self.build_tcp(&seg.repr, seg.payload, tuple, mac);
+                        .as_deref_mut()
+                        .expect("present");
+                    let tuple = e.conn.tuple();
+                    // The last segment of the burst: leave the dirty list now rather than on
+                    // one more `poll_segment` that would find nothing (its timer work is done).
+                    if e.conn.nothing_to_send() {
+                        e.dirty = false;
+                        self.dirty.pop_front();
+                        self.schedule_timer(idx);
+                    }
                     self.counters.frames_out += 1;
-                    return Some(t);
+                    return Some(self.build_tcp(&seg.repr, seg.payload, tuple, mac));
                 }
                 None => {
                     // Park the connection (holding its segment) until ARP answers.
@@ -228,6 +239,7 @@ impl<R: Rng> Stack<R> {
 
     /// Wrap a TCP segment in IPv4 and Ethernet. Only headers are written; the payload stays
     /// where it is.
+    #[inline]
     pub(super) fn build_tcp(
         &mut self,
         repr: &TcpRepr,
@@ -235,7 +247,8 @@ impl<R: Rng> Stack<R> {
         tuple: FourTuple,
         dst_mac: EthernetAddress,
     ) -> Transmit {
-        let repr = repr.emitted();
+        // No `repr.emitted()` copy: `header_len` and `emit_header` already send at most
+        // `sack_capacity` blocks, which is all `emitted` would change.
         let tcp_hlen = repr.header_len();
         let tcp_len = tcp_hlen + payload.len();
         let len = ETH_LEN + IP_LEN + tcp_hlen;
@@ -244,9 +257,11 @@ impl<R: Rng> Stack<R> {
         let mut ip = Ipv4Repr::new(src, dst, IpProtocol::Tcp, tcp_len);
         // RFC 1191 §3: TCP sets DF for path MTU discovery.
         ip.dont_frag = true;
-        let mut t = Transmit::new();
+        // Built in place: the payload moves into the frame once (no empty io-vector made
+        // and dropped), and the header array is written where the caller receives it.
+        let mut header = [0; MAX_HEADER_LEN];
         {
-            let buf = &mut t.header[..len];
+            let buf = &mut header[..len];
             self.emit_eth_ipv4(buf, dst_mac, ip, &caps);
             let mut tcp = TcpPacket::new_unchecked(&mut buf[ETH_LEN + IP_LEN..]);
             repr.emit_header(&mut tcp);
@@ -260,16 +275,18 @@ impl<R: Rng> Stack<R> {
                 tcp.fill_pseudo_header_checksum(src, dst, tcp_len);
             }
         }
-        t.header_len = len as u8;
-        t.payload = payload;
-        t.offload = TxOffload {
-            l2_len: ETH_LEN as u8,
-            l3_len: IP_LEN as u8,
-            l4_len: tcp_hlen as u8,
-            ipv4_checksum: !caps.ipv4.tx(),
-            tcp_checksum: !caps.tcp.tx(),
-        };
-        t
+        Transmit {
+            header,
+            header_len: len as u8,
+            payload,
+            offload: TxOffload {
+                l2_len: ETH_LEN as u8,
+                l3_len: IP_LEN as u8,
+                l4_len: tcp_hlen as u8,
+                ipv4_checksum: !caps.ipv4.tx(),
+                tcp_checksum: !caps.tcp.tx(),
+            },
+        }
     }
 
     /// Queue an ARP packet to `dst` as a control frame.

@@ -61,6 +61,19 @@ pub struct ListenerHandle {
     gen: u32,
 }
 
+/// One listener as [`Stack::listeners`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenerInfo {
+    /// The listening port.
+    pub port: u16,
+    /// Half-open plus unaccepted connections it has room for.
+    pub backlog: usize,
+    /// Connections in SYN-RECEIVED it owns.
+    pub half_open: usize,
+    /// Established connections waiting for `accept`.
+    pub accept_queue: usize,
+}
+
 /// Readiness events, delivered in order by [`Stack::poll_event`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
@@ -181,6 +194,7 @@ impl From<tcp::RecvError> for RecvError {
 ///   order they happened; [`Stack::poll_timeout`] for when to call `handle_timeouts`.
 /// - **Inspection**: [`Stack::config`], [`Stack::ipv4`], [`Stack::counters`],
 ///   [`Stack::tcp_counters`], [`Stack::connection_count`], [`Stack::connection`],
+///   [`Stack::connections`], [`Stack::listeners`],
 ///   [`Stack::state`], [`Stack::close_reason`], [`Stack::send_capacity`],
 ///   [`Stack::tuple_in_use`], [`Stack::neighbours`].
 ///
@@ -392,6 +406,29 @@ impl<R: Rng> Stack<R> {
     /// Live connection objects (including TIME-WAIT and unaccepted ones).
     pub fn connection_count(&self) -> usize {
         self.live
+    }
+
+    /// Every live connection object with its handle, in slot order (inspection: a
+    /// netstat-like listing; includes TIME-WAIT and unaccepted connections).
+    pub fn connections(&self) -> impl Iterator<Item = (SocketHandle, &Connection)> + '_ {
+        self.slots.iter().enumerate().filter_map(|(i, slot)| {
+            let e = slot.entry.as_deref()?;
+            let h = SocketHandle {
+                idx: i as u32,
+                gen: slot.gen,
+            };
+            Some((h, &e.conn))
+        })
+    }
+
+    /// Every open listener (inspection).
+    pub fn listeners(&self) -> impl Iterator<Item = ListenerInfo> + '_ {
+        self.listeners.iter().flatten().map(|l| ListenerInfo {
+            port: l.port,
+            backlog: l.backlog,
+            half_open: l.half_open,
+            accept_queue: l.accept_queue.len(),
+        })
     }
 
     /// The connection behind a handle, for inspection.

@@ -187,6 +187,7 @@ impl<R: Rng> Stack<R> {
         }
     }
 
+    #[inline]
     pub(super) fn schedule_timer(&mut self, idx: u32) {
         let gen = self.slots[idx as usize].gen;
         let Some(e) = self.slots[idx as usize].entry.as_deref_mut() else {

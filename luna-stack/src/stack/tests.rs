@@ -1425,3 +1425,25 @@ fn idle_checks_match_poll_event_and_poll_transmit() {
     assert!(events(&mut net.b).contains(&Event::Readable(s)));
     assert!(!net.b.has_events());
 }
+
+#[test]
+fn connections_and_listeners_list_what_the_stack_holds() {
+    let mut net = Net::pair();
+    let (c, s) = connected(&mut net);
+    let listed: Vec<SocketHandle> = net.b.connections().map(|(h, _)| h).collect();
+    assert_eq!(listed, vec![s]);
+    let (h, conn) = net.a.connections().next().unwrap();
+    assert_eq!(h, c);
+    assert_eq!(conn.state(), State::Established);
+    assert_eq!(conn.tuple().remote, SocketAddrV4::new(ip_b(), 7000));
+    let ls: Vec<_> = net.b.listeners().collect();
+    assert_eq!(ls.len(), 1);
+    assert_eq!(
+        (ls[0].port, ls[0].backlog, ls[0].accept_queue),
+        (7000, 16, 0)
+    );
+    assert_eq!(net.a.listeners().count(), 0);
+    let sent = net.a.send(c, &Zbuf::copy_from_slice(&[7u8; 100])).unwrap();
+    assert_eq!(sent, 100);
+    assert_eq!(net.a.connection(c).unwrap().send_queued(), 100);
+}

@@ -133,7 +133,7 @@ pub enum Disposition {
 }
 
 /// A segment for the stack to wrap in IP and Ethernet and send.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct OutSegment {
     /// The TCP header.
     pub repr: TcpRepr,
@@ -723,6 +723,11 @@ impl Connection {
             }
         }
         Ok(total)
+    }
+
+    /// Bytes in the send queue: sent and unacknowledged, plus not yet sent.
+    pub fn send_queued(&self) -> usize {
+        self.sndq.len()
     }
 
     /// Bytes ready to read.

@@ -199,6 +199,9 @@ impl Sim {
     }
 
     fn send_all(&mut self) {
+        // Per side: `Connection::nothing_to_send` after the last segment; when it says so,
+        // the next `poll_segment` must find nothing.
+        let mut hint_idle = [false; 2];
         for from_a in [true, false] {
             for _ in 0..10_000 {
                 let conn = if from_a {
@@ -212,6 +215,13 @@ impl Sim {
                 let Some(s) = conn.poll_segment(self.now) else {
                     break;
                 };
+                if hint_idle[usize::from(!from_a)] {
+                    panic!(
+                        "seed {}: nothing_to_send() was true, then poll_segment sent {:?}",
+                        self.sc.seed, s.repr
+                    );
+                }
+                hint_idle[usize::from(!from_a)] = conn.nothing_to_send();
                 let payload = s.payload.to_vec();
                 self.trace.push(format!(
                     "{:?} {} {:?} len={} fnv={:x}",

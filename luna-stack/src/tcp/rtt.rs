@@ -170,6 +170,10 @@ pub struct RttEstimator {
     /// RTO before any sample (initial or SYN-timeout fallback).
     unsampled_rto: u64,
     backoff: u32,
+    /// `rto()` in nanoseconds, recomputed by every method that changes its inputs (the
+    /// stack asks for it on every send after idle and every RTO arm; the clamp and
+    /// back-off arithmetic over `Duration`s cost more than the lookup).
+    rto_ns: u64,
 }
 
 impl Default for RttEstimator {
@@ -196,7 +200,20 @@ impl RttEstimator {
             lifetime_min: None,
             unsampled_rto: nanos(cfg.initial_rto),
             backoff: 0,
+            rto_ns: 0,
         }
+        .with_rto()
+    }
+
+    fn with_rto(mut self) -> Self {
+        self.refresh_rto();
+        self
+    }
+
+    /// Recompute the cached `rto()` after SRTT, RTTVAR, the unsampled RTO or the back-off
+    /// changed.
+    fn refresh_rto(&mut self) {
+        self.rto_ns = nanos(self.compute_rto());
     }
 
     /// The configuration in force.
@@ -232,6 +249,7 @@ impl RttEstimator {
         // RFC 6298 §5.7 / Karn: a valid sample ends the backed-off state; the RTO is
         // recomputed from SRTT/RTTVAR.
         self.backoff = 0;
+        self.refresh_rto();
         true
     }
 
@@ -242,6 +260,7 @@ impl RttEstimator {
         if self.backoff < 32 {
             self.backoff += 1;
         }
+        self.refresh_rto();
     }
 
     /// The handshake's SYN (or SYN-ACK) was retransmitted and data transfer now begins. If no
@@ -253,6 +272,7 @@ impl RttEstimator {
             self.unsampled_rto = self.unsampled_rto.max(nanos(self.cfg.syn_timeout_rto));
         }
         self.backoff = 0;
+        self.refresh_rto();
     }
 
     /// The RTO before back-off: SRTT + max(G, 4 * RTTVAR) clamped to `[min_rto, max_rto]`.
@@ -271,7 +291,14 @@ impl RttEstimator {
     }
 
     /// The current retransmission timeout, including back-off.
+    #[inline]
     pub fn rto(&self) -> Duration {
+        debug_assert_eq!(self.rto_ns, nanos(self.compute_rto()), "stale cached RTO");
+        Duration::from_nanos(self.rto_ns)
+    }
+
+    /// `rto()` computed from the estimator's state (RFC 6298 §5.5 back-off, §2.5 cap).
+    fn compute_rto(&self) -> Duration {
         let base = nanos(self.base_rto());
         let max = nanos(self.cfg.max_rto);
         // RFC 6298 §5.5: RTO <- RTO * 2 per expiry; §2.5: capped at the maximum.

@@ -259,6 +259,9 @@ pub const MAX_HEADER_LEN: usize = 60;
 /// Largest options area.
 pub const MAX_OPTIONS_LEN: usize = MAX_HEADER_LEN - HEADER_LEN;
 
+/// Bytes of the timestamps-only option block (NOP, NOP, kind, length, TSval, TSecr).
+const TS_TEMPLATE_LEN: usize = 12;
+
 /// Option kinds (RFC 9293 §3.2, RFC 7323 §2-3, RFC 2018 §2-3).
 pub mod kind {
     /// End of option list.
@@ -714,6 +717,10 @@ impl TcpOptions {
 
     /// Bytes [`emit`](Self::emit) writes: a multiple of 4, at most 40.
     pub fn buffer_len(&self) -> usize {
+        if self.sack_blocks.is_empty() {
+            // The common data segment: no capacity to work out.
+            return self.fixed_len();
+        }
         let n = self.sack_blocks.len().min(self.sack_capacity());
         self.fixed_len()
             + if n > 0 {
@@ -729,6 +736,34 @@ impl TcpOptions {
     /// # Panics
     /// If `buf` is shorter than `buffer_len()` (a caller bug).
     pub fn emit(&self, buf: &mut [u8]) -> usize {
+        if self.mss.is_none()
+            && self.window_scale.is_none()
+            && !self.sack_permitted
+            && self.sack_blocks.is_empty()
+        {
+            // Every in-order data segment and ACK of a connection with timestamps: the
+            // 12-byte template NOP, NOP, TS, 10 with the two values filled in, one store
+            // (the same bytes the general path below lays out).
+            let Some(ts) = self.timestamps else {
+                return 0;
+            };
+            let (v, e) = (ts.tsval.to_be_bytes(), ts.tsecr.to_be_bytes());
+            buf[..TS_TEMPLATE_LEN].copy_from_slice(&[
+                kind::NOP,
+                kind::NOP,
+                kind::TIMESTAMPS,
+                10,
+                v[0],
+                v[1],
+                v[2],
+                v[3],
+                e[0],
+                e[1],
+                e[2],
+                e[3],
+            ]);
+            return TS_TEMPLATE_LEN;
+        }
         let mut at = 0;
         let mut put = |bytes: &[u8]| {
             buf[at..at + bytes.len()].copy_from_slice(bytes);
@@ -1158,6 +1193,29 @@ mod tests {
         r.options.timestamps = None;
         assert_eq!(r.options.sack_capacity(), 4);
         assert_eq!(r.header_len(), 20 + 4 + 32);
+    }
+
+    #[test]
+    fn timestamps_only_template_is_the_rfc7323_layout() {
+        // The fast path of `TcpOptions::emit` (timestamps alone): RFC 7323 Appendix A's
+        // NOP, NOP, TS (8), length 10, TSval, TSecr, big endian; and it reads back.
+        let opts = TcpOptions {
+            timestamps: Some(Timestamps {
+                tsval: 0x0102_0304,
+                tsecr: 0xa0b0_c0d0,
+            }),
+            ..TcpOptions::default()
+        };
+        let mut buf = [0xee; 40];
+        assert_eq!(opts.buffer_len(), 12);
+        assert_eq!(opts.emit(&mut buf), 12);
+        assert_eq!(
+            &buf[..13],
+            &[1, 1, 8, 10, 1, 2, 3, 4, 0xa0, 0xb0, 0xc0, 0xd0, 0xee]
+        );
+        assert_eq!(TcpOptions::parse(&buf[..12]).unwrap(), opts);
+        assert_eq!(TcpOptions::default().emit(&mut buf), 0);
+        assert_eq!(TcpOptions::default().buffer_len(), 0);
     }
 
     #[test]

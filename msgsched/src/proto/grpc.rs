@@ -8,6 +8,11 @@
 //! the body into messages as slices of it (zero copy). Replies are HEADERS (`:status 200`,
 //! `content-type: application/grpc`), DATA with the length-prefixed reply, and trailers
 //! with `grpc-status` and `grpc-message` ([`reply`], [`error`]).
+//!
+//! Compression: a request message with the compressed flag under `grpc-encoding: gzip`
+//! is decompressed ([`gunzip`], bounded by the message limit); any other encoding is
+//! UNIMPLEMENTED, and replies advertise `grpc-accept-encoding: identity,gzip`. Replies
+//! are sent uncompressed (identity), which gRPC allows whatever the request used.
 
 use crate::parser::peek;
 use crate::proto::h2::{Request, Response};
@@ -94,8 +99,10 @@ pub struct GrpcMessage {
 pub struct Call {
     /// `:path`, e.g. `/luna.Kv/Get`.
     pub method: Vec<u8>,
-    /// The request message (uncompressed; zero copy).
+    /// The request message (uncompressed: zero copy, else decompressed).
     pub message: IoVec,
+    /// Whether it arrived compressed (`grpc-encoding: gzip`).
+    pub compressed: bool,
 }
 
 /// Cuts `body` into length-prefixed messages, each at most `max` bytes.
@@ -169,17 +176,57 @@ pub fn unary(req: &Request, max: usize) -> Result<Call, Refusal> {
         return refuse(Code::Unimplemented, m);
     }
     let m = ms.remove(0);
-    if m.compressed {
-        let what = String::from_utf8_lossy(encoding).into_owned();
-        return refuse(
-            Code::Unimplemented,
-            format!("compressed message ({what}) not supported"),
-        );
-    }
+    let message = if !m.compressed {
+        m.data
+    } else {
+        match encoding {
+            b"gzip" => gunzip(&m.data, max).map_err(Refusal::Status)?,
+            // The flag says compressed, the header says not: a protocol violation.
+            b"identity" => {
+                return refuse(
+                    Code::Internal,
+                    "compressed flag without grpc-encoding".into(),
+                )
+            }
+            other => {
+                let what = String::from_utf8_lossy(other).into_owned();
+                return refuse(
+                    Code::Unimplemented,
+                    format!("grpc-encoding {what} not supported (accepted: {ACCEPT_ENCODING})"),
+                );
+            }
+        }
+    };
     Ok(Call {
         method: req.path().to_vec(),
-        message: m.data,
+        message,
+        compressed: m.compressed,
     })
+}
+
+/// The message encodings this server decodes (sent as `grpc-accept-encoding`).
+pub const ACCEPT_ENCODING: &str = "identity,gzip";
+
+/// Decompresses a gzip message (`grpc-encoding: gzip`) into a new buffer of at most
+/// `max` bytes: the one copy of this module (the compressed bytes are gathered once, the
+/// output is new), bounded so a decompression bomb costs at most `max` + one read buffer
+/// (RESOURCE_EXHAUSTED past it); corrupt data is INTERNAL (gRPC's rule for a message
+/// that cannot be decompressed). flate2 (miniz_oxide backend, pure Rust).
+pub fn gunzip(data: &IoVec, max: usize) -> Result<IoVec, Status> {
+    use std::io::Read;
+    let input = data.to_vec();
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(&input[..])
+        .take(max as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| Status::new(Code::Internal, format!("bad gzip message: {e}")))?;
+    if out.len() > max {
+        return Err(Status::new(
+            Code::ResourceExhausted,
+            format!("decompressed message above the limit of {max}"),
+        ));
+    }
+    Ok(IoVec::from(Zbuf::from_vec(out)))
 }
 
 /// Percent-encodes `grpc-message` (gRPC's rule: bytes outside 0x20..=0x7e and `%`).
@@ -214,6 +261,7 @@ pub fn reply(message: IoVec) -> Response {
     body.append(message);
     Response::new(200)
         .header("content-type", "application/grpc")
+        .header("grpc-accept-encoding", ACCEPT_ENCODING)
         .body(body)
         .trailers(trailers(Code::Ok, ""))
 }
@@ -222,6 +270,7 @@ pub fn reply(message: IoVec) -> Response {
 pub fn error(status: &Status) -> Response {
     Response::new(200)
         .header("content-type", "application/grpc")
+        .header("grpc-accept-encoding", ACCEPT_ENCODING)
         .trailers(trailers(status.code, &status.message))
 }
 
@@ -295,7 +344,12 @@ mod tests {
         assert_eq!(code(e), Code::Unimplemented);
         let mut z = lpm(b"a");
         z[0] = 1;
+        // Compressed flag, no grpc-encoding: INTERNAL; an unknown one: UNIMPLEMENTED.
         let e = unary(&request(&GRPC, &z), 100).unwrap_err();
+        assert_eq!(code(e), Code::Internal);
+        let mut br = GRPC.to_vec();
+        br.push(("grpc-encoding", "br"));
+        let e = unary(&request(&br, &z), 100).unwrap_err();
         assert_eq!(code(e), Code::Unimplemented);
         let not = [
             (":method", "POST"),
@@ -305,6 +359,43 @@ mod tests {
         let r = unary(&request(&not, b""), 100).unwrap_err();
         assert_eq!(r, Refusal::NotGrpc);
         assert_eq!(r.response().status, 415);
+    }
+
+    fn gz(data: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    #[test]
+    fn gzip_messages_are_decoded_within_the_limit() {
+        let mut hs = GRPC.to_vec();
+        hs.push(("grpc-encoding", "gzip"));
+        let plain: Vec<u8> = (0..5000u32).map(|i| (i % 7) as u8).collect();
+        let mut m = lpm(&gz(&plain));
+        m[0] = 1;
+        let c = unary(&request(&hs, &m), 10_000).unwrap();
+        assert_eq!(c.message.to_vec(), plain);
+        assert!(c.compressed);
+        // A bomb: 1 MB of zeros compresses to about 1 KB; the limit holds.
+        let mut bomb = lpm(&gz(&vec![0u8; 1 << 20]));
+        bomb[0] = 1;
+        assert!(bomb.len() < 4096);
+        match unary(&request(&hs, &bomb), 10_000) {
+            Err(Refusal::Status(s)) => assert_eq!(s.code, Code::ResourceExhausted),
+            other => panic!("{other:?}"),
+        }
+        // Not gzip at all: INTERNAL.
+        let mut junk = lpm(b"not gzip");
+        junk[0] = 1;
+        match unary(&request(&hs, &junk), 10_000) {
+            Err(Refusal::Status(s)) => assert_eq!(s.code, Code::Internal),
+            other => panic!("{other:?}"),
+        }
+        // An uncompressed message under grpc-encoding gzip is fine (the flag decides).
+        let c = unary(&request(&hs, &lpm(b"raw")), 100).unwrap();
+        assert_eq!(c.message.to_vec(), b"raw");
     }
 
     #[test]

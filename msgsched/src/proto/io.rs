@@ -19,7 +19,7 @@
 
 use crate::framer::FramerConfig;
 use crate::parser::ParseErrorKind;
-use crate::proto::{Session, SessionRequest, SessionState};
+use crate::proto::{Session, SessionRequest, SessionState, Timeout};
 use crate::reply::Staging;
 use crate::sched::{self, Dispatcher, SchedConfig};
 use crate::socket::Out;
@@ -307,6 +307,43 @@ where
         self.stalled.retain(|k| *k != key);
         self.dirty.remove(&key);
         c.in_flight
+    }
+
+    /// Whether `conn`'s session holds output owed to its peer or open requests
+    /// ([`Session::busy`]), or a request waits for the scheduler: the driver's send
+    /// timeout applies to it rather than its idle timeout. False if not attached.
+    pub fn busy(&self, conn: C) -> bool {
+        self.keys
+            .get(&conn)
+            .and_then(|k| self.conns.get(k))
+            .is_some_and(|c| c.stalled.is_some() || c.session.busy())
+    }
+
+    /// The driver's `timer` expired for `conn`: its session says goodbye
+    /// ([`Session::timed_out`]; the bytes go out at the next [`SessionIo::poll_replies`],
+    /// followed by [`IoEvent::Shutdown`] with no error) — or, for a session with no
+    /// goodbye, `conn` is detached and shut down at once. Counted as `timeout_idle` /
+    /// `timeout_send`. Ignored if `conn` is not attached.
+    pub fn time_out(&mut self, conn: C, timer: Timeout) {
+        let Some(&key) = self.keys.get(&conn) else {
+            return;
+        };
+        let Some(c) = self.conns.get_mut(&key) else {
+            return;
+        };
+        let counter = match timer {
+            Timeout::Idle => &self.shared.counters.timeout_idle,
+            Timeout::Send => &self.shared.counters.timeout_send,
+        };
+        counter.fetch_add(1, AtomicOrdering::Relaxed);
+        c.session.timed_out(timer);
+        if c.session.state() == SessionState::Open {
+            self.detach(conn);
+            self.events
+                .push_back(IoEvent::Shutdown { conn, reason: None });
+        } else {
+            self.dirty.insert(key);
+        }
     }
 
     /// Requests of `conn` at workers (`None` if not attached).

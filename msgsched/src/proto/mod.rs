@@ -26,6 +26,11 @@
 //! - [`Session::state`]: `Closing` once the session has decided to end the connection
 //!   (its last transmit carries the goodbye, e.g. GOAWAY with the error code): the driver
 //!   writes what is pending, then closes; `Done` once a clean end is reached.
+//! - Timers belong to the driver (the session stays deterministic): it asks
+//!   [`Session::busy`] whether the peer is owed or holding up output (then its send
+//!   timeout applies, else its idle timeout) and, when one expires, calls
+//!   [`Session::timed_out`]: the session says goodbye (HTTP/2: GOAWAY NO_ERROR) and
+//!   ends (`Done`).
 
 pub mod grpc;
 pub mod h2;
@@ -56,6 +61,28 @@ pub enum SessionState {
     Done,
 }
 
+/// Which of the driver's timers expired for a connection ([`Session::timed_out`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timeout {
+    /// Nothing in progress and nothing received for the idle timeout (nginx's
+    /// `keepalive_timeout` / `http2_idle_timeout`).
+    Idle,
+    /// Output owed to the peer made no progress for the send timeout (nginx's
+    /// `send_timeout`): a peer that stopped reading, or that holds its flow-control
+    /// windows at zero and goes quiet.
+    Send,
+}
+
+impl Timeout {
+    /// Short name for counters and GOAWAY debug data.
+    pub fn name(self) -> &'static str {
+        match self {
+            Timeout::Idle => "idle_timeout",
+            Timeout::Send => "send_timeout",
+        }
+    }
+}
+
 /// One connection's protocol session on the I/O core (see the module docs).
 pub trait Session: Send {
     /// Received bytes, in stream order.
@@ -70,4 +97,14 @@ pub trait Session: Send {
     fn poll_transmit(&mut self) -> Option<IoVec>;
     /// Where the session is.
     fn state(&self) -> SessionState;
+    /// Whether the peer is owed output the session holds (e.g. HTTP/2 replies waiting
+    /// for flow-control window) or has requests open: the driver's send timeout applies
+    /// rather than its idle timeout. Default: never.
+    fn busy(&self) -> bool {
+        false
+    }
+    /// The driver's `timer` expired: say goodbye (queued for [`Session::poll_transmit`])
+    /// and end ([`SessionState::Done`]). Default: nothing (the driver then closes the
+    /// connection without a word).
+    fn timed_out(&mut self, _timer: Timeout) {}
 }

@@ -9,7 +9,7 @@ use msgsched::sched::Model;
 use msgsched::sched::SchedConfig;
 use r2c::device::dpdk::{from_testbed, DpdkDevice};
 use r2c::device::Device;
-use r2c::msg::MsgConfig;
+use r2c::msg::{MsgConfig, MsgTimeouts};
 use r2c::{CoreOptions, CoreSetup, IdleStrategy, Runtime};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -120,6 +120,28 @@ pub fn msg_config(port: u16, model: Model, workers: usize) -> MsgConfig {
             max_in_flight: 64,
         },
         worker_cpus: Vec::new(),
+    }
+}
+
+/// Message mode's timers from the command line (seconds, 0: off). Defaults: nginx's
+/// (keepalive_timeout 75 s, send_timeout 60 s).
+#[derive(clap::Args, Debug, Clone)]
+pub struct TimeoutArgs {
+    /// End a connection idle this long (seconds; 0: never).
+    #[arg(long, default_value_t = 75)]
+    pub idle_timeout: u64,
+    /// End a connection whose owed output made no progress this long (seconds; 0: never).
+    #[arg(long, default_value_t = 60)]
+    pub send_timeout: u64,
+}
+
+impl TimeoutArgs {
+    pub fn timeouts(&self) -> MsgTimeouts {
+        let t = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+        MsgTimeouts {
+            idle: t(self.idle_timeout),
+            send: t(self.send_timeout),
+        }
     }
 }
 

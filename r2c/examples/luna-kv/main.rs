@@ -17,6 +17,8 @@
 
 mod kv;
 mod server;
+#[path = "../common/service.rs"]
+mod service;
 
 use clap::Parser;
 use msgsched::sched::Model;
@@ -52,6 +54,8 @@ struct Args {
     /// Stop after this many seconds (default: run until stopped).
     #[arg(long)]
     duration: Option<u64>,
+    #[command(flatten)]
+    service: service::ServiceArgs,
     /// Internal: the ready file (child).
     #[arg(long, hide = true)]
     ready: Option<PathBuf>,
@@ -68,6 +72,7 @@ fn config(a: &Args) -> ServeConfig {
         memory_mb: a.memory_mb,
         max_message: a.max_message,
         limit: Duration::from_secs(a.duration.unwrap_or(365 * 24 * 3600)),
+        service: Some(a.service.clone()),
         ..ServeConfig::default()
     }
 }

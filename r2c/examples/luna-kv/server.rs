@@ -3,15 +3,20 @@
 //! workers.
 
 use super::kv::{Kv, KvCounters, Store};
+use super::service::{Service, ServiceArgs};
 use dpdk_sys::Eal;
 use luna_stack::stack::StackConfig;
 use luna_stack::wire::Ipv4Cidr;
 use msgsched::framer::FramerConfig;
+use msgsched::proto::memcached::{kind, MsgKind};
 use msgsched::proto::memcached::{Limits, McParser};
 use msgsched::sched::{Model, SchedConfig};
+use msgsched::socket::Message;
 use r2c::device::dpdk::{from_testbed, DpdkDevice};
 use r2c::device::Device;
 use r2c::msg::MsgConfig;
+use r2c::msg::{MsgCtx, MsgHandler};
+use r2c::Conn;
 use r2c::{CoreOptions, CoreSetup, IdleStrategy, Runtime};
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -38,6 +43,23 @@ pub struct ServeConfig {
     pub max_in_flight: usize,
     /// Stop after this long at the latest.
     pub limit: Duration,
+    /// Emulated service time per request (`--service`), none by default.
+    pub service: Option<ServiceArgs>,
+}
+
+/// The store's handler behind an emulated service time (not for swallowed chunks).
+struct Served {
+    kv: Kv,
+    service: Service,
+}
+
+impl MsgHandler for Served {
+    fn on_message(&mut self, ctx: &mut MsgCtx<'_>, m: Message<Conn>) {
+        if kind(m.origin.stream()) != MsgKind::Swallow {
+            self.service.occupy();
+        }
+        self.kv.on_message(ctx, m);
+    }
 }
 
 impl Default for ServeConfig {
@@ -51,6 +73,7 @@ impl Default for ServeConfig {
             max_message: (1 << 20) + 4096,
             max_in_flight: 64,
             limit: Duration::from_secs(3600),
+            service: None,
         }
     }
 }
@@ -97,12 +120,19 @@ pub fn serve(port: &DpdkPort, cfg: &ServeConfig, ready: &Path, stop: &Path) -> S
     let store = Arc::new(Store::new(cfg.memory_mb << 20));
     let counters = Arc::new(KvCounters::default());
     let (st, kc) = (Arc::clone(&store), Arc::clone(&counters));
+    let svc = cfg.service.clone();
     let (rt, workers) = Runtime::spawn_msg(
         core,
         opts,
         mcfg,
         || McParser::new(Limits::default()),
-        move |_| Kv::new(Arc::clone(&st), Arc::clone(&kc)),
+        move |w| Served {
+            kv: Kv::new(Arc::clone(&st), Arc::clone(&kc)),
+            service: match &svc {
+                Some(a) => a.for_worker(w),
+                None => Service::new(None, super::service::Mode::Spin, w),
+            },
+        },
     )
     .expect("message-mode runtime");
     let end = Instant::now() + cfg.limit;

@@ -59,7 +59,7 @@ use zbuf::dpdk::{
 };
 use zbuf::{IoVec, Slab, Zbuf};
 
-use super::{Device, DeviceStats};
+use super::{Device, DeviceObservation, DeviceStats, PoolOccupancy};
 
 /// Frames per `rte_eth_rx_burst` / `rte_eth_tx_burst` call.
 pub const BURST: usize = 32;
@@ -802,6 +802,41 @@ impl Device for DpdkDevice {
             .unwrap_or_default();
         s.rx_missed = port.imissed + port.rx_nombuf;
         s
+    }
+
+    fn port(&self) -> u16 {
+        self.port.id
+    }
+
+    fn observe(&self) -> DeviceObservation {
+        let pool = |m: &dpdk_sys::Mempool| PoolOccupancy {
+            name: m.name().to_string(),
+            size: u64::from(m.size()),
+            in_use: u64::from(m.in_use_count()),
+        };
+        let mut o = DeviceObservation {
+            port: self.port.id,
+            queue: self.queue,
+            stats: self
+                .stats()
+                .fields()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            pools: vec![pool(self.rx.mempool()), pool(self.tx.mempool())],
+            ..DeviceObservation::default()
+        };
+        if self.queue == 0 {
+            let xs = self
+                .port
+                .port
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .xstats()
+                .unwrap_or_default();
+            o.xstats = xs.into_iter().collect();
+        }
+        o
     }
 }
 

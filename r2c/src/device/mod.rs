@@ -36,6 +36,49 @@ pub struct DeviceStats {
     pub copied_bytes: u64,
 }
 
+/// A mempool's occupancy, for `lunactl`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolOccupancy {
+    /// Pool name.
+    pub name: String,
+    /// Buffers in the pool.
+    pub size: u64,
+    /// Buffers allocated and not yet freed.
+    pub in_use: u64,
+}
+
+/// What the control endpoint shows of one device queue ([`Device::observe`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceObservation {
+    /// The port id ([`Device::port`]).
+    pub port: u16,
+    /// The queue.
+    pub queue: u16,
+    /// The device's counters ([`DeviceStats`]).
+    pub stats: std::collections::BTreeMap<String, u64>,
+    /// The port's extended statistics (DPDK xstats), reported by queue 0 only.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub xstats: std::collections::BTreeMap<String, u64>,
+    /// Buffer pools the queue uses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolOccupancy>,
+}
+
+impl DeviceStats {
+    /// `(name, value)` pairs.
+    pub fn fields(&self) -> [(&'static str, u64); 7] {
+        [
+            ("rx_frames", self.rx_frames),
+            ("rx_bytes", self.rx_bytes),
+            ("tx_frames", self.tx_frames),
+            ("tx_bytes", self.tx_bytes),
+            ("tx_dropped", self.tx_dropped),
+            ("rx_missed", self.rx_missed),
+            ("copied_bytes", self.copied_bytes),
+        ]
+    }
+}
+
 /// A frame source and sink owned by one core.
 pub trait Device {
     /// Receive up to `max` frames, appending them to `out`; returns how many were added.
@@ -71,6 +114,28 @@ pub trait Device {
     /// The receive queue this device handle polls (0 on single-queue devices).
     fn queue(&self) -> u16 {
         0
+    }
+
+    /// The port this queue belongs to (the DPDK port id; 0 on devices without one). A
+    /// capture of port N copies the frames of the cores that poll a queue of port N.
+    fn port(&self) -> u16 {
+        0
+    }
+
+    /// Counters, DPDK xstats and pool occupancy for the control endpoint; called on the
+    /// core's thread, only when `lunactl` asks.
+    fn observe(&self) -> DeviceObservation {
+        DeviceObservation {
+            port: self.port(),
+            queue: self.queue(),
+            stats: self
+                .stats()
+                .fields()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            ..DeviceObservation::default()
+        }
     }
 
     /// The exception path's counters, when this device is an

@@ -2,7 +2,9 @@
 
 Usage: attacks.py HOST PORT ATTACK. Runs one attack on one connection, reads what the
 server sends until it closes the connection (bounded), and prints
-'ATTACK <name> goaway=<code or none> rst=<n RST_STREAMs> closed=<0|1> refused=<n>'.
+'ATTACK <name> goaway=<code or none> rst=<n RST_STREAMs> closed=<0|1> refused=<n>
+debug=<the GOAWAY's debug data>'. `zero_window` and `idle` wait (up to 20 s) for the
+server's send / idle timeout to end the connection.
 """
 import socket
 import sys
@@ -86,9 +88,12 @@ elif attack == "window_overflow":
     out.append(WindowUpdateFrame(0, window_increment=(1 << 31) - 1).serialize())
 elif attack == "zero_window":
     # Initial window 0 and never a WINDOW_UPDATE: replies can never be sent. 150
-    # streams: the first 100 hold their slots, the rest are refused.
+    # streams: the first 100 hold their slots, the rest are refused; then quiet, until
+    # the server's send timeout says GOAWAY and closes.
     for i in range(150):
         out.append(headers(1 + 2 * i, req("/big")))
+elif attack == "idle":
+    pass  # the preface and SETTINGS, then nothing: the idle timeout ends it
 else:
     print("unknown attack", attack)
     sys.exit(2)
@@ -100,7 +105,7 @@ except OSError:
 
 buf = bytearray()
 closed = 0
-deadline = time.time() + (3 if attack == "zero_window" else 20)
+deadline = time.time() + 20
 s.settimeout(1)
 while time.time() < deadline:
     try:
@@ -115,7 +120,8 @@ while time.time() < deadline:
         break
     buf += d
 
-goaway, rst, refused, at = "none", 0, 0, 0
+goaway, rst, refused, at, debug = "none", 0, 0, 0, ""
+
 while at + 9 <= len(buf):
     f, length = Frame.parse_frame_header(memoryview(buf[at : at + 9]))
     if at + 9 + length > len(buf):
@@ -123,9 +129,10 @@ while at + 9 <= len(buf):
     f.parse_body(memoryview(buf[at + 9 : at + 9 + length]))
     if isinstance(f, GoAwayFrame):
         goaway = f.error_code
+        debug = f.additional_data.decode("ascii", "replace")
     elif isinstance(f, RstStreamFrame):
         rst += 1
         refused += f.error_code == 7
     at += 9 + length
 s.close()
-print(f"ATTACK {attack} goaway={goaway} rst={rst} closed={closed} refused={refused}")
+print(f"ATTACK {attack} goaway={goaway} rst={rst} closed={closed} refused={refused} debug={debug}")

@@ -52,6 +52,11 @@ with grpc.insecure_channel(target) as ch:
     for i in range(50):
         check(f"get {i}", get(b"key-%d" % i, timeout=10), b"value-%d" % i)
         calls += 1
+    # gzip-compressed requests (grpc-encoding: gzip): decompressed by the server.
+    for n in [1000, 70000]:
+        m = bytes((i % 13) for i in range(n))
+        check(f"gzip echo {n}", echo(m, timeout=10, compression=grpc.Compression.Gzip), m)
+        calls += 1
     status("missing key", get, b"nope", grpc.StatusCode.NOT_FOUND, "no such key")
     status("bad put", put, b"no-separator", grpc.StatusCode.INVALID_ARGUMENT)
     status("unknown method", ch.unary_unary("/luna.Nope/Nope"), b"", grpc.StatusCode.UNIMPLEMENTED)

@@ -27,94 +27,134 @@ impl Connection {
     /// calls this until it returns `None` (or the device is full) after every input.
     #[must_use]
     pub fn poll_segment(&mut self, now: Instant) -> Option<OutSegment> {
-        let out = self.next_segment(now);
-        if let Some(seg) = &out {
-            self.counters.segs_out += 1;
-            self.counters.bytes_out += seg.payload.len() as u64;
-            if let Some(&first) = seg.repr.options.sack_blocks.as_slice().first() {
-                // RFC 2883 §4: the D-SACK is reported once, by a segment that goes out.
-                self.ooo.on_dsack_sent(first);
-            }
-            if seg.repr.flags.ack() {
-                self.ack_now = false;
-                self.timers.clear(Timer::DelayedAck);
-                self.last_ack_sent = seg.repr.ack;
-                self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
-            }
-            if !seg.payload.is_empty() || seg.repr.flags.syn() || seg.repr.flags.fin() {
-                self.last_send = now;
-            }
-        }
-        self.arm_timers(now);
-        out
+        let mut out = OutSegment::default();
+        self.poll_segment_into(now, &mut out).then_some(out)
     }
 
-    pub(super) fn next_segment(&mut self, now: Instant) -> Option<OutSegment> {
+    /// [`poll_segment`](Self::poll_segment) writing into a caller's slot: on `true` the next
+    /// segment is in `out` (its previous payload is dropped); on `false` there is nothing to
+    /// send and `out` is untouched. The segment is built where the caller keeps it, so its
+    /// header and io-vector are not moved on the way out.
+    #[must_use]
+    pub fn poll_segment_into(&mut self, now: Instant, out: &mut OutSegment) -> bool {
+        if !self.next_segment(now, out) {
+            self.arm_timers(now);
+            return false;
+        }
+        let seg = &*out;
+        self.counters.segs_out += 1;
+        self.counters.bytes_out += seg.payload.len() as u64;
+        if let Some(&first) = seg.repr.options.sack_blocks.as_slice().first() {
+            // RFC 2883 §4: the D-SACK is reported once, by a segment that goes out.
+            self.ooo.on_dsack_sent(first);
+        }
+        if seg.repr.flags.ack() {
+            self.ack_now = false;
+            self.timers.clear(Timer::DelayedAck);
+            self.last_ack_sent = seg.repr.ack;
+            self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
+        }
+        if !seg.payload.is_empty() || seg.repr.flags.syn() || seg.repr.flags.fin() {
+            self.last_send = now;
+        }
+        self.arm_timers(now);
+        true
+    }
+
+    /// Whether [`poll_segment`](Self::poll_segment) would return `None` now, with nothing
+    /// for it to change: a cheap and conservative test (`false` means "maybe"). A driver
+    /// may drop the connection from its transmit list after the last segment of a burst
+    /// instead of polling it once more; what `poll_segment` does on a `None` (arming the
+    /// retransmission and persist timers) it has already done after that segment.
+    ///
+    /// It mirrors `next_segment`'s sources in order: a pending RST, a retransmission, a
+    /// window probe, a keepalive, SACK recovery, new data or a FIN under the windows
+    /// (none when SND.NXT = SND.MAX and nothing is queued beyond it), an ACK that is due.
+    #[must_use]
+    pub fn nothing_to_send(&self) -> bool {
+        let data_end = self.sndq.end();
+        self.state.is_synchronized()
+            && self.rst_pending.is_none()
+            && self.rexmit_now.is_none()
+            && !self.send_window_probe
+            && !self.send_keepalive
+            && self.recovery.is_none()
+            && !self.ack_now
+            && self.dupacks_owed == 0
+            && self.snd_nxt == self.snd_max
+            && !data_end.gt(self.snd_nxt)
+            && !(self.fin_queued && self.snd_nxt == data_end)
+    }
+
+    #[inline]
+    pub(super) fn next_segment(&mut self, now: Instant, out: &mut OutSegment) -> bool {
         if let Some(seq) = self.rst_pending.take() {
-            return Some(self.rst_segment(seq));
+            self.rst_segment(seq, out);
+            return true;
         }
         match self.state {
-            State::Closed => return None,
+            State::Closed => return false,
             State::SynSent | State::SynReceived => {
                 if self.snd_nxt == self.iss {
-                    return Some(self.syn_segment(now));
+                    self.syn_segment(now, out);
+                    return true;
                 }
                 // Data may not go out before the handshake completes.
-                return self.ack_segment_if_due(now);
+                return self.ack_segment_if_due(now, out);
             }
-            State::TimeWait => return self.ack_segment_if_due(now),
+            State::TimeWait => return self.ack_segment_if_due(now, out),
             _ => {}
         }
         if let Some(seq) = self.rexmit_now.take() {
-            if seq.ge(self.snd_una) && seq.lt(self.snd_max) {
-                if let Some(seg) = self.retransmit_at(now, seq, u32::MAX, Rexmit::Normal) {
-                    return Some(seg);
-                }
+            if seq.ge(self.snd_una)
+                && seq.lt(self.snd_max)
+                && self.retransmit_at(now, seq, u32::MAX, Rexmit::Normal, out)
+            {
+                return true;
             }
         }
-        if core::mem::take(&mut self.send_window_probe) {
-            if let Some(seg) = self.window_probe(now) {
-                return Some(seg);
-            }
+        if core::mem::take(&mut self.send_window_probe) && self.window_probe(now, out) {
+            return true;
         }
         if core::mem::take(&mut self.send_keepalive) {
             // RFC 9293 §3.8.4: a keepalive is an ACK with SEG.SEQ = SND.NXT - 1 and no data.
             let seq = self.snd_nxt - 1u32;
-            return Some(self.segment(now, seq, TcpFlags::ACK, IoVec::new()));
+            self.segment(now, seq, TcpFlags::ACK, IoVec::new(), out);
+            return true;
         }
         if self.recovery.is_some() && self.sack_ok {
             // RFC 6675 §5 (C): while pipe < cwnd, send what NextSeg chooses.
             if self.sb.pipe() >= self.cc.cwnd() {
-                return self.ack_segment_if_due(now);
+                return self.ack_segment_if_due(now, out);
             }
             let can_send_new = self.sndq.end().gt(self.snd_nxt)
                 && (self.snd_una + self.snd_wnd).gt(self.snd_nxt)
                 && self.snd_nxt == self.snd_max;
             match self.sb.next_seg(can_send_new) {
                 Some(NextSeg::Retransmit { start, len }) => {
-                    if let Some(seg) = self.retransmit_at(now, start, len, Rexmit::Normal) {
-                        return Some(seg);
+                    if self.retransmit_at(now, start, len, Rexmit::Normal, out) {
+                        return true;
                     }
                 }
                 Some(NextSeg::NewData) => {}
                 None => {
                     // RFC 6675 §4 rule 4: one rescue retransmission per recovery.
                     if let Some((start, len)) = self.sb.rescue_seg() {
-                        if let Some(seg) = self.retransmit_at(now, start, len, Rexmit::Rescue) {
+                        if self.retransmit_at(now, start, len, Rexmit::Rescue, out) {
                             if let Some(recover) = self.recovery {
                                 self.sb.set_rescue_rxt(recover);
                             }
-                            return Some(seg);
+                            return true;
                         }
                     }
-                    return self.ack_segment_if_due(now);
+                    return self.ack_segment_if_due(now, out);
                 }
             }
         }
-        if let Some(seg) = self.next_data_segment(now) {
-            return Some(seg);
+        if self.next_data_segment(now, out) {
+            return true;
         }
-        self.ack_segment_if_due(now)
+        self.ack_segment_if_due(now, out)
     }
 
     /// Options for a non-SYN segment: timestamps and, when we hold out-of-order data or a
@@ -194,18 +234,20 @@ impl Connection {
         field as u16
     }
 
-    /// Build a segment with ACK, window and options filled in.
+    /// Build a segment with ACK, window and options filled in, into `out`.
     pub(super) fn segment(
         &mut self,
         now: Instant,
         seq: SeqNum,
         flags: TcpFlags,
         payload: IoVec,
-    ) -> OutSegment {
+        out: &mut OutSegment,
+    ) {
         let options = self.data_options(now);
-        self.segment_with(now, seq, flags, payload, options)
+        self.segment_with(now, seq, flags, payload, options, out);
     }
 
+    #[inline]
     pub(super) fn segment_with(
         &mut self,
         _now: Instant,
@@ -213,9 +255,10 @@ impl Connection {
         flags: TcpFlags,
         payload: IoVec,
         options: TcpOptions,
-    ) -> OutSegment {
+        out: &mut OutSegment,
+    ) {
         let window = self.advertise_window(flags.syn());
-        let repr = TcpRepr {
+        out.repr = TcpRepr {
             src_port: self.tuple.local.port(),
             dst_port: self.tuple.remote.port(),
             seq,
@@ -225,10 +268,10 @@ impl Connection {
             urgent: 0,
             options,
         };
-        OutSegment { repr, payload }
+        out.payload = payload;
     }
 
-    pub(super) fn syn_segment(&mut self, now: Instant) -> OutSegment {
+    pub(super) fn syn_segment(&mut self, now: Instant, out: &mut OutSegment) {
         let active = self.state == State::SynSent;
         let mut options = TcpOptions {
             mss: Some(self.cfg.mss),
@@ -258,7 +301,7 @@ impl Connection {
         } else {
             TcpFlags::SYN | TcpFlags::ACK
         };
-        let seg = self.segment_with(now, self.iss, flags, IoVec::new(), options);
+        self.segment_with(now, self.iss, flags, IoVec::new(), options, out);
         if self.retries == 0 && self.snd_max == self.iss {
             self.rtt_probe = Some((self.iss + 1u32, now));
         } else {
@@ -268,11 +311,10 @@ impl Connection {
         }
         self.snd_nxt = self.iss + 1u32;
         self.snd_max = self.snd_max.max(self.snd_nxt);
-        seg
     }
 
-    pub(super) fn rst_segment(&mut self, seq: SeqNum) -> OutSegment {
-        let repr = TcpRepr {
+    pub(super) fn rst_segment(&mut self, seq: SeqNum, out: &mut OutSegment) {
+        out.repr = TcpRepr {
             src_port: self.tuple.local.port(),
             dst_port: self.tuple.remote.port(),
             seq,
@@ -282,21 +324,19 @@ impl Connection {
             urgent: 0,
             options: TcpOptions::default(),
         };
-        OutSegment {
-            repr,
-            payload: IoVec::new(),
-        }
+        out.payload = IoVec::new();
     }
 
-    pub(super) fn ack_segment_if_due(&mut self, now: Instant) -> Option<OutSegment> {
+    pub(super) fn ack_segment_if_due(&mut self, now: Instant, out: &mut OutSegment) -> bool {
         if !(self.ack_now || self.dupacks_owed > 0)
             || matches!(self.state, State::Closed | State::SynSent)
         {
             self.dupacks_owed = 0;
-            return None;
+            return false;
         }
         let seq = self.seq_for_control();
-        Some(self.segment(now, seq, TcpFlags::ACK, IoVec::new()))
+        self.segment(now, seq, TcpFlags::ACK, IoVec::new(), out);
+        true
     }
 
     /// Sequence number of segments without data (pure ACKs, RSTs). An RTO rewinds SND.NXT
@@ -338,7 +378,8 @@ impl Connection {
         seq: SeqNum,
         limit: u32,
         kind: Rexmit,
-    ) -> Option<OutSegment> {
+        out: &mut OutSegment,
+    ) -> bool {
         let opts = self.data_options(now);
         let data_end = self.sndq.end();
         let max = self.max_payload(&opts).min(limit);
@@ -346,7 +387,7 @@ impl Connection {
         let len = payload.len() as u32;
         let fin = self.fin_queued && seq + len == data_end && self.snd_max.gt(data_end);
         if len == 0 && !fin {
-            return None;
+            return false;
         }
         let mut flags = TcpFlags::ACK;
         if fin {
@@ -366,18 +407,19 @@ impl Connection {
         }
         self.rtt_probe = None;
         self.counters.retransmits += 1;
-        Some(self.segment_with(now, seq, flags, payload, opts))
+        self.segment_with(now, seq, flags, payload, opts, out);
+        true
     }
 
     /// RFC 9293 §3.8.6.1: send one octet beyond a zero window (or the FIN if no data is left).
-    pub(super) fn window_probe(&mut self, now: Instant) -> Option<OutSegment> {
+    pub(super) fn window_probe(&mut self, now: Instant, out: &mut OutSegment) -> bool {
         if self.snd_wnd != 0 {
-            return None;
+            return false;
         }
         let opts = self.data_options(now);
         let payload = self.sndq.slice(self.snd_una, 1);
         if payload.is_empty() {
-            return None;
+            return false;
         }
         self.counters.window_probes += 1;
         // The probe octet is sent outside the window without advancing SND.NXT: if the peer
@@ -391,7 +433,8 @@ impl Connection {
         }
         self.rtt_probe = None;
         let seq = self.snd_una;
-        Some(self.segment_with(now, seq, TcpFlags::ACK, payload, opts))
+        self.segment_with(now, seq, TcpFlags::ACK, payload, opts, out);
+        true
     }
 
     /// Bytes considered in the network, for the congestion-window check.
@@ -414,7 +457,8 @@ impl Connection {
         }
     }
 
-    pub(super) fn next_data_segment(&mut self, now: Instant) -> Option<OutSegment> {
+    #[inline]
+    pub(super) fn next_data_segment(&mut self, now: Instant, out: &mut OutSegment) -> bool {
         if !matches!(
             self.state,
             State::Established
@@ -423,7 +467,7 @@ impl Connection {
                 | State::LastAck
                 | State::Closing
         ) {
-            return None;
+            return false;
         }
         let data_end = self.sndq.end();
         // RFC 6675 §5.1: after an RTO, do not resend what the peer SACKed. RFC 2018 §8: the
@@ -446,11 +490,11 @@ impl Connection {
         };
         let fin_due = self.fin_queued && self.snd_nxt == data_end;
         if unsent == 0 && !fin_due {
-            return None;
+            return false;
         }
         // NewReno recovery sends only new data beyond `recover` (RFC 6582 §3.2 step 4).
         if self.recovery.is_some() && !self.sack_ok && self.snd_nxt.lt(self.snd_max) {
-            return None;
+            return false;
         }
         let flight = self.flight();
         // RFC 5681 §4.1: after an idle period longer than the RTO, restart from the
@@ -477,7 +521,7 @@ impl Connection {
         let max_payload = self.max_payload(&opts);
         let len = unsent.min(max_payload).min(cwnd_room).min(wnd_room);
         if len == 0 && !(fin_due && unsent == 0) {
-            return None;
+            return false;
         }
         if len < unsent && len < max_payload && flight > 0 {
             // RFC 9293 §3.8.6.2.1 sender SWS avoidance: with more data queued, a partial
@@ -486,12 +530,12 @@ impl Connection {
             // a runt at the end of every flight.
             let big_enough = len == wnd_room && len >= self.max_snd_wnd / 2;
             if !big_enough {
-                return None;
+                return false;
             }
         }
         // RFC 9293 §3.7.4 Nagle (off by default): hold a small segment while data is unacked.
         if self.cfg.nagle && len < max_payload && flight > 0 && !fin_due {
-            return None;
+            return false;
         }
         let seq = self.snd_nxt;
         let payload = self.sndq.slice(seq, len as usize);
@@ -517,6 +561,7 @@ impl Connection {
         } else if self.rtt_probe.is_none() && self.retries == 0 {
             self.rtt_probe = Some((self.snd_nxt, now));
         }
-        Some(self.segment_with(now, seq, flags, payload, opts))
+        self.segment_with(now, seq, flags, payload, opts, out);
+        true
     }
 }

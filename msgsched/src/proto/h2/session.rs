@@ -34,7 +34,7 @@ use super::frame::{self, flag, kind, setting, ErrorCode, FrameHeader, HEADER_LEN
 use super::hpack::{Decoder, Encoder, Field, HpackError, HpackLimits};
 use super::{Request, Response};
 use crate::parser::{peek, ParseError, ParseErrorKind};
-use crate::proto::{Session, SessionRequest, SessionState};
+use crate::proto::{Session, SessionRequest, SessionState, Timeout};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -77,11 +77,15 @@ pub enum Reason {
     BadReply,
     /// The peer reset the stream (received, not sent).
     PeerReset,
+    /// The driver's idle timeout ([`Timeout::Idle`]): GOAWAY NO_ERROR.
+    IdleTimeout,
+    /// The driver's send timeout ([`Timeout::Send`]): GOAWAY NO_ERROR.
+    SendTimeout,
 }
 
 impl Reason {
     /// Every reason, in counter order.
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 19] = [
         Reason::BadPreface,
         Reason::Protocol,
         Reason::FrameSize,
@@ -99,6 +103,8 @@ impl Reason {
         Reason::BodyTooLarge,
         Reason::BadReply,
         Reason::PeerReset,
+        Reason::IdleTimeout,
+        Reason::SendTimeout,
     ];
 
     /// Short name for counters.
@@ -121,6 +127,8 @@ impl Reason {
             Reason::BodyTooLarge => "body_too_large",
             Reason::BadReply => "bad_reply",
             Reason::PeerReset => "peer_reset",
+            Reason::IdleTimeout => "idle_timeout",
+            Reason::SendTimeout => "send_timeout",
         }
     }
 
@@ -158,9 +166,9 @@ pub struct H2Counters {
     /// GOAWAYs sent, by error code (index = code value).
     pub goaway: [AtomicU64; 14],
     /// GOAWAYs sent, by [`Reason`] (index = position in [`Reason::ALL`]).
-    pub goaway_reasons: [AtomicU64; 17],
+    pub goaway_reasons: [AtomicU64; Reason::ALL.len()],
     /// RST_STREAMs sent, by [`Reason`].
-    pub rst_sent: [AtomicU64; 17],
+    pub rst_sent: [AtomicU64; Reason::ALL.len()],
     /// RST_STREAMs received.
     pub rst_received: AtomicU64,
     /// Replies that arrived for a stream already reset (dropped).
@@ -322,6 +330,9 @@ pub struct H2Session {
     peer_max_frame: usize,
     budget: i64,
     peer_goaway: bool,
+    /// Ended by the driver's timer: a clean end ([`SessionState::Done`]) once the
+    /// GOAWAY is queued, not a protocol error.
+    timed_out: bool,
 }
 
 impl H2Session {
@@ -366,6 +377,7 @@ impl H2Session {
             peer_initial_window: frame::DEFAULT_WINDOW,
             peer_max_frame: frame::DEFAULT_MAX_FRAME as usize,
             peer_goaway: false,
+            timed_out: false,
         }
     }
 
@@ -1142,10 +1154,31 @@ impl Session for H2Session {
 
     fn state(&self) -> SessionState {
         match self.phase {
+            Phase::Closing(_) if self.timed_out => SessionState::Done,
             Phase::Closing(e) => SessionState::Closing(e),
             _ if self.peer_goaway && self.streams.is_empty() => SessionState::Done,
             _ => SessionState::Open,
         }
+    }
+
+    fn busy(&self) -> bool {
+        !matches!(self.phase, Phase::Closing(_))
+            && (!self.streams.is_empty() || self.out_len() > 0 || self.block.is_some())
+    }
+
+    fn timed_out(&mut self, timer: Timeout) {
+        if matches!(self.phase, Phase::Closing(_)) {
+            return;
+        }
+        let reason = match timer {
+            Timeout::Idle => Reason::IdleTimeout,
+            Timeout::Send => Reason::SendTimeout,
+        };
+        // GOAWAY is not flow controlled: it goes out even to a peer whose windows are
+        // zero. Streams still open are abandoned with the connection (RFC 9113 §6.8:
+        // NO_ERROR with last-stream-id tells the peer which ones were processed).
+        self.goaway(ErrorCode::NoError, reason);
+        self.timed_out = true;
     }
 }
 

@@ -236,6 +236,26 @@ pub(crate) fn frame(buf: &IoVec, max: usize) -> Result<Frame, ParseError> {
     ))
 }
 
+/// What to write before closing a binary connection whose stream failed with `err`,
+/// `buf` holding the bad request at its head (memcached 1.6 does the same): an EINVAL
+/// reply ("Invalid arguments") for inconsistent lengths, E2BIG ("Too large.") for a
+/// request above the cap, each with the request's opcode and `opaque`; nothing for a bad
+/// magic (there is no request to answer).
+pub(crate) fn farewell(err: &ParseError, buf: &IoVec) -> Option<Vec<u8>> {
+    let h = Header::read(buf)?;
+    let (code, text): (u16, &[u8]) = match err.kind() {
+        ParseErrorKind::BadField => (status::EINVAL, b"Invalid arguments"),
+        ParseErrorKind::TooLarge => (status::E2BIG, b"Too large."),
+        _ => return None,
+    };
+    if h.magic != REQ_MAGIC {
+        return None;
+    }
+    let mut out = h.response(code, 0, 0, text.len(), 0).bytes().to_vec();
+    out.extend_from_slice(text);
+    Some(out)
+}
+
 /// A decoded binary request: its header and the body's parts (zero copy).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {

@@ -12,8 +12,10 @@
 //! Errors follow the real server (memcached 1.6):
 //! - bad binary magic, `keylen > 250`, `keylen + extlen > bodylen`, a text line with no
 //!   `\n` within the line cap (and a multiget line over its cap): the connection is closed
-//!   with a counted [`ParseErrorKind`](crate::parser::ParseErrorKind) (memcached closes too; for the binary
-//!   length errors it first writes an EINVAL reply, which we do not);
+//!   with a counted [`ParseErrorKind`] after the replies to every earlier request and a
+//!   last word ([`Parser::farewell`]): EINVAL (E2BIG for a request over the cap) echoing
+//!   the request's `opaque`, as memcached writes before it closes; `CLIENT_ERROR line
+//!   too long` for a text line; nothing for a bad magic;
 //! - a bad command line (unknown command, wrong token count, key over 250 bytes, bad
 //!   numbers): the line alone is a message and the server answers `ERROR` /
 //!   `CLIENT_ERROR ...`, the connection stays;
@@ -41,8 +43,8 @@
 pub mod binary;
 pub mod text;
 
-use crate::parser::{peek, Ordering, ParseError, Parser};
-use zbuf::IoVec;
+use crate::parser::{peek, Ordering, ParseError, ParseErrorKind, Parser};
+use zbuf::{IoVec, Zbuf};
 
 /// Longest key, in bytes (memcached's `KEY_MAX_LENGTH`).
 pub const KEY_MAX: usize = 250;
@@ -168,6 +170,17 @@ impl Parser for McParser {
 
     fn ordering(&self) -> Ordering {
         Ordering::Ordered
+    }
+
+    fn farewell(&mut self, err: &ParseError, buf: &IoVec) -> Option<Zbuf> {
+        let bytes = match self.proto? {
+            Protocol::Text if err.kind() == ParseErrorKind::TooLarge => {
+                text::LINE_TOO_LONG.to_vec()
+            }
+            Protocol::Text => return None,
+            Protocol::Binary => binary::farewell(err, buf)?,
+        };
+        Some(Zbuf::copy_from_slice(&bytes))
     }
 
     fn stream(&self, _msg: &IoVec) -> Option<u64> {

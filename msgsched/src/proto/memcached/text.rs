@@ -136,6 +136,12 @@ pub(crate) fn frame(
     Ok(Frame::msg(total as usize))
 }
 
+/// What to write before closing a text connection whose stream failed: every text
+/// framing error is a line over its cap, answered `CLIENT_ERROR line too long`
+/// (a `CLIENT_ERROR` line is the protocol's answer to input that does not conform;
+/// memcached itself closes without it).
+pub(crate) const LINE_TOO_LONG: &[u8] = b"CLIENT_ERROR line too long\r\n";
+
 /// A storage command's kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreOp {

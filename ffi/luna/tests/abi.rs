@@ -1,0 +1,481 @@
+//! The C ABI exercised from Rust as a C program would call it, over r2c's in-memory
+//! link (no DPDK, no root): an inline-mode echo server (zero copy: received io-vector
+//! segments sent back as they are) and a batch-mode client (socket / connect /
+//! register / poll / send / recv / shutdown / close) in two environments of one
+//! process; then the error edge: NULL and stale handles, bad configs, sizes.
+
+use errno::errno;
+use luna::*;
+use r2c::device::mem::{MemConfig, MemPair};
+use std::ffi::{c_void, CStr, CString};
+use std::ptr::{null, null_mut};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const PORT: u16 = 7000;
+const LEN: usize = 50_000;
+/// What the zbuf test's callback found.
+static ZB_RESULT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn config(ip: &str) -> String {
+    format!(
+        "[device]\nkind = \"mem\"\n[cores]\nlist = [0]\n[net]\nip = \"{ip}\"\nprefix_len = 24\n\
+         [runtime]\nidle = \"yield\"\npin = false\n"
+    )
+}
+
+fn byte(i: usize) -> u8 {
+    (i * 7 + i / 251) as u8
+}
+
+fn last_error() -> String {
+    // SAFETY: luna_last_error never returns NULL and the string lives until the next
+    // failing call on this thread.
+    unsafe { CStr::from_ptr(luna_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// What the server saw.
+#[derive(Default)]
+struct Server {
+    accepted: AtomicUsize,
+    echoed: AtomicU64,
+    closed: AtomicUsize,
+    bad: Mutex<Vec<String>>,
+}
+
+impl Server {
+    fn bad(&self, s: String) {
+        self.bad.lock().unwrap().push(s);
+    }
+}
+
+fn server_of<'a>(user: *mut c_void) -> &'a Server {
+    // SAFETY: `user` is the test's `Server`, alive until both runtimes are joined.
+    unsafe { &*(user as *const Server) }
+}
+
+extern "C" fn s_start(ctx: *mut luna_ctx_t, user: *mut c_void) {
+    let mut l = 0;
+    // SAFETY: ctx is this callback's context.
+    if unsafe { luna_listen(ctx, PORT, 64, &mut l) } != 0 || l == 0 {
+        server_of(user).bad(format!("listen: {}", last_error()));
+    }
+}
+
+extern "C" fn s_accept(
+    ctx: *mut luna_ctx_t,
+    conn: luna_conn_t,
+    l: luna_listener_t,
+    user: *mut c_void,
+) {
+    let s = server_of(user);
+    s.accepted.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: ctx is this callback's context; the pointer is only stored.
+    unsafe {
+        if l == 0 || luna_conn_set_user(ctx, conn, 0x5eed as *mut c_void) != 0 {
+            s.bad(format!("accept: listener {l}, set_user {}", last_error()));
+        }
+        // A made-up id is EBADF, never another connection.
+        if luna_send_capacity(ctx, conn ^ (1 << 40)) != -1 || errno().0 != libc::EBADF {
+            s.bad("a stale id was accepted".into());
+        }
+    }
+}
+
+extern "C" fn s_readable(ctx: *mut luna_ctx_t, conn: luna_conn_t, user: *mut c_void) {
+    let s = server_of(user);
+    // SAFETY: ctx is this callback's context; every handle is freed once.
+    unsafe {
+        if luna_conn_user(ctx, conn) != 0x5eed as *mut c_void {
+            s.bad("user pointer lost".into());
+        }
+        loop {
+            let mut v = null_mut();
+            let n = luna_recv_iovec(ctx, conn, 1 << 20, &mut v);
+            if n > 0 {
+                let mut total = 0;
+                for i in 0..luna_iovec_count(v) {
+                    let z = luna_iovec_zbuf(v, i);
+                    total += luna_zbuf_len(z);
+                    if luna_send_all(ctx, conn, z) != 0 {
+                        s.bad(format!("send_all: {}", last_error()));
+                    }
+                    luna_zbuf_free(z);
+                }
+                if total != luna_iovec_len(v) || total != n as usize {
+                    s.bad(format!("iovec of {n} bytes has segments of {total}"));
+                }
+                luna_iovec_free(v);
+                s.echoed.fetch_add(n as u64, Ordering::Relaxed);
+            } else if n == 0 {
+                if luna_close(ctx, conn) != 0 {
+                    s.bad(format!("close: {}", last_error()));
+                }
+                s.closed.fetch_add(1, Ordering::Relaxed);
+                // The id died with close.
+                if luna_close(ctx, conn) != -1 || errno().0 != libc::EBADF {
+                    s.bad("double close was not EBADF".into());
+                }
+                return;
+            } else {
+                if errno().0 != libc::EAGAIN {
+                    s.bad(format!("recv: {}", last_error()));
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// The batch client's state (one core: only its thread touches it).
+struct Client {
+    fd: i32,
+    sent: usize,
+    got: Vec<u8>,
+    shut: bool,
+    done: bool,
+    errors: Vec<String>,
+}
+
+extern "C" fn c_poll(s: *mut luna_sockets_t, user: *mut c_void) {
+    // SAFETY: `user` is the test's Client, used only by this core's thread.
+    let c = unsafe { &mut *(user as *mut Client) };
+    // SAFETY: `s` is this callback's socket API; buffers are local.
+    unsafe {
+        if c.fd < 0 {
+            c.fd = luna_sock_socket(s);
+            let to = luna_addr_t {
+                addr: u32::from(std::net::Ipv4Addr::new(198, 18, 0, 1)).to_be(),
+                port: PORT,
+                reserved: 0,
+            };
+            if luna_sock_connect(s, c.fd, &to) != -1 || errno().0 != libc::EINPROGRESS {
+                c.errors.push(format!("connect: {}", last_error()));
+            }
+            if luna_sock_register(s, c.fd, LUNA_POLLIN | LUNA_POLLOUT) != 0 {
+                c.errors.push(format!("register: {}", last_error()));
+            }
+            if luna_sock_register(s, c.fd, 0x8000) != -1 || errno().0 != libc::EINVAL {
+                c.errors.push("unknown event bits accepted".into());
+            }
+            return;
+        }
+        let mut evs = [luna_poll_event_t::default(); 4];
+        let n = luna_sock_poll(s, evs.as_mut_ptr(), evs.len());
+        for ev in &evs[..n.max(0) as usize] {
+            if ev.fd != c.fd {
+                c.errors.push(format!("event for unknown fd {}", ev.fd));
+                continue;
+            }
+            if ev.events & LUNA_POLLERR != 0 {
+                c.errors.push(format!("socket error {}", ev.error));
+            }
+            if ev.events & LUNA_POLLOUT != 0 && c.sent < LEN {
+                let data: Vec<u8> = (c.sent..LEN).map(byte).collect();
+                let k = luna_sock_send(s, c.fd, data.as_ptr().cast(), data.len());
+                if k > 0 {
+                    c.sent += k as usize;
+                } else if errno().0 != libc::EAGAIN {
+                    c.errors.push(format!("send: {}", last_error()));
+                }
+            }
+            if c.sent == LEN && !c.shut {
+                c.shut = luna_sock_shutdown(s, c.fd) == 0;
+                luna_sock_register(s, c.fd, LUNA_POLLIN);
+            }
+            if ev.events & (LUNA_POLLIN | LUNA_POLLHUP) != 0 {
+                let mut buf = [0u8; 3000];
+                loop {
+                    let k = luna_sock_recv(s, c.fd, buf.as_mut_ptr().cast(), buf.len());
+                    if k > 0 {
+                        c.got.extend_from_slice(&buf[..k as usize]);
+                        continue;
+                    }
+                    if k == 0 {
+                        luna_sock_close(s, c.fd);
+                        c.done = true;
+                        luna_sock_request_stop(s);
+                    } else if errno().0 != libc::EAGAIN {
+                        c.errors.push(format!("recv: {}", last_error()));
+                    }
+                    break;
+                }
+            }
+        }
+    }
+}
+
+fn wait(rt: *mut luna_runtime_t, limit: Duration) {
+    let end = Instant::now() + limit;
+    // SAFETY: rt is live.
+    while unsafe { luna_runtime_finished(rt) } == 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn stats(rt: *mut luna_runtime_t) -> luna_core_stats_t {
+    let mut st = luna_core_stats_t::default();
+    // SAFETY: rt is live; st is a writable luna_core_stats_t.
+    let rc = unsafe { luna_runtime_stats(rt, 0, &mut st, std::mem::size_of_val(&st)) };
+    assert_eq!(rc, 0, "{}", last_error());
+    st
+}
+
+#[test]
+fn inline_echo_server_and_batch_client_through_the_c_abi() {
+    let (a, b) = MemPair::build(&MemConfig::default()).expect("mem link");
+    let senv = env_from_mem(&config("198.18.0.1"), vec![a]).expect("server env");
+    let cenv = env_from_mem(&config("198.18.0.2"), vec![b]).expect("client env");
+    // SAFETY: the environments are live; ops and user outlive the runtimes.
+    unsafe {
+        assert_eq!(luna_env_cores(senv), 1);
+        let server = Box::new(Server::default());
+        let sops = luna_inline_ops_t {
+            on_start: Some(s_start),
+            on_accept: Some(s_accept),
+            on_connected: None,
+            on_readable: Some(s_readable),
+            on_writable: None,
+            on_closed: None,
+            on_poll: None,
+            on_stop: None,
+        };
+        let srt = luna_run_inline(senv, &sops, &*server as *const Server as *mut c_void);
+        assert!(!srt.is_null(), "{}", last_error());
+        // One runtime per environment.
+        assert!(luna_run_inline(senv, &sops, null_mut()).is_null());
+        assert_eq!(errno().0, libc::EBUSY);
+
+        let mut client = Box::new(Client {
+            fd: -1,
+            sent: 0,
+            got: Vec::new(),
+            shut: false,
+            done: false,
+            errors: Vec::new(),
+        });
+        let cops = luna_batch_ops_t {
+            on_start: None,
+            on_poll: Some(c_poll),
+            on_stop: None,
+        };
+        let crt = luna_run_batch(cenv, &cops, &mut *client as *mut Client as *mut c_void);
+        assert!(!crt.is_null(), "{}", last_error());
+        wait(crt, Duration::from_secs(30));
+        assert_eq!(luna_runtime_join(crt), 0, "{}", last_error());
+        assert_eq!(luna_runtime_join(crt), -1, "joined twice");
+        assert_eq!(errno().0, libc::EINVAL);
+        // The server closes its side when it reads the client's FIN.
+        let end = Instant::now() + Duration::from_secs(10);
+        while server.closed.load(Ordering::Relaxed) == 0 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(luna_runtime_stop(srt), 0);
+        assert_eq!(luna_runtime_join(srt), 0, "{}", last_error());
+
+        assert!(client.errors.is_empty(), "client: {:?}", client.errors);
+        assert!(
+            server.bad.lock().unwrap().is_empty(),
+            "server: {:?}",
+            server.bad.lock().unwrap()
+        );
+        assert!(client.done, "the client finished");
+        assert_eq!(client.sent, LEN);
+        assert_eq!(client.got.len(), LEN, "echoed bytes");
+        assert!(
+            client.got.iter().enumerate().all(|(i, &v)| v == byte(i)),
+            "echo differs"
+        );
+        assert_eq!(server.echoed.load(Ordering::Relaxed), LEN as u64);
+        assert_eq!(server.accepted.load(Ordering::Relaxed), 1);
+
+        // Final counters, as a struct and as name/value pairs.
+        let (ss, cs) = (stats(srt), stats(crt));
+        assert_eq!((ss.accepted, ss.stopped), (1, 1));
+        assert_eq!((cs.connected, cs.stopped), (1, 1));
+        let n = luna_stats_count();
+        let mut vals = vec![0u64; n];
+        assert_eq!(
+            luna_runtime_stats_values(srt, 0, vals.as_mut_ptr(), n),
+            n as i32
+        );
+        let name = |i| CStr::from_ptr(luna_stats_name(i)).to_str().unwrap();
+        let idx = (0..n).find(|&i| name(i) == "accepted").unwrap();
+        assert_eq!(vals[idx], 1);
+        let rx = (0..n).find(|&i| name(i) == "rx_frames").unwrap();
+        assert_eq!(vals[rx], ss.rx_frames);
+        assert!(ss.rx_frames > 0 && cs.tx_frames > 0);
+
+        // Errors at the edge.
+        let mut st = luna_core_stats_t::default();
+        assert_eq!(
+            luna_runtime_stats(srt, 1, &mut st, std::mem::size_of_val(&st)),
+            -1
+        );
+        assert_eq!(errno().0, libc::EINVAL, "core out of range");
+        assert_eq!(luna_runtime_stats(srt, 0, &mut st, 8), -1);
+        assert_eq!(errno().0, libc::EINVAL, "short struct size");
+        assert!(last_error().contains("out_size"), "{}", last_error());
+
+        luna_runtime_free(srt);
+        luna_runtime_free(crt);
+        luna_env_free(senv);
+        luna_env_free(cenv);
+    }
+}
+
+#[test]
+fn null_and_bad_arguments_are_errors_not_crashes() {
+    // SAFETY: every pointer passed is NULL or valid; that is the point of the test.
+    unsafe {
+        assert_eq!(luna_env_cores(null()), -1);
+        assert_eq!(errno().0, libc::EINVAL);
+        assert!(last_error().contains("NULL"), "{}", last_error());
+        assert_eq!(luna_runtime_stop(null()), -1);
+        assert_eq!(luna_runtime_join(null_mut()), -1);
+        assert_eq!(luna_runtime_finished(null()), -1);
+        assert_eq!(luna_runtime_cores(null()), -1);
+        assert!(luna_run_inline(null_mut(), null(), null_mut()).is_null());
+        assert_eq!(errno().0, libc::EINVAL);
+        assert!(luna_run_batch(null_mut(), null(), null_mut()).is_null());
+        assert_eq!(luna_ctx_core(null_mut()), -1);
+        assert_eq!(errno().0, libc::EINVAL);
+        assert_eq!(luna_sock_socket(null_mut()), -1);
+        assert_eq!(luna_recv(null_mut(), 1, null_mut()), -1);
+        assert!(luna_ctx_alloc(null_mut(), 10).is_null());
+        assert_eq!(luna_zbuf_len(null()), 0);
+        assert!(luna_zbuf_freeze(null_mut()).is_null());
+        assert_eq!(errno().0, libc::EINVAL);
+        assert_eq!(luna_iovec_segment(null(), 0, null_mut(), null_mut()), -1);
+        luna_zbuf_free(null_mut());
+        luna_zbuf_mut_free(null_mut());
+        luna_iovec_free(null_mut());
+        luna_env_free(null_mut());
+        luna_runtime_free(null_mut());
+
+        // Batch ops without on_poll.
+        let (a, _b) = MemPair::build(&MemConfig::default()).expect("mem link");
+        let env = env_from_mem(&config("198.18.0.1"), vec![a]).expect("env");
+        let ops = luna_batch_ops_t {
+            on_start: None,
+            on_poll: None,
+            on_stop: None,
+        };
+        assert!(luna_run_batch(env, &ops, null_mut()).is_null());
+        assert_eq!(errno().0, libc::EINVAL);
+        luna_env_free(env);
+    }
+}
+
+#[test]
+fn init_reports_config_errors_with_errno_and_the_fix() {
+    let over = |v: &[&str]| {
+        v.iter()
+            .map(|s| CString::new(*s).unwrap())
+            .collect::<Vec<_>>()
+    };
+    // SAFETY: every pointer passed is NULL or a valid C string array.
+    unsafe {
+        let o = over(&[
+            "device.kind=dpdk",
+            "device.port=net_null0",
+            "cores.list=[0]",
+            "net.ip=not-an-ip",
+        ]);
+        let p: Vec<_> = o.iter().map(|c| c.as_ptr()).collect();
+        assert!(luna_init(null(), p.as_ptr(), p.len()).is_null());
+        assert_eq!(errno().0, libc::EINVAL);
+        assert!(last_error().contains("net.ip"), "{}", last_error());
+
+        let o = over(&["no equals sign"]);
+        let p: Vec<_> = o.iter().map(|c| c.as_ptr()).collect();
+        assert!(luna_init(null(), p.as_ptr(), 1).is_null());
+        assert_eq!(errno().0, libc::EINVAL);
+        assert!(last_error().contains("KEY=VALUE"), "{}", last_error());
+
+        assert!(
+            luna_init(null(), null(), 1).is_null(),
+            "NULL list with n = 1"
+        );
+        assert_eq!(errno().0, libc::EINVAL);
+
+        let path = CString::new("/nonexistent/luna.toml").unwrap();
+        assert!(luna_init(path.as_ptr(), null(), 0).is_null());
+        assert_eq!(errno().0, libc::ENOENT);
+
+        let o = over(&["device.kind=mem", "cores.list=[0]", "net.ip=198.18.0.1"]);
+        let p: Vec<_> = o.iter().map(|c| c.as_ptr()).collect();
+        assert!(luna_init(null(), p.as_ptr(), p.len()).is_null());
+        assert_eq!(errno().0, libc::ENOTSUP, "{}", last_error());
+    }
+}
+
+#[test]
+fn zbuf_handles_write_freeze_slice_and_bounds() {
+    // SAFETY: handles are created here and freed once.
+    unsafe {
+        let (a, _b) = MemPair::build(&MemConfig::default()).expect("mem link");
+        let env = env_from_mem(&config("198.18.0.1"), vec![a]).expect("env");
+        extern "C" fn start(s: *mut luna_sockets_t, _u: *mut c_void) {
+            let mut r = Vec::new();
+            // SAFETY: `s` is this callback's API; handles freed once.
+            unsafe {
+                let m = luna_sock_alloc(s, 64);
+                assert!(!m.is_null());
+                assert_eq!(luna_zbuf_mut_append(m, b"hello ".as_ptr().cast(), 6), 0);
+                let p = luna_zbuf_mut_extend(m, 5);
+                std::ptr::copy_nonoverlapping(b"world".as_ptr(), p, 5);
+                r.push(format!("len={}", luna_zbuf_mut_len(m)));
+                let big = vec![0u8; 1000];
+                if luna_zbuf_mut_append(m, big.as_ptr().cast(), big.len()) == -1 {
+                    r.push(format!("append-errno={}", errno().0));
+                }
+                let z = luna_zbuf_freeze(m);
+                let s5 = luna_zbuf_slice(z, 6, 5);
+                let bytes = std::slice::from_raw_parts(luna_zbuf_data(s5), luna_zbuf_len(s5));
+                r.push(String::from_utf8_lossy(bytes).into_owned());
+                if luna_zbuf_slice(z, 6, 6).is_null() {
+                    r.push(format!("slice-errno={}", errno().0));
+                }
+                luna_zbuf_free(s5);
+                luna_zbuf_free(z);
+                // A socket that does not exist.
+                if luna_sock_close(s, 12345) == -1 {
+                    r.push(format!("close-errno={}", errno().0));
+                }
+                if luna_sock_close(s, -1) == -1 {
+                    r.push(format!("negative-errno={}", errno().0));
+                }
+                luna_sock_request_stop(s);
+            }
+            *ZB_RESULT.lock().unwrap() = r;
+        }
+        extern "C" fn poll(_s: *mut luna_sockets_t, _u: *mut c_void) {}
+        let ops = luna_batch_ops_t {
+            on_start: Some(start),
+            on_poll: Some(poll),
+            on_stop: None,
+        };
+        let rt = luna_run_batch(env, &ops, null_mut());
+        assert!(!rt.is_null(), "{}", last_error());
+        wait(rt, Duration::from_secs(10));
+        assert_eq!(luna_runtime_join(rt), 0);
+        luna_runtime_free(rt);
+        luna_env_free(env);
+    }
+    let r = ZB_RESULT.lock().unwrap().clone();
+    assert_eq!(
+        r,
+        vec![
+            "len=11".to_string(),
+            format!("append-errno={}", libc::ENOBUFS),
+            "world".into(),
+            format!("slice-errno={}", libc::EINVAL),
+            format!("close-errno={}", libc::EBADF),
+            format!("negative-errno={}", libc::EBADF),
+        ]
+    );
+}

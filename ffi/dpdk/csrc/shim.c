@@ -225,9 +225,10 @@ const void *dpdk_sys_memzone_reserve(const char *name, size_t len, unsigned int 
 	if (mz == NULL)
 		return NULL;
 	*addr = mz->addr;
-	/* One IOVA for the whole zone only if it is: one page, or IOVA-as-VA. */
-	*iova = (mz->hugepage_sz >= len || rte_eal_iova_mode() == RTE_IOVA_VA) ?
-		mz->iova : RTE_BAD_IOVA;
+	/* One IOVA for the whole zone only if it is contiguous: within one page, or
+	 * IOVA-as-VA. */
+	*iova = (((uintptr_t)mz->addr % mz->hugepage_sz) + len <= mz->hugepage_sz ||
+		 rte_eal_iova_mode() == RTE_IOVA_VA) ? mz->iova : RTE_BAD_IOVA;
 	return mz;
 }
 

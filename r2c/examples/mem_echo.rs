@@ -2,6 +2,10 @@
 //! connection keeping one request in flight. Bounded: runs for `secs` (at most 10).
 //!
 //! `cargo run --release -p r2c --example mem_echo -- [cores] [conns_per_core] [msg_bytes] [secs]`
+//!
+//! `conns_per_core` 0 runs both runtimes idle (no connection): with the per-core
+//! iteration counts printed at the end, that is the harness for instructions per idle
+//! iteration under `valgrind --tool=callgrind` (docs/benchmarks.md, "r2c's poll loop").
 
 use bifurcation::{AppSpec, PartitionPlan, PortRange, Share};
 use luna_stack::stack::StackConfig;
@@ -100,7 +104,7 @@ fn main() {
         .filter_map(|s| s.parse().ok())
         .collect();
     let cores = a.first().copied().unwrap_or(1).max(1) as u16;
-    let conns = a.get(1).copied().unwrap_or(1).max(1);
+    let conns = a.get(1).copied().unwrap_or(1);
     let size = a.get(2).copied().unwrap_or(4096).max(1);
     let secs = a.get(3).copied().unwrap_or(3).clamp(1, 10) as u64;
     let cfg = MemConfig {
@@ -136,8 +140,20 @@ fn main() {
     );
     cli.stop();
     srv.stop();
-    let _ = cli.join();
-    let _ = srv.join();
+    let total = done.load(Ordering::Relaxed);
+    for (side, rt) in [("client", cli.join()), ("server", srv.join())] {
+        for r in rt.unwrap_or_default() {
+            println!(
+                "{side} core {}: iterations={} idle_iterations={} rx_frames={} tx_frames={}",
+                r.index,
+                r.stats.iterations,
+                r.stats.idle_iterations,
+                r.stats.rx_frames,
+                r.stats.tx_frames
+            );
+        }
+    }
+    println!("rpcs_total={total}");
     println!(
         "cores={cores} conns/core={conns} msg={size}B: {:.0} RPC/s, {:.2} Gbit/s each way, {:.1} us per RPC per connection",
         n as f64 / t,

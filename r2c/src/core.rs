@@ -704,6 +704,7 @@ impl<D: Device> CoreLoop<D> {
     pub fn run<M: Mode>(mut self, mode: &mut M) -> CoreReport {
         mode.start(&mut self.st);
         let mut deadline = None;
+        let mut publish_in = self.opts.stats_interval.max(1);
         loop {
             self.st.now = self.clock.now();
             let busy = self.poll_once(mode);
@@ -724,7 +725,10 @@ impl<D: Device> CoreLoop<D> {
                     break;
                 }
             }
-            if self.st.stats.iterations % self.opts.stats_interval.max(1) == 0 {
+            // A countdown instead of `iterations % stats_interval` (a 64-bit division).
+            publish_in -= 1;
+            if publish_in == 0 {
+                publish_in = self.opts.stats_interval.max(1);
                 self.publish(false);
                 if self.probe.pending() {
                     crate::control::serve_core(
@@ -784,14 +788,18 @@ impl<D: Device> CoreLoop<D> {
             d.rx_burst(&mut self.rx, room);
         }
         let received = self.rx.len();
-        if let Some(c) = &mut self.capture {
-            c.on_rx(self.st.now.as_nanos(), &self.rx);
-        }
-        for frame in self.rx.drain(..) {
-            self.st.stats.rx_frames += 1;
-            self.st.stats.rx_bytes += frame.len() as u64;
-            self.st.stack.handle_frame(self.st.now, frame);
-            mode.after_frame(&mut self.st);
+        // An empty burst skips capture and the drain (the drain's construction and drop
+        // cost ~26 instructions per idle iteration, measured with callgrind).
+        if received > 0 {
+            if let Some(c) = &mut self.capture {
+                c.on_rx(self.st.now.as_nanos(), &self.rx);
+            }
+            for frame in self.rx.drain(..) {
+                self.st.stats.rx_frames += 1;
+                self.st.stats.rx_bytes += frame.len() as u64;
+                self.st.stack.handle_frame(self.st.now, frame);
+                mode.after_frame(&mut self.st);
+            }
         }
         if self
             .st
@@ -802,9 +810,19 @@ impl<D: Device> CoreLoop<D> {
             self.st.stack.handle_timeouts(self.st.now);
         }
         let worked = mode.iteration(&mut self.st);
-        self.st.flush_backlogs();
-        self.drain_stack_tx();
-        let sent = self.transmit();
+        // The empty checks stay here, inline: called, each cost ~20 instructions per idle
+        // iteration.
+        if !self.st.backlog.is_empty() {
+            self.st.flush_backlogs();
+        }
+        if self.st.stack.may_transmit() {
+            self.drain_stack_tx();
+        }
+        let sent = if self.tx.is_empty() {
+            0
+        } else {
+            self.transmit()
+        };
         received > 0 || sent > 0 || worked || !self.tx.is_empty()
     }
 

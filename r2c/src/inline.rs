@@ -240,14 +240,17 @@ impl<A: InlineApp> Mode for InlineMode<A> {
     }
 
     fn after_frame(&mut self, st: &mut CoreState) {
-        self.dispatch(st);
+        if st.stack.has_events() {
+            self.dispatch(st);
+        }
     }
 
     fn iteration(&mut self, st: &mut CoreState) -> bool {
-        // Events from timers, then the application's own work and what it caused.
-        let timers = self.dispatch(st);
+        // Events from timers, then the application's own work and what it caused. The
+        // emptiness checks stay inline (idle iterations have no event).
+        let timers = st.stack.has_events() && self.dispatch(st);
         self.app.on_poll(&mut Ctx { st });
-        let polled = self.dispatch(st);
+        let polled = st.stack.has_events() && self.dispatch(st);
         timers || polled
     }
 

@@ -193,6 +193,24 @@ fn opening_a_missing_port_is_a_clean_error() {
     assert!(d.contains("no-such-port"), "{d}");
 }
 
+/// A memif zero-copy client whose slab is not EAL memory is refused at open with the
+/// fix in the message (its peer would otherwise read and write outside the shared
+/// region; DPDK would not even connect).
+#[test]
+fn memif_zero_copy_client_refuses_a_slab_outside_eal_memory() {
+    let prefix = Prefix::new("ldvzc").unwrap();
+    let topo = Topology::up(Kind::Memif, &prefix).expect("memif topology");
+    let mut client = topo.memif().expect("memif").client.clone();
+    client.eal.vdev.push_str(",zero-copy=yes");
+    // --single-file-segments needs --in-memory next to the testbed's --huge-unlink.
+    client.eal.extra.push("--single-file-segments".into());
+    client.eal.extra.push("--in-memory".into());
+    let d = spawn(role_command("bad-zero-copy", &client, ""), "bad zero-copy").wait(LIMIT);
+    drop(topo);
+    let d = &lines(&[(&d, "OK ")])[0];
+    assert!(d.contains("dpdk_memory_slab_config"), "{d}");
+}
+
 // ---------------------------------------------------------------- child side
 
 /// ISN/cookie randomness from the OS.
@@ -364,6 +382,7 @@ fn role_child() {
         "tap-hold" => tap_hold(&port, &arg),
         "tap-second" => tap_second(&port),
         "bad-open" => bad_open(&port),
+        "bad-zero-copy" => bad_zero_copy(&port),
         other => panic!("unknown role {other}"),
     };
     println!("OK {msg}");
@@ -680,6 +699,17 @@ fn tap(port: &DpdkPort, ready: &str) -> String {
         env,
         format!("sent={} echoed={echoed} refused={refused}", sender.queued),
     )
+}
+
+fn bad_zero_copy(port: &DpdkPort) -> String {
+    let (args, cfg) = from_testbed(port).expect("testbed port");
+    let eal = Eal::init(args).unwrap_or_else(|e| panic!("EAL: {e}"));
+    let reg = DmaRegistry::new(&eal);
+    let slab = Slab::new(reg.slab_config(SlabConfig::new().max_memory(64 << 20))).unwrap();
+    let e = DpdkDevice::open(&eal, &slab, &reg, &cfg).expect_err("zones outside EAL memory");
+    let text = e.to_string();
+    assert!(text.contains("zero-copy"), "{text}");
+    text
 }
 
 fn bad_open(port: &DpdkPort) -> String {

@@ -48,6 +48,11 @@ pub type ZoneHook = Arc<dyn Fn(&ZoneInfo) -> Result<(), String> + Send + Sync>;
 /// that releases the slab's last reference.
 pub type ZoneReleaseHook = Arc<dyn Fn(&ZoneInfo) + Send + Sync>;
 
+/// Called for every new zone instead of mapping memory: returns exactly
+/// [`ZONE_SIZE`] bytes (e.g. a DPDK memzone, see `zbuf::dpdk::DmaRegistry::dpdk_memory_slab_config`).
+/// An `Err` fails the allocation with [`crate::AllocError::MapFailed`].
+pub type ZoneSource = Arc<dyn Fn() -> Result<crate::ProvidedZone, String> + Send + Sync>;
+
 /// Configuration of a [`crate::Slab`], built with chained setters:
 ///
 /// ```
@@ -74,6 +79,7 @@ pub struct SlabConfig {
     pub(crate) cache_size: usize,
     pub(crate) zone_hook: Option<ZoneHook>,
     pub(crate) zone_release_hook: Option<ZoneReleaseHook>,
+    pub(crate) zone_source: Option<ZoneSource>,
 }
 
 impl Default for SlabConfig {
@@ -91,6 +97,7 @@ impl Default for SlabConfig {
             cache_size: 256,
             zone_hook: None,
             zone_release_hook: None,
+            zone_source: None,
         }
     }
 }
@@ -110,6 +117,7 @@ impl fmt::Debug for SlabConfig {
             .field("cache_size", &self.cache_size)
             .field("zone_hook", &self.zone_hook.is_some())
             .field("zone_release_hook", &self.zone_release_hook.is_some())
+            .field("zone_source", &self.zone_source.is_some())
             .finish()
     }
 }
@@ -203,6 +211,16 @@ impl SlabConfig {
     /// Hook run for each accepted zone before it is unmapped (see [`ZoneReleaseHook`]).
     pub fn zone_release_hook(mut self, hook: impl Fn(&ZoneInfo) + Send + Sync + 'static) -> Self {
         self.zone_release_hook = Some(Arc::new(hook));
+        self
+    }
+
+    /// Take every zone's memory from `source` instead of mapping it (hugepage settings
+    /// are then ignored). See [`ZoneSource`].
+    pub fn zone_source(
+        mut self,
+        source: impl Fn() -> Result<crate::ProvidedZone, String> + Send + Sync + 'static,
+    ) -> Self {
+        self.zone_source = Some(Arc::new(source));
         self
     }
 

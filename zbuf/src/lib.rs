@@ -100,11 +100,11 @@ mod zone_info;
 
 pub use cache::{alloc, alloc_with_headroom, current_core, CoreCache};
 pub use config::{
-    HugepageMode, IovaMode, SlabConfig, ZoneHook, ZoneReleaseHook, MAX_CORES, ZONE_SIZE,
+    HugepageMode, IovaMode, SlabConfig, ZoneHook, ZoneReleaseHook, ZoneSource, MAX_CORES, ZONE_SIZE,
 };
 pub use error::{AllocError, NoRoom, OutOfBounds, SlabError};
 pub use iovec::IoVec;
-pub use mem::Backing;
+pub use mem::{Backing, ProvidedZone};
 pub use slab::{
     hugepage_fallback_warnings, ClassStats, CoreStats, LeakReport, Slab, SlabStats, ZoneLease,
     ZoneUsage,

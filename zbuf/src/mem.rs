@@ -23,17 +23,95 @@ pub enum Backing {
     Hugepage,
     /// Normal pages (fallback): not physically contiguous, IOVA is the virtual address.
     Normal,
+    /// Memory handed to the slab by a [`crate::SlabConfig::zone_source`] (e.g. DPDK
+    /// memzones, which memif's zero-copy mode can share with its peer); its IOVA is what
+    /// the source said.
+    Provided,
 }
 
-/// One owned `mmap` region, unmapped on drop.
+/// Released by a [`ProvidedZone`] when the slab frees it.
+type ZoneRelease = Box<dyn FnOnce() + Send + Sync>;
+
+/// One zone's memory from a [`crate::SlabConfig::zone_source`].
+pub struct ProvidedZone {
+    ptr: NonNull<u8>,
+    len: usize,
+    iova: Option<u64>,
+    release: Option<ZoneRelease>,
+}
+
+impl ProvidedZone {
+    /// `len` bytes at `ptr` (the slab takes exactly [`crate::ZONE_SIZE`]), with the IOVA
+    /// of the first byte if known; `release` runs once when the slab frees the zone.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be readable and writable memory that nothing else uses
+    /// until `release` runs (the slab hands its bytes out as buffers), and, when `iova`
+    /// is given, contiguous in IOVA space from that address.
+    pub unsafe fn new(
+        ptr: NonNull<u8>,
+        len: usize,
+        iova: Option<u64>,
+        release: impl FnOnce() + Send + Sync + 'static,
+    ) -> ProvidedZone {
+        ProvidedZone {
+            ptr,
+            len,
+            iova,
+            release: Some(Box::new(release)),
+        }
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the zone is empty (never accepted by the slab).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for ProvidedZone {
+    fn drop(&mut self) {
+        if let Some(r) = self.release.take() {
+            r();
+        }
+    }
+}
+
+impl std::fmt::Debug for ProvidedZone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProvidedZone")
+            .field("addr", &self.ptr)
+            .field("len", &self.len)
+            .field("iova", &self.iova)
+            .finish()
+    }
+}
+
+/// One owned zone of memory: an `mmap` region, unmapped on drop, or a provided zone,
+/// released on drop.
 pub(crate) struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
     backing: Backing,
+    provided: Option<ProvidedZone>,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; it has no thread affinity.
 unsafe impl Send for Mapping {}
+// SAFETY: a provided zone is plain memory owned by this value (its release closure is
+// `Send + Sync`); it has no thread affinity.
+unsafe impl Send for ProvidedZone {}
+// SAFETY: `ProvidedZone` only hands out its address; it never reads or writes the memory.
+unsafe impl Sync for ProvidedZone {}
 // SAFETY: `Mapping` only hands out its address; it never reads or writes the memory.
 unsafe impl Sync for Mapping {}
 
@@ -102,7 +180,27 @@ impl Mapping {
         }
         let ptr =
             NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
-        Ok(Mapping { ptr, len, backing })
+        Ok(Mapping {
+            ptr,
+            len,
+            backing,
+            provided: None,
+        })
+    }
+
+    /// A provided zone (released, not unmapped, on drop).
+    pub(crate) fn provided(z: ProvidedZone) -> Mapping {
+        Mapping {
+            ptr: z.ptr,
+            len: z.len,
+            backing: Backing::Provided,
+            provided: Some(z),
+        }
+    }
+
+    /// The IOVA a provided zone came with.
+    pub(crate) fn provided_iova(&self) -> Option<u64> {
+        self.provided.as_ref().and_then(|z| z.iova)
     }
 
     pub(crate) fn as_ptr(&self) -> *mut u8 {
@@ -120,6 +218,10 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if self.provided.is_some() {
+            // ProvidedZone's own drop releases it.
+            return;
+        }
         // SAFETY: `ptr/len` is exactly the region returned by mmap and owned by `self`;
         // the slab drops a mapping only when no object in it is referenced.
         let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };

@@ -303,6 +303,7 @@ impl SlabInner {
         cfg.validate()?;
         cfg.size_classes.sort_unstable();
         let (huge_ok, spare) = match cfg.hugepages {
+            _ if cfg.zone_source.is_some() => (false, None),
             HugepageMode::Never => (false, None),
             mode => match map_hugepage(&cfg) {
                 Ok(m) => (true, Some(m)),
@@ -556,6 +557,18 @@ impl SlabInner {
     }
 
     fn map_zone(&self) -> Result<Mapping, AllocError> {
+        if let Some(source) = &self.cfg.zone_source {
+            let z = source().map_err(|reason| AllocError::MapFailed { reason })?;
+            if z.len() != ZONE_SIZE {
+                return Err(AllocError::MapFailed {
+                    reason: format!(
+                        "the zone source gave {} bytes; a zone is {ZONE_SIZE}",
+                        z.len()
+                    ),
+                });
+            }
+            return Ok(Mapping::provided(z));
+        }
         if self.huge_ok {
             if let Some(m) = lock(&self.spare).take() {
                 return Ok(m);
@@ -579,6 +592,7 @@ impl SlabInner {
         let backing = mapping.backing();
         let phys = match (backing, self.cfg.iova_mode) {
             (Backing::Hugepage, IovaMode::Auto) => mem::physical_address(va),
+            (Backing::Provided, _) => mapping.provided_iova(),
             _ => None,
         };
         let (iova, iova_kind) = match phys {

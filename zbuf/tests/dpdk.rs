@@ -16,7 +16,9 @@ use zbuf::dpdk::{
     mbuf_to_zbuf, mbuf_to_zbuf_copied, DmaRegistry, RxPool, RxPoolConfig, TxChains, TxConfig,
     TxError, TxOffloadRequest,
 };
-use zbuf::{copy_stats, AllocError, HugepageMode, IoVec, Slab, SlabConfig, Zbuf, ZoneInfo};
+use zbuf::{
+    copy_stats, AllocError, HugepageMode, IoVec, Slab, SlabConfig, Zbuf, ZoneInfo, ZONE_SIZE,
+};
 
 const ENV: &str = "LDV_ZBUF_SCENARIO";
 const ENV_EAL: &str = "LDV_ZBUF_EAL";
@@ -114,6 +116,12 @@ fn registry_registers_every_zone_and_unregisters_it_with_the_slab() {
 }
 
 #[test]
+fn dpdk_memory_slab_takes_its_zones_from_eal_memzones() {
+    let ok = spawn("dpdk-memory", &eal_base("dmem"), "").ok();
+    assert!(ok.contains("dpdk memory ok"), "{ok}");
+}
+
+#[test]
 fn registration_beyond_dpdk_memseg_lists_is_a_clean_rejection() {
     let ok = spawn("registry-limit", &eal_base("reglim"), "").ok();
     assert!(field(&ok, "registered") >= 32, "{ok}");
@@ -177,6 +185,7 @@ fn scenario_child() {
     let msg = match name.as_str() {
         "registry" => registry(&eal),
         "registry-limit" => registry_limit(&eal),
+        "dpdk-memory" => dpdk_memory(&eal),
         "rx" => rx(&eal),
         "tx" => tx(&eal),
         "memif-rx" => memif_rx(&eal, &arg),
@@ -238,6 +247,56 @@ fn registry(eal: &Eal) -> String {
         assert!(!dpdk_knows(z.va + 4096), "DPDK forgot zone {z:?}");
     }
     "registry ok".into()
+}
+
+/// Whether `addr` lies in one of EAL's own (not external) memory-segment lists.
+fn in_eal_memory(addr: usize) -> bool {
+    // SAFETY: EAL is initialised; the lookup only reads DPDK's memory configuration and
+    // the list it returns lives as long as EAL.
+    let msl = unsafe { ffi::rte_mem_virt2memseg_list(addr as *const _) };
+    // SAFETY: non-null: a live rte_memseg_list (above).
+    !msl.is_null() && unsafe { (*msl).external } == 0
+}
+
+/// memif zero-copy's layout: every zone of the slab is an EAL memzone (no external
+/// registration), the rx pool's buffers and a payload zbuf live there, and the registry
+/// forgets the zones when the slab goes.
+fn dpdk_memory(eal: &Eal) -> String {
+    let reg = DmaRegistry::new(eal);
+    let slab = Slab::new(reg.dpdk_memory_slab_config(slab_cfg().max_memory(16 << 20))).unwrap();
+    let cache = slab.core_cache(0).unwrap();
+    let a = cache.alloc(1000).unwrap().freeze();
+    let pool = RxPool::new(eal, &slab, Some(&reg), &RxPoolConfig::new("dmem-rx", 1023)).unwrap();
+    let zones = slab.zones();
+    assert!(zones.len() >= 2, "{zones:?}");
+    for z in &zones {
+        assert_eq!(z.backing, zbuf::Backing::Provided, "{z:?}");
+        assert_eq!((z.len, z.va % 64), (ZONE_SIZE, 0), "{z:?}");
+        assert!(
+            reg.contains(z.va, z.len),
+            "zone {z:?} known to the registry"
+        );
+        assert!(
+            in_eal_memory(z.va) && in_eal_memory(z.va + z.len - 1),
+            "{z:?}"
+        );
+    }
+    assert_eq!(
+        reg.stats().registered,
+        0,
+        "no rte_extmem_register for EAL memory"
+    );
+    assert!(in_eal_memory(a.addr()) && reg.contains(a.addr(), a.len()));
+    let m = pool.mempool().alloc().expect("an rx mbuf");
+    let z = pool.to_zbuf(m).expect("a zone mbuf converts");
+    assert!(in_eal_memory(z.addr()), "rx buffers are EAL memory");
+    drop((a, z, pool, cache, slab));
+    let st = reg.stats();
+    assert_eq!((st.unregistered, st.failures), (0, 0), "{st:?}");
+    for z in &zones {
+        assert!(!reg.contains(z.va, 1), "zone {z:?} forgotten with the slab");
+    }
+    format!("dpdk memory ok zones={}", zones.len())
 }
 
 fn registry_limit(eal: &Eal) -> String {

@@ -255,6 +255,13 @@ pub fn run(a: CompareArgs) -> Res<()> {
             a.workload.mtu
         ));
     }
+    if a.workload.memif_zero_copy {
+        notes.push(
+            "--memif-zero-copy applies to luna and smoltcp (memif client side); the raw \
+             ceiling keeps memif's copy mode"
+                .into(),
+        );
+    }
     if !a.stacks.contains(&Stack::Luna) {
         notes.push("luna: not requested (--stacks); luna ratios are null".into());
     }
@@ -291,6 +298,7 @@ pub fn run(a: CompareArgs) -> Res<()> {
             let mut w = a.workload.clone();
             if b.topology() != testbed::Kind::Memif {
                 w.mtu = 1500;
+                w.memif_zero_copy = false;
             }
             let r = run::run_on(&topos[&b.topology()], b, &w, &a.place, progress);
             let p = match r {
@@ -719,6 +727,7 @@ mod tests {
             verify: false,
             mode: ModeArg::Rpc,
             mtu: 1500,
+            memif_zero_copy: false,
             emu: Default::default(),
         };
         assert_eq!(raw_frame(&w), (4166, false));

@@ -275,6 +275,15 @@ pub fn run_pair(
             }
         }
     }
+    if w.memif_zero_copy {
+        if topo.memif().is_none() {
+            return Err(format!(
+                "--memif-zero-copy applies to the memif stacks (luna, smoltcp), not {}",
+                b.stack().name()
+            ));
+        }
+        crate::backend::memif::zero_copy_client(&mut ep.client.eal);
+    }
     if let Some(m) = topo.memif() {
         // A socket left by an earlier server makes the next one fail to bind.
         let _ = std::fs::remove_file(&m.socket);

@@ -209,6 +209,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                 verify: false,
                 mode: ModeArg::Rpc,
                 mtu: 1500,
+                memif_zero_copy: false,
                 emu: Emu {
                     service: Some(svc),
                     service_mode: a.service_mode,

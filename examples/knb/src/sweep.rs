@@ -194,6 +194,7 @@ impl Sweeper<'_> {
             verify: false,
             mode: ModeArg::Rpc,
             mtu: 1500,
+            memif_zero_copy: false,
             emu: Default::default(),
         }
     }

@@ -192,6 +192,14 @@ pub struct Workload {
     /// kernel's GSO/GRO over veth move it). The kernel's veth stays at 1500.
     #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(576..=9000))]
     pub mtu: u16,
+    /// memif zero-copy mode for the DPDK stacks (luna, smoltcp): the client side's vdev
+    /// gets `zero-copy=yes` (and its EAL `--single-file-segments`), so the server copies
+    /// frames straight into and out of the client's buffers: one copy per frame on the
+    /// link instead of two, closer to a NIC that DMAs into the stack's memory. luna's
+    /// client then takes its zbuf zones from EAL memory. Off by default (see
+    /// docs/benchmarks.md, "memif zero-copy mode").
+    #[arg(long)]
+    pub memif_zero_copy: bool,
     /// Service-time emulation, unordered replies, kernel server models.
     #[command(flatten)]
     pub emu: crate::service::Emu,
@@ -282,6 +290,9 @@ impl Workload {
         if self.mtu != 1500 {
             a.push(format!("--mtu={}", self.mtu));
         }
+        if self.memif_zero_copy {
+            a.push("--memif-zero-copy".into());
+        }
         a.extend(self.emu.to_args());
         a
     }
@@ -299,6 +310,7 @@ impl Workload {
             "warmup_s": self.warmup,
             "rate": self.rate,
             "mtu": self.mtu,
+            "memif_zero_copy": self.memif_zero_copy,
             "verify": self.verify,
             "emu": self.emu.to_json(),
         })
@@ -383,6 +395,7 @@ mod tests {
             verify: false,
             mode: ModeArg::Rpc,
             mtu: 1500,
+            memif_zero_copy: false,
             emu: Default::default(),
         };
         assert_eq!(w.conns_of(0), (0, 3));

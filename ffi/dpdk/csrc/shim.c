@@ -214,6 +214,29 @@ int dpdk_sys_port_dma_map(uint16_t port_id, void *addr, uint64_t iova, size_t le
 	return 0;
 }
 
+const void *dpdk_sys_memzone_reserve(const char *name, size_t len, unsigned int align,
+	void **addr, uint64_t *iova)
+{
+	/* Not RTE_MEMZONE_IOVA_CONTIG: in IOVA-as-PA mode that needs two physically
+	 * adjacent hugepages (the heap's element header precedes the aligned data). */
+	const struct rte_memzone *mz = rte_memzone_reserve_aligned(name, len, SOCKET_ID_ANY,
+		0, align);
+
+	if (mz == NULL)
+		return NULL;
+	*addr = mz->addr;
+	/* One IOVA for the whole zone only if it is contiguous: within one page, or
+	 * IOVA-as-VA. */
+	*iova = (((uintptr_t)mz->addr % mz->hugepage_sz) + len <= mz->hugepage_sz ||
+		 rte_eal_iova_mode() == RTE_IOVA_VA) ? mz->iova : RTE_BAD_IOVA;
+	return mz;
+}
+
+int dpdk_sys_memzone_free(const void *mz)
+{
+	return rte_memzone_free((const struct rte_memzone *)mz);
+}
+
 int dpdk_sys_port_dma_unmap(uint16_t port_id, void *addr, uint64_t iova, size_t len)
 {
 	struct rte_device *dev = port_device(port_id);

@@ -23,6 +23,7 @@
 #include <rte_cycles.h>
 #include <rte_dev.h>
 #include <rte_memory.h>
+#include <rte_memzone.h>
 #include <rte_mempool.h>
 #include <rte_mbuf.h>
 #include <rte_ether.h>
@@ -218,6 +219,14 @@ struct rte_mbuf *dpdk_sys_pktmbuf_unchain(struct rte_mbuf *m);
  * port. Return 0 or a negative errno. */
 int dpdk_sys_port_dma_map(uint16_t port_id, void *addr, uint64_t iova, size_t len);
 int dpdk_sys_port_dma_unmap(uint16_t port_id, void *addr, uint64_t iova, size_t len);
+
+/* rte_memzone_reserve_aligned on any socket: `len` bytes of EAL memory aligned to
+ * `align`. Returns the memzone (NULL with rte_errno set) and writes its address and
+ * IOVA (RTE_BAD_IOVA unless the zone is IOVA-contiguous: one page, or IOVA-as-VA). */
+const void *dpdk_sys_memzone_reserve(const char *name, size_t len, unsigned int align,
+	void **addr, uint64_t *iova);
+/* rte_memzone_free of a memzone from dpdk_sys_memzone_reserve. 0 or a negative errno. */
+int dpdk_sys_memzone_free(const void *mz);
 
 /* Routes DPDK's log stream (rte_openlog_stream) through `fn`, which gets
  * each chunk DPDK writes and returns the bytes consumed (glibc fopencookie). */

@@ -709,4 +709,19 @@ impl<R: Rng> Stack<R> {
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
+
+    /// Whether [`Stack::poll_event`] has an event (a cheap check for a poll loop's
+    /// idle iterations).
+    #[inline]
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
+    /// Whether [`Stack::poll_transmit`] may have a frame: `false` means it certainly has
+    /// none (no control frame queued, no connection marked for output), so a poll loop
+    /// can skip the call on idle iterations.
+    #[inline]
+    pub fn may_transmit(&self) -> bool {
+        !self.ctl.is_empty() || !self.dirty.is_empty()
+    }
 }

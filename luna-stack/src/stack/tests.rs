@@ -1398,6 +1398,34 @@ fn next_hop_removed_in_flight_keeps_retransmitting_and_resumes_on_hand_in() {
     assert_eq!(net.a.state(c), Some(State::Established));
 }
 
+/// `has_events` / `may_transmit` (a poll loop's idle checks) are false exactly when
+/// `poll_event` / `poll_transmit` have nothing, and true before they do.
+#[test]
+fn idle_checks_match_poll_event_and_poll_transmit() {
+    let mut net = Net::pair();
+    assert!(!net.a.has_events() && !net.a.may_transmit());
+    let (c, s) = connected(&mut net);
+    let _ = events(&mut net.a);
+    let _ = events(&mut net.b);
+    net.flush();
+    assert!(!net.a.has_events() && !net.a.may_transmit());
+    assert!(net.a.poll_transmit(net.now).is_none() && net.a.poll_event().is_none());
+    net.a.send(c, &Zbuf::copy_from_slice(b"ping")).unwrap();
+    assert!(
+        net.a.may_transmit(),
+        "a send marks the connection for output"
+    );
+    let f = net.a.poll_transmit(net.now).expect("the data segment");
+    assert!(f.len() > 4);
+    while net.a.poll_transmit(net.now).is_some() {}
+    assert!(!net.a.may_transmit());
+    net.b
+        .handle_frame(net.now, Zbuf::copy_from_slice(&f.to_vec()));
+    assert!(net.b.has_events(), "data makes the server readable");
+    assert!(events(&mut net.b).contains(&Event::Readable(s)));
+    assert!(!net.b.has_events());
+}
+
 #[test]
 fn connections_and_listeners_list_what_the_stack_holds() {
     let mut net = Net::pair();

@@ -14,6 +14,12 @@
 //!   but computes them in software inside the PMD, on a copy of the header, which gains
 //!   nothing — and received checksums are always verified in software (DPDK flags them
 //!   per packet, which the stack cannot be told).
+//! * memif zero-copy (`zero-copy=yes` on a `role=client` vdev, EAL
+//!   `--single-file-segments`): the client shares EAL's memory with the server, which
+//!   copies frames straight into our receive buffers and out of our transmit mbufs, so
+//!   one copy per frame is left on the link instead of two. The slab must then take its
+//!   zones from EAL memory (`DmaRegistry::dpdk_memory_slab_config`; checked at open),
+//!   and payload outside the slab (heap buffers) is copied on transmit, as for a NIC.
 //! * Virtual links ([`DpdkDeviceConfig::virtual_link_checksums`], on by default): memif
 //!   and ring ports move frames between processes through shared memory, which cannot
 //!   corrupt them, so the device reports checksums as offloaded (computed and verified by
@@ -460,14 +466,21 @@ impl DpdkDevice {
             mtu: cfg.mtu,
             ..PortConf::default()
         };
+        let memif_vdev = |what: &str| {
+            info.driver_name == "net_memif"
+                && eal
+                    .args()
+                    .iter()
+                    .any(|a| a.contains(&cfg.port) && a.contains(what))
+        };
+        let memif_client = memif_vdev("role=client");
+        let zero_copy = memif_client && memif_vdev("zero-copy=yes");
+        if zero_copy {
+            check_zero_copy_pool(&rx)?;
+        }
         port.configure(&conf, rx.mempool())?;
         registry.add_port(port.id())?;
         let handle_id = port.id();
-        let memif_client = info.driver_name == "net_memif"
-            && eal
-                .args()
-                .iter()
-                .any(|a| a.contains(&cfg.port) && a.contains("role=client"));
         if memif_client {
             // A memif client connects once, at start: restart until the server is there.
             port.start_until_link_up(cfg.link_timeout, Duration::from_millis(500))?;
@@ -499,7 +512,9 @@ impl DpdkDevice {
                     data_room: ffi::RTE_MBUF_DEFAULT_BUF_SIZE as u16,
                     holds: cfg.tx_holds,
                     multi_seg,
-                    registry: dma.then(|| registry.clone()),
+                    // memif zero-copy hands the peer descriptors into our memory: payload
+                    // outside the slab's zones (EAL memory) must be copied, as for DMA.
+                    registry: (dma || zero_copy).then(|| registry.clone()),
                 },
             )?;
             devs.push(DpdkDevice {
@@ -566,6 +581,25 @@ impl DpdkDevice {
             tcp_checksum: o.tcp_checksum,
             udp_checksum: false,
         })
+    }
+}
+
+/// memif's zero-copy client shares EAL's memory with its peer and describes every buffer
+/// as an offset into it: receive buffers elsewhere (zones registered as external memory)
+/// would make the peer write outside the shared region (DPDK even refuses to connect).
+fn check_zero_copy_pool(rx: &RxPool) -> Result<(), DeviceError> {
+    match rx
+        .zones()
+        .iter()
+        .find(|z| z.backing != zbuf::Backing::Provided)
+    {
+        None => Ok(()),
+        Some(z) => Err(DeviceError::Config(format!(
+            "memif zero-copy=yes needs receive buffers in EAL memory, but zone {} ({:?}) is \
+             not: build the slab with DmaRegistry::dpdk_memory_slab_config (and give the EAL \
+             --single-file-segments), or drop zero-copy=yes from the vdev",
+            z.index, z.backing
+        ))),
     }
 }
 

@@ -33,6 +33,9 @@ struct Region {
     iova: Option<u64>,
     /// Ports this region is DMA-mapped for.
     mapped: Vec<u16>,
+    /// EAL memory (a memzone from [`DmaRegistry::dpdk_memory_slab_config`]): DPDK knows
+    /// and maps it already, so it is neither registered nor unregistered here.
+    eal: bool,
 }
 
 struct State {
@@ -82,6 +85,17 @@ impl std::fmt::Debug for DmaRegistry {
             .field("iova_va", &self.inner.iova_va)
             .finish()
     }
+}
+
+/// # Safety
+/// See [`crate::ProvidedZone::new`].
+unsafe fn zbuf_provided(
+    ptr: std::ptr::NonNull<u8>,
+    iova: Option<u64>,
+    release: impl FnOnce() + Send + Sync + 'static,
+) -> crate::ProvidedZone {
+    // SAFETY: forwarded from the caller.
+    unsafe { crate::ProvidedZone::new(ptr, ZONE_SIZE, iova, release) }
 }
 
 fn page_size() -> usize {
@@ -139,6 +153,60 @@ impl DmaRegistry {
         })
     }
 
+    /// [`DmaRegistry::slab_config`] with every zone taken from EAL memory (one 2 MiB
+    /// `rte_memzone` per zone, cache-line aligned, freed with the slab) instead of mapped
+    /// by the slab and
+    /// registered as external memory. memif's zero-copy mode needs this: its client
+    /// shares EAL's memory-segment lists with the server (and fails on external ones),
+    /// so every buffer it receives into or sends from must lie in them. Needs
+    /// `--single-file-segments` and enough EAL memory (`-m`, or hugepages the EAL may grow
+    /// into) for the slab's zones; hugepage settings of `cfg` are ignored.
+    pub fn dpdk_memory_slab_config(&self, cfg: SlabConfig) -> SlabConfig {
+        let seq = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let cfg = cfg.zone_source(move || {
+            let n = seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // Memzone names are global to the process (≤ 31 bytes).
+            let name = format!("zbuf-{}-{n}", std::process::id());
+            let cname = std::ffi::CString::new(name.clone()).map_err(|e| e.to_string())?;
+            let mut addr: *mut libc::c_void = std::ptr::null_mut();
+            let mut iova = 0u64;
+            // SAFETY: EAL is initialised (the registry holds an Eal); the name is a valid C
+            // string and the out pointers are live locals.
+            let mz = unsafe {
+                ffi::dpdk_sys_memzone_reserve(
+                    cname.as_ptr(),
+                    ZONE_SIZE,
+                    // Cache-line aligned: 2 MiB alignment would waste almost a page per
+                    // zone (the heap's element header precedes the data).
+                    64,
+                    &mut addr,
+                    &mut iova,
+                )
+            };
+            let ptr = std::ptr::NonNull::new(addr.cast::<u8>());
+            let (false, Some(ptr)) = (mz.is_null(), ptr) else {
+                // SAFETY: reads DPDK's thread-local errno.
+                let errno = unsafe { ffi::dpdk_sys_errno() };
+                return Err(format!(
+                    "rte_memzone_reserve of {ZONE_SIZE} bytes ({name}): {} (EAL memory \
+                     exhausted? raise -m or free hugepages)",
+                    errno_text(errno)
+                ));
+            };
+            let mz = mz as usize;
+            let iova = (iova != ffi::RTE_BAD_IOVA).then_some(iova);
+            let release = move || {
+                // SAFETY: `mz` came from dpdk_sys_memzone_reserve and is freed once (the
+                // slab runs a zone's release once).
+                unsafe { ffi::dpdk_sys_memzone_free(mz as *const libc::c_void) };
+            };
+            // SAFETY: the memzone is ZONE_SIZE bytes of EAL memory reserved for us alone
+            // until `release` frees it; the shim gives an IOVA only for a contiguous zone.
+            Ok(unsafe { zbuf_provided(ptr, iova, release) })
+        });
+        self.slab_config(cfg)
+    }
+
     /// Registers one zone (no-op if it is registered already) and DMA-maps it for every
     /// added port. On failure nothing stays registered.
     pub fn register_zone(&self, z: &ZoneInfo) -> Result<(), DpdkError> {
@@ -146,9 +214,23 @@ impl DmaRegistry {
         if st.regions.contains_key(&z.va) {
             return Ok(());
         }
+        if z.backing == Backing::Provided {
+            // Only EAL memory is provided through this registry (a memzone): DPDK has it
+            // in its memory-segment lists and DMA-maps it for devices itself.
+            st.regions.insert(
+                z.va,
+                Region {
+                    len: z.len,
+                    iova: None,
+                    mapped: Vec::new(),
+                    eal: true,
+                },
+            );
+            return Ok(());
+        }
         let page = match z.backing {
             Backing::Hugepage => ZONE_SIZE,
-            Backing::Normal => page_size(),
+            Backing::Normal | Backing::Provided => page_size(),
         };
         if z.len == 0 || z.len % page != 0 || z.va % page != 0 {
             st.stats.failures += 1;
@@ -201,6 +283,7 @@ impl DmaRegistry {
             len: z.len,
             iova,
             mapped: Vec::new(),
+            eal: false,
         };
         let ports = st.ports.clone();
         for port in ports {
@@ -223,6 +306,9 @@ impl DmaRegistry {
         let Some(mut region) = st.regions.remove(&z.va) else {
             return;
         };
+        if region.eal {
+            return;
+        }
         unmap_all(&mut st.stats, z.va, &mut region);
         // SAFETY: registered by us with this va/len; no device mapping is left.
         let rc = unsafe { ffi::rte_extmem_unregister(z.va as *mut _, region.len) };
@@ -303,6 +389,8 @@ pub(crate) fn zone_iova(z: &ZoneInfo, iova_va: bool) -> Option<u64> {
     match (z.iova_kind, z.backing) {
         // One physically contiguous hugepage.
         (IovaKind::Physical, Backing::Hugepage) if !iova_va => Some(z.iova),
+        // What DPDK said when it gave the memzone.
+        (IovaKind::Physical, Backing::Provided) => Some(z.iova),
         _ if iova_va => Some(z.va as u64),
         _ => None,
     }

@@ -293,8 +293,14 @@ fn open(
         .init()
         .map_err(|e| format!("EAL init: {e}"))?;
     let registry = DmaRegistry::new(&eal);
-    let slab = Slab::new(registry.slab_config(SlabConfig::new().max_memory(SLAB_MEMORY)))
-        .map_err(|e| format!("zbuf slab: {e}"))?;
+    let slab_cfg = SlabConfig::new().max_memory(SLAB_MEMORY);
+    // memif zero-copy: the peer reads and writes our buffers, which must then be EAL memory.
+    let slab_cfg = if memif::is_zero_copy(eal_args) {
+        registry.dpdk_memory_slab_config(slab_cfg)
+    } else {
+        registry.slab_config(slab_cfg)
+    };
+    let slab = Slab::new(slab_cfg).map_err(|e| format!("zbuf slab: {e}"))?;
     let mut cfg = DpdkDeviceConfig::new(port);
     cfg.queues = lanes;
     cfg.rx_mbufs = 16383.max(2048 * u32::from(lanes) + 8192);

@@ -41,6 +41,30 @@ fn place(p: &testbed::DpdkPort, cpu: usize) -> Place {
     }
 }
 
+/// memif zero-copy mode on a client's EAL arguments: `zero-copy=yes` on its memif vdev
+/// and `--single-file-segments` (DPDK's zero-copy client shares each of EAL's memory
+/// segment lists with the server as one file; DPDK accepts it next to the testbed's
+/// `--huge-unlink` only with `--in-memory`, which [`endpoints`] always gives). The server
+/// side needs nothing: it always copies, now straight into and out of the client's
+/// buffers.
+pub fn zero_copy_client(eal: &mut Vec<String>) {
+    let mut changed = false;
+    for a in eal.iter_mut().filter(|a| a.starts_with("net_memif")) {
+        if !a.contains("zero-copy=") {
+            a.push_str(",zero-copy=yes");
+        }
+        changed = true;
+    }
+    if changed && !eal.iter().any(|a| a == "--single-file-segments") {
+        eal.push("--single-file-segments".into());
+    }
+}
+
+/// Whether `eal` puts its memif vdev in zero-copy mode.
+pub fn is_zero_copy(eal: &[String]) -> bool {
+    vdev_of(eal).is_some_and(|v| v.starts_with("net_memif") && v.contains("zero-copy=yes"))
+}
+
 /// Pins the calling lane thread to `cpu` and gives it an lcore id (per-lcore mempool
 /// caches for every mbuf it allocates and frees).
 pub fn register_lane(eal: &Eal, cpu: usize) -> Result<(), String> {
@@ -174,6 +198,26 @@ mod tests {
         assert_eq!(socket_of(&a[..1]), None);
         let tap = vec!["--vdev=net_tap0,iface=x".to_string()];
         assert_eq!(socket_of(&tap), None);
+    }
+
+    #[test]
+    fn zero_copy_edits_only_the_memif_vdev_once() {
+        let mut a: Vec<String> = ["--no-pci", "--vdev", "net_memif0,role=client,socket=/x"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert!(!is_zero_copy(&a));
+        zero_copy_client(&mut a);
+        zero_copy_client(&mut a);
+        assert_eq!(a[2], "net_memif0,role=client,socket=/x,zero-copy=yes");
+        assert_eq!(
+            a.iter().filter(|x| *x == "--single-file-segments").count(),
+            1
+        );
+        assert!(is_zero_copy(&a));
+        let mut tap = vec!["--vdev".to_string(), "net_tap0,iface=x".into()];
+        zero_copy_client(&mut tap);
+        assert_eq!(tap, ["--vdev", "net_tap0,iface=x"]);
     }
 
     #[test]

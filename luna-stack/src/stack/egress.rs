@@ -146,21 +146,19 @@ impl<R: Rng> Stack<R> {
             match mac {
                 Some(mac) => {
                     let src_mac = self.cfg.mac;
+                    let caps = self.cfg.caps;
+                    self.counters.frames_out += 1;
+                    self.ip_ident = self.ip_ident.wrapping_add(1);
+                    let ident = self.ip_ident;
                     let e = self.slots[idx as usize]
                         .entry
                         .as_deref_mut()
                         .expect("present");
-                    let tuple = e.conn.tuple();
                     // The connection's header template, (re)built when the next hop's MAC
                     // is not the one it was made for.
-                    let tmpl = match e.tmpl {
-                        Some(t) if t.dst_mac == mac => t,
-                        _ => {
-                            let t = HeaderTemplate::new(src_mac, mac, tuple);
-                            e.tmpl = Some(t);
-                            t
-                        }
-                    };
+                    if e.tmpl.as_ref().is_none_or(|t| t.dst_mac != mac) {
+                        e.tmpl = Some(HeaderTemplate::new(src_mac, mac, e.conn.tuple()));
+                    }
                     // The last segment of the burst: leave the dirty list now rather than on
                     // one more `poll_segment` that would find nothing (its timer work is done).
                     if e.conn.nothing_to_send() {
@@ -168,20 +166,12 @@ impl<R: Rng> Stack<R> {
                         self.dirty.pop_front();
                         self.schedule_timer(idx);
                     }
-                    self.counters.frames_out += 1;
-                    self.ip_ident = self.ip_ident.wrapping_add(1);
-                    let ident = self.ip_ident;
-                    let caps = self.cfg.caps;
                     #[cfg(debug_assertions)]
-                    let reference =
-                        self.build_tcp_ident(&seg.repr, seg.payload.clone(), tuple, mac, ident);
-                    let t = tmpl.build(&seg.repr, seg.payload, ident, &caps);
-                    #[cfg(debug_assertions)]
-                    {
-                        debug_assert_eq!(t.to_vec(), reference.to_vec(), "template frame");
-                        debug_assert_eq!(t.offload, reference.offload, "template offload");
-                    }
-                    return Some(t);
+                    self.check_template(idx, &seg, mac, ident);
+                    let e = self.slots[idx as usize].entry.as_deref().expect("present");
+                    let tmpl = e.tmpl.as_ref().expect("built above");
+                    // Built in the return slot (no move of the frame).
+                    return Some(tmpl.build(&seg.repr, seg.payload, ident, &caps));
                 }
                 None => {
                     // Park the connection (holding its segment) until ARP answers.
@@ -202,6 +192,19 @@ impl<R: Rng> Stack<R> {
             }
         }
         None
+    }
+
+    /// Debug builds: the frame built from connection `idx`'s template is byte for byte
+    /// (and in its offload metadata) the one [`Stack::build_tcp`] makes.
+    #[cfg(debug_assertions)]
+    fn check_template(&self, idx: u32, seg: &OutSegment, mac: EthernetAddress, ident: u16) {
+        let e = self.slots[idx as usize].entry.as_deref().expect("present");
+        let tuple = e.conn.tuple();
+        let tmpl = e.tmpl.as_ref().expect("built");
+        let reference = self.build_tcp_ident(&seg.repr, seg.payload.clone(), tuple, mac, ident);
+        let t = tmpl.build(&seg.repr, seg.payload.clone(), ident, &self.cfg.caps);
+        assert_eq!(t.to_vec(), reference.to_vec(), "template frame");
+        assert_eq!(t.offload, reference.offload, "template offload");
     }
 
     /// The MAC for `ip`, sending an ARP request (rate limited) when it is unknown.
@@ -442,8 +445,10 @@ impl HeaderTemplate {
     }
 
     /// The frame of one segment with IP identification `ident`: the same bytes and offload
-    /// metadata as [`Stack::build_tcp`] makes.
-    #[inline]
+    /// metadata as [`Stack::build_tcp`] makes. Not inlined: as its own function it writes
+    /// the frame into the caller's return slot (inlined, the frame was built in a local
+    /// and then copied, one `memcpy` per frame).
+    #[inline(never)]
     fn build(&self, repr: &TcpRepr, payload: IoVec, ident: u16, caps: &ChecksumCaps) -> Transmit {
         let tcp_hlen = repr.header_len();
         let tcp_len = tcp_hlen + payload.len();

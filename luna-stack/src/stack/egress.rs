@@ -465,19 +465,31 @@ impl HeaderTemplate {
                 ip.set_checksum(!sum);
             }
         }
-        {
-            let mut tcp = TcpPacket::new_unchecked(&mut header[TMPL_LEN..len]);
-            repr.emit_header(&mut tcp);
-            if caps.tcp.tx() {
-                let mut acc = Accumulator::new();
-                for chunk in payload.chunks() {
-                    acc.add_bytes(chunk);
-                }
-                tcp.fill_checksum_split_pseudo(self.pseudo_sum, &acc);
-            } else {
-                // `tcp_len` < 65536 (checked above), so one word is the whole length.
-                tcp.set_checksum(checksum::add(self.pseudo_sum, tcp_len as u16));
+        // The TCP fixed header (RFC 9293 §3.1) at constant offsets of the fixed-size array
+        // (no bounds checks per field), what `TcpRepr::emit_header` writes; the checksum
+        // field stays zero until filled below.
+        const T: usize = TMPL_LEN;
+        header[T..T + 2].copy_from_slice(&repr.src_port.to_be_bytes());
+        header[T + 2..T + 4].copy_from_slice(&repr.dst_port.to_be_bytes());
+        header[T + 4..T + 8].copy_from_slice(&repr.seq.0.to_be_bytes());
+        header[T + 8..T + 12].copy_from_slice(&repr.ack.0.to_be_bytes());
+        header[T + 12] = ((tcp_hlen / 4) as u8) << 4;
+        header[T + 13] = repr.flags.0;
+        header[T + 14..T + 16].copy_from_slice(&repr.window.to_be_bytes());
+        header[T + 18..T + 20].copy_from_slice(&repr.urgent.to_be_bytes());
+        let written = repr.options.emit(&mut header[T + 20..len]);
+        debug_assert_eq!(20 + written, tcp_hlen);
+        if caps.tcp.tx() {
+            let mut acc = Accumulator::new();
+            for chunk in payload.chunks() {
+                acc.add_bytes(chunk);
             }
+            TcpPacket::new_unchecked(&mut header[T..len])
+                .fill_checksum_split_pseudo(self.pseudo_sum, &acc);
+        } else {
+            // `tcp_len` < 65536 (checked above), so one word is the whole length.
+            let sum = checksum::add(self.pseudo_sum, tcp_len as u16);
+            header[T + 16..T + 18].copy_from_slice(&sum.to_be_bytes());
         }
         Transmit {
             header,

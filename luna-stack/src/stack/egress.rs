@@ -7,7 +7,7 @@ use crate::context::Rng;
 use crate::tables::neighbour::Resolution;
 use crate::tcp::conn::{FourTuple, OutSegment};
 use crate::time::Instant;
-use crate::wire::checksum::Accumulator;
+use crate::wire::checksum::{self, Accumulator};
 use crate::wire::{
     ArpOperation, ArpPacket, ArpRepr, ChecksumCaps, EtherType, EthernetAddress, EthernetFrame,
     EthernetRepr, Icmpv4Message, Icmpv4Packet, IpProtocol, Ipv4Packet, Ipv4Repr, TcpPacket,
@@ -145,11 +145,20 @@ impl<R: Rng> Stack<R> {
             };
             match mac {
                 Some(mac) => {
+                    let src_mac = self.cfg.mac;
+                    let caps = self.cfg.caps;
+                    self.counters.frames_out += 1;
+                    self.ip_ident = self.ip_ident.wrapping_add(1);
+                    let ident = self.ip_ident;
                     let e = self.slots[idx as usize]
                         .entry
                         .as_deref_mut()
                         .expect("present");
-                    let tuple = e.conn.tuple();
+                    // The connection's header template, (re)built when the next hop's MAC
+                    // is not the one it was made for.
+                    if e.tmpl.as_ref().is_none_or(|t| t.dst_mac != mac) {
+                        e.tmpl = Some(HeaderTemplate::new(src_mac, mac, e.conn.tuple()));
+                    }
                     // The last segment of the burst: leave the dirty list now rather than on
                     // one more `poll_segment` that would find nothing (its timer work is done).
                     if e.conn.nothing_to_send() {
@@ -157,8 +166,12 @@ impl<R: Rng> Stack<R> {
                         self.dirty.pop_front();
                         self.schedule_timer(idx);
                     }
-                    self.counters.frames_out += 1;
-                    return Some(self.build_tcp(&seg.repr, seg.payload, tuple, mac));
+                    #[cfg(debug_assertions)]
+                    self.check_template(idx, &seg, mac, ident);
+                    let e = self.slots[idx as usize].entry.as_deref().expect("present");
+                    let tmpl = e.tmpl.as_ref().expect("built above");
+                    // Built in the return slot (no move of the frame).
+                    return Some(tmpl.build(&seg.repr, seg.payload, ident, &caps));
                 }
                 None => {
                     // Park the connection (holding its segment) until ARP answers.
@@ -179,6 +192,19 @@ impl<R: Rng> Stack<R> {
             }
         }
         None
+    }
+
+    /// Debug builds: the frame built from connection `idx`'s template is byte for byte
+    /// (and in its offload metadata) the one [`Stack::build_tcp`] makes.
+    #[cfg(debug_assertions)]
+    fn check_template(&self, idx: u32, seg: &OutSegment, mac: EthernetAddress, ident: u16) {
+        let e = self.slots[idx as usize].entry.as_deref().expect("present");
+        let tuple = e.conn.tuple();
+        let tmpl = e.tmpl.as_ref().expect("built");
+        let reference = self.build_tcp_ident(&seg.repr, seg.payload.clone(), tuple, mac, ident);
+        let t = tmpl.build(&seg.repr, seg.payload.clone(), ident, &self.cfg.caps);
+        assert_eq!(t.to_vec(), reference.to_vec(), "template frame");
+        assert_eq!(t.offload, reference.offload, "template offload");
     }
 
     /// The MAC for `ip`, sending an ARP request (rate limited) when it is unknown.
@@ -247,6 +273,21 @@ impl<R: Rng> Stack<R> {
         tuple: FourTuple,
         dst_mac: EthernetAddress,
     ) -> Transmit {
+        self.ip_ident = self.ip_ident.wrapping_add(1);
+        let ident = self.ip_ident;
+        self.build_tcp_ident(repr, payload, tuple, dst_mac, ident)
+    }
+
+    /// [`build_tcp`](Self::build_tcp) with the IP identification given (the reference
+    /// the connections' [`HeaderTemplate`] frames are checked against in debug builds).
+    fn build_tcp_ident(
+        &self,
+        repr: &TcpRepr,
+        payload: IoVec,
+        tuple: FourTuple,
+        dst_mac: EthernetAddress,
+        ident: u16,
+    ) -> Transmit {
         // No `repr.emitted()` copy: `header_len` and `emit_header` already send at most
         // `sack_capacity` blocks, which is all `emitted` would change.
         let tcp_hlen = repr.header_len();
@@ -257,12 +298,15 @@ impl<R: Rng> Stack<R> {
         let mut ip = Ipv4Repr::new(src, dst, IpProtocol::Tcp, tcp_len);
         // RFC 1191 §3: TCP sets DF for path MTU discovery.
         ip.dont_frag = true;
+        ip.ident = ident;
         // Built in place: the payload moves into the frame once (no empty io-vector made
         // and dropped), and the header array is written where the caller receives it.
         let mut header = [0; MAX_HEADER_LEN];
         {
             let buf = &mut header[..len];
-            self.emit_eth_ipv4(buf, dst_mac, ip, &caps);
+            self.emit_ethernet(buf, dst_mac, EtherType::Ipv4);
+            let mut ip_pkt = Ipv4Packet::new_unchecked(&mut buf[ETH_LEN..ETH_LEN + IP_LEN]);
+            ip.emit(&mut ip_pkt, &caps);
             let mut tcp = TcpPacket::new_unchecked(&mut buf[ETH_LEN + IP_LEN..]);
             repr.emit_header(&mut tcp);
             if caps.tcp.tx() {
@@ -343,5 +387,121 @@ impl<R: Rng> Stack<R> {
             ..TxOffload::default()
         };
         self.ctl.push_back(t);
+    }
+}
+
+/// Length of a [`HeaderTemplate`]: the Ethernet and IPv4 headers.
+const TMPL_LEN: usize = ETH_LEN + IP_LEN;
+
+/// A connection's Ethernet + IPv4 header, precomputed once its next hop's MAC is known:
+/// addresses, EtherType, version/IHL, DSCP/ECN, DF, TTL and protocol are fixed for the
+/// connection, so a segment copies these 34 bytes and patches the total length, the IP
+/// identification and, when done in software, the header checksum, which is the fixed
+/// part's sum plus those two words (RFC 1071 §2: the sum is commutative and associative).
+/// The TCP pseudo-header sum's address and protocol part is kept too; only the TCP length
+/// is added per segment. Rebuilt when the next hop's MAC changes; our MAC, addresses and
+/// checksum capabilities do not change for a connection's life. Every frame built from
+/// a template is compared with [`Stack::build_tcp`]'s in debug builds (the test suite).
+#[derive(Clone, Copy)]
+pub(super) struct HeaderTemplate {
+    /// The next hop the Ethernet destination was built for.
+    pub(super) dst_mac: EthernetAddress,
+    bytes: [u8; TMPL_LEN],
+    /// Folded sum of the IPv4 header with total length, ident and checksum zero.
+    ip_sum: u16,
+    /// Folded pseudo-header sum (addresses, protocol) with a zero TCP length.
+    pseudo_sum: u16,
+}
+
+impl HeaderTemplate {
+    /// The template for `tuple`'s segments from `src_mac` to `dst_mac`.
+    pub(super) fn new(
+        src_mac: EthernetAddress,
+        dst_mac: EthernetAddress,
+        tuple: FourTuple,
+    ) -> Self {
+        let (src, dst) = (*tuple.local.ip(), *tuple.remote.ip());
+        let mut bytes = [0u8; TMPL_LEN];
+        EthernetRepr {
+            src_addr: src_mac,
+            dst_addr: dst_mac,
+            ethertype: EtherType::Ipv4,
+        }
+        .emit(&mut EthernetFrame::new_unchecked(&mut bytes[..ETH_LEN]));
+        let mut ip = Ipv4Repr::new(src, dst, IpProtocol::Tcp, 0);
+        // RFC 1191 §3: TCP sets DF for path MTU discovery.
+        ip.dont_frag = true;
+        ip.ident = 0;
+        let mut pkt = Ipv4Packet::new_unchecked(&mut bytes[ETH_LEN..]);
+        ip.emit(&mut pkt, &ChecksumCaps::offloaded());
+        pkt.set_total_len(0);
+        let ip_sum = checksum::data(&bytes[ETH_LEN..]);
+        HeaderTemplate {
+            dst_mac,
+            bytes,
+            ip_sum,
+            pseudo_sum: checksum::pseudo_header_v4(src, dst, u8::from(IpProtocol::Tcp), 0),
+        }
+    }
+
+    /// The frame of one segment with IP identification `ident`: the same bytes and offload
+    /// metadata as [`Stack::build_tcp`] makes. Not inlined: as its own function it writes
+    /// the frame into the caller's return slot (inlined, the frame was built in a local
+    /// and then copied, one `memcpy` per frame).
+    #[inline(never)]
+    fn build(&self, repr: &TcpRepr, payload: IoVec, ident: u16, caps: &ChecksumCaps) -> Transmit {
+        let tcp_hlen = repr.header_len();
+        let tcp_len = tcp_hlen + payload.len();
+        let len = TMPL_LEN + tcp_hlen;
+        let total = u16::try_from(IP_LEN + tcp_len).expect("IPv4 datagram longer than 65535 bytes");
+        let mut header = [0; MAX_HEADER_LEN];
+        header[..TMPL_LEN].copy_from_slice(&self.bytes);
+        {
+            let mut ip = Ipv4Packet::new_unchecked(&mut header[ETH_LEN..TMPL_LEN]);
+            ip.set_total_len(total);
+            ip.set_ident(ident);
+            if caps.ipv4.tx() {
+                let sum = checksum::add(checksum::add(self.ip_sum, total), ident);
+                ip.set_checksum(!sum);
+            }
+        }
+        // The TCP fixed header (RFC 9293 §3.1) at constant offsets of the fixed-size array
+        // (no bounds checks per field), what `TcpRepr::emit_header` writes; the checksum
+        // field stays zero until filled below.
+        const T: usize = TMPL_LEN;
+        header[T..T + 2].copy_from_slice(&repr.src_port.to_be_bytes());
+        header[T + 2..T + 4].copy_from_slice(&repr.dst_port.to_be_bytes());
+        header[T + 4..T + 8].copy_from_slice(&repr.seq.0.to_be_bytes());
+        header[T + 8..T + 12].copy_from_slice(&repr.ack.0.to_be_bytes());
+        header[T + 12] = ((tcp_hlen / 4) as u8) << 4;
+        header[T + 13] = repr.flags.0;
+        header[T + 14..T + 16].copy_from_slice(&repr.window.to_be_bytes());
+        header[T + 18..T + 20].copy_from_slice(&repr.urgent.to_be_bytes());
+        let written = repr.options.emit(&mut header[T + 20..len]);
+        debug_assert_eq!(20 + written, tcp_hlen);
+        if caps.tcp.tx() {
+            let mut acc = Accumulator::new();
+            for chunk in payload.chunks() {
+                acc.add_bytes(chunk);
+            }
+            TcpPacket::new_unchecked(&mut header[T..len])
+                .fill_checksum_split_pseudo(self.pseudo_sum, &acc);
+        } else {
+            // `tcp_len` < 65536 (checked above), so one word is the whole length.
+            let sum = checksum::add(self.pseudo_sum, tcp_len as u16);
+            header[T + 16..T + 18].copy_from_slice(&sum.to_be_bytes());
+        }
+        Transmit {
+            header,
+            header_len: len as u8,
+            payload,
+            offload: TxOffload {
+                l2_len: ETH_LEN as u8,
+                l3_len: IP_LEN as u8,
+                l4_len: tcp_hlen as u8,
+                ipv4_checksum: !caps.ipv4.tx(),
+                tcp_checksum: !caps.tcp.tx(),
+            },
+        }
     }
 }

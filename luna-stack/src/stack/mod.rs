@@ -584,6 +584,7 @@ impl<R: Rng> Stack<R> {
             held: None,
             counted_half_open: false,
             hop_mac: None,
+            tmpl: None,
         };
         let idx = self.alloc_slot(entry).ok_or(ConnectError::TableFull)?;
         self.by_tuple.insert(tuple, idx);

@@ -114,6 +114,7 @@ impl<R: Rng> Stack<R> {
             held: None,
             counted_half_open: true,
             hop_mac: None,
+            tmpl: None,
         };
         let idx = self.alloc_slot(entry)?;
         self.by_tuple.insert(tuple, idx);

@@ -40,6 +40,9 @@ pub(super) struct Entry {
     pub(super) counted_half_open: bool,
     /// The next hop's MAC as last resolved (see [`NextHopMac`]).
     pub(super) hop_mac: Option<NextHopMac>,
+    /// The Ethernet + IPv4 header of this connection's segments, built for the next-hop
+    /// MAC it names (see [`HeaderTemplate`](super::egress::HeaderTemplate)).
+    pub(super) tmpl: Option<super::egress::HeaderTemplate>,
 }
 
 /// A connection's copy of its next hop's neighbour entry, taken while that entry was

@@ -76,6 +76,21 @@ impl SendQueue {
 
     /// The bytes `[seq, seq + max)` clipped to the queue, as references into the queued buffers.
     pub(crate) fn slice(&mut self, seq: SeqNum, max: usize) -> IoVec {
+        // Fast path, in-order sending: the bytes lie in the cursor's buffer (all `max` of
+        // them, or the rest of the queue when it is the last buffer). The cursor is at or
+        // after `head` (`ack_to` resets it otherwise), so `seq` is inside the queue; the
+        // cursor already names this buffer, as the general path below would leave it.
+        let (ci, cat) = self.cursor;
+        if let Some(buf) = self.bufs.get(ci) {
+            if cat.le(seq) && max > 0 {
+                let off = (seq - cat) as usize;
+                let len = buf.len();
+                if off < len && (max <= len - off || ci + 1 == self.bufs.len()) {
+                    let take = (len - off).min(max);
+                    return IoVec::from(buf.slice(off..off + take));
+                }
+            }
+        }
         let mut out = IoVec::new();
         if seq.lt(self.head) || !seq.lt(self.end()) || max == 0 {
             return out;
@@ -160,6 +175,41 @@ mod tests {
         assert_eq!(q.ack_to(SeqNum(2000)), 18);
         assert_eq!(q.len(), 0);
         assert_eq!(q.end(), SeqNum(1030));
+    }
+
+    /// The general path alone, for comparison with `slice` (fast path included).
+    fn slice_general(q: &SendQueue, seq: SeqNum, max: usize) -> Vec<u8> {
+        let mut q2 = SendQueue::new(q.head);
+        for b in &q.bufs {
+            q2.push(b.clone());
+        }
+        // A cursor at the front never takes the fast path unless `seq` is in buffer 0.
+        q2.cursor = (usize::MAX, q2.head);
+        let v = q2.slice(seq, max).to_vec();
+        assert!(q2.cursor.0 < q2.bufs.len() || v.is_empty());
+        v
+    }
+
+    #[test]
+    fn fast_path_slices_equal_the_general_path() {
+        let mut q = SendQueue::new(SeqNum(u32::MAX - 40));
+        for (i, n) in [7usize, 1, 30, 2, 64, 5].into_iter().enumerate() {
+            q.push(Zbuf::copy_from_slice(&vec![i as u8 + 1; n]));
+        }
+        let total = q.len();
+        let mut checked = 0;
+        for start in 0..total + 2 {
+            for max in [0usize, 1, 2, 5, 7, 29, 64, 200] {
+                let seq = SeqNum((u32::MAX - 40).wrapping_add(start as u32));
+                let want = slice_general(&q, seq, max);
+                assert_eq!(q.slice(seq, max).to_vec(), want, "start {start} max {max}");
+                checked += 1;
+            }
+            if start % 9 == 8 {
+                q.ack_to(SeqNum((u32::MAX - 40).wrapping_add(start as u32 / 2)));
+            }
+        }
+        assert!(checked > 800);
     }
 
     #[test]

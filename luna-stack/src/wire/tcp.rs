@@ -519,6 +519,24 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> TcpPacket<T> {
         self.set_checksum(checksum::pseudo_header_v4(src, dst, PROTOCOL, len));
     }
 
+    /// [`fill_checksum_split`](Self::fill_checksum_split) with the pseudo-header's address
+    /// and protocol part precomputed: `pseudo_no_len` is
+    /// `checksum::pseudo_header_v4(src, dst, 6, 0)` (a connection's constant); the TCP
+    /// length is added here. Same result as `fill_checksum_split(src, dst, payload)`.
+    pub fn fill_checksum_split_pseudo(&mut self, pseudo_no_len: u16, payload: &Accumulator) {
+        self.set_checksum(0);
+        let hlen = self.header_len();
+        let mut acc = Accumulator::new();
+        acc.add_bytes(&self.b()[..hlen]);
+        acc.add_sum(payload.sum(), payload.len());
+        let len = u32::try_from(acc.len()).unwrap_or(u32::MAX);
+        acc.add_word_sum(checksum::add(
+            checksum::add(pseudo_no_len, (len >> 16) as u16),
+            len as u16,
+        ));
+        self.set_checksum(acc.checksum());
+    }
+
     fn finish_checksum(&mut self, src: Ipv4Addr, dst: Ipv4Addr, mut acc: Accumulator) {
         let len = u32::try_from(acc.len()).unwrap_or(u32::MAX);
         acc.add_word_sum(checksum::pseudo_header_v4(src, dst, PROTOCOL, len));

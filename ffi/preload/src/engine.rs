@@ -377,7 +377,9 @@ impl PollApp {
             }
             Phase::Closed if g.listener => {}
             Phase::Connecting | Phase::Connected | Phase::Closed => {
-                if g.phase == Phase::Connecting {
+                // A failed connect reports its error once (SO_ERROR is read-and-clear, as in
+                // Linux): later events of the dead connection must not set it again.
+                if g.phase == Phase::Connecting && g.fatal.is_none() {
                     if let Some(e) = ev.and_then(|e| e.error) {
                         g.fatal = Some(e.errno());
                         g.so_error = Some(e.errno());

@@ -23,8 +23,13 @@ fn heavy() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn run(args: &[&str], limit: Duration) -> Output {
+    run_env(args, &[], limit)
+}
+
+fn run_env(args: &[&str], env: &[(&str, &str)], limit: Duration) -> Output {
     let mut child = Command::new(KNB)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1047,4 +1052,89 @@ fn service_check_reports_both_modes() {
         assert!(num(r, &["err_p999_us"]) >= num(r, &["err_p50_us"]));
     }
     assert!(num(&v, &["margin_us"]) > 0.0);
+}
+
+/// lunactl's view of a live knb luna server (r2c's control socket, opened by
+/// `KNB_LUNA_SERVER_CONTROL`) agrees with what knb itself counts: as many accepted and
+/// ESTABLISHED connections as the client opened, each from the client's address to the
+/// server's port, and the core's counters never ahead of the final ones knb reports.
+#[test]
+fn lunactl_sees_a_live_knb_luna_server() {
+    use r2c::control::{request, Command as Ctl};
+    let _g = heavy();
+    let sock = tmp("ctl.sock");
+    let _ = std::fs::remove_file(&sock);
+    let json = tmp("ctl.json");
+    let (s, j) = (
+        sock.to_string_lossy().into_owned(),
+        json.to_string_lossy().into_owned(),
+    );
+    let knb = std::thread::spawn(move || {
+        run_env(
+            &[
+                "rpc",
+                "--stack",
+                "luna",
+                "--connections",
+                "3",
+                "--iodepth",
+                "2",
+                "--duration",
+                "3",
+                "--warmup",
+                "0.3",
+                "--verify",
+                "--json",
+                &j,
+            ],
+            &[("KNB_LUNA_SERVER_CONTROL", &s)],
+            Duration::from_secs(120),
+        )
+    });
+    // Poll the server until it shows the three connections (bounded).
+    let end = Instant::now() + Duration::from_secs(60);
+    let seen = loop {
+        assert!(
+            Instant::now() < end,
+            "the server never showed 3 ESTABLISHED connections"
+        );
+        if let Ok(r) = request(&sock, &Ctl::Conns, Duration::from_secs(2)) {
+            let est: Vec<_> = r
+                .cores
+                .iter()
+                .flat_map(|c| c.conns.iter())
+                .filter(|c| c.state == "ESTABLISHED")
+                .cloned()
+                .collect();
+            if r.ok && est.len() == 3 {
+                break r;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let o = knb.join().expect("knb thread");
+    assert!(o.status.success(), "{}", text(&o));
+    let v = read_json(&json);
+    check_rpc_report(&v, "luna");
+    let accepted: u64 = seen.cores.iter().map(|c| c.stats["accepted"]).sum();
+    assert_eq!(
+        accepted as f64,
+        num(&v, &["server", "extra", "core", "accepted"])
+    );
+    assert_eq!(accepted, 3);
+    let listeners: Vec<_> = seen.cores.iter().flat_map(|c| c.listeners.iter()).collect();
+    assert_eq!(listeners.len(), 1, "{listeners:?}");
+    let port = listeners[0].local.rsplit(':').next().unwrap().to_owned();
+    for c in seen.cores.iter().flat_map(|c| c.conns.iter()) {
+        assert!(c.local.ends_with(&format!(":{port}")), "{c:?}");
+        assert_eq!(c.retransmits, 0, "{c:?}");
+    }
+    let rx_live: u64 = seen.cores.iter().map(|c| c.stats["rx_frames"]).sum();
+    let rx_final = num(&v, &["server", "extra", "frames_rx"]);
+    assert!(
+        rx_live > 0 && (rx_live as f64) <= rx_final,
+        "{rx_live} vs {rx_final}"
+    );
+    // The server is gone: so is its socket file, and lunactl's request says so.
+    assert!(request(&sock, &Ctl::Stats, Duration::from_secs(1)).is_err());
 }

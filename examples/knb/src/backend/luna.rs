@@ -39,6 +39,11 @@
 //! every frame anyway, so on this link one flat copy costs less than building and
 //! freeing a chain (see docs/benchmarks.md); off by default, keeping transmit zero copy
 //! as on a NIC, and the copied bytes show in `copied_bytes`.
+//!
+//! Observability (environment, read by the server only):
+//! `KNB_LUNA_SERVER_CONTROL=<path>` opens r2c's control socket at `path` in the server
+//! (inline mode), so `lunactl -s <path> stats|conns|capture` can look inside it while it
+//! runs (r2c/src/control.rs).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -1133,6 +1138,10 @@ impl Backend for Luna {
             w.mtu,
             &spec.cpus,
         )?;
+        let mut opts = opts;
+        if let Some(path) = std::env::var_os("KNB_LUNA_SERVER_CONTROL") {
+            opts.control = Some(r2c::control::ControlConfig::new(path));
+        }
         let shared = Arc::new(ServerShared {
             eal: eal.clone(),
             report: Mutex::new(ServerReport::default()),

@@ -41,7 +41,8 @@ reqs() { # reqs KIND CONNS: requests per connection
 }
 T=${CARGO_TARGET_DIR:-$ROOT/target}
 if [ "$PROFILE" = release ]; then REL=--release; else REL=; fi
-cargo build $REL -q -p testbed -p r2c --example luna-h2 --example luna-grpc --example luna-kv
+cargo build $REL -q -p testbed --bin testbed
+cargo build $REL -q -p r2c --example luna-h2 --example luna-grpc --example luna-kv
 B=$T/$PROFILE
 PY=/usr/bin/python3
 LOAD=$ROOT/r2c/tests/bench/proto_load.py

@@ -116,11 +116,19 @@ pub struct luna_core_stats_t {
     pub exc_sync_malformed: u64,
 }
 
+/// Moves every field of r2c's `CoreStats` into the C struct. Exhaustive both ways: a
+/// counter added to r2c (the destructuring) or to the C struct (the literal) fails to
+/// compile here until the other side has it too (and so luna.h).
+macro_rules! move_fields {
+    ($s:expr => $($f:ident),* $(,)?) => {{
+        let CoreStats { $($f),* } = $s;
+        luna_core_stats_t { $($f),* }
+    }};
+}
+
 impl From<CoreStats> for luna_core_stats_t {
     fn from(s: CoreStats) -> Self {
-        // Exhaustive: a counter added to r2c fails to compile here until it is added
-        // to the C struct (and so to luna.h).
-        let CoreStats {
+        move_fields!(s =>
             iterations,
             idle_iterations,
             rx_frames,
@@ -172,60 +180,7 @@ impl From<CoreStats> for luna_core_stats_t {
             exc_sync_resyncs,
             exc_sync_overruns,
             exc_sync_malformed,
-        } = s;
-        luna_core_stats_t {
-            iterations,
-            idle_iterations,
-            rx_frames,
-            rx_bytes,
-            tx_frames,
-            tx_bytes,
-            tx_retries,
-            tx_dropped,
-            events,
-            accepted,
-            connected,
-            closed,
-            connect_errors,
-            no_port_for_queue,
-            open_connections,
-            backlog_bytes,
-            stack_drops,
-            retransmits,
-            shutdown_aborts,
-            to_workers,
-            from_workers,
-            worker_ring_full,
-            rx_missed,
-            copied_bytes,
-            exc_luna,
-            exc_to_kernel,
-            exc_to_kernel_dropped,
-            exc_from_kernel,
-            exc_from_kernel_dropped,
-            exc_malformed_dropped,
-            exc_not_for_us,
-            exc_arp_suppressed,
-            exc_nudges,
-            exc_neighbours_added,
-            exc_neighbours_removed,
-            exc_neighbour_table_full,
-            exc_interface_gone,
-            published_at_ns,
-            stopped,
-            exc_table_version,
-            exc_routes_added,
-            exc_routes_replaced,
-            exc_routes_removed,
-            exc_route_table_full,
-            exc_rerouted,
-            exc_addresses_added,
-            exc_addresses_removed,
-            exc_address_missing,
-            exc_sync_resyncs,
-            exc_sync_overruns,
-            exc_sync_malformed,
-        }
+        )
     }
 }
 

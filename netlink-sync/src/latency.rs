@@ -46,10 +46,11 @@ impl LatencyReport {
 }
 
 /// Whether a change is visible in a snapshot.
-type Check = Box<dyn Fn(&Snapshot) -> bool + Send>;
+pub type Check = Box<dyn Fn(&Snapshot) -> bool + Send>;
 
-/// Change `i` of the cycle: the `ip` command and the check that it is visible.
-fn change(i: usize) -> (String, Check) {
+/// Change `i` of the cycle: the `ip -batch` line for [`HOST_IF`] and the check that it is
+/// visible in a snapshot (also used by r2c's `mirror_cores` test, through r2c's cores).
+pub fn change(i: usize) -> (String, Check) {
     let slot = (i / 4) % 200;
     let neigh = Ipv4Addr::new(198, 18, 0, 10 + slot as u8);
     let net = Ipv4Addr::new(198, 19, slot as u8, 0);

@@ -92,38 +92,9 @@ fn rig(net: &TestNet, cores: usize, sync: SyncConfig) -> Rig {
     }
 }
 
-type Check = Box<dyn Fn(&Snapshot) -> bool>;
-
-/// Change `i` of a cycle of four: neighbour replace (new MAC), route add, route del,
-/// neighbour del — each a visible transition.
-fn change(i: usize) -> (String, Check) {
-    let slot = (i / 4) % 200;
-    let neigh = Ipv4Addr::new(198, 18, 0, 10 + slot as u8);
-    let net = Ipv4Addr::new(198, 19, slot as u8, 0);
-    let probe = Ipv4Addr::new(198, 19, slot as u8, 1);
-    let mac = [2, 0, 0, (i >> 16) as u8, (i >> 8) as u8, i as u8];
-    match i % 4 {
-        0 => (
-            format!(
-                "neigh replace {neigh} lladdr {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} dev {HOST_IF} nud permanent\n",
-                mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]
-            ),
-            Box::new(move |s: &Snapshot| s.neighbour(neigh).is_some_and(|n| n.mac.0 == mac)),
-        ),
-        1 => (
-            format!("route add {net}/24 via 198.18.0.2 dev {HOST_IF}\n"),
-            Box::new(move |s: &Snapshot| s.routes().lookup(probe).is_some()),
-        ),
-        2 => (
-            format!("route del {net}/24\n"),
-            Box::new(move |s: &Snapshot| s.routes().lookup(probe).is_none()),
-        ),
-        _ => (
-            format!("neigh del {neigh} dev {HOST_IF}\n"),
-            Box::new(move |s: &Snapshot| s.neighbour(neigh).is_none()),
-        ),
-    }
-}
+// The cycle of changes is nl-latency's own (neighbour replace, route add, route del,
+// neighbour del), so both benchmarks measure the same transitions.
+use netlink_sync::latency::{change, Check};
 
 /// What a run of [`measure`] saw.
 struct Measured {

@@ -134,6 +134,11 @@ for m in $MODELS; do
         timeout 600 ip netns exec "$KNS" "$PY" "$LOAD" memcached "$KIP" 11211 "$c" "$(reqs KV "$c")" \
             >"$OUT/kv-$m-$c.txt" 2>&1 || true
         loadrow memcached "$m" "$c" "$SERVICE" "$OUT/kv-$m-$c.txt"
+        # The client kernel's retransmissions and RTO expiries during this load (the
+        # namespace is luna-kv's own, so the absolute counters cover this server's runs):
+        # a tail made of RTOs shows here (docs/msgsched-protocols.md, the 270 ms finding).
+        ip netns exec "$KNS" nstat -az TcpRetransSegs TcpExtTCPTimeouts >"$OUT/kv-$m-$c.nstat" 2>&1 || true
+        ROWS[${#ROWS[@]}-1]+=" kernel:retrans=$(awk '$1=="TcpRetransSegs"{print $2}' "$OUT/kv-$m-$c.nstat"),rto=$(awk '$1=="TcpExtTCPTimeouts"{print $2}' "$OUT/kv-$m-$c.nstat")"
     done
     stop_srv "$KSTOP" "$KV"
 done

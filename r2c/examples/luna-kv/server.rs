@@ -159,6 +159,13 @@ pub fn serve(port: &DpdkPort, cfg: &ServeConfig, ready: &Path, stop: &Path) -> S
         line += &format!(" {k}={v}");
     }
     line += &format!(" rsts_sent={}", reports[0].stack.rsts_sent);
+    // The server side of "was a tail a loss?": luna's retransmissions and RTO expiries
+    // (over every connection, closed ones included) and the device's drops.
+    let (tcp, dev) = (&reports[0].tcp, &reports[0].device);
+    line += &format!(
+        " tcp_retransmits={} tcp_rtos={} dev_tx_dropped={} dev_rx_missed={}",
+        tcp.retransmits, tcp.rtos, dev.tx_dropped, dev.rx_missed
+    );
     drop(reports);
     line
 }

@@ -347,6 +347,13 @@ impl Syncer {
                         self.send_next()?;
                         continue;
                     }
+                    if errno == libc::ENOBUFS {
+                        // The kernel could not fit the dump's reply into our receive
+                        // buffer (a burst of notifications filled it): an overrun like
+                        // ENOBUFS on recv — grow the buffer and dump everything again.
+                        self.in_flight = None;
+                        return self.overrun();
+                    }
                     return Err(Error::DumpFailed {
                         what: dump.name(),
                         errno,

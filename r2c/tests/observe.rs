@@ -19,26 +19,12 @@ const CONNS: usize = 3;
 const LEN: usize = 20_000;
 const PORT: u16 = 7;
 
-struct Echo;
-
-impl InlineApp for Echo {
-    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
-        ctx.listen(PORT, 64).expect("port 7 is free");
-    }
-    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
-        loop {
-            match ctx.recv(conn) {
-                Ok(Some(buf)) => {
-                    if ctx.send_all(conn, buf).is_err() {
-                        return ctx.abort(conn);
-                    }
-                }
-                Ok(None) => return,
-                Err(_) => return ctx.close(conn),
-            }
-        }
-    }
-}
+#[path = "common/echo.rs"]
+mod echo;
+const ECHO: echo::Echo = echo::Echo {
+    port: PORT,
+    backlog: 64,
+};
 
 #[derive(Default)]
 struct Measured {
@@ -200,7 +186,7 @@ fn lunactl_counters_conns_and_capture_match_a_live_run() {
         slab: Some(slab.clone()),
         ..opts()
     };
-    let srv = Runtime::spawn_inline(server, sopts, |_| Echo).unwrap();
+    let srv = Runtime::spawn_inline(server, sopts, |_| ECHO).unwrap();
 
     // Capture from before the first SYN.
     let out = lunactl_ok(
@@ -419,9 +405,9 @@ fn a_second_runtime_on_one_socket_is_refused_and_a_stale_one_replaced() {
         ..opts()
     };
     let (a, _pa) = pair(1, 1, |_| {});
-    let first = Runtime::spawn_inline(a, o(), |_| Echo).unwrap();
+    let first = Runtime::spawn_inline(a, o(), |_| ECHO).unwrap();
     let (b, _pb) = pair(1, 1, |_| {});
-    let e = Runtime::spawn_inline(b, o(), |_| Echo).unwrap_err();
+    let e = Runtime::spawn_inline(b, o(), |_| ECHO).unwrap_err();
     assert!(e.to_string().contains("in use"), "{e}");
     // The first still answers.
     let s = json(&socket, &["stats", "--json"]);
@@ -438,7 +424,7 @@ fn a_second_runtime_on_one_socket_is_refused_and_a_stale_one_replaced() {
         String::from_utf8_lossy(&dead.stderr)
     );
     let (c, _pc) = pair(1, 1, |_| {});
-    let again = Runtime::spawn_inline(c, o(), |_| Echo).unwrap();
+    let again = Runtime::spawn_inline(c, o(), |_| ECHO).unwrap();
     assert_eq!(json(&socket, &["stats", "--json"])["ok"], true);
     again.stop();
     again.join().unwrap();

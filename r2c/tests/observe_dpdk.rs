@@ -16,7 +16,7 @@ use luna_stack::wire::Ipv4Cidr;
 use r2c::control::ControlConfig;
 use r2c::device::dpdk::{from_testbed, DpdkDevice};
 use r2c::device::Device;
-use r2c::{Conn, CoreOptions, CoreSetup, Ctx, IdleStrategy, InlineApp, Runtime};
+use r2c::{CoreOptions, CoreSetup, IdleStrategy, Runtime};
 use serde_json::Value;
 use testbed::{DpdkPort, Kind, Prefix, Topology};
 use zbuf::dpdk::DmaRegistry;
@@ -30,26 +30,12 @@ const LIMIT: Duration = Duration::from_secs(90);
 const PORT: u16 = 7710;
 const BYTES: usize = 60_000;
 
-struct Echo;
-
-impl InlineApp for Echo {
-    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
-        ctx.listen(PORT, 16).expect("port free");
-    }
-    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
-        loop {
-            match ctx.recv(conn) {
-                Ok(Some(b)) => {
-                    if ctx.send_all(conn, b).is_err() {
-                        return ctx.abort(conn);
-                    }
-                }
-                Ok(None) => return,
-                Err(_) => return ctx.close(conn),
-            }
-        }
-    }
-}
+#[path = "common/echo.rs"]
+mod echo;
+const ECHO: echo::Echo = echo::Echo {
+    port: PORT,
+    backlog: 16,
+};
 
 /// The server role: runs until `<ready>.stop` exists (or a hang guard).
 fn serve(port: &DpdkPort, ready: &str) -> String {
@@ -72,7 +58,7 @@ fn serve(port: &DpdkPort, ready: &str) -> String {
         control: Some(ControlConfig::new(format!("{ready}.sock"))),
         ..CoreOptions::default()
     };
-    let rt = Runtime::spawn_inline(vec![CoreSetup::new(0, vec![dev], sc)], opts, |_| Echo)
+    let rt = Runtime::spawn_inline(vec![CoreSetup::new(0, vec![dev], sc)], opts, |_| ECHO)
         .expect("runtime");
     std::fs::write(ready, b"open").expect("ready file");
     let end = Instant::now() + LIMIT;

@@ -17,7 +17,7 @@ TEST_SUITES := test-workspace test-loom test-fuzz test-dpdk-compat
 # Seconds per fuzz target in `make test-fuzz` (9 targets; the build is most of the cost).
 FUZZ_SECS ?= 6
 
-.PHONY: help setup build test $(TEST_SUITES) interop attack soak lint demo bench clean-testbed preload preload-demo
+.PHONY: help setup build test $(TEST_SUITES) interop attack soak lint demo bench figures clean-testbed preload preload-demo
 
 help:
 	@echo "make setup          install packages, reserve hugepages (root)"
@@ -28,7 +28,8 @@ help:
 	@echo "make soak           setup, then the full soak: 10 GiB + 10 M RPCs luna<->luna, a kernel share over tap (docs/reliability.md; root)"
 	@echo "make lint           rustfmt check + clippy -D warnings"
 	@echo "make demo           setup, then knb compare: luna vs kernel vs smoltcp vs raw, 4 KiB RPCs (root)"
-	@echo "make bench          luna-stack per-segment cost: callgrind instructions vs docs/bench/ + criterion (a report, never fails on a number)"
+	@echo "make bench          luna-stack per-segment and bulk per-byte cost: callgrind instructions vs docs/bench/ + criterion (a report, never fails on a number)"
+	@echo "make figures        setup, then regenerate docs/fig9-12 (knb sweep: kernel, smoltcp, luna, copy + zero-copy memif; ~10 min; root, quiet machine)"
 	@echo "make clean-testbed  remove every namespace/interface/file with prefix $(LUNA_TESTBED_PREFIX)"
 	@echo "make preload        build the LD_PRELOAD shim target/release/libluna-preload.so (ffi/preload)"
 	@echo "make preload-demo   setup, then unmodified redis-server on luna via LD_PRELOAD, redis-benchmark against it (root)"
@@ -103,10 +104,20 @@ demo: setup
 
 # luna-stack's per-segment cost (RX/TX, 64 B/1460 B/4 KiB, luna vs smoltcp): instructions per
 # segment under callgrind against the record in docs/bench/stack-instructions.json, then
-# criterion wall clock against the last run here (indicative). BENCH_RECORD=1 updates the
-# record, BENCH_WALL=0 skips criterion. docs/benchmarks.md ("make bench").
+# bulk instructions per byte (one flow, MTU 1500 and 9000, luna vs smoltcp) against
+# docs/bench/bulk-instructions.json, then criterion wall clock against the last run here
+# (indicative). BENCH_RECORD=1 updates the records, BENCH_BULK=0 skips the bulk counts,
+# BENCH_WALL=0 skips criterion.
+# docs/benchmarks.md ("make bench").
 bench:
 	bash luna-stack/benches/make-bench.sh
+
+# LUNA's figures 9-12 with luna (docs/fig9-msgsize, fig10-iodepth(-p99), fig11-cdf,
+# fig12-cores, figs-claims.csv): knb sweep over kernel, smoltcp and luna, the memif stacks in
+# copy and zero-copy mode; prints how long it took (about 10 minutes). Root; run it on a
+# quiet machine. FIG_* knobs in examples/knb/figures.sh.
+figures: setup
+	bash examples/knb/figures.sh
 
 clean-testbed:
 	$(CARGO) run -q -p testbed -- down --prefix $(LUNA_TESTBED_PREFIX)

@@ -8,7 +8,10 @@
 #    (LUNA_BENCH_COUNT) with collection switched on only inside the `counted_region_*`
 #    functions (no setup, no frame building). Compared with docs/bench/stack-instructions.json,
 #    the committed record. BENCH_RECORD=1 writes this run into that record (commit it).
-# 2. Wall clock (indicative, noisy on a shared machine): criterion with
+# 2. Bulk, one flow: instructions per byte, luna and smoltcp at MTU 1500 and 9000
+#    (luna-stack/benches/bulk-instructions.sh, record docs/bench/bulk-instructions.json).
+#    BENCH_BULK=0 skips it.
+# 3. Wall clock (indicative, noisy on a shared machine): criterion with
 #    `--save-baseline make-bench`, which prints the change against the previous `make bench`
 #    on this machine (target/criterion). BENCH_WALL=0 skips it.
 set -euo pipefail
@@ -111,6 +114,11 @@ if save == "1":
 else:
     print(f"make bench: this run is in {latest}; BENCH_RECORD=1 make bench records it in {record}")
 EOF
+
+if [[ "${BENCH_BULK:-1}" != "0" ]]; then
+    echo
+    bash luna-stack/benches/bulk-instructions.sh
+fi
 
 if [[ "${BENCH_WALL:-1}" != "0" ]]; then
     echo

@@ -37,6 +37,9 @@ fn stack(
     let mut cfg = stack_config(mac, ip);
     cfg.mtu = mtu;
     cfg.tcp.mss = mtu - 40;
+    // The default client range (61440–65535) holds 4,096 ports: too few for the
+    // 5,000-connection comparison against one server port.
+    cfg.ephemeral_ports = (10_000, 65_535);
     if off {
         cfg.caps = ChecksumCaps::offloaded();
     }

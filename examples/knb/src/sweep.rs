@@ -9,6 +9,9 @@
 //!
 //! One connection per thread, stacks alternated at every point, the raw memif
 //! ceiling where one frame holds the message. Each point is one short `knb rpc` run.
+//! `--memif-modes copy,zero-copy` runs each memif stack (luna, smoltcp) in both of memif's
+//! modes, as two series (`luna`, `luna zero-copy`). The sweep ends with LUNA's three claims
+//! read off the points it measured ([`claims`]; `figs-claims.csv`).
 
 use std::path::PathBuf;
 
@@ -40,6 +43,54 @@ pub enum Figure {
     /// p99 vs achieved load of the kernel server models (open loop, service times),
     /// throughput under --slo ([`crate::slo`]); run on its own.
     Slo,
+}
+
+/// memif's two modes (docs/benchmarks.md, "memif zero-copy mode").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MemifMode {
+    /// The PMD copies every frame on both ends (the default of `knb rpc`).
+    Copy,
+    /// The client's memif is `zero-copy=yes` (`--memif-zero-copy`).
+    ZeroCopy,
+}
+
+/// One series of the sweep: a stack, and for the memif stacks the memif mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    stack: Stack,
+    zero_copy: bool,
+}
+
+impl Entry {
+    /// The series' name in the figures and the CSVs' `series` column.
+    fn name(self) -> &'static str {
+        match (self.stack, self.zero_copy) {
+            (Stack::Luna, true) => "luna zero-copy",
+            (Stack::Smoltcp, true) => "smoltcp zero-copy",
+            (s, _) => s.name(),
+        }
+    }
+}
+
+/// The series of a sweep: every stack in `stacks` order; the memif stacks once per mode in
+/// `modes`, the kernel (veth) once.
+fn entries(stacks: &[Stack], modes: &[MemifMode]) -> Vec<Entry> {
+    let mut out = Vec::new();
+    for &stack in stacks {
+        let memif = stack != Stack::Kernel;
+        let zcs: Vec<bool> = if memif {
+            modes.iter().map(|m| *m == MemifMode::ZeroCopy).collect()
+        } else {
+            vec![false]
+        };
+        for zero_copy in zcs {
+            let e = Entry { stack, zero_copy };
+            if !out.contains(&e) {
+                out.push(e);
+            }
+        }
+    }
+    out
 }
 
 /// Arguments of `knb sweep`.
@@ -83,6 +134,10 @@ pub struct SweepArgs {
     /// Warm-up seconds per point.
     #[arg(long, default_value = "0.5", value_parser = parse_secs)]
     pub warmup: f64,
+    /// memif modes of the memif stacks (luna, smoltcp): each mode is its own series; the
+    /// kernel is unaffected and the raw ceiling keeps copy mode.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "copy")]
+    pub memif_modes: Vec<MemifMode>,
     /// Leave out the raw memif ceiling.
     #[arg(long)]
     pub no_raw: bool,
@@ -155,6 +210,7 @@ fn ncpus() -> usize {
 
 /// One measured point.
 struct Pt {
+    /// The series ([`Entry::name`], or `raw`).
     stack: &'static str,
     x: f64,
     run: Value,
@@ -170,7 +226,7 @@ fn rpc_point(stack: &'static str, x: f64, r: &Value) -> Pt {
 
 struct Sweeper<'a> {
     a: &'a SweepArgs,
-    order: Vec<Stack>,
+    order: Vec<Entry>,
     topos: std::collections::BTreeMap<testbed::Kind, testbed::Topology>,
     notes: Vec<String>,
     runs: Vec<Value>,
@@ -181,6 +237,7 @@ struct Sweeper<'a> {
 }
 
 impl Sweeper<'_> {
+    /// The workload of a point; [`Self::stacks_at`] sets the memif mode per series.
     fn workload(&self, size: u32, iodepth: u32, threads: u32) -> Workload {
         Workload {
             req_size: size,
@@ -227,26 +284,29 @@ impl Sweeper<'_> {
     /// Runs every stack at one point.
     fn stacks_at(&mut self, w: &Workload, x: f64, label: &str, out: &mut Vec<Pt>) {
         let place = self.placement(w.threads);
-        for s in self.order.clone() {
-            self.step(&format!("{label} {}", s.name()));
-            let b = backend::backend(s);
-            match run::run_on(&self.topos[&b.topology()], b, w, &place, self.a.progress) {
+        for e in self.order.clone() {
+            let name = e.name();
+            self.step(&format!("{label} {name}"));
+            let b = backend::backend(e.stack);
+            let mut w = w.clone();
+            w.memif_zero_copy = e.zero_copy;
+            match run::run_on(&self.topos[&b.topology()], b, &w, &place, self.a.progress) {
                 Ok(mut r) => {
                     r["sweep_point"] = json!(label);
+                    r["series"] = json!(name);
                     let h = contention::assess(&r, &self.a.trust);
                     if h.contended {
                         self.contended += 1;
-                        self.notes
-                            .push(format!("{label} {}: {}", s.name(), h.describe()));
+                        self.notes.push(format!("{label} {name}: {}", h.describe()));
                     }
                     r["contention"] = h.to_json();
-                    out.push(rpc_point(s.name(), x, &r));
+                    out.push(rpc_point(name, x, &r));
                     self.runs.push(r);
                 }
-                Err(e) => {
+                Err(err) => {
                     self.failures += 1;
                     self.notes
-                        .push(format!("{label} {}: failed: {}", s.name(), first_line(&e)));
+                        .push(format!("{label} {name}: failed: {}", first_line(&err)));
                 }
             }
         }
@@ -283,7 +343,7 @@ impl Sweeper<'_> {
                 let fps = v["frames_per_sec"].as_f64().unwrap_or(f64::NAN);
                 let size = w.req_size as f64;
                 let run = json!({
-                    "stack": "raw", "sweep_point": label,
+                    "stack": "raw", "series": "raw", "sweep_point": label,
                     "config": {"mode": "raw", "req_size": w.req_size, "resp_size": w.resp_size,
                         "iodepth": w.iodepth * w.connections, "connections": 1, "threads": 1},
                     "duration_s": v["duration_s"], "rpcs": v["round_trips"], "rps": fps,
@@ -305,6 +365,106 @@ impl Sweeper<'_> {
             }
         }
     }
+}
+
+/// One of LUNA's claims (ATC'23) as this sweep measured it, luna against the kernel.
+#[derive(Debug, Clone, PartialEq)]
+struct Claim {
+    /// What is compared (`RPC/s 4096 B iodepth 1`; no commas: a CSV cell).
+    what: String,
+    /// The luna series (`luna`, `luna zero-copy`).
+    series: &'static str,
+    /// luna's and the kernel's values.
+    luna: Option<f64>,
+    kernel: Option<f64>,
+    /// luna / kernel; None when a point is missing or contended.
+    ratio: Option<f64>,
+    /// The paper's figure for the same ratio.
+    paper: f64,
+    /// Why there is no ratio.
+    why_not: Option<String>,
+}
+
+/// LUNA's three claims read off a sweep's runs: RPC/s at `size` and iodepth 1 (3.5× the
+/// kernel), RPC/s at iodepth 16 (2×), p99 at iodepth 16 (−70%: 0.3× the kernel's), plus
+/// p99 at iodepth 1 (same paper figure). From fig9's `msgsize=<size>` point or fig10's
+/// `iodepth=1`, and fig10's `iodepth=16`; a contended point gives no ratio.
+fn claims(runs: &[Value], size: u32, series: &[&'static str]) -> Vec<Claim> {
+    let find = |labels: &[String], name: &str| {
+        labels.iter().find_map(|l| {
+            runs.iter().find(|r| {
+                r["sweep_point"].as_str() == Some(l) && r["series"].as_str() == Some(name)
+            })
+        })
+    };
+    let d1 = [
+        format!("msgsize={}", size_label(size)),
+        "iodepth=1".to_string(),
+    ];
+    let d16 = ["iodepth=16".to_string()];
+    let specs: [(String, &[String], &str, f64); 4] = [
+        (format!("RPC/s {} B iodepth 1", size), &d1, "rps", 3.5),
+        (format!("RPC/s {} B iodepth 16", size), &d16, "rps", 2.0),
+        (format!("p99 {} B iodepth 16", size), &d16, "p99", 0.3),
+        (format!("p99 {} B iodepth 1", size), &d1, "p99", 0.3),
+    ];
+    let value = |r: &Value, key: &str| match key {
+        "rps" => r["rps"].as_f64(),
+        _ => r["latency_us"]["p99"].as_f64(),
+    };
+    let mut out = Vec::new();
+    for (what, labels, key, paper) in specs.iter() {
+        for &name in series {
+            let (l, k) = (find(labels, name), find(labels, "kernel"));
+            let lv = l.and_then(|r| value(r, key));
+            let kv = k.and_then(|r| value(r, key));
+            let contended =
+                |r: Option<&Value>| r.is_some_and(|r| r["contention"]["contended"] == json!(true));
+            let why_not = if l.is_none() || k.is_none() {
+                Some(format!(
+                    "no {name} or kernel point at {}",
+                    labels.join(" / ")
+                ))
+            } else if contended(l) || contended(k) {
+                Some("a point was contended".into())
+            } else if lv.is_none() || kv.is_none() || kv == Some(0.0) {
+                Some("no value".into())
+            } else {
+                None
+            };
+            out.push(Claim {
+                what: what.clone(),
+                series: name,
+                luna: lv,
+                kernel: kv,
+                ratio: match (why_not.is_none(), lv, kv) {
+                    (true, Some(a), Some(b)) => Some(a / b),
+                    _ => None,
+                },
+                paper: *paper,
+                why_not,
+            });
+        }
+    }
+    out
+}
+
+fn claims_csv(cs: &[Claim]) -> String {
+    let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+    let mut s = String::from("claim,series,luna,kernel,luna_vs_kernel,paper,note\n");
+    for c in cs {
+        s.push_str(&format!(
+            "{},{},{},{},{},{},{}\n",
+            c.what,
+            c.series,
+            f(c.luna),
+            f(c.kernel),
+            f(c.ratio),
+            c.paper,
+            c.why_not.as_deref().unwrap_or("")
+        ));
+    }
+    s
 }
 
 fn first_line(s: &str) -> String {
@@ -351,11 +511,12 @@ fn write(dir: &std::path::Path, name: &str, text: &str) -> Res<()> {
 }
 
 fn csv(rows: &[&Value]) -> String {
-    let mut s = format!("sweep_point,{}\n", report::CSV_HEADER);
+    let mut s = format!("sweep_point,series,{}\n", report::CSV_HEADER);
     for r in rows {
         s.push_str(&format!(
-            "{},{}\n",
+            "{},{},{}\n",
             r["sweep_point"].as_str().unwrap_or(""),
+            r["series"].as_str().or(r["stack"].as_str()).unwrap_or(""),
             report::csv_row(r)
         ));
     }
@@ -364,6 +525,7 @@ fn csv(rows: &[&Value]) -> String {
 
 /// `knb sweep`.
 pub fn run(a: SweepArgs) -> Res<()> {
+    let started = std::time::Instant::now();
     if a.duration <= 0.0 {
         return Err(Error::Usage("--duration must be > 0".into()));
     }
@@ -406,14 +568,21 @@ pub fn run(a: SweepArgs) -> Res<()> {
         prefix: a.prefix.clone(),
     }
     .prefix()?;
+    if a.memif_modes.is_empty() {
+        return Err(Error::Usage("--memif-modes needs at least one mode".into()));
+    }
     let mut notes = Vec::new();
-    let mut order = Vec::new();
+    let mut avail = Vec::new();
     for s in &a.stacks {
         match backend::backend(*s).unavailable() {
             Some(why) => notes.push(format!("{}: {why}", s.name())),
-            None if !order.contains(s) => order.push(*s),
+            None if !avail.contains(s) => avail.push(*s),
             None => {}
         }
+    }
+    let order = entries(&avail, &a.memif_modes);
+    if a.memif_modes.contains(&MemifMode::ZeroCopy) && !a.no_raw {
+        notes.push("raw: the ceiling keeps memif's copy mode in every series".into());
     }
     if order.is_empty() {
         return Err(Error::Run(format!(
@@ -423,7 +592,7 @@ pub fn run(a: SweepArgs) -> Res<()> {
     }
     run::sweep_stale();
     let mut topos = std::collections::BTreeMap::new();
-    for s in &order {
+    for s in &avail {
         let b = backend::backend(*s);
         if let std::collections::btree_map::Entry::Vacant(e) = topos.entry(b.topology()) {
             e.insert(run::topology_for(b, &prefix)?);
@@ -642,6 +811,7 @@ pub fn run(a: SweepArgs) -> Res<()> {
     }
     let Sweeper {
         topos,
+        order,
         notes,
         runs,
         failures,
@@ -649,6 +819,36 @@ pub fn run(a: SweepArgs) -> Res<()> {
         ..
     } = sw;
     drop(topos);
+    let lunas: Vec<&'static str> = order
+        .iter()
+        .filter(|e| e.stack == Stack::Luna)
+        .map(|e| e.name())
+        .collect();
+    let cl = if lunas.is_empty() || !order.iter().any(|e| e.stack == Stack::Kernel) {
+        Vec::new()
+    } else {
+        claims(&runs, a.size, &lunas)
+    };
+    if !cl.is_empty() {
+        write(&dir, "figs-claims.csv", &claims_csv(&cl))?;
+        eprintln!("knb sweep: LUNA's claims (ATC'23) against this sweep, luna / kernel:");
+        for c in &cl {
+            match c.ratio {
+                Some(r) => eprintln!(
+                    "  {:<38} {:<15} {r:>7.3}  (paper {})",
+                    c.what, c.series, c.paper
+                ),
+                None => eprintln!(
+                    "  {:<38} {:<15} {:>7}  (paper {}): {}",
+                    c.what,
+                    c.series,
+                    "-",
+                    c.paper,
+                    c.why_not.as_deref().unwrap_or("")
+                ),
+            }
+        }
+    }
     for n in &notes {
         eprintln!("note: {n}");
     }
@@ -659,15 +859,97 @@ pub fn run(a: SweepArgs) -> Res<()> {
         );
     }
     if let Some(p) = &a.json {
+        let claims: Vec<Value> = cl
+            .iter()
+            .map(|c| {
+                json!({"claim": c.what, "series": c.series, "luna": c.luna,
+                    "kernel": c.kernel, "luna_vs_kernel": c.ratio, "paper": c.paper,
+                    "note": c.why_not})
+            })
+            .collect();
         let doc = json!({"knb": "sweep", "notes": notes, "contended_points": contended,
-            "runs": runs});
+            "elapsed_s": started.elapsed().as_secs_f64(), "claims": claims, "runs": runs});
         report::write_file(
             p,
             &(serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n"),
         )?;
     }
+    eprintln!(
+        "knb sweep: done in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     if failures > 0 {
         return Err(Error::Run(format!("{failures} sweep run(s) failed")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memif_stacks_get_one_series_per_mode_and_the_kernel_one() {
+        let e = entries(
+            &[Stack::Kernel, Stack::Smoltcp, Stack::Luna],
+            &[MemifMode::Copy, MemifMode::ZeroCopy],
+        );
+        let names: Vec<&str> = e.iter().map(|e| e.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "kernel",
+                "smoltcp",
+                "smoltcp zero-copy",
+                "luna",
+                "luna zero-copy"
+            ]
+        );
+        let only_zc = entries(&[Stack::Luna, Stack::Kernel], &[MemifMode::ZeroCopy]);
+        assert_eq!(
+            only_zc,
+            [
+                Entry {
+                    stack: Stack::Luna,
+                    zero_copy: true
+                },
+                Entry {
+                    stack: Stack::Kernel,
+                    zero_copy: false
+                }
+            ]
+        );
+    }
+
+    fn run(point: &str, series: &str, rps: f64, p99: f64, contended: bool) -> Value {
+        json!({"sweep_point": point, "series": series, "rps": rps,
+            "latency_us": {"p99": p99}, "contention": {"contended": contended}})
+    }
+
+    #[test]
+    fn claims_are_ratios_of_clean_points_and_say_why_not() {
+        let runs = vec![
+            run("msgsize=4K", "kernel", 20_000.0, 70.0, false),
+            run("msgsize=4K", "luna", 200_000.0, 7.0, false),
+            run("iodepth=1", "luna", 1.0, 1.0, false), // msgsize=4K is preferred
+            run("iodepth=16", "kernel", 200_000.0, 100.0, false),
+            run("iodepth=16", "luna", 500_000.0, 25.0, true),
+        ];
+        let c = claims(&runs, 4096, &["luna", "luna zero-copy"]);
+        assert_eq!(c.len(), 8);
+        let get = |what: &str, s: &str| c.iter().find(|c| c.what == what && c.series == s).unwrap();
+        let d1 = get("RPC/s 4096 B iodepth 1", "luna");
+        assert_eq!(d1.ratio, Some(10.0));
+        assert_eq!(d1.paper, 3.5);
+        assert_eq!(get("p99 4096 B iodepth 1", "luna").ratio, Some(0.1));
+        let d16 = get("RPC/s 4096 B iodepth 16", "luna");
+        assert_eq!(d16.ratio, None, "a contended luna point gives no ratio");
+        assert_eq!(d16.why_not.as_deref(), Some("a point was contended"));
+        assert_eq!(d16.luna, Some(500_000.0), "the value is still shown");
+        let zc = get("RPC/s 4096 B iodepth 1", "luna zero-copy");
+        assert!(zc.ratio.is_none() && zc.why_not.as_deref().unwrap().contains("no luna zero-copy"));
+        let text = claims_csv(&c);
+        assert!(text.starts_with("claim,series,luna,kernel,luna_vs_kernel,paper,note\n"));
+        assert!(text.contains("RPC/s 4096 B iodepth 1,luna,200000.000,20000.000,10.000,3.5,\n"));
+    }
 }

@@ -638,6 +638,66 @@ fn sweep_writes_csv_and_svg_figures() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// fig10 with luna and the kernel: the `series` column, and LUNA's claims read off the
+/// points into figs-claims.csv (a ratio, or on a busy machine the reason there is none).
+/// Zero-copy mode is not run here: its luna server can SIGSEGV at teardown (see
+/// `memif_zero_copy_rpcs_validate_for_luna_and_smoltcp`); `make figures` runs it.
+#[test]
+fn sweep_with_luna_writes_the_claims() {
+    let _g = heavy();
+    let dir = tmp("sweep-claims");
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_string_lossy().into_owned();
+    let o = run(
+        &[
+            "sweep",
+            "--stacks",
+            "kernel,luna",
+            "--memif-modes",
+            "copy",
+            "--figures",
+            "iodepth",
+            "--iodepths",
+            "1,16",
+            "--no-raw",
+            "--duration",
+            "0.3",
+            "--warmup",
+            "0.1",
+            "--out-dir",
+            &d,
+        ],
+        Duration::from_secs(300),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let csv = std::fs::read_to_string(dir.join("fig10-iodepth.csv")).unwrap();
+    let header = csv.lines().next().unwrap_or_default();
+    assert!(header.starts_with("sweep_point,series,stack,"), "{csv}");
+    assert_eq!(
+        csv.lines()
+            .filter(|l| l.starts_with("iodepth=16,luna,luna,"))
+            .count(),
+        1,
+        "{csv}"
+    );
+    let claims = std::fs::read_to_string(dir.join("figs-claims.csv")).unwrap();
+    let rows: Vec<&str> = claims.lines().collect();
+    assert_eq!(
+        rows[0], "claim,series,luna,kernel,luna_vs_kernel,paper,note",
+        "{claims}"
+    );
+    assert_eq!(rows.len(), 5, "four claims for one luna series: {claims}");
+    for r in &rows[1..] {
+        let c: Vec<&str> = r.split(',').collect();
+        assert_eq!(c.len(), 7, "{r}");
+        assert_eq!(c[1], "luna", "{r}");
+        // A ratio, or (contended on a busy machine) the reason why not.
+        assert!(!c[4].is_empty() || c[6] == "a point was contended", "{r}");
+    }
+    assert!(text(&o).contains("LUNA's claims"), "{}", text(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_cli_arguments_exit_2_with_a_clear_message() {
     let nodir = tmp("no-such-dir");

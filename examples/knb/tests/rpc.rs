@@ -587,31 +587,34 @@ fn compare_writes_every_ratio() {
     }
 }
 
+/// `knb sweep ARGS` with short rounds into a fresh directory named after `name`; asserts
+/// success and returns the directory and the output.
+fn short_sweep(name: &str, args: &[&str]) -> (std::path::PathBuf, Output) {
+    let dir = tmp(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_string_lossy().into_owned();
+    let mut a = vec!["sweep"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["--duration", "0.3", "--warmup", "0.1", "--out-dir", &d]);
+    let o = run(&a, Duration::from_secs(300));
+    assert!(o.status.success(), "{}", text(&o));
+    (dir, o)
+}
+
 #[test]
 fn sweep_writes_csv_and_svg_figures() {
     let _g = heavy();
-    let dir = tmp("sweep");
-    std::fs::create_dir_all(&dir).unwrap();
-    let d = dir.to_string_lossy().into_owned();
-    let o = run(
+    let (dir, _) = short_sweep(
+        "sweep",
         &[
-            "sweep",
             "--stacks",
             "kernel,smoltcp",
             "--figures",
             "msgsize,cdf",
             "--sizes",
             "64,4k",
-            "--duration",
-            "0.3",
-            "--warmup",
-            "0.1",
-            "--out-dir",
-            &d,
         ],
-        Duration::from_secs(300),
     );
-    assert!(o.status.success(), "{}", text(&o));
     let csv = std::fs::read_to_string(dir.join("fig9-msgsize.csv")).unwrap();
     // Header + 2 sizes x (kernel, smoltcp, raw).
     assert_eq!(csv.lines().count(), 7, "{csv}");
@@ -645,12 +648,9 @@ fn sweep_writes_csv_and_svg_figures() {
 #[test]
 fn sweep_with_luna_writes_the_claims() {
     let _g = heavy();
-    let dir = tmp("sweep-claims");
-    std::fs::create_dir_all(&dir).unwrap();
-    let d = dir.to_string_lossy().into_owned();
-    let o = run(
+    let (dir, o) = short_sweep(
+        "sweep-claims",
         &[
-            "sweep",
             "--stacks",
             "kernel,luna",
             "--memif-modes",
@@ -660,16 +660,8 @@ fn sweep_with_luna_writes_the_claims() {
             "--iodepths",
             "1,16",
             "--no-raw",
-            "--duration",
-            "0.3",
-            "--warmup",
-            "0.1",
-            "--out-dir",
-            &d,
         ],
-        Duration::from_secs(300),
     );
-    assert!(o.status.success(), "{}", text(&o));
     let csv = std::fs::read_to_string(dir.join("fig10-iodepth.csv")).unwrap();
     let header = csv.lines().next().unwrap_or_default();
     assert!(header.starts_with("sweep_point,series,stack,"), "{csv}");

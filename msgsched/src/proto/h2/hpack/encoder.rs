@@ -197,14 +197,20 @@ impl Encoder {
         fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
         out: &mut Vec<u8>,
     ) {
-        if let Some(last) = self.pending_final.take() {
-            // RFC 7541 §4.2: when the size changed more than once between two blocks,
-            // the smallest size is signalled first, then the final one. A Dynamic
-            // Table Size Update is 001 + a 5-bit prefix integer (§6.3).
-            if let Some(min) = self.pending_min.take().filter(|&m| m < last) {
-                put_int(out, min, 5, 0x20);
+        let mut fields = fields.into_iter().peekable();
+        // An empty block carries no update: a block that is only a size update is
+        // refused by common decoders (loona-hpack: "size update at the end of a
+        // block"), so the update waits for the next block that has a field.
+        if fields.peek().is_some() {
+            if let Some(last) = self.pending_final.take() {
+                // RFC 7541 §4.2: when the size changed more than once between two
+                // blocks, the smallest size is signalled first, then the final one. A
+                // Dynamic Table Size Update is 001 + a 5-bit prefix integer (§6.3).
+                if let Some(min) = self.pending_min.take().filter(|&m| m < last) {
+                    put_int(out, min, 5, 0x20);
+                }
+                put_int(out, last, 5, 0x20);
             }
-            put_int(out, last, 5, 0x20);
         }
         for (name, value) in fields {
             self.encode_field(name, value, out);

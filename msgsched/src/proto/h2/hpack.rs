@@ -1,6 +1,6 @@
 //! HPACK (RFC 7541) for the HTTP/2 session, bounded against decompression bombs.
 //!
-//! The table-driven core (static and dynamic tables, Huffman, integer and string
+//! The decoder's table-driven core (static and dynamic tables, Huffman, integer and string
 //! representations, dynamic table size updates) is the `loona-hpack` crate (MIT, the
 //! maintained fork of the `hpack` crate used by the loona HTTP server; no I/O, decodes a
 //! contiguous header block, which HTTP/2 needs anyway: HEADERS + CONTINUATION are

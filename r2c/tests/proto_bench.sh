@@ -94,7 +94,13 @@ loadrow() { # loadrow PROTO MODEL CONNS SERVICE FILE
         "p50:$(sed -n 's/.*p50_us=\([-0-9]*\).*/\1/p' <<<"$l")us" \
         "p99:$(sed -n 's/.*p99_us=\([-0-9]*\).*/\1/p' <<<"$l")us" \
         "p999:$(sed -n 's/.*p999_us=\([-0-9]*\).*/\1/p' <<<"$l")us" \
-        "$(cut -d' ' -f2,5,6 <<<"$l")"
+        "$(cut -d' ' -f2,5,6,7 <<<"$l")"
+}
+tapdrop() { # tapdrop NS: packets the kernel's tap dropped towards luna (cumulative, TX drop
+    # of the namespace's *-tap interface: the tap's ring to the DPDK side was full, i.e.
+    # the luna I/O core did not poll it fast enough; each drop is a segment the kernel
+    # TCP must retransmit, by RTO if it is the last of its flight)
+    ip netns exec "$1" awk '/-tap:/{sub(/^ */,""); split($0,a,/[: ]+/); print a[13]}' /proc/net/dev 2>/dev/null || echo '?'
 }
 
 # ---------------------------------------------------------------- 1. MS vs CS vs CP
@@ -107,6 +113,7 @@ for m in $MODELS; do
         timeout 300 ip netns exec "$NS" h2load -n "$n" -c "$c" -m 1 -t 2 \
             "http://$IP:8080/" >"$OUT/h2-$m-$c.txt" 2>&1 || true
         h2row "$m" "$c" "$OUT/h2-$m-$c.txt"
+        ROWS[${#ROWS[@]}-1]+=" tapdrop=$(tapdrop "$NS")"
     done
     stop_srv "$OUT/luna-h2.stop" "$SRV"
 
@@ -117,6 +124,7 @@ for m in $MODELS; do
         timeout 600 ip netns exec "$NS" "$PY" "$LOAD" grpc "$IP" 50051 "$c" "$(reqs GRPC "$c")" \
             >"$OUT/grpc-$m-$c.txt" 2>&1 || true
         loadrow grpc "$m" "$c" "$SERVICE" "$OUT/grpc-$m-$c.txt"
+        ROWS[${#ROWS[@]}-1]+=" tapdrop=$(tapdrop "$NS")"
     done
     stop_srv "$OUT/luna-grpc.stop" "$SRV"
 
@@ -138,9 +146,19 @@ for m in $MODELS; do
         # namespace is luna-kv's own, so the absolute counters cover this server's runs):
         # a tail made of RTOs shows here (docs/msgsched-protocols.md, the 270 ms finding).
         ip netns exec "$KNS" nstat -az TcpRetransSegs TcpExtTCPTimeouts >"$OUT/kv-$m-$c.nstat" 2>&1 || true
-        ROWS[${#ROWS[@]}-1]+=" kernel:retrans=$(awk '$1=="TcpRetransSegs"{print $2}' "$OUT/kv-$m-$c.nstat"),rto=$(awk '$1=="TcpExtTCPTimeouts"{print $2}' "$OUT/kv-$m-$c.nstat")"
+        # The tap's drops towards luna: what turns into those RTOs (the 5,000-connection
+        # client timeout, docs/msgsched-protocols.md).
+        ROWS[${#ROWS[@]}-1]+=" kernel:retrans=$(awk '$1=="TcpRetransSegs"{print $2}' "$OUT/kv-$m-$c.nstat"),rto=$(awk '$1=="TcpExtTCPTimeouts"{print $2}' "$OUT/kv-$m-$c.nstat"),tapdrop=$(tapdrop "$KNS")"
     done
     stop_srv "$KSTOP" "$KV"
+    # The server's own balance, once its clients are done (every connection closed):
+    # messages = replies + closed_in_flight means no request was left unanswered.
+    kvok=$(grep '^OK ' "$OUT/kv-$m.out" || echo "no OK line")
+    kvf=""
+    for k in messages replies closed_in_flight backpressure tcp_rtos dev_rx_missed; do
+        kvf+=" $k=$(sed -n "s/.* $k=\([0-9]*\).*/\1/p" <<<"$kvok")"
+    done
+    ROWS+=("  luna-kv $m at stop:$kvf")
 done
 
 # ---------------------------------------------------------------- 2. gRPC: luna vs kernel

@@ -1,6 +1,6 @@
 //! HPACK (RFC 7541) for the HTTP/2 session, bounded against decompression bombs.
 //!
-//! The table-driven core (static and dynamic tables, Huffman, integer and string
+//! The decoder's table-driven core (static and dynamic tables, Huffman, integer and string
 //! representations, dynamic table size updates) is the `loona-hpack` crate (MIT, the
 //! maintained fork of the `hpack` crate used by the loona HTTP server; no I/O, decodes a
 //! contiguous header block, which HTTP/2 needs anyway: HEADERS + CONTINUATION are
@@ -14,11 +14,21 @@
 //!   dynamic table stays in step with the peer's encoder;
 //! - the peer cannot grow the dynamic table beyond what we advertised (a size update
 //!   above it is a decoding error);
-//! - the encoder emits the dynamic table size update RFC 7541 §4.2 requires when the
-//!   peer lowers SETTINGS_HEADER_TABLE_SIZE.
+//!
+//! The encoder is ours ([`encoder`]): loona-hpack's never Huffman codes and does not
+//! index a field whose name is already known. Ours follows RFC 7541 Appendix C's
+//! strategy (its examples reproduce byte for byte), Huffman codes every literal that
+//! is not longer for it (switchable: [`HUFFMAN_DEFAULT`], [`Encoder::set_huffman`]),
+//! and emits the dynamic table size updates RFC 7541 §4.2 requires when the peer
+//! changes SETTINGS_HEADER_TABLE_SIZE.
 
 use std::borrow::Cow;
 use std::fmt;
+
+pub mod encoder;
+mod tables;
+
+pub use encoder::{Encoder, HUFFMAN_DEFAULT};
 
 /// One header field: name and value bytes.
 pub type Field = (Vec<u8>, Vec<u8>);
@@ -127,62 +137,6 @@ impl Decoder {
     }
 }
 
-/// One connection's HPACK encoder. Replies are encoded on the I/O core in the order
-/// their HEADERS frames go on the wire, which is the order the peer decodes them in.
-pub struct Encoder {
-    inner: loona_hpack::Encoder<'static>,
-    /// A table size update owed at the start of the next block (RFC 7541 §4.2).
-    pending_update: Option<usize>,
-    table_size: usize,
-}
-
-impl Default for Encoder {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Encoder {
-    /// An encoder with the HTTP/2 default table size.
-    pub fn new() -> Self {
-        Encoder {
-            inner: loona_hpack::Encoder::new(),
-            pending_update: None,
-            table_size: DEFAULT_TABLE_SIZE,
-        }
-    }
-
-    /// The peer's SETTINGS_HEADER_TABLE_SIZE. We never use more than the default 4096
-    /// (a larger value is honoured by staying at 4096); a smaller one shrinks the table
-    /// and is signalled at the start of the next block.
-    pub fn set_peer_table_size(&mut self, size: usize) {
-        let size = size.min(DEFAULT_TABLE_SIZE);
-        if size != self.table_size {
-            self.table_size = size;
-            self.inner.set_max_table_size(size);
-            self.pending_update = Some(size);
-        }
-    }
-
-    /// Appends the encoding of `fields` to `out`.
-    pub fn encode<'a>(
-        &mut self,
-        fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
-        out: &mut Vec<u8>,
-    ) {
-        if let Some(size) = self.pending_update.take() {
-            // Dynamic Table Size Update: 001 + 5-bit prefix integer.
-            let mut b = loona_hpack::encoder::encode_integer(size, 5);
-            if let Some(first) = b.first_mut() {
-                *first |= 0x20;
-            }
-            out.extend_from_slice(&b);
-        }
-        // Writing into a Vec cannot fail.
-        let _ = self.inner.encode_into(fields, out);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,77 +201,181 @@ mod tests {
         f
     }
 
-    fn run(limits: HpackLimits, blocks: &[(&str, Vec<Field>)]) {
-        let mut d = Decoder::new(limits);
+    type Blocks = Vec<(&'static str, Vec<Field>)>;
+
+    /// RFC 7541 C.3: requests without Huffman coding (one connection).
+    fn c3() -> Blocks {
+        vec![
+            ("828684410f7777772e6578616d706c652e636f6d", req1()),
+            ("828684be58086e6f2d6361636865", req2()),
+            (
+                "828785bf400a637573746f6d2d6b65790c637573746f6d2d76616c7565",
+                req3(),
+            ),
+        ]
+    }
+
+    /// RFC 7541 C.4: the same requests with Huffman coding.
+    fn c4() -> Blocks {
+        vec![
+            ("828684418cf1e3c2e5f23a6ba0ab90f4ff", req1()),
+            ("828684be5886a8eb10649cbf", req2()),
+            ("828785bf408825a849e95ba97d7f8925a849e95bb8e8b4bf", req3()),
+        ]
+    }
+
+    /// RFC 7541 C.5: responses without Huffman, a 256-byte table (so entries are evicted).
+    fn c5() -> Blocks {
+        vec![
+            ("4803333032580770726976617465611d4d6f6e2c203231204f637420323031332032303a31333a323120474d546e1768747470733a2f2f7777772e6578616d706c652e636f6d", resp("302", "Mon, 21 Oct 2013 20:13:21 GMT")),
+            ("4803333037c1c0bf", resp("307", "Mon, 21 Oct 2013 20:13:21 GMT")),
+            ("88c1611d4d6f6e2c203231204f637420323031332032303a31333a323220474d54c05a04677a69707738666f6f3d4153444a4b48514b425a584f5157454f50495541585157454f49553b206d61782d6167653d333630303b2076657273696f6e3d31", resp3()),
+        ]
+    }
+
+    /// RFC 7541 C.6: the same responses with Huffman coding.
+    fn c6() -> Blocks {
+        vec![
+            ("488264025885aec3771a4b6196d07abe941054d444a8200595040b8166e082a62d1bff6e919d29ad171863c78f0b97c8e9ae82ae43d3", resp("302", "Mon, 21 Oct 2013 20:13:21 GMT")),
+            ("4883640effc1c0bf", resp("307", "Mon, 21 Oct 2013 20:13:21 GMT")),
+            ("88c16196d07abe941054d444a8200595040b8166e084a62d1bffc05a839bd9ab77ad94e7821dd7f2e6c7b335dfdfcd5b3960d5af27087f3672c1ab270fb5291f9587316065c003ed4ee5b1063d5007", resp3()),
+        ]
+    }
+
+    /// One connection's decoder, with a `table`-byte dynamic table agreed out of band.
+    fn decode_all(table: usize, blocks: &Blocks) {
+        let mut d = Decoder::new(HpackLimits {
+            max_table_size: table,
+            ..HpackLimits::default()
+        });
+        d.inner.set_max_table_size(table);
         for (i, (h, want)) in blocks.iter().enumerate() {
             assert_eq!(&d.decode(&hex(h)).unwrap(), want, "block {i}");
         }
     }
 
-    /// RFC 7541 C.3: requests without Huffman coding, one connection's decoder.
+    /// One connection's encoder: every block byte for byte.
+    fn encode_all(table: usize, huffman: bool, blocks: &Blocks) {
+        let mut e = Encoder::with_table_size(table, huffman);
+        for (i, (h, list)) in blocks.iter().enumerate() {
+            let mut out = Vec::new();
+            e.encode(list.iter().map(|(n, v)| (&n[..], &v[..])), &mut out);
+            assert_eq!(out, hex(h), "block {i}");
+        }
+    }
+
     #[test]
     fn rfc7541_c3_requests_without_huffman() {
-        run(
-            HpackLimits::default(),
-            &[
-                ("828684410f7777772e6578616d706c652e636f6d", req1()),
-                ("828684be58086e6f2d6361636865", req2()),
-                (
-                    "828785bf400a637573746f6d2d6b65790c637573746f6d2d76616c7565",
-                    req3(),
-                ),
-            ],
-        );
+        decode_all(4096, &c3());
+        encode_all(4096, false, &c3());
     }
 
-    /// RFC 7541 C.4: the same requests with Huffman coding.
     #[test]
     fn rfc7541_c4_requests_with_huffman() {
-        run(
-            HpackLimits::default(),
-            &[
-                ("828684418cf1e3c2e5f23a6ba0ab90f4ff", req1()),
-                ("828684be5886a8eb10649cbf", req2()),
-                ("828785bf408825a849e95ba97d7f8925a849e95bb8e8b4bf", req3()),
-            ],
-        );
+        decode_all(4096, &c4());
+        encode_all(4096, true, &c4());
     }
 
-    fn small_table() -> HpackLimits {
-        HpackLimits {
-            max_table_size: 256,
-            ..HpackLimits::default()
-        }
-    }
-
-    /// RFC 7541 C.5: responses without Huffman, a 256-byte table (so entries are evicted).
     #[test]
     fn rfc7541_c5_responses_without_huffman_and_eviction() {
-        let mut d = Decoder::new(small_table());
-        d.inner.set_max_table_size(256);
-        let blocks = [
-            ("4803333032580770726976617465611d4d6f6e2c203231204f637420323031332032303a31333a323120474d546e1768747470733a2f2f7777772e6578616d706c652e636f6d", resp("302", "Mon, 21 Oct 2013 20:13:21 GMT")),
-            ("4803333037c1c0bf", resp("307", "Mon, 21 Oct 2013 20:13:21 GMT")),
-            ("88c1611d4d6f6e2c203231204f637420323031332032303a31333a323220474d54c05a04677a69707738666f6f3d4153444a4b48514b425a584f5157454f50495541585157454f49553b206d61782d6167653d333630303b2076657273696f6e3d31", resp3()),
-        ];
-        for (h, want) in blocks {
-            assert_eq!(d.decode(&hex(h)).unwrap(), want);
+        decode_all(256, &c5());
+        encode_all(256, false, &c5());
+    }
+
+    #[test]
+    fn rfc7541_c6_responses_with_huffman_and_eviction() {
+        decode_all(256, &c6());
+        encode_all(256, true, &c6());
+    }
+
+    /// RFC 7541 C.4.1's "www.example.com", and every octet value through loona-hpack's
+    /// (independent) Huffman decoder.
+    #[test]
+    fn huffman_codes_every_octet() {
+        let mut out = Vec::new();
+        encoder::huffman_encode(b"www.example.com", &mut out);
+        assert_eq!(out, hex("f1e3c2e5f23a6ba0ab90f4ff"));
+        assert_eq!(encoder::huffman_len(b"www.example.com"), 12);
+        let all: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
+        for s in [&all[..], &all[..1], &all[255..258], b"", b"a"] {
+            let mut out = Vec::new();
+            encoder::huffman_encode(s, &mut out);
+            assert_eq!(out.len(), encoder::huffman_len(s));
+            let got = loona_hpack::huffman::HuffmanDecoder::new()
+                .decode(&out)
+                .unwrap();
+            assert_eq!(got, s);
         }
     }
 
-    /// RFC 7541 C.6: the same responses with Huffman coding.
+    fn encode(e: &mut Encoder, list: &[(&[u8], &[u8])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        e.encode(list.iter().copied(), &mut out);
+        out
+    }
+
     #[test]
-    fn rfc7541_c6_responses_with_huffman_and_eviction() {
-        let mut d = Decoder::new(small_table());
-        d.inner.set_max_table_size(256);
-        let blocks = [
-            ("488264025885aec3771a4b6196d07abe941054d444a8200595040b8166e082a62d1bff6e919d29ad171863c78f0b97c8e9ae82ae43d3", resp("302", "Mon, 21 Oct 2013 20:13:21 GMT")),
-            ("4883640effc1c0bf", resp("307", "Mon, 21 Oct 2013 20:13:21 GMT")),
-            ("88c16196d07abe941054d444a8200595040b8166e084a62d1bffc05a839bd9ab77ad94e7821dd7f2e6c7b335dfdfcd5b3960d5af27087f3672c1ab270fb5291f9587316065c003ed4ee5b1063d5007", resp3()),
-        ];
-        for (h, want) in blocks {
-            assert_eq!(d.decode(&hex(h)).unwrap(), want);
-        }
+    fn huffman_only_when_not_longer() {
+        // '~' is 13 bits, so "~~~" takes 5 octets coded: sent raw; "x-a" ties at 3: coded.
+        let mut e = Encoder::new();
+        assert_eq!(
+            encode(&mut e, &[(b"x-a", b"~~~")]),
+            hex("4083f2b0ff037e7e7e")
+        );
+        let mut e = Encoder::with_huffman(false);
+        assert!(!e.huffman());
+        assert_eq!(encode(&mut e, &[(b"x-a", b"b")]), hex("4003782d610162"));
+        e.set_huffman(true);
+        assert_eq!(encode(&mut e, &[(b"x-b", b"b")]), hex("4083f2b47f818f"));
+    }
+
+    #[test]
+    fn credentials_are_never_indexed_and_big_fields_not_indexed() {
+        let mut e = Encoder::with_huffman(false);
+        // RFC 7541 C.2.3's never-indexed literal, with the static name index (23).
+        let out = encode(&mut e, &[(b"authorization", b"secret")]);
+        assert_eq!(out, hex("1f0806736563726574"));
+        let again = encode(&mut e, &[(b"authorization", b"secret")]);
+        assert_eq!(again, out, "not in the table");
+        // 3/4 of 4096 is 3072: a 3100-byte field goes without indexing.
+        let big = vec![b'v'; 3100];
+        let out = encode(&mut e, &[(b"x-big", &big)]);
+        assert_eq!(&out[..10], &hex("0005782d6269677f9d17")[..]);
+        let mut d = Decoder::new(HpackLimits::default());
+        assert_eq!(
+            d.decode(&out).unwrap(),
+            vec![(b"x-big".to_vec(), big.clone())]
+        );
+        assert_eq!(encode(&mut e, &[(b"x-big", &big)]), out, "not in the table");
+    }
+
+    #[test]
+    fn size_updates_signal_the_minimum_then_the_final_size() {
+        let mut e = Encoder::new();
+        let mut d = Decoder::new(HpackLimits::default());
+        let list: [(&[u8], &[u8]); 2] = [(b"x-one", b"1"), (b":status", b"200")];
+        d.decode(&encode(&mut e, &list)).unwrap();
+        e.set_peer_table_size(0);
+        e.set_peer_table_size(100_000); // clamped to 4096
+        let out = encode(&mut e, &list);
+        // 0, then 4096 (31 + 4065 = 0x1f, 0xe1 0x1f), then x-one is a new literal again.
+        assert_eq!(&out[..4], &hex("203fe11f"));
+        assert_eq!(
+            out[4], 0x40,
+            "x-one re-sent as a literal: the table was emptied"
+        );
+        let want: Vec<Field> = list.iter().map(|(n, v)| (n.to_vec(), v.to_vec())).collect();
+        assert_eq!(d.decode(&out).unwrap(), want);
+        // Nothing owed any more; the re-added entry is indexed (62).
+        assert_eq!(encode(&mut e, &list), hex("be88"));
+        e.set_peer_table_size(4096);
+        assert_eq!(encode(&mut e, &list), hex("be88"), "no change, no update");
+        // An empty block carries no update; the next block with a field does.
+        e.set_peer_table_size(256);
+        assert_eq!(encode(&mut e, &[]), b"");
+        let out = encode(&mut e, &list);
+        assert_eq!(&out[..3], &hex("3fe101"), "256 = 31 + 225");
+        assert_eq!(d.decode(&out).unwrap(), want);
     }
 
     /// One literal inserted into the dynamic table, then indexed 2,000 times: 2 KB of
@@ -388,5 +446,73 @@ mod tests {
         e.encode(list.iter().map(|(n, v)| (&n[..], &v[..])), &mut out);
         assert_eq!(out[0], 0x20, "size update to 0 first");
         assert_eq!(d.decode(&out).unwrap(), list);
+    }
+
+    /// One step of a connection's header traffic.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Block(Vec<Field>),
+        PeerTableSize(usize),
+        Huffman(bool),
+    }
+
+    fn field() -> impl proptest::strategy::Strategy<Value = Field> {
+        use proptest::prelude::*;
+        let names = prop_oneof![
+            Just(b":status".to_vec()),
+            Just(b"content-type".to_vec()),
+            Just(b"date".to_vec()),
+            Just(b"authorization".to_vec()),
+            Just(b"x-a".to_vec()),
+            Just(b"x-b".to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..20),
+        ];
+        let values = prop_oneof![
+            Just(b"200".to_vec()),
+            Just(b"".to_vec()),
+            Just(b"text/html".to_vec()),
+            Just(b"v".to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..40),
+            proptest::collection::vec(any::<u8>(), 900..3300),
+        ];
+        (names, values)
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            8 => proptest::collection::vec(field(), 0..8).prop_map(Step::Block),
+            1 => prop_oneof![Just(0usize), Just(64), Just(256), Just(4096), 0..10_000usize]
+                .prop_map(Step::PeerTableSize),
+            1 => any::<bool>().prop_map(Step::Huffman),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the fields, table size changes and Huffman switching, each block
+        /// our encoder writes decodes (by loona-hpack, our decoder's core) to exactly
+        /// its fields, in order, with both tables in step.
+        #[test]
+        fn encoder_round_trips_through_our_decoder(
+            steps in proptest::collection::vec(step(), 1..40),
+        ) {
+            let mut e = Encoder::new();
+            let mut d = Decoder::new(HpackLimits {
+                max_list_size: usize::MAX,
+                max_fields: usize::MAX,
+                max_table_size: DEFAULT_TABLE_SIZE,
+            });
+            for s in steps {
+                match s {
+                    Step::Block(list) => {
+                        let mut out = Vec::new();
+                        e.encode(list.iter().map(|(n, v)| (&n[..], &v[..])), &mut out);
+                        proptest::prop_assert_eq!(d.decode(&out).unwrap(), list);
+                    }
+                    Step::PeerTableSize(n) => e.set_peer_table_size(n),
+                    Step::Huffman(on) => e.set_huffman(on),
+                }
+            }
+        }
     }
 }

@@ -31,7 +31,7 @@
 //!   FLOW_CONTROL_ERROR (connection: GOAWAY; stream: RST_STREAM).
 
 use super::frame::{self, flag, kind, setting, ErrorCode, FrameHeader, HEADER_LEN};
-use super::hpack::{Decoder, Encoder, Field, HpackError, HpackLimits};
+use super::hpack::{self, Decoder, Encoder, Field, HpackError, HpackLimits};
 use super::{Request, Response};
 use crate::parser::{peek, ParseError, ParseErrorKind};
 use crate::proto::{Session, SessionRequest, SessionState, Timeout};
@@ -222,6 +222,9 @@ pub struct H2Config {
     pub max_continuations: usize,
     /// Decoded header-list bounds (and the dynamic table size we allow).
     pub hpack: HpackLimits,
+    /// Huffman-code the string literals of the header blocks we send when that is
+    /// not longer (RFC 7541 §5.2); default [`hpack::HUFFMAN_DEFAULT`].
+    pub huffman: bool,
     /// Largest request body.
     pub max_body: usize,
     /// Most request-body bytes buffered before dispatch, over all streams.
@@ -247,6 +250,7 @@ impl Default for H2Config {
             max_header_block: 64 << 10,
             max_continuations: 32,
             hpack: HpackLimits::default(),
+            huffman: hpack::HUFFMAN_DEFAULT,
             max_body: 1 << 20,
             max_buffered: 4 << 20,
             conn_window: 1 << 20,
@@ -358,7 +362,7 @@ impl H2Session {
         }
         H2Session {
             decoder: Decoder::new(cfg.hpack),
-            encoder: Encoder::new(),
+            encoder: Encoder::with_huffman(cfg.huffman),
             budget: i64::from(cfg.flood_budget),
             cfg,
             phase: Phase::Preface,

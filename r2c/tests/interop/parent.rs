@@ -566,9 +566,10 @@ fn print_summary(segs: &[Segment]) {
             s.capture.ffff_tcp_checksums_from_kernel,
         );
         println!(
-            "corruption: luna's stage {} frames = kernel TcpInCsumErrors {} = tshark bad from luna {}; engine {} frames = luna malformed drops {} = tshark bad from the kernel {}",
+            "corruption: luna's stage {} frames = kernel TcpInCsumErrors {} (TcpInErrs {}) = tshark bad from luna {}; engine {} frames = luna malformed drops {} = tshark bad from the kernel {}",
             s.ok.str("stage_corrupted"),
             s.k_tcp_csum_errors,
+            s.k_in_errs,
             s.capture.bad_tcp_checksums_from_luna,
             s.engine.map_or(0, |e| e.corrupted),
             s.ok.str("stack_malformed"),

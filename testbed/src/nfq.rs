@@ -749,7 +749,10 @@ mod tests {
             assert_eq!(tcp_sum(&good, 20, good.len() - 20), 0xffff);
             for r in 0..20_000u64 {
                 let mut p = good.clone();
-                assert_eq!(corrupt(&mut p, r.wrapping_mul(0x9e37_79b9_7f4a_7c15)), Some(false));
+                assert_eq!(
+                    corrupt(&mut p, r.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                    Some(false)
+                );
                 assert_eq!(&p[..20], &good[..20], "IP header untouched");
                 assert_eq!(p[32] >> 4, 8, "data offset untouched");
                 let flipped: u32 = p.iter().zip(&good).map(|(a, b)| (a ^ b).count_ones()).sum();

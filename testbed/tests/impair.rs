@@ -218,7 +218,11 @@ fn tcp_transfer_secs(t: &Topology, bytes: usize, limit: Duration) -> f64 {
 
 /// `nstat -a -s -z` in `h`'s namespace: counter -> absolute value.
 fn nstat(h: &testbed::KernelHost, name: &str) -> u64 {
-    let out = h.command("nstat").args(["-a", "-s", "-z"]).output().unwrap();
+    let out = h
+        .command("nstat")
+        .args(["-a", "-s", "-z"])
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .find_map(|l| {
@@ -258,7 +262,10 @@ fn corrupt_tcp_is_caught_by_the_receivers_checksum() {
     let server =
         v.k2.command("sh")
             .arg("-c")
-            .arg(format!("timeout 60 nc.openbsd -l -p 5202 > {}", dst.display()))
+            .arg(format!(
+                "timeout 60 nc.openbsd -l -p 5202 > {}",
+                dst.display()
+            ))
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
@@ -284,14 +291,22 @@ fn corrupt_tcp_is_caught_by_the_receivers_checksum() {
     std::thread::sleep(Duration::from_millis(200));
     let got = std::fs::read(&dst).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(got == data, "{} of {} bytes, or different", got.len(), data.len());
+    assert!(
+        got == data,
+        "{} of {} bytes, or different",
+        got.len(),
+        data.len()
+    );
     let errs = nstat(&v.k2, "TcpInCsumErrors") - errs0;
     println!("backend {backend:?}, engine {st:?}, receiver TcpInCsumErrors {errs}");
     if backend == Backend::Nfqueue {
         let st = st.expect("engine counters");
         assert!(st.corrupted > 20, "{st:?}");
         assert_eq!(st.partial_checksums, 0, "{st:?}");
-        assert_eq!(errs, st.corrupted, "receiver's checksum errors vs corrupted: {st:?}");
+        assert_eq!(
+            errs, st.corrupted,
+            "receiver's checksum errors vs corrupted: {st:?}"
+        );
     } else {
         assert!(errs > 0, "netem corrupted nothing the receiver saw");
     }

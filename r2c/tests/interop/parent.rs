@@ -271,7 +271,9 @@ fn segment(
     // Once the phases are done: stop the kernel-side engine (it releases what it holds),
     // then let the child read the rest and report.
     let done = luna.wait_line("PHASES_DONE", limit).is_some();
-    let engine = topo.stop_impairment("tap").expect("stop the kernel-side impairment");
+    let engine = topo
+        .stop_impairment("tap")
+        .expect("stop the kernel-side impairment");
     if done {
         std::fs::write(&drain, b"drain").expect("drain file");
     }

@@ -520,8 +520,8 @@ fn print_summary(segs: &[Segment]) {
     for s in segs {
         let imp = s.plan.impair.map_or("none".to_string(), |i| {
             format!(
-                "loss {}% reorder {}% duplicate {}% delay {:?} ± {:?} (both ways)",
-                i.loss, i.reorder, i.duplicate, i.delay, i.jitter
+                "loss {}% reorder {}% duplicate {}% corrupt {}% delay {:?} ± {:?} (both ways)",
+                i.loss, i.reorder, i.duplicate, i.corrupt, i.delay, i.jitter
             )
         });
         println!(

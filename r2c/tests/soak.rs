@@ -13,7 +13,8 @@
 //!   equal — and none of its bytes may reach the application.
 //! * luna <-> kernel: the kernel interop suite's machinery (`tests/interop`) with a soak
 //!   plan: delay with jitter through the testbed's NFQUEUE engine on the kernel's egress
-//!   and luna's own egress stage, loss, reordering and duplication (see `kernel_plan`).
+//!   and luna's own egress stage, loss, reordering, duplication and 0.1% corruption, each
+//!   corrupted frame caught exactly once by the receiver's checksum (see `kernel_impair`).
 //!
 //! `make test` runs the reduced luna <-> luna soak (`soak_luna_luna_reduced`); `make soak`
 //! runs the full one (`soak_luna_luna_full`, 10 GiB and 10 M RPCs) and the kernel share

@@ -239,7 +239,7 @@ fn nstat(h: &testbed::KernelHost, name: &str) -> u64 {
 /// receiver, and TCP repairs the stream byte for byte.
 #[test]
 fn corrupt_tcp_is_caught_by_the_receivers_checksum() {
-    let mut t = veth("i8");
+    let mut t = veth("ic");
     let v = t.veth().unwrap().clone();
     let backend = t
         .set_impairment(

@@ -13,7 +13,8 @@
 //!   equal — and none of its bytes may reach the application.
 //! * luna <-> kernel: the kernel interop suite's machinery (`tests/interop`) with a soak
 //!   plan: delay with jitter through the testbed's NFQUEUE engine on the kernel's egress
-//!   and luna's own egress stage, loss, reordering and duplication (see `kernel_plan`).
+//!   and luna's own egress stage, loss, reordering, duplication and 0.1% corruption, each
+//!   corrupted frame caught exactly once by the receiver's checksum (see `kernel_impair`).
 //!
 //! `make test` runs the reduced luna <-> luna soak (`soak_luna_luna_reduced`); `make soak`
 //! runs the full one (`soak_luna_luna_full`, 10 GiB and 10 M RPCs) and the kernel share
@@ -972,14 +973,17 @@ fn soak_luna_luna_sized() {
 
 /// The kernel share's impairment, both directions (the testbed's NFQUEUE engine on the
 /// kernel's egress, the luna child's stage on luna's): 2% loss, 20% reordering, 1%
-/// duplication, 1 ms ± 500 µs delay. No corruption here: the interop checks demand a clean
-/// capture (no bad checksum seen by tshark or counted by the kernel); luna's checksum
-/// drops are proven on the luna <-> luna link.
+/// duplication, 0.1% corruption, 1 ms ± 500 µs delay. A corrupted frame has one bit of
+/// its TCP segment flipped after the sender's checksum; the interop checks demand that
+/// each is caught exactly once: frames luna's stage corrupted = the kernel's
+/// `TcpInCsumErrors` = tshark's bad checksums from luna, frames the engine corrupted =
+/// luna's `malformed` drops = tshark's bad checksums from the kernel (`interop/parent.rs`).
 fn kernel_impair() -> LinkImpair {
     LinkImpair {
         loss: 2.0,
         reorder: 20.0,
         duplicate: 1.0,
+        corrupt: 0.1,
         delay: Duration::from_millis(1),
         jitter: Duration::from_micros(500),
     }
@@ -1002,7 +1006,9 @@ fn kernel_soak(tag: char, clean: (u64, u64), bulk: u64, rpcs: u64, limit: Durati
         tag,
         clean: plan(clean.0, clean.1, None, Duration::from_secs(60)),
         impaired: plan(bulk, rpcs, Some(kernel_impair()), limit),
-        impaired_snaplen: 128,
+        // Whole frames: tshark verifies every TCP checksum, so each corrupted frame is
+        // seen (a frame cut to its headers cannot be checked).
+        impaired_snaplen: 0,
     });
     let imp = segs
         .iter()
@@ -1016,12 +1022,22 @@ fn kernel_soak(tag: char, clean: (u64, u64), bulk: u64, rpcs: u64, limit: Durati
     };
     println!(
         "soak luna<->kernel: {} bytes (bulk and RPC, checked at both ends), {} RPCs, impairment {:?}, luna retransmits {}, kernel retransmits {}, luna stage {}",
-        sum("bytes") ,
+        sum("bytes"),
         sum("rpcs"),
         kernel_impair(),
         sum("l_retrans_segs"),
         sum("k_retrans_segs"),
         imp.ok
+    );
+    println!(
+        "soak luna<->kernel corruption: luna's stage {} frames, kernel TcpInCsumErrors {}, tshark bad from luna {}; engine {:?}, luna malformed drops {}, tshark bad from the kernel {}; pcap {} bytes",
+        imp.ok.str("stage_corrupted"),
+        imp.k_tcp_csum_errors,
+        imp.capture.bad_tcp_checksums_from_luna,
+        imp.engine,
+        imp.ok.str("stack_malformed"),
+        imp.capture.bad_tcp_checksums_from_kernel,
+        imp.pcap_bytes
     );
 }
 

@@ -8,6 +8,31 @@
 //! through a raw IPv4 socket carrying `impair::ENGINE_MARK` so the NFQUEUE rule lets
 //! them pass.
 //!
+//! Corruption and checksums. Locally generated TCP is `CHECKSUM_PARTIAL` at POSTROUTING
+//! (the TCP checksum field holds only the pseudo-header seed; the device or
+//! `skb_checksum_help` completes it at transmit). A queue bound without `NFQA_CFG_F_GSO`,
+//! as this one is, never sees that state: `nfqnl_build_packet` calls `skb_checksum_help`
+//! before it copies a `CHECKSUM_PARTIAL` packet to user space, so the engine receives a
+//! complete checksum, and `nfqnl_mangle` marks a packet whose payload the verdict replaces
+//! `CHECKSUM_NONE`, so the kernel sends the engine's bytes as they are. A flipped bit then
+//! leaves a checksum that cannot verify (one flipped bit always changes the ones'
+//! complement sum, RFC 1071). The engine checks this instead of trusting it: a TCP packet
+//! picked for corruption whose checksum does not verify on arrival is counted
+//! (`partial_checksums`) and its checksum completed before the flip, so the rule holds
+//! either way. `testbed/tests/impair.rs` (`corrupt_tcp_is_caught_by_the_receivers_checksum`)
+//! proves it end to end: every corrupted segment is a `TcpInCsumErrors` at the receiver
+//! and the data arrives intact.
+//!
+//! Where the bit goes: in a TCP packet, anywhere in the TCP segment except the 4-bit data
+//! offset. Every receiver checks the TCP checksum of such a segment before it acts on
+//! any field, so each corrupted packet is one checksum drop. A flipped data offset is
+//! different: Linux discards a segment whose header length is below 20 bytes or beyond
+//! the segment before it checksums it (`tcp_v4_rcv`: `TcpInErrs` or no counter at all),
+//! and tshark reports a bogus header length instead of a bad checksum, so counts could not
+//! be matched exactly. IP header flips are left out for the same reason (Linux counts a
+//! broken version or header length as `InHdrErrors` before the header checksum). Other
+//! packets (ICMP) get the bit anywhere in the IPv4 packet, as netem does.
+//!
 //! Wire format (linux/netfilter/nfnetlink_queue.h): nlmsghdr (host order) + nfgenmsg
 //! (res_id = queue number, big-endian) + attributes (host-order headers, big-endian
 //! payload fields).
@@ -63,6 +88,7 @@ pub struct Counters {
     dropped: AtomicU64,
     duplicated: AtomicU64,
     corrupted: AtomicU64,
+    partial_checksums: AtomicU64,
     delayed: AtomicU64,
     reordered: AtomicU64,
     errors: AtomicU64,
@@ -77,8 +103,13 @@ pub struct EngineStats {
     pub dropped: u64,
     /// Sent twice.
     pub duplicated: u64,
-    /// Sent with a flipped bit.
+    /// Sent with a flipped bit (whose checksum cannot verify).
     pub corrupted: u64,
+    /// TCP packets picked for corruption whose checksum did not verify as received (a
+    /// `CHECKSUM_PARTIAL` seed): completed by the engine before the flip. 0 on the
+    /// kernels tested (see the module docs).
+    #[serde(default)]
+    pub partial_checksums: u64,
     /// Held for a delay.
     pub delayed: u64,
     /// Sent at once ahead of delayed ones.
@@ -96,6 +127,7 @@ impl Counters {
             dropped: r(&self.dropped),
             duplicated: r(&self.duplicated),
             corrupted: r(&self.corrupted),
+            partial_checksums: r(&self.partial_checksums),
             delayed: r(&self.delayed),
             reordered: r(&self.reordered),
             errors: r(&self.errors),
@@ -234,6 +266,80 @@ fn nl_attrs(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
         buf = &buf[((len + 3) & !3).min(buf.len())..];
         Some((ty, data))
     })
+}
+
+/// Ones' complement sum of `data` (RFC 1071), added to `sum`, unfolded.
+fn ones_sum(mut sum: u32, data: &[u8]) -> u32 {
+    let mut chunks = data.chunks_exact(2);
+    for c in &mut chunks {
+        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    if let [last] = chunks.remainder() {
+        sum += u32::from(*last) << 8;
+    }
+    sum
+}
+
+fn fold(mut sum: u32) -> u16 {
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+/// The TCP segment of an IPv4 packet: (IP header length, TCP length), if `pkt` is an
+/// unfragmented IPv4 TCP packet with a whole TCP header.
+fn tcp_segment(pkt: &[u8]) -> Option<(usize, usize)> {
+    if pkt.len() < 20 || pkt[0] >> 4 != 4 || pkt[9] != 6 {
+        return None;
+    }
+    let ihl = usize::from(pkt[0] & 0x0f) * 4;
+    let total = usize::from(u16::from_be_bytes([pkt[2], pkt[3]]));
+    let frag = u16::from_be_bytes([pkt[6], pkt[7]]) & 0x3fff;
+    if ihl < 20 || total > pkt.len() || total < ihl + 20 || frag != 0 {
+        return None;
+    }
+    Some((ihl, total - ihl))
+}
+
+/// The ones' complement sum of a TCP segment with its pseudo-header (RFC 9293 §3.1):
+/// 0xffff when its checksum verifies.
+fn tcp_sum(pkt: &[u8], ihl: usize, len: usize) -> u16 {
+    let mut s = ones_sum(0, &pkt[12..20]);
+    s += 6 + len as u32;
+    fold(ones_sum(s, &pkt[ihl..ihl + len]))
+}
+
+/// Flips one bit of `pkt` (an IPv4 packet) chosen by `r` so that the receiver's checksum
+/// must catch it (module docs): in a TCP packet one bit of the segment outside the data
+/// offset, after completing the checksum if it did not verify; else any bit. Returns
+/// whether the checksum had to be completed, `None` if nothing was flipped (empty).
+fn corrupt(pkt: &mut [u8], r: u64) -> Option<bool> {
+    if pkt.is_empty() {
+        return None;
+    }
+    let Some((ihl, len)) = tcp_segment(pkt) else {
+        let bit = (r % (pkt.len() as u64 * 8)) as usize;
+        pkt[bit / 8] ^= 1 << (bit % 8);
+        return Some(false);
+    };
+    let partial = tcp_sum(pkt, ihl, len) != 0xffff;
+    if partial {
+        // RFC 9293 §3.1: the checksum is the complement of the sum with the field zero.
+        pkt[ihl + 16..ihl + 18].fill(0);
+        let c = !tcp_sum(pkt, ihl, len);
+        pkt[ihl + 16..ihl + 18].copy_from_slice(&c.to_be_bytes());
+    }
+    // Bits of the segment except the data offset (the high nibble of byte 12).
+    let bits = len as u64 * 8 - 4;
+    let mut bit = (r % bits) as usize;
+    if bit >= 12 * 8 {
+        bit += 4;
+    }
+    // Bit numbering within a byte: 0 is the most significant, so byte 12's bits 0..4
+    // are the data offset.
+    pkt[ihl + bit / 8] ^= 0x80 >> (bit % 8);
+    Some(partial)
 }
 
 impl Engine {
@@ -381,10 +487,14 @@ impl Engine {
         let mut modified = None;
         if !payload.is_empty() && self.rng.chance(self.imp.corrupt) {
             let mut p = payload.to_vec();
-            let bit = (self.rng.next() % (p.len() as u64 * 8)) as usize;
-            p[bit / 8] ^= 1 << (bit % 8);
-            Counters::inc(&self.counters.corrupted);
-            modified = Some(p);
+            let r = self.rng.next();
+            if let Some(partial) = corrupt(&mut p, r) {
+                if partial {
+                    Counters::inc(&self.counters.partial_checksums);
+                }
+                Counters::inc(&self.counters.corrupted);
+                modified = Some(p);
+            }
         }
         let mut due = now;
         if !self.imp.delay.is_zero() {
@@ -600,6 +710,83 @@ mod tests {
         // An attribute claiming more bytes than there are ends iteration.
         let bad = [200u8, 0, 10, 0, 1, 2];
         assert_eq!(nl_attrs(&bad).count(), 0);
+    }
+
+    /// An IPv4 TCP packet (20-byte IP header, 32-byte TCP header, `data` bytes) with a
+    /// valid TCP checksum, or the pseudo-header seed only when `partial`.
+    fn tcp_packet(data: usize, partial: bool) -> Vec<u8> {
+        let total = 20 + 32 + data;
+        let mut p = vec![0u8; total];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        p[8] = 64;
+        p[9] = 6;
+        p[12..16].copy_from_slice(&[198, 18, 0, 1]);
+        p[16..20].copy_from_slice(&[198, 18, 0, 2]);
+        p[20..22].copy_from_slice(&7101u16.to_be_bytes());
+        p[22..24].copy_from_slice(&61440u16.to_be_bytes());
+        p[32] = 8 << 4; // data offset: 32 bytes
+        p[33] = 0x10;
+        for (i, b) in p[52..].iter_mut().enumerate() {
+            *b = (i * 7 + 3) as u8;
+        }
+        let len = total - 20;
+        let mut seed = ones_sum(0, &p[12..20]);
+        seed += 6 + len as u32;
+        let c = if partial {
+            fold(seed) // what CHECKSUM_PARTIAL leaves in the field
+        } else {
+            !tcp_sum(&p, 20, len)
+        };
+        p[36..38].copy_from_slice(&c.to_be_bytes());
+        p
+    }
+
+    #[test]
+    fn corrupted_tcp_never_verifies_and_keeps_ip_header_and_data_offset() {
+        for data in [0usize, 1, 100, 1448] {
+            let good = tcp_packet(data, false);
+            assert_eq!(tcp_sum(&good, 20, good.len() - 20), 0xffff);
+            for r in 0..20_000u64 {
+                let mut p = good.clone();
+                assert_eq!(
+                    corrupt(&mut p, r.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                    Some(false)
+                );
+                assert_eq!(&p[..20], &good[..20], "IP header untouched");
+                assert_eq!(p[32] >> 4, 8, "data offset untouched");
+                let flipped: u32 = p.iter().zip(&good).map(|(a, b)| (a ^ b).count_ones()).sum();
+                assert_eq!(flipped, 1);
+                assert_ne!(tcp_sum(&p, 20, p.len() - 20), 0xffff, "r={r} data={data}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_partial_checksum_is_completed_before_the_flip() {
+        let good = tcp_packet(100, false);
+        let mut p = tcp_packet(100, true);
+        assert_ne!(tcp_sum(&p, 20, p.len() - 20), 0xffff);
+        assert_eq!(corrupt(&mut p, 12345), Some(true));
+        assert_ne!(tcp_sum(&p, 20, p.len() - 20), 0xffff);
+        // One bit away from the packet with the complete checksum.
+        let flipped: u32 = p.iter().zip(&good).map(|(a, b)| (a ^ b).count_ones()).sum();
+        assert_eq!(flipped, 1);
+    }
+
+    #[test]
+    fn other_packets_get_the_bit_anywhere_and_empty_ones_none() {
+        let mut icmp = vec![0x45u8, 0, 0, 28, 0, 0, 0, 0, 64, 1];
+        icmp.resize(28, 0);
+        let orig = icmp.clone();
+        assert_eq!(corrupt(&mut icmp, 3), Some(false));
+        assert_ne!(icmp, orig);
+        assert_eq!(corrupt(&mut [], 3), None);
+        // A truncated TCP packet is not taken for a segment.
+        let mut short = tcp_packet(0, false);
+        short.truncate(30);
+        assert_eq!(tcp_segment(&short), None);
+        assert_eq!(corrupt(&mut short, 9), Some(false));
     }
 
     #[test]

@@ -878,15 +878,24 @@ impl Topology {
 
     /// Removes any impairment from `link` (no error if there was none).
     pub fn clear_impairment(&mut self, link: &str) -> Result<()> {
+        self.stop_impairment(link).map(|_| ())
+    }
+
+    /// [`clear_impairment`](Self::clear_impairment), returning the nfqueue engine's final
+    /// counters (None on the netem backend or unimpaired): taken after the engine released
+    /// every packet it held, so each packet they count as corrupted has been sent.
+    pub fn stop_impairment(&mut self, link: &str) -> Result<Option<EngineStats>> {
         let (ns, iface) = self.details.link_target(link)?;
+        let mut stats = None;
         if let Some((_, Active::Nfqueue(engine))) = self.impairments.remove(link) {
             // Rule first, so no packet is queued to a queue nobody reads.
             impair::remove_nfqueue_rule(&ns, &iface)?;
             if let Some(e) = engine {
-                e.stop()?;
+                stats = Some(e.stop()?);
             }
         }
-        impair::clear_qdisc(&ns, &iface)
+        impair::clear_qdisc(&ns, &iface)?;
+        Ok(stats)
     }
 
     /// The impairment currently set on `link` by this value, if any.

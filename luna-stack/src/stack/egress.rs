@@ -66,6 +66,13 @@ impl Transmit {
         &self.header[..usize::from(self.header_len)]
     }
 
+    /// The header bytes, writable: for impairment stages and tests that alter a frame
+    /// after the stack built it (the soak's corruption). Nothing is recomputed: a change
+    /// after the stack filled its checksums leaves them wrong, which is the point there.
+    pub fn header_mut(&mut self) -> &mut [u8] {
+        &mut self.header[..usize::from(self.header_len)]
+    }
+
     /// Frame length in bytes.
     pub fn len(&self) -> usize {
         usize::from(self.header_len) + self.payload.len()

@@ -88,8 +88,13 @@ pub struct CaptureReport {
     pub tcp_packets: u64,
     pub malformed: u64,
     pub bad_ip_checksums: u64,
-    /// Wrong TCP checksums (the 0xFFFF form of zero excepted, below).
+    /// Wrong TCP checksums (the 0xFFFF form of zero excepted, below), and by sender.
+    /// Such frames (corrupted on purpose by the impairment) count nowhere else: not in
+    /// `tcp_packets`, the streams, `malformed` or `expert_errors` (a flipped bit can also
+    /// break an option or a flag, which tshark reports).
     pub bad_tcp_checksums: u64,
+    pub bad_tcp_checksums_from_kernel: u64,
+    pub bad_tcp_checksums_from_luna: u64,
     /// TCP checksums sent as 0xFFFF where the sum is zero: the other representation of
     /// zero in ones' complement, equally valid for a receiver (RFC 1624 §3; Linux writes
     /// it when `skb_checksum_help` folds to 0, as for packets it hands to NFQUEUE).
@@ -232,7 +237,15 @@ pub fn parse_fields(text: &str, kernel: Ipv4Addr) -> CaptureReport {
         match f[9] {
             "0" if f[18] == "0xffff" && f[1] == kernel => r.ffff_tcp_checksums_from_kernel += 1,
             "0" if f[18] == "0xffff" => r.ffff_tcp_checksums_from_luna += 1,
-            "0" => r.bad_tcp_checksums += 1,
+            "0" => {
+                r.bad_tcp_checksums += 1;
+                if f[1] == kernel {
+                    r.bad_tcp_checksums_from_kernel += 1;
+                } else {
+                    r.bad_tcp_checksums_from_luna += 1;
+                }
+                continue;
+            }
             "1" => r.good_tcp_checksums += 1,
             "2" => r.unverified_tcp_checksums += 1,
             _ => {}
@@ -307,11 +320,12 @@ pub fn parse_fields(text: &str, kernel: Ipv4Addr) -> CaptureReport {
 mod tests {
     use super::*;
 
-    // Shape of `tshark -T fields` output (tshark 4.0) for the fields above: a handshake
-    // packet with a bad TCP checksum, a FIN from each side, a 0xFFFF checksum (a warning),
-    // an RST after the close, an RST that resets stream 1, and a malformed frame.
+    // Shape of `tshark -T fields` output (tshark 4.0) for the fields above: a handshake,
+    // a FIN from each side, a 0xFFFF checksum (a warning), an RST after the close, an RST
+    // that resets stream 1, a malformed frame, and two frames with bad TCP checksums (a
+    // kernel RST, also flagged malformed, and a luna FIN) that count nowhere else.
     const OUT: &str = "\
-1\t198.18.0.2\t0\t61440\t7101\t1\t0\t0\t1\t0\t2097152,8388608\t33554432,16777216\t\t1460\t5\t0402\t77\t\t0x1234
+1\t198.18.0.2\t0\t61440\t7101\t1\t0\t0\t1\t1\t\t\t\t1460\t5\t0402\t77\t\t0x1234
 2\t198.18.0.1\t0\t7101\t61440\t1\t0\t0\t1\t1\t2097152\t33554432\t\t1460\t10\t\t\t\t0x5678
 3\t198.18.0.2\t0\t61440\t7101\t0\t1\t0\t1\t1\t\t\t\t\t\t\t78\t1000,3000\t0x0001
 4\t198.18.0.1\t0\t7101\t61440\t0\t1\t0\t1\t2\t\t\t\t\t\t\t\t\t0x0002
@@ -319,23 +333,27 @@ mod tests {
 6\t198.18.0.2\t0\t61440\t7101\t0\t0\t1\t1\t1\t\t\t\t\t\t\t\t\t0x0003
 7\t198.18.0.1\t1\t7102\t50000\t0\t0\t1\t0\t1\t\t\t\t\t\t\t\t\t0x0004
 8\t198.18.0.2\t\t\t\t\t\t\t1\t\t8388608\t117440512\t1\t\t\t\t\t\t
+9\t198.18.0.1\t0\t7101\t61440\t0\t0\t1\t1\t0\t2097152,8388608\t33554432,16777216\t1\t\t\t\t\t\t0x0bad
+10\t198.18.0.2\t0\t61440\t7101\t0\t1\t0\t1\t0\t\t\t\t\t\t\t\t\t0x0bad
 ";
 
     #[test]
     fn tshark_fields_are_counted() {
         let r = parse_fields(OUT, Ipv4Addr::new(198, 18, 0, 1));
-        assert_eq!(r.packets, 8);
+        assert_eq!(r.packets, 10);
         assert_eq!(r.tcp_packets, 7);
-        assert_eq!(r.bad_tcp_checksums, 1);
+        assert_eq!(r.bad_tcp_checksums, 2);
+        assert_eq!(r.bad_tcp_checksums_from_kernel, 1);
+        assert_eq!(r.bad_tcp_checksums_from_luna, 1);
         assert_eq!(r.ffff_tcp_checksums_from_kernel, 1);
         assert_eq!(r.ffff_tcp_checksums_from_luna, 0);
-        assert_eq!(r.good_tcp_checksums, 4);
+        assert_eq!(r.good_tcp_checksums, 5);
         assert_eq!(r.unverified_tcp_checksums, 1);
         assert_eq!(r.bad_ip_checksums, 1);
         assert_eq!(r.malformed, 1);
-        assert_eq!(r.expert_errors.get("0x1000000"), Some(&1));
+        assert_eq!(r.expert_errors.get("0x1000000"), None);
         assert_eq!(r.expert_errors.get("0x7000000"), Some(&1));
-        assert_eq!(r.checksum_or_malformed_errors(), 2);
+        assert_eq!(r.checksum_or_malformed_errors(), 1);
         let s0 = &r.streams[&0];
         assert_eq!(
             (s0.port, s0.syns, s0.fins_from_luna, s0.fins_from_kernel),

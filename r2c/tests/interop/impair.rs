@@ -3,8 +3,13 @@
 //! semantics, so both directions see the same loss, duplication and reordering.
 //!
 //! Per packet, in netem's order: drop with `loss`%; otherwise clone with `duplicate`%
-//! (the copy travels with the original); then either send at once (`reorder`%) or hold
-//! for `delay ± jitter` (uniform). Without jitter all held packets wait the same delay, so
+//! (the copy travels with the original); flip one bit of the original with `corrupt`%
+//! (the caller's function picks the bit, see `luna::corrupt_tcp`; the copy stays clean,
+//! as in the testbed engine); then either send at once (`reorder`%) or hold for
+//! `delay ± jitter` (uniform). A corrupted packet is counted when it leaves the stage, so
+//! `StageStats::corrupted` is what reached the device once the stage is flushed.
+//!
+//! Without jitter all held packets wait the same delay, so
 //! the hold queue is FIFO and the packets sent at once overtake it: that is the
 //! reordering; with jitter held packets also overtake each other (as in netem).
 
@@ -43,6 +48,8 @@ pub struct StageStats {
     pub duplicated: u64,
     pub delayed: u64,
     pub reordered: u64,
+    /// Corrupted packets that left the stage.
+    pub corrupted: u64,
 }
 
 /// The stage over items of type `T` (the luna child uses `Transmit`; the unit tests
@@ -50,7 +57,7 @@ pub struct StageStats {
 pub struct Stage<T> {
     cfg: LinkImpair,
     rng: SplitMix64,
-    held: VecDeque<(u64, T)>,
+    held: VecDeque<(u64, T, bool)>,
     pub stats: StageStats,
 }
 
@@ -66,6 +73,18 @@ impl<T: Clone> Stage<T> {
 
     /// Decides `item`'s fate at `now`: dropped, sent now (pushed to `out`) or held.
     pub fn push(&mut self, now: u64, item: T, out: &mut VecDeque<T>) {
+        self.push_with(now, item, out, |_, _| false);
+    }
+
+    /// [`push`](Self::push) with corruption: `corrupt(item, r)` flips one bit of `item`
+    /// chosen by the random `r` and says whether it did.
+    pub fn push_with(
+        &mut self,
+        now: u64,
+        mut item: T,
+        out: &mut VecDeque<T>,
+        mut corrupt: impl FnMut(&mut T, u64) -> bool,
+    ) {
         self.stats.seen += 1;
         if self.rng.percent() < self.cfg.loss {
             self.stats.dropped += 1;
@@ -76,12 +95,18 @@ impl<T: Clone> Stage<T> {
         if dup {
             self.stats.duplicated += 1;
         }
+        // Drawn only when asked for, so plans without corruption keep their sequence.
+        let bad = self.cfg.corrupt > 0.0 && self.rng.percent() < self.cfg.corrupt && {
+            let r = self.rng.next_u64();
+            corrupt(&mut item, r)
+        };
         let delay = self.cfg.delay.as_nanos() as u64;
         let jitter = (self.cfg.jitter.as_nanos() as u64).min(delay);
         if delay == 0 || self.rng.percent() < self.cfg.reorder {
             if delay > 0 {
                 self.stats.reordered += 1;
             }
+            self.stats.corrupted += u64::from(bad);
             out.push_back(item);
             out.extend(copy);
         } else {
@@ -95,18 +120,21 @@ impl<T: Clone> Stage<T> {
                 now + delay - jitter + r
             };
             // Kept sorted by due time (stable: equal times keep their order).
-            let at = self.held.partition_point(|(d, _)| *d <= due);
-            self.held.insert(at, (due, item));
+            let at = self.held.partition_point(|(d, _, _)| *d <= due);
+            self.held.insert(at, (due, item, bad));
             if let Some(c) = copy {
-                self.held.insert(at + 1, (due, c));
+                self.held.insert(at + 1, (due, c, false));
             }
         }
     }
 
     /// Moves every held item due at `now` to `out`, in order.
     pub fn release(&mut self, now: u64, out: &mut VecDeque<T>) {
-        while self.held.front().is_some_and(|(due, _)| *due <= now) {
-            out.extend(self.held.pop_front().map(|(_, t)| t));
+        while self.held.front().is_some_and(|(due, _, _)| *due <= now) {
+            if let Some((_, t, bad)) = self.held.pop_front() {
+                self.stats.corrupted += u64::from(bad);
+                out.push_back(t);
+            }
         }
     }
 
@@ -140,6 +168,7 @@ mod tests {
             loss: 0.0,
             reorder: 0.0,
             duplicate: 0.0,
+            corrupt: 0.0,
             delay: Duration::ZERO,
             jitter: Duration::ZERO,
         };
@@ -177,6 +206,7 @@ mod tests {
             loss: 0.0,
             reorder: 0.0,
             duplicate: 0.0,
+            corrupt: 0.0,
             delay: Duration::from_millis(1),
             jitter: Duration::ZERO,
         };
@@ -198,6 +228,7 @@ mod tests {
             loss: 0.0,
             reorder: 0.0,
             duplicate: 0.0,
+            corrupt: 0.0,
             delay: Duration::from_millis(1),
             jitter: Duration::from_micros(500),
         };
@@ -217,6 +248,57 @@ mod tests {
         let mut sorted = v.clone();
         sorted.sort_unstable();
         assert_eq!(sorted, (0..1000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn corruption_hits_the_original_only_and_is_counted_when_it_leaves() {
+        let cfg = LinkImpair {
+            loss: 1.0,
+            reorder: 30.0,
+            duplicate: 5.0,
+            corrupt: 10.0,
+            delay: Duration::from_millis(1),
+            jitter: Duration::from_micros(300),
+        };
+        let mut s = Stage::new(cfg, 77);
+        let mut out = VecDeque::new();
+        // Corrupting marks the item: the high bit set.
+        let flip = |x: &mut u32, _r: u64| {
+            *x |= 1 << 31;
+            true
+        };
+        let n = 50_000u32;
+        for i in 0..n {
+            s.push_with(u64::from(i) * 10_000, i, &mut out, flip);
+            s.release(u64::from(i) * 10_000, &mut out);
+        }
+        // Held ones are not counted yet.
+        let marked = |o: &VecDeque<u32>| o.iter().filter(|&&x| x >> 31 == 1).count() as u64;
+        assert_eq!(s.stats.corrupted, marked(&out));
+        assert!(s.held() > 0);
+        s.release(u64::MAX, &mut out);
+        let st = s.stats;
+        assert_eq!(st.corrupted, marked(&out));
+        let kept = st.seen - st.dropped;
+        let pct = st.corrupted as f64 * 100.0 / kept as f64;
+        assert!((pct - 10.0).abs() < 0.6, "{st:?}");
+        // A duplicated packet that was corrupted has a clean copy.
+        let clean: std::collections::BTreeSet<u32> =
+            out.iter().filter(|&&x| x >> 31 == 0).copied().collect();
+        let dup_of_bad = out
+            .iter()
+            .filter(|&&x| x >> 31 == 1 && clean.contains(&(x & !(1 << 31))))
+            .count();
+        assert!(dup_of_bad > 0, "{st:?}");
+        assert_eq!(out.len() as u64, kept + st.duplicated);
+        // A corrupt function that declines (nothing to flip) counts nothing.
+        let mut s = Stage::new(cfg, 78);
+        let mut out = VecDeque::new();
+        for i in 0..5000u32 {
+            s.push_with(0, i, &mut out, |_, _| false);
+        }
+        s.release(u64::MAX, &mut out);
+        assert_eq!(s.stats.corrupted, 0);
     }
 
     #[test]

@@ -43,6 +43,9 @@ use super::*;
 /// Paths of the start handshake with the parent.
 pub const READY_ENV: &str = "LIO_READY";
 pub const GO_ENV: &str = "LIO_GO";
+/// Path the parent creates once it stopped the kernel-side impairment engine (after this
+/// child printed `PHASES_DONE`): every frame the engine corrupted has been sent by then.
+pub const DRAIN_ENV: &str = "LIO_DRAIN";
 
 pub fn main(arg: &str) {
     let plan = Plan::decode(arg).unwrap_or_else(|e| panic!("plan: {e}"));
@@ -84,7 +87,24 @@ pub fn main(arg: &str) {
     while Instant::now() < linger {
         env.node.poll();
     }
-    println!("{}", finish(env).line("OK"));
+    // The parent stops the engine on the kernel's egress (its held packets are released
+    // then); what it sent meanwhile is read here, so luna's checksum drops can be compared
+    // with the engine's final count.
+    println!("PHASES_DONE");
+    let drain = std::env::var(DRAIN_ENV).expect("drain path");
+    let end = Instant::now() + Duration::from_secs(120);
+    while !Path::new(&drain).exists() {
+        assert!(Instant::now() < end, "no drain signal from the parent");
+        env.node.poll();
+    }
+    let settle = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < settle {
+        env.node.poll();
+    }
+    let unsent = env.node.flush();
+    let mut kv = finish(env);
+    kv.set("tx_unsent", unsent);
+    println!("{}", kv.line("OK"));
 }
 
 // ---------------------------------------------------------------- the node
@@ -108,6 +128,54 @@ struct Node {
     rx: Vec<Zbuf>,
     tx: VecDeque<Transmit>,
     stage: Option<Stage<Transmit>>,
+    /// Buffers for corrupted payload copies (and the apps' data).
+    cache: CoreCache,
+}
+
+/// Flips one bit of `t`'s TCP segment chosen by `r`, outside the 4-bit data offset (a flip
+/// there makes Linux discard the segment before its checksum, `tcp_v4_rcv`; see
+/// testbed's nfq.rs), after luna computed the checksums, which stay as they were: the
+/// receiver's TCP checksum must catch it. A payload bit is flipped in a copy (the
+/// payload's buffers are shared with the retransmit queue). Returns false for a frame
+/// that is not IPv4 TCP or when no buffer is free (then nothing changed).
+fn corrupt_tcp(t: &mut Transmit, r: u64, cache: &CoreCache) -> bool {
+    let h = t.header();
+    if h.len() < 14 + 20 || h[12..14] != [0x08, 0x00] || h[14] >> 4 != 4 || h[14 + 9] != 6 {
+        return false;
+    }
+    let tcp = 14 + usize::from(h[14] & 0x0f) * 4;
+    if h.len() < tcp + 20 {
+        return false;
+    }
+    let in_header = h.len() - tcp;
+    let len = in_header + t.payload.len();
+    let bits = len as u64 * 8 - 4;
+    let mut bit = (r % bits) as usize;
+    if bit >= 12 * 8 {
+        bit += 4; // skip the data offset: the high nibble of TCP byte 12
+    }
+    let (byte, mask) = (bit / 8, 0x80u8 >> (bit % 8));
+    if byte < in_header {
+        t.header_mut()[tcp + byte] ^= mask;
+        return true;
+    }
+    let n = t.payload.len();
+    let Ok(mut m) = cache.alloc(n) else {
+        return false;
+    };
+    let Ok(buf) = m.append(n) else {
+        return false;
+    };
+    let mut at = 0;
+    for c in t.payload.chunks() {
+        buf[at..at + c.len()].copy_from_slice(c);
+        at += c.len();
+    }
+    buf[byte - in_header] ^= mask;
+    let mut v = zbuf::IoVec::new();
+    v.push(m.freeze());
+    t.payload = v;
+    true
 }
 
 fn is_ipv4(t: &Transmit) -> bool {
@@ -135,7 +203,10 @@ impl Node {
                 match self.stack.poll_transmit(now) {
                     // Only IPv4 is impaired, as on the testbed engine (ARP passes).
                     Some(t) => match self.stage.as_mut() {
-                        Some(s) if is_ipv4(&t) => s.push(ns, t, &mut self.tx),
+                        Some(s) if is_ipv4(&t) => {
+                            let cache = &self.cache;
+                            s.push_with(ns, t, &mut self.tx, |t, r| corrupt_tcp(t, r, cache))
+                        }
                         _ => self.tx.push_back(t),
                     },
                     None => break,
@@ -158,6 +229,21 @@ impl Node {
         }
     }
 
+    /// Sends everything the stage holds and every queued frame, without asking the stack
+    /// for more (bounded: 1 s); returns the frames left unsent.
+    fn flush(&mut self) -> usize {
+        if let Some(s) = self.stage.as_mut() {
+            s.release(u64::MAX, &mut self.tx);
+        }
+        let end = Instant::now() + Duration::from_secs(1);
+        while !self.tx.is_empty() && Instant::now() < end {
+            if self.dev.tx_burst(&mut self.tx) == 0 {
+                std::thread::yield_now();
+            }
+        }
+        self.tx.len()
+    }
+
     fn stage_stats(&self) -> StageStats {
         self.stage.as_ref().map(|s| s.stats).unwrap_or_default()
     }
@@ -166,7 +252,6 @@ impl Node {
 struct Env {
     _eal: Eal,
     slab: Slab,
-    cache: CoreCache,
     node: Node,
 }
 
@@ -188,7 +273,6 @@ fn setup(port: &DpdkPort, plan: &Plan) -> Env {
     Env {
         _eal: eal,
         slab,
-        cache,
         node: Node {
             dev,
             stack,
@@ -196,17 +280,13 @@ fn setup(port: &DpdkPort, plan: &Plan) -> Env {
             rx: Vec::with_capacity(64),
             tx: VecDeque::new(),
             stage: plan.impair.map(|i| Stage::new(i, plan.seed)),
+            cache,
         },
     }
 }
 
 fn finish(env: Env) -> Kv {
-    let Env {
-        _eal,
-        slab,
-        cache,
-        node,
-    } = env;
+    let Env { _eal, slab, node } = env;
     let mut kv = Kv::default();
     let st = node.stage_stats();
     kv.set("stage_seen", st.seen);
@@ -214,10 +294,21 @@ fn finish(env: Env) -> Kv {
     kv.set("stage_duplicated", st.duplicated);
     kv.set("stage_delayed", st.delayed);
     kv.set("stage_reordered", st.reordered);
+    kv.set("stage_corrupted", st.corrupted);
+    // Corruption is caught only if luna computed the checksums itself (net_tap: no
+    // offload; a device finishing them would checksum the flipped bits).
+    kv.set(
+        "sw_checksums",
+        u8::from(node.dev.caps() == luna_stack::wire::ChecksumCaps::software()),
+    );
     let sc = node.stack.counters();
     kv.set("stack_frames_in", sc.frames_in);
     kv.set("stack_frames_out", sc.frames_out);
     kv.set("stack_drops", sc.total_drops());
+    kv.set(
+        "stack_malformed",
+        sc.drops(luna_stack::stack::StackDrop::Malformed),
+    );
     kv.set("stack_rsts_sent", sc.rsts_sent);
     let ds = node.dev.stats();
     let dd = node.dev.dpdk_stats();
@@ -227,8 +318,7 @@ fn finish(env: Env) -> Kv {
     kv.set("dev_copied", ds.copied_bytes);
     kv.set("dev_tx_invalid", dd.tx_invalid);
     kv.set("zbuf_copied", copy_stats().bytes);
-    drop(node);
-    drop(cache);
+    drop(node); // and its core cache
     kv.set("leaked", slab.leak_report().objects_in_use);
     kv
 }
@@ -778,7 +868,7 @@ fn run_phase(
         while let Some(ev) = env.node.stack.poll_event() {
             app.on_event(&mut env.node.stack, ev);
         }
-        if let Err(e) = app.step(&mut env.node.stack, &env.cache) {
+        if let Err(e) = app.step(&mut env.node.stack, &env.node.cache) {
             fail(e, Some(peer));
         }
         let h = app.conn();
@@ -866,5 +956,6 @@ fn run_phase(
     kv.set("stage_dropped", s1.dropped - s0.dropped);
     kv.set("stage_duplicated", s1.duplicated - s0.duplicated);
     kv.set("stage_reordered", s1.reordered - s0.reordered);
+    kv.set("stage_corrupted", s1.corrupted - s0.corrupted);
     kv
 }

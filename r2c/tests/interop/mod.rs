@@ -68,14 +68,17 @@ pub fn mismatch(seed: u64, start: u64, buf: &[u8]) -> Option<u64> {
 }
 
 /// Impairment of one direction, netem semantics: drop `loss`%, send `duplicate`% twice,
-/// hold every packet for `delay ± jitter` (uniform) except `reorder`% which go at once
-/// (overtaking the held ones). The same values go to the testbed engine (kernel -> luna)
-/// and to the luna child's stage (luna -> kernel).
+/// flip one bit in `corrupt`% (inside the TCP segment, outside its data offset: a bit the
+/// receiver's checksum must catch), hold every packet for `delay ± jitter` (uniform)
+/// except `reorder`% which go at once (overtaking the held ones). The same values go to
+/// the testbed engine (kernel -> luna) and to the luna child's stage (luna -> kernel).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LinkImpair {
     pub loss: f64,
     pub reorder: f64,
     pub duplicate: f64,
+    /// Percent of TCP frames with one bit flipped after the sender's checksum.
+    pub corrupt: f64,
     pub delay: Duration,
     /// At most `delay`; zero keeps the hold queue FIFO.
     pub jitter: Duration,
@@ -89,6 +92,7 @@ impl LinkImpair {
             loss: 2.0,
             reorder: 25.0,
             duplicate: 1.0,
+            corrupt: 0.0,
             delay: Duration::from_millis(1),
             jitter: Duration::ZERO,
         }
@@ -128,6 +132,7 @@ impl Plan {
             kv.set("loss", i.loss);
             kv.set("reorder", i.reorder);
             kv.set("duplicate", i.duplicate);
+            kv.set("corrupt", i.corrupt);
             kv.set("delay_us", i.delay.as_micros());
             kv.set("jitter_us", i.jitter.as_micros());
         }
@@ -142,6 +147,7 @@ impl Plan {
                 loss: kv.try_get("loss")?,
                 reorder: kv.try_get("reorder")?,
                 duplicate: kv.try_get("duplicate")?,
+                corrupt: kv.try_get("corrupt")?,
                 delay: Duration::from_micros(kv.try_get("delay_us")?),
                 jitter: Duration::from_micros(kv.try_get("jitter_us")?),
             })
@@ -276,6 +282,7 @@ mod tests {
         assert_eq!(Plan::decode(&p.encode()), Ok(p.clone()));
         p.impair = Some(LinkImpair {
             jitter: Duration::from_micros(300),
+            corrupt: 0.1,
             ..LinkImpair::acceptance()
         });
         assert_eq!(Plan::decode(&p.encode()), Ok(p.clone()));

@@ -11,10 +11,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use testbed::{Impairment, Kind, Prefix, Tap, Topology};
+use testbed::{EngineStats, Impairment, Kind, Prefix, Tap, Topology};
 
 use super::capture::{self, CaptureReport};
-use super::luna::{GO_ENV, READY_ENV};
+use super::luna::{DRAIN_ENV, GO_ENV, READY_ENV};
 use super::proc::{Outcome, Proc};
 use super::*;
 
@@ -43,6 +43,14 @@ pub struct Segment {
     pub tcpdump_dropped: u64,
     pub pcap_bytes: u64,
     pub secs: f64,
+    /// The kernel-side engine's final counters (impaired segment, nfqueue backend).
+    pub engine: Option<EngineStats>,
+    /// The kernel's counters over the whole segment (nstat in its namespace before the
+    /// go and after the luna child exited): `TcpInCsumErrors`, `IpExtInCsumErrors`,
+    /// `TcpInErrs`.
+    pub k_tcp_csum_errors: u64,
+    pub k_ip_csum_errors: u64,
+    pub k_in_errs: u64,
 }
 
 /// Removes the capture directory unless the test failed (then it is kept and named).
@@ -120,12 +128,17 @@ pub fn run(r: &Run) -> Vec<Segment> {
     let tap = topo.tap().expect("tap details").clone();
     let dir = Dir(std::env::temp_dir().join(&name));
     std::fs::create_dir_all(&dir.0).expect("capture dir");
-    let clean = segment(&topo, &tap, "clean", &r.clean, 0, &dir.0);
+    let clean = segment(&mut topo, &tap, "clean", &r.clean, 0, &dir.0);
     check(&clean);
     let imp = r
         .impaired
         .impair
         .expect("the impaired plan has an impairment");
+    // Counting corrupted frames at the receivers needs whole frames in the capture.
+    assert!(
+        imp.corrupt == 0.0 || r.impaired_snaplen == 0,
+        "corruption needs impaired_snaplen 0"
+    );
     let backend = topo
         .set_impairment(
             "tap",
@@ -135,20 +148,21 @@ pub fn run(r: &Run) -> Vec<Segment> {
                 loss: imp.loss,
                 reorder: imp.reorder,
                 duplicate: imp.duplicate,
+                corrupt: imp.corrupt,
                 seed: Some(r.impaired.seed ^ 0x6b65_726e),
                 ..Impairment::default()
             },
         )
         .expect("impair the kernel's egress");
     let impaired = segment(
-        &topo,
+        &mut topo,
         &tap,
         "impaired",
         &r.impaired,
         r.impaired_snaplen,
         &dir.0,
     );
-    let engine = topo.impairment_stats("tap");
+    let engine = impaired.engine;
     topo.clear_impairment("tap").expect("clear impairment");
     drop(topo);
     println!("lio: kernel egress impairment backend {backend:?}, engine {engine:?}");
@@ -162,6 +176,13 @@ pub fn run(r: &Run) -> Vec<Segment> {
     let ok = &impaired.ok;
     for k in ["stage_dropped", "stage_duplicated", "stage_reordered"] {
         assert!(ok.get::<u64>(k) > 0, "luna -> kernel stage: {k}=0 in {ok}");
+    }
+    if imp.corrupt > 0.0 {
+        assert!(e.corrupted > 0, "kernel -> luna: nothing corrupted: {e:?}");
+        assert!(
+            ok.get::<u64>("stage_corrupted") > 0,
+            "luna -> kernel stage: nothing corrupted in {ok}"
+        );
     }
     let sum = |k: &str| impaired.phases.iter().map(|p| p.get::<u64>(k)).sum::<u64>();
     assert!(sum("l_retrans_segs") > 0, "luna never retransmitted");
@@ -201,8 +222,21 @@ fn fail(what: &str, outs: &[&Outcome]) -> ! {
     panic!("{msg}");
 }
 
+/// `nstat` in the kernel's namespace: (TcpInCsumErrors, IpExtInCsumErrors, TcpInErrs).
+fn kernel_errors(tap: &Tap) -> (u64, u64, u64) {
+    let out = tap
+        .host
+        .command("nstat")
+        .args(["-a", "-s", "-z"])
+        .output()
+        .expect("nstat (iproute2)");
+    let m = super::report::parse_nstat(&String::from_utf8_lossy(&out.stdout));
+    let g = |k: &str| m.get(k).copied().unwrap_or(0);
+    (g("TcpInCsumErrors"), g("IpExtInCsumErrors"), g("TcpInErrs"))
+}
+
 fn segment(
-    topo: &Topology,
+    topo: &mut Topology,
     tap: &Tap,
     name: &'static str,
     plan: &Plan,
@@ -212,10 +246,13 @@ fn segment(
     let started = Instant::now();
     let ready = topo.state_dir().join(format!("lio-{name}-ready"));
     let go = topo.state_dir().join(format!("lio-{name}-go"));
+    let drain = topo.state_dir().join(format!("lio-{name}-drain"));
     let _ = std::fs::remove_file(&ready);
     let _ = std::fs::remove_file(&go);
-    let mut luna = Proc::spawn(luna_command(tap, plan, &ready, &go), "luna", false)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let _ = std::fs::remove_file(&drain);
+    let mut cmd = luna_command(tap, plan, &ready, &go);
+    cmd.env(DRAIN_ENV, &drain);
+    let mut luna = Proc::spawn(cmd, "luna", false).unwrap_or_else(|e| panic!("{e}"));
     let end = Instant::now() + Duration::from_secs(60);
     while !ready.exists() {
         if Instant::now() > end || luna.exited() {
@@ -228,12 +265,24 @@ fn segment(
         .expect("tap interface from the DPDK process");
     let pcap = dir.join(format!("{name}.pcap"));
     let dump = capture::start(&tap.host, &pcap, snaplen);
+    let k0 = kernel_errors(tap);
     std::fs::write(&go, b"go").expect("go file");
     let limit = plan.phase_limit * 4 + Duration::from_secs(120);
-    let out = luna.wait(limit);
+    // Once the phases are done: stop the kernel-side engine (it releases what it holds),
+    // then let the child read the rest and report.
+    let done = luna.wait_line("PHASES_DONE", limit).is_some();
+    let engine = topo
+        .stop_impairment("tap")
+        .expect("stop the kernel-side impairment");
+    if done {
+        std::fs::write(&drain, b"drain").expect("drain file");
+    }
+    let out = luna.wait(Duration::from_secs(150));
+    let k1 = kernel_errors(tap);
     let (td, tcpdump_dropped) = capture::stop(dump);
     let _ = std::fs::remove_file(&ready);
     let _ = std::fs::remove_file(&go);
+    let _ = std::fs::remove_file(&drain);
     let Some(ok) = out.ok().then(|| out.line("OK ")).flatten().map(Kv::parse) else {
         fail(
             &format!("segment {name}: the luna child failed"),
@@ -257,6 +306,10 @@ fn segment(
         tcpdump_dropped,
         pcap_bytes: std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0),
         secs: started.elapsed().as_secs_f64(),
+        engine,
+        k_tcp_csum_errors: k1.0 - k0.0,
+        k_ip_csum_errors: k1.1 - k0.1,
+        k_in_errs: k1.2 - k0.2,
     }
 }
 
@@ -341,7 +394,10 @@ fn check(s: &Segment) {
         assert_eq!(st.kernel_without_ts, 0, "{name}/{ph}: {st:?}");
         // The kernel saw no bad checksum and no error, and none of its connections was
         // reset; on a clean link it sent no RST at all (impaired: see the capture check).
-        for k in ["k_estab_resets", "k_tcp_csum_errors", "k_ip_csum_errors"] {
+        // Checksum errors: only for the frames luna's stage corrupted, and those are
+        // compared over the whole segment below (a frame sent at the end of one phase
+        // can be counted in the next one's window).
+        for k in ["k_estab_resets", "k_ip_csum_errors"] {
             assert_eq!(p.get::<u64>(k), 0, "{k}: {ctx}");
         }
         // TcpInErrs also counts a SYN reaching an established socket (Linux's
@@ -353,9 +409,12 @@ fn check(s: &Segment) {
         } else {
             0
         };
+        // Linux counts a checksum error in TcpInErrs too (tcp_v4_rcv: csum_error falls
+        // through to bad_packet).
+        let csum = p.get::<u64>("k_tcp_csum_errors");
         assert!(
-            p.get::<u64>("k_in_errs") <= extra_syns,
-            "k_in_errs above the {extra_syns} extra SYNs captured: {ctx}"
+            p.get::<u64>("k_in_errs") <= extra_syns + csum,
+            "k_in_errs above the {extra_syns} extra SYNs captured and {csum} checksum errors: {ctx}"
         );
         if plan.impair.is_none() {
             assert_eq!(p.get::<u64>("k_out_rsts"), 0, "{ctx}");
@@ -379,9 +438,46 @@ fn check(s: &Segment) {
         }
     }
     let ok = &s.ok;
-    for k in ["leaked", "dev_copied", "dev_tx_invalid"] {
+    for k in ["leaked", "dev_copied", "dev_tx_invalid", "tx_unsent"] {
         assert_eq!(ok.get::<u64>(k), 0, "{name}: {k} in {ok}");
     }
+    // Corruption, both directions, exact. luna -> kernel: every frame luna's stage
+    // corrupted (after luna's checksum) is one TCP checksum error for the kernel and one
+    // bad TCP checksum for tshark, and there are no others. kernel -> luna: every frame
+    // the engine corrupted (a checksum that cannot verify, testbed nfq.rs) is one
+    // `malformed` drop in luna, and luna drops nothing else as malformed; tshark sees the
+    // same frames with bad checksums. The final counts are taken with both stages
+    // drained (the engine stopped, luna's stage flushed) and the child gone.
+    let luna_bad = ok.get::<u64>("stage_corrupted");
+    let engine_bad = s.engine.map_or(0, |e| e.corrupted);
+    let c = &s.capture;
+    if luna_bad + engine_bad > 0 {
+        assert_eq!(ok.get::<u8>("sw_checksums"), 1, "{name}: {ok}");
+        assert_eq!(s.snaplen, 0, "{name}: corruption needs whole frames");
+    }
+    if let Some(e) = s.engine {
+        assert_eq!(e.errors, 0, "{name}: engine errors: {e:?}");
+        assert_eq!(e.partial_checksums, 0, "{name}: {e:?}");
+    }
+    assert_eq!(
+        s.k_tcp_csum_errors, luna_bad,
+        "{name}: kernel TcpInCsumErrors vs frames luna's stage corrupted"
+    );
+    assert_eq!(s.k_ip_csum_errors, 0, "{name}: kernel IP checksum errors");
+    assert_eq!(
+        c.bad_tcp_checksums_from_luna, luna_bad,
+        "{name}: tshark's bad checksums from luna vs frames luna's stage corrupted: {c:?}"
+    );
+    assert_eq!(
+        ok.get::<u64>("stack_malformed"),
+        engine_bad,
+        "{name}: luna's malformed drops vs frames the engine corrupted: {ok} {:?}",
+        s.engine
+    );
+    assert_eq!(
+        c.bad_tcp_checksums_from_kernel, engine_bad,
+        "{name}: tshark's bad checksums from the kernel vs frames the engine corrupted: {c:?}"
+    );
     if plan.impair.is_none() {
         assert_eq!(ok.get::<u64>("stack_rsts_sent"), 0, "{name}: {ok}");
         assert_eq!(ok.get::<u64>("stack_drops"), 0, "{name}: {ok}");
@@ -392,12 +488,10 @@ fn check(s: &Segment) {
     // TIME-WAIT end, which re-ACKs (RFC 9293 §3.10.7.4), and that ACK finds the other
     // end already CLOSED, which answers any segment with RST (§3.10.7.1), as Linux does.
     // Such late RSTs are allowed on the impaired link only, and counted.
-    let c = &s.capture;
     assert_eq!(s.tcpdump_dropped, 0, "{name}: tcpdump dropped packets");
     assert!(c.tcp_packets > 0, "{name}: empty capture");
     assert_eq!(c.malformed, 0, "{name}: {c:?}");
     assert_eq!(c.bad_ip_checksums, 0, "{name}: {c:?}");
-    assert_eq!(c.bad_tcp_checksums, 0, "{name}: {c:?}");
     assert_eq!(c.checksum_or_malformed_errors(), 0, "{name}: {c:?}");
     if s.snaplen == 0 {
         assert_eq!(
@@ -426,8 +520,8 @@ fn print_summary(segs: &[Segment]) {
     for s in segs {
         let imp = s.plan.impair.map_or("none".to_string(), |i| {
             format!(
-                "loss {}% reorder {}% duplicate {}% delay {:?} ± {:?} (both ways)",
-                i.loss, i.reorder, i.duplicate, i.delay, i.jitter
+                "loss {}% reorder {}% duplicate {}% corrupt {}% delay {:?} ± {:?} (both ways)",
+                i.loss, i.reorder, i.duplicate, i.corrupt, i.delay, i.jitter
             )
         });
         println!(
@@ -465,11 +559,23 @@ fn print_summary(segs: &[Segment]) {
         println!("segments with SACK blocks: from luna {ls}, from the kernel {ks}");
         let late: u64 = s.capture.streams.values().map(|x| x.rsts_after_close).sum();
         println!(
-            "tshark: {} malformed, {} bad IP / {} bad TCP checksums, {} TCP checksums sent as 0xFFFF by the kernel; RSTs after both FINs: {late}",
+            "tshark: {} malformed, {} bad IP / {} bad TCP checksums ({} from luna, {} from the kernel), {} TCP checksums sent as 0xFFFF by the kernel; RSTs after both FINs: {late}",
             s.capture.malformed,
             s.capture.bad_ip_checksums,
             s.capture.bad_tcp_checksums,
+            s.capture.bad_tcp_checksums_from_luna,
+            s.capture.bad_tcp_checksums_from_kernel,
             s.capture.ffff_tcp_checksums_from_kernel,
+        );
+        println!(
+            "corruption: luna's stage {} frames = kernel TcpInCsumErrors {} (TcpInErrs {}) = tshark bad from luna {}; engine {} frames = luna malformed drops {} = tshark bad from the kernel {}",
+            s.ok.str("stage_corrupted"),
+            s.k_tcp_csum_errors,
+            s.k_in_errs,
+            s.capture.bad_tcp_checksums_from_luna,
+            s.engine.map_or(0, |e| e.corrupted),
+            s.ok.str("stack_malformed"),
+            s.capture.bad_tcp_checksums_from_kernel,
         );
         if let Some(p) = s.phases.first() {
             println!(

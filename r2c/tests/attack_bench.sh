@@ -14,7 +14,7 @@
 # Knobs (environment): PROTOS ("h2 memcached"), SECS (5), PRIOS ("normal,idle": the
 #   attacker at normal priority, then at SCHED_IDLE, which models an attacker on another
 #   host; "nice" = nice 19), H2_PHASES / MC_PHASES (comma lists, default: every attack),
-#   MODEL (ms), WORKERS (3), MAX_ATTACKS (2000 per phase), PROFILE (release),
+#   MODEL (ms), WORKERS (3), MAX_ATTACKS (10000 per phase), PROFILE (release),
 #   OUT (a new /tmp/attack-proto.XXXXXX): results go to OUT/{h2,memcached}.{json,md}.
 # Exit status 0 when every phase's good client saw no error and every attack raised its
 # defence counter. Bounded: every phase SECS (+ one attack's wait), servers --secs.
@@ -28,7 +28,7 @@ H2_PHASES=${H2_PHASES:-}
 MC_PHASES=${MC_PHASES:-}
 MODEL=${MODEL:-ms}
 WORKERS=${WORKERS:-3}
-MAX_ATTACKS=${MAX_ATTACKS:-2000}
+MAX_ATTACKS=${MAX_ATTACKS:-10000}
 PROFILE=${PROFILE:-release}
 if [ "${1:-}" = tiny ]; then
     PROFILE=${PROFILE_TINY:-debug}

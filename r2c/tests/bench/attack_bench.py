@@ -17,7 +17,12 @@ defence counter's increase is reported.
 
 usage: attack_bench.py h2|memcached HOST PORT STATS_FILE OUT_JSON OUT_MD
        [--secs S] [--prios normal,idle] [--phases a,b,...] [--max-attacks N] [--pause-ms P]
-Phases: `baseline`, each attack once per priority, `baseline_after`.
+       [--warmup S]
+Phases: `baseline`, each attack once per priority, `baseline_after` (after a warm-up of
+S seconds, not measured). An attack phase ends after S seconds or MAX attacks. The p99
+ratio is against `baseline` and, to show drift, against `baseline_after`. The kernel
+side's TCP retransmissions and RTO expiries per phase (this namespace's counters: good
+client and attacker) tell whether a tail was a loss.
 Exit status 0 when the good client saw no error in any phase and every attack phase
 raised its defence counter; 1 otherwise. Timings are reported, never judged.
 
@@ -271,6 +276,23 @@ def read_stats(path):
     return out
 
 
+def kernel_tcp():
+    """This namespace's kernel TCP counters: RetransSegs (snmp) and TCPTimeouts (netstat)."""
+    out = {}
+    for path, table, keys in (("/proc/net/snmp", "Tcp:", ("RetransSegs",)),
+                              ("/proc/net/netstat", "TcpExt:", ("TCPTimeouts",))):
+        try:
+            rows = [l.split() for l in open(path) if l.startswith(table)]
+        except OSError:
+            continue
+        if len(rows) >= 2:
+            d = dict(zip(rows[0][1:], rows[1][1:]))
+            for k in keys:
+                if d.get(k, "").isdigit():
+                    out[k] = int(d[k])
+    return out
+
+
 def set_prio(prio):
     def f():
         if prio == "idle":
@@ -317,8 +339,8 @@ def main():
         return 0
     kind, host, port, stats, out_json, out_md = sys.argv[1:7]
     port = int(port)
-    opts = {"--secs": "5", "--prios": "normal,idle", "--phases": "", "--max-attacks": "2000",
-            "--pause-ms": "1"}
+    opts = {"--secs": "5", "--prios": "normal,idle", "--phases": "", "--max-attacks": "10000",
+            "--pause-ms": "1", "--warmup": "2"}
     rest = sys.argv[7:]
     while rest:
         k = rest.pop(0)
@@ -351,7 +373,7 @@ def main():
             time.sleep(0.2)
     good = Good(kind, host, port, float(opts["--pause-ms"]) / 1000)
     good.start()
-    time.sleep(0.5)  # warm up: connection, first requests
+    time.sleep(float(opts["--warmup"]))  # warm-up: connection, first requests; not measured
 
     plan = [("baseline", None, None)]
     plan += [(a, a, p) for a in attacks for p in prios]
@@ -359,6 +381,7 @@ def main():
     results = []
     for name, attack, prio in plan:
         before = read_stats(stats)
+        k0 = kernel_tcp()
         t0 = time.time()
         if attack is None:
             time.sleep(secs)
@@ -368,6 +391,7 @@ def main():
         t1 = time.time()
         time.sleep(0.3)  # the server rewrites its stats file every 250 ms
         after = read_stats(stats)
+        k1 = kernel_tcp()
         delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
         samples, errs = good.window(t0, t1)
         lat = [x[1] * 1e6 for x in samples if x[2]]
@@ -389,6 +413,8 @@ def main():
             "defence_counter": DEFENCE.get(attack) if attack else None,
             "defence_delta": delta.get(DEFENCE.get(attack), 0) if attack else None,
             "server_delta": delta,
+            "kernel_retrans": k1.get("RetransSegs", 0) - k0.get("RetransSegs", 0),
+            "kernel_rtos": k1.get("TCPTimeouts", 0) - k0.get("TCPTimeouts", 0),
         }
         results.append(r)
         print("PHASE %-28s good=%d errors=%d p50=%s p99=%s p99.9=%s attacker=%s cpu=%.2fs defence %s+%s"
@@ -398,9 +424,10 @@ def main():
     good.stop.set()
     good.join(15)
 
-    base = results[0]["p99_us"]
+    base, after = results[0]["p99_us"], results[-1]["p99_us"]
     for r in results:
         r["p99_ratio"] = round(r["p99_us"] / base, 2) if base and r["p99_us"] else None
+        r["p99_ratio_after"] = round(r["p99_us"] / after, 2) if after and r["p99_us"] else None
     ok = all(r["good_errors"] == 0 and r["good_requests"] > 0 for r in results) and all(
         (r["defence_delta"] or 0) > 0 and not (r["attacker"] or {}).get("failed")
         for r in results if r["attack"])
@@ -423,9 +450,10 @@ def fmt(us):
 
 def markdown(doc):
     rows = [
-        "| phase | good reqs | errors | p50 µs | p99 µs | p99.9 µs | p99 / baseline | attacker runs"
-        " | attacker sent | attacker CPU s (share) | defence counter (+Δ) | attacker saw |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| phase | s | good reqs | errors | p50 µs | p99 µs | p99.9 µs | p99 / baseline (before, after)"
+        " | attacker runs | attacker sent | attacker CPU s (share) | defence counter (+Δ) | attacker saw"
+        " | kernel retrans / RTOs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["phases"]:
         a = r["attacker"] or {}
@@ -440,12 +468,14 @@ def markdown(doc):
                 saw = "as promised" if not a.get("failed") else "FAILED %d: %s" % (a["failed"], a.get("fail", ""))
             if doc["kind"] == "h2" and a.get("failed"):
                 saw += "; %d connect errors" % a["failed"]
-        rows.append("| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            r["phase"], r["good_requests"], r["good_errors"], fmt(r["p50_us"]), fmt(r["p99_us"]),
-            fmt(r["p999_us"]), "-" if r["p99_ratio"] is None else "%.2f×" % r["p99_ratio"],
+        ratio = "-" if r["p99_ratio"] is None else "%.2f×, %.2f×" % (r["p99_ratio"], r["p99_ratio_after"] or 0)
+        rows.append("| %s | %.1f | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d / %d |" % (
+            r["phase"], r["seconds"], r["good_requests"], r["good_errors"], fmt(r["p50_us"]), fmt(r["p99_us"]),
+            fmt(r["p999_us"]), ratio,
             a.get("runs", "-") if r["attack"] else "-", sent,
             "%.2f (%.0f%%)" % (r["attacker_cpu_s"], 100 * (r["attacker_cpu_share"] or 0)) if r["attack"] else "-",
-            "`%s` +%d" % (r["defence_counter"], r["defence_delta"]) if r["attack"] else "-", saw))
+            "`%s` +%d" % (r["defence_counter"], r["defence_delta"]) if r["attack"] else "-", saw,
+            r["kernel_retrans"], r["kernel_rtos"]))
     return "\n".join(rows) + "\n"
 
 

@@ -155,7 +155,21 @@ fn serve(args: &Args, port: &testbed::DpdkPort) {
         },
     )
     .unwrap_or_else(|e| tap::die("luna-h2", &format!("runtime: {e}")));
-    let line = || report(&counters, &workers, &served, &spread);
+    let core = rt.stats_reader(0);
+    // The I/O core's own progress (poll iterations, frames, retransmissions): a stalled
+    // core shows as iterations not advancing between two reads.
+    let line = || {
+        let mut l = report(&counters, &workers, &served, &spread);
+        if let Some(c) = &core {
+            let c = c.read();
+            l.push_str(&format!(
+                " core_iterations={} core_rx_frames={} core_tx_frames={} core_retransmits={} \
+                 core_stack_drops={} core_rx_missed={}",
+                c.iterations, c.rx_frames, c.tx_frames, c.retransmits, c.stack_drops, c.rx_missed
+            ));
+        }
+        l
+    };
     let mut ticks = 0u64;
     tap::run_until_stopped_with(rt, args.stop_file.as_ref(), args.secs, || {
         ticks += 1;

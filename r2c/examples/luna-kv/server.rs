@@ -155,6 +155,14 @@ pub fn serve(port: &DpdkPort, cfg: &ServeConfig, ready: &Path, stop: &Path) -> S
         for (k, v) in workers.counters().fields() {
             line += &format!(" {k}={v}");
         }
+        // The I/O core's own progress: a stalled core shows as iterations standing still.
+        if let Some(c) = rt.stats().first() {
+            line += &format!(
+                " core_iterations={} core_rx_frames={} core_tx_frames={} core_retransmits={} \
+                 core_stack_drops={} core_rx_missed={}",
+                c.iterations, c.rx_frames, c.tx_frames, c.retransmits, c.stack_drops, c.rx_missed
+            );
+        }
         line
     };
     let mut ticks = 0u64;

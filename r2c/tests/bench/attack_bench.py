@@ -22,7 +22,8 @@ Phases: `baseline`, each attack once per priority, `baseline_after` (after a war
 S seconds, not measured). An attack phase ends after S seconds or MAX attacks. The p99
 ratio is against `baseline` and, to show drift, against `baseline_after`. The kernel
 side's TCP retransmissions and RTO expiries per phase (this namespace's counters: good
-client and attacker) tell whether a tail was a loss.
+client and attacker) and luna's I/O core progress (poll iterations, frames received,
+retransmissions; from the same stats file) tell whether a tail was a loss or a stall.
 Exit status 0 when the good client saw no error in any phase and every attack phase
 raised its defence counter; 1 otherwise. Timings are reported, never judged.
 
@@ -89,12 +90,6 @@ DEFENCE = {
     "valid_then_long_line": "parse_too_large",
     "large_multiget_answered": "text",
     "slow_reader": "backpressure",
-}
-# Counters every phase moves (the good client's own traffic): not listed as "other".
-GENERIC = {
-    "messages", "replies", "finished", "text", "binary", "h2_requests", "h2_responses",
-    "h2_sessions", "zbuf_objects_hwm", "store_bytes_hwm", "items", "attached", "detached",
-    "h2_pings", "h2_settings",
 }
 GOOD_BODY = b"hello from luna over HTTP/2\n"
 
@@ -452,8 +447,8 @@ def markdown(doc):
     rows = [
         "| phase | s | good reqs | errors | p50 µs | p99 µs | p99.9 µs | p99 / baseline (before, after)"
         " | attacker runs | attacker sent | attacker CPU s (share) | defence counter (+Δ) | attacker saw"
-        " | kernel retrans / RTOs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " | kernel retrans / RTOs | luna core iterations / rx frames / retransmits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["phases"]:
         a = r["attacker"] or {}
@@ -469,13 +464,16 @@ def markdown(doc):
             if doc["kind"] == "h2" and a.get("failed"):
                 saw += "; %d connect errors" % a["failed"]
         ratio = "-" if r["p99_ratio"] is None else "%.2f×, %.2f×" % (r["p99_ratio"], r["p99_ratio_after"] or 0)
-        rows.append("| %s | %.1f | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d / %d |" % (
+        d = r["server_delta"]
+        core = "%d / %d / %d" % (d.get("core_iterations", 0), d.get("core_rx_frames", 0),
+                                 d.get("core_retransmits", 0))
+        rows.append("| %s | %.1f | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d / %d | %s |" % (
             r["phase"], r["seconds"], r["good_requests"], r["good_errors"], fmt(r["p50_us"]), fmt(r["p99_us"]),
             fmt(r["p999_us"]), ratio,
             a.get("runs", "-") if r["attack"] else "-", sent,
             "%.2f (%.0f%%)" % (r["attacker_cpu_s"], 100 * (r["attacker_cpu_share"] or 0)) if r["attack"] else "-",
             "`%s` +%d" % (r["defence_counter"], r["defence_delta"]) if r["attack"] else "-", saw,
-            r["kernel_retrans"], r["kernel_rtos"]))
+            r["kernel_retrans"], r["kernel_rtos"], core))
     return "\n".join(rows) + "\n"
 
 

@@ -17,7 +17,7 @@ TEST_SUITES := test-workspace test-loom test-fuzz test-dpdk-compat
 # Seconds per fuzz target in `make test-fuzz` (9 targets; the build is most of the cost).
 FUZZ_SECS ?= 6
 
-.PHONY: help setup build test $(TEST_SUITES) interop attack soak lint demo bench figures clean-testbed preload preload-demo
+.PHONY: help setup build test $(TEST_SUITES) interop attack attack-proto soak lint demo bench figures clean-testbed preload preload-demo
 
 help:
 	@echo "make setup          install packages, reserve hugepages (root)"
@@ -25,6 +25,7 @@ help:
 	@echo "make test           setup, then: $(TEST_SUITES) (root)"
 	@echo "make interop        setup, then the full-size kernel interop run (docs/interop.md; root)"
 	@echo "make attack         setup, then the attack suite against a luna server over tap (docs/reliability.md; root)"
+	@echo "make attack-proto   setup, then the good client's p50/p99/p99.9 under each HTTP/2 and memcached attack, attacker at normal and idle priority (r2c/tests/attack_bench.sh; docs/reliability.md; root, quiet machine)"
 	@echo "make soak           setup, then the full soak: 10 GiB + 10 M RPCs luna<->luna, a kernel share over tap (docs/reliability.md; root)"
 	@echo "make lint           rustfmt check + clippy -D warnings"
 	@echo "make demo           setup, then knb compare: luna vs kernel vs smoltcp vs raw, 4 KiB RPCs (root)"
@@ -85,6 +86,13 @@ interop: setup
 # reduced run (7 phases of 1 s) is part of `make test`.
 attack: setup
 	$(CARGO) test -p r2c --test dpdk_runtime -- --ignored --exact tap_attack_full --nocapture
+
+# Protocol attacks, the timing side (docs/reliability.md, "The good client's p99 under
+# protocol attacks"): luna-h2 and luna-kv over tap, a checked good client through every
+# phase, each HTTP/2 / memcached attack in its own phase, the attacker at normal priority
+# and at SCHED_IDLE. A benchmark (reports, never fails on a number); `tiny` checks it runs.
+attack-proto: setup
+	r2c/tests/attack_bench.sh
 
 # Soak (docs/reliability.md, `## Soak`): luna<->luna over an in-memory link with an
 # impairment device (two profiles, 1% and 5% loss, duplication, 0.1% corruption, reordering,

@@ -55,6 +55,10 @@ struct Args {
     /// Write this file once the server listens (for scripts and tests).
     #[arg(long)]
     ready_file: Option<PathBuf>,
+    /// Keep this file holding the current `OK key=value...` counters line (rewritten
+    /// atomically every 250 ms while serving), so a benchmark can diff them per phase.
+    #[arg(long)]
+    stats_file: Option<PathBuf>,
     /// SETTINGS_MAX_CONCURRENT_STREAMS.
     #[arg(long, default_value_t = 100)]
     max_streams: u32,
@@ -151,7 +155,45 @@ fn serve(args: &Args, port: &testbed::DpdkPort) {
         },
     )
     .unwrap_or_else(|e| tap::die("luna-h2", &format!("runtime: {e}")));
-    tap::run_until_stopped(rt, args.stop_file.as_ref(), args.secs);
+    let core = rt.stats_reader(0);
+    // The I/O core's own progress (poll iterations, frames, retransmissions): a stalled
+    // core shows as iterations not advancing between two reads.
+    let line = || {
+        let mut l = report(&counters, &workers, &served, &spread);
+        if let Some(c) = &core {
+            let c = c.read();
+            l.push_str(&format!(
+                " core_iterations={} core_rx_frames={} core_tx_frames={} core_retransmits={} \
+                 core_stack_drops={} core_rx_missed={}",
+                c.iterations, c.rx_frames, c.tx_frames, c.retransmits, c.stack_drops, c.rx_missed
+            ));
+        }
+        l
+    };
+    let mut ticks = 0u64;
+    tap::run_until_stopped_with(rt, args.stop_file.as_ref(), args.secs, || {
+        ticks += 1;
+        if let Some(f) = &args.stats_file {
+            if ticks % 5 == 0 {
+                tap::write_stats(f, &line());
+            }
+        }
+    });
+    let line = line();
+    if let Some(f) = &args.stats_file {
+        tap::write_stats(f, &line);
+    }
+    println!("{line}");
+}
+
+/// The `OK key=value...` line: the HTTP/2 counters (non-zero ones, `h2_` prefix), the
+/// message counters, requests per worker and the most workers one connection used.
+fn report(
+    counters: &H2Counters,
+    workers: &r2c::msg::MsgWorkers,
+    served: &[AtomicU64],
+    spread: &Mutex<HashMap<Conn, u64>>,
+) -> String {
     let mut line = String::from("OK");
     for (k, v) in counters.fields() {
         if v != 0 {
@@ -169,5 +211,5 @@ fn serve(args: &Args, port: &testbed::DpdkPort) {
         .map(|s| s.values().map(|m| m.count_ones()).max().unwrap_or(0))
         .unwrap_or(0);
     line.push_str(&format!(" max_workers_per_conn={most}"));
-    println!("{line}");
+    line
 }

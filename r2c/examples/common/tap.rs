@@ -155,10 +155,22 @@ pub fn options(slab: &Slab) -> CoreOptions {
 }
 
 /// Runs until `stop_file` exists or `secs` pass (0: no time limit), then stops `rt`.
+#[allow(dead_code)] // luna-h2 uses the `_with` form
 pub fn run_until_stopped(rt: Runtime, stop_file: Option<&PathBuf>, secs: u64) {
+    run_until_stopped_with(rt, stop_file, secs, || {})
+}
+
+/// [`run_until_stopped`], calling `tick` every 50 ms while it runs (live statistics).
+pub fn run_until_stopped_with(
+    rt: Runtime,
+    stop_file: Option<&PathBuf>,
+    secs: u64,
+    mut tick: impl FnMut(),
+) {
     let start = Instant::now();
     loop {
         std::thread::sleep(Duration::from_millis(50));
+        tick();
         if stop_file.is_some_and(|f| f.exists())
             || (secs > 0 && start.elapsed() > Duration::from_secs(secs))
             || rt.is_finished()
@@ -168,4 +180,14 @@ pub fn run_until_stopped(rt: Runtime, stop_file: Option<&PathBuf>, secs: u64) {
     }
     rt.stop();
     let _ = rt.join();
+}
+
+/// Writes `line` to `path` atomically (a temporary file renamed over it), so a reader
+/// polling the file sees either the previous line or this one, never half of one.
+#[allow(dead_code)] // only the servers with --stats-file
+pub fn write_stats(path: &Path, line: &str) {
+    let tmp = path.with_extension("tmp");
+    if std::fs::write(&tmp, format!("{line}\n")).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
 }

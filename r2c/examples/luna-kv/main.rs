@@ -54,6 +54,9 @@ struct Args {
     /// Stop after this many seconds (default: run until stopped).
     #[arg(long)]
     duration: Option<u64>,
+    /// Keep this file holding the live counters (rewritten every 250 ms).
+    #[arg(long)]
+    stats_file: Option<PathBuf>,
     #[command(flatten)]
     service: service::ServiceArgs,
     /// Internal: the ready file (child).
@@ -73,6 +76,7 @@ fn config(a: &Args) -> ServeConfig {
         max_message: a.max_message,
         limit: Duration::from_secs(a.duration.unwrap_or(365 * 24 * 3600)),
         service: Some(a.service.clone()),
+        stats_file: a.stats_file.clone(),
         ..ServeConfig::default()
     }
 }

@@ -18,7 +18,7 @@ use r2c::msg::MsgConfig;
 use r2c::msg::{MsgCtx, MsgHandler};
 use r2c::Conn;
 use r2c::{CoreOptions, CoreSetup, IdleStrategy, Runtime};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,6 +45,9 @@ pub struct ServeConfig {
     pub limit: Duration,
     /// Emulated service time per request (`--service`), none by default.
     pub service: Option<ServiceArgs>,
+    /// Keep this file holding the current counters (`key=value...`, rewritten
+    /// atomically every 250 ms while serving), for benchmarks that diff them per phase.
+    pub stats_file: Option<PathBuf>,
 }
 
 /// The store's handler behind an emulated service time (not for swallowed chunks).
@@ -74,6 +77,7 @@ impl Default for ServeConfig {
             max_in_flight: 64,
             limit: Duration::from_secs(3600),
             service: None,
+            stats_file: None,
         }
     }
 }
@@ -138,10 +142,41 @@ pub fn serve(port: &DpdkPort, cfg: &ServeConfig, ready: &Path, stop: &Path) -> S
     let end = Instant::now() + cfg.limit;
     let mut hwm = 0;
     let mut store_hwm = 0;
+    let live = |hwm: usize, store_hwm: usize| {
+        let mut line = format!(
+            "zbuf_objects_hwm={hwm} store_bytes_hwm={store_hwm} items={} text={} binary={} \
+             errors={} swallowed={}",
+            store.items(),
+            counters.text.load(Ordering::Relaxed),
+            counters.binary.load(Ordering::Relaxed),
+            counters.errors.load(Ordering::Relaxed),
+            counters.swallowed.load(Ordering::Relaxed),
+        );
+        for (k, v) in workers.counters().fields() {
+            line += &format!(" {k}={v}");
+        }
+        // The I/O core's own progress: a stalled core shows as iterations standing still.
+        if let Some(c) = rt.stats().first() {
+            line += &format!(
+                " core_iterations={} core_rx_frames={} core_tx_frames={} core_retransmits={} \
+                 core_stack_drops={} core_rx_missed={}",
+                c.iterations, c.rx_frames, c.tx_frames, c.retransmits, c.stack_drops, c.rx_missed
+            );
+        }
+        line
+    };
+    let mut ticks = 0u64;
     while !stop.exists() && Instant::now() < end && !rt.is_finished() {
         hwm = hwm.max(slab.leak_report().objects_in_use);
         store_hwm = store_hwm.max(store.bytes());
         std::thread::sleep(Duration::from_millis(20));
+        ticks += 1;
+        if let Some(f) = cfg.stats_file.as_deref().filter(|_| ticks % 12 == 0) {
+            write_stats(f, &live(hwm, store_hwm));
+        }
+    }
+    if let Some(f) = cfg.stats_file.as_deref() {
+        write_stats(f, &live(hwm, store_hwm));
     }
     let panicked = u64::from(rt.is_finished());
     rt.stop();
@@ -168,4 +203,13 @@ pub fn serve(port: &DpdkPort, cfg: &ServeConfig, ready: &Path, stop: &Path) -> S
     );
     drop(reports);
     line
+}
+
+/// Writes `line` to `path` atomically (a temporary file renamed over it), so a reader
+/// polling it sees a whole line.
+fn write_stats(path: &Path, line: &str) {
+    let tmp = path.with_extension("tmp");
+    if std::fs::write(&tmp, format!("{line}\n")).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
 }

@@ -1,0 +1,119 @@
+#!/bin/bash
+# Protocol-attack benchmark (`make attack-proto`; docs/reliability.md, "The good client's
+# p99 under protocol attacks"; never in `make test`): luna-h2 and luna-kv over tap, a
+# well-behaved kernel client doing checked requests through every phase, and in phases of
+# SECS seconds: baseline, each HTTP/2 / memcached attack (tests/h2/attacks.py,
+# tests/memcached/attack.py, repeated on new connections) once per attacker priority,
+# then baseline again. Per phase: good requests, errors, p50/p99/p99.9, p99/baseline,
+# the attacker's runs, frames and CPU time, the server's defence counter. The driver is
+# tests/bench/attack_bench.py; this script builds, brings the servers up and down.
+#
+# Usage: sudo r2c/tests/attack_bench.sh [tiny]
+#   tiny: one HTTP/2 and one memcached attack, 1 s phases, normal priority, a debug build:
+#   checks the script works end to end (numbers from it mean nothing).
+# Knobs (environment): PROTOS ("h2 memcached"), SECS (5), PRIOS ("normal,idle": the
+#   attacker at normal priority, then at SCHED_IDLE, which models an attacker on another
+#   host; "nice" = nice 19), H2_PHASES / MC_PHASES (comma lists, default: every attack),
+#   MODEL (ms), WORKERS (3), MAX_ATTACKS (10000 per phase), PROFILE (release),
+#   OUT (a new /tmp/attack-proto.XXXXXX): results go to OUT/{h2,memcached}.{json,md}.
+# Exit status 0 when every phase's good client saw no error and every attack raised its
+# defence counter. Bounded: every phase SECS (+ one attack's wait), servers --secs.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+PROTOS=${PROTOS:-"h2 memcached"}
+SECS=${SECS:-5}
+PRIOS=${PRIOS:-normal,idle}
+H2_PHASES=${H2_PHASES:-}
+MC_PHASES=${MC_PHASES:-}
+MODEL=${MODEL:-ms}
+WORKERS=${WORKERS:-3}
+MAX_ATTACKS=${MAX_ATTACKS:-10000}
+PROFILE=${PROFILE:-release}
+if [ "${1:-}" = tiny ]; then
+    PROFILE=${PROFILE_TINY:-debug}
+    SECS=1 PRIOS=normal H2_PHASES=rapid_reset MC_PHASES=bin_bodylen_underflow
+fi
+T=${CARGO_TARGET_DIR:-$ROOT/target}
+if [ "$PROFILE" = release ]; then REL=--release; else REL=; fi
+cargo build $REL -q -p testbed --bin testbed
+cargo build $REL -q -p r2c --example luna-h2 --example luna-kv
+B=$T/$PROFILE
+PY=/usr/bin/python3
+DRIVER=$ROOT/r2c/tests/bench/attack_bench.py
+OUT=${OUT:-$(mktemp -d /tmp/attack-proto.XXXXXX)}
+mkdir -p "$OUT"
+PFX=lab2
+KPFX=lab2k
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
+    "$B/testbed" down tap --prefix "$PFX" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+# A phase's longest wait: SECS, plus one attack's reply wait, plus the attacker's start.
+PHASE_MAX=$(( ${SECS%.*} + 25 ))
+stop_srv() { # stop_srv STOPFILE PID
+    touch "$1"
+    for _ in $(seq 600); do kill -0 "$2" 2>/dev/null || return 0; sleep 0.1; done
+    kill "$2" 2>/dev/null || true
+}
+phases_n() { # phases_n LIST DEFAULT_N: how many attack phases (for the time bound)
+    if [ -n "$1" ]; then tr ',' '\n' <<<"$1" | grep -c . ; else echo "$2"; fi
+}
+NPRIO=$(tr ',' '\n' <<<"$PRIOS" | grep -c .)
+RC=0
+
+for proto in $PROTOS; do
+    case $proto in
+    h2)
+        "$B/testbed" up tap --prefix "$PFX" >"$OUT/up.txt"
+        NS=$(sed -n 's/^tap: namespace \([^ ]*\).*/\1/p' "$OUT/up.txt")
+        IP=$(sed -n 's/^  dpdk: \([0-9.]*\) .*/\1/p' "$OUT/up.txt")
+        [ -n "$NS" ] && [ -n "$IP" ] || { cat "$OUT/up.txt"; echo "no tap topology" >&2; exit 1; }
+        N=$(( ($(phases_n "$H2_PHASES" 9) * NPRIO + 2) * PHASE_MAX + 60 ))
+        rm -f "$OUT/h2.stop" "$OUT/h2.ready" "$OUT/h2.stats"
+        # Short timers so the zero-window slow read is ended within a phase (as the test).
+        "$B/examples/luna-h2" --prefix "$PFX" --port 8080 --model "$MODEL" --workers "$WORKERS" \
+            --idle-timeout 3 --send-timeout 3 --secs "$N" --stats-file "$OUT/h2.stats" \
+            --stop-file "$OUT/h2.stop" --ready-file "$OUT/h2.ready" >"$OUT/h2.out" 2>&1 &
+        SRV=$!
+        PIDS+=("$SRV")
+        for _ in $(seq 600); do [ -e "$OUT/h2.ready" ] && break; sleep 0.1; done
+        [ -e "$OUT/h2.ready" ] || { echo "luna-h2 did not start" >&2; cat "$OUT/h2.out" >&2; exit 1; }
+        ARGS=(--secs "$SECS" --prios "$PRIOS" --max-attacks "$MAX_ATTACKS")
+        [ -n "$H2_PHASES" ] && ARGS+=(--phases "$H2_PHASES")
+        timeout "$N" ip netns exec "$NS" "$PY" "$DRIVER" h2 "$IP" 8080 "$OUT/h2.stats" \
+            "$OUT/h2.json" "$OUT/h2.md" "${ARGS[@]}" | tee "$OUT/h2.txt" || RC=1
+        stop_srv "$OUT/h2.stop" "$SRV"
+        grep '^OK ' "$OUT/h2.out" | sed 's/^/luna-h2 at exit: /' || { echo "luna-h2: no OK line" >&2; RC=1; }
+        "$B/testbed" down tap --prefix "$PFX" >/dev/null 2>&1 || true
+        ;;
+    memcached)
+        N=$(( ($(phases_n "$MC_PHASES" 8) * NPRIO + 2) * PHASE_MAX + 60 ))
+        # luna-kv brings up its own tap topology (prefix $KPFX) and prints it.
+        "$B/examples/luna-kv" --prefix "$KPFX" --model "$MODEL" --workers "$WORKERS" \
+            --duration "$N" --stats-file "$OUT/memcached.stats" >"$OUT/kv.out" 2>&1 &
+        KV=$!
+        PIDS+=("$KV")
+        for _ in $(seq 600); do grep -q '^stop: touch' "$OUT/kv.out" && break; sleep 0.1; done
+        KNS=$(sed -n 's/^kernel clients: ip netns exec \([^ ]*\) .*/\1/p' "$OUT/kv.out")
+        KIP=$(sed -n 's/.* -h \([0-9.]*\) -p .*/\1/p' "$OUT/kv.out")
+        KSTOP=$(sed -n 's/^stop: touch //p' "$OUT/kv.out")
+        [ -n "$KNS" ] || { echo "luna-kv did not start" >&2; cat "$OUT/kv.out" >&2; exit 1; }
+        ARGS=(--secs "$SECS" --prios "$PRIOS" --max-attacks "$MAX_ATTACKS")
+        [ -n "$MC_PHASES" ] && ARGS+=(--phases "$MC_PHASES")
+        timeout "$N" ip netns exec "$KNS" "$PY" "$DRIVER" memcached "$KIP" 11211 \
+            "$OUT/memcached.stats" "$OUT/memcached.json" "$OUT/memcached.md" "${ARGS[@]}" \
+            | tee "$OUT/memcached.txt" || RC=1
+        stop_srv "$KSTOP" "$KV"
+        grep '^OK ' "$OUT/kv.out" | sed 's/^/luna-kv at exit: /' || { echo "luna-kv: no OK line" >&2; RC=1; }
+        ;;
+    *)
+        echo "unknown protocol $proto (h2, memcached)" >&2
+        exit 2
+        ;;
+    esac
+done
+echo "results: $OUT (model $MODEL, $WORKERS workers, $SECS s phases, attacker priorities $PRIOS, $PROFILE build)"
+exit $RC

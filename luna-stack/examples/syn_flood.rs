@@ -171,7 +171,12 @@ fn establish(s: &mut Stack<FakeRng>, now: &mut Instant) -> (SocketHandle, u32, u
             h = h.or_else(|| s.accept(l));
         }
     }
-    (h.expect("the connection was accepted"), isn + 1, srv, ts0 + 2)
+    (
+        h.expect("the connection was accepted"),
+        isn + 1,
+        srv,
+        ts0 + 2,
+    )
 }
 
 fn main() {

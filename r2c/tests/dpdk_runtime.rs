@@ -259,7 +259,12 @@ fn attack_on(
             let server = spawn_on_tap(&topo, "tap-server-attack", "luna server under attack");
             // Debian's python3 carries scapy (python3-scapy); a pyenv python on PATH may not.
             let cmd = t.host.command("/usr/bin/python3");
-            (cmd, t.dpdk.ip, t.host.iface.clone(), AttackServerProc::Luna(server))
+            (
+                cmd,
+                t.dpdk.ip,
+                t.host.iface.clone(),
+                AttackServerProc::Luna(server),
+            )
         }
         AttackServer::Kernel => {
             let v = topo.veth().expect("veth details").clone();
@@ -286,7 +291,12 @@ fn attack_on(
                 std::thread::sleep(Duration::from_millis(20));
             }
             let cmd = v.k1.command("/usr/bin/python3");
-            (cmd, v.k2.ip, v.k1.iface.clone(), AttackServerProc::Kernel(server))
+            (
+                cmd,
+                v.k2.ip,
+                v.k1.iface.clone(),
+                AttackServerProc::Kernel(server),
+            )
         }
     };
     cmd.env("LUNA_ATTACK_SERVER_PID", server.pid().to_string())

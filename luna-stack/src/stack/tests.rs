@@ -297,8 +297,16 @@ fn rfc4987_3_6_cookie_syns_from_spoofed_sources_leave_no_neighbour_entry() {
         synacks += 1;
     }
     assert_eq!(synacks, 200);
-    assert_eq!(net.b.neighbours().len(), before, "no neighbour entry per cookie SYN");
-    assert!(net.b.neighbours().get(Ipv4Addr::new(198, 18, 0, 10)).is_none());
+    assert_eq!(
+        net.b.neighbours().len(),
+        before,
+        "no neighbour entry per cookie SYN"
+    );
+    assert!(net
+        .b
+        .neighbours()
+        .get(Ipv4Addr::new(198, 18, 0, 10))
+        .is_none());
 }
 
 #[test]

@@ -252,7 +252,7 @@ fn attack_on(
     let stop = std::path::PathBuf::from(format!("{}.stop", ready.display()));
     let _ = std::fs::remove_file(&stop);
     let ddir = concat!(env!("CARGO_MANIFEST_DIR"), "/../testbed/attack");
-    // (attacker's namespace command, server address, attacker's interface, server, pid)
+    // (the attacker's command in its namespace, server address, attacker's interface, server)
     let (mut cmd, server_ip, iface, server) = match server_kind {
         AttackServer::Luna => {
             let t = topo.tap().expect("tap details").clone();

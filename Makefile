@@ -83,7 +83,10 @@ interop: setup
 
 # Attack suite (docs/reliability.md): scapy from the tap's kernel namespace against a luna
 # server while a legitimate client keeps doing RPCs; 13 phases of 5 s, about 70 s. A
-# reduced run (7 phases of 1 s) is part of `make test`.
+# reduced run (7 phases of 1 s) is part of `make test`. ATTACK_SERVER=kernel: the same
+# phases against the kernel's TCP (veth topology, SYN cookies forced), the control;
+# LUNA_ATTACK_PIN=1 pins attacker and client to CPU 1, LUNA_ATTACK_NICE=idle runs the
+# attacker at SCHED_IDLE (docs/reliability.md, "Where the flood's cost goes").
 attack: setup
 	$(CARGO) test -p r2c --test dpdk_runtime -- --ignored --exact tap_attack_full --nocapture
 

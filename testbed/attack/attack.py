@@ -14,6 +14,7 @@ survived every phase with every reply correct, else 1.
 """
 
 import json
+import os
 import random
 import socket
 import struct
@@ -22,19 +23,20 @@ import sys
 import threading
 import time
 
-from scapy.all import (  # noqa: E402  (scapy prints warnings at import)
-    IP,
-    TCP,
-    AsyncSniffer,
-    Ether,
-    Raw,
-    conf,
-    fragment,
-    get_if_hwaddr,
-    sendp,
-)
+if sys.argv[1:2] != ["--legit"]:  # the legitimate client's process needs no scapy
+    from scapy.all import (  # noqa: E402  (scapy prints warnings at import)
+        IP,
+        TCP,
+        AsyncSniffer,
+        Ether,
+        Raw,
+        conf,
+        fragment,
+        get_if_hwaddr,
+        sendp,
+    )
 
-conf.verb = 0
+    conf.verb = 0
 MAGIC = 0x6E6B
 HDR = struct.Struct("<QIHH")
 RPC_LEN = 4096
@@ -60,56 +62,149 @@ def pat(i, n):
     return bytes(((i * 131 + k) & 0xFF) for k in range(n))
 
 
-class Legit(threading.Thread):
-    """One kernel connection doing echo RPCs back to back (with a 1 ms pause)."""
+def legit_main(ip, port):
+    """The legitimate client, in its own process (`attack.py --legit IP PORT`): one kernel
+    connection doing echo RPCs back to back (with a 1 ms pause) until stdin closes or says
+    `stop`. It shares no interpreter (GIL) with scapy's sender and sniffer, as a real
+    client would not. Prints `READY <local port>`, `ERROR <text>` at once on an error, and
+    at the end `SAMPLES <json [[send time, latency], ...]>` (time.monotonic(), which is
+    CLOCK_MONOTONIC: comparable with the attacker's clock) and `DONE <json errors>`."""
+    end = time.time() + 30
+    while True:
+        try:
+            s = socket.create_connection((ip, port), timeout=5)
+            break
+        except OSError:
+            if time.time() > end:
+                raise
+            time.sleep(0.1)
+    s.settimeout(10)
+    print("READY", s.getsockname()[1], flush=True)
+    stop = threading.Event()
+
+    def watch():
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    payloads = {i: pat(i, RPC_LEN) for i in range(64)}
+    samples, errors = [], []
+    i = 0
+    try:
+        while not stop.is_set():
+            body = payloads[i % 64]
+            t0 = time.monotonic()
+            s.sendall(HDR.pack(i, RPC_LEN, 0, MAGIC) + body)
+            want = HDR.pack(i, RPC_LEN, 1, MAGIC) + body
+            buf = bytearray()
+            while len(buf) < len(want):
+                d = s.recv(len(want) - len(buf))
+                if not d:
+                    raise OSError("connection closed by the server")
+                buf += d
+            if bytes(buf) != want:
+                raise OSError(f"reply {i} differs (injected data accepted?)")
+            samples.append((round(t0, 6), round(time.monotonic() - t0, 7)))
+            i += 1
+            time.sleep(0.001)
+    except OSError as e:
+        errors.append(str(e))
+        print("ERROR", str(e), flush=True)
+    if not errors:
+        try:
+            s.shutdown(socket.SHUT_WR)
+            s.recv(1)
+            s.close()
+        except OSError as e:
+            errors.append(f"close: {e}")
+    print("SAMPLES", json.dumps(samples), flush=True)
+    print("DONE", json.dumps(errors), flush=True)
+
+
+class Legit:
+    """The legitimate client's process (see legit_main), seen from the attacker."""
 
     def __init__(self, ip, port):
-        super().__init__(daemon=True)
-        end = time.time() + 30
-        while True:
-            try:
-                self.s = socket.create_connection((ip, port), timeout=5)
-                break
-            except OSError:
-                if time.time() > end:
-                    raise
-                time.sleep(0.1)
-        self.s.settimeout(10)
-        self.local_port = self.s.getsockname()[1]
-        self.lock = threading.Lock()
-        self.samples = []  # (send time, latency)
+        self.p = subprocess.Popen([sys.executable, __file__, "--legit", ip, str(port)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        first = self.p.stdout.readline().split()
+        if len(first) != 2 or first[0] != "READY":
+            raise RuntimeError(f"legitimate client did not connect: {first}")
+        self.local_port = int(first[1])
         self.errors = []
-        self.stop = False
+        self.samples = []
         self.done = threading.Event()
-        self.payloads = {i: pat(i, RPC_LEN) for i in range(64)}
+        threading.Thread(target=self.read, daemon=True).start()
 
-    def run(self):
-        i = 0
-        try:
-            while not self.stop:
-                body = self.payloads[i % 64]
-                t0 = time.perf_counter()
-                self.s.sendall(HDR.pack(i, RPC_LEN, 0, MAGIC) + body)
-                want = HDR.pack(i, RPC_LEN, 1, MAGIC) + body
-                buf = bytearray()
-                while len(buf) < len(want):
-                    d = self.s.recv(len(want) - len(buf))
-                    if not d:
-                        raise OSError("connection closed by the server")
-                    buf += d
-                if bytes(buf) != want:
-                    raise OSError(f"reply {i} differs (injected data accepted?)")
-                with self.lock:
-                    self.samples.append((t0, time.perf_counter() - t0))
-                i += 1
-                time.sleep(0.001)
-        except OSError as e:
-            self.errors.append(str(e))
+    def read(self):
+        for line in self.p.stdout:
+            kind, _, rest = line.partition(" ")
+            if kind == "ERROR":
+                self.errors.append(rest.strip())
+            elif kind == "SAMPLES":
+                self.samples = [tuple(x) for x in json.loads(rest)]
+            elif kind == "DONE":
+                for e in json.loads(rest):
+                    if e not in self.errors:
+                        self.errors.append(e)
         self.done.set()
 
+    def finish(self, timeout):
+        try:
+            self.p.stdin.write("stop\n")
+            self.p.stdin.close()
+        except OSError:
+            pass
+        if not self.done.wait(timeout):
+            self.errors.append("legitimate client did not finish")
+            self.p.kill()
+        self.p.wait(5)
+
     def window(self, a, b):
-        with self.lock:
-            return [lat for (t, lat) in self.samples if a <= t < b]
+        return [lat for (t, lat) in self.samples if a <= t < b]
+
+
+def proc_cpu(pid):
+    """CPU seconds (user + system, all threads) of process `pid` so far, or None."""
+    try:
+        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu():
+    """Machine-wide CPU seconds so far: (busy, softirq, idle) summed over every CPU."""
+    v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = (v + [0] * 8)[:8]
+    hz = os.sysconf("SC_CLK_TCK")
+    return ((user + nice + system + irq + softirq + steal) / hz, softirq / hz, (idle + iowait) / hz)
+
+
+class CpuMeter:
+    """Per phase CPU seconds: the attacker process (scapy's sender and sniffer), the
+    legitimate client's process, the server's process (its pid from
+    LUNA_ATTACK_SERVER_PID, when given) and the machine (busy, of which softirq, idle)."""
+
+    def __init__(self, legit_pid):
+        self.pids = {"legit": legit_pid}
+        srv = os.environ.get("LUNA_ATTACK_SERVER_PID")
+        if srv:
+            self.pids["server"] = int(srv)
+
+    def read(self):
+        t = os.times()
+        r = {"attacker": t.user + t.system}
+        for k, pid in self.pids.items():
+            r[k] = proc_cpu(pid)
+        r["machine_busy"], r["machine_softirq"], r["machine_idle"] = machine_cpu()
+        return r
+
+    @staticmethod
+    def delta(a, b):
+        return {k: (None if a[k] is None or b[k] is None else round(b[k] - a[k], 3)) for k in a}
 
 
 def pct(v, q):
@@ -484,13 +579,43 @@ def ph_paws(c):
     return n
 
 
+def attacker_scheduling():
+    """LUNA_ATTACK_PIN=1: this process (and so the legitimate client it starts) on CPU 1;
+    the luna server's poller is EAL lcore 0 (the kernel server is pinned to CPU 0 by the
+    test). LUNA_ATTACK_NICE=idle runs the attacker at SCHED_IDLE, a number at that nice
+    level: modelling an attacker on another machine (docs/reliability.md); the legitimate
+    client keeps the normal policy. Returns what was applied, for the report."""
+    applied = {}
+    if os.environ.get("LUNA_ATTACK_PIN") == "1" and os.cpu_count() and os.cpu_count() > 1:
+        os.sched_setaffinity(0, {1})
+        applied["pinned_cpu"] = 1
+    return applied
+
+
+def attacker_priority():
+    """Lowers this process's priority (after the legitimate client started, so it keeps
+    the normal one); every thread started later (scapy's sniffer) inherits it."""
+    nice = os.environ.get("LUNA_ATTACK_NICE")
+    if not nice:
+        return {}
+    if nice == "idle":
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    else:
+        os.nice(int(nice))
+    return {"attacker_nice": nice}
+
+
 def main():
+    if sys.argv[1:2] == ["--legit"]:
+        return legit_main(sys.argv[2], int(sys.argv[3]))
     ip, port, iface, secs, out, stop = sys.argv[1:7]
     phases = sys.argv[7:] or ALL_PHASES
     port, secs = int(port), float(secs)
+    sched = attacker_scheduling()
     legit = Legit(ip, port)
-    legit.start()
+    sched.update(attacker_priority())
     c = Ctx(ip, port, iface, secs, legit)
+    cpu = CpuMeter(legit.p.pid)
     c.sniffer.start()
     time.sleep(0.5)
     results = []
@@ -500,42 +625,48 @@ def main():
         if fn is None:
             raise SystemExit(f"unknown phase {name!r} (phases: {' '.join(ALL_PHASES)})")
         before = dict(c.replies)
-        t0 = time.perf_counter()
+        c0 = cpu.read()
+        t0 = time.monotonic()
         err = None
         try:
             sent = fn(c)
         except Exception as e:  # a phase that cannot run is a failure, reported
             sent, err = 0, f"{type(e).__name__}: {e}"
             ok = False
-        t1 = time.perf_counter()
-        lat = c.legit.window(t0, t1)
+        t1 = time.monotonic()
+        c1 = cpu.read()
         r = {k: c.replies[k] - before[k] for k in c.replies}
-        results.append({"phase": name, "seconds": round(t1 - t0, 3), "sent": sent, "rpcs": len(lat),
-                        "p50_us": None if not lat else round(pct(lat, 0.5) * 1e6, 1),
-                        "p99_us": None if not lat else round(pct(lat, 0.99) * 1e6, 1),
-                        "luna_replies": r, "error": err,
-                        "legit_alive": not c.legit.errors})
-        print("PHASE", json.dumps(results[-1]), flush=True)
+        results.append({"phase": name, "t0": t0, "t1": t1, "seconds": round(t1 - t0, 3), "sent": sent,
+                        "luna_replies": r, "cpu_s": CpuMeter.delta(c0, c1), "error": err})
+        print("PHASE", name, "sent", sent, "cpu_s", json.dumps(results[-1]["cpu_s"]), flush=True)
         if c.legit.errors:
             ok = False
             break
-    c.legit.stop = True
-    c.legit.done.wait(15)
     c.sniffer.stop()
-    try:
-        c.legit.s.shutdown(socket.SHUT_WR)
-        c.legit.s.recv(1)
-        c.legit.s.close()
-    except OSError as e:
-        c.legit.errors.append(f"close: {e}")
+    c.legit.finish(20)
+    for r in results:
+        lat = c.legit.window(r.pop("t0"), r.pop("t1"))
+        r.update({"rpcs": len(lat),
+                  "p50_us": None if not lat else round(pct(lat, 0.5) * 1e6, 1),
+                  "p99_us": None if not lat else round(pct(lat, 0.99) * 1e6, 1),
+                  "legit_alive": not c.legit.errors})
+        print("PHASE", json.dumps(r), flush=True)
     ok = ok and not c.legit.errors and all(p["rpcs"] > 0 for p in results)
-    json.dump({"phases": results, "legit_errors": c.legit.errors, "ok": ok}, open(out, "w"), indent=1)
+    base = next((p["p99_us"] for p in results if p["phase"] == "baseline" and p["p99_us"]), None)
+    if base:
+        for p in results:
+            p["p99_over_baseline"] = None if p["p99_us"] is None else round(p["p99_us"] / base, 2)
+    json.dump({"phases": results, "legit_errors": c.legit.errors, "ok": ok, "scheduling": sched,
+               "server": os.environ.get("LUNA_ATTACK_SERVER_KIND", "luna")},
+              open(out, "w"), indent=1)
     open(stop, "w").write("stop")
-    print("ATTACK", "ok" if ok else "failed", json.dumps(c.legit.errors), flush=True)
+    print("ATTACK", "ok" if ok else "failed", json.dumps(c.legit.errors), json.dumps(sched), flush=True)
     sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--legit"]:
+        sys.exit(main())
     try:
         main()
     finally:

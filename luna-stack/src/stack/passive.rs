@@ -61,16 +61,20 @@ impl<R: Rng> Stack<R> {
         };
         let full = lst.half_open + lst.accept_queue.len() >= lst.backlog
             || self.live >= self.cfg.max_connections;
-        let _ = self.nb_update(ip_of(&tuple.remote), |t| {
-            t.learn(ip_of(&tuple.remote), src_mac, now, true)
-        });
         match (self.cfg.syn_cookies, full) {
+            // RFC 4987 §3.6: a cookie SYN leaves no state, not even a neighbour entry (the
+            // SYN-ACK goes to the frame's source MAC; accept_cookie learns it once the ACK
+            // proves the peer real). Spoofed floods then neither evict real neighbours nor
+            // pay for a table update per SYN (luna-stack/benches/syn-flood-instructions.sh).
             (SynCookieMode::Always, _) | (SynCookieMode::WhenFull, true) => {
                 return self.send_cookie_syn_ack(now, tuple, seg, src_mac);
             }
             (SynCookieMode::Off, true) => return self.counters.drop(StackDrop::BacklogFull),
             (_, false) => {}
         }
+        let _ = self.nb_update(ip_of(&tuple.remote), |t| {
+            t.learn(ip_of(&tuple.remote), src_mac, now, true)
+        });
         let Some((next_hop, _)) = self.route(tuple.remote.ip()) else {
             return self.counters.drop(StackDrop::NoRoute);
         };
@@ -194,11 +198,15 @@ impl<R: Rng> Stack<R> {
         seg: &TcpRepr,
         payload: Zbuf,
         ok: syncookie::CookieAccepted,
-        _src_mac: EthernetAddress,
+        src_mac: EthernetAddress,
     ) {
         let Some((next_hop, _)) = self.route(tuple.remote.ip()) else {
             return self.counters.drop(StackDrop::NoRoute);
         };
+        // The cookie SYN left no neighbour entry (on_listen_segment); the valid ACK does.
+        let _ = self.nb_update(ip_of(&tuple.remote), |t| {
+            t.learn(ip_of(&tuple.remote), src_mac, now, true)
+        });
         let peer_opts = TcpOptions {
             mss: Some(ok.peer_mss),
             window_scale: ok.wscale,

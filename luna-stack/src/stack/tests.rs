@@ -258,6 +258,57 @@ fn rfc9293_3_10_7_1_segment_without_socket_gets_rst() {
     assert!(events(&mut net.a).contains(&Event::Closed(c)));
 }
 
+/// RFC 4987 §3.6: a SYN answered with a cookie leaves no state, not even a neighbour
+/// entry: a flood from spoofed sources neither fills nor churns the neighbour table
+/// (each cookie SYN-ACK still goes to the SYN's source MAC); the handshake that completes
+/// learns its peer (syn_cookies_complete_a_handshake_when_the_backlog_is_full).
+#[test]
+fn rfc4987_3_6_cookie_syns_from_spoofed_sources_leave_no_neighbour_entry() {
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.syn_cookies = SynCookieMode::Always;
+    let mut net = Net::new(cfg(MAC_A, ip_a()), cb);
+    let _l = net.b.listen(7000, 16).unwrap();
+    let before = net.b.neighbours().len();
+    let spoofer = EthernetAddress([0x02, 0, 0, 0, 0, 0x66]);
+    for i in 0..200u32 {
+        let src = Ipv4Addr::new(198, 18, 0, 10 + (i % 200) as u8);
+        let repr = TcpRepr {
+            src_port: 1024 + i as u16,
+            dst_port: 7000,
+            seq: SeqNum(77 * i),
+            ack: SeqNum(0),
+            flags: TcpFlags::SYN,
+            window: 1000,
+            urgent: 0,
+            options: TcpOptions {
+                mss: Some(1460),
+                ..TcpOptions::default()
+            },
+        };
+        let f = crate::testutil::build_tcp_frame(spoofer, MAC_B, src, ip_b(), &repr, &[]);
+        let now = net.now;
+        net.b.handle_frame(now, Zbuf::copy_from_slice(&f));
+    }
+    assert_eq!(net.b.counters().syn_cookies_sent, 200);
+    let mut synacks = 0;
+    while let Some(t) = net.b.poll_transmit(net.now) {
+        let h = t.header();
+        assert_eq!(&h[0..6], &spoofer.0, "each SYN-ACK to its SYN's source MAC");
+        synacks += 1;
+    }
+    assert_eq!(synacks, 200);
+    assert_eq!(
+        net.b.neighbours().len(),
+        before,
+        "no neighbour entry per cookie SYN"
+    );
+    assert!(net
+        .b
+        .neighbours()
+        .get(Ipv4Addr::new(198, 18, 0, 10))
+        .is_none());
+}
+
 #[test]
 fn syn_cookies_complete_a_handshake_when_the_backlog_is_full() {
     let mut net = Net::pair();

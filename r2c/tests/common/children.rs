@@ -69,6 +69,13 @@ pub struct Outcome {
 }
 
 impl Proc {
+    /// The child's pid (`ip netns exec` and `taskset` exec the program: it is the
+    /// program's pid).
+    #[allow(dead_code)] // only the attack suite reads it
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Waits up to `limit`, then kills this child (by its pid).
     pub fn wait(mut self, limit: Duration) -> Outcome {
         let end = Instant::now() + limit;
@@ -165,6 +172,11 @@ pub struct TapChild {
 }
 
 impl TapChild {
+    #[allow(dead_code)] // only the attack suite reads it
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
     pub fn wait(self, limit: Duration) -> Outcome {
         let o = self.proc.wait(limit);
         let _ = std::fs::remove_file(&self.ready);

@@ -22,6 +22,7 @@ use crate::time::{Duration, Instant};
 use crate::wire::{SackBlocks, TcpFlags, TcpOptions, TcpRepr, Timestamps};
 use core::net::SocketAddrV4;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use zbuf::{IoVec, Zbuf};
 
 /// RFC 9293 §3.7.1: without an MSS option the peer's MSS is 536.
@@ -225,7 +226,9 @@ struct Keepalive {
 pub struct Connection {
     tuple: FourTuple,
     state: State,
-    cfg: TcpConfig,
+    /// The settings, shared with every connection of the stack (read-only; negotiated
+    /// per-connection choices such as `ts`, `sack_ok`, `wscale_ok` are fields here).
+    cfg: Arc<TcpConfig>,
     passive: bool,
 
     // Send sequence space (RFC 9293 §3.3.1).
@@ -351,7 +354,13 @@ pub struct SynInfo {
 }
 
 impl Connection {
-    fn blank(now: Instant, tuple: FourTuple, cfg: TcpConfig, iss: SeqNum, ts_offset: u32) -> Self {
+    fn blank(
+        now: Instant,
+        tuple: FourTuple,
+        cfg: Arc<TcpConfig>,
+        iss: SeqNum,
+        ts_offset: u32,
+    ) -> Self {
         // Invalid RTT settings fall back to the defaults; `TcpConfig::validate` reports them
         // to whoever built the config.
         let rtt = RttEstimator::new(cfg.rtt).unwrap_or_default();
@@ -441,11 +450,11 @@ impl Connection {
     pub fn connect(
         now: Instant,
         tuple: FourTuple,
-        cfg: TcpConfig,
+        cfg: impl Into<Arc<TcpConfig>>,
         iss: SeqNum,
         ts_offset: u32,
     ) -> Self {
-        let mut c = Connection::blank(now, tuple, cfg, iss, ts_offset);
+        let mut c = Connection::blank(now, tuple, cfg.into(), iss, ts_offset);
         c.rcv_wscale = c.cfg.rcv_wscale();
         c.state = State::SynSent;
         c
@@ -456,12 +465,12 @@ impl Connection {
     pub fn accept_syn(
         now: Instant,
         tuple: FourTuple,
-        cfg: TcpConfig,
+        cfg: impl Into<Arc<TcpConfig>>,
         iss: SeqNum,
         ts_offset: u32,
         syn: &SynInfo,
     ) -> Self {
-        let mut c = Connection::blank(now, tuple, cfg, iss, ts_offset);
+        let mut c = Connection::blank(now, tuple, cfg.into(), iss, ts_offset);
         c.passive = true;
         c.state = State::SynReceived;
         c.irs = syn.seq;
@@ -485,7 +494,7 @@ impl Connection {
     pub fn from_cookie(
         now: Instant,
         tuple: FourTuple,
-        cfg: TcpConfig,
+        cfg: impl Into<Arc<TcpConfig>>,
         iss: SeqNum,
         irs: SeqNum,
         ts_offset: u32,

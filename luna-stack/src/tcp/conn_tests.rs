@@ -2678,3 +2678,49 @@ fn rfc7323_3_2_shared_config_keeps_timestamps_per_connection() {
     drop(passive);
     assert_eq!(Arc::strong_count(&shared), 1);
 }
+
+/// Issue 13 (5,000 connections miss every line of a connection they touch): the fields the
+/// established fast path reads and writes per segment lie in the connection's first four
+/// cache lines, the per-segment counters in the fifth, and the connection starts on a line.
+#[test]
+fn hot_fields_share_the_first_cache_lines() {
+    use core::mem::{align_of, offset_of};
+    assert_eq!(align_of::<Connection>(), 64);
+    let hot = [
+        ("cfg", offset_of!(Connection, cfg)),
+        ("rcvq_len", offset_of!(Connection, rcvq_len)),
+        ("last_rcv", offset_of!(Connection, last_rcv)),
+        ("ts", offset_of!(Connection, ts)),
+        ("recovery", offset_of!(Connection, recovery)),
+        ("rexmit_now", offset_of!(Connection, rexmit_now)),
+        ("snd_una", offset_of!(Connection, snd_una)),
+        ("snd_max", offset_of!(Connection, snd_max)),
+        ("rcv_nxt", offset_of!(Connection, rcv_nxt)),
+        ("last_ack_sent", offset_of!(Connection, last_ack_sent)),
+        ("tuple", offset_of!(Connection, tuple)),
+        ("state", offset_of!(Connection, state)),
+        ("events", offset_of!(Connection, events)),
+        ("timers", offset_of!(Connection, timers)),
+    ];
+    for (name, off) in hot {
+        assert!(off < 256, "{name} at byte {off}, beyond the four hot lines");
+    }
+    assert!(
+        offset_of!(Connection, timers) + core::mem::size_of::<TimerTable>() <= 256,
+        "the timer table ends beyond the hot lines"
+    );
+    let c = offset_of!(Connection, counters);
+    assert_eq!(c, 256, "the counters start the fifth line");
+    for (name, off) in [
+        ("segs_in", offset_of!(ConnCounters, segs_in)),
+        ("segs_out", offset_of!(ConnCounters, segs_out)),
+        ("bytes_in", offset_of!(ConnCounters, bytes_in)),
+        ("bytes_out", offset_of!(ConnCounters, bytes_out)),
+        ("fast_path_hits", offset_of!(ConnCounters, fast_path_hits)),
+    ] {
+        assert!(
+            off + 8 <= 64,
+            "counter {name} outside the first counter line"
+        );
+    }
+}

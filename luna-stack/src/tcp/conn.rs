@@ -298,17 +298,24 @@ pub struct Connection {
     /// Counters for this connection.
     pub counters: ConnCounters,
 
-    // Queues and the per-ACK state of loss recovery and congestion control.
-    sndq: SendQueue,
-    rcvq: VecDeque<Zbuf>,
-    sb: Scoreboard,
+    // Queues and the per-ACK state of loss recovery and congestion control, each hot part
+    // line-aligned (checked by `hot_fields_share_the_first_cache_lines`): the counters end at
+    // byte 464, the assembler's hot 48 bytes fill the rest of that line, and 32 cold bytes
+    // after the receive queue align the send queue and the scoreboard.
     ooo: Assembler<Zbuf>,
+    rcvq: VecDeque<Zbuf>,
+    /// NewReno's inflated window while recovering without SACK (RFC 6582 §3.2).
+    inflation: RecoveryInflation,
+    /// RFC 5961 §7 rate limit: (window start, challenge ACKs in this window).
+    challenge: (Instant, u32),
+    iss: SeqNum,
+    irs: SeqNum,
+    sndq: SendQueue,
+    sb: Scoreboard,
     rtt: RttEstimator,
     cc: Cc,
 
     // Cold: the handshake, loss-recovery episodes, rate limits and probing.
-    iss: SeqNum,
-    irs: SeqNum,
     /// RFC 6582 `recover` of the previous recovery, to avoid entering twice for one window.
     last_recover: SeqNum,
     /// Zero-window probing (RFC 9293 §3.8.6.1): backoff exponent of the persist timer.
@@ -319,12 +326,8 @@ pub struct Connection {
     /// The SYN (or SYN-ACK) was retransmitted: RFC 6298 §5.7 applies once established.
     syn_retransmitted: bool,
     close_reason: Option<CloseReason>,
-    /// NewReno's inflated window while recovering without SACK (RFC 6582 §3.2).
-    inflation: RecoveryInflation,
     /// D-SACK detection of a spurious recovery (RFC 3708).
     undo: UndoEpisode,
-    /// RFC 5961 §7 rate limit: (window start, challenge ACKs in this window).
-    challenge: (Instant, u32),
     /// When we last answered an unacceptable segment without data (rate limit).
     oow_ack_at: Option<Instant>,
 }

@@ -2684,7 +2684,7 @@ fn rfc7323_3_2_shared_config_keeps_timestamps_per_connection() {
 /// cache lines, the per-segment counters in the fifth, and the connection starts on a line.
 #[test]
 fn hot_fields_share_the_first_cache_lines() {
-    use core::mem::{align_of, offset_of};
+    use core::mem::{align_of, offset_of, size_of};
     assert_eq!(align_of::<Connection>(), 64);
     let hot = [
         ("cfg", offset_of!(Connection, cfg)),
@@ -2706,7 +2706,7 @@ fn hot_fields_share_the_first_cache_lines() {
         assert!(off < 256, "{name} at byte {off}, beyond the four hot lines");
     }
     assert!(
-        offset_of!(Connection, timers) + core::mem::size_of::<TimerTable>() <= 256,
+        offset_of!(Connection, timers) + size_of::<TimerTable>() <= 256,
         "the timer table ends beyond the hot lines"
     );
     let c = offset_of!(Connection, counters);
@@ -2723,4 +2723,19 @@ fn hot_fields_share_the_first_cache_lines() {
             "counter {name} outside the first counter line"
         );
     }
+    let line = |off: usize| off / 64;
+    // The assembler's first 48 bytes (queue, D-SACK, recent count) in one line.
+    let ooo = offset_of!(Connection, ooo);
+    assert_eq!(
+        line(ooo),
+        line(ooo + 47),
+        "assembler hot part straddles a line"
+    );
+    let rcvq = offset_of!(Connection, rcvq);
+    assert_eq!(line(rcvq), line(rcvq + size_of::<VecDeque<Zbuf>>() - 1));
+    let sndq = offset_of!(Connection, sndq);
+    assert_eq!(sndq % 64, 0, "send queue at byte {sndq}");
+    assert!(size_of::<SendQueue>() <= 64);
+    // The scoreboard's SACK-idle fields (its first 64 bytes) in one line.
+    assert_eq!(offset_of!(Connection, sb) % 64, 0);
 }

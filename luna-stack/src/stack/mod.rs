@@ -20,6 +20,7 @@ use crate::time::Instant;
 use core::net::{Ipv4Addr, SocketAddrV4};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
 use zbuf::{IoVec, Zbuf};
 
 mod config;
@@ -258,6 +259,11 @@ pub struct Stack<R: Rng> {
     rst_bucket: RstBucket,
     /// Counters of connections already reclaimed.
     retired: ConnCounters,
+    /// The TCP settings every connection of this stack shares (`cfg.tcp` with the MSS
+    /// clamped to the MTU, RFC 6691): one read-only copy instead of one per connection, so
+    /// its cache lines stay hot across thousands of connections. What differs per
+    /// connection (timestamps, SACK, window scaling as negotiated) lives in the connection.
+    tcp_shared: Arc<TcpConfig>,
 }
 
 impl<R: Rng> Stack<R> {
@@ -299,6 +305,9 @@ impl<R: Rng> Stack<R> {
         let cookies = SynCookies::new(&mut rng, SynCookieConfig::default())
             .map_err(|e| ConfigError::Tcp(e.to_string()))?;
         let next_port = lo + (rng.next_u32() % (u32::from(hi - lo) + 1)) as u16;
+        let mut tcp_shared = cfg.tcp.clone();
+        // RFC 6691: the MSS is clamped to what the MTU allows.
+        tcp_shared.mss = tcp_shared.mss.min(cfg.mtu - (IP_LEN as u16) - 20);
         Ok(Stack {
             neighbours: NeighbourTable::new(cfg.neighbour),
             routes,
@@ -324,6 +333,7 @@ impl<R: Rng> Stack<R> {
             rst_bucket: RstBucket::new(cfg.rst_limit),
             retired: ConnCounters::default(),
             _rng: core::marker::PhantomData,
+            tcp_shared: Arc::new(tcp_shared),
             cfg,
         })
     }
@@ -620,11 +630,10 @@ impl<R: Rng> Stack<R> {
         None
     }
 
-    /// TCP settings for a peer: the MSS is clamped to what the MTU allows (RFC 6691).
-    fn tcp_config_for(&self, _dst: Ipv4Addr) -> TcpConfig {
-        let mut tcp = self.cfg.tcp.clone();
-        tcp.mss = tcp.mss.min(self.cfg.mtu - (IP_LEN as u16) - 20);
-        tcp
+    /// TCP settings for a peer: the stack's shared copy, whose MSS is clamped to what the
+    /// MTU allows (RFC 6691). A reference-count increment, not a copy.
+    fn tcp_config_for(&self, _dst: Ipv4Addr) -> Arc<TcpConfig> {
+        Arc::clone(&self.tcp_shared)
     }
 
     /// Queue `data` on the connection without copying; returns the bytes accepted.

@@ -214,10 +214,10 @@ impl<R: Rng> Stack<R> {
             timestamps: seg.options.timestamps.filter(|_| ok.timestamps),
             ..TcpOptions::default()
         };
-        let mut cfg = self.tcp_config_for(*tuple.remote.ip());
-        if !ok.timestamps {
-            cfg.timestamps = false;
-        }
+        // The shared config offers timestamps; whether this connection uses them is its own
+        // state: a cookie without the timestamps bit gives `peer_opts` no timestamps, and
+        // RFC 7323 §3.2 negotiation (`Connection::negotiate`) then turns them off for it.
+        let cfg = self.tcp_config_for(*tuple.remote.ip());
         // The SYN-ACK's TSval came from this clock and the peer echoes it: a connection on
         // another clock would look 2^31 or more in the past to the peer's PAWS check about
         // half the time, and every later segment would be dropped.

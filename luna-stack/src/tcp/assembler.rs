@@ -147,17 +147,22 @@ pub struct AssemblerStats {
 }
 
 /// The out-of-order queue.
+/// `#[repr(C)]`: what `is_empty` and `has_sack_info` read for every segment sent or
+/// received (the segment queue, the pending D-SACK, the recent-block count) fills the first
+/// 48 bytes, so a connection can keep it in one cache line (issue 13).
 #[derive(Debug, Clone)]
+#[repr(C)]
 pub struct Assembler<P: Payload> {
-    cfg: AssemblerConfig,
     /// Sorted, non-overlapping, non-empty segments.
     segs: VecDeque<(SeqNum, P)>,
-    bytes: usize,
-    /// Sequence numbers inside recently received data, most recent first (RFC 2018 §4).
-    recent: [SeqNum; RECENT],
-    recent_len: usize,
     /// The pending D-SACK range (RFC 2883), reported once.
     dsack: Option<(SeqNum, SeqNum)>,
+    /// How many of `recent` are valid (at most [`RECENT`]).
+    recent_len: u32,
+    /// Sequence numbers inside recently received data, most recent first (RFC 2018 §4).
+    recent: [SeqNum; RECENT],
+    bytes: usize,
+    cfg: AssemblerConfig,
     stats: AssemblerStats,
 }
 
@@ -419,11 +424,16 @@ impl<P: Payload> Assembler<P> {
         }
     }
 
+    /// The valid prefix length of `recent`.
+    fn recent_count(&self) -> usize {
+        self.recent_len as usize
+    }
+
     fn push_recent(&mut self, seq: SeqNum) {
-        let n = self.recent_len.min(RECENT - 1);
+        let n = self.recent_count().min(RECENT - 1);
         self.recent.copy_within(0..n, 1);
         self.recent[0] = seq;
-        self.recent_len = (self.recent_len + 1).min(RECENT);
+        self.recent_len = (self.recent_count() + 1).min(RECENT) as u32;
     }
 
     /// The contiguous queued block containing `seq`.
@@ -477,7 +487,7 @@ impl<P: Payload> Assembler<P> {
         // it, so distinctness is only checked among the SACK blocks proper.
         let first = n;
         let mut kept = 0;
-        for k in 0..self.recent_len {
+        for k in 0..self.recent_count() {
             let seq = self.recent[k];
             let Some(b) = self.block_containing(seq) else {
                 continue; // delivered or evicted
@@ -489,7 +499,7 @@ impl<P: Payload> Assembler<P> {
                 n += 1;
             }
         }
-        self.recent_len = kept;
+        self.recent_len = kept as u32;
         // RFC 2018 §4: include as many distinct blocks as there is room for.
         let mut block: Option<(SeqNum, SeqNum)> = None;
         let mut iter = self.segs.iter().map(|(s, p)| (*s, *s + p.len())).peekable();
@@ -526,7 +536,7 @@ impl<P: Payload + core::ops::Deref<Target = [u8]>> Assembler<P> {
         format!(
             "ooo(segs={segs:?} bytes={} recent={:?} dsack={:?} stats={:?})",
             self.bytes,
-            &self.recent[..self.recent_len],
+            &self.recent[..self.recent_count()],
             self.dsack,
             self.stats
         )

@@ -22,6 +22,7 @@ use crate::time::{Duration, Instant};
 use crate::wire::{SackBlocks, TcpFlags, TcpOptions, TcpRepr, Timestamps};
 use core::net::SocketAddrV4;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use zbuf::{IoVec, Zbuf};
 
 /// RFC 9293 §3.7.1: without an MSS option the peer's MSS is 536.
@@ -222,14 +223,30 @@ struct Keepalive {
 /// application calls; then [`Connection::poll_segment`] until `None` (it arms the
 /// retransmission and persist timers for what it sent); then [`Connection::poll_timeout`]
 /// for the next deadline and [`Connection::take_events`].
+#[repr(C, align(64))]
 pub struct Connection {
-    tuple: FourTuple,
-    state: State,
-    cfg: TcpConfig,
-    passive: bool,
-
-    // Send sequence space (RFC 9293 §3.3.1).
-    iss: SeqNum,
+    // Hot: what every segment of an established connection reads or writes, in the first
+    // lines (`#[repr(C)]` keeps this order; `hot_fields_share_the_first_cache_lines` checks
+    // where they end). Eight-byte fields first, then four-, two- and one-byte ones: no padding.
+    /// The settings, shared with every connection of the stack (read-only; negotiated
+    /// per-connection choices such as `ts`, `sack_ok`, `wscale_ok` are fields here).
+    cfg: Arc<TcpConfig>,
+    rcvq_len: usize,
+    last_send: Instant,
+    last_rcv: Instant,
+    ts: Option<TsState>,
+    /// RFC 6582 `recover`: SND.MAX when loss recovery started; `Some` while recovering.
+    recovery: Option<SeqNum>,
+    /// A retransmission that must go out at the next opportunity (fast retransmit, partial ACK).
+    rexmit_now: Option<SeqNum>,
+    /// Sequence number of the peer's FIN, once seen (it may arrive out of order).
+    fin_seq: Option<SeqNum>,
+    /// Send a RST for (seq) at the next poll (abort).
+    rst_pending: Option<SeqNum>,
+    /// The segment being timed for an RTT sample: (end sequence, send time). Karn: cleared on
+    /// any retransmission.
+    rtt_probe: Option<(SeqNum, Instant)>,
+    // Send and receive sequence space (RFC 9293 §3.3.1).
     snd_una: SeqNum,
     snd_nxt: SeqNum,
     /// Highest sequence number sent plus one (SND.MAX): SND.NXT rewinds on RTO, this doesn't.
@@ -238,90 +255,81 @@ pub struct Connection {
     max_snd_wnd: u32,
     snd_wl1: SeqNum,
     snd_wl2: SeqNum,
-    /// The peer's window-scale shift, applied to windows it advertises.
-    snd_wscale: u8,
     /// Largest payload per segment before options are subtracted.
     snd_mss: u32,
-    sndq: SendQueue,
-    /// The application shut down its sending side: a FIN follows the queued data.
-    fin_queued: bool,
-
-    // Receive sequence space.
-    irs: SeqNum,
     rcv_nxt: SeqNum,
-    /// Our window-scale shift (0 unless both sides agreed).
-    rcv_wscale: u8,
     /// Right edge of the last window we advertised; it never moves left (RFC 9293 §3.8.6.2.2).
     rcv_adv: SeqNum,
-    rcvq: VecDeque<Zbuf>,
-    rcvq_len: usize,
-    ooo: Assembler<Zbuf>,
-    /// Sequence number of the peer's FIN, once seen (it may arrive out of order).
-    fin_seq: Option<SeqNum>,
-    /// The peer's FIN has been consumed in sequence.
-    fin_rcvd: bool,
-
-    // Loss recovery and congestion control.
-    rtt: RttEstimator,
-    cc: Cc,
-    sb: Scoreboard,
     dupacks: u32,
-    /// RFC 6582 `recover`: SND.MAX when loss recovery started; `Some` while recovering.
-    recovery: Option<SeqNum>,
-    /// RFC 6582 `recover` of the previous recovery, to avoid entering twice for one window.
-    last_recover: SeqNum,
-    /// NewReno's inflated window while recovering without SACK (RFC 6582 §3.2).
-    inflation: RecoveryInflation,
-    /// D-SACK detection of a spurious recovery (RFC 3708).
-    undo: UndoEpisode,
-    /// A retransmission that must go out at the next opportunity (fast retransmit, partial ACK).
-    rexmit_now: Option<SeqNum>,
-    /// The SYN (or SYN-ACK) was retransmitted: RFC 6298 §5.7 applies once established.
-    syn_retransmitted: bool,
-    /// The segment being timed for an RTT sample: (end sequence, send time). Karn: cleared on
-    /// any retransmission.
-    rtt_probe: Option<(SeqNum, Instant)>,
-    /// Every deadline of the connection (retransmission, persist, delayed ACK, TIME-WAIT,
-    /// an orphan's FIN-WAIT-2, keepalive): the one table `poll_timeout` reads.
-    timers: TimerTable,
-    /// Zero-window probing (RFC 9293 §3.8.6.1): backoff exponent of the persist timer.
-    persist_backoff: u32,
-    retries: u32,
-    last_send: Instant,
-    last_rcv: Instant,
-    /// Window announced by the peer in the last ACK (RFC 5681 §2 duplicate-ACK definition).
-    last_wnd_field: u16,
-
-    // ACK generation.
-    ack_now: bool,
     /// Duplicate ACKs owed for out-of-order segments received since the last poll: the
     /// stack processes a burst before polling, and coalescing them into one ACK would hide
     /// the loss from the sender's duplicate-ACK counter.
     dupacks_owed: u32,
     /// Sequence number our last ACK carried (RFC 7323 Last.ACK.sent).
     last_ack_sent: SeqNum,
-
-    ts: Option<TsState>,
+    tuple: FourTuple,
+    /// Window announced by the peer in the last ACK (RFC 5681 §2 duplicate-ACK definition).
+    last_wnd_field: u16,
+    state: State,
+    /// The peer's window-scale shift, applied to windows it advertises.
+    snd_wscale: u8,
+    /// Our window-scale shift (0 unless both sides agreed).
+    rcv_wscale: u8,
+    ack_now: bool,
+    /// The application shut down its sending side: a FIN follows the queued data.
+    fin_queued: bool,
+    /// The peer's FIN has been consumed in sequence.
+    fin_rcvd: bool,
+    /// The application released its handle: nobody reads or writes any more.
+    orphaned: bool,
     sack_ok: bool,
-    /// RFC 5961 §7 rate limit: (window start, challenge ACKs in this window).
-    challenge: (Instant, u32),
-    /// When we last answered an unacceptable segment without data (rate limit).
-    oow_ack_at: Option<Instant>,
-    keepalive: Keepalive,
+    /// Window scaling was negotiated.
+    wscale_ok: bool,
     /// A keepalive probe is due at the next poll.
     send_keepalive: bool,
     /// A zero-window probe is due at the next poll.
     send_window_probe: bool,
-    /// Window scaling was negotiated.
-    wscale_ok: bool,
-    /// The application released its handle: nobody reads or writes any more.
-    orphaned: bool,
-    /// Send a RST for (seq) at the next poll (abort).
-    rst_pending: Option<SeqNum>,
-    close_reason: Option<CloseReason>,
     events: Events,
+    /// Every deadline of the connection (retransmission, persist, delayed ACK, TIME-WAIT,
+    /// an orphan's FIN-WAIT-2, keepalive): the one table `poll_timeout` reads.
+    timers: TimerTable,
+
+    // The per-segment counters come first in `ConnCounters` (`#[repr(C)]`).
     /// Counters for this connection.
     pub counters: ConnCounters,
+
+    // Queues and the per-ACK state of loss recovery and congestion control, each hot part
+    // line-aligned (checked by `hot_fields_share_the_first_cache_lines`): the counters end at
+    // byte 464, the assembler's hot 48 bytes fill the rest of that line, and 32 cold bytes
+    // after the receive queue align the send queue and the scoreboard.
+    ooo: Assembler<Zbuf>,
+    rcvq: VecDeque<Zbuf>,
+    /// NewReno's inflated window while recovering without SACK (RFC 6582 §3.2).
+    inflation: RecoveryInflation,
+    /// RFC 5961 §7 rate limit: (window start, challenge ACKs in this window).
+    challenge: (Instant, u32),
+    iss: SeqNum,
+    irs: SeqNum,
+    sndq: SendQueue,
+    sb: Scoreboard,
+    rtt: RttEstimator,
+    cc: Cc,
+
+    // Cold: the handshake, loss-recovery episodes, rate limits and probing.
+    /// RFC 6582 `recover` of the previous recovery, to avoid entering twice for one window.
+    last_recover: SeqNum,
+    /// Zero-window probing (RFC 9293 §3.8.6.1): backoff exponent of the persist timer.
+    persist_backoff: u32,
+    retries: u32,
+    keepalive: Keepalive,
+    passive: bool,
+    /// The SYN (or SYN-ACK) was retransmitted: RFC 6298 §5.7 applies once established.
+    syn_retransmitted: bool,
+    close_reason: Option<CloseReason>,
+    /// D-SACK detection of a spurious recovery (RFC 3708).
+    undo: UndoEpisode,
+    /// When we last answered an unacceptable segment without data (rate limit).
+    oow_ack_at: Option<Instant>,
 }
 
 impl core::fmt::Debug for Connection {
@@ -351,7 +359,13 @@ pub struct SynInfo {
 }
 
 impl Connection {
-    fn blank(now: Instant, tuple: FourTuple, cfg: TcpConfig, iss: SeqNum, ts_offset: u32) -> Self {
+    fn blank(
+        now: Instant,
+        tuple: FourTuple,
+        cfg: Arc<TcpConfig>,
+        iss: SeqNum,
+        ts_offset: u32,
+    ) -> Self {
         // Invalid RTT settings fall back to the defaults; `TcpConfig::validate` reports them
         // to whoever built the config.
         let rtt = RttEstimator::new(cfg.rtt).unwrap_or_default();
@@ -441,11 +455,11 @@ impl Connection {
     pub fn connect(
         now: Instant,
         tuple: FourTuple,
-        cfg: TcpConfig,
+        cfg: impl Into<Arc<TcpConfig>>,
         iss: SeqNum,
         ts_offset: u32,
     ) -> Self {
-        let mut c = Connection::blank(now, tuple, cfg, iss, ts_offset);
+        let mut c = Connection::blank(now, tuple, cfg.into(), iss, ts_offset);
         c.rcv_wscale = c.cfg.rcv_wscale();
         c.state = State::SynSent;
         c
@@ -456,12 +470,12 @@ impl Connection {
     pub fn accept_syn(
         now: Instant,
         tuple: FourTuple,
-        cfg: TcpConfig,
+        cfg: impl Into<Arc<TcpConfig>>,
         iss: SeqNum,
         ts_offset: u32,
         syn: &SynInfo,
     ) -> Self {
-        let mut c = Connection::blank(now, tuple, cfg, iss, ts_offset);
+        let mut c = Connection::blank(now, tuple, cfg.into(), iss, ts_offset);
         c.passive = true;
         c.state = State::SynReceived;
         c.irs = syn.seq;
@@ -485,7 +499,7 @@ impl Connection {
     pub fn from_cookie(
         now: Instant,
         tuple: FourTuple,
-        cfg: TcpConfig,
+        cfg: impl Into<Arc<TcpConfig>>,
         iss: SeqNum,
         irs: SeqNum,
         ts_offset: u32,
@@ -742,6 +756,7 @@ impl Connection {
 
     /// Take the next in-order chunk of received payload (zero copy: the buffer the NIC wrote).
     /// `Ok(None)` means no data now; `Err(Finished)` means end of stream.
+    #[inline]
     pub fn recv(&mut self) -> Result<Option<Zbuf>, RecvError> {
         if let Some(buf) = self.rcvq.pop_front() {
             self.rcvq_len -= buf.len();

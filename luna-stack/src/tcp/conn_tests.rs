@@ -2608,3 +2608,134 @@ fn rfc9293_3_10_7_4_receive_queue_never_exceeds_rcv_buf_with_window_scaling() {
         assert_eq!(c.recv_available(), 65536, "the window was filled exactly");
     }
 }
+
+/// One `TcpConfig` shared by every connection of a stack (issue 13: a 256-byte copy per
+/// connection cost four cache lines each at 5,000 connections). What the config offers and
+/// what a connection negotiated stay apart: a connection re-created from a SYN cookie that
+/// did not encode timestamps must not send them, although the shared config offers them,
+/// while a connection of the same config whose peer offered timestamps uses them
+/// (RFC 7323 §3.2: timestamps only if both SYNs carried them).
+#[test]
+fn rfc7323_3_2_shared_config_keeps_timestamps_per_connection() {
+    let shared = Arc::new(TcpConfig {
+        timestamps: true,
+        ..plain_cfg()
+    });
+    let no_ts = TcpOptions {
+        mss: Some(1460),
+        ..TcpOptions::default()
+    };
+    let mut cookie = Connection::from_cookie(
+        t(0),
+        tuple_a(),
+        Arc::clone(&shared),
+        SeqNum(ISS),
+        SeqNum(PEER_ISS),
+        0,
+        &no_ts,
+    );
+    let with_ts = SynInfo {
+        seq: SeqNum(PEER_ISS),
+        window: 65535,
+        options: TcpOptions {
+            mss: Some(1460),
+            timestamps: Some(Timestamps {
+                tsval: 1000,
+                tsecr: 0,
+            }),
+            ..TcpOptions::default()
+        },
+    };
+    let mut passive = Connection::accept_syn(
+        t(0),
+        tuple_b(),
+        Arc::clone(&shared),
+        SeqNum(ISS),
+        0,
+        &with_ts,
+    );
+    assert_eq!(
+        Arc::strong_count(&shared),
+        3,
+        "both connections share the one config"
+    );
+    cookie.on_segment(t(1), &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(&[]));
+    assert_eq!(cookie.state(), State::Established);
+    cookie.send(&zb(&[1u8; 100])).unwrap();
+    let out = poll_all(&mut cookie, t(1));
+    assert!(!out.is_empty());
+    assert!(
+        out.iter().all(|o| o.repr.options.timestamps.is_none()),
+        "the cookie connection negotiated no timestamps"
+    );
+    let synack = passive.poll_segment(t(1)).expect("SYN-ACK");
+    assert!(synack.repr.flags.syn() && synack.repr.flags.ack());
+    assert!(
+        synack.repr.options.timestamps.is_some(),
+        "the passive connection answers the peer's timestamps"
+    );
+    drop(cookie);
+    drop(passive);
+    assert_eq!(Arc::strong_count(&shared), 1);
+}
+
+/// Issue 13 (5,000 connections miss every line of a connection they touch): the fields the
+/// established fast path reads and writes per segment lie in the connection's first four
+/// cache lines, the per-segment counters in the fifth, and the connection starts on a line.
+#[test]
+fn hot_fields_share_the_first_cache_lines() {
+    use core::mem::{align_of, offset_of, size_of};
+    assert_eq!(align_of::<Connection>(), 64);
+    let hot = [
+        ("cfg", offset_of!(Connection, cfg)),
+        ("rcvq_len", offset_of!(Connection, rcvq_len)),
+        ("last_rcv", offset_of!(Connection, last_rcv)),
+        ("ts", offset_of!(Connection, ts)),
+        ("recovery", offset_of!(Connection, recovery)),
+        ("rexmit_now", offset_of!(Connection, rexmit_now)),
+        ("snd_una", offset_of!(Connection, snd_una)),
+        ("snd_max", offset_of!(Connection, snd_max)),
+        ("rcv_nxt", offset_of!(Connection, rcv_nxt)),
+        ("last_ack_sent", offset_of!(Connection, last_ack_sent)),
+        ("tuple", offset_of!(Connection, tuple)),
+        ("state", offset_of!(Connection, state)),
+        ("events", offset_of!(Connection, events)),
+        ("timers", offset_of!(Connection, timers)),
+    ];
+    for (name, off) in hot {
+        assert!(off < 256, "{name} at byte {off}, beyond the four hot lines");
+    }
+    assert!(
+        offset_of!(Connection, timers) + size_of::<TimerTable>() <= 256,
+        "the timer table ends beyond the hot lines"
+    );
+    let c = offset_of!(Connection, counters);
+    assert_eq!(c, 256, "the counters start the fifth line");
+    for (name, off) in [
+        ("segs_in", offset_of!(ConnCounters, segs_in)),
+        ("segs_out", offset_of!(ConnCounters, segs_out)),
+        ("bytes_in", offset_of!(ConnCounters, bytes_in)),
+        ("bytes_out", offset_of!(ConnCounters, bytes_out)),
+        ("fast_path_hits", offset_of!(ConnCounters, fast_path_hits)),
+    ] {
+        assert!(
+            off + 8 <= 64,
+            "counter {name} outside the first counter line"
+        );
+    }
+    let line = |off: usize| off / 64;
+    // The assembler's first 48 bytes (queue, D-SACK, recent count) in one line.
+    let ooo = offset_of!(Connection, ooo);
+    assert_eq!(
+        line(ooo),
+        line(ooo + 47),
+        "assembler hot part straddles a line"
+    );
+    let rcvq = offset_of!(Connection, rcvq);
+    assert_eq!(line(rcvq), line(rcvq + size_of::<VecDeque<Zbuf>>() - 1));
+    let sndq = offset_of!(Connection, sndq);
+    assert_eq!(sndq % 64, 0, "send queue at byte {sndq}");
+    assert!(size_of::<SendQueue>() <= 64);
+    // The scoreboard's SACK-idle fields (its first 64 bytes) in one line.
+    assert_eq!(offset_of!(Connection, sb) % 64, 0);
+}

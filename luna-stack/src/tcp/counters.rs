@@ -58,8 +58,10 @@ impl DropReason {
     }
 }
 
-/// Counters of one connection.
+/// Counters of one connection. `#[repr(C)]`: the five every segment updates come first and
+/// share a cache line (issue 13: the connection's lines are what 5,000 connections miss).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[repr(C)]
 pub struct ConnCounters {
     /// Segments received and processed (including dropped ones).
     pub segs_in: u64,
@@ -69,6 +71,9 @@ pub struct ConnCounters {
     pub bytes_in: u64,
     /// Payload bytes sent, including retransmissions.
     pub bytes_out: u64,
+    /// Segments handled by header prediction (the ESTABLISHED fast path) instead of the full
+    /// RFC 9293 §3.10.7.4 processing. Included in `segs_in`.
+    pub fast_path_hits: u64,
     /// Segments retransmitted (any cause).
     pub retransmits: u64,
     /// Retransmission timeouts.
@@ -93,9 +98,6 @@ pub struct ConnCounters {
     pub window_probes: u64,
     /// Keepalive probes sent.
     pub keepalive_probes: u64,
-    /// Segments handled by header prediction (the ESTABLISHED fast path) instead of the full
-    /// RFC 9293 §3.10.7.4 processing. Included in `segs_in`.
-    pub fast_path_hits: u64,
     /// Drops by reason, indexed like [`DropReason::ALL`].
     pub drops: [u64; DropReason::ALL.len()],
 }

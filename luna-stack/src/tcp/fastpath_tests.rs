@@ -294,7 +294,7 @@ impl Sim {
     }
 
     fn a_cfg(&self) -> TcpConfig {
-        self.a.cfg.clone()
+        TcpConfig::clone(&self.a.cfg)
     }
 
     /// Advance to the next delivery or timer; false when nothing is left to happen.

@@ -144,26 +144,29 @@ struct RxtRecord {
     sent_max: SeqNum,
 }
 
-/// RFC 6675 sender scoreboard.
+/// RFC 6675 sender scoreboard. `#[repr(C)]`: what a cumulative ACK with SACK idle reads
+/// (`on_ack`'s early return: both vectors' lengths, SND.UNA, SND.MAX, HighRxt) comes first,
+/// in 64 bytes; the configuration and statistics last.
 #[derive(Debug, Clone)]
+#[repr(C)]
 pub struct Scoreboard {
-    cfg: ScoreboardConfig,
-    mss: u32,
+    /// Disjoint, non-adjacent SACKed ranges [start, end) inside (snd_una, snd_max], sorted.
+    ranges: Vec<(SeqNum, SeqNum)>,
+    /// Retransmissions of this recovery: disjoint, sorted, inside [snd_una, high_rxt).
+    rxt: Vec<RxtRecord>,
     /// HighACK + 1 in RFC 6675 terms: the first unacknowledged octet.
     snd_una: SeqNum,
     /// HighData + 1: the octet after the highest transmitted.
     snd_max: SeqNum,
-    /// Disjoint, non-adjacent SACKed ranges [start, end) inside (snd_una, snd_max], sorted.
-    ranges: Vec<(SeqNum, SeqNum)>,
-    sacked: u32,
     /// HighRxt + 1: octets below this were retransmitted in the current recovery.
     high_rxt: SeqNum,
-    rescue_rxt: Option<SeqNum>,
-    /// Retransmissions of this recovery: disjoint, sorted, inside [snd_una, high_rxt).
-    rxt: Vec<RxtRecord>,
+    sacked: u32,
+    mss: u32,
     /// Reordering estimate in segments: DupThresh before the flight bound, at least
     /// `cfg.dup_thresh`, at most [`MAX_REORDERING`].
     reordering: u32,
+    rescue_rxt: Option<SeqNum>,
+    cfg: ScoreboardConfig,
     stats: ScoreboardStats,
 }
 

@@ -10,7 +10,9 @@
 //!   restored for ordered protocols;
 //! - [`sched`]: the scheduler proper: per-worker FIFOs, placement, handoff, stealing;
 //! - [`sim`]: a discrete-event simulator of the CP/CS/MS queueing models (the ideal the
-//!   real system is measured against).
+//!   real system is measured against);
+//! - [`virt`]: virtual workers, the deadline bookkeeping that lets one thread emulate
+//!   many occupied workers (service-time emulation without a CPU per worker).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -23,3 +25,4 @@ pub mod sched;
 pub mod sim;
 pub mod socket;
 mod sync;
+pub mod virt;

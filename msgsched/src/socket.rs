@@ -25,7 +25,9 @@
 use crate::framer::{Framed, Framer, FramerConfig, FramerConfigError};
 use crate::parser::{ParseErrorKind, Parser};
 use crate::reply::{SequenceError, Sequencer, StageError, Staged, Staging};
-use crate::sched::{self, Dispatcher, Placed, RecvError, SchedConfig, SchedConfigError, Worker};
+use crate::sched::{
+    self, Dispatcher, Placed, RecvError, SchedConfig, SchedConfigError, TryRecvError, Worker,
+};
 use crossbeam_queue::SegQueue;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -237,6 +239,14 @@ impl<C: Send> MsgSocket<C> {
     /// The next message, if one is available now.
     pub fn try_recv(&mut self) -> Option<Message<C>> {
         self.worker.try_recv()
+    }
+
+    /// Non-blocking receive that keeps the worker announced idle while it finds nothing
+    /// ([`Worker::poll`]): for a driver running many sockets on one thread (virtual
+    /// workers, [`crate::virt`]). A socket that is not polled is busy: it is handed and
+    /// steals nothing.
+    pub fn poll(&mut self) -> Result<Message<C>, TryRecvError> {
+        self.worker.poll()
     }
 
     /// Waits up to `timeout` for a message (parked while idle); `Disconnected` once the

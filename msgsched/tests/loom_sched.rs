@@ -176,3 +176,56 @@ fn cs_completion_gates_the_key() {
         assert_eq!(order.load(Ordering::Relaxed), 2);
     });
 }
+
+/// Virtual workers: ONE thread polls two MS workers (non-blocking, announced idle while
+/// empty) while the dispatcher hands off / queues two messages and disconnects. Every
+/// message arrives exactly once and the poller sees `Disconnected` on both (no message
+/// stranded in a mailbox of a worker that was claimed between two polls).
+#[test]
+fn ms_poll_driven_workers_race_handoff_and_disconnect() {
+    use msgsched::sched::TryRecvError;
+    model(|| {
+        let (mut d, ws) = sched(Model::Ms, 2, 1);
+        let poller = thread::spawn(move || {
+            let mut ws = ws;
+            let mut got = Vec::new();
+            let mut gone = [false, false];
+            while !(gone[0] && gone[1]) {
+                let mut any = false;
+                for (i, w) in ws.iter_mut().enumerate() {
+                    if gone[i] {
+                        continue;
+                    }
+                    match w.poll() {
+                        Ok(m) => {
+                            got.push(m);
+                            any = true;
+                        }
+                        Err(TryRecvError::Disconnected) => gone[i] = true,
+                        Err(TryRecvError::Empty) => {}
+                    }
+                }
+                if !any {
+                    thread::yield_now();
+                }
+            }
+            got
+        });
+        for m in 0..2u32 {
+            let mut x = m;
+            loop {
+                match d.dispatch(u64::from(m), x) {
+                    Ok(_) => break,
+                    Err(r) => {
+                        x = r.into_inner();
+                        thread::yield_now();
+                    }
+                }
+            }
+        }
+        drop(d);
+        let mut got = poller.join().unwrap();
+        got.sort_unstable();
+        assert_eq!(got, [0, 1]);
+    });
+}

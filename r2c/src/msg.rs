@@ -33,8 +33,10 @@ use msgsched::framer::FramerConfig;
 use msgsched::parser::Parser;
 use msgsched::proto::io::{session_group, SessionIo};
 use msgsched::proto::{Session, Timeout};
+use msgsched::sched::TryRecvError;
 use msgsched::sched::{RecvError as SchedRecvError, SchedConfig};
 use msgsched::socket::{group, IoEvent, Message, MsgCounters, MsgIo, MsgSocket, Origin};
+use msgsched::virt::{VirtStats, VirtualWorkers};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -148,6 +150,103 @@ pub trait MsgHandler {
     /// One whole message; answer it (now or later) through `ctx`. Dropping its origin
     /// unanswered completes it without a reply (counted as abandoned).
     fn on_message(&mut self, ctx: &mut MsgCtx<'_>, msg: Message<Conn>);
+}
+
+/// A reply held back by an occupied virtual worker ([`VirtualHandler`]).
+pub struct Occupied {
+    /// How long the worker stays occupied, from when its handler returned.
+    pub service: Duration,
+    /// The message to answer once the occupation ends.
+    pub origin: Origin<Conn>,
+    /// The reply then sent.
+    pub reply: IoVec,
+}
+
+/// Application logic of *virtual* workers ([`Runtime::spawn_msg_virtual`]): the
+/// group's `cfg.sched.workers` message sockets are real msgsched workers (placement,
+/// handoff and stealing unchanged), all driven by one emulation thread; a worker that
+/// took a message stays occupied — takes, steals and is handed nothing — for the
+/// [`Occupied::service`] its handler returned, then its reply goes out.
+pub trait VirtualHandler: Send + 'static {
+    /// One whole message taken by virtual worker `ctx.worker()`: answer it now through
+    /// `ctx` (the worker stays free), or return the reply to send after the worker has
+    /// been occupied for a while. Must not block: it runs on the one emulation thread.
+    fn on_message(&mut self, ctx: &mut MsgCtx<'_>, msg: Message<Conn>) -> Option<Occupied>;
+
+    /// The emulation thread is done (every socket disconnected and drained, every
+    /// occupation ended): what it did, with its emulation error.
+    fn finished(&mut self, _stats: &VirtStats) {}
+}
+
+/// Below this distance to the earliest deadline the emulation thread spins; above it,
+/// when it has nothing to do, it yields the CPU (the I/O core may share it).
+const VIRT_SPIN: Duration = Duration::from_micros(10);
+
+/// The emulation thread of virtual workers (see [`VirtualHandler`]): free workers poll
+/// their sockets (announced idle while they find nothing), a taken message occupies its
+/// worker until a deadline kept in [`VirtualWorkers`], and a due worker's reply is sent.
+fn virtual_loop<H: VirtualHandler>(
+    mut sockets: Vec<MsgSocket<Conn>>,
+    mut handler: H,
+    stop: Arc<AtomicBool>,
+    cache: Option<zbuf::CoreCache>,
+) {
+    let epoch = std::time::Instant::now();
+    let now = || u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let n = sockets.len();
+    let mut vw: VirtualWorkers<(Origin<Conn>, IoVec)> = VirtualWorkers::new(n);
+    let mut gone = vec![false; n];
+    let mut live = n;
+    let spin_ns = VIRT_SPIN.as_nanos() as u64;
+    loop {
+        let mut work = false;
+        let t = now();
+        while let Some(d) = vw.pop_due(t) {
+            let (origin, reply) = d.item;
+            sockets[d.worker].reply(origin, reply);
+            work = true;
+        }
+        for w in 0..n {
+            if gone[w] || vw.is_busy(w) {
+                continue;
+            }
+            match sockets[w].poll() {
+                Ok(m) => {
+                    work = true;
+                    let mut ctx = MsgCtx {
+                        socket: &mut sockets[w],
+                        cache: cache.as_ref(),
+                        stop: &stop,
+                    };
+                    let Some(o) = handler.on_message(&mut ctx, m) else {
+                        continue;
+                    };
+                    let ns = u64::try_from(o.service.as_nanos()).unwrap_or(u64::MAX);
+                    if let Err(e) = vw.start(w, now(), ns, (o.origin, o.reply)) {
+                        // A free worker cannot be busy (counted in the stats if it were):
+                        // answer at once rather than lose the reply.
+                        let (origin, reply) = e.into_inner();
+                        sockets[w].reply(origin, reply);
+                    }
+                }
+                Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => {
+                    gone[w] = true;
+                    live -= 1;
+                }
+            }
+        }
+        if live == 0 && vw.busy() == 0 {
+            break;
+        }
+        if !work {
+            match vw.next_deadline() {
+                Some(d) if d.saturating_sub(now()) < spin_ns => std::hint::spin_loop(),
+                _ => std::thread::yield_now(),
+            }
+        }
+    }
+    handler.finished(vw.stats());
 }
 
 /// What the mode needs of msgsched's I/O side: a framer group ([`MsgIo`]) or a session
@@ -708,6 +807,53 @@ impl Runtime {
         )
     }
 
+    /// [`Runtime::spawn_msg`] with *virtual* workers: the `cfg.sched.workers` message
+    /// sockets are driven by ONE emulation thread running `handler` (see
+    /// [`VirtualHandler`]), pinned to `cfg.worker_cpus[0]` when [`CoreOptions::pin`].
+    /// For service-time emulation with more workers than CPUs. No timers.
+    pub fn spawn_msg_virtual<D, P, FP, H>(
+        io: CoreSetup<D>,
+        opts: CoreOptions,
+        cfg: MsgConfig,
+        make_parser: FP,
+        handler: H,
+    ) -> Result<(Runtime, MsgWorkers), RuntimeError>
+    where
+        D: Device + Send + 'static,
+        P: Parser + 'static,
+        FP: Fn() -> P + Clone + Send + Sync + 'static,
+        H: VirtualHandler,
+    {
+        let io_index = io.index;
+        let (msg_io, sockets) = group::<Conn, P>(&cfg.sched, cfg.framer)
+            .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
+        let counters = msg_io.counters_handle();
+        let workers = sockets.len();
+        let side = Framed {
+            io: msg_io,
+            make: make_parser,
+        };
+        let (mut rt, stop) = spawn_io(io, opts.clone(), &cfg, MsgTimeouts::NONE, side)?;
+        let spawn = crate::workers::Spawn {
+            name: "r2c-msg-virt",
+            io_index,
+            pin: opts.pin,
+            cpus: &cfg.worker_cpus,
+            slab: opts.slab.clone(),
+        };
+        // `workers::spawn` runs a shared `Fn`: the handler moves in through a cell.
+        let cell = std::sync::Mutex::new(Some(handler));
+        let handles = crate::workers::spawn(&spawn, vec![sockets], move |_, sockets, cache| {
+            let h = cell.lock().ok().and_then(|mut g| g.take());
+            if let Some(h) = h {
+                virtual_loop(sockets, h, Arc::clone(&stop), cache);
+            }
+        })
+        .map_err(|e| spawn_error(io_index, &e))?;
+        rt.add_thread(crate::workers::joiner(handles, || {}));
+        Ok((rt, MsgWorkers { counters, workers }))
+    }
+
     /// Start message mode with a session protocol ([`msgsched::proto`], e.g. HTTP/2):
     /// each accepted connection gets `make_session()`; the session answers connection
     /// frames on the I/O core and hands whole requests to the workers, which answer as in
@@ -779,6 +925,36 @@ fn spawn_error(core: usize, m: &str) -> RuntimeError {
     }
 }
 
+/// Starts the I/O core with `side`; returns the runtime and its stop flag.
+fn spawn_io<D, S>(
+    io: CoreSetup<D>,
+    opts: CoreOptions,
+    cfg: &MsgConfig,
+    timeouts: MsgTimeouts,
+    side: S,
+) -> Result<(Runtime, Arc<AtomicBool>), RuntimeError>
+where
+    D: Device + Send + 'static,
+    S: IoSide + Send + 'static,
+{
+    // The I/O side moves into the core thread (taken there by the closure, once).
+    let cell = std::sync::Mutex::new(Some(side));
+    let listen = cfg.listen.clone();
+    let rt = Runtime::spawn_with(vec![io], opts, move |_| MsgMode {
+        io: cell.lock().ok().and_then(|mut g| g.take()),
+        closing: HashMap::new(),
+        listen: listen.clone(),
+        unread: HashSet::new(),
+        unsent: HashMap::new(),
+        eof: HashSet::new(),
+        timeouts,
+        clocks: HashMap::new(),
+        last_tick: luna_stack::time::Instant::ZERO,
+    })?;
+    let stop = rt.stop_flag();
+    Ok((rt, stop))
+}
+
 /// Starts the I/O core with `side` and the workers on `sockets`.
 #[allow(clippy::too_many_arguments)]
 fn spawn_side<D, S, H, FH>(
@@ -799,23 +975,9 @@ where
 {
     let io_index = io.index;
     let workers = sockets.len();
-    // The I/O side moves into the core thread (taken there by the closure, once).
-    let cell = std::sync::Mutex::new(Some(side));
-    let listen = cfg.listen.clone();
     let slab: Option<Slab> = opts.slab.clone();
     let pin = opts.pin;
-    let mut rt = Runtime::spawn_with(vec![io], opts, move |_| MsgMode {
-        io: cell.lock().ok().and_then(|mut g| g.take()),
-        closing: HashMap::new(),
-        listen: listen.clone(),
-        unread: HashSet::new(),
-        unsent: HashMap::new(),
-        eof: HashSet::new(),
-        timeouts,
-        clocks: HashMap::new(),
-        last_tick: luna_stack::time::Instant::ZERO,
-    })?;
-    let stop = rt.stop_flag();
+    let (mut rt, stop) = spawn_io(io, opts, &cfg, timeouts, side)?;
     let spawn = crate::workers::Spawn {
         name: "r2c-msg-worker",
         io_index,

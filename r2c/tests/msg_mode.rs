@@ -10,12 +10,13 @@ use msgsched::parser::knb::{Header, KnbParser, HDR_LEN, RESPONSE};
 use msgsched::parser::{Ordering as Order, ParseErrorKind};
 use msgsched::sched::{Model, SchedConfig};
 use msgsched::socket::Message;
-use r2c::msg::{MsgConfig, MsgCtx, MsgHandler};
+use msgsched::virt::VirtStats;
+use r2c::msg::{MsgConfig, MsgCtx, MsgHandler, Occupied, VirtualHandler};
 use r2c::{Conn, Ctx, InlineApp, Runtime};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use zbuf::{IoVec, Zbuf};
 
 const PORT: u16 = 11;
@@ -57,6 +58,55 @@ impl MsgHandler for Echo {
         let mut reply = IoVec::from(hdr.freeze());
         reply.append(m.body.slice(HDR_LEN..));
         ctx.reply(m.origin, reply);
+    }
+}
+
+fn echo_reply(ctx: &MsgCtx<'_>, m: &Message<Conn>) -> (Header, IoVec) {
+    let h = Header::read(&m.body).unwrap().unwrap();
+    let mut hdr = ctx.alloc(HDR_LEN).unwrap();
+    hdr.extend_from_slice(
+        &Header {
+            flags: RESPONSE,
+            ..h
+        }
+        .bytes(),
+    )
+    .unwrap();
+    let mut reply = IoVec::from(hdr.freeze());
+    reply.append(m.body.slice(HDR_LEN..));
+    (h, reply)
+}
+
+/// Virtual workers' echo: every request occupies its worker (some for longer, so
+/// workers finish out of order); records when each worker took what, for how long.
+struct VirtEcho {
+    served: Arc<Mutex<Vec<usize>>>,
+    takes: Arc<Mutex<Vec<(usize, Instant, Duration)>>>,
+    stats: Arc<Mutex<Option<VirtStats>>>,
+}
+
+impl VirtualHandler for VirtEcho {
+    fn on_message(&mut self, ctx: &mut MsgCtx<'_>, m: Message<Conn>) -> Option<Occupied> {
+        let (h, reply) = echo_reply(ctx, &m);
+        let service = if h.id % 7 == 0 {
+            Duration::from_millis(3)
+        } else {
+            Duration::from_micros(200)
+        };
+        self.served.lock().unwrap().push(ctx.worker());
+        self.takes
+            .lock()
+            .unwrap()
+            .push((ctx.worker(), Instant::now(), service));
+        Some(Occupied {
+            service,
+            origin: m.origin,
+            reply,
+        })
+    }
+
+    fn finished(&mut self, stats: &VirtStats) {
+        *self.stats.lock().unwrap() = Some(stats.clone());
     }
 }
 
@@ -218,6 +268,10 @@ impl InlineApp for Client {
 }
 
 fn run(model: Model, with_garbage: bool) {
+    run_with(model, with_garbage, false);
+}
+
+fn run_with(model: Model, with_garbage: bool, virt: bool) {
     let (mut server, client) = pair(1, 1, |_| {});
     let slab = zbuf::Slab::new(
         zbuf::SlabConfig::new()
@@ -245,15 +299,31 @@ fn run(model: Model, with_garbage: bool) {
     };
     let served = Arc::new(Mutex::new(Vec::new()));
     let s2 = Arc::clone(&served);
-    let (srv, workers) = Runtime::spawn_msg(
-        server.remove(0),
-        sopts,
-        cfg,
-        || KnbParser::new(Order::Ordered),
-        move |_| Echo {
-            served: Arc::clone(&s2),
-        },
-    )
+    let takes = Arc::new(Mutex::new(Vec::new()));
+    let vstats = Arc::new(Mutex::new(None));
+    let (srv, workers) = if virt {
+        Runtime::spawn_msg_virtual(
+            server.remove(0),
+            sopts,
+            cfg,
+            || KnbParser::new(Order::Ordered),
+            VirtEcho {
+                served: s2,
+                takes: Arc::clone(&takes),
+                stats: Arc::clone(&vstats),
+            },
+        )
+    } else {
+        Runtime::spawn_msg(
+            server.remove(0),
+            sopts,
+            cfg,
+            || KnbParser::new(Order::Ordered),
+            move |_| Echo {
+                served: Arc::clone(&s2),
+            },
+        )
+    }
     .unwrap();
     let finished = Arc::new(AtomicUsize::new(0));
     let reset = Arc::new(AtomicUsize::new(0));
@@ -290,6 +360,33 @@ fn run(model: Model, with_garbage: bool) {
         c.parse_errors(ParseErrorKind::Malformed),
         u64::from(with_garbage)
     );
+    if virt {
+        // Every message occupied its worker, every occupation ended, none refused.
+        let st = vstats
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("emulation thread finished");
+        assert_eq!(
+            (st.started, st.ended, st.refused),
+            (total, total, 0),
+            "{st:?}"
+        );
+        assert!(st.achieved_ns >= st.requested_ns);
+        // An occupied worker takes nothing: each worker's next take comes after its
+        // previous occupation ended.
+        let takes = takes.lock().unwrap();
+        assert_eq!(takes.len() as u64, total);
+        for w in 0..4 {
+            let mine: Vec<_> = takes.iter().filter(|t| t.0 == w).collect();
+            for p in mine.windows(2) {
+                assert!(
+                    p[1].1 >= p[0].1 + p[0].2,
+                    "worker {w} took a message while occupied"
+                );
+            }
+        }
+    }
     let served = served.lock().unwrap();
     let mut used: Vec<usize> = served.clone();
     used.sort_unstable();
@@ -316,4 +413,11 @@ fn cs_and_cp_answer_in_request_order_too() {
 #[test]
 fn a_garbage_stream_is_closed_and_the_others_are_served() {
     run(Model::Ms, true);
+}
+
+#[test]
+fn virtual_workers_answer_in_request_order_and_stay_occupied() {
+    run_with(Model::Ms, false, true);
+    run_with(Model::Cs, false, true);
+    run_with(Model::Cp, false, true);
 }

@@ -474,6 +474,7 @@ pub fn rpc(a: RpcArgs) -> Res<()> {
     let prefix = a.place.prefix()?;
     let b = backend::backend(a.stack);
     check_server_model(a.stack, a.workload.emu.server_model)?;
+    check_service_mode(a.stack, a.workload.emu.service_mode)?;
     if let Some(why) = b.unavailable() {
         return Err(Error::Run(why));
     }
@@ -551,10 +552,24 @@ pub(crate) fn check_server_model(stack: Stack, m: Option<crate::service::ServerM
     }
 }
 
+/// Timer mode (virtual workers) exists in luna's message mode only; the kernel
+/// baselines keep real threads.
+pub(crate) fn check_service_mode(stack: Stack, mode: crate::service::ServiceMode) -> Res<()> {
+    if mode == crate::service::ServiceMode::Timer && stack != Stack::Luna {
+        return Err(Error::Usage(format!(
+            "--service-mode timer (virtual workers) runs on --stack luna --server-model \
+             cp|cs|ms only; --stack {} keeps real threads: use spin or sleep",
+            stack.name()
+        )));
+    }
+    Ok(())
+}
+
 /// `knb server`: serve `--connections` connections, then exit.
 pub fn server(a: ServerArgs) -> Res<()> {
     a.workload.validate()?;
     check_server_model(a.stack, a.workload.emu.server_model)?;
+    check_service_mode(a.stack, a.workload.emu.service_mode)?;
     // Engines that answer inline (no --server-model) occupy their thread this way.
     crate::service::set_inline_mode(a.workload.emu.service_mode);
     let b = backend::backend(a.stack);

@@ -9,7 +9,13 @@
 //!   keeps the CPU busy until the deadline; `sleep` sleeps until the deadline minus a margin
 //!   measured at start-up ([`margin`]: p99 overshoot of a few hundred short sleeps, with the
 //!   timer slack set to 1 ns), then spins the rest, so many workers share few CPUs and the
-//!   occupation is still precise.
+//!   occupation is still precise. `timer`: *virtual workers* — the `--workers` message
+//!   sockets (real msgsched workers: CP/CS/MS placement, handoff, stealing unchanged) are
+//!   driven by ONE emulation thread that keeps each occupied worker as a deadline
+//!   ([`msgsched::virt`]; r2c's [`r2c::msg::Runtime::spawn_msg_virtual`]): a worker that
+//!   took a request takes nothing until its deadline, then its reply goes out. Occupancy
+//!   costs no CPU per worker, so 20 workers fit on 2 CPUs. luna (`--server-model
+//!   cp|cs|ms`) only; the kernel baselines keep real threads (spin or sleep).
 //! * `--unordered`, `--server-model cp|cs|pool`, `--workers N`: see [`Emu`].
 
 use std::sync::OnceLock;
@@ -185,6 +191,9 @@ pub enum ServiceMode {
     /// Sleep to the deadline minus a measured margin, then spin the rest (the worker is
     /// occupied but yields the CPU most of the time).
     Sleep,
+    /// Virtual workers: one emulation thread keeps every occupied worker as a deadline
+    /// (luna's message mode only).
+    Timer,
 }
 
 impl ServiceMode {
@@ -193,6 +202,7 @@ impl ServiceMode {
         match self {
             ServiceMode::Spin => "spin",
             ServiceMode::Sleep => "sleep",
+            ServiceMode::Timer => "timer",
         }
     }
 }
@@ -232,8 +242,10 @@ pub struct Emu {
     /// bimodal:100us. Needs --req-size >= 8 (the tag is the first 8 payload bytes).
     #[arg(long, value_parser = parse_service)]
     pub service: Option<ServiceSpec>,
-    /// How the server occupies a worker for a request's service time: spin (busy CPU) or
-    /// sleep (sleep to the deadline minus a measured margin, then spin).
+    /// How the server occupies a worker for a request's service time: spin (busy CPU),
+    /// sleep (sleep to the deadline minus a measured margin, then spin) or timer
+    /// (virtual workers: one thread keeps occupied workers as deadlines; luna
+    /// --server-model cp|cs|ms only).
     #[arg(long, value_enum, default_value = "spin")]
     pub service_mode: ServiceMode,
     /// Match responses by id: a request may complete out of order (rpc only).
@@ -282,6 +294,19 @@ impl Emu {
                 "--workers {} applies to --server-model (cp|cs|pool on the kernel, cp|cs|ms on luna)",
                 self.workers
             ));
+        }
+        if self.service_mode == ServiceMode::Timer
+            && !matches!(
+                self.server_model,
+                Some(ServerModel::Cp | ServerModel::Cs | ServerModel::Ms)
+            )
+        {
+            return Err(
+                "--service-mode timer runs virtual workers in luna's message mode: it needs \
+                 --stack luna --server-model cp|cs|ms (the kernel baselines keep real \
+                 threads: use spin or sleep there)"
+                    .into(),
+            );
         }
         if bulk && self.server_model.is_some() {
             return Err("--server-model applies to --mode rpc, not bulk".into());
@@ -364,7 +389,9 @@ pub fn occupy(d: Duration, mode: ServiceMode) {
     occupy_until(Instant::now() + d, mode);
 }
 
-/// Occupies the calling thread until `deadline` in `mode`.
+/// Occupies the calling thread until `deadline` in `mode`. Timer mode occupies no
+/// thread (virtual workers keep deadlines instead) and the argument checks keep it away
+/// from code that occupies a thread; were it asked here, it spins like `spin`.
 pub fn occupy_until(deadline: Instant, mode: ServiceMode) {
     if mode == ServiceMode::Sleep {
         let m = margin();
@@ -404,7 +431,12 @@ pub struct CheckArgs {
     #[arg(long, value_delimiter = ',', default_value = "20us,100us", value_parser = parse_duration_ns)]
     pub means: Vec<u64>,
     /// Modes to check.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "spin,sleep")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "spin,sleep,timer"
+    )]
     pub modes: Vec<ServiceMode>,
     /// Occupations per (mean, mode).
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u32).range(10..=10_000_000))]
@@ -412,6 +444,10 @@ pub struct CheckArgs {
     /// Pin to this CPU.
     #[arg(long)]
     pub cpu: Option<usize>,
+    /// Timer mode: virtual workers kept busy back to back by the one emulation thread
+    /// (each occupation is one sample).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub virtual_workers: u32,
     /// Also write the result as JSON here.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
@@ -440,10 +476,18 @@ pub fn check(a: CheckArgs) -> crate::workload::Res<()> {
         for &mode in &a.modes {
             let d = Duration::from_nanos(mean);
             let mut err: Vec<i64> = Vec::with_capacity(a.samples as usize);
-            for _ in 0..a.samples {
-                let t = Instant::now();
-                occupy(d, mode);
-                err.push(t.elapsed().as_nanos() as i64 - mean as i64);
+            if mode == ServiceMode::Timer {
+                err.extend(timer_errors(
+                    mean,
+                    a.samples as usize,
+                    a.virtual_workers as usize,
+                ));
+            } else {
+                for _ in 0..a.samples {
+                    let t = Instant::now();
+                    occupy(d, mode);
+                    err.push(t.elapsed().as_nanos() as i64 - mean as i64);
+                }
             }
             err.sort_unstable();
             let q = |p: f64| {
@@ -461,7 +505,9 @@ pub fn check(a: CheckArgs) -> crate::workload::Res<()> {
                 q(0.999),
                 max
             );
+            let vw = (mode == ServiceMode::Timer).then_some(a.virtual_workers);
             rows.push(json!({"mean_us": mean as f64 / 1e3, "mode": mode.name(),
+                "virtual_workers": vw,
                 "samples": a.samples, "err_p50_us": q(0.5), "err_p99_us": q(0.99),
                 "err_p999_us": q(0.999), "err_max_us": max}));
         }
@@ -477,9 +523,82 @@ pub fn check(a: CheckArgs) -> crate::workload::Res<()> {
     Ok(())
 }
 
+/// Below this distance to the earliest deadline the emulation thread spins, above it it
+/// yields when idle: the same policy as r2c's virtual-worker loop.
+const TIMER_SPIN: Duration = Duration::from_micros(10);
+
+/// Timer mode's emulation error: `workers` virtual workers on this thread, each
+/// occupied for `mean` ns back to back (a freed worker starts its next occupation at
+/// once), driven like r2c's emulation loop ([`msgsched::virt::VirtualWorkers`], spin
+/// near a deadline, yield otherwise); `samples` occupations, each error = achieved −
+/// requested occupancy in ns.
+pub fn timer_errors(mean: u64, samples: usize, workers: usize) -> Vec<i64> {
+    let epoch = Instant::now();
+    let now = || u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let mut vw: msgsched::virt::VirtualWorkers<()> =
+        msgsched::virt::VirtualWorkers::new(workers.max(1));
+    let mut started = 0;
+    let mut err = Vec::with_capacity(samples);
+    let spin = TIMER_SPIN.as_nanos() as u64;
+    // Stagger the first starts over one mean, as an open-loop arrival stream would.
+    let step = mean / vw.len() as u64;
+    for w in 0..vw.len().min(samples) {
+        let _ = vw.start(w, now() + w as u64 * step, mean, ());
+        started += 1;
+    }
+    while err.len() < samples {
+        let t = now();
+        let mut work = false;
+        while let Some(d) = vw.pop_due(t) {
+            err.push(d.late() as i64);
+            work = true;
+            if started < samples {
+                let _ = vw.start(d.worker, now(), mean, ());
+                started += 1;
+            }
+        }
+        if !work {
+            match vw.next_deadline() {
+                Some(d) if d.saturating_sub(now()) < spin => std::hint::spin_loop(),
+                Some(_) => std::thread::yield_now(),
+                None => break,
+            }
+        }
+    }
+    err
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timer_mode_occupies_every_virtual_worker_at_least_its_time() {
+        let e = timer_errors(50_000, 200, 8);
+        assert_eq!(e.len(), 200);
+        assert!(e.iter().all(|&x| x >= 0), "an occupation ended early");
+        let timer = Emu {
+            service: Some(parse_service("fixed:20us").unwrap()),
+            service_mode: ServiceMode::Timer,
+            ..Emu::default()
+        };
+        assert!(timer
+            .validate(64, false)
+            .unwrap_err()
+            .contains("--server-model cp|cs|ms"));
+        let pool = Emu {
+            server_model: Some(ServerModel::Pool),
+            workers: 4,
+            ..timer.clone()
+        };
+        assert!(pool.validate(64, false).is_err());
+        let ms = Emu {
+            server_model: Some(ServerModel::Ms),
+            workers: 20,
+            ..timer
+        };
+        assert!(ms.validate(64, false).is_ok());
+    }
 
     #[test]
     fn service_specs_parse_and_reject_garbage() {

@@ -169,6 +169,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
     for &m in &a.models {
         run::check_server_model(a.slo_stack, Some(m))?;
     }
+    run::check_service_mode(a.slo_stack, a.service_mode)?;
     let b = backend::backend(a.slo_stack);
     if let Some(why) = b.unavailable() {
         return Err(Error::Usage(format!(

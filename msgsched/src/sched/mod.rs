@@ -151,6 +151,17 @@ pub enum RecvError {
     Disconnected,
 }
 
+/// Why [`Worker::poll`] returned without a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TryRecvError {
+    /// Nothing to take now; the worker is announced idle until its next poll.
+    #[error("no message now")]
+    Empty,
+    /// The dispatcher is gone and everything queued has been taken.
+    #[error("dispatcher dropped and queues drained")]
+    Disconnected,
+}
+
 /// Creates a dispatcher and `cfg.workers` workers sharing one scheduler.
 pub fn scheduler<T: Send>(
     cfg: &SchedConfig,

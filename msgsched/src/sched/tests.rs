@@ -323,3 +323,185 @@ fn partition_stays_in_range() {
         }
     }
 }
+
+// ------------------------------------------------- poll (virtual workers) ---
+
+#[test]
+fn poll_announces_idle_without_parking_and_takes_the_handoff() {
+    let (mut d, mut w) = sched::<u32>(Model::Ms, 3, 8);
+    // Nothing yet: Empty, and the worker is announced idle (not parked: we are here).
+    assert_eq!(w[1].poll(), Err(TryRecvError::Empty));
+    assert!(w[1].is_announced());
+    assert!(d.stats().workers[1].idle);
+    // The only idle worker gets the message directly.
+    assert_eq!(d.dispatch(5, 50), Ok(Placed::Handoff(1)));
+    assert_eq!(w[1].poll(), Ok(50));
+    // Having taken it, the worker is busy: not idle, not announced.
+    assert!(!w[1].is_announced());
+    assert!(!d.stats().workers[1].idle);
+    // Nobody announced: the next message is queued, not handed off.
+    assert!(matches!(d.dispatch(6, 60), Ok(Placed::Queued(_))));
+}
+
+#[test]
+fn a_worker_that_does_not_poll_is_busy_gets_no_handoff_and_steals_nothing() {
+    let (mut d, mut w) = sched::<u32>(Model::Ms, 2, 8);
+    assert_eq!(w[0].poll(), Err(TryRecvError::Empty));
+    assert_eq!(w[1].poll(), Err(TryRecvError::Empty));
+    // Both idle: two handoffs, one each.
+    let a = d.dispatch(1, 10).unwrap();
+    let b = d.dispatch(2, 20).unwrap();
+    let mut got = [a, b];
+    got.sort_by_key(|p| match p {
+        Placed::Handoff(i) => *i,
+        _ => 99,
+    });
+    assert_eq!(got, [Placed::Handoff(0), Placed::Handoff(1)]);
+    let m0 = w[0].poll().unwrap();
+    let m1 = w[1].poll().unwrap();
+    assert_eq!(m0 + m1, 30);
+    // Both occupied (not polling): messages queue up.
+    for i in 0..4 {
+        assert!(matches!(d.dispatch(3, 100 + i), Ok(Placed::Queued(_))));
+    }
+    let queued: u64 = d.stats().workers.iter().map(|x| x.queued as u64).sum();
+    assert_eq!(queued, 4);
+    // Worker 0 is done and polls: it takes from its own FIFO or steals worker 1's,
+    // while worker 1 (still occupied) takes nothing.
+    let mut mine = Vec::new();
+    loop {
+        match w[0].poll() {
+            Ok(m) => mine.push(m),
+            Err(TryRecvError::Empty) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    mine.sort_unstable();
+    assert_eq!(mine, [100, 101, 102, 103]);
+    assert_eq!(d.stats().workers[1].taken, 1);
+    assert!(d.stats().workers[0].idle);
+}
+
+#[test]
+fn poll_sees_work_queued_while_it_was_announced() {
+    // CP: no handoff, the key's FIFO; the announced worker must find it on its next poll.
+    let (mut d, mut w) = sched::<u32>(Model::Cp, 2, 8);
+    let k = (0..100).find(|&k| d.worker_of(k) == 1).unwrap();
+    assert_eq!(w[1].poll(), Err(TryRecvError::Empty));
+    assert_eq!(d.dispatch(k, 7), Ok(Placed::Queued(1)));
+    assert_eq!(w[1].poll(), Ok(7));
+    // The other CP worker never steals it.
+    assert_eq!(d.dispatch(k, 8), Ok(Placed::Queued(1)));
+    assert_eq!(w[0].poll(), Err(TryRecvError::Empty));
+    assert_eq!(w[0].poll(), Err(TryRecvError::Empty));
+    assert_eq!(w[1].poll(), Ok(8));
+}
+
+#[test]
+fn poll_then_blocking_or_try_recv_keeps_the_mailbox_invariant() {
+    let (mut d, mut w) = sched::<u32>(Model::Ms, 2, 8);
+    // Announced by poll, then claimed: recv_timeout returns the handed-off message.
+    assert_eq!(w[0].poll(), Err(TryRecvError::Empty));
+    assert_eq!(d.dispatch(1, 11), Ok(Placed::Handoff(0)));
+    assert_eq!(w[0].recv_timeout(Duration::from_secs(5)), Ok(11));
+    // Announced by poll, then withdrawn by try_recv: no longer idle, no handoff.
+    assert_eq!(w[1].poll(), Err(TryRecvError::Empty));
+    assert!(d.stats().workers[1].idle);
+    assert_eq!(w[1].try_recv(), None);
+    assert!(!w[1].is_announced());
+    assert!(!d.stats().workers[1].idle);
+    assert!(matches!(d.dispatch(2, 22), Ok(Placed::Queued(_))));
+    // Announced, claimed, then try_recv: the mailbox message.
+    let x = w[1].try_recv().or_else(|| w[0].try_recv());
+    assert_eq!(x, Some(22));
+    assert_eq!(w[1].poll(), Err(TryRecvError::Empty));
+    assert_eq!(d.dispatch(3, 33), Ok(Placed::Handoff(1)));
+    assert_eq!(w[1].try_recv(), Some(33));
+}
+
+#[test]
+fn poll_drains_after_disconnect_then_reports_it() {
+    let (mut d, mut w) = sched::<u32>(Model::Ms, 2, 8);
+    assert_eq!(w[0].poll(), Err(TryRecvError::Empty));
+    assert_eq!(w[1].poll(), Err(TryRecvError::Empty));
+    assert_eq!(w[0].try_recv(), None); // withdraw 0
+    assert_eq!(w[1].try_recv(), None); // withdraw 1
+    for i in 0..3 {
+        d.dispatch(i, i as u32).unwrap();
+    }
+    drop(d);
+    let mut got = Vec::new();
+    loop {
+        match w[0].poll() {
+            Ok(m) => got.push(m),
+            Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) => panic!("empty after disconnect"),
+        }
+    }
+    assert_eq!(w[1].poll(), Err(TryRecvError::Disconnected));
+    got.sort_unstable();
+    assert_eq!(got, [0, 1, 2]);
+}
+
+/// One thread polls 8 virtual workers (each occupied for a few polls after taking a
+/// message) while another dispatches: every message is delivered exactly once, and a
+/// worker never takes a message while occupied.
+#[test]
+fn one_thread_polling_many_workers_delivers_every_message_once() {
+    for model in [Model::Ms, Model::Cs, Model::Cp] {
+        let (mut d, mut w) = sched::<u64>(model, 8, 4);
+        let n = 5_000u64;
+        let poller = thread::spawn(move || {
+            let mut seen = vec![0u32; n as usize];
+            let mut busy = [0u32; 8];
+            let mut done = false;
+            let until = Instant::now() + Duration::from_secs(60);
+            while !done {
+                assert!(Instant::now() < until, "{model}: poller stuck");
+                done = true;
+                for (i, wk) in w.iter_mut().enumerate() {
+                    if busy[i] > 0 {
+                        busy[i] -= 1;
+                        done = false;
+                        continue;
+                    }
+                    match wk.poll() {
+                        Ok(m) => {
+                            seen[m as usize] += 1;
+                            wk.finish(m % 16);
+                            busy[i] = (m % 3) as u32;
+                            done = false;
+                        }
+                        Err(TryRecvError::Empty) => done = false,
+                        Err(TryRecvError::Disconnected) => {}
+                    }
+                }
+            }
+            seen
+        });
+        let until = Instant::now() + Duration::from_secs(60);
+        for i in 0..n {
+            let mut m = i;
+            loop {
+                match d.dispatch(i % 16, m) {
+                    Ok(_) => break,
+                    Err(r) => {
+                        assert!(Instant::now() < until, "{model}: dispatcher stuck");
+                        m = r.into_inner();
+                        d.poll();
+                        thread::yield_now();
+                    }
+                }
+            }
+        }
+        // CS: release what is held before disconnecting.
+        while d.held() > 0 {
+            assert!(Instant::now() < until, "{model}: held stuck");
+            d.poll();
+            thread::yield_now();
+        }
+        drop(d);
+        let seen = poller.join().unwrap();
+        assert!(seen.iter().all(|&c| c == 1), "{model}: lost or duplicated");
+    }
+}

@@ -31,8 +31,14 @@
 
 use super::stats::Stats;
 use super::sync::{fence, yield_now, Arc, Ordering, Parker};
-use super::{Model, RecvError, Shared};
+use super::{Model, RecvError, Shared, TryRecvError};
 use std::time::{Duration, Instant};
+
+/// An announcement by `poll` ended: free to take, or claimed by a dispatcher.
+enum Settled<T> {
+    Free,
+    Claimed(Option<T>),
+}
 
 /// One worker thread's end of the scheduler. `Send`; use it from one thread.
 pub struct Worker<T> {
@@ -41,6 +47,9 @@ pub struct Worker<T> {
     parker: Parker,
     /// Where the next steal scan starts (rotates so worker 0 is not always robbed).
     cursor: usize,
+    /// [`Worker::poll`] left this worker announced idle (its bit set, or cleared by a
+    /// dispatcher's claim whose mailbox message is still to be taken).
+    announced: bool,
 }
 
 impl<T: Send> Worker<T> {
@@ -50,6 +59,7 @@ impl<T: Send> Worker<T> {
             index,
             parker,
             cursor: index + 1,
+            announced: false,
         }
     }
 
@@ -59,9 +69,108 @@ impl<T: Send> Worker<T> {
     }
 
     /// Takes a message if one is available to this worker: its mailbox, its own FIFO,
-    /// then (MS, CS) another worker's FIFO. Never blocks, never announces idle.
+    /// then (MS, CS) another worker's FIFO. Never blocks, never announces idle (it
+    /// withdraws an announcement left by [`Worker::poll`]).
     pub fn try_recv(&mut self) -> Option<T> {
-        self.take()
+        match self.settle() {
+            Settled::Free => self.take(),
+            Settled::Claimed(m) => m,
+        }
+    }
+
+    /// Non-blocking receive that takes part in the idle protocol, for a driver that runs
+    /// many workers on one thread (virtual workers, [`crate::virt`]): a worker that
+    /// polls is idle, one that does not is busy. Takes what [`Worker::try_recv`] takes;
+    /// when there is nothing, the worker stays *announced idle* until its next `poll`
+    /// (or `try_recv` / `recv*`), so under MS and CS the dispatcher may hand it a
+    /// message directly, which the next `poll` returns. Once `poll` has returned a
+    /// message the worker is not idle: it gets no handoff and steals nothing until it
+    /// polls again. Never parks or waits: if a dispatcher claimed this worker and has
+    /// not yet filled its mailbox, this returns `Empty` and the next poll takes it.
+    /// After the dispatcher is dropped: what is still queued, then `Disconnected`.
+    pub fn poll(&mut self) -> Result<T, TryRecvError> {
+        let s = Arc::clone(&self.shared);
+        let me = self.index;
+        if self.announced {
+            if !s.idle.is_set(me) {
+                return self.claimed_now();
+            }
+            if !self.has_work() {
+                return Err(TryRecvError::Empty);
+            }
+            if !s.idle.clear(me) {
+                // Claimed between the two checks.
+                return self.claimed_now();
+            }
+            self.announced = false;
+        }
+        // Read before taking: if the dispatcher was gone before we found nothing,
+        // nothing can arrive any more.
+        let gone = s.disconnected.load(Ordering::Acquire);
+        if let Some(m) = self.take() {
+            return Ok(m);
+        }
+        if gone {
+            return self.drain_all().ok_or(TryRecvError::Disconnected);
+        }
+        // Announce idle (the mailbox is empty: invariant in the module docs), then the
+        // same re-check as a parking worker: work published before the announcement
+        // is seen here; work published after it sees the bit (and the next poll's
+        // `has_work` sees the work).
+        s.idle.set(me);
+        fence(Ordering::SeqCst);
+        self.announced = true;
+        if !s.idle.is_set(me) {
+            return self.claimed_now();
+        }
+        if self.has_work() {
+            if !s.idle.clear(me) {
+                return self.claimed_now();
+            }
+            self.announced = false;
+            // Someone else may have taken it meanwhile: then this poll found nothing
+            // and the next one announces again.
+            return match self.take() {
+                Some(m) => Ok(m),
+                None if s.disconnected.load(Ordering::Acquire) => {
+                    self.drain_all().ok_or(TryRecvError::Disconnected)
+                }
+                None => Err(TryRecvError::Empty),
+            };
+        }
+        Err(TryRecvError::Empty)
+    }
+
+    /// Whether [`Worker::poll`] left this worker announced idle.
+    pub fn is_announced(&self) -> bool {
+        self.announced
+    }
+
+    /// Claimed while announced by `poll`: the mailbox message, or `Empty` if the
+    /// dispatcher has not pushed it yet (it will: the worker stays announced).
+    fn claimed_now(&mut self) -> Result<T, TryRecvError> {
+        match self.shared.slots[self.index].mailbox.pop() {
+            Some(m) => {
+                self.announced = false;
+                self.progress();
+                Ok(m)
+            }
+            None => Err(TryRecvError::Empty),
+        }
+    }
+
+    /// Ends an announcement left by `poll` before taking any other way: withdrawn
+    /// (`Free`), or claimed (`Claimed` with the mailbox message, or `None` while the
+    /// dispatcher has not pushed it; the worker then stays announced).
+    fn settle(&mut self) -> Settled<T> {
+        if !self.announced {
+            return Settled::Free;
+        }
+        if self.shared.idle.clear(self.index) {
+            self.announced = false;
+            return Settled::Free;
+        }
+        Settled::Claimed(self.claimed_now().ok())
     }
 
     /// Waits up to `timeout` for a message, parked while idle. After the dispatcher is
@@ -118,6 +227,14 @@ impl<T: Send> Worker<T> {
     fn recv_until(&mut self, deadline: Option<Instant>) -> Result<T, RecvError> {
         let s = Arc::clone(&self.shared);
         let me = self.index;
+        if self.announced {
+            // Left announced by `poll`: withdraw, or take the claimed message.
+            if !s.idle.clear(me) {
+                self.announced = false;
+                return Ok(self.claimed());
+            }
+            self.announced = false;
+        }
         loop {
             // Read before taking: if the dispatcher was gone before we found nothing,
             // nothing can arrive any more.

@@ -929,12 +929,69 @@ impl MsgWorker {
 
 impl r2c::msg::MsgHandler for MsgWorker {
     fn on_message(&mut self, ctx: &mut r2c::msg::MsgCtx<'_>, m: msgsched::socket::Message<Conn>) {
+        if let Some((ns, origin, reply)) = self.build(ctx, m) {
+            if ns > 0 {
+                crate::service::occupy(Duration::from_nanos(ns), self.mode);
+            }
+            ctx.reply(origin, reply);
+        }
+    }
+}
+
+/// Timer mode: the same worker logic on virtual workers (one emulation thread); the
+/// request's service time occupies the virtual worker, then its reply goes out.
+struct VirtWorker {
+    w: MsgWorker,
+    stats: Arc<Mutex<Option<msgsched::virt::VirtStats>>>,
+}
+
+impl r2c::msg::VirtualHandler for VirtWorker {
+    fn on_message(
+        &mut self,
+        ctx: &mut r2c::msg::MsgCtx<'_>,
+        m: msgsched::socket::Message<Conn>,
+    ) -> Option<r2c::msg::Occupied> {
+        let (ns, origin, reply) = self.w.build(ctx, m)?;
+        Some(r2c::msg::Occupied {
+            service: Duration::from_nanos(ns),
+            origin,
+            reply,
+        })
+    }
+
+    fn finished(&mut self, stats: &msgsched::virt::VirtStats) {
+        *self.stats.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats.clone());
+    }
+}
+
+/// What the emulation thread of timer mode did: achieved vs requested occupancy.
+fn virt_json(s: &msgsched::virt::VirtStats) -> Value {
+    let us = |ns: u64| ns as f64 / 1e3;
+    serde_json::json!({
+        "started": s.started, "ended": s.ended, "refused": s.refused,
+        "requested_s": s.requested_ns as f64 / 1e9, "achieved_s": s.achieved_ns as f64 / 1e9,
+        "occupancy_ratio": s.occupancy_ratio(),
+        "late_mean_us": s.late.mean() / 1e3, "late_p50_us": us(s.late.quantile(0.5)),
+        "late_p99_us": us(s.late.quantile(0.99)), "late_p999_us": us(s.late.quantile(0.999)),
+        "late_max_us": us(s.late.max()),
+    })
+}
+
+impl MsgWorker {
+    /// Checks and counts a request and builds its reply: (service ns, origin, reply),
+    /// or `None` for a request that is not answered (counted as an error).
+    fn build(
+        &mut self,
+        ctx: &mut r2c::msg::MsgCtx<'_>,
+        m: msgsched::socket::Message<Conn>,
+    ) -> Option<(u64, msgsched::socket::Origin<Conn>, IoVec)> {
         use msgsched::parser::knb::{
             Header as MHeader, HDR_LEN as MHDR, RESPONSE as MRESP, SERVICE,
         };
         let Ok(Some(h)) = MHeader::read(&m.body) else {
             // The parser framed it, so the header is whole: cannot happen.
-            return self.fail("message without a header".into());
+            self.fail("message without a header".into());
+            return None;
         };
         if h.flags & (flags::NOREPLY | flags::MARK | flags::SYNC) != 0 {
             self.fail(format!(
@@ -942,24 +999,28 @@ impl r2c::msg::MsgHandler for MsgWorker {
                 h.id
             ));
             drop(m);
-            return;
+            return None;
         }
         self.served.requests.fetch_add(1, Ordering::Relaxed);
         self.served
             .rx_payload
             .fetch_add(u64::from(h.len), Ordering::Relaxed);
+        let mut ns = 0;
         if h.flags & SERVICE != 0 {
             let mut tag = [0u8; crate::service::TAG_LEN];
             if !msgsched::parser::peek(&m.body, MHDR, &mut tag) {
-                return self.fail(format!("request {}: service tag cut short", h.id));
+                self.fail(format!("request {}: service tag cut short", h.id));
+                return None;
             }
-            let ns = crate::service::decode_tag(&tag);
-            crate::service::occupy(Duration::from_nanos(ns), self.mode);
+            ns = crate::service::decode_tag(&tag);
         }
         let verify = h.flags & flags::VERIFY != 0;
         let body = match self.payload(ctx, h.id, verify) {
             Ok(b) => b,
-            Err(e) => return self.fail(e),
+            Err(e) => {
+                self.fail(e);
+                return None;
+            }
         };
         let hdr = MHeader {
             id: h.id,
@@ -968,17 +1029,21 @@ impl r2c::msg::MsgHandler for MsgWorker {
         };
         let mut head = match ctx.alloc(MHDR) {
             Ok(z) => z,
-            Err(e) => return self.fail(format!("zbuf: {e}")),
+            Err(e) => {
+                self.fail(format!("zbuf: {e}"));
+                return None;
+            }
         };
         if head.extend_from_slice(&hdr.bytes()).is_err() {
-            return self.fail("zbuf: header".into());
+            self.fail("zbuf: header".into());
+            return None;
         }
         let mut reply = IoVec::from(head.freeze());
         reply.push(body);
         self.served
             .tx_payload
             .fetch_add(u64::from(self.resp_size), Ordering::Relaxed);
-        ctx.reply(m.origin, reply);
+        Some((ns, m.origin, reply))
     }
 }
 
@@ -1047,12 +1112,21 @@ fn serve_msg(
     let served = Arc::new(MsgServed::default());
     let sv = Arc::clone(&served);
     let (resp_size, mode) = (w.resp_size, w.emu.service_mode);
-    let (rt, workers) = Runtime::spawn_msg(
-        cores.remove(0),
-        opts,
-        cfg,
-        move || msgsched::parser::knb::KnbParser::new(ordering),
-        move |_| {
+    let vstats = Arc::new(Mutex::new(None));
+    let parser = move || msgsched::parser::knb::KnbParser::new(ordering);
+    let (rt, workers) = if mode == crate::service::ServiceMode::Timer {
+        let h = VirtWorker {
+            w: MsgWorker {
+                resp_size,
+                mode,
+                zeros: None,
+                served: Arc::clone(&sv),
+            },
+            stats: Arc::clone(&vstats),
+        };
+        Runtime::spawn_msg_virtual(cores.remove(0), opts, cfg, parser, h)
+    } else {
+        Runtime::spawn_msg(cores.remove(0), opts, cfg, parser, move |_| {
             crate::service::set_timer_slack();
             MsgWorker {
                 resp_size,
@@ -1060,8 +1134,8 @@ fn serve_msg(
                 zeros: None,
                 served: Arc::clone(&sv),
             }
-        },
-    )
+        })
+    }
     .map_err(|e| format!("r2c message mode: {e}"))?;
     let expected = u64::from(w.connections);
     while !rt.is_finished() && Instant::now() < deadline {
@@ -1093,6 +1167,10 @@ fn serve_msg(
             .collect();
         o.insert("msgsched".into(), Value::Object(msg));
         o.insert("server_model".into(), Value::from(model.name()));
+        o.insert("service_mode".into(), Value::from(mode.name()));
+        if let Some(v) = &*vstats.lock().unwrap_or_else(|p| p.into_inner()) {
+            o.insert("virtual_workers".into(), virt_json(v));
+        }
     }
     total.extra = extra;
     drop(reports);

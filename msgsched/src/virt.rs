@@ -1,0 +1,503 @@
+//! Virtual workers: the deadline bookkeeping that lets ONE emulation thread stand in for
+//! `c` occupied workers (service-time emulation without a CPU per worker; issue 9's
+//! "keep the occupied workers as deadlines on a timer wheel").
+//!
+//! Each virtual worker is a real [`crate::sched::Worker`] / [`crate::socket::MsgSocket`]
+//! — placement, handoff and stealing are the scheduler's, unchanged. The driver (r2c's
+//! message mode, `knb service-check`) runs a loop on one thread:
+//! 1. [`VirtualWorkers::pop_due`] until `None`: each worker whose deadline has passed is
+//!    free again, and the driver sends the reply it was holding;
+//! 2. every free worker (`!is_busy(w)`) polls its socket without blocking
+//!    ([`crate::sched::Worker::poll`], which keeps it announced idle while it finds
+//!    nothing); a message taken starts the worker: [`VirtualWorkers::start`] with the
+//!    request's service time; a busy worker never polls, so it takes, steals and is
+//!    handed nothing — exactly a real worker occupied by its request;
+//! 3. waits (spins or yields) until the earliest deadline ([`VirtualWorkers::next_deadline`])
+//!    or new work.
+//!
+//! This module is sans-IO and deterministic: time is the caller's, in nanoseconds on any
+//! monotonic scale. It records the emulation error — how much later than its deadline
+//! each occupation ended ([`VirtStats`]) — so a run reports achieved vs requested
+//! occupancy.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::fmt;
+
+/// One occupation that has ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Done<T> {
+    /// The virtual worker, free again.
+    pub worker: usize,
+    /// What the driver parked with it (the reply to send).
+    pub item: T,
+    /// When the occupation started (ns).
+    pub started: u64,
+    /// When it was due to end (ns): `started + service`.
+    pub deadline: u64,
+    /// When the driver noticed it ended (ns, >= `deadline`).
+    pub ended: u64,
+}
+
+impl<T> Done<T> {
+    /// Requested occupancy (ns).
+    pub fn requested(&self) -> u64 {
+        self.deadline - self.started
+    }
+
+    /// Achieved occupancy (ns): from start to when the worker was freed.
+    pub fn achieved(&self) -> u64 {
+        self.ended - self.started
+    }
+
+    /// Emulation error (ns): achieved − requested.
+    pub fn late(&self) -> u64 {
+        self.ended - self.deadline
+    }
+}
+
+/// Why [`VirtualWorkers::start`] refused; the item comes back.
+#[derive(PartialEq, Eq)]
+pub enum StartError<T> {
+    /// The worker is occupied already (a driver bug: a busy worker must not take work).
+    Busy(T),
+    /// No such worker.
+    NoSuchWorker(T),
+}
+
+impl<T> StartError<T> {
+    /// The item back.
+    pub fn into_inner(self) -> T {
+        match self {
+            StartError::Busy(t) | StartError::NoSuchWorker(t) => t,
+        }
+    }
+}
+
+impl<T> fmt::Debug for StartError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StartError::Busy(_) => "Busy(..)",
+            StartError::NoSuchWorker(_) => "NoSuchWorker(..)",
+        })
+    }
+}
+
+impl<T> fmt::Display for StartError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StartError::Busy(_) => "virtual worker is occupied",
+            StartError::NoSuchWorker(_) => "no such virtual worker",
+        })
+    }
+}
+
+impl<T> std::error::Error for StartError<T> {}
+
+/// A log-linear histogram of nanosecond values: exact below 64 ns, then 32 buckets per
+/// power of two (a quantile is the lower bound of its bucket: at most 1/32 ≈ 3% low).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Histogram {
+    counts: Vec<u64>,
+    total: u64,
+    max: u64,
+    sum: u128,
+}
+
+const SUB_BITS: u32 = 5;
+const SUB: usize = 1 << SUB_BITS;
+const EXACT: usize = 64;
+const BUCKETS: usize = EXACT + (64 - 6) * SUB;
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            counts: vec![0; BUCKETS],
+            total: 0,
+            max: 0,
+            sum: 0,
+        }
+    }
+}
+
+impl fmt::Debug for Histogram {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Histogram")
+            .field("count", &self.total)
+            .field("p50", &self.quantile(0.5))
+            .field("p99", &self.quantile(0.99))
+            .field("max", &self.max)
+            .finish()
+    }
+}
+
+impl Histogram {
+    fn index(v: u64) -> usize {
+        if (v as usize) < EXACT && v < EXACT as u64 {
+            return v as usize;
+        }
+        let e = 63 - v.leading_zeros(); // >= 6
+        let sub = ((v >> (e - SUB_BITS)) as usize) & (SUB - 1);
+        EXACT + (e as usize - 6) * SUB + sub
+    }
+
+    fn lower(i: usize) -> u64 {
+        if i < EXACT {
+            return i as u64;
+        }
+        let e = ((i - EXACT) / SUB + 6) as u32;
+        let sub = ((i - EXACT) % SUB) as u64;
+        (1u64 << e) | (sub << (e - SUB_BITS))
+    }
+
+    /// Records `v`.
+    pub fn record(&mut self, v: u64) {
+        self.counts[Self::index(v)] += 1;
+        self.total += 1;
+        self.max = self.max.max(v);
+        self.sum += u128::from(v);
+    }
+
+    /// Values recorded.
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    /// Largest value recorded (exact), 0 if none.
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
+    /// Mean (exact), 0 if none.
+    pub fn mean(&self) -> f64 {
+        if self.total == 0 {
+            return 0.0;
+        }
+        self.sum as f64 / self.total as f64
+    }
+
+    /// The `q` quantile (`q` clamped to [0, 1]; nearest rank), 0 if empty.
+    pub fn quantile(&self, q: f64) -> u64 {
+        if self.total == 0 {
+            return 0;
+        }
+        let q = if q.is_nan() { 1.0 } else { q.clamp(0.0, 1.0) };
+        let rank = ((q * self.total as f64).ceil() as u64).clamp(1, self.total);
+        let mut seen = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Self::lower(i).min(self.max);
+            }
+        }
+        self.max
+    }
+}
+
+/// What the emulation did: occupations started and ended, requested and achieved
+/// occupancy, and the lateness of each end (the emulation error).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VirtStats {
+    /// Occupations started.
+    pub started: u64,
+    /// Occupations ended.
+    pub ended: u64,
+    /// Sum of requested occupancy of the ended ones (ns).
+    pub requested_ns: u128,
+    /// Sum of achieved occupancy of the ended ones (ns).
+    pub achieved_ns: u128,
+    /// Achieved − requested per ended occupation (ns).
+    pub late: Histogram,
+    /// Refused starts (a busy or unknown worker: driver bugs, counted, not panics).
+    pub refused: u64,
+}
+
+impl VirtStats {
+    /// Achieved / requested occupancy over the ended occupations (1.0 if none).
+    pub fn occupancy_ratio(&self) -> f64 {
+        if self.requested_ns == 0 {
+            return 1.0;
+        }
+        self.achieved_ns as f64 / self.requested_ns as f64
+    }
+}
+
+struct Busy<T> {
+    item: T,
+    started: u64,
+    deadline: u64,
+}
+
+/// `c` virtual workers: which are occupied, until when, and what each holds.
+pub struct VirtualWorkers<T> {
+    slots: Vec<Option<Busy<T>>>,
+    /// (deadline, worker) of every occupied worker; earliest first.
+    heap: BinaryHeap<Reverse<(u64, usize)>>,
+    stats: VirtStats,
+}
+
+impl<T> fmt::Debug for VirtualWorkers<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VirtualWorkers")
+            .field("workers", &self.slots.len())
+            .field("busy", &self.heap.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl<T> VirtualWorkers<T> {
+    /// `workers` virtual workers, all free.
+    pub fn new(workers: usize) -> Self {
+        VirtualWorkers {
+            slots: (0..workers).map(|_| None).collect(),
+            heap: BinaryHeap::with_capacity(workers),
+            stats: VirtStats::default(),
+        }
+    }
+
+    /// Number of virtual workers.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Whether worker `w` is occupied (false for an unknown worker).
+    pub fn is_busy(&self, w: usize) -> bool {
+        self.slots.get(w).is_some_and(|s| s.is_some())
+    }
+
+    /// Occupied workers.
+    pub fn busy(&self) -> usize {
+        self.heap.len()
+    }
+
+    /// Occupies worker `w` from `now` for `service` ns, holding `item` until then.
+    /// Returns the deadline. A busy or unknown worker is refused (counted) and the item
+    /// comes back.
+    pub fn start(
+        &mut self,
+        w: usize,
+        now: u64,
+        service: u64,
+        item: T,
+    ) -> Result<u64, StartError<T>> {
+        let Some(slot) = self.slots.get_mut(w) else {
+            self.stats.refused += 1;
+            return Err(StartError::NoSuchWorker(item));
+        };
+        if slot.is_some() {
+            self.stats.refused += 1;
+            return Err(StartError::Busy(item));
+        }
+        let deadline = now.saturating_add(service);
+        *slot = Some(Busy {
+            item,
+            started: now,
+            deadline,
+        });
+        self.heap.push(Reverse((deadline, w)));
+        self.stats.started += 1;
+        Ok(deadline)
+    }
+
+    /// The earliest deadline of an occupied worker.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.heap.peek().map(|Reverse((d, _))| *d)
+    }
+
+    /// The next occupation due at `now` (earliest deadline first; ties by worker index):
+    /// the worker is free again and its item is returned. `None` if none is due.
+    pub fn pop_due(&mut self, now: u64) -> Option<Done<T>> {
+        let &Reverse((deadline, w)) = self.heap.peek()?;
+        if deadline > now {
+            return None;
+        }
+        self.heap.pop();
+        // Every heap entry has its slot (start pushes both, only this pops).
+        let b = self.slots[w].take()?;
+        let done = Done {
+            worker: w,
+            item: b.item,
+            started: b.started,
+            deadline: b.deadline,
+            ended: now.max(b.deadline),
+        };
+        let s = &mut self.stats;
+        s.ended += 1;
+        s.requested_ns += u128::from(done.requested());
+        s.achieved_ns += u128::from(done.achieved());
+        s.late.record(done.late());
+        Some(done)
+    }
+
+    /// Free workers, in index order.
+    pub fn free(&self) -> impl Iterator<Item = usize> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_none())
+            .map(|(i, _)| i)
+    }
+
+    /// What the emulation did so far.
+    pub fn stats(&self) -> &VirtStats {
+        &self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_is_busy_exactly_until_its_deadline() {
+        let mut v = VirtualWorkers::new(3);
+        assert_eq!(v.start(1, 1_000, 500, "a"), Ok(1_500));
+        assert!(v.is_busy(1) && !v.is_busy(0) && !v.is_busy(2) && !v.is_busy(9));
+        assert_eq!(v.busy(), 1);
+        assert_eq!(v.free().collect::<Vec<_>>(), [0, 2]);
+        // Not due one ns early.
+        assert_eq!(v.pop_due(1_499), None);
+        assert!(v.is_busy(1));
+        let d = v.pop_due(1_520).unwrap();
+        assert_eq!((d.worker, d.item), (1, "a"));
+        assert_eq!((d.requested(), d.achieved(), d.late()), (500, 520, 20));
+        assert!(!v.is_busy(1));
+        assert_eq!(v.pop_due(u64::MAX), None);
+        let s = v.stats();
+        assert_eq!((s.started, s.ended, s.refused), (1, 1, 0));
+        assert_eq!((s.requested_ns, s.achieved_ns), (500, 520));
+        assert!((s.occupancy_ratio() - 1.04).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_busy_or_unknown_worker_is_refused_and_the_item_comes_back() {
+        let mut v = VirtualWorkers::new(2);
+        v.start(0, 0, 10, 1u32).unwrap();
+        assert_eq!(v.start(0, 5, 10, 2).unwrap_err().into_inner(), 2);
+        assert!(matches!(
+            v.start(7, 5, 10, 3),
+            Err(StartError::NoSuchWorker(3))
+        ));
+        assert_eq!(v.stats().refused, 2);
+        // The first occupation is unchanged.
+        assert_eq!(v.next_deadline(), Some(10));
+        assert_eq!(v.pop_due(10).unwrap().item, 1);
+        // Free again: may start.
+        assert_eq!(v.start(0, 10, 0, 4), Ok(10));
+        assert_eq!(v.pop_due(10).unwrap().late(), 0);
+    }
+
+    #[test]
+    fn due_workers_come_out_earliest_deadline_first() {
+        let mut v = VirtualWorkers::new(5);
+        for (w, (start, svc)) in [(0, 50), (10, 5), (0, 30), (3, 12), (1, 30)]
+            .into_iter()
+            .enumerate()
+        {
+            v.start(w, start, svc, w).unwrap();
+        }
+        assert_eq!(v.next_deadline(), Some(15));
+        let mut order = Vec::new();
+        while let Some(d) = v.pop_due(100) {
+            assert_eq!(d.ended, 100);
+            order.push((d.deadline, d.worker));
+        }
+        // Deadlines 50, 15, 30, 15, 31: ties by index.
+        assert_eq!(order, [(15, 1), (15, 3), (30, 2), (31, 4), (50, 0)]);
+        assert_eq!(v.busy(), 0);
+        assert_eq!(v.next_deadline(), None);
+    }
+
+    #[test]
+    fn deadlines_saturate_instead_of_wrapping() {
+        let mut v = VirtualWorkers::new(1);
+        assert_eq!(v.start(0, u64::MAX - 3, 10, ()), Ok(u64::MAX));
+        assert!(v.pop_due(u64::MAX - 1).is_none());
+        assert_eq!(v.pop_due(u64::MAX).unwrap().requested(), 3);
+    }
+
+    #[test]
+    fn histogram_quantiles_are_within_a_bucket() {
+        let mut h = Histogram::default();
+        assert_eq!((h.quantile(0.5), h.max(), h.mean()), (0, 0, 0.0));
+        for v in 0..64 {
+            assert_eq!(Histogram::lower(Histogram::index(v)), v);
+        }
+        for v in [64u64, 100, 1_000, 20_000, 123_456_789, u64::MAX] {
+            let lo = Histogram::lower(Histogram::index(v));
+            assert!(lo <= v && (v - lo) as f64 <= v as f64 / 32.0, "{v}: {lo}");
+        }
+        for v in 1..=1000u64 {
+            h.record(v * 1000);
+        }
+        assert_eq!(h.count(), 1000);
+        assert_eq!(h.max(), 1_000_000);
+        assert!((h.mean() - 500_500.0).abs() < 1e-6);
+        for (q, want) in [(0.5, 500_000.0), (0.99, 990_000.0), (1.0, 1_000_000.0)] {
+            let got = h.quantile(q) as f64;
+            assert!(
+                got <= want && got >= want * (1.0 - 1.0 / 32.0),
+                "q{q}: {got}"
+            );
+        }
+        assert_eq!(h.quantile(0.0), 1_000 - 8);
+        assert_eq!(h.quantile(f64::NAN), h.quantile(1.0));
+    }
+
+    /// A simulated driver: c virtual workers fed from one FIFO, time stepped by the
+    /// driver; the achieved occupancy equals the requested one when the driver wakes at
+    /// every deadline, and at most one step late when it steps coarsely.
+    #[test]
+    fn a_stepped_driver_occupies_each_worker_for_its_service_time() {
+        let services: Vec<u64> = (0..200).map(|i| 50 + (i * 37) % 500).collect();
+        for step in [1u64, 7] {
+            let mut v = VirtualWorkers::new(4);
+            let mut queue = services.iter().copied().enumerate();
+            let mut now = 0;
+            let mut done = Vec::new();
+            let mut next = queue.next();
+            while done.len() < services.len() {
+                while let Some(d) = v.pop_due(now) {
+                    done.push(d);
+                }
+                let free: Vec<usize> = v.free().collect();
+                for w in free {
+                    if let Some((i, s)) = next {
+                        v.start(w, now, s, i).unwrap();
+                        next = queue.next();
+                    }
+                }
+                // Never more busy workers than workers.
+                assert!(v.busy() <= v.len());
+                now = if step == 1 {
+                    v.next_deadline().unwrap_or(now + 1)
+                } else {
+                    now + step
+                };
+            }
+            let mut seen: Vec<usize> = done.iter().map(|d| d.item).collect();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..services.len()).collect::<Vec<_>>());
+            for d in &done {
+                assert_eq!(d.requested(), services[d.item]);
+                assert!(d.late() < step, "late {} with step {step}", d.late());
+            }
+            let s = v.stats();
+            assert_eq!(s.started, services.len() as u64);
+            assert_eq!(
+                s.requested_ns,
+                services.iter().map(|&x| u128::from(x)).sum()
+            );
+            if step == 1 {
+                assert_eq!(s.achieved_ns, s.requested_ns);
+                assert_eq!(s.late.max(), 0);
+            }
+        }
+    }
+}

@@ -217,6 +217,13 @@ impl<R: Rng> Stack<R> {
         Ok(aborted)
     }
 
+    /// The source address a connect to `dst` would use, `None` without a route.
+    pub fn source_address(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
+        self.routes
+            .next_hop(dst)
+            .map(|(hop, r)| self.choose_source(r.source, hop))
+    }
+
     /// The source address for a connection to `dst` through `next_hop`: the route's
     /// source when it is ours (the kernel's `prefsrc`, or the address netlink-sync chose),
     /// else the address on the next hop's prefix, else the primary.

@@ -43,12 +43,10 @@ fn num(v: &Value, path: &[&str]) -> u64 {
 
 /// The JSON object printed last on `out` (knb prints one pretty JSON document).
 fn json_of(o: &Outcome) -> Value {
-    let start = o.out.find('{').unwrap_or_else(|| {
-        panic!(
-            "no JSON from {}: {}\nstderr: {}",
-            o.what, o.out, o.err
-        )
-    });
+    let start = o
+        .out
+        .find('{')
+        .unwrap_or_else(|| panic!("no JSON from {}: {}\nstderr: {}", o.what, o.out, o.err));
     serde_json::from_str(&o.out[start..])
         .unwrap_or_else(|e| panic!("{}: {e}: {}\nstderr: {}", o.what, o.out, o.err))
 }
@@ -92,6 +90,18 @@ fn knb_luna_server_shares_the_nic_with_the_kernel() {
     let server = spawn(server, "knb luna server");
     c.configure_exception(Duration::from_secs(60))
         .expect("configure the exception tap (did knb open it?)");
+    // luna's poll loop is running once the kernel behind it answers a ping (the ping
+    // crosses luna's NIC and exception port both ways); its listener is up before that.
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let up = coexist_kernel::ping(&c, 1, 1)
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if up {
+            break;
+        }
+        assert!(Instant::now() < end, "luna's exception path never answered a ping");
+    }
 
     // The kernel's services and the long session (5 lines exchanged before knb starts).
     let kernel = coexist_kernel::start(&c, &dir);
@@ -129,9 +139,20 @@ fn knb_luna_server_shares_the_nic_with_the_kernel() {
     ]);
     let long_lines = coexist_kernel::long_lines(&got[2]);
     // 2.5 s of knb at one line per 20 ms or slower: the session lived through it.
-    assert!(long_lines > 20, "the long session exchanged {long_lines} lines");
-    assert!(client.ok, "knb client failed: {}\n{}", client.out, client.err);
-    assert!(server.ok, "knb server failed: {}\n{}", server.out, server.err);
+    assert!(
+        long_lines > 20,
+        "the long session exchanged {long_lines} lines"
+    );
+    assert!(
+        client.ok,
+        "knb client failed: {}\n{}",
+        client.out, client.err
+    );
+    assert!(
+        server.ok,
+        "knb server failed: {}\n{}",
+        server.out, server.err
+    );
 
     let cv: Value = std::fs::read(&client_json)
         .ok()

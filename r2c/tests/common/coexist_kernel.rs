@@ -114,8 +114,15 @@ pub fn http_get(c: &Coexist) -> Command {
 /// `ping -c count` of luna's IP from the wire (`-W wait` seconds per reply).
 pub fn ping(c: &Coexist, count: u32, wait: u32) -> Command {
     let mut p = c.wire.command("ping");
-    p.args(["-c", &count.to_string(), "-i", "0.2", "-W", &wait.to_string()])
-        .arg(c.exception.ip.to_string());
+    p.args([
+        "-c",
+        &count.to_string(),
+        "-i",
+        "0.2",
+        "-W",
+        &wait.to_string(),
+    ])
+    .arg(c.exception.ip.to_string());
     p
 }
 

@@ -52,12 +52,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bifurcation::PortRange;
+use bifurcation::{KernelPorts, TrafficConfig};
 use dpdk_sys::Eal;
 use luna_stack::stack::{RecvError, StackConfig, StackDrop};
 use luna_stack::tcp::{CloseReason, DropReason};
 use luna_stack::wire::Ipv4Cidr;
 use r2c::clock::ClockSource;
-use bifurcation::{KernelPorts, TrafficConfig};
 use r2c::device::dpdk::{memif_quiesce, port_name_from_vdev, DpdkDevice, DpdkDeviceConfig};
 use r2c::device::steering::{SteeringMode, SteeringRequest};
 use r2c::device::Device;
@@ -1110,12 +1110,12 @@ fn serve_msg(
 /// The inline server's runtime on `cores` (one per lane), until every lane served its
 /// connections or `deadline`: plain lanes, or the coexistence lane's exception device.
 fn run_server<D: Device + Send + 'static>(
-spec: &ServerSpec,
-eal: &Eal,
-cores: Vec<CoreSetup<D>>,
-opts: CoreOptions,
-lanes: usize,
-deadline: Instant,
+    spec: &ServerSpec,
+    eal: &Eal,
+    cores: Vec<CoreSetup<D>>,
+    opts: CoreOptions,
+    lanes: usize,
+    deadline: Instant,
 ) -> Result<ServerReport, String> {
     let w = spec.workload.clone();
     let mut opts = opts;
@@ -1156,8 +1156,7 @@ deadline: Instant,
     }
     rt.stop();
     let reports = rt.join().map_err(|e| format!("r2c runtime: {e}"))?;
-    let mut total =
-        std::mem::take(&mut *shared.report.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut total = std::mem::take(&mut *shared.report.lock().unwrap_or_else(|p| p.into_inner()));
     total.connections = spec.workload.connections as u64;
     total.extra = core_counters(&reports);
     drop(reports);
@@ -1198,7 +1197,14 @@ fn serve_coexist(
         mode: SteeringMode::Auto,
         rules: bifurcation::compile(&model),
     };
-    let mut env = open(&spec.eal, 1, w.mtu, spec.lifetime, &mut || {}, Some(steering))?;
+    let mut env = open(
+        &spec.eal,
+        1,
+        w.mtu,
+        spec.lifetime,
+        &mut || {},
+        Some(steering),
+    )?;
     let mut ec = DpdkDeviceConfig::new(x.port.clone());
     ec.pool_prefix = "lkx".into();
     ec.rx_mbufs = 4095;
@@ -1291,13 +1297,15 @@ impl Backend for Luna {
             cores,
             opts,
             lanes,
-        } = open(&spec.eal, w.threads as u16, w.mtu, spec.lifetime, ready, None)?.lanes(
+        } = open(
             &spec.eal,
-            spec.ip,
-            spec.prefix_len,
+            w.threads as u16,
             w.mtu,
-            &spec.cpus,
-        )?;
+            spec.lifetime,
+            ready,
+            None,
+        )?
+        .lanes(&spec.eal, spec.ip, spec.prefix_len, w.mtu, &spec.cpus)?;
         let r = run_server(spec, &eal, cores, opts, lanes, deadline);
         drop(slab);
         r

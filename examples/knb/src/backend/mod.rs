@@ -92,7 +92,9 @@ impl ExceptionSpec {
     /// Parses `PORT:IFACE`.
     pub fn parse(s: &str) -> Result<ExceptionSpec, String> {
         match s.split_once(':') {
-            Some((port, iface)) if !port.is_empty() && !iface.is_empty() && !iface.contains(':') => {
+            Some((port, iface))
+                if !port.is_empty() && !iface.is_empty() && !iface.contains(':') =>
+            {
                 Ok(ExceptionSpec {
                     port: port.to_string(),
                     iface: iface.to_string(),

@@ -319,7 +319,12 @@ fn open(
     cfg.pool_prefix = "lkb".into();
     // memif enforces no MTU (and ethdev refuses one above its 1518-byte frame limit):
     // the receive buffers (a zbuf size class) must hold a whole frame.
-    let frame = usize::from(mtu) + 14 + 128;
+    let mut frame = usize::from(mtu) + 14 + 128;
+    if !vdev.starts_with("net_memif") {
+        // net_af_packet (the coexist topology's NIC) wants 2016 bytes of data room
+        // for a 1500-byte MTU: the next size class up.
+        frame = frame.max(2049);
+    }
     (cfg.rx_buf_size, cfg.rx_mbufs) = match frame {
         0..=2048 => (2048, 16383.max(2048 * u32::from(lanes) + 8192)),
         2049..=4096 => (4096, 8191.max(1024 * u32::from(lanes) + 4096)),
@@ -1208,8 +1213,9 @@ fn serve_coexist(
     let mut ec = DpdkDeviceConfig::new(x.port.clone());
     ec.pool_prefix = "lkx".into();
     ec.rx_mbufs = 4095;
-    ec.rx_buf_size = if usize::from(w.mtu) + 14 + 128 <= 2048 {
-        2048
+    // net_tap, like net_af_packet, wants more than a 2 KiB buffer's data room.
+    ec.rx_buf_size = if usize::from(w.mtu) + 14 + 128 <= 4096 {
+        4096
     } else {
         16384
     };

@@ -542,6 +542,10 @@ pub struct ServerArgs {
     /// stack (netlink-sync); luna then neither answers nor sends ARP.
     #[arg(long, requires = "exception")]
     pub exception_mirror: bool,
+    /// With --exception: seconds the exception path stays up after knb's connections
+    /// are done (the kernel's traffic through the NIC stops when knb exits).
+    #[arg(long, requires = "exception", default_value = "1", value_parser = parse_secs)]
+    pub exception_linger: f64,
     /// Internal: machine-readable lines for the orchestrator.
     #[arg(long, hide = true)]
     pub child: bool,
@@ -605,6 +609,7 @@ pub fn server(a: ServerArgs) -> Res<()> {
         ),
         exception: a.exception.clone().map(|mut x| {
             x.mirror = a.exception_mirror;
+            x.linger = Duration::from_secs_f64(a.exception_linger);
             x
         }),
     };

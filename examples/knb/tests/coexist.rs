@@ -86,8 +86,28 @@ fn knb_luna_server_shares_the_nic_with_the_kernel() {
     }
     let exc_port = &c.exception_port;
     server.args(["--exception", &format!("{exc_port}:{}", c.exception.iface)]);
+    // The kernel's long session outlives knb's RPCs; it ends within this.
+    server.args(["--exception-linger", "5"]);
     server.args(&workload);
     let server = spawn(server, "knb luna server");
+    // As r2c's coexist test does: configure the tap once knb has opened (started) the
+    // exception port, which sets the tap up; configuring it before the PMD starts it
+    // lost the address here.
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = testbed::netns_command(&c.exception.netns, "ip")
+            .args(["-o", "link", "show", &c.exception.iface])
+            .output();
+        let up = out.is_ok_and(|o| {
+            let t = String::from_utf8_lossy(&o.stdout).into_owned();
+            t.contains(",UP") || t.contains("<UP")
+        });
+        if up {
+            break;
+        }
+        assert!(Instant::now() < end, "knb never started the exception port");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     c.configure_exception(Duration::from_secs(60))
         .expect("configure the exception tap (did knb open it?)");
     // luna's poll loop is running once the kernel behind it answers a ping (the ping
@@ -101,9 +121,14 @@ fn knb_luna_server_shares_the_nic_with_the_kernel() {
             break;
         }
         if Instant::now() > end {
+            let addr = testbed::netns_command(&c.exception.netns, "ip")
+                .args(["addr", "show", &c.exception.iface])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
             let o = server.wait(Duration::from_secs(1));
             panic!(
-                "luna's exception path never answered a ping; server: {}\n{}",
+                "luna's exception path never answered a ping; tap: {addr}\nserver: {}\n{}",
                 o.out, o.err
             );
         }
@@ -125,7 +150,8 @@ fn knb_luna_server_shares_the_nic_with_the_kernel() {
     let http = spawn(coexist_kernel::http_get(&c), "kernel http client");
     let ping = spawn(coexist_kernel::ping(&c, 5, 5), "ping");
     let (client, http, ping) = (client.wait(LIMIT), http.wait(LIMIT), ping.wait(LIMIT));
-    // The long session ran through the whole knb run, and goes on after it.
+    // The long session ran through the whole knb run, and goes on after it (knb's
+    // server keeps the exception path up for 5 s after its connections).
     std::thread::sleep(Duration::from_millis(300));
     std::fs::write(&kernel.long_stop, b"stop").expect("long-stop file");
     let long = kernel.long.wait(LIMIT);

@@ -495,6 +495,9 @@ struct ServerShared {
     eal: Eal,
     report: Mutex<ServerReport>,
     lanes_done: AtomicUsize,
+    /// The last lane to finish stops the runtime (false: the supervisor does, after
+    /// `--exception-linger`).
+    stop_when_done: bool,
     lanes: usize,
 }
 
@@ -612,7 +615,7 @@ impl ServerApp {
         if self.finished >= self.expected && !self.lane_done {
             self.lane_done = true;
             let done = self.shared.lanes_done.fetch_add(1, Ordering::AcqRel) + 1;
-            if done >= self.shared.lanes {
+            if done >= self.shared.lanes && self.shared.stop_when_done {
                 ctx.request_stop();
             }
         }
@@ -1121,6 +1124,7 @@ fn run_server<D: Device + Send + 'static>(
     opts: CoreOptions,
     lanes: usize,
     deadline: Instant,
+    linger: Option<Duration>,
 ) -> Result<ServerReport, String> {
     let w = spec.workload.clone();
     let mut opts = opts;
@@ -1131,6 +1135,7 @@ fn run_server<D: Device + Send + 'static>(
         eal: eal.clone(),
         report: Mutex::new(ServerReport::default()),
         lanes_done: AtomicUsize::new(0),
+        stop_when_done: linger.is_none(),
         lanes,
     });
     let sh = shared.clone();
@@ -1152,10 +1157,21 @@ fn run_server<D: Device + Send + 'static>(
         base: (Instant::now(), luna_stack::time::Instant::from_nanos(0)),
     })
     .map_err(|e| format!("r2c runtime: {e}"))?;
+    let mut done_at = None;
     while !rt.is_finished() {
         if Instant::now() >= deadline {
             rt.stop();
             break;
+        }
+        if let Some(l) = linger {
+            // Beside the kernel: its sessions go through this process's NIC, so the
+            // exception path stays up `l` after knb's own connections are done.
+            if shared.lanes_done.load(Ordering::Acquire) >= lanes {
+                let at = *done_at.get_or_insert_with(Instant::now);
+                if at.elapsed() >= l {
+                    break;
+                }
+            }
         }
         std::thread::sleep(SUPERVISE_STEP);
     }
@@ -1259,7 +1275,7 @@ fn serve_coexist(
     core.ports = plain.ports;
     core.routes = plain.routes;
     core.neighbours = plain.neighbours;
-    let r = run_server(spec, &eal, vec![core], opts, 1, deadline);
+    let r = run_server(spec, &eal, vec![core], opts, 1, deadline, Some(x.linger));
     if let Some(m) = mirror {
         if let Err(e) = m.stop() {
             eprintln!("knb: mirror of {} ended: {e}", x.iface);
@@ -1312,7 +1328,7 @@ impl Backend for Luna {
             None,
         )?
         .lanes(&spec.eal, spec.ip, spec.prefix_len, w.mtu, &spec.cpus)?;
-        let r = run_server(spec, &eal, cores, opts, lanes, deadline);
+        let r = run_server(spec, &eal, cores, opts, lanes, deadline, None);
         drop(slab);
         r
     }

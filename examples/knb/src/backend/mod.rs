@@ -86,6 +86,9 @@ pub struct ExceptionSpec {
     pub iface: String,
     /// Mirror `iface`'s neighbours, routes and addresses (netlink-sync); luna stops ARP.
     pub mirror: bool,
+    /// How long the exception path stays up after knb's connections are done (the
+    /// kernel's sessions through the NIC end when the process does).
+    pub linger: Duration,
 }
 
 impl ExceptionSpec {
@@ -99,6 +102,7 @@ impl ExceptionSpec {
                     port: port.to_string(),
                     iface: iface.to_string(),
                     mirror: false,
+                    linger: Duration::from_secs(1),
                 })
             }
             _ => Err(format!(

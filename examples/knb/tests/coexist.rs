@@ -204,6 +204,18 @@ fn knb_luna_server_shares_the_nic_with_the_kernel() {
     assert_eq!(num(&sv, &["connections"]), u64::from(CONNS), "{sv:#}");
     assert!(num(&sv, &["requests"]) >= rpcs, "{sv:#}");
     let core = &sv["extra"]["core"];
+    println!(
+        "client rpcs={rpcs} server requests={} exc_luna={} exc_to_kernel={} exc_from_kernel={} \
+         exc_to_kernel_dropped={} exc_from_kernel_dropped={} steering_hw={} steering_fallbacks={} long_lines={long_lines}",
+        sv["requests"],
+        core["exc_luna"],
+        core["exc_to_kernel"],
+        core["exc_from_kernel"],
+        core["exc_to_kernel_dropped"],
+        core["exc_from_kernel_dropped"],
+        core["steering_hw"],
+        core["steering_fallbacks"]
+    );
     // The kernel's frames went through luna's exception path both ways, none dropped.
     assert!(num(core, &["exc_to_kernel"]) > 0, "{core:#}");
     assert!(num(core, &["exc_from_kernel"]) > 0, "{core:#}");

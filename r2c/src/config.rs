@@ -7,6 +7,7 @@
 //! [device]
 //! kind = "dpdk"              # "dpdk" (needs `port`) or "mem" (in-memory, tests)
 //! port = "net_memif0"
+//! steering = "auto"          # with [traffic]: auto | hardware | software (rte_flow rules)
 //!
 //! [cores]
 //! list = [0, 1]              # CPUs, one r2c thread each
@@ -62,6 +63,7 @@
 
 use crate::clock::ClockSource;
 use crate::core::{CoreOptions, CoreSetup, IdleStrategy};
+use crate::device::steering::{SteeringMode, SteeringRequest};
 use bifurcation::model::AppConfig;
 use bifurcation::{
     AppSpec, KernelPorts, PartitionPlan, PortRange, Share, ThreadSlot, TrafficConfig, TrafficModel,
@@ -212,6 +214,10 @@ pub struct Config {
     pub traffic: Option<TrafficModel>,
     /// The exception path from `[exception]`.
     pub exception: Option<ExceptionSettings>,
+    /// `device.steering`: how a DPDK port steers the traffic model's flows (only with
+    /// `[traffic]`; default `auto`: rte_flow rules when the PMD takes them, else
+    /// software with one log line). See [`Config::steering_request`].
+    pub steering: SteeringMode,
 }
 
 /// Consumes keys of one table; what is left over is unknown.
@@ -484,7 +490,7 @@ impl Config {
                 .map(|(i, a)| string(&format!("{k}[{i}]"), a, "--no-pci").map(str::to_string))
                 .collect::<Result<_, _>>()?,
         };
-        let device = Self::device(root.table("device")?)?;
+        let (device, steering) = Self::device(root.table("device")?)?;
         let (cores, queues_per_core) = Self::cores(root.table("cores")?)?;
         let net = Self::net(root.table("net")?)?;
         let tcp = Self::tcp(root.table("tcp")?, net.mtu)?;
@@ -504,6 +510,17 @@ impl Config {
             }
         };
         let exception = Self::exception(root.table("exception")?)?;
+        let steering = match steering {
+            Some(_) if traffic.is_none() => {
+                return Err(err(
+                    "device.steering",
+                    "steering needs a traffic model: without [traffic] luna owns the port",
+                    "add a [traffic] section, or remove device.steering",
+                ))
+            }
+            Some(m) => m,
+            None => SteeringMode::Auto,
+        };
         if exception.is_some() && traffic.is_none() {
             return Err(err(
                 "exception",
@@ -538,6 +555,17 @@ impl Config {
             workers,
             traffic,
             exception,
+            steering,
+        })
+    }
+
+    /// What a DPDK port opened for this configuration is asked to steer
+    /// (`DpdkDeviceConfig::steering`): the traffic model's compiled rules and
+    /// `device.steering`, or `None` without `[traffic]` (luna owns the port).
+    pub fn steering_request(&self) -> Option<SteeringRequest> {
+        self.traffic.as_ref().map(|m| SteeringRequest {
+            mode: self.steering,
+            rules: bifurcation::compile(m),
         })
     }
 
@@ -668,7 +696,7 @@ impl Config {
         }))
     }
 
-    fn device(w: Option<Walk>) -> Result<DeviceKind, ConfigError> {
+    fn device(w: Option<Walk>) -> Result<(DeviceKind, Option<SteeringMode>), ConfigError> {
         let Some(mut w) = w else {
             return Err(err(
                 "device",
@@ -690,10 +718,23 @@ impl Config {
             Some((k, v)) => Some(string(&k, &v, "net_memif0")?.to_string()),
             None => None,
         };
-        w.finish(&["kind", "port"])?;
+        let steering = match w.take("steering") {
+            Some((k, v)) => {
+                let s = string(&k, &v, "auto")?;
+                Some(SteeringMode::parse(s).ok_or_else(|| {
+                    err(
+                        &k,
+                        format!("unknown steering {s:?}"),
+                        "use \"auto\" (rte_flow when the NIC takes it, else software), \"hardware\" or \"software\"",
+                    )
+                })?)
+            }
+            None => None,
+        };
+        w.finish(&["kind", "port", "steering"])?;
         match (kind.1.as_str(), port) {
-            ("mem", _) => Ok(DeviceKind::Mem),
-            ("dpdk", Some(port)) if !port.is_empty() => Ok(DeviceKind::Dpdk { port }),
+            ("mem", _) => Ok((DeviceKind::Mem, steering)),
+            ("dpdk", Some(port)) if !port.is_empty() => Ok((DeviceKind::Dpdk { port }, steering)),
             ("dpdk", _) => Err(err(
                 "device.port",
                 "a DPDK device needs a port name",

@@ -272,10 +272,11 @@ impl CoreState {
     /// Open a connection to `remote` from a port of this core's partition that the NIC
     /// steers back to this core (see [`bifurcation::PortChooser`]).
     pub(crate) fn connect(&mut self, remote: SocketAddrV4) -> Result<Conn, ConnectError> {
-        let local_ip = match self.stack.routes_mut().next_hop(*remote.ip()) {
-            Some((_, r)) => r.source,
-            None => self.stack.ipv4(),
-        };
+        // The source the stack will use (the route's, or the next hop's subnet's).
+        let local_ip = self
+            .stack
+            .source_address(*remote.ip())
+            .unwrap_or_else(|| self.stack.ipv4());
         let stack = &self.stack;
         let port = self.chooser.choose(local_ip, remote, |p| {
             stack.tuple_in_use(SocketAddrV4::new(local_ip, p), remote)
@@ -829,7 +830,8 @@ impl<D: Device> CoreLoop<D> {
     /// The kernel's table changes (netlink-sync through the exception device) into the
     /// stack: neighbours (connections parked on a next hop that resolved are woken at
     /// once), routes (the kernel's table replaces the configured one; connections move
-    /// to a changed next hop) and addresses (counted: the stack has one address).
+    /// to a changed next hop) and addresses (added to and removed from the stack's local
+    /// set, aborting the connections of a removed one; the configured primary stays).
     fn apply_table_changes(&mut self) {
         use crate::device::TableChange;
         self.devices[0].table_changes(&mut self.table_changes);
@@ -851,8 +853,9 @@ impl<D: Device> CoreLoop<D> {
                     routes_changed = true;
                 }
                 TableChange::RouteAdded(mut r) | TableChange::RouteReplaced(mut r) => {
-                    // The stack sends from its one address, on its one port.
-                    r.source = me;
+                    // The route keeps the kernel's source (prefsrc, or the address on the
+                    // next hop's subnet); the stack falls back by itself when that is not
+                    // one of its addresses. One port.
                     r.interface = 0;
                     if self.st.stack.routes_mut().insert(r).is_err() {
                         self.st.stats.exc_route_table_full += 1;
@@ -866,13 +869,27 @@ impl<D: Device> CoreLoop<D> {
                 TableChange::AddressAdded(a) => {
                     if a.address == me {
                         self.st.stats.exc_address_missing = 0;
+                        continue;
+                    }
+                    let added = luna_stack::wire::Ipv4Cidr::new(a.address, a.prefix_len)
+                        .ok()
+                        .map(|c| self.st.stack.add_address(c));
+                    if !matches!(added, Some(Ok(_))) {
+                        self.st.stats.exc_address_refused += 1;
                     }
                 }
                 TableChange::AddressRemoved(a) => {
                     if a.address == me {
                         // The kernel no longer owns luna's address: luna keeps using it
-                        // (its connections go on); say so.
+                        // (the primary address is the configuration's; its connections
+                        // go on); say so.
                         self.st.stats.exc_address_missing = 1;
+                        continue;
+                    }
+                    // Its connections are aborted (luna_stack's `remove_address`); an
+                    // address the stack had refused is not there to remove.
+                    if let Ok(n) = self.st.stack.remove_address(self.st.now, a.address) {
+                        self.st.stats.exc_address_aborts += n as u64;
                     }
                 }
                 TableChange::Version(_) => {}
@@ -1012,6 +1029,12 @@ impl<D: Device> CoreLoop<D> {
         s.exc_sync_resyncs = e.sync_resyncs;
         s.exc_sync_overruns = e.sync_overruns;
         s.exc_sync_malformed = e.sync_malformed;
+        s.exc_addresses = self.st.stack.addresses().len() as u64;
+        let steering = self.devices.iter().filter_map(Device::steering);
+        let (hw, fell_back) =
+            steering.fold((0, 0), |(h, f), st| (h.max(st.hw()), f.max(st.fallbacks())));
+        s.steering_hw = hw;
+        s.steering_fallbacks = fell_back;
         s.tx_bytes = tx_bytes;
         s.retransmits = self.st.stack.tcp_counters().retransmits;
         self.cell.publish(s);

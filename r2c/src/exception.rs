@@ -436,6 +436,10 @@ impl<D: Device + RawPort, E: Device + RawPort> Device for ExceptionDevice<D, E> 
         self.mirror.is_some()
     }
 
+    fn steering(&self) -> Option<crate::device::steering::Steering> {
+        self.main.steering()
+    }
+
     fn table_changes(&mut self, out: &mut Vec<TableChange>) {
         let Some(m) = &mut self.mirror else {
             return;

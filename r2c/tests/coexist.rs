@@ -28,6 +28,7 @@ use luna_stack::stack::StackConfig;
 use luna_stack::tcp::CloseReason;
 use luna_stack::wire::Ipv4Cidr;
 use r2c::device::dpdk::{from_testbed, DpdkDevice, DpdkDeviceConfig};
+use r2c::device::steering::{SteeringMode, SteeringRequest};
 use r2c::device::Device;
 use r2c::exception::{ExceptionDevice, MirrorThread};
 use r2c::{Conn, CoreOptions, CoreSetup, Ctx, IdleStrategy, InlineApp, Runtime};
@@ -39,11 +40,11 @@ use zbuf::{Slab, SlabConfig};
 #[allow(dead_code)] // the tap helpers are for the other test binaries
 mod children;
 use children::{field, lines, role_command, spawn, Outcome, ARG, PORT_JSON, ROLE};
+#[path = "common/coexist_kernel.rs"]
+mod coexist_kernel;
 
 const LIMIT: Duration = Duration::from_secs(90);
 const RPC_PORT: u16 = 7700;
-const HTTP_PORT: u16 = 8080;
-const ECHO_PORT: u16 = 9000;
 const HDR: usize = 16;
 const MAGIC: u16 = 0x6e6b;
 const RESPONSE: u16 = 1;
@@ -146,9 +147,7 @@ fn run(prefix: &str, mirror: bool) {
     let ready = dir.join("r2c-coexist-ready");
     let stop = dir.join("r2c-coexist-stop");
     let gone = dir.join("r2c-coexist-gone");
-    let long_stop = dir.join("r2c-coexist-long-stop");
-    let long_up = dir.join("r2c-coexist-long-up");
-    for f in [&ready, &stop, &gone, &long_stop, &long_up] {
+    for f in [&ready, &stop, &gone] {
         let _ = std::fs::remove_file(f);
     }
     let arg = format!(
@@ -174,76 +173,13 @@ fn run(prefix: &str, mirror: bool) {
         std::fs::write(&ready, b"configured").expect("ready file");
     }
 
-    // The kernel's services on luna's IP, in the host namespace.
-    let www = dir.join("www");
-    std::fs::create_dir_all(&www).expect("www dir");
-    std::fs::write(www.join("hello.txt"), b"kernel says hello\n").expect("file");
-    let mut http = c.exception.command("python3");
-    http.args(["-m", "http.server", &HTTP_PORT.to_string(), "--bind"])
-        .arg(c.exception.ip.to_string())
-        .arg("--directory")
-        .arg(&www);
-    let http = spawn(http, "kernel http server");
-    let echo_srv = format!(
-        "import socket\n\
-         s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
-         s.bind(('{ip}',{ECHO_PORT})); s.listen(1)\n\
-         c,_=s.accept()\n\
-         while True:\n  d=c.recv(4096)\n  if not d: break\n  c.sendall(d)\n\
-         print('ECHO-SERVER done')\n",
-        ip = c.exception.ip
-    );
-    let mut e = c.exception.command("python3");
-    e.args(["-c", &echo_srv]);
-    let echo_server = spawn(e, "kernel echo server");
-
-    // The long-lived kernel session ("ssh"): one line every 20 ms until the stop file.
-    let long = format!(
-        "import socket,time,os,sys\n\
-         end=time.time()+20\n\
-         while True:\n  try:\n    c=socket.create_connection(('{ip}',{ECHO_PORT}),timeout=5); break\n  \
-         except OSError:\n    if time.time()>end: raise\n    time.sleep(0.1)\n\
-         c.settimeout(10)\n\
-         n=0\n\
-         deadline=time.time()+80\n\
-         while not os.path.exists('{stop}') and time.time()<deadline:\n  \
-         m=b'line %d\\n' % n\n  c.sendall(m)\n  got=b''\n  \
-         while len(got)<len(m):\n    d=c.recv(len(m)-len(got))\n    if not d: print('LONG broken', n); sys.exit(1)\n    got+=d\n  \
-         if got!=m: print('LONG mismatch', n); sys.exit(1)\n  n+=1\n  \
-         if n==5: open('{up}','w').write('up')\n  time.sleep(0.02)\n\
-         c.close()\n\
-         print('LONG ok lines=%d' % n)\n",
-        ip = c.exception.ip,
-        stop = long_stop.display(),
-        up = long_up.display()
-    );
-    let mut l = c.wire.command("python3");
-    l.args(["-c", &long]);
-    let long = spawn(l, "long-lived kernel session");
-    // The session is established and has exchanged 5 lines before luna's RPCs start.
-    let end = Instant::now() + Duration::from_secs(30);
-    while !long_up.exists() && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-
+    // The kernel's services on luna's IP, and the long-lived session ("ssh") from the
+    // wire, which has exchanged 5 lines before luna's RPCs start.
+    let kernel = coexist_kernel::start(&c, &dir);
     // luna's RPCs and the kernel's HTTP and ping, at the same time.
     let rpc = spawn(rpc_client(&c, "first", RPCS, None, None), "luna rpc client");
-    let get = format!(
-        "import urllib.request,time\n\
-         end=time.time()+30\n\
-         while True:\n  try:\n    r=urllib.request.urlopen('http://{ip}:{HTTP_PORT}/hello.txt',timeout=5); break\n  \
-         except OSError:\n    if time.time()>end: raise\n    time.sleep(0.2)\n\
-         b=r.read()\n\
-         print('HTTP', r.status, 'ok' if b==b'kernel says hello\\n' else 'mismatch')\n",
-        ip = c.exception.ip
-    );
-    let mut g = c.wire.command("python3");
-    g.args(["-c", &get]);
-    let http_client = spawn(g, "kernel http client");
-    let mut p = c.wire.command("ping");
-    p.args(["-c", "5", "-i", "0.2", "-W", "5"])
-        .arg(c.exception.ip.to_string());
-    let ping = spawn(p, "ping");
+    let http_client = spawn(coexist_kernel::http_get(&c), "kernel http client");
+    let ping = spawn(coexist_kernel::ping(&c, 5, 5), "ping");
     let (rpc, http_client, ping) = (rpc.wait(LIMIT), http_client.wait(LIMIT), ping.wait(LIMIT));
     let mut checks: Vec<(Outcome, &str)> = vec![
         (rpc, "RPC-CLIENT first ok"),
@@ -252,8 +188,8 @@ fn run(prefix: &str, mirror: bool) {
     ];
     // ... and goes on after them.
     std::thread::sleep(Duration::from_millis(500));
-    std::fs::write(&long_stop, b"stop").expect("long-stop file");
-    let long = long.wait(LIMIT);
+    std::fs::write(&kernel.long_stop, b"stop").expect("long-stop file");
+    let long = kernel.long.wait(LIMIT);
     if mirror {
         // The exception interface disappears; luna's own RPCs must keep working. (The
         // child samples its drop counter when the file appears, before the deletion.)
@@ -264,10 +200,7 @@ fn run(prefix: &str, mirror: bool) {
             .status()
             .expect("ip link del");
         // The kernel's frames now have nowhere to go: 3 pings, each counted as dropped.
-        let mut p = c.wire.command("ping");
-        p.args(["-c", "3", "-i", "0.2", "-W", "1"])
-            .arg(c.exception.ip.to_string());
-        let lost = spawn(p, "ping after the loss").wait(LIMIT);
+        let lost = spawn(coexist_kernel::ping(&c, 3, 1), "ping after the loss").wait(LIMIT);
         assert!(lost.out.contains(" 0 received"), "{}", lost.out);
         let rpc2 = spawn(
             rpc_client(&c, "second", RPCS, None, None),
@@ -277,8 +210,8 @@ fn run(prefix: &str, mirror: bool) {
     }
     std::fs::write(&stop, b"stop").expect("stop file");
     let server = server.wait(LIMIT);
-    drop(http);
-    drop(echo_server);
+    drop(kernel.http);
+    drop(kernel.echo);
     drop(topo);
     let mut all: Vec<(&Outcome, &str)> = checks.iter().map(|(o, w)| (o, *w)).collect();
     all.push((&long, "LONG ok"));
@@ -289,11 +222,7 @@ fn run(prefix: &str, mirror: bool) {
     let rounds = if mirror { 2 } else { 1 };
     assert_eq!(field(s, "requests"), (rounds * CONNS * RPCS) as u64, "{s}");
     assert_eq!(field(s, "errors"), 0, "{s}");
-    let long_lines: u64 = got[got.len() - 2]
-        .split("lines=")
-        .nth(1)
-        .and_then(|v| v.trim().parse().ok())
-        .expect("lines");
+    let long_lines = coexist_kernel::long_lines(&got[got.len() - 2]);
     assert!(
         long_lines > 10,
         "the long session exchanged {long_lines} lines"
@@ -303,6 +232,21 @@ fn run(prefix: &str, mirror: bool) {
     assert_eq!(field(s, "exc_from_kernel_dropped"), 0, "{s}");
     assert_eq!(field(s, "exc_malformed_dropped"), 0, "{s}");
     assert_eq!(field(s, "tx_dropped"), 0, "{s}");
+    // Hardware steering was asked for at port bring-up; net_af_packet has no flow API:
+    // one line says so and the counters show the software path.
+    assert_eq!(field(s, "steering_hw"), 0, "{s}");
+    assert_eq!(field(s, "steering_fallbacks"), 1, "{s}");
+    assert_eq!(
+        server.err.matches("no hardware steering").count(),
+        1,
+        "one fallback line: {}",
+        server.err
+    );
+    assert!(
+        server.err.contains("falling back to software"),
+        "{}",
+        server.err
+    );
     // Neither luna's frames nor the kernel's were copied by r2c (the PMDs copy into
     // the kernel as they do for every frame).
     assert_eq!(field(s, "copied_bytes"), 0, "{s}");
@@ -664,20 +608,6 @@ fn serve(port: &DpdkPort, arg: &str) -> String {
         c.pool_prefix = prefix.into();
         c
     };
-    let nic = DpdkDevice::open(&eal, &slab, &registry, &small(cfg, "nic"))
-        .unwrap_or_else(|e| panic!("open the NIC: {e}"));
-    let exc = DpdkDevice::open(
-        &eal,
-        &slab,
-        &registry,
-        &small(DpdkDeviceConfig::new("net_tap1"), "exc"),
-    )
-    .unwrap_or_else(|e| panic!("open the exception port: {e}"));
-    // The software fallback, as a NIC without flow rules gets it (one line on stderr).
-    eprintln!(
-        "bifurcation: port {}: no hardware steering (net_af_packet has no flow API); falling back to software: luna classifies every frame in its poll loop and hands the kernel's to the exception interface",
-        port.eal.vdev
-    );
     let tc = TrafficConfig {
         listen_tcp: vec![RPC_PORT],
         ip: Some(port.ip),
@@ -692,6 +622,22 @@ fn serve(port: &DpdkPort, arg: &str) -> String {
     let model = tc
         .validate(&KernelPorts::from_proc().expect("kernel ports"))
         .unwrap_or_else(|e| panic!("traffic model: {e}"));
+    // Hardware steering asked for (auto): net_af_packet has no flow API, so the port
+    // falls back to software with bifurcation's one line on stderr.
+    let mut nic_cfg = small(cfg, "nic");
+    nic_cfg.steering = Some(SteeringRequest {
+        mode: SteeringMode::Auto,
+        rules: bifurcation::compile(&model),
+    });
+    let nic = DpdkDevice::open(&eal, &slab, &registry, &nic_cfg)
+        .unwrap_or_else(|e| panic!("open the NIC: {e}"));
+    let exc = DpdkDevice::open(
+        &eal,
+        &slab,
+        &registry,
+        &small(DpdkDeviceConfig::new("net_tap1"), "exc"),
+    )
+    .unwrap_or_else(|e| panic!("open the exception port: {e}"));
     let mut sc = StackConfig::new(
         nic.mac(),
         Ipv4Cidr::new(port.ip, port.prefix_len).expect("cidr"),

@@ -355,3 +355,39 @@ fn traffic_and_exception_mistakes_are_named() {
     .expect_err("threads mismatch");
     assert_eq!(e.key, "traffic.apps", "{e}");
 }
+
+/// `device.steering` (issue 11's hardware path): `auto` by default with `[traffic]`, the
+/// request carries the model's compiled rules; no request without `[traffic]`; a wrong
+/// word, or steering without a traffic model, is named.
+#[test]
+fn steering_follows_the_traffic_model() {
+    use r2c::device::steering::SteeringMode;
+    let k = kernel_default();
+    let c = Config::parse_with_kernel(COEXIST, &k).expect("config");
+    assert_eq!(c.steering, SteeringMode::Auto);
+    let req = c.steering_request().expect("a request with [traffic]");
+    assert_eq!(req.mode, SteeringMode::Auto);
+    // 7700's RSS rule plus the client range's two threads (aligned: one rule each).
+    assert_eq!(req.rules.rules.len(), 3, "{:?}", req.rules);
+    let c = Config::parse_with_kernel(
+        &COEXIST.replace("kind = \"mem\"", "kind = \"mem\"\nsteering = \"software\""),
+        &k,
+    )
+    .expect("config");
+    assert_eq!(
+        c.steering_request().map(|r| r.mode),
+        Some(SteeringMode::Software)
+    );
+    let e = Config::parse_with_kernel(
+        &COEXIST.replace("kind = \"mem\"", "kind = \"mem\"\nsteering = \"mlx5\""),
+        &k,
+    )
+    .expect_err("unknown steering");
+    assert_names(&e, "device.steering", &["mlx5"]);
+    let plain = "[device]\nkind = \"mem\"\nsteering = \"hardware\"\n[cores]\nlist = [0]\n[net]\nip = \"198.18.4.2\"\n";
+    let e = Config::parse_with_kernel(plain, &k).expect_err("steering without [traffic]");
+    assert_names(&e, "device.steering", &["traffic"]);
+    let c = Config::parse_with_kernel(&plain.replace("steering = \"hardware\"\n", ""), &k)
+        .expect("config");
+    assert!(c.steering_request().is_none());
+}

@@ -28,7 +28,7 @@ use testbed::{DpdkPort, Kind, Prefix, Topology};
 
 #[path = "common/children.rs"]
 mod children;
-use children::{field, lines, role_command, spawn, spawn_on_tap, ARG, PORT_JSON, ROLE};
+use children::{field, lines, role_command, spawn, spawn_on_tap, Outcome, ARG, PORT_JSON, ROLE};
 use zbuf::dpdk::DmaRegistry;
 use zbuf::{copy_stats, CoreCache, Slab, SlabConfig, Zbuf};
 
@@ -61,9 +61,9 @@ fn memif_two_stacks_move_64_mib_without_copying() {
         role_command("memif-client", &m.client, &m.socket.display().to_string()),
         "memif client",
     );
-    let (c, s) = (client.wait(LIMIT), server.wait(LIMIT));
+    let (c_out, s_out) = (client.wait(LIMIT), server.wait(LIMIT));
     drop(topo);
-    let got = lines(&[(&c, "OK "), (&s, "OK ")]);
+    let got = lines(&[(&c_out, "OK "), (&s_out, "OK ")]);
     let (c, s) = (&got[0], &got[1]);
     assert_eq!(field(s, "received"), MEMIF_BYTES, "{s}");
     assert_eq!(field(c, "sent"), MEMIF_BYTES, "{c}");
@@ -79,6 +79,9 @@ fn memif_two_stacks_move_64_mib_without_copying() {
         field(s, "chunks"),
         "every payload chunk in a zone: {s}"
     );
+    // net_memif has no flow API: rte_flow_isolate refuses, nothing to undo.
+    assert_software_fallback(&s_out, s, false);
+    assert_software_fallback(&c_out, c, false);
 }
 
 #[test]
@@ -120,12 +123,12 @@ fn tap_kernel_is_client_and_server_of_the_luna_stack() {
     let mut cmd = t.host.command("python3");
     cmd.args(["-c", &client_py]);
     let kclient = spawn(cmd, "kernel client");
-    let (kc, ks, d) = (kclient.wait(LIMIT), kserver.wait(LIMIT), dpdk.wait(LIMIT));
+    let (kc, ks, d_out) = (kclient.wait(LIMIT), kserver.wait(LIMIT), dpdk.wait(LIMIT));
     drop(topo);
     let got = lines(&[
         (&kc, "KERNEL-CLIENT ok"),
         (&ks, "KERNEL-SERVER ok"),
-        (&d, "OK "),
+        (&d_out, "OK "),
     ]);
     let (kc, ks, d) = (&got[0], &got[1], &got[2]);
     assert!(kc.contains(&n), "{kc}");
@@ -135,6 +138,8 @@ fn tap_kernel_is_client_and_server_of_the_luna_stack() {
     assert_eq!(field(d, "device_copied"), 0, "{d}");
     assert_eq!(field(d, "zbuf_copied"), 0, "{d}");
     assert_eq!(field(d, "leaked"), 0, "{d}");
+    // net_tap took the isolation but not the rules: undone, and the traffic above flowed.
+    assert_software_fallback(&d_out, d, true);
 }
 
 /// Regression: a second DPDK process opening the same net_tap `iface=` silently took the
@@ -282,6 +287,7 @@ fn setup(port: &DpdkPort) -> Env {
     // Software checksums on every link here, memif included: this test is where the
     // stack's checksum paths meet a real device (the runtime tests use the memif default).
     cfg.virtual_link_checksums = false;
+    cfg.steering = Some(steering_request());
     let eal = Eal::init(args).unwrap_or_else(|e| panic!("EAL: {e}"));
     let reg = DmaRegistry::new(&eal);
     let slab = Slab::new(reg.slab_config(SlabConfig::new().max_memory(160 << 20))).expect("slab");
@@ -397,12 +403,14 @@ fn finish(env: Env, extra: String) -> String {
     } = env;
     let dev_stats = node.dev.stats();
     let ds = node.dev.dpdk_stats();
+    let steering = node.dev.steering().expect("opened with a traffic model");
     drop(node);
     drop(cache);
     let leaked = slab.leak_report().objects_in_use;
     format!(
         "{extra} device_copied={} zbuf_copied={} rx_flattened={} tx_in_flight={} \
-         attaches={} leaked={leaked} rx_frames={} tx_frames={} rx_missed={}",
+         attaches={} leaked={leaked} rx_frames={} tx_frames={} rx_missed={} \
+         steering_hw={} steering_fallbacks={}",
         dev_stats.copied_bytes,
         copy_stats().bytes,
         ds.rx_flattened,
@@ -411,7 +419,48 @@ fn finish(env: Env, extra: String) -> String {
         dev_stats.rx_frames,
         dev_stats.tx_frames,
         dev_stats.rx_missed,
+        steering.hw(),
+        steering.fallbacks(),
     )
+}
+
+/// Every role's port is opened asking for hardware steering (`auto`) of a traffic model
+/// with the test's listening ports: neither net_memif nor net_tap (without tc flower)
+/// can, so each falls back to software with one line, and on net_tap the isolation it
+/// accepted is undone — the traffic of the tests below still arrives.
+fn steering_request() -> r2c::device::steering::SteeringRequest {
+    let model = bifurcation::TrafficConfig {
+        listen_tcp: vec![MEMIF_PORT, TAP_ECHO_PORT],
+        apps: vec![bifurcation::model::AppConfig {
+            name: "t".into(),
+            ports: Default::default(),
+            threads: Some(1),
+            queues: None,
+        }],
+        ..bifurcation::TrafficConfig::default()
+    }
+    .validate(&bifurcation::KernelPorts::parse("32768 60999", "").expect("kernel ports"))
+    .expect("traffic model");
+    r2c::device::steering::SteeringRequest {
+        mode: r2c::device::steering::SteeringMode::Auto,
+        rules: bifurcation::compile(&model),
+    }
+}
+
+/// The steering fallback, as a role child's stderr and OK line show it.
+fn assert_software_fallback(o: &Outcome, line: &str, undo: bool) {
+    assert_eq!(field(line, "steering_hw"), 0, "{line}");
+    assert_eq!(field(line, "steering_fallbacks"), 1, "{line}");
+    assert_eq!(
+        o.err.matches("no hardware steering").count(),
+        1,
+        "one fallback line: {}",
+        o.err
+    );
+    assert!(o.err.contains("falling back to software"), "{}", o.err);
+    if undo {
+        assert!(o.err.contains("isolation turned off again"), "{}", o.err);
+    }
 }
 
 fn deadline() -> Instant {

@@ -9,6 +9,9 @@
 //! * `netlink_overrun_resyncs_and_shows_in_the_cores_stats`: a tiny `SO_RCVBUF` and a
 //!   burst of 300 `ip neigh replace`: `ENOBUFS`, a re-dump, and every core's counters say
 //!   so — and every entry reaches every core;
+//! * `kernel_addresses_are_applied_on_every_core`: `ip addr add/del` of a second address
+//!   on `nl0`: every core's stack takes TCP for it while the kernel has it (a SYN to it
+//!   gets the stack's RST out of that core's port), and not before or after;
 //! * `nl_latency_r2c` (ignored, the benchmark): 1,000 changes (`NL_CHANGES`), p50/p99/max
 //!   of change → visible in every core's stack; `make nl-latency-r2c`.
 
@@ -34,7 +37,8 @@ impl InlineApp for Idle {}
 struct Rig {
     rt: Runtime,
     mirror: MirrorThread,
-    _ends: Vec<MemDevice>,
+    /// Per core: the wire end of its port, then the kernel end of its exception port.
+    ends: Vec<MemDevice>,
 }
 
 fn model() -> bifurcation::TrafficModel {
@@ -85,11 +89,7 @@ fn rig(net: &TestNet, cores: usize, sync: SyncConfig) -> Rig {
         ..CoreOptions::default()
     };
     let rt = Runtime::spawn_inline(setups, opts, |_| Idle).expect("runtime");
-    Rig {
-        rt,
-        mirror,
-        _ends: ends,
-    }
+    Rig { rt, mirror, ends }
 }
 
 // The cycle of changes is nl-latency's own (neighbour replace, route add, route del,
@@ -175,7 +175,8 @@ fn measure(net: &TestNet, rig: &Rig, changes: usize) -> Measured {
 }
 
 fn finish(rig: Rig) -> Vec<r2c::CoreStats> {
-    let Rig { rt, mirror, _ends } = rig;
+    let Rig { rt, mirror, ends } = rig;
+    drop(ends);
     let last = rt.stats();
     rt.stop();
     rt.join().expect("runtime");
@@ -202,6 +203,8 @@ fn every_change_reaches_every_cores_stack() {
         assert_eq!(s.exc_addresses_added, 1, "198.18.0.1/24: {s:?}");
         assert_eq!(s.exc_route_table_full, 0, "{s:?}");
         assert_eq!(s.exc_address_missing, 0, "{s:?}");
+        assert_eq!(s.exc_addresses, 1, "the primary only: {s:?}");
+        assert_eq!(s.exc_address_refused, 0, "{s:?}");
     }
 }
 
@@ -270,6 +273,148 @@ fn netlink_overrun_resyncs_and_shows_in_the_cores_stats() {
         // ones the overrun lost), counted once per new MAC.
         assert!(s.exc_neighbours_added >= 300, "{s:?}");
         assert_eq!(s.exc_neighbour_table_full, 0, "{s:?}");
+    }
+}
+
+/// Internet checksum (RFC 1071) of `data`, starting from `sum`.
+fn csum(mut sum: u32, data: &[u8]) -> u16 {
+    for c in data.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// A TCP SYN from 198.18.5.9:40000 (MAC 02:..:99) to `dst`:7700, luna's listening port.
+fn syn_to(dst: Ipv4Addr) -> Vec<u8> {
+    let src = Ipv4Addr::new(198, 18, 5, 9);
+    let mut f = vec![0u8; 54];
+    f[..6].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+    f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 0x99]);
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    let ip = &mut f[14..34];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&40u16.to_be_bytes());
+    ip[6] = 0x40; // DF
+    ip[8] = 64;
+    ip[9] = 6;
+    ip[12..16].copy_from_slice(&src.octets());
+    ip[16..20].copy_from_slice(&dst.octets());
+    let c = csum(0, &f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    let tcp = &mut f[34..54];
+    tcp[0..2].copy_from_slice(&40000u16.to_be_bytes());
+    tcp[2..4].copy_from_slice(&7700u16.to_be_bytes());
+    tcp[4..8].copy_from_slice(&1234u32.to_be_bytes());
+    tcp[12] = 5 << 4;
+    tcp[13] = 0x02; // SYN
+    tcp[14..16].copy_from_slice(&8192u16.to_be_bytes());
+    let mut pseudo = 0u32;
+    for w in [&src.octets()[..], &dst.octets()[..]] {
+        pseudo += u32::from(u16::from_be_bytes([w[0], w[1]]))
+            + u32::from(u16::from_be_bytes([w[2], w[3]]));
+    }
+    pseudo += 6 + 20;
+    let c = csum(pseudo, &f[34..54]);
+    f[50..52].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
+/// Sends a SYN to `dst` into every core's port; returns, per core, whether a RST from
+/// `dst` came back within `wait`.
+fn rst_from_every_core(rig: &mut Rig, dst: Ipv4Addr, wait: Duration) -> Vec<bool> {
+    use r2c::device::Device;
+    let cores = rig.ends.len() / 2;
+    for i in 0..cores {
+        assert!(rig.ends[2 * i].inject(zbuf::Zbuf::copy_from_slice(&syn_to(dst))));
+    }
+    let until = Instant::now() + wait;
+    let mut got = vec![false; cores];
+    while Instant::now() < until && !got.iter().all(|g| *g) {
+        for (i, g) in got.iter_mut().enumerate() {
+            let mut out = Vec::new();
+            rig.ends[2 * i].rx_burst(&mut out, 16);
+            *g |= out.iter().any(|f| {
+                f.len() >= 54
+                    && f[12..14] == [0x08, 0x00]
+                    && f[23] == 6
+                    && f[26..30] == dst.octets()
+                    && f[47] & 0x04 != 0
+            });
+        }
+        std::thread::yield_now();
+    }
+    got
+}
+
+/// Waits until every core publishes `n` local addresses.
+fn all_cores_have_addresses(rt: &Runtime, n: u64, until: Instant) -> bool {
+    loop {
+        if rt.stats().iter().all(|s| s.exc_addresses == n) {
+            return true;
+        }
+        if Instant::now() > until {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn kernel_addresses_are_applied_on_every_core() {
+    let net = TestNet::new().expect("test namespaces (root)");
+    let mut rig = rig(&net, 2, SyncConfig::default());
+    let extra = Ipv4Addr::new(198, 18, 5, 1);
+    let t = |s| Instant::now() + Duration::from_secs(s);
+    assert!(
+        all_cores_have_addresses(&rig.rt, 1, t(5)),
+        "{:?}",
+        rig.rt.stats()
+    );
+    // Not ours yet: dropped as not for us, no RST.
+    let got = rst_from_every_core(&mut rig, extra, Duration::from_millis(300));
+    assert_eq!(
+        got,
+        [false, false],
+        "a RST from an address luna does not have"
+    );
+    net.host_batch(&format!(
+        "addr add {extra}/24 dev {HOST_IF}
+"
+    ))
+    .expect("ip addr add");
+    assert!(
+        all_cores_have_addresses(&rig.rt, 2, t(5)),
+        "{:?}",
+        rig.rt.stats()
+    );
+    let got = rst_from_every_core(&mut rig, extra, Duration::from_secs(5));
+    assert_eq!(got, [true, true], "every core's stack answers for {extra}");
+    // The primary's own address goes on answering too.
+    let got = rst_from_every_core(&mut rig, HOST_ADDR, Duration::from_secs(5));
+    assert_eq!(got, [true, true]);
+    net.host_batch(&format!(
+        "addr del {extra}/24 dev {HOST_IF}
+"
+    ))
+    .expect("ip addr del");
+    assert!(
+        all_cores_have_addresses(&rig.rt, 1, t(5)),
+        "{:?}",
+        rig.rt.stats()
+    );
+    let got = rst_from_every_core(&mut rig, extra, Duration::from_millis(300));
+    assert_eq!(got, [false, false], "{extra} removed from every core");
+    let stats = finish(rig);
+    for s in &stats {
+        assert_eq!(s.exc_addresses_added, 2, "primary and {extra}: {s:?}");
+        assert_eq!(s.exc_addresses_removed, 1, "{s:?}");
+        assert_eq!(s.exc_address_refused, 0, "{s:?}");
+        assert_eq!(s.exc_address_missing, 0, "{s:?}");
+        // No connection ever used the address (SYNs to a port no one listens on).
+        assert_eq!(s.exc_address_aborts, 0, "{s:?}");
     }
 }
 

@@ -532,9 +532,43 @@ pub struct ServerArgs {
     pub lifetime: Option<f64>,
     #[command(flatten)]
     pub workload: Workload,
+    /// luna only: share the NIC with the kernel (issue 11). PORT:IFACE names the
+    /// exception port (a net_tap with its own --eal-arg=--vdev=PORT,iface=IFACE; the first
+    /// --vdev is the NIC) and its kernel netdev: what the traffic model (the listening
+    /// port and luna's client range on --ip) leaves to the kernel goes there, and the
+    /// kernel's replies leave through the NIC. One lane (--threads 1).
+    #[arg(long, value_parser = crate::backend::ExceptionSpec::parse)]
+    pub exception: Option<crate::backend::ExceptionSpec>,
+    /// With --exception: mirror IFACE's neighbours, routes and addresses into luna's
+    /// stack (netlink-sync); luna then neither answers nor sends ARP.
+    #[arg(long, requires = "exception")]
+    pub exception_mirror: bool,
+    /// With --exception: seconds the exception path stays up after knb's connections
+    /// are done (the kernel's traffic through the NIC stops when knb exits).
+    #[arg(long, requires = "exception", default_value = "1", value_parser = parse_secs)]
+    pub exception_linger: f64,
     /// Internal: machine-readable lines for the orchestrator.
     #[arg(long, hide = true)]
     pub child: bool,
+}
+
+/// `--exception` is luna's, on one lane, inline.
+fn check_exception(a: &ServerArgs) -> Res<()> {
+    if a.exception.is_none() {
+        return Ok(());
+    }
+    if a.stack != Stack::Luna {
+        return Err(Error::Usage(format!(
+            "--exception is luna's kernel coexistence; --stack {} has none",
+            a.stack.name()
+        )));
+    }
+    if a.workload.threads != 1 || a.workload.emu.server_model.is_some() {
+        return Err(Error::Usage(
+            "--exception runs one inline lane: use --threads 1 and no --server-model".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Which stacks run which `--server-model`: the kernel cp|cs|pool, luna cp|cs|ms.
@@ -570,6 +604,7 @@ pub fn server(a: ServerArgs) -> Res<()> {
     a.workload.validate()?;
     check_server_model(a.stack, a.workload.emu.server_model)?;
     check_service_mode(a.stack, a.workload.emu.service_mode)?;
+    check_exception(&a)?;
     // Engines that answer inline (no --server-model) occupy their thread this way.
     crate::service::set_inline_mode(a.workload.emu.service_mode);
     let b = backend::backend(a.stack);
@@ -587,6 +622,11 @@ pub fn server(a: ServerArgs) -> Res<()> {
             a.lifetime
                 .unwrap_or(a.workload.warmup + a.workload.duration + 60.0),
         ),
+        exception: a.exception.clone().map(|mut x| {
+            x.mirror = a.exception_mirror;
+            x.linger = Duration::from_secs_f64(a.exception_linger);
+            x
+        }),
     };
     backend::pin(a.cpus.0[0]).map_err(Error::Run)?;
     let child = a.child;

@@ -226,6 +226,21 @@ typedef struct {
   uint64_t exc_sync_overruns;
   // Exception path (mirroring): malformed netlink messages counted and skipped.
   uint64_t exc_sync_malformed;
+  // Exception path (mirroring): the stack's local addresses, the primary included
+  // (gauge; the kernel's addresses of the exception interface are applied).
+  uint64_t exc_addresses;
+  // Exception path (mirroring): connections aborted because the kernel removed their
+  // local address.
+  uint64_t exc_address_aborts;
+  // Exception path (mirroring): kernel addresses the stack refused (set full, not a
+  // unicast host address, or the primary with another prefix).
+  uint64_t exc_address_refused;
+  // 1 when the NIC steers luna's traffic with rte_flow rules (hardware path), 0 when
+  // luna's poll loop classifies (software path, or no traffic model).
+  uint64_t steering_hw;
+  // 1 when hardware steering was tried at port bring-up and luna fell back to the
+  // software path (the reason is the one `bifurcation:` line on stderr).
+  uint64_t steering_fallbacks;
 } luna_core_stats_t;
 
 #ifdef __cplusplus

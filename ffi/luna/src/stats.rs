@@ -114,6 +114,21 @@ pub struct luna_core_stats_t {
     pub exc_sync_overruns: u64,
     /// Exception path (mirroring): malformed netlink messages counted and skipped.
     pub exc_sync_malformed: u64,
+    /// Exception path (mirroring): the stack's local addresses, the primary included
+    /// (gauge; the kernel's addresses of the exception interface are applied).
+    pub exc_addresses: u64,
+    /// Exception path (mirroring): connections aborted because the kernel removed their
+    /// local address.
+    pub exc_address_aborts: u64,
+    /// Exception path (mirroring): kernel addresses the stack refused (set full, not a
+    /// unicast host address, or the primary with another prefix).
+    pub exc_address_refused: u64,
+    /// 1 when the NIC steers luna's traffic with rte_flow rules (hardware path), 0 when
+    /// luna's poll loop classifies (software path, or no traffic model).
+    pub steering_hw: u64,
+    /// 1 when hardware steering was tried at port bring-up and luna fell back to the
+    /// software path (the reason is the one `bifurcation:` line on stderr).
+    pub steering_fallbacks: u64,
 }
 
 /// Moves every field of r2c's `CoreStats` into the C struct. Exhaustive both ways: a
@@ -180,6 +195,11 @@ impl From<CoreStats> for luna_core_stats_t {
             exc_sync_resyncs,
             exc_sync_overruns,
             exc_sync_malformed,
+            exc_addresses,
+            exc_address_aborts,
+            exc_address_refused,
+            steering_hw,
+            steering_fallbacks,
         )
     }
 }

@@ -110,6 +110,9 @@ pub struct StackCounters {
     pub time_wait_reuses: u64,
     /// Listeners opened (also their generation counter).
     pub listeners_opened: u64,
+    /// Connections aborted because their local address was removed
+    /// ([`super::Stack::remove_address`]).
+    pub address_aborts: u64,
 }
 
 impl StackCounters {

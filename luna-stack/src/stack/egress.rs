@@ -230,7 +230,9 @@ impl<R: Rng> Stack<R> {
             let req = ArpRepr {
                 operation: ArpOperation::Request,
                 sender_hardware_addr: self.cfg.mac,
-                sender_protocol_addr: self.ipv4(),
+                // RFC 826: the sender is one of our addresses; the one on the target's
+                // subnet (Linux's `arp_announce = 1` choice), else the primary.
+                sender_protocol_addr: self.addrs.source_for(ip),
                 target_hardware_addr: EthernetAddress([0; 6]),
                 target_protocol_addr: ip,
             };
@@ -358,6 +360,7 @@ impl<R: Rng> Stack<R> {
     /// Queue an ICMP echo reply whose data is `payload`, by reference to the request.
     pub(super) fn queue_echo_reply(
         &mut self,
+        src: Ipv4Addr,
         dst: Ipv4Addr,
         dst_mac: EthernetAddress,
         ident: u16,
@@ -367,7 +370,7 @@ impl<R: Rng> Stack<R> {
         let mut t = Transmit::new();
         let icmp_len = 8 + payload.len();
         let len = ETH_LEN + IP_LEN + 8;
-        let ip = Ipv4Repr::new(self.ipv4(), dst, IpProtocol::Icmp, icmp_len);
+        let ip = Ipv4Repr::new(src, dst, IpProtocol::Icmp, icmp_len);
         {
             let buf = &mut t.header[..len];
             // The IPv4 checksum is always computed here: the echo reply's offload metadata

@@ -110,9 +110,10 @@ impl<R: Rng> Stack<R> {
         let Ok(arp) = ArpRepr::parse(&pkt) else {
             return self.counters.drop(StackDrop::Malformed);
         };
-        let me = self.ipv4();
-        let for_us = arp.target_protocol_addr == me;
-        if arp.sender_protocol_addr == me || !arp.sender_hardware_addr.is_unicast() {
+        // Any of our addresses is a target we answer for (and a sender no one else may use).
+        let me = arp.target_protocol_addr;
+        let for_us = self.addrs.contains(me);
+        if self.addrs.contains(arp.sender_protocol_addr) || !arp.sender_hardware_addr.is_unicast() {
             return self.counters.drop(StackDrop::Malformed);
         }
         // RFC 826 "Packet Reception": merge the sender into the table; create an entry only
@@ -174,7 +175,7 @@ impl<R: Rng> Stack<R> {
         {
             return self.counters.drop(StackDrop::NonUnicast);
         }
-        if ip.dst_addr != self.ipv4() {
+        if !self.addrs.contains(ip.dst_addr) {
             return self.counters.drop(StackDrop::NotForUs);
         }
         // RFC 1122 §3.3.6: a datagram received in a link-layer broadcast (or multicast) frame
@@ -197,13 +198,10 @@ impl<R: Rng> Stack<R> {
         }
     }
 
-    /// A broadcast (limited, or our subnet's for prefixes of /30 or shorter: a /31 has no
+    /// A broadcast (limited, or one of our subnets' for prefixes of /30 or shorter: a /31 has no
     /// broadcast address, RFC 3021) or multicast address.
     pub(super) fn is_non_unicast(&self, a: Ipv4Addr) -> bool {
-        let subnet = self.cfg.addr;
-        a.is_broadcast()
-            || a.is_multicast()
-            || (subnet.prefix_len() <= 30 && a == subnet.broadcast())
+        a.is_broadcast() || a.is_multicast() || self.addrs.is_subnet_broadcast(a)
     }
 
     pub(super) fn on_icmp(
@@ -231,7 +229,8 @@ impl<R: Rng> Stack<R> {
                 // The echo data is sent back by reference to the received frame.
                 let off = l4 + 8;
                 let payload = frame.slice(off..off + echo.len());
-                self.queue_echo_reply(ip.src_addr, src_mac, ident, seq_no, payload);
+                // The reply comes from the address the request was sent to.
+                self.queue_echo_reply(ip.dst_addr, ip.src_addr, src_mac, ident, seq_no, payload);
                 self.counters.icmp_echo_replies += 1;
             }
             Icmpv4Repr::DstUnreachable {

@@ -23,6 +23,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 use zbuf::{IoVec, Zbuf};
 
+mod addrs;
 mod config;
 mod counters;
 mod egress;
@@ -31,6 +32,7 @@ mod passive;
 mod rst_limit;
 mod slots;
 
+pub use addrs::{LocalAddrError, LocalAddrs, MAX_LOCAL_ADDRS};
 pub use config::{check_host_address, AddressError, ConfigError, StackConfig, SynCookieMode};
 pub use counters::{StackCounters, StackDrop};
 pub use egress::{Transmit, TxOffload};
@@ -222,6 +224,8 @@ impl From<tcp::RecvError> for RecvError {
 /// connection finishes on its own and is reclaimed.
 pub struct Stack<R: Rng> {
     cfg: StackConfig,
+    /// Our addresses: `cfg.addr` (the primary) and any added ones.
+    addrs: LocalAddrs,
     /// Every secret and offset is drawn from the `Rng` at construction (keys of the ISN,
     /// timestamp-offset, cookie and demux hashes; the first ephemeral port and IP id); per
     /// connection values are keyed hashes of the 4-tuple, not draws.
@@ -334,6 +338,7 @@ impl<R: Rng> Stack<R> {
             retired: ConnCounters::default(),
             _rng: core::marker::PhantomData,
             tcp_shared: Arc::new(tcp_shared),
+            addrs: LocalAddrs::new(cfg.addr),
             cfg,
         })
     }
@@ -343,7 +348,7 @@ impl<R: Rng> Stack<R> {
         &self.cfg
     }
 
-    /// Our IPv4 address.
+    /// Our primary IPv4 address (the configuration's; [`Stack::addresses`] has all).
     pub fn ipv4(&self) -> Ipv4Addr {
         self.cfg.addr.address()
     }
@@ -551,16 +556,11 @@ impl<R: Rng> Stack<R> {
         local_port: Option<u16>,
     ) -> Result<SocketHandle, ConnectError> {
         let dst = *remote.ip();
-        if dst.is_unspecified()
-            || dst.is_broadcast()
-            || dst.is_multicast()
-            || dst == self.ipv4()
-            || remote.port() == 0
-        {
-            return Err(ConnectError::InvalidAddress);
-        }
+        self.invalid_remote(remote)?;
+        // RFC 1122 §3.3.4.3 / RFC 1812 §4.2.2.5 (as Linux's `prefsrc`): the route's
+        // source address when it is ours, else the address on the next hop's subnet.
         let (next_hop, src) = match self.routes.next_hop(dst) {
-            Some((hop, route)) => (hop, route.source),
+            Some((hop, route)) => (hop, self.choose_source(route.source, hop)),
             None => return Err(ConnectError::NoRoute),
         };
         let port = match local_port {

@@ -1537,3 +1537,259 @@ fn routes_changed_moves_connections_to_the_new_next_hop() {
     net.a.routes_mut().clear();
     assert_eq!(net.a.routes_changed(), 0, "no route: the next hop stays");
 }
+
+fn ip_a2() -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, 1, 1)
+}
+fn ip_b2() -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, 1, 2)
+}
+
+/// A holds 198.18.0.1/24 (primary) and 198.18.1.1/24; B is 198.18.1.2/24, so it reaches
+/// A only on the added address. A's on-link route for 198.18.1.0/24 is added with no
+/// source (as netlink-sync may hand one over), so A must choose it by the next hop.
+fn two_address_net() -> Net {
+    use crate::tables::{NextHop, Route};
+    let mut net = Net::new(cfg(MAC_A, ip_a()), cfg(MAC_B, ip_b2()));
+    assert_eq!(
+        net.a.add_address(Ipv4Cidr::new(ip_a2(), 24).unwrap()),
+        Ok(true)
+    );
+    net.a
+        .routes_mut()
+        .insert(Route {
+            destination: Ipv4Cidr::new(ip_a2(), 24).unwrap(),
+            next_hop: NextHop::Direct,
+            source: Ipv4Addr::UNSPECIFIED,
+            interface: 0,
+        })
+        .unwrap();
+    net
+}
+
+/// An added address is served like the primary one: ARP for it is answered, a listener
+/// bound to every address accepts on it and the connection uses it, a ping to it is
+/// answered from it, and a client connect whose route has no source takes the address on
+/// the next hop's subnet. A frame for an address A does not have stays `NotForUs`.
+#[test]
+fn added_addresses_take_arp_icmp_and_tcp_and_connections_use_them() {
+    let mut net = two_address_net();
+    let l = net.a.listen(7000, 16).unwrap();
+    let c = net
+        .b
+        .connect(net.now, SocketAddrV4::new(ip_a2(), 7000), None)
+        .unwrap();
+    let mut server = None;
+    net.run_until(
+        |n| {
+            for ev in events(&mut n.a) {
+                if ev == Event::Acceptable(l) {
+                    server = n.a.accept(l);
+                }
+            }
+            server.is_some() && n.b.state(c) == Some(State::Established)
+        },
+        1000,
+    );
+    let s = server.unwrap();
+    assert_eq!(
+        net.a.counters().arp_replies,
+        1,
+        "A answered ARP for 198.18.1.1"
+    );
+    assert_eq!(*net.a.connection(s).unwrap().tuple().local.ip(), ip_a2());
+    // Data both ways on the added address.
+    net.b.send(c, &Zbuf::copy_from_slice(b"ping")).unwrap();
+    net.run_until(
+        |n| matches!(n.a.recv(s), Ok(Some(d)) if &d[..] == b"ping"),
+        1000,
+    );
+    // An echo request to the added address is answered from it.
+    let frame = icmp_echo_frame(MAC_B, MAC_A, ip_b2(), ip_a2(), 1, 2, b"x");
+    net.a.handle_frame(net.now, Zbuf::copy_from_slice(&frame));
+    let reply = net.a.poll_transmit(net.now).expect("echo reply").to_vec();
+    let ip = Ipv4Packet::new_checked(&reply[14..]).unwrap();
+    assert_eq!((ip.src_addr(), ip.dst_addr()), (ip_a2(), ip_b2()));
+    // A's client connect to B: the route has no source, the next hop is on 198.18.1/24.
+    let l_b = net.b.listen(7001, 4).unwrap();
+    let c_a = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b2(), 7001), None)
+        .unwrap();
+    assert_eq!(*net.a.connection(c_a).unwrap().tuple().local.ip(), ip_a2());
+    let mut s_b = None;
+    net.run_until(
+        |n| {
+            for ev in events(&mut n.b) {
+                if ev == Event::Acceptable(l_b) {
+                    s_b = n.b.accept(l_b);
+                }
+            }
+            s_b.is_some() && n.a.state(c_a) == Some(State::Established)
+        },
+        1000,
+    );
+    // Connecting to one of our own addresses is refused.
+    assert_eq!(
+        net.a
+            .connect(net.now, SocketAddrV4::new(ip_a2(), 9), None)
+            .unwrap_err(),
+        ConnectError::InvalidAddress
+    );
+    // Nothing for 198.18.1.3 (not ours).
+    let before = net.a.counters().drops(StackDrop::NotForUs);
+    let frame = icmp_echo_frame(
+        MAC_B,
+        MAC_A,
+        ip_b2(),
+        Ipv4Addr::new(198, 18, 1, 3),
+        1,
+        3,
+        b"x",
+    );
+    net.a.handle_frame(net.now, Zbuf::copy_from_slice(&frame));
+    assert_eq!(net.a.counters().drops(StackDrop::NotForUs), before + 1);
+    // The added subnet's broadcast is a broadcast.
+    let before = net.a.counters().drops(StackDrop::NonUnicast);
+    let frame = icmp_echo_frame(
+        MAC_B,
+        MAC_A,
+        ip_b2(),
+        Ipv4Addr::new(198, 18, 1, 255),
+        1,
+        4,
+        b"x",
+    );
+    net.a.handle_frame(net.now, Zbuf::copy_from_slice(&frame));
+    assert_eq!(net.a.counters().drops(StackDrop::NonUnicast), before + 1);
+}
+
+/// A route's source (the kernel's `prefsrc`) wins when it is ours; a source that is not
+/// ours (an address since removed) falls back to the next hop's subnet, then the primary.
+#[test]
+fn connect_takes_the_routes_source_when_it_is_ours() {
+    use crate::tables::{NextHop, Route};
+    let mut net = two_address_net();
+    let far = Ipv4Addr::new(198, 19, 7, 7);
+    let mut via = |src: Ipv4Addr, gw: Ipv4Addr| {
+        net.a
+            .routes_mut()
+            .insert(Route {
+                destination: Ipv4Cidr::new(far, 32).unwrap(),
+                next_hop: NextHop::Gateway(gw),
+                source: src,
+                interface: 0,
+            })
+            .unwrap();
+        let c = net
+            .a
+            .connect(net.now, SocketAddrV4::new(far, 80), None)
+            .unwrap();
+        let local = *net.a.connection(c).unwrap().tuple().local.ip();
+        net.a.abort(c);
+        local
+    };
+    // prefsrc = the added address, through a gateway on the primary's subnet.
+    assert_eq!(via(ip_a2(), ip_b()), ip_a2());
+    // No usable source: the gateway's subnet decides.
+    assert_eq!(via(Ipv4Addr::new(198, 18, 5, 5), ip_b()), ip_a());
+    assert_eq!(via(Ipv4Addr::UNSPECIFIED, ip_b2()), ip_a2());
+    // A gateway on no subnet of ours: the primary.
+    assert_eq!(
+        via(Ipv4Addr::UNSPECIFIED, Ipv4Addr::new(10, 1, 1, 1)),
+        ip_a()
+    );
+}
+
+/// Removing an address aborts the connections on it, silently (no RST: the address is
+/// not ours to send from), with `Event::Closed` and `CloseReason::Aborted` for the
+/// application, counted in `address_aborts`; connections on the primary go on; the
+/// primary cannot be removed; segments for the removed address are `NotForUs` after.
+#[test]
+fn removing_an_address_aborts_its_connections_without_rst() {
+    let mut net = two_address_net();
+    let l = net.a.listen(7000, 16).unwrap();
+    let c = net
+        .b
+        .connect(net.now, SocketAddrV4::new(ip_a2(), 7000), None)
+        .unwrap();
+    let mut server = None;
+    net.run_until(
+        |n| {
+            for ev in events(&mut n.a) {
+                if ev == Event::Acceptable(l) {
+                    server = n.a.accept(l);
+                }
+            }
+            server.is_some() && n.b.state(c) == Some(State::Established)
+        },
+        1000,
+    );
+    let s = server.unwrap();
+    // A second, unaccepted connection on the same address: freed by the removal.
+    let c2 = net
+        .b
+        .connect(net.now, SocketAddrV4::new(ip_a2(), 7000), None)
+        .unwrap();
+    net.run_until(|n| n.b.state(c2) == Some(State::Established), 1000);
+    assert_eq!(net.a.connection_count(), 2);
+    assert_eq!(
+        net.a.remove_address(net.now, ip_a()),
+        Err(LocalAddrError::Primary(ip_a()))
+    );
+    let rsts = net.a.counters().rsts_sent;
+    assert_eq!(net.a.remove_address(net.now, ip_a2()), Ok(2));
+    assert_eq!(net.a.counters().address_aborts, 2);
+    assert!(events(&mut net.a).contains(&Event::Closed(s)));
+    assert_eq!(net.a.close_reason(s), Some(CloseReason::Aborted));
+    // Nothing goes out: no RST from an address that is gone.
+    let now = net.now;
+    assert!(std::iter::from_fn(|| net.a.poll_transmit(now)).all(|f| !is_tcp(&f.to_vec())));
+    assert_eq!(net.a.counters().rsts_sent, rsts);
+    assert_eq!(
+        net.a.connection_count(),
+        1,
+        "the unaccepted one is freed at once"
+    );
+    net.a.close(s);
+    let now = net.now;
+    while net.a.poll_transmit(now).is_some() {}
+    assert_eq!(net.a.connection_count(), 0, "the closed one is released");
+    // B's next segment to the removed address is not for A any more.
+    let before = net.a.counters().drops(StackDrop::NotForUs);
+    net.b.send(c, &Zbuf::copy_from_slice(b"late")).unwrap();
+    net.step();
+    net.step();
+    assert!(net.a.counters().drops(StackDrop::NotForUs) > before);
+    assert_eq!(
+        net.a.remove_address(net.now, ip_a2()),
+        Err(LocalAddrError::Unknown(ip_a2()))
+    );
+}
+
+/// `set_addresses` replaces the added set in one step, all or nothing.
+#[test]
+fn set_addresses_replaces_the_added_set_all_or_nothing() {
+    let mut s = Stack::new(cfg(MAC_A, ip_a()), FakeRng::new(9)).unwrap();
+    let c = |a: [u8; 4], p| Ipv4Cidr::new(Ipv4Addr::from(a), p).unwrap();
+    s.set_addresses(t(0), &[c([198, 18, 1, 1], 24), c([198, 18, 2, 1], 24)])
+        .unwrap();
+    assert_eq!(s.addresses().len(), 3);
+    // Nine addresses do not fit: nothing changes.
+    let many: Vec<Ipv4Cidr> = (1..=8).map(|i| c([198, 18, 10 + i, 1], 24)).collect();
+    assert_eq!(
+        s.set_addresses(t(0), &many),
+        Err(LocalAddrError::Full(Ipv4Addr::new(198, 18, 18, 1)))
+    );
+    assert_eq!(s.addresses().len(), 3);
+    // The primary may be listed with its own prefix, not another.
+    s.set_addresses(t(0), &[c([198, 18, 0, 1], 24), c([198, 18, 2, 1], 24)])
+        .unwrap();
+    let list: Vec<Ipv4Addr> = s.addresses().iter().map(|a| a.address()).collect();
+    assert_eq!(list, [ip_a(), Ipv4Addr::new(198, 18, 2, 1)]);
+    assert_eq!(
+        s.set_addresses(t(0), &[c([198, 18, 0, 1], 16)]),
+        Err(LocalAddrError::Primary(ip_a()))
+    );
+    assert!(s.addresses().contains(Ipv4Addr::new(198, 18, 2, 1)));
+}

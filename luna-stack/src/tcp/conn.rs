@@ -866,6 +866,13 @@ impl Connection {
         self.terminate(CloseReason::Aborted);
     }
 
+    /// Abort without sending anything (the local address is gone: a RST from it would be
+    /// spoofed). The close reason is [`CloseReason::Aborted`].
+    pub fn abort_silently(&mut self) {
+        self.rst_pending = None;
+        self.terminate(CloseReason::Aborted);
+    }
+
     fn terminate(&mut self, reason: CloseReason) {
         if self.state != State::Closed {
             self.state = State::Closed;

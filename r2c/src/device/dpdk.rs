@@ -45,6 +45,7 @@
 // All DPDK and buffer unsafety lives in dpdk-sys and zbuf; this module needs none.
 #![forbid(unsafe_code)]
 
+use crate::device::steering::{Steering, SteeringPlan, SteeringRequest};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -121,6 +122,11 @@ pub struct DpdkDeviceConfig {
     /// keep software checksums or real offloads). Both ends of the link must use the
     /// same setting.
     pub virtual_link_checksums: bool,
+    /// Steer luna's traffic in the NIC (`[traffic]` model compiled to rte_flow rules,
+    /// flow isolation before configure, rules after start), or `None`: luna owns the
+    /// port. A PMD without a flow API falls back to software with one line on stderr
+    /// ([`crate::device::steering`]); [`DpdkDevice::steering_outcome`] says which it got.
+    pub steering: Option<SteeringRequest>,
 }
 
 impl DpdkDeviceConfig {
@@ -142,6 +148,7 @@ impl DpdkDeviceConfig {
             checksum_offload: true,
             tx_copy_max: 0,
             virtual_link_checksums: true,
+            steering: None,
         }
     }
 
@@ -296,6 +303,10 @@ pub struct DpdkStats {
 /// The port, shared by the devices of its queues; unmapped from the registry when the
 /// last one goes (queues first, so no burst is running).
 struct PortHandle {
+    /// The rte_flow rules of the hardware path; destroyed before the port closes.
+    flows: Mutex<Vec<dpdk_sys::Flow>>,
+    /// How luna's traffic is steered on this port.
+    steering: Steering,
     port: Mutex<Port>,
     registry: DmaRegistry,
     id: u16,
@@ -303,6 +314,10 @@ struct PortHandle {
 
 impl Drop for PortHandle {
     fn drop(&mut self) {
+        self.flows
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         self.registry.remove_port(self.id);
     }
 }
@@ -478,6 +493,12 @@ impl DpdkDevice {
         if zero_copy {
             check_zero_copy_pool(&rx)?;
         }
+        // Flow isolation must be asked for before rte_eth_dev_configure (bifurcation's
+        // install module); the rules come after start.
+        let plan = SteeringPlan::new(cfg.steering.as_ref());
+        let isolation = plan
+            .isolates()
+            .then(|| bifurcation::install::isolate(&port));
         port.configure(&conf, rx.mempool())?;
         registry.add_port(port.id())?;
         let handle_id = port.id();
@@ -490,6 +511,27 @@ impl DpdkDevice {
             started();
             port.wait_link_up(cfg.link_timeout)?;
         }
+        let (steering, flows) = match (&isolation, &cfg.steering) {
+            (Some(iso), Some(req)) => {
+                match bifurcation::install::install(&mut port, iso, &req.rules) {
+                    bifurcation::install::Installed::Hardware { flows } => {
+                        (plan.outcome(&cfg.port, Some(Ok(flows.len()))), flows)
+                    }
+                    bifurcation::install::Installed::Software { message } => {
+                        (plan.outcome(&cfg.port, Some(Err(message))), Vec::new())
+                    }
+                }
+            }
+            _ => {
+                let s = plan.outcome(&cfg.port, None);
+                if let Ok(Steering::Software { message, .. }) = &s {
+                    // Software by configuration: say so once, as the fallback does.
+                    eprintln!("{message}");
+                }
+                (s, Vec::new())
+            }
+        };
+        let steering = steering.map_err(DeviceError::Config)?;
         let mac = EthernetAddress(port.mac()?);
         let mtu = port.mtu()?;
         let mut queues = Vec::with_capacity(cfg.queues as usize);
@@ -497,6 +539,8 @@ impl DpdkDevice {
             queues.push((port.rx_queue(q)?, port.tx_queue(q)?));
         }
         let handle = Arc::new(PortHandle {
+            flows: Mutex::new(flows),
+            steering,
             port: Mutex::new(port),
             registry: registry.clone(),
             id: handle_id,
@@ -540,6 +584,12 @@ impl DpdkDevice {
             });
         }
         Ok(devs)
+    }
+
+    /// How luna's traffic is steered on this port (hardware rules, software, or the
+    /// port is luna's alone).
+    pub fn steering_outcome(&self) -> &Steering {
+        &self.port.steering
     }
 
     /// Port id.
@@ -806,6 +856,10 @@ impl Device for DpdkDevice {
 
     fn port(&self) -> u16 {
         self.port.id
+    }
+
+    fn steering(&self) -> Option<Steering> {
+        (self.port.steering != Steering::OwnPort).then(|| self.port.steering.clone())
     }
 
     fn observe(&self) -> DeviceObservation {

@@ -10,6 +10,7 @@
 
 pub mod dpdk;
 pub mod mem;
+pub mod steering;
 
 pub use bifurcation::RssConfig;
 use luna_stack::stack::Transmit;
@@ -185,5 +186,11 @@ pub trait Device {
     /// pays nothing per poll iteration.
     fn mirrors_tables(&self) -> bool {
         false
+    }
+
+    /// How the port steers luna's traffic ([`steering::Steering`]), when the device was
+    /// opened with a traffic model; `None` otherwise (luna owns the port).
+    fn steering(&self) -> Option<steering::Steering> {
+        None
     }
 }

@@ -52,13 +52,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bifurcation::PortRange;
+use bifurcation::{KernelPorts, TrafficConfig};
 use dpdk_sys::Eal;
 use luna_stack::stack::{RecvError, StackConfig, StackDrop};
 use luna_stack::tcp::{CloseReason, DropReason};
 use luna_stack::wire::Ipv4Cidr;
 use r2c::clock::ClockSource;
 use r2c::device::dpdk::{memif_quiesce, port_name_from_vdev, DpdkDevice, DpdkDeviceConfig};
+use r2c::device::steering::{SteeringMode, SteeringRequest};
 use r2c::device::Device;
+use r2c::exception::{ExceptionDevice, MirrorThread};
 use r2c::{
     Conn, CoreOptions, CoreReport, CoreSetup, Ctx, IdleStrategy, InlineApp, ReleaseHook, Runtime,
 };
@@ -67,7 +70,9 @@ use testbed::{Kind, Topology};
 use zbuf::dpdk::DmaRegistry;
 use zbuf::{IoVec, Slab, SlabConfig, Zbuf, ZbufMut};
 
-use super::{memif, Backend, ClientPlan, ClientSpec, Endpoints, ServerReport, ServerSpec};
+use super::{
+    memif, Backend, ClientPlan, ClientSpec, Endpoints, ExceptionSpec, ServerReport, ServerSpec,
+};
 use crate::engine::{ClientWorker, ThreadResult};
 use crate::proto::{flags, Piece, ServerConn, TxBuf, HDR_LEN};
 use crate::workload::{Stack, Workload};
@@ -289,6 +294,7 @@ fn open(
     mtu: u16,
     link_timeout: Duration,
     started: &mut dyn FnMut(),
+    steering: Option<SteeringRequest>,
 ) -> Result<Env, String> {
     let vdev = memif::vdev_of(eal_args).ok_or("no --vdev in the EAL arguments")?;
     let port = port_name_from_vdev(vdev).ok_or_else(|| format!("bad --vdev {vdev:?}"))?;
@@ -313,7 +319,12 @@ fn open(
     cfg.pool_prefix = "lkb".into();
     // memif enforces no MTU (and ethdev refuses one above its 1518-byte frame limit):
     // the receive buffers (a zbuf size class) must hold a whole frame.
-    let frame = usize::from(mtu) + 14 + 128;
+    let mut frame = usize::from(mtu) + 14 + 128;
+    if !vdev.starts_with("net_memif") {
+        // net_af_packet (the coexist topology's NIC) wants 2016 bytes of data room
+        // for a 1500-byte MTU: the next size class up.
+        frame = frame.max(2049);
+    }
     (cfg.rx_buf_size, cfg.rx_mbufs) = match frame {
         0..=2048 => (2048, 16383.max(2048 * u32::from(lanes) + 8192)),
         2049..=4096 => (4096, 8191.max(1024 * u32::from(lanes) + 4096)),
@@ -325,6 +336,7 @@ fn open(
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    cfg.steering = steering;
     let devices = DpdkDevice::open_all_then(&eal, &slab, &registry, &cfg, started)
         .map_err(|e| format!("open {port}: {e}"))?;
     Ok(Env {
@@ -483,6 +495,9 @@ struct ServerShared {
     eal: Eal,
     report: Mutex<ServerReport>,
     lanes_done: AtomicUsize,
+    /// The last lane to finish stops the runtime (false: the supervisor does, after
+    /// `--exception-linger`).
+    stop_when_done: bool,
     lanes: usize,
 }
 
@@ -600,7 +615,7 @@ impl ServerApp {
         if self.finished >= self.expected && !self.lane_done {
             self.lane_done = true;
             let done = self.shared.lanes_done.fetch_add(1, Ordering::AcqRel) + 1;
-            if done >= self.shared.lanes {
+            if done >= self.shared.lanes && self.shared.stop_when_done {
                 ctx.request_stop();
             }
         }
@@ -1080,7 +1095,7 @@ fn serve_msg(
         mut cores,
         mut opts,
         ..
-    } = open(&spec.eal, 1, w.mtu, spec.lifetime, ready)?.lanes(
+    } = open(&spec.eal, 1, w.mtu, spec.lifetime, ready, None)?.lanes(
         &spec.eal,
         spec.ip,
         spec.prefix_len,
@@ -1178,6 +1193,176 @@ fn serve_msg(
     Ok(total)
 }
 
+/// The inline server's runtime on `cores` (one per lane), until every lane served its
+/// connections or `deadline`: plain lanes, or the coexistence lane's exception device.
+fn run_server<D: Device + Send + 'static>(
+    spec: &ServerSpec,
+    eal: &Eal,
+    cores: Vec<CoreSetup<D>>,
+    opts: CoreOptions,
+    lanes: usize,
+    deadline: Instant,
+    linger: Option<Duration>,
+) -> Result<ServerReport, String> {
+    let w = spec.workload.clone();
+    let mut opts = opts;
+    if let Some(path) = std::env::var_os("KNB_LUNA_SERVER_CONTROL") {
+        opts.control = Some(r2c::control::ControlConfig::new(path));
+    }
+    let shared = Arc::new(ServerShared {
+        eal: eal.clone(),
+        report: Mutex::new(ServerReport::default()),
+        lanes_done: AtomicUsize::new(0),
+        stop_when_done: linger.is_none(),
+        lanes,
+    });
+    let sh = shared.clone();
+    let cpus = spec.cpus.clone();
+    let port = spec.port;
+    let rt = Runtime::spawn_inline(cores, opts, move |i| ServerApp {
+        lane: i,
+        cpu: cpus[i % cpus.len()],
+        port,
+        expected: w.conns_of(i as u32).1 as usize,
+        workload: w.clone(),
+        finished: 0,
+        conns: FxMap::default(),
+        packer: None,
+        batch: VecDeque::new(),
+        report: ServerReport::default(),
+        shared: sh.clone(),
+        lane_done: false,
+        base: (Instant::now(), luna_stack::time::Instant::from_nanos(0)),
+    })
+    .map_err(|e| format!("r2c runtime: {e}"))?;
+    let mut done_at = None;
+    while !rt.is_finished() {
+        if Instant::now() >= deadline {
+            rt.stop();
+            break;
+        }
+        if let Some(l) = linger {
+            // Beside the kernel: its sessions go through this process's NIC, so the
+            // exception path stays up `l` after knb's own connections are done.
+            if shared.lanes_done.load(Ordering::Acquire) >= lanes {
+                let at = *done_at.get_or_insert_with(Instant::now);
+                if at.elapsed() >= l {
+                    break;
+                }
+            }
+        }
+        std::thread::sleep(SUPERVISE_STEP);
+    }
+    rt.stop();
+    let reports = rt.join().map_err(|e| format!("r2c runtime: {e}"))?;
+    let mut total = std::mem::take(&mut *shared.report.lock().unwrap_or_else(|p| p.into_inner()));
+    total.connections = spec.workload.connections as u64;
+    total.extra = core_counters(&reports);
+    drop(reports);
+    Ok(total)
+}
+
+/// The kernel-coexistence server (`--exception`, issue 11): one lane whose device is
+/// r2c's [`ExceptionDevice`] over the NIC (the first `--vdev`) and the exception port.
+/// The traffic model is knb's listening port (and luna's client range) on `--ip`;
+/// everything else — ARP, ICMP, the kernel's own TCP and UDP — goes to the exception
+/// interface, and the kernel's replies out through the NIC. The NIC is asked for
+/// hardware steering (`auto`): on a PMD without a flow API the one `bifurcation:` line
+/// says luna falls back to software, and `steering_fallbacks` counts it.
+fn serve_coexist(
+    spec: &ServerSpec,
+    x: &ExceptionSpec,
+    ready: &mut dyn FnMut(),
+) -> Result<ServerReport, String> {
+    let w = spec.workload.clone();
+    if w.threads != 1 || w.emu.server_model.is_some() {
+        return Err("--exception runs one inline lane: use --threads 1, no --server-model".into());
+    }
+    let deadline = Instant::now() + spec.lifetime;
+    let model = TrafficConfig {
+        listen_tcp: vec![spec.port],
+        ip: Some(spec.ip),
+        apps: vec![bifurcation::model::AppConfig {
+            name: "knb".into(),
+            ports: Default::default(),
+            threads: Some(1),
+            queues: None,
+        }],
+        ..TrafficConfig::default()
+    }
+    .validate(&KernelPorts::from_proc().map_err(|e| format!("kernel ports: {e}"))?)
+    .map_err(|e| format!("traffic model: {e}"))?;
+    let steering = SteeringRequest {
+        mode: SteeringMode::Auto,
+        rules: bifurcation::compile(&model),
+    };
+    let mut env = open(
+        &spec.eal,
+        1,
+        w.mtu,
+        spec.lifetime,
+        &mut || {},
+        Some(steering),
+    )?;
+    let mut ec = DpdkDeviceConfig::new(x.port.clone());
+    ec.pool_prefix = "lkx".into();
+    ec.rx_mbufs = 4095;
+    // net_tap, like net_af_packet, wants more than a 2 KiB buffer's data room.
+    ec.rx_buf_size = if usize::from(w.mtu) + 14 + 128 <= 4096 {
+        4096
+    } else {
+        16384
+    };
+    ec.link_timeout = Duration::from_secs(10);
+    let exc = DpdkDevice::open(&env.eal, &env.slab, &env._registry, &ec)
+        .map_err(|e| format!("open the exception port {}: {e}", x.port))?;
+    let nic = env.devices.remove(0);
+    let memif_nic = memif::vdev_of(&spec.eal).is_some_and(|v| v.starts_with("net_memif"));
+    let Lanes {
+        eal,
+        slab,
+        _registry,
+        mut cores,
+        mut opts,
+        ..
+    } = Env {
+        devices: vec![nic],
+        ..env
+    }
+    .lanes(&spec.eal, spec.ip, spec.prefix_len, w.mtu, &spec.cpus)?;
+    if !memif_nic {
+        // The memif quiesce meeting is for memif peers only.
+        opts.before_release = None;
+    }
+    // Both ports are open: the caller may configure the exception interface now.
+    ready();
+    let plain = cores.remove(0);
+    let mut stack = plain.stack;
+    stack.answer_arp = !x.mirror;
+    let nic = plain.devices.into_iter().next().ok_or("no NIC device")?;
+    let mut dev = ExceptionDevice::new(nic, exc, model, 1024);
+    let mirror = if x.mirror {
+        let m = MirrorThread::start(&x.iface).map_err(|e| format!("mirror {}: {e}", x.iface))?;
+        dev = dev.with_mirror(m.for_core().map_err(|e| format!("mirror nudger: {e}"))?);
+        Some(m)
+    } else {
+        None
+    };
+    let mut core = CoreSetup::new(0, vec![dev], stack);
+    core.cpu = plain.cpu;
+    core.ports = plain.ports;
+    core.routes = plain.routes;
+    core.neighbours = plain.neighbours;
+    let r = run_server(spec, &eal, vec![core], opts, 1, deadline, Some(x.linger));
+    if let Some(m) = mirror {
+        if let Err(e) = m.stop() {
+            eprintln!("knb: mirror of {} ended: {e}", x.iface);
+        }
+    }
+    drop(slab);
+    r
+}
+
 impl Backend for Luna {
     fn stack(&self) -> Stack {
         Stack::Luna
@@ -1200,6 +1385,9 @@ impl Backend for Luna {
         if let Some(m) = spec.workload.emu.server_model {
             return serve_msg(spec, m, ready);
         }
+        if let Some(x) = &spec.exception {
+            return serve_coexist(spec, x, ready);
+        }
         let w = spec.workload.clone();
         let deadline = Instant::now() + spec.lifetime;
         let Lanes {
@@ -1209,58 +1397,18 @@ impl Backend for Luna {
             cores,
             opts,
             lanes,
-        } = open(&spec.eal, w.threads as u16, w.mtu, spec.lifetime, ready)?.lanes(
+        } = open(
             &spec.eal,
-            spec.ip,
-            spec.prefix_len,
+            w.threads as u16,
             w.mtu,
-            &spec.cpus,
-        )?;
-        let mut opts = opts;
-        if let Some(path) = std::env::var_os("KNB_LUNA_SERVER_CONTROL") {
-            opts.control = Some(r2c::control::ControlConfig::new(path));
-        }
-        let shared = Arc::new(ServerShared {
-            eal: eal.clone(),
-            report: Mutex::new(ServerReport::default()),
-            lanes_done: AtomicUsize::new(0),
-            lanes,
-        });
-        let sh = shared.clone();
-        let cpus = spec.cpus.clone();
-        let port = spec.port;
-        let rt = Runtime::spawn_inline(cores, opts, move |i| ServerApp {
-            lane: i,
-            cpu: cpus[i % cpus.len()],
-            port,
-            expected: w.conns_of(i as u32).1 as usize,
-            workload: w.clone(),
-            finished: 0,
-            conns: FxMap::default(),
-            packer: None,
-            batch: VecDeque::new(),
-            report: ServerReport::default(),
-            shared: sh.clone(),
-            lane_done: false,
-            base: (Instant::now(), luna_stack::time::Instant::from_nanos(0)),
-        })
-        .map_err(|e| format!("r2c runtime: {e}"))?;
-        while !rt.is_finished() {
-            if Instant::now() >= deadline {
-                rt.stop();
-                break;
-            }
-            std::thread::sleep(SUPERVISE_STEP);
-        }
-        rt.stop();
-        let reports = rt.join().map_err(|e| format!("r2c runtime: {e}"))?;
-        let mut total =
-            std::mem::take(&mut *shared.report.lock().unwrap_or_else(|p| p.into_inner()));
-        total.connections = spec.workload.connections as u64;
-        total.extra = core_counters(&reports);
-        drop(reports);
+            spec.lifetime,
+            ready,
+            None,
+        )?
+        .lanes(&spec.eal, spec.ip, spec.prefix_len, w.mtu, &spec.cpus)?;
+        let r = run_server(spec, &eal, cores, opts, lanes, deadline, None);
         drop(slab);
-        Ok(total)
+        r
     }
 
     fn run_client(
@@ -1275,6 +1423,7 @@ impl Backend for Luna {
             w.mtu,
             Duration::from_secs(30),
             &mut || {},
+            None,
         ) {
             Ok(e) => e,
             Err(e) => {

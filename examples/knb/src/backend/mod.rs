@@ -69,6 +69,47 @@ pub struct ServerSpec {
     pub eal: Vec<String>,
     /// Hard stop: the server exits after this long whatever happens.
     pub lifetime: Duration,
+    /// luna only: the kernel exception path beside the NIC (`--exception`).
+    pub exception: Option<ExceptionSpec>,
+}
+
+/// `knb server --exception PORT:IFACE [--exception-mirror]` (luna, issue 11): the server
+/// shares its NIC with the kernel. The DPDK port `port` (a net_tap given with its own
+/// `--vdev`) is the exception port, whose kernel netdev `iface` carries the NIC's MAC
+/// and the server's IP; r2c's exception path hands it every frame the traffic model
+/// (luna's listening port and client range on `--ip`) leaves to the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExceptionSpec {
+    /// The exception port's ethdev name, e.g. `net_tap1`.
+    pub port: String,
+    /// Its kernel netdev.
+    pub iface: String,
+    /// Mirror `iface`'s neighbours, routes and addresses (netlink-sync); luna stops ARP.
+    pub mirror: bool,
+    /// How long the exception path stays up after knb's connections are done (the
+    /// kernel's sessions through the NIC end when the process does).
+    pub linger: Duration,
+}
+
+impl ExceptionSpec {
+    /// Parses `PORT:IFACE`.
+    pub fn parse(s: &str) -> Result<ExceptionSpec, String> {
+        match s.split_once(':') {
+            Some((port, iface))
+                if !port.is_empty() && !iface.is_empty() && !iface.contains(':') =>
+            {
+                Ok(ExceptionSpec {
+                    port: port.to_string(),
+                    iface: iface.to_string(),
+                    mirror: false,
+                    linger: Duration::from_secs(1),
+                })
+            }
+            _ => Err(format!(
+                "expected PORT:IFACE (e.g. net_tap1:luna-exc), got {s:?}"
+            )),
+        }
+    }
 }
 
 /// What a client child process is told.

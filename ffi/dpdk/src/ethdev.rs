@@ -174,15 +174,45 @@ pub(crate) struct PortShared {
     _eal: Eal,
 }
 
+/// How long a port's teardown waits for the EAL interrupt thread (see [`PortShared`]'s
+/// drop) before doing it on the calling thread.
+const INTR_TEARDOWN_WAIT_US: u64 = 10_000_000;
+
 impl Drop for PortShared {
     fn drop(&mut self) {
-        // SAFETY: last owner: no queue or flow handle of this port exists,
-        // so no burst can run concurrently; stop/close on a valid port id.
-        unsafe {
-            if self.started.load(Ordering::SeqCst) {
-                ffi::rte_eth_dev_stop(self.id);
+        let stop = self.started.load(Ordering::SeqCst);
+        if self.name.starts_with("net_memif") {
+            // DPDK 22.11's memif handles the peer's disconnect on the EAL interrupt
+            // thread (memif_intr_handler → memif_disconnect: unmap the regions, free
+            // them, reset the queues) with no lock against a dev_stop/dev_close of the
+            // same port on another thread, which does the same work and then frees the
+            // queues. Both peers close at about the same time (after their quiescence
+            // rendezvous), so the two ran concurrently: double free / use after free,
+            // a SIGSEGV in one of the processes. Closing from the interrupt thread
+            // serialises our teardown with memif's callback.
+            let (mut s, mut c) = (0, 0);
+            // SAFETY: last owner: no queue or flow handle of this port exists, so no
+            // burst can run concurrently; valid port id; s and c are valid out
+            // pointers for the duration of the call, which waits for the callback
+            // (or cancels it) before returning.
+            unsafe {
+                ffi::dpdk_sys_eth_dev_stop_close_on_intr_thread(
+                    self.id,
+                    i32::from(stop),
+                    INTR_TEARDOWN_WAIT_US,
+                    &mut s,
+                    &mut c,
+                );
             }
-            ffi::rte_eth_dev_close(self.id);
+        } else {
+            // SAFETY: last owner: no queue or flow handle of this port exists,
+            // so no burst can run concurrently; stop/close on a valid port id.
+            unsafe {
+                if stop {
+                    ffi::rte_eth_dev_stop(self.id);
+                }
+                ffi::rte_eth_dev_close(self.id);
+            }
         }
         // Pools drop after close, which returned the rx rings' mbufs.
         self.pools.lock().unwrap_or_else(|p| p.into_inner()).clear();

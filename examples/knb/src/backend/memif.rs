@@ -103,6 +103,8 @@ pub struct MemifDev {
     pub mac: [u8; 6],
     /// IP MTU the buffers are sized for.
     pub mtu: u16,
+    /// The `--vdev` value the port was opened with (for the quiescence rendezvous).
+    pub vdev: String,
 }
 
 fn err(step: &str) -> impl Fn(dpdk_sys::Error) -> String + '_ {
@@ -180,6 +182,7 @@ pub fn open(
         queues,
         mac,
         mtu,
+        vdev: vdev_of(eal_args).unwrap_or_default().to_owned(),
     })
 }
 

@@ -353,7 +353,10 @@ int dpdk_sys_eth_dev_stop_close_on_intr_thread(uint16_t port_id, int stop,
 	uint64_t waited = 0;
 	int how = 0;
 
-	if (rte_thread_is_intr() || rte_eal_alarm_set(1, stop_close_alarm, &r) != 0) {
+	if (rte_thread_is_intr()) {
+		/* Already serialised with the PMDs' interrupt callbacks. */
+		stop_close(&r);
+	} else if (rte_eal_alarm_set(1, stop_close_alarm, &r) != 0) {
 		stop_close(&r);
 		how = 1;
 	} else {

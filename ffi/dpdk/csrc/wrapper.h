@@ -257,7 +257,8 @@ void dpdk_sys_flow_item_udp_set(struct rte_flow_item_udp *item,
  * queues). Waits up to `timeout_us` for the callback; if it has not started by
  * then, cancels it and does the work on the calling thread. Called on the
  * interrupt thread itself, it does the work directly. Returns 0 when the work ran
- * on the interrupt thread, 1 when on the caller's; the DPDK return values go to
+ * on the interrupt thread, 1 when it had to run on another (the alarm could not be
+ * set, or did not start within `timeout_us`); the DPDK return values go to
  * `stop_ret` and `close_ret`. */
 int dpdk_sys_eth_dev_stop_close_on_intr_thread(uint16_t port_id, int stop,
 					       uint64_t timeout_us, int *stop_ret,

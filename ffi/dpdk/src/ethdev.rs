@@ -182,26 +182,40 @@ impl Drop for PortShared {
     fn drop(&mut self) {
         let stop = self.started.load(Ordering::SeqCst);
         if self.name.starts_with("net_memif") {
-            // DPDK 22.11's memif handles the peer's disconnect on the EAL interrupt
-            // thread (memif_intr_handler → memif_disconnect: unmap the regions, free
-            // them, reset the queues) with no lock against a dev_stop/dev_close of the
-            // same port on another thread, which does the same work and then frees the
-            // queues. Both peers close at about the same time (after their quiescence
-            // rendezvous), so the two ran concurrently: double free / use after free,
-            // a SIGSEGV in one of the processes. Closing from the interrupt thread
-            // serialises our teardown with memif's callback.
+            // DPDK 22.11's memif handles the peer's disconnect in its control-channel
+            // callback on the EAL interrupt thread (memif_intr_handler →
+            // memif_msg_receive → memif_disconnect: unmap and free the regions, reset
+            // the queues), with no lock against a dev_stop/dev_close of the same port on
+            // another thread. Our dev_stop finds that callback active, so
+            // rte_intr_callback_unregister only defers the channel's release, and
+            // dev_close → rte_eth_dev_release_port then zeroes the port's data while the
+            // callback still runs: its memif_disconnect reads dev_private == NULL and
+            // faults (core dump: `andl $~3, 0x8(%rbx)`, rbx = 0, `pmd->flags &= ...`).
+            // Both peers close within a millisecond of each other (after their
+            // quiescence rendezvous), so the peer's DISCONNECT arrives just then.
+            // Closing from the interrupt thread serialises our teardown with memif's
+            // callbacks: EAL runs them one at a time, and once our dev_stop has
+            // unregistered the (inactive) channel callback none can run for this port.
+            // Reproduction: testbed/repro/memif-teardown.sh.
             let (mut s, mut c) = (0, 0);
             // SAFETY: last owner: no queue or flow handle of this port exists, so no
             // burst can run concurrently; valid port id; s and c are valid out
             // pointers for the duration of the call, which waits for the callback
             // (or cancels it) before returning.
-            unsafe {
+            let how = unsafe {
                 ffi::dpdk_sys_eth_dev_stop_close_on_intr_thread(
                     self.id,
                     i32::from(stop),
                     INTR_TEARDOWN_WAIT_US,
                     &mut s,
                     &mut c,
+                )
+            };
+            if how != 0 {
+                eprintln!(
+                    "dpdk-sys: port {} closed on the calling thread (the EAL interrupt \
+                     thread did not take it): memif's disconnect handling may race with it",
+                    self.name
                 );
             }
         } else {

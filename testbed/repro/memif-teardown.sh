@@ -10,6 +10,7 @@
 # usage: testbed/repro/memif-teardown.sh [RUNS] [DELAY_US] [knb args...]
 #   RUNS      knb rpc runs (default 10)
 #   DELAY_US  interrupt-thread delay (default 50000)
+#   env STACK=smoltcp runs the smoltcp stack (default luna), KNB=path another knb binary
 # Needs root and hugepages (as knb); builds nothing but the preload library: build knb
 # first (cargo build -p knb). Prints each failed run's child status lines and a summary.
 set -u
@@ -22,7 +23,7 @@ knb=${KNB:-$root/target/debug/knb}
 work=$(mktemp -d /tmp/memif-teardown.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 gcc -shared -fPIC -O1 -o "$work/delay.so" "$here/memif-teardown-delay.c" -ldl || exit 2
-args=(rpc --stack luna --duration 1 --warmup 0.3 --verify --memif-zero-copy
+args=(rpc --stack "${STACK:-luna}" --duration 1 --warmup 0.3 --verify --memif-zero-copy
       --iodepth 4 --connections 2 --req-size 3000 --resp-size 4096 "$@")
 fails=0; segv=0
 for i in $(seq 1 "$runs"); do

@@ -752,6 +752,27 @@ impl Port {
         }
     }
 
+    /// Starts the port and waits up to `timeout` for link up, never stopping it once
+    /// started (only a start that failed is tried again, every 20 ms).
+    ///
+    /// For DPDK 22.11 memif clients in zero-copy mode, where
+    /// [`start_until_link_up`](Self::start_until_link_up)'s restarts are unsafe: their
+    /// regions are EAL's own memory-segment-list files, and memif closes those EAL file
+    /// descriptors once it has used them (`memif_connect`, `memif_free_regions`), so
+    /// after a stop the next start hands the server stale or reused descriptor numbers
+    /// (its mmap fails with ENODEV and its interrupt thread panics). Such a client
+    /// connects once, to a server that is already started.
+    pub fn start_once_until_link_up(&mut self, timeout: Duration) -> Result<Link> {
+        let end = Instant::now() + timeout;
+        loop {
+            match self.start() {
+                Ok(()) => return self.wait_link_up(end.saturating_duration_since(Instant::now())),
+                Err(e) if Instant::now() >= end => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
     /// Basic counters.
     pub fn stats(&self) -> Result<Stats> {
         // SAFETY: zeroed rte_eth_stats is valid (plain integers).

@@ -492,8 +492,14 @@ impl DpdkDevice {
         registry.add_port(port.id())?;
         let handle_id = port.id();
         if memif_client {
-            // A memif client connects once, at start: restart until the server is there.
-            port.start_until_link_up(cfg.link_timeout, Duration::from_millis(500))?;
+            if zero_copy {
+                // A zero-copy client cannot restart (memif closes EAL's memory-segment
+                // file descriptors after use): connect once; the server must be started.
+                port.start_once_until_link_up(cfg.link_timeout)?;
+            } else {
+                // A memif client connects once, at start: restart until the server is there.
+                port.start_until_link_up(cfg.link_timeout, Duration::from_millis(500))?;
+            }
             started();
         } else {
             port.start()?;

@@ -345,6 +345,11 @@ static void stop_close_alarm(void *arg)
 	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
 }
 
+static void barrier_alarm(void *arg)
+{
+	__atomic_store_n((int *)arg, 1, __ATOMIC_RELEASE);
+}
+
 int dpdk_sys_eth_dev_stop_close_on_intr_thread(uint16_t port_id, int stop,
 					       uint64_t timeout_us, int *stop_ret,
 					       int *close_ret)
@@ -370,6 +375,26 @@ int dpdk_sys_eth_dev_stop_close_on_intr_thread(uint16_t port_id, int stop,
 		    rte_eal_alarm_cancel(stop_close_alarm, &r) > 0) {
 			stop_close(&r);
 			how = 1;
+		}
+	}
+	if (how == 0 && !rte_thread_is_intr()) {
+		/* Our unregistrations (memif's control channel, its listener) made the
+		 * interrupt thread rebuild its epoll set from the sources, reading their
+		 * handles, after our callback returned. Wait for that to finish before the
+		 * caller can go on to rte_eal_cleanup, which unmaps memory the thread would
+		 * still read (seen: SIGSEGV in rte_intr_fd_get on the interrupt thread while
+		 * the main thread was in rte_eal_cleanup). A second alarm fires only once
+		 * the thread is back in epoll_wait on the rebuilt set. */
+		int barrier = 0;
+
+		waited = 0;
+		if (rte_eal_alarm_set(1, barrier_alarm, &barrier) == 0) {
+			while (!__atomic_load_n(&barrier, __ATOMIC_ACQUIRE) && waited < timeout_us) {
+				rte_delay_us_sleep(100);
+				waited += 100;
+			}
+			if (!__atomic_load_n(&barrier, __ATOMIC_ACQUIRE))
+				rte_eal_alarm_cancel(barrier_alarm, &barrier);
 		}
 	}
 	*stop_ret = r.stop_ret;

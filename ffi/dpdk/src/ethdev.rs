@@ -174,59 +174,21 @@ pub(crate) struct PortShared {
     _eal: Eal,
 }
 
-/// How long a port's teardown waits for the EAL interrupt thread (see [`PortShared`]'s
-/// drop) before doing it on the calling thread.
-const INTR_TEARDOWN_WAIT_US: u64 = 10_000_000;
-
 impl Drop for PortShared {
     fn drop(&mut self) {
         let stop = self.started.load(Ordering::SeqCst);
-        if self.name.starts_with("net_memif") {
-            // DPDK 22.11's memif handles the peer's disconnect in its control-channel
-            // callback on the EAL interrupt thread (memif_intr_handler →
-            // memif_msg_receive → memif_disconnect: unmap and free the regions, reset
-            // the queues), with no lock against a dev_stop/dev_close of the same port on
-            // another thread. Our dev_stop finds that callback active, so
-            // rte_intr_callback_unregister only defers the channel's release, and
-            // dev_close → rte_eth_dev_release_port then zeroes the port's data while the
-            // callback still runs: its memif_disconnect reads dev_private == NULL and
-            // faults (core dump: `andl $~3, 0x8(%rbx)`, rbx = 0, `pmd->flags &= ...`).
-            // Both peers close within a millisecond of each other (after their
-            // quiescence rendezvous), so the peer's DISCONNECT arrives just then.
-            // Closing from the interrupt thread serialises our teardown with memif's
-            // callbacks: EAL runs them one at a time, and once our dev_stop has
-            // unregistered the (inactive) channel callback none can run for this port.
-            // Reproduction: testbed/repro/memif-teardown.sh.
-            let (mut s, mut c) = (0, 0);
-            // SAFETY: last owner: no queue or flow handle of this port exists, so no
-            // burst can run concurrently; valid port id; s and c are valid out
-            // pointers for the duration of the call, which waits for the callback
-            // (or cancels it) before returning.
-            let how = unsafe {
-                ffi::dpdk_sys_eth_dev_stop_close_on_intr_thread(
-                    self.id,
-                    i32::from(stop),
-                    INTR_TEARDOWN_WAIT_US,
-                    &mut s,
-                    &mut c,
-                )
-            };
-            if how != 0 {
-                eprintln!(
-                    "dpdk-sys: port {} closed on the calling thread (the EAL interrupt \
-                     thread did not take it): memif's disconnect handling may race with it",
-                    self.name
-                );
+        // Not yet: closing memif ports on the EAL interrupt thread
+        // (`dpdk_sys_eth_dev_stop_close_on_intr_thread`) serialises the close with
+        // memif's disconnect callback (the zero-copy teardown SIGSEGV), but then
+        // rte_eal_cleanup faulted on the interrupt thread in about half of r2c's memif
+        // test runs; see docs/benchmarks.md "memif zero-copy mode".
+        // SAFETY: last owner: no queue or flow handle of this port exists,
+        // so no burst can run concurrently; stop/close on a valid port id.
+        unsafe {
+            if stop {
+                ffi::rte_eth_dev_stop(self.id);
             }
-        } else {
-            // SAFETY: last owner: no queue or flow handle of this port exists,
-            // so no burst can run concurrently; stop/close on a valid port id.
-            unsafe {
-                if stop {
-                    ffi::rte_eth_dev_stop(self.id);
-                }
-                ffi::rte_eth_dev_close(self.id);
-            }
+            ffi::rte_eth_dev_close(self.id);
         }
         // Pools drop after close, which returned the rx rings' mbufs.
         self.pools.lock().unwrap_or_else(|p| p.into_inner()).clear();

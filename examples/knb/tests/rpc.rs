@@ -421,13 +421,13 @@ fn a_server_model_the_stack_lacks_is_a_usage_error() {
 /// with the server, which copies straight into and out of the client's buffers (luna's
 /// client takes its zbuf zones from EAL memzones). Bytes are checked end to end.
 ///
-/// Ignored in `make test`: in one of four full runs (2026-12-02 06:22) the luna server died
-/// of SIGSEGV after the client had finished its RPCs (`client finished: 5134`), i.e. at the
-/// memif disconnect, where the server still maps the client's regions. Until that teardown
-/// race is found and fixed, run it by hand:
-/// `cargo test -p knb --test rpc memif_zero_copy -- --ignored`.
+/// Ignored in `make test`: a server can die of SIGSEGV at its client's disconnect (1 of
+/// 4 `make test` runs): DPDK memif's disconnect callback on the EAL interrupt thread races
+/// our port close (docs/benchmarks.md "memif zero-copy mode",
+/// testbed/repro/memif-teardown.sh); the interrupt-thread close that fixes it is not
+/// enabled yet. Run it by hand: `cargo test -p knb --test rpc memif_zero_copy -- --ignored`.
 #[test]
-#[ignore = "zero-copy memif teardown: the luna server can SIGSEGV at the client's disconnect (see the doc comment)"]
+#[ignore = "zero-copy memif teardown race (see the doc comment)"]
 fn memif_zero_copy_rpcs_validate_for_luna_and_smoltcp() {
     for stack in ["luna", "smoltcp"] {
         let v = rpc_run(
@@ -643,7 +643,7 @@ fn sweep_writes_csv_and_svg_figures() {
 
 /// fig10 with luna and the kernel: the `series` column, and LUNA's claims read off the
 /// points into figs-claims.csv (a ratio, or on a busy machine the reason there is none).
-/// Zero-copy mode is not run here: its luna server can SIGSEGV at teardown (see
+/// Zero-copy mode is not run here: its server can SIGSEGV at teardown (see
 /// `memif_zero_copy_rpcs_validate_for_luna_and_smoltcp`); `make figures` runs it.
 #[test]
 fn sweep_with_luna_writes_the_claims() {

@@ -8,6 +8,9 @@
 #define ALLOW_EXPERIMENTAL_API
 #include "wrapper.h"
 
+#include <rte_alarm.h>
+#include <rte_interrupts.h>
+
 #include <errno.h>
 #include <string.h>
 
@@ -315,4 +318,86 @@ int dpdk_sys_log_capture(dpdk_sys_log_write_fn fn)
 		return -1;
 	setvbuf(f, NULL, _IOLBF, 0);
 	return rte_openlog_stream(f);
+}
+
+/* ---- port teardown on the interrupt thread ---- */
+
+struct stop_close_req {
+	uint16_t port_id;
+	int stop;
+	int stop_ret;
+	int close_ret;
+	int done;
+};
+
+static void stop_close(struct stop_close_req *r)
+{
+	if (r->stop)
+		r->stop_ret = rte_eth_dev_stop(r->port_id);
+	r->close_ret = rte_eth_dev_close(r->port_id);
+}
+
+static void stop_close_alarm(void *arg)
+{
+	struct stop_close_req *r = arg;
+
+	stop_close(r);
+	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+}
+
+static void barrier_alarm(void *arg)
+{
+	__atomic_store_n((int *)arg, 1, __ATOMIC_RELEASE);
+}
+
+int dpdk_sys_eth_dev_stop_close_on_intr_thread(uint16_t port_id, int stop,
+					       uint64_t timeout_us, int *stop_ret,
+					       int *close_ret)
+{
+	struct stop_close_req r = { .port_id = port_id, .stop = stop };
+	uint64_t waited = 0;
+	int how = 0;
+
+	if (rte_thread_is_intr()) {
+		/* Already serialised with the PMDs' interrupt callbacks. */
+		stop_close(&r);
+	} else if (rte_eal_alarm_set(1, stop_close_alarm, &r) != 0) {
+		stop_close(&r);
+		how = 1;
+	} else {
+		while (!__atomic_load_n(&r.done, __ATOMIC_ACQUIRE) && waited < timeout_us) {
+			rte_delay_us_sleep(100);
+			waited += 100;
+		}
+		/* Not run yet (interrupt thread stuck or gone): take it back. A callback
+		 * already running is waited for by rte_eal_alarm_cancel. */
+		if (!__atomic_load_n(&r.done, __ATOMIC_ACQUIRE) &&
+		    rte_eal_alarm_cancel(stop_close_alarm, &r) > 0) {
+			stop_close(&r);
+			how = 1;
+		}
+	}
+	if (how == 0 && !rte_thread_is_intr()) {
+		/* Our unregistrations (memif's control channel, its listener) made the
+		 * interrupt thread rebuild its epoll set from the sources, reading their
+		 * handles, after our callback returned. Wait for that to finish before the
+		 * caller can go on to rte_eal_cleanup, which unmaps memory the thread would
+		 * still read (seen: SIGSEGV in rte_intr_fd_get on the interrupt thread while
+		 * the main thread was in rte_eal_cleanup). A second alarm fires only once
+		 * the thread is back in epoll_wait on the rebuilt set. */
+		int barrier = 0;
+
+		waited = 0;
+		if (rte_eal_alarm_set(1, barrier_alarm, &barrier) == 0) {
+			while (!__atomic_load_n(&barrier, __ATOMIC_ACQUIRE) && waited < timeout_us) {
+				rte_delay_us_sleep(100);
+				waited += 100;
+			}
+			if (!__atomic_load_n(&barrier, __ATOMIC_ACQUIRE))
+				rte_eal_alarm_cancel(barrier_alarm, &barrier);
+		}
+	}
+	*stop_ret = r.stop_ret;
+	*close_ret = r.close_ret;
+	return how;
 }

@@ -176,10 +176,16 @@ pub(crate) struct PortShared {
 
 impl Drop for PortShared {
     fn drop(&mut self) {
+        let stop = self.started.load(Ordering::SeqCst);
+        // Not yet: closing memif ports on the EAL interrupt thread
+        // (`dpdk_sys_eth_dev_stop_close_on_intr_thread`) serialises the close with
+        // memif's disconnect callback (the zero-copy teardown SIGSEGV), but then
+        // rte_eal_cleanup faulted on the interrupt thread in about half of r2c's memif
+        // test runs; see docs/benchmarks.md "memif zero-copy mode".
         // SAFETY: last owner: no queue or flow handle of this port exists,
         // so no burst can run concurrently; stop/close on a valid port id.
         unsafe {
-            if self.started.load(Ordering::SeqCst) {
+            if stop {
                 ffi::rte_eth_dev_stop(self.id);
             }
             ffi::rte_eth_dev_close(self.id);
@@ -705,6 +711,27 @@ impl Port {
                 self.stop()?;
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts the port and waits up to `timeout` for link up, never stopping it once
+    /// started (only a start that failed is tried again, every 20 ms).
+    ///
+    /// For DPDK 22.11 memif clients in zero-copy mode, where
+    /// [`start_until_link_up`](Self::start_until_link_up)'s restarts are unsafe: their
+    /// regions are EAL's own memory-segment-list files, and memif closes those EAL file
+    /// descriptors once it has used them (`memif_connect`, `memif_free_regions`), so
+    /// after a stop the next start hands the server stale or reused descriptor numbers
+    /// (its mmap fails with ENODEV and its interrupt thread panics). Such a client
+    /// connects once, to a server that is already started.
+    pub fn start_once_until_link_up(&mut self, timeout: Duration) -> Result<Link> {
+        let end = Instant::now() + timeout;
+        loop {
+            match self.start() {
+                Ok(()) => return self.wait_link_up(end.saturating_duration_since(Instant::now())),
+                Err(e) if Instant::now() >= end => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
         }
     }
 

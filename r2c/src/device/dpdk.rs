@@ -249,6 +249,16 @@ pub fn memif_quiesce(vdev: &str, timeout: Duration) -> Result<bool, String> {
     Ok(true)
 }
 
+/// Whether the memif peer of `vdev` has announced (see [`memif_quiesce`]) that it stopped
+/// polling: nothing more will arrive on the link, so a side waiting for its connections
+/// to end can stop too. `false` when `vdev` is not a memif link with a socket path.
+pub fn memif_peer_quiet(vdev: &str) -> bool {
+    memif_socket_role(vdev).is_some_and(|(socket, role)| {
+        let other = if role == "client" { "server" } else { "client" };
+        quiet_marker(&socket, other).exists()
+    })
+}
+
 /// EAL arguments and device configuration for a testbed DPDK endpoint (the namespace,
 /// addresses and MACs are in `port` itself). `--no-telemetry` is added: a test process
 /// needs no telemetry socket.
@@ -503,8 +513,14 @@ impl DpdkDevice {
         registry.add_port(port.id())?;
         let handle_id = port.id();
         if memif_client {
-            // A memif client connects once, at start: restart until the server is there.
-            port.start_until_link_up(cfg.link_timeout, Duration::from_millis(500))?;
+            if zero_copy {
+                // A zero-copy client cannot restart (memif closes EAL's memory-segment
+                // file descriptors after use): connect once; the server must be started.
+                port.start_once_until_link_up(cfg.link_timeout)?;
+            } else {
+                // A memif client connects once, at start: restart until the server is there.
+                port.start_until_link_up(cfg.link_timeout, Duration::from_millis(500))?;
+            }
             started();
         } else {
             port.start()?;
@@ -994,7 +1010,9 @@ mod tests {
         let (server, client) = (vdev("server"), vdev("client"));
         memif_quiesce_reset(&sock);
         // Alone, a side waits out its timeout.
+        assert!(!memif_peer_quiet(&client) && !memif_peer_quiet(&server));
         assert_eq!(memif_quiesce(&server, Duration::from_millis(20)), Ok(false));
+        assert!(memif_peer_quiet(&client) && !memif_peer_quiet(&server));
         // With the server's marker present, the client passes at once; a fresh pair
         // meets whichever side comes first.
         assert_eq!(memif_quiesce(&client, Duration::from_secs(5)), Ok(true));

@@ -103,6 +103,8 @@ pub struct MemifDev {
     pub mac: [u8; 6],
     /// IP MTU the buffers are sized for.
     pub mtu: u16,
+    /// The `--vdev` value the port was opened with (for the quiescence rendezvous).
+    pub vdev: String,
 }
 
 fn err(step: &str) -> impl Fn(dpdk_sys::Error) -> String + '_ {
@@ -121,7 +123,8 @@ pub fn socket_of(eal: &[String]) -> Option<String> {
 /// Initialises the EAL with `eal`, configures net_memif0 with `lanes` queue pairs (mbufs
 /// that hold a whole frame of IP MTU `mtu`) and starts it. The server calls `ready` once its socket listens; the client waits for the
 /// server's socket and restarts its port until the link is up (memif clients connect
-/// only at start). Returns after link up.
+/// only at start; a zero-copy client starts once, see `Port::start_once_until_link_up`).
+/// Returns after link up.
 pub fn open(
     eal_args: &[String],
     server: bool,
@@ -162,8 +165,16 @@ pub fn open(
         let sock = socket_of(eal_args).ok_or("no net_memif socket= in the EAL arguments")?;
         dpdk_sys::ethdev::wait_memif_listener(&sock, link_timeout)
             .map_err(err("wait for the server"))?;
-        port.start_until_link_up(link_timeout, Duration::from_millis(500))
-            .map_err(err("memif link"))?;
+        let zero_copy = vdev_of(eal_args).is_some_and(|v| v.contains("zero-copy=yes"));
+        if zero_copy {
+            // The server is started (it said so before we were spawned), and a
+            // zero-copy client must not restart (`Port::start_once_until_link_up`).
+            port.start_once_until_link_up(link_timeout)
+                .map_err(err("memif link"))?;
+        } else {
+            port.start_until_link_up(link_timeout, Duration::from_millis(500))
+                .map_err(err("memif link"))?;
+        }
     }
     let mac = port.mac().map_err(err("memif MAC"))?;
     let mut queues = Vec::new();
@@ -180,6 +191,7 @@ pub fn open(
         queues,
         mac,
         mtu,
+        vdev: vdev_of(eal_args).unwrap_or_default().to_owned(),
     })
 }
 

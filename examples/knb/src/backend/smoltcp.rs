@@ -21,6 +21,8 @@ use smoltcp::socket::tcp;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
 use testbed::{Kind, Topology};
 
+use r2c::device::dpdk::{memif_peer_quiet, memif_quiesce};
+
 use super::memif;
 use super::{Backend, ClientPlan, ClientSpec, Endpoints, ServerReport, ServerSpec};
 use crate::engine::ThreadResult;
@@ -37,6 +39,10 @@ const TX_LIMIT: usize = 256;
 const SERVER_TX_LIMIT: usize = 4 << 20;
 /// First local port of the client's connections.
 const CLIENT_PORT_BASE: u16 = 49152;
+/// How long a side waits for its memif peer to stop polling before it closes anyway.
+const QUIESCE_WAIT: Duration = Duration::from_secs(5);
+/// How often a server lane looks for the client's "stopped polling" marker.
+const PEER_CHECK: Duration = Duration::from_millis(10);
 
 /// Device counters.
 #[derive(Debug, Default, Clone, Copy)]
@@ -277,6 +283,7 @@ fn run_lanes<T: Send>(
         queues,
         mac,
         mtu,
+        vdev,
     } = dev;
     let seed = std::process::id() as u64 ^ 0x5eed;
     let results: Vec<Result<T, String>> = std::thread::scope(|s| {
@@ -306,6 +313,14 @@ fn run_lanes<T: Send>(
         }));
         out
     });
+    // Every lane has stopped polling (their queues are gone; `port` keeps the device
+    // open): meet the peer before closing, as luna's cores do
+    // (`r2c::device::dpdk::memif_quiesce`: memif's disconnect races with a burst).
+    if let Ok(false) = memif_quiesce(&vdev, QUIESCE_WAIT) {
+        eprintln!(
+            "knb: the memif peer did not stop polling within {QUIESCE_WAIT:?}; closing anyway"
+        );
+    }
     drop(port);
     results.into_iter().collect()
 }
@@ -340,9 +355,10 @@ impl Backend for Smoltcp {
             ready,
         )?;
         let cidr = (spec.ip, spec.prefix_len);
+        let vdev = memif::vdev_of(&spec.eal).unwrap_or_default();
         let reports = run_lanes(dev, cidr, &spec.cpus, &|i, lane| {
             let (_, n) = w.conns_of(i as u32);
-            server_lane(lane, n as usize, spec.port, w, deadline)
+            server_lane(lane, n as usize, spec.port, w, deadline, vdev)
         })?;
         let mut total = ServerReport {
             connections: w.connections as u64,
@@ -401,6 +417,7 @@ fn server_lane(
     port: u16,
     w: &Workload,
     deadline: Instant,
+    vdev: &str,
 ) -> Result<(ServerReport, PhyStats), String> {
     let mut conns = Vec::new();
     for _ in 0..n {
@@ -413,8 +430,17 @@ fn server_lane(
     }
     let mut report = ServerReport::default();
     let mut done = 0;
+    let mut peer_check = Instant::now() + PEER_CHECK;
+    let mut peer_quiet = false;
     while done < n && Instant::now() < deadline {
         let now = Instant::now();
+        if now >= peer_check {
+            // The client has stopped polling (and waits for us before closing): what
+            // it sent is in the ring, nothing more comes. One last pass, then stop,
+            // instead of polling until the deadline for a FIN or RST that never comes.
+            peer_check = now + PEER_CHECK;
+            peer_quiet = memif_peer_quiet(vdev);
+        }
         lane.phy.stats.iterations += 1;
         lane.poll(now);
         for (i, (e, established, finished)) in conns.iter_mut().enumerate() {
@@ -453,6 +479,9 @@ fn server_lane(
                 done += 1;
                 report.add(&e.counters);
             }
+        }
+        if peer_quiet {
+            break;
         }
     }
     for (e, _, finished) in &conns {

@@ -235,7 +235,24 @@ fn knb_luna_client_and_server_share_the_nic_with_kernel_clients() {
     assert!(num(&sv, &["requests"]) >= rpcs, "{sv:#}");
     let core = &sv["extra"]["core"];
     println!("wire kernel dropped {dropped} frames for the luna client's IP");
-    println!("luna client counters: {:#}", cv["extra"]);
+    println!("luna client counters: {}", cv["client_extra"]);
+    // The luna client's side: all its connections up, nothing lost on its TX, and the
+    // only frames its stack dropped are the wire kernel's (the veth carries both).
+    let lane = &cv["client_extra"][0];
+    assert_eq!(
+        num(lane, &["core", "connected"]),
+        u64::from(CONNS),
+        "{lane:#}"
+    );
+    assert_eq!(num(lane, &["device_tx_dropped"]), 0, "{lane:#}");
+    assert_eq!(num(lane, &["core", "tx_dropped"]), 0, "{lane:#}");
+    let by_reason = lane["stack_drops_by_reason"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no drop reasons: {lane:#}"));
+    assert!(
+        by_reason.keys().all(|k| k == "not_for_us"),
+        "the luna client dropped frames of its own: {lane:#}"
+    );
     println!(
         "client rpcs={rpcs} server requests={} exc_luna={} exc_to_kernel={} exc_from_kernel={} \
          exc_to_kernel_dropped={} exc_from_kernel_dropped={} steering_hw={} steering_fallbacks={} long_lines={long_lines}",

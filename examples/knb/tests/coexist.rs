@@ -236,8 +236,11 @@ fn knb_luna_client_and_server_share_the_nic_with_kernel_clients() {
     let core = &sv["extra"]["core"];
     println!("wire kernel dropped {dropped} frames for the luna client's IP");
     println!("luna client counters: {}", cv["client_extra"]);
-    // The luna client's side: all its connections up, nothing lost on its TX, and the
-    // only frames its stack dropped are the wire kernel's (the veth carries both).
+    // The luna client's side: all its connections up, nothing lost on its TX, and its
+    // stack dropped the wire kernel's frames (the veth carries both: `not_for_us`) and
+    // at most segments for connections it no longer has (`no_socket`, answered with a
+    // RST: the server's last segments as knb's client tears its lanes down, seen in 2
+    // of 4 runs; the RPCs are verified and error-free, so none was lost) — no other.
     let lane = &cv["client_extra"][0];
     assert_eq!(
         num(lane, &["core", "connected"]),
@@ -250,8 +253,14 @@ fn knb_luna_client_and_server_share_the_nic_with_kernel_clients() {
         .as_object()
         .unwrap_or_else(|| panic!("no drop reasons: {lane:#}"));
     assert!(
-        by_reason.keys().all(|k| k == "not_for_us"),
+        by_reason
+            .keys()
+            .all(|k| k == "not_for_us" || k == "no_socket"),
         "the luna client dropped frames of its own: {lane:#}"
+    );
+    assert!(
+        num(lane, &["stack_drops_by_reason", "not_for_us"]) > 0,
+        "the luna client never saw the wire kernel's frames: {lane:#}"
     );
     println!(
         "client rpcs={rpcs} server requests={} exc_luna={} exc_to_kernel={} exc_from_kernel={} \

@@ -237,9 +237,10 @@ fn run(cmd: Cmd) -> Result<()> {
                 "tap" => (Kind::Tap, 0),
                 "afpacket" => (Kind::AfPacket, 0),
                 "coexist" => (Kind::Coexist, 0),
+                "coexist-wire" => (Kind::Coexist, 1),
                 other => {
                     return Err(Error::Config(format!(
-                    "unknown DPDK side `{other}`; valid: memif-server, memif-client, tap, afpacket, coexist"
+                    "unknown DPDK side `{other}`; valid: memif-server, memif-client, tap, afpacket, coexist, coexist-wire"
                 )))
                 }
             };
@@ -248,7 +249,8 @@ fn run(cmd: Cmd) -> Result<()> {
                 (Details::Memif(m), _) => m.client,
                 (Details::Tap(t), _) => t.dpdk,
                 (Details::AfPacket(a), _) => a.dpdk,
-                (Details::Coexist(c), _) => c.dpdk,
+                (Details::Coexist(c), 0) => c.dpdk,
+                (Details::Coexist(c), _) => c.wire_dpdk,
                 (Details::Veth(_), _) => unreachable!("veth has no DPDK side"),
             };
             for a in port.eal.args() {
@@ -332,6 +334,13 @@ fn print_details(d: &Details) {
             println!(
                 "  {}: {}/{} mac {} on {} (kernel client)",
                 c.wire.netns, c.wire.ip, c.wire.prefix_len, c.wire.mac, c.wire.iface
+            );
+            println!(
+                "  {}: luna client {} on {} (DPDK af_packet, same MAC)  EAL: {}",
+                c.wire_dpdk.netns,
+                c.wire_dpdk.ip,
+                c.wire.iface,
+                c.wire_dpdk.eal.args().join(" ")
             );
             println!(
                 "  {}: luna {} mac {} on {} (DPDK af_packet), exception tap {} ({})  EAL: {}",

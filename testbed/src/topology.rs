@@ -355,6 +355,13 @@ pub struct Coexist {
     pub exception_vdev: String,
     /// Its DPDK port name.
     pub exception_port: String,
+    /// A luna client in the wire namespace beside the kernel clients: net_af_packet on
+    /// the wire veth (`wire.iface`, whose MAC it shares; the kernel keeps its own
+    /// address there), with its own IP, 198.18.4.4, that the wire kernel does not own.
+    /// The topology drops that IP's IPv4 input in the wire kernel (iptables raw; a
+    /// packet socket sees the frames before that), so only luna acts on them; luna
+    /// answers ARP for it. lcore 0, its own file prefix.
+    pub wire_dpdk: DpdkPort,
 }
 
 impl Coexist {
@@ -494,9 +501,19 @@ impl Details {
                 let exception_vdev = format!("net_tap1,iface={exc_iface},mac={}", mac(4, 3));
                 let mut dpdk = dpdk_port(&host_ns, d, w, p.name("cx-dpdk"), "0", vdev);
                 dpdk.eal.extra = vec!["--vdev".into(), exception_vdev.clone()];
+                let wire_iface = p.name("cxw");
+                let wire_dpdk = dpdk_port(
+                    &p.name("cx-wire"),
+                    (addr(4, 4), w.1),
+                    d,
+                    p.name("cx-wdpdk"),
+                    "0",
+                    format!("net_af_packet0,iface={wire_iface},qpairs=1"),
+                );
                 Details::Coexist(Coexist {
-                    wire: host(p.name("cx-wire"), p.name("cxw"), w.0, w.1),
+                    wire: host(p.name("cx-wire"), wire_iface, w.0, w.1),
                     exception: host(host_ns, exc_iface, d.0, d.1),
+                    wire_dpdk,
                     dpdk,
                     nic_iface,
                     exception_vdev,
@@ -538,7 +555,10 @@ impl Details {
             Details::Tap(t) => vec![t.dpdk.eal.file_prefix.clone()],
             Details::AfPacket(a) => vec![a.dpdk.eal.file_prefix.clone()],
             Details::Veth(_) => vec![],
-            Details::Coexist(c) => vec![c.dpdk.eal.file_prefix.clone()],
+            Details::Coexist(c) => vec![
+                c.dpdk.eal.file_prefix.clone(),
+                c.wire_dpdk.eal.file_prefix.clone(),
+            ],
         }
     }
 
@@ -759,6 +779,31 @@ impl Topology {
                     "ethtool",
                     &["-K", &c.wire.iface, "tx", "off"],
                 )?;
+                // The wire's luna client shares the wire veth with the kernel there but
+                // has its own IP: the kernel must neither answer nor forward what comes
+                // for it (with forwarding off it would only count it, but no rule of
+                // the namespace's sysctls is left to chance). The packet socket DPDK
+                // opens sees the frames before this rule.
+                let wns = &c.wire.netns;
+                sys::sysctl_in(wns, "net.ipv4.ip_forward", "0")?;
+                let luna_ip = c.wire_dpdk.ip.to_string();
+                let rule = [
+                    "-t",
+                    "raw",
+                    "-C",
+                    "PREROUTING",
+                    "-i",
+                    &c.wire.iface,
+                    "-d",
+                    &luna_ip,
+                    "-j",
+                    "DROP",
+                ];
+                if sys::exec_in(wns, "iptables", &rule).is_err() {
+                    let mut add = rule;
+                    add[2] = "-A";
+                    sys::exec_in(wns, "iptables", &add)?;
+                }
             }
         }
         Ok(())

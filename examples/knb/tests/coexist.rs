@@ -1,16 +1,19 @@
 //! Issue 11's acceptance run by knb itself, on the testbed's `coexist` topology: knb's
 //! luna server (`knb server --stack luna --exception net_tap1:IFACE`) owns the DPDK
 //! "NIC" (net_af_packet on a veth end in the host namespace) and opens the exception
-//! tap beside it. While a knb client in the wire namespace runs verified RPCs against
-//! luna's port, on the same IP the host kernel serves HTTP to a wire client, answers
-//! `ping`, and keeps a long-lived TCP session going through the whole run. luna's
-//! counters (the server's JSON, `extra.core`) must show the kernel's frames passed both
-//! ways and none dropped, and the port's steering must be the software fallback with
-//! its one line (net_af_packet has no flow API).
+//! tap beside it. While knb's *luna* client in the wire namespace runs verified RPCs
+//! against luna's port, on the same IP the host kernel serves HTTP to a wire kernel
+//! client, answers `ping`, and keeps a long-lived kernel TCP session going through the
+//! whole run. luna's counters (the server's JSON, `extra.core`) must show the kernel's
+//! frames passed both ways and none dropped, and the port's steering must be the
+//! software fallback with its one line (net_af_packet has no flow API).
 //!
-//! The knb client here uses the kernel stack: a luna client in the wire namespace would
-//! have to take the wire veth away from the kernel clients there (the topology has one
-//! wire). The kernel side (HTTP, echo, the long session, ping) is r2c's
+//! knb's luna client shares the wire namespace's one veth with the kernel clients
+//! there: it opens the veth with net_af_packet too (a packet socket does not take the
+//! interface from the kernel), with the veth's MAC but its own IP (the topology's
+//! `wire_dpdk`, 198.18.4.4), which the wire kernel does not own and is told to drop
+//! (ip_forward 0 and an iptables raw rule; the packet socket sees the frames first).
+//! The kernel side (HTTP, echo, the long session, ping) is r2c's
 //! `tests/common/coexist_kernel.rs`, shared with r2c's coexist test. Needs root,
 //! hugepages and python3.
 
@@ -52,7 +55,7 @@ fn json_of(o: &Outcome) -> Value {
 }
 
 #[test]
-fn knb_luna_server_shares_the_nic_with_the_kernel() {
+fn knb_luna_client_and_server_share_the_nic_with_kernel_clients() {
     let prefix = Prefix::new("lkcx").unwrap();
     let topo = Topology::up(Kind::Coexist, &prefix).expect("coexist topology (root, make setup)");
     let c = topo.coexist().expect("coexist details").clone();
@@ -136,17 +139,28 @@ fn knb_luna_server_shares_the_nic_with_the_kernel() {
 
     // The kernel's services and the long session (5 lines exchanged before knb starts).
     let kernel = coexist_kernel::start(&c, &dir);
-    let mut client = c.wire.command(KNB);
-    client.args(["client", "--stack", "kernel", "--cpus", "0"]);
-    client.args(["--ip", &c.wire.ip.to_string()]);
+    // knb's luna client on the wire veth, beside the kernel clients (see the top).
+    let wl = &c.wire_dpdk;
+    let mut client = testbed::netns_command(&wl.netns, KNB);
+    client.args(["client", "--stack", "luna", "--cpus", "0"]);
+    client.args(["--ip", &wl.ip.to_string()]);
+    client.args(["--prefix-len", &wl.prefix_len.to_string()]);
     client.args(["--server-ip", &c.dpdk.ip.to_string()]);
     client.args(["--port", &RPC_PORT.to_string()]);
+    for a in wl
+        .eal
+        .args()
+        .into_iter()
+        .chain(["--no-telemetry".to_string()])
+    {
+        client.arg(format!("--eal-arg={a}"));
+    }
     let client_json = dir.join("knb-coexist-client.json");
     let _ = std::fs::remove_file(&client_json);
     client.arg("--json").arg(&client_json);
     client.args(&workload);
     let started = Instant::now();
-    let client = spawn(client, "knb kernel client");
+    let client = spawn(client, "knb luna client");
     let http = spawn(coexist_kernel::http_get(&c), "kernel http client");
     let ping = spawn(coexist_kernel::ping(&c, 5, 5), "ping");
     let (client, http, ping) = (client.wait(LIMIT), http.wait(LIMIT), ping.wait(LIMIT));
@@ -196,6 +210,22 @@ fn knb_luna_server_shares_the_nic_with_the_kernel() {
     );
     let rpcs = num(&cv, &["rpcs"]);
     assert!(rpcs > 0, "{cv:#}");
+    // The wire kernel saw the luna client's frames (same veth) and dropped them by the
+    // topology's rule, instead of answering (a RST would have broken knb's RPCs).
+    let raw = testbed::netns_command(&c.wire.netns, "iptables")
+        .args(["-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n"])
+        .output()
+        .expect("iptables in the wire namespace");
+    let raw = String::from_utf8_lossy(&raw.stdout).into_owned();
+    let dropped: u64 = raw
+        .lines()
+        .find(|l| l.contains("DROP") && l.contains(&wl.ip.to_string()))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no drop rule for {} in the wire kernel: {raw}", wl.ip));
+    assert!(
+        dropped > 0,
+        "the wire kernel never saw luna's frames: {raw}"
+    );
     let sv = json_of(&server);
     assert!(
         sv["errors"].as_array().is_some_and(|e| e.is_empty()),
@@ -204,6 +234,35 @@ fn knb_luna_server_shares_the_nic_with_the_kernel() {
     assert_eq!(num(&sv, &["connections"]), u64::from(CONNS), "{sv:#}");
     assert!(num(&sv, &["requests"]) >= rpcs, "{sv:#}");
     let core = &sv["extra"]["core"];
+    println!("wire kernel dropped {dropped} frames for the luna client's IP");
+    println!("luna client counters: {}", cv["client_extra"]);
+    // The luna client's side: all its connections up, nothing lost on its TX, and its
+    // stack dropped the wire kernel's frames (the veth carries both: `not_for_us`) and
+    // at most segments for connections it no longer has (`no_socket`, answered with a
+    // RST; 3 of 5 runs, ~2 per connection: likely each connection's last in-flight
+    // response after the client closed it at the end of its window; the RPCs are
+    // verified and error-free, so none was lost) — no other reason.
+    let lane = &cv["client_extra"][0];
+    assert_eq!(
+        num(lane, &["core", "connected"]),
+        u64::from(CONNS),
+        "{lane:#}"
+    );
+    assert_eq!(num(lane, &["device_tx_dropped"]), 0, "{lane:#}");
+    assert_eq!(num(lane, &["core", "tx_dropped"]), 0, "{lane:#}");
+    let by_reason = lane["stack_drops_by_reason"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no drop reasons: {lane:#}"));
+    assert!(
+        by_reason
+            .keys()
+            .all(|k| k == "not_for_us" || k == "no_socket"),
+        "the luna client dropped frames of its own: {lane:#}"
+    );
+    assert!(
+        num(lane, &["stack_drops_by_reason", "not_for_us"]) > 0,
+        "the luna client never saw the wire kernel's frames: {lane:#}"
+    );
     println!(
         "client rpcs={rpcs} server requests={} exc_luna={} exc_to_kernel={} exc_from_kernel={} \
          exc_to_kernel_dropped={} exc_from_kernel_dropped={} steering_hw={} steering_fallbacks={} long_lines={long_lines}",

@@ -311,11 +311,13 @@ def ph_synflood(c):
 
 def in_window_offsets():
     # Inside the window yet never an exact RCV.NXT. The attacker's view of RCV.NXT lags
-    # (scapy's sniffer is slow) by a few RPCs, so aim five RPCs (5 x 4,112 bytes) ahead; the
-    # client's segment boundaries relative to any observed RCV.NXT are 0, 1,216, 1,448,
-    # 2,664 or 2,896 modulo 4,112 (MSS 1,448, 4,112-byte messages), and these offsets are
-    # 3..11 modulo 4,112: in the window (luna's is far larger), never a legal reset.
-    return [5 * 4112 + o for o in (3, 5, 7, 9, 11)]
+    # (scapy's sniffer is slow) by some RPCs, and by more since the legitimate client runs
+    # in its own process (faster than the sniffer: one reduced run saw every RST land below
+    # RCV.NXT at 5 RPCs ahead), so aim 5 to 40 RPCs (x 4,112 bytes) ahead, well inside
+    # luna's 1 MiB receive window; the client's segment boundaries relative to any observed
+    # RCV.NXT are 0, 1,216, 1,448, 2,664 or 2,896 modulo 4,112 (MSS 1,448, 4,112-byte
+    # messages), and these offsets are 3..11 modulo 4,112: never a legal reset.
+    return [k * 4112 + o for k in (5, 10, 20, 40) for o in (3, 7, 11)]
 
 
 def ph_blind_rst(c):

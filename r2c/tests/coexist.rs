@@ -352,7 +352,10 @@ fn run_flap(prefix: &str) {
     // nudge) before the core read the snapshot is coalesced away — by design (netlink-sync
     // publishes state, not events). Seen under load: 2 removals for 3 deletions.
     let removed = field(s, "exc_neighbours_removed");
-    assert!(removed >= 1, "no removal reached luna ({deleted} deleted): {s}");
+    assert!(
+        removed >= 1,
+        "no removal reached luna ({deleted} deleted): {s}"
+    );
     // Whatever luna's stack wanted to ARP for after a removal never left the NIC: each
     // request was suppressed and turned into a nudge of the kernel (how many depends on
     // whether the peer's ACKs re-taught the MAC first; the run is printed above).

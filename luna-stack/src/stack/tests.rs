@@ -1567,12 +1567,9 @@ fn two_address_net() -> Net {
     net
 }
 
-/// An added address is served like the primary one: ARP for it is answered, a listener
-/// bound to every address accepts on it and the connection uses it, a ping to it is
-/// answered from it, and a client connect whose route has no source takes the address on
-/// the next hop's subnet. A frame for an address A does not have stays `NotForUs`.
-#[test]
-fn added_addresses_take_arp_icmp_and_tcp_and_connections_use_them() {
+/// [`two_address_net`] with A listening on port 7000 and B connected to A's added address
+/// (198.18.1.1): the net, B's client and A's accepted connection.
+fn connected_on_a2() -> (Net, SocketHandle, SocketHandle) {
     let mut net = two_address_net();
     let l = net.a.listen(7000, 16).unwrap();
     let c = net
@@ -1591,7 +1588,16 @@ fn added_addresses_take_arp_icmp_and_tcp_and_connections_use_them() {
         },
         1000,
     );
-    let s = server.unwrap();
+    (net, c, server.unwrap())
+}
+
+/// An added address is served like the primary one: ARP for it is answered, a listener
+/// bound to every address accepts on it and the connection uses it, a ping to it is
+/// answered from it, and a client connect whose route has no source takes the address on
+/// the next hop's subnet. A frame for an address A does not have stays `NotForUs`.
+#[test]
+fn added_addresses_take_arp_icmp_and_tcp_and_connections_use_them() {
+    let (mut net, c, s) = connected_on_a2();
     assert_eq!(
         net.a.counters().arp_replies,
         1,
@@ -1707,25 +1713,7 @@ fn connect_takes_the_routes_source_when_it_is_ours() {
 /// primary cannot be removed; segments for the removed address are `NotForUs` after.
 #[test]
 fn removing_an_address_aborts_its_connections_without_rst() {
-    let mut net = two_address_net();
-    let l = net.a.listen(7000, 16).unwrap();
-    let c = net
-        .b
-        .connect(net.now, SocketAddrV4::new(ip_a2(), 7000), None)
-        .unwrap();
-    let mut server = None;
-    net.run_until(
-        |n| {
-            for ev in events(&mut n.a) {
-                if ev == Event::Acceptable(l) {
-                    server = n.a.accept(l);
-                }
-            }
-            server.is_some() && n.b.state(c) == Some(State::Established)
-        },
-        1000,
-    );
-    let s = server.unwrap();
+    let (mut net, c, s) = connected_on_a2();
     // A second, unaccepted connection on the same address: freed by the removal.
     let c2 = net
         .b

@@ -1198,3 +1198,43 @@ fn lunactl_sees_a_live_knb_luna_server() {
     // The server is gone: so is its socket file, and lunactl's request says so.
     assert!(request(&sock, &Ctl::Stats, Duration::from_secs(1)).is_err());
 }
+
+/// `--exception` (kernel coexistence) is luna's, one inline lane: anything else is a usage
+/// error (exit 2) naming the reason, before any port is opened.
+#[test]
+fn server_exception_is_refused_off_luna_and_with_lanes() {
+    for (args, want) in [
+        (
+            &[
+                "server",
+                "--stack",
+                "kernel",
+                "--ip",
+                "198.18.0.2",
+                "--exception",
+                "1:cxtap",
+            ][..],
+            "has none",
+        ),
+        (
+            &[
+                "server",
+                "--stack",
+                "luna",
+                "--threads",
+                "2",
+                "--connections",
+                "2",
+                "--ip",
+                "198.18.0.2",
+                "--exception",
+                "1:cxtap",
+            ][..],
+            "one inline lane",
+        ),
+    ] {
+        let o = run(args, Duration::from_secs(20));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(want), "{args:?}: {}", text(&o));
+    }
+}

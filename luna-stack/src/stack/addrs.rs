@@ -34,8 +34,16 @@ pub enum LocalAddrError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LocalAddrs {
     primary: Ipv4Cidr,
+    /// The primary prefix's directed broadcast address (`None` for a /31 or /32), worked
+    /// out once: every received datagram's source and destination are checked against it.
+    primary_bcast: Option<Ipv4Addr>,
     extra: [Option<Ipv4Cidr>; MAX_LOCAL_ADDRS - 1],
     n_extra: u8,
+}
+
+/// The directed broadcast address of `c`'s prefix; a /31 or /32 has none (RFC 3021).
+fn subnet_broadcast(c: Ipv4Cidr) -> Option<Ipv4Addr> {
+    (c.prefix_len() <= 30).then(|| c.broadcast())
 }
 
 impl LocalAddrs {
@@ -43,6 +51,7 @@ impl LocalAddrs {
     pub fn new(primary: Ipv4Cidr) -> Self {
         LocalAddrs {
             primary,
+            primary_bcast: subnet_broadcast(primary),
             extra: [None; MAX_LOCAL_ADDRS - 1],
             n_extra: 0,
         }
@@ -98,9 +107,10 @@ impl LocalAddrs {
 
     /// Whether `ip` is the directed broadcast address of one of our prefixes (a /31 or
     /// /32 has none, RFC 3021).
+    #[inline]
     pub fn is_subnet_broadcast(&self, ip: Ipv4Addr) -> bool {
-        let b = |c: Ipv4Cidr| c.prefix_len() <= 30 && ip == c.broadcast();
-        b(self.primary) || (self.n_extra != 0 && self.extras().any(b))
+        self.primary_bcast == Some(ip)
+            || (self.n_extra != 0 && self.extras().any(|c| subnet_broadcast(c) == Some(ip)))
     }
 
     /// Adds `addr`; `Ok(false)` when it was there already (its prefix is updated).

@@ -22,9 +22,8 @@ impl<R: Rng> Stack<R> {
     /// Process one received Ethernet frame. Anything malformed is dropped and counted.
     pub fn handle_frame(&mut self, now: Instant, frame: Zbuf) {
         self.counters.frames_in += 1;
-        let Ok(eth) = EthernetFrame::new_checked(&frame[..]) else {
-            return self.counters.drop(StackDrop::Malformed);
-        };
+        // `parse` checks the length (as `new_checked` would).
+        let eth = EthernetFrame::new_unchecked(&frame[..]);
         let Ok(eth_repr) = EthernetRepr::parse(&eth) else {
             return self.counters.drop(StackDrop::Malformed);
         };
@@ -154,9 +153,8 @@ impl<R: Rng> Stack<R> {
         src_mac: EthernetAddress,
         l2_multicast: bool,
     ) {
-        let Ok(pkt) = Ipv4Packet::new_checked(&frame[ETH_LEN..]) else {
-            return self.counters.drop(StackDrop::Malformed);
-        };
+        // `parse` checks every length `new_checked` would (the header, IHL, Total Length).
+        let pkt = Ipv4Packet::new_unchecked(&frame[ETH_LEN..]);
         let Ok(ip) = Ipv4Repr::parse(&pkt, &self.cfg.caps) else {
             return self.counters.drop(StackDrop::Malformed);
         };
@@ -276,9 +274,8 @@ impl<R: Rng> Stack<R> {
         l4_end: usize,
         src_mac: EthernetAddress,
     ) {
-        let Ok(pkt) = TcpPacket::new_checked(&frame[l4..l4_end]) else {
-            return self.counters.drop(StackDrop::Malformed);
-        };
+        // `parse` checks the header and data offset (as `new_checked` would).
+        let pkt = TcpPacket::new_unchecked(&frame[l4..l4_end]);
         let Ok(seg) = TcpRepr::parse(&pkt, ip.src_addr, ip.dst_addr, &self.cfg.caps) else {
             return self.counters.drop(StackDrop::Malformed);
         };

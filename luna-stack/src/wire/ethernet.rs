@@ -243,11 +243,14 @@ pub struct EthernetRepr {
 impl EthernetRepr {
     /// Parse a checked frame. Never fails after `check_len`; kept fallible for uniformity.
     pub fn parse<T: AsRef<[u8]>>(frame: &EthernetFrame<T>) -> Result<Self> {
-        frame.check_len()?;
+        // One bounds check for the header, the fields at constant offsets of it.
+        let Some(h) = frame.buffer.as_ref().first_chunk::<HEADER_LEN>() else {
+            return Err(Error);
+        };
         Ok(EthernetRepr {
-            src_addr: frame.src_addr(),
-            dst_addr: frame.dst_addr(),
-            ethertype: frame.ethertype(),
+            src_addr: EthernetAddress([h[6], h[7], h[8], h[9], h[10], h[11]]),
+            dst_addr: EthernetAddress([h[0], h[1], h[2], h[3], h[4], h[5]]),
+            ethertype: EtherType::from(u16::from_be_bytes([h[12], h[13]])),
         })
     }
 

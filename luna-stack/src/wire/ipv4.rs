@@ -384,26 +384,38 @@ impl Ipv4Repr {
     /// lengths. Fragments are returned, not rejected: check [`is_fragment`](Self::is_fragment)
     /// before handing the payload to a transport parser.
     pub fn parse<T: AsRef<[u8]>>(packet: &Ipv4Packet<T>, caps: &ChecksumCaps) -> Result<Self> {
-        packet.check_len()?;
+        let b = packet.b();
+        // One bounds check for the fixed header; every field is read at a constant offset
+        // of it (the accessors would check each one). The length rules are `check_len`'s.
+        let Some(h) = b.first_chunk::<HEADER_LEN>() else {
+            return Err(Error);
+        };
+        let hlen = usize::from(h[field::VER_IHL] & 0x0f) * 4;
+        let total = usize::from(u16::from_be_bytes([h[2], h[3]]));
+        // RFC 791 §3.1: IHL >= 5 words, IHL*4 <= Total Length <= the buffer.
+        if hlen < HEADER_LEN || total < hlen || b.len() < total {
+            return Err(Error);
+        }
         // RFC 791 §3.1 "Version": this is IPv4.
-        if packet.version() != 4 {
+        if h[field::VER_IHL] >> 4 != 4 {
             return Err(Error);
         }
-        if caps.ipv4.rx() && !packet.verify_checksum() {
+        if caps.ipv4.rx() && checksum::data(&b[..hlen]) != 0xffff {
             return Err(Error);
         }
+        let flg = u16::from_be_bytes([h[6], h[7]]);
         Ok(Ipv4Repr {
-            src_addr: packet.src_addr(),
-            dst_addr: packet.dst_addr(),
-            protocol: packet.protocol(),
-            payload_len: usize::from(packet.total_len()) - packet.header_len(),
-            ttl: packet.ttl(),
-            dscp: packet.dscp(),
-            ecn: packet.ecn(),
-            ident: packet.ident(),
-            dont_frag: packet.dont_frag(),
-            more_frags: packet.more_frags(),
-            frag_offset: packet.frag_offset(),
+            src_addr: Ipv4Addr::new(h[12], h[13], h[14], h[15]),
+            dst_addr: Ipv4Addr::new(h[16], h[17], h[18], h[19]),
+            protocol: IpProtocol::from(h[field::PROTOCOL]),
+            payload_len: total - hlen,
+            ttl: h[field::TTL],
+            dscp: h[field::DSCP_ECN] >> 2,
+            ecn: h[field::DSCP_ECN] & 0x03,
+            ident: u16::from_be_bytes([h[4], h[5]]),
+            dont_frag: flg & FLAG_DF != 0,
+            more_frags: flg & FLAG_MF != 0,
+            frag_offset: (flg & OFFSET_MASK) << 3,
         })
     }
 

@@ -116,12 +116,12 @@ impl<R: Rng> Stack<R> {
             // The segment is built in this slot (no move of header and io-vector out of
             // the connection), or is the one parked for ARP.
             let mut seg = OutSegment::default();
-            let got = match e.held.take() {
-                Some(s) => {
-                    seg = s;
-                    true
-                }
-                None => e.conn.poll_segment_into(now, &mut seg),
+            // (`held` is tested before it is taken: taking a `None` still moves the slot.)
+            let got = if e.held.is_some() {
+                seg = e.held.take().expect("tested above");
+                true
+            } else {
+                e.conn.poll_segment_into(now, &mut seg)
             };
             if !got {
                 e.dirty = false;

@@ -484,18 +484,15 @@ impl Scoreboard {
     }
 
     /// RFC 6675 `Update()`: process one ACK's cumulative acknowledgment and SACK blocks.
+    #[inline]
     pub fn on_ack(&mut self, ack: SeqNum, blocks: &[(SeqNum, SeqNum)]) -> AckInfo {
-        let mut info = AckInfo::default();
         // RFC 9293 §3.10.7.4: an ACK for data not yet sent is ignored (the connection sends
         // an ACK); its SACK blocks cannot be trusted either.
-        if ack.gt(self.snd_max) {
-            info.ack_beyond_snd_max = true;
-            self.stats.acks_beyond_snd_max += 1;
-            return info;
-        }
-        if blocks.is_empty() && self.ranges.is_empty() {
-            // SACK idle (the common case): only the cumulative ACK moves. Same result as the
-            // general path below with nothing to trim and no block to read.
+        if !ack.gt(self.snd_max) && blocks.is_empty() && self.ranges.is_empty() {
+            // SACK idle (the common case, inlined into the caller): only the cumulative ACK
+            // moves. Same result as the general path with nothing to trim and no block to
+            // read.
+            let mut info = AckInfo::default();
             if ack.gt(self.snd_una) {
                 info.acked_bytes = ack - self.snd_una;
                 self.snd_una = ack;
@@ -506,6 +503,18 @@ impl Scoreboard {
                     self.trim_rxt(ack);
                 }
             }
+            return info;
+        }
+        self.on_ack_general(ack, blocks)
+    }
+
+    /// [`on_ack`](Self::on_ack) with SACK blocks or ranges held, or an ACK beyond SND.MAX.
+    #[inline(never)]
+    fn on_ack_general(&mut self, ack: SeqNum, blocks: &[(SeqNum, SeqNum)]) -> AckInfo {
+        let mut info = AckInfo::default();
+        if ack.gt(self.snd_max) {
+            info.ack_beyond_snd_max = true;
+            self.stats.acks_beyond_snd_max += 1;
             return info;
         }
         if ack.gt(self.snd_una) {

@@ -158,7 +158,9 @@ impl Connection {
     }
 
     /// Options for a non-SYN segment: timestamps and, when we hold out-of-order data or a
-    /// duplicate to report, SACK blocks (RFC 2018 §4, RFC 2883).
+    /// duplicate to report, SACK blocks (RFC 2018 §4, RFC 2883). Inlined: the options are
+    /// built where the segment's header takes them.
+    #[inline]
     pub(super) fn data_options(&mut self, now: Instant) -> TcpOptions {
         let mut opts = TcpOptions::default();
         if let Some(ts) = self.ts {

@@ -755,6 +755,7 @@ impl TcpOptions {
     ///
     /// # Panics
     /// If `buf` is shorter than `buffer_len()` (a caller bug).
+    #[inline]
     pub fn emit(&self, buf: &mut [u8]) -> usize {
         if self.mss.is_none()
             && self.window_scale.is_none()
@@ -784,6 +785,13 @@ impl TcpOptions {
             ]);
             return TS_TEMPLATE_LEN;
         }
+        self.emit_general(buf)
+    }
+
+    /// [`emit`](Self::emit) for any other set of options (SYNs, SACK blocks), walked one
+    /// option at a time.
+    #[inline(never)]
+    fn emit_general(&self, buf: &mut [u8]) -> usize {
         let mut at = 0;
         let mut put = |bytes: &[u8]| {
             buf[at..at + bytes.len()].copy_from_slice(bytes);

@@ -242,10 +242,17 @@ impl IoVec {
 }
 
 impl From<Zbuf> for IoVec {
+    /// The io-vector of one buffer (none if `z` is empty): what `new` + `push` make,
+    /// without `push`'s merge attempt (there is nothing before `z` to merge with).
+    #[inline]
     fn from(z: Zbuf) -> IoVec {
-        let mut v = IoVec::new();
-        v.push(z);
-        v
+        if z.is_empty() {
+            return IoVec::new();
+        }
+        let len = z.len();
+        let mut segs = SmallVec::new();
+        segs.push(z);
+        IoVec { segs, len }
     }
 }
 

@@ -134,6 +134,25 @@ fn iovec_split_and_concat() {
 }
 
 #[test]
+fn iovec_from_one_zbuf_is_new_plus_push() {
+    let empty = IoVec::from(Zbuf::from_static(b""));
+    assert!(empty.is_empty());
+    assert_eq!(empty.num_segments(), 0, "an empty buffer makes no segment");
+    let z = Zbuf::from_vec(b"payload".to_vec()).slice(1..5);
+    let one = IoVec::from(z.clone());
+    let mut pushed = IoVec::new();
+    pushed.push(z);
+    assert_eq!((one.len(), one.num_segments()), (4, 1));
+    assert_eq!(one.to_vec(), pushed.to_vec());
+    assert_eq!(one.to_vec(), b"aylo");
+    // It grows like any io-vector: a contiguous neighbour merges into its one segment.
+    let whole = Zbuf::from_vec(b"abcdef".to_vec());
+    let mut v = IoVec::from(whole.slice(0..2));
+    v.push(whole.slice(2..6));
+    assert_eq!((v.to_vec(), v.num_segments()), (b"abcdef".to_vec(), 1));
+}
+
+#[test]
 fn slab_objects_recycle_locally_remotely_and_after_the_slab_is_gone() {
     let slab = small_slab();
     let cache = slab.core_cache(0).unwrap();

@@ -205,10 +205,14 @@ impl<R: Rng> Stack<R> {
     }
 
     /// Route events, schedule timers and mark for transmission after the connection changed.
+    /// One slot lookup: the dirty mark and the timer are `mark_dirty`'s and
+    /// `schedule_timer`'s work on the entry in hand (neither routing events nor unmapping
+    /// the tuple touches either).
     pub(super) fn after_activity(&mut self, idx: u32, _now: Instant) {
-        let gen = self.slots[idx as usize].gen;
+        let slot = &mut self.slots[idx as usize];
+        let gen = slot.gen;
         let h = SocketHandle { idx, gen };
-        let Some(e) = self.slots[idx as usize].entry.as_deref_mut() else {
+        let Some(e) = slot.entry.as_deref_mut() else {
             return;
         };
         let ev = e.conn.take_events();
@@ -216,12 +220,22 @@ impl<R: Rng> Stack<R> {
         let closed = e.conn.state() == State::Closed;
         // The handshake completed: the connection leaves the listener's half-open count.
         let leaves_half_open = ev.connected && core::mem::take(&mut e.counted_half_open);
-        self.route_events(h, owner, ev, leaves_half_open);
+        if !e.dirty {
+            e.dirty = true;
+            self.dirty.push_back(idx);
+        }
+        if let Some(t) = e.conn.poll_timeout() {
+            if e.timer_at.is_none_or(|cur| t < cur) {
+                e.timer_at = Some(t);
+                self.timers.push(Reverse((t, idx, gen)));
+            }
+        }
+        if ev.any() {
+            self.route_events(h, owner, ev, leaves_half_open);
+        }
         if closed {
             self.unmap(idx);
         }
-        self.mark_dirty(idx);
-        self.schedule_timer(idx);
     }
 
     pub(super) fn route_events(

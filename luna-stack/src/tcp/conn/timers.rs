@@ -25,6 +25,19 @@ impl Connection {
     /// persist timers running while anything is outstanding or waiting for window.
     #[inline]
     pub(super) fn arm_timers(&mut self, now: Instant) {
+        if self.state == State::Established && self.snd_wnd != 0 {
+            // The data-transfer case, what the general rules below come to there (no
+            // FIN-WAIT-2 limit, no zero window): the RTO runs while anything is outstanding.
+            self.timers.clear(Timer::Persist);
+            if self.snd_max != self.snd_una {
+                if !self.timers.is_armed(Timer::Rto) {
+                    self.timers.set(Timer::Rto, now + self.rtt.rto());
+                }
+            } else {
+                self.timers.clear(Timer::Rto);
+            }
+            return;
+        }
         if self.orphaned && self.state == State::FinWait2 && !self.timers.is_armed(Timer::FinWait2)
         {
             // RFC 9293 has no FIN-WAIT-2 timer: a peer that never sends its FIN keeps the

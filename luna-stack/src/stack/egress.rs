@@ -134,7 +134,6 @@ impl<R: Rng> Stack<R> {
                 }
                 continue;
             }
-            let _ = gen;
             let cached = e
                 .hop_mac
                 .filter(|c| c.epoch == self.nb_epoch && now < c.until)
@@ -171,7 +170,7 @@ impl<R: Rng> Stack<R> {
                     if e.conn.nothing_to_send() {
                         e.dirty = false;
                         self.dirty.pop_front();
-                        self.schedule_timer(idx);
+                        super::slots::schedule_entry(&mut self.timers, e, idx, gen);
                     }
                     #[cfg(debug_assertions)]
                     self.check_template(idx, &seg, mac, ident);

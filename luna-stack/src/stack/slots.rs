@@ -12,7 +12,7 @@ use core::hash::BuildHasher;
 use core::net::Ipv4Addr;
 use siphasher::sip::SipHasher13;
 use std::cmp::Reverse;
-use std::collections::VecDeque;
+use std::collections::{BinaryHeap, VecDeque};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Owner {
@@ -196,12 +196,7 @@ impl<R: Rng> Stack<R> {
         let Some(e) = self.slots[idx as usize].entry.as_deref_mut() else {
             return;
         };
-        if let Some(t) = e.conn.poll_timeout() {
-            if e.timer_at.is_none_or(|cur| t < cur) {
-                e.timer_at = Some(t);
-                self.timers.push(Reverse((t, idx, gen)));
-            }
-        }
+        schedule_entry(&mut self.timers, e, idx, gen);
     }
 
     /// Route events, schedule timers and mark for transmission after the connection changed.
@@ -224,12 +219,7 @@ impl<R: Rng> Stack<R> {
             e.dirty = true;
             self.dirty.push_back(idx);
         }
-        if let Some(t) = e.conn.poll_timeout() {
-            if e.timer_at.is_none_or(|cur| t < cur) {
-                e.timer_at = Some(t);
-                self.timers.push(Reverse((t, idx, gen)));
-            }
-        }
+        schedule_entry(&mut self.timers, e, idx, gen);
         if ev.any() {
             self.route_events(h, owner, ev, leaves_half_open);
         }
@@ -320,6 +310,24 @@ impl<R: Rng> Stack<R> {
                 e.conn.on_timeout(now);
             }
             self.after_activity(idx, now);
+        }
+    }
+}
+
+/// `schedule_timer`'s work on an entry the caller holds (slot `idx`, generation `gen`): the
+/// heap gets the connection's next deadline when it is earlier than the one it holds (the
+/// heap is lazy: stale entries are skipped when they expire).
+#[inline]
+pub(super) fn schedule_entry(
+    timers: &mut BinaryHeap<Reverse<(Instant, u32, u32)>>,
+    e: &mut Entry,
+    idx: u32,
+    gen: u32,
+) {
+    if let Some(t) = e.conn.poll_timeout() {
+        if e.timer_at.is_none_or(|cur| t < cur) {
+            e.timer_at = Some(t);
+            timers.push(Reverse((t, idx, gen)));
         }
     }
 }

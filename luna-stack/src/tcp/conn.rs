@@ -14,7 +14,7 @@ use super::assembler::{Assembler, AssemblerConfig};
 use super::cc::{Cc, CongestionControl, RecoveryInflation};
 use super::config::TcpConfig;
 use super::counters::{ConnCounters, DropReason};
-use super::rtt::{RttEstimator, SampleSource};
+use super::rtt::{RttConfig, RttEstimator, SampleSource};
 use super::scoreboard::{NextSeg, Scoreboard};
 use super::sendq::SendQueue;
 use super::SeqNum;
@@ -362,13 +362,21 @@ impl Connection {
     fn blank(
         now: Instant,
         tuple: FourTuple,
-        cfg: Arc<TcpConfig>,
+        mut cfg: Arc<TcpConfig>,
         iss: SeqNum,
         ts_offset: u32,
     ) -> Self {
         // Invalid RTT settings fall back to the defaults; `TcpConfig::validate` reports them
-        // to whoever built the config.
-        let rtt = RttEstimator::new(cfg.rtt).unwrap_or_default();
+        // to whoever built the config. The estimator reads the (shared) config's RTT
+        // settings on every call, so such a connection gets a config of its own with the
+        // default ones (the stack validates its config: only direct callers get here).
+        let rtt = match RttEstimator::new(&cfg.rtt) {
+            Ok(rtt) => rtt,
+            Err(_) => {
+                Arc::make_mut(&mut cfg).rtt = RttConfig::default();
+                RttEstimator::default()
+            }
+        };
         let mss = u32::from(cfg.mss);
         let cc = Cc::new(cfg.cc, cfg.cc_config, mss);
         // RFC 9293 §3.10.7.4: in-window segments SHOULD be held. The segment bound must cover
@@ -591,6 +599,18 @@ impl Connection {
     /// The RTT estimator (SRTT, RTTVAR, RTO).
     pub fn rtt(&self) -> &RttEstimator {
         &self.rtt
+    }
+
+    /// The current RTO (the estimator's cached value; debug builds check it against the
+    /// computation from the shared config).
+    #[inline]
+    fn rto(&self) -> Duration {
+        debug_assert_eq!(
+            self.rtt.rto(),
+            self.rtt.computed_rto(&self.cfg.rtt),
+            "stale cached RTO"
+        );
+        self.rtt.rto()
     }
 
     /// Effective send MSS negotiated with the peer.

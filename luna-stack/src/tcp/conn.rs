@@ -312,24 +312,29 @@ pub struct Connection {
     irs: SeqNum,
     sndq: SendQueue,
     sb: Scoreboard,
-    rtt: RttEstimator,
-    cc: Cc,
 
-    // Cold: the handshake, loss-recovery episodes, rate limits and probing.
+    // Cold, 32 bytes: they fill the scoreboard's last line so that the RTT estimator (two
+    // lines, every field read or written per ACK) and the congestion controller each start
+    // a line.
+    /// When we last answered an unacceptable segment without data (rate limit).
+    oow_ack_at: Option<Instant>,
     /// RFC 6582 `recover` of the previous recovery, to avoid entering twice for one window.
     last_recover: SeqNum,
     /// Zero-window probing (RFC 9293 §3.8.6.1): backoff exponent of the persist timer.
     persist_backoff: u32,
     retries: u32,
     keepalive: Keepalive,
+
+    rtt: RttEstimator,
+    cc: Cc,
+
+    // Cold: the handshake, loss-recovery episodes, rate limits and probing.
     passive: bool,
     /// The SYN (or SYN-ACK) was retransmitted: RFC 6298 §5.7 applies once established.
     syn_retransmitted: bool,
     close_reason: Option<CloseReason>,
     /// D-SACK detection of a spurious recovery (RFC 3708).
     undo: UndoEpisode,
-    /// When we last answered an unacceptable segment without data (rate limit).
-    oow_ack_at: Option<Instant>,
 }
 
 impl core::fmt::Debug for Connection {

@@ -314,8 +314,8 @@ pub struct Connection {
     sb: Scoreboard,
 
     // Cold, 32 bytes: they fill the scoreboard's last line so that the RTT estimator (two
-    // lines, every field read or written per ACK) and the congestion controller each start
-    // a line.
+    // lines, nearly every field touched by each RTT sample) and the congestion controller
+    // each start a line.
     /// When we last answered an unacceptable segment without data (rate limit).
     oow_ack_at: Option<Instant>,
     /// RFC 6582 `recover` of the previous recovery, to avoid entering twice for one window.

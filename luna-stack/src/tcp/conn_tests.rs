@@ -2773,8 +2773,8 @@ fn hot_fields_share_the_first_cache_lines() {
     assert!(size_of::<SendQueue>() <= 64);
     // The scoreboard's SACK-idle fields (its first 64 bytes) in one line.
     assert_eq!(offset_of!(Connection, sb) % 64, 0);
-    // The RTT estimator (every field read or written per ACK) in two whole lines, and the
-    // congestion controller from the next line on.
+    // The RTT estimator (nearly every field touched by each RTT sample) in two whole lines,
+    // and the congestion controller from the next line on.
     let rtt = offset_of!(Connection, rtt);
     assert_eq!(rtt % 64, 0, "RTT estimator at byte {rtt}");
     assert!(size_of::<RttEstimator>() <= 128);

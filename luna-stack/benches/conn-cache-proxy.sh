@@ -7,14 +7,20 @@
 #   16 and 5,000 connections without offload (instructions, D1 and LL misses).
 # Valid on a busy machine (counts, not times). Takes a few minutes (six valgrind runs,
 # two at a time). Output files in $CARGO_TARGET_DIR/bench/cache-proxy/.
+# RPC_PAIR=<path> measures that rpc_pair binary instead of building one (before/after
+# comparisons: keep a copy of the "before" binary), CACHE_PROXY_OUT=<dir> writes there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 target="${CARGO_TARGET_DIR:-target}"
-out="$target/bench/cache-proxy"
+out="${CACHE_PROXY_OUT:-$target/bench/cache-proxy}"
 mkdir -p "$out"
 command -v valgrind >/dev/null || { echo "valgrind is not installed (testbed/setup.sh installs it)" >&2; exit 1; }
-cargo build -q --release -p luna-stack --example rpc_pair
-bin="$target/release/examples/rpc_pair"
+if [ -n "${RPC_PAIR:-}" ]; then
+    bin=$RPC_PAIR
+else
+    cargo build -q --release -p luna-stack --example rpc_pair
+    bin="$target/release/examples/rpc_pair"
+fi
 run() { # name, then rpc_pair's arguments
     local name=$1
     shift

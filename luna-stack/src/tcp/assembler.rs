@@ -17,7 +17,13 @@
 //! - Memory is bounded by `max_bytes` and `max_segments`. When an arrival does not fit, queued
 //!   data *above* it is evicted (highest first) to make room, since lower data is what unblocks
 //!   delivery; what still does not fit is dropped. Evicting SACKed data is reneging, which RFC
-//!   2018 §8 permits. Both are counted. The queue's storage is reserved at construction.
+//!   2018 §8 permits. Both are counted.
+//! - Storage is allocated lazily: none until the first out-of-order segment, grown by
+//!   doubling but never beyond `max_segments` entries, and released when the queue drains
+//!   (its last segment delivered or [`Assembler::clear`]). A connection that never sees
+//!   reordering or loss holds no out-of-order storage (with the defaults the bound is
+//!   ~1,400 entries, ~45 KiB per connection, which used to be reserved up front: 225 MB
+//!   for 5,000 connections; issue 13).
 //! - [`Assembler::sack_blocks`] fills the SACK option for the next outgoing ACK.
 
 use crate::tcp::SeqNum;
@@ -177,7 +183,7 @@ impl<P: Payload> Assembler<P> {
         }
         Ok(Assembler {
             cfg,
-            segs: VecDeque::with_capacity(cfg.max_segments),
+            segs: VecDeque::new(),
             bytes: 0,
             recent: [SeqNum(0); RECENT],
             recent_len: 0,
@@ -196,6 +202,19 @@ impl<P: Payload> Assembler<P> {
         self.segs.len()
     }
 
+    /// Segments the queue has storage allocated for: 0 until the first out-of-order
+    /// segment and again once the queue drains, never above `max_segments`.
+    pub fn allocated_segments(&self) -> usize {
+        self.segs.capacity()
+    }
+
+    /// Free the storage of an empty queue.
+    fn release_if_empty(&mut self) {
+        if self.segs.is_empty() && self.segs.capacity() != 0 {
+            self.segs = VecDeque::new();
+        }
+    }
+
     /// Nothing queued.
     pub fn is_empty(&self) -> bool {
         self.segs.is_empty()
@@ -208,14 +227,19 @@ impl<P: Payload> Assembler<P> {
         !self.segs.is_empty() || self.dsack.is_some() || self.recent_len > 0
     }
 
+    /// The bounds in force.
+    pub fn config(&self) -> AssemblerConfig {
+        self.cfg
+    }
+
     /// Counters.
     pub fn stats(&self) -> AssemblerStats {
         self.stats
     }
 
-    /// Drop everything (connection reset).
+    /// Drop everything (connection reset), storage included.
     pub fn clear(&mut self) {
-        self.segs.clear();
+        self.segs = VecDeque::new();
         self.bytes = 0;
         self.recent_len = 0;
         self.dsack = None;
@@ -349,6 +373,12 @@ impl<P: Payload> Assembler<P> {
         }
         let n = piece.len();
         self.bytes += n;
+        if self.segs.len() == self.segs.capacity() {
+            // Grow by doubling (from 4), capped at the bound: `insert` on a full deque
+            // would double past it. Here len < max_segments (checked above).
+            let want = (self.segs.capacity() * 2).max(4).min(self.cfg.max_segments);
+            self.segs.reserve_exact(want - self.segs.len());
+        }
         self.segs.insert(i, (seq, piece));
         Some(n)
     }
@@ -389,16 +419,18 @@ impl<P: Payload> Assembler<P> {
 
     /// The next in-order payload at `rcv_nxt`, if queued. Call repeatedly, advancing RCV.NXT by
     /// each returned length, until it returns `None`.
+    /// The queue's storage is released once it is empty.
     pub fn pop_ready(&mut self, rcv_nxt: SeqNum) -> Option<P> {
         self.trim_below(rcv_nxt);
-        match self.segs.front() {
-            Some(&(s, _)) if s == rcv_nxt => {
-                let (_, p) = self.segs.pop_front()?;
+        let ready = match self.segs.front() {
+            Some(&(s, _)) if s == rcv_nxt => self.segs.pop_front().map(|(_, p)| {
                 self.bytes -= p.len();
-                Some(p)
-            }
+                p
+            }),
             _ => None,
-        }
+        };
+        self.release_if_empty();
+        ready
     }
 
     /// The D-SACK range the next [`Assembler::sack_blocks`] will report first, if any (the
@@ -785,6 +817,52 @@ mod tests {
         assert_eq!(b.len_bytes(), 100);
     }
 
+    /// Issue 13: no storage until the first out-of-order segment, growth never past the
+    /// segment bound, and the storage freed when the queue drains or is cleared.
+    #[test]
+    fn storage_is_lazy_bounded_and_released_when_drained() {
+        let mut a = asm(1 << 20, 100);
+        assert_eq!(a.allocated_segments(), 0, "nothing reserved up front");
+        // In-order data passing through (a pop with nothing queued) allocates nothing.
+        assert_eq!(a.pop_ready(SeqNum(0)), None);
+        assert_eq!(a.allocated_segments(), 0);
+        a.insert(SeqNum(0), SeqNum(1000), data(0, 10));
+        assert!((1..=4).contains(&a.allocated_segments()));
+        // 150 separate segments against a bound of 100: storage stops at the bound.
+        for k in 1..150u32 {
+            a.insert(SeqNum(0), SeqNum(1000 + 20 * k), data(0, 10));
+            assert!(a.allocated_segments() <= 100, "{}", a.allocated_segments());
+        }
+        assert_eq!(a.segment_count(), 100);
+        assert_eq!(a.allocated_segments(), 100);
+        // The sender retransmits from RCV.NXT: the holes fill, everything drains in order
+        // and the storage goes with the last segment.
+        let mut nxt = SeqNum(0);
+        let mut out = vec![];
+        for _ in 0..1000 {
+            if a.is_empty() {
+                break;
+            }
+            assert!(
+                a.allocated_segments() > 0,
+                "storage kept while data is queued"
+            );
+            a.insert(nxt, nxt, data(0, 10));
+            drain(&mut a, &mut nxt, &mut out);
+        }
+        assert!(a.is_empty(), "drained up to {nxt:?}");
+        assert_eq!(a.allocated_segments(), 0, "storage released when drained");
+        // A later episode allocates again; `clear` releases too.
+        a.insert(nxt, nxt + 100u32, data(0, 10));
+        assert!(a.allocated_segments() > 0);
+        a.clear();
+        assert_eq!(a.allocated_segments(), 0, "storage released by clear");
+        // A queue with data stays allocated while a pop finds nothing ready.
+        a.insert(nxt, nxt + 100u32, data(0, 10));
+        assert_eq!(a.pop_ready(nxt), None);
+        assert!(a.allocated_segments() > 0);
+    }
+
     #[test]
     fn lower_data_evicts_higher_so_delivery_never_deadlocks() {
         let mut a = asm(100, 4);
@@ -893,6 +971,7 @@ mod tests {
         prop_assert_eq!(total, a.len_bytes());
         prop_assert!(a.len_bytes() <= a.cfg.max_bytes);
         prop_assert!(a.segment_count() <= a.cfg.max_segments);
+        prop_assert!(a.allocated_segments() <= a.cfg.max_segments);
         Ok(())
     }
 

@@ -14,7 +14,7 @@ use super::assembler::{Assembler, AssemblerConfig};
 use super::cc::{Cc, CongestionControl, RecoveryInflation};
 use super::config::TcpConfig;
 use super::counters::{ConnCounters, DropReason};
-use super::rtt::{RttEstimator, SampleSource};
+use super::rtt::{RttConfig, RttEstimator, SampleSource};
 use super::scoreboard::{NextSeg, Scoreboard};
 use super::sendq::SendQueue;
 use super::SeqNum;
@@ -312,24 +312,29 @@ pub struct Connection {
     irs: SeqNum,
     sndq: SendQueue,
     sb: Scoreboard,
-    rtt: RttEstimator,
-    cc: Cc,
 
-    // Cold: the handshake, loss-recovery episodes, rate limits and probing.
+    // Cold, 32 bytes: they fill the scoreboard's last line so that the RTT estimator (two
+    // lines, nearly every field touched by each RTT sample) and the congestion controller
+    // each start a line.
+    /// When we last answered an unacceptable segment without data (rate limit).
+    oow_ack_at: Option<Instant>,
     /// RFC 6582 `recover` of the previous recovery, to avoid entering twice for one window.
     last_recover: SeqNum,
     /// Zero-window probing (RFC 9293 §3.8.6.1): backoff exponent of the persist timer.
     persist_backoff: u32,
     retries: u32,
     keepalive: Keepalive,
+
+    rtt: RttEstimator,
+    cc: Cc,
+
+    // Cold: the handshake, loss-recovery episodes, rate limits and probing.
     passive: bool,
     /// The SYN (or SYN-ACK) was retransmitted: RFC 6298 §5.7 applies once established.
     syn_retransmitted: bool,
     close_reason: Option<CloseReason>,
     /// D-SACK detection of a spurious recovery (RFC 3708).
     undo: UndoEpisode,
-    /// When we last answered an unacceptable segment without data (rate limit).
-    oow_ack_at: Option<Instant>,
 }
 
 impl core::fmt::Debug for Connection {
@@ -362,13 +367,21 @@ impl Connection {
     fn blank(
         now: Instant,
         tuple: FourTuple,
-        cfg: Arc<TcpConfig>,
+        mut cfg: Arc<TcpConfig>,
         iss: SeqNum,
         ts_offset: u32,
     ) -> Self {
         // Invalid RTT settings fall back to the defaults; `TcpConfig::validate` reports them
-        // to whoever built the config.
-        let rtt = RttEstimator::new(cfg.rtt).unwrap_or_default();
+        // to whoever built the config. The estimator reads the (shared) config's RTT
+        // settings on every call, so such a connection gets a config of its own with the
+        // default ones (the stack validates its config: only direct callers get here).
+        let rtt = match RttEstimator::new(&cfg.rtt) {
+            Ok(rtt) => rtt,
+            Err(_) => {
+                Arc::make_mut(&mut cfg).rtt = RttConfig::default();
+                RttEstimator::default()
+            }
+        };
         let mss = u32::from(cfg.mss);
         let cc = Cc::new(cfg.cc, cfg.cc_config, mss);
         // RFC 9293 §3.10.7.4: in-window segments SHOULD be held. The segment bound must cover
@@ -591,6 +604,18 @@ impl Connection {
     /// The RTT estimator (SRTT, RTTVAR, RTO).
     pub fn rtt(&self) -> &RttEstimator {
         &self.rtt
+    }
+
+    /// The current RTO (the estimator's cached value; debug builds check it against the
+    /// computation from the shared config).
+    #[inline]
+    fn rto(&self) -> Duration {
+        debug_assert_eq!(
+            self.rtt.rto(),
+            self.rtt.computed_rto(&self.cfg.rtt),
+            "stale cached RTO"
+        );
+        self.rtt.rto()
     }
 
     /// Effective send MSS negotiated with the peer.

@@ -502,6 +502,41 @@ fn rfc2018_out_of_order_data_is_sacked_then_reassembled() {
     assert!(out.last().unwrap().repr.options.sack_blocks.is_empty());
 }
 
+/// Issue 13: a connection holds no out-of-order storage until a segment arrives out of
+/// order (the bound, ~1,400 entries with the defaults, used to be reserved per connection),
+/// and gives it back once the gap is filled and the queue drains.
+#[test]
+fn out_of_order_storage_is_allocated_on_reordering_and_released_after() {
+    let mut c = established();
+    assert_eq!(
+        c.ooo.allocated_segments(),
+        0,
+        "nothing reserved at creation"
+    );
+    let base = PEER_ISS + 1;
+    c.on_segment(t(2), &ack_seg(base, ISS + 1, 65535), zb(&[1u8; 100]));
+    assert_eq!(
+        c.ooo.allocated_segments(),
+        0,
+        "in-order data needs no queue"
+    );
+    // Three segments beyond a hole.
+    for k in 2..5u32 {
+        c.on_segment(
+            t(2),
+            &ack_seg(base + 100 * k, ISS + 1, 65535),
+            zb(&[2u8; 100]),
+        );
+    }
+    assert_eq!(c.ooo_bytes(), 300);
+    let held = c.ooo.allocated_segments();
+    assert!((3..=c.ooo.config().max_segments).contains(&held), "{held}");
+    c.on_segment(t(3), &ack_seg(base + 100, ISS + 1, 65535), zb(&[3u8; 100]));
+    assert_eq!(c.ooo_bytes(), 0);
+    assert_eq!(c.recv_available(), 500);
+    assert_eq!(c.ooo.allocated_segments(), 0, "released once drained");
+}
+
 #[test]
 fn rfc9293_3_8_6_2_2_receiver_sws_opens_window_in_mss_steps() {
     let cfg = TcpConfig {
@@ -2738,4 +2773,10 @@ fn hot_fields_share_the_first_cache_lines() {
     assert!(size_of::<SendQueue>() <= 64);
     // The scoreboard's SACK-idle fields (its first 64 bytes) in one line.
     assert_eq!(offset_of!(Connection, sb) % 64, 0);
+    // The RTT estimator (nearly every field touched by each RTT sample) in two whole lines,
+    // and the congestion controller from the next line on.
+    let rtt = offset_of!(Connection, rtt);
+    assert_eq!(rtt % 64, 0, "RTT estimator at byte {rtt}");
+    assert!(size_of::<RttEstimator>() <= 128);
+    assert_eq!(offset_of!(Connection, cc) % 64, 0);
 }

@@ -8,6 +8,10 @@
 //! - When the retransmission timer fires the connection calls [`RttEstimator::on_timeout`]
 //!   (RFC 6298 §5.5 back-off) and re-arms the timer with [`RttEstimator::rto`].
 //! - The estimator never reads a clock; `now` only timestamps `min_rtt` samples.
+//! - It holds no copy of its [`RttConfig`]: the methods that need the tunables take the
+//!   config the estimator was created with (a connection passes its stack's shared
+//!   `TcpConfig::rtt`), so 5,000 connections read one copy instead of 5,000 (issue 13).
+//!   That config must pass [`RttConfig::validate`]; an invalid one still never panics.
 //! - All arithmetic is integer nanoseconds, saturating: a hostile timestamp echo can produce an
 //!   absurd sample but never a panic or an RTO outside `[min_rto, max_rto]`.
 //!
@@ -157,41 +161,44 @@ impl WindowedMin {
 }
 
 /// RFC 6298 RTT estimator and RTO calculator with exponential back-off.
+///
+/// The per-connection state only (128 bytes, two cache lines); the tunables are the
+/// [`RttConfig`] passed to the methods that need them (see the module documentation).
 #[derive(Debug, Clone)]
 pub struct RttEstimator {
-    cfg: RttConfig,
     /// SRTT and RTTVAR in nanoseconds; meaningful once `has_sample`.
     srtt: u64,
     rttvar: u64,
-    has_sample: bool,
-    latest: Option<u64>,
-    min_filter: WindowedMin,
-    lifetime_min: Option<u64>,
-    /// RTO before any sample (initial or SYN-timeout fallback).
-    unsampled_rto: u64,
-    backoff: u32,
     /// `rto()` in nanoseconds, recomputed by every method that changes its inputs (the
     /// stack asks for it on every send after idle and every RTO arm; the clamp and
     /// back-off arithmetic over `Duration`s cost more than the lookup).
     rto_ns: u64,
+    /// RTO before any sample (initial or SYN-timeout fallback).
+    unsampled_rto: u64,
+    latest: Option<u64>,
+    lifetime_min: Option<u64>,
+    min_filter: WindowedMin,
+    backoff: u32,
+    has_sample: bool,
 }
 
 impl Default for RttEstimator {
+    /// An estimator for [`RttConfig::default`] (pass that config to its methods).
     fn default() -> Self {
-        Self::with_valid_config(RttConfig::default())
+        Self::with_valid_config(&RttConfig::default())
     }
 }
 
 impl RttEstimator {
-    /// An estimator with no samples: `rto()` is `initial_rto` (RFC 6298 §2.1).
-    pub fn new(cfg: RttConfig) -> Result<Self, RttConfigError> {
+    /// An estimator with no samples: `rto()` is `initial_rto` (RFC 6298 §2.1). `cfg` is
+    /// not kept: pass the same config to the methods that take one.
+    pub fn new(cfg: &RttConfig) -> Result<Self, RttConfigError> {
         cfg.validate()?;
         Ok(Self::with_valid_config(cfg))
     }
 
-    fn with_valid_config(cfg: RttConfig) -> Self {
+    fn with_valid_config(cfg: &RttConfig) -> Self {
         RttEstimator {
-            cfg,
             srtt: 0,
             rttvar: 0,
             has_sample: false,
@@ -202,28 +209,29 @@ impl RttEstimator {
             backoff: 0,
             rto_ns: 0,
         }
-        .with_rto()
+        .with_rto(cfg)
     }
 
-    fn with_rto(mut self) -> Self {
-        self.refresh_rto();
+    fn with_rto(mut self, cfg: &RttConfig) -> Self {
+        self.refresh_rto(cfg);
         self
     }
 
     /// Recompute the cached `rto()` after SRTT, RTTVAR, the unsampled RTO or the back-off
     /// changed.
-    fn refresh_rto(&mut self) {
-        self.rto_ns = nanos(self.compute_rto());
-    }
-
-    /// The configuration in force.
-    pub fn config(&self) -> &RttConfig {
-        &self.cfg
+    fn refresh_rto(&mut self, cfg: &RttConfig) {
+        self.rto_ns = nanos(self.computed_rto(cfg));
     }
 
     /// Feed one RTT measurement taken at `now`. Returns whether it was used: samples from
     /// retransmitted segments are discarded (Karn), unless they come from timestamps.
-    pub fn on_sample(&mut self, now: Instant, rtt: Duration, source: SampleSource) -> bool {
+    pub fn on_sample(
+        &mut self,
+        cfg: &RttConfig,
+        now: Instant,
+        rtt: Duration,
+        source: SampleSource,
+    ) -> bool {
         // RFC 6298 §3: RTT samples MUST NOT be made using segments that were retransmitted
         // (Karn's algorithm) -- unless the timestamps option disambiguates them (RFC 7323 §4).
         if source == SampleSource::Retransmitted {
@@ -245,62 +253,66 @@ impl RttEstimator {
         self.latest = Some(r);
         self.lifetime_min = Some(self.lifetime_min.map_or(r, |m| m.min(r)));
         self.min_filter
-            .update(now.as_nanos(), r, nanos(self.cfg.min_rtt_window));
+            .update(now.as_nanos(), r, nanos(cfg.min_rtt_window));
         // RFC 6298 §5.7 / Karn: a valid sample ends the backed-off state; the RTO is
         // recomputed from SRTT/RTTVAR.
         self.backoff = 0;
-        self.refresh_rto();
+        self.refresh_rto(cfg);
         true
     }
 
     /// The retransmission timer expired: double the RTO (RFC 6298 §5.5), capped at `max_rto`.
-    pub fn on_timeout(&mut self) {
+    pub fn on_timeout(&mut self, cfg: &RttConfig) {
         // Once the cap is reached further doubling changes nothing; stop counting at 32 so the
         // shift below can never overflow.
         if self.backoff < 32 {
             self.backoff += 1;
         }
-        self.refresh_rto();
+        self.refresh_rto(cfg);
     }
 
     /// The handshake's SYN (or SYN-ACK) was retransmitted and data transfer now begins. If no
     /// sample exists and the RTO is below `syn_timeout_rto`, RFC 6298 §5.7 says it MUST be
     /// re-initialised to 3 s (configurable as `syn_timeout_rto`). Also clears back-off.
-    pub fn on_handshake_retransmitted(&mut self) {
+    pub fn on_handshake_retransmitted(&mut self, cfg: &RttConfig) {
         // RFC 6298 §5.7: SYN timed out and RTO < 3 s: RTO <- 3 s when data transmission begins.
         if !self.has_sample {
-            self.unsampled_rto = self.unsampled_rto.max(nanos(self.cfg.syn_timeout_rto));
+            self.unsampled_rto = self.unsampled_rto.max(nanos(cfg.syn_timeout_rto));
         }
         self.backoff = 0;
-        self.refresh_rto();
+        self.refresh_rto(cfg);
     }
 
     /// The RTO before back-off: SRTT + max(G, 4 * RTTVAR) clamped to `[min_rto, max_rto]`.
-    pub fn base_rto(&self) -> Duration {
+    pub fn base_rto(&self, cfg: &RttConfig) -> Duration {
         let raw = if self.has_sample {
             // RFC 6298 §2.3: RTO <- SRTT + max (G, K*RTTVAR), K = 4.
-            let var = nanos(self.cfg.granularity).max(self.rttvar.saturating_mul(4));
+            let var = nanos(cfg.granularity).max(self.rttvar.saturating_mul(4));
             self.srtt.saturating_add(var)
         } else {
             self.unsampled_rto
         };
         // RFC 6298 §2.4: RTO below the floor is rounded up (1 s in the RFC; configurable floor
         // for datacenter RTTs). §2.5: a maximum may be placed on RTO (at least 60 s).
-        let clamped = raw.clamp(nanos(self.cfg.min_rto), nanos(self.cfg.max_rto));
+        // (`max` then `min`, not `clamp`: an invalid config with min_rto > max_rto must not
+        // panic; it gets max_rto.)
+        let clamped = raw.max(nanos(cfg.min_rto)).min(nanos(cfg.max_rto));
         Duration::from_nanos(clamped)
     }
 
-    /// The current retransmission timeout, including back-off.
+    /// The current retransmission timeout, including back-off (cached: equal to
+    /// [`computed_rto`](Self::computed_rto) for the estimator's config).
     #[inline]
     pub fn rto(&self) -> Duration {
-        debug_assert_eq!(self.rto_ns, nanos(self.compute_rto()), "stale cached RTO");
         Duration::from_nanos(self.rto_ns)
     }
 
-    /// `rto()` computed from the estimator's state (RFC 6298 §5.5 back-off, §2.5 cap).
-    fn compute_rto(&self) -> Duration {
-        let base = nanos(self.base_rto());
-        let max = nanos(self.cfg.max_rto);
+    /// `rto()` computed from the estimator's state and `cfg` (RFC 6298 §5.5 back-off, §2.5
+    /// cap), not from the cache: for checking the cache (the connection compares the two
+    /// on every RTO read in debug builds).
+    pub fn computed_rto(&self, cfg: &RttConfig) -> Duration {
+        let base = nanos(self.base_rto(cfg));
+        let max = nanos(cfg.max_rto);
         // RFC 6298 §5.5: RTO <- RTO * 2 per expiry; §2.5: capped at the maximum.
         let backed = if self.backoff >= 64 || base.leading_zeros() < self.backoff {
             max
@@ -346,6 +358,49 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// An estimator with the config it was made for, passed to every call; `rto()` checks
+    /// the cache against the computation each time (a stale cache fails the test).
+    struct Est {
+        e: RttEstimator,
+        cfg: RttConfig,
+    }
+
+    impl Est {
+        fn new(cfg: RttConfig) -> Self {
+            Est {
+                e: RttEstimator::new(&cfg).unwrap(),
+                cfg,
+            }
+        }
+        fn default() -> Self {
+            Est::new(RttConfig::default())
+        }
+        fn on_sample(&mut self, now: Instant, rtt: Duration, source: SampleSource) -> bool {
+            self.e.on_sample(&self.cfg, now, rtt, source)
+        }
+        fn on_timeout(&mut self) {
+            self.e.on_timeout(&self.cfg);
+        }
+        fn on_handshake_retransmitted(&mut self) {
+            self.e.on_handshake_retransmitted(&self.cfg);
+        }
+        fn rto(&self) -> Duration {
+            let rto = self.e.rto();
+            assert_eq!(rto, self.e.computed_rto(&self.cfg), "stale cached RTO");
+            rto
+        }
+        fn base_rto(&self) -> Duration {
+            self.e.base_rto(&self.cfg)
+        }
+    }
+
+    impl core::ops::Deref for Est {
+        type Target = RttEstimator;
+        fn deref(&self) -> &RttEstimator {
+            &self.e
+        }
+    }
+
     proptest! {
         /// Samples can come from peer timestamps: any sequence keeps the RTO within
         /// [min_rto, max_rto] (RFC 6298 §2.4, §2.5) and never panics.
@@ -362,7 +417,7 @@ mod tests {
                 syn_timeout_rto: Duration::from_millis(min_ms),
                 ..RttConfig::default()
             };
-            let mut e = RttEstimator::new(cfg).unwrap();
+            let mut e = Est::new(cfg);
             for (i, (v, kind)) in ops.into_iter().enumerate() {
                 let now = Instant::from_millis(i as u64);
                 match kind {
@@ -391,21 +446,20 @@ mod tests {
 
     #[test]
     fn rfc6298_2_1_initial_rto_is_configured_value() {
-        let e = RttEstimator::default();
+        let e = Est::default();
         assert_eq!(e.rto(), Duration::from_secs(1));
         assert_eq!(e.srtt(), None);
-        let dc = RttEstimator::new(RttConfig {
+        let dc = Est::new(RttConfig {
             initial_rto: ms(5),
             min_rto: ms(1),
             ..RttConfig::default()
-        })
-        .unwrap();
+        });
         assert_eq!(dc.rto(), ms(5));
     }
 
     #[test]
     fn rfc6298_2_2_first_sample_sets_srtt_and_half_rttvar() {
-        let mut e = RttEstimator::default();
+        let mut e = Est::default();
         assert!(e.on_sample(at(0), ms(100), SampleSource::Fresh));
         assert_eq!(e.srtt(), Some(ms(100)));
         assert_eq!(e.rttvar(), Some(ms(50)));
@@ -415,7 +469,7 @@ mod tests {
 
     #[test]
     fn rfc6298_2_3_subsequent_samples_use_alpha_eighth_beta_quarter() {
-        let mut e = RttEstimator::default();
+        let mut e = Est::default();
         e.on_sample(at(0), ms(100), SampleSource::Fresh);
         e.on_sample(at(1), ms(200), SampleSource::Fresh);
         // RTTVAR = 3/4*50 + 1/4*|100-200| = 62.5; SRTT = 7/8*100 + 1/8*200 = 112.5.
@@ -432,7 +486,7 @@ mod tests {
             granularity: ms(10),
             ..RttConfig::default()
         };
-        let mut e = RttEstimator::new(cfg).unwrap();
+        let mut e = Est::new(cfg);
         for i in 0..200 {
             e.on_sample(at(i), ms(1), SampleSource::Fresh);
         }
@@ -444,16 +498,15 @@ mod tests {
 
     #[test]
     fn rfc6298_2_4_rto_floor_is_configurable() {
-        let mut e = RttEstimator::default();
+        let mut e = Est::default();
         for i in 0..100 {
             e.on_sample(at(i), Duration::from_micros(50), SampleSource::Fresh);
         }
         assert_eq!(e.rto(), ms(200), "Linux-like default floor");
-        let mut dc = RttEstimator::new(RttConfig {
+        let mut dc = Est::new(RttConfig {
             min_rto: ms(2),
             ..RttConfig::default()
-        })
-        .unwrap();
+        });
         for i in 0..100 {
             dc.on_sample(at(i), Duration::from_micros(50), SampleSource::Fresh);
         }
@@ -462,7 +515,7 @@ mod tests {
 
     #[test]
     fn rfc6298_2_5_rto_ceiling_caps_huge_samples() {
-        let mut e = RttEstimator::default();
+        let mut e = Est::default();
         // A hostile timestamp echo can claim an RTT of days.
         e.on_sample(
             at(0),
@@ -476,7 +529,7 @@ mod tests {
 
     #[test]
     fn rfc6298_3_karn_discards_retransmitted_samples_but_not_timestamps() {
-        let mut e = RttEstimator::default();
+        let mut e = Est::default();
         assert!(!e.on_sample(at(0), ms(100), SampleSource::Retransmitted));
         assert_eq!(e.srtt(), None);
         // RFC 7323 §4: timestamps make the sample unambiguous.
@@ -486,7 +539,7 @@ mod tests {
 
     #[test]
     fn rfc6298_5_5_backoff_doubles_and_caps_at_max() {
-        let mut e = RttEstimator::default();
+        let mut e = Est::default();
         e.on_sample(at(0), ms(100), SampleSource::Fresh);
         assert_eq!(e.rto(), ms(300));
         e.on_timeout();
@@ -502,7 +555,7 @@ mod tests {
 
     #[test]
     fn rfc6298_5_5_karn_keeps_backoff_until_valid_sample() {
-        let mut e = RttEstimator::default();
+        let mut e = Est::default();
         e.on_sample(at(0), ms(100), SampleSource::Fresh);
         e.on_timeout();
         e.on_timeout();
@@ -517,13 +570,13 @@ mod tests {
 
     #[test]
     fn rfc6298_5_7_syn_timeout_reinitialises_rto_to_3s() {
-        let mut e = RttEstimator::default();
+        let mut e = Est::default();
         e.on_timeout();
         assert_eq!(e.rto(), Duration::from_secs(2));
         e.on_handshake_retransmitted();
         assert_eq!(e.rto(), Duration::from_secs(3));
         // With a sample the measured RTO wins.
-        let mut s = RttEstimator::default();
+        let mut s = Est::default();
         s.on_sample(at(0), ms(10), SampleSource::Timestamp);
         s.on_handshake_retransmitted();
         assert_eq!(s.rto(), ms(200));
@@ -535,7 +588,7 @@ mod tests {
             min_rtt_window: Duration::from_secs(10),
             ..RttConfig::default()
         };
-        let mut e = RttEstimator::new(cfg).unwrap();
+        let mut e = Est::new(cfg);
         assert_eq!(e.min_rtt(), None);
         e.on_sample(at(0), ms(5), SampleSource::Fresh);
         e.on_sample(at(1_000), ms(20), SampleSource::Fresh);
@@ -552,6 +605,39 @@ mod tests {
         // A new lower value is taken at once.
         e.on_sample(at(30_000), ms(3), SampleSource::Fresh);
         assert_eq!(e.min_rtt(), Some(ms(3)));
+    }
+
+    /// Issue 13: the estimator keeps no copy of its config (the connection passes the shared
+    /// one), so it fits two cache lines.
+    #[test]
+    fn estimator_holds_no_config_copy() {
+        assert!(
+            core::mem::size_of::<RttEstimator>() <= 128,
+            "{} bytes",
+            core::mem::size_of::<RttEstimator>()
+        );
+        assert!(
+            core::mem::size_of::<RttConfig>() >= 96,
+            "the copy it no longer holds"
+        );
+    }
+
+    /// A config that fails `validate` passed to the methods (the contract says it must not
+    /// be) gives RTOs capped at `max_rto`, never a panic (`clamp` would panic for min > max).
+    #[test]
+    fn invalid_config_at_call_time_does_not_panic() {
+        let bad = RttConfig {
+            min_rto: Duration::from_secs(120),
+            ..RttConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        let mut e = RttEstimator::default();
+        e.on_sample(&bad, at(0), ms(10), SampleSource::Fresh);
+        e.on_timeout(&bad);
+        e.on_handshake_retransmitted(&bad);
+        assert_eq!(e.base_rto(&bad), bad.max_rto);
+        assert_eq!(e.rto(), bad.max_rto);
+        assert_eq!(e.computed_rto(&bad), bad.max_rto);
     }
 
     #[test]
@@ -595,7 +681,7 @@ mod tests {
             ),
         ];
         for (cfg, want) in cases {
-            assert_eq!(RttEstimator::new(cfg).unwrap_err(), want);
+            assert_eq!(RttEstimator::new(&cfg).unwrap_err(), want);
             assert!(!want.to_string().is_empty());
         }
     }

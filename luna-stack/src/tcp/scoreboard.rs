@@ -30,7 +30,9 @@
 //!   only the first four blocks of an ACK are read;
 //! - the number of disjoint SACKed ranges is capped (`max_ranges`): beyond it the highest range
 //!   is forgotten (as if the receiver reneged, which RFC 2018 §8 permits, so it is always
-//!   safe), so memory is fixed at construction and every operation is O(max_ranges);
+//!   safe), so memory is bounded (`max_ranges` + 1 ranges and `max_ranges` + 2
+//!   retransmission records, allocated on first use: a connection whose peer never SACKs
+//!   holds none, issue 13) and every operation is O(max_ranges);
 //! - nothing here moves SND.UNA backwards or past SND.MAX.
 
 use crate::tcp::SeqNum;
@@ -170,6 +172,15 @@ pub struct Scoreboard {
     stats: ScoreboardStats,
 }
 
+/// Room for one more element in `v`: storage grows by doubling (from 4) but not past `cap`
+/// elements, where `Vec`'s own growth would double past the bound.
+fn reserve_one<T>(v: &mut Vec<T>, cap: usize) {
+    if v.len() == v.capacity() {
+        let want = (v.capacity() * 2).max(4).min(cap).max(v.len() + 1);
+        v.reserve_exact(want - v.len());
+    }
+}
+
 impl Scoreboard {
     /// A scoreboard for a connection whose first unacknowledged octet is `snd_una` (ISS + 1
     /// once the SYN is acknowledged) and SMSS `mss`.
@@ -198,13 +209,13 @@ impl Scoreboard {
             mss: mss.max(1),
             snd_una,
             snd_max: snd_una,
-            // +1: insertion may briefly exceed the cap before the highest range is dropped.
-            ranges: Vec::with_capacity(cfg.max_ranges + 1),
+            // Allocated on first use, up to `max_ranges + 1` (`reserve_one`).
+            ranges: Vec::new(),
             sacked: 0,
             high_rxt: snd_una,
             rescue_rxt: None,
-            // +2: a retransmission inside a record splits it before the cap is applied.
-            rxt: Vec::with_capacity(cfg.max_ranges + 2),
+            // Allocated on first use, up to `max_ranges + 2` (`reserve_one`).
+            rxt: Vec::new(),
             reordering: cfg.dup_thresh,
             stats: ScoreboardStats::default(),
         }
@@ -420,6 +431,8 @@ impl Scoreboard {
         };
         for rec in [Some(new), upper].into_iter().flatten() {
             let at = self.rxt.partition_point(|r| off(r.start) < off(rec.start));
+            // +2: a retransmission inside a record splits it before the cap is applied.
+            reserve_one(&mut self.rxt, self.cfg.max_ranges + 2);
             self.rxt.insert(at, rec);
         }
         // Neighbours sent at the same SND.MAX are one record.
@@ -621,6 +634,8 @@ impl Scoreboard {
         }
         let merged = (self.snd_una + new_lo, self.snd_una + new_hi);
         self.sacked = self.sacked - covered + (new_hi - new_lo);
+        // +1: insertion may briefly exceed the cap before the highest range is dropped.
+        reserve_one(&mut self.ranges, self.cfg.max_ranges + 1);
         self.ranges.splice(first..last, core::iter::once(merged));
         let mut dropped = 0;
         while self.ranges.len() > self.cfg.max_ranges {
@@ -1057,7 +1072,11 @@ mod tests {
         };
         let mut s = Scoreboard::new(SeqNum(0), MSS, cfg).unwrap();
         s.on_transmit(SeqNum(1000));
-        let cap = s.rxt.capacity();
+        assert_eq!(
+            s.rxt.capacity(),
+            0,
+            "nothing allocated before a retransmission"
+        );
         s.on_retransmit(SeqNum(0), 300);
         s.on_transmit(SeqNum(1100));
         // A retransmission inside a record splits it into three.
@@ -1082,7 +1101,7 @@ mod tests {
             s.on_retransmit(SeqNum(500 + 10 * i), 10);
         }
         assert_eq!(s.rxt.len(), 4);
-        assert_eq!(s.rxt.capacity(), cap, "no reallocation");
+        assert!(s.rxt.capacity() <= 6, "storage beyond max_ranges + 2");
         assert_eq!(s.stats().rxt_records_dropped, 20);
         // Invalid retransmissions are not recorded.
         s.on_retransmit(SeqNum(1200), 500);
@@ -1153,13 +1172,26 @@ mod tests {
         };
         let mut s = Scoreboard::new(SeqNum(0), MSS, cfg).unwrap();
         s.on_transmit(SeqNum(1 << 20));
-        let cap = s.ranges.capacity();
+        assert_eq!(
+            s.ranges.capacity(),
+            0,
+            "nothing allocated before the first SACK"
+        );
         // Every other byte SACKed, thousands of ACKs.
+        let mut cap = 0;
         for i in 0..5000u32 {
             s.on_ack(SeqNum(0), &[blk(2 * i + 1, 2 * i + 2)]);
+            assert!(s.ranges.capacity() <= 9, "storage beyond max_ranges + 1");
+            if i == 100 {
+                cap = s.ranges.capacity();
+            }
         }
         assert_eq!(s.ranges().len(), 8);
-        assert_eq!(s.ranges.capacity(), cap, "no reallocation");
+        assert_eq!(
+            s.ranges.capacity(),
+            cap,
+            "no reallocation once at the bound"
+        );
         assert_eq!(s.sacked_bytes(), 8);
         assert!(s.stats().ranges_dropped > 0);
         // The lowest ranges are the ones kept.

@@ -312,7 +312,12 @@ mod tests {
 
     fn est(rtt: Duration) -> RttEstimator {
         let mut e = RttEstimator::default();
-        e.on_sample(Instant::ZERO, rtt, SampleSource::Fresh);
+        e.on_sample(
+            &crate::tcp::rtt::RttConfig::default(),
+            Instant::ZERO,
+            rtt,
+            SampleSource::Fresh,
+        );
         e
     }
 

@@ -27,7 +27,7 @@ pub mod newreno;
 pub use cubic::Cubic;
 pub use newreno::NewReno;
 
-use crate::tcp::rtt::{RttEstimator, SampleSource};
+use crate::tcp::rtt::{RttConfig, RttEstimator, SampleSource};
 use crate::time::{Duration, Instant};
 
 /// The smallest SMSS the CC accepts; smaller values are raised to it so that a zero or tiny MSS
@@ -500,7 +500,7 @@ pub fn cwnd_trace(algorithm: Algorithm, scenario: &TraceScenario) -> Vec<(Instan
                     LossKind::Timeout => {
                         recovery_until = None;
                         cc.on_rto(t, cc.cwnd());
-                        est.on_timeout();
+                        est.on_timeout(&RttConfig::default());
                         record(t, &cc, &mut trace);
                         now = t + est.rto();
                         continue 'rounds;
@@ -520,7 +520,7 @@ pub fn cwnd_trace(algorithm: Algorithm, scenario: &TraceScenario) -> Vec<(Instan
                     cc.on_exit_recovery(t, cc.cwnd());
                 }
                 None => {
-                    est.on_sample(t, scenario.rtt, SampleSource::Fresh);
+                    est.on_sample(&RttConfig::default(), t, scenario.rtt, SampleSource::Fresh);
                     cc.on_ack(t, acked, &est, window - (acked_total - acked), false);
                     record(t, &cc, &mut trace);
                     if scenario.capacity.is_some_and(|cap| cc.cwnd() > cap) {
@@ -602,7 +602,12 @@ mod tests {
                         } else {
                             now + Duration::from_micros(dt_us)
                         };
-                        est.on_sample(now, Duration::from_micros(rtt_us), SampleSource::Timestamp);
+                        est.on_sample(
+                            &RttConfig::default(),
+                            now,
+                            Duration::from_micros(rtt_us),
+                            SampleSource::Timestamp,
+                        );
                         cc.on_ack(now, acked, &est, in_flight, app_limited);
                     }
                     Ev::Enter(f) => cc.on_enter_recovery(now, f),

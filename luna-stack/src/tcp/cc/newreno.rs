@@ -132,6 +132,7 @@ mod tests {
     fn rtt() -> RttEstimator {
         let mut e = RttEstimator::default();
         e.on_sample(
+            &crate::tcp::rtt::RttConfig::default(),
             Instant::ZERO,
             Duration::from_millis(10),
             SampleSource::Fresh,

@@ -190,7 +190,7 @@ impl Connection {
             self.last_wnd_field = seg.window;
             self.take_rtt_sample(now, seg.ack);
             if self.syn_retransmitted {
-                self.rtt.on_handshake_retransmitted();
+                self.rtt.on_handshake_retransmitted(&self.cfg.rtt);
             }
             self.timers.clear(Timer::Rto);
             self.retries = 0;
@@ -398,7 +398,7 @@ impl Connection {
                 if self.syn_retransmitted {
                     // RFC 6298 §5.7: the SYN-ACK timed out, so the RTO is re-initialized to
                     // 3 s when data transmission begins (passive side of the same rule).
-                    self.rtt.on_handshake_retransmitted();
+                    self.rtt.on_handshake_retransmitted(&self.cfg.rtt);
                 }
                 self.events.connected = true;
                 self.events.writable = true;
@@ -837,7 +837,7 @@ impl Connection {
         if self.snd_una == self.snd_max {
             self.timers.clear(Timer::Rto);
         } else {
-            self.timers.set(Timer::Rto, now + self.rtt.rto());
+            self.timers.set(Timer::Rto, now + self.rto());
         }
     }
 
@@ -866,6 +866,7 @@ impl Connection {
         if let Some((end, sent)) = self.rtt_probe {
             if ack.ge(end) {
                 self.rtt.on_sample(
+                    &self.cfg.rtt,
                     now,
                     now.saturating_duration_since(sent),
                     SampleSource::Fresh,

@@ -505,7 +505,7 @@ impl Connection {
             self.cc.on_idle_restart(
                 now,
                 now.saturating_duration_since(self.last_send),
-                self.rtt.rto(),
+                self.rto(),
             );
         }
         let cwnd = match self.recovery {

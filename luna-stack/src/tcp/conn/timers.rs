@@ -64,7 +64,7 @@ impl Connection {
             self.timers.clear(Timer::Persist);
             if outstanding {
                 if !self.timers.is_armed(Timer::Rto) {
-                    self.timers.set(Timer::Rto, now + self.rtt.rto());
+                    self.timers.set(Timer::Rto, now + self.rto());
                 }
             } else {
                 self.timers.clear(Timer::Rto);
@@ -74,7 +74,7 @@ impl Connection {
 
     /// RFC 9293 §3.8.6.1: probe intervals grow exponentially from the RTO.
     pub(super) fn persist_interval(&self) -> Duration {
-        let base = self.rtt.rto();
+        let base = self.rto();
         let max = self.cfg.rtt.max_rto;
         base.checked_mul(1u32 << self.persist_backoff.min(16))
             .map_or(max, |d| d.min(max))
@@ -139,7 +139,7 @@ impl Connection {
             self.sb.on_rto_outside_recovery();
         }
         // RFC 6298 §5.5: back off; §5.6: restart; RFC 5681 §3.1 eq. 4: loss window.
-        self.rtt.on_timeout();
+        self.rtt.on_timeout(&self.cfg.rtt);
         let in_flight = self.snd_max - self.snd_una;
         if self.state.is_synchronized() {
             self.cc.on_rto(now, in_flight);

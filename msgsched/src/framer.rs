@@ -12,6 +12,14 @@
 //! `next_message` yields nothing until a reply completes, and [`Framer::wants_input`] turns false
 //! once a message's worth is buffered, so the rest waits in TCP's receive buffer and the
 //! window closes (back pressure, never loss).
+//!
+//! Exclusive messages ([`Parser::exclusive`]): a message the parser says must run alone
+//! is held here until every earlier message of the connection has completed, and no
+//! later message is taken until it has. So a protocol whose requests act on shared state
+//! in request order (memcached: a `get` pipelined behind its `set` must see the value)
+//! keeps that order under any scheduling model, MS included (which spreads one
+//! connection's messages over workers); messages that are not exclusive (memcached's
+//! reads) still run side by side.
 
 use crate::parser::{Ordering, ParseError, ParseErrorKind, Parser};
 use core::fmt;
@@ -88,6 +96,10 @@ pub struct Framer<P> {
     want: usize,
     next_seq: u64,
     in_flight: usize,
+    /// An exclusive message framed while others were in flight: taken once they are done.
+    held: Option<Framed>,
+    /// The last message taken was exclusive (nothing else is taken while it is in flight).
+    exclusive_out: bool,
     failed: Option<ParseError>,
     /// What the parser asked to write before the connection closes on `failed`.
     farewell: Option<Zbuf>,
@@ -104,6 +116,8 @@ impl<P: Parser> Framer<P> {
             want: 0,
             next_seq: 0,
             in_flight: 0,
+            held: None,
+            exclusive_out: false,
             failed: None,
             farewell: None,
         })
@@ -122,15 +136,27 @@ impl<P: Parser> Framer<P> {
         self.failed.is_none() && self.buf.len() <= self.cfg.max_message
     }
 
-    /// The next whole message, `Ok(None)` if it has not fully arrived or
-    /// `max_in_flight` messages are out, or the error that ends the connection (returned
-    /// again on every later call).
+    /// The next whole message, `Ok(None)` if it has not fully arrived, `max_in_flight`
+    /// messages are out, or an exclusive message waits for (or is) one in flight; or the
+    /// error that ends the connection (returned again on every later call).
     pub fn next_message(&mut self) -> Result<Option<Framed>, ParseError> {
         if let Some(e) = self.failed {
             return Err(e);
         }
         if self.in_flight >= self.cfg.max_in_flight {
             return Ok(None);
+        }
+        if self.exclusive_out && self.in_flight > 0 {
+            return Ok(None);
+        }
+        if let Some(m) = self.held.take() {
+            if self.in_flight > 0 {
+                self.held = Some(m);
+                return Ok(None);
+            }
+            self.exclusive_out = true;
+            self.in_flight += 1;
+            return Ok(Some(m));
         }
         if self.want == 0 {
             match self.parser.parse(&self.buf, self.cfg.max_message) {
@@ -158,12 +184,19 @@ impl<P: Parser> Framer<P> {
         self.want = 0;
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.in_flight += 1;
-        Ok(Some(Framed {
+        let m = Framed {
             seq,
             stream: self.parser.stream(&body),
             body,
-        }))
+        };
+        let exclusive = self.parser.exclusive(&m.body);
+        if exclusive && self.in_flight > 0 {
+            self.held = Some(m);
+            return Ok(None);
+        }
+        self.exclusive_out = exclusive;
+        self.in_flight += 1;
+        Ok(Some(m))
     }
 
     fn fail(&mut self, e: ParseError) -> ParseError {
@@ -185,19 +218,20 @@ impl<P: Parser> Framer<P> {
         self.in_flight = self.in_flight.saturating_sub(1);
     }
 
-    /// Messages out at workers (or waiting for their reply's turn).
+    /// Messages out at workers (or waiting for their reply's turn), plus an exclusive
+    /// one held until they are done.
     pub fn in_flight(&self) -> usize {
-        self.in_flight
+        self.in_flight + usize::from(self.held.is_some())
     }
 
-    /// Bytes received but not yet part of a taken message.
+    /// Bytes received but not yet part of a taken message (a held one included).
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.buf.len() + self.held.as_ref().map_or(0, |m| m.body.len())
     }
 
     /// Messages taken so far.
     pub fn taken(&self) -> u64 {
-        self.next_seq
+        self.next_seq - u64::from(self.held.is_some())
     }
 
     /// The protocol's reply order.
@@ -297,6 +331,52 @@ mod tests {
         assert!(!f.wants_input());
         f.push(Zbuf::copy_from_slice(&req(2, 1)));
         assert_eq!(f.buffered(), 0, "nothing is kept after an error");
+    }
+
+    /// One-byte messages; `W` must run alone ([`Parser::exclusive`]), `r` need not.
+    struct Bytes;
+    impl Parser for Bytes {
+        fn parse(&mut self, buf: &IoVec, _: usize) -> Result<usize, ParseError> {
+            Ok(usize::from(!buf.is_empty()))
+        }
+        fn ordering(&self) -> Ordering {
+            Ordering::Ordered
+        }
+        fn exclusive(&self, msg: &IoVec) -> bool {
+            msg.to_vec() == b"W"
+        }
+    }
+
+    #[test]
+    fn an_exclusive_message_waits_for_the_earlier_ones_and_runs_alone() {
+        let cfg = FramerConfig {
+            max_message: 64,
+            max_in_flight: 8,
+        };
+        let mut f = Framer::new(Bytes, cfg).unwrap();
+        f.push(Zbuf::copy_from_slice(b"rrWrWW"));
+        let next = |f: &mut Framer<Bytes>| f.next_message().unwrap().map(|m| m.seq);
+        assert_eq!(next(&mut f), Some(0));
+        assert_eq!(next(&mut f), Some(1));
+        assert_eq!(next(&mut f), None, "W waits for the two reads");
+        // Held, not taken: counted as in flight (so a half-closed peer is not closed
+        // before it) and as buffered bytes.
+        assert_eq!((f.in_flight(), f.taken(), f.buffered()), (3, 2, 4));
+        f.reply_done();
+        assert_eq!(next(&mut f), None, "one read still out");
+        f.reply_done();
+        assert_eq!(next(&mut f), Some(2), "W once nothing is out");
+        assert_eq!(next(&mut f), None, "nothing beside W");
+        assert_eq!((f.in_flight(), f.taken(), f.buffered()), (1, 3, 3));
+        f.reply_done();
+        assert_eq!(next(&mut f), Some(3));
+        assert_eq!(next(&mut f), None, "W after a read waits");
+        f.reply_done();
+        assert_eq!(next(&mut f), Some(4));
+        f.reply_done();
+        assert_eq!(next(&mut f), Some(5), "W after W");
+        f.reply_done();
+        assert_eq!((next(&mut f), f.in_flight(), f.buffered()), (None, 0, 0));
     }
 
     /// A parser that never finds a boundary (a line protocol fed no newline).

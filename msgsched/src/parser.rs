@@ -100,6 +100,18 @@ pub trait Parser: Send {
         None
     }
 
+    /// Whether the message `msg` (as returned by the framer, asked right after
+    /// [`Parser::stream`]) must run alone on its connection: the framer holds it until
+    /// every earlier message of the connection has completed and takes no later one until
+    /// it has ([`crate::framer`]). For requests that act on state later requests of the
+    /// connection may read (memcached's writes): without it, a model that spreads one
+    /// connection's messages over workers (MS) may run a pipelined `get` before the `set`
+    /// ahead of it. `false` (the default): messages are independent and may run side by
+    /// side.
+    fn exclusive(&self, _msg: &IoVec) -> bool {
+        false
+    }
+
     /// The bytes to write before closing a connection whose stream failed with `err`
     /// (memcached: `CLIENT_ERROR line too long`, a binary EINVAL reply echoing the bad
     /// request's `opaque`), or `None` to close without a word. `buf` holds the unconsumed

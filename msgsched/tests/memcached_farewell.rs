@@ -60,7 +60,14 @@ fn run(bytes: &[u8]) -> (Vec<u8>, Option<ParseErrorKind>, Io) {
             "no shutdown: {:?}",
             io.counters().fields()
         );
-        assert!(!io.wants_input(1), "a failed stream is not read further");
+        let failed: u64 = ParseErrorKind::ALL
+            .iter()
+            .map(|k| io.counters().parse_errors(*k))
+            .sum();
+        assert!(
+            failed == 0 || !io.wants_input(1),
+            "a failed stream is not read further"
+        );
         io.poll_replies(|c, r| {
             assert_eq!(c, 1);
             for z in r {
@@ -88,7 +95,9 @@ fn bin(opcode: u8, keylen: u16, extlen: u8, bodylen: u32, opaque: u32) -> Vec<u8
 
 #[test]
 fn text_requests_before_a_too_long_line_are_answered_then_client_error_then_close() {
-    let mut s = b"set a 0 0 1\r\nx\r\nget a\r\nversion\r\n".to_vec();
+    // The set runs alone (a write: `Parser::exclusive`); the two reads after it are at
+    // workers together when the long line behind them is framed.
+    let mut s = b"set a 0 0 1\r\nx\r\nget a\r\ngets a\r\n".to_vec();
     s.extend(std::iter::repeat_n(b'z', 5000));
     let (out, reason, io) = run(&s);
     assert_eq!(out, b"R0;R1;R2;CLIENT_ERROR line too long\r\n");

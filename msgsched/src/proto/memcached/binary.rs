@@ -55,6 +55,15 @@ pub mod op {
     pub const GATKQ: u8 = 0x24;
 }
 
+/// Whether `opcode` only reads the store (or nothing): such requests may run side by
+/// side ([`crate::parser::Parser::exclusive`]).
+pub(crate) fn is_read(opcode: u8) -> bool {
+    matches!(
+        opcode,
+        op::GET | op::GETQ | op::GETK | op::GETKQ | op::NOOP | op::VERSION | op::STAT
+    )
+}
+
 /// Response status codes.
 pub mod status {
     #![allow(missing_docs)]

@@ -39,6 +39,14 @@
 //! (`getq`, `getkq`, `setq`, ...) answer only on a miss or an error and a following
 //! `noop` is the flush point that says every earlier request has been answered, which
 //! holds only if no reply overtakes it.
+//!
+//! Execution order: memcached runs a connection's commands one after another, so a `get`
+//! pipelined behind its `set` (or sent after a `noreply` set, pymemcache's default) sees
+//! the value. Ordered replies alone do not give that when the scheduling model spreads
+//! one connection's messages over workers (MS): so every command other than a read is
+//! [`Parser::exclusive`] (it runs alone on its connection, after the ones before it and
+//! before the ones after it), and reads (`get`, `gets`; binary `get`, `getq`, `getk`,
+//! `getkq`, `noop`, `version`, `stat`) and swallowed chunks may still run side by side.
 
 pub mod binary;
 pub mod text;
@@ -183,6 +191,24 @@ impl Parser for McParser {
         Some(Zbuf::copy_from_slice(&bytes))
     }
 
+    fn exclusive(&self, msg: &IoVec) -> bool {
+        if self.swallowing {
+            return false;
+        }
+        match self.proto {
+            Some(Protocol::Binary) => {
+                let mut h = [0u8; 2];
+                !(peek(msg, 0, &mut h) && binary::is_read(h[1]))
+            }
+            _ => {
+                let mut head = [0u8; 16];
+                let n = head.len().min(msg.len());
+                peek(msg, 0, &mut head[..n]);
+                !text::is_read(&head[..n])
+            }
+        }
+    }
+
     fn stream(&self, _msg: &IoVec) -> Option<u64> {
         if self.swallowing {
             Some(SWALLOW)
@@ -312,6 +338,50 @@ mod tests {
         let swallowed: usize = got.iter().filter(|m| m.1).map(|m| m.0.len()).sum();
         assert_eq!(swallowed, 10_000);
         assert_eq!(got.last().unwrap().0, noop.to_vec());
+    }
+
+    /// Which framed messages must run alone: everything but reads and swallowed chunks.
+    fn exclusives(input: &[u8]) -> Vec<bool> {
+        let mut p = McParser::new(Limits::default());
+        let mut buf: IoVec = [Zbuf::copy_from_slice(input)].into_iter().collect();
+        let mut out = Vec::new();
+        loop {
+            let n = p.parse(&buf, 4096).unwrap();
+            if n == 0 {
+                return out;
+            }
+            let m = buf.split_to(n);
+            out.push(p.exclusive(&m));
+        }
+    }
+
+    #[test]
+    fn writes_run_alone_and_reads_side_by_side() {
+        for nl in ["\r\n", "\n"] {
+            let s = format!(
+                "get a{nl}gets a b{nl}set a 0 0 1{nl}x\r\ndelete a{nl}incr n 1{nl}touch a 1{nl}gat 1 a{nl}flush_all{nl}version{nl}bogus{nl}set big 0 0 5000{nl}{}\r\nget a{nl}",
+                "z".repeat(5000)
+            );
+            let got = exclusives(s.as_bytes());
+            // get, gets: reads; set .. bogus: alone (gat touches, version and unknown
+            // commands are not worth telling apart); the too-large set alone, its two
+            // swallowed chunks (4,096 + 906 bytes) not; the last get a read.
+            let want = [
+                false, false, true, true, true, true, true, true, true, true, true, false, false,
+                false,
+            ];
+            assert_eq!(got, want, "{nl:?}");
+        }
+        let mut b = Vec::new();
+        for opcode in [
+            binary::op::GETKQ,
+            binary::op::NOOP,
+            binary::op::SETQ,
+            binary::op::DELETE,
+        ] {
+            b.extend(binary::Header::request(opcode, 0, 0, 0, 1).bytes());
+        }
+        assert_eq!(exclusives(&b), [false, false, true, true]);
     }
 
     proptest::proptest! {

@@ -41,6 +41,16 @@ fn is_retrieval(head: &[u8]) -> bool {
         .any(|c| h.starts_with(c.as_bytes()))
 }
 
+/// Whether a command line starting with `head` only reads the store (`get`, `gets`):
+/// such commands may run side by side ([`crate::parser::Parser::exclusive`]).
+pub(crate) fn is_read(head: &[u8]) -> bool {
+    let s = head.iter().position(|&b| b != b' ').unwrap_or(head.len());
+    let h = &head[s..];
+    ["get ", "gets "]
+        .iter()
+        .any(|c| h.starts_with(c.as_bytes()))
+}
+
 /// The line without its `\n` and one `\r` before it.
 fn strip_eol(line: &[u8]) -> &[u8] {
     let l = line.strip_suffix(b"\n").unwrap_or(line);

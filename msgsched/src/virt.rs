@@ -439,10 +439,12 @@ impl<C: Copy + Send> VirtualPool<C> {
     /// Phase 2: every free worker polls its socket. A message taken goes to
     /// `handler(socket, message)`, which answers it at once through the socket
     /// (`None`: the worker stays free and polls again) or returns the [`Occupation`]:
-    /// the worker is busy from `now` for its service time. Returns messages taken.
-    /// Never blocks (a worker's poll does not park).
-    pub fn take<F>(&mut self, now: u64, mut handler: F) -> usize
+    /// the worker is busy from `clock()`, read when the handler has returned (so the
+    /// handler's own time is not counted as occupancy), for its service time. Returns
+    /// messages taken. Never blocks (a worker's poll does not park).
+    pub fn take<N, F>(&mut self, mut clock: N, mut handler: F) -> usize
     where
+        N: FnMut() -> u64,
         F: FnMut(&mut MsgSocket<C>, Message<C>) -> Option<Occupation<C>>,
     {
         let mut taken = 0;
@@ -456,6 +458,7 @@ impl<C: Copy + Send> VirtualPool<C> {
                         let Some(o) = handler(&mut self.sockets[w], m) else {
                             continue;
                         };
+                        let now = clock();
                         if let Err(e) =
                             self.workers
                                 .start(w, now, o.service_ns, (o.origin, o.reply))
@@ -477,13 +480,13 @@ impl<C: Copy + Send> VirtualPool<C> {
         taken
     }
 
-    /// Both phases at `now`: [`VirtualPool::finish_due`], then [`VirtualPool::take`].
-    /// Returns occupations ended + messages taken.
+    /// Both phases at `now` (a clock that stands still): [`VirtualPool::finish_due`],
+    /// then [`VirtualPool::take`]. Returns occupations ended + messages taken.
     pub fn advance<F>(&mut self, now: u64, handler: F) -> usize
     where
         F: FnMut(&mut MsgSocket<C>, Message<C>) -> Option<Occupation<C>>,
     {
-        self.finish_due(now) + self.take(now, handler)
+        self.finish_due(now) + self.take(|| now, handler)
     }
 
     /// The earliest deadline of an occupied worker.

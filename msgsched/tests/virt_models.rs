@@ -121,20 +121,23 @@ fn run(model: Model, workers: usize, conns: usize, load: f64, total: usize, seed
             done += 1;
         });
         assert!(io.poll_event().is_none(), "no connection may close");
-        pool.take(t, |socket, m| {
-            let h = Header::read(&m.body).unwrap().unwrap();
-            let mut tag = [0u8; 8];
-            assert!(peek(&m.body, HDR_LEN, &mut tag));
-            let service_ns = u64::from_le_bytes(tag);
-            occupations[socket.index()].push((t, t + service_ns));
-            let mut reply = IoVec::new();
-            reply.push(Zbuf::from_vec(h.id.to_le_bytes().to_vec()));
-            Some(Occupation {
-                service_ns,
-                origin: m.origin,
-                reply,
-            })
-        });
+        pool.take(
+            || t,
+            |socket, m| {
+                let h = Header::read(&m.body).unwrap().unwrap();
+                let mut tag = [0u8; 8];
+                assert!(peek(&m.body, HDR_LEN, &mut tag));
+                let service_ns = u64::from_le_bytes(tag);
+                occupations[socket.index()].push((t, t + service_ns));
+                let mut reply = IoVec::new();
+                reply.push(Zbuf::from_vec(h.id.to_le_bytes().to_vec()));
+                Some(Occupation {
+                    service_ns,
+                    origin: m.origin,
+                    reply,
+                })
+            },
+        );
         if done == total {
             break;
         }

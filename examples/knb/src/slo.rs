@@ -410,7 +410,10 @@ pub fn run(a: &SweepArgs) -> Res<()> {
             .as_f64()
             .map(|x| format!(", {:.2} of ideal MS", x))
             .unwrap_or_default();
-        let why = match (v["first_failing_offered_load"].as_f64(), v["first_failing_reason"].as_str()) {
+        let why = match (
+            v["first_failing_offered_load"].as_f64(),
+            v["first_failing_reason"].as_str(),
+        ) {
             (Some(l), Some(r)) => format!("; first failing offered load {l:.2}: {r}"),
             _ => String::new(),
         };
@@ -581,7 +584,11 @@ mod tests {
 
     #[test]
     fn a_point_whose_client_was_behind_does_not_pass() {
-        let mut pts = vec![pt(0.1, 0.1, 300.0), pt(0.2, 0.2, 350.0), pt(0.3, 0.3, 400.0)];
+        let mut pts = vec![
+            pt(0.1, 0.1, 300.0),
+            pt(0.2, 0.2, 350.0),
+            pt(0.3, 0.3, 400.0),
+        ];
         // 5% of a 1 ms SLO: 50 us of p99 send lag is allowed, 51 is not, even though the
         // point's own p99 is under the SLO.
         pts[1].client_lag_p99_us = Some(50.0);

@@ -1,28 +1,38 @@
-//! Virtual workers: the deadline bookkeeping that lets ONE emulation thread stand in for
-//! `c` occupied workers (service-time emulation without a CPU per worker; issue 9's
-//! "keep the occupied workers as deadlines on a timer wheel").
+//! Virtual workers: the deadline bookkeeping that lets ONE thread stand in for `c`
+//! occupied workers (service-time emulation without a CPU per worker; issue 9's "keep
+//! the occupied workers as deadlines on a timer wheel").
 //!
 //! Each virtual worker is a real [`crate::sched::Worker`] / [`crate::socket::MsgSocket`]
-//! — placement, handoff and stealing are the scheduler's, unchanged. The driver (r2c's
-//! message mode, `knb service-check`) runs a loop on one thread:
-//! 1. [`VirtualWorkers::pop_due`] until `None`: each worker whose deadline has passed is
-//!    free again, and the driver sends the reply it was holding;
-//! 2. every free worker (`!is_busy(w)`) polls its socket without blocking
+//! — placement, handoff and stealing are the scheduler's, unchanged. [`VirtualPool`]
+//! owns the `c` sockets and their [`VirtualWorkers`] and is advanced by its driver's
+//! loop (r2c's I/O core, once per iteration, right after its NIC poll; `knb
+//! service-check`; the fake-clock tests), in two phases:
+//! 1. [`VirtualPool::finish_due`]: each worker whose deadline has passed is free again
+//!    and the reply it was holding is staged on its socket (the I/O side's
+//!    [`crate::socket::MsgIo::poll_replies`] sends it and, under CS, releases the
+//!    connection's next message);
+//! 2. [`VirtualPool::take`]: every free worker polls its socket without blocking
 //!    ([`crate::sched::Worker::poll`], which keeps it announced idle while it finds
-//!    nothing); a message taken starts the worker: [`VirtualWorkers::start`] with the
-//!    request's service time; a busy worker never polls, so it takes, steals and is
-//!    handed nothing — exactly a real worker occupied by its request;
-//! 3. waits (spins or yields) until the earliest deadline ([`VirtualWorkers::next_deadline`])
-//!    or new work.
+//!    nothing, so the dispatcher's handoff and the idle bitmap see it as idle); a message
+//!    taken goes to the driver's handler, which answers at once or returns an
+//!    [`Occupation`]: the worker is occupied until now + service; a busy worker never
+//!    polls, so it takes, steals and is handed nothing — exactly a real worker occupied
+//!    by its request.
+//!
+//! The driver never waits inside the pool: it calls both phases every turn of its loop
+//! and may use [`VirtualPool::next_deadline`] to decide how long it may look away.
 //!
 //! This module is sans-IO and deterministic: time is the caller's, in nanoseconds on any
-//! monotonic scale. It records the emulation error — how much later than its deadline
-//! each occupation ended ([`VirtStats`]) — so a run reports achieved vs requested
-//! occupancy.
+//! monotonic scale (a fake clock in tests). It records the emulation error — how much
+//! later than its deadline each occupation ended ([`VirtStats`]) — so a run reports
+//! achieved vs requested occupancy.
 
+use crate::sched::TryRecvError;
+use crate::socket::{Message, MsgSocket, Origin};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fmt;
+use zbuf::IoVec;
 
 /// One occupation that has ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -347,6 +357,167 @@ impl<T> VirtualWorkers<T> {
     /// What the emulation did so far.
     pub fn stats(&self) -> &VirtStats {
         &self.stats
+    }
+}
+
+/// A message a virtual worker's handler did not answer at once: the worker stays
+/// occupied for `service_ns`, then `reply` goes out on `origin`.
+pub struct Occupation<C> {
+    /// How long the worker stays occupied (ns), from the time passed to
+    /// [`VirtualPool::take`].
+    pub service_ns: u64,
+    /// The message to answer when the occupation ends.
+    pub origin: Origin<C>,
+    /// The reply then sent.
+    pub reply: IoVec,
+}
+
+impl<C: fmt::Debug + Copy> fmt::Debug for Occupation<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Occupation")
+            .field("service_ns", &self.service_ns)
+            .field("origin", &self.origin)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `c` virtual workers on their real message sockets (see the module docs): one
+/// thread advances them with [`VirtualPool::finish_due`] and [`VirtualPool::take`].
+pub struct VirtualPool<C> {
+    sockets: Vec<MsgSocket<C>>,
+    workers: VirtualWorkers<(Origin<C>, IoVec)>,
+    /// Sockets that reported `Disconnected` (polled no more).
+    gone: Vec<bool>,
+    live: usize,
+}
+
+impl<C> fmt::Debug for VirtualPool<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VirtualPool")
+            .field("workers", &self.workers)
+            .field("live", &self.live)
+            .finish()
+    }
+}
+
+impl<C: Copy + Send> VirtualPool<C> {
+    /// Virtual workers on `sockets` (a group's sockets, [`crate::socket::group`]), all
+    /// free.
+    pub fn new(sockets: Vec<MsgSocket<C>>) -> Self {
+        let n = sockets.len();
+        VirtualPool {
+            sockets,
+            workers: VirtualWorkers::new(n),
+            gone: vec![false; n],
+            live: n,
+        }
+    }
+
+    /// Number of virtual workers.
+    pub fn len(&self) -> usize {
+        self.sockets.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.sockets.is_empty()
+    }
+
+    /// Phase 1: ends every occupation due at `now` (earliest deadline first) and stages
+    /// its reply on the worker's socket (a reply for a connection that has gone is
+    /// dropped and counted there). Returns how many ended.
+    pub fn finish_due(&mut self, now: u64) -> usize {
+        let mut n = 0;
+        while let Some(d) = self.workers.pop_due(now) {
+            let (origin, reply) = d.item;
+            self.sockets[d.worker].reply(origin, reply);
+            n += 1;
+        }
+        n
+    }
+
+    /// Phase 2: every free worker polls its socket. A message taken goes to
+    /// `handler(socket, message)`, which answers it at once through the socket
+    /// (`None`: the worker stays free and polls again) or returns the [`Occupation`]:
+    /// the worker is busy from `clock()`, read when the handler has returned (so the
+    /// handler's own time is not counted as occupancy), for its service time. Returns
+    /// messages taken. Never blocks (a worker's poll does not park).
+    pub fn take<N, F>(&mut self, mut clock: N, mut handler: F) -> usize
+    where
+        N: FnMut() -> u64,
+        F: FnMut(&mut MsgSocket<C>, Message<C>) -> Option<Occupation<C>>,
+    {
+        let mut taken = 0;
+        for w in 0..self.sockets.len() {
+            // A worker answering at once takes its next message in the same turn, as a
+            // real one would; each pass takes a message, so this ends.
+            while !self.gone[w] && !self.workers.is_busy(w) {
+                match self.sockets[w].poll() {
+                    Ok(m) => {
+                        taken += 1;
+                        let Some(o) = handler(&mut self.sockets[w], m) else {
+                            continue;
+                        };
+                        let now = clock();
+                        if let Err(e) =
+                            self.workers
+                                .start(w, now, o.service_ns, (o.origin, o.reply))
+                        {
+                            // A free worker cannot be busy (counted in the stats if it
+                            // were): answer at once rather than lose the reply.
+                            let (origin, reply) = e.into_inner();
+                            self.sockets[w].reply(origin, reply);
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        self.gone[w] = true;
+                        self.live -= 1;
+                    }
+                }
+            }
+        }
+        taken
+    }
+
+    /// Both phases at `now` (a clock that stands still): [`VirtualPool::finish_due`],
+    /// then [`VirtualPool::take`]. Returns occupations ended + messages taken.
+    pub fn advance<F>(&mut self, now: u64, handler: F) -> usize
+    where
+        F: FnMut(&mut MsgSocket<C>, Message<C>) -> Option<Occupation<C>>,
+    {
+        self.finish_due(now) + self.take(|| now, handler)
+    }
+
+    /// The earliest deadline of an occupied worker.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.workers.next_deadline()
+    }
+
+    /// Occupied workers.
+    pub fn busy(&self) -> usize {
+        self.workers.busy()
+    }
+
+    /// Whether worker `w` is occupied.
+    pub fn is_busy(&self, w: usize) -> bool {
+        self.workers.is_busy(w)
+    }
+
+    /// Every socket disconnected (the I/O side is gone and nothing is left) and no
+    /// occupation pending.
+    pub fn is_finished(&self) -> bool {
+        self.live == 0 && self.workers.busy() == 0
+    }
+
+    /// Worker `w`'s socket (its scheduler counters, the group's counters).
+    pub fn socket(&self, w: usize) -> Option<&MsgSocket<C>> {
+        self.sockets.get(w)
+    }
+
+    /// What the emulation did so far.
+    pub fn stats(&self) -> &VirtStats {
+        self.workers.stats()
     }
 }
 

@@ -491,6 +491,16 @@ impl CoreState {
         self.stop.store(true, Ordering::Release);
     }
 
+    /// This core's zbuf cache (message mode's virtual workers allocate on the I/O core).
+    pub(crate) fn cache(&self) -> Option<&CoreCache> {
+        self.cache.as_ref()
+    }
+
+    /// The runtime's stop flag.
+    pub(crate) fn stop_flag(&self) -> &AtomicBool {
+        &self.stop
+    }
+
     pub(crate) fn stop_requested(&self) -> bool {
         self.stopping || self.stop.load(Ordering::Relaxed)
     }

@@ -33,10 +33,9 @@ use msgsched::framer::FramerConfig;
 use msgsched::parser::Parser;
 use msgsched::proto::io::{session_group, SessionIo};
 use msgsched::proto::{Session, Timeout};
-use msgsched::sched::TryRecvError;
 use msgsched::sched::{RecvError as SchedRecvError, SchedConfig};
 use msgsched::socket::{group, IoEvent, Message, MsgCounters, MsgIo, MsgSocket, Origin};
-use msgsched::virt::{VirtStats, VirtualWorkers};
+use msgsched::virt::{Occupation, VirtStats, VirtualPool};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -164,89 +163,82 @@ pub struct Occupied {
 
 /// Application logic of *virtual* workers ([`Runtime::spawn_msg_virtual`]): the
 /// group's `cfg.sched.workers` message sockets are real msgsched workers (placement,
-/// handoff and stealing unchanged), all driven by one emulation thread; a worker that
-/// took a message stays occupied — takes, steals and is handed nothing — for the
-/// [`Occupied::service`] its handler returned, then its reply goes out.
+/// handoff and stealing unchanged), all advanced by the I/O core itself in every
+/// iteration ([`msgsched::virt::VirtualPool`]: after the NIC poll and the reads, due
+/// occupations end and their replies go out with the others; at the end of the
+/// iteration every free worker polls its socket); a worker that took a message stays
+/// occupied — takes, steals and is handed nothing — for the [`Occupied::service`] its
+/// handler returned, then its reply goes out.
 pub trait VirtualHandler: Send + 'static {
     /// One whole message taken by virtual worker `ctx.worker()`: answer it now through
     /// `ctx` (the worker stays free), or return the reply to send after the worker has
-    /// been occupied for a while. Must not block: it runs on the one emulation thread.
+    /// been occupied for a while. Must not block: it runs on the I/O core.
     fn on_message(&mut self, ctx: &mut MsgCtx<'_>, msg: Message<Conn>) -> Option<Occupied>;
 
-    /// The emulation thread is done (every socket disconnected and drained, every
-    /// occupation ended): what it did, with its emulation error.
+    /// The I/O core is done (its mode is dropped at the end of its thread; occupations
+    /// still pending then are dropped, their messages completed unanswered): what the
+    /// emulation did, with its emulation error.
     fn finished(&mut self, _stats: &VirtStats) {}
 }
 
-/// Below this distance to the earliest deadline the emulation thread spins; above it,
-/// when it has nothing to do, it yields the CPU (the I/O core may share it).
-const VIRT_SPIN: Duration = Duration::from_micros(10);
+/// Virtual workers inside the I/O core's iteration (see [`VirtualHandler`]): the two
+/// phases of [`VirtualPool`], each at a fresh reading of the clock.
+trait Emulation: Send {
+    /// Ends the occupations due now; their replies are staged for `poll_replies`.
+    fn finish_due(&mut self) -> usize;
+    /// Free workers take messages (the handler runs here, on the I/O core).
+    fn take(&mut self, st: &CoreState) -> usize;
+    /// Whether a worker is occupied (a deadline is pending).
+    fn busy(&self) -> bool;
+}
 
-/// The emulation thread of virtual workers (see [`VirtualHandler`]): free workers poll
-/// their sockets (announced idle while they find nothing), a taken message occupies its
-/// worker until a deadline kept in [`VirtualWorkers`], and a due worker's reply is sent.
-fn virtual_loop<H: VirtualHandler>(
-    mut sockets: Vec<MsgSocket<Conn>>,
-    mut handler: H,
-    stop: Arc<AtomicBool>,
-    cache: Option<zbuf::CoreCache>,
-) {
-    let epoch = std::time::Instant::now();
-    let now = || u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    let n = sockets.len();
-    let mut vw: VirtualWorkers<(Origin<Conn>, IoVec)> = VirtualWorkers::new(n);
-    let mut gone = vec![false; n];
-    let mut live = n;
-    let spin_ns = VIRT_SPIN.as_nanos() as u64;
-    loop {
-        let mut work = false;
-        let t = now();
-        while let Some(d) = vw.pop_due(t) {
-            let (origin, reply) = d.item;
-            sockets[d.worker].reply(origin, reply);
-            work = true;
-        }
-        for w in 0..n {
-            if gone[w] || vw.is_busy(w) {
-                continue;
-            }
-            match sockets[w].poll() {
-                Ok(m) => {
-                    work = true;
-                    let mut ctx = MsgCtx {
-                        socket: &mut sockets[w],
-                        cache: cache.as_ref(),
-                        stop: &stop,
-                    };
-                    let Some(o) = handler.on_message(&mut ctx, m) else {
-                        continue;
-                    };
-                    let ns = u64::try_from(o.service.as_nanos()).unwrap_or(u64::MAX);
-                    if let Err(e) = vw.start(w, now(), ns, (o.origin, o.reply)) {
-                        // A free worker cannot be busy (counted in the stats if it were):
-                        // answer at once rather than lose the reply.
-                        let (origin, reply) = e.into_inner();
-                        sockets[w].reply(origin, reply);
-                    }
-                }
-                Err(TryRecvError::Empty) => {}
-                Err(TryRecvError::Disconnected) => {
-                    gone[w] = true;
-                    live -= 1;
-                }
-            }
-        }
-        if live == 0 && vw.busy() == 0 {
-            break;
-        }
-        if !work {
-            match vw.next_deadline() {
-                Some(d) if d.saturating_sub(now()) < spin_ns => std::hint::spin_loop(),
-                _ => std::thread::yield_now(),
-            }
-        }
+struct Virtual<H: VirtualHandler> {
+    pool: VirtualPool<Conn>,
+    handler: H,
+    epoch: std::time::Instant,
+}
+
+impl<H: VirtualHandler> Virtual<H> {
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
-    handler.finished(vw.stats());
+}
+
+impl<H: VirtualHandler> Emulation for Virtual<H> {
+    fn finish_due(&mut self) -> usize {
+        let now = self.now();
+        self.pool.finish_due(now)
+    }
+
+    fn take(&mut self, st: &CoreState) -> usize {
+        let epoch = self.epoch;
+        let clock = || u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let (handler, cache, stop) = (&mut self.handler, st.cache(), st.stop_flag());
+        self.pool.take(clock, |socket, m| {
+            let mut ctx = MsgCtx {
+                socket,
+                cache,
+                stop,
+            };
+            handler.on_message(&mut ctx, m).map(|o| Occupation {
+                service_ns: u64::try_from(o.service.as_nanos()).unwrap_or(u64::MAX),
+                origin: o.origin,
+                reply: o.reply,
+            })
+        })
+    }
+
+    fn busy(&self) -> bool {
+        self.pool.busy() > 0
+    }
+}
+
+impl<H: VirtualHandler> Drop for Virtual<H> {
+    fn drop(&mut self) {
+        // The I/O core is done (the mode is dropped with its thread): occupations still
+        // pending are dropped with the pool (their messages complete unanswered, counted).
+        self.handler.finished(self.pool.stats());
+    }
 }
 
 /// What the mode needs of msgsched's I/O side: a framer group ([`MsgIo`]) or a session
@@ -382,6 +374,8 @@ struct MsgMode<S: IoSide> {
     clocks: HashMap<Conn, Clock>,
     /// When the timers were last checked.
     last_tick: luna_stack::time::Instant,
+    /// Virtual workers advanced by this core ([`Runtime::spawn_msg_virtual`]).
+    virt: Option<Box<dyn Emulation>>,
 }
 
 impl<S: IoSide> MsgMode<S> {
@@ -628,6 +622,13 @@ impl<S: IoSide> Mode for MsgMode<S> {
         if self.timers(st) {
             work = true;
         }
+        // Virtual workers whose occupation has ended stage their replies now, so they
+        // go out with the real workers' below.
+        if let Some(v) = &mut self.virt {
+            if v.finish_due() > 0 {
+                work = true;
+            }
+        }
         // Replies from the workers, in wire order per connection.
         let mut unsent = std::mem::take(&mut self.unsent);
         let mut clocks = std::mem::take(&mut self.clocks);
@@ -691,6 +692,14 @@ impl<S: IoSide> Mode for MsgMode<S> {
                     st.close(h);
                     work = true;
                 }
+            }
+        }
+        // Free virtual workers take what this iteration dispatched (or released, under
+        // CS); their replies go out once their occupation ends. While one is occupied
+        // the iteration counts as work, so an idle strategy never sleeps past a deadline.
+        if let Some(v) = &mut self.virt {
+            if v.take(st) > 0 || v.busy() {
+                work = true;
             }
         }
         work || self.on_events(st)
@@ -808,9 +817,11 @@ impl Runtime {
     }
 
     /// [`Runtime::spawn_msg`] with *virtual* workers: the `cfg.sched.workers` message
-    /// sockets are driven by ONE emulation thread running `handler` (see
-    /// [`VirtualHandler`]), pinned to `cfg.worker_cpus[0]` when [`CoreOptions::pin`].
-    /// For service-time emulation with more workers than CPUs. No timers.
+    /// sockets are advanced by the I/O core itself, in every iteration, running
+    /// `handler` (see [`VirtualHandler`]): one thread in all, no worker threads
+    /// (`cfg.worker_cpus` is not used). For service-time emulation with more workers
+    /// than CPUs; use [`crate::IdleStrategy::BusyPoll`] so that deadlines are noticed
+    /// at once. No timers.
     pub fn spawn_msg_virtual<D, P, FP, H>(
         io: CoreSetup<D>,
         opts: CoreOptions,
@@ -833,24 +844,12 @@ impl Runtime {
             io: msg_io,
             make: make_parser,
         };
-        let (mut rt, stop) = spawn_io(io, opts.clone(), &cfg, MsgTimeouts::NONE, side)?;
-        let spawn = crate::workers::Spawn {
-            name: "r2c-msg-virt",
-            io_index,
-            pin: opts.pin,
-            cpus: &cfg.worker_cpus,
-            slab: opts.slab.clone(),
-        };
-        // `workers::spawn` runs a shared `Fn`: the handler moves in through a cell.
-        let cell = std::sync::Mutex::new(Some(handler));
-        let handles = crate::workers::spawn(&spawn, vec![sockets], move |_, sockets, cache| {
-            let h = cell.lock().ok().and_then(|mut g| g.take());
-            if let Some(h) = h {
-                virtual_loop(sockets, h, Arc::clone(&stop), cache);
-            }
-        })
-        .map_err(|e| spawn_error(io_index, &e))?;
-        rt.add_thread(crate::workers::joiner(handles, || {}));
+        let virt: Box<dyn Emulation> = Box::new(Virtual {
+            pool: VirtualPool::new(sockets),
+            handler,
+            epoch: std::time::Instant::now(),
+        });
+        let (rt, _stop) = spawn_io(io, opts, &cfg, MsgTimeouts::NONE, side, Some(virt))?;
         Ok((rt, MsgWorkers { counters, workers }))
     }
 
@@ -932,24 +931,32 @@ fn spawn_io<D, S>(
     cfg: &MsgConfig,
     timeouts: MsgTimeouts,
     side: S,
+    virt: Option<Box<dyn Emulation>>,
 ) -> Result<(Runtime, Arc<AtomicBool>), RuntimeError>
 where
     D: Device + Send + 'static,
     S: IoSide + Send + 'static,
 {
     // The I/O side moves into the core thread (taken there by the closure, once).
-    let cell = std::sync::Mutex::new(Some(side));
+    let cell = std::sync::Mutex::new(Some((side, virt)));
     let listen = cfg.listen.clone();
-    let rt = Runtime::spawn_with(vec![io], opts, move |_| MsgMode {
-        io: cell.lock().ok().and_then(|mut g| g.take()),
-        closing: HashMap::new(),
-        listen: listen.clone(),
-        unread: HashSet::new(),
-        unsent: HashMap::new(),
-        eof: HashSet::new(),
-        timeouts,
-        clocks: HashMap::new(),
-        last_tick: luna_stack::time::Instant::ZERO,
+    let rt = Runtime::spawn_with(vec![io], opts, move |_| {
+        let (io, virt) = match cell.lock().ok().and_then(|mut g| g.take()) {
+            Some((side, virt)) => (Some(side), virt),
+            None => (None, None),
+        };
+        MsgMode {
+            io,
+            closing: HashMap::new(),
+            listen: listen.clone(),
+            unread: HashSet::new(),
+            unsent: HashMap::new(),
+            eof: HashSet::new(),
+            timeouts,
+            clocks: HashMap::new(),
+            last_tick: luna_stack::time::Instant::ZERO,
+            virt,
+        }
     })?;
     let stop = rt.stop_flag();
     Ok((rt, stop))
@@ -977,7 +984,7 @@ where
     let workers = sockets.len();
     let slab: Option<Slab> = opts.slab.clone();
     let pin = opts.pin;
-    let (mut rt, stop) = spawn_io(io, opts, &cfg, timeouts, side)?;
+    let (mut rt, stop) = spawn_io(io, opts, &cfg, timeouts, side, None)?;
     let spawn = crate::workers::Spawn {
         name: "r2c-msg-worker",
         io_index,

@@ -344,6 +344,13 @@ fn run_with(model: Model, with_garbage: bool, virt: bool) {
             || !bad.lock().unwrap().is_empty()
     });
     assert!(bad.lock().unwrap().is_empty(), "{:?}", bad.lock().unwrap());
+    // The client counts a connection finished when it closes it; the server detaches it
+    // once the FIN has arrived. Stopping before then left one attached on a loaded
+    // machine (detached 7 of 8, a race in the test, not a leak).
+    let conns = CONNS as u64 + u64::from(with_garbage);
+    wait_for("the server to detach every connection", || {
+        workers.counters().detached.load(Ordering::SeqCst) >= conns
+    });
     cli.stop();
     srv.stop();
     cli.join().unwrap();
@@ -354,7 +361,6 @@ fn run_with(model: Model, with_garbage: bool, virt: bool) {
     assert_eq!(f["messages"], total, "{f:?}");
     assert_eq!(f["replies"], total, "{f:?}");
     assert_eq!(f["sequence_errors"], 0);
-    let conns = CONNS as u64 + u64::from(with_garbage);
     assert_eq!((f["attached"], f["detached"]), (conns, conns), "{f:?}");
     assert_eq!(
         c.parse_errors(ParseErrorKind::Malformed),
@@ -366,7 +372,7 @@ fn run_with(model: Model, with_garbage: bool, virt: bool) {
             .lock()
             .unwrap()
             .clone()
-            .expect("emulation thread finished");
+            .expect("the I/O core reported the emulation");
         assert_eq!(
             (st.started, st.ended, st.refused),
             (total, total, 0),

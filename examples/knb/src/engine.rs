@@ -76,6 +76,13 @@ pub struct WorkerSpec {
 /// Open loop: a request whose last byte reached the stack more than this after its
 /// scheduled time was sent behind schedule (counted, as Perséphone's client does).
 pub const BEHIND_SCHEDULE: Duration = Duration::from_micros(10);
+/// Open loop: the client kept its schedule only if at most 1% of the requests of the
+/// window left more than [`BEHIND_SCHEDULE`] late (p99 of the send lag <=
+/// [`BEHIND_SCHEDULE`]); otherwise the round is flagged `client_behind`: its latencies
+/// (from the scheduled times, so they include the client's own lag) say as much about
+/// the client as about the server. `knb sweep --figure slo` applies its own bound,
+/// relative to the SLO.
+pub const CLIENT_BEHIND_QUANTILE: f64 = 0.99;
 /// Open loop: after the end, keep receiving this long (at most) for answers to requests
 /// sent in the window, so the latency of late answers is recorded, not dropped.
 pub const OPEN_LOOP_DRAIN: Duration = Duration::from_millis(500);
@@ -126,6 +133,8 @@ pub struct ClientWorker {
     sent_window: u64,
     behind: u64,
     max_lag_ns: u64,
+    /// Open loop, window: every request's send lag (ns).
+    lag_hist: Histogram<u64>,
     progress: Arc<AtomicU64>,
     error: Option<String>,
     /// Closed loop: connections whose outstanding count dropped since the last tick
@@ -182,6 +191,7 @@ impl ClientWorker {
             sent_window: 0,
             behind: 0,
             max_lag_ns: 0,
+            lag_hist: new_hist(),
             progress,
             error: None,
             refill: (0..n).collect(),
@@ -340,10 +350,11 @@ impl ClientWorker {
             self.wire_tx_window += n as u64;
         }
         let (warm_end, end) = (self.timing.warm_end, self.timing.end);
-        let (sent, behind, max_lag) = (
+        let (sent, behind, max_lag, lags) = (
             &mut self.sent_window,
             &mut self.behind,
             &mut self.max_lag_ns,
+            &mut self.lag_hist,
         );
         self.conns[i].on_sent(n, |t0| {
             if t0 >= warm_end && t0 < end {
@@ -352,7 +363,9 @@ impl ClientWorker {
                 if lag > BEHIND_SCHEDULE {
                     *behind += 1;
                 }
-                *max_lag = (*max_lag).max(lag.as_nanos() as u64);
+                let ns = lag.as_nanos() as u64;
+                *max_lag = (*max_lag).max(ns);
+                let _ = lags.record(ns.clamp(1, MAX_NS));
             }
         });
     }
@@ -472,6 +485,7 @@ impl ClientWorker {
             offered: self.offered,
             dropped: self.dropped,
             honesty,
+            send_lag: self.lag_hist,
             bulk,
             error: self.error,
             extra: Value::Null,
@@ -543,6 +557,8 @@ pub struct ThreadResult {
     pub dropped: u64,
     /// Open loop: honesty counters.
     pub honesty: Honesty,
+    /// Open loop: send lag (scheduled time to hand-over) of the window's requests (ns).
+    pub send_lag: Histogram<u64>,
     /// Bulk counters.
     pub bulk: Option<BulkResult>,
     /// First error.
@@ -565,8 +581,10 @@ pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option
     let mut errors = Vec::new();
     let mut extra = Vec::new();
     let mut hon = Honesty::default();
+    let mut lag = new_hist();
     for r in results {
         hon.add(&r.honesty);
+        let _ = lag.add(&r.send_lag);
         if !r.extra.is_null() {
             extra.push(r.extra);
         }
@@ -659,6 +677,8 @@ pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option
             "behind_schedule": hon.behind_schedule,
             "behind_schedule_threshold_us": BEHIND_SCHEDULE.as_secs_f64() * 1e6,
             "max_send_lag_us": hon.max_send_lag_ns as f64 / 1e3,
+            "send_lag_us": send_lag_json(&lag),
+            "client_behind": client_behind(&lag),
             "sent_not_answered": hon.not_answered,
             "unsent_at_end": hon.unsent,
             "drain_s": OPEN_LOOP_DRAIN.as_secs_f64(),
@@ -671,6 +691,24 @@ pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option
         "errors": errors,
         "client_extra": extra,
     })
+}
+
+/// Send lag quantiles (µs) of the window's requests; null if none was sent.
+fn send_lag_json(lag: &Histogram<u64>) -> Value {
+    if lag.is_empty() {
+        return Value::Null;
+    }
+    let us = |q: f64| lag.value_at_quantile(q) as f64 / 1e3;
+    json!({
+        "p50": us(0.5), "p90": us(0.9), "p99": us(0.99), "p999": us(0.999),
+        "max": lag.max() as f64 / 1e3,
+    })
+}
+
+/// Whether the client fell behind its own schedule ([`CLIENT_BEHIND_QUANTILE`]).
+fn client_behind(lag: &Histogram<u64>) -> bool {
+    !lag.is_empty()
+        && lag.value_at_quantile(CLIENT_BEHIND_QUANTILE) > BEHIND_SCHEDULE.as_nanos() as u64
 }
 
 #[cfg(test)]
@@ -846,6 +884,44 @@ mod tests {
         assert!(o["behind_schedule"].as_u64().unwrap() >= c0 - 1);
         assert!(o["p99_us"].as_f64().unwrap() >= 50_000.0);
         assert_eq!(o["achieved_rps"], answered as f64);
+        // How late: connection 0's requests left at 0.9 s, scheduled over [0, 0.9 s):
+        // the median lag is about 0.45 s, the largest about 0.9 s; the round is flagged.
+        let lag = &o["send_lag_us"];
+        let p50 = lag["p50"].as_f64().unwrap();
+        assert!((300_000.0..600_000.0).contains(&p50), "{lag}");
+        assert!(lag["max"].as_f64().unwrap() >= 800_000.0, "{lag}");
+        assert_eq!(o["client_behind"], true);
+    }
+
+    #[test]
+    fn a_client_on_schedule_is_not_flagged() {
+        let t = Instant::now();
+        let timing = Timing {
+            warm_end: t,
+            end: t + Duration::from_secs(1),
+        };
+        let mut sp = spec(Mode::Rpc, Some(2_000.0));
+        sp.verify = false;
+        let mut w = ClientWorker::new(sp, timing, Arc::new(AtomicU64::new(0)));
+        // Every arrival is handed over 2 us after its scheduled time.
+        while let Some(next) = w.next_arrival().filter(|n| *n < t + Duration::from_secs(1)) {
+            let at = next + Duration::from_micros(2);
+            w.tick(at);
+            for i in 0..2 {
+                let n = w.tx(i).pending().len();
+                if n > 0 {
+                    w.on_sent(i, n, at);
+                }
+            }
+        }
+        let r = w.finish();
+        assert!(r.honesty.sent > 1_000, "{}", r.honesty.sent);
+        assert_eq!(r.honesty.behind_schedule, 0);
+        let v = merge(vec![r], 1.0, Mode::Rpc, Some(2_000.0));
+        let o = &v["open_loop"];
+        assert_eq!(o["client_behind"], false);
+        let p99 = o["send_lag_us"]["p99"].as_f64().unwrap();
+        assert!((1.9..2.1).contains(&p99), "{p99}");
     }
 
     #[test]

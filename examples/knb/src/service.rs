@@ -11,11 +11,13 @@
 //!   timer slack set to 1 ns), then spins the rest, so many workers share few CPUs and the
 //!   occupation is still precise. `timer`: *virtual workers* — the `--workers` message
 //!   sockets (real msgsched workers: CP/CS/MS placement, handoff, stealing unchanged) are
-//!   driven by ONE emulation thread that keeps each occupied worker as a deadline
-//!   ([`msgsched::virt`]; r2c's [`r2c::msg::Runtime::spawn_msg_virtual`]): a worker that
-//!   took a request takes nothing until its deadline, then its reply goes out. Occupancy
-//!   costs no CPU per worker, so 20 workers fit on 2 CPUs. luna (`--server-model
-//!   cp|cs|ms`) only; the kernel baselines keep real threads (spin or sleep).
+//!   advanced by the server's I/O core itself, in each iteration of its busy-polling
+//!   loop, which keeps each occupied worker as a deadline ([`msgsched::virt::VirtualPool`];
+//!   r2c's [`r2c::msg::Runtime::spawn_msg_virtual`]): a worker that took a request takes
+//!   nothing until its deadline, then its reply goes out. Occupancy costs no CPU per
+//!   worker and the server is one thread, so 20 workers fit on one CPU. luna
+//!   (`--server-model cp|cs|ms`) only; the kernel baselines keep real threads (spin or
+//!   sleep).
 //! * `--unordered`, `--server-model cp|cs|pool`, `--workers N`: see [`Emu`].
 
 use std::sync::OnceLock;
@@ -191,8 +193,8 @@ pub enum ServiceMode {
     /// Sleep to the deadline minus a measured margin, then spin the rest (the worker is
     /// occupied but yields the CPU most of the time).
     Sleep,
-    /// Virtual workers: one emulation thread keeps every occupied worker as a deadline
-    /// (luna's message mode only).
+    /// Virtual workers: the I/O core keeps every occupied worker as a deadline (luna's
+    /// message mode only).
     Timer,
 }
 
@@ -244,7 +246,7 @@ pub struct Emu {
     pub service: Option<ServiceSpec>,
     /// How the server occupies a worker for a request's service time: spin (busy CPU),
     /// sleep (sleep to the deadline minus a measured margin, then spin) or timer
-    /// (virtual workers: one thread keeps occupied workers as deadlines; luna
+    /// (virtual workers: the I/O core keeps occupied workers as deadlines; luna
     /// --server-model cp|cs|ms only).
     #[arg(long, value_enum, default_value = "spin")]
     pub service_mode: ServiceMode,
@@ -444,8 +446,8 @@ pub struct CheckArgs {
     /// Pin to this CPU.
     #[arg(long)]
     pub cpu: Option<usize>,
-    /// Timer mode: virtual workers kept busy back to back by the one emulation thread
-    /// (each occupation is one sample).
+    /// Timer mode: virtual workers kept busy back to back by one busy-polling loop, as
+    /// the I/O core drives them (each occupation is one sample).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub virtual_workers: u32,
     /// Also write the result as JSON here.
@@ -523,15 +525,12 @@ pub fn check(a: CheckArgs) -> crate::workload::Res<()> {
     Ok(())
 }
 
-/// Below this distance to the earliest deadline the emulation thread spins, above it it
-/// yields when idle: the same policy as r2c's virtual-worker loop.
-const TIMER_SPIN: Duration = Duration::from_micros(10);
-
 /// Timer mode's emulation error: `workers` virtual workers on this thread, each
 /// occupied for `mean` ns back to back (a freed worker starts its next occupation at
-/// once), driven like r2c's emulation loop ([`msgsched::virt::VirtualWorkers`], spin
-/// near a deadline, yield otherwise); `samples` occupations, each error = achieved −
-/// requested occupancy in ns.
+/// once), driven as r2c's I/O core drives them ([`msgsched::virt::VirtualWorkers`] checked
+/// on every turn of a busy-polling loop, never yielding); `samples` occupations, each
+/// error = achieved − requested occupancy in ns. The loop here does nothing else, so
+/// this is the emulation's floor; in a real run each turn also polls the NIC.
 pub fn timer_errors(mean: u64, samples: usize, workers: usize) -> Vec<i64> {
     let epoch = Instant::now();
     let now = || u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -539,7 +538,6 @@ pub fn timer_errors(mean: u64, samples: usize, workers: usize) -> Vec<i64> {
         msgsched::virt::VirtualWorkers::new(workers.max(1));
     let mut started = 0;
     let mut err = Vec::with_capacity(samples);
-    let spin = TIMER_SPIN.as_nanos() as u64;
     // Stagger the first starts over one mean, as an open-loop arrival stream would.
     let step = mean / vw.len() as u64;
     for w in 0..vw.len().min(samples) {
@@ -558,11 +556,10 @@ pub fn timer_errors(mean: u64, samples: usize, workers: usize) -> Vec<i64> {
             }
         }
         if !work {
-            match vw.next_deadline() {
-                Some(d) if d.saturating_sub(now()) < spin => std::hint::spin_loop(),
-                Some(_) => std::thread::yield_now(),
-                None => break,
+            if vw.next_deadline().is_none() {
+                break;
             }
+            std::hint::spin_loop();
         }
     }
     err

@@ -8,6 +8,12 @@
 //! the offered loads upward; `L` is the highest offered load such that it **and every lower
 //! one** pass (p99 <= SLO and no arrival dropped); the answer is the highest achieved load
 //! among the passing prefix (0 if the lowest fails; flagged `saturated` if all pass).
+//!
+//! A point whose *client* fell behind its own schedule is flagged and does not pass:
+//! latencies are measured from the scheduled send times (no coordinated omission), so a
+//! late client inflates them, and such a point cannot say whether the server met the SLO.
+//! The bound is [`CLIENT_LAG_SLO_FRACTION`] of the SLO on the p99 of the client's send lag
+//! (scheduled time to hand-over to the stack).
 
 use serde_json::{json, Value};
 
@@ -65,6 +71,35 @@ pub struct Point {
     pub p99_us: Option<f64>,
     /// Arrivals dropped (the client had no room).
     pub dropped: u64,
+    /// p99 of the client's send lag (µs), None when not reported.
+    pub client_lag_p99_us: Option<f64>,
+}
+
+/// A point whose client's p99 send lag exceeds this fraction of the SLO is flagged
+/// `client_behind` (module docs).
+pub const CLIENT_LAG_SLO_FRACTION: f64 = 0.05;
+
+impl Point {
+    /// Whether the client fell behind its schedule by more than the SLO allows.
+    pub fn client_behind(&self, slo_us: f64) -> bool {
+        self.client_lag_p99_us
+            .is_some_and(|l| l > CLIENT_LAG_SLO_FRACTION * slo_us)
+    }
+
+    /// Why the point does not pass `slo_us`, or None if it does.
+    pub fn failure(&self, slo_us: f64) -> Option<&'static str> {
+        if self.client_behind(slo_us) {
+            Some("client behind its schedule")
+        } else if self.dropped > 0 {
+            Some("arrivals dropped")
+        } else {
+            match self.p99_us {
+                None => Some("nothing completed"),
+                Some(q) if q > slo_us => Some("p99 above the SLO"),
+                Some(_) => None,
+            }
+        }
+    }
 }
 
 /// Throughput under SLO of measured points.
@@ -76,6 +111,8 @@ pub struct Tus {
     pub saturated: bool,
     /// Offered load of the first failing point.
     pub first_failing: Option<f64>,
+    /// Why it failed ([`Point::failure`]).
+    pub first_failing_reason: Option<&'static str>,
 }
 
 /// Throughput under `slo_us` (module docs).
@@ -84,12 +121,12 @@ pub fn throughput_under_slo(points: &[Point], slo_us: f64) -> Tus {
     p.sort_by(|a, b| a.offered.total_cmp(&b.offered));
     let mut best = 0.0f64;
     for x in &p {
-        let pass = x.dropped == 0 && x.p99_us.is_some_and(|q| q <= slo_us);
-        if !pass {
+        if let Some(why) = x.failure(slo_us) {
             return Tus {
                 load: best,
                 saturated: false,
                 first_failing: Some(x.offered),
+                first_failing_reason: Some(why),
             };
         }
         best = best.max(x.achieved);
@@ -98,6 +135,7 @@ pub fn throughput_under_slo(points: &[Point], slo_us: f64) -> Tus {
         load: best,
         saturated: !p.is_empty(),
         first_failing: None,
+        first_failing_reason: None,
     }
 }
 
@@ -242,6 +280,8 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                         "p999_us": r["latency_us"]["p999"],
                         "dropped_arrivals": o["dropped_arrivals"],
                         "behind_schedule": o["behind_schedule"], "sent": o["sent"],
+                        "client_lag_p99_us": o["send_lag_us"]["p99"],
+                        "client_lag_max_us": o["send_lag_us"]["max"],
                         "sent_not_answered": o["sent_not_answered"],
                         "cpu_client": r["cpu"]["client"]["cores"],
                         "cpu_server": r["cpu"]["server"]["cores"],
@@ -279,7 +319,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
     let mut models = serde_json::Map::new();
     let mut series = Vec::new();
     println!(
-        "{:<5} {:>7} {:>10} {:>10} {:>8} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9}",
+        "{:<5} {:>7} {:>10} {:>10} {:>8} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9}  flag",
         "model",
         "offered",
         "offer/s",
@@ -290,14 +330,25 @@ pub fn run(a: &SweepArgs) -> Res<()> {
         "p99.9 us",
         "dropped",
         "behind",
-        "unanswrd"
+        "unanswrd",
+        "lag99 us"
     );
     for &m in &a.models {
         let mine: Vec<&Value> = rows.iter().filter(|r| r["model"] == m.name()).collect();
-        for r in &mine {
+        let pts: Vec<Point> = mine
+            .iter()
+            .map(|r| Point {
+                offered: r["offered_load"].as_f64().unwrap_or(0.0),
+                achieved: r["achieved_load"].as_f64().unwrap_or(0.0),
+                p99_us: r["p99_us"].as_f64(),
+                dropped: r["dropped_arrivals"].as_u64().unwrap_or(0),
+                client_lag_p99_us: r["client_lag_p99_us"].as_f64(),
+            })
+            .collect();
+        for (r, pt) in mine.iter().zip(&pts) {
             let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
             println!(
-                "{:<5} {:>7.2} {:>10.0} {:>10.0} {:>8.3} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>7} {:>9}",
+                "{:<5} {:>7.2} {:>10.0} {:>10.0} {:>8.3} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>7} {:>9} {:>9.1}  {}",
                 m.name(),
                 f("offered_load"),
                 f("offered_rps"),
@@ -308,18 +359,15 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                 f("p999_us"),
                 r["dropped_arrivals"],
                 r["behind_schedule"],
-                r["sent_not_answered"]
+                r["sent_not_answered"],
+                f("client_lag_p99_us"),
+                if pt.client_behind(slo_us) {
+                    "CLIENT-BEHIND"
+                } else {
+                    ""
+                }
             );
         }
-        let pts: Vec<Point> = mine
-            .iter()
-            .map(|r| Point {
-                offered: r["offered_load"].as_f64().unwrap_or(0.0),
-                achieved: r["achieved_load"].as_f64().unwrap_or(0.0),
-                p99_us: r["p99_us"].as_f64(),
-                dropped: r["dropped_arrivals"].as_u64().unwrap_or(0),
-            })
-            .collect();
         let t = throughput_under_slo(&pts, slo_us);
         let frac = ideal_ms.as_ref().map(|i| t.load / i.load);
         models.insert(
@@ -329,6 +377,12 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                 "throughput_under_slo_rps": t.load * capacity,
                 "saturated": t.saturated,
                 "first_failing_offered_load": t.first_failing,
+                "first_failing_reason": t.first_failing_reason,
+                "client_behind_offered_loads": pts
+                    .iter()
+                    .filter(|p| p.client_behind(slo_us))
+                    .map(|p| p.offered)
+                    .collect::<Vec<f64>>(),
                 "fraction_of_ideal_ms": frac,
             }),
         );
@@ -356,8 +410,15 @@ pub fn run(a: &SweepArgs) -> Res<()> {
             .as_f64()
             .map(|x| format!(", {:.2} of ideal MS", x))
             .unwrap_or_default();
+        let why = match (
+            v["first_failing_offered_load"].as_f64(),
+            v["first_failing_reason"].as_str(),
+        ) {
+            (Some(l), Some(r)) => format!("; first failing offered load {l:.2}: {r}"),
+            _ => String::new(),
+        };
         println!(
-            "throughput under SLO ({slo_us} us): {name} {:.0} RPC/s ({:.3} of capacity{}{f})",
+            "throughput under SLO ({slo_us} us): {name} {:.0} RPC/s ({:.3} of capacity{}{f}){why}",
             t.as_f64().unwrap_or(0.0),
             v["throughput_under_slo_load"].as_f64().unwrap_or(0.0),
             if v["saturated"] == true {
@@ -399,7 +460,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
     let dir = &a.out_dir;
     report::write_file(&dir.join("fig-slo.svg"), &svg::render(&chart))?;
     let mut csv = String::from(
-        "model,offered_load,offered_rps,achieved_rps,achieved_load,p50_us,p99_us,p999_us,dropped_arrivals,behind_schedule,sent_not_answered,cpu_client,cpu_server,loadavg_1m\n",
+        "model,offered_load,offered_rps,achieved_rps,achieved_load,p50_us,p99_us,p999_us,dropped_arrivals,behind_schedule,client_lag_p99_us,sent_not_answered,cpu_client,cpu_server,loadavg_1m\n",
     );
     for r in &rows {
         let cells: Vec<String> = [
@@ -413,6 +474,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
             "p999_us",
             "dropped_arrivals",
             "behind_schedule",
+            "client_lag_p99_us",
             "sent_not_answered",
             "cpu_client",
             "cpu_server",
@@ -434,7 +496,8 @@ pub fn run(a: &SweepArgs) -> Res<()> {
         "service": svc.to_arg(), "service_mode": mode, "workers": a.workers,
         "connections": a.slo_connections, "rpc_size": a.rpc_size,
         "capacity_rps": capacity, "slo_us": slo_us,
-        "definition": "highest achieved load among the offered loads that, with every lower one, have p99 <= SLO and no dropped arrival (msgsched::sim grid rule, no bisection)",
+        "definition": "highest achieved load among the offered loads that, with every lower one, have p99 <= SLO, no dropped arrival and a client on schedule (p99 send lag <= 5% of the SLO) (msgsched::sim grid rule, no bisection)",
+        "client_lag_slo_fraction": CLIENT_LAG_SLO_FRACTION,
         "ideal_ms": ideal_ms,
         "models": models, "notes": notes, "points": rows,
     });
@@ -468,6 +531,7 @@ mod tests {
             achieved,
             p99_us: Some(p99),
             dropped: 0,
+            client_lag_p99_us: Some(3.0),
         }
     }
 
@@ -512,6 +576,32 @@ mod tests {
         d[2].p99_us = None;
         assert_eq!(throughput_under_slo(&d, 1000.0).first_failing, Some(0.2));
         assert_eq!(throughput_under_slo(&[], 1.0).load, 0.0);
+        assert_eq!(
+            throughput_under_slo(&d, 1000.0).first_failing_reason,
+            Some("nothing completed")
+        );
+    }
+
+    #[test]
+    fn a_point_whose_client_was_behind_does_not_pass() {
+        let mut pts = vec![
+            pt(0.1, 0.1, 300.0),
+            pt(0.2, 0.2, 350.0),
+            pt(0.3, 0.3, 400.0),
+        ];
+        // 5% of a 1 ms SLO: 50 us of p99 send lag is allowed, 51 is not, even though the
+        // point's own p99 is under the SLO.
+        pts[1].client_lag_p99_us = Some(50.0);
+        assert!(throughput_under_slo(&pts, 1000.0).saturated);
+        pts[1].client_lag_p99_us = Some(51.0);
+        assert!(pts[1].client_behind(1000.0) && !pts[0].client_behind(1000.0));
+        let t = throughput_under_slo(&pts, 1000.0);
+        assert_eq!(t.load, 0.1);
+        assert_eq!(t.first_failing, Some(0.2));
+        assert_eq!(t.first_failing_reason, Some("client behind its schedule"));
+        // Unknown lag (an older report): not flagged.
+        pts[1].client_lag_p99_us = None;
+        assert!(throughput_under_slo(&pts, 1000.0).saturated);
     }
 
     #[test]

@@ -720,9 +720,14 @@ struct ClientApp {
     touched: Vec<usize>,
     phase: Phase,
     shared: Arc<ClientShared>,
-    /// (std, core clock) at start: maps the core's per-iteration clock to `Instant`s.
+    /// (std, core clock), re-read every [`REANCHOR`] while running: maps the core's
+    /// per-iteration clock to `Instant`s.
     base: (Instant, luna_stack::time::Instant),
 }
+
+/// How often the open-loop client re-reads the std clock against the core's clock
+/// (bounds the gating error to the TSC rate's error over this span: < 1 µs).
+const REANCHOR: Duration = Duration::from_micros(200);
 
 impl ClientApp {
     fn deliver(&mut self, ctx: &mut Ctx<'_>, r: LaneResult) {
@@ -859,8 +864,17 @@ impl InlineApp for ClientApp {
             }
             Phase::Running(wk) => {
                 // The iteration's own clock (read anyway) decides whether there is
-                // anything to do; the precise clock stamps what is issued.
-                let approx = self.base.0 + ctx.now().saturating_duration_since(self.base.1);
+                // anything to do; the precise clock stamps what is issued. The two are
+                // re-anchored every REANCHOR: the EAL's TSC rate is an estimate (DPDK
+                // rounds a measured rate to 10 MHz when the CPU does not report it, up
+                // to 0.25% off), and a core clock running slow by that much, mapped
+                // from one anchor at start, would see each arrival due milliseconds
+                // late after a second — every request sent behind schedule.
+                let core_now = ctx.now();
+                if core_now.saturating_duration_since(self.base.1) > REANCHOR {
+                    self.base = (Instant::now(), core_now);
+                }
+                let approx = self.base.0 + core_now.saturating_duration_since(self.base.1);
                 if !wk.has_work(approx) && !wk.finished(approx) {
                     return;
                 }
@@ -953,7 +967,7 @@ impl r2c::msg::MsgHandler for MsgWorker {
     }
 }
 
-/// Timer mode: the same worker logic on virtual workers (one emulation thread); the
+/// Timer mode: the same worker logic on virtual workers (advanced by the I/O core); the
 /// request's service time occupies the virtual worker, then its reply goes out.
 struct VirtWorker {
     w: MsgWorker,
@@ -979,7 +993,7 @@ impl r2c::msg::VirtualHandler for VirtWorker {
     }
 }
 
-/// What the emulation thread of timer mode did: achieved vs requested occupancy.
+/// What the virtual workers of timer mode did: achieved vs requested occupancy.
 fn virt_json(s: &msgsched::virt::VirtStats) -> Value {
     let us = |ns: u64| ns as f64 / 1e3;
     serde_json::json!({
@@ -1062,6 +1076,30 @@ impl MsgWorker {
     }
 }
 
+/// Messages of one connection the message-mode server lets out to its workers at once:
+/// closed loop, the client's `--iodepth` (it never has more outstanding); open loop
+/// (`--rate`), [`OPEN_LOOP_IN_FLIGHT`]. An open-loop client has any number outstanding
+/// on a connection, and a cap of `--iodepth` (1 in `knb sweep --figure slo`) would serve
+/// each connection one message at a time — CS's rule — under every model, so MS could
+/// never put a second worker on a busy connection.
+fn msg_in_flight(w: &crate::workload::Workload) -> usize {
+    if w.rate.is_some() {
+        OPEN_LOOP_IN_FLIGHT
+    } else {
+        (w.iodepth as usize).clamp(1, MSG_QUEUE_CAPACITY)
+    }
+}
+
+/// Open loop: messages of one connection out at workers at once. Each connection's
+/// staging ring has this many slots, allocated at accept (tens of bytes each, so a
+/// few KB per connection even at 5,000 connections; 1,024 would be tens of MB). At 9,000 RPC/s per connection (180,000 over 20) and a 1 ms
+/// SLO about 9 are in flight; a connection past 64 is overloaded far beyond the SLO, and
+/// its further requests wait in TCP (back pressure, no loss).
+const OPEN_LOOP_IN_FLIGHT: usize = 64;
+
+/// Per-worker FIFO capacity of the message-mode scheduler.
+const MSG_QUEUE_CAPACITY: usize = 1024;
+
 /// The luna server in r2c's message mode (`--server-model cp|cs|ms`): one I/O core runs
 /// the memif port, TCP and knb's parser; `--workers` threads take whole requests through
 /// msgsched's scheduler. Serves `--connections` connections, then returns.
@@ -1104,7 +1142,13 @@ fn serve_msg(
     )?;
     // The I/O core yields when it has nothing to do: its workers may share its CPU (on
     // this 2-CPU machine they must), and a busy-polling I/O core would starve them.
-    opts.idle = IdleStrategy::Yield;
+    // Timer mode has no worker threads (the I/O core advances the virtual workers in
+    // each iteration): it busy-polls, so a deadline is noticed at once.
+    opts.idle = if w.emu.service_mode == crate::service::ServiceMode::Timer {
+        IdleStrategy::BusyPoll
+    } else {
+        IdleStrategy::Yield
+    };
     let ordering = if w.emu.unordered {
         msgsched::parser::Ordering::Unordered
     } else {
@@ -1115,12 +1159,12 @@ fn serve_msg(
         sched: msgsched::sched::SchedConfig {
             model: sched_model,
             workers: w.emu.workers as usize,
-            queue_capacity: 1024,
+            queue_capacity: MSG_QUEUE_CAPACITY,
             seed: 0x6b6e62,
         },
         framer: msgsched::framer::FramerConfig {
             max_message: crate::proto::HDR_LEN + crate::proto::MAX_PAYLOAD as usize,
-            max_in_flight: (w.iodepth as usize).clamp(1, 1024),
+            max_in_flight: msg_in_flight(&w),
         },
         worker_cpus: Vec::new(),
     };

@@ -20,7 +20,9 @@
 # Knobs (environment): PROTOS ("h2 memcached"), SECS (3), REPS (3), PRIOS ("normal,idle":
 #   the attacker at normal priority, then at SCHED_IDLE, which models an attacker on
 #   another host; "nice" = nice 19), H2_PHASES / MC_PHASES (comma lists, default: every
-#   attack), PIN (1: driver and attackers on CPU 1; 0: unpinned), MIN_SAMPLES (1000 per
+#   attack), PIN (1: driver and attackers on CPU 1; 0: unpinned), SPIN (0; 1: a SCHED_IDLE
+#   busy loop on the driver's CPU through every phase, so it never idles; docs/reliability.md,
+#   "Finding: an idle client CPU"), MIN_SAMPLES (1000 per
 #   baseline), SPREAD_MAX (1.5), MODEL (ms), WORKERS (3), MAX_ATTACKS (10000 per phase),
 #   PROFILE (release), OUT (a new /tmp/attack-proto.XXXXXX): results go to
 #   OUT/{h2,memcached}.{json,md}.
@@ -34,6 +36,7 @@ PROTOS=${PROTOS:-"h2 memcached"}
 SECS=${SECS:-3}
 REPS=${REPS:-3}
 PIN=${PIN:-1}
+SPIN=${SPIN:-0}
 MIN_SAMPLES=${MIN_SAMPLES:-1000}
 SPREAD_MAX=${SPREAD_MAX:-1.5}
 PRIOS=${PRIOS:-normal,idle}
@@ -106,7 +109,7 @@ for proto in $PROTOS; do
         [ -e "$OUT/h2.ready" ] || { echo "luna-h2 did not start" >&2; cat "$OUT/h2.out" >&2; exit 1; }
         ARGS=(--secs "$SECS" --prios "$PRIOS" --max-attacks "$MAX_ATTACKS" --reps "$REPS"
             --pin-cpu "$PINCPU" --server-pids "$(server_pids "$SRV")" --min-samples "$MIN_SAMPLES"
-            --spread-max "$SPREAD_MAX")
+            --spread-max "$SPREAD_MAX" --spin "$SPIN" --timer-wait 5)
         [ -n "$H2_PHASES" ] && ARGS+=(--phases "$H2_PHASES")
         timeout "$N" ip netns exec "$NS" "$PY" "$DRIVER" h2 "$IP" 8080 "$OUT/h2.stats" \
             "$OUT/h2.json" "$OUT/h2.md" "${ARGS[@]}" | tee "$OUT/h2.txt" || RC=1
@@ -128,7 +131,7 @@ for proto in $PROTOS; do
         [ -n "$KNS" ] || { echo "luna-kv did not start" >&2; cat "$OUT/kv.out" >&2; exit 1; }
         ARGS=(--secs "$SECS" --prios "$PRIOS" --max-attacks "$MAX_ATTACKS" --reps "$REPS"
             --pin-cpu "$PINCPU" --server-pids "$(server_pids "$KV")" --min-samples "$MIN_SAMPLES"
-            --spread-max "$SPREAD_MAX")
+            --spread-max "$SPREAD_MAX" --spin "$SPIN")
         [ -n "$MC_PHASES" ] && ARGS+=(--phases "$MC_PHASES")
         timeout "$N" ip netns exec "$KNS" "$PY" "$DRIVER" memcached "$KIP" 11211 \
             "$OUT/memcached.stats" "$OUT/memcached.json" "$OUT/memcached.md" "${ARGS[@]}" \

@@ -16,7 +16,9 @@ attack (p99 against its neighbouring baselines: "within 2x", "not within 2x" or
 "inconclusive (...)"). Environment: LUNA_ATTACK_PIN (default 1: this process, the
 legitimate client and the sniffer on CPU 1; 0: unpinned), LUNA_ATTACK_NICE (idle or a
 nice value, the attacker only), LUNA_ATTACK_MIN_SAMPLES (1000), LUNA_ATTACK_SPREAD_MAX
-(1.5), LUNA_ATTACK_SERVER_PID (the server, for its CPU time and affinity).
+(1.5), LUNA_ATTACK_SERVER_PID (the server, for its CPU time and affinity),
+LUNA_ATTACK_SPIN (0; 1: a SCHED_IDLE busy loop on the attacker's CPU through every phase,
+so that CPU never idles in a baseline either; docs/reliability.md).
 Writes OUT_JSON (per phase: RPCs, p50/p99 latency, packets sent, replies seen, CPU
 seconds by process; with --reps the per-attack summary), then creates STOP_FILE so the
 server ends. Exit status 0 when the legitimate connection survived every phase with every
@@ -668,10 +670,26 @@ def main():
     min_samples = env_num("LUNA_ATTACK_MIN_SAMPLES", interleave.MIN_SAMPLES, int)
     spread_max = env_num("LUNA_ATTACK_SPREAD_MAX", interleave.SPREAD_MAX)
     sched = attacker_scheduling()
+    spinner = None
+    if os.environ.get("LUNA_ATTACK_SPIN", "0") == "1":
+        # On this process's CPU (1 when pinned), bounded by the whole run's length.
+        spinner = interleave.start_spinner(sys.executable, len(steps) * (secs * 4 + 10) + 60)
+        sched["spinner"] = "SCHED_IDLE busy loop on the attacker's CPU"
+    try:
+        run(ip, port, iface, secs, out, stop, reps, steps, min_samples, spread_max, sched, spinner)
+    finally:
+        if spinner:
+            spinner.kill()
+            spinner.wait()
+
+
+def run(ip, port, iface, secs, out, stop, reps, steps, min_samples, spread_max, sched, spinner):
     legit = Legit(ip, port)
     sched.update(attacker_priority())
     c = Ctx(ip, port, iface, secs, legit)
     cpu = CpuMeter(legit.p.pid)
+    if spinner:
+        cpu.pids["spinner"] = spinner.pid
     c.sniffer.start()
     time.sleep(0.5)
     # What pinning was in effect (every thread: scapy's sniffer started above).

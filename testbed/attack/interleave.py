@@ -77,6 +77,22 @@ def proc_cpu(pid):
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+SPIN_CODE = "import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.time() < end:\n    pass\n"
+
+
+def start_spinner(python, secs):
+    """A SCHED_IDLE busy loop on this process's CPUs for at most `secs` (it ends itself):
+    the CPU it runs on never goes idle, so a client there is woken as fast in a baseline as
+    when an attacker keeps that CPU busy, and it takes only CPU nobody else wants. Returns
+    the Popen (kill it when done)."""
+    import subprocess
+
+    def idle():
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+    return subprocess.Popen([python, "-c", SPIN_CODE, str(secs)], preexec_fn=idle)
+
+
 def _r(x, nd=2):
     return None if x is None else round(x, nd)
 

@@ -118,7 +118,13 @@ GOOD_BODY = b"hello from luna over HTTP/2\n"
 
 
 # ---------------------------------------------------------------- attacker process
-def attacker(kind, host, port, attack, secs, limit):
+# HTTP/2 attacks answered only when one of the server's timers fires (luna-h2 runs with
+# --idle-timeout 3 --send-timeout 3): the attacker waits at least --timer-wait seconds
+# for the answer, even past the phase's end, so short phases still see the defence.
+TIMER_ATTACKS = {"zero_window", "idle"}
+
+
+def attacker(kind, host, port, attack, secs, limit, timer_wait=5.0):
     """Repeats `attack` on new connections until `secs` pass or `limit` runs; one JSON
     line: runs, frames/bytes sent (HTTP/2), GOAWAY codes seen, closes, failures."""
     end = time.time() + secs
@@ -128,7 +134,10 @@ def attacker(kind, host, port, attack, secs, limit):
 
         while time.time() < end - 0.05 and out["runs"] < limit:
             try:
-                r = attacks.run(host, port, attack, wait=min(20.0, max(end - time.time(), 0.1)))
+                wait = max(end - time.time(), 0.1)
+                if attack in TIMER_ATTACKS:
+                    wait = max(wait, timer_wait)
+                r = attacks.run(host, port, attack, wait=min(20.0, wait))
             except OSError as e:
                 out["failed"] += 1
                 out["fail"] = repr(e)
@@ -321,13 +330,13 @@ def set_prio(prio):
     return f
 
 
-def run_attacker(kind, host, port, attack, secs, limit, prio):
+def run_attacker(kind, host, port, attack, secs, limit, prio, timer_wait):
     """The attacker process at `prio`; (its JSON result, CPU seconds, wall seconds)."""
     t0 = time.time()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "attacker", kind, host, str(port), attack,
-         str(secs), str(limit)],
+         str(secs), str(limit), str(timer_wait)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         preexec_fn=set_prio(prio),
@@ -353,13 +362,15 @@ def run_attacker(kind, host, port, attack, secs, limit, prio):
 def main():
     if sys.argv[1] == "attacker":
         kind, host, port, attack, secs, limit = sys.argv[2:8]
-        attacker(kind, host, int(port), attack, float(secs), int(limit))
+        timer_wait = float(sys.argv[8]) if len(sys.argv) > 8 else 5.0
+        attacker(kind, host, int(port), attack, float(secs), int(limit), timer_wait)
         return 0
     kind, host, port, stats, out_json, out_md = sys.argv[1:7]
     port = int(port)
     opts = {"--secs": "5", "--prios": "normal,idle", "--phases": "", "--max-attacks": "10000",
             "--pause-ms": "1", "--warmup": "2", "--reps": "3", "--pin-cpu": "1", "--server-pids": "",
-            "--min-samples": str(interleave.MIN_SAMPLES), "--spread-max": str(interleave.SPREAD_MAX)}
+            "--min-samples": str(interleave.MIN_SAMPLES), "--spread-max": str(interleave.SPREAD_MAX),
+            "--timer-wait": "5", "--spin": "0"}
     rest = sys.argv[7:]
     while rest:
         k = rest.pop(0)
@@ -392,6 +403,26 @@ def main():
             os.sched_setaffinity(0, {cpu})
             sched["pinned_cpu"] = cpu
 
+    timer_wait = float(opts["--timer-wait"])
+    if opts["--spin"] not in ("0", "1"):
+        raise SystemExit("--spin: 0 or 1")
+    spinner = None
+    if opts["--spin"] == "1":
+        # Bounded: at most the whole plan's length (plus slack); killed at the end.
+        n = 2 * reps * len(attacks) * len(prios) + 1
+        spinner = interleave.start_spinner(sys.executable, n * (secs + 30) + 60)
+        sched["spinner"] = "SCHED_IDLE busy loop on the driver's CPU"
+    try:
+        return run_plan(kind, host, port, stats, out_json, out_md, opts, secs, prios, attacks, limit, reps,
+                        min_samples, spread_max, server_pids, sched, timer_wait, spinner)
+    finally:
+        if spinner:
+            spinner.kill()
+            spinner.wait()
+
+
+def run_plan(kind, host, port, stats, out_json, out_md, opts, secs, prios, attacks, limit, reps,
+             min_samples, spread_max, server_pids, sched, timer_wait, spinner):
     # Wait for the server (bounded), then start the good client.
     end = time.time() + 30
     while True:
@@ -425,14 +456,16 @@ def main():
         before = read_stats(stats)
         k0 = kernel_tcp()
         s0, g0 = server_cpu(), self_cpu()
+        sp0 = interleave.proc_cpu(spinner.pid) if spinner else None
         t0 = time.time()
         if attack is None:
             time.sleep(secs)
             att, cpu, wall = None, 0.0, secs
         else:
-            att, cpu, wall = run_attacker(kind, host, port, attack, secs, limit, prio)
+            att, cpu, wall = run_attacker(kind, host, port, attack, secs, limit, prio, timer_wait)
         t1 = time.time()
         s1, g1 = server_cpu(), self_cpu()
+        sp1 = interleave.proc_cpu(spinner.pid) if spinner else None
         time.sleep(0.3)  # the server rewrites its stats file every 250 ms
         after = read_stats(stats)
         k1 = kernel_tcp()
@@ -458,6 +491,7 @@ def main():
             "attacker_cpu_share": round(cpu / wall, 3) if wall > 0 else None,
             "server_cpu_s": None if s0 is None or s1 is None else round(s1 - s0, 3),
             "good_client_cpu_s": round(g1 - g0, 3),
+            "spinner_cpu_s": None if sp0 is None or sp1 is None else round(sp1 - sp0, 3),
             "defence_counter": DEFENCE.get(attack) if attack else None,
             "defence_delta": delta.get(DEFENCE.get(attack), 0) if attack else None,
             "server_delta": delta,

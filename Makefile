@@ -89,7 +89,8 @@ interop: setup
 # ATTACK_SERVER=kernel: the same against the kernel's TCP (veth topology, SYN cookies
 # forced), the control. Attacker, client and sniffer are pinned to CPU 1 by default
 # (luna's poller: CPU 0; LUNA_ATTACK_PIN=0 unpins), LUNA_ATTACK_NICE=idle runs the
-# attacker at SCHED_IDLE; LUNA_ATTACK_REPS=0 is the earlier sequential run.
+# attacker at SCHED_IDLE, LUNA_ATTACK_SPIN=1 keeps CPU 1 from idling (a SCHED_IDLE spinner);
+# LUNA_ATTACK_REPS=0 is the earlier sequential run.
 attack: setup
 	$(CARGO) test -p r2c --test dpdk_runtime -- --ignored --exact tap_attack_full --nocapture
 
@@ -97,7 +98,8 @@ attack: setup
 # protocol attacks"): luna-h2 and luna-kv over tap, a checked good client through every
 # phase, each HTTP/2 / memcached attack at each attacker priority (normal, SCHED_IDLE)
 # between two baselines of its own, REPS (3) times, SECS (3) s phases, driver and attackers
-# on CPU 1; a p99 verdict per attack. About 11 minutes. A benchmark (verdicts reported,
+# on CPU 1 (SPIN=1: a SCHED_IDLE spinner keeps that CPU from idling); a p99 verdict per
+# attack. About 12 minutes. A benchmark (verdicts reported,
 # fails only on behaviour); `r2c/tests/attack_bench.sh tiny` checks it runs.
 attack-proto: setup
 	r2c/tests/attack_bench.sh

@@ -671,7 +671,10 @@ def main():
     spread_max = env_num("LUNA_ATTACK_SPREAD_MAX", interleave.SPREAD_MAX)
     sched = attacker_scheduling()
     spinner = None
-    if os.environ.get("LUNA_ATTACK_SPIN", "0") == "1":
+    spin = os.environ.get("LUNA_ATTACK_SPIN", "0")
+    if spin not in ("0", "1"):
+        raise SystemExit(f"LUNA_ATTACK_SPIN={spin!r}: 0 (the default) or 1 (a SCHED_IDLE spinner on CPU 1)")
+    if spin == "1":
         # On this process's CPU (1 when pinned), bounded by the whole run's length.
         spinner = interleave.start_spinner(sys.executable, len(steps) * (secs * 4 + 10) + 60)
         sched["spinner"] = "SCHED_IDLE busy loop on the attacker's CPU"

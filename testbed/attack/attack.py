@@ -71,6 +71,11 @@ ALL_PHASES = [
     "paws",
     "baseline_after",
 ]
+# A phase in which the server's threads waited for a CPU at least STARVED_WAIT of the
+# time, or the server ran less than STARVED_CPU of it, was starved by the machine (see
+# run(): a phase without RPCs is then not a failure if the next one has some).
+STARVED_WAIT = 0.5
+STARVED_CPU = 0.05
 # The attacks (what --reps interleaves with baselines).
 ALL_ATTACKS = [p for p in ALL_PHASES if not p.startswith("baseline")]
 
@@ -216,12 +221,22 @@ class CpuMeter:
         r = {"attacker": t.user + t.system}
         for k, pid in self.pids.items():
             r[k] = proc_cpu(pid)
+        if "server" in self.pids:
+            # How long the server's threads waited for a CPU (per phase: the longest of
+            # them; a busy poller that waits was starved by the machine, not stalled).
+            r["server_runqueue_wait"] = interleave.runqueue_wait(self.pids["server"])
         r["machine_busy"], r["machine_softirq"], r["machine_idle"] = machine_cpu()
         return r
 
     @staticmethod
     def delta(a, b):
-        return {k: (None if a[k] is None or b[k] is None else round(b[k] - a[k], 3)) for k in a}
+        out = {}
+        for k in a:
+            if k == "server_runqueue_wait":
+                out[k] = interleave.runqueue_wait_delta(a[k], b[k])
+            else:
+                out[k] = None if a[k] is None or b[k] is None else round(b[k] - a[k], 3)
+        return out
 
 
 def pct(v, q):
@@ -729,8 +744,26 @@ def run(ip, port, iface, secs, out, stop, reps, steps, min_samples, spread_max, 
                   "p50_us": None if not lat else round(pct(lat, 0.5) * 1e6, 1),
                   "p99_us": None if not lat else round(pct(lat, 0.99) * 1e6, 1),
                   "legit_alive": not c.legit.errors})
+    for i, r in enumerate(results):
         r["failure"] = r["error"] or (None if r["rpcs"] else "no legitimate RPC in the phase")
-    ok = ok and not c.legit.errors and all(p["rpcs"] > 0 for p in results)
+        # A phase without an RPC because the machine did not run the server says nothing
+        # about the connection. Seen on the busy shared VM: 1 s phases in which luna's
+        # busy-polling server got 0.00-0.01 CPU-s (and the client 0.00), once with its
+        # threads runnable but waiting, once with the wait only accounted in the next phase.
+        # Excused only when the server ran less than STARVED_CPU of the phase or waited for
+        # a CPU at least STARVED_WAIT of it, and the next phase has RPCs again (the
+        # connection carried traffic after the attack). Reported as `starved`, never hidden;
+        # a luna that spins stuck uses its CPU and is not excused.
+        nxt = results[i + 1] if i + 1 < len(results) else None
+        cs = r["cpu_s"] or {}
+        wait, srv = cs.get("server_runqueue_wait"), cs.get("server")
+        starved = (wait is not None and wait >= STARVED_WAIT * r["seconds"]) or (
+            srv is not None and srv < STARVED_CPU * r["seconds"])
+        if not r["error"] and not r["rpcs"] and starved and nxt is not None and nxt["rpcs"] > 0:
+            r["failure"] = None
+            r["starved"] = (f"no RPC: the server ran {srv} CPU-s and waited up to {wait} s for a CPU in "
+                            f"{r['seconds']} s; {nxt['rpcs']} RPCs in the next phase")
+    ok = ok and not c.legit.errors and not any(p["failure"] for p in results)
     doc = {"phases": results, "legit_errors": c.legit.errors, "ok": ok, "scheduling": sched,
            "server": os.environ.get("LUNA_ATTACK_SERVER_KIND", "luna"), "phase_seconds": secs,
            "reps": reps}

@@ -77,6 +77,29 @@ def proc_cpu(pid):
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def runqueue_wait(pid):
+    """{thread id: seconds it has spent runnable but waiting for a CPU so far} over the
+    threads of `pid` (the second field of /proc/PID/task/TID/schedstat), or None."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            out[tid] = int(open(f"/proc/{pid}/task/{tid}/schedstat").read().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            continue
+    return out or None
+
+
+def runqueue_wait_delta(a, b):
+    """The longest any one thread waited between two runqueue_wait readings (seconds)."""
+    if not a or not b:
+        return None
+    return round(max(b[t] - a.get(t, 0.0) for t in b), 3)
+
+
 SPIN_CODE = "import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.time() < end:\n    pass\n"
 
 

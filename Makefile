@@ -24,8 +24,8 @@ help:
 	@echo "make build          cargo build --workspace --all-targets"
 	@echo "make test           setup, then: $(TEST_SUITES) (root)"
 	@echo "make interop        setup, then the full-size kernel interop run (docs/interop.md; root)"
-	@echo "make attack         setup, then the attack suite against a luna server over tap (docs/reliability.md; root)"
-	@echo "make attack-proto   setup, then the good client's p50/p99/p99.9 under each HTTP/2 and memcached attack, attacker at normal and idle priority (r2c/tests/attack_bench.sh; docs/reliability.md; root, quiet machine)"
+	@echo "make attack         setup, then the attack suite against a luna server over tap, a p99 verdict per attack against interleaved baselines (docs/reliability.md; root, quiet machine)"
+	@echo "make attack-proto   setup, then the good client's p50/p99/p99.9 under each HTTP/2 and memcached attack against interleaved baselines, attacker at normal and idle priority, a verdict per attack (r2c/tests/attack_bench.sh; docs/reliability.md; root, quiet machine)"
 	@echo "make soak           setup, then the full soak: 10 GiB + 10 M RPCs luna<->luna, a kernel share over tap (docs/reliability.md; root)"
 	@echo "make lint           rustfmt check + clippy -D warnings"
 	@echo "make demo           setup, then knb compare: luna vs kernel vs smoltcp vs raw, 4 KiB RPCs (root)"
@@ -82,18 +82,25 @@ interop: setup
 	$(CARGO) test -p r2c --test interop_kernel -- --ignored --exact lio_kernel_interop_full --nocapture
 
 # Attack suite (docs/reliability.md): scapy from the tap's kernel namespace against a luna
-# server while a legitimate client keeps doing RPCs; 13 phases of 5 s, about 70 s. A
-# reduced run (7 phases of 1 s) is part of `make test`. ATTACK_SERVER=kernel: the same
-# phases against the kernel's TCP (veth topology, SYN cookies forced), the control;
-# LUNA_ATTACK_PIN=1 pins attacker and client to CPU 1, LUNA_ATTACK_NICE=idle runs the
-# attacker at SCHED_IDLE (docs/reliability.md, "Where the flood's cost goes").
+# server while a legitimate client keeps doing RPCs; each of the 11 attacks between two
+# baselines of its own, LUNA_ATTACK_REPS (3) times, phases of LUNA_ATTACK_SECS (3) s: 67
+# phases, about 3.5 min; a p99 verdict per attack ("Interleaved baselines and the
+# verdict"). A reduced run (6 attacks, 1 repetition of 1 s phases) is part of `make test`.
+# ATTACK_SERVER=kernel: the same against the kernel's TCP (veth topology, SYN cookies
+# forced), the control. Attacker, client and sniffer are pinned to CPU 1 by default
+# (luna's poller: CPU 0; LUNA_ATTACK_PIN=0 unpins), LUNA_ATTACK_NICE=idle runs the
+# attacker at SCHED_IDLE, LUNA_ATTACK_SPIN=1 keeps CPU 1 from idling (a SCHED_IDLE spinner);
+# LUNA_ATTACK_REPS=0 is the earlier sequential run.
 attack: setup
 	$(CARGO) test -p r2c --test dpdk_runtime -- --ignored --exact tap_attack_full --nocapture
 
 # Protocol attacks, the timing side (docs/reliability.md, "The good client's p99 under
 # protocol attacks"): luna-h2 and luna-kv over tap, a checked good client through every
-# phase, each HTTP/2 / memcached attack in its own phase, the attacker at normal priority
-# and at SCHED_IDLE. A benchmark (reports, never fails on a number); `tiny` checks it runs.
+# phase, each HTTP/2 / memcached attack at each attacker priority (normal, SCHED_IDLE)
+# between two baselines of its own, REPS (3) times, SECS (3) s phases, driver and attackers
+# on CPU 1 (SPIN=1: a SCHED_IDLE spinner keeps that CPU from idling); a p99 verdict per
+# attack. About 12 minutes. A benchmark (verdicts reported,
+# fails only on behaviour); `r2c/tests/attack_bench.sh tiny` checks it runs.
 attack-proto: setup
 	r2c/tests/attack_bench.sh
 

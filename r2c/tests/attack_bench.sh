@@ -2,27 +2,43 @@
 # Protocol-attack benchmark (`make attack-proto`; docs/reliability.md, "The good client's
 # p99 under protocol attacks"; never in `make test`): luna-h2 and luna-kv over tap, a
 # well-behaved kernel client doing checked requests through every phase, and in phases of
-# SECS seconds: baseline, each HTTP/2 / memcached attack (tests/h2/attacks.py,
-# tests/memcached/attack.py, repeated on new connections) once per attacker priority,
-# then baseline again. Per phase: good requests, errors, p50/p99/p99.9, p99/baseline,
-# the attacker's runs, frames and CPU time, the server's defence counter. The driver is
-# tests/bench/attack_bench.py; this script builds, brings the servers up and down.
+# SECS seconds: REPS repetitions of (baseline, attack) for each HTTP/2 / memcached attack
+# (tests/h2/attacks.py, tests/memcached/attack.py, repeated on new connections) at each
+# attacker priority, then a last baseline: every attack phase between two baselines of its
+# own (testbed/attack/interleave.py). Per phase: good requests, errors, p50/p99/p99.9, p99
+# against the neighbouring baselines, the attacker's runs, frames, CPU seconds of the
+# attacker / good client / server, the server's defence counter. Per attack: the median
+# ratio over REPS, its range, and a verdict (within 2x / not within 2x / inconclusive).
+# The driver is tests/bench/attack_bench.py; this script builds, brings the servers up and
+# down. Pinning (PIN=1, the default): luna's process stays on CPU 0 (EAL lcore 0, which its
+# I/O core and workers inherit), the driver (good client) and every attacker on CPU 1.
 #
 # Usage: sudo r2c/tests/attack_bench.sh [tiny]
-#   tiny: one HTTP/2 and one memcached attack, 1 s phases, normal priority, a debug build:
-#   checks the script works end to end (numbers from it mean nothing).
-# Knobs (environment): PROTOS ("h2 memcached"), SECS (5), PRIOS ("normal,idle": the
-#   attacker at normal priority, then at SCHED_IDLE, which models an attacker on another
-#   host; "nice" = nice 19), H2_PHASES / MC_PHASES (comma lists, default: every attack),
-#   MODEL (ms), WORKERS (3), MAX_ATTACKS (10000 per phase), PROFILE (release),
-#   OUT (a new /tmp/attack-proto.XXXXXX): results go to OUT/{h2,memcached}.{json,md}.
+#   tiny: one HTTP/2 and one memcached attack, 1 repetition of 1 s phases, normal
+#   priority, a debug build: checks the script works end to end (numbers from it mean
+#   nothing).
+# Knobs (environment): PROTOS ("h2 memcached"), SECS (3), REPS (3), PRIOS ("normal,idle":
+#   the attacker at normal priority, then at SCHED_IDLE, which models an attacker on
+#   another host; "nice" = nice 19), H2_PHASES / MC_PHASES (comma lists, default: every
+#   attack), PIN (1: driver and attackers on CPU 1; 0: unpinned), SPIN (0; 1: a SCHED_IDLE
+#   busy loop on the driver's CPU through every phase, so it never idles; docs/reliability.md,
+#   "Finding: an idle client CPU"), MIN_SAMPLES (1000 per
+#   baseline), SPREAD_MAX (1.5), MODEL (ms), WORKERS (3), MAX_ATTACKS (10000 per phase),
+#   PROFILE (release), OUT (a new /tmp/attack-proto.XXXXXX): results go to
+#   OUT/{h2,memcached}.{json,md}.
 # Exit status 0 when every phase's good client saw no error and every attack raised its
-# defence counter. Bounded: every phase SECS (+ one attack's wait), servers --secs.
+# defence counter with no attacker failure (latency verdicts never change it). Bounded:
+# every phase SECS (+ one attack's wait), servers --secs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 PROTOS=${PROTOS:-"h2 memcached"}
-SECS=${SECS:-5}
+SECS=${SECS:-3}
+REPS=${REPS:-3}
+PIN=${PIN:-1}
+SPIN=${SPIN:-0}
+MIN_SAMPLES=${MIN_SAMPLES:-1000}
+SPREAD_MAX=${SPREAD_MAX:-1.5}
 PRIOS=${PRIOS:-normal,idle}
 H2_PHASES=${H2_PHASES:-}
 MC_PHASES=${MC_PHASES:-}
@@ -32,8 +48,13 @@ MAX_ATTACKS=${MAX_ATTACKS:-10000}
 PROFILE=${PROFILE:-release}
 if [ "${1:-}" = tiny ]; then
     PROFILE=${PROFILE_TINY:-debug}
-    SECS=1 PRIOS=normal H2_PHASES=rapid_reset MC_PHASES=bin_bodylen_underflow
+    SECS=1 REPS=1 PRIOS=normal H2_PHASES=rapid_reset MC_PHASES=bin_bodylen_underflow
 fi
+case $PIN in
+1) PINCPU=1 ;;
+0) PINCPU=none ;;
+*) echo "PIN=$PIN: 1 (driver and attackers on CPU 1) or 0" >&2; exit 2 ;;
+esac
 T=${CARGO_TARGET_DIR:-$ROOT/target}
 if [ "$PROFILE" = release ]; then REL=--release; else REL=; fi
 cargo build $REL -q -p testbed --bin testbed
@@ -58,9 +79,14 @@ stop_srv() { # stop_srv STOPFILE PID
     for _ in $(seq 600); do kill -0 "$2" 2>/dev/null || return 0; sleep 0.1; done
     kill "$2" 2>/dev/null || true
 }
-phases_n() { # phases_n LIST DEFAULT_N: how many attack phases (for the time bound)
+phases_n() { # phases_n LIST DEFAULT_N: how many attacks (for the time bound)
     if [ -n "$1" ]; then tr ',' '\n' <<<"$1" | grep -c . ; else echo "$2"; fi
 }
+descendants() { # descendants PID: PID and every process below it (the server's re-exec)
+    echo "$1"
+    for c in $(pgrep -P "$1" || true); do descendants "$c"; done
+}
+server_pids() { descendants "$1" | paste -sd, -; }
 NPRIO=$(tr ',' '\n' <<<"$PRIOS" | grep -c .)
 RC=0
 
@@ -71,7 +97,7 @@ for proto in $PROTOS; do
         NS=$(sed -n 's/^tap: namespace \([^ ]*\).*/\1/p' "$OUT/up.txt")
         IP=$(sed -n 's/^  dpdk: \([0-9.]*\) .*/\1/p' "$OUT/up.txt")
         [ -n "$NS" ] && [ -n "$IP" ] || { cat "$OUT/up.txt"; echo "no tap topology" >&2; exit 1; }
-        N=$(( ($(phases_n "$H2_PHASES" 9) * NPRIO + 2) * PHASE_MAX + 60 ))
+        N=$(( (2 * REPS * $(phases_n "$H2_PHASES" 9) * NPRIO + 1) * PHASE_MAX + 60 ))
         rm -f "$OUT/h2.stop" "$OUT/h2.ready" "$OUT/h2.stats"
         # Short timers so the zero-window slow read is ended within a phase (as the test).
         "$B/examples/luna-h2" --prefix "$PFX" --port 8080 --model "$MODEL" --workers "$WORKERS" \
@@ -81,7 +107,9 @@ for proto in $PROTOS; do
         PIDS+=("$SRV")
         for _ in $(seq 600); do [ -e "$OUT/h2.ready" ] && break; sleep 0.1; done
         [ -e "$OUT/h2.ready" ] || { echo "luna-h2 did not start" >&2; cat "$OUT/h2.out" >&2; exit 1; }
-        ARGS=(--secs "$SECS" --prios "$PRIOS" --max-attacks "$MAX_ATTACKS")
+        ARGS=(--secs "$SECS" --prios "$PRIOS" --max-attacks "$MAX_ATTACKS" --reps "$REPS"
+            --pin-cpu "$PINCPU" --server-pids "$(server_pids "$SRV")" --min-samples "$MIN_SAMPLES"
+            --spread-max "$SPREAD_MAX" --spin "$SPIN" --timer-wait 5)
         [ -n "$H2_PHASES" ] && ARGS+=(--phases "$H2_PHASES")
         timeout "$N" ip netns exec "$NS" "$PY" "$DRIVER" h2 "$IP" 8080 "$OUT/h2.stats" \
             "$OUT/h2.json" "$OUT/h2.md" "${ARGS[@]}" | tee "$OUT/h2.txt" || RC=1
@@ -90,7 +118,7 @@ for proto in $PROTOS; do
         "$B/testbed" down tap --prefix "$PFX" >/dev/null 2>&1 || true
         ;;
     memcached)
-        N=$(( ($(phases_n "$MC_PHASES" 8) * NPRIO + 2) * PHASE_MAX + 60 ))
+        N=$(( (2 * REPS * $(phases_n "$MC_PHASES" 8) * NPRIO + 1) * PHASE_MAX + 60 ))
         # luna-kv brings up its own tap topology (prefix $KPFX) and prints it.
         "$B/examples/luna-kv" --prefix "$KPFX" --model "$MODEL" --workers "$WORKERS" \
             --duration "$N" --stats-file "$OUT/memcached.stats" >"$OUT/kv.out" 2>&1 &
@@ -101,7 +129,9 @@ for proto in $PROTOS; do
         KIP=$(sed -n 's/.* -h \([0-9.]*\) -p .*/\1/p' "$OUT/kv.out")
         KSTOP=$(sed -n 's/^stop: touch //p' "$OUT/kv.out")
         [ -n "$KNS" ] || { echo "luna-kv did not start" >&2; cat "$OUT/kv.out" >&2; exit 1; }
-        ARGS=(--secs "$SECS" --prios "$PRIOS" --max-attacks "$MAX_ATTACKS")
+        ARGS=(--secs "$SECS" --prios "$PRIOS" --max-attacks "$MAX_ATTACKS" --reps "$REPS"
+            --pin-cpu "$PINCPU" --server-pids "$(server_pids "$KV")" --min-samples "$MIN_SAMPLES"
+            --spread-max "$SPREAD_MAX" --spin "$SPIN")
         [ -n "$MC_PHASES" ] && ARGS+=(--phases "$MC_PHASES")
         timeout "$N" ip netns exec "$KNS" "$PY" "$DRIVER" memcached "$KIP" 11211 \
             "$OUT/memcached.stats" "$OUT/memcached.json" "$OUT/memcached.md" "${ARGS[@]}" \
@@ -115,5 +145,5 @@ for proto in $PROTOS; do
         ;;
     esac
 done
-echo "results: $OUT (model $MODEL, $WORKERS workers, $SECS s phases, attacker priorities $PRIOS, $PROFILE build)"
+echo "results: $OUT (model $MODEL, $WORKERS workers, $REPS repetitions of $SECS s phases, attacker priorities $PRIOS, PIN=$PIN, $PROFILE build)"
 exit $RC

@@ -17,15 +17,24 @@ defence counter's increase is reported.
 
 usage: attack_bench.py h2|memcached HOST PORT STATS_FILE OUT_JSON OUT_MD
        [--secs S] [--prios normal,idle] [--phases a,b,...] [--max-attacks N] [--pause-ms P]
-       [--warmup S]
-Phases: `baseline`, each attack once per priority, `baseline_after` (after a warm-up of
-S seconds, not measured). An attack phase ends after S seconds or MAX attacks. The p99
-ratio is against `baseline` and, to show drift, against `baseline_after`. The kernel
-side's TCP retransmissions and RTO expiries per phase (this namespace's counters: good
-client and attacker) and luna's I/O core progress (poll iterations, frames received,
-retransmissions; from the same stats file) tell whether a tail was a loss or a stall.
-Exit status 0 when the good client saw no error in any phase and every attack phase
-raised its defence counter; 1 otherwise. Timings are reported, never judged.
+       [--warmup S] [--reps K] [--pin-cpu C|none] [--server-pids P,Q] [--min-samples N]
+       [--spread-max X]
+Phases (after a warm-up of S seconds, not measured): K repetitions (default 3) of
+`baseline, attack@prio` for every attack and priority, then a last baseline
+(testbed/attack/interleave.py): every attack phase has its own baselines on both sides,
+measured with the same processes and pinning. An attack phase ends after S seconds or MAX
+attacks. Per attack phase the p99 against the mean of its two neighbouring baselines; per
+attack@prio the median over the K repetitions, its range, and a verdict ("within 2x",
+"not within 2x", "inconclusive (...)"; the rules are interleave.py's). --pin-cpu (default
+1) puts this process (the good client) and every attacker on that CPU, off luna's I/O
+core (CPU 0, EAL lcore 0); the server's threads' affinity is reported. CPU seconds per
+phase: the attacker (wait4), this process (the good client), the server (--server-pids,
+/proc). The kernel side's TCP retransmissions and RTO expiries per phase (this
+namespace's counters: good client and attacker) and luna's I/O core progress (poll
+iterations, frames received, retransmissions; from the same stats file) tell whether a
+tail was a loss or a stall. Exit status 0 when the good client saw no error in any phase
+and every attack phase raised its defence counter with no attacker failure; 1 otherwise.
+Timings are reported and judged in the summary, never in the exit status.
 
 Also `attack_bench.py attacker h2|memcached HOST PORT ATTACK SECS MAX` (the attacker
 process; prints one JSON line).
@@ -43,6 +52,20 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "h2"))
 sys.path.insert(0, os.path.join(HERE, "..", "memcached"))
+
+def _load_interleave():
+    """testbed/attack/interleave.py (plan and verdict), loaded by path: that directory
+    also holds an attack.py, which must not shadow tests/memcached/attack.py."""
+    import importlib.util
+
+    path = os.path.join(HERE, "..", "..", "..", "testbed", "attack", "interleave.py")
+    spec = importlib.util.spec_from_file_location("interleave", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+interleave = _load_interleave()
 
 H2_ATTACKS = [
     "rapid_reset",
@@ -95,7 +118,13 @@ GOOD_BODY = b"hello from luna over HTTP/2\n"
 
 
 # ---------------------------------------------------------------- attacker process
-def attacker(kind, host, port, attack, secs, limit):
+# HTTP/2 attacks answered only when one of the server's timers fires (luna-h2 runs with
+# --idle-timeout 3 --send-timeout 3): the attacker waits at least --timer-wait seconds
+# for the answer, even past the phase's end, so short phases still see the defence.
+TIMER_ATTACKS = {"zero_window", "idle"}
+
+
+def attacker(kind, host, port, attack, secs, limit, timer_wait=5.0):
     """Repeats `attack` on new connections until `secs` pass or `limit` runs; one JSON
     line: runs, frames/bytes sent (HTTP/2), GOAWAY codes seen, closes, failures."""
     end = time.time() + secs
@@ -105,7 +134,10 @@ def attacker(kind, host, port, attack, secs, limit):
 
         while time.time() < end - 0.05 and out["runs"] < limit:
             try:
-                r = attacks.run(host, port, attack, wait=min(20.0, max(end - time.time(), 0.1)))
+                wait = max(end - time.time(), 0.1)
+                if attack in TIMER_ATTACKS:
+                    wait = max(wait, timer_wait)
+                r = attacks.run(host, port, attack, wait=min(20.0, wait))
             except OSError as e:
                 out["failed"] += 1
                 out["fail"] = repr(e)
@@ -298,13 +330,13 @@ def set_prio(prio):
     return f
 
 
-def run_attacker(kind, host, port, attack, secs, limit, prio):
+def run_attacker(kind, host, port, attack, secs, limit, prio, timer_wait):
     """The attacker process at `prio`; (its JSON result, CPU seconds, wall seconds)."""
     t0 = time.time()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "attacker", kind, host, str(port), attack,
-         str(secs), str(limit)],
+         str(secs), str(limit), str(timer_wait)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         preexec_fn=set_prio(prio),
@@ -330,12 +362,15 @@ def run_attacker(kind, host, port, attack, secs, limit, prio):
 def main():
     if sys.argv[1] == "attacker":
         kind, host, port, attack, secs, limit = sys.argv[2:8]
-        attacker(kind, host, int(port), attack, float(secs), int(limit))
+        timer_wait = float(sys.argv[8]) if len(sys.argv) > 8 else 5.0
+        attacker(kind, host, int(port), attack, float(secs), int(limit), timer_wait)
         return 0
     kind, host, port, stats, out_json, out_md = sys.argv[1:7]
     port = int(port)
     opts = {"--secs": "5", "--prios": "normal,idle", "--phases": "", "--max-attacks": "10000",
-            "--pause-ms": "1", "--warmup": "2"}
+            "--pause-ms": "1", "--warmup": "2", "--reps": "3", "--pin-cpu": "1", "--server-pids": "",
+            "--min-samples": str(interleave.MIN_SAMPLES), "--spread-max": str(interleave.SPREAD_MAX),
+            "--timer-wait": "5", "--spin": "0"}
     rest = sys.argv[7:]
     while rest:
         k = rest.pop(0)
@@ -355,7 +390,39 @@ def main():
         if a not in known:
             raise SystemExit("unknown attack %r for %s (known: %s)" % (a, kind, " ".join(known)))
     limit = int(opts["--max-attacks"])
+    reps = int(opts["--reps"])
+    if reps < 1:
+        raise SystemExit("--reps: at least 1")
+    min_samples, spread_max = int(opts["--min-samples"]), float(opts["--spread-max"])
+    server_pids = [int(x) for x in opts["--server-pids"].split(",") if x]
+    sched = {"pinned_cpu": None}
+    if opts["--pin-cpu"] != "none":
+        cpu = int(opts["--pin-cpu"])
+        if (os.cpu_count() or 1) > cpu:
+            # Before any thread or child: the good client and every attacker inherit it.
+            os.sched_setaffinity(0, {cpu})
+            sched["pinned_cpu"] = cpu
 
+    timer_wait = float(opts["--timer-wait"])
+    if opts["--spin"] not in ("0", "1"):
+        raise SystemExit("--spin: 0 or 1")
+    spinner = None
+    if opts["--spin"] == "1":
+        # Bounded: at most the whole plan's length (plus slack); killed at the end.
+        n = 2 * reps * len(attacks) * len(prios) + 1
+        spinner = interleave.start_spinner(sys.executable, n * (secs + 30) + 60)
+        sched["spinner"] = "SCHED_IDLE busy loop on the driver's CPU"
+    try:
+        return run_plan(kind, host, port, stats, out_json, out_md, opts, secs, prios, attacks, limit, reps,
+                        min_samples, spread_max, server_pids, sched, timer_wait, spinner)
+    finally:
+        if spinner:
+            spinner.kill()
+            spinner.wait()
+
+
+def run_plan(kind, host, port, stats, out_json, out_md, opts, secs, prios, attacks, limit, reps,
+             min_samples, spread_max, server_pids, sched, timer_wait, spinner):
     # Wait for the server (bounded), then start the good client.
     end = time.time() + 30
     while True:
@@ -369,21 +436,36 @@ def main():
     good = Good(kind, host, port, float(opts["--pause-ms"]) / 1000)
     good.start()
     time.sleep(float(opts["--warmup"]))  # warm-up: connection, first requests; not measured
+    sched["affinity"] = {"driver (good client)": interleave.affinity(os.getpid())}
+    for pid in server_pids:
+        sched["affinity"]["server %d" % pid] = interleave.affinity(pid)
 
-    plan = [("baseline", None, None)]
-    plan += [(a, a, p) for a in attacks for p in prios]
-    plan += [("baseline_after", None, None)]
+    def server_cpu():
+        v = [interleave.proc_cpu(p) for p in server_pids]
+        return None if not v or None in v else sum(v)
+
+    def self_cpu():
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_utime + ru.ru_stime
+
+    items = [(a, p) for a in attacks for p in prios]
+    steps = interleave.plan(items, reps)
     results = []
-    for name, attack, prio in plan:
+    for step_kind, item, rep in steps:
+        attack, prio = (None, None) if step_kind == "baseline" else item
         before = read_stats(stats)
         k0 = kernel_tcp()
+        s0, g0 = server_cpu(), self_cpu()
+        sp0 = interleave.proc_cpu(spinner.pid) if spinner else None
         t0 = time.time()
         if attack is None:
             time.sleep(secs)
             att, cpu, wall = None, 0.0, secs
         else:
-            att, cpu, wall = run_attacker(kind, host, port, attack, secs, limit, prio)
+            att, cpu, wall = run_attacker(kind, host, port, attack, secs, limit, prio, timer_wait)
         t1 = time.time()
+        s1, g1 = server_cpu(), self_cpu()
+        sp1 = interleave.proc_cpu(spinner.pid) if spinner else None
         time.sleep(0.3)  # the server rewrites its stats file every 250 ms
         after = read_stats(stats)
         k1 = kernel_tcp()
@@ -391,7 +473,9 @@ def main():
         samples, errs = good.window(t0, t1)
         lat = [x[1] * 1e6 for x in samples if x[2]]
         r = {
-            "phase": name if attack is None else "%s@%s" % (attack, prio),
+            "phase": "baseline" if attack is None else "%s@%s" % (attack, prio),
+            "kind": step_kind,
+            "rep": rep,
             "attack": attack,
             "prio": prio,
             "seconds": round(t1 - t0, 3),
@@ -405,38 +489,63 @@ def main():
             "attacker": att,
             "attacker_cpu_s": round(cpu, 3),
             "attacker_cpu_share": round(cpu / wall, 3) if wall > 0 else None,
+            "server_cpu_s": None if s0 is None or s1 is None else round(s1 - s0, 3),
+            "good_client_cpu_s": round(g1 - g0, 3),
+            "spinner_cpu_s": None if sp0 is None or sp1 is None else round(sp1 - sp0, 3),
             "defence_counter": DEFENCE.get(attack) if attack else None,
             "defence_delta": delta.get(DEFENCE.get(attack), 0) if attack else None,
             "server_delta": delta,
             "kernel_retrans": k1.get("RetransSegs", 0) - k0.get("RetransSegs", 0),
             "kernel_rtos": k1.get("TCPTimeouts", 0) - k0.get("TCPTimeouts", 0),
         }
+        r["failure"] = failure(r)
         results.append(r)
-        print("PHASE %-28s good=%d errors=%d p50=%s p99=%s p99.9=%s attacker=%s cpu=%.2fs defence %s+%s"
-              % (r["phase"], r["good_requests"], r["good_errors"], fmt(r["p50_us"]), fmt(r["p99_us"]),
-                 fmt(r["p999_us"]), (att or {}).get("runs", "-"), cpu, r["defence_counter"],
-                 r["defence_delta"]), flush=True)
+        print("PHASE %-28s rep=%d good=%d errors=%d p50=%s p99=%s p99.9=%s attacker=%s cpu=%.2fs server=%s "
+              "defence %s+%s%s"
+              % (r["phase"], rep, r["good_requests"], r["good_errors"], fmt(r["p50_us"]), fmt(r["p99_us"]),
+                 fmt(r["p999_us"]), (att or {}).get("runs", "-"), cpu, r["server_cpu_s"], r["defence_counter"],
+                 r["defence_delta"], "" if not r["failure"] else "  FAILED: " + r["failure"]), flush=True)
     good.stop.set()
     good.join(15)
 
-    base, after = results[0]["p99_us"], results[-1]["p99_us"]
-    for r in results:
-        r["p99_ratio"] = round(r["p99_us"] / base, 2) if base and r["p99_us"] else None
-        r["p99_ratio_after"] = round(r["p99_us"] / after, 2) if after and r["p99_us"] else None
-    ok = all(r["good_errors"] == 0 and r["good_requests"] > 0 for r in results) and all(
-        (r["defence_delta"] or 0) > 0 and not (r["attacker"] or {}).get("failed")
-        for r in results if r["attack"])
-    doc = {"kind": kind, "phase_seconds": secs, "prios": prios, "ok": ok,
-           "good_reconnects": good.reconnects, "phases": results,
-           "good_cpu_s": round(resource.getrusage(resource.RUSAGE_SELF).ru_utime
-                               + resource.getrusage(resource.RUSAGE_SELF).ru_stime, 3)}
+    summary = interleave.verdicts(results, lambda p: p["phase"], "p99_us", "good_requests",
+                                  min_samples=min_samples, spread_max=spread_max)
+    ok = not any(r["failure"] for r in results)
+    doc = {"kind": kind, "phase_seconds": secs, "prios": prios, "reps": reps, "ok": ok,
+           "scheduling": sched, "good_reconnects": good.reconnects, "phases": results,
+           "summary": summary, "verdicts": interleave.counts(summary),
+           "method": {"limit": interleave.LIMIT, "min_samples": min_samples, "spread_max": spread_max},
+           "failures": [{"phase": r["phase"], "rep": r["rep"], "failure": r["failure"]}
+                        for r in results if r["failure"]],
+           "good_cpu_s": round(self_cpu(), 3)}
     with open(out_json, "w") as f:
         json.dump(doc, f, indent=1)
     with open(out_md, "w") as f:
         f.write(markdown(doc))
     print(markdown(doc))
+    for fl in doc["failures"]:
+        print("FAILED %s rep %d: %s" % (fl["phase"], fl["rep"], fl["failure"]))
+    print("VERDICTS %s %s" % (kind, json.dumps(doc["verdicts"])))
     print("ATTACK-BENCH %s ok=%d phases=%d" % (kind, int(ok), len(results)))
     return 0 if ok else 1
+
+
+def failure(r):
+    """Behaviour (never timing) that makes a phase fail, as text, or None: the good
+    client saw an error or no reply; an attack's defence counter did not rise or the
+    attacker reported an unanswered / unexpected reply."""
+    why = []
+    if r["good_errors"]:
+        why.append("good client: %d errors (%s)" % (r["good_errors"], "; ".join(r["good_error_examples"])))
+    if not r["good_requests"]:
+        why.append("good client: no request completed")
+    if r["attack"]:
+        a = r["attacker"] or {}
+        if a.get("failed"):
+            why.append("attacker: %d failed (%s)" % (a["failed"], a.get("fail", "")))
+        if not (r["defence_delta"] or 0) > 0:
+            why.append("defence counter %s +0" % r["defence_counter"])
+    return "; ".join(why) or None
 
 
 def fmt(us):
@@ -445,10 +554,14 @@ def fmt(us):
 
 def markdown(doc):
     rows = [
-        "| phase | s | good reqs | errors | p50 µs | p99 µs | p99.9 µs | p99 / baseline (before, after)"
-        " | attacker runs | attacker sent | attacker CPU s (share) | defence counter (+Δ) | attacker saw"
-        " | kernel retrans / RTOs | luna core iterations / rx frames / retransmits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Per attack (%d repetitions of %g s phases, each attack between two baselines of its own;"
+        " a baseline needs >= %d samples):\n" % (doc["reps"], doc["phase_seconds"], doc["method"]["min_samples"]),
+        interleave.markdown(doc["summary"]),
+        "Every phase:\n",
+        "| phase | rep | s | good reqs | errors | p50 µs | p99 µs | p99.9 µs | p99 / neighbouring baselines"
+        " | attacker runs | attacker sent | CPU s: attacker (share) / good client / server"
+        " | defence counter (+Δ) | attacker saw | kernel retrans / RTOs | luna core iterations / rx frames / retransmits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["phases"]:
         a = r["attacker"] or {}
@@ -463,15 +576,17 @@ def markdown(doc):
                 saw = "as promised" if not a.get("failed") else "FAILED %d: %s" % (a["failed"], a.get("fail", ""))
             if doc["kind"] == "h2" and a.get("failed"):
                 saw += "; %d connect errors" % a["failed"]
-        ratio = "-" if r["p99_ratio"] is None else "%.2f×, %.2f×" % (r["p99_ratio"], r["p99_ratio_after"] or 0)
+        ratio = "-" if r.get("p99_over_neighbours") is None else "%.2f×" % r["p99_over_neighbours"]
         d = r["server_delta"]
         core = "%d / %d / %d" % (d.get("core_iterations", 0), d.get("core_rx_frames", 0),
                                  d.get("core_retransmits", 0))
-        rows.append("| %s | %.1f | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d / %d | %s |" % (
-            r["phase"], r["seconds"], r["good_requests"], r["good_errors"], fmt(r["p50_us"]), fmt(r["p99_us"]),
-            fmt(r["p999_us"]), ratio,
-            a.get("runs", "-") if r["attack"] else "-", sent,
+        cpu = "%s / %.2f / %s" % (
             "%.2f (%.0f%%)" % (r["attacker_cpu_s"], 100 * (r["attacker_cpu_share"] or 0)) if r["attack"] else "-",
+            r["good_client_cpu_s"], "-" if r["server_cpu_s"] is None else "%.2f" % r["server_cpu_s"])
+        rows.append("| %s | %d | %.1f | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d / %d | %s |" % (
+            r["phase"], r["rep"], r["seconds"], r["good_requests"], r["good_errors"], fmt(r["p50_us"]),
+            fmt(r["p99_us"]), fmt(r["p999_us"]), ratio,
+            a.get("runs", "-") if r["attack"] else "-", sent, cpu,
             "`%s` +%d" % (r["defence_counter"], r["defence_delta"]) if r["attack"] else "-", saw,
             r["kernel_retrans"], r["kernel_rtos"], core))
     return "\n".join(rows) + "\n"

@@ -188,15 +188,6 @@ class Legit:
         return [lat for (t, lat) in self.samples if a <= t < b]
 
 
-def proc_cpu(pid):
-    """CPU seconds (user + system, all threads) of process `pid` so far, or None."""
-    try:
-        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def machine_cpu():
     """Machine-wide CPU seconds so far: (busy, softirq, idle) summed over every CPU."""
     v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
@@ -220,7 +211,7 @@ class CpuMeter:
         t = os.times()
         r = {"attacker": t.user + t.system}
         for k, pid in self.pids.items():
-            r[k] = proc_cpu(pid)
+            r[k] = interleave.proc_cpu(pid)
         if "server" in self.pids:
             # How long the server's threads waited for a CPU (per phase: the longest of
             # them; a busy poller that waits was starved by the machine, not stalled).

@@ -17,7 +17,7 @@ TEST_SUITES := test-workspace test-loom test-fuzz test-dpdk-compat
 # Seconds per fuzz target in `make test-fuzz` (9 targets; the build is most of the cost).
 FUZZ_SECS ?= 6
 
-.PHONY: help setup build test $(TEST_SUITES) interop attack attack-proto soak lint demo bench figures clean-testbed preload preload-demo
+.PHONY: help setup build test $(TEST_SUITES) interop attack attack-proto soak lint demo bench figures msgsched-sweep clean-testbed preload preload-demo
 
 help:
 	@echo "make setup          install packages, reserve hugepages (root)"
@@ -31,6 +31,7 @@ help:
 	@echo "make demo           setup, then knb compare: luna vs kernel vs smoltcp vs raw, 4 KiB RPCs (root)"
 	@echo "make bench          luna-stack per-segment and bulk per-byte cost: callgrind instructions vs docs/bench/ + criterion (a report, never fails on a number)"
 	@echo "make figures        setup, then regenerate docs/fig9-12 (knb sweep: kernel, smoltcp, luna, copy + zero-copy memif; ~10 min; root, quiet machine)"
+	@echo "make msgsched-sweep luna's CP/CS/MS vs the kernel's CP/CS/pool under an SLO, 100/20 us bimodal, 20/5000 conns, vs the simulator's ideal (~25 min; root, quiet machine)"
 	@echo "make clean-testbed  remove every namespace/interface/file with prefix $(LUNA_TESTBED_PREFIX)"
 	@echo "make preload        build the LD_PRELOAD shim target/release/libluna-preload.so (ffi/preload)"
 	@echo "make preload-demo   setup, then unmodified redis-server on luna via LD_PRELOAD, redis-benchmark against it (root)"
@@ -136,6 +137,14 @@ bench:
 # quiet machine. FIG_* knobs in examples/knb/figures.sh.
 figures: setup
 	bash examples/knb/figures.sh
+
+# msgsched on the real stack against the kernel baselines, one command (issue 9): knb's SLO
+# sweep of luna's CP/CS/MS and of the kernel's TCP-CP/TCP-CS/worker pool, 100 us and 20 us
+# bimodal service, 20 and 5,000 connections, with the simulator's ideal MS; prints one table
+# (throughput under SLO, fraction of ideal, MS-on-luna / each kernel model). About 25
+# minutes; root; quiet machine. SWEEP_* knobs in examples/knb/msgsched-sweep.sh.
+msgsched-sweep: setup
+	bash examples/knb/msgsched-sweep.sh
 
 clean-testbed:
 	$(CARGO) run -q -p testbed -- down --prefix $(LUNA_TESTBED_PREFIX)

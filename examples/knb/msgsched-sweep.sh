@@ -43,6 +43,7 @@ for mean in $means; do
                 models=cp,cs,pool mode=$kmode
             fi
             dir="$out/$stack-$mean-c$c"
+            mkdir -p "$dir"
             echo "msgsched-sweep: $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg): $stack $mean $c connections"
             "$knb" sweep --figure slo --slo-stack "$stack" --slo "$slo" --ideal --models "$models" \
                 --workers "$workers" --service "bimodal:$mean" --service-mode "$mode" \

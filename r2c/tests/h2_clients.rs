@@ -405,6 +405,11 @@ fn grpcio_unary_client_against_luna_grpc_cs() {
     grpc_client("lgrcs", "cs");
 }
 
+#[test]
+fn grpcio_unary_client_against_luna_grpc_cp() {
+    grpc_client("lgrcp", "cp");
+}
+
 /// Each attack of `tests/h2/attacks.py` on its own connection while h2load, a
 /// well-behaved client, keeps requesting on two others: the attacker gets the GOAWAY
 /// code the defence says (for the zero-window slow read: its streams past the

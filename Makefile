@@ -25,7 +25,7 @@ help:
 	@echo "make test           setup, then: $(TEST_SUITES) (root)"
 	@echo "make interop        setup, then the full-size kernel interop run (docs/interop.md; root)"
 	@echo "make attack         setup, then the attack suite against a luna server over tap, a p99 verdict per attack against interleaved baselines (docs/reliability.md; root, quiet machine)"
-	@echo "make attack-proto   setup, then the good client's p50/p99/p99.9 under each HTTP/2 and memcached attack against interleaved baselines, attacker at normal and idle priority, a verdict per attack (r2c/tests/attack_bench.sh; docs/reliability.md; root, quiet machine)"
+	@echo "make attack-proto   setup, then the good client's p50/p99/p99.9 under each HTTP/2 and memcached attack against interleaved baselines, attacker at normal and idle priority, a verdict per attack (r2c/tests/attack_bench.sh; ATTACK_PROTO_SERVER=kernel: nghttpd / memcached as the control; docs/reliability.md; root, quiet machine)"
 	@echo "make soak           setup, then the full soak: 10 GiB + 10 M RPCs luna<->luna, a kernel share over tap (docs/reliability.md; root)"
 	@echo "make lint           rustfmt check + clippy -D warnings"
 	@echo "make demo           setup, then knb compare: luna vs kernel vs smoltcp vs raw, 4 KiB RPCs (root)"
@@ -102,6 +102,8 @@ attack: setup
 # on CPU 1 (SPIN=1: a SCHED_IDLE spinner keeps that CPU from idling); a p99 verdict per
 # attack. About 12 minutes. A benchmark (verdicts reported,
 # fails only on behaviour); `r2c/tests/attack_bench.sh tiny` checks it runs.
+# ATTACK_PROTO_SERVER=kernel: the same phases against Debian's nghttpd and memcached on the
+# kernel's TCP (veth topology, server on CPU 0), the control; only good-client errors fail.
 attack-proto: setup
 	r2c/tests/attack_bench.sh
 

@@ -18,7 +18,7 @@ defence counter's increase is reported.
 usage: attack_bench.py h2|memcached HOST PORT STATS_FILE OUT_JSON OUT_MD
        [--secs S] [--prios normal,idle] [--phases a,b,...] [--max-attacks N] [--pause-ms P]
        [--warmup S] [--reps K] [--pin-cpu C|none] [--server-pids P,Q] [--min-samples N]
-       [--spread-max X]
+       [--spread-max X] [--server luna|kernel] [--answer-wait S]
 Phases (after a warm-up of S seconds, not measured): K repetitions (default 3) of
 `baseline, attack@prio` for every attack and priority, then a last baseline
 (testbed/attack/interleave.py): every attack phase has its own baselines on both sides,
@@ -30,11 +30,26 @@ attack@prio the median over the K repetitions, its range, and a verdict ("within
 core (CPU 0, EAL lcore 0); the server's threads' affinity is reported. CPU seconds per
 phase: the attacker (wait4), this process (the good client), the server (--server-pids,
 /proc). The kernel side's TCP retransmissions and RTO expiries per phase (this
-namespace's counters: good client and attacker) and luna's I/O core progress (poll
-iterations, frames received, retransmissions; from the same stats file) tell whether a
-tail was a loss or a stall. Exit status 0 when the good client saw no error in any phase
+namespace's counters: good client and attacker; for the kernel control also the
+server's, from /proc/PID/net), the machine's input-backlog drops (/proc/net/softnet_stat)
+and luna's I/O core progress (poll iterations, frames received, retransmissions; from the
+same stats file) tell whether a tail was a loss or a stall. Exit status 0 when the good client saw no error in any phase
 and every attack phase raised its defence counter with no attacker failure; 1 otherwise.
 Timings are reported and judged in the summary, never in the exit status.
+
+`--server kernel` (ATTACK_PROTO_SERVER=kernel in attack_bench.sh): the control, the same
+phases against a kernel-TCP server (Debian's nghttpd for HTTP/2, memcached for memcached).
+Those servers do not promise luna's answers nor count them, so an attacker reply that
+differs and a missing defence counter are reported (the attacker's "saw" column: GOAWAY
+codes, RST_STREAMs and closes; for memcached, how many runs got luna's answer and the
+first difference, plus memcached's own `stats` deltas), never failures; only the good
+client's errors fail a phase. STATS_FILE is then `none` (nghttpd has no counters) or
+`memcached-stats` (the `stats` command on HOST:PORT, read at each phase's ends).
+`--answer-wait S`: the attacker reads the answer to each attack for at most S seconds
+(HTTP/2; memcached: its socket timeout) before it closes and repeats, so an attack the
+server neither answers nor closes (nghttpd's PING flood, memcached's unbounded multiget)
+is still repeated; without it (luna's default) an HTTP/2 attacker reads until the server
+closes or the phase ends, and the memcached one waits up to 10 s for a reply.
 
 Also `attack_bench.py attacker h2|memcached HOST PORT ATTACK SECS MAX` (the attacker
 process; prints one JSON line).
@@ -124,17 +139,19 @@ GOOD_BODY = b"hello from luna over HTTP/2\n"
 TIMER_ATTACKS = {"zero_window", "idle"}
 
 
-def attacker(kind, host, port, attack, secs, limit, timer_wait=5.0):
+def attacker(kind, host, port, attack, secs, limit, timer_wait=5.0, answer_wait=None):
     """Repeats `attack` on new connections until `secs` pass or `limit` runs; one JSON
-    line: runs, frames/bytes sent (HTTP/2), GOAWAY codes seen, closes, failures."""
+    line: runs, frames/bytes sent (HTTP/2), GOAWAY codes, RST_STREAMs (refused ones) and
+    closes seen, failures (HTTP/2: connect errors; memcached: replies other than luna's)."""
     end = time.time() + secs
-    out = {"runs": 0, "frames": 0, "bytes": 0, "goaway": {}, "closed": 0, "failed": 0, "fail": ""}
+    out = {"runs": 0, "frames": 0, "bytes": 0, "goaway": {}, "closed": 0, "rst": 0, "refused": 0,
+           "failed": 0, "fail": ""}
     if kind == "h2":
         import attacks
 
         while time.time() < end - 0.05 and out["runs"] < limit:
             try:
-                wait = max(end - time.time(), 0.1)
+                wait = max(end - time.time(), 0.1) if answer_wait is None else answer_wait
                 if attack in TIMER_ATTACKS:
                     wait = max(wait, timer_wait)
                 r = attacks.run(host, port, attack, wait=min(20.0, wait))
@@ -147,19 +164,24 @@ def attacker(kind, host, port, attack, secs, limit, timer_wait=5.0):
             out["frames"] += r["frames"]
             out["bytes"] += r["bytes"]
             out["closed"] += r["closed"]
+            out["rst"] += r["rst"]
+            out["refused"] += r["refused"]
             g = str(r["goaway"])
             out["goaway"][g] = out["goaway"].get(g, 0) + 1
     else:
         import attack as mc
 
         mc.configure(host, port)
+        if answer_wait is not None:
+            mc.T = answer_wait  # every socket's timeout (attack.conn)
         fn = mc.ATTACKS[attack]
         while time.time() < end - 0.05 and out["runs"] < limit:
             try:
                 fn()
             except Exception as e:  # AttackFailed: the defence did not answer as promised
                 out["failed"] += 1
-                out["fail"] = repr(e)[:300]
+                if not out["fail"]:  # the first: a kernel server's differences repeat
+                    out["fail"] = repr(e)[:300]
             out["runs"] += 1
     print(json.dumps(out))
 
@@ -290,7 +312,14 @@ def pct(v, q):
     return v[min(len(v) - 1, int(q * len(v)))]
 
 
-def read_stats(path):
+def read_stats(path, host=None, port=None):
+    """The server's counters: luna's `--stats-file` (`OK key=value ...`), or with `path`
+    `memcached-stats` memcached's `stats` over a new connection (kernel control), or
+    nothing (`none`: nghttpd has no counters)."""
+    if path == "none":
+        return {}
+    if path == "memcached-stats":
+        return memcached_stats(host, port)
     try:
         line = open(path).read().strip()
     except OSError:
@@ -303,11 +332,38 @@ def read_stats(path):
     return out
 
 
-def kernel_tcp():
-    """This namespace's kernel TCP counters: RetransSegs (snmp) and TCPTimeouts (netstat)."""
+def memcached_stats(host, port):
+    """memcached's `STAT name value` lines as {name: int} (numeric ones), or {} if it
+    does not answer within 5 s."""
+    out, buf = {}, b""
+    try:
+        with socket.create_connection((host, port), timeout=5) as c:
+            c.sendall(b"stats\r\n")
+            while not buf.endswith(b"END\r\n") and len(buf) < (1 << 20):
+                d = c.recv(65536)
+                if not d:
+                    break
+                buf += d
+    except OSError:
+        return {}
+    for line in buf.decode("ascii", "replace").splitlines():
+        f = line.split()
+        if len(f) == 3 and f[0] == "STAT" and f[2].isdigit():
+            out[f[1]] = int(f[2])
+    return out
+
+
+# memcached's `stats` that change because of an attack (the kernel control's counters):
+# its connections, values refused as too large, read-buffer allocation failures.
+MEMCACHED_SHOWN = ("total_connections", "store_too_large", "read_buf_oom", "rejected_connections")
+
+
+def kernel_tcp(net="/proc/net"):
+    """A namespace's kernel TCP counters: RetransSegs (snmp) and TCPTimeouts (netstat);
+    this process's namespace, or with `net` = /proc/PID/net that of process PID."""
     out = {}
-    for path, table, keys in (("/proc/net/snmp", "Tcp:", ("RetransSegs",)),
-                              ("/proc/net/netstat", "TcpExt:", ("TCPTimeouts",))):
+    for path, table, keys in ((net + "/snmp", "Tcp:", ("RetransSegs",)),
+                              (net + "/netstat", "TcpExt:", ("TCPTimeouts",))):
         try:
             rows = [l.split() for l in open(path) if l.startswith(table)]
         except OSError:
@@ -320,6 +376,32 @@ def kernel_tcp():
     return out
 
 
+def server_netns_pid(pids):
+    """The first of `pids` in another network namespace than this process (the kernel
+    control's server, whose TCP counters are then read from /proc/PID/net), or None."""
+    try:
+        mine = os.readlink("/proc/self/ns/net")
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            if os.readlink("/proc/%d/ns/net" % pid) != mine:
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def backlog_drops():
+    """Packets the kernel dropped because a CPU's input backlog was full
+    (netdev_max_backlog; the second column of /proc/net/softnet_stat, all CPUs,
+    machine-wide): where a veth or tap burst can lose segments."""
+    try:
+        return sum(int(l.split()[1], 16) for l in open("/proc/net/softnet_stat"))
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def set_prio(prio):
     def f():
         if prio == "idle":
@@ -330,13 +412,13 @@ def set_prio(prio):
     return f
 
 
-def run_attacker(kind, host, port, attack, secs, limit, prio, timer_wait):
+def run_attacker(kind, host, port, attack, secs, limit, prio, timer_wait, answer_wait):
     """The attacker process at `prio`; (its JSON result, CPU seconds, wall seconds)."""
     t0 = time.time()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "attacker", kind, host, str(port), attack,
-         str(secs), str(limit), str(timer_wait)],
+         str(secs), str(limit), str(timer_wait), "-" if answer_wait is None else str(answer_wait)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         preexec_fn=set_prio(prio),
@@ -363,14 +445,15 @@ def main():
     if sys.argv[1] == "attacker":
         kind, host, port, attack, secs, limit = sys.argv[2:8]
         timer_wait = float(sys.argv[8]) if len(sys.argv) > 8 else 5.0
-        attacker(kind, host, int(port), attack, float(secs), int(limit), timer_wait)
+        answer_wait = float(sys.argv[9]) if len(sys.argv) > 9 and sys.argv[9] != "-" else None
+        attacker(kind, host, int(port), attack, float(secs), int(limit), timer_wait, answer_wait)
         return 0
     kind, host, port, stats, out_json, out_md = sys.argv[1:7]
     port = int(port)
     opts = {"--secs": "5", "--prios": "normal,idle", "--phases": "", "--max-attacks": "10000",
             "--pause-ms": "1", "--warmup": "2", "--reps": "3", "--pin-cpu": "1", "--server-pids": "",
             "--min-samples": str(interleave.MIN_SAMPLES), "--spread-max": str(interleave.SPREAD_MAX),
-            "--timer-wait": "5", "--spin": "0"}
+            "--timer-wait": "5", "--spin": "0", "--server": "luna", "--answer-wait": ""}
     rest = sys.argv[7:]
     while rest:
         k = rest.pop(0)
@@ -404,6 +487,9 @@ def main():
             sched["pinned_cpu"] = cpu
 
     timer_wait = float(opts["--timer-wait"])
+    if opts["--server"] not in ("luna", "kernel"):
+        raise SystemExit("--server: luna or kernel")
+    answer_wait = float(opts["--answer-wait"]) if opts["--answer-wait"] else None
     if opts["--spin"] not in ("0", "1"):
         raise SystemExit("--spin: 0 or 1")
     spinner = None
@@ -414,7 +500,7 @@ def main():
         sched["spinner"] = "SCHED_IDLE busy loop on the driver's CPU"
     try:
         return run_plan(kind, host, port, stats, out_json, out_md, opts, secs, prios, attacks, limit, reps,
-                        min_samples, spread_max, server_pids, sched, timer_wait, spinner)
+                        min_samples, spread_max, server_pids, sched, timer_wait, spinner, answer_wait)
     finally:
         if spinner:
             spinner.kill()
@@ -422,7 +508,8 @@ def main():
 
 
 def run_plan(kind, host, port, stats, out_json, out_md, opts, secs, prios, attacks, limit, reps,
-             min_samples, spread_max, server_pids, sched, timer_wait, spinner):
+             min_samples, spread_max, server_pids, sched, timer_wait, spinner, answer_wait):
+    server = opts["--server"]
     # Wait for the server (bounded), then start the good client.
     end = time.time() + 30
     while True:
@@ -448,13 +535,17 @@ def run_plan(kind, host, port, stats, out_json, out_md, opts, secs, prios, attac
         ru = resource.getrusage(resource.RUSAGE_SELF)
         return ru.ru_utime + ru.ru_stime
 
+    # Only the kernel control's server runs its TCP in a namespace of its own.
+    srv_ns = server_netns_pid(server_pids) if server == "kernel" else None
     items = [(a, p) for a in attacks for p in prios]
     steps = interleave.plan(items, reps)
     results = []
     for step_kind, item, rep in steps:
         attack, prio = (None, None) if step_kind == "baseline" else item
-        before = read_stats(stats)
+        before = read_stats(stats, host, port)
         k0 = kernel_tcp()
+        sk0 = kernel_tcp("/proc/%d/net" % srv_ns) if srv_ns else {}
+        bd0 = backlog_drops()
         s0, g0 = server_cpu(), self_cpu()
         sp0 = interleave.proc_cpu(spinner.pid) if spinner else None
         t0 = time.time()
@@ -462,13 +553,15 @@ def run_plan(kind, host, port, stats, out_json, out_md, opts, secs, prios, attac
             time.sleep(secs)
             att, cpu, wall = None, 0.0, secs
         else:
-            att, cpu, wall = run_attacker(kind, host, port, attack, secs, limit, prio, timer_wait)
+            att, cpu, wall = run_attacker(kind, host, port, attack, secs, limit, prio, timer_wait, answer_wait)
         t1 = time.time()
         s1, g1 = server_cpu(), self_cpu()
         sp1 = interleave.proc_cpu(spinner.pid) if spinner else None
         time.sleep(0.3)  # the server rewrites its stats file every 250 ms
-        after = read_stats(stats)
+        after = read_stats(stats, host, port)
         k1 = kernel_tcp()
+        sk1 = kernel_tcp("/proc/%d/net" % srv_ns) if srv_ns else {}
+        bd1 = backlog_drops()
         delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
         samples, errs = good.window(t0, t1)
         lat = [x[1] * 1e6 for x in samples if x[2]]
@@ -492,26 +585,34 @@ def run_plan(kind, host, port, stats, out_json, out_md, opts, secs, prios, attac
             "server_cpu_s": None if s0 is None or s1 is None else round(s1 - s0, 3),
             "good_client_cpu_s": round(g1 - g0, 3),
             "spinner_cpu_s": None if sp0 is None or sp1 is None else round(sp1 - sp0, 3),
-            "defence_counter": DEFENCE.get(attack) if attack else None,
-            "defence_delta": delta.get(DEFENCE.get(attack), 0) if attack else None,
+            # The kernel control's servers count nothing of luna's: what they did is in
+            # "attacker" (HTTP/2: GOAWAY codes, RST_STREAMs, closes) and "server_delta".
+            "defence_counter": DEFENCE.get(attack) if attack and server == "luna" else None,
+            "defence_delta": delta.get(DEFENCE.get(attack), 0) if attack and server == "luna" else None,
             "server_delta": delta,
             "kernel_retrans": k1.get("RetransSegs", 0) - k0.get("RetransSegs", 0),
             "kernel_rtos": k1.get("TCPTimeouts", 0) - k0.get("TCPTimeouts", 0),
+            # The kernel control's server side (its namespace), None for luna.
+            "server_kernel_retrans": sk1.get("RetransSegs", 0) - sk0.get("RetransSegs", 0) if srv_ns else None,
+            "server_kernel_rtos": sk1.get("TCPTimeouts", 0) - sk0.get("TCPTimeouts", 0) if srv_ns else None,
+            "backlog_drops": bd1 - bd0,
         }
-        r["failure"] = failure(r)
+        r["failure"] = failure(r, server)
         results.append(r)
-        print("PHASE %-28s rep=%d good=%d errors=%d p50=%s p99=%s p99.9=%s attacker=%s cpu=%.2fs server=%s "
-              "defence %s+%s%s"
+        defence = ("defence %s+%s" % (r["defence_counter"], r["defence_delta"]) if server == "luna"
+                   else "saw %s" % (saw(kind, server, att, r["server_delta"]) if att else "-"))
+        print("PHASE %-28s rep=%d good=%d errors=%d p50=%s p99=%s p99.9=%s attacker=%s cpu=%.2fs server=%s %s%s"
               % (r["phase"], rep, r["good_requests"], r["good_errors"], fmt(r["p50_us"]), fmt(r["p99_us"]),
-                 fmt(r["p999_us"]), (att or {}).get("runs", "-"), cpu, r["server_cpu_s"], r["defence_counter"],
-                 r["defence_delta"], "" if not r["failure"] else "  FAILED: " + r["failure"]), flush=True)
+                 fmt(r["p999_us"]), (att or {}).get("runs", "-"), cpu, r["server_cpu_s"], defence,
+                 "" if not r["failure"] else "  FAILED: " + r["failure"]), flush=True)
     good.stop.set()
     good.join(15)
 
     summary = interleave.verdicts(results, lambda p: p["phase"], "p99_us", "good_requests",
                                   min_samples=min_samples, spread_max=spread_max)
     ok = not any(r["failure"] for r in results)
-    doc = {"kind": kind, "phase_seconds": secs, "prios": prios, "reps": reps, "ok": ok,
+    doc = {"kind": kind, "server": server, "answer_wait_s": answer_wait, "phase_seconds": secs,
+           "prios": prios, "reps": reps, "ok": ok,
            "scheduling": sched, "good_reconnects": good.reconnects, "phases": results,
            "summary": summary, "verdicts": interleave.counts(summary),
            "method": {"limit": interleave.LIMIT, "min_samples": min_samples, "spread_max": spread_max},
@@ -525,21 +626,22 @@ def run_plan(kind, host, port, stats, out_json, out_md, opts, secs, prios, attac
     print(markdown(doc))
     for fl in doc["failures"]:
         print("FAILED %s rep %d: %s" % (fl["phase"], fl["rep"], fl["failure"]))
-    print("VERDICTS %s %s" % (kind, json.dumps(doc["verdicts"])))
-    print("ATTACK-BENCH %s ok=%d phases=%d" % (kind, int(ok), len(results)))
+    print("VERDICTS %s server=%s %s" % (kind, server, json.dumps(doc["verdicts"])))
+    print("ATTACK-BENCH %s server=%s ok=%d phases=%d" % (kind, server, int(ok), len(results)))
     return 0 if ok else 1
 
 
-def failure(r):
+def failure(r, server="luna"):
     """Behaviour (never timing) that makes a phase fail, as text, or None: the good
-    client saw an error or no reply; an attack's defence counter did not rise or the
-    attacker reported an unanswered / unexpected reply."""
+    client saw an error or no reply; against luna also an attack's defence counter did
+    not rise or the attacker reported an unanswered / unexpected reply (the kernel
+    control's servers promise neither: what they did is reported, `saw`)."""
     why = []
     if r["good_errors"]:
         why.append("good client: %d errors (%s)" % (r["good_errors"], "; ".join(r["good_error_examples"])))
     if not r["good_requests"]:
         why.append("good client: no request completed")
-    if r["attack"]:
+    if r["attack"] and server == "luna":
         a = r["attacker"] or {}
         if a.get("failed"):
             why.append("attacker: %d failed (%s)" % (a["failed"], a.get("fail", "")))
@@ -552,43 +654,104 @@ def fmt(us):
     return "-" if us is None else "%.0f" % us
 
 
+def saw(kind, server, a, delta):
+    """What the attacker got back over a phase's runs, as text: HTTP/2, the GOAWAY codes,
+    RST_STREAMs and closes; memcached, luna's promised answers or (kernel control) how
+    many runs got luna's answer, the first difference and memcached's own counters."""
+    a = a or {}
+    runs = a.get("runs", 0)
+    if kind == "h2":
+        out = "GOAWAY " + ", ".join("%s ×%d" % (c, n) for c, n in sorted(a.get("goaway", {}).items()))
+        if server == "kernel" or a.get("rst"):
+            out += "; RST_STREAM %d (REFUSED %d)" % (a.get("rst", 0), a.get("refused", 0))
+        if server == "kernel":
+            out += "; closed by the server %d of %d" % (a.get("closed", 0), runs)
+        if a.get("failed"):
+            out += "; %d connect errors (%s)" % (a["failed"], a.get("fail", ""))
+        return out
+    if server == "luna":
+        return "as promised" if not a.get("failed") else "FAILED %d: %s" % (a["failed"], a.get("fail", ""))
+    out = "luna's answer in %d of %d" % (runs - a.get("failed", 0), runs)
+    if a.get("failed"):
+        out += "; first difference: %s" % a.get("fail", "")
+    shown = ["%s +%d" % (k, delta[k]) for k in MEMCACHED_SHOWN if delta.get(k)]
+    return out + ("; memcached " + ", ".join(shown) if shown else "")
+
+
+def intensity(doc):
+    """Per attack@priority, medians over its repetitions: attacks run per second, the
+    attacker's CPU share, the server's CPU seconds per second, and what the attacker saw
+    in the first repetition. How hard each server was pushed, for comparing a luna run
+    with its kernel control (a server that answers slowly, or not at all, is attacked less
+    often in the same time)."""
+    import statistics
+
+    by = {}
+    for r in doc["phases"]:
+        if r["attack"]:
+            by.setdefault(r["phase"], []).append(r)
+    rows = ["| attack | attacks/s | attacker CPU share | server CPU s/s | attacker saw (first repetition) |",
+            "|---|---:|---:|---:|---|"]
+    for name, rs in by.items():
+        med = statistics.median
+        rate = med([(r["attacker"] or {}).get("runs", 0) / max(r["seconds"], 1e-3) for r in rs])
+        share = med([r["attacker_cpu_share"] or 0 for r in rs])
+        srv = [r["server_cpu_s"] / max(r["seconds"], 1e-3) for r in rs if r["server_cpu_s"] is not None]
+        first = rs[0]
+        what = saw(doc["kind"], doc["server"], first["attacker"], first["server_delta"])
+        if doc["server"] == "luna":
+            what = "`%s` +%s; %s" % (first["defence_counter"], first["defence_delta"], what)
+        rows.append("| %s | %.1f | %.0f%% | %s | %s |" % (
+            name, rate, 100 * share, "%.2f" % med(srv) if srv else "-", what))
+    return "\n".join(rows) + "\n"
+
+
 def markdown(doc):
+    kernel = doc["server"] == "kernel"
     rows = [
+        "Server: %s%s.\n" % (
+            "kernel control (%s on kernel TCP)" % ("nghttpd" if doc["kind"] == "h2" else "memcached")
+            if kernel else "luna",
+            "" if doc.get("answer_wait_s") is None else ", attacker reads each answer for at most %g s"
+            % doc["answer_wait_s"]),
         "Per attack (%d repetitions of %g s phases, each attack between two baselines of its own;"
         " a baseline needs >= %d samples):\n" % (doc["reps"], doc["phase_seconds"], doc["method"]["min_samples"]),
         interleave.markdown(doc["summary"]),
+        "How hard each attack pushed (medians over the repetitions):\n",
+        intensity(doc),
         "Every phase:\n",
         "| phase | rep | s | good reqs | errors | p50 µs | p99 µs | p99.9 µs | p99 / neighbouring baselines"
         " | attacker runs | attacker sent | CPU s: attacker (share) / good client / server"
-        " | defence counter (+Δ) | attacker saw | kernel retrans / RTOs | luna core iterations / rx frames / retransmits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " | defence counter (+Δ) | attacker saw | kernel retrans / RTOs (client side%s) | backlog drops"
+        " | luna core iterations / rx frames / retransmits |" % ("; server side" if kernel else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["phases"]:
         a = r["attacker"] or {}
         sent = "-"
         if r["attack"]:
             sent = ("%d frames" % a.get("frames", 0)) if doc["kind"] == "h2" else "%d attacks" % a.get("runs", 0)
-        saw = "-"
-        if r["attack"]:
-            if doc["kind"] == "h2":
-                saw = "GOAWAY " + ", ".join("%s ×%d" % (c, n) for c, n in sorted(a.get("goaway", {}).items()))
-            else:
-                saw = "as promised" if not a.get("failed") else "FAILED %d: %s" % (a["failed"], a.get("fail", ""))
-            if doc["kind"] == "h2" and a.get("failed"):
-                saw += "; %d connect errors" % a["failed"]
+        seen = saw(doc["kind"], doc["server"], a, r["server_delta"]) if r["attack"] else "-"
         ratio = "-" if r.get("p99_over_neighbours") is None else "%.2f×" % r["p99_over_neighbours"]
         d = r["server_delta"]
-        core = "%d / %d / %d" % (d.get("core_iterations", 0), d.get("core_rx_frames", 0),
-                                 d.get("core_retransmits", 0))
+        core = "-" if kernel else "%d / %d / %d" % (d.get("core_iterations", 0), d.get("core_rx_frames", 0),
+                                                     d.get("core_retransmits", 0))
         cpu = "%s / %.2f / %s" % (
             "%.2f (%.0f%%)" % (r["attacker_cpu_s"], 100 * (r["attacker_cpu_share"] or 0)) if r["attack"] else "-",
             r["good_client_cpu_s"], "-" if r["server_cpu_s"] is None else "%.2f" % r["server_cpu_s"])
-        rows.append("| %s | %d | %.1f | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d / %d | %s |" % (
+        defence = "-"
+        if r["attack"] and not kernel:
+            defence = "`%s` +%d" % (r["defence_counter"], r["defence_delta"])
+        elif r["attack"]:
+            defence = "none counted (kernel control)"
+        tcp = "%d / %d" % (r["kernel_retrans"], r["kernel_rtos"])
+        if r.get("server_kernel_retrans") is not None:
+            tcp += "; %d / %d" % (r["server_kernel_retrans"], r["server_kernel_rtos"])
+        rows.append("| %s | %d | %.1f | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |" % (
             r["phase"], r["rep"], r["seconds"], r["good_requests"], r["good_errors"], fmt(r["p50_us"]),
             fmt(r["p99_us"]), fmt(r["p999_us"]), ratio,
-            a.get("runs", "-") if r["attack"] else "-", sent, cpu,
-            "`%s` +%d" % (r["defence_counter"], r["defence_delta"]) if r["attack"] else "-", saw,
-            r["kernel_retrans"], r["kernel_rtos"], core))
+            a.get("runs", "-") if r["attack"] else "-", sent, cpu, defence, seen,
+            tcp, r.get("backlog_drops", 0), core))
     return "\n".join(rows) + "\n"
 
 

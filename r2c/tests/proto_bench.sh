@@ -13,8 +13,12 @@
 #   tiny: one model, 4 connections, a few requests, a debug build: checks the script
 #   works (numbers from it mean nothing). Knobs (environment): MODELS ("cp cs ms"), CONNS ("20 5000"),
 #   SERVICE (bimodal:100us), SERVICE_MODE (sleep), WORKERS (4), H2_REQS (100000),
+#   H2_STREAMS (16: an extra h2load row with -m H2_STREAMS at each CONNS below 1,000, so
+#   one connection has that many streams in flight and MS can spread them over workers;
+#   the -m 1 rows never can; empty: no extra row),
 #   KV_REQS_20 / KV_REQS_5000 (2000 / 10 per connection), GRPC_REQS_20 / GRPC_REQS_5000
-#   (1000 / 5 per connection).
+#   (1000 / 5 per connection), LUNA_TESTBED_PREFIX (lpb; luna-kv's topology: lpk, or the
+#   prefix + k).
 # Bounded: every server has --secs / --duration, every client a timeout.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,6 +29,7 @@ SERVICE=${SERVICE:-bimodal:100us}
 SERVICE_MODE=${SERVICE_MODE:-sleep}
 WORKERS=${WORKERS:-4}
 H2_REQS=${H2_REQS:-100000}
+H2_STREAMS=${H2_STREAMS-16}
 KV_REQS_20=${KV_REQS_20:-2000}
 KV_REQS_5000=${KV_REQS_5000:-10}
 GRPC_REQS_20=${GRPC_REQS_20:-1000}
@@ -47,7 +52,10 @@ B=$T/$PROFILE
 PY=/usr/bin/python3
 LOAD=$ROOT/r2c/tests/bench/proto_load.py
 OUT=$(mktemp -d /tmp/proto-bench.XXXXXX)
-PFX=lpb
+# Topology prefixes: lpb (tap) and lpk (luna-kv's own), or LUNA_TESTBED_PREFIX and it + k.
+PFX=${LUNA_TESTBED_PREFIX:-lpb}
+KPFX=${LUNA_TESTBED_PREFIX:+${LUNA_TESTBED_PREFIX}k}
+KPFX=${KPFX:-lpk}
 PIDS=()
 cleanup() {
     for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
@@ -80,12 +88,13 @@ stop_srv() { # stop_srv STOPFILE PID
     for _ in $(seq 600); do kill -0 "$2" 2>/dev/null || return 0; sleep 0.1; done
     kill "$2" 2>/dev/null || true
 }
-h2row() { # h2row MODEL CONNS FILE
-    local f=$3 rps mean max ok
+h2row() { # h2row MODEL CONNS FILE [STREAMS]
+    local f=$3 rps mean max ok proto=http2
+    [ "${4:-1}" != 1 ] && proto=http2-m$4
     ok=$(sed -n 's/^requests: .* \([0-9]*\) succeeded, \([0-9]*\) failed.*/\1 ok, \2 failed/p' "$f")
     rps=$(sed -n 's/^finished in [^,]*, \([0-9.]*\) req\/s.*/\1/p' "$f")
     read -r _ _ _ _ mean max < <(grep '^time for request:' "$f" | awk '{print $1,$2,$3,$4,$6,$5}') || true
-    row http2 "$1" "$2" "$SERVICE" "${rps:-?}" "mean:${mean:-?}" "max:${max:-?}" "" "h2load: ${ok:-?}"
+    row "$proto" "$1" "$2" "$SERVICE" "${rps:-?}" "mean:${mean:-?}" "max:${max:-?}" "" "h2load: ${ok:-?}"
 }
 loadrow() { # loadrow PROTO MODEL CONNS SERVICE FILE
     local l
@@ -114,6 +123,14 @@ for m in $MODELS; do
             "http://$IP:8080/" >"$OUT/h2-$m-$c.txt" 2>&1 || true
         h2row "$m" "$c" "$OUT/h2-$m-$c.txt"
         ROWS[${#ROWS[@]}-1]+=" tapdrop=$(tapdrop "$NS")"
+        # Several streams per connection in flight: what MS spreads over workers and
+        # -m 1 never exercises (at 5,000 connections -m 1 already has 5,000 in flight).
+        if [ -n "$H2_STREAMS" ] && [ "$H2_STREAMS" -gt 1 ] && [ "$c" -lt 1000 ]; then
+            timeout 300 ip netns exec "$NS" h2load -n "$n" -c "$c" -m "$H2_STREAMS" -t 2 \
+                "http://$IP:8080/" >"$OUT/h2-$m-$c-m$H2_STREAMS.txt" 2>&1 || true
+            h2row "$m" "$c" "$OUT/h2-$m-$c-m$H2_STREAMS.txt" "$H2_STREAMS"
+            ROWS[${#ROWS[@]}-1]+=" tapdrop=$(tapdrop "$NS")"
+        fi
     done
     stop_srv "$OUT/luna-h2.stop" "$SRV"
 
@@ -128,8 +145,8 @@ for m in $MODELS; do
     done
     stop_srv "$OUT/luna-grpc.stop" "$SRV"
 
-    # memcached: luna-kv brings up its own tap topology (prefix lpk) and prints it.
-    "$B/examples/luna-kv" --prefix lpk --model "$m" --workers "$WORKERS" --duration 900 \
+    # memcached: luna-kv brings up its own tap topology (prefix $KPFX) and prints it.
+    "$B/examples/luna-kv" --prefix "$KPFX" --model "$m" --workers "$WORKERS" --duration 900 \
         --service "$SERVICE" --service-mode "$SERVICE_MODE" >"$OUT/kv-$m.out" 2>&1 &
     KV=$!
     PIDS+=($KV)

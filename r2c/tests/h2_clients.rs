@@ -497,6 +497,30 @@ fn http2_attacks_are_stopped_and_a_good_client_is_served() {
     assert_eq!(n("timeout_idle"), 1, "{c:?}");
     assert_eq!(n("abandoned"), 0, "{c:?}");
     assert_eq!(c["attached"], c["detached"], "{c:?}");
+    // Memory under the attacks: the most any one connection held (the session's
+    // high-water marks, msgsched::proto::h2::Mark), against luna-h2's bounds
+    // (H2Config's defaults, --max-streams 100; docs/reliability.md).
+    const KIB: u64 = 1024;
+    // The zero-window reader fills every slot and gets no more.
+    assert_eq!(n("h2_hwm_streams"), 100, "{c:?}");
+    // HPACK bomb (one ~8 KB block) and CONTINUATION flood (cut at 32 frames).
+    let block = n("h2_hwm_header_block_bytes");
+    assert!(block > 0 && block <= 64 * KIB, "max_header_block: {c:?}");
+    // Bodies wait at most max_buffered (4 MiB) plus the connection window (1 MiB).
+    assert!(n("h2_hwm_buffered_bytes") <= 5 * 1024 * KIB, "{c:?}");
+    // The zero-window reader's 64 KiB `/big` replies: held, at most one per slot.
+    let held = n("h2_hwm_held_reply_bytes");
+    assert!(
+        (64 * KIB..=100 * 64 * KIB).contains(&held),
+        "replies held for window: {c:?}"
+    );
+    // Input is read only while under max_input (64 KiB): at most one received segment
+    // beyond it. Output: frames stop being processed at max_output (256 KiB); one
+    // frame's answer or a small reply may add to it (no attack here opens a window
+    // onto held replies).
+    assert!(n("h2_hwm_input_bytes") <= 128 * KIB, "{c:?}");
+    let out = n("h2_hwm_output_bytes");
+    assert!(out > 0 && out <= 320 * KIB, "{c:?}");
     // Answered: h2load's requests, the last GET, and the few attack streams whose reply
     // went out before their reset arrived (at most one concurrency window of each).
     let extra = n("h2_responses") - (ok + 1).min(n("h2_responses"));

@@ -22,6 +22,7 @@ fuzz_target!(|data: &[u8]| {
         ..H2Config::default()
     };
     let max_streams = cfg.max_concurrent_streams as usize;
+    let max_body = cfg.max_body;
     let mut s = H2Session::new(cfg);
     let mut input = Vec::new();
     if ctl & 1 == 0 {
@@ -40,6 +41,9 @@ fuzz_target!(|data: &[u8]| {
             pending.push((r.id, req));
         }
         assert!(s.open_streams() <= max_streams);
+        // Replies waiting for window: at most one echo (<= max_body) per slot; the
+        // accounting (debug-checked subtractions) never goes below zero.
+        assert!(s.held_replies() <= max_streams * max_body);
         // Answer some now, keep others for later (out of order completion).
         if i % 2 == 0 {
             for (id, req) in pending.drain(..) {

@@ -22,7 +22,7 @@ pub mod frame;
 pub mod hpack;
 pub mod session;
 
-pub use session::{H2Config, H2Counters, H2Session, Reason};
+pub use session::{H2Config, H2Counters, H2Session, Mark, Reason};
 
 use crate::parser::peek;
 use hpack::Field;

@@ -29,6 +29,11 @@
 //! - **Flow control**: data beyond our window is FLOW_CONTROL_ERROR; a WINDOW_UPDATE or
 //!   SETTINGS_INITIAL_WINDOW_SIZE that pushes a window above 2^31-1 is
 //!   FLOW_CONTROL_ERROR (connection: GOAWAY; stream: RST_STREAM).
+//!
+//! What a session holds is measured as well as bounded: [`Mark`] high-water marks (the
+//! most any one session held: streams, header-block bytes, buffered bodies, replies
+//! waiting for window, unprocessed input, queued output) in [`H2Counters::hwm`], so a
+//! test or a benchmark can check the bounds under attack (docs/reliability.md).
 
 use super::frame::{self, flag, kind, setting, ErrorCode, FrameHeader, HEADER_LEN};
 use super::hpack::{self, Decoder, Encoder, Field, HpackError, HpackLimits};
@@ -150,6 +155,52 @@ impl Reason {
     }
 }
 
+/// A quantity a session holds in memory, tracked as a high-water mark
+/// ([`H2Counters::hwm`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// Streams holding a concurrency slot (at most `max_concurrent_streams`).
+    Streams,
+    /// Bytes of one header block being assembled (at most `max_header_block`).
+    HeaderBlock,
+    /// Request-body bytes buffered before dispatch (at most `max_buffered` plus the
+    /// connection window, which is not reopened past `max_buffered`).
+    Buffered,
+    /// Reply-body bytes waiting for the peer's flow-control window (at most
+    /// `max_concurrent_streams` replies: the application's reply size bounds it).
+    HeldReplies,
+    /// Received bytes not yet processed (at most `max_input` plus what the driver
+    /// pushed after [`Session::wants_input`] said no).
+    Input,
+    /// Bytes queued for transmission: frames stop being processed at `max_output`,
+    /// and one frame's answer or the reply data a window opening releases can add to it.
+    Output,
+}
+
+impl Mark {
+    /// Every mark, in counter order.
+    pub const ALL: [Mark; 6] = [
+        Mark::Streams,
+        Mark::HeaderBlock,
+        Mark::Buffered,
+        Mark::HeldReplies,
+        Mark::Input,
+        Mark::Output,
+    ];
+
+    /// Short name for counters.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mark::Streams => "streams",
+            Mark::HeaderBlock => "header_block_bytes",
+            Mark::Buffered => "buffered_bytes",
+            Mark::HeldReplies => "held_reply_bytes",
+            Mark::Input => "input_bytes",
+            Mark::Output => "output_bytes",
+        }
+    }
+}
+
 /// Counters shared by every HTTP/2 session of a server.
 #[derive(Debug, Default)]
 pub struct H2Counters {
@@ -173,6 +224,9 @@ pub struct H2Counters {
     pub rst_received: AtomicU64,
     /// Replies that arrived for a stream already reset (dropped).
     pub replies_dropped: AtomicU64,
+    /// High-water marks, the most any one session held (index = position in
+    /// [`Mark::ALL`]).
+    pub hwm: [AtomicU64; Mark::ALL.len()],
 }
 
 impl H2Counters {
@@ -191,6 +245,11 @@ impl H2Counters {
         self.rst_sent[r.index()].load(Ordering::Relaxed)
     }
 
+    /// The most any one session has held of `m`.
+    pub fn hwm(&self, m: Mark) -> u64 {
+        self.hwm[m as usize].load(Ordering::Relaxed)
+    }
+
     /// `name=value` pairs of every non-zero counter (for reports).
     pub fn fields(&self) -> Vec<(String, u64)> {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -206,6 +265,9 @@ impl H2Counters {
         for r in Reason::ALL {
             v.push((format!("goaway_{}", r.name()), self.goaway_for(r)));
             v.push((format!("rst_{}", r.name()), self.rst_for(r)));
+        }
+        for m in Mark::ALL {
+            v.push((format!("hwm_{}", m.name()), self.hwm(m)));
         }
         v
     }
@@ -337,6 +399,12 @@ pub struct H2Session {
     /// Ended by the driver's timer: a clean end ([`SessionState::Done`]) once the
     /// GOAWAY is queued, not a protocol error.
     timed_out: bool,
+    /// Reply-body bytes of `Stream::out`, waiting for window.
+    held: usize,
+    /// This session's high-water marks ([`Mark`] order), and what of them the shared
+    /// counters have seen (published only when one grows: no atomics otherwise).
+    marks: [usize; Mark::ALL.len()],
+    published: [usize; Mark::ALL.len()],
 }
 
 impl H2Session {
@@ -382,7 +450,40 @@ impl H2Session {
             peer_max_frame: frame::DEFAULT_MAX_FRAME as usize,
             peer_goaway: false,
             timed_out: false,
+            held: 0,
+            marks: [0; Mark::ALL.len()],
+            published: [0; Mark::ALL.len()],
         }
+    }
+
+    /// Raises this session's mark `m` to `v` if higher.
+    fn mark(&mut self, m: Mark, v: usize) {
+        let i = m as usize;
+        if v > self.marks[i] {
+            self.marks[i] = v;
+        }
+    }
+
+    /// Marks what can only have grown since the last call, then hands the marks that
+    /// grew to the shared counters. Called at the end of every entry point that can
+    /// add to what the session holds.
+    fn publish(&mut self) {
+        self.mark(Mark::Streams, self.streams.len());
+        self.mark(Mark::Buffered, self.buffered);
+        self.mark(Mark::HeldReplies, self.held);
+        self.mark(Mark::Output, self.out_len());
+        for m in Mark::ALL {
+            let i = m as usize;
+            if self.marks[i] > self.published[i] {
+                self.cfg.counters.hwm[i].fetch_max(self.marks[i] as u64, Ordering::Relaxed);
+                self.published[i] = self.marks[i];
+            }
+        }
+    }
+
+    /// Reply-body bytes waiting for the peer's window.
+    pub fn held_replies(&self) -> usize {
+        self.held
     }
 
     /// Streams holding a concurrency slot.
@@ -451,6 +552,7 @@ impl H2Session {
             // Only a stream not yet dispatched holds body bytes.
             self.buffered -= s.body.len();
             s.body = IoVec::new();
+            self.held -= s.out.as_ref().map_or(0, |o| o.body.len());
             if s.at_worker {
                 s.reset = true;
                 s.out = None;
@@ -659,6 +761,9 @@ impl H2Session {
         let dlen = data.len();
         s.body.append(data);
         self.buffered += dlen;
+        // Marked here: a reset later in the same input frees it before `publish`.
+        let b = &mut self.marks[Mark::Buffered as usize];
+        *b = (*b).max(self.buffered);
         if end {
             s.remote_done = true;
             self.ready.push_back(h.stream);
@@ -695,6 +800,7 @@ impl H2Session {
         if b.buf.len() > self.cfg.max_header_block {
             return Err(Fail::Conn(ErrorCode::EnhanceYourCalm, Reason::HeaderBlock));
         }
+        self.mark(Mark::HeaderBlock, b.buf.len());
         if h.flags & flag::END_HEADERS != 0 {
             self.on_block(b)
         } else {
@@ -717,6 +823,7 @@ impl H2Session {
             self.cost(1)?;
         }
         b.buf.extend_from_slice(&f.to_vec());
+        self.mark(Mark::HeaderBlock, b.buf.len());
         if h.flags & flag::END_HEADERS != 0 {
             self.on_block(b)
         } else {
@@ -788,6 +895,8 @@ impl H2Session {
                 out: None,
             },
         );
+        // Marked here: rapid reset frees the slot again within the same input.
+        self.mark(Mark::Streams, self.streams.len());
         if b.end_stream {
             self.ready.push_back(id);
         }
@@ -966,6 +1075,7 @@ impl H2Session {
                 self.ctl.extend_from_slice(&fh.bytes());
                 self.tx.push(Zbuf::from_vec(std::mem::take(&mut self.ctl)));
                 self.tx.append(chunk);
+                self.held -= n;
                 s.send_window -= n as i64;
                 self.conn_send_window -= n as i64;
                 if end {
@@ -1031,6 +1141,7 @@ impl H2Session {
             return;
         }
         if let Some(s) = self.streams.get_mut(&id) {
+            self.held += resp.body.len();
             s.out = Some(Out {
                 body: resp.body,
                 trailers: resp.trailers,
@@ -1088,7 +1199,9 @@ impl Session for H2Session {
             return;
         }
         self.input.push(data);
+        self.mark(Mark::Input, self.input.len());
         self.process();
+        self.publish();
     }
 
     fn wants_input(&self) -> bool {
@@ -1141,12 +1254,14 @@ impl Session for H2Session {
             self.respond(id, reply);
         }
         self.flush_ctl();
+        self.publish();
     }
 
     fn poll_transmit(&mut self) -> Option<IoVec> {
         if self.tx.is_empty() && self.ctl.is_empty() {
             // The output queue drained: process input that waited for it.
             self.process();
+            self.publish();
         }
         self.flush_ctl();
         if self.tx.is_empty() {
@@ -1183,6 +1298,7 @@ impl Session for H2Session {
         // NO_ERROR with last-stream-id tells the peer which ones were processed).
         self.goaway(ErrorCode::NoError, reason);
         self.timed_out = true;
+        self.publish();
     }
 }
 

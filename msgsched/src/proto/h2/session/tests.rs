@@ -721,3 +721,69 @@ fn output_is_bounded_while_the_peer_does_not_read() {
         "every PING answered once the output drains"
     );
 }
+
+/// The high-water marks see what a session held at its peak, even when the same input
+/// frees it again (a stream opened and reset, a body buffered and reset), and each
+/// stays within its bound.
+#[test]
+fn high_water_marks_follow_what_a_session_holds() {
+    // A CONTINUATION flood: 1 byte of HEADERS, then 1-byte CONTINUATIONs until the 33rd
+    // is one too many (max_continuations 32): the block peaked at 33 bytes.
+    let (mut s, _, c) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::HEADERS, 0, 1, &[0x82]);
+    for _ in 0..40 {
+        frame::put(&mut b, kind::CONTINUATION, 0, 1, &[0x82]);
+    }
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::EnhanceYourCalm as u32)
+    );
+    assert_eq!(c.hwm(Mark::HeaderBlock), 33);
+
+    // Rapid reset within one input: a stream opened with 500 body bytes, then reset.
+    let (mut s, mut p, c) = open();
+    let mut b = Vec::new();
+    let block = p.block("/echo");
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame::put(&mut b, kind::DATA, 0, 1, &[1u8; 500]);
+    frame::rst_stream(&mut b, 1, ErrorCode::Cancel);
+    send(&mut s, b);
+    assert_eq!((s.open_streams(), s.buffered()), (0, 0));
+    assert_eq!(c.hwm(Mark::Streams), 1);
+    assert_eq!(c.hwm(Mark::Buffered), 500);
+
+    // Replies held by a zero window: 3 x 1,000 bytes, released by WINDOW_UPDATEs.
+    let (mut s, mut p, c) = open();
+    let mut b = Vec::new();
+    frame::settings(&mut b, &[(setting::INITIAL_WINDOW_SIZE, 0)]);
+    for id in [1, 3, 5] {
+        p.get(&mut b, id, "/");
+    }
+    send(&mut s, b);
+    while let Some(r) = s.poll_request() {
+        reply(&mut s, r.id, &[9u8; 1000]);
+    }
+    assert_eq!(s.held_replies(), 3000);
+    let mut b = Vec::new();
+    for id in [1, 3, 5] {
+        frame::window_update(&mut b, id, 1000);
+    }
+    let got = send(&mut s, b);
+    let sent: usize = got
+        .iter()
+        .filter(|(h, _)| h.kind == kind::DATA)
+        .map(|(_, p)| p.len())
+        .sum();
+    assert_eq!(sent, 3000);
+    assert_eq!((s.held_replies(), s.open_streams()), (0, 0));
+    assert_eq!(c.hwm(Mark::HeldReplies), 3000);
+    assert_eq!(c.hwm(Mark::Streams), 3);
+    assert!(c.hwm(Mark::Output) > 0 && c.hwm(Mark::Input) > 0);
+    // Reported with the other counters.
+    let f = c.fields();
+    assert!(
+        f.contains(&("hwm_held_reply_bytes".to_string(), 3000)),
+        "{f:?}"
+    );
+}

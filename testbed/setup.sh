@@ -40,7 +40,7 @@ PACKAGES=(
     curl             # ffi/dpdk/compat-check.sh fetches another DPDK release's headers
     nghttp2-client   # nghttp, h2load: real HTTP/2 clients against luna-h2 (r2c/tests/h2_clients.rs)
     nghttp2-server   # nghttpd: the kernel-TCP HTTP/2 server of ATTACK_PROTO_SERVER=kernel make attack-proto
-    memcached        # the kernel-TCP memcached of ATTACK_PROTO_SERVER=kernel make attack-proto (not started as a service)
+    memcached        # the kernel-TCP memcached of ATTACK_PROTO_SERVER=kernel make attack-proto (its own service is not used)
     python3-h2       # adversarial HTTP/2 clients (h2, hyperframe, hpack) for the HTTP/2 attack tests
     python3-grpcio   # Python gRPC unary client against luna-grpc
     libmemcached-tools  # memccapable, memcslap: real memcached clients against luna-kv (r2c/tests/memcached_clients.rs)

@@ -354,7 +354,8 @@ def memcached_stats(host, port):
 
 
 # memcached's `stats` that change because of an attack (the kernel control's counters):
-# its connections, values refused as too large, read-buffer allocation failures.
+# its connections (a phase's delta includes the one `stats` read's own), values refused
+# as too large, read-buffer allocation failures, connections refused.
 MEMCACHED_SHOWN = ("total_connections", "store_too_large", "read_buf_oom", "rejected_connections")
 
 

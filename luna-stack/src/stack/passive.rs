@@ -127,9 +127,9 @@ impl<R: Rng> Stack<R> {
         if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
             lst.half_open += 1;
         }
-        // (`counted_half_open` above: free_slot or the handshake's end takes it back.)
+        // (`counted_half_open` above: free_slot or the handshake's end takes it back; the
+        // high-water mark follows in after_activity, once a cookie connection has left.)
         self.held.half_open += 1;
-        self.counters.high_water.raise(&self.held);
         Some(idx)
     }
 

@@ -279,10 +279,12 @@ impl<R: Rng> Stack<R> {
             self.dirty.push_back(idx);
         }
         schedule_entry(&mut self.timers, e, idx, gen);
-        account_entry(&mut self.held, &mut self.counters, e);
         if leaves_half_open {
             self.held.half_open = self.held.half_open.saturating_sub(1);
         }
+        // After the half-open count: a connection made from a cookie ACK was never
+        // half-open, and must not raise the mark in passing.
+        account_entry(&mut self.held, &mut self.counters, e);
         if ev.any() {
             self.route_events(h, owner, ev, leaves_half_open);
         }

@@ -1913,3 +1913,26 @@ fn held_and_high_water_marks_follow_the_table_and_the_queues() {
     net.run_until(|n| n.b.connection_count() == 0, 100_000);
     assert_eq!(net.b.held(), Held::default());
 }
+
+/// A connection made from a SYN cookie's ACK is never half-open: with the backlog full
+/// (one SYN-RECEIVED), it completes without raising the half-open mark above the backlog.
+#[test]
+fn cookie_connections_do_not_raise_the_half_open_mark() {
+    let mut net = Net::pair();
+    let _l = net.b.listen(7000, 1).unwrap();
+    // A's RSTs for the injected SYN's SYN-ACKs are lost: the half-open connection stays.
+    net.drop = Box::new(|from_a, bytes| from_a && is_tcp(bytes) && bytes[47] & 0x04 != 0);
+    inject_to_b(&mut net, 2000, 77, 0, TcpFlags::SYN);
+    assert_eq!(net.b.held().half_open, 1);
+    let c = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+        .unwrap();
+    net.run_until(
+        |n| n.a.state(c) == Some(State::Established) && n.b.counters().syn_cookies_accepted == 1,
+        1000,
+    );
+    let hw = net.b.counters().high_water;
+    assert_eq!(hw.held.half_open, 1, "{hw:?}");
+    assert_eq!(hw.held.connections, 2, "{hw:?}");
+}

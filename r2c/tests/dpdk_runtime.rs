@@ -632,6 +632,7 @@ fn serve_until_stopped(port: &DpdkPort, ready: String) -> String {
     let opts = options(&env.slab, port);
     let rt = Runtime::spawn_inline(vec![env.core], opts, move |_| InlineServer {
         expected: usize::MAX,
+        backlog: BACKLOG,
         done: 0,
         polls: 0,
         conns: HashMap::new(),
@@ -780,6 +781,83 @@ fn tap_kernel_clients_through_syn_cookies_keep_working() {
     assert!(field(s, "cookies_accepted") >= n, "{s}");
 }
 
+/// The same regression as it was found: the default mode (cookies only when the backlog
+/// is full) with the backlog really full. The listener's backlog is [`FULL_BACKLOG`];
+/// scapy fills it with SYNs from spoofed sources in the subnet, which nobody answers (their
+/// connections stay in SYN-RECEIVED, retrying, far longer than the test). Then 16 kernel
+/// connections (Linux's timestamps on) are made, each through a cookie, and must each
+/// complete RPCs in both directions with every byte checked; the server's counters show
+/// the cookies were sent and accepted for them.
+#[test]
+fn tap_kernel_clients_through_syn_cookies_with_a_full_backlog() {
+    let prefix = test_prefix("llkrk");
+    let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
+    let t = topo.tap().expect("tap details").clone();
+    let server = spawn_on_tap(
+        &topo,
+        "tap-server-cookies-full",
+        "inline server, cookies when full, small backlog",
+    );
+    let net = t.dpdk.ip.octets();
+    let py = format!(
+        "import socket,struct,sys,time\n\
+         from scapy.all import IP,TCP,Ether,sendp,getmacbyip,conf\n\
+         conf.verb=0\n\
+         def pat(i,n): return bytes(((i*131+k)&0xff) for k in range(n))\n\
+         sizes=[1,1448,4096,20000]\n\
+         def rpc(c,i,n):\n  c.sendall(struct.pack('<QIHH',i,n,0,0x6e6b)+pat(i,n))\n  \
+         want=struct.pack('<QIHH',i,n,1,0x6e6b)+pat(i,n)\n  buf=b''\n  \
+         while len(buf)<len(want):\n    d=c.recv(1<<16)\n    if not d: break\n    buf+=d\n  \
+         return buf==want\n\
+         end=time.time()+30\n\
+         mac=None\n\
+         while mac is None and time.time()<end:\n  mac=getmacbyip('{ip}')\n\
+         if mac is None: raise SystemExit('no ARP answer from the server')\n\
+         syns=[Ether(dst=mac)/IP(src='{net}.{{}}'.format(200+k),dst='{ip}')/TCP(sport=40000+k,dport={RPC_PORT},flags='S',seq=1000*k,options=[('MSS',1460)]) for k in range({fill})]\n\
+         sendp(syns,iface='{iface}')\n\
+         time.sleep(0.5)\n\
+         conns=[]\n\
+         for k in range({n}):\n  \
+         while True:\n    try:\n      conns.append(socket.create_connection(('{ip}',{RPC_PORT}),timeout=5)); break\n    \
+         except OSError:\n      if time.time()>end: raise\n      time.sleep(0.1)\n\
+         bad=0\n\
+         for k,c in enumerate(conns):\n  \
+         try:\n    ok=all(rpc(c,k*10+j,sizes[j%4]) for j in range(8))\n  \
+         except OSError as e:\n    ok=False\n  \
+         if not ok: bad+=1\n\
+         for c in conns:\n  c.shutdown(socket.SHUT_WR)\n\
+         for c in conns:\n  \
+         try: c.recv(1)\n  \
+         except OSError: bad+=1\n  \
+         c.close()\n\
+         print('KERNEL-CLIENT', 'ok' if bad==0 else 'stalled', bad)\n\
+         sys.exit(0 if bad==0 else 1)\n",
+        n = COOKIE_CONNS,
+        fill = FULL_BACKLOG,
+        ip = t.dpdk.ip,
+        net = format!("{}.{}.{}", net[0], net[1], net[2]),
+        iface = t.host.iface,
+    );
+    // Debian's python3 carries scapy (python3-scapy); a pyenv python on PATH may not.
+    let mut cmd = t.host.command("/usr/bin/python3");
+    cmd.args(["-c", &py]);
+    let kclient = spawn(cmd, "backlog filler + kernel clients");
+    let (k, s) = (kclient.wait(LIMIT), server.wait(LIMIT));
+    drop(topo);
+    let got = lines(&[(&k, "KERNEL-CLIENT ok"), (&s, "OK ")]);
+    let s = &got[1];
+    println!("{}\nserver: {s}", got[0]);
+    let n = COOKIE_CONNS as u64;
+    assert_eq!(field(s, "requests"), 8 * n, "{s}");
+    assert_eq!(field(s, "errors"), 0, "{s}");
+    // Every kernel connection came through a cookie: the backlog stayed full.
+    assert!(field(s, "cookies_sent") >= n, "{s}");
+    assert!(field(s, "cookies_accepted") >= n, "{s}");
+}
+
+/// The listen backlog of `tap_kernel_clients_through_syn_cookies_with_a_full_backlog`.
+const FULL_BACKLOG: usize = 4;
+
 #[test]
 fn a_server_resets_a_client_that_sends_garbage() {
     // Bad input: a header with the wrong magic is counted as an error and the
@@ -830,9 +908,22 @@ fn role_child() {
         "tap-server" => serve(&port, false, 1, Some(arg)),
         "tap-server-batch" => serve(&port, true, 1, Some(arg)),
         "tap-server-attack" => serve_until_stopped(&port, arg),
-        "tap-server-cookies" => {
-            serve_with(&port, false, COOKIE_CONNS, Some(arg), SynCookieMode::Always)
-        }
+        "tap-server-cookies" => serve_with(
+            &port,
+            false,
+            COOKIE_CONNS,
+            Some(arg),
+            SynCookieMode::Always,
+            BACKLOG,
+        ),
+        "tap-server-cookies-full" => serve_with(
+            &port,
+            false,
+            COOKIE_CONNS,
+            Some(arg),
+            SynCookieMode::WhenFull,
+            FULL_BACKLOG,
+        ),
         "client" => client(&port, arg == "flat"),
         other => panic!("unknown role {other}"),
     };
@@ -1023,6 +1114,8 @@ impl Echo {
 /// inline-r2c echo-RPC server: replies from the callbacks, payload zero copy.
 struct InlineServer {
     expected: usize,
+    /// The listener's backlog.
+    backlog: usize,
     done: usize,
     polls: u64,
     conns: HashMap<Conn, Echo>,
@@ -1044,7 +1137,7 @@ impl InlineServer {
 
 impl InlineApp for InlineServer {
     fn on_start(&mut self, ctx: &mut Ctx<'_>) {
-        ctx.listen(RPC_PORT, BACKLOG).expect("listen");
+        ctx.listen(RPC_PORT, self.backlog).expect("listen");
         if self.attack.is_some() {
             // The seq_wrap phase's listener, which no flood fills (attack.py).
             ctx.listen(WRAP_PORT, BACKLOG).expect("listen");
@@ -1269,7 +1362,7 @@ impl BatchApp for BatchServer {
     fn on_start(&mut self, s: &mut Sockets<'_>) {
         let fd = s.socket();
         s.bind(fd, RPC_PORT).expect("bind");
-        s.listen(fd, 64).expect("listen");
+        s.listen(fd, BACKLOG).expect("listen");
         s.register(fd, Interest::READABLE).expect("register");
         self.lfd = Some(fd);
     }
@@ -1292,7 +1385,14 @@ impl BatchApp for BatchServer {
 }
 
 fn serve(port: &DpdkPort, batch: bool, expected: usize, ready: Option<String>) -> String {
-    serve_with(port, batch, expected, ready, SynCookieMode::WhenFull)
+    serve_with(
+        port,
+        batch,
+        expected,
+        ready,
+        SynCookieMode::WhenFull,
+        BACKLOG,
+    )
 }
 
 /// [`serve`] with the listener's SYN-cookie mode set.
@@ -1302,6 +1402,7 @@ fn serve_with(
     expected: usize,
     ready: Option<String>,
     cookies: SynCookieMode,
+    backlog: usize,
 ) -> String {
     let mut env = setup(port);
     env.core.stack.syn_cookies = cookies;
@@ -1323,6 +1424,7 @@ fn serve_with(
     } else {
         Runtime::spawn_inline(vec![env.core], opts, move |_| InlineServer {
             expected,
+            backlog,
             done: 0,
             polls: 0,
             conns: HashMap::new(),

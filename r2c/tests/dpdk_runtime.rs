@@ -365,6 +365,12 @@ fn attack_on(
         .and_then(|j| serde_json::from_str(&j).ok())
         .unwrap_or(serde_json::Value::Null);
     merge_server_phases(&mut report, &s.out);
+    // LUNA_ATTACK_JSON=<file>: the report with the server's figures per phase, for
+    // testbed/attack/memory_table.py (the topology's copy goes with it).
+    if let Ok(path) = std::env::var("LUNA_ATTACK_JSON") {
+        let pretty = serde_json::to_string_pretty(&report).unwrap_or_default();
+        std::fs::write(&path, pretty).unwrap_or_else(|e| panic!("{path}: {e}"));
+    }
     drop(topo);
     let got = lines(&[(&a, "ATTACK ok"), (&s, "OK ")]);
     for l in a.out.lines().chain(s.out.lines()).filter(|l| {

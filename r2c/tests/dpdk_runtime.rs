@@ -804,7 +804,8 @@ fn tap_kernel_clients_through_syn_cookies_with_a_full_backlog() {
         "tap-server-cookies-full",
         "inline server, cookies when full, small backlog",
     );
-    let net = t.dpdk.ip.octets();
+    let o = t.dpdk.ip.octets();
+    let net = format!("{}.{}.{}", o[0], o[1], o[2]);
     let py = format!(
         "import socket,struct,sys,time\n\
          from scapy.all import IP,TCP,Ether,sendp,getmacbyip,conf\n\
@@ -841,7 +842,6 @@ fn tap_kernel_clients_through_syn_cookies_with_a_full_backlog() {
         n = COOKIE_CONNS,
         fill = FULL_BACKLOG,
         ip = t.dpdk.ip,
-        net = format!("{}.{}.{}", net[0], net[1], net[2]),
         iface = t.host.iface,
     );
     // Debian's python3 carries scapy (python3-scapy); a pyenv python on PATH may not.

@@ -548,7 +548,7 @@ fn assert_phase_memory(report: &serde_json::Value) {
 /// attacks, baseline_after). The per-attack verdict on the client's p99 is reported
 /// (`SUMMARY` lines, `summary` in the JSON), never asserted.
 #[test]
-#[ignore = "attack suite, about four minutes: make attack"]
+#[ignore = "attack suite, about 4.5 minutes: make attack"]
 fn tap_attack_full() {
     // ATTACK_SERVER=kernel: the same phases against the kernel's TCP (the control).
     let server = attack_server_from_env();

@@ -14,7 +14,8 @@ KNB_DEMO_ARGS ?=
 # suites) add a `test-<name>` target below and append it here.
 TEST_SUITES := test-workspace test-loom test-fuzz test-dpdk-compat
 
-# Seconds per fuzz target in `make test-fuzz` (9 targets; the build is most of the cost).
+# Seconds per fuzz target in `make test-fuzz` (15 targets: luna-stack's 9, bifurcation's 1,
+# msgsched's 5; the builds are most of the cost).
 FUZZ_SECS ?= 6
 
 .PHONY: help setup build test $(TEST_SUITES) interop attack attack-proto soak lint demo bench figures msgsched-sweep clean-testbed preload preload-demo
@@ -48,8 +49,11 @@ test: setup
 # Unit and testbed integration tests of every crate (the testbed's need root). Includes the
 # reduced kernel interop run (r2c/tests/interop_kernel.rs, about a minute) and the reduced
 # soak (r2c/tests/soak.rs: soak_luna_luna_reduced, soak_luna_kernel_reduced, about 30 s).
+# The packetdrill scripts and the generated corpus run once, in `pass_counts`, alone and
+# with its output shown: passed / failed / skipped / expected-fail per directory.
 test-workspace:
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace -- --skip pass_counts
+	$(CARGO) test -p luna-stack --test packetdrill pass_counts -- --nocapture
 
 # loom models of msgsched's cross-thread protocols (the scheduler's handoff/steal/park and
 # the reply path's transmit delegation), bounded by their preemption limits. Own target
@@ -83,10 +87,11 @@ interop: setup
 	$(CARGO) test -p r2c --test interop_kernel -- --ignored --exact lio_kernel_interop_full --nocapture
 
 # Attack suite (docs/reliability.md): scapy from the tap's kernel namespace against a luna
-# server while a legitimate client keeps doing RPCs; each of the 11 attacks between two
-# baselines of its own, LUNA_ATTACK_REPS (3) times, phases of LUNA_ATTACK_SECS (3) s: 67
-# phases, about 3.5 min; a p99 verdict per attack ("Interleaved baselines and the
-# verdict"). A reduced run (6 attacks, 1 repetition of 1 s phases) is part of `make test`.
+# server while a legitimate client keeps doing RPCs; each of the 13 attacks between two
+# baselines of its own, LUNA_ATTACK_REPS (3) times, phases of LUNA_ATTACK_SECS (3) s: 79
+# phases, about 4.5 min; a p99 verdict per attack ("Interleaved baselines and the
+# verdict"), and the server's drops by reason and memory high-water marks per phase. A
+# reduced run (8 attacks, 1 repetition of 1 s phases) is part of `make test`.
 # ATTACK_SERVER=kernel: the same against the kernel's TCP (veth topology, SYN cookies
 # forced), the control. Attacker, client and sniffer are pinned to CPU 1 by default
 # (luna's poller: CPU 0; LUNA_ATTACK_PIN=0 unpins), LUNA_ATTACK_NICE=idle runs the

@@ -2,8 +2,8 @@
 //! `tests/packetdrill/scripts/`, plus tests of the runner itself (parse errors name the
 //! line, wrong expectations fail with expected vs actual packets, nothing panics).
 //!
-//! Run one script: `cargo test -p luna-stack --test packetdrill -- <name>`; the table of
-//! all: `cargo test -p luna-stack --test packetdrill -- table --nocapture`.
+//! Run one script: `cargo test -p luna-stack --test packetdrill -- <name>`; the counts of
+//! all, per directory: `cargo test -p luna-stack --test packetdrill -- pass_counts --nocapture`.
 
 #[path = "packetdrill/mod.rs"]
 mod packetdrill;
@@ -14,7 +14,6 @@ mod corpus;
 use packetdrill::engine::RunOptions;
 use packetdrill::{manifest, run_text, run_text_with, script, scripts_dir, ExpectedFailure};
 use proptest::prelude::*;
-use std::time::Instant as WallClock;
 
 /// Run one script and hold it to the manifest: it must pass, or fail exactly where the
 /// manifest says luna's bug shows.
@@ -162,30 +161,81 @@ fn every_script_is_registered() {
     }
 }
 
-/// All scripts in one table (what CI logs show with --nocapture).
+/// Every script, hand-written and generated, says in its header comment what it proves:
+/// an RFC section (`RFC <number>`), or, for the few that test no RFC rule, the reason
+/// (`No RFC rule: ...`).
 #[test]
-fn table() {
-    let mut failed = Vec::new();
-    println!("{:<40} {:>9}  result", "script", "wall ms");
-    for name in SCRIPTS {
-        let t = WallClock::now();
-        let r = check(name);
-        let ms = t.elapsed().as_secs_f64() * 1e3;
-        match r {
-            Ok(s) => println!("{name:<40} {ms:>9.1}  {s}"),
-            Err(e) => {
-                println!("{name:<40} {ms:>9.1}  FAIL");
-                failed.push(e);
-            }
+fn every_script_states_its_rfc_or_a_reason() {
+    let mut files = Vec::new();
+    pkt_files(&scripts_dir(), &mut files);
+    pkt_files(&corpus::corpus_dir(), &mut files);
+    assert!(files.len() >= 476, "{} scripts", files.len());
+    let mut missing = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("script readable");
+        let header: Vec<&str> = text
+            .lines()
+            .take_while(|l| {
+                let l = l.trim_start();
+                l.is_empty() || l.starts_with("//") || l.starts_with("/*") || l.starts_with('*')
+            })
+            .collect();
+        if !header
+            .iter()
+            .any(|l| cites_rfc(l) || l.contains("No RFC rule:"))
+        {
+            missing.push(f.display().to_string());
         }
     }
-    println!(
-        "{} of {} scripts as expected ({} failed)",
-        SCRIPTS.len() - failed.len(),
-        SCRIPTS.len(),
-        failed.len()
+    assert!(
+        missing.is_empty(),
+        "scripts whose header names no RFC section and gives no reason:\n{}",
+        missing.join("\n")
     );
-    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
+
+/// Whether `line` cites an RFC: `RFC` followed by a number.
+fn cites_rfc(line: &str) -> bool {
+    line.match_indices("RFC").any(|(i, _)| {
+        line[i + 3..]
+            .trim_start()
+            .starts_with(|c: char| c.is_ascii_digit())
+    })
+}
+
+/// The pass count `make test` prints (`-- pass_counts --nocapture`): every hand-written
+/// script and every generated one, run once each, counted per directory as passed /
+/// failed / skipped / expected-fail (the manifest's). Fails naming every script that
+/// does not behave as the manifest says; a skip fails too (our own scripts must run).
+/// `cargo test --workspace` (make test) skips this test and runs it alone with the output
+/// shown; the generated families have no other test in a default run (`family_*` are
+/// ignored), so the corpus runs once.
+#[test]
+fn pass_counts() {
+    let xfail = manifest().expect("manifest parses");
+    let mut rows = Vec::new();
+    let mut hand = corpus::Tally::default();
+    for name in SCRIPTS {
+        let text = script_text(name);
+        hand.add(corpus::judge(name, &text, &xfail));
+    }
+    rows.push(("scripts".to_string(), hand));
+    for fam in corpus::FAMILIES {
+        rows.push((format!("corpus/{fam}"), corpus::tally_family(fam)));
+    }
+    let mut all = corpus::Tally::default();
+    println!("packetdrill scripts (luna-stack/tests/packetdrill):");
+    println!("{}", corpus::TALLY_HEADER);
+    for (dir, t) in &rows {
+        println!("{}", t.row(dir));
+        all.passed += t.passed;
+        all.failed += t.failed;
+        all.skipped += t.skipped;
+        all.expected_fail += t.expected_fail;
+        all.problems.extend(t.problems.iter().cloned());
+    }
+    println!("{}", all.row("total"));
+    assert!(all.problems.is_empty(), "{}", all.problems.join("\n\n"));
 }
 
 /// Author's tool: run any script file, e.g.

@@ -160,6 +160,12 @@ impl Ctx<'_> {
     pub fn stack(&self) -> StackView<'_> {
         StackView::new(&self.st.stack)
     }
+
+    /// Start a new interval of the stack's high-water marks
+    /// (`StackCounters::high_water`; a report per phase of a run).
+    pub fn reset_high_water(&mut self) {
+        self.st.stack.reset_high_water();
+    }
 }
 
 /// An application run inline. Every method has an empty default.

@@ -25,6 +25,12 @@ impl<'a> StackView<'a> {
         self.stack.counters()
     }
 
+    /// What the connections hold now (table entries, queue bytes); the peaks are in
+    /// `counters().high_water`.
+    pub fn held(&self) -> luna_stack::stack::Held {
+        self.stack.held()
+    }
+
     /// TCP counters summed over the live connections.
     pub fn tcp_counters(&self) -> ConnCounters {
         self.stack.tcp_counters()

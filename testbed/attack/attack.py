@@ -19,6 +19,8 @@ nice value, the attacker only), LUNA_ATTACK_MIN_SAMPLES (1000), LUNA_ATTACK_SPRE
 (1.5), LUNA_ATTACK_SERVER_PID (the server, for its CPU time and affinity),
 LUNA_ATTACK_SPIN (0; 1: a SCHED_IDLE busy loop on the attacker's CPU through every phase,
 so that CPU never idles in a baseline either; docs/reliability.md).
+LUNA_ATTACK_PHASE_FILE: a file this script rewrites with `<step index> <phase>` as each
+phase starts and `end` after the last, so the server can report its counters per phase.
 Writes OUT_JSON (per phase: RPCs, p50/p99 latency, packets sent, replies seen, CPU
 seconds by process; with --reps the per-attack summary), then creates STOP_FILE so the
 server ends. Exit status 0 when the legitimate connection survived every phase with every
@@ -69,6 +71,8 @@ ALL_PHASES = [
     "sack_abuse_mss48",
     "ack_unsent",
     "paws",
+    "overlap_diff_data",
+    "seq_wrap",
     "baseline_after",
 ]
 # A phase in which the server's threads waited for a CPU at least STARVED_WAIT of the
@@ -498,16 +502,18 @@ class RawConn:
     """A TCP connection made by scapy (the kernel's RSTs for its port are dropped by an
     iptables rule for the phase)."""
 
-    def __init__(self, c, mss, sack=True):
+    def __init__(self, c, mss, sack=True, isn=None, dport=None):
         self.c, self.sport = c, random.randint(20000, 29999)
-        self.isn = random.getrandbits(32)
+        self.dport = c.port if dport is None else dport
+        self.isn = random.getrandbits(32) if isn is None else isn
         self.got = []
+        self.seen = 0  # packets of self.got already assembled by rpc()
         self.sn = AsyncSniffer(iface=c.iface, filter=f"tcp and src host {c.ip} and dst port {self.sport}",
                                prn=self.got.append, store=False)
         self.sn.start()
         time.sleep(0.2)
         opts = [("MSS", mss)] + ([("SAckOK", b"")] if sack else [])
-        c.send([c.eth() / IP(src=c.me, dst=c.ip) / TCP(sport=self.sport, dport=c.port, flags="S", seq=self.isn, options=opts)])
+        c.send([c.eth() / IP(src=c.me, dst=c.ip) / TCP(sport=self.sport, dport=self.dport, flags="S", seq=self.isn, options=opts)])
         end = time.time() + 3
         while time.time() < end and not any(int(p[TCP].flags) & 0x12 == 0x12 for p in self.got):
             time.sleep(0.01)
@@ -520,13 +526,67 @@ class RawConn:
         self.seg(flags="A")
 
     def seg(self, flags="A", data=b"", ack=None, options=None):
-        t = TCP(sport=self.sport, dport=self.c.port, flags=flags, seq=self.snd,
+        n = self.seg_at(self.snd, flags, data, ack, options)
+        self.snd = (self.snd + len(data)) & 0xFFFFFFFF
+        return n
+
+    def seg_at(self, seq, flags="A", data=b"", ack=None, options=None):
+        """One segment at `seq` (the connection's own SND.NXT unchanged)."""
+        t = TCP(sport=self.sport, dport=self.dport, flags=flags, seq=seq & 0xFFFFFFFF,
                 ack=self.rcv if ack is None else ack, window=65535, options=options or [])
         p = self.c.eth() / IP(src=self.c.me, dst=self.c.ip) / t
         if data:
             p = p / Raw(data)
-        self.snd = (self.snd + len(data)) & 0xFFFFFFFF
         return self.c.send([p])
+
+    def read_reply(self, want, secs=5.0):
+        """Reads `want` bytes of the server's stream from RCV.NXT, acknowledging them as
+        they come (the server's congestion window needs ACKs; a segment the sniffer missed
+        comes back by retransmission). Returns the bytes, fewer if it stalled."""
+        have = {}  # offset from `base` -> bytes
+        out = bytearray()
+        base = self.rcv
+        end = time.time() + secs
+        sent = 0
+        while len(out) < want and time.time() < end:
+            while self.seen < len(self.got):
+                p = self.got[self.seen]
+                self.seen += 1
+                data = bytes(p[TCP].payload)
+                off = (p[TCP].seq - base) & 0xFFFFFFFF
+                if data and off < 1 << 30:
+                    have.setdefault(off, data)
+            before = len(out)
+            progressed = True
+            while progressed:
+                progressed = False
+                for off in sorted(have):
+                    data = have[off]
+                    if off <= len(out) < off + len(data):
+                        out += data[len(out) - off:]
+                        progressed = True
+                    if off + len(data) <= len(out):
+                        del have[off]
+            if len(out) > before:
+                self.rcv = (base + len(out)) & 0xFFFFFFFF
+                sent += self.seg(flags="A")
+            else:
+                time.sleep(0.005)
+        return bytes(out[:want]), sent
+
+    def rpc(self, rid, body, mss=1400):
+        """One echo RPC over this connection: the request in order, the reply read and
+        checked byte for byte. Returns packets sent; raises on a wrong or missing reply."""
+        req = HDR.pack(rid, len(body), 0, MAGIC) + body
+        n = 0
+        for k in range(0, len(req), mss):
+            n += self.seg(flags="PA", data=req[k:k + mss])
+        want = HDR.pack(rid, len(body), 1, MAGIC) + body
+        got, acks = self.read_reply(len(want))
+        if got != want:
+            raise RuntimeError(f"rpc {rid}: {len(got)} of {len(want)} reply bytes"
+                               + (", some differ" if got != want[:len(got)] else " (stalled)"))
+        return n + acks
 
     def close(self):
         self.seg(flags="R")
@@ -604,6 +664,108 @@ def ph_paws(c):
     return n
 
 
+@with_rst_filter
+def ph_overlap_diff_data(c):
+    """RFC 9293 §3.10.7.4, the overlap attack: in-window segments repeating bytes the
+    server already holds (out of order, or below RCV.NXT) with different contents. The
+    server must keep the first copy: each scapy connection's echo comes back byte-exact,
+    and so do the legitimate client's (forged copies of its recent bytes, below the RCV.NXT
+    the sniffer last saw, which lags the real one). The server counts them as
+    `dup_bytes_in`."""
+    n, end, rid = 0, time.time() + c.secs, 0
+    legit_tuple(c)
+    while rid == 0 or (time.time() < end and n < 5_000):
+        rc = RawConn(c, mss=1460)
+        body = bytes(((rid * 7 + k) & 0xFF) for k in range(4000))
+        req = HDR.pack(rid, len(body), 0, MAGIC) + body  # 4,016 bytes
+        base = rc.snd
+        # Forged copies only ever cover bytes the server already holds: a forged byte
+        # that is new data (in a gap, or beyond) is taken from whoever sends it first, in
+        # any TCP, and is not this attack.
+        order = [
+            ("real", 2000, 3000),    # out of order: held
+            ("forged", 2200, 2700),  # inside the held block
+            ("forged", 2000, 3000),  # exactly over it
+            ("real", 0, 1000),       # in order: RCV.NXT 1,000
+            ("forged", 100, 900),    # below RCV.NXT
+            ("forged", 0, 1000),     # the same bytes again
+            ("real", 1000, 2000),    # fills the gap: RCV.NXT 3,000
+            ("forged", 500, 3000),   # below RCV.NXT, across the old gap and block
+            ("real", 3000, 4016),
+            ("forged", 3500, 4016),  # below RCV.NXT
+        ]
+        for kind, a, b in order:
+            for k in range(a, b, 1400):  # within the link's MTU
+                e = min(b, k + 1400)
+                data = req[k:e] if kind == "real" else b"X" * (e - k)
+                n += rc.seg_at(base + k, flags="PA", data=data)
+        rc.snd = (base + len(req)) & 0xFFFFFFFF
+        want = HDR.pack(rid, len(body), 1, MAGIC) + body
+        got, acks = rc.read_reply(len(want))
+        n += acks
+        rc.close()
+        if got != want:
+            raise RuntimeError(f"overlap rpc {rid}: {len(got)} of {len(want)} reply bytes"
+                               + (", forged bytes taken" if got != want[:len(got)] else " (stalled)"))
+        # The legitimate connection: 1,000 forged bytes ending 2,000 below the RCV.NXT
+        # last seen (below the real one): old data with other contents.
+        seq, ack, _ = c.last
+        ts = [("Timestamp", (((c.ts or 0) + 100) & 0xFFFFFFFF, 0))]
+        n += c.send([c.eth() / IP(src=c.me, dst=c.ip)
+                     / TCP(sport=c.legit.local_port, dport=c.port, flags="PA", seq=(ack - 3000) & 0xFFFFFFFF,
+                           ack=seq, options=ts) / Raw(b"X" * 1000) for _ in range(3)])
+        rid += 1
+    left = end - time.time()
+    if left > 0:
+        time.sleep(left)
+    return n
+
+
+# The attack server also listens on PORT + WRAP_PORT_OFFSET, a port no flood fills: a SYN
+# flood leaves the main listener's backlog full for minutes (SYN-RECEIVED retries), and a
+# connection made through a cookie has the cookie as its ISN, not the server's fixed one.
+WRAP_PORT_OFFSET = 1
+# How far below 2^32 both directions start (the server's ISN is its fixed_isn test knob).
+WRAP_BELOW = 64 * 1024
+
+
+@with_rst_filter
+def ph_seq_wrap(c):
+    """Sequence-number wraparound (RFC 9293 §3.4, arithmetic modulo 2^32) under load and
+    attack: a connection whose ISNs sit just below 2^32 on both sides (ours chosen, the
+    server's from its fixed_isn knob) does echo RPCs whose data crosses 2^32 in both
+    directions while the legitimate client keeps its load and blind RSTs aimed inside the
+    wrapped window (never at RCV.NXT exactly) must be challenged, not obeyed (RFC 5961
+    §3.2). Every reply must come back byte-exact, without a stall."""
+    n, end, rid = 0, time.time() + c.secs, 0
+    while rid == 0 or (time.time() < end and n < 5_000):
+        rc = RawConn(c, mss=1460, isn=(1 << 32) - 1500, dport=c.port + WRAP_PORT_OFFSET)
+        below = ((1 << 32) - rc.rcv) & 0xFFFFFFFF
+        if not 0 < below <= WRAP_BELOW:
+            rc.close()
+            raise RuntimeError(f"server ISN {rc.irs:#x} is not within {WRAP_BELOW} below 2^32 "
+                               "(the attack server's fixed_isn knob)")
+        crossed = [False, False]
+        for k in range(3):
+            # Blind RSTs inside the window around our (wrapped) SEQ, never exact.
+            n += c.send([c.eth() / IP(src=c.me, dst=c.ip)
+                         / TCP(sport=rc.sport, dport=rc.dport, flags="R", seq=(rc.snd + o) & 0xFFFFFFFF)
+                         for o in (3, 1001, 7777)])
+            s0, r0 = rc.snd, rc.rcv
+            body = bytes(((rid * 13 + k + j) & 0xFF) for j in range(8000 + 4000 * k))
+            n += rc.rpc(rid * 100 + k, body)
+            crossed[0] |= rc.snd < s0
+            crossed[1] |= rc.rcv < r0
+        rc.close()
+        if not all(crossed):
+            raise RuntimeError(f"the data did not cross 2^32 both ways: {crossed}")
+        rid += 1
+    left = end - time.time()
+    if left > 0:
+        time.sleep(left)
+    return n
+
+
 def attacker_scheduling():
     """LUNA_ATTACK_PIN (default 1): this process (and so the legitimate client it starts
     and scapy's sniffer threads) on CPU 1, as a deployment keeps other work off the
@@ -659,6 +821,16 @@ def parse_args(argv):
     return ip, int(port), iface, float(secs), out, stop, reps, steps
 
 
+def announce(path, text):
+    """Tells the server which phase runs (LUNA_ATTACK_PHASE_FILE), atomically."""
+    if not path:
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text + "\n")
+    os.replace(tmp, path)
+
+
 def env_num(name, default, kind=float):
     v = os.environ.get(name)
     if v is None:
@@ -706,8 +878,10 @@ def run(ip, port, iface, secs, out, stop, reps, steps, min_samples, spread_max, 
                          [("attacker", os.getpid())] + sorted(cpu.pids.items())}
     results = []
     ok = True
-    for kind, name, rep in steps:
+    phase_file = os.environ.get("LUNA_ATTACK_PHASE_FILE")
+    for i, (kind, name, rep) in enumerate(steps):
         fn = globals()["ph_" + name]
+        announce(phase_file, f"{i} {name}")
         before = dict(c.replies)
         c0 = cpu.read()
         t0 = time.monotonic()
@@ -727,6 +901,7 @@ def run(ip, port, iface, secs, out, stop, reps, steps, min_samples, spread_max, 
         if c.legit.errors:
             ok = False
             break
+    announce(phase_file, "end")
     c.sniffer.stop()
     c.legit.finish(20)
     for r in results:

@@ -43,6 +43,12 @@ pub struct StackConfig {
     /// Default 200/s, burst 200 (FreeBSD's `net.inet.icmp.icmplim`);
     /// [`RstLimit::UNLIMITED`] answers every one.
     pub rst_limit: RstLimit,
+    /// Test knob: every connection this stack opens or accepts (not through a SYN cookie,
+    /// whose ISN is the cookie) starts its sequence space at this ISN instead of RFC 6528's
+    /// keyed hash. Predictable ISNs help off-path attackers (RFC 6528 §1): only for tests
+    /// that need a known sequence space, e.g. data crossing 2^32 within its first bytes
+    /// (the attack suite's `seq_wrap` phase). `None`, the default, in production.
+    pub fixed_isn: Option<u32>,
 }
 
 /// When a listener answers a SYN with a SYN cookie (RFC 4987 §3.6) instead of a
@@ -77,6 +83,7 @@ impl StackConfig {
             neighbour: NeighbourConfig::default(),
             arp_retry: Duration::from_secs(1),
             rst_limit: RstLimit::default(),
+            fixed_isn: None,
         }
     }
 }

@@ -113,6 +113,72 @@ pub struct StackCounters {
     /// Connections aborted because their local address was removed
     /// ([`super::Stack::remove_address`]).
     pub address_aborts: u64,
+    /// Payload bytes TCP connections received again (below RCV.NXT, or over data held out
+    /// of order), summed over connections: the first copy kept, these discarded
+    /// (`Connection::dup_bytes_in`; the overlap attack's forged bytes land here).
+    pub dup_bytes_in: u64,
+    /// The most the stack held at once since it started or since the last
+    /// [`super::Stack::reset_high_water`] (memory under load or attack).
+    pub high_water: HighWater,
+}
+
+/// What the stack's connections hold at one moment ([`super::Stack::held`]): the figures
+/// that bound its memory. Kept up to date whenever a connection changes (the stack syncs
+/// each connection's share after every segment, timer and application call).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Connection objects in the table: open, half-open, unaccepted, closing, TIME-WAIT
+    /// (what `StackConfig::max_connections` bounds).
+    pub connections: u64,
+    /// Of those, connections listeners created whose handshake is not complete
+    /// (SYN-RECEIVED; what the backlogs bound).
+    pub half_open: u64,
+    /// Of those, connections in TIME-WAIT.
+    pub time_wait: u64,
+    /// Bytes held out of order (received beyond RCV.NXT), over every connection.
+    pub ooo_bytes: u64,
+    /// Bytes received in order and not yet read by the application.
+    pub rcvq_bytes: u64,
+    /// Bytes in send queues (sent and unacknowledged, and not yet sent).
+    pub sndq_bytes: u64,
+}
+
+/// The most the stack held at once ([`StackCounters::high_water`]): each field of
+/// [`Held`] at its own peak, and the most one connection held out of order (what
+/// `TcpConfig`'s out-of-order bound caps).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HighWater {
+    /// Peaks of [`Held`]'s fields (each its own; not one moment's).
+    pub held: Held,
+    /// The most out-of-order bytes one connection held.
+    pub ooo_bytes_one_conn: u64,
+}
+
+impl HighWater {
+    /// Raise each mark to `now`'s value where it is higher.
+    pub fn raise(&mut self, now: &Held) {
+        let h = &mut self.held;
+        h.connections = h.connections.max(now.connections);
+        h.half_open = h.half_open.max(now.half_open);
+        h.time_wait = h.time_wait.max(now.time_wait);
+        h.ooo_bytes = h.ooo_bytes.max(now.ooo_bytes);
+        h.rcvq_bytes = h.rcvq_bytes.max(now.rcvq_bytes);
+        h.sndq_bytes = h.sndq_bytes.max(now.sndq_bytes);
+    }
+
+    /// `(name, value)` of every mark, in a fixed order (reports).
+    pub fn fields(&self) -> [(&'static str, u64); 7] {
+        let h = &self.held;
+        [
+            ("conns_hwm", h.connections),
+            ("half_open_hwm", h.half_open),
+            ("time_wait_hwm", h.time_wait),
+            ("ooo_bytes_hwm", h.ooo_bytes),
+            ("ooo_bytes_one_conn_hwm", self.ooo_bytes_one_conn),
+            ("rcvq_bytes_hwm", h.rcvq_bytes),
+            ("sndq_bytes_hwm", h.sndq_bytes),
+        ]
+    }
 }
 
 impl StackCounters {

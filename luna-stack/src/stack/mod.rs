@@ -34,11 +34,11 @@ mod slots;
 
 pub use addrs::{LocalAddrError, LocalAddrs, MAX_LOCAL_ADDRS};
 pub use config::{check_host_address, AddressError, ConfigError, StackConfig, SynCookieMode};
-pub use counters::{StackCounters, StackDrop};
+pub use counters::{Held, HighWater, StackCounters, StackDrop};
 pub use egress::{Transmit, TxOffload};
 use rst_limit::RstBucket;
 pub use rst_limit::RstLimit;
-use slots::{Entry, KeyedHasher, Listener, NextHopMac, Owner, Slot, HOP_MAC_REFRESH};
+use slots::{Acct, Entry, KeyedHasher, Listener, NextHopMac, Owner, Slot, HOP_MAC_REFRESH};
 
 #[cfg(test)]
 mod tests;
@@ -259,6 +259,8 @@ pub struct Stack<R: Rng> {
     next_port: u16,
     ip_ident: u16,
     counters: StackCounters,
+    /// What the connections hold now (each entry's share is its `Entry::acct`).
+    held: Held,
     /// Budget of RSTs for segments that match no connection (`StackConfig::rst_limit`).
     rst_bucket: RstBucket,
     /// Counters of connections already reclaimed.
@@ -334,6 +336,7 @@ impl<R: Rng> Stack<R> {
             next_port,
             ip_ident: rng.next_u32() as u16,
             counters: StackCounters::default(),
+            held: Held::default(),
             rst_bucket: RstBucket::new(cfg.rst_limit),
             retired: ConnCounters::default(),
             _rng: core::marker::PhantomData,
@@ -405,6 +408,27 @@ impl<R: Rng> Stack<R> {
     /// Stack-level counters.
     pub fn counters(&self) -> &StackCounters {
         &self.counters
+    }
+
+    /// What the connections hold now: table entries, out-of-order, receive and send
+    /// queue bytes (the peaks are in [`StackCounters::high_water`]).
+    pub fn held(&self) -> Held {
+        self.held
+    }
+
+    /// Start a new high-water interval: every mark drops to what is held now (a report
+    /// per phase of a run).
+    pub fn reset_high_water(&mut self) {
+        self.counters.high_water = HighWater::default();
+        self.counters.high_water.raise(&self.held);
+        let one = self
+            .slots
+            .iter()
+            .filter_map(|s| s.entry.as_deref())
+            .map(|e| e.conn.ooo_bytes() as u64)
+            .max()
+            .unwrap_or(0);
+        self.counters.high_water.ooo_bytes_one_conn = one;
     }
 
     /// TCP counters summed over every connection, live and reclaimed.
@@ -582,7 +606,7 @@ impl<R: Rng> Stack<R> {
             local: SocketAddrV4::new(src, port),
             remote,
         };
-        let iss = self.isn.isn(now, tuple.local, tuple.remote);
+        let iss = self.iss_for(now, tuple);
         let ts_offset = self.isn.ts_offset(tuple.local, tuple.remote);
         let conn = Connection::connect(now, tuple, self.tcp_config_for(dst), iss, ts_offset);
         let entry = Entry {
@@ -595,6 +619,7 @@ impl<R: Rng> Stack<R> {
             counted_half_open: false,
             hop_mac: None,
             tmpl: None,
+            acct: Acct::default(),
         };
         let idx = self.alloc_slot(entry).ok_or(ConnectError::TableFull)?;
         self.by_tuple.insert(tuple, idx);
@@ -602,6 +627,14 @@ impl<R: Rng> Stack<R> {
         self.counters.active_opens += 1;
         self.after_activity(idx, now);
         Ok(self.handle_of(idx))
+    }
+
+    /// The ISN of a new connection on `tuple`: RFC 6528's, or `StackConfig::fixed_isn`.
+    fn iss_for(&self, now: Instant, tuple: FourTuple) -> tcp::SeqNum {
+        match self.cfg.fixed_isn {
+            Some(isn) => tcp::SeqNum(isn),
+            None => self.isn.isn(now, tuple.local, tuple.remote),
+        }
     }
 
     /// Whether a 4-tuple is in use (bifurcation's port choosers use this).
@@ -641,6 +674,7 @@ impl<R: Rng> Stack<R> {
         let e = self.entry_mut(h).ok_or(SendError::InvalidHandle)?;
         let n = e.conn.send(data)?;
         self.mark_dirty(h.idx);
+        self.account(h.idx);
         Ok(n)
     }
 
@@ -649,6 +683,7 @@ impl<R: Rng> Stack<R> {
         let e = self.entry_mut(h).ok_or(SendError::InvalidHandle)?;
         let n = e.conn.send_iovec(data)?;
         self.mark_dirty(h.idx);
+        self.account(h.idx);
         Ok(n)
     }
 
@@ -664,6 +699,7 @@ impl<R: Rng> Stack<R> {
         if matches!(r, Ok(Some(_))) {
             // Reading may open the window: a window update may be due.
             self.mark_dirty(h.idx);
+            self.account(h.idx);
         }
         r.map_err(RecvError::from)
     }
@@ -674,6 +710,7 @@ impl<R: Rng> Stack<R> {
         let r = e.conn.recv_iovec(max);
         if r.as_ref().is_ok_and(|v| !v.is_empty()) {
             self.mark_dirty(h.idx);
+            self.account(h.idx);
         }
         r.map_err(RecvError::from)
     }
@@ -701,6 +738,7 @@ impl<R: Rng> Stack<R> {
             e.conn.set_orphaned();
             e.owner = Owner::Released;
             self.mark_dirty(h.idx);
+            self.account(h.idx);
         }
     }
 
@@ -711,6 +749,7 @@ impl<R: Rng> Stack<R> {
             e.conn.set_orphaned();
             e.owner = Owner::Released;
             self.mark_dirty(h.idx);
+            self.account(h.idx);
         }
     }
 

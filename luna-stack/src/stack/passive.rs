@@ -1,7 +1,7 @@
 //! Passive open: SEGMENT ARRIVES in LISTEN (RFC 9293 §3.10.7.2), half-open connections
 //! counted against the listener's backlog, and SYN cookies (RFC 4987 §3.6) both ways.
 
-use super::{Entry, Owner, Stack, StackDrop, SynCookieMode};
+use super::{Acct, Entry, Owner, Stack, StackDrop, SynCookieMode};
 use crate::context::Rng;
 use crate::tcp::conn::{Connection, FourTuple, SynInfo};
 use crate::tcp::syncookie;
@@ -78,7 +78,7 @@ impl<R: Rng> Stack<R> {
         let Some((next_hop, _)) = self.route(tuple.remote.ip()) else {
             return self.counters.drop(StackDrop::NoRoute);
         };
-        let iss = self.isn.isn(now, tuple.local, tuple.remote);
+        let iss = self.iss_for(now, tuple);
         let ts_offset = self.isn.ts_offset(tuple.local, tuple.remote);
         let syn = SynInfo {
             seq: seg.seq,
@@ -119,6 +119,7 @@ impl<R: Rng> Stack<R> {
             counted_half_open: true,
             hop_mac: None,
             tmpl: None,
+            acct: Acct::default(),
         };
         let idx = self.alloc_slot(entry)?;
         self.by_tuple.insert(tuple, idx);
@@ -126,6 +127,9 @@ impl<R: Rng> Stack<R> {
         if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
             lst.half_open += 1;
         }
+        // (`counted_half_open` above: free_slot or the handshake's end takes it back; the
+        // high-water mark follows in after_activity, once a cookie connection has left.)
+        self.held.half_open += 1;
         Some(idx)
     }
 

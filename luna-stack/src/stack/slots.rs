@@ -2,7 +2,7 @@
 //! upkeep, the per-connection bookkeeping after every change (events, dirty list, timer heap)
 //! and the stack's timer wheel (`poll_timeout` / `handle_timeouts`).
 
-use super::{Event, ListenerHandle, SocketHandle, Stack};
+use super::{Event, Held, ListenerHandle, SocketHandle, Stack, StackCounters};
 use crate::context::Rng;
 use crate::tcp::conn::{Connection, Events, OutSegment};
 use crate::tcp::State;
@@ -43,6 +43,43 @@ pub(super) struct Entry {
     /// The Ethernet + IPv4 header of this connection's segments, built for the next-hop
     /// MAC it names (see [`HeaderTemplate`](super::egress::HeaderTemplate)).
     pub(super) tmpl: Option<super::egress::HeaderTemplate>,
+    /// This connection's share of [`Stack::held`] as last synced.
+    pub(super) acct: Acct,
+}
+
+/// A connection's share of what the stack holds ([`Held`]), as last counted.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Acct {
+    /// `Connection::dup_bytes_in` as last added to `StackCounters::dup_bytes_in`.
+    dup: u64,
+    ooo: u32,
+    rcvq: u32,
+    sndq: u32,
+    time_wait: bool,
+}
+
+/// Bring `held` up to date with `e`'s queues and state (a delta against what `e` last
+/// counted), then the high-water marks and the repeated-bytes count. A few loads and
+/// compares per call.
+#[inline]
+fn account_entry(held: &mut Held, counters: &mut StackCounters, e: &mut Entry) {
+    let c = &e.conn;
+    let now = Acct {
+        dup: c.dup_bytes_in(),
+        ooo: c.ooo_bytes() as u32,
+        rcvq: c.recv_available() as u32,
+        sndq: c.send_queued() as u32,
+        time_wait: c.state() == State::TimeWait,
+    };
+    let old = core::mem::replace(&mut e.acct, now);
+    counters.dup_bytes_in += now.dup - old.dup;
+    held.ooo_bytes = held.ooo_bytes + u64::from(now.ooo) - u64::from(old.ooo);
+    held.rcvq_bytes = held.rcvq_bytes + u64::from(now.rcvq) - u64::from(old.rcvq);
+    held.sndq_bytes = held.sndq_bytes + u64::from(now.sndq) - u64::from(old.sndq);
+    held.time_wait = held.time_wait + u64::from(now.time_wait) - u64::from(old.time_wait);
+    let hw = &mut counters.high_water;
+    hw.raise(held);
+    hw.ooo_bytes_one_conn = hw.ooo_bytes_one_conn.max(u64::from(now.ooo));
 }
 
 /// A connection's copy of its next hop's neighbour entry, taken while that entry was
@@ -121,6 +158,8 @@ impl<R: Rng> Stack<R> {
             return None;
         }
         self.live += 1;
+        self.held.connections = self.live as u64;
+        self.counters.high_water.raise(&self.held);
         let entry = Some(Box::new(entry));
         if let Some(idx) = self.free.pop() {
             self.slots[idx as usize].entry = entry;
@@ -162,6 +201,17 @@ impl<R: Rng> Stack<R> {
         let slot = &mut self.slots[idx as usize];
         if let Some(e) = slot.entry.take() {
             self.retired.accumulate(&e.conn.counters);
+            // Its share of what the stack holds goes with it.
+            let a = e.acct;
+            let h = &mut self.held;
+            h.ooo_bytes -= u64::from(a.ooo);
+            h.rcvq_bytes -= u64::from(a.rcvq);
+            h.sndq_bytes -= u64::from(a.sndq);
+            h.time_wait -= u64::from(a.time_wait);
+            if e.counted_half_open {
+                h.half_open = h.half_open.saturating_sub(1);
+            }
+            h.connections = h.connections.saturating_sub(1);
             if let Owner::Listener(l) = e.owner {
                 if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
                     if e.counted_half_open {
@@ -180,6 +230,15 @@ impl<R: Rng> Stack<R> {
     // ---------------------------------------------------------------------------------------
     // Bookkeeping after any change to a connection
     // ---------------------------------------------------------------------------------------
+
+    /// Sync the connection's share of [`Stack::held`] (after an application call changed
+    /// its queues).
+    #[inline]
+    pub(super) fn account(&mut self, idx: u32) {
+        if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
+            account_entry(&mut self.held, &mut self.counters, e);
+        }
+    }
 
     pub(super) fn mark_dirty(&mut self, idx: u32) {
         if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
@@ -220,6 +279,12 @@ impl<R: Rng> Stack<R> {
             self.dirty.push_back(idx);
         }
         schedule_entry(&mut self.timers, e, idx, gen);
+        if leaves_half_open {
+            self.held.half_open = self.held.half_open.saturating_sub(1);
+        }
+        // After the half-open count: a connection made from a cookie ACK was never
+        // half-open, and must not raise the mark in passing.
+        account_entry(&mut self.held, &mut self.counters, e);
         if ev.any() {
             self.route_events(h, owner, ev, leaves_half_open);
         }

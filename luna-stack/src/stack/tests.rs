@@ -1781,3 +1781,158 @@ fn set_addresses_replaces_the_added_set_all_or_nothing() {
     );
     assert!(s.addresses().contains(Ipv4Addr::new(198, 18, 2, 1)));
 }
+
+/// RFC 9293 §3.4 (sequence numbers are modulo 2^32), both directions at the stack level:
+/// each end starts just below 2^32 (`StackConfig::fixed_isn`), so its data crosses the wrap
+/// within the first segments, under loss (retransmissions and SACK recovery across the
+/// wrap). Every byte arrives in order. The connection-level test is
+/// `isn_ffffffff_connection_transfers_across_wrap` (tcp/conn_tests.rs), the packetdrill one
+/// `scripts/seq_wraparound.pkt` (the peer's side); the attack suite's `seq_wrap` phase does
+/// the same against Linux under attack.
+#[test]
+fn fixed_isns_below_2_32_carry_data_across_the_wrap_both_ways_under_loss() {
+    let (mut ca, mut cb) = (cfg(MAC_A, ip_a()), cfg(MAC_B, ip_b()));
+    ca.fixed_isn = Some(u32::MAX - 3000);
+    cb.fixed_isn = Some(u32::MAX - 5000);
+    let mut net = Net::new(ca, cb);
+    let (c, s) = connected(&mut net);
+    assert_eq!(
+        net.a.connection(c).unwrap().snd_una(),
+        SeqNum(u32::MAX - 2999)
+    );
+    assert_eq!(
+        net.b.connection(s).unwrap().snd_una(),
+        SeqNum(u32::MAX - 4999)
+    );
+    let mut n = 0u64;
+    net.drop = Box::new(move |_, bytes| {
+        n += 1;
+        bytes.len() > 100 && n % 23 == 0
+    });
+    let (up, down) = (pattern(300_000, 3), pattern(200_000, 7));
+    let (zu, zd) = (Zbuf::copy_from_slice(&up), Zbuf::copy_from_slice(&down));
+    let (mut ou, mut od) = (0, 0);
+    let (mut gu, mut gd) = (Vec::new(), Vec::new());
+    for _ in 0..200_000 {
+        if ou < up.len() {
+            ou += net.a.send(c, &zu.slice(ou..up.len())).unwrap_or(0);
+        }
+        if od < down.len() {
+            od += net.b.send(s, &zd.slice(od..down.len())).unwrap_or(0);
+        }
+        while let Ok(Some(b)) = net.b.recv(s) {
+            gu.extend_from_slice(&b);
+        }
+        while let Ok(Some(b)) = net.a.recv(c) {
+            gd.extend_from_slice(&b);
+        }
+        if gu.len() == up.len() && gd.len() == down.len() {
+            break;
+        }
+        if !net.step() {
+            break;
+        }
+    }
+    assert!(gu == up, "A to B: {} of {} bytes", gu.len(), up.len());
+    assert!(gd == down, "B to A: {} of {} bytes", gd.len(), down.len());
+    assert!(net.a.tcp_counters().retransmits > 0);
+    assert!(net.b.tcp_counters().retransmits > 0);
+    // Both sequence spaces wrapped: SND.UNA is past 0.
+    for (st, h) in [(&net.a, c), (&net.b, s)] {
+        let una = st.connection(h).unwrap().snd_una();
+        assert!(una.0 < 1 << 20, "{una:?}");
+    }
+}
+
+/// `Stack::held` and `StackCounters::high_water` (the attack report's memory figures):
+/// the table (connections, half-open, TIME-WAIT) and the queues (out of order, receive,
+/// send), kept exact through SYNs to a full backlog, loss, unread data, close and reclaim;
+/// `reset_high_water` starts a new interval at what is held now.
+#[test]
+fn held_and_high_water_marks_follow_the_table_and_the_queues() {
+    let mut ca = cfg(MAC_A, ip_a());
+    ca.tcp.time_wait = Duration::from_millis(50);
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.tcp.time_wait = Duration::from_millis(50);
+    let rcv_buf = u64::from(cb.tcp.rcv_buf);
+    let mut net = Net::new(ca, cb);
+    let (c, s) = connected(&mut net);
+    assert_eq!(net.b.held().connections, 1);
+    assert_eq!(net.b.held().half_open, 0, "the handshake completed");
+    // Half-open: 20 SYNs against the listener's backlog of 16 (the accepted connection
+    // left it): 16 wait in SYN-RECEIVED, the rest get cookies and keep no state.
+    for port in 0..20u16 {
+        inject_to_b(&mut net, 2000 + port, 77, 0, TcpFlags::SYN);
+    }
+    assert_eq!(net.b.held().half_open, 16);
+    assert_eq!(net.b.held().connections, 17);
+    assert_eq!(net.b.counters().syn_cookies_sent, 4);
+    let hw = net.b.counters().high_water;
+    assert_eq!((hw.held.half_open, hw.held.connections), (16, 17));
+    // Out of order and unread: A sends 64 KiB with one early segment lost; B reads nothing.
+    let mut dropped = false;
+    net.drop = Box::new(move |from_a, bytes| {
+        let first = from_a && bytes.len() > 1000 && !dropped;
+        dropped |= first;
+        first
+    });
+    let data = Zbuf::copy_from_slice(&pattern(65_536, 1));
+    assert_eq!(net.a.send(c, &data), Ok(65_536));
+    assert_eq!(net.a.held().sndq_bytes, 65_536);
+    net.run_until(|n| n.b.held().rcvq_bytes == 65_536, 10_000);
+    assert_eq!(net.b.held().ooo_bytes, 0, "the gap filled");
+    let hw = net.b.counters().high_water;
+    assert!(hw.held.ooo_bytes > 0, "{hw:?}");
+    assert!(hw.ooo_bytes_one_conn <= rcv_buf, "{hw:?}");
+    assert_eq!(hw.held.rcvq_bytes, 65_536);
+    net.run_until(|n| n.a.held().sndq_bytes == 0, 10_000);
+    assert_eq!(net.a.counters().high_water.held.sndq_bytes, 65_536);
+    // A new interval starts at what is held now.
+    net.b.reset_high_water();
+    let hw = net.b.counters().high_water;
+    assert_eq!(hw.held, net.b.held());
+    assert_eq!(hw.ooo_bytes_one_conn, 0);
+    let mut got = 0;
+    while let Ok(Some(b)) = net.b.recv(s) {
+        got += b.len();
+    }
+    assert_eq!(got, 65_536);
+    assert_eq!(net.b.held().rcvq_bytes, 0);
+    // Close: A (the closer) holds TIME-WAIT, then everything is reclaimed and nothing is
+    // left counted.
+    net.a.close(c);
+    net.run_until(|n| matches!(n.b.recv(s), Err(RecvError::Finished)), 100);
+    net.b.close(s);
+    net.run_until(|n| n.a.held().time_wait == 1, 1000);
+    assert_eq!(net.a.counters().high_water.held.time_wait, 1);
+    net.run_until(
+        |n| n.a.connection_count() == 0 && n.b.held().half_open == 0,
+        100_000,
+    );
+    assert_eq!(net.a.held(), Held::default());
+    net.run_until(|n| n.b.connection_count() == 0, 100_000);
+    assert_eq!(net.b.held(), Held::default());
+}
+
+/// A connection made from a SYN cookie's ACK is never half-open: with the backlog full
+/// (one SYN-RECEIVED), it completes without raising the half-open mark above the backlog.
+#[test]
+fn cookie_connections_do_not_raise_the_half_open_mark() {
+    let mut net = Net::pair();
+    let _l = net.b.listen(7000, 1).unwrap();
+    // A's RSTs for the injected SYN's SYN-ACKs are lost: the half-open connection stays.
+    net.drop = Box::new(|from_a, bytes| from_a && is_tcp(bytes) && bytes[47] & 0x04 != 0);
+    inject_to_b(&mut net, 2000, 77, 0, TcpFlags::SYN);
+    assert_eq!(net.b.held().half_open, 1);
+    let c = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+        .unwrap();
+    net.run_until(
+        |n| n.a.state(c) == Some(State::Established) && n.b.counters().syn_cookies_accepted == 1,
+        1000,
+    );
+    let hw = net.b.counters().high_water;
+    assert_eq!(hw.held.half_open, 1, "{hw:?}");
+    assert_eq!(hw.held.connections, 2, "{hw:?}");
+}

@@ -774,6 +774,15 @@ impl Connection {
         self.rcvq_len
     }
 
+    /// Payload bytes that arrived again: below RCV.NXT or over data already held out of
+    /// order. The first copy is kept and these bytes discarded, whatever they contain
+    /// (RFC 9293 §3.10.7.4: only new data is taken; an overlap attack's different bytes
+    /// land here). Kept by the out-of-order queue, not in [`ConnCounters`], whose layout
+    /// is fixed for the hot cache lines.
+    pub fn dup_bytes_in(&self) -> u64 {
+        self.ooo.stats().duplicate_bytes
+    }
+
     /// Bytes held out of order (received beyond RCV.NXT, waiting for the gap to fill).
     pub fn ooo_bytes(&self) -> usize {
         self.ooo.len_bytes()

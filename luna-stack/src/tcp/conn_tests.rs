@@ -365,6 +365,43 @@ fn isn_ffffffff_connection_transfers_across_wrap() {
     assert_eq!(c.recv().unwrap().unwrap().as_ref(), b"abc");
 }
 
+/// RFC 9293 §3.10.7.4 (the overlap attack): segments repeating bytes the connection
+/// already holds, with different contents (out of order or below RCV.NXT), never replace them: the application reads the first copy of every byte, and
+/// `dup_bytes_in` counts each repeated byte once.
+#[test]
+fn rfc9293_3_10_7_4_overlapping_segments_with_different_bytes_keep_the_first_copy() {
+    let mut c = established();
+    let base = PEER_ISS + 1;
+    let real = pattern(3000, 5);
+    let forged = vec![b'X'; 3000];
+    let data = |at: usize, len: usize, bytes: &[u8]| {
+        (
+            ack_seg(base + at as u32, ISS + 1, 65535),
+            zb(&bytes[at..at + len]),
+        )
+    };
+    // Out of order: [1000, 2000) first, then a forged copy inside it and one covering it
+    // exactly.
+    for (s, p) in [
+        data(1000, 1000, &real),
+        data(1200, 300, &forged),
+        data(1000, 1000, &forged),
+    ] {
+        c.on_segment(t(2), &s, p);
+    }
+    assert_eq!(c.dup_bytes_in(), 1300);
+    // In order [0, 1000): delivers up to 2000. Then a forged copy below RCV.NXT.
+    c.on_segment(t(3), &data(0, 1000, &real).0, data(0, 1000, &real).1);
+    c.on_segment(t(3), &data(100, 800, &forged).0, data(100, 800, &forged).1);
+    assert_eq!(c.dup_bytes_in(), 2100);
+    let mut got = Vec::new();
+    while let Ok(Some(b)) = c.recv() {
+        got.extend_from_slice(&b);
+    }
+    assert_eq!(got, real[..2000], "the first copy of every byte");
+    assert_eq!(c.ooo_bytes(), 0);
+}
+
 #[test]
 fn zero_mss_option_is_floored_and_data_still_flows() {
     let opts = TcpOptions {

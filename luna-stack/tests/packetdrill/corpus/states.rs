@@ -518,6 +518,10 @@ be discarded and an ACK sent back\"";
 const R_ACK_DUP: &str =
     "RFC 9293 §3.10.7.4 fifth: \"If the ACK is a duplicate (SEG.ACK =< SND.UNA), \
 it can be ignored\" (and processing continues)";
+const R_ACK_OK: &str = "RFC 9293 §3.10.7.4 fifth, ESTABLISHED (FIN-WAIT-1, FIN-WAIT-2, CLOSE-WAIT \
+and LAST-ACK do the same processing first): \"If SND.UNA =< SEG.ACK =< SND.NXT, then the send window \
+should be updated\"; an acceptable ACK that acknowledges nothing new and carries no text or FIN needs \
+no reply, and the state stays";
 const R_FW1_ACKED: &str = "RFC 9293 §3.10.7.4 fifth, FIN-WAIT-1: \"if the FIN segment is now \
 acknowledged, then enter FIN-WAIT-2 and continue processing\"";
 const R_CLOSING_ACK: &str =
@@ -831,6 +835,11 @@ fn sync_outcome(st: St, kind: Kind, pos: Pos, ack: AckPos) -> Outcome {
             }
             reply = ack_reply(rcv_nxt, v.snd_nxt);
         }
+    }
+    if rules.is_empty() {
+        // Only an acceptable pure ACK of nothing new reaches here without a rule (every
+        // other path above names the sentence that decided it).
+        rules.push(R_ACK_OK);
     }
     Outcome {
         reply,

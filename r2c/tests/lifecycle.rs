@@ -257,7 +257,9 @@ fn a_jump_of_the_core_clock_is_counted_as_a_loop_stall() {
     assert_eq!(srv.stats()[0].loop_gaps_100us, 0);
     // The clock jumps between two iterations' readings: one 3 ms stall.
     clock.advance(Duration::from_millis(3));
-    wait_for("the 3 ms gap published", || srv.stats()[0].loop_gaps_1ms == 1);
+    wait_for("the 3 ms gap published", || {
+        srv.stats()[0].loop_gaps_1ms == 1
+    });
     clock.advance(Duration::from_micros(200));
     wait_for("the 200 us gap published", || {
         srv.stats()[0].loop_gaps_100us == 2
@@ -265,7 +267,9 @@ fn a_jump_of_the_core_clock_is_counted_as_a_loop_stall() {
     // A gap under the threshold is not a stall.
     clock.advance(Duration::from_micros(99));
     let before = reader_gen(&srv);
-    wait_for("a publish after the 99 us gap", || reader_gen(&srv) >= before + 2);
+    wait_for("a publish after the 99 us gap", || {
+        reader_gen(&srv) >= before + 2
+    });
     srv.stop();
     let s = srv.join().unwrap()[0].stats;
     assert_eq!(

@@ -178,10 +178,65 @@ pub fn ideal(
     svc: ServiceSpec,
     slo_us: f64,
 ) -> Result<msgsched::sim::SloOutcome, String> {
+    ideal_paused(model, workers, conns, svc, slo_us, None)
+}
+
+/// A sweep's measured stalls as a pause process: the server's and the client's loop gaps
+/// >= 1 ms over every point's window, as Poisson pauses (per second) with exponential
+/// durations of their mean (ns). None when no point reported stalls or none was that long.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MeasuredPauses {
+    /// Gaps >= 1 ms per second of measured window (server and client added).
+    pub rate_per_s: f64,
+    /// Their mean length (ns).
+    pub mean_ns: f64,
+    /// How many gaps and over how many seconds of windows.
+    pub count: u64,
+    pub seconds: f64,
+}
+
+impl MeasuredPauses {
+    /// From the runs' stalls (`default_window_s` for a side that has no window length).
+    pub fn of(stalls: &[crate::stalls::Stalls], default_window_s: f64) -> Option<Self> {
+        let (mut count, mut ns, mut secs) = (0u64, 0u64, 0f64);
+        for s in stalls {
+            count += s.gaps[2];
+            ns += s.stall_1ms_ns;
+            secs += s.window_ns.map_or(default_window_s, |n| n as f64 / 1e9);
+        }
+        (count > 0 && secs > 0.0).then(|| MeasuredPauses {
+            rate_per_s: count as f64 / secs,
+            mean_ns: ns as f64 / count as f64,
+            count,
+            seconds: secs,
+        })
+    }
+
+    /// In the simulator's time unit (the mean service time `mean_ns`).
+    pub fn sim(&self, mean_ns: u64) -> msgsched::sim::Pauses {
+        let unit_s = mean_ns as f64 / 1e9;
+        msgsched::sim::Pauses::Poisson {
+            rate: self.rate_per_s * unit_s,
+            mean: self.mean_ns / mean_ns as f64,
+            exponential: true,
+        }
+    }
+}
+
+/// [`ideal`] on a server that pauses as `pauses` says.
+pub fn ideal_paused(
+    model: msgsched::sim::Model,
+    workers: u32,
+    conns: u32,
+    svc: ServiceSpec,
+    slo_us: f64,
+    pauses: Option<msgsched::sim::Pauses>,
+) -> Result<msgsched::sim::SloOutcome, String> {
     use msgsched::sim::{SimConfig, SloSearch};
     let base = SimConfig {
         requests: 200_000,
         warmup: 20_000,
+        pauses,
         ..SimConfig::new(
             model,
             workers as usize,
@@ -373,6 +428,29 @@ pub fn run(a: &SweepArgs) -> Res<()> {
     } else {
         None
     };
+    // Each side of each run once: the server's loop and the client's lanes, per window.
+    let sides: Vec<crate::stalls::Stalls> = rows
+        .iter()
+        .flat_map(|r| {
+            let (s, c) = crate::stalls::of_run(&r["run"]);
+            s.into_iter().chain(c)
+        })
+        .collect();
+    let measured = MeasuredPauses::of(&sides, a.duration);
+    let ideal_stalled = match (a.ideal, measured) {
+        (true, Some(m)) => Some(
+            ideal_paused(
+                msgsched::sim::Model::Ms,
+                a.workers,
+                a.slo_connections,
+                svc,
+                slo_us,
+                Some(m.sim(svc.mean_ns)),
+            )
+            .map_err(Error::Run)?,
+        ),
+        _ => None,
+    };
     let mut models = serde_json::Map::new();
     let mut series = Vec::new();
     println!(
@@ -435,6 +513,10 @@ pub fn run(a: &SweepArgs) -> Res<()> {
         }
         let t = throughput_under_slo(&pts, slo_us);
         let frac = ideal_ms.as_ref().map(|i| t.load / i.load);
+        let frac_stalled = ideal_stalled
+            .as_ref()
+            .filter(|i| i.load > 0.0)
+            .map(|i| t.load / i.load);
         models.insert(
             m.name().into(),
             json!({
@@ -449,6 +531,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                     .map(|p| p.offered)
                     .collect::<Vec<f64>>(),
                 "fraction_of_ideal_ms": frac,
+                "fraction_of_ideal_ms_under_measured_stalls": frac_stalled,
                 "stalled_offered_loads": pts
                     .iter()
                     .filter(|p| p.stalled(slo_us) == Some(true))
@@ -504,6 +587,19 @@ pub fn run(a: &SweepArgs) -> Res<()> {
             a.workers,
             a.slo_connections,
             svc.to_arg(),
+            i.load,
+            i.load * capacity
+        );
+    }
+    if let (Some(i), Some(m)) = (&ideal_stalled, &measured) {
+        println!(
+            "second reference, not the goal's: ideal MS under this sweep's measured stalls \
+             (server + client loop gaps >= 1 ms: {} in {:.1} s of windows = {:.2}/s, mean {:.2} ms, \
+             as exponential server pauses): {:.3} of capacity ({:.0} RPC/s)",
+            m.count,
+            m.seconds,
+            m.rate_per_s,
+            m.mean_ns / 1e6,
             i.load,
             i.load * capacity
         );
@@ -574,6 +670,11 @@ pub fn run(a: &SweepArgs) -> Res<()> {
         "client_lag_slo_fraction": CLIENT_LAG_SLO_FRACTION,
         "stalled": "a server or client poll loop (luna) had a gap >= SLO/2 in the measured window (null: the buckets cannot tell); information, not part of the verdict",
         "ideal_ms": ideal_ms,
+        "ideal_ms_under_measured_stalls": ideal_stalled.as_ref().zip(measured.as_ref()).map(|(i, m)| json!({
+            "note": "a second reference (the goal's is ideal_ms): the simulator's MS with server pauses at the rate and mean of this sweep's server + client loop gaps >= 1 ms, exponential durations",
+            "stalls": m.count, "window_s": m.seconds, "rate_per_s": m.rate_per_s,
+            "mean_ms": m.mean_ns / 1e6, "outcome": i,
+        })),
         "models": models, "notes": notes, "points": rows,
     });
     let jp = a.json.clone().unwrap_or_else(|| dir.join("fig-slo.json"));
@@ -736,6 +837,49 @@ mod tests {
         // Unknown lag (an older report): not flagged.
         pts[1].client_lag_p99_us = None;
         assert!(throughput_under_slo(&pts, 1000.0).saturated);
+    }
+
+    #[test]
+    fn measured_stalls_become_a_pause_process_and_lower_the_ideal() {
+        // Two sides over 2 s windows: three gaps >= 1 ms in all, 6 ms in them.
+        let mut a = stalls(2_000_000);
+        a.window_ns = Some(2_000_000_000);
+        let mut b = stalls(2_000_000).combine(&stalls(2_000_000));
+        b.window_ns = None; // counted as the default 2 s
+        let m = MeasuredPauses::of(&[a, b, stalls(200_000)], 2.0).unwrap();
+        assert_eq!(m.count, 3);
+        assert!((m.seconds - 6.0).abs() < 1e-9);
+        assert!((m.rate_per_s - 0.5).abs() < 1e-12);
+        assert!((m.mean_ns - 2e6).abs() < 1e-6);
+        let msgsched::sim::Pauses::Poisson {
+            rate,
+            mean,
+            exponential,
+        } = m.sim(100_000)
+        else {
+            panic!()
+        };
+        assert!((rate - 0.5e-4).abs() < 1e-15 && (mean - 20.0).abs() < 1e-9 && exponential);
+        assert_eq!(MeasuredPauses::of(&[stalls(300_000)], 2.0), None);
+        // Frequent long pauses cost the ideal MS throughput under a 1 ms SLO.
+        let svc = crate::service::parse_service("bimodal:100us").unwrap();
+        let heavy = MeasuredPauses {
+            rate_per_s: 20.0,
+            mean_ns: 2e6,
+            count: 1,
+            seconds: 1.0,
+        };
+        let plain = ideal(msgsched::sim::Model::Ms, 4, 20, svc, 1000.0).unwrap();
+        let paused = ideal_paused(
+            msgsched::sim::Model::Ms,
+            4,
+            20,
+            svc,
+            1000.0,
+            Some(heavy.sim(svc.mean_ns)),
+        )
+        .unwrap();
+        assert!(paused.load < plain.load, "{paused:?} vs {plain:?}");
     }
 
     #[test]

@@ -182,21 +182,23 @@ pub fn ideal(
 }
 
 /// A sweep's measured stalls as a pause process: the server's and the client's loop gaps
-/// >= 1 ms over every point's window, as Poisson pauses (per second) with exponential
-/// durations of their mean (ns). None when no point reported stalls or none was that long.
+/// of at least 1 ms over every point's window, as Poisson pauses (per second) with
+/// exponential durations of their mean (ns).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MeasuredPauses {
     /// Gaps >= 1 ms per second of measured window (server and client added).
     pub rate_per_s: f64,
     /// Their mean length (ns).
     pub mean_ns: f64,
-    /// How many gaps and over how many seconds of windows.
+    /// How many gaps ...
     pub count: u64,
+    /// ... in how many seconds of windows.
     pub seconds: f64,
 }
 
 impl MeasuredPauses {
-    /// From the runs' stalls (`default_window_s` for a side that has no window length).
+    /// From the runs' stalls (`default_window_s` for a side that has no window length);
+    /// None when no side had a gap of 1 ms or more.
     pub fn of(stalls: &[crate::stalls::Stalls], default_window_s: f64) -> Option<Self> {
         let (mut count, mut ns, mut secs) = (0u64, 0u64, 0f64);
         for s in stalls {

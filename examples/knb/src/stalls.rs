@@ -110,7 +110,7 @@ impl Stalls {
     }
 
     /// `"loop_stalls"` of a run's JSON.
-    pub fn to_json(&self) -> Value {
+    pub fn to_json(self) -> Value {
         let mut v = json!({
             "scope": if self.window_ns.is_some() { "window" } else { "run" },
             "window_s": self.window_ns.map(|n| n as f64 / 1e9),

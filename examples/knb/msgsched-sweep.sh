@@ -12,7 +12,9 @@
 #
 # Knobs (environment): SWEEP_OUT (/tmp/msgsched-sweep), SWEEP_MEANS (100us 20us),
 # SWEEP_CONNS (20 5000), SWEEP_LOADS (0.1,...,0.9), SWEEP_WORKERS (20), SWEEP_SLO (10x),
-# SWEEP_DURATION (2 s per point), SWEEP_WARMUP (0.5 s), SWEEP_KERNEL_MODE (sleep).
+# SWEEP_DURATION (2 s per point), SWEEP_WARMUP (0.5 s), SWEEP_KERNEL_MODE (sleep),
+# SWEEP_HICCUPS (5: seconds of `knb hiccups` before each stack's sweep, 0 to skip; its
+# one line says how calm the machine was, and goes to <sweep>.hiccups.json too).
 # A quick end-to-end check of the script itself:
 #   SWEEP_MEANS=100us SWEEP_CONNS=20 SWEEP_LOADS=0.1,0.5 SWEEP_DURATION=0.3 SWEEP_WARMUP=0.1 \
 #     make msgsched-sweep
@@ -27,6 +29,8 @@ slo=${SWEEP_SLO:-10x}
 dur=${SWEEP_DURATION:-2}
 warm=${SWEEP_WARMUP:-0.5}
 kmode=${SWEEP_KERNEL_MODE:-sleep}
+hiccups=${SWEEP_HICCUPS:-5}
+cpus=$(seq -s, 0 $(($(nproc) - 1)))
 mkdir -p "$out"
 start=$(date +%s)
 echo "msgsched-sweep: building knb (release)"
@@ -45,6 +49,10 @@ for mean in $means; do
             dir="$out/$stack-$mean-c$c"
             mkdir -p "$dir"
             echo "msgsched-sweep: $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg): $stack $mean $c connections"
+            if [[ $hiccups != 0 ]]; then
+                "$knb" hiccups --cpus "$cpus" --seconds "$hiccups" --json "$dir.hiccups.json" |
+                    grep '^hiccups:' | sed 's/^/msgsched-sweep: /' || true
+            fi
             "$knb" sweep --figure slo --slo-stack "$stack" --slo "$slo" --ideal --models "$models" \
                 --workers "$workers" --service "bimodal:$mean" --service-mode "$mode" \
                 --connections "$c" --loads "$loads" --duration "$dur" --warmup "$warm" \

@@ -1,7 +1,8 @@
 //! Monotonic clocks converted to the stack's [`Instant`].
 
 use luna_stack::time::Instant;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// A monotonic time source.
 pub trait Clock {
@@ -73,23 +74,64 @@ impl Clock for TscClock {
     }
 }
 
+/// A clock that only moves when told to (tests): clones share one time.
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock(Arc<AtomicU64>);
+
+impl ManualClock {
+    /// A clock at time zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Moves the clock forward by `d`.
+    pub fn advance(&self, d: luna_stack::time::Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.0.fetch_add(ns, Ordering::Release);
+    }
+
+    /// The current time in nanoseconds.
+    pub fn nanos(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+impl PartialEq for ManualClock {
+    /// The same clock (not the same reading).
+    fn eq(&self, o: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &o.0)
+    }
+}
+
+impl Eq for ManualClock {}
+
+impl Clock for ManualClock {
+    fn now(&mut self) -> Instant {
+        Instant::from_nanos(self.nanos())
+    }
+}
+
 /// Which clock a core uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum ClockSource {
     /// `std::time::Instant`.
     #[default]
     Std,
     /// The TSC at this rate (ticks per second, from `Eal::tsc_hz`).
     Tsc(u64),
+    /// A [`ManualClock`] (tests: time moves only when the test moves it).
+    Manual(ManualClock),
 }
 
 /// The clock a core runs on.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum CoreClock {
     /// See [`StdClock`].
     Std(StdClock),
     /// See [`TscClock`].
     Tsc(TscClock),
+    /// See [`ManualClock`].
+    Manual(ManualClock),
 }
 
 impl CoreClock {
@@ -100,7 +142,8 @@ impl CoreClock {
                 Some(t) => CoreClock::Tsc(t),
                 None => CoreClock::Std(StdClock::new()),
             },
-            _ => CoreClock::Std(StdClock::new()),
+            ClockSource::Manual(m) => CoreClock::Manual(m),
+            ClockSource::Std => CoreClock::Std(StdClock::new()),
         }
     }
 }
@@ -110,6 +153,7 @@ impl Clock for CoreClock {
         match self {
             CoreClock::Std(c) => c.now(),
             CoreClock::Tsc(c) => c.now(),
+            CoreClock::Manual(c) => c.now(),
         }
     }
 }

@@ -4,7 +4,7 @@
 use crate::clock::{Clock, ClockSource, CoreClock};
 use crate::device::{Device, DeviceStats};
 use crate::rng::CoreRng;
-use crate::stats::{CoreStats, StatsCell};
+use crate::stats::{CoreStats, StatsCell, LOOP_GAP_MIN_NS};
 use bifurcation::{ChooseError, PortChooser, PortRange, Steering};
 use core::net::{Ipv4Addr, SocketAddrV4};
 use luna_stack::stack::{
@@ -676,7 +676,7 @@ impl<D: Device> CoreLoop<D> {
             queues: setup.devices.iter().map(Device::queue).collect(),
         });
         let chooser = PortChooser::new(&setup.ports, steering);
-        let mut clock = CoreClock::new(opts.clock);
+        let mut clock = CoreClock::new(opts.clock.clone());
         let st = CoreState {
             index: setup.index,
             now: clock.now(),
@@ -716,8 +716,18 @@ impl<D: Device> CoreLoop<D> {
         mode.start(&mut self.st);
         let mut deadline = None;
         let mut publish_in = self.opts.stats_interval.max(1);
+        // The previous iteration's clock reading (ns), for the loop-stall stats.
+        let mut last = self.clock.now().as_nanos();
         loop {
             self.st.now = self.clock.now();
+            // Loop stalls, from the reading every iteration makes anyway: a subtract and
+            // a compare (`record_loop_gap` is out of line).
+            let t = self.st.now.as_nanos();
+            let gap = t.saturating_sub(last);
+            last = t;
+            if gap >= LOOP_GAP_MIN_NS {
+                self.st.stats.record_loop_gap(gap);
+            }
             let busy = self.poll_once(mode);
             let now = self.st.now;
             if deadline.is_none() && self.st.stop.load(Ordering::Acquire) {
@@ -754,7 +764,8 @@ impl<D: Device> CoreLoop<D> {
                 self.idle_streak = 0;
             } else {
                 self.st.stats.idle_iterations += 1;
-                self.idle();
+                // A chosen sleep is not a stall: only its overshoot counts.
+                last = last.saturating_add(self.idle());
             }
         }
         self.publish(true);
@@ -961,9 +972,11 @@ impl<D: Device> CoreLoop<D> {
         sent
     }
 
-    fn idle(&mut self) {
+    /// Waits as the idle strategy says; returns the nanoseconds it chose to sleep.
+    fn idle(&mut self) -> u64 {
         match self.opts.idle {
             IdleStrategy::BusyPoll => std::hint::spin_loop(),
+            // A yield that takes long is a stall (another thread had the CPU).
             IdleStrategy::Yield => std::thread::yield_now(),
             IdleStrategy::Backoff { max } => {
                 self.idle_streak = self.idle_streak.saturating_add(1);
@@ -973,9 +986,11 @@ impl<D: Device> CoreLoop<D> {
                 }
                 if !d.is_zero() {
                     std::thread::sleep(d);
+                    return u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
                 }
             }
         }
+        0
     }
 
     fn publish(&mut self, stopped: bool) {

@@ -52,6 +52,13 @@ impl Ctx<'_> {
         self.st.now
     }
 
+    /// This core's counters as of now (unpublished; the loop-stall counters include
+    /// this iteration's gap): an application can difference two readings to count what
+    /// happened between them.
+    pub fn stats(&self) -> &crate::CoreStats {
+        &self.st.stats
+    }
+
     /// Listen on `port` (every core of a runtime may listen on the same port: the NIC's RSS
     /// spreads connections over them by 4-tuple hash).
     pub fn listen(&mut self, port: u16, backlog: usize) -> Result<Listener, ListenError> {

@@ -35,14 +35,17 @@ macro_rules! core_stats {
                 Self::NAMES.into_iter().zip(self.to_array())
             }
 
-            /// Field-wise sum (gauges add up too: totals over cores).
+            /// Field-wise sum (gauges add up too: totals over cores), except
+            /// `loop_gap_max_ns`, which stays the maximum.
             pub fn sum(&self, o: &CoreStats) -> CoreStats {
                 let (a, b) = (self.to_array(), o.to_array());
                 let mut c = [0u64; FIELDS];
                 for i in 0..FIELDS {
                     c[i] = a[i].wrapping_add(b[i]);
                 }
-                Self::from_array(c)
+                let mut s = Self::from_array(c);
+                s.loop_gap_max_ns = self.loop_gap_max_ns.max(o.loop_gap_max_ns);
+                s
             }
         }
     };
@@ -162,10 +165,52 @@ core_stats! {
     /// 1 when hardware steering was tried at port bring-up and luna fell back to the
     /// software path (the reason is the one `bifurcation:` line on stderr).
     steering_fallbacks,
+    /// Loop stalls: iterations that began at least 100 µs after the previous one began
+    /// (the thread was descheduled or interrupted, or one iteration worked that long;
+    /// `Backoff`'s own sleeps are not counted).
+    loop_gaps_100us,
+    /// Loop stalls: gaps of at least 500 µs.
+    loop_gaps_500us,
+    /// Loop stalls: gaps of at least 1 ms.
+    loop_gaps_1ms,
+    /// Loop stalls: gaps of at least 2 ms.
+    loop_gaps_2ms,
+    /// Loop stalls: gaps of at least 5 ms.
+    loop_gaps_5ms,
+    /// Loop stalls: nanoseconds in gaps of at least 100 µs (each whole gap).
+    loop_gap_ns,
+    /// Loop stalls: nanoseconds in gaps of at least 1 ms.
+    loop_gap_1ms_ns,
+    /// Loop stalls: the longest gap between two iterations (ns; a maximum, also in
+    /// [`CoreStats::sum`]).
+    loop_gap_max_ns,
     /// Nanoseconds on the core clock at the last publish.
     published_at_ns,
     /// 1 once the core has stopped (final stats).
     stopped,
+}
+
+/// A gap between two poll-loop iterations at least this long is a loop stall (counted
+/// in the `loop_gap*` stats); shorter ones cost the loop a subtract and a compare.
+pub const LOOP_GAP_MIN_NS: u64 = 100_000;
+
+impl CoreStats {
+    /// Counts a gap of `ns` between two iterations' clock readings; the caller has
+    /// checked `ns >= LOOP_GAP_MIN_NS` (kept off the hot path).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn record_loop_gap(&mut self, ns: u64) {
+        self.loop_gaps_100us += 1;
+        self.loop_gaps_500us += u64::from(ns >= 500_000);
+        self.loop_gaps_1ms += u64::from(ns >= 1_000_000);
+        self.loop_gaps_2ms += u64::from(ns >= 2_000_000);
+        self.loop_gaps_5ms += u64::from(ns >= 5_000_000);
+        self.loop_gap_ns += ns;
+        if ns >= 1_000_000 {
+            self.loop_gap_1ms_ns += ns;
+        }
+        self.loop_gap_max_ns = self.loop_gap_max_ns.max(ns);
+    }
 }
 
 /// The published copy of a core's [`CoreStats`]: written by its core only, read by anyone.
@@ -263,5 +308,26 @@ mod tests {
         let c = a.sum(&b);
         assert_eq!((c.rx_frames, c.tx_frames), (5, 1));
         assert!(c.fields().any(|(n, v)| n == "rx_frames" && v == 5));
+    }
+
+    #[test]
+    fn loop_gaps_land_in_their_buckets_and_the_maximum_sums_as_a_maximum() {
+        let mut a = CoreStats::default();
+        for ns in [100_000, 499_999, 500_000, 1_000_000, 2_500_000, 7_000_000] {
+            a.record_loop_gap(ns);
+        }
+        assert_eq!(a.loop_gaps_100us, 6);
+        assert_eq!(a.loop_gaps_500us, 4);
+        assert_eq!(a.loop_gaps_1ms, 3);
+        assert_eq!(a.loop_gaps_2ms, 2);
+        assert_eq!(a.loop_gaps_5ms, 1);
+        assert_eq!(a.loop_gap_ns, 11_599_999);
+        assert_eq!(a.loop_gap_1ms_ns, 10_500_000);
+        assert_eq!(a.loop_gap_max_ns, 7_000_000);
+        let mut b = CoreStats::default();
+        b.record_loop_gap(3_000_000);
+        let c = a.sum(&b);
+        assert_eq!(c.loop_gap_max_ns, 7_000_000);
+        assert_eq!((c.loop_gaps_1ms, c.loop_gap_1ms_ns), (4, 13_500_000));
     }
 }

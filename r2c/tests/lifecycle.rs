@@ -224,3 +224,67 @@ fn start_errors_are_reported_not_panics() {
         "{e}"
     );
 }
+
+/// Publishes what its core's live counters say about 1 ms loop stalls.
+struct StallWatcher {
+    seen_1ms: Arc<AtomicUsize>,
+}
+
+impl InlineApp for StallWatcher {
+    fn on_poll(&mut self, ctx: &mut Ctx<'_>) {
+        let n = ctx.stats().loop_gaps_1ms as usize;
+        self.seen_1ms.store(n, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_jump_of_the_core_clock_is_counted_as_a_loop_stall() {
+    use luna_stack::time::Duration;
+    let (server, _client) = pair(1, 1, |_| {});
+    let clock = r2c::clock::ManualClock::new();
+    let o = r2c::CoreOptions {
+        clock: r2c::clock::ClockSource::Manual(clock.clone()),
+        ..opts()
+    };
+    let seen_1ms = Arc::new(AtomicUsize::new(0));
+    let s2 = seen_1ms.clone();
+    let srv = Runtime::spawn_inline(server, o, move |_| StallWatcher {
+        seen_1ms: s2.clone(),
+    })
+    .unwrap();
+    // The loop runs on a clock that does not move: no gap at all.
+    wait_for("two publishes", || reader_gen(&srv) >= 2);
+    assert_eq!(srv.stats()[0].loop_gaps_100us, 0);
+    // The clock jumps between two iterations' readings: one 3 ms stall.
+    clock.advance(Duration::from_millis(3));
+    wait_for("the 3 ms gap published", || {
+        srv.stats()[0].loop_gaps_1ms == 1
+    });
+    clock.advance(Duration::from_micros(200));
+    wait_for("the 200 us gap published", || {
+        srv.stats()[0].loop_gaps_100us == 2
+    });
+    // A gap under the threshold is not a stall.
+    clock.advance(Duration::from_micros(99));
+    let before = reader_gen(&srv);
+    wait_for("a publish after the 99 us gap", || {
+        reader_gen(&srv) >= before + 2
+    });
+    srv.stop();
+    let s = srv.join().unwrap()[0].stats;
+    assert_eq!(
+        (
+            s.loop_gaps_100us,
+            s.loop_gaps_500us,
+            s.loop_gaps_1ms,
+            s.loop_gaps_2ms,
+            s.loop_gaps_5ms
+        ),
+        (2, 1, 1, 1, 0)
+    );
+    assert_eq!(s.loop_gap_ns, 3_200_000);
+    assert_eq!(s.loop_gap_1ms_ns, 3_000_000);
+    assert_eq!(s.loop_gap_max_ns, 3_000_000);
+    // The application read the same count live, through its context.
+    assert_eq!(seen_1ms.load(Ordering::SeqCst), 1);
+}

@@ -147,6 +147,11 @@ pub struct ClientWorker {
 }
 
 impl ClientWorker {
+    /// The run's warm-up end and end.
+    pub fn timing(&self) -> Timing {
+        self.timing
+    }
+
     /// A worker for `spec` on the run's `timing`; `progress` counts completions.
     pub fn new(spec: WorkerSpec, timing: Timing, progress: Arc<AtomicU64>) -> ClientWorker {
         let conns = (0..spec.conns)

@@ -9,6 +9,7 @@
 //! * `knb server` / `knb client`: the two sides by hand (what `rpc` starts).
 //! * `knb raw`: Ethernet ping-pong between two DPDK processes, no TCP (the ceiling).
 //! * `knb service-check`: the error of the service-time emulation (`--service-mode`).
+//! * `knb hiccups`: how calm the machine is (gaps of a clock-spinning thread per CPU).
 //!
 //! Exit status: 0 success, 1 the run failed, 2 bad arguments.
 #![forbid(unsafe_code)]
@@ -22,6 +23,7 @@ mod compare;
 mod contention;
 mod cpu;
 mod engine;
+mod hiccups;
 mod proto;
 mod raw;
 mod report;
@@ -29,6 +31,7 @@ mod run;
 mod servers;
 mod service;
 mod slo;
+mod stalls;
 mod svg;
 mod sweep;
 mod workload;
@@ -61,6 +64,9 @@ enum Cmd {
     Raw(raw::RawArgs),
     /// Service-time emulation error (actual - requested) of spin and sleep modes.
     ServiceCheck(service::CheckArgs),
+    /// How calm the machine is: a pinned thread per CPU spins on the clock and counts the
+    /// gaps (time it did not run).
+    Hiccups(hiccups::HiccupsArgs),
 }
 
 fn main() -> ExitCode {
@@ -81,6 +87,7 @@ fn main() -> ExitCode {
             .and_then(|()| workload::check_ip("--server-ip", a.server_ip, a.prefix_len, a.stack))
             .and_then(|()| run::client(a)),
         Cmd::ServiceCheck(a) => service::check(a),
+        Cmd::Hiccups(a) => hiccups::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

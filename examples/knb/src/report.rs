@@ -59,6 +59,9 @@ pub fn print_table(rows: &[Value]) {
         if let Some(d) = drops_line(r) {
             println!("  {d}");
         }
+        if let Some(l) = crate::stalls::line(r) {
+            println!("  {l}");
+        }
         if let Some(c) = contention_line(r) {
             println!("  {c}");
         }

@@ -14,6 +14,12 @@
 //! late client inflates them, and such a point cannot say whether the server met the SLO.
 //! The bound is [`CLIENT_LAG_SLO_FRACTION`] of the SLO on the p99 of the client's send lag
 //! (scheduled time to hand-over to the stack).
+//!
+//! A point is flagged `STALLED` when the server's or the client's poll loop (luna: r2c's
+//! loop-stall counters, [`crate::stalls`]) had a gap of at least half the SLO inside the
+//! measured window: one such stall can hold every arrival behind it past the SLO. The
+//! flag is information next to the verdict, never part of it: a stalled point passes
+//! or fails like any other (the machine is part of what is measured).
 
 use serde_json::{json, Value};
 
@@ -73,6 +79,8 @@ pub struct Point {
     pub dropped: u64,
     /// p99 of the client's send lag (µs), None when not reported.
     pub client_lag_p99_us: Option<f64>,
+    /// Server's and client's loop stalls in the window combined, None when not reported.
+    pub stalls: Option<crate::stalls::Stalls>,
 }
 
 /// A point whose client's p99 send lag exceeds this fraction of the SLO is flagged
@@ -84,6 +92,29 @@ impl Point {
     pub fn client_behind(&self, slo_us: f64) -> bool {
         self.client_lag_p99_us
             .is_some_and(|l| l > CLIENT_LAG_SLO_FRACTION * slo_us)
+    }
+
+    /// Whether a loop stalled for at least half the SLO in the window (`Some(true)`:
+    /// flag `STALLED`); None when not reported or the buckets cannot tell. Not part of
+    /// [`Point::failure`].
+    pub fn stalled(&self, slo_us: f64) -> Option<bool> {
+        let half_ns = (slo_us * 1e3 / 2.0).round() as u64;
+        self.stalls?.had_gap_of(half_ns)
+    }
+
+    /// The flag column: `CLIENT-BEHIND`, `STALLED` (`STALLED?` when undecided), both, or
+    /// empty.
+    pub fn flags(&self, slo_us: f64) -> String {
+        let mut f = Vec::new();
+        if self.client_behind(slo_us) {
+            f.push("CLIENT-BEHIND");
+        }
+        match (self.stalls.is_some(), self.stalled(slo_us)) {
+            (_, Some(true)) => f.push("STALLED"),
+            (true, None) => f.push("STALLED?"),
+            _ => {}
+        }
+        f.join(" ")
     }
 
     /// Why the point does not pass `slo_us`, or None if it does.
@@ -147,10 +178,67 @@ pub fn ideal(
     svc: ServiceSpec,
     slo_us: f64,
 ) -> Result<msgsched::sim::SloOutcome, String> {
+    ideal_paused(model, workers, conns, svc, slo_us, None)
+}
+
+/// A sweep's measured stalls as a pause process: the server's and the client's loop gaps
+/// of at least 1 ms over every point's window, as Poisson pauses (per second) with
+/// exponential durations of their mean (ns).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MeasuredPauses {
+    /// Gaps >= 1 ms per second of measured window (server and client added).
+    pub rate_per_s: f64,
+    /// Their mean length (ns).
+    pub mean_ns: f64,
+    /// How many gaps ...
+    pub count: u64,
+    /// ... in how many seconds of windows.
+    pub seconds: f64,
+}
+
+impl MeasuredPauses {
+    /// From the runs' stalls (`default_window_s` for a side that has no window length);
+    /// None when no side had a gap of 1 ms or more.
+    pub fn of(stalls: &[crate::stalls::Stalls], default_window_s: f64) -> Option<Self> {
+        let (mut count, mut ns, mut secs) = (0u64, 0u64, 0f64);
+        for s in stalls {
+            count += s.gaps[2];
+            ns += s.stall_1ms_ns;
+            secs += s.window_ns.map_or(default_window_s, |n| n as f64 / 1e9);
+        }
+        (count > 0 && secs > 0.0).then(|| MeasuredPauses {
+            rate_per_s: count as f64 / secs,
+            mean_ns: ns as f64 / count as f64,
+            count,
+            seconds: secs,
+        })
+    }
+
+    /// In the simulator's time unit (the mean service time `mean_ns`).
+    pub fn sim(&self, mean_ns: u64) -> msgsched::sim::Pauses {
+        let unit_s = mean_ns as f64 / 1e9;
+        msgsched::sim::Pauses::Poisson {
+            rate: self.rate_per_s * unit_s,
+            mean: self.mean_ns / mean_ns as f64,
+            exponential: true,
+        }
+    }
+}
+
+/// [`ideal`] on a server that pauses as `pauses` says.
+pub fn ideal_paused(
+    model: msgsched::sim::Model,
+    workers: u32,
+    conns: u32,
+    svc: ServiceSpec,
+    slo_us: f64,
+    pauses: Option<msgsched::sim::Pauses>,
+) -> Result<msgsched::sim::SloOutcome, String> {
     use msgsched::sim::{SimConfig, SloSearch};
     let base = SimConfig {
         requests: 200_000,
         warmup: 20_000,
+        pauses,
         ..SimConfig::new(
             model,
             workers as usize,
@@ -162,6 +250,27 @@ pub fn ideal(
     let mut s = SloSearch::new(base, slo_us * 1e3 / svc.mean_ns as f64);
     s.jobs = 2;
     msgsched::sim::throughput_under_slo(&s).map_err(|e| e.to_string())
+}
+
+/// A run's server and client loop stalls combined (luna; None for other backends).
+fn point_stalls(r: &Value) -> Option<crate::stalls::Stalls> {
+    match crate::stalls::of_run(r) {
+        (Some(s), Some(c)) => Some(s.combine(&c)),
+        (s, c) => s.or(c),
+    }
+}
+
+/// The longest gap: exact, or the range the buckets allow.
+fn max_gap_text(s: &crate::stalls::Stalls) -> String {
+    match s.max_ns() {
+        Some(n) => format!("{:.0}", n as f64 / 1e3),
+        None if s.max_hi_ns == u64::MAX => format!(">={:.0}", s.max_lo_ns as f64 / 1e3),
+        None => format!(
+            "{:.0}-{:.0}",
+            s.max_lo_ns as f64 / 1e3,
+            s.max_hi_ns as f64 / 1e3
+        ),
+    }
 }
 
 fn first_line(s: &str) -> String {
@@ -266,6 +375,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                 Ok(r) => {
                     let o = &r["open_loop"];
                     let ach = o["achieved_rps"].as_f64().unwrap_or(0.0);
+                    let st = point_stalls(&r);
                     let load_avg = std::fs::read_to_string("/proc/loadavg")
                         .unwrap_or_default()
                         .split_whitespace()
@@ -286,6 +396,10 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                         "cpu_client": r["cpu"]["client"]["cores"],
                         "cpu_server": r["cpu"]["server"]["cores"],
                         "loadavg_1m": load_avg,
+                        "stall_1ms_us": st.map(|s| s.stall_1ms_ns as f64 / 1e3),
+                        "stall_max_us": st.and_then(|s| s.max_ns()).map(|n| n as f64 / 1e3),
+                        "stall_max_at_least_us": st.map(|s| s.max_lo_ns as f64 / 1e3),
+                        "stalled": st.map(|s| s.had_gap_of((slo_us * 1e3 / 2.0).round() as u64)),
                         "run": r,
                     }));
                 }
@@ -316,10 +430,33 @@ pub fn run(a: &SweepArgs) -> Res<()> {
     } else {
         None
     };
+    // Each side of each run once: the server's loop and the client's lanes, per window.
+    let sides: Vec<crate::stalls::Stalls> = rows
+        .iter()
+        .flat_map(|r| {
+            let (s, c) = crate::stalls::of_run(&r["run"]);
+            s.into_iter().chain(c)
+        })
+        .collect();
+    let measured = MeasuredPauses::of(&sides, a.duration);
+    let ideal_stalled = match (a.ideal, measured) {
+        (true, Some(m)) => Some(
+            ideal_paused(
+                msgsched::sim::Model::Ms,
+                a.workers,
+                a.slo_connections,
+                svc,
+                slo_us,
+                Some(m.sim(svc.mean_ns)),
+            )
+            .map_err(Error::Run)?,
+        ),
+        _ => None,
+    };
     let mut models = serde_json::Map::new();
     let mut series = Vec::new();
     println!(
-        "{:<5} {:>7} {:>10} {:>10} {:>8} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9}  flag",
+        "{:<5} {:>7} {:>10} {:>10} {:>8} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>8} {:>11}  flag",
         "model",
         "offered",
         "offer/s",
@@ -331,7 +468,9 @@ pub fn run(a: &SweepArgs) -> Res<()> {
         "dropped",
         "behind",
         "unanswrd",
-        "lag99 us"
+        "lag99 us",
+        "stall ms",
+        "maxgap us"
     );
     for &m in &a.models {
         let mine: Vec<&Value> = rows.iter().filter(|r| r["model"] == m.name()).collect();
@@ -343,12 +482,20 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                 p99_us: r["p99_us"].as_f64(),
                 dropped: r["dropped_arrivals"].as_u64().unwrap_or(0),
                 client_lag_p99_us: r["client_lag_p99_us"].as_f64(),
+                stalls: point_stalls(&r["run"]),
             })
             .collect();
         for (r, pt) in mine.iter().zip(&pts) {
             let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+            let (stall_ms, max_gap) = match &pt.stalls {
+                Some(s) => (
+                    format!("{:.1}", s.stall_1ms_ns as f64 / 1e6),
+                    max_gap_text(s),
+                ),
+                None => ("-".into(), "-".into()),
+            };
             println!(
-                "{:<5} {:>7.2} {:>10.0} {:>10.0} {:>8.3} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>7} {:>9} {:>9.1}  {}",
+                "{:<5} {:>7.2} {:>10.0} {:>10.0} {:>8.3} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>7} {:>9} {:>9.1} {:>8} {:>11}  {}",
                 m.name(),
                 f("offered_load"),
                 f("offered_rps"),
@@ -361,15 +508,17 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                 r["behind_schedule"],
                 r["sent_not_answered"],
                 f("client_lag_p99_us"),
-                if pt.client_behind(slo_us) {
-                    "CLIENT-BEHIND"
-                } else {
-                    ""
-                }
+                stall_ms,
+                max_gap,
+                pt.flags(slo_us)
             );
         }
         let t = throughput_under_slo(&pts, slo_us);
         let frac = ideal_ms.as_ref().map(|i| t.load / i.load);
+        let frac_stalled = ideal_stalled
+            .as_ref()
+            .filter(|i| i.load > 0.0)
+            .map(|i| t.load / i.load);
         models.insert(
             m.name().into(),
             json!({
@@ -384,6 +533,12 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                     .map(|p| p.offered)
                     .collect::<Vec<f64>>(),
                 "fraction_of_ideal_ms": frac,
+                "fraction_of_ideal_ms_under_measured_stalls": frac_stalled,
+                "stalled_offered_loads": pts
+                    .iter()
+                    .filter(|p| p.stalled(slo_us) == Some(true))
+                    .map(|p| p.offered)
+                    .collect::<Vec<f64>>(),
             }),
         );
         series.push(Series {
@@ -438,6 +593,19 @@ pub fn run(a: &SweepArgs) -> Res<()> {
             i.load * capacity
         );
     }
+    if let (Some(i), Some(m)) = (&ideal_stalled, &measured) {
+        println!(
+            "second reference, not the goal's: ideal MS under this sweep's measured stalls \
+             (server + client loop gaps >= 1 ms: {} in {:.1} s of windows = {:.2}/s, mean {:.2} ms, \
+             as exponential server pauses): {:.3} of capacity ({:.0} RPC/s)",
+            m.count,
+            m.seconds,
+            m.rate_per_s,
+            m.mean_ns / 1e6,
+            i.load,
+            i.load * capacity
+        );
+    }
     let mode = a.service_mode.name();
     let chart = Chart {
         title: format!(
@@ -460,7 +628,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
     let dir = &a.out_dir;
     report::write_file(&dir.join("fig-slo.svg"), &svg::render(&chart))?;
     let mut csv = String::from(
-        "model,offered_load,offered_rps,achieved_rps,achieved_load,p50_us,p99_us,p999_us,dropped_arrivals,behind_schedule,client_lag_p99_us,sent_not_answered,cpu_client,cpu_server,loadavg_1m\n",
+        "model,offered_load,offered_rps,achieved_rps,achieved_load,p50_us,p99_us,p999_us,dropped_arrivals,behind_schedule,client_lag_p99_us,sent_not_answered,cpu_client,cpu_server,loadavg_1m,stall_1ms_us,stall_max_us,stall_max_at_least_us,stalled\n",
     );
     for r in &rows {
         let cells: Vec<String> = [
@@ -479,6 +647,10 @@ pub fn run(a: &SweepArgs) -> Res<()> {
             "cpu_client",
             "cpu_server",
             "loadavg_1m",
+            "stall_1ms_us",
+            "stall_max_us",
+            "stall_max_at_least_us",
+            "stalled",
         ]
         .iter()
         .map(|k| match &r[*k] {
@@ -498,7 +670,13 @@ pub fn run(a: &SweepArgs) -> Res<()> {
         "capacity_rps": capacity, "slo_us": slo_us,
         "definition": "highest achieved load among the offered loads that, with every lower one, have p99 <= SLO, no dropped arrival and a client on schedule (p99 send lag <= 5% of the SLO) (msgsched::sim grid rule, no bisection)",
         "client_lag_slo_fraction": CLIENT_LAG_SLO_FRACTION,
+        "stalled": "a server or client poll loop (luna) had a gap >= SLO/2 in the measured window (null: the buckets cannot tell); information, not part of the verdict",
         "ideal_ms": ideal_ms,
+        "ideal_ms_under_measured_stalls": ideal_stalled.as_ref().zip(measured.as_ref()).map(|(i, m)| json!({
+            "note": "a second reference (the goal's is ideal_ms): the simulator's MS with server pauses at the rate and mean of this sweep's server + client loop gaps >= 1 ms, exponential durations",
+            "stalls": m.count, "window_s": m.seconds, "rate_per_s": m.rate_per_s,
+            "mean_ms": m.mean_ns / 1e6, "outcome": i,
+        })),
         "models": models, "notes": notes, "points": rows,
     });
     let jp = a.json.clone().unwrap_or_else(|| dir.join("fig-slo.json"));
@@ -532,7 +710,66 @@ mod tests {
             p99_us: Some(p99),
             dropped: 0,
             client_lag_p99_us: Some(3.0),
+            stalls: None,
         }
+    }
+
+    /// Window stalls with one gap of `gap_ns` (0: none).
+    fn stalls(gap_ns: u64) -> crate::stalls::Stalls {
+        let mut b = r2c::CoreStats::default();
+        if gap_ns > 0 {
+            b.loop_gaps_100us = 1;
+            b.loop_gaps_500us = u64::from(gap_ns >= 500_000);
+            b.loop_gaps_1ms = u64::from(gap_ns >= 1_000_000);
+            b.loop_gap_ns = gap_ns;
+            b.loop_gap_1ms_ns = if gap_ns >= 1_000_000 { gap_ns } else { 0 };
+            b.loop_gap_max_ns = gap_ns;
+        }
+        crate::stalls::Stalls::between(&r2c::CoreStats::default(), &b, Some(2_000_000_000))
+    }
+
+    #[test]
+    fn a_point_with_a_long_stall_is_flagged_and_the_verdict_does_not_change() {
+        let mut pts = vec![
+            pt(0.1, 0.1, 300.0),
+            pt(0.2, 0.2, 350.0),
+            pt(0.3, 0.3, 1400.0),
+        ];
+        let before = throughput_under_slo(&pts, 1000.0);
+        // 0.1: no stall; 0.2: a 200 us gap (under SLO/2 = 500 us); 0.3: a 1.7 ms gap.
+        pts[0].stalls = Some(stalls(0));
+        pts[1].stalls = Some(stalls(200_000));
+        pts[2].stalls = Some(stalls(1_700_000));
+        assert_eq!(pts[0].stalled(1000.0), Some(false));
+        assert_eq!(pts[1].stalled(1000.0), Some(false));
+        assert_eq!(pts[2].stalled(1000.0), Some(true));
+        assert_eq!(pts[0].flags(1000.0), "");
+        assert_eq!(pts[2].flags(1000.0), "STALLED");
+        // The same 200 us gap is a stall against a 300 us SLO.
+        assert_eq!(pts[1].stalled(300.0), Some(true));
+        // Information only: a stalled point passes or fails as before.
+        assert_eq!(throughput_under_slo(&pts, 1000.0), before);
+        pts[1].stalls = Some(stalls(900_000));
+        assert_eq!(pts[1].flags(1000.0), "STALLED");
+        assert_eq!(throughput_under_slo(&pts, 1000.0), before);
+        // Both flags; unknown stalls (another backend): no flag.
+        pts[2].client_lag_p99_us = Some(60.0);
+        assert_eq!(pts[2].flags(1000.0), "CLIENT-BEHIND STALLED");
+        pts[2].stalls = None;
+        assert_eq!(pts[2].stalled(1000.0), None);
+        assert_eq!(pts[2].flags(1000.0), "CLIENT-BEHIND");
+    }
+
+    #[test]
+    fn a_run_reports_its_stalls_in_the_point() {
+        let s = stalls(1_200_000);
+        let r = json!({"server": {"extra": {"loop_stalls": s.to_json()}},
+            "client_extra": [{"loop_stalls": stalls(0).to_json()}]});
+        let p = point_stalls(&r).unwrap();
+        assert_eq!(p.max_ns(), Some(1_200_000));
+        assert_eq!(p.stall_1ms_ns, 1_200_000);
+        assert_eq!(max_gap_text(&p), "1200");
+        assert_eq!(point_stalls(&json!({"server": {"extra": {}}})), None);
     }
 
     #[test]
@@ -602,6 +839,49 @@ mod tests {
         // Unknown lag (an older report): not flagged.
         pts[1].client_lag_p99_us = None;
         assert!(throughput_under_slo(&pts, 1000.0).saturated);
+    }
+
+    #[test]
+    fn measured_stalls_become_a_pause_process_and_lower_the_ideal() {
+        // Two sides over 2 s windows: three gaps >= 1 ms in all, 6 ms in them.
+        let mut a = stalls(2_000_000);
+        a.window_ns = Some(2_000_000_000);
+        let mut b = stalls(2_000_000).combine(&stalls(2_000_000));
+        b.window_ns = None; // counted as the default 2 s
+        let m = MeasuredPauses::of(&[a, b, stalls(200_000)], 2.0).unwrap();
+        assert_eq!(m.count, 3);
+        assert!((m.seconds - 6.0).abs() < 1e-9);
+        assert!((m.rate_per_s - 0.5).abs() < 1e-12);
+        assert!((m.mean_ns - 2e6).abs() < 1e-6);
+        let msgsched::sim::Pauses::Poisson {
+            rate,
+            mean,
+            exponential,
+        } = m.sim(100_000)
+        else {
+            panic!()
+        };
+        assert!((rate - 0.5e-4).abs() < 1e-15 && (mean - 20.0).abs() < 1e-9 && exponential);
+        assert_eq!(MeasuredPauses::of(&[stalls(300_000)], 2.0), None);
+        // Frequent long pauses cost the ideal MS throughput under a 1 ms SLO.
+        let svc = crate::service::parse_service("bimodal:100us").unwrap();
+        let heavy = MeasuredPauses {
+            rate_per_s: 20.0,
+            mean_ns: 2e6,
+            count: 1,
+            seconds: 1.0,
+        };
+        let plain = ideal(msgsched::sim::Model::Ms, 4, 20, svc, 1000.0).unwrap();
+        let paused = ideal_paused(
+            msgsched::sim::Model::Ms,
+            4,
+            20,
+            svc,
+            1000.0,
+            Some(heavy.sim(svc.mean_ns)),
+        )
+        .unwrap();
+        assert!(paused.load < plain.load, "{paused:?} vs {plain:?}");
     }
 
     #[test]

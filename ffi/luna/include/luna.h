@@ -241,6 +241,22 @@ typedef struct {
   // 1 when hardware steering was tried at port bring-up and luna fell back to the
   // software path (the reason is the one `bifurcation:` line on stderr).
   uint64_t steering_fallbacks;
+  // Loop stalls: iterations that began at least 100 µs after the previous one began.
+  uint64_t loop_gaps_100us;
+  // Loop stalls: gaps of at least 500 µs.
+  uint64_t loop_gaps_500us;
+  // Loop stalls: gaps of at least 1 ms.
+  uint64_t loop_gaps_1ms;
+  // Loop stalls: gaps of at least 2 ms.
+  uint64_t loop_gaps_2ms;
+  // Loop stalls: gaps of at least 5 ms.
+  uint64_t loop_gaps_5ms;
+  // Loop stalls: nanoseconds in gaps of at least 100 µs.
+  uint64_t loop_gap_ns;
+  // Loop stalls: nanoseconds in gaps of at least 1 ms.
+  uint64_t loop_gap_1ms_ns;
+  // Loop stalls: the longest gap between two iterations (ns).
+  uint64_t loop_gap_max_ns;
 } luna_core_stats_t;
 
 #ifdef __cplusplus

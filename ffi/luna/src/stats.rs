@@ -129,6 +129,22 @@ pub struct luna_core_stats_t {
     /// 1 when hardware steering was tried at port bring-up and luna fell back to the
     /// software path (the reason is the one `bifurcation:` line on stderr).
     pub steering_fallbacks: u64,
+    /// Loop stalls: iterations that began at least 100 µs after the previous one began.
+    pub loop_gaps_100us: u64,
+    /// Loop stalls: gaps of at least 500 µs.
+    pub loop_gaps_500us: u64,
+    /// Loop stalls: gaps of at least 1 ms.
+    pub loop_gaps_1ms: u64,
+    /// Loop stalls: gaps of at least 2 ms.
+    pub loop_gaps_2ms: u64,
+    /// Loop stalls: gaps of at least 5 ms.
+    pub loop_gaps_5ms: u64,
+    /// Loop stalls: nanoseconds in gaps of at least 100 µs.
+    pub loop_gap_ns: u64,
+    /// Loop stalls: nanoseconds in gaps of at least 1 ms.
+    pub loop_gap_1ms_ns: u64,
+    /// Loop stalls: the longest gap between two iterations (ns).
+    pub loop_gap_max_ns: u64,
 }
 
 /// Moves every field of r2c's `CoreStats` into the C struct. Exhaustive both ways: a
@@ -200,6 +216,14 @@ impl From<CoreStats> for luna_core_stats_t {
             exc_address_refused,
             steering_hw,
             steering_fallbacks,
+            loop_gaps_100us,
+            loop_gaps_500us,
+            loop_gaps_1ms,
+            loop_gaps_2ms,
+            loop_gaps_5ms,
+            loop_gap_ns,
+            loop_gap_1ms_ns,
+            loop_gap_max_ns,
         )
     }
 }

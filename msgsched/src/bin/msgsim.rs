@@ -4,6 +4,10 @@
 //! - `msgsim slo`: throughput under a p99 SLO per model and the MS/CS, MS/CP ratios.
 //! - `msgsim validate`: MS-exp against M/M/c and CP-exp against M/M/1; fails above a tolerance.
 //!
+//! `--pauses` makes the server pause (a machine that stalls): `poisson:RATE:MEAN[:exp]` (RATE
+//! per second, MEAN a duration) or `list:START+DURATION,...`, converted to the simulator's
+//! time unit with `--unit` (how long one unit is, e.g. `100us` for a 100 µs mean service).
+//!
 //! Times are in units of `--mean` (default 1: units of the mean service time). Output is a
 //! function of the arguments only (seeded; `--jobs` changes speed, not results). Bad input
 //! exits with status 2, a failed validation with 1.
@@ -14,7 +18,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use msgsched::sim::plot::{Plot, Series};
 use msgsched::sim::{
-    simulate_many, theory, throughput_under_slos, ConfigError, Model, Service, SimConfig,
+    simulate_many, theory, throughput_under_slos, ConfigError, Model, Pauses, Service, SimConfig,
     SimResult, SloOutcome, SloSearch,
 };
 use serde::Serialize;
@@ -77,6 +81,15 @@ struct Common {
     /// Write an SVG plot here.
     #[arg(long)]
     svg: Option<String>,
+    /// Server pauses: `poisson:RATE:MEAN` (RATE per second, MEAN a duration such as 2ms;
+    /// fixed durations, `:exp` appended for exponential ones) or `list:START+DURATION,...`
+    /// (durations from the start of the run). Needs --unit.
+    #[arg(long)]
+    pauses: Option<String>,
+    /// How long one time unit is (e.g. 100us: the mean service time when --mean is 1), to
+    /// convert --pauses.
+    #[arg(long)]
+    unit: Option<String>,
 }
 
 #[derive(Args)]
@@ -205,6 +218,92 @@ fn parse_loads(spec: &str) -> Result<Vec<f64>, Failure> {
     Ok(loads)
 }
 
+/// `2ms`, `500us`, `1.5s`, `800ns` in seconds.
+fn parse_duration_s(s: &str) -> Result<f64, Failure> {
+    let t = s.trim();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ns") {
+        (n, 1e-9)
+    } else if let Some(n) = t.strip_suffix("us") {
+        (n, 1e-6)
+    } else if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        return Err(Failure::Usage(format!(
+            "duration {s:?} needs a unit: ns, us, ms or s"
+        )));
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v * scale),
+        _ => Err(Failure::Usage(format!("bad duration {s:?}"))),
+    }
+}
+
+/// `--pauses` in the simulator's time unit (`unit_s` seconds).
+fn parse_pauses(spec: &str, unit_s: f64) -> Result<Pauses, Failure> {
+    let bad = |why: &str| Failure::Usage(format!("--pauses {spec:?}: {why}"));
+    if let Some(rest) = spec.strip_prefix("poisson:") {
+        let p: Vec<&str> = rest.split(':').collect();
+        let exponential = match p.get(2).copied() {
+            None | Some("fixed") => false,
+            Some("exp") => true,
+            Some(_) => return Err(bad("the third field is fixed or exp")),
+        };
+        if p.len() < 2 || p.len() > 3 {
+            return Err(bad("expected poisson:RATE:MEAN[:exp]"));
+        }
+        let rate: f64 = p[0]
+            .trim()
+            .trim_end_matches("/s")
+            .parse()
+            .map_err(|_| bad("RATE is a number of pauses per second"))?;
+        let mean = parse_duration_s(p[1])?;
+        return Ok(Pauses::Poisson {
+            rate: rate * unit_s,
+            mean: mean / unit_s,
+            exponential,
+        });
+    }
+    if let Some(rest) = spec.strip_prefix("list:") {
+        let mut l = Vec::new();
+        for item in rest.split(',').filter(|x| !x.trim().is_empty()) {
+            let (a, d) = item
+                .split_once('+')
+                .ok_or_else(|| bad("list items are START+DURATION"))?;
+            l.push((parse_duration_s(a)? / unit_s, parse_duration_s(d)? / unit_s));
+        }
+        return Ok(Pauses::List(l));
+    }
+    Err(bad(
+        "expected poisson:RATE:MEAN[:exp] or list:START+DURATION,...",
+    ))
+}
+
+/// The common arguments' pause process (None without --pauses).
+fn pauses(c: &Common) -> Result<Option<Pauses>, Failure> {
+    let Some(spec) = &c.pauses else {
+        return Ok(None);
+    };
+    let unit = c.unit.as_deref().ok_or_else(|| {
+        Failure::Usage("--pauses needs --unit (how long one time unit is, e.g. 100us)".into())
+    })?;
+    let unit_s = parse_duration_s(unit)?;
+    if unit_s <= 0.0 {
+        return Err(Failure::Usage("--unit must be > 0".into()));
+    }
+    let p = parse_pauses(spec, unit_s)?;
+    p.validate()?;
+    Ok(Some(p))
+}
+
+fn pauses_note(c: &Common) -> String {
+    match (&c.pauses, &c.unit) {
+        (Some(p), Some(u)) => format!("; server pauses {p} (time unit {u})"),
+        _ => String::new(),
+    }
+}
+
 fn check_common(c: &Common) -> Result<(), Failure> {
     if c.models.is_empty() {
         return Err(Failure::Usage("no model given".into()));
@@ -218,12 +317,19 @@ fn check_common(c: &Common) -> Result<(), Failure> {
     Ok(())
 }
 
-fn base(c: &Common, model: Model, connections: usize, load: f64) -> SimConfig {
+fn base(
+    c: &Common,
+    pauses: &Option<Pauses>,
+    model: Model,
+    connections: usize,
+    load: f64,
+) -> SimConfig {
     SimConfig {
         mean_service: c.mean,
         requests: c.requests,
         warmup: c.warmup.unwrap_or(c.requests / 10),
         seed: c.seed,
+        pauses: pauses.clone(),
         ..SimConfig::new(model, c.workers, connections, c.service, load)
     }
 }
@@ -266,11 +372,12 @@ fn units(mean: f64) -> String {
 fn sweep(a: SweepArgs) -> Result<ExitCode, Failure> {
     let c = &a.common;
     check_common(c)?;
+    let pz = pauses(c)?;
     let loads = parse_loads(&a.loads)?;
     let mut cfgs = Vec::new();
     for &n in &c.connections {
         for &m in &c.models {
-            cfgs.extend(loads.iter().map(|&l| base(c, m, n, l)));
+            cfgs.extend(loads.iter().map(|&l| base(c, &pz, m, n, l)));
         }
     }
     let results = simulate_many(&cfgs, c.jobs)?;
@@ -278,12 +385,13 @@ fn sweep(a: SweepArgs) -> Result<ExitCode, Failure> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "# msgsim sweep: {} workers, {} service, {} measured messages per point, seed {}; sojourn in {}",
+        "# msgsim sweep: {} workers, {} service, {} measured messages per point, seed {}; sojourn in {}{}",
         c.workers,
         c.service,
         c.requests,
         c.seed,
-        units(c.mean)
+        units(c.mean),
+        pauses_note(c)
     );
     let _ = writeln!(
         out,
@@ -370,12 +478,15 @@ struct SloRow {
     mean_service: f64,
     requests: usize,
     seed: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pauses: Option<Pauses>,
     outcome: SloOutcome,
 }
 
 fn slo(a: SloArgs) -> Result<ExitCode, Failure> {
     let c = &a.common;
     check_common(c)?;
+    let pz = pauses(c)?;
     if let Some(s) = a.slo.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
         return Err(Failure::Usage(format!(
             "SLO must be finite and > 0, got {s}"
@@ -393,7 +504,7 @@ fn slo(a: SloArgs) -> Result<ExitCode, Failure> {
                 grid: grid.clone(),
                 refine: a.refine,
                 jobs: c.jobs,
-                ..SloSearch::new(base(c, m, n, grid[0]), slos_abs[0])
+                ..SloSearch::new(base(c, &pz, m, n, grid[0]), slos_abs[0])
             };
             for o in throughput_under_slos(&search, &slos_abs)? {
                 rows.push(SloRow {
@@ -404,6 +515,7 @@ fn slo(a: SloArgs) -> Result<ExitCode, Failure> {
                     mean_service: c.mean,
                     requests: c.requests,
                     seed: c.seed,
+                    pauses: pz.clone(),
                     outcome: o,
                 });
             }
@@ -427,12 +539,13 @@ fn slo(a: SloArgs) -> Result<ExitCode, Failure> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "# msgsim slo: {} workers, {} service, {} measured messages per point, seed {}; SLO on p99 in {}",
+        "# msgsim slo: {} workers, {} service, {} measured messages per point, seed {}; SLO on p99 in {}{}",
         c.workers,
         c.service,
         c.requests,
         c.seed,
-        units(c.mean)
+        units(c.mean),
+        pauses_note(c)
     );
     let _ = writeln!(out, "# throughput under SLO = highest load (fraction of workers) with p99 <= SLO; '+' = every grid load passed");
     let mut head = format!("{:>6} {:>6}", "conns", "slo");
@@ -654,4 +767,39 @@ fn validate(a: ValidateArgs) -> Result<ExitCode, Failure> {
     } else {
         ExitCode::from(1)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pauses_parse_into_time_units() {
+        // 100 us units: 5 pauses/s is 0.0005 per unit, 2 ms is 20 units.
+        let p = parse_pauses("poisson:5:2ms:exp", 100e-6).ok().unwrap();
+        let Pauses::Poisson {
+            rate,
+            mean,
+            exponential,
+        } = p
+        else {
+            panic!("{p:?}")
+        };
+        assert!((rate - 0.0005).abs() < 1e-12 && (mean - 20.0).abs() < 1e-9 && exponential);
+        let l = parse_pauses("list:1s+3ms,2s+500us", 1e-3).ok().unwrap();
+        let Pauses::List(v) = l else { panic!() };
+        assert_eq!(v.len(), 2);
+        assert!((v[0].0 - 1000.0).abs() < 1e-9 && (v[0].1 - 3.0).abs() < 1e-9);
+        for bad in [
+            "poisson:5",
+            "poisson:x:2ms",
+            "poisson:5:2:exp",
+            "list:1s",
+            "burst:1",
+        ] {
+            assert!(parse_pauses(bad, 1.0).is_err(), "{bad}");
+        }
+        assert!(parse_duration_s("2ms").is_ok_and(|d| (d - 0.002).abs() < 1e-15));
+        assert!(parse_duration_s("-1ms").is_err());
+    }
 }

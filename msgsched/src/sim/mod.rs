@@ -20,6 +20,13 @@
 //! rescaled in time: comparisons use common random numbers, and the same config gives
 //! bit-identical results. [`theory`] holds the closed forms the simulator is validated against;
 //! [`throughput_under_slo`] searches the highest load whose p99 meets an SLO.
+//!
+//! Optionally the server pauses ([`Pauses`]: a machine that stalls, a descheduled I/O
+//! core): during a pause nothing is dispatched, started or delivered. Arrivals queue; a
+//! service already started completes, but its reply leaves at the pause's end; a worker
+//! that becomes free in a pause starts its next message at the pause's end. Pauses are
+//! their own seeded stream, in absolute time (the same pauses at every load), so a run
+//! without pauses is bit-identical to one before pauses existed.
 
 use std::fmt;
 use std::str::FromStr;
@@ -99,6 +106,58 @@ pub struct ParseError {
     expected: &'static str,
 }
 
+/// When the server pauses, in the time unit of [`SimConfig::mean_service`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pauses {
+    /// Pauses arrive at `rate` per time unit (the gap from one pause's end to the next
+    /// one's start is exponential with mean `1 / rate`, so pauses never overlap); each
+    /// lasts `mean` (`exponential`: exponentially distributed with that mean).
+    Poisson {
+        /// Pauses per time unit (0: none).
+        rate: f64,
+        /// Mean duration.
+        mean: f64,
+        /// Exponential durations instead of fixed ones.
+        exponential: bool,
+    },
+    /// Explicit pauses: (start, duration), sorted by start, not overlapping.
+    List(Vec<(f64, f64)>),
+}
+
+impl Pauses {
+    /// Checks the numbers (finite, non-negative, a list sorted and without overlaps).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let ok = |x: f64| x.is_finite() && x >= 0.0;
+        match self {
+            Pauses::Poisson { rate, mean, .. } => {
+                if !ok(*rate) || !ok(*mean) {
+                    return Err(ConfigError::Pauses(
+                        "rate and mean duration must be finite and >= 0",
+                    ));
+                }
+            }
+            Pauses::List(l) => {
+                let mut end = 0.0f64;
+                for &(start, d) in l {
+                    if !ok(start) || !ok(d) {
+                        return Err(ConfigError::Pauses(
+                            "pause starts and durations must be finite and >= 0",
+                        ));
+                    }
+                    if start < end {
+                        return Err(ConfigError::Pauses(
+                            "pauses must be sorted by start and must not overlap",
+                        ));
+                    }
+                    end = start + d;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A configuration the simulator refuses.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ConfigError {
@@ -123,6 +182,9 @@ pub enum ConfigError {
     /// Load grid empty, unsorted, or with a point outside (0, 1).
     #[error("load grid must be non-empty, strictly increasing and inside (0, 1)")]
     Grid,
+    /// A pause process the simulator cannot run.
+    #[error("pauses: {0}")]
+    Pauses(&'static str),
 }
 
 /// One simulation run.
@@ -146,6 +208,9 @@ pub struct SimConfig {
     pub warmup: usize,
     /// Seed of every random stream.
     pub seed: u64,
+    /// The server's pauses (None: it never pauses).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pauses: Option<Pauses>,
 }
 
 impl SimConfig {
@@ -168,6 +233,7 @@ impl SimConfig {
             requests: 1_000_000,
             warmup: 100_000,
             seed: 1,
+            pauses: None,
         }
     }
 
@@ -187,6 +253,9 @@ impl SimConfig {
         }
         if self.requests == 0 {
             return Err(ConfigError::ZeroRequests);
+        }
+        if let Some(p) = &self.pauses {
+            p.validate()?;
         }
         Ok(())
     }

@@ -75,6 +75,7 @@ use super::{
 };
 use crate::engine::{ClientWorker, ThreadResult};
 use crate::proto::{flags, Piece, ServerConn, TxBuf, HDR_LEN};
+use crate::stalls::Stalls;
 use crate::workload::{Stack, Workload};
 
 /// How often the side's main thread checks on its r2c runtime (finished, deadline, the
@@ -451,7 +452,9 @@ fn core_counters(reports: &[CoreReport]) -> Value {
             stats.insert(k.into(), json!(v));
         }
     }
+    let stalls = Stalls::between(&r2c::CoreStats::default(), &sum, None);
     json!({
+        "loop_stalls": stalls.to_json(),
         "frames_rx": sum.rx_frames,
         "frames_tx": sum.tx_frames,
         "copied_bytes": copied,
@@ -696,6 +699,8 @@ struct ClientShared {
     eal: Eal,
     plan: Arc<ClientPlan>,
     results: Mutex<Vec<Option<LaneResult>>>,
+    /// Per lane: its core's loop stalls over the measured window.
+    stalls: Mutex<Vec<Option<Stalls>>>,
     delivered: AtomicUsize,
 }
 
@@ -723,6 +728,9 @@ struct ClientApp {
     /// (std, core clock), re-read every [`REANCHOR`] while running: maps the core's
     /// per-iteration clock to `Instant`s.
     base: (Instant, luna_stack::time::Instant),
+    /// The core's counters and clock when the measured window began and ended (loop
+    /// stalls).
+    marks: [Option<(r2c::CoreStats, luna_stack::time::Instant)>; 2],
 }
 
 /// How often the open-loop client re-reads the std clock against the core's clock
@@ -732,6 +740,11 @@ const REANCHOR: Duration = Duration::from_micros(200);
 impl ClientApp {
     fn deliver(&mut self, ctx: &mut Ctx<'_>, r: LaneResult) {
         self.phase = Phase::Done;
+        if let [Some((a, ta)), Some((b, tb))] = &self.marks {
+            let span = tb.saturating_duration_since(*ta).as_nanos();
+            let mut all = self.shared.stalls.lock().unwrap_or_else(|p| p.into_inner());
+            all[self.lane] = Some(Stalls::between(a, b, u64::try_from(span).ok()));
+        }
         for &c in &self.conns {
             ctx.close(c);
         }
@@ -875,6 +888,16 @@ impl InlineApp for ClientApp {
                     self.base = (Instant::now(), core_now);
                 }
                 let approx = self.base.0 + core_now.saturating_duration_since(self.base.1);
+                let t = wk.timing();
+                if self.marks[1].is_none() {
+                    // The edges of the measured window, for the loop-stall counts.
+                    if self.marks[0].is_none() && approx >= t.warm_end {
+                        self.marks[0] = Some((*ctx.stats(), core_now));
+                    }
+                    if approx >= t.end {
+                        self.marks[1] = Some((*ctx.stats(), core_now));
+                    }
+                }
                 if !wk.has_work(approx) && !wk.finished(approx) {
                     return;
                 }
@@ -1103,6 +1126,93 @@ const MSG_QUEUE_CAPACITY: usize = 1024;
 /// The luna server in r2c's message mode (`--server-model cp|cs|ms`): one I/O core runs
 /// the memif port, TCP and knb's parser; `--workers` threads take whole requests through
 /// msgsched's scheduler. Serves `--connections` connections, then returns.
+/// The server's loop stalls over the client's measured window. The server does not see
+/// that window: it starts when the last connection has attached plus the warm-up (the
+/// client starts its warm-up once all its connections are up) and lasts the duration.
+/// The readings are the core's published stats (every `stats_interval` iterations): at
+/// each edge the supervisor waits for the next publish, so both edges are late by up to
+/// one publish interval (a few ms when busy-polling) and the window keeps its length
+/// (`window_s` in the JSON is the span between the two publishes).
+struct StallWindow {
+    reader: Option<r2c::StatsReader>,
+    warmup: Duration,
+    duration: Duration,
+    attached_at: Option<Instant>,
+    /// The publish generation seen at the edge being waited for.
+    edge_gen: Option<u64>,
+    start: Option<r2c::CoreStats>,
+    end: Option<r2c::CoreStats>,
+}
+
+impl StallWindow {
+    fn new(reader: Option<r2c::StatsReader>, w: &Workload) -> Self {
+        StallWindow {
+            reader,
+            warmup: Duration::from_secs_f64(w.warmup),
+            duration: Duration::from_secs_f64(w.duration),
+            attached_at: None,
+            edge_gen: None,
+            start: None,
+            end: None,
+        }
+    }
+
+    /// At an edge: the first publish after it (None while waiting for it).
+    fn fresh(&mut self) -> Option<r2c::CoreStats> {
+        let reader = self.reader.as_ref()?;
+        let g = reader.generation();
+        match self.edge_gen {
+            None => {
+                self.edge_gen = Some(g);
+                None
+            }
+            Some(e) if g > e => {
+                self.edge_gen = None;
+                Some(reader.read())
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// Takes the readings that are due; returns how long to sleep (up to the next edge).
+    fn step(&mut self, all_attached: bool, now: Instant) -> Duration {
+        if self.reader.is_none() {
+            return SUPERVISE_STEP;
+        }
+        if all_attached && self.attached_at.is_none() {
+            self.attached_at = Some(now);
+        }
+        let Some(at) = self.attached_at else {
+            return SUPERVISE_STEP;
+        };
+        let (begin, end) = (at + self.warmup, at + self.warmup + self.duration);
+        if self.start.is_none() && now >= begin {
+            self.start = self.fresh();
+        } else if self.start.is_some() && self.end.is_none() && now >= end {
+            self.end = self.fresh();
+        }
+        if self.edge_gen.is_some() {
+            return Duration::from_millis(1);
+        }
+        let next = if self.start.is_none() {
+            begin
+        } else if self.end.is_none() {
+            end
+        } else {
+            return SUPERVISE_STEP;
+        };
+        next.saturating_duration_since(now)
+            .clamp(Duration::from_millis(1), SUPERVISE_STEP)
+    }
+
+    /// The window's stalls, once both readings were taken.
+    fn stalls(&self) -> Option<Stalls> {
+        let (a, b) = (self.start.as_ref()?, self.end.as_ref()?);
+        let span = b.published_at_ns.saturating_sub(a.published_at_ns);
+        Some(Stalls::between(a, b, Some(span)))
+    }
+}
+
 fn serve_msg(
     spec: &ServerSpec,
     model: crate::service::ServerModel,
@@ -1197,6 +1307,7 @@ fn serve_msg(
     }
     .map_err(|e| format!("r2c message mode: {e}"))?;
     let expected = u64::from(w.connections);
+    let mut window = StallWindow::new(rt.stats_reader(0), &w);
     while !rt.is_finished() && Instant::now() < deadline {
         let c = workers.counters();
         if c.attached.load(Ordering::Relaxed) >= expected
@@ -1204,7 +1315,8 @@ fn serve_msg(
         {
             break;
         }
-        std::thread::sleep(SUPERVISE_STEP);
+        let all_attached = c.attached.load(Ordering::Relaxed) >= expected;
+        std::thread::sleep(window.step(all_attached, Instant::now()));
     }
     rt.stop();
     let reports = rt.join().map_err(|e| format!("r2c runtime: {e}"))?;
@@ -1229,6 +1341,9 @@ fn serve_msg(
         o.insert("service_mode".into(), Value::from(mode.name()));
         if let Some(v) = &*vstats.lock().unwrap_or_else(|p| p.into_inner()) {
             o.insert("virtual_workers".into(), virt_json(v));
+        }
+        if let Some(st) = window.stalls() {
+            o.insert("loop_stalls".into(), st.to_json());
         }
     }
     total.extra = extra;
@@ -1487,6 +1602,7 @@ impl Backend for Luna {
             eal: eal.clone(),
             plan: plan.clone(),
             results: Mutex::new((0..lanes).map(|_| None).collect()),
+            stalls: Mutex::new(vec![None; lanes]),
             delivered: AtomicUsize::new(0),
         });
         let sh = shared.clone();
@@ -1513,6 +1629,7 @@ impl Backend for Luna {
             },
             shared: sh.clone(),
             base: (Instant::now(), luna_stack::time::Instant::from_nanos(0)),
+            marks: [None; 2],
         })
         .map_err(|e| {
             let e = format!("r2c runtime: {e}");
@@ -1531,6 +1648,7 @@ impl Backend for Luna {
         let joined = rt.join();
         let results =
             std::mem::take(&mut *shared.results.lock().unwrap_or_else(|p| p.into_inner()));
+        let stalls = std::mem::take(&mut *shared.stalls.lock().unwrap_or_else(|p| p.into_inner()));
         let reports = joined.map_err(|e| format!("r2c runtime: {e}"))?;
         drop(slab);
         results
@@ -1540,6 +1658,9 @@ impl Backend for Luna {
                 let mut r = r.unwrap_or_else(|| Err(format!("lane {i} delivered no result")))?;
                 if let Some(rep) = reports.iter().find(|rep| rep.index == i) {
                     r.extra = core_counters(std::slice::from_ref(rep));
+                    if let Some(st) = stalls.get(i).copied().flatten() {
+                        r.extra["loop_stalls"] = st.to_json();
+                    }
                 }
                 Ok(r)
             })

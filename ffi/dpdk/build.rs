@@ -115,7 +115,8 @@ fn main() {
              get_tsc_hz|socket_id|lcore_count|get_main_lcore|get_next_lcore|\
              lcore_to_socket_id|eal_remote_launch|eal_wait_lcore|eal_mp_wait_lcore|\
              thread_register|thread_unregister|dev_probe|mem_virt2iova|delay_us_block|\
-             extmem_register|extmem_unregister|eal_iova_mode|mem_virt2memseg_list)",
+             extmem_register|extmem_unregister|eal_iova_mode|mem_virt2memseg_list|\
+             eal_alarm_set|eal_alarm_cancel)",
         )
         .allowlist_function(
             "rte_eth_(dev_count_avail|find_next|dev_get_port_by_name|dev_get_name_by_port|\

@@ -2,7 +2,8 @@
  * Widens DPDK memif's teardown race window: once the link's client has announced it
  * stopped polling (r2c's quiescence marker "<socket>.quiet-client", the socket taken
  * from the process's --vdev argument), recvmsg on the EAL interrupt thread (memif's
- * control-channel callback, already marked active) first sleeps ZCSEGV_DELAY_US. */
+ * control-channel callback, already marked active) first sleeps ZCSEGV_DELAY_US. Each
+ * delay is also appended to the file $ZCSEGV_LOG, if set. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -48,7 +49,14 @@ ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 		if (!marker[0])
 			find_marker();
 		if (marker[0] && access(marker, F_OK) == 0) {
+			const char *log = getenv("ZCSEGV_LOG");
+			FILE *f = log ? fopen(log, "a") : NULL;
+
 			fprintf(stderr, "zcsegv-delay: intr-thread recvmsg delayed %s us\n", d);
+			if (f) { /* the script counts the delays it injected */
+				fprintf(f, "%d delayed %s us\n", (int)getpid(), d);
+				fclose(f);
+			}
 			usleep(atoi(d));
 		}
 	}

@@ -419,15 +419,10 @@ fn a_server_model_the_stack_lacks_is_a_usage_error() {
 
 /// memif zero-copy mode (`--memif-zero-copy`): the client's vdev shares its EAL memory
 /// with the server, which copies straight into and out of the client's buffers (luna's
-/// client takes its zbuf zones from EAL memzones). Bytes are checked end to end.
-///
-/// Ignored in `make test`: a server can die of SIGSEGV at its client's disconnect (1 of
-/// 4 `make test` runs): DPDK memif's disconnect callback on the EAL interrupt thread races
-/// our port close (docs/benchmarks.md "memif zero-copy mode",
-/// testbed/repro/memif-teardown.sh); the interrupt-thread close that fixes it is not
-/// enabled yet. Run it by hand: `cargo test -p knb --test rpc memif_zero_copy -- --ignored`.
+/// client takes its zbuf zones from EAL memzones). Bytes are checked end to end, and
+/// both sides must exit cleanly: a teardown crash (DPDK memif's disconnect callback
+/// racing our close, docs/benchmarks.md "Teardown SIGSEGV") fails the run.
 #[test]
-#[ignore = "zero-copy memif teardown race (see the doc comment)"]
 fn memif_zero_copy_rpcs_validate_for_luna_and_smoltcp() {
     for stack in ["luna", "smoltcp"] {
         let v = rpc_run(
@@ -643,8 +638,8 @@ fn sweep_writes_csv_and_svg_figures() {
 
 /// fig10 with luna and the kernel: the `series` column, and LUNA's claims read off the
 /// points into figs-claims.csv (a ratio, or on a busy machine the reason there is none).
-/// Zero-copy mode is not run here: its server can SIGSEGV at teardown (see
-/// `memif_zero_copy_rpcs_validate_for_luna_and_smoltcp`); `make figures` runs it.
+/// Copy mode only, to keep it short: zero-copy runs are checked by
+/// `memif_zero_copy_rpcs_validate_for_luna_and_smoltcp`; `make figures` sweeps both.
 #[test]
 fn sweep_with_luna_writes_the_claims() {
     let _g = heavy();

@@ -8,11 +8,14 @@
 #define ALLOW_EXPERIMENTAL_API
 #include "wrapper.h"
 
-#include <rte_alarm.h>
 #include <rte_interrupts.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
 
 int dpdk_sys_errno(void) { return rte_errno; }
 void dpdk_sys_set_errno(int value) { rte_errno = value; }
@@ -320,84 +323,123 @@ int dpdk_sys_log_capture(dpdk_sys_log_write_fn fn)
 	return rte_openlog_stream(f);
 }
 
-/* ---- port teardown on the interrupt thread ---- */
+/* ---- holding the EAL interrupt thread ---- */
 
-struct stop_close_req {
-	uint16_t port_id;
-	int stop;
-	int stop_ret;
-	int close_ret;
-	int done;
-};
+/* One interrupt source of our own (an eventfd, private memory) whose callback parks
+ * the interrupt thread until released. EAL runs interrupt and alarm callbacks one at a
+ * time on that thread, so while it is parked in ours no PMD callback runs: e.g. DPDK
+ * 22.11 memif's control-channel callback, which tears the link down when the peer
+ * disconnects, with no lock against our dev_stop/dev_close of the same port. */
+enum { HOLD_IDLE, HOLD_REQUESTED, HOLD_PARKED };
 
-static void stop_close(struct stop_close_req *r)
+static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER; /* one holder at a time */
+static pthread_mutex_t park_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t park_cv;
+static int park_cv_ready;
+static int park_state = HOLD_IDLE;
+static int park_efd = -1;
+static struct rte_intr_handle *park_ih;
+
+static void park_cb(void *arg)
 {
-	if (r->stop)
-		r->stop_ret = rte_eth_dev_stop(r->port_id);
-	r->close_ret = rte_eth_dev_close(r->port_id);
-}
+	uint64_t n;
 
-static void stop_close_alarm(void *arg)
-{
-	struct stop_close_req *r = arg;
-
-	stop_close(r);
-	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
-}
-
-static void barrier_alarm(void *arg)
-{
-	__atomic_store_n((int *)arg, 1, __ATOMIC_RELEASE);
-}
-
-int dpdk_sys_eth_dev_stop_close_on_intr_thread(uint16_t port_id, int stop,
-					       uint64_t timeout_us, int *stop_ret,
-					       int *close_ret)
-{
-	struct stop_close_req r = { .port_id = port_id, .stop = stop };
-	uint64_t waited = 0;
-	int how = 0;
-
-	if (rte_thread_is_intr()) {
-		/* Already serialised with the PMDs' interrupt callbacks. */
-		stop_close(&r);
-	} else if (rte_eal_alarm_set(1, stop_close_alarm, &r) != 0) {
-		stop_close(&r);
-		how = 1;
-	} else {
-		while (!__atomic_load_n(&r.done, __ATOMIC_ACQUIRE) && waited < timeout_us) {
-			rte_delay_us_sleep(100);
-			waited += 100;
-		}
-		/* Not run yet (interrupt thread stuck or gone): take it back. A callback
-		 * already running is waited for by rte_eal_alarm_cancel. */
-		if (!__atomic_load_n(&r.done, __ATOMIC_ACQUIRE) &&
-		    rte_eal_alarm_cancel(stop_close_alarm, &r) > 0) {
-			stop_close(&r);
-			how = 1;
-		}
+	(void)arg;
+	/* Level-triggered: drain, or the thread is called again at once. */
+	if (read(park_efd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+		return;
+	pthread_mutex_lock(&park_mu);
+	if (park_state == HOLD_REQUESTED) {
+		park_state = HOLD_PARKED;
+		pthread_cond_broadcast(&park_cv);
+		while (park_state == HOLD_PARKED)
+			pthread_cond_wait(&park_cv, &park_mu);
 	}
-	if (how == 0 && !rte_thread_is_intr()) {
-		/* Our unregistrations (memif's control channel, its listener) made the
-		 * interrupt thread rebuild its epoll set from the sources, reading their
-		 * handles, after our callback returned. Wait for that to finish before the
-		 * caller can go on to rte_eal_cleanup, which unmaps memory the thread would
-		 * still read (seen: SIGSEGV in rte_intr_fd_get on the interrupt thread while
-		 * the main thread was in rte_eal_cleanup). A second alarm fires only once
-		 * the thread is back in epoll_wait on the rebuilt set. */
-		int barrier = 0;
+	pthread_mutex_unlock(&park_mu);
+}
 
-		waited = 0;
-		if (rte_eal_alarm_set(1, barrier_alarm, &barrier) == 0) {
-			while (!__atomic_load_n(&barrier, __ATOMIC_ACQUIRE) && waited < timeout_us) {
-				rte_delay_us_sleep(100);
-				waited += 100;
-			}
-			if (!__atomic_load_n(&barrier, __ATOMIC_ACQUIRE))
-				rte_eal_alarm_cancel(barrier_alarm, &barrier);
-		}
+/* Called with hold_lock held. */
+static int park_setup(void)
+{
+	pthread_condattr_t attr;
+	int ret;
+
+	if (park_ih != NULL)
+		return 0;
+	if (!park_cv_ready) {
+		pthread_condattr_init(&attr);
+		pthread_condattr_setclock(&attr, CLOCK_MONOTONIC); /* timed waits */
+		pthread_cond_init(&park_cv, &attr);
+		pthread_condattr_destroy(&attr);
+		park_cv_ready = 1;
 	}
-	*stop_ret = r.stop_ret;
-	*close_ret = r.close_ret;
-	return how;
+	park_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (park_efd < 0)
+		return -errno;
+	park_ih = rte_intr_instance_alloc(RTE_INTR_INSTANCE_F_PRIVATE);
+	if (park_ih == NULL || rte_intr_fd_set(park_ih, park_efd) != 0 ||
+	    rte_intr_type_set(park_ih, RTE_INTR_HANDLE_EXT) != 0) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	ret = rte_intr_callback_register(park_ih, park_cb, NULL);
+	if (ret < 0)
+		goto fail;
+	return 0;
+fail:
+	rte_intr_instance_free(park_ih);
+	park_ih = NULL;
+	close(park_efd);
+	park_efd = -1;
+	return ret;
+}
+
+int dpdk_sys_intr_thread_hold(uint64_t timeout_us)
+{
+	uint64_t one = 1;
+	struct timespec end;
+	int ret = 0;
+
+	if (rte_thread_is_intr())
+		return 1; /* already serialised with every interrupt callback */
+	pthread_mutex_lock(&hold_lock);
+	ret = park_setup();
+	if (ret < 0) {
+		pthread_mutex_unlock(&hold_lock);
+		return ret;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &end);
+	end.tv_sec += timeout_us / 1000000;
+	end.tv_nsec += (long)(timeout_us % 1000000) * 1000;
+	if (end.tv_nsec >= 1000000000) {
+		end.tv_sec++;
+		end.tv_nsec -= 1000000000;
+	}
+	pthread_mutex_lock(&park_mu);
+	park_state = HOLD_REQUESTED;
+	if (write(park_efd, &one, sizeof(one)) != sizeof(one))
+		ret = -errno;
+	while (ret == 0 && park_state != HOLD_PARKED) {
+		int w = pthread_cond_timedwait(&park_cv, &park_mu, &end);
+
+		if (w == ETIMEDOUT && park_state != HOLD_PARKED)
+			ret = -ETIMEDOUT;
+	}
+	if (ret < 0)
+		park_state = HOLD_IDLE; /* a late callback then returns at once */
+	pthread_mutex_unlock(&park_mu);
+	if (ret < 0)
+		pthread_mutex_unlock(&hold_lock);
+	return ret;
+}
+
+void dpdk_sys_intr_thread_release(void)
+{
+	if (rte_thread_is_intr())
+		return;
+	pthread_mutex_lock(&park_mu);
+	park_state = HOLD_IDLE;
+	pthread_cond_broadcast(&park_cv);
+	pthread_mutex_unlock(&park_mu);
+	pthread_mutex_unlock(&hold_lock);
 }

@@ -20,6 +20,7 @@
 #include <rte_lcore.h>
 #include <rte_launch.h>
 #include <rte_log.h>
+#include <rte_alarm.h>
 #include <rte_cycles.h>
 #include <rte_dev.h>
 #include <rte_memory.h>
@@ -249,19 +250,15 @@ void dpdk_sys_flow_item_tcp_set(struct rte_flow_item_tcp *item,
 void dpdk_sys_flow_item_udp_set(struct rte_flow_item_udp *item,
 				uint16_t src_port_be, uint16_t dst_port_be);
 
-/* rte_eth_dev_stop (if `stop`) and rte_eth_dev_close of a port, run on the EAL
- * interrupt thread (an rte_eal_alarm callback), so they never run concurrently
- * with a PMD's interrupt callbacks: DPDK 22.11's memif tears a link down from its
- * control-channel callback when the peer closes, without locking against a
- * concurrent dev_stop/dev_close of the same port (both free the regions and the
- * queues). Waits up to `timeout_us` for the callback; if it has not started by
- * then, cancels it and does the work on the calling thread. Called on the
- * interrupt thread itself, it does the work directly. Returns 0 when the work ran
- * on the interrupt thread, 1 when it had to run on another (the alarm could not be
- * set, or did not start within `timeout_us`); the DPDK return values go to
- * `stop_ret` and `close_ret`. */
-int dpdk_sys_eth_dev_stop_close_on_intr_thread(uint16_t port_id, int stop,
-					       uint64_t timeout_us, int *stop_ret,
-					       int *close_ret);
+/* Parks the EAL interrupt thread in a callback of our own, so that no PMD interrupt
+ * callback (nor alarm) runs until dpdk_sys_intr_thread_release: EAL runs them one at a
+ * time on that thread. Waits for a callback already running to return. Returns 0 when
+ * the thread is parked (release it from the same thread), 1 when the caller is the
+ * interrupt thread (nothing to hold or release), a negative errno when it is not
+ * parked: -ETIMEDOUT after `timeout_us` (thread stuck), or setup failed. One holder at
+ * a time: a second caller waits for the first's release. Never release = the thread
+ * stays parked for good (before rte_eal_cleanup). */
+int dpdk_sys_intr_thread_hold(uint64_t timeout_us);
+void dpdk_sys_intr_thread_release(void);
 
 #endif

@@ -43,20 +43,95 @@ impl Drop for EalInner {
                  their memory stays mapped until the process exits"
             );
         } else {
-            let run_dir = runtime_dir();
-            // SAFETY: the last handle is gone, so no port, queue, mempool or
-            // flow of ours is left (each holds an Eal clone). EAL was
-            // initialised successfully (an EalInner exists only then).
-            unsafe {
-                ffi::rte_eal_cleanup();
-            }
-            // EAL leaves its (often empty) runtime directory behind; remove
-            // it if empty so runs with unique --file-prefix do not pile up.
-            if let Some(d) = run_dir {
-                let _ = std::fs::remove_dir(d);
+            match IntrHold::new(INTR_HOLD_WAIT) {
+                // Cleanup would unmap memory the interrupt thread may still read.
+                Err(e) => eprintln!(
+                    "dpdk-sys: skipping rte_eal_cleanup: {e}; EAL memory stays mapped until \
+                     the process exits"
+                ),
+                Ok(hold) => {
+                    // Never released: the interrupt thread stays parked in our callback
+                    // for good. rte_eal_cleanup wakes it (once any alarm was ever set,
+                    // rte_eal_alarm_cleanup's unregister writes its rebuild pipe) and then
+                    // unmaps EAL memory; rebuilding its epoll set, the thread reads every
+                    // interrupt source's handle, and sources in EAL memory outlive their
+                    // devices: DPDK 22.11 memif never unregisters its server's listener
+                    // (memif_socket_remove_device only frees the handle), so the thread
+                    // faulted in rte_intr_fd_get on the unmapped copy (core dumps; 7 of 10
+                    // r2c memif loops once ports closed through alarms). Parked, it reads
+                    // nothing.
+                    std::mem::forget(hold);
+                    let run_dir = runtime_dir();
+                    // SAFETY: the last handle is gone, so no port, queue, mempool or
+                    // flow of ours is left (each holds an Eal clone). EAL was
+                    // initialised successfully (an EalInner exists only then).
+                    unsafe {
+                        ffi::rte_eal_cleanup();
+                    }
+                    // EAL leaves its (often empty) runtime directory behind; remove
+                    // it if empty so runs with unique --file-prefix do not pile up.
+                    if let Some(d) = run_dir {
+                        let _ = std::fs::remove_dir(d);
+                    }
+                }
             }
         }
         STATE.store(CLEANED, Ordering::SeqCst);
+    }
+}
+
+/// How long a hold of the interrupt thread waits for it (a callback already running,
+/// e.g. memif's disconnect handling, must return first).
+pub(crate) const INTR_HOLD_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The EAL interrupt thread parked in a callback of ours (shim
+/// `dpdk_sys_intr_thread_hold`): while this lives, no PMD interrupt callback (e.g.
+/// memif's control channel) and no `rte_eal_alarm` callback runs, so a teardown can
+/// run on the calling thread without racing them. Made by
+/// [`Eal::hold_interrupt_thread`]; released on drop, by the thread that made it (not
+/// `Send`). Holds are one at a time process-wide: a second waits for the first's
+/// release. Made on the interrupt thread itself, it holds nothing (that thread's own
+/// callbacks are already serialised). Do not wait for a DPDK callback while holding
+/// one: it cannot run.
+pub struct IntrHold {
+    parked: bool,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl IntrHold {
+    /// Parks the interrupt thread, waiting up to `wait` for it. EAL must be initialised
+    /// (callers hold an `Eal`, or are its last handle's drop).
+    pub(crate) fn new(wait: std::time::Duration) -> Result<IntrHold> {
+        let us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+        // SAFETY: EAL is initialised (see above); the shim registers an interrupt
+        // source of its own once and waits on its own mutex and condition variable.
+        let ret = unsafe { ffi::dpdk_sys_intr_thread_hold(us) };
+        match ret {
+            0 | 1 => Ok(IntrHold {
+                parked: ret == 0,
+                _not_send: std::marker::PhantomData,
+            }),
+            e if e == -libc::ETIMEDOUT => Err(Error::new(
+                ErrorKind::Timeout,
+                "hold the EAL interrupt thread",
+                format!("it did not come within {wait:?} (stuck in a callback)"),
+            )),
+            e => Err(Error::dpdk(
+                ErrorKind::InvalidArgument,
+                "hold the EAL interrupt thread",
+                e,
+            )),
+        }
+    }
+}
+
+impl Drop for IntrHold {
+    fn drop(&mut self) {
+        if self.parked {
+            // SAFETY: this thread holds the interrupt thread (hold returned 0 here, and
+            // IntrHold is not Send).
+            unsafe { ffi::dpdk_sys_intr_thread_release() };
+        }
     }
 }
 
@@ -409,6 +484,14 @@ fn diagnose_init_failure(args: &[String], errno: i32) -> Error {
 }
 
 impl Eal {
+    /// Parks the EAL interrupt thread until the returned guard drops (see
+    /// [`IntrHold`]), waiting up to `wait` for a callback that is running to return.
+    /// dpdk-sys does this itself around a memif port's stop and close and before
+    /// `rte_eal_cleanup`.
+    pub fn hold_interrupt_thread(&self, wait: std::time::Duration) -> Result<IntrHold> {
+        IntrHold::new(wait)
+    }
+
     /// Starts building an EAL initialisation.
     pub fn builder() -> EalBuilder {
         EalBuilder::default()

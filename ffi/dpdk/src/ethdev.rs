@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::eal::Eal;
+use crate::eal::{Eal, IntrHold, INTR_HOLD_WAIT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ffi;
 use crate::mbuf::Mbuf;
@@ -174,14 +174,44 @@ pub(crate) struct PortShared {
     _eal: Eal,
 }
 
+impl PortShared {
+    /// For a memif port, holds the EAL interrupt thread (parked in a callback of ours)
+    /// so that a stop or close of this port cannot run while memif's own callbacks do.
+    /// DPDK 22.11 memif handles its control channel on that thread, and the peer's
+    /// DISCONNECT (or the channel's EOF) makes it tear the link down there
+    /// (memif_intr_handler → memif_msg_receive → memif_disconnect: regions unmapped,
+    /// queues reset), with no lock against a dev_stop/dev_close of the same port on
+    /// another thread: our dev_stop then finds the callback active and only defers the
+    /// channel's release, and dev_close → rte_eth_dev_release_port zeroes the port's data
+    /// under the running callback, whose memif_disconnect reads dev_private == NULL
+    /// (SIGSEGV; both peers close within a millisecond after their quiescence
+    /// rendezvous, so the peer's DISCONNECT arrives just then). EAL runs interrupt
+    /// callbacks one at a time, so with the thread parked in ours, memif's has either
+    /// returned or not begun, and once our stop has unregistered the channel it never
+    /// runs for this port. Reproduction: testbed/repro/memif-teardown.sh. `None` for
+    /// other PMDs, or (said on stderr) if the thread did not come within
+    /// `INTR_HOLD_WAIT`.
+    fn memif_hold(&self, what: &str) -> Option<IntrHold> {
+        if !self.name.starts_with("net_memif") {
+            return None;
+        }
+        IntrHold::new(INTR_HOLD_WAIT)
+            .map_err(|e| {
+                eprintln!(
+                    "dpdk-sys: port {}: {what} without holding the interrupt thread ({e}): \
+                     memif's disconnect handling may race with it",
+                    self.name
+                );
+            })
+            .ok()
+    }
+}
+
 impl Drop for PortShared {
     fn drop(&mut self) {
         let stop = self.started.load(Ordering::SeqCst);
-        // Not yet: closing memif ports on the EAL interrupt thread
-        // (`dpdk_sys_eth_dev_stop_close_on_intr_thread`) serialises the close with
-        // memif's disconnect callback (the zero-copy teardown SIGSEGV), but then
-        // rte_eal_cleanup faulted on the interrupt thread in about half of r2c's memif
-        // test runs; see docs/benchmarks.md "memif zero-copy mode".
+        // memif: stop and close with the EAL interrupt thread held (see `memif_hold`).
+        let hold = self.memif_hold("close");
         // SAFETY: last owner: no queue or flow handle of this port exists,
         // so no burst can run concurrently; stop/close on a valid port id.
         unsafe {
@@ -190,6 +220,7 @@ impl Drop for PortShared {
             }
             ffi::rte_eth_dev_close(self.id);
         }
+        drop(hold);
         // Pools drop after close, which returned the rx rings' mbufs.
         self.pools.lock().unwrap_or_else(|p| p.into_inner()).clear();
         if let Some(set) = open_ports().as_mut() {
@@ -580,8 +611,10 @@ impl Port {
         if !self.shared.started.load(Ordering::SeqCst) {
             return Ok(());
         }
+        let hold = self.shared.memif_hold("stop");
         // SAFETY: valid started port; no queue handle exists, so no burst runs.
         let ret = unsafe { ffi::rte_eth_dev_stop(self.shared.id) };
+        drop(hold);
         if ret != 0 {
             return Err(Error::dpdk(ErrorKind::PortState, self.step("stop"), ret));
         }

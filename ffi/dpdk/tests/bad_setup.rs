@@ -228,6 +228,16 @@ fn mbuf_and_burst_api_behave() {
     assert!(ok.contains("mbuf API checks passed"), "{ok}");
 }
 
+/// The interrupt-thread hold memif teardown relies on: no interrupt or alarm callback
+/// runs while it is held, holders take turns, and EAL still cleans up (its last drop
+/// parks the thread for good) with a clean exit.
+#[test]
+fn interrupt_thread_hold_holds_back_callbacks() {
+    let (eal, _g) = with("intrhold", &[]);
+    let ok = run(scenario(&["intr-hold"], &eal), LIMIT).ok();
+    assert!(ok.contains("alarm held back until the release"), "{ok}");
+}
+
 #[test]
 fn scenario_usage_errors_are_reported() {
     let out = run(std::process::Command::new(BIN), LIMIT);

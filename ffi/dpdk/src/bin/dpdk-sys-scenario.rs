@@ -19,6 +19,9 @@
 //!   N frames each way with a peer process over port `net_memif0`.
 //! * `tap-ping --name N --iface I --local IP --peer IP --kernel-addr CIDR`:
 //!   configure the kernel side of a tap, ARP for the peer, ping it.
+//! * `intr-hold`: an alarm due while the EAL interrupt thread is held
+//!   (`Eal::hold_interrupt_thread`) runs only after the release; a second holder
+//!   waits for the first; EAL cleans up after (its drop parks the thread for good).
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -116,6 +119,7 @@ fn main() -> ExitCode {
         "memif" => memif(&opts),
         "mbuf-api" => mbuf_api(&opts),
         "tap-ping" => tap_ping(&opts),
+        "intr-hold" => intr_hold(&opts),
         other => Err(check(format!("unknown scenario {other:?}"))),
     };
     match res {
@@ -161,6 +165,69 @@ fn eal_hold(o: &Opts) -> R<String> {
     }
     drop(eal);
     Ok("EAL held and released".into())
+}
+
+static ALARMS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+extern "C" fn count_alarm(_arg: *mut std::ffi::c_void) {
+    ALARMS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Waits up to 10 s for `cond`.
+fn within_10s(mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+fn intr_hold(o: &Opts) -> R<String> {
+    use std::sync::atomic::Ordering::SeqCst;
+    let eal = Eal::init(o.eal.clone())?;
+    let wait = Duration::from_secs(10);
+    let hold = eal.hold_interrupt_thread(wait)?;
+    // SAFETY: EAL is up; count_alarm is a valid callback that ignores its argument.
+    let ret = unsafe { ffi::rte_eal_alarm_set(1000, Some(count_alarm), std::ptr::null_mut()) };
+    if ret != 0 {
+        return Err(check(format!("rte_eal_alarm_set: {ret}")));
+    }
+    // Due after 1 ms; it would run within this sleep if the thread were not held.
+    std::thread::sleep(Duration::from_millis(200));
+    if ALARMS.load(SeqCst) != 0 {
+        return Err(check("an alarm ran while the interrupt thread was held"));
+    }
+    drop(hold);
+    if !within_10s(|| ALARMS.load(SeqCst) == 1) {
+        return Err(check("the alarm did not run within 10 s of the release"));
+    }
+    // A second holder (another thread) waits for the first's release.
+    let first = eal.hold_interrupt_thread(wait)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let e2 = eal.clone();
+    let second = std::thread::spawn(move || {
+        let h = e2.hold_interrupt_thread(Duration::from_secs(10));
+        let _ = tx.send(h.is_ok());
+    });
+    if rx.recv_timeout(Duration::from_millis(200)).is_ok() {
+        return Err(check("a second hold succeeded while the first was held"));
+    }
+    drop(first);
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(true) => {}
+        Ok(false) => return Err(check("the second hold failed after the first's release")),
+        Err(_) => {
+            return Err(check(
+                "the second hold did not come within 10 s of the release",
+            ))
+        }
+    }
+    let _ = second.join();
+    drop(eal);
+    Ok("alarm held back until the release; second holder waited; EAL cleaned up".into())
 }
 
 fn double_init(o: &Opts) -> R<String> {

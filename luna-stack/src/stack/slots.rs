@@ -215,7 +215,10 @@ impl<R: Rng> Stack<R> {
         let closed = e.conn.state() == State::Closed;
         // The handshake completed: the connection leaves the listener's half-open count.
         let leaves_half_open = ev.connected && core::mem::take(&mut e.counted_half_open);
-        if !e.dirty {
+        // A connection with nothing to send stays off the transmit list: polling it would
+        // only re-arm the timers its input already armed (`on_segment` and `on_timeout`
+        // end with that), one empty `poll_segment` per pure ACK received.
+        if !e.dirty && !e.conn.nothing_to_send() {
             e.dirty = true;
             self.dirty.push_back(idx);
         }

@@ -301,10 +301,9 @@ impl<R: Rng> Stack<R> {
             }
         };
         if let Some(idx) = hit {
-            let e = self.slots[idx as usize]
-                .entry
-                .as_deref_mut()
-                .expect("tuple map is consistent");
+            let slot = &mut self.slots[idx as usize];
+            let gen = slot.gen;
+            let e = slot.entry.as_deref_mut().expect("tuple map is consistent");
             if e.conn.state() == State::Closed {
                 // RFC 9293 §3.10.7.1: a CLOSED connection is no connection. One the
                 // application still holds (to read its close reason) must not swallow the
@@ -326,14 +325,17 @@ impl<R: Rng> Stack<R> {
                     && e.hop_mac.is_some_and(|c| {
                         c.epoch == self.nb_epoch && now < c.until && c.mac == src_mac
                     });
-                if !cached {
+                // (The entry stays in hand when nothing is learnt: no second lookup.)
+                let e = if cached {
+                    e
+                } else {
                     let src = ip.src_addr;
                     let _ = self.nb_update(src, |t| t.learn(src, src_mac, now, false));
-                }
-                let e = self.slots[idx as usize]
-                    .entry
-                    .as_deref_mut()
-                    .expect("tuple map is consistent");
+                    self.slots[idx as usize]
+                        .entry
+                        .as_deref_mut()
+                        .expect("tuple map is consistent")
+                };
                 let una = e.conn.snd_una();
                 if e.conn.on_segment(now, &seg, payload) == Disposition::Remove {
                     self.free_slot(idx);
@@ -352,8 +354,13 @@ impl<R: Rng> Stack<R> {
                     if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
                         e.hop_mac = fresh;
                     }
+                    self.after_activity(idx, now);
+                    return;
                 }
-                self.after_activity(idx, now);
+                // `after_activity` on the entry in hand.
+                let act =
+                    super::slots::entry_activity(&mut self.dirty, &mut self.timers, e, idx, gen);
+                self.finish_activity(act);
                 return;
             }
             if e.owner == Owner::App {

@@ -100,8 +100,22 @@ impl<R: Rng> Stack<R> {
     // ---------------------------------------------------------------------------------------
 
     /// The next frame to send, or `None`. Call until `None` after every batch of input.
+    ///
+    /// Inlined test first: every burst ends with a call that finds nothing (and r2c's
+    /// loop makes one on every idle iteration), which should not pay for the frame
+    /// builder's prologue.
     #[must_use]
+    #[inline]
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        if self.ctl.is_empty() && self.dirty.is_empty() {
+            return None;
+        }
+        self.poll_transmit_slow(now)
+    }
+
+    /// [`poll_transmit`](Self::poll_transmit) when a control frame or a connection waits.
+    #[inline(never)]
+    fn poll_transmit_slow(&mut self, now: Instant) -> Option<Transmit> {
         if let Some(t) = self.ctl.pop_front() {
             self.counters.frames_out += 1;
             return Some(t);
@@ -138,64 +152,59 @@ impl<R: Rng> Stack<R> {
                 .hop_mac
                 .filter(|c| c.epoch == self.nb_epoch && now < c.until)
                 .map(|c| c.mac);
-            let mac = match cached {
-                Some(mac) => Some(mac),
+            // The common case keeps the entry in hand (no second slot lookup); a next hop
+            // without a fresh cached MAC is resolved first.
+            let (e, mac) = match cached {
+                Some(mac) => (e, mac),
                 None => {
                     let mac = self.resolve(now, next_hop);
                     let fresh = self.hop_mac_of(next_hop, now);
-                    if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
-                        e.hop_mac = fresh;
+                    let e = self.slots[idx as usize]
+                        .entry
+                        .as_deref_mut()
+                        .expect("present");
+                    e.hop_mac = fresh;
+                    match mac {
+                        Some(mac) => (e, mac),
+                        None => {
+                            // Park the connection (holding its segment) until ARP answers.
+                            e.held = Some(seg);
+                            e.dirty = false;
+                            self.dirty.pop_front();
+                            self.arp_wait.entry(next_hop).or_default().push(idx);
+                            self.schedule_timer(idx);
+                            if let Some(t) = self.ctl.pop_front() {
+                                self.counters.frames_out += 1;
+                                return Some(t);
+                            }
+                            continue;
+                        }
                     }
-                    mac
                 }
             };
-            match mac {
-                Some(mac) => {
-                    let src_mac = self.cfg.mac;
-                    let caps = self.cfg.caps;
-                    self.counters.frames_out += 1;
-                    self.ip_ident = self.ip_ident.wrapping_add(1);
-                    let ident = self.ip_ident;
-                    let e = self.slots[idx as usize]
-                        .entry
-                        .as_deref_mut()
-                        .expect("present");
-                    // The connection's header template, (re)built when the next hop's MAC
-                    // is not the one it was made for.
-                    if e.tmpl.as_ref().is_none_or(|t| t.dst_mac != mac) {
-                        e.tmpl = Some(HeaderTemplate::new(src_mac, mac, e.conn.tuple()));
-                    }
-                    // The last segment of the burst: leave the dirty list now rather than on
-                    // one more `poll_segment` that would find nothing (its timer work is done).
-                    if e.conn.nothing_to_send() {
-                        e.dirty = false;
-                        self.dirty.pop_front();
-                        super::slots::schedule_entry(&mut self.timers, e, idx, gen);
-                    }
-                    #[cfg(debug_assertions)]
-                    self.check_template(idx, &seg, mac, ident);
-                    let e = self.slots[idx as usize].entry.as_deref().expect("present");
-                    let tmpl = e.tmpl.as_ref().expect("built above");
-                    // Built in the return slot (no move of the frame).
-                    return Some(tmpl.build(&seg.repr, seg.payload, ident, &caps));
-                }
-                None => {
-                    // Park the connection (holding its segment) until ARP answers.
-                    let e = self.slots[idx as usize]
-                        .entry
-                        .as_deref_mut()
-                        .expect("present");
-                    e.held = Some(seg);
-                    e.dirty = false;
-                    self.dirty.pop_front();
-                    self.arp_wait.entry(next_hop).or_default().push(idx);
-                    self.schedule_timer(idx);
-                    if let Some(t) = self.ctl.pop_front() {
-                        self.counters.frames_out += 1;
-                        return Some(t);
-                    }
-                }
+            self.counters.frames_out += 1;
+            self.ip_ident = self.ip_ident.wrapping_add(1);
+            let ident = self.ip_ident;
+            // The connection's header template, (re)built when the next hop's MAC is not
+            // the one it was made for.
+            if e.tmpl.as_ref().is_none_or(|t| t.dst_mac != mac) {
+                e.tmpl = Some(HeaderTemplate::new(self.cfg.mac, mac, e.conn.tuple()));
             }
+            // The last segment of the burst: leave the dirty list now rather than on one
+            // more `poll_segment` that would find nothing (its timer work is done).
+            if e.conn.nothing_to_send() {
+                e.dirty = false;
+                self.dirty.pop_front();
+                super::slots::schedule_entry(&mut self.timers, e, idx, gen);
+            }
+            let caps = self.cfg.caps;
+            #[cfg(debug_assertions)]
+            self.check_template(idx, &seg, mac, ident);
+            #[cfg(debug_assertions)]
+            let e = self.slots[idx as usize].entry.as_deref().expect("present");
+            let tmpl = e.tmpl.as_ref().expect("built above");
+            // Built in the return slot (no move of the frame).
+            return Some(tmpl.build(&seg.repr, seg.payload, ident, &caps));
         }
         None
     }

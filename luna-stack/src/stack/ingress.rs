@@ -38,7 +38,7 @@ impl<R: Rng> Stack<R> {
                 self.on_arp(now, &frame[ETH_LEN..])
             }
             EtherType::Arp => self.counters.drop(StackDrop::NotForUs),
-            EtherType::Ipv4 => self.on_ipv4(now, &frame, eth_repr.src_addr, l2_multicast),
+            EtherType::Ipv4 => self.on_ipv4(now, frame, eth_repr.src_addr, l2_multicast),
             _ => self.counters.drop(StackDrop::UnknownEthertype),
         }
     }
@@ -146,10 +146,11 @@ impl<R: Rng> Stack<R> {
     }
 
     /// `l2_multicast`: the frame was sent to a link-layer broadcast or multicast address.
+    /// An IPv4 datagram in `frame` (owned: TCP narrows it to the payload in place).
     pub(super) fn on_ipv4(
         &mut self,
         now: Instant,
-        frame: &Zbuf,
+        frame: Zbuf,
         src_mac: EthernetAddress,
         l2_multicast: bool,
     ) {
@@ -191,7 +192,7 @@ impl<R: Rng> Stack<R> {
         let l4_end = l4 + ip.payload_len;
         match ip.protocol {
             IpProtocol::Tcp => self.on_tcp(now, &ip, frame, l4, l4_end, src_mac),
-            IpProtocol::Icmp => self.on_icmp(now, &ip, frame, l4, l4_end, src_mac),
+            IpProtocol::Icmp => self.on_icmp(now, &ip, &frame, l4, l4_end, src_mac),
             _ => self.counters.drop(StackDrop::UnknownProtocol),
         }
     }
@@ -265,11 +266,14 @@ impl<R: Rng> Stack<R> {
         }
     }
 
+    /// A TCP segment at `frame[l4..l4_end]`. The frame is taken by value and narrowed to
+    /// the payload in place: a `slice` of a borrowed frame took a reference (an atomic
+    /// increment) that the caller's drop of the frame then gave back, on every segment.
     pub(super) fn on_tcp(
         &mut self,
         now: Instant,
         ip: &Ipv4Repr,
-        frame: &Zbuf,
+        mut frame: Zbuf,
         l4: usize,
         l4_end: usize,
         src_mac: EthernetAddress,
@@ -279,7 +283,11 @@ impl<R: Rng> Stack<R> {
         let Ok(seg) = TcpRepr::parse(&pkt, ip.src_addr, ip.dst_addr, &self.cfg.caps) else {
             return self.counters.drop(StackDrop::Malformed);
         };
-        let payload = frame.slice(l4 + pkt.header_len()..l4_end);
+        // `parse` checked l4 + header length <= l4_end; the IPv4 parse, l4_end <= len.
+        let start = l4 + pkt.header_len();
+        frame.truncate(l4_end);
+        frame.advance(start);
+        let payload = frame;
         let tuple = FourTuple {
             local: SocketAddrV4::new(ip.dst_addr, seg.dst_port),
             remote: SocketAddrV4::new(ip.src_addr, seg.src_port),
@@ -293,10 +301,9 @@ impl<R: Rng> Stack<R> {
             }
         };
         if let Some(idx) = hit {
-            let e = self.slots[idx as usize]
-                .entry
-                .as_deref_mut()
-                .expect("tuple map is consistent");
+            let slot = &mut self.slots[idx as usize];
+            let gen = slot.gen;
+            let e = slot.entry.as_deref_mut().expect("tuple map is consistent");
             if e.conn.state() == State::Closed {
                 // RFC 9293 §3.10.7.1: a CLOSED connection is no connection. One the
                 // application still holds (to read its close reason) must not swallow the
@@ -318,14 +325,17 @@ impl<R: Rng> Stack<R> {
                     && e.hop_mac.is_some_and(|c| {
                         c.epoch == self.nb_epoch && now < c.until && c.mac == src_mac
                     });
-                if !cached {
+                // (The entry stays in hand when nothing is learnt: no second lookup.)
+                let e = if cached {
+                    e
+                } else {
                     let src = ip.src_addr;
                     let _ = self.nb_update(src, |t| t.learn(src, src_mac, now, false));
-                }
-                let e = self.slots[idx as usize]
-                    .entry
-                    .as_deref_mut()
-                    .expect("tuple map is consistent");
+                    self.slots[idx as usize]
+                        .entry
+                        .as_deref_mut()
+                        .expect("tuple map is consistent")
+                };
                 let una = e.conn.snd_una();
                 if e.conn.on_segment(now, &seg, payload) == Disposition::Remove {
                     self.free_slot(idx);
@@ -344,8 +354,20 @@ impl<R: Rng> Stack<R> {
                     if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
                         e.hop_mac = fresh;
                     }
+                    self.after_activity(idx, now);
+                    return;
                 }
-                self.after_activity(idx, now);
+                // `after_activity` on the entry in hand.
+                let act = super::slots::entry_activity(
+                    &mut self.dirty,
+                    &mut self.timers,
+                    &mut self.held,
+                    &mut self.counters,
+                    e,
+                    idx,
+                    gen,
+                );
+                self.finish_activity(act);
                 return;
             }
             if e.owner == Owner::App {

@@ -265,31 +265,30 @@ impl<R: Rng> Stack<R> {
     pub(super) fn after_activity(&mut self, idx: u32, _now: Instant) {
         let slot = &mut self.slots[idx as usize];
         let gen = slot.gen;
-        let h = SocketHandle { idx, gen };
         let Some(e) = slot.entry.as_deref_mut() else {
             return;
         };
-        let ev = e.conn.take_events();
-        let owner = e.owner;
-        let closed = e.conn.state() == State::Closed;
-        // The handshake completed: the connection leaves the listener's half-open count.
-        let leaves_half_open = ev.connected && core::mem::take(&mut e.counted_half_open);
-        if !e.dirty {
-            e.dirty = true;
-            self.dirty.push_back(idx);
+        let act = entry_activity(
+            &mut self.dirty,
+            &mut self.timers,
+            &mut self.held,
+            &mut self.counters,
+            e,
+            idx,
+            gen,
+        );
+        self.finish_activity(act);
+    }
+
+    /// `after_activity`'s work that needs the whole stack: the events to their owner, the
+    /// tuple unmapped when the connection closed.
+    #[inline(always)]
+    pub(super) fn finish_activity(&mut self, act: Activity) {
+        if act.ev.any() {
+            self.route_events(act.h, act.owner, act.ev, act.leaves_half_open);
         }
-        schedule_entry(&mut self.timers, e, idx, gen);
-        if leaves_half_open {
-            self.held.half_open = self.held.half_open.saturating_sub(1);
-        }
-        // After the half-open count: a connection made from a cookie ACK was never
-        // half-open, and must not raise the mark in passing.
-        account_entry(&mut self.held, &mut self.counters, e);
-        if ev.any() {
-            self.route_events(h, owner, ev, leaves_half_open);
-        }
-        if closed {
-            self.unmap(idx);
+        if act.closed {
+            self.unmap(act.h.idx);
         }
     }
 
@@ -376,6 +375,55 @@ impl<R: Rng> Stack<R> {
             }
             self.after_activity(idx, now);
         }
+    }
+}
+
+/// What [`entry_activity`] leaves for [`Stack::finish_activity`].
+pub(super) struct Activity {
+    h: SocketHandle,
+    owner: Owner,
+    ev: Events,
+    leaves_half_open: bool,
+    closed: bool,
+}
+
+/// `after_activity`'s work on an entry the caller holds (slot `idx`, generation `gen`):
+/// takes its events, puts it on the transmit list when it has something to send,
+/// schedules its timer and syncs its share of [`Stack::held`]. The caller then passes the
+/// result to `finish_activity`.
+#[inline(always)]
+pub(super) fn entry_activity(
+    dirty: &mut VecDeque<u32>,
+    timers: &mut BinaryHeap<Reverse<(Instant, u32, u32)>>,
+    held: &mut Held,
+    counters: &mut StackCounters,
+    e: &mut Entry,
+    idx: u32,
+    gen: u32,
+) -> Activity {
+    let ev = e.conn.take_events();
+    // The handshake completed: the connection leaves the listener's half-open count.
+    let leaves_half_open = ev.connected && core::mem::take(&mut e.counted_half_open);
+    // A connection with nothing to send stays off the transmit list: polling it would
+    // only re-arm the timers its input already armed (`on_segment` and `on_timeout` end
+    // with that), one empty `poll_segment` per pure ACK received.
+    if !e.dirty && !e.conn.nothing_to_send() {
+        e.dirty = true;
+        dirty.push_back(idx);
+    }
+    schedule_entry(timers, e, idx, gen);
+    if leaves_half_open {
+        held.half_open = held.half_open.saturating_sub(1);
+    }
+    // After the half-open count: a connection made from a cookie ACK was never
+    // half-open, and must not raise the mark in passing.
+    account_entry(held, counters, e);
+    Activity {
+        h: SocketHandle { idx, gen },
+        owner: e.owner,
+        ev,
+        leaves_half_open,
+        closed: e.conn.state() == State::Closed,
     }
 }
 

@@ -1936,3 +1936,46 @@ fn cookie_connections_do_not_raise_the_half_open_mark() {
     assert_eq!(hw.held.half_open, 1, "{hw:?}");
     assert_eq!(hw.held.connections, 2, "{hw:?}");
 }
+
+#[test]
+fn a_pure_ack_that_leaves_nothing_to_send_does_not_mark_the_connection_for_output() {
+    let mut net = Net::pair();
+    let (c, _s) = connected(&mut net);
+    net.flush();
+    net.a
+        .send(c, &Zbuf::copy_from_slice(&pattern(3000, 4)))
+        .unwrap();
+    let data: Vec<Vec<u8>> = std::iter::from_fn(|| net.a.poll_transmit(net.now))
+        .map(|f| f.to_vec())
+        .collect();
+    assert_eq!(data.len(), 3, "1448 + 1448 + 104 bytes");
+    let rto_armed = net
+        .a
+        .connection(c)
+        .unwrap()
+        .poll_timeout()
+        .expect("RTO armed while data is outstanding");
+    for f in &data {
+        net.b.handle_frame(net.now, Zbuf::copy_from_slice(f));
+    }
+    let acks: Vec<Vec<u8>> = std::iter::from_fn(|| net.b.poll_transmit(net.now))
+        .map(|f| f.to_vec())
+        .collect();
+    assert!(!acks.is_empty(), "B acknowledges the data");
+    for f in &acks {
+        net.a.handle_frame(net.now, Zbuf::copy_from_slice(f));
+    }
+    assert!(
+        !net.a.may_transmit(),
+        "everything acknowledged, nothing queued: no poll is owed"
+    );
+    assert!(net.a.poll_transmit(net.now).is_none());
+    // The ACK's own processing stopped the retransmission timer (RFC 6298 §5.2), which an
+    // empty poll used to do once more.
+    assert_eq!(net.a.connection(c).unwrap().bytes_in_flight(), 0);
+    let next = net.a.connection(c).unwrap().poll_timeout();
+    assert!(
+        next.is_none_or(|t| t > rto_armed),
+        "{next:?} after {rto_armed:?}"
+    );
+}

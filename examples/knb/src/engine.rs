@@ -620,7 +620,11 @@ pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option
     }
     let gb = |bytes: u64| bytes as f64 * 8.0 / duration / 1e9;
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
-    let lat = if rpcs > 0 {
+    // Open loop records the requests *scheduled* in the window, which may be none of
+    // those completed in it (an overloaded server answering warm-up requests): no
+    // latency then (null), never a p99 of 0 that would pass any SLO.
+    let timed = hist.len() > 0;
+    let lat = if timed {
         json!({
             "min": hist.min() as f64 / 1000.0,
             "mean": hist.mean() / 1000.0,
@@ -630,7 +634,7 @@ pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option
     } else {
         Value::Null
     };
-    let cdf: Vec<Value> = if rpcs > 0 {
+    let cdf: Vec<Value> = if timed {
         CDF_QUANTILES.iter().map(|&q| json!([q, us(q)])).collect()
     } else {
         Vec::new()
@@ -862,6 +866,32 @@ mod tests {
         assert_eq!((w.outstanding, sum(&w)), (0, 0));
         assert!(w.finished(end), "all answered: the drain is over");
         assert!(w.error.is_none());
+    }
+
+    /// Completions in the window of requests scheduled before it (an overloaded server
+    /// answering the warm-up) are throughput, but no request of the window was timed: the
+    /// latency is null, not a p99 of 0.
+    #[test]
+    fn an_open_loop_window_with_no_timed_request_has_no_latency() {
+        let t = Instant::now();
+        let timing = Timing {
+            warm_end: t + Duration::from_millis(10),
+            end: t + Duration::from_millis(20),
+        };
+        let mut w = ClientWorker::new(
+            spec(Mode::Rpc, Some(20_000.0)),
+            timing,
+            Arc::new(AtomicU64::new(0)),
+        );
+        let mut s = [ServerConn::new(200), ServerConn::new(200)];
+        w.tick(t + Duration::from_millis(9));
+        assert!(w.offered == 0 && w.outstanding > 0, "warm-up arrivals only");
+        exchange(&mut w, &mut s, t + Duration::from_millis(15));
+        let r = w.finish();
+        assert!(r.completed > 0);
+        let v = merge(vec![r], 0.01, Mode::Rpc, Some(20_000.0));
+        assert!(v["rpcs"].as_u64().unwrap() > 0);
+        assert_eq!(v["latency_us"], Value::Null, "{}", v["latency_us"]);
     }
 
     #[test]

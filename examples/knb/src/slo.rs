@@ -73,6 +73,9 @@ pub struct Point {
     pub dropped: u64,
     /// p99 of the client's send lag (µs), None when not reported.
     pub client_lag_p99_us: Option<f64>,
+    /// The run itself failed (no report): the point cannot pass, and the scan stops
+    /// there instead of skipping it.
+    pub failed: bool,
 }
 
 /// A point whose client's p99 send lag exceeds this fraction of the SLO is flagged
@@ -88,7 +91,9 @@ impl Point {
 
     /// Why the point does not pass `slo_us`, or None if it does.
     pub fn failure(&self, slo_us: f64) -> Option<&'static str> {
-        if self.client_behind(slo_us) {
+        if self.failed {
+            Some("the run failed")
+        } else if self.client_behind(slo_us) {
             Some("client behind its schedule")
         } else if self.dropped > 0 {
             Some("arrivals dropped")
@@ -229,6 +234,8 @@ pub fn run(a: &SweepArgs) -> Res<()> {
     );
     let mut rows: Vec<Value> = Vec::new();
     let mut notes = Vec::new();
+    // Failed runs, with the whole error (the notes keep its first line).
+    let mut failed: Vec<Value> = Vec::new();
     let mut failures = 0;
     let mut done = 0;
     let mut loads = a.loads.clone();
@@ -296,6 +303,9 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                         m.name(),
                         first_line(&e)
                     ));
+                    failed.push(json!({
+                        "model": m.name(), "offered_load": load, "error": e,
+                    }));
                 }
             }
         }
@@ -335,7 +345,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
     );
     for &m in &a.models {
         let mine: Vec<&Value> = rows.iter().filter(|r| r["model"] == m.name()).collect();
-        let pts: Vec<Point> = mine
+        let mut pts: Vec<Point> = mine
             .iter()
             .map(|r| Point {
                 offered: r["offered_load"].as_f64().unwrap_or(0.0),
@@ -343,9 +353,23 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                 p99_us: r["p99_us"].as_f64(),
                 dropped: r["dropped_arrivals"].as_u64().unwrap_or(0),
                 client_lag_p99_us: r["client_lag_p99_us"].as_f64(),
+                failed: false,
             })
             .collect();
-        for (r, pt) in mine.iter().zip(&pts) {
+        let failed_here = failed
+            .iter()
+            .filter(|f| f["model"] == m.name())
+            .map(|f| Point {
+                offered: f["offered_load"].as_f64().unwrap_or(0.0),
+                achieved: 0.0,
+                p99_us: None,
+                dropped: 0,
+                client_lag_p99_us: None,
+                failed: true,
+            });
+        let measured = pts.len();
+        pts.extend(failed_here);
+        for (r, pt) in mine.iter().zip(&pts[..measured]) {
             let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
             println!(
                 "{:<5} {:>7.2} {:>10.0} {:>10.0} {:>8.3} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>7} {:>9} {:>9.1}  {}",
@@ -499,7 +523,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
         "definition": "highest achieved load among the offered loads that, with every lower one, have p99 <= SLO, no dropped arrival and a client on schedule (p99 send lag <= 5% of the SLO) (msgsched::sim grid rule, no bisection)",
         "client_lag_slo_fraction": CLIENT_LAG_SLO_FRACTION,
         "ideal_ms": ideal_ms,
-        "models": models, "notes": notes, "points": rows,
+        "models": models, "notes": notes, "points": rows, "failed_runs": failed,
     });
     let jp = a.json.clone().unwrap_or_else(|| dir.join("fig-slo.json"));
     report::write_file(
@@ -532,6 +556,7 @@ mod tests {
             p99_us: Some(p99),
             dropped: 0,
             client_lag_p99_us: Some(3.0),
+            failed: false,
         }
     }
 
@@ -602,6 +627,21 @@ mod tests {
         // Unknown lag (an older report): not flagged.
         pts[1].client_lag_p99_us = None;
         assert!(throughput_under_slo(&pts, 1000.0).saturated);
+    }
+
+    /// A point whose run failed (no report) stops the scan: the passing points above it
+    /// do not count, as if it had passed.
+    #[test]
+    fn a_failed_run_stops_the_scan() {
+        let mut pts = vec![pt(0.1, 0.1, 300.0), pt(0.3, 0.3, 400.0), pt(0.2, 0.0, 0.0)];
+        pts[2] = Point {
+            failed: true,
+            p99_us: None,
+            ..pts[2].clone()
+        };
+        let t = throughput_under_slo(&pts, 1000.0);
+        assert_eq!((t.load, t.first_failing), (0.1, Some(0.2)));
+        assert_eq!(t.first_failing_reason, Some("the run failed"));
     }
 
     #[test]

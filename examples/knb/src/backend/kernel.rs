@@ -184,7 +184,7 @@ fn server_thread(
     let mut buf = vec![0u8; READ_BUF];
     let mut events = Events::with_capacity(256);
     let mut open = conns.len();
-    while open > 0 && Instant::now() < deadline {
+    while open > 0 && super::serving(deadline) {
         let now = Instant::now();
         for c in conns.iter_mut().filter(|c| c.open) {
             if let Err(e) = service(c, &mut buf, now) {

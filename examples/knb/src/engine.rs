@@ -64,8 +64,7 @@ pub struct WorkerSpec {
     pub mode: Mode,
     /// RNG seed (open loop).
     pub seed: u64,
-    /// Queue requests as [`crate::proto::Piece`]s (zero-copy stacks) and keep the list
-    /// of connections with new data ([`ClientWorker::take_touched`]).
+    /// Queue requests as [`crate::proto::Piece`]s (zero-copy stacks).
     pub messages: bool,
     /// `--service`: tag every request with a drawn service time.
     pub service: Option<crate::service::ServiceSpec>,
@@ -141,7 +140,8 @@ pub struct ClientWorker {
     /// (only they need new requests, so a tick costs O(completions), not O(conns)).
     refill: Vec<usize>,
     in_refill: Vec<bool>,
-    /// Message mode: connections with newly queued data.
+    /// Connections with newly queued data, each once ([`ClientWorker::take_touched`]),
+    /// so a backend visits only those, not every connection, per iteration.
     touched: Vec<usize>,
     is_touched: Vec<bool>,
     /// Requests outstanding over all connections (the sum of their `outstanding()`), kept
@@ -209,14 +209,14 @@ impl ClientWorker {
     }
 
     fn touch(&mut self, i: usize) {
-        if self.spec.messages && !self.is_touched[i] {
+        if !self.is_touched[i] {
             self.is_touched[i] = true;
             self.touched.push(i);
         }
     }
 
-    /// Message mode: appends the connections that got new data to send since the last
-    /// call (each once) to `out`.
+    /// Appends the connections that got new data to send since the last call (each
+    /// once) to `out`.
     pub fn take_touched(&mut self, out: &mut Vec<usize>) {
         for &i in &self.touched {
             self.is_touched[i] = false;
@@ -288,7 +288,7 @@ impl ClientWorker {
                         }
                         c.push_request(t0);
                         self.outstanding += 1;
-                        if self.spec.messages && !self.is_touched[i] {
+                        if !self.is_touched[i] {
                             self.is_touched[i] = true;
                             self.touched.push(i);
                         }

@@ -623,7 +623,7 @@ pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option
     // Open loop records the requests *scheduled* in the window, which may be none of
     // those completed in it (an overloaded server answering warm-up requests): no
     // latency then (null), never a p99 of 0 that would pass any SLO.
-    let timed = hist.len() > 0;
+    let timed = !hist.is_empty();
     let lat = if timed {
         json!({
             "min": hist.min() as f64 / 1000.0,

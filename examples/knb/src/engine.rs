@@ -233,10 +233,9 @@ impl ClientWorker {
         }
         match self.spec.mode {
             Mode::Bulk => true,
-            Mode::Rpc if now >= self.timing.end => false,
             Mode::Rpc => match &self.open {
-                None => !self.refill.is_empty(),
-                Some((_, _, next)) => *next <= now,
+                None => now < self.timing.end && !self.refill.is_empty(),
+                Some((_, _, next)) => *next <= now && *next < self.timing.end,
             },
         }
     }
@@ -246,10 +245,11 @@ impl ClientWorker {
         if self.error.is_some() {
             return;
         }
+        let end = self.timing.end;
         match self.spec.mode {
             Mode::Bulk => self.tick_bulk(now),
-            Mode::Rpc if now >= self.timing.end => {}
             Mode::Rpc => match &mut self.open {
+                None if now >= end => {}
                 None => {
                     let depth = self.spec.iodepth as usize;
                     let mut refill = std::mem::take(&mut self.refill);
@@ -270,7 +270,11 @@ impl ClientWorker {
                 }
                 Some((rng, rate, next)) => {
                     let n = self.conns.len();
-                    while *next <= now {
+                    // Every arrival scheduled before the end is issued, even by a client
+                    // that gets to it after the end (late, its lag measured): skipping
+                    // them hid a stalled client's lateness, and a client stalled through
+                    // the whole window reported no arrival at all.
+                    while *next <= now && *next < end {
                         let t0 = *next;
                         let gap = -rng.next_f64().ln() / *rate;
                         *next += Duration::from_secs_f64(gap);
@@ -892,6 +896,39 @@ mod tests {
         let v = merge(vec![r], 0.01, Mode::Rpc, Some(20_000.0));
         assert!(v["rpcs"].as_u64().unwrap() > 0);
         assert_eq!(v["latency_us"], Value::Null, "{}", v["latency_us"]);
+    }
+
+    /// A client that first gets to run after the end still issues every arrival of the
+    /// window (offered, sent, its lag measured), none after the end.
+    #[test]
+    fn a_client_stalled_past_the_end_still_issues_the_windows_arrivals() {
+        let t = Instant::now();
+        let timing = Timing {
+            warm_end: t,
+            end: t + Duration::from_secs(1),
+        };
+        let mut sp = spec(Mode::Rpc, Some(1_000.0));
+        sp.verify = false;
+        let mut w = ClientWorker::new(sp, timing, Arc::new(AtomicU64::new(0)));
+        let late = t + Duration::from_millis(1500);
+        assert!(w.has_work(late));
+        w.tick(late);
+        // About 1,000 arrivals (Poisson sd ~32; fixed seed).
+        assert!((850..1150).contains(&w.offered), "{}", w.offered);
+        assert!(w.next_arrival().unwrap() >= timing.end);
+        assert!(
+            !w.has_work(late + Duration::from_secs(1)),
+            "none after the end"
+        );
+        for i in 0..2 {
+            let n = w.tx(i).len();
+            w.on_sent(i, n, late);
+        }
+        assert_eq!(w.sent_window, w.offered);
+        assert!(
+            w.lag_hist.value_at_quantile(0.5) > 400_000_000,
+            "late by ~1 s"
+        );
     }
 
     #[test]

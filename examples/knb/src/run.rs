@@ -805,7 +805,8 @@ pub fn client(a: ClientArgs) -> Res<()> {
         // Seen once (not reproduced): a client that ended before its window reported 0
         // RPC/s as a success. A Poisson schedule always has arrivals in the window.
         return Err(Error::Run(
-            "open loop: no arrival was scheduled in the measured window (the client ended              before it?)"
+            "open loop: no arrival was scheduled in the measured window (the client ended \
+             before it?)"
                 .into(),
         ));
     }

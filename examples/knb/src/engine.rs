@@ -703,9 +703,9 @@ pub fn merge(results: Vec<ThreadResult>, duration: f64, mode: Mode, rate: Option
             "unsent_at_end": hon.unsent,
             "drain_s": OPEN_LOOP_DRAIN.as_secs_f64(),
             "latency_from": "scheduled send time",
-            "p50_us": if rpcs > 0 { json!(us(0.5)) } else { Value::Null },
-            "p99_us": if rpcs > 0 { json!(us(0.99)) } else { Value::Null },
-            "p999_us": if rpcs > 0 { json!(us(0.999)) } else { Value::Null },
+            "p50_us": if timed { json!(us(0.5)) } else { Value::Null },
+            "p99_us": if timed { json!(us(0.99)) } else { Value::Null },
+            "p999_us": if timed { json!(us(0.999)) } else { Value::Null },
         })),
         "bulk": bulk_v,
         "errors": errors,
@@ -896,6 +896,7 @@ mod tests {
         let v = merge(vec![r], 0.01, Mode::Rpc, Some(20_000.0));
         assert!(v["rpcs"].as_u64().unwrap() > 0);
         assert_eq!(v["latency_us"], Value::Null, "{}", v["latency_us"]);
+        assert_eq!(v["open_loop"]["p99_us"], Value::Null);
     }
 
     /// A client that first gets to run after the end still issues every arrival of the

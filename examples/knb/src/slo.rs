@@ -67,7 +67,7 @@ pub struct Point {
     pub offered: f64,
     /// Achieved load (completed RPC/s / capacity).
     pub achieved: f64,
-    /// p99 latency (µs), None when nothing completed.
+    /// p99 latency (µs), None when no request scheduled in the window was answered.
     pub p99_us: Option<f64>,
     /// Arrivals dropped (the client had no room).
     pub dropped: u64,
@@ -99,7 +99,7 @@ impl Point {
             Some("arrivals dropped")
         } else {
             match self.p99_us {
-                None => Some("nothing completed"),
+                None => Some("no request of the window answered"),
                 Some(q) if q > slo_us => Some("p99 above the SLO"),
                 Some(_) => None,
             }
@@ -603,7 +603,7 @@ mod tests {
         assert_eq!(throughput_under_slo(&[], 1.0).load, 0.0);
         assert_eq!(
             throughput_under_slo(&d, 1000.0).first_failing_reason,
-            Some("nothing completed")
+            Some("no request of the window answered")
         );
     }
 

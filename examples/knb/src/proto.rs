@@ -357,9 +357,10 @@ impl TxBuf {
         }
     }
 
-    /// The oldest piece without taking it (message mode).
-    pub fn front_piece(&self) -> Option<&Piece> {
-        self.pieces.as_ref()?.front()
+    /// The queued pieces, oldest first, without taking them (message mode; none in
+    /// byte mode).
+    pub fn pieces(&self) -> impl Iterator<Item = &Piece> + '_ {
+        self.pieces.iter().flatten()
     }
 
     /// The oldest piece (message mode; `None` in byte mode or when empty).

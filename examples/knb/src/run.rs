@@ -144,16 +144,24 @@ struct ChildProc {
     name: &'static str,
     lines: Receiver<String>,
     stderr: Option<std::thread::JoinHandle<String>>,
+    /// The server's stdin: [`ChildProc::ask_to_stop`] (None for the client).
+    stdin: Option<std::process::ChildStdin>,
 }
 
 impl ChildProc {
     fn spawn(mut cmd: Command, name: &'static str) -> Result<ChildProc, String> {
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let server = name == "server";
+        cmd.stdin(if server {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("cannot start the {name}: {e}"))?;
+        let stdin = child.stdin.take();
         let (tx, lines) = mpsc::channel();
         if let Some(out) = child.stdout.take() {
             std::thread::spawn(move || {
@@ -176,7 +184,16 @@ impl ChildProc {
             name,
             lines,
             stderr,
+            stdin,
         })
+    }
+
+    /// Tells a `knb server --child` that its client is done ([`backend::STOP_LINE`],
+    /// then EOF): it stops serving and reports.
+    fn ask_to_stop(&mut self) {
+        if let Some(mut i) = self.stdin.take() {
+            let _ = writeln!(i, "{}", backend::STOP_LINE);
+        }
     }
 
     /// Waits up to `limit` for exit (kills past it); returns (ok, stderr tail).
@@ -208,6 +225,29 @@ impl ChildProc {
             err.push_str(&format!("\n    ({how})"));
         }
         (ok, err)
+    }
+}
+
+/// How long a server may take to end by itself once its client is done (its
+/// connections closing) before it is asked to stop ([`backend::STOP_LINE`]).
+const SERVER_GRACE: Duration = Duration::from_secs(3);
+
+/// What a child's stderr (as [`ChildProc::finish`] returns it) says went wrong, in one
+/// line: its last `knb: error:` message, else how it ended (exit status, killed), else
+/// that it said nothing. `knb sweep` keeps only the first line of a failed run's error,
+/// so that line must name the cause.
+fn cause(err: &str) -> String {
+    let lines: Vec<&str> = err.lines().map(str::trim).collect();
+    if let Some(e) = lines
+        .iter()
+        .rev()
+        .find_map(|l| l.split_once("knb: error: ").map(|(_, e)| e))
+    {
+        return e.to_string();
+    }
+    match lines.last() {
+        Some(l) if l.starts_with('(') && l.ends_with(')') => l[1..l.len() - 1].to_string(),
+        _ => "no error message".into(),
     }
 }
 
@@ -392,13 +432,26 @@ pub fn run_pair(
         eprint!("\r{:60}\r", "");
     }
     let (cok, cerr) = client.finish(Duration::from_secs(5));
-    // The server exits once its connections close; give it a moment.
+    // The server exits once its connections close; give it a moment. A server still
+    // busy past that (overloaded: answering requests the client no longer waits for,
+    // or a close that never reached it) is asked to stop and report.
+    let mut server = server;
+    let mut asked = false;
+    let mut until = Instant::now() + SERVER_GRACE;
     let sres = loop {
-        match server.lines.recv_timeout(Duration::from_secs(10)) {
+        match server
+            .lines
+            .recv_timeout(until.saturating_duration_since(Instant::now()))
+        {
             Ok(l) => {
                 if let Some(j) = l.strip_prefix("KNB_RESULT ") {
                     break serde_json::from_str::<Value>(j).ok();
                 }
+            }
+            Err(RecvTimeoutError::Timeout) if !asked => {
+                server.ask_to_stop();
+                asked = true;
+                until = Instant::now() + Duration::from_secs(10);
             }
             Err(_) => break None,
         }
@@ -409,19 +462,20 @@ pub fn run_pair(
         (true, Some(r)) => r,
         (ok, r) => {
             let why = if ok && r.is_none() {
-                " (the client exited 0 without a result line)"
+                "the client exited 0 without a result line".to_string()
             } else {
-                ""
+                format!("client: {}", cause(&cerr))
             };
             return Err(format!(
-                "the {name} run failed{why}.\n  client:\n    {cerr}\n  server:\n    {serr}"
+                "the {name} run failed: {why}\n  client:\n    {cerr}\n  server:\n    {serr}"
             ));
         }
     };
     let server_v = sres.unwrap_or(Value::Null);
     if !sok {
         return Err(format!(
-            "the {name} server failed.\n    {serr}\n  (client finished: {})",
+            "the {name} server failed: {}\n    {serr}\n  (client finished: {})",
+            cause(&serr),
             r["rpcs"]
         ));
     }
@@ -630,6 +684,9 @@ pub fn server(a: ServerArgs) -> Res<()> {
     };
     backend::pin(a.cpus.0[0]).map_err(Error::Run)?;
     let child = a.child;
+    if child {
+        backend::watch_for_stop();
+    }
     let mut ready = || {
         let pid = std::process::id();
         if child {
@@ -644,7 +701,16 @@ pub fn server(a: ServerArgs) -> Res<()> {
         }
         let _ = std::io::stdout().flush();
     };
-    let r = b.serve(&spec, &mut ready).map_err(Error::Run)?;
+    let mut r = b.serve(&spec, &mut ready).map_err(Error::Run)?;
+    if backend::stop_requested() {
+        // Its client was done before it: requests it held then are the client's
+        // `sent_not_answered`; not an error.
+        if let Value::Object(o) = &mut r.extra {
+            o.insert("stopped_after_client".into(), json!(true));
+        } else {
+            r.extra = json!({"stopped_after_client": true});
+        }
+    }
     if child {
         println!("KNB_RESULT {}", r.to_json());
     } else {
@@ -729,13 +795,18 @@ pub fn client(a: ClientArgs) -> Res<()> {
     let mut r = engine::merge(results, w.duration, w.mode.into(), w.rate);
     r["cpu"] = cpu_v;
     if let Some(errs) = r["errors"].as_array().filter(|e| !e.is_empty()) {
-        return Err(Error::Run(format!("the run failed: {errs:?}")));
+        let errs: Vec<String> = errs
+            .iter()
+            .map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_string))
+            .collect();
+        return Err(Error::Run(format!("the run failed: {}", errs.join("; "))));
     }
     if r["open_loop"]["arrivals"].as_u64() == Some(0) {
         // Seen once (not reproduced): a client that ended before its window reported 0
         // RPC/s as a success. A Poisson schedule always has arrivals in the window.
         return Err(Error::Run(
-            "open loop: no arrival was scheduled in the measured window (the client ended              before it?)"
+            "open loop: no arrival was scheduled in the measured window (the client ended \
+             before it?)"
                 .into(),
         ));
     }
@@ -878,5 +949,25 @@ fn monitor(
             json!({"client": client, "server": server, "per_core": per_core, "steal": steal})
         }
         _ => Value::Null,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sweep keeps one line per failed run: it must carry the child's own reason.
+    #[test]
+    fn a_failed_childs_cause_is_its_last_error_line_or_how_it_ended() {
+        let client = "EAL: Detected CPU lcores: 2\n    knb: the memif peer did not stop polling \
+                      within 5s; closing anyway\n    knb: error: the run failed: connection 2513 \
+                      of lane 0: zbuf: 1360 B for headers: exhausted\n    (client exit status: 1)";
+        assert_eq!(
+            cause(client),
+            "the run failed: connection 2513 of lane 0: zbuf: 1360 B for headers: exhausted"
+        );
+        let killed = "EAL: Detected CPU lcores: 2\n    (server did not exit within 5s: killed)";
+        assert_eq!(cause(killed), "server did not exit within 5s: killed");
+        assert_eq!(cause(""), "no error message");
     }
 }

@@ -25,7 +25,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use serde_json::json;
 
-use crate::backend::{pin, ServerReport, ServerSpec};
+use crate::backend::{pin, serving, ServerReport, ServerSpec};
 use crate::proto::{Request, ServerConn};
 use crate::service::{self, ServerModel, ServiceMode};
 
@@ -260,7 +260,7 @@ fn cp_worker(
     let mut left = conns.len();
     let mut buf = vec![0u8; READ_BUF];
     let mut evs = vec![EpollEvent::empty(); 64];
-    while left > 0 && Instant::now() < deadline {
+    while left > 0 && serving(deadline) {
         let n = match ep.wait(&mut evs, TICK_MS) {
             Ok(n) => n,
             Err(nix::Error::EINTR) => 0,
@@ -325,7 +325,7 @@ fn serve_cs(
                     let mut errs = Vec::new();
                     let mut buf = vec![0u8; READ_BUF];
                     let mut evs = vec![EpollEvent::empty(); 1];
-                    while left.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+                    while left.load(Ordering::Acquire) > 0 && serving(deadline) {
                         let got = match ep.wait(&mut evs, TICK_MS) {
                             Ok(n) => n,
                             Err(nix::Error::EINTR) => 0,
@@ -526,7 +526,7 @@ fn pool_io(
             let _ = ep.delete(p.c.s.as_fd());
         }
     };
-    while left > 0 && Instant::now() < deadline {
+    while left > 0 && serving(deadline) {
         let n = match ep.wait(&mut evs, TICK_MS) {
             Ok(n) => n,
             Err(nix::Error::EINTR) => 0,

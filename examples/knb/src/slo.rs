@@ -73,7 +73,7 @@ pub struct Point {
     pub offered: f64,
     /// Achieved load (completed RPC/s / capacity).
     pub achieved: f64,
-    /// p99 latency (µs), None when nothing completed.
+    /// p99 latency (µs), None when no request scheduled in the window was answered.
     pub p99_us: Option<f64>,
     /// Arrivals dropped (the client had no room).
     pub dropped: u64,
@@ -81,6 +81,9 @@ pub struct Point {
     pub client_lag_p99_us: Option<f64>,
     /// Server's and client's loop stalls in the window combined, None when not reported.
     pub stalls: Option<crate::stalls::Stalls>,
+    /// The run itself failed (no report): the point cannot pass, and the scan stops
+    /// there instead of skipping it.
+    pub failed: bool,
 }
 
 /// A point whose client's p99 send lag exceeds this fraction of the SLO is flagged
@@ -119,13 +122,15 @@ impl Point {
 
     /// Why the point does not pass `slo_us`, or None if it does.
     pub fn failure(&self, slo_us: f64) -> Option<&'static str> {
-        if self.client_behind(slo_us) {
+        if self.failed {
+            Some("the run failed")
+        } else if self.client_behind(slo_us) {
             Some("client behind its schedule")
         } else if self.dropped > 0 {
             Some("arrivals dropped")
         } else {
             match self.p99_us {
-                None => Some("nothing completed"),
+                None => Some("no request of the window answered"),
                 Some(q) if q > slo_us => Some("p99 above the SLO"),
                 Some(_) => None,
             }
@@ -338,6 +343,8 @@ pub fn run(a: &SweepArgs) -> Res<()> {
     );
     let mut rows: Vec<Value> = Vec::new();
     let mut notes = Vec::new();
+    // Failed runs, with the whole error (the notes keep its first line).
+    let mut failed: Vec<Value> = Vec::new();
     let mut failures = 0;
     let mut done = 0;
     let mut loads = a.loads.clone();
@@ -410,6 +417,9 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                         m.name(),
                         first_line(&e)
                     ));
+                    failed.push(json!({
+                        "model": m.name(), "offered_load": load, "error": e,
+                    }));
                 }
             }
         }
@@ -474,7 +484,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
     );
     for &m in &a.models {
         let mine: Vec<&Value> = rows.iter().filter(|r| r["model"] == m.name()).collect();
-        let pts: Vec<Point> = mine
+        let mut pts: Vec<Point> = mine
             .iter()
             .map(|r| Point {
                 offered: r["offered_load"].as_f64().unwrap_or(0.0),
@@ -483,9 +493,24 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                 dropped: r["dropped_arrivals"].as_u64().unwrap_or(0),
                 client_lag_p99_us: r["client_lag_p99_us"].as_f64(),
                 stalls: point_stalls(&r["run"]),
+                failed: false,
             })
             .collect();
-        for (r, pt) in mine.iter().zip(&pts) {
+        let failed_here = failed
+            .iter()
+            .filter(|f| f["model"] == m.name())
+            .map(|f| Point {
+                offered: f["offered_load"].as_f64().unwrap_or(0.0),
+                achieved: 0.0,
+                p99_us: None,
+                dropped: 0,
+                client_lag_p99_us: None,
+                stalls: None,
+                failed: true,
+            });
+        let measured = pts.len();
+        pts.extend(failed_here);
+        for (r, pt) in mine.iter().zip(&pts[..measured]) {
             let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
             let (stall_ms, max_gap) = match &pt.stalls {
                 Some(s) => (
@@ -677,7 +702,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
             "stalls": m.count, "window_s": m.seconds, "rate_per_s": m.rate_per_s,
             "mean_ms": m.mean_ns / 1e6, "outcome": i,
         })),
-        "models": models, "notes": notes, "points": rows,
+        "models": models, "notes": notes, "points": rows, "failed_runs": failed,
     });
     let jp = a.json.clone().unwrap_or_else(|| dir.join("fig-slo.json"));
     report::write_file(
@@ -711,6 +736,7 @@ mod tests {
             dropped: 0,
             client_lag_p99_us: Some(3.0),
             stalls: None,
+            failed: false,
         }
     }
 
@@ -815,7 +841,7 @@ mod tests {
         assert_eq!(throughput_under_slo(&[], 1.0).load, 0.0);
         assert_eq!(
             throughput_under_slo(&d, 1000.0).first_failing_reason,
-            Some("nothing completed")
+            Some("no request of the window answered")
         );
     }
 
@@ -839,6 +865,21 @@ mod tests {
         // Unknown lag (an older report): not flagged.
         pts[1].client_lag_p99_us = None;
         assert!(throughput_under_slo(&pts, 1000.0).saturated);
+    }
+
+    /// A point whose run failed (no report) stops the scan: the passing points above it
+    /// do not count, as if it had passed.
+    #[test]
+    fn a_failed_run_stops_the_scan() {
+        let mut pts = vec![pt(0.1, 0.1, 300.0), pt(0.3, 0.3, 400.0), pt(0.2, 0.0, 0.0)];
+        pts[2] = Point {
+            failed: true,
+            p99_us: None,
+            ..pts[2].clone()
+        };
+        let t = throughput_under_slo(&pts, 1000.0);
+        assert_eq!((t.load, t.first_failing), (0.1, Some(0.2)));
+        assert_eq!(t.first_failing_reason, Some("the run failed"));
     }
 
     #[test]

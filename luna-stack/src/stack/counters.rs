@@ -113,6 +113,10 @@ pub struct StackCounters {
     /// Connections aborted because their local address was removed
     /// ([`super::Stack::remove_address`]).
     pub address_aborts: u64,
+    /// Segments retransmitted by this stack's connections (any cause; live and
+    /// reclaimed), counted as they are made: `tcp_counters().retransmits` without a walk
+    /// over every connection (r2c publishes it every few thousand iterations).
+    pub tcp_retransmits: u64,
     /// Payload bytes TCP connections received again (below RCV.NXT, or over data held out
     /// of order), summed over connections: the first copy kept, these discarded
     /// (`Connection::dup_bytes_in`; the overlap attack's forged bytes land here).

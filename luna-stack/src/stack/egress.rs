@@ -135,7 +135,12 @@ impl<R: Rng> Stack<R> {
                 seg = e.held.take().expect("tested above");
                 true
             } else {
-                e.conn.poll_segment_into(now, &mut seg)
+                // Every retransmission is made here: the stack-wide total is kept as they
+                // are made, so reading it does not walk the connections.
+                let before = e.conn.counters.retransmits;
+                let got = e.conn.poll_segment_into(now, &mut seg);
+                self.counters.tcp_retransmits += e.conn.counters.retransmits - before;
+                got
             };
             if !got {
                 e.dirty = false;

@@ -244,6 +244,63 @@ fn bulk_transfer_under_loss_is_byte_exact() {
     assert!(net.a.tcp_counters().retransmits > 0);
 }
 
+/// `counters().tcp_retransmits` (what r2c publishes every few thousand iterations) is
+/// kept as segments are made, not summed over the connections: it must still equal that
+/// sum — SYN and data retransmissions alike — and keep counting the connections once
+/// they are reclaimed.
+#[test]
+fn stack_retransmit_total_equals_the_connections_sum_without_a_walk() {
+    let mut net = Net::pair();
+    let (mut n, mut syn_lost) = (0u64, false);
+    net.drop = Box::new(move |from_a, bytes| {
+        // Ethernet + IPv4 (20 bytes, no options) + TCP flags at byte 13.
+        let tcp = bytes.len() > 47 && bytes[12..14] == [0x08, 0x00] && bytes[23] == 6;
+        if from_a && tcp && bytes[47] & 0x02 != 0 && !syn_lost {
+            syn_lost = true;
+            return true;
+        }
+        n += 1;
+        from_a && bytes.len() > 100 && n % 29 == 0
+    });
+    let (c, s) = connected(&mut net);
+    assert!(
+        net.a.counters().tcp_retransmits >= 1,
+        "the lost SYN was sent again"
+    );
+    let data = pattern(256 << 10, 5);
+    let src = Zbuf::copy_from_slice(&data);
+    let (mut off, mut got) = (0, 0);
+    for _ in 0..100_000 {
+        if off < data.len() {
+            if let Ok(k) = net.a.send(c, &src.slice(off..data.len())) {
+                off += k;
+            }
+        }
+        while let Ok(Some(b)) = net.b.recv(s) {
+            got += b.len();
+        }
+        if got == data.len() || !net.step() {
+            break;
+        }
+    }
+    assert_eq!(got, data.len());
+    let live = net.a.tcp_counters().retransmits;
+    assert!(live > 1, "data was retransmitted too ({live})");
+    assert_eq!(net.a.counters().tcp_retransmits, live);
+    net.a.close(c);
+    net.b.close(s);
+    net.run_until(
+        |n| n.a.connection_count() == 0 && n.b.connection_count() == 0,
+        100_000,
+    );
+    assert_eq!(
+        net.a.tcp_counters().retransmits,
+        live,
+        "reclaimed, still counted"
+    );
+    assert_eq!(net.a.counters().tcp_retransmits, live);
+}
+
 #[test]
 fn rfc9293_3_10_7_1_segment_without_socket_gets_rst() {
     let mut net = Net::pair();

@@ -184,7 +184,7 @@ fn server_thread(
     let mut buf = vec![0u8; READ_BUF];
     let mut events = Events::with_capacity(256);
     let mut open = conns.len();
-    while open > 0 && Instant::now() < deadline {
+    while open > 0 && super::serving(deadline) {
         let now = Instant::now();
         for c in conns.iter_mut().filter(|c| c.open) {
             if let Err(e) = service(c, &mut buf, now) {
@@ -270,7 +270,13 @@ fn client_thread(
     }
     let mut w = plan.start(t)?;
     let mut blocked = vec![false; streams.len()];
-    let mut readable = vec![false; streams.len()];
+    // Per iteration only the connections with something to do are visited (at 5,000
+    // connections, scanning all of them twice per iteration kept the client behind its
+    // schedule): `pending` holds those with bytes to write (blocked ones stay until
+    // written), `ready` those epoll said are readable (kept while reads may give more).
+    let mut pending = Ready::new(streams.len());
+    let mut ready = Ready::new(streams.len());
+    let mut touched = Vec::new();
     let mut buf = vec![0u8; READ_BUF];
     let mut events = Events::with_capacity(256);
     loop {
@@ -279,8 +285,13 @@ fn client_thread(
             break;
         }
         w.tick(now);
+        w.take_touched(&mut touched);
+        for i in touched.drain(..) {
+            pending.add(i);
+        }
         let chunk = w.send_chunk();
-        for (i, s) in streams.iter_mut().enumerate() {
+        pending.retain(|i| {
+            let s = &mut streams[i];
             while !blocked[i] && !w.tx(i).is_empty() {
                 let p = w.tx(i).pending();
                 match s.write(&p[..p.len().min(chunk)]) {
@@ -289,11 +300,12 @@ fn client_thread(
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(e) => {
                         w.fail(format!("connection {i}: write: {e}"));
-                        break;
+                        return false;
                     }
                 }
             }
-        }
+            !w.tx(i).is_empty()
+        });
         let mut timeout = Duration::from_millis(5);
         if let Some(next) = w.next_arrival() {
             // epoll waits in whole milliseconds (mio rounds up): an arrival due sooner than
@@ -306,7 +318,7 @@ fn client_thread(
                 timeout.min(gap - Duration::from_millis(1))
             };
         }
-        if readable.iter().any(|&r| r) || (w.streaming(now) && blocked.iter().any(|&b| !b)) {
+        if !ready.is_empty() || (w.streaming(now) && blocked.iter().any(|&b| !b)) {
             timeout = Duration::ZERO;
         }
         match poll.poll(&mut events, Some(timeout)) {
@@ -316,36 +328,100 @@ fn client_thread(
         }
         for ev in events.iter() {
             let i = ev.token().0;
-            if ev.is_writable() {
+            if ev.is_writable() && blocked[i] {
                 blocked[i] = false;
+                pending.add(i);
             }
             if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                readable[i] = true;
+                ready.add(i);
             }
         }
         let now = Instant::now();
-        for (i, s) in streams.iter_mut().enumerate() {
+        ready.retain(|i| {
             // Bounded reads per connection per round keep connections fair.
             for _ in 0..8 {
-                if !readable[i] {
-                    break;
-                }
-                match s.read(&mut buf) {
+                match streams[i].read(&mut buf) {
                     Ok(0) => {
                         w.fail(format!("connection {i}: the server closed it"));
-                        readable[i] = false;
+                        return false;
                     }
                     Ok(k) => w.on_rx(i, &buf[..k], now),
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => readable[i] = false,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(e) => {
                         w.fail(format!("connection {i}: read: {e}"));
-                        readable[i] = false;
+                        return false;
                     }
                 }
             }
-        }
+            true
+        });
     }
     plan.finished();
     Ok(w.finish())
+}
+
+/// A set of connection indices kept as a list (each once), visited in order: what a
+/// poll iteration has to look at, without a scan over every connection.
+struct Ready {
+    list: Vec<usize>,
+    member: Vec<bool>,
+}
+
+impl Ready {
+    fn new(n: usize) -> Ready {
+        Ready {
+            list: Vec::new(),
+            member: vec![false; n],
+        }
+    }
+
+    fn add(&mut self, i: usize) {
+        if !self.member[i] {
+            self.member[i] = true;
+            self.list.push(i);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Visits every member in order; keeps those for which `f` returns true.
+    fn retain(&mut self, mut f: impl FnMut(usize) -> bool) {
+        let member = &mut self.member;
+        self.list.retain(|&i| {
+            let keep = f(i);
+            member[i] = keep;
+            keep
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ready;
+
+    #[test]
+    fn ready_holds_each_connection_once_and_drops_what_is_done() {
+        let mut r = Ready::new(5);
+        for i in [3, 1, 3, 4, 1] {
+            r.add(i);
+        }
+        let mut seen = Vec::new();
+        r.retain(|i| {
+            seen.push(i);
+            i != 1
+        });
+        assert_eq!(seen, [3, 1, 4], "in order, once each");
+        r.add(1);
+        r.add(3);
+        let mut again = Vec::new();
+        r.retain(|i| {
+            again.push(i);
+            false
+        });
+        assert_eq!(again, [3, 4, 1]);
+        assert!(r.is_empty());
+    }
 }

@@ -109,6 +109,11 @@ const CONNECT_WAIT: Duration = Duration::from_secs(30);
 const CLIENT_PORTS: (u16, u16) = (10_000, 65_535);
 /// zbuf memory per process (receive buffers, small buffers, the zero buffer).
 const SLAB_MEMORY: usize = 128 << 20;
+/// zbuf size classes: zbuf's defaults (2, 4, 16, 64 KiB) plus 256 B for what is small
+/// and many — a lone request's header and payload, a reply's 16-byte header (each with
+/// the 128-byte headroom): in a 2 KiB object each, 5,000 connections' requests waiting
+/// for an overloaded server filled the slab with 8× the memory they needed.
+const SLAB_CLASSES: [usize; 5] = [256, 2048, 4096, 16384, 65536];
 
 /// Maps keyed by connection handles, hashed by r2c's one-multiply handle hash.
 type FxMap<K, V> = HashMap<K, V, r2c::HandleHashing>;
@@ -122,6 +127,36 @@ struct Packer {
 
 /// Where the packer gets writable buffers (the core's zbuf cache; the heap in tests).
 type Alloc<'a> = dyn FnMut(usize) -> Result<ZbufMut, zbuf::AllocError> + 'a;
+
+/// Why packing (and so sending) stopped short.
+#[derive(Debug)]
+enum PackError {
+    /// No buffer free now (`AllocError::Exhausted`): the slab's memory is held by
+    /// data TCP has not had acknowledged, e.g. thousands of connections' requests
+    /// waiting for an overloaded server. Nothing was taken from the queue: back
+    /// pressure, retried as buffers come back, not a failed run.
+    NoMemory(String),
+    /// Anything else: the connection cannot go on.
+    Failed(String),
+}
+
+impl std::fmt::Display for PackError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PackError::NoMemory(e) | PackError::Failed(e) => f.write_str(e),
+        }
+    }
+}
+
+impl PackError {
+    fn alloc(what: &str, e: zbuf::AllocError) -> PackError {
+        let msg = format!("zbuf: {what}: {e}");
+        match e {
+            zbuf::AllocError::Exhausted { .. } => PackError::NoMemory(msg),
+            _ => PackError::Failed(msg),
+        }
+    }
+}
 
 impl Packer {
     /// Allocates the zero buffer (on the core's thread, from its zbuf cache).
@@ -144,17 +179,20 @@ impl Packer {
     /// Moves up to about `PACK_BYTES` of `tx`'s pieces into `out`: small pieces are
     /// written once into one shared buffer (adjacent ones become one slice), zero
     /// payloads are slices of the zero buffer, large byte pieces are taken as they are.
+    /// The batch is planned and its buffer allocated before any piece leaves `tx`, so a
+    /// failed allocation takes nothing.
     fn pack(
         &mut self,
         alloc: &mut Alloc<'_>,
         tx: &mut TxBuf,
         out: &mut VecDeque<Zbuf>,
-    ) -> Result<(), String> {
+    ) -> Result<(), PackError> {
         debug_assert!(tx.is_messages(), "the luna backend queues pieces");
-        self.batch.clear();
-        let (mut bytes, mut small) = (0usize, 0usize);
-        while bytes < PACK_BYTES {
-            let Some(p) = tx.front_piece() else { break };
+        let (mut bytes, mut small, mut take) = (0usize, 0usize, 0usize);
+        for p in tx.pieces() {
+            if bytes >= PACK_BYTES {
+                break;
+            }
             if Self::is_small(p) {
                 if small + p.len() > SMALL_BUF {
                     break;
@@ -162,15 +200,16 @@ impl Packer {
                 small += p.len();
             }
             bytes += p.len();
-            self.batch.extend(tx.pop_piece());
+            take += 1;
         }
         let shared = if small > 0 {
-            let mut m = alloc(small).map_err(|e| format!("zbuf: {small} B for headers: {e}"))?;
+            let what = format!("{small} B for headers");
+            let mut m = alloc(small).map_err(|e| PackError::alloc(&what, e))?;
             let buf = m
                 .append(small)
-                .map_err(|e| format!("zbuf: {small} B for headers: {e}"))?;
+                .map_err(|e| PackError::Failed(format!("zbuf: {what}: {e}")))?;
             let mut at = 0;
-            for p in self.batch.iter().filter(|p| Self::is_small(p)) {
+            for p in tx.pieces().take(take).filter(|p| Self::is_small(p)) {
                 let n = p.len();
                 match p {
                     Piece::Header(h) => buf[at..at + n].copy_from_slice(h),
@@ -183,6 +222,8 @@ impl Packer {
         } else {
             None
         };
+        self.batch.clear();
+        self.batch.extend((0..take).map_while(|_| tx.pop_piece()));
         // Emit in order; `run` is the pending stretch of the shared buffer.
         let (mut off, mut run) = (0usize, 0usize);
         for p in self.batch.drain(..) {
@@ -222,24 +263,30 @@ impl Packer {
 /// the runtime's all-or-nothing send: what the TCP send buffer cannot take of the last
 /// pack waits in r2c's backlog (one pack, about `PACK_BYTES`, at most), and nothing more
 /// is packed until the backlog has drained (`send_capacity` is 0 meanwhile), so bulk
-/// senders still feel TCP's back pressure. Returns the bytes handed over. `Err` if the
-/// connection cannot send any more or a buffer could not be allocated.
+/// senders still feel TCP's back pressure. Returns the bytes handed over, and why it
+/// stopped short if it did: the connection cannot send any more, or no buffer was free
+/// ([`PackError::NoMemory`]: the rest stays queued in `tx`).
 fn send_packed(
     ctx: &mut Ctx<'_>,
     conn: Conn,
     packer: &mut Packer,
     tx: &mut TxBuf,
     batch: &mut VecDeque<Zbuf>,
-) -> Result<usize, String> {
+) -> (usize, Option<PackError>) {
     let mut handed = 0;
     while !tx.is_empty() && ctx.send_capacity(conn) > 0 {
-        packer.pack(&mut |n| ctx.alloc(n), tx, batch)?;
-        for z in batch.drain(..) {
+        if let Err(e) = packer.pack(&mut |n| ctx.alloc(n), tx, batch) {
+            return (handed, Some(e));
+        }
+        while let Some(z) = batch.pop_front() {
             handed += z.len();
-            ctx.send_all(conn, z).map_err(|e| format!("send: {e:?}"))?;
+            if let Err(e) = ctx.send_all(conn, z) {
+                batch.clear();
+                return (handed, Some(PackError::Failed(format!("send: {e:?}"))));
+            }
         }
     }
-    Ok(handed)
+    (handed, None)
 }
 
 /// What every side needs: EAL, zbuf slab, DMA registry and one device per lane.
@@ -305,7 +352,9 @@ fn open(
         .init()
         .map_err(|e| format!("EAL init: {e}"))?;
     let registry = DmaRegistry::new(&eal);
-    let slab_cfg = SlabConfig::new().max_memory(SLAB_MEMORY);
+    let slab_cfg = SlabConfig::new()
+        .size_classes(&SLAB_CLASSES)
+        .max_memory(SLAB_MEMORY);
     // memif zero-copy: the peer reads and writes our buffers, which must then be EAL memory.
     let slab_cfg = if memif::is_zero_copy(eal_args) {
         registry.dpdk_memory_slab_config(slab_cfg)
@@ -533,8 +582,10 @@ impl ServerApp {
             return Ok(());
         };
         let packer = self.packer.as_mut().ok_or("no packer")?;
-        send_packed(ctx, conn, packer, c.e.tx(), &mut self.batch)?;
-        Ok(())
+        match send_packed(ctx, conn, packer, c.e.tx(), &mut self.batch) {
+            (_, None) => Ok(()),
+            (_, Some(e)) => Err(e.to_string()),
+        }
     }
 
     /// Reads `conn` while its responses fit, answering as it goes.
@@ -589,7 +640,8 @@ impl ServerApp {
             while !c.e.tx().is_empty() && failed.is_none() {
                 failed = packer
                     .pack(&mut |n| ctx.alloc(n), c.e.tx(), &mut self.batch)
-                    .err();
+                    .err()
+                    .map(|e| e.to_string());
                 for z in self.batch.drain(..) {
                     if failed.is_none() {
                         if let Err(e) = ctx.send_all(conn, z) {
@@ -702,6 +754,8 @@ struct ClientShared {
     /// Per lane: its core's loop stalls over the measured window.
     stalls: Mutex<Vec<Option<Stalls>>>,
     delivered: AtomicUsize,
+    /// Per lane: sends that stopped because no zbuf buffer was free (back pressure).
+    memory_waits: Vec<AtomicU64>,
 }
 
 enum Phase {
@@ -723,6 +777,10 @@ struct ClientApp {
     batch: VecDeque<Zbuf>,
     packer: Option<Packer>,
     touched: Vec<usize>,
+    /// Connections whose last send stopped for want of a free buffer, oldest first
+    /// (each once: `is_starved`); retried every iteration until one stops again.
+    starved: VecDeque<usize>,
+    is_starved: Vec<bool>,
     phase: Phase,
     shared: Arc<ClientShared>,
     /// (std, core clock), re-read every [`REANCHOR`] while running: maps the core's
@@ -769,19 +827,55 @@ impl ClientApp {
     }
 
     /// Moves connection `i`'s requests to the stack (what the send buffer cannot take of
-    /// the last pack waits in the runtime's backlog; `on_writable` resumes).
-    fn pump(&mut self, ctx: &mut Ctx<'_>, i: usize, now: Instant) {
+    /// the last pack waits in the runtime's backlog; `on_writable` resumes). Returns
+    /// false if it stopped for want of a free buffer: the connection then waits in
+    /// `starved` (its requests stay queued, their send lag grows and is measured).
+    fn pump(&mut self, ctx: &mut Ctx<'_>, i: usize, now: Instant) -> bool {
         let Phase::Running(wk) = &mut self.phase else {
-            return;
+            return true;
         };
         let Some(packer) = self.packer.as_mut() else {
-            return;
+            return true;
         };
         let conn = self.conns[i];
-        match send_packed(ctx, conn, packer, wk.tx(i), &mut self.batch) {
-            // Handed to the runtime: in TCP's send buffer, or next in line for it.
-            Ok(n) => wk.on_sent(i, n, now),
-            Err(e) => wk.fail(format!("connection {i} of lane {}: {e}", self.lane)),
+        let (n, stopped) = send_packed(ctx, conn, packer, wk.tx(i), &mut self.batch);
+        // Handed to the runtime: in TCP's send buffer, or next in line for it.
+        wk.on_sent(i, n, now);
+        match stopped {
+            None => true,
+            Some(PackError::NoMemory(_)) => {
+                // Buffers come back as the server acknowledges data, on any
+                // connection: an overloaded server slows the client down, it does not
+                // fail the run.
+                self.shared.memory_waits[self.lane].fetch_add(1, Ordering::Relaxed);
+                if !self.is_starved[i] {
+                    self.is_starved[i] = true;
+                    self.starved.push_back(i);
+                }
+                false
+            }
+            Some(PackError::Failed(e)) => {
+                wk.fail(format!("connection {i} of lane {}: {e}", self.lane));
+                true
+            }
+        }
+    }
+
+    /// Sends for the connections that ran out of buffers, oldest first, until one runs
+    /// out again (then the rest keep their turn for the next iteration).
+    fn retry_starved(&mut self, ctx: &mut Ctx<'_>, now: Instant) {
+        for _ in 0..self.starved.len() {
+            let Some(i) = self.starved.pop_front() else {
+                return;
+            };
+            self.is_starved[i] = false;
+            if !self.pump(ctx, i, now) {
+                // Back at the tail: move it to the head, keeping its turn.
+                if let Some(j) = self.starved.pop_back() {
+                    self.starved.push_front(j);
+                }
+                return;
+            }
         }
     }
 }
@@ -795,6 +889,7 @@ impl InlineApp for ClientApp {
             Err(e) => return self.fail(ctx, format!("lane {}: {e}", self.lane)),
         }
         self.base = (Instant::now(), ctx.now());
+        self.is_starved = vec![false; self.n];
         for k in 0..self.n {
             match ctx.connect(self.remote) {
                 Ok(c) => {
@@ -844,7 +939,7 @@ impl InlineApp for ClientApp {
                 Phase::Running(wk) => !wk.tx(i).is_empty(),
                 _ => false,
             };
-            if waiting {
+            if waiting && !self.is_starved[i] {
                 self.pump(ctx, i, Instant::now());
             }
         }
@@ -875,7 +970,7 @@ impl InlineApp for ClientApp {
                     self.fail(ctx, msg);
                 }
             }
-            Phase::Running(wk) => {
+            Phase::Running(_) => {
                 // The iteration's own clock (read anyway) decides whether there is
                 // anything to do; the precise clock stamps what is issued. The two are
                 // re-anchored every REANCHOR: the EAL's TSC rate is an estimate (DPDK
@@ -888,6 +983,12 @@ impl InlineApp for ClientApp {
                     self.base = (Instant::now(), core_now);
                 }
                 let approx = self.base.0 + core_now.saturating_duration_since(self.base.1);
+                if !self.starved.is_empty() {
+                    self.retry_starved(ctx, Instant::now());
+                }
+                let Phase::Running(wk) = &mut self.phase else {
+                    return;
+                };
                 let t = wk.timing();
                 if self.marks[1].is_none() {
                     // The edges of the measured window, for the loop-stall counts.
@@ -914,7 +1015,10 @@ impl InlineApp for ClientApp {
                 let mut touched = std::mem::take(&mut self.touched);
                 wk.take_touched(&mut touched);
                 for &i in &touched {
-                    self.pump(ctx, i, now);
+                    // A connection waiting for buffers keeps its place in `starved`.
+                    if !self.is_starved[i] {
+                        self.pump(ctx, i, now);
+                    }
                 }
                 touched.clear();
                 self.touched = touched;
@@ -929,6 +1033,10 @@ struct MsgServed {
     requests: AtomicU64,
     rx_payload: AtomicU64,
     tx_payload: AtomicU64,
+    /// Reply buffers taken from the heap because the slab had none free (overload: the
+    /// slab is held by replies not acknowledged yet). A reply is never skipped for want
+    /// of memory: on an ordered connection that would break the client's stream.
+    heap_replies: AtomicU64,
     errors: Mutex<Vec<String>>,
 }
 
@@ -945,8 +1053,30 @@ struct MsgWorker {
 impl MsgWorker {
     fn fail(&self, why: String) {
         let mut e = self.served.errors.lock().unwrap_or_else(|p| p.into_inner());
+        if e.is_empty() {
+            // Said at once too: the report comes only at the server's end, and a server
+            // killed after a failed run (its client gone) never reports.
+            eprintln!("knb: error: server worker: {why}");
+        }
         if e.len() < 16 {
             e.push(why);
+        }
+    }
+
+    /// `bytes` in a slab buffer, or on the heap (counted in `heap_replies`) when the
+    /// slab has none free.
+    fn buffer(&self, ctx: &mut r2c::msg::MsgCtx<'_>, bytes: &[u8]) -> Result<Zbuf, String> {
+        match ctx.alloc(bytes.len()) {
+            Ok(mut m) => {
+                m.extend_from_slice(bytes)
+                    .map_err(|e| format!("zbuf: {e:?}"))?;
+                Ok(m.freeze())
+            }
+            Err(zbuf::AllocError::Exhausted { .. }) => {
+                self.served.heap_replies.fetch_add(1, Ordering::Relaxed);
+                Ok(Zbuf::from_vec(bytes.to_vec()))
+            }
+            Err(e) => Err(e.to_string()),
         }
     }
 
@@ -958,19 +1088,13 @@ impl MsgWorker {
     ) -> Result<Zbuf, String> {
         let n = self.resp_size as usize;
         if verify {
-            let mut m = ctx.alloc(n).map_err(|e| format!("zbuf: {e}"))?;
             let bytes: Vec<u8> = (0..self.resp_size)
                 .map(|i| crate::proto::pattern_byte(id, crate::proto::SALT_RESP, i))
                 .collect();
-            m.extend_from_slice(&bytes)
-                .map_err(|e| format!("zbuf: {e:?}"))?;
-            return Ok(m.freeze());
+            return self.buffer(ctx, &bytes);
         }
         if self.zeros.is_none() {
-            let mut m = ctx.alloc(n).map_err(|e| format!("zbuf: {e}"))?;
-            m.extend_from_slice(&vec![0u8; n])
-                .map_err(|e| format!("zbuf: {e:?}"))?;
-            self.zeros = Some(m.freeze());
+            self.zeros = Some(self.buffer(ctx, &vec![0u8; n])?);
         }
         Ok(self
             .zeros
@@ -1079,18 +1203,14 @@ impl MsgWorker {
             len: self.resp_size,
             flags: MRESP | (h.flags & flags::VERIFY),
         };
-        let mut head = match ctx.alloc(MHDR) {
+        let head = match self.buffer(ctx, &hdr.bytes()) {
             Ok(z) => z,
             Err(e) => {
-                self.fail(format!("zbuf: {e}"));
+                self.fail(e);
                 return None;
             }
         };
-        if head.extend_from_slice(&hdr.bytes()).is_err() {
-            self.fail("zbuf: header".into());
-            return None;
-        }
-        let mut reply = IoVec::from(head.freeze());
+        let mut reply = IoVec::from(head);
         reply.push(body);
         self.served
             .tx_payload
@@ -1308,7 +1428,7 @@ fn serve_msg(
     .map_err(|e| format!("r2c message mode: {e}"))?;
     let expected = u64::from(w.connections);
     let mut window = StallWindow::new(rt.stats_reader(0), &w);
-    while !rt.is_finished() && Instant::now() < deadline {
+    while !rt.is_finished() && super::serving(deadline) {
         let c = workers.counters();
         if c.attached.load(Ordering::Relaxed) >= expected
             && c.detached.load(Ordering::Relaxed) >= expected
@@ -1327,6 +1447,7 @@ fn serve_msg(
     total.counters.requests = served.requests.load(Ordering::Relaxed);
     total.counters.rx_payload = served.rx_payload.load(Ordering::Relaxed);
     total.counters.tx_payload = served.tx_payload.load(Ordering::Relaxed);
+    let heap_replies = served.heap_replies.load(Ordering::Relaxed);
     total.errors = std::mem::take(&mut *served.errors.lock().unwrap_or_else(|p| p.into_inner()));
     let mut extra = core_counters(&reports);
     if let Value::Object(o) = &mut extra {
@@ -1338,6 +1459,7 @@ fn serve_msg(
             .collect();
         o.insert("msgsched".into(), Value::Object(msg));
         o.insert("server_model".into(), Value::from(model.name()));
+        o.insert("heap_replies".into(), Value::from(heap_replies));
         o.insert("service_mode".into(), Value::from(mode.name()));
         if let Some(v) = &*vstats.lock().unwrap_or_else(|p| p.into_inner()) {
             o.insert("virtual_workers".into(), virt_json(v));
@@ -1396,7 +1518,7 @@ fn run_server<D: Device + Send + 'static>(
     .map_err(|e| format!("r2c runtime: {e}"))?;
     let mut done_at = None;
     while !rt.is_finished() {
-        if Instant::now() >= deadline {
+        if !super::serving(deadline) {
             rt.stop();
             break;
         }
@@ -1604,6 +1726,7 @@ impl Backend for Luna {
             results: Mutex::new((0..lanes).map(|_| None).collect()),
             stalls: Mutex::new(vec![None; lanes]),
             delivered: AtomicUsize::new(0),
+            memory_waits: (0..lanes).map(|_| AtomicU64::new(0)).collect(),
         });
         let sh = shared.clone();
         let cpus = spec.cpus.clone();
@@ -1624,6 +1747,8 @@ impl Backend for Luna {
             batch: VecDeque::new(),
             packer: None,
             touched: Vec::new(),
+            starved: VecDeque::new(),
+            is_starved: Vec::new(),
             phase: Phase::Connecting {
                 until: Instant::now() + CONNECT_WAIT,
             },
@@ -1661,6 +1786,10 @@ impl Backend for Luna {
                     if let Some(st) = stalls.get(i).copied().flatten() {
                         r.extra["loop_stalls"] = st.to_json();
                     }
+                }
+                if let Value::Object(o) = &mut r.extra {
+                    let waits = shared.memory_waits[i].load(Ordering::Relaxed);
+                    o.insert("tx_memory_waits".into(), json!(waits));
                 }
                 Ok(r)
             })
@@ -1813,7 +1942,45 @@ mod tests {
             Err(zbuf::AllocError::Exhausted { class_size: 2048 })
         };
         let e = p.pack(&mut none, c.tx(), &mut VecDeque::new()).unwrap_err();
-        assert!(e.contains("zbuf"), "{e}");
+        assert!(e.to_string().contains("zbuf"), "{e}");
         assert!(Packer::new(&mut none, &w).is_err());
+    }
+
+    /// A full slab (every buffer held by unacknowledged data, as with 5,000 connections'
+    /// requests waiting for an overloaded server) is back pressure: the pack takes nothing
+    /// from the queue, and a later pack sends the whole stream, in order. Any other
+    /// allocation failure still fails the connection.
+    #[test]
+    fn an_exhausted_slab_takes_nothing_from_the_queue() {
+        let w = workload(64, 64);
+        let mut p = Packer::new(&mut heap, &w).unwrap();
+        let mut c = crate::proto::ClientConn::new(0, 64, 64, false).message_mode();
+        let mut want = crate::proto::ClientConn::new(0, 64, 64, false);
+        let now = Instant::now();
+        for _ in 0..5 {
+            c.push_request(now);
+            want.push_request(now);
+        }
+        let before = c.tx().len();
+        let mut full = |_n: usize| -> Result<ZbufMut, zbuf::AllocError> {
+            Err(zbuf::AllocError::Exhausted { class_size: 2048 })
+        };
+        let mut out = VecDeque::new();
+        let e = p.pack(&mut full, c.tx(), &mut out).unwrap_err();
+        assert!(matches!(e, PackError::NoMemory(_)), "{e}");
+        assert_eq!(c.tx().len(), before, "nothing taken");
+        assert!(out.is_empty());
+        let got = pack_all(&mut p, c.tx());
+        let flat: Vec<u8> = got.iter().flat_map(|z| z.iter().copied()).collect();
+        assert_eq!(flat, want.tx().pending(), "every request, in order");
+        c.push_request(now);
+        let mut too_large = |n: usize| -> Result<ZbufMut, zbuf::AllocError> {
+            Err(zbuf::AllocError::TooLarge {
+                requested: n,
+                largest: 1,
+            })
+        };
+        let e = p.pack(&mut too_large, c.tx(), &mut out).unwrap_err();
+        assert!(matches!(e, PackError::Failed(_)), "{e}");
     }
 }

@@ -215,6 +215,39 @@ pub fn virtual_link_checksums() -> bool {
     !std::env::var("KNB_SOFTWARE_CHECKSUMS").is_ok_and(|v| v == "1")
 }
 
+/// The orchestrator asked this server to stop (see [`watch_for_stop`]).
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// What the orchestrator writes on a child server's stdin once its client is done but
+/// the server is still busy (an overloaded server answering requests the client no
+/// longer waits for, or connections whose close never arrived).
+pub const STOP_LINE: &str = "KNB_STOP";
+
+/// `knb server --child`: a thread that sets [`stop_requested`] when the orchestrator
+/// writes [`STOP_LINE`] on stdin or closes it (an orchestrator gone is a stop too).
+pub fn watch_for_stop() {
+    std::thread::spawn(|| {
+        for line in std::io::stdin().lines() {
+            match line {
+                Ok(l) if l.trim() == STOP_LINE => break,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        STOP.store(true, std::sync::atomic::Ordering::Release);
+    });
+}
+
+/// Whether the orchestrator asked the server to stop.
+pub fn stop_requested() -> bool {
+    STOP.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// A server loop goes on: before `deadline` (its lifetime) and not asked to stop.
+pub fn serving(deadline: Instant) -> bool {
+    Instant::now() < deadline && !stop_requested()
+}
+
 /// Pins the calling thread to `cpu`.
 pub fn pin(cpu: usize) -> Result<(), String> {
     let mut set = nix::sched::CpuSet::new();

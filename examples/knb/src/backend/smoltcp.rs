@@ -432,7 +432,7 @@ fn server_lane(
     let mut done = 0;
     let mut peer_check = Instant::now() + PEER_CHECK;
     let mut peer_quiet = false;
-    while done < n && Instant::now() < deadline {
+    while done < n && super::serving(deadline) {
         let now = Instant::now();
         if now >= peer_check {
             // The client has stopped polling (and waits for us before closing): what

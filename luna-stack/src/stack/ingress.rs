@@ -337,7 +337,9 @@ impl<R: Rng> Stack<R> {
                         .expect("tuple map is consistent")
                 };
                 let una = e.conn.snd_una();
-                if e.conn.on_segment(now, &seg, payload) == Disposition::Remove {
+                let delivered = payload.len() as u32;
+                let (disp, predicted) = e.conn.on_segment_path(now, &seg, payload);
+                if disp == Disposition::Remove {
                     self.free_slot(idx);
                     return;
                 }
@@ -346,6 +348,10 @@ impl<R: Rng> Stack<R> {
                 // entry becomes Reachable and the connection caches it, which then skips
                 // the per-segment learn above and the lookup on transmit.
                 let progressed = e.conn.snd_una() != una;
+                if predicted {
+                    let hw = &mut self.counters.high_water;
+                    super::slots::predicted_account(&mut self.held, hw, e, delivered, progressed);
+                }
                 let direct = e.next_hop == ip.src_addr;
                 if progressed && direct && !cached {
                     let src = ip.src_addr;
@@ -366,6 +372,7 @@ impl<R: Rng> Stack<R> {
                     e,
                     idx,
                     gen,
+                    predicted,
                 );
                 self.finish_activity(act);
                 return;

@@ -38,7 +38,9 @@ pub use counters::{Held, HighWater, StackCounters, StackDrop};
 pub use egress::{Transmit, TxOffload};
 use rst_limit::RstBucket;
 pub use rst_limit::RstLimit;
-use slots::{Acct, Entry, KeyedHasher, Listener, NextHopMac, Owner, Slot, HOP_MAC_REFRESH};
+use slots::{
+    slot_entry, Acct, Entry, KeyedHasher, Listener, NextHopMac, Owner, Slot, HOP_MAC_REFRESH,
+};
 
 #[cfg(test)]
 mod tests;
@@ -671,19 +673,19 @@ impl<R: Rng> Stack<R> {
 
     /// Queue `data` on the connection without copying; returns the bytes accepted.
     pub fn send(&mut self, h: SocketHandle, data: &Zbuf) -> Result<usize, SendError> {
-        let e = self.entry_mut(h).ok_or(SendError::InvalidHandle)?;
+        let e = slot_entry(&mut self.slots, h).ok_or(SendError::InvalidHandle)?;
         let n = e.conn.send(data)?;
-        self.mark_dirty(h.idx);
-        self.account(h.idx);
+        let hw = &mut self.counters.high_water;
+        slots::queued(&mut self.dirty, &mut self.held, hw, e, h.idx, n);
         Ok(n)
     }
 
     /// Queue an io-vector; returns the bytes accepted.
     pub fn send_iovec(&mut self, h: SocketHandle, data: &IoVec) -> Result<usize, SendError> {
-        let e = self.entry_mut(h).ok_or(SendError::InvalidHandle)?;
+        let e = slot_entry(&mut self.slots, h).ok_or(SendError::InvalidHandle)?;
         let n = e.conn.send_iovec(data)?;
-        self.mark_dirty(h.idx);
-        self.account(h.idx);
+        let hw = &mut self.counters.high_water;
+        slots::queued(&mut self.dirty, &mut self.held, hw, e, h.idx, n);
         Ok(n)
     }
 
@@ -694,23 +696,23 @@ impl<R: Rng> Stack<R> {
 
     /// The next received chunk (zero copy); see [`Connection::recv`].
     pub fn recv(&mut self, h: SocketHandle) -> Result<Option<Zbuf>, RecvError> {
-        let e = self.entry_mut(h).ok_or(RecvError::InvalidHandle)?;
+        let e = slot_entry(&mut self.slots, h).ok_or(RecvError::InvalidHandle)?;
         let r = e.conn.recv();
-        if matches!(r, Ok(Some(_))) {
+        if let Ok(Some(b)) = &r {
             // Reading may open the window: a window update may be due.
-            self.mark_dirty(h.idx);
-            self.account(h.idx);
+            slots::taken(&mut self.dirty, &mut self.held, e, h.idx, b.len());
         }
         r.map_err(RecvError::from)
     }
 
     /// Up to `max` received bytes as an io-vector (zero copy).
     pub fn recv_iovec(&mut self, h: SocketHandle, max: usize) -> Result<IoVec, RecvError> {
-        let e = self.entry_mut(h).ok_or(RecvError::InvalidHandle)?;
+        let e = slot_entry(&mut self.slots, h).ok_or(RecvError::InvalidHandle)?;
         let r = e.conn.recv_iovec(max);
-        if r.as_ref().is_ok_and(|v| !v.is_empty()) {
-            self.mark_dirty(h.idx);
-            self.account(h.idx);
+        if let Ok(v) = &r {
+            if !v.is_empty() {
+                slots::taken(&mut self.dirty, &mut self.held, e, h.idx, v.len());
+            }
         }
         r.map_err(RecvError::from)
     }

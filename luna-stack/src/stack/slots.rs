@@ -2,7 +2,7 @@
 //! upkeep, the per-connection bookkeeping after every change (events, dirty list, timer heap)
 //! and the stack's timer wheel (`poll_timeout` / `handle_timeouts`).
 
-use super::{Event, Held, ListenerHandle, SocketHandle, Stack, StackCounters};
+use super::{Event, Held, HighWater, ListenerHandle, SocketHandle, Stack, StackCounters};
 use crate::context::Rng;
 use crate::tcp::conn::{Connection, Events, OutSegment};
 use crate::tcp::State;
@@ -48,7 +48,7 @@ pub(super) struct Entry {
 }
 
 /// A connection's share of what the stack holds ([`Held`]), as last counted.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub(super) struct Acct {
     /// `Connection::dup_bytes_in` as last added to `StackCounters::dup_bytes_in`.
     dup: u64,
@@ -58,19 +58,27 @@ pub(super) struct Acct {
     time_wait: bool,
 }
 
-/// Bring `held` up to date with `e`'s queues and state (a delta against what `e` last
-/// counted), then the high-water marks and the repeated-bytes count. A few loads and
-/// compares per call.
-#[inline]
+impl Acct {
+    fn of(c: &Connection) -> Acct {
+        Acct {
+            dup: c.dup_bytes_in(),
+            ooo: c.ooo_bytes() as u32,
+            rcvq: c.recv_available() as u32,
+            sndq: c.send_queued() as u32,
+            time_wait: c.state() == State::TimeWait,
+        }
+    }
+}
+
+/// Bring `held` up to date with all of `e`'s share (a delta against what `e` last
+/// counted), then the high-water marks and the repeated-bytes count. For changes of any
+/// kind (timers, the full segment path, opens and closes). The hot paths change one or
+/// two queue lengths by amounts they know and count just those ([`predicted_account`],
+/// [`queued`], [`taken`]): every mark is raised at the change that can exceed it, so all
+/// stay at or above what `Stack::held` can return between calls into the stack.
+#[inline(never)]
 fn account_entry(held: &mut Held, counters: &mut StackCounters, e: &mut Entry) {
-    let c = &e.conn;
-    let now = Acct {
-        dup: c.dup_bytes_in(),
-        ooo: c.ooo_bytes() as u32,
-        rcvq: c.recv_available() as u32,
-        sndq: c.send_queued() as u32,
-        time_wait: c.state() == State::TimeWait,
-    };
+    let now = Acct::of(&e.conn);
     let old = core::mem::replace(&mut e.acct, now);
     counters.dup_bytes_in += now.dup - old.dup;
     held.ooo_bytes = held.ooo_bytes + u64::from(now.ooo) - u64::from(old.ooo);
@@ -80,6 +88,25 @@ fn account_entry(held: &mut Held, counters: &mut StackCounters, e: &mut Entry) {
     let hw = &mut counters.high_water;
     hw.raise(held);
     hw.ooo_bytes_one_conn = hw.ooo_bytes_one_conn.max(u64::from(now.ooo));
+}
+
+/// `n` bytes joined `e`'s receive or send queue (`rcvq`/`sndq` picks which share and
+/// mark): both the share and the sum grow by `n`, and the mark follows the sum. For the
+/// hot paths, which know what they added; the debug check holds them to it.
+#[inline(always)]
+fn grow(share: &mut u32, sum: &mut u64, mark: &mut u64, n: u32) {
+    *share += n;
+    *sum += u64::from(n);
+    if *sum > *mark {
+        *mark = *sum;
+    }
+}
+
+/// `n` bytes left one of `e`'s queues (read, or acknowledged): no mark can rise.
+#[inline(always)]
+fn shrink(share: &mut u32, sum: &mut u64, n: u32) {
+    *share -= n;
+    *sum -= u64::from(n);
 }
 
 /// A connection's copy of its next hop's neighbour entry, taken while that entry was
@@ -139,11 +166,7 @@ impl<R: Rng> Stack<R> {
     }
 
     pub(super) fn entry_mut(&mut self, h: SocketHandle) -> Option<&mut Entry> {
-        let slot = self.slots.get_mut(h.idx as usize)?;
-        if slot.gen != h.gen {
-            return None;
-        }
-        slot.entry.as_deref_mut()
+        slot_entry(&mut self.slots, h)
     }
 
     pub(super) fn handle_of(&self, idx: u32) -> SocketHandle {
@@ -232,7 +255,7 @@ impl<R: Rng> Stack<R> {
     // ---------------------------------------------------------------------------------------
 
     /// Sync the connection's share of [`Stack::held`] (after an application call changed
-    /// its queues).
+    /// it in any way).
     #[inline]
     pub(super) fn account(&mut self, idx: u32) {
         if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
@@ -242,10 +265,7 @@ impl<R: Rng> Stack<R> {
 
     pub(super) fn mark_dirty(&mut self, idx: u32) {
         if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
-            if !e.dirty {
-                e.dirty = true;
-                self.dirty.push_back(idx);
-            }
+            mark_entry(&mut self.dirty, e, idx);
         }
     }
 
@@ -276,6 +296,7 @@ impl<R: Rng> Stack<R> {
             e,
             idx,
             gen,
+            false,
         );
         self.finish_activity(act);
     }
@@ -378,6 +399,37 @@ impl<R: Rng> Stack<R> {
     }
 }
 
+/// Sync `e`'s share after a segment that took header prediction, which changes the two
+/// queues and nothing else accounted: `delivered` payload bytes joined the receive queue
+/// (all of it, or none), and an ACK of new data (`acked`) shrank the send queue.
+#[inline(always)]
+pub(super) fn predicted_account(
+    held: &mut Held,
+    hw: &mut HighWater,
+    e: &mut Entry,
+    delivered: u32,
+    acked: bool,
+) {
+    let a = &mut e.acct;
+    if delivered > 0 {
+        grow(
+            &mut a.rcvq,
+            &mut held.rcvq_bytes,
+            &mut hw.held.rcvq_bytes,
+            delivered,
+        );
+    }
+    if acked {
+        let gone = a.sndq - e.conn.send_queued() as u32;
+        shrink(&mut a.sndq, &mut held.sndq_bytes, gone);
+    }
+    debug_assert_eq!(
+        e.acct,
+        Acct::of(&e.conn),
+        "a predicted segment changed more"
+    );
+}
+
 /// What [`entry_activity`] leaves for [`Stack::finish_activity`].
 pub(super) struct Activity {
     h: SocketHandle,
@@ -389,8 +441,9 @@ pub(super) struct Activity {
 
 /// `after_activity`'s work on an entry the caller holds (slot `idx`, generation `gen`):
 /// takes its events, puts it on the transmit list when it has something to send,
-/// schedules its timer and syncs its share of [`Stack::held`]. The caller then passes the
-/// result to `finish_activity`.
+/// schedules its timer and syncs its share of [`Stack::held`] (unless the caller did:
+/// `synced`). The caller then passes the result to `finish_activity`.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn entry_activity(
     dirty: &mut VecDeque<u32>,
@@ -400,6 +453,7 @@ pub(super) fn entry_activity(
     e: &mut Entry,
     idx: u32,
     gen: u32,
+    synced: bool,
 ) -> Activity {
     let ev = e.conn.take_events();
     // The handshake completed: the connection leaves the listener's half-open count.
@@ -415,15 +469,74 @@ pub(super) fn entry_activity(
     if leaves_half_open {
         held.half_open = held.half_open.saturating_sub(1);
     }
-    // After the half-open count: a connection made from a cookie ACK was never
-    // half-open, and must not raise the mark in passing.
-    account_entry(held, counters, e);
+    if !synced {
+        // After the half-open count: a connection made from a cookie ACK was never
+        // half-open, and must not raise the mark in passing.
+        account_entry(held, counters, e);
+    }
     Activity {
         h: SocketHandle { idx, gen },
         owner: e.owner,
         ev,
         leaves_half_open,
         closed: e.conn.state() == State::Closed,
+    }
+}
+
+/// After `send`/`send_iovec` queued `n` bytes on `e`: mark it for transmission and
+/// count the bytes (nothing else the stack accounts changes).
+#[inline(always)]
+pub(super) fn queued(
+    dirty: &mut VecDeque<u32>,
+    held: &mut Held,
+    hw: &mut HighWater,
+    e: &mut Entry,
+    idx: u32,
+    n: usize,
+) {
+    mark_entry(dirty, e, idx);
+    grow(
+        &mut e.acct.sndq,
+        &mut held.sndq_bytes,
+        &mut hw.held.sndq_bytes,
+        n as u32,
+    );
+    debug_assert_eq!(
+        e.acct,
+        Acct::of(&e.conn),
+        "send changed more than its queue"
+    );
+}
+
+/// After `recv`/`recv_iovec` took `n` bytes from `e` (`n > 0`): mark it (a window
+/// update may be due) and count the bytes.
+#[inline(always)]
+pub(super) fn taken(dirty: &mut VecDeque<u32>, held: &mut Held, e: &mut Entry, idx: u32, n: usize) {
+    mark_entry(dirty, e, idx);
+    shrink(&mut e.acct.rcvq, &mut held.rcvq_bytes, n as u32);
+    debug_assert_eq!(
+        e.acct,
+        Acct::of(&e.conn),
+        "a read changed more than its queue"
+    );
+}
+
+/// `Stack::entry_mut` on the slot table alone (the other fields stay free to borrow).
+#[inline]
+pub(super) fn slot_entry(slots: &mut [Slot], h: SocketHandle) -> Option<&mut Entry> {
+    let slot = slots.get_mut(h.idx as usize)?;
+    if slot.gen != h.gen {
+        return None;
+    }
+    slot.entry.as_deref_mut()
+}
+
+/// `mark_dirty`'s work on an entry the caller holds (slot `idx`).
+#[inline(always)]
+fn mark_entry(dirty: &mut VecDeque<u32>, e: &mut Entry, idx: u32) {
+    if !e.dirty {
+        e.dirty = true;
+        dirty.push_back(idx);
     }
 }
 

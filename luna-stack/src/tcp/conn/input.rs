@@ -11,13 +11,26 @@ impl Connection {
     /// Process one segment addressed to this connection. `payload` is the TCP payload, a
     /// zero-copy slice of the received frame.
     pub fn on_segment(&mut self, now: Instant, seg: &TcpRepr, payload: Zbuf) -> Disposition {
+        self.on_segment_path(now, seg, payload).0
+    }
+
+    /// [`Connection::on_segment`], and whether header prediction took the segment: then
+    /// only the receive queue (in-order data) and the send queue (an ACK) changed; the
+    /// state, the out-of-order queue and its counters did not (the stack's accounting
+    /// relies on it).
+    pub(crate) fn on_segment_path(
+        &mut self,
+        now: Instant,
+        seg: &TcpRepr,
+        payload: Zbuf,
+    ) -> (Disposition, bool) {
         self.counters.segs_in += 1;
         self.last_rcv = now;
         if self.cfg.header_prediction && self.header_predicted(seg, payload.len()) {
             self.on_segment_predicted(now, seg, payload);
-            return Disposition::Keep;
+            return (Disposition::Keep, true);
         }
-        match self.state {
+        let d = match self.state {
             State::Closed => Disposition::Keep,
             State::SynSent => {
                 self.on_segment_syn_sent(now, seg);
@@ -25,7 +38,8 @@ impl Connection {
                 Disposition::Keep
             }
             _ => self.on_segment_synchronized(now, seg, payload),
-        }
+        };
+        (d, false)
     }
 
     /// Header prediction (Van Jacobson, "4BSD header prediction", 1990; BSD tcp_input, Linux

@@ -24,5 +24,6 @@ pub mod reply;
 pub mod sched;
 pub mod sim;
 pub mod socket;
+mod stall;
 mod sync;
 pub mod virt;

@@ -14,7 +14,15 @@
 //!    the bad one are answered first, then the parser's farewell, e.g. memcached's
 //!    `CLIENT_ERROR line too long`, then FIN), with the counted reason;
 //! 4. a connection that TCP closed: [`MsgIo::detach`] (replies still in flight for it
-//!    are counted and dropped when they arrive).
+//!    are counted and dropped when they arrive);
+//! 5. a connection the driver stopped reading because `wants_input` said no: tell it
+//!    with [`MsgIo::wait_input`], and read it again when [`MsgIo::poll_resumed`] returns
+//!    it (no scan of every paused connection).
+//!
+//! Back pressure is event-driven (`stall.rs`): a connection whose message no worker
+//! queue had room for waits in line and is retried only after a worker took a message,
+//! head first, until the first refusal; a new message joins the line rather than
+//! overtake it.
 //!
 //! A worker: [`MsgSocket::recv_timeout`] → handle → [`MsgSocket::reply`] (or
 //! [`MsgSocket::finish`] for a message without a reply). The [`Origin`] is consumed by
@@ -28,6 +36,7 @@ use crate::reply::{SequenceError, Sequencer, StageError, Staged, Staging};
 use crate::sched::{
     self, Dispatcher, Placed, RecvError, SchedConfig, SchedConfigError, TryRecvError, Worker,
 };
+use crate::stall::Stalls;
 use crossbeam_queue::SegQueue;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -57,7 +66,10 @@ pub struct MsgCounters {
     /// Connections closed for a framing error, by [`ParseErrorKind`] (index = position
     /// in [`ParseErrorKind::ALL`]).
     pub parse_errors: [AtomicU64; ParseErrorKind::ALL.len()],
-    /// Times a message could not be placed (every queue full): its connection paused.
+    /// Times a message could not be placed when its connection tried: the scheduler
+    /// refused it (no room in the queues it may use; the scheduler's `rejected` counts
+    /// these alone), or it joined connections already waiting in line for room. The
+    /// connection stops taking input until it is placed.
     pub backpressure: AtomicU64,
     /// Completions refused by the sequencer (duplicates; a bug if ever non-zero).
     pub sequence_errors: AtomicU64,
@@ -367,6 +379,11 @@ struct ConnState<C, P> {
     staging: Arc<Staging<Out>>,
     /// A framed message the scheduler had no room for (sent first next time).
     stalled: Option<(u64, Framed)>,
+    /// The stall line it waits in (`None`: not in line; a stalled message then waits
+    /// for the connection's own message in service under CS, or for a resume).
+    queued: Option<usize>,
+    /// The driver waits for [`MsgIo::poll_resumed`] to read it again.
+    blocked: bool,
     /// The driver cannot send this connection's replies now: take no more messages.
     paused: bool,
     /// Its stream failed to frame (counted): once every earlier message is answered and
@@ -384,8 +401,12 @@ pub struct MsgIo<C, P> {
     conns: HashMap<u64, ConnState<C, P>>,
     keys: HashMap<C, u64>,
     next_key: u64,
-    /// Connections with a stalled message (back pressure), retried in `poll_replies`.
-    stalled: VecDeque<u64>,
+    /// Connections with a stalled message (back pressure), in line for room.
+    stalls: Stalls,
+    /// Lines to retry in this `poll_replies` (reused buffer).
+    ready: Vec<usize>,
+    /// Connections that take input again, for [`MsgIo::poll_resumed`].
+    resumed: VecDeque<u64>,
     /// Connections whose stream failed, waiting for their earlier replies to go out.
     failing: Vec<u64>,
     events: VecDeque<IoEvent<C>>,
@@ -416,13 +437,15 @@ where
         .collect();
     Ok((
         MsgIo {
+            stalls: Stalls::new(&dispatcher),
+            ready: Vec::new(),
+            resumed: VecDeque::new(),
             dispatcher,
             shared,
             framer_cfg,
             conns: HashMap::new(),
             keys: HashMap::new(),
             next_key: 0,
-            stalled: VecDeque::new(),
             failing: Vec::new(),
             events: VecDeque::new(),
         },
@@ -453,6 +476,8 @@ where
                 sequencer: Sequencer::new(ordering, window),
                 staging: Arc::new(Staging::new(window)),
                 stalled: None,
+                queued: None,
+                blocked: false,
                 paused: false,
                 failed: None,
                 farewell: None,
@@ -472,7 +497,46 @@ where
         self.keys
             .get(&conn)
             .and_then(|k| self.conns.get(k))
-            .is_some_and(|c| c.stalled.is_none() && !c.paused && c.framer.wants_input())
+            .is_some_and(Self::takes_input)
+    }
+
+    fn takes_input(c: &ConnState<C, P>) -> bool {
+        c.stalled.is_none() && !c.paused && c.framer.wants_input()
+    }
+
+    /// The driver stops reading `conn` (its [`MsgIo::wants_input`] said no):
+    /// [`MsgIo::poll_resumed`] returns it once it takes input again (at once if it does
+    /// already). Ignored for a connection not attached.
+    pub fn wait_input(&mut self, conn: C) {
+        let Some(&key) = self.keys.get(&conn) else {
+            return;
+        };
+        if let Some(c) = self.conns.get_mut(&key) {
+            c.blocked = true;
+        }
+        self.check_resumed(key);
+    }
+
+    /// The next connection given to [`MsgIo::wait_input`] that takes input again
+    /// (its stalled message placed, its framer below its caps, or resumed by
+    /// [`MsgIo::pause`]): read it. Each wait is reported once.
+    pub fn poll_resumed(&mut self) -> Option<C> {
+        while let Some(key) = self.resumed.pop_front() {
+            if let Some(c) = self.conns.get(&key) {
+                return Some(c.conn);
+            }
+        }
+        None
+    }
+
+    /// Reports `key` resumed if the driver waits for it and it takes input.
+    fn check_resumed(&mut self, key: u64) {
+        if let Some(c) = self.conns.get_mut(&key) {
+            if c.blocked && Self::takes_input(c) {
+                c.blocked = false;
+                self.resumed.push_back(key);
+            }
+        }
     }
 
     /// Pauses (`true`) or resumes taking messages from `conn`, for a driver whose
@@ -490,7 +554,7 @@ where
         };
         let was = std::mem::replace(&mut c.paused, paused);
         if was && !paused {
-            self.frame(key);
+            self.frame(key, false);
         }
     }
 
@@ -503,23 +567,33 @@ where
         if let Some(c) = self.conns.get_mut(&key) {
             c.framer.push(data);
         }
-        self.frame(key);
+        self.frame(key, false);
     }
 
-    /// Takes and dispatches `key`'s whole messages while the scheduler has room.
-    fn frame(&mut self, key: u64) {
+    /// Takes and dispatches `key`'s whole messages while the scheduler has room, then
+    /// reports it resumed if the driver waits for it. `turn`: it was at the head of its
+    /// stall line (its stalled message tries the scheduler even though others wait).
+    /// Returns whether the scheduler refused a message of the line's class (the line's
+    /// round stops: under CP its worker's FIFO is full, under MS and CS every FIFO).
+    fn frame(&mut self, key: u64, turn: bool) -> bool {
+        let refused = self.frame_messages(key, turn);
+        self.check_resumed(key);
+        refused
+    }
+
+    fn frame_messages(&mut self, key: u64, mut turn: bool) -> bool {
         loop {
             let Some(c) = self.conns.get_mut(&key) else {
-                return;
+                return false;
             };
-            if c.paused || c.failed.is_some() {
-                return;
+            if c.paused || c.failed.is_some() || c.queued.is_some() {
+                return false;
             }
             let (seq_key, framed) = match c.stalled.take() {
                 Some(s) => s,
                 None => match c.framer.next_message() {
                     Ok(Some(m)) => (key, m),
-                    Ok(None) => return,
+                    Ok(None) => return false,
                     Err(e) => {
                         let i = ParseErrorKind::ALL
                             .iter()
@@ -531,10 +605,27 @@ where
                         c.failed = Some(e.kind());
                         c.farewell = c.framer.take_farewell();
                         self.failing.push(key);
-                        return;
+                        return false;
                     }
                 },
             };
+            // CS: a key with a message in service has its next ones held in the
+            // dispatcher, competing for no FIFO; a refusal there means its held FIFO is
+            // full, and its completion (in `poll_replies`) frames it again.
+            let held = self.dispatcher.holds(key);
+            let class = self.stalls.class(&self.dispatcher, key);
+            if !held && !turn && self.stalls.waiting(class) {
+                // Others wait for room of this class: in line behind them (no attempt).
+                c.stalled = Some((seq_key, framed));
+                c.queued = Some(class);
+                self.stalls.push(class, key, false);
+                self.shared
+                    .counters
+                    .backpressure
+                    .fetch_add(1, AtomicOrdering::Relaxed);
+                return false;
+            }
+            turn = false;
             let msg = Message {
                 origin: Origin {
                     conn: c.conn,
@@ -564,11 +655,17 @@ where
                         .counters
                         .backpressure
                         .fetch_add(1, AtomicOrdering::Relaxed);
-                    if let Some(c) = self.conns.get_mut(&key) {
-                        c.stalled = Some((seq_key, framed));
+                    let Some(c) = self.conns.get_mut(&key) else {
+                        return false;
+                    };
+                    c.stalled = Some((seq_key, framed));
+                    if held {
+                        return false;
                     }
-                    self.stalled.push_back(key);
-                    return;
+                    // Refused at its turn (or with nobody waiting): first in line.
+                    c.queued = Some(class);
+                    self.stalls.push(class, key, true);
+                    return true;
                 }
             }
         }
@@ -580,6 +677,9 @@ where
     pub fn poll_replies(&mut self, mut send: impl FnMut(C, IoVec)) -> usize {
         let mut sent = 0;
         let mut freed = Vec::new();
+        // Which stall lines to retry, read before any placement below can be refused.
+        let mut ready = std::mem::take(&mut self.ready);
+        self.stalls.ready(&self.dispatcher, &mut ready);
         while let Some((key, staging)) = self.shared.notices.pop() {
             let Some(c) = self.conns.get_mut(&key) else {
                 // Detached: the completions are counted and dropped.
@@ -633,14 +733,24 @@ where
         }
         self.dispatcher.poll();
         for key in freed {
-            self.frame(key);
+            self.frame(key, false);
         }
-        for _ in 0..self.stalled.len() {
-            let Some(key) = self.stalled.pop_front() else {
-                break;
-            };
-            self.frame(key);
+        for &class in &ready {
+            while let Some(key) = self.stalls.pop(class) {
+                let Some(c) = self.conns.get_mut(&key) else {
+                    continue; // stale: detached
+                };
+                if c.queued != Some(class) {
+                    continue; // stale
+                }
+                c.queued = None;
+                self.stalls.left(class);
+                if self.frame(key, true) {
+                    break;
+                }
+            }
         }
+        self.ready = ready;
         if !self.failing.is_empty() {
             sent += self.finish_failed(&mut send);
         }
@@ -699,7 +809,10 @@ where
             .counters
             .closed_in_flight
             .fetch_add(n as u64, AtomicOrdering::Relaxed);
-        self.stalled.retain(|k| *k != key);
+        if let Some(class) = c.queued {
+            // Its entry in the line is stale now.
+            self.stalls.left(class);
+        }
         in_flight
     }
 

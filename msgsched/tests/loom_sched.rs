@@ -229,3 +229,48 @@ fn ms_poll_driven_workers_race_handoff_and_disconnect() {
         assert_eq!(got, [0, 1]);
     });
 }
+
+/// The I/O side's stall gate (`src/stall.rs`): a refused message is retried only once
+/// the progress count of a worker that could make room ([`Dispatcher::taken`]) has
+/// moved past a read made before the refusal. Checks that the gate never misses the
+/// room a take made (the retries would spin forever while the worker parks: loom fails
+/// the model) and that every message arrives exactly once (in order under CP; under MS
+/// a handoff to the mailbox may overtake the FIFO). A retry may be refused again (the
+/// read before the refusal may predate a take it then counts), so it waits again.
+fn gated_retries(model_: Model) {
+    model(move || {
+        let (mut d, mut w) = sched(model_, 1, 1);
+        let w0 = spawn_worker(w.pop().unwrap(), Some(3), None);
+        for m in 0..3u32 {
+            let mut m = m;
+            loop {
+                let seen = d.taken(0);
+                match d.dispatch(7, m) {
+                    Ok(_) => break,
+                    Err(r) => {
+                        m = r.into_inner();
+                        while d.taken(0) == seen {
+                            thread::yield_now();
+                        }
+                    }
+                }
+            }
+        }
+        let mut got = w0.join().unwrap();
+        if model_ == Model::Ms {
+            got.sort();
+        }
+        assert_eq!(got, [0, 1, 2]);
+        drop(d);
+    });
+}
+
+#[test]
+fn cp_refused_message_retried_when_progress_moves() {
+    gated_retries(Model::Cp);
+}
+
+#[test]
+fn ms_refused_message_retried_when_progress_moves() {
+    gated_retries(Model::Ms);
+}

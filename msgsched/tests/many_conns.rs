@@ -80,7 +80,9 @@ fn run(model: Model) {
             },
         );
     }
-    // Connections with bytes in TCP the driver has not read (r2c's `unread`).
+    // Connections to read: new bytes in TCP (a readable event), bytes left by a
+    // partial read, or reported by `poll_resumed` after `wait_input` (r2c's driver: no
+    // scan of the connections that take no input).
     let mut unread: BTreeSet<u32> = BTreeSet::new();
     // Paused connections and the round they resume at (r2c: replies waiting for TCP).
     let mut paused: VecDeque<(u32, u64)> = VecDeque::new();
@@ -118,10 +120,14 @@ fn run(model: Model) {
                 unread.insert(c);
             }
         }
-        // The driver reads every connection that wants input.
-        let ready: Vec<u32> = unread.iter().copied().collect();
+        // The driver reads the connections it was told about.
+        let ready = std::mem::take(&mut unread);
         for c in ready {
+            if clients[&c].tcp.is_empty() {
+                continue;
+            }
             if !io.wants_input(c) {
+                io.wait_input(c);
                 continue;
             }
             let k = clients.get_mut(&c).unwrap();
@@ -132,8 +138,8 @@ fn run(model: Model) {
                 k.tcp.len()
             };
             let bytes: Vec<u8> = k.tcp.drain(..n).collect();
-            if k.tcp.is_empty() {
-                unread.remove(&c);
+            if !k.tcp.is_empty() {
+                unread.insert(c);
             }
             io.on_data(c, Zbuf::from_vec(bytes));
         }
@@ -151,6 +157,9 @@ fn run(model: Model) {
             }
             got.push(c);
         });
+        while let Some(c) = io.poll_resumed() {
+            unread.insert(c);
+        }
         for c in got {
             // One reply in 8 "did not fit in TCP": the connection pauses a few rounds.
             if next() % 8 == 0 {

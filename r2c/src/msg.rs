@@ -246,6 +246,10 @@ impl<H: VirtualHandler> Drop for Virtual<H> {
 trait IoSide {
     fn attach_new(&mut self, h: Conn);
     fn wants_input(&self, h: Conn) -> bool;
+    /// The driver stopped reading `h` because `wants_input` said no.
+    fn wait_input(&mut self, h: Conn);
+    /// A connection given to `wait_input` that takes input again.
+    fn poll_resumed(&mut self) -> Option<Conn>;
     fn is_attached(&self, h: Conn) -> bool;
     fn on_data(&mut self, h: Conn, z: Zbuf);
     fn poll_replies(&mut self, send: &mut dyn FnMut(Conn, IoVec)) -> usize;
@@ -274,6 +278,12 @@ impl<P: Parser, F: Fn() -> P> IoSide for Framed<P, F> {
     }
     fn wants_input(&self, h: Conn) -> bool {
         self.io.wants_input(h)
+    }
+    fn wait_input(&mut self, h: Conn) {
+        self.io.wait_input(h)
+    }
+    fn poll_resumed(&mut self) -> Option<Conn> {
+        self.io.poll_resumed()
     }
     fn is_attached(&self, h: Conn) -> bool {
         self.io.is_attached(h)
@@ -322,6 +332,12 @@ impl<F: Fn() -> Box<dyn Session>> IoSide for Sessions<F> {
     fn wants_input(&self, h: Conn) -> bool {
         self.io.wants_input(h)
     }
+    fn wait_input(&mut self, h: Conn) {
+        self.io.wait_input(h)
+    }
+    fn poll_resumed(&mut self) -> Option<Conn> {
+        self.io.poll_resumed()
+    }
     fn is_attached(&self, h: Conn) -> bool {
         self.io.is_attached(h)
     }
@@ -363,8 +379,12 @@ struct MsgMode<S: IoSide> {
     /// acknowledged, or aborted past the bounds (value: bytes discarded, when it began).
     closing: HashMap<Conn, (usize, luna_stack::time::Instant)>,
     listen: Vec<(u16, usize)>,
-    /// Attached connections that may have unread bytes: read again each iteration.
+    /// Attached connections that may have unread bytes, not read while they take no
+    /// input: read again when the I/O side reports them resumed
+    /// ([`IoSide::poll_resumed`]) or their waiting replies have gone to TCP.
     unread: HashSet<Conn>,
+    /// Connections to read again this iteration (reused buffer).
+    again: Vec<Conn>,
     /// Reply bytes the send backlog could not take yet, per connection (order kept).
     unsent: HashMap<Conn, VecDeque<Zbuf>>,
     /// Peers that finished sending: close once nothing is in flight and all is sent.
@@ -394,6 +414,7 @@ impl<S: IoSide> MsgMode<S> {
             if !self.io().wants_input(h) {
                 if self.io().is_attached(h) {
                     self.unread.insert(h);
+                    self.io().wait_input(h);
                 }
                 return;
             }
@@ -458,6 +479,9 @@ impl<S: IoSide> MsgMode<S> {
         for h in drained {
             // Its replies are in TCP again: take its next messages.
             self.io().pause(h, false);
+            if self.unread.contains(&h) {
+                self.again.push(h);
+            }
         }
     }
 
@@ -671,12 +695,23 @@ impl<S: IoSide> Mode for MsgMode<S> {
         if !self.closing.is_empty() && self.linger(st) {
             work = true;
         }
-        // Connections paused by their caps or by back pressure.
-        if !self.unread.is_empty() {
-            let again: Vec<Conn> = self.unread.iter().copied().collect();
-            for h in again {
-                self.read(h, st);
+        // Connections paused by their caps or by back pressure that take input again
+        // (reported by the I/O side, no scan of every paused one), and those whose
+        // replies went to TCP (`retry_unsent`).
+        while let Some(h) = self.io().poll_resumed() {
+            if self.unread.contains(&h) {
+                self.again.push(h);
             }
+        }
+        if !self.again.is_empty() {
+            let mut again = std::mem::take(&mut self.again);
+            for &h in &again {
+                if self.unread.contains(&h) {
+                    self.read(h, st);
+                }
+            }
+            again.clear();
+            self.again = again;
         }
         // Half-closed peers: close once every request has been answered and sent.
         if !self.eof.is_empty() {
@@ -950,6 +985,7 @@ where
             closing: HashMap::new(),
             listen: listen.clone(),
             unread: HashSet::new(),
+            again: Vec::new(),
             unsent: HashMap::new(),
             eof: HashSet::new(),
             timeouts,

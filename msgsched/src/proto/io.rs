@@ -11,7 +11,12 @@
 //! 3. [`SessionIo::poll_event`] until `None`: [`IoEvent::Shutdown`] — write what the
 //!    callback was given, then close (an error's reason is counted in
 //!    [`MsgCounters::parse_errors`], the protocol's own reasons in its counters);
-//! 4. a connection TCP closed: [`SessionIo::detach`].
+//! 4. a connection TCP closed: [`SessionIo::detach`];
+//! 5. a connection the driver stopped reading because `wants_input` said no:
+//!    [`SessionIo::wait_input`], then read it again when [`SessionIo::poll_resumed`]
+//!    returns it.
+//!
+//! Back pressure as in `MsgIo`: stalled connections wait in line (`stall.rs`).
 //!
 //! A request's [`Origin`] carries the session's request id as both `seq` and
 //! `stream`; at most the framer config's `max_in_flight` requests of one connection are
@@ -24,6 +29,7 @@ use crate::reply::Staging;
 use crate::sched::{self, Dispatcher, SchedConfig};
 use crate::socket::Out;
 use crate::socket::{IoEvent, Message, MsgConfigError, MsgCounters, MsgSocket, Origin, Shared};
+use crate::stall::Stalls;
 use crossbeam_queue::SegQueue;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -41,6 +47,10 @@ struct SConn<C> {
     close_after: bool,
     /// A request the scheduler had no room for (sent first next time).
     stalled: Option<SessionRequest>,
+    /// The stall line it waits in (see `MsgIo`).
+    queued: Option<usize>,
+    /// The driver waits for [`SessionIo::poll_resumed`] to read it again.
+    blocked: bool,
 }
 
 /// The I/O core's side of a session group.
@@ -51,7 +61,12 @@ pub struct SessionIo<C> {
     conns: HashMap<u64, SConn<C>>,
     keys: HashMap<C, u64>,
     next_key: u64,
-    stalled: VecDeque<u64>,
+    /// Connections with a stalled request, in line for room.
+    stalls: Stalls,
+    /// Lines to retry in this `poll_replies` (reused buffer).
+    ready: Vec<usize>,
+    /// Connections that take input again, for [`SessionIo::poll_resumed`].
+    resumed: VecDeque<u64>,
     /// Connections whose session may have output.
     dirty: HashSet<u64>,
     events: VecDeque<IoEvent<C>>,
@@ -82,13 +97,15 @@ where
         .collect();
     Ok((
         SessionIo {
+            stalls: Stalls::new(&dispatcher),
+            ready: Vec::new(),
+            resumed: VecDeque::new(),
             dispatcher,
             shared,
             cap: framer_cfg.max_in_flight,
             conns: HashMap::new(),
             keys: HashMap::new(),
             next_key: 0,
-            stalled: VecDeque::new(),
             dirty: HashSet::new(),
             events: VecDeque::new(),
         },
@@ -116,6 +133,8 @@ where
                 in_flight: 0,
                 close_after: false,
                 stalled: None,
+                queued: None,
+                blocked: false,
             },
         );
         self.keys.insert(conn, key);
@@ -133,7 +152,44 @@ where
         self.keys
             .get(&conn)
             .and_then(|k| self.conns.get(k))
-            .is_some_and(|c| c.stalled.is_none() && c.session.wants_input())
+            .is_some_and(Self::takes_input)
+    }
+
+    fn takes_input(c: &SConn<C>) -> bool {
+        c.stalled.is_none() && c.session.wants_input()
+    }
+
+    /// The driver stops reading `conn` (its [`SessionIo::wants_input`] said no):
+    /// [`SessionIo::poll_resumed`] returns it once it takes input again (at once if it
+    /// does already). Ignored for a connection not attached.
+    pub fn wait_input(&mut self, conn: C) {
+        let Some(&key) = self.keys.get(&conn) else {
+            return;
+        };
+        if let Some(c) = self.conns.get_mut(&key) {
+            c.blocked = true;
+        }
+        self.check_resumed(key);
+    }
+
+    /// The next connection given to [`SessionIo::wait_input`] that takes input again:
+    /// read it. Each wait is reported once.
+    pub fn poll_resumed(&mut self) -> Option<C> {
+        while let Some(key) = self.resumed.pop_front() {
+            if let Some(c) = self.conns.get(&key) {
+                return Some(c.conn);
+            }
+        }
+        None
+    }
+
+    fn check_resumed(&mut self, key: u64) {
+        if let Some(c) = self.conns.get_mut(&key) {
+            if c.blocked && Self::takes_input(c) {
+                c.blocked = false;
+                self.resumed.push_back(key);
+            }
+        }
     }
 
     /// Bytes received on `conn`, in order (ignored if it is not attached).
@@ -145,22 +201,38 @@ where
             c.session.push(data);
         }
         self.dirty.insert(key);
-        self.dispatch(key);
+        self.dispatch(key, false);
+        self.check_resumed(key);
     }
 
     /// Hands `key`'s whole requests to the scheduler while it and the in-flight cap
-    /// have room.
-    fn dispatch(&mut self, key: u64) {
+    /// have room. `turn` and the result: as `MsgIo::frame` (head of its stall line;
+    /// whether the scheduler refused a request of the line's class).
+    fn dispatch(&mut self, key: u64, mut turn: bool) -> bool {
         loop {
             let Some(c) = self.conns.get_mut(&key) else {
-                return;
+                return false;
             };
-            if c.in_flight >= self.cap {
-                return;
+            if c.in_flight >= self.cap || c.queued.is_some() {
+                return false;
             }
             let Some(req) = c.stalled.take().or_else(|| c.session.poll_request()) else {
-                return;
+                return false;
             };
+            let held = self.dispatcher.holds(key);
+            let class = self.stalls.class(&self.dispatcher, key);
+            if !held && !turn && self.stalls.waiting(class) {
+                // Others wait for room of this class: in line behind them.
+                c.stalled = Some(req);
+                c.queued = Some(class);
+                self.stalls.push(class, key, false);
+                self.shared
+                    .counters
+                    .backpressure
+                    .fetch_add(1, AtomicOrdering::Relaxed);
+                return false;
+            }
+            turn = false;
             let msg = Message {
                 origin: Origin {
                     conn: c.conn,
@@ -190,8 +262,13 @@ where
                         .counters
                         .backpressure
                         .fetch_add(1, AtomicOrdering::Relaxed);
-                    self.stalled.push_back(key);
-                    return;
+                    if held {
+                        // CS: its held FIFO is full; its completion dispatches again.
+                        return false;
+                    }
+                    c.queued = Some(class);
+                    self.stalls.push(class, key, true);
+                    return true;
                 }
             }
         }
@@ -201,6 +278,9 @@ where
     /// `send(conn, bytes)` in wire order. Returns the replies completed.
     pub fn poll_replies(&mut self, mut send: impl FnMut(C, IoVec)) -> usize {
         let mut replies = 0;
+        // Which stall lines to retry, read before any dispatch below can be refused.
+        let mut ready = std::mem::take(&mut self.ready);
+        self.stalls.ready(&self.dispatcher, &mut ready);
         while let Some((key, staging)) = self.shared.notices.pop() {
             let Some(c) = self.conns.get_mut(&key) else {
                 let n = staging.drain(|_| {});
@@ -230,12 +310,23 @@ where
             self.dirty.insert(key);
         }
         self.dispatcher.poll();
-        for _ in 0..self.stalled.len() {
-            let Some(key) = self.stalled.pop_front() else {
-                break;
-            };
-            self.dirty.insert(key);
+        for &class in &ready {
+            while let Some(key) = self.stalls.pop(class) {
+                let Some(c) = self.conns.get_mut(&key) else {
+                    continue; // stale: detached
+                };
+                if c.queued != Some(class) {
+                    continue; // stale
+                }
+                c.queued = None;
+                self.stalls.left(class);
+                self.dirty.insert(key);
+                if self.dispatch(key, true) {
+                    break;
+                }
+            }
         }
+        self.ready = ready;
         let mut dirty: Vec<u64> = self.dirty.drain().collect();
         dirty.sort_unstable();
         for key in dirty {
@@ -246,7 +337,7 @@ where
 
     /// Dispatches `key`'s requests and writes its output; ends it if its session did.
     fn service(&mut self, key: u64, send: &mut impl FnMut(C, IoVec)) {
-        self.dispatch(key);
+        self.dispatch(key, false);
         let Some(c) = self.conns.get_mut(&key) else {
             return;
         };
@@ -258,7 +349,8 @@ where
             SessionState::Open if c.close_after => SessionState::Done,
             state => state,
         };
-        self.dispatch(key);
+        self.dispatch(key, false);
+        self.check_resumed(key);
         match state {
             SessionState::Open => {}
             SessionState::Closing(e) => {
@@ -304,7 +396,10 @@ where
             .counters
             .closed_in_flight
             .fetch_add(n as u64, AtomicOrdering::Relaxed);
-        self.stalled.retain(|k| *k != key);
+        if let Some(class) = c.queued {
+            // Its entry in the line is stale now.
+            self.stalls.left(class);
+        }
         self.dirty.remove(&key);
         c.in_flight
     }

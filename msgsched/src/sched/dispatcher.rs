@@ -109,6 +109,27 @@ impl<T: Send> Dispatcher<T> {
         self.shared.slots.len()
     }
 
+    /// The queueing model.
+    pub fn model(&self) -> Model {
+        self.shared.model
+    }
+
+    /// Messages worker `w` has taken so far (its progress counter). The room a take
+    /// frees in a FIFO is visible to every dispatch after a read that saw the take
+    /// counted (Release/Acquire), so a caller holding messages that were refused may
+    /// retry them only once some count has moved since the read before the refusal:
+    /// under CP the key's worker's, under MS and CS any worker's (room can appear no
+    /// other way).
+    pub fn taken(&self, w: usize) -> u64 {
+        self.shared.slots[w].taken.load(Ordering::Acquire)
+    }
+
+    /// CS: whether `key` has a message in service or held (its next message is held,
+    /// [`Placed::Held`], and competes for no FIFO). False under MS and CP.
+    pub fn holds(&self, key: u64) -> bool {
+        self.keys.contains_key(&key)
+    }
+
     /// A snapshot of the counters and per-worker gauges.
     pub fn stats(&self) -> Stats {
         Stats::snapshot(&self.shared)

@@ -230,7 +230,9 @@ struct Slot<T> {
     /// Direct handoff from the dispatcher; filled only after claiming the idle bit.
     mailbox: Queue<T>,
     unparker: Unparker,
-    /// Messages this worker has taken (its progress counter).
+    /// Messages this worker has taken (its progress counter; incremented with Release
+    /// after the take, read with Acquire by [`Dispatcher::taken`] to retry refused
+    /// messages only once room may have appeared).
     taken: AtomicU64,
 }
 

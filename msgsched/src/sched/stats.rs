@@ -1,4 +1,5 @@
-//! Scheduler counters (Relaxed atomics: statistics, never used for synchronization).
+//! Scheduler counters (Relaxed atomics: statistics, never used for synchronization;
+//! the per-worker `taken` is read here as a statistic too).
 
 use super::sync::{AtomicU64, Ordering};
 use super::Shared;

@@ -352,8 +352,10 @@ impl<T: Send> Worker<T> {
         m
     }
 
+    /// Counts a take, after it: Release, so a dispatcher that reads the new count
+    /// ([`super::Dispatcher::taken`]) sees the room the take made.
     fn progress(&self) {
         let c = &self.shared.slots[self.index].taken;
-        c.fetch_add(1, Ordering::Relaxed);
+        c.fetch_add(1, Ordering::Release);
     }
 }

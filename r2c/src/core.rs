@@ -784,6 +784,7 @@ impl<D: Device> CoreLoop<D> {
             device.tx_dropped += s.tx_dropped;
             device.rx_missed += s.rx_missed;
             device.copied_bytes += s.copied_bytes;
+            device.tx_unsent += s.tx_unsent;
         }
         CoreReport {
             index: self.st.index,

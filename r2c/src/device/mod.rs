@@ -66,6 +66,9 @@ pub struct DeviceStats {
     pub rx_missed: u64,
     /// Payload bytes copied on RX or TX (0 on a zero-copy device).
     pub copied_bytes: u64,
+    /// Frames made ready for the ring (an mbuf chain built) and taken apart unsent
+    /// because it was full; made again on the next try.
+    pub tx_unsent: u64,
 }
 
 /// A mempool's occupancy, for `lunactl`.
@@ -98,7 +101,7 @@ pub struct DeviceObservation {
 
 impl DeviceStats {
     /// `(name, value)` pairs.
-    pub fn fields(&self) -> [(&'static str, u64); 7] {
+    pub fn fields(&self) -> [(&'static str, u64); 8] {
         [
             ("rx_frames", self.rx_frames),
             ("rx_bytes", self.rx_bytes),
@@ -107,6 +110,7 @@ impl DeviceStats {
             ("tx_dropped", self.tx_dropped),
             ("rx_missed", self.rx_missed),
             ("copied_bytes", self.copied_bytes),
+            ("tx_unsent", self.tx_unsent),
         ]
     }
 }

@@ -66,8 +66,8 @@ pub struct DeviceStats {
     pub rx_missed: u64,
     /// Payload bytes copied on RX or TX (0 on a zero-copy device).
     pub copied_bytes: u64,
-    /// Frames made ready for the ring (an mbuf chain built) and taken apart unsent
-    /// because it was full; made again on the next try.
+    /// Frames made ready for the ring (an mbuf chain built) and taken apart unsent: the
+    /// queue changed under them (a frame the ring refuses waits built, so 0 normally).
     pub tx_unsent: u64,
 }
 
@@ -122,6 +122,9 @@ pub trait Device {
 
     /// Send frames from the front of `frames`, removing the ones the device accepted;
     /// returns how many were accepted. Frames left in `frames` were not sent (ring full).
+    /// Callers only append to `frames` or empty it between calls: a device may keep what
+    /// it prepared for the frames it left (the DPDK device keeps their mbuf chains while
+    /// the first frame is unchanged).
     fn tx_burst(&mut self, frames: &mut VecDeque<Transmit>) -> usize;
 
     /// The device's MAC address.

@@ -2088,7 +2088,7 @@ fn timer_heap_stays_bounded_by_the_connections_not_the_rpcs() {
             100_000,
         );
         // Think time: 200 rounds span 400 ms, two minimum RTOs.
-        net.now = net.now + Duration::from_millis(2);
+        net.now += Duration::from_millis(2);
         net.a.handle_timeouts(net.now);
         net.b.handle_timeouts(net.now);
         most = most.max(net.a.timers.len()).max(net.b.timers.len());

@@ -73,6 +73,8 @@ fn memif_two_stacks_move_64_mib_without_copying() {
         assert_eq!(field(line, "rx_flattened"), 0, "{line}");
         assert_eq!(field(line, "tx_in_flight"), 0, "{line}");
         assert_eq!(field(line, "leaked"), 0, "{line}");
+        // A frame the ring refused waited built for the next try.
+        assert_eq!(field(line, "tx_unsent"), 0, "{line}");
     }
     assert_eq!(
         field(s, "in_zone"),
@@ -410,7 +412,7 @@ fn finish(env: Env, extra: String) -> String {
     format!(
         "{extra} device_copied={} zbuf_copied={} rx_flattened={} tx_in_flight={} \
          attaches={} leaked={leaked} rx_frames={} tx_frames={} rx_missed={} \
-         steering_hw={} steering_fallbacks={}",
+         steering_hw={} steering_fallbacks={} tx_unsent={}",
         dev_stats.copied_bytes,
         copy_stats().bytes,
         ds.rx_flattened,
@@ -421,6 +423,7 @@ fn finish(env: Env, extra: String) -> String {
         dev_stats.rx_missed,
         steering.hw(),
         steering.fallbacks(),
+        dev_stats.tx_unsent,
     )
 }
 

@@ -2130,3 +2130,66 @@ fn a_pure_ack_that_leaves_nothing_to_send_does_not_mark_the_connection_for_outpu
         "{next:?} after {rto_armed:?}"
     );
 }
+
+/// The timer heap is lazy (a deadline moved later stays until it expires): over many
+/// RPCs per connection, past several minimum RTOs, it holds at most two entries per
+/// connection (the live deadline and one stale), not one per RPC.
+#[test]
+fn timer_heap_stays_bounded_by_the_connections_not_the_rpcs() {
+    let mut net = Net::pair();
+    let l = net.b.listen(7000, 256).unwrap();
+    let n = 100;
+    let clients: Vec<_> = (0..n)
+        .map(|_| {
+            net.a
+                .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+                .unwrap()
+        })
+        .collect();
+    let mut servers = Vec::new();
+    net.run_until(
+        |net| {
+            while let Some(s) = net.b.accept(l) {
+                servers.push(s);
+            }
+            servers.len() == n
+                && clients
+                    .iter()
+                    .all(|&c| net.a.state(c) == Some(State::Established))
+        },
+        10_000,
+    );
+    let mut most = 0;
+    for _ in 0..200 {
+        for &c in &clients {
+            net.a.send(c, &Zbuf::copy_from_slice(&[7; 100])).unwrap();
+        }
+        let mut got = 0;
+        net.run_until(
+            |net| {
+                for &s in &servers {
+                    while let Ok(Some(b)) = net.b.recv(s) {
+                        net.b.send(s, &b).unwrap();
+                    }
+                }
+                for &c in &clients {
+                    while let Ok(Some(b)) = net.a.recv(c) {
+                        got += b.len();
+                    }
+                }
+                got == n * 100
+            },
+            100_000,
+        );
+        // Think time: 200 rounds span 400 ms, two minimum RTOs.
+        net.now += Duration::from_millis(2);
+        net.a.handle_timeouts(net.now);
+        net.b.handle_timeouts(net.now);
+        most = most.max(net.a.timers.len()).max(net.b.timers.len());
+    }
+    assert!(
+        most <= 2 * n,
+        "{most} timer heap entries for {n} connections"
+    );
+    assert_eq!(net.a.counters().tcp_retransmits, 0);
+}

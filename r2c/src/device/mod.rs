@@ -66,6 +66,9 @@ pub struct DeviceStats {
     pub rx_missed: u64,
     /// Payload bytes copied on RX or TX (0 on a zero-copy device).
     pub copied_bytes: u64,
+    /// Frames made ready for the ring (an mbuf chain built) and taken apart unsent: the
+    /// queue changed under them (a frame the ring refuses waits built, so 0 normally).
+    pub tx_unsent: u64,
 }
 
 /// A mempool's occupancy, for `lunactl`.
@@ -98,7 +101,7 @@ pub struct DeviceObservation {
 
 impl DeviceStats {
     /// `(name, value)` pairs.
-    pub fn fields(&self) -> [(&'static str, u64); 7] {
+    pub fn fields(&self) -> [(&'static str, u64); 8] {
         [
             ("rx_frames", self.rx_frames),
             ("rx_bytes", self.rx_bytes),
@@ -107,6 +110,7 @@ impl DeviceStats {
             ("tx_dropped", self.tx_dropped),
             ("rx_missed", self.rx_missed),
             ("copied_bytes", self.copied_bytes),
+            ("tx_unsent", self.tx_unsent),
         ]
     }
 }
@@ -118,6 +122,9 @@ pub trait Device {
 
     /// Send frames from the front of `frames`, removing the ones the device accepted;
     /// returns how many were accepted. Frames left in `frames` were not sent (ring full).
+    /// Callers only append to `frames` or empty it between calls: a device may keep what
+    /// it prepared for the frames it left (the DPDK device keeps their mbuf chains while
+    /// the first frame is unchanged).
     fn tx_burst(&mut self, frames: &mut VecDeque<Transmit>) -> usize;
 
     /// The device's MAC address.

@@ -481,7 +481,7 @@ fn options(eal: &Eal, slab: &Slab, vdev: &str, lanes: usize) -> CoreOptions {
 fn core_counters(reports: &[CoreReport]) -> Value {
     let mut stats = Map::new();
     let mut sum = r2c::CoreStats::default();
-    let (mut copied, mut dev_dropped, mut rx_missed) = (0, 0, 0);
+    let (mut copied, mut dev_dropped, mut rx_missed, mut unsent) = (0, 0, 0, 0);
     let mut tcp = luna_stack::tcp::ConnCounters::default();
     let mut drops = 0;
     let mut stack_drops = [0u64; StackDrop::ALL.len()];
@@ -490,6 +490,7 @@ fn core_counters(reports: &[CoreReport]) -> Value {
         copied += r.device.copied_bytes;
         dev_dropped += r.device.tx_dropped;
         rx_missed += r.device.rx_missed;
+        unsent += r.device.tx_unsent;
         tcp.accumulate(&r.tcp);
         drops += r.stack.total_drops();
         for (sum, n) in stack_drops.iter_mut().zip(r.stack.drops) {
@@ -508,6 +509,7 @@ fn core_counters(reports: &[CoreReport]) -> Value {
         "frames_tx": sum.tx_frames,
         "copied_bytes": copied,
         "device_tx_dropped": dev_dropped,
+        "device_tx_unsent": unsent,
         "rx_missed": rx_missed,
         "retransmits": tcp.retransmits,
         "rtos": tcp.rtos,

@@ -170,12 +170,13 @@ fn serve(args: &Args, port: &testbed::DpdkPort) {
         }
         l
     };
-    let mut ticks = 0u64;
+    // By the clock, not every n-th tick (`service::sleep_for` says why).
+    let mut written = std::time::Instant::now();
     tap::run_until_stopped_with(rt, args.stop_file.as_ref(), args.secs, || {
-        ticks += 1;
         if let Some(f) = &args.stats_file {
-            if ticks % 5 == 0 {
+            if written.elapsed() >= std::time::Duration::from_millis(250) {
                 tap::write_stats(f, &line());
+                written = std::time::Instant::now();
             }
         }
     });

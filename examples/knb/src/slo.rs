@@ -240,8 +240,9 @@ pub fn ideal_paused(
     pauses: Option<msgsched::sim::Pauses>,
 ) -> Result<msgsched::sim::SloOutcome, String> {
     use msgsched::sim::{SimConfig, SloSearch};
+    let (requests, coarse) = sim_requests(workers, pauses.as_ref());
     let base = SimConfig {
-        requests: 200_000,
+        requests,
         warmup: 20_000,
         pauses,
         ..SimConfig::new(
@@ -254,7 +255,35 @@ pub fn ideal_paused(
     };
     let mut s = SloSearch::new(base, slo_us * 1e3 / svc.mean_ns as f64);
     s.jobs = 2;
+    if coarse {
+        // Long runs: scan in steps of 0.05 (the bisection still resolves 0.05 / 32).
+        s.grid = (1..=19).map(|i| f64::from(i) / 20.0).collect();
+    }
     msgsched::sim::throughput_under_slo(&s).map_err(|e| e.to_string())
+}
+
+/// Pauses every run should see, in expectation, at the highest load scanned (0.95):
+/// with fewer, whether a load passes depends on whether a pause happened to fall into
+/// its run (200,000 messages at 20 workers and 100 us are ~1 s of simulated time, about
+/// one pause at this machine's ~1 per second), and the reference says nothing.
+const PAUSES_PER_RUN: f64 = 40.0;
+/// Bounds on the messages per simulated load (8 M: a few seconds of simulation each).
+const SIM_REQUESTS: (usize, usize) = (200_000, 8_000_000);
+
+/// Messages per simulated load, and whether the scan should be coarse (long runs): enough
+/// for [`PAUSES_PER_RUN`] pauses at load 0.95 when the server pauses at a Poisson rate.
+fn sim_requests(workers: u32, pauses: Option<&msgsched::sim::Pauses>) -> (usize, bool) {
+    let (lo, hi) = SIM_REQUESTS;
+    match pauses {
+        Some(msgsched::sim::Pauses::Poisson { rate, .. }) if *rate > 0.0 => {
+            // Arrivals per time unit at load L are L * workers; a run of n messages spans
+            // n / (L * workers) units and sees rate * that many pauses.
+            let n = PAUSES_PER_RUN * 0.95 * f64::from(workers) / rate;
+            let n = if n.is_finite() { n.ceil() as usize } else { hi };
+            (n.clamp(lo, hi), n > lo)
+        }
+        _ => (lo, false),
+    }
 }
 
 /// A run's server and client loop stalls combined (luna; None for other backends).
@@ -622,11 +651,13 @@ pub fn run(a: &SweepArgs) -> Res<()> {
         println!(
             "second reference, not the goal's: ideal MS under this sweep's measured stalls \
              (server + client loop gaps >= 1 ms: {} in {:.1} s of windows = {:.2}/s, mean {:.2} ms, \
-             as exponential server pauses): {:.3} of capacity ({:.0} RPC/s)",
+             as exponential server pauses; {} simulated messages per load): {:.3} of capacity \
+             ({:.0} RPC/s)",
             m.count,
             m.seconds,
             m.rate_per_s,
             m.mean_ns / 1e6,
+            sim_requests(a.workers, Some(&m.sim(svc.mean_ns))).0,
             i.load,
             i.load * capacity
         );
@@ -923,6 +954,35 @@ mod tests {
         )
         .unwrap();
         assert!(paused.load < plain.load, "{paused:?} vs {plain:?}");
+    }
+
+    #[test]
+    fn a_paused_ideal_simulates_long_enough_to_see_the_pauses() {
+        use msgsched::sim::Pauses;
+        // No pauses, or pauses so frequent that 200,000 messages see enough: the default.
+        assert_eq!(sim_requests(20, None), (200_000, false));
+        let often = Pauses::Poisson {
+            rate: 0.01,
+            mean: 20.0,
+            exponential: true,
+        };
+        assert_eq!(sim_requests(20, Some(&often)), (200_000, false));
+        // This machine's ~1 pause per second at a 100 us unit: 1e-4 per unit. 40 pauses at
+        // load 0.95 with 20 workers need 40 * 0.95 * 20 / 1e-4 = 7.6 M messages.
+        let measured = Pauses::Poisson {
+            rate: 1e-4,
+            mean: 26.0,
+            exponential: true,
+        };
+        let (n, coarse) = sim_requests(20, Some(&measured));
+        assert!(coarse && (7_600_000..=7_600_001).contains(&n), "{n}");
+        // Rarer pauses are capped.
+        let rare = Pauses::Poisson {
+            rate: 1e-6,
+            mean: 26.0,
+            exponential: true,
+        };
+        assert_eq!(sim_requests(20, Some(&rare)), (8_000_000, true));
     }
 
     #[test]

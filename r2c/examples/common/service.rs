@@ -16,6 +16,26 @@
 
 use std::time::{Duration, Instant};
 
+/// Sleeps for `d` even under a storm of signals, for the servers' main threads.
+///
+/// On net_tap every received frame raises the PMD's receive-trigger signal, and the kernel
+/// delivers a process-directed signal to the main thread first. `std::thread::sleep` is a
+/// relative `nanosleep` that each handled signal ends early: it is called again with the
+/// time left, computed from the timer's expiry *including* its slack (50 µs by default),
+/// so at more than ~20,000 signals a second (about as many frames) it never gets shorter
+/// and a 20 ms sleep lasted the whole of an attack phase (docs/reliability.md, "The
+/// stats file"). `park_timeout` waits on a futex with an absolute deadline, which a
+/// signal does not move; it may return early, so loop to the deadline.
+pub fn sleep_for(d: Duration) {
+    let until = Instant::now() + d;
+    while let Some(left) = until.checked_duration_since(Instant::now()) {
+        if left.is_zero() {
+            break;
+        }
+        std::thread::park_timeout(left);
+    }
+}
+
 /// Service-time distribution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dist {

@@ -169,7 +169,7 @@ pub fn run_until_stopped_with(
 ) {
     let start = Instant::now();
     loop {
-        std::thread::sleep(Duration::from_millis(50));
+        super::service::sleep_for(Duration::from_millis(50));
         tick();
         if stop_file.is_some_and(|f| f.exists())
             || (secs > 0 && start.elapsed() > Duration::from_secs(secs))

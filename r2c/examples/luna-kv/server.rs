@@ -165,14 +165,19 @@ pub fn serve(port: &DpdkPort, cfg: &ServeConfig, ready: &Path, stop: &Path) -> S
         }
         line
     };
-    let mut ticks = 0u64;
+    // The stats file is rewritten by the clock, not every n-th sleep, and the sleep is one
+    // that signals cannot stretch (`sleep_for`): on net_tap every received frame raises a
+    // signal that lands on this thread (docs/reliability.md, "The stats file").
+    let mut written = Instant::now();
     while !stop.exists() && Instant::now() < end && !rt.is_finished() {
         hwm = hwm.max(slab.leak_report().objects_in_use);
         store_hwm = store_hwm.max(store.bytes());
-        std::thread::sleep(Duration::from_millis(20));
-        ticks += 1;
-        if let Some(f) = cfg.stats_file.as_deref().filter(|_| ticks % 12 == 0) {
-            write_stats(f, &live(hwm, store_hwm));
+        super::service::sleep_for(Duration::from_millis(20));
+        if let Some(f) = cfg.stats_file.as_deref() {
+            if written.elapsed() >= STATS_EVERY {
+                write_stats(f, &live(hwm, store_hwm));
+                written = Instant::now();
+            }
         }
     }
     if let Some(f) = cfg.stats_file.as_deref() {
@@ -204,6 +209,9 @@ pub fn serve(port: &DpdkPort, cfg: &ServeConfig, ready: &Path, stop: &Path) -> S
     drop(reports);
     line
 }
+
+/// How often the stats file is rewritten.
+const STATS_EVERY: Duration = Duration::from_millis(240);
 
 /// Writes `line` to `path` atomically (a temporary file renamed over it), so a reader
 /// polling it sees a whole line.

@@ -726,6 +726,16 @@ impl Topology {
                 veth_pair(&v.k1.netns, &v.k1.iface, &v.k2.netns, &v.k2.iface)?;
                 v.k1.configure()?;
                 v.k2.configure()?;
+                // Two kernel hosts that load generators drive: a client opening 5,000
+                // connections per run leaves 5,000 sockets in TIME-WAIT for 60 s, so a sweep
+                // of runs exhausted the default ephemeral range (32768-60999) within a
+                // minute ("connect: Cannot assign requested address"). Reuse TIME-WAIT
+                // ports for new outgoing connections when the timestamps allow it (RFC
+                // 6191's rule, net.ipv4.tcp_tw_reuse = 1), as load testers do; the sysctl
+                // is per namespace and touches nothing outside.
+                for ns in [&v.k1.netns, &v.k2.netns] {
+                    sys::sysctl_in(ns, "net.ipv4.tcp_tw_reuse", "1")?;
+                }
             }
             Details::Coexist(c) => {
                 let ns = &c.dpdk.netns;

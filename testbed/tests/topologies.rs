@@ -51,6 +51,8 @@ fn veth_hosts_reach_each_other_and_drop_removes_everything() {
             assert!(addr.contains(&format!("{}/24", h.ip)), "{addr}");
             // No IPv6 autoconf noise in captures.
             assert_eq!(sysctl(&h.netns, "net.ipv6.conf.default.disable_ipv6"), "1");
+            // Load generators reuse TIME-WAIT ports (5,000 connections a run).
+            assert_eq!(sysctl(&h.netns, "net.ipv4.tcp_tw_reuse"), "1");
             assert!(ip_in(&h.netns, &["-6", "addr", "show", "dev", &h.iface])
                 .trim()
                 .is_empty());

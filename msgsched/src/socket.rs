@@ -406,7 +406,7 @@ pub struct MsgIo<C, P> {
     /// Lines to retry in this `poll_replies` (reused buffer).
     ready: Vec<usize>,
     /// Connections that take input again, for [`MsgIo::poll_resumed`].
-    resumed: VecDeque<u64>,
+    resumed: crate::stall::Resumed,
     /// Connections whose stream failed, waiting for their earlier replies to go out.
     failing: Vec<u64>,
     events: VecDeque<IoEvent<C>>,
@@ -439,7 +439,7 @@ where
         MsgIo {
             stalls: Stalls::new(&dispatcher),
             ready: Vec::new(),
-            resumed: VecDeque::new(),
+            resumed: crate::stall::Resumed::default(),
             dispatcher,
             shared,
             framer_cfg,
@@ -521,7 +521,7 @@ where
     /// (its stalled message placed, its framer below its caps, or resumed by
     /// [`MsgIo::pause`]): read it. Each wait is reported once.
     pub fn poll_resumed(&mut self) -> Option<C> {
-        while let Some(key) = self.resumed.pop_front() {
+        while let Some(key) = self.resumed.pop() {
             if let Some(c) = self.conns.get(&key) {
                 return Some(c.conn);
             }
@@ -532,10 +532,8 @@ where
     /// Reports `key` resumed if the driver waits for it and it takes input.
     fn check_resumed(&mut self, key: u64) {
         if let Some(c) = self.conns.get_mut(&key) {
-            if c.blocked && Self::takes_input(c) {
-                c.blocked = false;
-                self.resumed.push_back(key);
-            }
+            let takes = Self::takes_input(c);
+            self.resumed.check(key, &mut c.blocked, takes);
         }
     }
 

@@ -18,6 +18,26 @@
 
 use crate::sched::{Dispatcher, Model};
 use std::collections::VecDeque;
+/// Connections a driver stopped reading ([`crate::socket::MsgIo::wait_input`],
+/// [`crate::proto::io::SessionIo::wait_input`]) that take input again, in the order they
+/// did: each wait is reported once. Shared by both I/O sides.
+#[derive(Debug, Default)]
+pub(crate) struct Resumed(VecDeque<u64>);
+
+impl Resumed {
+    /// `key`'s driver waits (`*blocked`); if it takes input now, report it once.
+    pub(crate) fn check(&mut self, key: u64, blocked: &mut bool, takes_input: bool) {
+        if *blocked && takes_input {
+            *blocked = false;
+            self.0.push_back(key);
+        }
+    }
+
+    /// The next key reported (it may have been detached since: the caller skips it).
+    pub(crate) fn pop(&mut self) -> Option<u64> {
+        self.0.pop_front()
+    }
+}
 
 pub(crate) struct Stalls {
     cp: bool,

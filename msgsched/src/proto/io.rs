@@ -66,7 +66,7 @@ pub struct SessionIo<C> {
     /// Lines to retry in this `poll_replies` (reused buffer).
     ready: Vec<usize>,
     /// Connections that take input again, for [`SessionIo::poll_resumed`].
-    resumed: VecDeque<u64>,
+    resumed: crate::stall::Resumed,
     /// Connections whose session may have output.
     dirty: HashSet<u64>,
     events: VecDeque<IoEvent<C>>,
@@ -99,7 +99,7 @@ where
         SessionIo {
             stalls: Stalls::new(&dispatcher),
             ready: Vec::new(),
-            resumed: VecDeque::new(),
+            resumed: crate::stall::Resumed::default(),
             dispatcher,
             shared,
             cap: framer_cfg.max_in_flight,
@@ -175,7 +175,7 @@ where
     /// The next connection given to [`SessionIo::wait_input`] that takes input again:
     /// read it. Each wait is reported once.
     pub fn poll_resumed(&mut self) -> Option<C> {
-        while let Some(key) = self.resumed.pop_front() {
+        while let Some(key) = self.resumed.pop() {
             if let Some(c) = self.conns.get(&key) {
                 return Some(c.conn);
             }
@@ -185,10 +185,8 @@ where
 
     fn check_resumed(&mut self, key: u64) {
         if let Some(c) = self.conns.get_mut(&key) {
-            if c.blocked && Self::takes_input(c) {
-                c.blocked = false;
-                self.resumed.push_back(key);
-            }
+            let takes = Self::takes_input(c);
+            self.resumed.check(key, &mut c.blocked, takes);
         }
     }
 

@@ -48,6 +48,32 @@ struct Net {
 }
 
 impl Net {
+    /// `n` connections from `a` to `b`'s listener `l` on port 7000, all established and
+    /// accepted: (clients on `a`, servers on `b`).
+    fn establish(&mut self, l: ListenerHandle, n: usize) -> (Vec<SocketHandle>, Vec<SocketHandle>) {
+        let clients: Vec<_> = (0..n)
+            .map(|_| {
+                self.a
+                    .connect(self.now, SocketAddrV4::new(ip_b(), 7000), None)
+                    .unwrap()
+            })
+            .collect();
+        let mut servers = Vec::new();
+        self.run_until(
+            |net| {
+                while let Some(s) = net.b.accept(l) {
+                    servers.push(s);
+                }
+                servers.len() == n
+                    && clients
+                        .iter()
+                        .all(|&c| net.a.state(c) == Some(State::Established))
+            },
+            10_000,
+        );
+        (clients, servers)
+    }
+
     fn new(ca: StackConfig, cb: StackConfig) -> Net {
         Net {
             a: Stack::new(ca, FakeRng::new(1)).unwrap(),
@@ -831,26 +857,7 @@ fn many_connections_each_carry_an_rpc() {
     let mut net = Net::pair();
     let l = net.b.listen(7000, 4096).unwrap();
     let n = 2000;
-    let clients: Vec<_> = (0..n)
-        .map(|_| {
-            net.a
-                .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
-                .unwrap()
-        })
-        .collect();
-    let mut servers = Vec::new();
-    net.run_until(
-        |net| {
-            while let Some(s) = net.b.accept(l) {
-                servers.push(s);
-            }
-            servers.len() == n
-                && clients
-                    .iter()
-                    .all(|&c| net.a.state(c) == Some(State::Established))
-        },
-        10_000,
-    );
+    let (clients, servers) = net.establish(l, n);
     for (i, &c) in clients.iter().enumerate() {
         net.a
             .send(c, &Zbuf::copy_from_slice(&(i as u32).to_be_bytes()))
@@ -2139,26 +2146,7 @@ fn timer_heap_stays_bounded_by_the_connections_not_the_rpcs() {
     let mut net = Net::pair();
     let l = net.b.listen(7000, 256).unwrap();
     let n = 100;
-    let clients: Vec<_> = (0..n)
-        .map(|_| {
-            net.a
-                .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
-                .unwrap()
-        })
-        .collect();
-    let mut servers = Vec::new();
-    net.run_until(
-        |net| {
-            while let Some(s) = net.b.accept(l) {
-                servers.push(s);
-            }
-            servers.len() == n
-                && clients
-                    .iter()
-                    .all(|&c| net.a.state(c) == Some(State::Established))
-        },
-        10_000,
-    );
+    let (clients, servers) = net.establish(l, n);
     let mut most = 0;
     for _ in 0..200 {
         for &c in &clients {

@@ -290,12 +290,16 @@ fn setup(port: &DpdkPort) -> Env {
     // stack's checksum paths meet a real device (the runtime tests use the memif default).
     cfg.virtual_link_checksums = false;
     cfg.steering = Some(steering_request());
+    // The zero-copy transmit path is what these tests prove on a real device: no flat
+    // copies, though net_memif in copy mode would choose them by default.
+    cfg.tx_copy_max = Some(0);
     let eal = Eal::init(args).unwrap_or_else(|e| panic!("EAL: {e}"));
     let reg = DmaRegistry::new(&eal);
     let slab = Slab::new(reg.slab_config(SlabConfig::new().max_memory(160 << 20))).expect("slab");
     let cache = slab.core_cache(0).expect("core cache");
     let dev = DpdkDevice::open(&eal, &slab, &reg, &cfg).unwrap_or_else(|e| panic!("open: {e}"));
     assert_eq!(dev.mac().0, port.mac.0, "the vdev's MAC");
+    assert_eq!(dev.tx_copy_max(), 0, "configured: never copy flat");
     assert!(dev.caps() == luna_stack::wire::ChecksumCaps::software());
     let mut sc = StackConfig::new(
         dev.mac(),

@@ -951,7 +951,7 @@ fn setup(port: &DpdkPort) -> Env {
 /// [`setup`] with `DpdkDeviceConfig::tx_copy_max` set.
 fn setup_with(port: &DpdkPort, tx_copy_max: usize) -> Env {
     let (args, mut cfg) = from_testbed(port).expect("testbed port");
-    cfg.tx_copy_max = tx_copy_max;
+    cfg.tx_copy_max = Some(tx_copy_max);
     let eal = Eal::init(args).unwrap_or_else(|e| panic!("EAL: {e}"));
     let registry = DmaRegistry::new(&eal);
     let slab =

@@ -304,14 +304,29 @@ fn luna_rpc_run_validates_and_reports() {
     assert_eq!(v["topology"], "memif");
     let r = num(&v, &["gbps", "server_to_client"]) / num(&v, &["gbps", "client_to_server"]);
     assert!((r - 3.0).abs() < 1e-6, "{r}");
-    // Both sides report their r2c core and device counters; the device copies nothing.
+    // Replies the server handed to its stack but had not sent when the client stopped
+    // (iodepth 4 × 2 connections × 3000 B at most).
+    const IN_FLIGHT: f64 = 8.0 * 3000.0;
+    // Both sides report their r2c core and device counters. On memif in copy mode r2c
+    // sends frames up to 2 KiB as one flat copy (every frame here, MTU 1500), so each
+    // side copied at least the payload the other side received (retransmissions are
+    // copied too), and no more than its frames' bytes.
     let ex = &v["server"]["extra"];
     assert!(num(ex, &["frames_rx"]) > 0.0, "{v:#}");
-    assert_eq!(num(ex, &["copied_bytes"]), 0.0, "{v:#}");
+    let copied = num(ex, &["copied_bytes"]);
+    assert!(
+        copied >= num(&v, &["server", "tx_payload"]) - IN_FLIGHT
+            && copied <= num(ex, &["core", "tx_bytes"]),
+        "{v:#}"
+    );
     assert_eq!(num(ex, &["core", "accepted"]), 2.0, "{v:#}");
     let c = &v["client_extra"][0];
     assert!(num(c, &["frames_tx"]) > 0.0, "{v:#}");
-    assert_eq!(num(c, &["copied_bytes"]), 0.0, "{v:#}");
+    let copied = num(c, &["copied_bytes"]);
+    assert!(
+        copied >= num(&v, &["server", "rx_payload"]) && copied <= num(c, &["core", "tx_bytes"]),
+        "{v:#}"
+    );
     assert_eq!(num(c, &["core", "connected"]), 2.0, "{v:#}");
 }
 
@@ -450,8 +465,9 @@ fn memif_zero_copy_rpcs_validate_for_luna_and_smoltcp() {
         assert!(!server.contains("zero-copy=yes"), "{server}");
         if stack == "luna" {
             // --verify's patterned payloads are heap buffers, outside the EAL memory the
-            // peer can see: the zero-copy client copies them (and only them) on transmit;
-            // the server (no zero-copy on its side) attaches them.
+            // peer can see: the zero-copy client copies them (and only them) on transmit
+            // and attaches the rest (no flat copies on a zero-copy client); the server
+            // (copy mode on its side) sends its frames as flat copies.
             let c = &v["client_extra"][0];
             assert!(num(c, &["frames_rx"]) > 0.0, "{v:#}");
             let copied = num(c, &["copied_bytes"]);
@@ -459,7 +475,11 @@ fn memif_zero_copy_rpcs_validate_for_luna_and_smoltcp() {
             // or retransmitted at the end.
             let sent = num(&v, &["server", "rx_payload"]) * 1.5 + 16.0 * 3000.0;
             assert!(copied > 0.0 && copied <= sent, "{copied} vs {sent}: {v:#}");
-            assert_eq!(num(&v, &["server", "extra", "copied_bytes"]), 0.0, "{v:#}");
+            let copied = num(&v, &["server", "extra", "copied_bytes"]);
+            assert!(
+                copied >= num(&v, &["server", "tx_payload"]) - 8.0 * 4096.0,
+                "{v:#}"
+            );
         }
     }
 }

@@ -82,6 +82,25 @@ const SOFTWARE_PMDS: &[&str] = &[
 /// was written, so checksums protect nothing (see `virtual_link_checksums`).
 const VIRTUAL_LINK_PMDS: &[&str] = &["net_memif", "net_ring"];
 
+/// The flat-copy threshold [`DpdkDeviceConfig::tx_copy_max`]'s default gives net_memif in
+/// copy mode: a whole frame at MTU 1500 (1,514 B) and every ACK or small reply, not a
+/// jumbo frame (whose copy costs more than a chain of it).
+pub const SOFTWARE_COPY_TX_MAX: usize = 2048;
+
+/// The flat-copy threshold when the configuration leaves it to the device: only net_memif
+/// in copy mode, measured (its PMD copies each transmitted frame into the shared ring, so
+/// the chain of attached payload saves no copy and costs a hold, a reference and two
+/// more mbufs per frame). A memif zero-copy client hands the peer descriptors of its own
+/// buffers, where a flat copy would be one copy more; NICs DMA the payload; the other
+/// software PMDs were not measured and keep zero copy.
+fn auto_tx_copy_max(driver: &str, zero_copy: bool) -> usize {
+    if driver == "net_memif" && !zero_copy {
+        SOFTWARE_COPY_TX_MAX
+    } else {
+        0
+    }
+}
+
 /// Configuration of [`DpdkDevice::open`].
 #[derive(Debug, Clone)]
 pub struct DpdkDeviceConfig {
@@ -111,10 +130,14 @@ pub struct DpdkDeviceConfig {
     /// Use checksum offloads the hardware really has (never for software PMDs).
     pub checksum_offload: bool,
     /// Frames up to this many bytes are copied into one flat mbuf instead of being sent
-    /// as a chain with the payload attached (0, the default: never). For software PMDs,
-    /// which copy every frame anyway, one flat copy of a small frame can cost less than
-    /// building and freeing a chain; the bytes are counted in `copied_bytes`.
-    pub tx_copy_max: usize,
+    /// as a chain with the payload attached (`Some(0)`: never). `None`, the default,
+    /// lets the device choose ([`DpdkDevice::tx_copy_max`]): [`SOFTWARE_COPY_TX_MAX`] on
+    /// net_memif in copy mode, whose PMD copies every frame into its ring anyway, so one
+    /// flat copy of a small frame costs less than building and freeing a chain
+    /// (docs/benchmarks.md, "Flat transmit copy on memif by default"); 0 (zero copy)
+    /// everywhere else, above all on NICs, which DMA the attached payload. Copied bytes
+    /// are counted in `copied_bytes`.
+    pub tx_copy_max: Option<usize>,
     /// On a virtual link (net_memif, net_ring: shared memory that cannot corrupt a
     /// frame) the stack neither computes nor verifies IPv4/TCP/ICMP checksums: the
     /// device reports them offloaded ([`ChecksumCaps::offloaded`]) while asking the PMD
@@ -146,7 +169,7 @@ impl DpdkDeviceConfig {
             link_timeout: Duration::from_secs(30),
             pool_prefix: "r2c".into(),
             checksum_offload: true,
-            tx_copy_max: 0,
+            tx_copy_max: None,
             virtual_link_checksums: true,
             steering: None,
         }
@@ -503,6 +526,9 @@ impl DpdkDevice {
         };
         let memif_client = memif_vdev("role=client");
         let zero_copy = memif_client && memif_vdev("zero-copy=yes");
+        let tx_copy_max = cfg
+            .tx_copy_max
+            .unwrap_or_else(|| auto_tx_copy_max(&info.driver_name, zero_copy));
         if zero_copy {
             check_zero_copy_pool(&rx)?;
         }
@@ -592,7 +618,7 @@ impl DpdkDevice {
                 caps,
                 // Mbuf offload flags only for what the hardware does.
                 offload: hw_caps != ChecksumCaps::software(),
-                tx_copy_max: cfg.tx_copy_max,
+                tx_copy_max,
                 stats: DeviceStats::default(),
                 dstats: DpdkStats::default(),
                 rx_copied: 0,
@@ -603,6 +629,12 @@ impl DpdkDevice {
             });
         }
         Ok(devs)
+    }
+
+    /// Frames up to this many bytes are sent as one flat copy, not a chain: the
+    /// configured [`DpdkDeviceConfig::tx_copy_max`], or the device's choice (0: never).
+    pub fn tx_copy_max(&self) -> usize {
+        self.tx_copy_max
     }
 
     /// How luna's traffic is steered on this port (hardware rules, software, or the
@@ -1070,6 +1102,26 @@ impl Device for DpdkDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flat_copy_by_default_only_on_memif_in_copy_mode() {
+        assert_eq!(auto_tx_copy_max("net_memif", false), SOFTWARE_COPY_TX_MAX);
+        // A zero-copy client hands its own buffers to the peer: a copy would be extra.
+        assert_eq!(auto_tx_copy_max("net_memif", true), 0);
+        // NICs DMA the attached payload; unmeasured software PMDs keep zero copy.
+        for d in [
+            "net_mlx5",
+            "net_ice",
+            "net_tap",
+            "net_af_packet",
+            "net_ring",
+        ] {
+            assert_eq!(auto_tx_copy_max(d, false), 0, "{d}");
+        }
+        // A whole MTU-1500 frame fits, a jumbo frame does not.
+        assert!((1514..9014).contains(&SOFTWARE_COPY_TX_MAX));
+        assert_eq!(DpdkDeviceConfig::new("net_memif0").tx_copy_max, None);
+    }
 
     /// A ring of `cap` slots the peer empties by hand; frames are numbered, some invalid,
     /// buffers may run out. Counts every chain built.

@@ -35,10 +35,11 @@
 //!
 //! Experiment knob (environment, read by both child processes):
 //! `KNB_LUNA_TX_COPY_MAX=<bytes>` copies frames up to that size into one flat mbuf
-//! instead of attaching the payload ([`DpdkDeviceConfig::tx_copy_max`]). memif copies
-//! every frame anyway, so on this link one flat copy costs less than building and
-//! freeing a chain (see docs/benchmarks.md); off by default, keeping transmit zero copy
-//! as on a NIC, and the copied bytes show in `copied_bytes`.
+//! instead of attaching the payload ([`DpdkDeviceConfig::tx_copy_max`]); `0` forces the
+//! zero-copy chain. Unset, r2c chooses: memif copies every frame anyway, so in copy mode
+//! frames up to 2 KiB go as one flat copy, which costs less than building and freeing a
+//! chain (docs/benchmarks.md, "Flat transmit copy on memif by default"); a zero-copy
+//! client keeps the chain. The copied bytes show in `copied_bytes`.
 //!
 //! Observability (environment, read by the server only):
 //! `KNB_LUNA_SERVER_CONTROL=<path>` opens r2c's control socket at `path` in the server
@@ -203,11 +204,12 @@ impl Packer {
             take += 1;
         }
         let shared = if small > 0 {
-            let what = format!("{small} B for headers");
-            let mut m = alloc(small).map_err(|e| PackError::alloc(&what, e))?;
+            // The message is formatted only on failure: this runs once per reply.
+            let what = || format!("{small} B for headers");
+            let mut m = alloc(small).map_err(|e| PackError::alloc(&what(), e))?;
             let buf = m
                 .append(small)
-                .map_err(|e| PackError::Failed(format!("zbuf: {what}: {e}")))?;
+                .map_err(|e| PackError::Failed(format!("zbuf: {}: {e}", what())))?;
             let mut at = 0;
             for p in tx.pieces().take(take).filter(|p| Self::is_small(p)) {
                 let n = p.len();
@@ -384,8 +386,7 @@ fn open(
     cfg.virtual_link_checksums = super::virtual_link_checksums();
     cfg.tx_copy_max = std::env::var("KNB_LUNA_TX_COPY_MAX")
         .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+        .and_then(|v| v.parse().ok());
     cfg.steering = steering;
     let devices = DpdkDevice::open_all_then(&eal, &slab, &registry, &cfg, started)
         .map_err(|e| format!("open {port}: {e}"))?;

@@ -41,7 +41,7 @@ trap cleanup EXIT
 LUNA_TESTBED_PREFIX=$PREFIX "$TB" up memif >/dev/null
 rm -f "$S" "$S".quiet-*
 
-vg="valgrind --tool=callgrind --callgrind-out-file=$OUT --dump-instr=no"
+vg="valgrind --tool=callgrind --callgrind-out-file=$OUT --dump-instr=${DUMP_INSTR:-no}"
 [ "${CACHE_SIM:-0}" = 1 ] && vg="$vg --cache-sim=yes"
 spre="" cpre=""
 smem="--eal-arg=--huge-unlink --eal-arg=-m --eal-arg=256"

@@ -123,7 +123,6 @@ type FxMap<K, V> = HashMap<K, V, r2c::HandleHashing>;
 struct Packer {
     /// `MAX_ZEROS` (or fewer) zero bytes, sliced for every zero payload.
     zeros: Zbuf,
-    batch: Vec<Piece>,
 }
 
 /// Where the packer gets writable buffers (the core's zbuf cache; the heap in tests).
@@ -167,10 +166,7 @@ impl Packer {
         m.append(n)
             .map_err(|e| format!("zbuf: zero buffer of {n} B: {e}"))?
             .fill(0);
-        Ok(Packer {
-            zeros: m.freeze(),
-            batch: Vec::new(),
-        })
+        Ok(Packer { zeros: m.freeze() })
     }
 
     fn is_small(p: &Piece) -> bool {
@@ -203,7 +199,7 @@ impl Packer {
             bytes += p.len();
             take += 1;
         }
-        let shared = if small > 0 {
+        let mut shared = if small > 0 {
             // The message is formatted only on failure: this runs once per reply.
             let what = || format!("{small} B for headers");
             let mut m = alloc(small).map_err(|e| PackError::alloc(&what(), e))?;
@@ -224,20 +220,24 @@ impl Packer {
         } else {
             None
         };
-        self.batch.clear();
-        self.batch.extend((0..take).map_while(|_| tx.pop_piece()));
-        // Emit in order; `run` is the pending stretch of the shared buffer.
-        let (mut off, mut run) = (0usize, 0usize);
-        for p in self.batch.drain(..) {
+        // Emit in order, taking the pieces off the queue: each stretch of small pieces is
+        // the next `run` bytes of the shared buffer (the last stretch is the rest of it).
+        let mut run = 0usize;
+        for _ in 0..take {
+            let Some(p) = tx.pop_piece() else { break };
             if Self::is_small(&p) {
                 run += p.len();
                 continue;
             }
             if run > 0 {
-                if let Some(s) = &shared {
-                    out.push_back(s.slice(off..off + run));
+                if let Some(mut s) = shared.take() {
+                    if s.len() > run {
+                        out.push_back(s.split_to(run));
+                        shared = Some(s);
+                    } else {
+                        out.push_back(s);
+                    }
                 }
-                off += run;
                 run = 0;
             }
             match p {
@@ -252,10 +252,8 @@ impl Packer {
                 Piece::Header(_) => unreachable!("headers are small"),
             }
         }
-        if run > 0 {
-            if let Some(s) = &shared {
-                out.push_back(s.slice(off..off + run));
-            }
+        if let Some(s) = shared.filter(|s| !s.is_empty()) {
+            out.push_back(s);
         }
         Ok(())
     }

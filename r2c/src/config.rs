@@ -8,6 +8,8 @@
 //! kind = "dpdk"              # "dpdk" (needs `port`) or "mem" (in-memory, tests)
 //! port = "net_memif0"
 //! steering = "auto"          # with [traffic]: auto | hardware | software (rte_flow rules)
+//! tx_copy_max = 2048         # frames up to this size sent as one flat copy; 0 = never
+//!                            # (default: the device chooses, DpdkDeviceConfig::tx_copy_max)
 //!
 //! [cores]
 //! list = [0, 1]              # CPUs, one r2c thread each
@@ -218,6 +220,10 @@ pub struct Config {
     /// `[traffic]`; default `auto`: rte_flow rules when the PMD takes them, else
     /// software with one log line). See [`Config::steering_request`].
     pub steering: SteeringMode,
+    /// `device.tx_copy_max`: frames up to this many bytes are transmitted as one flat
+    /// copy instead of a zero-copy chain (0: never); `None`, the default, leaves it to the
+    /// device ([`crate::device::dpdk::DpdkDeviceConfig::tx_copy_max`]).
+    pub tx_copy_max: Option<usize>,
 }
 
 /// Consumes keys of one table; what is left over is unknown.
@@ -490,7 +496,7 @@ impl Config {
                 .map(|(i, a)| string(&format!("{k}[{i}]"), a, "--no-pci").map(str::to_string))
                 .collect::<Result<_, _>>()?,
         };
-        let (device, steering) = Self::device(root.table("device")?)?;
+        let (device, steering, tx_copy_max) = Self::device(root.table("device")?)?;
         let (cores, queues_per_core) = Self::cores(root.table("cores")?)?;
         let net = Self::net(root.table("net")?)?;
         let tcp = Self::tcp(root.table("tcp")?, net.mtu)?;
@@ -556,6 +562,7 @@ impl Config {
             traffic,
             exception,
             steering,
+            tx_copy_max,
         })
     }
 
@@ -696,7 +703,10 @@ impl Config {
         }))
     }
 
-    fn device(w: Option<Walk>) -> Result<(DeviceKind, Option<SteeringMode>), ConfigError> {
+    #[allow(clippy::type_complexity)]
+    fn device(
+        w: Option<Walk>,
+    ) -> Result<(DeviceKind, Option<SteeringMode>, Option<usize>), ConfigError> {
         let Some(mut w) = w else {
             return Err(err(
                 "device",
@@ -731,10 +741,16 @@ impl Config {
             }
             None => None,
         };
-        w.finish(&["kind", "port", "steering"])?;
+        let tx_copy_max = match w.take("tx_copy_max") {
+            Some((k, v)) => Some(int(&k, &v, 0, 65_535)? as usize),
+            None => None,
+        };
+        w.finish(&["kind", "port", "steering", "tx_copy_max"])?;
         match (kind.1.as_str(), port) {
-            ("mem", _) => Ok((DeviceKind::Mem, steering)),
-            ("dpdk", Some(port)) if !port.is_empty() => Ok((DeviceKind::Dpdk { port }, steering)),
+            ("mem", _) => Ok((DeviceKind::Mem, steering, tx_copy_max)),
+            ("dpdk", Some(port)) if !port.is_empty() => {
+                Ok((DeviceKind::Dpdk { port }, steering, tx_copy_max))
+            }
             ("dpdk", _) => Err(err(
                 "device.port",
                 "a DPDK device needs a port name",

@@ -391,3 +391,26 @@ fn steering_follows_the_traffic_model() {
         .expect("config");
     assert!(c.steering_request().is_none());
 }
+
+/// `device.tx_copy_max`: unset leaves the choice to the device, a number sets it (0:
+/// never copy flat), a negative or huge value or a word is named with the key.
+#[test]
+fn tx_copy_max_is_the_devices_choice_unless_set() {
+    let c = Config::parse(&with("")).expect("config");
+    assert_eq!(c.tx_copy_max, None);
+    let set = |v: &str| {
+        with("").replace(
+            "kind = \"mem\"",
+            &format!("kind = \"mem\"\ntx_copy_max = {v}"),
+        )
+    };
+    assert_eq!(Config::parse(&set("0")).expect("0").tx_copy_max, Some(0));
+    assert_eq!(
+        Config::parse(&set("2048")).expect("2048").tx_copy_max,
+        Some(2048)
+    );
+    for v in ["-1", "100000"] {
+        assert_names(&bad(&set(v)), "device.tx_copy_max", &["out of range"]);
+    }
+    assert_names(&bad(&set("\"auto\"")), "device.tx_copy_max", &["integer"]);
+}

@@ -29,6 +29,8 @@ fn run(args: &[&str], limit: Duration) -> Output {
 fn run_env(args: &[&str], env: &[(&str, &str)], limit: Duration) -> Output {
     let mut child = Command::new(KNB)
         .args(args)
+        // The caller's experiment knobs do not leak into the tests' expectations.
+        .env_remove("KNB_LUNA_TX_COPY_MAX")
         .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -1252,4 +1254,30 @@ fn server_exception_is_refused_off_luna_and_with_lanes() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
         assert!(text(&o).contains(want), "{args:?}: {}", text(&o));
     }
+}
+
+/// `KNB_LUNA_TX_COPY_MAX` that is not a byte count stops the run with the variable named,
+/// instead of silently choosing a transmit path.
+#[test]
+fn a_bad_tx_copy_max_is_a_clear_error() {
+    let _g = heavy();
+    let out = run_env(
+        &[
+            "rpc",
+            "--stack",
+            "luna",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0.1",
+        ],
+        &[("KNB_LUNA_TX_COPY_MAX", "off")],
+        Duration::from_secs(120),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("KNB_LUNA_TX_COPY_MAX=\"off\" is not a byte count"),
+        "{err}"
+    );
 }

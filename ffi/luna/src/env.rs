@@ -173,6 +173,7 @@ fn init_dpdk(cfg: Config, port: &str) -> Res<luna_env_t> {
         .map_err(|_| Fail::new(libc::EINVAL, format!("{total} queues are too many")))?;
     dc.rx_mbufs = 16383u32.max(2048 * u32::from(dc.queues) + 8192);
     dc.pool_prefix = "luna".into();
+    dc.tx_copy_max = cfg.tx_copy_max;
     let devs = DpdkDevice::open_all(&eal, &slab, &registry, &dc).map_err(|e| {
         let errno = match &e {
             r2c::device::dpdk::DeviceError::Dpdk(d) => dpdk_fail("", d).errno,

@@ -227,6 +227,7 @@ fn start(net: &Net) -> Result<Arc<Shared>, String> {
         .map_err(|e| format!("slab: {e}"))?;
     let mut dcfg = DpdkDeviceConfig::new(port.clone());
     dcfg.pool_prefix = "lpre".into();
+    dcfg.tx_copy_max = cfg.tx_copy_max;
     let dev =
         DpdkDevice::open(&eal, &slab, &registry, &dcfg).map_err(|e| format!("open {port}: {e}"))?;
     let setups = cfg

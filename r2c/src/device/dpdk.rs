@@ -1,5 +1,5 @@
 //! [`DpdkDevice`]: one queue pair of a DPDK ethdev port as a [`Device`], zero-copy both
-//! ways (zbuf's `dpdk` feature).
+//! ways (zbuf's `dpdk` feature), except where a copy costs less: see the flat copy below.
 //!
 //! * Receive: the port's rx queues take mbufs from a [`RxPool`] whose data buffers are
 //!   zbuf zone objects; each received single-segment frame becomes a [`Zbuf`] over the
@@ -9,6 +9,9 @@
 //! * Transmit: each [`Transmit`] becomes a header mbuf (the header bytes are copied:
 //!   they are not payload) chained to one external-buffer mbuf per payload segment
 //!   ([`TxChains`]); the payload `Zbuf`s stay referenced until DPDK frees the mbufs.
+//!   Frames up to [`DpdkDeviceConfig::tx_copy_max`] bytes are instead copied into one
+//!   flat mbuf (counted in [`DeviceStats::copied_bytes`]): by default only on net_memif
+//!   in copy mode, whose PMD copies every frame into its ring anyway.
 //! * Checksums: offloads are reported only when the hardware does them. The software
 //!   PMDs (tap, af_packet, null, ...) report none — net_tap advertises checksum offloads
 //!   but computes them in software inside the PMD, on a copy of the header, which gains

@@ -2,9 +2,11 @@
 //! same placement as smoltcp (one queue pair, one core and one `luna_stack` `Stack` per
 //! thread; memif pairs client queue *i* with server queue *i*).
 //!
-//! * Device: [`r2c::device::dpdk::DpdkDevice`], zero copy both ways: received frames are
-//!   zbuf zone objects handed to the stack as `Zbuf`s, transmitted payload goes out as
-//!   external-buffer mbufs over the application's `Zbuf`s.
+//! * Device: [`r2c::device::dpdk::DpdkDevice`]: received frames are zbuf zone objects
+//!   handed to the stack as `Zbuf`s (no copy); on transmit, frames up to 2 KiB are one
+//!   flat copy on memif in copy mode (r2c's default there: the PMD copies every frame
+//!   anyway), larger ones and a zero-copy memif client's go out as external-buffer mbufs
+//!   over the application's `Zbuf`s.
 //! * Server: an inline-r2c app ([`r2c::InlineApp`]). Received `Zbuf`s are parsed in place
 //!   by [`ServerConn`] (message mode); a response is its 16-byte header (written into a
 //!   small buffer shared by the responses of one batch) followed by a slice of one
@@ -382,9 +384,15 @@ fn open(
     };
     // memif is shared memory: no checksums, like the kernel on veth and smoltcp here.
     cfg.virtual_link_checksums = super::virtual_link_checksums();
-    cfg.tx_copy_max = std::env::var("KNB_LUNA_TX_COPY_MAX")
-        .ok()
-        .and_then(|v| v.parse().ok());
+    cfg.tx_copy_max = match std::env::var("KNB_LUNA_TX_COPY_MAX") {
+        Ok(v) => Some(v.trim().parse::<usize>().map_err(|_| {
+            format!(
+                "KNB_LUNA_TX_COPY_MAX={v:?} is not a byte count (0: zero-copy chains only; \
+                 unset: r2c chooses)"
+            )
+        })?),
+        Err(_) => None,
+    };
     cfg.steering = steering;
     let devices = DpdkDevice::open_all_then(&eal, &slab, &registry, &cfg, started)
         .map_err(|e| format!("open {port}: {e}"))?;

@@ -129,6 +129,53 @@ fn ratio(series: &Series, a: &str, b: &str, f: impl Fn(&Point) -> f64) -> Ratio 
     r
 }
 
+/// Rounds where a stack ran in its fast mode: clean and within `factor` of its best clean
+/// round. This machine switches between two speeds (docs/benchmarks.md, "The two-speed
+/// mode"), often between one stack's run and the next one's in the same round, so a
+/// median over all rounds can divide one stack's fast run by another's slow one.
+fn fast_rounds(pts: &[Option<Point>], factor: f64) -> Vec<bool> {
+    let clean = |p: &&Point| !p.health.contended && p.rps.is_finite();
+    let best = pts
+        .iter()
+        .flatten()
+        .filter(clean)
+        .map(|p| p.rps)
+        .fold(0.0, f64::max);
+    pts.iter()
+        .map(|p| {
+            p.as_ref()
+                .filter(clean)
+                .is_some_and(|p| best > 0.0 && p.rps * factor >= best)
+        })
+        .collect()
+}
+
+/// The same ratio as [`ratio`] over the rounds where both stacks ran in their fast mode
+/// ([`fast_rounds`]): `(median, rounds)`, the median only from two rounds up.
+fn fast_ratio(
+    series: &Series,
+    a: &str,
+    b: &str,
+    factor: f64,
+    f: impl Fn(&Point) -> f64,
+) -> (Option<f64>, usize) {
+    let (Some(x), Some(y)) = (series.get(a), series.get(b)) else {
+        return (None, 0);
+    };
+    let (fx, fy) = (fast_rounds(x, factor), fast_rounds(y, factor));
+    let rs: Vec<f64> = x
+        .iter()
+        .zip(y)
+        .zip(fx.iter().zip(&fy))
+        .filter_map(|((p, q), (&u, &v))| match (p, q) {
+            (Some(p), Some(q)) if u && v => Some(f(p) / f(q)),
+            _ => None,
+        })
+        .collect();
+    let value = if rs.len() >= 2 { median(&rs) } else { None };
+    (value, rs.len())
+}
+
 /// The ratios `knb compare` reports: (key, A, B, per-point value).
 const RATIOS: [(&str, &str, &str, bool); 8] = [
     ("luna_vs_kernel_rps", "luna", "kernel", false),
@@ -371,7 +418,9 @@ pub fn run(a: CompareArgs) -> Res<()> {
         }
     }
     for (name, pts) in &series {
-        stacks.insert((*name).into(), stack_entry(pts, a.trust.unstable_factor));
+        let mut e = stack_entry(pts, a.trust.unstable_factor);
+        e["fast"] = json!(fast_rounds(pts, a.trust.unstable_factor));
+        stacks.insert((*name).into(), e);
     }
     // Unstable marks go into the stored runs too (their CSV rows).
     for v in runs.iter_mut() {
@@ -386,14 +435,23 @@ pub fn run(a: CompareArgs) -> Res<()> {
     }
     let mut ratios = serde_json::Map::new();
     let mut kept = serde_json::Map::new();
+    let mut fast = serde_json::Map::new();
     let mut busy: Vec<String> = Vec::new();
     let mut busy_keys: Vec<&str> = Vec::new();
     for (key, x, y, tail) in RATIOS {
-        let r = if tail {
-            ratio(&series, x, y, |p| p.p99)
+        let factor = a.trust.unstable_factor;
+        let (r, (fv, fk)) = if tail {
+            (
+                ratio(&series, x, y, |p| p.p99),
+                fast_ratio(&series, x, y, factor, |p| p.p99),
+            )
         } else {
-            ratio(&series, x, y, |p| p.rps)
+            (
+                ratio(&series, x, y, |p| p.rps),
+                fast_ratio(&series, x, y, factor, |p| p.rps),
+            )
         };
+        fast.insert(key.into(), json!({"value": fv, "rounds": fk}));
         ratios.insert(key.into(), json!(r.value));
         kept.insert(key.into(), json!({"kept": r.kept, "measured": r.measured}));
         if let Some(m) = too_busy(key, &r) {
@@ -411,6 +469,7 @@ pub fn run(a: CompareArgs) -> Res<()> {
         "thresholds": {"min_cpu": a.trust.min_cpu, "max_steal": a.trust.max_steal,
             "unstable_factor": a.trust.unstable_factor},
         "ratio_rounds": kept,
+        "fast_mode": fast,
         "too_busy": busy,
         "verdict": verdict(&busy_keys),
         "notes": notes,
@@ -547,6 +606,21 @@ fn print_doc(doc: &Value, th: &TrustArgs) {
             kept["measured"]
         );
     }
+    println!(
+        "fast-mode ratios (the same, over rounds where both stacks ran within {}x of their own \
+         best round; fewer than two such rounds: null):",
+        th.unstable_factor
+    );
+    for (k, _, _, _) in RATIOS {
+        let f = &doc["fast_mode"][k];
+        println!(
+            "  {k:<22} {:>9}   ({} rounds)",
+            f["value"]
+                .as_f64()
+                .map_or("null".into(), |x| format!("{x:.3}")),
+            f["rounds"]
+        );
+    }
     for m in doc["too_busy"].as_array().into_iter().flatten() {
         println!("TOO BUSY: {}", m.as_str().unwrap_or(""));
     }
@@ -604,6 +678,30 @@ mod tests {
             health: contention::assess(&v, &TrustArgs::default()),
             ..p(rps).unwrap()
         })
+    }
+
+    /// The two-speed mode: luna fast in rounds 2-4, smoltcp in 1, 3 and 4. The median
+    /// over all rounds mixes the speeds; the fast-mode ratio takes rounds 3 and 4 only.
+    #[test]
+    fn fast_mode_ratios_pair_rounds_where_both_ran_fast() {
+        let mut s: Series = BTreeMap::new();
+        s.insert("luna", vec![p(100.0), p(300.0), p(300.0), p(290.0)]);
+        s.insert("smoltcp", vec![p(330.0), p(110.0), p(330.0), p(330.0)]);
+        assert_eq!(fast_rounds(&s["luna"], 1.5), vec![false, true, true, true]);
+        assert_eq!(
+            fast_rounds(&s["smoltcp"], 1.5),
+            vec![true, false, true, true]
+        );
+        let (v, n) = fast_ratio(&s, "luna", "smoltcp", 1.5, |p| p.rps);
+        assert_eq!(n, 2);
+        assert_eq!(v, median(&[300.0 / 330.0, 290.0 / 330.0]));
+        // One both-fast round is not a median; a failed or contended round is never fast.
+        s.insert("luna", vec![p(100.0), p(300.0), None, p(100.0)]);
+        assert_eq!(fast_ratio(&s, "luna", "smoltcp", 1.5, |p| p.rps), (None, 0));
+        // A starved round (luna's server at 0.4 of a CPU) is neither fast nor the best.
+        let starved = vec![judged("luna", 500.0, 0.4), judged("luna", 100.0, 0.99)];
+        assert_eq!(fast_rounds(&starved, 1.5), vec![false, true]);
+        assert_eq!(fast_rounds(&[], 1.5), Vec::<bool>::new());
     }
 
     #[test]

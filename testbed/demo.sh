@@ -57,7 +57,16 @@ for depth in 1 16; do
             "${verdict#too busy to measure }" "$json"
         printf '              ratios that could be measured: '
     fi
-    grep -o '"luna_vs_[a-z0-9_]*": *[^,}]*' "$json" |
-        tr -d '"' | sed 's/: */=/' | grep -v '=null' | tr '\n' ' ' || true
-    echo
+    # Top-level ratios, then the same over the rounds where both stacks ran in their fast
+    # mode (knb compare's fast_mode; the machine flips between two speeds).
+    python3 - "$json" <<'PY' || true
+import json, sys
+d = json.load(open(sys.argv[1]))
+keys = sorted(k for k in d if k.startswith("luna_vs_"))
+print(" ".join(f"{k}={d[k]:.3f}" for k in keys if d[k] is not None))
+fast = d.get("fast_mode", {})
+f = [f"{k}={fast[k]['value']:.3f} ({fast[k]['rounds']} rounds)" for k in keys
+     if fast.get(k, {}).get("value") is not None]
+print("              fast mode: " + (" ".join(f) if f else "fewer than two rounds where both ran fast"))
+PY
 done

@@ -4,7 +4,8 @@
 #   bifurcation/fuzz/run-bounded.sh <seconds>
 #
 # Needs the nightly toolchain and cargo-fuzz (luna-stack/fuzz/run-bounded.sh installs it).
-# New corpus entries go to corpus-work/ (git-ignored), crashes to artifacts/.
+# The committed seeds in seeds/classify/ (minimised by coverage, `-merge=1`) are read-only
+# inputs; new corpus entries go to corpus-work/ (git-ignored), crashes to artifacts/.
 set -euo pipefail
 secs="${1:-}"
 if ! [[ "$secs" =~ ^[0-9]+$ ]] || [ "$secs" -lt 1 ]; then
@@ -15,7 +16,9 @@ cd "$(dirname "$0")"
 flags=(--sanitizer none --debug-assertions)
 cargo +nightly fuzz build "${flags[@]}"
 mkdir -p corpus-work/classify
-if ! cargo +nightly fuzz run "${flags[@]}" classify corpus-work/classify -- \
+seeds=()
+[ -d seeds/classify ] && seeds=(seeds/classify)
+if ! cargo +nightly fuzz run "${flags[@]}" classify corpus-work/classify "${seeds[@]}" -- \
     -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=512 \
     -print_final_stats=1 2>corpus-work/classify.log; then
     tail -n 40 corpus-work/classify.log >&2

@@ -572,7 +572,10 @@ fn compare_writes_every_ratio() {
         assert_eq!(v["ratio_rounds"][k]["measured"], 1, "{k}: {v:#}");
         // One round is never a fast-mode median (that needs two rounds where both ran fast).
         assert!(v["fast_mode"][k]["value"].is_null(), "{k}: {v:#}");
-        assert!(v["fast_mode"][k]["rounds"].as_u64() <= Some(1), "{k}: {v:#}");
+        assert!(
+            v["fast_mode"][k]["rounds"].as_u64() <= Some(1),
+            "{k}: {v:#}"
+        );
     }
     assert!(out.contains("fast-mode ratios"), "{out}");
     assert_eq!(v["verdict"] == "ok", busy.is_empty(), "{v:#}");

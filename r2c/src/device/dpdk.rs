@@ -231,6 +231,28 @@ fn memif_socket_role(vdev: &str) -> Option<(PathBuf, &str)> {
     Some((socket?, role))
 }
 
+/// Whether the EAL's `--vdev` for memif port `port` (matched by its exact name) makes it a
+/// client, and a zero-copy one: `(client, zero_copy)`. DPDK's deprecated `role=slave` is
+/// a client too; `zero-copy=yes` counts only on a client (the server ignores it).
+fn memif_client_mode(args: &[String], port: &str) -> (bool, bool) {
+    let vdev = args
+        .iter()
+        .map(|a| a.strip_prefix("--vdev=").unwrap_or(a))
+        .find(|v| port_name_from_vdev(v) == Some(port));
+    let Some(vdev) = vdev else {
+        return (false, false);
+    };
+    let (mut client, mut zero_copy) = (false, false);
+    for kv in vdev.split(',').skip(1) {
+        match kv.trim().split_once('=') {
+            Some(("role", r)) => client = matches!(r.trim(), "client" | "slave"),
+            Some(("zero-copy", z)) => zero_copy = z.trim() == "yes",
+            _ => {}
+        }
+    }
+    (client, client && zero_copy)
+}
+
 /// Marker file a memif peer creates once it has stopped polling.
 fn quiet_marker(socket: &Path, role: &str) -> PathBuf {
     let mut name = socket.as_os_str().to_owned();
@@ -520,15 +542,11 @@ impl DpdkDevice {
             mtu: cfg.mtu,
             ..PortConf::default()
         };
-        let memif_vdev = |what: &str| {
-            info.driver_name == "net_memif"
-                && eal
-                    .args()
-                    .iter()
-                    .any(|a| a.contains(&cfg.port) && a.contains(what))
+        let (memif_client, zero_copy) = if info.driver_name == "net_memif" {
+            memif_client_mode(eal.args(), &cfg.port)
+        } else {
+            (false, false)
         };
-        let memif_client = memif_vdev("role=client");
-        let zero_copy = memif_client && memif_vdev("zero-copy=yes");
         let tx_copy_max = cfg
             .tx_copy_max
             .unwrap_or_else(|| auto_tx_copy_max(&info.driver_name, zero_copy));
@@ -1105,6 +1123,27 @@ impl Device for DpdkDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memif_client_mode_reads_the_ports_own_vdev() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let a = args(&[
+            "--vdev",
+            "net_memif10,role=client,zero-copy=yes,socket=/x",
+            "--vdev=net_memif1,role=client,socket=/y",
+        ]);
+        // net_memif1 is not net_memif10: its own vdev says copy mode.
+        assert_eq!(memif_client_mode(&a, "net_memif1"), (true, false));
+        assert_eq!(memif_client_mode(&a, "net_memif10"), (true, true));
+        assert_eq!(memif_client_mode(&a, "net_memif2"), (false, false));
+        let srv = args(&["--vdev", "net_memif0,role=server,zero-copy=yes"]);
+        assert_eq!(memif_client_mode(&srv, "net_memif0"), (false, false));
+        let old = args(&["--vdev", "net_memif0, role=slave ,zero-copy=yes"]);
+        assert_eq!(memif_client_mode(&old, "net_memif0"), (true, true));
+        // No role: DPDK's default is the server.
+        let none = args(&["--vdev", "net_memif0,socket=/z"]);
+        assert_eq!(memif_client_mode(&none, "net_memif0"), (false, false));
+    }
 
     #[test]
     fn flat_copy_by_default_only_on_memif_in_copy_mode() {

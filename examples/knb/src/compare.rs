@@ -439,18 +439,9 @@ pub fn run(a: CompareArgs) -> Res<()> {
     let mut busy: Vec<String> = Vec::new();
     let mut busy_keys: Vec<&str> = Vec::new();
     for (key, x, y, tail) in RATIOS {
-        let factor = a.trust.unstable_factor;
-        let (r, (fv, fk)) = if tail {
-            (
-                ratio(&series, x, y, |p| p.p99),
-                fast_ratio(&series, x, y, factor, |p| p.p99),
-            )
-        } else {
-            (
-                ratio(&series, x, y, |p| p.rps),
-                fast_ratio(&series, x, y, factor, |p| p.rps),
-            )
-        };
+        let value: fn(&Point) -> f64 = if tail { |p| p.p99 } else { |p| p.rps };
+        let r = ratio(&series, x, y, value);
+        let (fv, fk) = fast_ratio(&series, x, y, a.trust.unstable_factor, value);
         fast.insert(key.into(), json!({"value": fv, "rounds": fk}));
         ratios.insert(key.into(), json!(r.value));
         kept.insert(key.into(), json!({"kept": r.kept, "measured": r.measured}));

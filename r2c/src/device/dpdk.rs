@@ -220,15 +220,25 @@ fn memif_socket_role(vdev: &str) -> Option<(PathBuf, &str)> {
         return None;
     }
     let (mut socket, mut role) = (None, "server");
-    for kv in parts {
-        match kv.trim().split_once('=') {
-            Some(("socket", v)) => socket = Some(PathBuf::from(v)),
-            Some(("socket-abstract", "yes")) => return None,
-            Some(("role", v)) => role = v,
+    for kv in vdev_params(parts) {
+        match kv {
+            ("socket", v) => socket = Some(PathBuf::from(v)),
+            ("socket-abstract", "yes") => return None,
+            ("role", v) => role = v,
             _ => {}
         }
     }
     Some((socket?, role))
+}
+
+/// The `key=value` parameters after a `--vdev`'s device name, trimmed.
+fn vdev_params<'a>(
+    parts: impl Iterator<Item = &'a str>,
+) -> impl Iterator<Item = (&'a str, &'a str)> {
+    parts.filter_map(|kv| {
+        let (k, v) = kv.trim().split_once('=')?;
+        Some((k.trim(), v.trim()))
+    })
 }
 
 /// Whether the EAL's `--vdev` for memif port `port` (matched by its exact name) makes it a
@@ -243,10 +253,10 @@ fn memif_client_mode(args: &[String], port: &str) -> (bool, bool) {
         return (false, false);
     };
     let (mut client, mut zero_copy) = (false, false);
-    for kv in vdev.split(',').skip(1) {
-        match kv.trim().split_once('=') {
-            Some(("role", r)) => client = matches!(r.trim(), "client" | "slave"),
-            Some(("zero-copy", z)) => zero_copy = z.trim() == "yes",
+    for kv in vdev_params(vdev.split(',').skip(1)) {
+        match kv {
+            ("role", r) => client = matches!(r, "client" | "slave"),
+            ("zero-copy", z) => zero_copy = z == "yes",
             _ => {}
         }
     }

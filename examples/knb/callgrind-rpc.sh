@@ -8,7 +8,8 @@
 #   examples/knb/callgrind-rpc.sh [luna|smoltcp] [server|client] [seconds] [iodepth]
 #
 # Environment: KNB (binary, default target/release/knb), OUT (callgrind file, default
-# /tmp/knb-callgrind.<stack>.<side>), CACHE_SIM=1, and knb's own (KNB_LUNA_TX_COPY_MAX...).
+# /tmp/knb-callgrind.<stack>.<side>), CACHE_SIM=1 (CACHE_ARGS: more cache-sim options, e.g.
+# --I1=65536,8,64 for a larger instruction cache), and knb's own (KNB_LUNA_TX_COPY_MAX...).
 # The measured side's EAL runs with --no-huge (valgrind cannot map hugepages the way
 # DPDK does); per RPC = the poll thread's inclusive count / the RPCs of the whole run.
 set -euo pipefail
@@ -42,7 +43,7 @@ LUNA_TESTBED_PREFIX=$PREFIX "$TB" up memif >/dev/null
 rm -f "$S" "$S".quiet-*
 
 vg="valgrind --tool=callgrind --callgrind-out-file=$OUT --dump-instr=${DUMP_INSTR:-no}"
-[ "${CACHE_SIM:-0}" = 1 ] && vg="$vg --cache-sim=yes"
+[ "${CACHE_SIM:-0}" = 1 ] && vg="$vg --cache-sim=yes ${CACHE_ARGS:-}"
 spre="" cpre=""
 smem="--eal-arg=--huge-unlink --eal-arg=-m --eal-arg=256"
 cmem="--eal-arg=--huge-unlink --eal-arg=-m --eal-arg=256 --eal-arg=--in-memory"

@@ -304,7 +304,11 @@ impl Piece {
 pub struct TxBuf {
     buf: Vec<u8>,
     start: usize,
-    pieces: Option<VecDeque<Piece>>,
+    /// Message mode: the pieces, unsent from `head` on (a `Vec` and an index rather than
+    /// a `VecDeque`: the packer walks them as one slice, with no wrap-around code on the
+    /// per-reply path).
+    pieces: Option<Vec<Piece>>,
+    head: usize,
     piece_bytes: usize,
 }
 
@@ -312,7 +316,7 @@ impl TxBuf {
     /// An empty message-mode buffer.
     pub fn messages() -> TxBuf {
         TxBuf {
-            pieces: Some(VecDeque::new()),
+            pieces: Some(Vec::new()),
             ..TxBuf::default()
         }
     }
@@ -357,24 +361,40 @@ impl TxBuf {
         }
     }
 
-    /// The queued pieces, oldest first, without taking them (message mode; none in
+    /// The queued pieces, oldest first, without taking them (message mode; empty in
     /// byte mode).
-    pub fn pieces(&self) -> impl Iterator<Item = &Piece> + '_ {
-        self.pieces.iter().flatten()
+    pub fn pieces(&self) -> &[Piece] {
+        match &self.pieces {
+            Some(v) => &v[self.head..],
+            None => &[],
+        }
     }
 
     /// The oldest piece (message mode; `None` in byte mode or when empty).
     pub fn pop_piece(&mut self) -> Option<Piece> {
-        let p = self.pieces.as_mut()?.pop_front()?;
+        let v = self.pieces.as_mut()?;
+        let slot = v.get_mut(self.head)?;
+        let p = std::mem::replace(slot, Piece::Zeros(0));
+        self.head += 1;
+        if self.head == v.len() {
+            v.clear();
+            self.head = 0;
+        }
         self.piece_bytes -= p.len();
         Some(p)
     }
 
     fn push_piece(&mut self, p: Piece) {
-        if let Some(q) = &mut self.pieces {
+        if let Some(v) = &mut self.pieces {
             if !p.is_empty() {
+                // A queue that never empties (a bulk sender) drops its sent prefix once
+                // it is half the vector: amortised O(1) per piece.
+                if self.head >= 64 && self.head * 2 >= v.len() {
+                    v.drain(..self.head);
+                    self.head = 0;
+                }
                 self.piece_bytes += p.len();
-                q.push_back(p);
+                v.push(p);
             }
         }
     }
@@ -1163,6 +1183,31 @@ mod tests {
             msgs.on_rx(&mresp, |_| done += 1).unwrap();
             assert_eq!(done, 2, "the response and the SYNC report");
         }
+    }
+
+    /// A queue that never empties (a bulk sender popping a little less than it pushes)
+    /// drops its sent prefix now and then; order, lengths and `pieces()` stay right.
+    #[test]
+    fn message_queue_that_never_empties_keeps_order_across_compaction() {
+        let mut t = TxBuf::messages();
+        let (mut pushed, mut popped) = (0u32, 0u32);
+        for round in 0..200u32 {
+            for _ in 0..3 {
+                pushed += 1;
+                t.push_piece(Piece::Zeros(pushed));
+            }
+            for _ in 0..2 {
+                popped += 1;
+                assert_eq!(t.pop_piece(), Some(Piece::Zeros(popped)), "round {round}");
+            }
+            let want: Vec<Piece> = (popped + 1..=pushed).map(Piece::Zeros).collect();
+            assert_eq!(t.pieces(), &want[..]);
+            let bytes: u32 = (popped + 1..=pushed).sum();
+            assert_eq!(t.len(), bytes as usize);
+        }
+        assert!(t.head < 200, "the sent prefix was dropped: head {}", t.head);
+        while t.pop_piece().is_some() {}
+        assert!(t.is_empty() && t.pieces().is_empty());
     }
 
     #[test]

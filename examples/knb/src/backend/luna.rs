@@ -187,18 +187,20 @@ impl Packer {
         out: &mut VecDeque<Zbuf>,
     ) -> Result<(), PackError> {
         debug_assert!(tx.is_messages(), "the luna backend queues pieces");
+        let pieces = tx.pieces();
         let (mut bytes, mut small, mut take) = (0usize, 0usize, 0usize);
-        for p in tx.pieces() {
+        for p in pieces {
             if bytes >= PACK_BYTES {
                 break;
             }
-            if Self::is_small(p) {
-                if small + p.len() > SMALL_BUF {
+            let n = p.len();
+            if n <= SMALL_PIECE {
+                if small + n > SMALL_BUF {
                     break;
                 }
-                small += p.len();
+                small += n;
             }
-            bytes += p.len();
+            bytes += n;
             take += 1;
         }
         let mut shared = if small > 0 {
@@ -209,8 +211,11 @@ impl Packer {
                 .append(small)
                 .map_err(|e| PackError::Failed(format!("zbuf: {}: {e}", what())))?;
             let mut at = 0;
-            for p in tx.pieces().take(take).filter(|p| Self::is_small(p)) {
+            for p in &pieces[..take] {
                 let n = p.len();
+                if n > SMALL_PIECE {
+                    continue;
+                }
                 match p {
                     Piece::Header(h) => buf[at..at + n].copy_from_slice(h),
                     Piece::Bytes(b) => buf[at..at + n].copy_from_slice(b),
@@ -585,57 +590,48 @@ struct ServerApp {
 }
 
 impl ServerApp {
-    /// Responses of `conn` into buffers and on to the stack.
-    fn flush(&mut self, ctx: &mut Ctx<'_>, conn: Conn) -> Result<(), String> {
-        let Some(c) = self.conns.get_mut(&conn) else {
-            return Ok(());
-        };
-        let packer = self.packer.as_mut().ok_or("no packer")?;
-        match send_packed(ctx, conn, packer, c.e.tx(), &mut self.batch) {
-            (_, None) => Ok(()),
-            (_, Some(e)) => Err(e.to_string()),
-        }
-    }
-
-    /// Reads `conn` while its responses fit, answering as it goes.
+    /// Reads `conn` while its responses fit, answering as it goes. The connection is
+    /// looked up once per pass (this runs for every received segment).
     fn serve(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
         // Only bulk MARK/SYNC use the time (µs accuracy over seconds): the iteration's
         // clock, read anyway, saves a clock read per received segment.
         let now = self.base.0 + ctx.now().saturating_duration_since(self.base.1);
         loop {
+            let Some(c) = self.conns.get_mut(&conn) else {
+                return;
+            };
             let mut limited = false;
-            loop {
-                let Some(c) = self.conns.get_mut(&conn) else {
-                    return;
-                };
+            let failed = loop {
                 if ctx.send_backlog(conn) + c.e.tx().len() >= SERVER_TX_LIMIT {
                     limited = true;
-                    break;
+                    break None;
                 }
                 match ctx.recv(conn) {
                     Ok(Some(z)) => {
                         if let Err(e) = c.e.on_rx(&z, now) {
-                            self.report.errors.push(format!("connection {conn:?}: {e}"));
-                            ctx.abort(conn);
-                            return self.finish(ctx, conn);
+                            break Some(e.to_string());
                         }
                     }
-                    Ok(None) => break,
+                    Ok(None) => break None,
                     Err(RecvError::Finished) => return self.end_of_stream(ctx, conn),
                     // Reset: on_closed follows.
                     Err(_) => return,
                 }
-            }
-            if let Err(e) = self.flush(ctx, conn) {
+            };
+            // The responses into buffers and on to the stack.
+            let failed = failed.or_else(|| match self.packer.as_mut() {
+                Some(p) => send_packed(ctx, conn, p, c.e.tx(), &mut self.batch)
+                    .1
+                    .map(|e| e.to_string()),
+                None => Some("no packer".to_string()),
+            });
+            if let Some(e) = failed {
                 self.report.errors.push(format!("connection {conn:?}: {e}"));
                 ctx.abort(conn);
                 return self.finish(ctx, conn);
             }
             // Read on if the responses went out; else on_writable resumes.
-            let read_on = self.conns.get_mut(&conn).is_some_and(|c| {
-                limited && ctx.send_backlog(conn) + c.e.tx().len() < SERVER_TX_LIMIT
-            });
-            if !read_on {
+            if !(limited && ctx.send_backlog(conn) + c.e.tx().len() < SERVER_TX_LIMIT) {
                 return;
             }
         }

@@ -47,7 +47,9 @@ pub struct TcpConfig {
     pub cc_config: CcConfig,
     /// RTO configuration (RFC 6298, with datacenter-friendly bounds).
     pub rtt: RttConfig,
-    /// SYN (or SYN-ACK) retransmissions before giving up.
+    /// SYN (or SYN-ACK) retransmissions before giving up. The default, 7, keeps a
+    /// connection attempt alive for 255 s with the 1 s initial RTO: RFC 9293 §3.8.3 (MUST-23)
+    /// wants at least 3 minutes for a SYN (Linux's default of 6 gives up after 127 s).
     pub syn_retries: u32,
     /// Data retransmissions (RTO expiries in a row) before aborting (RFC 9293 §3.8.3 R2).
     pub max_retries: u32,
@@ -96,7 +98,7 @@ impl Default for TcpConfig {
             cc: CcAlgorithm::NewReno,
             cc_config: CcConfig::default(),
             rtt: RttConfig::default(),
-            syn_retries: 6,
+            syn_retries: 7,
             max_retries: 15,
             keepalive: None,
             time_wait: Duration::from_secs(60),

@@ -342,6 +342,118 @@ fn rfc6298_syn_is_retransmitted_with_backoff_then_times_out() {
     assert_eq!(c.close_reason(), Some(CloseReason::Timeout));
 }
 
+/// Data segments of one flight after ESTABLISHED: what goes out before any ACK.
+fn first_flight(c: &mut Connection, now: Instant) -> Vec<OutSegment> {
+    assert_eq!(c.send(&zb(&pattern(20_000, 3))), Ok(20_000));
+    poll_all(c, now)
+        .into_iter()
+        .filter(|s| !s.payload.is_empty())
+        .collect()
+}
+
+#[test]
+fn rfc5681_3_1_rfc6928_2_window_is_one_segment_after_a_lost_syn() {
+    // Active open whose SYN the timer resent: one segment, not IW10, until it is ACKed.
+    let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
+    poll_all(&mut c, t(0));
+    let rto = c.poll_timeout().expect("SYN timer");
+    c.on_timeout(rto);
+    assert!(poll_all(&mut c, rto)[0].repr.flags.syn(), "the SYN again");
+    let at = rto + Duration::from_millis(5);
+    let mut synack = seg(TcpFlags::SYN | TcpFlags::ACK, PEER_ISS, ISS + 1, 65535);
+    synack.options.mss = Some(1000);
+    c.on_segment(at, &synack, zb(&[]));
+    assert_eq!(c.state(), State::Established);
+    let flight = first_flight(&mut c, at);
+    assert_eq!(flight.len(), 1, "RFC 6928 §2: one segment after a lost SYN");
+    assert_eq!(flight[0].payload.len(), 1000);
+    // Its ACK opens the window as slow start does.
+    c.on_segment(
+        at + Duration::from_millis(10),
+        &ack_seg(PEER_ISS + 1, ISS + 1001, 65535),
+        zb(&[]),
+    );
+    let next = poll_all(&mut c, at + Duration::from_millis(10));
+    assert_eq!(next.iter().filter(|s| !s.payload.is_empty()).count(), 2);
+
+    // The same handshake without the loss sends the initial window at once.
+    let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0);
+    poll_all(&mut c, t(0));
+    c.on_segment(t(5), &synack, zb(&[]));
+    assert_eq!(first_flight(&mut c, t(5)).len(), 10, "IW10 (RFC 6928)");
+}
+
+#[test]
+fn rfc5681_3_1_rfc6928_2_window_is_one_segment_after_a_lost_syn_ack() {
+    let syn = SynInfo {
+        seq: SeqNum(PEER_ISS),
+        window: 65535,
+        options: TcpOptions {
+            mss: Some(1000),
+            ..Default::default()
+        },
+    };
+    let mut c = Connection::accept_syn(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0, &syn);
+    poll_all(&mut c, t(0));
+    let rto = c.poll_timeout().expect("SYN-ACK timer");
+    c.on_timeout(rto);
+    assert_eq!(
+        poll_all(&mut c, rto)[0].repr.flags,
+        TcpFlags::SYN | TcpFlags::ACK
+    );
+    let at = rto + Duration::from_millis(5);
+    c.on_segment(at, &ack_seg(PEER_ISS + 1, ISS + 1, 65535), zb(&[]));
+    assert_eq!(c.state(), State::Established);
+    assert_eq!(
+        first_flight(&mut c, at).len(),
+        1,
+        "one segment after a lost SYN-ACK"
+    );
+}
+
+#[test]
+fn rfc9293_3_8_3_syn_is_retransmitted_for_at_least_three_minutes() {
+    // MUST-23: R2 for a SYN provides retransmission for at least 3 minutes (defaults).
+    let mut c = Connection::connect(t(0), tuple_a(), TcpConfig::default(), SeqNum(ISS), 0);
+    let mut syns = vec![t(0)];
+    poll_all(&mut c, t(0));
+    while c.state() == State::SynSent {
+        let at = c
+            .poll_timeout()
+            .expect("the SYN timer runs until it gives up");
+        c.on_timeout(at);
+        if poll_all(&mut c, at).iter().any(|s| s.repr.flags.syn()) {
+            syns.push(at);
+        }
+        if c.state() == State::Closed {
+            assert!(at >= t(180_000), "gave up after {at:?}");
+            assert_eq!(c.close_reason(), Some(CloseReason::Timeout));
+        }
+        assert!(syns.len() < 20, "bounded");
+    }
+    assert_eq!(syns.len(), 8, "the SYN and 7 retransmissions: {syns:?}");
+}
+
+#[test]
+fn rfc9293_3_10_7_4_an_ack_below_snd_una_does_not_update_the_window() {
+    let mut c = established();
+    assert_eq!(c.send(&zb(&pattern(3000, 1))), Ok(3000));
+    poll_all(&mut c, t(2));
+    c.on_segment(t(3), &ack_seg(PEER_ISS + 1, ISS + 2001, 30_000), zb(&[]));
+    assert_eq!(c.snd_wnd, 30_000);
+    // Newer in sequence space (in the window, past SND.WL1), older ACK (inside the RFC
+    // 5961 §5.2 range, so not dropped): a duplicate, which must not close the window.
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 3, ISS + 1001, 0), zb(&[]));
+    assert_eq!(c.snd_una, SeqNum(ISS + 2001));
+    assert_eq!(
+        c.snd_wnd, 30_000,
+        "SND.UNA =< SEG.ACK is required for an update"
+    );
+    // A current ACK still updates it.
+    c.on_segment(t(5), &ack_seg(PEER_ISS + 1, ISS + 2001, 20_000), zb(&[]));
+    assert_eq!(c.snd_wnd, 20_000);
+}
+
 #[test]
 fn isn_ffffffff_connection_transfers_across_wrap() {
     let mut c = Connection::connect(t(0), tuple_a(), plain_cfg(), SeqNum(u32::MAX), 0);

@@ -279,6 +279,10 @@ impl CongestionControl for Cubic {
         self.w.set_mss(mss);
     }
 
+    fn on_handshake_loss(&mut self) {
+        self.w.handshake_loss();
+    }
+
     fn undo(&mut self) -> bool {
         // RFC 9438 §4.9: a spurious congestion event restores cwnd, ssthresh, cwnd_prior,
         // W_max, K and the epoch from before it.

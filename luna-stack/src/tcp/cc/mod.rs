@@ -151,6 +151,12 @@ pub trait CongestionControl {
     /// The last reduction (recovery or RTO) was spurious (D-SACK, Eifel/timestamps): restore
     /// the state saved before it. Returns whether there was something to undo.
     fn undo(&mut self) -> bool;
+
+    /// The SYN or SYN-ACK was retransmitted by the timer: the handshake lost a segment,
+    /// so the window after it is one segment, not the initial window (RFC 5681 §3.1,
+    /// RFC 6928 §2: "MUST be one segment"). Called once, on entering ESTABLISHED, after
+    /// the MSS is known; slow start proceeds from there (ssthresh is untouched).
+    fn on_handshake_loss(&mut self);
 }
 
 /// Which algorithm a connection uses.
@@ -236,6 +242,9 @@ impl CongestionControl for Cc {
     }
     fn undo(&mut self) -> bool {
         delegate!(self, c => c.undo())
+    }
+    fn on_handshake_loss(&mut self) {
+        delegate!(self, c => c.on_handshake_loss())
     }
 }
 
@@ -357,6 +366,13 @@ impl Window {
             self.cwnd = self.cfg.initial_window.bytes(self.mss);
         }
         self.cwnd = self.cwnd.max(self.mss);
+    }
+
+    /// The handshake lost a segment: cwnd is one SMSS and stays so when the MSS changes
+    /// (no longer the pristine initial window).
+    pub(crate) fn handshake_loss(&mut self) {
+        self.pristine = false;
+        self.cwnd = self.mss;
     }
 
     /// Restore the saved (cwnd, ssthresh), never lowering either.

@@ -106,6 +106,10 @@ impl CongestionControl for NewReno {
         self.w.set_mss(mss);
     }
 
+    fn on_handshake_loss(&mut self) {
+        self.w.handshake_loss();
+    }
+
     fn undo(&mut self) -> bool {
         self.w.undo()
     }

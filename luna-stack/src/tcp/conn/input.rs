@@ -204,7 +204,7 @@ impl Connection {
             self.last_wnd_field = seg.window;
             self.take_rtt_sample(now, seg.ack);
             if self.syn_retransmitted {
-                self.rtt.on_handshake_retransmitted(&self.cfg.rtt);
+                self.on_handshake_retransmitted();
             }
             self.timers.clear(Timer::Rto);
             self.retries = 0;
@@ -410,9 +410,8 @@ impl Connection {
                 self.snd_wl2 = seg.ack;
                 self.last_wnd_field = seg.window;
                 if self.syn_retransmitted {
-                    // RFC 6298 §5.7: the SYN-ACK timed out, so the RTO is re-initialized to
-                    // 3 s when data transmission begins (passive side of the same rule).
-                    self.rtt.on_handshake_retransmitted(&self.cfg.rtt);
+                    // The SYN-ACK timed out: the passive side of the same rules.
+                    self.on_handshake_retransmitted();
                 }
                 self.events.connected = true;
                 self.events.writable = true;
@@ -777,9 +776,12 @@ impl Connection {
             self.undo_spurious_recovery();
         }
 
-        // RFC 9293 §3.10.7.4: window update if SND.WL1 < SEG.SEQ or (SND.WL1 = SEG.SEQ and
-        // SND.WL2 =< SEG.ACK).
-        if self.snd_wl1.lt(seg.seq) || (self.snd_wl1 == seg.seq && self.snd_wl2.le(ack)) {
+        // RFC 9293 §3.10.7.4: window update if SND.UNA =< SEG.ACK (an older ACK, which the
+        // RFC 5961 §5.2 range lets through, is a duplicate that updates nothing) and SND.WL1
+        // < SEG.SEQ or (SND.WL1 = SEG.SEQ and SND.WL2 =< SEG.ACK).
+        if ack.ge(self.snd_una)
+            && (self.snd_wl1.lt(seg.seq) || (self.snd_wl1 == seg.seq && self.snd_wl2.le(ack)))
+        {
             let wnd = u32::from(seg.window) << self.snd_wscale;
             if self.snd_wnd == 0 && wnd > 0 {
                 self.timers.clear(Timer::Persist);
@@ -874,6 +876,14 @@ impl Connection {
         } else {
             self.undo.active = false;
         }
+    }
+
+    /// Entering ESTABLISHED after the timer retransmitted our SYN or SYN-ACK: RFC 6298
+    /// §5.7 (an RTO under 3 s is re-initialised to 3 s when data transmission begins) and
+    /// RFC 5681 §3.1 / RFC 6928 §2 (the window after a lost SYN or SYN-ACK is one segment).
+    fn on_handshake_retransmitted(&mut self) {
+        self.rtt.on_handshake_retransmitted(&self.cfg.rtt);
+        self.cc.on_handshake_loss();
     }
 
     pub(super) fn take_rtt_sample(&mut self, now: Instant, ack: SeqNum) {

@@ -393,6 +393,7 @@ fn stack_map(c: &StackCounters) -> BTreeMap<String, u64> {
         ("arp_replies", c.arp_replies),
         ("icmp_echo_replies", c.icmp_echo_replies),
         ("pmtu_updates", c.pmtu_updates),
+        ("icmp_aborts", c.icmp_aborts),
         ("rsts_sent", c.rsts_sent),
         ("active_opens", c.active_opens),
         ("passive_opens", c.passive_opens),

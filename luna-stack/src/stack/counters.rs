@@ -96,6 +96,9 @@ pub struct StackCounters {
     pub icmp_echo_replies: u64,
     /// Path MTU reductions applied.
     pub pmtu_updates: u64,
+    /// Connection attempts (SYN-SENT) aborted by an ICMP protocol or port unreachable
+    /// quoting their SYN (RFC 1122 §4.2.3.9).
+    pub icmp_aborts: u64,
     /// RSTs sent for segments with no connection.
     pub rsts_sent: u64,
     /// Connections opened actively.

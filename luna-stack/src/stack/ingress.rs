@@ -205,7 +205,7 @@ impl<R: Rng> Stack<R> {
 
     pub(super) fn on_icmp(
         &mut self,
-        _now: Instant,
+        now: Instant,
         ip: &Ipv4Repr,
         frame: &Zbuf,
         l4: usize,
@@ -233,12 +233,19 @@ impl<R: Rng> Stack<R> {
                 self.counters.icmp_echo_replies += 1;
             }
             Icmpv4Repr::DstUnreachable {
-                reason: Icmpv4DstUnreachable::FragRequired,
+                reason,
                 next_hop_mtu,
                 quote,
             } => {
-                // RFC 1191 §4 with RFC 5927 §4.1 validation: the quoted segment must belong
-                // to a connection and carry an in-flight sequence number.
+                use Icmpv4DstUnreachable::{FragRequired, PortUnreachable, ProtoUnreachable};
+                // Hard errors (RFC 1122 §4.2.3.9: protocol and port unreachable) and
+                // frag-needed (RFC 1191 §4) are acted on; the soft ones (net and host
+                // unreachable, ...) MUST NOT abort and change nothing here.
+                if !matches!(reason, FragRequired | PortUnreachable | ProtoUnreachable) {
+                    return self.counters.drop(StackDrop::IcmpIgnored);
+                }
+                // RFC 5927 §4.1 validation: the quoted segment must belong to a connection
+                // and carry an in-flight sequence number (each handler checks the latter).
                 let (Some((sport, dport)), Some(seq)) = (quote.ports(), quote.tcp_seq()) else {
                     return self.counters.drop(StackDrop::IcmpIgnored);
                 };
@@ -246,20 +253,25 @@ impl<R: Rng> Stack<R> {
                     local: SocketAddrV4::new(quote.header.src_addr, sport),
                     remote: SocketAddrV4::new(quote.header.dst_addr, dport),
                 };
-                match self.by_tuple.get(&tuple).copied() {
-                    Some(idx) => {
-                        let e = self.slots[idx as usize]
-                            .entry
-                            .as_deref_mut()
-                            .expect("tuple map is consistent");
-                        if e.conn.on_path_mtu(seq, next_hop_mtu) {
-                            self.counters.pmtu_updates += 1;
-                            self.mark_dirty(idx);
-                        } else {
-                            self.counters.drop(StackDrop::IcmpIgnored);
-                        }
+                let Some(idx) = self.by_tuple.get(&tuple).copied() else {
+                    return self.counters.drop(StackDrop::IcmpIgnored);
+                };
+                let e = self.slots[idx as usize]
+                    .entry
+                    .as_deref_mut()
+                    .expect("tuple map is consistent");
+                if reason == FragRequired {
+                    if e.conn.on_path_mtu(seq, next_hop_mtu) {
+                        self.counters.pmtu_updates += 1;
+                        self.mark_dirty(idx);
+                    } else {
+                        self.counters.drop(StackDrop::IcmpIgnored);
                     }
-                    None => self.counters.drop(StackDrop::IcmpIgnored),
+                } else if e.conn.on_icmp_hard_error(seq) {
+                    self.counters.icmp_aborts += 1;
+                    self.after_activity(idx, now);
+                } else {
+                    self.counters.drop(StackDrop::IcmpIgnored);
                 }
             }
             _ => self.counters.drop(StackDrop::IcmpIgnored),

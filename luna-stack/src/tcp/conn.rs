@@ -681,6 +681,21 @@ impl Connection {
         true
     }
 
+    /// An ICMP hard error (destination unreachable: protocol or port, RFC 1122 §4.2.3.9)
+    /// quoting sequence number `seq`. In SYN-SENT a quote of our SYN (RFC 5927 §4.1: a
+    /// sequence number in flight, here the ISS a blind attacker would have to guess) aborts
+    /// the attempt: nothing listens there (Linux and the BSDs report ECONNREFUSED). In every
+    /// other state hard errors are treated as soft (RFC 5927 §5.2, as Linux and the BSDs do:
+    /// acting on them would let a blind attacker reset connections). Returns whether the
+    /// connection was aborted.
+    pub fn on_icmp_hard_error(&mut self, seq: SeqNum) -> bool {
+        if self.state != State::SynSent || !seq.ge(self.snd_una) || !seq.lt(self.snd_max) {
+            return false;
+        }
+        self.terminate(CloseReason::Refused);
+        true
+    }
+
     /// Whether SACK, timestamps and window scaling were negotiated.
     pub fn negotiated(&self) -> (bool, bool, Option<(u8, u8)>) {
         let ws = self.wscale_ok.then_some((self.snd_wscale, self.rcv_wscale));

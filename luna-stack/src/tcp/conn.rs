@@ -332,6 +332,9 @@ pub struct Connection {
     passive: bool,
     /// The SYN (or SYN-ACK) was retransmitted: RFC 6298 §5.7 applies once established.
     syn_retransmitted: bool,
+    /// The largest segment payload received while delaying ACKs: the peer's full-sized
+    /// segment (RFC 9293 §3.8.6.3), its MSS less the options it sends.
+    rcv_mss: u32,
     close_reason: Option<CloseReason>,
     /// D-SACK detection of a spurious recovery (RFC 3708).
     undo: UndoEpisode,
@@ -436,6 +439,7 @@ impl Connection {
             undo: UndoEpisode::new(),
             rexmit_now: None,
             syn_retransmitted: false,
+            rcv_mss: 0,
             rtt_probe: None,
             timers: TimerTable::default(),
             persist_backoff: 0,

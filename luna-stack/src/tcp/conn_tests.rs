@@ -839,6 +839,31 @@ fn rfc9293_3_8_6_3_delayed_ack_waits_then_fires() {
     assert_eq!(poll_all(&mut c, t(12)).len(), 1);
 }
 
+#[test]
+fn rfc9293_3_8_6_3_every_second_full_sized_segment_as_the_peer_sends_them() {
+    // The peer's MSS is 1,460 but its segments carry 12 bytes of timestamps: 1,448-byte
+    // segments are its full-sized ones, and every second one is ACKed at once.
+    let cfg = TcpConfig {
+        delayed_ack: Some(Duration::from_millis(40)),
+        ..plain_cfg()
+    };
+    let mut c = established_with(cfg, TcpOptions::default());
+    let mut seq = PEER_ISS + 1;
+    for pair in 0..3 {
+        c.on_segment(t(10), &ack_seg(seq, ISS + 1, 65535), zb(&[1u8; 1448]));
+        seq += 1448;
+        assert!(
+            poll_all(&mut c, t(10)).is_empty(),
+            "pair {pair}: the first waits"
+        );
+        c.on_segment(t(10), &ack_seg(seq, ISS + 1, 65535), zb(&[2u8; 1448]));
+        seq += 1448;
+        let out = poll_all(&mut c, t(10));
+        assert_eq!(out.len(), 1, "pair {pair}: the second is ACKed at once");
+        assert_eq!(out[0].repr.ack, SeqNum(seq));
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // RFC 5961 and PAWS
 // ---------------------------------------------------------------------------------------------

@@ -154,7 +154,7 @@ impl Connection {
         // RFC 9293 §3.10.7.4 seventh: in-order text goes to the application.
         if len > 0 {
             self.deliver(payload);
-            self.schedule_ack(now, true);
+            self.schedule_ack(now, true, len);
         }
         self.arm_timers(now);
     }
@@ -535,6 +535,7 @@ impl Connection {
                 // RFC 5681 §4.2: a segment that fills in all or part of a gap is ACKed at
                 // once (the sender is in loss recovery and waits for it), not delayed.
                 let fills_gap = !payload.is_empty() && !self.ooo.is_empty();
+                let payload_len = payload.len() as u32;
                 self.deliver(payload);
                 // Anything out of order that is now contiguous follows (RFC 9293 §3.10.7.4).
                 while let Some(more) = self.ooo.pop_ready(self.rcv_nxt) {
@@ -543,7 +544,7 @@ impl Connection {
                 if fills_gap {
                     self.ack_now = true;
                 } else {
-                    self.schedule_ack(now, len > 0);
+                    self.schedule_ack(now, len > 0, payload_len);
                 }
             } else {
                 // Out of order: queue it and send an immediate duplicate ACK with SACK
@@ -600,15 +601,21 @@ impl Connection {
         }
     }
 
-    pub(super) fn schedule_ack(&mut self, now: Instant, has_data: bool) {
+    /// The ACK owed for in-sequence text or a FIN (`has_data`); `payload_len` is the
+    /// segment's payload.
+    pub(super) fn schedule_ack(&mut self, now: Instant, has_data: bool, payload_len: u32) {
         if !has_data {
             return;
         }
         match self.cfg.delayed_ack {
             // RFC 9293 §3.8.6.3 / RFC 5681 §4.2: ACK at least every second full-sized
-            // segment and within the delayed-ACK timeout.
+            // segment and within the delayed-ACK timeout. Full-sized as the peer sends them:
+            // its segments carry options (1,448 bytes under a 1,460 MSS with timestamps), so
+            // the size is learnt from the largest payload received (Linux's rcv_mss), not
+            // taken from an MSS.
             Some(d) => {
-                if self.rcv_nxt - self.last_ack_sent >= 2 * self.snd_mss.max(1) {
+                self.rcv_mss = self.rcv_mss.max(payload_len.min(u32::from(self.cfg.mss)));
+                if self.rcv_nxt - self.last_ack_sent >= 2 * self.rcv_mss.max(1) {
                     self.ack_now = true;
                 } else if !self.timers.is_armed(Timer::DelayedAck) {
                     self.timers.set(Timer::DelayedAck, now + d);

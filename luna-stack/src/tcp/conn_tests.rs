@@ -1262,6 +1262,29 @@ fn rfc5681_3_2_three_dupacks_trigger_fast_retransmit_and_recovery_exits() {
 }
 
 #[test]
+fn rfc3042_limited_transmit_without_sack_sends_one_new_segment_per_dupack() {
+    let mut c = established();
+    assert!(!c.sack_ok);
+    c.send(&zb(&pattern(1460 * 14, 1))).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 10, "IW10");
+    let una = ISS + 1;
+    // The first two duplicate ACKs each let one new segment out (cwnd unchanged).
+    let cwnd = c.cwnd();
+    for k in 0..2u32 {
+        c.on_segment(t(3), &ack_seg(PEER_ISS + 1, una, 65535), zb(&[]));
+        let out = poll_all(&mut c, t(3));
+        assert_eq!(out.len(), 1, "duplicate ACK {}", k + 1);
+        assert_eq!(out[0].repr.seq, SeqNum(una + 1460 * (10 + k)), "new data");
+        assert_eq!(c.cwnd(), cwnd);
+    }
+    // The third starts fast retransmit of the first segment.
+    c.on_segment(t(3), &ack_seg(PEER_ISS + 1, una, 65535), zb(&[]));
+    assert!(c.in_recovery());
+    let out = poll_all(&mut c, t(3));
+    assert_eq!(out[0].repr.seq, SeqNum(una));
+}
+
+#[test]
 fn rfc6582_3_2_partial_ack_retransmits_next_hole() {
     let mut c = established();
     c.send(&zb(&pattern(1460 * 8, 1))).unwrap();

@@ -455,6 +455,13 @@ impl Connection {
             {
                 self.sb.pipe()
             }
+            // RFC 3042 / RFC 5681 §3.2 (1) without SACK: each of the first two duplicate
+            // ACKs says a segment left the network, so one new segment may go out for each
+            // (FlightSize up to cwnd + 2 SMSS); a retransmission is never sent this way.
+            None if !self.sack_ok && self.dupacks > 0 && self.snd_nxt == self.snd_max => {
+                let left = self.dupacks.min(2) * self.snd_mss;
+                (self.snd_nxt - self.snd_una).saturating_sub(left)
+            }
             None => self.snd_nxt - self.snd_una,
         }
     }

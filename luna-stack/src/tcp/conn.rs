@@ -289,6 +289,10 @@ pub struct Connection {
     send_keepalive: bool,
     /// A zero-window probe is due at the next poll.
     send_window_probe: bool,
+    /// The persist timer fired while sender SWS avoidance held data back with nothing in
+    /// flight and a small window open: the next data segment may fill that window (RFC 9293
+    /// §3.8.6.2.1, the override timeout).
+    sws_override: bool,
     events: Events,
     /// Every deadline of the connection (retransmission, persist, delayed ACK, TIME-WAIT,
     /// an orphan's FIN-WAIT-2, keepalive): the one table `poll_timeout` reads.
@@ -457,6 +461,7 @@ impl Connection {
             keepalive: Keepalive::default(),
             send_keepalive: false,
             send_window_probe: false,
+            sws_override: false,
             wscale_ok: false,
             orphaned: false,
             rst_pending: None,
@@ -1032,6 +1037,7 @@ impl Connection {
             self.keepalive,
             self.send_keepalive,
             self.send_window_probe,
+            self.sws_override,
             self.wscale_ok
         );
         put!(self.orphaned, self.rst_pending);

@@ -757,6 +757,40 @@ fn rfc9293_3_8_6_1_zero_window_is_probed_with_backoff() {
 }
 
 #[test]
+fn rfc9293_3_8_6_2_1_sender_sws_waits_with_nothing_in_flight_until_the_override_timeout() {
+    let mut c = established();
+    // The peer offered 65,535 bytes; with nothing in flight and 10,000 bytes queued it now
+    // offers 500: a silly window, neither a full segment nor half the largest window.
+    c.on_segment(t(2), &ack_seg(PEER_ISS + 1, ISS + 1, 500), zb(&[]));
+    assert_eq!(c.send(&zb(&pattern(10_000, 1))), Ok(10_000));
+    assert!(
+        poll_all(&mut c, t(2)).is_empty(),
+        "no 500-byte runt at once"
+    );
+    // No ACK will come: the persist timer is the override timeout (3.8.6.2.1 (4)).
+    let at = c.poll_timeout().expect("override timer armed");
+    assert!(at > t(2) && at <= t(2) + Duration::from_secs(2), "{at:?}");
+    c.on_timeout(at);
+    let out = poll_all(&mut c, at);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].repr.seq, SeqNum(ISS + 1));
+    assert_eq!(
+        out[0].payload.len(),
+        500,
+        "the window is filled after the timeout"
+    );
+    // Full segments go out at once, as before (the 1,080-byte rest of a 4,000-byte window
+    // then waits for their ACKs).
+    let later = at + Duration::from_millis(1);
+    c.on_segment(later, &ack_seg(PEER_ISS + 1, ISS + 501, 4000), zb(&[]));
+    let sizes: Vec<usize> = poll_all(&mut c, later)
+        .iter()
+        .map(|s| s.payload.len())
+        .collect();
+    assert_eq!(sizes, [1460, 1460]);
+}
+
+#[test]
 fn rfc9293_3_7_4_nagle_holds_small_segments_when_enabled() {
     let mut c = established_with(
         TcpConfig {

@@ -532,16 +532,21 @@ impl Connection {
         if len == 0 && !(fin_due && unsent == 0) {
             return false;
         }
-        if len < unsent && len < max_payload && flight > 0 {
+        if len < unsent && len < max_payload {
             // RFC 9293 §3.8.6.2.1 sender SWS avoidance: with more data queued, a partial
             // segment waits for ACKs to open the window, unless it fills at least half the
             // largest window the peer ever offered. A byte-counted cwnd would otherwise leave
-            // a runt at the end of every flight.
+            // a runt at the end of every flight. With nothing outstanding no ACK is coming:
+            // the persist timer (`arm_sws_override`) is the override timeout after which the
+            // window is filled anyway. (Going back N after an RTO, the flight is empty but
+            // data is outstanding: the RTO is the clock, and the window is filled at once.)
             let big_enough = len == wnd_room && len >= self.max_snd_wnd / 2;
-            if !big_enough {
+            let idle = self.snd_max == self.snd_una;
+            if !big_enough && (flight > 0 || (idle && !self.sws_override)) {
                 return false;
             }
         }
+        self.sws_override = false;
         // RFC 9293 §3.7.4 Nagle (off by default): hold a small segment while data is unacked.
         if self.cfg.nagle && len < max_payload && flight > 0 && !fin_due {
             return false;

@@ -27,14 +27,17 @@ impl Connection {
     pub(super) fn arm_timers(&mut self, now: Instant) {
         if self.state == State::Established && self.snd_wnd != 0 {
             // The data-transfer case, what the general rules below come to there (no
-            // FIN-WAIT-2 limit, no zero window): the RTO runs while anything is outstanding.
-            self.timers.clear(Timer::Persist);
+            // FIN-WAIT-2 limit, no zero window): the RTO runs while anything is outstanding,
+            // and the persist timer, as the override timeout of sender SWS avoidance, while
+            // data waits with nothing outstanding.
             if self.snd_max != self.snd_una {
+                self.timers.clear(Timer::Persist);
                 if !self.timers.is_armed(Timer::Rto) {
                     self.timers.set(Timer::Rto, now + self.rtt.rto());
                 }
             } else {
                 self.timers.clear(Timer::Rto);
+                self.arm_sws_override(now);
             }
             return;
         }
@@ -60,6 +63,9 @@ impl Connection {
                 self.timers
                     .set(Timer::Persist, now + self.persist_interval());
             }
+        } else if self.state.is_synchronized() && !outstanding {
+            self.timers.clear(Timer::Rto);
+            self.arm_sws_override(now);
         } else {
             self.timers.clear(Timer::Persist);
             if outstanding {
@@ -69,6 +75,21 @@ impl Connection {
             } else {
                 self.timers.clear(Timer::Rto);
             }
+        }
+    }
+
+    /// Nothing outstanding and a window open: if data still waits, only sender SWS
+    /// avoidance holds it (the window is under one segment and under half the largest the
+    /// peer offered), and no ACK will come to open it. RFC 9293 §3.8.6.2.1 (4): an override
+    /// timeout sends it anyway; the persist timer is that timeout, as in Linux and the BSDs.
+    fn arm_sws_override(&mut self, now: Instant) {
+        if self.sndq.end().gt(self.snd_nxt) {
+            if !self.timers.is_armed(Timer::Persist) {
+                self.timers
+                    .set(Timer::Persist, now + self.persist_interval());
+            }
+        } else {
+            self.timers.clear(Timer::Persist);
         }
     }
 
@@ -100,15 +121,22 @@ impl Connection {
             self.on_rto(now);
         }
         if self.timers.take_due(Timer::Persist, now) {
-            self.retries += 1;
-            if self.retries > self.cfg.max_retries {
-                // Unanswered probes: the peer is gone.
-                self.rst_pending = Some(self.seq_for_control());
-                self.terminate(CloseReason::Timeout);
-                return;
+            if self.snd_wnd != 0 {
+                // The override timeout of sender SWS avoidance (`arm_sws_override`): the
+                // window is filled with new data, which the RTO covers from then on. Not a
+                // probe: nothing counts against the peer's liveness, nothing backs off.
+                self.sws_override = true;
+            } else {
+                self.retries += 1;
+                if self.retries > self.cfg.max_retries {
+                    // Unanswered probes: the peer is gone.
+                    self.rst_pending = Some(self.seq_for_control());
+                    self.terminate(CloseReason::Timeout);
+                    return;
+                }
+                self.send_window_probe = true;
+                self.persist_backoff = self.persist_backoff.saturating_add(1);
             }
-            self.send_window_probe = true;
-            self.persist_backoff = self.persist_backoff.saturating_add(1);
         }
         if self.timers.is_due(Timer::Keepalive, now) {
             self.on_keepalive(now);

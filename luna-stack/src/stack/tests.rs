@@ -913,7 +913,7 @@ fn rfc9293_3_10_7_2_half_open_slot_is_released_when_syn_received_times_out() {
     ca.tcp.syn_retries = 1;
     let mut cb = cfg(MAC_B, ip_b());
     cb.syn_cookies = SynCookieMode::Off;
-    cb.tcp.syn_retries = 1;
+    cb.tcp.synack_retries = 1;
     let mut net = Net::new(ca, cb);
     let l = net.b.listen(7000, 1).unwrap();
     let blackhole = Rc::new(Cell::new(true));

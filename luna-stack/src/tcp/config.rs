@@ -47,10 +47,14 @@ pub struct TcpConfig {
     pub cc_config: CcConfig,
     /// RTO configuration (RFC 6298, with datacenter-friendly bounds).
     pub rtt: RttConfig,
-    /// SYN (or SYN-ACK) retransmissions before giving up. The default, 7, keeps a
-    /// connection attempt alive for 255 s with the 1 s initial RTO: RFC 9293 §3.8.3 (MUST-23)
-    /// wants at least 3 minutes for a SYN (Linux's default of 6 gives up after 127 s).
+    /// SYN retransmissions before a connection attempt gives up. The default, 7, keeps it
+    /// alive for 183 s with the default RTOs (1 s initial, back-off capped at 60 s): RFC 9293
+    /// §3.8.3 (MUST-23) wants at least 3 minutes for a SYN (6 gave up after 123 s).
     pub syn_retries: u32,
+    /// SYN-ACK retransmissions before a half-open passive connection is dropped (Linux
+    /// `tcp_synack_retries`). The default, 6, holds its backlog slot for 123 s: longer would
+    /// help a SYN flood more than a lossy client (a full backlog falls back to SYN cookies).
+    pub synack_retries: u32,
     /// Data retransmissions (RTO expiries in a row) before aborting (RFC 9293 §3.8.3 R2).
     pub max_retries: u32,
     /// Keepalive, off by default.
@@ -99,6 +103,7 @@ impl Default for TcpConfig {
             cc_config: CcConfig::default(),
             rtt: RttConfig::default(),
             syn_retries: 7,
+            synack_retries: 6,
             max_retries: 15,
             keepalive: None,
             time_wait: Duration::from_secs(60),

@@ -336,9 +336,13 @@ pub struct Connection {
     passive: bool,
     /// The SYN (or SYN-ACK) was retransmitted: RFC 6298 §5.7 applies once established.
     syn_retransmitted: bool,
-    /// The largest segment payload received while delaying ACKs: the peer's full-sized
-    /// segment (RFC 9293 §3.8.6.3), its MSS less the options it sends.
+    /// The largest segment payload received while delaying ACKs (at least RFC 9293's
+    /// default MSS, 536): the peer's full-sized segment (§3.8.6.3), its MSS less the options
+    /// it sends.
     rcv_mss: u32,
+    /// New data sent by limited transmit since the first duplicate ACK: RFC 5681 §3.2 step
+    /// 2 leaves it out of the FlightSize that sets ssthresh.
+    lt_bytes: u32,
     close_reason: Option<CloseReason>,
     /// D-SACK detection of a spurious recovery (RFC 3708).
     undo: UndoEpisode,
@@ -443,7 +447,8 @@ impl Connection {
             undo: UndoEpisode::new(),
             rexmit_now: None,
             syn_retransmitted: false,
-            rcv_mss: 0,
+            rcv_mss: DEFAULT_PEER_MSS.min(mss),
+            lt_bytes: 0,
             rtt_probe: None,
             timers: TimerTable::default(),
             persist_backoff: 0,
@@ -1038,6 +1043,8 @@ impl Connection {
             self.send_keepalive,
             self.send_window_probe,
             self.sws_override,
+            self.rcv_mss,
+            self.lt_bytes,
             self.wscale_ok
         );
         put!(self.orphaned, self.rst_pending);

@@ -435,6 +435,33 @@ fn rfc9293_3_8_3_syn_is_retransmitted_for_at_least_three_minutes() {
 }
 
 #[test]
+fn a_half_open_passive_connection_gives_up_after_synack_retries() {
+    // The SYN-ACK has its own limit (Linux tcp_synack_retries): 6 resends, then 123 s (the back-off is capped at the 60 s max RTO).
+    let syn = SynInfo {
+        seq: SeqNum(PEER_ISS),
+        window: 65535,
+        options: TcpOptions::default(),
+    };
+    let mut c = Connection::accept_syn(t(0), tuple_a(), TcpConfig::default(), SeqNum(ISS), 0, &syn);
+    let mut synacks = 0;
+    let mut at = t(0);
+    for _ in 0..20 {
+        synacks += poll_all(&mut c, at)
+            .iter()
+            .filter(|s| s.repr.flags.syn())
+            .count();
+        if c.state() == State::Closed {
+            break;
+        }
+        at = c.poll_timeout().expect("SYN-ACK timer");
+        c.on_timeout(at);
+    }
+    assert_eq!(c.state(), State::Closed);
+    assert_eq!(synacks, 7, "the SYN-ACK and 6 retransmissions");
+    assert_eq!(at, t(123_000));
+}
+
+#[test]
 fn rfc9293_3_10_7_4_an_ack_below_snd_una_does_not_update_the_window() {
     let mut c = established();
     assert_eq!(c.send(&zb(&pattern(3000, 1))), Ok(3000));
@@ -1311,9 +1338,11 @@ fn rfc3042_limited_transmit_without_sack_sends_one_new_segment_per_dupack() {
         assert_eq!(out[0].repr.seq, SeqNum(una + 1460 * (10 + k)), "new data");
         assert_eq!(c.cwnd(), cwnd);
     }
-    // The third starts fast retransmit of the first segment.
+    // The third starts fast retransmit of the first segment; ssthresh is half of the
+    // FlightSize without the two limited-transmit segments (RFC 5681 §3.2 step 2).
     c.on_segment(t(3), &ack_seg(PEER_ISS + 1, una, 65535), zb(&[]));
     assert!(c.in_recovery());
+    assert_eq!(c.cc.ssthresh(), 1460 * 10 / 2);
     let out = poll_all(&mut c, t(3));
     assert_eq!(out[0].repr.seq, SeqNum(una));
 }

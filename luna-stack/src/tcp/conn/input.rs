@@ -799,7 +799,11 @@ impl Connection {
             self.snd_wl1 = seg.seq;
             self.snd_wl2 = ack;
         }
-        self.last_wnd_field = seg.window;
+        // An old ACK is not "the last incoming acknowledgment" of RFC 5681 §2's duplicate
+        // test either: it would hide the next real duplicate.
+        if ack.ge(self.snd_una) {
+            self.last_wnd_field = seg.window;
+        }
 
         // FIN acknowledgment transitions (RFC 9293 §3.10.7.4 fifth, per state).
         let fin_acked = self.fin_queued && self.snd_una == self.sndq.end() + 1u32;
@@ -829,6 +833,7 @@ impl Connection {
         }
         self.retries = 0;
         self.persist_backoff = 0;
+        self.lt_bytes = 0;
         self.keepalive.probes_sent = 0;
         self.take_rtt_sample(now, ack);
         self.events.writable = true;
@@ -865,7 +870,9 @@ impl Connection {
     }
 
     pub(super) fn enter_recovery(&mut self, now: Instant) {
-        let in_flight = self.snd_max - self.snd_una;
+        // RFC 5681 §3.2 step 2: what limited transmit sent MUST NOT count in FlightSize.
+        let in_flight = (self.snd_max - self.snd_una).saturating_sub(self.lt_bytes);
+        self.lt_bytes = 0;
         self.recovery = Some(self.snd_max);
         self.cc.on_enter_recovery(now, in_flight);
         self.sb.on_enter_recovery();

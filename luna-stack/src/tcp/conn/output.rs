@@ -506,9 +506,12 @@ impl Connection {
             return false;
         }
         let flight = self.flight();
+        // Data sent and not acknowledged, whatever limited transmit's `flight` counts: the
+        // idle, SWS and Nagle tests below are about this.
+        let unacked = self.snd_nxt != self.snd_una;
         // RFC 5681 §4.1: after an idle period longer than the RTO, restart from the
         // restart window.
-        if flight == 0 {
+        if !unacked {
             self.cc.on_idle_restart(
                 now,
                 now.saturating_duration_since(self.last_send),
@@ -542,13 +545,13 @@ impl Connection {
             // data is outstanding: the RTO is the clock, and the window is filled at once.)
             let big_enough = len == wnd_room && len >= self.max_snd_wnd / 2;
             let idle = self.snd_max == self.snd_una;
-            if !big_enough && (flight > 0 || (idle && !self.sws_override)) {
+            if !big_enough && (unacked || (idle && !self.sws_override)) {
                 return false;
             }
         }
         self.sws_override = false;
         // RFC 9293 §3.7.4 Nagle (off by default): hold a small segment while data is unacked.
-        if self.cfg.nagle && len < max_payload && flight > 0 && !fin_due {
+        if self.cfg.nagle && len < max_payload && unacked && !fin_due {
             return false;
         }
         let seq = self.snd_nxt;
@@ -566,6 +569,10 @@ impl Connection {
         if self.snd_nxt.gt(self.snd_max) {
             self.snd_max = self.snd_nxt;
             self.sb.on_transmit(self.snd_max);
+        }
+        if !is_rexmit && self.recovery.is_none() && self.dupacks > 0 {
+            // Limited transmit (RFC 3042): kept out of the FlightSize that sets ssthresh.
+            self.lt_bytes = self.lt_bytes.saturating_add(len);
         }
         if is_rexmit {
             self.sb.on_retransmit(seq, len + u32::from(fin));

@@ -32,6 +32,7 @@ impl Connection {
             // data waits with nothing outstanding.
             if self.snd_max != self.snd_una {
                 self.timers.clear(Timer::Persist);
+                self.sws_override = false;
                 if !self.timers.is_armed(Timer::Rto) {
                     self.timers.set(Timer::Rto, now + self.rtt.rto());
                 }
@@ -59,6 +60,7 @@ impl Connection {
         let data_pending = self.sndq.end().gt(self.snd_una);
         if self.state.is_synchronized() && self.snd_wnd == 0 && data_pending {
             self.timers.clear(Timer::Rto);
+            self.sws_override = false;
             if !self.timers.is_armed(Timer::Persist) {
                 self.timers
                     .set(Timer::Persist, now + self.persist_interval());
@@ -68,6 +70,7 @@ impl Connection {
             self.arm_sws_override(now);
         } else {
             self.timers.clear(Timer::Persist);
+            self.sws_override = false;
             if outstanding {
                 if !self.timers.is_armed(Timer::Rto) {
                     self.timers.set(Timer::Rto, now + self.rto());
@@ -90,6 +93,7 @@ impl Connection {
             }
         } else {
             self.timers.clear(Timer::Persist);
+            self.sws_override = false;
         }
     }
 
@@ -147,7 +151,8 @@ impl Connection {
     pub(super) fn on_rto(&mut self, now: Instant) {
         self.retries += 1;
         let limit = match self.state {
-            State::SynSent | State::SynReceived => self.cfg.syn_retries,
+            State::SynSent => self.cfg.syn_retries,
+            State::SynReceived => self.cfg.synack_retries,
             _ => self.cfg.max_retries,
         };
         if self.retries > limit {
@@ -163,6 +168,7 @@ impl Connection {
         // (the CC saved its state anew), and if the raised DupThresh held back a fast
         // retransmit the default would have sent, the reordering estimate is reset.
         self.undo.active = false;
+        self.lt_bytes = 0;
         if self.recovery.is_none() {
             self.sb.on_rto_outside_recovery();
         }

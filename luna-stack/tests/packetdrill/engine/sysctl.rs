@@ -103,6 +103,7 @@ pub fn apply(t: &mut Target<'_>, name: &str, v: &str) -> Result<(), String> {
             "tcp_keepalive_intvl" => t.keepalive.interval = secs(num(name, v)?),
             "tcp_keepalive_probes" => t.keepalive.probes = num(name, v)? as u32,
             "tcp_syn_retries" => tcp.syn_retries = num(name, v)? as u32,
+            "tcp_synack_retries" => tcp.synack_retries = num(name, v)? as u32,
             "tcp_retries2" => tcp.max_retries = num(name, v)? as u32,
             "tcp_rto_min_us" => tcp.rtt.min_rto = Duration::from_micros(num(name, v)?),
             "tcp_rto_max_ms" => tcp.rtt.max_rto = ms(num(name, v)?),
@@ -209,7 +210,15 @@ pub fn apply(t: &mut Target<'_>, name: &str, v: &str) -> Result<(), String> {
             }
             "udp_tunneling_port" => only(name, v, &["0"], "luna has no UDP encapsulation")?,
             "udp_tunneling_overhead" => {} // meaningless without a tunneling port
-            "icmp_may_rst" => only(name, v, &["0"], "luna never resets a connection on ICMP")?,
+            // 1 (FreeBSD's default): a port or protocol unreachable aborts a connection in
+            // SYN-SENT, as luna does (FreeBSD also acts on admin-prohibited and time
+            // exceeded, which luna treats as soft: such a script fails visibly).
+            "icmp_may_rst" => only(
+                name,
+                v,
+                &["1"],
+                "luna aborts a connection attempt on ICMP port/protocol unreachable",
+            )?,
             "nolocaltimewait" => only(name, v, &["0"], "luna keeps TIME-WAIT for local peers")?,
             _ => return Err(format!("sysctl {name}: no luna counterpart")),
         }

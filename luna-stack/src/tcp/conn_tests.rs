@@ -102,6 +102,19 @@ fn established() -> Connection {
     established_with(plain_cfg(), TcpOptions::default())
 }
 
+/// A passive connection in SYN-RECEIVED, made from the peer's SYN (ISN `PEER_ISS`).
+fn syn_received(cfg: TcpConfig, window: u16, mss: Option<u16>) -> Connection {
+    let syn = SynInfo {
+        seq: SeqNum(PEER_ISS),
+        window,
+        options: TcpOptions {
+            mss,
+            ..Default::default()
+        },
+    };
+    Connection::accept_syn(t(0), tuple_a(), cfg, SeqNum(ISS), 0, &syn)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Handshake
 // ---------------------------------------------------------------------------------------------
@@ -267,15 +280,7 @@ fn rfc9293_3_5_simultaneous_open() {
 
 #[test]
 fn rfc9293_3_10_7_2_passive_open_and_reset_returns_to_listen() {
-    let syn = SynInfo {
-        seq: SeqNum(PEER_ISS),
-        window: 4000,
-        options: TcpOptions {
-            mss: Some(1000),
-            ..Default::default()
-        },
-    };
-    let mut c = Connection::accept_syn(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0, &syn);
+    let mut c = syn_received(plain_cfg(), 4000, Some(1000));
     assert_eq!(c.state(), State::SynReceived);
     let out = poll_all(&mut c, t(0));
     assert_eq!(out.len(), 1);
@@ -299,12 +304,7 @@ fn rfc9293_3_10_7_2_passive_open_and_reset_returns_to_listen() {
 
 #[test]
 fn rfc9293_3_10_7_4_syn_received_bad_ack_gets_rst() {
-    let syn = SynInfo {
-        seq: SeqNum(PEER_ISS),
-        window: 4000,
-        options: TcpOptions::default(),
-    };
-    let mut c = Connection::accept_syn(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0, &syn);
+    let mut c = syn_received(plain_cfg(), 4000, None);
     poll_all(&mut c, t(0));
     c.on_segment(t(1), &ack_seg(PEER_ISS + 1, ISS + 77, 4000), zb(&[]));
     assert_eq!(c.state(), State::SynReceived);
@@ -385,15 +385,7 @@ fn rfc5681_3_1_rfc6928_2_window_is_one_segment_after_a_lost_syn() {
 
 #[test]
 fn rfc5681_3_1_rfc6928_2_window_is_one_segment_after_a_lost_syn_ack() {
-    let syn = SynInfo {
-        seq: SeqNum(PEER_ISS),
-        window: 65535,
-        options: TcpOptions {
-            mss: Some(1000),
-            ..Default::default()
-        },
-    };
-    let mut c = Connection::accept_syn(t(0), tuple_a(), plain_cfg(), SeqNum(ISS), 0, &syn);
+    let mut c = syn_received(plain_cfg(), 65535, Some(1000));
     poll_all(&mut c, t(0));
     let rto = c.poll_timeout().expect("SYN-ACK timer");
     c.on_timeout(rto);
@@ -437,12 +429,7 @@ fn rfc9293_3_8_3_syn_is_retransmitted_for_at_least_three_minutes() {
 #[test]
 fn a_half_open_passive_connection_gives_up_after_synack_retries() {
     // The SYN-ACK has its own limit (Linux tcp_synack_retries): 6 resends, then 123 s (the back-off is capped at the 60 s max RTO).
-    let syn = SynInfo {
-        seq: SeqNum(PEER_ISS),
-        window: 65535,
-        options: TcpOptions::default(),
-    };
-    let mut c = Connection::accept_syn(t(0), tuple_a(), TcpConfig::default(), SeqNum(ISS), 0, &syn);
+    let mut c = syn_received(TcpConfig::default(), 65535, None);
     let mut synacks = 0;
     let mut at = t(0);
     for _ in 0..20 {
@@ -862,13 +849,18 @@ fn send_buffer_limits_and_writable_event() {
     assert_eq!(c.send_capacity(), 1460);
 }
 
-#[test]
-fn rfc9293_3_8_6_3_delayed_ack_waits_then_fires() {
+/// ESTABLISHED with delayed ACKs of `ms` milliseconds (no options).
+fn established_delayed_ack(ms: u64) -> Connection {
     let cfg = TcpConfig {
-        delayed_ack: Some(Duration::from_millis(5)),
+        delayed_ack: Some(Duration::from_millis(ms)),
         ..plain_cfg()
     };
-    let mut c = established_with(cfg, TcpOptions::default());
+    established_with(cfg, TcpOptions::default())
+}
+
+#[test]
+fn rfc9293_3_8_6_3_delayed_ack_waits_then_fires() {
+    let mut c = established_delayed_ack(5);
     c.on_segment(
         t(10),
         &ack_seg(PEER_ISS + 1, ISS + 1, 65535),
@@ -904,11 +896,7 @@ fn rfc9293_3_8_6_3_delayed_ack_waits_then_fires() {
 fn rfc9293_3_8_6_3_every_second_full_sized_segment_as_the_peer_sends_them() {
     // The peer's MSS is 1,460 but its segments carry 12 bytes of timestamps: 1,448-byte
     // segments are its full-sized ones, and every second one is ACKed at once.
-    let cfg = TcpConfig {
-        delayed_ack: Some(Duration::from_millis(40)),
-        ..plain_cfg()
-    };
-    let mut c = established_with(cfg, TcpOptions::default());
+    let mut c = established_delayed_ack(40);
     let mut seq = PEER_ISS + 1;
     for pair in 0..3 {
         c.on_segment(t(10), &ack_seg(seq, ISS + 1, 65535), zb(&[1u8; 1448]));
@@ -2788,11 +2776,7 @@ fn rfc2883_4_pending_dsack_survives_a_segment_that_is_not_sent() {
 /// was ACKed only when the delayed-ACK timer fired. RFC 5681 §4.2: it SHOULD be ACKed at once.
 #[test]
 fn rfc5681_4_2_segment_filling_a_gap_is_acked_immediately() {
-    let cfg = TcpConfig {
-        delayed_ack: Some(Duration::from_millis(40)),
-        ..plain_cfg()
-    };
-    let mut c = established_with(cfg, TcpOptions::default());
+    let mut c = established_delayed_ack(40);
     c.on_segment(
         t(2),
         &ack_seg(PEER_ISS + 1 + 100, ISS + 1, 65535),

@@ -113,6 +113,13 @@ impl LocalAddrs {
             || (self.n_extra != 0 && self.extras().any(|c| subnet_broadcast(c) == Some(ip)))
     }
 
+    /// Whether `ip` is the network address (host part all zeros) of one of our prefixes of
+    /// /30 or shorter: not a valid source (RFC 1122 §3.2.1.3; a /31's are hosts, RFC 3021).
+    pub fn is_subnet_network(&self, ip: Ipv4Addr) -> bool {
+        self.iter()
+            .any(|c| c.prefix_len() <= 30 && c.network().address() == ip)
+    }
+
     /// Adds `addr`; `Ok(false)` when it was there already (its prefix is updated).
     pub fn add(&mut self, addr: Ipv4Cidr) -> Result<bool, LocalAddrError> {
         let ip = addr.address();

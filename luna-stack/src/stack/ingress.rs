@@ -33,6 +33,12 @@ impl<R: Rng> Stack<R> {
         if eth_repr.dst_addr != self.cfg.mac && !l2_multicast {
             return self.counters.drop(StackDrop::NotForUs);
         }
+        // A group address is never a frame's source (IEEE 802), and our own is a loop: a
+        // reply would go to the group, and the address would be learnt as a neighbour's
+        // (RFC 1812 §3.3.2). Dropped like any other non-unicast source.
+        if !eth_repr.src_addr.is_unicast() || eth_repr.src_addr == self.cfg.mac {
+            return self.counters.drop(StackDrop::NonUnicast);
+        }
         match eth_repr.ethertype {
             EtherType::Arp if eth_repr.dst_addr.is_broadcast() || !l2_multicast => {
                 self.on_arp(now, &frame[ETH_LEN..])
@@ -116,15 +122,23 @@ impl<R: Rng> Stack<R> {
             return self.counters.drop(StackDrop::Malformed);
         }
         // RFC 826 "Packet Reception": merge the sender into the table; create an entry only
-        // when we are the target.
+        // when we are the target. A sender address that is no host's is not merged: an RFC
+        // 5227 probe's is 0.0.0.0 precisely so that no cache learns it (§2.1.1), and a
+        // broadcast or multicast one names no neighbour (the probe is still answered).
         let sender = arp.sender_protocol_addr;
         let sha = arp.sender_hardware_addr;
-        let learned = self.nb_update(sender, |t| match arp.operation {
-            ArpOperation::Reply if for_us => t.confirm(sender, sha, now),
-            _ => t.learn(sender, sha, now, for_us),
-        });
-        if learned.is_err() {
-            self.counters.drop(StackDrop::TableFull);
+        let host = !(sender.octets()[0] == 0
+            || sender.is_loopback()
+            || self.is_non_unicast(sender)
+            || self.addrs.is_subnet_network(sender));
+        if host {
+            let learned = self.nb_update(sender, |t| match arp.operation {
+                ArpOperation::Reply if for_us => t.confirm(sender, sha, now),
+                _ => t.learn(sender, sha, now, for_us),
+            });
+            if learned.is_err() {
+                self.counters.drop(StackDrop::TableFull);
+            }
         }
         self.arp_sent.remove(&sender);
         if let Some(waiting) = self.arp_wait.remove(&sender) {
@@ -160,16 +174,20 @@ impl<R: Rng> Stack<R> {
             return self.counters.drop(StackDrop::Malformed);
         };
         // RFC 1122 §3.2.1.3: a datagram whose source is a broadcast or multicast address,
-        // 0.0.0.0 (only legal while a host learns its address, which luna never answers)
-        // or loopback (127/8 never appears on a wire) MUST be discarded silently.
+        // {0, host} (0/8: only legal while a host learns its address, which luna never
+        // answers), a subnet's network address, or loopback (127/8 never appears on a wire)
+        // MUST be discarded silently; so is one from our own address (a spoofed LAND
+        // packet: Linux's martian source).
         // RFC 1122 §4.2.3.10: a SYN to a broadcast or multicast address MUST be discarded
         // (luna has nothing else that takes broadcasts): no SYN-ACK, no RST, no echo reply
         // (RFC 1122 §3.2.2.6 lets broadcast echoes go unanswered; answering one, or a forged
         // broadcast source, would make luna a smurf amplifier).
         let src = ip.src_addr;
         if self.is_non_unicast(src)
-            || src.is_unspecified()
+            || src.octets()[0] == 0
             || src.is_loopback()
+            || self.addrs.contains(src)
+            || self.addrs.is_subnet_network(src)
             || self.is_non_unicast(ip.dst_addr)
         {
             return self.counters.drop(StackDrop::NonUnicast);

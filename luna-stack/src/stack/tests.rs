@@ -5,9 +5,9 @@ use crate::context::testutil::FakeRng;
 use crate::tcp::SeqNum;
 use crate::time::Duration;
 use crate::wire::{
-    ChecksumCaps, EtherType, EthernetAddress, EthernetFrame, EthernetRepr, Icmpv4Packet,
-    Icmpv4Repr, IpProtocol, Ipv4Cidr, Ipv4Packet, Ipv4Repr, TcpFlags, TcpOptions, TcpPacket,
-    TcpRepr,
+    ArpOperation, ArpPacket, ArpRepr, ChecksumCaps, EtherType, EthernetAddress, EthernetFrame,
+    EthernetRepr, Icmpv4Packet, Icmpv4Repr, IpProtocol, Ipv4Cidr, Ipv4Packet, Ipv4Repr, TcpFlags,
+    TcpOptions, TcpPacket, TcpRepr,
 };
 
 const MAC_A: EthernetAddress = EthernetAddress([0x02, 0, 0, 0, 0, 1]);
@@ -1239,6 +1239,9 @@ fn rfc1122_4_2_3_10_non_unicast_syns_get_neither_syn_ack_nor_rst() {
             Ipv4Addr::new(224, 0, 0, 1),
             Ipv4Addr::new(239, 1, 2, 3),
             Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::new(0, 1, 2, 3),    // {0, host}
+            Ipv4Addr::new(198, 18, 0, 0), // B's /24 network address
+            ip_b(),                       // B's own (LAND)
             Ipv4Addr::LOCALHOST,
             Ipv4Addr::new(127, 9, 9, 9),
         ];
@@ -1262,6 +1265,13 @@ fn rfc1122_4_2_3_10_non_unicast_syns_get_neither_syn_ack_nor_rst() {
             EthernetAddress::BROADCAST,
         ));
         frames.push(syn_frame(&mut net, ip_a(), ip_b(), MAC_MULTICAST));
+        // A unicast SYN from a group or from B's own link-layer source (IEEE 802: a group
+        // address is never a source; our own is a loop).
+        for src_mac in [EthernetAddress::BROADCAST, MAC_MULTICAST, MAC_B] {
+            let mut f = syn_frame(&mut net, ip_a(), ip_b(), MAC_B);
+            f[6..12].copy_from_slice(&src_mac.0);
+            frames.push(f);
+        }
         for f in &frames {
             let now = net.now;
             net.b.handle_frame(now, Zbuf::copy_from_slice(f));
@@ -1276,6 +1286,43 @@ fn rfc1122_4_2_3_10_non_unicast_syns_get_neither_syn_ack_nor_rst() {
         let now = net.now;
         net.b.handle_frame(now, Zbuf::copy_from_slice(&ok));
         assert!(net.b.poll_transmit(net.now).is_some(), "SYN-ACK or RST");
+    }
+}
+
+/// RFC 5227 §2.1.1: an ARP probe's sender address is 0.0.0.0 so that no cache learns it.
+/// luna answers the probe (it is for one of its addresses) and learns nothing; a sender
+/// address that is no host's (broadcast, network address) is not learnt either.
+#[test]
+fn rfc5227_2_1_1_arp_probe_is_answered_and_not_learnt() {
+    let mut net = Net::pair();
+    let probe_mac = EthernetAddress([0x02, 0, 0, 0, 0, 9]);
+    for sender in [
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::new(198, 18, 0, 255),
+        Ipv4Addr::new(198, 18, 0, 0),
+    ] {
+        let arp = ArpRepr {
+            operation: ArpOperation::Request,
+            sender_hardware_addr: probe_mac,
+            sender_protocol_addr: sender,
+            target_hardware_addr: EthernetAddress([0; 6]),
+            target_protocol_addr: ip_b(),
+        };
+        let mut f = vec![0u8; 14 + 28];
+        EthernetRepr {
+            src_addr: probe_mac,
+            dst_addr: EthernetAddress::BROADCAST,
+            ethertype: EtherType::Arp,
+        }
+        .emit(&mut EthernetFrame::new_unchecked(&mut f[..]));
+        arp.emit(&mut ArpPacket::new_unchecked(&mut f[14..]));
+        let now = net.now;
+        net.b.handle_frame(now, Zbuf::copy_from_slice(&f));
+        assert!(net.b.poll_transmit(now).is_some(), "the probe is answered");
+        assert!(
+            net.b.neighbours().get(sender).is_none(),
+            "{sender} not learnt"
+        );
     }
 }
 

@@ -35,11 +35,15 @@ pub enum StackDrop {
     /// got no RST because the stack-wide RST rate limit was exceeded
     /// (`StackConfig::rst_limit`).
     RstLimited,
+    /// A control frame (ARP, echo reply, RST, cookie SYN-ACK) not made because
+    /// [`CTL_QUEUE_MAX`](super::CTL_QUEUE_MAX) of them already wait for the device: a
+    /// flood answered faster than the link takes the answers.
+    CtlFull,
 }
 
 impl StackDrop {
     /// Every reason, in a fixed order.
-    pub const ALL: [StackDrop; 13] = [
+    pub const ALL: [StackDrop; 14] = [
         StackDrop::Malformed,
         StackDrop::NotForUs,
         StackDrop::UnknownEthertype,
@@ -53,6 +57,7 @@ impl StackDrop {
         StackDrop::IcmpIgnored,
         StackDrop::NonUnicast,
         StackDrop::RstLimited,
+        StackDrop::CtlFull,
     ];
 
     /// A short stable name for reports.
@@ -71,6 +76,7 @@ impl StackDrop {
             StackDrop::IcmpIgnored => "icmp_ignored",
             StackDrop::NonUnicast => "non_unicast",
             StackDrop::RstLimited => "rst_limited",
+            StackDrop::CtlFull => "ctl_full",
         }
     }
 

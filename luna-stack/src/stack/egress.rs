@@ -2,6 +2,7 @@
 //! next-hop resolution (ARP requests), and the header writers. Every frame's Ethernet and
 //! IPv4 headers come from one place, [`Stack::emit_ethernet`] / [`Stack::emit_eth_ipv4`].
 
+use super::StackDrop;
 use super::{Owner, Stack, ETH_LEN, IP_LEN, MAX_HEADER_LEN};
 use crate::context::Rng;
 use crate::tables::neighbour::Resolution;
@@ -249,8 +250,9 @@ impl<R: Rng> Stack<R> {
                 target_hardware_addr: EthernetAddress([0; 6]),
                 target_protocol_addr: ip,
             };
-            self.queue_arp(req, EthernetAddress::BROADCAST);
-            self.counters.arp_requests += 1;
+            if self.queue_arp(req, EthernetAddress::BROADCAST) {
+                self.counters.arp_requests += 1;
+            }
         }
         None
     }
@@ -356,7 +358,21 @@ impl<R: Rng> Stack<R> {
     }
 
     /// Queue an ARP packet to `dst` as a control frame.
-    pub(super) fn queue_arp(&mut self, arp: ArpRepr, dst: EthernetAddress) {
+    /// Whether one more control frame may be queued; if not, counted as
+    /// [`StackDrop::CtlFull`].
+    pub(super) fn ctl_room(&mut self) -> bool {
+        if self.ctl.len() < super::CTL_QUEUE_MAX {
+            return true;
+        }
+        self.counters.drop(StackDrop::CtlFull);
+        false
+    }
+
+    /// Queues an ARP packet to `dst`; false (counted) when the control queue is full.
+    pub(super) fn queue_arp(&mut self, arp: ArpRepr, dst: EthernetAddress) -> bool {
+        if !self.ctl_room() {
+            return false;
+        }
         let mut t = Transmit::new();
         let len = ETH_LEN + 28;
         {
@@ -368,9 +384,11 @@ impl<R: Rng> Stack<R> {
         t.header_len = len as u8;
         t.offload.l2_len = ETH_LEN as u8;
         self.ctl.push_back(t);
+        true
     }
 
-    /// Queue an ICMP echo reply whose data is `payload`, by reference to the request.
+    /// Queue an ICMP echo reply whose data is `payload`, by reference to the request; false
+    /// (counted) when the control queue is full.
     pub(super) fn queue_echo_reply(
         &mut self,
         src: Ipv4Addr,
@@ -379,7 +397,10 @@ impl<R: Rng> Stack<R> {
         ident: u16,
         seq_no: u16,
         payload: Zbuf,
-    ) {
+    ) -> bool {
+        if !self.ctl_room() {
+            return false;
+        }
         let mut t = Transmit::new();
         let icmp_len = 8 + payload.len();
         let len = ETH_LEN + IP_LEN + 8;
@@ -410,6 +431,7 @@ impl<R: Rng> Stack<R> {
             ..TxOffload::default()
         };
         self.ctl.push_back(t);
+        true
     }
 }
 

@@ -154,8 +154,9 @@ impl<R: Rng> Stack<R> {
                 target_hardware_addr: arp.sender_hardware_addr,
                 target_protocol_addr: sender,
             };
-            self.queue_arp(reply, arp.sender_hardware_addr);
-            self.counters.arp_replies += 1;
+            if self.queue_arp(reply, arp.sender_hardware_addr) {
+                self.counters.arp_replies += 1;
+            }
         }
     }
 
@@ -247,8 +248,10 @@ impl<R: Rng> Stack<R> {
                 let off = l4 + 8;
                 let payload = frame.slice(off..off + echo.len());
                 // The reply comes from the address the request was sent to.
-                self.queue_echo_reply(ip.dst_addr, ip.src_addr, src_mac, ident, seq_no, payload);
-                self.counters.icmp_echo_replies += 1;
+                if self.queue_echo_reply(ip.dst_addr, ip.src_addr, src_mac, ident, seq_no, payload)
+                {
+                    self.counters.icmp_echo_replies += 1;
+                }
             }
             Icmpv4Repr::DstUnreachable {
                 reason,
@@ -449,6 +452,9 @@ impl<R: Rng> Stack<R> {
     ) {
         if seg.flags.rst() {
             return self.counters.drop(reason);
+        }
+        if !self.ctl_room() {
+            return;
         }
         if !self.rst_bucket.take(now) {
             return self.counters.drop(StackDrop::RstLimited);

@@ -51,6 +51,12 @@ const ETH_LEN: usize = 14;
 const IP_LEN: usize = 20;
 /// Room for Ethernet + IPv4 + the largest TCP header.
 pub const MAX_HEADER_LEN: usize = ETH_LEN + IP_LEN + 60;
+/// Control frames (ARP, ICMP echo replies, RSTs, SYN cookie SYN-ACKs) waiting for the
+/// device at most. `poll_transmit` hands them out before any connection's segments, and
+/// an echo reply holds the request's receive buffer: a flood answered faster than the
+/// link takes the answers would otherwise grow the queue without bound and starve TCP.
+/// Beyond it a new answer is not made and counted as [`StackDrop::CtlFull`].
+pub const CTL_QUEUE_MAX: usize = 1024;
 
 /// A connection, as the application names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -256,6 +262,7 @@ pub struct Stack<R: Rng> {
     arp_wait: HashMap<Ipv4Addr, Vec<u32>, KeyedHasher>,
     /// Last ARP request per unresolved neighbour.
     arp_sent: HashMap<Ipv4Addr, Instant, KeyedHasher>,
+    /// Control frames waiting for the device, at most [`CTL_QUEUE_MAX`].
     ctl: VecDeque<Transmit>,
     events: VecDeque<Event>,
     next_port: u16,

@@ -144,6 +144,9 @@ impl<R: Rng> Stack<R> {
         seg: &TcpRepr,
         dst_mac: EthernetAddress,
     ) {
+        if !self.ctl_room() {
+            return;
+        }
         let info = syncookie::SynInfo {
             mss: seg.options.mss,
             wscale: seg.options.window_scale,

@@ -659,6 +659,32 @@ fn icmp_echo_frame(
     buf
 }
 
+/// A flood answered faster than the device takes the answers: the control queue stops at
+/// `CTL_QUEUE_MAX` (each echo reply holds its request's buffer), the rest is counted as
+/// `CtlFull`, and a connection's segments still go out once the queue drains.
+#[test]
+fn control_frames_are_bounded_under_a_flood() {
+    let mut s = Stack::new(cfg(MAC_A, ip_a()), FakeRng::new(4)).unwrap();
+    let n = CTL_QUEUE_MAX + 100;
+    for i in 0..n {
+        let f = icmp_echo_frame(MAC_B, MAC_A, ip_b(), ip_a(), 1, i as u16, b"abcdefgh");
+        s.handle_frame(t(0), Zbuf::copy_from_slice(&f));
+    }
+    let c = s.counters();
+    assert_eq!(c.icmp_echo_replies, CTL_QUEUE_MAX as u64);
+    assert_eq!(c.drops(StackDrop::CtlFull), 100);
+    let mut out = 0;
+    while s.poll_transmit(t(0)).is_some() {
+        out += 1;
+    }
+    assert_eq!(out, CTL_QUEUE_MAX);
+    // Drained: answers are made again.
+    let f = icmp_echo_frame(MAC_B, MAC_A, ip_b(), ip_a(), 1, 0, b"abcdefgh");
+    s.handle_frame(t(0), Zbuf::copy_from_slice(&f));
+    assert!(s.poll_transmit(t(0)).is_some());
+    assert_eq!(s.counters().drops(StackDrop::CtlFull), 100);
+}
+
 #[test]
 fn malformed_and_foreign_frames_are_counted_never_panic() {
     let mut s = Stack::new(cfg(MAC_A, ip_a()), FakeRng::new(4)).unwrap();

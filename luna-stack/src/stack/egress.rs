@@ -132,6 +132,11 @@ impl<R: Rng> Stack<R> {
             // the connection), or is the one parked for ARP.
             let mut seg = OutSegment::default();
             // (`held` is tested before it is taken: taking a `None` still moves the slot.)
+            // A connection closed while parked (it gave up, or was aborted) sends nothing
+            // more: its held segment goes, or it would wait for ARP forever, never reclaimed.
+            if e.held.is_some() && e.conn.is_closed() {
+                e.held = None;
+            }
             let got = if e.held.is_some() {
                 seg = e.held.take().expect("tested above");
                 true
@@ -172,12 +177,23 @@ impl<R: Rng> Stack<R> {
                     e.hop_mac = fresh;
                     match mac {
                         Some(mac) => (e, mac),
+                        None if e.conn.is_closed() => {
+                            // A closed connection's last segment (its RST) does not wait
+                            // for ARP: dropped (RSTs are never resent), and the connection,
+                            // still first on the dirty list, is reclaimed on the next turn.
+                            drop(seg);
+                            continue;
+                        }
                         None => {
                             // Park the connection (holding its segment) until ARP answers.
                             e.held = Some(seg);
                             e.dirty = false;
                             self.dirty.pop_front();
-                            self.arp_wait.entry(next_hop).or_default().push(idx);
+                            let w = self.arp_wait.entry(next_hop).or_default();
+                            // Parked again by its own timer: listed once.
+                            if !w.contains(&idx) {
+                                w.push(idx);
+                            }
                             self.schedule_timer(idx);
                             if let Some(t) = self.ctl.pop_front() {
                                 self.counters.frames_out += 1;

@@ -244,6 +244,18 @@ impl<R: Rng> Stack<R> {
                     lst.accept_queue.retain(|&x| x != h);
                 }
             }
+            // Parked on an unresolved next hop: no longer waiting. When no one waits for
+            // that neighbour any more, its ARP retry clock goes too (both maps stay bounded
+            // by the connections parked, not by every address ever tried).
+            if !self.arp_wait.is_empty() {
+                if let Some(w) = self.arp_wait.get_mut(&e.next_hop) {
+                    w.retain(|&x| x != idx);
+                    if w.is_empty() {
+                        self.arp_wait.remove(&e.next_hop);
+                        self.arp_sent.remove(&e.next_hop);
+                    }
+                }
+            }
             slot.gen = slot.gen.wrapping_add(1);
             self.free.push(idx);
             self.live -= 1;

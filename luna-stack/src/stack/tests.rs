@@ -185,6 +185,37 @@ fn rfc826_arp_resolves_then_handshake_completes() {
     assert!((61440..=65535).contains(&tuple.local.port()));
 }
 
+/// A connection parked on a neighbour that never answers ARP, then given up: the maps of
+/// parked connections and ARP retry times forget it (they are bounded by what is parked,
+/// not by every address ever tried), and it is listed once however often it re-parks.
+#[test]
+fn a_connection_that_gives_up_on_an_unresolved_neighbour_leaves_no_arp_state() {
+    let mut ca = cfg(MAC_A, ip_a());
+    ca.tcp.syn_retries = 2;
+    let mut net = Net::new(ca, cfg(MAC_B, ip_b()));
+    let ghost = Ipv4Addr::new(198, 18, 0, 77);
+    let c = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ghost, 7000), None)
+        .unwrap();
+    net.run_until(|n| !n.a.arp_wait.is_empty(), 100);
+    // The SYN timer re-polls it (and re-parks it) until it gives up.
+    net.run_until(
+        |n| {
+            assert!(n.a.arp_wait.values().all(|w| w.len() <= 1), "listed once");
+            n.a.state(c) == Some(State::Closed)
+        },
+        10_000,
+    );
+    net.a.close(c);
+    net.run_until(|n| n.a.connection_count() == 0, 1000);
+    assert!(net.a.arp_wait.is_empty() && net.a.arp_sent.is_empty());
+    assert!(
+        net.a.counters().arp_requests >= 2,
+        "it kept asking meanwhile"
+    );
+}
+
 #[test]
 fn request_response_is_zero_copy_end_to_end() {
     let mut net = Net::pair();

@@ -352,7 +352,8 @@ impl<R: Rng> Stack<R> {
                 e.conn.accepts_new_syn(&seg) && self.listener_by_port.contains_key(&seg.dst_port);
             if !reuse {
                 // The peer's MAC is learned from its segments: no ARP round trip is needed to
-                // answer a connection the kernel-side neighbour table does not know yet.
+                // answer a connection the kernel-side neighbour table does not know yet (a
+                // known MAC only changes below, once the segment proved acceptable).
                 // Skipped while the connection's cached entry says it would change nothing.
                 let cached = e.next_hop == ip.src_addr
                     && e.hop_mac.is_some_and(|c| {
@@ -362,14 +363,14 @@ impl<R: Rng> Stack<R> {
                 let e = if cached {
                     e
                 } else {
-                    let src = ip.src_addr;
-                    let _ = self.nb_update(src, |t| t.learn(src, src_mac, now, false));
+                    let (hop, src) = (e.next_hop, ip.src_addr);
+                    self.learn_from_ip(now, hop, src, src_mac);
                     self.slots[idx as usize]
                         .entry
                         .as_deref_mut()
                         .expect("tuple map is consistent")
                 };
-                let una = e.conn.snd_una();
+                let (una, nxt) = (e.conn.snd_una(), e.conn.rcv_nxt());
                 let delivered = payload.len() as u32;
                 let (disp, predicted) = e.conn.on_segment_path(now, &seg, payload);
                 if disp == Disposition::Remove {
@@ -386,6 +387,10 @@ impl<R: Rng> Stack<R> {
                     super::slots::predicted_account(&mut self.held, hw, e, delivered, progressed);
                 }
                 let direct = e.next_hop == ip.src_addr;
+                // A segment that advanced RCV.NXT was acceptable (in the window: what a blind
+                // spoofer must guess, RFC 5961): a peer that moved to another MAC is followed
+                // (Stale: data in does not confirm the forward path, RFC 4861 §7.3.1).
+                let follow = !progressed && direct && !cached && e.conn.rcv_nxt() != nxt;
                 if progressed && direct && !cached {
                     let src = ip.src_addr;
                     let _ = self.nb_update(src, |t| t.confirm(src, src_mac, now));
@@ -408,6 +413,10 @@ impl<R: Rng> Stack<R> {
                     predicted,
                 );
                 self.finish_activity(act);
+                if follow {
+                    let src = ip.src_addr;
+                    let _ = self.nb_update(src, |t| t.learn(src, src_mac, now, false));
+                }
                 return;
             }
             if e.owner == Owner::App {

@@ -72,12 +72,10 @@ impl<R: Rng> Stack<R> {
             (SynCookieMode::Off, true) => return self.counters.drop(StackDrop::BacklogFull),
             (_, false) => {}
         }
-        let _ = self.nb_update(ip_of(&tuple.remote), |t| {
-            t.learn(ip_of(&tuple.remote), src_mac, now, true)
-        });
         let Some((next_hop, _)) = self.route(tuple.remote.ip()) else {
             return self.counters.drop(StackDrop::NoRoute);
         };
+        self.learn_from_ip(now, next_hop, ip_of(&tuple.remote), src_mac);
         let iss = self.iss_for(now, tuple);
         let ts_offset = self.isn.ts_offset(tuple.local, tuple.remote);
         let syn = SynInfo {
@@ -131,6 +129,21 @@ impl<R: Rng> Stack<R> {
         // high-water mark follows in after_activity, once a cookie connection has left.)
         self.held.half_open += 1;
         Some(idx)
+    }
+
+    /// A neighbour learnt from an IP frame (`src` sent it from `src_mac`): only an on-link
+    /// source (its own next hop), and only a MAC not known yet
+    /// ([`learn_if_unknown`](crate::tables::neighbour::NeighbourTable::learn_if_unknown)).
+    pub(super) fn learn_from_ip(
+        &mut self,
+        now: Instant,
+        next_hop: Ipv4Addr,
+        src: Ipv4Addr,
+        src_mac: EthernetAddress,
+    ) {
+        if next_hop == src {
+            let _ = self.nb_update(src, |t| t.learn_if_unknown(src, src_mac, now));
+        }
     }
 
     pub(super) fn route(&self, dst: &Ipv4Addr) -> Option<(Ipv4Addr, Ipv4Addr)> {
@@ -211,9 +224,7 @@ impl<R: Rng> Stack<R> {
             return self.counters.drop(StackDrop::NoRoute);
         };
         // The cookie SYN left no neighbour entry (on_listen_segment); the valid ACK does.
-        let _ = self.nb_update(ip_of(&tuple.remote), |t| {
-            t.learn(ip_of(&tuple.remote), src_mac, now, true)
-        });
+        self.learn_from_ip(now, next_hop, ip_of(&tuple.remote), src_mac);
         let peer_opts = TcpOptions {
             mss: Some(ok.peer_mss),
             window_scale: ok.wscale,

@@ -216,6 +216,62 @@ fn a_connection_that_gives_up_on_an_unresolved_neighbour_leaves_no_arp_state() {
     );
 }
 
+/// A spoofed IP frame cannot redirect a neighbour: a SYN to a listener, or a segment on an
+/// established connection's tuple, from a known neighbour's address but another MAC leaves
+/// the neighbour's entry as ARP made it (only ARP changes a known MAC).
+#[test]
+fn a_spoofed_frame_does_not_replace_a_known_neighbours_mac() {
+    let mut net = Net::pair();
+    let _l2 = net.b.listen(7001, 16).unwrap();
+    let (c, _s) = connected(&mut net);
+    let mac_of = |n: &Net| n.b.neighbours().get(ip_a()).and_then(|e| e.hardware_addr);
+    assert_eq!(mac_of(&net), Some(MAC_A));
+    let attacker = EthernetAddress([0x02, 0, 0, 0, 0, 0x66]);
+    // Data on the connection's tuple with a guessed, out-of-window sequence number.
+    let tuple = net.a.connection(c).unwrap().tuple();
+    let blind = TcpRepr {
+        src_port: tuple.local.port(),
+        dst_port: tuple.remote.port(),
+        seq: SeqNum(0x4000_0000),
+        ack: SeqNum(0),
+        flags: TcpFlags::ACK,
+        window: 1000,
+        urgent: 0,
+        options: TcpOptions::default(),
+    };
+    let mut f = net
+        .a
+        .build_tcp(
+            &blind,
+            IoVec::from(Zbuf::copy_from_slice(b"x")),
+            tuple,
+            MAC_B,
+        )
+        .to_vec();
+    f[6..12].copy_from_slice(&attacker.0);
+    let at = net.now;
+    net.b.handle_frame(at, Zbuf::copy_from_slice(&f));
+    assert_eq!(mac_of(&net), Some(MAC_A), "after a blind segment");
+    // A SYN from A's address to the other listener, from the attacker's MAC.
+    let mut syn = syn_frame(&mut net, ip_a(), ip_b(), MAC_B);
+    syn[6..12].copy_from_slice(&attacker.0);
+    net.b.handle_frame(at, Zbuf::copy_from_slice(&syn));
+    assert_eq!(mac_of(&net), Some(MAC_A), "after a spoofed SYN");
+    // Whatever answered it went to the frame's source, but A's traffic did not move.
+    while net.b.poll_transmit(at).is_some() {}
+    // An unknown on-link source is still learnt from its SYN (no ARP round trip needed).
+    let newcomer = Ipv4Addr::new(198, 18, 0, 9);
+    let mut syn = syn_frame(&mut net, newcomer, ip_b(), MAC_B);
+    syn[6..12].copy_from_slice(&attacker.0);
+    net.b.handle_frame(at, Zbuf::copy_from_slice(&syn));
+    let learnt = net
+        .b
+        .neighbours()
+        .get(newcomer)
+        .and_then(|e| e.hardware_addr);
+    assert_eq!(learnt, Some(attacker));
+}
+
 #[test]
 fn request_response_is_zero_copy_end_to_end() {
     let mut net = Net::pair();

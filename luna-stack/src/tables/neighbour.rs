@@ -213,6 +213,24 @@ impl NeighbourTable {
         }
     }
 
+    /// What an IP frame from `ip` may teach (luna's extension: a peer is answered without
+    /// an ARP round trip): its MAC when none is known (no entry, or one still waiting for
+    /// ARP). A known MAC is never replaced this way: only ARP changes it (RFC 826), so a
+    /// single spoofed frame cannot redirect a neighbour's traffic. The caller learns only
+    /// from on-link sources.
+    pub fn learn_if_unknown(
+        &mut self,
+        ip: Ipv4Addr,
+        mac: EthernetAddress,
+        now: Instant,
+    ) -> Result<(), TableFull> {
+        self.purge_if_expired(ip, now);
+        match self.entries.get(&ip) {
+            Some(n) if n.hardware_addr.is_some() => Ok(()),
+            _ => self.insert(ip, mac, NeighbourState::Stale, now),
+        }
+    }
+
     /// A static entry (never expires, never evicted, ARP cannot change it).
     pub fn insert_permanent(
         &mut self,

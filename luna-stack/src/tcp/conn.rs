@@ -585,6 +585,12 @@ impl Connection {
     pub fn tuple(&self) -> FourTuple {
         self.tuple
     }
+
+    /// RCV.NXT: the next sequence number expected from the peer.
+    pub fn rcv_nxt(&self) -> SeqNum {
+        self.rcv_nxt
+    }
+
     /// SND.UNA: the oldest unacknowledged sequence number.
     pub fn snd_una(&self) -> SeqNum {
         self.snd_una

@@ -205,8 +205,8 @@ impl<R: Rng> Stack<R> {
                 }
             };
             self.counters.frames_out += 1;
-            self.ip_ident = self.ip_ident.wrapping_add(1);
-            let ident = self.ip_ident;
+            e.ip_ident = e.ip_ident.wrapping_add(1);
+            let ident = e.ip_ident;
             // The connection's header template, (re)built when the next hop's MAC is not
             // the one it was made for.
             if e.tmpl.as_ref().is_none_or(|t| t.dst_mac != mac) {
@@ -303,19 +303,19 @@ impl<R: Rng> Stack<R> {
         ip.emit(&mut ip_pkt, caps);
     }
 
-    /// Wrap a TCP segment in IPv4 and Ethernet. Only headers are written; the payload stays
-    /// where it is.
+    /// Wrap a TCP segment of no connection (a RST, a SYN cookie's SYN-ACK) in IPv4 and
+    /// Ethernet. Only headers are written; the payload stays where it is. Its IPv4
+    /// identification is 0: the datagram has DF set, so the field has no use (RFC 6864
+    /// §4.1), and a counter here would make luna an idle-scan zombie (RFC 7739 §5).
     #[inline]
     pub(super) fn build_tcp(
-        &mut self,
+        &self,
         repr: &TcpRepr,
         payload: IoVec,
         tuple: FourTuple,
         dst_mac: EthernetAddress,
     ) -> Transmit {
-        self.ip_ident = self.ip_ident.wrapping_add(1);
-        let ident = self.ip_ident;
-        self.build_tcp_ident(repr, payload, tuple, dst_mac, ident)
+        self.build_tcp_ident(repr, payload, tuple, dst_mac, 0)
     }
 
     /// [`build_tcp`](Self::build_tcp) with the IP identification given (the reference

@@ -629,6 +629,7 @@ impl<R: Rng> Stack<R> {
             hop_mac: None,
             tmpl: None,
             acct: Acct::default(),
+            ip_ident: self.ip_ident_seed(tuple),
         };
         let idx = self.alloc_slot(entry).ok_or(ConnectError::TableFull)?;
         self.by_tuple.insert(tuple, idx);

@@ -118,6 +118,7 @@ impl<R: Rng> Stack<R> {
             hop_mac: None,
             tmpl: None,
             acct: Acct::default(),
+            ip_ident: self.ip_ident_seed(tuple),
         };
         let idx = self.alloc_slot(entry)?;
         self.by_tuple.insert(tuple, idx);
@@ -144,6 +145,12 @@ impl<R: Rng> Stack<R> {
         if next_hop == src {
             let _ = self.nb_update(src, |t| t.learn_if_unknown(src, src_mac, now));
         }
+    }
+
+    /// Where a connection's IPv4 identification starts: a keyed hash of its tuple (the
+    /// timestamp-offset hash, keyed and over the tuple reversed, so not that offset).
+    pub(super) fn ip_ident_seed(&self, tuple: FourTuple) -> u16 {
+        self.isn.ts_offset(tuple.remote, tuple.local) as u16
     }
 
     pub(super) fn route(&self, dst: &Ipv4Addr) -> Option<(Ipv4Addr, Ipv4Addr)> {

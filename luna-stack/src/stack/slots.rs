@@ -45,6 +45,11 @@ pub(super) struct Entry {
     pub(super) tmpl: Option<super::egress::HeaderTemplate>,
     /// This connection's share of [`Stack::held`] as last synced.
     pub(super) acct: Acct,
+    /// The IPv4 identification of this connection's last segment. Per connection, from a
+    /// keyed hash of the tuple: one stack-wide counter would tell anyone who sees two
+    /// flows how much luna sends (RFC 7739 §5, the idle-scan zombie); every segment has
+    /// DF set, so the value only has to be there (RFC 6864 §4.1).
+    pub(super) ip_ident: u16,
 }
 
 /// A connection's share of what the stack holds ([`Held`]), as last counted.

@@ -272,6 +272,47 @@ fn a_spoofed_frame_does_not_replace_a_known_neighbours_mac() {
     assert_eq!(learnt, Some(attacker));
 }
 
+/// RFC 6864 §4.1 / RFC 7739 §5: every segment has DF set, so its IPv4 identification only
+/// has to be there; luna's does not count the stack's traffic. A connection numbers its own
+/// segments from a keyed hash of its tuple; a RST of no connection carries 0.
+#[test]
+fn ip_identification_is_per_connection_and_zero_without_one() {
+    let ident = |f: &Transmit| u16::from_be_bytes([f.header()[18], f.header()[19]]);
+    let mut net = Net::pair();
+    let (c, _s) = connected(&mut net);
+    net.a
+        .send(c, &Zbuf::copy_from_slice(&pattern(4000, 1)))
+        .unwrap();
+    let now = net.now;
+    let ids: Vec<u16> = std::iter::from_fn(|| net.a.poll_transmit(now))
+        .map(|f| ident(&f))
+        .collect();
+    assert_eq!(ids.len(), 3);
+    assert!(
+        ids.windows(2).all(|w| w[1] == w[0].wrapping_add(1)),
+        "{ids:?}"
+    );
+    // A SYN to a port nobody listens on: B's RST carries identification 0.
+    let mut f = syn_frame(&mut net, ip_a(), ip_b(), MAC_B);
+    f[36..38].copy_from_slice(&7999u16.to_be_bytes()); // TCP destination port
+    let tcp = &mut f[34..];
+    tcp[16..18].copy_from_slice(&[0, 0]);
+    let sum = {
+        let mut acc = crate::wire::checksum::Accumulator::new();
+        acc.add_bytes(&ip_a().octets());
+        acc.add_bytes(&ip_b().octets());
+        acc.add_bytes(&[0, 6]);
+        acc.add_bytes(&(tcp.len() as u16).to_be_bytes());
+        acc.add_bytes(tcp);
+        acc.checksum()
+    };
+    tcp[16..18].copy_from_slice(&sum.to_be_bytes());
+    net.b.handle_frame(now, Zbuf::copy_from_slice(&f));
+    let rst = net.b.poll_transmit(now).expect("RST");
+    assert_eq!(rst.header()[14 + 20 + 13] & 0x04, 0x04, "a RST");
+    assert_eq!(ident(&rst), 0);
+}
+
 #[test]
 fn request_response_is_zero_copy_end_to_end() {
     let mut net = Net::pair();

@@ -33,11 +33,16 @@ impl<R: Rng> Stack<R> {
         if eth_repr.dst_addr != self.cfg.mac && !l2_multicast {
             return self.counters.drop(StackDrop::NotForUs);
         }
-        // A group address is never a frame's source (IEEE 802), and our own is a loop: a
-        // reply would go to the group, and the address would be learnt as a neighbour's
-        // (RFC 1812 §3.3.2). Dropped like any other non-unicast source.
-        if !eth_repr.src_addr.is_unicast() || eth_repr.src_addr == self.cfg.mac {
+        // A group address is never a frame's source (IEEE 802): a reply would go to the
+        // group, and the address would be learnt as a neighbour's (RFC 1812 §3.3.2).
+        // Dropped like any other non-unicast source. Our own MAC as the source is a frame
+        // we sent, seen again (a loop, or on a NIC shared with the kernel, the kernel's
+        // own broadcasts): not for us.
+        if !eth_repr.src_addr.is_unicast() {
             return self.counters.drop(StackDrop::NonUnicast);
+        }
+        if eth_repr.src_addr == self.cfg.mac {
+            return self.counters.drop(StackDrop::NotForUs);
         }
         match eth_repr.ethertype {
             EtherType::Arp if eth_repr.dst_addr.is_broadcast() || !l2_multicast => {

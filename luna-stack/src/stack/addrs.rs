@@ -37,6 +37,8 @@ pub struct LocalAddrs {
     /// The primary prefix's directed broadcast address (`None` for a /31 or /32), worked
     /// out once: every received datagram's source and destination are checked against it.
     primary_bcast: Option<Ipv4Addr>,
+    /// The primary prefix's network address (`None` for a /31 or /32), likewise.
+    primary_net: Option<Ipv4Addr>,
     extra: [Option<Ipv4Cidr>; MAX_LOCAL_ADDRS - 1],
     n_extra: u8,
 }
@@ -46,12 +48,18 @@ fn subnet_broadcast(c: Ipv4Cidr) -> Option<Ipv4Addr> {
     (c.prefix_len() <= 30).then(|| c.broadcast())
 }
 
+/// The network address (host part all zeros) of `c`'s prefix; a /31's or /32's is a host.
+fn subnet_network(c: Ipv4Cidr) -> Option<Ipv4Addr> {
+    (c.prefix_len() <= 30).then(|| c.network().address())
+}
+
 impl LocalAddrs {
     /// The set holding only `primary`.
     pub fn new(primary: Ipv4Cidr) -> Self {
         LocalAddrs {
             primary,
             primary_bcast: subnet_broadcast(primary),
+            primary_net: subnet_network(primary),
             extra: [None; MAX_LOCAL_ADDRS - 1],
             n_extra: 0,
         }
@@ -113,11 +121,21 @@ impl LocalAddrs {
             || (self.n_extra != 0 && self.extras().any(|c| subnet_broadcast(c) == Some(ip)))
     }
 
-    /// Whether `ip` is the network address (host part all zeros) of one of our prefixes of
-    /// /30 or shorter: not a valid source (RFC 1122 §3.2.1.3; a /31's are hosts, RFC 3021).
-    pub fn is_subnet_network(&self, ip: Ipv4Addr) -> bool {
-        self.iter()
-            .any(|c| c.prefix_len() <= 30 && c.network().address() == ip)
+    /// Whether `ip` cannot be a datagram's source on our links: one of our addresses, or
+    /// the network or directed broadcast address of one of our prefixes of /30 or shorter
+    /// (RFC 1122 §3.2.1.3; a /31's are hosts, RFC 3021). Three compares for the primary,
+    /// worked out once: every received datagram's source is checked.
+    #[inline]
+    pub fn is_invalid_source(&self, ip: Ipv4Addr) -> bool {
+        ip == self.primary.address()
+            || self.primary_bcast == Some(ip)
+            || self.primary_net == Some(ip)
+            || (self.n_extra != 0
+                && self.extras().any(|c| {
+                    c.address() == ip
+                        || subnet_broadcast(c) == Some(ip)
+                        || subnet_network(c) == Some(ip)
+                }))
     }
 
     /// Adds `addr`; `Ok(false)` when it was there already (its prefix is updated).

@@ -132,10 +132,7 @@ impl<R: Rng> Stack<R> {
         // broadcast or multicast one names no neighbour (the probe is still answered).
         let sender = arp.sender_protocol_addr;
         let sha = arp.sender_hardware_addr;
-        let host = !(sender.octets()[0] == 0
-            || sender.is_loopback()
-            || self.is_non_unicast(sender)
-            || self.addrs.is_subnet_network(sender));
+        let host = !(is_martian(sender) || self.addrs.is_invalid_source(sender));
         if host {
             let learned = self.nb_update(sender, |t| match arp.operation {
                 ArpOperation::Reply if for_us => t.confirm(sender, sha, now),
@@ -189,12 +186,7 @@ impl<R: Rng> Stack<R> {
         // (RFC 1122 §3.2.2.6 lets broadcast echoes go unanswered; answering one, or a forged
         // broadcast source, would make luna a smurf amplifier).
         let src = ip.src_addr;
-        if self.is_non_unicast(src)
-            || src.octets()[0] == 0
-            || src.is_loopback()
-            || self.addrs.contains(src)
-            || self.addrs.is_subnet_network(src)
-            || self.is_non_unicast(ip.dst_addr)
+        if is_martian(src) || self.addrs.is_invalid_source(src) || self.is_non_unicast(ip.dst_addr)
         {
             return self.counters.drop(StackDrop::NonUnicast);
         }
@@ -494,4 +486,12 @@ impl<R: Rng> Stack<R> {
         self.ctl.push_back(t);
         self.counters.rsts_sent += 1;
     }
+}
+
+/// A source address no host on any link has: 0/8 ({0, host}, RFC 1122 §3.2.1.3),
+/// loopback (127/8), multicast, the limited broadcast.
+#[inline]
+fn is_martian(a: Ipv4Addr) -> bool {
+    let first = a.octets()[0];
+    first == 0 || first == 127 || a.is_multicast() || a.is_broadcast()
 }

@@ -132,15 +132,17 @@ impl<R: Rng> Stack<R> {
             // the connection), or is the one parked for ARP.
             let mut seg = OutSegment::default();
             // (`held` is tested before it is taken: taking a `None` still moves the slot.)
-            // A connection closed while parked (it gave up, or was aborted) sends nothing
-            // more: its held segment goes, or it would wait for ARP forever, never reclaimed.
-            if e.held.is_some() && e.conn.is_closed() {
-                e.held = None;
-            }
-            let got = if e.held.is_some() {
+            let parked = e.held.is_some();
+            let got = if parked && !e.conn.is_closed() {
                 seg = e.held.take().expect("tested above");
                 true
             } else {
+                // A connection closed while parked (it gave up, or was aborted) sends
+                // nothing more: its held segment goes, or it would wait for ARP forever,
+                // never reclaimed.
+                if parked {
+                    e.held = None;
+                }
                 // Every retransmission is made here: the stack-wide total is kept as they
                 // are made, so reading it does not walk the connections.
                 let before = e.conn.counters.retransmits;
@@ -373,7 +375,6 @@ impl<R: Rng> Stack<R> {
         }
     }
 
-    /// Queue an ARP packet to `dst` as a control frame.
     /// Whether one more control frame may be queued; if not, counted as
     /// [`StackDrop::CtlFull`].
     pub(super) fn ctl_room(&mut self) -> bool {
@@ -384,7 +385,8 @@ impl<R: Rng> Stack<R> {
         false
     }
 
-    /// Queues an ARP packet to `dst`; false (counted) when the control queue is full.
+    /// Queues an ARP packet to `dst` as a control frame; false (counted) when the control
+    /// queue is full.
     pub(super) fn queue_arp(&mut self, arp: ArpRepr, dst: EthernetAddress) -> bool {
         if !self.ctl_room() {
             return false;

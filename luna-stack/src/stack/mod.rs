@@ -38,9 +38,7 @@ pub use counters::{Held, HighWater, StackCounters, StackDrop};
 pub use egress::{Transmit, TxOffload};
 use rst_limit::RstBucket;
 pub use rst_limit::RstLimit;
-use slots::{
-    slot_entry, Acct, Entry, KeyedHasher, Listener, NextHopMac, Owner, Slot, HOP_MAC_REFRESH,
-};
+use slots::{slot_entry, Entry, KeyedHasher, Listener, NextHopMac, Owner, Slot, HOP_MAC_REFRESH};
 
 #[cfg(test)]
 mod tests;
@@ -618,19 +616,7 @@ impl<R: Rng> Stack<R> {
         let iss = self.iss_for(now, tuple);
         let ts_offset = self.isn.ts_offset(tuple.local, tuple.remote);
         let conn = Connection::connect(now, tuple, self.tcp_config_for(dst), iss, ts_offset);
-        let entry = Entry {
-            conn,
-            owner: Owner::App,
-            dirty: false,
-            timer_at: None,
-            next_hop,
-            held: None,
-            counted_half_open: false,
-            hop_mac: None,
-            tmpl: None,
-            acct: Acct::default(),
-            ip_ident: self.ip_ident_seed(tuple),
-        };
+        let entry = Entry::new(conn, Owner::App, next_hop, self.ip_ident_seed(tuple));
         let idx = self.alloc_slot(entry).ok_or(ConnectError::TableFull)?;
         self.by_tuple.insert(tuple, idx);
         self.last_hit = None;

@@ -1,7 +1,7 @@
 //! Passive open: SEGMENT ARRIVES in LISTEN (RFC 9293 §3.10.7.2), half-open connections
 //! counted against the listener's backlog, and SYN cookies (RFC 4987 §3.6) both ways.
 
-use super::{Acct, Entry, Owner, Stack, StackDrop, SynCookieMode};
+use super::{Entry, Owner, Stack, StackDrop, SynCookieMode};
 use crate::context::Rng;
 use crate::tcp::conn::{Connection, FourTuple, SynInfo};
 use crate::tcp::syncookie;
@@ -107,19 +107,12 @@ impl<R: Rng> Stack<R> {
         conn: Connection,
         next_hop: Ipv4Addr,
     ) -> Option<u32> {
-        let entry = Entry {
+        let entry = Entry::new(
             conn,
-            owner: Owner::Listener(l),
-            dirty: false,
-            timer_at: None,
+            Owner::Listener(l),
             next_hop,
-            held: None,
-            counted_half_open: true,
-            hop_mac: None,
-            tmpl: None,
-            acct: Acct::default(),
-            ip_ident: self.ip_ident_seed(tuple),
-        };
+            self.ip_ident_seed(tuple),
+        );
         let idx = self.alloc_slot(entry)?;
         self.by_tuple.insert(tuple, idx);
         self.last_hit = None;

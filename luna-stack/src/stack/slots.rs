@@ -52,6 +52,26 @@ pub(super) struct Entry {
     pub(super) ip_ident: u16,
 }
 
+impl Entry {
+    /// A new connection's entry, not yet dirty or scheduled, its next hop unresolved. One
+    /// made by a listener counts against its half-open backlog until established or freed.
+    pub(super) fn new(conn: Connection, owner: Owner, next_hop: Ipv4Addr, ip_ident: u16) -> Self {
+        Entry {
+            conn,
+            owner,
+            dirty: false,
+            timer_at: None,
+            next_hop,
+            held: None,
+            counted_half_open: matches!(owner, Owner::Listener(_)),
+            hop_mac: None,
+            tmpl: None,
+            acct: Acct::default(),
+            ip_ident,
+        }
+    }
+}
+
 /// A connection's share of what the stack holds ([`Held`]), as last counted.
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub(super) struct Acct {

@@ -783,25 +783,22 @@ impl Connection {
             self.undo_spurious_recovery();
         }
 
-        // RFC 9293 §3.10.7.4: window update if SND.UNA =< SEG.ACK (an older ACK, which the
-        // RFC 5961 §5.2 range lets through, is a duplicate that updates nothing) and SND.WL1
-        // < SEG.SEQ or (SND.WL1 = SEG.SEQ and SND.WL2 =< SEG.ACK).
-        if ack.ge(self.snd_una)
-            && (self.snd_wl1.lt(seg.seq) || (self.snd_wl1 == seg.seq && self.snd_wl2.le(ack)))
-        {
-            let wnd = u32::from(seg.window) << self.snd_wscale;
-            if self.snd_wnd == 0 && wnd > 0 {
-                self.timers.clear(Timer::Persist);
-                self.persist_backoff = 0;
-            }
-            self.snd_wnd = wnd;
-            self.max_snd_wnd = self.max_snd_wnd.max(wnd);
-            self.snd_wl1 = seg.seq;
-            self.snd_wl2 = ack;
-        }
-        // An old ACK is not "the last incoming acknowledgment" of RFC 5681 §2's duplicate
-        // test either: it would hide the next real duplicate.
+        // RFC 9293 §3.10.7.4: window update if SND.UNA =< SEG.ACK and SND.WL1 < SEG.SEQ or
+        // (SND.WL1 = SEG.SEQ and SND.WL2 =< SEG.ACK). An older ACK, which the RFC 5961 §5.2
+        // range lets through, is a duplicate that updates nothing, not even the window that
+        // RFC 5681 §2's duplicate test compares with (it would hide the next real one).
         if ack.ge(self.snd_una) {
+            if self.snd_wl1.lt(seg.seq) || (self.snd_wl1 == seg.seq && self.snd_wl2.le(ack)) {
+                let wnd = u32::from(seg.window) << self.snd_wscale;
+                if self.snd_wnd == 0 && wnd > 0 {
+                    self.timers.clear(Timer::Persist);
+                    self.persist_backoff = 0;
+                }
+                self.snd_wnd = wnd;
+                self.max_snd_wnd = self.max_snd_wnd.max(wnd);
+                self.snd_wl1 = seg.seq;
+                self.snd_wl2 = ack;
+            }
             self.last_wnd_field = seg.window;
         }
 

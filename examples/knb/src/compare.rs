@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use crate::backend;
 use crate::contention::{self, Health, TrustArgs};
+use crate::hostlink::{self, Link};
 use crate::raw;
 use crate::report;
 use crate::run::{self, Output, Placement};
@@ -77,6 +78,8 @@ struct Point {
     p50: f64,
     p99: f64,
     health: Health,
+    /// Where the host ran the two CPUs ([`crate::hostlink`]; None: not probed).
+    link: Option<Link>,
 }
 
 /// Per-round values of each stack (None = that round failed).
@@ -176,6 +179,31 @@ fn fast_ratio(
     (value, rs.len())
 }
 
+/// The same ratio as [`ratio`] over the clean rounds where both stacks ran with the two
+/// CPUs in the placement `link` ([`crate::hostlink`], measured, unlike the guess of
+/// [`fast_rounds`]): `(median, rounds)`.
+fn link_ratio(
+    series: &Series,
+    a: &str,
+    b: &str,
+    link: Link,
+    f: impl Fn(&Point) -> f64,
+) -> (Option<f64>, usize) {
+    let (Some(x), Some(y)) = (series.get(a), series.get(b)) else {
+        return (None, 0);
+    };
+    let ok = |p: &Point| !p.health.contended && p.link == Some(link);
+    let rs: Vec<f64> = x
+        .iter()
+        .zip(y)
+        .filter_map(|(p, q)| match (p, q) {
+            (Some(p), Some(q)) if ok(p) && ok(q) => Some(f(p) / f(q)),
+            _ => None,
+        })
+        .collect();
+    (median(&rs), rs.len())
+}
+
 /// The ratios `knb compare` reports: (key, A, B, per-point value).
 const RATIOS: [(&str, &str, &str, bool); 8] = [
     ("luna_vs_kernel_rps", "luna", "kernel", false),
@@ -236,6 +264,7 @@ fn stack_entry(pts: &[Option<Point>], unstable_factor: f64) -> Value {
         "contended": col(&|p| json!(p.health.contended)),
         "contention": col(&|p| p.health.to_json()),
         "unstable": unstable,
+        "link": col(&|p| json!(p.link.map(Link::name))),
         "clean_rounds": clean.len(),
         "measured_rounds": pts.iter().flatten().count(),
         "median_rps": med(&|p| p.rps),
@@ -245,8 +274,9 @@ fn stack_entry(pts: &[Option<Point>], unstable_factor: f64) -> Value {
 }
 
 /// One per-round cell of the table: `255084`, `111033 C` (contended), `190969 U`
-/// (unstable), `failed`.
-fn cell(rps: &Value, contended: &Value, unstable: &Value) -> String {
+/// (unstable), `119402 F` (the CPUs far apart), `X` (the placement changed during the
+/// run), `failed`.
+fn cell(rps: &Value, contended: &Value, unstable: &Value, link: &Value) -> String {
     match rps.as_f64() {
         None => "failed".into(),
         Some(x) => {
@@ -256,6 +286,11 @@ fn cell(rps: &Value, contended: &Value, unstable: &Value) -> String {
             }
             if unstable == &Value::Bool(true) {
                 s.push_str(" U");
+            }
+            match link.as_str().and_then(Link::parse) {
+                Some(Link::Far) => s.push_str(" F"),
+                Some(Link::Changed) => s.push_str(" X"),
+                _ => {}
             }
             s
         }
@@ -358,6 +393,7 @@ pub fn run(a: CompareArgs) -> Res<()> {
                         p50: v["latency_us"]["p50"].as_f64().unwrap_or(f64::NAN),
                         p99: v["latency_us"]["p99"].as_f64().unwrap_or(f64::NAN),
                         health,
+                        link: hostlink::of_run(&v),
                     };
                     runs.push(v);
                     Some(p)
@@ -386,7 +422,11 @@ pub fn run(a: CompareArgs) -> Res<()> {
                 format!("lkb-raw-{}-{round}", std::process::id()),
             );
             let before = crate::cpu::host_times();
+            let probe = || hostlink::round_trip_ns(cpus.0 as usize, cpus.1 as usize);
+            let link_before = probe();
             let measured = raw::measure(&args);
+            let link_after = probe();
+            let link = hostlink::to_json(&link_before, &link_after);
             let p = match measured {
                 Ok(v) => Some(Point {
                     rps: v["frames_per_sec"].as_f64().unwrap_or(f64::NAN),
@@ -396,6 +436,7 @@ pub fn run(a: CompareArgs) -> Res<()> {
                         &raw_run_view(&v, &before, &crate::cpu::host_times(), cpus),
                         &a.trust,
                     ),
+                    link: hostlink::of_run(&json!({ "host_link": link })),
                 }),
                 Err(e) => {
                     failures += 1;
@@ -436,6 +477,7 @@ pub fn run(a: CompareArgs) -> Res<()> {
     let mut ratios = serde_json::Map::new();
     let mut kept = serde_json::Map::new();
     let mut fast = serde_json::Map::new();
+    let mut by_link = serde_json::Map::new();
     let mut busy: Vec<String> = Vec::new();
     let mut busy_keys: Vec<&str> = Vec::new();
     for (key, x, y, tail) in RATIOS {
@@ -443,6 +485,12 @@ pub fn run(a: CompareArgs) -> Res<()> {
         let r = ratio(&series, x, y, value);
         let (fv, fk) = fast_ratio(&series, x, y, a.trust.unstable_factor, value);
         fast.insert(key.into(), json!({"value": fv, "rounds": fk}));
+        let mut l = serde_json::Map::new();
+        for link in [Link::Near, Link::Far] {
+            let (v, n) = link_ratio(&series, x, y, link, value);
+            l.insert(link.name().into(), json!({"value": v, "rounds": n}));
+        }
+        by_link.insert(key.into(), Value::Object(l));
         ratios.insert(key.into(), json!(r.value));
         kept.insert(key.into(), json!({"kept": r.kept, "measured": r.measured}));
         if let Some(m) = too_busy(key, &r) {
@@ -461,6 +509,8 @@ pub fn run(a: CompareArgs) -> Res<()> {
             "unstable_factor": a.trust.unstable_factor},
         "ratio_rounds": kept,
         "fast_mode": fast,
+        "by_host_link": by_link,
+        "host_link_far_ns": hostlink::FAR_NS,
         "too_busy": busy,
         "verdict": verdict(&busy_keys),
         "notes": notes,
@@ -513,7 +563,8 @@ pub(crate) fn raw_run_view(
 /// Prints the table, the ratios, what was left out and why, and the notes.
 fn print_doc(doc: &Value, th: &TrustArgs) {
     println!(
-        "{:<8} {:>12} {:>10} {:>10} {:>7}   per round RPC/s (C contended, U unstable)",
+        "{:<8} {:>12} {:>10} {:>10} {:>7}   per round RPC/s (C contended, U unstable, F CPUs \
+         far apart, X placement changed)",
         "stack", "median RPC/s", "p50 us", "p99 us", "clean"
     );
     for (name, v) in doc["stacks"].as_object().into_iter().flatten() {
@@ -524,7 +575,7 @@ fn print_doc(doc: &Value, th: &TrustArgs) {
         let f = |k: &str| v[k].as_f64().map_or("-".into(), |x| format!("{x:.1}"));
         let empty = Vec::new();
         let arr = |k: &str| v[k].as_array().unwrap_or(&empty).clone();
-        let (rps, con, uns) = (arr("rps"), arr("contended"), arr("unstable"));
+        let (rps, con, uns, link) = (arr("rps"), arr("contended"), arr("unstable"), arr("link"));
         let cells: Vec<String> = rps
             .iter()
             .enumerate()
@@ -533,6 +584,7 @@ fn print_doc(doc: &Value, th: &TrustArgs) {
                     r,
                     con.get(i).unwrap_or(&Value::Null),
                     uns.get(i).unwrap_or(&Value::Null),
+                    link.get(i).unwrap_or(&Value::Null),
                 )
             })
             .collect();
@@ -612,6 +664,26 @@ fn print_doc(doc: &Value, th: &TrustArgs) {
             f["rounds"]
         );
     }
+    println!(
+        "ratios by the host's placement of the two CPUs (the same, over clean rounds where \
+         both stacks ran near, or both far: a cache-line round trip under or over {:.0} ns \
+         before and after each run):",
+        hostlink::FAR_NS
+    );
+    for (k, _, _, _) in RATIOS {
+        let l = &doc["by_host_link"][k];
+        let one = |m: &str| {
+            format!(
+                "{} {:>9} ({} rounds)",
+                m,
+                l[m]["value"]
+                    .as_f64()
+                    .map_or("null".into(), |x| format!("{x:.3}")),
+                l[m]["rounds"]
+            )
+        };
+        println!("  {k:<22} {}   {}", one("near"), one("far"));
+    }
     for m in doc["too_busy"].as_array().into_iter().flatten() {
         println!("TOO BUSY: {}", m.as_str().unwrap_or(""));
     }
@@ -657,7 +729,72 @@ mod tests {
             p50: 1.0,
             p99: rps / 10.0,
             health: Health::default(),
+            link: None,
         })
+    }
+
+    /// A clean round of `rps` run in placement `link`.
+    fn at(rps: f64, link: Link) -> Option<Point> {
+        Some(Point {
+            link: Some(link),
+            ..p(rps).unwrap()
+        })
+    }
+
+    /// The probe, not the RPC rate, decides which rounds compare: luna's fast round 1
+    /// and smoltcp's slow one ran in the same near placement (a slow run with the CPUs
+    /// near is the stack's own), round 3 changed placement during luna's run.
+    #[test]
+    fn ratios_by_placement_pair_rounds_run_in_the_same_one() {
+        let mut s: Series = BTreeMap::new();
+        s.insert(
+            "luna",
+            vec![
+                at(300.0, Link::Near),
+                at(120.0, Link::Far),
+                at(200.0, Link::Changed),
+                at(310.0, Link::Near),
+                at(125.0, Link::Far),
+            ],
+        );
+        s.insert(
+            "smoltcp",
+            vec![
+                at(150.0, Link::Near),
+                at(130.0, Link::Far),
+                at(330.0, Link::Near),
+                at(310.0, Link::Near),
+                at(330.0, Link::Near),
+            ],
+        );
+        let (near, n) = link_ratio(&s, "luna", "smoltcp", Link::Near, |p| p.rps);
+        assert_eq!(n, 2);
+        assert_eq!(near, median(&[2.0, 1.0]));
+        let (far, n) = link_ratio(&s, "luna", "smoltcp", Link::Far, |p| p.rps);
+        assert_eq!((far, n), (Some(120.0 / 130.0), 1));
+        // A contended round never counts; unprobed rounds fall in neither placement.
+        s.get_mut("luna").unwrap()[0] = judged("luna", 300.0, 0.4).map(|p| Point {
+            link: Some(Link::Near),
+            ..p
+        });
+        assert_eq!(
+            link_ratio(&s, "luna", "smoltcp", Link::Near, |p| p.rps).1,
+            1
+        );
+        s.insert("kernel", vec![p(20.0); 5]);
+        assert_eq!(
+            link_ratio(&s, "luna", "kernel", Link::Near, |p| p.rps),
+            (None, 0)
+        );
+        // The table marks far and changed rounds.
+        let c = |l: &str| cell(&json!(119402.0), &json!(false), &json!(false), &json!(l));
+        assert_eq!(c("far"), "119402 F");
+        assert_eq!(c("changed"), "119402 X");
+        assert_eq!(c("near"), "119402");
+        assert_eq!(
+            cell(&json!(1.0), &json!(true), &json!(true), &Value::Null),
+            "1 C U"
+        );
     }
 
     /// A round whose `side` of `stack` got `cpu` of a CPU, judged as compare judges it.
@@ -736,9 +873,18 @@ mod tests {
         assert_eq!(e["median_rps"], json!(255.0));
         assert_eq!(e["contended"], json!([false, true, false, false]));
         assert_eq!(e["unstable"], json!([false, true, false, false]));
-        assert_eq!(cell(&json!(110.0), &json!(true), &json!(true)), "110 C U");
-        assert_eq!(cell(&json!(250.4), &json!(false), &json!(false)), "250");
-        assert_eq!(cell(&Value::Null, &Value::Null, &Value::Null), "failed");
+        assert_eq!(
+            cell(&json!(110.0), &json!(true), &json!(true), &Value::Null),
+            "110 C U"
+        );
+        assert_eq!(
+            cell(&json!(250.4), &json!(false), &json!(false), &Value::Null),
+            "250"
+        );
+        assert_eq!(
+            cell(&Value::Null, &Value::Null, &Value::Null, &Value::Null),
+            "failed"
+        );
     }
 
     #[test]

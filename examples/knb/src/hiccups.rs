@@ -211,6 +211,20 @@ pub fn run(a: HiccupsArgs) -> Res<()> {
         println!("cpu {c}: {}", g.describe());
     }
     println!("{}", summary_line(&per, a.seconds));
+    // The machine's other unknown: how far apart the host placed the CPUs (hostlink).
+    for w in a.cpus.0.windows(2) {
+        match crate::hostlink::round_trip_ns(w[0], w[1]) {
+            Ok(ns) => println!(
+                "cpus {} and {}: cache-line round trip {ns:.0} ns ({}; far from {:.0} ns)",
+                w[0],
+                w[1],
+                crate::hostlink::classify(Some(ns), None, crate::hostlink::FAR_NS)
+                    .map_or("-", crate::hostlink::Link::name),
+                crate::hostlink::FAR_NS
+            ),
+            Err(e) => println!("cpus {} and {}: no round trip: {e}", w[0], w[1]),
+        }
+    }
     if let Some(p) = &a.json {
         report::write_file(
             p,

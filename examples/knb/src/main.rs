@@ -24,6 +24,7 @@ mod contention;
 mod cpu;
 mod engine;
 mod hiccups;
+mod hostlink;
 mod proto;
 mod raw;
 mod report;

@@ -65,6 +65,9 @@ pub fn print_table(rows: &[Value]) {
         if let Some(c) = contention_line(r) {
             println!("  {c}");
         }
+        if let Some(h) = crate::hostlink::describe(r) {
+            println!("  {h}");
+        }
         if let Some(o) = r["open_loop"].as_object() {
             println!(
                 "  open loop: offered {} RPC/s, achieved {} RPC/s, {} arrivals dropped",
@@ -172,7 +175,7 @@ pub fn contention_line(r: &Value) -> Option<String> {
 }
 
 /// CSV columns, in order.
-pub const CSV_HEADER: &str = "stack,mode,req_size,resp_size,iodepth,connections,threads,rate,duration_s,rpcs,rps,gbps_total,gbps_c2s,gbps_s2c,p50_us,p90_us,p99_us,p999_us,max_us,cpu_client,cpu_server,bulk_receiver_gbps,bulk_sender_gbps,contended,unstable,steal,nvcsw_client,nvcsw_server";
+pub const CSV_HEADER: &str = "stack,mode,req_size,resp_size,iodepth,connections,threads,rate,duration_s,rpcs,rps,gbps_total,gbps_c2s,gbps_s2c,p50_us,p90_us,p99_us,p999_us,max_us,cpu_client,cpu_server,bulk_receiver_gbps,bulk_sender_gbps,contended,unstable,steal,nvcsw_client,nvcsw_server,host_link,host_link_before_ns,host_link_after_ns";
 
 fn cell(v: &Value) -> String {
     match v {
@@ -216,6 +219,9 @@ pub fn csv_row(r: &Value) -> String {
         &r["contention"]["steal"],
         &r["contention"]["nvcsw"]["client"],
         &r["contention"]["nvcsw"]["server"],
+        &r["host_link"]["mode"],
+        &r["host_link"]["before_ns"],
+        &r["host_link"]["after_ns"],
     ]
     .iter()
     .map(|v| cell(v))

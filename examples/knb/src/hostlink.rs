@@ -1,0 +1,291 @@
+//! How far apart the host placed the two CPUs a run uses: the machine's "two speeds".
+//!
+//! On this VM every DPDK stack (luna, smoltcp, the raw memif link) ran at one of two
+//! speeds that switched every few minutes whatever we ran, about 2.5× apart
+//! (docs/benchmarks.md, "The two speeds explained"). The cause is where the host runs our
+//! two virtual CPUs: a cache line handed from one to the other and back takes 60–100 ns
+//! when they sit on cores that share a last-level cache, and 330–390 ns when they do not
+//! (another core complex or socket). memif is shared memory between the two processes,
+//! so every descriptor and every payload byte a stack sends crosses that path: in the far
+//! placement the raw 4 KiB round trip falls from ~620k/s to ~210k/s and the stacks with
+//! it, while the kernel over veth (one CPU does most of the work) barely moves.
+//!
+//! knb measures it before and after every run — a cache line bounced between two threads
+//! pinned to the client's and the server's first CPU, [`BATCHES`] batches of [`BATCH`]
+//! round trips, the median batch — and labels the run [`Link::Near`], [`Link::Far`] or
+//! [`Link::Changed`] (the placement moved during the run). `knb compare` then gives
+//! ratios over the rounds where both stacks ran in the same placement instead of guessing
+//! the speed from the RPC rate.
+//!
+//! The probe runs only between runs (never beside the busy pollers) and takes a few
+//! milliseconds; every wait is bounded, so a CPU that never schedules the peer makes the
+//! probe fail, not hang.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// Round trips per batch.
+pub const BATCH: u32 = 2_000;
+/// Measured batches (the median one counts, so one preempted batch does not).
+pub const BATCHES: usize = 5;
+/// Round trips before the first measured batch (the peer thread starting up).
+const WARMUP: u32 = 200;
+/// A round trip slower than this (ns) puts the two CPUs far apart. The two placements
+/// measured here are 60–100 and 330–390 ns; the threshold sits between them.
+pub const FAR_NS: f64 = 200.0;
+/// The whole probe gives up after this long (a peer that is never scheduled).
+const DEADLINE: Duration = Duration::from_millis(500);
+/// The line value that tells the peer to stop.
+const STOP: u64 = u64::MAX;
+
+/// Where the host ran the two CPUs during a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    /// Sharing a last-level cache: a cache line round trip under [`FAR_NS`].
+    Near,
+    /// Apart: at or over [`FAR_NS`].
+    Far,
+    /// Near before the run and far after it, or the other way round.
+    Changed,
+}
+
+impl Link {
+    /// `near`, `far`, `changed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Link::Near => "near",
+            Link::Far => "far",
+            Link::Changed => "changed",
+        }
+    }
+
+    /// The inverse of [`Link::name`].
+    pub fn parse(s: &str) -> Option<Link> {
+        match s {
+            "near" => Some(Link::Near),
+            "far" => Some(Link::Far),
+            "changed" => Some(Link::Changed),
+            _ => None,
+        }
+    }
+
+    fn of(ns: f64, far: f64) -> Link {
+        if ns < far {
+            Link::Near
+        } else {
+            Link::Far
+        }
+    }
+}
+
+/// The placement of a run from the probes before and after it (either may have failed).
+pub fn classify(before: Option<f64>, after: Option<f64>, far: f64) -> Option<Link> {
+    match (before, after) {
+        (Some(b), Some(a)) => {
+            let (x, y) = (Link::of(b, far), Link::of(a, far));
+            Some(if x == y { x } else { Link::Changed })
+        }
+        (Some(x), None) | (None, Some(x)) => Some(Link::of(x, far)),
+        (None, None) => None,
+    }
+}
+
+/// The line the two threads hand back and forth, alone in its cache lines.
+#[repr(align(128))]
+struct Line(AtomicU64);
+
+/// Spins until `line` holds `want` (true) or `STOP` / the deadline (false).
+fn wait_for(line: &AtomicU64, want: u64, deadline: Instant) -> bool {
+    let mut spins = 0u32;
+    loop {
+        let v = line.load(Ordering::Acquire);
+        if v == want {
+            return true;
+        }
+        if v == STOP {
+            return false;
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 4096 == 0 && Instant::now() >= deadline {
+            return false;
+        }
+    }
+}
+
+/// The cache-line round trip between CPUs `a` and `b` in ns (median of [`BATCHES`]
+/// batches). Runs two short-lived pinned threads; the calling thread's affinity is not
+/// touched.
+pub fn round_trip_ns(a: usize, b: usize) -> Result<f64, String> {
+    if a == b {
+        return Err(format!(
+            "client and server share CPU {a}: nothing to measure"
+        ));
+    }
+    let line = Line(AtomicU64::new(0));
+    let line = &line.0;
+    let deadline = Instant::now() + DEADLINE;
+    let total = u64::from(WARMUP) + u64::from(BATCH) * BATCHES as u64;
+    std::thread::scope(|s| {
+        let peer = s.spawn(move || -> Result<(), String> {
+            let r = crate::backend::pin(b);
+            if r.is_err() {
+                line.store(STOP, Ordering::Release);
+                return r;
+            }
+            for k in 0..total {
+                if !wait_for(line, 2 * k + 1, deadline) {
+                    return Ok(());
+                }
+                line.store(2 * k + 2, Ordering::Release);
+            }
+            Ok(())
+        });
+        let me = s.spawn(move || -> Result<f64, String> {
+            let stop = |e: String| {
+                line.store(STOP, Ordering::Release);
+                Err(e)
+            };
+            if let Err(e) = crate::backend::pin(a) {
+                return stop(e);
+            }
+            let mut k = 0u64;
+            let mut step = |n: u32| -> bool {
+                for _ in 0..n {
+                    line.store(2 * k + 1, Ordering::Release);
+                    if !wait_for(line, 2 * k + 2, deadline) {
+                        return false;
+                    }
+                    k += 1;
+                }
+                true
+            };
+            if !step(WARMUP) {
+                return stop(format!("CPU {b} did not answer within {DEADLINE:?}"));
+            }
+            let mut ns = Vec::with_capacity(BATCHES);
+            for _ in 0..BATCHES {
+                let t = Instant::now();
+                if !step(BATCH) {
+                    return stop(format!(
+                        "CPU {b} stopped answering (the probe's {DEADLINE:?} ran out)"
+                    ));
+                }
+                ns.push(t.elapsed().as_nanos() as f64 / f64::from(BATCH));
+            }
+            Ok(crate::compare::median(&ns).unwrap_or(f64::NAN))
+        });
+        let mine = me
+            .join()
+            .unwrap_or_else(|_| Err("the probe thread panicked".into()));
+        let theirs = peer
+            .join()
+            .unwrap_or_else(|_| Err("the probe's peer thread panicked".into()));
+        theirs.and(mine)
+    })
+}
+
+/// `host_link` of a run report from the probes before and after it.
+pub fn to_json(before: &Result<f64, String>, after: &Result<f64, String>) -> Value {
+    let ns = |r: &Result<f64, String>| r.as_ref().ok().map(|x| (x * 10.0).round() / 10.0);
+    let (b, a) = (ns(before), ns(after));
+    let errors: Vec<&String> = [before, after]
+        .into_iter()
+        .filter_map(|r| r.as_ref().err())
+        .collect();
+    json!({
+        "before_ns": b,
+        "after_ns": a,
+        "far_ns": FAR_NS,
+        "mode": classify(b, a, FAR_NS).map(Link::name),
+        "errors": errors,
+    })
+}
+
+/// The placement recorded in a run report (None: not measured).
+pub fn of_run(r: &Value) -> Option<Link> {
+    r["host_link"]["mode"].as_str().and_then(Link::parse)
+}
+
+/// `host placement: near (cache-line round trip 71 ns before the run, 75 after)`.
+pub fn describe(r: &Value) -> Option<String> {
+    let h = r.get("host_link").filter(|h| h.is_object())?;
+    let ns = |v: &Value| v.as_f64().map_or("-".into(), |x| format!("{x:.0}"));
+    let mode = h["mode"].as_str().unwrap_or("not measured");
+    let mut s = format!(
+        "host placement of the two CPUs: {mode} (cache-line round trip {} ns before the run, \
+         {} after; far from {FAR_NS:.0})",
+        ns(&h["before_ns"]),
+        ns(&h["after_ns"])
+    );
+    for e in h["errors"].as_array().into_iter().flatten() {
+        s.push_str(&format!("; probe: {}", e.as_str().unwrap_or("")));
+    }
+    Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_are_near_far_or_changed() {
+        assert_eq!(classify(Some(71.0), Some(75.0), FAR_NS), Some(Link::Near));
+        assert_eq!(classify(Some(355.0), Some(361.0), FAR_NS), Some(Link::Far));
+        assert_eq!(
+            classify(Some(75.0), Some(360.0), FAR_NS),
+            Some(Link::Changed)
+        );
+        assert_eq!(
+            classify(Some(360.0), Some(75.0), FAR_NS),
+            Some(Link::Changed)
+        );
+        // The threshold itself is far; one failed probe leaves the other's verdict.
+        assert_eq!(classify(Some(200.0), None, FAR_NS), Some(Link::Far));
+        assert_eq!(classify(None, Some(64.0), FAR_NS), Some(Link::Near));
+        assert_eq!(classify(None, None, FAR_NS), None);
+        for l in [Link::Near, Link::Far, Link::Changed] {
+            assert_eq!(Link::parse(l.name()), Some(l));
+        }
+        assert_eq!(Link::parse("fast"), None);
+    }
+
+    #[test]
+    fn a_report_carries_the_probes_and_the_verdict() {
+        let v = json!({"host_link": to_json(&Ok(70.04), &Err("CPU 1 did not answer".into()))});
+        assert_eq!(v["host_link"]["before_ns"], json!(70.0));
+        assert_eq!(v["host_link"]["after_ns"], Value::Null);
+        assert_eq!(of_run(&v), Some(Link::Near));
+        let d = describe(&v).unwrap();
+        assert!(
+            d.contains("near") && d.contains("probe: CPU 1 did not answer"),
+            "{d}"
+        );
+        assert_eq!(of_run(&json!({})), None);
+        assert_eq!(describe(&json!({})), None);
+    }
+
+    #[test]
+    fn one_cpu_cannot_be_probed_and_a_missing_cpu_fails_fast() {
+        assert!(round_trip_ns(0, 0).is_err());
+        let t = Instant::now();
+        let e = round_trip_ns(0, 4095).unwrap_err();
+        assert!(e.contains("4095"), "{e}");
+        assert!(t.elapsed() < DEADLINE * 2, "{:?}", t.elapsed());
+    }
+
+    /// On a machine with two CPUs the probe measures something finite and positive
+    /// (the value itself depends on the host: not asserted).
+    #[test]
+    fn two_cpus_give_a_round_trip() {
+        if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+            return;
+        }
+        match round_trip_ns(0, 1) {
+            Ok(ns) => assert!(ns.is_finite() && ns > 0.0, "{ns}"),
+            // A loaded test machine may not schedule the peer in time: a clear error.
+            Err(e) => assert!(e.contains("CPU 1"), "{e}"),
+        }
+    }
+}

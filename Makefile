@@ -18,7 +18,7 @@ TEST_SUITES := test-workspace test-loom test-fuzz test-dpdk-compat
 # msgsched's 5; the builds are most of the cost).
 FUZZ_SECS ?= 6
 
-.PHONY: help setup build test $(TEST_SUITES) interop attack attack-proto soak lint demo bench figures msgsched-sweep clean-testbed preload preload-demo
+.PHONY: help setup build test $(TEST_SUITES) interop attack attack-proto soak lint demo bench knb-pgo figures msgsched-sweep clean-testbed preload preload-demo
 
 help:
 	@echo "make setup          install packages, reserve hugepages (root)"
@@ -31,6 +31,7 @@ help:
 	@echo "make lint           rustfmt check + clippy -D warnings"
 	@echo "make demo           setup, then knb compare: luna vs kernel vs smoltcp vs raw, 4 KiB RPCs (root)"
 	@echo "make bench          luna-stack per-segment and bulk per-byte cost: callgrind instructions vs docs/bench/ + criterion (a report, never fails on a number)"
+	@echo "make knb-pgo        setup, then knb with profile-guided optimisation, trained on luna and smoltcp alike: target/pgo/release/knb (~5 min; root; docs/benchmarks.md)"
 	@echo "make figures        setup, then regenerate docs/fig9-12 (knb sweep: kernel, smoltcp, luna, copy + zero-copy memif; ~10 min; root, quiet machine)"
 	@echo "make msgsched-sweep luna's CP/CS/MS vs the kernel's CP/CS/pool under an SLO, 100/20 us bimodal, 20/5000 conns, vs the simulator's ideal (~25 min; root, quiet machine)"
 	@echo "make clean-testbed  remove every namespace/interface/file with prefix $(LUNA_TESTBED_PREFIX)"
@@ -137,6 +138,12 @@ demo: setup
 # docs/benchmarks.md ("make bench").
 bench:
 	bash luna-stack/benches/make-bench.sh
+
+# knb built with a profile of its own runs (luna and smoltcp trained alike): the hot code
+# laid out hot/cold, a quarter fewer hot cache lines (docs/benchmarks.md, "Profile-guided
+# build"). rustup's llvm-tools are installed by the script.
+knb-pgo: setup
+	examples/knb/pgo-build.sh
 
 # LUNA's figures 9-12 with luna (docs/fig9-msgsize, fig10-iodepth(-p99), fig11-cdf,
 # fig12-cores, figs-claims.csv): knb sweep over kernel, smoltcp and luna, the memif stacks in

@@ -285,7 +285,7 @@ mod tests {
         match round_trip_ns(0, 1) {
             Ok(ns) => assert!(ns.is_finite() && ns > 0.0, "{ns}"),
             // A loaded test machine may not schedule the peer in time: a clear error.
-            Err(e) => assert!(e.contains("CPU 1"), "{e}"),
+            Err(e) => assert!(e.contains("CPU"), "{e}"),
         }
     }
 }

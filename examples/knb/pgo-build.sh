@@ -37,9 +37,12 @@ raw=$root/target/pgo/raw
 rm -rf "$raw"
 mkdir -p "$raw"
 echo "pgo-build: instrumented build (target/pgo-gen)" >&2
-CARGO_TARGET_DIR=$root/target/pgo-gen RUSTFLAGS="-Cprofile-generate=$raw" \
-    $CARGO build --release -p knb
-gen=$root/target/pgo-gen/release/knb
+# --target: the flags reach knb's own code only, not build scripts and proc-macros (which
+# would otherwise run instrumented and write profiles of bindgen into the training set).
+# Flags the user already has stay (both builds get them).
+CARGO_TARGET_DIR=$root/target/pgo-gen RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-generate=$raw" \
+    $CARGO build --release -p knb --target "$host"
+gen=$root/target/pgo-gen/$host/release/knb
 
 # The same workloads for both stacks: 4 KiB at iodepth 1 and 16, 16 connections, small
 # messages. The raw link is not trained (it is DPDK's code, not ours).
@@ -53,7 +56,20 @@ for stack in luna smoltcp; do
 done
 ls "$raw"/*.profraw >/dev/null 2>&1 || { echo "pgo-build: the training wrote no profile" >&2; exit 1; }
 "$profdata" merge -o "$root/target/pgo/knb.profdata" "$raw"/*.profraw
+# Both stacks' children must have written their counts (a child killed before exiting
+# writes none): each stack's per-packet code must have run in the merged profile.
+"$profdata" show --all-functions --counts "$root/target/pgo/knb.profdata" >"$raw/show.txt" 2>/dev/null
+for fn in 'luna_stack.*ingress.*handle_frame' 'knb7backend7smoltcp4Lane4poll'; do
+    # (grep -c reads to the end: no SIGPIPE for pipefail to report.)
+    n=$(grep -A3 -E "$fn" "$raw/show.txt" | grep 'Block counts' | grep -c -E '[1-9]' || true)
+    [ "${n:-0}" -gt 0 ] || {
+        echo "pgo-build: no counts for $fn in the profile: a training run wrote none" >&2
+        exit 1
+    }
+done
 echo "pgo-build: optimised build (target/pgo)" >&2
-CARGO_TARGET_DIR=$root/target/pgo RUSTFLAGS="-Cprofile-use=$root/target/pgo/knb.profdata" \
-    $CARGO build --release -p knb
+CARGO_TARGET_DIR=$root/target/pgo RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$root/target/pgo/knb.profdata" \
+    $CARGO build --release -p knb --target "$host"
+mkdir -p "$root/target/pgo/release"
+cp "$root/target/pgo/$host/release/knb" "$root/target/pgo/release/knb"
 echo "pgo-build: $root/target/pgo/release/knb" >&2

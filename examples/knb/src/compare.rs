@@ -181,7 +181,8 @@ fn fast_ratio(
 
 /// The same ratio as [`ratio`] over the clean rounds where both stacks ran with the two
 /// CPUs in the placement `link` ([`crate::hostlink`], measured, unlike the guess of
-/// [`fast_rounds`]): `(median, rounds)`.
+/// [`fast_rounds`]): `(median, rounds)`, the median only from two rounds up (as
+/// [`fast_ratio`]).
 fn link_ratio(
     series: &Series,
     a: &str,
@@ -201,7 +202,29 @@ fn link_ratio(
             _ => None,
         })
         .collect();
-    (median(&rs), rs.len())
+    let value = if rs.len() >= 2 { median(&rs) } else { None };
+    (value, rs.len())
+}
+
+/// A note when no round of a memif stack ran with the two CPUs near: the set then
+/// measured memif's transfers between core complexes more than the stacks.
+fn placement_note(series: &Series) -> Option<String> {
+    let links: Vec<Link> = ["luna", "smoltcp", "raw"]
+        .iter()
+        .filter_map(|k| series.get(k))
+        .flatten()
+        .flatten()
+        .filter_map(|p| p.link)
+        .collect();
+    (!links.is_empty() && !links.contains(&Link::Near)).then(|| {
+        format!(
+            "no memif round ran with the two CPUs near (cache-line round trip under {:.0} \
+             ns): the host placed them apart, where memif's transfers dominate every DPDK \
+             stack; the near ratios above are null. Rerun when `knb hiccups --cpus 0,1` \
+             says near (docs/benchmarks.md, \"The two speeds explained\")",
+            hostlink::FAR_NS
+        )
+    })
 }
 
 /// The ratios `knb compare` reports: (key, A, B, per-point value).
@@ -275,7 +298,7 @@ fn stack_entry(pts: &[Option<Point>], unstable_factor: f64) -> Value {
 
 /// One per-round cell of the table: `255084`, `111033 C` (contended), `190969 U`
 /// (unstable), `119402 F` (the CPUs far apart), `X` (the placement changed during the
-/// run), `failed`.
+/// run), `?` (placement not measured), `failed`.
 fn cell(rps: &Value, contended: &Value, unstable: &Value, link: &Value) -> String {
     match rps.as_f64() {
         None => "failed".into(),
@@ -290,7 +313,8 @@ fn cell(rps: &Value, contended: &Value, unstable: &Value, link: &Value) -> Strin
             match link.as_str().and_then(Link::parse) {
                 Some(Link::Far) => s.push_str(" F"),
                 Some(Link::Changed) => s.push_str(" X"),
-                _ => {}
+                Some(Link::Near) => {}
+                None => s.push_str(" ?"),
             }
             s
         }
@@ -421,10 +445,12 @@ pub fn run(a: CompareArgs) -> Res<()> {
                 cpus,
                 format!("lkb-raw-{}-{round}", std::process::id()),
             );
-            let before = crate::cpu::host_times();
             let probe = || hostlink::round_trip_ns(cpus.0 as usize, cpus.1 as usize);
             let link_before = probe();
+            // The steal window is the raw run's alone (the probes spin both CPUs).
+            let before = crate::cpu::host_times();
             let measured = raw::measure(&args);
+            let after = crate::cpu::host_times();
             let link_after = probe();
             let link = hostlink::to_json(&link_before, &link_after);
             let p = match measured {
@@ -432,10 +458,7 @@ pub fn run(a: CompareArgs) -> Res<()> {
                     rps: v["frames_per_sec"].as_f64().unwrap_or(f64::NAN),
                     p50: v["rtt_p50_us"].as_f64().unwrap_or(f64::NAN),
                     p99: v["rtt_p99_us"].as_f64().unwrap_or(f64::NAN),
-                    health: contention::assess(
-                        &raw_run_view(&v, &before, &crate::cpu::host_times(), cpus),
-                        &a.trust,
-                    ),
+                    health: contention::assess(&raw_run_view(&v, &before, &after, cpus), &a.trust),
                     link: hostlink::of_run(&json!({ "host_link": link })),
                 }),
                 Err(e) => {
@@ -448,6 +471,9 @@ pub fn run(a: CompareArgs) -> Res<()> {
         }
     }
     drop(topos);
+    if let Some(n) = placement_note(&series) {
+        notes.push(n);
+    }
 
     let mut stacks = serde_json::Map::new();
     for s in &a.stacks {
@@ -564,7 +590,7 @@ pub(crate) fn raw_run_view(
 fn print_doc(doc: &Value, th: &TrustArgs) {
     println!(
         "{:<8} {:>12} {:>10} {:>10} {:>7}   per round RPC/s (C contended, U unstable, F CPUs \
-         far apart, X placement changed)",
+         far apart, X placement changed, ? not probed)",
         "stack", "median RPC/s", "p50 us", "p99 us", "clean"
     );
     for (name, v) in doc["stacks"].as_object().into_iter().flatten() {
@@ -770,22 +796,35 @@ mod tests {
         let (near, n) = link_ratio(&s, "luna", "smoltcp", Link::Near, |p| p.rps);
         assert_eq!(n, 2);
         assert_eq!(near, median(&[2.0, 1.0]));
+        // One far round counts but is not a median (as the fast-mode ratio).
         let (far, n) = link_ratio(&s, "luna", "smoltcp", Link::Far, |p| p.rps);
-        assert_eq!((far, n), (Some(120.0 / 130.0), 1));
+        assert_eq!((far, n), (None, 1));
+        s.get_mut("luna").unwrap()[4] = at(125.0, Link::Far);
+        s.get_mut("smoltcp").unwrap()[4] = at(125.0, Link::Far);
+        let (far, n) = link_ratio(&s, "luna", "smoltcp", Link::Far, |p| p.rps);
+        assert_eq!((far, n), (median(&[120.0 / 130.0, 1.0]), 2));
         // A contended round never counts; unprobed rounds fall in neither placement.
         s.get_mut("luna").unwrap()[0] = judged("luna", 300.0, 0.4).map(|p| Point {
             link: Some(Link::Near),
             ..p
         });
         assert_eq!(
-            link_ratio(&s, "luna", "smoltcp", Link::Near, |p| p.rps).1,
-            1
+            link_ratio(&s, "luna", "smoltcp", Link::Near, |p| p.rps),
+            (None, 1)
         );
         s.insert("kernel", vec![p(20.0); 5]);
         assert_eq!(
             link_ratio(&s, "luna", "kernel", Link::Near, |p| p.rps),
             (None, 0)
         );
+        // Some round ran near: no note; none did: a note; none probed: no note.
+        assert_eq!(placement_note(&s), None);
+        let mut far: Series = BTreeMap::new();
+        far.insert("luna", vec![at(120.0, Link::Far), at(130.0, Link::Changed)]);
+        far.insert("kernel", vec![at(20.0, Link::Near), p(20.0)]);
+        assert!(placement_note(&far).unwrap().contains("near"));
+        far.insert("luna", vec![p(120.0)]);
+        assert_eq!(placement_note(&far), None);
         // The table marks far and changed rounds.
         let c = |l: &str| cell(&json!(119402.0), &json!(false), &json!(false), &json!(l));
         assert_eq!(c("far"), "119402 F");
@@ -793,7 +832,7 @@ mod tests {
         assert_eq!(c("near"), "119402");
         assert_eq!(
             cell(&json!(1.0), &json!(true), &json!(true), &Value::Null),
-            "1 C U"
+            "1 C U ?"
         );
     }
 
@@ -874,11 +913,11 @@ mod tests {
         assert_eq!(e["contended"], json!([false, true, false, false]));
         assert_eq!(e["unstable"], json!([false, true, false, false]));
         assert_eq!(
-            cell(&json!(110.0), &json!(true), &json!(true), &Value::Null),
+            cell(&json!(110.0), &json!(true), &json!(true), &json!("near")),
             "110 C U"
         );
         assert_eq!(
-            cell(&json!(250.4), &json!(false), &json!(false), &Value::Null),
+            cell(&json!(250.4), &json!(false), &json!(false), &json!("near")),
             "250"
         );
         assert_eq!(

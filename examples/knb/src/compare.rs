@@ -11,6 +11,7 @@
 //! busy to measure it, and which side starved.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use clap::Args;
 use serde_json::{json, Value};
@@ -48,6 +49,19 @@ pub struct CompareArgs {
     pub out: Output,
     #[command(flatten)]
     pub trust: TrustArgs,
+    /// Before each run, wait up to this many seconds for the host to place the client's
+    /// and the server's CPU near each other (a cache-line round trip under 200 ns,
+    /// probed once a second; docs/benchmarks.md, "The two speeds explained"), then run
+    /// either way: the run keeps its measured label. 0: do not wait.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_wait)]
+    pub wait_near: f64,
+}
+
+fn parse_wait(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=3600.0).contains(&x) => Ok(x),
+        _ => Err(format!("{s:?}: give seconds between 0 and 3600")),
+    }
 }
 
 /// Median (mean of the middle two for even counts); None when empty.
@@ -388,6 +402,29 @@ pub fn run(a: CompareArgs) -> Res<()> {
         );
     }
     let progress = a.out.show_progress();
+    let pair = (a.place.client_cpus.0[0], a.place.server_cpus()[0]);
+    let mut waits = (Duration::ZERO, 0u32, 0u32); // waited, runs, runs started not near
+    let mut wait = |what: &str| -> Option<f64> {
+        if a.wait_near <= 0.0 {
+            return None;
+        }
+        let (w, near) = hostlink::wait_near(
+            Duration::from_secs_f64(a.wait_near),
+            Duration::from_secs(1),
+            || hostlink::round_trip_ns(pair.0, pair.1),
+            std::thread::sleep,
+        );
+        waits.0 += w;
+        waits.1 += 1;
+        if !near {
+            waits.2 += 1;
+            eprintln!(
+                "knb compare: {what}: the CPUs were not near within {:.0} s; running anyway",
+                a.wait_near
+            );
+        }
+        Some(w.as_secs_f64())
+    };
     let mut series: Series = BTreeMap::new();
     let mut runs = Vec::new();
     let mut failures = 0;
@@ -406,9 +443,13 @@ pub fn run(a: CompareArgs) -> Res<()> {
                 w.mtu = 1500;
                 w.memif_zero_copy = false;
             }
+            let waited = wait(s.name());
             let r = run::run_on(&topos[&b.topology()], b, &w, &a.place, progress);
             let p = match r {
                 Ok(mut v) => {
+                    if let Some(w) = waited {
+                        v["host_link"]["waited_s"] = json!(w);
+                    }
                     let health = contention::assess(&v, &a.trust);
                     v["contention"] = health.to_json();
                     v["round"] = json!(round + 1);
@@ -445,6 +486,7 @@ pub fn run(a: CompareArgs) -> Res<()> {
                 cpus,
                 format!("lkb-raw-{}-{round}", std::process::id()),
             );
+            wait("raw");
             let probe = || hostlink::round_trip_ns(cpus.0 as usize, cpus.1 as usize);
             let link_before = probe();
             // The steal window is the raw run's alone (the probes spin both CPUs).
@@ -471,6 +513,16 @@ pub fn run(a: CompareArgs) -> Res<()> {
         }
     }
     drop(topos);
+    if waits.1 > 0 {
+        notes.push(format!(
+            "--wait-near {}: waited {:.0} s in all before {} runs; {} of them started with \
+             the CPUs not near",
+            a.wait_near,
+            waits.0.as_secs_f64(),
+            waits.1,
+            waits.2
+        ));
+    }
     if let Some(n) = placement_note(&series) {
         notes.push(n);
     }

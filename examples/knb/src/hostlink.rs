@@ -221,6 +221,30 @@ pub fn round_trip_ns(a: usize, b: usize) -> Result<f64, String> {
     })
 }
 
+/// Waits (bounded) for the two CPUs to be near: calls `probe` until it measures a round
+/// trip under [`FAR_NS`] or `max` has passed, sleeping `step` between probes. Returns how
+/// long it waited and whether the last probe found them near. A failing probe counts as
+/// not near (the wait ends by `max`, never hangs).
+pub fn wait_near(
+    max: Duration,
+    step: Duration,
+    mut probe: impl FnMut() -> Result<f64, String>,
+    mut sleep: impl FnMut(Duration),
+) -> (Duration, bool) {
+    let mut waited = Duration::ZERO;
+    loop {
+        if matches!(probe(), Ok(ns) if ns < FAR_NS) {
+            return (waited, true);
+        }
+        if waited >= max {
+            return (waited, false);
+        }
+        let d = step.min(max - waited);
+        sleep(d);
+        waited += d;
+    }
+}
+
 /// `host_link` of a run report from the probes before and after it.
 pub fn to_json(before: &Result<f64, String>, after: &Result<f64, String>) -> Value {
     let ns = |r: &Result<f64, String>| r.as_ref().ok().map(|x| (x * 10.0).round() / 10.0);
@@ -284,6 +308,42 @@ mod tests {
             assert_eq!(Link::parse(l.name()), Some(l));
         }
         assert_eq!(Link::parse("fast"), None);
+    }
+
+    #[test]
+    fn waiting_for_near_is_bounded() {
+        let step = Duration::from_secs(1);
+        // Far twice, then near: two steps of waiting.
+        let mut seen = vec![Ok(75.0), Ok(350.0), Ok(340.0)];
+        let mut slept = Duration::ZERO;
+        let r = wait_near(
+            Duration::from_secs(10),
+            step,
+            || seen.pop().unwrap(),
+            |d| slept += d,
+        );
+        assert_eq!(r, (Duration::from_secs(2), true));
+        assert_eq!(slept, Duration::from_secs(2));
+        // Never near (or the probe fails): gives up after max, the last step cut short.
+        let mut n = 0;
+        let r = wait_near(
+            Duration::from_millis(2500),
+            step,
+            || {
+                n += 1;
+                if n % 2 == 0 {
+                    Err("busy".into())
+                } else {
+                    Ok(350.0)
+                }
+            },
+            |_| {},
+        );
+        assert_eq!(r, (Duration::from_millis(2500), false));
+        assert_eq!(n, 4);
+        // No wait asked: one probe, no sleep.
+        let r = wait_near(Duration::ZERO, step, || Ok(350.0), |_| panic!("slept"));
+        assert_eq!(r, (Duration::ZERO, false));
     }
 
     #[test]

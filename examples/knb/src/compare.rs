@@ -167,23 +167,23 @@ fn fast_rounds(pts: &[Option<Point>], factor: f64) -> Vec<bool> {
         .collect()
 }
 
-/// The same ratio as [`ratio`] over the rounds where both stacks ran in their fast mode
-/// ([`fast_rounds`]): `(median, rounds)`, the median only from two rounds up.
-fn fast_ratio(
+/// The median of the per-round ratios `f(A) / f(B)` over the rounds where both stacks
+/// were measured and `select` (per stack: which of its rounds count) chose both, from two
+/// rounds up: `(median, rounds)`.
+fn selected_ratio(
     series: &Series,
-    a: &str,
-    b: &str,
-    factor: f64,
+    (a, b): (&str, &str),
+    select: impl Fn(&[Option<Point>]) -> Vec<bool>,
     f: impl Fn(&Point) -> f64,
 ) -> (Option<f64>, usize) {
     let (Some(x), Some(y)) = (series.get(a), series.get(b)) else {
         return (None, 0);
     };
-    let (fx, fy) = (fast_rounds(x, factor), fast_rounds(y, factor));
+    let (kx, ky) = (select(x), select(y));
     let rs: Vec<f64> = x
         .iter()
         .zip(y)
-        .zip(fx.iter().zip(&fy))
+        .zip(kx.iter().zip(&ky))
         .filter_map(|((p, q), (&u, &v))| match (p, q) {
             (Some(p), Some(q)) if u && v => Some(f(p) / f(q)),
             _ => None,
@@ -193,31 +193,18 @@ fn fast_ratio(
     (value, rs.len())
 }
 
-/// The same ratio as [`ratio`] over the clean rounds where both stacks ran with the two
-/// CPUs in the placement `link` ([`crate::hostlink`], measured, unlike the guess of
-/// [`fast_rounds`]): `(median, rounds)`, the median only from two rounds up (as
-/// [`fast_ratio`]).
-fn link_ratio(
-    series: &Series,
-    a: &str,
-    b: &str,
-    link: Link,
-    f: impl Fn(&Point) -> f64,
-) -> (Option<f64>, usize) {
-    let (Some(x), Some(y)) = (series.get(a), series.get(b)) else {
-        return (None, 0);
-    };
-    let ok = |p: &Point| !p.health.contended && p.link == Some(link);
-    let rs: Vec<f64> = x
-        .iter()
-        .zip(y)
-        .filter_map(|(p, q)| match (p, q) {
-            (Some(p), Some(q)) if ok(p) && ok(q) => Some(f(p) / f(q)),
-            _ => None,
-        })
-        .collect();
-    let value = if rs.len() >= 2 { median(&rs) } else { None };
-    (value, rs.len())
+/// A [`selected_ratio`] selector: the clean rounds a stack ran with the two CPUs in the
+/// placement `link` ([`crate::hostlink`]: measured, unlike the guess of
+/// [`fast_rounds`], the other selector).
+fn in_placement(link: Link) -> impl Fn(&[Option<Point>]) -> Vec<bool> {
+    move |s| {
+        s.iter()
+            .map(|p| {
+                p.as_ref()
+                    .is_some_and(|p| !p.health.contended && p.link == Some(link))
+            })
+            .collect()
+    }
 }
 
 /// A note when no round of a memif stack ran with the two CPUs near: the set then
@@ -561,11 +548,16 @@ pub fn run(a: CompareArgs) -> Res<()> {
     for (key, x, y, tail) in RATIOS {
         let value: fn(&Point) -> f64 = if tail { |p| p.p99 } else { |p| p.rps };
         let r = ratio(&series, x, y, value);
-        let (fv, fk) = fast_ratio(&series, x, y, a.trust.unstable_factor, value);
+        let (fv, fk) = selected_ratio(
+            &series,
+            (x, y),
+            |s| fast_rounds(s, a.trust.unstable_factor),
+            value,
+        );
         fast.insert(key.into(), json!({"value": fv, "rounds": fk}));
         let mut l = serde_json::Map::new();
         for link in [Link::Near, Link::Far] {
-            let (v, n) = link_ratio(&series, x, y, link, value);
+            let (v, n) = selected_ratio(&series, (x, y), in_placement(link), value);
             l.insert(link.name().into(), json!({"value": v, "rounds": n}));
         }
         by_link.insert(key.into(), Value::Object(l));
@@ -824,36 +816,27 @@ mod tests {
     /// near is the stack's own), round 3 changed placement during luna's run.
     #[test]
     fn ratios_by_placement_pair_rounds_run_in_the_same_one() {
+        use Link::{Changed as X, Far as F, Near as N};
+        let rounds = |v: &[(f64, Link)]| v.iter().map(|&(r, l)| at(r, l)).collect::<Vec<_>>();
         let mut s: Series = BTreeMap::new();
         s.insert(
             "luna",
-            vec![
-                at(300.0, Link::Near),
-                at(120.0, Link::Far),
-                at(200.0, Link::Changed),
-                at(310.0, Link::Near),
-                at(125.0, Link::Far),
-            ],
+            rounds(&[(300.0, N), (120.0, F), (200.0, X), (310.0, N), (125.0, F)]),
         );
         s.insert(
             "smoltcp",
-            vec![
-                at(150.0, Link::Near),
-                at(130.0, Link::Far),
-                at(330.0, Link::Near),
-                at(310.0, Link::Near),
-                at(330.0, Link::Near),
-            ],
+            rounds(&[(150.0, N), (130.0, F), (330.0, N), (310.0, N), (330.0, N)]),
         );
-        let (near, n) = link_ratio(&s, "luna", "smoltcp", Link::Near, |p| p.rps);
+        let (near, n) =
+            selected_ratio(&s, ("luna", "smoltcp"), in_placement(Link::Near), |p| p.rps);
         assert_eq!(n, 2);
         assert_eq!(near, median(&[2.0, 1.0]));
         // One far round counts but is not a median (as the fast-mode ratio).
-        let (far, n) = link_ratio(&s, "luna", "smoltcp", Link::Far, |p| p.rps);
+        let (far, n) = selected_ratio(&s, ("luna", "smoltcp"), in_placement(Link::Far), |p| p.rps);
         assert_eq!((far, n), (None, 1));
         s.get_mut("luna").unwrap()[4] = at(125.0, Link::Far);
         s.get_mut("smoltcp").unwrap()[4] = at(125.0, Link::Far);
-        let (far, n) = link_ratio(&s, "luna", "smoltcp", Link::Far, |p| p.rps);
+        let (far, n) = selected_ratio(&s, ("luna", "smoltcp"), in_placement(Link::Far), |p| p.rps);
         assert_eq!((far, n), (median(&[120.0 / 130.0, 1.0]), 2));
         // A contended round never counts; unprobed rounds fall in neither placement.
         s.get_mut("luna").unwrap()[0] = judged("luna", 300.0, 0.4).map(|p| Point {
@@ -861,12 +844,12 @@ mod tests {
             ..p
         });
         assert_eq!(
-            link_ratio(&s, "luna", "smoltcp", Link::Near, |p| p.rps),
+            selected_ratio(&s, ("luna", "smoltcp"), in_placement(Link::Near), |p| p.rps),
             (None, 1)
         );
         s.insert("kernel", vec![p(20.0); 5]);
         assert_eq!(
-            link_ratio(&s, "luna", "kernel", Link::Near, |p| p.rps),
+            selected_ratio(&s, ("luna", "kernel"), in_placement(Link::Near), |p| p.rps),
             (None, 0)
         );
         // Some round ran near: no note; none did: a note; none probed: no note.
@@ -911,12 +894,15 @@ mod tests {
             fast_rounds(&s["smoltcp"], 1.5),
             vec![true, false, true, true]
         );
-        let (v, n) = fast_ratio(&s, "luna", "smoltcp", 1.5, |p| p.rps);
+        let (v, n) = selected_ratio(&s, ("luna", "smoltcp"), |s| fast_rounds(s, 1.5), |p| p.rps);
         assert_eq!(n, 2);
         assert_eq!(v, median(&[300.0 / 330.0, 290.0 / 330.0]));
         // One both-fast round is not a median; a failed or contended round is never fast.
         s.insert("luna", vec![p(100.0), p(300.0), None, p(100.0)]);
-        assert_eq!(fast_ratio(&s, "luna", "smoltcp", 1.5, |p| p.rps), (None, 0));
+        assert_eq!(
+            selected_ratio(&s, ("luna", "smoltcp"), |s| fast_rounds(s, 1.5), |p| p.rps),
+            (None, 0)
+        );
         // A starved round (luna's server at 0.4 of a CPU) is neither fast nor the best.
         let starved = vec![judged("luna", 500.0, 0.4), judged("luna", 100.0, 0.99)];
         assert_eq!(fast_rounds(&starved, 1.5), vec![false, true]);

@@ -57,16 +57,18 @@ for depth in 1 16; do
             "${verdict#too busy to measure }" "$json"
         printf '              ratios that could be measured: '
     fi
-    # Top-level ratios, then the same over the rounds where both stacks ran in their fast
-    # mode (knb compare's fast_mode; the machine flips between two speeds).
+    # Top-level ratios, then the same over the rounds where both stacks ran with the two
+    # CPUs near (knb compare's by_host_link: the host's placement of the two vCPUs is
+    # what makes this machine flip between two speeds; docs/benchmarks.md).
     python3 - "$json" <<'PY' || true
 import json, sys
 d = json.load(open(sys.argv[1]))
 keys = sorted(k for k in d if k.startswith("luna_vs_"))
 print(" ".join(f"{k}={d[k]:.3f}" for k in keys if d[k] is not None))
-fast = d.get("fast_mode", {})
-f = [f"{k}={fast[k]['value']:.3f} ({fast[k]['rounds']} rounds)" for k in keys
-     if fast.get(k, {}).get("value") is not None]
-print("              fast mode: " + (" ".join(f) if f else "fewer than two rounds where both ran fast"))
+near = {k: v.get("near", {}) for k, v in d.get("by_host_link", {}).items()}
+f = [f"{k}={near[k]['value']:.3f} ({near[k]['rounds']} rounds)" for k in keys
+     if near.get(k, {}).get("value") is not None]
+print("              CPUs near: " + (" ".join(f) if f else
+      "fewer than two rounds where both ran with the CPUs near (KNB_DEMO_ARGS='--wait-near 30' waits for them)"))
 PY
 done

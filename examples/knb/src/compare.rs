@@ -474,21 +474,19 @@ pub fn run(a: CompareArgs) -> Res<()> {
                 format!("lkb-raw-{}-{round}", std::process::id()),
             );
             wait("raw");
-            let probe = || hostlink::round_trip_ns(cpus.0 as usize, cpus.1 as usize);
-            let link_before = probe();
+            let link = hostlink::Bracket::begin(Some((cpus.0 as usize, cpus.1 as usize)));
             // The steal window is the raw run's alone (the probes spin both CPUs).
             let before = crate::cpu::host_times();
             let measured = raw::measure(&args);
             let after = crate::cpu::host_times();
-            let link_after = probe();
-            let link = hostlink::to_json(&link_before, &link_after);
+            let link = link.end();
             let p = match measured {
                 Ok(v) => Some(Point {
                     rps: v["frames_per_sec"].as_f64().unwrap_or(f64::NAN),
                     p50: v["rtt_p50_us"].as_f64().unwrap_or(f64::NAN),
                     p99: v["rtt_p99_us"].as_f64().unwrap_or(f64::NAN),
                     health: contention::assess(&raw_run_view(&v, &before, &after, cpus), &a.trust),
-                    link: hostlink::of_run(&json!({ "host_link": link })),
+                    link: hostlink::mode(&link),
                 }),
                 Err(e) => {
                     failures += 1;
@@ -772,6 +770,16 @@ fn print_doc(doc: &Value, th: &TrustArgs) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wait_near_takes_bounded_seconds_only() {
+        assert_eq!(parse_wait("0"), Ok(0.0));
+        assert_eq!(parse_wait("30"), Ok(30.0));
+        for bad in ["-1", "3601", "inf", "NaN", "soon"] {
+            let e = parse_wait(bad).unwrap_err();
+            assert!(e.contains("between 0 and 3600"), "{e}");
+        }
+    }
 
     #[test]
     fn median_of_rounds() {

@@ -218,8 +218,7 @@ pub fn run(a: HiccupsArgs) -> Res<()> {
                 "cpus {} and {}: cache-line round trip {ns:.0} ns ({}; far from {:.0} ns)",
                 w[0],
                 w[1],
-                crate::hostlink::classify(Some(ns), None, crate::hostlink::FAR_NS)
-                    .map_or("-", crate::hostlink::Link::name),
+                crate::hostlink::Link::of_ns(ns).name(),
                 crate::hostlink::FAR_NS
             ),
             Err(e) => println!("cpus {} and {}: no round trip: {e}", w[0], w[1]),

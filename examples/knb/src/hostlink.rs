@@ -73,8 +73,9 @@ impl Link {
         }
     }
 
-    fn of(ns: f64, far: f64) -> Link {
-        if ns < far {
+    /// The placement one probe measured.
+    pub fn of_ns(ns: f64) -> Link {
+        if ns < FAR_NS {
             Link::Near
         } else {
             Link::Far
@@ -83,13 +84,13 @@ impl Link {
 }
 
 /// The placement of a run from the probes before and after it (either may have failed).
-pub fn classify(before: Option<f64>, after: Option<f64>, far: f64) -> Option<Link> {
+pub fn classify(before: Option<f64>, after: Option<f64>) -> Option<Link> {
     match (before, after) {
         (Some(b), Some(a)) => {
-            let (x, y) = (Link::of(b, far), Link::of(a, far));
+            let (x, y) = (Link::of_ns(b), Link::of_ns(a));
             Some(if x == y { x } else { Link::Changed })
         }
-        (Some(x), None) | (None, Some(x)) => Some(Link::of(x, far)),
+        (Some(x), None) | (None, Some(x)) => Some(Link::of_ns(x)),
         (None, None) => None,
     }
 }
@@ -155,11 +156,7 @@ pub fn round_trip_ns(a: usize, b: usize) -> Result<f64, String> {
                 }
                 Ok(())
             })
-            .map_err(|e| format!("cannot start the probe's peer thread: {e}"));
-        let peer = match peer {
-            Ok(p) => p,
-            Err(e) => return Err(e),
-        };
+            .map_err(|e| format!("cannot start the probe's peer thread: {e}"))?;
         let me = std::thread::Builder::new()
             .name("knb-probe".into())
             .spawn_scoped(s, move || -> Result<f64, String> {
@@ -245,6 +242,36 @@ pub fn wait_near(
     }
 }
 
+/// The probes around one run: [`Bracket::begin`] right before it, [`Bracket::end`] right
+/// after it (while nothing polls).
+pub struct Bracket {
+    /// (client CPU, server CPU); None: nothing to probe.
+    cpus: Option<(usize, usize)>,
+    before: Result<f64, String>,
+}
+
+impl Bracket {
+    fn probe(cpus: Option<(usize, usize)>) -> Result<f64, String> {
+        match cpus {
+            Some((a, b)) => round_trip_ns(a, b),
+            None => Err("no CPUs to probe".into()),
+        }
+    }
+
+    /// Probes before the run.
+    pub fn begin(cpus: Option<(usize, usize)>) -> Bracket {
+        Bracket {
+            cpus,
+            before: Self::probe(cpus),
+        }
+    }
+
+    /// Probes after the run: the run report's `host_link`.
+    pub fn end(self) -> Value {
+        to_json(&self.before, &Self::probe(self.cpus))
+    }
+}
+
 /// `host_link` of a run report from the probes before and after it.
 pub fn to_json(before: &Result<f64, String>, after: &Result<f64, String>) -> Value {
     let ns = |r: &Result<f64, String>| r.as_ref().ok().map(|x| (x * 10.0).round() / 10.0);
@@ -257,14 +284,19 @@ pub fn to_json(before: &Result<f64, String>, after: &Result<f64, String>) -> Val
         "before_ns": b,
         "after_ns": a,
         "far_ns": FAR_NS,
-        "mode": classify(b, a, FAR_NS).map(Link::name),
+        "mode": classify(b, a).map(Link::name),
         "errors": errors,
     })
 }
 
 /// The placement recorded in a run report (None: not measured).
 pub fn of_run(r: &Value) -> Option<Link> {
-    r["host_link"]["mode"].as_str().and_then(Link::parse)
+    mode(&r["host_link"])
+}
+
+/// The placement of a `host_link` value (None: not measured).
+pub fn mode(host_link: &Value) -> Option<Link> {
+    host_link["mode"].as_str().and_then(Link::parse)
 }
 
 /// `host placement: near (cache-line round trip 71 ns before the run, 75 after)`.
@@ -290,20 +322,14 @@ mod tests {
 
     #[test]
     fn runs_are_near_far_or_changed() {
-        assert_eq!(classify(Some(71.0), Some(75.0), FAR_NS), Some(Link::Near));
-        assert_eq!(classify(Some(355.0), Some(361.0), FAR_NS), Some(Link::Far));
-        assert_eq!(
-            classify(Some(75.0), Some(360.0), FAR_NS),
-            Some(Link::Changed)
-        );
-        assert_eq!(
-            classify(Some(360.0), Some(75.0), FAR_NS),
-            Some(Link::Changed)
-        );
+        assert_eq!(classify(Some(71.0), Some(75.0)), Some(Link::Near));
+        assert_eq!(classify(Some(355.0), Some(361.0)), Some(Link::Far));
+        assert_eq!(classify(Some(75.0), Some(360.0)), Some(Link::Changed));
+        assert_eq!(classify(Some(360.0), Some(75.0)), Some(Link::Changed));
         // The threshold itself is far; one failed probe leaves the other's verdict.
-        assert_eq!(classify(Some(200.0), None, FAR_NS), Some(Link::Far));
-        assert_eq!(classify(None, Some(64.0), FAR_NS), Some(Link::Near));
-        assert_eq!(classify(None, None, FAR_NS), None);
+        assert_eq!(classify(Some(200.0), None), Some(Link::Far));
+        assert_eq!(classify(None, Some(64.0)), Some(Link::Near));
+        assert_eq!(classify(None, None), None);
         for l in [Link::Near, Link::Far, Link::Changed] {
             assert_eq!(Link::parse(l.name()), Some(l));
         }

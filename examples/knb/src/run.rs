@@ -325,11 +325,7 @@ pub fn run_pair(
         crate::backend::memif::zero_copy_client(&mut ep.client.eal);
     }
     // Where the host runs the two CPUs (crate::hostlink), probed while nothing polls.
-    let probe = || match (ccpus.first(), scpus.first()) {
-        (Some(&c), Some(&s)) => crate::hostlink::round_trip_ns(c, s),
-        _ => Err("no CPUs to probe".to_string()),
-    };
-    let link_before = probe();
+    let link = crate::hostlink::Bracket::begin(ccpus.first().copied().zip(scpus.first().copied()));
     if let Some(m) = topo.memif() {
         // A socket left by an earlier server makes the next one fail to bind.
         let _ = std::fs::remove_file(&m.socket);
@@ -463,7 +459,7 @@ pub fn run_pair(
         }
     };
     let (sok, serr) = server.finish(Duration::from_secs(5));
-    let link_after = probe();
+    let host_link = link.end();
     let name = b.stack().name();
     let mut r = match (cok, result) {
         (true, Some(r)) => r,
@@ -506,7 +502,7 @@ pub fn run_pair(
     };
     r["server"] = server_v;
     r["commands"] = json!({"server": server_cmd, "client": client_cmd});
-    r["host_link"] = crate::hostlink::to_json(&link_before, &link_after);
+    r["host_link"] = host_link;
     // Default thresholds; compare and sweep judge again with theirs.
     r["contention"] = crate::contention::assess(&r, &Default::default()).to_json();
     Ok(r)

@@ -704,8 +704,6 @@ impl<A: BatchApp> Mode for BatchMode<A> {
         });
     }
 
-    fn after_frame(&mut self, _st: &mut CoreState) {}
-
     fn iteration(&mut self, st: &mut CoreState) -> bool {
         let mut events = 0;
         while let Some(ev) = st.stack.poll_event() {

@@ -596,8 +596,6 @@ pub(crate) fn pin_to(cpu: usize) -> bool {
 pub(crate) trait Mode {
     /// Once, before the first iteration.
     fn start(&mut self, st: &mut CoreState);
-    /// After each received frame (inline mode dispatches events here).
-    fn after_frame(&mut self, st: &mut CoreState);
     /// Once per iteration after timers: events and application work. Returns whether
     /// anything was done.
     fn iteration(&mut self, st: &mut CoreState) -> bool;
@@ -821,7 +819,6 @@ impl<D: Device> CoreLoop<D> {
                 self.st.stats.rx_frames += 1;
                 self.st.stats.rx_bytes += frame.len() as u64;
                 self.st.stack.handle_frame(self.st.now, frame);
-                mode.after_frame(&mut self.st);
             }
         }
         if self

@@ -1,7 +1,12 @@
-//! inline-r2c: application callbacks run inside packet processing. After each received
-//! frame the stack's events are dispatched at once, so receive, TCP, the callback, the
-//! reply's header build and (at the end of the burst) transmit happen in one pass over
-//! hot caches, with no event queue in between.
+//! inline-r2c: application callbacks run inside the poll loop's pass over a received
+//! burst. Once the burst's frames have been through the stack, its events are dispatched
+//! at once, so receive, TCP, the callback, the reply's header build and transmit happen
+//! in one pass over hot caches, with no queue to another thread in between.
+//!
+//! Events are coalesced per pass: a connection whose frames arrived in one burst gets one
+//! `on_readable` for all of them (another only while data it has not read remains) and
+//! one `on_writable`, not one per segment. An application reads until `recv` says
+//! `None`, as with an edge-triggered epoll.
 //!
 //! ```
 //! use r2c::{Conn, Ctx, InlineApp};
@@ -185,7 +190,10 @@ pub trait InlineApp {
     fn on_accept(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn, _listener: Listener) {}
     /// An active open completed.
     fn on_connected(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn) {}
-    /// Data or end of stream is ready: read with `ctx.recv`.
+    /// Data or end of stream is ready: read with `ctx.recv` until it has nothing more.
+    /// Called once per connection per received burst, however many segments it
+    /// held, and again in that burst while unread data remains; data that arrived
+    /// before the accept is announced once.
     fn on_readable(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn) {}
     /// Send-buffer space was freed.
     fn on_writable(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn) {}
@@ -199,11 +207,73 @@ pub trait InlineApp {
 
 pub(crate) struct InlineMode<A> {
     pub app: A,
+    /// The connections given `on_readable` / `on_writable` in the current dispatch pass
+    /// (see [`Coalesce`]).
+    pub seen: Coalesce,
+}
+
+impl<A> InlineMode<A> {
+    pub(crate) fn new(app: A) -> Self {
+        Self {
+            app,
+            seen: Coalesce::default(),
+        }
+    }
+}
+
+/// One dispatch pass's record of the connections already told they are readable or
+/// writable. No frame is processed during a pass, so a second `Readable` for the same
+/// connection says nothing new (the stack queues one per segment) — unless the
+/// application left data or the end of the stream unread, when it is delivered again.
+/// A second `Writable` never says anything new. A pass sees at most a burst's worth of
+/// connections, so a linear scan of a short vector is the cheap set.
+#[derive(Default)]
+pub(crate) struct Coalesce {
+    seen: Vec<(Conn, u8)>,
+}
+
+const READABLE: u8 = 1;
+const WRITABLE: u8 = 2;
+
+impl Coalesce {
+    fn clear(&mut self) {
+        self.seen.clear();
+    }
+
+    /// Marks `kind` for `h`; whether it was marked already in this pass.
+    #[inline]
+    fn repeat(&mut self, h: Conn, kind: u8) -> bool {
+        match self.seen.iter_mut().find(|(c, _)| *c == h) {
+            Some((_, k)) => {
+                let was = *k & kind != 0;
+                *k |= kind;
+                was
+            }
+            None => {
+                self.seen.push((h, kind));
+                false
+            }
+        }
+    }
+}
+
+/// Whether `recv` on `h` would return something: data, the end of the stream or an
+/// error (any state but the two where the peer may still send and nothing is queued).
+fn has_unread(st: &CoreState, h: Conn) -> bool {
+    use luna_stack::tcp::State;
+    st.stack.connection(h).is_none_or(|c| {
+        c.recv_available() > 0
+            || !matches!(
+                c.state(),
+                State::Established | State::FinWait1 | State::FinWait2
+            )
+    })
 }
 
 impl<A: InlineApp> InlineMode<A> {
     fn dispatch(&mut self, st: &mut CoreState) -> bool {
         let mut any = false;
+        self.seen.clear();
         while let Some(ev) = st.stack.poll_event() {
             any = true;
             st.stats.events += 1;
@@ -224,11 +294,19 @@ impl<A: InlineApp> InlineMode<A> {
                     }
                 }
                 Event::Readable(h) => {
+                    if self.seen.repeat(h, READABLE) && !has_unread(st, h) {
+                        st.stats.events_coalesced += 1;
+                        continue;
+                    }
                     if st.open.contains(&h) && !st.is_closing(h) {
                         self.app.on_readable(&mut Ctx { st }, h);
                     }
                 }
                 Event::Writable(h) => {
+                    if self.seen.repeat(h, WRITABLE) {
+                        st.stats.events_coalesced += 1;
+                        continue;
+                    }
                     st.flush_backlogs();
                     if st.open.contains(&h) && !st.is_closing(h) {
                         self.app.on_writable(&mut Ctx { st }, h);
@@ -252,15 +330,10 @@ impl<A: InlineApp> Mode for InlineMode<A> {
         self.app.on_start(&mut Ctx { st });
     }
 
-    fn after_frame(&mut self, st: &mut CoreState) {
-        if st.stack.has_events() {
-            self.dispatch(st);
-        }
-    }
-
     fn iteration(&mut self, st: &mut CoreState) -> bool {
-        // Events from timers, then the application's own work and what it caused. The
-        // emptiness checks stay inline (idle iterations have no event).
+        // Events from the received burst and timers, then the application's own work and
+        // what it caused. The emptiness checks stay inline (idle iterations have no
+        // event).
         let timers = st.stack.has_events() && self.dispatch(st);
         self.app.on_poll(&mut Ctx { st });
         let polled = st.stack.has_events() && self.dispatch(st);

@@ -638,8 +638,6 @@ impl<S: IoSide> Mode for MsgMode<S> {
         st.listen_all(&self.listen);
     }
 
-    fn after_frame(&mut self, _st: &mut CoreState) {}
-
     fn iteration(&mut self, st: &mut CoreState) -> bool {
         let mut work = self.on_events(st);
         self.retry_unsent(st);

@@ -96,7 +96,7 @@ impl Runtime {
         A: InlineApp + 'static,
         F: Fn(usize) -> A + Send + Sync + 'static,
     {
-        Self::spawn_with(cores, opts, move |i| InlineMode { app: make_app(i) })
+        Self::spawn_with(cores, opts, move |i| InlineMode::new(make_app(i)))
     }
 
     /// Start one thread per core running `make_app(core_index)` in batch mode.

@@ -417,8 +417,6 @@ impl Mode for SplitIo {
         st.listen_all(&self.listen);
     }
 
-    fn after_frame(&mut self, _st: &mut CoreState) {}
-
     fn iteration(&mut self, st: &mut CoreState) -> bool {
         let mut work = self.on_events(st);
         // Flush control overflow, then resume paused connections.

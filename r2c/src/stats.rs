@@ -188,6 +188,10 @@ core_stats! {
     published_at_ns,
     /// 1 once the core has stopped (final stats).
     stopped,
+    // Counters added later go here: `luna_stats_name` indexes follow this order.
+    /// Inline mode: readiness events that repeated one already dispatched in the same
+    /// pass and said nothing new (see `inline`), so no callback ran.
+    events_coalesced,
 }
 
 /// A gap between two poll-loop iterations at least this long is a loop stall (counted

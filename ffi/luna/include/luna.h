@@ -108,7 +108,10 @@ typedef struct {
   void (*on_accept)(luna_ctx_t *ctx, luna_conn_t conn, luna_listener_t listener, void *user);
   // An active open completed.
   luna_conn_fn on_connected;
-  // Data or end of stream is ready: read with `luna_recv`.
+  // Data or end of stream is ready: read with `luna_recv` until it has nothing more.
+  // Called once per connection per received burst, however many segments it
+  // held, and again in that burst while unread data remains; data that arrived
+  // before the accept is announced once.
   luna_conn_fn on_readable;
   // Send-buffer space was freed.
   luna_conn_fn on_writable;
@@ -257,6 +260,10 @@ typedef struct {
   uint64_t loop_gap_1ms_ns;
   // Loop stalls: the longest gap between two iterations (ns).
   uint64_t loop_gap_max_ns;
+  // Inline mode: readiness events that repeated one already dispatched in the same
+  // pass and said nothing new, so no callback ran (one `on_readable` and one
+  // `on_writable` per connection per received burst).
+  uint64_t events_coalesced;
 } luna_core_stats_t;
 
 #ifdef __cplusplus

@@ -49,7 +49,10 @@ pub struct luna_inline_ops_t {
     >,
     /// An active open completed.
     pub on_connected: luna_conn_fn,
-    /// Data or end of stream is ready: read with `luna_recv`.
+    /// Data or end of stream is ready: read with `luna_recv` until it has nothing more.
+    /// Called once per connection per received burst, however many segments it
+    /// held, and again in that burst while unread data remains; data that arrived
+    /// before the accept is announced once.
     pub on_readable: luna_conn_fn,
     /// Send-buffer space was freed.
     pub on_writable: luna_conn_fn,

@@ -145,6 +145,10 @@ pub struct luna_core_stats_t {
     pub loop_gap_1ms_ns: u64,
     /// Loop stalls: the longest gap between two iterations (ns).
     pub loop_gap_max_ns: u64,
+    /// Inline mode: readiness events that repeated one already dispatched in the same
+    /// pass and said nothing new, so no callback ran (one `on_readable` and one
+    /// `on_writable` per connection per received burst).
+    pub events_coalesced: u64,
 }
 
 /// Moves every field of r2c's `CoreStats` into the C struct. Exhaustive both ways: a
@@ -224,6 +228,7 @@ impl From<CoreStats> for luna_core_stats_t {
             loop_gap_ns,
             loop_gap_1ms_ns,
             loop_gap_max_ns,
+            events_coalesced,
         )
     }
 }

@@ -225,35 +225,52 @@ impl<A> InlineMode<A> {
 /// writable. No frame is processed during a pass, so a second `Readable` for the same
 /// connection says nothing new (the stack queues one per segment) — unless the
 /// application left data or the end of the stream unread, when it is delivered again.
-/// A second `Writable` never says anything new. A pass sees at most a burst's worth of
-/// connections, so a linear scan of a short vector is the cheap set.
-#[derive(Default)]
-pub(crate) struct Coalesce {
-    seen: Vec<(Conn, u8)>,
+/// A second `Writable` never says anything new. The record holds the last
+/// [`COALESCE_WINDOW`] connections of the pass (a received burst's worth, the case that
+/// matters), oldest overwritten first, so a pass with events for thousands of
+/// connections (accepting a flood, a timer storm) stays linear: a connection that fell
+/// out of the window only has a repeat delivered, as before this existed.
+pub(crate) struct Coalesce<K = Conn> {
+    seen: Vec<(K, u8)>,
+    /// Where the next connection goes once `seen` is full.
+    next: usize,
 }
 
+/// Connections a dispatch pass remembers (the default receive burst).
+const COALESCE_WINDOW: usize = 32;
 const READABLE: u8 = 1;
 const WRITABLE: u8 = 2;
 
-impl Coalesce {
+impl<K> Default for Coalesce<K> {
+    fn default() -> Self {
+        Self {
+            seen: Vec::new(),
+            next: 0,
+        }
+    }
+}
+
+impl<K: Copy + PartialEq> Coalesce<K> {
     fn clear(&mut self) {
         self.seen.clear();
+        self.next = 0;
     }
 
     /// Marks `kind` for `h`; whether it was marked already in this pass.
     #[inline]
-    fn repeat(&mut self, h: Conn, kind: u8) -> bool {
-        match self.seen.iter_mut().find(|(c, _)| *c == h) {
-            Some((_, k)) => {
-                let was = *k & kind != 0;
-                *k |= kind;
-                was
-            }
-            None => {
-                self.seen.push((h, kind));
-                false
-            }
+    fn repeat(&mut self, h: K, kind: u8) -> bool {
+        if let Some((_, k)) = self.seen.iter_mut().find(|(c, _)| *c == h) {
+            let was = *k & kind != 0;
+            *k |= kind;
+            return was;
         }
+        if self.seen.len() < COALESCE_WINDOW {
+            self.seen.push((h, kind));
+        } else {
+            self.seen[self.next] = (h, kind);
+            self.next = (self.next + 1) % COALESCE_WINDOW;
+        }
+        false
     }
 }
 
@@ -342,5 +359,43 @@ impl<A: InlineApp> Mode for InlineMode<A> {
 
     fn stop(&mut self, st: &mut CoreState) {
         self.app.on_stop(&mut Ctx { st });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Connections stand for themselves by number here (the record only compares keys).
+    fn h(i: u32) -> u32 {
+        i
+    }
+
+    /// Per kind, the first event of a connection in a pass is new and the next ones are
+    /// repeats; a cleared record (the next pass) forgets.
+    #[test]
+    fn repeats_are_per_connection_and_kind() {
+        let mut c = Coalesce::<u32>::default();
+        assert!(!c.repeat(h(1), READABLE));
+        assert!(!c.repeat(h(2), READABLE));
+        assert!(c.repeat(h(1), READABLE));
+        assert!(!c.repeat(h(1), WRITABLE));
+        assert!(c.repeat(h(1), WRITABLE));
+        c.clear();
+        assert!(!c.repeat(h(1), READABLE));
+    }
+
+    /// Thousands of connections in one pass: the record stays at the window's size, the
+    /// connections still in it are recognised, and one that fell out is new again (its
+    /// event delivered, never lost).
+    #[test]
+    fn a_huge_pass_stays_bounded_and_never_hides_an_evicted_connection() {
+        let mut c = Coalesce::<u32>::default();
+        for i in 0..5_000 {
+            assert!(!c.repeat(h(i), READABLE));
+        }
+        assert_eq!(c.seen.len(), COALESCE_WINDOW);
+        assert!(c.repeat(h(4_999), READABLE));
+        assert!(!c.repeat(h(0), READABLE));
     }
 }

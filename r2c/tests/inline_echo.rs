@@ -1,6 +1,8 @@
 //! inline-r2c: an echo server and clients on several cores over an in-memory link.
 
 mod common;
+#[path = "common/echo.rs"]
+mod echo;
 
 use common::*;
 use r2c::{Conn, Ctx, InlineApp, Runtime};
@@ -8,27 +10,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use zbuf::Zbuf;
-
-struct Echo;
-
-impl InlineApp for Echo {
-    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
-        ctx.listen(7, 1024).expect("port 7 is free");
-    }
-    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
-        loop {
-            match ctx.recv(conn) {
-                Ok(Some(buf)) => {
-                    if ctx.send_all(conn, buf).is_err() {
-                        return ctx.abort(conn);
-                    }
-                }
-                Ok(None) => return,
-                Err(_) => return ctx.close(conn),
-            }
-        }
-    }
-}
 
 /// Opens `conns` connections, sends one message on each, checks the echo byte for byte.
 pub struct Client {
@@ -66,21 +47,7 @@ impl InlineApp for Client {
         ctx.send_all(conn, Zbuf::from_vec(msg)).unwrap();
     }
     fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
-        while let Ok(Some(b)) = ctx.recv(conn) {
-            let e = self.got.get_mut(&conn).unwrap();
-            e.1.extend_from_slice(&b);
-        }
-        let (idx, data) = &self.got[&conn];
-        if data.len() >= self.len {
-            if *data != message(self.core, *idx, self.len) {
-                self.bad
-                    .lock()
-                    .unwrap()
-                    .push(format!("core {} conn {idx}: echo differs", self.core));
-            }
-            ctx.close(conn);
-            self.done.fetch_add(1, Ordering::SeqCst);
-        }
+        self.take_echo(ctx, conn, 0);
     }
     fn on_closed(
         &mut self,
@@ -92,6 +59,28 @@ impl InlineApp for Client {
             .lock()
             .unwrap()
             .push(format!("conn {conn:?} closed early: {reason:?}"));
+    }
+}
+
+impl Client {
+    /// Reads what `conn` has; once `skip` bytes of preamble and the whole message are in,
+    /// checks the message byte for byte, closes and counts the connection done.
+    fn take_echo(&mut self, ctx: &mut Ctx<'_>, conn: Conn, skip: usize) {
+        while let Ok(Some(b)) = ctx.recv(conn) {
+            let e = self.got.get_mut(&conn).unwrap();
+            e.1.extend_from_slice(&b);
+        }
+        let (idx, data) = &self.got[&conn];
+        if data.len() >= skip + self.len {
+            if data[skip..] != message(self.core, *idx, self.len) {
+                self.bad
+                    .lock()
+                    .unwrap()
+                    .push(format!("core {} conn {idx}: echo differs", self.core));
+            }
+            ctx.close(conn);
+            self.done.fetch_add(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -115,7 +104,11 @@ pub fn run_echo_opts(
     opts: r2c::CoreOptions,
 ) {
     let (server, client) = pair(server_q, client_q, tweak);
-    let srv = Runtime::spawn_inline(server, opts.clone(), |_| Echo).unwrap();
+    let srv = Runtime::spawn_inline(server, opts.clone(), |_| echo::Echo {
+        port: 7,
+        backlog: 1024,
+    })
+    .unwrap();
     let done = Arc::new(AtomicUsize::new(0));
     let bad = Arc::new(Mutex::new(Vec::new()));
     let connected_on = Arc::new(Mutex::new(Vec::new()));
@@ -215,17 +208,7 @@ impl InlineApp for CountingEcho {
     }
     fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        for _ in 0..self.per_call {
-            match ctx.recv(conn) {
-                Ok(Some(buf)) => {
-                    if ctx.send_all(conn, buf).is_err() {
-                        return ctx.abort(conn);
-                    }
-                }
-                Ok(None) => return,
-                Err(_) => return ctx.close(conn),
-            }
-        }
+        echo::echo_up_to(ctx, conn, self.per_call);
     }
 }
 
@@ -258,20 +241,7 @@ impl InlineApp for GreetedClient {
                 }
             }
         }
-        while let Ok(Some(b)) = ctx.recv(conn) {
-            c.got.get_mut(&conn).unwrap().1.extend_from_slice(&b);
-        }
-        let (idx, data) = &c.got[&conn];
-        if data.len() > c.len {
-            if data[1..] != message(c.core, *idx, c.len) {
-                c.bad
-                    .lock()
-                    .unwrap()
-                    .push(format!("core {} conn {idx}: echo differs", c.core));
-            }
-            ctx.close(conn);
-            c.done.fetch_add(1, Ordering::SeqCst);
-        }
+        c.take_echo(ctx, conn, 1);
     }
     fn on_closed(
         &mut self,

@@ -15,16 +15,23 @@ impl InlineApp for Echo {
             .expect("echo port is free");
     }
     fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
-        loop {
-            match ctx.recv(conn) {
-                Ok(Some(buf)) => {
-                    if ctx.send_all(conn, buf).is_err() {
-                        return ctx.abort(conn);
-                    }
+        echo_up_to(ctx, conn, usize::MAX);
+    }
+}
+
+/// Sends up to `max` received buffers of `conn` back (through the runtime's backlog);
+/// closes on a receive error, aborts when the backlog refuses.
+#[allow(dead_code)] // not every test that includes this file calls it directly
+pub fn echo_up_to(ctx: &mut Ctx<'_>, conn: Conn, max: usize) {
+    for _ in 0..max {
+        match ctx.recv(conn) {
+            Ok(Some(buf)) => {
+                if ctx.send_all(conn, buf).is_err() {
+                    return ctx.abort(conn);
                 }
-                Ok(None) => return,
-                Err(_) => return ctx.close(conn),
             }
+            Ok(None) => return,
+            Err(_) => return ctx.close(conn),
         }
     }
 }

@@ -195,7 +195,7 @@ pub trait InlineApp {
     /// held, and again in that burst while unread data remains; data that arrived
     /// before the accept is announced once.
     fn on_readable(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn) {}
-    /// Send-buffer space was freed.
+    /// Send-buffer space was freed. At most once per connection per received burst.
     fn on_writable(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn) {}
     /// The connection ended (`reason` from the stack); the handle dies after this returns.
     fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn, _reason: Option<CloseReason>) {}
@@ -213,10 +213,11 @@ pub(crate) struct InlineMode<A> {
 }
 
 impl<A> InlineMode<A> {
-    pub(crate) fn new(app: A) -> Self {
+    /// `burst`: the receive burst's size, the connections a pass remembers.
+    pub(crate) fn new(app: A, burst: usize) -> Self {
         Self {
             app,
-            seen: Coalesce::default(),
+            seen: Coalesce::new(burst),
         }
     }
 }
@@ -225,26 +226,26 @@ impl<A> InlineMode<A> {
 /// writable. No frame is processed during a pass, so a second `Readable` for the same
 /// connection says nothing new (the stack queues one per segment) — unless the
 /// application left data or the end of the stream unread, when it is delivered again.
-/// A second `Writable` never says anything new. The record holds the last
-/// [`COALESCE_WINDOW`] connections of the pass (a received burst's worth, the case that
-/// matters), oldest overwritten first, so a pass with events for thousands of
+/// A second `Writable` never says anything new. The record holds the last `window`
+/// connections of the pass (the receive burst's size: a pass after a burst has at most
+/// that many), oldest overwritten first, so a pass with events for thousands of
 /// connections (accepting a flood, a timer storm) stays linear: a connection that fell
 /// out of the window only has a repeat delivered, as before this existed.
 pub(crate) struct Coalesce<K = Conn> {
     seen: Vec<(K, u8)>,
+    window: usize,
     /// Where the next connection goes once `seen` is full.
     next: usize,
 }
 
-/// Connections a dispatch pass remembers (the default receive burst).
-const COALESCE_WINDOW: usize = 32;
 const READABLE: u8 = 1;
 const WRITABLE: u8 = 2;
 
-impl<K> Default for Coalesce<K> {
-    fn default() -> Self {
+impl<K> Coalesce<K> {
+    fn new(window: usize) -> Self {
         Self {
             seen: Vec::new(),
+            window: window.max(1),
             next: 0,
         }
     }
@@ -264,11 +265,11 @@ impl<K: Copy + PartialEq> Coalesce<K> {
             *k |= kind;
             return was;
         }
-        if self.seen.len() < COALESCE_WINDOW {
+        if self.seen.len() < self.window {
             self.seen.push((h, kind));
         } else {
             self.seen[self.next] = (h, kind);
-            self.next = (self.next + 1) % COALESCE_WINDOW;
+            self.next = (self.next + 1) % self.window;
         }
         false
     }
@@ -375,7 +376,7 @@ mod tests {
     /// repeats; a cleared record (the next pass) forgets.
     #[test]
     fn repeats_are_per_connection_and_kind() {
-        let mut c = Coalesce::<u32>::default();
+        let mut c = Coalesce::<u32>::new(32);
         assert!(!c.repeat(h(1), READABLE));
         assert!(!c.repeat(h(2), READABLE));
         assert!(c.repeat(h(1), READABLE));
@@ -390,11 +391,11 @@ mod tests {
     /// event delivered, never lost).
     #[test]
     fn a_huge_pass_stays_bounded_and_never_hides_an_evicted_connection() {
-        let mut c = Coalesce::<u32>::default();
+        let mut c = Coalesce::<u32>::new(32);
         for i in 0..5_000 {
             assert!(!c.repeat(h(i), READABLE));
         }
-        assert_eq!(c.seen.len(), COALESCE_WINDOW);
+        assert_eq!(c.seen.len(), 32);
         assert!(c.repeat(h(4_999), READABLE));
         assert!(!c.repeat(h(0), READABLE));
     }

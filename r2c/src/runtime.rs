@@ -96,7 +96,8 @@ impl Runtime {
         A: InlineApp + 'static,
         F: Fn(usize) -> A + Send + Sync + 'static,
     {
-        Self::spawn_with(cores, opts, move |i| InlineMode::new(make_app(i)))
+        let burst = opts.burst;
+        Self::spawn_with(cores, opts, move |i| InlineMode::new(make_app(i), burst))
     }
 
     /// Start one thread per core running `make_app(core_index)` in batch mode.

@@ -113,7 +113,7 @@ typedef struct {
   // held, and again in that burst while unread data remains; data that arrived
   // before the accept is announced once.
   luna_conn_fn on_readable;
-  // Send-buffer space was freed.
+  // Send-buffer space was freed. At most once per connection per received burst.
   luna_conn_fn on_writable;
   // The connection ended: `reason` is 0 (orderly close), `ECONNRESET` (reset by the
   // peer), `ECONNREFUSED`, `ETIMEDOUT` or `ECONNABORTED` (aborted here). The id dies

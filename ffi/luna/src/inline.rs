@@ -54,7 +54,7 @@ pub struct luna_inline_ops_t {
     /// held, and again in that burst while unread data remains; data that arrived
     /// before the accept is announced once.
     pub on_readable: luna_conn_fn,
-    /// Send-buffer space was freed.
+    /// Send-buffer space was freed. At most once per connection per received burst.
     pub on_writable: luna_conn_fn,
     /// The connection ended: `reason` is 0 (orderly close), `ECONNRESET` (reset by the
     /// peer), `ECONNREFUSED`, `ETIMEDOUT` or `ECONNABORTED` (aborted here). The id dies

@@ -567,13 +567,25 @@ impl<R: Rng> Stack<R> {
         if lst.gen != l.gen {
             return None;
         }
-        let h = lst.accept_queue.pop_front()?;
-        let e = self.entry_mut(h)?;
+        // A queued connection that has been freed since (closed while the listener held
+        // it, and reclaimed) is skipped, not an end of the queue.
+        let (h, e) = loop {
+            let h = lst.accept_queue.pop_front()?;
+            if let Some(e) = slot_entry(&mut self.slots, h) {
+                break (h, e);
+            }
+        };
         e.owner = Owner::App;
-        // Data that arrived before accept is announced now.
-        if e.conn.recv_available() > 0 || matches!(e.conn.state(), State::CloseWait | State::Closed)
-        {
+        // Data that arrived before accept is announced now, and so is a close: while the
+        // listener held the connection its close event went nowhere (a RST in the same
+        // receive burst as the handshake's ACK), and the application learns of a close
+        // only from that event.
+        let closed = e.conn.state() == State::Closed;
+        if e.conn.recv_available() > 0 || closed || e.conn.state() == State::CloseWait {
             self.events.push_back(Event::Readable(h));
+        }
+        if closed {
+            self.events.push_back(Event::Closed(h));
         }
         Some(h)
     }

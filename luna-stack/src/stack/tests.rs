@@ -2392,3 +2392,61 @@ fn timer_heap_stays_bounded_by_the_connections_not_the_rpcs() {
     );
     assert_eq!(net.a.counters().tcp_retransmits, 0);
 }
+
+/// A connection reset before the application accepted it — the handshake's ACK (with or
+/// without data) and the RST handled in one receive burst, no event read in between, as
+/// r2c's loops do — is announced readable *and closed* by `accept`: an application that
+/// releases a connection on its close event is told (the RST's close was swallowed while
+/// the listener owned the connection, and the handle was never released).
+#[test]
+fn a_connection_reset_before_accept_is_announced_closed_by_accept() {
+    for data in [false, true] {
+        let mut net = Net::pair();
+        let l = net.b.listen(7000, 16).unwrap();
+        let c = net
+            .a
+            .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+            .unwrap();
+        // Until A is established: its ACK is on the wire, not yet at B.
+        net.run_until(|n| n.a.state(c) == Some(State::Established), 1000);
+        assert!(events(&mut net.b).is_empty());
+        // ACK, data and RST handled as one burst, and nothing transmitted before the
+        // events are read (r2c's order: receive burst, events, then transmit).
+        let mut burst: Vec<Vec<u8>> = net.wire.drain(..).map(|w| w.2).collect();
+        if data {
+            net.a.send(c, &Zbuf::copy_from_slice(b"hello")).unwrap();
+        }
+        let mut take = |a: &mut Stack<FakeRng>, now| {
+            while let Some(f) = a.poll_transmit(now) {
+                burst.push(f.to_vec());
+            }
+        };
+        take(&mut net.a, net.now);
+        net.a.abort(c);
+        take(&mut net.a, net.now);
+        assert_eq!(burst.len(), 2 + usize::from(data), "ACK, data, RST");
+        for f in &burst {
+            net.b.handle_frame(net.now, Zbuf::copy_from_slice(f));
+        }
+        assert_eq!(
+            events(&mut net.b),
+            vec![Event::Acceptable(l)],
+            "data {data}"
+        );
+        let h = net
+            .b
+            .accept(l)
+            .expect("the reset connection is still accepted");
+        assert_eq!(net.b.state(h), Some(State::Closed));
+        assert_eq!(
+            events(&mut net.b),
+            vec![Event::Readable(h), Event::Closed(h)],
+            "data {data}"
+        );
+        if data {
+            assert_eq!(&net.b.recv(h).unwrap().unwrap()[..], b"hello");
+        }
+        assert!(net.b.recv(h).is_err(), "then the reset");
+        assert!(net.b.accept(l).is_none());
+    }
+}

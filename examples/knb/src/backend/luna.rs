@@ -591,7 +591,7 @@ struct ServerApp {
 
 impl ServerApp {
     /// Reads `conn` while its responses fit, answering as it goes. The connection is
-    /// looked up once per pass (this runs for every received segment).
+    /// looked up once per pass (this runs once per received burst with data for it).
     fn serve(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
         // Only bulk MARK/SYNC use the time (µs accuracy over seconds): the iteration's
         // clock, read anyway, saves a clock read per received segment.

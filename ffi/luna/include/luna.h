@@ -24,6 +24,11 @@
 // `events` bit: the peer closed or the connection ended — `EPOLLHUP`.
 #define LUNA_POLLHUP 16
 
+// The size of `luna_core_stats_t` in the first published header (its fields through
+// `stopped`). The struct only grows at its end, so a caller built against any header
+// passes at least this much.
+#define LUNA_CORE_STATS_SIZE_VER0 312
+
 // The context of an inline callback: valid only during the callback it is passed to,
 // on that core's thread. Opaque.
 typedef struct luna_ctx_t luna_ctx_t;
@@ -728,9 +733,12 @@ int luna_conn_set_user(luna_ctx_t *ctx, luna_conn_t conn, void *p);
 void *luna_conn_user(luna_ctx_t *ctx, luna_conn_t conn);
 
 // Core `core`'s latest published counters (the final ones after `luna_runtime_join`)
-// into `*out`; `out_size` is `sizeof(luna_core_stats_t)` (smaller is `EINVAL`). Cores
-// publish every `runtime.stats_interval` iterations and at exit; reading never slows
-// them. Any thread. 0, or -1 with `EINVAL` (NULL, core out of range, size).
+// into `*out`; `out_size` is `sizeof(luna_core_stats_t)` as the caller's header has it:
+// the struct only grows at its end, and a program built against an older header gets
+// the fields its struct has (at least `LUNA_CORE_STATS_SIZE_VER0` bytes; smaller is
+// `EINVAL`). Cores publish every `runtime.stats_interval` iterations and at exit;
+// reading never slows them. Any thread. 0, or -1 with `EINVAL` (NULL, core out of
+// range, size).
 //
 // # Safety
 // `rt` is NULL or live; `out` is NULL or has `out_size` writable bytes.

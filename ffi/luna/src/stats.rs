@@ -233,10 +233,18 @@ impl From<CoreStats> for luna_core_stats_t {
     }
 }
 
+/// The size of `luna_core_stats_t` in the first published header (its fields through
+/// `stopped`). The struct only grows at its end, so a caller built against any header
+/// passes at least this much.
+pub const LUNA_CORE_STATS_SIZE_VER0: usize = 312;
+
 /// Core `core`'s latest published counters (the final ones after `luna_runtime_join`)
-/// into `*out`; `out_size` is `sizeof(luna_core_stats_t)` (smaller is `EINVAL`). Cores
-/// publish every `runtime.stats_interval` iterations and at exit; reading never slows
-/// them. Any thread. 0, or -1 with `EINVAL` (NULL, core out of range, size).
+/// into `*out`; `out_size` is `sizeof(luna_core_stats_t)` as the caller's header has it:
+/// the struct only grows at its end, and a program built against an older header gets
+/// the fields its struct has (at least `LUNA_CORE_STATS_SIZE_VER0` bytes; smaller is
+/// `EINVAL`). Cores publish every `runtime.stats_interval` iterations and at exit;
+/// reading never slows them. Any thread. 0, or -1 with `EINVAL` (NULL, core out of
+/// range, size).
 ///
 /// # Safety
 /// `rt` is NULL or live; `out` is NULL or has `out_size` writable bytes.
@@ -251,17 +259,29 @@ pub unsafe extern "C" fn luna_runtime_stats(
         if out.is_null() {
             return Err(null("out"));
         }
-        let need = std::mem::size_of::<luna_core_stats_t>();
-        if out_size < need {
+        if out_size < LUNA_CORE_STATS_SIZE_VER0 {
             return Err(Fail::new(
                 libc::EINVAL,
-                format!("out_size {out_size} < sizeof(luna_core_stats_t) = {need}"),
+                format!(
+                    "out_size {out_size} < {LUNA_CORE_STATS_SIZE_VER0}, the smallest \
+                     luna_core_stats_t (sizeof here: {})",
+                    std::mem::size_of::<luna_core_stats_t>()
+                ),
             ));
         }
-        let s = core_stats(rt, core as usize)?;
-        // SAFETY: `out` is non-NULL and writable for the struct (checked size, caller's
-        // contract); unaligned-safe write.
-        unsafe { out.write_unaligned(s.into()) };
+        let s: luna_core_stats_t = core_stats(rt, core as usize)?.into();
+        // Whole counters only, and no more than this struct has.
+        let n = out_size.min(std::mem::size_of::<luna_core_stats_t>()) / 8 * 8;
+        // SAFETY: `out` is non-NULL and has `out_size` ≥ `n` writable bytes (caller's
+        // contract); `s` is a local of at least `n` bytes; byte copies need no alignment
+        // and the two cannot overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&s as *const luna_core_stats_t).cast::<u8>(),
+                out.cast::<u8>(),
+                n,
+            )
+        };
         Ok(0)
     })
 }
@@ -338,6 +358,11 @@ mod tests {
         };
         let c: luna_core_stats_t = s.into();
         assert_eq!((c.rx_frames, c.stopped), (5, 1));
+        assert_eq!(
+            LUNA_CORE_STATS_SIZE_VER0,
+            std::mem::offset_of!(luna_core_stats_t, exc_table_version),
+            "the first header's struct ends after `stopped`"
+        );
         assert_eq!(
             std::mem::size_of::<luna_core_stats_t>(),
             8 * luna_stats_count(),

@@ -319,6 +319,26 @@ fn inline_echo_server_and_batch_client_through_the_c_abi() {
         assert_eq!(luna_runtime_stats(srt, 0, &mut st, 8), -1);
         assert_eq!(errno().0, libc::EINVAL, "short struct size");
         assert!(last_error().contains("out_size"), "{}", last_error());
+        // A program built against the first header passes its smaller struct: it gets
+        // the fields it has and nothing past them.
+        let mut old = luna_core_stats_t {
+            events_coalesced: 0xdead,
+            exc_table_version: 0xbeef,
+            ..Default::default()
+        };
+        assert_eq!(
+            luna_runtime_stats(srt, 0, &mut old, LUNA_CORE_STATS_SIZE_VER0),
+            0
+        );
+        assert_eq!(old.rx_frames, ss.rx_frames);
+        assert_eq!(
+            (old.events_coalesced, old.exc_table_version),
+            (0xdead, 0xbeef)
+        );
+        assert_eq!(
+            luna_runtime_stats(srt, 0, &mut old, LUNA_CORE_STATS_SIZE_VER0 - 8),
+            -1
+        );
 
         luna_runtime_free(srt);
         luna_runtime_free(crt);

@@ -57,7 +57,7 @@ pub struct CompareArgs {
     pub wait_near: f64,
 }
 
-fn parse_wait(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_wait(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(x) if (0.0..=3600.0).contains(&x) => Ok(x),
         _ => Err(format!("{s:?}: give seconds between 0 and 3600")),

@@ -102,3 +102,35 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `knb rpc` and `knb bulk` take `--wait-near` as `knb compare` does: bounded seconds,
+    /// 0 (the default) not waiting, anything else refused with the reason.
+    #[test]
+    fn rpc_takes_wait_near_bounded() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["knb", "rpc", "--stack", "luna"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args)
+        };
+        let Ok(Cli { cmd: Cmd::Rpc(a) }) = parse(&[]) else {
+            panic!("plain rpc parses")
+        };
+        assert_eq!(a.wait_near, 0.0);
+        let Ok(Cli { cmd: Cmd::Rpc(a) }) = parse(&["--wait-near", "60"]) else {
+            panic!("--wait-near 60 parses")
+        };
+        assert_eq!(a.wait_near, 60.0);
+        for bad in ["-1", "3601", "NaN", "soon"] {
+            let arg = format!("--wait-near={bad}");
+            let e = parse(&[&arg]).err().expect(bad).to_string();
+            assert!(e.contains("between 0 and 3600"), "{bad}: {e}");
+        }
+        assert!(
+            Cli::try_parse_from(["knb", "bulk", "--stack", "kernel", "--wait-near", "5"]).is_ok()
+        );
+    }
+}

@@ -523,6 +523,11 @@ pub struct RpcArgs {
     pub place: Placement,
     #[command(flatten)]
     pub out: Output,
+    /// Before the run, wait up to this many seconds for the host to place the client's
+    /// and the server's CPU near each other (as `knb compare --wait-near`; probed once a
+    /// second), then run either way: the run keeps its measured label. 0: do not wait.
+    #[arg(long, default_value_t = 0.0, value_parser = crate::compare::parse_wait)]
+    pub wait_near: f64,
 }
 
 /// `knb rpc`: one run with topology set-up and tear-down.
@@ -555,9 +560,28 @@ pub fn rpc(a: RpcArgs) -> Res<()> {
     }
     sweep_stale();
     let topo = topology_for(b, &prefix)?;
+    let waited = (a.wait_near > 0.0).then(|| {
+        let cpus = (a.place.client_cpus.0[0], a.place.server_cpus()[0]);
+        let (w, near) = crate::hostlink::wait_near(
+            std::time::Duration::from_secs_f64(a.wait_near),
+            std::time::Duration::from_secs(1),
+            || crate::hostlink::round_trip_ns(cpus.0, cpus.1),
+            std::thread::sleep,
+        );
+        if !near {
+            eprintln!(
+                "knb: the CPUs were not near within {:.0} s; running anyway",
+                a.wait_near
+            );
+        }
+        w.as_secs_f64()
+    });
     let r = run_pair(&topo, b, cb, &a.workload, &a.place, a.out.show_progress());
     drop(topo);
-    let r = r?;
+    let mut r = r?;
+    if let Some(w) = waited {
+        r["host_link"]["waited_s"] = serde_json::json!(w);
+    }
     report::print_table(std::slice::from_ref(&r));
     report::write_outputs(&a.out, &r, std::slice::from_ref(&r))
 }

@@ -11,7 +11,6 @@
 //! busy to measure it, and which side starved.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use clap::Args;
 use serde_json::{json, Value};
@@ -390,27 +389,17 @@ pub fn run(a: CompareArgs) -> Res<()> {
     }
     let progress = a.out.show_progress();
     let pair = (a.place.client_cpus.0[0], a.place.server_cpus()[0]);
-    let mut waits = (Duration::ZERO, 0u32, 0u32); // waited, runs, runs started not near
+    let mut waits = (0.0f64, 0u32, 0u32); // seconds waited, runs, runs started not near
     let mut wait = |what: &str| -> Option<f64> {
         if a.wait_near <= 0.0 {
             return None;
         }
-        let (w, near) = hostlink::wait_near(
-            Duration::from_secs_f64(a.wait_near),
-            Duration::from_secs(1),
-            || hostlink::round_trip_ns(pair.0, pair.1),
-            std::thread::sleep,
-        );
+        let (w, near) =
+            hostlink::wait_before_run(a.wait_near, pair, &format!("knb compare: {what}"));
         waits.0 += w;
         waits.1 += 1;
-        if !near {
-            waits.2 += 1;
-            eprintln!(
-                "knb compare: {what}: the CPUs were not near within {:.0} s; running anyway",
-                a.wait_near
-            );
-        }
-        Some(w.as_secs_f64())
+        waits.2 += u32::from(!near);
+        Some(w)
     };
     let mut series: Series = BTreeMap::new();
     let mut runs = Vec::new();
@@ -502,10 +491,7 @@ pub fn run(a: CompareArgs) -> Res<()> {
         notes.push(format!(
             "--wait-near {}: waited {:.0} s in all before {} runs; {} of them started with \
              the CPUs not near",
-            a.wait_near,
-            waits.0.as_secs_f64(),
-            waits.1,
-            waits.2
+            a.wait_near, waits.0, waits.1, waits.2
         ));
     }
     if let Some(n) = placement_note(&series) {

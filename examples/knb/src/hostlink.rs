@@ -242,6 +242,22 @@ pub fn wait_near(
     }
 }
 
+/// `--wait-near SECS` for a run on `cpus` (client, server): [`wait_near`] with the real
+/// probe, a probe a second; says on stderr (after `who`) when the CPUs were not near in
+/// time. Returns the seconds waited and whether they were near.
+pub fn wait_before_run(secs: f64, cpus: (usize, usize), who: &str) -> (f64, bool) {
+    let (w, near) = wait_near(
+        Duration::from_secs_f64(secs),
+        Duration::from_secs(1),
+        || round_trip_ns(cpus.0, cpus.1),
+        std::thread::sleep,
+    );
+    if !near {
+        eprintln!("{who}: the CPUs were not near within {secs:.0} s; running anyway");
+    }
+    (w.as_secs_f64(), near)
+}
+
 /// The probes around one run: [`Bracket::begin`] right before it, [`Bracket::end`] right
 /// after it (while nothing polls).
 pub struct Bracket {

@@ -560,22 +560,9 @@ pub fn rpc(a: RpcArgs) -> Res<()> {
     }
     sweep_stale();
     let topo = topology_for(b, &prefix)?;
-    let waited = (a.wait_near > 0.0).then(|| {
-        let cpus = (a.place.client_cpus.0[0], a.place.server_cpus()[0]);
-        let (w, near) = crate::hostlink::wait_near(
-            std::time::Duration::from_secs_f64(a.wait_near),
-            std::time::Duration::from_secs(1),
-            || crate::hostlink::round_trip_ns(cpus.0, cpus.1),
-            std::thread::sleep,
-        );
-        if !near {
-            eprintln!(
-                "knb: the CPUs were not near within {:.0} s; running anyway",
-                a.wait_near
-            );
-        }
-        w.as_secs_f64()
-    });
+    let cpus = (a.place.client_cpus.0[0], a.place.server_cpus()[0]);
+    let waited =
+        (a.wait_near > 0.0).then(|| crate::hostlink::wait_before_run(a.wait_near, cpus, "knb").0);
     let r = run_pair(&topo, b, cb, &a.workload, &a.place, a.out.show_progress());
     drop(topo);
     let mut r = r?;

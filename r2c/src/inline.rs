@@ -209,7 +209,7 @@ pub(crate) struct InlineMode<A> {
     pub app: A,
     /// The connections given `on_readable` / `on_writable` in the current dispatch pass
     /// (see [`Coalesce`]).
-    pub seen: Coalesce,
+    seen: Coalesce,
 }
 
 impl<A> InlineMode<A> {
@@ -275,17 +275,10 @@ impl<K: Copy + PartialEq> Coalesce<K> {
     }
 }
 
-/// Whether `recv` on `h` would return something: data, the end of the stream or an
-/// error (any state but the two where the peer may still send and nothing is queued).
+/// Whether `recv` on `h` would return something (data, the end of the stream, an error;
+/// a handle the stack no longer knows is an error too).
 fn has_unread(st: &CoreState, h: Conn) -> bool {
-    use luna_stack::tcp::State;
-    st.stack.connection(h).is_none_or(|c| {
-        c.recv_available() > 0
-            || !matches!(
-                c.state(),
-                State::Established | State::FinWait1 | State::FinWait2
-            )
-    })
+    st.stack.connection(h).is_none_or(|c| c.recv_ready())
 }
 
 impl<A: InlineApp> InlineMode<A> {

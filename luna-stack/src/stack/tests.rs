@@ -2443,10 +2443,33 @@ fn a_connection_reset_before_accept_is_announced_closed_by_accept() {
             vec![Event::Readable(h), Event::Closed(h)],
             "data {data}"
         );
+        let ready = |net: &Net| net.b.connection(h).unwrap().recv_ready();
         if data {
+            assert!(ready(&net));
             assert_eq!(&net.b.recv(h).unwrap().unwrap()[..], b"hello");
         }
+        assert!(ready(&net), "the reset is there to read");
         assert!(net.b.recv(h).is_err(), "then the reset");
         assert!(net.b.accept(l).is_none());
     }
+}
+
+/// `Connection::recv_ready` says exactly whether `recv` returns something: not on an
+/// idle established connection, yes with data queued, yes at the end of the stream.
+#[test]
+fn recv_ready_agrees_with_recv() {
+    let mut net = Net::pair();
+    let (c, s) = connected(&mut net);
+    let ready = |net: &Net| net.b.connection(s).unwrap().recv_ready();
+    assert!(!ready(&net));
+    assert_eq!(net.b.recv(s), Ok(None));
+    net.a.send(c, &Zbuf::copy_from_slice(b"x")).unwrap();
+    net.run_until(|n| n.b.connection(s).unwrap().recv_available() == 1, 1000);
+    assert!(ready(&net));
+    assert!(net.b.recv(s).unwrap().is_some());
+    assert!(!ready(&net));
+    net.a.close(c);
+    net.run_until(|n| n.b.state(s) == Some(State::CloseWait), 1000);
+    assert!(ready(&net));
+    assert!(net.b.recv(s).is_err(), "end of stream");
 }

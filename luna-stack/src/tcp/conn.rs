@@ -809,6 +809,12 @@ impl Connection {
         self.rcvq_len
     }
 
+    /// Whether [`recv`](Self::recv) would return something now — data, the end of the
+    /// stream or the error that closed the connection — rather than `Ok(None)`.
+    pub fn recv_ready(&self) -> bool {
+        self.rcvq_len > 0 || !matches!(self.stream_status(), Ok(None))
+    }
+
     /// Payload bytes that arrived again: below RCV.NXT or over data already held out of
     /// order. The first copy is kept and these bytes discarded, whatever they contain
     /// (RFC 9293 §3.10.7.4: only new data is taken; an overlap attack's different bytes

@@ -567,14 +567,9 @@ impl<R: Rng> Stack<R> {
         if lst.gen != l.gen {
             return None;
         }
-        // A queued connection that has been freed since (closed while the listener held
-        // it, and reclaimed) is skipped, not an end of the queue.
-        let (h, e) = loop {
-            let h = lst.accept_queue.pop_front()?;
-            if let Some(e) = slot_entry(&mut self.slots, h) {
-                break (h, e);
-            }
-        };
+        // (A queued connection that is freed leaves the queue then: `free_slot`.)
+        let h = lst.accept_queue.pop_front()?;
+        let e = slot_entry(&mut self.slots, h)?;
         e.owner = Owner::App;
         // Data that arrived before accept is announced now, and so is a close: while the
         // listener held the connection its close event went nowhere (a RST in the same

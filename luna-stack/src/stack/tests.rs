@@ -2473,3 +2473,27 @@ fn recv_ready_agrees_with_recv() {
     assert!(ready(&net));
     assert!(net.b.recv(s).is_err(), "end of stream");
 }
+
+/// A queued connection freed before the application accepts it (reset, then reclaimed)
+/// leaves the accept queue: `accept` returns the live connection queued behind it.
+#[test]
+fn accept_skips_a_queued_connection_freed_since() {
+    let mut net = Net::pair();
+    let l = net.b.listen(7000, 16).unwrap();
+    let to = SocketAddrV4::new(ip_b(), 7000);
+    let c1 = net.a.connect(net.now, to, None).unwrap();
+    let c2 = net.a.connect(net.now, to, None).unwrap();
+    let established = |n: &Net, c| n.a.state(c) == Some(State::Established);
+    net.run_until(|n| established(n, c1) && established(n, c2), 1000);
+    net.step(); // both handshake ACKs reach B: two connections queued, none accepted
+    net.a.abort(c1);
+    for _ in 0..3 {
+        net.step(); // the RST reaches B, which frees the connection
+    }
+    let h = net
+        .b
+        .accept(l)
+        .expect("the live connection behind the freed one");
+    assert_eq!(net.b.state(h), Some(State::Established));
+    assert!(net.b.accept(l).is_none());
+}

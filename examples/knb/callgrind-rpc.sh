@@ -9,7 +9,9 @@
 #
 # Environment: KNB (binary, default target/release/knb), OUT (callgrind file, default
 # /tmp/knb-callgrind.<stack>.<side>), CACHE_SIM=1 (CACHE_ARGS: more cache-sim options, e.g.
-# --I1=65536,8,64 for a larger instruction cache), and knb's own (KNB_LUNA_TX_COPY_MAX...).
+# --I1=65536,8,64 for a larger instruction cache), MTU (the memif link's IP MTU, default
+# 1500; its buffers sized for one frame, as knb's --mtu does), and knb's own
+# (KNB_LUNA_TX_COPY_MAX...).
 # The measured side's EAL runs with --no-huge (valgrind cannot map hugepages the way
 # DPDK does); per RPC = the poll thread's inclusive count / the RPCs of the whole run.
 set -euo pipefail
@@ -19,7 +21,8 @@ secs=${3:-6}
 depth=${4:-1}
 case $stack in luna | smoltcp) ;; *) echo "stack: luna or smoltcp, not $stack" >&2; exit 2 ;; esac
 case $side in server | client) ;; *) echo "side: server or client, not $side" >&2; exit 2 ;; esac
-[[ $secs =~ ^[0-9]+$ && $depth =~ ^[0-9]+$ ]] || { echo "seconds and iodepth: whole numbers" >&2; exit 2; }
+mtu=${MTU:-1500}
+[[ $secs =~ ^[0-9]+$ && $depth =~ ^[0-9]+$ && $mtu =~ ^[0-9]+$ ]] || { echo "seconds, iodepth and MTU: whole numbers" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/../.." && pwd)
 K=${KNB:-$root/target/release/knb}
 OUT=${OUT:-/tmp/knb-callgrind.$stack.$side}
@@ -55,7 +58,15 @@ else
     cmem="--eal-arg=--no-huge --eal-arg=-m --eal-arg=512"
 fi
 common="--stack=$stack --port=7700 --req-size=4096 --resp-size=4096 --iodepth=$depth --connections=1 --threads=1 --mode=rpc --child --duration=$secs --warmup=1 --prefix-len=24 --eal-arg=--no-pci --eal-arg=--no-telemetry"
-vdev() { echo "--eal-arg=--vdev --eal-arg=net_memif0,role=$1,id=0,socket=$S,socket-abstract=no,mac=02:00:00:00:03:0$2"; }
+bsize=""
+if [ "$mtu" != 1500 ]; then
+    common="$common --mtu=$mtu"
+    # One memif buffer per frame, as knb's workload::memif_bsize.
+    b=2048
+    while [ "$b" -lt $((mtu + 14 + 128)) ]; do b=$((b * 2)); done
+    bsize=",bsize=$b"
+fi
+vdev() { echo "--eal-arg=--vdev --eal-arg=net_memif0,role=$1,id=0,socket=$S,socket-abstract=no,mac=02:00:00:00:03:0$2$bsize"; }
 
 mkfifo "$work/stdin"
 # shellcheck disable=SC2086

@@ -32,6 +32,7 @@
 //! delayed_ack_us = 0         # 0 = ack every segment
 //! rto_min_us = 5000
 //! rto_max_us = 1000000
+//! send_burst = 16            # segments per send decision (software segmentation); 1 = off
 //!
 //! [ports]
 //! range = [61440, 65535]
@@ -1021,6 +1022,9 @@ impl Config {
         if let Some((k, v)) = w.take("time_wait_ms") {
             c.time_wait = Duration::from_millis(int(&k, &v, 0, 240_000)? as u64);
         }
+        if let Some((k, v)) = w.take("send_burst") {
+            c.send_burst = int(&k, &v, 1, 64)? as u16;
+        }
         for (name, field) in [
             ("nagle", &mut c.nagle),
             ("sack", &mut c.sack),
@@ -1041,6 +1045,7 @@ impl Config {
             "rto_max_us",
             "rto_initial_us",
             "time_wait_ms",
+            "send_burst",
             "nagle",
             "sack",
             "timestamps",

@@ -389,6 +389,7 @@ fn stack_map(c: &StackCounters) -> BTreeMap<String, u64> {
     let mut m: BTreeMap<String, u64> = [
         ("frames_in", c.frames_in),
         ("frames_out", c.frames_out),
+        ("burst_frames", c.burst_frames),
         ("arp_requests", c.arp_requests),
         ("arp_replies", c.arp_replies),
         ("icmp_echo_replies", c.icmp_echo_replies),

@@ -26,6 +26,7 @@ cc = "cubic"
 delayed_ack_us = 200
 rto_min_us = 5000
 rto_max_us = 2000000
+send_burst = 4
 
 [ports]
 app = "knb"
@@ -61,6 +62,9 @@ fn good_config_parses_and_builds_core_setups() {
     assert_eq!(c.mode, RunMode::Batch);
     assert_eq!(c.tcp.mss, 1400);
     assert_eq!(c.tcp.rtt.min_rto.as_micros(), 5000);
+    assert_eq!(c.tcp.send_burst, 4);
+    let d = Config::parse(&with("")).unwrap();
+    assert_eq!(d.tcp.send_burst, 16, "the default");
     assert_eq!(c.net.routes.len(), 1);
     // "other" owns 61440-62463; "knb" (one core) gets the rest.
     let mine = c.ports.plan.ports_of("knb", 0);
@@ -223,6 +227,10 @@ fn bad_tcp_and_runtime_knobs() {
     assert_names(&e, "tcp.mss", &["out of range"]);
     let e = bad(&with("[tcp]\nrto_min_us = 900\nrto_max_us = 800\n"));
     assert_names(&e, "tcp.rto_min_us", &["rto_max_us"]);
+    for n in ["0", "65"] {
+        let e = bad(&with(&format!("[tcp]\nsend_burst = {n}\n")));
+        assert_names(&e, "tcp.send_burst", &["out of range"]);
+    }
     let e = bad(&with("[tcp]\nsack = \"yes\"\n"));
     assert_names(&e, "tcp.sack", &["true or false"]);
     let e = bad(&with("[runtime]\nmode = \"split\"\n"));

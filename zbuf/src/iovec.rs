@@ -96,10 +96,11 @@ impl IoVec {
     pub fn try_split_to(&mut self, n: usize) -> Result<IoVec, OutOfBounds> {
         check_pos(n, self.len)?;
         let (whole, part) = self.locate(n);
-        let mut head = IoVec {
-            segs: self.segs.drain(..whole).collect(),
-            len: 0,
-        };
+        // (No drain when no whole segment moves: the common cut inside the first one.)
+        let mut head = IoVec::new();
+        if whole > 0 {
+            head.segs = self.segs.drain(..whole).collect();
+        }
         if part > 0 {
             head.segs.push(self.segs[0].split_to(part));
         }
@@ -125,7 +126,10 @@ impl IoVec {
         let mut tail = IoVec::new();
         if part > 0 {
             tail.segs.push(self.segs[whole].split_off(part));
-            tail.segs.extend(self.segs.drain(whole + 1..));
+            // (No drain when the cut is in the last segment.)
+            if whole + 1 < self.segs.len() {
+                tail.segs.extend(self.segs.drain(whole + 1..));
+            }
         } else {
             tail.segs.extend(self.segs.drain(whole..));
         }

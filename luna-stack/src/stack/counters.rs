@@ -92,6 +92,10 @@ pub struct StackCounters {
     pub frames_in: u64,
     /// Frames returned by `poll_transmit`.
     pub frames_out: u64,
+    /// Of `frames_out`, TCP segments cut from a burst after its first
+    /// ([`crate::tcp::TcpConfig::send_burst`]): each is one pass of the connection's
+    /// output logic that software segmentation saved.
+    pub burst_frames: u64,
     /// Drops by reason, indexed like [`StackDrop::ALL`].
     pub drops: [u64; StackDrop::ALL.len()],
     /// ARP requests sent.

@@ -11,8 +11,8 @@ use crate::time::Instant;
 use crate::wire::checksum::{self, Accumulator};
 use crate::wire::{
     ArpOperation, ArpPacket, ArpRepr, ChecksumCaps, EtherType, EthernetAddress, EthernetFrame,
-    EthernetRepr, Icmpv4Message, Icmpv4Packet, IpProtocol, Ipv4Packet, Ipv4Repr, TcpPacket,
-    TcpRepr,
+    EthernetRepr, Icmpv4Message, Icmpv4Packet, IpProtocol, Ipv4Packet, Ipv4Repr, TcpFlags,
+    TcpPacket, TcpRepr,
 };
 use core::net::Ipv4Addr;
 use zbuf::{IoVec, Zbuf};
@@ -108,7 +108,7 @@ impl<R: Rng> Stack<R> {
     #[must_use]
     #[inline]
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
-        if self.ctl.is_empty() && self.dirty.is_empty() {
+        if self.ctl.is_empty() && self.dirty.is_empty() && self.run.rest.is_empty() {
             return None;
         }
         self.poll_transmit_slow(now)
@@ -117,10 +117,16 @@ impl<R: Rng> Stack<R> {
     /// [`poll_transmit`](Self::poll_transmit) when a control frame or a connection waits.
     #[inline(never)]
     fn poll_transmit_slow(&mut self, now: Instant) -> Option<Transmit> {
+        if !self.run.rest.is_empty() {
+            self.counters.frames_out += 1;
+            self.counters.burst_frames += 1;
+            return Some(self.run.next_frame(&self.cfg.caps));
+        }
         if let Some(t) = self.ctl.pop_front() {
             self.counters.frames_out += 1;
             return Some(t);
         }
+        let burst = u32::from(self.tcp_shared.send_burst);
         while let Some(&idx) = self.dirty.front() {
             let gen = self.slots[idx as usize].gen;
             let Some(e) = self.slots[idx as usize].entry.as_deref_mut() else {
@@ -146,7 +152,7 @@ impl<R: Rng> Stack<R> {
                 // Every retransmission is made here: the stack-wide total is kept as they
                 // are made, so reading it does not walk the connections.
                 let before = e.conn.counters.retransmits;
-                let got = e.conn.poll_segment_into(now, &mut seg);
+                let got = e.conn.poll_burst_into(now, &mut seg, burst);
                 self.counters.tcp_retransmits += e.conn.counters.retransmits - before;
                 got
             };
@@ -209,6 +215,20 @@ impl<R: Rng> Stack<R> {
             self.counters.frames_out += 1;
             e.ip_ident = e.ip_ident.wrapping_add(1);
             let ident = e.ip_ident;
+            // A burst: this call sends its first segment, the next calls the rest (the
+            // identifications they take are reserved now).
+            // A burst: this call sends its first segment, the next calls the rest from
+            // `self.run` (the IP identifications they take are reserved now).
+            let mut seg = seg;
+            let piece = seg.burst_piece as usize;
+            let mut rest = IoVec::new();
+            let last_flags = seg.repr.flags;
+            if piece != 0 {
+                let frames = seg.payload.len().div_ceil(piece);
+                e.ip_ident = e.ip_ident.wrapping_add((frames - 1) as u16);
+                rest = seg.payload.split_off(piece);
+                seg.repr.flags = TcpFlags(last_flags.0 & !(TcpFlags::PSH.0 | TcpFlags::FIN.0));
+            }
             // The connection's header template, (re)built when the next hop's MAC is not
             // the one it was made for.
             if e.tmpl.as_ref().is_none_or(|t| t.dst_mac != mac) {
@@ -227,6 +247,19 @@ impl<R: Rng> Stack<R> {
             #[cfg(debug_assertions)]
             let e = self.slots[idx as usize].entry.as_deref().expect("present");
             let tmpl = e.tmpl.as_ref().expect("built above");
+            if piece != 0 {
+                let first = tmpl.build(&seg.repr, seg.payload, ident, &caps);
+                self.run = SegRun {
+                    tmpl: *tmpl,
+                    seq: seg.repr.seq + piece as u32,
+                    repr: seg.repr,
+                    rest,
+                    piece,
+                    ident: ident.wrapping_add(1),
+                    last_flags,
+                };
+                return Some(first);
+            }
             // Built in the return slot (no move of the frame).
             return Some(tmpl.build(&seg.repr, seg.payload, ident, &caps));
         }
@@ -453,6 +486,46 @@ impl<R: Rng> Stack<R> {
     }
 }
 
+/// The frames of a burst still to send (`TcpConfig::send_burst`): a connection's
+/// segment of several MSS cut into one frame per `poll_transmit`, each with the same
+/// header but its own sequence number and IP identification; PSH and FIN only on the
+/// last. It owns what it sends (the template and payload references), so the frames go
+/// out as queued ones would whatever happens to the connection meanwhile.
+#[derive(Default)]
+pub(super) struct SegRun {
+    tmpl: HeaderTemplate,
+    /// The header of the segments; `seq` and `flags` are set per frame.
+    repr: TcpRepr,
+    /// Sequence number of the next frame's first byte.
+    seq: crate::wire::SeqNum,
+    /// The payload still to send; the run is over when it is empty.
+    pub(super) rest: IoVec,
+    /// Payload bytes per frame.
+    piece: usize,
+    /// The next frame's IP identification.
+    ident: u16,
+    /// The burst's flags, which the last frame carries.
+    last_flags: TcpFlags,
+}
+
+impl SegRun {
+    /// The next frame; the caller checked that `rest` is not empty.
+    fn next_frame(&mut self, caps: &ChecksumCaps) -> Transmit {
+        let n = self.piece.min(self.rest.len());
+        let payload = if n == self.rest.len() {
+            self.repr.flags = self.last_flags;
+            core::mem::take(&mut self.rest)
+        } else {
+            self.rest.split_to(n)
+        };
+        self.repr.seq = self.seq;
+        self.seq += n as u32;
+        let ident = self.ident;
+        self.ident = ident.wrapping_add(1);
+        self.tmpl.build(&self.repr, payload, ident, caps)
+    }
+}
+
 /// Length of a [`HeaderTemplate`]: the Ethernet and IPv4 headers.
 const TMPL_LEN: usize = ETH_LEN + IP_LEN;
 
@@ -474,6 +547,18 @@ pub(super) struct HeaderTemplate {
     ip_sum: u16,
     /// Folded pseudo-header sum (addresses, protocol) with a zero TCP length.
     pseudo_sum: u16,
+}
+
+impl Default for HeaderTemplate {
+    /// All zero: the placeholder of an idle [`SegRun`], never built from.
+    fn default() -> Self {
+        HeaderTemplate {
+            dst_mac: EthernetAddress([0; 6]),
+            bytes: [0; TMPL_LEN],
+            ip_sum: 0,
+            pseudo_sum: 0,
+        }
+    }
 }
 
 impl HeaderTemplate {

@@ -262,6 +262,10 @@ pub struct Stack<R: Rng> {
     arp_sent: HashMap<Ipv4Addr, Instant, KeyedHasher>,
     /// Control frames waiting for the device, at most [`CTL_QUEUE_MAX`].
     ctl: VecDeque<Transmit>,
+    /// The rest of a connection's burst (`TcpConfig::send_burst`): its next frames, cut
+    /// one per `poll_transmit` before anything else goes out (none while its payload is
+    /// empty).
+    run: egress::SegRun,
     events: VecDeque<Event>,
     next_port: u16,
     ip_ident: u16,
@@ -348,6 +352,7 @@ impl<R: Rng> Stack<R> {
             retired: ConnCounters::default(),
             _rng: core::marker::PhantomData,
             tcp_shared: Arc::new(tcp_shared),
+            run: egress::SegRun::default(),
             addrs: LocalAddrs::new(cfg.addr),
             cfg,
         })

@@ -902,6 +902,14 @@ fn bad_configs_are_refused_with_a_reason() {
         Stack::new(c, FakeRng::new(1)).err(),
         Some(ConfigError::Tcp(_))
     ));
+    for n in [0, 65] {
+        let mut c = cfg(MAC_A, ip_a());
+        c.tcp.send_burst = n;
+        assert!(
+            matches!(Stack::new(c, FakeRng::new(1)).err(), Some(ConfigError::Tcp(ref e)) if e.contains("send_burst")),
+            "send_burst {n}"
+        );
+    }
 }
 
 /// Regression: 0.0.0.0, broadcast, multicast, loopback and network addresses were accepted
@@ -2496,4 +2504,166 @@ fn accept_skips_a_queued_connection_freed_since() {
         .expect("the live connection behind the freed one");
     assert_eq!(net.b.state(h), Some(State::Established));
     assert!(net.b.accept(l).is_none());
+}
+
+/// Frames as they went on the wire: time, from A, bytes.
+type WireLog = Vec<(Instant, bool, Vec<u8>)>;
+
+/// One scripted exchange on a [`Net`] whose stacks use `send_burst` `burst`: every frame
+/// on the wire in order, with its time and direction, and both stacks' burst-frame counts.
+/// A sends messages of awkward sizes (one byte, one MSS, one MSS and a byte, 64 KiB,
+/// 300 kB) then shuts down with data queued; B answers, reads only every third step
+/// (with a small receive buffer the windows cut bursts short), and `lose` drops every
+/// n-th data frame from A.
+fn burst_script(burst: u16, nagle: bool, rcv_buf: u32, lose: Option<u64>) -> (WireLog, u64, u64) {
+    let mut ca = cfg(MAC_A, ip_a());
+    let mut cb = cfg(MAC_B, ip_b());
+    for c in [&mut ca, &mut cb] {
+        c.tcp.send_burst = burst;
+        c.tcp.nagle = nagle;
+    }
+    cb.tcp.rcv_buf = rcv_buf;
+    let mut net = Net::new(ca, cb);
+    let log = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let (l2, mut n) = (log.clone(), 0u64);
+    net.drop = Box::new(move |from_a, bytes| {
+        // Stamped below with the time at the end of the step that sent it.
+        let t = Instant::from_micros(0);
+        l2.borrow_mut().push((t, from_a, bytes.to_vec()));
+        n += 1;
+        from_a && bytes.len() > 200 && lose.is_some_and(|k| n % k == 0)
+    });
+    let (c, s) = connected(&mut net);
+    let sizes = [1usize, 1448, 1449, 5000, 65536, 300_000, 7];
+    let data: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| pattern(k, i as u8))
+        .collect();
+    let want: Vec<u8> = data.concat();
+    let (mut next, mut off, mut got, mut replies, mut shut) = (0, 0, Vec::new(), 0, false);
+    for step in 0..200_000u32 {
+        if next < data.len() {
+            let z = Zbuf::copy_from_slice(&data[next][off..]);
+            if let Ok(k) = net.a.send(c, &z) {
+                off += k;
+                if off == data[next].len() {
+                    (next, off) = (next + 1, 0);
+                }
+            }
+        } else if !shut {
+            net.a.shutdown(c);
+            shut = true;
+        }
+        if step % 3 == 0 {
+            while let Ok(Some(b)) = net.b.recv(s) {
+                got.extend_from_slice(&b);
+            }
+            if replies < 40 && got.len() > replies * 9000 {
+                let r = pattern([10, 3000, 20_000][replies % 3], 7);
+                let _ = net.b.send(s, &Zbuf::copy_from_slice(&r));
+                replies += 1;
+            }
+        }
+        if shut && got.len() == want.len() && net.b.recv(s) == Err(RecvError::Finished) {
+            break;
+        }
+        // Time-stamp what this step put on the wire.
+        let before = log.borrow().len();
+        if !net.step() {
+            break;
+        }
+        for e in log.borrow_mut()[before..].iter_mut() {
+            e.0 = net.now;
+        }
+    }
+    assert!(
+        got == want,
+        "burst {burst}: got {} of {}",
+        got.len(),
+        want.len()
+    );
+    let out = log.borrow().clone();
+    (
+        out,
+        net.a.counters().burst_frames,
+        net.b.counters().burst_frames,
+    )
+}
+
+/// Software segmentation (`TcpConfig::send_burst`) changes how often the connection's
+/// output logic runs, not what goes on the wire: the same frames, byte for byte and in
+/// the same order, as one send decision per segment — with the windows cutting bursts
+/// short, Nagle on, and losses (retransmissions and recovery are never bursts).
+#[test]
+fn a_burst_puts_the_same_frames_on_the_wire_as_one_decision_per_segment() {
+    for (nagle, rcv_buf, lose) in [
+        (false, 1 << 20, None),
+        (false, 16 << 10, None),
+        (true, 16 << 10, None),
+        (false, 1 << 20, Some(29)),
+        (true, 24 << 10, Some(17)),
+    ] {
+        let (one, a1, b1) = burst_script(1, nagle, rcv_buf, lose);
+        assert_eq!((a1, b1), (0, 0));
+        for burst in [2, 16, 64] {
+            let (many, a, b) = burst_script(burst, nagle, rcv_buf, lose);
+            assert!(a > 0, "burst {burst}: A cut no frames from a burst");
+            if rcv_buf == 1 << 20 {
+                assert!(b > 0, "burst {burst}: B's 20 kB replies were no burst");
+            }
+            assert_eq!(
+                one.len(),
+                many.len(),
+                "frames, burst {burst} {nagle} {rcv_buf}"
+            );
+            for (i, (x, y)) in one.iter().zip(&many).enumerate() {
+                assert!(
+                    x == y,
+                    "frame {i} differs (burst {burst}, nagle {nagle}, rcv_buf {rcv_buf}, \
+                     lose {lose:?}): {:?} / {:?}",
+                    x.0,
+                    y.0
+                );
+            }
+        }
+    }
+}
+
+/// A burst that waits for ARP (the next hop's entry went away) is held whole and cut into
+/// frames once the neighbour answers: every byte arrives, in frames that fit the MTU.
+#[test]
+fn a_burst_parked_on_arp_goes_out_in_mtu_sized_frames_once_resolved() {
+    let mut net = Net::pair();
+    let (c, s) = connected(&mut net);
+    net.a.neighbour_removed(ip_b());
+    let data = pattern(40_000, 3);
+    assert_eq!(net.a.send(c, &Zbuf::copy_from_slice(&data)), Ok(40_000));
+    let first = net.a.poll_transmit(net.now).expect("an ARP request");
+    assert_eq!(
+        &first.to_vec()[12..14],
+        &[0x08, 0x06],
+        "ARP first: the burst is parked"
+    );
+    net.wire
+        .push_back((net.now + net.delay, true, first.to_vec()));
+    let biggest = std::rc::Rc::new(std::cell::Cell::new(0usize));
+    let b2 = biggest.clone();
+    net.drop = Box::new(move |_, bytes| {
+        b2.set(b2.get().max(bytes.len()));
+        false
+    });
+    let mut got = Vec::new();
+    net.run_until(
+        |n| {
+            while let Ok(Some(b)) = n.b.recv(s) {
+                got.extend_from_slice(&b);
+            }
+            got.len() == data.len()
+        },
+        10_000,
+    );
+    assert!(got == data);
+    assert!(net.a.counters().burst_frames > 0);
+    assert!(biggest.get() <= 1514, "a frame of {} bytes", biggest.get());
 }

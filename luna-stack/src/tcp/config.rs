@@ -86,6 +86,14 @@ pub struct TcpConfig {
     /// sequence number alone cannot tell a new SYN from an old duplicate, so without
     /// timestamps on both sides such a SYN gets a challenge ACK (RFC 5961 §4.2).
     pub time_wait_reopen_by_seq: bool,
+    /// Segments of new data the stack may make from one pass of a connection's output
+    /// logic (software segmentation, as a NIC's TSO or Linux's GSO does after TCP): the
+    /// send decision (windows, SWS, Nagle, RTT probe, timers) is taken once for up to this
+    /// many full segments, and the stack cuts the frames from it, each with its own
+    /// header. The frames on the wire are the same as one decision per segment gives
+    /// (retransmissions, recovery and segments carrying SACK blocks are always one).
+    /// `1` turns it off. At most 64.
+    pub send_burst: u16,
 }
 
 impl Default for TcpConfig {
@@ -113,6 +121,7 @@ impl Default for TcpConfig {
             oow_ack_interval: Duration::from_millis(500),
             header_prediction: true,
             time_wait_reopen_by_seq: false,
+            send_burst: 16,
         }
     }
 }
@@ -156,6 +165,9 @@ impl TcpConfig {
                 "oow_ack_interval {:?} exceeds 1 s: peers' keepalives would go unanswered",
                 self.oow_ack_interval
             ));
+        }
+        if !(1..=64).contains(&self.send_burst) {
+            return Err(format!("send_burst {} is not in 1..=64", self.send_burst));
         }
         self.rtt.validate().map_err(|e| format!("rtt: {e}"))?;
         Ok(())

@@ -140,6 +140,19 @@ pub struct OutSegment {
     pub repr: TcpRepr,
     /// The payload, as references into send-queue buffers.
     pub payload: IoVec,
+    /// 0: one segment. Otherwise (only from [`Connection::poll_burst_into`]) a burst: the
+    /// payload goes out as consecutive segments of `burst_piece` bytes, the last one
+    /// shorter; each carries `repr` with its own sequence number, and only the last the
+    /// PSH and FIN flags `repr` has.
+    pub(crate) burst_piece: u32,
+}
+
+impl OutSegment {
+    /// The payload bytes per segment when this is a burst of several segments
+    /// ([`Connection::poll_burst_into`]), `None` for one segment.
+    pub fn burst_piece(&self) -> Option<u32> {
+        (self.burst_piece != 0).then_some(self.burst_piece)
+    }
 }
 
 /// Errors from [`Connection::send`]: why the connection takes no bytes. (A stale handle is

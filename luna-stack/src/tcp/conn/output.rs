@@ -37,12 +37,30 @@ impl Connection {
     /// header and io-vector are not moved on the way out.
     #[must_use]
     pub fn poll_segment_into(&mut self, now: Instant, out: &mut OutSegment) -> bool {
-        if !self.next_segment(now, out) {
+        self.poll_burst_into(now, out, 1)
+    }
+
+    /// [`poll_segment_into`](Self::poll_segment_into) that may return a burst of up to
+    /// `max_segs` segments of new data from one send decision ([`TcpConfig::send_burst`]
+    /// is what the stack passes): then `out.burst_piece()` is the payload bytes per
+    /// segment and the caller cuts the segments (the stack's software segmentation).
+    /// The segments are those that as many calls with `max_segs` 1 would return at this
+    /// instant; a burst is never a retransmission, never sent in loss recovery and never
+    /// carries SACK blocks.
+    ///
+    /// [`TcpConfig::send_burst`]: crate::tcp::TcpConfig::send_burst
+    #[must_use]
+    pub fn poll_burst_into(&mut self, now: Instant, out: &mut OutSegment, max_segs: u32) -> bool {
+        out.burst_piece = 0;
+        if !self.next_segment(now, out, max_segs) {
             self.arm_timers(now);
             return false;
         }
         let seg = &*out;
-        self.counters.segs_out += 1;
+        self.counters.segs_out += match seg.burst_piece {
+            0 => 1,
+            piece => (seg.payload.len() as u64).div_ceil(u64::from(piece)),
+        };
         self.counters.bytes_out += seg.payload.len() as u64;
         if let Some(&first) = seg.repr.options.sack_blocks.as_slice().first() {
             // RFC 2883 §4: the D-SACK is reported once, by a segment that goes out.
@@ -87,7 +105,7 @@ impl Connection {
     }
 
     #[inline]
-    pub(super) fn next_segment(&mut self, now: Instant, out: &mut OutSegment) -> bool {
+    pub(super) fn next_segment(&mut self, now: Instant, out: &mut OutSegment, burst: u32) -> bool {
         if let Some(seq) = self.rst_pending.take() {
             self.rst_segment(seq, out);
             return true;
@@ -151,7 +169,7 @@ impl Connection {
                 }
             }
         }
-        if self.next_data_segment(now, out) {
+        if self.next_data_segment(now, out, burst) {
             return true;
         }
         self.ack_segment_if_due(now, out)
@@ -467,7 +485,12 @@ impl Connection {
     }
 
     #[inline]
-    pub(super) fn next_data_segment(&mut self, now: Instant, out: &mut OutSegment) -> bool {
+    pub(super) fn next_data_segment(
+        &mut self,
+        now: Instant,
+        out: &mut OutSegment,
+        burst: u32,
+    ) -> bool {
         if !matches!(
             self.state,
             State::Established
@@ -531,7 +554,30 @@ impl Connection {
         };
         let opts = self.data_options(now);
         let max_payload = self.max_payload(&opts);
-        let len = unsent.min(max_payload).min(cwnd_room).min(wnd_room);
+        // A burst: new data only (going back N after an RTO, each segment skips what the
+        // peer SACKed), outside recovery, and without SACK blocks (a D-SACK is reported
+        // once, not once per segment).
+        let seq = self.snd_nxt;
+        let burst = if burst > 1
+            && seq == self.snd_max
+            && self.recovery.is_none()
+            && opts.sack_blocks.is_empty()
+        {
+            burst
+        } else {
+            1
+        };
+        let mut len = unsent
+            .min(max_payload.saturating_mul(burst))
+            .min(cwnd_room)
+            .min(wnd_room);
+        if len > max_payload && len % max_payload != 0 && (len < unsent || self.cfg.nagle) {
+            // Whole segments only when the windows cut the burst short, or with Nagle's
+            // algorithm on: one send decision per segment would have held that runt back
+            // (sender SWS avoidance and Nagle, below, with data now unacknowledged), and
+            // the next decision takes it up as its own first segment.
+            len -= len % max_payload;
+        }
         if len == 0 && !(fin_due && unsent == 0) {
             return false;
         }
@@ -554,7 +600,6 @@ impl Connection {
         if self.cfg.nagle && len < max_payload && unacked && !fin_due {
             return false;
         }
-        let seq = self.snd_nxt;
         let payload = self.sndq.slice(seq, len as usize);
         let fin = self.fin_queued && seq + len == data_end;
         let mut flags = TcpFlags::ACK;
@@ -580,9 +625,19 @@ impl Connection {
             self.counters.retransmits += 1;
             self.rtt_probe = None;
         } else if self.rtt_probe.is_none() && self.retries == 0 {
-            self.rtt_probe = Some((self.snd_nxt, now));
+            // The probe is the first segment (of a burst too), as one decision per
+            // segment would have timed it.
+            let first_end = if len > max_payload {
+                seq + max_payload
+            } else {
+                self.snd_nxt
+            };
+            self.rtt_probe = Some((first_end, now));
         }
         self.segment_with(now, seq, flags, payload, opts, out);
+        if len > max_payload {
+            out.burst_piece = max_payload;
+        }
         true
     }
 }

@@ -126,7 +126,7 @@ impl<R: Rng> Stack<R> {
             self.counters.frames_out += 1;
             return Some(t);
         }
-        let burst = u32::from(self.tcp_shared.send_burst);
+        let burst = u32::from(self.cfg.tcp.send_burst);
         while let Some(&idx) = self.dirty.front() {
             let gen = self.slots[idx as usize].gen;
             let Some(e) = self.slots[idx as usize].entry.as_deref_mut() else {
@@ -215,19 +215,12 @@ impl<R: Rng> Stack<R> {
             self.counters.frames_out += 1;
             e.ip_ident = e.ip_ident.wrapping_add(1);
             let ident = e.ip_ident;
-            // A burst: this call sends its first segment, the next calls the rest (the
-            // identifications they take are reserved now).
             // A burst: this call sends its first segment, the next calls the rest from
             // `self.run` (the IP identifications they take are reserved now).
-            let mut seg = seg;
-            let piece = seg.burst_piece as usize;
-            let mut rest = IoVec::new();
-            let last_flags = seg.repr.flags;
+            let piece = seg.burst_piece;
             if piece != 0 {
-                let frames = seg.payload.len().div_ceil(piece);
+                let frames = (seg.payload.len() as u32).div_ceil(piece);
                 e.ip_ident = e.ip_ident.wrapping_add((frames - 1) as u16);
-                rest = seg.payload.split_off(piece);
-                seg.repr.flags = TcpFlags(last_flags.0 & !(TcpFlags::PSH.0 | TcpFlags::FIN.0));
             }
             // The connection's header template, (re)built when the next hop's MAC is not
             // the one it was made for.
@@ -248,17 +241,7 @@ impl<R: Rng> Stack<R> {
             let e = self.slots[idx as usize].entry.as_deref().expect("present");
             let tmpl = e.tmpl.as_ref().expect("built above");
             if piece != 0 {
-                let first = tmpl.build(&seg.repr, seg.payload, ident, &caps);
-                self.run = SegRun {
-                    tmpl: *tmpl,
-                    seq: seg.repr.seq + piece as u32,
-                    repr: seg.repr,
-                    rest,
-                    piece,
-                    ident: ident.wrapping_add(1),
-                    last_flags,
-                };
-                return Some(first);
+                return Some(self.run.start(tmpl, seg, ident, &caps));
             }
             // Built in the return slot (no move of the frame).
             return Some(tmpl.build(&seg.repr, seg.payload, ident, &caps));
@@ -270,6 +253,14 @@ impl<R: Rng> Stack<R> {
     /// (and in its offload metadata) the one [`Stack::build_tcp`] makes.
     #[cfg(debug_assertions)]
     fn check_template(&self, idx: u32, seg: &OutSegment, mac: EthernetAddress, ident: u16) {
+        if let Some(piece) = seg.burst_piece() {
+            // A burst: its first frame.
+            let mut first = seg.clone();
+            first.payload.truncate(piece as usize);
+            first.repr.flags = burst_flags(seg.repr.flags);
+            first.burst_piece = 0;
+            return self.check_template(idx, &first, mac, ident);
+        }
         let e = self.slots[idx as usize].entry.as_deref().expect("present");
         let tuple = e.conn.tuple();
         let tmpl = e.tmpl.as_ref().expect("built");
@@ -509,6 +500,32 @@ pub(super) struct SegRun {
 }
 
 impl SegRun {
+    /// Takes burst `seg` (of `seg.burst_piece` bytes per frame; the run is idle) and
+    /// returns its first frame, with IP identification `ident`; the rest follow from
+    /// [`next_frame`](Self::next_frame). Out of line: the one-segment path pays nothing
+    /// for it.
+    #[inline(never)]
+    fn start(
+        &mut self,
+        tmpl: &HeaderTemplate,
+        mut seg: OutSegment,
+        ident: u16,
+        caps: &ChecksumCaps,
+    ) -> Transmit {
+        debug_assert!(self.rest.is_empty(), "a burst while one is being sent");
+        let piece = seg.burst_piece as usize;
+        self.rest = seg.payload.split_off(piece);
+        self.last_flags = seg.repr.flags;
+        seg.repr.flags = burst_flags(self.last_flags);
+        self.tmpl = *tmpl;
+        self.seq = seg.repr.seq + piece as u32;
+        self.piece = piece;
+        self.ident = ident.wrapping_add(1);
+        let first = tmpl.build(&seg.repr, seg.payload, ident, caps);
+        self.repr = seg.repr;
+        first
+    }
+
     /// The next frame; the caller checked that `rest` is not empty.
     fn next_frame(&mut self, caps: &ChecksumCaps) -> Transmit {
         let n = self.piece.min(self.rest.len());
@@ -524,6 +541,11 @@ impl SegRun {
         self.ident = ident.wrapping_add(1);
         self.tmpl.build(&self.repr, payload, ident, caps)
     }
+}
+
+/// The flags of a burst's frames before the last: PSH and FIN belong to the last.
+fn burst_flags(flags: TcpFlags) -> TcpFlags {
+    TcpFlags(flags.0 & !(TcpFlags::PSH.0 | TcpFlags::FIN.0))
 }
 
 /// Length of a [`HeaderTemplate`]: the Ethernet and IPv4 headers.

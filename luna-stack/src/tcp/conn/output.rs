@@ -559,6 +559,7 @@ impl Connection {
         // once, not once per segment).
         let seq = self.snd_nxt;
         let burst = if burst > 1
+            && unsent > max_payload
             && seq == self.snd_max
             && self.recovery.is_none()
             && opts.sack_blocks.is_empty()

@@ -775,10 +775,10 @@ impl<R: Rng> Stack<R> {
     }
 
     /// Whether [`Stack::poll_transmit`] may have a frame: `false` means it certainly has
-    /// none (no control frame queued, no connection marked for output), so a poll loop
-    /// can skip the call on idle iterations.
+    /// none (no control frame queued, no connection marked for output, no burst being
+    /// cut into frames), so a poll loop can skip the call on idle iterations.
     #[inline]
     pub fn may_transmit(&self) -> bool {
-        !self.ctl.is_empty() || !self.dirty.is_empty()
+        !self.ctl.is_empty() || !self.dirty.is_empty() || !self.run.rest.is_empty()
     }
 }

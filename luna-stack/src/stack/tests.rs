@@ -1758,6 +1758,21 @@ fn idle_checks_match_poll_event_and_poll_transmit() {
     assert!(net.b.has_events(), "data makes the server readable");
     assert!(events(&mut net.b).contains(&Event::Readable(s)));
     assert!(!net.b.has_events());
+    // A burst whose first frame went out and whose connection then has nothing more to
+    // decide: the rest is still to come (a loop that stopped polling, its device full,
+    // must not skip the call).
+    net.a.send(c, &Zbuf::copy_from_slice(&[7; 4000])).unwrap();
+    assert!(net.a.poll_transmit(net.now).is_some());
+    assert!(
+        net.a.dirty.is_empty() && net.a.ctl.is_empty(),
+        "only the burst is left"
+    );
+    assert!(net.a.may_transmit(), "the burst's other frames");
+    assert_eq!(
+        std::iter::from_fn(|| net.a.poll_transmit(net.now)).count(),
+        2
+    );
+    assert!(!net.a.may_transmit());
 }
 
 #[test]

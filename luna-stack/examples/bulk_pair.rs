@@ -121,9 +121,7 @@ fn luna_move(
         q.push_back(wire_luna(&t));
     }
     let n = q.len() as u64;
-    while let Some(f) = q.pop_front() {
-        to.handle_frame(now, f);
-    }
+    to.handle_frames(now, q.drain(..));
     n
 }
 

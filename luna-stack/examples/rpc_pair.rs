@@ -81,16 +81,17 @@ fn pump(
         while let Some(t) = a.poll_transmit(now) {
             wire.push_back(materialize(kind, &t));
         }
-        while let Some(f) = wire.pop_front() {
-            b.handle_frame(now, f);
+        // The burst in one call, as r2c hands over a received burst (`handle_frames`).
+        if !wire.is_empty() {
             moved = true;
+            b.handle_frames(now, wire.drain(..));
         }
         while let Some(t) = b.poll_transmit(now) {
             wire.push_back(materialize(kind, &t));
         }
-        while let Some(f) = wire.pop_front() {
-            a.handle_frame(now, f);
+        if !wire.is_empty() {
             moved = true;
+            a.handle_frames(now, wire.drain(..));
         }
         if !moved {
             return;

@@ -390,6 +390,7 @@ fn stack_map(c: &StackCounters) -> BTreeMap<String, u64> {
         ("frames_in", c.frames_in),
         ("frames_out", c.frames_out),
         ("burst_frames", c.burst_frames),
+        ("coalesced_segments", c.coalesced_segments),
         ("arp_requests", c.arp_requests),
         ("arp_replies", c.arp_replies),
         ("icmp_echo_replies", c.icmp_echo_replies),

@@ -15,6 +15,8 @@
 //!   6     application: what u8 (recv all / send n / shutdown / abort / listen again)
 //!   7     SYN burst: n u8 (mod 64) SYNs from distinct ports
 //! ```
+//! A TCP segment op with bit 7 set is queued instead: the queue goes to the stack in one
+//! `handle_frames` call (receive coalescing) before the next other op and at the end.
 #![allow(dead_code)]
 
 use luna_stack::stack::{Event, ListenerHandle, SocketHandle, Stack, StackConfig};
@@ -80,6 +82,8 @@ pub struct Harness {
     pub stack_ack: SeqNum,
     pub ts_recent: u32,
     frames_out: u64,
+    /// Segments queued for one `handle_frames` call.
+    batch: Vec<Zbuf>,
 }
 
 pub fn config() -> StackConfig {
@@ -111,6 +115,7 @@ impl Harness {
             stack_ack: SeqNum(0),
             ts_recent: 0,
             frames_out: 0,
+            batch: Vec::new(),
         }
     }
 
@@ -162,6 +167,15 @@ impl Harness {
         let _ = h.stack.send(h.handles[0], &data);
         h.drain();
         h
+    }
+
+    /// Hand the queued segments to the stack in one call and collect what it sends back.
+    pub fn flush_batch(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        self.stack.handle_frames(self.now, self.batch.drain(..));
+        self.drain();
     }
 
     /// Hand a segment from the peer to the stack and collect what it sends back.
@@ -227,7 +241,7 @@ impl Harness {
         }
     }
 
-    fn segment(&mut self, inp: &mut Input) {
+    fn segment(&mut self, inp: &mut Input, queued: bool) {
         let flags = TcpFlags(inp.u8());
         let seq = self.peer_seq + (inp.u16() as i16 as i32 as u32);
         let ack = self.stack_seq + (inp.u16() as i16 as i32 as u32);
@@ -281,7 +295,12 @@ impl Harness {
             urgent: 0,
             options,
         };
-        self.inject(&tcp, &payload);
+        if queued && self.batch.len() < 64 {
+            let frame = build_tcp_frame(MAC_B, MAC_A, IP_B, IP_A, &tcp, &payload);
+            self.batch.push(Zbuf::from_vec(frame));
+        } else {
+            self.inject(&tcp, &payload);
+        }
         if port == self.peer_port && !flags.rst() {
             // Keep the script near the live window: the peer "sent" this.
             let len = tcp.segment_len(payload_len) as u32;
@@ -341,13 +360,19 @@ impl Harness {
         let mut ops = 0;
         while !inp.done() && ops < 256 {
             ops += 1;
-            match inp.u8() % 8 {
+            let op = inp.u8();
+            if op & 0x80 != 0 && matches!(op % 8, 1..=4) {
+                self.segment(&mut inp, true);
+                continue;
+            }
+            self.flush_batch();
+            match op % 8 {
                 0 => {
                     let len = usize::from(inp.u16() % 1600);
                     let bytes = inp.take(len);
                     self.raw(bytes);
                 }
-                1..=4 => self.segment(&mut inp),
+                1..=4 => self.segment(&mut inp, false),
                 5 => {
                     let ms = u64::from(inp.u8()) << (inp.u8() % 12);
                     self.now += Duration::from_millis(ms);
@@ -359,6 +384,8 @@ impl Harness {
             }
             self.accept_all();
         }
+        self.flush_batch();
+        self.accept_all();
         // Whatever happened, time heals: every timer eventually fires and the stack stays
         // within bounds; a connection never outlives max_retries of backed-off RTOs.
         for _ in 0..64 {

@@ -96,6 +96,9 @@ pub struct StackCounters {
     /// ([`crate::tcp::TcpConfig::send_burst`]): each is one pass of the connection's
     /// output logic that software segmentation saved.
     pub burst_frames: u64,
+    /// Received TCP segments taken into a run after its first ([`super::Stack::handle_frames`]):
+    /// each is one pass of a connection's input processing that receive coalescing saved.
+    pub coalesced_segments: u64,
     /// Drops by reason, indexed like [`StackDrop::ALL`].
     pub drops: [u64; StackDrop::ALL.len()],
     /// ARP requests sent.

@@ -3,7 +3,7 @@
 
 use super::{Owner, Stack, StackDrop, ETH_LEN};
 use crate::context::Rng;
-use crate::tcp::conn::{Disposition, FourTuple};
+use crate::tcp::conn::{Connection, Disposition, FourTuple};
 use crate::tcp::{SeqNum, State};
 use crate::time::Instant;
 use crate::wire::{
@@ -22,6 +22,11 @@ impl<R: Rng> Stack<R> {
     /// Process one received Ethernet frame. Anything malformed is dropped and counted.
     pub fn handle_frame(&mut self, now: Instant, frame: Zbuf) {
         self.counters.frames_in += 1;
+        // A received run (only inside `handle_frames`) is handled before anything that is
+        // not TCP; TCP frames join it or flush it in `on_tcp`.
+        if self.rx_run.count != 0 && !is_ipv4_tcp(&frame) {
+            self.flush_rx_run(now);
+        }
         // `parse` checks the length (as `new_checked` would).
         let eth = EthernetFrame::new_unchecked(&frame[..]);
         let Ok(eth_repr) = EthernetRepr::parse(&eth) else {
@@ -52,6 +57,75 @@ impl<R: Rng> Stack<R> {
             EtherType::Ipv4 => self.on_ipv4(now, frame, eth_repr.src_addr, l2_multicast),
             _ => self.counters.drop(StackDrop::UnknownEthertype),
         }
+    }
+
+    /// [`handle_frame`](Self::handle_frame) for a burst of frames, in order, with receive
+    /// coalescing (as Linux's GRO, in software): consecutive in-order data segments of one
+    /// connection with the same ACK, window and options are taken by one pass of its
+    /// input processing when header prediction accepts them all (the send-side twin of
+    /// [`TcpConfig::send_burst`](crate::tcp::TcpConfig::send_burst)). Every frame is
+    /// still parsed and checked on its own; what the connection does — the bytes it
+    /// delivers, the ACKs and windows it sends, its timers — is what frame-by-frame
+    /// input gives (each segment still counts for the delayed-ACK rule, and is announced
+    /// with its own `Readable`). [`StackCounters::coalesced_segments`] counts the segments
+    /// taken after a run's first.
+    ///
+    /// [`StackCounters::coalesced_segments`]: super::StackCounters::coalesced_segments
+    pub fn handle_frames<I>(&mut self, now: Instant, frames: I)
+    where
+        I: IntoIterator<Item = Zbuf>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let mut frames = frames.into_iter();
+        while let Some(f) = frames.next() {
+            // A run starts only where another frame follows (one alone gains nothing).
+            self.rx_coalesce = frames.len() != 0;
+            self.handle_frame(now, f);
+        }
+        self.rx_coalesce = false;
+        if self.rx_run.count != 0 {
+            self.flush_rx_run(now);
+        }
+    }
+
+    /// Hands the held run of received segments to its connection: one pass of header
+    /// prediction's processing for all of them, or (prediction declined) one ordinary
+    /// pass per segment, as frame-by-frame input would have.
+    #[inline(never)]
+    pub(super) fn flush_rx_run(&mut self, now: Instant) {
+        let r = &mut self.rx_run;
+        let (count, idx, src, mac, delivered) = (r.count, r.idx, r.src_ip, r.src_mac, r.bytes);
+        r.count = 0;
+        let mut seg = r.seg;
+        let mut pieces = core::mem::take(&mut r.pieces);
+        if count == 1 {
+            let payload = pieces.pop().expect("one piece");
+            self.rx_run.pieces = pieces;
+            return self.conn_input(now, idx, src, mac, delivered, |c| {
+                c.on_segment_path(now, &seg, payload)
+            });
+        }
+        let mut merged = false;
+        self.conn_input(now, idx, src, mac, delivered, |c| {
+            let r = c.on_segment_run(now, &mut seg, &mut pieces);
+            merged = r.1;
+            r
+        });
+        if merged {
+            self.counters.coalesced_segments += u64::from(count - 1);
+            // One `Readable` per data segment, as frame-by-frame input announces them: an
+            // application that reads one buffer per event still gets every one.
+            let slot = &self.slots[idx as usize];
+            if slot.entry.as_deref().is_some_and(|e| e.owner == Owner::App) {
+                let h = super::SocketHandle { idx, gen: slot.gen };
+                for _ in 1..count {
+                    self.events.push_back(super::Event::Readable(h));
+                }
+            }
+        }
+        // The vector's storage goes back for the next run.
+        pieces.clear();
+        self.rx_run.pieces = pieces;
     }
 
     /// A neighbour resolved outside the stack — netlink-sync mirroring the kernel's
@@ -322,7 +396,7 @@ impl<R: Rng> Stack<R> {
             local: SocketAddrV4::new(ip.dst_addr, seg.dst_port),
             remote: SocketAddrV4::new(ip.src_addr, seg.src_port),
         };
-        let hit = match self.last_hit {
+        let mut hit = match self.last_hit {
             Some((t, idx)) if t == tuple => Some(idx),
             _ => {
                 let found = self.by_tuple.get(&tuple).copied();
@@ -330,9 +404,19 @@ impl<R: Rng> Stack<R> {
                 found
             }
         };
+        if self.rx_run.count != 0 {
+            // Inside `handle_frames`: the held run takes this segment if it continues it,
+            // or is handed to its connection before this segment is handled.
+            if hit == Some(self.rx_run.idx) && self.rx_run.joins(&seg, payload.len(), src_mac) {
+                self.rx_run.push(&seg, payload);
+                return;
+            }
+            self.flush_rx_run(now);
+            // (Its connection may be gone now, and the demux cache with it.)
+            hit = self.by_tuple.get(&tuple).copied();
+        }
         if let Some(idx) = hit {
             let slot = &mut self.slots[idx as usize];
-            let gen = slot.gen;
             let e = slot.entry.as_deref_mut().expect("tuple map is consistent");
             if e.conn.state() == State::Closed {
                 // RFC 9293 §3.10.7.1: a CLOSED connection is no connection. One the
@@ -348,74 +432,28 @@ impl<R: Rng> Stack<R> {
             let reuse =
                 e.conn.accepts_new_syn(&seg) && self.listener_by_port.contains_key(&seg.dst_port);
             if !reuse {
-                // The peer's MAC is learned from its segments: no ARP round trip is needed to
-                // answer a connection the kernel-side neighbour table does not know yet (a
-                // known MAC only changes below, once the segment proved acceptable).
-                // Skipped while the connection's cached entry says it would change nothing.
-                let cached = e.next_hop == ip.src_addr
-                    && e.hop_mac.is_some_and(|c| {
-                        c.epoch == self.nb_epoch && now < c.until && c.mac == src_mac
-                    });
-                // (The entry stays in hand when nothing is learnt: no second lookup.)
-                let e = if cached {
-                    e
-                } else {
-                    let (hop, src) = (e.next_hop, ip.src_addr);
-                    self.learn_from_ip(now, hop, src, src_mac);
-                    self.slots[idx as usize]
+                if self.rx_coalesce {
+                    // A new run: a data segment of an established connection, ACK (and
+                    // PSH) only; whether prediction takes it is decided when it is flushed.
+                    let e = self.slots[idx as usize]
                         .entry
-                        .as_deref_mut()
-                        .expect("tuple map is consistent")
-                };
-                let (una, nxt) = (e.conn.snd_una(), e.conn.rcv_nxt());
-                let delivered = payload.len() as u32;
-                let (disp, predicted) = e.conn.on_segment_path(now, &seg, payload);
-                if disp == Disposition::Remove {
-                    self.free_slot(idx);
-                    return;
-                }
-                // RFC 4861 §7.3.1 (as Linux's dst_confirm): an ACK of new data proves
-                // forward progress, so the peer is reachable at the MAC it sent from. The
-                // entry becomes Reachable and the connection caches it, which then skips
-                // the per-segment learn above and the lookup on transmit.
-                let progressed = e.conn.snd_una() != una;
-                if predicted {
-                    let hw = &mut self.counters.high_water;
-                    super::slots::predicted_account(&mut self.held, hw, e, delivered, progressed);
-                }
-                let direct = e.next_hop == ip.src_addr;
-                // A segment that advanced RCV.NXT was acceptable (in the window: what a blind
-                // spoofer must guess, RFC 5961): a peer that moved to another MAC is followed
-                // (Stale: data in does not confirm the forward path, RFC 4861 §7.3.1).
-                let follow = !progressed && direct && !cached && e.conn.rcv_nxt() != nxt;
-                if progressed && direct && !cached {
-                    let src = ip.src_addr;
-                    let _ = self.nb_update(src, |t| t.confirm(src, src_mac, now));
-                    let fresh = self.hop_mac_of(src, now);
-                    if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
-                        e.hop_mac = fresh;
+                        .as_deref()
+                        .expect("tuple map is consistent");
+                    if RxRun::may_start(&seg, payload.len()) && e.conn.state() == State::Established
+                    {
+                        self.rx_run.start(idx, ip.src_addr, src_mac, &seg, payload);
+                        return;
                     }
-                    self.after_activity(idx, now);
-                    return;
                 }
-                // `after_activity` on the entry in hand.
-                let act = super::slots::entry_activity(
-                    &mut self.dirty,
-                    &mut self.timers,
-                    &mut self.held,
-                    &mut self.counters,
-                    e,
-                    idx,
-                    gen,
-                    predicted,
-                );
-                self.finish_activity(act);
-                if follow {
-                    let src = ip.src_addr;
-                    let _ = self.nb_update(src, |t| t.learn(src, src_mac, now, false));
-                }
-                return;
+                let delivered = payload.len() as u32;
+                return self.conn_input(now, idx, ip.src_addr, src_mac, delivered, |c| {
+                    c.on_segment_path(now, &seg, payload)
+                });
             }
+            let e = self.slots[idx as usize]
+                .entry
+                .as_deref_mut()
+                .expect("tuple map is consistent");
             if e.owner == Owner::App {
                 // The application's handle stays valid; only the tuple is taken over.
                 self.unmap(idx);
@@ -425,6 +463,90 @@ impl<R: Rng> Stack<R> {
             self.counters.time_wait_reuses += 1;
         }
         self.on_tcp_unmatched(now, tuple, &seg, payload, src_mac);
+    }
+
+    /// A segment (or a run of them, `delivered` payload bytes) for live connection `idx`
+    /// from `src_ip` at `src_mac`: `input` runs the connection's processing; around it,
+    /// the neighbour learnt or confirmed from the segment, the stack's accounting, the
+    /// connection's events, output mark and timer.
+    fn conn_input(
+        &mut self,
+        now: Instant,
+        idx: u32,
+        src_ip: Ipv4Addr,
+        src_mac: EthernetAddress,
+        delivered: u32,
+        input: impl FnOnce(&mut Connection) -> (Disposition, bool),
+    ) {
+        let slot = &mut self.slots[idx as usize];
+        let gen = slot.gen;
+        let Some(e) = slot.entry.as_deref_mut() else {
+            return;
+        };
+        // The peer's MAC is learned from its segments: no ARP round trip is needed to
+        // answer a connection the kernel-side neighbour table does not know yet (a
+        // known MAC only changes below, once the segment proved acceptable).
+        // Skipped while the connection's cached entry says it would change nothing.
+        let cached = e.next_hop == src_ip
+            && e.hop_mac
+                .is_some_and(|c| c.epoch == self.nb_epoch && now < c.until && c.mac == src_mac);
+        // (The entry stays in hand when nothing is learnt: no second lookup.)
+        let e = if cached {
+            e
+        } else {
+            let (hop, src) = (e.next_hop, src_ip);
+            self.learn_from_ip(now, hop, src, src_mac);
+            self.slots[idx as usize]
+                .entry
+                .as_deref_mut()
+                .expect("tuple map is consistent")
+        };
+        let (una, nxt) = (e.conn.snd_una(), e.conn.rcv_nxt());
+        let (disp, predicted) = input(&mut e.conn);
+        if disp == Disposition::Remove {
+            self.free_slot(idx);
+            return;
+        }
+        // RFC 4861 §7.3.1 (as Linux's dst_confirm): an ACK of new data proves
+        // forward progress, so the peer is reachable at the MAC it sent from. The
+        // entry becomes Reachable and the connection caches it, which then skips
+        // the per-segment learn above and the lookup on transmit.
+        let progressed = e.conn.snd_una() != una;
+        if predicted {
+            let hw = &mut self.counters.high_water;
+            super::slots::predicted_account(&mut self.held, hw, e, delivered, progressed);
+        }
+        let direct = e.next_hop == src_ip;
+        // A segment that advanced RCV.NXT was acceptable (in the window: what a blind
+        // spoofer must guess, RFC 5961): a peer that moved to another MAC is followed
+        // (Stale: data in does not confirm the forward path, RFC 4861 §7.3.1).
+        let follow = !progressed && direct && !cached && e.conn.rcv_nxt() != nxt;
+        if progressed && direct && !cached {
+            let src = src_ip;
+            let _ = self.nb_update(src, |t| t.confirm(src, src_mac, now));
+            let fresh = self.hop_mac_of(src, now);
+            if let Some(e) = self.slots[idx as usize].entry.as_deref_mut() {
+                e.hop_mac = fresh;
+            }
+            self.after_activity(idx, now);
+            return;
+        }
+        // `after_activity` on the entry in hand.
+        let act = super::slots::entry_activity(
+            &mut self.dirty,
+            &mut self.timers,
+            &mut self.held,
+            &mut self.counters,
+            e,
+            idx,
+            gen,
+            predicted,
+        );
+        self.finish_activity(act);
+        if follow {
+            let src = src_ip;
+            let _ = self.nb_update(src, |t| t.learn(src, src_mac, now, false));
+        }
     }
 
     /// A segment that matched no live connection: a listener's, or a RST.
@@ -494,4 +616,108 @@ impl<R: Rng> Stack<R> {
 fn is_martian(a: Ipv4Addr) -> bool {
     let first = a.octets()[0];
     first == 0 || first == 127 || a.is_multicast() || a.is_broadcast()
+}
+
+/// Whether `frame` is an IPv4 TCP segment by its EtherType and protocol field (no checks:
+/// a frame that is not goes through `handle_frame`'s checks anyway).
+fn is_ipv4_tcp(frame: &[u8]) -> bool {
+    frame.len() > ETH_LEN + 9
+        && frame[12..14] == [0x08, 0x00]
+        && frame[ETH_LEN + 9] == u8::from(IpProtocol::Tcp)
+}
+
+/// Most segments one received run takes (`Stack::handle_frames`).
+const RX_RUN_MAX: u32 = 64;
+
+/// Consecutive in-order data segments of one connection held during
+/// [`Stack::handle_frames`] for one pass of its input processing: they continue each other
+/// exactly and carry the same ACK, window and options (PSH on any of them).
+pub(super) struct RxRun {
+    /// Segments held; 0 = no run.
+    pub(super) count: u32,
+    /// The connection's slot.
+    pub(super) idx: u32,
+    pub(super) src_ip: Ipv4Addr,
+    pub(super) src_mac: EthernetAddress,
+    /// The first segment's header (its flags gather the others' PSH).
+    pub(super) seg: TcpRepr,
+    /// The payloads, in order.
+    pub(super) pieces: Vec<Zbuf>,
+    /// Their bytes.
+    pub(super) bytes: u32,
+    /// The sequence number the next segment must start at.
+    next: SeqNum,
+}
+
+impl Default for RxRun {
+    fn default() -> Self {
+        RxRun {
+            count: 0,
+            idx: 0,
+            src_ip: Ipv4Addr::UNSPECIFIED,
+            src_mac: EthernetAddress::default(),
+            seg: TcpRepr::default(),
+            pieces: Vec::new(),
+            bytes: 0,
+            next: SeqNum(0),
+        }
+    }
+}
+
+impl RxRun {
+    /// Whether `seg` with `len` payload bytes can be in a run: data, ACK and PSH only, no
+    /// option but timestamps.
+    #[inline]
+    pub(super) fn may_start(seg: &TcpRepr, len: usize) -> bool {
+        let o = &seg.options;
+        len > 0
+            && seg.flags.0 & !TcpFlags::PSH.0 == TcpFlags::ACK.0
+            && o.sack_blocks.is_empty()
+            && o.mss.is_none()
+            && o.window_scale.is_none()
+            && !o.sack_permitted
+    }
+
+    pub(super) fn start(
+        &mut self,
+        idx: u32,
+        src_ip: Ipv4Addr,
+        src_mac: EthernetAddress,
+        seg: &TcpRepr,
+        payload: Zbuf,
+    ) {
+        debug_assert_eq!(self.count, 0);
+        self.count = 1;
+        self.idx = idx;
+        self.src_ip = src_ip;
+        self.src_mac = src_mac;
+        self.seg = *seg;
+        self.bytes = payload.len() as u32;
+        self.next = seg.seq + payload.len();
+        self.pieces.push(payload);
+    }
+
+    /// Whether `seg` (`len` payload bytes, from `src_mac`, for this run's connection)
+    /// continues the run.
+    #[inline]
+    pub(super) fn joins(&self, seg: &TcpRepr, len: usize, src_mac: EthernetAddress) -> bool {
+        // (The run's first segment passed `may_start`: equal timestamps and `may_start`
+        // here make the options equal.)
+        seg.seq == self.next
+            && seg.ack == self.seg.ack
+            && seg.window == self.seg.window
+            && seg.options.timestamps == self.seg.options.timestamps
+            && Self::may_start(seg, len)
+            && self.count < RX_RUN_MAX
+            && src_mac == self.src_mac
+            && self.bytes.checked_add(len as u32).is_some()
+    }
+
+    pub(super) fn push(&mut self, seg: &TcpRepr, payload: Zbuf) {
+        self.count += 1;
+        self.seg.flags = TcpFlags(self.seg.flags.0 | seg.flags.0);
+        self.bytes += payload.len() as u32;
+        self.next += payload.len();
+        self.pieces.push(payload);
+    }
 }

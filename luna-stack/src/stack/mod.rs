@@ -266,6 +266,11 @@ pub struct Stack<R: Rng> {
     /// one per `poll_transmit` before anything else goes out (none while its payload is
     /// empty).
     run: egress::SegRun,
+    /// Received segments of one connection held for one pass of its input
+    /// ([`Stack::handle_frames`]; empty outside it).
+    rx_run: ingress::RxRun,
+    /// Inside [`Stack::handle_frames`]: TCP input may be held in `rx_run`.
+    rx_coalesce: bool,
     events: VecDeque<Event>,
     next_port: u16,
     ip_ident: u16,
@@ -353,6 +358,8 @@ impl<R: Rng> Stack<R> {
             _rng: core::marker::PhantomData,
             tcp_shared: Arc::new(tcp_shared),
             run: egress::SegRun::default(),
+            rx_run: ingress::RxRun::default(),
+            rx_coalesce: false,
             addrs: LocalAddrs::new(cfg.addr),
             cfg,
         })

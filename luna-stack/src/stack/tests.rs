@@ -45,6 +45,9 @@ struct Net {
     delay: Duration,
     wire: VecDeque<(Instant, bool, Vec<u8>)>,
     drop: DropFn,
+    /// Frames due together go in through `handle_frames` (receive coalescing), one
+    /// batch per stack, instead of one `handle_frame` each.
+    coalesce: bool,
 }
 
 impl Net {
@@ -82,6 +85,7 @@ impl Net {
             delay: Duration::from_micros(20),
             wire: VecDeque::new(),
             drop: Box::new(|_, _| false),
+            coalesce: false,
         }
     }
 
@@ -116,14 +120,25 @@ impl Net {
         .min();
         let Some(next) = next else { return false };
         self.now = self.now.max(next);
+        let (mut to_a, mut to_b) = (Vec::new(), Vec::new());
         while self.wire.front().is_some_and(|w| w.0 <= self.now) {
-            let (_, to_b, bytes) = self.wire.pop_front().unwrap();
+            let (_, for_b, bytes) = self.wire.pop_front().unwrap();
             let frame = Zbuf::copy_from_slice(&bytes);
-            if to_b {
-                self.b.handle_frame(self.now, frame);
+            if !self.coalesce {
+                if for_b {
+                    self.b.handle_frame(self.now, frame);
+                } else {
+                    self.a.handle_frame(self.now, frame);
+                }
+            } else if for_b {
+                to_b.push(frame);
             } else {
-                self.a.handle_frame(self.now, frame);
+                to_a.push(frame);
             }
+        }
+        if self.coalesce {
+            self.b.handle_frames(self.now, to_b);
+            self.a.handle_frames(self.now, to_a);
         }
         self.a.handle_timeouts(self.now);
         self.b.handle_timeouts(self.now);
@@ -2531,6 +2546,22 @@ type WireLog = Vec<(Instant, bool, Vec<u8>)>;
 /// (with a small receive buffer the windows cut bursts short), and `lose` drops every
 /// n-th data frame from A.
 fn burst_script(burst: u16, nagle: bool, rcv_buf: u32, lose: Option<u64>) -> (WireLog, u64, u64) {
+    let (log, a, b, _) = io_script(burst, false, nagle, rcv_buf, lose);
+    (log, a, b)
+}
+
+/// What [`io_script`] returns besides the wire: the stacks' coalesced-segment counts and
+/// TCP counters (A, B).
+type IoCounts = (u64, u64, crate::tcp::ConnCounters, crate::tcp::ConnCounters);
+
+/// [`burst_script`] with frames delivered through `handle_frames` when `coalesce`.
+fn io_script(
+    burst: u16,
+    coalesce: bool,
+    nagle: bool,
+    rcv_buf: u32,
+    lose: Option<u64>,
+) -> (WireLog, u64, u64, IoCounts) {
     let mut ca = cfg(MAC_A, ip_a());
     let mut cb = cfg(MAC_B, ip_b());
     for c in [&mut ca, &mut cb] {
@@ -2539,6 +2570,7 @@ fn burst_script(burst: u16, nagle: bool, rcv_buf: u32, lose: Option<u64>) -> (Wi
     }
     cb.tcp.rcv_buf = rcv_buf;
     let mut net = Net::new(ca, cb);
+    net.coalesce = coalesce;
     let log = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
     let (l2, mut n) = (log.clone(), 0u64);
     net.drop = Box::new(move |from_a, bytes| {
@@ -2603,6 +2635,12 @@ fn burst_script(burst: u16, nagle: bool, rcv_buf: u32, lose: Option<u64>) -> (Wi
         out,
         net.a.counters().burst_frames,
         net.b.counters().burst_frames,
+        (
+            net.a.counters().coalesced_segments,
+            net.b.counters().coalesced_segments,
+            net.a.tcp_counters(),
+            net.b.tcp_counters(),
+        ),
     )
 }
 
@@ -2681,4 +2719,86 @@ fn a_burst_parked_on_arp_goes_out_in_mtu_sized_frames_once_resolved() {
     assert!(got == data);
     assert!(net.a.counters().burst_frames > 0);
     assert!(biggest.get() <= 1514, "a frame of {} bytes", biggest.get());
+}
+
+/// Receive coalescing (`Stack::handle_frames`) changes how often a connection's input
+/// processing runs, not what it does: with every frame due at one instant handed over as
+/// one batch, the frames on the wire are byte for byte and in order those of
+/// frame-by-frame input, the same bytes arrive, and the connections count the same
+/// segments and retransmissions — with the windows cutting runs short, Nagle on, losses
+/// (a run's segment missing makes the rest out of order: prediction declines and each
+/// goes the full way), and with and without send bursts.
+#[test]
+fn coalesced_input_puts_the_same_frames_on_the_wire_as_frame_by_frame_input() {
+    for (nagle, rcv_buf, lose) in [
+        (false, 1 << 20, None),
+        (false, 16 << 10, None),
+        (true, 16 << 10, None),
+        (false, 1 << 20, Some(29)),
+        (true, 24 << 10, Some(17)),
+    ] {
+        for burst in [1, 16] {
+            let (one, _, _, (ca, cb, ta, tb)) = io_script(burst, false, nagle, rcv_buf, lose);
+            assert_eq!((ca, cb), (0, 0));
+            let (many, _, _, (ca, cb, ta2, tb2)) = io_script(burst, true, nagle, rcv_buf, lose);
+            let case = format!("burst {burst}, nagle {nagle}, rcv_buf {rcv_buf}, lose {lose:?}");
+            assert!(cb > 0, "{case}: B coalesced nothing");
+            assert!(
+                ca > 0 || rcv_buf < 1 << 20 || lose.is_some(),
+                "{case}: A coalesced none of the replies"
+            );
+            assert_eq!(one.len(), many.len(), "frames, {case}");
+            for (i, (x, y)) in one.iter().zip(&many).enumerate() {
+                assert!(x == y, "frame {i} differs ({case}): {:?} / {:?}", x.0, y.0);
+            }
+            for (x, y) in [(&ta, &ta2), (&tb, &tb2)] {
+                assert_eq!(
+                    (
+                        x.segs_in,
+                        x.segs_out,
+                        x.bytes_in,
+                        x.bytes_out,
+                        x.retransmits
+                    ),
+                    (
+                        y.segs_in,
+                        y.segs_out,
+                        y.bytes_in,
+                        y.bytes_out,
+                        y.retransmits
+                    ),
+                    "{case}"
+                );
+            }
+        }
+    }
+}
+
+/// A coalesced run is announced as frame-by-frame input announces it: one `Readable` per
+/// data segment (an application reading one buffer per event strands nothing).
+#[test]
+fn a_coalesced_run_announces_each_segment() {
+    let mut counts = Vec::new();
+    for coalesce in [false, true] {
+        let mut net = Net::pair();
+        net.coalesce = coalesce;
+        let (c, s) = connected(&mut net);
+        let _ = events(&mut net.b);
+        net.a
+            .send(c, &Zbuf::copy_from_slice(&pattern(5000, 1)))
+            .unwrap();
+        net.flush();
+        net.step();
+        let readable = events(&mut net.b)
+            .iter()
+            .filter(|e| **e == Event::Readable(s))
+            .count();
+        let mut got = 0;
+        for _ in 0..readable {
+            got += net.b.recv(s).unwrap().map_or(0, |z| z.len());
+        }
+        counts.push((readable, got, net.b.counters().coalesced_segments));
+    }
+    assert_eq!(counts[0], (4, 5000, 0));
+    assert_eq!(counts[1], (4, 5000, 3));
 }

@@ -920,3 +920,63 @@ fn prediction_off_never_counts_a_hit() {
     assert_eq!(c.counters.fast_path_hits, 0);
     assert_eq!(c.snd_una(), SeqNum(ACKED));
 }
+
+/// Receive coalescing (`Connection::on_segment_run`, fed by `Stack::handle_frames`) leaves
+/// the connection exactly as one `on_segment` per segment does: state (digest), output,
+/// events and timers — for a run prediction takes (with and without a delayed-ACK timer,
+/// whose full-sized-segment rule counts segments, and an ACK of new data or none) and for
+/// runs it declines (out of order: each segment then goes the full way).
+#[test]
+fn a_run_of_segments_ends_where_one_call_per_segment_ends() {
+    let delayed = TcpConfig {
+        delayed_ack: Some(crate::time::Duration::from_millis(40)),
+        ..TcpConfig::default()
+    };
+    let cases: Vec<(TcpConfig, u32, u32, usize, bool)> = vec![
+        // (config, first seq, ack, segments, prediction takes it)
+        (TcpConfig::default(), PEER + 1, ACKED, 3, true),
+        (TcpConfig::default(), PEER + 1, ISS + 1, 4, true),
+        (delayed.clone(), PEER + 1, ACKED, 3, true),
+        (delayed.clone(), PEER + 1, SND_MAX, 5, true),
+        (TcpConfig::default(), PEER + 1 + 1448, ACKED, 3, false),
+        (delayed, PEER + 1 + 100, SND_MAX, 2, false),
+    ];
+    for (cfg, seq, ack, n, predicted) in cases {
+        let mut res = Vec::new();
+        for run in [false, true] {
+            let mut c = fixture(true, cfg.clone());
+            let before = c.counters.fast_path_hits;
+            let mut seg = peer_seg(TcpFlags::ACK, seq, ack, 60000, ts(101, 5));
+            let pieces: Vec<Zbuf> = (0..n)
+                .map(|i| Zbuf::copy_from_slice(&vec![i as u8; 1448]))
+                .collect();
+            if run {
+                let mut v = pieces;
+                let (d, p) = c.on_segment_run(t(5), &mut seg, &mut v);
+                assert_eq!((d, p), (Disposition::Keep, predicted), "seq {seq} n {n}");
+                assert!(v.is_empty());
+            } else {
+                for p in pieces {
+                    let len = p.len();
+                    c.on_segment(t(5), &seg, p);
+                    seg.seq += len;
+                }
+            }
+            let hits = c.counters.fast_path_hits - before;
+            let ev = c.take_events();
+            let mut out = Vec::new();
+            while let Some(s) = c.poll_segment(t(5)) {
+                out.push(format!("{:?} {}", s.repr, s.payload.len()));
+            }
+            let mut got = Vec::new();
+            while let Ok(Some(z)) = c.recv() {
+                got.extend_from_slice(&z);
+            }
+            res.push((c.digest(), out, ev, c.poll_timeout(), hits, got));
+        }
+        assert_eq!(
+            res[0], res[1],
+            "seq {seq} ack {ack} n {n}: a run and per-segment differ"
+        );
+    }
+}

@@ -42,11 +42,85 @@ impl Connection {
         (d, false)
     }
 
+    /// A run of received segments (`Stack::handle_frames`): consecutive in-order data
+    /// segments with the same ACK, window and options, `seg` the first one's header (PSH
+    /// if any had it) and `pieces` their payloads. When header prediction accepts the
+    /// whole run, one pass of its processing takes them all (returns `(Keep, true)`);
+    /// otherwise each segment goes through [`on_segment_path`](Self::on_segment_path) in
+    /// turn (`seg.seq` advanced), as frame-by-frame input would. Either way the state
+    /// afterwards is what one call per segment leaves. `pieces` is drained.
+    pub(crate) fn on_segment_run(
+        &mut self,
+        now: Instant,
+        seg: &mut TcpRepr,
+        pieces: &mut Vec<Zbuf>,
+    ) -> (Disposition, bool) {
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        if self.cfg.header_prediction && self.header_predicted(seg, total) {
+            self.counters.segs_in += pieces.len() as u64;
+            self.last_rcv = now;
+            self.on_run_predicted(now, seg, total, pieces);
+            return (Disposition::Keep, true);
+        }
+        for p in pieces.drain(..) {
+            let len = p.len();
+            let (d, _) = self.on_segment_path(now, seg, p);
+            if d == Disposition::Remove {
+                return (d, false);
+            }
+            seg.seq += len;
+        }
+        (Disposition::Keep, false)
+    }
+
+    /// [`on_segment_predicted`](Self::on_segment_predicted) for a run of `total` bytes: what
+    /// the per-segment calls would do, each rule applied once where repeating it changes
+    /// nothing (the same ACK, window and timestamp) and per segment where it counts (the
+    /// data delivered, the delayed-ACK rule).
+    fn on_run_predicted(
+        &mut self,
+        now: Instant,
+        seg: &TcpRepr,
+        total: usize,
+        pieces: &mut Vec<Zbuf>,
+    ) {
+        self.counters.fast_path_hits += pieces.len() as u64;
+        let ack = seg.ack;
+        let info = self.sb.on_ack(ack, &[]);
+        debug_assert!(info.dsack.is_none() && info.newly_sacked_bytes == 0);
+        if ack.gt(self.snd_una) {
+            self.on_new_ack(now, ack);
+        }
+        // The window update rule per segment leaves the last segment's, if the rule
+        // accepts it (it accepts a later segment whenever it accepted an earlier one).
+        let last = seg.seq + (total - pieces.last().map_or(0, |p| p.len()));
+        if self.snd_wl1.lt(last) || (self.snd_wl1 == last && self.snd_wl2.le(ack)) {
+            let wnd = u32::from(seg.window) << self.snd_wscale;
+            self.snd_wnd = wnd;
+            self.max_snd_wnd = self.max_snd_wnd.max(wnd);
+            self.snd_wl1 = last;
+            self.snd_wl2 = ack;
+        }
+        self.last_wnd_field = seg.window;
+        // RFC 7323 §4.3: the segment that covers Last.ACK.sent updates TS.Recent; the run
+        // carries one TSval, so the run covering it does the same.
+        self.update_ts_recent_checked(now, seg, total as u32);
+        if self.timers.is_armed(Timer::Keepalive) {
+            self.arm_keepalive(now);
+        }
+        for p in pieces.drain(..) {
+            let len = p.len() as u32;
+            self.deliver(p);
+            self.schedule_ack(now, true, len);
+        }
+        self.arm_timers(now);
+    }
+
     /// Header prediction (Van Jacobson, "4BSD header prediction", 1990; BSD tcp_input, Linux
     /// tcp_rcv_established): whether `seg` is an in-order segment in ESTABLISHED for which the
     /// full processing of RFC 9293 §3.10.7.4 reduces to `on_segment_predicted`. Every
     /// condition below rules out a branch of `process`; anything else takes the full path.
-    #[inline]
+    #[inline(always)]
     pub(super) fn header_predicted(&self, seg: &TcpRepr, payload_len: usize) -> bool {
         // RFC 9293 §3.10.7.4: the other states have their own ACK, text and FIN rules.
         if self.state != State::Established {

@@ -99,7 +99,7 @@ import re, sys
 rpcs = int(sys.argv[1])
 names = ["Thread>::new::thread_start", "Smoltcp as knb::backend::Backend>::serve::{{closure}}", "InlineMode<A>::dispatch", "ServerApp::serve",
          "ClientApp::pump", "smoltcp::Lane::poll", "CoreLoop<D>::transmit",
-         "CoreLoop<D>::drain_stack_tx", "Stack<R>>::handle_frame", "Device>::rx_burst"]
+         "CoreLoop<D>::drain_stack_tx", "Stack<R>>::handle_frame", "Stack<R>>::handle_frames", "Device>::rx_burst"]
 best, events = {}, None
 for line in sys.stdin:
     if line.startswith("Events shown:"):

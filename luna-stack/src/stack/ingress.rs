@@ -105,20 +105,23 @@ impl<R: Rng> Stack<R> {
                 c.on_segment_path(now, &seg, payload)
             });
         }
-        let mut merged = false;
+        let (mut merged, mut readable) = (false, 0);
         self.conn_input(now, idx, src, mac, delivered, |c| {
-            let r = c.on_segment_run(now, &mut seg, &mut pieces);
+            let r = c.on_segment_run(now, &mut seg, &mut pieces, &mut readable);
             merged = r.1;
             r
         });
         if merged {
             self.counters.coalesced_segments += u64::from(count - 1);
-            // One `Readable` per data segment, as frame-by-frame input announces them: an
-            // application that reads one buffer per event still gets every one.
+        }
+        // One `Readable` per segment that made the connection readable, as frame-by-frame
+        // input announces them (the activity above routed the first): an application
+        // that reads one buffer per event still gets every one.
+        if readable > 1 {
             let slot = &self.slots[idx as usize];
             if slot.entry.as_deref().is_some_and(|e| e.owner == Owner::App) {
                 let h = super::SocketHandle { idx, gen: slot.gen };
-                for _ in 1..count {
+                for _ in 1..readable {
                     self.events.push_back(super::Event::Readable(h));
                 }
             }

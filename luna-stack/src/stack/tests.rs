@@ -2802,3 +2802,48 @@ fn a_coalesced_run_announces_each_segment() {
     assert_eq!(counts[0], (4, 5000, 0));
     assert_eq!(counts[1], (4, 5000, 3));
 }
+
+/// The same when prediction declines the run (header prediction off; the receiver's
+/// peer window closed, which the fast path leaves to the full processing): each segment
+/// still gets its `Readable`. (Found by review: the declined run announced one.)
+#[test]
+fn a_declined_run_announces_each_segment_too() {
+    for case in 0..2 {
+        let mut counts = Vec::new();
+        for coalesce in [false, true] {
+            let mut ca = cfg(MAC_A, ip_a());
+            let mut cb = cfg(MAC_B, ip_b());
+            if case == 0 {
+                cb.tcp.header_prediction = false;
+            } else {
+                ca.tcp.rcv_buf = 4096;
+            }
+            let mut net = Net::new(ca, cb);
+            net.coalesce = coalesce;
+            let (c, s) = connected(&mut net);
+            if case == 1 {
+                // Fill A's receive buffer: A's segments then carry a zero window.
+                let _ = net.b.send(s, &Zbuf::copy_from_slice(&pattern(20_000, 2)));
+                for _ in 0..50 {
+                    net.flush();
+                    if !net.step() {
+                        break;
+                    }
+                }
+            }
+            let _ = events(&mut net.b);
+            net.a
+                .send(c, &Zbuf::copy_from_slice(&pattern(5000, 1)))
+                .unwrap();
+            net.flush();
+            net.step();
+            let readable = events(&mut net.b)
+                .iter()
+                .filter(|e| **e == Event::Readable(s))
+                .count();
+            counts.push(readable);
+        }
+        assert_eq!(counts[0], 4, "case {case}");
+        assert_eq!(counts[0], counts[1], "case {case}: Readable count differs");
+    }
+}

@@ -952,7 +952,11 @@ fn a_run_of_segments_ends_where_one_call_per_segment_ends() {
                 .collect();
             if run {
                 let mut v = pieces;
-                let (d, p) = c.on_segment_run(t(5), &mut seg, &mut v);
+                let mut readable = 0;
+                let (d, p) = c.on_segment_run(t(5), &mut seg, &mut v, &mut readable);
+                // Taken runs deliver every segment; the declined ones here are out of
+                // order (held, nothing readable).
+                assert_eq!(readable, if predicted { n as u32 } else { 0 });
                 assert_eq!((d, p), (Disposition::Keep, predicted), "seq {seq} n {n}");
                 assert!(v.is_empty());
             } else {

@@ -48,29 +48,43 @@ impl Connection {
     /// whole run, one pass of its processing takes them all (returns `(Keep, true)`);
     /// otherwise each segment goes through [`on_segment_path`](Self::on_segment_path) in
     /// turn (`seg.seq` advanced), as frame-by-frame input would. Either way the state
-    /// afterwards is what one call per segment leaves. `pieces` is drained.
+    /// afterwards is what one call per segment leaves. `pieces` is drained; `readable` is
+    /// set to how many segments made the connection readable (the events frame-by-frame
+    /// input would have announced).
     pub(crate) fn on_segment_run(
         &mut self,
         now: Instant,
         seg: &mut TcpRepr,
         pieces: &mut Vec<Zbuf>,
+        readable: &mut u32,
     ) -> (Disposition, bool) {
         let total: usize = pieces.iter().map(|p| p.len()).sum();
         if self.cfg.header_prediction && self.header_predicted(seg, total) {
             self.counters.segs_in += pieces.len() as u64;
             self.last_rcv = now;
+            *readable = pieces.len() as u32;
             self.on_run_predicted(now, seg, total, pieces);
             return (Disposition::Keep, true);
         }
+        // `readable`: how many of the segments made the connection readable, each of
+        // which frame-by-frame input would have announced with its own event.
+        let was = core::mem::take(&mut self.events.readable);
+        let mut disposition = Disposition::Keep;
         for p in pieces.drain(..) {
             let len = p.len();
             let (d, _) = self.on_segment_path(now, seg, p);
+            if core::mem::take(&mut self.events.readable) {
+                *readable += 1;
+            }
             if d == Disposition::Remove {
-                return (d, false);
+                // (The rest of the run is dropped with the drain: the connection is gone.)
+                disposition = d;
+                break;
             }
             seg.seq += len;
         }
-        (Disposition::Keep, false)
+        self.events.readable = was || *readable > 0;
+        (disposition, false)
     }
 
     /// [`on_segment_predicted`](Self::on_segment_predicted) for a run of `total` bytes: what

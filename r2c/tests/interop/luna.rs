@@ -191,9 +191,8 @@ impl Node {
         let now = self.now();
         let ns = self.epoch.elapsed().as_nanos() as u64;
         let n = self.dev.rx_burst(&mut self.rx, 64);
-        for f in self.rx.drain(..) {
-            self.stack.handle_frame(now, f);
-        }
+        // The burst in one call, as r2c's poll loop (receive coalescing).
+        self.stack.handle_frames(now, self.rx.drain(..));
         if self.stack.poll_timeout().is_some_and(|t| t <= now) {
             self.stack.handle_timeouts(now);
         }
@@ -304,6 +303,8 @@ fn finish(env: Env) -> Kv {
     let sc = node.stack.counters();
     kv.set("stack_frames_in", sc.frames_in);
     kv.set("stack_frames_out", sc.frames_out);
+    kv.set("stack_burst_frames", sc.burst_frames);
+    kv.set("stack_coalesced_segments", sc.coalesced_segments);
     kv.set("stack_drops", sc.total_drops());
     kv.set(
         "stack_malformed",

@@ -2774,6 +2774,21 @@ fn coalesced_input_puts_the_same_frames_on_the_wire_as_frame_by_frame_input() {
     }
 }
 
+/// A sends 5,000 bytes (four segments) to B in one step: the `Readable` events B's
+/// connection `s` gets for them.
+fn readable_events_for_5000_bytes(net: &mut Net, c: SocketHandle, s: SocketHandle) -> usize {
+    let _ = events(&mut net.b);
+    net.a
+        .send(c, &Zbuf::copy_from_slice(&pattern(5000, 1)))
+        .unwrap();
+    net.flush();
+    net.step();
+    events(&mut net.b)
+        .iter()
+        .filter(|e| **e == Event::Readable(s))
+        .count()
+}
+
 /// A coalesced run is announced as frame-by-frame input announces it: one `Readable` per
 /// data segment (an application reading one buffer per event strands nothing).
 #[test]
@@ -2783,16 +2798,7 @@ fn a_coalesced_run_announces_each_segment() {
         let mut net = Net::pair();
         net.coalesce = coalesce;
         let (c, s) = connected(&mut net);
-        let _ = events(&mut net.b);
-        net.a
-            .send(c, &Zbuf::copy_from_slice(&pattern(5000, 1)))
-            .unwrap();
-        net.flush();
-        net.step();
-        let readable = events(&mut net.b)
-            .iter()
-            .filter(|e| **e == Event::Readable(s))
-            .count();
+        let readable = readable_events_for_5000_bytes(&mut net, c, s);
         let mut got = 0;
         for _ in 0..readable {
             got += net.b.recv(s).unwrap().map_or(0, |z| z.len());
@@ -2831,17 +2837,7 @@ fn a_declined_run_announces_each_segment_too() {
                     }
                 }
             }
-            let _ = events(&mut net.b);
-            net.a
-                .send(c, &Zbuf::copy_from_slice(&pattern(5000, 1)))
-                .unwrap();
-            net.flush();
-            net.step();
-            let readable = events(&mut net.b)
-                .iter()
-                .filter(|e| **e == Event::Readable(s))
-                .count();
-            counts.push(readable);
+            counts.push(readable_events_for_5000_bytes(&mut net, c, s));
         }
         assert_eq!(counts[0], 4, "case {case}");
         assert_eq!(counts[0], counts[1], "case {case}: Readable count differs");

@@ -2644,19 +2644,23 @@ fn io_script(
     )
 }
 
+/// The scripted exchange's variants (Nagle, B's receive buffer, every n-th data frame from
+/// A lost): the windows cutting bursts and runs short, Nagle's runts, recovery.
+const SCRIPT_CASES: [(bool, u32, Option<u64>); 5] = [
+    (false, 1 << 20, None),
+    (false, 16 << 10, None),
+    (true, 16 << 10, None),
+    (false, 1 << 20, Some(29)),
+    (true, 24 << 10, Some(17)),
+];
+
 /// Software segmentation (`TcpConfig::send_burst`) changes how often the connection's
 /// output logic runs, not what goes on the wire: the same frames, byte for byte and in
 /// the same order, as one send decision per segment — with the windows cutting bursts
 /// short, Nagle on, and losses (retransmissions and recovery are never bursts).
 #[test]
 fn a_burst_puts_the_same_frames_on_the_wire_as_one_decision_per_segment() {
-    for (nagle, rcv_buf, lose) in [
-        (false, 1 << 20, None),
-        (false, 16 << 10, None),
-        (true, 16 << 10, None),
-        (false, 1 << 20, Some(29)),
-        (true, 24 << 10, Some(17)),
-    ] {
+    for (nagle, rcv_buf, lose) in SCRIPT_CASES {
         let (one, a1, b1) = burst_script(1, nagle, rcv_buf, lose);
         assert_eq!((a1, b1), (0, 0));
         for burst in [2, 16, 64] {
@@ -2730,13 +2734,7 @@ fn a_burst_parked_on_arp_goes_out_in_mtu_sized_frames_once_resolved() {
 /// goes the full way), and with and without send bursts.
 #[test]
 fn coalesced_input_puts_the_same_frames_on_the_wire_as_frame_by_frame_input() {
-    for (nagle, rcv_buf, lose) in [
-        (false, 1 << 20, None),
-        (false, 16 << 10, None),
-        (true, 16 << 10, None),
-        (false, 1 << 20, Some(29)),
-        (true, 24 << 10, Some(17)),
-    ] {
+    for (nagle, rcv_buf, lose) in SCRIPT_CASES {
         for burst in [1, 16] {
             let (one, _, _, (ca, cb, ta, tb)) = io_script(burst, false, nagle, rcv_buf, lose);
             assert_eq!((ca, cb), (0, 0));

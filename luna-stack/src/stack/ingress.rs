@@ -22,11 +22,6 @@ impl<R: Rng> Stack<R> {
     /// Process one received Ethernet frame. Anything malformed is dropped and counted.
     pub fn handle_frame(&mut self, now: Instant, frame: Zbuf) {
         self.counters.frames_in += 1;
-        // A received run (only inside `handle_frames`) is handled before anything that is
-        // not TCP; TCP frames join it or flush it in `on_tcp`.
-        if self.rx_run.count != 0 && !is_ipv4_tcp(&frame) {
-            self.flush_rx_run(now);
-        }
         // `parse` checks the length (as `new_checked` would).
         let eth = EthernetFrame::new_unchecked(&frame[..]);
         let Ok(eth_repr) = EthernetRepr::parse(&eth) else {
@@ -51,6 +46,7 @@ impl<R: Rng> Stack<R> {
         }
         match eth_repr.ethertype {
             EtherType::Arp if eth_repr.dst_addr.is_broadcast() || !l2_multicast => {
+                self.settle_rx_run(now);
                 self.on_arp(now, &frame[ETH_LEN..])
             }
             EtherType::Arp => self.counters.drop(StackDrop::NotForUs),
@@ -83,6 +79,14 @@ impl<R: Rng> Stack<R> {
             self.handle_frame(now, f);
         }
         self.rx_coalesce = false;
+        self.settle_rx_run(now);
+    }
+
+    /// Hands a held run (only inside `handle_frames`) to its connection before input that
+    /// is not its continuation: ARP and ICMP here, other TCP segments in `on_tcp` (frames
+    /// dropped as malformed change nothing and leave it held).
+    #[inline]
+    fn settle_rx_run(&mut self, now: Instant) {
         if self.rx_run.count != 0 {
             self.flush_rx_run(now);
         }
@@ -285,7 +289,10 @@ impl<R: Rng> Stack<R> {
         let l4_end = l4 + ip.payload_len;
         match ip.protocol {
             IpProtocol::Tcp => self.on_tcp(now, &ip, frame, l4, l4_end, src_mac),
-            IpProtocol::Icmp => self.on_icmp(now, &ip, &frame, l4, l4_end, src_mac),
+            IpProtocol::Icmp => {
+                self.settle_rx_run(now);
+                self.on_icmp(now, &ip, &frame, l4, l4_end, src_mac)
+            }
             _ => self.counters.drop(StackDrop::UnknownProtocol),
         }
     }
@@ -435,28 +442,21 @@ impl<R: Rng> Stack<R> {
             let reuse =
                 e.conn.accepts_new_syn(&seg) && self.listener_by_port.contains_key(&seg.dst_port);
             if !reuse {
-                if self.rx_coalesce {
-                    // A new run: a data segment of an established connection, ACK (and
-                    // PSH) only; whether prediction takes it is decided when it is flushed.
-                    let e = self.slots[idx as usize]
-                        .entry
-                        .as_deref()
-                        .expect("tuple map is consistent");
-                    if RxRun::may_start(&seg, payload.len()) && e.conn.state() == State::Established
-                    {
-                        self.rx_run.start(idx, ip.src_addr, src_mac, &seg, payload);
-                        return;
-                    }
+                // A new run (inside `handle_frames`): a data segment of an established
+                // connection, ACK (and PSH) only; whether prediction takes it is decided
+                // when it is flushed.
+                if self.rx_coalesce
+                    && RxRun::may_start(&seg, payload.len())
+                    && e.conn.state() == State::Established
+                {
+                    self.rx_run.start(idx, ip.src_addr, src_mac, &seg, payload);
+                    return;
                 }
                 let delivered = payload.len() as u32;
                 return self.conn_input(now, idx, ip.src_addr, src_mac, delivered, |c| {
                     c.on_segment_path(now, &seg, payload)
                 });
             }
-            let e = self.slots[idx as usize]
-                .entry
-                .as_deref_mut()
-                .expect("tuple map is consistent");
             if e.owner == Owner::App {
                 // The application's handle stays valid; only the tuple is taken over.
                 self.unmap(idx);
@@ -619,14 +619,6 @@ impl<R: Rng> Stack<R> {
 fn is_martian(a: Ipv4Addr) -> bool {
     let first = a.octets()[0];
     first == 0 || first == 127 || a.is_multicast() || a.is_broadcast()
-}
-
-/// Whether `frame` is an IPv4 TCP segment by its EtherType and protocol field (no checks:
-/// a frame that is not goes through `handle_frame`'s checks anyway).
-fn is_ipv4_tcp(frame: &[u8]) -> bool {
-    frame.len() > ETH_LEN + 9
-        && frame[12..14] == [0x08, 0x00]
-        && frame[ETH_LEN + 9] == u8::from(IpProtocol::Tcp)
 }
 
 /// Most segments one received run takes (`Stack::handle_frames`).

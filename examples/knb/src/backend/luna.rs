@@ -497,7 +497,10 @@ fn core_counters(reports: &[CoreReport]) -> Value {
     let mut tcp = luna_stack::tcp::ConnCounters::default();
     let mut drops = 0;
     let mut stack_drops = [0u64; StackDrop::ALL.len()];
+    let (mut burst_frames, mut coalesced) = (0, 0);
     for r in reports {
+        burst_frames += r.stack.burst_frames;
+        coalesced += r.stack.coalesced_segments;
         sum = sum.sum(&r.stats);
         copied += r.device.copied_bytes;
         dev_dropped += r.device.tx_dropped;
@@ -527,6 +530,10 @@ fn core_counters(reports: &[CoreReport]) -> Value {
         "rtos": tcp.rtos,
         "stack_drops": drops,
         "stack_drops_by_reason": stack_drops_by_reason(&stack_drops),
+        // Software segmentation and receive coalescing at work: frames cut from a send
+        // burst after its first, segments handed over in a run after its first.
+        "stack_burst_frames": burst_frames,
+        "stack_coalesced_segments": coalesced,
         "tcp_drops": tcp.drops.iter().sum::<u64>(),
         "tcp_drops_by_reason": tcp_drops_by_reason(&tcp),
         "core": stats,
@@ -1808,7 +1815,7 @@ mod tests {
 
     /// A reliability report needs drops by reason, not only their total.
     #[test]
-    fn core_counters_break_drops_down_by_reason() {
+    fn core_counters_break_drops_down_by_reason_and_sum_bursts() {
         let report = |stack: &[(StackDrop, u64)], tcp: &[(DropReason, u64)]| {
             let mut r = CoreReport {
                 index: 0,
@@ -1847,6 +1854,16 @@ mod tests {
             json!({"out_of_window": 5, "paws": 1}),
             "{v}"
         );
+        assert_eq!(v["stack_burst_frames"], json!(0), "{v}");
+        let mut a = report(&[], &[]);
+        a.stack.burst_frames = 5;
+        a.stack.coalesced_segments = 7;
+        let mut b = report(&[], &[]);
+        b.stack.burst_frames = 1;
+        b.stack.coalesced_segments = 2;
+        let v = core_counters(&[a, b]);
+        assert_eq!(v["stack_burst_frames"], json!(6), "summed over cores: {v}");
+        assert_eq!(v["stack_coalesced_segments"], json!(9), "{v}");
         let none = core_counters(&[report(&[], &[])]);
         assert_eq!(none["stack_drops_by_reason"], json!({}), "{none}");
         assert_eq!(none["tcp_drops_by_reason"], json!({}), "{none}");

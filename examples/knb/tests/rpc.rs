@@ -486,6 +486,37 @@ fn memif_zero_copy_rpcs_validate_for_luna_and_smoltcp() {
     }
 }
 
+/// memif zero-copy with the client's ring full of chains (256 connections × 3 frames of
+/// header + payload: 1,536 descriptors for a 1,024-slot ring). DPDK 22.11's zero-copy
+/// transmit, handed more than four chains in one call, overwrote descriptors the server
+/// had not read yet ("bad magic 0x0000", replies to the wrong request, a client
+/// SIGSEGV); r2c now hands them over four at a time (`TxQueue::limit_burst`). Every byte
+/// is checked (--verify).
+#[test]
+fn memif_zero_copy_keeps_every_byte_with_the_ring_full() {
+    let v = rpc_run(
+        "luna",
+        &[
+            "--memif-zero-copy",
+            "--connections",
+            "256",
+            "--req-size",
+            "4096",
+            "--resp-size",
+            "4096",
+        ],
+    );
+    check_rpc_report(&v, "luna");
+    let c = &v["client_extra"][0];
+    // The ring was full: frames waited for room (the case that corrupted).
+    assert!(num(c, &["core", "tx_retries"]) > 0.0, "{v:#}");
+    // 4 KiB messages are three segments: sent as bursts, received as coalesced runs.
+    for side in [c, &v["server"]["extra"]] {
+        assert!(num(side, &["stack_burst_frames"]) > 0.0, "{v:#}");
+        assert!(num(side, &["stack_coalesced_segments"]) > 0.0, "{v:#}");
+    }
+}
+
 #[test]
 fn luna_bulk_stream_is_counted_end_to_end() {
     bulk_run("luna");

@@ -243,6 +243,29 @@ int dpdk_sys_memzone_free(const void *mz)
 	return rte_memzone_free((const struct rte_memzone *)mz);
 }
 
+static uint16_t tx_calls_count(uint16_t port_id, uint16_t queue_id, struct rte_mbuf **pkts,
+	uint16_t nb_pkts, void *arg)
+{
+	struct dpdk_sys_tx_calls *c = arg;
+
+	c->calls++;
+	if (nb_pkts > c->max_pkts)
+		c->max_pkts = nb_pkts;
+	return nb_pkts;
+}
+
+const void *dpdk_sys_tx_calls_watch(uint16_t port_id, uint16_t queue_id,
+	struct dpdk_sys_tx_calls *c)
+{
+	return rte_eth_add_tx_callback(port_id, queue_id, tx_calls_count, c);
+}
+
+int dpdk_sys_tx_calls_unwatch(uint16_t port_id, uint16_t queue_id, const void *cb)
+{
+	return rte_eth_remove_tx_callback(port_id, queue_id,
+		(const struct rte_eth_rxtx_callback *)cb);
+}
+
 int dpdk_sys_port_dma_unmap(uint16_t port_id, void *addr, uint64_t iova, size_t len)
 {
 	struct rte_device *dev = port_device(port_id);

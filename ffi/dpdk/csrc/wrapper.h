@@ -229,6 +229,19 @@ const void *dpdk_sys_memzone_reserve(const char *name, size_t len, unsigned int 
 /* rte_memzone_free of a memzone from dpdk_sys_memzone_reserve. 0 or a negative errno. */
 int dpdk_sys_memzone_free(const void *mz);
 
+/* What a transmit queue's PMD was handed (for tests): rte_eth_tx_burst calls and the most
+ * packets any one of them carried. */
+struct dpdk_sys_tx_calls {
+	uint64_t calls;
+	uint16_t max_pkts;
+};
+/* Counts every rte_eth_tx_burst on (port, queue) into `c` (an ethdev tx callback; `c`
+ * must outlive it). Returns the callback handle, NULL with rte_errno set on failure. */
+const void *dpdk_sys_tx_calls_watch(uint16_t port_id, uint16_t queue_id,
+	struct dpdk_sys_tx_calls *c);
+/* Removes a callback from dpdk_sys_tx_calls_watch. 0 or a negative errno. */
+int dpdk_sys_tx_calls_unwatch(uint16_t port_id, uint16_t queue_id, const void *cb);
+
 /* Routes DPDK's log stream (rte_openlog_stream) through `fn`, which gets
  * each chunk DPDK writes and returns the bytes consumed (glibc fopencookie). */
 typedef long (*dpdk_sys_log_write_fn)(const char *buf, size_t size);

@@ -670,6 +670,7 @@ impl Port {
     pub fn tx_queue(&mut self, q: u16) -> Result<TxQueue> {
         self.take_queue(false, q)?;
         Ok(TxQueue {
+            max_burst: u16::MAX,
             shared: self.shared.clone(),
             queue: q,
             _not_sync: PhantomData,
@@ -927,6 +928,8 @@ pub struct RxQueue {
 pub struct TxQueue {
     shared: Arc<PortShared>,
     queue: u16,
+    /// Packets per `rte_eth_tx_burst` call at most ([`TxQueue::limit_burst`]).
+    max_burst: u16,
     _not_sync: PhantomData<std::cell::Cell<()>>,
 }
 
@@ -995,6 +998,9 @@ impl RxQueue {
 }
 
 impl TxQueue {
+    /// The [`TxQueue::limit_burst`] bound for a DPDK 22.11 memif zero-copy client.
+    pub const MEMIF_ZERO_COPY_BURST: u16 = 4;
+
     /// Port id.
     pub fn port_id(&self) -> u16 {
         self.shared.id
@@ -1009,15 +1015,42 @@ impl TxQueue {
     /// (the PMD owns and frees them), the rest stay in `pkts`, in order, for
     /// a retry or to be dropped. Returns how many were sent.
     pub fn tx_burst(&mut self, pkts: &mut Vec<Mbuf>) -> usize {
-        if pkts.is_empty() {
-            return 0;
+        let total = pkts.len().min(u16::MAX as usize);
+        let mut sent = 0;
+        while sent < total {
+            let n = (total - sent).min(self.max_burst as usize) as u16;
+            // SAFETY: elements sent..sent + n are owned mbufs laid out as rte_mbuf *.
+            let took = unsafe { self.tx_burst_raw(pkts[sent..].as_mut_ptr().cast(), n) };
+            // No more than it was given: memif's zero-copy transmit returns -1 (65535 as
+            // u16) when its interrupt eventfd is missing, after placing what it could.
+            // Taken as all n (those it did not place leak), never past `pkts`.
+            let took = took.min(n);
+            sent += took as usize;
+            if took < n {
+                break;
+            }
         }
-        let n = pkts.len().min(u16::MAX as usize) as u16;
-        // SAFETY: the first n elements are owned mbufs laid out as rte_mbuf *.
-        let sent = unsafe { self.tx_burst_raw(pkts.as_mut_ptr().cast(), n) } as usize;
         // The PMD took ownership of the first `sent`: remove them without freeing.
         pkts.drain(..sent).for_each(std::mem::forget);
         sent
+    }
+
+    /// Hands [`TxQueue::tx_burst`]'s packets to the PMD at most `n` (≥ 1) per
+    /// `rte_eth_tx_burst` call.
+    ///
+    /// For memif clients in zero-copy mode (DPDK 22.11.11, and unchanged upstream since):
+    /// the PMD's transmit (`eth_memif_tx_zc`) places packets four at a time while more
+    /// than four ring slots are free, and `memif_tx_one_zc` checks for a free slot
+    /// before every segment of a packet but its first. With two-segment chains and six
+    /// free slots the fourth packet's first segment overwrites the descriptor (and the
+    /// stored mbuf) of a slot the server has not read yet: the server reads another
+    /// frame's bytes, or zeros, and an mbuf is freed twice or never; a one-segment
+    /// packet in that place even wraps the free count and overwrites the rest of the
+    /// ring. With at most four packets per call the PMD only takes its
+    /// one-at-a-time loop, which checks for a free slot before every packet, whatever
+    /// the chains' lengths.
+    pub fn limit_burst(&mut self, n: u16) {
+        self.max_burst = n.max(1);
     }
 
     /// Raw `rte_eth_tx_burst` on this queue.

@@ -612,7 +612,13 @@ impl DpdkDevice {
         let mtu = port.mtu()?;
         let mut queues = Vec::with_capacity(cfg.queues as usize);
         for q in 0..cfg.queues {
-            queues.push((port.rx_queue(q)?, port.tx_queue(q)?));
+            let mut txq = port.tx_queue(q)?;
+            if zero_copy {
+                // DPDK 22.11's memif zero-copy transmit can overwrite a descriptor the
+                // server has not read when handed more than four chains at once.
+                txq.limit_burst(TxQueue::MEMIF_ZERO_COPY_BURST);
+            }
+            queues.push((port.rx_queue(q)?, txq));
         }
         let handle = Arc::new(PortHandle {
             flows: Mutex::new(flows),

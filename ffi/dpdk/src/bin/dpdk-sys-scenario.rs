@@ -462,40 +462,80 @@ fn mbuf_api(o: &Opts) -> R<String> {
         port.stop().is_err(),
         "stop refused while queue handles exist",
     )?;
-    let mut batch = Vec::new();
-    ensure(mp.alloc_bulk(&mut batch, 3000), "alloc 3000")?;
-    for (i, m) in batch.iter_mut().enumerate() {
-        m.append(8)
-            .ok_or_else(|| check("append"))?
-            .copy_from_slice(&(i as u64).to_be_bytes());
-    }
+    // Twice: as the PMD gets them, then at most four per rte_eth_tx_burst (memif
+    // zero-copy's bound), where one call must still hand over chunk after chunk until the
+    // ring is full and keep the rest in order.
     let mut sent = 0;
-    for _ in 0..10 {
-        sent += txq.tx_burst(&mut batch);
+    for limit in [None, Some(dpdk_sys::TxQueue::MEMIF_ZERO_COPY_BURST)] {
+        let pass = if limit.is_some() { "chunked" } else { "whole" };
+        if let Some(n) = limit {
+            txq.limit_burst(n);
+        }
+        let mut batch = Vec::new();
+        ensure(mp.alloc_bulk(&mut batch, 3000), "alloc 3000")?;
+        for (i, m) in batch.iter_mut().enumerate() {
+            m.append(8)
+                .ok_or_else(|| check("append"))?
+                .copy_from_slice(&(i as u64).to_be_bytes());
+        }
+        // What the PMD is handed per rte_eth_tx_burst, seen by an ethdev tx callback.
+        let mut seen = Box::new(ffi::dpdk_sys_tx_calls {
+            calls: 0,
+            max_pkts: 0,
+        });
+        let (port_id, queue_id) = (txq.port_id(), txq.queue_id());
+        // SAFETY: a started port's queue; `seen` outlives the callback, which is removed
+        // below before `seen` is read or dropped, and runs only inside tx_burst on this
+        // thread.
+        let cb = unsafe { ffi::dpdk_sys_tx_calls_watch(port_id, queue_id, &mut *seen) };
+        ensure(!cb.is_null(), "tx callback registered")?;
+        let first = txq.tx_burst(&mut batch);
+        // SAFETY: `cb` came from dpdk_sys_tx_calls_watch on this queue.
+        let removed = unsafe { ffi::dpdk_sys_tx_calls_unwatch(port_id, queue_id, cb) };
+        ensure(removed == 0, "tx callback removed")?;
+        ensure(first > 4, "one call fills the ring")?;
+        let handed = match limit {
+            None => seen.calls == 1 && seen.max_pkts == 3000,
+            Some(n) => seen.max_pkts <= n && seen.calls >= (first as u64).div_ceil(n as u64),
+        };
+        ensure(
+            handed,
+            &format!(
+                "{pass}: the PMD was handed {} call(s) of at most {} packets",
+                seen.calls, seen.max_pkts
+            ),
+        )?;
+        sent = first;
+        for _ in 0..9 {
+            sent += txq.tx_burst(&mut batch);
+        }
+        ensure(
+            sent == first && !batch.is_empty() && sent + batch.len() == 3000,
+            &format!("{pass}: a full ring takes no more; sent + unsent = all"),
+        )?;
+        ensure(
+            mp.in_use_count() == 3000,
+            "unsent still owned, sent sit in the ring",
+        )?;
+        let first_unsent = u64::from_be_bytes(batch[0].data().try_into().unwrap_or_default());
+        ensure(
+            first_unsent == sent as u64,
+            &format!("{pass}: unsent keep their order"),
+        )?;
+        drop(batch);
+        let mut got = Vec::new();
+        while rxq.rx_burst(&mut got, 64) > 0 {}
+        ensure(
+            got.len() == sent
+                && got
+                    .iter()
+                    .enumerate()
+                    .all(|(i, m)| m.data() == (i as u64).to_be_bytes()),
+            &format!("{pass}: everything sent is received, in order with data"),
+        )?;
+        drop(got);
+        ensure(mp.in_use_count() == 0, "no leak after tx/rx")?;
     }
-    ensure(
-        sent > 0 && !batch.is_empty(),
-        "ring fills, some stay unsent",
-    )?;
-    ensure(sent + batch.len() == 3000, "sent + unsent = all")?;
-    ensure(
-        mp.in_use_count() == 3000,
-        "unsent still owned, sent sit in the ring",
-    )?;
-    let first_unsent = u64::from_be_bytes(batch[0].data().try_into().unwrap_or_default());
-    ensure(first_unsent == sent as u64, "unsent keep their order")?;
-    drop(batch);
-    let mut got = Vec::new();
-    while rxq.rx_burst(&mut got, 64) > 0 {}
-    ensure(got.len() == sent, "everything sent is received")?;
-    ensure(
-        got.iter()
-            .enumerate()
-            .all(|(i, m)| m.data() == (i as u64).to_be_bytes()),
-        "received in order with data",
-    )?;
-    drop(got);
-    ensure(mp.in_use_count() == 0, "no leak after tx/rx")?;
     drop((txq, rxq));
     port.stop()?;
     extbuf_pool(&eal)?;

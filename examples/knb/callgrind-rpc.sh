@@ -8,7 +8,7 @@
 #   examples/knb/callgrind-rpc.sh [luna|smoltcp] [server|client] [seconds] [iodepth]
 #
 # Environment: KNB (binary, default target/release/knb), OUT (callgrind file, default
-# /tmp/knb-callgrind.<stack>.<side>), CACHE_SIM=1 (CACHE_ARGS: more cache-sim options, e.g.
+# /tmp/knb-callgrind.<stack>.<side>), CONNS (connections, default 1), CACHE_SIM=1 (CACHE_ARGS: more cache-sim options, e.g.
 # --I1=65536,8,64 for a larger instruction cache), MTU (the memif link's IP MTU, default
 # 1500; its buffers sized for one frame, as knb's --mtu does), and knb's own
 # (KNB_LUNA_TX_COPY_MAX...).
@@ -22,7 +22,8 @@ depth=${4:-1}
 case $stack in luna | smoltcp) ;; *) echo "stack: luna or smoltcp, not $stack" >&2; exit 2 ;; esac
 case $side in server | client) ;; *) echo "side: server or client, not $side" >&2; exit 2 ;; esac
 mtu=${MTU:-1500}
-[[ $secs =~ ^[0-9]+$ && $depth =~ ^[0-9]+$ && $mtu =~ ^[0-9]+$ ]] || { echo "seconds, iodepth and MTU: whole numbers" >&2; exit 2; }
+conns=${CONNS:-1}
+[[ $secs =~ ^[0-9]+$ && $depth =~ ^[0-9]+$ && $mtu =~ ^[0-9]+$ && $conns =~ ^[1-9][0-9]*$ ]] || { echo "seconds, iodepth, MTU and CONNS: whole numbers" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/../.." && pwd)
 K=${KNB:-$root/target/release/knb}
 OUT=${OUT:-/tmp/knb-callgrind.$stack.$side}
@@ -57,7 +58,7 @@ else
     cpre=$vg
     cmem="--eal-arg=--no-huge --eal-arg=-m --eal-arg=512"
 fi
-common="--stack=$stack --port=7700 --req-size=4096 --resp-size=4096 --iodepth=$depth --connections=1 --threads=1 --mode=rpc --child --duration=$secs --warmup=1 --prefix-len=24 --eal-arg=--no-pci --eal-arg=--no-telemetry"
+common="--stack=$stack --port=7700 --req-size=4096 --resp-size=4096 --iodepth=$depth --connections=$conns --threads=1 --mode=rpc --child --duration=$secs --warmup=1 --prefix-len=24 --eal-arg=--no-pci --eal-arg=--no-telemetry"
 bsize=""
 if [ "$mtu" != 1500 ]; then
     common="$common --mtu=$mtu"

@@ -5,7 +5,7 @@
 //! (per RPC = (Ir(2N) − Ir(N)) / N, which cancels setup).
 //!
 //! `cargo build --release -p luna-stack --example rpc_pair`
-//! `valgrind --tool=callgrind target/release/examples/rpc_pair <rpcs> [conns] [mtu] [offload] [wire]`
+//! `valgrind --tool=callgrind target/release/examples/rpc_pair <rpcs> [conns] [mtu] [offload] [wire] [order]`
 //!
 //! The wire copies every frame into a fresh buffer (a constant cost on both sides of a
 //! comparison). `offload` = 1 runs both stacks with checksum offload (a virtual link).
@@ -17,6 +17,17 @@
 //!   (`MemDevice::materialize`) and, in copy mode, what the memif PMD's receive copy into a
 //!   zbuf-zone mbuf amounts to. The stack's work is the same in both; only the harness's
 //!   allocator changes.
+//!
+//! `order` is when the applications run:
+//! - `quiet` (the default, the original harness): both stacks exchange frames until
+//!   neither has anything to send, then the application reads and answers. The server's
+//!   stack has by then acknowledged the three-segment request on its own (the
+//!   every-second-segment rule), and the client's the response: eight frames per RPC.
+//! - `loop`: each side runs one iteration of r2c's run-to-completion loop in turn —
+//!   the received burst into the stack, the application (read, answer or send the next
+//!   request), then everything the stack has to send — so the acknowledgement leaves
+//!   with the answer or the next request, as it does in r2c: six frames per RPC. Only
+//!   the order of the calls differs; the stack code run per frame is the same.
 
 use luna_stack::stack::{Event, SocketHandle, Stack};
 use luna_stack::testutil::{stack_config, FakeRng, IP_A, IP_B, MAC_A, MAC_B};
@@ -99,6 +110,102 @@ fn pump(
     }
 }
 
+/// One side's iteration of r2c's loop: `rx` into the stack, the application (`app`, told
+/// which connections became readable), then every frame the stack sends, onto `tx`.
+fn iteration(
+    now: Instant,
+    s: &mut Stack<FakeRng>,
+    (rx, tx): (&mut VecDeque<Zbuf>, &mut VecDeque<Zbuf>),
+    kind: Wire,
+    mut app: impl FnMut(&mut Stack<FakeRng>, SocketHandle),
+) {
+    if !rx.is_empty() {
+        s.handle_frames(now, rx.drain(..));
+    }
+    while let Some(ev) = s.poll_event() {
+        if let Event::Readable(h) = ev {
+            app(s, h);
+        }
+    }
+    while let Some(t) = s.poll_transmit(now) {
+        tx.push_back(materialize(kind, &t));
+    }
+}
+
+/// `rpcs` RPCs in r2c's order (see the module doc): every connection starts with one
+/// request outstanding; the server answers a whole request in the iteration that
+/// received it, the client sends the next one in the iteration that completed the
+/// answer, until `rpcs` answers arrived.
+fn run_loop(
+    rpcs: usize,
+    (a, b): (&mut Stack<FakeRng>, &mut Stack<FakeRng>),
+    (clients, servers): (&[SocketHandle], &[SocketHandle]),
+    (got_a, got_b): (&mut [usize], &mut [usize]),
+    msg: &Zbuf,
+    kind: Wire,
+    now: &mut Instant,
+) {
+    // Each side's handles in order, with their connection numbers: a lookup per
+    // Readable event in O(log conns) (one compare at one connection).
+    let sorted = |hs: &[SocketHandle]| {
+        let mut v: Vec<(SocketHandle, usize)> = hs.iter().copied().zip(0..).collect();
+        v.sort_unstable();
+        v
+    };
+    let (by_client, by_server) = (sorted(clients), sorted(servers));
+    let index = |hs: &[(SocketHandle, usize)], h| {
+        hs[hs.binary_search_by(|(x, _)| x.cmp(&h)).expect("ours")].1
+    };
+    let request = |s: &mut Stack<FakeRng>, h| {
+        let mut v = IoVec::new();
+        v.push(msg.clone());
+        s.send_iovec(h, &v).expect("send");
+    };
+    let (mut to_b, mut to_a) = (VecDeque::new(), VecDeque::new());
+    let mut started = 0;
+    let mut done = 0;
+    for &h in clients.iter().take(rpcs) {
+        request(a, h);
+        started += 1;
+    }
+    while let Some(t) = a.poll_transmit(*now) {
+        to_b.push_back(materialize(kind, &t));
+    }
+    // An iteration pair completes an RPC on some connection, or lets a timer fire (the
+    // clock advances 5 µs each): a bound far beyond that, so a stack that stops answering
+    // fails the run instead of spinning under callgrind.
+    let limit = rpcs.saturating_mul(1_000).max(1_000_000);
+    for spins in 0.. {
+        if done >= rpcs {
+            break;
+        }
+        assert!(spins < limit, "no progress: {done} of {rpcs} RPCs answered");
+        *now += luna_stack::time::Duration::from_micros(5);
+        iteration(*now, b, (&mut to_b, &mut to_a), kind, |s, h| {
+            let c = index(&by_server, h);
+            let before = got_b[c] / MSG;
+            got_b[c] += drain(s, h);
+            for _ in before..got_b[c] / MSG {
+                s.send(h, msg).expect("respond");
+            }
+        });
+        iteration(*now, a, (&mut to_a, &mut to_b), kind, |s, h| {
+            let c = index(&by_client, h);
+            let before = got_a[c] / MSG;
+            got_a[c] += drain(s, h);
+            for _ in before..got_a[c] / MSG {
+                done += 1;
+                if started < rpcs {
+                    request(s, h);
+                    started += 1;
+                }
+            }
+        });
+        b.handle_timeouts(*now);
+        a.handle_timeouts(*now);
+    }
+}
+
 fn drain(s: &mut Stack<FakeRng>, h: SocketHandle) -> usize {
     let mut n = 0;
     while let Ok(Some(z)) = s.recv(h) {
@@ -107,16 +214,44 @@ fn drain(s: &mut Stack<FakeRng>, h: SocketHandle) -> usize {
     n
 }
 
+/// A usage error: what was wrong and the usage line, exit status 2 (no panic).
+fn usage(what: &str) -> ! {
+    eprintln!("rpc_pair: {what}\nusage: rpc_pair [rpcs] [conns] [mtu] [offload 0|1] [vec|slab] [quiet|loop]");
+    std::process::exit(2)
+}
+
+/// Positional argument `i` as a number, `default` when absent.
+fn num_arg<T: std::str::FromStr>(args: &[String], i: usize, name: &str, default: T) -> T {
+    match args.get(i) {
+        None => default,
+        Some(a) => a
+            .parse()
+            .unwrap_or_else(|_| usage(&format!("{name}: not a number: {a}"))),
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let rpcs: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10_000);
-    let conns: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1);
-    let mtu: u16 = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(1500);
-    let off = args.get(4).is_some_and(|a| a == "1");
+    let rpcs: usize = num_arg(&args, 1, "rpcs", 10_000);
+    let conns: usize = num_arg(&args, 2, "conns", 1);
+    let mtu: u16 = num_arg(&args, 3, "mtu", 1500);
+    if rpcs == 0 || conns == 0 || mtu < 576 {
+        usage("rpcs and conns must be at least 1, mtu at least 576");
+    }
+    let off = match args.get(4).map(String::as_str) {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(other) => usage(&format!("offload must be 0 or 1, not {other}")),
+    };
     let kind = match args.get(5).map(String::as_str) {
         None | Some("vec") => Wire::Vec,
         Some("slab") => Wire::Slab,
-        Some(other) => panic!("wire must be vec or slab, not {other}"),
+        Some(other) => usage(&format!("wire must be vec or slab, not {other}")),
+    };
+    let in_loop = match args.get(6).map(String::as_str) {
+        None | Some("quiet") => false,
+        Some("loop") => true,
+        Some(other) => usage(&format!("order must be quiet or loop, not {other}")),
     };
     // The slab and this thread's cache live for the whole run (buffers go home to it).
     let _cache = match kind {
@@ -159,7 +294,18 @@ fn main() {
     let msg = Zbuf::from_vec(vec![0x5a; MSG]);
     let mut now = t0;
     let (mut got_a, mut got_b) = (vec![0usize; conns], vec![0usize; conns]);
-    for i in 0..rpcs {
+    if in_loop {
+        run_loop(
+            rpcs,
+            (&mut a, &mut b),
+            (&clients, &servers),
+            (&mut got_a, &mut got_b),
+            &msg,
+            kind,
+            &mut now,
+        );
+    }
+    for i in (0..rpcs).filter(|_| !in_loop) {
         let c = i % conns;
         now += luna_stack::time::Duration::from_micros(5);
         let mut v = IoVec::new();
@@ -179,5 +325,8 @@ fn main() {
     let total: usize = got_a.iter().sum::<usize>() + got_b.iter().sum::<usize>();
     assert_eq!(total, 2 * rpcs * MSG, "every byte delivered");
     let wire_name = if kind == Wire::Slab { "slab" } else { "vec" };
-    println!("rpcs={rpcs} conns={conns} mtu={mtu} offload={off} wire={wire_name} bytes={total}");
+    let order = if in_loop { "loop" } else { "quiet" };
+    println!(
+        "rpcs={rpcs} conns={conns} mtu={mtu} offload={off} wire={wire_name} order={order} bytes={total}"
+    );
 }

@@ -4,7 +4,10 @@
 //! - RFC 6675: one loss in a window is repaired by SACK recovery within about one RTT, no RTO.
 //! - RFC 6582: without SACK, NewReno repairs several losses of one window via partial ACKs.
 //! - RFC 6298 §5: a tail loss (no later segment to trigger duplicate ACKs) is repaired by the
-//!   retransmission timer.
+//!   retransmission timer (a lone last segment: the tail loss probe goes out at the RTO's
+//!   time, in its place).
+//! - RFC 8985 §7: a lost tail of several segments is repaired by a tail loss probe and the
+//!   fast recovery its SACK starts, long before the RTO.
 //! - RFC 7323 §5: timestamps and PAWS work while both the sequence space and the timestamp
 //!   clock wrap.
 //! - RFC 9293 §3.8.6.1: zero-window probing against smoltcp with a reader that stops and
@@ -240,6 +243,54 @@ fn rfc6298_tail_loss_is_repaired_by_the_retransmission_timer() {
     eprintln!(
         "tail loss: resent {waited:?} after the first transmission, RTOs {}",
         c.rtos
+    );
+}
+
+/// RFC 8985 §7: the last two segments of a three-segment flight are lost (a burst loss at
+/// a queue: no later segment draws a duplicate ACK). The tail loss probe goes out one probe
+/// timeout after the flight (max(2 SRTT, 10 ms) here), its SACK starts fast recovery, and
+/// both holes are repaired some 15 ms after the first transmission, with no RTO. With probes
+/// off the same loss waits for the 200 ms RTO.
+#[test]
+fn rfc8985_7_a_lost_tail_is_probed_not_timed_out() {
+    const LEN: u32 = 4000; // three segments
+    let drop_tail: fn() -> Plan = || Box::new(|index, _, _| index >= 1);
+    let (sim, obs) = bulk_a_to_b(TcpConfig::default(), LEN as usize, drop_tail());
+    let o = obs.borrow();
+    assert_eq!(
+        o.dropped.len(),
+        2,
+        "the last two segments were dropped: {o:?}"
+    );
+    let first_send = o.sends.iter().find(|s| !s.3).expect("first transmission").0;
+    let c = sim.a.stack.tcp_counters();
+    assert_eq!(c.rtos, 0, "{c:?}");
+    assert_eq!(c.tlp_probes, 1, "{c:?}");
+    for &lost in &o.dropped {
+        let (rexmit, _) = repair_time(&o, lost);
+        let waited = rexmit - first_send;
+        assert!(
+            waited <= Duration::from_millis(10) + RTT * 4,
+            "segment {lost:?} resent {waited:?} after the flight"
+        );
+    }
+    let (_, last) = repair_time(&o, o.dropped[1]);
+    eprintln!("tail of two lost: repaired with one probe, last repair ACKed {last:?} after its resend: {c:?}");
+    drop(o);
+
+    let off = TcpConfig {
+        tlp: None,
+        ..TcpConfig::default()
+    };
+    let (sim, obs) = bulk_a_to_b(off, LEN as usize, drop_tail());
+    let o = obs.borrow();
+    let c = sim.a.stack.tcp_counters();
+    assert_eq!((c.rtos, c.tlp_probes), (1, 0), "{c:?}");
+    let first_send = o.sends.iter().find(|s| !s.3).expect("first transmission").0;
+    let (rexmit, _) = repair_time(&o, o.dropped[0]);
+    assert!(
+        rexmit - first_send >= Duration::from_millis(200),
+        "the RTO's floor"
     );
 }
 

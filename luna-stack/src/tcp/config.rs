@@ -94,6 +94,15 @@ pub struct TcpConfig {
     /// (retransmissions, recovery and segments carrying SACK blocks are always one).
     /// `1` turns it off. At most 64.
     pub send_burst: u16,
+    /// Tail loss probes (RFC 8985 §7, with SACK): `Some(floor)` sends a probe about two
+    /// round trips after the last ACK instead of waiting for the RTO when the end of a
+    /// flight is lost; `floor` is the least probe timeout, so that a round trip of
+    /// microseconds does not turn every scheduling hiccup into a probe (Linux used 10 ms
+    /// until 4.10, then two timer ticks added to 2 SRTT). Default 10 ms: this project's VMs
+    /// stall a polling thread for 1-8 ms about once a second (docs/msgsched.md), and a
+    /// spurious probe, though harmless (D-SACKed, no window reduction), is a retransmission.
+    /// `None` turns probing off. At most `rtt.max_rto`.
+    pub tlp: Option<Duration>,
 }
 
 impl Default for TcpConfig {
@@ -122,6 +131,7 @@ impl Default for TcpConfig {
             header_prediction: true,
             time_wait_reopen_by_seq: false,
             send_burst: 16,
+            tlp: Some(Duration::from_millis(10)),
         }
     }
 }
@@ -168,6 +178,14 @@ impl TcpConfig {
         }
         if !(1..=64).contains(&self.send_burst) {
             return Err(format!("send_burst {} is not in 1..=64", self.send_burst));
+        }
+        if let Some(floor) = self.tlp {
+            if floor.is_zero() || floor > self.rtt.max_rto {
+                return Err(format!(
+                    "tlp floor {floor:?} must be positive and at most max_rto ({:?})",
+                    self.rtt.max_rto
+                ));
+            }
         }
         self.rtt.validate().map_err(|e| format!("rtt: {e}"))?;
         Ok(())
@@ -219,6 +237,18 @@ mod tests {
             ..TcpConfig::default()
         };
         assert!(bad.validate().unwrap_err().contains("fin_timeout"));
+        for floor in [Duration::ZERO, Duration::from_secs(121)] {
+            let bad = TcpConfig {
+                tlp: Some(floor),
+                ..TcpConfig::default()
+            };
+            assert!(bad.validate().unwrap_err().contains("tlp"), "{floor:?}");
+        }
+        let off = TcpConfig {
+            tlp: None,
+            ..TcpConfig::default()
+        };
+        assert!(off.validate().is_ok());
         let off = TcpConfig {
             oow_ack_interval: Duration::ZERO,
             ..TcpConfig::default()

@@ -1,5 +1,6 @@
 //! One TCP connection: the transmission control block (RFC 9293 §3.3.1) and its state
-//! machine (RFC 9293 §3.10), with loss recovery (RFC 5681, 6582, 6675), RTO (RFC 6298),
+//! machine (RFC 9293 §3.10), with loss recovery (RFC 5681, 6582, 6675), tail loss probes
+//! (RFC 8985 §7), RTO (RFC 6298),
 //! window scaling/timestamps/PAWS (RFC 7323), SACK (RFC 2018, 2883) and the RFC 5961
 //! blind-attack defences.
 //!
@@ -8,7 +9,8 @@
 //! `poll_segment` until it returns `None`; [`Connection`]'s type documentation holds the
 //! contract. The code is split by direction, as `impl` blocks of the one type: `input`
 //! (segment arrival), `output` (segment generation), `timers` (the timer table and what
-//! fires from it) and `undo` (spurious-recovery detection and undo).
+//! fires from it), `tlp` (tail loss probes, RFC 8985 §7) and `undo` (spurious-recovery
+//! detection and undo).
 
 use super::assembler::{Assembler, AssemblerConfig};
 use super::cc::{Cc, CongestionControl, RecoveryInflation};
@@ -317,14 +319,13 @@ pub struct Connection {
 
     // Queues and the per-ACK state of loss recovery and congestion control, each hot part
     // line-aligned (checked by `hot_fields_share_the_first_cache_lines`): the counters end at
-    // byte 464, the assembler's hot 48 bytes fill the rest of that line, and 32 cold bytes
-    // after the receive queue align the send queue and the scoreboard.
-    ooo: Assembler<Zbuf>,
+    // byte 480, the receive queue fills the rest of that line, the assembler's hot 48 bytes
+    // start the next, and the 16 bytes after the assembler align the send queue and the
+    // scoreboard.
     rcvq: VecDeque<Zbuf>,
+    ooo: Assembler<Zbuf>,
     /// NewReno's inflated window while recovering without SACK (RFC 6582 §3.2).
     inflation: RecoveryInflation,
-    /// RFC 5961 §7 rate limit: (window start, challenge ACKs in this window).
-    challenge: (Instant, u32),
     iss: SeqNum,
     irs: SeqNum,
     sndq: SendQueue,
@@ -359,6 +360,12 @@ pub struct Connection {
     close_reason: Option<CloseReason>,
     /// D-SACK detection of a spurious recovery (RFC 3708).
     undo: UndoEpisode,
+    /// RFC 5961 §7 rate limit: (window start, challenge ACKs in this window).
+    challenge: (Instant, u32),
+    /// The outstanding tail loss probe (RFC 8985 §7), if any.
+    tlp: Option<TlpEpisode>,
+    /// The probe timeout fired: a loss probe is due at the next poll.
+    send_tlp: bool,
 }
 
 impl core::fmt::Debug for Connection {
@@ -458,6 +465,8 @@ impl Connection {
             last_recover: iss,
             inflation: RecoveryInflation::default(),
             undo: UndoEpisode::new(),
+            tlp: None,
+            send_tlp: false,
             rexmit_now: None,
             syn_retransmitted: false,
             rcv_mss: DEFAULT_PEER_MSS.min(mss),
@@ -980,11 +989,13 @@ impl Connection {
 mod input;
 mod output;
 mod timers;
+mod tlp;
 mod undo;
 
 #[cfg(test)]
 use output::options_len;
 use timers::{Timer, TimerTable};
+use tlp::TlpEpisode;
 use undo::UndoEpisode;
 
 #[cfg(test)]

@@ -1743,9 +1743,11 @@ fn rfc5961_5_2_segment_with_unacceptable_ack_does_not_update_ts_recent() {
 /// RFC 2018 §8 requires the left edge to be resent.
 #[test]
 fn rfc2018_8_reneged_left_edge_is_retransmitted() {
+    // Every timeout below is the RTO's: no tail loss probe first.
     let cfg = TcpConfig {
         sack: true,
         max_retries: 4,
+        tlp: None,
         ..plain_cfg()
     };
     let peer = TcpOptions {
@@ -2169,6 +2171,9 @@ fn rfc3522_duplicated_retransmission_of_a_lost_segment_is_not_undone() {
 #[test]
 fn rfc3708_rto_ends_the_undo_episode() {
     let (mut c, _, _, m) = spurious_candidate(false);
+    // The timeout below is the RTO's: no tail loss probe first (nor the one armed).
+    Arc::make_mut(&mut c.cfg).tlp = None;
+    c.timers.clear(Timer::Pto);
     let una = ISS + 1;
     let rto = c.poll_timeout().unwrap();
     c.on_timeout(rto);
@@ -3023,4 +3028,190 @@ fn hot_fields_share_the_first_cache_lines() {
     assert_eq!(rtt % 64, 0, "RTT estimator at byte {rtt}");
     assert!(size_of::<RttEstimator>() <= 128);
     assert_eq!(offset_of!(Connection, cc) % 64, 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Tail loss probes (RFC 8985 §7)
+// ---------------------------------------------------------------------------------------
+
+/// Established with SACK at t = 1 ms (one RTT sample of 1 ms: SRTT 1 ms, RTO 200 ms), with
+/// `n` full segments sent at t = 2 ms and none acknowledged.
+fn tlp_flight(cfg: TcpConfig, n: usize) -> Connection {
+    let peer = TcpOptions {
+        sack_permitted: true,
+        ..TcpOptions::default()
+    };
+    let mut c = established_with(cfg, peer);
+    c.send(&zb(&vec![7u8; 1460 * n])).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), n);
+    c
+}
+
+fn plain_sack_cfg() -> TcpConfig {
+    TcpConfig {
+        sack: true,
+        ..plain_cfg()
+    }
+}
+
+/// A whole flight lost (a burst loss at a queue): the probe goes out two round trips after
+/// it (here the 10 ms floor), not after the 200 ms RTO; the last segment again, since no new
+/// data waits. Its SACK shows the holes below it, which are lost (RFC 8985 §6.2: data sent
+/// after them arrived): fast recovery resends SND.UNA at once. No RTO anywhere.
+#[test]
+fn rfc8985_7_a_lost_flight_is_probed_and_recovered_without_an_rto() {
+    let mut c = tlp_flight(plain_sack_cfg(), 3);
+    let una = ISS + 1;
+    assert_eq!(c.poll_timeout(), Some(t(12)), "PTO = max(2 SRTT, 10 ms)");
+    c.on_timeout(t(12));
+    let probe = poll_all(&mut c, t(12));
+    assert_eq!(probe.len(), 1, "one probe");
+    assert_eq!(
+        probe[0].repr.seq,
+        SeqNum(una + 2 * 1460),
+        "the last segment"
+    );
+    assert_eq!(probe[0].payload.len(), 1460);
+    assert_eq!(c.counters.tlp_probes, 1);
+    assert_eq!(c.counters.rtos, 0);
+    assert_eq!(
+        c.poll_timeout(),
+        Some(t(212)),
+        "the RTO restarts; no second probe"
+    );
+    // The probe arrives alone: the peer SACKs it.
+    c.on_segment(t(13), &sack_ack(una, una + 2920, una + 4380), zb(&[]));
+    assert!(c.in_recovery(), "the SACKed probe starts recovery");
+    assert_eq!(c.counters.tlp_recoveries, 1);
+    let out = poll_all(&mut c, t(13));
+    assert_eq!(out[0].repr.seq, SeqNum(una), "SND.UNA resent at once");
+    c.on_segment(
+        t(14),
+        &sack_ack(una + 1460, una + 2920, una + 4380),
+        zb(&[]),
+    );
+    let out = poll_all(&mut c, t(14));
+    assert!(
+        out.iter()
+            .any(|s| s.repr.seq == SeqNum(una + 1460) && !s.payload.is_empty()),
+        "the second hole follows"
+    );
+    c.on_segment(t(15), &ack_seg(PEER_ISS + 1, una + 4380, 65535), zb(&[]));
+    assert!(!c.in_recovery());
+    assert_eq!(c.counters.rtos, 0);
+    assert_eq!(c.poll_timeout(), None, "all acknowledged");
+}
+
+/// One segment in flight (the last of three lost, the first two acknowledged): its ACK may
+/// be delayed, so the PTO gets the worst-case delayed-ACK time added and is capped by the
+/// RTO: the probe goes out when the RTO would have, in its place (no timeout, no collapse
+/// of the window). The ACK that covers it leaves the episode open (original or probe?);
+/// an ACK beyond it without a D-SACK proves the probe repaired a loss: the window is
+/// reduced (RFC 8985 §7.4).
+#[test]
+fn rfc8985_7_4_a_probe_that_repaired_the_last_segment_reduces_the_window() {
+    let mut c = tlp_flight(plain_sack_cfg(), 3);
+    let una = ISS + 1;
+    c.on_segment(t(3), &ack_seg(PEER_ISS + 1, una + 2920, 65535), zb(&[]));
+    let rto_at = c.poll_timeout().unwrap();
+    assert!(
+        rto_at >= t(200),
+        "one segment: PTO capped by the RTO, {rto_at:?}"
+    );
+    c.on_timeout(rto_at);
+    let probe = poll_all(&mut c, rto_at);
+    assert_eq!(probe.len(), 1);
+    assert_eq!(probe[0].repr.seq, SeqNum(una + 2920));
+    assert_eq!((c.counters.tlp_probes, c.counters.rtos), (1, 0));
+    let cwnd = c.cwnd();
+    let at = rto_at + Duration::from_millis(1);
+    c.on_segment(at, &ack_seg(PEER_ISS + 1, una + 4380, 65535), zb(&[]));
+    assert_eq!(c.counters.tlp_recoveries, 0, "not yet decided");
+    c.send(&zb(&[1u8; 100])).unwrap();
+    assert_eq!(poll_all(&mut c, at).len(), 1);
+    c.on_segment(at, &ack_seg(PEER_ISS + 1, una + 4480, 65535), zb(&[]));
+    assert_eq!(c.counters.tlp_recoveries, 1);
+    assert!(c.cwnd() < cwnd, "reduced: {} -> {}", cwnd, c.cwnd());
+    assert_eq!(c.counters.rtos, 0);
+}
+
+/// The originals were only slow: the probe's duplicate is D-SACKed, nothing was lost and
+/// the window stays.
+#[test]
+fn rfc8985_7_4_a_dsacked_probe_reduces_nothing() {
+    let mut c = tlp_flight(plain_sack_cfg(), 3);
+    let una = ISS + 1;
+    c.on_timeout(t(12));
+    assert_eq!(poll_all(&mut c, t(12)).len(), 1);
+    let cwnd = c.cwnd();
+    c.on_segment(t(13), &ack_seg(PEER_ISS + 1, una + 4380, 65535), zb(&[]));
+    // D-SACK (RFC 2883): the block lies below the cumulative ACK.
+    c.on_segment(
+        t(13),
+        &sack_ack(una + 4380, una + 2920, una + 4380),
+        zb(&[]),
+    );
+    assert_eq!(c.counters.dsacks, 1);
+    c.send(&zb(&[1u8; 100])).unwrap();
+    assert_eq!(poll_all(&mut c, t(14)).len(), 1);
+    c.on_segment(t(15), &ack_seg(PEER_ISS + 1, una + 4480, 65535), zb(&[]));
+    assert_eq!(c.counters.tlp_recoveries, 0);
+    assert!(c.cwnd() >= cwnd, "kept: {} -> {}", cwnd, c.cwnd());
+}
+
+/// With new data waiting behind a full congestion window, the probe is new data, sent
+/// past the window (RFC 8985 §7.3: congestion control does not gate the probe).
+#[test]
+fn rfc8985_7_3_the_probe_is_new_data_when_some_waits() {
+    let cfg = TcpConfig {
+        cc_config: crate::tcp::cc::CcConfig {
+            initial_window: crate::tcp::cc::InitialWindow::Segments(4),
+            ..Default::default()
+        },
+        ..plain_sack_cfg()
+    };
+    let peer = TcpOptions {
+        sack_permitted: true,
+        ..TcpOptions::default()
+    };
+    let mut c = established_with(cfg, peer);
+    let una = ISS + 1;
+    c.send(&zb(&vec![7u8; 1460 * 6])).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 4, "the initial window");
+    c.on_timeout(t(12));
+    let probe = poll_all(&mut c, t(12));
+    assert_eq!(probe.len(), 1);
+    assert_eq!(
+        probe[0].repr.seq,
+        SeqNum(una + 4 * 1460),
+        "the fifth segment, new"
+    );
+    assert_eq!(c.counters.retransmits, 0);
+    assert_eq!(c.counters.tlp_probes, 1);
+}
+
+/// No probe without SACK (the probe's SACK is what tells the sender what is missing) or
+/// with probing turned off: the RTO is the only timer.
+#[test]
+fn rfc8985_7_2_no_probe_without_sack_or_when_off() {
+    let peer = TcpOptions {
+        sack_permitted: true,
+        ..TcpOptions::default()
+    };
+    for cfg in [
+        plain_cfg(),
+        TcpConfig {
+            tlp: None,
+            ..plain_sack_cfg()
+        },
+    ] {
+        let mut c = established_with(cfg, peer);
+        c.send(&zb(&vec![7u8; 1460 * 3])).unwrap();
+        assert_eq!(poll_all(&mut c, t(2)).len(), 3);
+        let at = c.poll_timeout().unwrap();
+        assert_eq!(at, t(202), "the RTO only");
+        c.on_timeout(at);
+        assert_eq!(c.counters.rtos, 1);
+        assert_eq!(c.counters.tlp_probes, 0);
+    }
 }

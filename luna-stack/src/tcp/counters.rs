@@ -98,6 +98,12 @@ pub struct ConnCounters {
     pub window_probes: u64,
     /// Keepalive probes sent.
     pub keepalive_probes: u64,
+    /// Tail loss probes sent (RFC 8985 §7).
+    pub tlp_probes: u64,
+    /// Losses a tail loss probe revealed: repaired by the probe itself (RFC 8985 §7.4:
+    /// acknowledged beyond a retransmitted probe without a D-SACK for it) or by the fast
+    /// recovery its SACK started. Each reduced the congestion window.
+    pub tlp_recoveries: u64,
     /// Drops by reason, indexed like [`DropReason::ALL`].
     pub drops: [u64; DropReason::ALL.len()],
 }
@@ -131,6 +137,8 @@ impl ConnCounters {
         self.sack_renegings += o.sack_renegings;
         self.window_probes += o.window_probes;
         self.keepalive_probes += o.keepalive_probes;
+        self.tlp_probes += o.tlp_probes;
+        self.tlp_recoveries += o.tlp_recoveries;
         self.fast_path_hits += o.fast_path_hits;
         for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {
             *a += b;

@@ -862,13 +862,18 @@ fn rfc6582_and_rfc6298_recovery_and_rto_take_the_full_path() {
     };
     let seg = peer_seg(TcpFlags::ACK, PEER + 1, ACKED, 65535, ts(101, 5));
     assert_eq!(run_case(TcpConfig::default(), prep, seg, 0), 0);
-    // RFC 6298 §5.4: after an RTO SND.NXT is rewound below SND.MAX.
+    // RFC 6298 §5.4: after an RTO SND.NXT is rewound below SND.MAX (no tail loss probe
+    // first: the case is the RTO's).
     let prep = |c: &mut Connection| {
         let at = c.poll_timeout().expect("RTO armed");
         c.on_timeout(at);
         assert!(c.snd_nxt != c.snd_max);
     };
-    assert_eq!(run_case(TcpConfig::default(), prep, seg, 0), 0);
+    let no_tlp = TcpConfig {
+        tlp: None,
+        ..TcpConfig::default()
+    };
+    assert_eq!(run_case(no_tlp, prep, seg, 0), 0);
 }
 
 #[test]

@@ -332,6 +332,12 @@ impl RttEstimator {
         self.has_sample.then(|| Duration::from_nanos(self.srtt))
     }
 
+    /// Smoothed RTT in nanoseconds, once a sample exists (for per-segment arithmetic).
+    #[inline]
+    pub fn srtt_nanos(&self) -> Option<u64> {
+        self.has_sample.then_some(self.srtt)
+    }
+
     /// RTT variation, once a sample exists.
     pub fn rttvar(&self) -> Option<Duration> {
         self.has_sample.then(|| Duration::from_nanos(self.rttvar))

@@ -810,6 +810,7 @@ impl Connection {
         if let Some((l, r)) = sack_info.dsack {
             self.counters.dsacks += 1;
             self.undo.on_dsack(l, r);
+            self.tlp_on_dsack(l, r);
         }
         self.undo_on_ack(ack, high_before, seg);
         // Before this ACK can start a new recovery (which replaces the episode).
@@ -849,6 +850,10 @@ impl Connection {
                     }
                 }
             }
+        }
+
+        if self.recovery.is_none() && self.tlp.is_some() {
+            self.tlp_on_sack(now);
         }
 
         if self
@@ -946,11 +951,14 @@ impl Connection {
                     .on_ack(now, acked, &self.rtt, in_flight_before, app_limited);
             }
         }
-        // RFC 6298 §5.2/5.3: stop the timer when all is acknowledged, else restart it.
+        self.tlp_on_new_ack(now, ack);
+        // RFC 6298 §5.2/5.3: stop the timer when all is acknowledged, else restart it;
+        // RFC 8985 §7.2: the probe timeout with it.
         if self.snd_una == self.snd_max {
             self.timers.clear(Timer::Rto);
         } else {
             self.timers.set(Timer::Rto, now + self.rto());
+            self.arm_pto(now);
         }
     }
 
@@ -959,6 +967,9 @@ impl Connection {
         let in_flight = (self.snd_max - self.snd_una).saturating_sub(self.lt_bytes);
         self.lt_bytes = 0;
         self.recovery = Some(self.snd_max);
+        // RFC 8985 §7: recovery takes over from a probe episode (and reduces the window).
+        self.tlp = None;
+        self.send_tlp = false;
         self.cc.on_enter_recovery(now, in_flight);
         self.sb.on_enter_recovery();
         self.inflation = RecoveryInflation::on_enter(self.snd_mss);

@@ -1,4 +1,4 @@
-//! Timers: retransmission (RFC 6298), persist (RFC 9293 §3.8.6.1), delayed ACK, TIME-WAIT,
+//! Timers: retransmission (RFC 6298), tail loss probe (RFC 8985 §7, armed in `tlp.rs`), persist (RFC 9293 §3.8.6.1), delayed ACK, TIME-WAIT,
 //! FIN-WAIT-2 of an orphan and keepalive (RFC 9293 §3.8.4).
 
 use super::*;
@@ -121,6 +121,11 @@ impl Connection {
         if self.timers.take_due(Timer::DelayedAck, now) {
             self.ack_now = true;
         }
+        // RFC 8985 §7.2: a probe due no later than the RTO goes out in its place (it
+        // restarts the retransmission timer).
+        if self.timers.take_due(Timer::Pto, now) {
+            self.on_pto(now);
+        }
         if self.timers.take_due(Timer::Rto, now) {
             self.on_rto(now);
         }
@@ -186,6 +191,9 @@ impl Connection {
         self.dupacks = 0;
         self.rexmit_now = None;
         self.rtt_probe = None;
+        // RFC 8985 §7: the timeout ends a probe episode (its loss is the RTO's now).
+        self.tlp = None;
+        self.send_tlp = false;
         // Go back N from SND.UNA (RFC 5681 §3.1); SACKed ranges above it are skipped when
         // resent (RFC 6675 §5.1), which is safe because reneging is detected on every ACK.
         self.snd_nxt = self.snd_una;
@@ -241,30 +249,36 @@ pub(super) enum Timer {
     FinWait2,
     /// Next keepalive probe (RFC 9293 §3.8.4).
     Keepalive,
+    /// Tail loss probe (RFC 8985 §7, `conn/tlp.rs`); armed only together with `Rto`, and
+    /// never later than it.
+    Pto,
 }
 
 impl Timer {
-    const COUNT: usize = 6;
+    const COUNT: usize = 7;
 }
 
 /// A connection's deadlines, one optional instant per [`Timer`]: `poll_timeout` is their
 /// minimum and `on_timeout` fires the ones due, in a fixed order.
 ///
-/// Stored as nanoseconds with a bit per armed timer (a disarmed slot holds `u64::MAX`), so
-/// the minimum the stack asks for after every segment is six branch-free `min`s instead of
-/// a chain of `Option` matches; an armed deadline may itself be `u64::MAX` (a saturated
-/// sum), which the bit keeps apart from "disarmed".
+/// Stored as nanoseconds, a disarmed slot holding `u64::MAX`, so the minimum the stack asks
+/// for after every segment is seven branch-free `min`s instead of a chain of `Option`
+/// matches. An armed deadline is at most `u64::MAX - 1` ns (a saturated sum, 584 years
+/// after the clock's origin, is stored one nanosecond early), which keeps it apart from
+/// "disarmed" without a separate bit: the table is 56 bytes and ends the connection's
+/// fourth hot line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct TimerTable {
     at: [u64; Timer::COUNT],
-    armed: u8,
 }
+
+/// A disarmed slot.
+const DISARMED: u64 = u64::MAX;
 
 impl Default for TimerTable {
     fn default() -> Self {
         TimerTable {
-            at: [u64::MAX; Timer::COUNT],
-            armed: 0,
+            at: [DISARMED; Timer::COUNT],
         }
     }
 }
@@ -272,19 +286,28 @@ impl Default for TimerTable {
 impl TimerTable {
     /// Arms (or re-arms) `t` for `at`.
     pub(super) fn set(&mut self, t: Timer, at: Instant) {
-        self.at[t as usize] = at.as_nanos();
-        self.armed |= 1 << t as u8;
+        self.at[t as usize] = at.as_nanos().min(DISARMED - 1);
     }
 
-    /// Disarms `t`.
+    /// Disarms `t`. Disarming the retransmission timer disarms the loss probe with it
+    /// (the probe runs only while the retransmission timer does).
+    #[inline]
     pub(super) fn clear(&mut self, t: Timer) {
-        self.at[t as usize] = u64::MAX;
-        self.armed &= !(1 << t as u8);
+        self.at[t as usize] = DISARMED;
+        if matches!(t, Timer::Rto) {
+            self.at[Timer::Pto as usize] = DISARMED;
+        }
     }
 
     /// Whether `t` is armed.
     pub(super) fn is_armed(&self, t: Timer) -> bool {
-        self.armed & (1 << t as u8) != 0
+        self.at[t as usize] != DISARMED
+    }
+
+    /// `t`'s deadline, if armed.
+    pub(super) fn deadline(&self, t: Timer) -> Option<Instant> {
+        self.is_armed(t)
+            .then(|| Instant::from_nanos(self.at[t as usize]))
     }
 
     /// Whether `t` is armed and due at `now`.
@@ -304,12 +327,10 @@ impl TimerTable {
     /// The earliest armed deadline.
     pub(super) fn next(&self) -> Option<Instant> {
         // Called after every input by the stack: disarmed slots hold u64::MAX, so the
-        // minimum over all slots is the minimum over the armed ones.
-        if self.armed == 0 {
-            return None;
-        }
-        let m = self.at.iter().fold(u64::MAX, |m, &a| m.min(a));
-        Some(Instant::from_nanos(m))
+        // minimum over all slots is the minimum over the armed ones, and u64::MAX only
+        // when none is armed.
+        let m = self.at.iter().fold(DISARMED, |m, &a| m.min(a));
+        (m != DISARMED).then(|| Instant::from_nanos(m))
     }
 }
 
@@ -335,7 +356,12 @@ mod tests {
         // A saturated deadline is armed, not confused with a disarmed slot.
         t.set(Timer::TimeWait, Instant::from_nanos(u64::MAX));
         assert!(t.is_armed(Timer::TimeWait));
-        assert_eq!(t.next(), Some(Instant::from_nanos(u64::MAX)));
+        assert_eq!(t.next(), Some(Instant::from_nanos(u64::MAX - 1)));
+        assert!(t.is_due(Timer::TimeWait, Instant::from_nanos(u64::MAX)));
         assert!(!t.is_due(Timer::Persist, Instant::from_nanos(u64::MAX)));
+        assert_eq!(t.deadline(Timer::Persist), None);
+        t.set(Timer::Pto, Instant::from_nanos(7));
+        assert_eq!(t.deadline(Timer::Pto), Some(Instant::from_nanos(7)));
+        assert_eq!(t.next(), Some(Instant::from_nanos(7)));
     }
 }

@@ -1,0 +1,201 @@
+//! Tail loss probe (RFC 8985 §7): when the last segments of a flight are lost, no later
+//! segment is left to draw the duplicate ACKs or SACKs that fast recovery needs, and the
+//! sender waits for the retransmission timer (at least `min_rto`, 200 ms by default: a
+//! three-segment RPC reply losing its last segment took 200 ms instead of microseconds).
+//! A probe timeout (PTO) of about two round trips sends one segment — new data if the
+//! receive window allows, else the last segment again — so that the receiver's ACK shows
+//! what is missing: a tail loss is repaired by the probe itself, other losses enter SACK
+//! recovery on the ACK it draws.
+//!
+//! Contract (RFC 8985 §7.2-7.4, as Linux's `tcp_schedule_loss_probe` applies them):
+//! - The PTO is (re)started after new data is sent and when an ACK acknowledges new data,
+//!   only with SACK, outside loss recovery and RTO recovery, with nothing SACKed, the send
+//!   window open and no probe outstanding. PTO = 2·SRTT, plus the worst-case delayed-ACK
+//!   time (`min_rto`, as Linux) when one segment is in flight, at least
+//!   `TcpConfig::tlp` (the floor), 1 s before any RTT sample; never later than the RTO.
+//! - When it fires: one probe, which congestion control does not gate (RFC 8985 §7.3), then
+//!   the RTO is restarted; no second probe until the episode ends.
+//! - The episode ends when an ACK covers the probe: a probe of new data ends it; a
+//!   retransmitted probe that is D-SACKed means the original arrived and nothing was lost;
+//!   an ACK beyond the probe without such a D-SACK means the probe repaired a loss, and congestion control reduces the window as for a recovery entered
+//!   and left at once (RFC 8985 §7.4). Fast recovery and the RTO end an episode too.
+
+use super::output::Rexmit;
+use super::*;
+
+/// An outstanding loss probe (RFC 8985 §7.1 `TLP.end_seq`, `TLP.is_retrans`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct TlpEpisode {
+    /// The probe's first sequence number (its D-SACK names it).
+    pub(super) start: SeqNum,
+    /// `TLP.end_seq`: SND.MAX after the probe was sent.
+    pub(super) end: SeqNum,
+    /// `TLP.is_retrans`: the probe sent the last segment again (no new data could go).
+    pub(super) retrans: bool,
+    /// FlightSize when the probe went out: what a loss it repaired reduces from.
+    pub(super) flight: u32,
+}
+
+/// RFC 8985 §7.2: the PTO before any RTT sample.
+const UNSAMPLED_PTO: Duration = Duration::from_secs(1);
+
+/// `d` in nanoseconds, saturated (584 years).
+#[inline]
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Connection {
+    /// Whether a loss probe may be scheduled or sent now (RFC 8985 §7.2's conditions).
+    fn may_probe(&self) -> bool {
+        self.cfg.tlp.is_some()
+            && self.sack_ok
+            && self.tlp.is_none()
+            && self.recovery.is_none()
+            && self.retries == 0
+            && self.snd_nxt == self.snd_max
+            && self.snd_max != self.snd_una
+            && self.snd_wnd != 0
+            && self.state.is_synchronized()
+            && self.state != State::TimeWait
+            && self.sb.sacked_bytes() == 0
+    }
+
+    /// RFC 8985 §7.2: (re)start the PTO, after new data was sent or new data acknowledged,
+    /// if a probe may be sent; otherwise leave the timer as it is (`on_pto` checks again).
+    #[inline]
+    pub(super) fn arm_pto(&mut self, now: Instant) {
+        let Some(floor) = self.cfg.tlp else {
+            return;
+        };
+        if !self.may_probe() {
+            return;
+        }
+        // In nanoseconds: this runs for every flight sent and every ACK of new data.
+        let pto = match self.rtt.srtt_nanos() {
+            Some(srtt) => {
+                let mut pto = srtt.saturating_mul(2);
+                if self.snd_max - self.snd_una <= self.snd_mss {
+                    // One segment in flight: its ACK may be delayed (WCDelAckT).
+                    pto = pto.saturating_add(ns(self.cfg.rtt.min_rto));
+                }
+                pto.max(ns(floor))
+            }
+            None => ns(UNSAMPLED_PTO),
+        };
+        // Never later than the RTO: then the probe goes out in its place.
+        let rto_at = match self.timers.deadline(Timer::Rto) {
+            Some(at) => at.as_nanos(),
+            None => now.as_nanos().saturating_add(ns(self.rto())),
+        };
+        let at = now.as_nanos().saturating_add(pto).min(rto_at);
+        self.timers.set(Timer::Pto, Instant::from_nanos(at));
+    }
+
+    /// The PTO expired (RFC 8985 §7.3): a probe goes out at the next poll, if one still may,
+    /// and the retransmission timer restarts (the probe takes the place of an RTO due now).
+    pub(super) fn on_pto(&mut self, now: Instant) {
+        if self.may_probe() {
+            self.send_tlp = true;
+            self.timers.set(Timer::Rto, now + self.rto());
+        }
+    }
+
+    /// RFC 8985 §7.3: the probe. New data if there is some and the receive window takes it
+    /// (congestion control does not gate the probe); otherwise the highest-sequence
+    /// segment again: up to one SMSS ending at the last octet sent (the send queue keeps
+    /// no segment boundaries, so it may reach into the segment before), with the FIN if
+    /// that went last. The RTO restarts from now.
+    pub(super) fn loss_probe(&mut self, now: Instant, out: &mut OutSegment) -> bool {
+        let flight = self.snd_max - self.snd_una;
+        let episode = if self.next_data_segment(now, out, 1, true) {
+            TlpEpisode {
+                start: out.repr.seq,
+                end: self.snd_max,
+                retrans: false,
+                flight,
+            }
+        } else {
+            let data_end = self.sndq.end();
+            let fin_sent = self.fin_queued && self.snd_max == data_end + 1u32;
+            let hi = if fin_sent { data_end } else { self.snd_max };
+            let avail = if hi.gt(self.snd_una) {
+                hi - self.snd_una
+            } else {
+                0
+            };
+            let opts = self.data_options(now);
+            let len = avail.min(self.max_payload(&opts));
+            let start = hi - len;
+            if !self.retransmit_at(now, start, len, Rexmit::Probe, out) {
+                return false;
+            }
+            TlpEpisode {
+                start,
+                end: self.snd_max,
+                retrans: true,
+                flight,
+            }
+        };
+        self.tlp = Some(episode);
+        self.counters.tlp_probes += 1;
+        self.timers.set(Timer::Rto, now + self.rto());
+        true
+    }
+
+    /// A D-SACK arrived: if it names the retransmitted probe, the original arrived too and
+    /// nothing was lost (RFC 8985 §7.4).
+    pub(super) fn tlp_on_dsack(&mut self, l: SeqNum, r: SeqNum) {
+        if let Some(t) = self.tlp {
+            if t.retrans && l.lt(t.end) && r.gt(t.start) {
+                self.tlp = None;
+            }
+        }
+    }
+
+    /// The probe was SACKed with data below it still missing: that data was sent before
+    /// the probe, at least a PTO (two smoothed round trips) earlier, and the probe has
+    /// arrived, so by RFC 8985 §6.2 (a segment is lost once one sent after it is delivered
+    /// and more than an RTT plus the reordering window has passed since it was sent) it is
+    /// lost: fast recovery starts now. Without this the one SACKed segment would stay
+    /// below DupThresh and the holes would wait for the RTO.
+    pub(super) fn tlp_on_sack(&mut self, now: Instant) {
+        let Some(t) = self.tlp else {
+            return;
+        };
+        if self.sack_ok
+            && t.start.gt(self.snd_una)
+            && self.sb.is_sacked(t.start)
+            && self.snd_una.ge(self.last_recover)
+        {
+            self.counters.tlp_recoveries += 1;
+            self.enter_recovery(now);
+        }
+    }
+
+    /// An ACK moved SND.UNA to `ack`: the episode ends once the ACK covers the probe
+    /// (RFC 8985 §7.4).
+    #[inline]
+    pub(super) fn tlp_on_new_ack(&mut self, now: Instant, ack: SeqNum) {
+        let Some(t) = self.tlp else {
+            return;
+        };
+        if ack.lt(t.end) {
+            return;
+        }
+        if !t.retrans {
+            // A probe of new data: any loss before it shows in the SACKs it drew.
+            self.tlp = None;
+        } else if ack.gt(t.end) {
+            // Acknowledged beyond the probe and no D-SACK for it: the original was lost
+            // and the probe repaired it. A loss is a congestion signal: reduce as a
+            // recovery entered and left at once would.
+            self.tlp = None;
+            self.counters.tlp_recoveries += 1;
+            self.cc.on_enter_recovery(now, t.flight);
+            self.cc.on_exit_recovery(now, self.snd_max - self.snd_una);
+        }
+        // ACK = TLP.end_seq: the original's ACK or the probe's; the probe's D-SACK, or an
+        // ACK beyond, tells which.
+    }
+}

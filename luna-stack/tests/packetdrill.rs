@@ -131,6 +131,8 @@ scripts! {
     time_wait_syn_no_timestamps,
     time_wait_syn_reuse,
     time_wait_syn_timestamps,
+    tlp_off_rto,
+    tlp_tail_loss,
     ts_recent_hole,
     upstream_sockopts,
     upstream_state_checks,

@@ -370,6 +370,10 @@ impl Runner {
                     let d = ms(line, n, v)?;
                     tcp.delayed_ack = (!d.is_zero()).then_some(d);
                 }
+                "luna_tlp_ms" => {
+                    let d = ms(line, n, v)?;
+                    tcp.tlp = (!d.is_zero()).then_some(d);
+                }
                 "luna_cc" => {
                     tcp.cc = match v {
                         "newreno" => CcAlgorithm::NewReno,

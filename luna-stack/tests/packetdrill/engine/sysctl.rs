@@ -77,6 +77,18 @@ pub fn apply(t: &mut Target<'_>, name: &str, v: &str) -> Result<(), String> {
     if let Some(k) = name.strip_prefix("net.ipv4.") {
         match k {
             "tcp_sack" => tcp.sack = flag(name, v)?,
+            // 0: no early retransmit, no loss probes; 3 (the default) and 4: tail loss
+            // probes (RFC 8985 §7; 3 adds RACK's reordering timer to them). 1 and 2 are
+            // RFC 5827 early retransmit, which luna does not have.
+            "tcp_early_retrans" => match v.trim() {
+                "0" => tcp.tlp = None,
+                "3" | "4" => tcp.tlp = tcp.tlp.or(luna_stack::tcp::TcpConfig::default().tlp),
+                _ => {
+                    return Err(format!(
+                    "sysctl {name}={v}: early retransmit (RFC 5827) is not in luna; 0, 3 and 4 are"
+                ))
+                }
+            },
             "tcp_timestamps" => {
                 // 2 is "on without random offsets" (Linux); luna always randomises.
                 tcp.timestamps = match v.trim() {

@@ -33,6 +33,7 @@
 //! rto_min_us = 5000
 //! rto_max_us = 1000000
 //! send_burst = 16            # segments per send decision (software segmentation); 1 = off
+//! tlp_us = 10000             # least tail loss probe timeout (RFC 8985 §7); 0 = no probes
 //!
 //! [ports]
 //! range = [61440, 65535]
@@ -1025,6 +1026,10 @@ impl Config {
         if let Some((k, v)) = w.take("send_burst") {
             c.send_burst = int(&k, &v, 1, 64)? as u16;
         }
+        if let Some((k, v)) = w.take("tlp_us") {
+            let us = int(&k, &v, 0, 60_000_000)? as u64;
+            c.tlp = (us != 0).then(|| Duration::from_micros(us));
+        }
         for (name, field) in [
             ("nagle", &mut c.nagle),
             ("sack", &mut c.sack),
@@ -1046,6 +1051,7 @@ impl Config {
             "rto_initial_us",
             "time_wait_ms",
             "send_burst",
+            "tlp_us",
             "nagle",
             "sack",
             "timestamps",
@@ -1056,6 +1062,13 @@ impl Config {
                 "tcp.rto_min_us",
                 "is above tcp.rto_max_us",
                 "make rto_min_us <= rto_max_us",
+            ));
+        }
+        if c.tlp.is_some_and(|floor| floor > c.rtt.max_rto) {
+            return Err(err(
+                "tcp.tlp_us",
+                "is above tcp.rto_max_us",
+                "make tlp_us <= rto_max_us, or 0 to turn tail loss probes off",
             ));
         }
         c.validate()

@@ -432,6 +432,8 @@ fn tcp_map(c: &ConnCounters) -> BTreeMap<String, u64> {
         ("spurious_recoveries", c.spurious_recoveries),
         ("window_probes", c.window_probes),
         ("keepalive_probes", c.keepalive_probes),
+        ("tlp_probes", c.tlp_probes),
+        ("tlp_recoveries", c.tlp_recoveries),
         ("fast_path_hits", c.fast_path_hits),
     ]
     .into_iter()

@@ -27,6 +27,7 @@ delayed_ack_us = 200
 rto_min_us = 5000
 rto_max_us = 2000000
 send_burst = 4
+tlp_us = 5000
 
 [ports]
 app = "knb"
@@ -65,6 +66,14 @@ fn good_config_parses_and_builds_core_setups() {
     assert_eq!(c.tcp.send_burst, 4);
     let d = Config::parse(&with("")).unwrap();
     assert_eq!(d.tcp.send_burst, 16, "the default");
+    assert_eq!(c.tcp.tlp, Some(luna_stack::time::Duration::from_millis(5)));
+    assert_eq!(
+        d.tcp.tlp,
+        Some(luna_stack::time::Duration::from_millis(10)),
+        "the default"
+    );
+    let off = Config::parse(&with("[tcp]\ntlp_us = 0\n")).unwrap();
+    assert_eq!(off.tcp.tlp, None, "0 turns probes off");
     assert_eq!(c.net.routes.len(), 1);
     // "other" owns 61440-62463; "knb" (one core) gets the rest.
     let mine = c.ports.plan.ports_of("knb", 0);
@@ -231,6 +240,10 @@ fn bad_tcp_and_runtime_knobs() {
         let e = bad(&with(&format!("[tcp]\nsend_burst = {n}\n")));
         assert_names(&e, "tcp.send_burst", &["out of range"]);
     }
+    let e = bad(&with("[tcp]\ntlp_us = -1\n"));
+    assert_names(&e, "tcp.tlp_us", &["out of range"]);
+    let e = bad(&with("[tcp]\nrto_max_us = 1000000\ntlp_us = 2000000\n"));
+    assert_names(&e, "tcp.tlp_us", &["rto_max_us"]);
     let e = bad(&with("[tcp]\nsack = \"yes\"\n"));
     assert_names(&e, "tcp.sack", &["true or false"]);
     let e = bad(&with("[runtime]\nmode = \"split\"\n"));

@@ -1242,8 +1242,15 @@ fn lunactl_sees_a_live_knb_luna_server() {
     let port = listeners[0].local.rsplit(':').next().unwrap().to_owned();
     for c in seen.cores.iter().flat_map(|c| c.conns.iter()) {
         assert!(c.local.ends_with(&format!(":{port}")), "{c:?}");
-        assert_eq!(c.retransmits, 0, "{c:?}");
     }
+    // A lossless link: no timeout, and nothing resent but a tail loss probe (which a
+    // scheduling stall longer than the probe timeout sets off on this VM).
+    let extra = &v["server"]["extra"];
+    assert_eq!(num(extra, &["rtos"]), 0.0, "{extra}");
+    assert!(
+        num(extra, &["retransmits"]) <= num(extra, &["tlp_probes"]),
+        "{extra}"
+    );
     let rx_live: u64 = seen.cores.iter().map(|c| c.stats["rx_frames"]).sum();
     let rx_final = num(&v, &["server", "extra", "frames_rx"]);
     assert!(

@@ -43,6 +43,9 @@
 //! chain (docs/benchmarks.md, "Flat transmit copy on memif by default"); a zero-copy
 //! client keeps the chain. The copied bytes show in `copied_bytes`.
 //!
+//! `KNB_LUNA_TLP_US=<us>` sets the tail loss probes' least timeout
+//! ([`luna_stack::tcp::TcpConfig::tlp`]; `0` turns probing off; unset: the default).
+//!
 //! Observability (environment, read by the server only):
 //! `KNB_LUNA_SERVER_CONTROL=<path>` opens r2c's control socket at `path` in the server
 //! (inline mode), so `lunactl -s <path> stats|conns|capture` can look inside it while it
@@ -409,6 +412,25 @@ fn open(
     })
 }
 
+/// `KNB_LUNA_TLP_US`'s value: `None` when unset (the stack's default), else the tail
+/// loss probes' floor (`Some(None)`: off).
+fn tlp_from_env(v: Option<&str>) -> Result<Option<Option<luna_stack::time::Duration>>, String> {
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    let us: u64 = v
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&us| us <= 60_000_000)
+        .ok_or_else(|| {
+            format!("KNB_LUNA_TLP_US={v:?} is not microseconds up to 60 s (0: no tail loss probes)")
+        })?;
+    Ok(Some(
+        (us != 0).then(|| luna_stack::time::Duration::from_micros(us)),
+    ))
+}
+
 /// One core per device, stack on `ip/prefix_len`, client ports split between lanes.
 fn setups(
     devices: Vec<DpdkDevice>,
@@ -419,6 +441,7 @@ fn setups(
 ) -> Result<Vec<CoreSetup<DpdkDevice>>, String> {
     let lanes = devices.len() as u32;
     let span = (u32::from(CLIENT_PORTS.1) - u32::from(CLIENT_PORTS.0) + 1) / lanes.max(1);
+    let tlp = tlp_from_env(std::env::var("KNB_LUNA_TLP_US").ok().as_deref())?;
     devices
         .into_iter()
         .enumerate()
@@ -429,6 +452,9 @@ fn setups(
             // The workload's MTU (memif itself enforces none); MSS to match.
             sc.mtu = mtu;
             sc.tcp.mss = mtu - 40;
+            if let Some(tlp) = tlp {
+                sc.tcp.tlp = tlp;
+            }
             sc.caps = d.caps();
             let mut s = CoreSetup::new(i, vec![d], sc);
             s.cpu = Some(cpus[i % cpus.len()]);
@@ -528,6 +554,8 @@ fn core_counters(reports: &[CoreReport]) -> Value {
         "rx_missed": rx_missed,
         "retransmits": tcp.retransmits,
         "rtos": tcp.rtos,
+        "tlp_probes": tcp.tlp_probes,
+        "tlp_recoveries": tcp.tlp_recoveries,
         "stack_drops": drops,
         "stack_drops_by_reason": stack_drops_by_reason(&stack_drops),
         // Software segmentation and receive coalescing at work: frames cut from a send
@@ -1812,6 +1840,21 @@ impl Backend for Luna {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tlp_env_knob_parses_or_names_the_problem() {
+        use luna_stack::time::Duration;
+        assert_eq!(tlp_from_env(None), Ok(None));
+        assert_eq!(tlp_from_env(Some("0")), Ok(Some(None)));
+        assert_eq!(
+            tlp_from_env(Some(" 2000")),
+            Ok(Some(Some(Duration::from_millis(2))))
+        );
+        for bad in ["", "-1", "2ms", "60000001"] {
+            let e = tlp_from_env(Some(bad)).unwrap_err();
+            assert!(e.contains("KNB_LUNA_TLP_US"), "{e}");
+        }
+    }
 
     /// A reliability report needs drops by reason, not only their total.
     #[test]

@@ -8,6 +8,8 @@
 //!   time, in its place).
 //! - RFC 8985 §7: a lost tail of several segments is repaired by a tail loss probe and the
 //!   fast recovery its SACK starts, long before the RTO.
+//! - RFC 8985 §6.2: a loss inside a short flight (fewer than DupThresh segments SACKed above
+//!   it, nothing more to send) is repaired after RACK's reordering window, not the RTO.
 //! - RFC 7323 §5: timestamps and PAWS work while both the sequence space and the timestamp
 //!   clock wrap.
 //! - RFC 9293 §3.8.6.1: zero-window probing against smoltcp with a reader that stops and
@@ -292,6 +294,47 @@ fn rfc8985_7_a_lost_tail_is_probed_not_timed_out() {
         rexmit - first_send >= Duration::from_millis(200),
         "the RTO's floor"
     );
+}
+
+/// RFC 8985 §6.2: one segment lost inside a three-segment flight (an RPC message), the
+/// others SACKed: two SACKed segments, under DupThresh, and nothing more to send to draw a
+/// third. RACK's reordering timer marks the hole lost a quarter of the minimum RTT after
+/// the SACK and fast recovery repairs it within a few RTTs; with RACK off it waits for the
+/// 200 ms RTO.
+#[test]
+fn rfc8985_6_2_a_loss_in_a_short_flight_is_repaired_without_an_rto() {
+    const LEN: u32 = 4000; // three segments
+    for first in [true, false] {
+        let plan: Plan = if first {
+            Box::new(|index, _, _| index == 0)
+        } else {
+            Box::new(|index, _, _| index == 1)
+        };
+        let (sim, obs) = bulk_a_to_b(TcpConfig::default(), LEN as usize, plan);
+        let o = obs.borrow();
+        assert_eq!(o.dropped.len(), 1, "{o:?}");
+        let first_send = o.sends.iter().find(|s| !s.3).expect("first transmission").0;
+        let c = sim.a.stack.tcp_counters();
+        assert_eq!((c.rtos, c.rack_recoveries), (0, 1), "{c:?}");
+        let (rexmit, _) = repair_time(&o, o.dropped[0]);
+        let waited = rexmit - first_send;
+        assert!(
+            waited <= RTT * 3,
+            "lost first={first}: resent after {waited:?}"
+        );
+        eprintln!("short flight, lost first={first}: resent {waited:?} after the flight");
+    }
+    let off = TcpConfig {
+        rack: false,
+        ..TcpConfig::default()
+    };
+    let (sim, obs) = bulk_a_to_b(off, LEN as usize, Box::new(|index, _, _| index == 0));
+    let o = obs.borrow();
+    let c = sim.a.stack.tcp_counters();
+    assert_eq!(c.rtos, 1, "{c:?}");
+    let first_send = o.sends.iter().find(|s| !s.3).expect("first transmission").0;
+    let (rexmit, _) = repair_time(&o, o.dropped[0]);
+    assert!(rexmit - first_send >= Duration::from_millis(200));
 }
 
 // ------------------------------------------------------------------------------------------

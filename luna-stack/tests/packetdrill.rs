@@ -101,6 +101,7 @@ scripts! {
     overlapping_segments,
     paws,
     persist_window_opens,
+    rack_reordering_timer,
     receive_window_full,
     recv_peek,
     rst_challenge_ack,

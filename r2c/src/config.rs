@@ -34,6 +34,7 @@
 //! rto_max_us = 1000000
 //! send_burst = 16            # segments per send decision (software segmentation); 1 = off
 //! tlp_us = 10000             # least tail loss probe timeout (RFC 8985 §7); 0 = no probes
+//! rack = true                # RACK's reordering timer (RFC 8985 §6.2)
 //!
 //! [ports]
 //! range = [61440, 65535]
@@ -1035,6 +1036,7 @@ impl Config {
             ("sack", &mut c.sack),
             ("timestamps", &mut c.timestamps),
             ("window_scaling", &mut c.window_scaling),
+            ("rack", &mut c.rack),
         ] {
             if let Some((k, v)) = w.take(name) {
                 *field = boolean(&k, &v)?;
@@ -1056,6 +1058,7 @@ impl Config {
             "sack",
             "timestamps",
             "window_scaling",
+            "rack",
         ])?;
         if c.rtt.min_rto > c.rtt.max_rto {
             return Err(err(

@@ -433,7 +433,7 @@ fn tcp_map(c: &ConnCounters) -> BTreeMap<String, u64> {
         ("window_probes", c.window_probes),
         ("keepalive_probes", c.keepalive_probes),
         ("tlp_probes", c.tlp_probes),
-        ("tlp_recoveries", c.tlp_recoveries),
+        ("rack_recoveries", c.rack_recoveries),
         ("fast_path_hits", c.fast_path_hits),
     ]
     .into_iter()

@@ -28,6 +28,7 @@ rto_min_us = 5000
 rto_max_us = 2000000
 send_burst = 4
 tlp_us = 5000
+rack = false
 
 [ports]
 app = "knb"
@@ -72,6 +73,7 @@ fn good_config_parses_and_builds_core_setups() {
         Some(luna_stack::time::Duration::from_millis(10)),
         "the default"
     );
+    assert!(!c.tcp.rack && d.tcp.rack, "rack: set off, on by default");
     let off = Config::parse(&with("[tcp]\ntlp_us = 0\n")).unwrap();
     assert_eq!(off.tcp.tlp, None, "0 turns probes off");
     assert_eq!(c.net.routes.len(), 1);

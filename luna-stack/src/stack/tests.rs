@@ -462,12 +462,10 @@ fn stack_retransmit_total_equals_the_connections_sum_without_a_walk() {
         |n| n.a.connection_count() == 0 && n.b.connection_count() == 0,
         100_000,
     );
-    assert_eq!(
-        net.a.tcp_counters().retransmits,
-        live,
-        "reclaimed, still counted"
-    );
-    assert_eq!(net.a.counters().tcp_retransmits, live);
+    // Closing may retransmit too (a lost FIN, or data the loss-detection timer resends).
+    let end = net.a.tcp_counters().retransmits;
+    assert!(end >= live, "reclaimed, still counted: {end} < {live}");
+    assert_eq!(net.a.counters().tcp_retransmits, end);
 }
 
 #[test]

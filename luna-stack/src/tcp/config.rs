@@ -103,6 +103,12 @@ pub struct TcpConfig {
     /// spurious probe, though harmless (D-SACKed, no window reduction), is a retransmission.
     /// `None` turns probing off. At most `rtt.max_rto`.
     pub tlp: Option<Duration>,
+    /// RACK's reordering timer (RFC 8985 §6.2, with SACK): data SACKed above a hole for
+    /// longer than the reordering window (a quarter of the minimum RTT; a smoothed RTT once
+    /// reordering was seen) marks the hole lost and starts fast recovery, though fewer than
+    /// DupThresh segments are SACKed. Without it a loss in a flight of two to four
+    /// segments (an RPC) waits for the RTO. On by default (Linux `tcp_recovery` bit 1).
+    pub rack: bool,
 }
 
 impl Default for TcpConfig {
@@ -132,6 +138,7 @@ impl Default for TcpConfig {
             time_wait_reopen_by_seq: false,
             send_burst: 16,
             tlp: Some(Duration::from_millis(10)),
+            rack: true,
         }
     }
 }

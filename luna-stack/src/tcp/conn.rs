@@ -366,6 +366,11 @@ pub struct Connection {
     tlp: Option<TlpEpisode>,
     /// The probe timeout fired: a loss probe is due at the next poll.
     send_tlp: bool,
+    /// RACK's reordering window in quarters of the minimum RTT (RFC 8985 §6.2
+    /// `RACK.reo_wnd_mult`): one, grown by D-SACKs.
+    reo_mult: u8,
+    /// Recoveries before `reo_mult` falls back to one (§6.2 `RACK.reo_wnd_persist`).
+    reo_persist: u8,
 }
 
 impl core::fmt::Debug for Connection {
@@ -467,6 +472,8 @@ impl Connection {
             undo: UndoEpisode::new(),
             tlp: None,
             send_tlp: false,
+            reo_mult: 1,
+            reo_persist: 0,
             rexmit_now: None,
             syn_retransmitted: false,
             rcv_mss: DEFAULT_PEER_MSS.min(mss),

@@ -3082,7 +3082,7 @@ fn rfc8985_7_a_lost_flight_is_probed_and_recovered_without_an_rto() {
     // The probe arrives alone: the peer SACKs it.
     c.on_segment(t(13), &sack_ack(una, una + 2920, una + 4380), zb(&[]));
     assert!(c.in_recovery(), "the SACKed probe starts recovery");
-    assert_eq!(c.counters.tlp_recoveries, 1);
+    assert_eq!(c.counters.rack_recoveries, 1);
     let out = poll_all(&mut c, t(13));
     assert_eq!(out[0].repr.seq, SeqNum(una), "SND.UNA resent at once");
     c.on_segment(
@@ -3126,11 +3126,11 @@ fn rfc8985_7_4_a_probe_that_repaired_the_last_segment_reduces_the_window() {
     let cwnd = c.cwnd();
     let at = rto_at + Duration::from_millis(1);
     c.on_segment(at, &ack_seg(PEER_ISS + 1, una + 4380, 65535), zb(&[]));
-    assert_eq!(c.counters.tlp_recoveries, 0, "not yet decided");
+    assert_eq!(c.counters.rack_recoveries, 0, "not yet decided");
     c.send(&zb(&[1u8; 100])).unwrap();
     assert_eq!(poll_all(&mut c, at).len(), 1);
     c.on_segment(at, &ack_seg(PEER_ISS + 1, una + 4480, 65535), zb(&[]));
-    assert_eq!(c.counters.tlp_recoveries, 1);
+    assert_eq!(c.counters.rack_recoveries, 1);
     assert!(c.cwnd() < cwnd, "reduced: {} -> {}", cwnd, c.cwnd());
     assert_eq!(c.counters.rtos, 0);
 }
@@ -3155,7 +3155,7 @@ fn rfc8985_7_4_a_dsacked_probe_reduces_nothing() {
     c.send(&zb(&[1u8; 100])).unwrap();
     assert_eq!(poll_all(&mut c, t(14)).len(), 1);
     c.on_segment(t(15), &ack_seg(PEER_ISS + 1, una + 4480, 65535), zb(&[]));
-    assert_eq!(c.counters.tlp_recoveries, 0);
+    assert_eq!(c.counters.rack_recoveries, 0);
     assert!(c.cwnd() >= cwnd, "kept: {} -> {}", cwnd, c.cwnd());
 }
 
@@ -3214,4 +3214,110 @@ fn rfc8985_7_2_no_probe_without_sack_or_when_off() {
         assert_eq!(c.counters.rtos, 1);
         assert_eq!(c.counters.tlp_probes, 0);
     }
+}
+
+/// RFC 8985 §6.2 (RACK's reordering timer): the second of three segments is lost; the ACK
+/// of the first SACKs the third, one segment, under DupThresh. A quarter of the minimum RTT
+/// later (1 ms here: 250 µs) the hole is still open and recovery resends it; no RTO.
+#[test]
+fn rfc8985_6_2_a_hole_under_dupthresh_is_recovered_after_the_reordering_window() {
+    let mut c = tlp_flight(plain_sack_cfg(), 3);
+    let una = ISS + 1;
+    let sack = sack_ack(una + 1460, una + 2920, una + 4380);
+    c.on_segment(t(3), &sack, zb(&[]));
+    assert!(!c.in_recovery(), "one SACKed segment: under DupThresh");
+    let at = c.poll_timeout().unwrap();
+    assert_eq!(at, t(3) + Duration::from_micros(250), "min RTT / 4");
+    c.on_timeout(at);
+    assert!(c.in_recovery());
+    assert_eq!(c.counters.rack_recoveries, 1);
+    let out = poll_all(&mut c, at);
+    assert_eq!(out[0].repr.seq, SeqNum(una + 1460), "the hole, at once");
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 1, una + 4380, 65535), zb(&[]));
+    assert!(!c.in_recovery());
+    assert_eq!((c.counters.rtos, c.counters.tlp_probes), (0, 0));
+}
+
+/// The hole is only late (reordered): it arrives inside the window, nothing is resent; and
+/// D-SACKs widen the window (RFC 8985 §6.2 step 4).
+#[test]
+fn rfc8985_6_2_a_late_segment_inside_the_window_is_not_lost() {
+    let mut c = tlp_flight(plain_sack_cfg(), 3);
+    let una = ISS + 1;
+    c.on_segment(t(3), &sack_ack(una + 1460, una + 2920, una + 4380), zb(&[]));
+    let at = c.poll_timeout().unwrap();
+    c.on_segment(
+        Instant::from_nanos(at.as_nanos() - 1_000),
+        &ack_seg(PEER_ISS + 1, una + 4380, 65535),
+        zb(&[]),
+    );
+    assert_eq!(c.poll_timeout(), None, "all acknowledged: no timer left");
+    assert_eq!((c.counters.rack_recoveries, c.counters.retransmits), (0, 0));
+
+    // Each D-SACK (a needless retransmission: reordering) widens the window by a quarter
+    // of the minimum RTT, up to a smoothed RTT.
+    for (dsacks, want) in [
+        (1, Duration::from_micros(500)),
+        (8, Duration::from_millis(1)),
+    ] {
+        let mut c = tlp_flight(plain_sack_cfg(), 3);
+        for _ in 0..dsacks {
+            c.rack_on_dsack();
+        }
+        assert_eq!(c.rtt.srtt(), Some(Duration::from_millis(1)));
+        c.on_segment(t(3), &sack_ack(una + 1460, una + 2920, una + 4380), zb(&[]));
+        assert_eq!(c.poll_timeout(), Some(t(3) + want), "{dsacks} D-SACKs");
+    }
+}
+
+/// RACK off: the same hole waits for the RTO (as RFC 6675 alone does).
+#[test]
+fn rfc8985_6_2_no_reordering_timer_when_off() {
+    let cfg = TcpConfig {
+        rack: false,
+        ..plain_sack_cfg()
+    };
+    let mut c = tlp_flight(cfg, 3);
+    let una = ISS + 1;
+    c.on_segment(t(3), &sack_ack(una + 1460, una + 2920, una + 4380), zb(&[]));
+    // (The probe timeout armed with the flight may still wake the connection; with data
+    // SACKed it does nothing.)
+    let mut at = c.poll_timeout().unwrap();
+    while c.counters.rtos == 0 {
+        assert!(!c.in_recovery() && at < t(1_000), "{at:?}");
+        c.on_timeout(at);
+        if c.counters.rtos == 0 {
+            at = c.poll_timeout().unwrap();
+        }
+    }
+    assert!(at >= t(200), "repaired by the RTO, at {at:?}");
+    assert_eq!(c.counters.rack_recoveries, 0);
+}
+
+/// With data waiting to go out, the SACKs keep coming (limited transmit) and RFC 6675's
+/// DupThresh decides: no reordering timer (RFC 5827's condition).
+#[test]
+fn rfc8985_6_2_no_reordering_timer_while_new_data_can_go() {
+    let cfg = TcpConfig {
+        cc_config: crate::tcp::cc::CcConfig {
+            initial_window: crate::tcp::cc::InitialWindow::Segments(3),
+            ..Default::default()
+        },
+        ..plain_sack_cfg()
+    };
+    let peer = TcpOptions {
+        sack_permitted: true,
+        ..TcpOptions::default()
+    };
+    let mut c = established_with(cfg, peer);
+    let una = ISS + 1;
+    c.send(&zb(&vec![7u8; 1460 * 6])).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), 3, "the initial window");
+    c.on_segment(t(3), &sack_ack(una + 1460, una + 2920, una + 4380), zb(&[]));
+    let next = c.poll_timeout().unwrap();
+    assert!(next > t(3) + Duration::from_millis(1), "{next:?}");
+    assert!(
+        !poll_all(&mut c, t(3)).is_empty(),
+        "new data goes out instead"
+    );
 }

@@ -100,10 +100,11 @@ pub struct ConnCounters {
     pub keepalive_probes: u64,
     /// Tail loss probes sent (RFC 8985 §7).
     pub tlp_probes: u64,
-    /// Losses a tail loss probe revealed: repaired by the probe itself (RFC 8985 §7.4:
-    /// acknowledged beyond a retransmitted probe without a D-SACK for it) or by the fast
-    /// recovery its SACK started. Each reduced the congestion window.
-    pub tlp_recoveries: u64,
+    /// Losses found by RACK-TLP (RFC 8985) before DupThresh or the RTO found them: fast
+    /// recoveries started by the reordering timer (§6.2: data SACKed above a hole for
+    /// longer than the reordering window) or by a SACKed tail loss probe, and losses a
+    /// retransmitted probe repaired itself (§7.4). Each reduced the congestion window.
+    pub rack_recoveries: u64,
     /// Drops by reason, indexed like [`DropReason::ALL`].
     pub drops: [u64; DropReason::ALL.len()],
 }
@@ -138,7 +139,7 @@ impl ConnCounters {
         self.window_probes += o.window_probes;
         self.keepalive_probes += o.keepalive_probes;
         self.tlp_probes += o.tlp_probes;
-        self.tlp_recoveries += o.tlp_recoveries;
+        self.rack_recoveries += o.rack_recoveries;
         self.fast_path_hits += o.fast_path_hits;
         for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {
             *a += b;

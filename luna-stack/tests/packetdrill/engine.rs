@@ -370,6 +370,7 @@ impl Runner {
                     let d = ms(line, n, v)?;
                     tcp.delayed_ack = (!d.is_zero()).then_some(d);
                 }
+                "luna_rack" => tcp.rack = parse_bool(line, n, v)?,
                 "luna_tlp_ms" => {
                     let d = ms(line, n, v)?;
                     tcp.tlp = (!d.is_zero()).then_some(d);

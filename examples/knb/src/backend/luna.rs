@@ -555,7 +555,7 @@ fn core_counters(reports: &[CoreReport]) -> Value {
         "retransmits": tcp.retransmits,
         "rtos": tcp.rtos,
         "tlp_probes": tcp.tlp_probes,
-        "tlp_recoveries": tcp.tlp_recoveries,
+        "rack_recoveries": tcp.rack_recoveries,
         "stack_drops": drops,
         "stack_drops_by_reason": stack_drops_by_reason(&stack_drops),
         // Software segmentation and receive coalescing at work: frames cut from a send

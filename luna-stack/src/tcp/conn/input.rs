@@ -811,6 +811,7 @@ impl Connection {
             self.counters.dsacks += 1;
             self.undo.on_dsack(l, r);
             self.tlp_on_dsack(l, r);
+            self.rack_on_dsack();
         }
         self.undo_on_ack(ack, high_before, seg);
         // Before this ACK can start a new recovery (which replaces the episode).
@@ -854,6 +855,9 @@ impl Connection {
 
         if self.recovery.is_none() && self.tlp.is_some() {
             self.tlp_on_sack(now);
+        }
+        if self.recovery.is_none() && sack_info.newly_sacked_bytes > 0 {
+            self.arm_reordering_timer(now);
         }
 
         if self
@@ -970,6 +974,7 @@ impl Connection {
         // RFC 8985 §7: recovery takes over from a probe episode (and reduces the window).
         self.tlp = None;
         self.send_tlp = false;
+        self.rack_on_recovery();
         self.cc.on_enter_recovery(now, in_flight);
         self.sb.on_enter_recovery();
         self.inflation = RecoveryInflation::on_enter(self.snd_mss);

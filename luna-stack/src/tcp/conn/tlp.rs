@@ -1,4 +1,4 @@
-//! Tail loss probe (RFC 8985 §7): when the last segments of a flight are lost, no later
+//! RACK-TLP (RFC 8985) where RFC 6675's DupThresh cannot help. Tail loss probe (§7): when the last segments of a flight are lost, no later
 //! segment is left to draw the duplicate ACKs or SACKs that fast recovery needs, and the
 //! sender waits for the retransmission timer (at least `min_rto`, 200 ms by default: a
 //! three-segment RPC reply losing its last segment took 200 ms instead of microseconds).
@@ -92,9 +92,88 @@ impl Connection {
         self.timers.set(Timer::Pto, Instant::from_nanos(at));
     }
 
-    /// The PTO expired (RFC 8985 §7.3): a probe goes out at the next poll, if one still may,
+    /// Whether RACK's reordering timer applies (RFC 8985 §6.2): data is SACKed above a
+    /// hole outside any recovery, a recovery may start (SND.UNA passed the previous
+    /// `recover`, RFC 6582 §3.2 step 2), and no new data can go out to draw the duplicate
+    /// ACKs DupThresh counts (nothing unsent, or the peer's window is full: RFC 5827's
+    /// condition for early retransmit). With data to send, limited transmit keeps the
+    /// SACKs coming and RFC 6675's rule decides, as before: under heavy reordering (the
+    /// interop impairment, a quarter of the frames held back 2 ms on a 2 ms path) a timer
+    /// on every bulk hole started three times as many needless recoveries. Disjoint from
+    /// [`Connection::may_probe`] (which wants nothing SACKed): the two share the timer slot.
+    fn may_mark_lost(&self) -> bool {
+        let more_to_send =
+            self.sndq.end().gt(self.snd_max) && (self.snd_una + self.snd_wnd).gt(self.snd_max);
+        !more_to_send
+            && self.cfg.rack
+            && self.sack_ok
+            && self.recovery.is_none()
+            && self.retries == 0
+            && self.snd_nxt == self.snd_max
+            && self.state.is_synchronized()
+            && self.state != State::TimeWait
+            && self.sb.sacked_bytes() != 0
+            && self.snd_una.ge(self.last_recover)
+    }
+
+    /// An ACK SACKed new data and recovery did not start (fewer than DupThresh segments
+    /// above the hole): arm RACK's reordering timer (RFC 8985 §6.2-6.3). The hole was sent
+    /// before the SACKed data, which has arrived, so once the reordering window passes
+    /// with the hole still open it is lost. The window (§6.2 `RACK.reo_wnd`): `reo_mult`
+    /// quarters of the minimum RTT, at most a smoothed RTT; D-SACKs (a retransmission
+    /// proved needless: reordering) grow `reo_mult` (`rack_on_dsack`). Not pushed later by
+    /// further SACKs; capped by the RTO.
+    pub(super) fn arm_reordering_timer(&mut self, now: Instant) {
+        if !self.may_mark_lost() {
+            return;
+        }
+        let reo = match (self.rtt.min_rtt(), self.rtt.srtt()) {
+            (Some(min), Some(srtt)) => (min / 4 * u32::from(self.reo_mult)).min(srtt),
+            // Before any RTT sample (SACKs on the first flight), a quarter of the RTO.
+            _ => self.rto() / 4,
+        };
+        let rto_at = self
+            .timers
+            .deadline(Timer::Rto)
+            .unwrap_or_else(|| now + self.rto());
+        let mut at = (now + reo).min(rto_at);
+        if let Some(armed) = self.timers.deadline(Timer::Pto) {
+            at = at.min(armed);
+        }
+        self.timers.set(Timer::Pto, at);
+    }
+
+    /// A D-SACK arrived (RFC 8985 §6.2 step 4): a retransmission was needless, so the
+    /// network reorders more than the window allowed; widen it by a quarter of the minimum
+    /// RTT, and keep it so for the next 16 recoveries.
+    pub(super) fn rack_on_dsack(&mut self) {
+        self.reo_mult = self.reo_mult.saturating_add(1).min(64);
+        self.reo_persist = 16;
+    }
+
+    /// A recovery started: one recovery less before the reordering window falls back to a
+    /// quarter of the minimum RTT (§6.2 `RACK.reo_wnd_persist`).
+    pub(super) fn rack_on_recovery(&mut self) {
+        if self.reo_persist > 0 {
+            self.reo_persist -= 1;
+            if self.reo_persist == 0 {
+                self.reo_mult = 1;
+            }
+        }
+    }
+
+    /// The loss-detection timer expired. With data SACKed above a hole it was RACK's
+    /// reordering timer: the hole is lost and fast recovery starts (RFC 8985 §6.2).
+    /// Otherwise it was the PTO (§7.3): a probe goes out at the next poll, if one still may,
     /// and the retransmission timer restarts (the probe takes the place of an RTO due now).
     pub(super) fn on_pto(&mut self, now: Instant) {
+        if self.sb.sacked_bytes() != 0 {
+            if self.may_mark_lost() {
+                self.counters.rack_recoveries += 1;
+                self.enter_recovery(now);
+            }
+            return;
+        }
         if self.may_probe() {
             self.send_tlp = true;
             self.timers.set(Timer::Rto, now + self.rto());
@@ -168,7 +247,7 @@ impl Connection {
             && self.sb.is_sacked(t.start)
             && self.snd_una.ge(self.last_recover)
         {
-            self.counters.tlp_recoveries += 1;
+            self.counters.rack_recoveries += 1;
             self.enter_recovery(now);
         }
     }
@@ -191,7 +270,7 @@ impl Connection {
             // and the probe repaired it. A loss is a congestion signal: reduce as a
             // recovery entered and left at once would.
             self.tlp = None;
-            self.counters.tlp_recoveries += 1;
+            self.counters.rack_recoveries += 1;
             self.cc.on_enter_recovery(now, t.flight);
             self.cc.on_exit_recovery(now, self.snd_max - self.snd_una);
         }

@@ -80,6 +80,17 @@ pub fn apply(t: &mut Target<'_>, name: &str, v: &str) -> Result<(), String> {
             // 0: no early retransmit, no loss probes; 3 (the default) and 4: tail loss
             // probes (RFC 8985 §7; 3 adds RACK's reordering timer to them). 1 and 2 are
             // RFC 5827 early retransmit, which luna does not have.
+            // Bit 0 turns RACK's loss detection on (Linux's default, 1); the other bits
+            // (static reordering window, no DupThresh) change RACK in ways luna does not.
+            "tcp_recovery" => match v.trim() {
+                "0" => tcp.rack = false,
+                "1" => tcp.rack = true,
+                _ => {
+                    return Err(format!(
+                        "sysctl {name}={v}: luna's RACK has only on (1) and off (0)"
+                    ))
+                }
+            },
             "tcp_early_retrans" => match v.trim() {
                 "0" => tcp.tlp = None,
                 "3" | "4" => tcp.tlp = tcp.tlp.or(luna_stack::tcp::TcpConfig::default().tlp),

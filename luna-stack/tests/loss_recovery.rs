@@ -4,8 +4,8 @@
 //! - RFC 6675: one loss in a window is repaired by SACK recovery within about one RTT, no RTO.
 //! - RFC 6582: without SACK, NewReno repairs several losses of one window via partial ACKs.
 //! - RFC 6298 §5: a tail loss (no later segment to trigger duplicate ACKs) is repaired by the
-//!   retransmission timer (a lone last segment: the tail loss probe goes out at the RTO's
-//!   time, in its place).
+//!   retransmission timer at the latest (a lone last segment: the tail loss probe goes out
+//!   2 SRTT + 40 ms after the last ACK, before the RTO).
 //! - RFC 8985 §7: a lost tail of several segments is repaired by a tail loss probe and the
 //!   fast recovery its SACK starts, long before the RTO.
 //! - RFC 8985 §6.2: a loss inside a short flight (fewer than DupThresh segments SACKed above

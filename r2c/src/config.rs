@@ -34,6 +34,7 @@
 //! rto_max_us = 1000000
 //! send_burst = 16            # segments per send decision (software segmentation); 1 = off
 //! tlp_us = 10000             # least tail loss probe timeout (RFC 8985 §7); 0 = no probes
+//! tlp_ack_delay_us = 40000    # the peer's ACK delay a one-segment probe timeout allows
 //! rack = true                # RACK's reordering timer (RFC 8985 §6.2)
 //!
 //! [ports]
@@ -1027,6 +1028,9 @@ impl Config {
         if let Some((k, v)) = w.take("send_burst") {
             c.send_burst = int(&k, &v, 1, 64)? as u16;
         }
+        if let Some((k, v)) = w.take("tlp_ack_delay_us") {
+            c.tlp_ack_delay = Duration::from_micros(int(&k, &v, 0, 60_000_000)? as u64);
+        }
         if let Some((k, v)) = w.take("tlp_us") {
             let us = int(&k, &v, 0, 60_000_000)? as u64;
             c.tlp = (us != 0).then(|| Duration::from_micros(us));
@@ -1054,6 +1058,7 @@ impl Config {
             "time_wait_ms",
             "send_burst",
             "tlp_us",
+            "tlp_ack_delay_us",
             "nagle",
             "sack",
             "timestamps",
@@ -1065,6 +1070,13 @@ impl Config {
                 "tcp.rto_min_us",
                 "is above tcp.rto_max_us",
                 "make rto_min_us <= rto_max_us",
+            ));
+        }
+        if c.tlp_ack_delay > c.rtt.max_rto {
+            return Err(err(
+                "tcp.tlp_ack_delay_us",
+                "is above tcp.rto_max_us",
+                "make tlp_ack_delay_us <= rto_max_us",
             ));
         }
         if c.tlp.is_some_and(|floor| floor > c.rtt.max_rto) {

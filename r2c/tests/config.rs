@@ -29,6 +29,7 @@ rto_max_us = 2000000
 send_burst = 4
 tlp_us = 5000
 rack = false
+tlp_ack_delay_us = 5000
 
 [ports]
 app = "knb"
@@ -74,6 +75,8 @@ fn good_config_parses_and_builds_core_setups() {
         "the default"
     );
     assert!(!c.tcp.rack && d.tcp.rack, "rack: set off, on by default");
+    assert_eq!(c.tcp.tlp_ack_delay.as_micros(), 5000);
+    assert_eq!(d.tcp.tlp_ack_delay.as_millis(), 40, "the default");
     let off = Config::parse(&with("[tcp]\ntlp_us = 0\n")).unwrap();
     assert_eq!(off.tcp.tlp, None, "0 turns probes off");
     assert_eq!(c.net.routes.len(), 1);
@@ -244,6 +247,10 @@ fn bad_tcp_and_runtime_knobs() {
     }
     let e = bad(&with("[tcp]\ntlp_us = -1\n"));
     assert_names(&e, "tcp.tlp_us", &["out of range"]);
+    let e = bad(&with(
+        "[tcp]\nrto_max_us = 1000000\ntlp_ack_delay_us = 2000000\n",
+    ));
+    assert_names(&e, "tcp.tlp_ack_delay_us", &["rto_max_us"]);
     let e = bad(&with("[tcp]\nrto_max_us = 1000000\ntlp_us = 2000000\n"));
     assert_names(&e, "tcp.tlp_us", &["rto_max_us"]);
     let e = bad(&with("[tcp]\nsack = \"yes\"\n"));

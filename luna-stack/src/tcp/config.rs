@@ -103,6 +103,13 @@ pub struct TcpConfig {
     /// spurious probe, though harmless (D-SACKed, no window reduction), is a retransmission.
     /// `None` turns probing off. At most `rtt.max_rto`.
     pub tlp: Option<Duration>,
+    /// RFC 8985 §7.2 `TLP.max_ack_delay`: what the probe timeout allows for the peer to
+    /// delay its ACK when a single segment is in flight (no second segment forces an
+    /// immediate ACK). Default 40 ms, Linux's shortest delayed-ACK timeout
+    /// (`TCP_DELACK_MIN`; luna itself acknowledges at once by default): a peer that waits
+    /// longer draws one needless probe, which its D-SACK reports, and nothing is reduced.
+    /// At most `rtt.max_rto`.
+    pub tlp_ack_delay: Duration,
     /// RACK's reordering timer (RFC 8985 §6.2, with SACK): data SACKed above a hole for
     /// longer than the reordering window (a quarter of the minimum RTT; a smoothed RTT once
     /// reordering was seen) marks the hole lost and starts fast recovery, though fewer than
@@ -138,6 +145,7 @@ impl Default for TcpConfig {
             time_wait_reopen_by_seq: false,
             send_burst: 16,
             tlp: Some(Duration::from_millis(10)),
+            tlp_ack_delay: Duration::from_millis(40),
             rack: true,
         }
     }
@@ -185,6 +193,12 @@ impl TcpConfig {
         }
         if !(1..=64).contains(&self.send_burst) {
             return Err(format!("send_burst {} is not in 1..=64", self.send_burst));
+        }
+        if self.tlp_ack_delay > self.rtt.max_rto {
+            return Err(format!(
+                "tlp_ack_delay {:?} exceeds max_rto ({:?})",
+                self.tlp_ack_delay, self.rtt.max_rto
+            ));
         }
         if let Some(floor) = self.tlp {
             if floor.is_zero() || floor > self.rtt.max_rto {
@@ -256,6 +270,11 @@ mod tests {
             ..TcpConfig::default()
         };
         assert!(off.validate().is_ok());
+        let bad = TcpConfig {
+            tlp_ack_delay: Duration::from_secs(61),
+            ..TcpConfig::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("tlp_ack_delay"));
         let off = TcpConfig {
             oow_ack_interval: Duration::ZERO,
             ..TcpConfig::default()

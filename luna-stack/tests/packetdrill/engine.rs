@@ -371,6 +371,7 @@ impl Runner {
                     tcp.delayed_ack = (!d.is_zero()).then_some(d);
                 }
                 "luna_rack" => tcp.rack = parse_bool(line, n, v)?,
+                "luna_tlp_ack_delay_ms" => tcp.tlp_ack_delay = ms(line, n, v)?,
                 "luna_tlp_ms" => {
                     let d = ms(line, n, v)?;
                     tcp.tlp = (!d.is_zero()).then_some(d);

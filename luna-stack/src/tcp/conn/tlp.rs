@@ -10,9 +10,10 @@
 //! Contract (RFC 8985 §7.2-7.4, as Linux's `tcp_schedule_loss_probe` applies them):
 //! - The PTO is (re)started after new data is sent and when an ACK acknowledges new data,
 //!   only with SACK, outside loss recovery and RTO recovery, with nothing SACKed, the send
-//!   window open and no probe outstanding. PTO = 2·SRTT, plus the worst-case delayed-ACK
-//!   time (`min_rto`, as Linux) when one segment is in flight, at least
-//!   `TcpConfig::tlp` (the floor), 1 s before any RTT sample; never later than the RTO.
+//!   window open and no probe outstanding. PTO = 2·SRTT, plus the peer's allowed ACK
+//!   delay (`TcpConfig::tlp_ack_delay`, §7.2 `TLP.max_ack_delay`) when one segment is in
+//!   flight, at least `TcpConfig::tlp` (the floor), 1 s before any RTT sample; never later
+//!   than the RTO.
 //! - When it fires: one probe, which congestion control does not gate (RFC 8985 §7.3), then
 //!   the RTO is restarted; no second probe until the episode ends.
 //! - The episode ends when an ACK covers the probe: a probe of new data ends it; a
@@ -76,8 +77,8 @@ impl Connection {
             Some(srtt) => {
                 let mut pto = srtt.saturating_mul(2);
                 if self.snd_max - self.snd_una <= self.snd_mss {
-                    // One segment in flight: its ACK may be delayed (WCDelAckT).
-                    pto = pto.saturating_add(ns(self.cfg.rtt.min_rto));
+                    // One segment in flight: its ACK may be delayed (TLP.max_ack_delay).
+                    pto = pto.saturating_add(ns(self.cfg.tlp_ack_delay));
                 }
                 pto.max(ns(floor))
             }

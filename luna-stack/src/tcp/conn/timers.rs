@@ -1,5 +1,6 @@
-//! Timers: retransmission (RFC 6298), tail loss probe (RFC 8985 §7, armed in `tlp.rs`), persist (RFC 9293 §3.8.6.1), delayed ACK, TIME-WAIT,
-//! FIN-WAIT-2 of an orphan and keepalive (RFC 9293 §3.8.4).
+//! Timers: retransmission (RFC 6298), loss detection (RFC 8985: the tail loss probe or
+//! RACK's reordering timer, armed in `tlp.rs`), persist (RFC 9293 §3.8.6.1), delayed ACK,
+//! TIME-WAIT, FIN-WAIT-2 of an orphan and keepalive (RFC 9293 §3.8.4).
 
 use super::*;
 
@@ -249,8 +250,9 @@ pub(super) enum Timer {
     FinWait2,
     /// Next keepalive probe (RFC 9293 §3.8.4).
     Keepalive,
-    /// Tail loss probe (RFC 8985 §7, `conn/tlp.rs`); armed only together with `Rto`, and
-    /// never later than it.
+    /// Loss detection (`conn/tlp.rs`): the tail loss probe (RFC 8985 §7) when nothing is
+    /// SACKed, RACK's reordering timer (§6.2) when something is; armed only together with
+    /// `Rto`, and never later than it.
     Pto,
 }
 

@@ -1,7 +1,9 @@
-//! RACK-TLP (RFC 8985) where RFC 6675's DupThresh cannot help. Tail loss probe (§7): when the last segments of a flight are lost, no later
-//! segment is left to draw the duplicate ACKs or SACKs that fast recovery needs, and the
-//! sender waits for the retransmission timer (at least `min_rto`, 200 ms by default: a
-//! three-segment RPC reply losing its last segment took 200 ms instead of microseconds).
+//! RACK-TLP (RFC 8985) where RFC 6675's DupThresh cannot help.
+//!
+//! Tail loss probe (§7): when the last segments of a flight are lost, no later segment is
+//! left to draw the duplicate ACKs or SACKs that fast recovery needs, and the sender waits
+//! for the retransmission timer (at least `min_rto`, 200 ms by default: a three-segment
+//! RPC reply losing its last segment took 200 ms instead of microseconds).
 //! A probe timeout (PTO) of about two round trips sends one segment — new data if the
 //! receive window allows, else the last segment again — so that the receiver's ACK shows
 //! what is missing: a tail loss is repaired by the probe itself, other losses enter SACK
@@ -18,8 +20,9 @@
 //!   the RTO is restarted; no second probe until the episode ends.
 //! - The episode ends when an ACK covers the probe: a probe of new data ends it; a
 //!   retransmitted probe that is D-SACKed means the original arrived and nothing was lost;
-//!   an ACK beyond the probe without such a D-SACK means the probe repaired a loss, and congestion control reduces the window as for a recovery entered
-//!   and left at once (RFC 8985 §7.4). Fast recovery and the RTO end an episode too.
+//!   an ACK beyond the probe without such a D-SACK means the probe repaired a loss, and
+//!   congestion control reduces the window as for a recovery entered and left at once
+//!   (RFC 8985 §7.4). Fast recovery and the RTO end an episode too.
 
 use super::output::Rexmit;
 use super::*;

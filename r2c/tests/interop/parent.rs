@@ -529,7 +529,7 @@ fn print_summary(segs: &[Segment]) {
             s.name, s.secs, s.capture.packets, s.pcap_bytes, s.snaplen
         );
         println!(
-            "| phase | size | secs | goodput Mbit/s | luna retrans/RTO/fast/SACK-rec | kernel retrans/RTO/fast/SACK-rec/TLP |"
+            "| phase | size | secs | goodput Mbit/s | luna retrans/RTO/fast/SACK-rec/TLP | kernel retrans/RTO/fast/SACK-rec/TLP |"
         );
         println!("|---|---|---|---|---|---|");
         for p in &s.phases {
@@ -539,7 +539,7 @@ fn print_summary(segs: &[Segment]) {
                 format!("{} B", p.str("bytes"))
             };
             println!(
-                "| {} | {size} | {} | {} | {}/{}/{}/{} | {}/{}/{}/{}/{} |",
+                "| {} | {size} | {} | {} | {}/{}/{}/{}/{} | {}/{}/{}/{}/{} |",
                 p.str("name"),
                 p.str("secs"),
                 p.str("goodput_mbit"),
@@ -547,6 +547,7 @@ fn print_summary(segs: &[Segment]) {
                 p.str("l_rtos"),
                 p.str("l_fast_retrans"),
                 p.str("l_sack_recoveries"),
+                p.str("l_loss_probes"),
                 p.str("k_retrans_segs"),
                 p.str("k_rtos"),
                 p.str("k_fast_retrans"),

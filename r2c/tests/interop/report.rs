@@ -76,6 +76,11 @@ pub fn luna_delta(kv: &mut Kv, before: &ConnCounters, after: &ConnCounters) {
         d(after.sack_recoveries, before.sack_recoveries),
     );
     kv.set("l_dsacks", d(after.dsacks, before.dsacks));
+    kv.set("l_loss_probes", d(after.tlp_probes, before.tlp_probes));
+    kv.set(
+        "l_rack_recoveries",
+        d(after.rack_recoveries, before.rack_recoveries),
+    );
     kv.set(
         "l_challenge_acks",
         d(after.challenge_acks, before.challenge_acks),

@@ -371,6 +371,8 @@ pub struct Connection {
     reo_mult: u8,
     /// Recoveries before `reo_mult` falls back to one (§6.2 `RACK.reo_wnd_persist`).
     reo_persist: u8,
+    /// Doublings of the probe timeout after needless probes (`tlp.rs`).
+    tlp_backoff: u8,
 }
 
 impl core::fmt::Debug for Connection {
@@ -474,6 +476,7 @@ impl Connection {
             send_tlp: false,
             reo_mult: 1,
             reo_persist: 0,
+            tlp_backoff: 0,
             rexmit_now: None,
             syn_retransmitted: false,
             rcv_mss: DEFAULT_PEER_MSS.min(mss),

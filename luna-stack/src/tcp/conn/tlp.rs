@@ -18,6 +18,10 @@
 //!   than the RTO.
 //! - When it fires: one probe, which congestion control does not gate (RFC 8985 §7.3), then
 //!   the RTO is restarted; no second probe until the episode ends.
+//! - Beyond the RFC: a probe the peer D-SACKs was needless (the round trip outgrew
+//!   2·SRTT without a loss: a loaded peer; at 5,000 connections on one core one RPC in
+//!   50-100 drew one), so the connection's next PTOs are doubled, up to 8 times, until a
+//!   probe finds a real loss.
 //! - The episode ends when an ACK covers the probe: a probe of new data ends it; a
 //!   retransmitted probe that is D-SACKed means the original arrived and nothing was lost;
 //!   an ACK beyond the probe without such a D-SACK means the probe repaired a loss, and
@@ -39,6 +43,9 @@ pub(super) struct TlpEpisode {
     /// FlightSize when the probe went out: what a loss it repaired reduces from.
     pub(super) flight: u32,
 }
+
+/// Most doublings of the probe timeout after needless (D-SACKed) probes.
+const MAX_TLP_BACKOFF: u8 = 3;
 
 /// RFC 8985 §7.2: the PTO before any RTT sample.
 const UNSAMPLED_PTO: Duration = Duration::from_secs(1);
@@ -78,7 +85,7 @@ impl Connection {
         // In nanoseconds: this runs for every flight sent and every ACK of new data.
         let pto = match self.rtt.srtt_nanos() {
             Some(srtt) => {
-                let mut pto = srtt.saturating_mul(2);
+                let mut pto = srtt.saturating_mul(2) << self.tlp_backoff;
                 if self.snd_max - self.snd_una <= self.snd_mss {
                     // One segment in flight: its ACK may be delayed (TLP.max_ack_delay).
                     pto = pto.saturating_add(ns(self.cfg.tlp_ack_delay));
@@ -232,6 +239,10 @@ impl Connection {
         if let Some(t) = self.tlp {
             if t.retrans && l.lt(t.end) && r.gt(t.start) {
                 self.tlp = None;
+                // The probe was needless: the round trip outgrew two SRTTs without a loss
+                // (a loaded peer, queueing). Wait twice as long before the next one, up to
+                // 8 times (beyond that the RTO, which caps the PTO, comes first anyway).
+                self.tlp_backoff = (self.tlp_backoff + 1).min(MAX_TLP_BACKOFF);
             }
         }
     }
@@ -251,6 +262,7 @@ impl Connection {
             && self.sb.is_sacked(t.start)
             && self.snd_una.ge(self.last_recover)
         {
+            self.tlp_backoff = 0;
             self.counters.rack_recoveries += 1;
             self.enter_recovery(now);
         }
@@ -274,6 +286,7 @@ impl Connection {
             // and the probe repaired it. A loss is a congestion signal: reduce as a
             // recovery entered and left at once would.
             self.tlp = None;
+            self.tlp_backoff = 0;
             self.counters.rack_recoveries += 1;
             self.cc.on_enter_recovery(now, t.flight);
             self.cc.on_exit_recovery(now, self.snd_max - self.snd_una);

@@ -1,10 +1,10 @@
 //! RPC latency under random loss, on virtual time: two luna stacks on a simulated link
 //! (`luna_stack::testutil`), one connection, `rpcs` sequential request/response pairs of
 //! `size` bytes each way, every frame lost with probability `loss` (ppm) in both
-//! directions. Prints the completion-time distribution of the RPCs with RACK-TLP as
-//! configured by default, with no ACK delay allowed for a one-segment probe (peers that
-//! acknowledge at once, as luna does), with tail loss probes off, and with both RACK's
-//! reordering timer and the probes off (RFC 6675 and the RTO alone), on the same seeds.
+//! directions. Prints the completion-time distribution of the RPCs with tail loss probes
+//! on (`TcpConfig::TLP_FLOOR`), also with no ACK delay allowed for a one-segment probe
+//! (peers that acknowledge at once, as luna does), with the defaults (RACK's reordering
+//! timer, no probes), and with neither (RFC 6675 and the RTO alone), on the same seeds.
 //!
 //! `cargo run --release -p luna-stack --example loss_rpc -- [rpcs] [size] [loss_ppm] [seeds] [one_way_us]`
 //!
@@ -113,16 +113,15 @@ fn main() {
     }
     let delay = Duration::from_micros(one_way);
     let default = TcpConfig::default();
-    let no_ack_delay = TcpConfig {
-        tlp_ack_delay: Duration::ZERO,
+    let tlp = TcpConfig {
+        tlp: Some(TcpConfig::TLP_FLOOR),
         ..TcpConfig::default()
     };
-    let no_tlp = TcpConfig {
-        tlp: None,
-        ..TcpConfig::default()
+    let tlp_no_ack_delay = TcpConfig {
+        tlp_ack_delay: Duration::ZERO,
+        ..tlp.clone()
     };
     let neither = TcpConfig {
-        tlp: None,
         rack: false,
         ..TcpConfig::default()
     };
@@ -134,9 +133,9 @@ fn main() {
         "config", "p50 us", "p99 us", "p99.9 us", "max us", "mean us", ">=200ms"
     );
     for (name, cfg) in [
-        ("RACK-TLP (default)", &default),
-        ("RACK-TLP, tlp_ack_delay 0", &no_ack_delay),
-        ("RACK timer, no TLP", &no_tlp),
+        ("RACK-TLP (tlp 10 ms)", &tlp),
+        ("RACK-TLP, tlp_ack_delay 0", &tlp_no_ack_delay),
+        ("RACK only (default)", &default),
         ("neither (RFC 6675 + RTO)", &neither),
     ] {
         let mut all: Vec<u64> = (0..seeds)

@@ -98,10 +98,17 @@ pub struct TcpConfig {
     /// round trips after the last ACK instead of waiting for the RTO when the end of a
     /// flight is lost; `floor` is the least probe timeout, so that a round trip of
     /// microseconds does not turn every scheduling hiccup into a probe (Linux used 10 ms
-    /// until 4.10, then two timer ticks added to 2 SRTT). Default 10 ms: this project's VMs
-    /// stall a polling thread for 1-8 ms about once a second (docs/msgsched.md), and a
-    /// spurious probe, though harmless (D-SACKed, no window reduction), is a retransmission.
-    /// `None` turns probing off. At most `rtt.max_rto`.
+    /// until 4.10, then two timer ticks added to 2 SRTT; [`TcpConfig::TLP_FLOOR`] is the
+    /// suggested value: this project's VMs stall a polling thread for 1-8 ms about once a
+    /// second). At most `rtt.max_rto`.
+    ///
+    /// Off (`None`) by default, unlike Linux: with the probe timeout restarted on every
+    /// flight and ACK, each busy connection wakes the stack's timer heap every 2 SRTT
+    /// instead of every RTO, and a loaded peer's round trip outgrows 2 SRTT, drawing
+    /// needless probes: at 5,000 connections on one core that cost 9-16% of the RPC rate
+    /// on the lossless memif link (docs/benchmarks.md, "RACK-TLP"). Where tail latency
+    /// under loss matters more than the peak rate, turn it on: a lost tail then costs
+    /// 10-40 ms instead of the 200 ms RTO.
     pub tlp: Option<Duration>,
     /// RFC 8985 §7.2 `TLP.max_ack_delay`: what the probe timeout allows for the peer to
     /// delay its ACK when a single segment is in flight (no second segment forces an
@@ -144,7 +151,7 @@ impl Default for TcpConfig {
             header_prediction: true,
             time_wait_reopen_by_seq: false,
             send_burst: 16,
-            tlp: Some(Duration::from_millis(10)),
+            tlp: None,
             tlp_ack_delay: Duration::from_millis(40),
             rack: true,
         }
@@ -152,6 +159,10 @@ impl Default for TcpConfig {
 }
 
 impl TcpConfig {
+    /// The suggested least probe timeout for [`TcpConfig::tlp`]: `Some(TLP_FLOOR)` turns
+    /// tail loss probes on.
+    pub const TLP_FLOOR: Duration = Duration::from_millis(10);
+
     /// Check the settings; the error names the offending one.
     pub fn validate(&self) -> Result<(), String> {
         if self.mss < 88 {

@@ -3047,9 +3047,11 @@ fn tlp_flight(cfg: TcpConfig, n: usize) -> Connection {
     c
 }
 
+/// SACK, and tail loss probes on (they are off by default).
 fn plain_sack_cfg() -> TcpConfig {
     TcpConfig {
         sack: true,
+        tlp: Some(TcpConfig::TLP_FLOOR),
         ..plain_cfg()
     }
 }
@@ -3199,7 +3201,10 @@ fn rfc8985_7_2_no_probe_without_sack_or_when_off() {
         ..TcpOptions::default()
     };
     for cfg in [
-        plain_cfg(),
+        TcpConfig {
+            tlp: Some(TcpConfig::TLP_FLOOR),
+            ..plain_cfg()
+        },
         TcpConfig {
             tlp: None,
             ..plain_sack_cfg()
@@ -3320,4 +3325,30 @@ fn rfc8985_6_2_no_reordering_timer_while_new_data_can_go() {
         !poll_all(&mut c, t(3)).is_empty(),
         "new data goes out instead"
     );
+}
+
+/// A needless probe (D-SACKed: the original had arrived, its ACK was only slow) doubles the
+/// connection's next probe timeouts (beyond RFC 8985: a loaded peer's round trip outgrows
+/// 2 SRTT without any loss).
+#[test]
+fn rfc8985_7_a_needless_probe_doubles_the_next_timeout() {
+    let cfg = TcpConfig {
+        tlp: Some(Duration::from_micros(1)),
+        ..plain_sack_cfg()
+    };
+    let mut c = tlp_flight(cfg, 3);
+    let una = ISS + 1;
+    assert_eq!(c.poll_timeout(), Some(t(4)), "2 SRTT (1 ms)");
+    c.on_timeout(t(4));
+    assert_eq!(poll_all(&mut c, t(4)).len(), 1, "the probe");
+    c.on_segment(t(5), &ack_seg(PEER_ISS + 1, una + 4380, 65535), zb(&[]));
+    c.on_segment(t(5), &sack_ack(una + 4380, una + 2920, una + 4380), zb(&[]));
+    assert_eq!(
+        c.rtt.srtt(),
+        Some(Duration::from_millis(1)),
+        "Karn: no sample"
+    );
+    c.send(&zb(&vec![7u8; 1460 * 3])).unwrap();
+    assert_eq!(poll_all(&mut c, t(6)).len(), 3);
+    assert_eq!(c.poll_timeout(), Some(t(10)), "doubled: 4 SRTT");
 }

@@ -93,7 +93,7 @@ pub fn apply(t: &mut Target<'_>, name: &str, v: &str) -> Result<(), String> {
             },
             "tcp_early_retrans" => match v.trim() {
                 "0" => tcp.tlp = None,
-                "3" | "4" => tcp.tlp = tcp.tlp.or(luna_stack::tcp::TcpConfig::default().tlp),
+                "3" | "4" => tcp.tlp = tcp.tlp.or(Some(luna_stack::tcp::TcpConfig::TLP_FLOOR)),
                 _ => {
                     return Err(format!(
                     "sysctl {name}={v}: early retransmit (RFC 5827) is not in luna; 0, 3 and 4 are"

@@ -3037,13 +3037,38 @@ fn hot_fields_share_the_first_cache_lines() {
 /// Established with SACK at t = 1 ms (one RTT sample of 1 ms: SRTT 1 ms, RTO 200 ms), with
 /// `n` full segments sent at t = 2 ms and none acknowledged.
 fn tlp_flight(cfg: TcpConfig, n: usize) -> Connection {
+    let mut c = sack_established(cfg);
+    c.send(&zb(&vec![7u8; 1460 * n])).unwrap();
+    assert_eq!(poll_all(&mut c, t(2)).len(), n);
+    c
+}
+
+/// Established at t = 1 ms with a peer that offered SACK.
+fn sack_established(cfg: TcpConfig) -> Connection {
     let peer = TcpOptions {
         sack_permitted: true,
         ..TcpOptions::default()
     };
-    let mut c = established_with(cfg, peer);
-    c.send(&zb(&vec![7u8; 1460 * n])).unwrap();
-    assert_eq!(poll_all(&mut c, t(2)).len(), n);
+    established_with(cfg, peer)
+}
+
+/// [`sack_established`] with an initial window of `iw` segments and six segments queued,
+/// the window's worth sent at t = 2 ms.
+fn iw_limited(iw: u32) -> Connection {
+    let cfg = TcpConfig {
+        cc_config: crate::tcp::cc::CcConfig {
+            initial_window: crate::tcp::cc::InitialWindow::Segments(iw),
+            ..Default::default()
+        },
+        ..plain_sack_cfg()
+    };
+    let mut c = sack_established(cfg);
+    c.send(&zb(&vec![7u8; 1460 * 6])).unwrap();
+    assert_eq!(
+        poll_all(&mut c, t(2)).len(),
+        iw as usize,
+        "the initial window"
+    );
     c
 }
 
@@ -3165,21 +3190,8 @@ fn rfc8985_7_4_a_dsacked_probe_reduces_nothing() {
 /// past the window (RFC 8985 §7.3: congestion control does not gate the probe).
 #[test]
 fn rfc8985_7_3_the_probe_is_new_data_when_some_waits() {
-    let cfg = TcpConfig {
-        cc_config: crate::tcp::cc::CcConfig {
-            initial_window: crate::tcp::cc::InitialWindow::Segments(4),
-            ..Default::default()
-        },
-        ..plain_sack_cfg()
-    };
-    let peer = TcpOptions {
-        sack_permitted: true,
-        ..TcpOptions::default()
-    };
-    let mut c = established_with(cfg, peer);
+    let mut c = iw_limited(4);
     let una = ISS + 1;
-    c.send(&zb(&vec![7u8; 1460 * 6])).unwrap();
-    assert_eq!(poll_all(&mut c, t(2)).len(), 4, "the initial window");
     c.on_timeout(t(12));
     let probe = poll_all(&mut c, t(12));
     assert_eq!(probe.len(), 1);
@@ -3196,10 +3208,6 @@ fn rfc8985_7_3_the_probe_is_new_data_when_some_waits() {
 /// with probing turned off: the RTO is the only timer.
 #[test]
 fn rfc8985_7_2_no_probe_without_sack_or_when_off() {
-    let peer = TcpOptions {
-        sack_permitted: true,
-        ..TcpOptions::default()
-    };
     for cfg in [
         TcpConfig {
             tlp: Some(TcpConfig::TLP_FLOOR),
@@ -3210,9 +3218,7 @@ fn rfc8985_7_2_no_probe_without_sack_or_when_off() {
             ..plain_sack_cfg()
         },
     ] {
-        let mut c = established_with(cfg, peer);
-        c.send(&zb(&vec![7u8; 1460 * 3])).unwrap();
-        assert_eq!(poll_all(&mut c, t(2)).len(), 3);
+        let mut c = tlp_flight(cfg, 3);
         let at = c.poll_timeout().unwrap();
         assert_eq!(at, t(202), "the RTO only");
         c.on_timeout(at);
@@ -3303,21 +3309,8 @@ fn rfc8985_6_2_no_reordering_timer_when_off() {
 /// DupThresh decides: no reordering timer (RFC 5827's condition).
 #[test]
 fn rfc8985_6_2_no_reordering_timer_while_new_data_can_go() {
-    let cfg = TcpConfig {
-        cc_config: crate::tcp::cc::CcConfig {
-            initial_window: crate::tcp::cc::InitialWindow::Segments(3),
-            ..Default::default()
-        },
-        ..plain_sack_cfg()
-    };
-    let peer = TcpOptions {
-        sack_permitted: true,
-        ..TcpOptions::default()
-    };
-    let mut c = established_with(cfg, peer);
+    let mut c = iw_limited(3);
     let una = ISS + 1;
-    c.send(&zb(&vec![7u8; 1460 * 6])).unwrap();
-    assert_eq!(poll_all(&mut c, t(2)).len(), 3, "the initial window");
     c.on_segment(t(3), &sack_ack(una + 1460, una + 2920, una + 4380), zb(&[]));
     let next = c.poll_timeout().unwrap();
     assert!(next > t(3) + Duration::from_millis(1), "{next:?}");

@@ -1,6 +1,6 @@
 //! One TCP connection: the transmission control block (RFC 9293 §3.3.1) and its state
-//! machine (RFC 9293 §3.10), with loss recovery (RFC 5681, 6582, 6675), tail loss probes
-//! (RFC 8985 §7), RTO (RFC 6298),
+//! machine (RFC 9293 §3.10), with loss recovery (RFC 5681, 6582, 6675, and RACK-TLP of
+//! RFC 8985 where DupThresh cannot help), RTO (RFC 6298),
 //! window scaling/timestamps/PAWS (RFC 7323), SACK (RFC 2018, 2883) and the RFC 5961
 //! blind-attack defences.
 //!
@@ -9,8 +9,8 @@
 //! `poll_segment` until it returns `None`; [`Connection`]'s type documentation holds the
 //! contract. The code is split by direction, as `impl` blocks of the one type: `input`
 //! (segment arrival), `output` (segment generation), `timers` (the timer table and what
-//! fires from it), `tlp` (tail loss probes, RFC 8985 §7) and `undo` (spurious-recovery
-//! detection and undo).
+//! fires from it), `tlp` (tail loss probes and RACK's reordering timer, RFC 8985) and
+//! `undo` (spurious-recovery detection and undo).
 
 use super::assembler::{Assembler, AssemblerConfig};
 use super::cc::{Cc, CongestionControl, RecoveryInflation};

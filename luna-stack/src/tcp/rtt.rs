@@ -112,7 +112,7 @@ pub enum SampleSource {
 }
 
 /// Saturating conversion of a duration to nanoseconds.
-fn nanos(d: Duration) -> u64 {
+pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 

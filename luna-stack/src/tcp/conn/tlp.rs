@@ -30,6 +30,7 @@
 
 use super::output::Rexmit;
 use super::*;
+use crate::tcp::rtt::nanos as ns;
 
 /// An outstanding loss probe (RFC 8985 §7.1 `TLP.end_seq`, `TLP.is_retrans`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,12 +50,6 @@ const MAX_TLP_BACKOFF: u8 = 3;
 
 /// RFC 8985 §7.2: the PTO before any RTT sample.
 const UNSAMPLED_PTO: Duration = Duration::from_secs(1);
-
-/// `d` in nanoseconds, saturated (584 years).
-#[inline]
-fn ns(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
 
 impl Connection {
     /// Whether a loss probe may be scheduled or sent now (RFC 8985 §7.2's conditions).
@@ -76,6 +71,8 @@ impl Connection {
     /// if a probe may be sent; otherwise leave the timer as it is (`on_pto` checks again).
     #[inline]
     pub(super) fn arm_pto(&mut self, now: Instant) {
+        // `may_probe` also requires `cfg.tlp`: with probes off (the default) this is the
+        // one test the hot path pays.
         let Some(floor) = self.cfg.tlp else {
             return;
         };

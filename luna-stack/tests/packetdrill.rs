@@ -385,6 +385,16 @@ fn unsupported_upstream_features_skip_with_the_reason() {
             "RFC 5961",
         ),
         (
+            format!("{SOCKET}+0 `sysctl -q net.ipv4.tcp_early_retrans=2`"),
+            2,
+            "early retransmit (RFC 5827) is not in luna",
+        ),
+        (
+            format!("{SOCKET}+0 `sysctl -q net.ipv4.tcp_recovery=3`"),
+            2,
+            "only on (1) and off (0)",
+        ),
+        (
             format!("{SOCKET}+0 `sysctl -q net.ipv4.tcp_sack=1; nstat > /dev/null`"),
             2,
             "`nstat`",

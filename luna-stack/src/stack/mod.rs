@@ -5,7 +5,7 @@
 //!
 //! The code is split by layer, as `impl` blocks of the one `Stack` type: `config` (the
 //! interface configuration), `slots` (the connection table behind generation-checked
-//! handles, per-connection bookkeeping, the timer heap), `ingress` (Ethernet, ARP, IPv4,
+//! handles, per-connection bookkeeping), `timerq` (the timer queue), `ingress` (Ethernet, ARP, IPv4,
 //! ICMP, TCP demux), `passive` (LISTEN and SYN cookies) and `egress` (`poll_transmit`,
 //! next-hop resolution and the one Ethernet + IPv4 header writer).
 
@@ -18,8 +18,7 @@ use crate::tcp::syncookie::{SynCookieConfig, SynCookies};
 use crate::tcp::{self, CloseReason, ConnCounters, State, TcpConfig};
 use crate::time::Instant;
 use core::net::{Ipv4Addr, SocketAddrV4};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use zbuf::{IoVec, Zbuf};
 
@@ -31,6 +30,7 @@ mod ingress;
 mod passive;
 mod rst_limit;
 mod slots;
+mod timerq;
 
 pub use addrs::{LocalAddrError, LocalAddrs, MAX_LOCAL_ADDRS};
 pub use config::{check_host_address, AddressError, ConfigError, StackConfig, SynCookieMode};
@@ -254,7 +254,7 @@ pub struct Stack<R: Rng> {
     listener_by_port: HashMap<u16, u32, KeyedHasher>,
     isn: IsnGenerator,
     cookies: SynCookies,
-    timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
+    timers: timerq::TimerQueue,
     dirty: VecDeque<u32>,
     /// Connections parked until their next hop resolves, by next hop.
     arp_wait: HashMap<Ipv4Addr, Vec<u32>, KeyedHasher>,
@@ -343,7 +343,7 @@ impl<R: Rng> Stack<R> {
             listener_by_port: HashMap::with_hasher(hasher),
             isn,
             cookies,
-            timers: BinaryHeap::new(),
+            timers: timerq::TimerQueue::default(),
             dirty: VecDeque::new(),
             arp_wait: HashMap::with_hasher(hasher),
             arp_sent: HashMap::with_hasher(hasher),

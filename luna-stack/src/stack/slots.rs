@@ -1,5 +1,5 @@
 //! The slot table: connection entries behind generation-checked handles, the demux map's
-//! upkeep, the per-connection bookkeeping after every change (events, dirty list, timer heap)
+//! upkeep, the per-connection bookkeeping after every change (events, dirty list, timer queue)
 //! and the stack's timer wheel (`poll_timeout` / `handle_timeouts`).
 
 use super::{Event, Held, HighWater, ListenerHandle, SocketHandle, Stack, StackCounters};
@@ -11,8 +11,7 @@ use crate::wire::EthernetAddress;
 use core::hash::BuildHasher;
 use core::net::Ipv4Addr;
 use siphasher::sip::SipHasher13;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Owner {
@@ -28,8 +27,6 @@ pub(super) struct Entry {
     pub(super) conn: Connection,
     pub(super) owner: Owner,
     pub(super) dirty: bool,
-    /// Earliest deadline pushed to the timer heap and not yet popped.
-    pub(super) timer_at: Option<Instant>,
     /// The link-layer next hop and our source address, from the route at creation.
     pub(super) next_hop: Ipv4Addr,
     /// A segment polled while the next hop was unresolved (sent once it resolves).
@@ -60,7 +57,6 @@ impl Entry {
             conn,
             owner,
             dirty: false,
-            timer_at: None,
             next_hop,
             held: None,
             counted_half_open: matches!(owner, Owner::Listener(_)),
@@ -209,14 +205,16 @@ impl<R: Rng> Stack<R> {
         self.held.connections = self.live as u64;
         self.counters.high_water.raise(&self.held);
         let entry = Some(Box::new(entry));
-        if let Some(idx) = self.free.pop() {
+        let idx = if let Some(idx) = self.free.pop() {
             self.slots[idx as usize].entry = entry;
-            Some(idx)
+            idx
         } else {
             let idx = u32::try_from(self.slots.len()).ok()?;
             self.slots.push(Slot { gen: 0, entry });
-            Some(idx)
-        }
+            idx
+        };
+        self.timers.open(idx, self.slots[idx as usize].gen);
+        Some(idx)
     }
 
     /// Remove the connection's tuple from the demux table (if it still maps to it: a newer
@@ -282,6 +280,7 @@ impl<R: Rng> Stack<R> {
                 }
             }
             slot.gen = slot.gen.wrapping_add(1);
+            self.timers.forget(idx);
             self.free.push(idx);
             self.live -= 1;
         }
@@ -398,25 +397,12 @@ impl<R: Rng> Stack<R> {
     /// When `handle_timeouts` next has work.
     #[must_use]
     pub fn poll_timeout(&mut self) -> Option<Instant> {
-        while let Some(&Reverse((t, idx, gen))) = self.timers.peek() {
-            let slot = &self.slots[idx as usize];
-            match slot.entry.as_deref() {
-                Some(e) if slot.gen == gen && e.timer_at == Some(t) => return Some(t),
-                _ => {
-                    self.timers.pop();
-                }
-            }
-        }
-        None
+        self.timers.next()
     }
 
     /// Run every timer due at `now`.
     pub fn handle_timeouts(&mut self, now: Instant) {
-        while let Some(&Reverse((t, idx, gen))) = self.timers.peek() {
-            if t > now {
-                break;
-            }
-            self.timers.pop();
+        while let Some((idx, gen)) = self.timers.pop_due(now) {
             let slot = &mut self.slots[idx as usize];
             if slot.gen != gen {
                 continue;
@@ -424,10 +410,6 @@ impl<R: Rng> Stack<R> {
             let Some(e) = slot.entry.as_deref_mut() else {
                 continue;
             };
-            if e.timer_at != Some(t) {
-                continue;
-            }
-            e.timer_at = None;
             if e.conn.poll_timeout().is_some_and(|d| d <= now) {
                 e.conn.on_timeout(now);
             }
@@ -484,7 +466,7 @@ pub(super) struct Activity {
 #[inline(always)]
 pub(super) fn entry_activity(
     dirty: &mut VecDeque<u32>,
-    timers: &mut BinaryHeap<Reverse<(Instant, u32, u32)>>,
+    timers: &mut super::timerq::TimerQueue,
     held: &mut Held,
     counters: &mut StackCounters,
     e: &mut Entry,
@@ -578,19 +560,13 @@ fn mark_entry(dirty: &mut VecDeque<u32>, e: &mut Entry, idx: u32) {
 }
 
 /// `schedule_timer`'s work on an entry the caller holds (slot `idx`, generation `gen`): the
-/// heap gets the connection's next deadline when it is earlier than the one it holds (the
-/// heap is lazy: stale entries are skipped when they expire).
+/// timer queue records the connection's next deadline (see [`super::timerq`]).
 #[inline]
 pub(super) fn schedule_entry(
-    timers: &mut BinaryHeap<Reverse<(Instant, u32, u32)>>,
-    e: &mut Entry,
+    timers: &mut super::timerq::TimerQueue,
+    e: &Entry,
     idx: u32,
     gen: u32,
 ) {
-    if let Some(t) = e.conn.poll_timeout() {
-        if e.timer_at.is_none_or(|cur| t < cur) {
-            e.timer_at = Some(t);
-            timers.push(Reverse((t, idx, gen)));
-        }
-    }
+    timers.schedule(idx, gen, e.conn.poll_timeout());
 }

@@ -2429,6 +2429,54 @@ fn timer_heap_stays_bounded_by_the_connections_not_the_rpcs() {
     assert_eq!(net.a.counters().tcp_retransmits, 0);
 }
 
+/// With tail loss probes on, every flight restarts a probe timeout (here 40 ms ahead: one
+/// segment in flight, so 2 SRTT plus the peer's ACK-delay allowance), so the deadline the
+/// timer heap holds keeps moving later. The queue moves such an entry on when it comes
+/// due, without handing the connection out: a busy connection with no loss is never woken
+/// by its timers (before the queue kept a per-slot record of the wanted deadline, one
+/// wake-up per 40 ms here).
+#[test]
+fn a_busy_connection_with_probes_on_is_not_woken_by_its_moving_deadline() {
+    let mut ca = cfg(MAC_A, ip_a());
+    ca.tcp.tlp = Some(tcp::TcpConfig::TLP_FLOOR);
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.tcp.tlp = Some(tcp::TcpConfig::TLP_FLOOR);
+    let mut net = Net::new(ca, cb);
+    let (c, s) = connected(&mut net);
+    let woken = (net.a.timers.woken(), net.b.timers.woken());
+    for _ in 0..300 {
+        net.a.send(c, &Zbuf::copy_from_slice(&[5; 300])).unwrap();
+        let mut got = 0;
+        net.run_until(
+            |net| {
+                while let Ok(Some(b)) = net.b.recv(s) {
+                    net.b.send(s, &b).unwrap();
+                }
+                while let Ok(Some(b)) = net.a.recv(c) {
+                    got += b.len();
+                }
+                got == 300
+            },
+            1_000,
+        );
+        // Think time: 300 RPCs span 300 ms, seven probe timeouts.
+        net.now += Duration::from_millis(1);
+        net.a.handle_timeouts(net.now);
+        net.b.handle_timeouts(net.now);
+    }
+    assert_eq!(net.a.counters().tcp_retransmits, 0);
+    assert!(
+        net.a.timers.moved() >= 5,
+        "{} deadlines moved",
+        net.a.timers.moved()
+    );
+    assert_eq!(
+        (net.a.timers.woken(), net.b.timers.woken()),
+        woken,
+        "connections woken with nothing due"
+    );
+}
+
 /// A connection reset before the application accepted it — the handshake's ACK (with or
 /// without data) and the RST handled in one receive burst, no event read in between, as
 /// r2c's loops do — is announced readable *and closed* by `accept`: an application that

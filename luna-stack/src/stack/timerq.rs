@@ -132,17 +132,21 @@ impl TimerQueue {
             if t > now {
                 return None;
             }
-            self.heap.pop();
             let s = &mut self.slots[idx as usize];
             if s.next > t {
                 self.moved += 1;
                 s.queued = s.next;
                 if s.next != NONE {
-                    self.heap
-                        .push(Reverse((Instant::from_nanos(s.next), idx, gen)));
+                    // In place: one sift down instead of a pop and a push.
+                    if let Some(mut top) = self.heap.peek_mut() {
+                        *top = Reverse((Instant::from_nanos(s.next), idx, gen));
+                    }
+                } else {
+                    self.heap.pop();
                 }
                 continue;
             }
+            self.heap.pop();
             s.queued = NONE;
             self.woken += 1;
             return Some((idx, gen));

@@ -1,10 +1,11 @@
 //! RPC latency under random loss, on virtual time: two luna stacks on a simulated link
 //! (`luna_stack::testutil`), one connection, `rpcs` sequential request/response pairs of
 //! `size` bytes each way, every frame lost with probability `loss` (ppm) in both
-//! directions. Prints the completion-time distribution of the RPCs with tail loss probes
-//! on (`TcpConfig::TLP_FLOOR`), also with no ACK delay allowed for a one-segment probe
-//! (peers that acknowledge at once, as luna does), with the defaults (RACK's reordering
-//! timer, no probes), and with neither (RFC 6675 and the RTO alone), on the same seeds.
+//! directions. Prints the completion-time distribution of the RPCs with the defaults
+//! (RACK-TLP: tail loss probes, `TcpConfig::TLP_FLOOR`, and RACK's reordering timer),
+//! also with no ACK delay allowed for a one-segment probe (peers that acknowledge at
+//! once, as luna does), with RACK's reordering timer but no probes, and with neither
+//! (RFC 6675 and the RTO alone), on the same seeds.
 //!
 //! `cargo run --release -p luna-stack --example loss_rpc -- [rpcs] [size] [loss_ppm] [seeds] [one_way_us]`
 //!
@@ -112,17 +113,18 @@ fn main() {
         usage("rpcs, size and seeds at least 1, size at most 1 MiB, loss_ppm under 500000");
     }
     let delay = Duration::from_micros(one_way);
-    let default = TcpConfig::default();
-    let tlp = TcpConfig {
-        tlp: Some(TcpConfig::TLP_FLOOR),
-        ..TcpConfig::default()
-    };
+    let tlp = TcpConfig::default();
     let tlp_no_ack_delay = TcpConfig {
         tlp_ack_delay: Duration::ZERO,
         ..tlp.clone()
     };
+    let rack_only = TcpConfig {
+        tlp: None,
+        ..TcpConfig::default()
+    };
     let neither = TcpConfig {
         rack: false,
+        tlp: None,
         ..TcpConfig::default()
     };
     println!(
@@ -133,9 +135,9 @@ fn main() {
         "config", "p50 us", "p99 us", "p99.9 us", "max us", "mean us", ">=200ms"
     );
     for (name, cfg) in [
-        ("RACK-TLP (tlp 10 ms)", &tlp),
+        ("RACK-TLP (the default)", &tlp),
         ("RACK-TLP, tlp_ack_delay 0", &tlp_no_ack_delay),
-        ("RACK only (default)", &default),
+        ("RACK only (no probes)", &rack_only),
         ("neither (RFC 6675 + RTO)", &neither),
     ] {
         let mut all: Vec<u64> = (0..seeds)

@@ -33,7 +33,7 @@
 //! rto_min_us = 5000
 //! rto_max_us = 1000000
 //! send_burst = 16            # segments per send decision (software segmentation); 1 = off
-//! tlp_us = 10000             # tail loss probes (RFC 8985 §7) and their least timeout; 0 (the default) = off
+//! tlp_us = 10000             # tail loss probes (RFC 8985 §7) and their least timeout (the default); 0 = off
 //! tlp_ack_delay_us = 40000    # the peer's ACK delay a one-segment probe timeout allows
 //! rack = true                # RACK's reordering timer (RFC 8985 §6.2)
 //!

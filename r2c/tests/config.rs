@@ -69,7 +69,11 @@ fn good_config_parses_and_builds_core_setups() {
     let d = Config::parse(&with("")).unwrap();
     assert_eq!(d.tcp.send_burst, 16, "the default");
     assert_eq!(c.tcp.tlp, Some(luna_stack::time::Duration::from_millis(5)));
-    assert_eq!(d.tcp.tlp, None, "off by default");
+    assert_eq!(
+        d.tcp.tlp,
+        Some(luna_stack::tcp::TcpConfig::TLP_FLOOR),
+        "on by default"
+    );
     assert!(!c.tcp.rack && d.tcp.rack, "rack: set off, on by default");
     assert_eq!(c.tcp.tlp_ack_delay.as_micros(), 5000);
     assert_eq!(d.tcp.tlp_ack_delay.as_millis(), 40, "the default");

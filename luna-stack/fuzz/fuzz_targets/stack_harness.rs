@@ -92,8 +92,9 @@ pub fn config() -> StackConfig {
     cfg.tcp.rcv_buf = BUF;
     cfg.tcp.snd_buf = BUF;
     cfg.tcp.max_ooo_segments = 64;
-    // Tail loss probes are off by default; on here, so the loss-detection timer's both
-    // uses (probe and RACK's reordering timer) are reached.
+    // Tail loss probes (on by default; spelled out so that a change of the default does
+    // not take them out of the fuzzing): the loss-detection timer's both uses (probe and
+    // RACK's reordering timer) are reached.
     cfg.tcp.tlp = Some(luna_stack::tcp::TcpConfig::TLP_FLOOR);
     cfg
 }

@@ -3072,7 +3072,7 @@ fn iw_limited(iw: u32) -> Connection {
     c
 }
 
-/// SACK, and tail loss probes on (they are off by default).
+/// SACK, and tail loss probes on (the default, spelled out: these tests are about them).
 fn plain_sack_cfg() -> TcpConfig {
     TcpConfig {
         sack: true,

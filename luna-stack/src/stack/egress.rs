@@ -232,8 +232,11 @@ impl<R: Rng> Stack<R> {
             if e.conn.nothing_to_send() {
                 e.dirty = false;
                 self.dirty.pop_front();
-                super::slots::schedule_entry(&mut self.timers, e, idx, gen);
             }
+            // Sending armed the retransmission timer and the probe timeout: the timer
+            // queue learns them now, even if the driver stops polling before this
+            // connection's burst is out (r2c does when its transmit queue is full).
+            super::slots::schedule_entry(&mut self.timers, e, idx, gen);
             let caps = self.cfg.caps;
             #[cfg(debug_assertions)]
             self.check_template(idx, &seg, mac, ident);

@@ -2473,7 +2473,49 @@ fn a_busy_connection_with_probes_on_is_not_woken_by_its_moving_deadline() {
     assert_eq!(
         (net.a.timers.woken(), net.b.timers.woken()),
         woken,
-        "connections woken with nothing due"
+        "connections woken by their timers (nothing was lost: no timer was due)"
+    );
+}
+
+/// A driver may stop polling in the middle of a connection's data (r2c does when its
+/// transmit queue is full). The segments already returned armed the retransmission timer;
+/// the timer queue must know it even though the connection is still on the dirty list:
+/// here the queue's only entry for the connection was an old probe deadline whose
+/// connection has since had everything acknowledged, and when it comes due the in-flight
+/// data must still have a timer.
+#[test]
+fn data_sent_by_a_poll_stopped_mid_burst_keeps_its_retransmission_timer() {
+    let mut ca = cfg(MAC_A, ip_a());
+    ca.tcp.send_burst = 2;
+    let mut net = Net::new(ca, cfg(MAC_B, ip_b()));
+    let (c, s) = connected(&mut net);
+    // One small RPC: its probe timeout is queued, then everything is acknowledged.
+    net.a.send(c, &Zbuf::copy_from_slice(&[1; 100])).unwrap();
+    let mut got = 0;
+    net.run_until(
+        |net| {
+            while let Ok(Some(b)) = net.b.recv(s) {
+                got += b.len();
+            }
+            got == 100 && net.a.state(c) == Some(State::Established)
+        },
+        1_000,
+    );
+    net.run_until(|net| net.wire.is_empty(), 1_000);
+    let old = net
+        .a
+        .poll_timeout()
+        .expect("the old probe deadline is still queued");
+    // Much more than one burst; the driver takes one frame and stops.
+    net.a.send(c, &Zbuf::copy_from_slice(&[2; 20_000])).unwrap();
+    assert!(net.a.poll_transmit(net.now).is_some());
+    net.now = net.now.max(old) + Duration::from_millis(1);
+    net.a.handle_timeouts(net.now);
+    let rto = net.a.poll_timeout();
+    assert!(
+        rto.is_some_and(|t| t <= net.now + Duration::from_secs(1)),
+        "data in flight with no timer queued ({rto:?} at {:?})",
+        net.now
     );
 }
 

@@ -14,10 +14,13 @@
 //!   connection.
 //!
 //! The record is only as good as the last [`TimerQueue::schedule`] of the slot, which the
-//! stack calls after every change to a connection. A deadline recorded earlier than the
+//! stack calls after every change to a connection: every input, timeout and application
+//! call (`after_activity`), and every segment polled for transmission (a driver may stop
+//! polling in the middle of a connection's burst). A deadline recorded earlier than the
 //! connection's own is harmless (the connection is woken, finds nothing due and is
-//! scheduled again); one recorded later would be a missed timer, as it would be without
-//! the record.
+//! scheduled again); one recorded later is a missed timer. (The old heap, which woke the
+//! connection at every queued time, hid such a gap when an older entry happened to come
+//! due first.)
 
 use crate::time::Instant;
 use std::cmp::Reverse;
@@ -77,6 +80,7 @@ impl TimerQueue {
     #[inline(always)]
     pub(super) fn schedule(&mut self, idx: u32, gen: u32, next: Option<Instant>) {
         let n = next.map_or(NONE, Instant::as_nanos);
+        debug_assert!(next.is_none() || n != NONE, "a deadline at the end of time");
         let Some(s) = self.slots.get_mut(idx as usize) else {
             debug_assert!(false, "slot {idx} scheduled before it was opened");
             return;

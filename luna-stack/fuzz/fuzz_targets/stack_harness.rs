@@ -1,7 +1,8 @@
 //! Shared harness of the stack fuzz targets: decodes the fuzz input into a script of
 //! operations (raw frames, TCP segments built with valid checksums and sequence/ACK numbers
 //! near the live connection's, timer advances, application calls) and checks the stack's
-//! resource bounds after every operation.
+//! resource bounds after every operation, and that no connection's timer is missing from
+//! the stack's timer queue.
 //!
 //! Input format (every read past the end yields zeros, so any input is a valid script):
 //! ```text
@@ -12,7 +13,9 @@
 //!         [sack: n u8, n x (left delta i16, len u16)], payload len u16 (mod 3000),
 //!         and, with mask bit 6, a peer port u16 (else the tracked peer's port)
 //!   5     advance time: ms u8, shift u8 (mod 12), then handle_timeouts
-//!   6     application: what u8 (recv all / send n / shutdown / abort / listen again)
+//!   6     application: what u8 (recv all / send n / shutdown / abort / listen again);
+//!         send n: n u16, then partial u8: with bit 7 set only partial & 7 frames are
+//!         polled (a driver stopping mid-burst), the rest at the next drain
 //!   7     SYN burst: n u8 (mod 64) SYNs from distinct ports
 //! ```
 //! A TCP segment op with bit 7 set is queued instead: the queue goes to the stack in one
@@ -197,8 +200,16 @@ impl Harness {
 
     /// Poll everything the stack wants to send; learn the live connection's numbers from it.
     pub fn drain(&mut self) {
+        self.drain_at_most(usize::MAX);
+    }
+
+    /// `drain`, stopping after `most` frames (a driver whose transmit queue filled up).
+    pub fn drain_at_most(&mut self, most: usize) {
         let mut n = 0;
-        while let Some(t) = self.stack.poll_transmit(self.now) {
+        while n < most {
+            let Some(t) = self.stack.poll_transmit(self.now) else {
+                break;
+            };
             n += 1;
             assert!(n <= MAX_FRAMES_PER_OP, "poll_transmit does not run dry");
             self.frames_out += 1;
@@ -218,6 +229,24 @@ impl Harness {
             }
         }
         self.check_bounds();
+        self.check_timers();
+    }
+
+    /// No timer is lost: the stack's next deadline is no later than any connection's own
+    /// (the timer queue trusts what it was last told of each connection).
+    pub fn check_timers(&mut self) {
+        let own = self
+            .handles
+            .iter()
+            .filter_map(|&h| self.stack.connection(h)?.poll_timeout())
+            .min();
+        if let Some(own) = own {
+            let queued = self.stack.poll_timeout();
+            assert!(
+                queued.is_some_and(|q| q <= own),
+                "a connection's deadline {own:?} is not in the timer queue (head {queued:?})"
+            );
+        }
     }
 
     pub fn accept_all(&mut self) {
@@ -328,6 +357,13 @@ impl Harness {
             1 => {
                 let n = usize::from(inp.u16());
                 let _ = self.stack.send(h, &Zbuf::from_vec(vec![0x37; n]));
+                let partial = inp.u8();
+                if partial & 0x80 != 0 {
+                    // The driver stops after a few frames (r2c with a full transmit
+                    // queue); the rest goes out at the next drain.
+                    self.drain_at_most(usize::from(partial & 7));
+                    return;
+                }
             }
             2 => self.stack.shutdown(h),
             3 => self.stack.abort(h),

@@ -5,9 +5,9 @@
 //!
 //! The code is split by layer, as `impl` blocks of the one `Stack` type: `config` (the
 //! interface configuration), `slots` (the connection table behind generation-checked
-//! handles, per-connection bookkeeping), `timerq` (the timer queue), `ingress` (Ethernet, ARP, IPv4,
-//! ICMP, TCP demux), `passive` (LISTEN and SYN cookies) and `egress` (`poll_transmit`,
-//! next-hop resolution and the one Ethernet + IPv4 header writer).
+//! handles, per-connection bookkeeping), `timerq` (the timer queue), `ingress` (Ethernet,
+//! ARP, IPv4, ICMP, TCP demux), `passive` (LISTEN and SYN cookies) and `egress`
+//! (`poll_transmit`, next-hop resolution and the one Ethernet + IPv4 header writer).
 
 use crate::context::Rng;
 use crate::tables::neighbour::{NeighbourState, NeighbourTable};

@@ -1,6 +1,6 @@
 //! The slot table: connection entries behind generation-checked handles, the demux map's
 //! upkeep, the per-connection bookkeeping after every change (events, dirty list, timer queue)
-//! and the stack's timer wheel (`poll_timeout` / `handle_timeouts`).
+//! and the stack's timers (`poll_timeout` / `handle_timeouts`, over the timer queue).
 
 use super::{Event, Held, HighWater, ListenerHandle, SocketHandle, Stack, StackCounters};
 use crate::context::Rng;

@@ -105,10 +105,12 @@ pub struct TcpConfig {
     /// On by default (`Some(TLP_FLOOR)`), as in Linux: a lost tail costs 10-40 ms instead
     /// of the 200 ms RTO. `None` turns probes off. The probe timeout restarts on every
     /// flight and ACK; the stack's timer queue moves such a deadline without waking the
-    /// connection, so probes cost about 60 instructions per RPC per side and no measurable
-    /// rate at 1, 16 or 5,000 connections on the lossless memif link; a loaded peer whose
-    /// round trip outgrows 2 SRTT draws needless probes (D-SACKed, then backed off) at
-    /// under 1% of RPCs (docs/benchmarks.md, "RACK-TLP").
+    /// connection, so probes cost about 60 instructions per RPC per side; on the lossless
+    /// memif link no rate difference shows at 1 or 16 connections, and about 3% at 5,000
+    /// in the medians of a noisy host (earlier 14-25%, before the timer queue). A loaded
+    /// peer whose round trip outgrows 2 SRTT draws needless probes (D-SACKed, then backed
+    /// off) at under 1% of RPCs (docs/benchmarks.md, "Timer queue; tail loss probes on by
+    /// default").
     pub tlp: Option<Duration>,
     /// RFC 8985 §7.2 `TLP.max_ack_delay`: what the probe timeout allows for the peer to
     /// delay its ACK when a single segment is in flight (no second segment forces an

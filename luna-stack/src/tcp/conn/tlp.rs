@@ -71,8 +71,8 @@ impl Connection {
     /// if a probe may be sent; otherwise leave the timer as it is (`on_pto` checks again).
     #[inline]
     pub(super) fn arm_pto(&mut self, now: Instant) {
-        // `may_probe` also requires `cfg.tlp`: with probes off (the default) this is the
-        // one test the hot path pays.
+        // `may_probe` also requires `cfg.tlp`: with probes off this is the one test the
+        // hot path pays.
         let Some(floor) = self.cfg.tlp else {
             return;
         };

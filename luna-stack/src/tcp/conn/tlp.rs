@@ -19,9 +19,8 @@
 //! - When it fires: one probe, which congestion control does not gate (RFC 8985 §7.3), then
 //!   the RTO is restarted; no second probe until the episode ends.
 //! - Beyond the RFC: a probe the peer D-SACKs was needless (the round trip outgrew
-//!   2·SRTT without a loss: a loaded peer; at 5,000 connections on one core one RPC in
-//!   50-100 drew one), so the connection's next PTOs are doubled, up to 8 times, until a
-//!   probe finds a real loss.
+//!   2·SRTT without a loss: a loaded or stalled peer), so the connection's next PTOs
+//!   are doubled, up to 8 times, until a probe finds a real loss.
 //! - The episode ends when an ACK covers the probe: a probe of new data ends it; a
 //!   retransmitted probe that is D-SACKed means the original arrived and nothing was lost;
 //!   an ACK beyond the probe without such a D-SACK means the probe repaired a loss, and

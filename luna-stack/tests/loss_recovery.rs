@@ -248,7 +248,7 @@ fn rfc6298_tail_loss_is_repaired_by_the_retransmission_timer() {
     );
 }
 
-/// RFC 8985 §7 (probes on): the last two segments of a three-segment flight are lost (a
+/// RFC 8985 §7 (probes on, the default): the last two segments of a three-segment flight are lost (a
 /// burst loss at a queue: no later segment draws a duplicate ACK). The probe goes out one probe
 /// timeout after the flight (max(2 SRTT, 10 ms) here), its SACK starts fast recovery, and
 /// both holes are repaired some 15 ms after the first transmission, with no RTO. With probes
@@ -257,10 +257,12 @@ fn rfc6298_tail_loss_is_repaired_by_the_retransmission_timer() {
 fn rfc8985_7_a_lost_tail_is_probed_not_timed_out() {
     const LEN: u32 = 4000; // three segments
     let drop_tail: fn() -> Plan = || Box::new(|index, _, _| index >= 1);
-    let on = TcpConfig {
-        tlp: Some(TcpConfig::TLP_FLOOR),
-        ..TcpConfig::default()
-    };
+    let on = TcpConfig::default();
+    assert_eq!(
+        on.tlp,
+        Some(TcpConfig::TLP_FLOOR),
+        "tail loss probes are on by default"
+    );
     let (sim, obs) = bulk_a_to_b(on, LEN as usize, drop_tail());
     let o = obs.borrow();
     assert_eq!(

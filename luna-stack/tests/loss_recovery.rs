@@ -4,8 +4,8 @@
 //! - RFC 6675: one loss in a window is repaired by SACK recovery within about one RTT, no RTO.
 //! - RFC 6582: without SACK, NewReno repairs several losses of one window via partial ACKs.
 //! - RFC 6298 §5: a tail loss (no later segment to trigger duplicate ACKs) is repaired by the
-//!   retransmission timer at the latest (with tail loss probes on, a lone last segment is
-//!   probed 2 SRTT + 40 ms after the last ACK, before the RTO).
+//!   retransmission timer at the latest (with tail loss probes, on by default, a lone last
+//!   segment is probed 2 SRTT + 40 ms after the last ACK, before the RTO).
 //! - RFC 8985 §7: a lost tail of several segments is repaired by a tail loss probe and the
 //!   fast recovery its SACK starts, long before the RTO.
 //! - RFC 8985 §6.2: a loss inside a short flight (fewer than DupThresh segments SACKed above
@@ -248,11 +248,11 @@ fn rfc6298_tail_loss_is_repaired_by_the_retransmission_timer() {
     );
 }
 
-/// RFC 8985 §7 (probes on, the default): the last two segments of a three-segment flight are lost (a
-/// burst loss at a queue: no later segment draws a duplicate ACK). The probe goes out one probe
-/// timeout after the flight (max(2 SRTT, 10 ms) here), its SACK starts fast recovery, and
-/// both holes are repaired some 15 ms after the first transmission, with no RTO. With probes
-/// off the same loss waits for the 200 ms RTO.
+/// RFC 8985 §7 (probes on, the default): the last two segments of a three-segment flight
+/// are lost (a burst loss at a queue: no later segment draws a duplicate ACK). The probe
+/// goes out one probe timeout after the flight (max(2 SRTT, 10 ms) here), its SACK starts
+/// fast recovery, and both holes are repaired some 15 ms after the first transmission,
+/// with no RTO. With probes off the same loss waits for the 200 ms RTO.
 #[test]
 fn rfc8985_7_a_lost_tail_is_probed_not_timed_out() {
     const LEN: u32 = 4000; // three segments

@@ -43,6 +43,10 @@
 //! chain (docs/benchmarks.md, "Flat transmit copy on memif by default"); a zero-copy
 //! client keeps the chain. The copied bytes show in `copied_bytes`.
 //!
+//! `KNB_LUNA_SLAB_MB=<MiB>` sets each process's zbuf memory (default 128 MiB, 48 to
+//! 4,096; the device's receive buffers take 32 MiB of it): a small slab makes both sides run out of buffers under load, which must slow
+//! them down (`tx_memory_waits`), not fail connections.
+//!
 //! `KNB_LUNA_TLP_US=<us>` sets the tail loss probes' least timeout
 //! ([`luna_stack::tcp::TcpConfig::tlp`]; `0` turns probing off; unset: the default).
 //!
@@ -362,9 +366,10 @@ fn open(
         .init()
         .map_err(|e| format!("EAL init: {e}"))?;
     let registry = DmaRegistry::new(&eal);
+    let slab_memory = slab_memory_from_env(std::env::var("KNB_LUNA_SLAB_MB").ok().as_deref())?;
     let slab_cfg = SlabConfig::new()
         .size_classes(&SLAB_CLASSES)
-        .max_memory(SLAB_MEMORY);
+        .max_memory(slab_memory);
     // memif zero-copy: the peer reads and writes our buffers, which must then be EAL memory.
     let slab_cfg = if memif::is_zero_copy(eal_args) {
         registry.dpdk_memory_slab_config(slab_cfg)
@@ -410,6 +415,19 @@ fn open(
         _registry: registry,
         devices,
     })
+}
+
+/// `KNB_LUNA_SLAB_MB`'s value in bytes ([`SLAB_MEMORY`] when unset).
+fn slab_memory_from_env(v: Option<&str>) -> Result<usize, String> {
+    let Some(v) = v else {
+        return Ok(SLAB_MEMORY);
+    };
+    v.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|mb| (48..=4096).contains(mb))
+        .map(|mb| mb << 20)
+        .ok_or_else(|| format!("KNB_LUNA_SLAB_MB={v:?} is not MiB from 48 to 4096"))
 }
 
 /// `KNB_LUNA_TLP_US`'s value: `None` when unset (the stack's default), else the tail
@@ -600,10 +618,16 @@ struct ServerShared {
     /// `--exception-linger`).
     stop_when_done: bool,
     lanes: usize,
+    /// Packs that found no free buffer (each waits in its lane's `starved`, not aborted).
+    memory_waits: AtomicU64,
 }
 
 struct SConn {
     e: ServerConn,
+    /// Waiting in `ServerApp::starved` for a free buffer.
+    starved: bool,
+    /// The client finished sending: close once the answers are out (`end_of_stream`).
+    eof: bool,
 }
 
 struct ServerApp {
@@ -617,6 +641,11 @@ struct ServerApp {
     packer: Option<Packer>,
     /// Buffers of the pack being handed to the runtime (kept to reuse its allocation).
     batch: VecDeque<Zbuf>,
+    /// Connections whose answers found no free buffer, oldest first (each once:
+    /// `SConn::starved`), retried every iteration until one stops again. Their answers
+    /// stay queued: an overloaded server (the slab held by replies and requests not yet
+    /// acknowledged) slows down; it does not abort connections.
+    starved: VecDeque<Conn>,
     report: ServerReport,
     shared: Arc<ServerShared>,
     lane_done: bool,
@@ -654,12 +683,27 @@ impl ServerApp {
                 }
             };
             // The responses into buffers and on to the stack.
+            let mut no_memory = false;
             let failed = failed.or_else(|| match self.packer.as_mut() {
-                Some(p) => send_packed(ctx, conn, p, c.e.tx(), &mut self.batch)
-                    .1
-                    .map(|e| e.to_string()),
+                Some(p) => match send_packed(ctx, conn, p, c.e.tx(), &mut self.batch).1 {
+                    None => None,
+                    Some(PackError::NoMemory(_)) => {
+                        no_memory = true;
+                        None
+                    }
+                    Some(e) => Some(e.to_string()),
+                },
                 None => Some("no packer".to_string()),
             });
+            if no_memory {
+                // Back pressure, not a failure: the answers stay queued; `on_poll` retries.
+                self.shared.memory_waits.fetch_add(1, Ordering::Relaxed);
+                if !c.starved {
+                    c.starved = true;
+                    self.starved.push_back(conn);
+                }
+                return;
+            }
             if let Some(e) = failed {
                 self.report.errors.push(format!("connection {conn:?}: {e}"));
                 ctx.abort(conn);
@@ -677,11 +721,22 @@ impl ServerApp {
     fn end_of_stream(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
         let mut failed = None;
         if let (Some(c), Some(packer)) = (self.conns.get_mut(&conn), self.packer.as_mut()) {
+            c.eof = true;
             while !c.e.tx().is_empty() && failed.is_none() {
-                failed = packer
-                    .pack(&mut |n| ctx.alloc(n), c.e.tx(), &mut self.batch)
-                    .err()
-                    .map(|e| e.to_string());
+                match packer.pack(&mut |n| ctx.alloc(n), c.e.tx(), &mut self.batch) {
+                    Ok(()) => {}
+                    Err(PackError::NoMemory(_)) => {
+                        // Nothing was taken from the queue: close once buffers come back
+                        // (`retry_starved` calls this again).
+                        self.shared.memory_waits.fetch_add(1, Ordering::Relaxed);
+                        if !c.starved {
+                            c.starved = true;
+                            self.starved.push_back(conn);
+                        }
+                        return;
+                    }
+                    Err(e) => failed = Some(e.to_string()),
+                }
                 for z in self.batch.drain(..) {
                     if failed.is_none() {
                         if let Err(e) = ctx.send_all(conn, z) {
@@ -698,6 +753,33 @@ impl ServerApp {
             ctx.close(conn);
         }
         self.finish(ctx, conn);
+    }
+
+    /// Serves the connections whose answers found no free buffer, oldest first, until one
+    /// finds none again (it keeps its turn for the next iteration).
+    fn retry_starved(&mut self, ctx: &mut Ctx<'_>) {
+        for _ in 0..self.starved.len() {
+            let Some(conn) = self.starved.pop_front() else {
+                return;
+            };
+            // Gone meanwhile (closed or reset): nothing to retry.
+            let Some(c) = self.conns.get_mut(&conn) else {
+                continue;
+            };
+            c.starved = false;
+            if c.eof {
+                self.end_of_stream(ctx, conn);
+            } else {
+                self.serve(ctx, conn);
+            }
+            if self.conns.get(&conn).is_some_and(|c| c.starved) {
+                // Back at the tail: move it to the head, keeping its turn.
+                if let Some(j) = self.starved.pop_back() {
+                    self.starved.push_front(j);
+                }
+                return;
+            }
+        }
     }
 
     /// The connection is over (closed, reset or failed): count it.
@@ -748,6 +830,8 @@ impl InlineApp for ServerApp {
             conn,
             SConn {
                 e: ServerConn::new(self.workload.resp_size).message_mode(),
+                starved: false,
+                eof: false,
             },
         );
     }
@@ -770,6 +854,12 @@ impl InlineApp for ServerApp {
 
     fn on_closed(&mut self, ctx: &mut Ctx<'_>, conn: Conn, _reason: Option<CloseReason>) {
         self.finish(ctx, conn);
+    }
+
+    fn on_poll(&mut self, ctx: &mut Ctx<'_>) {
+        if !self.starved.is_empty() {
+            self.retry_starved(ctx);
+        }
     }
 
     fn on_stop(&mut self, _ctx: &mut Ctx<'_>) {
@@ -1536,6 +1626,7 @@ fn run_server<D: Device + Send + 'static>(
         lanes_done: AtomicUsize::new(0),
         stop_when_done: linger.is_none(),
         lanes,
+        memory_waits: AtomicU64::new(0),
     });
     let sh = shared.clone();
     let cpus = spec.cpus.clone();
@@ -1550,6 +1641,7 @@ fn run_server<D: Device + Send + 'static>(
         conns: FxMap::default(),
         packer: None,
         batch: VecDeque::new(),
+        starved: VecDeque::new(),
         report: ServerReport::default(),
         shared: sh.clone(),
         lane_done: false,
@@ -1579,6 +1671,10 @@ fn run_server<D: Device + Send + 'static>(
     let mut total = std::mem::take(&mut *shared.report.lock().unwrap_or_else(|p| p.into_inner()));
     total.connections = spec.workload.connections as u64;
     total.extra = core_counters(&reports);
+    if let Value::Object(o) = &mut total.extra {
+        let waits = shared.memory_waits.load(Ordering::Relaxed);
+        o.insert("tx_memory_waits".into(), json!(waits));
+    }
     drop(reports);
     Ok(total)
 }
@@ -1853,6 +1949,16 @@ mod tests {
         for bad in ["", "-1", "2ms", "60000001"] {
             let e = tlp_from_env(Some(bad)).unwrap_err();
             assert!(e.contains("KNB_LUNA_TLP_US"), "{e}");
+        }
+    }
+
+    #[test]
+    fn slab_env_knob_parses_or_names_the_problem() {
+        assert_eq!(slab_memory_from_env(None), Ok(SLAB_MEMORY));
+        assert_eq!(slab_memory_from_env(Some(" 64")), Ok(64 << 20));
+        for bad in ["", "47", "4097", "64M", "-1"] {
+            let e = slab_memory_from_env(Some(bad)).unwrap_err();
+            assert!(e.contains("KNB_LUNA_SLAB_MB"), "{e}");
         }
     }
 

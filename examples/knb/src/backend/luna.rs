@@ -22,8 +22,12 @@
 //!   of the last pack TCP cannot take yet waits in r2c's backlog (knb keeps no queue of
 //!   its own), and nothing more is packed until it has drained. The server stops reading
 //!   a connection while `Ctx::send_backlog` plus its unpacked answers reach
-//!   `SERVER_TX_LIMIT`. The memif placement, EAL lane registration and vdev parsing are
-//!   shared with the smoltcp backend ([`super::memif`]).
+//!   `SERVER_TX_LIMIT`. A pack that finds no free buffer (the slab held by data not yet
+//!   acknowledged: overload) takes nothing from the queue; on either side the connection
+//!   then waits in its lane's `starved` queue, retried every iteration, and the wait is
+//!   counted (`tx_memory_waits`) — back pressure, never a failed connection. The memif
+//!   placement, EAL lane registration and vdev parsing are shared with the smoltcp
+//!   backend ([`super::memif`]).
 //! * The poll-loop threads are registered with the EAL (mempool caches) and pinned to
 //!   `--cpus`; the clock is the TSC; idle cores busy-poll. A full memif ring (the peer
 //!   busy or descheduled) is waited out, never turned into drops.

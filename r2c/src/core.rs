@@ -84,7 +84,10 @@ pub struct CoreOptions {
     pub idle: IdleStrategy,
     /// Publish stats every this many iterations.
     pub stats_interval: u64,
-    /// Iterations a frame refused by the device is retried before it is dropped.
+    /// Tries in a row in which the device takes nothing before the runtime drops from the
+    /// head of its transmit queue: one burst (`burst` frames) per further refused try, so a
+    /// dead link drains the queue in a few thousand iterations while a stall a little
+    /// longer than the limit costs a burst, not the whole queue (up to `tx_queue_limit`).
     pub tx_retry_limit: u32,
     /// Most frames waiting for the device; beyond, the core stops asking the stack for
     /// more until the device has taken some (back pressure, no loss). Default 65,536
@@ -970,12 +973,14 @@ impl<D: Device> CoreLoop<D> {
                 self.tx_stalled = 0;
             }
             if self.tx_stalled > self.opts.tx_retry_limit {
-                self.st.stats.tx_dropped += self.tx.len() as u64;
-                self.tx.clear();
+                // One burst from the head per refused try past the limit (`tx_stalled` stays
+                // above it until the device takes something again).
+                let n = self.tx.len().min(self.opts.burst.max(1));
+                self.st.stats.tx_dropped += n as u64;
+                self.tx.drain(..n);
                 if let Some(c) = &mut self.capture {
-                    c.discard_tx();
+                    c.discard_tx_front(n);
                 }
-                self.tx_stalled = 0;
             }
         }
         sent
@@ -1157,6 +1162,66 @@ mod tests {
         assert_eq!(lp.st.stats.tx_dropped, 0);
         lp.transmit();
         assert_eq!(lp.st.stats.tx_dropped, 1);
+        assert!(lp.tx.is_empty());
+    }
+
+    /// Past `tx_retry_limit` a stuck ring costs one burst from the head of the queue per
+    /// refused try, not the whole queue; once the ring takes frames again the rest go out.
+    #[test]
+    fn a_stuck_ring_drops_a_burst_per_try_not_the_queue() {
+        let me = Ipv4Addr::new(10, 0, 0, 1);
+        let peer = Ipv4Addr::new(10, 0, 0, 2);
+        let cidr = luna_stack::wire::Ipv4Cidr::new(me, 24).unwrap();
+        let mut setup = CoreSetup::new(
+            0,
+            vec![Trickle {
+                calls: 0,
+                stuck: true,
+            }],
+            StackConfig::new(EthernetAddress([2, 0, 0, 0, 0, 1]), cidr),
+        );
+        setup.neighbours = vec![(peer, EthernetAddress([2, 0, 0, 0, 0, 2]))];
+        let opts = CoreOptions {
+            pin: false,
+            tx_retry_limit: 3,
+            burst: 8,
+            rng_seed: Some([7; 32]),
+            ..CoreOptions::default()
+        };
+        let shared = Shared {
+            stop: Arc::new(AtomicBool::new(false)),
+            cell: Arc::new(StatsCell::default()),
+            probe: Arc::new(crate::control::Probe::default()),
+        };
+        let mut lp = CoreLoop::new(setup, &opts, shared).unwrap();
+        for _ in 0..20 {
+            lp.st.connect(SocketAddrV4::new(peer, 80)).unwrap();
+        }
+        lp.drain_stack_tx();
+        assert_eq!(lp.tx.len(), 20, "one SYN each");
+        for _ in 0..3 {
+            lp.transmit();
+        }
+        assert_eq!(
+            (lp.st.stats.tx_dropped, lp.tx.len()),
+            (0, 20),
+            "within the limit"
+        );
+        lp.transmit();
+        assert_eq!((lp.st.stats.tx_dropped, lp.tx.len()), (8, 12), "one burst");
+        lp.transmit();
+        assert_eq!(
+            (lp.st.stats.tx_dropped, lp.tx.len()),
+            (16, 4),
+            "and one per try"
+        );
+        // The ring takes frames again: the rest go out, nothing more is dropped.
+        lp.devices[0].stuck = false;
+        let mut sent = 0;
+        for _ in 0..20 {
+            sent += lp.transmit();
+        }
+        assert_eq!((sent, lp.st.stats.tx_dropped), (4, 16));
         assert!(lp.tx.is_empty());
     }
 

@@ -48,8 +48,9 @@
 //! client keeps the chain. The copied bytes show in `copied_bytes`.
 //!
 //! `KNB_LUNA_SLAB_MB=<MiB>` sets each process's zbuf memory (default 128 MiB, 48 to
-//! 4,096; the device's receive buffers take 32 MiB of it): a small slab makes both sides run out of buffers under load, which must slow
-//! them down (`tx_memory_waits`), not fail connections.
+//! 4,096; the device's receive buffers take 32 MiB of it), `KNB_LUNA_SERVER_SLAB_MB` the
+//! server's alone: a small slab makes a side run out of buffers under load, which must
+//! slow it down (`tx_memory_waits`), not fail connections.
 //!
 //! `KNB_LUNA_TLP_US=<us>` sets the tail loss probes' least timeout
 //! ([`luna_stack::tcp::TcpConfig::tlp`]; `0` turns probing off; unset: the default).
@@ -126,8 +127,11 @@ const SLAB_MEMORY: usize = 128 << 20;
 /// zbuf size classes: zbuf's defaults (2, 4, 16, 64 KiB) plus 256 B for what is small
 /// and many — a lone request's header and payload, a reply's 16-byte header (each with
 /// the 128-byte headroom): in a 2 KiB object each, 5,000 connections' requests waiting
-/// for an overloaded server filled the slab with 8× the memory they needed.
-const SLAB_CLASSES: [usize; 5] = [256, 2048, 4096, 16384, 65536];
+/// for an overloaded server filled the slab with 8× the memory they needed. And 512 B for
+/// a pack of up to 24 headers (9 to 24 pipelined or queued replies): in a 2 KiB object
+/// each, an open-loop overload (5,000 connections offered 500,000 RPC/s) ran the slab out
+/// and the pair fell to 170–200k RPC/s; with the class it held 283–345k, waiting never.
+const SLAB_CLASSES: [usize; 6] = [256, 512, 2048, 4096, 16384, 65536];
 
 /// Maps keyed by connection handles, hashed by r2c's one-multiply handle hash.
 type FxMap<K, V> = HashMap<K, V, r2c::HandleHashing>;
@@ -149,6 +153,9 @@ enum PackError {
     /// waiting for an overloaded server. Nothing was taken from the queue: back
     /// pressure, retried as buffers come back, not a failed run.
     NoMemory(String),
+    /// The connection is closed (the peer reset it): nothing can go out any more, and
+    /// `on_closed` follows.
+    Closed,
     /// Anything else: the connection cannot go on.
     Failed(String),
 }
@@ -157,6 +164,7 @@ impl std::fmt::Display for PackError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PackError::NoMemory(e) | PackError::Failed(e) => f.write_str(e),
+            PackError::Closed => f.write_str("send: the connection is closed"),
         }
     }
 }
@@ -300,7 +308,11 @@ fn send_packed(
             handed += z.len();
             if let Err(e) = ctx.send_all(conn, z) {
                 batch.clear();
-                return (handed, Some(PackError::Failed(format!("send: {e:?}"))));
+                let e = match e {
+                    luna_stack::stack::SendError::Closed => PackError::Closed,
+                    e => PackError::Failed(format!("send: {e:?}")),
+                };
+                return (handed, Some(e));
             }
         }
     }
@@ -355,6 +367,7 @@ impl Env {
 }
 
 fn open(
+    server: bool,
     eal_args: &[String],
     lanes: u16,
     mtu: u16,
@@ -370,7 +383,14 @@ fn open(
         .init()
         .map_err(|e| format!("EAL init: {e}"))?;
     let registry = DmaRegistry::new(&eal);
-    let slab_memory = slab_memory_from_env(std::env::var("KNB_LUNA_SLAB_MB").ok().as_deref())?;
+    let knob = |k: &str| std::env::var(k).ok();
+    let slab_memory = slab_memory_from_env(
+        server
+            .then(|| knob("KNB_LUNA_SERVER_SLAB_MB"))
+            .flatten()
+            .or_else(|| knob("KNB_LUNA_SLAB_MB"))
+            .as_deref(),
+    )?;
     let slab_cfg = SlabConfig::new()
         .size_classes(&SLAB_CLASSES)
         .max_memory(slab_memory);
@@ -431,7 +451,7 @@ fn slab_memory_from_env(v: Option<&str>) -> Result<usize, String> {
         .ok()
         .filter(|mb| (48..=4096).contains(mb))
         .map(|mb| mb << 20)
-        .ok_or_else(|| format!("KNB_LUNA_SLAB_MB={v:?} is not MiB from 48 to 4096"))
+        .ok_or_else(|| format!("zbuf memory {v:?} (KNB_LUNA_SLAB_MB, KNB_LUNA_SERVER_SLAB_MB) is not MiB from 48 to 4096"))
 }
 
 /// `KNB_LUNA_TLP_US`'s value: `None` when unset (the stack's default), else the tail
@@ -687,7 +707,7 @@ impl ServerApp {
                 }
             };
             // The responses into buffers and on to the stack.
-            let mut no_memory = false;
+            let (mut no_memory, mut reset) = (false, false);
             let failed = failed.or_else(|| match self.packer.as_mut() {
                 Some(p) => match send_packed(ctx, conn, p, c.e.tx(), &mut self.batch).1 {
                     None => None,
@@ -695,10 +715,19 @@ impl ServerApp {
                         no_memory = true;
                         None
                     }
+                    Some(PackError::Closed) => {
+                        reset = true;
+                        None
+                    }
                     Some(e) => Some(e.to_string()),
                 },
                 None => Some("no packer".to_string()),
             });
+            if reset {
+                // Reset by the client (one that stopped waiting for its answers):
+                // on_closed follows; not the server's failure.
+                return;
+            }
             if no_memory {
                 // Back pressure, not a failure: the answers stay queued; `on_poll` retries.
                 self.shared.memory_waits.fetch_add(1, Ordering::Relaxed);
@@ -724,9 +753,12 @@ impl ServerApp {
     /// buffer cannot), then close our side.
     fn end_of_stream(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
         let mut failed = None;
+        // Reset by the client meanwhile (it stopped waiting for these answers): not the
+        // server's failure; on_closed follows.
+        let mut reset = false;
         if let (Some(c), Some(packer)) = (self.conns.get_mut(&conn), self.packer.as_mut()) {
             c.eof = true;
-            while !c.e.tx().is_empty() && failed.is_none() {
+            while !c.e.tx().is_empty() && failed.is_none() && !reset {
                 match packer.pack(&mut |n| ctx.alloc(n), c.e.tx(), &mut self.batch) {
                     Ok(()) => {}
                     Err(PackError::NoMemory(_)) => {
@@ -742,9 +774,11 @@ impl ServerApp {
                     Err(e) => failed = Some(e.to_string()),
                 }
                 for z in self.batch.drain(..) {
-                    if failed.is_none() {
-                        if let Err(e) = ctx.send_all(conn, z) {
-                            failed = Some(format!("send: {e:?}"));
+                    if failed.is_none() && !reset {
+                        match ctx.send_all(conn, z) {
+                            Ok(()) => {}
+                            Err(luna_stack::stack::SendError::Closed) => reset = true,
+                            Err(e) => failed = Some(format!("send: {e:?}")),
                         }
                     }
                 }
@@ -753,7 +787,7 @@ impl ServerApp {
         if let Some(e) = failed {
             self.report.errors.push(format!("connection {conn:?}: {e}"));
             ctx.abort(conn);
-        } else {
+        } else if !reset {
             ctx.close(conn);
         }
         self.finish(ctx, conn);
@@ -988,7 +1022,8 @@ impl ClientApp {
                 }
                 false
             }
-            Some(PackError::Failed(e)) => {
+            // The server closing a connection mid-run is a failure for the client.
+            Some(e @ (PackError::Failed(_) | PackError::Closed)) => {
                 wk.fail(format!("connection {i} of lane {}: {e}", self.lane));
                 true
             }
@@ -1497,7 +1532,7 @@ fn serve_msg(
         mut cores,
         mut opts,
         ..
-    } = open(&spec.eal, 1, w.mtu, spec.lifetime, ready, None)?.lanes(
+    } = open(true, &spec.eal, 1, w.mtu, spec.lifetime, ready, None)?.lanes(
         &spec.eal,
         spec.ip,
         spec.prefix_len,
@@ -1718,6 +1753,7 @@ fn serve_coexist(
         rules: bifurcation::compile(&model),
     };
     let mut env = open(
+        true,
         &spec.eal,
         1,
         w.mtu,
@@ -1819,6 +1855,7 @@ impl Backend for Luna {
             opts,
             lanes,
         } = open(
+            true,
             &spec.eal,
             w.threads as u16,
             w.mtu,
@@ -1839,6 +1876,7 @@ impl Backend for Luna {
     ) -> Result<Vec<ThreadResult>, String> {
         let w = plan.workload().clone();
         let env = match open(
+            false,
             &spec.eal,
             w.threads as u16,
             w.mtu,

@@ -1113,40 +1113,48 @@ mod tests {
         }
     }
 
-    /// `tx_retry_limit` bounds the tries in a row that send nothing: a queue the ring
-    /// keeps taking from, however slowly and however long it stays non-empty, is never
-    /// dropped (it was, once its refusals added up past the limit).
-    #[test]
-    fn a_slowly_draining_ring_never_drops_the_queue() {
+    const TRICKLE_PEER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+
+    /// A core on one [`Trickle`] ring (`stuck`: it takes nothing) with `opts`, and one SYN
+    /// queued for the ring for each of `n` connections to [`TRICKLE_PEER`].
+    fn trickle_core(stuck: bool, opts: CoreOptions, n: usize) -> CoreLoop<Trickle> {
         let me = Ipv4Addr::new(10, 0, 0, 1);
-        let peer = Ipv4Addr::new(10, 0, 0, 2);
         let cidr = luna_stack::wire::Ipv4Cidr::new(me, 24).unwrap();
         let mut setup = CoreSetup::new(
             0,
-            vec![Trickle {
-                calls: 0,
-                stuck: false,
-            }],
+            vec![Trickle { calls: 0, stuck }],
             StackConfig::new(EthernetAddress([2, 0, 0, 0, 0, 1]), cidr),
         );
-        setup.neighbours = vec![(peer, EthernetAddress([2, 0, 0, 0, 0, 2]))];
-        let opts = CoreOptions {
-            pin: false,
-            tx_retry_limit: 3,
-            rng_seed: Some([7; 32]),
-            ..CoreOptions::default()
-        };
+        setup.neighbours = vec![(TRICKLE_PEER, EthernetAddress([2, 0, 0, 0, 0, 2]))];
         let shared = Shared {
             stop: Arc::new(AtomicBool::new(false)),
             cell: Arc::new(StatsCell::default()),
             probe: Arc::new(crate::control::Probe::default()),
         };
+        let opts = CoreOptions {
+            pin: false,
+            rng_seed: Some([7; 32]),
+            ..opts
+        };
         let mut lp = CoreLoop::new(setup, &opts, shared).unwrap();
-        for _ in 0..40 {
-            lp.st.connect(SocketAddrV4::new(peer, 80)).unwrap();
+        for _ in 0..n {
+            lp.st.connect(SocketAddrV4::new(TRICKLE_PEER, 80)).unwrap();
         }
         lp.drain_stack_tx();
-        assert_eq!(lp.tx.len(), 40, "one SYN each");
+        assert_eq!(lp.tx.len(), n, "one SYN each");
+        lp
+    }
+
+    /// `tx_retry_limit` bounds the tries in a row that send nothing: a queue the ring
+    /// keeps taking from, however slowly and however long it stays non-empty, is never
+    /// dropped (it was, once its refusals added up past the limit).
+    #[test]
+    fn a_slowly_draining_ring_never_drops_the_queue() {
+        let opts = CoreOptions {
+            tx_retry_limit: 3,
+            ..CoreOptions::default()
+        };
+        let mut lp = trickle_core(false, opts, 40);
         let mut sent = 0;
         for _ in 0..200 {
             sent += lp.transmit();
@@ -1154,7 +1162,7 @@ mod tests {
         assert_eq!((sent, lp.st.stats.tx_dropped), (40, 0));
         // A ring that takes nothing: dropped after the limit.
         lp.devices[0].stuck = true;
-        lp.st.connect(SocketAddrV4::new(peer, 80)).unwrap();
+        lp.st.connect(SocketAddrV4::new(TRICKLE_PEER, 80)).unwrap();
         lp.drain_stack_tx();
         for _ in 0..3 {
             lp.transmit();
@@ -1169,52 +1177,21 @@ mod tests {
     /// refused try, not the whole queue; once the ring takes frames again the rest go out.
     #[test]
     fn a_stuck_ring_drops_a_burst_per_try_not_the_queue() {
-        let me = Ipv4Addr::new(10, 0, 0, 1);
-        let peer = Ipv4Addr::new(10, 0, 0, 2);
-        let cidr = luna_stack::wire::Ipv4Cidr::new(me, 24).unwrap();
-        let mut setup = CoreSetup::new(
-            0,
-            vec![Trickle {
-                calls: 0,
-                stuck: true,
-            }],
-            StackConfig::new(EthernetAddress([2, 0, 0, 0, 0, 1]), cidr),
-        );
-        setup.neighbours = vec![(peer, EthernetAddress([2, 0, 0, 0, 0, 2]))];
         let opts = CoreOptions {
-            pin: false,
             tx_retry_limit: 3,
             burst: 8,
-            rng_seed: Some([7; 32]),
             ..CoreOptions::default()
         };
-        let shared = Shared {
-            stop: Arc::new(AtomicBool::new(false)),
-            cell: Arc::new(StatsCell::default()),
-            probe: Arc::new(crate::control::Probe::default()),
-        };
-        let mut lp = CoreLoop::new(setup, &opts, shared).unwrap();
-        for _ in 0..20 {
-            lp.st.connect(SocketAddrV4::new(peer, 80)).unwrap();
-        }
-        lp.drain_stack_tx();
-        assert_eq!(lp.tx.len(), 20, "one SYN each");
+        let mut lp = trickle_core(true, opts, 20);
         for _ in 0..3 {
             lp.transmit();
         }
-        assert_eq!(
-            (lp.st.stats.tx_dropped, lp.tx.len()),
-            (0, 20),
-            "within the limit"
-        );
+        let state = |lp: &CoreLoop<Trickle>| (lp.st.stats.tx_dropped, lp.tx.len());
+        assert_eq!(state(&lp), (0, 20), "within the limit");
         lp.transmit();
-        assert_eq!((lp.st.stats.tx_dropped, lp.tx.len()), (8, 12), "one burst");
+        assert_eq!(state(&lp), (8, 12), "one burst");
         lp.transmit();
-        assert_eq!(
-            (lp.st.stats.tx_dropped, lp.tx.len()),
-            (16, 4),
-            "and one per try"
-        );
+        assert_eq!(state(&lp), (16, 4), "and one per try");
         // The ring takes frames again: the rest go out, nothing more is dropped.
         lp.devices[0].stuck = false;
         let mut sent = 0;

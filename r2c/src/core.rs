@@ -57,6 +57,10 @@ pub type HandleHashing = BuildHasherDefault<HandleHash>;
 
 /// A connection, as the application names it (the stack's handle).
 pub type Conn = SocketHandle;
+
+/// Tries in which the device takes nothing before a core that ran out of shutdown grace
+/// gives up sending its resets.
+const SHUTDOWN_TX_TRIES: u32 = 10_000;
 /// A listening port.
 pub type Listener = ListenerHandle;
 
@@ -746,9 +750,7 @@ impl<D: Device> CoreLoop<D> {
                 let drained = self.st.closing_done() && self.tx.is_empty();
                 if drained || now >= d {
                     if !drained {
-                        self.st.abort_all();
-                        self.drain_stack_tx();
-                        self.transmit();
+                        self.reset_remaining();
                     }
                     break;
                 }
@@ -940,6 +942,31 @@ impl<D: Device> CoreLoop<D> {
         }
     }
 
+    /// The shutdown grace ran out: reset every connection still open. What waits in the
+    /// transmit queue (up to `tx_queue_limit` frames of connections about to be reset) is
+    /// dropped first, so the resets are polled and sent, as far as the device takes
+    /// them within a bounded number of tries.
+    fn reset_remaining(&mut self) {
+        let n = self.tx.len();
+        self.st.stats.tx_dropped += n as u64;
+        self.tx.clear();
+        if let Some(c) = &mut self.capture {
+            c.discard_tx_front(n);
+        }
+        self.st.abort_all();
+        let mut refused = 0;
+        while refused < SHUTDOWN_TX_TRIES {
+            self.drain_stack_tx();
+            if self.tx.is_empty() {
+                break;
+            }
+            if self.transmit() == 0 {
+                refused += 1;
+                std::hint::spin_loop();
+            }
+        }
+    }
+
     fn transmit(&mut self) -> usize {
         if self.tx.is_empty() {
             return 0;
@@ -968,7 +995,7 @@ impl<D: Device> CoreLoop<D> {
             // it whole once they added up, whatever the ring took in between.
             self.st.stats.tx_retries += 1;
             if sent == 0 {
-                self.tx_stalled += 1;
+                self.tx_stalled = self.tx_stalled.saturating_add(1);
             } else {
                 self.tx_stalled = 0;
             }
@@ -1200,6 +1227,24 @@ mod tests {
         }
         assert_eq!((sent, lp.st.stats.tx_dropped), (4, 16));
         assert!(lp.tx.is_empty());
+    }
+
+    /// The shutdown grace ran out: what the queue held is dropped and counted (the
+    /// connections are being reset), and the reset loop ends even on a device that takes
+    /// nothing.
+    #[test]
+    fn running_out_of_grace_drops_the_queue_and_ends_on_a_stuck_ring() {
+        for stuck in [false, true] {
+            let mut lp = trickle_core(stuck, CoreOptions::default(), 20);
+            lp.reset_remaining();
+            assert_eq!(lp.st.stats.tx_dropped, 20, "stuck {stuck}");
+            assert!(lp.tx.is_empty(), "stuck {stuck}");
+            assert_eq!(
+                (lp.st.open.len(), lp.st.stack.connection_count()),
+                (0, 0),
+                "every connection aborted and released, stuck {stuck}"
+            );
+        }
     }
 
     /// Handles are (slot index, generation) pairs, hashed as two `u32` writes by

@@ -31,6 +31,9 @@ fn run_env(args: &[&str], env: &[(&str, &str)], limit: Duration) -> Output {
         .args(args)
         // The caller's experiment knobs do not leak into the tests' expectations.
         .env_remove("KNB_LUNA_TX_COPY_MAX")
+        .env_remove("KNB_LUNA_TLP_US")
+        .env_remove("KNB_LUNA_SLAB_MB")
+        .env_remove("KNB_LUNA_SERVER_SLAB_MB")
         .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -24,8 +24,8 @@
 //!   a connection while `Ctx::send_backlog` plus its unpacked answers reach
 //!   `SERVER_TX_LIMIT`. A pack that finds no free buffer (the slab held by data not yet
 //!   acknowledged: overload) takes nothing from the queue; on either side the connection
-//!   then waits in its lane's `starved` queue, retried every iteration, and the wait is
-//!   counted (`tx_memory_waits`) — back pressure, never a failed connection. The memif
+//!   then waits in its lane's `starved` queue, retried every iteration, and each refused
+//!   try is counted (`tx_memory_waits`) — back pressure, never a failed connection. The memif
 //!   placement, EAL lane registration and vdev parsing are shared with the smoltcp
 //!   backend ([`super::memif`]).
 //! * The poll-loop threads are registered with the EAL (mempool caches) and pinned to
@@ -901,6 +901,9 @@ impl InlineApp for ServerApp {
     }
 
     fn on_stop(&mut self, _ctx: &mut Ctx<'_>) {
+        // The runtime closes every connection next and releases its handle: nothing is
+        // retried after this (a retry would find the sending side shut and reset it).
+        self.starved.clear();
         let mut r = self.shared.report.lock().unwrap_or_else(|p| p.into_inner());
         for c in self.conns.values() {
             r.add(&c.e.counters);

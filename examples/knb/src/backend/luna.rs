@@ -56,6 +56,9 @@
 //! ([`luna_stack::tcp::TcpConfig::tlp`]; `0` turns probing off; unset: the default).
 //!
 //! Observability (environment, read by the server only):
+//! `KNB_LUNA_SERVER_ALLOC_FAIL=<n>` (tests) fails every `n`-th buffer allocation of the
+//! server's packs as an exhausted slab would, so its back pressure path runs in any run.
+//!
 //! `KNB_LUNA_SERVER_CONTROL=<path>` opens r2c's control socket at `path` in the server
 //! (inline mode), so `lunactl -s <path> stats|conns|capture` can look inside it while it
 //! runs (r2c/src/control.rs).
@@ -298,10 +301,18 @@ fn send_packed(
     packer: &mut Packer,
     tx: &mut TxBuf,
     batch: &mut VecDeque<Zbuf>,
+    faults: &mut AllocFaults,
 ) -> (usize, Option<PackError>) {
     let mut handed = 0;
     while !tx.is_empty() && ctx.send_capacity(conn) > 0 {
-        if let Err(e) = packer.pack(&mut |n| ctx.alloc(n), tx, batch) {
+        let mut alloc = |n| {
+            if faults.fail_now() {
+                Err(zbuf::AllocError::Exhausted { class_size: 0 })
+            } else {
+                ctx.alloc(n)
+            }
+        };
+        if let Err(e) = packer.pack(&mut alloc, tx, batch) {
             return (handed, Some(e));
         }
         while let Some(z) = batch.pop_front() {
@@ -317,6 +328,41 @@ fn send_packed(
         }
     }
     (handed, None)
+}
+
+/// Fault injection for tests (`KNB_LUNA_SERVER_ALLOC_FAIL=<n>`, read by the server): every
+/// `n`-th buffer allocation of a pack fails as an exhausted slab would, so the back
+/// pressure path runs in every run, whatever the machine's speed. Off (`every == 0`)
+/// otherwise.
+#[derive(Debug, Default, Clone, Copy)]
+struct AllocFaults {
+    every: u64,
+    count: u64,
+}
+
+impl AllocFaults {
+    fn from_env(v: Option<&str>) -> Result<AllocFaults, String> {
+        let Some(v) = v else {
+            return Ok(AllocFaults::default());
+        };
+        v.trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|n| (1..=1_000_000).contains(n))
+            .map(|every| AllocFaults { every, count: 0 })
+            .ok_or_else(|| {
+                format!("KNB_LUNA_SERVER_ALLOC_FAIL={v:?} is not a count from 1 to 1000000")
+            })
+    }
+
+    /// Whether this allocation fails.
+    fn fail_now(&mut self) -> bool {
+        if self.every == 0 {
+            return false;
+        }
+        self.count += 1;
+        self.count % self.every == 0
+    }
 }
 
 /// What every side needs: EAL, zbuf slab, DMA registry and one device per lane.
@@ -670,6 +716,8 @@ struct ServerApp {
     /// stay queued: an overloaded server (the slab held by replies and requests not yet
     /// acknowledged) slows down; it does not abort connections.
     starved: VecDeque<Conn>,
+    /// Test fault injection (`KNB_LUNA_SERVER_ALLOC_FAIL`).
+    faults: AllocFaults,
     report: ServerReport,
     shared: Arc<ServerShared>,
     lane_done: bool,
@@ -709,18 +757,20 @@ impl ServerApp {
             // The responses into buffers and on to the stack.
             let (mut no_memory, mut reset) = (false, false);
             let failed = failed.or_else(|| match self.packer.as_mut() {
-                Some(p) => match send_packed(ctx, conn, p, c.e.tx(), &mut self.batch).1 {
-                    None => None,
-                    Some(PackError::NoMemory(_)) => {
-                        no_memory = true;
-                        None
+                Some(p) => {
+                    match send_packed(ctx, conn, p, c.e.tx(), &mut self.batch, &mut self.faults).1 {
+                        None => None,
+                        Some(PackError::NoMemory(_)) => {
+                            no_memory = true;
+                            None
+                        }
+                        Some(PackError::Closed) => {
+                            reset = true;
+                            None
+                        }
+                        Some(e) => Some(e.to_string()),
                     }
-                    Some(PackError::Closed) => {
-                        reset = true;
-                        None
-                    }
-                    Some(e) => Some(e.to_string()),
-                },
+                }
                 None => Some("no packer".to_string()),
             });
             if reset {
@@ -1009,7 +1059,14 @@ impl ClientApp {
             return true;
         };
         let conn = self.conns[i];
-        let (n, stopped) = send_packed(ctx, conn, packer, wk.tx(i), &mut self.batch);
+        let (n, stopped) = send_packed(
+            ctx,
+            conn,
+            packer,
+            wk.tx(i),
+            &mut self.batch,
+            &mut AllocFaults::default(),
+        );
         // Handed to the runtime: in TCP's send buffer, or next in line for it.
         wk.on_sent(i, n, now);
         match stopped {
@@ -1662,6 +1719,8 @@ fn run_server<D: Device + Send + 'static>(
     if let Some(path) = std::env::var_os("KNB_LUNA_SERVER_CONTROL") {
         opts.control = Some(r2c::control::ControlConfig::new(path));
     }
+    let faults =
+        AllocFaults::from_env(std::env::var("KNB_LUNA_SERVER_ALLOC_FAIL").ok().as_deref())?;
     let shared = Arc::new(ServerShared {
         eal: eal.clone(),
         report: Mutex::new(ServerReport::default()),
@@ -1684,6 +1743,7 @@ fn run_server<D: Device + Send + 'static>(
         packer: None,
         batch: VecDeque::new(),
         starved: VecDeque::new(),
+        faults,
         report: ServerReport::default(),
         shared: sh.clone(),
         lane_done: false,
@@ -1994,6 +2054,19 @@ mod tests {
         for bad in ["", "-1", "2ms", "60000001"] {
             let e = tlp_from_env(Some(bad)).unwrap_err();
             assert!(e.contains("KNB_LUNA_TLP_US"), "{e}");
+        }
+    }
+
+    #[test]
+    fn alloc_fault_knob_fails_every_nth_allocation() {
+        let mut f = AllocFaults::from_env(Some("3")).unwrap();
+        let hits: Vec<bool> = (0..6).map(|_| f.fail_now()).collect();
+        assert_eq!(hits, [false, false, true, false, false, true]);
+        let mut off = AllocFaults::from_env(None).unwrap();
+        assert!((0..100).all(|_| !off.fail_now()));
+        for bad in ["0", "", "x", "1000001"] {
+            let e = AllocFaults::from_env(Some(bad)).unwrap_err();
+            assert!(e.contains("KNB_LUNA_SERVER_ALLOC_FAIL"), "{e}");
         }
     }
 

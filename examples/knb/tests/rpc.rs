@@ -366,19 +366,27 @@ fn luna_two_lanes_and_open_loop() {
     assert_eq!(num(&v, &["server", "extra", "core", "accepted"]), 4.0);
 }
 
+/// `knb rpc --stack luna <args> --json <file>` with `env`: must succeed; its report.
+fn luna_json_run(name: &str, args: &[&str], env: &[(&str, &str)]) -> Value {
+    let _g = heavy();
+    let json = tmp(name);
+    let j = json.to_string_lossy().into_owned();
+    let mut all = vec!["rpc", "--stack", "luna", "--json", &j];
+    all.extend_from_slice(args);
+    let o = run_env(&all, env, Duration::from_secs(180));
+    assert!(o.status.success(), "{}", text(&o));
+    read_json(&json)
+}
+
 /// Overload must slow luna's knb server down, not fail it: 5,000 connections offered far
 /// more than the pair can answer (open loop), the server's zbuf memory cut to 48 MiB
-/// (`KNB_LUNA_SERVER_SLAB_MB`) so that its answers run out of buffers in every run. The
-/// server used to abort each connection whose answers found no free buffer (the client
-/// then saw resets: 2 of 5 runs at the default memory failed), and, once it waited
-/// instead, to count as its own failure a client that reset a connection whose answers
-/// were still waiting. Now it waits for buffers as the client does, counts the waits,
-/// and leaves a reset connection to `on_closed`.
+/// (`KNB_LUNA_SERVER_SLAB_MB`). The server used to abort each connection whose answers
+/// found no free buffer (the client then saw resets: 2 of 5 runs at the default memory
+/// failed), and, once it waited instead, to count as its own failure a client that reset
+/// a connection whose answers were still waiting. Now it waits for buffers as the client
+/// does, counts the refused tries, and leaves a reset connection to `on_closed`.
 #[test]
 fn luna_server_overloaded_past_its_buffers_waits_instead_of_failing() {
-    let _g = heavy();
-    let json = tmp("luna-overload.json");
-    let j = json.to_string_lossy().into_owned();
     // Far past what the pair answers in either build (an unoptimised knb answers ~10k
     // RPC/s here, an optimised one ~400k); the debug client offered 500k spends its
     // iterations generating arrivals and barely reads, so it gets less.
@@ -387,11 +395,9 @@ fn luna_server_overloaded_past_its_buffers_waits_instead_of_failing() {
     } else {
         "500000"
     };
-    let o = run_env(
+    let v = luna_json_run(
+        "luna-overload.json",
         &[
-            "rpc",
-            "--stack",
-            "luna",
             "--connections",
             "5000",
             "--duration",
@@ -400,14 +406,9 @@ fn luna_server_overloaded_past_its_buffers_waits_instead_of_failing() {
             "1",
             "--rate",
             rate,
-            "--json",
-            &j,
         ],
         &[("KNB_LUNA_SERVER_SLAB_MB", "48")],
-        Duration::from_secs(180),
     );
-    assert!(o.status.success(), "{}", text(&o));
-    let v = read_json(&json);
     assert_eq!(v["server"]["errors"], serde_json::json!([]), "{v:#}");
     assert!(num(&v, &["open_loop", "arrivals"]) > 0.0);
     // Whether the server's buffers run out in a given run depends on the two loops'
@@ -423,14 +424,9 @@ fn luna_server_overloaded_past_its_buffers_waits_instead_of_failing() {
 /// checks every byte and every id of every answer at the client.
 #[test]
 fn luna_server_answers_everything_in_order_when_buffers_run_out() {
-    let _g = heavy();
-    let json = tmp("luna-alloc-fail.json");
-    let j = json.to_string_lossy().into_owned();
-    let o = run_env(
+    let v = luna_json_run(
+        "luna-alloc-fail.json",
         &[
-            "rpc",
-            "--stack",
-            "luna",
             "--connections",
             "64",
             "--iodepth",
@@ -440,14 +436,9 @@ fn luna_server_answers_everything_in_order_when_buffers_run_out() {
             "--warmup",
             "0.3",
             "--verify",
-            "--json",
-            &j,
         ],
         &[("KNB_LUNA_SERVER_ALLOC_FAIL", "5")],
-        Duration::from_secs(120),
     );
-    assert!(o.status.success(), "{}", text(&o));
-    let v = read_json(&json);
     check_rpc_report(&v, "luna");
     assert!(
         num(&v, &["server", "extra", "tx_memory_waits"]) > 0.0,

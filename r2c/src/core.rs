@@ -88,10 +88,10 @@ pub struct CoreOptions {
     pub idle: IdleStrategy,
     /// Publish stats every this many iterations.
     pub stats_interval: u64,
-    /// Tries in a row in which the device takes nothing before the runtime drops from the
-    /// head of its transmit queue: one burst (`burst` frames) per further refused try, so a
-    /// dead link drains the queue in a few thousand iterations while a stall a little
-    /// longer than the limit costs a burst, not the whole queue (up to `tx_queue_limit`).
+    /// Tries in a row in which the device takes nothing before the runtime drops one burst
+    /// (`burst` frames) from the head of its transmit queue; the frames behind it get the
+    /// same tries. A stall a little longer than the limit costs a burst, not the whole queue
+    /// (up to `tx_queue_limit` frames); a dead link drains it a burst at a time.
     pub tx_retry_limit: u32,
     /// Most frames waiting for the device; beyond, the core stops asking the stack for
     /// more until the device has taken some (back pressure, no loss). Default 65,536
@@ -1000,14 +1000,15 @@ impl<D: Device> CoreLoop<D> {
                 self.tx_stalled = 0;
             }
             if self.tx_stalled > self.opts.tx_retry_limit {
-                // One burst from the head per refused try past the limit (`tx_stalled` stays
-                // above it until the device takes something again).
+                // One burst from the head, then the next frames get the same tries (a
+                // queue of up to a burst is dropped whole, as it always was).
                 let n = self.tx.len().min(self.opts.burst.max(1));
                 self.st.stats.tx_dropped += n as u64;
                 self.tx.drain(..n);
                 if let Some(c) = &mut self.capture {
                     c.discard_tx_front(n);
                 }
+                self.tx_stalled = 0;
             }
         }
         sent
@@ -1200,8 +1201,9 @@ mod tests {
         assert!(lp.tx.is_empty());
     }
 
-    /// Past `tx_retry_limit` a stuck ring costs one burst from the head of the queue per
-    /// refused try, not the whole queue; once the ring takes frames again the rest go out.
+    /// Past `tx_retry_limit` a stuck ring costs one burst from the head of the queue, and
+    /// the next burst gets the same tries, not the whole queue at once; once the ring takes
+    /// frames again the rest go out.
     #[test]
     fn a_stuck_ring_drops_a_burst_per_try_not_the_queue() {
         let opts = CoreOptions {
@@ -1217,8 +1219,12 @@ mod tests {
         assert_eq!(state(&lp), (0, 20), "within the limit");
         lp.transmit();
         assert_eq!(state(&lp), (8, 12), "one burst");
+        for _ in 0..3 {
+            lp.transmit();
+        }
+        assert_eq!(state(&lp), (8, 12), "the next burst gets its tries");
         lp.transmit();
-        assert_eq!(state(&lp), (16, 4), "and one per try");
+        assert_eq!(state(&lp), (16, 4), "then goes too");
         // The ring takes frames again: the rest go out, nothing more is dropped.
         lp.devices[0].stuck = false;
         let mut sent = 0;

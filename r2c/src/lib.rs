@@ -8,8 +8,8 @@
 //! Poll iteration: `rx_burst` (32) → `handle_frame` each → `handle_timeouts` →
 //! application work → send backlog → `poll_transmit` until `None` → `tx_burst` (frames
 //! the ring refuses are retried next iteration; after `tx_retry_limit` tries in a row that
-//! took nothing, one burst is dropped from the queue's head per further refused try, and
-//! counted).
+//! took nothing, one burst is dropped from the queue's head, and counted, and the next
+//! frames get the same tries).
 //!
 //! Four ways to run an application:
 //! - [`inline`]: callbacks inside packet processing ([`InlineApp`], [`Ctx`]);

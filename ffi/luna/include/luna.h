@@ -146,7 +146,7 @@ typedef struct {
   uint64_t tx_bytes;
   // Iterations that ended with frames the device refused (retried next iteration).
   uint64_t tx_retries;
-  // Frames dropped: a burst from the queue's head per refused try past `tx_retry_limit`,
+  // Frames dropped: a burst from the queue's head after `tx_retry_limit` refused tries,
   // and what was queued when the shutdown grace ran out (the resets go instead).
   uint64_t tx_dropped;
   // Stack events handled (inline callbacks, batch readiness updates, split messages).

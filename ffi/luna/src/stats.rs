@@ -24,7 +24,7 @@ pub struct luna_core_stats_t {
     pub tx_bytes: u64,
     /// Iterations that ended with frames the device refused (retried next iteration).
     pub tx_retries: u64,
-    /// Frames dropped: a burst from the queue's head per refused try past `tx_retry_limit`,
+    /// Frames dropped: a burst from the queue's head after `tx_retry_limit` refused tries,
     /// and what was queued when the shutdown grace ran out (the resets go instead).
     pub tx_dropped: u64,
     /// Stack events handled (inline callbacks, batch readiness updates, split messages).

@@ -57,10 +57,6 @@ pub type HandleHashing = BuildHasherDefault<HandleHash>;
 
 /// A connection, as the application names it (the stack's handle).
 pub type Conn = SocketHandle;
-
-/// Tries in which the device takes nothing before a core that ran out of shutdown grace
-/// gives up sending its resets.
-const SHUTDOWN_TX_TRIES: u32 = 10_000;
 /// A listening port.
 pub type Listener = ListenerHandle;
 
@@ -947,12 +943,9 @@ impl<D: Device> CoreLoop<D> {
     /// dropped first, so the resets are polled and sent, as far as the device takes
     /// them within a bounded number of tries.
     fn reset_remaining(&mut self) {
-        let n = self.tx.len();
-        self.st.stats.tx_dropped += n as u64;
-        self.tx.clear();
-        if let Some(c) = &mut self.capture {
-            c.discard_tx_front(n);
-        }
+        /// Tries in which the device takes nothing before the resets are given up.
+        const SHUTDOWN_TX_TRIES: u32 = 10_000;
+        self.drop_tx_front(self.tx.len());
         self.st.abort_all();
         let mut refused = 0;
         while refused < SHUTDOWN_TX_TRIES {
@@ -964,6 +957,15 @@ impl<D: Device> CoreLoop<D> {
                 refused += 1;
                 std::hint::spin_loop();
             }
+        }
+    }
+
+    /// Drops the first `n` queued frames (and their capture copies), counted.
+    fn drop_tx_front(&mut self, n: usize) {
+        self.st.stats.tx_dropped += n as u64;
+        self.tx.drain(..n);
+        if let Some(c) = &mut self.capture {
+            c.discard_tx_front(n);
         }
     }
 
@@ -995,19 +997,14 @@ impl<D: Device> CoreLoop<D> {
             // it whole once they added up, whatever the ring took in between.
             self.st.stats.tx_retries += 1;
             if sent == 0 {
-                self.tx_stalled = self.tx_stalled.saturating_add(1);
+                self.tx_stalled += 1;
             } else {
                 self.tx_stalled = 0;
             }
             if self.tx_stalled > self.opts.tx_retry_limit {
                 // One burst from the head, then the next frames get the same tries (a
                 // queue of up to a burst is dropped whole, as it always was).
-                let n = self.tx.len().min(self.opts.burst.max(1));
-                self.st.stats.tx_dropped += n as u64;
-                self.tx.drain(..n);
-                if let Some(c) = &mut self.capture {
-                    c.discard_tx_front(n);
-                }
+                self.drop_tx_front(self.tx.len().min(self.opts.burst.max(1)));
                 self.tx_stalled = 0;
             }
         }

@@ -315,19 +315,45 @@ fn send_packed(
         if let Err(e) = packer.pack(&mut alloc, tx, batch) {
             return (handed, Some(e));
         }
-        while let Some(z) = batch.pop_front() {
-            handed += z.len();
-            if let Err(e) = ctx.send_all(conn, z) {
-                batch.clear();
-                let e = match e {
-                    luna_stack::stack::SendError::Closed => PackError::Closed,
-                    e => PackError::Failed(format!("send: {e:?}")),
-                };
-                return (handed, Some(e));
-            }
+        match hand_over(ctx, conn, batch) {
+            Ok(n) => handed += n,
+            Err((n, e)) => return (handed + n, Some(e)),
         }
     }
     (handed, None)
+}
+
+/// Hands a pack's buffers to the runtime in order (`Ctx::send_all`); on a refusal the rest
+/// of the pack is dropped. Returns the bytes handed over (those of the refused buffer
+/// included, as before).
+fn hand_over(
+    ctx: &mut Ctx<'_>,
+    conn: Conn,
+    batch: &mut VecDeque<Zbuf>,
+) -> Result<usize, (usize, PackError)> {
+    let mut handed = 0;
+    while let Some(z) = batch.pop_front() {
+        handed += z.len();
+        if let Err(e) = ctx.send_all(conn, z) {
+            batch.clear();
+            let e = match e {
+                luna_stack::stack::SendError::Closed => PackError::Closed,
+                e => PackError::Failed(format!("send: {e:?}")),
+            };
+            return Err((handed, e));
+        }
+    }
+    Ok(handed)
+}
+
+/// A server connection whose answers found no free buffer: queued once in `starved`
+/// (retried every iteration), the refused try counted.
+fn wait_for_buffers(c: &mut SConn, conn: Conn, starved: &mut VecDeque<Conn>, waits: &AtomicU64) {
+    waits.fetch_add(1, Ordering::Relaxed);
+    if !c.starved {
+        c.starved = true;
+        starved.push_back(conn);
+    }
 }
 
 /// Fault injection for tests (`KNB_LUNA_SERVER_ALLOC_FAIL=<n>`, read by the server): every
@@ -780,11 +806,7 @@ impl ServerApp {
             }
             if no_memory {
                 // Back pressure, not a failure: the answers stay queued; `on_poll` retries.
-                self.shared.memory_waits.fetch_add(1, Ordering::Relaxed);
-                if !c.starved {
-                    c.starved = true;
-                    self.starved.push_back(conn);
-                }
+                wait_for_buffers(c, conn, &mut self.starved, &self.shared.memory_waits);
                 return;
             }
             if let Some(e) = failed {
@@ -814,23 +836,18 @@ impl ServerApp {
                     Err(PackError::NoMemory(_)) => {
                         // Nothing was taken from the queue: close once buffers come back
                         // (`retry_starved` calls this again).
-                        self.shared.memory_waits.fetch_add(1, Ordering::Relaxed);
-                        if !c.starved {
-                            c.starved = true;
-                            self.starved.push_back(conn);
-                        }
+                        wait_for_buffers(c, conn, &mut self.starved, &self.shared.memory_waits);
                         return;
                     }
-                    Err(e) => failed = Some(e.to_string()),
-                }
-                for z in self.batch.drain(..) {
-                    if failed.is_none() && !reset {
-                        match ctx.send_all(conn, z) {
-                            Ok(()) => {}
-                            Err(luna_stack::stack::SendError::Closed) => reset = true,
-                            Err(e) => failed = Some(format!("send: {e:?}")),
-                        }
+                    Err(e) => {
+                        failed = Some(e.to_string());
+                        break;
                     }
+                }
+                match hand_over(ctx, conn, &mut self.batch) {
+                    Ok(_) => {}
+                    Err((_, PackError::Closed)) => reset = true,
+                    Err((_, e)) => failed = Some(e.to_string()),
                 }
             }
         }

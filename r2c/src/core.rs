@@ -1202,7 +1202,7 @@ mod tests {
     /// the next burst gets the same tries, not the whole queue at once; once the ring takes
     /// frames again the rest go out.
     #[test]
-    fn a_stuck_ring_drops_a_burst_per_try_not_the_queue() {
+    fn a_stuck_ring_drops_a_burst_at_a_time_not_the_queue() {
         let opts = CoreOptions {
             tx_retry_limit: 3,
             burst: 8,

@@ -195,6 +195,21 @@ pub(crate) fn link_exists(netns: Option<&str>, name: &str) -> bool {
     r.is_ok()
 }
 
+/// Interface `name` in `netns` as `ip -o link show` reports it: whether it is
+/// administratively up (`UP` among its flags) and its MAC (`link/ether …`, lower case;
+/// `None` without one). `None` when the interface is missing.
+pub(crate) fn link_state(netns: &str, name: &str) -> Option<(bool, Option<String>)> {
+    let out = ip_in(netns, &["-o", "link", "show", "dev", name]).ok()?;
+    let flags = out.split_once('<')?.1.split_once('>')?.0;
+    let up = flags.split(',').any(|f| f == "UP");
+    let mut words = out.split_whitespace();
+    let mac = words
+        .find(|w| *w == "link/ether")
+        .and_then(|_| words.next())
+        .map(str::to_ascii_lowercase);
+    Some((up, mac))
+}
+
 /// Interface names in `netns` (or the root namespace for `None`).
 pub fn link_names(netns: Option<&str>) -> Result<Vec<String>> {
     let out = match netns {

@@ -300,14 +300,14 @@ impl Tap {
     /// side's MAC, address and MTU and brings it up. Call after starting DPDK.
     pub fn configure_host(&self, timeout: Duration) -> Result<()> {
         let h = &self.host;
-        if !sys::wait_until(timeout, || sys::link_exists(Some(&h.netns), &h.iface)) {
+        if !configure_tap_host(h, &self.dpdk.eal.vdev, timeout)? {
             return Err(Error::Timeout {
-                what: format!("tap interface {} in namespace {}", h.iface, h.netns),
+                what: format!("tap interface {} in namespace {}, started by DPDK", h.iface, h.netns),
                 after: timeout,
-                hint: "is the DPDK process running in that namespace with the testbed's vdev (net_tap, iface=...)? check its output",
+                hint: "is the DPDK process running in that namespace with the testbed's vdev (net_tap, iface=...) and its port started? check its output",
             });
         }
-        h.configure()
+        Ok(())
     }
 }
 
@@ -369,15 +369,78 @@ impl Coexist {
     /// configures it (MAC, MTU, luna's address, up).
     pub fn configure_exception(&self, timeout: Duration) -> Result<()> {
         let h = &self.exception;
-        if !sys::wait_until(timeout, || sys::link_exists(Some(&h.netns), &h.iface)) {
+        if !configure_tap_host(h, &self.exception_vdev, timeout)? {
             return Err(Error::Timeout {
-                what: format!("exception tap {} in namespace {}", h.iface, h.netns),
+                what: format!("exception tap {} in namespace {}, started by DPDK", h.iface, h.netns),
                 after: timeout,
-                hint: "is the DPDK process running with the topology's exception vdev (net_tap)? check its output",
+                hint: "is the DPDK process running with the topology's exception vdev (net_tap) and its port started? check its output",
             });
         }
-        h.configure()
+        Ok(())
     }
+}
+
+/// Waits up to `timeout` until DPDK's net_tap has created `h`'s interface and started
+/// the port, then configures the host side so that it stays configured.
+///
+/// net_tap gives the kernel netdev the port's MAC (the vdev's `mac=`) twice: when it
+/// creates it (`eth_dev_tap_create`), and again when the port starts — ethdev's
+/// `rte_eth_dev_start` brings the netdev up (`tap_link_set_up`) and then replays the
+/// port's MAC (`eth_dev_mac_restore` → `tap_mac_set`, which rewrites the netdev's MAC
+/// when it differs). A host configured before that lost its MAC to the port's, and with
+/// both ends on one MAC the DPDK side drops every frame from the kernel as its own: ARP
+/// never resolved (the preload tests' intermittent connect timeout and "No route to
+/// host"). So: wait for the netdev to be up with the port's MAC (started), configure,
+/// and check a little later that the MAC held, configuring again if the replay came
+/// after all. An interface that already has the host's MAC was configured before
+/// (configuring is idempotent). A vdev without `mac=` (DPDK picks one at random) waits for
+/// the interface only.
+fn configure_tap_host(h: &KernelHost, vdev: &str, timeout: Duration) -> Result<bool> {
+    let deadline = std::time::Instant::now() + timeout;
+    let Some(port_mac) = vdev_mac(vdev) else {
+        if !sys::wait_until(timeout, || sys::link_exists(Some(&h.netns), &h.iface)) {
+            return Ok(false);
+        }
+        h.configure()?;
+        return Ok(true);
+    };
+    let host_mac = h.mac.to_string();
+    let started = sys::wait_until(timeout, || {
+        sys::link_state(&h.netns, &h.iface).is_some_and(|(up, mac)| {
+            let mac = mac.unwrap_or_default();
+            (up && mac == port_mac) || mac == host_mac
+        })
+    });
+    if !started {
+        return Ok(false);
+    }
+    loop {
+        h.configure()?;
+        std::thread::sleep(Duration::from_millis(100));
+        let mac = sys::link_state(&h.netns, &h.iface).and_then(|(_, m)| m);
+        if mac.as_deref() == Some(host_mac.as_str()) {
+            return Ok(true);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                what: format!(
+                    "tap interface {} in namespace {} keeping MAC {host_mac} (it has {})",
+                    h.iface,
+                    h.netns,
+                    mac.as_deref().unwrap_or("none")
+                ),
+                after: timeout,
+                hint: "something keeps setting the tap's MAC: is a second DPDK process using it?",
+            });
+        }
+    }
+}
+
+/// The `mac=` argument of a vdev string, lower case.
+fn vdev_mac(vdev: &str) -> Option<String> {
+    vdev.split(',')
+        .find_map(|kv| kv.strip_prefix("mac="))
+        .map(str::to_ascii_lowercase)
 }
 
 /// What a topology provides, by kind.
@@ -1098,6 +1161,21 @@ pub fn state_file(kind: Kind, prefix: &Prefix) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tap_port_mac_is_read_from_the_vdev() {
+        let p = Prefix::new("vm").unwrap();
+        let tap = match Details::of(Kind::Tap, &p) {
+            Details::Tap(t) => t,
+            _ => unreachable!(),
+        };
+        assert_eq!(vdev_mac(&tap.dpdk.eal.vdev), Some(tap.dpdk.mac.to_string()));
+        assert_eq!(
+            vdev_mac("net_tap1,iface=x,mac=02:AB:00:00:00:03"),
+            Some("02:ab:00:00:00:03".into())
+        );
+        assert_eq!(vdev_mac("net_tap0,iface=x"), None);
+    }
 
     #[test]
     fn unknown_topology_lists_valid_names() {

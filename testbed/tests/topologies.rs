@@ -174,11 +174,21 @@ fn tap_host_is_configured_once_the_interface_appears() {
             e.contains("timed out") && e.contains(&tap.host.iface),
             "{e}"
         );
-        // Stand in for DPDK: create the tap a little later, as net_tap would.
+        // Stand in for DPDK as net_tap behaves: create the tap a little later, give it the
+        // port's MAC, and when the port starts bring it up and give it the port's MAC
+        // again (ethdev replays the MAC on start, a moment after the link goes up). A host
+        // configured before either lost its MAC to the port's: both ends on one MAC, and
+        // the DPDK side dropped the kernel's frames (ARP) as its own.
         let (ns, ifname) = (tap.host.netns.clone(), tap.host.iface.clone());
+        let port_mac = tap.dpdk.mac.to_string();
         let creator = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(300));
             ip_in(&ns, &["tuntap", "add", "dev", &ifname, "mode", "tap"]);
+            ip_in(&ns, &["link", "set", "dev", &ifname, "address", &port_mac]);
+            std::thread::sleep(Duration::from_millis(300));
+            ip_in(&ns, &["link", "set", "dev", &ifname, "up"]);
+            std::thread::sleep(Duration::from_millis(50));
+            ip_in(&ns, &["link", "set", "dev", &ifname, "address", &port_mac]);
         });
         tap.configure_host(Duration::from_secs(5)).unwrap();
         creator.join().unwrap();

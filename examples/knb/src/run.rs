@@ -315,6 +315,19 @@ pub fn run_pair(
             }
         }
     }
+    // The memif rings' size (experiment knob; both stacks get the same link).
+    if let Some(r) =
+        crate::workload::memif_rsize_from_env(std::env::var("KNB_MEMIF_RSIZE").ok().as_deref())
+            .map_err(|e| e.to_string())?
+    {
+        if topo.memif().is_some() {
+            for p in [&mut ep.server, &mut ep.client] {
+                for a in p.eal.iter_mut().filter(|a| a.starts_with("net_memif")) {
+                    a.push_str(&format!(",rsize={r}"));
+                }
+            }
+        }
+    }
     if w.memif_zero_copy {
         if topo.memif().is_none() {
             return Err(format!(

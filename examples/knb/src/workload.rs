@@ -211,6 +211,25 @@ pub fn memif_bsize(mtu: u16) -> u32 {
     (u32::from(mtu) + 14 + 128).next_power_of_two().max(2048)
 }
 
+/// `KNB_MEMIF_RSIZE` (an experiment knob, unset by default): log2 of the memif rings'
+/// size both ends ask for (DPDK's `rsize`; its default is 10, 1,024 descriptors).
+/// `None` when unset.
+pub fn memif_rsize_from_env(v: Option<&str>) -> Res<Option<u8>> {
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    v.trim()
+        .parse::<u8>()
+        .ok()
+        .filter(|r| (4..=14).contains(r))
+        .map(Some)
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "KNB_MEMIF_RSIZE={v:?} is not log2 of a ring size from 4 to 14 (16 to 16,384 descriptors)"
+            ))
+        })
+}
+
 /// `--ip` / `--server-ip` must be a unicast host address on its `--prefix-len` prefix
 /// (luna-stack's rule, so every stack and r2c refuse the same addresses). The kernel stack
 /// also takes loopback addresses: it has a loopback interface (DPDK stacks do not).
@@ -378,6 +397,16 @@ mod tests {
         assert_eq!(memif_bsize(9000), 16384);
         for mtu in [576u16, 1500, 1906, 1907, 8000, 9000] {
             assert!(memif_bsize(mtu) >= u32::from(mtu) + 14, "{mtu}");
+        }
+    }
+
+    #[test]
+    fn memif_ring_size_knob_takes_log2_sizes_from_4_to_14() {
+        assert_eq!(memif_rsize_from_env(None).unwrap(), None);
+        assert_eq!(memif_rsize_from_env(Some("8")).unwrap(), Some(8));
+        assert_eq!(memif_rsize_from_env(Some(" 14 ")).unwrap(), Some(14));
+        for bad in ["3", "15", "256", "", "x", "-1"] {
+            assert!(memif_rsize_from_env(Some(bad)).is_err(), "{bad}");
         }
     }
 

@@ -3345,3 +3345,52 @@ fn rfc8985_7_a_needless_probe_doubles_the_next_timeout() {
     assert_eq!(poll_all(&mut c, t(6)).len(), 3);
     assert_eq!(c.poll_timeout(), Some(t(10)), "doubled: 4 SRTT");
 }
+
+/// RFC 8985 §7.4.2 step 1 (1): a duplicate ACK at TLP.end_seq with no SACK above it means
+/// the original and the retransmitted probe both arrived (the peer does not send D-SACKs):
+/// the episode ends without a loss. Left open, the next ACK beyond the probe was taken for
+/// a repaired loss and the window was reduced for nothing.
+#[test]
+fn rfc8985_7_4_2_a_duplicate_ack_at_the_probe_end_ends_the_episode_without_a_loss() {
+    let mut c = tlp_flight(plain_sack_cfg(), 3);
+    let una = ISS + 1;
+    c.on_timeout(t(12));
+    assert_eq!(
+        poll_all(&mut c, t(12)).len(),
+        1,
+        "the probe: the last segment"
+    );
+    // New data goes out behind the probe, so the ACKs below are RFC 5681 duplicates.
+    c.send(&zb(&[1u8; 100])).unwrap();
+    assert_eq!(poll_all(&mut c, t(12)).len(), 1);
+    let cwnd = c.cwnd();
+    // The original's ACK, then the probe's: a pure duplicate, no D-SACK.
+    c.on_segment(t(13), &ack_seg(PEER_ISS + 1, una + 4380, 65535), zb(&[]));
+    c.on_segment(t(13), &ack_seg(PEER_ISS + 1, una + 4380, 65535), zb(&[]));
+    assert_eq!(c.tlp, None, "the episode is over");
+    c.on_segment(t(14), &ack_seg(PEER_ISS + 1, una + 4480, 65535), zb(&[]));
+    assert_eq!(c.counters.rack_recoveries, 0, "nothing was lost");
+    assert!(c.cwnd() >= cwnd, "kept: {} -> {}", cwnd, c.cwnd());
+}
+
+/// The same with nothing left outstanding (the request-response tail, Linux's
+/// `tcp_process_tlp_ack` on its no-queue path): the probe's pure ACK at TLP.end_seq ends the
+/// episode, so the next flight gets its own probe timeout and no reduction.
+#[test]
+fn rfc8985_7_4_2_a_pure_ack_at_the_probe_end_frees_the_next_flight() {
+    let mut c = tlp_flight(plain_sack_cfg(), 3);
+    let una = ISS + 1;
+    c.on_timeout(t(12));
+    assert_eq!(poll_all(&mut c, t(12)).len(), 1);
+    c.on_segment(t(13), &ack_seg(PEER_ISS + 1, una + 4380, 65535), zb(&[]));
+    c.on_segment(t(13), &ack_seg(PEER_ISS + 1, una + 4380, 65535), zb(&[]));
+    assert_eq!(c.tlp, None, "the episode is over");
+    // The next request.
+    c.send(&zb(&vec![7u8; 1460 * 3])).unwrap();
+    assert_eq!(poll_all(&mut c, t(20)).len(), 3);
+    assert_eq!(
+        c.timers.deadline(Timer::Pto),
+        Some(t(30)),
+        "the next flight is probed"
+    );
+}

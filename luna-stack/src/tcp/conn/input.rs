@@ -190,11 +190,13 @@ impl Connection {
             // §3.10.7.4 fifth; RFC 5961 §5.2), or is a window update at SEG.ACK = SND.UNA that
             // cannot be a duplicate ACK (RFC 5681 §2: nothing outstanding, or the window
             // changed; with no SACK blocks RFC 6675 §5 adds nothing). Duplicate ACKs and old
-            // ACKs take the full path.
+            // ACKs take the full path, and so does one that may end a loss probe's episode
+            // (RFC 8985 §7.4.2: `tlp_on_dup_ack`).
             ack.le(self.snd_max)
                 && (ack.gt(self.snd_una)
                     || (ack == self.snd_una
-                        && (self.snd_max == self.snd_una || seg.window != self.last_wnd_field)))
+                        && ((self.snd_max == self.snd_una && self.tlp.is_none())
+                            || seg.window != self.last_wnd_field)))
         } else {
             // Data: SND.UNA =< SEG.ACK =< SND.MAX (RFC 5961 §5.2; an ACK equal to SND.UNA on a
             // segment with data is not a duplicate ACK, RFC 5681 §2); the payload fits the
@@ -819,6 +821,10 @@ impl Connection {
             self.undo_spurious_recovery();
         }
 
+        if ack == self.snd_una && self.tlp.is_some() {
+            // Before the duplicate-ACK count below can start a recovery.
+            self.tlp_on_dup_ack(ack, seg, payload_len, blocks);
+        }
         if ack.gt(self.snd_una) {
             self.on_new_ack(now, ack);
         } else if ack == self.snd_una && self.snd_max.gt(self.snd_una) {

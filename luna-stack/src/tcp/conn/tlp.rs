@@ -22,8 +22,8 @@
 //!   2·SRTT without a loss: a loaded or stalled peer), so the connection's next PTOs
 //!   are doubled, up to 8 times, until a probe finds a real loss.
 //! - The episode ends when an ACK covers the probe: a probe of new data ends it; a
-//!   retransmitted probe that is D-SACKed means the original arrived and nothing was lost;
-//!   an ACK beyond the probe without such a D-SACK means the probe repaired a loss, and
+//!   retransmitted probe that is D-SACKed, or answered by a duplicate ACK at its end
+//!   (§7.4.2 step 1), means the original arrived and nothing was lost; an ACK beyond the probe without such a D-SACK means the probe repaired a loss, and
 //!   congestion control reduces the window as for a recovery entered and left at once
 //!   (RFC 8985 §7.4). Fast recovery and the RTO end an episode too.
 
@@ -240,6 +240,33 @@ impl Connection {
                 // 8 times (beyond that the RTO, which caps the PTO, comes first anyway).
                 self.tlp_backoff = (self.tlp_backoff + 1).min(MAX_TLP_BACKOFF);
             }
+        }
+    }
+
+    /// An ACK that did not move SND.UNA, while a retransmitted probe is outstanding. RFC 8985
+    /// §7.4.2 step 1 (1): a duplicate ACK at TLP.end_seq (no data, no SYN or FIN, the same
+    /// window) with no SACK above it is the probe's ACK after the original's: both arrived,
+    /// nothing was lost (a peer that sends no D-SACK says so this way). As Linux's
+    /// `tcp_process_tlp_ack`, also when nothing is left outstanding.
+    pub(super) fn tlp_on_dup_ack(
+        &mut self,
+        ack: SeqNum,
+        seg: &TcpRepr,
+        payload_len: usize,
+        blocks: &[(SeqNum, SeqNum)],
+    ) {
+        let Some(t) = self.tlp else {
+            return;
+        };
+        if t.retrans
+            && ack == t.end
+            && payload_len == 0
+            && !seg.flags.syn()
+            && !seg.flags.fin()
+            && seg.window == self.last_wnd_field
+            && blocks.iter().all(|&(_, r)| r.le(t.end))
+        {
+            self.tlp = None;
         }
     }
 

@@ -3394,3 +3394,27 @@ fn rfc8985_7_4_2_a_pure_ack_at_the_probe_end_frees_the_next_flight() {
         "the next flight is probed"
     );
 }
+
+/// RFC 8985 §7.4.2 (2): only a D-SACK on an ACK that covers TLP.end_seq says the probe was
+/// needless. Here the first segment is lost and the SACKs of the other two were lost: the
+/// probe (the last segment again) draws an ACK still at the hole, with a D-SACK for the
+/// probe inside the SACK of the two. The probe found a real loss: recovery starts at once
+/// (`tlp_on_sack`), and the next probe timeouts are not doubled.
+#[test]
+fn rfc8985_7_4_2_a_dsacked_probe_below_a_hole_found_a_loss() {
+    let mut c = tlp_flight(plain_sack_cfg(), 3);
+    let una = ISS + 1;
+    c.on_timeout(t(12));
+    assert_eq!(poll_all(&mut c, t(12)).len(), 1);
+    let mut a = ack_seg(PEER_ISS + 1, una, 65535);
+    a.options
+        .sack_blocks
+        .push(SeqNum(una + 2920), SeqNum(una + 4380));
+    a.options
+        .sack_blocks
+        .push(SeqNum(una + 1460), SeqNum(una + 4380));
+    c.on_segment(t(13), &a, zb(&[]));
+    assert_eq!(c.counters.dsacks, 1);
+    assert!(c.in_recovery(), "the hole below the probe is lost");
+    assert_eq!(c.tlp_backoff, 0, "the probe was not needless");
+}

@@ -812,7 +812,7 @@ impl Connection {
         if let Some((l, r)) = sack_info.dsack {
             self.counters.dsacks += 1;
             self.undo.on_dsack(l, r);
-            self.tlp_on_dsack(l, r);
+            self.tlp_on_dsack(l, r, ack);
             self.rack_on_dsack();
         }
         self.undo_on_ack(ack, high_before, seg);

@@ -229,11 +229,13 @@ impl Connection {
         true
     }
 
-    /// A D-SACK arrived: if it names the retransmitted probe, the original arrived too and
-    /// nothing was lost (RFC 8985 §7.4).
-    pub(super) fn tlp_on_dsack(&mut self, l: SeqNum, r: SeqNum) {
+    /// A D-SACK arrived on an ACK of `ack`: if it names the retransmitted probe and the ACK
+    /// covers the probe, the original arrived too and nothing was lost (RFC 8985 §7.4.2
+    /// step 1 (2)). Below TLP.end_seq the ACK still shows a hole under the probe: the probe
+    /// found a loss (`tlp_on_sack` starts the recovery), whatever became of its duplicate.
+    pub(super) fn tlp_on_dsack(&mut self, l: SeqNum, r: SeqNum, ack: SeqNum) {
         if let Some(t) = self.tlp {
-            if t.retrans && l.lt(t.end) && r.gt(t.start) {
+            if t.retrans && ack.ge(t.end) && l.lt(t.end) && r.gt(t.start) {
                 self.tlp = None;
                 // The probe was needless: the round trip outgrew two SRTTs without a loss
                 // (a loaded peer, queueing). Wait twice as long before the next one, up to

@@ -336,7 +336,9 @@ pub struct Connection {
     // each start a line.
     /// When we last answered an unacceptable segment without data (rate limit).
     oow_ack_at: Option<Instant>,
-    /// RFC 6582 `recover` of the previous recovery, to avoid entering twice for one window.
+    /// RFC 6582 `recover` of the previous recovery, to avoid entering twice for one window;
+    /// once SND.UNA passes it, it follows SND.UNA (compared modulo 2^32, it must not fall
+    /// 2^31 behind).
     last_recover: SeqNum,
     /// Zero-window probing (RFC 9293 §3.8.6.1): backoff exponent of the persist timer.
     persist_backoff: u32,

@@ -3418,3 +3418,48 @@ fn rfc8985_7_4_2_a_dsacked_probe_below_a_hole_found_a_loss() {
     assert!(c.in_recovery(), "the hole below the probe is lost");
     assert_eq!(c.tlp_backoff, 0, "the probe was not needless");
 }
+
+/// Moves `rounds` windows of 64000 bytes through `c` without loss, one millisecond per round
+/// trip, from `start`; returns the time after the last ACK.
+fn transfer_clean(c: &mut Connection, rounds: u64, start: Instant) -> Instant {
+    let chunk = zb(&vec![3u8; 64_000]);
+    let mut now = start;
+    let mut out = OutSegment::default();
+    for _ in 0..rounds {
+        assert_eq!(c.send(&chunk).unwrap(), 64_000);
+        while c.snd_una != c.sndq.end() {
+            while c.poll_burst_into(now, &mut out, 64) {}
+            now += Duration::from_millis(1);
+            let ack = ack_seg(PEER_ISS + 1, c.snd_max.0, 65535);
+            c.on_segment(now, &ack, zb(&[]));
+            assert_eq!(c.snd_una, c.snd_max);
+        }
+    }
+    assert_eq!(c.counters.retransmits, 0);
+    now
+}
+
+/// RFC 8985 §6.2 after 2 GiB: `last_recover` (RFC 6582 `recover`) is only written by
+/// recoveries and RTOs, and `snd_una.ge(last_recover)` compares modulo 2^32. Once a clean
+/// transfer has moved SND.UNA 2^31 bytes past it, the comparison turns false and stays
+/// so for the next 2 GiB: RACK's reordering timer (and the probe's SACK, and DupThresh
+/// itself) can no longer start a recovery, and every such loss waits for the RTO.
+#[test]
+fn rfc8985_6_2_the_reordering_timer_still_works_after_2_gib() {
+    let mut c = sack_established(plain_sack_cfg());
+    // 33 555 rounds of 64 000 bytes: just over 2^31 bytes.
+    let now = transfer_clean(&mut c, (1u64 << 31) / 64_000 + 1, t(2));
+    let una = c.snd_una.0;
+    c.send(&zb(&vec![7u8; 1460 * 3])).unwrap();
+    assert_eq!(poll_all(&mut c, now).len(), 3);
+    let at = now + Duration::from_millis(1);
+    // The second segment is lost; the first is acknowledged, the third SACKed.
+    let sack = sack_ack(una + 1460, una + 2920, una + 4380);
+    c.on_segment(at, &sack, zb(&[]));
+    assert!(!c.in_recovery(), "one SACKed segment: under DupThresh");
+    assert_eq!(
+        c.poll_timeout(),
+        Some(at + Duration::from_micros(250)),
+        "RACK's reordering timer: min RTT / 4"
+    );
+}

@@ -956,6 +956,12 @@ impl Connection {
             }
             None => {
                 self.dupacks = 0;
+                // `recover` is compared modulo 2^32 (SND.UNA >= it, RFC 6582 §3.2 step 2):
+                // once passed, it follows SND.UNA, else 2 GiB later the test turns false and
+                // no recovery could start for the next 2 GiB.
+                if ack.gt(self.last_recover) {
+                    self.last_recover = ack;
+                }
                 let app_limited = self.sndq.end().le(self.snd_max) && !self.fin_queued;
                 self.cc
                     .on_ack(now, acked, &self.rtt, in_flight_before, app_limited);

@@ -3463,3 +3463,33 @@ fn rfc8985_6_2_the_reordering_timer_still_works_after_2_gib() {
         "RACK's reordering timer: min RTT / 4"
     );
 }
+
+/// RFC 8985 §7.2: no probe timeout in RTO recovery. After the RTO, the go-back-N
+/// retransmissions are acknowledged one by one; until SND.UNA passes what was outstanding at
+/// the timeout (`recover`, RFC 6582 §3.2 step 5) the connection is still in RTO recovery
+/// (Linux: CA_Loss until snd_una passes high_seq), and the PTO must not be armed.
+#[test]
+fn rfc8985_7_2_no_probe_timeout_in_rto_recovery() {
+    let cfg = TcpConfig {
+        tlp: None,
+        ..plain_sack_cfg()
+    };
+    let mut c = tlp_flight(cfg, 3);
+    // Probes on again after the flight (no probe before the RTO: the case is RTO recovery).
+    c.cfg = Arc::new(plain_sack_cfg());
+    let una = ISS + 1;
+    c.on_timeout(t(202));
+    assert_eq!(c.counters.rtos, 1);
+    let out = poll_all(&mut c, t(202));
+    assert_eq!(data_seqs(&out, una), vec![0], "loss window: one segment");
+    c.on_segment(t(203), &ack_seg(PEER_ISS + 1, una + 1460, 65535), zb(&[]));
+    let out = poll_all(&mut c, t(203));
+    assert_eq!(data_seqs(&out, una), vec![1460, 2920], "the rest, again");
+    c.on_segment(t(204), &ack_seg(PEER_ISS + 1, una + 2920, 65535), zb(&[]));
+    assert!(c.snd_una.lt(c.last_recover), "still in RTO recovery");
+    assert_eq!(
+        c.timers.deadline(Timer::Pto),
+        None,
+        "no PTO in RTO recovery"
+    );
+}

@@ -60,6 +60,9 @@ impl Connection {
             && self.retries == 0
             && self.snd_nxt == self.snd_max
             && self.snd_max != self.snd_una
+            // RTO recovery lasts until SND.UNA passes what was outstanding at the timeout
+            // (`on_rto` sets `last_recover`), not only until the first ACK resets `retries`.
+            && self.snd_una.ge(self.last_recover)
             && self.snd_wnd != 0
             && self.state.is_synchronized()
             && self.state != State::TimeWait

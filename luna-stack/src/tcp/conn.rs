@@ -373,6 +373,9 @@ pub struct Connection {
     reo_mult: u8,
     /// Recoveries before `reo_mult` falls back to one (§6.2 `RACK.reo_wnd_persist`).
     reo_persist: u8,
+    /// SND.MAX when a D-SACK last widened the reordering window (§6.2 `RACK.dsack_round`):
+    /// until SND.UNA passes it, further D-SACKs are of the same round and widen nothing.
+    dsack_round: Option<SeqNum>,
     /// Doublings of the probe timeout after needless probes (`tlp.rs`).
     tlp_backoff: u8,
 }
@@ -478,6 +481,7 @@ impl Connection {
             send_tlp: false,
             reo_mult: 1,
             reo_persist: 0,
+            dsack_round: None,
             tlp_backoff: 0,
             rexmit_now: None,
             syn_retransmitted: false,

@@ -3493,3 +3493,27 @@ fn rfc8985_7_2_no_probe_timeout_in_rto_recovery() {
         "no PTO in RTO recovery"
     );
 }
+
+/// RFC 8985 §6.2 step 4 (`RACK_update_reo_wnd`): the reordering window grows by one quarter
+/// of the minimum RTT per round trip that sees D-SACKs (`RACK.dsack_round`), not per D-SACK:
+/// three duplicates reported within one round widen it once.
+#[test]
+fn rfc8985_6_2_the_reordering_window_grows_once_per_round_of_dsacks() {
+    let mut c = tlp_flight(plain_sack_cfg(), 5);
+    let una = ISS + 1;
+    // The first three segments arrived twice (a duplicating path): three D-SACKs, one
+    // round trip.
+    for i in 1..=3 {
+        let end = una + i * 1460;
+        c.on_segment(t(3), &sack_ack(end, end - 1460, end), zb(&[]));
+    }
+    assert_eq!(c.counters.dsacks, 3);
+    // The fourth segment is missing, the fifth SACKed: RACK's reordering timer.
+    c.on_segment(t(3), &sack_ack(una + 4380, una + 5840, una + 7300), zb(&[]));
+    assert!(!c.in_recovery());
+    assert_eq!(
+        c.timers.deadline(Timer::Pto),
+        Some(t(3) + Duration::from_micros(500)),
+        "two quarters of the minimum RTT"
+    );
+}

@@ -813,7 +813,11 @@ impl Connection {
             self.counters.dsacks += 1;
             self.undo.on_dsack(l, r);
             self.tlp_on_dsack(l, r, ack);
-            self.rack_on_dsack();
+            // RFC 8985 §6.2 step 4: the window grows once per round trip that sees D-SACKs.
+            if self.dsack_round.is_none_or(|round| self.snd_una.ge(round)) {
+                self.dsack_round = Some(self.snd_max);
+                self.rack_on_dsack();
+            }
         }
         self.undo_on_ack(ack, high_before, seg);
         // Before this ACK can start a new recovery (which replaces the episode).

@@ -153,7 +153,8 @@ impl Connection {
         self.timers.set(Timer::Pto, at);
     }
 
-    /// A D-SACK arrived (RFC 8985 §6.2 step 4): a retransmission was needless, so the
+    /// A round trip saw D-SACKs (RFC 8985 §6.2 step 4; `on_ack` calls this for the first
+    /// D-SACK of a round, `RACK.dsack_round`): a retransmission was needless, so the
     /// network reorders more than the window allowed; widen it by a quarter of the minimum
     /// RTT, and keep it so for the next 16 recoveries.
     pub(super) fn rack_on_dsack(&mut self) {

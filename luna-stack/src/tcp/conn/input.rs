@@ -814,7 +814,12 @@ impl Connection {
             self.undo.on_dsack(l, r);
             self.tlp_on_dsack(l, r, ack);
             // RFC 8985 §6.2 step 4: the window grows once per round trip that sees D-SACKs.
-            if self.dsack_round.is_none_or(|round| self.snd_una.ge(round)) {
+            // The round is still on while its end is outstanding (a round passed 2 GiB ago
+            // must not look pending: compared modulo 2^32, `snd_una.ge(round)` would not say).
+            let pending = self
+                .dsack_round
+                .is_some_and(|round| round.gt(self.snd_una) && round.le(self.snd_max));
+            if !pending {
                 self.dsack_round = Some(self.snd_max);
                 self.rack_on_dsack();
             }

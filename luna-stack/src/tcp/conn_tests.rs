@@ -3517,3 +3517,36 @@ fn rfc8985_6_2_the_reordering_window_grows_once_per_round_of_dsacks() {
         "two quarters of the minimum RTT"
     );
 }
+
+/// RFC 8985 §7.3 (Linux `tcp_send_loss_probe` finds no segment to send): a probe is sent
+/// only while something is outstanding to a window that is open. The PTO fired, then the
+/// ACK of everything (the FIN too) arrived before the connection was polled: nothing is
+/// lost, no probe goes out, no episode opens.
+#[test]
+fn rfc8985_7_3_no_probe_once_everything_is_acknowledged() {
+    let mut c = sack_established(plain_sack_cfg());
+    let una = ISS + 1;
+    c.send(&zb(&vec![7u8; 1460 * 3])).unwrap();
+    c.close();
+    let out = poll_all(&mut c, t(2));
+    assert!(out.last().unwrap().repr.flags.fin());
+    c.on_timeout(t(12));
+    c.on_segment(t(12), &ack_seg(PEER_ISS + 1, una + 4381, 65535), zb(&[]));
+    assert_eq!(c.state(), State::FinWait2);
+    let out = poll_all(&mut c, t(12));
+    assert!(out.is_empty(), "nothing to probe: {:?}", out[0].repr);
+    assert_eq!((c.counters.tlp_probes, c.tlp), (0, None));
+}
+
+/// Likewise when the peer's window closed before the probe went out: a zero-window peer
+/// is probed by the persist timer, not sent a loss probe it must drop.
+#[test]
+fn rfc8985_7_3_no_loss_probe_to_a_closed_window() {
+    let mut c = tlp_flight(plain_sack_cfg(), 3);
+    let una = ISS + 1;
+    c.on_timeout(t(12));
+    c.on_segment(t(12), &ack_seg(PEER_ISS + 1, una + 1460, 0), zb(&[]));
+    let out = poll_all(&mut c, t(12));
+    assert!(out.is_empty(), "no probe: {:?}", out[0].repr);
+    assert_eq!(c.counters.tlp_probes, 0);
+}

@@ -197,6 +197,12 @@ impl Connection {
     /// no segment boundaries, so it may reach into the segment before), with the FIN if
     /// that went last. The RTO restarts from now.
     pub(super) fn loss_probe(&mut self, now: Instant, out: &mut OutSegment) -> bool {
+        // The PTO fired, but an ACK came before the poll: with nothing outstanding nothing
+        // can have been lost (and the FIN is not sent again), and a closed window is the
+        // persist timer's to probe.
+        if self.snd_max == self.snd_una || self.snd_wnd == 0 {
+            return false;
+        }
         let flight = self.snd_max - self.snd_una;
         let episode = if self.next_data_segment(now, out, 1, true) {
             TlpEpisode {

@@ -23,9 +23,12 @@
 //!   are doubled, up to 8 times, until a probe finds a real loss.
 //! - The episode ends when an ACK covers the probe: a probe of new data ends it; a
 //!   retransmitted probe that is D-SACKed, or answered by a duplicate ACK at its end
-//!   (§7.4.2 step 1), means the original arrived and nothing was lost; an ACK beyond the probe without such a D-SACK means the probe repaired a loss, and
-//!   congestion control reduces the window as for a recovery entered and left at once
-//!   (RFC 8985 §7.4). Fast recovery and the RTO end an episode too.
+//!   (§7.4.2 step 1), means the original arrived and nothing was lost; an ACK beyond the
+//!   probe without such a D-SACK means the probe repaired a loss, and congestion control
+//!   reduces the window as for a recovery entered and left at once (RFC 8985 §7.4). Fast
+//!   recovery and the RTO end an episode too.
+//! - No probe timeout in RTO recovery (until SND.UNA passes the RTO's `recover`), and none
+//!   sent when the PTO fires after everything was acknowledged or the window closed.
 
 use super::output::Rexmit;
 use super::*;

@@ -2429,6 +2429,137 @@ fn timer_heap_stays_bounded_by_the_connections_not_the_rpcs() {
     assert_eq!(net.a.counters().tcp_retransmits, 0);
 }
 
+/// As above with keepalive on: every connection always has a far deadline (the next
+/// keepalive, ten minutes ahead), and every RPC pushes an earlier one (delayed ACK,
+/// retransmission timer) in front of it, then moves the deadline back to the new
+/// keepalive. The entry left at the old keepalive time is stale but stays until that
+/// time comes (ten minutes of RPCs later), or until it reaches the head of the heap,
+/// which it does not while another connection's live deadline is earlier (here an idle
+/// connection's keepalive). The heap must still stay bounded by the connections, not
+/// grow with the RPCs made within one keepalive interval.
+#[test]
+fn timer_heap_stays_bounded_with_keepalive_on() {
+    let ka = Some(crate::tcp::config::KeepaliveConfig {
+        idle: Duration::from_secs(600),
+        interval: Duration::from_secs(10),
+        probes: 3,
+    });
+    let mut ca = cfg(MAC_A, ip_a());
+    ca.tcp.keepalive = ka;
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.tcp.keepalive = ka;
+    let mut net = Net::new(ca, cb);
+    let l = net.b.listen(7000, 256).unwrap();
+    // One idle connection: its keepalive, armed first and never moved, stays the live
+    // head of the heap, in front of every stale entry the busy ones leave behind.
+    let (idle, _) = net.establish(l, 1);
+    let idle = idle[0];
+    let n = 20;
+    let (clients, servers) = net.establish(l, n);
+    let mut most = 0;
+    for _ in 0..200 {
+        for &c in &clients {
+            net.a.send(c, &Zbuf::copy_from_slice(&[7; 100])).unwrap();
+        }
+        let mut got = 0;
+        net.run_until(
+            |net| {
+                for &s in &servers {
+                    while let Ok(Some(b)) = net.b.recv(s) {
+                        net.b.send(s, &b).unwrap();
+                    }
+                }
+                for &c in &clients {
+                    while let Ok(Some(b)) = net.a.recv(c) {
+                        got += b.len();
+                    }
+                }
+                got == n * 100
+            },
+            100_000,
+        );
+        // Think time past the retransmission timer's deadline: each RPC's timer entry
+        // has come due (and moved to the keepalive) before the next RPC. 200 rounds span
+        // 50 s, within one keepalive interval.
+        net.now += Duration::from_millis(250);
+        net.a.handle_timeouts(net.now);
+        net.b.handle_timeouts(net.now);
+        most = most.max(net.a.timers.len()).max(net.b.timers.len());
+    }
+    assert!(
+        most <= 4 * n + 64,
+        "{most} timer heap entries for {n} connections"
+    );
+    assert_eq!(net.a.counters().tcp_retransmits, 0);
+    // The idle connection's keepalive, live at the head through it all, still fires on
+    // time (its first probe ten minutes after the handshake).
+    let probes = |net: &Net| net.a.connection(idle).unwrap().counters.keepalive_probes;
+    assert_eq!(probes(&net), 0);
+    net.run_until(|net| probes(net) > 0, 100);
+    assert!(
+        net.now <= t(600_000) + Duration::from_millis(10),
+        "{:?}",
+        net.now
+    );
+    assert_eq!(net.a.state(idle), Some(State::Established));
+}
+
+/// A slot freed and taken by a new connection: the predecessor's timer entry, earlier
+/// or later than the new connection's deadline, neither wakes the new connection nor
+/// hides its deadline; each SYN retransmission comes at its own connection's time.
+#[test]
+fn a_reused_slot_keeps_its_own_timer() {
+    let mut net = Net::pair();
+    // SYNs (and RSTs) from A are lost; ARP gets through.
+    net.drop = Box::new(|from_a, bytes| from_a && is_tcp(bytes));
+    let remote = SocketAddrV4::new(ip_b(), 7000);
+    let c1 = net.a.connect(net.now, remote, None).unwrap();
+    net.run_until(|n| n.a.connection(c1).unwrap().counters.segs_out == 1, 100);
+    let d1 = net.a.connection(c1).unwrap().poll_timeout().unwrap();
+    // Freed before its deadline, the slot reused: the new deadline is later than the old.
+    net.now += Duration::from_millis(400);
+    net.a.abort(c1);
+    net.flush();
+    assert_eq!(net.a.connection_count(), 0);
+    let c2 = net.a.connect(net.now, remote, None).unwrap();
+    assert_eq!(c2.idx, c1.idx);
+    net.flush();
+    let d2 = net.a.connection(c2).unwrap().poll_timeout().unwrap();
+    assert!(d2 > d1);
+    let woken = net.a.timers.woken();
+    net.a.handle_timeouts(d1);
+    assert_eq!(
+        net.a.timers.woken(),
+        woken,
+        "woken by its predecessor's entry"
+    );
+    assert_eq!(net.a.poll_timeout(), Some(d2));
+    net.a.handle_timeouts(d2);
+    assert_eq!(net.a.connection(c2).unwrap().counters.rtos, 1);
+    net.flush();
+    // Freed after backing off (its next deadline seconds ahead), the slot reused: the
+    // new deadline is earlier than the old entry, and comes first.
+    let d2b = net.a.connection(c2).unwrap().poll_timeout().unwrap();
+    net.now = d2 + Duration::from_millis(10);
+    net.a.abort(c2);
+    net.flush();
+    let c3 = net.a.connect(net.now, remote, None).unwrap();
+    assert_eq!(c3.idx, c1.idx);
+    net.flush();
+    let d3 = net.a.connection(c3).unwrap().poll_timeout().unwrap();
+    assert!(d3 < d2b, "{d3:?} {d2b:?}");
+    assert_eq!(net.a.poll_timeout(), Some(d3));
+    net.a.handle_timeouts(d3);
+    assert_eq!(net.a.connection(c3).unwrap().counters.rtos, 1);
+    let woken = net.a.timers.woken();
+    net.a.handle_timeouts(d2b);
+    assert_eq!(
+        net.a.timers.woken(),
+        woken,
+        "woken by its predecessor's entry"
+    );
+}
+
 /// With tail loss probes on, every flight restarts a probe timeout (here 40 ms ahead: one
 /// segment in flight, so 2 SRTT plus the peer's ACK-delay allowance), so the deadline the
 /// timer heap holds keeps moving later. The queue moves such an entry on when it comes

@@ -29,6 +29,11 @@ use std::collections::BinaryHeap;
 /// No deadline.
 const NONE: u64 = u64::MAX;
 
+/// The heap is rebuilt from the records (`TimerQueue::compact`) when it holds more than
+/// this many entries per slot, plus [`COMPACT_SLACK`]: at most one per slot is live.
+const COMPACT_FACTOR: usize = 2;
+const COMPACT_SLACK: usize = 64;
+
 /// One slot's record.
 #[derive(Debug, Clone, Copy)]
 struct SlotTimer {
@@ -58,6 +63,8 @@ pub(super) struct TimerQueue {
     moved: u64,
     /// Connections handed out as due by `pop_due`.
     woken: u64,
+    /// Times the heap was rebuilt from the records (`compact`).
+    compacted: u64,
 }
 
 impl TimerQueue {
@@ -90,7 +97,32 @@ impl TimerQueue {
         if n < s.queued {
             s.queued = n;
             self.heap.push(Reverse((Instant::from_nanos(n), idx, gen)));
+            if self.heap.len() > COMPACT_FACTOR * self.slots.len() + COMPACT_SLACK {
+                self.compact();
+            }
         }
+    }
+
+    /// Rebuilds the heap from the records: one entry per slot with a queued deadline, the
+    /// stale ones dropped. A stale entry leaves the heap only when it reaches the head, so
+    /// one behind a live deadline stays until that deadline passes: a connection whose far
+    /// deadline (a keepalive) is pushed in front of, and moved back to, on every RPC would
+    /// otherwise leave one entry per RPC behind another connection's earlier one. Runs
+    /// once per `slots.len()` pushes or more: amortized O(1) per push.
+    #[cold]
+    #[inline(never)]
+    fn compact(&mut self) {
+        let mut v = core::mem::take(&mut self.heap).into_vec();
+        v.clear();
+        v.extend(
+            self.slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.queued != NONE)
+                .map(|(i, s)| Reverse((Instant::from_nanos(s.queued), i as u32, s.gen))),
+        );
+        self.heap = BinaryHeap::from(v);
+        self.compacted += 1;
     }
 
     /// Slot `idx` was freed: nothing of it stays live in the heap.
@@ -250,11 +282,75 @@ mod tests {
         assert_eq!(q.pop_due(Instant::from_nanos(700)), Some((1, 1)));
     }
 
+    /// The latest deadline a connection can have (`u64::MAX - 1` ns, a saturated sum) is
+    /// armed, not "none": queued, due at its time, and moved to like any other.
+    #[test]
+    fn a_deadline_at_the_end_of_time_is_not_none() {
+        let end = u64::MAX - 1;
+        let mut q = TimerQueue::default();
+        q.open(0, 0);
+        q.schedule(0, 0, at(end));
+        assert_eq!(q.next(), at(end));
+        assert_eq!(q.pop_due(Instant::from_nanos(end - 1)), None);
+        assert_eq!(q.pop_due(Instant::from_nanos(end)), Some((0, 0)));
+        q.schedule(0, 0, at(5));
+        q.schedule(0, 0, at(end));
+        assert_eq!(q.pop_due(Instant::from_nanos(5)), None);
+        assert_eq!(q.next(), at(end));
+        assert_eq!(q.pop_due(Instant::from_nanos(u64::MAX)), Some((0, 0)));
+        assert_eq!(q.next(), None);
+    }
+
+    /// A slot whose deadline is always a far one (a keepalive) with an earlier one pushed
+    /// in front of it now and then, the far one moving later each time: every far entry
+    /// left behind is stale until its time comes, but the heap must not keep one per
+    /// push (here 100 000 pass before the first far time).
+    #[test]
+    fn stale_far_entries_do_not_pile_up() {
+        let mut q = TimerQueue::default();
+        q.open(0, 0);
+        q.open(1, 0);
+        let far = 1_000_000_000_000u64;
+        let mut now = 0u64;
+        q.schedule(1, 0, at(far / 2));
+        for _ in 0..100_000 {
+            q.schedule(0, 0, at(now + far));
+            q.schedule(0, 0, at(now + 10));
+            q.schedule(0, 0, at(now + far + 1));
+            now += 10;
+            assert_eq!(q.pop_due(Instant::from_nanos(now)), None);
+            assert!(q.len() <= 100, "{} entries for two slots", q.len());
+        }
+        assert_eq!(q.next(), at(far / 2));
+        assert_eq!(q.pop_due(Instant::from_nanos(far / 2)), Some((1, 0)));
+        // Slot 0's last deadline, `far + 1` after the last round began, and nothing else.
+        assert_eq!(q.pop_due(Instant::from_nanos(now - 10 + far)), None);
+        assert_eq!(
+            q.pop_due(Instant::from_nanos(now - 10 + far + 1)),
+            Some((0, 0))
+        );
+        assert_eq!(q.pop_due(Instant::from_nanos(u64::MAX - 1)), None);
+    }
+
     /// Against a plain model: the due connections at each step are exactly those whose
     /// last scheduled deadline has passed, each once per scheduling.
     #[test]
     fn matches_a_model_under_random_rescheduling() {
-        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        model_run(0x9e37_79b9_7f4a_7c15, 0);
+    }
+
+    /// As above with one deadline in four far ahead (a keepalive): stale entries pile up
+    /// behind live ones and the heap is compacted, under the same model.
+    #[test]
+    fn matches_a_model_with_far_deadlines_and_compaction() {
+        let q = model_run(0x2545_f491_4f6c_dd1d, 1_000_000);
+        assert!(q.compacted > 0, "never compacted");
+    }
+
+    /// The model run of the two tests above: deadlines up to 1 000 ahead, and with `far`
+    /// non-zero one in four up to `far` ahead. Returns the queue at the end.
+    fn model_run(seed: u64, far: u64) -> TimerQueue {
+        let mut rng = seed;
         let mut step = || {
             rng ^= rng << 13;
             rng ^= rng >> 7;
@@ -283,8 +379,9 @@ mod tests {
                     q.schedule(idx, gens[idx as usize], None);
                     model[idx as usize] = None;
                 }
-                _ => {
-                    let t = now + step() % 1_000;
+                m => {
+                    let span = if far != 0 && m % 4 == 0 { far } else { 1_000 };
+                    let t = now + step() % span;
                     q.schedule(idx, gens[idx as usize], at(t));
                     model[idx as usize] = Some(t);
                 }
@@ -313,6 +410,8 @@ mod tests {
                 let head = q.next().map(Instant::as_nanos);
                 assert!(head.is_some_and(|h| h <= e), "head {head:?}, want {e}");
             }
+            assert!(q.len() <= COMPACT_FACTOR * n as usize + COMPACT_SLACK);
         }
+        q
     }
 }

@@ -12,6 +12,11 @@
 //!   learn it had nothing to do; with tail loss probes on (a deadline two round trips
 //!   ahead, moved on every flight) that was a wake-up every two round trips per busy
 //!   connection.
+//! - A stale entry leaves the heap when it reaches the head, so entries stuck behind an
+//!   earlier live deadline (another connection's keepalive) would pile up, one per RPC of
+//!   a connection whose far keepalive is pushed in front of and moved back on every RPC.
+//!   When the heap holds more than two entries per slot (+ 64), it is rebuilt from the
+//!   records, one entry per slot (`compact`, amortised O(1) per push).
 //!
 //! The record is only as good as the last [`TimerQueue::schedule`] of the slot, which the
 //! stack calls after every change to a connection: every input, timeout and application

@@ -3099,3 +3099,551 @@ fn other_input_in_a_burst_hands_the_held_run_over_first() {
         "an echo reply"
     );
 }
+
+/// A segment of the differential coalescing test: (offset from B's RCV.NXT, payload
+/// length, tweak).
+#[derive(Clone, Copy, Debug)]
+enum Tw {
+    None,
+    Wnd(u16),
+    TsvalPlus(u32),
+    TsecrMinus(u32),
+    Flags(TcpFlags),
+    AckPlus(u32),
+    NoTs,
+    Sack,
+    /// From another source MAC.
+    Mac,
+    /// A corrupted payload byte (checksum failure).
+    Corrupt,
+}
+
+/// Feeds B (connected to A, B's receive buffer `rcv_buf`) the burst `segs` built from the
+/// header of A's next data segment, through `handle_frames` or one `handle_frame` each,
+/// and returns everything observable on B.
+fn rx_burst_outcome(
+    variant: u8,
+    rcv_buf: u32,
+    pre: &[(i64, usize, Tw)],
+    segs: &[(i64, usize, Tw)],
+    coalesce: bool,
+) -> Vec<String> {
+    let mut ca = cfg(MAC_A, ip_a());
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.tcp.rcv_buf = rcv_buf;
+    cb.tcp.delayed_ack = Some(Duration::from_millis(40));
+    match variant {
+        1 => cb.tcp.delayed_ack = None,
+        2 => {
+            ca.tcp.timestamps = false;
+            cb.tcp.timestamps = false;
+        }
+        3 => cb.tcp.header_prediction = false,
+        4 => {
+            cb.tcp.keepalive = Some(crate::tcp::config::KeepaliveConfig {
+                idle: Duration::from_secs(1),
+                interval: Duration::from_secs(1),
+                probes: 3,
+            })
+        }
+        5 => cb.tcp.max_ooo_segments = 1,
+        6 => {
+            ca.tcp.window_scaling = false;
+            cb.tcp.window_scaling = false;
+        }
+        _ => {}
+    }
+    let mut net = Net::new(ca, cb);
+    let (c, s) = connected(&mut net);
+    // B sends a little so that A's segments carry a new ACK.
+    net.b
+        .send(s, &Zbuf::copy_from_slice(&pattern(3000, 9)))
+        .unwrap();
+    let bf: Vec<Vec<u8>> = std::iter::from_fn(|| net.b.poll_transmit(net.now))
+        .map(|t| t.to_vec())
+        .collect();
+    net.now += Duration::from_millis(1);
+    for f in &bf {
+        net.a.handle_frame(net.now, Zbuf::copy_from_slice(f));
+    }
+    net.a
+        .send(c, &Zbuf::copy_from_slice(&pattern(100, 1)))
+        .unwrap();
+    let f = net.a.poll_transmit(net.now).unwrap().to_vec();
+    let caps = net.a.config().caps.clone();
+    let pkt = TcpPacket::new_unchecked(&f[34..]);
+    let base = TcpRepr::parse(&pkt, ip_a(), ip_b(), &caps).unwrap();
+    let tuple = FourTuple {
+        local: SocketAddrV4::new(ip_a(), base.src_port),
+        remote: SocketAddrV4::new(ip_b(), base.dst_port),
+    };
+    let b4 = net.b.tcp_counters();
+    let build = |net: &Net, &(off, len, tw): &(i64, usize, Tw)| -> Zbuf {
+        let mut r = base;
+        r.seq = SeqNum((base.seq.0 as i64 + off) as u32);
+        r.flags = TcpFlags::ACK;
+        match tw {
+            Tw::None => {}
+            Tw::Wnd(w) => r.window = w,
+            Tw::TsvalPlus(_) | Tw::TsecrMinus(_) if r.options.timestamps.is_none() => {}
+            Tw::TsvalPlus(k) => {
+                let mut ts = r.options.timestamps.unwrap();
+                ts.tsval = ts.tsval.wrapping_add(k);
+                r.options.timestamps = Some(ts);
+            }
+            Tw::TsecrMinus(k) => {
+                let mut ts = r.options.timestamps.unwrap();
+                ts.tsecr = ts.tsecr.wrapping_sub(k);
+                r.options.timestamps = Some(ts);
+            }
+            Tw::Flags(fl) => r.flags = fl,
+            Tw::AckPlus(k) => r.ack = r.ack + k,
+            Tw::NoTs => r.options.timestamps = None,
+            Tw::Mac | Tw::Corrupt => {}
+            Tw::Sack => {
+                let _ = r.options.sack_blocks.push(r.ack, r.ack + 1u32);
+            }
+        }
+        let data = pattern(len, off as u8);
+        let p = IoVec::from(Zbuf::copy_from_slice(&data));
+        let mut v = net.a.build_tcp(&r, p, tuple, MAC_B).to_vec();
+        match tw {
+            Tw::Mac => v[11] ^= 0x10,
+            Tw::Corrupt => {
+                let k = v.len() - 1;
+                v[k] ^= 0x55;
+            }
+            _ => {}
+        }
+        Zbuf::copy_from_slice(&v)
+    };
+    let _ = events(&mut net.b);
+    for p in pre {
+        let z = build(&net, p);
+        net.b.handle_frame(net.now, z);
+    }
+    let frames: Vec<Zbuf> = segs.iter().map(|sg| build(&net, sg)).collect();
+    if coalesce {
+        net.b.handle_frames(net.now, frames);
+    } else {
+        for z in frames {
+            net.b.handle_frame(net.now, z);
+        }
+    }
+    let mut out = vec![format!("{:?}", events(&mut net.b))];
+    let conn = net.b.connection(s).map(|c| c.digest());
+    out.push(format!("{conn:?}"));
+    out.push(format!("{:?}", net.b.poll_timeout()));
+    while let Some(t) = net.b.poll_transmit(net.now) {
+        out.push(format!("{:?}", t.to_vec()));
+    }
+    let mut got = Vec::new();
+    while let Ok(Some(z)) = net.b.recv(s) {
+        got.extend_from_slice(&z);
+    }
+    out.push(format!("{got:?}"));
+    let mut sc = net.b.counters().clone();
+    sc.coalesced_segments = 0;
+    out.push(format!("{sc:?}"));
+    let tc = net.b.tcp_counters();
+    out.push(format!("{tc:?} / {b4:?}"));
+    out.push(format!("{:?}", net.b.neighbours()));
+    out.push(format!("{:?}", net.b.held()));
+    out
+}
+
+/// Receive coalescing against frame-by-frame input, burst by burst: runs cut by a full
+/// receive window, duplicates, overlaps, reordering, a different window, TSval, TSecr,
+/// ACK, source MAC or flags (PSH, FIN, RST, SYN, URG, ECE) in the middle, a pure ACK, a
+/// checksum failure, SACK blocks, a missing timestamp, SND.WL1 ahead of the run, an old
+/// TSval, runs longer than `RX_RUN_MAX` — each with and without delayed ACKs, timestamps,
+/// header prediction, keepalive, window scaling, and with a one-segment out-of-order
+/// queue. Everything B shows afterwards must be the same: events in order, the
+/// connection's digest, its timer, the frames it sends, the bytes it delivers, the stack
+/// and connection counters, the neighbour table and the held bytes.
+#[test]
+fn coalesced_bursts_of_every_shape_match_frame_by_frame_input() {
+    use Tw::*;
+    const M: i64 = 1000;
+    let n = |k: i64| (k * M, M as usize, None);
+    let cases: Vec<(u32, Vec<(i64, usize, Tw)>, Vec<(i64, usize, Tw)>)> = vec![
+        (1 << 20, vec![], vec![n(0), n(1), n(2), n(3)]),
+        // window limit in the middle (B's buffer 4 kB)
+        (4096, vec![], vec![n(0), n(1), n(2), n(3), n(4), n(5)]),
+        (2048, vec![], vec![n(0), n(1), n(2), n(3)]),
+        // duplicate, overlapping, out of order
+        (1 << 20, vec![], vec![n(0), n(1), n(1), n(2), n(3)]),
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), (M + 500, M as usize, None), n(2), n(3)],
+        ),
+        (1 << 20, vec![], vec![n(1), n(2), n(0), n(3), n(4)]),
+        (1 << 20, vec![], vec![n(0), n(2), n(3), n(1), n(4)]),
+        // different window, tsval, tsecr, ack in the middle
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, M as usize, Wnd(100)), n(3)],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, M as usize, Wnd(0)), n(3)],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, M as usize, TsvalPlus(1)), n(3)],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, M as usize, TsvalPlus(1 << 31)), n(3)],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, M as usize, TsecrMinus(1)), n(3)],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, M as usize, AckPlus(1)), n(3)],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, M as usize, AckPlus(100_000)), n(3)],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, M as usize, NoTs), n(3)],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, M as usize, Sack), n(3)],
+        ),
+        // flags in the middle
+        (
+            1 << 20,
+            vec![],
+            vec![
+                n(0),
+                n(1),
+                (2 * M, M as usize, Flags(TcpFlags::ACK | TcpFlags::PSH)),
+                n(3),
+            ],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![
+                n(0),
+                n(1),
+                (2 * M, M as usize, Flags(TcpFlags::ACK | TcpFlags::FIN)),
+                n(3),
+            ],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![
+                n(0),
+                n(1),
+                (2 * M, 0, Flags(TcpFlags::ACK | TcpFlags::RST)),
+                n(2),
+                n(3),
+            ],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, 0, Flags(TcpFlags::RST)), n(2), n(3)],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![
+                n(0),
+                n(1),
+                (2 * M, 0, Flags(TcpFlags::ACK | TcpFlags::SYN)),
+                n(2),
+                n(3),
+            ],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![
+                n(0),
+                n(1),
+                (2 * M, M as usize, Flags(TcpFlags::ACK | TcpFlags::URG)),
+                n(3),
+            ],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, 0, None), n(2), n(3)],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![
+                n(0),
+                n(1),
+                (2 * M, M as usize, Flags(TcpFlags::ACK | TcpFlags::ECE)),
+                n(3),
+            ],
+        ),
+        // a pure ACK ahead of RCV.NXT before (SND.WL1 ahead)
+        (
+            1 << 20,
+            vec![(2 * M, 0, None)],
+            vec![n(0), n(1), n(2), n(3)],
+        ),
+        (
+            1 << 20,
+            vec![(1500, 0, Wnd(10))],
+            vec![n(0), n(1), n(2), n(3)],
+        ),
+        // TS.Recent: Last.ACK.sent inside the run (one segment delivered before, no ACK sent)
+        (
+            1 << 20,
+            vec![n(0)],
+            vec![
+                n(1),
+                (2 * M, M as usize, TsvalPlus(5)),
+                (3 * M, M as usize, TsvalPlus(5)),
+            ],
+        ),
+        (
+            1 << 20,
+            vec![n(0)],
+            vec![
+                (M, M as usize, TsvalPlus(5)),
+                (2 * M, M as usize, TsvalPlus(5)),
+                (3 * M, M as usize, TsvalPlus(5)),
+            ],
+        ),
+        // a gap before (ooo queued), then an in-order run filling it
+        (1 << 20, vec![n(3)], vec![n(0), n(1), n(2), n(4)]),
+        (1 << 20, vec![n(1)], vec![n(0), n(2), n(3)]),
+        // old TSval (PAWS) for the run
+        (
+            1 << 20,
+            vec![(0, M as usize, TsvalPlus(1000))],
+            vec![n(1), n(2), n(3)],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, M as usize, Mac), n(3), n(4)],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, M as usize, Corrupt), n(2), n(3)],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, M as usize, Corrupt), n(3), n(4)],
+        ),
+        (1 << 20, vec![], (0..70).map(n).collect()),
+        (
+            1 << 20,
+            vec![],
+            (0..4)
+                .map(|k| (k * M, M as usize, TsvalPlus(u32::MAX)))
+                .collect(),
+        ),
+        (
+            1 << 20,
+            vec![],
+            (0..4).map(|k| (k * M, M as usize, TsvalPlus(3))).collect(),
+        ),
+        (
+            1 << 20,
+            vec![],
+            (0..4)
+                .map(|k| (k * M, M as usize, AckPlus(u32::MAX)))
+                .collect(),
+        ),
+        (
+            1 << 20,
+            vec![],
+            (0..4).map(|k| (k * M, M as usize, Wnd(0))).collect(),
+        ),
+        (1 << 20, vec![], vec![n(-1), n(0), n(1), n(2)]),
+        (
+            1 << 20,
+            vec![],
+            vec![
+                (-500, M as usize, None),
+                (500, M as usize, None),
+                n(1),
+                n(2),
+            ],
+        ),
+        (
+            1 << 20,
+            vec![],
+            vec![
+                (1 << 20, M as usize, None),
+                ((1 << 20) + M, M as usize, None),
+            ],
+        ),
+        (
+            1 << 20,
+            vec![],
+            (0..4).map(|k| (k * M, M as usize, Mac)).collect(),
+        ),
+        (
+            1 << 20,
+            vec![],
+            (0..4)
+                .map(|k| (k * M, M as usize, Mac))
+                .chain((4..6).map(n))
+                .collect(),
+        ),
+        // zero-length data frames only
+        (
+            1 << 20,
+            vec![],
+            vec![(0, 0, None), (0, 0, None), n(0), n(1)],
+        ),
+    ];
+    let mut bad = Vec::new();
+    for (i, (rcv_buf, pre, segs)) in cases.iter().enumerate() {
+        for variant in 0..7 {
+            let i = format!("{i} variant {variant}");
+            let a = rx_burst_outcome(variant, *rcv_buf, pre, segs, false);
+            let b = rx_burst_outcome(variant, *rcv_buf, pre, segs, true);
+            for (k, (x, y)) in a.iter().zip(&b).enumerate() {
+                if x != y {
+                    bad.push(format!(
+                        "case {i} item {k}:\n  frame-by-frame {x}\n  coalesced      {y}"
+                    ));
+                }
+            }
+            if a.len() != b.len() {
+                bad.push(format!("case {i}: {} vs {} items", a.len(), b.len()));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// Frames of three connections interleaved (one still in the listener's accept queue), with
+/// an ICMP echo and a malformed frame among them: `handle_frames` leaves B as frame-by-frame
+/// input does.
+#[test]
+fn interleaved_connections_coalesce_as_frame_by_frame_input() {
+    let orders: Vec<Vec<(usize, usize)>> = vec![
+        vec![
+            (0, 0),
+            (1, 0),
+            (0, 1),
+            (1, 1),
+            (0, 2),
+            (0, 3),
+            (1, 2),
+            (1, 3),
+        ],
+        vec![
+            (0, 0),
+            (0, 1),
+            (1, 0),
+            (1, 1),
+            (2, 0),
+            (2, 1),
+            (0, 2),
+            (1, 2),
+            (2, 2),
+            (0, 3),
+        ],
+        vec![
+            (2, 0),
+            (2, 1),
+            (9, 0),
+            (2, 2),
+            (2, 3),
+            (8, 0),
+            (0, 0),
+            (0, 1),
+        ],
+        vec![
+            (0, 1),
+            (0, 0),
+            (1, 3),
+            (1, 0),
+            (1, 1),
+            (1, 2),
+            (0, 2),
+            (0, 3),
+        ],
+    ];
+    for order in orders {
+        let mut res = Vec::new();
+        for coalesce in [false, true] {
+            let mut net = Net::pair();
+            let l = net.b.listen(7000, 16).unwrap();
+            let (cs, ss) = net.establish(l, 2);
+            let c3 = net
+                .a
+                .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+                .unwrap();
+            net.run_until(|n| n.a.state(c3) == Some(State::Established), 100);
+            let _ = events(&mut net.b);
+            let mut frames: Vec<Vec<Vec<u8>>> = Vec::new();
+            for c in cs.iter().copied().chain([c3]) {
+                net.a
+                    .send(c, &Zbuf::copy_from_slice(&pattern(5000, c.idx as u8)))
+                    .unwrap();
+                frames.push(
+                    std::iter::from_fn(|| net.a.poll_transmit(net.now))
+                        .map(|t| t.to_vec())
+                        .collect(),
+                );
+            }
+            let echo = icmp_echo_frame(MAC_A, MAC_B, ip_a(), ip_b(), 1, 2, b"mid-burst");
+            let burst: Vec<Zbuf> = order
+                .iter()
+                .map(|&(k, i)| match k {
+                    9 => Zbuf::copy_from_slice(&echo),
+                    8 => Zbuf::copy_from_slice(&[0u8; 20]),
+                    _ => Zbuf::copy_from_slice(&frames[k][i]),
+                })
+                .collect();
+            if coalesce {
+                net.b.handle_frames(net.now, burst);
+            } else {
+                for z in burst {
+                    net.b.handle_frame(net.now, z);
+                }
+            }
+            let mut out = vec![format!("{:?}", events(&mut net.b))];
+            while let Some(t) = net.b.poll_transmit(net.now) {
+                out.push(format!("{:?}", t.to_vec()));
+            }
+            for &s in &ss {
+                out.push(format!("{:?}", net.b.connection(s).map(|c| c.digest())));
+            }
+            for (_, c) in net.b.connections() {
+                out.push(c.digest());
+            }
+            let mut sc = net.b.counters().clone();
+            let co = sc.coalesced_segments;
+            sc.coalesced_segments = 0;
+            out.push(format!("{sc:?} {:?}", net.b.tcp_counters()));
+            out.push(format!("{:?} {:?}", net.b.held(), net.b.poll_timeout()));
+            res.push((out, co));
+        }
+        assert!(res[1].1 > 0, "{order:?}: nothing coalesced");
+        assert_eq!(res[0].0, res[1].0, "{order:?}");
+    }
+}

@@ -3266,6 +3266,16 @@ fn coalesced_bursts_of_every_shape_match_frame_by_frame_input() {
     use Tw::*;
     const M: i64 = 1000;
     let n = |k: i64| (k * M, M as usize, None);
+    // Four segments, the third replaced by one that differs in `t`; or a zero-length
+    // segment with `t` between the second and the third.
+    let mid = |t: Tw| {
+        (
+            1 << 20,
+            vec![],
+            vec![n(0), n(1), (2 * M, M as usize, t), n(3)],
+        )
+    };
+    let ins = |t: Tw| (1 << 20, vec![], vec![n(0), n(1), (2 * M, 0, t), n(2), n(3)]);
     let cases: Vec<(u32, Vec<(i64, usize, Tw)>, Vec<(i64, usize, Tw)>)> = vec![
         (1 << 20, vec![], vec![n(0), n(1), n(2), n(3)]),
         // window limit in the middle (B's buffer 4 kB)
@@ -3281,124 +3291,24 @@ fn coalesced_bursts_of_every_shape_match_frame_by_frame_input() {
         (1 << 20, vec![], vec![n(1), n(2), n(0), n(3), n(4)]),
         (1 << 20, vec![], vec![n(0), n(2), n(3), n(1), n(4)]),
         // different window, tsval, tsecr, ack in the middle
-        (
-            1 << 20,
-            vec![],
-            vec![n(0), n(1), (2 * M, M as usize, Wnd(100)), n(3)],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![n(0), n(1), (2 * M, M as usize, Wnd(0)), n(3)],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![n(0), n(1), (2 * M, M as usize, TsvalPlus(1)), n(3)],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![n(0), n(1), (2 * M, M as usize, TsvalPlus(1 << 31)), n(3)],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![n(0), n(1), (2 * M, M as usize, TsecrMinus(1)), n(3)],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![n(0), n(1), (2 * M, M as usize, AckPlus(1)), n(3)],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![n(0), n(1), (2 * M, M as usize, AckPlus(100_000)), n(3)],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![n(0), n(1), (2 * M, M as usize, NoTs), n(3)],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![n(0), n(1), (2 * M, M as usize, Sack), n(3)],
-        ),
+        mid(Wnd(100)),
+        mid(Wnd(0)),
+        mid(TsvalPlus(1)),
+        mid(TsvalPlus(1 << 31)),
+        mid(TsecrMinus(1)),
+        mid(AckPlus(1)),
+        mid(AckPlus(100_000)),
+        mid(NoTs),
+        mid(Sack),
         // flags in the middle
-        (
-            1 << 20,
-            vec![],
-            vec![
-                n(0),
-                n(1),
-                (2 * M, M as usize, Flags(TcpFlags::ACK | TcpFlags::PSH)),
-                n(3),
-            ],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![
-                n(0),
-                n(1),
-                (2 * M, M as usize, Flags(TcpFlags::ACK | TcpFlags::FIN)),
-                n(3),
-            ],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![
-                n(0),
-                n(1),
-                (2 * M, 0, Flags(TcpFlags::ACK | TcpFlags::RST)),
-                n(2),
-                n(3),
-            ],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![n(0), n(1), (2 * M, 0, Flags(TcpFlags::RST)), n(2), n(3)],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![
-                n(0),
-                n(1),
-                (2 * M, 0, Flags(TcpFlags::ACK | TcpFlags::SYN)),
-                n(2),
-                n(3),
-            ],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![
-                n(0),
-                n(1),
-                (2 * M, M as usize, Flags(TcpFlags::ACK | TcpFlags::URG)),
-                n(3),
-            ],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![n(0), n(1), (2 * M, 0, None), n(2), n(3)],
-        ),
-        (
-            1 << 20,
-            vec![],
-            vec![
-                n(0),
-                n(1),
-                (2 * M, M as usize, Flags(TcpFlags::ACK | TcpFlags::ECE)),
-                n(3),
-            ],
-        ),
+        mid(Flags(TcpFlags::ACK | TcpFlags::PSH)),
+        mid(Flags(TcpFlags::ACK | TcpFlags::FIN)),
+        ins(Flags(TcpFlags::ACK | TcpFlags::RST)),
+        ins(Flags(TcpFlags::RST)),
+        ins(Flags(TcpFlags::ACK | TcpFlags::SYN)),
+        mid(Flags(TcpFlags::ACK | TcpFlags::URG)),
+        ins(None),
+        mid(Flags(TcpFlags::ACK | TcpFlags::ECE)),
         // a pure ACK ahead of RCV.NXT before (SND.WL1 ahead)
         (
             1 << 20,

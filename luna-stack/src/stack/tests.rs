@@ -3102,6 +3102,9 @@ fn other_input_in_a_burst_hands_the_held_run_over_first() {
 
 /// A segment of the differential coalescing test: (offset from B's RCV.NXT, payload
 /// length, tweak).
+type Seg = (i64, usize, Tw);
+
+/// How a segment of the differential coalescing test differs from the plain one.
 #[derive(Clone, Copy, Debug)]
 enum Tw {
     None,
@@ -3124,8 +3127,8 @@ enum Tw {
 fn rx_burst_outcome(
     variant: u8,
     rcv_buf: u32,
-    pre: &[(i64, usize, Tw)],
-    segs: &[(i64, usize, Tw)],
+    pre: &[Seg],
+    segs: &[Seg],
     coalesce: bool,
 ) -> Vec<String> {
     let mut ca = cfg(MAC_A, ip_a());
@@ -3170,7 +3173,7 @@ fn rx_burst_outcome(
         .send(c, &Zbuf::copy_from_slice(&pattern(100, 1)))
         .unwrap();
     let f = net.a.poll_transmit(net.now).unwrap().to_vec();
-    let caps = net.a.config().caps.clone();
+    let caps = net.a.config().caps;
     let pkt = TcpPacket::new_unchecked(&f[34..]);
     let base = TcpRepr::parse(&pkt, ip_a(), ip_b(), &caps).unwrap();
     let tuple = FourTuple {
@@ -3178,7 +3181,7 @@ fn rx_burst_outcome(
         remote: SocketAddrV4::new(ip_b(), base.dst_port),
     };
     let b4 = net.b.tcp_counters();
-    let build = |net: &Net, &(off, len, tw): &(i64, usize, Tw)| -> Zbuf {
+    let build = |net: &Net, &(off, len, tw): &Seg| -> Zbuf {
         let mut r = base;
         r.seq = SeqNum((base.seq.0 as i64 + off) as u32);
         r.flags = TcpFlags::ACK;
@@ -3197,7 +3200,7 @@ fn rx_burst_outcome(
                 r.options.timestamps = Some(ts);
             }
             Tw::Flags(fl) => r.flags = fl,
-            Tw::AckPlus(k) => r.ack = r.ack + k,
+            Tw::AckPlus(k) => r.ack += k,
             Tw::NoTs => r.options.timestamps = None,
             Tw::Mac | Tw::Corrupt => {}
             Tw::Sack => {
@@ -3276,7 +3279,7 @@ fn coalesced_bursts_of_every_shape_match_frame_by_frame_input() {
         )
     };
     let ins = |t: Tw| (1 << 20, vec![], vec![n(0), n(1), (2 * M, 0, t), n(2), n(3)]);
-    let cases: Vec<(u32, Vec<(i64, usize, Tw)>, Vec<(i64, usize, Tw)>)> = vec![
+    let cases: Vec<(u32, Vec<Seg>, Vec<Seg>)> = vec![
         (1 << 20, vec![], vec![n(0), n(1), n(2), n(3)]),
         // window limit in the middle (B's buffer 4 kB)
         (4096, vec![], vec![n(0), n(1), n(2), n(3), n(4), n(5)]),

@@ -204,6 +204,9 @@ impl<R: Rng> Stack<R> {
     /// Counted in [`super::StackCounters::address_aborts`].
     pub fn remove_address(&mut self, now: Instant, ip: Ipv4Addr) -> Result<usize, LocalAddrError> {
         self.addrs.remove(ip)?;
+        // A connection's burst being cut into frames stops too: one decision per segment
+        // would send nothing more from the address.
+        self.run.cancel_from(ip);
         let mut aborted = 0;
         for idx in 0..self.slots.len() {
             let Some(e) = self.slots[idx].entry.as_deref_mut() else {

@@ -529,6 +529,14 @@ impl SegRun {
         first
     }
 
+    /// Drops the frames still to send if they come from local address `ip` (which is
+    /// being removed: a frame from an address no longer ours would be spoofed).
+    pub(super) fn cancel_from(&mut self, ip: Ipv4Addr) {
+        if !self.rest.is_empty() && self.tmpl.source() == ip {
+            self.rest = IoVec::new();
+        }
+    }
+
     /// The next frame; the caller checked that `rest` is not empty.
     fn next_frame(&mut self, caps: &ChecksumCaps) -> Transmit {
         let n = self.piece.min(self.rest.len());
@@ -615,6 +623,17 @@ impl HeaderTemplate {
             ip_sum,
             pseudo_sum: checksum::pseudo_header_v4(src, dst, u8::from(IpProtocol::Tcp), 0),
         }
+    }
+
+    /// The IPv4 source address of the template's frames.
+    fn source(&self) -> Ipv4Addr {
+        let at = ETH_LEN + 12;
+        Ipv4Addr::new(
+            self.bytes[at],
+            self.bytes[at + 1],
+            self.bytes[at + 2],
+            self.bytes[at + 3],
+        )
     }
 
     /// The frame of one segment with IP identification `ident`: the same bytes and offload

@@ -3560,3 +3560,28 @@ fn interleaved_connections_coalesce_as_frame_by_frame_input() {
         assert_eq!(res[0].0, res[1].0, "{order:?}");
     }
 }
+
+/// An address removed while a connection on it is in the middle of a burst: the rest of
+/// the burst does not go out either (one decision per segment sends nothing more; a frame
+/// from an address that is no longer ours is spoofed). (Found by review: the run sent
+/// the burst's remaining frames from the removed address.)
+#[test]
+fn removing_an_address_stops_a_burst_from_it() {
+    // The default `send_burst` (16).
+    let (mut net, _c, s) = connected_on_a2();
+    net.run_until(|n| n.wire.is_empty(), 1_000);
+    net.a
+        .send(s, &Zbuf::copy_from_slice(&pattern(20_000, 5)))
+        .unwrap();
+    // The driver takes one frame and stops (its transmit queue is full).
+    assert!(net
+        .a
+        .poll_transmit(net.now)
+        .is_some_and(|f| is_tcp(&f.to_vec())));
+    assert_eq!(net.a.remove_address(net.now, ip_a2()), Ok(1));
+    let now = net.now;
+    let tcp = std::iter::from_fn(|| net.a.poll_transmit(now))
+        .filter(|f| is_tcp(&f.to_vec()))
+        .count();
+    assert_eq!(tcp, 0, "TCP frames from the removed address");
+}

@@ -3561,6 +3561,73 @@ fn interleaved_connections_coalesce_as_frame_by_frame_input() {
     }
 }
 
+/// B's frames when it receives four out-of-order segments from A (no SACK: the
+/// duplicate ACKs it owes are what tell A of the loss) and then has 20 kB of its own to
+/// send, with `send_burst` `burst`.
+fn owed_dupacks_then_data(burst: u16) -> Vec<Vec<u8>> {
+    let mut ca = cfg(MAC_A, ip_a());
+    let mut cb = cfg(MAC_B, ip_b());
+    for c in [&mut ca, &mut cb] {
+        c.tcp.send_burst = burst;
+        c.tcp.sack = false;
+    }
+    let mut net = Net::new(ca, cb);
+    let (c, s) = connected(&mut net);
+    net.run_until(|n| n.wire.is_empty(), 1_000);
+    net.a
+        .send(c, &Zbuf::copy_from_slice(&pattern(5 * 1448, 1)))
+        .unwrap();
+    let from_a: Vec<Vec<u8>> = std::iter::from_fn(|| net.a.poll_transmit(net.now))
+        .map(|t| t.to_vec())
+        .collect();
+    assert_eq!(from_a.len(), 5);
+    // The first is lost: the other four arrive out of order, in one receive burst.
+    for f in &from_a[1..] {
+        net.b.handle_frame(net.now, Zbuf::copy_from_slice(f));
+    }
+    net.b
+        .send(s, &Zbuf::copy_from_slice(&pattern(20_000, 2)))
+        .unwrap();
+    std::iter::from_fn(|| net.b.poll_transmit(net.now))
+        .map(|t| t.to_vec())
+        .collect()
+}
+
+/// The duplicate ACKs owed for out-of-order segments go out as pure ACKs, one per
+/// segment and before B's own data, whatever `send_burst` is: a data segment is no
+/// duplicate ACK at the sender (RFC 5681 §2 (b)), so without SACK only these let A reach
+/// DupThresh. (Found by review: a burst paid one owed duplicate ACK and sent three pure
+/// ones after its data, one decision per segment paid all four with data and sent none.)
+#[test]
+fn owed_duplicate_acks_go_out_as_pure_acks_before_data() {
+    let one = owed_dupacks_then_data(1);
+    let tcp_payload = |f: &Vec<u8>| {
+        let ip = &f[14..];
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+        let doff = usize::from(ip[ihl + 12] >> 4) * 4;
+        total - ihl - doff
+    };
+    let sizes: Vec<usize> = one.iter().map(tcp_payload).collect();
+    assert_eq!(
+        sizes[..4],
+        [0; 4],
+        "four pure duplicate ACKs first: {sizes:?}"
+    );
+    assert!(
+        sizes[4..].iter().all(|&n| n > 0),
+        "then data only: {sizes:?}"
+    );
+    let acks: Vec<&[u8]> = one[..5]
+        .iter()
+        .map(|f| &f[14 + 20 + 8..14 + 20 + 12])
+        .collect();
+    assert!(acks.windows(2).all(|w| w[0] == w[1]), "all at the hole");
+    let many = owed_dupacks_then_data(16);
+    assert_eq!(one.len(), many.len(), "frames");
+    assert!(one == many, "B's frames differ");
+}
+
 /// An address removed while a connection on it is in the middle of a burst: the rest of
 /// the burst does not go out either (one decision per segment sends nothing more; a frame
 /// from an address that is no longer ours is spoofed). (Found by review: the run sent

@@ -278,7 +278,8 @@ pub struct Connection {
     dupacks: u32,
     /// Duplicate ACKs owed for out-of-order segments received since the last poll: the
     /// stack processes a burst before polling, and coalescing them into one ACK would hide
-    /// the loss from the sender's duplicate-ACK counter.
+    /// the loss from the sender's duplicate-ACK counter. Paid by pure ACKs only, sent
+    /// before any data (a data segment is no duplicate ACK, RFC 5681 §2).
     dupacks_owed: u32,
     /// Sequence number our last ACK carried (RFC 7323 Last.ACK.sent).
     last_ack_sent: SeqNum,

@@ -73,7 +73,10 @@ impl Connection {
             self.ack_now = false;
             self.timers.clear(Timer::DelayedAck);
             self.last_ack_sent = seg.repr.ack;
-            self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
+            // Only a pure ACK is a duplicate ACK at the sender (RFC 5681 §2).
+            if seg.payload.is_empty() && !seg.repr.flags.syn() && !seg.repr.flags.fin() {
+                self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
+            }
         }
         if !seg.payload.is_empty() || seg.repr.flags.syn() || seg.repr.flags.fin() {
             self.last_send = now;
@@ -126,6 +129,14 @@ impl Connection {
             }
             State::TimeWait => return self.ack_segment_if_due(now, out),
             _ => {}
+        }
+        // Duplicate ACKs owed for out-of-order segments go out first, as pure ACKs (RFC
+        // 5681 §4.2: an immediate duplicate ACK per out-of-order segment; Linux sends them
+        // while processing the input). A segment carrying data is not a duplicate ACK at
+        // the sender (RFC 5681 §2 (b)), so data or retransmissions cannot stand in for them:
+        // without SACK the sender would never reach DupThresh.
+        if self.dupacks_owed > 0 {
+            return self.ack_segment_if_due(now, out);
         }
         if let Some(seq) = self.rexmit_now.take() {
             if seq.ge(self.snd_una)

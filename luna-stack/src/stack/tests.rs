@@ -2385,6 +2385,31 @@ fn a_pure_ack_that_leaves_nothing_to_send_does_not_mark_the_connection_for_outpu
     );
 }
 
+/// One RPC on every connection: each client sends 100 bytes, its server echoes them, and
+/// the network runs until every client has its 100 bytes back.
+fn echo_100_bytes_each(net: &mut Net, clients: &[SocketHandle], servers: &[SocketHandle]) {
+    for &c in clients {
+        net.a.send(c, &Zbuf::copy_from_slice(&[7; 100])).unwrap();
+    }
+    let mut got = 0;
+    net.run_until(
+        |net| {
+            for &s in servers {
+                while let Ok(Some(b)) = net.b.recv(s) {
+                    net.b.send(s, &b).unwrap();
+                }
+            }
+            for &c in clients {
+                while let Ok(Some(b)) = net.a.recv(c) {
+                    got += b.len();
+                }
+            }
+            got == clients.len() * 100
+        },
+        100_000,
+    );
+}
+
 /// The timer heap is lazy (a deadline moved later stays until it expires): over many
 /// RPCs per connection, past several minimum RTOs, it holds at most two entries per
 /// connection (the live deadline and one stale), not one per RPC.
@@ -2396,26 +2421,7 @@ fn timer_heap_stays_bounded_by_the_connections_not_the_rpcs() {
     let (clients, servers) = net.establish(l, n);
     let mut most = 0;
     for _ in 0..200 {
-        for &c in &clients {
-            net.a.send(c, &Zbuf::copy_from_slice(&[7; 100])).unwrap();
-        }
-        let mut got = 0;
-        net.run_until(
-            |net| {
-                for &s in &servers {
-                    while let Ok(Some(b)) = net.b.recv(s) {
-                        net.b.send(s, &b).unwrap();
-                    }
-                }
-                for &c in &clients {
-                    while let Ok(Some(b)) = net.a.recv(c) {
-                        got += b.len();
-                    }
-                }
-                got == n * 100
-            },
-            100_000,
-        );
+        echo_100_bytes_each(&mut net, &clients, &servers);
         // Think time: 200 rounds span 400 ms, two minimum RTOs.
         net.now += Duration::from_millis(2);
         net.a.handle_timeouts(net.now);
@@ -2458,26 +2464,7 @@ fn timer_heap_stays_bounded_with_keepalive_on() {
     let (clients, servers) = net.establish(l, n);
     let mut most = 0;
     for _ in 0..200 {
-        for &c in &clients {
-            net.a.send(c, &Zbuf::copy_from_slice(&[7; 100])).unwrap();
-        }
-        let mut got = 0;
-        net.run_until(
-            |net| {
-                for &s in &servers {
-                    while let Ok(Some(b)) = net.b.recv(s) {
-                        net.b.send(s, &b).unwrap();
-                    }
-                }
-                for &c in &clients {
-                    while let Ok(Some(b)) = net.a.recv(c) {
-                        got += b.len();
-                    }
-                }
-                got == n * 100
-            },
-            100_000,
-        );
+        echo_100_bytes_each(&mut net, &clients, &servers);
         // Think time past the retransmission timer's deadline: each RPC's timer entry
         // has come due (and moved to the keepalive) before the next RPC. 200 rounds span
         // 50 s, within one keepalive interval.

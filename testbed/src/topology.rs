@@ -436,10 +436,16 @@ fn configure_tap_host(h: &KernelHost, vdev: &str, timeout: Duration) -> Result<b
     }
 }
 
-/// The `mac=` argument of a vdev string, lower case.
+/// The `mac=` argument of a vdev string, lower case; `None` without one or when it is not
+/// an address (net_tap's `mac=fixed`).
 fn vdev_mac(vdev: &str) -> Option<String> {
     vdev.split(',')
         .find_map(|kv| kv.strip_prefix("mac="))
+        .filter(|m| {
+            m.len() == 17
+                && m.split(':')
+                    .all(|b| b.len() == 2 && u8::from_str_radix(b, 16).is_ok())
+        })
         .map(str::to_ascii_lowercase)
 }
 
@@ -1175,6 +1181,7 @@ mod tests {
             Some("02:ab:00:00:00:03".into())
         );
         assert_eq!(vdev_mac("net_tap0,iface=x"), None);
+        assert_eq!(vdev_mac("net_tap0,iface=x,mac=fixed"), None);
     }
 
     #[test]

@@ -60,6 +60,8 @@ impl Connection {
             return false;
         }
         let seg = &*out;
+        // Data, SYN or FIN: the segment occupies sequence space (and is no pure ACK).
+        let occupies = !seg.payload.is_empty() || seg.repr.flags.syn() || seg.repr.flags.fin();
         self.counters.segs_out += match seg.burst_piece {
             0 => 1,
             piece => (seg.payload.len() as u64).div_ceil(u64::from(piece)),
@@ -74,11 +76,11 @@ impl Connection {
             self.timers.clear(Timer::DelayedAck);
             self.last_ack_sent = seg.repr.ack;
             // Only a pure ACK is a duplicate ACK at the sender (RFC 5681 §2).
-            if seg.payload.is_empty() && !seg.repr.flags.syn() && !seg.repr.flags.fin() {
+            if !occupies {
                 self.dupacks_owed = self.dupacks_owed.saturating_sub(1);
             }
         }
-        if !seg.payload.is_empty() || seg.repr.flags.syn() || seg.repr.flags.fin() {
+        if occupies {
             self.last_send = now;
         }
         self.arm_timers(now);

@@ -2167,6 +2167,26 @@ fn rfc3522_duplicated_retransmission_of_a_lost_segment_is_not_undone() {
     assert_eq!(c.sb.reordering(), 3);
 }
 
+/// RFC 6675 §4 rule 4 with nothing new to send: the one hole under everything SACKed is
+/// resent once. The rescue retransmission is for a tail no retransmission reached; sending
+/// the hole again at once duplicated it, and the undo episode, seeing data resent twice,
+/// could never prove a reordering spurious (RFC 3708).
+#[test]
+fn rfc6675_4_a_single_hole_is_resent_once_and_its_reordering_undone() {
+    let mut c = tlp_flight(plain_sack_cfg(), 5);
+    let una = ISS + 1;
+    let cwnd = c.cwnd();
+    c.on_segment(t(3), &sack_ack(una, una + 1460, una + 7300), zb(&[]));
+    assert!(c.in_recovery());
+    assert_eq!(data_seqs(&poll_all(&mut c, t(3)), una), vec![0], "once");
+    assert_eq!(c.counters.retransmits, 1);
+    // Only reordered: the original arrives, then the retransmission as a duplicate.
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 1, una + 7300, 65535), zb(&[]));
+    c.on_segment(t(4), &sack_ack(una + 7300, una, una + 1460), zb(&[]));
+    assert_eq!(c.counters.spurious_recoveries, 1);
+    assert!(c.cwnd() >= cwnd, "restored: {} < {cwnd}", c.cwnd());
+}
+
 /// A retransmission timeout ends the episode: a D-SACK arriving after it undoes nothing.
 #[test]
 fn rfc3708_rto_ends_the_undo_episode() {

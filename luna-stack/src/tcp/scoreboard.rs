@@ -797,7 +797,8 @@ impl Scoreboard {
 
     /// RFC 6675 §4 `NextSeg()` rule 4, the rescue retransmission: when rules 1-3 fail, once per
     /// recovery (HighACK > RescueRxt, or RescueRxt undefined), one segment of up to SMSS that
-    /// includes the highest outstanding unSACKed octet. The caller sends it, then calls
+    /// includes the highest outstanding unSACKed octet, unless this recovery already
+    /// retransmitted that octet (it lies below HighRxt). The caller sends it, then calls
     /// [`Scoreboard::set_rescue_rxt`] with RecoveryPoint, and must not call `on_retransmit`.
     pub fn rescue_seg(&self) -> Option<(SeqNum, u32)> {
         if let Some(r) = self.rescue_rxt {
@@ -820,6 +821,12 @@ impl Scoreboard {
             hole = Some((prev_end, flight));
         }
         let (lo, hi) = hole?;
+        // Already retransmitted in this recovery (the octet lies below HighRxt): rule 3's
+        // ground, and sending it again at once would only duplicate that retransmission.
+        // The rescue is for a tail no retransmission has reached.
+        if hi <= self.off(self.high_rxt) {
+            return None;
+        }
         let start = hi.saturating_sub(self.mss).max(lo);
         Some((self.snd_una + start, hi - start))
     }
@@ -1144,6 +1151,13 @@ mod tests {
         let mut t = sb(0, 1000);
         t.on_ack(SeqNum(0), &[blk(950, 1000)]);
         assert_eq!(t.rescue_seg(), Some((SeqNum(850), 100)));
+        // The highest unSACKed octet was already retransmitted in this recovery (a single
+        // hole under everything SACKed): no rescue, which would send it twice at once.
+        let mut h = sb(0, 1000);
+        h.on_ack(SeqNum(0), &[blk(100, 1000)]);
+        h.on_enter_recovery();
+        h.on_retransmit(SeqNum(0), 100);
+        assert_eq!(h.rescue_seg(), None);
         // Nothing outstanding unSACKed.
         let mut u = sb(0, 100);
         u.on_ack(SeqNum(0), &[blk(0, 100)]);

@@ -3182,6 +3182,46 @@ fn rfc8985_7_4_a_probe_that_repaired_the_last_segment_reduces_the_window() {
     assert_eq!(c.counters.rtos, 0);
 }
 
+/// The §7.4 reduction is a loss response of its own: an undo episode still open from an
+/// earlier fast recovery ends with it (as a new recovery or an RTO ends it). Left open, a
+/// late D-SACK of that recovery's retransmission "undid" the probe's reduction: the
+/// congestion state restored was the one saved when the probe's loss was found.
+#[test]
+fn rfc8985_7_4_the_probe_reduction_ends_an_earlier_undo_episode() {
+    let mut c = tlp_flight(plain_sack_cfg(), 5);
+    let una = ISS + 1;
+    // Segment 1 missing, 2-5 SACKed: fast retransmit of segment 1.
+    c.on_segment(t(3), &sack_ack(una, una + 1460, una + 7300), zb(&[]));
+    assert!(c.in_recovery());
+    assert_eq!(data_seqs(&poll_all(&mut c, t(3)), una), vec![0]);
+    // Its original arrives: recovery ends; the retransmission's D-SACK is still to come.
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 1, una + 7300, 65535), zb(&[]));
+    assert!(!c.in_recovery());
+    assert!(c.undo.active);
+    // A new flight of two; the second is lost and repaired by the probe.
+    let base = una + 7300;
+    c.send(&zb(&vec![7u8; 1460 * 2])).unwrap();
+    assert_eq!(poll_all(&mut c, t(5)).len(), 2);
+    c.on_segment(t(6), &ack_seg(PEER_ISS + 1, base + 1460, 65535), zb(&[]));
+    let pto = c.poll_timeout().unwrap();
+    c.on_timeout(pto);
+    let probe = poll_all(&mut c, pto);
+    assert_eq!(probe.len(), 1);
+    assert_eq!(probe[0].repr.seq, SeqNum(base + 1460));
+    let at = pto + Duration::from_millis(1);
+    c.on_segment(at, &ack_seg(PEER_ISS + 1, base + 2920, 65535), zb(&[]));
+    c.send(&zb(&[1u8; 100])).unwrap();
+    assert_eq!(poll_all(&mut c, at).len(), 1);
+    c.on_segment(at, &ack_seg(PEER_ISS + 1, base + 3020, 65535), zb(&[]));
+    assert_eq!(c.counters.rack_recoveries, 1, "the probe repaired a loss");
+    let reduced = c.cwnd();
+    // The first recovery's retransmission reported duplicate, late.
+    c.on_segment(at, &sack_ack(base + 3020, una, una + 1460), zb(&[]));
+    assert_eq!(c.counters.dsacks, 1);
+    assert_eq!(c.counters.spurious_recoveries, 0, "nothing undone");
+    assert!(c.cwnd() <= reduced, "{} -> {}", reduced, c.cwnd());
+}
+
 /// The originals were only slow: the probe's duplicate is D-SACKed, nothing was lost and
 /// the window stays.
 #[test]

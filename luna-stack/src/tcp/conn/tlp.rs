@@ -328,6 +328,10 @@ impl Connection {
             self.counters.rack_recoveries += 1;
             self.cc.on_enter_recovery(now, t.flight);
             self.cc.on_exit_recovery(now, self.snd_max - self.snd_una);
+            // As a new recovery or an RTO does, the reduction ends an undo episode still
+            // open from an earlier recovery: the CC saved its state anew, and a late D-SACK
+            // of that recovery must not undo this real loss's reduction.
+            self.undo.active = false;
         }
         // ACK = TLP.end_seq: the original's ACK or the probe's; the probe's D-SACK, or an
         // ACK beyond, tells which.

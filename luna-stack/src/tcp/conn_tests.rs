@@ -3578,6 +3578,64 @@ fn rfc8985_6_2_the_reordering_window_grows_once_per_round_of_dsacks() {
     );
 }
 
+/// RFC 8985 §6.2 step 4: a widened reordering window persists for 16 recoveries, counted
+/// "if exiting Fast or RTO recovery". An RTO recovery uses one up (here the last), and the
+/// window is back to a quarter of the minimum RTT once it ends, not before.
+#[test]
+fn rfc8985_6_2_a_widened_window_persists_until_the_end_of_recoveries_rto_ones_too() {
+    let cfg = TcpConfig {
+        tlp: None,
+        ..plain_sack_cfg()
+    };
+    let mut c = tlp_flight(cfg, 3);
+    let una = ISS + 1;
+    c.rack_on_dsack();
+    c.reo_persist = 1;
+    c.on_timeout(t(202));
+    assert_eq!(c.counters.rtos, 1);
+    assert_eq!(c.reo_mult, 2, "still widened during the recovery");
+    poll_all(&mut c, t(202));
+    c.on_segment(t(203), &ack_seg(PEER_ISS + 1, una + 1460, 65535), zb(&[]));
+    poll_all(&mut c, t(203));
+    assert_eq!(c.reo_mult, 2, "RTO recovery not over");
+    c.on_segment(t(204), &ack_seg(PEER_ISS + 1, una + 4380, 65535), zb(&[]));
+    assert_eq!(
+        (c.reo_mult, c.reo_persist),
+        (1, 0),
+        "the RTO recovery ended"
+    );
+    // The next flight's hole waits one quarter of the minimum RTT again.
+    c.send(&zb(&vec![7u8; 1460 * 3])).unwrap();
+    assert_eq!(poll_all(&mut c, t(205)).len(), 3);
+    let base = una + 4380;
+    c.on_segment(
+        t(206),
+        &sack_ack(base + 1460, base + 2920, base + 4380),
+        zb(&[]),
+    );
+    assert!(!c.in_recovery());
+    let min = c.rtt.min_rtt().unwrap();
+    assert_eq!(c.timers.deadline(Timer::Pto), Some(t(206) + min / 4));
+}
+
+/// The same for fast recovery: entering it leaves the widened window in place (the RFC
+/// counts the recovery as it ends).
+#[test]
+fn rfc8985_6_2_fast_recovery_counts_against_the_persistence_as_it_ends() {
+    let mut c = tlp_flight(plain_sack_cfg(), 5);
+    let una = ISS + 1;
+    c.rack_on_dsack();
+    c.reo_persist = 1;
+    // The first segment lost, the other four SACKed: DupThresh, fast recovery.
+    c.on_segment(t(3), &sack_ack(una, una + 1460, una + 7300), zb(&[]));
+    assert!(c.in_recovery());
+    assert_eq!((c.reo_mult, c.reo_persist), (2, 1));
+    poll_all(&mut c, t(3));
+    c.on_segment(t(4), &ack_seg(PEER_ISS + 1, una + 7300, 65535), zb(&[]));
+    assert!(!c.in_recovery());
+    assert_eq!((c.reo_mult, c.reo_persist), (1, 0));
+}
+
 /// RFC 8985 §7.3 (Linux `tcp_send_loss_probe` finds no segment to send): a probe is sent
 /// only while something is outstanding to a window that is open. The PTO fired, then the
 /// ACK of everything (the FIN too) arrived before the connection was polled: nothing is

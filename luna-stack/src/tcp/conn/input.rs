@@ -933,6 +933,7 @@ impl Connection {
     #[inline]
     pub(super) fn on_new_ack(&mut self, now: Instant, ack: SeqNum) {
         let in_flight_before = self.snd_max - self.snd_una;
+        let una_before = self.snd_una;
         let acked = ack - self.snd_una;
         // The SYN occupies the first sequence number; FIN the one after the data.
         self.sndq.ack_to(ack);
@@ -952,6 +953,7 @@ impl Connection {
                 self.recovery = None;
                 self.last_recover = recover;
                 self.dupacks = 0;
+                self.rack_on_recovery_exit();
                 self.cc.on_exit_recovery(now, self.snd_max - self.snd_una);
             }
             Some(_) => {
@@ -965,6 +967,11 @@ impl Connection {
             }
             None => {
                 self.dupacks = 0;
+                // RTO recovery (`on_rto` set `last_recover` to SND.MAX) ends once SND.UNA
+                // passes it (RFC 8985 §6.2 step 4 counts it as fast recovery's end is).
+                if una_before.lt(self.last_recover) && ack.ge(self.last_recover) {
+                    self.rack_on_recovery_exit();
+                }
                 // `recover` is compared modulo 2^32 (SND.UNA >= it, RFC 6582 §3.2 step 2):
                 // once passed, it follows SND.UNA, else 2 GiB later the test turns false and
                 // no recovery could start for the next 2 GiB.
@@ -995,7 +1002,6 @@ impl Connection {
         // RFC 8985 §7: recovery takes over from a probe episode (and reduces the window).
         self.tlp = None;
         self.send_tlp = false;
-        self.rack_on_recovery();
         self.cc.on_enter_recovery(now, in_flight);
         self.sb.on_enter_recovery();
         self.inflation = RecoveryInflation::on_enter(self.snd_mss);

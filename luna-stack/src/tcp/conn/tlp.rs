@@ -165,9 +165,11 @@ impl Connection {
         self.reo_persist = 16;
     }
 
-    /// A recovery started: one recovery less before the reordering window falls back to a
-    /// quarter of the minimum RTT (§6.2 `RACK.reo_wnd_persist`).
-    pub(super) fn rack_on_recovery(&mut self) {
+    /// A fast or RTO recovery ended: one recovery less before the reordering window falls
+    /// back to a quarter of the minimum RTT (§6.2 step 4, `RACK.reo_wnd_persist`, counted
+    /// "if exiting Fast or RTO recovery": the window a D-SACK widened still holds during the
+    /// recovery that uses up its persistence).
+    pub(super) fn rack_on_recovery_exit(&mut self) {
         if self.reo_persist > 0 {
             self.reo_persist -= 1;
             if self.reo_persist == 0 {

@@ -160,11 +160,17 @@ impl<R: Rng> Stack<R> {
         if !self.ctl_room() {
             return;
         }
+        let tcp = &self.cfg.tcp;
+        // The cookie encodes what this SYN-ACK negotiates (RFC 7323 §3.2, §2.2; RFC 2018
+        // §2), not what the SYN offered: with our timestamps off the SYN-ACK carries none,
+        // the peer's ACK echoes none, and a cookie whose MAC covered the options of a
+        // timestamp never sent would fail every such handshake.
+        let ts = seg.options.timestamps.is_some() && tcp.timestamps;
         let info = syncookie::SynInfo {
             mss: seg.options.mss,
-            wscale: seg.options.window_scale,
-            sack_permitted: seg.options.sack_permitted,
-            timestamps: seg.options.timestamps.is_some(),
+            wscale: seg.options.window_scale.filter(|_| tcp.window_scaling),
+            sack_permitted: seg.options.sack_permitted && tcp.sack,
+            timestamps: ts,
         };
         // The connection re-created from the cookie continues this clock (accept_cookie).
         let ts_clock = ((now.as_nanos() / 1_000_000) as u32)
@@ -172,7 +178,6 @@ impl<R: Rng> Stack<R> {
         let c = self
             .cookies
             .generate(now, tuple.local, tuple.remote, seg.seq, &info, ts_clock);
-        let tcp = &self.cfg.tcp;
         let mut options = TcpOptions {
             mss: Some(tcp.mss.min(self.cfg.mtu - 40)),
             ..TcpOptions::default()
@@ -180,18 +185,15 @@ impl<R: Rng> Stack<R> {
         // The cookie carries window scale and SACK-permitted only in the timestamp
         // (tcp/syncookie.rs): without timestamps, offering them would leave the re-created
         // connection unscaled while the peer scales (RFC 7323 §2.2, RFC 2018 §2).
-        let ts = seg.options.timestamps.is_some() && tcp.timestamps;
         if ts && tcp.window_scaling && seg.options.window_scale.is_some() {
             options.window_scale = Some(tcp.rcv_wscale());
         }
         options.sack_permitted = ts && tcp.sack && seg.options.sack_permitted;
         if let (Some(tsval), Some(peer)) = (c.tsval, seg.options.timestamps) {
-            if tcp.timestamps {
-                options.timestamps = Some(Timestamps {
-                    tsval,
-                    tsecr: peer.tsval,
-                });
-            }
+            options.timestamps = Some(Timestamps {
+                tsval,
+                tsecr: peer.tsval,
+            });
         }
         let repr = TcpRepr {
             src_port: tuple.local.port(),

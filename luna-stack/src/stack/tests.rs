@@ -651,6 +651,54 @@ fn syn_cookie_mode_always_answers_every_syn_with_a_cookie() {
     );
 }
 
+/// RFC 4987 §3.6 with RFC 7323 §3.2: a server configured without timestamps answers a
+/// client's timestamped SYN with a cookie SYN-ACK that carries none, so the client's ACK
+/// carries none either (every Linux client offers timestamps). The cookie must then
+/// validate without them: it encoded the options for a timestamp the SYN-ACK never sent,
+/// and every such handshake was answered with a RST.
+#[test]
+fn rfc4987_3_6_cookie_handshake_completes_when_the_server_does_not_use_timestamps() {
+    for (ts, ws, sack) in [
+        (false, true, true),
+        (false, false, false),
+        (true, false, true),
+        (true, true, false),
+    ] {
+        let mut cb = cfg(MAC_B, ip_b());
+        cb.syn_cookies = SynCookieMode::Always;
+        cb.tcp.timestamps = ts;
+        cb.tcp.window_scaling = ws;
+        cb.tcp.sack = sack;
+        let mut net = Net::new(cfg(MAC_A, ip_a()), cb);
+        let (c, s) = connected(&mut net);
+        assert_eq!(net.b.counters().syn_cookies_accepted, 1, "{ts} {ws} {sack}");
+        assert_eq!(net.b.counters().rsts_sent, 0, "{ts} {ws} {sack}");
+        let (sack_ok, ts_ok, wscale) = net.b.connection(s).unwrap().negotiated();
+        assert_eq!(
+            net.a.connection(c).unwrap().negotiated(),
+            (sack_ok, ts_ok, wscale.map(|(snd, rcv)| (rcv, snd))),
+            "both ends agree on the options ({ts} {ws} {sack})"
+        );
+        assert_eq!(
+            (sack_ok, ts_ok, wscale.is_some()),
+            (ts && sack, ts, ts && ws)
+        );
+        net.b
+            .send(s, &Zbuf::copy_from_slice(b"from a cookie"))
+            .unwrap();
+        let mut got = Vec::new();
+        net.run_until(
+            |n| {
+                while let Ok(Some(b)) = n.a.recv(c) {
+                    got.extend_from_slice(&b);
+                }
+                got == b"from a cookie"
+            },
+            1000,
+        );
+    }
+}
+
 #[test]
 fn close_and_time_wait_reclaim_the_slot() {
     let mut c = cfg(MAC_A, ip_a());

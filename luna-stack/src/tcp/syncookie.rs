@@ -87,7 +87,8 @@ impl fmt::Display for SynCookieConfigError {
 
 impl std::error::Error for SynCookieConfigError {}
 
-/// What the SYN asked for.
+/// What the SYN-ACK negotiates: the SYN's options that we answer (an option we do not use
+/// is left out, so that the peer's ACK, which echoes only what the SYN-ACK carried, validates).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SynInfo {
     /// The peer's MSS option (None: RFC 9293 default 536).
@@ -97,7 +98,7 @@ pub struct SynInfo {
     pub wscale: Option<u8>,
     /// SACK-permitted was present.
     pub sack_permitted: bool,
-    /// The SYN carried a timestamps option.
+    /// The SYN carried a timestamps option and the SYN-ACK answers it (TSval from `generate`).
     pub timestamps: bool,
 }
 
@@ -287,7 +288,8 @@ impl SynCookies {
         let check = |tag: u8| self.mac(local, remote, peer_isn, t, idx, tag) == mac;
         let (timestamps, bits) = match tsecr {
             Some(ecr) if check((ecr & TS_OPT_MASK) as u8) => (true, ecr & TS_OPT_MASK),
-            // The peer may have dropped timestamps; the cookie then stands without options.
+            // A cookie made without timestamps (the SYN had none, or we do not use them:
+            // the caller then passes `timestamps: false`), whatever the ACK carries.
             _ if check(NO_TS_TAG) => (false, WSCALE_NONE),
             _ => return Err(CookieError::Invalid),
         };

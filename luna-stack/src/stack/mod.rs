@@ -523,6 +523,7 @@ impl<R: Rng> Stack<R> {
             half_open: 0,
             accept_queue: VecDeque::new(),
             gen: 0,
+            last_cookie: None,
         };
         let idx = match self.listeners.iter().position(Option::is_none) {
             Some(i) => i,

@@ -26,8 +26,21 @@ impl<R: Rng> Stack<R> {
             return self.counters.drop(StackDrop::ListenInvalid);
         }
         if flags.ack() {
-            // Possibly the final ACK of a SYN-cookie handshake.
-            if self.cfg.syn_cookies != SynCookieMode::Off && !flags.syn() {
+            // Possibly the final ACK of a SYN-cookie handshake. With cookies only for a full
+            // backlog, only while one this listener sent may still be valid (as Linux's
+            // `tcp_synq_no_recent_overflow`): outside a flood no ACK is a cookie, and a blind
+            // attacker gets no 2^-24 guesses at one.
+            let cookie_recent = |s: &Self| match s.cfg.syn_cookies {
+                SynCookieMode::Off => false,
+                SynCookieMode::Always => true,
+                SynCookieMode::WhenFull => s
+                    .listeners
+                    .get(l as usize)
+                    .and_then(|x| x.as_ref())
+                    .and_then(|x| x.last_cookie)
+                    .is_some_and(|sent| s.cookies.may_still_be_valid(sent, now)),
+            };
+            if !flags.syn() && cookie_recent(self) {
                 let tsecr = seg.options.timestamps.map(|t| t.tsecr);
                 if let Ok(ok) =
                     self.cookies
@@ -67,6 +80,9 @@ impl<R: Rng> Stack<R> {
             // proves the peer real). Spoofed floods then neither evict real neighbours nor
             // pay for a table update per SYN (luna-stack/benches/syn-flood-instructions.sh).
             (SynCookieMode::Always, _) | (SynCookieMode::WhenFull, true) => {
+                if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
+                    lst.last_cookie = Some(now);
+                }
                 return self.send_cookie_syn_ack(now, tuple, seg, src_mac);
             }
             (SynCookieMode::Off, true) => return self.counters.drop(StackDrop::BacklogFull),

@@ -159,6 +159,9 @@ pub(super) struct Listener {
     pub(super) half_open: usize,
     pub(super) accept_queue: VecDeque<SocketHandle>,
     pub(super) gen: u32,
+    /// When this listener last answered a SYN with a cookie (`SynCookieMode::WhenFull`:
+    /// an ACK is checked as a cookie only while one it sent may still be valid).
+    pub(super) last_cookie: Option<Instant>,
 }
 
 /// A `BuildHasher` keyed from the stack's RNG: hash flooding resistance for the demux table

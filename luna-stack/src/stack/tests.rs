@@ -1125,6 +1125,89 @@ fn inject_to_b(net: &mut Net, port: u16, seq: u32, ack: u32, flags: TcpFlags) {
     net.b.handle_frame(now, Zbuf::copy_from_slice(&f));
 }
 
+/// A valid cookie for A:`port` -> B:7000 and peer ISN `peer_isn`, as B's SYN-ACK would have
+/// carried it (no options): its ISN.
+fn cookie_isn_from_b(net: &Net, port: u16, peer_isn: u32) -> u32 {
+    let info = crate::tcp::syncookie::SynInfo::default();
+    let c = net.b.cookies.generate(
+        net.now,
+        SocketAddrV4::new(ip_b(), 7000),
+        SocketAddrV4::new(ip_a(), port),
+        SeqNum(peer_isn),
+        &info,
+        0,
+    );
+    c.isn.0
+}
+
+/// With cookies only for a full backlog (the default, Linux's `tcp_syncookies = 1`), an
+/// ACK is taken for a cookie only while one the listener sent may still be valid (Linux's
+/// `tcp_synq_no_recent_overflow`). Outside a flood every ACK to a listener is answered
+/// with a RST, and a blind attacker gets no 2^-24 guesses at a connection; once the
+/// listener has sent a cookie, a cookie ACK opens one; after the cookie lifetime, no more.
+#[test]
+fn rfc4987_3_6_cookie_acks_are_checked_only_after_the_listener_sent_cookies() {
+    let mut net = Net::pair();
+    let l = net.b.listen(7000, 1).unwrap();
+    let other = net.b.listen(7001, 1).unwrap();
+    // A correct cookie ACK (as if guessed) before any cookie was sent: RST, no connection.
+    let isn = cookie_isn_from_b(&net, 5000, 1000);
+    inject_to_b(&mut net, 5000, 1001, isn.wrapping_add(1), TcpFlags::ACK);
+    assert_eq!(net.b.counters().syn_cookies_accepted, 0);
+    assert_eq!(net.b.counters().rsts_sent, 1);
+    assert_eq!(net.b.accept(l), None);
+    // Fill the backlog: the next SYN is answered with a cookie.
+    let c1 = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+        .unwrap();
+    net.run_until(|n| n.a.state(c1) == Some(State::Established), 1000);
+    inject_to_b(&mut net, 5001, 2000, 0, TcpFlags::SYN);
+    assert_eq!(net.b.counters().syn_cookies_sent, 1);
+    // Now a cookie ACK opens a connection.
+    let isn = cookie_isn_from_b(&net, 5002, 3000);
+    inject_to_b(&mut net, 5002, 3001, isn.wrapping_add(1), TcpFlags::ACK);
+    assert_eq!(net.b.counters().syn_cookies_accepted, 1);
+    // Not on another listener, which sent none (Linux keeps the mark per listener).
+    let _ = other;
+    let tuple_other = FourTuple {
+        local: SocketAddrV4::new(ip_a(), 5003),
+        remote: SocketAddrV4::new(ip_b(), 7001),
+    };
+    let info = crate::tcp::syncookie::SynInfo::default();
+    let c = net.b.cookies.generate(
+        net.now,
+        tuple_other.remote,
+        tuple_other.local,
+        SeqNum(4000),
+        &info,
+        0,
+    );
+    let repr = TcpRepr {
+        src_port: 5003,
+        dst_port: 7001,
+        seq: SeqNum(4001),
+        ack: c.isn + 1u32,
+        flags: TcpFlags::ACK,
+        window: 1000,
+        urgent: 0,
+        options: TcpOptions::default(),
+    };
+    let f = net
+        .a
+        .build_tcp(&repr, IoVec::new(), tuple_other, MAC_B)
+        .to_vec();
+    let now = net.now;
+    net.b.handle_frame(now, Zbuf::copy_from_slice(&f));
+    assert_eq!(net.b.counters().syn_cookies_accepted, 1);
+    // Three periods after the last cookie (default 64 s, two periods' age): the mark is
+    // stale, and a cookie minted now (valid in itself) is no longer looked at.
+    net.now = net.now + Duration::from_secs(3 * 64);
+    let isn = cookie_isn_from_b(&net, 5004, 5000);
+    inject_to_b(&mut net, 5004, 5001, isn.wrapping_add(1), TcpFlags::ACK);
+    assert_eq!(net.b.counters().syn_cookies_accepted, 1);
+}
+
 /// Regression (backlog leak): a passive connection that leaves SYN-RECEIVED by timeout is
 /// Closed when reclaimed; the listener's half-open count must still drop, or the backlog
 /// fills up for good (RFC 9293 §3.10.7.2: the listener keeps accepting new SYNs).

@@ -189,6 +189,12 @@ impl SynCookies {
         Ok(SynCookies { key, cfg })
     }
 
+    /// Whether a cookie generated at `sent` may still validate at `now` (its counter is at
+    /// most `max_age` periods old).
+    pub fn may_still_be_valid(&self, sent: Instant, now: Instant) -> bool {
+        self.counter(now).saturating_sub(self.counter(sent)) <= u64::from(self.cfg.max_age)
+    }
+
     fn counter(&self, now: Instant) -> u64 {
         let p = u64::try_from(self.cfg.period.as_nanos()).unwrap_or(u64::MAX);
         now.as_nanos() / p.max(1)

@@ -807,6 +807,10 @@ where
             .counters
             .closed_in_flight
             .fetch_add(n as u64, AtomicOrdering::Relaxed);
+        // CS: its messages held behind the one in service never go to a worker (their
+        // origins, dropped on the closed staging, count as closed_in_flight), and the
+        // dispatcher waits for no completion of this key.
+        drop(self.dispatcher.forget(key));
         if let Some(class) = c.queued {
             // Its entry in the line is stale now.
             self.stalls.left(class);

@@ -394,7 +394,8 @@ fn the_in_flight_cap_pauses_reading_and_resumes_after_replies() {
 /// dropped and counted, and another connection is unaffected.
 #[test]
 fn reply_and_close_shuts_down_after_the_earlier_replies() {
-    for model in [Model::Ms, Model::Cp] {
+    // CS too: the messages held behind the closing one are dropped and counted.
+    for model in [Model::Ms, Model::Cp, Model::Cs] {
         let (mut io, sockets) =
             group::<u32, KnbParser>(&cfg(model, 4), FramerConfig::default()).unwrap();
         io.attach(1, KnbParser::new(Ordering::Ordered)).unwrap();
@@ -470,4 +471,45 @@ fn a_paused_connection_takes_no_messages_until_resumed() {
     for w in workers {
         w.join().unwrap();
     }
+}
+
+fn fields(io: &Io) -> HashMap<&'static str, u64> {
+    io.counters().fields().into_iter().collect()
+}
+
+/// CS: a connection detached with one message at a worker and more held behind it in
+/// the dispatcher: the held ones are dropped and counted, none reaches a worker, and
+/// nothing of the connection stays in the dispatcher.
+#[test]
+fn cs_a_detached_connections_held_messages_are_dropped_and_counted() {
+    let (mut io, mut sockets) =
+        group::<u32, KnbParser>(&cfg(Model::Cs, 1), FramerConfig::default()).unwrap();
+    let mut s = sockets.pop().unwrap();
+    io.attach(1, KnbParser::new(Ordering::Ordered)).unwrap();
+    io.on_data(1, Zbuf::copy_from_slice(&stream(0..4)));
+    let m0 = s.try_recv().unwrap();
+    assert!(
+        s.try_recv().is_none(),
+        "CS: one message of a key in service"
+    );
+    assert_eq!(io.detach(1), 4);
+    let body = echo(&m0);
+    assert!(!s.reply(m0.origin, body));
+    io.poll_replies(|c, _| panic!("a reply for detached connection {c}"));
+    // The in-service completion never reaches the dispatcher (its connection has gone):
+    // whatever was held behind it must not wait for it forever.
+    let mut late = 0;
+    while let Some(m) = s.try_recv() {
+        assert!(m.origin.is_closed());
+        late += 1;
+        drop(m);
+        io.poll_replies(|c, _| panic!("a reply for detached connection {c}"));
+    }
+    let f = fields(&io);
+    assert_eq!(
+        (f["messages"], f["closed_in_flight"]),
+        (4, 4),
+        "held messages dropped and counted (late {late}): {f:?}"
+    );
+    assert_eq!(f["abandoned"], 0, "{f:?}");
 }

@@ -394,6 +394,8 @@ where
             .counters
             .closed_in_flight
             .fetch_add(n as u64, AtomicOrdering::Relaxed);
+        // CS: held requests never go to a worker, and no completion is waited for.
+        drop(self.dispatcher.forget(key));
         if let Some(class) = c.queued {
             // Its entry in the line is stale now.
             self.stalls.left(class);

@@ -94,6 +94,19 @@ impl<T: Send> Dispatcher<T> {
         n
     }
 
+    /// CS: connection `key` has gone. Its messages held behind the one in service are
+    /// handed back (the caller drops them; none is placed), and the key is forgotten:
+    /// the completion of its message in service, which will not come, is not waited
+    /// for. Empty under MS and CP, and for an idle key.
+    pub fn forget(&mut self, key: u64) -> VecDeque<T> {
+        let Some(st) = self.keys.remove(&key) else {
+            return VecDeque::new();
+        };
+        self.ready.retain(|&k| k != key);
+        self.held_now -= st.held.len();
+        st.held
+    }
+
     /// CS: messages held in the dispatcher now.
     pub fn held(&self) -> usize {
         self.held_now

@@ -223,6 +223,34 @@ fn cs_release_waits_for_room_then_poll_places_it() {
     assert_eq!(w[0].try_recv(), Some(12));
 }
 
+/// A key forgotten (its connection gone) with messages held, one of them waiting for
+/// room after its completion: they are handed back, none is placed later, and the
+/// key's state is gone (its next message is placed, not held behind a completion
+/// that will never come).
+#[test]
+fn cs_forget_hands_back_the_held_messages_and_drops_the_key() {
+    let (mut d, mut w) = sched::<u32>(Model::Cs, 1, 2);
+    assert_eq!(d.dispatch(1, 10), Ok(Placed::Queued(0)));
+    assert_eq!(d.dispatch(1, 11), Ok(Placed::Held));
+    assert_eq!(d.dispatch(1, 12), Ok(Placed::Held));
+    assert_eq!(d.dispatch(2, 20), Ok(Placed::Queued(0)));
+    assert_eq!(w[0].try_recv(), Some(10));
+    assert_eq!(d.dispatch(3, 30), Ok(Placed::Queued(0)));
+    // Key 1 completes; the FIFO is full, so 11 waits in the ready line.
+    assert!(d.complete(1));
+    assert_eq!(d.held(), 2);
+    assert_eq!(d.forget(1), [11, 12]);
+    assert_eq!(d.held(), 0);
+    assert!(d.forget(1).is_empty());
+    assert!(!d.complete(1), "nothing in service any more");
+    assert_eq!(w[0].try_recv(), Some(20));
+    d.poll(); // the ready line no longer names key 1
+    assert_eq!(w[0].try_recv(), Some(30));
+    assert_eq!(w[0].try_recv(), None);
+    assert_eq!(d.dispatch(1, 13), Ok(Placed::Queued(0)));
+    assert!(d.forget(2).len() + d.forget(3).len() == 0);
+}
+
 #[test]
 fn cs_held_fifo_is_bounded_and_rejects_with_the_message() {
     let (mut d, _w) = sched::<u32>(Model::Cs, 1, 2);

@@ -47,6 +47,10 @@ use std::time::Duration;
 use zbuf::{IoVec, Zbuf};
 
 /// Counters of a message-socket group (shared by the I/O side and the workers).
+///
+/// Every dispatched message ends in exactly one of `replies`, `finished`, `abandoned`
+/// and `closed_in_flight`, counted when the I/O side releases (or drops) it: once all
+/// have completed, `messages = replies + finished + abandoned + closed_in_flight`.
 #[derive(Debug, Default)]
 pub struct MsgCounters {
     /// Connections attached.
@@ -61,7 +65,8 @@ pub struct MsgCounters {
     pub finished: AtomicU64,
     /// Origins dropped unanswered (completed without a reply).
     pub abandoned: AtomicU64,
-    /// Replies (or completions) that arrived after their connection was detached.
+    /// Replies (or completions) that arrived after their connection was detached, or
+    /// after a reply that closes it (dropped).
     pub closed_in_flight: AtomicU64,
     /// Connections closed for a framing error, by [`ParseErrorKind`] (index = position
     /// in [`ParseErrorKind::ALL`]).
@@ -120,10 +125,50 @@ impl MsgCounters {
     }
 }
 
-/// A staged reply: its bytes, and whether the connection closes after it.
+/// How a worker completed a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Done {
+    /// With a reply ([`MsgSocket::reply`], [`MsgSocket::reply_and_close`]).
+    Reply,
+    /// Without one ([`MsgSocket::finish`]).
+    Finished,
+    /// Its origin was dropped unanswered.
+    Abandoned,
+}
+
+/// A staged completion: the reply's bytes (empty without a reply), whether the
+/// connection closes after it, and how it completed. Counted once, by the I/O side,
+/// when it is released on a connection that is still there (`replies`, `finished`,
+/// `abandoned`), or else as `closed_in_flight` — never both.
 pub(crate) struct Out {
     pub(crate) data: IoVec,
     pub(crate) close: bool,
+    pub(crate) done: Done,
+}
+
+impl Out {
+    fn none(done: Done) -> Self {
+        Out {
+            data: IoVec::new(),
+            close: false,
+            done,
+        }
+    }
+
+    /// The reply's bytes, `None` for a completion without a reply.
+    pub(crate) fn reply(self) -> Option<IoVec> {
+        (self.done == Done::Reply).then_some(self.data)
+    }
+
+    /// Counts a completion released on a live connection.
+    pub(crate) fn count(&self, c: &MsgCounters) {
+        match self.done {
+            Done::Reply => &c.replies,
+            Done::Finished => &c.finished,
+            Done::Abandoned => &c.abandoned,
+        }
+        .fetch_add(1, AtomicOrdering::Relaxed);
+    }
 }
 
 /// A reply's way back: the connection's staging queue and the I/O core's notification
@@ -171,9 +216,9 @@ impl<C: Copy> Origin<C> {
 
 impl<C> Origin<C> {
     /// Stages the completion; false if the connection is gone (counted).
-    fn complete(&mut self, reply: Option<Out>) -> bool {
+    fn complete(&mut self, out: Out) -> bool {
         self.answered = true;
-        match self.staging.stage(self.seq, reply) {
+        match self.staging.stage(self.seq, Some(out)) {
             Ok(Staged::Notify) => {
                 self.shared
                     .notices
@@ -204,15 +249,9 @@ impl<C> Origin<C> {
 impl<C> Drop for Origin<C> {
     fn drop(&mut self) {
         if !self.answered {
-            // A message of a connection that has gone counts as closed_in_flight (in
-            // `complete`), not as abandoned.
-            if !self.staging.is_closed() {
-                self.shared
-                    .counters
-                    .abandoned
-                    .fetch_add(1, AtomicOrdering::Relaxed);
-            }
-            self.complete(None);
+            // Counted as abandoned when the I/O side releases it, or as
+            // closed_in_flight if its connection has gone.
+            self.complete(Out::none(Done::Abandoned));
         }
     }
 }
@@ -270,10 +309,11 @@ impl<C: Send> MsgSocket<C> {
     /// Sends `reply` on the message's connection (in request order for an ordered
     /// protocol). `false` if the connection has gone (the reply is dropped, counted).
     pub fn reply(&mut self, mut origin: Origin<C>, reply: IoVec) -> bool {
-        origin.complete(Some(Out {
+        origin.complete(Out {
             data: reply,
             close: false,
-        }))
+            done: Done::Reply,
+        })
     }
 
     /// Sends `reply` (it may be empty) and then closes the connection gracefully: once
@@ -282,19 +322,17 @@ impl<C: Send> MsgSocket<C> {
     /// replies to later messages are dropped (counted as `closed_in_flight`). For
     /// commands such as memcached's `quit`. `false` if the connection has gone.
     pub fn reply_and_close(&mut self, mut origin: Origin<C>, reply: IoVec) -> bool {
-        origin.complete(Some(Out {
+        origin.complete(Out {
             data: reply,
             close: true,
-        }))
+            done: Done::Reply,
+        })
     }
 
-    /// Completes a message that has no reply.
+    /// Completes a message that has no reply (counted as `finished` once the I/O side
+    /// has taken it; `false` and `closed_in_flight` if the connection has gone).
     pub fn finish(&mut self, mut origin: Origin<C>) -> bool {
-        self.shared
-            .counters
-            .finished
-            .fetch_add(1, AtomicOrdering::Relaxed);
-        origin.complete(None)
+        origin.complete(Out::none(Done::Finished))
     }
 
     /// The group's counters.
@@ -696,6 +734,7 @@ where
                 done += 1;
                 let r = seqr.complete(seq, reply, |r| {
                     framer.reply_done();
+                    let Some(r) = r else { return };
                     if close {
                         // After a reply that closes the connection: dropped.
                         counters
@@ -703,11 +742,11 @@ where
                             .fetch_add(1, AtomicOrdering::Relaxed);
                         return;
                     }
-                    if let Some(r) = r {
-                        counters.replies.fetch_add(1, AtomicOrdering::Relaxed);
-                        close = r.close;
-                        if !r.data.is_empty() {
-                            send(conn, r.data);
+                    r.count(counters);
+                    close = r.close;
+                    if let Some(data) = r.reply() {
+                        if !data.is_empty() {
+                            send(conn, data);
                         }
                         sent += 1;
                     }

@@ -477,6 +477,57 @@ fn fields(io: &Io) -> HashMap<&'static str, u64> {
     io.counters().fields().into_iter().collect()
 }
 
+/// Every message ends in exactly one of `replies`, `finished`, `abandoned` and
+/// `closed_in_flight`, also when its connection goes while it is at a worker: finished
+/// and abandoned ones before the detach, after it, and after a reply that closes.
+#[test]
+fn every_message_is_counted_once_when_its_connection_closes() {
+    let (mut io, mut sockets) =
+        group::<u32, KnbParser>(&cfg(Model::Ms, 1), FramerConfig::default()).unwrap();
+    let mut s = sockets.pop().unwrap();
+    io.attach(1, KnbParser::new(Ordering::Ordered)).unwrap();
+    io.attach(2, KnbParser::new(Ordering::Ordered)).unwrap();
+    io.on_data(1, Zbuf::copy_from_slice(&stream(0..5)));
+    io.on_data(2, Zbuf::copy_from_slice(&stream(0..3)));
+    let mut m: HashMap<(u32, u64), Message<u32>> = HashMap::new();
+    while let Some(x) = s.try_recv() {
+        m.insert((x.origin.conn(), id_of(&x)), x);
+    }
+    assert_eq!(m.len(), 8);
+    let mut take = |c, i| m.remove(&(c, i)).unwrap();
+    // Connection 1: 0 finished, 1 abandoned, 2 answered (all staged, not yet drained),
+    // then it goes; 3 is finished and 4 abandoned after it went.
+    s.finish(take(1, 0).origin);
+    drop(take(1, 1));
+    let r = take(1, 2);
+    let body = echo(&r);
+    s.reply(r.origin, body);
+    io.detach(1);
+    s.finish(take(1, 3).origin);
+    drop(take(1, 4));
+    // Connection 2: 0 closes it, then 1 is finished and 2 abandoned.
+    let r = take(2, 0);
+    let body = echo(&r);
+    assert!(s.reply_and_close(r.origin, body));
+    s.finish(take(2, 1).origin);
+    drop(take(2, 2));
+    let mut sent = 0;
+    io.poll_replies(|c, _| {
+        assert_eq!(c, 2);
+        sent += 1;
+    });
+    assert_eq!(sent, 1);
+    let f = fields(&io);
+    assert_eq!(f["messages"], 8, "{f:?}");
+    assert_eq!(
+        f["replies"] + f["finished"] + f["abandoned"] + f["closed_in_flight"],
+        8,
+        "{f:?}"
+    );
+    assert_eq!(f["replies"], 1, "{f:?}");
+    assert_eq!(f["sequence_errors"], 0, "{f:?}");
+}
+
 /// CS: a connection detached with one message at a worker and more held behind it in
 /// the dispatcher: the held ones are dropped and counted, none reaches a worker, and
 /// nothing of the connection stays in the dispatcher.

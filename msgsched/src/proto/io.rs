@@ -291,14 +291,17 @@ where
             let counters = &self.shared.counters;
             let mut done = 0;
             let mut close_after = false;
-            staging.drain(|(id, reply)| {
+            staging.drain(|(id, out)| {
                 done += 1;
+                let reply = out.and_then(|o| {
+                    o.count(counters);
+                    close_after |= o.close;
+                    o.reply()
+                });
                 if reply.is_some() {
-                    counters.replies.fetch_add(1, AtomicOrdering::Relaxed);
                     replies += 1;
                 }
-                close_after |= reply.as_ref().is_some_and(|o| o.close);
-                c.session.complete(id, reply.map(|o| o.data));
+                c.session.complete(id, reply);
             });
             c.close_after |= close_after;
             c.in_flight = c.in_flight.saturating_sub(done);

@@ -285,3 +285,55 @@ fn timed_out_sessions_say_goaway_no_error_and_end_cleanly() {
     drop(io);
     worker.join().unwrap();
 }
+
+/// A request the scheduler had no room for is still ours to answer: it counts in
+/// `in_flight` (as a stalled message does in `MsgIo`), so a driver that closes a
+/// half-closed peer once nothing is in flight, or that spares a connection with work
+/// at the workers its send timeout, does neither while the request waits for room.
+/// Once placed and answered, it leaves `in_flight`.
+#[test]
+fn a_request_waiting_for_the_scheduler_counts_in_flight() {
+    let sched = SchedConfig {
+        model: Model::Ms,
+        workers: 1,
+        queue_capacity: 1,
+        seed: 7,
+    };
+    let (mut io, mut sockets) = session_group::<u32>(&sched, FramerConfig::default()).unwrap();
+    let mut w = sockets.pop().unwrap();
+    let request = |path: &str| {
+        let mut input = PREFACE.to_vec();
+        frame::settings(&mut input, &[]);
+        get(&mut Encoder::new(), &mut input, 1, path);
+        Zbuf::from_vec(input)
+    };
+    for c in [1, 2] {
+        assert!(io.attach(c, Box::new(H2Session::new(H2Config::default()))));
+    }
+    // Connection 1's request fills the only FIFO; connection 2's waits for room.
+    io.on_data(1, request("/one"));
+    io.on_data(2, request("/two"));
+    assert_eq!(io.counters().messages.load(Ordering::Relaxed), 1);
+    assert!(!io.wants_input(2), "stalled: not read");
+    assert_eq!(io.in_flight(1), Some(1));
+    assert_eq!(
+        io.in_flight(2),
+        Some(1),
+        "its request waits for the scheduler"
+    );
+    let mut out: HashMap<u32, Vec<u8>> = HashMap::new();
+    for path in ["/one", "/two"] {
+        let m = w.try_recv().expect("a request");
+        assert_eq!(Request::parse(&m.body).unwrap().path(), path.as_bytes());
+        let body = IoVec::from(Zbuf::from_vec(path.as_bytes().to_vec()));
+        assert!(w.reply(m.origin, Response::new(200).body(body).into_iovec()));
+        io.poll_replies(|c, b| out.entry(c).or_default().extend(b.to_vec()));
+    }
+    for c in [1, 2] {
+        assert_eq!(io.in_flight(c), Some(0), "connection {c}");
+        let ended = frames(&out[&c])
+            .iter()
+            .any(|(h, _)| h.kind == kind::DATA && h.flags & flag::END_STREAM != 0);
+        assert!(ended, "connection {c} answered");
+    }
+}

@@ -444,9 +444,12 @@ where
         }
     }
 
-    /// Requests of `conn` at workers (`None` if not attached).
+    /// Requests of `conn` at workers, plus one waiting for room in the scheduler (as
+    /// `MsgIo::in_flight` counts a stalled message): work of ours, not the peer's
+    /// (`None` if not attached).
     pub fn in_flight(&self, conn: C) -> Option<usize> {
-        Some(self.conns.get(self.keys.get(&conn)?)?.in_flight)
+        let c = self.conns.get(self.keys.get(&conn)?)?;
+        Some(c.in_flight + usize::from(c.stalled.is_some()))
     }
 
     /// Whether `conn` is attached.

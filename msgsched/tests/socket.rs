@@ -564,3 +564,61 @@ fn cs_a_detached_connections_held_messages_are_dropped_and_counted() {
     );
     assert_eq!(f["abandoned"], 0, "{f:?}");
 }
+
+/// ABA on the connection handle: a connection detached with messages at a worker, and
+/// its handle attached again for a new connection before their replies come back. The
+/// late replies are dropped and counted; the new connection gets only its own, in its
+/// own order (its sequence numbers start again at 0, as the old ones did).
+#[test]
+fn a_reused_handle_never_gets_the_old_connections_late_replies() {
+    let (mut io, mut sockets) =
+        group::<u32, KnbParser>(&cfg(Model::Ms, 1), FramerConfig::default()).unwrap();
+    let mut s = sockets.pop().unwrap();
+    io.attach(1, KnbParser::new(Ordering::Ordered)).unwrap();
+    io.on_data(1, Zbuf::copy_from_slice(&stream(0..2)));
+    let old: Vec<_> = std::iter::from_fn(|| s.try_recv()).collect();
+    assert_eq!(old.len(), 2);
+    // The first is answered before the close (staged, not yet drained).
+    let mut old = old.into_iter();
+    let m = old.next().unwrap();
+    let r = echo(&m);
+    s.reply(m.origin, r);
+    io.detach(1);
+    io.attach(1, KnbParser::new(Ordering::Ordered)).unwrap();
+    io.on_data(1, Zbuf::copy_from_slice(&stream(100..102)));
+    let new: Vec<_> = std::iter::from_fn(|| s.try_recv()).collect();
+    assert_eq!(
+        new.iter().map(|m| m.origin.seq()).collect::<Vec<_>>(),
+        [0, 1]
+    );
+    // New connection's second, then the old one's second, then the new first.
+    let mut new = new.into_iter();
+    let (n0, n1) = (new.next().unwrap(), new.next().unwrap());
+    let r = echo(&n1);
+    assert!(s.reply(n1.origin, r));
+    let m = old.next().unwrap();
+    assert!(m.origin.is_closed());
+    let r = echo(&m);
+    assert!(!s.reply(m.origin, r));
+    let mut got = Vec::new();
+    io.poll_replies(|c, r| got.push((c, Header::read(&r).unwrap().unwrap().id)));
+    assert!(
+        got.is_empty(),
+        "the new second waits for the new first: {got:?}"
+    );
+    let r = echo(&n0);
+    assert!(s.reply(n0.origin, r));
+    io.poll_replies(|c, r| got.push((c, Header::read(&r).unwrap().unwrap().id)));
+    assert_eq!(got, [(1, 100), (1, 101)]);
+    let f = fields(&io);
+    assert_eq!(
+        (
+            f["messages"],
+            f["replies"],
+            f["closed_in_flight"],
+            f["sequence_errors"]
+        ),
+        (4, 2, 2, 0),
+        "{f:?}"
+    );
+}

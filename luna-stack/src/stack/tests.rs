@@ -1149,7 +1149,7 @@ fn cookie_isn_from_b(net: &Net, port: u16, peer_isn: u32) -> u32 {
 fn rfc4987_3_6_cookie_acks_are_checked_only_after_the_listener_sent_cookies() {
     let mut net = Net::pair();
     let l = net.b.listen(7000, 1).unwrap();
-    let other = net.b.listen(7001, 1).unwrap();
+    let _other = net.b.listen(7001, 1).unwrap();
     // A correct cookie ACK (as if guessed) before any cookie was sent: RST, no connection.
     let isn = cookie_isn_from_b(&net, 5000, 1000);
     inject_to_b(&mut net, 5000, 1001, isn.wrapping_add(1), TcpFlags::ACK);
@@ -1169,7 +1169,6 @@ fn rfc4987_3_6_cookie_acks_are_checked_only_after_the_listener_sent_cookies() {
     inject_to_b(&mut net, 5002, 3001, isn.wrapping_add(1), TcpFlags::ACK);
     assert_eq!(net.b.counters().syn_cookies_accepted, 1);
     // Not on another listener, which sent none (Linux keeps the mark per listener).
-    let _ = other;
     let tuple_other = FourTuple {
         local: SocketAddrV4::new(ip_a(), 5003),
         remote: SocketAddrV4::new(ip_b(), 7001),
@@ -1202,7 +1201,7 @@ fn rfc4987_3_6_cookie_acks_are_checked_only_after_the_listener_sent_cookies() {
     assert_eq!(net.b.counters().syn_cookies_accepted, 1);
     // Three periods after the last cookie (default 64 s, two periods' age): the mark is
     // stale, and a cookie minted now (valid in itself) is no longer looked at.
-    net.now = net.now + Duration::from_secs(3 * 64);
+    net.now += Duration::from_secs(3 * 64);
     let isn = cookie_isn_from_b(&net, 5004, 5000);
     inject_to_b(&mut net, 5004, 5001, isn.wrapping_add(1), TcpFlags::ACK);
     assert_eq!(net.b.counters().syn_cookies_accepted, 1);

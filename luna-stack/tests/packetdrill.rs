@@ -83,6 +83,7 @@ scripts! {
     handshake_passive,
     handshake_passive_no_options,
     icmp_frag_needed,
+    icmp_port_unreachable_syn_received,
     icmp_port_unreachable_syn_sent,
     initial_window,
     keepalive,

@@ -369,11 +369,19 @@ impl<R: Rng> Stack<R> {
                     } else {
                         self.counters.drop(StackDrop::IcmpIgnored);
                     }
-                } else if e.conn.on_icmp_hard_error(seq) {
-                    self.counters.icmp_aborts += 1;
-                    self.after_activity(idx, now);
                 } else {
-                    self.counters.drop(StackDrop::IcmpIgnored);
+                    // A half-open passive connection goes back to LISTEN silently (as for
+                    // a RST in SYN-RECEIVED, RFC 9293 §3.10.7.4): its slot is free now.
+                    let embryonic = e.conn.state() == State::SynReceived && e.conn.is_passive();
+                    if !e.conn.on_icmp_hard_error(seq) {
+                        return self.counters.drop(StackDrop::IcmpIgnored);
+                    }
+                    self.counters.icmp_aborts += 1;
+                    if embryonic {
+                        self.free_slot(idx);
+                    } else {
+                        self.after_activity(idx, now);
+                    }
                 }
             }
             _ => self.counters.drop(StackDrop::IcmpIgnored),

@@ -743,12 +743,19 @@ impl Connection {
     /// An ICMP hard error (destination unreachable: protocol or port, RFC 1122 §4.2.3.9)
     /// quoting sequence number `seq`. In SYN-SENT a quote of our SYN (RFC 5927 §4.1: a
     /// sequence number in flight, here the ISS a blind attacker would have to guess) aborts
-    /// the attempt: nothing listens there (Linux and the BSDs report ECONNREFUSED). In every
-    /// other state hard errors are treated as soft (RFC 5927 §5.2, as Linux and the BSDs do:
-    /// acting on them would let a blind attacker reset connections). Returns whether the
-    /// connection was aborted.
+    /// the attempt: nothing listens there (Linux and the BSDs report ECONNREFUSED). A
+    /// passive SYN-RECEIVED connection quoted in the same way (our SYN-ACK) is dropped:
+    /// the peer that sent the SYN is unreachable, and its half-open slot is freed at once
+    /// instead of after the SYN-ACK retries (Linux's `tcp_req_err`; the stack removes it
+    /// silently, as for a RST there). In every other state hard errors are treated as soft
+    /// (RFC 5927 §5.2, as Linux and the BSDs do: acting on them would let a blind attacker
+    /// reset connections). Returns whether the connection was aborted.
     pub fn on_icmp_hard_error(&mut self, seq: SeqNum) -> bool {
-        if self.state != State::SynSent || !seq.ge(self.snd_una) || !seq.lt(self.snd_max) {
+        let embryonic = self.state == State::SynReceived && self.passive;
+        if !(self.state == State::SynSent || embryonic)
+            || !seq.ge(self.snd_una)
+            || !seq.lt(self.snd_max)
+        {
             return false;
         }
         self.terminate(CloseReason::Refused);

@@ -743,7 +743,13 @@ impl<D: Device> CoreLoop<D> {
                 deadline = Some(now + self.opts.shutdown_grace);
             }
             if let Some(d) = deadline {
-                let drained = self.st.closing_done() && self.tx.is_empty();
+                // Done once every connection has finished and what they owe the wire is
+                // out: the stack's frames too, not only the queue's. A close that resets
+                // (unread data) or an unlisten leaves a connection CLOSED at once with its
+                // RST still in the stack, and a full queue (`tx_queue_limit`) leaves
+                // frames there; stopping on an empty queue alone lost them.
+                let drained =
+                    self.st.closing_done() && self.tx.is_empty() && !self.st.stack.may_transmit();
                 if drained || now >= d {
                     if !drained {
                         self.reset_remaining();

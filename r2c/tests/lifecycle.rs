@@ -288,3 +288,110 @@ fn a_jump_of_the_core_clock_is_counted_as_a_loop_stall() {
     // The application read the same count live, through its context.
     assert_eq!(seen_1ms.load(Ordering::SeqCst), 1);
 }
+
+/// A client that opens one connection, sends a few bytes on it and records how it ended.
+struct Watch {
+    closed: Arc<Mutex<Vec<Option<luna_stack::tcp::CloseReason>>>>,
+    up: Arc<AtomicUsize>,
+}
+
+impl InlineApp for Watch {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        ctx.connect(server_addr(7)).unwrap();
+    }
+    fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        ctx.send_all(conn, Zbuf::from_static(b"hello")).unwrap();
+        self.up.fetch_add(1, Ordering::SeqCst);
+    }
+    fn on_closed(&mut self, _: &mut Ctx<'_>, _: Conn, r: Option<luna_stack::tcp::CloseReason>) {
+        self.closed.lock().unwrap().push(r);
+    }
+}
+
+/// Waits up to 10 s for the client to see its connection reset. Without it the client
+/// would wait forever: nothing is in flight and keepalive is off.
+fn wait_for_reset(closed: &Mutex<Vec<Option<luna_stack::tcp::CloseReason>>>) {
+    let start = std::time::Instant::now();
+    while closed.lock().unwrap().is_empty() && start.elapsed() < std::time::Duration::from_secs(10)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(
+        *closed.lock().unwrap(),
+        [Some(luna_stack::tcp::CloseReason::Reset)],
+        "the peer was told (RST) that the stopped core dropped its connection"
+    );
+}
+
+/// Shutdown closes a connection whose received data was never read with a reset
+/// (RFC 9293 §3.6.1), which leaves it CLOSED at once: the core must still send that reset
+/// before it exits. It used to count the connection as finished and stop in the same
+/// iteration, the reset unsent, so the peer kept a connection nobody held.
+#[test]
+fn shutdown_sends_the_reset_of_a_connection_closed_with_unread_data() {
+    struct Deaf(Arc<AtomicUsize>);
+    impl InlineApp for Deaf {
+        fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+            ctx.listen(7, 64).unwrap();
+        }
+        fn on_readable(&mut self, _: &mut Ctx<'_>, _: Conn) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let (server, client) = pair(1, 1, |_| {});
+    let heard = Arc::new(AtomicUsize::new(0));
+    let h2 = heard.clone();
+    let srv = Runtime::spawn_inline(server, opts(), move |_| Deaf(h2.clone())).unwrap();
+    let closed = Arc::new(Mutex::new(Vec::new()));
+    let (c2, up) = (closed.clone(), Arc::new(AtomicUsize::new(0)));
+    let u2 = up.clone();
+    let cli = Runtime::spawn_inline(client, opts(), move |_| Watch {
+        closed: c2.clone(),
+        up: u2.clone(),
+    })
+    .unwrap();
+    wait_for("the server holds unread data", || {
+        heard.load(Ordering::SeqCst) > 0
+    });
+    srv.stop();
+    let r = srv.join().unwrap();
+    assert_eq!(r[0].stats.tx_dropped, 0);
+    wait_for_reset(&closed);
+    cli.stop();
+    cli.join().unwrap();
+}
+
+/// A connection that waits in a listener's accept queue when the core stops is reset by
+/// the unlisten: that reset goes out before the core exits (with no connection of the
+/// application's open, the core used to stop in the same iteration, the reset unsent).
+#[test]
+fn shutdown_sends_the_reset_of_a_connection_never_accepted() {
+    use r2c::batch::{Interest, Sockets};
+    struct NeverAccepts;
+    impl r2c::batch::BatchApp for NeverAccepts {
+        fn on_start(&mut self, s: &mut Sockets<'_>) {
+            let fd = s.socket();
+            s.bind(fd, 7).unwrap();
+            s.listen(fd, 64).unwrap();
+            s.register(fd, Interest::READABLE).unwrap();
+        }
+        fn on_poll(&mut self, _: &mut Sockets<'_>) {}
+    }
+    let (server, client) = pair(1, 1, |_| {});
+    let srv = Runtime::spawn_batch(server, opts(), |_| NeverAccepts).unwrap();
+    let closed = Arc::new(Mutex::new(Vec::new()));
+    let (c2, up) = (closed.clone(), Arc::new(AtomicUsize::new(0)));
+    let u2 = up.clone();
+    let cli = Runtime::spawn_inline(client, opts(), move |_| Watch {
+        closed: c2.clone(),
+        up: u2.clone(),
+    })
+    .unwrap();
+    wait_for("connected", || up.load(Ordering::SeqCst) == 1);
+    wait_for("the server has the data", || srv.stats()[0].rx_bytes > 100);
+    srv.stop();
+    srv.join().unwrap();
+    wait_for_reset(&closed);
+    cli.stop();
+    cli.join().unwrap();
+}

@@ -201,7 +201,6 @@ struct ConnSock {
 struct Sock {
     kind: Kind,
     interest: Option<Interest>,
-    in_ready: bool,
     /// A listener had an Acceptable event not yet drained by `accept`.
     pending: bool,
 }
@@ -215,6 +214,11 @@ pub struct SocketTable {
     by_listener: HashMap<Listener, Fd>,
     /// Sockets that may be ready (an event touched them, or they were ready last poll).
     ready: Vec<Fd>,
+    /// Per descriptor: whether it is in `ready`. Kept by descriptor, not by socket: a
+    /// closed socket's descriptor stays listed until the next `poll` passes it, and a new
+    /// socket given that descriptor meanwhile is served by that entry (a flag of the
+    /// socket's own listed it a second time, and `poll` reported it twice).
+    listed: Vec<bool>,
 }
 
 impl SocketTable {
@@ -222,7 +226,6 @@ impl SocketTable {
         let s = Some(Sock {
             kind,
             interest: None,
-            in_ready: false,
             pending: false,
         });
         match self.free.pop() {
@@ -232,6 +235,7 @@ impl SocketTable {
             }
             None => {
                 self.socks.push(s);
+                self.listed.push(false);
                 Fd(self.socks.len() as u32 - 1)
             }
         }
@@ -245,11 +249,10 @@ impl SocketTable {
     }
 
     fn touch(&mut self, fd: Fd) {
-        if let Some(Some(s)) = self.socks.get_mut(fd.0 as usize) {
-            if !s.in_ready {
-                s.in_ready = true;
-                self.ready.push(fd);
-            }
+        let i = fd.0 as usize;
+        if matches!(self.socks.get(i), Some(Some(_))) && !self.listed[i] {
+            self.listed[i] = true;
+            self.ready.push(fd);
         }
     }
 
@@ -566,11 +569,14 @@ impl Sockets<'_> {
         out.clear();
         let candidates = std::mem::take(&mut self.t.ready);
         for fd in candidates {
-            let Some(Some(s)) = self.t.socks.get_mut(fd.0 as usize) else {
+            let i = fd.0 as usize;
+            let Some(Some(s)) = self.t.socks.get_mut(i) else {
+                // Closed since it was listed.
+                self.t.listed[i] = false;
                 continue;
             };
             let Some(interest) = s.interest else {
-                s.in_ready = false;
+                self.t.listed[i] = false;
                 continue;
             };
             let ev = readiness(self.st, fd, s);
@@ -586,7 +592,7 @@ impl Sockets<'_> {
                 });
                 self.t.ready.push(fd);
             } else {
-                s.in_ready = false;
+                self.t.listed[i] = false;
             }
         }
         out.len()

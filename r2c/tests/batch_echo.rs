@@ -247,3 +247,128 @@ fn batch_send_without_room_says_why() {
         ]
     );
 }
+
+/// `poll` reports a socket once per call (as `epoll_wait` does), also when its descriptor
+/// was closed and handed to a new connection between two calls: the closed socket's place
+/// in the readiness list and the new one's registration used to list the descriptor twice,
+/// so every later `poll` reported the new connection twice while it stayed ready.
+#[test]
+fn a_reused_descriptor_is_reported_once_per_poll() {
+    use r2c::{Conn, Ctx, InlineApp};
+    use std::sync::atomic::AtomicBool;
+
+    /// Waits for `go`, then: closes the sockets whose peer finished, and only after them
+    /// accepts one connection per poll (registered for both directions).
+    struct Server {
+        lfd: Option<Fd>,
+        go: Arc<AtomicBool>,
+        events: Vec<PollEvent>,
+        /// Descriptors handed out by `accept`, in order.
+        accepted: Arc<Mutex<Vec<Fd>>>,
+        /// Polls that listed a descriptor more than once.
+        dups: Arc<AtomicUsize>,
+        polls: Arc<AtomicUsize>,
+    }
+    impl BatchApp for Server {
+        fn on_start(&mut self, s: &mut Sockets<'_>) {
+            let fd = s.socket();
+            s.bind(fd, 7).unwrap();
+            s.listen(fd, 64).unwrap();
+            s.register(fd, Interest::READABLE).unwrap();
+            self.lfd = Some(fd);
+        }
+        fn on_poll(&mut self, s: &mut Sockets<'_>) {
+            if !self.go.load(Ordering::SeqCst) {
+                return;
+            }
+            s.poll(&mut self.events);
+            self.polls.fetch_add(1, Ordering::SeqCst);
+            let mut fds: Vec<Fd> = self.events.iter().map(|e| e.fd).collect();
+            fds.sort();
+            fds.dedup();
+            if fds.len() != self.events.len() {
+                self.dups.fetch_add(1, Ordering::SeqCst);
+            }
+            let mut listener_ready = false;
+            for ev in std::mem::take(&mut self.events) {
+                if Some(ev.fd) == self.lfd {
+                    listener_ready = true;
+                    continue;
+                }
+                let mut buf = [0u8; 64];
+                if ev.readable && s.recv(ev.fd, &mut buf) == Ok(0) {
+                    s.close(ev.fd).unwrap();
+                }
+            }
+            if listener_ready {
+                if let Ok((c, _)) = s.accept(self.lfd.unwrap()) {
+                    s.register(c, Interest::BOTH).unwrap();
+                    self.accepted.lock().unwrap().push(c);
+                }
+            }
+        }
+    }
+
+    /// Opens A; once it is up closes it (a FIN) and opens B.
+    struct Client {
+        a: Option<Conn>,
+        b_up: Arc<AtomicBool>,
+    }
+    impl InlineApp for Client {
+        fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+            self.a = Some(ctx.connect(server_addr(7)).unwrap());
+        }
+        fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+            if Some(conn) == self.a {
+                ctx.close(conn);
+                ctx.connect(server_addr(7)).unwrap();
+            } else {
+                self.b_up.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    let (server, client) = pair(1, 1, |_| {});
+    let go = Arc::new(AtomicBool::new(false));
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let (dups, polls) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (g, a, d, p) = (go.clone(), accepted.clone(), dups.clone(), polls.clone());
+    let srv = Runtime::spawn_batch(server, opts(), move |_| Server {
+        lfd: None,
+        go: g.clone(),
+        events: Vec::new(),
+        accepted: a.clone(),
+        dups: d.clone(),
+        polls: p.clone(),
+    })
+    .unwrap();
+    let b_up = Arc::new(AtomicBool::new(false));
+    let b2 = b_up.clone();
+    let cli = Runtime::spawn_inline(client, opts(), move |_| Client {
+        a: None,
+        b_up: b2.clone(),
+    })
+    .unwrap();
+    // A's FIN left before B's SYN: once B is up on the client (and the server has had a
+    // moment for B's ACK), A has finished and both wait in the accept queue.
+    wait_for("B connected", || b_up.load(Ordering::SeqCst));
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    go.store(true, Ordering::SeqCst);
+    // Poll 1 accepts A; poll 2 closes it (end of stream) and accepts B on A's descriptor.
+    wait_for("B accepted", || accepted.lock().unwrap().len() == 2);
+    let start = polls.load(Ordering::SeqCst);
+    wait_for("polls with B ready", || {
+        polls.load(Ordering::SeqCst) >= start + 10
+    });
+    let fds = accepted.lock().unwrap().clone();
+    assert_eq!(fds[0], fds[1], "B got A's descriptor");
+    assert_eq!(
+        dups.load(Ordering::SeqCst),
+        0,
+        "polls listing a descriptor twice"
+    );
+    cli.stop();
+    srv.stop();
+    cli.join().unwrap();
+    srv.join().unwrap();
+}

@@ -77,6 +77,21 @@ impl std::fmt::Display for RuntimeError {
 
 impl std::error::Error for RuntimeError {}
 
+/// Raises the runtime's stop flag when a core's thread unwinds (its application or the
+/// core panicked): the other cores shut down gracefully and [`Runtime::join`] returns
+/// the panic, rather than waiting for cores nothing may ever stop (the panicked core's
+/// application could have been the one to request the stop), and a runtime does not go
+/// on with a dead core whose queue the NIC still steers connections to.
+struct StopOnPanic(Arc<AtomicBool>);
+
+impl Drop for StopOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+}
+
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -163,6 +178,7 @@ impl Runtime {
             let spawned = std::thread::Builder::new()
                 .name(format!("r2c-core-{index}"))
                 .spawn(move || {
+                    let _stop_on_panic = StopOnPanic(Arc::clone(&shared.stop));
                     let core = match CoreLoop::new(setup, &opts, shared) {
                         Ok(c) => c,
                         Err(e) => {
@@ -265,7 +281,8 @@ impl Runtime {
     }
 
     /// Wait for every core to stop (call [`Runtime::stop`] first, or let the application
-    /// request it) and collect their reports.
+    /// request it) and collect their reports. A core whose thread panics stops the
+    /// runtime (the others shut down gracefully) and its panic is the error returned.
     pub fn join(mut self) -> Result<Vec<CoreReport>, RuntimeError> {
         let mut reports = Vec::new();
         let mut first_err = None;

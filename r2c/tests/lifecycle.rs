@@ -395,3 +395,35 @@ fn shutdown_sends_the_reset_of_a_connection_never_accepted() {
     cli.stop();
     cli.join().unwrap();
 }
+
+/// An application that panics on one core stops the runtime: the other cores shut down
+/// gracefully and `join` reports the panic, instead of waiting for cores that nothing
+/// will stop (the panicked core's application was the one to request the stop).
+#[test]
+fn a_panic_on_one_core_stops_the_runtime_and_join_reports_it() {
+    /// Core 1 panics at start; core 0 would run until someone stops it.
+    struct Fragile;
+    impl InlineApp for Fragile {
+        fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+            assert!(ctx.core() != 1, "application bug on core 1");
+        }
+    }
+    let (server, _client) = pair(2, 1, |_| {});
+    let rt = Runtime::spawn_inline(server, opts(), |_| Fragile).unwrap();
+    let stop = rt.stop_handle();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(rt.join());
+    });
+    let joined = rx.recv_timeout(std::time::Duration::from_secs(10));
+    // Clean up either way (the join thread holds the runtime).
+    stop.stop();
+    let r = joined.expect("join returned without a stop request");
+    let e = r.expect_err("the panic is reported");
+    assert_eq!(e.core, 1);
+    assert!(
+        matches!(&e.error, CoreError::Panicked(m) if m.contains("application bug on core 1")),
+        "{e}"
+    );
+    assert!(stop.is_stopped());
+}

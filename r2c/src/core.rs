@@ -275,9 +275,24 @@ pub struct CoreState {
     pub(crate) stopping: bool,
     max_backlog: usize,
     cache: Option<CoreCache>,
+    /// Connections whose end (of the stream, or the error that closed them) a `recv` of
+    /// the application returned in the current inline dispatch pass: a repeated
+    /// `Readable` in that pass says nothing new to them (see `inline::Coalesce`). At most
+    /// [`ENDS_READ_MAX`] (beyond, a repeat is delivered, as before this existed).
+    pub(crate) ends_read: Vec<Conn>,
 }
 
+/// See [`CoreState::ends_read`].
+pub(crate) const ENDS_READ_MAX: usize = 64;
+
 impl CoreState {
+    /// Notes that a `recv` of `h` returned its end (inline mode's coalescing).
+    pub(crate) fn note_end_read(&mut self, h: Conn) {
+        if self.ends_read.len() < ENDS_READ_MAX && !self.ends_read.contains(&h) {
+            self.ends_read.push(h);
+        }
+    }
+
     /// Open a connection to `remote` from a port of this core's partition that the NIC
     /// steers back to this core (see [`bifurcation::PortChooser`]).
     pub(crate) fn connect(&mut self, remote: SocketAddrV4) -> Result<Conn, ConnectError> {
@@ -699,6 +714,7 @@ impl<D: Device> CoreLoop<D> {
             stopping: false,
             max_backlog: opts.max_backlog,
             cache,
+            ends_read: Vec::new(),
         };
         let mirrors_tables = setup.devices.first().is_some_and(|d| d.mirrors_tables());
         Ok(CoreLoop {

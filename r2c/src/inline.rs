@@ -84,12 +84,20 @@ impl Ctx<'_> {
     /// The next received buffer (zero copy), `Ok(None)` when nothing is ready,
     /// `Err(Finished)` at end of stream.
     pub fn recv(&mut self, conn: Conn) -> Result<Option<Zbuf>, RecvError> {
-        self.st.recv(conn)
+        let r = self.st.recv(conn);
+        if r.is_err() {
+            self.st.note_end_read(conn);
+        }
+        r
     }
 
     /// Up to `max` received bytes as an io-vector (zero copy).
     pub fn recv_iovec(&mut self, conn: Conn, max: usize) -> Result<IoVec, RecvError> {
-        self.st.stack.recv_iovec(conn, max)
+        let r = self.st.stack.recv_iovec(conn, max);
+        if r.is_err() {
+            self.st.note_end_read(conn);
+        }
+        r
     }
 
     /// Bytes ready to read.
@@ -275,16 +283,22 @@ impl<K: Copy + PartialEq> Coalesce<K> {
     }
 }
 
-/// Whether `recv` on `h` would return something (data, the end of the stream, an error;
-/// a handle the stack no longer knows is an error too).
+/// Whether `recv` on `h` would return something the application has not had in this
+/// pass: data, or the end of the stream or an error that no `recv` of this pass returned
+/// yet (the end stays readable for good: counting it as unread called an application
+/// that had read it once more per segment of the burst). A handle the stack no longer
+/// knows is an error too.
 fn has_unread(st: &CoreState, h: Conn) -> bool {
-    st.stack.connection(h).is_none_or(|c| c.recv_ready())
+    st.stack
+        .connection(h)
+        .is_none_or(|c| c.recv_available() > 0 || (c.recv_ready() && !st.ends_read.contains(&h)))
 }
 
 impl<A: InlineApp> InlineMode<A> {
     fn dispatch(&mut self, st: &mut CoreState) -> bool {
         let mut any = false;
         self.seen.clear();
+        st.ends_read.clear();
         while let Some(ev) = st.stack.poll_event() {
             any = true;
             st.stats.events += 1;

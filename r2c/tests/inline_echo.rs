@@ -324,3 +324,100 @@ fn inline_one_read_per_event_still_gets_every_byte() {
     let (calls, rx, _) = run_counting(1, 4, 60_000);
     assert!(calls > 0 && rx >= 165, "{calls} calls, {rx} frames");
 }
+
+/// The end of the stream is announced once per pass: an application that read to
+/// `Finished` and keeps the connection (it answers a half-close) is not called again in
+/// that pass for the burst's other segments, as the coalescing contract says
+/// (`on_readable` again only while something it has not read remains). It was called
+/// once more per segment the burst held, each time reading `Finished` again, and an
+/// application answering the end of the stream without remembering it answered that
+/// many times.
+#[test]
+fn inline_end_of_stream_is_announced_once_per_pass() {
+    /// Reads everything; on end of stream answers `bye` and keeps the connection. Counts
+    /// the calls in one dispatch pass (the same iteration, the same side of `on_poll`)
+    /// for a connection whose end it already read in that pass.
+    struct Answer {
+        pass: (u64, bool),
+        ended_in_pass: std::collections::HashSet<Conn>,
+        again: Arc<AtomicUsize>,
+        eofs: Arc<AtomicUsize>,
+    }
+    impl Answer {
+        fn enter(&mut self, ctx: &Ctx<'_>, after_poll: bool) {
+            let pass = (ctx.stats().iterations, after_poll);
+            if pass != self.pass {
+                self.pass = pass;
+                self.ended_in_pass.clear();
+            }
+        }
+    }
+    impl InlineApp for Answer {
+        fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+            ctx.listen(7, 64).unwrap();
+        }
+        fn on_poll(&mut self, ctx: &mut Ctx<'_>) {
+            self.enter(ctx, true);
+        }
+        fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+            let after_poll = self.pass.0 == ctx.stats().iterations && self.pass.1;
+            self.enter(ctx, after_poll);
+            if self.ended_in_pass.contains(&conn) {
+                self.again.fetch_add(1, Ordering::SeqCst);
+            }
+            loop {
+                match ctx.recv(conn) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => return,
+                    Err(luna_stack::stack::RecvError::Finished) => {
+                        if self.ended_in_pass.insert(conn) {
+                            self.eofs.fetch_add(1, Ordering::SeqCst);
+                            let _ = ctx.send_all(conn, Zbuf::from_static(b"bye"));
+                        }
+                        return;
+                    }
+                    Err(_) => return ctx.close(conn),
+                }
+            }
+        }
+    }
+    /// Sends `len` bytes on each of `n` connections and closes them (FIN after the data).
+    struct Burst {
+        n: usize,
+        len: usize,
+    }
+    impl InlineApp for Burst {
+        fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+            for _ in 0..self.n {
+                ctx.connect(server_addr(7)).unwrap();
+            }
+        }
+        fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+            ctx.send_all(conn, Zbuf::from_vec(vec![7; self.len]))
+                .unwrap();
+            ctx.close(conn);
+        }
+    }
+    let (server, client) = pair(1, 1, |_| {});
+    let (again, eofs) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (a2, e2) = (again.clone(), eofs.clone());
+    let srv = Runtime::spawn_inline(server, opts(), move |_| Answer {
+        pass: (0, false),
+        ended_in_pass: Default::default(),
+        again: a2.clone(),
+        eofs: e2.clone(),
+    })
+    .unwrap();
+    let n = 16;
+    let cli = Runtime::spawn_inline(client, opts(), move |_| Burst { n, len: 20_000 }).unwrap();
+    wait_for("every end of stream", || eofs.load(Ordering::SeqCst) >= n);
+    cli.stop();
+    srv.stop();
+    cli.join().unwrap();
+    srv.join().unwrap();
+    assert_eq!(
+        again.load(Ordering::SeqCst),
+        0,
+        "on_readable calls in a pass after its end of stream was read"
+    );
+}

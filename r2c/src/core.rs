@@ -995,21 +995,17 @@ impl<D: Device> CoreLoop<D> {
         if self.tx.is_empty() {
             return 0;
         }
-        let mut sent = 0;
         if let Some(c) = &mut self.capture {
             c.stage_tx(self.st.now.as_nanos(), &self.tx);
         }
-        for d in &mut self.devices {
-            let n = d.tx_burst(&mut self.tx);
-            if let Some(c) = &mut self.capture {
-                c.commit_tx(n);
-            }
-            sent += n;
-            self.st.stats.tx_frames += n as u64;
-            if self.tx.is_empty() {
-                break;
-            }
+        // The first queue only: a frame its ring refuses waits for it. Another queue of
+        // the port is another ring the NIC drains on its own, and a connection's later
+        // frames handed to it could leave before the ones still in the first ring.
+        let sent = self.devices[0].tx_burst(&mut self.tx);
+        if let Some(c) = &mut self.capture {
+            c.commit_tx(sent);
         }
+        self.st.stats.tx_frames += sent as u64;
         if self.tx.is_empty() {
             self.tx_stalled = 0;
         } else {
@@ -1139,6 +1135,8 @@ mod tests {
     struct Trickle {
         calls: u32,
         stuck: bool,
+        /// Frames taken.
+        taken: usize,
     }
 
     impl Device for Trickle {
@@ -1148,7 +1146,9 @@ mod tests {
 
         fn tx_burst(&mut self, frames: &mut VecDeque<Transmit>) -> usize {
             self.calls += 1;
-            usize::from(!self.stuck && self.calls % 2 == 0 && frames.pop_front().is_some())
+            let n = usize::from(!self.stuck && self.calls % 2 == 0 && frames.pop_front().is_some());
+            self.taken += n;
+            n
         }
 
         fn mac(&self) -> EthernetAddress {
@@ -1165,11 +1165,27 @@ mod tests {
     /// A core on one [`Trickle`] ring (`stuck`: it takes nothing) with `opts`, and one SYN
     /// queued for the ring for each of `n` connections to [`TRICKLE_PEER`].
     fn trickle_core(stuck: bool, opts: CoreOptions, n: usize) -> CoreLoop<Trickle> {
+        trickle_queues_core(1, stuck, opts, n)
+    }
+
+    /// [`trickle_core`] with `queues` [`Trickle`] rings.
+    fn trickle_queues_core(
+        queues: usize,
+        stuck: bool,
+        opts: CoreOptions,
+        n: usize,
+    ) -> CoreLoop<Trickle> {
         let me = Ipv4Addr::new(10, 0, 0, 1);
         let cidr = luna_stack::wire::Ipv4Cidr::new(me, 24).unwrap();
         let mut setup = CoreSetup::new(
             0,
-            vec![Trickle { calls: 0, stuck }],
+            (0..queues)
+                .map(|_| Trickle {
+                    calls: 0,
+                    stuck,
+                    taken: 0,
+                })
+                .collect(),
             StackConfig::new(EthernetAddress([2, 0, 0, 0, 0, 1]), cidr),
         );
         setup.neighbours = vec![(TRICKLE_PEER, EthernetAddress([2, 0, 0, 0, 0, 2]))];
@@ -1270,6 +1286,23 @@ mod tests {
                 "every connection aborted and released, stuck {stuck}"
             );
         }
+    }
+
+    /// A core with several queues of one port transmits on its first: a frame the first
+    /// ring refuses waits for it. Handing it to the next queue's ring instead (as the loop
+    /// did) splits a connection's frames over two rings the NIC drains independently, so
+    /// later frames could leave before earlier ones: reordering on the wire.
+    #[test]
+    fn a_core_with_several_queues_transmits_in_order_on_its_first() {
+        let mut lp = trickle_queues_core(2, false, CoreOptions::default(), 10);
+        let mut sent = 0;
+        for _ in 0..40 {
+            sent += lp.transmit();
+        }
+        assert_eq!(sent, 10);
+        let taken: Vec<usize> = lp.devices.iter().map(|d| d.taken).collect();
+        assert_eq!(taken, [10, 0], "frames per queue");
+        assert_eq!(lp.st.stats.tx_dropped, 0);
     }
 
     /// Handles are (slot index, generation) pairs, hashed as two `u32` writes by

@@ -558,12 +558,16 @@ impl CoreState {
     }
 
     fn abort_all(&mut self) {
-        let hs: Vec<Conn> = self
+        let mut hs: Vec<Conn> = self
             .closing
             .drain(..)
             .chain(self.open.iter().copied())
             .chain(self.backlog.keys().copied())
             .collect();
+        // A connection can be in all three (open, closing with bytes still backlogged):
+        // one abort, one count each.
+        hs.sort_unstable();
+        hs.dedup();
         for h in hs {
             self.stats.shutdown_aborts += 1;
             self.abort(h);
@@ -1206,6 +1210,29 @@ mod tests {
         lp.drain_stack_tx();
         assert_eq!(lp.tx.len(), n, "one SYN each");
         lp
+    }
+
+    /// The shutdown's last resort counts each connection it resets once, also one that is
+    /// open, closing and holding backlogged bytes at once (it counted it three times).
+    #[test]
+    fn abort_all_counts_each_connection_once() {
+        let mut lp = trickle_core(true, CoreOptions::default(), 2);
+        let hs: Vec<Conn> = lp.st.open.iter().copied().collect();
+        assert_eq!(hs.len(), 2);
+        lp.st.closing.push(hs[0]);
+        lp.st.backlog.insert(
+            hs[0],
+            Backlog {
+                bufs: VecDeque::from([Zbuf::copy_from_slice(b"late")]),
+                bytes: 4,
+                close: true,
+            },
+        );
+        lp.st.backlog_bytes += 4;
+        lp.st.abort_all();
+        assert_eq!(lp.st.stats.shutdown_aborts, 2);
+        assert_eq!(lp.st.backlog_bytes, 0);
+        assert!(lp.st.open.is_empty() && lp.st.backlog.is_empty());
     }
 
     /// `tx_retry_limit` bounds the tries in a row that send nothing: a queue the ring

@@ -29,6 +29,8 @@ use crate::snapshot::{LinkInfo, LocalAddress, MirroredNeighbour, Snapshot};
 
 /// `nlmsghdr` is 16 bytes; messages are 4-byte aligned inside a datagram.
 const NLMSG_HDRLEN: usize = 16;
+/// `NLM_F_REPLACE` on an `RTM_NEWROUTE`: it replaced the route held under its key.
+const NLM_F_REPLACE: u16 = 0x100;
 const NLMSG_NOOP: u16 = 1;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
@@ -264,8 +266,8 @@ impl Mirror {
             NetlinkPayload::InnerMessage(m) => match m {
                 RouteNetlinkMessage::NewNeighbour(n) => self.on_neighbour(&n, true),
                 RouteNetlinkMessage::DelNeighbour(n) => self.on_neighbour(&n, false),
-                RouteNetlinkMessage::NewRoute(r) => self.on_route(&r, true),
-                RouteNetlinkMessage::DelRoute(r) => self.on_route(&r, false),
+                RouteNetlinkMessage::NewRoute(r) => self.on_route(&r, true, flags),
+                RouteNetlinkMessage::DelRoute(r) => self.on_route(&r, false, flags),
                 RouteNetlinkMessage::NewAddress(a) => self.on_address(&a, true),
                 RouteNetlinkMessage::DelAddress(a) => self.on_address(&a, false),
                 RouteNetlinkMessage::DelLink(l) if l.header.index == self.ifindex => {
@@ -358,7 +360,12 @@ impl Mirror {
         })
     }
 
-    fn on_route(&mut self, m: &RouteMessage, new: bool) -> Option<bool> {
+    /// Several interfaces may hold a route under one key (two interfaces on one subnet
+    /// each get a connected route: the kernel appends the second, `NLM_F_APPEND`), so a
+    /// message about another interface's route removes ours only when it replaced it
+    /// (`NLM_F_REPLACE` on `RTM_NEWROUTE`); a deletion removes ours only when it names our
+    /// interface (`RTA_OIF`), or names none and is not multipath.
+    fn on_route(&mut self, m: &RouteMessage, new: bool, flags: u16) -> Option<bool> {
         let h: &RouteHeader = &m.header;
         if h.address_family != AddressFamily::Inet {
             return None;
@@ -396,7 +403,14 @@ impl Mirror {
             priority,
         };
         if !new {
-            // A deletion names the key; whatever we held under it is gone.
+            // A deletion of another interface's route under the same key leaves ours.
+            let ours = match oif {
+                Some(i) => i == self.ifindex,
+                None => !multipath,
+            };
+            if !ours {
+                return None;
+            }
             return match self.routes.remove(&key) {
                 Some(_) => {
                     self.counters.applied += 1;
@@ -406,6 +420,10 @@ impl Mirror {
             };
         }
         if h.kind != RouteType::Unicast || multipath || oif != Some(self.ifindex) {
+            // Created or appended beside ours (or dumped): ours stays.
+            if flags & NLM_F_REPLACE == 0 {
+                return None;
+            }
             // A replace may have moved this key to another interface or made it a
             // blackhole: whatever we held under it is no longer ours.
             return match self.routes.remove(&key) {
@@ -810,17 +828,71 @@ mod tests {
             &mut m,
             M::NewRoute(route(IF, ip("198.19.0.0"), 16, None, 0)),
         );
+        // `ip route replace ... dev <other>`: the kernel flags it NLM_F_REPLACE.
         assert!(
-            apply(
-                &mut m,
-                M::NewRoute(route(IF + 1, ip("198.19.0.0"), 16, None, 0))
-            )
+            m.apply_datagram(&emit(
+                M::NewRoute(route(IF + 1, ip("198.19.0.0"), 16, None, 0)),
+                NLM_F_REPLACE,
+                0
+            ))
             .changed
         );
         assert_eq!(m.route_count(), 0);
+        apply(
+            &mut m,
+            M::NewRoute(route(IF, ip("198.19.0.0"), 16, None, 0)),
+        );
         let mut bh = route(IF, ip("198.19.0.0"), 16, None, 0);
         bh.header.kind = RouteType::BlackHole;
-        apply(&mut m, M::NewRoute(bh));
+        m.apply_datagram(&emit(M::NewRoute(bh), NLM_F_REPLACE, 0));
+        assert_eq!(m.route_count(), 0);
+    }
+
+    /// Two interfaces on one subnet each have a connected route with the same key
+    /// (prefix, TOS, metric): the kernel appends the second (`NLM_F_APPEND`) and, when
+    /// that address goes, deletes only the other interface's route (`RTA_OIF` = it).
+    /// Neither message is about ours (flags as `ip monitor` shows them on this kernel).
+    #[test]
+    fn routes_of_other_interfaces_never_remove_ours() {
+        const CREATE_EXCL: u16 = 0x600;
+        const CREATE_APPEND: u16 = 0xc00;
+        let mut m = Mirror::new(IF);
+        m.apply_datagram(&emit(
+            M::NewRoute(route(IF, ip("198.18.7.0"), 24, None, 0)),
+            CREATE_EXCL,
+            0,
+        ));
+        // The other interface's connected route, appended beside ours.
+        let out = m.apply_datagram(&emit(
+            M::NewRoute(route(IF + 1, ip("198.18.7.0"), 24, None, 0)),
+            CREATE_APPEND,
+            0,
+        ));
+        assert!(!out.changed);
+        assert_eq!(m.route_count(), 1, "an appended route of another interface");
+        // The same route in a dump (NLM_F_MULTI).
+        m.apply_datagram(&emit(
+            M::NewRoute(route(IF + 1, ip("198.18.7.0"), 24, None, 0)),
+            2,
+            1,
+        ));
+        assert_eq!(m.route_count(), 1, "a dumped route of another interface");
+        // Its deletion (`ip addr del` on the other interface).
+        let out = m.apply_datagram(&emit(
+            M::DelRoute(route(IF + 1, ip("198.18.7.0"), 24, None, 0)),
+            0,
+            0,
+        ));
+        assert!(!out.changed);
+        assert_eq!(m.route_count(), 1, "a deleted route of another interface");
+        assert!(m.snapshot(1).routes().lookup(ip("198.18.7.9")).is_some());
+        assert_eq!(m.counters().ignored, 3);
+        // Our own deletion still removes it.
+        m.apply_datagram(&emit(
+            M::DelRoute(route(IF, ip("198.18.7.0"), 24, None, 0)),
+            0,
+            0,
+        ));
         assert_eq!(m.route_count(), 0);
     }
 

@@ -423,3 +423,40 @@ fn link_down_flushes_routes_silently_and_the_resync_drops_them() {
     });
     run.join().unwrap();
 }
+
+/// A second interface on the same subnet gets a connected route under the same key as
+/// ours (the kernel appends it); adding and then removing its address must leave our
+/// connected route in the mirror, as it stays in the kernel.
+#[test]
+fn another_interface_on_our_subnet_leaves_our_connected_route() {
+    let net = TestNet::new().unwrap();
+    net.host_ip(&[
+        "link", "add", "nlx0", "type", "veth", "peer", "name", "nlx1",
+    ])
+    .unwrap();
+    for dev in ["nlx0", "nlx1"] {
+        net.host_ip(&["link", "set", dev, "up"]).unwrap();
+    }
+    let syncer = open(&net, SyncConfig::default());
+    let mut r = syncer.reader();
+    assert!(r.snapshot().routes().lookup(ip("198.18.0.9")).is_some());
+    let run = Running::start(syncer);
+    net.host_ip(&["addr", "add", "198.18.0.5/24", "dev", "nlx0"])
+        .unwrap();
+    net.host_ip(&["addr", "del", "198.18.0.5/24", "dev", "nlx0"])
+        .unwrap();
+    // A marker on our interface: once it is mirrored, so is everything before it.
+    net.host_ip(&["route", "add", "198.19.0.0/16", "via", "198.18.0.2"])
+        .unwrap();
+    wait_for(&mut r, "marker route", |s| {
+        s.routes().lookup(ip("198.19.0.1")).is_some()
+    });
+    let s = r.snapshot();
+    let connected = s.routes().lookup(ip("198.18.0.9"));
+    assert_eq!(
+        connected.map(|r| r.next_hop),
+        Some(NextHop::Direct),
+        "the kernel still has our connected route; the mirror lost it"
+    );
+    run.join().unwrap();
+}

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_MULTIPART, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::AddressMessage;
 use netlink_packet_route::link::LinkMessage;
@@ -31,7 +31,7 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
-use crate::mirror::{Mirror, SyncCounters};
+use crate::mirror::{Mirror, Outcome, SyncCounters};
 use crate::snapshot::{Publisher, Reader, Snapshot};
 
 const RTNLGRP_LINK: u32 = 1;
@@ -42,6 +42,8 @@ const RTNLGRP_IPV4_ROUTE: u32 = 7;
 const RECV_BUF: usize = 64 * 1024;
 /// Datagrams read per poll before publishing, so a flood cannot delay publication forever.
 const MAX_BATCH: usize = 256;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
 
 /// The interface to mirror.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,6 +177,10 @@ pub struct Syncer {
     staging: Option<Mirror>,
     queued: VecDeque<Dump>,
     in_flight: Option<(Dump, u32)>,
+    /// The dump in flight belongs to a re-dump that was started over (an overrun, a
+    /// truncated datagram, an interrupted dump): its replies are awaited (one dump per
+    /// socket) but not applied, since they may predate notifications the kernel lost.
+    in_flight_abandoned: bool,
     seq: u32,
     dirty: bool,
     version: u64,
@@ -223,6 +229,7 @@ impl Syncer {
             staging: None,
             queued: VecDeque::new(),
             in_flight: None,
+            in_flight_abandoned: false,
             seq: 0,
             dirty: false,
             version: 0,
@@ -328,6 +335,12 @@ impl Syncer {
     }
 
     fn on_datagram(&mut self) -> Result<()> {
+        if self.in_flight_abandoned && self.is_reply_of_in_flight() {
+            // Parsed for its end (and errors) only; its tables go nowhere.
+            let mut scratch = Mirror::new(self.ifindex());
+            let out = scratch.apply_datagram(&self.buf);
+            return self.after_dump_reply(&out);
+        }
         let target = self.staging.as_mut().unwrap_or(&mut self.mirror);
         let out = target.apply_datagram(&self.buf);
         let gone = target.interface_gone();
@@ -337,13 +350,48 @@ impl Syncer {
             self.finish_staging();
             return Ok(());
         }
+        if out.overrun || out.truncated || out.dump_interrupted || out.link_flapped {
+            if out.overrun {
+                self.mirror.counters_mut().overruns += 1;
+            }
+            // Start over first: the dump in flight (if any) is abandoned, so its end in
+            // this very datagram (the kernel often puts `NLMSG_DONE` after the last
+            // entries) sends the re-dump's first request rather than finishing a staging
+            // mirror that may miss what the kernel lost.
+            self.start_resync()?;
+            return self.after_dump_reply(&out);
+        }
+        self.after_dump_reply(&out)
+    }
+
+    /// Whether the datagram in `buf` is a reply to the dump in flight (its first message
+    /// is a multipart dump message, `NLMSG_DONE` or `NLMSG_ERROR` with the dump's sequence
+    /// number; notifications are never multipart).
+    fn is_reply_of_in_flight(&self) -> bool {
+        let Some((_, seq)) = self.in_flight else {
+            return false;
+        };
+        let b = &self.buf;
+        if b.len() < 16 {
+            return false;
+        }
+        let kind = u16::from_ne_bytes([b[4], b[5]]);
+        let flags = u16::from_ne_bytes([b[6], b[7]]);
+        let s = u32::from_ne_bytes([b[8], b[9], b[10], b[11]]);
+        s == seq && (flags & NLM_F_MULTIPART != 0 || kind == NLMSG_DONE || kind == NLMSG_ERROR)
+    }
+
+    /// Follows the dump in flight: retries on `EBUSY`, moves on at its `NLMSG_DONE`.
+    fn after_dump_reply(&mut self, out: &Outcome) -> Result<()> {
         for (seq, code) in &out.errors {
             if let Some((dump, s)) = self.in_flight {
                 if s == *seq {
                     let errno = -code;
                     if errno == libc::EBUSY || errno == libc::EINTR {
                         self.in_flight = None;
-                        self.queued.push_front(dump);
+                        if !std::mem::take(&mut self.in_flight_abandoned) {
+                            self.queued.push_front(dump);
+                        }
                         self.send_next()?;
                         continue;
                     }
@@ -352,7 +400,14 @@ impl Syncer {
                         // buffer (a burst of notifications filled it): an overrun like
                         // ENOBUFS on recv — grow the buffer and dump everything again.
                         self.in_flight = None;
+                        self.in_flight_abandoned = false;
                         return self.overrun();
+                    }
+                    if std::mem::take(&mut self.in_flight_abandoned) {
+                        // A re-dump asks again anyway.
+                        self.in_flight = None;
+                        self.send_next()?;
+                        continue;
                     }
                     return Err(Error::DumpFailed {
                         what: dump.name(),
@@ -361,16 +416,10 @@ impl Syncer {
                 }
             }
         }
-        if out.overrun || out.truncated || out.dump_interrupted || out.link_flapped {
-            if out.overrun {
-                self.mirror.counters_mut().overruns += 1;
-            }
-            self.start_resync()?;
-            return Ok(());
-        }
         if let Some((_, s)) = self.in_flight {
             if out.done.contains(&s) {
                 self.in_flight = None;
+                self.in_flight_abandoned = false;
                 if self.queued.is_empty() {
                     self.finish_staging();
                 } else {
@@ -428,8 +477,11 @@ impl Syncer {
         self.queued = [Dump::Links, Dump::Addresses, Dump::Routes, Dump::Neighbours].into();
         if self.in_flight.is_none() {
             self.send_next()?;
+        } else {
+            // The next dump goes out when the one in flight ends (one dump per socket);
+            // until then its replies are read and dropped.
+            self.in_flight_abandoned = true;
         }
-        // Else the next dump goes out when the one in flight ends (one dump per socket).
         Ok(())
     }
 
@@ -487,5 +539,113 @@ fn resolve(iface: &Interface) -> Result<u32> {
                 Err(Error::NoSuchInterface(format!("index {i}")))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mirror::craft::{done, emit, route};
+    use netlink_packet_route::RouteNetlinkMessage as M;
+
+    /// Feeds `bytes` to the syncer as if `recv` had returned them.
+    fn feed(s: &mut Syncer, bytes: &[u8]) {
+        s.buf.clear();
+        s.buf.extend_from_slice(bytes);
+        s.on_datagram().unwrap();
+    }
+
+    fn in_flight(s: &Syncer) -> (Dump, u32) {
+        s.in_flight.expect("a dump in flight")
+    }
+
+    /// An overrun in the middle of the route dump: the kernel lost notifications, so the
+    /// rest of that dump, still queued on the socket, may hold routes deleted since (their
+    /// `RTM_DELROUTE` was among the lost). The re-dump only adds, so nothing of the
+    /// abandoned dump may go into the fresh mirror: after the re-dump, whose route dump no
+    /// longer has the route, the mirror must not have it either.
+    #[test]
+    fn an_abandoned_dump_does_not_leak_into_the_resync() {
+        // Reads lo's tables of this namespace (no privileges, nothing changed); the
+        // datagrams below are crafted and fed by hand, the kernel's replies never read.
+        let mut s = Syncer::open(Interface::Name("lo".into()), &SyncConfig::default()).unwrap();
+        let ifindex = s.ifindex();
+        let gone = route(ifindex, "198.19.0.0".parse().unwrap(), 16, None, 0);
+        s.start_resync().unwrap();
+        // Links and addresses dumped (empty), the route dump in flight.
+        for _ in 0..2 {
+            let (_, seq) = in_flight(&s);
+            feed(&mut s, &done(seq));
+        }
+        let (dump, stale) = in_flight(&s);
+        assert_eq!(dump, Dump::Routes);
+        // ENOBUFS: notifications lost; a re-dump starts while the route dump is in flight.
+        s.overrun().unwrap();
+        // The abandoned dump's tail, queued before the loss: a route deleted since.
+        let mut tail = emit(M::NewRoute(gone), NLM_F_MULTIPART, stale);
+        tail.extend(done(stale));
+        feed(&mut s, &tail);
+        // The re-dump: nothing anywhere (the route is gone).
+        for _ in 0..4 {
+            let (_, seq) = in_flight(&s);
+            feed(&mut s, &done(seq));
+        }
+        assert!(s.staging.is_none() && s.in_flight.is_none(), "re-dump done");
+        let snap = s.reader().snapshot().clone();
+        assert_eq!(
+            s.mirror.route_count(),
+            0,
+            "a route of the abandoned dump survived the re-dump"
+        );
+        assert!(snap
+            .routes()
+            .lookup("198.19.0.1".parse().unwrap())
+            .is_none());
+    }
+
+    /// The last datagram of a dump flagged `NLM_F_DUMP_INTR` often carries the dump's
+    /// `NLMSG_DONE` too. The re-dump it starts must not wait for that dump's end again:
+    /// it completes and is published.
+    #[test]
+    fn an_interrupted_dump_ending_in_the_same_datagram_still_resyncs() {
+        use netlink_packet_core::NLM_F_DUMP_INTR;
+        let mut s = Syncer::open(Interface::Name("lo".into()), &SyncConfig::default()).unwrap();
+        let ifindex = s.ifindex();
+        let version = s.version;
+        s.start_resync().unwrap();
+        for _ in 0..2 {
+            let (_, seq) = in_flight(&s);
+            feed(&mut s, &done(seq));
+        }
+        let (_, seq) = in_flight(&s);
+        let kept = route(ifindex, "198.19.0.0".parse().unwrap(), 16, None, 0);
+        let mut last = emit(
+            M::NewRoute(kept.clone()),
+            NLM_F_MULTIPART | NLM_F_DUMP_INTR,
+            seq,
+        );
+        last.extend(done(seq));
+        feed(&mut s, &last);
+        assert_eq!(s.mirror.counters().dumps_interrupted, 1);
+        // The re-dump runs all four dumps and ends.
+        let mut dumps = Vec::new();
+        while let Some((dump, seq)) = s.in_flight {
+            dumps.push(dump);
+            let mut reply = Vec::new();
+            if dump == Dump::Routes {
+                reply = emit(M::NewRoute(kept.clone()), NLM_F_MULTIPART, seq);
+            }
+            reply.extend(done(seq));
+            feed(&mut s, &reply);
+            assert!(dumps.len() <= 4, "{dumps:?}");
+        }
+        assert_eq!(
+            dumps,
+            [Dump::Links, Dump::Addresses, Dump::Routes, Dump::Neighbours],
+            "the re-dump never started: the syncer waits for a done it already read"
+        );
+        assert!(s.staging.is_none());
+        assert!(s.version > version, "published");
+        assert_eq!(s.mirror.route_count(), 1);
     }
 }

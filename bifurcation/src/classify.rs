@@ -15,6 +15,11 @@
 //! and which luna does not reassemble — go to the kernel. IP options are skipped by IHL
 //! (luna-stack does the same), so they do not change the verdict. Checksums are not
 //! checked here: the stack (or the NIC's offload) does that.
+//!
+//! ICMP errors follow the flow they quote: one about a packet luna sent (its source port
+//! is luna's) is luna's — PMTU discovery and hard errors — every other ICMP message is the
+//! kernel's. The NIC rules of [`crate::rules`] cannot look inside ICMP, so with hardware
+//! steering the kernel gets every ICMP message.
 
 use crate::model::{PortOwner, TrafficModel, L4};
 use core::fmt;
@@ -79,7 +84,7 @@ reasons! {
         BroadcastOrMulticast => "broadcast_multicast",
         /// An IPv4 fragment (luna never fragments and does not reassemble).
         Fragment => "fragment",
-        /// ICMP.
+        /// ICMP: queries, redirects, and errors that do not quote one of luna's flows.
         Icmp => "icmp",
         /// Another IP protocol (IGMP, SCTP, ...).
         OtherIpProto => "other_ip_proto",
@@ -165,7 +170,12 @@ pub fn classify(model: &TrafficModel, frame: &[u8]) -> Verdict {
     let (proto, min, reason) = match ip[9] {
         6 => (L4::Tcp, 20, K::TcpPort),
         17 => (L4::Udp, 8, K::UdpPort),
-        1 => return Verdict::Kernel(K::Icmp),
+        1 => {
+            return match icmp_error_owner(model, l4) {
+                Some(t) => Verdict::Luna(t),
+                None => Verdict::Kernel(K::Icmp),
+            }
+        }
         _ => return Verdict::Kernel(K::OtherIpProto),
     };
     if l4.len() < min {
@@ -185,6 +195,47 @@ pub fn classify(model: &TrafficModel, frame: &[u8]) -> Verdict {
     }
 }
 
+/// The owner of an ICMP error's quoted flow, when it is luna's.
+///
+/// An ICMP error — destination unreachable (3, with fragmentation needed for PMTU
+/// discovery), source quench (4), time exceeded (11), parameter problem (12) — quotes the
+/// IPv4 header and the first 8 bytes of the packet that caused it (RFC 792, RFC 1122
+/// §3.2.2). When that packet was luna's (sent from the model's address, or any address
+/// when `ip` is unset, by a TCP or UDP port luna owns as a *source*), the error is
+/// luna's: the kernel has no socket for it and would drop it, and luna's PMTU discovery
+/// (RFC 1191) and hard-error handling (RFC 1122 §4.2.3.9) would never see it. Everything
+/// else — queries, redirects, errors about the kernel's flows or that quote too little
+/// — is the kernel's.
+fn icmp_error_owner(model: &TrafficModel, icmp: &[u8]) -> Option<LunaTarget> {
+    if icmp.len() < 8 || !matches!(icmp[0], 3 | 4 | 11 | 12) {
+        return None;
+    }
+    let q = &icmp[8..];
+    if q.len() < 20 || q[0] >> 4 != 4 {
+        return None;
+    }
+    let ihl = usize::from(q[0] & 0x0f) * 4;
+    // The quote must hold the ports, and only a first fragment (offset 0) carries them.
+    if ihl < 20 || q.len() < ihl + 4 || be16(q, 6) & 0x1fff != 0 {
+        return None;
+    }
+    let src = Ipv4Addr::new(q[12], q[13], q[14], q[15]);
+    if model.ip().is_some_and(|mine| mine != src) {
+        return None;
+    }
+    let proto = match q[9] {
+        6 => L4::Tcp,
+        17 => L4::Udp,
+        _ => return None,
+    };
+    let port = be16(q, ihl);
+    match model.owner(proto, port) {
+        PortOwner::Client { app, thread, queue } => Some(LunaTarget::Client { app, thread, queue }),
+        PortOwner::Listener => Some(LunaTarget::Listener { proto, port }),
+        PortOwner::Kernel => None,
+    }
+}
+
 /// Counts of verdicts by reason.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -194,6 +245,9 @@ pub struct Counters {
     pub luna_listener: u64,
     /// Luna's frames that carried IPv4 options (informational; they are still luna's).
     pub luna_ip_options: u64,
+    /// Luna's frames that were ICMP errors quoting its flows (informational; also
+    /// counted as client or listener frames).
+    pub luna_icmp_errors: u64,
     kernel: [u64; KernelReason::ALL.len()],
     drop: [u64; DropReason::ALL.len()],
 }
@@ -230,6 +284,7 @@ impl Counters {
             ("luna.client".to_string(), self.luna_client),
             ("luna.listener".to_string(), self.luna_listener),
             ("luna.ip_options".to_string(), self.luna_ip_options),
+            ("luna.icmp_errors".to_string(), self.luna_icmp_errors),
         ]
         .into_iter()
         .chain(
@@ -278,6 +333,9 @@ impl Classifier {
                 // Only reached when the IPv4 header was checked: byte 14 is VER_IHL.
                 if frame[ETH_LEN] & 0x0f > 5 {
                     self.counters.luna_ip_options += 1;
+                }
+                if frame[ETH_LEN + 9] == 1 {
+                    self.counters.luna_icmp_errors += 1;
                 }
             }
             Verdict::Kernel(r) => self.counters.kernel[r as usize] += 1,
@@ -418,6 +476,92 @@ pub(crate) mod tests {
         assert_eq!(k(&f), Verdict::Kernel(K::OtherEtherType));
     }
 
+    /// An ICMP error (RFC 792) to `ME` quoting a packet of `proto` that `ME` sent from
+    /// `sport` to 198.18.0.2:`dport` (its IPv4 header and 8 bytes of transport header).
+    pub(crate) fn icmp_error(icmp_type: u8, proto: u8, sport: u16, dport: u16) -> Vec<u8> {
+        let mut quote = vec![0u8; 20 + 8];
+        quote[0] = 0x45;
+        quote[2..4].copy_from_slice(&1500u16.to_be_bytes());
+        quote[6] = 0x40;
+        quote[8] = 64;
+        quote[9] = proto;
+        quote[12..16].copy_from_slice(&ME);
+        quote[16..20].copy_from_slice(&[198, 18, 0, 2]);
+        quote[20..22].copy_from_slice(&sport.to_be_bytes());
+        quote[22..24].copy_from_slice(&dport.to_be_bytes());
+        let mut f = ipv4(1, ME, 0, 0, 8 + quote.len());
+        let icmp = &mut f[14 + 20..];
+        icmp[0] = icmp_type;
+        icmp[1] = if icmp_type == 3 { 4 } else { 0 }; // frag needed
+        icmp[2..8].fill(0);
+        icmp[6..8].copy_from_slice(&1400u16.to_be_bytes());
+        icmp[8..].copy_from_slice(&quote);
+        f
+    }
+
+    /// ICMP errors quoting one of luna's flows are luna's (its PMTU discovery and hard
+    /// errors, RFC 1122 §4.2.3.9, RFC 1191); the kernel has no socket for them. Those
+    /// quoting the kernel's flows, and ICMP queries, stay the kernel's.
+    #[test]
+    fn icmp_errors_go_to_the_owner_of_the_quoted_flow() {
+        use KernelReason as K;
+        let m = model();
+        let k = |f: &[u8]| classify(&m, f);
+        // Frag needed quoting luna's client connection from 61440 and from 65535.
+        assert_eq!(
+            k(&icmp_error(3, 6, 61440, 80)),
+            Verdict::Luna(LunaTarget::Client {
+                app: 0,
+                thread: 0,
+                queue: 0
+            })
+        );
+        assert!(matches!(
+            k(&icmp_error(3, 6, 65535, 80)),
+            Verdict::Luna(LunaTarget::Client { app: 1, .. })
+        ));
+        // Port unreachable and time exceeded quoting luna's listener's segments.
+        for t in [3, 11, 12] {
+            assert_eq!(
+                k(&icmp_error(t, 6, 7000, 40000)),
+                Verdict::Luna(LunaTarget::Listener {
+                    proto: L4::Tcp,
+                    port: 7000
+                }),
+                "type {t}"
+            );
+        }
+        assert_eq!(
+            k(&icmp_error(3, 17, 7001, 40000)),
+            Verdict::Luna(LunaTarget::Listener {
+                proto: L4::Udp,
+                port: 7001
+            })
+        );
+        // The kernel's: its ssh, its ephemeral ports, UDP from the client range (luna's
+        // client range is TCP only), a query, a redirect, a quote from another address.
+        assert_eq!(k(&icmp_error(3, 6, 22, 40000)), Verdict::Kernel(K::Icmp));
+        assert_eq!(k(&icmp_error(3, 6, 40000, 80)), Verdict::Kernel(K::Icmp));
+        assert_eq!(k(&icmp_error(3, 17, 61440, 53)), Verdict::Kernel(K::Icmp));
+        assert_eq!(k(&icmp_error(8, 6, 61440, 80)), Verdict::Kernel(K::Icmp));
+        assert_eq!(k(&icmp_error(5, 6, 61440, 80)), Verdict::Kernel(K::Icmp));
+        let mut other = icmp_error(3, 6, 61440, 80);
+        other[14 + 28 + 12..14 + 28 + 16].copy_from_slice(&[198, 18, 0, 9]);
+        assert_eq!(k(&other), Verdict::Kernel(K::Icmp));
+        // A quote too short for the ports, or of a later fragment, says nothing: kernel.
+        let mut short = icmp_error(3, 6, 61440, 80);
+        short.truncate(14 + 20 + 8 + 20 + 3);
+        short[16..18].copy_from_slice(&(20u16 + 8 + 20 + 3).to_be_bytes());
+        assert_eq!(k(&short), Verdict::Kernel(K::Icmp));
+        let mut frag = icmp_error(3, 6, 61440, 80);
+        frag[14 + 28 + 7] = 0x10;
+        assert_eq!(k(&frag), Verdict::Kernel(K::Icmp));
+        let mut c = Classifier::new(m.clone());
+        c.classify(&icmp_error(3, 6, 61440, 80));
+        assert_eq!(c.counters().luna_icmp_errors, 1);
+        assert_eq!(c.counters().luna_client, 1);
+    }
+
     #[test]
     fn malformed_frames_are_dropped_by_reason() {
         use DropReason as D;
@@ -465,7 +609,7 @@ pub(crate) mod tests {
         assert!(all.contains(&("kernel.tcp_port".to_string(), 2)));
         assert_eq!(
             all.len(),
-            3 + KernelReason::ALL.len() + DropReason::ALL.len()
+            4 + KernelReason::ALL.len() + DropReason::ALL.len()
         );
     }
 }

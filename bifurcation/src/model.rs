@@ -24,9 +24,10 @@
 //! Luna's flows: TCP to a port of the client range (each port owned by one thread and
 //! queue, [`PartitionPlan`]) or to a listening port, UDP to a listening UDP port, in
 //! unfragmented IPv4 to the model's address (any unicast address when `ip` is unset).
-//! The kernel's: ARP, ICMP, IPv6, VLAN-tagged frames, other EtherTypes, other IP
-//! protocols, IPv4 fragments, broadcast/multicast, other addresses, every other port
-//! (ssh included).
+//! ICMP errors quoting one of luna's flows are luna's too (the software classifier reads
+//! the quote). The kernel's: ARP, every other ICMP message, IPv6, VLAN-tagged frames,
+//! other EtherTypes, other IP protocols, IPv4 fragments, broadcast/multicast, other
+//! addresses, every other port (ssh included).
 
 use crate::ports::{AppSpec, PartitionPlan, PlanError, PortRange, Share, ThreadSlot};
 use core::fmt;

@@ -2,7 +2,7 @@
 //! nothing of the kernel's; the classifier survives arbitrary bytes and agrees with the
 //! rules.
 
-use bifurcation::classify::{classify, Verdict};
+use bifurcation::classify::{classify, LunaTarget, Verdict};
 use bifurcation::model::{KernelPorts, PortOwner, TrafficConfig, TrafficModel, L4};
 use bifurcation::ports::PortRange;
 use bifurcation::rules::{compile, counts, mask_cover, Target};
@@ -101,6 +101,52 @@ proptest! {
     fn classifier_survives_arbitrary_bytes(frame in prop::collection::vec(any::<u8>(), 0..200)) {
         let m = model_from(&[12, 6], &[7000], 0.0625);
         let _ = classify(&m, &frame);
+    }
+
+    /// An ICMP error quoting a packet luna's address sent from `sport` is luna's exactly
+    /// when a compiled rule steers that port (as a destination: the flow's replies) to
+    /// luna, and then to the same owner.
+    #[test]
+    fn icmp_errors_follow_the_quoted_flow(
+        proto in prop_oneof![Just(6u8), Just(17u8)],
+        sport in any::<u16>(),
+        icmp_type in prop_oneof![Just(3u8), Just(4u8), Just(11u8), Just(12u8)],
+        opt_words in 0u8..=10,
+    ) {
+        let m = model_from(&[12, 6], &[7000], 0.0625);
+        let rules = compile(&m);
+        let qihl = 20 + usize::from(opt_words) * 4;
+        let mut quote = vec![0u8; qihl + 8];
+        quote[0] = 0x40 | (5 + opt_words);
+        quote[2..4].copy_from_slice(&1500u16.to_be_bytes());
+        quote[9] = proto;
+        quote[12..16].copy_from_slice(&[198, 18, 0, 1]);
+        quote[16..20].copy_from_slice(&[198, 18, 0, 2]);
+        quote[qihl..qihl + 2].copy_from_slice(&sport.to_be_bytes());
+        let mut f = vec![0u8; 14 + 20 + 8];
+        f[12] = 0x08;
+        f[14] = 0x45;
+        f[14 + 9] = 1;
+        f[14 + 16..14 + 20].copy_from_slice(&[198, 18, 0, 1]);
+        f[14 + 20] = icmp_type;
+        f.extend_from_slice(&quote);
+        let total = (f.len() - 14) as u16;
+        f[16..18].copy_from_slice(&total.to_be_bytes());
+        let l4 = if proto == 6 { L4::Tcp } else { L4::Udp };
+        let v = classify(&m, &f);
+        let hits: Vec<_> = rules.lookup(l4, sport).collect();
+        prop_assert_eq!(matches!(v, Verdict::Luna(_)), hits.len() == 1, "{:?}", v);
+        match (v, m.owner(l4, sport)) {
+            (Verdict::Luna(LunaTarget::Client { queue, .. }), PortOwner::Client { queue: q, .. }) => {
+                prop_assert_eq!(queue, q);
+                prop_assert_eq!(&hits[0].target, &Target::Queue(q));
+            }
+            (Verdict::Luna(LunaTarget::Listener { proto: p, port }), PortOwner::Listener) => {
+                prop_assert_eq!((p, port), (l4, sport));
+            }
+            (Verdict::Kernel(_), PortOwner::Kernel) => {}
+            (v, o) => prop_assert!(false, "{:?} for a port owned by {:?}", v, o),
+        }
     }
 
     #[test]

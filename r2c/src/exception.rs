@@ -653,6 +653,44 @@ mod tests {
         assert_eq!(dev.exception_stats().from_kernel, 1);
     }
 
+    /// An ICMP error (fragmentation needed, type 3 code 4, next-hop MTU 1400) from a
+    /// router, quoting a TCP segment this host sent from `sport` to 198.18.4.1:80.
+    fn frag_needed_quoting(sport: u16) -> Vec<u8> {
+        let mut quote = vec![0x45, 0, 0x05, 0xdc, 0, 0, 0x40, 0, 64, 6, 0, 0];
+        quote.extend_from_slice(&[198, 18, 4, 2, 198, 18, 4, 1]);
+        quote.extend_from_slice(&sport.to_be_bytes());
+        quote.extend_from_slice(&80u16.to_be_bytes());
+        quote.extend_from_slice(&[0; 4]);
+        let mut icmp = vec![3, 4, 0, 0, 0, 0, 0x05, 0x78];
+        icmp.extend_from_slice(&quote);
+        let total = (20 + icmp.len()) as u16;
+        let mut ip = vec![0x45, 0];
+        ip.extend_from_slice(&total.to_be_bytes());
+        ip.extend_from_slice(&[0, 0, 0, 0, 64, 1, 0, 0]);
+        ip.extend_from_slice(&[198, 18, 4, 254, 198, 18, 4, 2]);
+        ip.extend_from_slice(&icmp);
+        eth(MAC, 0x0800, &ip)
+    }
+
+    /// PMTU discovery and hard errors of luna's connections need their ICMP errors: one
+    /// quoting luna's client port goes to the stack (and not to the kernel, which has no
+    /// socket for it); one quoting the kernel's ssh goes to the kernel.
+    #[test]
+    fn icmp_errors_about_lunas_flows_reach_the_stack() {
+        let (wire, mut kernel, mut dev) = rig(16);
+        assert!(wire.inject(Zbuf::from_vec(frag_needed_quoting(61440))));
+        assert!(wire.inject(Zbuf::from_vec(frag_needed_quoting(22))));
+        let got = drain(&mut dev);
+        assert_eq!(got.len(), 1, "luna's ICMP error to the stack");
+        assert_eq!(&got[0][..], &frag_needed_quoting(61440)[..]);
+        let to_k = drain(&mut kernel);
+        assert_eq!(to_k.len(), 1, "only the kernel's ICMP error to the kernel");
+        assert_eq!(&to_k[0][..], &frag_needed_quoting(22)[..]);
+        let s = dev.exception_stats();
+        assert_eq!((s.luna, s.to_kernel), (1, 1));
+        assert_eq!(dev.classifier_counters().luna_icmp_errors, 1);
+    }
+
     #[test]
     fn a_full_exception_queue_drops_and_counts() {
         // The kernel side never reads and its ring holds 4: the bounded queue (2) fills.

@@ -1,6 +1,7 @@
 //! Classifier: never panics on any bytes; drops a frame as `bad_ipv4` exactly when
 //! luna-stack's IPv4 length/version checks refuse it; a luna verdict always names a port
-//! the compiled rules steer (so software and hardware paths agree).
+//! the compiled rules steer (so software and hardware paths agree; for an ICMP error, the
+//! quoted packet's source port).
 #![no_main]
 use bifurcation::classify::{Classifier, DropReason, LunaTarget, Verdict};
 use bifurcation::model::{KernelPorts, TrafficConfig, L4};
@@ -41,8 +42,16 @@ fuzz_target!(|data: &[u8]| {
     if let Verdict::Luna(t) = v {
         assert!(ipv4);
         let ihl = usize::from(data[14] & 0x0f) * 4;
-        let port = u16::from_be_bytes([data[14 + ihl + 2], data[14 + ihl + 3]]);
-        let proto = if data[14 + 9] == 6 { L4::Tcp } else { L4::Udp };
+        let (port, proto) = if data[14 + 9] == 1 {
+            // An ICMP error: the quoted packet's source port is luna's (its flow).
+            let q = &data[14 + ihl + 8..];
+            let qihl = usize::from(q[0] & 0x0f) * 4;
+            let proto = if q[9] == 6 { L4::Tcp } else { L4::Udp };
+            (u16::from_be_bytes([q[qihl], q[qihl + 1]]), proto)
+        } else {
+            let port = u16::from_be_bytes([data[14 + ihl + 2], data[14 + ihl + 3]]);
+            (port, if data[14 + 9] == 6 { L4::Tcp } else { L4::Udp })
+        };
         assert_eq!(rules.lookup(proto, port).count(), 1, "{t:?}");
         if let LunaTarget::Listener { port: p, proto: q } = t {
             assert_eq!((p, q), (port, proto));

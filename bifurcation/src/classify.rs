@@ -11,8 +11,9 @@
 //! short is **dropped and counted**, not handed to the kernel: the kernel would discard
 //! it too (it validates the same fields), and forwarding garbage would let a flood of it
 //! fill the exception queue that the kernel's ssh and ARP depend on. Well-formed frames
-//! luna does not own — including IPv4 fragments, which carry no ports after the first
-//! and which luna does not reassemble — go to the kernel. IP options are skipped by IHL
+//! luna does not own go to the kernel — including IPv4 fragments after the first, which
+//! carry no ports. A first fragment to one of luna's ports is luna's (its stack drops it:
+//! luna does not reassemble); the kernel would reassemble it and reset luna's connection. IP options are skipped by IHL
 //! (luna-stack does the same), so they do not change the verdict. Checksums are not
 //! checked here: the stack (or the NIC's offload) does that.
 //!
@@ -82,7 +83,8 @@ reasons! {
         OtherAddress => "other_address",
         /// IPv4 to a broadcast or multicast address.
         BroadcastOrMulticast => "broadcast_multicast",
-        /// An IPv4 fragment (luna never fragments and does not reassemble).
+        /// An IPv4 fragment without ports (offset > 0), or the first of a datagram to a
+        /// port luna does not own (luna never fragments and does not reassemble).
         Fragment => "fragment",
         /// ICMP: queries, redirects, and errors that do not quote one of luna's flows.
         Icmp => "icmp",
@@ -162,11 +164,19 @@ pub fn classify(model: &TrafficModel, frame: &[u8]) -> Verdict {
             return Verdict::Kernel(K::OtherAddress);
         }
     }
-    // RFC 791 §3.2: a fragment has MF set or a non-zero offset.
-    if be16(ip, 6) & 0x3fff != 0 {
+    // RFC 791 §3.2: a fragment has MF set or a non-zero offset. Only the first (offset 0)
+    // carries the ports; later ones are the kernel's (see `first_fragment_owner`).
+    let frag = be16(ip, 6) & 0x3fff;
+    if frag & 0x1fff != 0 {
         return Verdict::Kernel(K::Fragment);
     }
     let l4 = &ip[ihl..total];
+    if frag != 0 {
+        return match first_fragment_owner(model, ip[9], l4) {
+            Some(t) => Verdict::Luna(t),
+            None => Verdict::Kernel(K::Fragment),
+        };
+    }
     let (proto, min, reason) = match ip[9] {
         6 => (L4::Tcp, 20, K::TcpPort),
         17 => (L4::Udp, 8, K::UdpPort),
@@ -192,6 +202,30 @@ pub fn classify(model: &TrafficModel, frame: &[u8]) -> Verdict {
         }
         PortOwner::Listener => Verdict::Luna(LunaTarget::Listener { proto, port }),
         PortOwner::Kernel => Verdict::Kernel(reason),
+    }
+}
+
+/// The owner of a first fragment (offset 0, MF set) when its destination port is luna's.
+///
+/// The datagram is then luna's: luna's stack counts and drops the fragment (it does not
+/// reassemble; its TCP sets DF). Handed to the kernel, the kernel would reassemble it,
+/// find no socket on the port and answer luna's peer with a RST (TCP) or a port
+/// unreachable (UDP). Later fragments carry no ports: they go to the kernel, which,
+/// without the first, reassembles nothing and discards them when its timer expires.
+fn first_fragment_owner(model: &TrafficModel, ip_proto: u8, l4: &[u8]) -> Option<LunaTarget> {
+    let proto = match ip_proto {
+        6 => L4::Tcp,
+        17 => L4::Udp,
+        _ => return None,
+    };
+    if l4.len() < 4 {
+        return None;
+    }
+    let port = be16(l4, 2);
+    match model.owner(proto, port) {
+        PortOwner::Client { app, thread, queue } => Some(LunaTarget::Client { app, thread, queue }),
+        PortOwner::Listener => Some(LunaTarget::Listener { proto, port }),
+        PortOwner::Kernel => None,
     }
 }
 
@@ -458,7 +492,7 @@ pub(crate) mod tests {
             k(&ipv4(17, [224, 0, 0, 251], 7001, 0, 8)),
             Verdict::Kernel(K::BroadcastOrMulticast)
         );
-        let mut frag = ipv4(6, ME, 7000, 0, 20);
+        let mut frag = ipv4(6, ME, 22, 0, 20);
         frag[14 + 6] = 0x20; // MF
         assert_eq!(k(&frag), Verdict::Kernel(K::Fragment));
         let mut frag = ipv4(6, ME, 7000, 0, 20);
@@ -474,6 +508,54 @@ pub(crate) mod tests {
         assert_eq!(k(&f), Verdict::Kernel(K::Vlan));
         f[12..14].copy_from_slice(&0x88ccu16.to_be_bytes());
         assert_eq!(k(&f), Verdict::Kernel(K::OtherEtherType));
+    }
+
+    /// The first fragment (offset 0, MF) carries the ports, so it has one owner. For one of
+    /// luna's ports that is luna (whose stack counts and drops it: luna does not
+    /// reassemble); given to the kernel, the kernel would reassemble the datagram, find no
+    /// socket and answer luna's peer with a RST (TCP) or a port unreachable (UDP). Later
+    /// fragments carry no ports and stay the kernel's (without the first it reassembles
+    /// nothing and says nothing).
+    #[test]
+    fn the_first_fragment_of_a_luna_flow_is_lunas() {
+        use KernelReason as K;
+        let m = model();
+        let k = |f: &[u8]| classify(&m, f);
+        let first = |proto: u8, port: u16, l4: usize| {
+            let mut f = ipv4(proto, ME, port, 0, l4);
+            f[14 + 6] = 0x20; // MF, offset 0
+            f
+        };
+        assert_eq!(
+            k(&first(6, 61440, 20)),
+            Verdict::Luna(LunaTarget::Client {
+                app: 0,
+                thread: 0,
+                queue: 0
+            })
+        );
+        assert_eq!(
+            k(&first(6, 7000, 20)),
+            Verdict::Luna(LunaTarget::Listener {
+                proto: L4::Tcp,
+                port: 7000
+            })
+        );
+        assert_eq!(
+            k(&first(17, 7001, 8)),
+            Verdict::Luna(LunaTarget::Listener {
+                proto: L4::Udp,
+                port: 7001
+            })
+        );
+        // The kernel's ports, a later fragment, a first fragment too short for ports.
+        assert_eq!(k(&first(6, 22, 20)), Verdict::Kernel(K::Fragment));
+        assert_eq!(k(&first(17, 61440, 8)), Verdict::Kernel(K::Fragment));
+        let mut later = ipv4(6, ME, 61440, 0, 20);
+        later[14 + 6] = 0x20;
+        later[14 + 7] = 0x10;
+        assert_eq!(k(&later), Verdict::Kernel(K::Fragment));
+        assert_eq!(k(&first(6, 61440, 3)), Verdict::Kernel(K::Fragment));
     }
 
     /// An ICMP error (RFC 792) to `ME` quoting a packet of `proto` that `ME` sent from

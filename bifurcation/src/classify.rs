@@ -159,10 +159,8 @@ pub fn classify(model: &TrafficModel, frame: &[u8]) -> Verdict {
     if dst.is_broadcast() || dst.is_multicast() {
         return Verdict::Kernel(K::BroadcastOrMulticast);
     }
-    if let Some(mine) = model.ip() {
-        if dst != mine {
-            return Verdict::Kernel(K::OtherAddress);
-        }
+    if !model.is_lunas_address(dst) {
+        return Verdict::Kernel(K::OtherAddress);
     }
     // RFC 791 §3.2: a fragment has MF set or a non-zero offset. Only the first (offset 0)
     // carries the ports; later ones are the kernel's (see `first_fragment_owner`).
@@ -254,7 +252,7 @@ fn icmp_error_owner(model: &TrafficModel, icmp: &[u8]) -> Option<LunaTarget> {
         return None;
     }
     let src = Ipv4Addr::new(q[12], q[13], q[14], q[15]);
-    if model.ip().is_some_and(|mine| mine != src) {
+    if !model.is_lunas_address(src) {
         return None;
     }
     let proto = match q[9] {
@@ -353,6 +351,11 @@ impl Classifier {
     /// The model.
     pub fn model(&self) -> &TrafficModel {
         &self.model
+    }
+
+    /// The model, to follow the stack's addresses ([`TrafficModel::add_address`]).
+    pub fn model_mut(&mut self) -> &mut TrafficModel {
+        &mut self.model
     }
 
     /// Classifies `frame` and counts the verdict.
@@ -642,6 +645,34 @@ pub(crate) mod tests {
         c.classify(&icmp_error(3, 6, 61440, 80));
         assert_eq!(c.counters().luna_icmp_errors, 1);
         assert_eq!(c.counters().luna_client, 1);
+    }
+
+    #[test]
+    fn addresses_added_to_the_model_are_lunas_until_removed() {
+        let mut c = Classifier::new(model());
+        let extra = [198, 18, 0, 7];
+        let other = Verdict::Kernel(KernelReason::OtherAddress);
+        assert_eq!(c.classify(&ipv4(6, extra, 7000, 0, 20)), other);
+        assert!(c.model_mut().add_address(Ipv4Addr::from(extra)));
+        assert!(
+            !c.model_mut().add_address(Ipv4Addr::from(ME)),
+            "the model's own"
+        );
+        assert!(matches!(
+            c.classify(&ipv4(6, extra, 7000, 0, 20)),
+            Verdict::Luna(_)
+        ));
+        assert_eq!(
+            c.classify(&ipv4(6, extra, 22, 0, 20)),
+            Verdict::Kernel(KernelReason::TcpPort)
+        );
+        assert!(c.model_mut().remove_address(Ipv4Addr::from(extra)));
+        assert!(!c.model_mut().remove_address(Ipv4Addr::from(ME)));
+        assert_eq!(c.classify(&ipv4(6, extra, 7000, 0, 20)), other);
+        assert!(matches!(
+            c.classify(&ipv4(6, ME, 7000, 0, 20)),
+            Verdict::Luna(_)
+        ));
     }
 
     #[test]

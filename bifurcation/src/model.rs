@@ -301,6 +301,8 @@ pub struct TrafficModel {
     listen_tcp: Vec<u16>,
     listen_udp: Vec<u16>,
     ip: Option<Ipv4Addr>,
+    /// More addresses luna's stack owns besides `ip` (see [`TrafficModel::add_address`]).
+    more_ips: Vec<Ipv4Addr>,
     kernel_ports: Vec<u16>,
 }
 
@@ -586,6 +588,7 @@ impl TrafficConfig {
             listen_tcp,
             listen_udp,
             ip: self.ip,
+            more_ips: Vec::new(),
             kernel_ports,
         })
     }
@@ -628,6 +631,35 @@ impl TrafficModel {
     /// The address luna's packets must carry, if any.
     pub fn ip(&self) -> Option<Ipv4Addr> {
         self.ip
+    }
+
+    /// Whether packets to `dst` may be luna's: `dst` is the model's address or one added
+    /// with [`TrafficModel::add_address`] (any address when the model has no `ip`).
+    pub fn is_lunas_address(&self, dst: Ipv4Addr) -> bool {
+        match self.ip {
+            None => true,
+            Some(ip) => dst == ip || self.more_ips.contains(&dst),
+        }
+    }
+
+    /// Luna's stack owns `addr` too (an address the kernel added to the exception
+    /// interface, mirrored by netlink-sync into every core's stack): luna's ports on it
+    /// are luna's. No effect without an `ip` (every address is then luna's). Returns
+    /// whether it was new.
+    pub fn add_address(&mut self, addr: Ipv4Addr) -> bool {
+        if self.ip.is_none() || self.is_lunas_address(addr) {
+            return false;
+        }
+        self.more_ips.push(addr);
+        true
+    }
+
+    /// Luna's stack no longer owns `addr` (added before); the model's own `ip` stays.
+    /// Returns whether it was there.
+    pub fn remove_address(&mut self, addr: Ipv4Addr) -> bool {
+        let before = self.more_ips.len();
+        self.more_ips.retain(|&a| a != addr);
+        self.more_ips.len() != before
     }
 
     /// Ports that stay with the kernel, sorted.

@@ -458,7 +458,22 @@ impl<D: Device + RawPort, E: Device + RawPort> Device for ExceptionDevice<D, E> 
             // and routes (luna's own traffic goes on) and say so in the counters.
             self.stats.interface_gone = 1;
         } else {
+            let from = out.len();
             diff_tables(&mut m.applied, snap, out, &mut self.stats);
+            // The core gives the stack these addresses (its listeners accept on them,
+            // connections may use them): luna's ports on them are luna's.
+            let model = self.classifier.model_mut();
+            for c in &out[from..] {
+                match c {
+                    TableChange::AddressAdded(a) => {
+                        model.add_address(a.address);
+                    }
+                    TableChange::AddressRemoved(a) => {
+                        model.remove_address(a.address);
+                    }
+                    _ => {}
+                }
+            }
         }
         self.stats.table_version = snap.version();
         out.push(TableChange::Version(snap.version()));
@@ -580,8 +595,13 @@ mod tests {
     }
 
     fn tcp_to(port: u16) -> Vec<u8> {
+        tcp_to_addr([198, 18, 4, 2], port)
+    }
+
+    fn tcp_to_addr(dst: [u8; 4], port: u16) -> Vec<u8> {
         let mut ip = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0];
-        ip.extend_from_slice(&[198, 18, 4, 1, 198, 18, 4, 2]);
+        ip.extend_from_slice(&[198, 18, 4, 1]);
+        ip.extend_from_slice(&dst);
         let mut tcp = vec![0u8; 20];
         tcp[0..2].copy_from_slice(&1234u16.to_be_bytes());
         tcp[2..4].copy_from_slice(&port.to_be_bytes());
@@ -598,13 +618,24 @@ mod tests {
         crate::device::mem::MemDevice,
         ExceptionDevice<crate::device::mem::MemDevice, crate::device::mem::MemDevice>,
     ) {
+        rig_with(limit, model())
+    }
+
+    fn rig_with(
+        limit: usize,
+        model: TrafficModel,
+    ) -> (
+        crate::device::mem::MemDevice,
+        crate::device::mem::MemDevice,
+        ExceptionDevice<crate::device::mem::MemDevice, crate::device::mem::MemDevice>,
+    ) {
         let cfg = crate::device::mem::MemConfig {
             mac_a: EthernetAddress(MAC),
             ..Default::default()
         };
         let (mut a, mut wire) = MemPair::build(&cfg).unwrap();
         let (mut k, mut kernel) = MemPair::build(&cfg).unwrap();
-        let dev = ExceptionDevice::new(a.remove(0), kernel.remove(0), model(), limit);
+        let dev = ExceptionDevice::new(a.remove(0), kernel.remove(0), model, limit);
         (wire.remove(0), k.remove(0), dev)
     }
 
@@ -689,6 +720,68 @@ mod tests {
         let s = dev.exception_stats();
         assert_eq!((s.luna, s.to_kernel), (1, 1));
         assert_eq!(dev.classifier_counters().luna_icmp_errors, 1);
+    }
+
+    /// With an `ip` in the model, an address the kernel adds to the exception interface
+    /// goes into the stack's set (core.rs, `AddressAdded`: the stack then takes TCP for it
+    /// and its listeners accept on it), so luna's ports on it are luna's too; once the
+    /// kernel removes it (the stack aborts its connections), they are the kernel's again.
+    #[test]
+    fn luna_ports_on_a_mirrored_address_follow_the_stacks_address_set() {
+        use netlink_packet_route::RouteNetlinkMessage as M;
+        use netlink_sync::mirror::craft::{address, emit};
+        let model = {
+            let c = TrafficConfig {
+                listen_tcp: vec![7700],
+                ip: Some(Ipv4Addr::new(198, 18, 4, 2)),
+                apps: vec![bifurcation::model::AppConfig {
+                    name: "t".into(),
+                    ports: Default::default(),
+                    threads: Some(1),
+                    queues: None,
+                }],
+                ..TrafficConfig::default()
+            };
+            c.validate(&KernelPorts::parse("32768 60999", "").unwrap())
+                .unwrap()
+        };
+        let (wire, mut kernel, dev) = rig_with(16, model);
+        let publisher = netlink_sync::Publisher::new(netlink_sync::Snapshot::empty(5));
+        let mut dev = dev.with_mirror(Mirroring::new(publisher.reader(), None));
+        let mut mirror = netlink_sync::Mirror::new(5);
+        let extra = Ipv4Addr::new(198, 18, 4, 7);
+        let mut changes = Vec::new();
+        dev.table_changes(&mut changes);
+        // Before: the address is not luna's.
+        assert!(wire.inject(Zbuf::from_vec(tcp_to_addr(extra.octets(), 7700))));
+        assert!(drain(&mut dev).is_empty());
+        assert_eq!(drain(&mut kernel).len(), 1);
+        mirror.apply_datagram(&emit(M::NewAddress(address(5, extra, 24)), 0, 0));
+        publisher.publish(mirror.snapshot(1));
+        changes.clear();
+        dev.table_changes(&mut changes);
+        assert!(changes
+            .iter()
+            .any(|c| matches!(c, TableChange::AddressAdded(_))));
+        for port in [7700, 61440] {
+            assert!(wire.inject(Zbuf::from_vec(tcp_to_addr(extra.octets(), port))));
+        }
+        assert!(wire.inject(Zbuf::from_vec(tcp_to_addr(extra.octets(), 22))));
+        assert_eq!(
+            drain(&mut dev).len(),
+            2,
+            "luna's listener and client port on the added address go to the stack"
+        );
+        assert_eq!(drain(&mut kernel).len(), 1, "ssh on it stays the kernel's");
+        mirror.apply_datagram(&emit(M::DelAddress(address(5, extra, 24)), 0, 0));
+        publisher.publish(mirror.snapshot(2));
+        dev.table_changes(&mut changes);
+        assert!(wire.inject(Zbuf::from_vec(tcp_to_addr(extra.octets(), 7700))));
+        assert!(drain(&mut dev).is_empty());
+        assert_eq!(drain(&mut kernel).len(), 1);
+        // The primary stays luna's throughout.
+        assert!(wire.inject(Zbuf::from_vec(tcp_to(7700))));
+        assert_eq!(drain(&mut dev).len(), 1);
     }
 
     #[test]

@@ -144,6 +144,15 @@ fn tx_chains_attach_payload_and_release_it_once_per_segment() {
 /// receiver's slab, nothing is copied, the sender's buffers are released exactly once
 /// per attached segment and only after transmission, the receiver's buffers go back to
 /// the mempool only when the consumer drops them, and nothing leaks on either side.
+/// A built chain's attached payload segments are the application's `Zbuf` bytes, shared
+/// and read-only: safe `Mbuf` write access must not reach them (it would write under
+/// live `&[u8]` borrows of the same bytes, or into read-only `'static` memory).
+#[test]
+fn tx_chain_payload_is_not_writable_through_the_mbuf() {
+    let ok = spawn("tx-shared", &eal_base("txsh"), "").ok();
+    assert!(ok.contains("tx shared ok"), "{ok}");
+}
+
 #[test]
 fn memif_end_to_end_zero_copy() {
     let sock = format!("/tmp/ldv-zbuf-memif-{}.sock", std::process::id());
@@ -188,6 +197,7 @@ fn scenario_child() {
         "dpdk-memory" => dpdk_memory(&eal),
         "rx" => rx(&eal),
         "tx" => tx(&eal),
+        "tx-shared" => tx_shared(&eal),
         "memif-rx" => memif_rx(&eal, &arg),
         "memif-tx" => memif_tx(&eal, &arg),
         other => panic!("unknown scenario {other}"),
@@ -643,6 +653,52 @@ fn tx(eal: &Eal) -> String {
     drop((p, a, b, heap, big, cache));
     assert!(slab.leak_report().is_clean(), "{}", slab.leak_report());
     "tx ok".into()
+}
+
+fn tx_shared(eal: &Eal) -> String {
+    let slab = Slab::new(slab_cfg()).unwrap();
+    let cache = slab.core_cache(0).unwrap();
+    let mut cfg = TxConfig::new("ldv-txsh", 16);
+    cfg.holds = 8;
+    let mut tx = TxChains::new(eal, &cfg).unwrap();
+    let mut m = cache.alloc(8).unwrap();
+    m.extend_from_slice(b"payload!").unwrap();
+    let payload = m.freeze();
+    let header = [0xabu8; 14];
+    let mut chain = tx
+        .build(&header, &IoVec::from(payload.clone()), None)
+        .unwrap();
+    assert_eq!(chain.nb_segs(), 2);
+    // The application still reads its buffer; the chain's mbufs each have refcnt 1.
+    let seen: &[u8] = &payload;
+    assert!(
+        chain.segments_mut().is_none(),
+        "writable views of an external (shared) payload segment"
+    );
+    assert_eq!(
+        chain.write(14, b"XXXX"),
+        None,
+        "wrote into the shared payload"
+    );
+    assert!(
+        chain.append(1).is_none(),
+        "append into the attached payload's room"
+    );
+    assert_eq!(seen, b"payload!");
+    // Headers stay writable through the head mbuf alone (a direct one).
+    let mut head_only = tx.build(&header, &IoVec::new(), None).unwrap();
+    assert_eq!(head_only.write(0, b"\x01"), Some(1));
+    assert!(head_only.append(2).is_some());
+    // Static payload: writing it would fault.
+    let st = Zbuf::from_static(b"static payload");
+    let mut chain2 = tx.build(&header, &IoVec::from(st.clone()), None).unwrap();
+    assert_eq!(chain2.write(14, b"X"), None);
+    assert_eq!(&st[..], b"static payload");
+    drop((chain, chain2, head_only));
+    assert_eq!(payload.ref_count(), 1);
+    drop((payload, st, cache));
+    assert!(slab.leak_report().is_clean(), "{}", slab.leak_report());
+    "tx shared ok".into()
 }
 
 // ---------------------------------------------------------------- memif end to end

@@ -116,6 +116,22 @@ void dpdk_sys_pktmbuf_refcnt_update(struct rte_mbuf *m, int16_t v)
 }
 
 uint64_t dpdk_sys_mbuf_ol_flags(const struct rte_mbuf *m) { return m->ol_flags; }
+
+int dpdk_sys_mbuf_owns_buf(const struct rte_mbuf *m)
+{
+	/* Attached to another mbuf's buffer: that buffer is shared. */
+	if (RTE_MBUF_CLONED(m))
+		return 0;
+	if (RTE_MBUF_HAS_EXTBUF(m)) {
+		/* A pinned external buffer (pools from rte_pktmbuf_pool_create_extbuf) is
+		 * the mbuf's own unless indirect mbufs attached to it; any other external
+		 * buffer belongs to whoever attached it. */
+		if (!RTE_MBUF_HAS_PINNED_EXTBUF(m) || m->shinfo == NULL)
+			return 0;
+		return rte_mbuf_ext_refcnt_read(m->shinfo) == 1;
+	}
+	return 1;
+}
 void dpdk_sys_mbuf_set_ol_flags(struct rte_mbuf *m, uint64_t flags) { m->ol_flags = flags; }
 
 void dpdk_sys_mbuf_set_tx_offload(struct rte_mbuf *m, uint64_t l2_len,

@@ -170,6 +170,9 @@ struct rte_mempool *dpdk_sys_mbuf_pool(const struct rte_mbuf *m);
 uint16_t dpdk_sys_mbuf_refcnt_read(const struct rte_mbuf *m);
 void dpdk_sys_pktmbuf_refcnt_update(struct rte_mbuf *m, int16_t v);
 uint64_t dpdk_sys_mbuf_ol_flags(const struct rte_mbuf *m);
+/* 1 if the segment's data buffer is its own to write (given mbuf refcnt 1): a direct
+ * mbuf, or a pinned external buffer no indirect mbuf is attached to. */
+int dpdk_sys_mbuf_owns_buf(const struct rte_mbuf *m);
 void dpdk_sys_mbuf_set_ol_flags(struct rte_mbuf *m, uint64_t flags);
 void dpdk_sys_mbuf_set_tx_offload(struct rte_mbuf *m, uint64_t l2_len,
 				  uint64_t l3_len, uint64_t l4_len, uint64_t tso_segsz);

@@ -2,9 +2,14 @@
 //!
 //! An [`Mbuf`] owns one reference to a (possibly chained) packet mbuf and
 //! frees it on drop. Read access is always allowed; anything that changes
-//! the data or the header (append, prepend, data_mut, ...) requires the
-//! handle to be the only reference ([`Mbuf::is_exclusive`]), because
-//! [`Mbuf::share`] hands out further references to the same memory.
+//! the header (adj, trim, chain, offload flags) requires the handle to be the
+//! only reference ([`Mbuf::is_exclusive`]), because [`Mbuf::share`] hands out
+//! further references to the same memory. Writing the data (append, prepend,
+//! data_mut, write, ...) additionally requires every segment to own its data
+//! buffer ([`Mbuf::is_writable`]): an external buffer (`rte_pktmbuf_attach_extbuf`,
+//! e.g. zbuf's transmit chains over the application's shared, read-only
+//! buffers) or an indirect mbuf's buffer belongs to someone else, whatever the
+//! mbuf's own reference count says.
 //!
 //! `Mbuf` is `Send + Sync`: the reference count is atomic, mbufs may be freed
 //! to their pool from any thread, and shared handles only read.
@@ -128,6 +133,22 @@ impl Mbuf {
         all_one
     }
 
+    /// True if the data may be written through this handle: it is the only
+    /// reference to every segment ([`Mbuf::is_exclusive`]) and every segment
+    /// owns its data buffer: a direct mbuf, or a pinned external buffer (pools
+    /// made by `rte_pktmbuf_pool_create_extbuf`) with no indirect mbuf attached.
+    /// A segment attached to another mbuf's buffer (`RTE_MBUF_F_INDIRECT`) or to
+    /// an external buffer someone else owns (`rte_pktmbuf_attach_extbuf`, e.g.
+    /// zbuf's transmit chains over shared, read-only application buffers) is
+    /// never writable, whatever its own reference count.
+    pub fn is_writable(&self) -> bool {
+        // SAFETY: valid segments of our chain.
+        let owned = self
+            .segs()
+            .all(|s| unsafe { ffi::dpdk_sys_mbuf_owns_buf(s.as_ptr()) } != 0);
+        owned && self.is_exclusive()
+    }
+
     /// Another reference to the same chain (refcount + 1 on every segment),
     /// e.g. for a retransmission queue. Both handles become read-only until
     /// one is dropped. `None` if the count would overflow.
@@ -151,12 +172,13 @@ impl Mbuf {
         seg_slice(self.0)
     }
 
-    /// Data of the first segment, writable; `None` if shared.
+    /// Data of the first segment, writable; `None` if not [`Mbuf::is_writable`].
     pub fn data_mut(&mut self) -> Option<&mut [u8]> {
-        if !self.is_exclusive() {
+        if !self.is_writable() {
             return None;
         }
-        // SAFETY: exclusive access to the segment's buffer (refcnt 1, &mut self).
+        // SAFETY: exclusive access to the segment's buffer (refcnt 1, a direct
+        // mbuf owning its buffer, &mut self).
         Some(unsafe { seg_slice_mut(self.0) })
     }
 
@@ -168,9 +190,9 @@ impl Mbuf {
         }
     }
 
-    /// Writable data of each segment; `None` if shared.
+    /// Writable data of each segment; `None` if not [`Mbuf::is_writable`].
     pub fn segments_mut(&mut self) -> Option<SegmentsMut<'_>> {
-        if !self.is_exclusive() {
+        if !self.is_writable() {
             return None;
         }
         Some(SegmentsMut {
@@ -199,7 +221,8 @@ impl Mbuf {
     }
 
     /// Copies `src` into the chain at `offset` (within existing data; use
-    /// append first to grow). Returns bytes written, `None` if shared.
+    /// append first to grow). Returns bytes written, `None` if not
+    /// [`Mbuf::is_writable`].
     pub fn write(&mut self, mut offset: usize, src: &[u8]) -> Option<usize> {
         let mut done = 0;
         for seg in self.segments_mut()? {
@@ -228,12 +251,13 @@ impl Mbuf {
     }
 
     /// Grows the last segment by `len` bytes (`rte_pktmbuf_append`) and
-    /// returns them. `None` if shared or the tailroom is too small.
+    /// returns them. `None` if not [`Mbuf::is_writable`] or the tailroom is too
+    /// small.
     pub fn append(&mut self, len: u16) -> Option<&mut [u8]> {
-        if !self.is_exclusive() {
+        if !self.is_writable() {
             return None;
         }
-        // SAFETY: exclusive, valid chain.
+        // SAFETY: exclusive, valid chain whose segments own their buffers.
         let p = unsafe { ffi::dpdk_sys_pktmbuf_append(self.as_ptr(), len) };
         // SAFETY: on success p points to `len` bytes inside the last segment's buffer that we own exclusively.
         NonNull::new(p).map(|p| unsafe {
@@ -242,13 +266,13 @@ impl Mbuf {
     }
 
     /// Grows the first segment by `len` bytes at the front
-    /// (`rte_pktmbuf_prepend`), e.g. to add a header. `None` if shared or the
-    /// headroom is too small.
+    /// (`rte_pktmbuf_prepend`), e.g. to add a header. `None` if not
+    /// [`Mbuf::is_writable`] or the headroom is too small.
     pub fn prepend(&mut self, len: u16) -> Option<&mut [u8]> {
-        if !self.is_exclusive() {
+        if !self.is_writable() {
             return None;
         }
-        // SAFETY: exclusive, valid chain.
+        // SAFETY: exclusive, valid chain whose segments own their buffers.
         let p = unsafe { ffi::dpdk_sys_pktmbuf_prepend(self.as_ptr(), len) };
         // SAFETY: on success p points to `len` bytes at the start of the first segment's data.
         NonNull::new(p).map(|p| unsafe {

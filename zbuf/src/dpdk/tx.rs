@@ -484,8 +484,14 @@ impl TxChains {
         // for this single attachment. `iova` is the zone's device address (its VA for
         // heap buffers, which only CPU-copying vdevs get: see `TxConfig::registry`).
         unsafe { m.attach_extbuf(addr as *mut u8, iova, len as u16, hold.shinfo.get()) };
+        // Mark the attached bytes as data. Not through `Mbuf::append`, which would hand out
+        // `&mut` to the payload (shared, read-only bytes: other handles may be reading
+        // them) and refuses external buffers for that reason.
+        // SAFETY: `m` is a valid one-segment mbuf we own exclusively; appending only moves
+        // its length fields (DPDK returns a pointer we do not dereference).
+        let grown = unsafe { ffi::dpdk_sys_pktmbuf_append(m.as_ptr(), len as u16) };
         // Cannot fail: after the attach the tailroom is exactly `len`.
-        if m.append(len as u16).is_none() {
+        if grown.is_null() {
             return Err(TxError::TooManySegments);
         }
         Ok(m)

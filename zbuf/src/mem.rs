@@ -42,7 +42,8 @@ pub struct ProvidedZone {
 
 impl ProvidedZone {
     /// `len` bytes at `ptr` (the slab takes exactly [`crate::ZONE_SIZE`]), with the IOVA
-    /// of the first byte if known; `release` runs once when the slab frees the zone.
+    /// of the first byte if known; `release` runs once when the slab frees the zone. The
+    /// slab zero-fills the bytes before using them (they need not be initialized).
     ///
     /// # Safety
     /// `ptr..ptr + len` must be readable and writable memory that nothing else uses
@@ -188,8 +189,14 @@ impl Mapping {
         })
     }
 
-    /// A provided zone (released, not unmapped, on drop).
+    /// A provided zone (released, not unmapped, on drop), zero-filled like a fresh
+    /// mapping: the slab hands head- and tailroom bytes to safe code to read, so they must
+    /// be initialized, and [`ProvidedZone::new`] does not ask its caller for that (e.g.
+    /// memory from `std::alloc::alloc` or a reused DPDK memzone).
     pub(crate) fn provided(z: ProvidedZone) -> Mapping {
+        // SAFETY: per `ProvidedZone::new`'s contract `ptr..ptr+len` is writable and used by
+        // nobody else until the zone is released; no object of it is handed out yet.
+        unsafe { std::ptr::write_bytes(z.ptr.as_ptr(), 0, z.len) };
         Mapping {
             ptr: z.ptr,
             len: z.len,

@@ -212,3 +212,45 @@ fn external_free_runs_once() {
     drop(c);
     assert_eq!(n.load(Ordering::SeqCst), 1);
 }
+
+/// Zone memory from a `zone_source`, like `ProvidedZone::new` allows: fresh, uninitialized
+/// heap memory.
+fn provided_slab() -> Slab {
+    Slab::new(
+        SlabConfig::new()
+            .size_classes(&[1 << 20])
+            .headroom(64)
+            .max_memory(2 << 20)
+            .cache_size(4)
+            .max_cores(2)
+            .zone_source(|| {
+                let layout = std::alloc::Layout::from_size_align(crate::ZONE_SIZE, 64).unwrap();
+                // SAFETY: non-zero size.
+                let p = unsafe { std::alloc::alloc(layout) };
+                let ptr = std::ptr::NonNull::new(p).ok_or("out of memory")?;
+                let addr = p as usize;
+                // SAFETY: fresh heap memory of ZONE_SIZE bytes, ours alone until `release`,
+                // which frees it once.
+                Ok(unsafe {
+                    crate::ProvidedZone::new(ptr, crate::ZONE_SIZE, None, move || {
+                        std::alloc::dealloc(addr as *mut u8, layout)
+                    })
+                })
+            }),
+    )
+    .unwrap()
+}
+
+/// Safe code reads the head- and tailroom a slab buffer hands out (`append`, `prepend`,
+/// `try_into_mut`): for a provided zone (whose contract does not promise initialized
+/// memory) those bytes were uninitialized, a read of which Miri reports as UB.
+#[test]
+fn provided_zone_bytes_are_initialized_before_use() {
+    let slab = provided_slab();
+    let cache = slab.core_cache(0).unwrap();
+    let mut m = cache.alloc(16).unwrap();
+    let tail: Vec<u8> = m.append(16).unwrap().to_vec();
+    let head: Vec<u8> = m.prepend(64).unwrap().to_vec();
+    assert_eq!((tail, head), (vec![0; 16], vec![0; 64]));
+    drop((m, cache, slab));
+}

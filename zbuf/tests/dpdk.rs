@@ -409,6 +409,23 @@ fn rx(eal: &Eal) -> String {
     drop(z);
     assert_eq!(pool.in_use_count(), 0);
 
+    // An mbuf another handle shares is not this pool's to take over: a read-only view.
+    let m = fake_rx(&pool, &frame);
+    let mut other = m.share().unwrap();
+    let z = rxp.to_zbuf(m).unwrap();
+    assert!(z.clone().try_into_mut().is_err());
+    let z = match z.try_into_mut() {
+        Ok(_) => panic!("a shared mbuf became writable"),
+        Err(z) => z,
+    };
+    assert!(
+        other.data_mut().is_none(),
+        "the other handle cannot write either"
+    );
+    assert_eq!(&z[..], &frame[..]);
+    drop((z, other));
+    assert_eq!(pool.in_use_count(), 0);
+
     // A burst held by a slow consumer: the pool gets them back one by one.
     let held: Vec<Zbuf> = (0..100)
         .map(|i| rxp.to_zbuf(fake_rx(&pool, &frame[..64 + i])).unwrap())

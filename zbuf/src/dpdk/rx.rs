@@ -195,8 +195,11 @@ impl RxPool {
             .as_ptr()
             .cast::<u8>()
             .wrapping_add(ffi::MBUF_STRUCT_SIZE as usize);
+        // `is_writable`, not `v.refcnt == 1`: its Acquire fence orders the reads of
+        // handles dropped before ours ahead of writes through the object we make, and it
+        // also refuses a buffer shared with indirect mbufs (pinned-extbuf count above 1).
         let ours = v.pool == self.mempool.as_ptr()
-            && v.refcnt == 1
+            && m.is_writable()
             && v.priv_size as usize >= META_SIZE
             && (priv_ptr as usize) % META_ALIGN == 0;
         let Some(base) = NonNull::new(v.buf_addr.cast::<u8>()).filter(|_| ours) else {
@@ -206,7 +209,8 @@ impl RxPool {
         let meta = NonNull::new(priv_ptr.cast::<ObjMeta>()).expect("mbuf pointers are non-null");
         let iova = iova_or_va(v.buf_iova, base.as_ptr() as usize);
         // SAFETY: `raw` is an mbuf of this pool (private area of PRIV_SIZE ≥ META_SIZE
-        // bytes, aligned, checked above), referenced only by us (refcnt 1), and its
+        // bytes, aligned, checked above), referenced only by us (refcnt 1, owning its
+        // buffer: `is_writable`), and its
         // ownership passes to the object, released by `release_mbuf_obj`; the private
         // area holds no live metadata (a previous object over it freed the mbuf). The
         // data buffer is zone memory the pool owns: initialized (zones are zero-filled

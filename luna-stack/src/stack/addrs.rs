@@ -273,13 +273,16 @@ impl<R: Rng> Stack<R> {
         }
     }
 
-    /// Whether a connect to `dst` is refused as a local or non-unicast address.
+    /// Whether a connect to `dst` is refused as a local or non-unicast address: RFC 1122
+    /// §4.2.3.10 (an active OPEN to a broadcast or multicast address, a subnet-directed
+    /// broadcast of one of our prefixes included, MUST fail) and §3.2.1.3 ({0, host} and
+    /// loopback never go on a wire); one of our addresses or a subnet's network address
+    /// (ingress drops both as sources) names no other host either.
     pub(super) fn invalid_remote(&self, remote: SocketAddrV4) -> Result<(), ConnectError> {
         let dst = *remote.ip();
-        if dst.is_unspecified()
-            || dst.is_broadcast()
-            || dst.is_multicast()
-            || self.addrs.contains(dst)
+        if super::ingress::is_martian(dst)
+            || self.is_non_unicast(dst)
+            || self.addrs.is_invalid_source(dst)
             || remote.port() == 0
         {
             return Err(ConnectError::InvalidAddress);

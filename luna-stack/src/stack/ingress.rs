@@ -624,7 +624,7 @@ impl<R: Rng> Stack<R> {
 /// A source address no host on any link has: 0/8 ({0, host}, RFC 1122 §3.2.1.3),
 /// loopback (127/8), multicast, the limited broadcast.
 #[inline]
-fn is_martian(a: Ipv4Addr) -> bool {
+pub(super) fn is_martian(a: Ipv4Addr) -> bool {
     let first = a.octets()[0];
     first == 0 || first == 127 || a.is_multicast() || a.is_broadcast()
 }

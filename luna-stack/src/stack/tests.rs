@@ -1055,6 +1055,52 @@ fn api_errors_are_explicit() {
     assert_eq!(s.recv(h), Err(RecvError::Closed));
 }
 
+/// RFC 1122 §4.2.3.10: an active OPEN MUST fail when the remote address is a broadcast
+/// or multicast address, and a subnet-directed broadcast of one of our prefixes is one
+/// (the ingress path already drops datagrams from or to it, §3.2.1.3). So are the
+/// addresses no host has (§3.2.1.3: {0, host} and loopback MUST NOT be sent on a wire)
+/// and a subnet's network address, which ingress drops as a source: a SYN to any of them
+/// would be ARPed for (or sent to the gateway), never answered.
+#[test]
+fn rfc1122_4_2_3_10_connect_to_a_broadcast_or_martian_address_fails() {
+    let mut s = Stack::new(cfg(MAC_A, ip_a()), FakeRng::new(5)).unwrap();
+    s.routes_mut()
+        .set_default(Ipv4Addr::new(198, 18, 0, 254), ip_a(), 0)
+        .unwrap();
+    // An added address's prefix counts like the primary's.
+    s.add_address(Ipv4Cidr::new(Ipv4Addr::new(198, 18, 4, 1), 22).unwrap())
+        .unwrap();
+    for dst in [
+        Ipv4Addr::new(198, 18, 0, 255), // the primary /24's broadcast
+        Ipv4Addr::new(198, 18, 0, 0),   // its network address
+        Ipv4Addr::new(198, 18, 7, 255), // the added /22's broadcast
+        Ipv4Addr::new(198, 18, 4, 0),   // its network address
+        Ipv4Addr::new(198, 18, 4, 1),   // the added address itself
+        Ipv4Addr::new(0, 1, 2, 3),      // {0, host}
+        Ipv4Addr::LOCALHOST,
+        Ipv4Addr::new(127, 9, 9, 9),
+    ] {
+        assert_eq!(
+            s.connect(t(0), SocketAddrV4::new(dst, 80), None).err(),
+            Some(ConnectError::InvalidAddress),
+            "{dst}"
+        );
+    }
+    assert_eq!(s.connection_count(), 0);
+    assert!(s.poll_transmit(t(0)).is_none(), "nothing ARPed for or sent");
+    // Hosts of those prefixes, and an off-link host through the gateway, are fine.
+    for dst in [
+        Ipv4Addr::new(198, 18, 0, 254),
+        Ipv4Addr::new(198, 18, 5, 255),
+        Ipv4Addr::new(203, 0, 113, 255),
+    ] {
+        assert!(
+            s.connect(t(0), SocketAddrV4::new(dst, 80), None).is_ok(),
+            "{dst}"
+        );
+    }
+}
+
 #[test]
 fn ephemeral_ports_are_unique_and_exhaust_cleanly() {
     let mut c = cfg(MAC_A, ip_a());

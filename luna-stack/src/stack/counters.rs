@@ -39,11 +39,17 @@ pub enum StackDrop {
     /// [`CTL_QUEUE_MAX`](super::CTL_QUEUE_MAX) of them already wait for the device: a
     /// flood answered faster than the link takes the answers.
     CtlFull,
+    /// A datagram with a loose or strict source route option (RFC 791 §3.1): luna
+    /// interprets no options, so it cannot answer along the reversed route RFC 1122
+    /// §3.2.2.6 and §4.2.3.8 require, and with the route not complete it is not the
+    /// datagram's destination; dropped as RFC 7126 §4.3.3 / §4.4.3 recommend (Linux's
+    /// `accept_source_route = 0`).
+    SourceRouted,
 }
 
 impl StackDrop {
     /// Every reason, in a fixed order.
-    pub const ALL: [StackDrop; 14] = [
+    pub const ALL: [StackDrop; 15] = [
         StackDrop::Malformed,
         StackDrop::NotForUs,
         StackDrop::UnknownEthertype,
@@ -58,6 +64,7 @@ impl StackDrop {
         StackDrop::NonUnicast,
         StackDrop::RstLimited,
         StackDrop::CtlFull,
+        StackDrop::SourceRouted,
     ];
 
     /// A short stable name for reports.
@@ -77,6 +84,7 @@ impl StackDrop {
             StackDrop::NonUnicast => "non_unicast",
             StackDrop::RstLimited => "rst_limited",
             StackDrop::CtlFull => "ctl_full",
+            StackDrop::SourceRouted => "source_routed",
         }
     }
 

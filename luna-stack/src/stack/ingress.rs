@@ -280,6 +280,18 @@ impl<R: Rng> Stack<R> {
         if l2_multicast {
             return self.counters.drop(StackDrop::NonUnicast);
         }
+        // RFC 1122 §3.2.2.6 and §4.2.3.8: replies to a source-routed datagram MUST take the
+        // route reversed, and luna interprets no options; with the route not complete we
+        // are not even its destination (RFC 1122 §3.3.5). Dropped, as RFC 7126 §4.3.3 /
+        // §4.4.3 recommend (Linux: `accept_source_route = 0`); options are rare, so the
+        // common header pays one compare.
+        if pkt.header_len() > crate::wire::ipv4::HEADER_LEN {
+            match pkt.source_routed() {
+                Ok(false) => {}
+                Ok(true) => return self.counters.drop(StackDrop::SourceRouted),
+                Err(_) => return self.counters.drop(StackDrop::Malformed),
+            }
+        }
         if ip.is_fragment() {
             // Reassembly is not implemented: TCP never sends fragments (DF + PMTU), so a
             // fragment is counted and dropped rather than buffered.

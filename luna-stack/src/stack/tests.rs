@@ -1650,6 +1650,83 @@ fn rfc1122_4_2_3_10_non_unicast_syns_get_neither_syn_ack_nor_rst() {
     }
 }
 
+/// `frame` (Ethernet + a 20-byte IPv4 header + payload) with the IPv4 options `opts` (a
+/// multiple of 4 bytes) inserted after the header: IHL, Total Length and the header
+/// checksum follow (the transport checksum does not cover them).
+fn with_ip_options(frame: &[u8], opts: &[u8]) -> Vec<u8> {
+    assert_eq!(opts.len() % 4, 0);
+    let mut f = frame[..34].to_vec();
+    f.extend_from_slice(opts);
+    f.extend_from_slice(&frame[34..]);
+    let mut ip = Ipv4Packet::new_unchecked(&mut f[14..]);
+    ip.set_header_len(20 + opts.len());
+    let total = ip.total_len() + opts.len() as u16;
+    ip.set_total_len(total);
+    ip.fill_checksum();
+    f
+}
+
+/// RFC 1122 §3.2.2.6: the reply to an echo request with a source route MUST carry that
+/// route reversed, and a datagram whose source route is not complete (pointer short of
+/// its end) has us as an intermediate hop, not as its destination (RFC 791 §3.1, RFC 1122
+/// §3.3.5). luna interprets no options, so it drops source-routed datagrams (loose or
+/// strict), as RFC 7126 §4.3.3 / §4.4.3 recommend and Linux does by default
+/// (`accept_source_route = 0`), rather than answer them along another path; a malformed
+/// option list (RFC 791 §3.1: a length below 2 or past the header) is malformed. Other
+/// options (record route, NOP, EOL) are still skipped and their datagrams served.
+#[test]
+fn rfc1122_3_2_2_6_source_routed_datagrams_are_dropped_not_answered() {
+    let mut net = Net::pair();
+    let _l = net.b.listen(7000, 16).unwrap();
+    // LSRR (131) and SSRR (137): length 7, pointer 4 (one hop still to visit), padded
+    // with EOL. RFC 791's second form, the route complete (pointer past the end).
+    let lsrr = [131, 7, 4, 203, 0, 113, 9, 0];
+    let ssrr = [137, 7, 4, 203, 0, 113, 9, 0];
+    let lsrr_done = [1, 131, 7, 8, 203, 0, 113, 9];
+    let mut frames = Vec::new();
+    for opts in [&lsrr[..], &ssrr[..], &lsrr_done[..]] {
+        let syn = syn_frame(&mut net, ip_a(), ip_b(), MAC_B);
+        frames.push(with_ip_options(&syn, opts));
+        let echo = icmp_echo_frame(MAC_A, MAC_B, ip_a(), ip_b(), 7, 1, b"route");
+        frames.push(with_ip_options(&echo, opts));
+    }
+    for f in &frames {
+        let now = net.now;
+        net.b.handle_frame(now, Zbuf::copy_from_slice(f));
+    }
+    assert!(
+        net.b.poll_transmit(net.now).is_none(),
+        "no SYN-ACK and no echo reply along another path"
+    );
+    assert_eq!(net.b.counters().passive_opens, 0);
+    assert_eq!(net.b.counters().icmp_echo_replies, 0);
+    assert_eq!(
+        net.b.counters().drops(StackDrop::SourceRouted),
+        frames.len() as u64
+    );
+    // An option whose length runs past the header, or is below 2, is malformed.
+    for opts in [[7u8, 9, 4, 0], [1, 1, 68, 1]] {
+        let echo = icmp_echo_frame(MAC_A, MAC_B, ip_a(), ip_b(), 7, 1, b"bad");
+        let now = net.now;
+        net.b
+            .handle_frame(now, Zbuf::copy_from_slice(&with_ip_options(&echo, &opts)));
+    }
+    assert!(net.b.poll_transmit(net.now).is_none());
+    assert_eq!(net.b.counters().drops(StackDrop::Malformed), 2);
+    // Record route (7), NOPs and EOL are skipped: the echo is answered, the SYN too.
+    let rr = [1, 7, 7, 4, 0, 0, 0, 0];
+    let echo = icmp_echo_frame(MAC_A, MAC_B, ip_a(), ip_b(), 7, 1, b"record");
+    let syn = syn_frame(&mut net, ip_a(), ip_b(), MAC_B);
+    let now = net.now;
+    net.b
+        .handle_frame(now, Zbuf::copy_from_slice(&with_ip_options(&echo, &rr)));
+    net.b
+        .handle_frame(now, Zbuf::copy_from_slice(&with_ip_options(&syn, &rr)));
+    assert_eq!(std::iter::from_fn(|| net.b.poll_transmit(now)).count(), 2);
+    assert_eq!(net.b.counters().icmp_echo_replies, 1);
+    assert_eq!(net.b.counters().passive_opens, 1);
+}
+
 /// RFC 5227 §2.1.1: an ARP probe's sender address is 0.0.0.0 so that no cache learns it.
 /// luna answers the probe (it is for one of its addresses) and learns nothing; a sender
 /// address that is no host's (broadcast, network address) is not learnt either.

@@ -215,11 +215,50 @@ impl<'a, T: AsRef<[u8]> + ?Sized> Ipv4Packet<&'a T> {
         &self.buffer.as_ref()[HEADER_LEN..self.header_len()]
     }
 
+    /// Whether the options carry a loose or strict source route (RFC 791 §3.1, types 131
+    /// and 137); `Err` for a malformed option list (an option's length below 2 or past
+    /// the header). Walks the options, which are rare: check
+    /// [`header_len`](Ipv4Packet::header_len) `> 20` first.
+    pub fn source_routed(&self) -> Result<bool> {
+        options_source_routed(self.options())
+    }
+
     /// The payload, bounded by Total Length (link-layer padding excluded).
     pub fn payload(&self) -> &'a [u8] {
         let b = self.buffer.as_ref();
         &b[self.header_len()..usize::from(self.total_len())]
     }
+}
+
+/// RFC 791 §3.1 "Options": End of Option List (0) ends the list, No Operation (1) is one
+/// byte, every other option is type, length (counting both, so at least 2) and data.
+const OPT_EOL: u8 = 0;
+const OPT_NOP: u8 = 1;
+/// Loose Source and Record Route.
+const OPT_LSRR: u8 = 131;
+/// Strict Source and Record Route.
+const OPT_SSRR: u8 = 137;
+
+/// Whether an option list carries a loose or strict source route; `Err` when an option's
+/// length is below 2 or runs past the list.
+pub fn options_source_routed(opts: &[u8]) -> Result<bool> {
+    let mut i = 0;
+    let mut routed = false;
+    while let Some(&kind) = opts.get(i) {
+        match kind {
+            OPT_EOL => break,
+            OPT_NOP => i += 1,
+            _ => {
+                let len = usize::from(*opts.get(i + 1).ok_or(Error)?);
+                if len < 2 || i + len > opts.len() {
+                    return Err(Error);
+                }
+                routed |= kind == OPT_LSRR || kind == OPT_SSRR;
+                i += len;
+            }
+        }
+    }
+    Ok(routed)
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
@@ -686,6 +725,30 @@ mod tests {
         let mut b = HEADER.to_vec();
         b[0] = 0x4f; // 60-byte header in a 20-byte buffer
         assert_eq!(Ipv4Packet::new_checked(&b[..]), Err(Error));
+    }
+
+    #[test]
+    fn rfc791_3_1_source_route_options_found_and_bad_lengths_rejected() {
+        let routed = |o: &[u8]| options_source_routed(o);
+        assert_eq!(routed(&[]), Ok(false));
+        assert_eq!(routed(&[1, 1, 1, 0]), Ok(false));
+        // Record route (7), then EOL: whatever follows EOL is padding.
+        assert_eq!(routed(&[7, 7, 4, 0, 0, 0, 0, 0, 131, 0, 0, 0]), Ok(false));
+        assert_eq!(routed(&[131, 7, 4, 1, 2, 3, 4, 0]), Ok(true));
+        assert_eq!(routed(&[1, 137, 7, 4, 1, 2, 3, 4]), Ok(true));
+        // After another option.
+        assert_eq!(routed(&[7, 3, 4, 131, 3, 4, 0, 0]), Ok(true));
+        // A length below 2, past the list, or missing.
+        assert_eq!(routed(&[68, 1, 0, 0]), Err(Error));
+        assert_eq!(routed(&[68, 0, 0, 0]), Err(Error));
+        assert_eq!(routed(&[7, 9, 4, 0]), Err(Error));
+        assert_eq!(routed(&[1, 1, 1, 7]), Err(Error));
+        let mut b = vec![
+            0x46, 0, 0, 24, 0, 0, 0x40, 0, 64, 6, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8,
+        ];
+        b.extend_from_slice(&[137, 3, 4, 0]);
+        let p = Ipv4Packet::new_checked(&b[..]).unwrap();
+        assert_eq!(p.source_routed(), Ok(true));
     }
 
     #[test]

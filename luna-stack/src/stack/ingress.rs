@@ -183,10 +183,22 @@ impl<R: Rng> Stack<R> {
             if hop == e.next_hop {
                 continue;
             }
-            e.next_hop = hop;
+            let old = core::mem::replace(&mut e.next_hop, hop);
             e.hop_mac = None;
             let parked = e.held.is_some();
             moved += 1;
+            // It waits for the old next hop no more (parked there, or still listed after
+            // it was released some other way): off its list, and its ARP retry clock goes
+            // when no one else waits there; or an answer from it would wake whatever
+            // reuses the slot, and the maps would keep every next hop ever left this way
+            // (`free_slot` only looks at the current one).
+            if let Some(w) = self.arp_wait.get_mut(&old) {
+                w.retain(|&x| x != idx as u32);
+                if w.is_empty() {
+                    self.arp_wait.remove(&old);
+                    self.arp_sent.remove(&old);
+                }
+            }
             if parked {
                 self.mark_dirty(idx as u32);
             }

@@ -231,6 +231,43 @@ fn a_connection_that_gives_up_on_an_unresolved_neighbour_leaves_no_arp_state() {
     );
 }
 
+/// A connection parked on a next hop that never answers, moved by a route change to one
+/// that does: it leaves the old next hop's wait list (and, with no one else waiting there,
+/// its ARP retry clock) as it moves. Left listed, a later answer from the old next hop
+/// would wake whatever connection reused the slot, and both maps kept an entry for every
+/// next hop ever abandoned this way (they are bounded by the connections parked).
+#[test]
+fn a_parked_connection_moved_by_a_route_change_leaves_the_old_next_hops_wait_list() {
+    use crate::tables::{NextHop, Route};
+    let mut net = Net::pair();
+    let _l = net.b.listen(7000, 16).unwrap();
+    let gw = Ipv4Addr::new(198, 18, 0, 77);
+    let host_route = Route {
+        destination: Ipv4Cidr::new(ip_b(), 32).unwrap(),
+        next_hop: NextHop::Gateway(gw),
+        source: ip_a(),
+        interface: 0,
+    };
+    net.a.routes_mut().insert(host_route).unwrap();
+    let c = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+        .unwrap();
+    net.flush();
+    assert!(net.a.arp_wait.contains_key(&gw), "parked on the gateway");
+    // The route goes: B is on-link again.
+    net.a.routes_mut().remove(host_route.destination);
+    assert_eq!(net.a.routes_changed(), 1);
+    net.run_until(|n| n.a.state(c) == Some(State::Established), 1000);
+    assert!(
+        !net.a.arp_wait.contains_key(&gw),
+        "still listed on the old next hop: {:?}",
+        net.a.arp_wait
+    );
+    assert!(!net.a.arp_sent.contains_key(&gw));
+    assert!(net.a.arp_wait.is_empty() && net.a.arp_sent.is_empty());
+}
+
 /// A spoofed IP frame cannot redirect a neighbour: a SYN to a listener, or a segment on an
 /// established connection's tuple, from a known neighbour's address but another MAC leaves
 /// the neighbour's entry as ARP made it (only ARP changes a known MAC).

@@ -176,7 +176,13 @@ impl<R: Rng> Stack<R> {
             let (e, mac) = match cached {
                 Some(mac) => (e, mac),
                 None => {
-                    let mac = self.resolve(now, next_hop);
+                    // A closed connection's last segment (its RST) is not worth an ARP
+                    // request: it is dropped below when the MAC is unknown.
+                    let mac = if e.conn.is_closed() {
+                        self.lookup_mac(now, next_hop)
+                    } else {
+                        self.resolve(now, next_hop)
+                    };
                     let fresh = self.hop_mac_of(next_hop, now);
                     let e = self.slots[idx as usize]
                         .entry
@@ -249,7 +255,11 @@ impl<R: Rng> Stack<R> {
             // Built in the return slot (no move of the frame).
             return Some(tmpl.build(&seg.repr, seg.payload, ident, &caps));
         }
-        None
+        // A control frame queued while the connections were served (none is, today) must
+        // not wait behind a `None`: the driver stops polling at it.
+        let t = self.ctl.pop_front()?;
+        self.counters.frames_out += 1;
+        Some(t)
     }
 
     /// Debug builds: the frame built from connection `idx`'s template is byte for byte
@@ -273,11 +283,18 @@ impl<R: Rng> Stack<R> {
         assert_eq!(t.offload, reference.offload, "template offload");
     }
 
+    /// The MAC for `ip` if the neighbour table has one (no ARP request).
+    fn lookup_mac(&mut self, now: Instant, ip: Ipv4Addr) -> Option<EthernetAddress> {
+        match self.nb_update(ip, |t| t.lookup(ip, now)) {
+            Resolution::Resolved(mac) | Resolution::Stale(mac) => Some(mac),
+            Resolution::Pending | Resolution::Unknown => None,
+        }
+    }
+
     /// The MAC for `ip`, sending an ARP request (rate limited) when it is unknown.
     pub(super) fn resolve(&mut self, now: Instant, ip: Ipv4Addr) -> Option<EthernetAddress> {
-        match self.nb_update(ip, |t| t.lookup(ip, now)) {
-            Resolution::Resolved(mac) | Resolution::Stale(mac) => return Some(mac),
-            Resolution::Pending | Resolution::Unknown => {}
+        if let Some(mac) = self.lookup_mac(now, ip) {
+            return Some(mac);
         }
         let due = self
             .arp_sent

@@ -268,6 +268,34 @@ fn a_parked_connection_moved_by_a_route_change_leaves_the_old_next_hops_wait_lis
     assert!(net.a.arp_wait.is_empty() && net.a.arp_sent.is_empty());
 }
 
+/// A closed connection's last segment (its RST) does not wait for ARP: with its next hop
+/// unknown it is dropped (RSTs are never resent). No ARP request is made for it either,
+/// and no retry clock is left behind for a next hop no connection waits for (the map is
+/// bounded by the connections parked, not by every neighbour an aborted connection had).
+#[test]
+fn an_aborted_connections_rst_to_an_unknown_next_hop_leaves_no_arp_state() {
+    let mut net = Net::pair();
+    let (c, _s) = connected(&mut net);
+    // B's entry goes (aged out, or the kernel dropped it), then A aborts.
+    net.a.neighbour_removed(ip_b());
+    net.a.abort(c);
+    let now = net.now;
+    let out: Vec<Vec<u8>> = std::iter::from_fn(|| net.a.poll_transmit(now))
+        .map(|f| f.to_vec())
+        .collect();
+    assert!(
+        out.is_empty(),
+        "the RST is dropped, and nothing asked for it"
+    );
+    assert_eq!(net.a.counters().arp_requests, 1, "the handshake's only");
+    assert_eq!(net.a.connection_count(), 0, "reclaimed");
+    assert!(
+        net.a.arp_sent.is_empty() && net.a.arp_wait.is_empty(),
+        "{:?}",
+        net.a.arp_sent
+    );
+}
+
 /// A spoofed IP frame cannot redirect a neighbour: a SYN to a listener, or a segment on an
 /// established connection's tuple, from a known neighbour's address but another MAC leaves
 /// the neighbour's entry as ARP made it (only ARP changes a known MAC).

@@ -462,7 +462,7 @@ impl PollApp {
                     if crate::debug() {
                         eprintln!("luna-preload: recv on {fd:?}: {e}");
                     }
-                    g.fatal = Some(e.errno());
+                    g.fail(e.errno());
                     *grew = true;
                 }
             }
@@ -483,7 +483,7 @@ impl PollApp {
                     if crate::debug() {
                         eprintln!("luna-preload: send on {fd:?}: {e}");
                     }
-                    g.fatal = Some(e.errno());
+                    g.fail(e.errno());
                     g.tx.clear();
                     *grew = true;
                 }

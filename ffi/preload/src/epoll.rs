@@ -287,7 +287,7 @@ mod tests {
         }
         s.lock().rx.clear();
         assert_eq!(collect(&set, &mut out), 0);
-        s.lock().fatal = Some(libc::ECONNRESET);
+        s.lock().fail(libc::ECONNRESET);
         assert_eq!(collect(&set, &mut out), 1);
         assert_ne!(
             { out[0].events } & (libc::EPOLLERR | libc::EPOLLHUP) as u32,

@@ -223,9 +223,7 @@ unsafe fn buf<'a>(buf: *const c_void, n: size_t) -> Result<&'a [u8], i32> {
 
 fn do_read(fd: c_int, s: &Sock, mut bufs: Vec<&mut [u8]>, flags: c_int) -> Result<usize, i32> {
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
-    s.read(&mut bufs, flags & libc::MSG_PEEK != 0, &|| {
-        dontwait || nonblocking(fd)
-    })
+    s.read(&mut bufs, flags, &|| dontwait || nonblocking(fd))
 }
 
 fn do_write(fd: c_int, s: &Arc<Sock>, bufs: &[&[u8]], flags: c_int) -> Result<usize, i32> {
@@ -412,11 +410,8 @@ unsafe fn luna_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Opti
         let Some(sh) = engine::engine() else {
             return Some(fail(libc::ENETDOWN));
         };
-        match s.lock().phase {
-            Phase::Fresh => {}
-            Phase::Connecting => return Some(fail(libc::EALREADY)),
-            Phase::Connected => return Some(fail(libc::EISCONN)),
-            _ => return Some(fail(libc::EINVAL)),
+        if let Some(r) = s.connect_again(&|| nonblocking(fd)) {
+            return Some(ret0(r));
         }
         sh.push(Cmd::Connect(Arc::clone(&s), a));
         if let Err(e) = s.wait_reply() {

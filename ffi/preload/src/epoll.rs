@@ -9,7 +9,7 @@ use crate::real::call_real;
 use crate::sock::{Notifier, Sock};
 use libc::{c_int, epoll_event};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,12 @@ struct Member {
 pub(crate) struct Set {
     note: Arc<Notifier>,
     members: Mutex<Vec<Member>>,
+    /// Where the next `collect` starts: after the last member reported when `maxevents`
+    /// ran out (epoll_wait(2): successive calls round-robin through the ready fds).
+    cursor: AtomicUsize,
+    /// The last wait filled `maxevents` with luna members without asking the kernel:
+    /// the next one asks the kernel first.
+    kernel_skipped: AtomicBool,
 }
 
 impl Set {
@@ -121,6 +127,8 @@ fn create(epfd: c_int) -> Result<Arc<Set>, i32> {
     let set = Arc::new(Set {
         note,
         members: Mutex::new(Vec::new()),
+        cursor: AtomicUsize::new(0),
+        kernel_skipped: AtomicBool::new(false),
     });
     sets().insert(epfd, Arc::clone(&set));
     Ok(set)
@@ -153,13 +161,19 @@ pub(crate) fn forget_sock(fd: c_int, sock: &Arc<Sock>) {
     }
 }
 
-/// Ready luna members into `out` (up to its length).
+/// Ready luna members into `out` (up to its length), starting where the last full
+/// collection stopped.
 fn collect(set: &Set, out: &mut [epoll_event]) -> usize {
     let mut n = 0;
-    for m in set.lock().iter_mut() {
+    let mut members = set.lock();
+    let len = members.len();
+    let start = set.cursor.load(Ordering::Relaxed) % len.max(1);
+    for k in 0..len {
         if n == out.len() {
             break;
         }
+        let i = (start + k) % len;
+        let m = &mut members[i];
         if m.disarmed {
             continue;
         }
@@ -180,6 +194,9 @@ fn collect(set: &Set, out: &mut [epoll_event]) -> usize {
             u64: m.data,
         };
         n += 1;
+        if n == out.len() {
+            set.cursor.store(i + 1, Ordering::Relaxed);
+        }
     }
     n
 }
@@ -208,18 +225,31 @@ pub(crate) fn wait(
 ) -> c_int {
     let deadline = (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
     loop {
-        let mut n = collect(set, out);
+        let mut n = 0;
+        // Luna members filled the last answer: the kernel's fds go first this time.
+        let kernel_first = set.kernel_skipped.swap(false, Ordering::Relaxed);
+        if kernel_first {
+            let r = real(out, 0);
+            if r > 0 {
+                n = strip(out, r as usize).0;
+            }
+        }
+        n += collect(set, &mut out[n..]);
         if n == 0 {
             set.note.drain();
             n = collect(set, out);
         }
         if n > 0 {
             // Kernel fds ready now join them (without waiting).
-            if n < out.len() {
-                let r = real(&mut out[n..], 0);
-                if r > 0 {
-                    let (k, _) = strip(&mut out[n..], r as usize);
-                    n += k;
+            if !kernel_first {
+                if n < out.len() {
+                    let r = real(&mut out[n..], 0);
+                    if r > 0 {
+                        let (k, _) = strip(&mut out[n..], r as usize);
+                        n += k;
+                    }
+                } else {
+                    set.kernel_skipped.store(true, Ordering::Relaxed);
                 }
             }
             return n as c_int;
@@ -266,8 +296,45 @@ mod tests {
                 seen: u64::MAX,
                 disarmed: false,
             }]),
+            cursor: AtomicUsize::new(0),
+            kernel_skipped: AtomicBool::new(false),
         };
         (set, s)
+    }
+
+    /// epoll_wait(2): "If more than maxevents file descriptors are ready when
+    /// epoll_wait() is called, then successive epoll_wait() calls will round robin
+    /// through the set of ready file descriptors." Two ready luna sockets and a ready
+    /// kernel fd, maxevents 1: three waits report all three (no starvation).
+    #[test]
+    fn full_answers_round_robin_over_luna_and_kernel_fds() {
+        let (set, s) = set_with(libc::EPOLLIN as u32);
+        s.lock().rx.extend(b"x");
+        let t = Sock::new(Phase::Connected, UNBOUND);
+        t.lock().rx.extend(b"y");
+        set.lock().push(Member {
+            fd: 6,
+            sock: t,
+            events: libc::EPOLLIN as u32,
+            data: 78,
+            seen: u64::MAX,
+            disarmed: false,
+        });
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let mut out = [epoll_event { events: 0, u64: 0 }; 1];
+            let n = wait(&set, &mut out, -1, &mut |b, _| {
+                b[0] = epoll_event {
+                    events: libc::EPOLLIN as u32,
+                    u64: 99,
+                };
+                1
+            });
+            assert_eq!(n, 1);
+            seen.push(out[0].u64);
+        }
+        seen.sort();
+        assert_eq!(seen, vec![77, 78, 99]);
     }
 
     fn ev() -> [epoll_event; 4] {

@@ -8,7 +8,7 @@
 
 use crate::engine::{self, Cmd};
 use crate::epoll;
-use crate::real::call_real;
+use crate::real::{self, call_real};
 use crate::sock::{Phase, Sock, UNBOUND};
 use crate::{internal, set_errno, ACTIVE};
 use core::net::{Ipv4Addr, SocketAddrV4};
@@ -35,18 +35,65 @@ fn lookup(fd: c_int) -> Option<Arc<Sock>> {
         .cloned()
 }
 
+/// `fd` names `s` (a new socket or a `dup` copy). A luna socket `fd` named before is
+/// released first (the kernel reused the number: `dup2` over it).
 fn insert(fd: c_int, s: Arc<Sock>) {
-    SOCKS
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(fd, s);
+    let old = {
+        let mut t = SOCKS.write().unwrap_or_else(|p| p.into_inner());
+        s.fds.fetch_add(1, Ordering::Relaxed);
+        let old = t.insert(fd, s);
+        old.filter(|o| o.fds.fetch_sub(1, Ordering::Relaxed) == 1)
+    };
+    if let Some(o) = old {
+        release(fd, o);
+    }
 }
 
+/// Forgets `fd`; its socket if `fd` was the last descriptor naming it (then the caller
+/// closes it: [`release`]).
 fn remove(fd: c_int) -> Option<Arc<Sock>> {
     if !ACTIVE.load(Ordering::Acquire) || internal() {
         return None;
     }
-    SOCKS.write().unwrap_or_else(|p| p.into_inner()).remove(&fd)
+    let mut t = SOCKS.write().unwrap_or_else(|p| p.into_inner());
+    let s = t.remove(&fd)?;
+    (s.fds.fetch_sub(1, Ordering::Relaxed) == 1).then_some(s)
+}
+
+/// The last descriptor of `s` (last named `fd`) is gone: leave the epoll sets and
+/// close gracefully.
+fn release(fd: c_int, s: Arc<Sock>) {
+    epoll::forget_sock(fd, &s);
+    let had = {
+        let mut g = s.lock();
+        g.phase = Phase::Closed;
+        g.bfd.is_some()
+    };
+    if had {
+        if let Some(sh) = engine::engine() {
+            sh.push(Cmd::Close(s));
+        }
+    }
+}
+
+/// The descriptor `nfd` is a kernel copy of `fd` (`dup`, `dup2`, `dup3`, `F_DUPFD`):
+/// it names `fd`'s luna socket too, as a copy of a kernel socket shares its file
+/// (dup(2)). Whatever luna socket `nfd` named before lost that descriptor.
+fn duplicated(fd: c_int, nfd: c_int) {
+    if nfd < 0 || fd == nfd || !ACTIVE.load(Ordering::Acquire) || internal() {
+        return;
+    }
+    let _ = try_luna::<c_int>(|| {
+        match lookup(fd) {
+            Some(s) => insert(nfd, s),
+            None => {
+                if let Some(s) = remove(nfd) {
+                    release(nfd, s);
+                }
+            }
+        }
+        None
+    });
 }
 
 /// Runs `f`; a panic becomes `-1`/`EIO`.
@@ -88,8 +135,8 @@ fn ret0(r: Result<(), i32>) -> c_int {
 
 /// The placeholder's `O_NONBLOCK`.
 fn nonblocking(fd: c_int) -> bool {
-    // SAFETY: F_GETFL takes no argument; fcntl is not interposed.
-    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: F_GETFL takes no argument (the 0 is ignored); libc's fcntl.
+    let fl = unsafe { call_real!(fcntl(fd, libc::F_GETFL, 0)) };
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
@@ -429,19 +476,10 @@ unsafe fn luna_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Opti
 #[no_mangle]
 pub unsafe extern "C-unwind" fn close(fd: c_int) -> c_int {
     let forgotten: Option<c_int> = try_luna(|| {
+        let named = lookup(fd).is_some();
         if let Some(s) = remove(fd) {
-            epoll::forget_sock(fd, &s);
-            let had = {
-                let mut g = s.lock();
-                g.phase = Phase::Closed;
-                g.bfd.is_some()
-            };
-            if had {
-                if let Some(sh) = engine::engine() {
-                    sh.push(Cmd::Close(s));
-                }
-            }
-        } else {
+            release(fd, s);
+        } else if !named {
             epoll::forget_set(fd);
         }
         None
@@ -484,6 +522,64 @@ pub unsafe extern "C-unwind" fn shutdown(fd: c_int, how: c_int) -> c_int {
         }
         0
     })
+}
+
+// --- descriptor copies -----------------------------------------------------------------
+
+/// `dup(2)`: the copy names the same luna socket.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn dup(fd: c_int) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { call_real!(dup(fd)) };
+    duplicated(fd, r);
+    r
+}
+
+/// `dup2(2)`: `new` names `old`'s socket (a luna socket `new` named loses it).
+#[no_mangle]
+pub unsafe extern "C-unwind" fn dup2(old: c_int, new: c_int) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { call_real!(dup2(old, new)) };
+    duplicated(old, r);
+    r
+}
+
+/// `dup3(2)`.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { call_real!(dup3(old, new, flags)) };
+    duplicated(old, r);
+    r
+}
+
+/// `fcntl(2)`, for `F_DUPFD`/`F_DUPFD_CLOEXEC` (Python's `os.dup`); every command goes
+/// to libc. Declared with the one word argument every command takes (an int or a
+/// pointer: the variadic call passes it in the same register on the Linux ABIs, as
+/// for `ioctl`).
+#[no_mangle]
+pub unsafe extern "C-unwind" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: forwarding the caller's arguments.
+    let r = unsafe { call_real!(fcntl(fd, cmd, arg)) };
+    if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+        duplicated(fd, r);
+    }
+    r
+}
+
+/// `fcntl64`: glibc's name for `fcntl` in programs built with 64-bit file offsets.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    let r = match real::real().fcntl64 {
+        // SAFETY: forwarding the caller's arguments.
+        Some(f) => unsafe { f(fd, cmd, arg) },
+        // SAFETY: as above (fcntl64 is fcntl where it is missing).
+        None => unsafe { call_real!(fcntl(fd, cmd, arg)) },
+    };
+    if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+        duplicated(fd, r);
+    }
+    r
 }
 
 // --- data ------------------------------------------------------------------------------

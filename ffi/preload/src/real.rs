@@ -55,6 +55,12 @@ pub(crate) struct Real {
         unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int,
     >,
     pub poll: Option<unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int>,
+    pub dup: Option<unsafe extern "C" fn(c_int) -> c_int>,
+    pub dup2: Option<unsafe extern "C" fn(c_int, c_int) -> c_int>,
+    pub dup3: Option<unsafe extern "C" fn(c_int, c_int, c_int) -> c_int>,
+    /// Variadic in C; declared with its one word argument (see `hooks::fcntl`).
+    pub fcntl: Option<unsafe extern "C" fn(c_int, c_int, libc::c_ulong) -> c_int>,
+    pub fcntl64: Option<unsafe extern "C" fn(c_int, c_int, libc::c_ulong) -> c_int>,
 }
 
 fn sym<T: Copy>(name: &std::ffi::CStr) -> Option<T> {
@@ -99,6 +105,11 @@ pub(crate) fn real() -> &'static Real {
         epoll_wait: sym(c"epoll_wait"),
         epoll_pwait: sym(c"epoll_pwait"),
         poll: sym(c"poll"),
+        dup: sym(c"dup"),
+        dup2: sym(c"dup2"),
+        dup3: sym(c"dup3"),
+        fcntl: sym(c"fcntl"),
+        fcntl64: sym(c"fcntl64"),
     })
 }
 

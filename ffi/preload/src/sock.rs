@@ -5,7 +5,7 @@ use crate::engine::{Cmd, Shared};
 use core::net::{Ipv4Addr, SocketAddrV4};
 use r2c::batch::{Fd as BFd, Interest};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -112,6 +112,9 @@ pub(crate) struct Sock {
     cv: Condvar,
     /// Bumped whenever readiness may have grown (edge-triggered epoll compares it).
     pub gen: AtomicU64,
+    /// Descriptors naming this socket (`dup`): the socket closes with the last one.
+    /// Changed under the descriptor table's write lock.
+    pub fds: AtomicUsize,
 }
 
 /// An eventfd an epoll set waits on; the poll thread writes it when a member may have
@@ -237,6 +240,7 @@ impl Sock {
             st: Mutex::new(State::new(phase, local)),
             cv: Condvar::new(),
             gen: AtomicU64::new(0),
+            fds: AtomicUsize::new(0),
         })
     }
 

@@ -8,6 +8,7 @@ import os
 import select
 import socket
 import sys
+import threading
 import time
 
 luna_ip, kernel_ip, port, ready = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -108,6 +109,43 @@ buf = bytearray()
 while len(buf) < 6:
     buf += c.recv(16)
 check(bytes(buf) == b"polled", "poll data")
+
+# dup(2): a copy names the same socket; closing one keeps it open (os.dup is
+# fcntl(F_DUPFD_CLOEXEC)).
+def recv_exact(s, n):
+    b = bytearray()
+    while len(b) < n:
+        d = s.recv(n - len(b))
+        check(d, "early end of stream")
+        b += d
+    return bytes(b)
+
+
+dfd = os.dup(c.fileno())
+os.write(dfd, b"dup")
+check(recv_exact(c, 3) == b"dup", "write through a dup")
+os.close(dfd)
+c.sendall(b"still")
+check(recv_exact(c, 5) == b"still", "closing a dup keeps the socket")
+dfd = os.dup2(c.fileno(), 200)
+check(dfd == 200, "dup2")
+c.sendall(b"d2")
+check(os.read(200, 2) == b"d2", "read through a dup2 copy")
+# dup2 over a luna copy: that number is the new file now, the socket stays open.
+pr, pw = os.pipe()
+os.dup2(pw, 200)
+os.write(200, b"p")
+check(os.read(pr, 1) == b"p", "dup2 over a luna fd: the new file")
+os.close(200)
+os.close(pr)
+os.close(pw)
+c.sendall(b"ok")
+check(recv_exact(c, 2) == b"ok", "the socket outlives its copies")
+
+# MSG_WAITALL waits for the whole request.
+c.sendall(b"abc")
+threading.Timer(0.3, lambda: c.sendall(b"def")).start()
+check(c.recv(6, socket.MSG_WAITALL) == b"abcdef", "MSG_WAITALL")
 
 # Half close: the echo server answers the FIN with its own.
 c.shutdown(socket.SHUT_WR)

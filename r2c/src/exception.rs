@@ -570,8 +570,14 @@ mod tests {
     use bifurcation::{KernelPorts, TrafficConfig};
 
     fn model() -> TrafficModel {
+        model_with_ip(None)
+    }
+
+    /// One app, one thread, a listener on 7700, and `ip` as the model's address.
+    fn model_with_ip(ip: Option<Ipv4Addr>) -> TrafficModel {
         let c = TrafficConfig {
             listen_tcp: vec![7700],
+            ip,
             apps: vec![bifurcation::model::AppConfig {
                 name: "t".into(),
                 ports: Default::default(),
@@ -730,21 +736,7 @@ mod tests {
     fn luna_ports_on_a_mirrored_address_follow_the_stacks_address_set() {
         use netlink_packet_route::RouteNetlinkMessage as M;
         use netlink_sync::mirror::craft::{address, emit};
-        let model = {
-            let c = TrafficConfig {
-                listen_tcp: vec![7700],
-                ip: Some(Ipv4Addr::new(198, 18, 4, 2)),
-                apps: vec![bifurcation::model::AppConfig {
-                    name: "t".into(),
-                    ports: Default::default(),
-                    threads: Some(1),
-                    queues: None,
-                }],
-                ..TrafficConfig::default()
-            };
-            c.validate(&KernelPorts::parse("32768 60999", "").unwrap())
-                .unwrap()
-        };
+        let model = model_with_ip(Some(Ipv4Addr::new(198, 18, 4, 2)));
         let (wire, mut kernel, dev) = rig_with(16, model);
         let publisher = netlink_sync::Publisher::new(netlink_sync::Snapshot::empty(5));
         let mut dev = dev.with_mirror(Mirroring::new(publisher.reader(), None));

@@ -308,6 +308,27 @@ impl InlineApp for Watch {
     }
 }
 
+/// Starts a [`Watch`] client on `client`: its runtime, the close reasons it saw and
+/// whether it connected.
+#[allow(clippy::type_complexity)]
+fn spawn_watch(
+    client: Vec<r2c::CoreSetup<r2c::device::mem::MemDevice>>,
+) -> (
+    Runtime,
+    Arc<Mutex<Vec<Option<luna_stack::tcp::CloseReason>>>>,
+    Arc<AtomicUsize>,
+) {
+    let closed = Arc::new(Mutex::new(Vec::new()));
+    let (c2, up) = (closed.clone(), Arc::new(AtomicUsize::new(0)));
+    let u2 = up.clone();
+    let cli = Runtime::spawn_inline(client, opts(), move |_| Watch {
+        closed: c2.clone(),
+        up: u2.clone(),
+    })
+    .unwrap();
+    (cli, closed, up)
+}
+
 /// Waits up to 10 s for the client to see its connection reset. Without it the client
 /// would wait forever: nothing is in flight and keepalive is off.
 fn wait_for_reset(closed: &Mutex<Vec<Option<luna_stack::tcp::CloseReason>>>) {
@@ -342,14 +363,7 @@ fn shutdown_sends_the_reset_of_a_connection_closed_with_unread_data() {
     let heard = Arc::new(AtomicUsize::new(0));
     let h2 = heard.clone();
     let srv = Runtime::spawn_inline(server, opts(), move |_| Deaf(h2.clone())).unwrap();
-    let closed = Arc::new(Mutex::new(Vec::new()));
-    let (c2, up) = (closed.clone(), Arc::new(AtomicUsize::new(0)));
-    let u2 = up.clone();
-    let cli = Runtime::spawn_inline(client, opts(), move |_| Watch {
-        closed: c2.clone(),
-        up: u2.clone(),
-    })
-    .unwrap();
+    let (cli, closed, _up) = spawn_watch(client);
     wait_for("the server holds unread data", || {
         heard.load(Ordering::SeqCst) > 0
     });
@@ -379,14 +393,7 @@ fn shutdown_sends_the_reset_of_a_connection_never_accepted() {
     }
     let (server, client) = pair(1, 1, |_| {});
     let srv = Runtime::spawn_batch(server, opts(), |_| NeverAccepts).unwrap();
-    let closed = Arc::new(Mutex::new(Vec::new()));
-    let (c2, up) = (closed.clone(), Arc::new(AtomicUsize::new(0)));
-    let u2 = up.clone();
-    let cli = Runtime::spawn_inline(client, opts(), move |_| Watch {
-        closed: c2.clone(),
-        up: u2.clone(),
-    })
-    .unwrap();
+    let (cli, closed, up) = spawn_watch(client);
     wait_for("connected", || up.load(Ordering::SeqCst) == 1);
     wait_for("the server has the data", || srv.stats()[0].rx_bytes > 100);
     srv.stop();

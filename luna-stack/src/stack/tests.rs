@@ -701,16 +701,19 @@ fn syn_cookie_mode_always_answers_every_syn_with_a_cookie() {
     assert_eq!(net.b.counters().syn_cookies_sent, 1);
     assert_eq!(net.b.counters().syn_cookies_accepted, 1);
     assert_eq!(net.b.counters().passive_opens, 0);
-    net.b
-        .send(s, &Zbuf::copy_from_slice(b"from a cookie"))
-        .unwrap();
+    b_sends_a_receives(&mut net, s, c, b"from a cookie");
+}
+
+/// B sends `data` on `s`; runs until A has read exactly it on `c`.
+fn b_sends_a_receives(net: &mut Net, s: SocketHandle, c: SocketHandle, data: &[u8]) {
+    net.b.send(s, &Zbuf::copy_from_slice(data)).unwrap();
     let mut got = Vec::new();
     net.run_until(
         |n| {
             while let Ok(Some(b)) = n.a.recv(c) {
                 got.extend_from_slice(&b);
             }
-            got == b"from a cookie"
+            got == data
         },
         1000,
     );
@@ -748,19 +751,7 @@ fn rfc4987_3_6_cookie_handshake_completes_when_the_server_does_not_use_timestamp
             (sack_ok, ts_ok, wscale.is_some()),
             (ts && sack, ts, ts && ws)
         );
-        net.b
-            .send(s, &Zbuf::copy_from_slice(b"from a cookie"))
-            .unwrap();
-        let mut got = Vec::new();
-        net.run_until(
-            |n| {
-                while let Ok(Some(b)) = n.a.recv(c) {
-                    got.extend_from_slice(&b);
-                }
-                got == b"from a cookie"
-            },
-            1000,
-        );
+        b_sends_a_receives(&mut net, s, c, b"from a cookie");
     }
 }
 

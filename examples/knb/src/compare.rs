@@ -112,6 +112,11 @@ struct Ratio {
     starved: Vec<String>,
 }
 
+/// Whether a per-round figure (RPC/s, p99) can enter a ratio: finite and above 0.
+fn has_value(x: f64) -> bool {
+    x.is_finite() && x > 0.0
+}
+
 fn ratio(series: &Series, a: &str, b: &str, f: impl Fn(&Point) -> f64) -> Ratio {
     let mut r = Ratio {
         value: None,
@@ -134,6 +139,20 @@ fn ratio(series: &Series, a: &str, b: &str, f: impl Fn(&Point) -> f64) -> Ratio 
                     r.starved.push(format!("{name} {why} in round {}", i + 1));
                 }
             }
+            continue;
+        }
+        // A stack that completed nothing in the window (rps 0, no latency) gives no
+        // ratio, on either side of it: not kept (the median left it out before while
+        // `kept` counted it, and only when it was the divisor).
+        let mut valued = true;
+        for (name, pt) in [(a, p), (b, q)] {
+            if !has_value(f(pt)) {
+                valued = false;
+                r.starved
+                    .push(format!("{name} measured no value in round {}", i + 1));
+            }
+        }
+        if !valued {
             continue;
         }
         r.kept += 1;
@@ -184,7 +203,7 @@ fn selected_ratio(
         .zip(y)
         .zip(kx.iter().zip(&ky))
         .filter_map(|((p, q), (&u, &v))| match (p, q) {
-            (Some(p), Some(q)) if u && v => Some(f(p) / f(q)),
+            (Some(p), Some(q)) if u && v && has_value(f(p)) && has_value(f(q)) => Some(f(p) / f(q)),
             _ => None,
         })
         .collect();
@@ -785,6 +804,57 @@ mod tests {
         assert_eq!((r.value, r.kept, r.measured), (Some(4.0), 2, 2));
         assert_eq!(ratio(&s, "luna", "kernel", |p| p.rps).value, None);
         assert_eq!(too_busy("x", &ratio(&s, "luna", "kernel", |p| p.rps)), None);
+    }
+
+    /// A round where a stack completed no RPC in the window (rps 0, latency null) gives
+    /// no per-round ratio (x/0, 0/x, NaN): it must not be counted among the rounds a
+    /// ratio kept while the median silently leaves it out, and it must weigh the same
+    /// whichever side of the ratio the stack is on.
+    #[test]
+    fn a_round_without_a_value_is_not_kept_on_either_side_of_a_ratio() {
+        let zero = || {
+            Some(Point {
+                p50: f64::NAN,
+                p99: f64::NAN,
+                ..p(0.0).unwrap()
+            })
+        };
+        let mut s: Series = BTreeMap::new();
+        s.insert("kernel", vec![zero(), p(100.0), p(100.0)]);
+        s.insert("luna", vec![p(300.0), p(300.0), p(500.0)]);
+        for (a, b) in [("luna", "kernel"), ("kernel", "luna")] {
+            let r = ratio(&s, a, b, |p| p.rps);
+            assert_eq!((r.kept, r.measured), (2, 3), "{a}/{b}: {r:?}");
+            assert!(
+                r.starved.iter().any(|w| w.contains("round 1")),
+                "{a}/{b}: {r:?}"
+            );
+            let t = ratio(&s, a, b, |p| p.p99);
+            assert_eq!((t.kept, t.measured), (2, 3), "{a}/{b} p99: {t:?}");
+        }
+        let r = ratio(&s, "luna", "kernel", |p| p.rps);
+        assert_eq!(r.value, median(&[3.0, 5.0]));
+        let r = ratio(&s, "kernel", "luna", |p| p.rps);
+        assert_eq!(r.value, median(&[1.0 / 3.0, 1.0 / 5.0]));
+        // One valued round of two: too few, and said so.
+        s.insert("kernel", vec![zero(), p(100.0)]);
+        s.insert("luna", vec![p(300.0), p(300.0)]);
+        let r = ratio(&s, "luna", "kernel", |p| p.rps);
+        assert_eq!((r.value, r.kept, r.measured), (None, 1, 2), "{r:?}");
+        assert!(too_busy("luna_vs_kernel_rps", &r).is_some());
+        // The fast-mode and placement ratios count only the rounds their median used.
+        s.insert("kernel", vec![zero(), p(100.0), p(100.0)]);
+        s.insert("luna", vec![p(300.0), p(300.0), p(300.0)]);
+        let all = |v: &[Option<Point>]| vec![true; v.len()];
+        assert_eq!(
+            selected_ratio(&s, ("luna", "kernel"), all, |p| p.rps),
+            (Some(3.0), 2)
+        );
+        s.insert("kernel", vec![zero(), zero(), p(100.0)]);
+        assert_eq!(
+            selected_ratio(&s, ("kernel", "luna"), all, |p| p.rps),
+            (None, 1)
+        );
     }
 
     fn p(rps: f64) -> Option<Point> {

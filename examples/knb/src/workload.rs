@@ -103,10 +103,11 @@ pub fn parse_size(s: &str) -> Result<u32, String> {
     let v: u64 = num
         .parse()
         .map_err(|_| format!("{s:?} is not a size (e.g. 64, 4k, 64KiB)"))?;
-    let v = v * mul;
+    // Checked: 2^54 KiB wrapped around to 0 B (a "valid" size) in a release build.
+    let v = v.saturating_mul(mul);
     if v > crate::proto::MAX_PAYLOAD as u64 {
         return Err(format!(
-            "{v} B is above the largest message ({} B)",
+            "{s:?} is above the largest message ({} B)",
             crate::proto::MAX_PAYLOAD
         ));
     }
@@ -144,12 +145,18 @@ pub fn parse_cpus(s: &str) -> Result<Cpus, String> {
     Ok(Cpus(v))
 }
 
+/// The lowest `--rate` (RPC/s): one arrival per 1,000 s on average.
+const MIN_RATE: f64 = 1e-3;
+
 fn parse_rate(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .parse()
         .map_err(|_| format!("{s:?} is not a rate in RPC/s"))?;
-    if !(v > 0.0 && v <= 1e9) {
-        return Err(format!("{v} RPC/s is outside (0, 1e9]"));
+    // The lower bound keeps a thread's mean inter-arrival gap (rate / --threads, up to
+    // 37 means at the RNG's extreme) far inside a Duration and an Instant: 1e-30 RPC/s
+    // panicked converting the first gap.
+    if !(MIN_RATE..=1e9).contains(&v) {
+        return Err(format!("{v} RPC/s is outside [{MIN_RATE}, 1e9]"));
     }
     Ok(v)
 }
@@ -379,6 +386,57 @@ mod tests {
         assert_eq!(parse_size("0"), Ok(0));
         assert!(parse_size("2m").unwrap_err().contains("above the largest"));
         assert!(parse_size("lots").unwrap_err().contains("not a size"));
+    }
+
+    /// An open-loop rate is refused unless positive, finite and large enough for the
+    /// Poisson gaps to fit a Duration: 1e-30 RPC/s was accepted and panicked the client.
+    #[test]
+    fn a_rate_too_small_for_the_schedule_is_refused() {
+        for bad in [
+            "0", "-5", "nan", "inf", "1e-30", "1e-300", "0.0001", "2e9", "x",
+        ] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_rate("0.001"), Ok(0.001));
+        assert_eq!(parse_rate("50000"), Ok(50_000.0));
+        // The smallest rate on the most threads still schedules without overflow.
+        let t = std::time::Instant::now();
+        let timing = crate::engine::Timing {
+            warm_end: t,
+            end: t + std::time::Duration::from_secs(1),
+        };
+        let spec = crate::engine::WorkerSpec {
+            first_conn: 0,
+            conns: 1,
+            req_size: 64,
+            resp_size: 64,
+            iodepth: 1,
+            rate: Some(MIN_RATE / 64.0),
+            verify: false,
+            mode: Mode::Rpc,
+            seed: 1,
+            messages: false,
+            service: None,
+            unordered: false,
+        };
+        let mut w = crate::engine::ClientWorker::new(spec, timing, Default::default());
+        w.tick(t + std::time::Duration::from_millis(1));
+        assert!(w.next_arrival().is_some());
+    }
+
+    /// A size whose unit multiplication overflows u64 is refused, not wrapped around to
+    /// a small size (release) or a panic (debug): 2^54 KiB is 2^64 B, which wrapped to 0.
+    #[test]
+    fn a_size_that_overflows_is_refused_not_wrapped() {
+        assert!(parse_size("18014398509481984k")
+            .unwrap_err()
+            .contains("above the largest"));
+        assert!(parse_size("17592186044416m")
+            .unwrap_err()
+            .contains("above the largest"));
+        assert!(parse_size("18014398509481985kib")
+            .unwrap_err()
+            .contains("above the largest"));
     }
 
     #[test]

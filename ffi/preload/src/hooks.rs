@@ -9,6 +9,7 @@
 use crate::engine::{self, Cmd};
 use crate::epoll;
 use crate::real::{self, call_real};
+use crate::select::{self, Sets};
 use crate::sock::{Phase, Sock, UNBOUND};
 use crate::{internal, set_errno, ACTIVE};
 use core::net::{Ipv4Addr, SocketAddrV4};
@@ -19,6 +20,7 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock, RwLock};
+use std::time::{Duration, Instant};
 
 static SOCKS: LazyLock<RwLock<HashMap<c_int, Arc<Sock>>>> = LazyLock::new(Default::default);
 
@@ -1027,6 +1029,64 @@ pub unsafe extern "C-unwind" fn epoll_pwait(
     })
 }
 
+/// Luna descriptors of a poll array: (index, fd, socket).
+type LunaFds = Vec<(usize, c_int, Arc<Sock>)>;
+
+fn luna_fds(p: &[libc::pollfd]) -> LunaFds {
+    p.iter()
+        .enumerate()
+        .filter_map(|(i, x)| lookup(x.fd).map(|s| (i, x.fd, s)))
+        .collect()
+}
+
+/// The deadline of a timeout (`None`: forever; far timeouts saturate to forever).
+fn deadline_of(t: Option<Duration>) -> Option<Instant> {
+    t.and_then(|t| Instant::now().checked_add(t))
+}
+
+/// poll(2) over `p`, whose `luna` entries are luna sockets: their readiness is checked
+/// between kernel waits of at most 1 ms. `kernel(p, ms)` is the real wait, with the luna
+/// entries hidden (fd -1, which poll ignores).
+fn poll_mixed(
+    p: &mut [libc::pollfd],
+    luna: &[(usize, c_int, Arc<Sock>)],
+    deadline: Option<Instant>,
+    kernel: &mut dyn FnMut(&mut [libc::pollfd], c_int) -> c_int,
+) -> c_int {
+    loop {
+        let mut ready = 0;
+        for (i, _, s) in luna {
+            let m = s.lock().mask() as libc::c_short;
+            let want = p[*i].events | libc::POLLERR | libc::POLLHUP;
+            p[*i].revents = m & want;
+            if p[*i].revents != 0 {
+                ready += 1;
+            }
+        }
+        let slice = if ready > 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+            0
+        } else {
+            1
+        };
+        for (i, _, _) in luna {
+            p[*i].fd = -1;
+        }
+        let r = kernel(p, slice);
+        for (i, fd, s) in luna {
+            p[*i].fd = *fd;
+            let m = s.lock().mask() as libc::c_short;
+            p[*i].revents = m & (p[*i].events | libc::POLLERR | libc::POLLHUP);
+        }
+        if r < 0 {
+            return r;
+        }
+        let total = r + luna.iter().filter(|(i, _, _)| p[*i].revents != 0).count() as c_int;
+        if total > 0 || slice == 0 {
+            return total;
+        }
+    }
+}
+
 /// `poll(2)` over luna and kernel descriptors: luna readiness is checked between
 /// kernel waits of at most 1 ms.
 #[no_mangle]
@@ -1039,13 +1099,9 @@ pub unsafe extern "C-unwind" fn poll(
         // SAFETY: forwarding.
         return unsafe { call_real!(poll(fds, n, timeout)) };
     }
-    let luna: Vec<(usize, c_int, Arc<Sock>)> = {
+    let luna = {
         // SAFETY: the caller passes `n` pollfds.
-        let p = unsafe { std::slice::from_raw_parts(fds, n as usize) };
-        p.iter()
-            .enumerate()
-            .filter_map(|(i, x)| lookup(x.fd).map(|s| (i, x.fd, s)))
-            .collect()
+        luna_fds(unsafe { std::slice::from_raw_parts(fds, n as usize) })
     };
     if luna.is_empty() {
         // SAFETY: forwarding.
@@ -1054,40 +1110,175 @@ pub unsafe extern "C-unwind" fn poll(
     guard(|| {
         // SAFETY: the caller passes `n` pollfds.
         let p = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
-        let deadline = (timeout >= 0)
-            .then(|| std::time::Instant::now() + std::time::Duration::from_millis(timeout as u64));
-        loop {
-            let mut ready = 0;
-            for (i, _, s) in &luna {
-                let m = s.lock().mask() as libc::c_short;
-                let want = p[*i].events | libc::POLLERR | libc::POLLHUP;
-                p[*i].revents = m & want;
-                if p[*i].revents != 0 {
-                    ready += 1;
-                }
-            }
-            let slice = if ready > 0 || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
-                0
-            } else {
-                1
+        let deadline = deadline_of((timeout >= 0).then(|| Duration::from_millis(timeout as u64)));
+        poll_mixed(p, &luna, deadline, &mut |p, ms| {
+            // SAFETY: the caller's array (luna entries masked with fd -1).
+            unsafe { call_real!(poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms)) }
+        })
+    })
+}
+
+/// Whether a luna socket is in one of the sets (never on the shim's own threads).
+///
+/// # Safety
+/// select(2)'s contract: each non-null set holds `nfds` bits.
+unsafe fn sets_have_luna(sets: &Sets) -> bool {
+    if !ACTIVE.load(Ordering::Acquire) || internal() || sets.nfds == 0 {
+        return false;
+    }
+    let t = SOCKS.read().unwrap_or_else(|p| p.into_inner());
+    if t.is_empty() {
+        return false;
+    }
+    if sets.nfds <= libc::FD_SETSIZE {
+        // SAFETY: the caller's contract.
+        unsafe { sets.fds() }.iter().any(|fd| t.contains_key(fd))
+    } else {
+        // An oversized set: test the bits of the luna descriptors only (each is open,
+        // so below the process's descriptor limit, where the kernel would read too).
+        // SAFETY: the caller's contract.
+        t.keys().any(|&fd| unsafe { sets.contains(fd) })
+    }
+}
+
+/// select/pselect with a luna socket in a set: the sets become a poll array for
+/// [`poll_mixed`] (`kernel(p, ms)` is the real wait) and are rewritten in place.
+///
+/// # Safety
+/// select(2)'s contract for `sets`.
+unsafe fn select_mixed(
+    sets: &Sets,
+    timeout: Option<Duration>,
+    kernel: &mut dyn FnMut(&mut [libc::pollfd], c_int) -> c_int,
+) -> Result<c_int, i32> {
+    // glibc's FD_SET aborts beyond FD_SETSIZE (fortify); the sets luna reads are
+    // FD_SETSIZE bits.
+    if sets.nfds > libc::FD_SETSIZE {
+        return Err(libc::EINVAL);
+    }
+    let deadline = deadline_of(timeout);
+    // SAFETY: the caller's contract.
+    let mut p = unsafe { sets.poll_array() };
+    let luna = luna_fds(&p);
+    for x in &p {
+        // SAFETY: F_GETFD takes no argument; libc's fcntl on a plain number.
+        if !luna.iter().any(|(_, fd, _)| *fd == x.fd)
+            && unsafe { call_real!(fcntl(x.fd, libc::F_GETFD, 0)) } < 0
+        {
+            return Err(libc::EBADF);
+        }
+    }
+    let r = poll_mixed(&mut p, &luna, deadline, kernel);
+    if r < 0 {
+        return Err(crate::errno());
+    }
+    // A descriptor closed meanwhile (poll's POLLNVAL) is select's EBADF.
+    if p.iter().any(|x| x.revents & libc::POLLNVAL != 0) {
+        return Err(libc::EBADF);
+    }
+    // SAFETY: the caller's writable sets.
+    Ok(unsafe { sets.write_back(&p) })
+}
+
+/// `select(2)`: with a luna socket in a set, served by the mixed poll path (readable:
+/// data, end of stream, an error or a pending connection; writable; exceptional:
+/// `POLLPRI`, never on luna); the timeval gets the time left, as Linux does. Without
+/// one, libc's.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn select(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    tv: *mut libc::timeval,
+) -> c_int {
+    let sets = Sets {
+        nfds: nfds.max(0) as usize,
+        sets: [r, w, e],
+    };
+    // SAFETY: C's contract for select.
+    if nfds < 0 || !unsafe { sets_have_luna(&sets) } {
+        // SAFETY: forwarding.
+        return unsafe { call_real!(select(nfds, r, w, e, tv)) };
+    }
+    guard(|| {
+        // SAFETY: `tv` is null or a valid timeval.
+        let t = match select::timeval((!tv.is_null()).then(|| unsafe { *tv })) {
+            Ok(t) => t,
+            Err(e) => return fail(e),
+        };
+        let deadline = deadline_of(t);
+        let mut kernel = |p: &mut [libc::pollfd], ms: c_int| {
+            // SAFETY: a live poll array.
+            unsafe { call_real!(poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms)) }
+        };
+        // SAFETY: C's contract for select.
+        let res = unsafe { select_mixed(&sets, t, &mut kernel) };
+        if let (Some(d), false) = (deadline, t == Some(Duration::ZERO)) {
+            // Linux writes the time left back (poll_select_finish), whatever the result.
+            // SAFETY: `tv` is non-null (a deadline came from it) and writable.
+            unsafe { *tv = select::left(d.saturating_duration_since(Instant::now())) };
+        }
+        match res {
+            Ok(n) => n,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `__select`: glibc's other name for `select` (the same function).
+#[no_mangle]
+pub unsafe extern "C-unwind" fn __select(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    tv: *mut libc::timeval,
+) -> c_int {
+    // SAFETY: C's contract for select.
+    unsafe { select(nfds, r, w, e, tv) }
+}
+
+/// `pselect(2)`: as `select`, with a timespec left unchanged and `mask` applied while
+/// waiting in the kernel (each slice is a `ppoll` with it, so a signal it unblocks
+/// interrupts the call with `EINTR`).
+#[no_mangle]
+pub unsafe extern "C-unwind" fn pselect(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    let sets = Sets {
+        nfds: nfds.max(0) as usize,
+        sets: [r, w, e],
+    };
+    // SAFETY: C's contract for pselect.
+    if nfds < 0 || !unsafe { sets_have_luna(&sets) } {
+        // SAFETY: forwarding.
+        return unsafe { call_real!(pselect(nfds, r, w, e, ts, mask)) };
+    }
+    guard(|| {
+        // SAFETY: `ts` is null or a valid timespec.
+        let t = match select::timespec((!ts.is_null()).then(|| unsafe { *ts })) {
+            Ok(t) => t,
+            Err(e) => return fail(e),
+        };
+        let mut kernel = |p: &mut [libc::pollfd], ms: c_int| {
+            let slice = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: ms as libc::c_long * 1_000_000,
             };
-            for (i, _, _) in &luna {
-                p[*i].fd = -1;
-            }
-            // SAFETY: the caller's array; luna entries are masked with fd -1 (ignored).
-            let r = unsafe { call_real!(poll(fds, n, slice)) };
-            for (i, fd, s) in &luna {
-                p[*i].fd = *fd;
-                let m = s.lock().mask() as libc::c_short;
-                p[*i].revents = m & (p[*i].events | libc::POLLERR | libc::POLLHUP);
-            }
-            if r < 0 {
-                return r;
-            }
-            let total = r + luna.iter().filter(|(i, _, _)| p[*i].revents != 0).count() as c_int;
-            if total > 0 || slice == 0 {
-                return total;
-            }
+            // SAFETY: a live poll array and timespec; the caller's mask (or null).
+            unsafe { call_real!(ppoll(p.as_mut_ptr(), p.len() as libc::nfds_t, &slice, mask)) }
+        };
+        // SAFETY: C's contract for pselect.
+        let res = unsafe { select_mixed(&sets, t, &mut kernel) };
+        match res {
+            Ok(n) => n,
+            Err(e) => fail(e),
         }
     })
 }
@@ -1145,6 +1336,153 @@ mod tests {
         let v = unsafe { iov_slices(io.as_ptr(), 2) }.unwrap();
         assert_eq!(v.len(), 1);
         assert_eq!(&*v[0], &[1, 2]);
+    }
+
+    /// Turns luna on in this test process (without an engine: nothing here needs the
+    /// poll thread; descriptors not in the table behave as before) and names `s` by a
+    /// new pipe's read end, standing for its kernel placeholder. (fd, the pipe's write
+    /// end); close both with `close`.
+    fn luna_at_pipe(s: Arc<Sock>) -> (c_int, c_int) {
+        ACTIVE.store(true, Ordering::Release);
+        let mut p = [0 as c_int; 2];
+        // SAFETY: `p` has room for two descriptors.
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        insert(p[0], s);
+        (p[0], p[1])
+    }
+
+    fn fdset(fds: &[c_int]) -> libc::fd_set {
+        // SAFETY: fd_set is plain data (zeroed is empty); FD_SET/FD_ZERO on a live set, fds below FD_SETSIZE.
+        let mut s: libc::fd_set = unsafe { std::mem::zeroed() };
+        for &fd in fds {
+            // SAFETY: a live set; fds below FD_SETSIZE.
+            unsafe { libc::FD_SET(fd, &mut s) };
+        }
+        s
+    }
+
+    fn isset(fd: c_int, s: &libc::fd_set) -> bool {
+        // SAFETY: a live set; fds below FD_SETSIZE.
+        unsafe { libc::FD_ISSET(fd, s) }
+    }
+
+    /// select(2) on a luna socket answers from luna, not from its kernel placeholder
+    /// (here a readable pipe: the real placeholder, an unconnected TCP socket, always
+    /// polls readable), mixed with a kernel descriptor; the sets are rewritten in
+    /// place, the count covers all three, the timeval gets the time left.
+    #[test]
+    fn select_reports_luna_readiness_and_the_time_left() {
+        let s = Sock::new(Phase::Connected, UNBOUND);
+        let (fd, ph) = luna_at_pipe(Arc::clone(&s));
+        // SAFETY: a live one-byte buffer to a pipe this test owns.
+        assert_eq!(unsafe { libc::write(ph, b"p".as_ptr().cast(), 1) }, 1);
+        let mut k = [0 as c_int; 2];
+        // SAFETY: `k` has room for two descriptors.
+        assert_eq!(unsafe { libc::pipe(k.as_mut_ptr()) }, 0);
+        let nfds = fd.max(k[0]).max(ph) + 1;
+
+        // Nothing to read on luna, the kernel pipe empty: a timeout, the time left 0.
+        let (mut r, mut e) = (fdset(&[fd, k[0]]), fdset(&[fd]));
+        let mut tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 30_000,
+        };
+        let t0 = Instant::now();
+        // SAFETY: the sets and timeval are live on this stack (or null, as select(2) allows).
+        let n = unsafe { libc::select(nfds, &mut r, std::ptr::null_mut(), &mut e, &mut tv) };
+        assert_eq!(n, 0, "the placeholder's readability is not luna's");
+        assert!(t0.elapsed() >= Duration::from_millis(25));
+        assert!(!isset(fd, &r) && !isset(k[0], &r) && !isset(fd, &e));
+        assert_eq!((tv.tv_sec, tv.tv_usec), (0, 0));
+
+        // Luna data and a writable luna socket, the kernel pipe readable too.
+        s.lock().rx.extend(b"x");
+        // SAFETY: a live one-byte buffer to a pipe this test owns.
+        assert_eq!(unsafe { libc::write(k[1], b"k".as_ptr().cast(), 1) }, 1);
+        let (mut r, mut w) = (fdset(&[fd, k[0]]), fdset(&[fd]));
+        let mut tv = libc::timeval {
+            tv_sec: 5,
+            tv_usec: 0,
+        };
+        // SAFETY: the sets and timeval are live on this stack (or null, as select(2) allows).
+        let n = unsafe { libc::select(nfds, &mut r, &mut w, std::ptr::null_mut(), &mut tv) };
+        assert_eq!(n, 3);
+        assert!(isset(fd, &r) && isset(k[0], &r) && isset(fd, &w));
+        assert!(tv.tv_sec >= 4 && tv.tv_sec <= 5, "time left: {}", tv.tv_sec);
+
+        // End of stream and errors are readable; nothing asked, nothing counted.
+        s.lock().rx.clear();
+        s.lock().eof = true;
+        let mut r = fdset(&[fd]);
+        let mut zero = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        };
+        // SAFETY: the sets and timeval are live on this stack (or null, as select(2) allows).
+        let n = unsafe {
+            libc::select(
+                nfds,
+                &mut r,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut zero,
+            )
+        };
+        assert_eq!(n, 1, "EOF is readable");
+
+        // pselect: the same answer, the timespec untouched.
+        let mut r = fdset(&[fd]);
+        let ts = libc::timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        };
+        // SAFETY: the sets and timespec are live on this stack; a null mask is allowed (pselect(2)).
+        let n = unsafe {
+            libc::pselect(
+                nfds,
+                &mut r,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &ts,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!((n, ts.tv_sec, ts.tv_nsec), (1, 1, 0));
+        assert!(isset(fd, &r));
+
+        // A bad descriptor next to a luna one: EBADF.
+        let mut r = fdset(&[fd, nfds + 5]);
+        // SAFETY: the sets and timeval are live on this stack (or null, as select(2) allows).
+        let n = unsafe {
+            libc::select(
+                nfds + 6,
+                &mut r,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut zero,
+            )
+        };
+        assert_eq!((n, crate::errno()), (-1, libc::EBADF));
+
+        // Sets beyond FD_SETSIZE holding a luna socket: EINVAL.
+        let mut big = [0 as libc::c_ulong; 64];
+        big[fd as usize / 64] |= 1 << (fd as usize % 64);
+        // SAFETY: the sets and timeval are live on this stack (or null, as select(2) allows).
+        let n = unsafe {
+            libc::select(
+                4096,
+                big.as_mut_ptr().cast(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut zero,
+            )
+        };
+        assert_eq!((n, crate::errno()), (-1, libc::EINVAL));
+
+        for x in [fd, ph, k[0], k[1]] {
+            // SAFETY: closing descriptors this test opened.
+            assert_eq!(unsafe { close(x) }, 0);
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //!   shim reads.
 //! * Application threads never touch the stack: they read and write per-socket buffers
 //!   that the poll thread fills and drains; blocking calls wait on a condition variable.
-//! * epoll sets mix kernel and luna descriptors; `poll` too.
+//! * epoll sets mix kernel and luna descriptors; `poll`, `select` and `pselect` too.
 //! * After `fork` the child sees luna sockets as their (unconnected) kernel
 //!   placeholders: it must not use them (redis: `save ""`, `appendonly no`).
 //! * No call panics across the C boundary: a failure is `-1` and `errno`.
@@ -24,6 +24,7 @@ mod engine;
 mod epoll;
 mod hooks;
 mod real;
+mod select;
 mod sock;
 
 use std::cell::Cell;

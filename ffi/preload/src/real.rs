@@ -55,6 +55,36 @@ pub(crate) struct Real {
         unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int,
     >,
     pub poll: Option<unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int>,
+    #[allow(clippy::type_complexity)]
+    pub ppoll: Option<
+        unsafe extern "C" fn(
+            *mut libc::pollfd,
+            libc::nfds_t,
+            *const libc::timespec,
+            *const libc::sigset_t,
+        ) -> c_int,
+    >,
+    #[allow(clippy::type_complexity)]
+    pub select: Option<
+        unsafe extern "C" fn(
+            c_int,
+            *mut libc::fd_set,
+            *mut libc::fd_set,
+            *mut libc::fd_set,
+            *mut libc::timeval,
+        ) -> c_int,
+    >,
+    #[allow(clippy::type_complexity)]
+    pub pselect: Option<
+        unsafe extern "C" fn(
+            c_int,
+            *mut libc::fd_set,
+            *mut libc::fd_set,
+            *mut libc::fd_set,
+            *const libc::timespec,
+            *const libc::sigset_t,
+        ) -> c_int,
+    >,
     pub dup: Option<unsafe extern "C" fn(c_int) -> c_int>,
     pub dup2: Option<unsafe extern "C" fn(c_int, c_int) -> c_int>,
     pub dup3: Option<unsafe extern "C" fn(c_int, c_int, c_int) -> c_int>,
@@ -105,6 +135,9 @@ pub(crate) fn real() -> &'static Real {
         epoll_wait: sym(c"epoll_wait"),
         epoll_pwait: sym(c"epoll_pwait"),
         poll: sym(c"poll"),
+        ppoll: sym(c"ppoll"),
+        select: sym(c"select"),
+        pselect: sym(c"pselect"),
         dup: sym(c"dup"),
         dup2: sym(c"dup2"),
         dup3: sym(c"dup3"),

@@ -89,6 +89,18 @@ check(ep.poll(5) == [(c.fileno(), select.EPOLLOUT)], "writable")
 ep.unregister(c.fileno())
 check(ep.poll(0) == [], "unregistered")
 
+# select(2) with the luna socket and the kernel pipe (the luna socket's kernel
+# placeholder would always look readable).
+check(select.select([c, r], [], [], 0.2) == ([], [], []), "select: nothing ready")
+check(select.select([c], [c], [c], 5) == ([], [c], []), "select: writable")
+os.write(w, b"s")
+check(select.select([c, r], [], [], 5) == ([r], [], []), "select: the pipe alone")
+os.read(r, 1)
+c.sendall(b"sel")
+check(select.select([c, r], [], [], 10) == ([c], [], []), "select: luna data")
+time.sleep(0.2)
+check(c.recv(16) == b"sel", "select data")
+
 # Non-blocking reads.
 c.setblocking(False)
 try:
@@ -154,6 +166,7 @@ try:
     check(False, "send after shutdown")
 except BrokenPipeError:
     check(True, "send after shutdown: EPIPE")
+check(select.select([c], [], [], 10)[0] == [c], "select: end of stream is readable")
 check(c.recv(16) == b"", "end of stream")
 c.close()
 

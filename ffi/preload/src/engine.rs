@@ -33,6 +33,9 @@ pub(crate) enum Cmd {
     Shutdown(Arc<Sock>),
     /// The application closed the socket.
     Close(Arc<Sock>),
+    /// `shutdown(SHUT_RD/SHUT_RDWR)` of a listener: stop listening and close the
+    /// connections it had queued for `accept` (taken from its queue by the caller).
+    StopListen(Arc<Sock>, Vec<Arc<Sock>>),
 }
 
 /// The addresses luna serves, from the configuration (read before starting DPDK, so a
@@ -339,6 +342,25 @@ impl PollApp {
             }
             Cmd::Flush(sock) | Cmd::Shutdown(sock) | Cmd::Close(sock) => {
                 self.service(s, &sock, None);
+            }
+            Cmd::StopListen(sock, queued) => {
+                for c in queued {
+                    let mut cg = c.lock();
+                    cg.phase = Phase::Closed;
+                    if let Some(cfd) = cg.bfd.take() {
+                        let _ = s.close(cfd);
+                        self.socks.remove(&cfd);
+                    }
+                }
+                let mut g = sock.lock();
+                if g.listener {
+                    if let Some(fd) = g.bfd.take() {
+                        let _ = s.close(fd);
+                        self.socks.remove(&fd);
+                    }
+                    g.listener = false;
+                    g.interest = None;
+                }
             }
         }
     }

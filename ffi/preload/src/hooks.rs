@@ -493,7 +493,10 @@ pub unsafe extern "C-unwind" fn close(fd: c_int) -> c_int {
     unsafe { call_real!(close(fd)) }
 }
 
-/// `shutdown(2)`.
+/// `shutdown(2)`. On a listener, as Linux (`inet_shutdown`, `tcp_disconnect`):
+/// `SHUT_WR` alone does nothing; `SHUT_RD`/`SHUT_RDWR` stop listening, close the
+/// connections queued for `accept` and wake threads blocked in `accept`, which fail
+/// with `EINVAL`.
 #[no_mangle]
 pub unsafe extern "C-unwind" fn shutdown(fd: c_int, how: c_int) -> c_int {
     guard(|| {
@@ -505,6 +508,21 @@ pub unsafe extern "C-unwind" fn shutdown(fd: c_int, how: c_int) -> c_int {
             return fail(libc::EINVAL);
         }
         let mut g = s.lock();
+        if g.phase == Phase::Listening {
+            if how == libc::SHUT_WR {
+                return 0;
+            }
+            // Bound, not listening (the port stays taken until close, as on Linux; a
+            // new `listen` listens again).
+            g.phase = Phase::Fresh;
+            let queued: Vec<Arc<Sock>> = g.accept_q.drain(..).collect();
+            s.notify(&g);
+            drop(g);
+            if let Some(sh) = engine::engine() {
+                sh.push(Cmd::StopListen(Arc::clone(&s), queued));
+            }
+            return 0;
+        }
         if g.phase != Phase::Connected {
             return fail(libc::ENOTCONN);
         }
@@ -1480,6 +1498,61 @@ mod tests {
         assert_eq!((n, crate::errno()), (-1, libc::EINVAL));
 
         for x in [fd, ph, k[0], k[1]] {
+            // SAFETY: closing descriptors this test opened.
+            assert_eq!(unsafe { close(x) }, 0);
+        }
+    }
+
+    /// shutdown(2) on a listener: 0, listening stops, a thread blocked in accept(2)
+    /// wakes with EINVAL (Linux's way to stop accept threads); SHUT_WR alone changes
+    /// nothing.
+    #[test]
+    fn shutdown_of_a_listener_wakes_accept_with_einval() {
+        let l = Sock::new(Phase::Listening, UNBOUND);
+        let (fd, ph) = luna_at_pipe(Arc::clone(&l));
+        // SAFETY: shutdown(2) on a descriptor this test owns.
+        assert_eq!(unsafe { shutdown(fd, libc::SHUT_WR) }, 0);
+        assert_eq!(l.lock().phase, Phase::Listening, "SHUT_WR: still listening");
+        let t = std::thread::spawn(move || {
+            // SAFETY: accept(2) with null address pointers (allowed).
+            let r = unsafe { accept(fd, std::ptr::null_mut(), std::ptr::null_mut()) };
+            (r, crate::errno())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!t.is_finished(), "accept blocks while nothing is queued");
+        // SAFETY: shutdown(2) on a descriptor this test owns.
+        assert_eq!(unsafe { shutdown(fd, libc::SHUT_RDWR) }, 0);
+        assert_eq!(t.join().unwrap(), (-1, libc::EINVAL));
+        let mut v: c_int = 1;
+        let mut len = std::mem::size_of::<c_int>() as socklen_t;
+        // SAFETY: `v` and `len` are live and sized for an int option.
+        let r = unsafe {
+            getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_ACCEPTCONN,
+                (&mut v as *mut c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!((r, v), (0, 0), "no longer listening");
+        // A queued connection is dropped with the listener's queue.
+        let l2 = Sock::new(Phase::Listening, UNBOUND);
+        l2.lock()
+            .accept_q
+            .push_back(Sock::new(Phase::Connected, UNBOUND));
+        let (fd2, ph2) = luna_at_pipe(Arc::clone(&l2));
+        // SAFETY: shutdown(2) on a descriptor this test owns.
+        assert_eq!(unsafe { shutdown(fd2, libc::SHUT_RD) }, 0);
+        assert!(l2.lock().accept_q.is_empty());
+        // SAFETY: accept(2) with null address pointers (allowed).
+        let r = unsafe { accept(fd2, std::ptr::null_mut(), std::ptr::null_mut()) };
+        assert_eq!((r, crate::errno()), (-1, libc::EINVAL));
+        // Not a listener and not connected: ENOTCONN, as before.
+        // SAFETY: shutdown(2) on a descriptor this test owns.
+        assert_eq!(unsafe { shutdown(fd2, libc::SHUT_RDWR) }, -1);
+        assert_eq!(crate::errno(), libc::ENOTCONN);
+        for x in [fd, ph, fd2, ph2] {
             // SAFETY: closing descriptors this test opened.
             assert_eq!(unsafe { close(x) }, 0);
         }

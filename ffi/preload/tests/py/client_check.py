@@ -37,6 +37,35 @@ except BlockingIOError:
     check(True, "accept without a connection: EAGAIN")
 lst.close()
 
+# shutdown(2) on a listener: 0, listening stops, a thread blocked in accept wakes with
+# EINVAL (the usual way to stop an accept thread).
+ls = socket.socket()
+ls.bind((luna_ip, 7003))
+ls.listen(4)
+woke = []
+
+
+def blocked_accept():
+    try:
+        ls.accept()
+        woke.append("accepted")
+    except OSError as e:
+        woke.append(e.errno)
+
+
+t = threading.Thread(target=blocked_accept, daemon=True)
+t.start()
+time.sleep(0.3)
+try:
+    ls.shutdown(socket.SHUT_RDWR)
+    check(True, "shutdown of a listener")
+except OSError as e:
+    check(False, "shutdown of a listener: %s" % e)
+t.join(5)
+check(woke == [errno.EINVAL], "shutdown wakes accept: EINVAL")
+check(ls.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 0, "shutdown stops listening")
+ls.close()
+
 deadline = time.time() + 120
 while not os.path.exists(ready):
     if time.time() > deadline:

@@ -291,7 +291,46 @@ fn do_write(fd: c_int, s: &Arc<Sock>, bufs: &[&[u8]], flags: c_int) -> Result<us
 
 // --- sockets ---------------------------------------------------------------------------
 
-/// `bind(2)`: luna's address or `0.0.0.0` makes an IPv4 TCP socket luna's.
+/// Serialises the port check and the binding of `bind` (two threads binding one port).
+static BIND: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Whether binding a socket with `SO_REUSEADDR` = `reuse` to `other`'s port conflicts
+/// with `other`, as Linux's TCP (`inet_csk_bind_conflict`, `SO_REUSEPORT` aside): luna
+/// has one address, so `0.0.0.0` and luna's clash; both sockets setting `SO_REUSEADDR`
+/// share a port unless `other` listens (two listeners never share one).
+fn bind_conflicts(reuse: bool, other: &crate::sock::State) -> bool {
+    let listening = matches!(other.phase, Phase::Listening | Phase::Opening);
+    other.phase != Phase::Closed && !(reuse && other.opts.reuseaddr != 0 && !listening)
+}
+
+/// `EADDRINUSE` if a luna socket other than `me` holds `port` in a way that conflicts
+/// with a new binding (`reuse`: its `SO_REUSEADDR`). Called under [`BIND`].
+fn port_in_use(port: u16, me: Option<&Arc<Sock>>, reuse: bool) -> Result<(), i32> {
+    if port == 0 {
+        return Ok(());
+    }
+    let others: Vec<Arc<Sock>> = SOCKS
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .filter(|o| me.is_none_or(|m| !Arc::ptr_eq(m, o)))
+        .cloned()
+        .collect();
+    // Each socket is locked alone, after the table's lock is released.
+    let taken = others.iter().any(|o| {
+        let g = o.lock();
+        g.local.port() == port && bind_conflicts(reuse, &g)
+    });
+    if taken {
+        Err(libc::EADDRINUSE)
+    } else {
+        Ok(())
+    }
+}
+
+/// `bind(2)`: luna's address or `0.0.0.0` makes an IPv4 TCP socket luna's. A port
+/// another luna socket of this process holds is `EADDRINUSE` now (`SO_REUSEADDR` as
+/// Linux's TCP: [`bind_conflicts`]).
 #[no_mangle]
 pub unsafe extern "C-unwind" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     guard(|| {
@@ -301,11 +340,18 @@ pub unsafe extern "C-unwind" fn bind(fd: c_int, addr: *const sockaddr, len: sock
                 let Some(a) = (unsafe { addr_in(addr, len) }) else {
                     return fail(libc::EAFNOSUPPORT);
                 };
-                let mut g = s.lock();
-                if g.phase != Phase::Fresh || g.local.port() != 0 {
-                    return fail(libc::EINVAL);
+                let _b = BIND.lock().unwrap_or_else(|p| p.into_inner());
+                let reuse = {
+                    let g = s.lock();
+                    if g.phase != Phase::Fresh || g.local.port() != 0 {
+                        return fail(libc::EINVAL);
+                    }
+                    g.opts.reuseaddr != 0
+                };
+                if let Err(e) = port_in_use(a.port(), Some(&s), reuse) {
+                    return fail(e);
                 }
-                g.local = a;
+                s.lock().local = a;
                 return 0;
             }
             // SAFETY: C's contract for bind.
@@ -314,7 +360,23 @@ pub unsafe extern "C-unwind" fn bind(fd: c_int, addr: *const sockaddr, len: sock
                     if engine::engine().is_none() {
                         return fail(libc::EADDRNOTAVAIL);
                     }
-                    insert(fd, Sock::new(Phase::Fresh, a));
+                    // Options set before bind went to the kernel socket; luna answers them
+                    // from now on.
+                    let opt = |name| sockopt_int(fd, libc::SOL_SOCKET, name).unwrap_or(0);
+                    let s = Sock::new(Phase::Fresh, a);
+                    {
+                        let mut g = s.lock();
+                        g.opts.reuseaddr = opt(libc::SO_REUSEADDR);
+                        g.opts.reuseport = opt(libc::SO_REUSEPORT);
+                        g.opts.keepalive = opt(libc::SO_KEEPALIVE);
+                    }
+                    // EADDRINUSE here, as Linux reports it, not at listen.
+                    let _b = BIND.lock().unwrap_or_else(|p| p.into_inner());
+                    let reuse = s.lock().opts.reuseaddr != 0;
+                    if let Err(e) = port_in_use(a.port(), None, reuse) {
+                        return fail(e);
+                    }
+                    insert(fd, s);
                     return 0;
                 }
             }
@@ -1556,6 +1618,85 @@ mod tests {
             // SAFETY: closing descriptors this test opened.
             assert_eq!(unsafe { close(x) }, 0);
         }
+    }
+
+    /// bind(2) reports EADDRINUSE itself (not at listen) for a port another luna socket
+    /// holds; SO_REUSEADDR on both shares a port unless the other one listens.
+    #[test]
+    fn bind_to_a_port_in_use_is_eaddrinuse() {
+        let at = |port| libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: u16::to_be(port),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(Ipv4Addr::new(198, 18, 0, 2)).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let bind_to = |fd, port| {
+            let sin = at(port);
+            // SAFETY: `sin` is a live sockaddr_in of the length given.
+            let r = unsafe {
+                bind(
+                    fd,
+                    (&sin as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as socklen_t,
+                )
+            };
+            (r, if r < 0 { crate::errno() } else { 0 })
+        };
+        let l = Sock::new(
+            Phase::Listening,
+            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 47001),
+        );
+        let (lfd, lph) = luna_at_pipe(Arc::clone(&l));
+        // A luna socket not bound yet (as connect(2) leaves one before it runs).
+        let s = Sock::new(Phase::Fresh, UNBOUND);
+        let (fd, ph) = luna_at_pipe(Arc::clone(&s));
+        assert_eq!(
+            bind_to(fd, 47001),
+            (-1, libc::EADDRINUSE),
+            "a listener's port"
+        );
+        s.lock().opts.reuseaddr = 1;
+        l.lock().opts.reuseaddr = 1;
+        assert_eq!(
+            bind_to(fd, 47001),
+            (-1, libc::EADDRINUSE),
+            "SO_REUSEADDR: still never two listeners"
+        );
+        // The other socket bound but not listening: both SO_REUSEADDR share the port.
+        l.lock().phase = Phase::Fresh;
+        assert_eq!(bind_to(fd, 47001), (0, 0));
+        assert_eq!(s.lock().local.port(), 47001);
+        assert_eq!(bind_to(fd, 47002), (-1, libc::EINVAL), "bound already");
+        // Without SO_REUSEADDR on the new one: taken.
+        let t = Sock::new(Phase::Fresh, UNBOUND);
+        let (tfd, tph) = luna_at_pipe(Arc::clone(&t));
+        assert_eq!(bind_to(tfd, 47001), (-1, libc::EADDRINUSE));
+        assert_eq!(bind_to(tfd, 47003), (0, 0), "a free port");
+        for x in [lfd, lph, fd, ph, tfd, tph] {
+            // SAFETY: closing descriptors this test opened.
+            assert_eq!(unsafe { close(x) }, 0);
+        }
+    }
+
+    #[test]
+    fn bind_conflicts_follow_linux_tcp() {
+        let st = |phase, reuse| {
+            let s = Sock::new(phase, UNBOUND);
+            s.lock().opts.reuseaddr = reuse;
+            s
+        };
+        let c = |reuse, phase, other_reuse| bind_conflicts(reuse, &st(phase, other_reuse).lock());
+        assert!(c(false, Phase::Fresh, 0));
+        assert!(c(true, Phase::Fresh, 0));
+        assert!(c(false, Phase::Fresh, 1));
+        assert!(!c(true, Phase::Fresh, 1));
+        assert!(!c(true, Phase::Connected, 1), "accepted connections");
+        assert!(c(true, Phase::Connected, 0));
+        assert!(c(true, Phase::Listening, 1));
+        assert!(c(true, Phase::Opening, 1));
+        assert!(!c(false, Phase::Closed, 0));
     }
 
     #[test]

@@ -29,6 +29,42 @@ lst.bind((luna_ip, 7001))
 lst.listen(16)
 check(lst.getsockname() == (luna_ip, 7001), "listener address")
 check(lst.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1, "SO_ACCEPTCONN")
+
+# bind(2) to a port a luna listener holds: EADDRINUSE at bind (SO_REUSEADDR does not
+# let two listeners share a port), so a bind loop moves on to the next port.
+b = socket.socket()
+b.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    b.bind((luna_ip, 7001))
+    check(False, "bind to a listening port")
+except OSError as e:
+    check(e.errno == errno.EADDRINUSE, "bind to a listening port: EADDRINUSE")
+try:
+    b.bind(("0.0.0.0", 7001))
+    check(False, "bind 0.0.0.0 to a listening port")
+except OSError as e:
+    check(e.errno == errno.EADDRINUSE, "bind 0.0.0.0 to a listening port: EADDRINUSE")
+for p in range(7001, 7010):
+    try:
+        b.bind((luna_ip, p))
+        break
+    except OSError:
+        continue
+check(b.getsockname() == (luna_ip, 7002), "bind loop: the next free port")
+check(b.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 1, "SO_REUSEADDR set before bind")
+# Both with SO_REUSEADDR, neither listening: they share the port; one may listen.
+b2 = socket.socket()
+b2.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+b2.bind((luna_ip, 7002))
+b2.listen(1)
+check(b2.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1, "SO_REUSEADDR: two binds, one listener")
+try:
+    b.listen(1)
+    check(False, "a second listener on a shared port")
+except OSError as e:
+    check(e.errno == errno.EADDRINUSE, "a second listener on a shared port: EADDRINUSE")
+b2.close()
+b.close()
 lst.setblocking(False)
 try:
     lst.accept()

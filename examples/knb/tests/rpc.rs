@@ -874,7 +874,7 @@ fn bad_cli_arguments_exit_2_with_a_clear_message() {
         ),
         (
             &["rpc", "--stack", "kernel", "--rate=-5"][..],
-            "outside (0, 1e9]",
+            "is outside [0.001, 1e9]",
         ),
         (
             &["bulk", "--stack", "kernel", "--rate", "10"][..],

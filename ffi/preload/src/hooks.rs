@@ -1260,6 +1260,20 @@ unsafe fn select_mixed(
     Ok(unsafe { sets.write_back(&p) })
 }
 
+/// The sets of a select call if one of them names a luna socket (`None`: libc's call,
+/// also for a negative `nfds`, which libc refuses with EINVAL).
+///
+/// # Safety
+/// select(2)'s contract for the sets.
+unsafe fn luna_sets(nfds: c_int, sets: [*mut libc::fd_set; 3]) -> Option<Sets> {
+    let s = Sets {
+        nfds: usize::try_from(nfds).ok()?,
+        sets,
+    };
+    // SAFETY: the caller's contract.
+    unsafe { sets_have_luna(&s) }.then_some(s)
+}
+
 /// `select(2)`: with a luna socket in a set, served by the mixed poll path (readable:
 /// data, end of stream, an error or a pending connection; writable; exceptional:
 /// `POLLPRI`, never on luna); the timeval gets the time left, as Linux does. Without
@@ -1272,15 +1286,11 @@ pub unsafe extern "C-unwind" fn select(
     e: *mut libc::fd_set,
     tv: *mut libc::timeval,
 ) -> c_int {
-    let sets = Sets {
-        nfds: nfds.max(0) as usize,
-        sets: [r, w, e],
-    };
     // SAFETY: C's contract for select.
-    if nfds < 0 || !unsafe { sets_have_luna(&sets) } {
+    let Some(sets) = (unsafe { luna_sets(nfds, [r, w, e]) }) else {
         // SAFETY: forwarding.
         return unsafe { call_real!(select(nfds, r, w, e, tv)) };
-    }
+    };
     guard(|| {
         // SAFETY: `tv` is null or a valid timeval.
         let t = match select::timeval((!tv.is_null()).then(|| unsafe { *tv })) {
@@ -1331,15 +1341,11 @@ pub unsafe extern "C-unwind" fn pselect(
     ts: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    let sets = Sets {
-        nfds: nfds.max(0) as usize,
-        sets: [r, w, e],
-    };
     // SAFETY: C's contract for pselect.
-    if nfds < 0 || !unsafe { sets_have_luna(&sets) } {
+    let Some(sets) = (unsafe { luna_sets(nfds, [r, w, e]) }) else {
         // SAFETY: forwarding.
         return unsafe { call_real!(pselect(nfds, r, w, e, ts, mask)) };
-    }
+    };
     guard(|| {
         // SAFETY: `ts` is null or a valid timespec.
         let t = match select::timespec((!ts.is_null()).then(|| unsafe { *ts })) {

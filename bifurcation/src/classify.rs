@@ -193,13 +193,27 @@ pub fn classify(model: &TrafficModel, frame: &[u8]) -> Verdict {
         // RFC 9293 §3.1: Data Offset is at least 5 words.
         return Verdict::Drop(DropReason::BadL4);
     }
-    let port = be16(l4, 2);
+    match lunas_port(model, proto, be16(l4, 2)) {
+        Some(t) => Verdict::Luna(t),
+        None => Verdict::Kernel(reason),
+    }
+}
+
+/// Where `port` of `proto` goes when it is luna's (a client port's owner or a listener).
+fn lunas_port(model: &TrafficModel, proto: L4, port: u16) -> Option<LunaTarget> {
     match model.owner(proto, port) {
-        PortOwner::Client { app, thread, queue } => {
-            Verdict::Luna(LunaTarget::Client { app, thread, queue })
-        }
-        PortOwner::Listener => Verdict::Luna(LunaTarget::Listener { proto, port }),
-        PortOwner::Kernel => Verdict::Kernel(reason),
+        PortOwner::Client { app, thread, queue } => Some(LunaTarget::Client { app, thread, queue }),
+        PortOwner::Listener => Some(LunaTarget::Listener { proto, port }),
+        PortOwner::Kernel => None,
+    }
+}
+
+/// TCP or UDP by IP protocol number; `None` for anything else.
+fn tcp_or_udp(ip_proto: u8) -> Option<L4> {
+    match ip_proto {
+        6 => Some(L4::Tcp),
+        17 => Some(L4::Udp),
+        _ => None,
     }
 }
 
@@ -211,20 +225,11 @@ pub fn classify(model: &TrafficModel, frame: &[u8]) -> Verdict {
 /// unreachable (UDP). Later fragments carry no ports: they go to the kernel, which,
 /// without the first, reassembles nothing and discards them when its timer expires.
 fn first_fragment_owner(model: &TrafficModel, ip_proto: u8, l4: &[u8]) -> Option<LunaTarget> {
-    let proto = match ip_proto {
-        6 => L4::Tcp,
-        17 => L4::Udp,
-        _ => return None,
-    };
+    let proto = tcp_or_udp(ip_proto)?;
     if l4.len() < 4 {
         return None;
     }
-    let port = be16(l4, 2);
-    match model.owner(proto, port) {
-        PortOwner::Client { app, thread, queue } => Some(LunaTarget::Client { app, thread, queue }),
-        PortOwner::Listener => Some(LunaTarget::Listener { proto, port }),
-        PortOwner::Kernel => None,
-    }
+    lunas_port(model, proto, be16(l4, 2))
 }
 
 /// The owner of an ICMP error's quoted flow, when it is luna's.
@@ -255,17 +260,7 @@ fn icmp_error_owner(model: &TrafficModel, icmp: &[u8]) -> Option<LunaTarget> {
     if !model.is_lunas_address(src) {
         return None;
     }
-    let proto = match q[9] {
-        6 => L4::Tcp,
-        17 => L4::Udp,
-        _ => return None,
-    };
-    let port = be16(q, ihl);
-    match model.owner(proto, port) {
-        PortOwner::Client { app, thread, queue } => Some(LunaTarget::Client { app, thread, queue }),
-        PortOwner::Listener => Some(LunaTarget::Listener { proto, port }),
-        PortOwner::Kernel => None,
-    }
+    lunas_port(model, tcp_or_udp(q[9])?, be16(q, ihl))
 }
 
 /// Counts of verdicts by reason.

@@ -2719,6 +2719,26 @@ fn echo_100_bytes_each(net: &mut Net, clients: &[SocketHandle], servers: &[Socke
     );
 }
 
+/// `rounds` rounds of one 100-byte echo per connection, `think_ms` apart (timers run in
+/// between): the most timer-heap entries either stack held after a round.
+fn rpc_rounds_most_timer_entries(
+    net: &mut Net,
+    clients: &[SocketHandle],
+    servers: &[SocketHandle],
+    rounds: usize,
+    think_ms: u64,
+) -> usize {
+    let mut most = 0;
+    for _ in 0..rounds {
+        echo_100_bytes_each(net, clients, servers);
+        net.now += Duration::from_millis(think_ms);
+        net.a.handle_timeouts(net.now);
+        net.b.handle_timeouts(net.now);
+        most = most.max(net.a.timers.len()).max(net.b.timers.len());
+    }
+    most
+}
+
 /// The timer heap is lazy (a deadline moved later stays until it expires): over many
 /// RPCs per connection, past several minimum RTOs, it holds at most two entries per
 /// connection (the live deadline and one stale), not one per RPC.
@@ -2728,15 +2748,8 @@ fn timer_heap_stays_bounded_by_the_connections_not_the_rpcs() {
     let l = net.b.listen(7000, 256).unwrap();
     let n = 100;
     let (clients, servers) = net.establish(l, n);
-    let mut most = 0;
-    for _ in 0..200 {
-        echo_100_bytes_each(&mut net, &clients, &servers);
-        // Think time: 200 rounds span 400 ms, two minimum RTOs.
-        net.now += Duration::from_millis(2);
-        net.a.handle_timeouts(net.now);
-        net.b.handle_timeouts(net.now);
-        most = most.max(net.a.timers.len()).max(net.b.timers.len());
-    }
+    // Think time: 200 rounds span 400 ms, two minimum RTOs.
+    let most = rpc_rounds_most_timer_entries(&mut net, &clients, &servers, 200, 2);
     assert!(
         most <= 2 * n,
         "{most} timer heap entries for {n} connections"
@@ -2771,17 +2784,10 @@ fn timer_heap_stays_bounded_with_keepalive_on() {
     let idle = idle[0];
     let n = 20;
     let (clients, servers) = net.establish(l, n);
-    let mut most = 0;
-    for _ in 0..200 {
-        echo_100_bytes_each(&mut net, &clients, &servers);
-        // Think time past the retransmission timer's deadline: each RPC's timer entry
-        // has come due (and moved to the keepalive) before the next RPC. 200 rounds span
-        // 50 s, within one keepalive interval.
-        net.now += Duration::from_millis(250);
-        net.a.handle_timeouts(net.now);
-        net.b.handle_timeouts(net.now);
-        most = most.max(net.a.timers.len()).max(net.b.timers.len());
-    }
+    // Think time past the retransmission timer's deadline: each RPC's timer entry has
+    // come due (and moved to the keepalive) before the next RPC. 200 rounds span 50 s,
+    // within one keepalive interval.
+    let most = rpc_rounds_most_timer_entries(&mut net, &clients, &servers, 200, 250);
     assert!(
         most <= 4 * n + 64,
         "{most} timer heap entries for {n} connections"

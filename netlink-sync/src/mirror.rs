@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use luna_stack::tables::{NeighbourState, NextHop, Route, RouteTable};
 use luna_stack::wire::{EthernetAddress, Ipv4Cidr};
-use netlink_packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_DUMP_INTR};
+use netlink_packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_DUMP_INTR, NLM_F_REPLACE};
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::neighbour::{
@@ -29,8 +29,6 @@ use crate::snapshot::{LinkInfo, LocalAddress, MirroredNeighbour, Snapshot};
 
 /// `nlmsghdr` is 16 bytes; messages are 4-byte aligned inside a datagram.
 const NLMSG_HDRLEN: usize = 16;
-/// `NLM_F_REPLACE` on an `RTM_NEWROUTE`: it replaced the route held under its key.
-const NLM_F_REPLACE: u16 = 0x100;
 const NLMSG_NOOP: u16 = 1;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
@@ -854,8 +852,9 @@ mod tests {
     /// Neither message is about ours (flags as `ip monitor` shows them on this kernel).
     #[test]
     fn routes_of_other_interfaces_never_remove_ours() {
-        const CREATE_EXCL: u16 = 0x600;
-        const CREATE_APPEND: u16 = 0xc00;
+        use netlink_packet_core::{NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL};
+        const CREATE_EXCL: u16 = NLM_F_CREATE | NLM_F_EXCL;
+        const CREATE_APPEND: u16 = NLM_F_CREATE | NLM_F_APPEND;
         let mut m = Mirror::new(IF);
         m.apply_datagram(&emit(
             M::NewRoute(route(IF, ip("198.18.7.0"), 24, None, 0)),

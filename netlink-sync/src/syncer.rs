@@ -21,7 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_MULTIPART, NLM_F_REQUEST,
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLMSG_DONE, NLMSG_ERROR, NLM_F_DUMP,
+    NLM_F_MULTIPART, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::AddressMessage;
 use netlink_packet_route::link::LinkMessage;
@@ -42,8 +43,6 @@ const RTNLGRP_IPV4_ROUTE: u32 = 7;
 const RECV_BUF: usize = 64 * 1024;
 /// Datagrams read per poll before publishing, so a flood cannot delay publication forever.
 const MAX_BATCH: usize = 256;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
 
 /// The interface to mirror.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -141,13 +141,19 @@ struct Keep {
 // Keep is only stored, never used from several threads.
 static KEEP: Mutex<Option<Keep>> = Mutex::new(None);
 
+/// Set by the poll thread's application as it ends (however it ends: a core error, a
+/// panic unwinding, the stop at exit), before it wakes every socket it knows.
+static ENDED: AtomicBool = AtomicBool::new(false);
+
 /// False once the poll thread has ended on its own (a core error): waiting callers then
 /// fail with `ENETDOWN` instead of waiting forever. True before luna starts.
 pub(crate) fn alive() -> bool {
-    KEEP.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .is_none_or(|k| !k._rt.is_finished())
+    !ENDED.load(Ordering::SeqCst)
+        && KEEP
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_none_or(|k| !k._rt.is_finished())
 }
 
 /// The running engine, started at the first call that needs it; `None` if it could not
@@ -518,6 +524,48 @@ impl PollApp {
     }
 }
 
+/// The poll thread's application ends (dropped by the runtime, also while unwinding a
+/// panic): every socket it knows, and every socket a command still waits for, fails with
+/// `ENETDOWN` and its blocked callers wake. Blocked callers sleep without a timeout
+/// ([`Sock`]'s futex wait, so that signals interrupt them as on Linux), so nothing else
+/// would wake them; a caller that comes later finds [`alive`] false and does not sleep.
+impl Drop for PollApp {
+    fn drop(&mut self) {
+        ENDED.store(true, Ordering::SeqCst);
+        self.fail_all();
+    }
+}
+
+impl PollApp {
+    /// Fails every socket the poll thread knows or holds a command of with `ENETDOWN`,
+    /// and wakes its blocked callers.
+    fn fail_all(&mut self) {
+        let pending = std::mem::take(&mut *self.sh.cmds.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut socks: Vec<Arc<Sock>> = self.socks.values().cloned().collect();
+        for c in pending.into_iter().chain(std::mem::take(&mut self.cmds)) {
+            match c {
+                Cmd::Listen(s)
+                | Cmd::Connect(s, _)
+                | Cmd::Flush(s)
+                | Cmd::Shutdown(s)
+                | Cmd::Close(s) => socks.push(s),
+                Cmd::StopListen(s, queued) => {
+                    socks.push(s);
+                    socks.extend(queued);
+                }
+            }
+        }
+        for sock in socks {
+            let mut g = sock.lock();
+            if g.fatal.is_none() {
+                g.fail(libc::ENETDOWN);
+            }
+            g.reply.get_or_insert(Err(libc::ENETDOWN));
+            sock.notify(&g);
+        }
+    }
+}
+
 impl BatchApp for PollApp {
     fn on_start(&mut self, _s: &mut Sockets<'_>) {
         // The poll thread's own libc calls are never luna's.
@@ -546,6 +594,35 @@ impl BatchApp for PollApp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The poll thread's end fails and wakes the sockets it knew and those whose
+    /// command it had not run: a read blocked on one and a listen waiting for its
+    /// answer end with ENETDOWN instead of sleeping for ever.
+    #[test]
+    fn the_poll_threads_end_wakes_every_blocked_caller() {
+        let sh = Arc::new(Shared::new());
+        // Not dropped: the drop marks the (process-wide) engine ended.
+        let mut app = std::mem::ManuallyDrop::new(PollApp::new(Arc::clone(&sh)));
+        let known = Sock::new(Phase::Connected, crate::sock::UNBOUND);
+        app.socks.insert(BFd(3), Arc::clone(&known));
+        let opening = Sock::new(Phase::Opening, crate::sock::UNBOUND);
+        sh.push(Cmd::Listen(Arc::clone(&opening)));
+        let (k, o) = (Arc::clone(&known), Arc::clone(&opening));
+        let reader = std::thread::spawn(move || k.read(&mut [&mut [0u8; 4]], 0, &|| false));
+        let lister = std::thread::spawn(move || o.wait_reply());
+        let start = std::time::Instant::now();
+        while known.sleepers() == 0 || opening.sleepers() == 0 {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "never slept"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        app.fail_all();
+        assert_eq!(reader.join().unwrap(), Err(libc::ENETDOWN));
+        assert_eq!(lister.join().unwrap(), Err(libc::ENETDOWN));
+        assert!(sh.cmds.lock().unwrap().is_empty());
+    }
 
     fn net(extra: &str) -> Net {
         let text = format!(

@@ -69,6 +69,9 @@ fn release(fd: c_int, s: Arc<Sock>) {
     let had = {
         let mut g = s.lock();
         g.phase = Phase::Closed;
+        // A thread blocked on the socket (another thread's call) wakes and finds it
+        // closed, instead of sleeping until a change that will not come.
+        s.notify(&g);
         g.bfd.is_some()
     };
     if had {
@@ -1372,6 +1375,29 @@ pub unsafe extern "C-unwind" fn pselect(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A thread blocked reading a socket whose last descriptor another thread closes
+    /// wakes with ENOTCONN instead of sleeping for ever (blocked calls sleep without a
+    /// timeout, so only a notification ends the sleep).
+    #[test]
+    fn closing_the_last_descriptor_wakes_a_blocked_read() {
+        let s = Sock::new(
+            Phase::Connected,
+            SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 6379),
+        );
+        let s2 = Arc::clone(&s);
+        let t = std::thread::spawn(move || s2.read(&mut [&mut [0u8; 4]], 0, &|| false));
+        let start = std::time::Instant::now();
+        while s.sleepers() == 0 {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "never slept"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        release(-1, Arc::clone(&s));
+        assert_eq!(t.join().unwrap(), Err(libc::ENOTCONN));
+    }
 
     #[test]
     fn addresses_round_trip_and_truncate() {

@@ -5,9 +5,8 @@ use crate::engine::{Cmd, Shared};
 use core::net::{Ipv4Addr, SocketAddrV4};
 use r2c::batch::{Fd as BFd, Interest};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Bytes the poll thread buffers per socket for the application to read; beyond it leaves
 /// data in the stack (whose window then closes).
@@ -109,7 +108,11 @@ pub(crate) struct State {
 #[derive(Debug)]
 pub(crate) struct Sock {
     st: Mutex<State>,
-    cv: Condvar,
+    /// The futex word blocked callers sleep on: bumped by every [`Sock::notify`].
+    wake: AtomicU32,
+    /// Callers asleep on `wake` (changed under the state lock): `notify` makes the wake
+    /// system call only when there is one.
+    sleepers: AtomicU32,
     /// Bumped whenever readiness may have grown (edge-triggered epoll compares it).
     pub gen: AtomicU64,
     /// Descriptors naming this socket (`dup`): the socket closes with the last one.
@@ -238,7 +241,8 @@ impl Sock {
     pub fn new(phase: Phase, local: SocketAddrV4) -> Arc<Sock> {
         Arc::new(Sock {
             st: Mutex::new(State::new(phase, local)),
-            cv: Condvar::new(),
+            wake: AtomicU32::new(0),
+            sleepers: AtomicU32::new(0),
             gen: AtomicU64::new(0),
             fds: AtomicUsize::new(0),
         })
@@ -250,37 +254,58 @@ impl Sock {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Wake blocked callers and epoll sets: readiness may have grown.
+    /// Wake blocked callers and epoll sets: readiness may have grown. Called with the
+    /// state locked (`st`), as every change a blocked caller waits for is made.
     pub fn notify(&self, st: &State) {
         self.gen.fetch_add(1, Ordering::Release);
-        self.cv.notify_all();
+        self.wake.fetch_add(1, Ordering::Release);
+        if self.sleepers.load(Ordering::Relaxed) != 0 {
+            futex_wake_all(&self.wake);
+        }
         for (_, n) in &st.watchers {
             n.signal();
         }
     }
 
-    /// Wait for a change (bounded, so a lost wake-up costs at most the slice). If the
-    /// poll thread is gone, the socket fails with `ENETDOWN` (nothing would wake it).
-    fn wait<'a>(&self, g: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        let mut g = match self.cv.wait_timeout(g, Duration::from_millis(100)) {
-            Ok((g, _)) => g,
-            Err(p) => p.into_inner().0,
-        };
+    /// Sleeps until the next [`Sock::notify`] (the caller checked, under the lock `g`,
+    /// that what it waits for has not happened). `Interrupted` when a signal handler ran
+    /// in this thread and was installed without `SA_RESTART`: the sleep is a futex wait
+    /// without a timeout, which the kernel restarts after a handler with `SA_RESTART`
+    /// and ends with `EINTR` after one without, the rule Linux applies to a blocking
+    /// `recv`, `send`, `accept` or `connect` (signal(7)); the caller then returns
+    /// `EINTR`, or what it already transferred. If the poll thread is gone, the socket
+    /// fails with `ENETDOWN` instead of sleeping: nothing would wake it (the poll thread
+    /// fails and wakes every socket it knows as it ends, [`crate::engine::PollApp`]).
+    fn wait<'a>(&'a self, mut g: MutexGuard<'a, State>) -> (MutexGuard<'a, State>, Woke) {
         if g.fatal.is_none() && !crate::engine::alive() {
             g.fail(libc::ENETDOWN);
             g.reply.get_or_insert(Err(libc::ENETDOWN));
+            return (g, Woke::Notified);
         }
-        g
+        let seen = self.wake.load(Ordering::Acquire);
+        self.sleepers.fetch_add(1, Ordering::Relaxed);
+        drop(g);
+        let woke = futex_wait(&self.wake, seen);
+        let g = self.lock();
+        self.sleepers.fetch_sub(1, Ordering::Relaxed);
+        (g, woke)
     }
 
-    /// Waits for the poll thread's answer to a command.
+    /// Callers asleep on the socket now (for tests that must know a call blocked).
+    #[cfg(test)]
+    pub fn sleepers(&self) -> u32 {
+        self.sleepers.load(Ordering::Relaxed)
+    }
+
+    /// Waits for the poll thread's answer to a command (prompt: not interruptible, as
+    /// `listen` and the start of `connect` are not on Linux).
     pub fn wait_reply(&self) -> Result<(), Errno> {
         let mut g = self.lock();
         loop {
             if let Some(r) = g.reply.take() {
                 return r;
             }
-            g = self.wait(g);
+            g = self.wait(g).0;
         }
     }
 
@@ -343,7 +368,12 @@ impl Sock {
             }
             g = self.lock();
             if g.rx.is_empty() && !g.eof && g.fatal.is_none() && !g.shut_rd {
-                g = self.wait(g);
+                let woke;
+                (g, woke) = self.wait(g);
+                if woke == Woke::Interrupted {
+                    // tcp_recvmsg: what was copied, else the signal's error.
+                    return if got > 0 { Ok(got) } else { Err(libc::EINTR) };
+                }
             }
         }
     }
@@ -368,7 +398,11 @@ impl Sock {
                         return Err(libc::EAGAIN);
                     }
                     g = self.lock();
-                    g = self.wait(g);
+                    let woke;
+                    (g, woke) = self.wait(g);
+                    if woke == Woke::Interrupted {
+                        return Err(libc::EINTR);
+                    }
                     continue;
                 }
                 Phase::Connecting => {}
@@ -429,7 +463,12 @@ impl Sock {
             }
             g = self.lock();
             if g.tx.len() >= TX_CAP {
-                g = self.wait(g);
+                let woke;
+                (g, woke) = self.wait(g);
+                if woke == Woke::Interrupted {
+                    // sk_stream_wait_memory: what was queued, else the signal's error.
+                    return if done > 0 { Ok(done) } else { Err(libc::EINTR) };
+                }
             }
         }
     }
@@ -453,12 +492,18 @@ impl Sock {
             }
             g = self.lock();
             if g.accept_q.is_empty() {
-                g = self.wait(g);
+                let woke;
+                (g, woke) = self.wait(g);
+                if woke == Woke::Interrupted {
+                    return Err(libc::EINTR);
+                }
             }
         }
     }
 
-    /// Blocking `connect`: waits for the handshake.
+    /// Blocking `connect`: waits for the handshake. Interrupted, it fails with `EINTR`
+    /// and the handshake goes on (a later `connect` waits for it again, or answers
+    /// `EALREADY` when non-blocking; Linux's `__inet_stream_connect`).
     pub fn wait_connected(&self) -> Result<(), Errno> {
         let mut g = self.lock();
         loop {
@@ -469,7 +514,11 @@ impl Sock {
             if g.phase == Phase::Connected {
                 return Ok(());
             }
-            g = self.wait(g);
+            let woke;
+            (g, woke) = self.wait(g);
+            if woke == Woke::Interrupted {
+                return Err(libc::EINTR);
+            }
         }
     }
 
@@ -500,6 +549,50 @@ impl Sock {
     /// Bytes readable now (`FIONREAD`).
     pub fn readable(&self) -> usize {
         self.lock().rx.len()
+    }
+}
+
+/// How a [`Sock::wait`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woke {
+    /// Notified, or woken for no reason (the caller checks its condition again).
+    Notified,
+    /// A signal handler without `SA_RESTART` ran in this thread.
+    Interrupted,
+}
+
+/// Sleeps while `word` holds `seen`, without a timeout (so the kernel applies
+/// `SA_RESTART`: a handler installed with it restarts the wait, one without ends it).
+fn futex_wait(word: &AtomicU32, seen: u32) -> Woke {
+    // SAFETY: FUTEX_WAIT on a live, aligned u32 of this process (private futex); the
+    // null timeout means no timeout. The kernel only reads the word.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            seen,
+            std::ptr::null::<libc::timespec>(),
+        )
+    };
+    if r < 0 && crate::errno() == libc::EINTR {
+        Woke::Interrupted
+    } else {
+        // Woken, or the word changed before the sleep (EAGAIN).
+        Woke::Notified
+    }
+}
+
+/// Wakes every thread asleep on `word`.
+fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a live, aligned u32 of this process; no memory is written.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        );
     }
 }
 
@@ -534,6 +627,7 @@ pub(crate) const UNBOUND: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED
 mod tests {
     use super::*;
     use crate::engine::Shared;
+    use std::time::Duration;
 
     fn connected() -> Arc<Sock> {
         Sock::new(
@@ -774,5 +868,124 @@ mod tests {
         assert!(Arc::ptr_eq(&l.accept(NB).unwrap(), &c));
         let f = Sock::new(Phase::Fresh, UNBOUND);
         assert_eq!(f.accept(NB).err(), Some(libc::EINVAL));
+    }
+
+    /// Serialises the tests that install a SIGUSR1 handler (process-wide).
+    static SIGNAL_TESTS: Mutex<()> = Mutex::new(());
+
+    extern "C" fn on_usr1(_: libc::c_int) {}
+
+    /// Installs a no-op SIGUSR1 handler, with `SA_RESTART` or without.
+    fn handle_usr1(restart: bool) {
+        // SAFETY: sigaction is plain data, zeroed is valid; the handler is async-signal
+        // safe (it does nothing).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_usr1 as extern "C" fn(libc::c_int) as usize;
+            sa.sa_flags = if restart { libc::SA_RESTART } else { 0 };
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+        }
+    }
+
+    /// Runs `call` on a thread until it sleeps on `s`, then sends that thread SIGUSR1;
+    /// returns the thread (its result comes with `join`).
+    fn blocked_then_signalled<T: Send + 'static>(
+        s: &Arc<Sock>,
+        call: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        let t = std::thread::spawn(call);
+        let start = std::time::Instant::now();
+        while s.sleepers.load(Ordering::Relaxed) == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the call never slept"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        use std::os::unix::thread::JoinHandleExt;
+        // SAFETY: the thread is alive (it sleeps on `s`); SIGUSR1 has a handler.
+        assert_eq!(
+            unsafe { libc::pthread_kill(t.as_pthread_t(), libc::SIGUSR1) },
+            0
+        );
+        t
+    }
+
+    /// A signal whose handler has no SA_RESTART ends a blocking read, write, accept and
+    /// connect with EINTR (what a read or write had already moved is returned instead),
+    /// as Linux's tcp_recvmsg, sk_stream_wait_memory, inet_csk_wait_for_connect and
+    /// __inet_stream_connect do: a Python client's Ctrl-C (KeyboardInterrupt) or a
+    /// server's SIGTERM handler is not held up until data comes.
+    #[test]
+    fn a_signal_without_sa_restart_interrupts_blocking_calls() {
+        let _g = SIGNAL_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        handle_usr1(false);
+        let c = connected();
+        let c2 = Arc::clone(&c);
+        let t = blocked_then_signalled(&c, move || c2.read(&mut [&mut [0u8; 4]], 0, &|| false));
+        assert_eq!(t.join().unwrap(), Err(libc::EINTR));
+        // MSG_WAITALL with part of the request read: the part.
+        c.lock().rx.extend(b"ab");
+        let c2 = Arc::clone(&c);
+        let t = blocked_then_signalled(&c, move || {
+            c2.read(&mut [&mut [0u8; 4]], libc::MSG_WAITALL, &|| false)
+        });
+        assert_eq!(t.join().unwrap(), Ok(2));
+        // A write blocked on a full send queue: EINTR, or what it queued.
+        let w = connected();
+        w.lock().tx.extend(std::iter::repeat_n(0u8, TX_CAP));
+        let (w2, sh) = (Arc::clone(&w), Arc::new(Shared::new()));
+        let sh2 = Arc::clone(&sh);
+        let t = blocked_then_signalled(&w, move || w2.write(&sh2, &[b"xyz"], &|| false));
+        assert_eq!(t.join().unwrap(), Err(libc::EINTR));
+        w.lock().tx.truncate(TX_CAP - 2);
+        let (w2, sh2) = (Arc::clone(&w), Arc::clone(&sh));
+        let t = blocked_then_signalled(&w, move || w2.write(&sh2, &[b"xyz"], &|| false));
+        assert_eq!(t.join().unwrap(), Ok(2));
+        // accept on an empty queue, and a blocking connect's handshake wait.
+        let l = Sock::new(Phase::Listening, UNBOUND);
+        let l2 = Arc::clone(&l);
+        let t = blocked_then_signalled(&l, move || l2.accept(&|| false).map(|_| ()));
+        assert_eq!(t.join().unwrap(), Err(libc::EINTR));
+        let k = Sock::new(Phase::Connecting, UNBOUND);
+        let k2 = Arc::clone(&k);
+        let t = blocked_then_signalled(&k, move || k2.wait_connected());
+        assert_eq!(t.join().unwrap(), Err(libc::EINTR));
+        // The handshake goes on; connect again waits for it.
+        assert_eq!(k.lock().phase, Phase::Connecting);
+        // The command wait of listen/connect is not interrupted.
+        let r = Sock::new(Phase::Opening, UNBOUND);
+        let r2 = Arc::clone(&r);
+        let t = blocked_then_signalled(&r, move || r2.wait_reply());
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!t.is_finished(), "wait_reply ended on the signal");
+        let mut g = r.lock();
+        g.reply = Some(Ok(()));
+        r.notify(&g);
+        drop(g);
+        assert_eq!(t.join().unwrap(), Ok(()));
+    }
+
+    /// With SA_RESTART the handler runs and the call goes on waiting (the kernel
+    /// restarts the futex wait, as it restarts a blocking recv), then returns the data.
+    #[test]
+    fn a_signal_with_sa_restart_lets_the_call_go_on() {
+        let _g = SIGNAL_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        handle_usr1(true);
+        let c = connected();
+        let c2 = Arc::clone(&c);
+        let t = blocked_then_signalled(&c, move || {
+            let mut b = [0u8; 4];
+            c2.read(&mut [&mut b], 0, &|| false)
+                .map(|n| b[..n].to_vec())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!t.is_finished(), "the read ended on a SA_RESTART signal");
+        let mut g = c.lock();
+        g.rx.extend(b"hi");
+        c.notify(&g);
+        drop(g);
+        assert_eq!(t.join().unwrap(), Ok(b"hi".to_vec()));
     }
 }

@@ -6,6 +6,7 @@ argv: luna_ip kernel_ip echo_port ready_file
 import errno
 import os
 import select
+import signal
 import socket
 import sys
 import threading
@@ -132,6 +133,70 @@ while len(got) < len(payload):
     got += d
 check(bytes(got) == payload, "echoed bytes")
 
+
+def recv_exact(s, n):
+    b = bytearray()
+    while len(b) < n:
+        d = s.recv(n - len(b))
+        check(d, "early end of stream")
+        b += d
+    return bytes(b)
+
+
+# Signals reach a call blocked on a luna socket as on a kernel one (Python installs its
+# handlers without SA_RESTART and retries after one that returns, PEP 475).
+def signal_main_later(sig, after):
+    main = threading.main_thread().ident
+    threading.Thread(target=lambda: (time.sleep(after), signal.pthread_kill(main, sig)), daemon=True).start()
+
+
+def unblock_unless(done, sock, after):
+    """If the main thread is still blocked after `after` s, echoes a byte so that the
+    check fails instead of hanging."""
+    threading.Thread(target=lambda: done.wait(after) or sock.send(b"!"), daemon=True).start()
+
+
+# Ctrl-C: SIGINT's handler raises KeyboardInterrupt out of a blocking recv at once.
+done = threading.Event()
+unblock_unless(done, c, 3)
+t0 = time.time()
+signal_main_later(signal.SIGINT, 0.2)
+try:
+    d = c.recv(16)
+    check(False, "SIGINT did not interrupt recv (%r after %.1f s)" % (d, time.time() - t0))
+except KeyboardInterrupt:
+    done.set()
+    check(time.time() - t0 < 2, "SIGINT interrupts a blocking recv (KeyboardInterrupt)")
+
+# A handler that returns: it runs while recv waits, and recv goes on to get the data.
+ran = []
+old = signal.signal(signal.SIGUSR1, lambda *_: ran.append(time.time()))
+t0 = time.time()
+signal_main_later(signal.SIGUSR1, 0.2)
+threading.Thread(target=lambda: (time.sleep(0.8), c.send(b"ping")), daemon=True).start()
+check(recv_exact(c, 4) == b"ping", "recv goes on after a handler that returns")
+check(ran and ran[0] - t0 < 0.6, "the handler ran while recv waited (%s)" % [r - t0 for r in ran])
+signal.signal(signal.SIGUSR1, old)
+
+# accept(2) blocked on a luna listener: KeyboardInterrupt too.
+il = socket.socket()
+il.bind((luna_ip, 7019))
+il.listen(1)
+done = threading.Event()
+# (If the signal does not end it, shutdown(2) does: accept fails with EINVAL.)
+threading.Thread(target=lambda: done.wait(3) or il.shutdown(socket.SHUT_RDWR), daemon=True).start()
+t0 = time.time()
+signal_main_later(signal.SIGINT, 0.2)
+try:
+    il.accept()
+    check(False, "SIGINT did not interrupt accept")
+except OSError as e:
+    check(False, "SIGINT did not interrupt accept (%s after %.1f s)" % (e, time.time() - t0))
+except KeyboardInterrupt:
+    done.set()
+    check(time.time() - t0 < 2, "SIGINT interrupts a blocking accept")
+il.close()
+
 # One epoll set with a kernel pipe and the luna socket.
 r, w = os.pipe()
 ep = select.epoll()
@@ -189,15 +254,6 @@ check(bytes(buf) == b"polled", "poll data")
 
 # dup(2): a copy names the same socket; closing one keeps it open (os.dup is
 # fcntl(F_DUPFD_CLOEXEC)).
-def recv_exact(s, n):
-    b = bytearray()
-    while len(b) < n:
-        d = s.recv(n - len(b))
-        check(d, "early end of stream")
-        b += d
-    return bytes(b)
-
-
 dfd = os.dup(c.fileno())
 os.write(dfd, b"dup")
 check(recv_exact(c, 3) == b"dup", "write through a dup")

@@ -549,6 +549,24 @@ impl Sockets<'_> {
         Ok(())
     }
 
+    /// `close` with `SO_LINGER` `{on, 0}`: a connection is reset (RST at once; queued
+    /// bytes, sent or not, are dropped), as Linux's `tcp_close` does for a zero linger
+    /// time or for data the application never read; a listener stops listening (its
+    /// unaccepted connections are reset, as with `close`) and a fresh socket is freed.
+    pub fn abort(&mut self, fd: Fd) -> Result<(), SockError> {
+        let s = self.t.get(fd)?;
+        // (A connection the stack already ended has nothing left to reset: `close`.)
+        if let Kind::Conn(c) = &s.kind {
+            if !c.ended {
+                let h = c.h;
+                s.kind = Kind::Fresh { port: None };
+                self.t.by_conn.remove(&h);
+                self.st.abort(h);
+            }
+        }
+        self.close(fd)
+    }
+
     /// `epoll_ctl(ADD/MOD)`.
     pub fn register(&mut self, fd: Fd, interest: Interest) -> Result<(), SockError> {
         self.t.get(fd)?.interest = Some(interest);

@@ -372,3 +372,106 @@ fn a_reused_descriptor_is_reported_once_per_poll() {
     cli.join().unwrap();
     srv.join().unwrap();
 }
+
+/// `abort` (close with `SO_LINGER {1, 0}`) resets the connection: the peer sees a RST at
+/// once (`CloseReason::Reset`) although bytes were still queued to it, where `close`
+/// would have sent them and a FIN. The descriptor is free afterwards.
+#[test]
+fn abort_resets_the_connection_and_frees_the_descriptor() {
+    use luna_stack::tcp::CloseReason;
+    use r2c::{Conn, Ctx, InlineApp};
+
+    struct Server {
+        lfd: Option<Fd>,
+        events: Vec<PollEvent>,
+        after: Arc<Mutex<Vec<Result<(), SockError>>>>,
+    }
+    impl BatchApp for Server {
+        fn on_start(&mut self, s: &mut Sockets<'_>) {
+            let fd = s.socket();
+            s.bind(fd, 7).unwrap();
+            s.listen(fd, 8).unwrap();
+            s.register(fd, Interest::READABLE).unwrap();
+            self.lfd = Some(fd);
+        }
+        fn on_poll(&mut self, s: &mut Sockets<'_>) {
+            let mut ev = std::mem::take(&mut self.events);
+            s.poll(&mut ev);
+            for e in &ev {
+                if Some(e.fd) == self.lfd {
+                    while let Ok((c, _)) = s.accept(e.fd) {
+                        s.register(c, Interest::READABLE).unwrap();
+                    }
+                } else if e.readable {
+                    // The request came: queue a large answer, then abort.
+                    let mut buf = [0u8; 64];
+                    let _ = s.recv(e.fd, &mut buf);
+                    let _ = s.send(e.fd, &vec![1u8; 256 << 10]);
+                    let mut r = self.after.lock().unwrap();
+                    r.push(s.abort(e.fd));
+                    r.push(s.send(e.fd, b"x").map(|_| ()));
+                    r.push(s.abort(e.fd));
+                }
+            }
+            self.events = ev;
+        }
+    }
+    /// How the connection ended, and the bytes received before.
+    type Ended = Arc<Mutex<Option<(Option<CloseReason>, usize)>>>;
+    struct Client {
+        got: usize,
+        closed: Ended,
+    }
+    impl InlineApp for Client {
+        fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+            ctx.connect(server_addr(7)).unwrap();
+        }
+        fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+            ctx.send(conn, &zbuf::Zbuf::copy_from_slice(b"request"))
+                .unwrap();
+        }
+        fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+            while let Ok(Some(z)) = ctx.recv(conn) {
+                self.got += z.len();
+            }
+        }
+        fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn, reason: Option<CloseReason>) {
+            *self.closed.lock().unwrap() = Some((reason, self.got));
+        }
+    }
+
+    let (server, client) = pair(1, 1, |_| {});
+    let after = Arc::new(Mutex::new(Vec::new()));
+    let a = after.clone();
+    let srv = Runtime::spawn_batch(server, opts(), move |_| Server {
+        lfd: None,
+        events: Vec::new(),
+        after: a.clone(),
+    })
+    .unwrap();
+    let closed = Arc::new(Mutex::new(None));
+    let c2 = closed.clone();
+    let cli = Runtime::spawn_inline(client, opts(), move |_| Client {
+        got: 0,
+        closed: c2.clone(),
+    })
+    .unwrap();
+    wait_for("the client saw its connection end", || {
+        closed.lock().unwrap().is_some()
+    });
+    let (reason, got) = closed.lock().unwrap().unwrap();
+    assert_eq!(reason, Some(CloseReason::Reset));
+    assert!(
+        got < 256 << 10,
+        "the queued answer was dropped, {got} bytes came"
+    );
+    assert_eq!(
+        *after.lock().unwrap(),
+        vec![Ok(()), Err(SockError::BadFd), Err(SockError::BadFd)]
+    );
+    cli.stop();
+    srv.stop();
+    let s = srv.join().unwrap();
+    cli.join().unwrap();
+    assert_eq!(s.iter().map(|r| r.stats.accepted).sum::<u64>(), 1);
+}

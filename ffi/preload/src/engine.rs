@@ -350,11 +350,12 @@ impl PollApp {
                 self.service(s, &sock, None);
             }
             Cmd::StopListen(sock, queued) => {
+                // Never accepted: reset, as Linux's inet_csk_listen_stop does.
                 for c in queued {
                     let mut cg = c.lock();
                     cg.phase = Phase::Closed;
                     if let Some(cfd) = cg.bfd.take() {
-                        let _ = s.close(cfd);
+                        let _ = s.abort(cfd);
                         self.socks.remove(&cfd);
                     }
                 }
@@ -423,22 +424,27 @@ impl PollApp {
                         g.so_error = Some(libc::ECONNREFUSED);
                     }
                 }
-                if g.phase != Phase::Connecting {
+                if g.phase != Phase::Connecting && !g.reset_on_close {
                     self.transfer(s, fd, &mut g, &mut grew);
                 }
             }
             Phase::Fresh | Phase::Opening => {}
         }
-        // Finish a close once the queued bytes are out (or cannot go).
-        if g.phase == Phase::Closed && (g.tx.is_empty() || g.fatal.is_some()) {
+        // Finish a close once the queued bytes are out (or cannot go), or at once with a
+        // RST. A listener's unaccepted connections are reset (inet_csk_listen_stop).
+        if g.phase == Phase::Closed && (g.reset_on_close || g.tx.is_empty() || g.fatal.is_some()) {
             for c in std::mem::take(&mut g.accept_q) {
                 let cg = c.lock();
                 if let Some(cfd) = cg.bfd {
-                    let _ = s.close(cfd);
+                    let _ = s.abort(cfd);
                     self.socks.remove(&cfd);
                 }
             }
-            let _ = s.close(fd);
+            let _ = if g.reset_on_close {
+                s.abort(fd)
+            } else {
+                s.close(fd)
+            };
             self.socks.remove(&fd);
             g.bfd = None;
             return;
@@ -476,7 +482,14 @@ impl PollApp {
         while g.fatal.is_none() && !g.eof && (closed || g.rx.len() < RX_CAP) {
             match s.recv_zbuf(fd) {
                 Ok(Some(z)) => {
-                    if !closed {
+                    if closed {
+                        // Bytes after the close: nobody will read them; RFC 1122
+                        // §4.2.2.13 (Linux's TCPAbortOnData): a RST says they were lost.
+                        if !z.is_empty() {
+                            g.reset_on_close = true;
+                            break;
+                        }
+                    } else {
                         g.rx.extend(&z[..]);
                         *grew = true;
                     }

@@ -47,7 +47,8 @@ fn insert(fd: c_int, s: Arc<Sock>) {
         old.filter(|o| o.fds.fetch_sub(1, Ordering::Relaxed) == 1)
     };
     if let Some(o) = old {
-        release(fd, o);
+        // (The number names another file now: the old one's linger option is gone.)
+        release(fd, o, false);
     }
 }
 
@@ -62,13 +63,37 @@ fn remove(fd: c_int) -> Option<Arc<Sock>> {
     (s.fds.fetch_sub(1, Ordering::Relaxed) == 1).then_some(s)
 }
 
+/// Whether `fd`'s `SO_LINGER` is `{l_onoff = 1, l_linger = 0}` (the option lives on
+/// the kernel placeholder, where `setsockopt` forwards it).
+fn linger_zero(fd: c_int) -> bool {
+    let mut l = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
+    let mut len = std::mem::size_of::<libc::linger>() as socklen_t;
+    // SAFETY: reads a linger struct into a live local of the size passed (real libc).
+    let r = unsafe {
+        call_real!(getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&mut l as *mut libc::linger).cast(),
+            &mut len
+        ))
+    };
+    r == 0 && l.l_onoff != 0 && l.l_linger == 0
+}
+
 /// The last descriptor of `s` (last named `fd`) is gone: leave the epoll sets and
-/// close gracefully.
-fn release(fd: c_int, s: Arc<Sock>) {
+/// close: gracefully (queued bytes, then FIN), or with a RST as Linux's `tcp_close`
+/// when `linger_zero` (`SO_LINGER` `{1, 0}`) or when received bytes were never read
+/// (RFC 1122 §4.2.2.13: the peer learns they were lost).
+fn release(fd: c_int, s: Arc<Sock>, linger_zero: bool) {
     epoll::forget_sock(fd, &s);
     let had = {
         let mut g = s.lock();
         g.phase = Phase::Closed;
+        g.reset_on_close = linger_zero || !g.rx.is_empty();
         // A thread blocked on the socket (another thread's call) wakes and finds it
         // closed, instead of sleeping until a change that will not come.
         s.notify(&g);
@@ -93,7 +118,8 @@ fn duplicated(fd: c_int, nfd: c_int) {
             Some(s) => insert(nfd, s),
             None => {
                 if let Some(s) = remove(nfd) {
-                    release(nfd, s);
+                    // (`nfd` names another file now: its linger option is not this one's.)
+                    release(nfd, s, false);
                 }
             }
         }
@@ -545,7 +571,7 @@ pub unsafe extern "C-unwind" fn close(fd: c_int) -> c_int {
     let forgotten: Option<c_int> = try_luna(|| {
         let named = lookup(fd).is_some();
         if let Some(s) = remove(fd) {
-            release(fd, s);
+            release(fd, s, linger_zero(fd));
         } else if !named {
             epoll::forget_set(fd);
         }
@@ -1395,7 +1421,7 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        release(-1, Arc::clone(&s));
+        release(-1, Arc::clone(&s), false);
         assert_eq!(t.join().unwrap(), Err(libc::ENOTCONN));
     }
 

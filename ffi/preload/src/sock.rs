@@ -101,6 +101,10 @@ pub(crate) struct State {
     pub listener: bool,
     /// Epoll sets watching this socket: (epoll fd, its wake-up eventfd).
     pub watchers: Vec<(i32, Arc<Notifier>)>,
+    /// Closed so that the connection must be reset, not finished (Linux's `tcp_close`:
+    /// `SO_LINGER` `{1, 0}`, or bytes the application never read; RFC 1122 §4.2.2.13:
+    /// also bytes that arrive after the close): queued bytes are dropped and a RST goes.
+    pub reset_on_close: bool,
     pub opts: Opts,
 }
 
@@ -181,6 +185,7 @@ impl State {
             reply: None,
             listener: false,
             watchers: Vec::new(),
+            reset_on_close: false,
             opts: Opts::default(),
         }
     }

@@ -284,8 +284,9 @@ fn redis_server_on_luna_answers_redis_cli_and_redis_benchmark() {
 /// refused connects (blocking and not), a non-blocking connect completed through epoll,
 /// select(2) over the luna socket and a pipe, shutdown(2) of a listener waking accept,
 /// bind(2) to a port in use (EADDRINUSE at bind), signals interrupting a blocking recv
-/// and accept (KeyboardInterrupt) and a handler that returns letting recv go on,
-/// and AF_UNIX/loopback left to the kernel (tests/py/client_check.py: 59 named checks).
+/// and accept (KeyboardInterrupt) and a handler that returns letting recv go on, close
+/// ending in a FIN, or a RST with SO_LINGER {1, 0} or unread bytes (the server tells),
+/// and AF_UNIX/loopback left to the kernel (tests/py/client_check.py: 66 named checks).
 #[test]
 fn python_client_on_luna_talks_to_a_kernel_server() {
     if cannot_run() {
@@ -337,6 +338,6 @@ fn python_client_on_luna_talks_to_a_kernel_server() {
     up.expect("tap up (did the client start luna?)");
     assert!(o.ok, "client failed");
     // Every named check of the script ran and passed.
-    assert!(o.out.lines().any(|l| l == "OK checks=59"), "{}", o.out);
+    assert!(o.out.lines().any(|l| l == "OK checks=66"), "{}", o.out);
     assert!(!o.err.contains("luna-preload:"), "shim errors: {}", o.err);
 }

@@ -8,6 +8,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -323,6 +324,46 @@ check(n.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED, "S
 check(n.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0, "SO_ERROR is read once")
 n.close()
 ep2.close()
+
+# How the kernel echo server saw a connection end ("fin", "reset"; "open" while it lives).
+def ended(sock_port):
+    for _ in range(50):
+        q = socket.create_connection((kernel_ip, port + 2))
+        q.sendall(str(sock_port).encode())
+        word = q.recv(16).decode()
+        q.close()
+        if word != "open":
+            return word
+        time.sleep(0.1)
+    return "open"
+
+
+def echoed_conn(data):
+    x = socket.socket()
+    x.connect((kernel_ip, port))
+    x.sendall(data)
+    return x, x.getsockname()[1]
+
+
+# close(2) as Linux's tcp_close: a FIN when all was read; a RST with SO_LINGER {1, 0}, or
+# when received bytes were never read (RFC 1122 4.2.2.13).
+x, xp = echoed_conn(b"bye")
+check(recv_exact(x, 3) == b"bye", "echo before a graceful close")
+x.close()
+check(ended(xp) == "fin", "close after reading everything: FIN")
+x, xp = echoed_conn(b"abc")
+check(recv_exact(x, 3) == b"abc", "echo before a linger-0 close")
+x.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+check(struct.unpack("ii", x.getsockopt(socket.SOL_SOCKET, socket.SO_LINGER, 8)) == (1, 0), "SO_LINGER kept")
+x.close()
+check(ended(xp) == "reset", "SO_LINGER {1, 0}: close resets")
+x, xp = echoed_conn(b"unread")
+pl = select.poll()
+pl.register(x.fileno(), select.POLLIN)
+check(pl.poll(5000), "the echo came")
+time.sleep(0.2)
+x.close()
+check(ended(xp) == "reset", "close with unread bytes resets")
 
 # Loopback stays in the kernel.
 k = socket.socket()

@@ -1,32 +1,63 @@
 """A kernel echo server (no preload): echoes every connection until its FIN, then
-closes. argv: ip port ready_file seconds"""
+closes. How each connection ended ("fin" or "reset") is kept by the client's port and
+told on port + 2 (a connection there sends a port number and gets the word back, or
+"open" while that connection lives). argv: ip port ready_file seconds"""
 import socket
 import sys
 import threading
 import time
 
 ip, port, ready, secs = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((ip, port))
-s.listen(16)
-s.settimeout(1)
+ends = {}
+
+
+def listener(p):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ip, p))
+    s.listen(16)
+    s.settimeout(1)
+    return s
+
+
+s = listener(port)
+status = listener(port + 2)
 open(ready, "w").write("ready")
 
 
-def echo(c):
+def echo(c, peer_port):
     with c:
-        while True:
-            d = c.recv(65536)
-            if not d:
-                return
-            c.sendall(d)
+        try:
+            while True:
+                d = c.recv(65536)
+                if not d:
+                    ends[peer_port] = "fin"
+                    return
+                c.sendall(d)
+        except ConnectionResetError:
+            ends[peer_port] = "reset"
+
+
+def tell():
+    while time.time() < end:
+        try:
+            c, _ = status.accept()
+        except socket.timeout:
+            continue
+        with c:
+            c.settimeout(5)
+            try:
+                q = int(c.recv(16).decode())
+                c.sendall(ends.get(q, "open").encode())
+            except (OSError, ValueError):
+                pass
 
 
 end = time.time() + secs
+threading.Thread(target=tell, daemon=True).start()
 while time.time() < end:
     try:
-        c, _ = s.accept()
+        c, peer = s.accept()
     except socket.timeout:
         continue
-    threading.Thread(target=echo, args=(c,), daemon=True).start()
+    threading.Thread(target=echo, args=(c, peer[1]), daemon=True).start()

@@ -247,10 +247,13 @@ impl EthernetRepr {
         let Some(h) = frame.buffer.as_ref().first_chunk::<HEADER_LEN>() else {
             return Err(Error);
         };
+        let (dst, rest) = h.split_first_chunk::<6>().ok_or(Error)?;
+        let (src, ty) = rest.split_first_chunk::<6>().ok_or(Error)?;
+        let ty = ty.first_chunk::<2>().ok_or(Error)?;
         Ok(EthernetRepr {
-            src_addr: EthernetAddress([h[6], h[7], h[8], h[9], h[10], h[11]]),
-            dst_addr: EthernetAddress([h[0], h[1], h[2], h[3], h[4], h[5]]),
-            ethertype: EtherType::from(u16::from_be_bytes([h[12], h[13]])),
+            src_addr: EthernetAddress(*src),
+            dst_addr: EthernetAddress(*dst),
+            ethertype: EtherType::from(u16::from_be_bytes(*ty)),
         })
     }
 

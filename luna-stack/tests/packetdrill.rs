@@ -75,6 +75,7 @@ scripts! {
     dsack_rfc2883_4,
     delayed_ack_on,
     dupack_needs_same_window,
+    ecn_setup_syn_not_negotiated,
     fast_retransmit,
     fin_retransmitted_on_rto,
     fin_wait2_orphan_timeout,

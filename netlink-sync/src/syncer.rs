@@ -34,6 +34,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use crate::mirror::{Mirror, Outcome, SyncCounters};
 use crate::snapshot::{Publisher, Reader, Snapshot};
+use crate::trace::{SyncTrace, TraceEvent, TraceHandle};
 
 const RTNLGRP_LINK: u32 = 1;
 const RTNLGRP_NEIGH: u32 = 3;
@@ -186,6 +187,10 @@ pub struct Syncer {
     publisher: Arc<Publisher>,
     buf: Vec<u8>,
     max_rcvbuf: usize,
+    /// When the dump in flight was requested.
+    in_flight_sent: Instant,
+    trace: SyncTrace,
+    trace_out: TraceHandle,
 }
 
 impl std::fmt::Debug for Syncer {
@@ -207,7 +212,7 @@ impl Syncer {
             let size = i32::try_from(size).unwrap_or(i32::MAX);
             sock.set_rx_buf_sz(size).map_err(sock_err("SO_RCVBUF"))?;
         }
-        sock.bind_auto().map_err(sock_err("bind"))?;
+        let addr = sock.bind_auto().map_err(sock_err("bind"))?;
         // Subscribe before resolving and dumping, so no change falls in between.
         for g in [
             RTNLGRP_LINK,
@@ -235,7 +240,14 @@ impl Syncer {
             publisher,
             buf: Vec::with_capacity(RECV_BUF),
             max_rcvbuf: config.max_rcvbuf,
+            in_flight_sent: Instant::now(),
+            trace: SyncTrace {
+                port_id: addr.port_number(),
+                ..SyncTrace::default()
+            },
+            trace_out: TraceHandle::default(),
         };
+        s.trace.rcvbuf = s.sock.get_rx_buf_sz().unwrap_or(0);
         s.start_resync()?;
         let deadline = Instant::now() + config.dump_timeout;
         while s.staging.is_some() {
@@ -268,10 +280,37 @@ impl Syncer {
         *self.mirror.counters()
     }
 
+    /// What this syncer saw, refreshed at the end of every [`Syncer::poll`] (also after it
+    /// moved into its thread): socket calls, datagrams by kind, the dump in flight, the
+    /// live counters and the last events. For failure messages.
+    pub fn trace(&self) -> TraceHandle {
+        self.trace_out.clone()
+    }
+
+    /// Copies the live state into the trace handle.
+    fn flush_trace(&mut self) {
+        let t = &mut self.trace;
+        t.in_flight = self
+            .in_flight
+            .map(|(dump, seq)| (dump.name(), seq, self.in_flight_sent));
+        t.in_flight_abandoned = self.in_flight_abandoned;
+        t.staging = self.staging.is_some();
+        t.queued = self.queued.len();
+        t.version = self.version;
+        t.counters = *self.mirror.counters();
+        self.trace_out.set(&self.trace);
+    }
+
     /// Waits up to `timeout` for netlink messages, applies them, and publishes a snapshot if
     /// anything changed. Returns [`Error::InterfaceGone`] once the interface is deleted
     /// (after publishing a snapshot that says so), and on every call after.
     pub fn poll(&mut self, timeout: Duration) -> Result<PollStatus> {
+        let r = self.poll_once(timeout);
+        self.flush_trace();
+        r
+    }
+
+    fn poll_once(&mut self, timeout: Duration) -> Result<PollStatus> {
         if self.mirror.interface_gone() {
             return Err(Error::InterfaceGone {
                 ifindex: self.ifindex(),
@@ -280,8 +319,10 @@ impl Syncer {
         let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
         {
             let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
+            self.trace.polls += 1;
             match nix::poll::poll(&mut fds, PollTimeout::from(ms)) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Ok(n) => self.trace.polls_readable += u64::from(n > 0),
+                Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => {
                     return Err(Error::Socket {
                         what: "poll",
@@ -298,20 +339,36 @@ impl Syncer {
                     status.datagrams += 1;
                     if n > self.buf.len() {
                         // Truncated: part of a dump or some notifications are lost.
+                        self.trace.datagrams += 1;
+                        self.trace.event(TraceEvent::Truncated { len: n });
                         self.mirror.counters_mut().malformed += 1;
                         self.start_resync()?;
                         continue;
                     }
+                    self.trace
+                        .datagram(&self.buf, self.in_flight.map(|(_, seq)| seq));
                     self.on_datagram()?;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.trace.would_block += 1;
+                    break;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => self.overrun()?,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    self.trace.enobufs += 1;
+                    self.trace.event(TraceEvent::RecvError {
+                        errno: libc::ENOBUFS,
+                    });
+                    self.overrun()?
+                }
                 Err(e) => {
+                    self.trace.event(TraceEvent::RecvError {
+                        errno: e.raw_os_error().unwrap_or(0),
+                    });
                     return Err(Error::Socket {
                         what: "recv",
                         source: e,
-                    })
+                    });
                 }
             }
         }
@@ -459,9 +516,12 @@ impl Syncer {
                 .sock
                 .set_rx_buf_sz(i32::try_from(want).unwrap_or(i32::MAX));
         }
-        if self.sock.get_rx_buf_sz().is_ok_and(|after| after > now) {
+        let after = self.sock.get_rx_buf_sz().unwrap_or(0);
+        if after > now {
             self.mirror.counters_mut().rcvbuf_grown += 1;
         }
+        self.trace.rcvbuf = after;
+        self.trace.event(TraceEvent::Rcvbuf { bytes: after });
     }
 
     /// Starts a full re-dump into a fresh mirror (the first dump too).
@@ -469,6 +529,9 @@ impl Syncer {
         if self.version > 0 || self.staging.is_some() {
             self.mirror.counters_mut().resyncs += 1;
         }
+        self.trace.event(TraceEvent::Resync {
+            abandoned: self.in_flight.map(|(_, seq)| seq),
+        });
         if let Some(abandoned) = self.staging.take() {
             self.mirror.add_counts(&abandoned);
         }
@@ -500,6 +563,13 @@ impl Syncer {
             .send(&bytes, 0)
             .map_err(sock_err("send dump request"))?;
         self.in_flight = Some((dump, self.seq));
+        self.in_flight_sent = Instant::now();
+        self.trace.last_in_flight_reply = None;
+        self.trace.requests += 1;
+        self.trace.event(TraceEvent::Sent {
+            dump: dump.name(),
+            seq: self.seq,
+        });
         Ok(())
     }
 
@@ -519,6 +589,9 @@ impl Syncer {
         self.version += 1;
         self.mirror.counters_mut().published += 1;
         self.publisher.publish(self.mirror.snapshot(self.version));
+        self.trace.event(TraceEvent::Published {
+            version: self.version,
+        });
         true
     }
 }

@@ -136,6 +136,7 @@ pub struct MirrorThread {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     join: Option<std::thread::JoinHandle<Result<(), netlink_sync::Error>>>,
     iface: String,
+    trace: netlink_sync::TraceHandle,
 }
 
 impl MirrorThread {
@@ -154,6 +155,7 @@ impl MirrorThread {
         let syncer =
             netlink_sync::Syncer::open(netlink_sync::Interface::Name(iface.to_string()), config)?;
         let publisher = syncer.publisher();
+        let trace = syncer.trace();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let st = stop.clone();
         let name = iface.to_string();
@@ -178,6 +180,7 @@ impl MirrorThread {
             stop,
             join: Some(join),
             iface: iface.to_string(),
+            trace,
         })
     }
 
@@ -194,6 +197,12 @@ impl MirrorThread {
     /// version first holds a change).
     pub fn reader(&self) -> netlink_sync::Reader {
         self.publisher.reader()
+    }
+
+    /// What the syncer saw so far (socket calls, datagrams by kind, the dump in flight,
+    /// live counters, last events), as of its last poll: for failure messages.
+    pub fn trace(&self) -> netlink_sync::SyncTrace {
+        self.trace.get()
     }
 
     /// Whether the thread has ended (the interface disappeared, or an error).

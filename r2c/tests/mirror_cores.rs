@@ -249,8 +249,15 @@ fn netlink_overrun_resyncs_and_shows_in_the_cores_stats() {
         }) as Check;
         let Some(v) = visible_at(&mut reader, &all, until) else {
             let snap = reader.snapshot();
+            // What the syncer itself saw (its published counters stop while a re-dump is
+            // in progress), and the kernel's view of its socket (Rmem, Dump, Drops).
+            let trace = rig.mirror.trace();
+            let kernel = net
+                .in_host(|| netlink_sync::kernel_socket_line(trace.port_id))
+                .ok()
+                .flatten();
             panic!(
-                "not every entry of burst {bursts} in the mirror after 20 s: {} neighbours, version {}, {:?}, mirror thread ended: {}",
+                "not every entry of burst {bursts} in the mirror after 20 s: {} neighbours, version {}, {:?}, mirror thread ended: {}\n{trace}\nkernel: {kernel:?}",
                 snap.neighbours().count(),
                 snap.version(),
                 snap.counters(),

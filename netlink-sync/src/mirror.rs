@@ -575,6 +575,19 @@ pub mod craft {
         b
     }
 
+    /// `NLMSG_ERROR` answering request `seq` with `-errno` (the request's header echoed
+    /// as zeros).
+    pub fn error(seq: u32, errno: i32) -> Vec<u8> {
+        let mut b = vec![0u8; 36];
+        b[0..4].copy_from_slice(&36u32.to_ne_bytes());
+        b[4..6].copy_from_slice(&2u16.to_ne_bytes());
+        b[8..12].copy_from_slice(&seq.to_ne_bytes());
+        b[16..20].copy_from_slice(&(-errno).to_ne_bytes());
+        b[20..24].copy_from_slice(&16u32.to_ne_bytes());
+        b[32..36].copy_from_slice(&seq.to_ne_bytes());
+        b
+    }
+
     /// A neighbour message for `ip` on `ifindex`.
     pub fn neighbour(
         ifindex: u32,

@@ -452,11 +452,16 @@ impl Syncer {
                         continue;
                     }
                     if errno == libc::ENOBUFS {
-                        // The kernel could not fit the dump's reply into our receive
-                        // buffer (a burst of notifications filled it): an overrun like
-                        // ENOBUFS on recv — grow the buffer and dump everything again.
-                        self.in_flight = None;
-                        self.in_flight_abandoned = false;
+                        // The kernel could not fit the dump's first reply into our
+                        // receive buffer (a burst of notifications filled it): an overrun
+                        // like ENOBUFS on recv — grow the buffer and dump everything
+                        // again. But the kernel has not given this dump up: it stays the
+                        // socket's running dump and goes on (same sequence number, up to
+                        // its NLMSG_DONE) once we read the buffer down. So it is abandoned,
+                        // not ended: a request sent now would be refused with EBUSY, and
+                        // that refusal is lost when the buffer is full again, leaving us
+                        // waiting forever for a dump the kernel never ran. Its done sends
+                        // the re-dump's first request.
                         return self.overrun();
                     }
                     if std::mem::take(&mut self.in_flight_abandoned) {
@@ -673,6 +678,80 @@ mod tests {
             .routes()
             .lookup("198.19.0.1".parse().unwrap())
             .is_none());
+    }
+
+    /// The kernel's side of the dumps: one dump per socket; a request while one runs is
+    /// refused with `EBUSY` (`__netlink_dump_start`).
+    struct KernelDumps {
+        running: Option<u32>,
+        /// The last request seen.
+        seen: u32,
+    }
+
+    impl KernelDumps {
+        /// Takes the requests the syncer sent since the last call: each starts a dump, or
+        /// is refused while one runs. Returns the refused ones.
+        fn requests(&mut self, s: &Syncer) -> Vec<u32> {
+            let mut refused = Vec::new();
+            while self.seen != s.seq {
+                self.seen = self.seen.wrapping_add(1);
+                if self.running.is_some() {
+                    refused.push(self.seen);
+                } else {
+                    self.running = Some(self.seen);
+                }
+            }
+            refused
+        }
+    }
+
+    /// A dump whose first reply does not fit the receive buffer (full of a burst of
+    /// notifications) is answered with `ENOBUFS`, yet the kernel keeps it running: its
+    /// replies and `NLMSG_DONE` follow once the buffer is read down. The syncer must wait
+    /// for that done before it asks again: a request sent while the dump runs is refused
+    /// with `EBUSY`, and when the buffer is full again that refusal is dropped too —
+    /// the syncer then waits forever for a dump the kernel never ran, and publishes nothing
+    /// more (seen in `r2c/tests/mirror_cores.rs`' overrun test under load, 5 in 800 runs).
+    #[test]
+    fn a_dump_refused_with_enobufs_is_waited_for_not_asked_again() {
+        use crate::mirror::craft::error;
+        let mut s = Syncer::open(Interface::Name("lo".into()), &SyncConfig::default()).unwrap();
+        let version = s.version;
+        let mut kernel = KernelDumps {
+            running: None,
+            seen: s.seq,
+        };
+        s.start_resync().unwrap();
+        assert!(kernel.requests(&s).is_empty());
+        let (_, first) = in_flight(&s);
+        // The link dump's first reply did not fit: ENOBUFS. The dump stays running.
+        feed(&mut s, &error(first, libc::ENOBUFS));
+        assert_eq!(s.mirror.counters().overruns, 1, "ENOBUFS is an overrun");
+        // Anything asked now is refused with EBUSY, and the refusal does not fit the
+        // buffer either (it is never read).
+        let refused = kernel.requests(&s);
+        // The kernel's dump goes on to its end once the buffer is read.
+        assert_eq!(kernel.running.take(), Some(first));
+        feed(&mut s, &done(first));
+        // From here on every request is answered: the re-dump must run to its end.
+        for _ in 0..8 {
+            let refused = kernel.requests(&s);
+            for seq in refused {
+                feed(&mut s, &error(seq, libc::EBUSY));
+            }
+            match kernel.running.take() {
+                Some(seq) => feed(&mut s, &done(seq)),
+                None => break,
+            }
+        }
+        assert!(
+            s.staging.is_none(),
+            "the re-dump never ended: the syncer waits for {:?}, requests refused while the \
+             kernel's dump {first} ran: {refused:?}",
+            s.in_flight
+        );
+        assert!(s.version > version, "published");
+        assert!(refused.is_empty(), "asked while a dump ran: {refused:?}");
     }
 
     /// The last datagram of a dump flagged `NLM_F_DUMP_INTR` often carries the dump's

@@ -66,7 +66,7 @@ pub struct MsgCounters {
     /// Origins dropped unanswered (completed without a reply).
     pub abandoned: AtomicU64,
     /// Replies (or completions) that arrived after their connection was detached, or
-    /// after a reply that closes it (dropped).
+    /// after a reply that closes it, or waited in its reorder slot when it was (dropped).
     pub closed_in_flight: AtomicU64,
     /// Connections closed for a framing error, by [`ParseErrorKind`] (index = position
     /// in [`ParseErrorKind::ALL`]).
@@ -841,7 +841,9 @@ where
             .detached
             .fetch_add(1, AtomicOrdering::Relaxed);
         let in_flight = c.framer.in_flight();
-        let n = c.staging.close(|_| {});
+        // Completions staged and not drained, and those waiting in the reorder slot for
+        // an earlier one: all dropped with the connection, each counted once.
+        let n = c.staging.close(|_| {}) + c.sequencer.held();
         self.shared
             .counters
             .closed_in_flight

@@ -622,3 +622,66 @@ fn a_reused_handle_never_gets_the_old_connections_late_replies() {
         "{f:?}"
     );
 }
+
+/// A connection detached while the reorder slot holds replies that finished before an
+/// earlier one (TCP closed, or a reply that closes released ahead of them): those held
+/// replies are dropped with the slot and must be counted (`closed_in_flight`), so that
+/// `messages = replies + finished + abandoned + closed_in_flight` still holds.
+#[test]
+fn replies_held_in_the_reorder_slot_are_counted_when_their_connection_closes() {
+    let (mut io, mut sockets) =
+        group::<u32, KnbParser>(&cfg(Model::Ms, 1), FramerConfig::default()).unwrap();
+    let mut s = sockets.pop().unwrap();
+    // Connection 1 is closed by TCP; connection 2 by a reply that closes.
+    io.attach(1, KnbParser::new(Ordering::Ordered)).unwrap();
+    io.attach(2, KnbParser::new(Ordering::Ordered)).unwrap();
+    io.on_data(1, Zbuf::copy_from_slice(&stream(0..3)));
+    io.on_data(2, Zbuf::copy_from_slice(&stream(0..4)));
+    let mut m: HashMap<(u32, u64), Message<u32>> = HashMap::new();
+    while let Some(x) = s.try_recv() {
+        m.insert((x.origin.conn(), id_of(&x)), x);
+    }
+    assert_eq!(m.len(), 7);
+    let mut take = |c, i| m.remove(&(c, i)).unwrap();
+    let answer = |s: &mut MsgSocket<u32>, x: Message<u32>| {
+        let r = echo(&x);
+        assert!(s.reply(x.origin, r));
+    };
+    // 1: 1 and 2 finish before 0 and wait in the slot; then the connection goes.
+    answer(&mut s, take(1, 1));
+    answer(&mut s, take(1, 2));
+    // 2: 3 finishes and waits in the slot behind 2; 0 answers and 1 closes.
+    answer(&mut s, take(2, 3));
+    io.poll_replies(|c, _| panic!("nothing may leave before 0 ({c})"));
+    answer(&mut s, take(2, 0));
+    let q = take(2, 1);
+    let r = echo(&q);
+    assert!(s.reply_and_close(q.origin, r));
+    let mut sent = 0;
+    io.poll_replies(|c, _| {
+        assert_eq!(c, 2);
+        sent += 1;
+    });
+    assert_eq!(sent, 2);
+    assert!(!io.is_attached(2));
+    io.detach(1);
+    // The slow ones come back after their connections have gone.
+    answer_late(&mut s, take(1, 0));
+    answer_late(&mut s, take(2, 2));
+    io.poll_replies(|c, _| panic!("a reply for detached connection {c}"));
+    let f = fields(&io);
+    assert_eq!(f["messages"], 7, "{f:?}");
+    assert_eq!(f["replies"], 2, "{f:?}");
+    assert_eq!(
+        f["replies"] + f["finished"] + f["abandoned"] + f["closed_in_flight"],
+        7,
+        "every message counted once: {f:?}"
+    );
+    assert_eq!(f["sequence_errors"], 0, "{f:?}");
+}
+
+fn answer_late(s: &mut MsgSocket<u32>, x: Message<u32>) {
+    assert!(x.origin.is_closed());
+    let r = echo(&x);
+    assert!(!s.reply(x.origin, r));
+}

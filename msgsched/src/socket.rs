@@ -853,8 +853,7 @@ where
         // dispatcher waits for no completion of this key.
         drop(self.dispatcher.forget(key));
         if let Some(class) = c.queued {
-            // Its entry in the line is stale now.
-            self.stalls.left(class);
+            self.stalls.remove(class, key);
         }
         in_flight
     }
@@ -889,5 +888,62 @@ where
     /// The scheduler's counters.
     pub fn sched_stats(&self) -> sched::Stats {
         self.dispatcher.stats()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::parser::knb::{Header, KnbParser};
+    use crate::parser::Ordering;
+    use crate::sched::Model;
+
+    fn req(id: u64) -> Zbuf {
+        let mut v = Header {
+            id,
+            len: 4,
+            flags: 0,
+        }
+        .bytes()
+        .to_vec();
+        v.extend([1, 2, 3, 4]);
+        Zbuf::copy_from_slice(&v)
+    }
+
+    /// A hostile client opens connections that join a stall line which does not move
+    /// (CP, its worker stopped taking) and closes each at once: the line must not keep
+    /// an entry per closed connection (memory bounded by the connections waiting).
+    #[test]
+    fn closed_connections_leave_no_entries_in_a_stall_line_that_does_not_move() {
+        let sched = SchedConfig {
+            model: Model::Cp,
+            workers: 1,
+            queue_capacity: 1,
+            seed: 1,
+        };
+        let (mut io, mut sockets) =
+            group::<u32, KnbParser>(&sched, FramerConfig::default()).unwrap();
+        io.attach(0, KnbParser::new(Ordering::Ordered)).unwrap();
+        io.on_data(0, req(0));
+        io.on_data(0, req(1));
+        assert!(!io.wants_input(0), "its second message waits in line");
+        for conn in 1..10_000u32 {
+            io.attach(conn, KnbParser::new(Ordering::Ordered)).unwrap();
+            io.on_data(conn, req(0));
+            assert!(!io.wants_input(conn), "joined the line behind 0");
+            io.detach(conn);
+        }
+        assert!(
+            io.stalls.entries() <= 1,
+            "{} entries for 1 connection waiting",
+            io.stalls.entries()
+        );
+        // The line still works: the worker takes, 0's second message is placed.
+        let s = &mut sockets[0];
+        let m = s.try_recv().unwrap();
+        assert!(s.reply(m.origin, IoVec::new()));
+        io.poll_replies(|_, _| {});
+        let m = s.try_recv().expect("0's second message placed");
+        assert_eq!(m.origin.seq(), 1);
     }
 }

@@ -12,9 +12,10 @@
 //!   not try the scheduler but joins the line behind them, so a stalled connection is
 //!   never overtaken (and a connection whose turn came places one message per turn).
 //!
-//! Entries are removed lazily (a detached key, or one that left the line some other
-//! way, is skipped when it comes up); `live` counts the real ones, so a line with only
-//! stale entries holds nobody back.
+//! A detached key's entry is removed at once ([`Stalls::remove`]: a line that does not
+//! move must not grow with every connection that joins it and closes); one that left the
+//! line some other way is skipped when it comes up; `live` counts the real ones, so a
+//! line with only stale entries holds nobody back.
 
 use crate::sched::{Dispatcher, Model};
 use std::collections::VecDeque;
@@ -107,6 +108,23 @@ impl Stalls {
     pub(crate) fn left(&mut self, class: usize) {
         self.live[class] -= 1;
         self.total -= 1;
+    }
+
+    /// `key`, really waiting in line `class`, leaves it for good (its connection was
+    /// detached): its entry goes too, so a line that does not move (CP, its worker
+    /// stopped) keeps no entry per closed connection. O(line) per call, searched from the
+    /// back, where the newest (most often closed) arrivals are.
+    pub(crate) fn remove(&mut self, class: usize, key: u64) {
+        if let Some(i) = self.lines[class].iter().rposition(|&k| k == key) {
+            self.lines[class].remove(i);
+        }
+        self.left(class);
+    }
+
+    /// Entries in every line, stale ones included (tests: memory bounds).
+    #[cfg(test)]
+    pub(crate) fn entries(&self) -> usize {
+        self.lines.iter().map(VecDeque::len).sum()
     }
 
     /// Lines to retry now: those with connections waiting in which a worker of the line

@@ -400,8 +400,7 @@ where
         // CS: held requests never go to a worker, and no completion is waited for.
         drop(self.dispatcher.forget(key));
         if let Some(class) = c.queued {
-            // Its entry in the line is stale now.
-            self.stalls.left(class);
+            self.stalls.remove(class, key);
         }
         self.dirty.remove(&key);
         c.in_flight

@@ -533,3 +533,40 @@ fn one_thread_polling_many_workers_delivers_every_message_once() {
         assert!(seen.iter().all(|&c| c == 1), "{model}: lost or duplicated");
     }
 }
+
+/// A worker socket dropped while `poll` left it announced idle (a driver that shrinks its
+/// pool, or a thread that ends after an empty poll): the dispatcher must not hand it a
+/// message nobody will ever take (under MS and CS the others serve what it leaves).
+#[test]
+fn a_worker_dropped_while_announced_idle_strands_no_message() {
+    for model in [Model::Ms, Model::Cs] {
+        let (mut d, mut w) = sched::<u32>(model, 2, 4);
+        let w1 = w.pop().unwrap();
+        let mut w0 = w.pop().unwrap();
+        assert_eq!(w0.poll(), Err(TryRecvError::Empty));
+        assert!(w0.is_announced());
+        drop(w0);
+        let mut w1 = w1;
+        for k in 0..3u64 {
+            d.dispatch(k, k as u32).unwrap();
+        }
+        let mut got: Vec<u32> = std::iter::from_fn(|| w1.try_recv()).collect();
+        got.sort_unstable();
+        assert_eq!(got, [0, 1, 2], "{model:?}: the survivor gets every message");
+    }
+}
+
+/// The same, claimed first: a dispatcher handed it a message, then it was dropped before
+/// its next poll. The message goes to a worker that can take it.
+#[test]
+fn a_worker_dropped_after_a_handoff_passes_the_message_on() {
+    for model in [Model::Ms, Model::Cs] {
+        let (mut d, mut w) = sched::<u32>(model, 2, 4);
+        let mut w1 = w.pop().unwrap();
+        let mut w0 = w.pop().unwrap();
+        assert_eq!(w0.poll(), Err(TryRecvError::Empty));
+        assert_eq!(d.dispatch(1, 7), Ok(Placed::Handoff(0)));
+        drop(w0);
+        assert_eq!(w1.try_recv(), Some(7), "{model:?}");
+    }
+}

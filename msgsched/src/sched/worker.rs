@@ -359,3 +359,33 @@ impl<T: Send> Worker<T> {
         c.fetch_add(1, Ordering::Release);
     }
 }
+
+impl<T> Drop for Worker<T> {
+    /// A worker dropped while [`Worker::poll`] left it announced idle must not keep a
+    /// dispatcher's handoff nobody will take: it withdraws its idle bit, or, if a
+    /// dispatcher claimed it first, passes the claimed message on through its own FIFO,
+    /// which the others steal (claims happen under MS and CS only). With that FIFO full
+    /// the message is dropped (a `MsgSocket`'s then completes unanswered, counted as
+    /// abandoned) rather than stranded.
+    fn drop(&mut self) {
+        if !self.announced {
+            return;
+        }
+        let s = &*self.shared;
+        let me = self.index;
+        if s.idle.clear(me) {
+            return;
+        }
+        // Claimed: the dispatcher fills the mailbox right after its claim, inside the
+        // same `dispatch` call, so this wait is short.
+        let m = loop {
+            if let Some(m) = s.slots[me].mailbox.pop() {
+                break m;
+            }
+            yield_now();
+        };
+        if s.slots[me].fifo.push(m).is_ok() {
+            s.mark_nonempty(me, me + 1);
+        }
+    }
+}

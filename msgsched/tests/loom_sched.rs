@@ -274,3 +274,32 @@ fn cp_refused_message_retried_when_progress_moves() {
 fn ms_refused_message_retried_when_progress_moves() {
     gated_retries(Model::Ms);
 }
+
+/// A worker left announced idle by `poll` is dropped on its thread while the dispatcher
+/// places a message: it withdraws first (the message goes to a FIFO) or the dispatcher
+/// claims it first (its drop waits for the mailbox message and passes it on through its
+/// FIFO). Either way the other worker, parked in `recv`, gets the message exactly once.
+#[test]
+fn ms_worker_dropped_while_announced_passes_a_racing_handoff_on() {
+    use msgsched::sched::TryRecvError;
+    model(|| {
+        let (mut d, mut w) = sched(Model::Ms, 2, 1);
+        let w1 = spawn_worker(w.pop().unwrap(), Some(1), None);
+        let mut w0 = w.pop().unwrap();
+        assert_eq!(w0.poll(), Err(TryRecvError::Empty));
+        let dropper = thread::spawn(move || drop(w0));
+        let mut m = 7u32;
+        loop {
+            match d.dispatch(1, m) {
+                Ok(_) => break,
+                Err(r) => {
+                    m = r.into_inner();
+                    thread::yield_now();
+                }
+            }
+        }
+        dropper.join().unwrap();
+        assert_eq!(w1.join().unwrap(), [7]);
+        drop(d);
+    });
+}

@@ -15,6 +15,8 @@ use msgsched::parser::{Ordering, ParseError, Parser};
 use msgsched::sched::{Model, SchedConfig};
 use msgsched::socket::{group, IoEvent, Message, MsgIo, MsgSocket};
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use zbuf::{IoVec, Zbuf};
 
 /// knb framing, with MARK-flagged requests exclusive (they run alone, as memcached's
@@ -162,6 +164,8 @@ struct World {
     /// Handles the driver stopped reading (`wait_input`) until `poll_resumed` names them.
     blocked: HashSet<u32>,
     seed: u64,
+    /// Worker threads' record of what they did with each message (threaded runs).
+    shared_acts: Option<Arc<Mutex<HashMap<u64, Act>>>>,
 }
 
 impl World {
@@ -318,6 +322,25 @@ impl World {
         }
     }
 
+    /// Threaded runs: copy the workers' record into each attachment.
+    fn sync_acts(&mut self, ended: &mut [(u32, Att)]) {
+        let Some(acts) = &self.shared_acts else {
+            return;
+        };
+        let acts = acts.lock().unwrap();
+        for a in self
+            .atts
+            .values_mut()
+            .chain(ended.iter_mut().map(|(_, a)| a))
+        {
+            for id in &a.ids {
+                if let Some(&act) = acts.get(id) {
+                    a.acts.insert(*id, act);
+                }
+            }
+        }
+    }
+
     /// r2c closes a half-closed connection once `in_flight` is 0: that must mean every
     /// request received so far has been served (none waits unframed or unplaced).
     fn check_idle_means_done(&self) {
@@ -426,6 +449,7 @@ fn run(seed: u64, model: Model, ordering: Ordering) {
         out: Vec::new(),
         blocked: HashSet::new(),
         seed,
+        shared_acts: None,
     };
     const HANDLES: u32 = 5;
     let steps = 200 + rng.below(1500);
@@ -524,6 +548,174 @@ fn run(seed: u64, model: Model, ordering: Ordering) {
         "seed {seed}: {f:?}"
     );
     assert_eq!(f["sequence_errors"], 0, "seed {seed}: {f:?}");
+}
+
+/// The same hostile clients against real worker threads (they reply, finish, drop or
+/// reply-and-close after a random pause), so stage-versus-close races happen for real.
+fn run_threaded(seed: u64, model: Model, ordering: Ordering) {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let sched = SchedConfig {
+        model,
+        workers: 3,
+        queue_capacity: 1 + rng.below(3),
+        seed,
+    };
+    let framer = FramerConfig {
+        max_message: MAX_MESSAGE,
+        max_in_flight: 1 + rng.below(6),
+    };
+    let (io, sockets) = group::<u32, P>(&sched, framer).unwrap();
+    let acts = Arc::new(Mutex::new(HashMap::new()));
+    let threads: Vec<_> = sockets
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut s)| {
+            let acts = Arc::clone(&acts);
+            let mut rng =
+                Rng(((seed << 8) | (i as u64 + 1)).wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
+            std::thread::spawn(move || loop {
+                let m = match s.recv_timeout(Duration::from_millis(5)) {
+                    Ok(m) => m,
+                    Err(msgsched::sched::RecvError::Timeout) => continue,
+                    Err(msgsched::sched::RecvError::Disconnected) => return,
+                };
+                let id = Header::read(&m.body).unwrap().unwrap().id;
+                let act = match rng.below(20) {
+                    0..=1 => Act::Finish,
+                    2..=3 => Act::Abandon,
+                    4 => Act::Close,
+                    _ => Act::Reply,
+                };
+                if rng.one_in(4) {
+                    std::thread::sleep(Duration::from_micros(rng.below(300) as u64));
+                }
+                assert!(
+                    acts.lock().unwrap().insert(id, act).is_none(),
+                    "seed {seed}: {id:#x} taken twice"
+                );
+                match act {
+                    Act::Reply => {
+                        let r = reply_for(&m);
+                        s.reply(m.origin, r);
+                    }
+                    Act::Finish => {
+                        s.finish(m.origin);
+                    }
+                    Act::Abandon => drop(m),
+                    Act::Close => {
+                        let r = reply_for(&m);
+                        s.reply_and_close(m.origin, r);
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut w = World {
+        io,
+        sockets: Vec::new(),
+        ordering,
+        atts: HashMap::new(),
+        live: HashSet::new(),
+        next_gen: 0,
+        out: Vec::new(),
+        blocked: HashSet::new(),
+        seed,
+        shared_acts: Some(acts),
+    };
+    const HANDLES: u32 = 5;
+    for h in 0..HANDLES {
+        w.attach(&mut rng, h);
+    }
+    let mut ended: Vec<(u32, Att)> = Vec::new();
+    for _ in 0..200 + rng.below(800) {
+        let h = rng.below(HANDLES as usize) as u32;
+        match rng.below(12) {
+            0..=5 => w.feed(&mut rng, h),
+            6..=8 => w.poll(),
+            9 if w.live.contains(&h) && rng.one_in(3) => {
+                w.io.detach(h);
+                w.live.remove(&h);
+                w.blocked.remove(&h);
+                w.atts.remove(&h);
+                w.attach(&mut rng, h);
+            }
+            10 if w.live.contains(&h) => {
+                let a = w.atts.get_mut(&h).unwrap();
+                a.paused = !a.paused;
+                w.io.pause(h, a.paused);
+            }
+            11 if !w.live.contains(&h) => {
+                let a = w.atts.remove(&h).unwrap();
+                ended.push((h, a));
+                w.blocked.remove(&h);
+                w.attach(&mut rng, h);
+            }
+            _ => {}
+        }
+        if rng.one_in(8) {
+            std::thread::yield_now();
+        }
+        w.sync_acts(&mut ended);
+        w.check_idle_means_done();
+    }
+    for h in 0..HANDLES {
+        if w.live.contains(&h) {
+            w.atts.get_mut(&h).unwrap().paused = false;
+            w.io.pause(h, false);
+        }
+    }
+    // The end: feed everything and wait until every live connection is served or shut.
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        for h in 0..HANDLES {
+            w.feed(&mut rng, h);
+        }
+        w.poll();
+        let done = (0..HANDLES).all(|h| {
+            !w.live.contains(&h) || (w.atts[&h].rest.is_empty() && w.io.in_flight(h) == Some(0))
+        });
+        let f: HashMap<_, _> = w.io.counters().fields().into_iter().collect();
+        let counted = f["replies"] + f["finished"] + f["abandoned"] + f["closed_in_flight"];
+        if done && counted == f["messages"] {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "seed {seed}: stalled: {f:?} live {:?} in flight {:?}",
+            w.live,
+            (0..HANDLES).map(|h| w.io.in_flight(h)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    w.sync_acts(&mut ended);
+    for (h, a) in &ended {
+        w.check_finished(*h, a);
+    }
+    for h in 0..HANDLES {
+        w.check_finished(h, &w.atts[&h]);
+    }
+    let f: HashMap<_, _> = w.io.counters().fields().into_iter().collect();
+    assert_eq!(f["sequence_errors"], 0, "seed {seed}: {f:?}");
+    drop(w);
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+/// `MODEL_SEEDS=n` runs more seeds (the review ran 300 in release).
+#[test]
+fn hostile_clients_against_worker_threads() {
+    let seeds: u64 = std::env::var("MODEL_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(6);
+    for seed in 1..=seeds {
+        for model in [Model::Ms, Model::Cs, Model::Cp] {
+            for ordering in [Ordering::Ordered, Ordering::Unordered] {
+                run_threaded(seed, model, ordering);
+            }
+        }
+    }
 }
 
 /// `MODEL_SEEDS=n` runs more seeds (the review ran 3,000 in release).

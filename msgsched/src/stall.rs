@@ -12,10 +12,10 @@
 //!   not try the scheduler but joins the line behind them, so a stalled connection is
 //!   never overtaken (and a connection whose turn came places one message per turn).
 //!
-//! A detached key's entry is removed at once ([`Stalls::remove`]: a line that does not
-//! move must not grow with every connection that joins it and closes); one that left the
-//! line some other way is skipped when it comes up; `live` counts the real ones, so a
-//! line with only stale entries holds nobody back.
+//! Entries are removed lazily (a detached key is skipped when it comes up); `live` counts
+//! the real ones, so a line with only stale entries holds nobody back, and a line that
+//! becomes mostly stale is compacted ([`Stalls::detached`]): one that does not move must
+//! not grow with every connection that joins it and closes.
 
 use crate::sched::{Dispatcher, Model};
 use std::collections::VecDeque;
@@ -110,15 +110,22 @@ impl Stalls {
         self.total -= 1;
     }
 
-    /// `key`, really waiting in line `class`, leaves it for good (its connection was
-    /// detached): its entry goes too, so a line that does not move (CP, its worker
-    /// stopped) keeps no entry per closed connection. O(line) per call, searched from the
-    /// back, where the newest (most often closed) arrivals are.
-    pub(crate) fn remove(&mut self, class: usize, key: u64) {
-        if let Some(i) = self.lines[class].iter().rposition(|&k| k == key) {
-            self.lines[class].remove(i);
-        }
+    /// A connection really waiting in line `class` left it for good (detached): its
+    /// entry stays, stale, and `true` says the line is now mostly stale entries and the
+    /// caller should [`Stalls::compact`] it. So a line that does not move (CP, its worker
+    /// stopped) holds at most about twice its waiting connections, however many joined
+    /// it and closed, at O(1) amortized per detach.
+    #[must_use]
+    pub(crate) fn detached(&mut self, class: usize) -> bool {
         self.left(class);
+        self.lines[class].len() > 2 * self.live[class] + 32
+    }
+
+    /// Drops the stale entries of line `class`: `waits(key)` says whether `key` really
+    /// waits in it. The waiting ones keep their order.
+    pub(crate) fn compact(&mut self, class: usize, waits: impl Fn(u64) -> bool) {
+        self.lines[class].retain(|&k| waits(k));
+        debug_assert_eq!(self.lines[class].len(), self.live[class]);
     }
 
     /// Entries in every line, stale ones included (tests: memory bounds).
@@ -196,6 +203,33 @@ mod tests {
         st.push(0, 8, true);
         st.ready(&d, &mut ready);
         assert!(ready.is_empty());
+    }
+
+    /// Connections that join a line and close leave stale entries; once most entries are
+    /// stale the line is compacted, and those still waiting keep their order.
+    #[test]
+    fn a_line_of_mostly_closed_connections_is_compacted_in_order() {
+        let (d, _w) = dispatcher(Model::Ms);
+        let mut st = Stalls::new(&d);
+        for k in 0..1000 {
+            st.push(0, k, false);
+        }
+        let mut closed = std::collections::HashSet::new();
+        for k in (0..1000).filter(|k| k % 100 != 0) {
+            closed.insert(k);
+            if st.detached(0) {
+                st.compact(0, |x| !closed.contains(&x));
+            }
+            assert!(st.entries() <= 2 * st.live[0] + 33, "{}", st.entries());
+        }
+        let mut got = Vec::new();
+        while let Some(k) = st.pop(0) {
+            if !closed.contains(&k) {
+                st.left(0);
+                got.push(k);
+            }
+        }
+        assert_eq!(got, (0..10).map(|i| i * 100).collect::<Vec<_>>());
     }
 
     #[test]

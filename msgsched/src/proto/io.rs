@@ -400,7 +400,12 @@ where
         // CS: held requests never go to a worker, and no completion is waited for.
         drop(self.dispatcher.forget(key));
         if let Some(class) = c.queued {
-            self.stalls.remove(class, key);
+            if self.stalls.detached(class) {
+                let conns = &self.conns;
+                self.stalls.compact(class, |k| {
+                    conns.get(&k).is_some_and(|c| c.queued == Some(class))
+                });
+            }
         }
         self.dirty.remove(&key);
         c.in_flight

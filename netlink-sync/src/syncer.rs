@@ -181,6 +181,11 @@ pub struct Syncer {
     /// truncated datagram, an interrupted dump): its replies are awaited (one dump per
     /// socket) but not applied, since they may predate notifications the kernel lost.
     in_flight_abandoned: bool,
+    /// An overrun happened and no recv has found the socket empty since: the kernel is
+    /// still dropping this socket's notifications without a word (its congestion mark is
+    /// cleared only by a recv that finds the queue empty), so a dump asked for now could
+    /// miss a change made while it runs. The next request waits for that recv.
+    await_empty: bool,
     seq: u32,
     dirty: bool,
     version: u64,
@@ -234,6 +239,7 @@ impl Syncer {
             queued: VecDeque::new(),
             in_flight: None,
             in_flight_abandoned: false,
+            await_empty: false,
             seq: 0,
             dirty: false,
             version: 0,
@@ -351,6 +357,10 @@ impl Syncer {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.trace.would_block += 1;
+                    if self.on_empty()? {
+                        // The re-dump's request went out: read its first replies now.
+                        continue;
+                    }
                     break;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -493,8 +503,19 @@ impl Syncer {
 
     fn overrun(&mut self) -> Result<()> {
         self.mirror.counters_mut().overruns += 1;
+        self.await_empty = true;
         self.grow_rcvbuf();
         self.start_resync()
+    }
+
+    /// A recv found the socket empty (which ends the kernel's congestion state for it):
+    /// the request an overrun held back goes out. Whether one went.
+    fn on_empty(&mut self) -> Result<bool> {
+        if !std::mem::take(&mut self.await_empty) || self.in_flight.is_some() {
+            return Ok(false);
+        }
+        self.send_next()?;
+        Ok(self.in_flight.is_some())
     }
 
     /// The socket's receive buffer as the kernel reports it (twice the requested size).
@@ -553,6 +574,10 @@ impl Syncer {
     }
 
     fn send_next(&mut self) -> Result<()> {
+        if self.await_empty {
+            // After an overrun: sent once a recv finds the socket empty (`on_empty`).
+            return Ok(());
+        }
         let Some(dump) = self.queued.pop_front() else {
             return Ok(());
         };
@@ -662,6 +687,8 @@ mod tests {
         let mut tail = emit(M::NewRoute(gone), NLM_F_MULTIPART, stale);
         tail.extend(done(stale));
         feed(&mut s, &tail);
+        // (A recv then finds the socket empty: the re-dump's request may go.)
+        s.on_empty().unwrap();
         // The re-dump: nothing anywhere (the route is gone).
         for _ in 0..4 {
             let (_, seq) = in_flight(&s);
@@ -733,6 +760,8 @@ mod tests {
         // The kernel's dump goes on to its end once the buffer is read.
         assert_eq!(kernel.running.take(), Some(first));
         feed(&mut s, &done(first));
+        // (A recv then finds the socket empty: the re-dump's request may go.)
+        s.on_empty().unwrap();
         // From here on every request is answered: the re-dump must run to its end.
         for _ in 0..8 {
             let refused = kernel.requests(&s);
@@ -752,6 +781,37 @@ mod tests {
         );
         assert!(s.version > version, "published");
         assert!(refused.is_empty(), "asked while a dump ran: {refused:?}");
+    }
+
+    /// After an overrun the kernel drops this socket's notifications without another
+    /// ENOBUFS until a recv finds the queue empty (`NETLINK_S_CONGESTED`, cleared in
+    /// `netlink_rcv_wake`); a re-dump asked for before that could run while a change it
+    /// no longer sees is dropped. Its first request waits for that recv.
+    #[test]
+    fn after_an_overrun_the_redump_waits_for_an_empty_socket() {
+        let mut s = Syncer::open(Interface::Name("lo".into()), &SyncConfig::default()).unwrap();
+        let version = s.version;
+        assert!(s.in_flight.is_none() && s.staging.is_none());
+        // ENOBUFS on recv, no dump running.
+        s.overrun().unwrap();
+        assert!(s.staging.is_some(), "a re-dump started");
+        assert_eq!(s.in_flight, None, "asked before the socket was read empty");
+        // A recv found the socket empty: the links dump goes, and the re-dump ends.
+        assert!(s.on_empty().unwrap());
+        let mut dumps = Vec::new();
+        while let Some((dump, seq)) = s.in_flight {
+            dumps.push(dump);
+            feed(&mut s, &done(seq));
+            assert!(dumps.len() <= 4, "{dumps:?}");
+        }
+        assert_eq!(
+            dumps,
+            [Dump::Links, Dump::Addresses, Dump::Routes, Dump::Neighbours]
+        );
+        assert!(s.staging.is_none() && s.version > version);
+        // Without an overrun an empty socket asks for nothing.
+        assert!(!s.on_empty().unwrap());
+        assert_eq!(s.in_flight, None);
     }
 
     /// The last datagram of a dump flagged `NLM_F_DUMP_INTR` often carries the dump's

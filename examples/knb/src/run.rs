@@ -583,7 +583,30 @@ pub fn rpc(a: RpcArgs) -> Res<()> {
         r["host_link"]["waited_s"] = serde_json::json!(w);
     }
     report::print_table(std::slice::from_ref(&r));
-    report::write_outputs(&a.out, &r, std::slice::from_ref(&r))
+    report::write_outputs(&a.out, &r, std::slice::from_ref(&r))?;
+    match nothing_measured(&r) {
+        Some(why) => Err(Error::Run(why)),
+        None => Ok(()),
+    }
+}
+
+/// Why a finished run measured nothing (no RPC answered, or in bulk mode no byte
+/// received, in the measured window), if it did: the table and the outputs are written,
+/// and knb then fails instead of reporting a zero as a result.
+fn nothing_measured(r: &serde_json::Value) -> Option<String> {
+    let secs = r["duration_s"].as_f64().unwrap_or(0.0);
+    if r["rps"].is_number() && r["rpcs"].as_u64() == Some(0) {
+        return Some(format!(
+            "no RPC completed in the {secs:.1} s window: nothing was measured (a server \
+             that never answered, or a client that stopped)"
+        ));
+    }
+    if r["rps"].is_null() && r["bulk"]["payload_received"].as_u64() == Some(0) {
+        return Some(format!(
+            "no byte received in the {secs:.1} s window: nothing was measured"
+        ));
+    }
+    None
 }
 
 // ---------------------------------------------------------------- children ---
@@ -983,6 +1006,27 @@ fn monitor(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run that measured nothing fails (after its table) instead of reporting zero as
+    /// a result; a run with RPCs, or a bulk run with bytes, does not.
+    #[test]
+    fn a_run_without_a_measurement_is_an_error() {
+        let rpc = |n: u64| serde_json::json!({"duration_s": 3.0, "rpcs": n, "rps": n as f64 / 3.0});
+        let why = nothing_measured(&rpc(0)).expect("zero RPCs is not a result");
+        assert!(
+            why.contains("no RPC completed in the 3.0 s window"),
+            "{why}"
+        );
+        assert_eq!(nothing_measured(&rpc(1)), None);
+        let bulk = |b: u64| {
+            serde_json::json!({"duration_s": 2.0, "rpcs": 0, "rps": null,
+                "bulk": {"payload_received": b}})
+        };
+        assert!(nothing_measured(&bulk(0))
+            .unwrap()
+            .contains("no byte received"));
+        assert_eq!(nothing_measured(&bulk(4096)), None);
+    }
 
     /// A sweep keeps one line per failed run: it must carry the child's own reason.
     #[test]

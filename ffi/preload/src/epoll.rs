@@ -135,6 +135,21 @@ fn create(epfd: c_int) -> Result<Arc<Set>, i32> {
 }
 
 /// `close(epfd)`: forget the set.
+/// [`forget_set`] for every set whose descriptor is in `first..=last` (`close_range`).
+pub(crate) fn forget_sets_in(first: c_int, last: c_int) {
+    if !crate::ACTIVE.load(Ordering::Acquire) {
+        return;
+    }
+    let fds: Vec<c_int> = sets()
+        .keys()
+        .copied()
+        .filter(|fd| (first..=last).contains(fd))
+        .collect();
+    for fd in fds {
+        forget_set(fd);
+    }
+}
+
 pub(crate) fn forget_set(epfd: c_int) {
     if !crate::ACTIVE.load(Ordering::Acquire) {
         return;

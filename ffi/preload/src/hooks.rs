@@ -584,6 +584,70 @@ pub unsafe extern "C-unwind" fn close(fd: c_int) -> c_int {
     unsafe { call_real!(close(fd)) }
 }
 
+/// The luna sockets and epoll sets named by descriptors `first..=last`, released as
+/// `close(2)` releases them (before the kernel closes the numbers, which it may then give
+/// to new files: a number left in the table would send their I/O to the old socket).
+fn release_range(first: c_int, last: c_int) {
+    if !ACTIVE.load(Ordering::Acquire) || internal() || first > last {
+        return;
+    }
+    let fds: Vec<c_int> = SOCKS
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .keys()
+        .copied()
+        .filter(|fd| (first..=last).contains(fd))
+        .collect();
+    for fd in fds {
+        if let Some(s) = remove(fd) {
+            release(fd, s, linger_zero(fd));
+        }
+    }
+    epoll::forget_sets_in(first, last);
+}
+
+/// `close_range(2)`: the luna sockets in the range are closed as by `close(2)` (unless
+/// `CLOSE_RANGE_CLOEXEC`, which closes nothing now), then the kernel's call.
+/// `CLOSE_RANGE_UNSHARE` is taken as a plain close (luna's socket table is the
+/// process's).
+#[no_mangle]
+pub unsafe extern "C-unwind" fn close_range(
+    first: libc::c_uint,
+    last: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    let known = (libc::CLOSE_RANGE_UNSHARE | libc::CLOSE_RANGE_CLOEXEC) as c_int;
+    if flags & !known == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && first <= last {
+        if let Ok(lo) = c_int::try_from(first) {
+            let hi = c_int::try_from(last).unwrap_or(c_int::MAX);
+            let _ = try_luna::<c_int>(|| {
+                release_range(lo, hi);
+                None
+            });
+        }
+    }
+    // SAFETY: forwarding.
+    unsafe { call_real!(close_range(first, last, flags)) }
+}
+
+/// `closefrom(3)`: the luna sockets from `lowfd` on are closed as by `close(2)`, then
+/// libc's call.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn closefrom(lowfd: c_int) {
+    let _ = try_luna::<c_int>(|| {
+        release_range(lowfd.max(0), c_int::MAX);
+        None
+    });
+    match crate::real::real().closefrom {
+        // SAFETY: forwarding.
+        Some(f) => unsafe { f(lowfd) },
+        None => {
+            // SAFETY: the system call closefrom is made of (libc without the wrapper).
+            unsafe { libc::syscall(libc::SYS_close_range, lowfd.max(0), u32::MAX, 0) };
+        }
+    }
+}
+
 /// `shutdown(2)`. On a listener, as Linux (`inet_shutdown`, `tcp_disconnect`):
 /// `SHUT_WR` alone does nothing; `SHUT_RD`/`SHUT_RDWR` stop listening, close the
 /// connections queued for `accept` and wake threads blocked in `accept`, which fail

@@ -40,6 +40,8 @@ pub(crate) struct Real {
     pub sendmsg: Option<unsafe extern "C" fn(c_int, *const msghdr, c_int) -> ssize_t>,
     pub recvmsg: Option<unsafe extern "C" fn(c_int, *mut msghdr, c_int) -> ssize_t>,
     pub close: Option<unsafe extern "C" fn(c_int) -> c_int>,
+    pub close_range: Option<unsafe extern "C" fn(libc::c_uint, libc::c_uint, c_int) -> c_int>,
+    pub closefrom: Option<unsafe extern "C" fn(c_int)>,
     pub shutdown: Option<unsafe extern "C" fn(c_int, c_int) -> c_int>,
     pub setsockopt:
         Option<unsafe extern "C" fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int>,
@@ -125,6 +127,8 @@ pub(crate) fn real() -> &'static Real {
         sendmsg: sym(c"sendmsg"),
         recvmsg: sym(c"recvmsg"),
         close: sym(c"close"),
+        close_range: sym(c"close_range"),
+        closefrom: sym(c"closefrom"),
         shutdown: sym(c"shutdown"),
         setsockopt: sym(c"setsockopt"),
         getsockopt: sym(c"getsockopt"),

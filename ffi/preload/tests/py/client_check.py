@@ -365,6 +365,26 @@ time.sleep(0.2)
 x.close()
 check(ended(xp) == "reset", "close with unread bytes resets")
 
+# os.closerange (close_range(2)): a luna socket in the range is closed as by close(2)
+# (the server sees its FIN), and its number, given to a new file, is that file's.
+x, xp = echoed_conn(b"cr")
+check(recv_exact(x, 2) == b"cr", "echo before close_range")
+n = x.detach()
+os.closerange(n, n + 1)
+check(ended(xp) == "fin", "close_range closes a luna socket")
+held = []
+while True:
+    r2, w2 = os.pipe()
+    held += [r2, w2]
+    if n in (r2, w2) or min(r2, w2) > n:
+        break
+check(n in held, "close_range freed the number")
+i = held.index(n) & ~1
+os.write(held[i + 1], b"pipe")  # one of the two is number n
+check(os.read(held[i], 4) == b"pipe", "the number is the new file's")
+for f in held:
+    os.close(f)
+
 # Loopback stays in the kernel.
 k = socket.socket()
 k.bind(("127.0.0.1", 0))

@@ -328,6 +328,8 @@ impl Sock {
         let want: usize = bufs.iter().map(|b| b.len()).sum();
         // Bytes already taken by earlier rounds (MSG_WAITALL).
         let mut got = 0usize;
+        // `nonblock` said no: the call blocks (asked once, as Linux reads the flag once).
+        let mut blocking = false;
         let mut g = self.lock();
         loop {
             match g.phase {
@@ -367,18 +369,21 @@ impl Sock {
             if g.eof {
                 return Ok(0);
             }
-            drop(g);
-            if nonblock() {
-                return if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
-            }
-            g = self.lock();
-            if g.rx.is_empty() && !g.eof && g.fatal.is_none() && !g.shut_rd {
-                let woke;
-                (g, woke) = self.wait(g);
-                if woke == Woke::Interrupted {
-                    // tcp_recvmsg: what was copied, else the signal's error.
-                    return if got > 0 { Ok(got) } else { Err(libc::EINTR) };
+            if !blocking {
+                drop(g);
+                if nonblock() {
+                    return if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
                 }
+                blocking = true;
+                // Anything may have changed unlocked (and been notified): check it all.
+                g = self.lock();
+                continue;
+            }
+            let woke;
+            (g, woke) = self.wait(g);
+            if woke == Woke::Interrupted {
+                // tcp_recvmsg: what was copied, else the signal's error.
+                return if got > 0 { Ok(got) } else { Err(libc::EINTR) };
             }
         }
     }
@@ -393,16 +398,23 @@ impl Sock {
     ) -> Result<usize, Errno> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let mut done = 0usize;
+        // `nonblock` said no: the call blocks (asked once).
+        let mut blocking = false;
         let mut g = self.lock();
         loop {
             match g.phase {
                 Phase::Connected => {}
                 Phase::Connecting if g.fatal.is_none() => {
-                    drop(g);
-                    if nonblock() {
-                        return Err(libc::EAGAIN);
+                    if !blocking {
+                        drop(g);
+                        if nonblock() {
+                            return Err(libc::EAGAIN);
+                        }
+                        blocking = true;
+                        // Re-checked under the lock (the handshake may have ended).
+                        g = self.lock();
+                        continue;
                     }
-                    g = self.lock();
                     let woke;
                     (g, woke) = self.wait(g);
                     if woke == Woke::Interrupted {
@@ -458,28 +470,32 @@ impl Sock {
                 g = self.lock();
                 continue;
             }
-            drop(g);
-            if nonblock() {
-                return if done > 0 {
-                    Ok(done)
-                } else {
-                    Err(libc::EAGAIN)
-                };
-            }
-            g = self.lock();
-            if g.tx.len() >= TX_CAP {
-                let woke;
-                (g, woke) = self.wait(g);
-                if woke == Woke::Interrupted {
-                    // sk_stream_wait_memory: what was queued, else the signal's error.
-                    return if done > 0 { Ok(done) } else { Err(libc::EINTR) };
+            if !blocking {
+                drop(g);
+                if nonblock() {
+                    return if done > 0 {
+                        Ok(done)
+                    } else {
+                        Err(libc::EAGAIN)
+                    };
                 }
+                blocking = true;
+                // Anything may have changed unlocked (and been notified): check it all.
+                g = self.lock();
+                continue;
+            }
+            let woke;
+            (g, woke) = self.wait(g);
+            if woke == Woke::Interrupted {
+                // sk_stream_wait_memory: what was queued, else the signal's error.
+                return if done > 0 { Ok(done) } else { Err(libc::EINTR) };
             }
         }
     }
 
     /// `accept`: an accepted connection.
     pub fn accept(&self, nonblock: &dyn Fn() -> bool) -> Result<Arc<Sock>, Errno> {
+        let mut blocking = false;
         let mut g = self.lock();
         loop {
             if g.phase != Phase::Listening {
@@ -491,17 +507,20 @@ impl Sock {
             if let Some(e) = g.fatal {
                 return Err(e);
             }
-            drop(g);
-            if nonblock() {
-                return Err(libc::EAGAIN);
-            }
-            g = self.lock();
-            if g.accept_q.is_empty() {
-                let woke;
-                (g, woke) = self.wait(g);
-                if woke == Woke::Interrupted {
-                    return Err(libc::EINTR);
+            if !blocking {
+                drop(g);
+                if nonblock() {
+                    return Err(libc::EAGAIN);
                 }
+                blocking = true;
+                // Re-checked under the lock (shutdown or close may have come between).
+                g = self.lock();
+                continue;
+            }
+            let woke;
+            (g, woke) = self.wait(g);
+            if woke == Woke::Interrupted {
+                return Err(libc::EINTR);
             }
         }
     }
@@ -992,5 +1011,86 @@ mod tests {
         c.notify(&g);
         drop(g);
         assert_eq!(t.join().unwrap(), Ok(b"hi".to_vec()));
+    }
+
+    /// Waits up to 2 s for `t`; if it is still blocked on `s`, wakes it (so the test
+    /// process is not left with a thread asleep for ever) and fails with `what`.
+    fn ends_soon<T>(s: &Sock, t: std::thread::JoinHandle<T>, what: &str) -> T {
+        let start = std::time::Instant::now();
+        while !t.is_finished() {
+            if start.elapsed() > Duration::from_secs(2) {
+                let mut g = s.lock();
+                g.fail(libc::ETIMEDOUT);
+                s.notify(&g);
+                drop(g);
+                panic!("{what}: the call slept through a notified change");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        t.join().unwrap()
+    }
+
+    /// A blocking call asks `O_NONBLOCK` (an `fcntl`) with the state unlocked; a change
+    /// made meanwhile, notified by whoever made it (the poll thread connecting, another
+    /// thread closing the socket or shutting a listener down), must not be slept
+    /// through: the sleep has no timeout, so a missed notification is a hang. Here the
+    /// `nonblock` check itself makes the change, as the other thread would in that gap.
+    #[test]
+    fn a_change_while_o_nonblock_is_read_is_not_slept_through() {
+        fn close(s: &Sock) {
+            let mut g = s.lock();
+            g.phase = Phase::Closed;
+            s.notify(&g);
+        }
+        // read: the socket closed by another thread.
+        let c = connected();
+        let c2 = Arc::clone(&c);
+        let t = std::thread::spawn(move || {
+            let c3 = Arc::clone(&c2);
+            c2.read(&mut [&mut [0u8; 4]], 0, &move || {
+                close(&c3);
+                false
+            })
+        });
+        assert_eq!(ends_soon(&c, t, "read"), Err(libc::ENOTCONN));
+        // write on a connecting socket: the handshake ends.
+        let k = Sock::new(Phase::Connecting, UNBOUND);
+        let k2 = Arc::clone(&k);
+        let t = std::thread::spawn(move || {
+            let (k3, sh) = (Arc::clone(&k2), Shared::new());
+            k2.write(&sh, &[b"hi"], &move || {
+                let mut g = k3.lock();
+                g.phase = Phase::Connected;
+                k3.notify(&g);
+                false
+            })
+        });
+        assert_eq!(ends_soon(&k, t, "write (connecting)"), Ok(2));
+        // write on a full send queue: the socket closed by another thread.
+        let w = connected();
+        w.lock().tx.extend(std::iter::repeat_n(0u8, TX_CAP));
+        let w2 = Arc::clone(&w);
+        let t = std::thread::spawn(move || {
+            let (w3, sh) = (Arc::clone(&w2), Shared::new());
+            w2.write(&sh, &[b"x"], &move || {
+                close(&w3);
+                false
+            })
+        });
+        assert_eq!(ends_soon(&w, t, "write (full)"), Err(libc::ENOTCONN));
+        // accept: the listener shut down (shutdown(2) makes it Fresh and notifies).
+        let l = Sock::new(Phase::Listening, UNBOUND);
+        let l2 = Arc::clone(&l);
+        let t = std::thread::spawn(move || {
+            let l3 = Arc::clone(&l2);
+            l2.accept(&move || {
+                let mut g = l3.lock();
+                g.phase = Phase::Fresh;
+                l3.notify(&g);
+                false
+            })
+            .map(|_| ())
+        });
+        assert_eq!(ends_soon(&l, t, "accept"), Err(libc::EINVAL));
     }
 }

@@ -637,6 +637,46 @@ mod tests {
         assert!(sh.cmds.lock().unwrap().is_empty());
     }
 
+    /// After the poll thread's end a socket it had failed (a connect it never ran) is
+    /// connected again: the new command is never run, and the wait for its answer must
+    /// end with ENETDOWN instead of sleeping for ever because the socket already holds
+    /// an error. Run in a forked child (the end marks the process-wide engine ended);
+    /// a hang is ended by SIGALRM.
+    #[test]
+    fn a_wait_after_the_poll_threads_end_never_sleeps() {
+        let sh = Arc::new(Shared::new());
+        let app = PollApp::new(Arc::clone(&sh));
+        let s = Sock::new(Phase::Fresh, crate::sock::UNBOUND);
+        let to = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 7);
+        // SAFETY: the child only locks this test's own socket, runs atomics and plain
+        // system calls, and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: plain system calls in the child.
+            unsafe { libc::alarm(3) };
+            sh.push(Cmd::Connect(Arc::clone(&s), to));
+            drop(app);
+            let first = s.wait_reply();
+            // connect(2) again: queued for a poll thread that is gone.
+            sh.push(Cmd::Connect(Arc::clone(&s), to));
+            let again = s.wait_reply();
+            let ok = first == Err(libc::ENETDOWN) && again == Err(libc::ENETDOWN);
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        std::mem::forget(app);
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            !libc::WIFSIGNALED(status),
+            "the second wait slept (killed by signal {})",
+            libc::WTERMSIG(status)
+        );
+        assert_eq!(libc::WEXITSTATUS(status), 0, "wrong answers");
+    }
+
     fn net(extra: &str) -> Net {
         let text = format!(
             "eal = [\"--no-pci\"]\n[device]\nkind = \"dpdk\"\nport = \"net_tap0\"\n[cores]\nlist = [0]\n\

@@ -282,8 +282,12 @@ impl Sock {
     /// fails with `ENETDOWN` instead of sleeping: nothing would wake it (the poll thread
     /// fails and wakes every socket it knows as it ends, [`crate::engine::PollApp`]).
     fn wait<'a>(&'a self, mut g: MutexGuard<'a, State>) -> (MutexGuard<'a, State>, Woke) {
-        if g.fatal.is_none() && !crate::engine::alive() {
-            g.fail(libc::ENETDOWN);
+        // (Also for a socket that failed already: a command it waits for, such as a
+        // second connect, is never run either.)
+        if !crate::engine::alive() {
+            if g.fatal.is_none() {
+                g.fail(libc::ENETDOWN);
+            }
             g.reply.get_or_insert(Err(libc::ENETDOWN));
             return (g, Woke::Notified);
         }

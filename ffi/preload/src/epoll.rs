@@ -165,13 +165,14 @@ pub(crate) fn forget_set(epfd: c_int) {
     }
 }
 
-/// `close(fd)` of a luna socket: leave every set.
-pub(crate) fn forget_sock(fd: c_int, sock: &Arc<Sock>) {
+/// The last descriptor of a luna socket closed: it leaves every set, under whichever
+/// descriptor it was registered (a `dup` copy may have been registered and closed
+/// before), as Linux drops a file's registrations when the file closes.
+pub(crate) fn forget_sock(sock: &Arc<Sock>) {
     let watchers = std::mem::take(&mut sock.lock().watchers);
     for (epfd, _) in watchers {
         if let Some(set) = set(epfd) {
-            set.lock()
-                .retain(|m| !(m.fd == fd && Arc::ptr_eq(&m.sock, sock)));
+            set.lock().retain(|m| !Arc::ptr_eq(&m.sock, sock));
         }
     }
 }

@@ -48,7 +48,7 @@ fn insert(fd: c_int, s: Arc<Sock>) {
     };
     if let Some(o) = old {
         // (The number names another file now: the old one's linger option is gone.)
-        release(fd, o, false);
+        release(o, false);
     }
 }
 
@@ -84,12 +84,12 @@ fn linger_zero(fd: c_int) -> bool {
     r == 0 && l.l_onoff != 0 && l.l_linger == 0
 }
 
-/// The last descriptor of `s` (last named `fd`) is gone: leave the epoll sets and
+/// The last descriptor of `s` is gone: leave the epoll sets and
 /// close: gracefully (queued bytes, then FIN), or with a RST as Linux's `tcp_close`
 /// when `linger_zero` (`SO_LINGER` `{1, 0}`) or when received bytes were never read
 /// (RFC 1122 §4.2.2.13: the peer learns they were lost).
-fn release(fd: c_int, s: Arc<Sock>, linger_zero: bool) {
-    epoll::forget_sock(fd, &s);
+fn release(s: Arc<Sock>, linger_zero: bool) {
+    epoll::forget_sock(&s);
     let had = {
         let mut g = s.lock();
         g.phase = Phase::Closed;
@@ -119,7 +119,7 @@ fn duplicated(fd: c_int, nfd: c_int) {
             None => {
                 if let Some(s) = remove(nfd) {
                     // (`nfd` names another file now: its linger option is not this one's.)
-                    release(nfd, s, false);
+                    release(s, false);
                 }
             }
         }
@@ -571,7 +571,7 @@ pub unsafe extern "C-unwind" fn close(fd: c_int) -> c_int {
     let forgotten: Option<c_int> = try_luna(|| {
         let named = lookup(fd).is_some();
         if let Some(s) = remove(fd) {
-            release(fd, s, linger_zero(fd));
+            release(s, linger_zero(fd));
         } else if !named {
             epoll::forget_set(fd);
         }
@@ -1485,7 +1485,7 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        release(-1, Arc::clone(&s), false);
+        release(Arc::clone(&s), false);
         assert_eq!(t.join().unwrap(), Err(libc::ENOTCONN));
     }
 
@@ -1682,6 +1682,47 @@ mod tests {
         assert_eq!((n, crate::errno()), (-1, libc::EINVAL));
 
         for x in [fd, ph, k[0], k[1]] {
+            // SAFETY: closing descriptors this test opened.
+            assert_eq!(unsafe { close(x) }, 0);
+        }
+    }
+
+    /// A socket registered in an epoll set under one descriptor and closed through a
+    /// copy (dup, then close the registered number, then the copy): closing its last
+    /// descriptor takes it out of the set, as Linux drops a file's registrations when the
+    /// file closes; the set does not go on reporting EPOLLHUP with the old data word
+    /// (a C server's pointer to a freed connection) for a socket that is gone.
+    #[test]
+    fn closing_the_last_copy_leaves_every_epoll_set() {
+        let s = Sock::new(Phase::Connected, UNBOUND);
+        let (fd, ph) = luna_at_pipe(Arc::clone(&s));
+        // SAFETY: plain system calls on descriptors this test owns.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep >= 0);
+        let mut ev = epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 42,
+        };
+        // SAFETY: a live event for a descriptor this test owns.
+        assert_eq!(
+            unsafe { epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) },
+            0
+        );
+        // SAFETY: dup(2) and close(2) of descriptors this test owns.
+        let d = unsafe { dup(fd) };
+        assert!(d >= 0);
+        // SAFETY: as above.
+        assert_eq!(unsafe { close(fd) }, 0);
+        assert_eq!(s.lock().phase, Phase::Connected, "a copy still names it");
+        // SAFETY: as above.
+        assert_eq!(unsafe { close(d) }, 0);
+        assert_eq!(s.lock().phase, Phase::Closed);
+        let mut out = [epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: `out` has room for 4 events.
+        let n = unsafe { epoll_wait(ep, out.as_mut_ptr(), 4, 0) };
+        let reported: Vec<u64> = out[..n.max(0) as usize].iter().map(|e| e.u64).collect();
+        assert_eq!(n, 0, "the closed socket is still reported: {reported:?}");
+        for x in [ep, ph] {
             // SAFETY: closing descriptors this test opened.
             assert_eq!(unsafe { close(x) }, 0);
         }

@@ -473,7 +473,11 @@ unsafe fn luna_accept(
     let nfd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | flags, 0) };
     if nfd < 0 {
         let e = crate::errno();
-        s.lock().accept_q.push_front(c);
+        // Back to the queue, and readable again: another thread asleep in accept (or an
+        // epoll set) must learn of it.
+        let mut g = s.lock();
+        g.accept_q.push_front(c);
+        s.notify(&g);
         return fail(e);
     }
     let peer = c.lock().peer.unwrap_or(UNBOUND);
@@ -1682,6 +1686,81 @@ mod tests {
         assert_eq!((n, crate::errno()), (-1, libc::EINVAL));
 
         for x in [fd, ph, k[0], k[1]] {
+            // SAFETY: closing descriptors this test opened.
+            assert_eq!(unsafe { close(x) }, 0);
+        }
+    }
+
+    /// accept(2) takes a connection and then cannot open its descriptor (EMFILE): the
+    /// connection goes back to the queue, and a thread asleep in accept on the same
+    /// listener (it slept again after this one took it) is woken for it. Run in a
+    /// forked child (the descriptor limit is process-wide); a hang ends by SIGALRM.
+    #[test]
+    fn a_connection_put_back_by_a_failed_accept_wakes_another_acceptor() {
+        let l = Sock::new(Phase::Listening, UNBOUND);
+        let (fd, ph) = luna_at_pipe(Arc::clone(&l));
+        let c = Sock::new(Phase::Connected, UNBOUND);
+        // SAFETY: the child runs this test's own sockets and plain system calls, and
+        // leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: plain system calls in the child.
+            unsafe { libc::alarm(5) };
+            let t = std::thread::spawn(move || {
+                // SAFETY: accept(2) with null address pointers (allowed).
+                unsafe { accept(fd, std::ptr::null_mut(), std::ptr::null_mut()) }
+            });
+            while l.sleepers() == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Queued while the other thread sleeps (as after it lost the race for it).
+            l.lock().accept_q.push_back(c);
+            // SAFETY: getrlimit/setrlimit/dup/close on this process.
+            let (mut lim, probe) = unsafe {
+                let mut lim: libc::rlimit = std::mem::zeroed();
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+                (lim, libc::fcntl(0, libc::F_DUPFD, 0))
+            };
+            let old = lim.rlim_cur;
+            lim.rlim_cur = probe as libc::rlim_t;
+            // SAFETY: as above.
+            let r = unsafe {
+                libc::close(probe);
+                libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+                let r = accept(fd, std::ptr::null_mut(), std::ptr::null_mut());
+                let e = crate::errno();
+                lim.rlim_cur = old;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+                (r, e)
+            };
+            let failed = r == (-1, libc::EMFILE);
+            let other = t.join().unwrap();
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe {
+                libc::_exit(if !failed {
+                    2
+                } else if other >= 0 {
+                    0
+                } else {
+                    1
+                })
+            };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            !libc::WIFSIGNALED(status),
+            "the other acceptor slept on (killed by signal {})",
+            libc::WTERMSIG(status)
+        );
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "2: no EMFILE, 1: no connection"
+        );
+        for x in [fd, ph] {
             // SAFETY: closing descriptors this test opened.
             assert_eq!(unsafe { close(x) }, 0);
         }

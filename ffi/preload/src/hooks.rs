@@ -1493,6 +1493,36 @@ mod tests {
         assert_eq!(t.join().unwrap(), Err(libc::ENOTCONN));
     }
 
+    /// A thread blocked in connect(2) whose socket another thread closes: the close
+    /// ends the handshake (the poll thread drops the connection and nothing more is
+    /// notified), so the connect fails with ECONNABORTED, as Linux's
+    /// `__inet_stream_connect` does when the socket is disconnected under it, instead
+    /// of sleeping for ever.
+    #[test]
+    fn closing_the_last_descriptor_wakes_a_blocked_connect() {
+        let s = Sock::new(Phase::Connecting, UNBOUND);
+        let s2 = Arc::clone(&s);
+        let t = std::thread::spawn(move || s2.wait_connected());
+        let start = std::time::Instant::now();
+        while s.sleepers() == 0 {
+            assert!(start.elapsed() < Duration::from_secs(10), "never slept");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        release(Arc::clone(&s), false);
+        let start = std::time::Instant::now();
+        while !t.is_finished() {
+            if start.elapsed() > Duration::from_secs(2) {
+                let mut g = s.lock();
+                g.fail(libc::ETIMEDOUT);
+                s.notify(&g);
+                drop(g);
+                panic!("connect slept on after the close");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(t.join().unwrap(), Err(libc::ECONNABORTED));
+    }
+
     #[test]
     fn addresses_round_trip_and_truncate() {
         let a = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 6379);

@@ -531,7 +531,8 @@ impl Sock {
 
     /// Blocking `connect`: waits for the handshake. Interrupted, it fails with `EINTR`
     /// and the handshake goes on (a later `connect` waits for it again, or answers
-    /// `EALREADY` when non-blocking; Linux's `__inet_stream_connect`).
+    /// `EALREADY` when non-blocking; Linux's `__inet_stream_connect`). A close by
+    /// another thread ends it with `ECONNABORTED`.
     pub fn wait_connected(&self) -> Result<(), Errno> {
         let mut g = self.lock();
         loop {
@@ -541,6 +542,11 @@ impl Sock {
             }
             if g.phase == Phase::Connected {
                 return Ok(());
+            }
+            if g.phase != Phase::Connecting {
+                // Closed by another thread: the handshake is dropped with the socket
+                // (__inet_stream_connect: disconnected while waiting).
+                return Err(libc::ECONNABORTED);
             }
             let woke;
             (g, woke) = self.wait(g);

@@ -554,17 +554,11 @@ unsafe fn luna_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Opti
         let Some(sh) = engine::engine() else {
             return Some(fail(libc::ENETDOWN));
         };
-        if let Some(r) = s.connect_again(&|| nonblocking(fd)) {
-            return Some(ret0(r));
-        }
-        sh.push(Cmd::Connect(Arc::clone(&s), a));
-        if let Err(e) = s.wait_reply() {
-            return Some(fail(e));
-        }
-        if nonblocking(fd) {
-            return Some(fail(libc::EINPROGRESS));
-        }
-        ret0(s.wait_connected())
+        ret0(
+            s.connect(&|| sh.push(Cmd::Connect(Arc::clone(&s), a)), &|| {
+                nonblocking(fd)
+            }),
+        )
     })
 }
 

@@ -580,6 +580,21 @@ impl Sock {
         })
     }
 
+    /// `connect(2)`: `start` queues the poll thread's command that starts the handshake
+    /// (when none started yet); then a non-blocking socket gets `EINPROGRESS`, a
+    /// blocking one waits for the handshake.
+    pub fn connect(&self, start: &dyn Fn(), nonblock: &dyn Fn() -> bool) -> Result<(), Errno> {
+        if let Some(r) = self.connect_again(nonblock) {
+            return r;
+        }
+        start();
+        self.wait_reply()?;
+        if nonblock() {
+            return Err(libc::EINPROGRESS);
+        }
+        self.wait_connected()
+    }
+
     /// Bytes readable now (`FIONREAD`).
     pub fn readable(&self) -> usize {
         self.lock().rx.len()

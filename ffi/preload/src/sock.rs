@@ -97,6 +97,11 @@ pub(crate) struct State {
     pub backlog: usize,
     /// The poll thread's answer to `listen`/`connect`.
     pub reply: Option<Result<(), i32>>,
+    /// A thread's `connect` queued the command that starts the handshake and waits for
+    /// its answer: another thread's `connect` waits for it too, then finds the handshake
+    /// running (Linux's socket lock holds the second caller), instead of starting a
+    /// second one.
+    pub starting: bool,
     /// The poll thread's socket is a listener (poll thread only).
     pub listener: bool,
     /// Epoll sets watching this socket: (epoll fd, its wake-up eventfd).
@@ -183,6 +188,7 @@ impl State {
             accept_q: VecDeque::new(),
             backlog: 128,
             reply: None,
+            starting: false,
             listener: false,
             watchers: Vec::new(),
             reset_on_close: false,
@@ -560,10 +566,19 @@ impl Sock {
     /// Linux (`__inet_stream_connect`): `EALREADY` while a non-blocking handshake runs (a
     /// blocking call waits for it), `EISCONN` once connected, and after a failure its
     /// pending error (else `ECONNABORTED`) rather than `EALREADY` forever.
+    /// `None` claims the start for the caller ([`State::starting`]).
     pub fn connect_again(&self, nonblock: &dyn Fn() -> bool) -> Option<Result<(), Errno>> {
         let mut g = self.lock();
+        // Another thread is starting a handshake: its answer first (not interrupted, as
+        // the wait for the answer itself is not).
+        while g.starting {
+            g = self.wait(g).0;
+        }
         Some(match g.phase {
-            Phase::Fresh => return None,
+            Phase::Fresh => {
+                g.starting = true;
+                return None;
+            }
             Phase::Connecting if g.fatal.is_some() => {
                 Err(g.so_error.take().unwrap_or(libc::ECONNABORTED))
             }
@@ -588,7 +603,13 @@ impl Sock {
             return r;
         }
         start();
-        self.wait_reply()?;
+        let r = self.wait_reply();
+        {
+            let mut g = self.lock();
+            g.starting = false;
+            self.notify(&g);
+        }
+        r?;
         if nonblock() {
             return Err(libc::EINPROGRESS);
         }
@@ -675,7 +696,7 @@ pub(crate) const UNBOUND: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Shared;
+    use crate::engine::{Cmd, Shared};
     use std::time::Duration;
 
     fn connected() -> Arc<Sock> {
@@ -839,6 +860,58 @@ mod tests {
         }
         assert_eq!(t.join().unwrap(), Some(Ok(())));
         assert_eq!(w.connect_again(NB), Some(Err(libc::EISCONN)));
+    }
+
+    /// Two threads connect(2) one blocking socket at once: the handshake starts once
+    /// (one command; a second would open a second connection and overwrite the answer
+    /// the first thread waits for), and both return when it completes, as on Linux
+    /// (the second caller finds the connect in progress and waits for it).
+    #[test]
+    fn two_threads_connecting_one_socket_start_one_handshake() {
+        let s = Sock::new(Phase::Fresh, UNBOUND);
+        let sh = Arc::new(Shared::new());
+        let callers: Vec<_> = (0..2)
+            .map(|_| {
+                let (s, sh) = (Arc::clone(&s), Arc::clone(&sh));
+                std::thread::spawn(move || {
+                    let to = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 7);
+                    s.connect(&|| sh.push(Cmd::Connect(Arc::clone(&s), to)), &|| false)
+                })
+            })
+            .collect();
+        // The poll thread: answers what is queued (after both callers had their chance
+        // to queue), then completes the handshake.
+        std::thread::sleep(Duration::from_millis(200));
+        let cmds = sh.take();
+        for c in &cmds {
+            if let Cmd::Connect(c, _) = c {
+                let mut g = c.lock();
+                g.phase = Phase::Connecting;
+                g.reply = Some(Ok(()));
+                c.notify(&g);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        {
+            let mut g = s.lock();
+            g.phase = Phase::Connected;
+            s.notify(&g);
+        }
+        let start = std::time::Instant::now();
+        while !callers.iter().all(|t| t.is_finished()) {
+            if start.elapsed() > Duration::from_secs(2) {
+                let mut g = s.lock();
+                g.reply = Some(Err(libc::ETIMEDOUT));
+                s.notify(&g);
+                drop(g);
+                panic!("a connect slept on ({} commands)", cmds.len());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for t in callers {
+            assert_eq!(t.join().unwrap(), Ok(()));
+        }
+        assert_eq!(cmds.len(), 1, "one handshake");
     }
 
     #[test]

@@ -63,9 +63,9 @@ fn remove(fd: c_int) -> Option<Arc<Sock>> {
     (s.fds.fetch_sub(1, Ordering::Relaxed) == 1).then_some(s)
 }
 
-/// Whether `fd`'s `SO_LINGER` is `{l_onoff = 1, l_linger = 0}` (the option lives on
-/// the kernel placeholder, where `setsockopt` forwards it).
-fn linger_zero(fd: c_int) -> bool {
+/// `fd`'s `SO_LINGER` (the option lives on the kernel placeholder, where `setsockopt`
+/// forwards it).
+fn linger(fd: c_int) -> Option<libc::linger> {
     let mut l = libc::linger {
         l_onoff: 0,
         l_linger: 0,
@@ -81,7 +81,12 @@ fn linger_zero(fd: c_int) -> bool {
             &mut len
         ))
     };
-    r == 0 && l.l_onoff != 0 && l.l_linger == 0
+    (r == 0).then_some(l)
+}
+
+/// Whether `fd`'s `SO_LINGER` is `{l_onoff = 1, l_linger = 0}`.
+fn linger_zero(fd: c_int) -> bool {
+    linger(fd).is_some_and(|l| l.l_onoff != 0 && l.l_linger == 0)
 }
 
 /// The last descriptor of `s` is gone: leave the epoll sets and
@@ -479,6 +484,20 @@ unsafe fn luna_accept(
         g.accept_q.push_front(c);
         s.notify(&g);
         return fail(e);
+    }
+    // An accepted socket is a clone of its listener on Linux (sk_clone_lock): it has
+    // the listener's SO_LINGER, which its close reads from the placeholder.
+    if let Some(l) = linger(fd).filter(|l| l.l_onoff != 0) {
+        // SAFETY: sets a live linger struct of the size passed on our own new socket.
+        unsafe {
+            call_real!(setsockopt(
+                nfd,
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&l as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as socklen_t
+            ))
+        };
     }
     let peer = c.lock().peer.unwrap_or(UNBOUND);
     insert(nfd, c);
@@ -1788,6 +1807,65 @@ mod tests {
             // SAFETY: closing descriptors this test opened.
             assert_eq!(unsafe { close(x) }, 0);
         }
+    }
+
+    /// A connection accepted from a listener with SO_LINGER {1, 0} has it too (Linux's
+    /// accepted sockets are clones of their listener, sk_clone_lock), so its close
+    /// resets it as on Linux.
+    #[test]
+    fn accepted_connections_inherit_so_linger() {
+        ACTIVE.store(true, Ordering::Release);
+        // SAFETY: a plain socket(2) (not interposed), the listener's placeholder.
+        let lfd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+        assert!(lfd >= 0);
+        let l = Sock::new(Phase::Listening, UNBOUND);
+        insert(lfd, Arc::clone(&l));
+        let zero = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        let size = std::mem::size_of::<libc::linger>() as socklen_t;
+        // SAFETY: a live linger of the size given.
+        let r = unsafe {
+            setsockopt(
+                lfd,
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&zero as *const libc::linger).cast(),
+                size,
+            )
+        };
+        assert_eq!(r, 0);
+        let c = Sock::new(Phase::Connected, UNBOUND);
+        l.lock().accept_q.push_back(Arc::clone(&c));
+        // SAFETY: accept(2) with null address pointers (allowed).
+        let nfd = unsafe { accept(lfd, std::ptr::null_mut(), std::ptr::null_mut()) };
+        assert!(nfd >= 0);
+        let mut got = libc::linger {
+            l_onoff: 0,
+            l_linger: 7,
+        };
+        let mut len = size;
+        // SAFETY: a live linger of the size given.
+        let r = unsafe {
+            getsockopt(
+                nfd,
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&mut got as *mut libc::linger).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(
+            (r, got.l_onoff, got.l_linger),
+            (0, 1, 0),
+            "SO_LINGER inherited"
+        );
+        // SAFETY: closing descriptors this test opened.
+        assert_eq!(unsafe { close(nfd) }, 0);
+        assert!(c.lock().reset_on_close, "the close resets");
+        // SAFETY: as above.
+        assert_eq!(unsafe { close(lfd) }, 0);
     }
 
     /// A socket registered in an epoll set under one descriptor and closed through a

@@ -224,17 +224,19 @@ impl State {
             Phase::Connected if self.fatal.is_some() => dead,
             Phase::Connected => {
                 let mut m = err;
-                if !self.rx.is_empty() || self.eof || self.shut_rd {
+                // Linux's RCV_SHUTDOWN: the peer's FIN or shutdown(SHUT_RD) (tcp_poll).
+                let rcv_shut = self.eof || self.shut_rd;
+                if !self.rx.is_empty() || rcv_shut {
                     m |= IN | RDNORM;
                 }
                 // After SHUT_WR Linux reports writable (a write fails at once: EPIPE).
                 if self.tx.len() < TX_CAP || self.shut_wr {
                     m |= OUT | WRNORM;
                 }
-                if self.eof && self.shut_wr {
+                if rcv_shut && self.shut_wr {
                     m |= HUP;
                 }
-                if self.eof {
+                if rcv_shut {
                     m |= RDHUP;
                 }
                 m
@@ -350,9 +352,6 @@ impl Sock {
             if want == 0 {
                 return Ok(0);
             }
-            if g.shut_rd {
-                return Ok(got);
-            }
             if !g.rx.is_empty() {
                 let n = copy_out(&g.rx, bufs, got);
                 if peek {
@@ -365,7 +364,9 @@ impl Sock {
                 }
                 continue;
             }
-            if got > 0 && (g.fatal.is_some() || g.eof) {
+            // (shutdown(SHUT_RD) ends reading once the queue is empty, as the peer's
+            // FIN does: tcp_recvmsg copies queued bytes before it checks RCV_SHUTDOWN.)
+            if got > 0 && (g.fatal.is_some() || g.eof || g.shut_rd) {
                 return Ok(got);
             }
             if g.fatal.is_some() {
@@ -376,7 +377,7 @@ impl Sock {
                     None => Ok(0),
                 };
             }
-            if g.eof {
+            if g.eof || g.shut_rd {
                 return Ok(0);
             }
             if !blocking {
@@ -912,6 +913,26 @@ mod tests {
             assert_eq!(t.join().unwrap(), Ok(()));
         }
         assert_eq!(cmds.len(), 1, "one handshake");
+    }
+
+    /// shutdown(SHUT_RD) on Linux's TCP does not drop the receive queue: recv returns
+    /// what is queued, then 0 instead of blocking (tcp_recvmsg copies queued data
+    /// before it looks at RCV_SHUTDOWN); epoll reports EPOLLIN | EPOLLRDHUP (tcp_poll).
+    #[test]
+    fn shut_rd_reads_what_is_queued_then_end_of_stream() {
+        let c = connected();
+        c.lock().rx.extend(b"queued");
+        c.lock().shut_rd = true;
+        assert_eq!(c.lock().mask() & (IN | RDNORM | RDHUP), IN | RDNORM | RDHUP);
+        let mut b = [0u8; 16];
+        assert_eq!(c.read(&mut [&mut b], 0, &|| false), Ok(6));
+        assert_eq!(&b[..6], b"queued");
+        assert_eq!(
+            c.read(&mut [&mut b], 0, &|| false),
+            Ok(0),
+            "then 0, no wait"
+        );
+        assert_eq!(c.lock().mask() & RDHUP, RDHUP);
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //!   `F_GETFL`/`F_SETFL` and `FIONBIO` act on that placeholder, whose `O_NONBLOCK` the
 //!   shim reads.
 //! * Application threads never touch the stack: they read and write per-socket buffers
-//!   that the poll thread fills and drains; blocking calls wait on a condition variable.
+//!   that the poll thread fills and drains; blocking calls sleep in a futex wait on the
+//!   socket (a signal ends or restarts it as on Linux).
 //! * epoll sets mix kernel and luna descriptors; `poll`, `select` and `pselect` too.
 //! * After `fork` the child sees luna sockets as their (unconnected) kernel
 //!   placeholders: it must not use them (redis: `save ""`, `appendonly no`).

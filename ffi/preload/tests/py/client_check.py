@@ -384,6 +384,17 @@ os.write(held[i + 1], b"pipe")  # one of the two is number n
 check(os.read(held[i], 4) == b"pipe", "the number is the new file's")
 for f in held:
     os.close(f)
+# shutdown(SHUT_RD) keeps the queued bytes readable (Linux's tcp_recvmsg copies them
+# before it looks at RCV_SHUTDOWN), then reads return b"" instead of waiting.
+x, xp = echoed_conn(b"rd")
+pl = select.poll()
+pl.register(x.fileno(), select.POLLIN)
+check(pl.poll(5000), "the echo came before SHUT_RD")
+time.sleep(0.2)
+x.shutdown(socket.SHUT_RD)
+check(x.recv(16) == b"rd", "SHUT_RD: the queued bytes are still read")
+check(x.recv(16) == b"", "SHUT_RD: then end of stream")
+x.close()
 
 # Loopback stays in the kernel.
 k = socket.socket()

@@ -106,7 +106,11 @@ pub(crate) fn ctl(
         }
         libc::EPOLL_CTL_DEL => {
             m.remove(pos.ok_or(libc::ENOENT)?);
-            sock.lock().watchers.retain(|(e, _)| *e != epfd);
+            // The socket may be a member under another descriptor too (a dup copy):
+            // then the set still watches it.
+            if !m.iter().any(|x| Arc::ptr_eq(&x.sock, &sock)) {
+                sock.lock().watchers.retain(|(e, _)| *e != epfd);
+            }
         }
         _ => return Err(libc::EINVAL),
     }
@@ -429,6 +433,42 @@ mod tests {
         });
         assert_eq!(n, 1);
         assert_eq!(calls, vec![0], "kernel fds polled without waiting");
+    }
+
+    /// One socket registered in a set under two descriptors (a dup copy), one of them
+    /// removed with EPOLL_CTL_DEL: the other registration still wakes the set when the
+    /// socket becomes ready (the set's eventfd is still signalled), so an epoll_wait
+    /// blocked in the kernel is not left asleep.
+    #[test]
+    fn del_of_one_of_two_registrations_keeps_the_other_woken() {
+        crate::ACTIVE.store(true, Ordering::Release);
+        // SAFETY: plain system call (not interposed).
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep >= 0);
+        let s = Sock::new(Phase::Connected, UNBOUND);
+        let ev = epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 1,
+        };
+        // (Descriptor numbers far above this process's: nothing else uses them.)
+        ctl(ep, libc::EPOLL_CTL_ADD, 9001, Arc::clone(&s), Some(ev)).unwrap();
+        ctl(ep, libc::EPOLL_CTL_ADD, 9002, Arc::clone(&s), Some(ev)).unwrap();
+        ctl(ep, libc::EPOLL_CTL_DEL, 9001, Arc::clone(&s), None).unwrap();
+        let set = set(ep).unwrap();
+        set.note.drain();
+        {
+            let mut g = s.lock();
+            g.rx.extend(b"x");
+            s.notify(&g);
+        }
+        let mut out = [epoll_event { events: 0, u64: 0 }; 2];
+        // SAFETY: the real epoll_wait on our set, `out` has room for 2 events.
+        let n = unsafe { call_real!(epoll_wait(ep, out.as_mut_ptr(), 2, 0)) };
+        assert_eq!(n, 1, "the set's eventfd was not signalled");
+        assert_eq!({ out[0].u64 }, MAGIC);
+        forget_set(ep);
+        // SAFETY: closing the epoll fd this test opened (real close).
+        assert_eq!(unsafe { call_real!(close(ep)) }, 0);
     }
 
     #[test]

@@ -278,6 +278,20 @@ impl PollApp {
         }
     }
 
+    /// Closes the stack socket a failed connect left behind (the application's socket
+    /// is unconnected again, [`crate::sock::State::unconnect`]; a new listen or connect
+    /// gets a new one).
+    fn drop_dead(&mut self, s: &mut Sockets<'_>, g: &mut crate::sock::State) {
+        if g.listener {
+            return;
+        }
+        if let Some(old) = g.bfd.take() {
+            let _ = s.close(old);
+            self.socks.remove(&old);
+            g.interest = None;
+        }
+    }
+
     fn command(&mut self, s: &mut Sockets<'_>, c: Cmd) {
         match c {
             Cmd::Listen(sock) => {
@@ -288,6 +302,7 @@ impl PollApp {
                     sock.notify(&g);
                     return;
                 }
+                self.drop_dead(s, &mut g);
                 let fd = s.socket();
                 let port = g.local.port();
                 let r = match s
@@ -324,6 +339,7 @@ impl PollApp {
                     sock.notify(&g);
                     return;
                 }
+                self.drop_dead(s, &mut g);
                 let fd = s.socket();
                 let port = g.local.port();
                 let r = s.bind(fd, port).and_then(|_| match s.connect(fd, addr) {
@@ -428,7 +444,13 @@ impl PollApp {
                     self.transfer(s, fd, &mut g, &mut grew);
                 }
             }
-            Phase::Fresh | Phase::Opening => {}
+            Phase::Fresh | Phase::Opening => {
+                // A connect that failed and was reported: its dead connection goes.
+                self.drop_dead(s, &mut g);
+                if g.bfd.is_none() {
+                    return;
+                }
+            }
         }
         // Finish a close once the queued bytes are out (or cannot go), or at once with a
         // RST. A listener's unaccepted connections are reset (inet_csk_listen_stop).

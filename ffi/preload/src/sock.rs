@@ -196,6 +196,23 @@ impl State {
         }
     }
 
+    /// A connect that failed has reported its error: the socket is unconnected again
+    /// and a new `connect` starts a new handshake (Linux's `__inet_stream_connect`,
+    /// `sock_error`: `SS_UNCONNECTED`). The dead connection's poll-thread socket (`bfd`)
+    /// is closed by the poll thread.
+    pub fn unconnect(&mut self) {
+        self.phase = Phase::Fresh;
+        self.peer = None;
+        self.fatal = None;
+        self.so_error = None;
+        self.eof = false;
+        self.shut_rd = false;
+        self.shut_wr = false;
+        self.shut_sent = false;
+        self.rx.clear();
+        self.tx.clear();
+    }
+
     /// The connection failed with `e`: dead, `e` pending.
     pub fn fail(&mut self, e: i32) {
         self.fatal = Some(e);
@@ -544,7 +561,7 @@ impl Sock {
         let mut g = self.lock();
         loop {
             if let Some(e) = g.fatal {
-                g.so_error = None;
+                g.unconnect();
                 return Err(e);
             }
             if g.phase == Phase::Connected {
@@ -581,7 +598,9 @@ impl Sock {
                 return None;
             }
             Phase::Connecting if g.fatal.is_some() => {
-                Err(g.so_error.take().unwrap_or(libc::ECONNABORTED))
+                let e = g.so_error.take().unwrap_or(libc::ECONNABORTED);
+                g.unconnect();
+                Err(e)
             }
             Phase::Connecting => {
                 drop(g);
@@ -838,8 +857,10 @@ mod tests {
     }
 
     /// connect(2) again: EALREADY while the non-blocking handshake runs, EISCONN once
-    /// connected, and after a failure the error (ECONNREFUSED, then ECONNABORTED once
-    /// SO_ERROR took it) instead of EALREADY for ever (__inet_stream_connect).
+    /// connected, and after a failure the error once (ECONNREFUSED, or ECONNABORTED
+    /// once SO_ERROR took it) instead of EALREADY for ever; that leaves the socket
+    /// unconnected, so the next connect starts a new handshake (__inet_stream_connect's
+    /// sock_error: SS_UNCONNECTED), as after a blocking connect that failed.
     #[test]
     fn connect_again_reports_progress_and_failure() {
         let f = Sock::new(Phase::Fresh, UNBOUND);
@@ -848,7 +869,21 @@ mod tests {
         assert_eq!(s.connect_again(NB), Some(Err(libc::EALREADY)));
         s.lock().fail(libc::ECONNREFUSED);
         assert_eq!(s.connect_again(NB), Some(Err(libc::ECONNREFUSED)));
-        assert_eq!(s.connect_again(NB), Some(Err(libc::ECONNABORTED)));
+        assert_eq!(s.connect_again(NB), None, "a new handshake");
+        let a = Sock::new(Phase::Connecting, UNBOUND);
+        a.lock().fail(libc::ECONNREFUSED);
+        assert_eq!(a.lock().so_error.take(), Some(libc::ECONNREFUSED));
+        assert_eq!(a.connect_again(NB), Some(Err(libc::ECONNABORTED)));
+        assert_eq!(a.connect_again(NB), None, "a new handshake");
+        let b = Sock::new(Phase::Connecting, UNBOUND);
+        b.lock().fail(libc::ECONNREFUSED);
+        assert_eq!(b.wait_connected(), Err(libc::ECONNREFUSED));
+        assert_eq!(
+            b.connect_again(NB),
+            None,
+            "blocking: a new handshake at once"
+        );
+        assert_eq!(b.lock().so_error, None);
         // A blocking second connect waits for the handshake.
         let w = Sock::new(Phase::Connecting, UNBOUND);
         let w2 = Arc::clone(&w);

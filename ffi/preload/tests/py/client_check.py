@@ -299,6 +299,11 @@ try:
     check(False, "connect to a closed port")
 except ConnectionRefusedError:
     check(True, "connect to a closed port: ECONNREFUSED")
+# The failed socket is unconnected again (__inet_stream_connect's sock_error: a retry
+# loop on one socket connects once the server is there).
+d.connect((kernel_ip, port))
+d.sendall(b"retry")
+check(recv_exact(d, 5) == b"retry", "connect again after ECONNREFUSED")
 d.close()
 
 # Non-blocking connect: EINPROGRESS, then EPOLLOUT and SO_ERROR 0; refused: SO_ERROR.

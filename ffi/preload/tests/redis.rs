@@ -288,8 +288,8 @@ fn redis_server_on_luna_answers_redis_cli_and_redis_benchmark() {
 /// ending in a FIN, or a RST with SO_LINGER {1, 0} or unread bytes (the server tells),
 /// os.closerange (close_range) closing a luna socket and freeing its number,
 /// shutdown(SHUT_RD) leaving the queued bytes readable, a socket connected again after
-/// ECONNREFUSED, and AF_UNIX/loopback left to the kernel (tests/py/client_check.py: 70
-/// named checks).
+/// ECONNREFUSED, a blocked recv ended by another thread's shutdown, and AF_UNIX/loopback
+/// left to the kernel (tests/py/client_check.py: 71 named checks).
 #[test]
 fn python_client_on_luna_talks_to_a_kernel_server() {
     if cannot_run() {
@@ -341,6 +341,6 @@ fn python_client_on_luna_talks_to_a_kernel_server() {
     up.expect("tap up (did the client start luna?)");
     assert!(o.ok, "client failed");
     // Every named check of the script ran and passed.
-    assert!(o.out.lines().any(|l| l == "OK checks=74"), "{}", o.out);
+    assert!(o.out.lines().any(|l| l == "OK checks=75"), "{}", o.out);
     assert!(!o.err.contains("luna-preload:"), "shim errors: {}", o.err);
 }

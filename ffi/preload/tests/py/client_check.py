@@ -401,6 +401,19 @@ check(x.recv(16) == b"rd", "SHUT_RD: the queued bytes are still read")
 check(x.recv(16) == b"", "SHUT_RD: then end of stream")
 x.close()
 
+# A thread blocked in recv wakes with b"" when another thread shuts the socket down
+# (the usual way to stop a reader thread; Linux's sk_state_change wakes it).
+y = socket.socket()
+y.connect((kernel_ip, port))
+got = []
+t = threading.Thread(target=lambda: got.append(y.recv(16)), daemon=True)
+t.start()
+time.sleep(0.3)
+y.shutdown(socket.SHUT_RDWR)
+t.join(5)
+check(got == [b""], "shutdown by another thread ends a blocked recv (%r)" % got)
+y.close()
+
 # Loopback stays in the kernel.
 k = socket.socket()
 k.bind(("127.0.0.1", 0))

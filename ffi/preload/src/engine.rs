@@ -206,11 +206,21 @@ extern "C" fn after_fork_child() {
 }
 
 /// At exit: stop the poll thread gracefully, so luna's peers see their connections
-/// close (FIN, or RST after `runtime.shutdown_grace_ms`) instead of a silent peer.
+/// close (FIN, or RST after `runtime.shutdown_grace_ms`) instead of a silent peer. The
+/// bytes still in the shim's send queues go first (Linux sends them after the process
+/// ended): the stop waits for them, for at most `runtime.shutdown_grace_ms`, and the
+/// poll thread resets the connections whose bytes did not all go
+/// ([`PollApp::on_stop`]) rather than end them with a FIN after a truncated stream.
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         if crate::FORKED.load(Ordering::Acquire) {
             return;
+        }
+        if let Some(n) = net() {
+            let until = std::time::Instant::now() + n.cfg.options.shutdown_grace;
+            while alive() && crate::hooks::bytes_queued() && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
         let _g = crate::Internal::enter();
         let keep = KEEP.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -605,6 +615,30 @@ impl BatchApp for PollApp {
     fn on_start(&mut self, _s: &mut Sockets<'_>) {
         // The poll thread's own libc calls are never luna's.
         crate::Internal::mark_thread();
+    }
+
+    /// The runtime stops (at exit) and is about to end every connection with a FIN after
+    /// what the stack holds: a connection whose bytes are still in the shim would end
+    /// truncated with an orderly FIN, so it is reset instead (the peer learns bytes were
+    /// lost).
+    fn on_stop(&mut self, s: &mut Sockets<'_>) {
+        let socks: Vec<(BFd, Arc<Sock>)> = self
+            .socks
+            .iter()
+            .map(|(f, k)| (*f, Arc::clone(k)))
+            .collect();
+        for (fd, sock) in socks {
+            let mut g = sock.lock();
+            if g.tx.is_empty() || g.fatal.is_some() || g.bfd != Some(fd) {
+                continue;
+            }
+            let _ = s.abort(fd);
+            self.socks.remove(&fd);
+            g.bfd = None;
+            g.tx.clear();
+            g.fail(libc::ENETDOWN);
+            sock.notify(&g);
+        }
     }
 
     fn on_poll(&mut self, s: &mut Sockets<'_>) {

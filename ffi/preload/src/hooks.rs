@@ -19,10 +19,35 @@ use libc::{
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, LazyLock, RwLock};
+use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 static SOCKS: LazyLock<RwLock<HashMap<c_int, Arc<Sock>>>> = LazyLock::new(Default::default);
+
+/// Sockets the application closed whose queued bytes may still be going out (the poll
+/// thread holds them until then): looked at by [`bytes_queued`] at exit.
+static CLOSING: Mutex<Vec<Weak<Sock>>> = Mutex::new(Vec::new());
+
+/// Whether a luna socket, open or closed, still has bytes in the shim's send queue that
+/// the poll thread can send (at exit: the runtime's stop must wait for them).
+pub(crate) fn bytes_queued() -> bool {
+    let open: Vec<Arc<Sock>> = SOCKS
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .cloned()
+        .collect();
+    let closing: Vec<Arc<Sock>> = CLOSING
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    open.iter().chain(&closing).any(|s| {
+        let g = s.lock();
+        !g.tx.is_empty() && g.fatal.is_none() && g.bfd.is_some()
+    })
+}
 
 /// The luna socket behind `fd`, if any (never on the shim's own threads or in a forked
 /// child).
@@ -105,6 +130,10 @@ fn release(s: Arc<Sock>, linger_zero: bool) {
         g.bfd.is_some()
     };
     if had {
+        let mut c = CLOSING.lock().unwrap_or_else(|p| p.into_inner());
+        c.retain(|w| w.strong_count() > 0);
+        c.push(Arc::downgrade(&s));
+        drop(c);
         if let Some(sh) = engine::engine() {
             sh.push(Cmd::Close(s));
         }

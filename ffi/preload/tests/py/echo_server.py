@@ -1,7 +1,11 @@
 """A kernel echo server (no preload): echoes every connection until its FIN, then
 closes. How each connection ended ("fin" or "reset") is kept by the client's port and
 told on port + 2 (a connection there sends a port number and gets the word back, or
-"open" while that connection lives). argv: ip port ready_file seconds"""
+"open" while that connection lives). Sinks on port + 3 and port + 4 read a connection
+after a pause (0.3 s, 1.5 s), with a small receive buffer (the sender's queue fills), and
+write how it ended and the bytes they got ("fin 4194304") to ready_file + ".sink" and
+".sink2".
+argv: ip port ready_file seconds"""
 import socket
 import sys
 import threading
@@ -11,9 +15,11 @@ ip, port, ready, secs = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.ar
 ends = {}
 
 
-def listener(p):
+def listener(p, rcvbuf=None):
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if rcvbuf:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     s.bind((ip, p))
     s.listen(16)
     s.settimeout(1)
@@ -22,6 +28,7 @@ def listener(p):
 
 s = listener(port)
 status = listener(port + 2)
+sinks = [(listener(port + 3, 64 << 10), 0.3, ".sink"), (listener(port + 4, 64 << 10), 1.5, ".sink2")]
 open(ready, "w").write("ready")
 
 
@@ -53,8 +60,31 @@ def tell():
                 pass
 
 
+def drain(sink, pause, name):
+    while time.time() < end:
+        try:
+            c, _ = sink.accept()
+        except socket.timeout:
+            continue
+        with c:
+            time.sleep(pause)
+            n, how = 0, "reset"
+            try:
+                while True:
+                    d = c.recv(65536)
+                    if not d:
+                        how = "fin"
+                        break
+                    n += len(d)
+            except ConnectionResetError:
+                pass
+            open(ready + name, "w").write("%s %d" % (how, n))
+
+
 end = time.time() + secs
 threading.Thread(target=tell, daemon=True).start()
+for a in sinks:
+    threading.Thread(target=drain, args=a, daemon=True).start()
 while time.time() < end:
     try:
         c, peer = s.accept()

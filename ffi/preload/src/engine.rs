@@ -166,6 +166,8 @@ pub(crate) fn engine() -> Option<&'static Arc<Shared>> {
             let _g = crate::Internal::enter();
             match start(net) {
                 Ok(s) => {
+                    // SAFETY: getpid has no preconditions.
+                    crate::PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
                     crate::ACTIVE.store(true, Ordering::Release);
                     Some(s)
                 }

@@ -146,7 +146,8 @@ fn release(s: Arc<Sock>, linger_zero: bool) {
 /// by `close` if it was its last: `linger_zero` is its `SO_LINGER` `{1, 0}`, read by
 /// [`linger_zero_of`] before the kernel closed the placeholder).
 fn duplicated(fd: c_int, nfd: c_int, linger_zero: bool) {
-    if nfd < 0 || fd == nfd || !ACTIVE.load(Ordering::Acquire) || internal() {
+    if nfd < 0 || fd == nfd || !ACTIVE.load(Ordering::Acquire) || internal() || crate::vfork_child()
+    {
         return;
     }
     let _ = try_luna::<c_int>(|| {
@@ -622,6 +623,10 @@ unsafe fn luna_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Opti
 #[no_mangle]
 pub unsafe extern "C-unwind" fn close(fd: c_int) -> c_int {
     let forgotten: Option<c_int> = try_luna(|| {
+        if crate::vfork_child() {
+            // Its own descriptor (the parent's luna socket stays open).
+            return None;
+        }
         let named = lookup(fd).is_some();
         if let Some(s) = remove(fd) {
             release(s, linger_zero(fd));

@@ -29,13 +29,26 @@ mod select;
 mod sock;
 
 use std::cell::Cell;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 /// luna is running in this process (false before the first luna socket and in a forked
 /// child).
 pub(crate) static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// This process is a child forked after luna started.
 pub(crate) static FORKED: AtomicBool = AtomicBool::new(false);
+/// The process that started luna (0: not started).
+pub(crate) static PID: AtomicI32 = AtomicI32::new(0);
+
+/// Whether the caller is a child that shares this process's memory without being it: a
+/// `vfork` (CPython's subprocess starts its children so; `pthread_atfork` handlers do
+/// not run) between its start and its `exec`. Its `dup2`/`close` act on its own
+/// descriptors and must not touch the shared descriptor table of the parent's luna
+/// sockets.
+pub(crate) fn vfork_child() -> bool {
+    let p = PID.load(Ordering::Relaxed);
+    // SAFETY: getpid has no preconditions (a system call: glibc caches no pid).
+    p != 0 && p != unsafe { libc::getpid() }
+}
 
 thread_local! {
     static INTERNAL: Cell<u32> = const { Cell::new(0) };

@@ -414,6 +414,21 @@ t.join(5)
 check(got == [b""], "shutdown by another thread ends a blocked recv (%r)" % got)
 y.close()
 
+# A child started by subprocess (CPython forks it with vfork: it shares our memory until
+# it execs) with a luna socket as its stdin: its dup2 and close of descriptors are its
+# own, not ours (our fd 0 stays /dev/null, the socket stays open).
+import subprocess
+v = socket.socket()
+v.connect((kernel_ip, port))
+subprocess.run(["/bin/true"], stdin=v, check=True)
+v.sendall(b"v")
+check(recv_exact(v, 1) == b"v", "a subprocess given the socket leaves it open")
+v.sendall(b"w")
+time.sleep(0.2)
+check(os.read(0, 1) == b"", "a subprocess's dup2 leaves our fd 0 alone")
+check(recv_exact(v, 1) == b"w", "the socket's bytes stay its own")
+v.close()
+
 # Loopback stays in the kernel.
 k = socket.socket()
 k.bind(("127.0.0.1", 0))

@@ -649,6 +649,11 @@ fn release_range(first: c_int, last: c_int) {
     if !ACTIVE.load(Ordering::Acquire) || internal() || first > last {
         return;
     }
+    if crate::vfork_child() {
+        // CPython's subprocess closes every descriptor from 3 on in its vfork child
+        // (close_fds): those are the child's own; the parent's luna sockets stay open.
+        return;
+    }
     let fds: Vec<c_int> = SOCKS
         .read()
         .unwrap_or_else(|p| p.into_inner())
@@ -658,7 +663,7 @@ fn release_range(first: c_int, last: c_int) {
         .collect();
     for fd in fds {
         if let Some(s) = remove(fd) {
-            release(fd, s, linger_zero(fd));
+            release(s, linger_zero(fd));
         }
     }
     epoll::forget_sets_in(first, last);

@@ -215,7 +215,9 @@ extern "C" fn after_fork_child() {
 /// ([`PollApp::on_stop`]) rather than end them with a FIN after a truncated stream.
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        if crate::FORKED.load(Ordering::Acquire) {
+        // (`exit` in a vfork child, against vfork's rules, must not stop the parent's
+        // runtime, whose memory the child shares.)
+        if crate::FORKED.load(Ordering::Acquire) || crate::vfork_child() {
             return;
         }
         if let Some(n) = net() {
@@ -277,7 +279,12 @@ pub(crate) struct PollApp {
     sh: Arc<Shared>,
     socks: HashMap<BFd, Arc<Sock>>,
     events: Vec<PollEvent>,
+    /// Commands taken from the queue and not run yet, last first (`pop` runs the
+    /// oldest): they stay here while one runs, so a panic in it leaves them to
+    /// `fail_all`.
     cmds: Vec<Cmd>,
+    /// The socket of the command running now (for `fail_all`, if it panics).
+    running: Option<Arc<Sock>>,
 }
 
 impl PollApp {
@@ -287,6 +294,7 @@ impl PollApp {
             socks: HashMap::new(),
             events: Vec::new(),
             cmds: Vec::new(),
+            running: None,
         }
     }
 
@@ -589,6 +597,7 @@ impl PollApp {
     fn fail_all(&mut self) {
         let pending = std::mem::take(&mut *self.sh.cmds.lock().unwrap_or_else(|p| p.into_inner()));
         let mut socks: Vec<Arc<Sock>> = self.socks.values().cloned().collect();
+        socks.extend(self.running.take());
         for c in pending.into_iter().chain(std::mem::take(&mut self.cmds)) {
             match c {
                 Cmd::Listen(s)
@@ -609,6 +618,20 @@ impl PollApp {
             }
             g.reply.get_or_insert(Err(libc::ENETDOWN));
             sock.notify(&g);
+        }
+    }
+}
+
+impl Cmd {
+    /// The socket the command is for.
+    fn sock(&self) -> &Arc<Sock> {
+        match self {
+            Cmd::Listen(s)
+            | Cmd::Connect(s, _)
+            | Cmd::Flush(s)
+            | Cmd::Shutdown(s)
+            | Cmd::Close(s)
+            | Cmd::StopListen(s, _) => s,
         }
     }
 }
@@ -649,8 +672,11 @@ impl BatchApp for PollApp {
                 &mut self.cmds,
                 &mut *self.sh.cmds.lock().unwrap_or_else(|p| p.into_inner()),
             );
-            for c in std::mem::take(&mut self.cmds) {
+            self.cmds.reverse();
+            while let Some(c) = self.cmds.pop() {
+                self.running = Some(Arc::clone(c.sock()));
                 self.command(s, c);
+                self.running = None;
             }
         }
         s.poll(&mut self.events);
@@ -693,6 +719,45 @@ mod tests {
         assert_eq!(reader.join().unwrap(), Err(libc::ENETDOWN));
         assert_eq!(lister.join().unwrap(), Err(libc::ENETDOWN));
         assert!(sh.cmds.lock().unwrap().is_empty());
+    }
+
+    /// A panic while a command runs (the runtime then drops the application) leaves the
+    /// running command's socket and the commands behind it to `fail_all`: their callers
+    /// wait for an answer that no one will give otherwise.
+    #[test]
+    fn commands_not_run_when_the_poll_thread_panics_are_failed() {
+        let sh = Arc::new(Shared::new());
+        let mut app = std::mem::ManuallyDrop::new(PollApp::new(Arc::clone(&sh)));
+        let socks: Vec<Arc<Sock>> = (0..3)
+            .map(|_| Sock::new(Phase::Opening, crate::sock::UNBOUND))
+            .collect();
+        // As `on_poll` leaves them when the first command panics: it running, the other
+        // two still queued (last first).
+        app.running = Some(Arc::clone(&socks[0]));
+        app.cmds = vec![
+            Cmd::Listen(Arc::clone(&socks[2])),
+            Cmd::Listen(Arc::clone(&socks[1])),
+        ];
+        let waiters: Vec<_> = socks
+            .iter()
+            .map(|s| {
+                let s = Arc::clone(s);
+                std::thread::spawn(move || s.wait_reply())
+            })
+            .collect();
+        let start = std::time::Instant::now();
+        while socks.iter().any(|s| s.sleepers() == 0) {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "never slept"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        app.fail_all();
+        for w in waiters {
+            assert_eq!(w.join().unwrap(), Err(libc::ENETDOWN));
+        }
+        assert!(app.running.is_none() && app.cmds.is_empty());
     }
 
     /// After the poll thread's end a socket it had failed (a connect it never ran) is

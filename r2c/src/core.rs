@@ -386,6 +386,15 @@ impl CoreState {
         }
     }
 
+    /// The largest buffer [`CoreState::send_all`] takes on a connection whose send buffer
+    /// and backlog are empty: a bigger one is never taken whole, so it must be handed
+    /// over in pieces of at most this.
+    pub(crate) fn send_all_max(&self) -> usize {
+        self.max_backlog
+            .max(self.stack.config().tcp.snd_buf as usize)
+            .max(1)
+    }
+
     /// Bytes of `h` waiting in the runtime's backlog (beyond the TCP send buffer).
     pub(crate) fn backlog_len(&self, h: Conn) -> usize {
         self.backlog.get(&h).map_or(0, |b| b.bytes)

@@ -437,8 +437,22 @@ impl<S: IoSide> MsgMode<S> {
         self.unread.remove(&h);
     }
 
-    /// Queues `z` on `h` behind anything already waiting.
+    /// Queues `z` on `h` behind anything already waiting; a buffer bigger than
+    /// `send_all` ever takes whole goes in pieces (zero copy), in order.
     fn send(unsent: &mut HashMap<Conn, VecDeque<Zbuf>>, h: Conn, z: Zbuf, st: &mut CoreState) {
+        let max = st.send_all_max();
+        if z.len() > max {
+            let mut rest = z;
+            while rest.len() > max {
+                let piece = rest.split_to(max);
+                Self::send_one(unsent, h, piece, st);
+            }
+            return Self::send_one(unsent, h, rest, st);
+        }
+        Self::send_one(unsent, h, z, st)
+    }
+
+    fn send_one(unsent: &mut HashMap<Conn, VecDeque<Zbuf>>, h: Conn, z: Zbuf, st: &mut CoreState) {
         if let Some(q) = unsent.get_mut(&h) {
             q.push_back(z);
             return;

@@ -446,3 +446,103 @@ fn stalled_connections_are_read_again_when_resumed() {
         assert!(f["backpressure"] > 0, "{model:?}: {f:?}");
     }
 }
+
+/// A reply larger than the TCP send buffer and the runtime's backlog together (one
+/// 6 MiB buffer against a 4 MiB backlog): all-or-nothing sends refused it for ever and
+/// its connection stayed paused. It goes out in pieces, in order, and the client gets
+/// every byte.
+#[test]
+fn a_reply_larger_than_the_send_backlog_is_sent_whole() {
+    const BIG: usize = 6 << 20;
+    struct Big;
+    impl MsgHandler for Big {
+        fn on_message(&mut self, ctx: &mut MsgCtx<'_>, m: Message<Conn>) {
+            let h = Header::read(&m.body).unwrap().unwrap();
+            let hdr = Header {
+                flags: RESPONSE,
+                len: BIG as u32,
+                ..h
+            };
+            let mut reply = IoVec::from(Zbuf::copy_from_slice(&hdr.bytes()));
+            let body: Vec<u8> = (0..BIG).map(|i| (i % 251) as u8).collect();
+            reply.push(Zbuf::from_vec(body));
+            ctx.reply(m.origin, reply);
+        }
+    }
+    struct One {
+        got: Vec<u8>,
+        done: Arc<Mutex<Option<Vec<u8>>>>,
+    }
+    impl InlineApp for One {
+        fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+            ctx.connect(server_addr(PORT)).unwrap();
+        }
+        fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+            let req = Header {
+                id: 1,
+                len: 0,
+                flags: 0,
+            }
+            .bytes()
+            .to_vec();
+            ctx.send_all(conn, Zbuf::from_vec(req)).unwrap();
+        }
+        fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+            while let Ok(Some(z)) = ctx.recv(conn) {
+                self.got.extend_from_slice(&z);
+            }
+            if self.got.len() >= HDR_LEN + BIG {
+                *self.done.lock().unwrap() = Some(std::mem::take(&mut self.got));
+            }
+        }
+    }
+    let (mut server, client) = pair(1, 1, |_| {});
+    let cfg = MsgConfig {
+        listen: vec![(PORT, 8)],
+        sched: SchedConfig {
+            model: Model::Ms,
+            workers: 2,
+            queue_capacity: 16,
+            seed: 1,
+        },
+        framer: FramerConfig {
+            max_message: 16 << 10,
+            max_in_flight: 4,
+        },
+        worker_cpus: Vec::new(),
+    };
+    let sopts = opts();
+    assert!(
+        BIG > sopts.max_backlog + (1 << 20),
+        "bigger than backlog and send buffer"
+    );
+    let (srv, _workers) = Runtime::spawn_msg(
+        server.remove(0),
+        sopts,
+        cfg,
+        || KnbParser::new(Order::Ordered),
+        |_| Big,
+    )
+    .unwrap();
+    let done = Arc::new(Mutex::new(None));
+    let d2 = Arc::clone(&done);
+    let cli = Runtime::spawn_inline(client, opts(), move |_| One {
+        got: Vec::new(),
+        done: Arc::clone(&d2),
+    })
+    .unwrap();
+    wait_for("the whole 6 MiB reply", || done.lock().unwrap().is_some());
+    let got = done.lock().unwrap().take().unwrap();
+    assert_eq!(got.len(), HDR_LEN + BIG);
+    assert!(
+        got[HDR_LEN..]
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i % 251) as u8),
+        "the reply's bytes in order"
+    );
+    cli.stop();
+    srv.stop();
+    cli.join().unwrap();
+    srv.join().unwrap();
+}

@@ -277,6 +277,9 @@ struct SplitIo {
     overflow: Vec<VecDeque<ToWorker>>,
     /// Readable connections whose worker ring was full.
     paused: HashSet<Conn>,
+    /// Connections whose `Eof` went to their worker: `recv` keeps answering `Finished`,
+    /// and each later `Readable` (one per segment of a burst) would send another.
+    ended: HashSet<Conn>,
     /// A reply that did not fit the backlog, per worker (retried first).
     stalled: Vec<Option<ToIo>>,
 }
@@ -318,7 +321,9 @@ impl SplitIo {
                 }
                 Ok(None) => break,
                 Err(RecvError::Finished) => {
-                    self.send_to_worker(w, ToWorker::Eof { conn: h }, st);
+                    if self.ended.insert(h) {
+                        self.send_to_worker(w, ToWorker::Eof { conn: h }, st);
+                    }
                     break;
                 }
                 Err(_) => break,
@@ -338,12 +343,14 @@ impl SplitIo {
             ToIo::Close { conn } => {
                 if self.owner.remove(&conn).is_some() {
                     self.paused.remove(&conn);
+                    self.ended.remove(&conn);
                     st.close(conn);
                 }
             }
             ToIo::Abort { conn } => {
                 if self.owner.remove(&conn).is_some() {
                     self.paused.remove(&conn);
+                    self.ended.remove(&conn);
                     st.abort(conn);
                 }
             }
@@ -401,6 +408,7 @@ impl SplitIo {
                 Event::Closed(h) => {
                     let reason = st.on_closed(h);
                     self.paused.remove(&h);
+                    self.ended.remove(&h);
                     self.tokens.remove(&h);
                     if let Some(w) = self.owner.remove(&h) {
                         self.send_to_worker(w, ToWorker::Closed { conn: h, reason }, st);
@@ -586,6 +594,7 @@ impl Runtime {
             tokens: HashMap::new(),
             overflow: (0..n).map(|_| VecDeque::new()).collect(),
             paused: HashSet::new(),
+            ended: HashSet::new(),
             stalled: (0..n).map(|_| None).collect(),
         })?;
         let stop = rt.stop_flag();

@@ -181,3 +181,101 @@ fn split_mode_replies_arrive_intact_from_worker_threads() {
         .sum();
     assert!(msgs >= 48);
 }
+
+/// What a [`Tally`] worker saw of each connection.
+#[derive(Default, Debug, Clone)]
+struct Seen {
+    bytes: usize,
+    eofs: usize,
+    data_after_eof: bool,
+}
+
+/// Counts each connection's bytes and ends; closes a connection at its end.
+struct Tally {
+    seen: Arc<Mutex<HashMap<Conn, Seen>>>,
+}
+
+impl Handler for Tally {
+    fn on_message(&mut self, ctx: &mut WorkerCtx<'_>, msg: ToWorker) {
+        let mut seen = self.seen.lock().unwrap();
+        match msg {
+            ToWorker::Data { conn, data } => {
+                let s = seen.entry(conn).or_default();
+                s.bytes += data.len();
+                s.data_after_eof |= s.eofs > 0;
+            }
+            ToWorker::Eof { conn } => {
+                seen.entry(conn).or_default().eofs += 1;
+                ctx.close(conn);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Sends `len` bytes on each of `conns` connections, then closes at once (the data and
+/// the FIN leave in one burst).
+struct SendAndClose {
+    conns: usize,
+    len: usize,
+    port: u16,
+}
+
+impl InlineApp for SendAndClose {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        for _ in 0..self.conns {
+            ctx.connect(server_addr(self.port)).unwrap();
+        }
+    }
+    fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        ctx.send_all(conn, Zbuf::from_vec(vec![b'x'; self.len]))
+            .unwrap();
+        ctx.close(conn);
+    }
+}
+
+/// The end of a stream reaches the worker once. A request in several segments with the
+/// FIN in one received burst raises one `Readable` per segment; the first pass reads
+/// everything and the end, and every later `Readable` found the end again and sent
+/// another `Eof` (the worker closed, or answered, the same connection several times).
+#[test]
+fn split_end_of_stream_reaches_the_worker_once() {
+    const CONNS: usize = 16;
+    const LEN: usize = 6000;
+    let (mut server, client) = pair(1, 1, |_| {});
+    let seen = Arc::new(Mutex::new(HashMap::new()));
+    let s2 = seen.clone();
+    let split = SplitConfig {
+        listen: vec![(9, 1024)],
+        workers: 2,
+        ..SplitConfig::default()
+    };
+    let (srv, _workers) = Runtime::spawn_split(server.remove(0), opts(), split, move |_| Tally {
+        seen: s2.clone(),
+    })
+    .unwrap();
+    let cli = Runtime::spawn_inline(client, opts(), move |_| SendAndClose {
+        conns: CONNS,
+        len: LEN,
+        port: 9,
+    })
+    .unwrap();
+    wait_for("every end at the workers", || {
+        let s = seen.lock().unwrap();
+        s.len() == CONNS && s.values().all(|s| s.eofs > 0)
+    });
+    cli.stop();
+    srv.stop();
+    cli.join().unwrap();
+    srv.join().unwrap();
+    let seen = seen.lock().unwrap();
+    let wrong: Vec<&Seen> = seen
+        .values()
+        .filter(|s| s.eofs != 1 || s.bytes != LEN || s.data_after_eof)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} of {CONNS} connections: {wrong:?}",
+        wrong.len()
+    );
+}

@@ -51,12 +51,13 @@ pub enum ToWorker {
         /// The worker's token from [`WorkerCtx::connect`].
         token: u64,
     },
-    /// A connect failed at once.
+    /// A connect this worker asked for will never be established: refused at once, or
+    /// its handshake ended (its handle was never announced, so no `Closed` follows).
     ConnectFailed {
         /// The worker's token.
         token: u64,
         /// Why.
-        error: ConnectError,
+        error: ConnectFailure,
     },
     /// Received bytes, in order (zero copy).
     Data {
@@ -77,6 +78,15 @@ pub enum ToWorker {
         /// Why, if known.
         reason: Option<CloseReason>,
     },
+}
+
+/// Why a worker's connect failed ([`ToWorker::ConnectFailed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectFailure {
+    /// The stack refused it at once (no route, no port, table full).
+    Start(ConnectError),
+    /// The handshake did not complete: refused by the peer, timed out or reset.
+    Handshake(Option<CloseReason>),
 }
 
 /// Worker to I/O core.
@@ -359,7 +369,10 @@ impl SplitIo {
                     self.owner.insert(h, w);
                     self.tokens.insert(h, token);
                 }
-                Err(error) => self.send_to_worker(w, ToWorker::ConnectFailed { token, error }, st),
+                Err(e) => {
+                    let error = ConnectFailure::Start(e);
+                    self.send_to_worker(w, ToWorker::ConnectFailed { token, error }, st);
+                }
             },
         }
         Ok(())
@@ -409,9 +422,18 @@ impl SplitIo {
                     let reason = st.on_closed(h);
                     self.paused.remove(&h);
                     self.ended.remove(&h);
-                    self.tokens.remove(&h);
+                    let token = self.tokens.remove(&h);
                     if let Some(w) = self.owner.remove(&h) {
-                        self.send_to_worker(w, ToWorker::Closed { conn: h, reason }, st);
+                        // A connection still in its handshake is known to the worker
+                        // by its token only.
+                        let m = match token {
+                            Some(token) => ToWorker::ConnectFailed {
+                                token,
+                                error: ConnectFailure::Handshake(reason),
+                            },
+                            None => ToWorker::Closed { conn: h, reason },
+                        };
+                        self.send_to_worker(w, m, st);
                     }
                 }
             }

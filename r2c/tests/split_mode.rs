@@ -279,3 +279,70 @@ fn split_end_of_stream_reaches_the_worker_once() {
         wrong.len()
     );
 }
+
+/// Asks for one connection to `to` when first idle and records how the worker learns
+/// what became of it.
+struct Dialer {
+    to: core::net::SocketAddrV4,
+    asked: bool,
+    known: Vec<Conn>,
+    /// Tokens answered (connected or failed), and closes of handles never announced.
+    answers: Arc<Mutex<Vec<String>>>,
+}
+
+impl Handler for Dialer {
+    fn on_message(&mut self, _ctx: &mut WorkerCtx<'_>, msg: ToWorker) {
+        let note = match msg {
+            ToWorker::Connected { conn, token } => {
+                self.known.push(conn);
+                format!("connected {token}")
+            }
+            ToWorker::ConnectFailed { token, .. } => format!("failed {token}"),
+            ToWorker::Closed { conn, .. } if !self.known.contains(&conn) => {
+                "closed a handle never announced".to_string()
+            }
+            _ => return,
+        };
+        self.answers.lock().unwrap().push(note);
+    }
+    fn on_idle(&mut self, ctx: &mut WorkerCtx<'_>) {
+        if !self.asked {
+            self.asked = true;
+            ctx.connect(7, self.to);
+        }
+    }
+}
+
+/// Listens on nothing: its stack refuses every connection with a RST.
+struct Nobody;
+impl InlineApp for Nobody {}
+
+/// A worker's connect that the peer refuses after the connect was accepted (a RST to the
+/// SYN) is answered with its token. The worker knew the connection only by its token,
+/// and got a `Closed` for a handle it had never been told of: the connect was never
+/// answered and the worker could not tell which of its connects had ended.
+#[test]
+fn split_a_refused_connect_is_answered_with_its_token() {
+    let (mut server, client) = pair(1, 1, |_| {});
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let a2 = answers.clone();
+    let to = core::net::SocketAddrV4::new(CLIENT_IP, 4444);
+    let split = SplitConfig {
+        workers: 1,
+        ..SplitConfig::default()
+    };
+    let (srv, _workers) = Runtime::spawn_split(server.remove(0), opts(), split, move |_| Dialer {
+        to,
+        asked: false,
+        known: Vec::new(),
+        answers: a2.clone(),
+    })
+    .unwrap();
+    let cli = Runtime::spawn_inline(client, opts(), |_| Nobody).unwrap();
+    wait_for("an answer", || !answers.lock().unwrap().is_empty());
+    cli.stop();
+    srv.stop();
+    cli.join().unwrap();
+    srv.join().unwrap();
+    assert_eq!(*answers.lock().unwrap(), ["failed 7"]);
+}

@@ -82,7 +82,7 @@ impl std::error::Error for RuntimeError {}
 /// the panic, rather than waiting for cores nothing may ever stop (the panicked core's
 /// application could have been the one to request the stop), and a runtime does not go
 /// on with a dead core whose queue the NIC still steers connections to.
-struct StopOnPanic(Arc<AtomicBool>);
+pub(crate) struct StopOnPanic(pub(crate) Arc<AtomicBool>);
 
 impl Drop for StopOnPanic {
     fn drop(&mut self) {

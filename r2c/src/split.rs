@@ -630,6 +630,9 @@ impl Runtime {
         };
         let done = Arc::clone(&io_done);
         let handles = crate::workers::spawn(&spawn, links.clone(), move |w, link, cache| {
+            // A dead worker would strand its connections for good (nothing else reads its
+            // ring): its panic stops the runtime, as a core's does.
+            let _stop_on_panic = crate::runtime::StopOnPanic(Arc::clone(&stop));
             worker_loop(
                 w,
                 link,

@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use luna_stack::tcp::CloseReason;
 use r2c::split::{Handler, SplitConfig, ToWorker, WorkerCtx, WouldBlock};
 use r2c::{Conn, Ctx, InlineApp, Runtime};
 use std::collections::{HashMap, VecDeque};
@@ -345,4 +346,80 @@ fn split_a_refused_connect_is_answered_with_its_token() {
     cli.join().unwrap();
     srv.join().unwrap();
     assert_eq!(*answers.lock().unwrap(), ["failed 7"]);
+}
+
+/// Panics on the first bytes it is given.
+struct Panicky;
+impl Handler for Panicky {
+    fn on_message(&mut self, _ctx: &mut WorkerCtx<'_>, msg: ToWorker) {
+        if let ToWorker::Data { .. } = msg {
+            panic!("handler bug (deliberate)");
+        }
+    }
+}
+
+/// Sends one request and notes when the server ends the connection.
+struct Asker {
+    ended: Arc<std::sync::atomic::AtomicBool>,
+}
+impl InlineApp for Asker {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        ctx.connect(server_addr(9)).unwrap();
+    }
+    fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        ctx.send_all(conn, Zbuf::from_vec(b"request".to_vec()))
+            .unwrap();
+    }
+    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        loop {
+            match ctx.recv(conn) {
+                Ok(Some(_)) => {}
+                Ok(None) => return,
+                Err(_) => break,
+            }
+        }
+        self.ended.store(true, Ordering::SeqCst);
+        ctx.close(conn);
+    }
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn, _r: Option<CloseReason>) {
+        self.ended.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A worker whose handler panics stops the runtime, as a core that panics does: the I/O
+/// core closes the connections (the dead worker's too, which nobody would ever answer)
+/// and `join` reports the panic. The I/O core went on without noticing; the client
+/// waited for its answer for good, and so did a `join` nothing stopped.
+#[test]
+fn split_a_worker_that_panics_stops_the_runtime_and_its_connections_end() {
+    let (mut server, client) = pair(1, 1, |_| {});
+    let split = SplitConfig {
+        listen: vec![(9, 16)],
+        workers: 1,
+        ..SplitConfig::default()
+    };
+    let (srv, _workers) =
+        Runtime::spawn_split(server.remove(0), opts(), split, |_| Panicky).unwrap();
+    let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let e2 = ended.clone();
+    let cli = Runtime::spawn_inline(client, opts(), move |_| Asker { ended: e2.clone() }).unwrap();
+    // Far longer than the shutdown grace (2 s): a hang guard, not a timing assertion.
+    let start = std::time::Instant::now();
+    while !(ended.load(Ordering::SeqCst) && srv.stop_handle().is_stopped()) {
+        if start.elapsed() > std::time::Duration::from_secs(30) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let (stopped, ended) = (srv.stop_handle().is_stopped(), ended.load(Ordering::SeqCst));
+    cli.stop();
+    srv.stop();
+    cli.join().unwrap();
+    let joined = srv.join();
+    assert!(
+        stopped && ended,
+        "runtime stopped by itself: {stopped}, client's connection ended: {ended}"
+    );
+    let e = joined.expect_err("the worker's panic is reported");
+    assert!(e.to_string().contains("panicked"), "{e}");
 }

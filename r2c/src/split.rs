@@ -346,7 +346,17 @@ impl SplitIo {
         match m {
             ToIo::Send { conn, data } => match st.send_all(conn, data.clone()) {
                 Ok(()) => {}
-                Err(SendError::WouldBlock) => return Err(ToIo::Send { conn, data }),
+                // All or nothing refuses for good what the send buffer and the backlog
+                // cannot hold together: what fits goes now, the rest is retried first.
+                Err(SendError::WouldBlock) => match st.send(conn, &data) {
+                    Ok(n) if n == data.len() => {}
+                    Ok(n) => {
+                        let data = data.slice(n..);
+                        return Err(ToIo::Send { conn, data });
+                    }
+                    Err(SendError::WouldBlock) => return Err(ToIo::Send { conn, data }),
+                    Err(_) => {}
+                },
                 // The connection is gone or shut: its Closed message tells the worker.
                 Err(_) => {}
             },

@@ -423,3 +423,102 @@ fn split_a_worker_that_panics_stops_the_runtime_and_its_connections_end() {
     let e = joined.expect_err("the worker's panic is reported");
     assert!(e.to_string().contains("panicked"), "{e}");
 }
+
+/// Answers a connection's first bytes with one `len`-byte reply, then closes it.
+struct BigReply {
+    len: usize,
+    answered: Vec<Conn>,
+}
+
+impl Handler for BigReply {
+    fn on_message(&mut self, ctx: &mut WorkerCtx<'_>, msg: ToWorker) {
+        if let ToWorker::Data { conn, .. } = msg {
+            if !self.answered.contains(&conn) {
+                self.answered.push(conn);
+                let reply = Zbuf::from_vec((0..self.len).map(|i| (i % 251) as u8).collect());
+                assert!(ctx.send(conn, reply).is_ok(), "the first send is taken");
+                ctx.close(conn);
+            }
+        }
+    }
+}
+
+/// Reads everything, checking the pattern, until the end of the stream.
+struct Reader {
+    got: usize,
+    bad: bool,
+    done: Arc<Mutex<Option<(usize, bool)>>>,
+}
+
+impl InlineApp for Reader {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        ctx.connect(server_addr(9)).unwrap();
+    }
+    fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        ctx.send_all(conn, Zbuf::from_vec(b"go".to_vec())).unwrap();
+    }
+    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        loop {
+            match ctx.recv(conn) {
+                Ok(Some(b)) => {
+                    for (k, &x) in b.iter().enumerate() {
+                        self.bad |= x != ((self.got + k) % 251) as u8;
+                    }
+                    self.got += b.len();
+                }
+                Ok(None) => return,
+                Err(_) => break,
+            }
+        }
+        *self.done.lock().unwrap() = Some((self.got, self.bad));
+        ctx.close(conn);
+    }
+}
+
+/// A reply larger than the send buffer and the runtime's backlog together goes out as
+/// the peer takes it. The I/O core offered it whole to the all-or-nothing `send_all`,
+/// which can never take it: the reply stalled for good, and every later message of its
+/// worker (for any connection) behind it.
+#[test]
+fn split_a_reply_larger_than_buffer_and_backlog_goes_out_whole() {
+    const LEN: usize = 2 << 20;
+    let (mut server, client) = pair(1, 1, |_| {});
+    let split = SplitConfig {
+        listen: vec![(9, 16)],
+        workers: 1,
+        ..SplitConfig::default()
+    };
+    // Send buffer 1 MiB (the stack's default) + backlog 64 KiB < the reply.
+    let sopts = r2c::CoreOptions {
+        max_backlog: 64 << 10,
+        ..opts()
+    };
+    let (srv, _workers) = Runtime::spawn_split(server.remove(0), sopts, split, |_| BigReply {
+        len: LEN,
+        answered: Vec::new(),
+    })
+    .unwrap();
+    let done = Arc::new(Mutex::new(None));
+    let d2 = done.clone();
+    let cli = Runtime::spawn_inline(client, opts(), move |_| Reader {
+        got: 0,
+        bad: false,
+        done: d2.clone(),
+    })
+    .unwrap();
+    // A hang guard, not a timing assertion (2 MiB over memory takes well under a second).
+    let start = std::time::Instant::now();
+    while done.lock().unwrap().is_none() && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let result = *done.lock().unwrap();
+    cli.stop();
+    srv.stop();
+    cli.join().unwrap();
+    srv.join().unwrap();
+    assert_eq!(
+        result,
+        Some((LEN, false)),
+        "(bytes, corrupted) the client read"
+    );
+}

@@ -164,6 +164,9 @@ pub struct WorkerStats {
 struct Link {
     to_worker: ArrayQueue<ToWorker>,
     to_io: ArrayQueue<ToIo>,
+    /// Resets, taken ahead of `to_io`: a reset drops the connection's unsent bytes, so
+    /// it need not wait behind them (they may wait for a peer that never reads).
+    aborts: ArrayQueue<Conn>,
     stats: WorkerStats,
 }
 
@@ -242,9 +245,15 @@ impl WorkerCtx<'_> {
         self.push(ToIo::Close { conn });
     }
 
-    /// Reset `conn`.
+    /// Reset `conn`. The reset overtakes what this worker queued for `conn` before it
+    /// (a reset drops unsent bytes anyway), so it also ends a connection whose peer does
+    /// not read while its replies hold up this worker's reply queue.
     pub fn abort(&mut self, conn: Conn) {
-        self.push(ToIo::Abort { conn });
+        if self.link.aborts.push(conn).is_ok() {
+            self.link.stats.messages_out.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.push(ToIo::Abort { conn });
+        }
     }
 
     /// Open a connection owned by this worker; `token` comes back in the answer.
@@ -475,8 +484,14 @@ impl Mode for SplitIo {
                 self.forward(h, st);
             }
         }
-        // Replies, a bounded number per worker so one worker cannot starve the others.
+        // Replies, a bounded number per worker so one worker cannot starve the others;
+        // resets first (they may end the connection a stalled reply waits for).
         for w in 0..self.links.len() {
+            while let Some(conn) = self.links[w].aborts.pop() {
+                work = true;
+                st.stats.from_workers += 1;
+                let _ = self.apply(w, ToIo::Abort { conn }, st);
+            }
             if let Some(m) = self.stalled[w].take() {
                 st.flush_backlogs();
                 if let Err(m) = self.apply(w, m, st) {
@@ -609,6 +624,7 @@ impl Runtime {
                 Arc::new(Link {
                     to_worker: ArrayQueue::new(split.ring_size),
                     to_io: ArrayQueue::new(split.ring_size),
+                    aborts: ArrayQueue::new(split.ring_size),
                     stats: WorkerStats::default(),
                 })
             })
@@ -682,6 +698,7 @@ mod tests {
         Link {
             to_worker: ArrayQueue::new(ring),
             to_io: ArrayQueue::new(ring),
+            aborts: ArrayQueue::new(ring),
             stats: WorkerStats::default(),
         }
     }

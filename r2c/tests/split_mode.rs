@@ -522,3 +522,112 @@ fn split_a_reply_larger_than_buffer_and_backlog_goes_out_whole() {
         "(bytes, corrupted) the client read"
     );
 }
+
+/// The first connection's request is answered with `flood` 1 MiB replies and then reset
+/// (a peer that does not read them); every later connection's with "ok" and a close.
+struct FloodThenAbort {
+    flood: usize,
+    first: Option<Conn>,
+}
+
+impl Handler for FloodThenAbort {
+    fn on_message(&mut self, ctx: &mut WorkerCtx<'_>, msg: ToWorker) {
+        let ToWorker::Data { conn, .. } = msg else {
+            return;
+        };
+        if self.first.is_none() {
+            self.first = Some(conn);
+            for _ in 0..self.flood {
+                let r = ctx.send(conn, Zbuf::from_vec(vec![b'f'; 1 << 20]));
+                assert!(r.is_ok(), "the worker's reply queue has room");
+            }
+            ctx.abort(conn);
+        } else if self.first != Some(conn) {
+            assert!(ctx.send(conn, Zbuf::from_vec(b"ok".to_vec())).is_ok());
+            ctx.close(conn);
+        }
+    }
+}
+
+/// Connection 0 asks and never reads; connection 1 asks once connection 0 is reset,
+/// and reads its answer.
+#[derive(Default)]
+struct Patient {
+    conns: Vec<Conn>,
+    /// Connection 0 was reset; connection 1's answer and whether its stream ended.
+    out: Arc<Mutex<(bool, Vec<u8>, bool)>>,
+}
+
+impl InlineApp for Patient {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        self.conns.push(ctx.connect(server_addr(9)).unwrap());
+    }
+    fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        ctx.send_all(conn, Zbuf::from_vec(b"go".to_vec())).unwrap();
+    }
+    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        if conn == self.conns[0] {
+            return; // never reads
+        }
+        let mut out = self.out.lock().unwrap();
+        loop {
+            match ctx.recv(conn) {
+                Ok(Some(b)) => out.1.extend_from_slice(&b),
+                Ok(None) => return,
+                Err(_) => break,
+            }
+        }
+        out.2 = true;
+        ctx.close(conn);
+    }
+    fn on_closed(&mut self, ctx: &mut Ctx<'_>, conn: Conn, reason: Option<CloseReason>) {
+        if conn == self.conns[0] {
+            self.out.lock().unwrap().0 = reason == Some(CloseReason::Reset);
+            self.conns.push(ctx.connect(server_addr(9)).unwrap());
+        }
+    }
+}
+
+/// A worker's reset of a connection whose peer does not read takes effect: it overtakes
+/// the replies still queued for that connection. It waited behind them in the worker's
+/// ring, and they waited for room the peer never made: the connection was never reset,
+/// and every later reply of the worker (another connection's here) stalled behind it.
+#[test]
+fn split_a_reset_overtakes_replies_a_peer_does_not_read() {
+    let (mut server, client) = pair(1, 1, |_| {});
+    let split = SplitConfig {
+        listen: vec![(9, 16)],
+        workers: 1,
+        ..SplitConfig::default()
+    };
+    let sopts = r2c::CoreOptions {
+        max_backlog: 64 << 10,
+        ..opts()
+    };
+    // 4 MiB: more than the client's receive window, the server's send buffer (1 MiB)
+    // and its backlog (64 KiB) together.
+    let (srv, _workers) =
+        Runtime::spawn_split(server.remove(0), sopts, split, |_| FloodThenAbort {
+            flood: 4,
+            first: None,
+        })
+        .unwrap();
+    let out = Arc::new(Mutex::new((false, Vec::new(), false)));
+    let o2 = out.clone();
+    let cli = Runtime::spawn_inline(client, opts(), move |_| Patient {
+        conns: Vec::new(),
+        out: o2.clone(),
+    })
+    .unwrap();
+    // A hang guard, not a timing assertion.
+    let start = std::time::Instant::now();
+    while !out.lock().unwrap().2 && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let got = out.lock().unwrap().clone();
+    cli.stop();
+    srv.stop();
+    cli.join().unwrap();
+    srv.join().unwrap();
+    assert_eq!(got, (true, b"ok".to_vec(), true), "(reset, answer, ended)");
+}

@@ -638,6 +638,12 @@ pub(crate) trait Mode {
     fn iteration(&mut self, st: &mut CoreState) -> bool;
     /// When shutdown begins, before connections are closed.
     fn stop(&mut self, st: &mut CoreState);
+    /// After `stop`, every iteration until it says yes (for at most half the shutdown
+    /// grace): whether the work the mode took before the stop is done, so connections
+    /// may be closed (split mode: replies its workers were computing).
+    fn settled(&mut self, _st: &mut CoreState) -> bool {
+        true
+    }
 }
 
 /// Shared with the runtime handle.
@@ -751,6 +757,8 @@ impl<D: Device> CoreLoop<D> {
     pub fn run<M: Mode>(mut self, mode: &mut M) -> CoreReport {
         mode.start(&mut self.st);
         let mut deadline = None;
+        // Until when the mode may finish, after a stop, the work it took before it.
+        let mut settle = None;
         let mut publish_in = self.opts.stats_interval.max(1);
         // The previous iteration's clock reading (ns), for the loop-stall stats.
         let mut last = self.clock.now().as_nanos();
@@ -768,10 +776,16 @@ impl<D: Device> CoreLoop<D> {
             let now = self.st.now;
             if deadline.is_none() && self.st.stop.load(Ordering::Acquire) {
                 mode.stop(&mut self.st);
-                self.st.begin_shutdown();
                 deadline = Some(now + self.opts.shutdown_grace);
+                settle = Some(now + self.opts.shutdown_grace / 2);
             }
-            if let Some(d) = deadline {
+            if let Some(s) = settle {
+                if now >= s || mode.settled(&mut self.st) {
+                    self.st.begin_shutdown();
+                    settle = None;
+                }
+            }
+            if let (Some(d), None) = (deadline, settle) {
                 // Done once every connection has finished and what they owe the wire is
                 // out: the stack's frames too, not only the queue's. A close that resets
                 // (unread data) or an unlisten leaves a connection CLOSED at once with its

@@ -167,6 +167,8 @@ struct Link {
     /// Resets, taken ahead of `to_io`: a reset drops the connection's unsent bytes, so
     /// it need not wait behind them (they may wait for a peer that never reads).
     aborts: ArrayQueue<Conn>,
+    /// Messages the worker has finished handling (after its replies were queued).
+    handled: AtomicU64,
     stats: WorkerStats,
 }
 
@@ -301,14 +303,20 @@ struct SplitIo {
     ended: HashSet<Conn>,
     /// A reply that did not fit the backlog, per worker (retried first).
     stalled: Vec<Option<ToIo>>,
+    /// Messages pushed into each worker's ring, and taken from its replies and resets.
+    pushed: Vec<u64>,
+    taken: Vec<u64>,
+    /// Stopping: no new input goes to the workers while they finish what they have.
+    settling: bool,
 }
 
 impl SplitIo {
     fn send_to_worker(&mut self, w: usize, m: ToWorker, st: &mut CoreState) {
         st.stats.to_workers += 1;
         if self.overflow[w].is_empty() {
-            if let Err(m) = self.links[w].to_worker.push(m) {
-                self.overflow[w].push_back(m);
+            match self.links[w].to_worker.push(m) {
+                Ok(()) => self.pushed[w] += 1,
+                Err(m) => self.overflow[w].push_back(m),
             }
         } else {
             self.overflow[w].push_back(m);
@@ -331,11 +339,12 @@ impl SplitIo {
                 Ok(Some(data)) => {
                     st.stats.to_workers += 1;
                     // Checked not full above, and only this thread pushes.
-                    if let Err(ToWorker::Data { data, .. }) = self.links[w]
+                    match self.links[w]
                         .to_worker
                         .push(ToWorker::Data { conn: h, data })
                     {
-                        self.overflow[w].push_back(ToWorker::Data { conn: h, data });
+                        Ok(()) => self.pushed[w] += 1,
+                        Err(m) => self.overflow[w].push_back(m),
                     }
                 }
                 Ok(None) => break,
@@ -412,7 +421,7 @@ impl SplitIo {
                         else {
                             continue;
                         };
-                        if st.stopping {
+                        if st.stopping || self.settling {
                             st.close(h);
                             continue;
                         }
@@ -435,7 +444,8 @@ impl SplitIo {
                         self.send_to_worker(w, ToWorker::Connected { conn: h, token }, st);
                     }
                 }
-                Event::Readable(h) => self.forward(h, st),
+                Event::Readable(h) if !self.settling => self.forward(h, st),
+                Event::Readable(_) => {}
                 Event::Writable(_) => {}
                 Event::Closed(h) => {
                     let reason = st.on_closed(h);
@@ -475,10 +485,11 @@ impl Mode for SplitIo {
                     self.overflow[w].push_front(m);
                     break;
                 }
+                self.pushed[w] += 1;
                 work = true;
             }
         }
-        if !self.paused.is_empty() {
+        if !self.paused.is_empty() && !self.settling {
             let paused: Vec<Conn> = self.paused.iter().copied().collect();
             for h in paused {
                 self.forward(h, st);
@@ -488,6 +499,7 @@ impl Mode for SplitIo {
         // resets first (they may end the connection a stalled reply waits for).
         for w in 0..self.links.len() {
             while let Some(conn) = self.links[w].aborts.pop() {
+                self.taken[w] += 1;
                 work = true;
                 st.stats.from_workers += 1;
                 let _ = self.apply(w, ToIo::Abort { conn }, st);
@@ -503,6 +515,7 @@ impl Mode for SplitIo {
                 let Some(m) = self.links[w].to_io.pop() else {
                     break;
                 };
+                self.taken[w] += 1;
                 work = true;
                 st.stats.from_workers += 1;
                 if let Err(m) = self.apply(w, m, st) {
@@ -514,7 +527,22 @@ impl Mode for SplitIo {
         work || self.on_events(st)
     }
 
-    fn stop(&mut self, _st: &mut CoreState) {}
+    fn stop(&mut self, _st: &mut CoreState) {
+        self.settling = true;
+    }
+
+    /// Every worker has handled what it was given and the I/O core has taken its
+    /// replies: the connections may close (their FIN follows the replies).
+    fn settled(&mut self, _st: &mut CoreState) -> bool {
+        (0..self.links.len()).all(|w| {
+            let l = &self.links[w];
+            // Acquire: the replies a handled message queued are counted by then.
+            self.overflow[w].is_empty()
+                && self.stalled[w].is_none()
+                && l.handled.load(Ordering::Acquire) == self.pushed[w]
+                && l.stats.messages_out.load(Ordering::Relaxed) == self.taken[w]
+        })
+    }
 }
 
 fn worker_loop<H: Handler>(
@@ -553,6 +581,7 @@ fn worker_loop<H: Handler>(
             Some(m) => {
                 link.stats.messages_in.fetch_add(1, Ordering::Relaxed);
                 handler.on_message(&mut ctx, m);
+                link.handled.fetch_add(1, Ordering::Release);
             }
             None => {
                 if io_done.load(Ordering::Acquire) {
@@ -625,6 +654,7 @@ impl Runtime {
                     to_worker: ArrayQueue::new(split.ring_size),
                     to_io: ArrayQueue::new(split.ring_size),
                     aborts: ArrayQueue::new(split.ring_size),
+                    handled: AtomicU64::new(0),
                     stats: WorkerStats::default(),
                 })
             })
@@ -644,6 +674,9 @@ impl Runtime {
             paused: HashSet::new(),
             ended: HashSet::new(),
             stalled: (0..n).map(|_| None).collect(),
+            pushed: vec![0; n],
+            taken: vec![0; n],
+            settling: false,
         })?;
         let stop = rt.stop_flag();
         let io_done = Arc::new(AtomicBool::new(false));
@@ -699,6 +732,7 @@ mod tests {
             to_worker: ArrayQueue::new(ring),
             to_io: ArrayQueue::new(ring),
             aborts: ArrayQueue::new(ring),
+            handled: AtomicU64::new(0),
             stats: WorkerStats::default(),
         }
     }

@@ -631,3 +631,90 @@ fn split_a_reset_overtakes_replies_a_peer_does_not_read() {
     srv.join().unwrap();
     assert_eq!(got, (true, b"ok".to_vec(), true), "(reset, answer, ended)");
 }
+
+/// Takes a while over each request (`work`), then answers "done" and closes.
+struct Slow {
+    work: std::time::Duration,
+    working: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Handler for Slow {
+    fn on_message(&mut self, ctx: &mut WorkerCtx<'_>, msg: ToWorker) {
+        if let ToWorker::Data { conn, .. } = msg {
+            self.working.store(true, Ordering::SeqCst);
+            std::thread::sleep(self.work);
+            assert!(ctx.send(conn, Zbuf::from_vec(b"done".to_vec())).is_ok());
+            ctx.close(conn);
+        }
+    }
+}
+
+/// Sends a request and keeps what comes back until the end of the stream.
+struct Requester {
+    got: Vec<u8>,
+    out: Arc<Mutex<Option<Vec<u8>>>>,
+}
+
+impl InlineApp for Requester {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        ctx.connect(server_addr(9)).unwrap();
+    }
+    fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        ctx.send_all(conn, Zbuf::from_vec(b"req".to_vec())).unwrap();
+    }
+    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        loop {
+            match ctx.recv(conn) {
+                Ok(Some(b)) => self.got.extend_from_slice(&b),
+                Ok(None) => return,
+                Err(_) => break,
+            }
+        }
+        *self.out.lock().unwrap() = Some(std::mem::take(&mut self.got));
+        ctx.close(conn);
+    }
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn, _r: Option<CloseReason>) {
+        let mut out = self.out.lock().unwrap();
+        if out.is_none() {
+            *out = Some(std::mem::take(&mut self.got));
+        }
+    }
+}
+
+/// A graceful stop lets the workers finish what they were given before it: a reply a
+/// worker was computing when the stop came goes out before the FIN. The I/O core closed
+/// every connection at once, and the reply, arriving a moment later, was refused (the
+/// connection was shut) and dropped uncounted: the client got a FIN and no answer.
+#[test]
+fn split_a_graceful_stop_delivers_the_reply_a_worker_was_computing() {
+    let (mut server, client) = pair(1, 1, |_| {});
+    let split = SplitConfig {
+        listen: vec![(9, 16)],
+        workers: 1,
+        ..SplitConfig::default()
+    };
+    let working = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let w2 = working.clone();
+    // The work (200 ms) is well inside the shutdown grace (2 s).
+    let (srv, _workers) = Runtime::spawn_split(server.remove(0), opts(), split, move |_| Slow {
+        work: std::time::Duration::from_millis(200),
+        working: w2.clone(),
+    })
+    .unwrap();
+    let out = Arc::new(Mutex::new(None));
+    let o2 = out.clone();
+    let cli = Runtime::spawn_inline(client, opts(), move |_| Requester {
+        got: Vec::new(),
+        out: o2.clone(),
+    })
+    .unwrap();
+    wait_for("the worker at work", || working.load(Ordering::SeqCst));
+    srv.stop();
+    wait_for("the client's connection to end", || {
+        out.lock().unwrap().is_some()
+    });
+    cli.stop();
+    cli.join().unwrap();
+    srv.join().unwrap();
+    assert_eq!(out.lock().unwrap().as_deref(), Some(&b"done"[..]));
+}

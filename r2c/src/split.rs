@@ -89,6 +89,20 @@ pub enum ConnectFailure {
     Handshake(Option<CloseReason>),
 }
 
+impl ToWorker {
+    /// The connection the message is about, if any.
+    fn conn(&self) -> Option<Conn> {
+        match self {
+            ToWorker::Accepted { conn, .. }
+            | ToWorker::Connected { conn, .. }
+            | ToWorker::Data { conn, .. }
+            | ToWorker::Eof { conn }
+            | ToWorker::Closed { conn, .. } => Some(*conn),
+            ToWorker::ConnectFailed { .. } => None,
+        }
+    }
+}
+
 /// Worker to I/O core.
 #[derive(Debug)]
 pub enum ToIo {
@@ -298,6 +312,11 @@ struct SplitIo {
     overflow: Vec<VecDeque<ToWorker>>,
     /// Readable connections whose worker ring was full.
     paused: HashSet<Conn>,
+    /// Connections whose `Accepted` still waits in their worker's overflow queue: if one
+    /// closes first, its messages are dropped there and its worker never hears of it (a
+    /// stuck worker's queue would otherwise grow with every connection that comes and
+    /// goes).
+    unannounced: HashSet<Conn>,
     /// Connections whose `Eof` went to their worker: `recv` keeps answering `Finished`,
     /// and each later `Readable` (one per segment of a burst) would send another.
     ended: HashSet<Conn>,
@@ -311,16 +330,21 @@ struct SplitIo {
 }
 
 impl SplitIo {
-    fn send_to_worker(&mut self, w: usize, m: ToWorker, st: &mut CoreState) {
-        st.stats.to_workers += 1;
+    /// Queues `m` for worker `w`; returns whether it went into the ring at once.
+    fn send_to_worker(&mut self, w: usize, m: ToWorker, st: &mut CoreState) -> bool {
         if self.overflow[w].is_empty() {
             match self.links[w].to_worker.push(m) {
-                Ok(()) => self.pushed[w] += 1,
+                Ok(()) => {
+                    self.pushed[w] += 1;
+                    st.stats.to_workers += 1;
+                    return true;
+                }
                 Err(m) => self.overflow[w].push_back(m),
             }
         } else {
             self.overflow[w].push_back(m);
         }
+        false
     }
 
     /// Move readable data of `h` to its worker while its ring has room.
@@ -337,20 +361,22 @@ impl SplitIo {
             }
             match st.recv(h) {
                 Ok(Some(data)) => {
-                    st.stats.to_workers += 1;
                     // Checked not full above, and only this thread pushes.
                     match self.links[w]
                         .to_worker
                         .push(ToWorker::Data { conn: h, data })
                     {
-                        Ok(()) => self.pushed[w] += 1,
+                        Ok(()) => {
+                            self.pushed[w] += 1;
+                            st.stats.to_workers += 1;
+                        }
                         Err(m) => self.overflow[w].push_back(m),
                     }
                 }
                 Ok(None) => break,
                 Err(RecvError::Finished) => {
                     if self.ended.insert(h) {
-                        self.send_to_worker(w, ToWorker::Eof { conn: h }, st);
+                        let _ = self.send_to_worker(w, ToWorker::Eof { conn: h }, st);
                     }
                     break;
                 }
@@ -399,7 +425,7 @@ impl SplitIo {
                 }
                 Err(e) => {
                     let error = ConnectFailure::Start(e);
-                    self.send_to_worker(w, ToWorker::ConnectFailed { token, error }, st);
+                    let _ = self.send_to_worker(w, ToWorker::ConnectFailed { token, error }, st);
                 }
             },
         }
@@ -427,21 +453,20 @@ impl SplitIo {
                         }
                         let w = usize::from(self.steering.queue_of_ipv4_tcp(peer, local));
                         self.owner.insert(h, w);
-                        self.send_to_worker(
-                            w,
-                            ToWorker::Accepted {
-                                conn: h,
-                                local,
-                                peer,
-                            },
-                            st,
-                        );
+                        let m = ToWorker::Accepted {
+                            conn: h,
+                            local,
+                            peer,
+                        };
+                        if !self.send_to_worker(w, m, st) {
+                            self.unannounced.insert(h);
+                        }
                     }
                 }
                 Event::Connected(h) => {
                     st.stats.connected += 1;
                     if let (Some(&w), Some(token)) = (self.owner.get(&h), self.tokens.remove(&h)) {
-                        self.send_to_worker(w, ToWorker::Connected { conn: h, token }, st);
+                        let _ = self.send_to_worker(w, ToWorker::Connected { conn: h, token }, st);
                     }
                 }
                 Event::Readable(h) if !self.settling => self.forward(h, st),
@@ -453,6 +478,11 @@ impl SplitIo {
                     self.ended.remove(&h);
                     let token = self.tokens.remove(&h);
                     if let Some(w) = self.owner.remove(&h) {
+                        if self.unannounced.remove(&h) {
+                            // Its worker was never told of it: nothing to tell now.
+                            self.overflow[w].retain(|m| m.conn() != Some(h));
+                            continue;
+                        }
                         // A connection still in its handshake is known to the worker
                         // by its token only.
                         let m = match token {
@@ -462,7 +492,7 @@ impl SplitIo {
                             },
                             None => ToWorker::Closed { conn: h, reason },
                         };
-                        self.send_to_worker(w, m, st);
+                        let _ = self.send_to_worker(w, m, st);
                     }
                 }
             }
@@ -481,11 +511,19 @@ impl Mode for SplitIo {
         // Flush control overflow, then resume paused connections.
         for w in 0..self.links.len() {
             while let Some(m) = self.overflow[w].pop_front() {
+                let accepted = match &m {
+                    ToWorker::Accepted { conn, .. } => Some(*conn),
+                    _ => None,
+                };
                 if let Err(m) = self.links[w].to_worker.push(m) {
                     self.overflow[w].push_front(m);
                     break;
                 }
+                if let Some(h) = accepted {
+                    self.unannounced.remove(&h);
+                }
                 self.pushed[w] += 1;
+                st.stats.to_workers += 1;
                 work = true;
             }
         }
@@ -672,6 +710,7 @@ impl Runtime {
             tokens: HashMap::new(),
             overflow: (0..n).map(|_| VecDeque::new()).collect(),
             paused: HashSet::new(),
+            unannounced: HashSet::new(),
             ended: HashSet::new(),
             stalled: (0..n).map(|_| None).collect(),
             pushed: vec![0; n],

@@ -91,7 +91,7 @@ core_stats! {
     retransmits,
     /// Connections reset because they had not closed when the shutdown grace ran out.
     shutdown_aborts,
-    /// Split mode: messages to workers.
+    /// Split mode: messages to workers (counted as they enter a worker's ring).
     to_workers,
     /// Split mode: messages from workers.
     from_workers,

@@ -718,3 +718,98 @@ fn split_a_graceful_stop_delivers_the_reply_a_worker_was_computing() {
     srv.join().unwrap();
     assert_eq!(out.lock().unwrap().as_deref(), Some(&b"done"[..]));
 }
+
+/// Blocks in its first message until `release` is set (a worker far slower than its
+/// peers).
+struct Stuck {
+    release: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Handler for Stuck {
+    fn on_message(&mut self, _ctx: &mut WorkerCtx<'_>, _msg: ToWorker) {
+        while !self.release.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+/// Opens `conns` connections and resets each a moment after it is established (once
+/// the server has accepted it).
+struct ConnectReset {
+    conns: usize,
+    open: Vec<(Conn, std::time::Instant)>,
+    reset: Arc<AtomicUsize>,
+}
+
+impl InlineApp for ConnectReset {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        for _ in 0..self.conns {
+            ctx.connect(server_addr(9)).unwrap();
+        }
+    }
+    fn on_connected(&mut self, _ctx: &mut Ctx<'_>, conn: Conn) {
+        self.open.push((conn, std::time::Instant::now()));
+    }
+    fn on_poll(&mut self, ctx: &mut Ctx<'_>) {
+        let since = std::time::Duration::from_millis(20);
+        while self.open.first().is_some_and(|(_, t)| t.elapsed() > since) {
+            ctx.abort(self.open.remove(0).0);
+            self.reset.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// While a worker is stuck, connections steered to it that open and reset leave nothing
+/// behind for it: the I/O core forgets the news of a connection its worker was never
+/// told of. It kept an `Accepted` and a `Closed` per connection in the worker's overflow
+/// queue, without bound (a peer looping connect and reset grew it for as long as the
+/// worker was stuck), and the worker, once free, was told of 300 connections long gone.
+#[test]
+fn split_a_stuck_worker_is_not_told_of_connections_that_came_and_went() {
+    const CONNS: usize = 300;
+    let (mut server, client) = pair(1, 1, |_| {});
+    let split = SplitConfig {
+        listen: vec![(9, 1024)],
+        workers: 1,
+        ring_size: 4,
+        ..SplitConfig::default()
+    };
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r2 = release.clone();
+    let (srv, workers) = Runtime::spawn_split(server.remove(0), opts(), split, move |_| Stuck {
+        release: r2.clone(),
+    })
+    .unwrap();
+    let reset = Arc::new(AtomicUsize::new(0));
+    let r3 = reset.clone();
+    let cli = Runtime::spawn_inline(client, opts(), move |_| ConnectReset {
+        conns: CONNS,
+        open: Vec::new(),
+        reset: r3.clone(),
+    })
+    .unwrap();
+    wait_for("every connection opened and reset", || {
+        reset.load(Ordering::SeqCst) == CONNS && srv.stats()[0].closed as usize == CONNS
+    });
+    release.store(true, Ordering::SeqCst);
+    let taken = || workers.stats(0).unwrap().messages_in.load(Ordering::SeqCst);
+    // Until the worker has taken everything the I/O core counted, twice in a row.
+    let mut last = u64::MAX;
+    wait_for("the worker to drain its queue", || {
+        let (to, n) = (srv.stats()[0].to_workers, taken());
+        let steady = to == n && n == last;
+        last = n;
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        steady
+    });
+    let told = taken();
+    cli.stop();
+    srv.stop();
+    cli.join().unwrap();
+    srv.join().unwrap();
+    // The connection the worker is stuck on and the ring's 4, each announced and closed.
+    assert!(
+        told <= 10,
+        "the worker was told {told} things of {CONNS} connections gone"
+    );
+}

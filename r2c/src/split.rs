@@ -17,6 +17,9 @@
 //! and hands the data back ([`WouldBlock`]), and the worker takes no more input (so
 //! [`Handler::on_idle`] runs, the place to offer it again) until the I/O core has drained
 //! some.
+//!
+//! A worker's reset does not wait behind its replies (a ring of its own, taken first), so
+//! it can end a connection whose peer does not read while that peer holds the rest up.
 
 use crate::core::{Conn, CoreOptions, CoreSetup, CoreState, Mode};
 use crate::device::Device;

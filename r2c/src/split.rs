@@ -90,6 +90,8 @@ pub enum ConnectFailure {
     Start(ConnectError),
     /// The handshake did not complete: refused by the peer, timed out or reset.
     Handshake(Option<CloseReason>),
+    /// Asked after the runtime began to stop.
+    Stopping,
 }
 
 impl ToWorker {
@@ -420,6 +422,11 @@ impl SplitIo {
                     self.ended.remove(&conn);
                     st.abort(conn);
                 }
+            }
+            // Shutdown closes connections without a word to their worker.
+            ToIo::Connect { token, .. } if self.settling => {
+                let error = ConnectFailure::Stopping;
+                let _ = self.send_to_worker(w, ToWorker::ConnectFailed { token, error }, st);
             }
             ToIo::Connect { token, remote } => match st.connect(remote) {
                 Ok(h) => {

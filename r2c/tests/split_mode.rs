@@ -281,10 +281,11 @@ fn split_end_of_stream_reaches_the_worker_once() {
     );
 }
 
-/// Asks for one connection to `to` when first idle and records how the worker learns
-/// what became of it.
+/// Asks for one connection to `to` when first idle once `go` is set, and records how the
+/// worker learns what became of it.
 struct Dialer {
     to: core::net::SocketAddrV4,
+    go: Arc<std::sync::atomic::AtomicBool>,
     asked: bool,
     known: Vec<Conn>,
     /// Tokens answered (connected or failed), and closes of handles never announced.
@@ -307,7 +308,7 @@ impl Handler for Dialer {
         self.answers.lock().unwrap().push(note);
     }
     fn on_idle(&mut self, ctx: &mut WorkerCtx<'_>) {
-        if !self.asked {
+        if !self.asked && self.go.load(Ordering::SeqCst) {
             self.asked = true;
             ctx.connect(7, self.to);
         }
@@ -334,6 +335,7 @@ fn split_a_refused_connect_is_answered_with_its_token() {
     };
     let (srv, _workers) = Runtime::spawn_split(server.remove(0), opts(), split, move |_| Dialer {
         to,
+        go: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         asked: false,
         known: Vec::new(),
         answers: a2.clone(),
@@ -811,5 +813,94 @@ fn split_a_stuck_worker_is_not_told_of_connections_that_came_and_went() {
     assert!(
         told <= 10,
         "the worker was told {told} things of {CONNS} connections gone"
+    );
+}
+
+/// Answers a connection's request with 4 MiB (its peer does not read them), and asks for
+/// one connection to `to` when first idle once `go` is set.
+struct FloodAndDial {
+    dial: Dialer,
+}
+
+impl Handler for FloodAndDial {
+    fn on_message(&mut self, ctx: &mut WorkerCtx<'_>, msg: ToWorker) {
+        if let ToWorker::Data { conn, .. } = &msg {
+            for _ in 0..4 {
+                let r = ctx.send(*conn, Zbuf::from_vec(vec![b'f'; 1 << 20]));
+                assert!(r.is_ok(), "the worker's reply queue has room");
+            }
+            return;
+        }
+        self.dial.on_message(ctx, msg);
+    }
+    fn on_idle(&mut self, ctx: &mut WorkerCtx<'_>) {
+        self.dial.on_idle(ctx);
+    }
+}
+
+/// Listens on 4445 and holds what it accepts; asks the server on port 9 and never reads.
+struct AskAndHold;
+
+impl InlineApp for AskAndHold {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        ctx.listen(4445, 16).unwrap();
+        ctx.connect(server_addr(9)).unwrap();
+    }
+    fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        ctx.send_all(conn, Zbuf::from_vec(b"go".to_vec())).unwrap();
+    }
+}
+
+/// A connect a worker asks for once the runtime is stopping is refused
+/// (`ConnectFailure::Stopping`). It was opened while shutdown went on (here a peer that
+/// does not read holds the runtime in its grace): the worker was told `Connected`, and
+/// the connection was reset when the grace ran out.
+#[test]
+fn split_a_connect_asked_during_shutdown_is_refused() {
+    let (mut server, client) = pair(1, 1, |_| {});
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let a2 = answers.clone();
+    let go = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let g2 = go.clone();
+    let to = core::net::SocketAddrV4::new(CLIENT_IP, 4445);
+    // Two workers: the one serving the client's connection is held up by its replies
+    // (its connect waits behind them); the other's connect is answered.
+    let split = SplitConfig {
+        listen: vec![(9, 16)],
+        workers: 2,
+        ..SplitConfig::default()
+    };
+    let sopts = r2c::CoreOptions {
+        max_backlog: 64 << 10,
+        ..opts()
+    };
+    let (srv, _workers) =
+        Runtime::spawn_split(server.remove(0), sopts, split, move |_| FloodAndDial {
+            dial: Dialer {
+                to,
+                go: g2.clone(),
+                asked: false,
+                known: Vec::new(),
+                answers: a2.clone(),
+            },
+        })
+        .unwrap();
+    let cli = Runtime::spawn_inline(client, opts(), |_| AskAndHold).unwrap();
+    wait_for("the replies to stall", || srv.stats()[0].backlog_bytes > 0);
+    srv.stop();
+    // Published 128 iterations later (stats every 64): the core has seen the stop.
+    let seen = srv.stats()[0].iterations + 128;
+    wait_for("the core to see the stop", || {
+        srv.stats()[0].iterations > seen
+    });
+    go.store(true, Ordering::SeqCst);
+    srv.join().unwrap();
+    cli.stop();
+    cli.join().unwrap();
+    // Each worker's connect (the held-up one's too, once shutdown dropped its replies).
+    let answers = answers.lock().unwrap();
+    assert!(
+        !answers.is_empty() && answers.iter().all(|a| a == "failed 7"),
+        "{answers:?}"
     );
 }

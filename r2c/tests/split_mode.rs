@@ -904,3 +904,138 @@ fn split_a_connect_asked_during_shutdown_is_refused() {
         "{answers:?}"
     );
 }
+
+/// Echoes every chunk as it arrives (many small sends), holding what its reply queue
+/// refuses, in order; closes at the end of the stream.
+#[derive(Default)]
+struct Echo {
+    waiting: VecDeque<Out>,
+}
+
+impl Handler for Echo {
+    fn on_message(&mut self, ctx: &mut WorkerCtx<'_>, msg: ToWorker) {
+        match msg {
+            ToWorker::Data { conn, data } => {
+                // Split into small pieces: more messages, more chances to reorder.
+                let mut rest = data;
+                while !rest.is_empty() {
+                    let piece = rest.split_to(rest.len().min(6000));
+                    self.waiting.push_back(Out::Send(conn, piece));
+                }
+            }
+            ToWorker::Eof { conn } => self.waiting.push_back(Out::Close(conn)),
+            _ => {}
+        }
+        self.on_idle(ctx);
+    }
+    fn on_idle(&mut self, ctx: &mut WorkerCtx<'_>) {
+        while let Some(o) = self.waiting.pop_front() {
+            match o {
+                Out::Send(conn, data) => {
+                    if let Err(WouldBlock(data)) = ctx.send(conn, data) {
+                        self.waiting.push_front(Out::Send(conn, data));
+                        return;
+                    }
+                }
+                Out::Close(conn) => ctx.close(conn),
+            }
+        }
+    }
+}
+
+/// Sends `len` bytes on each of `conns` connections, reads the echo as it comes and
+/// checks it byte for byte once it has `len` bytes (or the stream ended).
+struct EchoClient {
+    conns: usize,
+    len: usize,
+    state: HashMap<Conn, (usize, Vec<u8>)>,
+    done: Arc<AtomicUsize>,
+    bad: Arc<Mutex<Vec<String>>>,
+}
+
+impl InlineApp for EchoClient {
+    fn on_start(&mut self, ctx: &mut Ctx<'_>) {
+        for i in 0..self.conns {
+            let c = ctx.connect(server_addr(9)).unwrap();
+            self.state.insert(c, (i, Vec::new()));
+        }
+    }
+    fn on_connected(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        let idx = self.state[&conn].0;
+        ctx.send_all(conn, Zbuf::from_vec(message(0, idx, self.len)))
+            .unwrap();
+    }
+    fn on_readable(&mut self, ctx: &mut Ctx<'_>, conn: Conn) {
+        let ended = loop {
+            match ctx.recv(conn) {
+                Ok(Some(b)) => self.state.get_mut(&conn).unwrap().1.extend_from_slice(&b),
+                Ok(None) => break false,
+                Err(_) => break true,
+            }
+        };
+        let (idx, got) = &self.state[&conn];
+        if ended || got.len() >= self.len {
+            if *got != message(0, *idx, self.len) {
+                let at = got
+                    .iter()
+                    .zip(message(0, *idx, self.len))
+                    .position(|(a, b)| *a != b);
+                self.bad.lock().unwrap().push(format!(
+                    "conn {idx}: {} bytes, first difference at {at:?}",
+                    got.len()
+                ));
+            }
+            ctx.close(conn);
+            self.done.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Each connection's echo comes back in order, byte for byte, while replies stall on
+/// full backlogs (16 KiB, behind a 16 KiB send buffer), the worker's reply queue refuses (a ring of 4, a backlog of
+/// 8) and the I/O core's rings to the workers fill: the stalled reply is retried before
+/// any later one of its worker, and a connection's backlog goes before new bytes.
+#[test]
+fn split_echo_keeps_each_connections_byte_order_under_back_pressure() {
+    const CONNS: usize = 12;
+    const LEN: usize = 400_000;
+    let (mut server, client) = pair(1, 1, |_| {});
+    let split = SplitConfig {
+        listen: vec![(9, 1024)],
+        workers: 2,
+        ring_size: 4,
+        worker_backlog: 8,
+        ..SplitConfig::default()
+    };
+    // Small buffers, so replies stall on full backlogs.
+    server[0].stack.tcp.snd_buf = 16 << 10;
+    let sopts = r2c::CoreOptions {
+        max_backlog: 16 << 10,
+        ..opts()
+    };
+    let (srv, workers) =
+        Runtime::spawn_split(server.remove(0), sopts, split, |_| Echo::default()).unwrap();
+    let done = Arc::new(AtomicUsize::new(0));
+    let bad = Arc::new(Mutex::new(Vec::new()));
+    let (d, b) = (done.clone(), bad.clone());
+    let cli = Runtime::spawn_inline(client, opts(), move |_| EchoClient {
+        conns: CONNS,
+        len: LEN,
+        state: HashMap::new(),
+        done: d.clone(),
+        bad: b.clone(),
+    })
+    .unwrap();
+    wait_for("every echo", || done.load(Ordering::SeqCst) == CONNS);
+    cli.stop();
+    srv.stop();
+    cli.join().unwrap();
+    let reports = srv.join().unwrap();
+    assert!(bad.lock().unwrap().is_empty(), "{:?}", bad.lock().unwrap());
+    // The back pressure was there: connections paused on full rings, replies waited in
+    // the workers.
+    let full: u64 = (0..workers.len())
+        .map(|w| workers.stats(w).unwrap().ring_full.load(Ordering::Relaxed))
+        .sum();
+    assert!(reports[0].stats.worker_ring_full > 0 && full > 0, "{full}");
+}

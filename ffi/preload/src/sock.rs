@@ -331,6 +331,31 @@ impl Sock {
         self.sleepers.load(Ordering::Relaxed)
     }
 
+    /// The step of a blocking call that found nothing to do under the lock `g`. The
+    /// first time (`asked` false) it asks `nonblock` unlocked, once per call as Linux
+    /// reads the flag once, and comes back locked for the caller to check everything
+    /// again (anything may have changed, and been notified, meanwhile); after that it
+    /// sleeps until the next notification. `Err` ends the call.
+    fn block<'a>(
+        &'a self,
+        g: MutexGuard<'a, State>,
+        asked: &mut bool,
+        nonblock: &dyn Fn() -> bool,
+    ) -> Result<MutexGuard<'a, State>, Stop> {
+        if !*asked {
+            drop(g);
+            if nonblock() {
+                return Err(Stop::WouldBlock);
+            }
+            *asked = true;
+            return Ok(self.lock());
+        }
+        match self.wait(g) {
+            (g, Woke::Notified) => Ok(g),
+            (_, Woke::Interrupted) => Err(Stop::Interrupted),
+        }
+    }
+
     /// Waits for the poll thread's answer to a command (prompt: not interruptible, as
     /// `listen` and the start of `connect` are not on Linux).
     pub fn wait_reply(&self) -> Result<(), Errno> {
@@ -397,22 +422,11 @@ impl Sock {
             if g.eof || g.shut_rd {
                 return Ok(0);
             }
-            if !blocking {
-                drop(g);
-                if nonblock() {
-                    return if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
-                }
-                blocking = true;
-                // Anything may have changed unlocked (and been notified): check it all.
-                g = self.lock();
-                continue;
-            }
-            let woke;
-            (g, woke) = self.wait(g);
-            if woke == Woke::Interrupted {
-                // tcp_recvmsg: what was copied, else the signal's error.
-                return if got > 0 { Ok(got) } else { Err(libc::EINTR) };
-            }
+            g = match self.block(g, &mut blocking, nonblock) {
+                Ok(g) => g,
+                // tcp_recvmsg: what was copied, else the reason.
+                Err(stop) => return if got > 0 { Ok(got) } else { Err(stop.errno()) },
+            };
         }
     }
 
@@ -433,21 +447,9 @@ impl Sock {
             match g.phase {
                 Phase::Connected => {}
                 Phase::Connecting if g.fatal.is_none() => {
-                    if !blocking {
-                        drop(g);
-                        if nonblock() {
-                            return Err(libc::EAGAIN);
-                        }
-                        blocking = true;
-                        // Re-checked under the lock (the handshake may have ended).
-                        g = self.lock();
-                        continue;
-                    }
-                    let woke;
-                    (g, woke) = self.wait(g);
-                    if woke == Woke::Interrupted {
-                        return Err(libc::EINTR);
-                    }
+                    g = self
+                        .block(g, &mut blocking, nonblock)
+                        .map_err(Stop::errno)?;
                     continue;
                 }
                 Phase::Connecting => {}
@@ -498,26 +500,17 @@ impl Sock {
                 g = self.lock();
                 continue;
             }
-            if !blocking {
-                drop(g);
-                if nonblock() {
+            g = match self.block(g, &mut blocking, nonblock) {
+                Ok(g) => g,
+                // sk_stream_wait_memory: what was queued, else the reason.
+                Err(stop) => {
                     return if done > 0 {
                         Ok(done)
                     } else {
-                        Err(libc::EAGAIN)
-                    };
+                        Err(stop.errno())
+                    }
                 }
-                blocking = true;
-                // Anything may have changed unlocked (and been notified): check it all.
-                g = self.lock();
-                continue;
-            }
-            let woke;
-            (g, woke) = self.wait(g);
-            if woke == Woke::Interrupted {
-                // sk_stream_wait_memory: what was queued, else the signal's error.
-                return if done > 0 { Ok(done) } else { Err(libc::EINTR) };
-            }
+            };
         }
     }
 
@@ -535,21 +528,9 @@ impl Sock {
             if let Some(e) = g.fatal {
                 return Err(e);
             }
-            if !blocking {
-                drop(g);
-                if nonblock() {
-                    return Err(libc::EAGAIN);
-                }
-                blocking = true;
-                // Re-checked under the lock (shutdown or close may have come between).
-                g = self.lock();
-                continue;
-            }
-            let woke;
-            (g, woke) = self.wait(g);
-            if woke == Woke::Interrupted {
-                return Err(libc::EINTR);
-            }
+            g = self
+                .block(g, &mut blocking, nonblock)
+                .map_err(Stop::errno)?;
         }
     }
 
@@ -642,6 +623,24 @@ impl Sock {
     }
 }
 
+/// Why a blocking call ([`Sock::block`]) ends without its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Non-blocking, and nothing to do now: `EAGAIN`.
+    WouldBlock,
+    /// A signal handler without `SA_RESTART` ran: `EINTR`.
+    Interrupted,
+}
+
+impl Stop {
+    fn errno(self) -> Errno {
+        match self {
+            Stop::WouldBlock => libc::EAGAIN,
+            Stop::Interrupted => libc::EINTR,
+        }
+    }
+}
+
 /// How a [`Sock::wait`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Woke {
@@ -712,6 +711,24 @@ fn copy_out(rx: &VecDeque<u8>, bufs: &mut [&mut [u8]], mut skip: usize) -> usize
 
 /// `0.0.0.0:0`.
 pub(crate) const UNBOUND: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0);
+
+#[cfg(test)]
+/// (Tests.) Waits up to 2 s for `t`; if it is still blocked on `s`, wakes it (so the test
+/// process is not left with a thread asleep for ever) and fails with `what`.
+pub(crate) fn ends_soon<T>(s: &Sock, t: std::thread::JoinHandle<T>, what: &str) -> T {
+    let start = std::time::Instant::now();
+    while !t.is_finished() {
+        if start.elapsed() > std::time::Duration::from_secs(2) {
+            let mut g = s.lock();
+            g.fail(libc::ETIMEDOUT);
+            s.notify(&g);
+            drop(g);
+            panic!("{what}: the call slept through a notified change");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    t.join().unwrap()
+}
 
 #[cfg(test)]
 mod tests {
@@ -1165,23 +1182,6 @@ mod tests {
         c.notify(&g);
         drop(g);
         assert_eq!(t.join().unwrap(), Ok(b"hi".to_vec()));
-    }
-
-    /// Waits up to 2 s for `t`; if it is still blocked on `s`, wakes it (so the test
-    /// process is not left with a thread asleep for ever) and fails with `what`.
-    fn ends_soon<T>(s: &Sock, t: std::thread::JoinHandle<T>, what: &str) -> T {
-        let start = std::time::Instant::now();
-        while !t.is_finished() {
-            if start.elapsed() > Duration::from_secs(2) {
-                let mut g = s.lock();
-                g.fail(libc::ETIMEDOUT);
-                s.notify(&g);
-                drop(g);
-                panic!("{what}: the call slept through a notified change");
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        t.join().unwrap()
     }
 
     /// A blocking call asks `O_NONBLOCK` (an `fcntl`) with the state unlocked; a change

@@ -691,6 +691,7 @@ impl BatchApp for PollApp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sock::Wait;
 
     /// The poll thread's end fails and wakes the sockets it knew and those whose
     /// command it had not run: a read blocked on one and a listen waiting for its
@@ -705,7 +706,7 @@ mod tests {
         let opening = Sock::new(Phase::Opening, crate::sock::UNBOUND);
         sh.push(Cmd::Listen(Arc::clone(&opening)));
         let (k, o) = (Arc::clone(&known), Arc::clone(&opening));
-        let reader = std::thread::spawn(move || k.read(&mut [&mut [0u8; 4]], 0, &|| false));
+        let reader = std::thread::spawn(move || k.read(&mut [&mut [0u8; 4]], 0, &|| Wait::Forever));
         let lister = std::thread::spawn(move || o.wait_reply());
         let start = std::time::Instant::now();
         while known.sleepers() == 0 || opening.sleepers() == 0 {

@@ -10,7 +10,7 @@ use crate::engine::{self, Cmd};
 use crate::epoll;
 use crate::real::{self, call_real};
 use crate::select::{self, Sets};
-use crate::sock::{Phase, Sock, UNBOUND};
+use crate::sock::{Phase, Sock, Wait, UNBOUND};
 use crate::{internal, set_errno, ACTIVE};
 use core::net::{Ipv4Addr, SocketAddrV4};
 use libc::{
@@ -206,6 +206,38 @@ fn ret0(r: Result<(), i32>) -> c_int {
     }
 }
 
+/// How a call on `fd` that would block may wait: not at all with `O_NONBLOCK` or
+/// `dontwait` (`MSG_DONTWAIT`), else at most the placeholder's `SO_RCVTIMEO` or
+/// `SO_SNDTIMEO` (`opt`, where `setsockopt` forwards it) when set, as Linux's
+/// `sock_rcvtimeo`/`sock_sndtimeo`. Asked only when the call would block.
+fn how_to_wait(fd: c_int, dontwait: bool, opt: c_int) -> Wait {
+    if dontwait || nonblocking(fd) {
+        return Wait::No;
+    }
+    let mut tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
+    // SAFETY: reads a timeval into a live local of the size passed (real libc).
+    let r = unsafe {
+        call_real!(getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            (&mut tv as *mut libc::timeval).cast(),
+            &mut len
+        ))
+    };
+    let t = std::time::Duration::from_secs(u64::try_from(tv.tv_sec).unwrap_or(0))
+        + std::time::Duration::from_micros(u64::try_from(tv.tv_usec).unwrap_or(0));
+    if r == 0 && !t.is_zero() {
+        Wait::For(t)
+    } else {
+        Wait::Forever
+    }
+}
+
 /// The placeholder's `O_NONBLOCK`.
 fn nonblocking(fd: c_int) -> bool {
     // SAFETY: F_GETFL takes no argument (the 0 is ignored); libc's fcntl.
@@ -343,7 +375,9 @@ unsafe fn buf<'a>(buf: *const c_void, n: size_t) -> Result<&'a [u8], i32> {
 
 fn do_read(fd: c_int, s: &Sock, mut bufs: Vec<&mut [u8]>, flags: c_int) -> Result<usize, i32> {
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
-    s.read(&mut bufs, flags, &|| dontwait || nonblocking(fd))
+    s.read(&mut bufs, flags, &|| {
+        how_to_wait(fd, dontwait, libc::SO_RCVTIMEO)
+    })
 }
 
 fn do_write(fd: c_int, s: &Arc<Sock>, bufs: &[&[u8]], flags: c_int) -> Result<usize, i32> {
@@ -351,7 +385,7 @@ fn do_write(fd: c_int, s: &Arc<Sock>, bufs: &[&[u8]], flags: c_int) -> Result<us
         return Err(libc::ENETDOWN);
     };
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
-    let r = s.write(sh, bufs, &|| dontwait || nonblocking(fd));
+    let r = s.write(sh, bufs, &|| how_to_wait(fd, dontwait, libc::SO_SNDTIMEO));
     if r == Err(libc::EPIPE) && flags & libc::MSG_NOSIGNAL == 0 {
         // As the kernel does for a stream socket without MSG_NOSIGNAL.
         // SAFETY: raising a signal at ourselves.
@@ -507,7 +541,7 @@ unsafe fn luna_accept(
     if flags & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
         return fail(libc::EINVAL);
     }
-    let c = match s.accept(&|| nonblocking(fd)) {
+    let c = match s.accept(&|| how_to_wait(fd, false, libc::SO_RCVTIMEO)) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
@@ -612,7 +646,7 @@ unsafe fn luna_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Opti
         };
         ret0(
             s.connect(&|| sh.push(Cmd::Connect(Arc::clone(&s), a)), &|| {
-                nonblocking(fd)
+                how_to_wait(fd, false, libc::SO_SNDTIMEO)
             }),
         )
     })
@@ -1541,7 +1575,7 @@ mod tests {
             SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 6379),
         );
         let s2 = Arc::clone(&s);
-        let t = std::thread::spawn(move || s2.read(&mut [&mut [0u8; 4]], 0, &|| false));
+        let t = std::thread::spawn(move || s2.read(&mut [&mut [0u8; 4]], 0, &|| Wait::Forever));
         let start = std::time::Instant::now();
         while s.sleepers() == 0 {
             assert!(
@@ -1563,7 +1597,7 @@ mod tests {
     fn closing_the_last_descriptor_wakes_a_blocked_connect() {
         let s = Sock::new(Phase::Connecting, UNBOUND);
         let s2 = Arc::clone(&s);
-        let t = std::thread::spawn(move || s2.wait_connected());
+        let t = std::thread::spawn(move || s2.wait_connected(None, libc::EINPROGRESS));
         let start = std::time::Instant::now();
         while s.sleepers() == 0 {
             assert!(start.elapsed() < Duration::from_secs(10), "never slept");

@@ -306,7 +306,19 @@ impl Sock {
     /// `EINTR`, or what it already transferred. If the poll thread is gone, the socket
     /// fails with `ENETDOWN` instead of sleeping: nothing would wake it (the poll thread
     /// fails and wakes every socket it knows as it ends, [`crate::engine::PollApp`]).
-    fn wait<'a>(&'a self, mut g: MutexGuard<'a, State>) -> (MutexGuard<'a, State>, Woke) {
+    fn wait<'a>(&'a self, g: MutexGuard<'a, State>) -> (MutexGuard<'a, State>, Woke) {
+        self.wait_until(g, None)
+    }
+
+    /// [`Sock::wait`] until `deadline` at the latest (`Woke::TimedOut`). A sleep with a
+    /// deadline is a timed futex wait, which any signal handler ends (`EINTR`), as
+    /// Linux's socket calls with `SO_RCVTIMEO`/`SO_SNDTIMEO` are never restarted
+    /// (signal(7)).
+    fn wait_until<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, State>,
+        deadline: Option<std::time::Instant>,
+    ) -> (MutexGuard<'a, State>, Woke) {
         // (Also for a socket that failed already: a command it waits for, such as a
         // second connect, is never run either.)
         if !crate::engine::alive() {
@@ -316,10 +328,17 @@ impl Sock {
             g.reply.get_or_insert(Err(libc::ENETDOWN));
             return (g, Woke::Notified);
         }
+        let left = match deadline {
+            None => None,
+            Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
+                Some(left) if !left.is_zero() => Some(left),
+                _ => return (g, Woke::TimedOut),
+            },
+        };
         let seen = self.wake.load(Ordering::Acquire);
         self.sleepers.fetch_add(1, Ordering::Relaxed);
         drop(g);
-        let woke = futex_wait(&self.wake, seen);
+        let woke = futex_wait(&self.wake, seen, left);
         let g = self.lock();
         self.sleepers.fetch_sub(1, Ordering::Relaxed);
         (g, woke)
@@ -332,27 +351,32 @@ impl Sock {
     }
 
     /// The step of a blocking call that found nothing to do under the lock `g`. The
-    /// first time (`asked` false) it asks `nonblock` unlocked, once per call as Linux
-    /// reads the flag once, and comes back locked for the caller to check everything
-    /// again (anything may have changed, and been notified, meanwhile); after that it
-    /// sleeps until the next notification. `Err` ends the call.
+    /// first time it asks `how` (`O_NONBLOCK`, the socket's timeout) unlocked, once per
+    /// call as Linux reads them once, and comes back locked for the caller to check
+    /// everything again (anything may have changed, and been notified, meanwhile);
+    /// after that it sleeps until the next notification or the timeout. `Err` ends the
+    /// call.
     fn block<'a>(
         &'a self,
         g: MutexGuard<'a, State>,
-        asked: &mut bool,
-        nonblock: &dyn Fn() -> bool,
+        b: &mut Blocking,
+        how: &dyn Fn() -> Wait,
     ) -> Result<MutexGuard<'a, State>, Stop> {
-        if !*asked {
+        if !b.asked {
             drop(g);
-            if nonblock() {
+            let w = how();
+            if w == Wait::No {
                 return Err(Stop::WouldBlock);
             }
-            *asked = true;
+            b.deadline = w.deadline();
+            b.asked = true;
             return Ok(self.lock());
         }
-        match self.wait(g) {
+        match self.wait_until(g, b.deadline) {
             (g, Woke::Notified) => Ok(g),
             (_, Woke::Interrupted) => Err(Stop::Interrupted),
+            // SO_RCVTIMEO / SO_SNDTIMEO ran out: EAGAIN, as Linux (sock_rcvtimeo).
+            (_, Woke::TimedOut) => Err(Stop::WouldBlock),
         }
     }
 
@@ -368,22 +392,22 @@ impl Sock {
         }
     }
 
-    /// `read`/`recv` with `MSG_PEEK`/`MSG_WAITALL` in `flags`: `nonblock` is asked only
-    /// when the call would block. `MSG_WAITALL` (without `MSG_PEEK`) makes a blocking
+    /// `read`/`recv` with `MSG_PEEK`/`MSG_WAITALL` in `flags`: `how` it may wait
+    /// (`O_NONBLOCK`, `SO_RCVTIMEO`) is asked only when the call would block. `MSG_WAITALL` (without `MSG_PEEK`) makes a blocking
     /// read wait for all of `bufs` unless end of stream or an error comes first (recv(2)).
     pub fn read(
         &self,
         bufs: &mut [&mut [u8]],
         flags: i32,
-        nonblock: &dyn Fn() -> bool,
+        how: &dyn Fn() -> Wait,
     ) -> Result<usize, Errno> {
         let peek = flags & libc::MSG_PEEK != 0;
         let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
         let want: usize = bufs.iter().map(|b| b.len()).sum();
         // Bytes already taken by earlier rounds (MSG_WAITALL).
         let mut got = 0usize;
-        // `nonblock` said no: the call blocks (asked once, as Linux reads the flag once).
-        let mut blocking = false;
+        // How the call blocks (asked once, as Linux reads the flag once).
+        let mut blocking = Blocking::default();
         let mut g = self.lock();
         loop {
             match g.phase {
@@ -422,7 +446,7 @@ impl Sock {
             if g.eof || g.shut_rd {
                 return Ok(0);
             }
-            g = match self.block(g, &mut blocking, nonblock) {
+            g = match self.block(g, &mut blocking, how) {
                 Ok(g) => g,
                 // tcp_recvmsg: what was copied, else the reason.
                 Err(stop) => return if got > 0 { Ok(got) } else { Err(stop.errno()) },
@@ -436,20 +460,18 @@ impl Sock {
         self: &Arc<Self>,
         sh: &Shared,
         bufs: &[&[u8]],
-        nonblock: &dyn Fn() -> bool,
+        how: &dyn Fn() -> Wait,
     ) -> Result<usize, Errno> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let mut done = 0usize;
-        // `nonblock` said no: the call blocks (asked once).
-        let mut blocking = false;
+        // How the call blocks (asked once).
+        let mut blocking = Blocking::default();
         let mut g = self.lock();
         loop {
             match g.phase {
                 Phase::Connected => {}
                 Phase::Connecting if g.fatal.is_none() => {
-                    g = self
-                        .block(g, &mut blocking, nonblock)
-                        .map_err(Stop::errno)?;
+                    g = self.block(g, &mut blocking, how).map_err(Stop::errno)?;
                     continue;
                 }
                 Phase::Connecting => {}
@@ -500,7 +522,7 @@ impl Sock {
                 g = self.lock();
                 continue;
             }
-            g = match self.block(g, &mut blocking, nonblock) {
+            g = match self.block(g, &mut blocking, how) {
                 Ok(g) => g,
                 // sk_stream_wait_memory: what was queued, else the reason.
                 Err(stop) => {
@@ -514,9 +536,9 @@ impl Sock {
         }
     }
 
-    /// `accept`: an accepted connection.
-    pub fn accept(&self, nonblock: &dyn Fn() -> bool) -> Result<Arc<Sock>, Errno> {
-        let mut blocking = false;
+    /// `accept`: an accepted connection; `how` it may wait as for `read`.
+    pub fn accept(&self, how: &dyn Fn() -> Wait) -> Result<Arc<Sock>, Errno> {
+        let mut blocking = Blocking::default();
         let mut g = self.lock();
         loop {
             if g.phase != Phase::Listening {
@@ -528,17 +550,21 @@ impl Sock {
             if let Some(e) = g.fatal {
                 return Err(e);
             }
-            g = self
-                .block(g, &mut blocking, nonblock)
-                .map_err(Stop::errno)?;
+            g = self.block(g, &mut blocking, how).map_err(Stop::errno)?;
         }
     }
 
     /// Blocking `connect`: waits for the handshake. Interrupted, it fails with `EINTR`
     /// and the handshake goes on (a later `connect` waits for it again, or answers
     /// `EALREADY` when non-blocking; Linux's `__inet_stream_connect`). A close by
-    /// another thread ends it with `ECONNABORTED`.
-    pub fn wait_connected(&self) -> Result<(), Errno> {
+    /// another thread ends it with `ECONNABORTED`. At `deadline` (`SO_SNDTIMEO`) it
+    /// answers `on_timeout` and the handshake goes on (Linux: `EINPROGRESS` to the first
+    /// `connect`, `EALREADY` to a repeat).
+    pub fn wait_connected(
+        &self,
+        deadline: Option<std::time::Instant>,
+        on_timeout: Errno,
+    ) -> Result<(), Errno> {
         let mut g = self.lock();
         loop {
             if let Some(e) = g.fatal {
@@ -554,9 +580,11 @@ impl Sock {
                 return Err(libc::ECONNABORTED);
             }
             let woke;
-            (g, woke) = self.wait(g);
-            if woke == Woke::Interrupted {
-                return Err(libc::EINTR);
+            (g, woke) = self.wait_until(g, deadline);
+            match woke {
+                Woke::Notified => {}
+                Woke::Interrupted => return Err(libc::EINTR),
+                Woke::TimedOut => return Err(on_timeout),
             }
         }
     }
@@ -566,7 +594,7 @@ impl Sock {
     /// blocking call waits for it), `EISCONN` once connected, and after a failure its
     /// pending error (else `ECONNABORTED`) rather than `EALREADY` forever.
     /// `None` claims the start for the caller ([`State::starting`]).
-    pub fn connect_again(&self, nonblock: &dyn Fn() -> bool) -> Option<Result<(), Errno>> {
+    pub fn connect_again(&self, how: &dyn Fn() -> Wait) -> Option<Result<(), Errno>> {
         let mut g = self.lock();
         // Another thread is starting a handshake: its answer first (not interrupted, as
         // the wait for the answer itself is not).
@@ -585,10 +613,9 @@ impl Sock {
             }
             Phase::Connecting => {
                 drop(g);
-                if nonblock() {
-                    Err(libc::EALREADY)
-                } else {
-                    self.wait_connected()
+                match how() {
+                    Wait::No => Err(libc::EALREADY),
+                    w => self.wait_connected(w.deadline(), libc::EALREADY),
                 }
             }
             Phase::Connected => Err(libc::EISCONN),
@@ -599,8 +626,8 @@ impl Sock {
     /// `connect(2)`: `start` queues the poll thread's command that starts the handshake
     /// (when none started yet); then a non-blocking socket gets `EINPROGRESS`, a
     /// blocking one waits for the handshake.
-    pub fn connect(&self, start: &dyn Fn(), nonblock: &dyn Fn() -> bool) -> Result<(), Errno> {
-        if let Some(r) = self.connect_again(nonblock) {
+    pub fn connect(&self, start: &dyn Fn(), how: &dyn Fn() -> Wait) -> Result<(), Errno> {
+        if let Some(r) = self.connect_again(how) {
             return r;
         }
         start();
@@ -611,16 +638,43 @@ impl Sock {
             self.notify(&g);
         }
         r?;
-        if nonblock() {
-            return Err(libc::EINPROGRESS);
+        match how() {
+            Wait::No => Err(libc::EINPROGRESS),
+            w => self.wait_connected(w.deadline(), libc::EINPROGRESS),
         }
-        self.wait_connected()
     }
 
     /// Bytes readable now (`FIONREAD`).
     pub fn readable(&self) -> usize {
         self.lock().rx.len()
     }
+}
+
+/// How a call may wait when it would block: not at all (`O_NONBLOCK`, `MSG_DONTWAIT`),
+/// until it can go on, or at most a time (`SO_RCVTIMEO`, `SO_SNDTIMEO`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    No,
+    Forever,
+    For(std::time::Duration),
+}
+
+impl Wait {
+    /// When a wait that starts now must end (`For`).
+    fn deadline(self) -> Option<std::time::Instant> {
+        match self {
+            Wait::For(t) => Some(std::time::Instant::now() + t),
+            _ => None,
+        }
+    }
+}
+
+/// A blocking call's state in [`Sock::block`]: whether it asked how it may wait, and
+/// until when.
+#[derive(Debug, Default)]
+struct Blocking {
+    asked: bool,
+    deadline: Option<std::time::Instant>,
 }
 
 /// Why a blocking call ([`Sock::block`]) ends without its result.
@@ -646,29 +700,41 @@ impl Stop {
 enum Woke {
     /// Notified, or woken for no reason (the caller checks its condition again).
     Notified,
-    /// A signal handler without `SA_RESTART` ran in this thread.
+    /// A signal handler without `SA_RESTART` ran in this thread (with a deadline: any
+    /// handler).
     Interrupted,
+    /// The deadline passed.
+    TimedOut,
 }
 
-/// Sleeps while `word` holds `seen`, without a timeout (so the kernel applies
-/// `SA_RESTART`: a handler installed with it restarts the wait, one without ends it).
-fn futex_wait(word: &AtomicU32, seen: u32) -> Woke {
-    // SAFETY: FUTEX_WAIT on a live, aligned u32 of this process (private futex); the
-    // null timeout means no timeout. The kernel only reads the word.
+/// Sleeps while `word` holds `seen`, at most `left`. Without a timeout the kernel applies
+/// `SA_RESTART` (a handler installed with it restarts the wait, one without ends it);
+/// with one, any handler ends it.
+fn futex_wait(word: &AtomicU32, seen: u32, left: Option<std::time::Duration>) -> Woke {
+    let ts = left.map(|d| libc::timespec {
+        tv_sec: libc::time_t::try_from(d.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: FUTEX_WAIT on a live, aligned u32 of this process (private futex); `tsp`
+    // is null (no timeout) or points to a live relative timespec. The kernel only reads
+    // them.
     let r = unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
             seen,
-            std::ptr::null::<libc::timespec>(),
+            tsp,
         )
     };
-    if r < 0 && crate::errno() == libc::EINTR {
-        Woke::Interrupted
-    } else {
+    match (r < 0).then(crate::errno) {
+        Some(libc::EINTR) => Woke::Interrupted,
+        Some(libc::ETIMEDOUT) => Woke::TimedOut,
         // Woken, or the word changed before the sleep (EAGAIN).
-        Woke::Notified
+        _ => Woke::Notified,
     }
 }
 
@@ -743,7 +809,7 @@ mod tests {
         )
     }
 
-    const NB: &dyn Fn() -> bool = &|| true;
+    const NB: &dyn Fn() -> Wait = &|| Wait::No;
 
     #[test]
     fn readiness_follows_linux_tcp() {
@@ -820,7 +886,11 @@ mod tests {
         );
         assert_eq!(c.read(&mut [&mut b], 0, NB), Err(libc::ECONNRESET));
         assert_eq!(c.read(&mut [&mut b], 0, NB), Ok(0), "then end of stream");
-        assert_eq!(c.read(&mut [&mut b], 0, &|| false), Ok(0), "never blocks");
+        assert_eq!(
+            c.read(&mut [&mut b], 0, &|| Wait::Forever),
+            Ok(0),
+            "never blocks"
+        );
     }
 
     /// send(2) after the peer reset: the pending ECONNRESET once, then EPIPE (which the
@@ -850,7 +920,7 @@ mod tests {
         let c2 = Arc::clone(&c);
         let t = std::thread::spawn(move || {
             let (mut x, mut y) = ([0u8; 3], [0u8; 3]);
-            let n = c2.read(&mut [&mut x, &mut y], libc::MSG_WAITALL, &|| false);
+            let n = c2.read(&mut [&mut x, &mut y], libc::MSG_WAITALL, &|| Wait::Forever);
             (n, x, y)
         });
         for chunk in [&b"cd"[..], b"ef", b"gh"] {
@@ -866,7 +936,10 @@ mod tests {
         // End of stream first: what came.
         c.lock().eof = true;
         let mut z = [0u8; 8];
-        assert_eq!(c.read(&mut [&mut z], libc::MSG_WAITALL, &|| false), Ok(2));
+        assert_eq!(
+            c.read(&mut [&mut z], libc::MSG_WAITALL, &|| Wait::Forever),
+            Ok(2)
+        );
         // Non-blocking: what is queued.
         let d = connected();
         d.lock().rx.extend(b"q");
@@ -894,7 +967,10 @@ mod tests {
         assert_eq!(a.connect_again(NB), None, "a new handshake");
         let b = Sock::new(Phase::Connecting, UNBOUND);
         b.lock().fail(libc::ECONNREFUSED);
-        assert_eq!(b.wait_connected(), Err(libc::ECONNREFUSED));
+        assert_eq!(
+            b.wait_connected(None, libc::EINPROGRESS),
+            Err(libc::ECONNREFUSED)
+        );
         assert_eq!(
             b.connect_again(NB),
             None,
@@ -904,7 +980,7 @@ mod tests {
         // A blocking second connect waits for the handshake.
         let w = Sock::new(Phase::Connecting, UNBOUND);
         let w2 = Arc::clone(&w);
-        let t = std::thread::spawn(move || w2.connect_again(&|| false));
+        let t = std::thread::spawn(move || w2.connect_again(&|| Wait::Forever));
         std::thread::sleep(Duration::from_millis(30));
         {
             let mut g = w.lock();
@@ -928,7 +1004,9 @@ mod tests {
                 let (s, sh) = (Arc::clone(&s), Arc::clone(&sh));
                 std::thread::spawn(move || {
                     let to = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 7);
-                    s.connect(&|| sh.push(Cmd::Connect(Arc::clone(&s), to)), &|| false)
+                    s.connect(&|| sh.push(Cmd::Connect(Arc::clone(&s), to)), &|| {
+                        Wait::Forever
+                    })
                 })
             })
             .collect();
@@ -977,10 +1055,10 @@ mod tests {
         c.lock().shut_rd = true;
         assert_eq!(c.lock().mask() & (IN | RDNORM | RDHUP), IN | RDNORM | RDHUP);
         let mut b = [0u8; 16];
-        assert_eq!(c.read(&mut [&mut b], 0, &|| false), Ok(6));
+        assert_eq!(c.read(&mut [&mut b], 0, &|| Wait::Forever), Ok(6));
         assert_eq!(&b[..6], b"queued");
         assert_eq!(
-            c.read(&mut [&mut b], 0, &|| false),
+            c.read(&mut [&mut b], 0, &|| Wait::Forever),
             Ok(0),
             "then 0, no wait"
         );
@@ -993,7 +1071,7 @@ mod tests {
         let c2 = Arc::clone(&c);
         let t = std::thread::spawn(move || {
             let mut b = [0u8; 8];
-            let n = c2.read(&mut [&mut b], 0, &|| false).unwrap();
+            let n = c2.read(&mut [&mut b], 0, &|| Wait::Forever).unwrap();
             b[..n].to_vec()
         });
         std::thread::sleep(Duration::from_millis(50));
@@ -1036,7 +1114,7 @@ mod tests {
         let c2 = Arc::clone(&c);
         let t = std::thread::spawn(move || {
             let sh = Shared::new();
-            c2.write(&sh, &[b"12", b"345", b"6"], &|| false)
+            c2.write(&sh, &[b"12", b"345", b"6"], &|| Wait::Forever)
         });
         // The poll thread drains; the blocked writer goes on where it stopped.
         for _ in 0..50 {
@@ -1118,13 +1196,15 @@ mod tests {
         handle_usr1(false);
         let c = connected();
         let c2 = Arc::clone(&c);
-        let t = blocked_then_signalled(&c, move || c2.read(&mut [&mut [0u8; 4]], 0, &|| false));
+        let t = blocked_then_signalled(&c, move || {
+            c2.read(&mut [&mut [0u8; 4]], 0, &|| Wait::Forever)
+        });
         assert_eq!(t.join().unwrap(), Err(libc::EINTR));
         // MSG_WAITALL with part of the request read: the part.
         c.lock().rx.extend(b"ab");
         let c2 = Arc::clone(&c);
         let t = blocked_then_signalled(&c, move || {
-            c2.read(&mut [&mut [0u8; 4]], libc::MSG_WAITALL, &|| false)
+            c2.read(&mut [&mut [0u8; 4]], libc::MSG_WAITALL, &|| Wait::Forever)
         });
         assert_eq!(t.join().unwrap(), Ok(2));
         // A write blocked on a full send queue: EINTR, or what it queued.
@@ -1132,20 +1212,20 @@ mod tests {
         w.lock().tx.extend(std::iter::repeat_n(0u8, TX_CAP));
         let (w2, sh) = (Arc::clone(&w), Arc::new(Shared::new()));
         let sh2 = Arc::clone(&sh);
-        let t = blocked_then_signalled(&w, move || w2.write(&sh2, &[b"xyz"], &|| false));
+        let t = blocked_then_signalled(&w, move || w2.write(&sh2, &[b"xyz"], &|| Wait::Forever));
         assert_eq!(t.join().unwrap(), Err(libc::EINTR));
         w.lock().tx.truncate(TX_CAP - 2);
         let (w2, sh2) = (Arc::clone(&w), Arc::clone(&sh));
-        let t = blocked_then_signalled(&w, move || w2.write(&sh2, &[b"xyz"], &|| false));
+        let t = blocked_then_signalled(&w, move || w2.write(&sh2, &[b"xyz"], &|| Wait::Forever));
         assert_eq!(t.join().unwrap(), Ok(2));
         // accept on an empty queue, and a blocking connect's handshake wait.
         let l = Sock::new(Phase::Listening, UNBOUND);
         let l2 = Arc::clone(&l);
-        let t = blocked_then_signalled(&l, move || l2.accept(&|| false).map(|_| ()));
+        let t = blocked_then_signalled(&l, move || l2.accept(&|| Wait::Forever).map(|_| ()));
         assert_eq!(t.join().unwrap(), Err(libc::EINTR));
         let k = Sock::new(Phase::Connecting, UNBOUND);
         let k2 = Arc::clone(&k);
-        let t = blocked_then_signalled(&k, move || k2.wait_connected());
+        let t = blocked_then_signalled(&k, move || k2.wait_connected(None, libc::EINPROGRESS));
         assert_eq!(t.join().unwrap(), Err(libc::EINTR));
         // The handshake goes on; connect again waits for it.
         assert_eq!(k.lock().phase, Phase::Connecting);
@@ -1162,6 +1242,69 @@ mod tests {
         assert_eq!(t.join().unwrap(), Ok(()));
     }
 
+    /// SO_RCVTIMEO / SO_SNDTIMEO (`Wait::For`): a read, an accept and a write that find
+    /// nothing to do end with EAGAIN once the time has passed (Linux's sock_rcvtimeo /
+    /// sock_sndtimeo), what was moved first is returned, and data that comes in time
+    /// is read; a blocking connect that times out answers EINPROGRESS (the handshake
+    /// goes on) and a repeat EALREADY.
+    #[test]
+    fn socket_timeouts_end_blocking_calls_with_eagain() {
+        use std::time::Instant;
+        let t = || Wait::For(Duration::from_millis(60));
+        let c = connected();
+        let start = Instant::now();
+        assert_eq!(c.read(&mut [&mut [0u8; 4]], 0, &t), Err(libc::EAGAIN));
+        assert!(start.elapsed() >= Duration::from_millis(60));
+        // MSG_WAITALL with part read: the part.
+        c.lock().rx.extend(b"ab");
+        assert_eq!(c.read(&mut [&mut [0u8; 4]], libc::MSG_WAITALL, &t), Ok(2));
+        // Data in time.
+        let c2 = Arc::clone(&c);
+        let r = std::thread::spawn(move || {
+            let mut b = [0u8; 4];
+            let long = || Wait::For(Duration::from_secs(10));
+            c2.read(&mut [&mut b], 0, &long).map(|n| b[..n].to_vec())
+        });
+        while c.sleepers() == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut g = c.lock();
+        g.rx.extend(b"in");
+        c.notify(&g);
+        drop(g);
+        assert_eq!(r.join().unwrap(), Ok(b"in".to_vec()));
+        // A full send queue: EAGAIN, or what was queued.
+        let w = connected();
+        w.lock().tx.extend(std::iter::repeat_n(0u8, TX_CAP - 1));
+        let sh = Shared::new();
+        assert_eq!(w.write(&sh, &[b"xyz"], &t), Ok(1));
+        assert_eq!(w.write(&sh, &[b"xyz"], &t), Err(libc::EAGAIN));
+        let l = Sock::new(Phase::Listening, UNBOUND);
+        assert_eq!(l.accept(&t).err(), Some(libc::EAGAIN));
+        // connect: EINPROGRESS at the first call, EALREADY at a repeat.
+        let k = Sock::new(Phase::Connecting, UNBOUND);
+        assert_eq!(k.connect_again(&t), Some(Err(libc::EALREADY)));
+        assert_eq!(k.lock().phase, Phase::Connecting);
+        let f = Sock::new(Phase::Fresh, UNBOUND);
+        let f2 = Arc::clone(&f);
+        let start = Instant::now();
+        let r = std::thread::spawn(move || {
+            f2.connect(
+                &|| {
+                    // The poll thread's answer: started.
+                    let mut g = f2.lock();
+                    g.phase = Phase::Connecting;
+                    g.reply = Some(Ok(()));
+                    f2.notify(&g);
+                },
+                &|| Wait::For(Duration::from_millis(60)),
+            )
+        });
+        assert_eq!(r.join().unwrap(), Err(libc::EINPROGRESS));
+        assert!(start.elapsed() >= Duration::from_millis(60));
+        assert_eq!(f.lock().phase, Phase::Connecting);
+    }
+
     /// With SA_RESTART the handler runs and the call goes on waiting (the kernel
     /// restarts the futex wait, as it restarts a blocking recv), then returns the data.
     #[test]
@@ -1172,7 +1315,7 @@ mod tests {
         let c2 = Arc::clone(&c);
         let t = blocked_then_signalled(&c, move || {
             let mut b = [0u8; 4];
-            c2.read(&mut [&mut b], 0, &|| false)
+            c2.read(&mut [&mut b], 0, &|| Wait::Forever)
                 .map(|n| b[..n].to_vec())
         });
         std::thread::sleep(Duration::from_millis(50));
@@ -1182,6 +1325,15 @@ mod tests {
         c.notify(&g);
         drop(g);
         assert_eq!(t.join().unwrap(), Ok(b"hi".to_vec()));
+        // With a timeout (SO_RCVTIMEO) a call is never restarted (signal(7)): EINTR.
+        let c = connected();
+        let c2 = Arc::clone(&c);
+        let t = blocked_then_signalled(&c, move || {
+            c2.read(&mut [&mut [0u8; 4]], 0, &|| {
+                Wait::For(Duration::from_secs(30))
+            })
+        });
+        assert_eq!(t.join().unwrap(), Err(libc::EINTR));
     }
 
     /// A blocking call asks `O_NONBLOCK` (an `fcntl`) with the state unlocked; a change
@@ -1203,7 +1355,7 @@ mod tests {
             let c3 = Arc::clone(&c2);
             c2.read(&mut [&mut [0u8; 4]], 0, &move || {
                 close(&c3);
-                false
+                Wait::Forever
             })
         });
         assert_eq!(ends_soon(&c, t, "read"), Err(libc::ENOTCONN));
@@ -1216,7 +1368,7 @@ mod tests {
                 let mut g = k3.lock();
                 g.phase = Phase::Connected;
                 k3.notify(&g);
-                false
+                Wait::Forever
             })
         });
         assert_eq!(ends_soon(&k, t, "write (connecting)"), Ok(2));
@@ -1228,7 +1380,7 @@ mod tests {
             let (w3, sh) = (Arc::clone(&w2), Shared::new());
             w2.write(&sh, &[b"x"], &move || {
                 close(&w3);
-                false
+                Wait::Forever
             })
         });
         assert_eq!(ends_soon(&w, t, "write (full)"), Err(libc::ENOTCONN));
@@ -1241,7 +1393,7 @@ mod tests {
                 let mut g = l3.lock();
                 g.phase = Phase::Fresh;
                 l3.notify(&g);
-                false
+                Wait::Forever
             })
             .map(|_| ())
         });

@@ -289,8 +289,9 @@ fn redis_server_on_luna_answers_redis_cli_and_redis_benchmark() {
 /// os.closerange (close_range) closing a luna socket and freeing its number,
 /// shutdown(SHUT_RD) leaving the queued bytes readable, a socket connected again after
 /// ECONNREFUSED, a blocked recv ended by another thread's shutdown, a subprocess (vfork)
-/// given a luna socket as stdin leaving our descriptors alone, and AF_UNIX/loopback left
-/// to the kernel (tests/py/client_check.py: 74 named checks); then 4 MiB sent to a
+/// given a luna socket as stdin leaving our descriptors alone, SO_RCVTIMEO ending a
+/// blocking recv with EAGAIN, and AF_UNIX/loopback left to the kernel
+/// (tests/py/client_check.py: 80 named checks); then 4 MiB sent to a
 /// slow reader just before the process exits all arrive before the FIN, and bytes a
 /// reader does not take within the exit's grace end in a RST, not a FIN.
 #[test]
@@ -360,7 +361,7 @@ fn python_client_on_luna_talks_to_a_kernel_server() {
     up.expect("tap up (did the client start luna?)");
     assert!(o.ok, "client failed");
     // Every named check of the script ran and passed.
-    assert!(o.out.lines().any(|l| l == "OK checks=78"), "{}", o.out);
+    assert!(o.out.lines().any(|l| l == "OK checks=80"), "{}", o.out);
     assert_eq!(sink, "fin 4194304", "bytes queued at exit were lost");
     assert!(
         sink2.starts_with("reset "),

@@ -429,6 +429,23 @@ check(os.read(0, 1) == b"", "a subprocess's dup2 leaves our fd 0 alone")
 check(recv_exact(v, 1) == b"w", "the socket's bytes stay its own")
 v.close()
 
+# SO_RCVTIMEO on a blocking luna socket: recv with nothing to read ends with EAGAIN once
+# the time has passed (Linux's sock_rcvtimeo), instead of waiting for ever.
+x, xp = echoed_conn(b"to")
+check(recv_exact(x, 2) == b"to", "echo before SO_RCVTIMEO")
+x.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 200000))
+done = threading.Event()
+unblock_unless(done, x, 3)
+t0 = time.time()
+try:
+    d = x.recv(16)
+    check(False, "SO_RCVTIMEO: recv returned %r after %.1f s" % (d, time.time() - t0))
+except BlockingIOError:
+    done.set()
+    el = time.time() - t0
+    check(0.15 < el < 2, "SO_RCVTIMEO ends a blocking recv with EAGAIN")
+x.close()
+
 # Loopback stays in the kernel.
 k = socket.socket()
 k.bind(("127.0.0.1", 0))

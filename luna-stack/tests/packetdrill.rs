@@ -86,6 +86,7 @@ scripts! {
     icmp_frag_needed,
     icmp_port_unreachable_syn_received,
     icmp_port_unreachable_syn_sent,
+    icmp_soft_errors_established,
     initial_window,
     keepalive,
     last_ack_rst,
@@ -143,6 +144,7 @@ scripts! {
     window_scaling,
     zero_window_data_in_flight,
     zero_window_probe,
+    zero_window_rst,
 }
 
 #[test]

@@ -103,6 +103,7 @@ scripts! {
     out_of_window_data,
     overlapping_segments,
     paws,
+    peer_window_shrinks,
     persist_window_opens,
     rack_reordering_timer,
     receive_window_full,

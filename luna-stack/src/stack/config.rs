@@ -49,6 +49,9 @@ pub struct StackConfig {
     /// that need a known sequence space, e.g. data crossing 2^32 within its first bytes
     /// (the attack suite's `seq_wrap` phase). `None`, the default, in production.
     pub fixed_isn: Option<u32>,
+    /// TTL of every datagram the stack sends (RFC 9293 §3.9.2.1 MUST-49: configurable;
+    /// RFC 1122 §3.2.1.7: never 0). Default 64, as Linux's `ip_default_ttl`.
+    pub ttl: u8,
 }
 
 /// When a listener answers a SYN with a SYN cookie (RFC 4987 §3.6) instead of a
@@ -84,6 +87,7 @@ impl StackConfig {
             arp_retry: Duration::from_secs(1),
             rst_limit: RstLimit::default(),
             fixed_isn: None,
+            ttl: 64,
         }
     }
 }
@@ -105,6 +109,8 @@ pub enum ConfigError {
     Gateway,
     /// The interface address cannot be a host's own address.
     Address(Ipv4Cidr, AddressError),
+    /// `ttl` is 0 (RFC 1122 §3.2.1.7: a host never sends a datagram with TTL 0).
+    Ttl,
 }
 
 /// Why an address cannot be an interface's own unicast address (see [`check_host_address`]).
@@ -191,6 +197,7 @@ impl core::fmt::Display for ConfigError {
             ConfigError::MaxConnections => f.write_str("max_connections must be at least 1"),
             ConfigError::Tcp(why) => write!(f, "invalid TCP configuration: {why}"),
             ConfigError::Gateway => f.write_str("the gateway is not on the interface's prefix"),
+            ConfigError::Ttl => f.write_str("ttl must be at least 1"),
             ConfigError::Address(addr, why) => write!(
                 f,
                 "{} cannot be the interface address: it is {why}; use a unicast host address",

@@ -231,7 +231,8 @@ impl<R: Rng> Stack<R> {
             // The connection's header template, (re)built when the next hop's MAC is not
             // the one it was made for.
             if e.tmpl.as_ref().is_none_or(|t| t.dst_mac != mac) {
-                e.tmpl = Some(HeaderTemplate::new(self.cfg.mac, mac, e.conn.tuple()));
+                let (src_mac, ttl) = (self.cfg.mac, self.cfg.ttl);
+                e.tmpl = Some(HeaderTemplate::new(src_mac, mac, e.conn.tuple(), ttl));
             }
             // The last segment of the burst: leave the dirty list now rather than on one
             // more `poll_segment` that would find nothing (its timer work is done).
@@ -385,6 +386,7 @@ impl<R: Rng> Stack<R> {
         // RFC 1191 §3: TCP sets DF for path MTU discovery.
         ip.dont_frag = true;
         ip.ident = ident;
+        ip.ttl = self.cfg.ttl;
         // Built in place: the payload moves into the frame once (no empty io-vector made
         // and dropped), and the header array is written where the caller receives it.
         let mut header = [0; MAX_HEADER_LEN];
@@ -466,7 +468,8 @@ impl<R: Rng> Stack<R> {
         let mut t = Transmit::new();
         let icmp_len = 8 + payload.len();
         let len = ETH_LEN + IP_LEN + 8;
-        let ip = Ipv4Repr::new(src, dst, IpProtocol::Icmp, icmp_len);
+        let mut ip = Ipv4Repr::new(src, dst, IpProtocol::Icmp, icmp_len);
+        ip.ttl = self.cfg.ttl;
         {
             let buf = &mut t.header[..len];
             // The IPv4 checksum is always computed here: the echo reply's offload metadata
@@ -612,11 +615,12 @@ impl Default for HeaderTemplate {
 }
 
 impl HeaderTemplate {
-    /// The template for `tuple`'s segments from `src_mac` to `dst_mac`.
+    /// The template for `tuple`'s segments from `src_mac` to `dst_mac`, sent with `ttl`.
     pub(super) fn new(
         src_mac: EthernetAddress,
         dst_mac: EthernetAddress,
         tuple: FourTuple,
+        ttl: u8,
     ) -> Self {
         let (src, dst) = (*tuple.local.ip(), *tuple.remote.ip());
         let mut bytes = [0u8; TMPL_LEN];
@@ -630,6 +634,7 @@ impl HeaderTemplate {
         // RFC 1191 §3: TCP sets DF for path MTU discovery.
         ip.dont_frag = true;
         ip.ident = 0;
+        ip.ttl = ttl;
         let mut pkt = Ipv4Packet::new_unchecked(&mut bytes[ETH_LEN..]);
         ip.emit(&mut pkt, &ChecksumCaps::offloaded());
         pkt.set_total_len(0);

@@ -305,6 +305,9 @@ impl<R: Rng> Stack<R> {
         if cfg.max_connections == 0 {
             return Err(ConfigError::MaxConnections);
         }
+        if cfg.ttl == 0 {
+            return Err(ConfigError::Ttl);
+        }
         cfg.tcp.validate().map_err(ConfigError::Tcp)?;
         if let Some(gw) = cfg.gateway {
             if !cfg.addr.contains_addr(gw) {

@@ -393,6 +393,63 @@ fn ip_identification_is_per_connection_and_zero_without_one() {
     assert_eq!(ident(&rst), 0);
 }
 
+/// RFC 9293 §3.9.2.1 (MUST-49, RFC 1122 §3.2.1.7): the TTL of the segments TCP sends is
+/// configurable (`StackConfig::ttl`, 64 by default): the handshake, data, ACKs (the
+/// connection's header template and `build_tcp`) and a RST all carry it.
+#[test]
+fn rfc9293_3_9_2_1_ttl_is_configurable() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let mut a = cfg(MAC_A, ip_a());
+    a.ttl = 37;
+    let mut b = cfg(MAC_B, ip_b());
+    b.ttl = 200;
+    let mut net = Net::new(a, b);
+    let seen: Rc<RefCell<Vec<(bool, u8, u8)>>> = Rc::default();
+    let log = Rc::clone(&seen);
+    net.drop = Box::new(move |from_a, bytes| {
+        // IPv4 TCP frames: (direction, TTL, TCP flags).
+        if bytes.len() >= 54 && bytes[12..14] == [8, 0] && bytes[23] == 6 {
+            log.borrow_mut().push((from_a, bytes[22], bytes[47]));
+        }
+        false
+    });
+    let (c, s) = connected(&mut net);
+    net.a
+        .send(c, &Zbuf::copy_from_slice(&pattern(3000, 1)))
+        .unwrap();
+    net.b
+        .send(s, &Zbuf::copy_from_slice(&pattern(100, 2)))
+        .unwrap();
+    net.run_until(
+        |n| {
+            n.b.connection(s)
+                .is_some_and(|c| c.recv_available() == 3000)
+        },
+        1000,
+    );
+    net.a.abort(c);
+    net.flush();
+    let seen = seen.borrow();
+    let rst = TcpFlags::RST.0;
+    assert!(
+        seen.iter().any(|&(a, _, f)| a && f & rst != 0),
+        "A sent its RST"
+    );
+    assert!(seen.iter().filter(|&&(a, _, _)| a).count() > 4);
+    assert!(seen.iter().filter(|&&(a, _, _)| !a).count() > 2);
+    for &(from_a, ttl, flags) in seen.iter() {
+        assert_eq!(ttl, if from_a { 37 } else { 200 }, "flags {flags:#x}");
+    }
+    // TTL 0 is never sent (RFC 1122 §3.2.1.7).
+    let mut zero = cfg(MAC_A, ip_a());
+    zero.ttl = 0;
+    assert_eq!(
+        Stack::new(zero, FakeRng::new(1)).err(),
+        Some(ConfigError::Ttl)
+    );
+}
+
 #[test]
 fn request_response_is_zero_copy_end_to_end() {
     let mut net = Net::pair();

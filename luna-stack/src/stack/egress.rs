@@ -231,8 +231,8 @@ impl<R: Rng> Stack<R> {
             // The connection's header template, (re)built when the next hop's MAC is not
             // the one it was made for.
             if e.tmpl.as_ref().is_none_or(|t| t.dst_mac != mac) {
-                let (src_mac, ttl) = (self.cfg.mac, self.cfg.ttl);
-                e.tmpl = Some(HeaderTemplate::new(src_mac, mac, e.conn.tuple(), ttl));
+                let ip = (self.cfg.ttl, e.dscp);
+                e.tmpl = Some(HeaderTemplate::new(self.cfg.mac, mac, e.conn.tuple(), ip));
             }
             // The last segment of the burst: leave the dirty list now rather than on one
             // more `poll_segment` that would find nothing (its timer work is done).
@@ -278,7 +278,8 @@ impl<R: Rng> Stack<R> {
         let e = self.slots[idx as usize].entry.as_deref().expect("present");
         let tuple = e.conn.tuple();
         let tmpl = e.tmpl.as_ref().expect("built");
-        let reference = self.build_tcp_ident(&seg.repr, seg.payload.clone(), tuple, mac, ident);
+        let (payload, dscp) = (seg.payload.clone(), e.dscp);
+        let reference = self.build_tcp_ident(&seg.repr, payload, tuple, mac, (ident, dscp));
         let t = tmpl.build(&seg.repr, seg.payload.clone(), ident, &self.cfg.caps);
         assert_eq!(t.to_vec(), reference.to_vec(), "template frame");
         assert_eq!(t.offload, reference.offload, "template offload");
@@ -362,18 +363,19 @@ impl<R: Rng> Stack<R> {
         tuple: FourTuple,
         dst_mac: EthernetAddress,
     ) -> Transmit {
-        self.build_tcp_ident(repr, payload, tuple, dst_mac, 0)
+        self.build_tcp_ident(repr, payload, tuple, dst_mac, (0, 0))
     }
 
-    /// [`build_tcp`](Self::build_tcp) with the IP identification given (the reference
-    /// the connections' [`HeaderTemplate`] frames are checked against in debug builds).
+    /// [`build_tcp`](Self::build_tcp) with the IP identification and DiffServ codepoint
+    /// given (the reference the connections' [`HeaderTemplate`] frames are checked against
+    /// in debug builds).
     fn build_tcp_ident(
         &self,
         repr: &TcpRepr,
         payload: IoVec,
         tuple: FourTuple,
         dst_mac: EthernetAddress,
-        ident: u16,
+        (ident, dscp): (u16, u8),
     ) -> Transmit {
         // No `repr.emitted()` copy: `header_len` and `emit_header` already send at most
         // `sack_capacity` blocks, which is all `emitted` would change.
@@ -387,6 +389,7 @@ impl<R: Rng> Stack<R> {
         ip.dont_frag = true;
         ip.ident = ident;
         ip.ttl = self.cfg.ttl;
+        ip.dscp = dscp;
         // Built in place: the payload moves into the frame once (no empty io-vector made
         // and dropped), and the header array is written where the caller receives it.
         let mut header = [0; MAX_HEADER_LEN];
@@ -615,12 +618,13 @@ impl Default for HeaderTemplate {
 }
 
 impl HeaderTemplate {
-    /// The template for `tuple`'s segments from `src_mac` to `dst_mac`, sent with `ttl`.
+    /// The template for `tuple`'s segments from `src_mac` to `dst_mac`, sent with the TTL
+    /// and DiffServ codepoint `(ttl, dscp)`.
     pub(super) fn new(
         src_mac: EthernetAddress,
         dst_mac: EthernetAddress,
         tuple: FourTuple,
-        ttl: u8,
+        (ttl, dscp): (u8, u8),
     ) -> Self {
         let (src, dst) = (*tuple.local.ip(), *tuple.remote.ip());
         let mut bytes = [0u8; TMPL_LEN];
@@ -635,6 +639,7 @@ impl HeaderTemplate {
         ip.dont_frag = true;
         ip.ident = 0;
         ip.ttl = ttl;
+        ip.dscp = dscp;
         let mut pkt = Ipv4Packet::new_unchecked(&mut bytes[ETH_LEN..]);
         ip.emit(&mut pkt, &ChecksumCaps::offloaded());
         pkt.set_total_len(0);

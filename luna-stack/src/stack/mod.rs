@@ -761,6 +761,25 @@ impl<R: Rng> Stack<R> {
         }
     }
 
+    /// Set the DiffServ codepoint (0..=63) of the connection's segments from now on (RFC
+    /// 9293 §3.9.1 MUST-48: the application specifies it; passed to IP unchanged, SHLD-22;
+    /// changeable during the connection, SHLD-21). The ECN bits stay 0. Returns false for a
+    /// stale handle or a value above 63.
+    pub fn set_dscp(&mut self, h: SocketHandle, dscp: u8) -> bool {
+        if dscp > 63 {
+            return false;
+        }
+        let Some(e) = self.entry_mut(h) else {
+            return false;
+        };
+        if e.dscp != dscp {
+            e.dscp = dscp;
+            // The header template carries it: rebuilt for the next segment.
+            e.tmpl = None;
+        }
+        true
+    }
+
     /// Abort with RST and release the handle.
     pub fn abort(&mut self, h: SocketHandle) {
         if let Some(e) = self.entry_mut(h) {

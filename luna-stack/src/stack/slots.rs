@@ -47,6 +47,9 @@ pub(super) struct Entry {
     /// flows how much luna sends (RFC 7739 §5, the idle-scan zombie); every segment has
     /// DF set, so the value only has to be there (RFC 6864 §4.1).
     pub(super) ip_ident: u16,
+    /// The DiffServ codepoint of this connection's segments, set by the application
+    /// (RFC 9293 MUST-48; 0 until then).
+    pub(super) dscp: u8,
 }
 
 impl Entry {
@@ -64,6 +67,7 @@ impl Entry {
             tmpl: None,
             acct: Acct::default(),
             ip_ident,
+            dscp: 0,
         }
     }
 }

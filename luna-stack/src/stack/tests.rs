@@ -450,6 +450,66 @@ fn rfc9293_3_9_2_1_ttl_is_configurable() {
     );
 }
 
+/// RFC 9293 §3.9.2.1 / §3.9.1.x (MUST-48, SHLD-21, SHLD-22): the application sets the
+/// DiffServ field of a connection's segments (`Stack::set_dscp`), it reaches IP unchanged
+/// (ECN bits stay 0), and it can be changed during the connection. Other connections keep 0.
+#[test]
+fn rfc9293_3_9_2_1_application_sets_the_connections_dscp() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let mut net = Net::pair();
+    let seen: Rc<RefCell<Vec<(bool, u8, usize)>>> = Rc::default();
+    let log = Rc::clone(&seen);
+    net.drop = Box::new(move |from_a, bytes| {
+        // IPv4 TCP frames: (direction, DSCP/ECN octet, length).
+        if bytes.len() >= 54 && bytes[12..14] == [8, 0] && bytes[23] == 6 {
+            log.borrow_mut().push((from_a, bytes[15], bytes.len()));
+        }
+        false
+    });
+    let (c, s) = connected(&mut net);
+    assert!(seen.borrow().iter().all(|&(_, tos, _)| tos == 0));
+    assert!(net.a.set_dscp(c, 46), "EF");
+    assert!(!net.a.set_dscp(c, 64), "six bits");
+    seen.borrow_mut().clear();
+    net.a
+        .send(c, &Zbuf::copy_from_slice(&pattern(3000, 1)))
+        .unwrap();
+    net.run_until(
+        |n| {
+            n.b.connection(s)
+                .is_some_and(|c| c.recv_available() == 3000)
+        },
+        1000,
+    );
+    {
+        let seen = seen.borrow();
+        let from_a: Vec<u8> = seen.iter().filter(|x| x.0).map(|x| x.1).collect();
+        assert!(from_a.len() >= 3, "{seen:?}");
+        assert!(from_a.iter().all(|&tos| tos == 46 << 2), "{seen:?}");
+        assert!(seen.iter().filter(|x| !x.0).all(|x| x.1 == 0), "{seen:?}");
+    }
+    // Changed during the connection (SHLD-21): the next segments carry the new value.
+    assert!(net.a.set_dscp(c, 10));
+    seen.borrow_mut().clear();
+    net.a
+        .send(c, &Zbuf::copy_from_slice(&pattern(1000, 2)))
+        .unwrap();
+    net.run_until(
+        |n| {
+            n.b.connection(s)
+                .is_some_and(|c| c.recv_available() == 4000)
+        },
+        1000,
+    );
+    let seen = seen.borrow();
+    assert!(seen.iter().any(|x| x.0 && x.2 > 1000), "{seen:?}");
+    assert!(
+        seen.iter().filter(|x| x.0).all(|x| x.1 == 10 << 2),
+        "{seen:?}"
+    );
+}
+
 #[test]
 fn request_response_is_zero_copy_end_to_end() {
     let mut net = Net::pair();

@@ -849,6 +849,33 @@ fn send_buffer_limits_and_writable_event() {
     assert_eq!(c.send_capacity(), 1460);
 }
 
+/// RFC 9293 §3.8.6.3 / RFC 1122 §4.2.3.2 (MUST-58, MUST-59): ACKs are aggregated, and all
+/// queued segments are processed before one is sent. Three in-order segments and one that
+/// fills nothing (out of order) handed in before the driver polls get a single ACK, of
+/// everything in order; the out-of-order one is held (SHLD-31), not acknowledged past.
+#[test]
+fn rfc9293_3_8_6_3_segments_taken_before_a_poll_get_one_ack() {
+    let mut c = established();
+    let base = PEER_ISS + 1;
+    for i in 0..3u32 {
+        let s = ack_seg(base + i * 100, ISS + 1, 65535);
+        c.on_segment(t(10), &s, zb(&pattern(100, i as u8)));
+    }
+    let ooo = ack_seg(base + 500, ISS + 1, 65535);
+    c.on_segment(t(10), &ooo, zb(&pattern(100, 9)));
+    let out = poll_all(&mut c, t(10));
+    assert_eq!(out.len(), 1, "one ACK for the four segments: {out:?}");
+    assert_eq!(out[0].repr.flags, TcpFlags::ACK);
+    assert_eq!(out[0].repr.ack, SeqNum(base + 300));
+    assert_eq!(c.recv_available(), 300);
+    // The gap is filled: one ACK of everything, including the held segment.
+    let fill = ack_seg(base + 300, ISS + 1, 65535);
+    c.on_segment(t(11), &fill, zb(&pattern(200, 7)));
+    let out = poll_all(&mut c, t(11));
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].repr.ack, SeqNum(base + 600));
+}
+
 /// ESTABLISHED with delayed ACKs of `ms` milliseconds (no options).
 fn established_delayed_ack(ms: u64) -> Connection {
     let cfg = TcpConfig {

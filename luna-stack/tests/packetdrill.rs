@@ -109,6 +109,7 @@ scripts! {
     receive_window_full,
     recv_peek,
     rst_challenge_ack,
+    rst_with_data,
     rto_backoff,
     rto_loss_window,
     rto_skips_sacked,

@@ -510,6 +510,61 @@ fn rfc9293_3_9_2_1_application_sets_the_connections_dscp() {
     );
 }
 
+/// RFC 9293 §3.9.1.1 (MUST-41, MUST-42): a listening port takes several connections at
+/// once (each new SYN is a new connection while the listener goes on listening), and a
+/// passive OPEN leaves the connections already made alone: a second `listen` on the port
+/// is refused without touching them, and a listen on another port changes nothing either.
+#[test]
+fn rfc9293_3_9_1_1_a_listening_port_takes_several_connections_and_listen_leaves_them_alone() {
+    let mut net = Net::pair();
+    let l = net.b.listen(7000, 16).unwrap();
+    let remote = SocketAddrV4::new(ip_b(), 7000);
+    let c1 = net.a.connect(net.now, remote, None).unwrap();
+    let c2 = net.a.connect(net.now, remote, None).unwrap();
+    let mut servers = Vec::new();
+    net.run_until(
+        |n| {
+            for ev in events(&mut n.b) {
+                if ev == Event::Acceptable(l) {
+                    while let Some(s) = n.b.accept(l) {
+                        servers.push(s);
+                    }
+                }
+            }
+            servers.len() == 2
+                && n.a.state(c1) == Some(State::Established)
+                && n.a.state(c2) == Some(State::Established)
+        },
+        1000,
+    );
+    assert_eq!(net.b.listen(7000, 16).err(), Some(ListenError::AddrInUse));
+    let _other = net.b.listen(7001, 16).unwrap();
+    for &s in &servers {
+        assert_eq!(net.b.state(s), Some(State::Established));
+    }
+    // Both still carry data, each its own stream.
+    net.a
+        .send(c1, &Zbuf::copy_from_slice(&pattern(500, 1)))
+        .unwrap();
+    net.a
+        .send(c2, &Zbuf::copy_from_slice(&pattern(700, 2)))
+        .unwrap();
+    net.run_until(
+        |n| {
+            let mut got: Vec<usize> = servers
+                .iter()
+                .map(|&s| n.b.connection(s).map_or(0, |c| c.recv_available()))
+                .collect();
+            got.sort_unstable();
+            got == [500, 700]
+        },
+        1000,
+    );
+    // A third SYN while the two are open: the listener still listens.
+    let c3 = net.a.connect(net.now, remote, None).unwrap();
+    net.run_until(|n| n.a.state(c3) == Some(State::Established), 1000);
+}
+
 #[test]
 fn request_response_is_zero_copy_end_to_end() {
     let mut net = Net::pair();

@@ -780,6 +780,28 @@ impl<R: Rng> Stack<R> {
         true
     }
 
+    /// Set R2, the RTO expiries in a row before the connection is aborted (`Timeout`), for
+    /// this connection alone (RFC 9293 §3.8.3 MUST-21). Returns false for a stale handle.
+    pub fn set_max_retries(&mut self, h: SocketHandle, retries: u32) -> bool {
+        let Some(e) = self.entry_mut(h) else {
+            return false;
+        };
+        e.conn.set_max_retries(retries);
+        true
+    }
+
+    /// Turn Nagle's algorithm on or off for this connection alone (RFC 9293 §3.7.4
+    /// MUST-17: TCP_NODELAY). Returns false for a stale handle.
+    pub fn set_nagle(&mut self, h: SocketHandle, on: bool) -> bool {
+        let Some(e) = self.entry_mut(h) else {
+            return false;
+        };
+        e.conn.set_nagle(on);
+        // Data Nagle held may go now.
+        self.mark_dirty(h.idx);
+        true
+    }
+
     /// Abort with RST and release the handle.
     pub fn abort(&mut self, h: SocketHandle) {
         if let Some(e) = self.entry_mut(h) {

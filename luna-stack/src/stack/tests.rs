@@ -185,6 +185,28 @@ fn connected(net: &mut Net) -> (SocketHandle, SocketHandle) {
     (c, server.unwrap())
 }
 
+/// A second connection, to a listener of its own on port 7001 (once per `Net`).
+fn connected_again(net: &mut Net) -> (SocketHandle, SocketHandle) {
+    let l = net.b.listen(7001, 16).unwrap();
+    let c = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7001), None)
+        .unwrap();
+    let mut server = None;
+    net.run_until(
+        |n| {
+            for ev in events(&mut n.b) {
+                if ev == Event::Acceptable(l) {
+                    server = n.b.accept(l);
+                }
+            }
+            server.is_some() && n.a.state(c) == Some(State::Established)
+        },
+        1000,
+    );
+    (c, server.unwrap())
+}
+
 #[test]
 fn rfc826_arp_resolves_then_handshake_completes() {
     let mut net = Net::pair();
@@ -563,6 +585,65 @@ fn rfc9293_3_9_1_1_a_listening_port_takes_several_connections_and_listen_leaves_
     // A third SYN while the two are open: the listener still listens.
     let c3 = net.a.connect(net.now, remote, None).unwrap();
     net.run_until(|n| n.a.state(c3) == Some(State::Established), 1000);
+}
+
+/// RFC 9293 §3.8.3 (MUST-21): the application sets R2 for a particular connection
+/// (`Stack::set_max_retries`); the stack's other connections keep `TcpConfig::max_retries`.
+#[test]
+fn rfc9293_3_8_3_application_sets_r2_for_one_connection() {
+    let mut net = Net::pair();
+    let (c1, _s1) = connected(&mut net);
+    let (c2, _s2) = connected_again(&mut net);
+    assert!(net.a.set_max_retries(c1, 2));
+    // The path dies: every frame is lost.
+    net.drop = Box::new(|_, _| true);
+    net.a
+        .send(c1, &Zbuf::copy_from_slice(&pattern(100, 1)))
+        .unwrap();
+    net.a
+        .send(c2, &Zbuf::copy_from_slice(&pattern(100, 2)))
+        .unwrap();
+    let start = net.now;
+    net.run_until(|n| n.a.state(c1).is_none_or(|s| s == State::Closed), 1000);
+    assert_eq!(net.a.close_reason(c1), Some(CloseReason::Timeout));
+    // Three transmissions (two retransmissions) at RTOs of ~1 s, 2 s, 4 s at most.
+    assert!(
+        net.now - start < Duration::from_secs(10),
+        "{:?}",
+        net.now - start
+    );
+    assert_eq!(net.a.state(c2), Some(State::Established), "default R2 (15)");
+}
+
+/// RFC 9293 §3.7.4 (MUST-17): with Nagle on for the stack, an application turns it off
+/// for one connection (`Stack::set_nagle`): its small segments go out while data is
+/// unacknowledged; another connection still holds them.
+#[test]
+fn rfc9293_3_7_4_application_disables_nagle_on_one_connection() {
+    let mut a = cfg(MAC_A, ip_a());
+    a.tcp.nagle = true;
+    let mut net = Net::new(a, cfg(MAC_B, ip_b()));
+    let (c1, _s1) = connected(&mut net);
+    let (c2, _s2) = connected_again(&mut net);
+    assert!(net.a.set_nagle(c1, false));
+    let now = net.now;
+    let data_frames = |net: &mut Net, c: SocketHandle| {
+        net.a.send(c, &Zbuf::copy_from_slice(b"a")).unwrap();
+        let first = std::iter::from_fn(|| net.a.poll_transmit(now)).count();
+        net.a.send(c, &Zbuf::copy_from_slice(b"b")).unwrap();
+        let second = std::iter::from_fn(|| net.a.poll_transmit(now)).count();
+        (first, second)
+    };
+    assert_eq!(
+        data_frames(&mut net, c1),
+        (1, 1),
+        "Nagle off: 'b' goes at once"
+    );
+    assert_eq!(
+        data_frames(&mut net, c2),
+        (1, 0),
+        "Nagle on: 'b' waits for the ACK"
+    );
 }
 
 #[test]

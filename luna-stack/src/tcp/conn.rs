@@ -773,6 +773,23 @@ impl Connection {
         core::mem::take(&mut self.events)
     }
 
+    /// Set R2 for this connection alone: data retransmissions (RTO expiries in a row)
+    /// before it is aborted (RFC 9293 §3.8.3 MUST-21). The connection's settings become its
+    /// own copy; the stack's other connections keep `TcpConfig::max_retries`.
+    pub fn set_max_retries(&mut self, retries: u32) {
+        if self.cfg.max_retries != retries {
+            Arc::make_mut(&mut self.cfg).max_retries = retries;
+        }
+    }
+
+    /// Turn Nagle's algorithm on or off for this connection alone (RFC 9293 §3.7.4
+    /// MUST-17); the stack's other connections keep `TcpConfig::nagle`.
+    pub fn set_nagle(&mut self, on: bool) {
+        if self.cfg.nagle != on {
+            Arc::make_mut(&mut self.cfg).nagle = on;
+        }
+    }
+
     /// The application released its handle (the stack calls this on close and abort). The
     /// states that wait on the peer without bound then get one: FIN-WAIT-2 ends after
     /// `fin_timeout`, and zero-window probing counts toward `max_retries` even when answered.

@@ -104,8 +104,12 @@ pub enum ConnectError {
     /// No route to the destination.
     #[error("no route to the destination")]
     NoRoute,
-    /// The destination is not a unicast address (or is our own).
-    #[error("the destination is not a unicast address of another host, or its port is 0")]
+    /// The destination is not a unicast address (or is our own), or the local address
+    /// given to [`Stack::connect_from`] is not one of ours.
+    #[error(
+        "the destination is not a unicast address of another host, or its port is 0, \
+         or the local address is not ours"
+    )]
     InvalidAddress,
     /// The requested local port is in use for this destination.
     #[error("the local port is in use for this destination")]
@@ -609,12 +613,43 @@ impl<R: Rng> Stack<R> {
         remote: SocketAddrV4,
         local_port: Option<u16>,
     ) -> Result<SocketHandle, ConnectError> {
+        self.open(now, None, remote, local_port)
+    }
+
+    /// [`connect`](Self::connect) from the local address `local` (RFC 9293 §3.9.1.1
+    /// MUST-43: OPEN's optional local IP address) instead of the route's source. `local`
+    /// must be one of the stack's addresses (else `InvalidAddress`); the next hop is still
+    /// the route's.
+    pub fn connect_from(
+        &mut self,
+        now: Instant,
+        local: Ipv4Addr,
+        remote: SocketAddrV4,
+        local_port: Option<u16>,
+    ) -> Result<SocketHandle, ConnectError> {
+        if !self.addrs.contains(local) {
+            return Err(ConnectError::InvalidAddress);
+        }
+        self.open(now, Some(local), remote, local_port)
+    }
+
+    /// An active OPEN from `local` (or the route's source) to `remote`.
+    fn open(
+        &mut self,
+        now: Instant,
+        local: Option<Ipv4Addr>,
+        remote: SocketAddrV4,
+        local_port: Option<u16>,
+    ) -> Result<SocketHandle, ConnectError> {
         let dst = *remote.ip();
         self.invalid_remote(remote)?;
         // RFC 1122 §3.3.4.3 / RFC 1812 §4.2.2.5 (as Linux's `prefsrc`): the route's
         // source address when it is ours, else the address on the next hop's subnet.
         let (next_hop, src) = match self.routes.next_hop(dst) {
-            Some((hop, route)) => (hop, self.choose_source(route.source, hop)),
+            Some((hop, route)) => (
+                hop,
+                local.unwrap_or_else(|| self.choose_source(route.source, hop)),
+            ),
             None => return Err(ConnectError::NoRoute),
         };
         let port = match local_port {

@@ -646,6 +646,51 @@ fn rfc9293_3_7_4_application_disables_nagle_on_one_connection() {
     );
 }
 
+/// RFC 9293 §3.9.1.1 (MUST-43): OPEN takes an optional local IP address
+/// (`Stack::connect_from`): the connection uses it instead of the route's source, the
+/// peer sees it, and an address that is not ours is refused.
+#[test]
+fn rfc9293_3_9_1_1_open_takes_an_optional_local_address() {
+    let mut net = Net::pair();
+    let second = Ipv4Addr::new(198, 18, 0, 7);
+    assert_eq!(
+        net.a.add_address(Ipv4Cidr::new(second, 24).unwrap()),
+        Ok(true)
+    );
+    let l = net.b.listen(7000, 16).unwrap();
+    let remote = SocketAddrV4::new(ip_b(), 7000);
+    let c = net.a.connect_from(net.now, second, remote, None).unwrap();
+    let d = net.a.connect(net.now, remote, None).unwrap();
+    let mut servers = Vec::new();
+    net.run_until(
+        |n| {
+            for ev in events(&mut n.b) {
+                if ev == Event::Acceptable(l) {
+                    while let Some(s) = n.b.accept(l) {
+                        servers.push(s);
+                    }
+                }
+            }
+            servers.len() == 2
+        },
+        1000,
+    );
+    assert_eq!(*net.a.connection(c).unwrap().tuple().local.ip(), second);
+    assert_eq!(*net.a.connection(d).unwrap().tuple().local.ip(), ip_a());
+    let mut peers: Vec<Ipv4Addr> = servers
+        .iter()
+        .map(|&s| *net.b.connection(s).unwrap().tuple().remote.ip())
+        .collect();
+    peers.sort();
+    assert_eq!(peers, [ip_a(), second]);
+    assert_eq!(
+        net.a
+            .connect_from(net.now, Ipv4Addr::new(198, 18, 0, 9), remote, None)
+            .err(),
+        Some(ConnectError::InvalidAddress)
+    );
+}
+
 #[test]
 fn request_response_is_zero_copy_end_to_end() {
     let mut net = Net::pair();

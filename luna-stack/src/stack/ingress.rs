@@ -366,10 +366,9 @@ impl<R: Rng> Stack<R> {
                 use Icmpv4DstUnreachable::{FragRequired, PortUnreachable, ProtoUnreachable};
                 // Hard errors (RFC 1122 §4.2.3.9: protocol and port unreachable) and
                 // frag-needed (RFC 1191 §4) are acted on; the soft ones (net and host
-                // unreachable, ...) MUST NOT abort and change nothing here.
-                if !matches!(reason, FragRequired | PortUnreachable | ProtoUnreachable) {
-                    return self.counters.drop(StackDrop::IcmpIgnored);
-                }
+                // unreachable, ...) MUST NOT abort (RFC 9293 MUST-56): they are only
+                // recorded for the application (SHLD-25), below.
+                let hard = matches!(reason, FragRequired | PortUnreachable | ProtoUnreachable);
                 // RFC 5927 §4.1 validation: the quoted segment must belong to a connection
                 // and carry an in-flight sequence number (each handler checks the latter).
                 let (Some((sport, dport)), Some(seq)) = (quote.ports(), quote.tcp_seq()) else {
@@ -386,6 +385,11 @@ impl<R: Rng> Stack<R> {
                     .entry
                     .as_deref_mut()
                     .expect("tuple map is consistent");
+                if !hard {
+                    // Counted as ignored: the connection's behaviour does not change.
+                    e.conn.on_icmp_soft_error(seq, reason);
+                    return self.counters.drop(StackDrop::IcmpIgnored);
+                }
                 if reason == FragRequired {
                     if e.conn.on_path_mtu(seq, next_hop_mtu) {
                         self.counters.pmtu_updates += 1;

@@ -15,7 +15,7 @@ use crate::tables::route::{NextHop, Route, RouteTable};
 use crate::tcp::conn::{Connection, FourTuple};
 use crate::tcp::isn::IsnGenerator;
 use crate::tcp::syncookie::{SynCookieConfig, SynCookies};
-use crate::tcp::{self, CloseReason, ConnCounters, State, TcpConfig};
+use crate::tcp::{self, CloseReason, ConnCounters, SoftError, State, TcpConfig};
 use crate::time::Instant;
 use core::net::{Ipv4Addr, SocketAddrV4};
 use std::collections::{HashMap, VecDeque};
@@ -813,6 +813,13 @@ impl<R: Rng> Stack<R> {
             e.tmpl = None;
         }
         true
+    }
+
+    /// The connection's soft error, if any (RFC 9293 §3.9.1.8 MUST-47): R1 timeouts in a
+    /// row (SHLD-9) or an ICMP net/host unreachable quoting data in flight (SHLD-25); the
+    /// connection goes on, and forward progress clears it. `None` for a stale handle.
+    pub fn soft_error(&self, h: SocketHandle) -> Option<SoftError> {
+        self.connection(h)?.soft_error()
     }
 
     /// Set R2, the RTO expiries in a row before the connection is aborted (`Timeout`), for

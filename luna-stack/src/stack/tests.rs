@@ -6,8 +6,8 @@ use crate::tcp::SeqNum;
 use crate::time::Duration;
 use crate::wire::{
     ArpOperation, ArpPacket, ArpRepr, ChecksumCaps, EtherType, EthernetAddress, EthernetFrame,
-    EthernetRepr, Icmpv4Packet, Icmpv4Repr, IpProtocol, Ipv4Cidr, Ipv4Packet, Ipv4Repr, TcpFlags,
-    TcpOptions, TcpPacket, TcpRepr,
+    EthernetRepr, Icmpv4DstUnreachable, Icmpv4Packet, Icmpv4Repr, IpProtocol, Ipv4Cidr, Ipv4Packet,
+    Ipv4Repr, TcpFlags, TcpOptions, TcpPacket, TcpRepr,
 };
 
 const MAC_A: EthernetAddress = EthernetAddress([0x02, 0, 0, 0, 0, 1]);
@@ -689,6 +689,98 @@ fn rfc9293_3_9_1_1_open_takes_an_optional_local_address() {
             .err(),
         Some(ConnectError::InvalidAddress)
     );
+}
+
+/// An ICMP destination unreachable (`code`) from `from` to A, quoting A's segment `quote`
+/// (its IPv4 header and first 8 TCP octets).
+fn icmp_unreachable_frame(from: Ipv4Addr, code: u8, quote: &[u8]) -> Vec<u8> {
+    let quoted = &quote[14..14 + 28];
+    let icmp_len = 8 + quoted.len();
+    let mut buf = vec![0u8; 14 + 20 + icmp_len];
+    EthernetRepr {
+        src_addr: MAC_B,
+        dst_addr: MAC_A,
+        ethertype: EtherType::Ipv4,
+    }
+    .emit(&mut EthernetFrame::new_unchecked(&mut buf[..]));
+    Ipv4Repr::new(from, ip_a(), IpProtocol::Icmp, icmp_len).emit(
+        &mut Ipv4Packet::new_unchecked(&mut buf[14..34]),
+        &ChecksumCaps::software(),
+    );
+    let icmp = &mut buf[34..];
+    icmp[0] = 3;
+    icmp[1] = code;
+    icmp[8..].copy_from_slice(quoted);
+    let sum = crate::wire::checksum::data(icmp);
+    icmp[2..4].copy_from_slice(&(!sum).to_be_bytes());
+    buf
+}
+
+/// RFC 9293 §3.9.1.8 (MUST-47), §3.8.3 (SHLD-9), §3.9.2.2 (SHLD-25): soft errors reach the
+/// application (`Stack::soft_error`) without aborting anything (MUST-56): a net or host
+/// unreachable quoting data in flight, and R1 (3) retransmissions of the same data; both
+/// are cleared by forward progress. A quote of data not in flight records nothing.
+#[test]
+fn rfc9293_3_9_1_8_soft_errors_are_reported_to_the_application() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let mut net = Net::pair();
+    let (c, s) = connected(&mut net);
+    assert_eq!(net.a.soft_error(c), None);
+    let last: Rc<RefCell<Vec<u8>>> = Rc::default();
+    let keep = Rc::clone(&last);
+    let dead = Rc::new(RefCell::new(true));
+    let is_dead = Rc::clone(&dead);
+    net.drop = Box::new(move |from_a, bytes| {
+        if from_a {
+            *keep.borrow_mut() = bytes.to_vec();
+        }
+        *is_dead.borrow()
+    });
+    net.a
+        .send(c, &Zbuf::copy_from_slice(&pattern(500, 1)))
+        .unwrap();
+    net.flush();
+    let data = last.borrow().clone();
+    assert!(data.len() > 54, "A's data segment");
+    let router = Ipv4Addr::new(198, 18, 0, 254);
+    // Quoting a sequence number not in flight: nothing recorded.
+    let mut stale = data.clone();
+    stale[38..42].copy_from_slice(&0x1234_5678u32.to_be_bytes());
+    net.a.handle_frame(
+        net.now,
+        Zbuf::copy_from_slice(&icmp_unreachable_frame(router, 1, &stale)),
+    );
+    assert_eq!(net.a.soft_error(c), None);
+    net.a.handle_frame(
+        net.now,
+        Zbuf::copy_from_slice(&icmp_unreachable_frame(router, 1, &data)),
+    );
+    assert_eq!(
+        net.a.soft_error(c),
+        Some(SoftError::Unreachable(
+            Icmpv4DstUnreachable::HostUnreachable
+        ))
+    );
+    assert_eq!(
+        net.a.state(c),
+        Some(State::Established),
+        "MUST-56: no abort"
+    );
+    // R1: the third retransmission of the same data is reported.
+    net.run_until(
+        |n| matches!(n.a.soft_error(c), Some(SoftError::Retransmitting(_))),
+        1000,
+    );
+    assert_eq!(net.a.soft_error(c), Some(SoftError::Retransmitting(3)));
+    assert_eq!(net.a.state(c), Some(State::Established));
+    // The path heals: the data is acknowledged and the report is gone.
+    *dead.borrow_mut() = false;
+    net.run_until(
+        |n| n.b.connection(s).is_some_and(|c| c.recv_available() == 500),
+        1000,
+    );
+    net.run_until(|n| n.a.soft_error(c).is_none(), 1000);
 }
 
 #[test]

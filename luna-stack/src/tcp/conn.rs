@@ -21,7 +21,7 @@ use super::scoreboard::{NextSeg, Scoreboard};
 use super::sendq::SendQueue;
 use super::SeqNum;
 use crate::time::{Duration, Instant};
-use crate::wire::{SackBlocks, TcpFlags, TcpOptions, TcpRepr, Timestamps};
+use crate::wire::{Icmpv4DstUnreachable, SackBlocks, TcpFlags, TcpOptions, TcpRepr, Timestamps};
 use core::net::SocketAddrV4;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -379,6 +379,21 @@ pub struct Connection {
     dsack_round: Option<SeqNum>,
     /// Doublings of the probe timeout after needless probes (`tlp.rs`).
     tlp_backoff: u8,
+    /// The last ICMP soft error quoting data in flight, until forward progress
+    /// ([`Connection::soft_error`]).
+    icmp_soft: Option<Icmpv4DstUnreachable>,
+}
+
+/// A soft error condition (RFC 9293 §3.9.1.8 MUST-47): the connection goes on, but the
+/// application may want to know of the delivery problem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SoftError {
+    /// An ICMP destination unreachable that does not abort (net, host, source route
+    /// failed, prohibited...; RFC 9293 §3.9.2.2 SHLD-25) quoted data in flight.
+    Unreachable(Icmpv4DstUnreachable),
+    /// The same data went unacknowledged through this many timeouts in a row, at least
+    /// [`Connection::R1`] (RFC 9293 §3.8.3 SHLD-9); R2 is `max_retries`.
+    Retransmitting(u32),
 }
 
 impl core::fmt::Debug for Connection {
@@ -484,6 +499,7 @@ impl Connection {
             reo_persist: 0,
             dsack_round: None,
             tlp_backoff: 0,
+            icmp_soft: None,
             rexmit_now: None,
             syn_retransmitted: false,
             rcv_mss: DEFAULT_PEER_MSS.min(mss),
@@ -771,6 +787,31 @@ impl Connection {
     /// Take the events accumulated since the last call.
     pub fn take_events(&mut self) -> Events {
         core::mem::take(&mut self.events)
+    }
+
+    /// RFC 9293 §3.8.3 R1: timeouts in a row after which the delivery problem is reported
+    /// ([`SoftError::Retransmitting`]); SHLD-10 asks for at least 3.
+    pub const R1: u32 = 3;
+
+    /// The soft error the connection has now, if any (RFC 9293 §3.9.1.8 MUST-47): R1 or
+    /// more timeouts in a row, else the last ICMP soft error quoting data in flight. Both
+    /// clear when the peer acknowledges new data.
+    pub fn soft_error(&self) -> Option<SoftError> {
+        if self.retries >= Self::R1 && self.state != State::Closed {
+            return Some(SoftError::Retransmitting(self.retries));
+        }
+        self.icmp_soft.map(SoftError::Unreachable)
+    }
+
+    /// An ICMP destination unreachable that does not abort (RFC 9293 §3.9.2.2: MUST-56)
+    /// quoting sequence number `seq`: recorded for [`soft_error`](Self::soft_error) when
+    /// `seq` is in flight (RFC 5927 §4.1). Returns whether it was.
+    pub fn on_icmp_soft_error(&mut self, seq: SeqNum, code: Icmpv4DstUnreachable) -> bool {
+        if self.state == State::Closed || !seq.ge(self.snd_una) || !seq.lt(self.snd_max) {
+            return false;
+        }
+        self.icmp_soft = Some(code);
+        true
     }
 
     /// Set R2 for this connection alone: data retransmissions (RTO expiries in a row)

@@ -27,7 +27,7 @@ pub use crate::wire::SeqNum;
 pub use config::TcpConfig;
 pub use conn::{
     CloseReason, Connection, Disposition, Events, FourTuple, OutSegment, RecvError, SendError,
-    State,
+    SoftError, State,
 };
 pub use counters::{ConnCounters, DropReason};
 /// The RTT estimator a connection exposes ([`Connection::rtt`]) and congestion control reads.

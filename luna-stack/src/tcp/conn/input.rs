@@ -942,6 +942,7 @@ impl Connection {
             self.snd_nxt = self.snd_una;
         }
         self.retries = 0;
+        self.icmp_soft = None;
         self.persist_backoff = 0;
         self.lt_bytes = 0;
         self.keepalive.probes_sent = 0;

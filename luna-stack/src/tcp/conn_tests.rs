@@ -1286,6 +1286,36 @@ fn rfc6298_5_rto_retransmits_from_snd_una_and_aborts_after_max_retries() {
     assert_eq!(c.close_reason(), Some(CloseReason::Timeout));
 }
 
+/// RFC 9293 §3.8.3 (SHLD-11): with the default settings R2 is at least 100 seconds, even
+/// from the smallest RTO (the 200 ms floor after a fast RTT sample): 15 timeouts backing
+/// off to the 60 s cap.
+#[test]
+fn rfc9293_3_8_3_default_r2_is_at_least_100_seconds() {
+    let mut c = established_with(TcpConfig::default(), TcpOptions::default());
+    c.send(&zb(&pattern(1000, 4))).unwrap();
+    let sent = t(2);
+    poll_all(&mut c, sent);
+    // A 1 ms RTT sample: the RTO falls to its floor.
+    c.on_segment(t(3), &ack_seg(PEER_ISS + 1, ISS + 501, 65535), zb(&[]));
+    poll_all(&mut c, t(3));
+    let mut last = t(3);
+    for _ in 0..100 {
+        let Some(now) = c.poll_timeout() else { break };
+        c.on_timeout(now);
+        poll_all(&mut c, now);
+        last = now;
+        if c.state() == State::Closed {
+            break;
+        }
+    }
+    assert_eq!(c.close_reason(), Some(CloseReason::Timeout));
+    assert!(
+        last - sent >= Duration::from_secs(100),
+        "gave up after {:?}",
+        last - sent
+    );
+}
+
 /// Regression (ACK war after RTO on both ends, found by r2c's memif RPC test): after an
 /// RTO rewinds SND.NXT, a pure ACK must carry SND.MAX, or a peer that already received
 /// the data finds it unacceptable (RFC 9293 §3.10.7.4) and answers with its own ACK.

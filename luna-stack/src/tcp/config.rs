@@ -20,6 +20,18 @@ pub struct KeepaliveConfig {
     pub probes: u32,
 }
 
+impl Default for KeepaliveConfig {
+    /// RFC 9293 §3.8.4 (MUST-28): the idle interval defaults to no less than two hours.
+    /// Interval and count as Linux's (`tcp_keepalive_intvl` 75 s, `tcp_keepalive_probes` 9).
+    fn default() -> Self {
+        KeepaliveConfig {
+            idle: Duration::from_secs(2 * 3600),
+            interval: Duration::from_secs(75),
+            probes: 9,
+        }
+    }
+}
+
 /// TCP tuning knobs. `Default` is tuned for datacenter RPC: Nagle off, quick ACKs,
 /// SACK, timestamps and window scaling on.
 #[derive(Debug, Clone)]
@@ -241,6 +253,20 @@ impl TcpConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RFC 9293 §3.8.4: keep-alive is off by default (MUST-25) and, once asked for with
+    /// the default settings, waits at least two hours of idleness (MUST-28).
+    #[test]
+    fn rfc9293_3_8_4_keepalive_off_by_default_and_two_hours_when_on() {
+        assert_eq!(TcpConfig::default().keepalive, None);
+        let ka = KeepaliveConfig::default();
+        assert!(ka.idle >= Duration::from_secs(7200), "{ka:?}");
+        let on = TcpConfig {
+            keepalive: Some(ka),
+            ..TcpConfig::default()
+        };
+        assert!(on.validate().is_ok());
+    }
 
     #[test]
     fn validate_names_the_bad_setting() {

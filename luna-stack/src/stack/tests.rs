@@ -165,32 +165,20 @@ fn events(s: &mut Stack<FakeRng>) -> Vec<Event> {
 
 /// Connect A to B:7000 through a listener; returns (client handle, server handle).
 fn connected(net: &mut Net) -> (SocketHandle, SocketHandle) {
-    let l = net.b.listen(7000, 16).unwrap();
-    let c = net
-        .a
-        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
-        .unwrap();
-    let mut server = None;
-    net.run_until(
-        |n| {
-            for ev in events(&mut n.b) {
-                if ev == Event::Acceptable(l) {
-                    server = n.b.accept(l);
-                }
-            }
-            server.is_some() && n.a.state(c) == Some(State::Established)
-        },
-        1000,
-    );
-    (c, server.unwrap())
+    connected_on(net, 7000)
 }
 
 /// A second connection, to a listener of its own on port 7001 (once per `Net`).
 fn connected_again(net: &mut Net) -> (SocketHandle, SocketHandle) {
-    let l = net.b.listen(7001, 16).unwrap();
+    connected_on(net, 7001)
+}
+
+/// Connect A to B:`port` through a new listener on it.
+fn connected_on(net: &mut Net, port: u16) -> (SocketHandle, SocketHandle) {
+    let l = net.b.listen(port, 16).unwrap();
     let c = net
         .a
-        .connect(net.now, SocketAddrV4::new(ip_b(), 7001), None)
+        .connect(net.now, SocketAddrV4::new(ip_b(), port), None)
         .unwrap();
     let mut server = None;
     net.run_until(

@@ -93,10 +93,11 @@ typedef struct {
 // A callback with the context only.
 typedef void (*luna_ctx_fn)(luna_ctx_t *ctx, void *user);
 
-// A connection, as C names it: never 0; stale ids are refused with `EBADF`.
+// A connection, as C names it: never 0; stale ids, and ids of another core, are refused
+// with `EBADF`.
 typedef uint64_t luna_conn_t;
 
-// A listener, as C names it: never 0.
+// A listener, as C names it: never 0; stale ids, and ids of another core, are `EBADF`.
 typedef uint64_t luna_listener_t;
 
 // A callback about one connection.

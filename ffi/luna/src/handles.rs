@@ -1,72 +1,69 @@
 //! Per-core tables that turn r2c's connection and listener handles into the 64-bit ids C
 //! sees (`luna_conn_t`, `luna_listener_t`), validate the ids C passes back (a stale or
-//! made-up id is `EBADF`, never a wrong connection) and hold a `void *` per entry.
+//! made-up id, or one of another core, is `EBADF`, never a wrong connection) and hold a
+//! `void *` per entry.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::hash::Hash;
 
-struct Slot<T> {
-    gen: u32,
-    entry: Option<(T, *mut c_void)>,
-}
+/// Bits of an id that count the table's ids; the bits above name the core.
+const SERIAL_BITS: u32 = 48;
+const SERIAL_MASK: u64 = (1 << SERIAL_BITS) - 1;
 
-/// Ids are `(generation << 32) | (slot + 1)`: never 0, and a reused slot gets a new
-/// generation, so an id of a closed connection never names the next one.
+/// Ids are `(core + 1) << 48 | serial`, the serial counting every id the core's table
+/// handed out: never 0, never an id of another core (of the first 65,535), and an id of
+/// a closed connection does not come back before 2^48 more (8.9 years at a million
+/// connections a second on one core). A per-slot generation came back after 2^32 reuses
+/// of one slot, and every core's first connection had the same id.
 pub(crate) struct Handles<T> {
-    slots: Vec<Slot<T>>,
-    free: Vec<u32>,
+    tag: u64,
+    serial: u64,
+    entries: HashMap<u64, (T, *mut c_void)>,
     ids: HashMap<T, u64>,
 }
 
 impl<T: Copy + Eq + Hash> Default for Handles<T> {
     fn default() -> Self {
-        Handles {
-            slots: Vec::new(),
-            free: Vec::new(),
-            ids: HashMap::new(),
-        }
+        Self::new(0)
     }
 }
 
-fn split(id: u64) -> Option<(usize, u32)> {
-    let slot = (id & 0xffff_ffff) as u32;
-    (slot != 0).then(|| ((slot - 1) as usize, (id >> 32) as u32))
-}
-
 impl<T: Copy + Eq + Hash> Handles<T> {
+    /// The table of core `core` (ids of other cores' tables are not valid in it).
+    pub fn new(core: usize) -> Self {
+        Handles {
+            tag: ((core as u64 % 0xffff) + 1) << SERIAL_BITS,
+            serial: 0,
+            entries: HashMap::new(),
+            ids: HashMap::new(),
+        }
+    }
+
+    /// Test only: as if `n` more ids had been handed out and removed.
+    #[cfg(test)]
+    fn fast_forward(&mut self, n: u64) {
+        self.serial = (self.serial + n) & SERIAL_MASK;
+    }
+
     /// A new id for `t` (the existing one if `t` is already in).
     pub fn insert(&mut self, t: T) -> u64 {
         if let Some(&id) = self.ids.get(&t) {
             return id;
         }
-        let idx = match self.free.pop() {
-            Some(i) => i as usize,
-            None => {
-                self.slots.push(Slot {
-                    gen: 0,
-                    entry: None,
-                });
-                self.slots.len() - 1
-            }
-        };
-        let s = &mut self.slots[idx];
-        s.gen = s.gen.wrapping_add(1);
-        s.entry = Some((t, std::ptr::null_mut()));
-        let id = (u64::from(s.gen) << 32) | (idx as u64 + 1);
+        self.serial = (self.serial + 1) & SERIAL_MASK;
+        if self.serial == 0 {
+            self.serial = 1;
+        }
+        let id = self.tag | self.serial;
+        self.entries.insert(id, (t, std::ptr::null_mut()));
         self.ids.insert(t, id);
         id
     }
 
-    fn slot(&self, id: u64) -> Option<&(T, *mut c_void)> {
-        let (idx, gen) = split(id)?;
-        let s = self.slots.get(idx)?;
-        (s.gen == gen).then_some(s.entry.as_ref()?)
-    }
-
     /// The handle of `id`.
     pub fn get(&self, id: u64) -> Option<T> {
-        self.slot(id).map(|e| e.0)
+        self.entries.get(&id).map(|e| e.0)
     }
 
     /// The id of `t`.
@@ -76,36 +73,24 @@ impl<T: Copy + Eq + Hash> Handles<T> {
 
     /// The user pointer of `id`.
     pub fn user(&self, id: u64) -> Option<*mut c_void> {
-        self.slot(id).map(|e| e.1)
+        self.entries.get(&id).map(|e| e.1)
     }
 
     /// Sets the user pointer of `id`; false for an unknown id.
     pub fn set_user(&mut self, id: u64, p: *mut c_void) -> bool {
-        let Some((idx, gen)) = split(id) else {
-            return false;
-        };
-        match self.slots.get_mut(idx) {
-            Some(Slot {
-                gen: g,
-                entry: Some(e),
-            }) if *g == gen => {
+        match self.entries.get_mut(&id) {
+            Some(e) => {
                 e.1 = p;
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
     /// Removes `id`; its handle.
     pub fn remove_id(&mut self, id: u64) -> Option<T> {
-        let (idx, gen) = split(id)?;
-        let s = self.slots.get_mut(idx)?;
-        if s.gen != gen {
-            return None;
-        }
-        let (t, _) = s.entry.take()?;
+        let (t, _) = self.entries.remove(&id)?;
         self.ids.remove(&t);
-        self.free.push(idx as u32);
         Some(t)
     }
 }
@@ -139,5 +124,33 @@ mod tests {
             assert_eq!(h.remove_id(bad), None);
         }
         assert_eq!(h.get(b), Some(8));
+    }
+
+    #[test]
+    fn an_id_of_another_core_is_not_valid_here() {
+        let mut c0: Handles<u32> = Handles::new(0);
+        let mut c1: Handles<u32> = Handles::new(1);
+        let a = c0.insert(7);
+        let b = c1.insert(9);
+        assert_ne!(a, b, "ids of two cores differ");
+        assert_eq!(c1.get(a), None, "core 0's id names nothing on core 1");
+        assert_eq!(c0.get(b), None);
+        assert!(!c1.set_user(a, std::ptr::null_mut()));
+        assert_eq!(c1.remove_id(a), None);
+        assert_eq!(c1.get(b), Some(9));
+    }
+
+    #[test]
+    fn an_id_is_not_reused_when_a_slot_has_been_reused_2_pow_32_times() {
+        let mut h: Handles<u32> = Handles::new(0);
+        let a = h.insert(7);
+        assert_eq!(h.remove_id(a), Some(7));
+        h.fast_forward(u64::from(u32::MAX));
+        for t in 8..12 {
+            let b = h.insert(t);
+            assert_ne!(b, a, "the first connection's id named a later one");
+            assert_eq!(h.get(a), None);
+            h.remove_id(b);
+        }
     }
 }

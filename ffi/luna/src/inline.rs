@@ -12,9 +12,10 @@ use r2c::{Conn, Ctx, InlineApp, Listener, Runtime};
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddrV4;
 
-/// A connection, as C names it: never 0; stale ids are refused with `EBADF`.
+/// A connection, as C names it: never 0; stale ids, and ids of another core, are refused
+/// with `EBADF`.
 pub type luna_conn_t = u64;
-/// A listener, as C names it: never 0.
+/// A listener, as C names it: never 0; stale ids, and ids of another core, are `EBADF`.
 pub type luna_listener_t = u64;
 
 /// The context of an inline callback: valid only during the callback it is passed to,
@@ -165,11 +166,11 @@ pub unsafe extern "C" fn luna_run_inline(
         // SAFETY: NULL or a valid ops struct (caller's contract).
         let ops = *unsafe { ops.as_ref() }.ok_or_else(|| null("ops"))?;
         let user = UserPtr(user);
-        let make = move |_i: usize| CApp {
+        let make = move |i: usize| CApp {
             ops,
             user,
-            conns: Handles::default(),
-            listeners: Handles::default(),
+            conns: Handles::new(i),
+            listeners: Handles::new(i),
         };
         start(env, move |cores, opts| match cores {
             Cores::Dpdk(c) => Runtime::spawn_inline(c, opts, make),

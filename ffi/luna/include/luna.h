@@ -397,8 +397,9 @@ int luna_sock_register(luna_sockets_t *s, int sock, uint32_t events);
 int luna_sock_deregister(luna_sockets_t *s, int sock);
 
 // `epoll_wait(.., timeout 0)`: up to `max` ready registered sockets into `out`
-// (level triggered: a socket stays ready until drained; ready sockets beyond `max`
-// show up at the next call). The count, or -1 with `EINVAL` (NULL `out` with
+// (level triggered: a socket stays ready until drained; when more than `max` are
+// ready, the least recently reported go first, so ready sockets beyond `max` show up
+// at the next calls). The count, or -1 with `EINVAL` (NULL `out` with
 // `max > 0`).
 //
 // # Safety

@@ -59,12 +59,25 @@ pub struct luna_batch_ops_t {
 pub(crate) struct SocksInner<'a, 'b> {
     s: &'a mut Sockets<'b>,
     events: &'a mut Vec<PollEvent>,
+    fair: &'a mut Fairness,
+}
+
+/// When `luna_sock_poll` last reported each descriptor: ready sockets are handed out
+/// least recently reported first, so a `max` smaller than the ready set takes turns
+/// (r2c lists them in the same order every time, and a socket that stays ready — an idle
+/// connection is always writable — kept those behind it out for good).
+#[derive(Default)]
+struct Fairness {
+    /// Per descriptor: the `count` of its last report (0: never).
+    last: Vec<u64>,
+    count: u64,
 }
 
 struct CBatch {
     ops: luna_batch_ops_t,
     user: UserPtr,
     events: Vec<PollEvent>,
+    fair: Fairness,
 }
 
 impl CBatch {
@@ -73,6 +86,7 @@ impl CBatch {
             let mut inner = SocksInner {
                 s,
                 events: &mut self.events,
+                fair: &mut self.fair,
             };
             f((&mut inner as *mut SocksInner<'_, '_>).cast(), self.user.0);
         }
@@ -113,6 +127,7 @@ pub unsafe extern "C" fn luna_run_batch(
             ops,
             user,
             events: Vec::new(),
+            fair: Fairness::default(),
         };
         start(env, move |cores, opts| match cores {
             Cores::Dpdk(c) => Runtime::spawn_batch(c, opts, make),
@@ -482,8 +497,9 @@ pub unsafe extern "C" fn luna_sock_deregister(s: *mut luna_sockets_t, sock: c_in
 }
 
 /// `epoll_wait(.., timeout 0)`: up to `max` ready registered sockets into `out`
-/// (level triggered: a socket stays ready until drained; ready sockets beyond `max`
-/// show up at the next call). The count, or -1 with `EINVAL` (NULL `out` with
+/// (level triggered: a socket stays ready until drained; when more than `max` are
+/// ready, the least recently reported go first, so ready sockets beyond `max` show up
+/// at the next calls). The count, or -1 with `EINVAL` (NULL `out` with
 /// `max > 0`).
 ///
 /// # Safety
@@ -504,6 +520,20 @@ pub unsafe extern "C" fn luna_sock_poll(
         let n = c.events.len().min(max).min(c_int::MAX as usize);
         if n == 0 {
             return Ok(0);
+        }
+        let f = &mut *c.fair;
+        if n < c.events.len() {
+            let last = &f.last;
+            c.events
+                .sort_by_key(|e| last.get(e.fd.0 as usize).copied().unwrap_or(0));
+        }
+        for e in &c.events[..n] {
+            let i = e.fd.0 as usize;
+            if f.last.len() <= i {
+                f.last.resize(i + 1, 0);
+            }
+            f.count += 1;
+            f.last[i] = f.count;
         }
         // SAFETY: `out` has room for `max` ≥ `n` events (caller's contract).
         let dst = unsafe { std::slice::from_raw_parts_mut(out, n) };

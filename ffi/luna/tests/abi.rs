@@ -499,3 +499,107 @@ fn zbuf_handles_write_freeze_slice_and_bounds() {
         ]
     );
 }
+
+/// A listener on `PORT` and nothing else (the connections stay open, idle).
+extern "C" fn listen_only(ctx: *mut luna_ctx_t, _user: *mut c_void) {
+    // SAFETY: ctx is this callback's context.
+    assert_eq!(unsafe { luna_listen(ctx, PORT, 64, null_mut()) }, 0);
+}
+
+/// The poll-fairness client: two sockets, both registered for writability.
+struct Fair {
+    fds: [i32; 2],
+    polls: usize,
+    seen: [usize; 2],
+    errors: Vec<String>,
+}
+
+extern "C" fn fair_poll(s: *mut luna_sockets_t, user: *mut c_void) {
+    // SAFETY: `user` is the test's Fair, used only by this core's thread.
+    let f = unsafe { &mut *(user as *mut Fair) };
+    // SAFETY: `s` is this callback's socket API.
+    unsafe {
+        if f.fds[0] < 0 {
+            let to = luna_addr_t {
+                addr: u32::from(std::net::Ipv4Addr::new(198, 18, 0, 1)).to_be(),
+                port: PORT,
+                reserved: 0,
+            };
+            for i in 0..2 {
+                f.fds[i] = luna_sock_socket(s);
+                if luna_sock_connect(s, f.fds[i], &to) != -1 || errno().0 != libc::EINPROGRESS {
+                    f.errors.push(format!("connect: {}", last_error()));
+                }
+                luna_sock_register(s, f.fds[i], LUNA_POLLOUT);
+            }
+            return;
+        }
+        // One event per call: an idle connection stays writable (level triggered), and
+        // "ready sockets beyond max show up at the next call".
+        let mut ev = [luna_poll_event_t::default(); 1];
+        if f.polls >= 200 {
+            return;
+        }
+        if luna_sock_poll(s, ev.as_mut_ptr(), 1) == 1 && ev[0].events & LUNA_POLLOUT != 0 {
+            f.polls += 1;
+            for i in 0..2 {
+                if ev[0].fd == f.fds[i] {
+                    f.seen[i] += 1;
+                }
+            }
+        }
+        if f.polls >= 200 {
+            luna_sock_request_stop(s);
+        }
+    }
+}
+
+#[test]
+fn poll_with_a_small_max_reports_every_ready_socket_in_turn() {
+    let (a, b) = MemPair::build(&MemConfig::default()).expect("mem link");
+    let senv = env_from_mem(&config("198.18.0.1"), vec![a]).expect("server env");
+    let cenv = env_from_mem(&config("198.18.0.2"), vec![b]).expect("client env");
+    let mut fair = Box::new(Fair {
+        fds: [-1, -1],
+        polls: 0,
+        seen: [0, 0],
+        errors: Vec::new(),
+    });
+    // SAFETY: the environments are live; ops and user outlive the runtimes.
+    unsafe {
+        let sops = luna_inline_ops_t {
+            on_start: Some(listen_only),
+            on_accept: None,
+            on_connected: None,
+            on_readable: None,
+            on_writable: None,
+            on_closed: None,
+            on_poll: None,
+            on_stop: None,
+        };
+        let srt = luna_run_inline(senv, &sops, null_mut());
+        assert!(!srt.is_null(), "{}", last_error());
+        let cops = luna_batch_ops_t {
+            on_start: None,
+            on_poll: Some(fair_poll),
+            on_stop: None,
+        };
+        let crt = luna_run_batch(cenv, &cops, &mut *fair as *mut Fair as *mut c_void);
+        assert!(!crt.is_null(), "{}", last_error());
+        wait(crt, Duration::from_secs(30));
+        assert_eq!(luna_runtime_join(crt), 0, "{}", last_error());
+        assert_eq!(luna_runtime_stop(srt), 0);
+        assert_eq!(luna_runtime_join(srt), 0, "{}", last_error());
+        luna_runtime_free(srt);
+        luna_runtime_free(crt);
+        luna_env_free(senv);
+        luna_env_free(cenv);
+    }
+    assert!(fair.errors.is_empty(), "{:?}", fair.errors);
+    assert_eq!(fair.polls, 200);
+    assert!(
+        fair.seen[0] >= 90 && fair.seen[1] >= 90,
+        "two always-writable sockets, one event per poll: seen {:?}",
+        fair.seen
+    );
+}

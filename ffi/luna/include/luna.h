@@ -536,6 +536,7 @@ int luna_env_cores(const luna_env_t *env);
 
 // Frees an environment (NULL is a no-op). A runtime started from it keeps what it
 // needs alive, so the order of `luna_env_free` and `luna_runtime_free` does not matter.
+// Called from a core's callback it frees nothing and sets errno to `EINVAL`.
 //
 // # Safety
 // `env` is NULL or a live environment, not used again after this call.
@@ -559,13 +560,15 @@ int luna_runtime_finished(const luna_runtime_t *rt);
 // Waits for every core to exit (call [`luna_runtime_stop`] first, or let a callback
 // call `luna_ctx_request_stop` / `luna_sock_request_stop`). The final counters stay
 // readable with `luna_runtime_stats`. 0; -1 with `EIO` when a core failed or panicked
-// (message in `luna_last_error`), `EINVAL` (NULL or already joined).
+// (message in `luna_last_error`), `EINVAL` (NULL, already joined, or called from a
+// core's callback: a core cannot join itself).
 //
 // # Safety
 // `rt` is NULL or a live runtime; not called from one of its own core threads.
 int luna_runtime_join(luna_runtime_t *rt);
 
 // Frees a runtime (NULL is a no-op); one still running is stopped and joined first.
+// Called from a core's callback it frees nothing and sets errno to `EINVAL`.
 //
 // # Safety
 // `rt` is NULL or a live runtime, not used again; not called from its core threads.

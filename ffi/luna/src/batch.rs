@@ -83,6 +83,7 @@ struct CBatch {
 impl CBatch {
     fn call(&mut self, s: &mut Sockets<'_>, f: luna_sockets_fn) {
         if let Some(f) = f {
+            crate::env::on_core();
             let mut inner = SocksInner {
                 s,
                 events: &mut self.events,

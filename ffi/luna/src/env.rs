@@ -8,6 +8,7 @@ use r2c::device::dpdk::{memif_quiesce, port_name_from_vdev, DpdkDevice, DpdkDevi
 use r2c::device::mem::MemDevice;
 use r2c::device::Device;
 use r2c::{CoreOptions, CoreSetup, CoreStats, ReleaseHook, Runtime};
+use std::cell::Cell;
 use std::ffi::{c_char, c_int, CStr};
 use std::path::Path;
 use std::sync::Arc;
@@ -43,6 +44,29 @@ pub(crate) struct Keep {
     _eal: Option<Eal>,
     _slab: Option<Slab>,
     _registry: Option<DmaRegistry>,
+}
+
+thread_local! {
+    /// Set on a core's thread when it first calls the application.
+    static ON_CORE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks this thread as a core's (before each application callback).
+pub(crate) fn on_core() {
+    ON_CORE.with(|c| c.set(true));
+}
+
+/// `EINVAL` on a core's thread: `what` belongs to the controlling thread (a core cannot
+/// join or free the runtime it runs in: joining itself deadlocked or panicked and lost
+/// the runtime's threads; freeing it freed what the core was running on).
+fn controlling(what: &str) -> Res<()> {
+    if ON_CORE.with(Cell::get) {
+        return Err(Fail::new(
+            libc::EINVAL,
+            format!("{what} is for the controlling thread, not a core's callback"),
+        ));
+    }
+    Ok(())
 }
 
 fn dpdk_fail(what: &str, e: &dpdk_sys::Error) -> Fail {
@@ -239,6 +263,7 @@ pub unsafe extern "C" fn luna_init(
     n_overrides: usize,
 ) -> *mut luna_env_t {
     guard(std::ptr::null_mut(), || {
+        controlling("luna_init")?;
         // SAFETY: forwarded caller contract.
         let o = unsafe { self::overrides(overrides, n_overrides) }?;
         let cfg = if config_path.is_null() {
@@ -279,6 +304,7 @@ pub unsafe extern "C" fn luna_env_cores(env: *const luna_env_t) -> c_int {
 
 /// Frees an environment (NULL is a no-op). A runtime started from it keeps what it
 /// needs alive, so the order of `luna_env_free` and `luna_runtime_free` does not matter.
+/// Called from a core's callback it frees nothing and sets errno to `EINVAL`.
 ///
 /// # Safety
 /// `env` is NULL or a live environment, not used again after this call.
@@ -286,6 +312,7 @@ pub unsafe extern "C" fn luna_env_cores(env: *const luna_env_t) -> c_int {
 pub unsafe extern "C" fn luna_env_free(env: *mut luna_env_t) {
     guard((), || {
         if !env.is_null() {
+            controlling("luna_env_free")?;
             // SAFETY: made by Box::into_raw in luna_init / env_from_mem, freed once.
             drop(unsafe { Box::from_raw(env) });
         }
@@ -308,6 +335,7 @@ pub(crate) fn start(
     env: *mut luna_env_t,
     spawn: impl FnOnce(Cores, CoreOptions) -> Result<Runtime, r2c::RuntimeError>,
 ) -> Res<*mut luna_runtime_t> {
+    controlling("luna_run_*")?;
     // SAFETY: NULL or a live environment (caller's contract, forwarded).
     let env = unsafe { env.as_mut() }.ok_or_else(|| null("env"))?;
     let cores = env.cores.take().ok_or_else(|| {
@@ -370,13 +398,15 @@ pub unsafe extern "C" fn luna_runtime_finished(rt: *const luna_runtime_t) -> c_i
 /// Waits for every core to exit (call [`luna_runtime_stop`] first, or let a callback
 /// call `luna_ctx_request_stop` / `luna_sock_request_stop`). The final counters stay
 /// readable with `luna_runtime_stats`. 0; -1 with `EIO` when a core failed or panicked
-/// (message in `luna_last_error`), `EINVAL` (NULL or already joined).
+/// (message in `luna_last_error`), `EINVAL` (NULL, already joined, or called from a
+/// core's callback: a core cannot join itself).
 ///
 /// # Safety
 /// `rt` is NULL or a live runtime; not called from one of its own core threads.
 #[no_mangle]
 pub unsafe extern "C" fn luna_runtime_join(rt: *mut luna_runtime_t) -> c_int {
     guard(-1, || {
+        controlling("luna_runtime_join")?;
         // SAFETY: NULL or live (caller's contract).
         let r = unsafe { rt.as_mut() }.ok_or_else(|| null("runtime"))?;
         let run =
@@ -403,6 +433,7 @@ pub unsafe extern "C" fn luna_runtime_join(rt: *mut luna_runtime_t) -> c_int {
 }
 
 /// Frees a runtime (NULL is a no-op); one still running is stopped and joined first.
+/// Called from a core's callback it frees nothing and sets errno to `EINVAL`.
 ///
 /// # Safety
 /// `rt` is NULL or a live runtime, not used again; not called from its core threads.
@@ -410,6 +441,7 @@ pub unsafe extern "C" fn luna_runtime_join(rt: *mut luna_runtime_t) -> c_int {
 pub unsafe extern "C" fn luna_runtime_free(rt: *mut luna_runtime_t) {
     guard((), || {
         if !rt.is_null() {
+            controlling("luna_runtime_free")?;
             // SAFETY: made by Box::into_raw in `start`, freed once.
             drop(unsafe { Box::from_raw(rt) });
         }

@@ -89,6 +89,7 @@ impl CApp {
         ctx: &mut Ctx<'_>,
         f: impl FnOnce(*mut luna_ctx_t, *mut c_void) -> R,
     ) -> R {
+        crate::env::on_core();
         let user = self.user.0;
         let mut inner = CtxInner {
             ctx,

@@ -603,3 +603,68 @@ fn poll_with_a_small_max_reports_every_ready_socket_in_turn() {
         fair.seen
     );
 }
+
+/// What a callback got when it called the controlling thread's functions.
+struct SelfJoin {
+    rt: std::sync::atomic::AtomicPtr<luna_runtime_t>,
+    got: Mutex<Option<(i32, i32, i32)>>,
+}
+
+extern "C" fn self_join_poll(s: *mut luna_sockets_t, user: *mut c_void) {
+    // SAFETY: `user` is the test's SelfJoin, alive until the runtime is joined.
+    let sj = unsafe { &*(user as *const SelfJoin) };
+    let rt = sj.rt.load(Ordering::Acquire);
+    if rt.is_null() || sj.got.lock().unwrap().is_some() {
+        return;
+    }
+    // SAFETY: rt is live (the main thread frees it after joining); a core cannot join
+    // itself: the call must be refused, not deadlock or take the runtime away.
+    unsafe {
+        let rc = luna_runtime_join(rt);
+        let e = errno().0;
+        let mut freed = 0;
+        if rc == -1 && e == libc::EINVAL {
+            luna_runtime_free(rt);
+            freed = errno().0;
+        }
+        *sj.got.lock().unwrap() = Some((rc, e, freed));
+        luna_sock_request_stop(s);
+    }
+}
+
+#[test]
+fn a_callback_cannot_join_or_free_its_own_runtime() {
+    let (a, _b) = MemPair::build(&MemConfig::default()).expect("mem link");
+    let env = env_from_mem(&config("198.18.0.1"), vec![a]).expect("env");
+    let sj = Box::new(SelfJoin {
+        rt: std::sync::atomic::AtomicPtr::new(null_mut()),
+        got: Mutex::new(None),
+    });
+    // SAFETY: env is live; sj outlives the runtime.
+    unsafe {
+        let ops = luna_batch_ops_t {
+            on_start: None,
+            on_poll: Some(self_join_poll),
+            on_stop: None,
+        };
+        let rt = luna_run_batch(env, &ops, &*sj as *const SelfJoin as *mut c_void);
+        assert!(!rt.is_null(), "{}", last_error());
+        sj.rt.store(rt, Ordering::Release);
+        let end = Instant::now() + Duration::from_secs(10);
+        while sj.got.lock().unwrap().is_none() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let got = *sj.got.lock().unwrap();
+        assert_eq!(
+            got,
+            Some((-1, libc::EINVAL, libc::EINVAL)),
+            "join and free from a callback are refused"
+        );
+        assert_eq!(luna_runtime_join(rt), 0, "{}", last_error());
+        let mut st = luna_core_stats_t::default();
+        assert_eq!(luna_runtime_stats(rt, 0, &mut st, std::mem::size_of_val(&st)), 0);
+        assert_eq!(st.stopped, 1);
+        luna_runtime_free(rt);
+        luna_env_free(env);
+    }
+}

@@ -676,7 +676,9 @@ ptrdiff_t luna_send(luna_ctx_t *ctx, luna_conn_t conn, const luna_zbuf_t *buf);
 
 // Sends all of `buf` or nothing, zero copy: what TCP cannot take now waits in the
 // runtime's bounded backlog and goes first. `buf` stays the caller's to free. 0, or -1
-// with `EAGAIN` (the backlog is full: nothing taken), `EPIPE`, `ECONNRESET`, `EBADF`,
+// with `EAGAIN` (the backlog is full: nothing taken), `EMSGSIZE` (`buf` is larger than
+// the TCP send buffer and the backlog together, the config's `tcp.snd_buf` + 4 MiB: it
+// would never be taken whole; send it in pieces), `EPIPE`, `ECONNRESET`, `EBADF`,
 // `EINVAL`.
 //
 // # Safety
@@ -684,8 +686,8 @@ ptrdiff_t luna_send(luna_ctx_t *ctx, luna_conn_t conn, const luna_zbuf_t *buf);
 int luna_send_all(luna_ctx_t *ctx, luna_conn_t conn, const luna_zbuf_t *buf);
 
 // Copies `len` bytes of `data` into one buffer from the core's cache and sends it as
-// `luna_send_all` does (all or nothing). 0, or -1 as `luna_send_all`, plus `ENOBUFS`
-// (no buffer that large).
+// `luna_send_all` does (all or nothing). 0, or -1 as `luna_send_all` (`EMSGSIZE`
+// included), plus `ENOBUFS` (no buffer that large).
 //
 // # Safety
 // `ctx` is NULL or the running callback's context; `data` holds `len` readable bytes.

@@ -74,6 +74,7 @@ pub(crate) struct CtxInner<'a, 'b> {
     ctx: &'a mut Ctx<'b>,
     conns: &'a mut Handles<Conn>,
     listeners: &'a mut Handles<Listener>,
+    send_all_limit: usize,
 }
 
 struct CApp {
@@ -81,6 +82,9 @@ struct CApp {
     user: UserPtr,
     conns: Handles<Conn>,
     listeners: Handles<Listener>,
+    /// The TCP send buffer and the runtime's backlog together: `luna_send_all` never
+    /// takes a larger buffer whole.
+    send_all_limit: usize,
 }
 
 impl CApp {
@@ -95,6 +99,7 @@ impl CApp {
             ctx,
             conns: &mut self.conns,
             listeners: &mut self.listeners,
+            send_all_limit: self.send_all_limit,
         };
         f((&mut inner as *mut CtxInner<'_, '_>).cast(), user)
     }
@@ -167,15 +172,23 @@ pub unsafe extern "C" fn luna_run_inline(
         // SAFETY: NULL or a valid ops struct (caller's contract).
         let ops = *unsafe { ops.as_ref() }.ok_or_else(|| null("ops"))?;
         let user = UserPtr(user);
-        let make = move |i: usize| CApp {
-            ops,
-            user,
-            conns: Handles::new(i),
-            listeners: Handles::new(i),
-        };
-        start(env, move |cores, opts| match cores {
-            Cores::Dpdk(c) => Runtime::spawn_inline(c, opts, make),
-            Cores::Mem(c) => Runtime::spawn_inline(c, opts, make),
+        start(env, move |cores, opts| {
+            let snd_bufs: Vec<usize> = match &cores {
+                Cores::Dpdk(c) => c.iter().map(|s| s.stack.tcp.snd_buf as usize).collect(),
+                Cores::Mem(c) => c.iter().map(|s| s.stack.tcp.snd_buf as usize).collect(),
+            };
+            let max_backlog = opts.max_backlog;
+            let make = move |i: usize| CApp {
+                ops,
+                user,
+                conns: Handles::new(i),
+                listeners: Handles::new(i),
+                send_all_limit: snd_bufs.get(i).copied().unwrap_or(0) + max_backlog,
+            };
+            match cores {
+                Cores::Dpdk(c) => Runtime::spawn_inline(c, opts, make),
+                Cores::Mem(c) => Runtime::spawn_inline(c, opts, make),
+            }
         })
     })
 }
@@ -190,6 +203,22 @@ unsafe fn inner<'a>(ctx: *mut luna_ctx_t) -> Res<&'a mut CtxInner<'a, 'a>> {
 
 fn conn_of(c: &CtxInner<'_, '_>, id: luna_conn_t) -> Res<Conn> {
     c.conns.get(id).ok_or_else(|| bad_handle("connection", id))
+}
+
+/// `EMSGSIZE` for a `luna_send_all` buffer larger than the send buffer and the backlog
+/// together: it can never be taken whole (`EAGAIN` would have the caller retry for ever).
+fn too_large(c: &CtxInner<'_, '_>, len: usize) -> Res<()> {
+    if len > c.send_all_limit {
+        return Err(Fail::new(
+            libc::EMSGSIZE,
+            format!(
+                "send_all: {len} bytes are more than the send buffer and the backlog hold \
+                 together ({}); send them in pieces (luna_zbuf_slice) or with luna_send",
+                c.send_all_limit
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn send_fail(e: SendError) -> Fail {
@@ -457,7 +486,9 @@ pub unsafe extern "C" fn luna_send(
 
 /// Sends all of `buf` or nothing, zero copy: what TCP cannot take now waits in the
 /// runtime's bounded backlog and goes first. `buf` stays the caller's to free. 0, or -1
-/// with `EAGAIN` (the backlog is full: nothing taken), `EPIPE`, `ECONNRESET`, `EBADF`,
+/// with `EAGAIN` (the backlog is full: nothing taken), `EMSGSIZE` (`buf` is larger than
+/// the TCP send buffer and the backlog together, the config's `tcp.snd_buf` + 4 MiB: it
+/// would never be taken whole; send it in pieces), `EPIPE`, `ECONNRESET`, `EBADF`,
 /// `EINVAL`.
 ///
 /// # Safety
@@ -474,14 +505,15 @@ pub unsafe extern "C" fn luna_send_all(
         // SAFETY: forwarded caller contract.
         let z = unsafe { get(buf, "buf") }?;
         let h = conn_of(c, conn)?;
+        too_large(c, z.0.len())?;
         c.ctx.send_all(h, z.0.clone()).map_err(send_fail)?;
         Ok(0)
     })
 }
 
 /// Copies `len` bytes of `data` into one buffer from the core's cache and sends it as
-/// `luna_send_all` does (all or nothing). 0, or -1 as `luna_send_all`, plus `ENOBUFS`
-/// (no buffer that large).
+/// `luna_send_all` does (all or nothing). 0, or -1 as `luna_send_all` (`EMSGSIZE`
+/// included), plus `ENOBUFS` (no buffer that large).
 ///
 /// # Safety
 /// `ctx` is NULL or the running callback's context; `data` holds `len` readable bytes.
@@ -502,6 +534,7 @@ pub unsafe extern "C" fn luna_send_copy(
         if data.is_null() {
             return Err(null("data"));
         }
+        too_large(c, len)?;
         // SAFETY: `data` holds `len` readable bytes (caller's contract).
         let src = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
         let mut b = c

@@ -668,3 +668,93 @@ fn a_callback_cannot_join_or_free_its_own_runtime() {
         luna_env_free(env);
     }
 }
+
+/// What the server's `luna_send_all` / `luna_send_copy` of buffers too large to ever be
+/// taken whole returned: (rc, errno) each, then a buffer of the send buffer's size.
+static BIG_SEND: Mutex<Vec<(i32, i32)>> = Mutex::new(Vec::new());
+
+extern "C" fn big_accept(
+    ctx: *mut luna_ctx_t,
+    conn: luna_conn_t,
+    _l: luna_listener_t,
+    _user: *mut c_void,
+) {
+    let mut r = Vec::new();
+    // SAFETY: ctx is this callback's context; handles freed once.
+    unsafe {
+        // The defaults: a 1 MiB send buffer and a 4 MiB backlog.
+        for len in [6 << 20, 1 << 20] {
+            let m = luna_ctx_alloc(ctx, len);
+            assert!(!m.is_null(), "{}", last_error());
+            luna_zbuf_mut_extend(m, len);
+            let z = luna_zbuf_freeze(m);
+            let rc = luna_send_all(ctx, conn, z);
+            r.push((rc, if rc == 0 { 0 } else { errno().0 }));
+            luna_zbuf_free(z);
+        }
+        let big = vec![0u8; 6 << 20];
+        let rc = luna_send_copy(ctx, conn, big.as_ptr().cast(), big.len());
+        r.push((rc, if rc == 0 { 0 } else { errno().0 }));
+        luna_abort(ctx, conn);
+    }
+    *BIG_SEND.lock().unwrap() = r;
+}
+
+extern "C" fn connect_once(ctx: *mut luna_ctx_t, _user: *mut c_void) {
+    let to = luna_addr_t {
+        addr: u32::from(std::net::Ipv4Addr::new(198, 18, 0, 1)).to_be(),
+        port: PORT,
+        reserved: 0,
+    };
+    // SAFETY: ctx is this callback's context.
+    assert_eq!(unsafe { luna_connect(ctx, &to, null_mut()) }, 0);
+}
+
+#[test]
+fn send_all_of_a_buffer_that_can_never_be_taken_whole_is_emsgsize_not_eagain() {
+    let (a, b) = MemPair::build(&MemConfig::default()).expect("mem link");
+    let senv = env_from_mem(&config("198.18.0.1"), vec![a]).expect("server env");
+    let cenv = env_from_mem(&config("198.18.0.2"), vec![b]).expect("client env");
+    let none = luna_inline_ops_t {
+        on_start: None,
+        on_accept: None,
+        on_connected: None,
+        on_readable: None,
+        on_writable: None,
+        on_closed: None,
+        on_poll: None,
+        on_stop: None,
+    };
+    // SAFETY: the environments are live; ops outlive the runtimes.
+    unsafe {
+        let sops = luna_inline_ops_t {
+            on_start: Some(listen_only),
+            on_accept: Some(big_accept),
+            ..none
+        };
+        let cops = luna_inline_ops_t {
+            on_start: Some(connect_once),
+            ..none
+        };
+        let srt = luna_run_inline(senv, &sops, null_mut());
+        assert!(!srt.is_null(), "{}", last_error());
+        let crt = luna_run_inline(cenv, &cops, null_mut());
+        assert!(!crt.is_null(), "{}", last_error());
+        let end = Instant::now() + Duration::from_secs(10);
+        while BIG_SEND.lock().unwrap().is_empty() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for rt in [srt, crt] {
+            luna_runtime_stop(rt);
+            assert_eq!(luna_runtime_join(rt), 0, "{}", last_error());
+            luna_runtime_free(rt);
+        }
+        luna_env_free(senv);
+        luna_env_free(cenv);
+    }
+    assert_eq!(
+        *BIG_SEND.lock().unwrap(),
+        vec![(-1, libc::EMSGSIZE), (0, 0), (-1, libc::EMSGSIZE)],
+        "6 MiB is more than the send buffer and the backlog together: EAGAIN would be retried for ever"
+    );
+}

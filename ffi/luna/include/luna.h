@@ -303,7 +303,8 @@ uint64_t luna_sock_now_ns(luna_sockets_t *s);
 int luna_sock_request_stop(luna_sockets_t *s);
 
 // A writable buffer of up to `len` bytes (heap-backed in batch mode); NULL with
-// `EINVAL` (NULL). Send it with `luna_sock_send_zbuf` after `luna_zbuf_freeze`.
+// `ENOBUFS` (the heap has no `len` bytes), `EINVAL` (NULL). Send it with
+// `luna_sock_send_zbuf` after `luna_zbuf_freeze`.
 //
 // # Safety
 // `s` is NULL or the running callback's socket API.

@@ -189,7 +189,8 @@ pub unsafe extern "C" fn luna_sock_request_stop(s: *mut luna_sockets_t) -> c_int
 }
 
 /// A writable buffer of up to `len` bytes (heap-backed in batch mode); NULL with
-/// `EINVAL` (NULL). Send it with `luna_sock_send_zbuf` after `luna_zbuf_freeze`.
+/// `ENOBUFS` (the heap has no `len` bytes), `EINVAL` (NULL). Send it with
+/// `luna_sock_send_zbuf` after `luna_zbuf_freeze`.
 ///
 /// # Safety
 /// `s` is NULL or the running callback's socket API.
@@ -201,8 +202,30 @@ pub unsafe extern "C" fn luna_sock_alloc(
     guard(std::ptr::null_mut(), || {
         // SAFETY: forwarded caller contract.
         unsafe { inner(s) }?;
-        Ok(boxed(luna_zbuf_mut_t(zbuf::ZbufMut::heap(0, len))))
+        Ok(boxed(luna_zbuf_mut_t(heap_zeroed(len)?)))
     })
+}
+
+/// `ZbufMut::heap(0, len)` that fails with `ENOBUFS` where the allocator refuses (the
+/// infallible one aborts the process: a C program asking for a size the heap has not).
+fn heap_zeroed(len: usize) -> Res<zbuf::ZbufMut> {
+    let fail = || Fail::new(libc::ENOBUFS, format!("alloc {len}: the heap has no room"));
+    let v = if len == 0 {
+        Vec::new()
+    } else {
+        let layout = std::alloc::Layout::array::<u8>(len).map_err(|_| fail())?;
+        // SAFETY: `layout` has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            return Err(fail());
+        }
+        // SAFETY: `p` was allocated by the global allocator with the layout of `len`
+        // bytes, which are initialised (zeroed); length and capacity are `len`.
+        unsafe { Vec::from_raw_parts(p, len, len) }
+    };
+    let mut m = zbuf::ZbufMut::from_vec(v);
+    m.clear();
+    Ok(m)
 }
 
 /// `socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0)`: a new socket; -1 with `EINVAL`.

@@ -758,3 +758,48 @@ fn send_all_of_a_buffer_that_can_never_be_taken_whole_is_emsgsize_not_eagain() {
         "6 MiB is more than the send buffer and the backlog together: EAGAIN would be retried for ever"
     );
 }
+
+/// What `luna_sock_alloc` of sizes no heap has gave: (NULL?, errno) each.
+static HUGE_ALLOC: Mutex<Vec<(bool, i32)>> = Mutex::new(Vec::new());
+
+extern "C" fn huge_alloc_start(s: *mut luna_sockets_t, _u: *mut c_void) {
+    let mut r = Vec::new();
+    // SAFETY: `s` is this callback's API; a returned buffer is freed once.
+    unsafe {
+        for len in [1usize << 50, usize::MAX] {
+            let m = luna_sock_alloc(s, len);
+            r.push((m.is_null(), if m.is_null() { errno().0 } else { 0 }));
+            luna_zbuf_mut_free(m);
+        }
+        let m = luna_sock_alloc(s, 0);
+        r.push((m.is_null(), luna_zbuf_mut_tailroom(m) as i32));
+        luna_zbuf_mut_free(m);
+        luna_sock_request_stop(s);
+    }
+    *HUGE_ALLOC.lock().unwrap() = r;
+}
+
+#[test]
+fn sock_alloc_of_more_than_memory_is_enobufs_not_an_abort() {
+    let (a, _b) = MemPair::build(&MemConfig::default()).expect("mem link");
+    let env = env_from_mem(&config("198.18.0.1"), vec![a]).expect("env");
+    extern "C" fn poll(_s: *mut luna_sockets_t, _u: *mut c_void) {}
+    // SAFETY: env is live.
+    unsafe {
+        let ops = luna_batch_ops_t {
+            on_start: Some(huge_alloc_start),
+            on_poll: Some(poll),
+            on_stop: None,
+        };
+        let rt = luna_run_batch(env, &ops, null_mut());
+        assert!(!rt.is_null(), "{}", last_error());
+        wait(rt, Duration::from_secs(10));
+        assert_eq!(luna_runtime_join(rt), 0, "{}", last_error());
+        luna_runtime_free(rt);
+        luna_env_free(env);
+    }
+    assert_eq!(
+        *HUGE_ALLOC.lock().unwrap(),
+        vec![(true, libc::ENOBUFS), (true, libc::ENOBUFS), (false, 0)]
+    );
+}

@@ -662,7 +662,10 @@ fn a_callback_cannot_join_or_free_its_own_runtime() {
         );
         assert_eq!(luna_runtime_join(rt), 0, "{}", last_error());
         let mut st = luna_core_stats_t::default();
-        assert_eq!(luna_runtime_stats(rt, 0, &mut st, std::mem::size_of_val(&st)), 0);
+        assert_eq!(
+            luna_runtime_stats(rt, 0, &mut st, std::mem::size_of_val(&st)),
+            0
+        );
         assert_eq!(st.stopped, 1);
         luna_runtime_free(rt);
         luna_env_free(env);

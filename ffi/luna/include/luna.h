@@ -42,6 +42,10 @@ typedef struct luna_iovec_t luna_iovec_t;
 
 // Running (or joined) cores. Opaque to C; made by `luna_run_inline` /
 // `luna_run_batch`, freed by [`luna_runtime_free`].
+//
+// Stop, finished and stats are for any thread, also while the controlling thread waits
+// in `luna_runtime_join`: they go through the stop flag and the stats readers, never
+// through the `Runtime` that `join` takes out of the lock.
 typedef struct luna_runtime_t luna_runtime_t;
 
 // The socket API of one core during one batch callback. Opaque; valid only during
@@ -543,7 +547,8 @@ int luna_env_cores(const luna_env_t *env);
 // `env` is NULL or a live environment, not used again after this call.
 void luna_env_free(luna_env_t *env);
 
-// Asks every core to stop gracefully (any thread, also from a callback): each core calls
+// Asks every core to stop gracefully (any thread, also from a callback, also while the
+// controlling thread waits in `luna_runtime_join`): each core calls
 // `on_stop`, then closes its connections (reset after the config's shutdown grace).
 // 0, or -1 with `EINVAL` (NULL).
 //
@@ -552,14 +557,15 @@ void luna_env_free(luna_env_t *env);
 int luna_runtime_stop(const luna_runtime_t *rt);
 
 // 1 when every core thread has exited (the application stopped it, or a core failed),
-// 0 while any runs, -1 with `EINVAL` (NULL).
+// 0 while any runs (and while `luna_runtime_join` waits), -1 with `EINVAL` (NULL).
 //
 // # Safety
 // `rt` is NULL or a live runtime.
 int luna_runtime_finished(const luna_runtime_t *rt);
 
 // Waits for every core to exit (call [`luna_runtime_stop`] first, or let a callback
-// call `luna_ctx_request_stop` / `luna_sock_request_stop`). The final counters stay
+// call `luna_ctx_request_stop` / `luna_sock_request_stop`; another thread may call
+// `luna_runtime_stop` and read the stats while this waits). The final counters stay
 // readable with `luna_runtime_stats`. 0; -1 with `EIO` when a core failed or panicked
 // (message in `luna_last_error`), `EINVAL` (NULL, already joined, or called from a
 // core's callback: a core cannot join itself).

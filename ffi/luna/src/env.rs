@@ -7,11 +7,11 @@ use r2c::config::{Config, DeviceKind};
 use r2c::device::dpdk::{memif_quiesce, port_name_from_vdev, DpdkDevice, DpdkDeviceConfig};
 use r2c::device::mem::MemDevice;
 use r2c::device::Device;
-use r2c::{CoreOptions, CoreSetup, CoreStats, ReleaseHook, Runtime};
+use r2c::{CoreOptions, CoreSetup, CoreStats, ReleaseHook, Runtime, StatsReader, StopHandle};
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, CStr};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 use zbuf::dpdk::DmaRegistry;
 use zbuf::{Slab, SlabConfig};
@@ -322,12 +322,25 @@ pub unsafe extern "C" fn luna_env_free(env: *mut luna_env_t) {
 
 /// Running (or joined) cores. Opaque to C; made by `luna_run_inline` /
 /// `luna_run_batch`, freed by [`luna_runtime_free`].
+///
+/// Stop, finished and stats are for any thread, also while the controlling thread waits
+/// in `luna_runtime_join`: they go through the stop flag and the stats readers, never
+/// through the `Runtime` that `join` takes out of the lock.
 pub struct luna_runtime_t {
-    rt: Option<Runtime>,
+    /// The cores until `luna_runtime_join` takes them.
+    rt: Mutex<Option<Runtime>>,
+    stop: StopHandle,
+    readers: Vec<StatsReader>,
     /// Final counters once joined.
-    final_stats: Option<Vec<CoreStats>>,
+    final_stats: OnceLock<Vec<CoreStats>>,
     cores: usize,
     _keep: Keep,
+}
+
+impl luna_runtime_t {
+    fn run(&self) -> MutexGuard<'_, Option<Runtime>> {
+        self.rt.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// Starts the environment's cores with `spawn`; the environment's devices are used up.
@@ -348,8 +361,10 @@ pub(crate) fn start(
     let rt = spawn(cores, env.opts.clone())
         .map_err(|e| Fail::new(libc::EIO, format!("start the runtime: {e}")))?;
     Ok(Box::into_raw(Box::new(luna_runtime_t {
-        rt: Some(rt),
-        final_stats: None,
+        stop: rt.stop_handle(),
+        readers: (0..rt.cores()).filter_map(|i| rt.stats_reader(i)).collect(),
+        rt: Mutex::new(Some(rt)),
+        final_stats: OnceLock::new(),
         cores: n,
         _keep: env.keep.clone(),
     })))
@@ -362,7 +377,8 @@ unsafe fn rt_ref<'a>(rt: *const luna_runtime_t) -> Res<&'a luna_runtime_t> {
     unsafe { rt.as_ref() }.ok_or_else(|| null("runtime"))
 }
 
-/// Asks every core to stop gracefully (any thread, also from a callback): each core calls
+/// Asks every core to stop gracefully (any thread, also from a callback, also while the
+/// controlling thread waits in `luna_runtime_join`): each core calls
 /// `on_stop`, then closes its connections (reset after the config's shutdown grace).
 /// 0, or -1 with `EINVAL` (NULL).
 ///
@@ -372,15 +388,13 @@ unsafe fn rt_ref<'a>(rt: *const luna_runtime_t) -> Res<&'a luna_runtime_t> {
 pub unsafe extern "C" fn luna_runtime_stop(rt: *const luna_runtime_t) -> c_int {
     guard(-1, || {
         // SAFETY: forwarded caller contract.
-        if let Some(r) = &unsafe { rt_ref(rt) }?.rt {
-            r.stop();
-        }
+        unsafe { rt_ref(rt) }?.stop.stop();
         Ok(0)
     })
 }
 
 /// 1 when every core thread has exited (the application stopped it, or a core failed),
-/// 0 while any runs, -1 with `EINVAL` (NULL).
+/// 0 while any runs (and while `luna_runtime_join` waits), -1 with `EINVAL` (NULL).
 ///
 /// # Safety
 /// `rt` is NULL or a live runtime.
@@ -388,15 +402,21 @@ pub unsafe extern "C" fn luna_runtime_stop(rt: *const luna_runtime_t) -> c_int {
 pub unsafe extern "C" fn luna_runtime_finished(rt: *const luna_runtime_t) -> c_int {
     guard(-1, || {
         // SAFETY: forwarded caller contract.
-        Ok(match &unsafe { rt_ref(rt) }?.rt {
-            Some(r) => c_int::from(r.is_finished()),
-            None => 1,
-        })
+        let r = unsafe { rt_ref(rt) }?;
+        if r.final_stats.get().is_some() {
+            return Ok(1);
+        }
+        // While `luna_runtime_join` waits the cores are not known finished (0) until it
+        // returns.
+        Ok(r.run()
+            .as_ref()
+            .map_or(0, |run| c_int::from(run.is_finished())))
     })
 }
 
 /// Waits for every core to exit (call [`luna_runtime_stop`] first, or let a callback
-/// call `luna_ctx_request_stop` / `luna_sock_request_stop`). The final counters stay
+/// call `luna_ctx_request_stop` / `luna_sock_request_stop`; another thread may call
+/// `luna_runtime_stop` and read the stats while this waits). The final counters stay
 /// readable with `luna_runtime_stats`. 0; -1 with `EIO` when a core failed or panicked
 /// (message in `luna_last_error`), `EINVAL` (NULL, already joined, or called from a
 /// core's callback: a core cannot join itself).
@@ -407,28 +427,31 @@ pub unsafe extern "C" fn luna_runtime_finished(rt: *const luna_runtime_t) -> c_i
 pub unsafe extern "C" fn luna_runtime_join(rt: *mut luna_runtime_t) -> c_int {
     guard(-1, || {
         controlling("luna_runtime_join")?;
-        // SAFETY: NULL or live (caller's contract).
-        let r = unsafe { rt.as_mut() }.ok_or_else(|| null("runtime"))?;
-        let run =
-            r.rt.take()
-                .ok_or_else(|| Fail::new(libc::EINVAL, "the runtime was already joined"))?;
-        let last = run.stats();
-        match run.join() {
+        // SAFETY: NULL or live (caller's contract); shared: other threads may stop the
+        // runtime or read its stats meanwhile.
+        let r = unsafe { rt_ref(rt) }?;
+        // Taken out of the lock: the wait below holds nothing another thread needs.
+        let run = r.run().take().ok_or_else(|| {
+            Fail::new(
+                libc::EINVAL,
+                "the runtime was already joined (or is being joined)",
+            )
+        })?;
+        let res = run.join();
+        let mut s: Vec<CoreStats> = r.readers.iter().map(StatsReader::read).collect();
+        let out = match res {
             Ok(reports) => {
-                let mut s = last;
                 for rep in reports {
                     if let Some(slot) = s.get_mut(rep.index) {
                         *slot = rep.stats;
                     }
                 }
-                r.final_stats = Some(s);
                 Ok(0)
             }
-            Err(e) => {
-                r.final_stats = Some(last);
-                Err(Fail::new(libc::EIO, format!("runtime: {e}")))
-            }
-        }
+            Err(e) => Err(Fail::new(libc::EIO, format!("runtime: {e}"))),
+        };
+        let _ = r.final_stats.set(s);
+        out
     })
 }
 
@@ -469,12 +492,9 @@ pub(crate) fn core_stats(rt: *const luna_runtime_t, core: usize) -> Res<CoreStat
             format!("core {core} out of range (the runtime has {})", r.cores),
         ));
     }
-    match (&r.rt, &r.final_stats) {
-        (_, Some(s)) => Ok(s[core]),
-        (Some(run), None) => run
-            .stats_reader(core)
-            .map(|s| s.read())
-            .ok_or_else(|| Fail::new(libc::EINVAL, format!("no core {core}"))),
-        (None, None) => Err(Fail::new(libc::EINVAL, "no stats")),
-    }
+    let s = match r.final_stats.get() {
+        Some(s) => s.get(core).copied(),
+        None => r.readers.get(core).map(StatsReader::read),
+    };
+    s.ok_or_else(|| Fail::new(libc::EINVAL, format!("no core {core}")))
 }

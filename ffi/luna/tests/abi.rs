@@ -806,3 +806,63 @@ fn sock_alloc_of_more_than_memory_is_enobufs_not_an_abort() {
         vec![(true, libc::ENOBUFS), (true, libc::ENOBUFS), (false, 0)]
     );
 }
+
+/// Set by the test's watchdog: the callback stops the runtime itself.
+static FALLBACK_STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Set when the main thread's join returned.
+static JOINED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn stop_on_fallback(s: *mut luna_sockets_t, _u: *mut c_void) {
+    if FALLBACK_STOP.load(Ordering::Relaxed) {
+        // SAFETY: `s` is this callback's API.
+        unsafe { luna_sock_request_stop(s) };
+    }
+}
+
+struct SendPtr(*mut luna_runtime_t);
+// SAFETY: the runtime's stop and stats functions are documented for any thread.
+unsafe impl Send for SendPtr {}
+
+#[test]
+fn another_thread_stops_and_reads_the_runtime_while_the_main_thread_waits_in_join() {
+    let (a, _b) = MemPair::build(&MemConfig::default()).expect("mem link");
+    let env = env_from_mem(&config("198.18.0.1"), vec![a]).expect("env");
+    // SAFETY: env is live; the runtime is freed after the helper thread is joined.
+    unsafe {
+        let ops = luna_batch_ops_t {
+            on_start: None,
+            on_poll: Some(stop_on_fallback),
+            on_stop: None,
+        };
+        let rt = luna_run_batch(env, &ops, null_mut());
+        assert!(!rt.is_null(), "{}", last_error());
+        // The usual C shape: main blocks in join, a signal-handling thread stops.
+        let p = SendPtr(rt);
+        let helper = std::thread::spawn(move || {
+            let p = p;
+            std::thread::sleep(Duration::from_millis(200));
+            let mut st = luna_core_stats_t::default();
+            let stats = luna_runtime_stats(p.0, 0, &mut st, std::mem::size_of_val(&st));
+            let stats_errno = if stats == 0 { 0 } else { errno().0 };
+            let stop = luna_runtime_stop(p.0);
+            let end = Instant::now() + Duration::from_secs(5);
+            while !JOINED.load(Ordering::Relaxed) && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            FALLBACK_STOP.store(true, Ordering::Relaxed);
+            (stats, stats_errno, stop, st.iterations > 0)
+        });
+        let t0 = Instant::now();
+        assert_eq!(luna_runtime_join(rt), 0, "{}", last_error());
+        let waited = t0.elapsed();
+        JOINED.store(true, Ordering::Relaxed);
+        let got = helper.join().unwrap();
+        luna_runtime_free(rt);
+        luna_env_free(env);
+        assert_eq!(got, (0, 0, 0, true), "stats and stop during join");
+        assert!(
+            waited < Duration::from_secs(3),
+            "luna_runtime_stop from another thread did not end the join: {waited:?}"
+        );
+    }
+}

@@ -470,6 +470,9 @@ impl Sockets<'_> {
 
     /// `recv`: copies into `buf`; `Ok(0)` is end of stream.
     pub fn recv(&mut self, fd: Fd, buf: &mut [u8]) -> Result<usize, SockError> {
+        // An empty read still names a socket: `EBADF` / `ENOTCONN` as recv(2), not a 0
+        // that reads as end of stream.
+        self.conn(fd)?;
         if buf.is_empty() {
             return Ok(0);
         }

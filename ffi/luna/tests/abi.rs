@@ -866,3 +866,48 @@ fn another_thread_stops_and_reads_the_runtime_while_the_main_thread_waits_in_joi
         );
     }
 }
+
+/// What `luna_sock_recv` with `len` 0 returned for a socket that does not exist and for
+/// one that is not connected: (rc, errno) each.
+static EMPTY_RECV: Mutex<Vec<(isize, i32)>> = Mutex::new(Vec::new());
+
+extern "C" fn empty_recv_start(s: *mut luna_sockets_t, _u: *mut c_void) {
+    let mut r = Vec::new();
+    // SAFETY: `s` is this callback's API; no buffer is touched with `len` 0.
+    unsafe {
+        let fresh = luna_sock_socket(s);
+        for sock in [12345, fresh] {
+            let rc = luna_sock_recv(s, sock, null_mut(), 0);
+            r.push((rc, if rc < 0 { errno().0 } else { 0 }));
+        }
+        luna_sock_close(s, fresh);
+        luna_sock_request_stop(s);
+    }
+    *EMPTY_RECV.lock().unwrap() = r;
+}
+
+#[test]
+fn an_empty_recv_on_a_socket_that_does_not_exist_is_ebadf_not_end_of_stream() {
+    let (a, _b) = MemPair::build(&MemConfig::default()).expect("mem link");
+    let env = env_from_mem(&config("198.18.0.1"), vec![a]).expect("env");
+    extern "C" fn poll(_s: *mut luna_sockets_t, _u: *mut c_void) {}
+    // SAFETY: env is live.
+    unsafe {
+        let ops = luna_batch_ops_t {
+            on_start: Some(empty_recv_start),
+            on_poll: Some(poll),
+            on_stop: None,
+        };
+        let rt = luna_run_batch(env, &ops, null_mut());
+        assert!(!rt.is_null(), "{}", last_error());
+        wait(rt, Duration::from_secs(10));
+        assert_eq!(luna_runtime_join(rt), 0, "{}", last_error());
+        luna_runtime_free(rt);
+        luna_env_free(env);
+    }
+    assert_eq!(
+        *EMPTY_RECV.lock().unwrap(),
+        vec![(-1, libc::EBADF), (-1, libc::ENOTCONN)],
+        "recv(fd, buf, 0) checks the socket as recv(2) does (0 reads as end of stream)"
+    );
+}

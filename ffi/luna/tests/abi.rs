@@ -911,3 +911,103 @@ fn an_empty_recv_on_a_socket_that_does_not_exist_is_ebadf_not_end_of_stream() {
         "recv(fd, buf, 0) checks the socket as recv(2) does (0 reads as end of stream)"
     );
 }
+
+/// What the server's `on_closed` got from `luna_close` and `luna_abort` on the id it was
+/// handed (valid until `on_closed` returns), and from a call after `luna_close`.
+static CLOSE_IN_CLOSED: Mutex<Vec<(i32, i32)>> = Mutex::new(Vec::new());
+
+extern "C" fn close_in_closed(
+    ctx: *mut luna_ctx_t,
+    conn: luna_conn_t,
+    _reason: i32,
+    _user: *mut c_void,
+) {
+    // SAFETY: ctx is this callback's context.
+    unsafe {
+        let user = luna_conn_set_user(ctx, conn, 0x1 as *mut c_void);
+        let close = luna_close(ctx, conn);
+        let again = luna_abort(ctx, conn);
+        CLOSE_IN_CLOSED
+            .lock()
+            .unwrap()
+            .extend([(user, 0), (close, 0), (again, errno().0)]);
+    }
+}
+
+/// The client's connection and when it connected (ns on the core clock).
+static CONNECTED: Mutex<Option<(luna_conn_t, u64)>> = Mutex::new(None);
+
+extern "C" fn note_connect(ctx: *mut luna_ctx_t, conn: luna_conn_t, _user: *mut c_void) {
+    // SAFETY: ctx is this callback's context.
+    *CONNECTED.lock().unwrap() = Some((conn, unsafe { luna_ctx_now_ns(ctx) }));
+}
+
+/// Resets the connection 20 ms after it connected (the server has accepted it by then).
+extern "C" fn abort_later(ctx: *mut luna_ctx_t, _user: *mut c_void) {
+    let mut c = CONNECTED.lock().unwrap();
+    // SAFETY: ctx is this callback's context.
+    unsafe {
+        if let Some((conn, at)) = *c {
+            if luna_ctx_now_ns(ctx) > at + 20_000_000 {
+                luna_abort(ctx, conn);
+                *c = None;
+            }
+        }
+    }
+}
+
+#[test]
+fn close_inside_on_closed_is_accepted_once_and_leaves_the_core_sound() {
+    let (a, b) = MemPair::build(&MemConfig::default()).expect("mem link");
+    let senv = env_from_mem(&config("198.18.0.1"), vec![a]).expect("server env");
+    let cenv = env_from_mem(&config("198.18.0.2"), vec![b]).expect("client env");
+    let none = luna_inline_ops_t {
+        on_start: None,
+        on_accept: None,
+        on_connected: None,
+        on_readable: None,
+        on_writable: None,
+        on_closed: None,
+        on_poll: None,
+        on_stop: None,
+    };
+    // SAFETY: the environments are live; ops outlive the runtimes.
+    unsafe {
+        let sops = luna_inline_ops_t {
+            on_start: Some(listen_only),
+            on_closed: Some(close_in_closed),
+            ..none
+        };
+        let cops = luna_inline_ops_t {
+            on_start: Some(connect_once),
+            on_connected: Some(note_connect),
+            on_poll: Some(abort_later),
+            ..none
+        };
+        let srt = luna_run_inline(senv, &sops, null_mut());
+        let crt = luna_run_inline(cenv, &cops, null_mut());
+        assert!(!srt.is_null() && !crt.is_null(), "{}", last_error());
+        let end = Instant::now() + Duration::from_secs(10);
+        while CLOSE_IN_CLOSED.lock().unwrap().is_empty() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let live = stats(srt);
+        for rt in [srt, crt] {
+            luna_runtime_stop(rt);
+            assert_eq!(luna_runtime_join(rt), 0, "{}", last_error());
+        }
+        let fin = stats(srt);
+        luna_runtime_free(srt);
+        luna_runtime_free(crt);
+        luna_env_free(senv);
+        luna_env_free(cenv);
+        assert_eq!(
+            *CLOSE_IN_CLOSED.lock().unwrap(),
+            vec![(0, 0), (0, 0), (-1, libc::EBADF)]
+        );
+        assert_eq!((live.accepted, live.closed), (1, 1));
+        assert_eq!(live.open_connections, 0);
+        assert_eq!((fin.closed, fin.shutdown_aborts), (1, 0));
+    }
+}

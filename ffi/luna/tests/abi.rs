@@ -1011,3 +1011,122 @@ fn close_inside_on_closed_is_accepted_once_and_leaves_the_core_sound() {
         assert_eq!((fin.closed, fin.shutdown_aborts), (1, 0));
     }
 }
+
+/// Connection ids the two server cores were given: (core, id).
+static IDS_BY_CORE: Mutex<Vec<(i32, luna_conn_t)>> = Mutex::new(Vec::new());
+/// Calls that took another core's id as one of their own.
+static CROSS_CORE_HITS: AtomicUsize = AtomicUsize::new(0);
+/// Cross-core calls made (each must be EBADF).
+static CROSS_CORE_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn record_accept(
+    ctx: *mut luna_ctx_t,
+    conn: luna_conn_t,
+    _l: luna_listener_t,
+    _user: *mut c_void,
+) {
+    // SAFETY: ctx is this callback's context.
+    let core = unsafe { luna_ctx_core(ctx) };
+    IDS_BY_CORE.lock().unwrap().push((core, conn));
+}
+
+/// Uses every id of the other core as if it were this core's (the thread-rule slip the
+/// README answers with EBADF).
+extern "C" fn try_foreign_ids(ctx: *mut luna_ctx_t, _user: *mut c_void) {
+    // SAFETY: ctx is this callback's context.
+    let core = unsafe { luna_ctx_core(ctx) };
+    let foreign: Vec<luna_conn_t> = IDS_BY_CORE
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(c, _)| *c != core)
+        .map(|&(_, id)| id)
+        .collect();
+    for id in foreign {
+        CROSS_CORE_CALLS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        if unsafe { luna_send_capacity(ctx, id) } != -1 || errno().0 != libc::EBADF {
+            CROSS_CORE_HITS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The client: opens eight connections from its one core.
+extern "C" fn connect_eight(ctx: *mut luna_ctx_t, _user: *mut c_void) {
+    let to = luna_addr_t {
+        addr: u32::from(std::net::Ipv4Addr::new(198, 18, 0, 1)).to_be(),
+        port: PORT,
+        reserved: 0,
+    };
+    for _ in 0..8 {
+        // SAFETY: ctx is this callback's context.
+        assert_eq!(unsafe { luna_connect(ctx, &to, null_mut()) }, 0);
+    }
+}
+
+#[test]
+fn a_connection_id_of_one_core_is_ebadf_on_another() {
+    let cfg = MemConfig {
+        queues_a: 2,
+        queues_b: 1,
+        rss: true,
+        ..MemConfig::default()
+    };
+    let (mut a, b) = MemPair::build(&cfg).expect("mem link");
+    let a1 = a.pop().unwrap();
+    let a0 = a.pop().unwrap();
+    let scfg = config("198.18.0.1").replace("list = [0]", "list = [0, 1]");
+    let senv = env_from_mem(&scfg, vec![vec![a0], vec![a1]]).expect("server env");
+    let cenv = env_from_mem(&config("198.18.0.2"), vec![b]).expect("client env");
+    let none = luna_inline_ops_t {
+        on_start: None,
+        on_accept: None,
+        on_connected: None,
+        on_readable: None,
+        on_writable: None,
+        on_closed: None,
+        on_poll: None,
+        on_stop: None,
+    };
+    // SAFETY: the environments are live; ops outlive the runtimes.
+    unsafe {
+        assert_eq!(luna_env_cores(senv), 2);
+        let sops = luna_inline_ops_t {
+            on_start: Some(listen_only),
+            on_accept: Some(record_accept),
+            on_poll: Some(try_foreign_ids),
+            ..none
+        };
+        let cops = luna_inline_ops_t {
+            on_start: Some(connect_eight),
+            ..none
+        };
+        let srt = luna_run_inline(senv, &sops, null_mut());
+        let crt = luna_run_inline(cenv, &cops, null_mut());
+        assert!(!srt.is_null() && !crt.is_null(), "{}", last_error());
+        let end = Instant::now() + Duration::from_secs(10);
+        while IDS_BY_CORE.lock().unwrap().len() < 8 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        for rt in [crt, srt] {
+            luna_runtime_stop(rt);
+            assert_eq!(luna_runtime_join(rt), 0, "{}", last_error());
+            luna_runtime_free(rt);
+        }
+        luna_env_free(senv);
+        luna_env_free(cenv);
+    }
+    let ids = IDS_BY_CORE.lock().unwrap().clone();
+    assert_eq!(ids.len(), 8, "{ids:?}");
+    assert!(
+        ids.iter().any(|&(c, _)| c == 0) && ids.iter().any(|&(c, _)| c == 1),
+        "RSS spread the connections over both cores: {ids:x?}"
+    );
+    assert!(CROSS_CORE_CALLS.load(Ordering::Relaxed) > 0);
+    assert_eq!(
+        CROSS_CORE_HITS.load(Ordering::Relaxed),
+        0,
+        "another core's id reached one of this core's connections: {ids:x?}"
+    );
+}

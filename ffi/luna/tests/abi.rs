@@ -924,7 +924,7 @@ extern "C" fn close_in_closed(
 ) {
     // SAFETY: ctx is this callback's context.
     unsafe {
-        let user = luna_conn_set_user(ctx, conn, 0x1 as *mut c_void);
+        let user = luna_conn_set_user(ctx, conn, 0x5eed as *mut c_void);
         let close = luna_close(ctx, conn);
         let again = luna_abort(ctx, conn);
         CLOSE_IN_CLOSED

@@ -386,13 +386,22 @@ impl CoreState {
         }
     }
 
-    /// The largest buffer [`CoreState::send_all`] takes on a connection whose send buffer
-    /// and backlog are empty: a bigger one is never taken whole, so it must be handed
-    /// over in pieces of at most this.
-    pub(crate) fn send_all_max(&self) -> usize {
-        self.max_backlog
-            .max(self.stack.config().tcp.snd_buf as usize)
-            .max(1)
+    /// [`CoreState::send_all`], or where it refuses `data` (the send buffer and the
+    /// backlog cannot hold it whole now, or ever: a buffer bigger than both together)
+    /// what the send buffer takes now; the rest comes back, to be offered again before
+    /// anything later of `h`. So a buffer of any size goes out as the peer takes it.
+    /// `Err`: the connection is gone or shut.
+    pub(crate) fn send_or_part(&mut self, h: Conn, data: Zbuf) -> Result<Option<Zbuf>, SendError> {
+        match self.send_all(h, data.clone()) {
+            Ok(()) => Ok(None),
+            Err(SendError::WouldBlock) => match self.send(h, &data) {
+                Ok(n) if n == data.len() => Ok(None),
+                Ok(n) => Ok(Some(data.slice(n..))),
+                Err(SendError::WouldBlock) => Ok(Some(data)),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        }
     }
 
     /// Bytes of `h` waiting in the runtime's backlog (beyond the TCP send buffer).

@@ -28,7 +28,7 @@ use crate::core::{Conn, CoreOptions, CoreSetup, CoreState, Mode};
 use crate::device::Device;
 use crate::runtime::{Runtime, RuntimeError};
 use luna_stack::stack::Event;
-use luna_stack::stack::{RecvError, SendError};
+use luna_stack::stack::RecvError;
 use msgsched::framer::FramerConfig;
 use msgsched::parser::Parser;
 use msgsched::proto::io::{session_group, SessionIo};
@@ -437,30 +437,17 @@ impl<S: IoSide> MsgMode<S> {
         self.unread.remove(&h);
     }
 
-    /// Queues `z` on `h` behind anything already waiting; a buffer bigger than
-    /// `send_all` ever takes whole goes in pieces (zero copy), in order.
+    /// Queues `z` on `h` behind anything already waiting; what does not go now (also
+    /// the rest of a buffer bigger than the send buffer and backlog together) waits.
     fn send(unsent: &mut HashMap<Conn, VecDeque<Zbuf>>, h: Conn, z: Zbuf, st: &mut CoreState) {
-        let max = st.send_all_max();
-        if z.len() > max {
-            let mut rest = z;
-            while rest.len() > max {
-                let piece = rest.split_to(max);
-                Self::send_one(unsent, h, piece, st);
-            }
-            return Self::send_one(unsent, h, rest, st);
-        }
-        Self::send_one(unsent, h, z, st)
-    }
-
-    fn send_one(unsent: &mut HashMap<Conn, VecDeque<Zbuf>>, h: Conn, z: Zbuf, st: &mut CoreState) {
         if let Some(q) = unsent.get_mut(&h) {
             q.push_back(z);
             return;
         }
-        match st.send_all(h, z.clone()) {
-            Ok(()) => {}
-            Err(SendError::WouldBlock) => {
-                unsent.insert(h, VecDeque::from([z]));
+        match st.send_or_part(h, z) {
+            Ok(None) => {}
+            Ok(Some(rest)) => {
+                unsent.insert(h, VecDeque::from([rest]));
             }
             // Gone or shut: its Closed event detaches it.
             Err(_) => {}
@@ -475,15 +462,17 @@ impl<S: IoSide> MsgMode<S> {
         let mut drained = Vec::new();
         let clocks = &mut self.clocks;
         self.unsent.retain(|&h, q| {
-            while let Some(z) = q.front() {
-                match st.send_all(h, z.clone()) {
-                    Ok(()) => {
-                        q.pop_front();
+            while let Some(z) = q.pop_front() {
+                match st.send_or_part(h, z) {
+                    Ok(None) => {
                         if let Some(c) = clocks.get_mut(&h) {
                             (c.last_any, c.last_out) = (st.now, st.now);
                         }
                     }
-                    Err(SendError::WouldBlock) => return true,
+                    Ok(Some(rest)) => {
+                        q.push_front(rest);
+                        return true;
+                    }
                     Err(_) => return false,
                 }
             }

@@ -27,8 +27,8 @@ use crate::runtime::{Runtime, RuntimeError};
 use bifurcation::{RssConfig, MICROSOFT_KEY};
 use core::net::SocketAddrV4;
 use crossbeam_queue::ArrayQueue;
+use luna_stack::stack::RecvError;
 use luna_stack::stack::{ConnectError, Event};
-use luna_stack::stack::{RecvError, SendError};
 use luna_stack::tcp::CloseReason;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -393,19 +393,11 @@ impl SplitIo {
 
     fn apply(&mut self, w: usize, m: ToIo, st: &mut CoreState) -> Result<(), ToIo> {
         match m {
-            ToIo::Send { conn, data } => match st.send_all(conn, data.clone()) {
-                Ok(()) => {}
-                // All or nothing refuses for good what the send buffer and the backlog
-                // cannot hold together: what fits goes now, the rest is retried first.
-                Err(SendError::WouldBlock) => match st.send(conn, &data) {
-                    Ok(n) if n == data.len() => {}
-                    Ok(n) => {
-                        let data = data.slice(n..);
-                        return Err(ToIo::Send { conn, data });
-                    }
-                    Err(SendError::WouldBlock) => return Err(ToIo::Send { conn, data }),
-                    Err(_) => {}
-                },
+            // What does not go now (also the rest of a buffer bigger than the send
+            // buffer and the backlog together) is retried first.
+            ToIo::Send { conn, data } => match st.send_or_part(conn, data) {
+                Ok(None) => {}
+                Ok(Some(data)) => return Err(ToIo::Send { conn, data }),
                 // The connection is gone or shut: its Closed message tells the worker.
                 Err(_) => {}
             },

@@ -91,22 +91,11 @@ fn remove(fd: c_int) -> Option<Arc<Sock>> {
 /// `fd`'s `SO_LINGER` (the option lives on the kernel placeholder, where `setsockopt`
 /// forwards it).
 fn linger(fd: c_int) -> Option<libc::linger> {
-    let mut l = libc::linger {
+    let zero = libc::linger {
         l_onoff: 0,
         l_linger: 0,
     };
-    let mut len = std::mem::size_of::<libc::linger>() as socklen_t;
-    // SAFETY: reads a linger struct into a live local of the size passed (real libc).
-    let r = unsafe {
-        call_real!(getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&mut l as *mut libc::linger).cast(),
-            &mut len
-        ))
-    };
-    (r == 0).then_some(l)
+    sockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, zero)
 }
 
 /// Whether `fd`'s `SO_LINGER` is `{l_onoff = 1, l_linger = 0}`.
@@ -214,24 +203,14 @@ fn how_to_wait(fd: c_int, dontwait: bool, opt: c_int) -> Wait {
     if dontwait || nonblocking(fd) {
         return Wait::No;
     }
-    let mut tv = libc::timeval {
+    let zero = libc::timeval {
         tv_sec: 0,
         tv_usec: 0,
     };
-    let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
-    // SAFETY: reads a timeval into a live local of the size passed (real libc).
-    let r = unsafe {
-        call_real!(getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            opt,
-            (&mut tv as *mut libc::timeval).cast(),
-            &mut len
-        ))
-    };
+    let tv = sockopt(fd, libc::SOL_SOCKET, opt, zero).unwrap_or(zero);
     let t = std::time::Duration::from_secs(u64::try_from(tv.tv_sec).unwrap_or(0))
         + std::time::Duration::from_micros(u64::try_from(tv.tv_usec).unwrap_or(0));
-    if r == 0 && !t.is_zero() {
+    if !t.is_zero() {
         Wait::For(t)
     } else {
         Wait::Forever
@@ -246,15 +225,22 @@ fn nonblocking(fd: c_int) -> bool {
 }
 
 fn sockopt_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
-    let mut v: c_int = 0;
-    let mut len = std::mem::size_of::<c_int>() as socklen_t;
-    // SAFETY: `v` and `len` are live and sized for an int option.
+    sockopt(fd, level, name, 0)
+}
+
+/// Option `level`/`name` of the kernel socket `fd` (libc's `getsockopt`), read into a
+/// `T` that starts as `init` (a plain C value: an int, `linger`, `timeval`).
+fn sockopt<T: Copy>(fd: c_int, level: c_int, name: c_int, init: T) -> Option<T> {
+    let mut v = init;
+    let mut len = std::mem::size_of::<T>() as socklen_t;
+    // SAFETY: `v` and `len` are live, `len` is `v`'s size; the kernel writes at most
+    // `len` bytes of the option (a C struct or int for the options asked).
     let r = unsafe {
         call_real!(getsockopt(
             fd,
             level,
             name,
-            (&mut v as *mut c_int).cast(),
+            (&mut v as *mut T).cast(),
             &mut len
         ))
     };

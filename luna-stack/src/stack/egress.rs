@@ -96,6 +96,14 @@ impl Transmit {
 }
 
 impl<R: Rng> Stack<R> {
+    /// The IPv4 header of a datagram this stack sends (the configured TTL, RFC 9293
+    /// MUST-49; the connection template's is set in [`HeaderTemplate::new`]).
+    fn ipv4_out(&self, src: Ipv4Addr, dst: Ipv4Addr, proto: IpProtocol, len: usize) -> Ipv4Repr {
+        let mut ip = Ipv4Repr::new(src, dst, proto, len);
+        ip.ttl = self.cfg.ttl;
+        ip
+    }
+
     // ---------------------------------------------------------------------------------------
     // Transmit path
     // ---------------------------------------------------------------------------------------
@@ -384,11 +392,10 @@ impl<R: Rng> Stack<R> {
         let len = ETH_LEN + IP_LEN + tcp_hlen;
         let caps = self.cfg.caps;
         let (src, dst) = (*tuple.local.ip(), *tuple.remote.ip());
-        let mut ip = Ipv4Repr::new(src, dst, IpProtocol::Tcp, tcp_len);
+        let mut ip = self.ipv4_out(src, dst, IpProtocol::Tcp, tcp_len);
         // RFC 1191 §3: TCP sets DF for path MTU discovery.
         ip.dont_frag = true;
         ip.ident = ident;
-        ip.ttl = self.cfg.ttl;
         ip.dscp = dscp;
         // Built in place: the payload moves into the frame once (no empty io-vector made
         // and dropped), and the header array is written where the caller receives it.
@@ -471,8 +478,7 @@ impl<R: Rng> Stack<R> {
         let mut t = Transmit::new();
         let icmp_len = 8 + payload.len();
         let len = ETH_LEN + IP_LEN + 8;
-        let mut ip = Ipv4Repr::new(src, dst, IpProtocol::Icmp, icmp_len);
-        ip.ttl = self.cfg.ttl;
+        let ip = self.ipv4_out(src, dst, IpProtocol::Icmp, icmp_len);
         {
             let buf = &mut t.header[..len];
             // The IPv4 checksum is always computed here: the echo reply's offload metadata

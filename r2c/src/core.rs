@@ -695,6 +695,10 @@ impl<D: Device> CoreLoop<D> {
                 });
             }
         }
+        let mut setup = setup;
+        for d in &mut setup.devices {
+            d.on_core_thread();
+        }
         let cache = match &opts.slab {
             Some(s) => Some(s.core_cache(setup.index).map_err(CoreError::Slab)?),
             None => None,

@@ -333,6 +333,11 @@ impl<D: Device + RawPort, E: Device + RawPort> ExceptionDevice<D, E> {
 }
 
 impl<D: Device + RawPort, E: Device + RawPort> Device for ExceptionDevice<D, E> {
+    fn on_core_thread(&mut self) {
+        self.main.on_core_thread();
+        self.exc.on_core_thread();
+    }
+
     fn rx_burst(&mut self, out: &mut Vec<Zbuf>, max: usize) -> usize {
         self.burst.clear();
         self.main.rx_burst(&mut self.burst, max);

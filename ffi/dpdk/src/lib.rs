@@ -44,6 +44,7 @@ pub mod mbuf;
 pub mod mempool;
 pub mod preflight;
 pub mod tapclaim;
+pub mod tapsignal;
 
 pub use eal::{Eal, EalBuilder};
 pub use error::{Error, ErrorKind, Result};

@@ -29,6 +29,22 @@ static HELD: Mutex<Vec<File>> = Mutex::new(Vec::new());
 
 /// The tap interface names the net_tap / net_tun vdevs in `args` open (`iface=`).
 pub fn tap_ifaces(args: &[String]) -> Vec<String> {
+    tap_vdevs(args)
+        .into_iter()
+        .map(|(_, iface)| iface)
+        .collect()
+}
+
+/// The interface `port` (a net_tap / net_tun vdev's name, e.g. `net_tap0`) opens, when
+/// its vdev in `args` names one (`iface=`).
+pub fn tap_iface_of(args: &[String], port: &str) -> Option<String> {
+    tap_vdevs(args)
+        .into_iter()
+        .find_map(|(name, iface)| (name == port).then_some(iface))
+}
+
+/// `(vdev name, iface)` of every net_tap / net_tun vdev in `args` with an `iface=`.
+fn tap_vdevs(args: &[String]) -> Vec<(String, String)> {
     let mut vdevs = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -51,7 +67,7 @@ pub fn tap_ifaces(args: &[String]) -> Vec<String> {
             parts
                 .find_map(|kv| kv.strip_prefix("iface="))
                 .filter(|i| !i.is_empty())
-                .map(str::to_owned)
+                .map(|i| (name.to_owned(), i.to_owned()))
         })
         .collect()
 }
@@ -169,5 +185,7 @@ mod tests {
             "--vdev=net_tun0,iface=d3",
         ]);
         assert_eq!(tap_ifaces(&args), v(&["a0", "b1", "d3"]));
+        assert_eq!(tap_iface_of(&args, "net_tap1").as_deref(), Some("b1"));
+        assert_eq!(tap_iface_of(&args, "net_memif0"), None);
     }
 }

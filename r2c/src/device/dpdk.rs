@@ -394,6 +394,9 @@ impl Drop for PortHandle {
 pub struct DpdkDevice {
     // Field order is drop order: kept chains, queues, then the port, then the pools they
     // used.
+    /// A net_tap port's interface (`iface=` of its vdev): its queue files' receive signals
+    /// go to the core thread ([`Device::on_core_thread`]).
+    tap_iface: Option<String>,
     /// Chains built for the front of the transmit queue that the ring has not taken yet.
     kept: Kept,
     /// The same for [`RawPort::tx_raw`](crate::exception::RawPort::tx_raw)'s queue.
@@ -627,6 +630,9 @@ impl DpdkDevice {
             registry: registry.clone(),
             id: handle_id,
         });
+        let tap_iface = (info.driver_name == "net_tap")
+            .then(|| dpdk_sys::tapclaim::tap_iface_of(eal.args(), &cfg.port))
+            .flatten();
         let mut devs = Vec::with_capacity(queues.len());
         for (q, (rxq, txq)) in queues.into_iter().enumerate() {
             let tx = TxChains::new(
@@ -644,6 +650,7 @@ impl DpdkDevice {
                 },
             )?;
             devs.push(DpdkDevice {
+                tap_iface: tap_iface.clone(),
                 rxq,
                 txq,
                 port: handle.clone(),
@@ -1005,6 +1012,15 @@ impl DpdkDevice {
 }
 
 impl Device for DpdkDevice {
+    fn on_core_thread(&mut self) {
+        if let Some(iface) = &self.tap_iface {
+            // Not fatal: the signals then keep interrupting the application's calls.
+            if let Err(e) = dpdk_sys::tapsignal::direct_to_current_thread(iface) {
+                eprintln!("r2c: net_tap {iface}: receive signals stay process-wide: {e}");
+            }
+        }
+    }
+
     fn rx_burst(&mut self, out: &mut Vec<Zbuf>, max: usize) -> usize {
         let mut total = 0;
         while total < max {

@@ -200,4 +200,10 @@ pub trait Device {
     fn steering(&self) -> Option<steering::Steering> {
         None
     }
+
+    /// Called once on the thread of the core that will poll the device, before its first
+    /// iteration: binds to that thread what must not reach the application's threads (the
+    /// DPDK device takes net_tap's receive signals, which would end the application's
+    /// `epoll_wait` and `nanosleep` with `EINTR`). Nothing by default.
+    fn on_core_thread(&mut self) {}
 }

@@ -1,0 +1,167 @@
+//! Where net_tap's receive signals go.
+//!
+//! DPDK 22.11's net_tap asks the kernel for a real-time signal on every queue's tun file
+//! (`F_SETSIG` with the first free `SIGRTMIN+n`, `O_ASYNC`, `F_SETOWN` = the process): its
+//! handler bumps a counter that lets `rx_burst` skip the `read` when nothing arrived. The
+//! signal is process-directed, so the kernel hands it to any thread that does not block it,
+//! the main thread first: the *application's* threads. A handler with `SA_RESTART` does
+//! not restart `epoll_wait`, `poll`, `select`, `nanosleep` and the other calls signal(7)
+//! lists as never restarted, so every frame the tap received ended one of those in the
+//! application with `EINTR` (nginx under the LD_PRELOAD shim logged an interrupted
+//! `epoll_wait` several times per request), and `sleep(3)` returned early.
+//!
+//! [`direct_to_current_thread`] makes the calling thread (the core thread that polls the
+//! queues) the owner of those signals (`F_SETOWN_EX`, `F_OWNER_TID`): the handler still
+//! runs, in the one thread that busy-polls anyway, and the application sees none.
+
+use std::os::fd::RawFd;
+
+// <asm-generic/fcntl.h>, the same on every Linux architecture; the libc crate does not
+// define them for glibc targets.
+const F_SETOWN_EX: libc::c_int = 15;
+const F_GETSIG: libc::c_int = 11;
+const F_OWNER_TID: libc::c_int = 0;
+
+/// `struct f_owner_ex`.
+#[repr(C)]
+struct FOwnerEx {
+    kind: libc::c_int,
+    pid: libc::pid_t,
+}
+
+/// This process's tun files attached to interface `iface` that have a signal set
+/// (`F_SETSIG`): net_tap's queue files (its keep-alive file has none).
+pub fn signalling_tun_fds(iface: &str) -> Vec<RawFd> {
+    let want = format!("iff:\t{iface}");
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    let mut fds: Vec<RawFd> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd: &RawFd| {
+            std::fs::read_link(format!("/proc/self/fd/{fd}"))
+                .is_ok_and(|p| p.as_os_str() == "/dev/net/tun")
+                && std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))
+                    .is_ok_and(|s| s.lines().any(|l| l == want))
+        })
+        // SAFETY: F_GETSIG reads a file's setting; `fd` was listed as open just now (were
+        // it closed meanwhile, fcntl fails with EBADF, or reads whatever file took the
+        // number, which the interface check above and the caller's ownership of the
+        // port's files rule out in practice; no memory is touched either way).
+        .filter(|&fd| unsafe { libc::fcntl(fd, F_GETSIG) } > 0)
+        .collect();
+    fds.sort_unstable();
+    fds
+}
+
+/// The calling thread's id.
+pub fn current_tid() -> libc::pid_t {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    libc::pid_t::try_from(tid).expect("thread ids fit pid_t")
+}
+
+/// Makes the calling thread the receiver of the signals of `iface`'s net_tap queue files
+/// (see the module doc). Returns how many files it redirected; an error names the file
+/// whose owner could not be set (the signals of the others are redirected anyway).
+pub fn direct_to_current_thread(iface: &str) -> std::io::Result<usize> {
+    let owner = FOwnerEx {
+        kind: F_OWNER_TID,
+        pid: current_tid(),
+    };
+    let mut n = 0;
+    let mut failed = None;
+    for fd in signalling_tun_fds(iface) {
+        // SAFETY: F_SETOWN_EX reads a `struct f_owner_ex` (FOwnerEx is its repr(C) layout)
+        // through the pointer, which is valid for the call; `fd` is one of this process's
+        // tun files of `iface`.
+        let r = unsafe { libc::fcntl(fd, F_SETOWN_EX, &owner as *const FOwnerEx) };
+        if r == 0 {
+            n += 1;
+        } else {
+            failed = Some((fd, std::io::Error::last_os_error()));
+        }
+    }
+    match failed {
+        Some((fd, e)) => Err(std::io::Error::new(
+            e.kind(),
+            format!("F_SETOWN_EX on tun file {fd} of {iface}: {e}"),
+        )),
+        None => Ok(n),
+    }
+}
+
+/// The owner thread or process of `fd`'s signals: `(is_thread, id)`.
+pub fn signal_owner(fd: RawFd) -> std::io::Result<(bool, libc::pid_t)> {
+    const F_GETOWN_EX: libc::c_int = 16;
+    let mut owner = FOwnerEx { kind: -1, pid: 0 };
+    // SAFETY: F_GETOWN_EX writes one `struct f_owner_ex` through the pointer, which points
+    // to a live FOwnerEx (its layout) for the call.
+    let r = unsafe { libc::fcntl(fd, F_GETOWN_EX, &mut owner as *mut FOwnerEx) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((owner.kind == F_OWNER_TID, owner.pid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tun file of our own with a signal set, as net_tap makes them (needs root and
+    /// /dev/net/tun; skipped otherwise).
+    fn tun_with_signal(name: &str, sig: libc::c_int) -> Option<std::fs::File> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/net/tun")
+            .ok()?;
+        #[repr(C)]
+        struct IfReq {
+            name: [u8; 16],
+            flags: libc::c_short,
+            _pad: [u8; 22],
+        }
+        let mut req = IfReq {
+            name: [0; 16],
+            flags: (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short,
+            _pad: [0; 22],
+        };
+        req.name[..name.len()].copy_from_slice(name.as_bytes());
+        use std::os::fd::AsRawFd;
+        const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+        // SAFETY: TUNSETIFF reads a `struct ifreq` (IfReq has its 40-byte layout) through
+        // the pointer, valid for the call.
+        if unsafe { libc::ioctl(f.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReq) } != 0 {
+            return None;
+        }
+        // SAFETY: F_SETSIG takes an int.
+        assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), 10, sig) }, 0);
+        Some(f)
+    }
+
+    #[test]
+    fn the_signals_of_an_interfaces_tun_files_go_to_the_calling_thread() {
+        use std::os::fd::AsRawFd;
+        let sig = libc::SIGRTMIN() + 3;
+        let Some(a) = tun_with_signal("lunasig0", sig) else {
+            eprintln!("SKIPPED: needs root and /dev/net/tun");
+            return;
+        };
+        let b = tun_with_signal("lunasig1", sig).expect("second tun");
+        assert_eq!(signalling_tun_fds("lunasig0"), vec![a.as_raw_fd()]);
+        assert!(signalling_tun_fds("nosuchtap").is_empty());
+        // Before: no owner (pid 0).
+        assert_eq!(signal_owner(a.as_raw_fd()).unwrap().1, 0);
+        let fd = a.as_raw_fd();
+        std::thread::spawn(move || {
+            assert_eq!(direct_to_current_thread("lunasig0").unwrap(), 1);
+            // (Read while the thread lives: an exited owner reads as pid 0.)
+            assert_eq!(signal_owner(fd).unwrap(), (true, current_tid()));
+        })
+        .join()
+        .unwrap();
+        // Another interface's file is left alone.
+        assert_eq!(signal_owner(b.as_raw_fd()).unwrap().1, 0);
+    }
+}

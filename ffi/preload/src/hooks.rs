@@ -22,6 +22,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
+mod extra;
+
 static SOCKS: LazyLock<RwLock<HashMap<c_int, Arc<Sock>>>> = LazyLock::new(Default::default);
 
 /// Sockets the application closed whose queued bytes may still be going out (the poll

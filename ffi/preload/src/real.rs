@@ -95,7 +95,7 @@ pub(crate) struct Real {
     pub fcntl64: Option<unsafe extern "C" fn(c_int, c_int, libc::c_ulong) -> c_int>,
 }
 
-fn sym<T: Copy>(name: &std::ffi::CStr) -> Option<T> {
+pub(crate) fn sym<T: Copy>(name: &std::ffi::CStr) -> Option<T> {
     // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT finds the next definition
     // after this library (libc's).
     let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };

@@ -3,141 +3,36 @@
 //! `LD_PRELOAD=libluna-preload.so` on the tap topology, driven by libmemcached's stock
 //! tools in the kernel namespace.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use common::{cannot_run, config, output, run, signal, spawn_under_shim};
 use std::time::{Duration, Instant};
 use testbed::{Kind, Prefix, Tap, Topology};
 
 const PORT: u16 = 11211;
 
-fn skip(why: &str) -> bool {
-    eprintln!("SKIPPED: {why}");
-    true
-}
-
-fn cannot_run() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return skip("needs root (namespaces, DPDK)");
-    }
-    for tool in ["memcached", "memccapable", "memcslap", "memcstat"] {
-        if !Path::new("/usr/bin").join(tool).exists() {
-            return skip(&format!("/usr/bin/{tool} is missing: run `make setup`"));
-        }
-    }
-    false
-}
-
-fn shim() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    let so = exe.parent().expect("deps dir").join("libluna_preload.so");
-    assert!(so.exists(), "{} is missing", so.display());
-    so
-}
-
-fn config(tap: &Tap) -> String {
-    let mut port = tap.dpdk.clone();
-    port.eal.memory_mb = 128;
-    let mut eal = port.eal.args();
-    eal.push("--no-telemetry".into());
-    let name = port
-        .eal
-        .vdev
-        .split(',')
-        .next()
-        .expect("vdev name")
-        .to_string();
-    let eal: Vec<String> = eal.iter().map(|a| format!("{a:?}")).collect();
-    format!(
-        "eal = [{}]\n\n[device]\nkind = \"dpdk\"\nport = \"{name}\"\n\n[cores]\nlist = [0]\n\n\
-         [net]\nip = \"{}\"\nprefix_len = {}\n\n[runtime]\nmode = \"batch\"\nidle = \"yield\"\npin = false\n",
-        eal.join(", "),
-        port.ip,
-        port.prefix_len
-    )
-}
-
-struct Out {
-    ok: bool,
-    out: String,
-    err: String,
-}
-
-fn output(mut c: Child, limit: Duration, what: &str) -> Out {
-    let mut so = c.stdout.take().expect("piped");
-    let mut se = c.stderr.take().expect("piped");
-    let t1 = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = so.read_to_string(&mut s);
-        s
-    });
-    let t2 = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = se.read_to_string(&mut s);
-        s
-    });
-    let end = Instant::now() + limit;
-    let status = loop {
-        if let Ok(Some(s)) = c.try_wait() {
-            break Some(s);
-        }
-        if Instant::now() > end {
-            eprintln!("{what}: killed after {limit:?}");
-            let _ = c.kill();
-            let _ = c.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Out {
-        ok: status.is_some_and(|s| s.success()),
-        out: t1.join().unwrap_or_default(),
-        err: t2.join().unwrap_or_default(),
-    }
-}
-
-fn run(mut cmd: Command, limit: Duration, what: &str) -> Out {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let c = cmd.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}"));
-    output(c, limit, what)
-}
-
 #[test]
 fn memcached_on_luna_passes_memccapable() {
-    if cannot_run() {
+    let tools =
+        ["memcached", "memccapable", "memcslap", "memcstat"].map(|t| format!("/usr/bin/{t}"));
+    if cannot_run(&tools.each_ref().map(String::as_str)) {
         return;
     }
-    let so = shim();
     let prefix = Prefix::new("lprmc").unwrap();
     let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
     let tap = topo.tap().expect("tap details").clone();
     let cfg = topo.state_dir().join("luna-preload-memcached.toml");
     std::fs::write(&cfg, config(&tap)).expect("config");
     let ip = tap.dpdk.ip.to_string();
-    let mut cmd = testbed::netns_command(&tap.dpdk.netns, "env");
-    cmd.arg(format!("LD_PRELOAD={}", so.display()))
-        .arg(format!("LUNA_CONFIG={}", cfg.display()))
-        .arg("/usr/bin/memcached")
-        .args([
-            "-u",
-            "root",
-            "-l",
-            &ip,
-            "-p",
-            &PORT.to_string(),
-            "-U",
-            "0",
-            "-t",
-            "4",
-            "-v",
-        ]);
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let server = cmd.spawn().expect("memcached");
+    let port = PORT.to_string();
+    let server = spawn_under_shim(
+        &tap,
+        &cfg,
+        "/usr/bin/memcached",
+        &[
+            "-u", "root", "-l", &ip, "-p", &port, "-U", "0", "-t", "4", "-v",
+        ],
+    );
     let pid = server.id();
     let server_at = format!("{ip}:{PORT}");
     let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -206,9 +101,7 @@ fn memcached_on_luna_passes_memccapable() {
         }
     }));
     // memcached ends on SIGTERM with status 0.
-    let pid = libc::pid_t::try_from(pid).expect("pid");
-    // SAFETY: kill has no memory preconditions; `pid` is our child, not yet reaped.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
+    signal(&server, libc::SIGTERM);
     let o = output(server, Duration::from_secs(30), "memcached");
     println!("memcached (pid {pid}):\n{}{}", o.out, o.err);
     drop(topo);

@@ -48,7 +48,7 @@ PACKAGES=(
     valgrind         # make bench: callgrind instruction counts (luna-stack/benches/make-bench.sh)
     redis-server     # unmodified redis-server under LD_PRELOAD=libluna-preload.so (ffi/preload/tests/redis.rs)
     redis-tools      # redis-benchmark, redis-cli: its stock clients
-    nginx-light      # unmodified nginx (sendfile on) under the LD_PRELOAD shim (ffi/preload/tests/nginx.rs; its own service is not used)
+    nginx-light      # unmodified nginx (sendfile on) under the LD_PRELOAD shim (ffi/preload/tests/http_servers.rs; its own service is not used)
 )
 
 log() { printf 'testbed/setup: %s\n' "$*" >&2; }

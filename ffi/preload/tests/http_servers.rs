@@ -1,8 +1,10 @@
-//! An unmodified Debian `nginx` (single process: `master_process off`) under
-//! `LD_PRELOAD=libluna-preload.so` on the tap topology, serving static files with its
-//! defaults' `sendfile on` and `tcp_nopush on`, fetched with `curl` from the kernel
-//! namespace: small and large files byte for byte, keep-alive, ranges, a 404, many
-//! connections at once, and a request body.
+//! Unmodified HTTP servers under `LD_PRELOAD=libluna-preload.so` on the tap topology,
+//! fetched with `curl` from the kernel namespace:
+//! * Debian's `nginx` (single process: `master_process off`) serving static files with its
+//!   defaults' `sendfile on` and `tcp_nopush on`: small and large files byte for byte,
+//!   keep-alive, ranges, a 404, many connections at once, and a request body;
+//! * Python's `http.server.ThreadingHTTPServer` (a thread per connection, blocking
+//!   sockets, `selectors` in `serve_forever`): many downloads at once.
 
 mod common;
 
@@ -200,4 +202,77 @@ fn nginx_on_luna_serves_files_with_sendfile() {
         "nginx: {}",
         o.err
     );
+}
+
+/// Python's standard threading HTTP server: the listener polled by `selectors` in the main
+/// thread, each connection served by its own thread with blocking reads and writes.
+#[test]
+fn python_threading_http_server_on_luna_serves_parallel_downloads() {
+    if cannot_run(&["/usr/bin/python3", "/usr/bin/curl"]) {
+        return;
+    }
+    let prefix = Prefix::new("lprpyh").unwrap();
+    let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
+    let tap = topo.tap().expect("tap details").clone();
+    let html = topo.state_dir().join("pyhttp");
+    std::fs::create_dir_all(&html).expect("dir");
+    let big = pattern(2 << 20, 11);
+    std::fs::write(html.join("big.bin"), &big).unwrap();
+    let cfg = topo.state_dir().join("luna-preload-pyhttp.toml");
+    std::fs::write(&cfg, config(&tap)).expect("config");
+    let ip = tap.dpdk.ip.to_string();
+    let script = format!(
+        "import functools, http.server\n\
+         h = functools.partial(http.server.SimpleHTTPRequestHandler, directory={:?})\n\
+         http.server.ThreadingHTTPServer(({ip:?}, {PORT}), h).serve_forever()\n",
+        html.display().to_string()
+    );
+    let server = spawn_under_shim(&tap, &cfg, "/usr/bin/python3", &["-c", &script]);
+    let base = format!("http://{ip}:{PORT}");
+    let got = html.join("got");
+    let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tap.configure_host(Duration::from_secs(60)).expect("tap up");
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            let o = curl(&tap, &got, &[&format!("{base}/big.bin")]);
+            if o.ok {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "python on luna never answered: {}",
+                o.err
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(std::fs::read(&got).unwrap() == big, "big.bin bytes");
+        // 16 connections at once, each served by its own thread.
+        let mut c = tap.host.command("curl");
+        c.args([
+            "-sS",
+            "--parallel",
+            "--parallel-max",
+            "16",
+            "-w",
+            "%{http_code} %{size_download}\n",
+        ]);
+        for _ in 0..16 {
+            c.args(["-o", "/dev/null", &format!("{base}/big.bin")]);
+        }
+        let o = run(c, Duration::from_secs(120), "curl parallel");
+        assert!(o.ok, "parallel: {}", o.err);
+        let want = format!("200 {}", big.len());
+        let lines: Vec<&str> = o.out.lines().collect();
+        assert_eq!(lines.len(), 16, "{}", o.out);
+        assert!(lines.iter().all(|l| *l == want), "{}", o.out);
+    }));
+    signal(&server, libc::SIGTERM);
+    let o = output(server, Duration::from_secs(30), "python http.server");
+    println!("python http.server:\n{}{}", o.out, o.err);
+    drop(topo);
+    if let Err(p) = check {
+        std::panic::resume_unwind(p);
+    }
+    assert!(!o.err.contains("luna-preload:"), "shim errors: {}", o.err);
+    assert!(!o.err.contains("Traceback"), "python: {}", o.err);
 }

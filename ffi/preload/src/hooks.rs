@@ -526,6 +526,24 @@ unsafe fn luna_accept(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    let open = |flags: c_int| {
+        // SAFETY: a plain socket(2); socket is not interposed.
+        unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | flags, 0) }
+    };
+    // SAFETY: C's contract for accept4.
+    unsafe { accept_with(fd, s, addr, len, flags, &open) }
+}
+
+/// [`luna_accept`] with `open` making the new descriptor's placeholder (`socket(2)`;
+/// tests make it fail).
+unsafe fn accept_with(
+    fd: c_int,
+    s: &Sock,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+    open: &dyn Fn(c_int) -> c_int,
+) -> c_int {
     if flags & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
         return fail(libc::EINVAL);
     }
@@ -533,15 +551,22 @@ unsafe fn luna_accept(
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    // SAFETY: a plain socket(2); socket is not interposed.
-    let nfd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | flags, 0) };
+    let nfd = open(flags);
     if nfd < 0 {
         let e = crate::errno();
-        // Back to the queue, and readable again: another thread asleep in accept (or an
-        // epoll set) must learn of it.
         let mut g = s.lock();
-        g.accept_q.push_front(c);
-        s.notify(&g);
+        if g.phase == Phase::Listening {
+            // Back to the queue, and readable again: another thread asleep in accept (or
+            // an epoll set) must learn of it.
+            g.accept_q.push_front(c);
+            s.notify(&g);
+        } else {
+            // The listener was closed or shut down meanwhile, and its queued connections
+            // reset (Linux's inet_csk_listen_stop): this one would be in nobody's hands,
+            // its connection open in the stack for ever. Reset it as they were.
+            drop(g);
+            release(c, true);
+        }
         return fail(e);
     }
     // An accepted socket is a clone of its listener on Linux (sk_clone_lock): it has
@@ -1967,6 +1992,50 @@ mod tests {
         for x in [fd, p[0], p[1]] {
             // SAFETY: closing descriptors this test opened.
             assert_eq!(unsafe { close(x) }, 0);
+        }
+    }
+
+    /// accept(2) takes a connection, then its socket(2) fails (EMFILE) while another
+    /// thread closes the listener (or shuts it down): the connection must not go back
+    /// to the queue of a listener that is gone (the close already reset what was
+    /// queued; nothing would ever accept or close it, and its connection would stay
+    /// open in the stack): it is reset as the listener's queued connections were.
+    #[test]
+    fn a_failed_accept_racing_the_listeners_close_resets_the_connection() {
+        for shut_down in [false, true] {
+            let l = Sock::new(Phase::Listening, UNBOUND);
+            let (fd, ph) = luna_at_pipe(Arc::clone(&l));
+            let c = Sock::new(Phase::Connected, UNBOUND);
+            l.lock().accept_q.push_back(Arc::clone(&c));
+            let l2 = Arc::clone(&l);
+            let open = move |_| {
+                // Another thread, between the take and the failed socket(2).
+                if shut_down {
+                    // SAFETY: shutdown(2) on a descriptor this test owns.
+                    assert_eq!(unsafe { shutdown(fd, libc::SHUT_RDWR) }, 0);
+                } else {
+                    release(Arc::clone(&l2), false);
+                }
+                set_errno(libc::EMFILE);
+                -1
+            };
+            // SAFETY: null address pointers (allowed).
+            let r = unsafe {
+                accept_with(fd, &l, std::ptr::null_mut(), std::ptr::null_mut(), 0, &open)
+            };
+            assert_eq!((r, crate::errno()), (-1, libc::EMFILE));
+            assert!(
+                l.lock().accept_q.is_empty(),
+                "put back on a listener that is gone (shut down: {shut_down})"
+            );
+            let g = c.lock();
+            assert_eq!(g.phase, Phase::Closed, "the connection was left open");
+            assert!(g.reset_on_close, "reset, as the listener's queue was");
+            drop(g);
+            for x in [fd, ph] {
+                // SAFETY: closing descriptors this test opened.
+                assert_eq!(unsafe { close(x) }, 0);
+            }
         }
     }
 

@@ -2039,6 +2039,33 @@ mod tests {
         }
     }
 
+    /// close_range(2) with a flag it does not know, or with first above last, fails
+    /// with EINVAL (the kernel's answer) and closes nothing: the luna socket in the
+    /// range stays open and named by its descriptor.
+    #[test]
+    fn close_range_with_unknown_flags_is_einval_and_releases_nothing() {
+        let s = Sock::new(Phase::Connected, UNBOUND);
+        let (fd, ph) = luna_at_pipe(Arc::clone(&s));
+        let lo = fd.min(ph) as libc::c_uint;
+        let hi = fd.max(ph) as libc::c_uint;
+        for (first, last, flags) in [(lo, hi, 1 << 7), (lo, hi, -1), (hi, lo, 0)] {
+            // SAFETY: close_range(2) over descriptors this test owns.
+            let r = unsafe { close_range(first, last, flags) };
+            assert_eq!(
+                (r, crate::errno()),
+                (-1, libc::EINVAL),
+                "close_range({first}, {last}, {flags:#x})"
+            );
+            assert_eq!(s.lock().phase, Phase::Connected, "released ({flags:#x})");
+            assert!(lookup(fd).is_some_and(|x| Arc::ptr_eq(&x, &s)), "forgotten");
+            assert_eq!(s.fds.load(Ordering::Relaxed), 1);
+        }
+        for x in [fd, ph] {
+            // SAFETY: closing descriptors this test opened.
+            assert_eq!(unsafe { close(x) }, 0);
+        }
+    }
+
     /// A socket registered in an epoll set under one descriptor and closed through a
     /// copy (dup, then close the registered number, then the copy): closing its last
     /// descriptor takes it out of the set, as Linux drops a file's registrations when the

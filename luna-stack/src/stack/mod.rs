@@ -844,6 +844,23 @@ impl<R: Rng> Stack<R> {
         true
     }
 
+    /// The application closed the connection but still hands it the bytes it had queued
+    /// (an LD_PRELOAD shim's send queue, which the stack's send buffer could not take at
+    /// the close): the rules of a closed connection apply from now on while the handle
+    /// stays valid for those sends and the final [`close`](Self::close). Above all, zero-
+    /// window probes count toward R2 even when the peer answers them (RFC 9293 §3.8.6.1,
+    /// RFC 6429: a peer holding its window shut cannot pin a closed connection; Linux's
+    /// orphan limit), so such a connection ends with `Timeout` instead of waiting for
+    /// ever; data that arrives is answered with RST, and FIN-WAIT-2 is bounded by
+    /// `TcpConfig::fin_timeout`. Returns false for a stale handle.
+    pub fn orphan(&mut self, h: SocketHandle) -> bool {
+        let Some(e) = self.entry_mut(h) else {
+            return false;
+        };
+        e.conn.set_orphaned();
+        true
+    }
+
     /// Abort with RST and release the handle.
     pub fn abort(&mut self, h: SocketHandle) {
         if let Some(e) = self.entry_mut(h) {

@@ -1774,6 +1774,60 @@ fn released_connection_in_fin_wait_2_is_reclaimed_after_fin_timeout() {
     assert_eq!(net.b.close_reason(s), Some(CloseReason::Reset));
 }
 
+/// A connection whose peer keeps its window shut and answers every zero-window probe
+/// lives as long as the application holds it (RFC 9293 §3.8.6.1: MUST NOT close it);
+/// once the application has closed it but still feeds it queued bytes
+/// (`Stack::orphan`), the probes count toward R2 and it ends with `Timeout` (a RST to
+/// the peer) within the persist backoff of `max_retries` probes.
+#[test]
+fn an_orphan_behind_a_zero_window_is_aborted_after_max_retries_probes() {
+    let mut ca = cfg(MAC_A, ip_a());
+    ca.tcp.max_retries = 3;
+    ca.tcp.rtt.max_rto = Duration::from_secs(4);
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.tcp.rcv_buf = 16 << 10;
+    let mut net = Net::new(ca, cb);
+    let (c, s) = connected(&mut net);
+    // B never reads: its window closes, A's send buffer fills.
+    let chunk = Zbuf::copy_from_slice(&[7u8; 4096]);
+    let mut sent = 0;
+    for _ in 0..64 {
+        sent += net.a.send(c, &chunk).unwrap_or(0);
+        for _ in 0..50 {
+            if !net.step() {
+                break;
+            }
+        }
+    }
+    assert!(sent > 16 << 10, "sent {sent}");
+    assert_eq!(net.a.connection(c).unwrap().send_window(), 0, "zero window");
+    // Held by its application, it outlives far more probes than max_retries.
+    let t0 = net.now;
+    net.run_until(|n| n.now >= t0 + Duration::from_secs(60), 100_000);
+    assert_eq!(
+        net.a.state(c),
+        Some(State::Established),
+        "held: never aborted"
+    );
+    assert!(net.a.orphan(c));
+    let t1 = net.now;
+    net.run_until(|n| n.a.state(c) == Some(State::Closed), 100_000);
+    assert_eq!(net.a.close_reason(c), Some(CloseReason::Timeout));
+    // max_retries probes, each at most max_rto after the one before, then the abort.
+    assert!(
+        net.now <= t1 + Duration::from_secs(20),
+        "{:?} {:?}",
+        t1,
+        net.now
+    );
+    net.run_until(|n| n.b.state(s) == Some(State::Closed), 100);
+    assert_eq!(net.b.close_reason(s), Some(CloseReason::Reset));
+    assert!(
+        !net.a.orphan(SocketHandle { idx: 99, gen: 0 }),
+        "stale handle"
+    );
+}
+
 /// Regression: a SYN-ACK to a listening port opened a SYN-RECEIVED connection. RFC 9293
 /// §3.10.7.2: any ACK-bearing segment in LISTEN gets <SEQ=SEG.ACK><CTL=RST>.
 #[test]

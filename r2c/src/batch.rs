@@ -393,21 +393,32 @@ impl Sockets<'_> {
     /// Non-blocking `connect`: `Err(InProgress)` once started; the socket turns writable
     /// when the handshake completes (or reports an error).
     pub fn connect(&mut self, fd: Fd, remote: SocketAddrV4) -> Result<(), SockError> {
+        self.connect_from(fd, None, remote)
+    }
+
+    /// [`connect`](Self::connect) from the local address `local` (`bind` to an address
+    /// before `connect`; `None`: the route's source), which must be one of the stack's
+    /// (`InvalidInput` otherwise; RFC 9293 §3.9.1.1 MUST-43).
+    pub fn connect_from(
+        &mut self,
+        fd: Fd,
+        local: Option<core::net::Ipv4Addr>,
+        remote: SocketAddrV4,
+    ) -> Result<(), SockError> {
         let port = match self.t.get(fd)?.kind {
             Kind::Fresh { port } => port,
             Kind::Conn(_) => return Err(SockError::IsConnected),
             Kind::Listening(_) => return Err(SockError::InvalidInput),
         };
-        let r = match port {
-            Some(p) => {
-                let r = self.st.stack.connect(self.st.now, remote, Some(p));
-                if let Ok(h) = r {
-                    self.st.open.insert(h);
-                }
-                r
-            }
-            None => self.st.connect(remote),
+        let now = self.st.now;
+        let r = match (port, local) {
+            (Some(p), None) => self.st.stack.connect(now, remote, Some(p)),
+            (Some(p), Some(ip)) => self.st.stack.connect_from(now, ip, remote, Some(p)),
+            (None, local) => self.st.connect_from(local, remote),
         };
+        if let (Some(_), Ok(h)) = (port, &r) {
+            self.st.open.insert(*h);
+        }
         let h = r.map_err(|e| match e {
             ConnectError::NoRoute => SockError::NoRoute,
             ConnectError::InvalidAddress => SockError::InvalidInput,
@@ -568,6 +579,47 @@ impl Sockets<'_> {
             }
         }
         self.close(fd)
+    }
+
+    /// `TCP_NODELAY` = `!on`: Nagle's algorithm for this connection (RFC 9293 §3.7.4
+    /// MUST-17).
+    pub fn set_nagle(&mut self, fd: Fd, on: bool) -> Result<(), SockError> {
+        let h = self.conn(fd)?.h;
+        self.st.stack.set_nagle(h, on);
+        Ok(())
+    }
+
+    /// `IP_TOS`: the DiffServ codepoint (0..=63; `InvalidInput` above) of the
+    /// connection's segments from now on.
+    pub fn set_dscp(&mut self, fd: Fd, dscp: u8) -> Result<(), SockError> {
+        let h = self.conn(fd)?.h;
+        if self.st.stack.set_dscp(h, dscp) {
+            Ok(())
+        } else {
+            Err(SockError::InvalidInput)
+        }
+    }
+
+    /// The application closed the socket but goes on handing the connection bytes it
+    /// had queued before the close (an LD_PRELOAD shim's send queue): from now on the
+    /// stack treats it as closed ([`luna_stack::stack::Stack::orphan`]: zero-window probes
+    /// count toward R2 even when answered, so a peer that keeps its window shut cannot
+    /// hold it for ever). [`close`](Self::close) still follows the last byte.
+    pub fn orphan(&mut self, fd: Fd) -> Result<(), SockError> {
+        let h = self.conn(fd)?.h;
+        self.st.stack.orphan(h);
+        Ok(())
+    }
+
+    /// Bytes not yet acknowledged by the peer (sent or not; Linux's `SIOCOUTQ`), plus one
+    /// for a FIN sent and not acknowledged (FIN-WAIT-1, CLOSING, LAST-ACK): 0 once
+    /// everything the socket sent was acknowledged, and for a connection that ended.
+    pub fn unacked(&mut self, fd: Fd) -> Result<usize, SockError> {
+        let h = self.conn(fd)?.h;
+        Ok(self.st.stack.connection(h).map_or(0, |c| {
+            let fin = matches!(c.state(), State::FinWait1 | State::Closing | State::LastAck);
+            c.send_queued() + usize::from(fin)
+        }))
     }
 
     /// `epoll_ctl(ADD/MOD)`.

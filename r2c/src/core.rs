@@ -296,11 +296,21 @@ impl CoreState {
     /// Open a connection to `remote` from a port of this core's partition that the NIC
     /// steers back to this core (see [`bifurcation::PortChooser`]).
     pub(crate) fn connect(&mut self, remote: SocketAddrV4) -> Result<Conn, ConnectError> {
+        self.connect_from(None, remote)
+    }
+
+    /// [`CoreState::connect`] from the local address `local` (`None`: the route's source).
+    pub(crate) fn connect_from(
+        &mut self,
+        local: Option<Ipv4Addr>,
+        remote: SocketAddrV4,
+    ) -> Result<Conn, ConnectError> {
         // The source the stack will use (the route's, or the next hop's subnet's).
-        let local_ip = self
-            .stack
-            .source_address(*remote.ip())
-            .unwrap_or_else(|| self.stack.ipv4());
+        let local_ip = local.unwrap_or_else(|| {
+            self.stack
+                .source_address(*remote.ip())
+                .unwrap_or_else(|| self.stack.ipv4())
+        });
         let stack = &self.stack;
         let port = self.chooser.choose(local_ip, remote, |p| {
             stack.tuple_in_use(SocketAddrV4::new(local_ip, p), remote)
@@ -315,7 +325,11 @@ impl CoreState {
                 return Err(ConnectError::PortsExhausted);
             }
         };
-        match self.stack.connect(self.now, remote, Some(port)) {
+        let r = match local {
+            Some(ip) => self.stack.connect_from(self.now, ip, remote, Some(port)),
+            None => self.stack.connect(self.now, remote, Some(port)),
+        };
+        match r {
             Ok(h) => {
                 self.open.insert(h);
                 Ok(h)

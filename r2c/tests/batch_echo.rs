@@ -194,6 +194,77 @@ fn batch_api_errors() {
     );
 }
 
+/// The per-connection calls a socket shim needs (`TCP_NODELAY`, `IP_TOS`, `bind` to an
+/// address before `connect`, the close of a socket whose bytes are still queued, the
+/// bytes not yet acknowledged): errno-style answers on a socket that is not connected
+/// or a value out of range, and the address bound is the connection's.
+#[test]
+fn batch_connection_setters() {
+    let (server, _client) = pair(1, 1, |_| {});
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let o = out.clone();
+    let rt = Runtime::spawn_batch(server, opts(), move |_| {
+        let o = o.clone();
+        let mut ran = false;
+        move |s: &mut Sockets<'_>| {
+            if ran {
+                return;
+            }
+            ran = true;
+            let mut r: Vec<Result<usize, SockError>> = Vec::new();
+            let fd = s.socket();
+            r.push(s.set_nagle(fd, true).map(|()| 0));
+            r.push(s.set_dscp(fd, 46).map(|()| 0));
+            r.push(s.orphan(fd).map(|()| 0));
+            r.push(s.unacked(fd));
+            let to = "198.18.0.2:80".parse().unwrap();
+            // Not one of the stack's addresses.
+            r.push(
+                s.connect_from(fd, Some("198.18.0.77".parse().unwrap()), to)
+                    .map(|()| 0),
+            );
+            s.bind(fd, 4444).unwrap();
+            // Nobody answers: SYN-SENT, where data may be queued.
+            r.push(
+                s.connect_from(fd, Some("198.18.0.1".parse().unwrap()), to)
+                    .map(|()| 0),
+            );
+            let local = s.addrs(fd).map(|(l, _)| l);
+            r.push(Ok(usize::from(
+                local == Ok("198.18.0.1:4444".parse().unwrap()),
+            )));
+            r.push(s.set_nagle(fd, true).map(|()| 0));
+            r.push(s.set_dscp(fd, 64).map(|()| 0));
+            r.push(s.set_dscp(fd, 46).map(|()| 0));
+            r.push(s.send(fd, &[1u8; 100]));
+            r.push(s.unacked(fd));
+            r.push(s.orphan(fd).map(|()| 0));
+            o.lock().unwrap().extend(r);
+            s.request_stop();
+        }
+    })
+    .unwrap();
+    let _ = rt.join().unwrap();
+    assert_eq!(
+        *out.lock().unwrap(),
+        vec![
+            Err(SockError::NotConnected),
+            Err(SockError::NotConnected),
+            Err(SockError::NotConnected),
+            Err(SockError::NotConnected),
+            Err(SockError::InvalidInput),
+            Err(SockError::InProgress),
+            Ok(1),
+            Ok(0),
+            Err(SockError::InvalidInput),
+            Ok(0),
+            Ok(100),
+            Ok(100),
+            Ok(0),
+        ]
+    );
+}
+
 /// A send that finds no room takes nothing and says why from the socket's and the
 /// connection's state (full buffer: `WouldBlock`; after `shutdown`: `BrokenPipe`), not by
 /// offering the stack a dummy byte.

@@ -36,6 +36,15 @@ pub(crate) enum Cmd {
     /// `shutdown(SHUT_RD/SHUT_RDWR)` of a listener: stop listening and close the
     /// connections it had queued for `accept` (taken from its queue by the caller).
     StopListen(Arc<Sock>, Vec<Arc<Sock>>),
+    /// `TCP_NODELAY` or `IP_TOS` changed: pass them to the connection.
+    Opts(Arc<Sock>),
+}
+
+/// Passes the socket's `TCP_NODELAY` and `IP_TOS` to its connection (at connect, at
+/// accept, and when `setsockopt` changes them).
+fn apply_opts(s: &mut Sockets<'_>, fd: BFd, o: &crate::sock::Opts) {
+    let _ = s.set_nagle(fd, o.nodelay == 0);
+    let _ = s.set_dscp(fd, o.tos >> 2);
 }
 
 /// The addresses luna serves, from the configuration (read before starting DPDK, so a
@@ -362,12 +371,18 @@ impl PollApp {
                 self.drop_dead(s, &mut g);
                 let fd = s.socket();
                 let port = g.local.port();
-                let r = s.bind(fd, port).and_then(|_| match s.connect(fd, addr) {
-                    Err(SockError::InProgress) | Ok(()) => Ok(()),
-                    Err(e) => Err(e),
-                });
+                // bind(2) to luna's address before connect: the connection's source
+                // (else the route's).
+                let from = Some(*g.local.ip()).filter(|ip| !ip.is_unspecified());
+                let r = s
+                    .bind(fd, port)
+                    .and_then(|_| match s.connect_from(fd, from, addr) {
+                        Err(SockError::InProgress) | Ok(()) => Ok(()),
+                        Err(e) => Err(e),
+                    });
                 match r.and_then(|_| s.register(fd, Interest::BOTH)) {
                     Ok(()) => {
+                        apply_opts(s, fd, &g.opts);
                         g.bfd = Some(fd);
                         g.interest = Some(Interest::BOTH);
                         g.phase = Phase::Connecting;
@@ -384,6 +399,12 @@ impl PollApp {
             }
             Cmd::Flush(sock) | Cmd::Shutdown(sock) | Cmd::Close(sock) => {
                 self.service(s, &sock, None);
+            }
+            Cmd::Opts(sock) => {
+                let g = sock.lock();
+                if let (Some(fd), false) = (g.bfd, g.listener) {
+                    apply_opts(s, fd, &g.opts);
+                }
             }
             Cmd::StopListen(sock, queued) => {
                 // Never accepted: reset, as Linux's inet_csk_listen_stop does.
@@ -429,6 +450,9 @@ impl PollApp {
                                 cg.peer = Some(peer);
                                 cg.bfd = Some(nfd);
                                 cg.opts = g.opts;
+                                // Linux's accepted sockets are clones of their listener:
+                                // its TCP_NODELAY and IP_TOS.
+                                apply_opts(s, nfd, &cg.opts);
                                 if s.register(nfd, Interest::READABLE).is_ok() {
                                     cg.interest = Some(Interest::READABLE);
                                 }
@@ -604,7 +628,8 @@ impl PollApp {
                 | Cmd::Connect(s, _)
                 | Cmd::Flush(s)
                 | Cmd::Shutdown(s)
-                | Cmd::Close(s) => socks.push(s),
+                | Cmd::Close(s)
+                | Cmd::Opts(s) => socks.push(s),
                 Cmd::StopListen(s, queued) => {
                     socks.push(s);
                     socks.extend(queued);
@@ -631,6 +656,7 @@ impl Cmd {
             | Cmd::Flush(s)
             | Cmd::Shutdown(s)
             | Cmd::Close(s)
+            | Cmd::Opts(s)
             | Cmd::StopListen(s, _) => s,
         }
     }

@@ -249,6 +249,11 @@ fn sockopt<T: Copy>(fd: c_int, level: c_int, name: c_int, init: T) -> Option<T> 
     (r == 0).then_some(v)
 }
 
+/// The kernel socket's `IP_TOS` (set before it became luna's), its ECN bits cleared.
+fn tos_of(fd: c_int) -> u8 {
+    (sockopt_int(fd, libc::IPPROTO_IP, libc::IP_TOS).unwrap_or(0) as u8) & !0b11
+}
+
 /// A kernel IPv4 TCP socket (the only kind luna takes over).
 fn is_tcp4(fd: c_int) -> bool {
     sockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN) == Some(libc::AF_INET)
@@ -462,6 +467,7 @@ pub unsafe extern "C-unwind" fn bind(fd: c_int, addr: *const sockaddr, len: sock
                         g.opts.reuseaddr = opt(libc::SO_REUSEADDR);
                         g.opts.reuseport = opt(libc::SO_REUSEPORT);
                         g.opts.keepalive = opt(libc::SO_KEEPALIVE);
+                        g.opts.tos = tos_of(fd);
                     }
                     // EADDRINUSE here, as Linux reports it, not at listen.
                     let _b = BIND.lock().unwrap_or_else(|p| p.into_inner());
@@ -647,6 +653,8 @@ unsafe fn luna_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Opti
                 if engine::engine().is_none() {
                     return Some(fail(libc::ENETUNREACH));
                 }
+                // IP_TOS set on the kernel socket before connect carries over.
+                s.lock().opts.tos = tos_of(fd);
                 insert(fd, Arc::clone(&s), false);
                 s
             }
@@ -1076,6 +1084,13 @@ pub unsafe extern "C-unwind" fn setsockopt(
             // SAFETY: forwarding.
             return unsafe { call_real!(setsockopt(fd, level, name, val, len)) };
         };
+        if level == libc::IPPROTO_IP && matches!(name, libc::IP_TOS | libc::IP_TTL) {
+            // SAFETY: C's contract for setsockopt: `val` has `len` bytes.
+            return match unsafe { ip_int(val, len) } {
+                Ok(v) => ret0(set_ip_opt(&s, name, v)),
+                Err(e) => fail(e),
+            };
+        }
         let mut g = s.lock();
         let o = &mut g.opts;
         let slot = match (level, name) {
@@ -1093,7 +1108,22 @@ pub unsafe extern "C-unwind" fn setsockopt(
                     return fail(libc::EINVAL);
                 }
                 // SAFETY: `val` has at least an int (checked).
-                *slot = unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) };
+                let v = unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) };
+                if level == libc::IPPROTO_TCP {
+                    // TCP_NODELAY: Linux keeps a flag (any non-zero value reads 1).
+                    let v = c_int::from(v != 0);
+                    let changed = *slot != v;
+                    *slot = v;
+                    let connected = g.bfd.is_some() && !g.listener;
+                    drop(g);
+                    if changed && connected {
+                        if let Some(sh) = engine::engine() {
+                            sh.push(Cmd::Opts(Arc::clone(&s)));
+                        }
+                    }
+                } else {
+                    *slot = v;
+                }
                 0
             }
             None => {
@@ -1105,6 +1135,60 @@ pub unsafe extern "C-unwind" fn setsockopt(
             }
         }
     })
+}
+
+/// The TTL of every datagram luna sends: r2c builds its stack with `StackConfig`'s
+/// default (64, Linux's `ip_default_ttl`); its configuration has no key for it and the
+/// stack no per-connection TTL.
+const LUNA_TTL: c_int = 64;
+
+/// An `IPPROTO_IP` option's value as Linux's `do_ip_setsockopt` reads it: an int, or
+/// one byte when fewer than four are given; `EINVAL` for none, `EFAULT` for null.
+unsafe fn ip_int(val: *const c_void, len: socklen_t) -> Result<c_int, i32> {
+    if len as usize >= std::mem::size_of::<c_int>() {
+        if val.is_null() {
+            return Err(libc::EFAULT);
+        }
+        // SAFETY: `val` has at least an int (checked).
+        Ok(unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) })
+    } else if len >= 1 {
+        if val.is_null() {
+            return Err(libc::EFAULT);
+        }
+        // SAFETY: `val` has at least one byte (checked).
+        Ok(c_int::from(unsafe { *val.cast::<u8>() }))
+    } else {
+        Err(libc::EINVAL)
+    }
+}
+
+/// `IP_TOS` / `IP_TTL` on a luna socket. `IP_TOS` as Linux for TCP (any value; the
+/// ECN bits stay the socket's own, 0 here), its DiffServ codepoint passed to the
+/// connection (now, or at connect/accept). `IP_TTL`: -1 (the default) or luna's TTL
+/// are accepted and change nothing; outside 1..=255 `EINVAL` as Linux; any other TTL
+/// `ENOPROTOOPT`: luna's TTL is one for the whole stack, and a TTL that would not be
+/// used is refused rather than claimed.
+fn set_ip_opt(s: &Arc<Sock>, name: c_int, v: c_int) -> Result<(), i32> {
+    if name == libc::IP_TTL {
+        return match v {
+            -1 | LUNA_TTL => Ok(()),
+            v if !(1..=255).contains(&v) => Err(libc::EINVAL),
+            _ => Err(libc::ENOPROTOOPT),
+        };
+    }
+    let mut g = s.lock();
+    // (Linux stores the int in a byte: `inet->tos`.)
+    let tos = (v as u8) & !0b11;
+    let changed = g.opts.tos != tos;
+    g.opts.tos = tos;
+    let connected = g.bfd.is_some() && !g.listener;
+    drop(g);
+    if changed && connected {
+        if let Some(sh) = engine::engine() {
+            sh.push(Cmd::Opts(Arc::clone(s)));
+        }
+    }
+    Ok(())
 }
 
 /// `getsockopt(2)`.
@@ -1134,6 +1218,8 @@ pub unsafe extern "C-unwind" fn getsockopt(
             (libc::SOL_SOCKET, libc::SO_RCVBUF) => g.opts.rcvbuf,
             (libc::SOL_SOCKET, libc::SO_SNDBUF) => g.opts.sndbuf,
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => g.opts.nodelay,
+            (libc::IPPROTO_IP, libc::IP_TOS) => c_int::from(g.opts.tos),
+            (libc::IPPROTO_IP, libc::IP_TTL) => LUNA_TTL,
             _ => {
                 drop(g);
                 // SAFETY: forwarding.
@@ -1145,6 +1231,12 @@ pub unsafe extern "C-unwind" fn getsockopt(
         }
         // SAFETY: `len` is valid (checked); `val` has `*len` bytes.
         unsafe {
+            if level == libc::IPPROTO_IP && (1..4).contains(&*len) {
+                // Linux's do_ip_getsockopt: one byte for a short buffer.
+                *val.cast::<u8>() = v as u8;
+                *len = 1;
+                return 0;
+            }
             if (*len as usize) < std::mem::size_of::<c_int>() {
                 return fail(libc::EINVAL);
             }
@@ -2060,6 +2152,73 @@ mod tests {
             assert!(lookup(fd).is_some_and(|x| Arc::ptr_eq(&x, &s)), "forgotten");
             assert_eq!(s.fds.load(Ordering::Relaxed), 1);
         }
+        for x in [fd, ph] {
+            // SAFETY: closing descriptors this test opened.
+            assert_eq!(unsafe { close(x) }, 0);
+        }
+    }
+
+    /// TCP_NODELAY, IP_TOS and IP_TTL on a luna socket read back what Linux would:
+    /// TCP_NODELAY as a flag (any non-zero value reads 1; 0 turns Nagle on), IP_TOS
+    /// without its ECN bits (also set and read as one byte), IP_TTL luna's 64 (-1 and
+    /// 64 accepted; outside 1..=255 EINVAL; another TTL ENOPROTOOPT, not a success
+    /// that changes nothing). None of them reaches the placeholder (here a pipe, which
+    /// would answer ENOTSOCK).
+    #[test]
+    fn tcp_nodelay_ip_tos_and_ip_ttl_read_back_what_was_set() {
+        let s = Sock::new(Phase::Connected, UNBOUND);
+        let (fd, ph) = luna_at_pipe(Arc::clone(&s));
+        let set = |level, name, v: c_int| {
+            // SAFETY: a live int of the size given.
+            let r = unsafe {
+                setsockopt(
+                    fd,
+                    level,
+                    name,
+                    (&v as *const c_int).cast(),
+                    std::mem::size_of::<c_int>() as socklen_t,
+                )
+            };
+            (r, if r < 0 { crate::errno() } else { 0 })
+        };
+        let get = |level, name| {
+            let mut v: c_int = -7;
+            let mut len = std::mem::size_of::<c_int>() as socklen_t;
+            // SAFETY: `v` and `len` are live and sized for an int option.
+            let r = unsafe { getsockopt(fd, level, name, (&mut v as *mut c_int).cast(), &mut len) };
+            assert_eq!((r, len), (0, 4), "getsockopt({level}, {name})");
+            v
+        };
+        let tcp = libc::IPPROTO_TCP;
+        let ip = libc::IPPROTO_IP;
+        assert_eq!(get(tcp, libc::TCP_NODELAY), 1, "luna's default: no Nagle");
+        assert_eq!(set(tcp, libc::TCP_NODELAY, 0), (0, 0));
+        assert_eq!(get(tcp, libc::TCP_NODELAY), 0);
+        assert_eq!(s.lock().opts.nodelay, 0, "Nagle on for the connection");
+        assert_eq!(set(tcp, libc::TCP_NODELAY, 5), (0, 0));
+        assert_eq!(get(tcp, libc::TCP_NODELAY), 1, "a flag");
+        assert_eq!(get(ip, libc::IP_TOS), 0);
+        assert_eq!(set(ip, libc::IP_TOS, 0xb9), (0, 0));
+        assert_eq!(get(ip, libc::IP_TOS), 0xb8, "DSCP 46, no ECN bits");
+        assert_eq!(s.lock().opts.tos >> 2, 46);
+        let byte = 0x20u8;
+        // SAFETY: one live byte, the size given.
+        let r = unsafe { setsockopt(fd, ip, libc::IP_TOS, (&byte as *const u8).cast(), 1) };
+        assert_eq!(r, 0, "IP_TOS as one byte");
+        let (mut b, mut len) = (0u8, 1 as socklen_t);
+        // SAFETY: one live byte, the size given.
+        let r = unsafe { getsockopt(fd, ip, libc::IP_TOS, (&mut b as *mut u8).cast(), &mut len) };
+        assert_eq!((r, b, len), (0, 0x20, 1));
+        assert_eq!(get(ip, libc::IP_TTL), 64);
+        assert_eq!(set(ip, libc::IP_TTL, -1), (0, 0));
+        assert_eq!(set(ip, libc::IP_TTL, 64), (0, 0));
+        assert_eq!(set(ip, libc::IP_TTL, 0), (-1, libc::EINVAL));
+        assert_eq!(set(ip, libc::IP_TTL, 256), (-1, libc::EINVAL));
+        assert_eq!(set(ip, libc::IP_TTL, 7), (-1, libc::ENOPROTOOPT));
+        assert_eq!(get(ip, libc::IP_TTL), 64, "still luna's");
+        // SAFETY: a zero-length value.
+        let r = unsafe { setsockopt(fd, ip, libc::IP_TOS, std::ptr::null(), 0) };
+        assert_eq!((r, crate::errno()), (-1, libc::EINVAL));
         for x in [fd, ph] {
             // SAFETY: closing descriptors this test opened.
             assert_eq!(unsafe { close(x) }, 0);

@@ -46,9 +46,13 @@ pub(crate) struct Opts {
     pub reuseaddr: i32,
     pub reuseport: i32,
     pub keepalive: i32,
+    /// 0 or 1 (Linux reads any non-zero value as 1); 0 turns Nagle's algorithm on.
     pub nodelay: i32,
     pub rcvbuf: i32,
     pub sndbuf: i32,
+    /// `IP_TOS`: its DiffServ codepoint (the upper six bits) marks the connection's
+    /// segments; the ECN bits read 0 (Linux keeps a TCP socket's ECN bits its own).
+    pub tos: u8,
 }
 
 impl Default for Opts {
@@ -61,6 +65,7 @@ impl Default for Opts {
             nodelay: 1,
             rcvbuf: RX_CAP as i32,
             sndbuf: TX_CAP as i32,
+            tos: 0,
         }
     }
 }

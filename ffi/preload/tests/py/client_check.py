@@ -343,6 +343,14 @@ def ended(sock_port):
     return "open"
 
 
+def tos_seen(sock_port):
+    q = socket.create_connection((kernel_ip, port + 2))
+    q.sendall(("tos %d" % sock_port).encode())
+    word = q.recv(16).decode()
+    q.close()
+    return word
+
+
 def echoed_conn(data):
     x = socket.socket()
     x.connect((kernel_ip, port))
@@ -369,6 +377,31 @@ check(pl.poll(5000), "the echo came")
 time.sleep(0.2)
 x.close()
 check(ended(xp) == "reset", "close with unread bytes resets")
+
+# Socket options passed to the connection: IP_TOS set before bind marks its segments
+# (the kernel server reads the TOS of the handshake's last ACK), bind before connect
+# sends from the bound port, TCP_NODELAY 0 turns Nagle on, IP_TTL is luna's 64 (another
+# TTL is refused: luna has one TTL for the whole stack).
+x = socket.socket()
+x.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0xb8)
+x.bind((luna_ip, 7031))
+x.connect((kernel_ip, port))
+check(x.getsockname() == (luna_ip, 7031), "bind before connect: the bound address")
+check(x.getsockopt(socket.IPPROTO_IP, socket.IP_TOS) == 0xb8, "IP_TOS kept")
+x.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
+check(x.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0, "TCP_NODELAY 0 kept")
+x.sendall(b"to")
+x.sendall(b"s")
+check(recv_exact(x, 3) == b"tos", "echo with Nagle on")
+check(tos_seen(7031) == "184", "IP_TOS on the wire (%s)" % tos_seen(7031))
+try:
+    x.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, 7)
+    check(False, "IP_TTL 7")
+except OSError as e:
+    check(e.errno == errno.ENOPROTOOPT, "IP_TTL other than luna's: ENOPROTOOPT")
+check(x.getsockopt(socket.IPPROTO_IP, socket.IP_TTL) == 64, "IP_TTL")
+x.close()
+check(ended(7031) == "fin", "bind before connect: the server saw the bound port")
 
 # os.closerange (close_range(2)): a luna socket in the range is closed as by close(2)
 # (the server sees its FIN), and its number, given to a new file, is that file's.

@@ -1,18 +1,24 @@
 """A kernel echo server (no preload): echoes every connection until its FIN, then
 closes. How each connection ended ("fin" or "reset") is kept by the client's port and
 told on port + 2 (a connection there sends a port number and gets the word back, or
-"open" while that connection lives). Sinks on port + 3 and port + 4 read a connection
+"open" while that connection lives; "tos PORT" gets the TOS byte of that connection's
+handshake). Sinks on port + 3 and port + 4 read a connection
 after a pause (0.3 s, 1.5 s), with a small receive buffer (the sender's queue fills), and
 write how it ended and the bytes they got ("fin 4194304") to ready_file + ".sink" and
 ".sink2".
 argv: ip port ready_file seconds"""
 import socket
+import struct
 import sys
 import threading
 import time
 
 ip, port, ready, secs = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 ends = {}
+# The TOS byte of each echo connection's handshake (its last ACK), by the client's port:
+# asked on port + 2 as "tos PORT".
+toss = {}
+IP_PKTOPTIONS, IP_RECVTOS = 9, 13
 
 
 def listener(p, rcvbuf=None):
@@ -27,12 +33,25 @@ def listener(p, rcvbuf=None):
 
 
 s = listener(port)
+s.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
 status = listener(port + 2)
 sinks = [(listener(port + 3, 64 << 10), 0.3, ".sink"), (listener(port + 4, 64 << 10), 1.5, ".sink2")]
 open(ready, "w").write("ready")
 
 
+def tos_of(c):
+    """The TOS the kernel kept from the handshake (a cmsg IP_TOS in IP_PKTOPTIONS)."""
+    b = c.getsockopt(socket.IPPROTO_IP, IP_PKTOPTIONS, 64)
+    while len(b) >= 17:
+        n, level, kind = struct.unpack("=QII", b[:16])
+        if level == socket.IPPROTO_IP and kind == socket.IP_TOS:
+            return b[16]
+        b = b[(n + 7) & ~7:]
+    return None
+
+
 def echo(c, peer_port):
+    toss[peer_port] = tos_of(c)
     with c:
         try:
             while True:
@@ -54,8 +73,11 @@ def tell():
         with c:
             c.settimeout(5)
             try:
-                q = int(c.recv(16).decode())
-                c.sendall(ends.get(q, "open").encode())
+                q = c.recv(16).decode()
+                if q.startswith("tos "):
+                    c.sendall(str(toss.get(int(q[4:]))).encode())
+                else:
+                    c.sendall(ends.get(int(q), "open").encode())
             except (OSError, ValueError):
                 pass
 

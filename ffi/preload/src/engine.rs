@@ -10,7 +10,7 @@ use r2c::device::dpdk::{DpdkDevice, DpdkDeviceConfig};
 use r2c::Runtime;
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use zbuf::dpdk::DmaRegistry;
 use zbuf::{Slab, SlabConfig};
@@ -150,6 +150,11 @@ struct Keep {
 // Keep is only stored, never used from several threads.
 static KEEP: Mutex<Option<Keep>> = Mutex::new(None);
 
+/// Closed sockets whose connection the stack gave up on (`ETIMEDOUT`) while bytes
+/// queued before the close were still waiting here: a peer that kept its window shut
+/// (or vanished) after the close. Reported at exit with `LUNA_PRELOAD_DEBUG`.
+pub(crate) static ORPHANS_TIMED_OUT: AtomicU64 = AtomicU64::new(0);
+
 /// Set by the poll thread's application as it ends (however it ends: a core error, a
 /// panic unwinding, the stop at exit), before it wakes every socket it knows.
 static ENDED: AtomicBool = AtomicBool::new(false);
@@ -236,6 +241,12 @@ extern "C" fn at_exit() {
             }
         }
         let _g = crate::Internal::enter();
+        if crate::debug() {
+            eprintln!(
+                "luna-preload: closed sockets timed out with bytes unsent: {}",
+                ORPHANS_TIMED_OUT.load(Ordering::Relaxed)
+            );
+        }
         let keep = KEEP.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(k) = keep {
             crate::ACTIVE.store(false, Ordering::Release);
@@ -487,6 +498,19 @@ impl PollApp {
                 if g.phase != Phase::Connecting && !g.reset_on_close {
                     self.transfer(s, fd, &mut g, &mut grew);
                 }
+                // Closed with bytes still here (the stack's send buffer is full: a slow
+                // peer, or one that keeps its window shut): the stack must treat the
+                // connection as closed while they go, as Linux treats an orphan, so
+                // that its limits end it (zero-window probes counted even when
+                // answered) instead of probing a peer that never reads for ever.
+                if g.phase == Phase::Closed
+                    && !g.orphaned
+                    && !g.reset_on_close
+                    && g.fatal.is_none()
+                    && !g.tx.is_empty()
+                {
+                    g.orphaned = s.orphan(fd).is_ok();
+                }
             }
             Phase::Fresh | Phase::Opening => {
                 // A connect that failed and was reported: its dead connection goes.
@@ -499,6 +523,15 @@ impl PollApp {
         // Finish a close once the queued bytes are out (or cannot go), or at once with a
         // RST. A listener's unaccepted connections are reset (inet_csk_listen_stop).
         if g.phase == Phase::Closed && (g.reset_on_close || g.tx.is_empty() || g.fatal.is_some()) {
+            if g.orphaned && g.fatal == Some(libc::ETIMEDOUT) {
+                ORPHANS_TIMED_OUT.fetch_add(1, Ordering::Relaxed);
+                if crate::debug() {
+                    eprintln!(
+                        "luna-preload: {fd:?}: a closed socket's connection timed out with {} bytes unsent",
+                        g.tx.len()
+                    );
+                }
+            }
             for c in std::mem::take(&mut g.accept_q) {
                 let cg = c.lock();
                 if let Some(cfd) = cg.bfd {

@@ -115,6 +115,10 @@ pub(crate) struct State {
     /// `SO_LINGER` `{1, 0}`, or bytes the application never read; RFC 1122 §4.2.2.13:
     /// also bytes that arrive after the close): queued bytes are dropped and a RST goes.
     pub reset_on_close: bool,
+    /// Closed with bytes still queued here: the poll thread told the stack the
+    /// connection is closed (`Sockets::orphan`), so the stack's limits for a closed
+    /// connection bound it while those bytes go (poll thread only).
+    pub orphaned: bool,
     pub opts: Opts,
 }
 
@@ -197,6 +201,7 @@ impl State {
             listener: false,
             watchers: Vec::new(),
             reset_on_close: false,
+            orphaned: false,
             opts: Opts::default(),
         }
     }

@@ -403,6 +403,33 @@ check(x.getsockopt(socket.IPPROTO_IP, socket.IP_TTL) == 64, "IP_TTL")
 x.close()
 check(ended(7031) == "fin", "bind before connect: the server saw the bound port")
 
+# A closed socket whose bytes are stuck behind a peer's zero window (it never reads) is
+# not kept for ever: the stack treats its connection as closed (an orphan, as Linux),
+# so zero-window probes count toward its retry limit even though the peer answers
+# them, and the connection is reset (tests/redis.rs sets rto_max_us to 0.5 s: about
+# 8 s of probes).
+z = socket.socket()
+z.connect((kernel_ip, port + 5))
+zp = z.getsockname()[1]
+z.setblocking(False)
+full_since = None
+while True:
+    try:
+        z.send(bytes(64 << 10))
+        full_since = None
+    except BlockingIOError:
+        # The shim's queue is full (so is the stack's): the peer's window is shut.
+        full_since = full_since or time.time()
+        if time.time() - full_since > 0.5:
+            break
+        time.sleep(0.01)
+check(z.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0, "a zero window is no error")
+z.close()
+t0 = time.time()
+while time.time() - t0 < 60 and ended(zp) == "open":
+    pass
+check(ended(zp) == "reset", "a closed socket stuck behind a zero window is reset (after %.1f s)" % (time.time() - t0))
+
 # os.closerange (close_range(2)): a luna socket in the range is closed as by close(2)
 # (the server sees its FIN), and its number, given to a new file, is that file's.
 x, xp = echoed_conn(b"cr")

@@ -5,7 +5,7 @@ told on port + 2 (a connection there sends a port number and gets the word back,
 handshake). Sinks on port + 3 and port + 4 read a connection
 after a pause (0.3 s, 1.5 s), with a small receive buffer (the sender's queue fills), and
 write how it ended and the bytes they got ("fin 4194304") to ready_file + ".sink" and
-".sink2".
+".sink2". Port + 5 never reads.
 argv: ip port ready_file seconds"""
 import socket
 import struct
@@ -36,6 +36,7 @@ s = listener(port)
 s.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
 status = listener(port + 2)
 sinks = [(listener(port + 3, 64 << 10), 0.3, ".sink"), (listener(port + 4, 64 << 10), 1.5, ".sink2")]
+stuck = listener(port + 5, 64 << 10)
 open(ready, "w").write("ready")
 
 
@@ -103,7 +104,29 @@ def drain(sink, pause, name):
             open(ready + name, "w").write("%s %d" % (how, n))
 
 
+def never_read():
+    """Port + 5: connections never read (their window closes and stays shut); how each
+    ended is told on port + 2 like the echo connections' ("reset" once the kernel saw
+    a RST; "open" until then)."""
+    while time.time() < end:
+        try:
+            c, peer = stuck.accept()
+        except socket.timeout:
+            continue
+        threading.Thread(target=watch, args=(c, peer[1]), daemon=True).start()
+
+
+def watch(c, peer_port):
+    with c:
+        while time.time() < end:
+            if c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                ends[peer_port] = "reset"
+                return
+            time.sleep(0.05)
+
+
 end = time.time() + secs
+threading.Thread(target=never_read, daemon=True).start()
 threading.Thread(target=tell, daemon=True).start()
 for a in sinks:
     threading.Thread(target=drain, args=a, daemon=True).start()

@@ -305,6 +305,9 @@ pub(crate) struct PollApp {
     cmds: Vec<Cmd>,
     /// The socket of the command running now (for `fail_all`, if it panics).
     running: Option<Arc<Sock>>,
+    /// Closed sockets with `SO_LINGER` whose closer waits for the peer's
+    /// acknowledgement: looked at every iteration until it came.
+    lingering: Vec<Arc<Sock>>,
 }
 
 impl PollApp {
@@ -315,6 +318,7 @@ impl PollApp {
             events: Vec::new(),
             cmds: Vec::new(),
             running: None,
+            lingering: Vec::new(),
         }
     }
 
@@ -505,6 +509,7 @@ impl PollApp {
                 // answered) instead of probing a peer that never reads for ever.
                 if g.phase == Phase::Closed
                     && !g.orphaned
+                    && !g.linger
                     && !g.reset_on_close
                     && g.fatal.is_none()
                     && !g.tx.is_empty()
@@ -523,6 +528,20 @@ impl PollApp {
         // Finish a close once the queued bytes are out (or cannot go), or at once with a
         // RST. A listener's unaccepted connections are reset (inet_csk_listen_stop).
         if g.phase == Phase::Closed && (g.reset_on_close || g.tx.is_empty() || g.fatal.is_some()) {
+            // SO_LINGER with a time, and the closer still waits: the FIN goes after the
+            // bytes, and the connection stays until the peer acknowledged both.
+            if g.linger && !g.listener && !g.reset_on_close && g.fatal.is_none() {
+                if !g.shut_sent {
+                    let _ = s.shutdown(fd);
+                    g.shut_sent = true;
+                }
+                if s.unacked(fd).is_ok_and(|n| n > 0) {
+                    if !self.lingering.iter().any(|x| Arc::ptr_eq(x, sock)) {
+                        self.lingering.push(Arc::clone(sock));
+                    }
+                    return;
+                }
+            }
             if g.orphaned && g.fatal == Some(libc::ETIMEDOUT) {
                 ORPHANS_TIMED_OUT.fetch_add(1, Ordering::Relaxed);
                 if crate::debug() {
@@ -546,6 +565,10 @@ impl PollApp {
             };
             self.socks.remove(&fd);
             g.bfd = None;
+            if g.linger {
+                // The lingering closer's wait is over.
+                sock.notify(&g);
+            }
             return;
         }
         // Interest: always readable while reading matters; writable while bytes wait.
@@ -743,6 +766,10 @@ impl BatchApp for PollApp {
             if let Some(sock) = self.socks.get(&ev.fd).cloned() {
                 self.service(s, &sock, Some(ev));
             }
+        }
+        // (Each comes back to the list while it still waits for an acknowledgement.)
+        for sock in std::mem::take(&mut self.lingering) {
+            self.service(s, &sock, None);
         }
     }
 }

@@ -110,11 +110,19 @@ fn linger_zero(fd: c_int) -> bool {
 /// when `linger_zero` (`SO_LINGER` `{1, 0}`) or when received bytes were never read
 /// (RFC 1122 §4.2.2.13: the peer learns they were lost).
 fn release(s: Arc<Sock>, linger_zero: bool) {
+    release_lingering(s, linger_zero, None);
+}
+
+/// [`release`]; with `linger` (`SO_LINGER` `{1, t > 0}`, `close(2)`) the caller waits,
+/// at most that long, until the peer acknowledged what was sent and the FIN (Linux's
+/// `tcp_close` → `sk_stream_wait_close`, whether the socket is blocking or not).
+fn release_lingering(s: Arc<Sock>, linger_zero: bool, linger: Option<Duration>) {
     epoll::forget_sock(&s);
     let had = {
         let mut g = s.lock();
         g.phase = Phase::Closed;
         g.reset_on_close = linger_zero || !g.rx.is_empty();
+        g.linger = linger.is_some() && !g.reset_on_close && !g.listener && g.bfd.is_some();
         // A thread blocked on the socket (another thread's call) wakes and finds it
         // closed, instead of sleeping until a change that will not come.
         s.notify(&g);
@@ -126,7 +134,11 @@ fn release(s: Arc<Sock>, linger_zero: bool) {
         c.push(Arc::downgrade(&s));
         drop(c);
         if let Some(sh) = engine::engine() {
-            sh.push(Cmd::Close(s));
+            let deadline = linger.map(|t| Instant::now() + t);
+            sh.push(Cmd::Close(Arc::clone(&s)));
+            if let Some(d) = deadline {
+                s.linger_wait(sh, d);
+            }
         }
     }
 }
@@ -684,7 +696,12 @@ pub unsafe extern "C-unwind" fn close(fd: c_int) -> c_int {
         }
         let named = lookup(fd).is_some();
         if let Some(s) = remove(fd) {
-            release(s, linger_zero(fd));
+            let l = linger(fd).filter(|l| l.l_onoff != 0);
+            let zero = l.is_some_and(|l| l.l_linger == 0);
+            let time = l
+                .filter(|l| l.l_linger > 0)
+                .map(|l| Duration::from_secs(l.l_linger as u64));
+            release_lingering(s, zero, time);
         } else if !named {
             epoll::forget_set(fd);
         }

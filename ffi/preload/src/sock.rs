@@ -119,6 +119,11 @@ pub(crate) struct State {
     /// connection is closed (`Sockets::orphan`), so the stack's limits for a closed
     /// connection bound it while those bytes go (poll thread only).
     pub orphaned: bool,
+    /// Closed with `SO_LINGER` on and a time: the closing caller waits until the peer
+    /// acknowledged everything sent and the FIN (or the time passes, then it clears
+    /// this); the poll thread keeps the connection open to watch, and notifies when it
+    /// closes it.
+    pub linger: bool,
     pub opts: Opts,
 }
 
@@ -202,6 +207,7 @@ impl State {
             watchers: Vec::new(),
             reset_on_close: false,
             orphaned: false,
+            linger: false,
             opts: Opts::default(),
         }
     }
@@ -654,6 +660,36 @@ impl Sock {
         }
     }
 
+    /// `close(2)` with `SO_LINGER` `{1, t > 0}` ([`State::linger`] set, the close command
+    /// queued): waits until the poll thread closed the connection after the peer
+    /// acknowledged everything sent and the FIN (Linux's `sk_stream_wait_close`), the
+    /// connection failed, or `deadline`. Past the deadline (Linux's close returns 0
+    /// then), the close goes on without the caller: `linger` is
+    /// cleared and the close command queued again, so the poll thread finishes it as a
+    /// plain close (the connection is not reset: Linux's `tcp_close` leaves it to finish
+    /// as an orphan).
+    pub fn linger_wait(self: &Arc<Self>, sh: &Shared, deadline: std::time::Instant) {
+        let mut g = self.lock();
+        loop {
+            if !g.linger || g.bfd.is_none() || g.fatal.is_some() {
+                return;
+            }
+            let woke;
+            (g, woke) = self.wait_until(g, Some(deadline));
+            // (A signal does not end the wait, as it would on Linux: DPDK's tap driver
+            // raises SIGIO for its traffic, which would end every timed wait at once.)
+            if woke == Woke::TimedOut {
+                break;
+            }
+        }
+        if !g.linger || g.bfd.is_none() {
+            return;
+        }
+        g.linger = false;
+        drop(g);
+        sh.push(Cmd::Close(Arc::clone(self)));
+    }
+
     /// Bytes readable now (`FIONREAD`).
     pub fn readable(&self) -> usize {
         self.lock().rx.len()
@@ -820,6 +856,46 @@ mod tests {
     }
 
     const NB: &dyn Fn() -> Wait = &|| Wait::No;
+
+    /// close(2) with SO_LINGER {1, t}: the caller waits until the poll thread closed the
+    /// connection (the peer acknowledged everything) and wakes at once then; when the
+    /// time passes first it returns, the wait is cleared and the close goes to the poll
+    /// thread again (it finishes as a plain close, not a reset).
+    #[test]
+    fn a_lingering_close_waits_for_the_acknowledgement_or_its_time() {
+        use std::time::Instant;
+        let sh = Shared::new();
+        let c = connected();
+        let linger = |c: &Sock| {
+            let mut g = c.lock();
+            g.phase = Phase::Closed;
+            g.bfd = Some(BFd(1));
+            g.linger = true;
+        };
+        linger(&c);
+        let t0 = Instant::now();
+        c.linger_wait(&sh, t0 + Duration::from_millis(80));
+        assert!(t0.elapsed() >= Duration::from_millis(80), "returned early");
+        assert!(!c.lock().linger, "the wait is over");
+        assert!(matches!(sh.take()[..], [Cmd::Close(_)]), "closed again");
+        linger(&c);
+        let c2 = Arc::clone(&c);
+        let poll_thread = std::thread::spawn(move || {
+            while c2.sleepers() == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            let mut g = c2.lock();
+            g.bfd = None;
+            c2.notify(&g);
+        });
+        let t0 = Instant::now();
+        c.linger_wait(&sh, t0 + Duration::from_secs(30));
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        assert!(t0.elapsed() >= Duration::from_millis(50), "did not wait");
+        assert!(sh.take().is_empty(), "nothing more to do");
+        poll_thread.join().unwrap();
+    }
 
     #[test]
     fn readiness_follows_linux_tcp() {

@@ -291,7 +291,7 @@ fn redis_server_on_luna_answers_redis_cli_and_redis_benchmark() {
 /// ECONNREFUSED, a blocked recv ended by another thread's shutdown, a subprocess (vfork)
 /// given a luna socket as stdin leaving our descriptors alone, SO_RCVTIMEO ending a
 /// blocking recv with EAGAIN, and AF_UNIX/loopback left to the kernel
-/// (tests/py/client_check.py: 90 named checks); then 4 MiB sent to a
+/// (tests/py/client_check.py: 94 named checks); then 4 MiB sent to a
 /// slow reader just before the process exits all arrive before the FIN, and bytes a
 /// reader does not take within the exit's grace end in a RST, not a FIN.
 #[test]
@@ -364,7 +364,7 @@ fn python_client_on_luna_talks_to_a_kernel_server() {
     up.expect("tap up (did the client start luna?)");
     assert!(o.ok, "client failed");
     // Every named check of the script ran and passed.
-    assert!(o.out.lines().any(|l| l == "OK checks=90"), "{}", o.out);
+    assert!(o.out.lines().any(|l| l == "OK checks=94"), "{}", o.out);
     assert_eq!(sink, "fin 4194304", "bytes queued at exit were lost");
     assert!(
         sink2.starts_with("reset "),

@@ -403,6 +403,43 @@ check(x.getsockopt(socket.IPPROTO_IP, socket.IP_TTL) == 64, "IP_TTL")
 x.close()
 check(ended(7031) == "fin", "bind before connect: the server saw the bound port")
 
+# SO_LINGER with a time: close(2) waits until the peer acknowledged every byte and the
+# FIN (Linux's sk_stream_wait_close), a non-blocking socket too; past the time it
+# returns 0 and the close goes on (Linux does not reset the connection then). The
+# sinks on port + 3 and + 4 start reading 0.3 s and 1.5 s after the connection came.
+def sink_end(name):
+    path = ready + name
+    for _ in range(200):
+        if os.path.exists(path):
+            time.sleep(0.05)
+            word = open(path).read()
+            os.remove(path)  # the last checks (tests/redis.rs) read these files anew
+            return word
+        time.sleep(0.05)
+    return "no end seen"
+
+
+y = socket.socket()
+y.connect((kernel_ip, port + 3))
+y.sendall(bytes(1 << 20))
+y.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 10))
+t0 = time.time()
+y.close()
+el = time.time() - t0
+check(0.2 < el < 10, "SO_LINGER: close waits for the acknowledgement (%.2f s)" % el)
+check(sink_end(".sink") == "fin 1048576", "SO_LINGER: every byte, then the FIN")
+y = socket.socket()
+y.connect((kernel_ip, port + 4))
+y.sendall(bytes(1 << 20))
+y.setblocking(False)
+y.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 1))
+t0 = time.time()
+y.close()
+el = time.time() - t0
+check(0.9 < el < 1.4, "SO_LINGER: a non-blocking close waits too, for the linger time (%.2f s)" % el)
+w = sink_end(".sink2")
+check(w == "fin 1048576", "SO_LINGER: past its time the close goes on, not reset (%s)" % w)
+
 # A closed socket whose bytes are stuck behind a peer's zero window (it never reads) is
 # not kept for ever: the stack treats its connection as closed (an orphan, as Linux),
 # so zero-window probes count toward its retry limit even though the peer answers

@@ -480,6 +480,7 @@ pub unsafe extern "C-unwind" fn bind(fd: c_int, addr: *const sockaddr, len: sock
                         g.opts.reuseport = opt(libc::SO_REUSEPORT);
                         g.opts.keepalive = opt(libc::SO_KEEPALIVE);
                         g.opts.tos = tos_of(fd);
+                        g.opts.nodelay = c_int::from(!net.cfg.tcp.nagle);
                     }
                     // EADDRINUSE here, as Linux reports it, not at listen.
                     let _b = BIND.lock().unwrap_or_else(|p| p.into_inner());
@@ -665,8 +666,13 @@ unsafe fn luna_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Opti
                 if engine::engine().is_none() {
                     return Some(fail(libc::ENETUNREACH));
                 }
-                // IP_TOS set on the kernel socket before connect carries over.
-                s.lock().opts.tos = tos_of(fd);
+                {
+                    let mut g = s.lock();
+                    // IP_TOS set on the kernel socket before connect carries over.
+                    g.opts.tos = tos_of(fd);
+                    // TCP_NODELAY reads what the stack does (its `tcp.nagle`) until set.
+                    g.opts.nodelay = c_int::from(!engine::net().is_some_and(|n| n.cfg.tcp.nagle));
+                }
                 insert(fd, Arc::clone(&s), false);
                 s
             }

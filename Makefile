@@ -56,11 +56,12 @@ test-workspace:
 	$(CARGO) test --workspace -- --skip pass_counts
 	$(CARGO) test -p luna-stack --test packetdrill pass_counts -- --nocapture
 
-# loom models of msgsched's cross-thread protocols (the scheduler's handoff/steal/park and
-# the reply path's transmit delegation), bounded by their preemption limits. Own target
-# directory: `--cfg loom` would otherwise rebuild the workspace's cache.
+# loom models of msgsched's cross-thread protocols (the scheduler's handoff/steal/park,
+# the reply path's transmit delegation and the I/O core's wakeable idle sleep), bounded by
+# their preemption limits. Own target directory: `--cfg loom` would otherwise rebuild the
+# workspace's cache.
 test-loom:
-	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test -p msgsched --release --test loom_reply --test loom_sched
+	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test -p msgsched --release --test loom_reply --test loom_sched --test loom_wake
 
 # dpdk-sys must build against other DPDK releases without source changes (bindgen at
 # build time): cargo check over Debian trixie's DPDK 24.11 headers.

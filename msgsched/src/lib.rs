@@ -11,11 +11,14 @@
 //! - [`sched`]: the scheduler proper: per-worker FIFOs, placement, handoff, stealing;
 //! - [`sim`]: a discrete-event simulator of the CP/CS/MS queueing models (the ideal the
 //!   real system is measured against);
+//! - [`doorbell`]: a wakeable idle sleep for the polling I/O core (producers ring after
+//!   publishing work; no lost wakeup);
 //! - [`virt`]: virtual workers, the deadline bookkeeping that lets one thread emulate
 //!   many occupied workers (service-time emulation without a CPU per worker).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod doorbell;
 pub mod framer;
 pub mod model;
 pub mod parser;

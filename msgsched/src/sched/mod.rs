@@ -24,7 +24,7 @@
 mod bitmap;
 mod dispatcher;
 mod stats;
-mod sync;
+pub(crate) mod sync;
 mod worker;
 
 #[cfg(all(test, not(loom)))]

@@ -30,6 +30,7 @@
 //! handler that bailed out) completes its message without a reply, counted as
 //! `abandoned`, so an ordered connection never waits for it forever.
 
+use crate::doorbell::Doorbell;
 use crate::framer::{Framed, Framer, FramerConfig, FramerConfigError};
 use crate::parser::{ParseErrorKind, Parser};
 use crate::reply::{SequenceError, Sequencer, StageError, Staged, Staging};
@@ -178,6 +179,30 @@ type Notice = (u64, Arc<Staging<Out>>);
 pub(crate) struct Shared {
     pub(crate) notices: SegQueue<Notice>,
     pub(crate) counters: Arc<MsgCounters>,
+    /// Rung after each notice (the I/O core may be asleep: r2c's `Backoff`); `None`
+    /// when the I/O core never sleeps, so a reply costs nothing more.
+    pub(crate) bell: Option<Bell>,
+}
+
+/// The I/O core's doorbell, as [`group_with_doorbell`] takes it.
+pub type Bell = crate::sched::sync::Arc<Doorbell>;
+
+impl Shared {
+    pub(crate) fn new(bell: Option<Bell>) -> Self {
+        Shared {
+            notices: SegQueue::new(),
+            counters: Arc::new(MsgCounters::default()),
+            bell,
+        }
+    }
+
+    /// Queues a notice for the I/O core and wakes it if it may be asleep.
+    fn notify(&self, notice: Notice) {
+        self.notices.push(notice);
+        if let Some(b) = &self.bell {
+            b.ring();
+        }
+    }
 }
 
 /// Where a message came from, and the only way to answer it.
@@ -220,9 +245,7 @@ impl<C> Origin<C> {
         self.answered = true;
         match self.staging.stage(self.seq, Some(out)) {
             Ok(Staged::Notify) => {
-                self.shared
-                    .notices
-                    .push((self.key, Arc::clone(&self.staging)));
+                self.shared.notify((self.key, Arc::clone(&self.staging)));
                 true
             }
             Ok(Staged::Queued) => true,
@@ -460,12 +483,25 @@ where
     C: Copy + Eq + Hash + Send,
     P: Parser,
 {
+    group_with_doorbell(sched_cfg, framer_cfg, None)
+}
+
+/// [`group`] for an I/O core that may sleep when idle: every reply notice (a reply,
+/// a finish, an abandoned origin) rings `bell` ([`crate::doorbell`]), and the driver's
+/// re-check before it sleeps is [`MsgIo::replies_pending`].
+#[allow(clippy::type_complexity)]
+pub fn group_with_doorbell<C, P>(
+    sched_cfg: &SchedConfig,
+    framer_cfg: FramerConfig,
+    bell: Option<Bell>,
+) -> Result<(MsgIo<C, P>, Vec<MsgSocket<C>>), MsgConfigError>
+where
+    C: Copy + Eq + Hash + Send,
+    P: Parser,
+{
     framer_cfg.validate().map_err(MsgConfigError::Framer)?;
     let (dispatcher, workers) = sched::scheduler(sched_cfg).map_err(MsgConfigError::Sched)?;
-    let shared = Arc::new(Shared {
-        notices: SegQueue::new(),
-        counters: Arc::new(MsgCounters::default()),
-    });
+    let shared = Arc::new(Shared::new(bell));
     let sockets = workers
         .into_iter()
         .map(|worker| MsgSocket {
@@ -705,6 +741,12 @@ where
                 }
             }
         }
+    }
+
+    /// Whether a worker's notice waits for [`MsgIo::poll_replies`]: the re-check of an
+    /// I/O core about to sleep ([`crate::doorbell::Sleeper::sleep`]).
+    pub fn replies_pending(&self) -> bool {
+        !self.shared.notices.is_empty()
     }
 
     /// Replies staged by workers: each connection's, in wire order, through

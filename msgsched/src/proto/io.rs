@@ -28,9 +28,10 @@ use crate::proto::{Session, SessionRequest, SessionState, Timeout};
 use crate::reply::Staging;
 use crate::sched::{self, Dispatcher, SchedConfig};
 use crate::socket::Out;
-use crate::socket::{IoEvent, Message, MsgConfigError, MsgCounters, MsgSocket, Origin, Shared};
+use crate::socket::{
+    Bell, IoEvent, Message, MsgConfigError, MsgCounters, MsgSocket, Origin, Shared,
+};
 use crate::stall::Stalls;
-use crossbeam_queue::SegQueue;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::atomic::Ordering as AtomicOrdering;
@@ -82,12 +83,24 @@ pub fn session_group<C>(
 where
     C: Copy + Eq + Hash + Send,
 {
+    session_group_with_doorbell(sched_cfg, framer_cfg, None)
+}
+
+/// [`session_group`] for an I/O core that may sleep when idle: every completion notice
+/// rings `bell` ([`crate::doorbell`]); the driver's re-check before it sleeps is
+/// [`SessionIo::replies_pending`].
+#[allow(clippy::type_complexity)]
+pub fn session_group_with_doorbell<C>(
+    sched_cfg: &SchedConfig,
+    framer_cfg: FramerConfig,
+    bell: Option<Bell>,
+) -> Result<(SessionIo<C>, Vec<MsgSocket<C>>), MsgConfigError>
+where
+    C: Copy + Eq + Hash + Send,
+{
     framer_cfg.validate().map_err(MsgConfigError::Framer)?;
     let (dispatcher, workers) = sched::scheduler(sched_cfg).map_err(MsgConfigError::Sched)?;
-    let shared = Arc::new(Shared {
-        notices: SegQueue::new(),
-        counters: Arc::new(MsgCounters::default()),
-    });
+    let shared = Arc::new(Shared::new(bell));
     let sockets = workers
         .into_iter()
         .map(|worker| MsgSocket {
@@ -270,6 +283,12 @@ where
                 }
             }
         }
+    }
+
+    /// Whether a worker's notice waits for [`SessionIo::poll_replies`]: the re-check
+    /// of an I/O core about to sleep ([`crate::doorbell::Sleeper::sleep`]).
+    pub fn replies_pending(&self) -> bool {
+        !self.shared.notices.is_empty()
     }
 
     /// Workers' completions go to their sessions; every session's output goes to

@@ -69,6 +69,11 @@ pub enum IdleStrategy {
     /// `sched_yield` between empty iterations (shared CPUs, tests).
     Yield,
     /// Sleep, doubling from 1 µs up to `max` while idle, never past the next timer.
+    /// In split and message mode a worker's reply or command cuts the sleep short
+    /// (a [`msgsched::doorbell`]: the core announces it is about to sleep, re-checks
+    /// its workers' rings, then parks; a worker rings after pushing, which costs a
+    /// fence and one load unless the core may be asleep), so a reply never waits for
+    /// the sleep to end.
     Backoff {
         /// Longest sleep.
         max: Duration,
@@ -667,6 +672,41 @@ pub(crate) trait Mode {
     fn settled(&mut self, _st: &mut CoreState) -> bool {
         true
     }
+    /// The `Backoff` idle strategy's sleep of `d`; returns the nanoseconds it chose to
+    /// sleep (credited to the loop-stall stats). A mode whose work comes from other
+    /// threads sleeps on a doorbell they ring ([`wakeable_sleep`]).
+    fn sleep(&mut self, d: Duration) -> u64 {
+        std::thread::sleep(d);
+        u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// [`Mode::sleep`] on `sleeper`: up to `d`, unless `pending()` (asked after the core
+/// announced it is about to sleep: it must see every ring the doorbell's producers
+/// publish) finds work, or a producer rings. Returns the nanoseconds it slept
+/// (`d` when it timed out, what passed when rung, 0 when it did not sleep).
+pub(crate) fn wakeable_sleep(
+    sleeper: &mut msgsched::doorbell::Sleeper,
+    d: Duration,
+    pending: impl FnOnce() -> bool,
+) -> u64 {
+    use msgsched::doorbell::Slept;
+    let start = std::time::Instant::now();
+    let slept = match sleeper.sleep(d, pending) {
+        Slept::Declined => Duration::ZERO,
+        Slept::TimedOut => d,
+        Slept::Woken => start.elapsed().min(d),
+    };
+    u64::try_from(slept.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A doorbell for a mode whose workers hand the core work, when the core sleeps when
+/// idle (`Backoff`); `None` for the strategies that never sleep (nothing to ring, and
+/// the workers skip the ring).
+pub(crate) fn doorbell_for(
+    idle: IdleStrategy,
+) -> Option<(msgsched::socket::Bell, msgsched::doorbell::Sleeper)> {
+    matches!(idle, IdleStrategy::Backoff { .. }).then(msgsched::doorbell::doorbell)
 }
 
 /// Shared with the runtime handle.
@@ -846,7 +886,7 @@ impl<D: Device> CoreLoop<D> {
             } else {
                 self.st.stats.idle_iterations += 1;
                 // A chosen sleep is not a stall: only its overshoot counts.
-                last = last.saturating_add(self.idle());
+                last = last.saturating_add(self.idle(mode));
             }
         }
         self.publish(true);
@@ -1084,7 +1124,7 @@ impl<D: Device> CoreLoop<D> {
     }
 
     /// Waits as the idle strategy says; returns the nanoseconds it chose to sleep.
-    fn idle(&mut self) -> u64 {
+    fn idle<M: Mode>(&mut self, mode: &mut M) -> u64 {
         match self.opts.idle {
             IdleStrategy::BusyPoll => std::hint::spin_loop(),
             // A yield that takes long is a stall (another thread had the CPU).
@@ -1096,8 +1136,7 @@ impl<D: Device> CoreLoop<D> {
                     d = d.min(t.saturating_duration_since(self.st.now));
                 }
                 if !d.is_zero() {
-                    std::thread::sleep(d);
-                    return u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+                    return mode.sleep(d);
                 }
             }
         }

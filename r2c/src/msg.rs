@@ -24,17 +24,20 @@
 //! `timeout_idle` / `timeout_send`. Time a request spends at a worker is ours, not the
 //! peer's: it never counts against the send timeout.
 
-use crate::core::{Conn, CoreOptions, CoreSetup, CoreState, Mode};
+use crate::core::{doorbell_for, Conn, CoreOptions, CoreSetup, CoreState, Mode};
 use crate::device::Device;
 use crate::runtime::{Runtime, RuntimeError};
 use luna_stack::stack::Event;
 use luna_stack::stack::RecvError;
+use msgsched::doorbell::{DoorbellStats, Sleeper};
 use msgsched::framer::FramerConfig;
 use msgsched::parser::Parser;
-use msgsched::proto::io::{session_group, SessionIo};
+use msgsched::proto::io::{session_group_with_doorbell, SessionIo};
 use msgsched::proto::{Session, Timeout};
 use msgsched::sched::{RecvError as SchedRecvError, SchedConfig};
-use msgsched::socket::{group, IoEvent, Message, MsgCounters, MsgIo, MsgSocket, Origin};
+use msgsched::socket::{
+    group_with_doorbell, Bell, IoEvent, Message, MsgCounters, MsgIo, MsgSocket, Origin,
+};
 use msgsched::virt::{Occupation, VirtStats, VirtualPool};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -264,6 +267,8 @@ trait IoSide {
     /// `timer` expired for `h` (counted here): `true` if the I/O side says goodbye and
     /// emits [`IoEvent::Shutdown`]; `false`: the driver closes `h` itself.
     fn time_out(&mut self, h: Conn, timer: Timeout) -> bool;
+    /// A worker's notice waits for `poll_replies` (the re-check before a sleep).
+    fn replies_pending(&self) -> bool;
 }
 
 struct Framed<P: Parser, F: Fn() -> P> {
@@ -308,6 +313,9 @@ impl<P: Parser, F: Fn() -> P> IoSide for Framed<P, F> {
     }
     fn busy(&self, _h: Conn) -> bool {
         false
+    }
+    fn replies_pending(&self) -> bool {
+        self.io.replies_pending()
     }
     fn time_out(&mut self, _h: Conn, timer: Timeout) -> bool {
         let c = self.io.counters();
@@ -368,6 +376,9 @@ impl<F: Fn() -> Box<dyn Session>> IoSide for Sessions<F> {
         self.io.time_out(h, timer);
         true
     }
+    fn replies_pending(&self) -> bool {
+        self.io.replies_pending()
+    }
 }
 
 /// The I/O core's side.
@@ -396,6 +407,9 @@ struct MsgMode<S: IoSide> {
     last_tick: luna_stack::time::Instant,
     /// Virtual workers advanced by this core ([`Runtime::spawn_msg_virtual`]).
     virt: Option<Box<dyn Emulation>>,
+    /// The `Backoff` sleep, cut short by the workers' reply notices (`None` with the
+    /// idle strategies that never sleep).
+    sleeper: Option<Sleeper>,
 }
 
 impl<S: IoSide> MsgMode<S> {
@@ -746,6 +760,19 @@ impl<S: IoSide> Mode for MsgMode<S> {
         // the mode is dropped with the core thread, which disconnects the workers once
         // their queues are drained.
     }
+
+    fn sleep(&mut self, d: luna_stack::time::Duration) -> u64 {
+        match (&mut self.sleeper, &self.io) {
+            // Every notice rings (msgsched's `Shared::notify`), and a notice is all a
+            // worker hands this core. (A worker's take that frees room for a stalled
+            // connection does not ring: the reply to what it took will.)
+            (Some(s), Some(io)) => crate::core::wakeable_sleep(s, d, || io.replies_pending()),
+            _ => {
+                std::thread::sleep(d);
+                u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+            }
+        }
+    }
 }
 
 fn worker_loop<H: MsgHandler>(
@@ -775,6 +802,7 @@ fn worker_loop<H: MsgHandler>(
 pub struct MsgWorkers {
     counters: Arc<MsgCounters>,
     workers: usize,
+    bell: Option<Bell>,
 }
 
 impl MsgWorkers {
@@ -791,6 +819,12 @@ impl MsgWorkers {
     /// Whether there are no workers.
     pub fn is_empty(&self) -> bool {
         self.workers == 0
+    }
+
+    /// The I/O core's idle sleeps and the wakeups the workers' replies delivered
+    /// (`None` unless the idle strategy is `Backoff`).
+    pub fn doorbell(&self) -> Option<DoorbellStats> {
+        self.bell.as_ref().map(|b| b.stats())
     }
 }
 
@@ -833,8 +867,10 @@ impl Runtime {
         FH: Fn(usize) -> H + Send + Sync + 'static,
     {
         let io_index = io.index;
-        let (msg_io, sockets) = group::<Conn, P>(&cfg.sched, cfg.framer)
-            .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
+        let bell = doorbell_for(opts.idle);
+        let (msg_io, sockets) =
+            group_with_doorbell::<Conn, P>(&cfg.sched, cfg.framer, bell_of(&bell))
+                .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
         let counters = msg_io.counters_handle();
         let side = Framed {
             io: msg_io,
@@ -846,6 +882,7 @@ impl Runtime {
             cfg,
             timeouts,
             side,
+            bell,
             counters,
             sockets,
             make_handler,
@@ -872,8 +909,13 @@ impl Runtime {
         H: VirtualHandler,
     {
         let io_index = io.index;
-        let (msg_io, sockets) = group::<Conn, P>(&cfg.sched, cfg.framer)
-            .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
+        // The virtual workers run on this core, so nothing rings while it sleeps
+        // (an occupied worker keeps it awake), unless the handler sends an origin to
+        // another thread and answers it there: that reply rings like a real worker's.
+        let bell = doorbell_for(opts.idle);
+        let (msg_io, sockets) =
+            group_with_doorbell::<Conn, P>(&cfg.sched, cfg.framer, bell_of(&bell))
+                .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
         let counters = msg_io.counters_handle();
         let workers = sockets.len();
         let side = Framed {
@@ -885,8 +927,22 @@ impl Runtime {
             handler,
             epoch: std::time::Instant::now(),
         });
-        let (rt, _stop) = spawn_io(io, opts, &cfg, MsgTimeouts::NONE, side, Some(virt))?;
-        Ok((rt, MsgWorkers { counters, workers }))
+        let bell_ref = bell_of(&bell);
+        let (rt, _stop) = spawn_io(
+            io,
+            opts,
+            &cfg,
+            MsgTimeouts::NONE,
+            side,
+            Some(virt),
+            bell.map(|(_, s)| s),
+        )?;
+        let workers = MsgWorkers {
+            counters,
+            workers,
+            bell: bell_ref,
+        };
+        Ok((rt, workers))
     }
 
     /// Start message mode with a session protocol ([`msgsched::proto`], e.g. HTTP/2):
@@ -933,8 +989,10 @@ impl Runtime {
         FH: Fn(usize) -> H + Send + Sync + 'static,
     {
         let io_index = io.index;
-        let (sio, sockets) = session_group::<Conn>(&cfg.sched, cfg.framer)
-            .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
+        let bell = doorbell_for(opts.idle);
+        let (sio, sockets) =
+            session_group_with_doorbell::<Conn>(&cfg.sched, cfg.framer, bell_of(&bell))
+                .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
         let counters = sio.counters_handle();
         let side = Sessions {
             io: sio,
@@ -946,11 +1004,17 @@ impl Runtime {
             cfg,
             timeouts,
             side,
+            bell,
             counters,
             sockets,
             make_handler,
         )
     }
+}
+
+/// The producers' end of [`doorbell_for`]'s pair.
+fn bell_of(pair: &Option<(Bell, Sleeper)>) -> Option<Bell> {
+    pair.as_ref().map(|(b, _)| Bell::clone(b))
 }
 
 fn spawn_error(core: usize, m: &str) -> RuntimeError {
@@ -968,18 +1032,19 @@ fn spawn_io<D, S>(
     timeouts: MsgTimeouts,
     side: S,
     virt: Option<Box<dyn Emulation>>,
+    sleeper: Option<Sleeper>,
 ) -> Result<(Runtime, Arc<AtomicBool>), RuntimeError>
 where
     D: Device + Send + 'static,
     S: IoSide + Send + 'static,
 {
     // The I/O side moves into the core thread (taken there by the closure, once).
-    let cell = std::sync::Mutex::new(Some((side, virt)));
+    let cell = std::sync::Mutex::new(Some((side, virt, sleeper)));
     let listen = cfg.listen.clone();
     let rt = Runtime::spawn_with(vec![io], opts, move |_| {
-        let (io, virt) = match cell.lock().ok().and_then(|mut g| g.take()) {
-            Some((side, virt)) => (Some(side), virt),
-            None => (None, None),
+        let (io, virt, sleeper) = match cell.lock().ok().and_then(|mut g| g.take()) {
+            Some((side, virt, sleeper)) => (Some(side), virt, sleeper),
+            None => (None, None, None),
         };
         MsgMode {
             io,
@@ -993,6 +1058,7 @@ where
             clocks: HashMap::new(),
             last_tick: luna_stack::time::Instant::ZERO,
             virt,
+            sleeper,
         }
     })?;
     let stop = rt.stop_flag();
@@ -1007,6 +1073,7 @@ fn spawn_side<D, S, H, FH>(
     cfg: MsgConfig,
     timeouts: MsgTimeouts,
     side: S,
+    bell: Option<(Bell, Sleeper)>,
     counters: Arc<MsgCounters>,
     sockets: Vec<MsgSocket<Conn>>,
     make_handler: FH,
@@ -1021,7 +1088,9 @@ where
     let workers = sockets.len();
     let slab: Option<Slab> = opts.slab.clone();
     let pin = opts.pin;
-    let (mut rt, stop) = spawn_io(io, opts, &cfg, timeouts, side, None)?;
+    let bell_ref = bell_of(&bell);
+    let sleeper = bell.map(|(_, s)| s);
+    let (mut rt, stop) = spawn_io(io, opts, &cfg, timeouts, side, None, sleeper)?;
     let spawn = crate::workers::Spawn {
         name: "r2c-msg-worker",
         io_index,
@@ -1034,5 +1103,10 @@ where
     })
     .map_err(|e| spawn_error(io_index, &e))?;
     rt.add_thread(crate::workers::joiner(handles, || {}));
-    Ok((rt, MsgWorkers { counters, workers }))
+    let workers = MsgWorkers {
+        counters,
+        workers,
+        bell: bell_ref,
+    };
+    Ok((rt, workers))
 }

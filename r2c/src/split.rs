@@ -30,6 +30,8 @@ use crossbeam_queue::ArrayQueue;
 use luna_stack::stack::RecvError;
 use luna_stack::stack::{ConnectError, Event};
 use luna_stack::tcp::CloseReason;
+use msgsched::doorbell::{DoorbellStats, Sleeper};
+use msgsched::socket::Bell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -189,6 +191,24 @@ struct Link {
     /// Messages the worker has finished handling (after its replies were queued).
     handled: AtomicU64,
     stats: WorkerStats,
+    /// The I/O core's doorbell (the same for every link; `None` unless it sleeps when
+    /// idle): rung after the worker pushed to `to_io` or `aborts`, or handled a message.
+    bell: Option<Bell>,
+}
+
+impl Link {
+    /// Wakes the I/O core if it may be asleep (after this worker published to it).
+    fn ring(&self) {
+        if let Some(b) = &self.bell {
+            b.ring();
+        }
+    }
+
+    /// Whether the I/O core has something of this worker's to take (the re-check of a
+    /// core about to sleep).
+    fn has_replies(&self) -> bool {
+        !self.to_io.is_empty() || !self.aborts.is_empty()
+    }
 }
 
 /// [`WorkerCtx::send`] refused: the worker already holds [`SplitConfig::worker_backlog`]
@@ -309,6 +329,8 @@ pub trait Handler {
 /// The I/O core's side.
 struct SplitIo {
     links: Vec<Arc<Link>>,
+    /// The `Backoff` sleep, cut short by the workers' rings.
+    sleeper: Option<Sleeper>,
     listen: Vec<(u16, usize)>,
     steering: RssConfig,
     owner: HashMap<Conn, usize>,
@@ -571,6 +593,21 @@ impl Mode for SplitIo {
         self.settling = true;
     }
 
+    fn sleep(&mut self, d: luna_stack::time::Duration) -> u64 {
+        match &mut self.sleeper {
+            // Workers ring after each message handled (its replies, or only the
+            // `handled` count `settled` waits for) and after pushing anything else.
+            Some(s) => {
+                let links = &self.links;
+                crate::core::wakeable_sleep(s, d, || links.iter().any(|l| l.has_replies()))
+            }
+            None => {
+                std::thread::sleep(d);
+                u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+            }
+        }
+    }
+
     /// Every worker has handled what it was given and the I/O core has taken its
     /// replies: the connections may close (their FIN follows the replies).
     fn settled(&mut self, _st: &mut CoreState) -> bool {
@@ -596,6 +633,10 @@ fn worker_loop<H: Handler>(
 ) {
     let mut overflow = VecDeque::new();
     loop {
+        // What this pass gave the I/O core (messages out, and the handled count),
+        // to ring its doorbell once for it.
+        let out = link.stats.messages_out.load(Ordering::Relaxed);
+        let held = overflow.len();
         // Replies that did not fit go first, in order.
         while let Some(m) = overflow.pop_front() {
             if let Err(m) = link.to_io.push(m) {
@@ -622,12 +663,18 @@ fn worker_loop<H: Handler>(
                 link.stats.messages_in.fetch_add(1, Ordering::Relaxed);
                 handler.on_message(&mut ctx, m);
                 link.handled.fetch_add(1, Ordering::Release);
+                link.ring();
             }
             None => {
                 if io_done.load(Ordering::Acquire) {
                     break;
                 }
                 handler.on_idle(&mut ctx);
+                // Only a pass that gave the core something rings (an idle worker spins
+                // here: its rings would cost a fence each for nothing).
+                if overflow.len() < held || link.stats.messages_out.load(Ordering::Relaxed) != out {
+                    link.ring();
+                }
                 std::thread::yield_now();
             }
         }
@@ -654,6 +701,12 @@ impl SplitWorkers {
     /// Whether there are no workers.
     pub fn is_empty(&self) -> bool {
         self.links.is_empty()
+    }
+
+    /// The I/O core's idle sleeps and the wakeups the workers delivered (`None` unless
+    /// the idle strategy is `Backoff`).
+    pub fn doorbell(&self) -> Option<DoorbellStats> {
+        self.links.first()?.bell.as_ref().map(|b| b.stats())
     }
 }
 
@@ -686,6 +739,7 @@ impl Runtime {
             return Err(bad("split worker_backlog must be at least 1"));
         }
         let limit = split.worker_backlog;
+        let bell = crate::core::doorbell_for(opts.idle);
         let steering = RssConfig::round_robin(&split.steering_key, 128, split.workers as u16)
             .map_err(|e| bad(&e.to_string()))?;
         let links: Vec<Arc<Link>> = (0..split.workers)
@@ -696,6 +750,7 @@ impl Runtime {
                     aborts: ArrayQueue::new(split.ring_size),
                     handled: AtomicU64::new(0),
                     stats: WorkerStats::default(),
+                    bell: bell.as_ref().map(|(b, _)| Bell::clone(b)),
                 })
             })
             .collect();
@@ -704,8 +759,11 @@ impl Runtime {
         let listen = split.listen.clone();
         let slab: Option<Slab> = opts.slab.clone();
         let pin = opts.pin;
+        // The sleeper moves into the core thread (taken there, once).
+        let sleeper = std::sync::Mutex::new(bell.map(|(_, s)| s));
         let mut rt = Runtime::spawn_with(vec![io], opts, move |_| SplitIo {
             links: io_links.clone(),
+            sleeper: sleeper.lock().ok().and_then(|mut g| g.take()),
             listen: listen.clone(),
             steering: steering.clone(),
             owner: HashMap::new(),
@@ -775,6 +833,7 @@ mod tests {
             aborts: ArrayQueue::new(ring),
             handled: AtomicU64::new(0),
             stats: WorkerStats::default(),
+            bell: None,
         }
     }
 

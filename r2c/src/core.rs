@@ -73,7 +73,8 @@ pub enum IdleStrategy {
     /// (a [`msgsched::doorbell`]: the core announces it is about to sleep, re-checks
     /// its workers' rings, then parks; a worker rings after pushing, which costs a
     /// fence and one load unless the core may be asleep), so a reply never waits for
-    /// the sleep to end.
+    /// the sleep to end. In batch mode, threads that feed the application ring
+    /// [`crate::batch::Sockets::doorbell`] (re-check: [`crate::batch::BatchApp::pending`]).
     Backoff {
         /// Longest sleep.
         max: Duration,
@@ -683,8 +684,9 @@ pub(crate) trait Mode {
 
 /// [`Mode::sleep`] on `sleeper`: up to `d`, unless `pending()` (asked after the core
 /// announced it is about to sleep: it must see every ring the doorbell's producers
-/// publish) finds work, or a producer rings. Returns the nanoseconds it slept
-/// (`d` when it timed out, what passed when rung, 0 when it did not sleep).
+/// publish) finds work, or a producer rings. Returns the nanoseconds it chose to
+/// sleep: what passed, up to `d` (so only an overshoot counts as a loop stall), 0 when
+/// the re-check found work.
 pub(crate) fn wakeable_sleep(
     sleeper: &mut msgsched::doorbell::Sleeper,
     d: Duration,
@@ -694,8 +696,7 @@ pub(crate) fn wakeable_sleep(
     let start = std::time::Instant::now();
     let slept = match sleeper.sleep(d, pending) {
         Slept::Declined => Duration::ZERO,
-        Slept::TimedOut => d,
-        Slept::Woken => start.elapsed().min(d),
+        Slept::TimedOut | Slept::Woken => start.elapsed().min(d),
     };
     u64::try_from(slept.as_nanos()).unwrap_or(u64::MAX)
 }

@@ -40,12 +40,14 @@
 //! }
 //! ```
 
-use crate::core::{Conn, CoreState, Listener, Mode};
+use crate::core::{doorbell_for, Conn, CoreState, IdleStrategy, Listener, Mode};
 use core::fmt;
 use core::net::SocketAddrV4;
 use luna_stack::stack::{ConnectError, Event, ListenError};
 use luna_stack::stack::{RecvError, SendError};
 use luna_stack::tcp::{CloseReason, State};
+use msgsched::doorbell::Sleeper;
+use msgsched::socket::Bell;
 use std::collections::HashMap;
 use zbuf::Zbuf;
 
@@ -307,9 +309,20 @@ impl SocketTable {
 pub struct Sockets<'a> {
     st: &'a mut CoreState,
     t: &'a mut SocketTable,
+    bell: Option<&'a Bell>,
 }
 
 impl Sockets<'_> {
+    /// The core's doorbell, under `IdleStrategy::Backoff` only (`None` otherwise: the
+    /// core never sleeps). For an application that other threads feed (work queued for
+    /// `on_poll`): such a thread rings it after queueing, and the core, if asleep,
+    /// wakes at once instead of at the end of its backoff step; the application's
+    /// [`BatchApp::pending`] is the core's re-check before it sleeps. A ring costs a
+    /// fence and a load while the core is awake.
+    pub fn doorbell(&self) -> Option<Bell> {
+        self.bell.cloned()
+    }
+
     /// The core's index.
     pub fn core(&self) -> usize {
         self.st.index
@@ -753,6 +766,13 @@ pub trait BatchApp {
     fn on_poll(&mut self, s: &mut Sockets<'_>);
     /// Shutdown began; open connections are closed right after this returns.
     fn on_stop(&mut self, _s: &mut Sockets<'_>) {}
+    /// Whether work other threads queued for `on_poll` is waiting: asked by a core
+    /// about to sleep under `IdleStrategy::Backoff`, after it announced the sleep, so
+    /// it must see whatever those threads queued before ringing
+    /// [`Sockets::doorbell`]. Default: nothing (no other thread feeds the application).
+    fn pending(&self) -> bool {
+        false
+    }
 }
 
 impl<F: FnMut(&mut Sockets<'_>)> BatchApp for F {
@@ -764,13 +784,16 @@ impl<F: FnMut(&mut Sockets<'_>)> BatchApp for F {
 pub(crate) struct BatchMode<A> {
     app: A,
     table: SocketTable,
+    /// `Backoff`'s sleep and its doorbell (handed out by [`Sockets::doorbell`]).
+    sleeper: Option<Sleeper>,
 }
 
 impl<A: BatchApp> BatchMode<A> {
-    pub(crate) fn new(app: A) -> Self {
+    pub(crate) fn new(app: A, idle: IdleStrategy) -> Self {
         BatchMode {
             app,
             table: SocketTable::default(),
+            sleeper: doorbell_for(idle).map(|(_, s)| s),
         }
     }
 }
@@ -780,6 +803,7 @@ impl<A: BatchApp> Mode for BatchMode<A> {
         self.app.on_start(&mut Sockets {
             st,
             t: &mut self.table,
+            bell: self.sleeper.as_ref().map(Sleeper::doorbell),
         });
     }
 
@@ -793,6 +817,7 @@ impl<A: BatchApp> Mode for BatchMode<A> {
         self.app.on_poll(&mut Sockets {
             st,
             t: &mut self.table,
+            bell: self.sleeper.as_ref().map(Sleeper::doorbell),
         });
         events > 0
     }
@@ -801,6 +826,20 @@ impl<A: BatchApp> Mode for BatchMode<A> {
         self.app.on_stop(&mut Sockets {
             st,
             t: &mut self.table,
+            bell: self.sleeper.as_ref().map(Sleeper::doorbell),
         });
+    }
+
+    fn sleep(&mut self, d: luna_stack::time::Duration) -> u64 {
+        match &mut self.sleeper {
+            Some(s) => {
+                let app = &self.app;
+                crate::core::wakeable_sleep(s, d, || app.pending())
+            }
+            None => {
+                std::thread::sleep(d);
+                u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+            }
+        }
     }
 }

@@ -47,7 +47,8 @@
 //! idle = "busy"              # busy | yield | backoff
 //! # backoff: sleep 1 µs doubling up to backoff_max_us (default 100) while idle, never
 //! # past a timer; in split and message mode a worker's reply or command wakes the
-//! # core at once (a doorbell: a fence and a load per reply while the core is busy).
+//! # core at once (a doorbell: a fence and a load per reply while the core is busy;
+//! # batch mode: threads feeding the application ring `Sockets::doorbell`).
 //! backoff_max_us = 100
 //!
 //! # Kernel coexistence (docs/bifurcation.md). `[traffic]` is bifurcation's traffic

@@ -126,7 +126,8 @@ impl Runtime {
         A: BatchApp + 'static,
         F: Fn(usize) -> A + Send + Sync + 'static,
     {
-        Self::spawn_with(cores, opts, move |i| BatchMode::new(make_app(i)))
+        let idle = opts.idle;
+        Self::spawn_with(cores, opts, move |i| BatchMode::new(make_app(i), idle))
     }
 
     /// Spawn cores, each building its mode on its own thread. Returns once every core has

@@ -18,10 +18,13 @@ use msgsched::parser::knb::{Header, KnbParser, HDR_LEN, RESPONSE};
 use msgsched::parser::Ordering as Order;
 use msgsched::sched::{Model, SchedConfig};
 use msgsched::socket::Message;
+use r2c::batch::{BatchApp, Fd, Interest, PollEvent, Sockets};
 use r2c::msg::{MsgConfig, MsgCtx, MsgHandler};
 use r2c::split::{Handler, SplitConfig, ToWorker, WorkerCtx};
 use r2c::{Conn, Ctx, IdleStrategy, InlineApp, Runtime};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 use zbuf::{IoVec, Zbuf};
 
@@ -30,7 +33,7 @@ const RPCS: usize = 10;
 const MAX_SLEEP: Duration = Duration::from_millis(50);
 const HOLD: Duration = Duration::from_millis(120);
 
-/// The two tests share two CPUs: one at a time, so neither's client starves the
+/// The tests share two CPUs: one at a time, so neither's client starves the
 /// other's woken core.
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -266,4 +269,120 @@ fn split_mode_a_reply_wakes_the_sleeping_io_core() {
         bell.wakes >= RPCS as u64 / 2,
         "the workers' replies woke the sleeping core: {bell:?}"
     );
+}
+
+/// What the batch server's helper thread hands its `on_poll` (the LD_PRELOAD shim's
+/// shape: a locked queue and a flag, then the doorbell).
+#[derive(Default)]
+struct Handoff {
+    replies: Mutex<Vec<(Fd, Vec<u8>)>>,
+    has: AtomicBool,
+}
+
+/// A batch-mode server whose replies come from another thread: `on_poll` passes each
+/// request to it, and it queues the reply after holding it, then rings the core.
+struct BatchHold {
+    log: Arc<Mutex<Log>>,
+    handoff: Arc<Handoff>,
+    to_helper: Option<mpsc::Sender<(Fd, u64)>>,
+    lfd: Option<Fd>,
+    events: Vec<PollEvent>,
+    bufs: HashMap<Fd, Vec<u8>>,
+    rings: Arc<AtomicBool>,
+}
+
+impl BatchApp for BatchHold {
+    fn on_start(&mut self, s: &mut Sockets<'_>) {
+        let fd = s.socket();
+        s.bind(fd, PORT).unwrap();
+        s.listen(fd, 8).unwrap();
+        s.register(fd, Interest::READABLE).unwrap();
+        self.lfd = Some(fd);
+        let bell = s.doorbell();
+        self.rings.store(bell.is_some(), Ordering::SeqCst);
+        let (tx, rx) = mpsc::channel::<(Fd, u64)>();
+        self.to_helper = Some(tx);
+        let (handoff, log) = (Arc::clone(&self.handoff), Arc::clone(&self.log));
+        std::thread::spawn(move || {
+            // Ends when the core drops the app (the sender goes with it).
+            while let Ok((fd, id)) = rx.recv() {
+                std::thread::sleep(HOLD);
+                handoff.replies.lock().unwrap().push((fd, response(id)));
+                handoff.has.store(true, Ordering::Release);
+                log.lock().unwrap().replied_at = Some(Instant::now());
+                if let Some(b) = &bell {
+                    b.ring();
+                }
+            }
+        });
+    }
+
+    fn on_poll(&mut self, s: &mut Sockets<'_>) {
+        s.poll(&mut self.events);
+        for ev in std::mem::take(&mut self.events) {
+            if Some(ev.fd) == self.lfd {
+                while let Ok((c, _)) = s.accept(ev.fd) {
+                    s.register(c, Interest::READABLE).unwrap();
+                }
+                continue;
+            }
+            let mut chunk = [0u8; 256];
+            while let Ok(n) = s.recv(ev.fd, &mut chunk) {
+                if n == 0 {
+                    let _ = s.close(ev.fd);
+                    break;
+                }
+                let buf = self.bufs.entry(ev.fd).or_default();
+                buf.extend_from_slice(&chunk[..n]);
+                while buf.len() >= HDR_LEN {
+                    let req: Vec<u8> = buf.drain(..HDR_LEN).collect();
+                    let h = Header::read(&IoVec::from(Zbuf::copy_from_slice(&req)))
+                        .unwrap()
+                        .unwrap();
+                    if let Some(tx) = &self.to_helper {
+                        tx.send((ev.fd, h.id)).unwrap();
+                    }
+                }
+            }
+        }
+        if self.handoff.has.swap(false, Ordering::AcqRel) {
+            let replies = std::mem::take(&mut *self.handoff.replies.lock().unwrap());
+            for (fd, r) in replies {
+                assert_eq!(s.send(fd, &r), Ok(r.len()));
+            }
+        }
+    }
+
+    fn pending(&self) -> bool {
+        self.handoff.has.load(Ordering::Acquire)
+    }
+}
+
+#[test]
+fn batch_mode_work_queued_by_another_thread_wakes_the_sleeping_core() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (server, client) = pair(1, 1, |_| {});
+    let log = Arc::new(Mutex::new(Log::default()));
+    let rings = Arc::new(AtomicBool::new(false));
+    let (l, r) = (Arc::clone(&log), Arc::clone(&rings));
+    let srv = Runtime::spawn_batch(server, server_opts(), move |_| BatchHold {
+        log: Arc::clone(&l),
+        handoff: Arc::default(),
+        to_helper: None,
+        lfd: None,
+        events: Vec::new(),
+        bufs: HashMap::new(),
+        rings: Arc::clone(&r),
+    })
+    .unwrap();
+    let cli = run_client(&log, client);
+    cli.stop();
+    srv.stop();
+    cli.join().unwrap();
+    srv.join().unwrap();
+    assert!(
+        rings.load(Ordering::SeqCst),
+        "Backoff gives a batch core a doorbell"
+    );
+    check(&log);
 }

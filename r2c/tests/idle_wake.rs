@@ -1,5 +1,8 @@
 //! An I/O core asleep under `IdleStrategy::Backoff` is woken by its workers: a reply a
-//! worker thread hands it goes out at once, not when the sleep (up to `max`) ends.
+//! worker thread hands it goes out at once, not when the sleep (up to `max`) ends. In
+//! message mode (a reply notice), split mode (the worker's `ToIo` ring) and batch mode
+//! (an application whose replies another thread queues, as the LD_PRELOAD shim's
+//! application threads queue commands).
 //!
 //! The server's core sleeps up to 50 ms; each request is answered by a worker after
 //! holding it for 120 ms, long enough for the idle core to be in its longest sleeps

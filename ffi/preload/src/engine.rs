@@ -115,6 +115,9 @@ fn load(path: &Path) -> Result<Net, String> {
 pub(crate) struct Shared {
     cmds: Mutex<Vec<Cmd>>,
     has_cmds: AtomicBool,
+    /// Rings the poll thread's doorbell (r2c's `IdleStrategy::Backoff`: a command must
+    /// not wait for its sleep to end); unset under the other idle strategies.
+    bell: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Shared {
@@ -123,6 +126,7 @@ impl Shared {
         Shared {
             cmds: Mutex::new(Vec::new()),
             has_cmds: AtomicBool::new(false),
+            bell: OnceLock::new(),
         }
     }
 
@@ -137,6 +141,9 @@ impl Shared {
     pub fn push(&self, c: Cmd) {
         self.cmds.lock().unwrap_or_else(|p| p.into_inner()).push(c);
         self.has_cmds.store(true, Ordering::Release);
+        if let Some(ring) = self.bell.get() {
+            ring();
+        }
     }
 }
 
@@ -719,9 +726,18 @@ impl Cmd {
 }
 
 impl BatchApp for PollApp {
-    fn on_start(&mut self, _s: &mut Sockets<'_>) {
+    fn on_start(&mut self, s: &mut Sockets<'_>) {
         // The poll thread's own libc calls are never luna's.
         crate::Internal::mark_thread();
+        if let Some(bell) = s.doorbell() {
+            let _ = self.sh.bell.set(Box::new(move || bell.ring()));
+        }
+    }
+
+    /// Commands queued by the application's threads (the re-check of a sleep under
+    /// `IdleStrategy::Backoff`; [`Shared::push`] rings after queueing).
+    fn pending(&self) -> bool {
+        self.sh.has_cmds.load(Ordering::Acquire)
     }
 
     /// The runtime stops (at exit) and is about to end every connection with a FIN after
@@ -929,5 +945,24 @@ mod tests {
         let c = sh.take();
         assert!(matches!(c[..], [Cmd::Flush(_), Cmd::Close(_)]));
         assert!(!sh.has_cmds.load(Ordering::Acquire));
+    }
+
+    /// Under r2c's Backoff the poll thread sleeps on a doorbell: each queued command
+    /// rings it, after it is visible to `pending`'s re-check.
+    #[test]
+    fn a_queued_command_rings_the_poll_threads_doorbell() {
+        let sh = Arc::new(Shared::new());
+        let rung = Arc::new(AtomicU64::new(0));
+        let (r, weak) = (Arc::clone(&rung), Arc::downgrade(&sh));
+        let _ = sh.bell.set(Box::new(move || {
+            // The command is queued by the time the bell rings.
+            let sh = weak.upgrade().expect("shared");
+            assert!(sh.has_cmds.load(Ordering::Acquire));
+            r.fetch_add(1, Ordering::Relaxed);
+        }));
+        let a = Sock::new(Phase::Fresh, crate::sock::UNBOUND);
+        sh.push(Cmd::Flush(Arc::clone(&a)));
+        sh.push(Cmd::Close(a));
+        assert_eq!(rung.load(Ordering::Relaxed), 2);
     }
 }

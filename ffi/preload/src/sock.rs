@@ -663,8 +663,9 @@ impl Sock {
     /// `close(2)` with `SO_LINGER` `{1, t > 0}` ([`State::linger`] set, the close command
     /// queued): waits until the poll thread closed the connection after the peer
     /// acknowledged everything sent and the FIN (Linux's `sk_stream_wait_close`), the
-    /// connection failed, or `deadline`. Past the deadline (Linux's close returns 0
-    /// then), the close goes on without the caller: `linger` is
+    /// connection failed, `deadline`, or a signal handler ran in this thread. Past the
+    /// deadline or the signal (Linux's close returns 0 then), the close goes on without
+    /// the caller: `linger` is
     /// cleared and the close command queued again, so the poll thread finishes it as a
     /// plain close (the connection is not reset: Linux's `tcp_close` leaves it to finish
     /// as an orphan).
@@ -676,9 +677,10 @@ impl Sock {
             }
             let woke;
             (g, woke) = self.wait_until(g, Some(deadline));
-            // (A signal does not end the wait, as it would on Linux: DPDK's tap driver
-            // raises SIGIO for its traffic, which would end every timed wait at once.)
-            if woke == Woke::TimedOut {
+            // A signal ends the wait as on Linux (`sk_stream_wait_close` stops at
+            // `signal_pending`; close still returns 0). net_tap's receive signals reach
+            // the poll thread only (r2c's `Device::on_core_thread`), not this one.
+            if woke != Woke::Notified {
                 break;
             }
         }

@@ -439,6 +439,23 @@ el = time.time() - t0
 check(0.9 < el < 1.4, "SO_LINGER: a non-blocking close waits too, for the linger time (%.2f s)" % el)
 w = sink_end(".sink2")
 check(w == "fin 1048576", "SO_LINGER: past its time the close goes on, not reset (%s)" % w)
+# A signal ends the wait, as on Linux (sk_stream_wait_close stops at signal_pending):
+# close returns 0 at once and the bytes still go (the sink on port + 4 starts reading
+# 1.5 s after the connection came; the alarm rings after 0.3 s).
+y = socket.socket()
+y.connect((kernel_ip, port + 4))
+y.sendall(bytes(1 << 20))
+y.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 10))
+alarms = []
+old_alarm = signal.signal(signal.SIGALRM, lambda *_: alarms.append(1))
+signal.setitimer(signal.ITIMER_REAL, 0.3)
+t0 = time.time()
+y.close()
+el = time.time() - t0
+signal.signal(signal.SIGALRM, old_alarm)
+check(alarms == [1] and 0.2 < el < 1.2, "SO_LINGER: a signal ends the wait (%.2f s, %d alarms)" % (el, len(alarms)))
+w = sink_end(".sink2")
+check(w == "fin 1048576", "SO_LINGER: after the signal the bytes and the FIN still go (%s)" % w)
 
 # A closed socket whose bytes are stuck behind a peer's zero window (it never reads) is
 # not kept for ever: the stack treats its connection as closed (an orphan, as Linux),

@@ -62,16 +62,34 @@ pub fn current_tid() -> libc::pid_t {
 }
 
 /// Makes the calling thread the receiver of the signals of `iface`'s net_tap queue files
-/// (see the module doc). Returns how many files it redirected; an error names the file
-/// whose owner could not be set (the signals of the others are redirected anyway).
+/// (see the module doc), and unblocks those signals in it (a thread started with every
+/// asynchronous signal blocked, as the LD_PRELOAD shim starts luna's, would otherwise
+/// leave them pending for ever and the tap's receive trigger with them). Returns how many
+/// files it redirected; an error names the file whose owner could not be set (the
+/// signals of the others are redirected anyway).
 pub fn direct_to_current_thread(iface: &str) -> std::io::Result<usize> {
     let owner = FOwnerEx {
         kind: F_OWNER_TID,
         pid: current_tid(),
     };
+    let fds = signalling_tun_fds(iface);
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t.
+    unsafe { libc::sigemptyset(&mut set) };
+    for &fd in &fds {
+        // SAFETY: F_GETSIG reads a setting of one of our files.
+        let sig = unsafe { libc::fcntl(fd, F_GETSIG) };
+        if sig > 0 {
+            // SAFETY: `set` is initialised; `sig` is a signal number the kernel holds.
+            unsafe { libc::sigaddset(&mut set, sig) };
+        }
+    }
+    // SAFETY: `set` is initialised; no old mask is asked for.
+    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
     let mut n = 0;
     let mut failed = None;
-    for fd in signalling_tun_fds(iface) {
+    for fd in fds {
         // SAFETY: F_SETOWN_EX reads a `struct f_owner_ex` (FOwnerEx is its repr(C) layout)
         // through the pointer, which is valid for the call; `fd` is one of this process's
         // tun files of `iface`.
@@ -155,7 +173,27 @@ mod tests {
         assert_eq!(signal_owner(a.as_raw_fd()).unwrap().1, 0);
         let fd = a.as_raw_fd();
         std::thread::spawn(move || {
+            // A thread that blocks the tap's signal (as the shim starts luna's) unblocks it.
+            let blocked = || {
+                // SAFETY: plain data, initialised by pthread_sigmask.
+                let mut cur: libc::sigset_t = unsafe { std::mem::zeroed() };
+                // SAFETY: reads this thread's mask into `cur`.
+                unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur) };
+                // SAFETY: `cur` was filled above.
+                unsafe { libc::sigismember(&cur, sig) == 1 }
+            };
+            // SAFETY: plain data; sigfillset initialises it; the mask is this thread's.
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+            }
+            assert!(blocked());
             assert_eq!(direct_to_current_thread("lunasig0").unwrap(), 1);
+            assert!(
+                !blocked(),
+                "the tap's signal is unblocked in the receiving thread"
+            );
             // (Read while the thread lives: an exited owner reads as pid 0.)
             assert_eq!(signal_owner(fd).unwrap(), (true, current_tid()));
         })

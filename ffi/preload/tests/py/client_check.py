@@ -32,6 +32,15 @@ lst.listen(16)
 check(lst.getsockname() == (luna_ip, 7001), "listener address")
 check(lst.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1, "SO_ACCEPTCONN")
 
+# luna's threads (DPDK's and the poll thread) block the application's signals: a signal
+# this (only) thread blocks, to take it with sigwait, waits for it instead of being
+# delivered to a luna thread, where SIGUSR1's default action ended the process.
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+os.kill(os.getpid(), signal.SIGUSR1)
+got = signal.sigtimedwait([signal.SIGUSR1], 2)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
+check(got is not None and got.si_signo == signal.SIGUSR1, "a blocked SIGUSR1 waits for sigwait")
+
 # bind(2) to a port a luna listener holds: EADDRINUSE at bind (SO_REUSEADDR does not
 # let two listeners share a port), so a bind loop moves on to the next port.
 b = socket.socket()

@@ -13,6 +13,10 @@
 //! [`direct_to_current_thread`] makes the calling thread (the core thread that polls the
 //! queues) the owner of those signals (`F_SETOWN_EX`, `F_OWNER_TID`): the handler still
 //! runs, in the one thread that busy-polls anyway, and the application sees none.
+//!
+//! [`AsyncSignalsBlocked`] is the other half for a library that starts luna's threads
+//! inside an application (the LD_PRELOAD shim, the C ABI): those threads block the
+//! application's asynchronous signals, so they are handled on the application's threads.
 
 use std::os::fd::RawFd;
 
@@ -120,6 +124,50 @@ pub fn signal_owner(fd: RawFd) -> std::io::Result<(bool, libc::pid_t)> {
         return Err(std::io::Error::last_os_error());
     }
     Ok((owner.kind == F_OWNER_TID, owner.pid))
+}
+
+/// Every asynchronous signal blocked in the calling thread until dropped (the old mask
+/// back). For a library that starts threads inside an application (the LD_PRELOAD shim,
+/// the C ABI): threads created meanwhile — EAL's interrupt and multi-process threads, the
+/// runtime's cores — inherit the mask, so the application's process-directed signals
+/// (`SIGTERM`, `SIGINT`, `SIGALRM`, ...) are handled on its own threads, and one it blocks
+/// everywhere to take with `sigwait`/`signalfd` is not delivered to a luna thread (where
+/// its default action ended the process). Synchronous signals (a fault in luna's own
+/// code) stay unblocked; net_tap's receive signal is unblocked again by the core thread
+/// that takes it ([`direct_to_current_thread`]).
+pub struct AsyncSignalsBlocked(libc::sigset_t);
+
+impl AsyncSignalsBlocked {
+    /// Blocks them now, in the calling thread.
+    pub fn now() -> AsyncSignalsBlocked {
+        // SAFETY: sigset_t is plain data, initialised by sigfillset / pthread_sigmask.
+        let (mut all, mut old): (libc::sigset_t, libc::sigset_t) =
+            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        // SAFETY: `all` is a valid sigset_t; the signal numbers are valid.
+        unsafe {
+            libc::sigfillset(&mut all);
+            for sig in [
+                libc::SIGSEGV,
+                libc::SIGBUS,
+                libc::SIGFPE,
+                libc::SIGILL,
+                libc::SIGTRAP,
+                libc::SIGSYS,
+                libc::SIGABRT,
+            ] {
+                libc::sigdelset(&mut all, sig);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        }
+        AsyncSignalsBlocked(old)
+    }
+}
+
+impl Drop for AsyncSignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask `now` saved, in the same thread.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
 }
 
 #[cfg(test)]

@@ -182,6 +182,9 @@ fn setups<D: Device>(cfg: &Config, devs: Vec<Vec<D>>) -> Res<Vec<CoreSetup<D>>> 
 }
 
 fn init_dpdk(cfg: Config, port: &str) -> Res<luna_env_t> {
+    // DPDK's threads (EAL's interrupt and multi-process threads) leave the application's
+    // signals to its own threads (`dpdk_sys::tapsignal::AsyncSignalsBlocked`).
+    let _signals = dpdk_sys::tapsignal::AsyncSignalsBlocked::now();
     let eal = Eal::builder()
         .args(cfg.eal.iter().cloned())
         .log_to_stderr(true)
@@ -349,6 +352,9 @@ pub(crate) fn start(
     spawn: impl FnOnce(Cores, CoreOptions) -> Result<Runtime, r2c::RuntimeError>,
 ) -> Res<*mut luna_runtime_t> {
     controlling("luna_run_*")?;
+    // The cores leave the application's signals to its own threads (a net_tap core
+    // unblocks the tap's receive signal it takes).
+    let _signals = dpdk_sys::tapsignal::AsyncSignalsBlocked::now();
     // SAFETY: NULL or a live environment (caller's contract, forwarded).
     let env = unsafe { env.as_mut() }.ok_or_else(|| null("env"))?;
     let cores = env.cores.take().ok_or_else(|| {

@@ -1130,3 +1130,57 @@ fn a_connection_id_of_one_core_is_ebadf_on_another() {
         "another core's id reached one of this core's connections: {ids:x?}"
     );
 }
+
+/// What a core thread's signal mask blocked, seen from its `on_start`: (SIGUSR1, SIGTERM,
+/// SIGSEGV).
+static CORE_MASK: Mutex<Option<(bool, bool, bool)>> = Mutex::new(None);
+
+fn blocked_here(sig: libc::c_int) -> bool {
+    // SAFETY: plain data, filled by pthread_sigmask (no change asked for).
+    let mut cur: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: reads this thread's mask into `cur`.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur) };
+    // SAFETY: `cur` was filled above.
+    unsafe { libc::sigismember(&cur, sig) == 1 }
+}
+
+extern "C" fn record_mask(s: *mut luna_sockets_t, _u: *mut c_void) {
+    *CORE_MASK.lock().unwrap() = Some((
+        blocked_here(libc::SIGUSR1),
+        blocked_here(libc::SIGTERM),
+        blocked_here(libc::SIGSEGV),
+    ));
+    // SAFETY: `s` is this callback's API.
+    unsafe { luna_sock_request_stop(s) };
+}
+
+/// luna's core threads leave the application's asynchronous signals to its own threads
+/// (a signal the application blocks to take with sigwait is not delivered to a core,
+/// where its default action would end the process); a fault in luna's code is still a
+/// fault (SIGSEGV unblocked); the controlling thread's mask is left as it was.
+#[test]
+fn cores_block_the_applications_asynchronous_signals() {
+    let (a, _b) = MemPair::build(&MemConfig::default()).expect("mem link");
+    let env = env_from_mem(&config("198.18.0.1"), vec![a]).expect("env");
+    extern "C" fn poll(_s: *mut luna_sockets_t, _u: *mut c_void) {}
+    assert!(!blocked_here(libc::SIGUSR1));
+    // SAFETY: env is live.
+    unsafe {
+        let ops = luna_batch_ops_t {
+            on_start: Some(record_mask),
+            on_poll: Some(poll),
+            on_stop: None,
+        };
+        let rt = luna_run_batch(env, &ops, null_mut());
+        assert!(!rt.is_null(), "{}", last_error());
+        wait(rt, Duration::from_secs(10));
+        assert_eq!(luna_runtime_join(rt), 0, "{}", last_error());
+        luna_runtime_free(rt);
+        luna_env_free(env);
+    }
+    assert_eq!(*CORE_MASK.lock().unwrap(), Some((true, true, false)));
+    assert!(
+        !blocked_here(libc::SIGUSR1),
+        "the caller's mask is restored"
+    );
+}

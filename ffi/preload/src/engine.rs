@@ -223,48 +223,6 @@ impl Affinity {
     }
 }
 
-/// Every asynchronous signal blocked in the calling thread until dropped (the old mask
-/// back): threads created meanwhile — DPDK's (EAL's interrupt and multi-process threads)
-/// and the poll thread — inherit the mask, so the application's process-directed signals
-/// (`SIGTERM`, `SIGINT`, `SIGALRM`, ...) are handled on its own threads, and one it blocks
-/// everywhere to take with `sigwait`/`signalfd` is not delivered to a luna thread (where
-/// its default action killed the process). Synchronous signals (a fault in luna's own
-/// code) stay unblocked; net_tap's receive signal is unblocked again by the poll thread
-/// that takes it (`dpdk_sys::tapsignal::direct_to_current_thread`).
-struct BlockSignals(libc::sigset_t);
-
-impl BlockSignals {
-    fn now() -> BlockSignals {
-        // SAFETY: sigset_t is plain data, initialised by sigfillset / pthread_sigmask.
-        let (mut all, mut old): (libc::sigset_t, libc::sigset_t) =
-            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-        // SAFETY: `all` is a valid sigset_t; the signal numbers are valid.
-        unsafe {
-            libc::sigfillset(&mut all);
-            for sig in [
-                libc::SIGSEGV,
-                libc::SIGBUS,
-                libc::SIGFPE,
-                libc::SIGILL,
-                libc::SIGTRAP,
-                libc::SIGSYS,
-                libc::SIGABRT,
-            ] {
-                libc::sigdelset(&mut all, sig);
-            }
-            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-        }
-        BlockSignals(old)
-    }
-}
-
-impl Drop for BlockSignals {
-    fn drop(&mut self) {
-        // SAFETY: restores the mask `now` saved, in the same thread.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
-    }
-}
-
 extern "C" fn after_fork_child() {
     crate::FORKED.store(true, Ordering::Release);
     crate::ACTIVE.store(false, Ordering::Release);
@@ -311,7 +269,7 @@ fn start(net: &Net) -> Result<Arc<Shared>, String> {
         return Err("device.kind must be dpdk".into());
     };
     // Until the runtime runs: every thread luna starts blocks the application's signals.
-    let _signals = BlockSignals::now();
+    let _signals = dpdk_sys::tapsignal::AsyncSignalsBlocked::now();
     let aff = Affinity::save();
     let eal = Eal::init(cfg.eal.clone()).map_err(|e| format!("EAL: {e}"));
     aff.restore();

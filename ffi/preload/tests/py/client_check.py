@@ -143,6 +143,26 @@ while len(got) < len(payload):
     got += d
 check(bytes(got) == payload, "echoed bytes")
 
+# sendfile(2) to a luna socket from an offset (os.sendfile: socket.sendfile would fall
+# back to send() on an error), echoed; the file position does not move.
+import tempfile
+with tempfile.TemporaryFile() as f:
+    data = bytes((i * 7 + i // 253) & 0xFF for i in range(210_000))
+    f.write(data)
+    f.seek(5)
+    sent = 0
+    while sent < 200_000:
+        n = os.sendfile(c.fileno(), f.fileno(), 1000 + sent, 200_000 - sent)
+        check(n > 0, "sendfile: progress")
+        sent += n
+    check(f.tell() == 5, "sendfile: the file position stays (%d)" % f.tell())
+got = bytearray()
+while len(got) < 200_000:
+    d = c.recv(65536)
+    check(d, "early end of stream after sendfile")
+    got += d
+check(bytes(got) == data[1000:201_000], "sendfile: the file's bytes from the offset, echoed")
+
 
 def recv_exact(s, n):
     b = bytearray()

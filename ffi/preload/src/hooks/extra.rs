@@ -78,14 +78,40 @@ unsafe fn luna_sendfile(
     offset: *mut off_t,
     count: size_t,
 ) -> Result<usize, i32> {
+    // The source as Linux's do_sendfile checks it, before anything is read: open for
+    // reading (EBADF), seekable if an offset is given (ESPIPE), the offset not negative
+    // (EINVAL), and something the kernel can splice to a socket (a pipe or a socket —
+    // a luna socket's placeholder is one — cannot: EINVAL). Reading a pipe or a socket
+    // here would take bytes that could not go back when the luna socket took fewer.
+    // A luna socket as the source is a socket (its placeholder is open for both).
+    if lookup(in_fd).is_some() {
+        return Err(if offset.is_null() {
+            libc::EINVAL
+        } else {
+            libc::ESPIPE
+        });
+    }
+    // SAFETY: `st` is plain data that fstat fills.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes one `struct stat`; F_GETFL takes no argument.
+    let flags = unsafe {
+        if libc::fstat(in_fd, &mut st) != 0 {
+            return Err(crate::errno());
+        }
+        libc::fcntl(in_fd, libc::F_GETFL)
+    };
+    if flags < 0 || flags & libc::O_ACCMODE == libc::O_WRONLY || flags & libc::O_PATH != 0 {
+        return Err(libc::EBADF);
+    }
+    let stream = matches!(st.st_mode & libc::S_IFMT, libc::S_IFIFO | libc::S_IFSOCK);
     // SAFETY: null or valid (the caller's contract).
     let mut pos = match unsafe { offset.as_ref() } {
+        Some(_) if stream => return Err(libc::ESPIPE),
         Some(&p) if p < 0 => return Err(libc::EINVAL),
         Some(&p) => Some(p),
         None => None,
     };
-    // A luna socket as the source is what Linux refuses for any socket.
-    if lookup(in_fd).is_some() {
+    if stream {
         return Err(libc::EINVAL);
     }
     let mut buf = vec![0u8; count.clamp(1, CHUNK)];
@@ -305,5 +331,61 @@ mod tests {
         assert!(super::super::remove(w).is_some());
         close(r);
         close(w);
+    }
+
+    /// Bytes available in pipe `r`.
+    fn queued(r: c_int) -> c_int {
+        let mut n: c_int = 0;
+        // SAFETY: FIONREAD writes one int.
+        assert_eq!(unsafe { libc::ioctl(r, libc::FIONREAD, &mut n) }, 0);
+        n
+    }
+
+    /// A pipe or a socket as the source: Linux refuses it (`EINVAL` from the splice
+    /// without an offset: neither has `splice_read` toward a socket; `ESPIPE` with one)
+    /// and leaves its bytes where they were. Reading it (it cannot seek back) lost the
+    /// bytes the luna socket did not take.
+    #[test]
+    fn a_pipe_or_socket_source_is_refused_and_keeps_its_bytes() {
+        let (r, w) = pipe();
+        let (sr, sw) = pipe();
+        // SAFETY: our pipe; 1000 bytes fit its buffer.
+        assert_eq!(
+            unsafe { libc::write(sw, [5u8; 1000].as_ptr().cast(), 1000) },
+            1000
+        );
+        crate::ACTIVE.store(true, std::sync::atomic::Ordering::Release);
+        super::super::insert(w, Sock::new(Phase::Connected, crate::sock::UNBOUND), false);
+        // SAFETY: valid descriptors.
+        let n = unsafe { sendfile(w, sr, std::ptr::null_mut(), 500) };
+        assert_eq!((n, crate::errno()), (-1, libc::EINVAL));
+        assert_eq!(queued(sr), 1000, "the pipe's bytes were consumed");
+        let mut off: off_t = 0;
+        // SAFETY: valid descriptors and offset.
+        let n = unsafe { sendfile(w, sr, &mut off, 500) };
+        assert_eq!((n, crate::errno()), (-1, libc::ESPIPE));
+        assert_eq!(queued(sr), 1000);
+        // A kernel socket as the source, its bytes left alone too.
+        let mut sp = [0; 2];
+        // SAFETY: socketpair writes two descriptors into the array.
+        assert_eq!(
+            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, sp.as_mut_ptr()) },
+            0
+        );
+        // SAFETY: our socket.
+        assert_eq!(unsafe { libc::write(sp[1], b"abc".as_ptr().cast(), 3) }, 3);
+        // SAFETY: valid descriptors.
+        let n = unsafe { sendfile(w, sp[0], std::ptr::null_mut(), 3) };
+        assert_eq!((n, crate::errno()), (-1, libc::EINVAL));
+        assert_eq!(queued(sp[0]), 3);
+        // A source not open for reading: EBADF, even for no bytes (as Linux checks it
+        // first).
+        // SAFETY: valid descriptors.
+        let n = unsafe { sendfile(w, sw, std::ptr::null_mut(), 0) };
+        assert_eq!((n, crate::errno()), (-1, libc::EBADF));
+        assert!(super::super::remove(w).is_some());
+        for fd in [r, w, sr, sw, sp[0], sp[1]] {
+            close(fd);
+        }
     }
 }

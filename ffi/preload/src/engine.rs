@@ -141,9 +141,36 @@ impl Shared {
     pub fn push(&self, c: Cmd) {
         self.cmds.lock().unwrap_or_else(|p| p.into_inner()).push(c);
         self.has_cmds.store(true, Ordering::Release);
+        self.ring();
+    }
+
+    /// Wakes the poll thread if it sleeps (`IdleStrategy::Backoff`; nothing otherwise).
+    pub fn ring(&self) {
         if let Some(ring) = self.bell.get() {
             ring();
         }
+    }
+}
+
+/// The engine, once started (never starts it).
+static ENGINE: OnceLock<Option<Arc<Shared>>> = OnceLock::new();
+
+#[cfg(test)]
+thread_local! {
+    /// Counts [`room_made`] calls on this thread (tests: no engine runs there).
+    pub(crate) static ROOM_MADE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// An application's call made room the poll thread stopped at: a `read` that took bytes
+/// from a full receive queue (the poll thread leaves the rest in the stack, its window
+/// shut), an `accept` from a full accept queue (the rest wait in the stack's). Work for
+/// the poll thread that is no command: under `IdleStrategy::Backoff` it must be rung, or
+/// the rest waits for its sleep to end (up to `backoff_max_us` per queue's worth).
+pub(crate) fn room_made() {
+    #[cfg(test)]
+    ROOM_MADE.with(|c| c.set(c.get() + 1));
+    if let Some(Some(sh)) = ENGINE.get() {
+        sh.ring();
     }
 }
 
@@ -180,7 +207,6 @@ pub(crate) fn alive() -> bool {
 /// The running engine, started at the first call that needs it; `None` if it could not
 /// start (the reason is printed once).
 pub(crate) fn engine() -> Option<&'static Arc<Shared>> {
-    static ENGINE: OnceLock<Option<Arc<Shared>>> = OnceLock::new();
     ENGINE
         .get_or_init(|| {
             let net = net()?;

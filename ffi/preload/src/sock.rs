@@ -439,7 +439,11 @@ impl Sock {
                 if peek {
                     return Ok(n);
                 }
+                let was_full = g.rx.len() >= RX_CAP;
                 g.rx.drain(..n);
+                if was_full {
+                    crate::engine::room_made();
+                }
                 got += n;
                 if !waitall || got == want {
                     return Ok(got);
@@ -560,7 +564,11 @@ impl Sock {
             if g.phase != Phase::Listening {
                 return Err(libc::EINVAL);
             }
+            let was_full = g.accept_q.len() >= g.backlog.max(1);
             if let Some(s) = g.accept_q.pop_front() {
+                if was_full {
+                    crate::engine::room_made();
+                }
                 return Ok(s);
             }
             if let Some(e) = g.fatal {
@@ -897,6 +905,34 @@ mod tests {
         assert!(t0.elapsed() >= Duration::from_millis(50), "did not wait");
         assert!(sh.take().is_empty(), "nothing more to do");
         poll_thread.join().unwrap();
+    }
+
+    /// The poll thread stops receiving at a full queue (`RX_CAP` bytes, `backlog`
+    /// connections) and leaves the rest in the stack; the call that makes room there is
+    /// work for it that no command announces: it must ring the doorbell, or under
+    /// `idle = "backoff"` the rest waited for the poll thread's sleep to end.
+    #[test]
+    fn taking_from_a_full_queue_wakes_the_poll_thread() {
+        use crate::engine::ROOM_MADE;
+        let rung = || ROOM_MADE.with(std::cell::Cell::get);
+        let c = connected();
+        c.lock().rx.extend(std::iter::repeat_n(1u8, RX_CAP - 10));
+        let mut buf = vec![0u8; 100];
+        assert_eq!(c.read(&mut [&mut buf], 0, NB), Ok(100));
+        assert_eq!(rung(), 0, "room in a queue that was not full: no ring");
+        c.lock().rx.extend(std::iter::repeat_n(1u8, 200));
+        assert_eq!(c.read(&mut [&mut buf], libc::MSG_PEEK, NB), Ok(100));
+        assert_eq!(rung(), 0, "a peek takes nothing");
+        assert_eq!(c.read(&mut [&mut buf], 0, NB), Ok(100));
+        assert_eq!(rung(), 1, "a read from a full receive queue rings");
+        let l = Sock::new(Phase::Listening, UNBOUND);
+        l.lock().backlog = 2;
+        l.lock().accept_q.push_back(connected());
+        assert!(l.accept(NB).is_ok());
+        assert_eq!(rung(), 1);
+        l.lock().accept_q.extend([connected(), connected()]);
+        assert!(l.accept(NB).is_ok());
+        assert_eq!(rung(), 2, "an accept from a full accept queue rings");
     }
 
     #[test]

@@ -58,6 +58,30 @@ pub fn signalling_tun_fds(iface: &str) -> Vec<RawFd> {
     fds
 }
 
+/// The kernel interface of a net_tap / net_tun port whose device info reports `if_index`
+/// (`vdev_iface`: its vdev's `iface=`, if any), when this process has signalling tun
+/// files attached to it: the name the kernel gives `if_index` (a vdev without `iface=`
+/// gets `dtap0`, `dtun0`, ... from the kernel; `iface=x%d` is a pattern, not a name),
+/// else `vdev_iface` (the index names another interface in this network namespace once
+/// the tap was moved out of it). `None` for a port of another driver.
+pub fn port_iface(driver_name: &str, if_index: u32, vdev_iface: Option<&str>) -> Option<String> {
+    if !matches!(driver_name, "net_tap" | "net_tun") {
+        return None;
+    }
+    let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `name` holds IF_NAMESIZE bytes, what if_indextoname may write.
+    let by_index = (if_index != 0
+        && !unsafe { libc::if_indextoname(if_index, name.as_mut_ptr()) }.is_null())
+    .then(|| {
+        // SAFETY: if_indextoname wrote a NUL-terminated name into `name`.
+        unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    })
+    .filter(|n| !signalling_tun_fds(n).is_empty());
+    by_index.or_else(|| vdev_iface.map(str::to_owned))
+}
+
 /// The calling thread's id.
 pub fn current_tid() -> libc::pid_t {
     // SAFETY: gettid takes no arguments and cannot fail.

@@ -100,3 +100,44 @@ fn flow_create_on_tap_succeeds_or_reports_cleanly() {
         assert!(e.contains("flow on port net_tap0 failed"), "{e}");
     }
 }
+
+/// net_tap's receive signals go to the thread r2c's core runs on also for a vdev without
+/// `iface=` (the kernel names it `dtap0`, ...) or with a pattern: the interface is the
+/// one the port's `if_index` names (`tapsignal::port_iface`). With `iface=` alone, such a
+/// port's signals stayed process-wide and ended the application's `epoll_wait`,
+/// `nanosleep` and a lingering `close` with `EINTR` (the LD_PRELOAD shim).
+#[test]
+fn signals_of_a_tap_without_iface_go_to_the_polling_thread() {
+    for (tag, vdev) in [
+        ("tapsig", "--vdev=net_tap0"),
+        ("tapsigp", "--vdev=net_tap0,iface=ldpsig%d"),
+    ] {
+        let ns = Netns::new(if tag == "tapsig" {
+            "ldp-tapsig"
+        } else {
+            "ldp-tapsigp"
+        });
+        let mut eal = eal_base(tag);
+        eal.push(vdev.into());
+        let _g = RunDirGuard(prefix(tag));
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            ns.0,
+            BIN,
+            "tap-signal",
+            "--name",
+            "net_tap0",
+            "--",
+        ])
+        .args(&eal);
+        let ok = run(cmd, Duration::from_secs(60)).ok();
+        let n: usize = ok
+            .split("redirected=")
+            .nth(1)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{vdev}: {ok}"));
+        assert!(n > 0, "{vdev}: {ok}");
+    }
+}

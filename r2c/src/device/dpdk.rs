@@ -394,8 +394,8 @@ impl Drop for PortHandle {
 pub struct DpdkDevice {
     // Field order is drop order: kept chains, queues, then the port, then the pools they
     // used.
-    /// A net_tap port's interface (`iface=` of its vdev): its queue files' receive signals
-    /// go to the core thread ([`Device::on_core_thread`]).
+    /// A net_tap / net_tun port's interface (`tapsignal::port_iface`): its queue files'
+    /// receive signals go to the core thread ([`Device::on_core_thread`]).
     tap_iface: Option<String>,
     /// Chains built for the front of the transmit queue that the ring has not taken yet.
     kept: Kept,
@@ -630,9 +630,11 @@ impl DpdkDevice {
             registry: registry.clone(),
             id: handle_id,
         });
-        let tap_iface = (info.driver_name == "net_tap")
-            .then(|| dpdk_sys::tapclaim::tap_iface_of(eal.args(), &cfg.port))
-            .flatten();
+        let tap_iface = dpdk_sys::tapsignal::port_iface(
+            &info.driver_name,
+            info.if_index,
+            dpdk_sys::tapclaim::tap_iface_of(eal.args(), &cfg.port).as_deref(),
+        );
         let mut devs = Vec::with_capacity(queues.len());
         for (q, (rxq, txq)) in queues.into_iter().enumerate() {
             let tx = TxChains::new(

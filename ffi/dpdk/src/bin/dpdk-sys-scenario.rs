@@ -19,6 +19,9 @@
 //!   N frames each way with a peer process over port `net_memif0`.
 //! * `tap-ping --name N --iface I --local IP --peer IP --kernel-addr CIDR`:
 //!   configure the kernel side of a tap, ARP for the peer, ping it.
+//! * `tap-signal --name N`: configure and start net_tap port N, find its interface as
+//!   r2c does (`tapsignal::port_iface`) and make a new thread the receiver of its queue
+//!   files' signals; prints the interface and how many files were redirected.
 //! * `intr-hold`: an alarm due while the EAL interrupt thread is held
 //!   (`Eal::hold_interrupt_thread`) runs only after the release; a second holder
 //!   waits for the first; EAL cleans up after (its drop parks the thread for good).
@@ -120,6 +123,7 @@ fn main() -> ExitCode {
         "mbuf-api" => mbuf_api(&opts),
         "tap-ping" => tap_ping(&opts),
         "intr-hold" => intr_hold(&opts),
+        "tap-signal" => tap_signal(&opts),
         other => Err(check(format!("unknown scenario {other:?}"))),
     };
     match res {
@@ -1008,6 +1012,48 @@ fn run(cmd: &[&str]) -> R<()> {
         )));
     }
     Ok(())
+}
+
+fn tap_signal(o: &Opts) -> R<String> {
+    use dpdk_sys::tapsignal;
+    let eal = Eal::init(o.eal.clone())?;
+    let name = o.get("name")?;
+    let mut port = Port::by_name(&eal, name)?;
+    let mp = pool(&eal, "ldp_tapsig", 1023)?;
+    port.configure(
+        &PortConf {
+            rx_desc: 256,
+            tx_desc: 256,
+            ..Default::default()
+        },
+        &mp,
+    )?;
+    port.start()?;
+    let info = port.info()?;
+    let vdev = dpdk_sys::tapclaim::tap_iface_of(eal.args(), name);
+    let iface = tapsignal::port_iface(&info.driver_name, info.if_index, vdev.as_deref())
+        .ok_or_else(|| {
+            check(format!(
+                "no interface found for {name} ({})",
+                info.driver_name
+            ))
+        })?;
+    let (n, owned) = std::thread::spawn(move || {
+        let n =
+            tapsignal::direct_to_current_thread(&iface).map_err(|e| format!("redirect: {e}"))?;
+        let me = tapsignal::current_tid();
+        let owned = tapsignal::signalling_tun_fds(&iface)
+            .into_iter()
+            .all(|fd| tapsignal::signal_owner(fd).is_ok_and(|o| o == (true, me)));
+        Ok::<_, String>((format!("iface={iface} redirected={n}"), owned))
+    })
+    .join()
+    .map_err(|_| check("the thread panicked"))?
+    .map_err(check)?;
+    if !owned {
+        return Err(check(format!("{n}: a queue file's signals go elsewhere")));
+    }
+    Ok(n)
 }
 
 fn tap_ping(o: &Opts) -> R<String> {

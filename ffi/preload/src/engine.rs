@@ -115,6 +115,10 @@ fn load(path: &Path) -> Result<Net, String> {
 pub(crate) struct Shared {
     cmds: Mutex<Vec<Cmd>>,
     has_cmds: AtomicBool,
+    /// An application's call made room in a full queue since the poll thread's last
+    /// iteration ([`room_made`]): its re-check before a sleep must see it as it sees a
+    /// command, or a ring that came just before the sleep was announced was lost.
+    room: AtomicBool,
     /// Rings the poll thread's doorbell (r2c's `IdleStrategy::Backoff`: a command must
     /// not wait for its sleep to end); unset under the other idle strategies.
     bell: OnceLock<Box<dyn Fn() + Send + Sync>>,
@@ -126,6 +130,7 @@ impl Shared {
         Shared {
             cmds: Mutex::new(Vec::new()),
             has_cmds: AtomicBool::new(false),
+            room: AtomicBool::new(false),
             bell: OnceLock::new(),
         }
     }
@@ -145,10 +150,17 @@ impl Shared {
     }
 
     /// Wakes the poll thread if it sleeps (`IdleStrategy::Backoff`; nothing otherwise).
-    pub fn ring(&self) {
+    fn ring(&self) {
         if let Some(ring) = self.bell.get() {
             ring();
         }
+    }
+
+    /// Room was made in a full queue ([`room_made`]): recorded for the poll thread's
+    /// re-check ([`PollApp::pending`]), then rung.
+    pub fn make_room(&self) {
+        self.room.store(true, Ordering::Release);
+        self.ring();
     }
 }
 
@@ -170,7 +182,7 @@ pub(crate) fn room_made() {
     #[cfg(test)]
     ROOM_MADE.with(|c| c.set(c.get() + 1));
     if let Some(Some(sh)) = ENGINE.get() {
-        sh.ring();
+        sh.make_room();
     }
 }
 
@@ -765,7 +777,7 @@ impl BatchApp for PollApp {
     /// Commands queued by the application's threads (the re-check of a sleep under
     /// `IdleStrategy::Backoff`; [`Shared::push`] rings after queueing).
     fn pending(&self) -> bool {
-        self.sh.has_cmds.load(Ordering::Acquire)
+        self.sh.has_cmds.load(Ordering::Acquire) || self.sh.room.load(Ordering::Acquire)
     }
 
     /// The runtime stops (at exit) and is about to end every connection with a FIN after
@@ -793,6 +805,8 @@ impl BatchApp for PollApp {
     }
 
     fn on_poll(&mut self, s: &mut Sockets<'_>) {
+        // (This iteration serves every ready socket, those with room made among them.)
+        self.sh.room.store(false, Ordering::Release);
         if self.sh.has_cmds.swap(false, Ordering::AcqRel) {
             std::mem::swap(
                 &mut self.cmds,
@@ -983,14 +997,23 @@ mod tests {
         let rung = Arc::new(AtomicU64::new(0));
         let (r, weak) = (Arc::clone(&rung), Arc::downgrade(&sh));
         let _ = sh.bell.set(Box::new(move || {
-            // The command is queued by the time the bell rings.
+            // The command (or the room made) is visible by the time the bell rings.
             let sh = weak.upgrade().expect("shared");
-            assert!(sh.has_cmds.load(Ordering::Acquire));
+            assert!(sh.has_cmds.load(Ordering::Acquire) || sh.room.load(Ordering::Acquire));
             r.fetch_add(1, Ordering::Relaxed);
         }));
         let a = Sock::new(Phase::Fresh, crate::sock::UNBOUND);
         sh.push(Cmd::Flush(Arc::clone(&a)));
         sh.push(Cmd::Close(a));
         assert_eq!(rung.load(Ordering::Relaxed), 2);
+        // Room made in a full queue rings too, and stays pending for the re-check (a
+        // ring before the poll thread announced its sleep finds nobody to wake).
+        // (Never dropped: its drop ends the engine for every test of the process.)
+        let app = std::mem::ManuallyDrop::new(PollApp::new(Arc::clone(&sh)));
+        sh.take();
+        assert!(!app.pending());
+        sh.make_room();
+        assert_eq!(rung.load(Ordering::Relaxed), 3);
+        assert!(app.pending(), "room made is seen by the re-check");
     }
 }

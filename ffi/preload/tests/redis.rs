@@ -364,7 +364,7 @@ fn python_client_on_luna_talks_to_a_kernel_server() {
     up.expect("tap up (did the client start luna?)");
     assert!(o.ok, "client failed");
     // Every named check of the script ran and passed.
-    assert!(o.out.lines().any(|l| l == "OK checks=101"), "{}", o.out);
+    assert!(o.out.lines().any(|l| l == "OK checks=103"), "{}", o.out);
     assert_eq!(sink, "fin 4194304", "bytes queued at exit were lost");
     assert!(
         sink2.starts_with("reset "),

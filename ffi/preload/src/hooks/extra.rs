@@ -80,9 +80,10 @@ unsafe fn luna_sendfile(
 ) -> Result<usize, i32> {
     // The source as Linux's do_sendfile checks it, before anything is read: open for
     // reading (EBADF), seekable if an offset is given (ESPIPE), the offset not negative
-    // (EINVAL), and something the kernel can splice to a socket (a pipe or a socket —
-    // a luna socket's placeholder is one — cannot: EINVAL). Reading a pipe or a socket
-    // here would take bytes that could not go back when the luna socket took fewer.
+    // (EINVAL), and something the kernel can splice to a socket (a pipe, a socket — a
+    // luna socket's placeholder is one — or an eventfd cannot: EINVAL). Reading one of
+    // those here would take bytes (a count) that could not go back when the luna
+    // socket took fewer.
     // A luna socket as the source is a socket (its placeholder is open for both).
     if lookup(in_fd).is_some() {
         return Err(if offset.is_null() {
@@ -103,7 +104,15 @@ unsafe fn luna_sendfile(
     if flags < 0 || flags & libc::O_ACCMODE == libc::O_WRONLY || flags & libc::O_PATH != 0 {
         return Err(libc::EBADF);
     }
+    // What splices to a socket: regular files, block and character devices. Not a
+    // pipe or a socket (`stream`: no `pread` either), a directory, or an anonymous
+    // inode (eventfd, timerfd, signalfd, epoll: no file type), whose read would take
+    // a count or a signal.
     let stream = matches!(st.st_mode & libc::S_IFMT, libc::S_IFIFO | libc::S_IFSOCK);
+    let splices = matches!(
+        st.st_mode & libc::S_IFMT,
+        libc::S_IFREG | libc::S_IFBLK | libc::S_IFCHR
+    );
     // SAFETY: null or valid (the caller's contract).
     let mut pos = match unsafe { offset.as_ref() } {
         Some(_) if stream => return Err(libc::ESPIPE),
@@ -111,7 +120,7 @@ unsafe fn luna_sendfile(
         Some(&p) => Some(p),
         None => None,
     };
-    if stream {
+    if !splices {
         return Err(libc::EINVAL);
     }
     let mut buf = vec![0u8; count.clamp(1, CHUNK)];
@@ -378,6 +387,22 @@ mod tests {
         let n = unsafe { sendfile(w, sp[0], std::ptr::null_mut(), 3) };
         assert_eq!((n, crate::errno()), (-1, libc::EINVAL));
         assert_eq!(queued(sp[0]), 3);
+        // An eventfd (an anonymous inode, no file type): EINVAL, its counter left as it
+        // was (reading it would have taken the count).
+        // SAFETY: eventfd takes an initial value and flags.
+        let efd = unsafe { libc::eventfd(5, 0) };
+        assert!(efd >= 0);
+        // SAFETY: valid descriptors.
+        let n = unsafe { sendfile(w, efd, std::ptr::null_mut(), 8) };
+        assert_eq!((n, crate::errno()), (-1, libc::EINVAL));
+        let mut v = 0u64;
+        // SAFETY: an eventfd reads as 8 bytes.
+        assert_eq!(
+            unsafe { libc::read(efd, (&mut v as *mut u64).cast(), 8) },
+            8
+        );
+        assert_eq!(v, 5, "the eventfd's counter was taken");
+        close(efd);
         // A source not open for reading: EBADF, even for no bytes (as Linux checks it
         // first).
         // SAFETY: valid descriptors.

@@ -7,117 +7,22 @@
 //! Needs root, hugepages and `make setup` (redis-server, redis-tools); skipped with a
 //! message otherwise.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use common::{cannot_run, config, output, run, skip, spawn_under_shim};
+use std::path::Path;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 use testbed::{Kind, Prefix, Tap, Topology};
 
 const PORT: u16 = 6379;
 const LIMIT: Duration = Duration::from_secs(240);
 const REQUESTS: u32 = 20_000;
-
-fn skip(why: &str) -> bool {
-    eprintln!("SKIPPED: {why}");
-    true
-}
-
-fn cannot_run() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return skip("needs root (namespaces, DPDK)");
-    }
-    for tool in ["redis-server", "redis-cli", "redis-benchmark"] {
-        if !Path::new("/usr/bin").join(tool).exists() {
-            return skip(&format!("/usr/bin/{tool} is missing: run `make setup` (testbed/setup.sh installs redis-server and redis-tools)"));
-        }
-    }
-    false
-}
-
-/// The `libluna_preload.so` cargo built for this test run (in `deps/`, next to the test
-/// binary; `target/<profile>/` holds a copy only after `cargo build`).
-fn shim() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    let dir = exe.parent().expect("deps dir");
-    let so = dir.join("libluna_preload.so");
-    assert!(
-        so.exists(),
-        "{} is missing: cargo builds it with this test",
-        so.display()
-    );
-    so
-}
-
-/// r2c's configuration for the tap port: one poll thread, yielding when idle (shared CPUs).
-fn config(tap: &Tap) -> String {
-    let mut port = tap.dpdk.clone();
-    port.eal.memory_mb = 128;
-    let mut eal = port.eal.args();
-    eal.push("--no-telemetry".into());
-    let name = port
-        .eal
-        .vdev
-        .split(',')
-        .next()
-        .expect("vdev name")
-        .to_string();
-    let eal: Vec<String> = eal.iter().map(|a| format!("{a:?}")).collect();
-    format!(
-        "eal = [{}]\n\n[device]\nkind = \"dpdk\"\nport = \"{name}\"\n\n[cores]\nlist = [0]\n\n\
-         [net]\nip = \"{}\"\nprefix_len = {}\n\n[runtime]\nmode = \"batch\"\nidle = \"yield\"\npin = false\n",
-        eal.join(", "),
-        port.ip,
-        port.prefix_len
-    )
-}
-
-struct Out {
-    ok: bool,
-    out: String,
-    err: String,
-}
-
-fn output(mut c: Child, limit: Duration, what: &str) -> Out {
-    let mut so = c.stdout.take().expect("piped");
-    let mut se = c.stderr.take().expect("piped");
-    let t1 = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = so.read_to_string(&mut s);
-        s
-    });
-    let t2 = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = se.read_to_string(&mut s);
-        s
-    });
-    let end = Instant::now() + limit;
-    let status = loop {
-        if let Ok(Some(s)) = c.try_wait() {
-            break Some(s);
-        }
-        if Instant::now() > end {
-            eprintln!("{what}: killed after {limit:?}");
-            let _ = c.kill();
-            let _ = c.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Out {
-        ok: status.is_some_and(|s| s.success()),
-        out: t1.join().unwrap_or_default(),
-        err: t2.join().unwrap_or_default(),
-    }
-}
-
-fn run(mut cmd: Command, limit: Duration, what: &str) -> Out {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let c = cmd.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}"));
-    output(c, limit, what)
-}
+const REDIS: [&str; 3] = [
+    "/usr/bin/redis-server",
+    "/usr/bin/redis-cli",
+    "/usr/bin/redis-benchmark",
+];
 
 struct Redis<'a> {
     tap: &'a Tap,
@@ -136,41 +41,42 @@ impl Redis<'_> {
 
 #[test]
 fn redis_server_on_luna_answers_redis_cli_and_redis_benchmark() {
-    if cannot_run() {
+    if cannot_run(&REDIS) {
         return;
     }
-    let so = shim();
     let prefix = Prefix::new("lprds").unwrap();
     let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
     let tap = topo.tap().expect("tap details").clone();
     let cfg = topo.state_dir().join("luna-preload-redis.toml");
     std::fs::write(&cfg, config(&tap)).expect("config");
 
-    // `env` sets the preload for redis-server only (not for `ip netns exec`).
-    let mut cmd = testbed::netns_command(&tap.dpdk.netns, "env");
-    cmd.arg(format!("LD_PRELOAD={}", so.display()))
-        .arg(format!("LUNA_CONFIG={}", cfg.display()))
-        .arg("/usr/bin/redis-server")
-        .args([
+    let (port, ip) = (PORT.to_string(), tap.dpdk.ip.to_string());
+    let dir = topo.state_dir().display().to_string();
+    let server = spawn_under_shim(
+        &tap,
+        &cfg,
+        "/usr/bin/redis-server",
+        &[
             "--port",
-            &PORT.to_string(),
+            &port,
             "--bind",
-            &tap.dpdk.ip.to_string(),
-        ])
-        .args(["--io-threads", "1", "--save", "", "--appendonly", "no"])
-        .args([
+            &ip,
+            "--io-threads",
+            "1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
             "--daemonize",
             "no",
             "--protected-mode",
             "no",
             "--unixsocket",
             "",
-        ])
-        .args(["--dir", &topo.state_dir().display().to_string()]);
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let server = cmd.spawn().expect("redis-server");
+            "--dir",
+            &dir,
+        ],
+    );
     let pid = server.id();
 
     let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -296,14 +202,13 @@ fn redis_server_on_luna_answers_redis_cli_and_redis_benchmark() {
 /// reader does not take within the exit's grace end in a RST, not a FIN.
 #[test]
 fn python_client_on_luna_talks_to_a_kernel_server() {
-    if cannot_run() {
+    if cannot_run(&REDIS) {
         return;
     }
     if !Path::new("/usr/bin/python3").exists() {
         skip("/usr/bin/python3 is missing");
         return;
     }
-    let so = shim();
     let py = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py");
     let prefix = Prefix::new("lprpy").unwrap();
     let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
@@ -320,16 +225,14 @@ fn python_client_on_luna_talks_to_a_kernel_server() {
     }
     let (luna, kernel, port) = (tap.dpdk.ip.to_string(), tap.host.ip.to_string(), "7007");
 
-    let mut cmd = testbed::netns_command(&tap.dpdk.netns, "env");
-    cmd.arg(format!("LD_PRELOAD={}", so.display()))
-        .arg(format!("LUNA_CONFIG={}", cfg.display()))
-        .arg("/usr/bin/python3")
-        .arg(format!("{py}/client_check.py"))
-        .args([&luna, &kernel, port, &ready.display().to_string()]);
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let client = cmd.spawn().expect("python client");
+    let script = format!("{py}/client_check.py");
+    let ready_s = ready.display().to_string();
+    let client = spawn_under_shim(
+        &tap,
+        &cfg,
+        "/usr/bin/python3",
+        &[&script, &luna, &kernel, port, &ready_s],
+    );
 
     let up = tap.configure_host(Duration::from_secs(60));
     let mut echo = tap.host.command("/usr/bin/python3");

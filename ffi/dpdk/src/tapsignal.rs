@@ -34,7 +34,8 @@ struct FOwnerEx {
 }
 
 /// This process's tun files attached to interface `iface` that have a signal set
-/// (`F_SETSIG`): net_tap's queue files (its keep-alive file has none).
+/// (`F_SETSIG`): net_tap's queue files and its detached keep-alive file (DPDK 22.11's
+/// `tun_alloc` sets the signal on every file it opens).
 pub fn signalling_tun_fds(iface: &str) -> Vec<RawFd> {
     let want = format!("iff:\t{iface}");
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {

@@ -276,3 +276,102 @@ fn python_threading_http_server_on_luna_serves_parallel_downloads() {
     assert!(!o.err.contains("luna-preload:"), "shim errors: {}", o.err);
     assert!(!o.err.contains("Traceback"), "python: {}", o.err);
 }
+
+/// Python's asyncio serving a file with `loop.sendfile` (non-blocking `os.sendfile`:
+/// partial sends and `EAGAIN`, completed through the event loop's writability).
+#[test]
+fn asyncio_sendfile_on_luna_serves_parallel_downloads() {
+    if cannot_run(&["/usr/bin/python3", "/usr/bin/curl"]) {
+        return;
+    }
+    let prefix = Prefix::new("lpraio").unwrap();
+    let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
+    let tap = topo.tap().expect("tap details").clone();
+    let dir = topo.state_dir().join("aio");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let big = pattern(5 << 20, 13);
+    let file = dir.join("big.bin");
+    std::fs::write(&file, &big).unwrap();
+    let cfg = topo.state_dir().join("luna-preload-aio.toml");
+    std::fs::write(&cfg, config(&tap)).expect("config");
+    let ip = tap.dpdk.ip.to_string();
+    let port = PORT.to_string();
+    let file_s = file.display().to_string();
+    let server = spawn_under_shim(
+        &tap,
+        &cfg,
+        "/usr/bin/python3",
+        &["-c", AIO, &ip, &port, &file_s],
+    );
+    let url = format!("http://{ip}:{PORT}/");
+    let got = dir.join("got");
+    let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tap.configure_host(Duration::from_secs(60)).expect("tap up");
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            let o = curl(&tap, &got, &[&url]);
+            if o.ok {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "asyncio on luna never answered: {}",
+                o.err
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(std::fs::read(&got).unwrap() == big, "bytes differ");
+        let mut c = tap.host.command("curl");
+        c.args([
+            "-sS",
+            "--parallel",
+            "--parallel-max",
+            "8",
+            "-w",
+            "%{http_code} %{size_download}\n",
+        ]);
+        for _ in 0..8 {
+            c.args(["-o", "/dev/null", &url]);
+        }
+        let o = run(c, Duration::from_secs(120), "curl parallel");
+        assert!(o.ok, "parallel: {}", o.err);
+        let want = format!("200 {}", big.len());
+        assert_eq!(o.out.lines().filter(|l| *l == want).count(), 8, "{}", o.out);
+    }));
+    signal(&server, libc::SIGTERM);
+    let o = output(server, Duration::from_secs(30), "asyncio server");
+    println!("asyncio server:\n{}{}", o.out, o.err);
+    drop(topo);
+    if let Err(p) = check {
+        std::panic::resume_unwind(p);
+    }
+    assert!(!o.err.contains("luna-preload:"), "shim errors: {}", o.err);
+}
+
+/// An asyncio HTTP/1.1 server answering every request with the file `argv[3]` through
+/// `loop.sendfile` without its read-and-write fallback (it must be `os.sendfile`).
+const AIO: &str = r#"
+import asyncio, os, sys
+ip, port, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+size = os.path.getsize(path)
+async def handle(reader, writer):
+    try:
+        while True:
+            line = await reader.readline()
+            if not line:
+                return
+            if line in (b"\r\n", b"\n"):
+                break
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % size)
+        await writer.drain()
+        with open(path, "rb") as f:
+            await asyncio.get_running_loop().sendfile(writer.transport, f, fallback=False)
+        await writer.drain()
+    finally:
+        writer.close()
+async def main():
+    srv = await asyncio.start_server(handle, ip, port)
+    async with srv:
+        await srv.serve_forever()
+asyncio.run(main())
+"#;

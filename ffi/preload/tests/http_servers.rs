@@ -375,3 +375,65 @@ async def main():
         await srv.serve_forever()
 asyncio.run(main())
 "#;
+
+/// nghttp2's `nghttpd` (libev: epoll, and signalfd for its signals) serving HTTP/2 without
+/// TLS to `h2load` in the kernel namespace: 20,000 requests over 8 connections, 10
+/// streams each in flight, every one answered 2xx.
+#[test]
+fn nghttpd_on_luna_answers_h2load() {
+    if cannot_run(&["/usr/sbin/nghttpd", "/usr/bin/h2load"]) {
+        return;
+    }
+    let prefix = Prefix::new("lprh2").unwrap();
+    let topo = Topology::up(Kind::Tap, &prefix).expect("tap topology (root, make setup)");
+    let tap = topo.tap().expect("tap details").clone();
+    let dir = topo.state_dir().join("h2");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("index.html"), pattern(4096, 17)).unwrap();
+    let cfg = topo.state_dir().join("luna-preload-h2.toml");
+    std::fs::write(&cfg, config(&tap)).expect("config");
+    let ip = tap.dpdk.ip.to_string();
+    let port = PORT.to_string();
+    let dir_s = dir.display().to_string();
+    let server = spawn_under_shim(
+        &tap,
+        &cfg,
+        "/usr/sbin/nghttpd",
+        &["--no-tls", "-a", &ip, "-d", &dir_s, &port],
+    );
+    let url = format!("http://{ip}:{PORT}/index.html");
+    let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tap.configure_host(Duration::from_secs(60)).expect("tap up");
+        let end = Instant::now() + Duration::from_secs(60);
+        let o = loop {
+            let mut c = tap.host.command("h2load");
+            c.args(["-n", "20000", "-c", "8", "-m", "10", &url]);
+            let o = run(c, Duration::from_secs(120), "h2load");
+            if o.out.contains("succeeded") && o.out.contains("requests: 20000 total") {
+                break o;
+            }
+            assert!(Instant::now() < end, "h2load: {}{}", o.out, o.err);
+            std::thread::sleep(Duration::from_millis(300));
+        };
+        println!("h2load:\n{}", o.out);
+        assert!(
+            o.out
+                .contains("20000 succeeded, 0 failed, 0 errored, 0 timeout"),
+            "{}",
+            o.out
+        );
+        assert!(o.out.contains("status codes: 20000 2xx"), "{}", o.out);
+    }));
+    signal(&server, libc::SIGTERM);
+    let o = output(server, Duration::from_secs(30), "nghttpd");
+    println!(
+        "nghttpd:\n{}{}",
+        o.out,
+        &o.err[o.err.len().saturating_sub(3000)..]
+    );
+    drop(topo);
+    if let Err(p) = check {
+        std::panic::resume_unwind(p);
+    }
+    assert!(!o.err.contains("luna-preload:"), "shim errors: {}", o.err);
+}

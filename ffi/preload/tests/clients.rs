@@ -1,7 +1,8 @@
 //! Unmodified clients under `LD_PRELOAD=libluna-preload.so` on the tap topology, talking to
 //! kernel servers in the other namespace: `curl` (libcurl: non-blocking connect, `poll`)
-//! downloading from Python's HTTP server, and `redis-benchmark` (its own event loop over
-//! `epoll`, 20 connections) against `redis-server`.
+//! downloading from Python's HTTP server, `redis-benchmark` (its own event loop over
+//! `epoll`, 20 connections) against `redis-server`, and `h2load` (libev) against nghttp2's
+//! `nghttpd`.
 
 mod common;
 
@@ -18,6 +19,8 @@ fn curl_and_redis_benchmark_on_luna_talk_to_kernel_servers() {
         "/usr/bin/redis-server",
         "/usr/bin/redis-benchmark",
         "/usr/bin/redis-cli",
+        "/usr/sbin/nghttpd",
+        "/usr/bin/h2load",
     ]) {
         return;
     }
@@ -28,6 +31,7 @@ fn curl_and_redis_benchmark_on_luna_talk_to_kernel_servers() {
     std::fs::create_dir_all(&dir).unwrap();
     let body: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
     std::fs::write(dir.join("f.bin"), &body).unwrap();
+    std::fs::write(dir.join("h.bin"), &body[..16 << 10]).unwrap();
     let cfg = topo.state_dir().join("luna-preload-clients.toml");
     std::fs::write(&cfg, config(&tap)).expect("config");
     let kernel = tap.host.ip.to_string();
@@ -74,6 +78,15 @@ fn curl_and_redis_benchmark_on_luna_talk_to_kernel_servers() {
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let mut redis = redis.spawn().expect("redis-server");
+
+    let mut h2 = tap.host.command("nghttpd");
+    h2.args(["--no-tls", "-a", "0.0.0.0", "-d"])
+        .arg(&dir)
+        .arg("8001")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut h2 = h2.spawn().expect("nghttpd");
 
     let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // curl starts luna (its first socket); the tap's kernel side comes up meanwhile and
@@ -123,7 +136,30 @@ fn curl_and_redis_benchmark_on_luna_talk_to_kernel_servers() {
         tap.configure_host(Duration::from_secs(60)).expect("tap up");
         let o = output(c, Duration::from_secs(60), "redis-cli under the shim");
         assert_eq!(o.out.trim(), "20000", "{}", o.err);
+
+        // h2load (libev: epoll, eventfd, signalfd) on luna against the kernel's nghttpd:
+        // HTTP/2 without TLS, 8 connections, 10 streams each in flight.
+        let url = format!("http://{kernel}:8001/h.bin");
+        let h = spawn_under_shim(
+            &tap,
+            &cfg,
+            "/usr/bin/h2load",
+            &["-n", "4000", "-c", "8", "-m", "10", &url],
+        );
+        tap.configure_host(Duration::from_secs(60)).expect("tap up");
+        let o = output(h, Duration::from_secs(120), "h2load under the shim");
+        println!("h2load:\n{}{}", o.out, o.err);
+        assert!(
+            o.out
+                .contains("4000 succeeded, 0 failed, 0 errored, 0 timeout"),
+            "{}{}",
+            o.out,
+            o.err
+        );
+        assert!(o.out.contains("status codes: 4000 2xx"), "{}", o.out);
     }));
+    signal(&h2, libc::SIGTERM);
+    let _ = h2.wait();
     signal(&http, libc::SIGTERM);
     signal(&redis, libc::SIGTERM);
     let _ = http.wait();

@@ -189,6 +189,8 @@ impl<R: Rng> Stack<R> {
     /// hop is on its prefix) send from it. Routes are not touched (the mirror brings the
     /// kernel's on-link route of the address). `Ok(false)`: it was there already.
     pub fn add_address(&mut self, addr: Ipv4Cidr) -> Result<bool, LocalAddrError> {
+        // The receive checks' verdicts depend on the addresses.
+        self.rx_prefix.forget();
         self.addrs.add(addr)
     }
 
@@ -204,6 +206,7 @@ impl<R: Rng> Stack<R> {
     /// Counted in [`super::StackCounters::address_aborts`].
     pub fn remove_address(&mut self, now: Instant, ip: Ipv4Addr) -> Result<usize, LocalAddrError> {
         self.addrs.remove(ip)?;
+        self.rx_prefix.forget();
         // A connection's burst being cut into frames stops too: one decision per segment
         // would send nothing more from the address.
         self.run.cancel_from(ip);
@@ -252,6 +255,7 @@ impl<R: Rng> Stack<R> {
             aborted += self.remove_address(now, ip)?;
         }
         self.addrs = next;
+        self.rx_prefix.forget();
         Ok(aborted)
     }
 

@@ -7,9 +7,9 @@ use crate::tcp::conn::{Connection, Disposition, FourTuple};
 use crate::tcp::{SeqNum, State};
 use crate::time::Instant;
 use crate::wire::{
-    ArpOperation, ArpPacket, ArpRepr, EtherType, EthernetAddress, EthernetFrame, EthernetRepr,
-    Icmpv4DstUnreachable, Icmpv4Packet, Icmpv4Repr, IpProtocol, Ipv4Packet, Ipv4Repr, TcpFlags,
-    TcpOptions, TcpPacket, TcpRepr,
+    ArpOperation, ArpPacket, ArpRepr, ChecksumCaps, EtherType, EthernetAddress, EthernetFrame,
+    EthernetRepr, Icmpv4DstUnreachable, Icmpv4Packet, Icmpv4Repr, IpProtocol, Ipv4Packet, Ipv4Repr,
+    TcpFlags, TcpOptions, TcpPacket, TcpRepr,
 };
 use core::net::{Ipv4Addr, SocketAddrV4};
 use zbuf::{IoVec, Zbuf};
@@ -22,6 +22,13 @@ impl<R: Rng> Stack<R> {
     /// Process one received Ethernet frame. Anything malformed is dropped and counted.
     pub fn handle_frame(&mut self, now: Instant, frame: Zbuf) {
         self.counters.frames_in += 1;
+        // Header prediction below TCP: a frame whose Ethernet and IPv4 fields are those of
+        // the last TCP frame that passed every check here and in `on_ipv4` passes them
+        // again (see `RxPrefix`), so it goes straight to TCP.
+        if let Some((src, dst, l4_end)) = self.rx_prefix.matches(&frame, &self.cfg.caps) {
+            let src_mac = self.rx_prefix.src_mac();
+            return self.on_tcp(now, (src, dst), frame, RX_L4, l4_end, src_mac);
+        }
         // `parse` checks the length (as `new_checked` would).
         let eth = EthernetFrame::new_unchecked(&frame[..]);
         let Ok(eth_repr) = EthernetRepr::parse(&eth) else {
@@ -312,7 +319,12 @@ impl<R: Rng> Stack<R> {
         let l4 = ETH_LEN + pkt.header_len();
         let l4_end = l4 + ip.payload_len;
         match ip.protocol {
-            IpProtocol::Tcp => self.on_tcp(now, &ip, frame, l4, l4_end, src_mac),
+            IpProtocol::Tcp => {
+                if l4 == RX_L4 {
+                    self.rx_prefix.learn(&frame);
+                }
+                self.on_tcp(now, (ip.src_addr, ip.dst_addr), frame, l4, l4_end, src_mac)
+            }
             IpProtocol::Icmp => {
                 self.settle_rx_run(now);
                 self.on_icmp(now, &ip, &frame, l4, l4_end, src_mac)
@@ -422,7 +434,7 @@ impl<R: Rng> Stack<R> {
     pub(super) fn on_tcp(
         &mut self,
         now: Instant,
-        ip: &Ipv4Repr,
+        (src_ip, dst_ip): (Ipv4Addr, Ipv4Addr),
         mut frame: Zbuf,
         l4: usize,
         l4_end: usize,
@@ -430,7 +442,7 @@ impl<R: Rng> Stack<R> {
     ) {
         // `parse` checks the header and data offset (as `new_checked` would).
         let pkt = TcpPacket::new_unchecked(&frame[l4..l4_end]);
-        let Ok(seg) = TcpRepr::parse(&pkt, ip.src_addr, ip.dst_addr, &self.cfg.caps) else {
+        let Ok(seg) = TcpRepr::parse(&pkt, src_ip, dst_ip, &self.cfg.caps) else {
             return self.counters.drop(StackDrop::Malformed);
         };
         // `parse` checked l4 + header length <= l4_end; the IPv4 parse, l4_end <= len.
@@ -439,8 +451,8 @@ impl<R: Rng> Stack<R> {
         frame.advance(start);
         let payload = frame;
         let tuple = FourTuple {
-            local: SocketAddrV4::new(ip.dst_addr, seg.dst_port),
-            remote: SocketAddrV4::new(ip.src_addr, seg.src_port),
+            local: SocketAddrV4::new(dst_ip, seg.dst_port),
+            remote: SocketAddrV4::new(src_ip, seg.src_port),
         };
         let mut hit = match self.last_hit {
             Some((t, idx)) if t == tuple => Some(idx),
@@ -485,11 +497,11 @@ impl<R: Rng> Stack<R> {
                     && RxRun::may_start(&seg, payload.len())
                     && e.conn.state() == State::Established
                 {
-                    self.rx_run.start(idx, ip.src_addr, src_mac, &seg, payload);
+                    self.rx_run.start(idx, src_ip, src_mac, &seg, payload);
                     return;
                 }
                 let delivered = payload.len() as u32;
-                return self.conn_input(now, idx, ip.src_addr, src_mac, delivered, |c| {
+                return self.conn_input(now, idx, src_ip, src_mac, delivered, |c| {
                     c.on_segment_path(now, &seg, payload)
                 });
             }
@@ -655,6 +667,85 @@ impl<R: Rng> Stack<R> {
 pub(super) fn is_martian(a: Ipv4Addr) -> bool {
     let first = a.octets()[0];
     first == 0 || first == 127 || a.is_multicast() || a.is_broadcast()
+}
+
+/// Where TCP starts in a frame whose IPv4 header has no options.
+const RX_L4: usize = ETH_LEN + crate::wire::ipv4::HEADER_LEN;
+
+/// The Ethernet and IPv4 header of the last TCP frame that passed every check of
+/// `handle_frame` and `on_ipv4` (header prediction below TCP, as Linux's early demux
+/// remembers a socket's route): both MACs, the EtherType, version and IHL (5: no options),
+/// the protocol and both addresses. Each of those checks is a function of these fields and
+/// of the stack's MAC and local addresses alone, so a frame carrying the same ones passes
+/// them again; what else the checks read is checked again here: the length fields, the
+/// fragment bits and (when not offloaded) the header checksum. The stack's MAC never
+/// changes; a change of its addresses forgets the prefix ([`RxPrefix::forget`]).
+#[derive(Default)]
+pub(super) struct RxPrefix {
+    /// Frame bytes 0..15: destination and source MAC, EtherType, version and IHL.
+    head: [u8; 15],
+    /// Frame bytes 26..34: source and destination address (the protocol, byte 23, is TCP).
+    proto_addrs: [u8; 8],
+    valid: bool,
+}
+
+impl RxPrefix {
+    /// Remembers `frame`'s prefix (a TCP frame without IP options that passed every check).
+    #[inline]
+    pub(super) fn learn(&mut self, frame: &[u8]) {
+        if let (Some(h), Some(a)) = (frame.first_chunk::<15>(), frame.get(26..34)) {
+            self.head = *h;
+            self.proto_addrs.copy_from_slice(a);
+            self.valid = frame.get(23) == Some(&u8::from(IpProtocol::Tcp));
+        }
+    }
+
+    /// The addresses change: nothing is remembered.
+    pub(super) fn forget(&mut self) {
+        self.valid = false;
+    }
+
+    /// The source MAC of the remembered prefix.
+    #[inline]
+    pub(super) fn src_mac(&self) -> EthernetAddress {
+        let mut m = [0; 6];
+        m.copy_from_slice(&self.head[6..12]);
+        EthernetAddress(m)
+    }
+
+    /// `(source, destination, end of the IPv4 payload)` when `frame` carries the
+    /// remembered prefix and would pass `handle_frame`'s and `on_ipv4`'s checks: a whole
+    /// header, Total Length within the frame and at least the header, not a fragment
+    /// (MF clear, offset 0), and a valid header checksum unless offloaded.
+    #[inline]
+    pub(super) fn matches(
+        &self,
+        frame: &[u8],
+        caps: &ChecksumCaps,
+    ) -> Option<(Ipv4Addr, Ipv4Addr, usize)> {
+        if !self.valid {
+            return None;
+        }
+        let h = frame.first_chunk::<RX_L4>()?;
+        if h[..15] != self.head
+            || h[23] != u8::from(IpProtocol::Tcp)
+            || h[26..34] != self.proto_addrs
+        {
+            return None;
+        }
+        let total = usize::from(u16::from_be_bytes([h[16], h[17]]));
+        let flags = u16::from_be_bytes([h[20], h[21]]);
+        if total < crate::wire::ipv4::HEADER_LEN
+            || frame.len() - ETH_LEN < total
+            || flags & 0x3fff != 0
+            || (caps.ipv4.rx() && crate::wire::checksum::data(&h[ETH_LEN..]) != 0xffff)
+        {
+            return None;
+        }
+        let src = Ipv4Addr::new(h[26], h[27], h[28], h[29]);
+        let dst = Ipv4Addr::new(h[30], h[31], h[32], h[33]);
+        Some((src, dst, ETH_LEN + total))
+    }
 }
 
 /// Most segments one received run takes (`Stack::handle_frames`).

@@ -273,6 +273,9 @@ pub struct Stack<R: Rng> {
     /// Received segments of one connection held for one pass of its input
     /// ([`Stack::handle_frames`]; empty outside it).
     rx_run: ingress::RxRun,
+    /// The headers below TCP of the last TCP frame taken (header prediction in
+    /// `handle_frame`).
+    rx_prefix: ingress::RxPrefix,
     /// Inside [`Stack::handle_frames`]: TCP input may be held in `rx_run`.
     rx_coalesce: bool,
     events: VecDeque<Event>,
@@ -366,6 +369,7 @@ impl<R: Rng> Stack<R> {
             tcp_shared: Arc::new(tcp_shared),
             run: egress::SegRun::default(),
             rx_run: ingress::RxRun::default(),
+            rx_prefix: ingress::RxPrefix::default(),
             rx_coalesce: false,
             addrs: LocalAddrs::new(cfg.addr),
             cfg,

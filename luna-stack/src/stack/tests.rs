@@ -4386,3 +4386,167 @@ fn removing_an_address_stops_a_burst_from_it() {
         .count();
     assert_eq!(tcp, 0, "TCP frames from the removed address");
 }
+
+/// Header prediction below TCP (`RxPrefix`): a frame that differs from the remembered
+/// prefix in any one Ethernet or IPv4 field gets exactly what the full checks give it.
+/// Two identical connections, fed the same frames; the second stack forgets its prefix
+/// before each, so it always takes the full path: counters, frames sent and events equal.
+#[test]
+fn header_prediction_below_tcp_gives_every_frame_the_full_checks_verdict() {
+    for caps in [ChecksumCaps::default(), ChecksumCaps::offloaded()] {
+        let mk = || {
+            let (mut ca, mut cb) = (cfg(MAC_A, ip_a()), cfg(MAC_B, ip_b()));
+            ca.caps = caps;
+            cb.caps = caps;
+            let mut net = Net::new(ca, cb);
+            let (c, s) = connected(&mut net);
+            (net, c, s)
+        };
+        let (mut fast, c, s) = mk();
+        let (mut full, c2, s2) = mk();
+        assert_eq!((c, s), (c2, s2));
+        // A data segment from A, as A sends it.
+        let data = Zbuf::copy_from_slice(&pattern(300, 3));
+        fast.a.send(c, &data).unwrap();
+        let seg = fast.a.poll_transmit(fast.now).unwrap().to_vec();
+        assert!(
+            fast.b.rx_prefix.matches(&seg, &caps).is_some(),
+            "the handshake's last ACK taught B the prefix"
+        );
+        let fix_sum = |f: &mut Vec<u8>| {
+            if f.len() >= 34 && f[14] & 0x0f == 5 {
+                Ipv4Packet::new_unchecked(&mut f[14..34]).fill_checksum();
+            }
+        };
+        type Edit = Box<dyn Fn(&mut Vec<u8>)>;
+        let set = |at: usize, v: &'static [u8]| -> Edit {
+            Box::new(move |f: &mut Vec<u8>| f[at..at + v.len()].copy_from_slice(v))
+        };
+        let total = |n: u16| -> Edit {
+            Box::new(move |f: &mut Vec<u8>| f[16..18].copy_from_slice(&n.to_be_bytes()))
+        };
+        let len = seg.len() as u16 - 14;
+        let edits: Vec<(&str, Edit, bool)> = vec![
+            ("unchanged", Box::new(|_: &mut Vec<u8>| {}), true),
+            ("dst MAC another host", set(0, &[2, 0, 0, 0, 0, 9]), true),
+            ("dst MAC broadcast", set(0, &[0xff; 6]), true),
+            ("dst MAC multicast", set(0, &[1, 0, 0x5e, 0, 0, 1]), true),
+            ("src MAC group", set(6, &[3, 0, 0, 0, 0, 1]), true),
+            ("src MAC ours", set(6, &MAC_B.0), true),
+            ("src MAC another host", set(6, &[2, 0, 0, 0, 0, 7]), true),
+            ("ARP", set(12, &[8, 6]), true),
+            ("IPv6", set(12, &[0x86, 0xdd]), true),
+            ("version 6", set(14, &[0x65]), true),
+            ("IHL 4", set(14, &[0x44]), true),
+            ("IHL 6", set(14, &[0x46]), false),
+            ("DSCP and ECN", set(15, &[0xb9]), true),
+            ("total beyond the frame", total(len + 1), true),
+            ("total short of the TCP header", total(30), true),
+            ("total 19", total(19), true),
+            ("total 20", total(20), true),
+            ("total one short", total(len - 1), true),
+            ("ident", set(18, &[0xab, 0xcd]), true),
+            ("MF", set(20, &[0x20, 0]), true),
+            ("offset", set(20, &[0, 1]), true),
+            ("DF clear", set(20, &[0, 0]), true),
+            ("reserved flag", set(20, &[0xc0, 0]), true),
+            ("TTL 0", set(22, &[0]), true),
+            ("UDP", set(23, &[17]), true),
+            ("ICMP", set(23, &[1]), true),
+            ("bad checksum", set(24, &[0xde, 0xad]), false),
+            ("src this network", set(26, &[0, 1, 2, 3]), true),
+            ("src loopback", set(26, &[127, 0, 0, 1]), true),
+            ("src multicast", set(26, &[224, 0, 0, 1]), true),
+            ("src broadcast", set(26, &[255; 4]), true),
+            ("src subnet broadcast", set(26, &[198, 18, 0, 255]), true),
+            ("src subnet address", set(26, &[198, 18, 0, 0]), true),
+            ("src ours", set(26, &[198, 18, 0, 2]), true),
+            ("src another host", set(26, &[198, 18, 0, 9]), true),
+            ("dst another host", set(30, &[198, 18, 0, 9]), true),
+            ("dst subnet broadcast", set(30, &[198, 18, 0, 255]), true),
+            ("dst broadcast", set(30, &[255; 4]), true),
+            ("dst multicast", set(30, &[224, 0, 0, 1]), true),
+        ];
+        let mut sent = 0;
+        for (what, edit, fix) in &edits {
+            for cut in [None, Some(33), Some(34), Some(53)] {
+                let mut f = seg.clone();
+                edit(&mut f);
+                if *fix {
+                    fix_sum(&mut f);
+                }
+                if let Some(n) = cut {
+                    f.truncate(n);
+                }
+                full.b.rx_prefix.forget();
+                let now = fast.now;
+                fast.b.handle_frame(now, Zbuf::copy_from_slice(&f));
+                full.b.handle_frame(now, Zbuf::copy_from_slice(&f));
+                assert_eq!(fast.b.counters(), full.b.counters(), "{what}, cut {cut:?}");
+                let out = |s: &mut Stack<FakeRng>| {
+                    std::iter::from_fn(|| s.poll_transmit(now))
+                        .map(|t| t.to_vec())
+                        .collect::<Vec<_>>()
+                };
+                let (o1, o2) = (out(&mut fast.b), out(&mut full.b));
+                sent += o1.len();
+                assert_eq!(o1, o2, "{what}, cut {cut:?}");
+                assert_eq!(
+                    events(&mut fast.b),
+                    events(&mut full.b),
+                    "{what}, cut {cut:?}"
+                );
+            }
+        }
+        // The unchanged segment was taken (and acknowledged or a duplicate ACKed).
+        assert!(sent > 0);
+        let mut got = 0;
+        while let Ok(Some(b)) = fast.b.recv(s) {
+            got += b.len();
+        }
+        assert_eq!(got, 300);
+    }
+}
+
+/// A change of the local addresses forgets the prefix: a frame to a removed address is
+/// not for us any more, although it carries the prefix remembered a moment ago.
+#[test]
+fn header_prediction_below_tcp_forgets_a_removed_address() {
+    let mut net = Net::pair();
+    let extra = Ipv4Addr::new(198, 18, 0, 50);
+    net.b
+        .add_address(Ipv4Cidr::new(extra, 24).unwrap())
+        .unwrap();
+    // A SYN from A to the extra address's closed port 9: full checks, then a RST.
+    let tuple = FourTuple {
+        local: SocketAddrV4::new(ip_a(), 40000),
+        remote: SocketAddrV4::new(extra, 9),
+    };
+    let repr = TcpRepr {
+        src_port: 40000,
+        dst_port: 9,
+        seq: SeqNum(1),
+        ack: SeqNum(0),
+        flags: TcpFlags::SYN,
+        window: 1000,
+        urgent: 0,
+        options: TcpOptions::default(),
+    };
+    let f = net.a.build_tcp(&repr, IoVec::new(), tuple, MAC_B).to_vec();
+    net.b.handle_frame(t(0), Zbuf::copy_from_slice(&f));
+    assert_eq!(net.b.counters().drops(StackDrop::NoSocket), 1);
+    assert!(net.b.rx_prefix.matches(&f, &net.b.cfg.caps).is_some());
+    net.b.remove_address(t(0), extra).unwrap();
+    net.b.handle_frame(t(0), Zbuf::copy_from_slice(&f));
+    assert_eq!(net.b.counters().drops(StackDrop::NoSocket), 1);
+    assert_eq!(net.b.counters().drops(StackDrop::NotForUs), 1);
+    // Added again (set_addresses), then replaced by another set: forgotten again.
+    net.b
+        .set_addresses(t(0), &[Ipv4Cidr::new(extra, 24).unwrap()])
+        .unwrap();
+    net.b.handle_frame(t(0), Zbuf::copy_from_slice(&f));
+    assert_eq!(net.b.counters().drops(StackDrop::NoSocket), 2);
+    net.b.set_addresses(t(0), &[]).unwrap();
+    net.b.handle_frame(t(0), Zbuf::copy_from_slice(&f));
+    assert_eq!(net.b.counters().drops(StackDrop::NotForUs), 2);
+}

@@ -9,6 +9,7 @@ use crate::tables::neighbour::Resolution;
 use crate::tcp::conn::{FourTuple, OutSegment};
 use crate::time::Instant;
 use crate::wire::checksum::{self, Accumulator};
+use crate::wire::tcp::kind as tcp_kind;
 use crate::wire::{
     ArpOperation, ArpPacket, ArpRepr, ChecksumCaps, EtherType, EthernetAddress, EthernetFrame,
     EthernetRepr, Icmpv4Message, Icmpv4Packet, IpProtocol, Ipv4Packet, Ipv4Repr, TcpFlags,
@@ -588,8 +589,16 @@ fn burst_flags(flags: TcpFlags) -> TcpFlags {
     TcpFlags(flags.0 & !(TcpFlags::PSH.0 | TcpFlags::FIN.0))
 }
 
-/// Length of a [`HeaderTemplate`]: the Ethernet and IPv4 headers.
+/// Length of a [`HeaderTemplate`]'s Ethernet and IPv4 headers.
 const TMPL_LEN: usize = ETH_LEN + IP_LEN;
+
+/// Length of the TCP part of a [`HeaderTemplate`]: the fixed header and the timestamps
+/// option (NOP, NOP, kind, length, two values), what every segment of a connection with
+/// timestamps carries outside loss recovery.
+const TCP_TMPL_LEN: usize = 20 + 12;
+
+/// The whole template: Ethernet, IPv4 and TCP with the timestamps option.
+const FULL_TMPL_LEN: usize = TMPL_LEN + TCP_TMPL_LEN;
 
 /// A connection's Ethernet + IPv4 header, precomputed once its next hop's MAC is known:
 /// addresses, EtherType, version/IHL, DSCP/ECN, DF, TTL and protocol are fixed for the
@@ -597,14 +606,17 @@ const TMPL_LEN: usize = ETH_LEN + IP_LEN;
 /// identification and, when done in software, the header checksum, which is the fixed
 /// part's sum plus those two words (RFC 1071 §2: the sum is commutative and associative).
 /// The TCP pseudo-header sum's address and protocol part is kept too; only the TCP length
-/// is added per segment. Rebuilt when the next hop's MAC changes; our MAC, addresses and
-/// checksum capabilities do not change for a connection's life. Every frame built from
-/// a template is compared with [`Stack::build_tcp`]'s in debug builds (the test suite).
+/// is added per segment. The TCP header follows in the same array, as far as it is fixed:
+/// the ports, the data offset and the option kinds of a segment whose only option is
+/// timestamps (any other option set is written over it). Rebuilt when the next hop's MAC
+/// changes; our MAC, addresses and checksum capabilities do not change for a connection's
+/// life. Every frame built from a template is compared with [`Stack::build_tcp`]'s in debug
+/// builds (the test suite).
 #[derive(Clone, Copy)]
 pub(super) struct HeaderTemplate {
     /// The next hop the Ethernet destination was built for.
     pub(super) dst_mac: EthernetAddress,
-    bytes: [u8; TMPL_LEN],
+    bytes: [u8; FULL_TMPL_LEN],
     /// Folded sum of the IPv4 header with total length, ident and checksum zero.
     ip_sum: u16,
     /// Folded pseudo-header sum (addresses, protocol) with a zero TCP length.
@@ -616,7 +628,7 @@ impl Default for HeaderTemplate {
     fn default() -> Self {
         HeaderTemplate {
             dst_mac: EthernetAddress([0; 6]),
-            bytes: [0; TMPL_LEN],
+            bytes: [0; FULL_TMPL_LEN],
             ip_sum: 0,
             pseudo_sum: 0,
         }
@@ -633,7 +645,7 @@ impl HeaderTemplate {
         (ttl, dscp): (u8, u8),
     ) -> Self {
         let (src, dst) = (*tuple.local.ip(), *tuple.remote.ip());
-        let mut bytes = [0u8; TMPL_LEN];
+        let mut bytes = [0u8; FULL_TMPL_LEN];
         EthernetRepr {
             src_addr: src_mac,
             dst_addr: dst_mac,
@@ -646,10 +658,17 @@ impl HeaderTemplate {
         ip.ident = 0;
         ip.ttl = ttl;
         ip.dscp = dscp;
-        let mut pkt = Ipv4Packet::new_unchecked(&mut bytes[ETH_LEN..]);
+        let mut pkt = Ipv4Packet::new_unchecked(&mut bytes[ETH_LEN..TMPL_LEN]);
         ip.emit(&mut pkt, &ChecksumCaps::offloaded());
         pkt.set_total_len(0);
-        let ip_sum = checksum::data(&bytes[ETH_LEN..]);
+        let ip_sum = checksum::data(&bytes[ETH_LEN..TMPL_LEN]);
+        // The TCP header of a segment with the timestamps option only; sequence and
+        // acknowledgment numbers, flags, window, checksum and the option's values zero.
+        const T: usize = TMPL_LEN;
+        bytes[T..T + 2].copy_from_slice(&tuple.local.port().to_be_bytes());
+        bytes[T + 2..T + 4].copy_from_slice(&tuple.remote.port().to_be_bytes());
+        bytes[T + 12] = ((TCP_TMPL_LEN / 4) as u8) << 4;
+        bytes[T + 20..T + 24].copy_from_slice(&TS_KINDS);
         HeaderTemplate {
             dst_mac,
             bytes,
@@ -675,12 +694,33 @@ impl HeaderTemplate {
     /// and then copied, one `memcpy` per frame).
     #[inline(never)]
     fn build(&self, repr: &TcpRepr, payload: IoVec, ident: u16, caps: &ChecksumCaps) -> Transmit {
-        let tcp_hlen = repr.header_len();
+        // The template's ports are the connection's, and luna sends no urgent data: the
+        // template's fields stand for the segment's.
+        debug_assert_eq!(
+            (repr.src_port, repr.dst_port, repr.urgent),
+            (
+                u16::from_be_bytes([self.bytes[TMPL_LEN], self.bytes[TMPL_LEN + 1]]),
+                u16::from_be_bytes([self.bytes[TMPL_LEN + 2], self.bytes[TMPL_LEN + 3]]),
+                0
+            )
+        );
+        let opts = &repr.options;
+        // The template's option set: timestamps alone (`TcpOptions::emit`'s fast case).
+        let ts_only = opts.mss.is_none()
+            && opts.window_scale.is_none()
+            && !opts.sack_permitted
+            && opts.sack_blocks.is_empty()
+            && opts.timestamps.is_some();
+        let tcp_hlen = if ts_only {
+            TCP_TMPL_LEN
+        } else {
+            repr.header_len()
+        };
         let tcp_len = tcp_hlen + payload.len();
         let len = TMPL_LEN + tcp_hlen;
         let total = u16::try_from(IP_LEN + tcp_len).expect("IPv4 datagram longer than 65535 bytes");
         let mut header = [0; MAX_HEADER_LEN];
-        header[..TMPL_LEN].copy_from_slice(&self.bytes);
+        header[..FULL_TMPL_LEN].copy_from_slice(&self.bytes);
         {
             let mut ip = Ipv4Packet::new_unchecked(&mut header[ETH_LEN..TMPL_LEN]);
             ip.set_total_len(total);
@@ -691,19 +731,23 @@ impl HeaderTemplate {
             }
         }
         // The TCP fixed header (RFC 9293 §3.1) at constant offsets of the fixed-size array
-        // (no bounds checks per field), what `TcpRepr::emit_header` writes; the checksum
-        // field stays zero until filled below.
+        // (no bounds checks per field), what `TcpRepr::emit_header` writes; ports and
+        // urgent pointer come with the template, and the checksum field stays zero until
+        // filled below.
         const T: usize = TMPL_LEN;
-        header[T..T + 2].copy_from_slice(&repr.src_port.to_be_bytes());
-        header[T + 2..T + 4].copy_from_slice(&repr.dst_port.to_be_bytes());
         header[T + 4..T + 8].copy_from_slice(&repr.seq.0.to_be_bytes());
         header[T + 8..T + 12].copy_from_slice(&repr.ack.0.to_be_bytes());
-        header[T + 12] = ((tcp_hlen / 4) as u8) << 4;
         header[T + 13] = repr.flags.0;
         header[T + 14..T + 16].copy_from_slice(&repr.window.to_be_bytes());
-        header[T + 18..T + 20].copy_from_slice(&repr.urgent.to_be_bytes());
-        let written = repr.options.emit(&mut header[T + 20..len]);
-        debug_assert_eq!(20 + written, tcp_hlen);
+        if let (true, Some(ts)) = (ts_only, opts.timestamps) {
+            // The option's kinds are in the template.
+            header[T + 24..T + 28].copy_from_slice(&ts.tsval.to_be_bytes());
+            header[T + 28..T + 32].copy_from_slice(&ts.tsecr.to_be_bytes());
+        } else {
+            header[T + 12] = ((tcp_hlen / 4) as u8) << 4;
+            let written = opts.emit(&mut header[T + 20..len]);
+            debug_assert_eq!(20 + written, tcp_hlen);
+        }
         if caps.tcp.tx() {
             let mut acc = Accumulator::new();
             for chunk in payload.chunks() {
@@ -730,3 +774,6 @@ impl HeaderTemplate {
         }
     }
 }
+
+/// The timestamps option's first bytes as sent (RFC 7323 Appendix A's layout).
+const TS_KINDS: [u8; 4] = [tcp_kind::NOP, tcp_kind::NOP, tcp_kind::TIMESTAMPS, 10];

@@ -148,6 +148,9 @@ impl<R: Rng> Stack<R> {
             let mut seg = OutSegment::default();
             // (`held` is tested before it is taken: taking a `None` still moves the slot.)
             let parked = e.held.is_some();
+            // An established connection's lone ACK (`poll_pure_ack`): after it the
+            // connection has nothing to send (no `nothing_to_send` test below).
+            let mut ack_only = false;
             let got = if parked && !e.conn.is_closed() {
                 seg = e.held.take().expect("tested above");
                 true
@@ -158,12 +161,17 @@ impl<R: Rng> Stack<R> {
                 if parked {
                     e.held = None;
                 }
-                // Every retransmission is made here: the stack-wide total is kept as they
-                // are made, so reading it does not walk the connections.
-                let before = e.conn.counters.retransmits;
-                let got = e.conn.poll_burst_into(now, &mut seg, burst);
-                self.counters.tcp_retransmits += e.conn.counters.retransmits - before;
-                got
+                if e.conn.poll_pure_ack(now, &mut seg) {
+                    ack_only = true;
+                    true
+                } else {
+                    // Every retransmission is made here: the stack-wide total is kept as
+                    // they are made, so reading it does not walk the connections.
+                    let before = e.conn.counters.retransmits;
+                    let got = e.conn.poll_burst_general(now, &mut seg, burst);
+                    self.counters.tcp_retransmits += e.conn.counters.retransmits - before;
+                    got
+                }
             };
             if !got {
                 e.dirty = false;
@@ -245,7 +253,8 @@ impl<R: Rng> Stack<R> {
             }
             // The last segment of the burst: leave the dirty list now rather than on one
             // more `poll_segment` that would find nothing (its timer work is done).
-            if e.conn.nothing_to_send() {
+            if ack_only || e.conn.nothing_to_send() {
+                debug_assert!(e.conn.nothing_to_send());
                 e.dirty = false;
                 self.dirty.pop_front();
             }

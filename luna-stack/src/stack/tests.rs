@@ -3640,6 +3640,35 @@ fn a_burst_puts_the_same_frames_on_the_wire_as_one_decision_per_segment() {
     }
 }
 
+/// The pure-ACK fast path (`Connection::poll_pure_ack`, which `poll_transmit` tries
+/// before the general output logic and after which it skips `nothing_to_send`) sends the
+/// ACK the general path would: the scripted exchange (delayed and immediate ACKs, small
+/// windows, Nagle, losses, one segment per decision and bursts, frame-by-frame and
+/// coalesced input) puts the same frames on the wire, byte for byte and in order, with it
+/// on and off.
+#[test]
+fn the_pure_ack_fast_path_puts_the_same_frames_on_the_wire_as_the_general_path() {
+    use crate::tcp::conn::{PURE_ACK_FAST_PATH, PURE_ACK_HITS};
+    for (nagle, rcv_buf, lose) in SCRIPT_CASES {
+        for (burst, coalesce) in [(1, false), (16, false), (16, true)] {
+            let hits = PURE_ACK_HITS.with(core::cell::Cell::get);
+            let (fast, ..) = io_script(burst, coalesce, nagle, rcv_buf, lose);
+            let taken = PURE_ACK_HITS.with(core::cell::Cell::get) - hits;
+            assert!(taken > 0, "the fast path sent no ACK");
+            PURE_ACK_FAST_PATH.with(|c| c.set(false));
+            let (general, ..) = io_script(burst, coalesce, nagle, rcv_buf, lose);
+            PURE_ACK_FAST_PATH.with(|c| c.set(true));
+            let case = format!(
+                "burst {burst} coalesce {coalesce} nagle {nagle} rcv_buf {rcv_buf} lose {lose:?}"
+            );
+            assert_eq!(fast.len(), general.len(), "frames, {case}");
+            for (i, (x, y)) in fast.iter().zip(&general).enumerate() {
+                assert!(x == y, "frame {i} differs ({case}): {:?} / {:?}", x.0, y.0);
+            }
+        }
+    }
+}
+
 /// A burst that waits for ARP (the next hop's entry went away) is held whole and cut into
 /// frames once the neighbour answers: every byte arrives, in frames that fit the MTU.
 #[test]

@@ -1070,6 +1070,8 @@ impl Connection {
 
 mod input;
 mod output;
+#[cfg(test)]
+pub(crate) use output::{PURE_ACK_FAST_PATH, PURE_ACK_HITS};
 mod timers;
 mod tlp;
 mod undo;

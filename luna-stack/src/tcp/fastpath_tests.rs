@@ -525,6 +525,32 @@ fn header_prediction_is_invisible_in_randomized_runs() {
     );
 }
 
+/// The pure-ACK fast path of the output (`Connection::poll_pure_ack`) is invisible too:
+/// the randomized runs give the same segments, in the same order, and the same final
+/// states with it on and off.
+#[test]
+fn the_pure_ack_fast_path_is_invisible_in_randomized_runs() {
+    use super::{PURE_ACK_FAST_PATH, PURE_ACK_HITS};
+    let mut taken = 0;
+    for seed in 0..128u64 {
+        let sc = Scenario::random(seed);
+        let hits = PURE_ACK_HITS.with(core::cell::Cell::get);
+        let (fast, a_fast, b_fast) = Sim::new(&sc, true).run();
+        taken += PURE_ACK_HITS.with(core::cell::Cell::get) - hits;
+        PURE_ACK_FAST_PATH.with(|c| c.set(false));
+        let (general, a_gen, b_gen) = Sim::new(&sc, true).run();
+        PURE_ACK_FAST_PATH.with(|c| c.set(true));
+        if let Some(e) = difference(seed, &fast, &general) {
+            panic!("pure-ACK fast path: {e}\nscenario: {sc:?}");
+        }
+        assert!(
+            a_fast == a_gen && b_fast == b_gen,
+            "seed {seed}: delivered bytes differ"
+        );
+    }
+    assert!(taken > 0, "the fast path sent no ACK");
+}
+
 #[test]
 fn randomized_runs_deliver_every_byte() {
     for seed in [3u64, 11, 29] {

@@ -15,6 +15,15 @@ pub(super) enum Rexmit {
     Probe,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Whether [`Connection::poll_pure_ack`] may take its fast path: tests turn it off to
+    /// compare it with the general path.
+    pub(crate) static PURE_ACK_FAST_PATH: core::cell::Cell<bool> = const { core::cell::Cell::new(true) };
+    /// How many ACKs the fast path sent on this thread (tests).
+    pub(crate) static PURE_ACK_HITS: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
+}
+
 /// Header bytes of the timestamps option as emitted (NOP, NOP, kind, length, 8 bytes).
 const TS_OPTION_LEN: u32 = 12;
 
@@ -43,6 +52,71 @@ impl Connection {
         self.poll_burst_into(now, out, 1)
     }
 
+    /// The pure-ACK fast path of [`poll_burst_into`](Self::poll_burst_into): when an
+    /// established connection's only output is the ACK that is due (no data, FIN, RST,
+    /// retransmission, probe, duplicate ACK or SACK information to send), writes that
+    /// ACK's header into `out.repr`, with what `poll_burst_into` does after it, and returns
+    /// true; `out` must hold no payload and no burst (a fresh [`OutSegment`]). It is the
+    /// segment the general path would send, by the same steps: after it
+    /// [`nothing_to_send`](Self::nothing_to_send) is true. Otherwise it returns false and
+    /// changes nothing.
+    #[inline]
+    pub(crate) fn poll_pure_ack(&mut self, now: Instant, out: &mut OutSegment) -> bool {
+        debug_assert!(out.payload.is_empty() && out.burst_piece == 0);
+        #[cfg(test)]
+        if !PURE_ACK_FAST_PATH.with(core::cell::Cell::get) {
+            return false;
+        }
+        // What `next_segment` tests before it reaches `ack_segment_if_due`, for the
+        // ESTABLISHED state with nothing but the ACK to send; and `data_options` adds no
+        // SACK blocks.
+        if !(self.ack_now
+            && self.state == State::Established
+            && self.rst_pending.is_none()
+            && self.dupacks_owed == 0
+            && self.rexmit_now.is_none()
+            && !self.send_window_probe
+            && !self.send_keepalive
+            && !self.send_tlp
+            && self.recovery.is_none()
+            && self.snd_nxt == self.snd_max
+            && !self.sndq.end().gt(self.snd_nxt)
+            && !self.fin_queued
+            && !(self.sack_ok && self.ooo.has_sack_info()))
+        {
+            return false;
+        }
+        #[cfg(test)]
+        PURE_ACK_HITS.with(|c| c.set(c.get() + 1));
+        // `segment`: the options, the window, the header.
+        let timestamps = self.ts.map(|ts| Timestamps {
+            tsval: self.ts_clock(now, ts.offset),
+            tsecr: ts.recent,
+        });
+        let window = self.advertise_window(false);
+        out.repr = TcpRepr {
+            src_port: self.tuple.local.port(),
+            dst_port: self.tuple.remote.port(),
+            seq: self.seq_for_control(),
+            ack: self.rcv_nxt,
+            flags: TcpFlags::ACK,
+            window,
+            urgent: 0,
+            options: TcpOptions {
+                timestamps,
+                ..TcpOptions::default()
+            },
+        };
+        // `poll_burst_into` after a pure ACK (no sequence space, no SACK blocks, no
+        // duplicate ACK owed).
+        self.counters.segs_out += 1;
+        self.ack_now = false;
+        self.timers.clear(Timer::DelayedAck);
+        self.last_ack_sent = self.rcv_nxt;
+        self.arm_timers(now);
+        true
+    }
+
     /// [`poll_segment_into`](Self::poll_segment_into) that may return a burst of up to
     /// `max_segs` segments of new data from one send decision ([`TcpConfig::send_burst`]
     /// is what the stack passes): then `out.burst_piece()` is the payload bytes per
@@ -54,6 +128,22 @@ impl Connection {
     /// [`TcpConfig::send_burst`]: crate::tcp::TcpConfig::send_burst
     #[must_use]
     pub fn poll_burst_into(&mut self, now: Instant, out: &mut OutSegment, max_segs: u32) -> bool {
+        out.burst_piece = 0;
+        if out.payload.is_empty() && self.poll_pure_ack(now, out) {
+            return true;
+        }
+        self.poll_burst_general(now, out, max_segs)
+    }
+
+    /// [`poll_burst_into`](Self::poll_burst_into) without the pure-ACK fast path (the
+    /// stack tries [`poll_pure_ack`](Self::poll_pure_ack) first itself).
+    #[inline]
+    pub(crate) fn poll_burst_general(
+        &mut self,
+        now: Instant,
+        out: &mut OutSegment,
+        max_segs: u32,
+    ) -> bool {
         out.burst_piece = 0;
         if !self.next_segment(now, out, max_segs) {
             self.arm_timers(now);

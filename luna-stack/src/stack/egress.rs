@@ -699,10 +699,82 @@ impl HeaderTemplate {
 
     /// The frame of one segment with IP identification `ident`: the same bytes and offload
     /// metadata as [`Stack::build_tcp`] makes. Not inlined: as its own function it writes
-    /// the frame into the caller's return slot (inlined, the frame was built in a local
-    /// and then copied, one `memcpy` per frame).
+    /// the frame into the caller's return slot. The usual segment (timestamps its only
+    /// option, the TCP checksum left to the device) is built here with every write at a
+    /// constant offset, so the header never lives in memory of its own (it is written
+    /// where the caller receives it); any other goes to [`build_general`](Self::build_general).
     #[inline(never)]
     fn build(&self, repr: &TcpRepr, payload: IoVec, ident: u16, caps: &ChecksumCaps) -> Transmit {
+        let opts = &repr.options;
+        let ts = match opts.timestamps {
+            Some(ts)
+                if opts.mss.is_none()
+                    && opts.window_scale.is_none()
+                    && !opts.sack_permitted
+                    && opts.sack_blocks.is_empty()
+                    && !caps.tcp.tx() =>
+            {
+                ts
+            }
+            _ => return self.build_general(repr, payload, ident, caps),
+        };
+        // The template's ports are the connection's, and luna sends no urgent data: the
+        // template's fields stand for the segment's.
+        debug_assert_eq!(
+            (repr.src_port, repr.dst_port, repr.urgent),
+            (
+                u16::from_be_bytes([self.bytes[TMPL_LEN], self.bytes[TMPL_LEN + 1]]),
+                u16::from_be_bytes([self.bytes[TMPL_LEN + 2], self.bytes[TMPL_LEN + 3]]),
+                0
+            )
+        );
+        let tcp_len = TCP_TMPL_LEN + payload.len();
+        let total = u16::try_from(IP_LEN + tcp_len).expect("IPv4 datagram longer than 65535 bytes");
+        let mut header = [0; MAX_HEADER_LEN];
+        header[..FULL_TMPL_LEN].copy_from_slice(&self.bytes);
+        // IPv4 total length, identification and (in software) checksum.
+        const I: usize = ETH_LEN;
+        header[I + 2..I + 4].copy_from_slice(&total.to_be_bytes());
+        header[I + 4..I + 6].copy_from_slice(&ident.to_be_bytes());
+        if caps.ipv4.tx() {
+            let sum = checksum::add(checksum::add(self.ip_sum, total), ident);
+            header[I + 10..I + 12].copy_from_slice(&(!sum).to_be_bytes());
+        }
+        // The TCP header (RFC 9293 §3.1): ports, data offset, option kinds and urgent
+        // pointer come with the template.
+        const T: usize = TMPL_LEN;
+        header[T + 4..T + 8].copy_from_slice(&repr.seq.0.to_be_bytes());
+        header[T + 8..T + 12].copy_from_slice(&repr.ack.0.to_be_bytes());
+        header[T + 13] = repr.flags.0;
+        header[T + 14..T + 16].copy_from_slice(&repr.window.to_be_bytes());
+        // `tcp_len` < 65536 (checked above), so one word is the whole length.
+        let sum = checksum::add(self.pseudo_sum, tcp_len as u16);
+        header[T + 16..T + 18].copy_from_slice(&sum.to_be_bytes());
+        header[T + 24..T + 28].copy_from_slice(&ts.tsval.to_be_bytes());
+        header[T + 28..T + 32].copy_from_slice(&ts.tsecr.to_be_bytes());
+        Transmit {
+            header,
+            header_len: FULL_TMPL_LEN as u8,
+            payload,
+            offload: TxOffload {
+                l2_len: ETH_LEN as u8,
+                l3_len: IP_LEN as u8,
+                l4_len: TCP_TMPL_LEN as u8,
+                ipv4_checksum: !caps.ipv4.tx(),
+                tcp_checksum: true,
+            },
+        }
+    }
+
+    /// [`build`](Self::build) for any option set and checksum capabilities.
+    #[inline(never)]
+    fn build_general(
+        &self,
+        repr: &TcpRepr,
+        payload: IoVec,
+        ident: u16,
+        caps: &ChecksumCaps,
+    ) -> Transmit {
         // The template's ports are the connection's, and luna sends no urgent data: the
         // template's fields stand for the segment's.
         debug_assert_eq!(

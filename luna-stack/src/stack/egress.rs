@@ -117,7 +117,7 @@ impl<R: Rng> Stack<R> {
     #[must_use]
     #[inline]
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
-        if self.ctl.is_empty() && self.dirty.is_empty() && self.run.rest.is_empty() {
+        if self.ctl.is_empty() && self.dirty.is_empty() && self.run.is_idle() {
             return None;
         }
         self.poll_transmit_slow(now)
@@ -126,7 +126,7 @@ impl<R: Rng> Stack<R> {
     /// [`poll_transmit`](Self::poll_transmit) when a control frame or a connection waits.
     #[inline(never)]
     fn poll_transmit_slow(&mut self, now: Instant) -> Option<Transmit> {
-        if !self.run.rest.is_empty() {
+        if !self.run.is_idle() {
             self.counters.frames_out += 1;
             self.counters.burst_frames += 1;
             return Some(self.run.next_frame(&self.cfg.caps));
@@ -269,7 +269,10 @@ impl<R: Rng> Stack<R> {
             let e = self.slots[idx as usize].entry.as_deref().expect("present");
             let tmpl = e.tmpl.as_ref().expect("built above");
             if piece != 0 {
-                return Some(self.run.start(tmpl, seg, ident, &caps));
+                // (`seg` moved apart: nothing of it is dropped after the call, which
+                // then writes the frame into the return slot.)
+                let OutSegment { repr, payload, .. } = seg;
+                return Some(self.run.start(tmpl, &repr, payload, piece, ident, &caps));
             }
             // Built in the return slot (no move of the frame).
             return Some(tmpl.build(&seg.repr, seg.payload, ident, &caps));
@@ -531,8 +534,14 @@ pub(super) struct SegRun {
     repr: TcpRepr,
     /// Sequence number of the next frame's first byte.
     seq: crate::wire::SeqNum,
-    /// The payload still to send; the run is over when it is empty.
-    pub(super) rest: IoVec,
+    /// Payload bytes still to send; the run is over when it is 0.
+    left: usize,
+    /// The payload still to send when it is one buffer (a message written at once, the
+    /// common case): each frame's piece is cut off it, and its io-vector made, without
+    /// the io-vector's locate and drain.
+    one: Option<Zbuf>,
+    /// Otherwise the payload still to send.
+    rest: IoVec,
     /// Payload bytes per frame.
     piece: usize,
     /// The next frame's IP identification.
@@ -542,48 +551,75 @@ pub(super) struct SegRun {
 }
 
 impl SegRun {
-    /// Takes burst `seg` (of `seg.burst_piece` bytes per frame; the run is idle) and
-    /// returns its first frame, with IP identification `ident`; the rest follow from
-    /// [`next_frame`](Self::next_frame). Out of line: the one-segment path pays nothing
-    /// for it.
+    /// Whether no burst is being sent.
+    #[inline]
+    pub(super) fn is_idle(&self) -> bool {
+        self.left == 0
+    }
+
+    /// Takes the burst of header `repr` and payload `first` (of `piece` bytes per frame;
+    /// the run is idle) and returns its first frame, with IP identification `ident`; the
+    /// rest follow from [`next_frame`](Self::next_frame). Out of line: the one-segment
+    /// path pays nothing for it.
     #[inline(never)]
     fn start(
         &mut self,
         tmpl: &HeaderTemplate,
-        mut seg: OutSegment,
+        repr: &TcpRepr,
+        mut first: IoVec,
+        piece: u32,
         ident: u16,
         caps: &ChecksumCaps,
     ) -> Transmit {
-        debug_assert!(self.rest.is_empty(), "a burst while one is being sent");
-        let piece = seg.burst_piece as usize;
-        self.rest = seg.payload.split_off(piece);
-        self.last_flags = seg.repr.flags;
-        seg.repr.flags = burst_flags(self.last_flags);
+        debug_assert!(self.is_idle(), "a burst while one is being sent");
+        let piece = piece as usize;
+        self.left = first.len() - piece;
+        if let [z] = first.segments() {
+            // The rest by reference to the same buffer; the first frame keeps the
+            // segment's own reference.
+            self.one = Some(z.slice(piece..));
+            first.truncate(piece);
+        } else {
+            self.rest = first.split_off(piece);
+        }
+        self.last_flags = repr.flags;
+        self.repr = *repr;
+        self.repr.flags = burst_flags(self.last_flags);
         self.tmpl = *tmpl;
-        self.seq = seg.repr.seq + piece as u32;
+        self.seq = repr.seq + piece as u32;
         self.piece = piece;
         self.ident = ident.wrapping_add(1);
-        let first = tmpl.build(&seg.repr, seg.payload, ident, caps);
-        self.repr = seg.repr;
-        first
+        tmpl.build(&self.repr, first, ident, caps)
     }
 
     /// Drops the frames still to send if they come from local address `ip` (which is
     /// being removed: a frame from an address no longer ours would be spoofed).
     pub(super) fn cancel_from(&mut self, ip: Ipv4Addr) {
-        if !self.rest.is_empty() && self.tmpl.source() == ip {
+        if !self.is_idle() && self.tmpl.source() == ip {
             self.rest = IoVec::new();
+            self.one = None;
+            self.left = 0;
         }
     }
 
-    /// The next frame; the caller checked that `rest` is not empty.
+    /// The next frame; the caller checked that the run is not idle.
     fn next_frame(&mut self, caps: &ChecksumCaps) -> Transmit {
-        let n = self.piece.min(self.rest.len());
-        let payload = if n == self.rest.len() {
+        let n = self.piece.min(self.left);
+        let last = n == self.left;
+        if last {
             self.repr.flags = self.last_flags;
-            core::mem::take(&mut self.rest)
+        }
+        self.left -= n;
+        let payload = if last {
+            match self.one.take() {
+                Some(z) => IoVec::from(z),
+                None => core::mem::take(&mut self.rest),
+            }
         } else {
-            self.rest.split_to(n)
+            match &mut self.one {
+                Some(z) => IoVec::from(z.split_to(n)),
+                None => self.rest.split_to(n),
+            }
         };
         self.repr.seq = self.seq;
         self.seq += n as u32;

@@ -894,6 +894,6 @@ impl<R: Rng> Stack<R> {
     /// cut into frames), so a poll loop can skip the call on idle iterations.
     #[inline]
     pub fn may_transmit(&self) -> bool {
-        !self.ctl.is_empty() || !self.dirty.is_empty() || !self.run.rest.is_empty()
+        !self.ctl.is_empty() || !self.dirty.is_empty() || !self.run.is_idle()
     }
 }

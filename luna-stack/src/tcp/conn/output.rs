@@ -327,6 +327,7 @@ impl Connection {
     /// The window to advertise, never moving the right edge left (RFC 9293 §3.8.6.2.2,
     /// RFC 7323 §2.4) and growing it only in steps of min(rcv_buf/2, MSS) (receiver SWS
     /// avoidance, RFC 9293 §3.8.6.2.2).
+    #[inline(always)]
     pub(super) fn advertise_window(&mut self, syn: bool) -> u16 {
         let cur_edge = self.rcv_nxt + self.rcv_wnd();
         let threshold = (self.cfg.rcv_buf / 2).min(self.snd_mss).max(1);
@@ -379,6 +380,21 @@ impl Connection {
 
     #[inline]
     pub(super) fn segment_with(
+        &mut self,
+        now: Instant,
+        seq: SeqNum,
+        flags: TcpFlags,
+        payload: IoVec,
+        options: TcpOptions,
+        out: &mut OutSegment,
+    ) {
+        self.segment_with_inlined(now, seq, flags, payload, options, out);
+    }
+
+    /// [`segment_with`](Self::segment_with), always inlined: new data's segment is
+    /// written where the stack keeps it.
+    #[inline(always)]
+    fn segment_with_inlined(
         &mut self,
         _now: Instant,
         seq: SeqNum,
@@ -761,7 +777,7 @@ impl Connection {
             // RFC 8985 §7.2: new data sent restarts the probe timeout.
             self.arm_pto(now);
         }
-        self.segment_with(now, seq, flags, payload, opts, out);
+        self.segment_with_inlined(now, seq, flags, payload, opts, out);
         if len > max_payload {
             out.burst_piece = max_payload;
         }

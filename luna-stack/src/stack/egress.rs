@@ -278,10 +278,12 @@ impl<R: Rng> Stack<R> {
             let e = self.slots[idx as usize].entry.as_deref().expect("present");
             let tmpl = e.tmpl.as_ref().expect("built above");
             if piece != 0 {
-                // (`seg` moved apart: nothing of it is dropped after the call, which
-                // then writes the frame into the return slot.)
-                let OutSegment { repr, payload, .. } = seg;
-                return Some(self.run.start(tmpl, &repr, payload, piece, ident, &caps));
+                // (The payload moved out of `seg`: nothing of it is dropped after the
+                // call, which then writes the frame into the return slot.)
+                return Some(
+                    self.run
+                        .start(tmpl, &seg.repr, seg.payload, piece, ident, &caps),
+                );
             }
             // Built in the return slot (no move of the frame).
             return Some(tmpl.build(&seg.repr, seg.payload, ident, &caps));

@@ -70,8 +70,12 @@ impl Connection {
         // What `next_segment` tests before it reaches `ack_segment_if_due`, for the
         // ESTABLISHED state with nothing but the ACK to send; and `data_options` adds no
         // SACK blocks.
+        // (New data first: a response that carries the ACK it owes fails there.)
         if !(self.ack_now
+            && !self.sndq.end().gt(self.snd_nxt)
             && self.state == State::Established
+            && self.snd_nxt == self.snd_max
+            && !self.fin_queued
             && self.rst_pending.is_none()
             && self.dupacks_owed == 0
             && self.rexmit_now.is_none()
@@ -79,9 +83,6 @@ impl Connection {
             && !self.send_keepalive
             && !self.send_tlp
             && self.recovery.is_none()
-            && self.snd_nxt == self.snd_max
-            && !self.sndq.end().gt(self.snd_nxt)
-            && !self.fin_queued
             && !(self.sack_ok && self.ooo.has_sack_info()))
         {
             return false;

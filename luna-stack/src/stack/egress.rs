@@ -591,6 +591,7 @@ impl SegRun {
             self.one = Some(z.slice(piece..));
             first.truncate(piece);
         } else {
+            self.one = None;
             self.rest = first.split_off(piece);
         }
         self.last_flags = repr.flags;

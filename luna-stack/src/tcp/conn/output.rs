@@ -291,6 +291,13 @@ impl Connection {
     /// built where the segment's header takes them.
     #[inline]
     pub(super) fn data_options(&mut self, now: Instant) -> TcpOptions {
+        self.data_options_inlined(now)
+    }
+
+    /// [`data_options`](Self::data_options), always inlined: new data's options are
+    /// built where its segment's header takes them.
+    #[inline(always)]
+    fn data_options_inlined(&mut self, now: Instant) -> TcpOptions {
         let mut opts = TcpOptions::default();
         if let Some(ts) = self.ts {
             opts.timestamps = Some(Timestamps {
@@ -502,6 +509,7 @@ impl Connection {
     }
 
     /// Largest payload that fits in one segment next to `opts`.
+    #[inline(always)]
     pub(super) fn max_payload(&self, opts: &TcpOptions) -> u32 {
         // Data segments carry at most timestamps and SACK blocks; without blocks the length
         // is known without walking the options.
@@ -587,6 +595,7 @@ impl Connection {
     }
 
     /// Bytes considered in the network, for the congestion-window check.
+    #[inline(always)]
     pub(super) fn flight(&self) -> u32 {
         match self.recovery {
             Some(_) if self.sack_ok => self.sb.pipe(),
@@ -691,7 +700,7 @@ impl Connection {
         } else {
             0
         };
-        let opts = self.data_options(now);
+        let opts = self.data_options_inlined(now);
         let max_payload = self.max_payload(&opts);
         // A burst: new data only (going back N after an RTO, each segment skips what the
         // peer SACKed), outside recovery, and without SACK blocks (a D-SACK is reported

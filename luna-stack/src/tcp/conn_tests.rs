@@ -1367,6 +1367,35 @@ fn rfc5681_3_2_three_dupacks_trigger_fast_retransmit_and_recovery_exits() {
     assert_eq!(c.counters.rtos, 0);
 }
 
+/// RFC 5681 §4.1: data sent after an idle period longer than the RTO starts from the
+/// restart window, min(IW, cwnd); after one of exactly the RTO the window is kept (the
+/// sender asks the congestion control only past the RTO).
+#[test]
+fn rfc5681_4_1_the_window_restarts_only_after_an_idle_period_longer_than_the_rto() {
+    for (extra_ns, restarts) in [(0u64, false), (1, true)] {
+        let mut c = established();
+        c.send(&zb(&pattern(1460 * 30, 1))).unwrap();
+        let mut now = t(2);
+        // Slow start beyond the initial window, then nothing outstanding.
+        loop {
+            let out = poll_all(&mut c, now);
+            if out.is_empty() {
+                break;
+            }
+            now += Duration::from_millis(1);
+            c.on_segment(now, &ack_seg(PEER_ISS + 1, c.snd_max.0, 65535), zb(&[]));
+        }
+        assert_eq!(c.snd_una, c.snd_max, "everything acknowledged");
+        let cwnd = c.cwnd();
+        assert!(cwnd > 1460 * 10, "cwnd {cwnd} above IW10");
+        c.send(&zb(&pattern(1460 * 30, 2))).unwrap();
+        let at = Instant::from_nanos(c.last_send.as_nanos() + c.rtt.rto_nanos() + extra_ns);
+        assert!(!poll_all(&mut c, at).is_empty());
+        let want = if restarts { 1460 * 10 } else { cwnd };
+        assert_eq!(c.cwnd(), want, "idle RTO + {extra_ns} ns");
+    }
+}
+
 #[test]
 fn rfc3042_limited_transmit_without_sack_sends_one_new_segment_per_dupack() {
     let mut c = established();

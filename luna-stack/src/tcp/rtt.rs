@@ -307,6 +307,12 @@ impl RttEstimator {
         Duration::from_nanos(self.rto_ns)
     }
 
+    /// [`rto`](Self::rto) in nanoseconds.
+    #[inline]
+    pub fn rto_nanos(&self) -> u64 {
+        self.rto_ns
+    }
+
     /// `rto()` computed from the estimator's state and `cfg` (RFC 6298 §5.5 back-off, §2.5
     /// cap), not from the cache: for checking the cache (the connection compares the two
     /// on every RTO read in debug builds).

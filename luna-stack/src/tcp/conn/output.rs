@@ -677,8 +677,10 @@ impl Connection {
         // idle, SWS and Nagle tests below are about this.
         let unacked = self.snd_nxt != self.snd_una;
         // RFC 5681 §4.1: after an idle period longer than the RTO, restart from the
-        // restart window.
-        if !unacked {
+        // restart window. The congestion control is asked only then (in nanoseconds, what
+        // its `idle > rto` test compares): otherwise `on_idle_restart` changes nothing.
+        let idle_ns = now.as_nanos().saturating_sub(self.last_send.as_nanos());
+        if !unacked && idle_ns > self.rtt.rto_nanos() {
             self.cc.on_idle_restart(
                 now,
                 now.saturating_duration_since(self.last_send),

@@ -75,6 +75,9 @@ impl SendQueue {
     }
 
     /// The bytes `[seq, seq + max)` clipped to the queue, as references into the queued buffers.
+    /// Inlined: the sender's common case is a few tests and one reference; the rest is
+    /// [`slice_spanning`](Self::slice_spanning).
+    #[inline]
     pub(crate) fn slice(&mut self, seq: SeqNum, max: usize) -> IoVec {
         // Fast path, in-order sending: the bytes lie in the cursor's buffer (all `max` of
         // them, or the rest of the queue when it is the last buffer). The cursor is at or
@@ -91,6 +94,13 @@ impl SendQueue {
                 }
             }
         }
+        self.slice_spanning(seq, max)
+    }
+
+    /// [`slice`](Self::slice) outside the cursor's buffer: bytes in several buffers, before
+    /// the cursor, or out of range.
+    #[inline(never)]
+    fn slice_spanning(&mut self, seq: SeqNum, max: usize) -> IoVec {
         let mut out = IoVec::new();
         if seq.lt(self.head) || !seq.lt(self.end()) || max == 0 {
             return out;

@@ -10,6 +10,7 @@ use crate::tcp::conn::{FourTuple, OutSegment};
 use crate::time::Instant;
 use crate::wire::checksum::{self, Accumulator};
 use crate::wire::tcp::kind as tcp_kind;
+use crate::wire::Timestamps;
 use crate::wire::{
     ArpOperation, ArpPacket, ArpRepr, ChecksumCaps, EtherType, EthernetAddress, EthernetFrame,
     EthernetRepr, Icmpv4Message, Icmpv4Packet, IpProtocol, Ipv4Packet, Ipv4Repr, TcpFlags,
@@ -286,6 +287,12 @@ impl<R: Rng> Stack<R> {
                 );
             }
             // Built in the return slot (no move of the frame).
+            if ack_only && !caps.tcp.tx() {
+                // The fast path's ACK has no option but timestamps (when they are on).
+                if let Some(ts) = seg.repr.options.timestamps {
+                    return Some(tmpl.build_ts(&seg.repr, ts, seg.payload, ident, &caps));
+                }
+            }
             return Some(tmpl.build(&seg.repr, seg.payload, ident, &caps));
         }
         // A control frame queued while the connections were served (none is, today) must
@@ -559,6 +566,9 @@ pub(super) struct SegRun {
     ident: u16,
     /// The burst's flags, which the last frame carries.
     last_flags: TcpFlags,
+    /// The segments' timestamps when they are of the template's kind
+    /// ([`HeaderTemplate::build_ts`]).
+    ts: Option<Timestamps>,
 }
 
 impl SegRun {
@@ -601,6 +611,7 @@ impl SegRun {
         self.seq = repr.seq + piece as u32;
         self.piece = piece;
         self.ident = ident.wrapping_add(1);
+        self.ts = HeaderTemplate::ts_only(&self.repr, caps);
         tmpl.build(&self.repr, first, ident, caps)
     }
 
@@ -637,7 +648,10 @@ impl SegRun {
         self.seq += n as u32;
         let ident = self.ident;
         self.ident = ident.wrapping_add(1);
-        self.tmpl.build(&self.repr, payload, ident, caps)
+        match self.ts {
+            Some(ts) => self.tmpl.build_ts(&self.repr, ts, payload, ident, caps),
+            None => self.tmpl.build(&self.repr, payload, ident, caps),
+        }
     }
 }
 
@@ -753,8 +767,34 @@ impl HeaderTemplate {
     /// where the caller receives it); any other goes to [`build_general`](Self::build_general).
     #[inline(never)]
     fn build(&self, repr: &TcpRepr, payload: IoVec, ident: u16, caps: &ChecksumCaps) -> Transmit {
+        match Self::ts_only(repr, caps) {
+            Some(ts) => self.build_ts_inlined(repr, ts, payload, ident, caps),
+            None => self.build_general(repr, payload, ident, caps),
+        }
+    }
+
+    /// [`build`](Self::build) of a segment known to be the template's kind (timestamps
+    /// `ts` its only option, the TCP checksum left to the device): a burst's later frames
+    /// and the pure-ACK fast path's ACK skip the test.
+    #[inline(never)]
+    fn build_ts(
+        &self,
+        repr: &TcpRepr,
+        ts: Timestamps,
+        payload: IoVec,
+        ident: u16,
+        caps: &ChecksumCaps,
+    ) -> Transmit {
+        debug_assert!(Self::ts_only(repr, caps) == Some(ts));
+        self.build_ts_inlined(repr, ts, payload, ident, caps)
+    }
+
+    /// The timestamps of `repr` if it is a segment of the template's kind: timestamps its
+    /// only option, the TCP checksum left to the device.
+    #[inline(always)]
+    fn ts_only(repr: &TcpRepr, caps: &ChecksumCaps) -> Option<Timestamps> {
         let opts = &repr.options;
-        let ts = match opts.timestamps {
+        match opts.timestamps {
             Some(ts)
                 if opts.mss.is_none()
                     && opts.window_scale.is_none()
@@ -762,10 +802,22 @@ impl HeaderTemplate {
                     && opts.sack_blocks.is_empty()
                     && !caps.tcp.tx() =>
             {
-                ts
+                Some(ts)
             }
-            _ => return self.build_general(repr, payload, ident, caps),
-        };
+            _ => None,
+        }
+    }
+
+    /// The body of [`build`](Self::build) for the template's kind of segment.
+    #[inline(always)]
+    fn build_ts_inlined(
+        &self,
+        repr: &TcpRepr,
+        ts: Timestamps,
+        payload: IoVec,
+        ident: u16,
+        caps: &ChecksumCaps,
+    ) -> Transmit {
         // The template's ports are the connection's, and luna sends no urgent data: the
         // template's fields stand for the segment's.
         debug_assert_eq!(

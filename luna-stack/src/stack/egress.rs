@@ -612,7 +612,10 @@ impl SegRun {
         self.piece = piece;
         self.ident = ident.wrapping_add(1);
         self.ts = HeaderTemplate::ts_only(&self.repr, caps);
-        tmpl.build(&self.repr, first, ident, caps)
+        match self.ts {
+            Some(ts) => tmpl.build_ts(&self.repr, ts, first, ident, caps),
+            None => tmpl.build(&self.repr, first, ident, caps),
+        }
     }
 
     /// Drops the frames still to send if they come from local address `ip` (which is

@@ -408,7 +408,20 @@ impl<R: Rng> Stack<R> {
     }
 
     /// Run every timer due at `now`.
+    ///
+    /// Inlined test first: a driver calls this on every turn of its loop, and most turns
+    /// find the earliest deadline still ahead.
+    #[inline]
     pub fn handle_timeouts(&mut self, now: Instant) {
+        if self.timers.nothing_due(now) {
+            return;
+        }
+        self.handle_due_timeouts(now);
+    }
+
+    /// [`handle_timeouts`](Self::handle_timeouts) when a deadline may be due.
+    #[inline(never)]
+    fn handle_due_timeouts(&mut self, now: Instant) {
         while let Some((idx, gen)) = self.timers.pop_due(now) {
             let slot = &mut self.slots[idx as usize];
             if slot.gen != gen {

@@ -162,6 +162,16 @@ impl TimerQueue {
         None
     }
 
+    /// Whether nothing is due at `now`: the heap's first entry, live or stale, is later
+    /// (or there is none), so [`pop_due`](Self::pop_due) would hand out nothing. Stale
+    /// entries ahead of `now` stay until they come due or [`next`](Self::next) passes.
+    #[inline]
+    pub(super) fn nothing_due(&self, now: Instant) -> bool {
+        self.heap
+            .peek()
+            .is_none_or(|&Reverse((t, _, _))| t.as_nanos() > now.as_nanos())
+    }
+
     /// The next connection (slot, generation) whose deadline is due at `now`; its entry
     /// leaves the heap (the caller runs it and schedules it again). An entry that comes
     /// due for a connection that since wants a later time (or none) is moved there

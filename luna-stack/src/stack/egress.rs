@@ -257,7 +257,7 @@ impl<R: Rng> Stack<R> {
             }
             // The connection's header template, (re)built when the next hop's MAC is not
             // the one it was made for.
-            if e.tmpl.as_ref().is_none_or(|t| t.dst_mac != mac) {
+            if e.tmpl.as_ref().is_none_or(|t| t.dst_mac() != mac) {
                 let ip = (self.cfg.ttl, e.dscp);
                 e.tmpl = Some(HeaderTemplate::new(self.cfg.mac, mac, e.conn.tuple(), ip));
             }
@@ -688,8 +688,8 @@ const FULL_TMPL_LEN: usize = TMPL_LEN + TCP_TMPL_LEN;
 /// builds (the test suite).
 #[derive(Clone, Copy)]
 pub(super) struct HeaderTemplate {
-    /// The next hop the Ethernet destination was built for.
-    pub(super) dst_mac: EthernetAddress,
+    /// The frame's first bytes; the Ethernet destination (bytes 0..6) is the next hop the
+    /// template was built for ([`dst_mac`](Self::dst_mac)).
     bytes: [u8; FULL_TMPL_LEN],
     /// Folded sum of the IPv4 header with total length, ident and checksum zero.
     ip_sum: u16,
@@ -701,7 +701,6 @@ impl Default for HeaderTemplate {
     /// All zero: the placeholder of an idle [`SegRun`], never built from.
     fn default() -> Self {
         HeaderTemplate {
-            dst_mac: EthernetAddress([0; 6]),
             bytes: [0; FULL_TMPL_LEN],
             ip_sum: 0,
             pseudo_sum: 0,
@@ -744,11 +743,18 @@ impl HeaderTemplate {
         bytes[T + 12] = ((TCP_TMPL_LEN / 4) as u8) << 4;
         bytes[T + 20..T + 24].copy_from_slice(&TS_KINDS);
         HeaderTemplate {
-            dst_mac,
             bytes,
             ip_sum,
             pseudo_sum: checksum::pseudo_header_v4(src, dst, u8::from(IpProtocol::Tcp), 0),
         }
+    }
+
+    /// The next hop the template was built for: its frames' Ethernet destination.
+    #[inline]
+    pub(super) fn dst_mac(&self) -> EthernetAddress {
+        let mut m = [0; 6];
+        m.copy_from_slice(&self.bytes[..6]);
+        EthernetAddress(m)
     }
 
     /// The IPv4 source address of the template's frames.

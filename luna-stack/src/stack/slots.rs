@@ -23,33 +23,43 @@ pub(super) enum Owner {
     Released,
 }
 
+/// `repr(C)` for its layout: the connection, then the fields the per-segment paths touch
+/// in two cache lines (the next-hop MAC cache, owner, queue shares, next hop, header
+/// template, IP identification, dirty flag: 127 bytes from a line boundary, since
+/// `Connection` is line-aligned and a whole number of lines), then the cold ones. At
+/// thousands of connections each line is a cache miss per segment
+/// (`hot_fields_of_an_entry_fill_two_cache_lines` pins it).
+#[repr(C)]
 pub(super) struct Entry {
     pub(super) conn: Connection,
-    pub(super) owner: Owner,
-    pub(super) dirty: bool,
-    /// The link-layer next hop and our source address, from the route at creation.
-    pub(super) next_hop: Ipv4Addr,
-    /// A segment polled while the next hop was unresolved (sent once it resolves).
-    pub(super) held: Option<OutSegment>,
-    /// Counted in its listener's `half_open` (created by the listener, handshake not yet
-    /// complete). The flag, not the state at reclaim time, decides the decrement: a
-    /// SYN-RECEIVED connection that times out or is reset is Closed when it is freed.
-    pub(super) counted_half_open: bool,
     /// The next hop's MAC as last resolved (see [`NextHopMac`]).
     pub(super) hop_mac: Option<NextHopMac>,
+    pub(super) owner: Owner,
+    /// This connection's queue shares of [`Stack::held`] as last synced (the rest of
+    /// its share is in `acct_rest`).
+    pub(super) acct_q: AcctQueues,
+    /// The link-layer next hop and our source address, from the route at creation.
+    pub(super) next_hop: Ipv4Addr,
     /// The Ethernet + IPv4 header of this connection's segments, built for the next-hop
     /// MAC it names (see [`HeaderTemplate`](super::egress::HeaderTemplate)).
     pub(super) tmpl: Option<super::egress::HeaderTemplate>,
-    /// This connection's share of [`Stack::held`] as last synced.
-    pub(super) acct: Acct,
     /// The IPv4 identification of this connection's last segment. Per connection, from a
     /// keyed hash of the tuple: one stack-wide counter would tell anyone who sees two
     /// flows how much luna sends (RFC 7739 §5, the idle-scan zombie); every segment has
     /// DF set, so the value only has to be there (RFC 6864 §4.1).
     pub(super) ip_ident: u16,
+    pub(super) dirty: bool,
     /// The DiffServ codepoint of this connection's segments, set by the application
     /// (RFC 9293 MUST-48; 0 until then).
     pub(super) dscp: u8,
+    /// Counted in its listener's `half_open` (created by the listener, handshake not yet
+    /// complete). The flag, not the state at reclaim time, decides the decrement: a
+    /// SYN-RECEIVED connection that times out or is reset is Closed when it is freed.
+    pub(super) counted_half_open: bool,
+    /// The rest of this connection's share of [`Stack::held`] as last synced.
+    acct_rest: AcctRest,
+    /// A segment polled while the next hop was unresolved (sent once it resolves).
+    pub(super) held: Option<OutSegment>,
 }
 
 impl Entry {
@@ -65,11 +75,54 @@ impl Entry {
             counted_half_open: matches!(owner, Owner::Listener(_)),
             hop_mac: None,
             tmpl: None,
-            acct: Acct::default(),
+            acct_q: AcctQueues::default(),
+            acct_rest: AcctRest::default(),
             ip_ident,
             dscp: 0,
         }
     }
+
+    /// Its share of [`Stack::held`] as last synced.
+    fn acct(&self) -> Acct {
+        let (q, r) = (self.acct_q, self.acct_rest);
+        Acct {
+            dup: r.dup,
+            ooo: r.ooo,
+            rcvq: q.rcvq,
+            sndq: q.sndq,
+            time_wait: r.time_wait,
+        }
+    }
+
+    /// Records `a` as its share, synced; returns the share it replaces.
+    fn replace_acct(&mut self, a: Acct) -> Acct {
+        let old = self.acct();
+        self.acct_q = AcctQueues {
+            rcvq: a.rcvq,
+            sndq: a.sndq,
+        };
+        self.acct_rest = AcctRest {
+            dup: a.dup,
+            ooo: a.ooo,
+            time_wait: a.time_wait,
+        };
+        old
+    }
+}
+
+/// The part of [`Acct`] the per-segment paths change: the queue shares.
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub(super) struct AcctQueues {
+    rcvq: u32,
+    sndq: u32,
+}
+
+/// The rest of [`Acct`], changed only by a full sync.
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+struct AcctRest {
+    dup: u64,
+    ooo: u32,
+    time_wait: bool,
 }
 
 /// A connection's share of what the stack holds ([`Held`]), as last counted.
@@ -104,7 +157,7 @@ impl Acct {
 #[inline(never)]
 fn account_entry(held: &mut Held, counters: &mut StackCounters, e: &mut Entry) {
     let now = Acct::of(&e.conn);
-    let old = core::mem::replace(&mut e.acct, now);
+    let old = e.replace_acct(now);
     counters.dup_bytes_in += now.dup - old.dup;
     held.ooo_bytes = held.ooo_bytes + u64::from(now.ooo) - u64::from(old.ooo);
     held.rcvq_bytes = held.rcvq_bytes + u64::from(now.rcvq) - u64::from(old.rcvq);
@@ -255,7 +308,7 @@ impl<R: Rng> Stack<R> {
         if let Some(e) = slot.entry.take() {
             self.retired.accumulate(&e.conn.counters);
             // Its share of what the stack holds goes with it.
-            let a = e.acct;
+            let a = e.acct();
             let h = &mut self.held;
             h.ooo_bytes -= u64::from(a.ooo);
             h.rcvq_bytes -= u64::from(a.rcvq);
@@ -449,7 +502,7 @@ pub(super) fn predicted_account(
     delivered: u32,
     acked: bool,
 ) {
-    let a = &mut e.acct;
+    let a = &mut e.acct_q;
     if delivered > 0 {
         grow(
             &mut a.rcvq,
@@ -463,7 +516,7 @@ pub(super) fn predicted_account(
         shrink(&mut a.sndq, &mut held.sndq_bytes, gone);
     }
     debug_assert_eq!(
-        e.acct,
+        e.acct(),
         Acct::of(&e.conn),
         "a predicted segment changed more"
     );
@@ -535,13 +588,13 @@ pub(super) fn queued(
 ) {
     mark_entry(dirty, e, idx);
     grow(
-        &mut e.acct.sndq,
+        &mut e.acct_q.sndq,
         &mut held.sndq_bytes,
         &mut hw.held.sndq_bytes,
         n as u32,
     );
     debug_assert_eq!(
-        e.acct,
+        e.acct(),
         Acct::of(&e.conn),
         "send changed more than its queue"
     );
@@ -552,9 +605,9 @@ pub(super) fn queued(
 #[inline(always)]
 pub(super) fn taken(dirty: &mut VecDeque<u32>, held: &mut Held, e: &mut Entry, idx: u32, n: usize) {
     mark_entry(dirty, e, idx);
-    shrink(&mut e.acct.rcvq, &mut held.rcvq_bytes, n as u32);
+    shrink(&mut e.acct_q.rcvq, &mut held.rcvq_bytes, n as u32);
     debug_assert_eq!(
-        e.acct,
+        e.acct(),
         Acct::of(&e.conn),
         "a read changed more than its queue"
     );
@@ -589,4 +642,53 @@ pub(super) fn schedule_entry(
     gen: u32,
 ) {
     timers.schedule(idx, gen, e.conn.poll_timeout());
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::Entry;
+    use core::mem::{align_of, offset_of, size_of};
+
+    /// The fields the per-segment paths touch (receive: `hop_mac`, `owner`, `acct_q`,
+    /// `next_hop`, `dirty`; transmit: `hop_mac`, `tmpl`, `ip_ident`, `dirty`) lie in the
+    /// two cache lines after the connection, which ends on a line boundary; the cold ones
+    /// come after them. One line more per segment is one more miss per segment when
+    /// thousands of connections take turns.
+    #[test]
+    fn hot_fields_of_an_entry_fill_two_cache_lines() {
+        let conn_end = size_of::<crate::tcp::conn::Connection>();
+        assert_eq!(align_of::<Entry>() % 64, 0);
+        assert_eq!(
+            conn_end % 64,
+            0,
+            "the connection is a whole number of lines"
+        );
+        assert_eq!(
+            offset_of!(Entry, hop_mac),
+            conn_end,
+            "the hot part starts the line"
+        );
+        let hot_end = offset_of!(Entry, dirty) + 1;
+        for (name, at) in [
+            ("owner", offset_of!(Entry, owner)),
+            ("acct_q", offset_of!(Entry, acct_q)),
+            ("next_hop", offset_of!(Entry, next_hop)),
+            ("tmpl", offset_of!(Entry, tmpl)),
+            ("ip_ident", offset_of!(Entry, ip_ident)),
+        ] {
+            assert!(at >= conn_end && at < hot_end, "{name} at {at}");
+        }
+        assert!(
+            hot_end <= conn_end + 128,
+            "the hot fields end at {hot_end}, more than two lines after {conn_end}"
+        );
+        for (name, at) in [
+            ("dscp", offset_of!(Entry, dscp)),
+            ("counted_half_open", offset_of!(Entry, counted_half_open)),
+            ("acct_rest", offset_of!(Entry, acct_rest)),
+            ("held", offset_of!(Entry, held)),
+        ] {
+            assert!(at >= hot_end, "cold {name} at {at} among the hot fields");
+        }
+    }
 }

@@ -802,19 +802,36 @@ impl HeaderTemplate {
     /// only option, the TCP checksum left to the device.
     #[inline(always)]
     fn ts_only(repr: &TcpRepr, caps: &ChecksumCaps) -> Option<Timestamps> {
-        let opts = &repr.options;
-        match opts.timestamps {
-            Some(ts)
-                if opts.mss.is_none()
-                    && opts.window_scale.is_none()
-                    && !opts.sack_permitted
-                    && opts.sack_blocks.is_empty()
-                    && !caps.tcp.tx() =>
-            {
-                Some(ts)
-            }
-            _ => None,
+        Self::ts_option_only(&repr.options).filter(|_| !caps.tcp.tx())
+    }
+
+    /// The timestamps of `opts` if they are its only option: the template's option set
+    /// (`TcpOptions::emit`'s fast case).
+    #[inline(always)]
+    fn ts_option_only(opts: &crate::wire::TcpOptions) -> Option<Timestamps> {
+        if opts.mss.is_none()
+            && opts.window_scale.is_none()
+            && !opts.sack_permitted
+            && opts.sack_blocks.is_empty()
+        {
+            opts.timestamps
+        } else {
+            None
         }
+    }
+
+    /// Debug builds: `repr`'s ports are the template's, and it has no urgent data (luna
+    /// sends none), so the template's fields stand for the segment's.
+    #[inline(always)]
+    fn debug_check_fixed_fields(&self, repr: &TcpRepr) {
+        debug_assert_eq!(
+            (repr.src_port, repr.dst_port, repr.urgent),
+            (
+                u16::from_be_bytes([self.bytes[TMPL_LEN], self.bytes[TMPL_LEN + 1]]),
+                u16::from_be_bytes([self.bytes[TMPL_LEN + 2], self.bytes[TMPL_LEN + 3]]),
+                0
+            )
+        );
     }
 
     /// The body of [`build`](Self::build) for the template's kind of segment.
@@ -827,16 +844,7 @@ impl HeaderTemplate {
         ident: u16,
         caps: &ChecksumCaps,
     ) -> Transmit {
-        // The template's ports are the connection's, and luna sends no urgent data: the
-        // template's fields stand for the segment's.
-        debug_assert_eq!(
-            (repr.src_port, repr.dst_port, repr.urgent),
-            (
-                u16::from_be_bytes([self.bytes[TMPL_LEN], self.bytes[TMPL_LEN + 1]]),
-                u16::from_be_bytes([self.bytes[TMPL_LEN + 2], self.bytes[TMPL_LEN + 3]]),
-                0
-            )
-        );
+        self.debug_check_fixed_fields(repr);
         let tcp_len = TCP_TMPL_LEN + payload.len();
         let total = u16::try_from(IP_LEN + tcp_len).expect("IPv4 datagram longer than 65535 bytes");
         let mut header = [0; MAX_HEADER_LEN];
@@ -885,24 +893,10 @@ impl HeaderTemplate {
         ident: u16,
         caps: &ChecksumCaps,
     ) -> Transmit {
-        // The template's ports are the connection's, and luna sends no urgent data: the
-        // template's fields stand for the segment's.
-        debug_assert_eq!(
-            (repr.src_port, repr.dst_port, repr.urgent),
-            (
-                u16::from_be_bytes([self.bytes[TMPL_LEN], self.bytes[TMPL_LEN + 1]]),
-                u16::from_be_bytes([self.bytes[TMPL_LEN + 2], self.bytes[TMPL_LEN + 3]]),
-                0
-            )
-        );
+        self.debug_check_fixed_fields(repr);
         let opts = &repr.options;
-        // The template's option set: timestamps alone (`TcpOptions::emit`'s fast case).
-        let ts_only = opts.mss.is_none()
-            && opts.window_scale.is_none()
-            && !opts.sack_permitted
-            && opts.sack_blocks.is_empty()
-            && opts.timestamps.is_some();
-        let tcp_hlen = if ts_only {
+        let ts_only = Self::ts_option_only(opts);
+        let tcp_hlen = if ts_only.is_some() {
             TCP_TMPL_LEN
         } else {
             repr.header_len()
@@ -930,7 +924,7 @@ impl HeaderTemplate {
         header[T + 8..T + 12].copy_from_slice(&repr.ack.0.to_be_bytes());
         header[T + 13] = repr.flags.0;
         header[T + 14..T + 16].copy_from_slice(&repr.window.to_be_bytes());
-        if let (true, Some(ts)) = (ts_only, opts.timestamps) {
+        if let Some(ts) = ts_only {
             // The option's kinds are in the template.
             header[T + 24..T + 28].copy_from_slice(&ts.tsval.to_be_bytes());
             header[T + 28..T + 32].copy_from_slice(&ts.tsecr.to_be_bytes());

@@ -146,42 +146,54 @@ fn batch_echo_two_cores_each_side() {
     assert_eq!(c.iter().map(|r| r.stats.connected).sum::<u64>(), 16);
 }
 
-#[test]
-fn batch_api_errors() {
-    // Calls on the wrong kind of socket answer with errno-style errors, never panic.
+/// Runs `calls` once on a one-core batch runtime (the server side of a pair whose peer
+/// never answers), stops it, and returns what the calls returned.
+fn calls_once<T: Send + 'static>(
+    calls: impl Fn(&mut Sockets<'_>) -> Vec<T> + Send + Sync + 'static,
+) -> Vec<T> {
     let (server, _client) = pair(1, 1, |_| {});
     let out = Arc::new(Mutex::new(Vec::new()));
     let o = out.clone();
+    let calls = Arc::new(calls);
     let rt = Runtime::spawn_batch(server, opts(), move |_| {
-        let o = o.clone();
+        let (o, calls) = (o.clone(), calls.clone());
         let mut ran = false;
         move |s: &mut Sockets<'_>| {
-            if ran {
-                return;
+            if !ran {
+                ran = true;
+                o.lock().unwrap().extend(calls(s));
+                s.request_stop();
             }
-            ran = true;
-            let fd = s.socket();
-            let mut r = Vec::new();
-            r.push(s.listen(fd, 8)); // not bound
-            r.push(s.send(fd, b"x").map(|_| ())); // not connected
-            r.push(s.accept(fd).map(|_| ())); // not listening
-            s.bind(fd, 80).unwrap();
-            s.listen(fd, 8).unwrap();
-            let fd2 = s.socket();
-            s.bind(fd2, 80).unwrap();
-            r.push(s.listen(fd2, 8)); // port taken
-            r.push(s.accept(fd).map(|_| ())); // nothing pending
-            r.push(s.close(Fd(999))); // bad fd
-            let fd3 = s.socket();
-            r.push(s.connect(fd3, "198.18.0.1:80".parse().unwrap())); // our own address
-            o.lock().unwrap().extend(r);
-            s.request_stop();
         }
     })
     .unwrap();
     let _ = rt.join().unwrap();
+    let mut out = out.lock().unwrap();
+    std::mem::take(&mut *out)
+}
+
+#[test]
+fn batch_api_errors() {
+    // Calls on the wrong kind of socket answer with errno-style errors, never panic.
+    let out = calls_once(|s| {
+        let fd = s.socket();
+        let mut r = Vec::new();
+        r.push(s.listen(fd, 8)); // not bound
+        r.push(s.send(fd, b"x").map(|_| ())); // not connected
+        r.push(s.accept(fd).map(|_| ())); // not listening
+        s.bind(fd, 80).unwrap();
+        s.listen(fd, 8).unwrap();
+        let fd2 = s.socket();
+        s.bind(fd2, 80).unwrap();
+        r.push(s.listen(fd2, 8)); // port taken
+        r.push(s.accept(fd).map(|_| ())); // nothing pending
+        r.push(s.close(Fd(999))); // bad fd
+        let fd3 = s.socket();
+        r.push(s.connect(fd3, "198.18.0.1:80".parse().unwrap())); // our own address
+        r
+    });
     assert_eq!(
-        *out.lock().unwrap(),
+        out,
         vec![
             Err(SockError::InvalidInput),
             Err(SockError::NotConnected),
@@ -200,53 +212,39 @@ fn batch_api_errors() {
 /// or a value out of range, and the address bound is the connection's.
 #[test]
 fn batch_connection_setters() {
-    let (server, _client) = pair(1, 1, |_| {});
-    let out = Arc::new(Mutex::new(Vec::new()));
-    let o = out.clone();
-    let rt = Runtime::spawn_batch(server, opts(), move |_| {
-        let o = o.clone();
-        let mut ran = false;
-        move |s: &mut Sockets<'_>| {
-            if ran {
-                return;
-            }
-            ran = true;
-            let mut r: Vec<Result<usize, SockError>> = Vec::new();
-            let fd = s.socket();
-            r.push(s.set_nagle(fd, true).map(|()| 0));
-            r.push(s.set_dscp(fd, 46).map(|()| 0));
-            r.push(s.orphan(fd).map(|()| 0));
-            r.push(s.unacked(fd));
-            let to = "198.18.0.2:80".parse().unwrap();
-            // Not one of the stack's addresses.
-            r.push(
-                s.connect_from(fd, Some("198.18.0.77".parse().unwrap()), to)
-                    .map(|()| 0),
-            );
-            s.bind(fd, 4444).unwrap();
-            // Nobody answers: SYN-SENT, where data may be queued.
-            r.push(
-                s.connect_from(fd, Some("198.18.0.1".parse().unwrap()), to)
-                    .map(|()| 0),
-            );
-            let local = s.addrs(fd).map(|(l, _)| l);
-            r.push(Ok(usize::from(
-                local == Ok("198.18.0.1:4444".parse().unwrap()),
-            )));
-            r.push(s.set_nagle(fd, true).map(|()| 0));
-            r.push(s.set_dscp(fd, 64).map(|()| 0));
-            r.push(s.set_dscp(fd, 46).map(|()| 0));
-            r.push(s.send(fd, &[1u8; 100]));
-            r.push(s.unacked(fd));
-            r.push(s.orphan(fd).map(|()| 0));
-            o.lock().unwrap().extend(r);
-            s.request_stop();
-        }
-    })
-    .unwrap();
-    let _ = rt.join().unwrap();
+    let out = calls_once(|s| {
+        let mut r: Vec<Result<usize, SockError>> = Vec::new();
+        let fd = s.socket();
+        r.push(s.set_nagle(fd, true).map(|()| 0));
+        r.push(s.set_dscp(fd, 46).map(|()| 0));
+        r.push(s.orphan(fd).map(|()| 0));
+        r.push(s.unacked(fd));
+        let to = "198.18.0.2:80".parse().unwrap();
+        // Not one of the stack's addresses.
+        r.push(
+            s.connect_from(fd, Some("198.18.0.77".parse().unwrap()), to)
+                .map(|()| 0),
+        );
+        s.bind(fd, 4444).unwrap();
+        // Nobody answers: SYN-SENT, where data may be queued.
+        r.push(
+            s.connect_from(fd, Some("198.18.0.1".parse().unwrap()), to)
+                .map(|()| 0),
+        );
+        let local = s.addrs(fd).map(|(l, _)| l);
+        r.push(Ok(usize::from(
+            local == Ok("198.18.0.1:4444".parse().unwrap()),
+        )));
+        r.push(s.set_nagle(fd, true).map(|()| 0));
+        r.push(s.set_dscp(fd, 64).map(|()| 0));
+        r.push(s.set_dscp(fd, 46).map(|()| 0));
+        r.push(s.send(fd, &[1u8; 100]));
+        r.push(s.unacked(fd));
+        r.push(s.orphan(fd).map(|()| 0));
+        r
+    });
     assert_eq!(
-        *out.lock().unwrap(),
+        out,
         vec![
             Err(SockError::NotConnected),
             Err(SockError::NotConnected),
@@ -270,45 +268,31 @@ fn batch_connection_setters() {
 /// offering the stack a dummy byte.
 #[test]
 fn batch_send_without_room_says_why() {
-    let (server, _client) = pair(1, 1, |_| {});
-    let out = Arc::new(Mutex::new(Vec::new()));
-    let o = out.clone();
-    let rt = Runtime::spawn_batch(server, opts(), move |_| {
-        let o = o.clone();
-        let mut ran = false;
-        move |s: &mut Sockets<'_>| {
-            if ran {
-                return;
-            }
-            ran = true;
-            let fd = s.socket();
-            let mut r = Vec::new();
-            // Nobody answers on the other side: the connection stays in SYN-SENT, where
-            // data may already be queued.
-            r.push(s.connect(fd, "198.18.0.2:80".parse().unwrap()).map(|_| 0));
-            let big = vec![7u8; 4 << 20];
-            let mut taken = 0;
-            // Bounded: the 1 MiB send buffer is full long before 4 MiB went in.
-            for _ in 0..64 {
-                match s.send(fd, &big) {
-                    Ok(n) => taken += n,
-                    Err(e) => {
-                        r.push(Err(e));
-                        break;
-                    }
+    let out = calls_once(|s| {
+        let fd = s.socket();
+        let mut r = Vec::new();
+        // Nobody answers on the other side: the connection stays in SYN-SENT, where
+        // data may already be queued.
+        r.push(s.connect(fd, "198.18.0.2:80".parse().unwrap()).map(|_| 0));
+        let big = vec![7u8; 4 << 20];
+        let mut taken = 0;
+        // Bounded: the 1 MiB send buffer is full long before 4 MiB went in.
+        for _ in 0..64 {
+            match s.send(fd, &big) {
+                Ok(n) => taken += n,
+                Err(e) => {
+                    r.push(Err(e));
+                    break;
                 }
             }
-            r.push(Ok(usize::from(taken > 0 && taken < big.len())));
-            r.push(s.shutdown(fd).map(|()| 0));
-            r.push(s.send(fd, b"x"));
-            o.lock().unwrap().extend(r);
-            s.request_stop();
         }
-    })
-    .unwrap();
-    let _ = rt.join().unwrap();
+        r.push(Ok(usize::from(taken > 0 && taken < big.len())));
+        r.push(s.shutdown(fd).map(|()| 0));
+        r.push(s.send(fd, b"x"));
+        r
+    });
     assert_eq!(
-        *out.lock().unwrap(),
+        out,
         vec![
             Err(SockError::InProgress),
             Err(SockError::WouldBlock),

@@ -224,6 +224,29 @@ fn stats(rt: *mut luna_runtime_t) -> luna_core_stats_t {
     st
 }
 
+/// Runs a one-core batch runtime on a memory link whose `on_start` is `start` (which does
+/// its calls and requests the stop) and whose `on_poll` does nothing; joins and frees it
+/// and the environment.
+fn run_batch_start(start: extern "C" fn(*mut luna_sockets_t, *mut c_void)) {
+    let (a, _b) = MemPair::build(&MemConfig::default()).expect("mem link");
+    let env = env_from_mem(&config("198.18.0.1"), vec![a]).expect("env");
+    extern "C" fn poll(_s: *mut luna_sockets_t, _u: *mut c_void) {}
+    // SAFETY: env is live; the runtime is joined and freed once, then the environment.
+    unsafe {
+        let ops = luna_batch_ops_t {
+            on_start: Some(start),
+            on_poll: Some(poll),
+            on_stop: None,
+        };
+        let rt = luna_run_batch(env, &ops, null_mut());
+        assert!(!rt.is_null(), "{}", last_error());
+        wait(rt, Duration::from_secs(10));
+        assert_eq!(luna_runtime_join(rt), 0, "{}", last_error());
+        luna_runtime_free(rt);
+        luna_env_free(env);
+    }
+}
+
 #[test]
 fn inline_echo_server_and_batch_client_through_the_c_abi() {
     let (a, b) = MemPair::build(&MemConfig::default()).expect("mem link");
@@ -435,57 +458,41 @@ fn init_reports_config_errors_with_errno_and_the_fix() {
 
 #[test]
 fn zbuf_handles_write_freeze_slice_and_bounds() {
-    // SAFETY: handles are created here and freed once.
-    unsafe {
-        let (a, _b) = MemPair::build(&MemConfig::default()).expect("mem link");
-        let env = env_from_mem(&config("198.18.0.1"), vec![a]).expect("env");
-        extern "C" fn start(s: *mut luna_sockets_t, _u: *mut c_void) {
-            let mut r = Vec::new();
-            // SAFETY: `s` is this callback's API; handles freed once.
-            unsafe {
-                let m = luna_sock_alloc(s, 64);
-                assert!(!m.is_null());
-                assert_eq!(luna_zbuf_mut_append(m, b"hello ".as_ptr().cast(), 6), 0);
-                let p = luna_zbuf_mut_extend(m, 5);
-                std::ptr::copy_nonoverlapping(b"world".as_ptr(), p, 5);
-                r.push(format!("len={}", luna_zbuf_mut_len(m)));
-                let big = vec![0u8; 1000];
-                if luna_zbuf_mut_append(m, big.as_ptr().cast(), big.len()) == -1 {
-                    r.push(format!("append-errno={}", errno().0));
-                }
-                let z = luna_zbuf_freeze(m);
-                let s5 = luna_zbuf_slice(z, 6, 5);
-                let bytes = std::slice::from_raw_parts(luna_zbuf_data(s5), luna_zbuf_len(s5));
-                r.push(String::from_utf8_lossy(bytes).into_owned());
-                if luna_zbuf_slice(z, 6, 6).is_null() {
-                    r.push(format!("slice-errno={}", errno().0));
-                }
-                luna_zbuf_free(s5);
-                luna_zbuf_free(z);
-                // A socket that does not exist.
-                if luna_sock_close(s, 12345) == -1 {
-                    r.push(format!("close-errno={}", errno().0));
-                }
-                if luna_sock_close(s, -1) == -1 {
-                    r.push(format!("negative-errno={}", errno().0));
-                }
-                luna_sock_request_stop(s);
+    extern "C" fn start(s: *mut luna_sockets_t, _u: *mut c_void) {
+        let mut r = Vec::new();
+        // SAFETY: `s` is this callback's API; handles freed once.
+        unsafe {
+            let m = luna_sock_alloc(s, 64);
+            assert!(!m.is_null());
+            assert_eq!(luna_zbuf_mut_append(m, b"hello ".as_ptr().cast(), 6), 0);
+            let p = luna_zbuf_mut_extend(m, 5);
+            std::ptr::copy_nonoverlapping(b"world".as_ptr(), p, 5);
+            r.push(format!("len={}", luna_zbuf_mut_len(m)));
+            let big = vec![0u8; 1000];
+            if luna_zbuf_mut_append(m, big.as_ptr().cast(), big.len()) == -1 {
+                r.push(format!("append-errno={}", errno().0));
             }
-            *ZB_RESULT.lock().unwrap() = r;
+            let z = luna_zbuf_freeze(m);
+            let s5 = luna_zbuf_slice(z, 6, 5);
+            let bytes = std::slice::from_raw_parts(luna_zbuf_data(s5), luna_zbuf_len(s5));
+            r.push(String::from_utf8_lossy(bytes).into_owned());
+            if luna_zbuf_slice(z, 6, 6).is_null() {
+                r.push(format!("slice-errno={}", errno().0));
+            }
+            luna_zbuf_free(s5);
+            luna_zbuf_free(z);
+            // A socket that does not exist.
+            if luna_sock_close(s, 12345) == -1 {
+                r.push(format!("close-errno={}", errno().0));
+            }
+            if luna_sock_close(s, -1) == -1 {
+                r.push(format!("negative-errno={}", errno().0));
+            }
+            luna_sock_request_stop(s);
         }
-        extern "C" fn poll(_s: *mut luna_sockets_t, _u: *mut c_void) {}
-        let ops = luna_batch_ops_t {
-            on_start: Some(start),
-            on_poll: Some(poll),
-            on_stop: None,
-        };
-        let rt = luna_run_batch(env, &ops, null_mut());
-        assert!(!rt.is_null(), "{}", last_error());
-        wait(rt, Duration::from_secs(10));
-        assert_eq!(luna_runtime_join(rt), 0);
-        luna_runtime_free(rt);
-        luna_env_free(env);
+        *ZB_RESULT.lock().unwrap() = r;
     }
+    run_batch_start(start);
     let r = ZB_RESULT.lock().unwrap().clone();
     assert_eq!(
         r,
@@ -784,23 +791,7 @@ extern "C" fn huge_alloc_start(s: *mut luna_sockets_t, _u: *mut c_void) {
 
 #[test]
 fn sock_alloc_of_more_than_memory_is_enobufs_not_an_abort() {
-    let (a, _b) = MemPair::build(&MemConfig::default()).expect("mem link");
-    let env = env_from_mem(&config("198.18.0.1"), vec![a]).expect("env");
-    extern "C" fn poll(_s: *mut luna_sockets_t, _u: *mut c_void) {}
-    // SAFETY: env is live.
-    unsafe {
-        let ops = luna_batch_ops_t {
-            on_start: Some(huge_alloc_start),
-            on_poll: Some(poll),
-            on_stop: None,
-        };
-        let rt = luna_run_batch(env, &ops, null_mut());
-        assert!(!rt.is_null(), "{}", last_error());
-        wait(rt, Duration::from_secs(10));
-        assert_eq!(luna_runtime_join(rt), 0, "{}", last_error());
-        luna_runtime_free(rt);
-        luna_env_free(env);
-    }
+    run_batch_start(huge_alloc_start);
     assert_eq!(
         *HUGE_ALLOC.lock().unwrap(),
         vec![(true, libc::ENOBUFS), (true, libc::ENOBUFS), (false, 0)]
@@ -888,23 +879,7 @@ extern "C" fn empty_recv_start(s: *mut luna_sockets_t, _u: *mut c_void) {
 
 #[test]
 fn an_empty_recv_on_a_socket_that_does_not_exist_is_ebadf_not_end_of_stream() {
-    let (a, _b) = MemPair::build(&MemConfig::default()).expect("mem link");
-    let env = env_from_mem(&config("198.18.0.1"), vec![a]).expect("env");
-    extern "C" fn poll(_s: *mut luna_sockets_t, _u: *mut c_void) {}
-    // SAFETY: env is live.
-    unsafe {
-        let ops = luna_batch_ops_t {
-            on_start: Some(empty_recv_start),
-            on_poll: Some(poll),
-            on_stop: None,
-        };
-        let rt = luna_run_batch(env, &ops, null_mut());
-        assert!(!rt.is_null(), "{}", last_error());
-        wait(rt, Duration::from_secs(10));
-        assert_eq!(luna_runtime_join(rt), 0, "{}", last_error());
-        luna_runtime_free(rt);
-        luna_env_free(env);
-    }
+    run_batch_start(empty_recv_start);
     assert_eq!(
         *EMPTY_RECV.lock().unwrap(),
         vec![(-1, libc::EBADF), (-1, libc::ENOTCONN)],
@@ -1160,24 +1135,8 @@ extern "C" fn record_mask(s: *mut luna_sockets_t, _u: *mut c_void) {
 /// fault (SIGSEGV unblocked); the controlling thread's mask is left as it was.
 #[test]
 fn cores_block_the_applications_asynchronous_signals() {
-    let (a, _b) = MemPair::build(&MemConfig::default()).expect("mem link");
-    let env = env_from_mem(&config("198.18.0.1"), vec![a]).expect("env");
-    extern "C" fn poll(_s: *mut luna_sockets_t, _u: *mut c_void) {}
     assert!(!blocked_here(libc::SIGUSR1));
-    // SAFETY: env is live.
-    unsafe {
-        let ops = luna_batch_ops_t {
-            on_start: Some(record_mask),
-            on_poll: Some(poll),
-            on_stop: None,
-        };
-        let rt = luna_run_batch(env, &ops, null_mut());
-        assert!(!rt.is_null(), "{}", last_error());
-        wait(rt, Duration::from_secs(10));
-        assert_eq!(luna_runtime_join(rt), 0, "{}", last_error());
-        luna_runtime_free(rt);
-        luna_env_free(env);
-    }
+    run_batch_start(record_mask);
     assert_eq!(*CORE_MASK.lock().unwrap(), Some((true, true, false)));
     assert!(
         !blocked_here(libc::SIGUSR1),

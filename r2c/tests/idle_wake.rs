@@ -123,11 +123,13 @@ fn server_opts() -> r2c::CoreOptions {
     }
 }
 
-/// Runs the client against a server started by `spawn`; returns the reply delays.
-fn run_client(
+/// Runs the client's RPCs against the server runtime `srv`, stops and joins both, and
+/// checks the reply delays ([`check`]).
+fn run_and_check(
     log: &Arc<Mutex<Log>>,
     client: Vec<r2c::CoreSetup<r2c::device::mem::MemDevice>>,
-) -> Runtime {
+    srv: Runtime,
+) {
     let l = Arc::clone(log);
     let cli = Runtime::spawn_inline(client, opts(), move |_| Client {
         log: Arc::clone(&l),
@@ -139,7 +141,20 @@ fn run_client(
         let g = log.lock().unwrap();
         g.done || !g.bad.is_empty()
     });
-    cli
+    cli.stop();
+    srv.stop();
+    cli.join().unwrap();
+    srv.join().unwrap();
+    check(log);
+}
+
+/// The workers' replies rang the sleeping core's doorbell (at least one RPC in two).
+fn assert_rang(bell: Option<msgsched::doorbell::DoorbellStats>) {
+    let bell = bell.expect("Backoff gives the core a doorbell");
+    assert!(
+        bell.wakes >= RPCS as u64 / 2,
+        "the workers' replies woke the sleeping core: {bell:?}"
+    );
 }
 
 /// The delays are short: a quarter of the sleep's cap on average (without the wake,
@@ -202,19 +217,8 @@ fn message_mode_a_reply_wakes_the_sleeping_io_core() {
         },
     )
     .unwrap();
-    let cli = run_client(&log, client);
-    cli.stop();
-    srv.stop();
-    cli.join().unwrap();
-    srv.join().unwrap();
-    check(&log);
-    let bell = workers
-        .doorbell()
-        .expect("Backoff gives the core a doorbell");
-    assert!(
-        bell.wakes >= RPCS as u64 / 2,
-        "the workers' replies woke the sleeping core: {bell:?}"
-    );
+    run_and_check(&log, client, srv);
+    assert_rang(workers.doorbell());
 }
 
 struct SplitHold {
@@ -259,19 +263,8 @@ fn split_mode_a_reply_wakes_the_sleeping_io_core() {
             buf: Vec::new(),
         })
         .unwrap();
-    let cli = run_client(&log, client);
-    cli.stop();
-    srv.stop();
-    cli.join().unwrap();
-    srv.join().unwrap();
-    check(&log);
-    let bell = workers
-        .doorbell()
-        .expect("Backoff gives the core a doorbell");
-    assert!(
-        bell.wakes >= RPCS as u64 / 2,
-        "the workers' replies woke the sleeping core: {bell:?}"
-    );
+    run_and_check(&log, client, srv);
+    assert_rang(workers.doorbell());
 }
 
 /// What the batch server's helper thread hands its `on_poll` (the LD_PRELOAD shim's
@@ -378,14 +371,9 @@ fn batch_mode_work_queued_by_another_thread_wakes_the_sleeping_core() {
         rings: Arc::clone(&r),
     })
     .unwrap();
-    let cli = run_client(&log, client);
-    cli.stop();
-    srv.stop();
-    cli.join().unwrap();
-    srv.join().unwrap();
+    run_and_check(&log, client, srv);
     assert!(
         rings.load(Ordering::SeqCst),
         "Backoff gives a batch core a doorbell"
     );
-    check(&log);
 }

@@ -32,6 +32,19 @@ impl Netns {
     }
 }
 
+impl Netns {
+    /// The scenario binary run inside this namespace with `args`, then `--` and the EAL
+    /// arguments `eal`.
+    fn scenario(&self, args: &[&str], eal: &[String]) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.0, BIN])
+            .args(args)
+            .arg("--")
+            .args(eal);
+        cmd
+    }
+}
+
 impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", self.0]).status();
@@ -44,9 +57,8 @@ fn kernel_answers_arp_and_ping_through_net_tap() {
     let mut eal = eal_base("tap");
     eal.push("--vdev=net_tap0,iface=ldptap0".into());
     let _g = RunDirGuard(prefix("tap"));
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", ns.0, BIN])
-        .args([
+    let cmd = ns.scenario(
+        &[
             "tap-ping",
             "--name",
             "net_tap0",
@@ -60,9 +72,9 @@ fn kernel_answers_arp_and_ping_through_net_tap() {
             "198.18.0.1/24",
             "--timeout-ms",
             "20000",
-        ])
-        .arg("--")
-        .args(&eal);
+        ],
+        &eal,
+    );
     let ok = run(cmd, Duration::from_secs(60)).ok();
     assert!(ok.contains("ARP: 198.18.0.1 is at"), "{ok}");
     assert!(
@@ -80,18 +92,7 @@ fn flow_create_on_tap_succeeds_or_reports_cleanly() {
     let mut eal = eal_base("tapflow");
     eal.push("--vdev=net_tap0,iface=ldptap1".into());
     let _g = RunDirGuard(prefix("tapflow"));
-    let mut cmd = Command::new("ip");
-    cmd.args([
-        "netns",
-        "exec",
-        ns.0,
-        BIN,
-        "flow-create",
-        "--name",
-        "net_tap0",
-        "--",
-    ])
-    .args(&eal);
+    let cmd = ns.scenario(&["flow-create", "--name", "net_tap0"], &eal);
     let out = run(cmd, Duration::from_secs(60));
     if out.code == Some(0) {
         assert!(out.ok().contains("flow created and destroyed"), "{out:?}");
@@ -120,18 +121,7 @@ fn signals_of_a_tap_without_iface_go_to_the_polling_thread() {
         let mut eal = eal_base(tag);
         eal.push(vdev.into());
         let _g = RunDirGuard(prefix(tag));
-        let mut cmd = Command::new("ip");
-        cmd.args([
-            "netns",
-            "exec",
-            ns.0,
-            BIN,
-            "tap-signal",
-            "--name",
-            "net_tap0",
-            "--",
-        ])
-        .args(&eal);
+        let cmd = ns.scenario(&["tap-signal", "--name", "net_tap0"], &eal);
         let ok = run(cmd, Duration::from_secs(60)).ok();
         let n: usize = ok
             .split("redirected=")

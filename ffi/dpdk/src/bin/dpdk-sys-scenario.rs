@@ -251,6 +251,23 @@ fn pool(eal: &Eal, name: &str, size: u32) -> R<Mempool> {
     Ok(Mempool::create(eal, &PoolConfig::new(name, size))?)
 }
 
+/// Port `name` configured with one queue each way of 256 descriptors, buffers from a new
+/// 1,023-mbuf pool `pool_name`, and started (the tap scenarios' port).
+fn started_tap_port(eal: &Eal, name: &str, pool_name: &str) -> R<(Port, Mempool)> {
+    let mut port = Port::by_name(eal, name)?;
+    let mp = pool(eal, pool_name, 1023)?;
+    port.configure(
+        &PortConf {
+            rx_desc: 256,
+            tx_desc: 256,
+            ..Default::default()
+        },
+        &mp,
+    )?;
+    port.start()?;
+    Ok((port, mp))
+}
+
 fn port(o: &Opts) -> R<String> {
     let eal = Eal::init(o.eal.clone())?;
     let name = o.get("name")?;
@@ -1018,17 +1035,7 @@ fn tap_signal(o: &Opts) -> R<String> {
     use dpdk_sys::tapsignal;
     let eal = Eal::init(o.eal.clone())?;
     let name = o.get("name")?;
-    let mut port = Port::by_name(&eal, name)?;
-    let mp = pool(&eal, "ldp_tapsig", 1023)?;
-    port.configure(
-        &PortConf {
-            rx_desc: 256,
-            tx_desc: 256,
-            ..Default::default()
-        },
-        &mp,
-    )?;
-    port.start()?;
+    let (port, _mp) = started_tap_port(&eal, name, "ldp_tapsig")?;
     let info = port.info()?;
     let vdev = dpdk_sys::tapclaim::tap_iface_of(eal.args(), name);
     let iface = tapsignal::port_iface(&info.driver_name, info.if_index, vdev.as_deref())
@@ -1063,17 +1070,7 @@ fn tap_ping(o: &Opts) -> R<String> {
     let peer = parse_ip(o.get("peer")?)?;
     let iface = o.get("iface")?;
     let eal = Eal::init(o.eal.clone())?;
-    let mut port = Port::by_name(&eal, o.get("name")?)?;
-    let mp = pool(&eal, "ldp_tap", 1023)?;
-    port.configure(
-        &PortConf {
-            rx_desc: 256,
-            tx_desc: 256,
-            ..Default::default()
-        },
-        &mp,
-    )?;
-    port.start()?;
+    let (mut port, mp) = started_tap_port(&eal, o.get("name")?, "ldp_tap")?;
     // The tap interface exists now (created at probe); give it the kernel's address.
     run(&["ip", "addr", "add", o.get("kernel-addr")?, "dev", iface])?;
     run(&["ip", "link", "set", iface, "up"])?;

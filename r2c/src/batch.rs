@@ -793,7 +793,7 @@ impl<A: BatchApp> BatchMode<A> {
         BatchMode {
             app,
             table: SocketTable::default(),
-            sleeper: doorbell_for(idle).map(|(_, s)| s),
+            sleeper: doorbell_for(idle),
         }
     }
 }
@@ -831,15 +831,7 @@ impl<A: BatchApp> Mode for BatchMode<A> {
     }
 
     fn sleep(&mut self, d: luna_stack::time::Duration) -> u64 {
-        match &mut self.sleeper {
-            Some(s) => {
-                let app = &self.app;
-                crate::core::wakeable_sleep(s, d, || app.pending())
-            }
-            None => {
-                std::thread::sleep(d);
-                u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-            }
-        }
+        let app = &self.app;
+        crate::core::wakeable_sleep(self.sleeper.as_mut(), d, || app.pending())
     }
 }

@@ -677,8 +677,7 @@ pub(crate) trait Mode {
     /// sleep (credited to the loop-stall stats). A mode whose work comes from other
     /// threads sleeps on a doorbell they ring ([`wakeable_sleep`]).
     fn sleep(&mut self, d: Duration) -> u64 {
-        std::thread::sleep(d);
-        u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+        wakeable_sleep(None, d, || false)
     }
 }
 
@@ -686,13 +685,17 @@ pub(crate) trait Mode {
 /// announced it is about to sleep: it must see every ring the doorbell's producers
 /// publish) finds work, or a producer rings. Returns the nanoseconds it chose to
 /// sleep: what passed, up to `d` (so only an overshoot counts as a loop stall), 0 when
-/// the re-check found work.
+/// the re-check found work. Without a sleeper, a plain sleep of `d` (all of it chosen).
 pub(crate) fn wakeable_sleep(
-    sleeper: &mut msgsched::doorbell::Sleeper,
+    sleeper: Option<&mut msgsched::doorbell::Sleeper>,
     d: Duration,
     pending: impl FnOnce() -> bool,
 ) -> u64 {
     use msgsched::doorbell::Slept;
+    let Some(sleeper) = sleeper else {
+        std::thread::sleep(d);
+        return u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    };
     let start = std::time::Instant::now();
     let slept = match sleeper.sleep(d, pending) {
         Slept::Declined => Duration::ZERO,
@@ -701,13 +704,20 @@ pub(crate) fn wakeable_sleep(
     u64::try_from(slept.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// A doorbell for a mode whose workers hand the core work, when the core sleeps when
-/// idle (`Backoff`); `None` for the strategies that never sleep (nothing to ring, and
-/// the workers skip the ring).
-pub(crate) fn doorbell_for(
-    idle: IdleStrategy,
-) -> Option<(msgsched::socket::Bell, msgsched::doorbell::Sleeper)> {
-    matches!(idle, IdleStrategy::Backoff { .. }).then(msgsched::doorbell::doorbell)
+/// A doorbell's sleeping end for a mode whose workers hand the core work, when the core
+/// sleeps when idle (`Backoff`); the producers ring [`bell_of`] it. `None` for the
+/// strategies that never sleep (nothing to ring, and the workers skip the ring).
+pub(crate) fn doorbell_for(idle: IdleStrategy) -> Option<msgsched::doorbell::Sleeper> {
+    matches!(idle, IdleStrategy::Backoff { .. }).then(|| msgsched::doorbell::doorbell().1)
+}
+
+/// The producers' end of `sleeper`'s doorbell (`None` without one).
+pub(crate) fn bell_of(
+    sleeper: &Option<msgsched::doorbell::Sleeper>,
+) -> Option<msgsched::socket::Bell> {
+    sleeper
+        .as_ref()
+        .map(|s| msgsched::socket::Bell::clone(s.doorbell()))
 }
 
 /// Shared with the runtime handle.

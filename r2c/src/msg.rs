@@ -24,7 +24,7 @@
 //! `timeout_idle` / `timeout_send`. Time a request spends at a worker is ours, not the
 //! peer's: it never counts against the send timeout.
 
-use crate::core::{doorbell_for, Conn, CoreOptions, CoreSetup, CoreState, Mode};
+use crate::core::{bell_of, doorbell_for, Conn, CoreOptions, CoreSetup, CoreState, Mode};
 use crate::device::Device;
 use crate::runtime::{Runtime, RuntimeError};
 use luna_stack::stack::Event;
@@ -762,16 +762,14 @@ impl<S: IoSide> Mode for MsgMode<S> {
     }
 
     fn sleep(&mut self, d: luna_stack::time::Duration) -> u64 {
-        match (&mut self.sleeper, &self.io) {
-            // Every notice rings (msgsched's `Shared::notify`), and a notice is all a
-            // worker hands this core. (A worker's take that frees room for a stalled
-            // connection does not ring: the reply to what it took will.)
-            (Some(s), Some(io)) => crate::core::wakeable_sleep(s, d, || io.replies_pending()),
-            _ => {
-                std::thread::sleep(d);
-                u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-            }
-        }
+        // Every notice rings (msgsched's `Shared::notify`), and a notice is all a worker
+        // hands this core. (A worker's take that frees room for a stalled connection
+        // does not ring: the reply to what it took will.)
+        let io = &self.io;
+        let sleeper = self.sleeper.as_mut().filter(|_| io.is_some());
+        crate::core::wakeable_sleep(sleeper, d, || {
+            io.as_ref().is_some_and(|io| io.replies_pending())
+        })
     }
 }
 
@@ -867,9 +865,10 @@ impl Runtime {
         FH: Fn(usize) -> H + Send + Sync + 'static,
     {
         let io_index = io.index;
-        let bell = doorbell_for(opts.idle);
+        let sleeper = doorbell_for(opts.idle);
+        let bell = bell_of(&sleeper);
         let (msg_io, sockets) =
-            group_with_doorbell::<Conn, P>(&cfg.sched, cfg.framer, bell_of(&bell))
+            group_with_doorbell::<Conn, P>(&cfg.sched, cfg.framer, bell.clone())
                 .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
         let counters = msg_io.counters_handle();
         let side = Framed {
@@ -882,7 +881,7 @@ impl Runtime {
             cfg,
             timeouts,
             side,
-            bell,
+            sleeper,
             counters,
             sockets,
             make_handler,
@@ -912,9 +911,10 @@ impl Runtime {
         // The virtual workers run on this core, so nothing rings while it sleeps
         // (an occupied worker keeps it awake), unless the handler sends an origin to
         // another thread and answers it there: that reply rings like a real worker's.
-        let bell = doorbell_for(opts.idle);
+        let sleeper = doorbell_for(opts.idle);
+        let bell = bell_of(&sleeper);
         let (msg_io, sockets) =
-            group_with_doorbell::<Conn, P>(&cfg.sched, cfg.framer, bell_of(&bell))
+            group_with_doorbell::<Conn, P>(&cfg.sched, cfg.framer, bell.clone())
                 .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
         let counters = msg_io.counters_handle();
         let workers = sockets.len();
@@ -927,20 +927,11 @@ impl Runtime {
             handler,
             epoch: std::time::Instant::now(),
         });
-        let bell_ref = bell_of(&bell);
-        let (rt, _stop) = spawn_io(
-            io,
-            opts,
-            &cfg,
-            MsgTimeouts::NONE,
-            side,
-            Some(virt),
-            bell.map(|(_, s)| s),
-        )?;
+        let (rt, _stop) = spawn_io(io, opts, &cfg, MsgTimeouts::NONE, side, Some(virt), sleeper)?;
         let workers = MsgWorkers {
             counters,
             workers,
-            bell: bell_ref,
+            bell,
         };
         Ok((rt, workers))
     }
@@ -989,9 +980,10 @@ impl Runtime {
         FH: Fn(usize) -> H + Send + Sync + 'static,
     {
         let io_index = io.index;
-        let bell = doorbell_for(opts.idle);
+        let sleeper = doorbell_for(opts.idle);
+        let bell = bell_of(&sleeper);
         let (sio, sockets) =
-            session_group_with_doorbell::<Conn>(&cfg.sched, cfg.framer, bell_of(&bell))
+            session_group_with_doorbell::<Conn>(&cfg.sched, cfg.framer, bell.clone())
                 .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
         let counters = sio.counters_handle();
         let side = Sessions {
@@ -1004,17 +996,12 @@ impl Runtime {
             cfg,
             timeouts,
             side,
-            bell,
+            sleeper,
             counters,
             sockets,
             make_handler,
         )
     }
-}
-
-/// The producers' end of [`doorbell_for`]'s pair.
-fn bell_of(pair: &Option<(Bell, Sleeper)>) -> Option<Bell> {
-    pair.as_ref().map(|(b, _)| Bell::clone(b))
 }
 
 fn spawn_error(core: usize, m: &str) -> RuntimeError {
@@ -1073,7 +1060,7 @@ fn spawn_side<D, S, H, FH>(
     cfg: MsgConfig,
     timeouts: MsgTimeouts,
     side: S,
-    bell: Option<(Bell, Sleeper)>,
+    sleeper: Option<Sleeper>,
     counters: Arc<MsgCounters>,
     sockets: Vec<MsgSocket<Conn>>,
     make_handler: FH,
@@ -1088,8 +1075,7 @@ where
     let workers = sockets.len();
     let slab: Option<Slab> = opts.slab.clone();
     let pin = opts.pin;
-    let bell_ref = bell_of(&bell);
-    let sleeper = bell.map(|(_, s)| s);
+    let bell = bell_of(&sleeper);
     let (mut rt, stop) = spawn_io(io, opts, &cfg, timeouts, side, None, sleeper)?;
     let spawn = crate::workers::Spawn {
         name: "r2c-msg-worker",
@@ -1106,7 +1092,7 @@ where
     let workers = MsgWorkers {
         counters,
         workers,
-        bell: bell_ref,
+        bell,
     };
     Ok((rt, workers))
 }

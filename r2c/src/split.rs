@@ -594,18 +594,12 @@ impl Mode for SplitIo {
     }
 
     fn sleep(&mut self, d: luna_stack::time::Duration) -> u64 {
-        match &mut self.sleeper {
-            // Workers ring after each message handled (its replies, or only the
-            // `handled` count `settled` waits for) and after pushing anything else.
-            Some(s) => {
-                let links = &self.links;
-                crate::core::wakeable_sleep(s, d, || links.iter().any(|l| l.has_replies()))
-            }
-            None => {
-                std::thread::sleep(d);
-                u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-            }
-        }
+        // Workers ring after each message handled (its replies, or only the `handled`
+        // count `settled` waits for) and after pushing anything else.
+        let links = &self.links;
+        crate::core::wakeable_sleep(self.sleeper.as_mut(), d, || {
+            links.iter().any(|l| l.has_replies())
+        })
     }
 
     /// Every worker has handled what it was given and the I/O core has taken its
@@ -739,7 +733,8 @@ impl Runtime {
             return Err(bad("split worker_backlog must be at least 1"));
         }
         let limit = split.worker_backlog;
-        let bell = crate::core::doorbell_for(opts.idle);
+        let sleeper = crate::core::doorbell_for(opts.idle);
+        let bell = crate::core::bell_of(&sleeper);
         let steering = RssConfig::round_robin(&split.steering_key, 128, split.workers as u16)
             .map_err(|e| bad(&e.to_string()))?;
         let links: Vec<Arc<Link>> = (0..split.workers)
@@ -750,7 +745,7 @@ impl Runtime {
                     aborts: ArrayQueue::new(split.ring_size),
                     handled: AtomicU64::new(0),
                     stats: WorkerStats::default(),
-                    bell: bell.as_ref().map(|(b, _)| Bell::clone(b)),
+                    bell: bell.clone(),
                 })
             })
             .collect();
@@ -760,7 +755,7 @@ impl Runtime {
         let slab: Option<Slab> = opts.slab.clone();
         let pin = opts.pin;
         // The sleeper moves into the core thread (taken there, once).
-        let sleeper = std::sync::Mutex::new(bell.map(|(_, s)| s));
+        let sleeper = std::sync::Mutex::new(sleeper);
         let mut rt = Runtime::spawn_with(vec![io], opts, move |_| SplitIo {
             links: io_links.clone(),
             sleeper: sleeper.lock().ok().and_then(|mut g| g.take()),

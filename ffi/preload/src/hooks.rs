@@ -261,9 +261,25 @@ fn sockopt<T: Copy>(fd: c_int, level: c_int, name: c_int, init: T) -> Option<T> 
     (r == 0).then_some(v)
 }
 
-/// The kernel socket's `IP_TOS` (set before it became luna's), its ECN bits cleared.
-fn tos_of(fd: c_int) -> u8 {
-    (sockopt_int(fd, libc::IPPROTO_IP, libc::IP_TOS).unwrap_or(0) as u8) & !0b11
+/// A new luna socket's connection options: `IP_TOS` set on the kernel socket `fd`
+/// before it became luna's carries over (its ECN bits cleared), and `TCP_NODELAY` reads
+/// what the stack does (its `tcp.nagle`) until set.
+fn initial_conn_opts(o: &mut crate::sock::Opts, fd: c_int, nagle: bool) {
+    o.tos = (sockopt_int(fd, libc::IPPROTO_IP, libc::IP_TOS).unwrap_or(0) as u8) & !0b11;
+    o.nodelay = c_int::from(!nagle);
+}
+
+/// `TCP_NODELAY` or `IP_TOS` of `s` was set (`changed`: to a new value; `g` is its
+/// state, released here): a connection it has (a listener's options go to its accepted
+/// connections at accept) gets them from the poll thread.
+fn pass_opts(s: &Arc<Sock>, g: std::sync::MutexGuard<'_, crate::sock::State>, changed: bool) {
+    let connected = g.bfd.is_some() && !g.listener;
+    drop(g);
+    if changed && connected {
+        if let Some(sh) = engine::engine() {
+            sh.push(Cmd::Opts(Arc::clone(s)));
+        }
+    }
 }
 
 /// A kernel IPv4 TCP socket (the only kind luna takes over).
@@ -479,8 +495,7 @@ pub unsafe extern "C-unwind" fn bind(fd: c_int, addr: *const sockaddr, len: sock
                         g.opts.reuseaddr = opt(libc::SO_REUSEADDR);
                         g.opts.reuseport = opt(libc::SO_REUSEPORT);
                         g.opts.keepalive = opt(libc::SO_KEEPALIVE);
-                        g.opts.tos = tos_of(fd);
-                        g.opts.nodelay = c_int::from(!net.cfg.tcp.nagle);
+                        initial_conn_opts(&mut g.opts, fd, net.cfg.tcp.nagle);
                     }
                     // EADDRINUSE here, as Linux reports it, not at listen.
                     let _b = BIND.lock().unwrap_or_else(|p| p.into_inner());
@@ -667,11 +682,8 @@ unsafe fn luna_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Opti
                     return Some(fail(libc::ENETUNREACH));
                 }
                 {
-                    let mut g = s.lock();
-                    // IP_TOS set on the kernel socket before connect carries over.
-                    g.opts.tos = tos_of(fd);
-                    // TCP_NODELAY reads what the stack does (its `tcp.nagle`) until set.
-                    g.opts.nodelay = c_int::from(!engine::net().is_some_and(|n| n.cfg.tcp.nagle));
+                    let nagle = engine::net().is_some_and(|n| n.cfg.tcp.nagle);
+                    initial_conn_opts(&mut s.lock().opts, fd, nagle);
                 }
                 insert(fd, Arc::clone(&s), false);
                 s
@@ -1137,13 +1149,7 @@ pub unsafe extern "C-unwind" fn setsockopt(
                     let v = c_int::from(v != 0);
                     let changed = *slot != v;
                     *slot = v;
-                    let connected = g.bfd.is_some() && !g.listener;
-                    drop(g);
-                    if changed && connected {
-                        if let Some(sh) = engine::engine() {
-                            sh.push(Cmd::Opts(Arc::clone(&s)));
-                        }
-                    }
+                    pass_opts(&s, g, changed);
                 } else {
                     *slot = v;
                 }
@@ -1204,13 +1210,7 @@ fn set_ip_opt(s: &Arc<Sock>, name: c_int, v: c_int) -> Result<(), i32> {
     let tos = (v as u8) & !0b11;
     let changed = g.opts.tos != tos;
     g.opts.tos = tos;
-    let connected = g.bfd.is_some() && !g.listener;
-    drop(g);
-    if changed && connected {
-        if let Some(sh) = engine::engine() {
-            sh.push(Cmd::Opts(Arc::clone(s)));
-        }
-    }
+    pass_opts(s, g, changed);
     Ok(())
 }
 

@@ -55,6 +55,10 @@
 //! `KNB_LUNA_TLP_US=<us>` sets the tail loss probes' least timeout
 //! ([`luna_stack::tcp::TcpConfig::tlp`]; `0` turns probing off; unset: the default).
 //!
+//! `KNB_LUNA_DELAYED_ACK_US=<us>` turns on delayed ACKs with that timeout
+//! ([`luna_stack::tcp::TcpConfig::delayed_ack`]: at least every second full-sized
+//! segment is still acknowledged at once; `0` or unset: every segment, the default).
+//!
 //! Observability (environment, read by the server only):
 //! `KNB_LUNA_SERVER_ALLOC_FAIL=<n>` (tests) fails every `n`-th buffer allocation of the
 //! server's packs as an exhausted slab would, so its back pressure path runs in any run.
@@ -545,6 +549,24 @@ fn tlp_from_env(v: Option<&str>) -> Result<Option<Option<luna_stack::time::Durat
     ))
 }
 
+/// `KNB_LUNA_DELAYED_ACK_US`'s value: the delayed-ACK timeout (`None`: unset or 0, an
+/// ACK for every segment).
+fn delayed_ack_from_env(v: Option<&str>) -> Result<Option<luna_stack::time::Duration>, String> {
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    // RFC 9293 §3.8.6.3 (MUST-40): under 0.5 s, as `TcpConfig::validate` checks.
+    let us: u64 = v
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&us| us < 500_000)
+        .ok_or_else(|| {
+            format!("KNB_LUNA_DELAYED_ACK_US={v:?} is not microseconds below 500 ms (0: no delayed ACKs)")
+        })?;
+    Ok((us != 0).then(|| luna_stack::time::Duration::from_micros(us)))
+}
+
 /// One core per device, stack on `ip/prefix_len`, client ports split between lanes.
 fn setups(
     devices: Vec<DpdkDevice>,
@@ -556,6 +578,8 @@ fn setups(
     let lanes = devices.len() as u32;
     let span = (u32::from(CLIENT_PORTS.1) - u32::from(CLIENT_PORTS.0) + 1) / lanes.max(1);
     let tlp = tlp_from_env(std::env::var("KNB_LUNA_TLP_US").ok().as_deref())?;
+    let delayed_ack =
+        delayed_ack_from_env(std::env::var("KNB_LUNA_DELAYED_ACK_US").ok().as_deref())?;
     devices
         .into_iter()
         .enumerate()
@@ -569,6 +593,7 @@ fn setups(
             if let Some(tlp) = tlp {
                 sc.tcp.tlp = tlp;
             }
+            sc.tcp.delayed_ack = delayed_ack;
             sc.caps = d.caps();
             let mut s = CoreSetup::new(i, vec![d], sc);
             s.cpu = Some(cpus[i % cpus.len()]);
@@ -2071,6 +2096,21 @@ mod tests {
         for bad in ["", "-1", "2ms", "60000001"] {
             let e = tlp_from_env(Some(bad)).unwrap_err();
             assert!(e.contains("KNB_LUNA_TLP_US"), "{e}");
+        }
+    }
+
+    #[test]
+    fn delayed_ack_env_knob_parses_or_names_the_problem() {
+        use luna_stack::time::Duration;
+        assert_eq!(delayed_ack_from_env(None), Ok(None));
+        assert_eq!(delayed_ack_from_env(Some("0")), Ok(None));
+        assert_eq!(
+            delayed_ack_from_env(Some(" 40000")),
+            Ok(Some(Duration::from_millis(40)))
+        );
+        for bad in ["", "-1", "40ms", "500000"] {
+            let e = delayed_ack_from_env(Some(bad)).unwrap_err();
+            assert!(e.contains("KNB_LUNA_DELAYED_ACK_US"), "{e}");
         }
     }
 

@@ -106,6 +106,10 @@ use crate::workload::{Stack, Workload};
 /// (visible as the core thread's involuntary context switches, `cpu.*.threads[].nvcsw`).
 /// 50 ms keeps it to 20 and adds at most 50 ms to a run's end.
 const SUPERVISE_STEP: Duration = Duration::from_millis(50);
+/// How much earlier than the client's the server's stall window ends ([`StallWindow`]).
+const END_MARGIN: Duration = Duration::from_millis(50);
+/// How often the server looks whether every connection has attached ([`StallWindow`]).
+const ATTACH_STEP: Duration = Duration::from_millis(5);
 
 /// The luna backend.
 pub struct Luna;
@@ -1517,6 +1521,24 @@ const MSG_QUEUE_CAPACITY: usize = 1024;
 /// The luna server in r2c's message mode (`--server-model cp|cs|ms`): one I/O core runs
 /// the memif port, TCP and knb's parser; `--workers` threads take whole requests through
 /// msgsched's scheduler. Serves `--connections` connections, then returns.
+/// Where [`StallWindow`] reads a core's published stats ([`r2c::StatsReader`]; a fake in
+/// the tests).
+trait StatsSource {
+    /// How many snapshots the core has published.
+    fn generation(&self) -> u64;
+    /// The latest snapshot.
+    fn read(&self) -> r2c::CoreStats;
+}
+
+impl StatsSource for r2c::StatsReader {
+    fn generation(&self) -> u64 {
+        r2c::StatsReader::generation(self)
+    }
+    fn read(&self) -> r2c::CoreStats {
+        r2c::StatsReader::read(self)
+    }
+}
+
 /// The server's loop stalls over the client's measured window. The server does not see
 /// that window: it starts when the last connection has attached plus the warm-up (the
 /// client starts its warm-up once all its connections are up) and lasts the duration.
@@ -1524,8 +1546,17 @@ const MSG_QUEUE_CAPACITY: usize = 1024;
 /// each edge the supervisor waits for the next publish, so both edges are late by up to
 /// one publish interval (a few ms when busy-polling) and the window keeps its length
 /// (`window_s` in the JSON is the span between the two publishes).
-struct StallWindow {
-    reader: Option<r2c::StatsReader>,
+///
+/// The server notices "all attached" up to one supervision step after the client began
+/// its warm-up, so its end edge falls after the client's, and the client closes its
+/// connections as soon as its window ends: the first connection to detach is the end
+/// edge then, read from the last publish before it (not a fresh one, which would count
+/// the tear-down of every connection as a stall of the window). To keep the race on
+/// the server's side, its end edge is `END_MARGIN` (at most a tenth of the duration)
+/// early, and "all attached" is watched every `ATTACH_STEP`: the window is a little
+/// shorter than the client's (`window_s` says by how much) and inside it.
+struct StallWindow<R = r2c::StatsReader> {
+    reader: Option<R>,
     warmup: Duration,
     duration: Duration,
     attached_at: Option<Instant>,
@@ -1535,12 +1566,16 @@ struct StallWindow {
     end: Option<r2c::CoreStats>,
 }
 
-impl StallWindow {
-    fn new(reader: Option<r2c::StatsReader>, w: &Workload) -> Self {
+impl<R: StatsSource> StallWindow<R> {
+    fn new(reader: Option<R>, w: &Workload) -> Self {
+        StallWindow::with(reader, w.warmup, w.duration)
+    }
+
+    fn with(reader: Option<R>, warmup_s: f64, duration_s: f64) -> Self {
         StallWindow {
             reader,
-            warmup: Duration::from_secs_f64(w.warmup),
-            duration: Duration::from_secs_f64(w.duration),
+            warmup: Duration::from_secs_f64(warmup_s),
+            duration: Duration::from_secs_f64(duration_s),
             attached_at: None,
             edge_gen: None,
             start: None,
@@ -1566,17 +1601,25 @@ impl StallWindow {
     }
 
     /// Takes the readings that are due; returns how long to sleep (up to the next edge).
-    fn step(&mut self, all_attached: bool, now: Instant) -> Duration {
-        if self.reader.is_none() {
+    /// `closing`: a connection has detached (the client's window is over).
+    fn step(&mut self, all_attached: bool, closing: bool, now: Instant) -> Duration {
+        let Some(reader) = self.reader.as_ref() else {
+            return SUPERVISE_STEP;
+        };
+        if closing && self.start.is_some() && self.end.is_none() {
+            self.end = Some(reader.read());
+            self.edge_gen = None;
             return SUPERVISE_STEP;
         }
         if all_attached && self.attached_at.is_none() {
             self.attached_at = Some(now);
         }
         let Some(at) = self.attached_at else {
-            return SUPERVISE_STEP;
+            // (Noticed within this step of the client's start: less than the margin.)
+            return ATTACH_STEP;
         };
-        let (begin, end) = (at + self.warmup, at + self.warmup + self.duration);
+        let margin = END_MARGIN.min(self.duration / 10);
+        let (begin, end) = (at + self.warmup, at + self.warmup + self.duration - margin);
         if self.start.is_none() && now >= begin {
             self.start = self.fresh();
         } else if self.start.is_some() && self.end.is_none() && now >= end {
@@ -1707,7 +1750,8 @@ fn serve_msg(
             break;
         }
         let all_attached = c.attached.load(Ordering::Relaxed) >= expected;
-        std::thread::sleep(window.step(all_attached, Instant::now()));
+        let closing = c.detached.load(Ordering::Relaxed) > 0;
+        std::thread::sleep(window.step(all_attached, closing, Instant::now()));
     }
     rt.stop();
     let reports = rt.join().map_err(|e| format!("r2c runtime: {e}"))?;
@@ -2097,6 +2141,93 @@ mod tests {
             let e = tlp_from_env(Some(bad)).unwrap_err();
             assert!(e.contains("KNB_LUNA_TLP_US"), "{e}");
         }
+    }
+
+    /// A core's published stats, by hand.
+    #[derive(Default)]
+    struct FakeStats {
+        gen: std::cell::Cell<u64>,
+        stats: std::cell::RefCell<r2c::CoreStats>,
+    }
+
+    impl FakeStats {
+        /// The core publishes: `gaps` more gaps of 100 µs–500 µs, at `at_ns`.
+        fn publish(&self, gaps: u64, at_ns: u64) {
+            let mut s = self.stats.borrow_mut();
+            s.loop_gaps_100us += gaps;
+            s.loop_gap_ns += gaps * 200_000;
+            s.loop_gap_max_ns = s.loop_gap_max_ns.max(200_000);
+            s.published_at_ns = at_ns;
+            self.gen.set(self.gen.get() + 1);
+        }
+    }
+
+    impl StatsSource for &FakeStats {
+        fn generation(&self) -> u64 {
+            self.gen.get()
+        }
+        fn read(&self) -> r2c::CoreStats {
+            *self.stats.borrow()
+        }
+    }
+
+    #[test]
+    fn the_servers_stall_window_is_the_clients_and_leaves_out_set_up_and_tear_down() {
+        let core = FakeStats::default();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // Warm-up 0.5 s, window 2 s.
+        let mut w = StallWindow::with(Some(&core), 0.5, 2.0);
+        // Set-up: connections attaching, the loop stalling (7 gaps), no edge yet.
+        core.publish(7, 1);
+        assert_eq!(w.step(false, false, at(0)), ATTACH_STEP);
+        w.step(true, false, at(100));
+        core.publish(0, 2);
+        assert!(w.stalls().is_none());
+        // The start edge (100 + 500 ms) waits for the next publish.
+        w.step(true, false, at(600));
+        assert!(w.stalls().is_none());
+        core.publish(0, 600_000_000);
+        w.step(true, false, at(601));
+        // Three gaps inside the window.
+        core.publish(3, 1_900_000_000);
+        w.step(true, false, at(1_900));
+        assert!(w.stalls().is_none(), "the window is not over");
+        // The client ended its window and closes (before the server's own end edge at
+        // 2,600 ms): the end is the last publish before the first detach ...
+        w.step(true, true, at(2_550));
+        // ... and the tear-down's gaps after it are not the window's.
+        core.publish(40, 2_700_000_000);
+        w.step(true, true, at(2_700));
+        let st = w.stalls().expect("both edges read");
+        assert_eq!(st.gaps[0], 3);
+        assert_eq!(st.stall_ns, 3 * 200_000);
+        assert_eq!(st.window_ns, Some(1_300_000_000));
+
+        // Without an early close the end edge is the duration's less the margin (the
+        // client's end, when it closes, is 2,500 ms), on a fresh publish.
+        let core = FakeStats::default();
+        let mut w = StallWindow::with(Some(&core), 0.5, 2.0);
+        w.step(true, false, at(0));
+        w.step(true, false, at(500));
+        core.publish(1, 500_000_000);
+        w.step(true, false, at(501));
+        core.publish(2, 2_400_000_000);
+        w.step(true, false, at(2_440));
+        assert!(w.stalls().is_none(), "the end edge is at 2,450 ms");
+        w.step(true, false, at(2_450));
+        assert!(w.stalls().is_none(), "waits for the publish after the edge");
+        core.publish(5, 2_460_000_000);
+        w.step(true, false, at(2_461));
+        let st = w.stalls().expect("both edges read");
+        assert_eq!(st.gaps[0], 7);
+        assert_eq!(st.window_ns, Some(1_960_000_000));
+        // A close before the window began leaves it unread (the run's own counts stand).
+        let core = FakeStats::default();
+        let mut w = StallWindow::with(Some(&core), 0.5, 2.0);
+        w.step(true, false, at(0));
+        w.step(true, true, at(100));
+        assert!(w.stalls().is_none());
     }
 
     #[test]

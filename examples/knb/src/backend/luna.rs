@@ -735,9 +735,75 @@ fn tcp_drops_by_reason(tcp: &luna_stack::tcp::ConnCounters) -> Value {
 
 // ------------------------------------------------------------------------------ server
 
+/// An inline server lane's loop stalls over the client's measured window, read inside the
+/// core (its own counters, exact): from `warmup` after the lane's last expected connection
+/// arrived (the client starts its warm-up once all its connections are up) to
+/// `duration` less [`END_MARGIN`] (at most a tenth of it) later, or to the first close,
+/// whichever comes first (the client closes when its window ends; its connections'
+/// tear-down is not the window's).
+struct LaneWindow {
+    warmup: Duration,
+    span: Duration,
+    attached_at: Option<luna_stack::time::Instant>,
+    marks: [Option<(r2c::CoreStats, luna_stack::time::Instant)>; 2],
+}
+
+impl LaneWindow {
+    fn new(warmup_s: f64, duration_s: f64) -> Self {
+        let duration = Duration::from_secs_f64(duration_s);
+        LaneWindow {
+            warmup: Duration::from_secs_f64(warmup_s),
+            span: duration - END_MARGIN.min(duration / 10),
+            attached_at: None,
+            marks: [None, None],
+        }
+    }
+
+    /// The lane's last expected connection arrived.
+    fn attached(&mut self, now: luna_stack::time::Instant) {
+        self.attached_at.get_or_insert(now);
+    }
+
+    /// Once per iteration: takes the reading at an edge that has come.
+    #[inline]
+    fn poll(&mut self, stats: &r2c::CoreStats, now: luna_stack::time::Instant) {
+        let Some(at) = self.attached_at else {
+            return;
+        };
+        if self.marks[1].is_some() {
+            return;
+        }
+        let begin = at + self.warmup;
+        if self.marks[0].is_none() {
+            if now >= begin {
+                self.marks[0] = Some((*stats, now));
+            }
+        } else if now >= begin + self.span {
+            self.marks[1] = Some((*stats, now));
+        }
+    }
+
+    /// A connection closed: the window ends here if it began and has not ended.
+    fn closing(&mut self, stats: &r2c::CoreStats, now: luna_stack::time::Instant) {
+        if self.marks[0].is_some() && self.marks[1].is_none() {
+            self.marks[1] = Some((*stats, now));
+        }
+    }
+
+    fn stalls(&self) -> Option<Stalls> {
+        let [Some((a, ta)), Some((b, tb))] = &self.marks else {
+            return None;
+        };
+        let span = tb.saturating_duration_since(*ta).as_nanos();
+        Some(Stalls::between(a, b, u64::try_from(span).ok()))
+    }
+}
+
 struct ServerShared {
     eal: Eal,
     report: Mutex<ServerReport>,
+    /// Per lane: its loop stalls over the client's window ([`LaneWindow`]).
+    stalls: Mutex<Vec<Option<Stalls>>>,
     lanes_done: AtomicUsize,
     /// The last lane to finish stops the runtime (false: the supervisor does, after
     /// `--exception-linger`).
@@ -778,6 +844,9 @@ struct ServerApp {
     lane_done: bool,
     /// (std, core clock) at start: maps the core's per-iteration clock to `Instant`s.
     base: (Instant, luna_stack::time::Instant),
+    /// Connections accepted so far.
+    accepted: usize,
+    window: LaneWindow,
 }
 
 impl ServerApp {
@@ -959,7 +1028,11 @@ impl InlineApp for ServerApp {
         }
     }
 
-    fn on_accept(&mut self, _ctx: &mut Ctx<'_>, conn: Conn, _l: r2c::Listener) {
+    fn on_accept(&mut self, ctx: &mut Ctx<'_>, conn: Conn, _l: r2c::Listener) {
+        self.accepted += 1;
+        if self.accepted == self.expected {
+            self.window.attached(ctx.now());
+        }
         self.conns.insert(
             conn,
             SConn {
@@ -987,10 +1060,12 @@ impl InlineApp for ServerApp {
     }
 
     fn on_closed(&mut self, ctx: &mut Ctx<'_>, conn: Conn, _reason: Option<CloseReason>) {
+        self.window.closing(ctx.stats(), ctx.now());
         self.finish(ctx, conn);
     }
 
     fn on_poll(&mut self, ctx: &mut Ctx<'_>) {
+        self.window.poll(ctx.stats(), ctx.now());
         if !self.starved.is_empty() {
             self.retry_starved(ctx);
         }
@@ -1006,6 +1081,11 @@ impl InlineApp for ServerApp {
         }
         r.add(&self.report.counters);
         r.errors.append(&mut self.report.errors);
+        drop(r);
+        let mut all = self.shared.stalls.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = all.get_mut(self.lane) {
+            *slot = self.window.stalls();
+        }
     }
 }
 
@@ -1810,6 +1890,7 @@ fn run_server<D: Device + Send + 'static>(
     let shared = Arc::new(ServerShared {
         eal: eal.clone(),
         report: Mutex::new(ServerReport::default()),
+        stalls: Mutex::new(vec![None; lanes]),
         lanes_done: AtomicUsize::new(0),
         stop_when_done: linger.is_none(),
         lanes,
@@ -1834,6 +1915,8 @@ fn run_server<D: Device + Send + 'static>(
         shared: sh.clone(),
         lane_done: false,
         base: (Instant::now(), luna_stack::time::Instant::from_nanos(0)),
+        accepted: 0,
+        window: LaneWindow::new(w.warmup, w.duration),
     })
     .map_err(|e| format!("r2c runtime: {e}"))?;
     let mut done_at = None;
@@ -1859,9 +1942,15 @@ fn run_server<D: Device + Send + 'static>(
     let mut total = std::mem::take(&mut *shared.report.lock().unwrap_or_else(|p| p.into_inner()));
     total.connections = spec.workload.connections as u64;
     total.extra = core_counters(&reports);
+    let stalls = std::mem::take(&mut *shared.stalls.lock().unwrap_or_else(|p| p.into_inner()));
     if let Value::Object(o) = &mut total.extra {
         let waits = shared.memory_waits.load(Ordering::Relaxed);
         o.insert("tx_memory_waits".into(), json!(waits));
+        // Every lane's window read: the window's stalls replace the whole run's.
+        let windowed: Option<Vec<Stalls>> = stalls.into_iter().collect();
+        if let Some(st) = windowed.and_then(|v| v.into_iter().reduce(|a, b| a.combine(&b))) {
+            o.insert("loop_stalls".into(), st.to_json());
+        }
     }
     drop(reports);
     Ok(total)
@@ -2228,6 +2317,48 @@ mod tests {
         w.step(true, false, at(0));
         w.step(true, true, at(100));
         assert!(w.stalls().is_none());
+    }
+
+    #[test]
+    fn an_inline_lanes_stall_window_begins_after_the_warm_up_and_ends_at_the_first_close() {
+        use luna_stack::time::Instant as T;
+        let ms = |m: u64| T::from_millis(m);
+        let gaps = |n: u64| r2c::CoreStats {
+            loop_gaps_100us: n,
+            loop_gap_ns: n * 200_000,
+            loop_gap_max_ns: 200_000,
+            ..Default::default()
+        };
+        // Warm-up 0.5 s, window 2 s (the end edge 50 ms early: 1.95 s).
+        let mut w = LaneWindow::new(0.5, 2.0);
+        // Set-up: 9 gaps while connections arrive; nothing read before the last one.
+        w.poll(&gaps(9), ms(0));
+        w.closing(&gaps(9), ms(1));
+        w.attached(ms(100));
+        w.poll(&gaps(9), ms(599));
+        assert!(w.marks[0].is_none());
+        w.poll(&gaps(9), ms(600));
+        // Four gaps in the window, then the client's first close; tear-down after it.
+        w.poll(&gaps(13), ms(2_000));
+        w.closing(&gaps(13), ms(2_500));
+        w.poll(&gaps(60), ms(2_600));
+        w.closing(&gaps(60), ms(2_601));
+        let st = w.stalls().expect("both edges");
+        assert_eq!(st.gaps[0], 4);
+        assert_eq!(st.window_ns, Some(1_900_000_000));
+
+        // No close before it: the edge ends the window; a second `attached` changes nothing.
+        let mut w = LaneWindow::new(0.5, 2.0);
+        w.attached(ms(0));
+        w.attached(ms(300));
+        w.poll(&gaps(1), ms(500));
+        w.poll(&gaps(3), ms(2_449));
+        assert!(w.stalls().is_none());
+        w.poll(&gaps(3), ms(2_450));
+        w.poll(&gaps(50), ms(2_600));
+        let st = w.stalls().expect("both edges");
+        assert_eq!(st.gaps[0], 2);
+        assert_eq!(st.window_ns, Some(1_950_000_000));
     }
 
     #[test]

@@ -2283,8 +2283,8 @@ mod tests {
         w.step(true, false, at(1_900));
         assert!(w.stalls().is_none(), "the window is not over");
         // The client ended its window and closes (before the server's own end edge at
-        // 2,600 ms): the end is the last publish before the first detach ...
-        w.step(true, true, at(2_550));
+        // 2,550 ms): the end is the last publish before the first detach ...
+        w.step(true, true, at(2_500));
         // ... and the tear-down's gaps after it are not the window's.
         core.publish(40, 2_700_000_000);
         w.step(true, true, at(2_700));

@@ -537,37 +537,46 @@ fn slab_memory_from_env(v: Option<&str>) -> Result<usize, String> {
 /// `KNB_LUNA_TLP_US`'s value: `None` when unset (the stack's default), else the tail
 /// loss probes' floor (`Some(None)`: off).
 fn tlp_from_env(v: Option<&str>) -> Result<Option<Option<luna_stack::time::Duration>>, String> {
-    let Some(v) = v else {
-        return Ok(None);
-    };
-    let us: u64 = v
-        .trim()
-        .parse()
-        .ok()
-        .filter(|&us| us <= 60_000_000)
-        .ok_or_else(|| {
-            format!("KNB_LUNA_TLP_US={v:?} is not microseconds up to 60 s (0: no tail loss probes)")
-        })?;
-    Ok(Some(
-        (us != 0).then(|| luna_stack::time::Duration::from_micros(us)),
-    ))
+    v.map(|v| {
+        micros_from_env(
+            v,
+            "KNB_LUNA_TLP_US",
+            60_000_000,
+            "up to 60 s (0: no tail loss probes)",
+        )
+    })
+    .transpose()
 }
 
 /// `KNB_LUNA_DELAYED_ACK_US`'s value: the delayed-ACK timeout (`None`: unset or 0, an
 /// ACK for every segment).
 fn delayed_ack_from_env(v: Option<&str>) -> Result<Option<luna_stack::time::Duration>, String> {
-    let Some(v) = v else {
-        return Ok(None);
-    };
     // RFC 9293 §3.8.6.3 (MUST-40): under 0.5 s, as `TcpConfig::validate` checks.
+    let d = v.map(|v| {
+        micros_from_env(
+            v,
+            "KNB_LUNA_DELAYED_ACK_US",
+            499_999,
+            "below 500 ms (0: no delayed ACKs)",
+        )
+    });
+    Ok(d.transpose()?.flatten())
+}
+
+/// An environment knob's value `v` in microseconds, at most `max`: `None` for 0 (the
+/// knob's "off"), else the duration; an error naming the knob and `range` otherwise.
+fn micros_from_env(
+    v: &str,
+    knob: &str,
+    max: u64,
+    range: &str,
+) -> Result<Option<luna_stack::time::Duration>, String> {
     let us: u64 = v
         .trim()
         .parse()
         .ok()
-        .filter(|&us| us < 500_000)
-        .ok_or_else(|| {
-            format!("KNB_LUNA_DELAYED_ACK_US={v:?} is not microseconds below 500 ms (0: no delayed ACKs)")
-        })?;
+        .filter(|&us| us <= max)
+        .ok_or_else(|| format!("{knob}={v:?} is not microseconds {range}"))?;
     Ok((us != 0).then(|| luna_stack::time::Duration::from_micros(us)))
 }
 

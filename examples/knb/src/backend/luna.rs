@@ -108,6 +108,12 @@ use crate::workload::{Stack, Workload};
 const SUPERVISE_STEP: Duration = Duration::from_millis(50);
 /// How much earlier than the client's the server's stall window ends ([`StallWindow`]).
 const END_MARGIN: Duration = Duration::from_millis(50);
+
+/// How much earlier than the client's window a server's stall window ends: `END_MARGIN`,
+/// at most a tenth of the window's `duration`.
+fn end_margin(duration: Duration) -> Duration {
+    END_MARGIN.min(duration / 10)
+}
 /// How often the server looks whether every connection has attached ([`StallWindow`]).
 const ATTACH_STEP: Duration = Duration::from_millis(5);
 
@@ -754,7 +760,7 @@ struct LaneWindow {
     warmup: Duration,
     span: Duration,
     attached_at: Option<luna_stack::time::Instant>,
-    marks: [Option<(r2c::CoreStats, luna_stack::time::Instant)>; 2],
+    marks: Marks,
 }
 
 impl LaneWindow {
@@ -762,7 +768,7 @@ impl LaneWindow {
         let duration = Duration::from_secs_f64(duration_s);
         LaneWindow {
             warmup: Duration::from_secs_f64(warmup_s),
-            span: duration - END_MARGIN.min(duration / 10),
+            span: duration - end_margin(duration),
             attached_at: None,
             marks: [None, None],
         }
@@ -800,12 +806,20 @@ impl LaneWindow {
     }
 
     fn stalls(&self) -> Option<Stalls> {
-        let [Some((a, ta)), Some((b, tb))] = &self.marks else {
-            return None;
-        };
-        let span = tb.saturating_duration_since(*ta).as_nanos();
-        Some(Stalls::between(a, b, u64::try_from(span).ok()))
+        marks_stalls(&self.marks)
     }
+}
+
+/// A core's readings at the start and end of a window (its own counters and clock).
+type Marks = [Option<(r2c::CoreStats, luna_stack::time::Instant)>; 2];
+
+/// The loop stalls between a window's two readings, once both were taken.
+fn marks_stalls(marks: &Marks) -> Option<Stalls> {
+    let [Some((a, ta)), Some((b, tb))] = marks else {
+        return None;
+    };
+    let span = tb.saturating_duration_since(*ta).as_nanos();
+    Some(Stalls::between(a, b, u64::try_from(span).ok()))
 }
 
 struct ServerShared {
@@ -1144,7 +1158,7 @@ struct ClientApp {
     base: (Instant, luna_stack::time::Instant),
     /// The core's counters and clock when the measured window began and ended (loop
     /// stalls).
-    marks: [Option<(r2c::CoreStats, luna_stack::time::Instant)>; 2],
+    marks: Marks,
 }
 
 /// How often the open-loop client re-reads the std clock against the core's clock
@@ -1154,10 +1168,9 @@ const REANCHOR: Duration = Duration::from_micros(200);
 impl ClientApp {
     fn deliver(&mut self, ctx: &mut Ctx<'_>, r: LaneResult) {
         self.phase = Phase::Done;
-        if let [Some((a, ta)), Some((b, tb))] = &self.marks {
-            let span = tb.saturating_duration_since(*ta).as_nanos();
+        if let Some(st) = marks_stalls(&self.marks) {
             let mut all = self.shared.stalls.lock().unwrap_or_else(|p| p.into_inner());
-            all[self.lane] = Some(Stalls::between(a, b, u64::try_from(span).ok()));
+            all[self.lane] = Some(st);
         }
         for &c in &self.conns {
             ctx.close(c);
@@ -1707,8 +1720,8 @@ impl<R: StatsSource> StallWindow<R> {
             // (Noticed within this step of the client's start: less than the margin.)
             return ATTACH_STEP;
         };
-        let margin = END_MARGIN.min(self.duration / 10);
-        let (begin, end) = (at + self.warmup, at + self.warmup + self.duration - margin);
+        let end = at + self.warmup + self.duration - end_margin(self.duration);
+        let begin = at + self.warmup;
         if self.start.is_none() && now >= begin {
             self.start = self.fresh();
         } else if self.start.is_some() && self.end.is_none() && now >= end {

@@ -23,8 +23,8 @@
 //! computed in software ([`toeplitz::RssConfig::queue_of_ipv4_tcp`] over a table of
 //! workers) when one I/O core hands connections to worker threads (r2c split mode).
 //!
-//! Not here: the exception interface plumbing (r2c's poll loop hands kernel frames to a
-//! tap / virtio_user port) and netlink mirroring (crate `netlink-sync`).
+//! Not here: the exception interface plumbing (r2c's poll loop hands kernel frames to an
+//! exception port, net_tap) and netlink mirroring (crate `netlink-sync`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -45,7 +45,7 @@
 //! [runtime]
 //! mode = "inline"            # inline | batch | split
 //! idle = "busy"              # busy | yield | backoff
-//! # backoff: sleep 1 µs doubling up to backoff_max_us (default 100) while idle, never
+//! # backoff: sleep 2 µs doubling up to backoff_max_us (default 100) while idle, never
 //! # past a timer; in split and message mode a worker's reply or command wakes the
 //! # core at once (a doorbell: a fence and a load per reply while the core is busy;
 //! # batch mode: threads feeding the application ring `Sockets::doorbell`).

@@ -68,7 +68,7 @@ pub enum IdleStrategy {
     BusyPoll,
     /// `sched_yield` between empty iterations (shared CPUs, tests).
     Yield,
-    /// Sleep, doubling from 1 µs up to `max` while idle, never past the next timer.
+    /// Sleep, doubling from 2 µs up to `max` while idle, never past the next timer.
     /// In split and message mode a worker's reply or command cuts the sleep short
     /// (a [`msgsched::doorbell`]: the core announces it is about to sleep, re-checks
     /// its workers' rings, then parks; a worker rings after pushing, which costs a

@@ -5,7 +5,8 @@
 //! writes on the data path; per-core stats are published through a seqlock every
 //! `stats_interval` iterations.
 //!
-//! Poll iteration: `rx_burst` (32) → `handle_frame` each → `handle_timeouts` →
+//! Poll iteration: `rx_burst` (up to 32) → `handle_frames` (the burst, each connection's
+//! in-order run coalesced) → `handle_timeouts` →
 //! application work → send backlog → `poll_transmit` until `None` → `tx_burst` (frames
 //! the ring refuses are retried next iteration; after `tx_retry_limit` tries in a row that
 //! took nothing, one burst is dropped from the queue's head, and counted, and the next
@@ -16,7 +17,9 @@
 //! - [`batch`]: a BSD-socket/epoll-like API polled once per iteration;
 //! - [`split`]: I/O + TCP on one core, handlers on worker threads over lock-free rings;
 //! - [`msg`]: split mode with message sockets: parsers on the I/O core, whole messages
-//!   scheduled across workers by msgsched (CP / CS / MS), replies in request order.
+//!   scheduled across workers by msgsched (CP / CS / MS), replies in request order for
+//!   ordered protocols (as they complete for unordered ones); or per-connection sessions
+//!   (HTTP/2) on the I/O core (`Runtime::spawn_msg_session`).
 //!
 //! Sending has one meaning per call (as quinn's `SendStream::write` / `write_all`):
 //! [`Ctx::send`] takes what the TCP send buffer takes now and returns how much;

@@ -1,4 +1,4 @@
-//! The NIC-less testbed: network namespaces, veth/tap/af_packet/memif topologies for DPDK
+//! The NIC-less testbed: network namespaces, veth/tap/af_packet/memif/coexist topologies for DPDK
 //! and kernel hosts, link impairments, and crash cleanup.
 //!
 //! Contract:

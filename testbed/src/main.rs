@@ -38,9 +38,9 @@ impl PrefixArg {
 enum Cmd {
     /// Install packages, reserve hugepages, mount hugetlbfs (runs testbed/setup.sh).
     Setup,
-    /// Bring a topology up (idempotent): memif, tap, afpacket or veth.
+    /// Bring a topology up (idempotent): memif, tap, afpacket, veth or coexist.
     Up {
-        /// memif | tap | afpacket | veth
+        /// memif | tap | afpacket | veth | coexist
         topology: String,
         #[command(flatten)]
         prefix: PrefixArg,
@@ -51,7 +51,7 @@ enum Cmd {
     /// Tear down one topology, or (without one) everything with the prefix, crash
     /// leftovers included.
     Down {
-        /// memif | tap | afpacket | veth; omit for all.
+        /// memif | tap | afpacket | veth | coexist; omit for all.
         topology: Option<String>,
         #[command(flatten)]
         prefix: PrefixArg,

@@ -6,6 +6,7 @@
 //! | `tap` | `<p>-tap` | DPDK (net_tap) ⇄ kernel host on the tap | 198.18.0.0/24 |
 //! | `afpacket` | `<p>-afp-dut`, `<p>-afp-host` | DPDK (net_af_packet on a veth end) ⇄ kernel host | 198.18.1.0/24 |
 //! | `veth` | `<p>-k1`, `<p>-k2` | kernel host ⇄ kernel host, MTU 1500 (the baseline) | 198.18.2.0/24 |
+//! | `coexist` | `<p>-cx-host`, `<p>-cx-wire` | luna (net_af_packet on a veth end) and the kernel (exception tap) on one "NIC" ⇄ kernel clients | 198.18.4.0/24 |
 //!
 //! Every name is derived from the prefix, so [`Topology::up`] is idempotent and
 //! [`crate::sweep()`] finds whatever a crash left behind.

@@ -918,8 +918,8 @@ pub unsafe extern "C-unwind" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> 
 #[no_mangle]
 pub unsafe extern "C-unwind" fn read(fd: c_int, b: *mut c_void, n: size_t) -> ssize_t {
     match lookup(fd) {
-        // SAFETY: C's contract for read.
         Some(s) => {
+            // SAFETY: C's contract for read.
             guard(|| ret_len(unsafe { buf_mut(b, n) }.and_then(|x| do_read(fd, &s, vec![x], 0))))
         }
         // SAFETY: forwarding.
@@ -942,8 +942,8 @@ pub unsafe extern "C-unwind" fn write(fd: c_int, b: *const c_void, n: size_t) ->
 #[no_mangle]
 pub unsafe extern "C-unwind" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     match lookup(fd) {
-        // SAFETY: C's contract for readv.
         Some(s) => {
+            // SAFETY: C's contract for readv.
             guard(|| ret_len(unsafe { iov_slices(iov, cnt) }.and_then(|v| do_read(fd, &s, v, 0))))
         }
         // SAFETY: forwarding.
@@ -976,8 +976,8 @@ pub unsafe extern "C-unwind" fn send(
     flags: c_int,
 ) -> ssize_t {
     match lookup(fd) {
-        // SAFETY: C's contract for send.
         Some(s) => {
+            // SAFETY: C's contract for send.
             guard(|| ret_len(unsafe { buf(b, n) }.and_then(|x| do_write(fd, &s, &[x], flags))))
         }
         // SAFETY: forwarding.
@@ -994,8 +994,8 @@ pub unsafe extern "C-unwind" fn recv(
     flags: c_int,
 ) -> ssize_t {
     match lookup(fd) {
-        // SAFETY: C's contract for recv.
         Some(s) => guard(|| {
+            // SAFETY: C's contract for recv.
             ret_len(unsafe { buf_mut(b, n) }.and_then(|x| do_read(fd, &s, vec![x], flags)))
         }),
         // SAFETY: forwarding.
@@ -1014,8 +1014,8 @@ pub unsafe extern "C-unwind" fn sendto(
     len: socklen_t,
 ) -> ssize_t {
     match lookup(fd) {
-        // SAFETY: C's contract for sendto.
         Some(s) => {
+            // SAFETY: C's contract for sendto.
             guard(|| ret_len(unsafe { buf(b, n) }.and_then(|x| do_write(fd, &s, &[x], flags))))
         }
         // SAFETY: forwarding.
@@ -1561,8 +1561,8 @@ unsafe fn select_mixed(
     let mut p = unsafe { sets.poll_array() };
     let luna = luna_fds(&p);
     for x in &p {
-        // SAFETY: F_GETFD takes no argument; libc's fcntl on a plain number.
         if !luna.iter().any(|(_, fd, _)| *fd == x.fd)
+            // SAFETY: F_GETFD takes no argument; libc's fcntl on a plain number.
             && unsafe { call_real!(fcntl(x.fd, libc::F_GETFD, 0)) } < 0
         {
             return Err(libc::EBADF);
@@ -1739,23 +1739,29 @@ mod tests {
     #[test]
     fn addresses_round_trip_and_truncate() {
         let a = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 6379);
+        // SAFETY: sockaddr_in is plain data; all zeroes is a valid value.
         let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+        // SAFETY: `sin` is a live sockaddr_in of `len` bytes.
         unsafe { put_addr(a, (&mut sin as *mut libc::sockaddr_in).cast(), &mut len) }.unwrap();
         assert_eq!(len, 16);
+        // SAFETY: `sin` is a live sockaddr_in of `len` bytes.
         let back = unsafe { addr_in((&sin as *const libc::sockaddr_in).cast(), len) };
         assert_eq!(back, Some(a));
         assert_eq!(
+            // SAFETY: `sin` holds at least 8 bytes.
             unsafe { addr_in((&sin as *const libc::sockaddr_in).cast(), 8) },
             None,
             "short"
         );
         let mut small = [0u8; 4];
         let mut len = 4;
+        // SAFETY: `small` is a live buffer of `len` (4) bytes.
         unsafe { put_addr(a, small.as_mut_ptr().cast(), &mut len) }.unwrap();
         assert_eq!(len, 16, "the full size is reported");
         assert_eq!(small[..2], (libc::AF_INET as u16).to_ne_bytes());
         assert_eq!(
+            // SAFETY: a null address is refused before it is written.
             unsafe { put_addr(a, std::ptr::null_mut(), &mut len) },
             Err(libc::EFAULT)
         );
@@ -1764,10 +1770,12 @@ mod tests {
     #[test]
     fn iovecs_are_checked() {
         assert_eq!(
+            // SAFETY: a negative count is refused before the pointer is read.
             unsafe { iov_slices(std::ptr::null(), -1) }.err(),
             Some(libc::EINVAL)
         );
         assert_eq!(
+            // SAFETY: a null array is refused before it is read.
             unsafe { iov_slices(std::ptr::null(), 1) }.err(),
             Some(libc::EFAULT)
         );
@@ -1782,6 +1790,7 @@ mod tests {
                 iov_len: 0,
             },
         ];
+        // SAFETY: `io` holds two live iovecs over `a` and an empty one.
         let v = unsafe { iov_slices(io.as_ptr(), 2) }.unwrap();
         assert_eq!(v.len(), 1);
         assert_eq!(&*v[0], &[1, 2]);
@@ -2264,8 +2273,8 @@ mod tests {
             events: libc::EPOLLIN as u32,
             u64: 42,
         };
-        // SAFETY: a live event for a descriptor this test owns.
         assert_eq!(
+            // SAFETY: a live event for a descriptor this test owns.
             unsafe { epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) },
             0
         );
@@ -2427,13 +2436,19 @@ mod tests {
     fn without_luna_calls_reach_the_kernel() {
         // This test binary exports the hooks too; ACTIVE is false: plain libc behaviour.
         let mut fds = [0 as c_int; 2];
+        // SAFETY: pipe(2) writes two descriptors into the array.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: our pipe's write end; 2 bytes from a live literal.
         assert_eq!(unsafe { write(fds[1], b"ok".as_ptr().cast(), 2) }, 2);
         let mut b = [0u8; 2];
+        // SAFETY: our pipe's read end into a live 2-byte buffer.
         assert_eq!(unsafe { read(fds[0], b.as_mut_ptr().cast(), 2) }, 2);
         assert_eq!(&b, b"ok");
+        // SAFETY: closing descriptors this test owns.
         assert_eq!(unsafe { close(fds[0]) }, 0);
+        // SAFETY: closing descriptors this test owns.
         assert_eq!(unsafe { close(fds[1]) }, 0);
+        // SAFETY: a second close of a closed descriptor (EBADF) touches no memory.
         assert_eq!(unsafe { close(fds[1]) }, -1);
         assert_eq!(crate::errno(), libc::EBADF);
     }

@@ -20,6 +20,7 @@
 //! * No call panics across the C boundary: a failure is `-1` and `errno`.
 
 #![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 mod engine;
 mod epoll;

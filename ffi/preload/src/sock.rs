@@ -1301,8 +1301,8 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         use std::os::unix::thread::JoinHandleExt;
-        // SAFETY: the thread is alive (it sleeps on `s`); SIGUSR1 has a handler.
         assert_eq!(
+            // SAFETY: the thread is alive (it sleeps on `s`); SIGUSR1 has a handler.
             unsafe { libc::pthread_kill(t.as_pthread_t(), libc::SIGUSR1) },
             0
         );

@@ -19,7 +19,8 @@
 //! [`Rejected`]; the caller keeps it and stops reading that connection.
 //!
 //! Idle workers park (they do not spin). The idle/handoff protocol and its invariant are
-//! described in `worker.rs` and in docs/msgsched-sched.md.
+//! described in `worker.rs` and in docs/msgsched.md ("Idle protocol (no lost wakeup) and the
+//! mailbox invariant").
 
 mod bitmap;
 mod dispatcher;

@@ -294,8 +294,8 @@ mod tests {
         // SAFETY: valid descriptors and offset.
         assert_eq!(unsafe { sendfile(w, f.as_raw_fd(), &mut off, 3) }, 3);
         assert_eq!(off, 5);
-        // SAFETY: as above; the file position moves (it was 0).
         assert_eq!(
+            // SAFETY: as above; the file position moves (it was 0).
             unsafe { sendfile64(w, f.as_raw_fd(), std::ptr::null_mut(), 4) },
             4
         );
@@ -358,8 +358,8 @@ mod tests {
     fn a_pipe_or_socket_source_is_refused_and_keeps_its_bytes() {
         let (r, w) = pipe();
         let (sr, sw) = pipe();
-        // SAFETY: our pipe; 1000 bytes fit its buffer.
         assert_eq!(
+            // SAFETY: our pipe; 1000 bytes fit its buffer.
             unsafe { libc::write(sw, [5u8; 1000].as_ptr().cast(), 1000) },
             1000
         );
@@ -376,8 +376,8 @@ mod tests {
         assert_eq!(queued(sr), 1000);
         // A kernel socket as the source, its bytes left alone too.
         let mut sp = [0; 2];
-        // SAFETY: socketpair writes two descriptors into the array.
         assert_eq!(
+            // SAFETY: socketpair writes two descriptors into the array.
             unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, sp.as_mut_ptr()) },
             0
         );
@@ -396,8 +396,8 @@ mod tests {
         let n = unsafe { sendfile(w, efd, std::ptr::null_mut(), 8) };
         assert_eq!((n, crate::errno()), (-1, libc::EINVAL));
         let mut v = 0u64;
-        // SAFETY: an eventfd reads as 8 bytes.
         assert_eq!(
+            // SAFETY: an eventfd reads as 8 bytes.
             unsafe { libc::read(efd, (&mut v as *mut u64).cast(), 8) },
             8
         );

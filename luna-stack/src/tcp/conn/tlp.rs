@@ -20,7 +20,7 @@
 //!   the RTO is restarted; no second probe until the episode ends.
 //! - Beyond the RFC: a probe the peer D-SACKs was needless (the round trip outgrew
 //!   2·SRTT without a loss: a loaded or stalled peer), so the connection's next PTOs
-//!   are doubled, up to 8 times, until a probe finds a real loss.
+//!   are doubled, up to three times (8×), until a probe finds a real loss.
 //! - The episode ends when an ACK covers the probe: a probe of new data ends it; a
 //!   retransmitted probe that is D-SACKed, or answered by a duplicate ACK at its end
 //!   (§7.4.2 step 1), means the original arrived and nothing was lost; an ACK beyond the
@@ -254,7 +254,7 @@ impl Connection {
                 self.tlp = None;
                 // The probe was needless: the round trip outgrew two SRTTs without a loss
                 // (a loaded peer, queueing). Wait twice as long before the next one, up to
-                // 8 times (beyond that the RTO, which caps the PTO, comes first anyway).
+                // 8× (three doublings; beyond that the RTO, which caps the PTO, comes first anyway).
                 self.tlp_backoff = (self.tlp_backoff + 1).min(MAX_TLP_BACKOFF);
             }
         }

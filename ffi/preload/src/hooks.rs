@@ -1518,6 +1518,50 @@ pub unsafe extern "C-unwind" fn poll(
     })
 }
 
+/// `ppoll(2)`: as `poll`, with a timespec timeout (null: forever; invalid: `EINVAL`) and
+/// `mask` applied while waiting in the kernel (each slice is a real `ppoll` with it, so a
+/// signal it unblocks ends the call with `EINTR`). Without it a luna socket was polled as
+/// its kernel placeholder, an unconnected socket: `POLLHUP` at once (OpenSSH's client
+/// waits in `ppoll` and failed its key exchange).
+#[no_mangle]
+pub unsafe extern "C-unwind" fn ppoll(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if !ACTIVE.load(Ordering::Acquire) || internal() || n == 0 || fds.is_null() || n > 65536 {
+        // SAFETY: forwarding.
+        return unsafe { call_real!(ppoll(fds, n, ts, mask)) };
+    }
+    let luna = {
+        // SAFETY: the caller passes `n` pollfds.
+        luna_fds(unsafe { std::slice::from_raw_parts(fds, n as usize) })
+    };
+    if luna.is_empty() {
+        // SAFETY: forwarding.
+        return unsafe { call_real!(ppoll(fds, n, ts, mask)) };
+    }
+    guard(|| {
+        // SAFETY: `ts` is null or a valid timespec (C's contract for ppoll).
+        let t = match select::timespec((!ts.is_null()).then(|| unsafe { *ts })) {
+            Ok(t) => t,
+            Err(e) => return fail(e),
+        };
+        // SAFETY: the caller passes `n` pollfds.
+        let p = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+        poll_mixed(p, &luna, deadline_of(t), &mut |p, ms| {
+            let slice = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: ms as libc::c_long * 1_000_000,
+            };
+            // SAFETY: the caller's array (luna entries masked with fd -1), a live
+            // timespec, the caller's mask (or null).
+            unsafe { call_real!(ppoll(p.as_mut_ptr(), p.len() as libc::nfds_t, &slice, mask)) }
+        })
+    })
+}
+
 /// Whether a luna socket is in one of the sets (never on the shim's own threads).
 ///
 /// # Safety
@@ -1822,6 +1866,53 @@ mod tests {
     fn isset(fd: c_int, s: &libc::fd_set) -> bool {
         // SAFETY: a live set; fds below FD_SETSIZE.
         unsafe { libc::FD_ISSET(fd, s) }
+    }
+
+    /// ppoll(2) on a luna socket answers from luna, not from its kernel placeholder (the
+    /// real placeholder, an unconnected TCP socket, is POLLHUP at once): nothing ready
+    /// waits the timeout, data is POLLIN, a bad timespec is EINVAL.
+    #[test]
+    fn ppoll_reports_luna_readiness() {
+        let s = Sock::new(Phase::Connected, UNBOUND);
+        let (fd, ph) = luna_at_pipe(Arc::clone(&s));
+        // SAFETY: a live one-byte buffer to a pipe this test owns (the placeholder
+        // readable, which luna's answer must not show).
+        assert_eq!(unsafe { libc::write(ph, b"p".as_ptr().cast(), 1) }, 1);
+        let mut p = [libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 30_000_000,
+        };
+        let t0 = Instant::now();
+        // SAFETY: a live pollfd array and timespec; no mask.
+        let n = unsafe { libc::ppoll(p.as_mut_ptr(), 1, &ts, std::ptr::null()) };
+        assert_eq!(
+            (n, p[0].revents),
+            (0, 0),
+            "the placeholder's readiness is not luna's"
+        );
+        assert!(t0.elapsed() >= Duration::from_millis(25));
+
+        s.lock().rx.extend(b"x");
+        // SAFETY: as above, no timeout.
+        let n = unsafe { libc::ppoll(p.as_mut_ptr(), 1, std::ptr::null(), std::ptr::null()) };
+        assert_eq!((n, p[0].revents), (1, libc::POLLIN));
+
+        let bad = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000_000,
+        };
+        // SAFETY: as above.
+        let n = unsafe { libc::ppoll(p.as_mut_ptr(), 1, &bad, std::ptr::null()) };
+        assert_eq!((n, crate::errno()), (-1, libc::EINVAL));
+        for x in [fd, ph] {
+            // SAFETY: closing descriptors this test opened.
+            assert_eq!(unsafe { close(x) }, 0);
+        }
     }
 
     /// select(2) on a luna socket answers from luna, not from its kernel placeholder

@@ -1429,6 +1429,42 @@ pub unsafe extern "C-unwind" fn epoll_pwait(
     })
 }
 
+/// `epoll_pwait2(2)`: `epoll_pwait` with a timespec timeout (null: forever; invalid:
+/// `EINVAL`), kept to the millisecond, rounded up, for a set that holds luna sockets (its
+/// kernel part is waited in the real `epoll_pwait` slices with the caller's mask). Without
+/// it such a set was waited as its kernel part alone: luna's readiness never reported.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn epoll_pwait2(
+    epfd: c_int,
+    ev: *mut epoll_event,
+    max: c_int,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    let set = if internal() { None } else { epoll::set(epfd) };
+    let Some(set) = set else {
+        // SAFETY: forwarding.
+        return unsafe { call_real!(epoll_pwait2(epfd, ev, max, ts, mask)) };
+    };
+    guard(|| {
+        // SAFETY: `ts` is null or a valid timespec (C's contract for epoll_pwait2).
+        let timeout = match select::timespec((!ts.is_null()).then(|| unsafe { *ts })) {
+            Ok(None) => -1,
+            Ok(Some(d)) => c_int::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX),
+            Err(e) => return fail(e),
+        };
+        // SAFETY: C's contract for epoll_pwait2.
+        let out = match unsafe { events(ev, max) } {
+            Ok(o) => o,
+            Err(e) => return fail(e),
+        };
+        epoll::wait(&set, out, timeout, &mut |b, t| {
+            // SAFETY: `b` is a live part of the caller's array.
+            unsafe { call_real!(epoll_pwait(epfd, b.as_mut_ptr(), b.len() as c_int, t, mask)) }
+        })
+    })
+}
+
 /// Luna descriptors of a poll array: (index, fd, socket).
 type LunaFds = Vec<(usize, c_int, Arc<Sock>)>;
 
@@ -2384,6 +2420,65 @@ mod tests {
         let reported: Vec<u64> = out[..n.max(0) as usize].iter().map(|e| e.u64).collect();
         assert_eq!(n, 0, "the closed socket is still reported: {reported:?}");
         for x in [ep, ph] {
+            // SAFETY: closing descriptors this test opened.
+            assert_eq!(unsafe { close(x) }, 0);
+        }
+    }
+
+    /// epoll_pwait2(2) on a set holding a luna socket answers from luna (without the hook
+    /// the kernel saw only the set's kernel part and timed out with the data there):
+    /// nothing ready waits the timeout, data is reported with its user data, a timeout
+    /// under a millisecond still waits (rounded up, not to 0), a bad timespec is EINVAL.
+    #[test]
+    fn epoll_pwait2_reports_luna_readiness() {
+        let s = Sock::new(Phase::Connected, UNBOUND);
+        let (fd, ph) = luna_at_pipe(Arc::clone(&s));
+        // SAFETY: plain system calls on descriptors this test owns.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep >= 0);
+        let mut ev = epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 7,
+        };
+        assert_eq!(
+            // SAFETY: a live event for a descriptor this test owns.
+            unsafe { epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) },
+            0
+        );
+        let mut out = [epoll_event { events: 0, u64: 0 }; 4];
+        let wait = |out: &mut [epoll_event; 4], ns: i64| {
+            let ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: ns as libc::c_long,
+            };
+            let t0 = Instant::now();
+            // SAFETY: `out` has room for 4 events; a live timespec; no mask.
+            let n = unsafe { epoll_pwait2(ep, out.as_mut_ptr(), 4, &ts, std::ptr::null()) };
+            (n, crate::errno(), t0.elapsed())
+        };
+        let (n, _, took) = wait(&mut out, 30_000_000);
+        assert_eq!(n, 0, "nothing is ready");
+        assert!(took >= Duration::from_millis(25), "{took:?}");
+        let (n, _, took) = wait(&mut out, 200_000);
+        assert_eq!(n, 0);
+        assert!(
+            took >= Duration::from_micros(200),
+            "rounded to 0 ms: {took:?}"
+        );
+        {
+            let mut g = s.lock();
+            g.rx.extend(b"x");
+            s.notify(&g);
+        }
+        let (n, _, _) = wait(&mut out, 30_000_000);
+        assert_eq!(n, 1, "luna's data is not reported");
+        assert_eq!(
+            ({ out[0].events }, { out[0].u64 }),
+            (libc::EPOLLIN as u32, 7)
+        );
+        let (n, e, _) = wait(&mut out, 1_000_000_000);
+        assert_eq!((n, e), (-1, libc::EINVAL));
+        for x in [ep, fd, ph] {
             // SAFETY: closing descriptors this test opened.
             assert_eq!(unsafe { close(x) }, 0);
         }

@@ -56,6 +56,16 @@ pub(crate) struct Real {
     pub epoll_pwait: Option<
         unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int,
     >,
+    #[allow(clippy::type_complexity)]
+    pub epoll_pwait2: Option<
+        unsafe extern "C" fn(
+            c_int,
+            *mut epoll_event,
+            c_int,
+            *const libc::timespec,
+            *const libc::sigset_t,
+        ) -> c_int,
+    >,
     pub poll: Option<unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int>,
     #[allow(clippy::type_complexity)]
     pub ppoll: Option<
@@ -138,6 +148,7 @@ pub(crate) fn real() -> &'static Real {
         epoll_ctl: sym(c"epoll_ctl"),
         epoll_wait: sym(c"epoll_wait"),
         epoll_pwait: sym(c"epoll_pwait"),
+        epoll_pwait2: sym(c"epoll_pwait2"),
         poll: sym(c"poll"),
         ppoll: sym(c"ppoll"),
         select: sym(c"select"),

@@ -3,9 +3,9 @@
 //! * `sendfile`/`sendfile64` to a luna socket: nginx's default (`sendfile on`) and Python's
 //!   `socket.sendfile`. Without it the call went to the placeholder kernel socket, which is
 //!   not connected: nginx answered every static file with `EPIPE`.
-//! * `__read_chk`, `__recv_chk`, `__recvfrom_chk`, `__poll_chk`: what a program built with
+//! * `__read_chk`, `__recv_chk`, `__recvfrom_chk`, `__poll_chk`, `__ppoll_chk`: what a program built with
 //!   `_FORTIFY_SOURCE` (Debian builds its packages so) calls instead of `read`, `recv`,
-//!   `recvfrom` and `poll` when the compiler knows the buffer's size. glibc's versions
+//!   `recvfrom`, `poll` and `ppoll` when the compiler knows the buffer's size. glibc's versions
 //!   check the size and call the system call directly, past this shim, so a fortified
 //!   `read` of a luna socket read the placeholder. Here they check as glibc does
 //!   (`__chk_fail` on an overflow) and take the luna path.
@@ -225,6 +225,23 @@ pub unsafe extern "C-unwind" fn __recvfrom_chk(
     unsafe { super::recvfrom(fd, b, n, flags, addr, len) }
 }
 
+/// glibc's `__ppoll_chk`: `ppoll` over an array of `fdslen` bytes.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn __ppoll_chk(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+    fdslen: size_t,
+) -> c_int {
+    if fdslen / std::mem::size_of::<libc::pollfd>() < n as usize {
+        // SAFETY: glibc's abort.
+        unsafe { __chk_fail() }
+    }
+    // SAFETY: C's contract for ppoll, the length checked.
+    unsafe { super::ppoll(fds, n, ts, mask) }
+}
+
 /// glibc's `__poll_chk`: `poll` over an array of `fdslen` bytes.
 #[no_mangle]
 pub unsafe extern "C-unwind" fn __poll_chk(
@@ -285,7 +302,7 @@ mod tests {
     }
 
     /// Kernel descriptors go to libc's calls: sendfile with and without an offset, the
-    /// fortified read and poll.
+    /// fortified read, poll and ppoll.
     #[test]
     fn kernel_descriptors_fall_through() {
         let f = file_with(b"0123456789");
@@ -306,6 +323,17 @@ mod tests {
         }];
         // SAFETY: one pollfd of its size.
         assert_eq!(unsafe { __poll_chk(pfd.as_mut_ptr(), 1, 0, 8) }, 1);
+        let zero = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        pfd[0].revents = 0;
+        assert_eq!(
+            // SAFETY: one pollfd of its size, a live timespec, no mask.
+            unsafe { __ppoll_chk(pfd.as_mut_ptr(), 1, &zero, std::ptr::null(), 8) },
+            1
+        );
+        assert_eq!(pfd[0].revents, libc::POLLIN);
         let mut buf = [0u8; 16];
         // SAFETY: 16 bytes of buffer.
         let n = unsafe { __read_chk(r, buf.as_mut_ptr().cast(), 16, 16) };

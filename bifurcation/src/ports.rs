@@ -615,6 +615,18 @@ impl PortChooser {
         }
     }
 
+    /// Starts the search at the port `r` picks (`r` modulo the partition's size), so that
+    /// a process's first connections do not always leave from the partition's first ports:
+    /// RFC 6056 §3.3.1's random start. From a fixed first port, every run of a client
+    /// reused the 4-tuples of the run before, which a server that closed first still
+    /// holds in TIME-WAIT (its SYN answered by the old connection's ACK, the connection
+    /// up only after the SYN's retransmission), and the ports were predictable.
+    pub fn start_at(&mut self, r: u32) {
+        if !self.ports.is_empty() {
+            self.next = r as usize % self.ports.len();
+        }
+    }
+
     /// Number of ports in the partition.
     pub fn len(&self) -> usize {
         self.ports.len()
@@ -843,6 +855,7 @@ mod tests {
     #[test]
     fn chooser_without_rss_uses_the_partition_and_reports_exhaustion() {
         let mut c = PortChooser::new(&[r(61440, 61442)], None);
+        c.start_at(3);
         let remote: SocketAddrV4 = "198.18.0.2:7".parse().unwrap();
         let local = Ipv4Addr::new(198, 18, 0, 1);
         let mut used = Vec::new();
@@ -854,6 +867,45 @@ mod tests {
         assert_eq!(used, vec![61440, 61441, 61442]);
         assert_eq!(
             c.choose(local, remote, |p| used.contains(&p)),
+            Err(ChooseError::Exhausted)
+        );
+    }
+
+    /// The search starts where `start_at` put it (modulo the partition, which also spans
+    /// several blocks), then goes round: a fresh chooser is not pinned to the first port.
+    #[test]
+    fn the_search_starts_at_the_random_start_and_wraps() {
+        let remote: SocketAddrV4 = "198.18.0.2:7".parse().unwrap();
+        let local = Ipv4Addr::new(198, 18, 0, 1);
+        let blocks = [r(61440, 61442), r(62000, 62001)];
+        for (start, first) in [(0, 61440), (1, 61441), (3, 62000), (4, 62001), (5, 61440)] {
+            let mut c = PortChooser::new(&blocks, None);
+            c.start_at(start);
+            assert_eq!(
+                c.choose(local, remote, |_| false),
+                Ok(first),
+                "start {start}"
+            );
+        }
+        let mut c = PortChooser::new(&blocks, None);
+        c.start_at(u32::MAX);
+        let mut seen: Vec<u16> = (0..5)
+            .map(|_| c.choose(local, remote, |_| false).unwrap())
+            .collect();
+        assert_eq!(
+            seen[0],
+            [61440, 61441, 61442, 62000, 62001][u32::MAX as usize % 5]
+        );
+        seen.sort();
+        assert_eq!(
+            seen,
+            vec![61440, 61441, 61442, 62000, 62001],
+            "round once, in turn"
+        );
+        let mut empty = PortChooser::new(&[], None);
+        empty.start_at(7);
+        assert_eq!(
+            empty.choose(local, remote, |_| false),
             Err(ChooseError::Exhausted)
         );
     }

@@ -768,7 +768,7 @@ impl<D: Device> CoreLoop<D> {
             Some(s) => Some(s.core_cache(setup.index).map_err(CoreError::Slab)?),
             None => None,
         };
-        let rng = match opts.rng_seed {
+        let mut rng = match opts.rng_seed {
             Some(mut seed) => {
                 // Distinct streams per core from one test seed.
                 seed[0] ^= setup.index as u8;
@@ -777,6 +777,9 @@ impl<D: Device> CoreLoop<D> {
             }
             None => CoreRng::from_os().map_err(CoreError::Seed)?,
         };
+        // The port search's random start (RFC 6056 §3.3.1), drawn before the stack takes
+        // the generator: reproducible under `rng_seed`.
+        let port_start = luna_stack::context::Rng::next_u32(&mut rng);
         let mut stack = Stack::new(setup.stack, rng).map_err(CoreError::Stack)?;
         for r in setup.routes {
             stack
@@ -794,7 +797,8 @@ impl<D: Device> CoreLoop<D> {
             rss,
             queues: setup.devices.iter().map(Device::queue).collect(),
         });
-        let chooser = PortChooser::new(&setup.ports, steering);
+        let mut chooser = PortChooser::new(&setup.ports, steering);
+        chooser.start_at(port_start);
         let mut clock = CoreClock::new(opts.clock.clone());
         let st = CoreState {
             index: setup.index,

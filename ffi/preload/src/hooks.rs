@@ -394,7 +394,36 @@ unsafe fn buf<'a>(buf: *const c_void, n: size_t) -> Result<&'a [u8], i32> {
     Ok(unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), n) })
 }
 
+/// The most `MSG_TRUNC` discards in one call (a shorter read, as a stream allows).
+const TRUNC_MAX: usize = 1 << 20;
+
+/// `recv`/`recvfrom`'s data: into the caller's buffer, or with `MSG_TRUNC` discarded —
+/// TCP's meaning on Linux: the bytes are consumed and counted, not copied, and the buffer
+/// may be null — through a scratch buffer of at most [`TRUNC_MAX`] bytes.
+///
+/// # Safety
+/// Without `MSG_TRUNC`, `b` is null or points to `n` writable bytes.
+unsafe fn recv_into(
+    fd: c_int,
+    s: &Sock,
+    b: *mut c_void,
+    n: size_t,
+    flags: c_int,
+) -> Result<usize, i32> {
+    if flags & libc::MSG_TRUNC != 0 && flags & libc::MSG_OOB == 0 {
+        let mut scratch = vec![0u8; n.min(TRUNC_MAX)];
+        return do_read(fd, s, vec![&mut scratch[..]], flags & !libc::MSG_TRUNC);
+    }
+    // SAFETY: the caller's contract.
+    unsafe { buf_mut(b, n) }.and_then(|x| do_read(fd, s, vec![x], flags))
+}
+
 fn do_read(fd: c_int, s: &Sock, mut bufs: Vec<&mut [u8]>, flags: c_int) -> Result<usize, i32> {
+    if flags & libc::MSG_OOB != 0 {
+        // luna sends no urgent data and keeps none: Linux's answer when there is none
+        // to read (`tcp_recv_urg`). Reading the stream's bytes instead would take them.
+        return Err(libc::EINVAL);
+    }
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
     s.read(&mut bufs, flags, &|| {
         how_to_wait(fd, dontwait, libc::SO_RCVTIMEO)
@@ -402,6 +431,11 @@ fn do_read(fd: c_int, s: &Sock, mut bufs: Vec<&mut [u8]>, flags: c_int) -> Resul
 }
 
 fn do_write(fd: c_int, s: &Arc<Sock>, bufs: &[&[u8]], flags: c_int) -> Result<usize, i32> {
+    if flags & libc::MSG_OOB != 0 {
+        // luna's TCP has no urgent pointer: sending the byte in-band would put it in the
+        // peer's stream, where a Linux peer (without SO_OOBINLINE) never reads it.
+        return Err(libc::EOPNOTSUPP);
+    }
     let Some(sh) = engine::engine() else {
         return Err(libc::ENETDOWN);
     };
@@ -996,7 +1030,7 @@ pub unsafe extern "C-unwind" fn recv(
     match lookup(fd) {
         Some(s) => guard(|| {
             // SAFETY: C's contract for recv.
-            ret_len(unsafe { buf_mut(b, n) }.and_then(|x| do_read(fd, &s, vec![x], flags)))
+            ret_len(unsafe { recv_into(fd, &s, b, n, flags) })
         }),
         // SAFETY: forwarding.
         None => unsafe { call_real!(recv(fd, b, n, flags)) },
@@ -1036,7 +1070,7 @@ pub unsafe extern "C-unwind" fn recvfrom(
     match lookup(fd) {
         Some(s) => guard(|| {
             // SAFETY: C's contract for recvfrom.
-            let r = unsafe { buf_mut(b, n) }.and_then(|x| do_read(fd, &s, vec![x], flags));
+            let r = unsafe { recv_into(fd, &s, b, n, flags) };
             if r.is_ok() && !addr.is_null() {
                 let peer = s.lock().peer.unwrap_or(UNBOUND);
                 // SAFETY: C's contract for recvfrom.
@@ -2420,6 +2454,59 @@ mod tests {
         let reported: Vec<u64> = out[..n.max(0) as usize].iter().map(|e| e.u64).collect();
         assert_eq!(n, 0, "the closed socket is still reported: {reported:?}");
         for x in [ep, ph] {
+            // SAFETY: closing descriptors this test opened.
+            assert_eq!(unsafe { close(x) }, 0);
+        }
+    }
+
+    /// recv(2) flags luna has no counterpart for are not ignored: MSG_TRUNC discards the
+    /// bytes it counts (TCP's meaning on Linux; a null buffer is fine), MSG_OOB reads
+    /// nothing (EINVAL: no urgent data) and sends nothing (EOPNOTSUPP: it is not sent
+    /// in-band as ordinary data).
+    #[test]
+    fn msg_trunc_discards_and_msg_oob_is_refused() {
+        let s = Sock::new(Phase::Connected, UNBOUND);
+        let (fd, ph) = luna_at_pipe(Arc::clone(&s));
+        s.lock().rx.extend(b"abcdefgh");
+        let f = libc::MSG_DONTWAIT;
+        // SAFETY: a null buffer with MSG_TRUNC (not written).
+        let n = unsafe { recv(fd, std::ptr::null_mut(), 3, f | libc::MSG_TRUNC) };
+        assert_eq!(n, 3, "MSG_TRUNC counts the bytes it discards");
+        let mut b = [0u8; 8];
+        // SAFETY: a live 8-byte buffer.
+        let n = unsafe { recv(fd, b.as_mut_ptr().cast(), 8, f | libc::MSG_OOB) };
+        assert_eq!((n, crate::errno()), (-1, libc::EINVAL));
+        let mut from: libc::sockaddr_in = {
+            // SAFETY: plain data, all zeroes valid.
+            unsafe { std::mem::zeroed() }
+        };
+        let mut len = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+        let n = {
+            // SAFETY: a live buffer (ignored with MSG_TRUNC) and a live address.
+            unsafe {
+                recvfrom(
+                    fd,
+                    b.as_mut_ptr().cast(),
+                    1,
+                    f | libc::MSG_TRUNC,
+                    (&mut from as *mut libc::sockaddr_in).cast(),
+                    &mut len,
+                )
+            }
+        };
+        assert_eq!(n, 1);
+        assert_eq!(b, [0u8; 8], "MSG_TRUNC copies nothing");
+        // SAFETY: a live 8-byte buffer.
+        let n = unsafe { recv(fd, b.as_mut_ptr().cast(), 8, f) };
+        assert_eq!(
+            &b[..n as usize],
+            b"efgh",
+            "neither the discard nor MSG_OOB lost a byte"
+        );
+        // SAFETY: a live one-byte buffer.
+        let n = unsafe { send(fd, b"!".as_ptr().cast(), 1, libc::MSG_OOB) };
+        assert_eq!((n, crate::errno()), (-1, libc::EOPNOTSUPP));
+        for x in [fd, ph] {
             // SAFETY: closing descriptors this test opened.
             assert_eq!(unsafe { close(x) }, 0);
         }

@@ -360,6 +360,9 @@ struct Stream {
     reset: bool,
     /// A reply waiting for flow-control window.
     out: Option<Out>,
+    /// The request is a HEAD: its response carries no content (RFC 9110 §9.3.2), so it
+    /// ends with its HEADERS whatever body the worker gave.
+    head: bool,
 }
 
 struct Block {
@@ -882,10 +885,14 @@ impl H2Session {
         if !valid_request(&fields) {
             return Err(Fail::Stream(id, ErrorCode::Protocol, Reason::Malformed));
         }
+        let head = fields
+            .iter()
+            .any(|(n, v)| &n[..] == b":method" && &v[..] == b"HEAD");
         self.streams.insert(
             id,
             Stream {
                 remote_done: b.end_stream,
+                head,
                 headers: fields,
                 body: IoVec::new(),
                 recv_window: frame::DEFAULT_WINDOW,
@@ -1134,7 +1141,10 @@ impl H2Session {
         }
         let mut block = Vec::new();
         self.encoder.encode(fields, &mut block);
-        let end = resp.body.is_empty() && resp.trailers.is_none();
+        // A HEAD response ends with its HEADERS: content-length says what a GET would
+        // get, no DATA follows (RFC 9110 §9.3.2; clients reset a stream that has some).
+        let head = self.streams.get(&id).is_some_and(|s| s.head);
+        let end = head || (resp.body.is_empty() && resp.trailers.is_none());
         frame::headers(&mut self.ctl, id, &block, end, self.peer_max_frame);
         if end {
             self.finish_stream(id);

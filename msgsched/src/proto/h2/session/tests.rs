@@ -787,3 +787,39 @@ fn high_water_marks_follow_what_a_session_holds() {
         "{f:?}"
     );
 }
+
+#[test]
+fn a_head_response_ends_with_its_headers_and_sends_no_data() {
+    let (mut s, mut p, _c) = open();
+    let f: Vec<(&[u8], &[u8])> = vec![
+        (b":method", b"HEAD"),
+        (b":scheme", b"http"),
+        (b":path", b"/big"),
+        (b":authority", b"x"),
+    ];
+    let mut block = Vec::new();
+    p.enc.encode(f, &mut block);
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS | flag::END_STREAM, 1, &block);
+    send(&mut s, b);
+    let r = s.poll_request().expect("the HEAD request");
+    let got = reply(&mut s, r.id, &[7u8; 1000]);
+    let h = got
+        .iter()
+        .find(|(h, _)| h.kind == kind::HEADERS && h.stream == 1)
+        .expect("HEADERS");
+    assert_ne!(h.0.flags & flag::END_STREAM, 0, "HEAD response must end with HEADERS");
+    let fields = p.dec.decode(&h.1).unwrap();
+    assert!(fields
+        .iter()
+        .any(|(n, v)| n == b"content-length" && v == b"1000"));
+    assert!(!got.iter().any(|(h, _)| h.kind == kind::DATA), "no DATA for HEAD");
+    assert_eq!(s.open_streams(), 0);
+    // The connection goes on: a GET afterwards gets its body.
+    let mut b = Vec::new();
+    p.get(&mut b, 3, "/");
+    send(&mut s, b);
+    let r = s.poll_request().expect("the GET");
+    let got = reply(&mut s, r.id, b"abc");
+    assert!(got.iter().any(|(h, d)| h.kind == kind::DATA && d == b"abc"));
+}

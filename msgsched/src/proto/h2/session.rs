@@ -23,7 +23,8 @@
 //!   count ([`super::hpack`]): both GOAWAY ENHANCE_YOUR_CALM.
 //! - **Memory**: a request body is bounded (`max_body`; the stream is refused), the
 //!   bodies buffered before dispatch are bounded (`max_buffered`: the connection window
-//!   is not reopened until they drain), input is taken only while the output queue is
+//!   is not reopened until they drain; when unfinished bodies alone fill it with the window
+//!   spent, the newest of those streams are refused so the others can finish), input is taken only while the output queue is
 //!   small, and replies wait for the peer's windows (a zero-window peer holds at most
 //!   its streams' replies, within the concurrency limit).
 //! - **Flow control**: data beyond our window is FLOW_CONTROL_ERROR; a WINDOW_UPDATE or
@@ -86,11 +87,14 @@ pub enum Reason {
     IdleTimeout,
     /// The driver's send timeout ([`Timeout::Send`]): GOAWAY NO_ERROR.
     SendTimeout,
+    /// Unfinished request bodies filled `max_buffered` with the connection window shut:
+    /// the newest such stream refused (REFUSED_STREAM) so that the others can finish.
+    BufferFull,
 }
 
 impl Reason {
     /// Every reason, in counter order.
-    pub const ALL: [Reason; 19] = [
+    pub const ALL: [Reason; 20] = [
         Reason::BadPreface,
         Reason::Protocol,
         Reason::FrameSize,
@@ -110,6 +114,7 @@ impl Reason {
         Reason::PeerReset,
         Reason::IdleTimeout,
         Reason::SendTimeout,
+        Reason::BufferFull,
     ];
 
     /// Short name for counters.
@@ -134,6 +139,7 @@ impl Reason {
             Reason::PeerReset => "peer_reset",
             Reason::IdleTimeout => "idle_timeout",
             Reason::SendTimeout => "send_timeout",
+            Reason::BufferFull => "buffer_full",
         }
     }
 
@@ -143,9 +149,11 @@ impl Reason {
 
     fn parse_kind(self) -> ParseErrorKind {
         match self {
-            Reason::HeaderList | Reason::HeaderBlock | Reason::Flood | Reason::BodyTooLarge => {
-                ParseErrorKind::TooLarge
-            }
+            Reason::HeaderList
+            | Reason::HeaderBlock
+            | Reason::Flood
+            | Reason::BodyTooLarge
+            | Reason::BufferFull => ParseErrorKind::TooLarge,
             Reason::FlowControl
             | Reason::WindowOverflow
             | Reason::ZeroWindowUpdate
@@ -587,8 +595,49 @@ impl H2Session {
                 }
             }
         }
+        if let Err(Fail::Conn(c, r)) = self.relieve() {
+            self.goaway(c, r);
+            return;
+        }
         self.return_credit();
         self.flush_ctl();
+    }
+
+    /// Keeps the connection live when unfinished bodies hold its window shut. Past
+    /// `max_buffered` the connection window is not reopened ([`Self::return_credit`]);
+    /// if then no body has ended (one waiting for dispatch would free its bytes) and less
+    /// than a frame of connection window is left, no stream can finish and nothing frees a
+    /// byte: the connection would hang until a timeout (RFC 9113 §6.9: credit must not be
+    /// withheld so that a peer within its limits deadlocks — six 1 MB uploads on one
+    /// connection did, and gRPC calls ran into their deadlines). The newest streams still
+    /// receiving a body are refused (REFUSED_STREAM: not processed, safe to retry, RFC 9113
+    /// §8.7) until the rest fits under `max_buffered`, and counted (`buffer_full`).
+    fn relieve(&mut self) -> Result<(), Fail> {
+        if self.buffered <= self.cfg.max_buffered
+            || self.conn_recv_window >= i64::from(frame::DEFAULT_MAX_FRAME)
+            || matches!(self.phase, Phase::Closing(_))
+        {
+            return Ok(());
+        }
+        let dispatchable = self.ready.iter().any(|id| {
+            self.streams
+                .get(id)
+                .is_some_and(|s| !s.reset && !s.at_worker)
+        });
+        if dispatchable {
+            return Ok(());
+        }
+        while self.buffered > self.cfg.max_buffered {
+            let newest = self
+                .streams
+                .iter()
+                .filter(|(_, s)| !s.remote_done && !s.reset && !s.body.is_empty())
+                .map(|(&id, _)| id)
+                .max();
+            let Some(id) = newest else { break };
+            self.reset(id, ErrorCode::RefusedStream, Reason::BufferFull)?;
+        }
+        Ok(())
     }
 
     fn return_credit(&mut self) {

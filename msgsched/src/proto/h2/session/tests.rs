@@ -800,7 +800,13 @@ fn a_head_response_ends_with_its_headers_and_sends_no_data() {
     let mut block = Vec::new();
     p.enc.encode(f, &mut block);
     let mut b = Vec::new();
-    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS | flag::END_STREAM, 1, &block);
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        1,
+        &block,
+    );
     send(&mut s, b);
     let r = s.poll_request().expect("the HEAD request");
     let got = reply(&mut s, r.id, &[7u8; 1000]);
@@ -808,12 +814,19 @@ fn a_head_response_ends_with_its_headers_and_sends_no_data() {
         .iter()
         .find(|(h, _)| h.kind == kind::HEADERS && h.stream == 1)
         .expect("HEADERS");
-    assert_ne!(h.0.flags & flag::END_STREAM, 0, "HEAD response must end with HEADERS");
+    assert_ne!(
+        h.0.flags & flag::END_STREAM,
+        0,
+        "HEAD response must end with HEADERS"
+    );
     let fields = p.dec.decode(&h.1).unwrap();
     assert!(fields
         .iter()
         .any(|(n, v)| n == b"content-length" && v == b"1000"));
-    assert!(!got.iter().any(|(h, _)| h.kind == kind::DATA), "no DATA for HEAD");
+    assert!(
+        !got.iter().any(|(h, _)| h.kind == kind::DATA),
+        "no DATA for HEAD"
+    );
     assert_eq!(s.open_streams(), 0);
     // The connection goes on: a GET afterwards gets its body.
     let mut b = Vec::new();
@@ -822,4 +835,80 @@ fn a_head_response_ends_with_its_headers_and_sends_no_data() {
     let r = s.poll_request().expect("the GET");
     let got = reply(&mut s, r.id, b"abc");
     assert!(got.iter().any(|(h, d)| h.kind == kind::DATA && d == b"abc"));
+}
+
+/// Unfinished bodies over `max_buffered` with the connection window spent: before the
+/// fix no stream could finish and no credit came back (six 1 MB uploads on one
+/// connection hung until the send timeout). Now the newest unfinished streams are
+/// refused until the rest fits, the window reopens, and the others complete; nothing is
+/// refused while a finished body waits for dispatch (its dispatch frees the bytes).
+#[test]
+fn unfinished_bodies_past_the_buffer_refuse_the_newest_so_the_rest_can_finish() {
+    let cfg = H2Config {
+        conn_window: 65_535,
+        max_buffered: 32_768,
+        ..H2Config::default()
+    };
+    let (mut s, mut p, c) = open_with(cfg);
+    let mut b = Vec::new();
+    for id in [1u32, 3, 5, 7] {
+        let block = p.block("/echo");
+        frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, id, &block);
+        frame::put(&mut b, kind::DATA, 0, id, &[id as u8; 16_000]);
+    }
+    let got = send(&mut s, b);
+    assert_eq!(
+        rst(&got, 7),
+        Some(ErrorCode::RefusedStream as u32),
+        "{got:?}"
+    );
+    assert_eq!(rst(&got, 5), Some(ErrorCode::RefusedStream as u32));
+    assert_eq!(
+        (rst(&got, 1), rst(&got, 3)),
+        (None, None),
+        "the oldest go on"
+    );
+    let credit: u32 = got
+        .iter()
+        .filter(|(h, _)| h.kind == kind::WINDOW_UPDATE && h.stream == 0)
+        .map(|(_, p)| u32::from_be_bytes([p[0], p[1], p[2], p[3]]))
+        .sum();
+    assert_eq!(credit, 64_000, "the connection window reopens");
+    assert_eq!(s.buffered(), 32_000);
+    assert_eq!(c.rst_for(Reason::BufferFull), 2);
+    let mut b = Vec::new();
+    for id in [1u32, 3] {
+        frame::put(&mut b, kind::DATA, flag::END_STREAM, id, &[id as u8; 1_000]);
+    }
+    send(&mut s, b);
+    let mut bodies = Vec::new();
+    while let Some(r) = s.poll_request() {
+        bodies.push((r.id, Request::parse(&r.body).unwrap().body.len()));
+    }
+    bodies.sort();
+    assert_eq!(bodies, vec![(1, 17_000), (3, 17_000)]);
+    assert_eq!(s.buffered(), 0);
+
+    // A finished body waiting for its dispatch: no refusal (dispatching it frees its
+    // bytes and reopens the window). (A new configuration: its counters are new.)
+    let (mut s, mut p, c) = open_with(H2Config {
+        conn_window: 65_535,
+        max_buffered: 32_768,
+        ..H2Config::default()
+    });
+    let mut b = Vec::new();
+    for id in [1u32, 3, 5, 7] {
+        let block = p.block("/echo");
+        frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, id, &block);
+        let end = if id == 1 { flag::END_STREAM } else { 0 };
+        frame::put(&mut b, kind::DATA, end, id, &[1u8; 16_000]);
+    }
+    let got = send(&mut s, b);
+    assert!(
+        got.iter().all(|(h, _)| h.kind != kind::RST_STREAM),
+        "{got:?}"
+    );
+    assert_eq!(c.rst_for(Reason::BufferFull), 0);
+    assert!(s.poll_request().is_some());
+    assert_eq!(s.buffered(), 48_000);
 }

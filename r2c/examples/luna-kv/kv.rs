@@ -7,8 +7,10 @@
 //! I/O). Values are copied once out of the receive buffers into their own heap buffers
 //! (so a stored item does not pin the NIC's receive memory) and sent from there without
 //! another copy of ours. Memory is bounded by `--memory-mb`: a store that would exceed it
-//! is refused (`SERVER_ERROR out of memory storing object` / status ENOMEM); there is no
-//! LRU eviction.
+//! first reclaims the items that are no longer live (expired, or flushed by a delayed
+//! `flush_all`) from every shard, as memcached reclaims dead items before it evicts, then
+//! is refused if it still does not fit (`SERVER_ERROR out of memory storing object` /
+//! status ENOMEM); there is no LRU eviction of live items.
 
 use msgsched::proto::memcached::binary::{self, op, status, Header};
 use msgsched::proto::memcached::text::{self, Command, StoreOp};
@@ -76,6 +78,9 @@ pub struct Store {
     max_bytes: usize,
     /// Items stored at or before this Unix second are gone (flush_all with a delay).
     flush_at: AtomicU64,
+    /// The Unix second of the last sweep for dead items that found none: a store full of
+    /// live items scans at most once a second, not once per refused store.
+    fruitless_sweep: AtomicU64,
     /// Counters for `stats`.
     pub gets: AtomicU64,
     /// Hits among `gets`.
@@ -123,6 +128,7 @@ impl Store {
             bytes: AtomicUsize::new(0),
             max_bytes,
             flush_at: AtomicU64::new(0),
+            fruitless_sweep: AtomicU64::new(0),
             gets: AtomicU64::new(0),
             hits: AtomicU64::new(0),
             sets: AtomicU64::new(0),
@@ -175,7 +181,36 @@ impl Store {
         }
     }
 
-    /// Stores `value` under `key` per `op`; the new CAS value on success.
+    /// Removes every item that is no longer live (expired, or flushed by a delayed
+    /// `flush_all`) and uncharges it; how many went. One shard lock at a time, and the
+    /// caller holds none (a worker sweeping while holding its own shard would deadlock
+    /// with another doing the same). Skipped within the second of a sweep that found
+    /// nothing (expiry has a one-second grain).
+    fn reclaim(&self) -> usize {
+        let t = now();
+        if self.fruitless_sweep.load(Ordering::Relaxed) == t {
+            return 0;
+        }
+        let mut n = 0;
+        for s in &self.shards {
+            let mut m = s.lock().unwrap_or_else(|p| p.into_inner());
+            m.retain(|k, it| {
+                let keep = self.live(it, t);
+                if !keep {
+                    self.charge(0, cost(k, it.value.len()));
+                    n += 1;
+                }
+                keep
+            });
+        }
+        if n == 0 {
+            self.fruitless_sweep.store(t, Ordering::Relaxed);
+        }
+        n
+    }
+
+    /// Stores `value` under `key` per `op`; the new CAS value on success. Out of memory,
+    /// it reclaims dead items and tries once more.
     pub fn store(
         &self,
         op: StoreOp,
@@ -185,6 +220,22 @@ impl Store {
         value: &IoVec,
     ) -> (Outcome, u64) {
         self.sets.fetch_add(1, Ordering::Relaxed);
+        match self.try_store(op, key, flags, exptime, value) {
+            (Outcome::NoMemory, _) if self.reclaim() > 0 => {
+                self.try_store(op, key, flags, exptime, value)
+            }
+            r => r,
+        }
+    }
+
+    fn try_store(
+        &self,
+        op: StoreOp,
+        key: &[u8],
+        flags: u32,
+        exptime: i64,
+        value: &IoVec,
+    ) -> (Outcome, u64) {
         let t = now();
         let mut m = self.shard(key);
         let old = m.get(key).filter(|it| self.live(it, t)).cloned();
@@ -245,7 +296,8 @@ impl Store {
         Some((it.value.clone(), it.flags, it.cas))
     }
 
-    /// Removes `key` (if `cas` is given, only with that CAS value).
+    /// Removes `key` (if `cas` is given, only with that CAS value). A dead item under it
+    /// goes too (NOT_FOUND all the same).
     pub fn delete(&self, key: &[u8], cas: u64) -> Outcome {
         let t = now();
         let mut m = self.shard(key);
@@ -258,13 +310,34 @@ impl Store {
                 self.charge(0, cost(key, it.value.len()));
                 Outcome::Stored
             }
-            _ => Outcome::NotFound,
+            Some(_) => {
+                let it = m.remove(key).expect("present");
+                self.charge(0, cost(key, it.value.len()));
+                Outcome::NotFound
+            }
+            None => Outcome::NotFound,
         }
     }
 
     /// incr/decr (decr stops at 0, incr wraps at 2^64). `create`: the binary protocol's
-    /// initial value and expiry for a missing key. Returns the new value and CAS.
+    /// initial value and expiry for a missing key. Returns the new value and CAS. Out of
+    /// memory, it reclaims dead items and tries once more.
     pub fn arith(
+        &self,
+        key: &[u8],
+        incr: bool,
+        delta: u64,
+        create: Option<(u64, i64)>,
+    ) -> Result<(u64, u64), ArithError> {
+        match self.try_arith(key, incr, delta, create) {
+            Err(ArithError::NoMemory) if self.reclaim() > 0 => {
+                self.try_arith(key, incr, delta, create)
+            }
+            r => r,
+        }
+    }
+
+    fn try_arith(
         &self,
         key: &[u8],
         incr: bool,
@@ -765,5 +838,72 @@ impl MsgHandler for Kv {
             MsgKind::Text => self.text(ctx, m),
             MsgKind::Binary => self.binary(ctx, m),
         }
+    }
+}
+
+#[cfg(test)]
+mod store_tests {
+    use super::*;
+
+    fn v(n: usize) -> IoVec {
+        IoVec::from(Zbuf::from_vec(vec![7u8; n]))
+    }
+
+    /// A store full of dead items (expired: a negative exptime) still takes new ones: they
+    /// are reclaimed when memory runs out (before, every later store was refused for
+    /// good); live items are never evicted, so a store full of them refuses.
+    #[test]
+    fn dead_items_are_reclaimed_when_memory_runs_out_and_live_ones_are_kept() {
+        let s = Store::new(10 * 1024);
+        for i in 0..40 {
+            let (o, _) = s.store(StoreOp::Set, format!("dead{i}").as_bytes(), 0, -1, &v(1000));
+            assert_eq!(o, Outcome::Stored, "dead item {i}");
+        }
+        assert!(s.bytes() <= 10 * 1024, "{}", s.bytes());
+        let mut live = 0;
+        loop {
+            let (o, _) = s.store(
+                StoreOp::Set,
+                format!("live{live}").as_bytes(),
+                0,
+                0,
+                &v(1000),
+            );
+            if o == Outcome::NoMemory {
+                break;
+            }
+            assert_eq!(o, Outcome::Stored);
+            live += 1;
+            assert!(live < 20, "the limit is not enforced");
+        }
+        assert!(live >= 8, "dead items kept the live ones out: {live}");
+        for i in 0..live {
+            assert!(
+                s.get(format!("live{i}").as_bytes(), None).is_some(),
+                "live{i} evicted"
+            );
+        }
+    }
+
+    /// incr/decr creating a counter (the binary protocol's initial value) reclaims dead
+    /// items as a store does.
+    #[test]
+    fn a_counter_created_in_a_store_of_dead_items_reclaims_them() {
+        let s = Store::new(1024);
+        let (o, _) = s.store(StoreOp::Set, b"dead", 0, -1, &v(900));
+        assert_eq!(o, Outcome::Stored);
+        assert!(s.bytes() > 900);
+        assert_eq!(s.arith(b"n", true, 1, Some((5, 0))).map(|r| r.0), Ok(5));
+        assert_eq!(s.items(), 1, "the dead item went");
+    }
+
+    /// A delete of a dead item frees it (NOT_FOUND, as for no item).
+    #[test]
+    fn deleting_a_dead_item_frees_it() {
+        let s = Store::new(1 << 20);
+        s.store(StoreOp::Set, b"k", 0, -1, &v(100));
+        assert!(s.bytes() > 0);
+        assert_eq!(s.delete(b"k", 0), Outcome::NotFound);
+        assert_eq!((s.bytes(), s.items()), (0, 0));
     }
 }

@@ -13,6 +13,17 @@
 //! once a message's worth is buffered, so the rest waits in TCP's receive buffer and the
 //! window closes (back pressure, never loss).
 //!
+//! Receive memory: a message is handed over as slices of the received buffers (zero copy)
+//! — the NIC's receive buffers on a DPDK port, one per TCP segment. A message longer than
+//! [`SPILL_MIN`] that has not fully arrived would pin one of those per segment until its
+//! last byte came (a 1 MiB memcached `set` pins about 720 of them; ten such half-sent
+//! values took all of a server's 8,191 and it received nothing more, its peers' FINs
+//! included: found by an outside test on 2026-12-07). Such a message is instead copied,
+//! as its length becomes known and then as its bytes arrive, into one heap buffer of its
+//! length, and each received buffer is released as soon as it was copied ([`Framer::spilled`]).
+//! Messages up to [`SPILL_MIN`] stay zero copy. (What TCP's receive queue holds before
+//! the framer reads it is bounded per connection by the receive window, not here.)
+//!
 //! Exclusive messages ([`Parser::exclusive`]): a message the parser says must run alone
 //! is held here until every earlier message of the connection has completed, and no
 //! later message is taken until it has. So a protocol whose requests act on shared state
@@ -24,6 +35,10 @@
 use crate::parser::{Ordering, ParseError, ParseErrorKind, Parser};
 use core::fmt;
 use zbuf::{IoVec, Zbuf};
+
+/// Messages longer than this are copied out of the received buffers while they arrive
+/// (module docs): up to it, a partial message pins at most a dozen receive buffers.
+pub const SPILL_MIN: usize = 16 << 10;
 
 /// Per-connection bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +118,11 @@ pub struct Framer<P> {
     failed: Option<ParseError>,
     /// What the parser asked to write before the connection closes on `failed`.
     farewell: Option<Zbuf>,
+    /// The head message (of `want` bytes, above [`SPILL_MIN`]) being copied out of the
+    /// received buffers as it arrives; `buf` is empty meanwhile.
+    spill: Option<Vec<u8>>,
+    /// Bytes copied into spills.
+    spilled: u64,
 }
 
 impl<P: Parser> Framer<P> {
@@ -120,20 +140,44 @@ impl<P: Parser> Framer<P> {
             exclusive_out: false,
             failed: None,
             farewell: None,
+            spill: None,
+            spilled: 0,
         })
     }
 
-    /// Received bytes, in stream order.
+    /// Received bytes, in stream order. While the head message is being copied out
+    /// (module docs), its bytes are copied and `data` is released at once (what follows
+    /// the message is kept zero copy).
     pub fn push(&mut self, data: Zbuf) {
-        if self.failed.is_none() {
-            self.buf.push(data);
+        if self.failed.is_some() {
+            return;
         }
+        let Some(sp) = &mut self.spill else {
+            self.buf.push(data);
+            return;
+        };
+        let k = (self.want - sp.len()).min(data.len());
+        sp.extend_from_slice(&data[..k]);
+        self.spilled += k as u64;
+        if sp.len() == self.want {
+            let whole = self.spill.take().expect("spilling");
+            let mut b = IoVec::from(Zbuf::from_vec(whole));
+            if k < data.len() {
+                b.push(data.slice(k..));
+            }
+            self.buf = b;
+        }
+    }
+
+    /// Bytes of unframed input held: the spill and the received buffers.
+    fn unframed(&self) -> usize {
+        self.spill.as_ref().map_or(0, Vec::len) + self.buf.len()
     }
 
     /// Whether the I/O core should read more of this connection now (false once a whole
     /// message's worth waits, or after an error).
     pub fn wants_input(&self) -> bool {
-        self.failed.is_none() && self.buf.len() <= self.cfg.max_message
+        self.failed.is_none() && self.unframed() <= self.cfg.max_message
     }
 
     /// The next whole message, `Ok(None)` if it has not fully arrived, `max_in_flight`
@@ -177,7 +221,17 @@ impl<P: Parser> Framer<P> {
                 Err(e) => return Err(self.fail(e)),
             }
         }
-        if self.buf.len() < self.want {
+        if self.unframed() < self.want {
+            if self.spill.is_none() && self.want > SPILL_MIN {
+                // Copy what arrived of it; the rest is copied as it comes (`push`).
+                let mut v = Vec::with_capacity(self.want);
+                for c in self.buf.chunks() {
+                    v.extend_from_slice(c);
+                }
+                self.spilled += v.len() as u64;
+                self.buf = IoVec::new();
+                self.spill = Some(v);
+            }
             return Ok(None);
         }
         let body = self.buf.split_to(self.want);
@@ -203,6 +257,7 @@ impl<P: Parser> Framer<P> {
         self.failed = Some(e);
         self.farewell = self.parser.farewell(&e, &self.buf);
         self.buf = IoVec::new();
+        self.spill = None;
         e
     }
 
@@ -226,7 +281,12 @@ impl<P: Parser> Framer<P> {
 
     /// Bytes received but not yet part of a taken message (a held one included).
     pub fn buffered(&self) -> usize {
-        self.buf.len() + self.held.as_ref().map_or(0, |m| m.body.len())
+        self.unframed() + self.held.as_ref().map_or(0, |m| m.body.len())
+    }
+
+    /// Bytes copied out of the received buffers so far (messages above [`SPILL_MIN`]).
+    pub fn spilled(&self) -> u64 {
+        self.spilled
     }
 
     /// Messages taken so far.
@@ -270,12 +330,13 @@ mod tests {
 
     proptest! {
         /// However the stream is cut into buffers, the same messages come out, in order,
-        /// byte for byte, numbered 0, 1, 2, ...
+        /// byte for byte, numbered 0, 1, 2, ... (large ones copied out as they arrive).
         #[test]
         fn messages_survive_any_segmentation(
-            lens in proptest::collection::vec(0u32..3000, 1..20),
-            cuts in proptest::collection::vec(1usize..700, 1..200),
+            lens in proptest::collection::vec(prop_oneof![4 => 0u32..3000, 1 => 15_000u32..40_000], 1..20),
+            cuts in proptest::collection::vec(prop_oneof![4 => 1usize..700, 1 => 1usize..20_000], 1..200),
         ) {
+            // Messages on both sides of SPILL_MIN (zero copy, and copied as they arrive).
             let stream: Vec<u8> = lens.iter().enumerate().flat_map(|(i, &l)| req(i as u64, l)).collect();
             let mut f = framer(1 << 16, 1 << 16);
             let mut got = Vec::new();
@@ -450,5 +511,70 @@ mod tests {
         assert!(m1.body.segments()[0].same_object(&data));
         // copy_from_slice above counted its own copy; framing added none.
         assert_eq!(zbuf::thread_copy_stats().bytes - before, data.len() as u64);
+    }
+
+    /// A message above SPILL_MIN that arrives in segments is copied out as it comes: each
+    /// received buffer is released once copied (it was held until the message was whole:
+    /// a 1 MiB value pinned ~720 NIC receive buffers), the message comes out whole and
+    /// exact, and the next message's bytes that shared the last segment stay zero copy.
+    #[test]
+    fn a_large_message_is_copied_out_of_the_receive_buffers_as_it_arrives() {
+        let big = req(0, 100_000);
+        let small = req(1, 10);
+        let stream = [big.clone(), small.clone()].concat();
+        let mut f = framer(1 << 20, 8);
+        let mut kept = Vec::new();
+        let mut out = Vec::new();
+        for c in stream.chunks(1448) {
+            let z = Zbuf::copy_from_slice(c);
+            kept.push(z.clone());
+            f.push(z);
+            while let Some(m) = f.next_message().unwrap() {
+                out.push(m);
+            }
+        }
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].body.to_vec(), big);
+        assert_eq!(out[0].body.num_segments(), 1, "one heap buffer");
+        assert_eq!(out[1].body.to_vec(), small);
+        let last = kept.last().unwrap();
+        assert!(
+            out[1].body.segments().iter().all(|z| z.same_object(last)),
+            "the next message stays a slice of what was received"
+        );
+        assert!(f.spilled() >= big.len() as u64 - 1448, "{}", f.spilled());
+        // Every received buffer but the last was released by the framer as it was copied
+        // (the test holds the only other reference); the last is the small message's.
+        let held: Vec<usize> = kept[..kept.len() - 1]
+            .iter()
+            .map(|z| z.ref_count())
+            .collect();
+        assert!(held.iter().all(|&n| n == 1), "pinned: {held:?}");
+        assert_eq!(f.buffered(), 0);
+    }
+
+    /// While a large message is being copied, what the framer holds counts as buffered
+    /// (reading stops at max_message as before), and a message at the cap completes.
+    #[test]
+    fn a_spilling_message_counts_as_buffered_and_completes_at_the_cap() {
+        let big = req(7, 50_000);
+        let mut f = framer(1 << 20, 8);
+        f.push(Zbuf::copy_from_slice(&big[..20_000]));
+        assert!(f.next_message().unwrap().is_none());
+        f.push(Zbuf::copy_from_slice(&big[20_000..30_000]));
+        assert!(f.next_message().unwrap().is_none());
+        assert_eq!(f.buffered(), 30_000);
+        assert!(f.wants_input());
+        f.push(Zbuf::copy_from_slice(&big[30_000..]));
+        let m = f.next_message().unwrap().unwrap();
+        assert_eq!(m.body.to_vec(), big);
+        // A message at the cap (30,016 bytes of 40,000), in two pushes.
+        let mut f = framer(40_000, 8);
+        f.push(Zbuf::copy_from_slice(&req(1, 30_000)[..20_000]));
+        assert!(f.next_message().unwrap().is_none());
+        assert!(f.spilled() > 0);
+        f.push(Zbuf::copy_from_slice(&[0u8; 10_016]));
+        assert!(f.next_message().unwrap().is_some(), "the message completes");
+        assert_eq!(f.buffered(), 0);
     }
 }

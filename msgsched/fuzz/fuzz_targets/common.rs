@@ -8,7 +8,8 @@ use msgsched::framer::{Framer, FramerConfig};
 use msgsched::proto::memcached::{binary, kind, text, Limits, McParser, MsgKind, SWALLOW_CHUNK};
 use zbuf::Zbuf;
 
-const MAX: usize = 4096;
+/// Above `framer::SPILL_MIN`, so that messages copied out as they arrive are driven too.
+const MAX: usize = 1 << 16;
 
 fn run(stream: &[u8], cuts: &[u8]) -> (Vec<(MsgKind, Vec<u8>)>, Option<&'static str>) {
     let mut f = Framer::new(

@@ -1910,6 +1910,24 @@ mod tests {
         assert_eq!(&*v[0], &[1, 2]);
     }
 
+    /// A connected luna socket (its placeholder a pipe) registered in a new epoll set for
+    /// `events` with user data `data`: (socket, its descriptor, the pipe's other end, the
+    /// set's descriptor).
+    fn luna_in_epoll(events: u32, data: u64) -> (Arc<Sock>, c_int, c_int, c_int) {
+        let s = Sock::new(Phase::Connected, UNBOUND);
+        let (fd, ph) = luna_at_pipe(Arc::clone(&s));
+        // SAFETY: plain system call.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep >= 0);
+        let mut ev = epoll_event { events, u64: data };
+        assert_eq!(
+            // SAFETY: a live event for a descriptor this test owns.
+            unsafe { epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) },
+            0
+        );
+        (s, fd, ph, ep)
+    }
+
     /// Turns luna on in this test process (without an engine: nothing here needs the
     /// poll thread; descriptors not in the table behave as before) and names `s` by a
     /// new pipe's read end, standing for its kernel placeholder. (fd, the pipe's write
@@ -2425,20 +2443,7 @@ mod tests {
     /// (a C server's pointer to a freed connection) for a socket that is gone.
     #[test]
     fn closing_the_last_copy_leaves_every_epoll_set() {
-        let s = Sock::new(Phase::Connected, UNBOUND);
-        let (fd, ph) = luna_at_pipe(Arc::clone(&s));
-        // SAFETY: plain system calls on descriptors this test owns.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        assert!(ep >= 0);
-        let mut ev = epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: 42,
-        };
-        assert_eq!(
-            // SAFETY: a live event for a descriptor this test owns.
-            unsafe { epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) },
-            0
-        );
+        let (s, fd, ph, ep) = luna_in_epoll(libc::EPOLLIN as u32, 42);
         // SAFETY: dup(2) and close(2) of descriptors this test owns.
         let d = unsafe { dup(fd) };
         assert!(d >= 0);
@@ -2518,20 +2523,7 @@ mod tests {
     /// under a millisecond still waits (rounded up, not to 0), a bad timespec is EINVAL.
     #[test]
     fn epoll_pwait2_reports_luna_readiness() {
-        let s = Sock::new(Phase::Connected, UNBOUND);
-        let (fd, ph) = luna_at_pipe(Arc::clone(&s));
-        // SAFETY: plain system calls on descriptors this test owns.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        assert!(ep >= 0);
-        let mut ev = epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: 7,
-        };
-        assert_eq!(
-            // SAFETY: a live event for a descriptor this test owns.
-            unsafe { epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) },
-            0
-        );
+        let (s, fd, ph, ep) = luna_in_epoll(libc::EPOLLIN as u32, 7);
         let mut out = [epoll_event { events: 0, u64: 0 }; 4];
         let wait = |out: &mut [epoll_event; 4], ns: i64| {
             let ts = libc::timespec {

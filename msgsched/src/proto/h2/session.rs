@@ -766,8 +766,10 @@ impl H2Session {
                 if h.len != 8 {
                     return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
                 }
+                // Every PING costs, an ACK too: the session sends no PING, so an ACK is
+                // unsolicited (200,000 of them were taken for free).
+                self.cost(1)?;
                 if h.flags & flag::ACK == 0 {
-                    self.cost(1)?;
                     let mut p = [0u8; 8];
                     f.copy_to_slice(&mut p);
                     frame::put(&mut self.ctl, kind::PING, flag::ACK, 0, &p);
@@ -1022,7 +1024,8 @@ impl H2Session {
             if h.len != 0 {
                 return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
             }
-            return Ok(());
+            // One is owed for our SETTINGS; a flood of them makes no progress.
+            return self.cost(1);
         }
         if h.len % 6 != 0 {
             return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
@@ -1088,11 +1091,13 @@ impl H2Session {
         if h.stream > self.last_stream {
             return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
         }
+        // A stream that has ended (a WINDOW_UPDATE in flight is normal, a flood is not),
+        // at a cost, as other frames on closed streams.
         let Some(s) = self.streams.get_mut(&h.stream) else {
-            return Ok(());
+            return self.cost(1);
         };
         if s.reset {
-            return Ok(());
+            return self.cost(1);
         }
         if inc == 0 {
             return Err(Fail::Stream(

@@ -957,3 +957,34 @@ fn a_large_body_releases_the_received_buffers_before_the_stream_ends() {
     let req = Request::parse(&r.body).unwrap();
     assert!(req.body.segments().iter().all(|x| x.same_object(&z)));
 }
+
+/// Frames that make no progress cost flood budget, PING and SETTINGS acknowledgements and
+/// WINDOW_UPDATEs on ended streams included (an outside test sent 200,000 of each free).
+#[test]
+fn acks_and_window_updates_on_ended_streams_are_charged() {
+    for flood in ["ping_ack", "settings_ack", "window_update_ended"] {
+        let cfg = H2Config {
+            flood_budget: 50,
+            ..H2Config::default()
+        };
+        let (mut s, mut p, _) = open_with(cfg);
+        let mut b = Vec::new();
+        p.get(&mut b, 1, "/");
+        send(&mut s, b);
+        let r = s.poll_request().unwrap();
+        reply(&mut s, r.id, b"ok");
+        let mut b = Vec::new();
+        for _ in 0..100 {
+            match flood {
+                "ping_ack" => frame::put(&mut b, kind::PING, flag::ACK, 0, &[0; 8]),
+                "settings_ack" => frame::put(&mut b, kind::SETTINGS, flag::ACK, 0, &[]),
+                _ => frame::window_update(&mut b, 1, 100),
+            }
+        }
+        assert_eq!(
+            goaway_code(&send(&mut s, b)),
+            Some(ErrorCode::EnhanceYourCalm as u32),
+            "{flood}"
+        );
+    }
+}

@@ -616,8 +616,9 @@ impl PortChooser {
     }
 
     /// Starts the search at the port `r` picks (`r` modulo the partition's size), so that
-    /// a process's first connections do not always leave from the partition's first ports:
-    /// RFC 6056 §3.3.1's random start. From a fixed first port, every run of a client
+    /// a process's first connections do not always leave from the partition's first ports
+    /// (RFC 6056: ephemeral ports should not be predictable; the search then goes on in
+    /// turn, as its sequential algorithms from a random offset). From a fixed first port, every run of a client
     /// reused the 4-tuples of the run before, which a server that closed first still
     /// holds in TIME-WAIT (its SYN answered by the old connection's ACK, the connection
     /// up only after the SYN's retransmission), and the ports were predictable.

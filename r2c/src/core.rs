@@ -777,7 +777,7 @@ impl<D: Device> CoreLoop<D> {
             }
             None => CoreRng::from_os().map_err(CoreError::Seed)?,
         };
-        // The port search's random start (RFC 6056 §3.3.1), drawn before the stack takes
+        // The port search's random start (RFC 6056: unpredictable ports), drawn before the stack takes
         // the generator: reproducible under `rng_seed`.
         let port_start = luna_stack::context::Rng::next_u32(&mut rng);
         let mut stack = Stack::new(setup.stack, rng).map_err(CoreError::Stack)?;

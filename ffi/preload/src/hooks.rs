@@ -1450,16 +1450,36 @@ pub unsafe extern "C-unwind" fn epoll_pwait(
         // SAFETY: forwarding.
         return unsafe { call_real!(epoll_pwait(epfd, ev, max, timeout, mask)) };
     };
-    guard(|| {
-        // SAFETY: C's contract for epoll_pwait.
-        let out = match unsafe { events(ev, max) } {
-            Ok(o) => o,
-            Err(e) => return fail(e),
-        };
-        epoll::wait(&set, out, timeout, &mut |b, t| {
-            // SAFETY: `b` is a live part of the caller's array.
-            unsafe { call_real!(epoll_pwait(epfd, b.as_mut_ptr(), b.len() as c_int, t, mask)) }
-        })
+    // SAFETY: C's contract for epoll_pwait.
+    guard(|| unsafe { pwait_luna_set(&set, epfd, ev, max, Ok(timeout), mask) })
+}
+
+/// `epoll_pwait`/`epoll_pwait2` on `set`, an epoll set holding luna sockets: the caller's
+/// events array checked, then the mixed wait until `timeout` (ms, -1: forever; or the
+/// error of a bad one), the kernel part in real `epoll_pwait` slices with `mask`.
+///
+/// # Safety
+/// `ev` points to `max` writable events (C's contract).
+unsafe fn pwait_luna_set(
+    set: &epoll::Set,
+    epfd: c_int,
+    ev: *mut epoll_event,
+    max: c_int,
+    timeout: Result<c_int, i32>,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    let timeout = match timeout {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
+    // SAFETY: the caller's contract.
+    let out = match unsafe { events(ev, max) } {
+        Ok(o) => o,
+        Err(e) => return fail(e),
+    };
+    epoll::wait(set, out, timeout, &mut |b, t| {
+        // SAFETY: `b` is a live part of the caller's array.
+        unsafe { call_real!(epoll_pwait(epfd, b.as_mut_ptr(), b.len() as c_int, t, mask)) }
     })
 }
 
@@ -1482,20 +1502,13 @@ pub unsafe extern "C-unwind" fn epoll_pwait2(
     };
     guard(|| {
         // SAFETY: `ts` is null or a valid timespec (C's contract for epoll_pwait2).
-        let timeout = match select::timespec((!ts.is_null()).then(|| unsafe { *ts })) {
-            Ok(None) => -1,
-            Ok(Some(d)) => c_int::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX),
-            Err(e) => return fail(e),
-        };
+        let timeout = select::timespec((!ts.is_null()).then(|| unsafe { *ts })).map(|t| {
+            t.map_or(-1, |d| {
+                c_int::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX)
+            })
+        });
         // SAFETY: C's contract for epoll_pwait2.
-        let out = match unsafe { events(ev, max) } {
-            Ok(o) => o,
-            Err(e) => return fail(e),
-        };
-        epoll::wait(&set, out, timeout, &mut |b, t| {
-            // SAFETY: `b` is a live part of the caller's array.
-            unsafe { call_real!(epoll_pwait(epfd, b.as_mut_ptr(), b.len() as c_int, t, mask)) }
-        })
+        unsafe { pwait_luna_set(&set, epfd, ev, max, timeout, mask) }
     })
 }
 
@@ -1565,27 +1578,65 @@ pub unsafe extern "C-unwind" fn poll(
     n: libc::nfds_t,
     timeout: c_int,
 ) -> c_int {
-    if !ACTIVE.load(Ordering::Acquire) || internal() || n == 0 || fds.is_null() || n > 65536 {
+    let wait = || Ok((timeout >= 0).then(|| Duration::from_millis(timeout as u64)));
+    let mut kernel = |p: &mut [libc::pollfd], ms: c_int| {
+        // SAFETY: the caller's array (luna entries masked with fd -1).
+        unsafe { call_real!(poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms)) }
+    };
+    // SAFETY: C's contract for poll.
+    match unsafe { poll_luna(fds, n, wait, &mut kernel) } {
+        Some(r) => r,
         // SAFETY: forwarding.
-        return unsafe { call_real!(poll(fds, n, timeout)) };
+        None => unsafe { call_real!(poll(fds, n, timeout)) },
+    }
+}
+
+/// poll(2)/ppoll(2) on the caller's `n` pollfds: `None` when the shim is off or none of
+/// them is a luna socket (the caller forwards to libc); else the mixed wait until the
+/// timeout `wait` gives (`None`: forever; or the error of a bad one), the kernel's part
+/// through `kernel`.
+///
+/// # Safety
+/// `fds` is null or points to `n` pollfds (C's contract).
+unsafe fn poll_luna(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    wait: impl FnOnce() -> Result<Option<Duration>, i32>,
+    kernel: &mut dyn FnMut(&mut [libc::pollfd], c_int) -> c_int,
+) -> Option<c_int> {
+    if !ACTIVE.load(Ordering::Acquire) || internal() || n == 0 || fds.is_null() || n > 65536 {
+        return None;
     }
     let luna = {
         // SAFETY: the caller passes `n` pollfds.
         luna_fds(unsafe { std::slice::from_raw_parts(fds, n as usize) })
     };
     if luna.is_empty() {
-        // SAFETY: forwarding.
-        return unsafe { call_real!(poll(fds, n, timeout)) };
+        return None;
     }
-    guard(|| {
+    Some(guard(|| {
+        let t = match wait() {
+            Ok(t) => t,
+            Err(e) => return fail(e),
+        };
         // SAFETY: the caller passes `n` pollfds.
         let p = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
-        let deadline = deadline_of((timeout >= 0).then(|| Duration::from_millis(timeout as u64)));
-        poll_mixed(p, &luna, deadline, &mut |p, ms| {
-            // SAFETY: the caller's array (luna entries masked with fd -1).
-            unsafe { call_real!(poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms)) }
-        })
-    })
+        poll_mixed(p, &luna, deadline_of(t), kernel)
+    }))
+}
+
+/// The kernel's part of a wait as ppoll(2) slices of `ms` with the caller's signal mask
+/// (`ppoll`, `pselect`): a signal the mask unblocks ends the call with `EINTR`.
+fn ppoll_slices(mask: *const libc::sigset_t) -> impl FnMut(&mut [libc::pollfd], c_int) -> c_int {
+    move |p, ms| {
+        let slice = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: ms as libc::c_long * 1_000_000,
+        };
+        // SAFETY: a live poll array (luna entries hidden) and timespec; the caller's mask
+        // (or null).
+        unsafe { call_real!(ppoll(p.as_mut_ptr(), p.len() as libc::nfds_t, &slice, mask)) }
+    }
 }
 
 /// `ppoll(2)`: as `poll`, with a timespec timeout (null: forever; invalid: `EINVAL`) and
@@ -1600,36 +1651,14 @@ pub unsafe extern "C-unwind" fn ppoll(
     ts: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    if !ACTIVE.load(Ordering::Acquire) || internal() || n == 0 || fds.is_null() || n > 65536 {
+    // SAFETY: `ts` is null or a valid timespec (C's contract for ppoll).
+    let wait = || select::timespec((!ts.is_null()).then(|| unsafe { *ts }));
+    // SAFETY: C's contract for ppoll.
+    match unsafe { poll_luna(fds, n, wait, &mut ppoll_slices(mask)) } {
+        Some(r) => r,
         // SAFETY: forwarding.
-        return unsafe { call_real!(ppoll(fds, n, ts, mask)) };
+        None => unsafe { call_real!(ppoll(fds, n, ts, mask)) },
     }
-    let luna = {
-        // SAFETY: the caller passes `n` pollfds.
-        luna_fds(unsafe { std::slice::from_raw_parts(fds, n as usize) })
-    };
-    if luna.is_empty() {
-        // SAFETY: forwarding.
-        return unsafe { call_real!(ppoll(fds, n, ts, mask)) };
-    }
-    guard(|| {
-        // SAFETY: `ts` is null or a valid timespec (C's contract for ppoll).
-        let t = match select::timespec((!ts.is_null()).then(|| unsafe { *ts })) {
-            Ok(t) => t,
-            Err(e) => return fail(e),
-        };
-        // SAFETY: the caller passes `n` pollfds.
-        let p = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
-        poll_mixed(p, &luna, deadline_of(t), &mut |p, ms| {
-            let slice = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: ms as libc::c_long * 1_000_000,
-            };
-            // SAFETY: the caller's array (luna entries masked with fd -1), a live
-            // timespec, the caller's mask (or null).
-            unsafe { call_real!(ppoll(p.as_mut_ptr(), p.len() as libc::nfds_t, &slice, mask)) }
-        })
-    })
 }
 
 /// Whether a luna socket is in one of the sets (never on the shim's own threads).
@@ -1786,16 +1815,8 @@ pub unsafe extern "C-unwind" fn pselect(
             Ok(t) => t,
             Err(e) => return fail(e),
         };
-        let mut kernel = |p: &mut [libc::pollfd], ms: c_int| {
-            let slice = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: ms as libc::c_long * 1_000_000,
-            };
-            // SAFETY: a live poll array and timespec; the caller's mask (or null).
-            unsafe { call_real!(ppoll(p.as_mut_ptr(), p.len() as libc::nfds_t, &slice, mask)) }
-        };
         // SAFETY: C's contract for pselect.
-        let res = unsafe { select_mixed(&sets, t, &mut kernel) };
+        let res = unsafe { select_mixed(&sets, t, &mut ppoll_slices(mask)) };
         match res {
             Ok(n) => n,
             Err(e) => fail(e),

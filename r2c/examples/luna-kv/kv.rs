@@ -220,11 +220,20 @@ impl Store {
         value: &IoVec,
     ) -> (Outcome, u64) {
         self.sets.fetch_add(1, Ordering::Relaxed);
-        match self.try_store(op, key, flags, exptime, value) {
-            (Outcome::NoMemory, _) if self.reclaim() > 0 => {
-                self.try_store(op, key, flags, exptime, value)
-            }
-            r => r,
+        self.or_reclaim(
+            || self.try_store(op, key, flags, exptime, value),
+            |r| r.0 == Outcome::NoMemory,
+        )
+    }
+
+    /// `op`'s result; if it ran out of memory (`no_memory`) and a sweep freed dead items,
+    /// `op`'s second try.
+    fn or_reclaim<T>(&self, op: impl Fn() -> T, no_memory: impl Fn(&T) -> bool) -> T {
+        let r = op();
+        if no_memory(&r) && self.reclaim() > 0 {
+            op()
+        } else {
+            r
         }
     }
 
@@ -329,12 +338,10 @@ impl Store {
         delta: u64,
         create: Option<(u64, i64)>,
     ) -> Result<(u64, u64), ArithError> {
-        match self.try_arith(key, incr, delta, create) {
-            Err(ArithError::NoMemory) if self.reclaim() > 0 => {
-                self.try_arith(key, incr, delta, create)
-            }
-            r => r,
-        }
+        self.or_reclaim(
+            || self.try_arith(key, incr, delta, create),
+            |r| *r == Err(ArithError::NoMemory),
+        )
     }
 
     fn try_arith(

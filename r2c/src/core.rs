@@ -1165,6 +1165,9 @@ impl<D: Device> CoreLoop<D> {
         s.stack_drops = self.st.stack.counters().total_drops();
         s.published_at_ns = self.st.now.as_nanos();
         s.stopped = u64::from(stopped);
+        for d in &mut self.devices {
+            d.maintain();
+        }
         let (mut missed, mut copied, mut tx_bytes) = (0, 0, 0);
         for d in &self.devices {
             let ds = d.stats();

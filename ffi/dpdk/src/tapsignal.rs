@@ -138,6 +138,52 @@ pub fn direct_to_current_thread(iface: &str) -> std::io::Result<usize> {
     }
 }
 
+/// The receive signal of `iface`'s net_tap queue files (DPDK 22.11 sets one signal,
+/// the first free `SIGRTMIN+n`, on every file it opens), if this process has any.
+pub fn receive_signal(iface: &str) -> Option<libc::c_int> {
+    signalling_tun_fds(iface).into_iter().find_map(|fd| {
+        // SAFETY: F_GETSIG reads a setting of one of our files.
+        let sig = unsafe { libc::fcntl(fd, F_GETSIG) };
+        (sig > 0).then_some(sig)
+    })
+}
+
+/// Raises net_tap's receive signal `sig` in the calling thread, as the kernel does when a
+/// frame arrives: its handler bumps the counter that `rx_burst` compares with the last
+/// value it saw, so the next `rx_burst` of every tap queue reads its file again.
+///
+/// Why this is needed: DPDK 22.11's `pmd_rx_burst` reads a queue only when that counter
+/// moved, and marks it seen whenever it returns less than a full burst. When the receive
+/// pool is empty it reads one frame, cannot refill, drops the frame (`rx_nombuf`) and
+/// returns short: the frames still queued in the tun file are read only after the *next*
+/// arrival. A peer that waits for us (an ACK, a retransmission timer) leaves them there,
+/// and a server whose pool was drained stays deaf after the pool refills. Call it from the
+/// thread that polls the queues (the owner of the signals, [`direct_to_current_thread`]);
+/// were the signal blocked there, it stays pending until unblocked.
+/// A signal without a handler is refused (`InvalidInput`): the default action of a
+/// real-time signal ends the process.
+pub fn kick(sig: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: sigaction is plain data; with a null new action, sigaction(2) only writes
+    // the current one into `cur`, valid for the call.
+    let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::sigaction(sig, std::ptr::null(), &mut cur) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if cur.sa_sigaction == libc::SIG_DFL || cur.sa_sigaction == libc::SIG_IGN {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("signal {sig} has no handler"),
+        ));
+    }
+    // SAFETY: raise(3) sends `sig` to the calling thread, where the handler just checked
+    // runs as for a kernel-sent one.
+    if unsafe { libc::raise(sig) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The owner thread or process of `fd`'s signals: `(is_thread, id)`.
 pub fn signal_owner(fd: RawFd) -> std::io::Result<(bool, libc::pid_t)> {
     const F_GETOWN_EX: libc::c_int = 16;

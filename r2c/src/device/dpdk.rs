@@ -362,6 +362,9 @@ pub struct DpdkStats {
     pub tx_invalid: u64,
     /// Transmit attempts that found the mbuf pool or the hold table empty.
     pub tx_no_buffers: u64,
+    /// Times net_tap's receive signal was raised to read frames queued while the receive
+    /// pool was empty (`TapKick`).
+    pub tap_kicks: u64,
     /// The transmit path's own counters (attachments, frees, copies).
     pub tx: TxStats,
     /// Port-level counters (all queues).
@@ -397,6 +400,8 @@ pub struct DpdkDevice {
     /// A net_tap / net_tun port's interface (`tapsignal::port_iface`): its queue files'
     /// receive signals go to the core thread ([`Device::on_core_thread`]).
     tap_iface: Option<String>,
+    /// The receive-signal kick of a net_tap port whose signals this core thread owns.
+    tap_kick: Option<TapKick>,
     /// Chains built for the front of the transmit queue that the ring has not taken yet.
     kept: Kept,
     /// The same for [`RawPort::tx_raw`](crate::exception::RawPort::tx_raw)'s queue.
@@ -653,6 +658,7 @@ impl DpdkDevice {
             )?;
             devs.push(DpdkDevice {
                 tap_iface: tap_iface.clone(),
+                tap_kick: None,
                 rxq,
                 txq,
                 port: handle.clone(),
@@ -1005,6 +1011,67 @@ impl crate::exception::RawPort for DpdkDevice {
     }
 }
 
+/// Makes net_tap read the frames that queued in its tun file while the receive pool was
+/// empty (`dpdk_sys::tapsignal::kick` says why it would not by itself): once the port's
+/// `rx_nombuf` moves, the core raises the tap's receive signal at each upkeep, at most
+/// once a millisecond, until an upkeep after a kick finds `rx_nombuf` unchanged (the
+/// kick's reads then ran to the end of the queue or to a full burst, after which DPDK
+/// reads on by itself). Costs nothing while the pool never runs dry.
+pub(crate) struct TapKick {
+    sig: std::ffi::c_int,
+    /// `rx_nombuf` at the last upkeep.
+    seen: Option<u64>,
+    /// `rx_nombuf` moved and no kick has read the queue clean since.
+    pending: bool,
+    /// A kick since `rx_nombuf` last moved.
+    kicked: bool,
+    last_kick: Option<std::time::Instant>,
+}
+
+impl TapKick {
+    /// Least time between kicks.
+    const EVERY: std::time::Duration = std::time::Duration::from_millis(1);
+
+    fn new(sig: std::ffi::c_int) -> Self {
+        TapKick {
+            sig,
+            seen: None,
+            pending: false,
+            kicked: false,
+            last_kick: None,
+        }
+    }
+
+    /// One upkeep with the port's `rx_nombuf`: whether to kick now.
+    fn on_maintain(&mut self, nombuf: u64, now: std::time::Instant) -> bool {
+        match self.seen.replace(nombuf) {
+            // The first reading is the baseline.
+            None => return false,
+            Some(before) if before != nombuf => {
+                self.pending = true;
+                self.kicked = false;
+            }
+            // Unchanged since the last upkeep, and a kick came after the last change: its
+            // reads ran without running dry.
+            Some(_) if self.kicked => {
+                self.pending = false;
+                self.kicked = false;
+            }
+            Some(_) => {}
+        }
+        if !self.pending
+            || self
+                .last_kick
+                .is_some_and(|t| now.saturating_duration_since(t) < Self::EVERY)
+        {
+            return false;
+        }
+        self.last_kick = Some(now);
+        self.kicked = true;
+        true
+    }
+}
+
 impl DpdkDevice {
     fn count(&mut self, b: &Bursts) {
         self.dstats.tx_no_buffers += b.no_buffers;
@@ -1017,8 +1084,37 @@ impl Device for DpdkDevice {
     fn on_core_thread(&mut self) {
         if let Some(iface) = &self.tap_iface {
             // Not fatal: the signals then keep interrupting the application's calls.
-            if let Err(e) = dpdk_sys::tapsignal::direct_to_current_thread(iface) {
-                eprintln!("r2c: net_tap {iface}: receive signals stay process-wide: {e}");
+            match dpdk_sys::tapsignal::direct_to_current_thread(iface) {
+                Err(e) => {
+                    eprintln!("r2c: net_tap {iface}: receive signals stay process-wide: {e}")
+                }
+                // Kicks only where the signal is ours: raised elsewhere it would reach the
+                // application's threads.
+                Ok(_) => {
+                    self.tap_kick = dpdk_sys::tapsignal::receive_signal(iface).map(TapKick::new)
+                }
+            }
+        }
+    }
+
+    fn maintain(&mut self) {
+        let Some(k) = &mut self.tap_kick else {
+            return;
+        };
+        let nombuf = match self.port.port.lock() {
+            Ok(p) => p.stats().map(|s| s.rx_nombuf),
+            Err(e) => e.into_inner().stats().map(|s| s.rx_nombuf),
+        };
+        let Ok(nombuf) = nombuf else {
+            return;
+        };
+        if k.on_maintain(nombuf, std::time::Instant::now()) {
+            if let Err(e) = dpdk_sys::tapsignal::kick(k.sig) {
+                // Not expected (the signal was the tap's a moment ago); stop trying.
+                eprintln!("r2c: net_tap: cannot raise its receive signal: {e}");
+                self.tap_kick = None;
+            } else {
+                self.dstats.tap_kicks += 1;
             }
         }
     }
@@ -1157,6 +1253,29 @@ impl Device for DpdkDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tap_is_kicked_from_an_empty_pool_until_a_kick_reads_clean() {
+        use std::time::{Duration, Instant};
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut k = TapKick::new(40);
+        // The baseline, then a pool that never runs dry: no kicks.
+        assert!(!k.on_maintain(7, ms(0)));
+        assert!(!k.on_maintain(7, ms(1)));
+        // rx_nombuf moves: kick.
+        assert!(k.on_maintain(9, ms(2)));
+        // It moves again right away (the pool is still empty): kick, but not within 1 ms.
+        assert!(!k.on_maintain(12, ms(2)));
+        // Unchanged since, yet the last kick came before the change: still pending.
+        assert!(k.on_maintain(12, ms(3)));
+        // Unchanged after that kick: it read clean; no more kicks.
+        assert!(!k.on_maintain(12, ms(5)));
+        assert!(!k.on_maintain(12, ms(9)));
+        // A later episode starts over.
+        assert!(k.on_maintain(13, ms(20)));
+        assert!(!k.on_maintain(13, ms(30)));
+    }
 
     #[test]
     fn memif_client_mode_reads_the_ports_own_vdev() {

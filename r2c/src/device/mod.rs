@@ -206,4 +206,9 @@ pub trait Device {
     /// DPDK device takes net_tap's receive signals, which would end the application's
     /// `epoll_wait` and `nanosleep` with `EINTR`). Nothing by default.
     fn on_core_thread(&mut self) {}
+
+    /// Periodic upkeep on the core thread, at each stats publication (every
+    /// `stats_interval` iterations): the DPDK device makes net_tap read what queued while
+    /// its receive pool was empty ([`dpdk::TapKick`]). Nothing by default.
+    fn maintain(&mut self) {}
 }

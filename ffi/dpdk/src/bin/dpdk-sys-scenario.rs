@@ -124,6 +124,7 @@ fn main() -> ExitCode {
         "tap-ping" => tap_ping(&opts),
         "intr-hold" => intr_hold(&opts),
         "tap-signal" => tap_signal(&opts),
+        "tap-kick" => tap_kick(&opts),
         other => Err(check(format!("unknown scenario {other:?}"))),
     };
     match res {
@@ -1061,6 +1062,89 @@ fn tap_signal(o: &Opts) -> R<String> {
         return Err(check(format!("{n}: a queue file's signals go elsewhere")));
     }
     Ok(n)
+}
+
+/// net_tap after its receive pool ran dry: the kernel sends `count` UDP datagrams while
+/// every free mbuf is held, the mbufs are released, the queue is polled for `quiet-ms`
+/// without a kick and then again after [`dpdk_sys::tapsignal::kick`]. Prints the
+/// datagrams received in each phase and the port's `rx_nombuf`.
+fn tap_kick(o: &Opts) -> R<String> {
+    use dpdk_sys::tapsignal;
+    let iface = o.get("iface")?;
+    let count: u64 = o.num("count", 20)?;
+    let quiet = Duration::from_millis(o.num("quiet-ms", 300)?);
+    let eal = Eal::init(o.eal.clone())?;
+    let (mut port, mp) = started_tap_port(&eal, o.get("name")?, "ldp_tapkick")?;
+    // No IPv6 on the link: its router solicitations and reports would arrive at random
+    // and raise the signal the test is about.
+    std::fs::write(format!("/proc/sys/net/ipv6/conf/{iface}/disable_ipv6"), "1")
+        .map_err(|e| check(format!("disable IPv6 on {iface}: {e}")))?;
+    run(&["ip", "addr", "add", o.get("kernel-addr")?, "dev", iface])?;
+    run(&["ip", "link", "set", iface, "up"])?;
+    let mac = port.mac()?;
+    let mac_s = mac.map(|b| format!("{b:02x}")).join(":");
+    let local = o.get("local")?;
+    run(&[
+        "ip",
+        "neigh",
+        "replace",
+        local,
+        "lladdr",
+        &mac_s,
+        "dev",
+        iface,
+        "nud",
+        "permanent",
+    ])?;
+    tapsignal::direct_to_current_thread(iface).map_err(|e| check(format!("redirect: {e}")))?;
+    let sig = tapsignal::receive_signal(iface)
+        .ok_or_else(|| check(format!("{iface}: no receive signal")))?;
+    let mut rxq = port.rx_queue(0)?;
+    let mut rx = Vec::new();
+    const DPORT: u16 = 47_111;
+    // Datagrams to DPORT among the frames (the kernel also sends IPv6 and ARP traffic).
+    let ours = |rx: &mut Vec<dpdk_sys::Mbuf>| {
+        rx.drain(..)
+            .filter(|m| {
+                let f = m.to_vec();
+                f.len() >= 42
+                    && f[12..14] == [8, 0]
+                    && f[23] == 17
+                    && f[36..38] == DPORT.to_be_bytes()
+            })
+            .count() as u64
+    };
+    let poll_for = |rxq: &mut dpdk_sys::RxQueue, rx: &mut Vec<dpdk_sys::Mbuf>, d: Duration| {
+        let end = Instant::now() + d;
+        let mut n = 0;
+        while Instant::now() < end {
+            rxq.rx_burst(rx, 32);
+            n += ours(rx);
+        }
+        n
+    };
+    // Settle: what the kernel sends when the link comes up.
+    poll_for(&mut rxq, &mut rx, Duration::from_millis(200));
+    port.reset_stats()?;
+    let mut held = Vec::new();
+    while let Some(m) = mp.alloc() {
+        held.push(m);
+    }
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").map_err(|e| check(format!("bind: {e}")))?;
+    for i in 0..count {
+        sock.send_to(&i.to_be_bytes(), (local, DPORT))
+            .map_err(|e| check(format!("send: {e}")))?;
+    }
+    let dry = poll_for(&mut rxq, &mut rx, quiet);
+    let nombuf = port.stats()?.rx_nombuf;
+    let held_n = held.len();
+    drop(held);
+    let before = poll_for(&mut rxq, &mut rx, quiet);
+    tapsignal::kick(sig).map_err(|e| check(format!("kick: {e}")))?;
+    let after = poll_for(&mut rxq, &mut rx, quiet);
+    Ok(format!(
+        "held={held_n} dry={dry} nombuf={nombuf} before={before} after={after} sent={count}"
+    ))
 }
 
 fn tap_ping(o: &Opts) -> R<String> {

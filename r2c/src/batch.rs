@@ -124,6 +124,8 @@ pub enum SockError {
     TimedOut,
     /// `ENETUNREACH`.
     NoRoute,
+    /// `EHOSTUNREACH`: the connection attempt's next hop did not answer ARP.
+    HostUnreachable,
     /// `EPIPE`: sending after shutdown.
     BrokenPipe,
     /// `ENOBUFS`: no buffer or connection slot.
@@ -146,6 +148,7 @@ impl SockError {
             SockError::ConnReset => 104,
             SockError::TimedOut => 110,
             SockError::NoRoute => 101,
+            SockError::HostUnreachable => 113,
             SockError::BrokenPipe => 32,
             SockError::NoBufs => 105,
         }
@@ -165,6 +168,7 @@ impl SockError {
             Some(CloseReason::Reset) | Some(CloseReason::Aborted) => Some(SockError::ConnReset),
             Some(CloseReason::Refused) => Some(SockError::ConnRefused),
             Some(CloseReason::Timeout) => Some(SockError::TimedOut),
+            Some(CloseReason::HostUnreachable) => Some(SockError::HostUnreachable),
             Some(CloseReason::Normal) | None => None,
         }
     }

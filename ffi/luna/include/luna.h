@@ -126,7 +126,8 @@ typedef struct {
   // Send-buffer space was freed. At most once per connection per received burst.
   luna_conn_fn on_writable;
   // The connection ended: `reason` is 0 (orderly close), `ECONNRESET` (reset by the
-  // peer), `ECONNREFUSED`, `ETIMEDOUT` or `ECONNABORTED` (aborted here). The id dies
+  // peer), `ECONNREFUSED`, `ETIMEDOUT`, `EHOSTUNREACH` (the connection attempt's next hop
+  // did not answer ARP) or `ECONNABORTED` (aborted here). The id dies
   // when this returns.
   void (*on_closed)(luna_ctx_t *ctx, luna_conn_t conn, int reason, void *user);
   // Once per poll iteration, after the received burst (clients generate load here).

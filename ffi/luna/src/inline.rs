@@ -58,7 +58,8 @@ pub struct luna_inline_ops_t {
     /// Send-buffer space was freed. At most once per connection per received burst.
     pub on_writable: luna_conn_fn,
     /// The connection ended: `reason` is 0 (orderly close), `ECONNRESET` (reset by the
-    /// peer), `ECONNREFUSED`, `ETIMEDOUT` or `ECONNABORTED` (aborted here). The id dies
+    /// peer), `ECONNREFUSED`, `ETIMEDOUT`, `EHOSTUNREACH` (the connection attempt's next hop
+    /// did not answer ARP) or `ECONNABORTED` (aborted here). The id dies
     /// when this returns.
     pub on_closed: Option<
         extern "C" fn(ctx: *mut luna_ctx_t, conn: luna_conn_t, reason: c_int, user: *mut c_void),

@@ -77,6 +77,7 @@ pub(crate) fn errno_close(r: Option<CloseReason>) -> i32 {
         Some(CloseReason::Refused) => libc::ECONNREFUSED,
         Some(CloseReason::Timeout) => libc::ETIMEDOUT,
         Some(CloseReason::Aborted) => libc::ECONNABORTED,
+        Some(CloseReason::HostUnreachable) => libc::EHOSTUNREACH,
     }
 }
 

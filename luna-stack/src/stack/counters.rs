@@ -111,6 +111,11 @@ pub struct StackCounters {
     pub drops: [u64; StackDrop::ALL.len()],
     /// ARP requests sent.
     pub arp_requests: u64,
+    /// Address resolutions that got no answer in time (the neighbour is unreachable).
+    pub arp_failures: u64,
+    /// Connection attempts (SYN-SENT) aborted because their next hop did not answer ARP
+    /// ([`crate::tcp::CloseReason::HostUnreachable`]).
+    pub unreachable_aborts: u64,
     /// ARP replies sent.
     pub arp_replies: u64,
     /// ICMP echo replies sent.

@@ -236,6 +236,9 @@ impl<R: Rng> Stack<R> {
                                 w.push(idx);
                             }
                             self.schedule_timer(idx);
+                            if !self.nb_failed.is_empty() {
+                                self.fail_parked(now);
+                            }
                             if let Some(t) = self.ctl.pop_front() {
                                 self.counters.frames_out += 1;
                                 return Some(t);
@@ -324,11 +327,50 @@ impl<R: Rng> Stack<R> {
         assert_eq!(t.offload, reference.offload, "template offload");
     }
 
+    /// The connections parked for next hops whose resolution just failed
+    /// ([`Resolution::Failed`]) hear of it: a handshake ends (its application sees
+    /// [`crate::tcp::CloseReason::HostUnreachable`]), others keep a soft error and wait on
+    /// for the new resolution.
+    #[cold]
+    fn fail_parked(&mut self, now: Instant) {
+        while let Some(ip) = self.nb_failed.pop() {
+            let Some(mut waiting) = self.arp_wait.remove(&ip) else {
+                continue;
+            };
+            waiting.retain(|&idx| {
+                let Some(e) = self.slots[idx as usize].entry.as_deref_mut() else {
+                    return false;
+                };
+                if !e.conn.on_neighbour_unreachable() {
+                    return true;
+                }
+                self.counters.unreachable_aborts += 1;
+                // Its segment stays parked until its next turn drops it (closed).
+                self.after_activity(idx, now);
+                false
+            });
+            if waiting.is_empty() {
+                // No one waits for it any more: its ARP retry clock goes too (as when the
+                // last parked connection is freed).
+                self.arp_sent.remove(&ip);
+            } else {
+                self.arp_wait.insert(ip, waiting);
+            }
+        }
+    }
+
     /// The MAC for `ip` if the neighbour table has one (no ARP request).
     fn lookup_mac(&mut self, now: Instant, ip: Ipv4Addr) -> Option<EthernetAddress> {
         match self.nb_update(ip, |t| t.lookup(ip, now)) {
             Resolution::Resolved(mac) | Resolution::Stale(mac) => Some(mac),
             Resolution::Pending | Resolution::Unknown => None,
+            Resolution::Failed => {
+                // The connections parked on `ip` learn it where they park
+                // (`fail_parked`); the resolution starts over.
+                self.counters.arp_failures += 1;
+                self.nb_failed.push(ip);
+                None
+            }
         }
     }
 

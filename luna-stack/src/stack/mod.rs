@@ -262,6 +262,8 @@ pub struct Stack<R: Rng> {
     dirty: VecDeque<u32>,
     /// Connections parked until their next hop resolves, by next hop.
     arp_wait: HashMap<Ipv4Addr, Vec<u32>, KeyedHasher>,
+    /// Next hops whose resolution failed since `fail_parked` last ran.
+    nb_failed: Vec<Ipv4Addr>,
     /// Last ARP request per unresolved neighbour.
     arp_sent: HashMap<Ipv4Addr, Instant, KeyedHasher>,
     /// Control frames waiting for the device, at most [`CTL_QUEUE_MAX`].
@@ -356,6 +358,7 @@ impl<R: Rng> Stack<R> {
             timers: timerq::TimerQueue::default(),
             dirty: VecDeque::new(),
             arp_wait: HashMap::with_hasher(hasher),
+            nb_failed: Vec::new(),
             arp_sent: HashMap::with_hasher(hasher),
             ctl: VecDeque::new(),
             events: VecDeque::new(),

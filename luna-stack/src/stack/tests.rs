@@ -241,6 +241,58 @@ fn a_connection_that_gives_up_on_an_unresolved_neighbour_leaves_no_arp_state() {
     );
 }
 
+/// A connection attempt whose next hop never answers ARP ends with `HostUnreachable`
+/// once resolution gives up (`incomplete_time`, 3 s), as Linux's `connect` fails with
+/// EHOSTUNREACH, instead of retrying its SYN for R2; an established connection whose next
+/// hop stops answering keeps going with a soft error.
+#[test]
+fn a_handshake_to_an_unresolvable_next_hop_ends_host_unreachable_after_resolution_gives_up() {
+    let mut net = Net::pair();
+    let start = net.now;
+    let ghost = Ipv4Addr::new(198, 18, 0, 77);
+    let c = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ghost, 7000), None)
+        .unwrap();
+    net.run_until(|n| n.a.state(c) == Some(State::Closed), 10_000);
+    assert_eq!(net.a.close_reason(c), Some(CloseReason::HostUnreachable));
+    let took = net.now.saturating_duration_since(start);
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_secs(8),
+        "ended after {took:?}"
+    );
+    assert_eq!(net.a.counters().unreachable_aborts, 1);
+    assert!(net.a.counters().arp_failures >= 1);
+    assert!(
+        events(&mut net.a)
+            .iter()
+            .any(|e| matches!(e, Event::Closed(h) if *h == c)),
+        "the application hears of it"
+    );
+    net.a.close(c);
+    net.run_until(|n| n.a.connection_count() == 0, 1000);
+    assert!(net.a.arp_wait.is_empty());
+
+    // Established, then B stops answering anything (ARP included) and its entry goes.
+    let (c, _server) = connected(&mut net);
+    net.drop = Box::new(|from_a, _| from_a);
+    net.a.neighbour_removed(ip_b());
+    net.a.send(c, &Zbuf::copy_from_slice(b"hello")).unwrap();
+    let (t0, failures) = (net.now, net.a.counters().arp_failures);
+    net.run_until(
+        |n| n.now.saturating_duration_since(t0) > Duration::from_secs(10),
+        10_000,
+    );
+    assert!(
+        net.a.counters().arp_failures > failures,
+        "resolution failed"
+    );
+    assert_ne!(net.a.state(c), Some(State::Closed), "a soft error only");
+    // (R1 timeouts in a row came first: the soft error shown is theirs.)
+    assert!(net.a.soft_error(c).is_some());
+    assert_eq!(net.a.counters().unreachable_aborts, 1, "no abort");
+}
+
 /// A connection parked on a next hop that never answers, moved by a route change to one
 /// that does: it leaves the old next hop's wait list (and, with no one else waiting there,
 /// its ARP retry clock) as it moves. Left listed, a later answer from the old next hop

@@ -75,6 +75,10 @@ pub enum Resolution {
     Pending,
     /// No entry: start resolution.
     Unknown,
+    /// Resolution got no answer within `incomplete_time` (RFC 1122 §2.3.2.1: give up):
+    /// the neighbour is unreachable. Reported once; the entry is gone, so the next lookup
+    /// is `Unknown` and a new resolution may start.
+    Failed,
 }
 
 /// A bounded IPv4 → MAC table.
@@ -146,7 +150,12 @@ impl NeighbourTable {
         };
         if !self.age(&mut n, now) {
             self.entries.remove(&ip);
-            return Resolution::Unknown;
+            // (`age` leaves an expired Incomplete entry's state as it was.)
+            return if n.state == NeighbourState::Incomplete {
+                Resolution::Failed
+            } else {
+                Resolution::Unknown
+            };
         }
         n.last_used = now;
         self.entries.insert(ip, n);
@@ -406,6 +415,13 @@ mod tests {
         assert_eq!(t.lookup(ip(1), secs(3)), Resolution::Unknown);
         // A new resolution may start again.
         assert_eq!(t.start_resolution(ip(1), secs(4)), Ok(true));
+        // Found expired by a lookup, the resolution reports its failure, once.
+        assert_eq!(t.lookup(ip(1), secs(6)), Resolution::Pending);
+        assert_eq!(t.lookup(ip(1), secs(7)), Resolution::Failed);
+        assert_eq!(t.lookup(ip(1), secs(7)), Resolution::Unknown);
+        // A stale entry that expires is gone, not failed.
+        t.learn(ip(2), mac(2), secs(0), true).unwrap();
+        assert_eq!(t.lookup(ip(2), secs(1000)), Resolution::Unknown);
     }
 
     #[test]

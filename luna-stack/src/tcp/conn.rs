@@ -103,6 +103,9 @@ pub enum CloseReason {
     Timeout,
     /// The application aborted it.
     Aborted,
+    /// The handshake's next hop did not answer address resolution
+    /// ([`Connection::on_neighbour_unreachable`]).
+    HostUnreachable,
 }
 
 /// Application-visible events, collected by the stack after each call.
@@ -812,6 +815,29 @@ impl Connection {
         }
         self.icmp_soft = Some(code);
         true
+    }
+
+    /// The next hop's link-layer address could not be resolved: ARP got no answer for
+    /// `NeighbourConfig::incomplete_time` (RFC 1122 §2.3.2.1). A connection attempt
+    /// (SYN-SENT) ends with [`CloseReason::HostUnreachable`]; any other connection records
+    /// it as a soft error, as for an ICMP host unreachable (RFC 9293 §3.9.1.8 SHLD-25), and
+    /// goes on. The RFCs' rule that unreachable destinations are soft errors (RFC 1122
+    /// §4.2.3.9, RFC 9293 MUST-56) is written for ICMP reports from the network; this is
+    /// the host's own link layer giving up, and a handshake that cannot leave the host
+    /// would otherwise retry its SYN for R2 (three minutes). Linux ends such a `connect`
+    /// with `EHOSTUNREACH` after the same three seconds. Returns whether it was aborted.
+    pub fn on_neighbour_unreachable(&mut self) -> bool {
+        match self.state {
+            State::SynSent => {
+                self.terminate(CloseReason::HostUnreachable);
+                true
+            }
+            State::Closed => false,
+            _ => {
+                self.icmp_soft = Some(Icmpv4DstUnreachable::HostUnreachable);
+                false
+            }
+        }
     }
 
     /// Set R2 for this connection alone: data retransmissions (RTO expiries in a row)

@@ -130,6 +130,7 @@ fn reason_errno(r: Option<CloseReason>) -> Option<&'static str> {
         CloseReason::Refused => Some("ECONNREFUSED"),
         CloseReason::Timeout => Some("ETIMEDOUT"),
         CloseReason::Aborted => Some("ECONNABORTED"),
+        CloseReason::HostUnreachable => Some("EHOSTUNREACH"),
         CloseReason::Normal => None,
     }
 }

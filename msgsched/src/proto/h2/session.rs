@@ -27,6 +27,12 @@
 //!   spent, the newest of those streams are refused so the others can finish), input is taken only while the output queue is
 //!   small, and replies wait for the peer's windows (a zero-window peer holds at most
 //!   its streams' replies, within the concurrency limit).
+//! - **Stream ids** (RFC 9113 §5.1, §5.1.1): frames on idle streams (above every id
+//!   opened, or even) and a HEADERS opening a lower id are connection errors
+//!   PROTOCOL_ERROR; a frame on a closed stream is judged by how it closed, remembered
+//!   for the last 512 ids (`History`): after both END_STREAMs, connection error
+//!   STREAM_CLOSED; after the peer's RST_STREAM, stream error STREAM_CLOSED; after ours
+//!   (or forgotten), ignored at a cost, since it may have been in flight.
 //! - **Flow control**: data beyond our window is FLOW_CONTROL_ERROR; a WINDOW_UPDATE or
 //!   SETTINGS_INITIAL_WINDOW_SIZE that pushes a window above 2^31-1 is
 //!   FLOW_CONTROL_ERROR (connection: GOAWAY; stream: RST_STREAM).
@@ -90,11 +96,16 @@ pub enum Reason {
     /// Unfinished request bodies filled `max_buffered` with the connection window shut:
     /// the newest such stream refused (REFUSED_STREAM) so that the others can finish.
     BufferFull,
+    /// A stream id the peer may not use (RFC 9113 §5.1, §5.1.1): a frame other than
+    /// HEADERS or PRIORITY on an idle stream (above every id opened, or even: a client
+    /// opens odd ids and we push none), a HEADERS on an even id, or a new stream whose id
+    /// is not above every earlier one.
+    StreamId,
 }
 
 impl Reason {
     /// Every reason, in counter order.
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 21] = [
         Reason::BadPreface,
         Reason::Protocol,
         Reason::FrameSize,
@@ -115,6 +126,7 @@ impl Reason {
         Reason::IdleTimeout,
         Reason::SendTimeout,
         Reason::BufferFull,
+        Reason::StreamId,
     ];
 
     /// Short name for counters.
@@ -140,6 +152,7 @@ impl Reason {
             Reason::IdleTimeout => "idle_timeout",
             Reason::SendTimeout => "send_timeout",
             Reason::BufferFull => "buffer_full",
+            Reason::StreamId => "stream_id",
         }
     }
 
@@ -416,6 +429,82 @@ struct Stream {
     head: bool,
 }
 
+/// How a stream below the highest id opened ended, as far as the peer's later frames on
+/// it are concerned (RFC 9113 §5.1, "closed").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Never opened: skipped by the peer, so implicitly closed (§5.1.1).
+    Unused = 0,
+    /// Both sides sent END_STREAM: the peer knows it is closed (only WINDOW_UPDATE and
+    /// RST_STREAM may still be in flight).
+    Done = 1,
+    /// We sent RST_STREAM (or ignored the stream): the peer may not have seen it yet, so
+    /// anything it sent meanwhile is ignored (§5.1: "MUST ignore").
+    ResetHere = 2,
+    /// The peer sent RST_STREAM: it sends nothing more but PRIORITY.
+    ResetThere = 3,
+}
+
+/// What became of the last [`History::IDS`] odd stream ids up to the highest one the peer
+/// opened: 2 bits each in a ring indexed by id, 128 bytes per session, O(1) per stream.
+/// Older ids are forgotten; a frame on one is treated as on a stream we reset (ignored at
+/// a cost), the one reading that never breaks a connection for a frame in flight, as
+/// nghttp2 and HAProxy do for streams they no longer remember.
+#[derive(Default)]
+struct History {
+    bits: [u64; History::IDS * 2 / 64],
+}
+
+impl History {
+    /// Odd ids remembered.
+    const IDS: usize = 512;
+
+    fn at(id: u32) -> (usize, u32) {
+        let slot = (id as usize >> 1) & (Self::IDS - 1);
+        (slot / 32, (slot % 32) as u32 * 2)
+    }
+
+    /// `id` is one of the remembered ids below or at `last`.
+    fn covers(last: u32, id: u32) -> bool {
+        id % 2 == 1 && id <= last && ((last - id) as usize) < 2 * Self::IDS
+    }
+
+    /// The highest id opened moved from `old` to `new`: the ids in between enter the
+    /// window unused.
+    fn advance(&mut self, old: u32, new: u32) {
+        if (new - old) as usize >= 2 * Self::IDS {
+            self.bits = [0; Self::IDS * 2 / 64];
+            return;
+        }
+        let mut id = (old + 1) | 1;
+        while id <= new {
+            let (w, b) = Self::at(id);
+            self.bits[w] &= !(3 << b);
+            id += 2;
+        }
+    }
+
+    fn set(&mut self, last: u32, id: u32, e: Ended) {
+        if Self::covers(last, id) {
+            let (w, b) = Self::at(id);
+            self.bits[w] = (self.bits[w] & !(3 << b)) | ((e as u64) << b);
+        }
+    }
+
+    fn get(&self, last: u32, id: u32) -> Option<Ended> {
+        if !Self::covers(last, id) {
+            return None;
+        }
+        let (w, b) = Self::at(id);
+        Some(match (self.bits[w] >> b) & 3 {
+            0 => Ended::Unused,
+            1 => Ended::Done,
+            2 => Ended::ResetHere,
+            _ => Ended::ResetThere,
+        })
+    }
+}
+
 struct Block {
     stream: u32,
     end_stream: bool,
@@ -436,6 +525,8 @@ pub struct H2Session {
     streams: HashMap<u32, Stream>,
     /// Highest stream id the peer has opened.
     last_stream: u32,
+    /// How the streams below `last_stream` ended.
+    history: History,
     /// Streams whose request is complete, in arrival order.
     ready: VecDeque<u32>,
     /// Streams with reply data waiting for window, round robin.
@@ -493,6 +584,7 @@ impl H2Session {
             ctl,
             streams: HashMap::new(),
             last_stream: 0,
+            history: History::default(),
             ready: VecDeque::new(),
             sending: VecDeque::new(),
             block: None,
@@ -596,6 +688,7 @@ impl H2Session {
     fn reset(&mut self, id: u32, code: ErrorCode, reason: Reason) -> Result<(), Fail> {
         self.counters().rst_sent[reason.index()].fetch_add(1, Ordering::Relaxed);
         frame::rst_stream(&mut self.ctl, id, code);
+        self.history.set(self.last_stream, id, Ended::ResetHere);
         self.close_stream(id);
         self.cost(1)
     }
@@ -813,9 +906,7 @@ impl H2Session {
         if h.stream == 0 {
             return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
         }
-        if h.stream > self.last_stream {
-            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
-        }
+        self.not_idle(h.stream)?;
         let flen = i64::from(h.len);
         self.conn_recv_window -= flen;
         if self.conn_recv_window < 0 {
@@ -825,14 +916,9 @@ impl H2Session {
         let data = Self::unpad(&h, f)?;
         let end = h.flags & flag::END_STREAM != 0;
         let max_body = self.cfg.max_body;
-        let Some(s) = self.streams.get_mut(&h.stream) else {
-            // A stream that has ended (we may have reset it: frames in flight are
-            // ignored, RFC 9113 §5.4.2), at a cost.
-            return self.cost(1);
+        let Some(s) = self.streams.get_mut(&h.stream).filter(|s| !s.reset) else {
+            return self.on_closed(h.stream, None);
         };
-        if s.reset {
-            return self.cost(1);
-        }
         if s.remote_done {
             return Err(Fail::Stream(
                 h.stream,
@@ -942,9 +1028,13 @@ impl H2Session {
             }
         };
         let id = b.stream;
+        if id % 2 == 0 {
+            // Idle forever: a client opens odd ids, and we push nothing (§5.1.1).
+            return Err(Fail::Conn(ErrorCode::Protocol, Reason::StreamId));
+        }
         if let Some(s) = self.streams.get_mut(&id) {
             if s.reset {
-                return self.cost(1);
+                return self.on_closed(id, Some(&fields));
             }
             if s.remote_done {
                 return Err(Fail::Stream(
@@ -963,14 +1053,13 @@ impl H2Session {
             return Ok(());
         }
         if id <= self.last_stream {
-            // A stream that has ended; frames in flight after our RST_STREAM are ignored.
-            return self.cost(1);
+            return self.on_closed(id, Some(&fields));
         }
-        if id % 2 == 0 {
-            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
-        }
+        self.history.advance(self.last_stream, id);
         self.last_stream = id;
         if self.peer_goaway {
+            // Not served; its frames are ignored like those of a stream we reset.
+            self.history.set(id, id, Ended::ResetHere);
             return self.cost(1);
         }
         if self.streams.len() >= self.cfg.max_concurrent_streams as usize {
@@ -1004,14 +1093,65 @@ impl H2Session {
         Ok(())
     }
 
+    /// A DATA, WINDOW_UPDATE or RST_STREAM on an idle stream — above every id the peer
+    /// opened, or even (a client opens odd ids; we push nothing) — is a connection error
+    /// PROTOCOL_ERROR (RFC 9113 §5.1, "idle").
+    fn not_idle(&self, id: u32) -> Result<(), Fail> {
+        if id > self.last_stream || id % 2 == 0 {
+            return Err(Fail::Conn(ErrorCode::Protocol, Reason::StreamId));
+        }
+        Ok(())
+    }
+
+    /// A DATA (`headers` None) or HEADERS (its decoded fields) on odd stream `id` at or
+    /// below the highest id opened, on a stream that is closed or reset. RFC 9113 §5.1 and
+    /// §5.1.1, by how the stream ended:
+    /// - never opened (the peer skipped it): HEADERS opens a stream with a lower id than
+    ///   an earlier one, connection error PROTOCOL_ERROR; DATA, connection error
+    ///   STREAM_CLOSED;
+    /// - both sides sent END_STREAM: the peer knows it is closed, connection error
+    ///   STREAM_CLOSED;
+    /// - the peer reset it: stream error STREAM_CLOSED (§6.1 for DATA);
+    /// - we reset it: the peer may have sent these before our RST_STREAM reached it
+    ///   ("MUST ignore"): ignored, at a cost (the flood budget); DATA still counted
+    ///   against the connection window and HPACK state updated, by the callers;
+    /// - forgotten (older than [`History::IDS`] ids): as if we had reset it, except that
+    ///   a request's header block (pseudo-header fields: not trailers) can only be a
+    ///   reused id, PROTOCOL_ERROR.
+    fn on_closed(&mut self, id: u32, headers: Option<&[Field]>) -> Result<(), Fail> {
+        let stream_closed = Fail::Conn(ErrorCode::StreamClosed, Reason::StreamClosed);
+        match self.history.get(self.last_stream, id) {
+            Some(Ended::Unused) if headers.is_some() => {
+                Err(Fail::Conn(ErrorCode::Protocol, Reason::StreamId))
+            }
+            Some(Ended::Unused | Ended::Done) => Err(stream_closed),
+            Some(Ended::ResetThere) => Err(Fail::Stream(
+                id,
+                ErrorCode::StreamClosed,
+                Reason::StreamClosed,
+            )),
+            None if headers.is_some_and(|f| f.iter().any(|(n, _)| n.first() == Some(&b':'))) => {
+                Err(Fail::Conn(ErrorCode::Protocol, Reason::StreamId))
+            }
+            Some(Ended::ResetHere) | None => self.cost(1),
+        }
+    }
+
     fn on_rst(&mut self, h: FrameHeader, _f: IoVec) -> Result<(), Fail> {
-        if h.stream == 0 || h.stream > self.last_stream {
+        if h.stream == 0 {
             return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
         }
+        self.not_idle(h.stream)?;
         if h.len != 4 {
             return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
         }
         self.counters().rst_received.fetch_add(1, Ordering::Relaxed);
+        // A stream already closed keeps what ended it: a reset crossing ours, or one in
+        // flight after both END_STREAMs, is allowed (§5.1) and changes nothing.
+        if self.streams.get(&h.stream).is_some_and(|s| !s.reset) {
+            self.history
+                .set(self.last_stream, h.stream, Ended::ResetThere);
+        }
         self.close_stream(h.stream);
         self.cost(1)
     }
@@ -1088,11 +1228,9 @@ impl H2Session {
             self.send_data();
             return Ok(());
         }
-        if h.stream > self.last_stream {
-            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
-        }
-        // A stream that has ended (a WINDOW_UPDATE in flight is normal, a flood is not),
-        // at a cost, as other frames on closed streams.
+        self.not_idle(h.stream)?;
+        // A stream that has ended (a WINDOW_UPDATE in flight is normal after our
+        // END_STREAM or RST_STREAM, a flood is not), at a cost.
         let Some(s) = self.streams.get_mut(&h.stream) else {
             return self.cost(1);
         };
@@ -1206,11 +1344,13 @@ impl H2Session {
         if let Some(s) = self.streams.get(&id) {
             if s.remote_done && !s.at_worker {
                 self.streams.remove(&id);
+                self.history.set(self.last_stream, id, Ended::Done);
             } else if !s.remote_done {
                 // Replied before the request ended: the rest of it is not wanted.
                 self.counters().rst_sent[Reason::StreamClosed.index()]
                     .fetch_add(1, Ordering::Relaxed);
                 frame::rst_stream(&mut self.ctl, id, ErrorCode::NoError);
+                self.history.set(self.last_stream, id, Ended::ResetHere);
                 self.close_stream(id);
             }
         }

@@ -988,3 +988,206 @@ fn acks_and_window_updates_on_ended_streams_are_charged() {
         );
     }
 }
+
+/// RFC 9113 §5.1.1: a client opens odd ids, each above every id it opened before. A
+/// HEADERS on a lower id it skipped, or on an even id (below or above the last one), is a
+/// connection error PROTOCOL_ERROR, counted as `stream_id`. An outside test found the
+/// lower id silently ignored (the client waited forever) and the even id below the last
+/// one ignored too.
+#[test]
+fn headers_on_a_lower_or_an_even_id_is_a_connection_error() {
+    for (ids, what) in [
+        (&[5u32, 3][..], "lower id"),
+        (&[5, 4][..], "even id below the last"),
+        (&[5, 6][..], "even id above the last"),
+        (&[1, 1201, 3][..], "lower id far below the last"),
+    ] {
+        let (mut s, mut p, c) = open();
+        let mut b = Vec::new();
+        for &id in ids {
+            p.get(&mut b, id, "/");
+        }
+        let got = send(&mut s, b);
+        assert_eq!(
+            goaway_code(&got),
+            Some(ErrorCode::Protocol as u32),
+            "{what}"
+        );
+        assert_eq!(c.goaway_for(Reason::StreamId), 1, "{what}");
+        // The earlier streams were still taken: GOAWAY's last-stream-id says so.
+        let (_, p) = got.iter().find(|(h, _)| h.kind == kind::GOAWAY).unwrap();
+        let last = ids.iter().copied().filter(|i| i % 2 == 1).max().unwrap();
+        assert_eq!(u32::from_be_bytes([p[0], p[1], p[2], p[3]]), last, "{what}");
+    }
+}
+
+/// DATA, WINDOW_UPDATE and RST_STREAM on an idle stream are connection errors
+/// PROTOCOL_ERROR (RFC 9113 §5.1): above the highest id opened (already so), and on an
+/// even id below it, which the client can never have opened (was ignored at a cost).
+#[test]
+fn frames_on_an_idle_even_stream_are_connection_errors() {
+    for k in [kind::DATA, kind::WINDOW_UPDATE, kind::RST_STREAM] {
+        let (mut s, mut p, c) = open();
+        let mut b = Vec::new();
+        p.get(&mut b, 5, "/");
+        match k {
+            kind::DATA => frame::put(&mut b, kind::DATA, 0, 2, b"x"),
+            kind::WINDOW_UPDATE => frame::window_update(&mut b, 2, 10),
+            _ => frame::rst_stream(&mut b, 2, ErrorCode::Cancel),
+        }
+        let got = send(&mut s, b);
+        assert_eq!(goaway_code(&got), Some(ErrorCode::Protocol as u32), "{k}");
+        assert_eq!(c.goaway_for(Reason::StreamId), 1, "{k}");
+    }
+    // PRIORITY may name any stream, idle ones included.
+    let (mut s, mut p, _) = open();
+    let mut b = Vec::new();
+    p.get(&mut b, 5, "/");
+    frame::put(&mut b, kind::PRIORITY, 0, 2, &[0, 0, 0, 0, 16]);
+    frame::put(&mut b, kind::PRIORITY, 0, 9, &[0, 0, 0, 0, 16]);
+    let got = send(&mut s, b);
+    assert_eq!(goaway_code(&got), None);
+}
+
+/// RFC 9113 §5.1, "closed": what a frame on a closed stream gets depends on how the stream
+/// closed. After both END_STREAMs the peer knows it is closed: HEADERS or DATA on it is a
+/// connection error STREAM_CLOSED (an outside test saw a HEADERS reusing a completed id
+/// ignored). After the peer's RST_STREAM: stream error STREAM_CLOSED. After ours: the
+/// peer may have sent them before it saw the reset, so they are ignored (at a cost, and
+/// the header block still decoded so HPACK stays in step). WINDOW_UPDATE and RST_STREAM
+/// may be in flight after either END_STREAM or reset: ignored at a cost.
+#[test]
+fn frames_on_a_closed_stream_follow_how_it_closed() {
+    // Completed: both END_STREAMs.
+    let completed = |p: &mut Peer, s: &mut H2Session| {
+        let mut b = Vec::new();
+        p.get(&mut b, 1, "/");
+        send(s, b);
+        let r = s.poll_request().unwrap();
+        reply(s, r.id, b"ok");
+        assert_eq!(s.open_streams(), 0);
+    };
+    let (mut s, mut p, c) = open();
+    completed(&mut p, &mut s);
+    let mut b = Vec::new();
+    p.get(&mut b, 1, "/again");
+    let got = send(&mut s, b);
+    assert_eq!(goaway_code(&got), Some(ErrorCode::StreamClosed as u32));
+    assert_eq!(c.goaway_for(Reason::StreamClosed), 1);
+    assert!(s.poll_request().is_none());
+    let (mut s, mut p, _) = open();
+    completed(&mut p, &mut s);
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, b"late");
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::StreamClosed as u32)
+    );
+    let (mut s, mut p, _) = open();
+    completed(&mut p, &mut s);
+    let mut b = Vec::new();
+    frame::window_update(&mut b, 1, 100);
+    frame::rst_stream(&mut b, 1, ErrorCode::Cancel);
+    p.get(&mut b, 3, "/");
+    let got = send(&mut s, b);
+    assert_eq!(goaway_code(&got), None, "in flight after END_STREAM");
+    assert_eq!(s.poll_request().unwrap().id, 3);
+
+    // Reset by the peer: stream error, the connection goes on.
+    let (mut s, mut p, c) = open();
+    let mut b = Vec::new();
+    let block = p.block("/echo");
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame::rst_stream(&mut b, 1, ErrorCode::Cancel);
+    frame::put(&mut b, kind::DATA, 0, 1, b"after its own reset");
+    p.get(&mut b, 3, "/");
+    let got = send(&mut s, b);
+    assert_eq!(rst(&got, 1), Some(ErrorCode::StreamClosed as u32));
+    assert_eq!(goaway_code(&got), None);
+    assert_eq!(c.rst_for(Reason::StreamClosed), 1);
+    assert_eq!(s.poll_request().unwrap().id, 3);
+
+    // Reset by us (a body over the cap): the peer's DATA and trailers sent before it saw
+    // the reset are ignored, the trailers' block still decoded.
+    let cfg = H2Config {
+        max_body: 4,
+        ..H2Config::default()
+    };
+    let (mut s, mut p, c) = open_with(cfg);
+    let mut b = Vec::new();
+    let block = p.block("/echo");
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame::put(&mut b, kind::DATA, 0, 1, b"too long");
+    frame::put(&mut b, kind::DATA, 0, 1, b"more");
+    let mut t = Vec::new();
+    p.enc
+        .encode(vec![(&b"x-trailer"[..], &b"indexed now"[..])], &mut t);
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        1,
+        &t,
+    );
+    // The next request refers to the trailer the dynamic table now holds.
+    let mut r = Vec::new();
+    p.enc.encode(
+        vec![
+            (&b":method"[..], &b"GET"[..]),
+            (b":scheme", b"http"),
+            (b":path", b"/next"),
+            (b"x-trailer", b"indexed now"),
+        ],
+        &mut r,
+    );
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        3,
+        &r,
+    );
+    let got = send(&mut s, b);
+    assert_eq!(goaway_code(&got), None);
+    assert!(rst(&got, 1).is_some());
+    assert_eq!(c.rst_for(Reason::StreamClosed), 0, "nothing reset for them");
+    let req = Request::parse(&s.poll_request().unwrap().body).unwrap();
+    assert_eq!(req.path(), b"/next");
+    assert_eq!(req.header("x-trailer"), Some(&b"indexed now"[..]));
+    assert_eq!(s.buffered(), 0);
+}
+
+/// The history of closed streams is bounded (the last 512 ids): a frame on a stream
+/// older than that is treated as on a stream we reset, ignored at a cost, never a
+/// connection error for what may be in flight; but a request's header block there can
+/// only reuse an id, PROTOCOL_ERROR.
+#[test]
+fn streams_older_than_the_history_are_ignored_unless_a_request_reuses_them() {
+    let (mut s, mut p, _) = open();
+    let mut b = Vec::new();
+    p.get(&mut b, 1, "/");
+    send(&mut s, b);
+    let r = s.poll_request().unwrap();
+    reply(&mut s, r.id, b"ok");
+    let mut b = Vec::new();
+    p.get(&mut b, 1025, "/");
+    frame::put(&mut b, kind::DATA, 0, 1, b"old");
+    let mut t = Vec::new();
+    p.enc.encode(vec![(&b"x-t"[..], &b"1"[..])], &mut t);
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        1,
+        &t,
+    );
+    let got = send(&mut s, b);
+    assert_eq!(goaway_code(&got), None);
+    assert_eq!(s.poll_request().unwrap().id, 1025);
+    let mut b = Vec::new();
+    p.get(&mut b, 1, "/reused");
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Protocol as u32)
+    );
+}

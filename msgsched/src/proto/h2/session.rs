@@ -245,6 +245,8 @@ pub struct H2Counters {
     pub rst_received: AtomicU64,
     /// Replies that arrived for a stream already reset (dropped).
     pub replies_dropped: AtomicU64,
+    /// CONNECT requests, answered 501 by the session (nothing here can run a tunnel).
+    pub connect: AtomicU64,
     /// High-water marks, the most any one session held (index = position in
     /// [`Mark::ALL`]).
     pub hwm: [AtomicU64; Mark::ALL.len()],
@@ -282,6 +284,7 @@ impl H2Counters {
             ("settings".to_string(), l(&self.settings)),
             ("rst_received".to_string(), l(&self.rst_received)),
             ("replies_dropped".to_string(), l(&self.replies_dropped)),
+            ("connect_501".to_string(), l(&self.connect)),
         ];
         for r in Reason::ALL {
             v.push((format!("goaway_{}", r.name()), self.goaway_for(r)));
@@ -427,6 +430,8 @@ struct Stream {
     /// The request is a HEAD: its response carries no content (RFC 9110 §9.3.2), so it
     /// ends with its HEADERS whatever body the worker gave.
     head: bool,
+    /// The request's content-length: its DATA must add up to it (RFC 9113 §8.1.1).
+    content_length: Option<u64>,
 }
 
 /// How a stream below the highest id opened ended, as far as the peer's later frames on
@@ -934,6 +939,17 @@ impl H2Session {
                 Reason::FlowControl,
             ));
         }
+        let total = (s.body.len() + data.len()) as u64;
+        if s.content_length
+            .is_some_and(|l| total > l || (end && total != l))
+        {
+            // Malformed (RFC 9113 §8.1.1): found as soon as the DATA passes it.
+            return Err(Fail::Stream(
+                h.stream,
+                ErrorCode::Protocol,
+                Reason::Malformed,
+            ));
+        }
         if s.body.len() + data.len() > max_body {
             return Err(Fail::Stream(
                 h.stream,
@@ -1043,8 +1059,13 @@ impl H2Session {
                     Reason::StreamClosed,
                 ));
             }
-            // Trailers: they must end the stream and carry no pseudo-headers.
-            if !b.end_stream || fields.iter().any(|(n, _)| n.first() == Some(&b':')) {
+            // Trailers: they must end the stream, carry no pseudo-headers (RFC 9113
+            // §8.1) and only valid fields, and the body must have its content-length.
+            let body_len = s.body.len() as u64;
+            if !b.end_stream
+                || !fields.iter().all(|(n, v)| valid_field(n, v))
+                || s.content_length.is_some_and(|l| l != body_len)
+            {
                 return Err(Fail::Stream(id, ErrorCode::Protocol, Reason::Malformed));
             }
             s.headers.extend(fields);
@@ -1065,17 +1086,17 @@ impl H2Session {
         if self.streams.len() >= self.cfg.max_concurrent_streams as usize {
             return Err(Fail::Stream(id, ErrorCode::RefusedStream, Reason::Refused));
         }
-        if !valid_request(&fields) {
+        let info = check_request(&fields)
+            .filter(|i| !(b.end_stream && i.content_length.is_some_and(|l| l != 0)));
+        let Some(info) = info else {
             return Err(Fail::Stream(id, ErrorCode::Protocol, Reason::Malformed));
-        }
-        let head = fields
-            .iter()
-            .any(|(n, v)| &n[..] == b":method" && &v[..] == b"HEAD");
+        };
         self.streams.insert(
             id,
             Stream {
                 remote_done: b.end_stream,
-                head,
+                head: info.head,
+                content_length: info.content_length,
                 headers: fields,
                 body: Body::default(),
                 recv_window: frame::DEFAULT_WINDOW,
@@ -1087,6 +1108,15 @@ impl H2Session {
         );
         // Marked here: rapid reset frees the slot again within the same input.
         self.mark(Mark::Streams, self.streams.len());
+        if info.connect {
+            // A tunnel needs a stream's DATA both ways as it comes; workers get whole
+            // requests. So CONNECT is a method this server does not implement, for any
+            // target: 501 (RFC 9110 §9.3.6, §15.6.2), and a RST_STREAM NO_ERROR if the
+            // client's side is still open (the tunnel data is not wanted).
+            self.counters().connect.fetch_add(1, Ordering::Relaxed);
+            self.respond_now(id, Response::new(501));
+            return Ok(());
+        }
         if b.end_stream {
             self.ready.push_back(id);
         }
@@ -1356,6 +1386,26 @@ impl H2Session {
         }
     }
 
+    /// Answers `id` from the session itself, in one HEADERS frame with END_STREAM: the
+    /// headers, `content-length: 0` unless given or there are trailers, then the trailers
+    /// (gRPC's Trailers-Only form). The body is ignored. Not flow controlled, so the stream
+    /// ends at once (with a RST_STREAM NO_ERROR if the request has not ended).
+    fn respond_now(&mut self, id: u32, resp: Response) {
+        let status = resp.status.to_string();
+        let mut fields: Vec<(&[u8], &[u8])> = vec![(b":status", status.as_bytes())];
+        fields.extend(resp.headers.iter().map(|(n, v)| (&n[..], &v[..])));
+        let has_len = resp.headers.iter().any(|(n, _)| n == b"content-length");
+        match &resp.trailers {
+            Some(t) => fields.extend(t.iter().map(|(n, v)| (&n[..], &v[..]))),
+            None if !has_len => fields.push((b"content-length", b"0")),
+            None => {}
+        }
+        let mut block = Vec::new();
+        self.encoder.encode(fields, &mut block);
+        frame::headers(&mut self.ctl, id, &block, true, self.peer_max_frame);
+        self.finish_stream(id);
+    }
+
     fn respond(&mut self, id: u32, reply: Option<IoVec>) {
         let parsed = reply.map(|r| Response::parse(&r));
         let resp = match parsed {
@@ -1399,45 +1449,149 @@ impl H2Session {
     }
 }
 
-/// RFC 9113 §8.2-8.3 checks a server makes on a request's header list.
-fn valid_request(fields: &[Field]) -> bool {
-    let mut regular = false;
-    let (mut method, mut path, mut scheme) = (None, false, false);
-    for (n, v) in fields {
-        if n.iter().any(|c| c.is_ascii_uppercase()) || n.is_empty() {
-            return false;
-        }
-        if n[0] == b':' {
-            if regular {
-                return false;
-            }
-            match &n[..] {
-                b":method" if method.is_none() => method = Some(v.clone()),
-                b":path" if !path && !v.is_empty() => path = true,
-                b":scheme" if !scheme => scheme = true,
-                b":authority" => {}
-                _ => return false,
-            }
+/// What the session keeps of a valid request's header list.
+struct ReqInfo {
+    /// `:method` HEAD.
+    head: bool,
+    /// `:method` CONNECT (well formed: `:authority` only).
+    connect: bool,
+    /// `content-length`.
+    content_length: Option<u64>,
+}
+
+/// The bytes of an RFC 9110 token (§5.6.2), letters lower case only: a field name
+/// (RFC 9113 §8.2: upper case is malformed; §8.2.1's minimum forbids 0x00-0x20, 0x41-0x5a,
+/// 0x7f-0xff, and `:` outside a pseudo-header's first byte, all of which this excludes).
+static NAME_BYTE: [bool; 256] = byte_table(true);
+/// The bytes of a field value (RFC 9110 §5.5: VCHAR, obs-text, SP, HTAB): no NUL, CR or
+/// LF (RFC 9113 §8.2.1's minimum) nor other control bytes.
+static VALUE_BYTE: [bool; 256] = byte_table(false);
+
+const fn byte_table(name: bool) -> [bool; 256] {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        t[i] = if name {
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || matches!(
+                    b,
+                    b'!' | b'#'
+                        | b'$'
+                        | b'%'
+                        | b'&'
+                        | b'\''
+                        | b'*'
+                        | b'+'
+                        | b'-'
+                        | b'.'
+                        | b'^'
+                        | b'_'
+                        | b'`'
+                        | b'|'
+                        | b'~'
+                )
         } else {
-            regular = true;
-            let conn_specific = matches!(
-                &n[..],
-                b"connection"
-                    | b"keep-alive"
-                    | b"proxy-connection"
-                    | b"transfer-encoding"
-                    | b"upgrade"
-            );
-            if conn_specific || (&n[..] == b"te" && &v[..] != b"trailers") {
-                return false;
+            (b >= 0x20 && b != 0x7f) || b == b'\t'
+        };
+        i += 1;
+    }
+    t
+}
+
+/// A field value RFC 9113 §8.2.1 allows: valid bytes, no leading or trailing SP/HTAB.
+fn valid_value(v: &[u8]) -> bool {
+    let ws = |b: &u8| *b == b' ' || *b == b'\t';
+    v.iter().all(|&b| VALUE_BYTE[b as usize])
+        && !v.first().is_some_and(ws)
+        && !v.last().is_some_and(ws)
+}
+
+/// A regular (not pseudo-header) field of a request or its trailers: a lower-case token
+/// name, a valid value, not connection-specific (RFC 9113 §8.2.2: `te` only as
+/// `trailers`).
+fn valid_field(n: &[u8], v: &[u8]) -> bool {
+    !n.is_empty()
+        && n.iter().all(|&b| NAME_BYTE[b as usize])
+        && valid_value(v)
+        && !matches!(
+            n,
+            b"connection" | b"keep-alive" | b"proxy-connection" | b"transfer-encoding" | b"upgrade"
+        )
+        && (n != b"te" || v == b"trailers")
+}
+
+/// `content-length`: 1*DIGIT (RFC 9110 §8.6), no overflow.
+fn parse_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.iter().try_fold(0u64, |a, &b| {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        a.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+    })
+}
+
+/// RFC 9113 §8.1-8.5 checks on a request's header list, one pass over the fields HPACK
+/// decoded; `None` if malformed (a stream error PROTOCOL_ERROR):
+/// - pseudo-headers (§8.3): only `:method`, `:scheme`, `:path`, `:authority` (no
+///   `:status`, no `:protocol`: extended CONNECT is not advertised), each at most once,
+///   all before the regular fields; `:method`, `:scheme` and a non-empty `:path` present,
+///   `:authority` non-empty if present (§8.3.1); CONNECT with `:authority` and without
+///   `:scheme` and `:path` (§8.5); `:method` a token;
+/// - every field (§8.2): names lower-case tokens, values without control bytes (NUL, CR,
+///   LF: §8.2.1) or leading/trailing whitespace; no connection-specific field (§8.2.2);
+/// - `content-length` digits only, repeated only with the same value.
+fn check_request(fields: &[Field]) -> Option<ReqInfo> {
+    let mut regular = false;
+    let mut method: Option<&[u8]> = None;
+    let (mut scheme, mut path, mut authority) = (false, false, false);
+    let mut content_length = None;
+    for (n, v) in fields {
+        if n.first() == Some(&b':') {
+            if regular || !valid_value(v) {
+                return None;
+            }
+            let again = match &n[..] {
+                b":method" => method.replace(v).is_some(),
+                b":scheme" => std::mem::replace(&mut scheme, true),
+                b":path" => std::mem::replace(&mut path, true) || v.is_empty(),
+                b":authority" => std::mem::replace(&mut authority, true) || v.is_empty(),
+                _ => true,
+            };
+            if again {
+                return None;
+            }
+            continue;
+        }
+        regular = true;
+        if !valid_field(n, v) {
+            return None;
+        }
+        if &n[..] == b"content-length" {
+            let l = parse_length(v)?;
+            if content_length.replace(l).is_some_and(|o| o != l) {
+                return None;
             }
         }
     }
-    match method.as_deref() {
-        Some(b"CONNECT") => true,
-        Some(_) => path && scheme,
-        None => false,
-    }
+    let method = method.filter(|m| {
+        !m.is_empty() && m.iter().all(|b| NAME_BYTE[b.to_ascii_lowercase() as usize])
+    })?;
+    let connect = method == b"CONNECT";
+    let ok = if connect {
+        authority && !scheme && !path
+    } else {
+        scheme && path
+    };
+    ok.then_some(ReqInfo {
+        head: method == b"HEAD",
+        connect,
+        content_length,
+    })
 }
 
 impl Session for H2Session {

@@ -21,7 +21,8 @@
 //! - **Header blocks**: HEADERS + CONTINUATION bytes and frame count bounded (the
 //!   CONTINUATION flood, CVE-2024-27316 class); the decoded list bounded in size and
 //!   count ([`super::hpack`]): both GOAWAY ENHANCE_YOUR_CALM.
-//! - **Memory**: a request body is bounded (`max_body`; the stream is refused), the
+//! - **Memory**: a request body is bounded (`max_body`; answered with
+//!   [`H2Config::too_large`], 413 by default), the
 //!   bodies buffered before dispatch are bounded (`max_buffered`: the connection window
 //!   is not reopened until they drain; when unfinished bodies alone fill it with the window
 //!   spent, the newest of those streams are refused so the others can finish), input is taken only while the output queue is
@@ -83,8 +84,6 @@ pub enum Reason {
     StreamClosed,
     /// A stream over MAX_CONCURRENT_STREAMS.
     Refused,
-    /// A request body over `max_body`.
-    BodyTooLarge,
     /// The worker's reply did not parse, or the worker gave none.
     BadReply,
     /// The peer reset the stream (received, not sent).
@@ -105,7 +104,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in counter order.
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 20] = [
         Reason::BadPreface,
         Reason::Protocol,
         Reason::FrameSize,
@@ -120,7 +119,6 @@ impl Reason {
         Reason::Malformed,
         Reason::StreamClosed,
         Reason::Refused,
-        Reason::BodyTooLarge,
         Reason::BadReply,
         Reason::PeerReset,
         Reason::IdleTimeout,
@@ -146,7 +144,6 @@ impl Reason {
             Reason::Malformed => "malformed",
             Reason::StreamClosed => "stream_closed",
             Reason::Refused => "refused",
-            Reason::BodyTooLarge => "body_too_large",
             Reason::BadReply => "bad_reply",
             Reason::PeerReset => "peer_reset",
             Reason::IdleTimeout => "idle_timeout",
@@ -162,11 +159,9 @@ impl Reason {
 
     fn parse_kind(self) -> ParseErrorKind {
         match self {
-            Reason::HeaderList
-            | Reason::HeaderBlock
-            | Reason::Flood
-            | Reason::BodyTooLarge
-            | Reason::BufferFull => ParseErrorKind::TooLarge,
+            Reason::HeaderList | Reason::HeaderBlock | Reason::Flood | Reason::BufferFull => {
+                ParseErrorKind::TooLarge
+            }
             Reason::FlowControl
             | Reason::WindowOverflow
             | Reason::ZeroWindowUpdate
@@ -247,6 +242,9 @@ pub struct H2Counters {
     pub replies_dropped: AtomicU64,
     /// CONNECT requests, answered 501 by the session (nothing here can run a tunnel).
     pub connect: AtomicU64,
+    /// Requests whose body was over `max_body` (by its content-length or its DATA),
+    /// answered with [`H2Config::too_large`] by the session.
+    pub too_large: AtomicU64,
     /// High-water marks, the most any one session held (index = position in
     /// [`Mark::ALL`]).
     pub hwm: [AtomicU64; Mark::ALL.len()],
@@ -285,6 +283,7 @@ impl H2Counters {
             ("rst_received".to_string(), l(&self.rst_received)),
             ("replies_dropped".to_string(), l(&self.replies_dropped)),
             ("connect_501".to_string(), l(&self.connect)),
+            ("too_large".to_string(), l(&self.too_large)),
         ];
         for r in Reason::ALL {
             v.push((format!("goaway_{}", r.name()), self.goaway_for(r)));
@@ -313,6 +312,16 @@ pub struct H2Config {
     pub huffman: bool,
     /// Largest request body.
     pub max_body: usize,
+    /// The answer to a request whose body is over `max_body` — known from its
+    /// content-length, or when its DATA pass it — sent by the session itself as one HEADERS
+    /// frame with END_STREAM (headers, then trailers if any: gRPC's Trailers-Only form;
+    /// a body is ignored), then RST_STREAM NO_ERROR if the request has not ended. Default
+    /// 413 Content Too Large (RFC 9110 §15.5.14); gRPC servers set RESOURCE_EXHAUSTED
+    /// ([`crate::proto::grpc::limit_messages`]). Not REFUSED_STREAM: that tells the client
+    /// the request was not processed and may be retried (RFC 9113 §8.7), which a body too
+    /// large for this server will never be; REFUSED_STREAM stays for the streams refused
+    /// to relieve a full buffer ([`Reason::BufferFull`]), which may be retried.
+    pub too_large: Response,
     /// Most request-body bytes buffered before dispatch, over all streams.
     pub max_buffered: usize,
     /// Our connection receive window.
@@ -338,6 +347,7 @@ impl Default for H2Config {
             hpack: HpackLimits::default(),
             huffman: hpack::HUFFMAN_DEFAULT,
             max_body: 1 << 20,
+            too_large: Response::new(413),
             max_buffered: 4 << 20,
             conn_window: 1 << 20,
             flood_budget: 1000,
@@ -951,11 +961,7 @@ impl H2Session {
             ));
         }
         if s.body.len() + data.len() > max_body {
-            return Err(Fail::Stream(
-                h.stream,
-                ErrorCode::RefusedStream,
-                Reason::BodyTooLarge,
-            ));
+            return self.too_large(h.stream, end);
         }
         let dlen = data.len();
         s.body.append(data);
@@ -1114,8 +1120,14 @@ impl H2Session {
             // target: 501 (RFC 9110 §9.3.6, §15.6.2), and a RST_STREAM NO_ERROR if the
             // client's side is still open (the tunnel data is not wanted).
             self.counters().connect.fetch_add(1, Ordering::Relaxed);
-            self.respond_now(id, Response::new(501));
-            return Ok(());
+            return self.respond_now(id, Response::new(501));
+        }
+        if info
+            .content_length
+            .is_some_and(|l| l > self.cfg.max_body as u64)
+        {
+            // Answered now rather than after max_body bytes of DATA.
+            return self.too_large(id, false);
         }
         if b.end_stream {
             self.ready.push_back(id);
@@ -1389,8 +1401,10 @@ impl H2Session {
     /// Answers `id` from the session itself, in one HEADERS frame with END_STREAM: the
     /// headers, `content-length: 0` unless given or there are trailers, then the trailers
     /// (gRPC's Trailers-Only form). The body is ignored. Not flow controlled, so the stream
-    /// ends at once (with a RST_STREAM NO_ERROR if the request has not ended).
-    fn respond_now(&mut self, id: u32, resp: Response) {
+    /// ends at once (with a RST_STREAM NO_ERROR if the request has not ended). A request
+    /// answered here made no progress for the application: it costs one unit of the flood
+    /// budget and earns nothing back (else a stream of such requests would refill it).
+    fn respond_now(&mut self, id: u32, resp: Response) -> Result<(), Fail> {
         let status = resp.status.to_string();
         let mut fields: Vec<(&[u8], &[u8])> = vec![(b":status", status.as_bytes())];
         fields.extend(resp.headers.iter().map(|(n, v)| (&n[..], &v[..])));
@@ -1403,7 +1417,22 @@ impl H2Session {
         let mut block = Vec::new();
         self.encoder.encode(fields, &mut block);
         frame::headers(&mut self.ctl, id, &block, true, self.peer_max_frame);
+        let budget = self.budget;
         self.finish_stream(id);
+        self.budget = budget;
+        self.cost(1)
+    }
+
+    /// `id`'s body is over `max_body` (`ended`: the DATA that showed it had END_STREAM):
+    /// its bytes are dropped and it gets [`H2Config::too_large`].
+    fn too_large(&mut self, id: u32, ended: bool) -> Result<(), Fail> {
+        self.counters().too_large.fetch_add(1, Ordering::Relaxed);
+        if let Some(s) = self.streams.get_mut(&id) {
+            self.buffered -= s.body.len();
+            s.body = Body::default();
+            s.remote_done |= ended;
+        }
+        self.respond_now(id, self.cfg.too_large.clone())
     }
 
     fn respond(&mut self, id: u32, reply: Option<IoVec>) {

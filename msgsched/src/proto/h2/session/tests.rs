@@ -613,8 +613,23 @@ fn completed_responses_earn_budget_back_so_busy_clients_are_not_cut_off() {
     assert!(!closing(&s));
 }
 
+/// The status of the HEADERS the session sent on `id`, whether it ended the stream, and
+/// its decoded fields.
+fn answer(got: &Got, p: &mut Peer, id: u32) -> (bool, Vec<Field>) {
+    let (h, blk) = got
+        .iter()
+        .find(|(h, _)| h.kind == kind::HEADERS && h.stream == id)
+        .expect("a HEADERS");
+    (h.flags & flag::END_STREAM != 0, p.dec.decode(blk).unwrap())
+}
+
+/// A body over `max_body` gets `H2Config::too_large` (413 by default) from the session, in
+/// one HEADERS with END_STREAM, then RST_STREAM NO_ERROR while the client is still
+/// sending; what it sent meanwhile is ignored; the connection goes on. It used to be
+/// RST_STREAM REFUSED_STREAM, which says "not processed, retry" (RFC 9113 §8.7): a client
+/// would resend a body this server never takes (outside test 2026-12-07, finding 6).
 #[test]
-fn a_body_over_the_cap_is_refused_and_the_connection_goes_on() {
+fn a_body_over_the_cap_is_answered_413_and_the_connection_goes_on() {
     let cfg = H2Config {
         max_body: 10,
         ..H2Config::default()
@@ -623,13 +638,138 @@ fn a_body_over_the_cap_is_refused_and_the_connection_goes_on() {
     let mut b = Vec::new();
     let block = p.block("/");
     frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
-    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, &[0; 11]);
+    frame::put(&mut b, kind::DATA, 0, 1, &[0; 6]);
+    frame::put(&mut b, kind::DATA, 0, 1, &[0; 6]);
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, &[0; 6]);
     p.get(&mut b, 3, "/");
     let got = send(&mut s, b);
-    assert_eq!(rst(&got, 1), Some(ErrorCode::RefusedStream as u32));
-    assert_eq!(c.rst_for(Reason::BodyTooLarge), 1);
+    let (end, hs) = answer(&got, &mut p, 1);
+    assert!(end);
+    assert_eq!(hs[0], (b":status".to_vec(), b"413".to_vec()));
+    assert!(hs.contains(&(b"content-length".to_vec(), b"0".to_vec())));
+    assert_eq!(rst(&got, 1), Some(ErrorCode::NoError as u32));
+    assert!(!got.iter().any(|(h, _)| h.kind == kind::DATA));
+    assert_eq!(goaway_code(&got), None);
+    assert_eq!(c.too_large.load(Ordering::Relaxed), 1);
     assert_eq!(s.poll_request().unwrap().id, 3);
+    assert!(s.poll_request().is_none());
     assert_eq!(s.buffered(), 0);
+    // The DATA that passes the cap ends the stream: the answer, and no reset.
+    let (mut s, mut p, _) = open_with(H2Config {
+        max_body: 10,
+        ..H2Config::default()
+    });
+    let mut b = Vec::new();
+    let block = p.block("/");
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, &[0; 11]);
+    let got = send(&mut s, b);
+    assert_eq!(answer(&got, &mut p, 1).1[0].1, b"413");
+    assert_eq!(rst(&got, 1), None);
+    assert_eq!(s.open_streams(), 0);
+}
+
+/// A content-length over `max_body` is answered at once, before any DATA is taken.
+#[test]
+fn a_content_length_over_the_cap_is_answered_before_the_body() {
+    let (mut s, mut p, c) = open_with(H2Config {
+        max_body: 10,
+        ..H2Config::default()
+    });
+    let mut b = Vec::new();
+    let mut block = Vec::new();
+    p.enc.encode(
+        vec![
+            (&b":method"[..], &b"POST"[..]),
+            (b":scheme", b"http"),
+            (b":path", b"/echo"),
+            (b"content-length", b"11"),
+        ],
+        &mut block,
+    );
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    let got = send(&mut s, b);
+    assert_eq!(answer(&got, &mut p, 1).1[0].1, b"413");
+    assert_eq!(rst(&got, 1), Some(ErrorCode::NoError as u32));
+    assert_eq!(c.too_large.load(Ordering::Relaxed), 1);
+    // Its body, sent before the client saw the answer, is ignored.
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, &[0; 11]);
+    let got = send(&mut s, b);
+    assert_eq!(goaway_code(&got), None);
+    assert!(s.poll_request().is_none());
+}
+
+/// gRPC (`grpc::limit_messages`): a call whose message is over the limit gets
+/// RESOURCE_EXHAUSTED (grpc-status 8 and a grpc-message) in one Trailers-Only HEADERS, as
+/// grpc-go and grpc-java servers answer, then RST_STREAM NO_ERROR to stop the upload; a
+/// message at the limit reaches a worker. Before: past the 1 MiB `max_body`, RST_STREAM
+/// REFUSED_STREAM (UNAVAILABLE to the client, which retry policies resend). A flow-control
+/// relief refusal stays REFUSED_STREAM (retrying it is right):
+/// `unfinished_bodies_past_the_buffer_refuse_the_newest_so_the_rest_can_finish`.
+#[test]
+fn a_grpc_message_over_the_limit_is_resource_exhausted_not_refused() {
+    use crate::proto::grpc;
+    let max = 1000;
+    let mut cfg = H2Config::default();
+    grpc::limit_messages(&mut cfg, max);
+    let (mut s, mut p, c) = open_with(cfg);
+    let call = |p: &mut Peer, b: &mut Vec<u8>, id: u32, len: usize| {
+        let mut block = Vec::new();
+        p.enc.encode(
+            vec![
+                (&b":method"[..], &b"POST"[..]),
+                (b":scheme", b"http"),
+                (b":path", b"/luna.Echo/Echo"),
+                (b"content-type", b"application/grpc"),
+                (b"te", b"trailers"),
+            ],
+            &mut block,
+        );
+        frame::put(b, kind::HEADERS, flag::END_HEADERS, id, &block);
+        let mut m = vec![0u8];
+        m.extend_from_slice(&(len as u32).to_be_bytes());
+        m.resize(5 + len, 7);
+        let chunks: Vec<&[u8]> = m.chunks(400).collect();
+        for (i, ch) in chunks.iter().enumerate() {
+            let f = if i + 1 == chunks.len() {
+                flag::END_STREAM
+            } else {
+                0
+            };
+            frame::put(b, kind::DATA, f, id, ch);
+        }
+    };
+    let mut b = Vec::new();
+    // Over by 500: the limit is passed by the third of four DATA frames.
+    call(&mut p, &mut b, 1, max + 500);
+    call(&mut p, &mut b, 3, max);
+    let got = send(&mut s, b);
+    let (end, hs) = answer(&got, &mut p, 1);
+    assert!(end, "Trailers-Only: one HEADERS ends the stream");
+    let field = |n: &str| {
+        hs.iter()
+            .find(|(k, _)| k == n.as_bytes())
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(field(":status").unwrap(), b"200");
+    assert_eq!(field("content-type").unwrap(), b"application/grpc");
+    assert_eq!(field("grpc-status").unwrap(), b"8");
+    let msg = String::from_utf8(field("grpc-message").unwrap()).unwrap();
+    assert!(msg.contains("larger than max (1000 bytes)"), "{msg}");
+    assert_eq!(field("content-length"), None);
+    assert_eq!(rst(&got, 1), Some(ErrorCode::NoError as u32));
+    assert_eq!(
+        c.rst_for(Reason::Refused) + c.rst_for(Reason::BufferFull),
+        0
+    );
+    assert_eq!(c.too_large.load(Ordering::Relaxed), 1);
+    let r = s.poll_request().unwrap();
+    assert_eq!(r.id, 3);
+    let req = Request::parse(&r.body).unwrap();
+    let call = grpc::unary(&req, max).unwrap();
+    assert_eq!(call.message.len(), max);
+    assert_eq!(goaway_code(&got), None);
 }
 
 #[test]
@@ -1149,8 +1289,14 @@ fn frames_on_a_closed_stream_follow_how_it_closed() {
     );
     let got = send(&mut s, b);
     assert_eq!(goaway_code(&got), None);
-    assert!(rst(&got, 1).is_some());
-    assert_eq!(c.rst_for(Reason::StreamClosed), 0, "nothing reset for them");
+    // One reset, the one after the 413; none for the frames that followed it.
+    let resets: Vec<_> = got
+        .iter()
+        .filter(|(h, _)| h.kind == kind::RST_STREAM)
+        .collect();
+    assert_eq!(resets.len(), 1);
+    assert_eq!(rst(&got, 1), Some(ErrorCode::NoError as u32));
+    assert_eq!(c.too_large.load(Ordering::Relaxed), 1);
     let req = Request::parse(&s.poll_request().unwrap().body).unwrap();
     assert_eq!(req.path(), b"/next");
     assert_eq!(req.header("x-trailer"), Some(&b"indexed now"[..]));

@@ -523,6 +523,9 @@ impl History {
 struct Block {
     stream: u32,
     end_stream: bool,
+    /// Its priority fields make the stream depend on itself (a stream error once the
+    /// block is decoded).
+    self_dependent: bool,
     buf: Vec<u8>,
     continuations: usize,
 }
@@ -861,6 +864,13 @@ impl H2Session {
                     ));
                 }
                 self.cost(1)?;
+                if Self::depends_on_itself(&h, &f) {
+                    return Err(Fail::Stream(
+                        h.stream,
+                        ErrorCode::Protocol,
+                        Reason::Protocol,
+                    ));
+                }
             }
             kind::RST_STREAM => self.on_rst(h, f)?,
             kind::SETTINGS => self.on_settings(h, f)?,
@@ -915,6 +925,14 @@ impl H2Session {
         f.advance(1);
         f.truncate(f.len() - pad);
         Ok(f)
+    }
+
+    /// The stream-dependency field at the start of `f` names the frame's own stream: a
+    /// stream error PROTOCOL_ERROR (RFC 9113 §5.3.1, still required of the deprecated
+    /// priority fields).
+    fn depends_on_itself(h: &FrameHeader, f: &IoVec) -> bool {
+        let mut d = [0u8; 4];
+        peek(f, 0, &mut d) && u32::from_be_bytes(d) & 0x7fff_ffff == h.stream
     }
 
     fn on_data(&mut self, h: FrameHeader, f: IoVec) -> Result<(), Fail> {
@@ -987,10 +1005,18 @@ impl H2Session {
             return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
         }
         let mut frag = Self::unpad(&h, f)?;
+        let mut self_dependent = false;
         if h.flags & flag::PRIORITY != 0 {
             if frag.len() < 5 {
-                return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
+                // Padding that leaves no room for the priority fields is PROTOCOL_ERROR
+                // (RFC 9113 §6.2); a frame too short for them anyway, FRAME_SIZE_ERROR.
+                return Err(if h.flags & flag::PADDED != 0 {
+                    Fail::Conn(ErrorCode::Protocol, Reason::Protocol)
+                } else {
+                    Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize)
+                });
             }
+            self_dependent = Self::depends_on_itself(&h, &frag);
             frag.advance(5);
         }
         if frag.is_empty() && h.flags & flag::END_HEADERS == 0 {
@@ -999,6 +1025,7 @@ impl H2Session {
         let b = Block {
             stream: h.stream,
             end_stream: h.flags & flag::END_STREAM != 0,
+            self_dependent,
             buf: frag.to_vec(),
             continuations: 0,
         };
@@ -1065,6 +1092,9 @@ impl H2Session {
                     Reason::StreamClosed,
                 ));
             }
+            if b.self_dependent {
+                return Err(Fail::Stream(id, ErrorCode::Protocol, Reason::Protocol));
+            }
             // Trailers: they must end the stream, carry no pseudo-headers (RFC 9113
             // §8.1) and only valid fields, and the body must have its content-length.
             let body_len = s.body.len() as u64;
@@ -1088,6 +1118,9 @@ impl H2Session {
             // Not served; its frames are ignored like those of a stream we reset.
             self.history.set(id, id, Ended::ResetHere);
             return self.cost(1);
+        }
+        if b.self_dependent {
+            return Err(Fail::Stream(id, ErrorCode::Protocol, Reason::Protocol));
         }
         if self.streams.len() >= self.cfg.max_concurrent_streams as usize {
             return Err(Fail::Stream(id, ErrorCode::RefusedStream, Reason::Refused));

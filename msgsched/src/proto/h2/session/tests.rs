@@ -1697,3 +1697,86 @@ fn a_well_formed_connect_is_answered_501_by_the_session() {
     assert_eq!(c.connect.load(Ordering::Relaxed), 1);
     assert_eq!(s.buffered(), 0);
 }
+
+/// RFC 9113 §5.3.1: a stream cannot depend on itself, stream error PROTOCOL_ERROR, by
+/// PRIORITY or by HEADERS' priority fields (whose block is still decoded: the next request
+/// uses the dynamic table it filled). §6.2: padding that leaves no room for the priority
+/// fields is PROTOCOL_ERROR (was FRAME_SIZE_ERROR). An outside test found both accepted.
+#[test]
+fn self_dependency_and_padding_over_the_priority_fields_are_protocol_errors() {
+    let (mut s, mut p, _) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::PRIORITY, 0, 3, &[0, 0, 0, 3, 16]);
+    let mut block = vec![0, 0, 0, 1, 16];
+    p.enc.encode(
+        vec![
+            (&b":method"[..], &b"GET"[..]),
+            (b":scheme", b"http"),
+            (b":path", b"/"),
+            (b"x-new", b"to the table"),
+        ],
+        &mut block,
+    );
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM | flag::PRIORITY,
+        1,
+        &block,
+    );
+    let mut next = Vec::new();
+    p.enc.encode(
+        vec![
+            (&b":method"[..], &b"GET"[..]),
+            (b":scheme", b"http"),
+            (b":path", b"/next"),
+            (b"x-new", b"to the table"),
+        ],
+        &mut next,
+    );
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        5,
+        &next,
+    );
+    let got = send(&mut s, b);
+    assert_eq!(rst(&got, 3), Some(ErrorCode::Protocol as u32), "PRIORITY");
+    assert_eq!(rst(&got, 1), Some(ErrorCode::Protocol as u32), "HEADERS");
+    assert_eq!(goaway_code(&got), None);
+    let r = Request::parse(&s.poll_request().unwrap().body).unwrap();
+    assert_eq!(
+        (r.stream, r.header("x-new")),
+        (5, Some(&b"to the table"[..]))
+    );
+    assert!(s.poll_request().is_none());
+    // PADDED + PRIORITY, 4 bytes of payload after 3 of padding: no room.
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::PADDED | flag::PRIORITY,
+        1,
+        &[3, 0, 0, 0, 0, 0, 0, 0],
+    );
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Protocol as u32)
+    );
+    // Unpadded and too short for the priority fields: FRAME_SIZE_ERROR as before.
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::PRIORITY,
+        1,
+        &[0, 0, 0],
+    );
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::FrameSize as u32)
+    );
+}

@@ -856,20 +856,19 @@ impl H2Session {
                 if h.stream == 0 {
                     return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
                 }
+                // PRIORITY may name an idle stream, but a RST_STREAM may not (RFC 9113
+                // §6.4): its errors there end the connection instead.
+                let idle = h.stream > self.last_stream || h.stream % 2 == 0;
+                let error = |code, reason| match idle {
+                    true => Fail::Conn(code, reason),
+                    false => Fail::Stream(h.stream, code, reason),
+                };
                 if h.len != 5 {
-                    return Err(Fail::Stream(
-                        h.stream,
-                        ErrorCode::FrameSize,
-                        Reason::FrameSize,
-                    ));
+                    return Err(error(ErrorCode::FrameSize, Reason::FrameSize));
                 }
                 self.cost(1)?;
                 if Self::depends_on_itself(&h, &f) {
-                    return Err(Fail::Stream(
-                        h.stream,
-                        ErrorCode::Protocol,
-                        Reason::Protocol,
-                    ));
+                    return Err(error(ErrorCode::Protocol, Reason::Protocol));
                 }
             }
             kind::RST_STREAM => self.on_rst(h, f)?,

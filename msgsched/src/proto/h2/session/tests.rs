@@ -1700,14 +1700,19 @@ fn a_well_formed_connect_is_answered_501_by_the_session() {
 
 /// RFC 9113 §5.3.1: a stream cannot depend on itself, stream error PROTOCOL_ERROR, by
 /// PRIORITY or by HEADERS' priority fields (whose block is still decoded: the next request
-/// uses the dynamic table it filled). §6.2: padding that leaves no room for the priority
-/// fields is PROTOCOL_ERROR (was FRAME_SIZE_ERROR). An outside test found both accepted.
+/// uses the dynamic table it filled); on an idle stream, which a RST_STREAM may not name
+/// (§6.4), a connection error. §6.2: padding that leaves no room for the priority fields
+/// is PROTOCOL_ERROR (was FRAME_SIZE_ERROR). An outside test found all of them accepted.
 #[test]
 fn self_dependency_and_padding_over_the_priority_fields_are_protocol_errors() {
     let (mut s, mut p, _) = open();
     let mut b = Vec::new();
+    // Stream 3 open (its body still coming), then a PRIORITY making it depend on itself.
+    let block = p.block("/echo");
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 3, &block);
     frame::put(&mut b, kind::PRIORITY, 0, 3, &[0, 0, 0, 3, 16]);
-    let mut block = vec![0, 0, 0, 1, 16];
+    // Stream 5 opened by a HEADERS depending on itself.
+    let mut block = vec![0, 0, 0, 5, 16];
     p.enc.encode(
         vec![
             (&b":method"[..], &b"GET"[..]),
@@ -1721,7 +1726,7 @@ fn self_dependency_and_padding_over_the_priority_fields_are_protocol_errors() {
         &mut b,
         kind::HEADERS,
         flag::END_HEADERS | flag::END_STREAM | flag::PRIORITY,
-        1,
+        5,
         &block,
     );
     let mut next = Vec::new();
@@ -1738,19 +1743,26 @@ fn self_dependency_and_padding_over_the_priority_fields_are_protocol_errors() {
         &mut b,
         kind::HEADERS,
         flag::END_HEADERS | flag::END_STREAM,
-        5,
+        7,
         &next,
     );
     let got = send(&mut s, b);
     assert_eq!(rst(&got, 3), Some(ErrorCode::Protocol as u32), "PRIORITY");
-    assert_eq!(rst(&got, 1), Some(ErrorCode::Protocol as u32), "HEADERS");
+    assert_eq!(rst(&got, 5), Some(ErrorCode::Protocol as u32), "HEADERS");
     assert_eq!(goaway_code(&got), None);
     let r = Request::parse(&s.poll_request().unwrap().body).unwrap();
     assert_eq!(
         (r.stream, r.header("x-new")),
-        (5, Some(&b"to the table"[..]))
+        (7, Some(&b"to the table"[..]))
     );
     assert!(s.poll_request().is_none());
+    // On an idle stream: GOAWAY, not a RST_STREAM naming an idle stream.
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::PRIORITY, 0, 1, &[0, 0, 0, 1, 16]);
+    let got = send(&mut s, b);
+    assert_eq!(goaway_code(&got), Some(ErrorCode::Protocol as u32));
+    assert_eq!(rst(&got, 1), None);
     // PADDED + PRIORITY, 4 bytes of payload after 3 of padding: no room.
     let (mut s, _, _) = open();
     let mut b = Vec::new();

@@ -162,10 +162,13 @@ fn main() {
     let opts = tap::options(&p.slab);
     let mcfg = tap::msg_config(args.port, args.model, args.workers);
     let counters = Arc::new(H2Counters::default());
-    let h2cfg = H2Config {
+    let mut h2cfg = H2Config {
         counters: Arc::clone(&counters),
         ..H2Config::default()
     };
+    // A call over the message limit is answered RESOURCE_EXHAUSTED by the session, as
+    // its DATA pass the limit (not REFUSED_STREAM past a 1 MiB body, as before).
+    grpc::limit_messages(&mut h2cfg, MAX_MESSAGE);
     let kv: Arc<Mutex<HashMap<Vec<u8>, Zbuf>>> = Arc::default();
     let stats = Arc::new(Stats::default());
     let st2 = Arc::clone(&stats);

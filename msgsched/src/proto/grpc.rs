@@ -9,13 +9,17 @@
 //! `content-type: application/grpc`), DATA with the length-prefixed reply, and trailers
 //! with `grpc-status` and `grpc-message` ([`reply`], [`error`]).
 //!
+//! Size: [`limit_messages`] makes the HTTP/2 session itself answer a call whose body is
+//! over the message limit with RESOURCE_EXHAUSTED, as gRPC servers do, without buffering
+//! it or waking a worker.
+//!
 //! Compression: a request message with the compressed flag under `grpc-encoding: gzip`
 //! is decompressed ([`gunzip`], bounded by the message limit); any other encoding is
 //! UNIMPLEMENTED, and replies advertise `grpc-accept-encoding: identity,gzip`. Replies
 //! are sent uncompressed (identity), which gRPC allows whatever the request used.
 
 use crate::parser::peek;
-use crate::proto::h2::{Request, Response};
+use crate::proto::h2::{H2Config, Request, Response};
 use std::fmt;
 use zbuf::{IoVec, Zbuf};
 
@@ -264,6 +268,29 @@ pub fn reply(message: IoVec) -> Response {
         .header("grpc-accept-encoding", ACCEPT_ENCODING)
         .body(body)
         .trailers(trailers(Code::Ok, ""))
+}
+
+/// Sets up `cfg` for unary calls whose request message is at most `max_message` bytes:
+/// the session takes a body of at most the message and its 5-byte prefix (`max_body`),
+/// and answers a longer one itself with [`too_large`] (`H2Config::too_large`), as soon
+/// as its DATA pass the limit, and a RST_STREAM NO_ERROR to stop the upload. That is
+/// what grpc-go and grpc-java servers answer a message over their receive limit
+/// (RESOURCE_EXHAUSTED in a Trailers-Only response). Before, a body over the session's
+/// default 1 MiB got RST_STREAM REFUSED_STREAM, which clients report as UNAVAILABLE and
+/// retry policies resend. A body of several messages adding up to more than one is
+/// RESOURCE_EXHAUSTED too (unary calls take one message).
+pub fn limit_messages(cfg: &mut H2Config, max_message: usize) {
+    cfg.max_body = max_message.saturating_add(5);
+    cfg.too_large = too_large(max_message);
+}
+
+/// The reply to a call whose request message is over `max_message` bytes:
+/// RESOURCE_EXHAUSTED with a `grpc-message`.
+pub fn too_large(max_message: usize) -> Response {
+    error(&Status::new(
+        Code::ResourceExhausted,
+        format!("grpc: received message larger than max ({max_message} bytes)"),
+    ))
 }
 
 /// An error reply: HEADERS, then the trailers with the status (no message).

@@ -21,12 +21,19 @@
 //! - **Header blocks**: HEADERS + CONTINUATION bytes and frame count bounded (the
 //!   CONTINUATION flood, CVE-2024-27316 class); the decoded list bounded in size and
 //!   count ([`super::hpack`]): both GOAWAY ENHANCE_YOUR_CALM.
-//! - **Memory**: a request body is bounded (`max_body`; the stream is refused), the
+//! - **Memory**: a request body is bounded (`max_body`; answered with
+//!   [`H2Config::too_large`], 413 by default), the
 //!   bodies buffered before dispatch are bounded (`max_buffered`: the connection window
 //!   is not reopened until they drain; when unfinished bodies alone fill it with the window
 //!   spent, the newest of those streams are refused so the others can finish), input is taken only while the output queue is
 //!   small, and replies wait for the peer's windows (a zero-window peer holds at most
 //!   its streams' replies, within the concurrency limit).
+//! - **Stream ids** (RFC 9113 §5.1, §5.1.1): frames on idle streams (above every id
+//!   opened, or even) and a HEADERS opening a lower id are connection errors
+//!   PROTOCOL_ERROR; a frame on a closed stream is judged by how it closed, remembered
+//!   for the last 512 ids (`History`): after both END_STREAMs, connection error
+//!   STREAM_CLOSED; after the peer's RST_STREAM, stream error STREAM_CLOSED; after ours
+//!   (or forgotten), ignored at a cost, since it may have been in flight.
 //! - **Flow control**: data beyond our window is FLOW_CONTROL_ERROR; a WINDOW_UPDATE or
 //!   SETTINGS_INITIAL_WINDOW_SIZE that pushes a window above 2^31-1 is
 //!   FLOW_CONTROL_ERROR (connection: GOAWAY; stream: RST_STREAM).
@@ -77,8 +84,6 @@ pub enum Reason {
     StreamClosed,
     /// A stream over MAX_CONCURRENT_STREAMS.
     Refused,
-    /// A request body over `max_body`.
-    BodyTooLarge,
     /// The worker's reply did not parse, or the worker gave none.
     BadReply,
     /// The peer reset the stream (received, not sent).
@@ -90,6 +95,11 @@ pub enum Reason {
     /// Unfinished request bodies filled `max_buffered` with the connection window shut:
     /// the newest such stream refused (REFUSED_STREAM) so that the others can finish.
     BufferFull,
+    /// A stream id the peer may not use (RFC 9113 §5.1, §5.1.1): a frame other than
+    /// HEADERS or PRIORITY on an idle stream (above every id opened, or even: a client
+    /// opens odd ids and we push none), a HEADERS on an even id, or a new stream whose id
+    /// is not above every earlier one.
+    StreamId,
 }
 
 impl Reason {
@@ -109,12 +119,12 @@ impl Reason {
         Reason::Malformed,
         Reason::StreamClosed,
         Reason::Refused,
-        Reason::BodyTooLarge,
         Reason::BadReply,
         Reason::PeerReset,
         Reason::IdleTimeout,
         Reason::SendTimeout,
         Reason::BufferFull,
+        Reason::StreamId,
     ];
 
     /// Short name for counters.
@@ -134,12 +144,12 @@ impl Reason {
             Reason::Malformed => "malformed",
             Reason::StreamClosed => "stream_closed",
             Reason::Refused => "refused",
-            Reason::BodyTooLarge => "body_too_large",
             Reason::BadReply => "bad_reply",
             Reason::PeerReset => "peer_reset",
             Reason::IdleTimeout => "idle_timeout",
             Reason::SendTimeout => "send_timeout",
             Reason::BufferFull => "buffer_full",
+            Reason::StreamId => "stream_id",
         }
     }
 
@@ -149,11 +159,9 @@ impl Reason {
 
     fn parse_kind(self) -> ParseErrorKind {
         match self {
-            Reason::HeaderList
-            | Reason::HeaderBlock
-            | Reason::Flood
-            | Reason::BodyTooLarge
-            | Reason::BufferFull => ParseErrorKind::TooLarge,
+            Reason::HeaderList | Reason::HeaderBlock | Reason::Flood | Reason::BufferFull => {
+                ParseErrorKind::TooLarge
+            }
             Reason::FlowControl
             | Reason::WindowOverflow
             | Reason::ZeroWindowUpdate
@@ -232,6 +240,11 @@ pub struct H2Counters {
     pub rst_received: AtomicU64,
     /// Replies that arrived for a stream already reset (dropped).
     pub replies_dropped: AtomicU64,
+    /// CONNECT requests, answered 501 by the session (nothing here can run a tunnel).
+    pub connect: AtomicU64,
+    /// Requests whose body was over `max_body` (by its content-length or its DATA),
+    /// answered with [`H2Config::too_large`] by the session.
+    pub too_large: AtomicU64,
     /// High-water marks, the most any one session held (index = position in
     /// [`Mark::ALL`]).
     pub hwm: [AtomicU64; Mark::ALL.len()],
@@ -269,6 +282,8 @@ impl H2Counters {
             ("settings".to_string(), l(&self.settings)),
             ("rst_received".to_string(), l(&self.rst_received)),
             ("replies_dropped".to_string(), l(&self.replies_dropped)),
+            ("connect_501".to_string(), l(&self.connect)),
+            ("too_large".to_string(), l(&self.too_large)),
         ];
         for r in Reason::ALL {
             v.push((format!("goaway_{}", r.name()), self.goaway_for(r)));
@@ -297,6 +312,16 @@ pub struct H2Config {
     pub huffman: bool,
     /// Largest request body.
     pub max_body: usize,
+    /// The answer to a request whose body is over `max_body` — known from its
+    /// content-length, or when its DATA pass it — sent by the session itself as one HEADERS
+    /// frame with END_STREAM (headers, then trailers if any: gRPC's Trailers-Only form;
+    /// a body is ignored), then RST_STREAM NO_ERROR if the request has not ended. Default
+    /// 413 Content Too Large (RFC 9110 §15.5.14); gRPC servers set RESOURCE_EXHAUSTED
+    /// ([`crate::proto::grpc::limit_messages`]). Not REFUSED_STREAM: that tells the client
+    /// the request was not processed and may be retried (RFC 9113 §8.7), which a body too
+    /// large for this server will never be; REFUSED_STREAM stays for the streams refused
+    /// to relieve a full buffer ([`Reason::BufferFull`]), which may be retried.
+    pub too_large: Response,
     /// Most request-body bytes buffered before dispatch, over all streams.
     pub max_buffered: usize,
     /// Our connection receive window.
@@ -322,6 +347,7 @@ impl Default for H2Config {
             hpack: HpackLimits::default(),
             huffman: hpack::HUFFMAN_DEFAULT,
             max_body: 1 << 20,
+            too_large: Response::new(413),
             max_buffered: 4 << 20,
             conn_window: 1 << 20,
             flood_budget: 1000,
@@ -414,11 +440,92 @@ struct Stream {
     /// The request is a HEAD: its response carries no content (RFC 9110 §9.3.2), so it
     /// ends with its HEADERS whatever body the worker gave.
     head: bool,
+    /// The request's content-length: its DATA must add up to it (RFC 9113 §8.1.1).
+    content_length: Option<u64>,
+}
+
+/// How a stream below the highest id opened ended, as far as the peer's later frames on
+/// it are concerned (RFC 9113 §5.1, "closed").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Never opened: skipped by the peer, so implicitly closed (§5.1.1).
+    Unused = 0,
+    /// Both sides sent END_STREAM: the peer knows it is closed (only WINDOW_UPDATE and
+    /// RST_STREAM may still be in flight).
+    Done = 1,
+    /// We sent RST_STREAM (or ignored the stream): the peer may not have seen it yet, so
+    /// anything it sent meanwhile is ignored (§5.1: "MUST ignore").
+    ResetHere = 2,
+    /// The peer sent RST_STREAM: it sends nothing more but PRIORITY.
+    ResetThere = 3,
+}
+
+/// What became of the last [`History::IDS`] odd stream ids up to the highest one the peer
+/// opened: 2 bits each in a ring indexed by id, 128 bytes per session, O(1) per stream.
+/// Older ids are forgotten; a frame on one is treated as on a stream we reset (ignored at
+/// a cost), the one reading that never breaks a connection for a frame in flight, as
+/// nghttp2 and HAProxy do for streams they no longer remember.
+#[derive(Default)]
+struct History {
+    bits: [u64; History::IDS * 2 / 64],
+}
+
+impl History {
+    /// Odd ids remembered.
+    const IDS: usize = 512;
+
+    fn at(id: u32) -> (usize, u32) {
+        let slot = (id as usize >> 1) & (Self::IDS - 1);
+        (slot / 32, (slot % 32) as u32 * 2)
+    }
+
+    /// `id` is one of the remembered ids below or at `last`.
+    fn covers(last: u32, id: u32) -> bool {
+        id % 2 == 1 && id <= last && ((last - id) as usize) < 2 * Self::IDS
+    }
+
+    /// The highest id opened moved from `old` to `new`: the ids in between enter the
+    /// window unused.
+    fn advance(&mut self, old: u32, new: u32) {
+        if (new - old) as usize >= 2 * Self::IDS {
+            self.bits = [0; Self::IDS * 2 / 64];
+            return;
+        }
+        let mut id = (old + 1) | 1;
+        while id <= new {
+            let (w, b) = Self::at(id);
+            self.bits[w] &= !(3 << b);
+            id += 2;
+        }
+    }
+
+    fn set(&mut self, last: u32, id: u32, e: Ended) {
+        if Self::covers(last, id) {
+            let (w, b) = Self::at(id);
+            self.bits[w] = (self.bits[w] & !(3 << b)) | ((e as u64) << b);
+        }
+    }
+
+    fn get(&self, last: u32, id: u32) -> Option<Ended> {
+        if !Self::covers(last, id) {
+            return None;
+        }
+        let (w, b) = Self::at(id);
+        Some(match (self.bits[w] >> b) & 3 {
+            0 => Ended::Unused,
+            1 => Ended::Done,
+            2 => Ended::ResetHere,
+            _ => Ended::ResetThere,
+        })
+    }
 }
 
 struct Block {
     stream: u32,
     end_stream: bool,
+    /// Its priority fields make the stream depend on itself (a stream error once the
+    /// block is decoded).
+    self_dependent: bool,
     buf: Vec<u8>,
     continuations: usize,
 }
@@ -436,6 +543,8 @@ pub struct H2Session {
     streams: HashMap<u32, Stream>,
     /// Highest stream id the peer has opened.
     last_stream: u32,
+    /// How the streams below `last_stream` ended.
+    history: History,
     /// Streams whose request is complete, in arrival order.
     ready: VecDeque<u32>,
     /// Streams with reply data waiting for window, round robin.
@@ -493,6 +602,7 @@ impl H2Session {
             ctl,
             streams: HashMap::new(),
             last_stream: 0,
+            history: History::default(),
             ready: VecDeque::new(),
             sending: VecDeque::new(),
             block: None,
@@ -596,6 +706,7 @@ impl H2Session {
     fn reset(&mut self, id: u32, code: ErrorCode, reason: Reason) -> Result<(), Fail> {
         self.counters().rst_sent[reason.index()].fetch_add(1, Ordering::Relaxed);
         frame::rst_stream(&mut self.ctl, id, code);
+        self.history.set(self.last_stream, id, Ended::ResetHere);
         self.close_stream(id);
         self.cost(1)
     }
@@ -745,14 +856,20 @@ impl H2Session {
                 if h.stream == 0 {
                     return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
                 }
+                // PRIORITY may name an idle stream, but a RST_STREAM may not (RFC 9113
+                // §6.4): its errors there end the connection instead.
+                let idle = h.stream > self.last_stream || h.stream % 2 == 0;
+                let error = |code, reason| match idle {
+                    true => Fail::Conn(code, reason),
+                    false => Fail::Stream(h.stream, code, reason),
+                };
                 if h.len != 5 {
-                    return Err(Fail::Stream(
-                        h.stream,
-                        ErrorCode::FrameSize,
-                        Reason::FrameSize,
-                    ));
+                    return Err(error(ErrorCode::FrameSize, Reason::FrameSize));
                 }
                 self.cost(1)?;
+                if Self::depends_on_itself(&h, &f) {
+                    return Err(error(ErrorCode::Protocol, Reason::Protocol));
+                }
             }
             kind::RST_STREAM => self.on_rst(h, f)?,
             kind::SETTINGS => self.on_settings(h, f)?,
@@ -809,13 +926,19 @@ impl H2Session {
         Ok(f)
     }
 
+    /// The stream-dependency field at the start of `f` names the frame's own stream: a
+    /// stream error PROTOCOL_ERROR (RFC 9113 §5.3.1, still required of the deprecated
+    /// priority fields).
+    fn depends_on_itself(h: &FrameHeader, f: &IoVec) -> bool {
+        let mut d = [0u8; 4];
+        peek(f, 0, &mut d) && u32::from_be_bytes(d) & 0x7fff_ffff == h.stream
+    }
+
     fn on_data(&mut self, h: FrameHeader, f: IoVec) -> Result<(), Fail> {
         if h.stream == 0 {
             return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
         }
-        if h.stream > self.last_stream {
-            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
-        }
+        self.not_idle(h.stream)?;
         let flen = i64::from(h.len);
         self.conn_recv_window -= flen;
         if self.conn_recv_window < 0 {
@@ -825,14 +948,9 @@ impl H2Session {
         let data = Self::unpad(&h, f)?;
         let end = h.flags & flag::END_STREAM != 0;
         let max_body = self.cfg.max_body;
-        let Some(s) = self.streams.get_mut(&h.stream) else {
-            // A stream that has ended (we may have reset it: frames in flight are
-            // ignored, RFC 9113 §5.4.2), at a cost.
-            return self.cost(1);
+        let Some(s) = self.streams.get_mut(&h.stream).filter(|s| !s.reset) else {
+            return self.on_closed(h.stream, None);
         };
-        if s.reset {
-            return self.cost(1);
-        }
         if s.remote_done {
             return Err(Fail::Stream(
                 h.stream,
@@ -848,12 +966,19 @@ impl H2Session {
                 Reason::FlowControl,
             ));
         }
-        if s.body.len() + data.len() > max_body {
+        let total = (s.body.len() + data.len()) as u64;
+        if s.content_length
+            .is_some_and(|l| total > l || (end && total != l))
+        {
+            // Malformed (RFC 9113 §8.1.1): found as soon as the DATA passes it.
             return Err(Fail::Stream(
                 h.stream,
-                ErrorCode::RefusedStream,
-                Reason::BodyTooLarge,
+                ErrorCode::Protocol,
+                Reason::Malformed,
             ));
+        }
+        if s.body.len() + data.len() > max_body {
+            return self.too_large(h.stream, end);
         }
         let dlen = data.len();
         s.body.append(data);
@@ -879,10 +1004,18 @@ impl H2Session {
             return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
         }
         let mut frag = Self::unpad(&h, f)?;
+        let mut self_dependent = false;
         if h.flags & flag::PRIORITY != 0 {
             if frag.len() < 5 {
-                return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
+                // Padding that leaves no room for the priority fields is PROTOCOL_ERROR
+                // (RFC 9113 §6.2); a frame too short for them anyway, FRAME_SIZE_ERROR.
+                return Err(if h.flags & flag::PADDED != 0 {
+                    Fail::Conn(ErrorCode::Protocol, Reason::Protocol)
+                } else {
+                    Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize)
+                });
             }
+            self_dependent = Self::depends_on_itself(&h, &frag);
             frag.advance(5);
         }
         if frag.is_empty() && h.flags & flag::END_HEADERS == 0 {
@@ -891,6 +1024,7 @@ impl H2Session {
         let b = Block {
             stream: h.stream,
             end_stream: h.flags & flag::END_STREAM != 0,
+            self_dependent,
             buf: frag.to_vec(),
             continuations: 0,
         };
@@ -942,9 +1076,13 @@ impl H2Session {
             }
         };
         let id = b.stream;
+        if id % 2 == 0 {
+            // Idle forever: a client opens odd ids, and we push nothing (§5.1.1).
+            return Err(Fail::Conn(ErrorCode::Protocol, Reason::StreamId));
+        }
         if let Some(s) = self.streams.get_mut(&id) {
             if s.reset {
-                return self.cost(1);
+                return self.on_closed(id, Some(&fields));
             }
             if s.remote_done {
                 return Err(Fail::Stream(
@@ -953,8 +1091,16 @@ impl H2Session {
                     Reason::StreamClosed,
                 ));
             }
-            // Trailers: they must end the stream and carry no pseudo-headers.
-            if !b.end_stream || fields.iter().any(|(n, _)| n.first() == Some(&b':')) {
+            if b.self_dependent {
+                return Err(Fail::Stream(id, ErrorCode::Protocol, Reason::Protocol));
+            }
+            // Trailers: they must end the stream, carry no pseudo-headers (RFC 9113
+            // §8.1) and only valid fields, and the body must have its content-length.
+            let body_len = s.body.len() as u64;
+            if !b.end_stream
+                || !fields.iter().all(|(n, v)| valid_field(n, v))
+                || s.content_length.is_some_and(|l| l != body_len)
+            {
                 return Err(Fail::Stream(id, ErrorCode::Protocol, Reason::Malformed));
             }
             s.headers.extend(fields);
@@ -963,30 +1109,32 @@ impl H2Session {
             return Ok(());
         }
         if id <= self.last_stream {
-            // A stream that has ended; frames in flight after our RST_STREAM are ignored.
-            return self.cost(1);
+            return self.on_closed(id, Some(&fields));
         }
-        if id % 2 == 0 {
-            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
-        }
+        self.history.advance(self.last_stream, id);
         self.last_stream = id;
         if self.peer_goaway {
+            // Not served; its frames are ignored like those of a stream we reset.
+            self.history.set(id, id, Ended::ResetHere);
             return self.cost(1);
+        }
+        if b.self_dependent {
+            return Err(Fail::Stream(id, ErrorCode::Protocol, Reason::Protocol));
         }
         if self.streams.len() >= self.cfg.max_concurrent_streams as usize {
             return Err(Fail::Stream(id, ErrorCode::RefusedStream, Reason::Refused));
         }
-        if !valid_request(&fields) {
+        let info = check_request(&fields)
+            .filter(|i| !(b.end_stream && i.content_length.is_some_and(|l| l != 0)));
+        let Some(info) = info else {
             return Err(Fail::Stream(id, ErrorCode::Protocol, Reason::Malformed));
-        }
-        let head = fields
-            .iter()
-            .any(|(n, v)| &n[..] == b":method" && &v[..] == b"HEAD");
+        };
         self.streams.insert(
             id,
             Stream {
                 remote_done: b.end_stream,
-                head,
+                head: info.head,
+                content_length: info.content_length,
                 headers: fields,
                 body: Body::default(),
                 recv_window: frame::DEFAULT_WINDOW,
@@ -998,20 +1146,86 @@ impl H2Session {
         );
         // Marked here: rapid reset frees the slot again within the same input.
         self.mark(Mark::Streams, self.streams.len());
+        if info.connect {
+            // A tunnel needs a stream's DATA both ways as it comes; workers get whole
+            // requests. So CONNECT is a method this server does not implement, for any
+            // target: 501 (RFC 9110 §9.3.6, §15.6.2), and a RST_STREAM NO_ERROR if the
+            // client's side is still open (the tunnel data is not wanted).
+            self.counters().connect.fetch_add(1, Ordering::Relaxed);
+            return self.respond_now(id, Response::new(501));
+        }
+        if info
+            .content_length
+            .is_some_and(|l| l > self.cfg.max_body as u64)
+        {
+            // Answered now rather than after max_body bytes of DATA.
+            return self.too_large(id, false);
+        }
         if b.end_stream {
             self.ready.push_back(id);
         }
         Ok(())
     }
 
+    /// A DATA, WINDOW_UPDATE or RST_STREAM on an idle stream — above every id the peer
+    /// opened, or even (a client opens odd ids; we push nothing) — is a connection error
+    /// PROTOCOL_ERROR (RFC 9113 §5.1, "idle").
+    fn not_idle(&self, id: u32) -> Result<(), Fail> {
+        if id > self.last_stream || id % 2 == 0 {
+            return Err(Fail::Conn(ErrorCode::Protocol, Reason::StreamId));
+        }
+        Ok(())
+    }
+
+    /// A DATA (`headers` None) or HEADERS (its decoded fields) on odd stream `id` at or
+    /// below the highest id opened, on a stream that is closed or reset. RFC 9113 §5.1 and
+    /// §5.1.1, by how the stream ended:
+    /// - never opened (the peer skipped it): HEADERS opens a stream with a lower id than
+    ///   an earlier one, connection error PROTOCOL_ERROR; DATA, connection error
+    ///   STREAM_CLOSED;
+    /// - both sides sent END_STREAM: the peer knows it is closed, connection error
+    ///   STREAM_CLOSED;
+    /// - the peer reset it: stream error STREAM_CLOSED (§6.1 for DATA);
+    /// - we reset it: the peer may have sent these before our RST_STREAM reached it
+    ///   ("MUST ignore"): ignored, at a cost (the flood budget); DATA still counted
+    ///   against the connection window and HPACK state updated, by the callers;
+    /// - forgotten (older than [`History::IDS`] ids): as if we had reset it, except that
+    ///   a request's header block (pseudo-header fields: not trailers) can only be a
+    ///   reused id, PROTOCOL_ERROR.
+    fn on_closed(&mut self, id: u32, headers: Option<&[Field]>) -> Result<(), Fail> {
+        let stream_closed = Fail::Conn(ErrorCode::StreamClosed, Reason::StreamClosed);
+        match self.history.get(self.last_stream, id) {
+            Some(Ended::Unused) if headers.is_some() => {
+                Err(Fail::Conn(ErrorCode::Protocol, Reason::StreamId))
+            }
+            Some(Ended::Unused | Ended::Done) => Err(stream_closed),
+            Some(Ended::ResetThere) => Err(Fail::Stream(
+                id,
+                ErrorCode::StreamClosed,
+                Reason::StreamClosed,
+            )),
+            None if headers.is_some_and(|f| f.iter().any(|(n, _)| n.first() == Some(&b':'))) => {
+                Err(Fail::Conn(ErrorCode::Protocol, Reason::StreamId))
+            }
+            Some(Ended::ResetHere) | None => self.cost(1),
+        }
+    }
+
     fn on_rst(&mut self, h: FrameHeader, _f: IoVec) -> Result<(), Fail> {
-        if h.stream == 0 || h.stream > self.last_stream {
+        if h.stream == 0 {
             return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
         }
+        self.not_idle(h.stream)?;
         if h.len != 4 {
             return Err(Fail::Conn(ErrorCode::FrameSize, Reason::FrameSize));
         }
         self.counters().rst_received.fetch_add(1, Ordering::Relaxed);
+        // A stream already closed keeps what ended it: a reset crossing ours, or one in
+        // flight after both END_STREAMs, is allowed (§5.1) and changes nothing.
+        if self.streams.get(&h.stream).is_some_and(|s| !s.reset) {
+            self.history
+                .set(self.last_stream, h.stream, Ended::ResetThere);
+        }
         self.close_stream(h.stream);
         self.cost(1)
     }
@@ -1088,11 +1302,9 @@ impl H2Session {
             self.send_data();
             return Ok(());
         }
-        if h.stream > self.last_stream {
-            return Err(Fail::Conn(ErrorCode::Protocol, Reason::Protocol));
-        }
-        // A stream that has ended (a WINDOW_UPDATE in flight is normal, a flood is not),
-        // at a cost, as other frames on closed streams.
+        self.not_idle(h.stream)?;
+        // A stream that has ended (a WINDOW_UPDATE in flight is normal after our
+        // END_STREAM or RST_STREAM, a flood is not), at a cost.
         let Some(s) = self.streams.get_mut(&h.stream) else {
             return self.cost(1);
         };
@@ -1206,14 +1418,53 @@ impl H2Session {
         if let Some(s) = self.streams.get(&id) {
             if s.remote_done && !s.at_worker {
                 self.streams.remove(&id);
+                self.history.set(self.last_stream, id, Ended::Done);
             } else if !s.remote_done {
                 // Replied before the request ended: the rest of it is not wanted.
                 self.counters().rst_sent[Reason::StreamClosed.index()]
                     .fetch_add(1, Ordering::Relaxed);
                 frame::rst_stream(&mut self.ctl, id, ErrorCode::NoError);
+                self.history.set(self.last_stream, id, Ended::ResetHere);
                 self.close_stream(id);
             }
         }
+    }
+
+    /// Answers `id` from the session itself, in one HEADERS frame with END_STREAM: the
+    /// headers, `content-length: 0` unless given or there are trailers, then the trailers
+    /// (gRPC's Trailers-Only form). The body is ignored. Not flow controlled, so the stream
+    /// ends at once (with a RST_STREAM NO_ERROR if the request has not ended). A request
+    /// answered here made no progress for the application: it costs one unit of the flood
+    /// budget and earns nothing back (else a stream of such requests would refill it).
+    fn respond_now(&mut self, id: u32, resp: Response) -> Result<(), Fail> {
+        let status = resp.status.to_string();
+        let mut fields: Vec<(&[u8], &[u8])> = vec![(b":status", status.as_bytes())];
+        fields.extend(resp.headers.iter().map(|(n, v)| (&n[..], &v[..])));
+        let has_len = resp.headers.iter().any(|(n, _)| n == b"content-length");
+        match &resp.trailers {
+            Some(t) => fields.extend(t.iter().map(|(n, v)| (&n[..], &v[..]))),
+            None if !has_len => fields.push((b"content-length", b"0")),
+            None => {}
+        }
+        let mut block = Vec::new();
+        self.encoder.encode(fields, &mut block);
+        frame::headers(&mut self.ctl, id, &block, true, self.peer_max_frame);
+        let budget = self.budget;
+        self.finish_stream(id);
+        self.budget = budget;
+        self.cost(1)
+    }
+
+    /// `id`'s body is over `max_body` (`ended`: the DATA that showed it had END_STREAM):
+    /// its bytes are dropped and it gets [`H2Config::too_large`].
+    fn too_large(&mut self, id: u32, ended: bool) -> Result<(), Fail> {
+        self.counters().too_large.fetch_add(1, Ordering::Relaxed);
+        if let Some(s) = self.streams.get_mut(&id) {
+            self.buffered -= s.body.len();
+            s.body = Body::default();
+            s.remote_done |= ended;
+        }
+        self.respond_now(id, self.cfg.too_large.clone())
     }
 
     fn respond(&mut self, id: u32, reply: Option<IoVec>) {
@@ -1259,45 +1510,149 @@ impl H2Session {
     }
 }
 
-/// RFC 9113 §8.2-8.3 checks a server makes on a request's header list.
-fn valid_request(fields: &[Field]) -> bool {
-    let mut regular = false;
-    let (mut method, mut path, mut scheme) = (None, false, false);
-    for (n, v) in fields {
-        if n.iter().any(|c| c.is_ascii_uppercase()) || n.is_empty() {
-            return false;
-        }
-        if n[0] == b':' {
-            if regular {
-                return false;
-            }
-            match &n[..] {
-                b":method" if method.is_none() => method = Some(v.clone()),
-                b":path" if !path && !v.is_empty() => path = true,
-                b":scheme" if !scheme => scheme = true,
-                b":authority" => {}
-                _ => return false,
-            }
+/// What the session keeps of a valid request's header list.
+struct ReqInfo {
+    /// `:method` HEAD.
+    head: bool,
+    /// `:method` CONNECT (well formed: `:authority` only).
+    connect: bool,
+    /// `content-length`.
+    content_length: Option<u64>,
+}
+
+/// The bytes of an RFC 9110 token (§5.6.2), letters lower case only: a field name
+/// (RFC 9113 §8.2: upper case is malformed; §8.2.1's minimum forbids 0x00-0x20, 0x41-0x5a,
+/// 0x7f-0xff, and `:` outside a pseudo-header's first byte, all of which this excludes).
+static NAME_BYTE: [bool; 256] = byte_table(true);
+/// The bytes of a field value (RFC 9110 §5.5: VCHAR, obs-text, SP, HTAB): no NUL, CR or
+/// LF (RFC 9113 §8.2.1's minimum) nor other control bytes.
+static VALUE_BYTE: [bool; 256] = byte_table(false);
+
+const fn byte_table(name: bool) -> [bool; 256] {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        t[i] = if name {
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || matches!(
+                    b,
+                    b'!' | b'#'
+                        | b'$'
+                        | b'%'
+                        | b'&'
+                        | b'\''
+                        | b'*'
+                        | b'+'
+                        | b'-'
+                        | b'.'
+                        | b'^'
+                        | b'_'
+                        | b'`'
+                        | b'|'
+                        | b'~'
+                )
         } else {
-            regular = true;
-            let conn_specific = matches!(
-                &n[..],
-                b"connection"
-                    | b"keep-alive"
-                    | b"proxy-connection"
-                    | b"transfer-encoding"
-                    | b"upgrade"
-            );
-            if conn_specific || (&n[..] == b"te" && &v[..] != b"trailers") {
-                return false;
+            (b >= 0x20 && b != 0x7f) || b == b'\t'
+        };
+        i += 1;
+    }
+    t
+}
+
+/// A field value RFC 9113 §8.2.1 allows: valid bytes, no leading or trailing SP/HTAB.
+fn valid_value(v: &[u8]) -> bool {
+    let ws = |b: &u8| *b == b' ' || *b == b'\t';
+    v.iter().all(|&b| VALUE_BYTE[b as usize])
+        && !v.first().is_some_and(ws)
+        && !v.last().is_some_and(ws)
+}
+
+/// A regular (not pseudo-header) field of a request or its trailers: a lower-case token
+/// name, a valid value, not connection-specific (RFC 9113 §8.2.2: `te` only as
+/// `trailers`).
+fn valid_field(n: &[u8], v: &[u8]) -> bool {
+    !n.is_empty()
+        && n.iter().all(|&b| NAME_BYTE[b as usize])
+        && valid_value(v)
+        && !matches!(
+            n,
+            b"connection" | b"keep-alive" | b"proxy-connection" | b"transfer-encoding" | b"upgrade"
+        )
+        && (n != b"te" || v == b"trailers")
+}
+
+/// `content-length`: 1*DIGIT (RFC 9110 §8.6), no overflow.
+fn parse_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.iter().try_fold(0u64, |a, &b| {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        a.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+    })
+}
+
+/// RFC 9113 §8.1-8.5 checks on a request's header list, one pass over the fields HPACK
+/// decoded; `None` if malformed (a stream error PROTOCOL_ERROR):
+/// - pseudo-headers (§8.3): only `:method`, `:scheme`, `:path`, `:authority` (no
+///   `:status`, no `:protocol`: extended CONNECT is not advertised), each at most once,
+///   all before the regular fields; `:method`, `:scheme` and a non-empty `:path` present,
+///   `:authority` non-empty if present (§8.3.1); CONNECT with `:authority` and without
+///   `:scheme` and `:path` (§8.5); `:method` a token;
+/// - every field (§8.2): names lower-case tokens, values without control bytes (NUL, CR,
+///   LF: §8.2.1) or leading/trailing whitespace; no connection-specific field (§8.2.2);
+/// - `content-length` digits only, repeated only with the same value.
+fn check_request(fields: &[Field]) -> Option<ReqInfo> {
+    let mut regular = false;
+    let mut method: Option<&[u8]> = None;
+    let (mut scheme, mut path, mut authority) = (false, false, false);
+    let mut content_length = None;
+    for (n, v) in fields {
+        if n.first() == Some(&b':') {
+            if regular || !valid_value(v) {
+                return None;
+            }
+            let again = match &n[..] {
+                b":method" => method.replace(v).is_some(),
+                b":scheme" => std::mem::replace(&mut scheme, true),
+                b":path" => std::mem::replace(&mut path, true) || v.is_empty(),
+                b":authority" => std::mem::replace(&mut authority, true) || v.is_empty(),
+                _ => true,
+            };
+            if again {
+                return None;
+            }
+            continue;
+        }
+        regular = true;
+        if !valid_field(n, v) {
+            return None;
+        }
+        if &n[..] == b"content-length" {
+            let l = parse_length(v)?;
+            if content_length.replace(l).is_some_and(|o| o != l) {
+                return None;
             }
         }
     }
-    match method.as_deref() {
-        Some(b"CONNECT") => true,
-        Some(_) => path && scheme,
-        None => false,
-    }
+    let method = method.filter(|m| {
+        !m.is_empty() && m.iter().all(|b| NAME_BYTE[b.to_ascii_lowercase() as usize])
+    })?;
+    let connect = method == b"CONNECT";
+    let ok = if connect {
+        authority && !scheme && !path
+    } else {
+        scheme && path
+    };
+    ok.then_some(ReqInfo {
+        head: method == b"HEAD",
+        connect,
+        content_length,
+    })
 }
 
 impl Session for H2Session {

@@ -613,8 +613,23 @@ fn completed_responses_earn_budget_back_so_busy_clients_are_not_cut_off() {
     assert!(!closing(&s));
 }
 
+/// The status of the HEADERS the session sent on `id`, whether it ended the stream, and
+/// its decoded fields.
+fn answer(got: &Got, p: &mut Peer, id: u32) -> (bool, Vec<Field>) {
+    let (h, blk) = got
+        .iter()
+        .find(|(h, _)| h.kind == kind::HEADERS && h.stream == id)
+        .expect("a HEADERS");
+    (h.flags & flag::END_STREAM != 0, p.dec.decode(blk).unwrap())
+}
+
+/// A body over `max_body` gets `H2Config::too_large` (413 by default) from the session, in
+/// one HEADERS with END_STREAM, then RST_STREAM NO_ERROR while the client is still
+/// sending; what it sent meanwhile is ignored; the connection goes on. It used to be
+/// RST_STREAM REFUSED_STREAM, which says "not processed, retry" (RFC 9113 §8.7): a client
+/// would resend a body this server never takes (outside test 2026-12-07, finding 6).
 #[test]
-fn a_body_over_the_cap_is_refused_and_the_connection_goes_on() {
+fn a_body_over_the_cap_is_answered_413_and_the_connection_goes_on() {
     let cfg = H2Config {
         max_body: 10,
         ..H2Config::default()
@@ -623,13 +638,138 @@ fn a_body_over_the_cap_is_refused_and_the_connection_goes_on() {
     let mut b = Vec::new();
     let block = p.block("/");
     frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
-    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, &[0; 11]);
+    frame::put(&mut b, kind::DATA, 0, 1, &[0; 6]);
+    frame::put(&mut b, kind::DATA, 0, 1, &[0; 6]);
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, &[0; 6]);
     p.get(&mut b, 3, "/");
     let got = send(&mut s, b);
-    assert_eq!(rst(&got, 1), Some(ErrorCode::RefusedStream as u32));
-    assert_eq!(c.rst_for(Reason::BodyTooLarge), 1);
+    let (end, hs) = answer(&got, &mut p, 1);
+    assert!(end);
+    assert_eq!(hs[0], (b":status".to_vec(), b"413".to_vec()));
+    assert!(hs.contains(&(b"content-length".to_vec(), b"0".to_vec())));
+    assert_eq!(rst(&got, 1), Some(ErrorCode::NoError as u32));
+    assert!(!got.iter().any(|(h, _)| h.kind == kind::DATA));
+    assert_eq!(goaway_code(&got), None);
+    assert_eq!(c.too_large.load(Ordering::Relaxed), 1);
     assert_eq!(s.poll_request().unwrap().id, 3);
+    assert!(s.poll_request().is_none());
     assert_eq!(s.buffered(), 0);
+    // The DATA that passes the cap ends the stream: the answer, and no reset.
+    let (mut s, mut p, _) = open_with(H2Config {
+        max_body: 10,
+        ..H2Config::default()
+    });
+    let mut b = Vec::new();
+    let block = p.block("/");
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, &[0; 11]);
+    let got = send(&mut s, b);
+    assert_eq!(answer(&got, &mut p, 1).1[0].1, b"413");
+    assert_eq!(rst(&got, 1), None);
+    assert_eq!(s.open_streams(), 0);
+}
+
+/// A content-length over `max_body` is answered at once, before any DATA is taken.
+#[test]
+fn a_content_length_over_the_cap_is_answered_before_the_body() {
+    let (mut s, mut p, c) = open_with(H2Config {
+        max_body: 10,
+        ..H2Config::default()
+    });
+    let mut b = Vec::new();
+    let mut block = Vec::new();
+    p.enc.encode(
+        vec![
+            (&b":method"[..], &b"POST"[..]),
+            (b":scheme", b"http"),
+            (b":path", b"/echo"),
+            (b"content-length", b"11"),
+        ],
+        &mut block,
+    );
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    let got = send(&mut s, b);
+    assert_eq!(answer(&got, &mut p, 1).1[0].1, b"413");
+    assert_eq!(rst(&got, 1), Some(ErrorCode::NoError as u32));
+    assert_eq!(c.too_large.load(Ordering::Relaxed), 1);
+    // Its body, sent before the client saw the answer, is ignored.
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, &[0; 11]);
+    let got = send(&mut s, b);
+    assert_eq!(goaway_code(&got), None);
+    assert!(s.poll_request().is_none());
+}
+
+/// gRPC (`grpc::limit_messages`): a call whose message is over the limit gets
+/// RESOURCE_EXHAUSTED (grpc-status 8 and a grpc-message) in one Trailers-Only HEADERS, as
+/// grpc-go and grpc-java servers answer, then RST_STREAM NO_ERROR to stop the upload; a
+/// message at the limit reaches a worker. Before: past the 1 MiB `max_body`, RST_STREAM
+/// REFUSED_STREAM (UNAVAILABLE to the client, which retry policies resend). A flow-control
+/// relief refusal stays REFUSED_STREAM (retrying it is right):
+/// `unfinished_bodies_past_the_buffer_refuse_the_newest_so_the_rest_can_finish`.
+#[test]
+fn a_grpc_message_over_the_limit_is_resource_exhausted_not_refused() {
+    use crate::proto::grpc;
+    let max = 1000;
+    let mut cfg = H2Config::default();
+    grpc::limit_messages(&mut cfg, max);
+    let (mut s, mut p, c) = open_with(cfg);
+    let call = |p: &mut Peer, b: &mut Vec<u8>, id: u32, len: usize| {
+        let mut block = Vec::new();
+        p.enc.encode(
+            vec![
+                (&b":method"[..], &b"POST"[..]),
+                (b":scheme", b"http"),
+                (b":path", b"/luna.Echo/Echo"),
+                (b"content-type", b"application/grpc"),
+                (b"te", b"trailers"),
+            ],
+            &mut block,
+        );
+        frame::put(b, kind::HEADERS, flag::END_HEADERS, id, &block);
+        let mut m = vec![0u8];
+        m.extend_from_slice(&(len as u32).to_be_bytes());
+        m.resize(5 + len, 7);
+        let chunks: Vec<&[u8]> = m.chunks(400).collect();
+        for (i, ch) in chunks.iter().enumerate() {
+            let f = if i + 1 == chunks.len() {
+                flag::END_STREAM
+            } else {
+                0
+            };
+            frame::put(b, kind::DATA, f, id, ch);
+        }
+    };
+    let mut b = Vec::new();
+    // Over by 500: the limit is passed by the third of four DATA frames.
+    call(&mut p, &mut b, 1, max + 500);
+    call(&mut p, &mut b, 3, max);
+    let got = send(&mut s, b);
+    let (end, hs) = answer(&got, &mut p, 1);
+    assert!(end, "Trailers-Only: one HEADERS ends the stream");
+    let field = |n: &str| {
+        hs.iter()
+            .find(|(k, _)| k == n.as_bytes())
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(field(":status").unwrap(), b"200");
+    assert_eq!(field("content-type").unwrap(), b"application/grpc");
+    assert_eq!(field("grpc-status").unwrap(), b"8");
+    let msg = String::from_utf8(field("grpc-message").unwrap()).unwrap();
+    assert!(msg.contains("larger than max (1000 bytes)"), "{msg}");
+    assert_eq!(field("content-length"), None);
+    assert_eq!(rst(&got, 1), Some(ErrorCode::NoError as u32));
+    assert_eq!(
+        c.rst_for(Reason::Refused) + c.rst_for(Reason::BufferFull),
+        0
+    );
+    assert_eq!(c.too_large.load(Ordering::Relaxed), 1);
+    let r = s.poll_request().unwrap();
+    assert_eq!(r.id, 3);
+    let req = Request::parse(&r.body).unwrap();
+    let call = grpc::unary(&req, max).unwrap();
+    assert_eq!(call.message.len(), max);
+    assert_eq!(goaway_code(&got), None);
 }
 
 #[test]
@@ -987,4 +1127,668 @@ fn acks_and_window_updates_on_ended_streams_are_charged() {
             "{flood}"
         );
     }
+}
+
+/// RFC 9113 §5.1.1: a client opens odd ids, each above every id it opened before. A
+/// HEADERS on a lower id it skipped, or on an even id (below or above the last one), is a
+/// connection error PROTOCOL_ERROR, counted as `stream_id`. An outside test found the
+/// lower id silently ignored (the client waited forever) and the even id below the last
+/// one ignored too.
+#[test]
+fn headers_on_a_lower_or_an_even_id_is_a_connection_error() {
+    for (ids, what) in [
+        (&[5u32, 3][..], "lower id"),
+        (&[5, 4][..], "even id below the last"),
+        (&[5, 6][..], "even id above the last"),
+        (&[1, 1201, 3][..], "lower id far below the last"),
+    ] {
+        let (mut s, mut p, c) = open();
+        let mut b = Vec::new();
+        for &id in ids {
+            p.get(&mut b, id, "/");
+        }
+        let got = send(&mut s, b);
+        assert_eq!(
+            goaway_code(&got),
+            Some(ErrorCode::Protocol as u32),
+            "{what}"
+        );
+        assert_eq!(c.goaway_for(Reason::StreamId), 1, "{what}");
+        // The earlier streams were still taken: GOAWAY's last-stream-id says so.
+        let (_, p) = got.iter().find(|(h, _)| h.kind == kind::GOAWAY).unwrap();
+        let last = ids.iter().copied().filter(|i| i % 2 == 1).max().unwrap();
+        assert_eq!(u32::from_be_bytes([p[0], p[1], p[2], p[3]]), last, "{what}");
+    }
+}
+
+/// DATA, WINDOW_UPDATE and RST_STREAM on an idle stream are connection errors
+/// PROTOCOL_ERROR (RFC 9113 §5.1): above the highest id opened (already so), and on an
+/// even id below it, which the client can never have opened (was ignored at a cost).
+#[test]
+fn frames_on_an_idle_even_stream_are_connection_errors() {
+    for k in [kind::DATA, kind::WINDOW_UPDATE, kind::RST_STREAM] {
+        let (mut s, mut p, c) = open();
+        let mut b = Vec::new();
+        p.get(&mut b, 5, "/");
+        match k {
+            kind::DATA => frame::put(&mut b, kind::DATA, 0, 2, b"x"),
+            kind::WINDOW_UPDATE => frame::window_update(&mut b, 2, 10),
+            _ => frame::rst_stream(&mut b, 2, ErrorCode::Cancel),
+        }
+        let got = send(&mut s, b);
+        assert_eq!(goaway_code(&got), Some(ErrorCode::Protocol as u32), "{k}");
+        assert_eq!(c.goaway_for(Reason::StreamId), 1, "{k}");
+    }
+    // PRIORITY may name any stream, idle ones included.
+    let (mut s, mut p, _) = open();
+    let mut b = Vec::new();
+    p.get(&mut b, 5, "/");
+    frame::put(&mut b, kind::PRIORITY, 0, 2, &[0, 0, 0, 0, 16]);
+    frame::put(&mut b, kind::PRIORITY, 0, 9, &[0, 0, 0, 0, 16]);
+    let got = send(&mut s, b);
+    assert_eq!(goaway_code(&got), None);
+}
+
+/// RFC 9113 §5.1, "closed": what a frame on a closed stream gets depends on how the stream
+/// closed. After both END_STREAMs the peer knows it is closed: HEADERS or DATA on it is a
+/// connection error STREAM_CLOSED (an outside test saw a HEADERS reusing a completed id
+/// ignored). After the peer's RST_STREAM: stream error STREAM_CLOSED. After ours: the
+/// peer may have sent them before it saw the reset, so they are ignored (at a cost, and
+/// the header block still decoded so HPACK stays in step). WINDOW_UPDATE and RST_STREAM
+/// may be in flight after either END_STREAM or reset: ignored at a cost.
+#[test]
+fn frames_on_a_closed_stream_follow_how_it_closed() {
+    // Completed: both END_STREAMs.
+    let completed = |p: &mut Peer, s: &mut H2Session| {
+        let mut b = Vec::new();
+        p.get(&mut b, 1, "/");
+        send(s, b);
+        let r = s.poll_request().unwrap();
+        reply(s, r.id, b"ok");
+        assert_eq!(s.open_streams(), 0);
+    };
+    let (mut s, mut p, c) = open();
+    completed(&mut p, &mut s);
+    let mut b = Vec::new();
+    p.get(&mut b, 1, "/again");
+    let got = send(&mut s, b);
+    assert_eq!(goaway_code(&got), Some(ErrorCode::StreamClosed as u32));
+    assert_eq!(c.goaway_for(Reason::StreamClosed), 1);
+    assert!(s.poll_request().is_none());
+    let (mut s, mut p, _) = open();
+    completed(&mut p, &mut s);
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, b"late");
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::StreamClosed as u32)
+    );
+    let (mut s, mut p, _) = open();
+    completed(&mut p, &mut s);
+    let mut b = Vec::new();
+    frame::window_update(&mut b, 1, 100);
+    frame::rst_stream(&mut b, 1, ErrorCode::Cancel);
+    p.get(&mut b, 3, "/");
+    let got = send(&mut s, b);
+    assert_eq!(goaway_code(&got), None, "in flight after END_STREAM");
+    assert_eq!(s.poll_request().unwrap().id, 3);
+
+    // Reset by the peer: stream error, the connection goes on.
+    let (mut s, mut p, c) = open();
+    let mut b = Vec::new();
+    let block = p.block("/echo");
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame::rst_stream(&mut b, 1, ErrorCode::Cancel);
+    frame::put(&mut b, kind::DATA, 0, 1, b"after its own reset");
+    p.get(&mut b, 3, "/");
+    let got = send(&mut s, b);
+    assert_eq!(rst(&got, 1), Some(ErrorCode::StreamClosed as u32));
+    assert_eq!(goaway_code(&got), None);
+    assert_eq!(c.rst_for(Reason::StreamClosed), 1);
+    assert_eq!(s.poll_request().unwrap().id, 3);
+
+    // Reset by us (a body over the cap): the peer's DATA and trailers sent before it saw
+    // the reset are ignored, the trailers' block still decoded.
+    let cfg = H2Config {
+        max_body: 4,
+        ..H2Config::default()
+    };
+    let (mut s, mut p, c) = open_with(cfg);
+    let mut b = Vec::new();
+    let block = p.block("/echo");
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame::put(&mut b, kind::DATA, 0, 1, b"too long");
+    frame::put(&mut b, kind::DATA, 0, 1, b"more");
+    let mut t = Vec::new();
+    p.enc
+        .encode(vec![(&b"x-trailer"[..], &b"indexed now"[..])], &mut t);
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        1,
+        &t,
+    );
+    // The next request refers to the trailer the dynamic table now holds.
+    let mut r = Vec::new();
+    p.enc.encode(
+        vec![
+            (&b":method"[..], &b"GET"[..]),
+            (b":scheme", b"http"),
+            (b":path", b"/next"),
+            (b"x-trailer", b"indexed now"),
+        ],
+        &mut r,
+    );
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        3,
+        &r,
+    );
+    let got = send(&mut s, b);
+    assert_eq!(goaway_code(&got), None);
+    // One reset, the one after the 413; none for the frames that followed it.
+    let resets: Vec<_> = got
+        .iter()
+        .filter(|(h, _)| h.kind == kind::RST_STREAM)
+        .collect();
+    assert_eq!(resets.len(), 1);
+    assert_eq!(rst(&got, 1), Some(ErrorCode::NoError as u32));
+    assert_eq!(c.too_large.load(Ordering::Relaxed), 1);
+    let req = Request::parse(&s.poll_request().unwrap().body).unwrap();
+    assert_eq!(req.path(), b"/next");
+    assert_eq!(req.header("x-trailer"), Some(&b"indexed now"[..]));
+    assert_eq!(s.buffered(), 0);
+}
+
+/// The history of closed streams is bounded (the last 512 ids): a frame on a stream
+/// older than that is treated as on a stream we reset, ignored at a cost, never a
+/// connection error for what may be in flight; but a request's header block there can
+/// only reuse an id, PROTOCOL_ERROR.
+#[test]
+fn streams_older_than_the_history_are_ignored_unless_a_request_reuses_them() {
+    let (mut s, mut p, _) = open();
+    let mut b = Vec::new();
+    p.get(&mut b, 1, "/");
+    send(&mut s, b);
+    let r = s.poll_request().unwrap();
+    reply(&mut s, r.id, b"ok");
+    let mut b = Vec::new();
+    p.get(&mut b, 1025, "/");
+    frame::put(&mut b, kind::DATA, 0, 1, b"old");
+    let mut t = Vec::new();
+    p.enc.encode(vec![(&b"x-t"[..], &b"1"[..])], &mut t);
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        1,
+        &t,
+    );
+    let got = send(&mut s, b);
+    assert_eq!(goaway_code(&got), None);
+    assert_eq!(s.poll_request().unwrap().id, 1025);
+    let mut b = Vec::new();
+    p.get(&mut b, 1, "/reused");
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Protocol as u32)
+    );
+}
+
+/// An edit of a header list: (index, None) removes the field there, (index, Some(field))
+/// inserts one.
+type Edit = (usize, Option<(&'static [u8], &'static [u8])>);
+
+/// A header list with `:method GET`, `:scheme http`, `:path /`, `:authority x`, with
+/// `edit` applied.
+fn request_with(edit: &[Edit]) -> Vec<Field> {
+    let mut f: Vec<Field> = [
+        (&b":method"[..], &b"GET"[..]),
+        (b":scheme", b"http"),
+        (b":path", b"/"),
+        (b":authority", b"x"),
+    ]
+    .iter()
+    .map(|(n, v)| (n.to_vec(), v.to_vec()))
+    .collect();
+    for (at, e) in edit {
+        match e {
+            None => {
+                f.remove(*at);
+            }
+            Some((n, v)) => f.insert(*at, (n.to_vec(), v.to_vec())),
+        }
+    }
+    f
+}
+
+/// Sends each header list as a request (HEADERS with END_STREAM) on streams 1, 3, ...;
+/// returns the frames and the ids of the requests handed to workers.
+fn requests(s: &mut H2Session, lists: &[Vec<Field>]) -> (Got, Vec<u64>) {
+    let mut enc = Encoder::new();
+    let mut b = Vec::new();
+    for (i, f) in lists.iter().enumerate() {
+        let mut block = Vec::new();
+        enc.encode(f.iter().map(|(n, v)| (&n[..], &v[..])), &mut block);
+        let id = 1 + 2 * i as u32;
+        frame::put(
+            &mut b,
+            kind::HEADERS,
+            flag::END_HEADERS | flag::END_STREAM,
+            id,
+            &block,
+        );
+    }
+    let got = send(s, b);
+    let mut ids = Vec::new();
+    while let Some(r) = s.poll_request() {
+        ids.push(r.id);
+    }
+    (got, ids)
+}
+
+/// RFC 9113 §8.2, §8.2.1, §8.2.2, §8.3, §8.3.1, §8.5: each of these requests is malformed
+/// and gets a stream error PROTOCOL_ERROR, never a worker. An outside test had CR/LF/NUL
+/// in values, a space in a name, a duplicate `:authority` and CONNECT with `:path` and
+/// `:scheme` served (the workers got the header values as they were).
+#[test]
+fn malformed_requests_per_rfc_9113_section_8_are_reset_not_served() {
+    type E = &'static [Edit];
+    let bads: &[(&str, E)] = &[
+        ("space in a name", &[(4, Some((b"x a", b"1")))]),
+        ("colon in a name", &[(4, Some((b"x:a", b"1")))]),
+        ("upper case in a name", &[(4, Some((b"X-a", b"1")))]),
+        ("empty name", &[(4, Some((b"", b"1")))]),
+        ("DEL in a name", &[(4, Some((b"x\x7f", b"1")))]),
+        (
+            "CR LF in a value",
+            &[(4, Some((b"x", b"1\r\nx-injected: 2")))],
+        ),
+        ("LF in a value", &[(4, Some((b"x", b"1\nx")))]),
+        ("NUL in a value", &[(4, Some((b"x", b"1\0")))]),
+        ("other control in a value", &[(4, Some((b"x", b"1\x01")))]),
+        ("leading space", &[(4, Some((b"x", b" 1")))]),
+        ("trailing tab", &[(4, Some((b"x", b"1\t")))]),
+        (
+            "CR LF in :path",
+            &[(2, None), (2, Some((b":path", b"/\r\nx")))],
+        ),
+        ("connection", &[(4, Some((b"connection", b"close")))]),
+        ("keep-alive", &[(4, Some((b"keep-alive", b"5")))]),
+        (
+            "proxy-connection",
+            &[(4, Some((b"proxy-connection", b"x")))],
+        ),
+        (
+            "transfer-encoding",
+            &[(4, Some((b"transfer-encoding", b"chunked")))],
+        ),
+        ("upgrade", &[(4, Some((b"upgrade", b"h2c")))]),
+        ("te other than trailers", &[(4, Some((b"te", b"gzip")))]),
+        ("duplicate :authority", &[(4, Some((b":authority", b"y")))]),
+        ("duplicate :method", &[(1, Some((b":method", b"GET")))]),
+        ("duplicate :path", &[(3, Some((b":path", b"/")))]),
+        ("duplicate :scheme", &[(2, Some((b":scheme", b"http")))]),
+        ("unknown pseudo-header", &[(4, Some((b":bogus", b"1")))]),
+        ("response pseudo-header", &[(4, Some((b":status", b"200")))]),
+        (
+            "extended CONNECT not offered",
+            &[(4, Some((b":protocol", b"ws")))],
+        ),
+        ("pseudo-header after a field", &[(3, Some((b"x", b"1")))]),
+        ("missing :method", &[(0, None)]),
+        ("missing :scheme", &[(1, None)]),
+        ("missing :path", &[(2, None)]),
+        ("empty :path", &[(2, None), (2, Some((b":path", b"")))]),
+        (
+            "empty :authority",
+            &[(3, None), (3, Some((b":authority", b"")))],
+        ),
+        ("empty :method", &[(0, None), (0, Some((b":method", b"")))]),
+        (
+            "space in :method",
+            &[(0, None), (0, Some((b":method", b"G T")))],
+        ),
+        (
+            "CONNECT with :path and :scheme",
+            &[(0, None), (0, Some((b":method", b"CONNECT")))],
+        ),
+        (
+            "CONNECT with :path",
+            &[(0, None), (0, Some((b":method", b"CONNECT"))), (1, None)],
+        ),
+        (
+            "CONNECT without :authority",
+            &[
+                (0, None),
+                (0, Some((b":method", b"CONNECT"))),
+                (1, None),
+                (1, None),
+                (1, None),
+            ],
+        ),
+        (
+            "content-length not a number",
+            &[(4, Some((b"content-length", b"1x")))],
+        ),
+        (
+            "content-length negative",
+            &[(4, Some((b"content-length", b"-1")))],
+        ),
+        (
+            "content-length overflowing",
+            &[(4, Some((b"content-length", b"99999999999999999999")))],
+        ),
+        (
+            "two content-lengths",
+            &[
+                (4, Some((b"content-length", b"0"))),
+                (5, Some((b"content-length", b"1"))),
+            ],
+        ),
+        (
+            "content-length with no DATA",
+            &[(4, Some((b"content-length", b"3")))],
+        ),
+    ];
+    let lists: Vec<Vec<Field>> = bads.iter().map(|(_, e)| request_with(e)).collect();
+    let (mut s, _, c) = open();
+    let (got, ids) = requests(&mut s, &lists);
+    assert!(ids.is_empty(), "served: {ids:?}");
+    for (i, (what, _)) in bads.iter().enumerate() {
+        let id = 1 + 2 * i as u32;
+        assert_eq!(rst(&got, id), Some(ErrorCode::Protocol as u32), "{what}");
+    }
+    assert_eq!(goaway_code(&got), None);
+    assert_eq!(c.rst_for(Reason::Malformed), bads.len() as u64);
+}
+
+/// What the checks must let through: the fields real clients send.
+#[test]
+fn valid_requests_pass_the_field_checks() {
+    type E = &'static [Edit];
+    let goods: &[E] = &[
+        &[],
+        &[(3, None)],
+        &[(4, Some((b"te", b"trailers")))],
+        &[(4, Some((b"x", b"a b\tc")))],
+        &[(4, Some((b"x", b"caf\xc3\xa9")))],
+        &[(4, Some((b"x", b"")))],
+        &[
+            (4, Some((b"cookie", b"a=1"))),
+            (5, Some((b"cookie", b"b=2"))),
+        ],
+        &[(4, Some((b"x-!#$%&'*+-.^_`|~09", b"1")))],
+        &[(4, Some((b"content-length", b"0")))],
+        &[
+            (4, Some((b"content-length", b"0"))),
+            (5, Some((b"content-length", b"0"))),
+        ],
+        &[(4, Some((b"grpc-trace-bin", b"AAEC/w==")))],
+        &[(0, None), (0, Some((b":method", b"M-SEARCH")))],
+        &[(2, None), (2, Some((b":path", b"*")))],
+    ];
+    let lists: Vec<Vec<Field>> = goods.iter().map(|e| request_with(e)).collect();
+    let (mut s, _, c) = open();
+    let (got, ids) = requests(&mut s, &lists);
+    assert_eq!(ids.len(), goods.len(), "{got:?}");
+    assert_eq!(c.rst_for(Reason::Malformed), 0);
+}
+
+/// RFC 9113 §8.1.1: a request whose DATA do not add up to its content-length is
+/// malformed (stream error PROTOCOL_ERROR), found as soon as the DATA pass it or the
+/// stream ends short; padding does not count. An outside test had content-length 10
+/// with 3 bytes of DATA echoed.
+#[test]
+fn the_body_must_match_its_content_length() {
+    let cl = |p: &mut Peer, b: &mut Vec<u8>, id: u32, len: &str| {
+        let mut block = Vec::new();
+        p.enc.encode(
+            vec![
+                (&b":method"[..], &b"POST"[..]),
+                (b":scheme", b"http"),
+                (b":path", b"/echo"),
+                (b"content-length", len.as_bytes()),
+            ],
+            &mut block,
+        );
+        frame::put(b, kind::HEADERS, flag::END_HEADERS, id, &block);
+    };
+    let (mut s, mut p, c) = open();
+    let mut b = Vec::new();
+    // Short: 3 of 10, then END_STREAM.
+    cl(&mut p, &mut b, 1, "10");
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, b"abc");
+    // Long: 5 bytes for 3, no END_STREAM yet: found at once.
+    cl(&mut p, &mut b, 3, "3");
+    frame::put(&mut b, kind::DATA, 0, 3, b"abcde");
+    // Short, ended by trailers.
+    cl(&mut p, &mut b, 5, "4");
+    frame::put(&mut b, kind::DATA, 0, 5, b"ab");
+    let mut t = Vec::new();
+    p.enc.encode(vec![(&b"x-t"[..], &b"1"[..])], &mut t);
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        5,
+        &t,
+    );
+    // Exact, over two DATA frames, one of them padded (padding does not count).
+    cl(&mut p, &mut b, 7, "5");
+    frame::put(&mut b, kind::DATA, 0, 7, b"ab");
+    frame::put(
+        &mut b,
+        kind::DATA,
+        flag::PADDED | flag::END_STREAM,
+        7,
+        b"\x04cde\0\0\0\0",
+    );
+    // Exact, then trailers.
+    cl(&mut p, &mut b, 9, "2");
+    frame::put(&mut b, kind::DATA, 0, 9, b"ab");
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        9,
+        &t,
+    );
+    let got = send(&mut s, b);
+    for id in [1, 3, 5] {
+        assert_eq!(
+            rst(&got, id),
+            Some(ErrorCode::Protocol as u32),
+            "stream {id}"
+        );
+    }
+    assert_eq!(c.rst_for(Reason::Malformed), 3);
+    let r7 = Request::parse(&s.poll_request().unwrap().body).unwrap();
+    assert_eq!((r7.stream, r7.body.to_vec()), (7, b"abcde".to_vec()));
+    let r9 = Request::parse(&s.poll_request().unwrap().body).unwrap();
+    assert_eq!((r9.stream, r9.body.to_vec()), (9, b"ab".to_vec()));
+    assert!(s.poll_request().is_none());
+    assert_eq!(s.buffered(), 0);
+    assert_eq!(goaway_code(&got), None);
+}
+
+/// Trailers carry no pseudo-headers and only valid, not connection-specific, fields
+/// (RFC 9113 §8.1, §8.2); otherwise the request is malformed.
+#[test]
+fn malformed_trailers_are_reset() {
+    let bads: [(&[u8], &[u8]); 4] = [
+        (b":path", b"/"),
+        (b"x", b"1\r\n2"),
+        (b"X-Upper", b"1"),
+        (b"transfer-encoding", b"chunked"),
+    ];
+    let (mut s, mut p, c) = open();
+    let mut b = Vec::new();
+    for (i, (n, v)) in bads.iter().enumerate() {
+        let id = 1 + 2 * i as u32;
+        let block = p.block("/echo");
+        frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, id, &block);
+        frame::put(&mut b, kind::DATA, 0, id, b"x");
+        let mut t = Vec::new();
+        p.enc.encode(vec![(*n, *v)], &mut t);
+        frame::put(
+            &mut b,
+            kind::HEADERS,
+            flag::END_HEADERS | flag::END_STREAM,
+            id,
+            &t,
+        );
+    }
+    let got = send(&mut s, b);
+    for i in 0..bads.len() as u32 {
+        assert_eq!(
+            rst(&got, 1 + 2 * i),
+            Some(ErrorCode::Protocol as u32),
+            "{i}"
+        );
+    }
+    assert!(s.poll_request().is_none());
+    assert_eq!(c.rst_for(Reason::Malformed), bads.len() as u64);
+}
+
+/// A well-formed CONNECT (RFC 9113 §8.5: `:method` and `:authority` only) asks for a
+/// tunnel, which needs DATA both ways as it comes; workers get whole requests, so this
+/// server implements CONNECT for no target: the session answers 501 itself (RFC 9110
+/// §15.6.2), with a RST_STREAM NO_ERROR when the client's side is still open, and ignores
+/// the tunnel data that follows. No worker sees it. (An outside test's CONNECT without
+/// `:authority` got 404 from the application.)
+#[test]
+fn a_well_formed_connect_is_answered_501_by_the_session() {
+    let (mut s, mut p, c) = open();
+    let mut b = Vec::new();
+    let mut block = Vec::new();
+    p.enc.encode(
+        vec![
+            (&b":method"[..], &b"CONNECT"[..]),
+            (b":authority", b"example.com:443"),
+        ],
+        &mut block,
+    );
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame::put(&mut b, kind::DATA, 0, 1, b"tunnel bytes");
+    p.get(&mut b, 3, "/");
+    let got = send(&mut s, b);
+    let (h, blk) = got
+        .iter()
+        .find(|(h, _)| h.kind == kind::HEADERS && h.stream == 1)
+        .unwrap();
+    assert_ne!(h.flags & flag::END_STREAM, 0);
+    let hs = p.dec.decode(blk).unwrap();
+    assert_eq!(hs[0], (b":status".to_vec(), b"501".to_vec()));
+    assert_eq!(rst(&got, 1), Some(ErrorCode::NoError as u32));
+    assert!(!got
+        .iter()
+        .any(|(h, _)| h.kind == kind::DATA && h.stream == 1));
+    assert_eq!(goaway_code(&got), None);
+    assert_eq!(
+        s.poll_request().unwrap().id,
+        3,
+        "only the GET reaches a worker"
+    );
+    assert!(s.poll_request().is_none());
+    assert_eq!(c.connect.load(Ordering::Relaxed), 1);
+    assert_eq!(s.buffered(), 0);
+}
+
+/// RFC 9113 §5.3.1: a stream cannot depend on itself, stream error PROTOCOL_ERROR, by
+/// PRIORITY or by HEADERS' priority fields (whose block is still decoded: the next request
+/// uses the dynamic table it filled); on an idle stream, which a RST_STREAM may not name
+/// (§6.4), a connection error. §6.2: padding that leaves no room for the priority fields
+/// is PROTOCOL_ERROR (was FRAME_SIZE_ERROR). An outside test found all of them accepted.
+#[test]
+fn self_dependency_and_padding_over_the_priority_fields_are_protocol_errors() {
+    let (mut s, mut p, _) = open();
+    let mut b = Vec::new();
+    // Stream 3 open (its body still coming), then a PRIORITY making it depend on itself.
+    let block = p.block("/echo");
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 3, &block);
+    frame::put(&mut b, kind::PRIORITY, 0, 3, &[0, 0, 0, 3, 16]);
+    // Stream 5 opened by a HEADERS depending on itself.
+    let mut block = vec![0, 0, 0, 5, 16];
+    p.enc.encode(
+        vec![
+            (&b":method"[..], &b"GET"[..]),
+            (b":scheme", b"http"),
+            (b":path", b"/"),
+            (b"x-new", b"to the table"),
+        ],
+        &mut block,
+    );
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM | flag::PRIORITY,
+        5,
+        &block,
+    );
+    let mut next = Vec::new();
+    p.enc.encode(
+        vec![
+            (&b":method"[..], &b"GET"[..]),
+            (b":scheme", b"http"),
+            (b":path", b"/next"),
+            (b"x-new", b"to the table"),
+        ],
+        &mut next,
+    );
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        7,
+        &next,
+    );
+    let got = send(&mut s, b);
+    assert_eq!(rst(&got, 3), Some(ErrorCode::Protocol as u32), "PRIORITY");
+    assert_eq!(rst(&got, 5), Some(ErrorCode::Protocol as u32), "HEADERS");
+    assert_eq!(goaway_code(&got), None);
+    let r = Request::parse(&s.poll_request().unwrap().body).unwrap();
+    assert_eq!(
+        (r.stream, r.header("x-new")),
+        (7, Some(&b"to the table"[..]))
+    );
+    assert!(s.poll_request().is_none());
+    // On an idle stream: GOAWAY, not a RST_STREAM naming an idle stream.
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::PRIORITY, 0, 1, &[0, 0, 0, 1, 16]);
+    let got = send(&mut s, b);
+    assert_eq!(goaway_code(&got), Some(ErrorCode::Protocol as u32));
+    assert_eq!(rst(&got, 1), None);
+    // PADDED + PRIORITY, 4 bytes of payload after 3 of padding: no room.
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::PADDED | flag::PRIORITY,
+        1,
+        &[3, 0, 0, 0, 0, 0, 0, 0],
+    );
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::Protocol as u32)
+    );
+    // Unpadded and too short for the priority fields: FRAME_SIZE_ERROR as before.
+    let (mut s, _, _) = open();
+    let mut b = Vec::new();
+    frame::put(
+        &mut b,
+        kind::HEADERS,
+        flag::END_HEADERS | flag::PRIORITY,
+        1,
+        &[0, 0, 0],
+    );
+    assert_eq!(
+        goaway_code(&send(&mut s, b)),
+        Some(ErrorCode::FrameSize as u32)
+    );
 }

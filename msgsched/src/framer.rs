@@ -28,8 +28,9 @@
 //! anything else (a message whose length the parser does not know yet, or whole
 //! messages waiting for the in-flight cap) has its newest buffers merged into one heap
 //! buffer, which also absorbs earlier merged buffers no longer than itself (so a byte is
-//! copied again only into a buffer at least twice as long: O(log n) copies per byte, and
-//! O(log n) heap buffers). Messages up to [`SPILL_MIN`] that arrive in at most
+//! copied again only into a buffer at least twice as long: O(log n) copies per byte; the
+//! merged buffers left are strictly longer than the next, at most √(2n) of n bytes, a
+//! few in practice). Messages up to [`SPILL_MIN`] that arrive in at most
 //! [`SPILL_PIECES`] buffers stay zero copy: full-sized segments (1,448 bytes) carry
 //! SPILL_MIN in 12, knb's 4 KiB RPCs in 3. (What TCP's receive queue holds before the
 //! framer reads it is bounded per connection by luna-stack, by the memory behind it.)
@@ -136,8 +137,9 @@ pub struct Framer<P> {
     failed: Option<ParseError>,
     /// What the parser asked to write before the connection closes on `failed`.
     farewell: Option<Zbuf>,
-    /// The head message (of `want` bytes, above [`SPILL_MIN`]) being copied out of the
-    /// received buffers as it arrives; `buf` is empty meanwhile.
+    /// The head message (of `want` bytes, above [`SPILL_MIN`] or past [`SPILL_PIECES`]
+    /// received buffers) being copied out of the received buffers as it arrives; `buf` is
+    /// empty meanwhile.
     spill: Option<Vec<u8>>,
     /// Bytes copied into spills and merged buffers.
     spilled: u64,

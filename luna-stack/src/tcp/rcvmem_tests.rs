@@ -257,6 +257,10 @@ fn full_sized_segments_fill_the_window_without_a_collapse() {
         send(&mut c, &mut nic, i, &mut acked);
     }
     assert_eq!(acked as usize, window * mss);
+    assert_eq!(
+        c.counters.fast_path_hits, window as u64,
+        "every in-order segment took header prediction"
+    );
     let mut got = Vec::new();
     while let Ok(Some(z)) = c.recv() {
         assert!(

@@ -27,6 +27,13 @@ impl Payload for Len {
     fn truncate(&mut self, n: usize) {
         self.0 = self.0.min(n);
     }
+    /// No buffer behind it: never collapsed.
+    fn truesize(&self) -> usize {
+        0
+    }
+    fn concat(parts: &[Self]) -> Self {
+        Len(parts.iter().map(|p| p.0).sum())
+    }
 }
 
 const MSS: u32 = 1448;

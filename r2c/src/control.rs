@@ -434,6 +434,9 @@ fn tcp_map(c: &ConnCounters) -> BTreeMap<String, u64> {
         ("keepalive_probes", c.keepalive_probes),
         ("tlp_probes", c.tlp_probes),
         ("rack_recoveries", c.rack_recoveries),
+        ("rcv_collapsed", c.rcv_collapsed),
+        ("rcv_collapsed_bytes", c.rcv_collapsed_bytes),
+        ("rcv_pruned", c.rcv_pruned),
         ("fast_path_hits", c.fast_path_hits),
     ]
     .into_iter()

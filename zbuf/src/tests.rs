@@ -77,6 +77,26 @@ fn heap_views_share_one_object() {
     assert_eq!(z.ref_count(), 1);
 }
 
+/// A receiver accounts the memory a slice keeps out of its pool: the whole object,
+/// whatever the view's length.
+#[test]
+fn object_size_is_the_whole_object_behind_any_view() {
+    let slab = small_slab();
+    let _cache = slab.core_cache(0).unwrap();
+    let mut m = crate::alloc(100).unwrap();
+    m.extend_from_slice(&[7; 100]).unwrap();
+    let z = m.freeze();
+    let one = z.slice(10..11);
+    assert_eq!(
+        (one.len(), one.object_size()),
+        (1, 64 * 1024),
+        "the class size"
+    );
+    let heap = Zbuf::copy_from_slice(b"0123456789");
+    assert_eq!(heap.slice(2..3).object_size(), 10, "a heap buffer's length");
+    assert_eq!(ZbufMut::heap(4, 8).freeze().object_size(), 12);
+}
+
 #[test]
 #[should_panic(expected = "Zbuf::split_to: position 11 out of bounds for length 10")]
 fn out_of_bounds_split_panics_with_a_message() {

@@ -115,6 +115,16 @@ impl Zbuf {
         self.len == 0
     }
 
+    /// Size in bytes of the whole object behind the view: a slab object's class size, a
+    /// DPDK mbuf's data room, a heap buffer's length. Holding any view, however short,
+    /// keeps all of it out of its pool, so this is what a receiver must account for a
+    /// held slice (Linux's `truesize`, less the metadata). One load from the object's
+    /// metadata.
+    #[inline]
+    pub fn object_size(&self) -> usize {
+        self.obj.cap()
+    }
+
     /// The bytes (same as deref).
     pub fn as_slice(&self) -> &[u8] {
         self.obj.bytes(self.off, self.len)

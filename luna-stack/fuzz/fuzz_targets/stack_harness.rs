@@ -38,6 +38,17 @@ pub const BUF: u32 = 64 * 1024;
 /// Frames one operation may make the stack emit (a bound, not a tuning: a loop in
 /// poll_transmit shows up here).
 const MAX_FRAMES_PER_OP: usize = 4096;
+/// A NIC receive buffer: frames arrive in their own 2 KiB object, as from an mbuf pool,
+/// so that what a connection holds costs what it does on a real port (receive memory).
+const RX_BUF: usize = 2048;
+
+/// `frame` as the NIC hands it over: a view of its own receive buffer (bigger frames,
+/// which no 1500-byte port delivers, get a buffer of their size).
+fn rx(frame: &[u8]) -> Zbuf {
+    let mut buf = vec![0u8; frame.len().max(RX_BUF)];
+    buf[..frame.len()].copy_from_slice(frame);
+    Zbuf::from_vec(buf).slice(..frame.len())
+}
 
 pub struct Input<'a> {
     data: &'a [u8],
@@ -188,13 +199,12 @@ impl Harness {
     /// Hand a segment from the peer to the stack and collect what it sends back.
     pub fn inject(&mut self, tcp: &TcpRepr, payload: &[u8]) {
         let frame = build_tcp_frame(MAC_B, MAC_A, IP_B, IP_A, tcp, payload);
-        self.stack.handle_frame(self.now, Zbuf::from_vec(frame));
+        self.stack.handle_frame(self.now, rx(&frame));
         self.drain();
     }
 
     pub fn raw(&mut self, frame: &[u8]) {
-        self.stack
-            .handle_frame(self.now, Zbuf::copy_from_slice(frame));
+        self.stack.handle_frame(self.now, rx(frame));
         self.drain();
     }
 
@@ -268,6 +278,15 @@ impl Harness {
                     c.recv_available() <= BUF as usize,
                     "receive queue over rcv_buf"
                 );
+                // Receive memory: the buffers behind what it holds stay within twice
+                // rcv_buf plus the one buffer (at most a 64 KiB frame's, with its
+                // metadata) a segment admitted at the bound adds.
+                assert!(
+                    c.recv_mem() <= c.rcv_mem_limit() + 65_536 + 128,
+                    "receive memory {} over its bound {}",
+                    c.recv_mem(),
+                    c.rcv_mem_limit()
+                );
                 assert!(c.send_capacity() <= BUF as usize);
                 assert!(c.cwnd() >= 1, "cwnd collapsed to zero");
             }
@@ -330,7 +349,7 @@ impl Harness {
         };
         if queued && self.batch.len() < 64 {
             let frame = build_tcp_frame(MAC_B, MAC_A, IP_B, IP_A, &tcp, &payload);
-            self.batch.push(Zbuf::from_vec(frame));
+            self.batch.push(rx(&frame));
         } else {
             self.inject(&tcp, &payload);
         }

@@ -47,6 +47,28 @@ pub trait Payload: Sized {
 
     /// Keep only the first `n` bytes.
     fn truncate(&mut self, n: usize);
+
+    /// The memory this buffer keeps alive (Linux's truesize): for a slice of a receive
+    /// buffer, the whole buffer. What [`Assembler::mem`] adds up; it must not change while
+    /// the buffer is queued (`advance` keeps the buffer behind).
+    fn truesize(&self) -> usize;
+
+    /// Whether the memory behind the bytes is more than twice their length, so that
+    /// copying them into a compact buffer (shared with their neighbours when they are tiny)
+    /// would release much (Linux collapses such skbs, `tcp_collapse`). A full-sized segment
+    /// in its receive buffer is not.
+    fn sparse(&self) -> bool {
+        self.truesize() > 2 * self.len()
+    }
+
+    /// Whether the bytes already have a buffer of their own length: copying them alone
+    /// would release nothing (only merging with neighbours can).
+    fn compact(&self) -> bool {
+        self.truesize() <= self.len()
+    }
+
+    /// One compact buffer holding `parts`' bytes in order (the copy behind a collapse).
+    fn concat(parts: &[Self]) -> Self;
 }
 
 impl Payload for Vec<u8> {
@@ -65,6 +87,20 @@ impl Payload for Vec<u8> {
 
     fn truncate(&mut self, n: usize) {
         Vec::truncate(self, n);
+    }
+
+    /// The allocation, which `advance` (a drain) keeps: a stored payload's truesize must
+    /// not change while it is queued.
+    fn truesize(&self) -> usize {
+        self.capacity()
+    }
+
+    fn compact(&self) -> bool {
+        self.capacity() == Vec::len(self)
+    }
+
+    fn concat(parts: &[Self]) -> Self {
+        parts.concat()
     }
 }
 
@@ -139,6 +175,101 @@ impl Payload for zbuf::Zbuf {
     fn truncate(&mut self, n: usize) {
         zbuf::Zbuf::truncate(self, n)
     }
+    /// The object behind the slice plus [`SEG_OVERHEAD`] for its metadata and queue entry,
+    /// so that even a buffer copied to one byte is not free.
+    #[inline]
+    fn truesize(&self) -> usize {
+        self.object_size() + SEG_OVERHEAD
+    }
+    fn compact(&self) -> bool {
+        self.object_size() <= zbuf::Zbuf::len(self)
+    }
+    /// A heap buffer of exactly their length; the copy is counted in `zbuf::copy_stats`.
+    /// Heap rather than the slab: it needs no core cache (sans-IO tests, any thread) and
+    /// takes nothing from the pools a receive-buffer shortage drains.
+    fn concat(parts: &[Self]) -> Self {
+        let len = parts.iter().map(|p| p.len()).sum();
+        let mut m = zbuf::ZbufMut::heap(0, len);
+        for p in parts {
+            m.extend_from_slice(p)
+                .expect("the buffer was sized for every part");
+        }
+        m.freeze()
+    }
+}
+
+/// What a held buffer costs besides its object: its metadata (one cache line) and its
+/// queue entry, rounded up (Linux's truesize counts the `sk_buff` likewise).
+pub const SEG_OVERHEAD: usize = 128;
+
+/// Longest buffer a collapse copies small segments into: few entries per receive buffer
+/// (64 for 1 MiB), and a partly read one keeps little memory alive.
+pub const COLLAPSE_CHUNK: usize = 16 << 10;
+
+/// What a collapse did ([`Assembler::collapse`], and the connection's receive queue).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Collapsed {
+    /// Buffers whose bytes were copied: each released its reference to the buffer behind.
+    pub buffers: usize,
+    /// Bytes copied.
+    pub bytes: usize,
+}
+
+/// Collects runs of sparse buffers into compact ones of at most [`COLLAPSE_CHUNK`] bytes
+/// (a run of one is copied too, to its own length).
+pub(crate) struct Compactor<P: Payload> {
+    run: Vec<P>,
+    run_len: usize,
+    /// What the compacted buffers added up to before and after.
+    pub(crate) freed: usize,
+    pub(crate) added: usize,
+    pub(crate) done: Collapsed,
+}
+
+impl<P: Payload> Compactor<P> {
+    pub(crate) fn new() -> Self {
+        Compactor {
+            run: Vec::new(),
+            run_len: 0,
+            freed: 0,
+            added: 0,
+            done: Collapsed::default(),
+        }
+    }
+
+    /// Whether `p` (sparse, contiguous with the run) still fits the run's buffer.
+    pub(crate) fn fits(&self, p: &P) -> bool {
+        self.run_len + p.len() <= COLLAPSE_CHUNK
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.run.is_empty()
+    }
+
+    pub(crate) fn push(&mut self, p: P) {
+        self.run_len += p.len();
+        self.run.push(p);
+    }
+
+    /// The run as one compact buffer (`None` if empty); a run of one buffer that is
+    /// compact already is given back as it is.
+    pub(crate) fn take(&mut self) -> Option<P> {
+        if self.run.len() == 1 && self.run[0].compact() {
+            self.run_len = 0;
+            return self.run.pop();
+        }
+        if self.run.is_empty() {
+            return None;
+        }
+        let merged = P::concat(&self.run);
+        self.freed += self.run.iter().map(Payload::truesize).sum::<usize>();
+        self.added += merged.truesize();
+        self.done.buffers += self.run.len();
+        self.done.bytes += merged.len();
+        self.run.clear();
+        self.run_len = 0;
+        Some(merged)
+    }
 }
 
 /// Cumulative counters.
@@ -168,6 +299,9 @@ pub struct Assembler<P: Payload> {
     /// Sequence numbers inside recently received data, most recent first (RFC 2018 §4).
     recent: [SeqNum; RECENT],
     bytes: usize,
+    /// Sum of the queued payloads' [`Payload::truesize`] (a stored payload's never changes:
+    /// trimming keeps its buffer).
+    mem: usize,
     cfg: AssemblerConfig,
     stats: AssemblerStats,
 }
@@ -185,6 +319,7 @@ impl<P: Payload> Assembler<P> {
             cfg,
             segs: VecDeque::new(),
             bytes: 0,
+            mem: 0,
             recent: [SeqNum(0); RECENT],
             recent_len: 0,
             dsack: None,
@@ -195,6 +330,72 @@ impl<P: Payload> Assembler<P> {
     /// Queued payload bytes.
     pub fn len_bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// The memory behind the queued payloads ([`Payload::truesize`] summed).
+    pub fn mem(&self) -> usize {
+        self.mem
+    }
+
+    /// Copies runs of contiguous sparse payloads ([`Payload::sparse`]: tiny segments in
+    /// large receive buffers) into compact buffers of at most [`COLLAPSE_CHUNK`] bytes,
+    /// releasing the buffers behind them (Linux's `tcp_collapse_ofo_queue`). Nothing is
+    /// dropped and the queued sequence space is unchanged, so SACK blocks stay true (no
+    /// reneging, RFC 2018 §8). A payload with holes on both sides is copied alone.
+    pub fn collapse(&mut self) -> Collapsed {
+        if !self.segs.iter().any(|(_, p)| p.sparse()) {
+            return Collapsed::default();
+        }
+        let old = core::mem::take(&mut self.segs);
+        let mut out = VecDeque::with_capacity(old.len());
+        let mut run = Compactor::new();
+        let mut run_start = SeqNum(0);
+        let mut run_end = SeqNum(0);
+        for (s, p) in old {
+            let joins = p.sparse() && !run.is_empty() && run_end == s && run.fits(&p);
+            if !joins {
+                if let Some(m) = run.take() {
+                    out.push_back((run_start, m));
+                }
+            }
+            if p.sparse() {
+                if run.is_empty() {
+                    run_start = s;
+                }
+                run_end = s + p.len();
+                run.push(p);
+            } else {
+                out.push_back((s, p));
+            }
+        }
+        if let Some(m) = run.take() {
+            out.push_back((run_start, m));
+        }
+        self.segs = out;
+        self.mem = self.mem - run.freed + run.added;
+        run.done
+    }
+
+    /// Evicts queued segments that start above `above`, highest first, until the memory
+    /// behind the queue is at most `mem` (Linux's `tcp_prune_ofo_queue`); returns the bytes
+    /// evicted. Evicting SACKed data is reneging, which RFC 2018 §8 permits; the sender
+    /// keeps it until it is cumulatively acknowledged.
+    pub fn prune(&mut self, above: SeqNum, mem: usize) -> usize {
+        let mut evicted = 0;
+        while self.mem > mem {
+            match self.segs.back() {
+                Some(&(s, _)) if s.gt(above) => {}
+                _ => break,
+            }
+            if let Some((_, p)) = self.segs.pop_back() {
+                self.bytes -= p.len();
+                self.mem -= p.truesize();
+                evicted += p.len();
+            }
+        }
+        self.stats.evicted_bytes += evicted as u64;
+        self.release_if_empty();
+        evicted
     }
 
     /// Queued segments.
@@ -241,6 +442,7 @@ impl<P: Payload> Assembler<P> {
     pub fn clear(&mut self) {
         self.segs = VecDeque::new();
         self.bytes = 0;
+        self.mem = 0;
         self.recent_len = 0;
         self.dsack = None;
     }
@@ -358,6 +560,7 @@ impl<P: Payload> Assembler<P> {
         {
             if let Some((_, p)) = self.segs.pop_back() {
                 self.bytes -= p.len();
+                self.mem -= p.truesize();
                 out.evicted += p.len();
             }
         }
@@ -373,6 +576,7 @@ impl<P: Payload> Assembler<P> {
         }
         let n = piece.len();
         self.bytes += n;
+        self.mem += piece.truesize();
         if self.segs.len() == self.segs.capacity() {
             // Grow by doubling (from 4), capped at the bound: `insert` on a full deque
             // would double past it. Here len < max_segments (checked above).
@@ -396,6 +600,7 @@ impl<P: Payload> Assembler<P> {
             let n = below.min(p.len());
             if below >= p.len() {
                 self.bytes -= p.len();
+                self.mem -= p.truesize();
                 self.segs.pop_front();
             } else {
                 p.advance(below);
@@ -425,6 +630,7 @@ impl<P: Payload> Assembler<P> {
         let ready = match self.segs.front() {
             Some(&(s, _)) if s == rcv_nxt => self.segs.pop_front().map(|(_, p)| {
                 self.bytes -= p.len();
+                self.mem -= p.truesize();
                 p
             }),
             _ => None,
@@ -1090,6 +1296,102 @@ mod tests {
                 prop_assert!(out.len() > before, "no progress at {}", o);
             }
             prop_assert_eq!(&out, &stream);
+        }
+    }
+
+    /// A byte in a 2 KiB buffer, as a tiny segment holds its receive buffer.
+    fn sparse_byte(b: u8) -> Vec<u8> {
+        let mut v = Vec::with_capacity(2048);
+        v.push(b);
+        v
+    }
+
+    /// Collapsing copies tiny segments into compact buffers (contiguous ones together, an
+    /// isolated one alone), leaves full ones as they are, and changes neither the data
+    /// nor the SACK blocks: the memory behind the queue falls, nothing is reneged.
+    #[test]
+    fn collapse_compacts_tiny_segments_and_keeps_the_data_and_sack_blocks() {
+        let mut a = asm(1 << 20, 256);
+        let nxt = SeqNum(0);
+        for i in 10..20u32 {
+            a.insert(nxt, SeqNum(i), sparse_byte(i as u8));
+        }
+        a.insert(nxt, SeqNum(30), sparse_byte(30));
+        a.insert(nxt, SeqNum(40), data(40, 1000));
+        let before = sacks(&mut a, 4);
+        assert_eq!(a.mem(), 11 * 2048 + 1000);
+        let done = a.collapse();
+        assert_eq!(
+            done,
+            Collapsed {
+                buffers: 11,
+                bytes: 11
+            },
+            "the isolated byte alone"
+        );
+        assert_eq!(a.segment_count(), 3);
+        assert_eq!(a.mem(), 10 + 1 + 1000, "{}", a.mem());
+        assert_eq!(a.len_bytes(), 1011);
+        assert_eq!(sacks(&mut a, 4), before);
+        assert_eq!(
+            a.collapse(),
+            Collapsed::default(),
+            "nothing left to compact"
+        );
+        let mut rcv = SeqNum(0);
+        let mut out = vec![];
+        a.insert(rcv, SeqNum(0), data(0, 10));
+        drain(&mut a, &mut rcv, &mut out);
+        assert_eq!(out, data(0, 20));
+        assert_eq!(a.mem(), 1 + 1000);
+    }
+
+    /// Pruning gives up the highest segments first, only above the given sequence number,
+    /// until the memory behind the queue fits.
+    #[test]
+    fn prune_evicts_from_the_top_down_to_the_memory_asked() {
+        let mut a = asm(1 << 20, 256);
+        let nxt = SeqNum(0);
+        for i in 0..10u32 {
+            a.insert(nxt, SeqNum(10 + 2 * i), sparse_byte(i as u8));
+        }
+        assert_eq!(a.prune(SeqNum(0), 5 * 2048), 5);
+        assert_eq!((a.segment_count(), a.mem()), (5, 5 * 2048));
+        assert_eq!(a.prune(SeqNum(15), 0), 2, "not at or below 15");
+        assert_eq!(sacks(&mut a, 4).last(), Some(&(14, 15)));
+        assert_eq!(a.stats().evicted_bytes, 7);
+    }
+
+    proptest! {
+        /// Collapsing at any moment changes nothing a peer or the application can see:
+        /// the same bytes come out, and the memory accounted matches the buffers held.
+        #[test]
+        fn collapse_anywhere_delivers_the_same_stream(
+            segs in proptest::collection::vec((0u32..400, 1usize..40, any::<bool>(), any::<bool>()), 1..80),
+        ) {
+            let stream: Vec<u8> = (0..512u32).map(|i| (i * 13) as u8).collect();
+            let mut a = asm(1 << 20, 64);
+            let mut b = asm(1 << 20, 64);
+            let (mut na, mut nb) = (SeqNum(0), SeqNum(0));
+            let (mut oa, mut ob) = (vec![], vec![]);
+            for &(off, len, tiny, collapse) in &segs {
+                let o = off as usize;
+                let bytes = &stream[o..(o + len).min(stream.len())];
+                let mut p = Vec::with_capacity(if tiny { 2048 } else { bytes.len() });
+                p.extend_from_slice(bytes);
+                a.insert(na, SeqNum(off), p.clone());
+                b.insert(nb, SeqNum(off), p);
+                if collapse {
+                    a.collapse();
+                }
+                drain(&mut a, &mut na, &mut oa);
+                drain(&mut b, &mut nb, &mut ob);
+                prop_assert_eq!(&oa, &ob);
+                prop_assert_eq!(a.len_bytes(), b.len_bytes());
+                prop_assert!(a.mem() <= b.mem());
+                let held: usize = a.segs.iter().map(|(_, p)| p.capacity()).sum();
+                prop_assert_eq!(a.mem(), held);
+            }
         }
     }
 }

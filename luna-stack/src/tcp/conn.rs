@@ -12,7 +12,7 @@
 //! fires from it), `tlp` (tail loss probes and RACK's reordering timer, RFC 8985) and
 //! `undo` (spurious-recovery detection and undo).
 
-use super::assembler::{Assembler, AssemblerConfig};
+use super::assembler::{Assembler, AssemblerConfig, Compactor, Payload};
 use super::cc::{Cc, CongestionControl, RecoveryInflation};
 use super::config::TcpConfig;
 use super::counters::{ConnCounters, DropReason};
@@ -323,15 +323,26 @@ pub struct Connection {
 
     // Queues and the per-ACK state of loss recovery and congestion control, each hot part
     // line-aligned (checked by `hot_fields_share_the_first_cache_lines`): the counters end at
-    // byte 480, the receive queue fills the rest of that line, the assembler's hot 48 bytes
-    // start the next, and the 16 bytes after the assembler align the send queue and the
-    // scoreboard.
+    // byte 512; the receive queue, its memory and 24 cold bytes fill the next line, the
+    // assembler's hot 48 bytes start the one after, and 8 cold bytes after the assembler
+    // align the send queue and the scoreboard.
     rcvq: VecDeque<Zbuf>,
-    ooo: Assembler<Zbuf>,
+    /// The memory behind `rcvq` (each buffer's [`Payload::truesize`]): with the
+    /// out-of-order queue's, bounded by [`Connection::rcv_mem_limit`].
+    rcvq_mem: usize,
     /// NewReno's inflated window while recovering without SACK (RFC 6582 §3.2).
     inflation: RecoveryInflation,
     iss: SeqNum,
     irs: SeqNum,
+    /// RFC 6582 `recover` of the previous recovery, to avoid entering twice for one window;
+    /// once SND.UNA passes it, it follows SND.UNA (compared modulo 2^32, it must not fall
+    /// 2^31 behind).
+    last_recover: SeqNum,
+    /// Zero-window probing (RFC 9293 §3.8.6.1): backoff exponent of the persist timer.
+    persist_backoff: u32,
+    ooo: Assembler<Zbuf>,
+    retries: u32,
+    keepalive: Keepalive,
     sndq: SendQueue,
     sb: Scoreboard,
 
@@ -340,14 +351,8 @@ pub struct Connection {
     // each start a line.
     /// When we last answered an unacceptable segment without data (rate limit).
     oow_ack_at: Option<Instant>,
-    /// RFC 6582 `recover` of the previous recovery, to avoid entering twice for one window;
-    /// once SND.UNA passes it, it follows SND.UNA (compared modulo 2^32, it must not fall
-    /// 2^31 behind).
-    last_recover: SeqNum,
-    /// Zero-window probing (RFC 9293 §3.8.6.1): backoff exponent of the persist timer.
-    persist_backoff: u32,
-    retries: u32,
-    keepalive: Keepalive,
+    /// RFC 5961 §7 rate limit: (window start, challenge ACKs in this window).
+    challenge: (Instant, u32),
 
     rtt: RttEstimator,
     cc: Cc,
@@ -366,8 +371,6 @@ pub struct Connection {
     close_reason: Option<CloseReason>,
     /// D-SACK detection of a spurious recovery (RFC 3708).
     undo: UndoEpisode,
-    /// RFC 5961 §7 rate limit: (window start, challenge ACKs in this window).
-    challenge: (Instant, u32),
     /// The outstanding tail loss probe (RFC 8985 §7), if any.
     tlp: Option<TlpEpisode>,
     /// The probe timeout fired: a loss probe is due at the next poll.
@@ -485,6 +488,7 @@ impl Connection {
             rcv_adv: SeqNum(0),
             rcvq: VecDeque::new(),
             rcvq_len: 0,
+            rcvq_mem: 0,
             ooo,
             fin_seq: None,
             fin_rcvd: false,
@@ -959,12 +963,30 @@ impl Connection {
         self.ooo.len_bytes()
     }
 
+    /// The memory behind the received data held, in order and out of order: each
+    /// buffer's whole object (a slice of one byte keeps a 2 KiB receive buffer alive) plus
+    /// its metadata (Linux's truesize). At most [`Connection::rcv_mem_limit`] plus one
+    /// buffer.
+    pub fn recv_mem(&self) -> usize {
+        self.rcvq_mem + self.ooo.mem()
+    }
+
+    /// The bound on [`Connection::recv_mem`]: twice `TcpConfig::rcv_buf`, as Linux sizes
+    /// its receive buffer (rcvbuf) twice the window it offers (`tcp_adv_win_scale` 1).
+    /// Full-sized segments in 2 KiB buffers (truesize about 1.5 times their bytes) fill
+    /// the window well within it; tiny ones reach it and are collapsed.
+    #[inline(always)]
+    pub fn rcv_mem_limit(&self) -> usize {
+        2 * self.cfg.rcv_buf as usize
+    }
+
     /// Take the next in-order chunk of received payload (zero copy: the buffer the NIC wrote).
     /// `Ok(None)` means no data now; `Err(Finished)` means end of stream.
     #[inline]
     pub fn recv(&mut self) -> Result<Option<Zbuf>, RecvError> {
         if let Some(buf) = self.rcvq.pop_front() {
             self.rcvq_len -= buf.len();
+            self.rcvq_mem -= buf.truesize();
             self.on_app_read();
             return Ok(Some(buf));
         }
@@ -995,6 +1017,7 @@ impl Connection {
                 let buf = self.rcvq.pop_front().expect("front exists");
                 left -= buf.len();
                 self.rcvq_len -= buf.len();
+                self.rcvq_mem -= buf.truesize();
                 out.push(buf);
             } else {
                 let head = front.split_to(left);
@@ -1206,3 +1229,7 @@ mod tests;
 #[cfg(test)]
 #[path = "fastpath_tests.rs"]
 mod fastpath_tests;
+
+#[cfg(test)]
+#[path = "rcvmem_tests.rs"]
+mod rcvmem_tests;

@@ -22,11 +22,15 @@ pub enum DropReason {
     RcvBufFull,
     /// Data arrived after the application shut down reading, or after FIN.
     DataAfterFin,
+    /// Receive memory: the buffers behind the held segments stayed at their bound
+    /// (`TcpConfig::rcv_buf`, twice) after collapsing; the new segment was dropped before
+    /// it was acknowledged, a loss the peer repairs (Linux: TCPRcvQDrop, TCPOFODrop).
+    RcvMemory,
 }
 
 impl DropReason {
     /// Every reason, in a fixed order (for reports).
-    pub const ALL: [DropReason; 9] = [
+    pub const ALL: [DropReason; 10] = [
         DropReason::OutOfWindow,
         DropReason::Paws,
         DropReason::BadAck,
@@ -36,6 +40,7 @@ impl DropReason {
         DropReason::OooFull,
         DropReason::RcvBufFull,
         DropReason::DataAfterFin,
+        DropReason::RcvMemory,
     ];
 
     /// A short stable name for reports.
@@ -50,6 +55,7 @@ impl DropReason {
             DropReason::OooFull => "ooo_full",
             DropReason::RcvBufFull => "rcv_buf_full",
             DropReason::DataAfterFin => "data_after_fin",
+            DropReason::RcvMemory => "rcv_memory",
         }
     }
 
@@ -105,6 +111,16 @@ pub struct ConnCounters {
     /// longer than the reordering window) or by a SACKed tail loss probe, and losses a
     /// retransmitted probe repaired itself (§7.4). Each reduced the congestion window.
     pub rack_recoveries: u64,
+    /// Receive buffers released by copying the bytes held in them into compact buffers,
+    /// when the memory behind the held segments reached its bound (tiny segments, each in
+    /// a whole receive buffer; Linux: TCPRcvCollapsed). Full-sized segments never are.
+    pub rcv_collapsed: u64,
+    /// Bytes copied doing so.
+    pub rcv_collapsed_bytes: u64,
+    /// Out-of-order bytes given up (highest first) so that an in-order segment could be
+    /// held when collapsing did not make room for it (Linux: OfoPruned). They had been
+    /// SACKed: reneging, which RFC 2018 §8 permits; the peer sends them again.
+    pub rcv_pruned: u64,
     /// Drops by reason, indexed like [`DropReason::ALL`].
     pub drops: [u64; DropReason::ALL.len()],
 }
@@ -140,6 +156,9 @@ impl ConnCounters {
         self.keepalive_probes += o.keepalive_probes;
         self.tlp_probes += o.tlp_probes;
         self.rack_recoveries += o.rack_recoveries;
+        self.rcv_collapsed += o.rcv_collapsed;
+        self.rcv_collapsed_bytes += o.rcv_collapsed_bytes;
+        self.rcv_pruned += o.rcv_pruned;
         self.fast_path_hits += o.fast_path_hits;
         for (a, b) in self.drops.iter_mut().zip(o.drops.iter()) {
             *a += b;

@@ -714,6 +714,10 @@ fn core_counters(reports: &[CoreReport]) -> Value {
         "rtos": tcp.rtos,
         "tlp_probes": tcp.tlp_probes,
         "rack_recoveries": tcp.rack_recoveries,
+        // Receive memory: buffers copied out of tiny segments, out-of-order bytes given
+        // up for in-order ones (luna-stack `admit_rcv_mem`; drops under rcv_memory).
+        "rcv_collapsed": tcp.rcv_collapsed,
+        "rcv_pruned": tcp.rcv_pruned,
         "stack_drops": drops,
         "stack_drops_by_reason": stack_drops_by_reason(&stack_drops),
         // Software segmentation and receive coalescing at work: frames cut from a send

@@ -26,7 +26,9 @@ impl Connection {
     ) -> (Disposition, bool) {
         self.counters.segs_in += 1;
         self.last_rcv = now;
-        if self.cfg.header_prediction && self.header_predicted(seg, payload.len()) {
+        if self.cfg.header_prediction
+            && self.header_predicted(seg, payload.len(), payload.truesize())
+        {
             self.on_segment_predicted(now, seg, payload);
             return (Disposition::Keep, true);
         }
@@ -58,8 +60,10 @@ impl Connection {
         pieces: &mut Vec<Zbuf>,
         readable: &mut u32,
     ) -> (Disposition, bool) {
-        let total: usize = pieces.iter().map(|p| p.len()).sum();
-        if self.cfg.header_prediction && self.header_predicted(seg, total) {
+        let (total, mem) = pieces
+            .iter()
+            .fold((0, 0), |(n, m), p| (n + p.len(), m + p.truesize()));
+        if self.cfg.header_prediction && self.header_predicted(seg, total, mem) {
             self.counters.segs_in += pieces.len() as u64;
             self.last_rcv = now;
             *readable = pieces.len() as u32;
@@ -135,7 +139,7 @@ impl Connection {
     /// full processing of RFC 9293 §3.10.7.4 reduces to `on_segment_predicted`. Every
     /// condition below rules out a branch of `process`; anything else takes the full path.
     #[inline(always)]
-    pub(super) fn header_predicted(&self, seg: &TcpRepr, payload_len: usize) -> bool {
+    pub(super) fn header_predicted(&self, seg: &TcpRepr, payload_len: usize, mem: usize) -> bool {
         // RFC 9293 §3.10.7.4: the other states have their own ACK, text and FIN rules.
         if self.state != State::Established {
             return false;
@@ -203,11 +207,15 @@ impl Connection {
             // window we advertised (RFC 9293 §3.10.7.4: nothing to trim); nothing out of order
             // is queued (RFC 5681 §4.2: a gap-filling segment is ACKed at once) and no FIN
             // seen out of order waits (RFC 9293 §3.10.7.4 eighth).
+            // The memory behind the held data stays within its bound with this segment's
+            // (`mem`, its buffers' truesize): the out-of-order queue is empty, so the receive
+            // queue's is all there is (else `admit_rcv_mem` decides, on the full path).
             ack.ge(self.snd_una)
                 && ack.le(self.snd_max)
                 && payload_len as u64 <= u64::from(self.rcv_wnd_for_check())
                 && self.ooo.is_empty()
                 && self.fin_seq.is_none()
+                && self.rcvq_mem + mem <= self.rcv_mem_limit()
         }
     }
 
@@ -617,6 +625,16 @@ impl Connection {
                 payload.truncate(room as usize);
                 fin = false;
             }
+            // Receive memory (Linux's tcp_try_rmem_schedule): a segment whose buffer would
+            // take the held memory past its bound is dropped before it is acknowledged,
+            // its FIN with it, unless collapsing makes room; data already acknowledged
+            // is never given up.
+            if !payload.is_empty()
+                && self.recv_mem() + payload.truesize() > self.rcv_mem_limit()
+                && !self.admit_rcv_mem(&mut payload, seq)
+            {
+                return Disposition::Keep;
+            }
             if fin {
                 let fseq = seq + payload.len();
                 self.fin_seq = Some(fseq);
@@ -670,9 +688,85 @@ impl Connection {
         }
         self.rcv_nxt += buf.len();
         self.rcvq_len += buf.len();
+        self.rcvq_mem += buf.truesize();
         self.counters.bytes_in += buf.len() as u64;
         self.rcvq.push_back(buf);
         self.events.readable = true;
+    }
+
+    /// `payload`, at `seq`, would take [`Connection::recv_mem`] past its bound: make room
+    /// as Linux's `tcp_prune_queue` does and say whether it may be queued now. First
+    /// collapse: copy tiny segments out of their receive buffers into compact ones (both
+    /// queues, then the payload itself); the data stays held. If an in-order segment still
+    /// does not fit, out-of-order data is given up from the highest down (reneging, RFC
+    /// 2018 §8: isolated tiny segments, each with its own small buffer, can still fill
+    /// the bound), since in-order data is what lets the application make progress; an
+    /// out-of-order one is dropped instead. Counted: `rcv_collapsed`,
+    /// `rcv_collapsed_bytes`, `rcv_pruned`, and a refusal as [`DropReason::RcvMemory`].
+    #[cold]
+    #[inline(never)]
+    pub(super) fn admit_rcv_mem(&mut self, payload: &mut Zbuf, seq: SeqNum) -> bool {
+        let limit = self.rcv_mem_limit();
+        self.collapse_rcv_mem();
+        if self.recv_mem() + payload.truesize() <= limit {
+            return true;
+        }
+        if !payload.compact() {
+            let compact = <Zbuf as Payload>::concat(core::slice::from_ref(payload));
+            self.counters.rcv_collapsed += 1;
+            self.counters.rcv_collapsed_bytes += compact.len() as u64;
+            *payload = compact;
+            if self.recv_mem() + payload.truesize() <= limit {
+                return true;
+            }
+        }
+        if seq != self.rcv_nxt {
+            self.counters.drop(DropReason::RcvMemory);
+            return false;
+        }
+        let room = limit.saturating_sub(self.rcvq_mem + payload.truesize());
+        self.counters.rcv_pruned += self.ooo.prune(seq, room) as u64;
+        // Linux's sk_forced_mem_schedule: with nothing to read the application cannot
+        // free anything, so the in-order segment is taken whatever it costs (at most one
+        // buffer past the bound: all else held was pruned).
+        if self.recv_mem() + payload.truesize() <= limit || self.rcvq.is_empty() {
+            return true;
+        }
+        self.counters.drop(DropReason::RcvMemory);
+        false
+    }
+
+    /// Copies the receive queue's and the out-of-order queue's sparse buffers (tiny
+    /// segments in whole receive buffers) into compact ones, releasing the receive buffers.
+    fn collapse_rcv_mem(&mut self) {
+        let ooo = self.ooo.collapse();
+        let mut run = Compactor::new();
+        if self.rcvq.iter().any(Payload::sparse) {
+            let old = core::mem::take(&mut self.rcvq);
+            let mut out = VecDeque::with_capacity(old.len());
+            for z in old {
+                if z.sparse() && run.fits(&z) {
+                    run.push(z);
+                    continue;
+                }
+                if let Some(m) = run.take() {
+                    out.push_back(m);
+                }
+                if z.sparse() {
+                    run.push(z);
+                } else {
+                    out.push_back(z);
+                }
+            }
+            if let Some(m) = run.take() {
+                out.push_back(m);
+            }
+            // Shrunk to what it holds now (it may have grown to one entry per byte).
+            self.rcvq = out;
+            self.rcvq_mem = self.rcvq_mem - run.freed + run.added;
+        }
+        self.counters.rcv_collapsed += (ooo.buffers + run.done.buffers) as u64;
+        self.counters.rcv_collapsed_bytes += (ooo.bytes + run.done.bytes) as u64;
     }
 
     pub(super) fn on_fin(&mut self, now: Instant) {

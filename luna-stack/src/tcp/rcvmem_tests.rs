@@ -1,0 +1,293 @@
+//! Receive memory: what a connection holds is bounded by the memory behind its segments
+//! (the NIC receive buffers their payload slices keep alive), not only by their bytes. A
+//! peer sending tiny segments must not pin one receive buffer per byte.
+//!
+//! The payloads here are built as the NIC hands them over: a slice of a 2 KiB receive
+//! buffer ([`rx`]), so each held segment keeps a whole buffer alive until it is released;
+//! the test keeps one clone of every buffer and counts those the connection still holds.
+
+use super::*;
+use crate::tcp::config::TcpConfig;
+use core::net::Ipv4Addr;
+
+const ISS: u32 = 1000;
+const PEER_ISS: u32 = 5000;
+/// A NIC receive buffer (2 KiB mbuf data room / slab object).
+const RX_BUF: usize = 2048;
+/// Where the payload starts in a frame: Ethernet, IPv4 and a TCP header with timestamps.
+const RX_OFF: usize = 66;
+
+fn t(ms: u64) -> Instant {
+    Instant::from_millis(ms)
+}
+
+fn tuple() -> FourTuple {
+    FourTuple {
+        local: SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 61440),
+        remote: SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 7000),
+    }
+}
+
+/// A peer's data segment (ACK, no options).
+fn data_seg(seq: u32, len: usize) -> TcpRepr {
+    TcpRepr {
+        src_port: 7000,
+        dst_port: 61440,
+        seq: SeqNum(seq),
+        ack: SeqNum(ISS + 1),
+        flags: TcpFlags::ACK | if len > 0 { TcpFlags::PSH } else { TcpFlags(0) },
+        window: 65535,
+        urgent: 0,
+        options: TcpOptions::default(),
+    }
+}
+
+/// The receive buffers handed to the connection, to count those it still holds.
+#[derive(Default)]
+struct Nic {
+    bufs: Vec<Zbuf>,
+}
+
+impl Nic {
+    /// `payload` as a received frame's payload: a slice of its own 2 KiB receive buffer.
+    fn rx(&mut self, payload: &[u8]) -> Zbuf {
+        let mut frame = vec![0u8; RX_BUF];
+        frame[RX_OFF..RX_OFF + payload.len()].copy_from_slice(payload);
+        let buf = Zbuf::from_vec(frame);
+        self.bufs.push(buf.clone());
+        buf.slice(RX_OFF..RX_OFF + payload.len())
+    }
+
+    /// Receive buffers someone besides this test still references.
+    fn pinned(&self) -> usize {
+        self.bufs.iter().filter(|b| b.ref_count() > 1).count()
+    }
+}
+
+fn cfg(rcv_buf: u32) -> TcpConfig {
+    TcpConfig {
+        rcv_buf,
+        timestamps: false,
+        window_scaling: false,
+        delayed_ack: None,
+        ..TcpConfig::default()
+    }
+}
+
+/// Active open against a scripted peer that offers SACK (so out-of-order data is SACKed).
+fn established(cfg: TcpConfig) -> Connection {
+    let mut c = Connection::connect(t(0), tuple(), cfg.clone(), SeqNum(ISS), 0);
+    while c.poll_segment(t(0)).is_some() {}
+    let mut synack = data_seg(PEER_ISS, 0);
+    synack.flags = TcpFlags::SYN | TcpFlags::ACK;
+    synack.options.mss = Some(1460);
+    synack.options.sack_permitted = true;
+    synack.options.window_scale = cfg.window_scaling.then_some(7);
+    c.on_segment(t(1), &synack, Zbuf::copy_from_slice(&[]));
+    assert_eq!(c.state(), State::Established);
+    while c.poll_segment(t(1)).is_some() {}
+    c
+}
+
+/// Sends everything the connection has to send; returns the highest ACK it carried.
+fn acks(c: &mut Connection, now: Instant, high: &mut u32) {
+    while let Some(s) = c.poll_segment(now) {
+        let a = s.repr.ack.0.wrapping_sub(PEER_ISS + 1);
+        *high = (*high).max(a);
+    }
+}
+
+/// Reads everything queued.
+fn read_all(c: &mut Connection) -> Vec<u8> {
+    let mut got = Vec::new();
+    while let Ok(Some(z)) = c.recv() {
+        got.extend_from_slice(&z);
+    }
+    got
+}
+
+fn stream(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+/// The memory a connection may hold: twice the receive buffer (Linux's rcvbuf against a
+/// window of about half of it), plus the one buffer a segment admitted at the bound adds.
+fn bound(rcv_buf: u32) -> usize {
+    2 * rcv_buf as usize + RX_BUF
+}
+
+/// A peer sends thousands of 1-byte segments in order to an application that does not
+/// read: without accounting each held one receive buffer (10,000 of 8,191 in a pool).
+/// The connection holds at most its bound's worth of buffers, and every byte it
+/// acknowledged is read back later, in order and intact.
+#[test]
+fn tiny_in_order_segments_pin_a_bounded_number_of_receive_buffers() {
+    let rcv_buf = 16 << 10;
+    let mut c = established(cfg(rcv_buf));
+    let mut nic = Nic::default();
+    let data = stream(10_000);
+    let mut acked = 0;
+    let mut most_pinned = 0;
+    for (i, b) in data.iter().enumerate() {
+        let seq = PEER_ISS + 1 + i as u32;
+        c.on_segment(t(2), &data_seg(seq, 1), nic.rx(&[*b]));
+        acks(&mut c, t(2), &mut acked);
+        most_pinned = most_pinned.max(nic.pinned());
+        assert!(c.recv_mem() <= bound(rcv_buf), "{} held", c.recv_mem());
+    }
+    assert!(
+        most_pinned * RX_BUF <= bound(rcv_buf),
+        "{most_pinned} receive buffers pinned"
+    );
+    assert_eq!(acked as usize, data.len(), "every byte was acknowledged");
+    let k = &c.counters;
+    assert!(k.rcv_collapsed > 9_000, "{k:?}");
+    assert_eq!((k.drops(DropReason::RcvMemory), k.rcv_pruned), (0, 0));
+    assert_eq!(read_all(&mut c), data, "in order and intact");
+    assert_eq!(nic.pinned(), 0);
+    assert_eq!(c.recv_mem(), 0);
+}
+
+/// The same through receive coalescing (`Stack::handle_frames` hands a connection runs
+/// of in-order segments): a run whose buffers would pass the bound takes the full path,
+/// segment by segment.
+#[test]
+fn tiny_in_order_segments_in_runs_pin_a_bounded_number_of_receive_buffers() {
+    let rcv_buf = 16 << 10;
+    let mut c = established(cfg(rcv_buf));
+    let mut nic = Nic::default();
+    let data = stream(10_000);
+    let mut acked = 0;
+    let mut most_pinned = 0;
+    for (k, run) in data.chunks(32).enumerate() {
+        let mut seg = data_seg(PEER_ISS + 1 + 32 * k as u32, 1);
+        let mut pieces: Vec<Zbuf> = run.iter().map(|b| nic.rx(&[*b])).collect();
+        let mut readable = 0;
+        let _ = c.on_segment_run(t(2), &mut seg, &mut pieces, &mut readable);
+        acks(&mut c, t(2), &mut acked);
+        most_pinned = most_pinned.max(nic.pinned());
+        assert!(c.recv_mem() <= bound(rcv_buf), "{} held", c.recv_mem());
+    }
+    assert!(
+        most_pinned * RX_BUF <= bound(rcv_buf),
+        "{most_pinned} receive buffers pinned"
+    );
+    assert_eq!(acked as usize, data.len());
+    assert_eq!(read_all(&mut c), data, "in order and intact");
+    assert_eq!(nic.pinned(), 0);
+}
+
+/// The same with holes: tiny segments above RCV.NXT (every other byte, then a contiguous
+/// run) are held out of order; once the holes fill, every byte comes out in order.
+#[test]
+fn tiny_out_of_order_segments_pin_a_bounded_number_of_receive_buffers() {
+    let rcv_buf = 16 << 10;
+    let mut c = established(cfg(rcv_buf));
+    let mut nic = Nic::default();
+    let data = stream(4_000);
+    let mut acked = 0;
+    let mut most_pinned = 0;
+    let base = PEER_ISS + 1;
+    // Isolated bytes (a hole on each side), then a contiguous run above a hole.
+    let odd = (1..2_000).step_by(2);
+    let run = 2_001..4_000;
+    for i in odd.chain(run) {
+        c.on_segment(t(2), &data_seg(base + i as u32, 1), nic.rx(&data[i..=i]));
+        acks(&mut c, t(2), &mut acked);
+        most_pinned = most_pinned.max(nic.pinned());
+        assert!(c.recv_mem() <= bound(rcv_buf), "{} held", c.recv_mem());
+    }
+    assert_eq!(acked, 0, "nothing in order yet");
+    // The peer retransmits from the cumulative ACK on, one byte per segment, as a sender
+    // repairing holes does; what is already held is trimmed.
+    let mut next = 0;
+    for _ in 0..100_000 {
+        if acked as usize == data.len() {
+            break;
+        }
+        c.on_segment(
+            t(3),
+            &data_seg(base + next as u32, 1),
+            nic.rx(&data[next..=next]),
+        );
+        acks(&mut c, t(3), &mut acked);
+        most_pinned = most_pinned.max(nic.pinned());
+        assert!(c.recv_mem() <= bound(rcv_buf), "{} held", c.recv_mem());
+        next = (acked as usize).max(next + 1);
+        if next >= data.len() {
+            next = acked as usize;
+        }
+    }
+    assert!(
+        most_pinned * RX_BUF <= bound(rcv_buf),
+        "{most_pinned} receive buffers pinned"
+    );
+    assert_eq!(acked as usize, data.len());
+    let k = &c.counters;
+    assert!(k.rcv_collapsed > 0, "{k:?}");
+    assert_eq!(read_all(&mut c), data, "in order and intact");
+    assert_eq!(nic.pinned(), 0);
+}
+
+/// Full-sized segments, each in its own 2 KiB receive buffer (truesize about 1.5 times
+/// the bytes), never trigger a collapse: a whole 1 MiB window of them in order to an
+/// application that does not read, then a window with its first segment lost (the rest
+/// held out of order until the retransmission fills the hole). Everything stays zero
+/// copy: what the application reads is the NIC's buffers.
+#[test]
+fn full_sized_segments_fill_the_window_without_a_collapse() {
+    let rcv_buf = 1 << 20;
+    let cfg = TcpConfig {
+        window_scaling: true,
+        ..cfg(rcv_buf)
+    };
+    let mut c = established(cfg);
+    let mut nic = Nic::default();
+    let mss = 1448;
+    let window = rcv_buf as usize / mss;
+    let data = stream(2 * window * mss);
+    let mut acked = 0;
+    let send = |c: &mut Connection, nic: &mut Nic, i: usize, acked: &mut u32| {
+        let off = i * mss;
+        let seq = PEER_ISS + 1 + off as u32;
+        c.on_segment(t(2), &data_seg(seq, mss), nic.rx(&data[off..off + mss]));
+        acks(c, t(2), acked);
+    };
+    for i in 0..window {
+        send(&mut c, &mut nic, i, &mut acked);
+    }
+    assert_eq!(acked as usize, window * mss);
+    assert_eq!(
+        c.counters.fast_path_hits, window as u64,
+        "every in-order segment took header prediction"
+    );
+    let mut got = Vec::new();
+    while let Ok(Some(z)) = c.recv() {
+        assert!(
+            nic.bufs.iter().any(|b| b.same_object(&z)),
+            "zero copy: a slice of a receive buffer"
+        );
+        got.extend_from_slice(&z);
+    }
+    // The window update the reads made, then the next window, its first segment lost and
+    // sent again last.
+    acks(&mut c, t(2), &mut acked);
+    for i in window + 1..2 * window {
+        send(&mut c, &mut nic, i, &mut acked);
+    }
+    assert_eq!(acked as usize, window * mss, "a hole at the cumulative ACK");
+    assert!(c.ooo_bytes() > (rcv_buf as usize) * 9 / 10);
+    send(&mut c, &mut nic, window, &mut acked);
+    assert_eq!(acked as usize, data.len());
+    while let Ok(Some(z)) = c.recv() {
+        assert!(nic.bufs.iter().any(|b| b.same_object(&z)));
+        got.extend_from_slice(&z);
+    }
+    assert_eq!(got, data);
+    let k = &c.counters;
+    assert_eq!(
+        (k.rcv_collapsed, k.rcv_pruned, k.drops.iter().sum::<u64>()),
+        (0, 0, 0),
+        "{k:?}"
+    );
+}

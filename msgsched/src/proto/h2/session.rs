@@ -399,8 +399,15 @@ impl Body {
         self.len() == 0
     }
 
+    /// Zero copy while the body is small in bytes and in pieces: past `SPILL_MIN` bytes, or
+    /// past `SPILL_PIECES` pieces (a body in 1-byte DATA frames would otherwise pin one
+    /// receive buffer per byte until END_STREAM), it is copied into one heap buffer and
+    /// the receive buffers go (the framer's rule, `crate::framer`).
     fn append(&mut self, data: IoVec) {
-        if self.spill.is_none() && self.frames.len() + data.len() <= crate::framer::SPILL_MIN {
+        if self.spill.is_none()
+            && self.frames.len() + data.len() <= crate::framer::SPILL_MIN
+            && self.frames.num_segments() + data.num_segments() <= crate::framer::SPILL_PIECES
+        {
             self.frames.append(data);
             return;
         }

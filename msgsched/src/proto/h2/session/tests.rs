@@ -1098,6 +1098,41 @@ fn a_large_body_releases_the_received_buffers_before_the_stream_ends() {
     assert!(req.body.segments().iter().all(|x| x.same_object(&z)));
 }
 
+/// A small body in many tiny DATA frames (each in its own receive buffer) pins at most
+/// `framer::SPILL_PIECES` of them before its stream ends: past that it is copied out, as
+/// a large one is, and arrives intact.
+#[test]
+fn a_body_in_tiny_data_frames_pins_a_bounded_number_of_received_buffers() {
+    let (mut s, mut p, _) = open();
+    let block = p.block("/echo");
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    send(&mut s, b);
+    let (mut kept, mut want) = (Vec::new(), Vec::new());
+    for i in 0..300u32 {
+        let byte = [(i % 251) as u8];
+        want.push(byte[0]);
+        let end = if i == 299 { flag::END_STREAM } else { 0 };
+        let mut b = Vec::new();
+        frame::put(&mut b, kind::DATA, end, 1, &byte);
+        let z = Zbuf::from_vec(b);
+        kept.push(z.clone());
+        s.push(z);
+        drain(&mut s);
+        if i < 299 {
+            let pinned = kept.iter().filter(|z| z.ref_count() > 1).count();
+            assert!(
+                pinned <= crate::framer::SPILL_PIECES,
+                "{pinned} buffers pinned after {} frames",
+                i + 1
+            );
+        }
+    }
+    let r = s.poll_request().unwrap();
+    let req = Request::parse(&r.body).unwrap();
+    assert_eq!(req.body.to_vec(), want);
+}
+
 /// Frames that make no progress cost flood budget, PING and SETTINGS acknowledgements and
 /// WINDOW_UPDATEs on ended streams included (an outside test sent 200,000 of each free).
 #[test]

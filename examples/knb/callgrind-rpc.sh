@@ -93,12 +93,17 @@ rpcs=$(grep -o '"requests":[0-9]*' "$work/server.out" | head -1 | cut -d: -f2)
 [ -n "$rpcs" ] && [ "$rpcs" -gt 0 ] || { echo "no RPCs served" >&2; exit 1; }
 echo "$stack $side: $rpcs RPCs in ${secs}s + 1s warm-up under callgrind ($OUT)"
 # The main functions of the poll loop, per RPC (and the process's threads together, idle
-# polling included). callgrind_annotate splits a function's inclusive count over the
+# polling included). Like for like: luna's whole poll thread (`thread_start`) against
+# smoltcp's serve or run_client closure (its whole loop, application included); smoltcp's
+# `Lane::poll` leaves knb's application out. `push_msg` is the byte-mode application's
+# 4 KiB memset (smoltcp only; valgrind counts `rep stosb` per byte), to subtract. callgrind_annotate splits a function's inclusive count over the
 # files its inlined code came from; the largest of its lines is the function's total.
 callgrind_annotate --inclusive=yes "$OUT" 2>/dev/null | python3 -c '
 import re, sys
 rpcs = int(sys.argv[1])
-names = ["Thread>::new::thread_start", "Smoltcp as knb::backend::Backend>::serve::{{closure}}", "InlineMode<A>::dispatch", "ServerApp::serve",
+names = ["Thread>::new::thread_start", "Smoltcp as knb::backend::Backend>::serve::{{closure}}",
+         "Smoltcp as knb::backend::Backend>::run_client::{{closure}}", "knb::proto::push_msg",
+         "InlineMode<A>::dispatch", "ServerApp::serve",
          "ClientApp::pump", "smoltcp::Lane::poll", "CoreLoop<D>::transmit",
          "CoreLoop<D>::drain_stack_tx", "Stack<R>>::handle_frame", "Stack<R>>::handle_frames", "Device>::rx_burst"]
 best, events = {}, None

@@ -639,6 +639,17 @@ impl Sockets<'_> {
         }))
     }
 
+    /// The TCP connection behind a connected socket, for what `getsockopt(TCP_INFO)`
+    /// reports (state, RTT, windows, counters); `None` once the stack freed it.
+    /// `NotConnected` for a socket that is not a connection (a listener, a fresh one).
+    pub fn connection(
+        &mut self,
+        fd: Fd,
+    ) -> Result<Option<&luna_stack::tcp::Connection>, SockError> {
+        let h = self.conn(fd)?.h;
+        Ok(self.st.stack.connection(h))
+    }
+
     /// `epoll_ctl(ADD/MOD)`.
     pub fn register(&mut self, fd: Fd, interest: Interest) -> Result<(), SockError> {
         self.t.get(fd)?.interest = Some(interest);

@@ -38,6 +38,8 @@ pub(crate) enum Cmd {
     StopListen(Arc<Sock>, Vec<Arc<Sock>>),
     /// `TCP_NODELAY` or `IP_TOS` changed: pass them to the connection.
     Opts(Arc<Sock>),
+    /// `getsockopt(TCP_INFO)`: the connection's state into `tcp_info` (answer in `reply`).
+    Info(Arc<Sock>),
 }
 
 /// Passes the socket's `TCP_NODELAY` and `IP_TOS` to its connection (at connect, at
@@ -45,6 +47,101 @@ pub(crate) enum Cmd {
 fn apply_opts(s: &mut Sockets<'_>, fd: BFd, o: &crate::sock::Opts) {
     let _ = s.set_nagle(fd, o.nodelay == 0);
     let _ = s.set_dscp(fd, o.tos >> 2);
+}
+
+/// Linux's `TCP_*` state numbers (`include/net/tcp_states.h`), as `tcpi_state` gives them.
+fn linux_state(s: luna_stack::tcp::State) -> u8 {
+    use luna_stack::tcp::State;
+    match s {
+        State::Established => 1,
+        State::SynSent => 2,
+        State::SynReceived => 3,
+        State::FinWait1 => 4,
+        State::FinWait2 => 5,
+        State::TimeWait => 6,
+        State::Closed => 7,
+        State::CloseWait => 8,
+        State::LastAck => 9,
+        State::Closing => 11,
+    }
+}
+
+/// `TCP_INFO` of a socket with no connection (fresh, or its connection gone): state
+/// `TCP_CLOSE`, nothing else known.
+fn tcp_info_closed() -> libc::tcp_info {
+    // SAFETY: tcp_info is plain integers; all zeroes is a valid value.
+    let mut i: libc::tcp_info = unsafe { std::mem::zeroed() };
+    i.tcpi_state = 7;
+    i
+}
+
+/// `TCP_INFO` of a listener: state `TCP_LISTEN`.
+fn tcp_info_listen() -> libc::tcp_info {
+    let mut i = tcp_info_closed();
+    i.tcpi_state = 10;
+    i
+}
+
+/// Linux's `struct tcp_info` from luna's connection, in Linux's units: times in
+/// microseconds, windows (`snd_cwnd`, `snd_ssthresh`) and `unacked` in segments of
+/// `snd_mss`, as `tcp_get_info` reports them. What luna does not keep (delivery rate,
+/// pacing, the `last_*` times, SACKed and lost counts, bytes acknowledged) stays 0.
+fn tcp_info_of(c: &luna_stack::tcp::Connection) -> libc::tcp_info {
+    let us = |d: Option<luna_stack::time::Duration>| {
+        d.map_or(0, |d| u32::try_from(d.as_micros()).unwrap_or(u32::MAX))
+    };
+    let mut i = tcp_info_closed();
+    let mss = c.mss().max(1);
+    let rtt = c.rtt();
+    let (sack, ts, ws) = c.negotiated();
+    i.tcpi_state = linux_state(c.state());
+    // Linux's ca_state: TCP_CA_Open 0, Recovery 3, Loss 4 (after a timeout).
+    i.tcpi_ca_state = if rtt.backoff_count() > 0 {
+        4
+    } else if c.in_recovery() {
+        3
+    } else {
+        0
+    };
+    let backoff = u8::try_from(rtt.backoff_count()).unwrap_or(u8::MAX);
+    i.tcpi_retransmits = backoff;
+    i.tcpi_backoff = backoff;
+    // TCPI_OPT_TIMESTAMPS 1, TCPI_OPT_SACK 2, TCPI_OPT_WSCALE 4.
+    i.tcpi_options = u8::from(ts) | u8::from(sack) << 1 | u8::from(ws.is_some()) << 2;
+    if let Some((snd, rcv)) = ws {
+        // The bitfields tcpi_snd_wscale:4 (low) and tcpi_rcv_wscale:4.
+        i.tcpi_snd_rcv_wscale = (snd & 0xf) | (rcv & 0xf) << 4;
+    }
+    i.tcpi_rto = us(Some(rtt.rto()));
+    i.tcpi_snd_mss = mss;
+    i.tcpi_rcv_mss = mss;
+    i.tcpi_advmss = mss;
+    i.tcpi_pmtu = mss + 40;
+    i.tcpi_unacked = c.bytes_in_flight().div_ceil(mss);
+    i.tcpi_rtt = us(rtt.srtt());
+    i.tcpi_rttvar = us(rtt.rttvar());
+    i.tcpi_min_rtt = us(rtt.min_rtt());
+    i.tcpi_snd_cwnd = c.cwnd() / mss;
+    // An unset slow-start threshold (luna's MAX_CWND, RFC 5681's "arbitrarily high") is
+    // Linux's TCP_INFINITE_SSTHRESH.
+    i.tcpi_snd_ssthresh = if c.ssthresh() >= luna_stack::tcp::cc::MAX_CWND {
+        0x7fff_ffff
+    } else {
+        c.ssthresh() / mss
+    };
+    i.tcpi_reordering = 3;
+    let k = &c.counters;
+    i.tcpi_total_retrans = u32::try_from(k.retransmits).unwrap_or(u32::MAX);
+    i.tcpi_segs_out = k.segs_out as u32;
+    i.tcpi_segs_in = k.segs_in as u32;
+    i.tcpi_bytes_sent = k.bytes_out;
+    i.tcpi_bytes_received = k.bytes_in;
+    i.tcpi_notsent_bytes =
+        u32::try_from(c.send_queued().saturating_sub(c.bytes_in_flight() as usize))
+            .unwrap_or(u32::MAX);
+    i.tcpi_dsack_dups = k.dsacks as u32;
+    i.tcpi_snd_wnd = c.send_window();
+    i
 }
 
 /// The addresses luna serves, from the configuration (read before starting DPDK, so a
@@ -462,6 +559,20 @@ impl PollApp {
             Cmd::Flush(sock) | Cmd::Shutdown(sock) | Cmd::Close(sock) => {
                 self.service(s, &sock, None);
             }
+            Cmd::Info(sock) => {
+                let mut g = sock.lock();
+                let info = match (g.bfd, g.listener) {
+                    (Some(_), true) => tcp_info_listen(),
+                    (Some(fd), false) => match s.connection(fd) {
+                        Ok(Some(c)) => tcp_info_of(c),
+                        _ => tcp_info_closed(),
+                    },
+                    (None, _) => tcp_info_closed(),
+                };
+                g.tcp_info = Some(Box::new(info));
+                g.reply = Some(Ok(()));
+                sock.notify(&g);
+            }
             Cmd::Opts(sock) => {
                 let g = sock.lock();
                 if let (Some(fd), false) = (g.bfd, g.listener) {
@@ -732,7 +843,8 @@ impl PollApp {
                 | Cmd::Flush(s)
                 | Cmd::Shutdown(s)
                 | Cmd::Close(s)
-                | Cmd::Opts(s) => socks.push(s),
+                | Cmd::Opts(s)
+                | Cmd::Info(s) => socks.push(s),
                 Cmd::StopListen(s, queued) => {
                     socks.push(s);
                     socks.extend(queued);
@@ -760,6 +872,7 @@ impl Cmd {
             | Cmd::Shutdown(s)
             | Cmd::Close(s)
             | Cmd::Opts(s)
+            | Cmd::Info(s)
             | Cmd::StopListen(s, _) => s,
         }
     }

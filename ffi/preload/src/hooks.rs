@@ -1262,6 +1262,10 @@ pub unsafe extern "C-unwind" fn getsockopt(
             // SAFETY: forwarding.
             return unsafe { call_real!(getsockopt(fd, level, name, val, len)) };
         };
+        if (level, name) == (libc::IPPROTO_TCP, libc::TCP_INFO) {
+            // SAFETY: C's contract for getsockopt.
+            return unsafe { tcp_info(&s, val, len) };
+        }
         let mut g = s.lock();
         let v = match (level, name) {
             (libc::SOL_SOCKET, libc::SO_ERROR) => g.so_error.take().unwrap_or(0),
@@ -1302,6 +1306,49 @@ pub unsafe extern "C-unwind" fn getsockopt(
         }
         0
     })
+}
+
+/// `getsockopt(fd, IPPROTO_TCP, TCP_INFO, val, len)` of a luna socket: the poll thread
+/// fills Linux's `struct tcp_info` from the connection (state, RTT, windows, counters;
+/// `engine::tcp_info_of`), and, as Linux's `do_tcp_getsockopt`, the first
+/// `min(*len, sizeof)` bytes are copied and `*len` set to them.
+///
+/// # Safety
+/// `val` must be writable for `*len` bytes and `len` valid, as getsockopt(2) requires.
+unsafe fn tcp_info(s: &Arc<Sock>, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    if len.is_null() {
+        return fail(libc::EFAULT);
+    }
+    // SAFETY: `len` is valid (checked).
+    let want = unsafe { *len };
+    if (want as i32) < 0 {
+        return fail(libc::EINVAL);
+    }
+    let Some(sh) = engine::engine() else {
+        return fail(libc::ENETDOWN);
+    };
+    sh.push(Cmd::Info(Arc::clone(s)));
+    if let Err(e) = s.wait_reply() {
+        return fail(e);
+    }
+    let Some(info) = s.lock().tcp_info.take() else {
+        return fail(libc::EIO);
+    };
+    let n = (want as usize).min(std::mem::size_of::<libc::tcp_info>());
+    if n > 0 && val.is_null() {
+        return fail(libc::EFAULT);
+    }
+    // SAFETY: `info` is a live tcp_info of at least `n` bytes; `val` has `*len` >= `n`
+    // writable bytes (the caller's contract); `len` is valid.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&*info as *const libc::tcp_info).cast::<u8>(),
+            val.cast::<u8>(),
+            n,
+        );
+        *len = n as socklen_t;
+    }
+    0
 }
 
 /// `getsockname(2)`.

@@ -102,6 +102,8 @@ pub(crate) struct State {
     pub backlog: usize,
     /// The poll thread's answer to `listen`/`connect`.
     pub reply: Option<Result<(), i32>>,
+    /// The poll thread's answer to [`crate::engine::Cmd::Info`].
+    pub tcp_info: Option<Box<libc::tcp_info>>,
     /// A thread's `connect` queued the command that starts the handshake and waits for
     /// its answer: another thread's `connect` waits for it too, then finds the handshake
     /// running (Linux's socket lock holds the second caller), instead of starting a
@@ -202,6 +204,7 @@ impl State {
             accept_q: VecDeque::new(),
             backlog: 128,
             reply: None,
+            tcp_info: None,
             starting: false,
             listener: false,
             watchers: Vec::new(),

@@ -35,7 +35,9 @@ fn iperf3_server_on_luna_moves_every_byte() {
         &tap,
         &cfg,
         "/usr/bin/iperf3",
-        &["-s", "-B", &ip, "-p", "5201"],
+        // JSON (-J): a client's --get-server-output then carries the server's own
+        // figures, its TCP_INFO readings among them.
+        &["-s", "-J", "-B", &ip, "-p", "5201"],
     );
     let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         tap.configure_host(Duration::from_secs(60)).expect("tap up");
@@ -70,6 +72,40 @@ fn iperf3_server_on_luna_moves_every_byte() {
                 "iperf3 {extra:?}: sent {sent}, received {received}"
             );
         }
+        // The server sends (-R) and reads its stream's TCP_INFO each interval: RTT and
+        // congestion window are luna's connection's, not the never-connected kernel
+        // placeholder's (RTT 0 before the shim answered TCP_INFO itself).
+        let mut c = tap.host.command("iperf3");
+        c.args([
+            "-c",
+            &ip,
+            "-p",
+            "5201",
+            "-J",
+            "-t",
+            "1",
+            "-R",
+            "--get-server-output",
+        ]);
+        let o = run(c, Duration::from_secs(60), "iperf3 client");
+        assert!(o.ok, "iperf3 -R --get-server-output: {}{}", o.out, o.err);
+        let v: serde_json::Value = serde_json::from_str(&o.out).expect("iperf3 JSON");
+        let sender = &v["server_output_json"]["end"]["streams"][0]["sender"];
+        let field = |k: &str| sender[k].as_u64().unwrap_or(0);
+        println!(
+            "server's TCP_INFO: max_rtt {} us, mean_rtt {} us, max_snd_cwnd {} B",
+            field("max_rtt"),
+            field("mean_rtt"),
+            field("max_snd_cwnd")
+        );
+        assert!(
+            (1..1_000_000).contains(&field("max_rtt")) && field("mean_rtt") > 0,
+            "the server's RTT from TCP_INFO: {sender}"
+        );
+        assert!(
+            field("max_snd_cwnd") > 10 * 1448,
+            "a window that grew: {sender}"
+        );
     }));
     signal(&server, libc::SIGTERM);
     let o = output(server, Duration::from_secs(30), "iperf3 -s");

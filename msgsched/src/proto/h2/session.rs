@@ -1603,6 +1603,26 @@ fn parse_length(v: &[u8]) -> Option<u64> {
     })
 }
 
+/// Whether authorities `a` and `b` (`host[:port]`) name the same entity under `scheme`
+/// (RFC 3986 §6.2.2-6.2.3: host case-insensitive, the scheme's default port as good as
+/// none).
+fn same_authority(scheme: &[u8], a: &[u8], b: &[u8]) -> bool {
+    let default: &[u8] = match scheme {
+        b"http" => b":80",
+        b"https" => b":443",
+        _ => b"",
+    };
+    strip_port(a, default).eq_ignore_ascii_case(strip_port(b, default))
+}
+
+/// `x` without the suffix `port` (`:80`), if it has it and `port` is not empty.
+fn strip_port<'a>(x: &'a [u8], port: &[u8]) -> &'a [u8] {
+    match x.strip_suffix(port) {
+        Some(h) if !port.is_empty() => h,
+        _ => x,
+    }
+}
+
 /// RFC 9113 §8.1-8.5 checks on a request's header list, one pass over the fields HPACK
 /// decoded; `None` if malformed (a stream error PROTOCOL_ERROR):
 /// - pseudo-headers (§8.3): only `:method`, `:scheme`, `:path`, `:authority` (no
@@ -1612,11 +1632,15 @@ fn parse_length(v: &[u8]) -> Option<u64> {
 ///   `:scheme` and `:path` (§8.5); `:method` a token;
 /// - every field (§8.2): names lower-case tokens, values without control bytes (NUL, CR,
 ///   LF: §8.2.1) or leading/trailing whitespace; no connection-specific field (§8.2.2);
-/// - `content-length` digits only, repeated only with the same value.
+/// - `content-length` digits only, repeated only with the same value;
+/// - a `host` field naming another authority than `:authority` (§8.3.1's SHOULD),
+///   compared as RFC 3986 §6.2 normalises them: case-insensitively, a scheme's default
+///   port the same as none.
 fn check_request(fields: &[Field]) -> Option<ReqInfo> {
     let mut regular = false;
     let mut method: Option<&[u8]> = None;
     let (mut scheme, mut path, mut authority) = (false, false, false);
+    let (mut scheme_v, mut authority_v, mut host): (&[u8], &[u8], Option<&[u8]>) = (b"", b"", None);
     let mut content_length = None;
     for (n, v) in fields {
         if n.first() == Some(&b':') {
@@ -1625,9 +1649,15 @@ fn check_request(fields: &[Field]) -> Option<ReqInfo> {
             }
             let again = match &n[..] {
                 b":method" => method.replace(v).is_some(),
-                b":scheme" => std::mem::replace(&mut scheme, true),
+                b":scheme" => {
+                    scheme_v = v;
+                    std::mem::replace(&mut scheme, true)
+                }
                 b":path" => std::mem::replace(&mut path, true) || v.is_empty(),
-                b":authority" => std::mem::replace(&mut authority, true) || v.is_empty(),
+                b":authority" => {
+                    authority_v = v;
+                    std::mem::replace(&mut authority, true) || v.is_empty()
+                }
                 _ => true,
             };
             if again {
@@ -1644,6 +1674,14 @@ fn check_request(fields: &[Field]) -> Option<ReqInfo> {
             if content_length.replace(l).is_some_and(|o| o != l) {
                 return None;
             }
+        } else if &n[..] == b"host" && host.replace(v).is_some() {
+            // Two Host fields (RFC 9110 §7.2: a request has at most one).
+            return None;
+        }
+    }
+    if let Some(h) = host.filter(|_| authority) {
+        if !same_authority(scheme_v, authority_v, h) {
+            return None;
         }
     }
     let method = method.filter(|m| {

@@ -1464,6 +1464,19 @@ fn malformed_requests_per_rfc_9113_section_8_are_reset_not_served() {
         ("upgrade", &[(4, Some((b"upgrade", b"h2c")))]),
         ("te other than trailers", &[(4, Some((b"te", b"gzip")))]),
         ("duplicate :authority", &[(4, Some((b":authority", b"y")))]),
+        (
+            "host differs from :authority",
+            &[(4, Some((b"host", b"y")))],
+        ),
+        ("host with another port", &[(4, Some((b"host", b"x:8080")))]),
+        (
+            "two host fields",
+            &[
+                (3, None),
+                (3, Some((b"host", b"x"))),
+                (4, Some((b"host", b"x"))),
+            ],
+        ),
         ("duplicate :method", &[(1, Some((b":method", b"GET")))]),
         ("duplicate :path", &[(3, Some((b":path", b"/")))]),
         ("duplicate :scheme", &[(2, Some((b":scheme", b"http")))]),
@@ -1565,6 +1578,16 @@ fn valid_requests_pass_the_field_checks() {
         &[(4, Some((b"grpc-trace-bin", b"AAEC/w==")))],
         &[(0, None), (0, Some((b":method", b"M-SEARCH")))],
         &[(2, None), (2, Some((b":path", b"*")))],
+        // Host naming :authority's entity: case and the default port do not matter.
+        &[(4, Some((b"host", b"X")))],
+        &[(4, Some((b"host", b"x:80")))],
+        &[
+            (3, None),
+            (3, Some((b":authority", b"x:80"))),
+            (4, Some((b"host", b"x"))),
+        ],
+        // Without :authority, Host alone.
+        &[(3, None), (3, Some((b"host", b"y")))],
     ];
     let lists: Vec<Vec<Field>> = goods.iter().map(|e| request_with(e)).collect();
     let (mut s, _, c) = open();

@@ -227,10 +227,30 @@ pub enum Command {
     Version,
     /// `verbosity <level> [noreply]`.
     Verbosity,
-    /// `stats` (no arguments).
-    Stats,
+    /// `stats [group]`.
+    Stats(StatsGroup),
+    /// `mn`, the meta no-op: answered `MN`.
+    MetaNoop,
     /// `quit`: close the connection.
     Quit,
+}
+
+/// Which `stats` the client asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatsGroup {
+    /// `stats`: the general counters.
+    General,
+    /// `stats items`: per-slab-class item counts (luna-kv: one class).
+    Items,
+    /// `stats reset [...]`: zero the counters, answered `RESET`.
+    Reset,
+    /// `stats detail dump`: the per-prefix counters (none kept: `END`).
+    DetailDump,
+    /// `stats detail on` (true) / `stats detail off` (false).
+    Detail(bool),
+    /// `stats detail` with anything else:
+    /// `CLIENT_ERROR usage: stats detail on|off|dump`.
+    DetailUsage,
 }
 
 /// A decoded text request.
@@ -251,6 +271,9 @@ pub enum Error {
     Unknown,
     /// A bad command line: `CLIENT_ERROR bad command line format`.
     BadFormat,
+    /// `touch`, `gat`/`gats`, `flush_all` with an exptime that is not a number:
+    /// `CLIENT_ERROR invalid exptime argument`.
+    BadExptime,
     /// A storage command's data not followed by `\r\n`: `CLIENT_ERROR bad data chunk`.
     BadDataChunk,
     /// `incr`/`decr` with a bad delta: `CLIENT_ERROR invalid numeric delta argument`.
@@ -268,6 +291,7 @@ impl Error {
         match self {
             Error::Unknown => b"ERROR\r\n",
             Error::BadFormat => b"CLIENT_ERROR bad command line format\r\n",
+            Error::BadExptime => b"CLIENT_ERROR invalid exptime argument\r\n",
             Error::BadDataChunk => b"CLIENT_ERROR bad data chunk\r\n",
             Error::BadDelta => b"CLIENT_ERROR invalid numeric delta argument\r\n",
             Error::BadDelete => {
@@ -324,7 +348,9 @@ impl Request {
             b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
                 let is_cas = cmd == b"cas";
                 let base = if is_cas { 6 } else { 5 };
-                if n != base && !(n == base + 1 && noreply) {
+                // memcached takes one token more than the command's, whatever it is: it
+                // is `noreply` or ignored (`set k 0 0 1 foo` stores).
+                if n != base && n != base + 1 {
                     return Err(rej(Error::Unknown));
                 }
                 let key = key(1)?;
@@ -368,15 +394,17 @@ impl Request {
             b"get" | b"gets" | b"gat" | b"gats" => {
                 let touch = cmd.starts_with(b"gat");
                 let first = if touch { 2 } else { 1 };
-                if n <= first {
+                // A retrieval command needs one token after its name: `get` alone is an
+                // ERROR, `gat 100` (no key) an empty answer, `END`, as memcached.
+                if n < 2 {
                     return Err(rej(Error::Unknown));
                 }
                 let exptime = if touch {
-                    Some(num::<i64>(t[1]).ok_or(rej(Error::BadFormat))?)
+                    Some(num::<i64>(t[1]).ok_or(rej(Error::BadExptime))?)
                 } else {
                     None
                 };
-                let mut keys = Vec::with_capacity(n - first);
+                let mut keys = Vec::with_capacity(n.saturating_sub(first));
                 for &k in &t[first..] {
                     if !key_ok(k) {
                         return Err(Rejected {
@@ -408,7 +436,8 @@ impl Request {
                 done(Command::Delete { key: key(1)? })
             }
             b"incr" | b"decr" => {
-                if n != 3 && !(n == 4 && noreply) {
+                // As for storage commands, one more token is `noreply` or ignored.
+                if n != 3 && n != 4 {
                     return Err(rej(Error::Unknown));
                 }
                 let key = key(1)?;
@@ -420,19 +449,23 @@ impl Request {
                 })
             }
             b"touch" => {
-                if n != 3 && !(n == 4 && noreply) {
+                if n != 3 && n != 4 {
                     return Err(rej(Error::Unknown));
                 }
                 let key = key(1)?;
-                let exptime = num::<i64>(t[2]).ok_or(rej(Error::BadFormat))?;
+                let exptime = num::<i64>(t[2]).ok_or(rej(Error::BadExptime))?;
                 done(Command::Touch { key, exptime })
             }
             b"flush_all" => {
-                let args = n - 1 - usize::from(noreply);
-                let delay = match args {
-                    0 => 0,
-                    1 => num::<i64>(t[1]).ok_or(rej(Error::BadFormat))?,
-                    _ => return Err(rej(Error::Unknown)),
+                // memcached: `flush_all [delay] [noreply]`, up to two tokens after the
+                // name; unless the only one is `noreply`, the first is the delay.
+                if n > 3 {
+                    return Err(rej(Error::Unknown));
+                }
+                let delay = if n - 1 == usize::from(noreply) {
+                    0
+                } else {
+                    num::<i64>(t[1]).ok_or(rej(Error::BadExptime))?
                 };
                 done(Command::FlushAll { delay })
             }
@@ -446,10 +479,36 @@ impl Request {
                 },
                 noreply: false,
             }),
-            // Statistics groups (`stats slabs`, ...) are not kept: ERROR, as memcached
-            // answers an unknown group (and `stats noreply`).
-            b"stats" if n == 1 => done(Command::Stats),
-            b"verbosity" if n == 2 || n == 3 => done(Command::Verbosity),
+            // Other statistics groups (`stats slabs`, `stats settings`, ...) are not
+            // kept: ERROR, as memcached answers a group it does not know (and
+            // `stats noreply`). memcached ignores tokens after a group's own.
+            b"stats" => {
+                let group = match (t.get(1).copied(), t.get(2).copied()) {
+                    (None, _) => StatsGroup::General,
+                    (Some(b"items"), _) => StatsGroup::Items,
+                    (Some(b"reset"), _) => StatsGroup::Reset,
+                    (Some(b"detail"), Some(b"dump")) => StatsGroup::DetailDump,
+                    (Some(b"detail"), Some(b"on")) => StatsGroup::Detail(true),
+                    (Some(b"detail"), Some(b"off")) => StatsGroup::Detail(false),
+                    (Some(b"detail"), _) => StatsGroup::DetailUsage,
+                    _ => return Err(rej(Error::Unknown)),
+                };
+                Ok(Request {
+                    cmd: Command::Stats(group),
+                    noreply: false,
+                })
+            }
+            b"verbosity" if n == 2 || n == 3 => {
+                // The level must be a number (`verbosity noreply` is a silent error).
+                num::<u64>(t[1]).ok_or(rej(Error::BadFormat))?;
+                done(Command::Verbosity)
+            }
+            // The meta no-op; the other meta commands (`mg`, `ms`, `md`, `ma`, `me`)
+            // are not supported: ERROR (an `ms` data block is then read as a command).
+            b"mn" => Ok(Request {
+                cmd: Command::MetaNoop,
+                noreply: false,
+            }),
             _ => Err(rej(Error::Unknown)),
         }
     }
@@ -659,10 +718,21 @@ mod tests {
             Error::Unknown
         );
         assert_eq!(d("verbosity\r\n").unwrap_err().error, Error::Unknown);
-        assert!(d("verbosity noreply\r\n").unwrap().noreply);
+        // memcached parses the level: `noreply` is not one, a CLIENT_ERROR it does not
+        // send (the line asked for no reply).
+        assert_eq!(
+            d("verbosity noreply\r\n").unwrap_err(),
+            Rejected {
+                error: Error::BadFormat,
+                noreply: true
+            }
+        );
         assert_eq!(d("delete a b c d e\r\n").unwrap_err().error, Error::Unknown);
         assert_eq!(d("stats noreply\r\n").unwrap_err().error, Error::Unknown);
-        assert_eq!(d("stats\r\n").unwrap().cmd, Command::Stats);
+        assert_eq!(
+            d("stats\r\n").unwrap().cmd,
+            Command::Stats(StatsGroup::General)
+        );
         assert_eq!(d("quit\n").unwrap().cmd, Command::Quit);
         assert_eq!(
             d("flush_all noreply\r\n").unwrap(),
@@ -698,5 +768,120 @@ mod tests {
                 touch: Some(100)
             }
         );
+    }
+
+    /// The replies of memcached 1.6.18 to the lines an outside differential test
+    /// (docs/outside/2026-12-07, `mc_diff.py`) found luna answering otherwise.
+    #[test]
+    fn edge_cases_are_answered_as_memcached_1_6_18() {
+        let d = |s: &str| Request::decode(&iov(s.as_bytes()));
+        let reply = |s: &str| d(s).unwrap_err().error.reply();
+        // One token more than a command takes is `noreply` or ignored: `set k 0 0 1 foo`
+        // stores (memcached: STORED), its data block framed with it.
+        let s = b"set k 0 0 1 foo\r\nx\r\n";
+        assert_eq!(fr(s, 1 << 20), Ok(Frame::msg(s.len())));
+        let r = Request::decode(&iov(s)).unwrap();
+        assert!(!r.noreply);
+        assert!(matches!(
+            r.cmd,
+            Command::Store {
+                op: StoreOp::Set,
+                ..
+            }
+        ));
+        let r = d("cas k 0 0 1 5 foo\r\nx\r\n").unwrap();
+        assert!(matches!(
+            r.cmd,
+            Command::Store {
+                op: StoreOp::Cas(5),
+                ..
+            }
+        ));
+        assert_eq!(
+            d("set k 0 0 1 foo bar\r\nx\r\n").unwrap_err().error,
+            Error::Unknown
+        );
+        assert!(matches!(
+            d("incr k 1 foo\r\n").unwrap().cmd,
+            Command::Arith { delta: 1, .. }
+        ));
+        assert!(matches!(
+            d("touch k 10 foo\r\n").unwrap().cmd,
+            Command::Touch { exptime: 10, .. }
+        ));
+        // A bad exptime has its own message.
+        for l in [
+            "touch k abc\r\n",
+            "gat abc k\r\n",
+            "gats x k\r\n",
+            "flush_all abc\r\n",
+        ] {
+            assert_eq!(
+                reply(l),
+                b"CLIENT_ERROR invalid exptime argument\r\n",
+                "{l}"
+            );
+        }
+        assert!(d("touch k abc noreply\r\n").unwrap_err().noreply);
+        assert_eq!(
+            d("flush_all 10 foo\r\n").unwrap().cmd,
+            Command::FlushAll { delay: 10 }
+        );
+        assert_eq!(
+            d("flush_all 10 noreply\r\n").unwrap(),
+            Request {
+                cmd: Command::FlushAll { delay: 10 },
+                noreply: true
+            }
+        );
+        assert_eq!(d("flush_all 1 2 3\r\n").unwrap_err().error, Error::Unknown);
+        // verbosity takes a number.
+        assert_eq!(
+            reply("verbosity abc\r\n"),
+            b"CLIENT_ERROR bad command line format\r\n"
+        );
+        assert_eq!(d("verbosity 1 foo\r\n").unwrap().cmd, Command::Verbosity);
+        // `gat 100` without a key: no items, `END`; `gat` alone: ERROR.
+        assert_eq!(
+            d("gat 100\r\n").unwrap().cmd,
+            Command::Get {
+                keys: vec![],
+                cas: false,
+                touch: Some(100)
+            }
+        );
+        assert_eq!(reply("gat\r\n"), b"ERROR\r\n");
+        // stats groups.
+        for (l, g) in [
+            ("stats items\r\n", StatsGroup::Items),
+            ("stats reset\r\n", StatsGroup::Reset),
+            ("stats reset foo\r\n", StatsGroup::Reset),
+            ("stats detail dump\r\n", StatsGroup::DetailDump),
+            ("stats detail on\r\n", StatsGroup::Detail(true)),
+            ("stats detail off\r\n", StatsGroup::Detail(false)),
+            ("stats detail\r\n", StatsGroup::DetailUsage),
+            ("stats detail x\r\n", StatsGroup::DetailUsage),
+        ] {
+            assert_eq!(d(l).unwrap().cmd, Command::Stats(g), "{l}");
+        }
+        assert_eq!(reply("stats slabs\r\n"), b"ERROR\r\n");
+        // Meta: `mn` only.
+        assert_eq!(d("mn\r\n").unwrap().cmd, Command::MetaNoop);
+        assert_eq!(reply("mg k v\r\n"), b"ERROR\r\n");
+        // Kept: flags are 32 bits (memcached 1.6.18 truncates 2^32 to 0 and stores).
+        let s = b"set k 4294967296 0 1\r\n";
+        assert_eq!(fr(s, 1 << 20), Ok(Frame::msg(s.len())));
+        assert_eq!(
+            reply("set k 4294967296 0 1\r\n"),
+            b"CLIENT_ERROR bad command line format\r\n"
+        );
+        // Kept: an exptime beyond 32 bits is kept whole (memcached truncates it).
+        assert!(matches!(
+            d("set k 0 99999999999 1\r\nx\r\n").unwrap().cmd,
+            Command::Store {
+                exptime: 99999999999,
+                ..
+            }
+        ));
     }
 }

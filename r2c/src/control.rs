@@ -393,6 +393,8 @@ fn stack_map(c: &StackCounters) -> BTreeMap<String, u64> {
         ("coalesced_segments", c.coalesced_segments),
         ("arp_requests", c.arp_requests),
         ("arp_replies", c.arp_replies),
+        ("arp_failures", c.arp_failures),
+        ("unreachable_aborts", c.unreachable_aborts),
         ("icmp_echo_replies", c.icmp_echo_replies),
         ("pmtu_updates", c.pmtu_updates),
         ("icmp_aborts", c.icmp_aborts),

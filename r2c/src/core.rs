@@ -32,6 +32,12 @@ pub struct HandleHash(u64);
 
 const HANDLE_HASH_K: u64 = 0x517c_c1b7_2722_0a95;
 
+/// Oldest the published stats get while the core runs (ns): 1 ms. A busy core reaches
+/// `stats_interval` iterations far sooner; an idle one that yields or sleeps may not for
+/// seconds on a loaded machine, and readers (lunactl, `luna_runtime_stats`, knb's
+/// windows) then saw counters seconds old.
+pub const PUBLISH_MAX_AGE_NS: u64 = 1_000_000;
+
 impl Hasher for HandleHash {
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
@@ -88,7 +94,9 @@ pub struct CoreOptions {
     pub burst: usize,
     /// What to do when idle.
     pub idle: IdleStrategy,
-    /// Publish stats every this many iterations.
+    /// Publish stats every this many iterations, and at least every
+    /// [`PUBLISH_MAX_AGE_NS`] of the core's own running (a core that yields or sleeps when
+    /// idle may take seconds for `stats_interval` iterations on a busy machine).
     pub stats_interval: u64,
     /// Tries in a row in which the device takes nothing before the runtime drops one burst
     /// (`burst` frames) from the head of its transmit queue; the frames behind it get the
@@ -842,6 +850,7 @@ impl<D: Device> CoreLoop<D> {
         // Until when the mode may finish, after a stop, the work it took before it.
         let mut settle = None;
         let mut publish_in = self.opts.stats_interval.max(1);
+        let mut publish_by = self.clock.now().as_nanos() + PUBLISH_MAX_AGE_NS;
         // The previous iteration's clock reading (ns), for the loop-stall stats.
         let mut last = self.clock.now().as_nanos();
         loop {
@@ -884,8 +893,9 @@ impl<D: Device> CoreLoop<D> {
             }
             // A countdown instead of `iterations % stats_interval` (a 64-bit division).
             publish_in -= 1;
-            if publish_in == 0 {
+            if publish_in == 0 || t >= publish_by {
                 publish_in = self.opts.stats_interval.max(1);
+                publish_by = t + PUBLISH_MAX_AGE_NS;
                 self.publish(false);
                 if self.probe.pending() {
                     crate::control::serve_core(

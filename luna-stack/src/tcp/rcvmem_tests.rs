@@ -163,7 +163,7 @@ fn tiny_in_order_segments_in_runs_pin_a_bounded_number_of_receive_buffers() {
         let mut seg = data_seg(PEER_ISS + 1 + 32 * k as u32, 1);
         let mut pieces: Vec<Zbuf> = run.iter().map(|b| nic.rx(&[*b])).collect();
         let mut readable = 0;
-        let _ = c.on_segment_run(t(2), &mut seg, &mut pieces, &mut readable);
+        let _ = c.on_segment_run(t(2), &mut seg, &mut pieces, &mut readable, usize::MAX);
         acks(&mut c, t(2), &mut acked);
         most_pinned = most_pinned.max(nic.pinned());
         assert!(c.recv_mem() <= bound(rcv_buf), "{} held", c.recv_mem());

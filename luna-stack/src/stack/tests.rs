@@ -4649,7 +4649,7 @@ fn header_prediction_below_tcp_forgets_a_removed_address() {
 
 /// The most one received segment costs in this harness: its frame (a heap buffer of the
 /// frame's length, 1,514 bytes at most) plus the per-segment overhead.
-const SEG_TRUESIZE_MAX: u64 = 1514 + crate::tcp::assembler::SEG_OVERHEAD as u64;
+const SEG_TRUESIZE_MAX: u64 = 1514 + crate::tcp::SEG_OVERHEAD as u64;
 
 /// `Held::rcv_mem` is the sum of the connections' `recv_mem` (it is kept by deltas: it
 /// must never drift), and returns it.

@@ -167,6 +167,29 @@ impl Default for CoreOptions {
     }
 }
 
+/// The stack-wide receive-memory bound of a core's stack
+/// (`StackConfig::rcv_mem_total`): what its devices' receive pools can spare
+/// ([`Device::rx_mem_budget`], summed over the queues the core polls), so that
+/// connections whose applications do not read cannot empty a pool the rings, ARP, ACKs
+/// and every other connection need. A value the setup changed from the stack's default
+/// is kept; so is the default when no device has a fixed pool (the in-memory link
+/// receives into heap or slab buffers: the default, half of a default DPDK pool, stands
+/// in for one). Never below the stack's minimum.
+fn rcv_mem_total<D: Device>(cfg: &StackConfig, devices: &[D]) -> usize {
+    if cfg.rcv_mem_total != luna_stack::stack::DEFAULT_RCV_MEM_TOTAL {
+        return cfg.rcv_mem_total;
+    }
+    let budget = devices
+        .iter()
+        .filter_map(Device::rx_mem_budget)
+        .fold(None, |sum: Option<usize>, b| {
+            Some(sum.unwrap_or(0).saturating_add(b))
+        });
+    budget.map_or(cfg.rcv_mem_total, |b| {
+        b.max(luna_stack::stack::MIN_RCV_MEM_TOTAL)
+    })
+}
+
 /// Everything one core owns.
 pub struct CoreSetup<D> {
     /// Index of the core in the runtime (also its zbuf core id).
@@ -788,7 +811,9 @@ impl<D: Device> CoreLoop<D> {
         // The port search's random start (RFC 6056: unpredictable ports), drawn before the stack takes
         // the generator: reproducible under `rng_seed`.
         let port_start = luna_stack::context::Rng::next_u32(&mut rng);
-        let mut stack = Stack::new(setup.stack, rng).map_err(CoreError::Stack)?;
+        let mut stack_cfg = setup.stack;
+        stack_cfg.rcv_mem_total = rcv_mem_total(&stack_cfg, &setup.devices);
+        let mut stack = Stack::new(stack_cfg, rng).map_err(CoreError::Stack)?;
         for r in setup.routes {
             stack
                 .routes_mut()
@@ -1282,6 +1307,50 @@ mod tests {
     }
 
     const TRICKLE_PEER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+
+    /// A queue of a fixed receive pool ([`Device::rx_mem_budget`]), or none.
+    struct Pooled(Option<usize>);
+
+    impl Device for Pooled {
+        fn rx_burst(&mut self, _out: &mut Vec<Zbuf>, _max: usize) -> usize {
+            0
+        }
+
+        fn tx_burst(&mut self, _frames: &mut VecDeque<Transmit>) -> usize {
+            0
+        }
+
+        fn mac(&self) -> EthernetAddress {
+            EthernetAddress([2, 0, 0, 0, 0, 1])
+        }
+
+        fn stats(&self) -> DeviceStats {
+            DeviceStats::default()
+        }
+
+        fn rx_mem_budget(&self) -> Option<usize> {
+            self.0
+        }
+    }
+
+    /// A core's stack gets the sum of its queues' budgets, not below the stack's
+    /// minimum; the default stays for devices without a fixed pool, and a value the
+    /// setup chose stays whatever the devices say.
+    #[test]
+    fn the_stacks_receive_memory_bound_comes_from_the_devices_pools() {
+        use luna_stack::stack::{DEFAULT_RCV_MEM_TOTAL, MIN_RCV_MEM_TOTAL};
+        let cidr = luna_stack::wire::Ipv4Cidr::new(Ipv4Addr::new(10, 0, 0, 1), 24).unwrap();
+        let mut cfg = StackConfig::new(EthernetAddress([2, 0, 0, 0, 0, 1]), cidr);
+        let two = [Pooled(Some(3 << 20)), Pooled(Some(1 << 20))];
+        assert_eq!(rcv_mem_total(&cfg, &two), 4 << 20);
+        assert_eq!(rcv_mem_total(&cfg, &[Pooled(None)]), DEFAULT_RCV_MEM_TOTAL);
+        assert_eq!(
+            rcv_mem_total(&cfg, &[Pooled(Some(1000))]),
+            MIN_RCV_MEM_TOTAL
+        );
+        cfg.rcv_mem_total = 1 << 30;
+        assert_eq!(rcv_mem_total(&cfg, &two), 1 << 30);
+    }
 
     /// A core on one [`Trickle`] ring (`stuck`: it takes nothing) with `opts`, and one SYN
     /// queued for the ring for each of `n` connections to [`TRICKLE_PEER`].

@@ -418,6 +418,11 @@ impl<D: Device + RawPort, E: Device + RawPort> Device for ExceptionDevice<D, E> 
         self.main.mtu()
     }
 
+    fn rx_mem_budget(&self) -> Option<usize> {
+        // The exception queue's frames go to the kernel, not to the stack's connections.
+        self.main.rx_mem_budget()
+    }
+
     fn stats(&self) -> DeviceStats {
         let mut s = self.main.stats();
         let e = self.exc.stats();

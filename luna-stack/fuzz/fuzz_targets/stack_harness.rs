@@ -35,6 +35,8 @@ use zbuf::Zbuf;
 pub const MAX_CONNECTIONS: usize = 16;
 /// Receive and send buffers.
 pub const BUF: u32 = 64 * 1024;
+/// `StackConfig::rcv_mem_total` here.
+const RCV_MEM_TOTAL: usize = 160 * 1024;
 /// Frames one operation may make the stack emit (a bound, not a tuning: a loop in
 /// poll_transmit shows up here).
 const MAX_FRAMES_PER_OP: usize = 4096;
@@ -106,6 +108,9 @@ pub fn config() -> StackConfig {
     cfg.tcp.rcv_buf = BUF;
     cfg.tcp.snd_buf = BUF;
     cfg.tcp.max_ooo_segments = 64;
+    // The stack-wide receive-memory bound, above one connection's (twice BUF), below
+    // two: one connection reaches its own bound first, two together reach this one.
+    cfg.rcv_mem_total = RCV_MEM_TOTAL;
     // Tail loss probes (on by default; spelled out so that a change of the default does
     // not take them out of the fuzzing): the loss-detection timer's both uses (probe and
     // RACK's reordering timer) are reached.
@@ -272,6 +277,21 @@ impl Harness {
     /// Resource bounds that must hold whatever the peer sends.
     pub fn check_bounds(&self) {
         assert!(self.stack.connection_count() <= MAX_CONNECTIONS);
+        // The stack-wide receive memory is exactly what the connections hold (it is kept
+        // by deltas: it must never drift), and within its bound plus one segment (at
+        // most a 64 KiB frame's buffer with its metadata) per connection.
+        let held = self.stack.held().rcv_mem;
+        let sum: u64 = self
+            .stack
+            .connections()
+            .map(|(_, c)| c.recv_mem() as u64)
+            .sum();
+        assert_eq!(held, sum, "Held::rcv_mem drifted from the connections' sum");
+        let slack = self.stack.connection_count() as u64 * (65_536 + 128);
+        assert!(
+            held <= RCV_MEM_TOTAL as u64 + slack,
+            "receive memory {held} over the stack-wide bound"
+        );
         for &h in &self.handles {
             if let Some(c) = self.stack.connection(h) {
                 assert!(

@@ -52,7 +52,32 @@ pub struct StackConfig {
     /// TTL of every datagram the stack sends (RFC 9293 §3.9.2.1 MUST-49: configurable;
     /// RFC 1122 §3.2.1.7: never 0). Default 64, as Linux's `ip_default_ttl`.
     pub ttl: u8,
+    /// The most receive memory all connections together may hold (bytes of truesize:
+    /// each held buffer's whole object plus its metadata, as
+    /// `Connection::recv_mem` counts it; Linux's `tcp_mem` hard limit). Received payload
+    /// is held zero copy in the NIC's receive buffers, so what connections hold comes out
+    /// of the receive pool that ARP, ACKs and every other connection's segments need too:
+    /// each connection's own bound (twice `TcpConfig::rcv_buf`) does not stop a dozen
+    /// applications that do not read from emptying it. Past this total a connection takes
+    /// only an in-order segment when it has nothing left to read (so every reading
+    /// application makes progress); other data is dropped before it is acknowledged
+    /// (`DropReason::RcvMemoryGlobal`) and the peer retransmits it. Default
+    /// [`DEFAULT_RCV_MEM_TOTAL`]; at least [`MIN_RCV_MEM_TOTAL`]. r2c sets it from the
+    /// device's receive pool (half of it for a DPDK port).
+    pub rcv_mem_total: usize,
 }
+
+/// The default [`StackConfig::rcv_mem_total`]: 8 MiB, about half of a receive pool of
+/// 8,191 2 KiB buffers (r2c's DPDK default) at 2,176 bytes of truesize each, so a stack
+/// that is not told its pool leaves the other half of the common one to the rings and
+/// to control traffic.
+pub const DEFAULT_RCV_MEM_TOTAL: usize = 8 << 20;
+
+/// The least [`StackConfig::rcv_mem_total`]: 64 KiB, about 30 full-sized segments in 2 KiB
+/// buffers. Any positive bound would keep its promise (an in-order segment to a
+/// connection with nothing left to read is always taken), but below a few dozen segments
+/// even one reading connection would have most of every flight dropped.
+pub const MIN_RCV_MEM_TOTAL: usize = 64 << 10;
 
 /// When a listener answers a SYN with a SYN cookie (RFC 4987 §3.6) instead of a
 /// connection in SYN-RECEIVED (Linux's `net.ipv4.tcp_syncookies` 0 / 1 / 2).
@@ -88,6 +113,7 @@ impl StackConfig {
             rst_limit: RstLimit::default(),
             fixed_isn: None,
             ttl: 64,
+            rcv_mem_total: DEFAULT_RCV_MEM_TOTAL,
         }
     }
 }
@@ -111,6 +137,8 @@ pub enum ConfigError {
     Address(Ipv4Cidr, AddressError),
     /// `ttl` is 0 (RFC 1122 §3.2.1.7: a host never sends a datagram with TTL 0).
     Ttl,
+    /// `rcv_mem_total` is below [`MIN_RCV_MEM_TOTAL`].
+    RcvMemTotal(usize),
 }
 
 /// Why an address cannot be an interface's own unicast address (see [`check_host_address`]).
@@ -198,6 +226,10 @@ impl core::fmt::Display for ConfigError {
             ConfigError::Tcp(why) => write!(f, "invalid TCP configuration: {why}"),
             ConfigError::Gateway => f.write_str("the gateway is not on the interface's prefix"),
             ConfigError::Ttl => f.write_str("ttl must be at least 1"),
+            ConfigError::RcvMemTotal(n) => write!(
+                f,
+                "rcv_mem_total {n} is below the minimum {MIN_RCV_MEM_TOTAL} bytes"
+            ),
             ConfigError::Address(addr, why) => write!(
                 f,
                 "{} cannot be the interface address: it is {why}; use a unicast host address",

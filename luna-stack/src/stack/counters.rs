@@ -174,6 +174,13 @@ pub struct Held {
     pub rcvq_bytes: u64,
     /// Bytes in send queues (sent and unacknowledged, and not yet sent).
     pub sndq_bytes: u64,
+    /// The memory behind the received data held, in order and out of order, over every
+    /// connection (the sum of `Connection::recv_mem`: truesize, each buffer's whole
+    /// object plus its metadata): what `StackConfig::rcv_mem_total` bounds, give or take
+    /// one segment per connection. The out-of-order part is synced like the other
+    /// figures; the receive queue's part is counted around the only calls that change it
+    /// (segment input and the application's reads), as the change they made.
+    pub rcv_mem: u64,
 }
 
 /// The most the stack held at once ([`StackCounters::high_water`]): each field of
@@ -197,10 +204,11 @@ impl HighWater {
         h.ooo_bytes = h.ooo_bytes.max(now.ooo_bytes);
         h.rcvq_bytes = h.rcvq_bytes.max(now.rcvq_bytes);
         h.sndq_bytes = h.sndq_bytes.max(now.sndq_bytes);
+        h.rcv_mem = h.rcv_mem.max(now.rcv_mem);
     }
 
     /// `(name, value)` of every mark, in a fixed order (reports).
-    pub fn fields(&self) -> [(&'static str, u64); 7] {
+    pub fn fields(&self) -> [(&'static str, u64); 8] {
         let h = &self.held;
         [
             ("conns_hwm", h.connections),
@@ -210,6 +218,7 @@ impl HighWater {
             ("ooo_bytes_one_conn_hwm", self.ooo_bytes_one_conn),
             ("rcvq_bytes_hwm", h.rcvq_bytes),
             ("sndq_bytes_hwm", h.sndq_bytes),
+            ("rcv_mem_hwm", h.rcv_mem),
         ]
     }
 }

@@ -112,13 +112,13 @@ impl<R: Rng> Stack<R> {
         if count == 1 {
             let payload = pieces.pop().expect("one piece");
             self.rx_run.pieces = pieces;
-            return self.conn_input(now, idx, src, mac, delivered, |c| {
-                c.on_segment_path(now, &seg, payload)
+            return self.conn_input(now, idx, src, mac, delivered, |c, room| {
+                c.on_segment_path(now, &seg, payload, room)
             });
         }
         let (mut merged, mut readable) = (false, 0);
-        self.conn_input(now, idx, src, mac, delivered, |c| {
-            let r = c.on_segment_run(now, &mut seg, &mut pieces, &mut readable);
+        self.conn_input(now, idx, src, mac, delivered, |c, room| {
+            let r = c.on_segment_run(now, &mut seg, &mut pieces, &mut readable, room);
             merged = r.1;
             r
         });
@@ -501,8 +501,8 @@ impl<R: Rng> Stack<R> {
                     return;
                 }
                 let delivered = payload.len() as u32;
-                return self.conn_input(now, idx, src_ip, src_mac, delivered, |c| {
-                    c.on_segment_path(now, &seg, payload)
+                return self.conn_input(now, idx, src_ip, src_mac, delivered, |c, room| {
+                    c.on_segment_path(now, &seg, payload, room)
                 });
             }
             if e.owner == Owner::App {
@@ -519,7 +519,9 @@ impl<R: Rng> Stack<R> {
     /// A segment (or a run of them, `delivered` payload bytes) for live connection `idx`
     /// from `src_ip` at `src_mac`: `input` runs the connection's processing; around it,
     /// the neighbour learnt or confirmed from the segment, the stack's accounting, the
-    /// connection's events, output mark and timer.
+    /// connection's events, output mark and timer. `input` also gets the receive memory
+    /// the stack-wide budget has left ([`Stack::rcv_mem_room`]), computed once per
+    /// segment or run.
     fn conn_input(
         &mut self,
         now: Instant,
@@ -527,8 +529,10 @@ impl<R: Rng> Stack<R> {
         src_ip: Ipv4Addr,
         src_mac: EthernetAddress,
         delivered: u32,
-        input: impl FnOnce(&mut Connection) -> (Disposition, bool),
+        input: impl FnOnce(&mut Connection, usize) -> (Disposition, bool),
     ) {
+        // (`held` is exact here: every change to a connection is synced as it happens.)
+        let room = self.rcv_mem_room();
         let slot = &mut self.slots[idx as usize];
         let gen = slot.gen;
         let Some(e) = slot.entry.as_deref_mut() else {
@@ -553,7 +557,10 @@ impl<R: Rng> Stack<R> {
                 .expect("tuple map is consistent")
         };
         let (una, nxt) = (e.conn.snd_una(), e.conn.rcv_nxt());
-        let (disp, predicted) = input(&mut e.conn);
+        let rcvq_mem = e.conn.rcvq_mem();
+        let (disp, predicted) = input(&mut e.conn, room);
+        let hw = &mut self.counters.high_water;
+        super::slots::rcvq_mem_moved(&mut self.held, hw, rcvq_mem, e.conn.rcvq_mem());
         if disp == Disposition::Remove {
             self.free_slot(idx);
             return;

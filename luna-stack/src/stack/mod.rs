@@ -33,7 +33,10 @@ mod slots;
 mod timerq;
 
 pub use addrs::{LocalAddrError, LocalAddrs, MAX_LOCAL_ADDRS};
-pub use config::{check_host_address, AddressError, ConfigError, StackConfig, SynCookieMode};
+pub use config::{
+    check_host_address, AddressError, ConfigError, StackConfig, SynCookieMode,
+    DEFAULT_RCV_MEM_TOTAL, MIN_RCV_MEM_TOTAL,
+};
 pub use counters::{Held, HighWater, StackCounters, StackDrop};
 pub use egress::{Transmit, TxOffload};
 use rst_limit::RstBucket;
@@ -317,6 +320,9 @@ impl<R: Rng> Stack<R> {
         if cfg.ttl == 0 {
             return Err(ConfigError::Ttl);
         }
+        if cfg.rcv_mem_total < MIN_RCV_MEM_TOTAL {
+            return Err(ConfigError::RcvMemTotal(cfg.rcv_mem_total));
+        }
         cfg.tcp.validate().map_err(ConfigError::Tcp)?;
         if let Some(gw) = cfg.gateway {
             if !cfg.addr.contains_addr(gw) {
@@ -447,6 +453,16 @@ impl<R: Rng> Stack<R> {
     /// queue bytes (the peaks are in [`StackCounters::high_water`]).
     pub fn held(&self) -> Held {
         self.held
+    }
+
+    /// The receive memory the connections may still take under
+    /// [`StackConfig::rcv_mem_total`] (0 when it is reached; it can be passed by one
+    /// segment per connection, see the field).
+    #[inline]
+    fn rcv_mem_room(&self) -> usize {
+        self.cfg
+            .rcv_mem_total
+            .saturating_sub(self.held.rcv_mem as usize)
     }
 
     /// Start a new high-water interval: every mark drops to what is held now (a report
@@ -756,10 +772,12 @@ impl<R: Rng> Stack<R> {
     /// The next received chunk (zero copy); see [`Connection::recv`].
     pub fn recv(&mut self, h: SocketHandle) -> Result<Option<Zbuf>, RecvError> {
         let e = slot_entry(&mut self.slots, h).ok_or(RecvError::InvalidHandle)?;
+        let mem = e.conn.rcvq_mem();
         let r = e.conn.recv();
         if let Ok(Some(b)) = &r {
             // Reading may open the window: a window update may be due.
-            slots::taken(&mut self.dirty, &mut self.held, e, h.idx, b.len());
+            let released = mem - e.conn.rcvq_mem();
+            slots::taken(&mut self.dirty, &mut self.held, e, h.idx, b.len(), released);
         }
         r.map_err(RecvError::from)
     }
@@ -767,10 +785,12 @@ impl<R: Rng> Stack<R> {
     /// Up to `max` received bytes as an io-vector (zero copy).
     pub fn recv_iovec(&mut self, h: SocketHandle, max: usize) -> Result<IoVec, RecvError> {
         let e = slot_entry(&mut self.slots, h).ok_or(RecvError::InvalidHandle)?;
+        let mem = e.conn.rcvq_mem();
         let r = e.conn.recv_iovec(max);
         if let Ok(v) = &r {
             if !v.is_empty() {
-                slots::taken(&mut self.dirty, &mut self.held, e, h.idx, v.len());
+                let released = mem - e.conn.rcvq_mem();
+                slots::taken(&mut self.dirty, &mut self.held, e, h.idx, v.len(), released);
             }
         }
         r.map_err(RecvError::from)

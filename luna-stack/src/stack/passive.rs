@@ -264,11 +264,16 @@ impl<R: Rng> Stack<R> {
             return self.counters.drop(StackDrop::TableFull);
         };
         self.counters.syn_cookies_accepted += 1;
+        // (New: it holds nothing, so an in-order payload is taken whatever the budget.)
+        let room = self.rcv_mem_room();
         let e = self.slots[idx as usize]
             .entry
             .as_deref_mut()
             .expect("just allocated");
-        e.conn.on_segment(now, seg, payload);
+        let before = e.conn.rcvq_mem();
+        e.conn.on_segment_path(now, seg, payload, room);
+        let hw = &mut self.counters.high_water;
+        super::slots::rcvq_mem_moved(&mut self.held, hw, before, e.conn.rcvq_mem());
         self.after_activity(idx, now);
     }
 }

@@ -91,6 +91,7 @@ impl Entry {
             rcvq: q.rcvq,
             sndq: q.sndq,
             time_wait: r.time_wait,
+            ooo_mem: r.ooo_mem,
         }
     }
 
@@ -105,6 +106,7 @@ impl Entry {
             dup: a.dup,
             ooo: a.ooo,
             time_wait: a.time_wait,
+            ooo_mem: a.ooo_mem,
         };
         old
     }
@@ -123,6 +125,11 @@ struct AcctRest {
     dup: u64,
     ooo: u32,
     time_wait: bool,
+    /// The out-of-order queue's memory (`Connection::ooo_mem`; at most twice
+    /// `rcv_buf`, 2^31, plus one segment: it fits). The receive queue's part of
+    /// `Held::rcv_mem` has no share: it is counted by the change as it happens (see
+    /// [`Held::rcv_mem`]).
+    ooo_mem: u32,
 }
 
 /// A connection's share of what the stack holds ([`Held`]), as last counted.
@@ -134,6 +141,8 @@ pub(super) struct Acct {
     rcvq: u32,
     sndq: u32,
     time_wait: bool,
+    /// `Connection::ooo_mem`, in `Held::rcv_mem`.
+    ooo_mem: u32,
 }
 
 impl Acct {
@@ -144,6 +153,7 @@ impl Acct {
             rcvq: c.recv_available() as u32,
             sndq: c.send_queued() as u32,
             time_wait: c.state() == State::TimeWait,
+            ooo_mem: c.ooo_mem() as u32,
         }
     }
 }
@@ -163,6 +173,7 @@ fn account_entry(held: &mut Held, counters: &mut StackCounters, e: &mut Entry) {
     held.rcvq_bytes = held.rcvq_bytes + u64::from(now.rcvq) - u64::from(old.rcvq);
     held.sndq_bytes = held.sndq_bytes + u64::from(now.sndq) - u64::from(old.sndq);
     held.time_wait = held.time_wait + u64::from(now.time_wait) - u64::from(old.time_wait);
+    held.rcv_mem = held.rcv_mem + u64::from(now.ooo_mem) - u64::from(old.ooo_mem);
     let hw = &mut counters.high_water;
     hw.raise(held);
     hw.ooo_bytes_one_conn = hw.ooo_bytes_one_conn.max(u64::from(now.ooo));
@@ -314,6 +325,8 @@ impl<R: Rng> Stack<R> {
             h.rcvq_bytes -= u64::from(a.rcvq);
             h.sndq_bytes -= u64::from(a.sndq);
             h.time_wait -= u64::from(a.time_wait);
+            // (The receive queue's part is what it holds now: see `Held::rcv_mem`.)
+            h.rcv_mem -= u64::from(a.ooo_mem) + e.conn.rcvq_mem() as u64;
             if e.counted_half_open {
                 h.half_open = h.half_open.saturating_sub(1);
             }
@@ -493,7 +506,8 @@ impl<R: Rng> Stack<R> {
 
 /// Sync `e`'s share after a segment that took header prediction, which changes the two
 /// queues and nothing else accounted: `delivered` payload bytes joined the receive queue
-/// (all of it, or none), and an ACK of new data (`acked`) shrank the send queue.
+/// (all of it, or none), and an ACK of new data (`acked`) shrank the send queue. (Their
+/// memory was counted by `rcvq_mem_moved`.)
 #[inline(always)]
 pub(super) fn predicted_account(
     held: &mut Held,
@@ -600,12 +614,21 @@ pub(super) fn queued(
     );
 }
 
-/// After `recv`/`recv_iovec` took `n` bytes from `e` (`n > 0`): mark it (a window
+/// After `recv`/`recv_iovec` took `n` bytes from `e` (`n > 0`), releasing `released`
+/// bytes of receive memory (none when it took part of a buffer): mark it (a window
 /// update may be due) and count the bytes.
 #[inline(always)]
-pub(super) fn taken(dirty: &mut VecDeque<u32>, held: &mut Held, e: &mut Entry, idx: u32, n: usize) {
+pub(super) fn taken(
+    dirty: &mut VecDeque<u32>,
+    held: &mut Held,
+    e: &mut Entry,
+    idx: u32,
+    n: usize,
+    released: usize,
+) {
     mark_entry(dirty, e, idx);
     shrink(&mut e.acct_q.rcvq, &mut held.rcvq_bytes, n as u32);
+    held.rcv_mem -= released as u64;
     debug_assert_eq!(
         e.acct(),
         Acct::of(&e.conn),
@@ -642,6 +665,20 @@ pub(super) fn schedule_entry(
     gen: u32,
 ) {
     timers.schedule(idx, gen, e.conn.poll_timeout());
+}
+
+/// Counts in `held` (and its mark) the change of a connection's receive-queue memory from
+/// `before` to `after`, around the one call that changed it: segment input or a read.
+/// That part of `Held::rcv_mem` has no per-entry share (the entry's hot lines have no
+/// room for one); it stays exact because only those calls change it, and every one of
+/// them is bracketed so (`held_is_the_recount_after_every_call_on_every_path` and the
+/// fuzz harness check the total against the sum over the connections).
+#[inline(always)]
+pub(super) fn rcvq_mem_moved(held: &mut Held, hw: &mut HighWater, before: usize, after: usize) {
+    held.rcv_mem = held.rcv_mem + after as u64 - before as u64;
+    if held.rcv_mem > hw.held.rcv_mem {
+        hw.held.rcv_mem = held.rcv_mem;
+    }
 }
 
 #[cfg(test)]

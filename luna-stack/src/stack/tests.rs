@@ -1457,6 +1457,14 @@ fn bad_configs_are_refused_with_a_reason() {
             "send_burst {n}"
         );
     }
+    let mut c = cfg(MAC_A, ip_a());
+    c.rcv_mem_total = MIN_RCV_MEM_TOTAL - 1;
+    let e = Stack::new(c, FakeRng::new(1)).err();
+    assert_eq!(e, Some(ConfigError::RcvMemTotal(MIN_RCV_MEM_TOTAL - 1)));
+    assert!(e.unwrap().to_string().contains("rcv_mem_total"));
+    let mut c = cfg(MAC_A, ip_a());
+    c.rcv_mem_total = MIN_RCV_MEM_TOTAL;
+    assert!(Stack::new(c, FakeRng::new(1)).is_ok());
 }
 
 /// Regression: 0.0.0.0, broadcast, multicast, loopback and network addresses were accepted
@@ -3028,6 +3036,7 @@ fn recount(s: &Stack<FakeRng>) -> (Held, u64) {
         h.rcvq_bytes += c.recv_available() as u64;
         h.sndq_bytes += c.send_queued() as u64;
         h.time_wait += u64::from(c.state() == State::TimeWait);
+        h.rcv_mem += c.recv_mem() as u64;
         dup += c.dup_bytes_in();
     }
     (h, dup)
@@ -3059,6 +3068,8 @@ fn held_is_the_recount_after_every_call_on_every_path() {
                 (held.sndq_bytes, held.time_wait),
                 (h.sndq_bytes, h.time_wait)
             );
+            assert_eq!(held.rcv_mem, h.rcv_mem);
+            assert!(st.counters().high_water.held.rcv_mem >= held.rcv_mem);
             // (Cumulative: a reclaimed connection's repeats stay counted.)
             if st.connection_count() == 1 {
                 assert_eq!(st.counters().dup_bytes_in, dup);
@@ -4630,4 +4641,250 @@ fn header_prediction_below_tcp_forgets_a_removed_address() {
     net.b.set_addresses(t(0), &[]).unwrap();
     net.b.handle_frame(t(0), Zbuf::copy_from_slice(&f));
     assert_eq!(net.b.counters().drops(StackDrop::NotForUs), 2);
+}
+
+// -------------------------------------------------------------------------------------------
+// Receive memory across connections (`StackConfig::rcv_mem_total`)
+// -------------------------------------------------------------------------------------------
+
+/// The most one received segment costs in this harness: its frame (a heap buffer of the
+/// frame's length, 1,514 bytes at most) plus the per-segment overhead.
+const SEG_TRUESIZE_MAX: u64 = 1514 + crate::tcp::SEG_OVERHEAD as u64;
+
+/// `Held::rcv_mem` is the sum of the connections' `recv_mem` (it is kept by deltas: it
+/// must never drift), and returns it.
+fn rcv_mem_exact(s: &Stack<FakeRng>) -> u64 {
+    let sum: u64 = s.connections().map(|(_, c)| c.recv_mem() as u64).sum();
+    assert_eq!(s.held().rcv_mem, sum, "the stack-wide total drifted");
+    sum
+}
+
+/// A stream per connection, distinct for each.
+fn streams(n: usize, len: usize) -> Vec<Zbuf> {
+    (0..n)
+        .map(|i| Zbuf::copy_from_slice(&pattern(len, i as u8)))
+        .collect()
+}
+
+/// Queues on each client what is left of its stream (the send buffer takes what fits).
+fn send_rest(net: &mut Net, clients: &[SocketHandle], data: &[Zbuf], sent: &mut [usize]) {
+    for (i, &c) in clients.iter().enumerate() {
+        if sent[i] < data[i].len() {
+            sent[i] += net.a.send(c, &data[i].slice(sent[i]..)).unwrap_or(0);
+        }
+    }
+}
+
+/// Reads everything `s` has for the application into `got`.
+fn read_into(st: &mut Stack<FakeRng>, s: SocketHandle, got: &mut Vec<u8>) {
+    while let Ok(Some(b)) = st.recv(s) {
+        got.extend_from_slice(&b);
+    }
+}
+
+/// B with 64 KiB windows and a stack-wide receive-memory bound of `total` bytes.
+fn rmem_net(total: usize) -> Net {
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.tcp.rcv_buf = 64 << 10;
+    cb.rcv_mem_total = total;
+    Net::new(cfg(MAC_A, ip_a()), cb)
+}
+
+/// The outside tester's case: 20 connections whose applications never read, each sent
+/// full-sized segments up to its window, would hold about 1.4 MB; the stack holds at
+/// most its 256 KiB bound plus one segment per connection, at every step (and the
+/// total is exactly the sum over its connections). Meanwhile one more connection whose
+/// application reads everything gets its whole stream, intact and in order. Then the
+/// others read: every stream arrives whole and in order, so nothing refused was lost
+/// (refused segments were never acknowledged; their peers sent them again).
+#[test]
+fn rcv_mem_total_bounds_non_reading_connections_and_readers_progress() {
+    const N: usize = 20;
+    let total = 256 << 10;
+    let mut net = rmem_net(total);
+    let l = net.b.listen(7000, 64).unwrap();
+    let (clients, servers) = net.establish(l, N + 1);
+    // Servers 0..N never read until the end; server N reads everything, every step.
+    let data = streams(N + 1, 128 << 10);
+    let mut sent = vec![0; N + 1];
+    let mut got: Vec<Vec<u8>> = vec![Vec::new(); N + 1];
+    let bound = total as u64 + (N as u64 + 1) * SEG_TRUESIZE_MAX;
+    let mut peak = 0;
+    let reader = servers[N];
+    for _ in 0..200_000 {
+        send_rest(&mut net, &clients, &data, &mut sent);
+        read_into(&mut net.b, reader, &mut got[N]);
+        let held = rcv_mem_exact(&net.b);
+        assert!(held <= bound, "{held} held, bound {bound}");
+        peak = peak.max(held);
+        if got[N].len() == data[N].len() {
+            break;
+        }
+        if !net.step() {
+            break;
+        }
+        let held = rcv_mem_exact(&net.b);
+        assert!(held <= bound, "{held} held, bound {bound}");
+        peak = peak.max(held);
+    }
+    assert_eq!(
+        got[N],
+        data[N].as_slice(),
+        "the reader's stream, intact and in order"
+    );
+    // Their peers were told a zero window (`WndNoMem`), so they probe instead of backing
+    // off until R2 gives up: without it every one of them had timed out by now.
+    for &c in &clients {
+        assert_eq!(net.a.state(c), Some(State::Established));
+    }
+    let k = net.b.tcp_counters();
+    assert!(
+        k.drops(crate::tcp::DropReason::RcvMemoryGlobal) > 0,
+        "the bound was what held the others back: {k:?}"
+    );
+    // The bound was reached (the non-readers together would hold far more).
+    assert!(peak >= total as u64 - 2 * SEG_TRUESIZE_MAX, "peak {peak}");
+    assert!(net.b.counters().high_water.held.rcv_mem >= peak);
+    // The non-reading applications read now: everything arrives.
+    net.run_until(
+        |n| {
+            send_rest(n, &clients, &data, &mut sent);
+            for (i, &s) in servers.iter().enumerate() {
+                read_into(&mut n.b, s, &mut got[i]);
+            }
+            let held = rcv_mem_exact(&n.b);
+            assert!(held <= bound, "{held} held, bound {bound}");
+            got.iter().zip(&data).all(|(g, d)| g.len() == d.len())
+        },
+        400_000,
+    );
+    for (i, (g, d)) in got.iter().zip(&data).enumerate() {
+        assert!(
+            g == d.as_slice(),
+            "connection {i}: its stream, intact and in order"
+        );
+    }
+    assert_eq!(rcv_mem_exact(&net.b), 0);
+}
+
+/// Below the bound nothing changes: full-sized segments to connections whose
+/// applications do not read, together well under the default bound, are all taken by
+/// header prediction with no drop of any kind, and the total is what they hold.
+#[test]
+fn below_rcv_mem_total_full_sized_segments_take_the_fast_path_without_drops() {
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.tcp.rcv_buf = 64 << 10;
+    assert_eq!(cb.rcv_mem_total, DEFAULT_RCV_MEM_TOTAL);
+    let mut net = Net::new(cfg(MAC_A, ip_a()), cb);
+    let l = net.b.listen(7000, 16).unwrap();
+    let (clients, servers) = net.establish(l, 4);
+    let fast_before = net.b.tcp_counters().fast_path_hits;
+    let segs_before = net.b.tcp_counters().segs_in;
+    // Each stream fits its window: the applications need not read for it to arrive.
+    let data = streams(4, 60_000);
+    let mut sent = vec![0; 4];
+    net.run_until(
+        |n| {
+            send_rest(n, &clients, &data, &mut sent);
+            servers
+                .iter()
+                .zip(&data)
+                .all(|(&s, d)| n.b.connection(s).unwrap().recv_available() == d.len())
+        },
+        100_000,
+    );
+    let k = net.b.tcp_counters();
+    assert_eq!(k.drops.iter().sum::<u64>(), 0, "{k:?}");
+    assert_eq!(
+        k.fast_path_hits - fast_before,
+        k.segs_in - segs_before,
+        "every segment took header prediction"
+    );
+    let held = rcv_mem_exact(&net.b);
+    assert!(held > 4 * 60_000 && held < DEFAULT_RCV_MEM_TOTAL as u64 / 16);
+    for (i, &s) in servers.iter().enumerate() {
+        let mut got = Vec::new();
+        read_into(&mut net.b, s, &mut got);
+        assert!(got == data[i].as_slice());
+    }
+    assert_eq!(rcv_mem_exact(&net.b), 0);
+}
+
+/// The bound holds on every input path, and the total never drifts: with frames lost
+/// and reordered (out-of-order queues, SACK recovery, collapses of nothing), coalesced
+/// runs, applications that read in uneven io-vectors and connections that are reset
+/// with data unread, `Held::rcv_mem` is the sum over the connections after every step.
+#[test]
+fn rcv_mem_total_is_the_sum_over_connections_under_loss_runs_and_resets() {
+    const N: usize = 8;
+    let total = 96 << 10;
+    let mut net = rmem_net(total);
+    net.coalesce = true;
+    let mut n = 0u64;
+    net.drop = Box::new(move |from_a, bytes| {
+        n += 1;
+        from_a && bytes.len() > 100 && n % 13 == 0
+    });
+    let l = net.b.listen(7000, 64).unwrap();
+    let (clients, servers) = net.establish(l, N);
+    let data = streams(N, 96 << 10);
+    let mut sent = vec![0; N];
+    let mut got: Vec<Vec<u8>> = vec![Vec::new(); N];
+    let bound = total as u64 + N as u64 * SEG_TRUESIZE_MAX;
+    for step in 0..300_000u64 {
+        send_rest(&mut net, &clients, &data, &mut sent);
+        // Connection i reads every (i + 1)th step, in io-vectors of uneven sizes.
+        for (i, &s) in servers.iter().enumerate().skip(1) {
+            if step % (i as u64 + 1) == 0 {
+                if let Ok(v) = net.b.recv_iovec(s, 1000 + 777 * i) {
+                    for c in v.chunks() {
+                        got[i].extend_from_slice(c);
+                    }
+                }
+            }
+        }
+        // Connection 0 is reset by its application with data unread, once it holds some.
+        if step > 0
+            && net
+                .b
+                .connection(servers[0])
+                .is_some_and(|c| c.recv_available() > 0)
+        {
+            net.b.abort(servers[0]);
+        }
+        assert!(rcv_mem_exact(&net.b) <= bound);
+        if got
+            .iter()
+            .zip(&data)
+            .skip(1)
+            .all(|(g, d)| g.len() == d.len())
+        {
+            break;
+        }
+        net.step();
+        assert!(rcv_mem_exact(&net.b) <= bound);
+    }
+    for i in 1..N {
+        assert!(got[i] == data[i].as_slice(), "connection {i}");
+    }
+    // The bound was reached and refused segments (so the checks above saw pressure).
+    let k = net.b.tcp_counters();
+    assert!(
+        k.drops(crate::tcp::DropReason::RcvMemoryGlobal) > 0,
+        "{k:?}"
+    );
+    for &s in &servers[1..] {
+        net.b.close(s);
+    }
+    for &c in &clients {
+        net.a.close(c);
+    }
+    for _ in 0..100_000 {
+        rcv_mem_exact(&net.b);
+        if !net.step() {
+            break;
+        }
+    }
+    assert_eq!(net.b.connection_count(), 0);
+    assert_eq!(rcv_mem_exact(&net.b), 0);
 }

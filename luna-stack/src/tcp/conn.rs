@@ -302,8 +302,9 @@ pub struct Connection {
     /// The application released its handle: nobody reads or writes any more.
     orphaned: bool,
     sack_ok: bool,
-    /// Window scaling was negotiated.
-    wscale_ok: bool,
+    /// A segment was refused for receive memory ([`WndNoMem`]): the next ACK advertises
+    /// a zero window, and the application's next read announces the real one.
+    wnd_nomem: WndNoMem,
     /// A keepalive probe is due at the next poll.
     send_keepalive: bool,
     /// A zero-window probe is due at the next poll.
@@ -323,17 +324,16 @@ pub struct Connection {
 
     // Queues and the per-ACK state of loss recovery and congestion control, each hot part
     // line-aligned (checked by `hot_fields_share_the_first_cache_lines`): the counters end at
-    // byte 512; the receive queue, its memory and 24 cold bytes fill the next line, the
-    // assembler's hot 48 bytes start the one after, and 8 cold bytes after the assembler
-    // align the send queue and the scoreboard.
+    // byte 520 (their cold tail, the drop reasons, reaches 8 bytes into the next line); the
+    // receive queue, its memory and 16 cold bytes fill that line, the assembler's hot 48
+    // bytes start the one after, and 8 cold bytes after the assembler align the send queue
+    // and the scoreboard.
     rcvq: VecDeque<Zbuf>,
     /// The memory behind `rcvq` (each buffer's [`Payload::truesize`]): with the
     /// out-of-order queue's, bounded by [`Connection::rcv_mem_limit`].
     rcvq_mem: usize,
     /// NewReno's inflated window while recovering without SACK (RFC 6582 §3.2).
     inflation: RecoveryInflation,
-    iss: SeqNum,
-    irs: SeqNum,
     /// RFC 6582 `recover` of the previous recovery, to avoid entering twice for one window;
     /// once SND.UNA passes it, it follows SND.UNA (compared modulo 2^32, it must not fall
     /// 2^31 behind).
@@ -361,6 +361,13 @@ pub struct Connection {
     passive: bool,
     /// The SYN (or SYN-ACK) was retransmitted: RFC 6298 §5.7 applies once established.
     syn_retransmitted: bool,
+    /// Window scaling was negotiated (read at the handshake only: it sits in padding
+    /// here, leaving its hot byte to `wnd_nomem`).
+    wscale_ok: bool,
+    // ISS and IRS (RFC 9293 §3.3.1), read at the handshake: here rather than after the
+    // receive queue, whose line they shared until the counters grew by a drop reason.
+    iss: SeqNum,
+    irs: SeqNum,
     /// The largest segment payload received while delaying ACKs (at least RFC 9293's
     /// default MSS, 536): the peer's full-sized segment (§3.8.6.3), its MSS less the options
     /// it sends.
@@ -519,6 +526,7 @@ impl Connection {
             last_rcv: now,
             last_wnd_field: 0,
             ack_now: false,
+            wnd_nomem: WndNoMem::No,
             dupacks_owed: 0,
             last_ack_sent: SeqNum(0),
             ts,
@@ -971,6 +979,18 @@ impl Connection {
         self.rcvq_mem + self.ooo.mem()
     }
 
+    /// The receive queue's part of [`Connection::recv_mem`] (the stack accounts the two
+    /// parts apart: reads and header-predicted segments change only this one).
+    #[inline(always)]
+    pub(crate) fn rcvq_mem(&self) -> usize {
+        self.rcvq_mem
+    }
+
+    /// The out-of-order queue's part of [`Connection::recv_mem`].
+    pub(crate) fn ooo_mem(&self) -> usize {
+        self.ooo.mem()
+    }
+
     /// The bound on [`Connection::recv_mem`]: twice `TcpConfig::rcv_buf`, as Linux sizes
     /// its receive buffer (rcvbuf) twice the window it offers (`tcp_adv_win_scale` 1).
     /// Full-sized segments in 2 KiB buffers (truesize about 1.5 times their bytes) fill
@@ -1041,6 +1061,13 @@ impl Connection {
     /// it grows by at least min(half the buffer, one MSS).
     fn on_app_read(&mut self) {
         if !self.state.is_synchronized() || self.fin_rcvd {
+            return;
+        }
+        if self.wnd_nomem != WndNoMem::No {
+            // A zero window went out (or is about to) because memory ran out: what the
+            // read freed opens it again at once, instead of at the peer's next probe.
+            self.wnd_nomem = WndNoMem::No;
+            self.ack_now = true;
             return;
         }
         let new_edge = self.rcv_nxt + self.rcv_wnd();
@@ -1115,6 +1142,21 @@ impl Connection {
         self.ack_now = false;
         self.rexmit_now = None;
     }
+}
+
+/// A zero-window ACK for a segment refused for receive memory (Linux's `ICSK_ACK_NOMEM`,
+/// since 6.5): the refused data is not acknowledged, and without a zero window its
+/// sender would see only silence, back its retransmission timer off and give up after
+/// R2 (`max_retries`) while the application simply had not read yet. A zero window turns
+/// that into zero-window probing, which the answered probes keep alive (RFC 9293
+/// §3.8.6.1), and the window reopens when the application reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WndNoMem {
+    No,
+    /// The next segment advertises a zero window.
+    Pending,
+    /// A zero window went out; the next read announces the real one.
+    Sent,
 }
 
 mod input;

@@ -26,11 +26,17 @@ pub enum DropReason {
     /// (`TcpConfig::rcv_buf`, twice) after collapsing; the new segment was dropped before
     /// it was acknowledged, a loss the peer repairs (Linux: TCPRcvQDrop, TCPOFODrop).
     RcvMemory,
+    /// Receive memory across connections: the segment fitted the connection's own bound
+    /// but the stack's connections together held `StackConfig::rcv_mem_total`, and it
+    /// was not an in-order segment for a connection with nothing left to read (which is
+    /// always taken); dropped before it was acknowledged, a loss the peer repairs once
+    /// applications read (Linux: `tcp_mem` over its hard limit, TCPRcvQDrop).
+    RcvMemoryGlobal,
 }
 
 impl DropReason {
     /// Every reason, in a fixed order (for reports).
-    pub const ALL: [DropReason; 10] = [
+    pub const ALL: [DropReason; 11] = [
         DropReason::OutOfWindow,
         DropReason::Paws,
         DropReason::BadAck,
@@ -41,6 +47,7 @@ impl DropReason {
         DropReason::RcvBufFull,
         DropReason::DataAfterFin,
         DropReason::RcvMemory,
+        DropReason::RcvMemoryGlobal,
     ];
 
     /// A short stable name for reports.
@@ -56,6 +63,7 @@ impl DropReason {
             DropReason::RcvBufFull => "rcv_buf_full",
             DropReason::DataAfterFin => "data_after_fin",
             DropReason::RcvMemory => "rcv_memory",
+            DropReason::RcvMemoryGlobal => "rcv_memory_global",
         }
     }
 

@@ -24,6 +24,7 @@ pub(crate) mod syncookie;
 /// Re-exported from the wire layer, which owns it (TCP headers carry it); kept here
 /// because the TCP layer is where users import it from.
 pub use crate::wire::SeqNum;
+pub use assembler::SEG_OVERHEAD;
 pub use config::TcpConfig;
 pub use conn::{
     CloseReason, Connection, Disposition, Events, FourTuple, OutSegment, RecvError, SendError,

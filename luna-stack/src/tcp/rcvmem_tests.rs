@@ -163,7 +163,7 @@ fn tiny_in_order_segments_in_runs_pin_a_bounded_number_of_receive_buffers() {
         let mut seg = data_seg(PEER_ISS + 1 + 32 * k as u32, 1);
         let mut pieces: Vec<Zbuf> = run.iter().map(|b| nic.rx(&[*b])).collect();
         let mut readable = 0;
-        let _ = c.on_segment_run(t(2), &mut seg, &mut pieces, &mut readable);
+        let _ = c.on_segment_run(t(2), &mut seg, &mut pieces, &mut readable, usize::MAX);
         acks(&mut c, t(2), &mut acked);
         most_pinned = most_pinned.max(nic.pinned());
         assert!(c.recv_mem() <= bound(rcv_buf), "{} held", c.recv_mem());
@@ -290,4 +290,67 @@ fn full_sized_segments_fill_the_window_without_a_collapse() {
         (0, 0, 0),
         "{k:?}"
     );
+}
+
+/// The stack-wide bound as the connection sees it (`room`, what the stack's other
+/// connections leave): a segment that does not fit is refused before it is acknowledged,
+/// under its own drop reason, and answered at once with a zero window (so its sender
+/// probes rather than backing off until it gives up); the window already announced still
+/// counts. The application's read announces the window again at once, and an in-order
+/// segment to a connection with nothing left to read is taken with no room at all
+/// (every reading application makes progress), while an out-of-order one is not.
+#[test]
+fn a_segment_over_the_stack_wide_bound_is_refused_with_a_zero_window() {
+    let mut c = established(cfg(64 << 10));
+    let mut nic = Nic::default();
+    let data = stream(3000);
+    let seg = |i: usize| data_seg(PEER_ISS + 1 + (i * 1000) as u32, 1000);
+    let piece = |nic: &mut Nic, i: usize| nic.rx(&data[i * 1000..(i + 1) * 1000]);
+    let window_of = |c: &mut Connection| {
+        let mut w = Vec::new();
+        while let Some(s) = c.poll_segment(t(2)) {
+            w.push((s.repr.ack.0.wrapping_sub(PEER_ISS + 1), s.repr.window));
+        }
+        w
+    };
+    // Room for it: taken by header prediction.
+    let p = piece(&mut nic, 0);
+    let _ = c.on_segment_path(t(2), &seg(0), p, usize::MAX);
+    assert_eq!(c.counters.fast_path_hits, 1);
+    let w = window_of(&mut c);
+    assert!(w.iter().all(|&(a, wnd)| a == 1000 && wnd > 0), "{w:?}");
+    // No room, data still unread: refused, counted apart, and a zero window at once.
+    let p = piece(&mut nic, 1);
+    let (_, predicted) = c.on_segment_path(t(2), &seg(1), p, 0);
+    assert!(!predicted);
+    assert_eq!(c.counters.drops(DropReason::RcvMemoryGlobal), 1);
+    assert_eq!(c.counters.drops(DropReason::RcvMemory), 0);
+    assert_eq!(
+        window_of(&mut c),
+        vec![(1000, 0)],
+        "not acknowledged, zero window"
+    );
+    // Out of order, no room: refused too (nothing to prune but itself).
+    let p = piece(&mut nic, 2);
+    let _ = c.on_segment_path(t(2), &seg(2), p, 0);
+    assert_eq!(c.counters.drops(DropReason::RcvMemoryGlobal), 2);
+    assert_eq!(c.ooo_bytes(), 0);
+    assert_eq!(window_of(&mut c), vec![(1000, 0)]);
+    assert_eq!(read_all(&mut c), &data[..1000]);
+    let w = window_of(&mut c);
+    assert!(
+        w.len() == 1 && w[0].0 == 1000 && w[0].1 > 0,
+        "the read reopens the window at once: {w:?}"
+    );
+    // Nothing left to read: the in-order segment is taken with no room (and the next
+    // one after it: the window announced before the zero one still counts, RFC 7323
+    // §2.4).
+    let p = piece(&mut nic, 1);
+    let _ = c.on_segment_path(t(2), &seg(1), p, 0);
+    assert_eq!(c.counters.drops(DropReason::RcvMemoryGlobal), 2);
+    let w = window_of(&mut c);
+    assert!(w.iter().any(|&(a, wnd)| a == 2000 && wnd > 0), "{w:?}");
+    let p = piece(&mut nic, 2);
+    let _ = c.on_segment_path(t(2), &seg(2), p, usize::MAX);
+    assert_eq!(read_all(&mut c), &data[1000..]);
 }

@@ -104,6 +104,22 @@ fn auto_tx_copy_max(driver: &str, zero_copy: bool) -> usize {
     }
 }
 
+/// [`Device::rx_mem_budget`] of each of a port's queues: half the port's receive pool, in
+/// the stack's truesize (each buffer's object plus `SEG_OVERHEAD`), shared equally by the
+/// queues (one stack per core polls each; they all draw on the one pool). Received
+/// payload is held zero copy in these buffers, so what connections hold whose
+/// applications do not read comes out of the pool everything else needs: the rx rings
+/// must be refilled, and ARP, ACKs, FINs and the other connections' segments arrive in
+/// the same buffers. Half leaves the rings (at most `rx_desc` per queue, and
+/// `rx_mbufs` must exceed them all) and that traffic the other half.
+/// (The pool's objects are the slab class that holds `rx_buf_size`, at least that: at
+/// the budget at most half the buffers are held.)
+fn rx_mem_budget(cfg: &DpdkDeviceConfig) -> usize {
+    let truesize = cfg.rx_buf_size + luna_stack::tcp::SEG_OVERHEAD;
+    let pool = cfg.rx_mbufs as usize * truesize;
+    pool / 2 / usize::from(cfg.queues.max(1))
+}
+
 /// Configuration of [`DpdkDevice::open`].
 #[derive(Debug, Clone)]
 pub struct DpdkDeviceConfig {
@@ -417,6 +433,8 @@ pub struct DpdkDevice {
     caps: ChecksumCaps,
     offload: bool,
     tx_copy_max: usize,
+    /// [`Device::rx_mem_budget`]: this queue's share of half the port's receive pool.
+    rx_mem_budget: usize,
     stats: DeviceStats,
     dstats: DpdkStats,
     rx_copied: u64,
@@ -671,6 +689,7 @@ impl DpdkDevice {
                 // Mbuf offload flags only for what the hardware does.
                 offload: hw_caps != ChecksumCaps::software(),
                 tx_copy_max,
+                rx_mem_budget: rx_mem_budget(cfg),
                 stats: DeviceStats::default(),
                 dstats: DpdkStats::default(),
                 rx_copied: 0,
@@ -1196,6 +1215,10 @@ impl Device for DpdkDevice {
         self.mtu
     }
 
+    fn rx_mem_budget(&self) -> Option<usize> {
+        Some(self.rx_mem_budget)
+    }
+
     fn stats(&self) -> DeviceStats {
         let mut s = self.stats;
         s.copied_bytes = self.rx_copied + self.tx_copied + self.tx.stats().copied_bytes;
@@ -1575,6 +1598,19 @@ mod tests {
         assert!(memif_quiesce("net_memif0,socket=/x,socket-abstract=yes", Duration::ZERO).is_err());
         assert!(memif_quiesce("net_memif0,role=client", Duration::ZERO).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A port's queues share half its receive pool, counted as the stack counts held
+    /// buffers: the default 8,191 buffers of 2 KiB give each of two queues a quarter.
+    #[test]
+    fn the_receive_memory_budget_is_half_the_pool_shared_by_the_queues() {
+        let mut c = DpdkDeviceConfig::new("net_null0");
+        let truesize = 2048 + luna_stack::tcp::SEG_OVERHEAD;
+        assert_eq!(rx_mem_budget(&c), 8191 * truesize / 2);
+        c.queues = 2;
+        assert_eq!(rx_mem_budget(&c), 8191 * truesize / 4);
+        // What the budget pins at most: half the pool's buffers.
+        assert!(rx_mem_budget(&c) * 2 / truesize <= 8191 / 2);
     }
 
     #[test]

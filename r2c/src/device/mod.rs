@@ -183,6 +183,15 @@ pub trait Device {
         None
     }
 
+    /// The receive memory the stack of the core polling this queue may hold
+    /// (`StackConfig::rcv_mem_total`, truesize bytes), when the device receives into a
+    /// fixed pool that received payload, held zero copy, takes buffers from: `None` for
+    /// devices without one (the stack's default then applies). The core sums it over its
+    /// queues.
+    fn rx_mem_budget(&self) -> Option<usize> {
+        None
+    }
+
     /// Changes of the kernel's mirrored tables (neighbours, routes, addresses) since the
     /// last call; the core applies them to its stack once per poll iteration. Nothing on
     /// devices without mirroring; with mirroring, one atomic load when nothing changed.

@@ -715,7 +715,8 @@ fn core_counters(reports: &[CoreReport]) -> Value {
         "tlp_probes": tcp.tlp_probes,
         "rack_recoveries": tcp.rack_recoveries,
         // Receive memory: buffers copied out of tiny segments, out-of-order bytes given
-        // up for in-order ones (luna-stack `admit_rcv_mem`; drops under rcv_memory).
+        // up for in-order ones (luna-stack `admit_rcv_mem`; drops under rcv_memory, and
+        // rcv_memory_global past the stack-wide bound, in tcp_drops_by_reason).
         "rcv_collapsed": tcp.rcv_collapsed,
         "rcv_pruned": tcp.rcv_pruned,
         "stack_drops": drops,

@@ -9,25 +9,33 @@ impl Connection {
     // ---------------------------------------------------------------------------------------
 
     /// Process one segment addressed to this connection. `payload` is the TCP payload, a
-    /// zero-copy slice of the received frame.
+    /// zero-copy slice of the received frame. No stack-wide receive-memory budget applies
+    /// (only the connection's own bound, [`Connection::rcv_mem_limit`]).
     pub fn on_segment(&mut self, now: Instant, seg: &TcpRepr, payload: Zbuf) -> Disposition {
-        self.on_segment_path(now, seg, payload).0
+        self.on_segment_path(now, seg, payload, usize::MAX).0
     }
 
     /// [`Connection::on_segment`], and whether header prediction took the segment: then
     /// only the receive queue (in-order data) and the send queue (an ACK) changed; the
     /// state, the out-of-order queue and its counters did not (the stack's accounting
     /// relies on it).
+    ///
+    /// `room`: the receive memory (truesize) the stack's other connections leave to this
+    /// one beyond what it holds now (`StackConfig::rcv_mem_total` less the stack's
+    /// total; `usize::MAX` for none). A segment that would take more is refused as
+    /// [`DropReason::RcvMemoryGlobal`] unless it is in order and nothing is left to read
+    /// (see [`admit_rcv_mem`](Self::admit_rcv_mem)).
     pub(crate) fn on_segment_path(
         &mut self,
         now: Instant,
         seg: &TcpRepr,
         payload: Zbuf,
+        room: usize,
     ) -> (Disposition, bool) {
         self.counters.segs_in += 1;
         self.last_rcv = now;
         if self.cfg.header_prediction
-            && self.header_predicted(seg, payload.len(), payload.truesize())
+            && self.header_predicted(seg, payload.len(), payload.truesize(), room)
         {
             self.on_segment_predicted(now, seg, payload);
             return (Disposition::Keep, true);
@@ -39,7 +47,13 @@ impl Connection {
                 self.arm_timers(now);
                 Disposition::Keep
             }
-            _ => self.on_segment_synchronized(now, seg, payload),
+            _ => {
+                // The most this connection may hold under the stack-wide budget, fixed
+                // for the whole segment (the full path only; nothing before the data
+                // check changes the held memory).
+                let cap = self.recv_mem().saturating_add(room);
+                self.on_segment_synchronized(now, seg, payload, cap)
+            }
         };
         (d, false)
     }
@@ -52,18 +66,20 @@ impl Connection {
     /// turn (`seg.seq` advanced), as frame-by-frame input would. Either way the state
     /// afterwards is what one call per segment leaves. `pieces` is drained; `readable` is
     /// set to how many segments made the connection readable (the events frame-by-frame
-    /// input would have announced).
+    /// input would have announced). `room` is the stack-wide budget left, as for
+    /// [`on_segment_path`](Self::on_segment_path), before the run.
     pub(crate) fn on_segment_run(
         &mut self,
         now: Instant,
         seg: &mut TcpRepr,
         pieces: &mut Vec<Zbuf>,
         readable: &mut u32,
+        room: usize,
     ) -> (Disposition, bool) {
         let (total, mem) = pieces
             .iter()
             .fold((0, 0), |(n, m), p| (n + p.len(), m + p.truesize()));
-        if self.cfg.header_prediction && self.header_predicted(seg, total, mem) {
+        if self.cfg.header_prediction && self.header_predicted(seg, total, mem, room) {
             self.counters.segs_in += pieces.len() as u64;
             self.last_rcv = now;
             *readable = pieces.len() as u32;
@@ -74,9 +90,13 @@ impl Connection {
         // which frame-by-frame input would have announced with its own event.
         let was = core::mem::take(&mut self.events.readable);
         let mut disposition = Disposition::Keep;
+        // The stack-wide budget is the run's: what each segment takes (or a collapse
+        // frees) moves what is left for the next, as frame-by-frame input would see it.
+        let cap = self.recv_mem().saturating_add(room);
         for p in pieces.drain(..) {
             let len = p.len();
-            let (d, _) = self.on_segment_path(now, seg, p);
+            let room = cap.saturating_sub(self.recv_mem());
+            let (d, _) = self.on_segment_path(now, seg, p, room);
             if core::mem::take(&mut self.events.readable) {
                 *readable += 1;
             }
@@ -139,7 +159,13 @@ impl Connection {
     /// full processing of RFC 9293 §3.10.7.4 reduces to `on_segment_predicted`. Every
     /// condition below rules out a branch of `process`; anything else takes the full path.
     #[inline(always)]
-    pub(super) fn header_predicted(&self, seg: &TcpRepr, payload_len: usize, mem: usize) -> bool {
+    pub(super) fn header_predicted(
+        &self,
+        seg: &TcpRepr,
+        payload_len: usize,
+        mem: usize,
+        room: usize,
+    ) -> bool {
         // RFC 9293 §3.10.7.4: the other states have their own ACK, text and FIN rules.
         if self.state != State::Established {
             return false;
@@ -209,13 +235,15 @@ impl Connection {
             // seen out of order waits (RFC 9293 §3.10.7.4 eighth).
             // The memory behind the held data stays within its bound with this segment's
             // (`mem`, its buffers' truesize): the out-of-order queue is empty, so the receive
-            // queue's is all there is (else `admit_rcv_mem` decides, on the full path).
+            // queue's is all there is (else `admit_rcv_mem` decides, on the full path); and
+            // within what the stack's other connections leave (`room`: one compare).
             ack.ge(self.snd_una)
                 && ack.le(self.snd_max)
                 && payload_len as u64 <= u64::from(self.rcv_wnd_for_check())
                 && self.ooo.is_empty()
                 && self.fin_seq.is_none()
                 && self.rcvq_mem + mem <= self.rcv_mem_limit()
+                && mem <= room
         }
     }
 
@@ -349,13 +377,16 @@ impl Connection {
         }
     }
 
+    /// `cap`: the most receive memory this connection may hold under the stack-wide
+    /// budget (see [`admit_rcv_mem`](Self::admit_rcv_mem)).
     pub(super) fn on_segment_synchronized(
         &mut self,
         now: Instant,
         seg: &TcpRepr,
         payload: Zbuf,
+        cap: usize,
     ) -> Disposition {
-        let disposition = self.process(now, seg, payload);
+        let disposition = self.process(now, seg, payload, cap);
         self.arm_timers(now);
         disposition
     }
@@ -365,6 +396,7 @@ impl Connection {
         now: Instant,
         seg: &TcpRepr,
         mut payload: Zbuf,
+        cap: usize,
     ) -> Disposition {
         let flags = seg.flags;
 
@@ -626,12 +658,13 @@ impl Connection {
                 fin = false;
             }
             // Receive memory (Linux's tcp_try_rmem_schedule): a segment whose buffer would
-            // take the held memory past its bound is dropped before it is acknowledged,
-            // its FIN with it, unless collapsing makes room; data already acknowledged
-            // is never given up.
+            // take the held memory past its bound, or past what the stack-wide budget
+            // leaves this connection (`cap`), is dropped before it is acknowledged, its
+            // FIN with it, unless collapsing makes room; data already acknowledged is
+            // never given up.
             if !payload.is_empty()
-                && self.recv_mem() + payload.truesize() > self.rcv_mem_limit()
-                && !self.admit_rcv_mem(&mut payload, seq)
+                && self.recv_mem() + payload.truesize() > self.rcv_mem_limit().min(cap)
+                && !self.admit_rcv_mem(&mut payload, seq, cap)
             {
                 return Disposition::Keep;
             }
@@ -694,19 +727,26 @@ impl Connection {
         self.events.readable = true;
     }
 
-    /// `payload`, at `seq`, would take [`Connection::recv_mem`] past its bound: make room
-    /// as Linux's `tcp_prune_queue` does and say whether it may be queued now. First
-    /// collapse: copy tiny segments out of their receive buffers into compact ones (both
-    /// queues, then the payload itself); the data stays held. If an in-order segment still
-    /// does not fit, out-of-order data is given up from the highest down (reneging, RFC
-    /// 2018 §8: isolated tiny segments, each with its own small buffer, can still fill
-    /// the bound), since in-order data is what lets the application make progress; an
-    /// out-of-order one is dropped instead. Counted: `rcv_collapsed`,
-    /// `rcv_collapsed_bytes`, `rcv_pruned`, and a refusal as [`DropReason::RcvMemory`].
+    /// `payload`, at `seq`, would take [`Connection::recv_mem`] past its bound, or past
+    /// `cap`, what the stack-wide budget (`StackConfig::rcv_mem_total`) leaves this
+    /// connection: make room as Linux's `tcp_prune_queue` does and say whether it may be
+    /// queued now. First collapse: copy tiny segments out of their receive buffers into
+    /// compact ones (both queues, then the payload itself); the data stays held. If an
+    /// in-order segment still does not fit, out-of-order data is given up from the
+    /// highest down (reneging, RFC 2018 §8: isolated tiny segments, each with its own
+    /// small buffer, can still fill the bound), since in-order data is what lets the
+    /// application make progress; an out-of-order one is dropped instead. An in-order
+    /// segment with nothing left to read is taken whatever it costs, under either bound
+    /// (Linux's `sk_forced_mem_schedule`: every reading application makes progress).
+    /// Counted: `rcv_collapsed`, `rcv_collapsed_bytes`, `rcv_pruned`, and a refusal as
+    /// [`DropReason::RcvMemory`] when the connection's own bound refused it, else
+    /// [`DropReason::RcvMemoryGlobal`] (it would have fit its own bound: the stack-wide
+    /// one refused it).
     #[cold]
     #[inline(never)]
-    pub(super) fn admit_rcv_mem(&mut self, payload: &mut Zbuf, seq: SeqNum) -> bool {
-        let limit = self.rcv_mem_limit();
+    pub(super) fn admit_rcv_mem(&mut self, payload: &mut Zbuf, seq: SeqNum, cap: usize) -> bool {
+        let own = self.rcv_mem_limit();
+        let limit = own.min(cap);
         self.collapse_rcv_mem();
         if self.recv_mem() + payload.truesize() <= limit {
             return true;
@@ -721,7 +761,7 @@ impl Connection {
             }
         }
         if seq != self.rcv_nxt {
-            self.counters.drop(DropReason::RcvMemory);
+            self.refuse_rcv_mem(payload, own);
             return false;
         }
         let room = limit.saturating_sub(self.rcvq_mem + payload.truesize());
@@ -732,8 +772,23 @@ impl Connection {
         if self.recv_mem() + payload.truesize() <= limit || self.rcvq.is_empty() {
             return true;
         }
-        self.counters.drop(DropReason::RcvMemory);
+        self.refuse_rcv_mem(payload, own);
         false
+    }
+
+    /// Counts the refusal of `payload`: under the connection's own bound (`own`) if it
+    /// would not have fit there either, else under the stack-wide one; and has a zero
+    /// window sent for it.
+    fn refuse_rcv_mem(&mut self, payload: &Zbuf, own: usize) {
+        let reason = if self.recv_mem() + payload.truesize() > own {
+            DropReason::RcvMemory
+        } else {
+            DropReason::RcvMemoryGlobal
+        };
+        self.counters.drop(reason);
+        // Answered at once with a zero window (see `WndNoMem`).
+        self.wnd_nomem = WndNoMem::Pending;
+        self.ack_now = true;
     }
 
     /// Copies the receive queue's and the out-of-order queue's sparse buffers (tiny

@@ -337,6 +337,9 @@ impl Connection {
     /// avoidance, RFC 9293 §3.8.6.2.2).
     #[inline(always)]
     pub(super) fn advertise_window(&mut self, syn: bool) -> u16 {
+        if self.wnd_nomem == WndNoMem::Pending {
+            return self.advertise_zero_window();
+        }
         let cur_edge = self.rcv_nxt + self.rcv_wnd();
         let threshold = (self.cfg.rcv_buf / 2).min(self.snd_mss).max(1);
         let edge = if self.rcv_adv.lt(self.rcv_nxt)
@@ -371,6 +374,17 @@ impl Connection {
             "RCV.ADV beyond the receive buffer"
         );
         field as u16
+    }
+
+    /// A zero window after a segment was refused for receive memory ([`WndNoMem`]).
+    /// RCV.ADV stays where it was: data in the window already announced is still
+    /// acceptable (RFC 7323 §2.4 (1)), only not taken while memory is short; the peer
+    /// stops sending new data and probes (RFC 9293 §3.8.6.1).
+    #[cold]
+    #[inline(never)]
+    fn advertise_zero_window(&mut self) -> u16 {
+        self.wnd_nomem = WndNoMem::Sent;
+        0
     }
 
     /// Build a segment with ACK, window and options filled in, into `out`.

@@ -2585,6 +2585,34 @@ mod tests {
         }
     }
 
+    /// getsockopt(TCP_INFO) on a luna socket checks its arguments as Linux does before
+    /// asking the poll thread: a null length is EFAULT, a negative one EINVAL; without a
+    /// running luna (no LUNA_CONFIG here) it is ENETDOWN, never the placeholder's answer.
+    #[test]
+    fn tcp_info_bad_arguments_are_errors_and_no_engine_is_enetdown() {
+        let s = Sock::new(Phase::Connected, UNBOUND);
+        let (fd, ph) = luna_at_pipe(Arc::clone(&s));
+        let mut info = [0u8; 232];
+        let p = info.as_mut_ptr().cast();
+        let (sol, opt) = (libc::IPPROTO_TCP, libc::TCP_INFO);
+        // SAFETY: a null length (refused before any write).
+        let r = unsafe { getsockopt(fd, sol, opt, p, std::ptr::null_mut()) };
+        assert_eq!((r, crate::errno()), (-1, libc::EFAULT));
+        let mut len: socklen_t = u32::MAX;
+        // SAFETY: a live buffer and length (the length is refused).
+        let r = unsafe { getsockopt(fd, sol, opt, p, &mut len) };
+        assert_eq!((r, crate::errno()), (-1, libc::EINVAL));
+        let mut len = info.len() as socklen_t;
+        // SAFETY: a live 232-byte buffer and its length.
+        let r = unsafe { getsockopt(fd, sol, opt, p, &mut len) };
+        assert_eq!((r, crate::errno()), (-1, libc::ENETDOWN));
+        assert_eq!(info, [0u8; 232], "nothing written");
+        for x in [fd, ph] {
+            // SAFETY: closing descriptors this test opened.
+            assert_eq!(unsafe { close(x) }, 0);
+        }
+    }
+
     /// epoll_pwait2(2) on a set holding a luna socket answers from luna (without the hook
     /// the kernel saw only the set's kernel part and timed out with the data there):
     /// nothing ready waits the timeout, data is reported with its user data, a timeout

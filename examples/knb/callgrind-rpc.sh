@@ -59,14 +59,14 @@ else
     cmem="--eal-arg=--no-huge --eal-arg=-m --eal-arg=512"
 fi
 common="--stack=$stack --port=7700 --req-size=4096 --resp-size=4096 --iodepth=$depth --connections=$conns --threads=1 --mode=rpc --child --duration=$secs --warmup=1 --prefix-len=24 --eal-arg=--no-pci --eal-arg=--no-telemetry"
-bsize=""
-if [ "$mtu" != 1500 ]; then
-    common="$common --mtu=$mtu"
-    # One memif buffer per frame, as knb's workload::memif_bsize.
-    b=2048
-    while [ "$b" -lt $((mtu + 14 + 128)) ]; do b=$((b * 2)); done
-    bsize=",bsize=$b"
-fi
+[ "$mtu" != 1500 ] && common="$common --mtu=$mtu"
+# One memif buffer per frame (knb's workload::memif_bsize), and rings of 2 MiB of buffers
+# (workload::memif_rsize): the link knb itself sets up.
+b=2048
+while [ "$b" -lt $((mtu + 14 + 128)) ]; do b=$((b * 2)); done
+r=4
+while [ $((b << r)) -lt $((2 << 20)) ] && [ "$r" -lt 14 ]; do r=$((r + 1)); done
+bsize=",bsize=$b,rsize=${KNB_MEMIF_RSIZE:-$r}"
 vdev() { echo "--eal-arg=--vdev --eal-arg=net_memif0,role=$1,id=0,socket=$S,socket-abstract=no,mac=02:00:00:00:03:0$2$bsize"; }
 
 mkfifo "$work/stdin"

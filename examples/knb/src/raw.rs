@@ -168,21 +168,22 @@ impl RawArgs {
         (self.frame_size as u32 + 128).next_power_of_two().max(2048)
     }
 
-    fn eal_args(&self, role: Role) -> Vec<String> {
+    fn eal_args(&self, role: Role) -> Res<Vec<String>> {
         let id = self.run_id();
         let (cpu, idx, role_name) = match role {
             Role::Reflector => (self.cpus.1, 1, "reflector"),
             _ => (self.cpus.0, 0, "initiator"),
         };
         let vdev = match self.transport {
+            // The stacks' link: the same bytes of buffers per ring (`memif_ring_args`).
             Transport::Memif => format!(
-                "net_memif0,role={},socket=/tmp/{id}.sock,bsize={},rsize=11",
+                "net_memif0,role={},socket=/tmp/{id}.sock{}",
                 if role == Role::Reflector {
                     "server"
                 } else {
                     "client"
                 },
-                self.buf_size()
+                crate::workload::memif_ring_args(self.buf_size()).map_err(|e| e.to_string())?
             ),
             Transport::Tap => format!("net_tap0,iface={}", NS_IFACES[idx]),
             Transport::AfPacket => {
@@ -194,14 +195,14 @@ impl RawArgs {
                 )
             }
         };
-        vec![
+        Ok(vec![
             "--no-pci".into(),
             "--in-memory".into(),
             "--no-telemetry".into(),
             format!("--file-prefix={id}-{role_name}"),
             format!("--lcores=0@{cpu}"),
             format!("--vdev={vdev}"),
-        ]
+        ])
     }
 }
 
@@ -248,7 +249,7 @@ struct Dev {
 
 fn open_dev(a: &RawArgs, role: Role) -> Res<Dev> {
     let eal = Eal::builder()
-        .args(a.eal_args(role))
+        .args(a.eal_args(role)?)
         .log_to_stderr(true)
         .init()
         .map_err(|e| e.to_string())?;
@@ -497,6 +498,11 @@ fn initiator(a: &RawArgs) -> Res<Value> {
         "frame_size": len,
         "segments_per_frame": segs,
         "burst": burst,
+        // The link's ring (memif only): which one a ceiling was measured on.
+        "memif_ring": (a.transport == Transport::Memif)
+            .then(|| crate::workload::memif_ring_args(a.buf_size()).ok())
+            .flatten()
+            .map(|r| r.trim_start_matches(',').to_string()),
         "iodepth": iodepth,
         "duration_s": secs,
         "warmup_s": a.warmup,

@@ -300,31 +300,21 @@ pub fn run_pair(
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
     let (scpus, ccpus) = (place.server_cpus(), place.client_cpus.0.clone());
     let mut ep = b.endpoints(topo, &scpus, &ccpus)?;
-    if w.mtu != 1500 {
-        if topo.memif().is_none() {
-            return Err(format!(
-                "--mtu {} applies to the memif stacks (luna, smoltcp), not {}",
-                w.mtu,
-                b.stack().name()
-            ));
-        }
-        // Both ends' memif buffers must hold a whole frame.
+    if w.mtu != 1500 && topo.memif().is_none() {
+        return Err(format!(
+            "--mtu {} applies to the memif stacks (luna, smoltcp), not {}",
+            w.mtu,
+            b.stack().name()
+        ));
+    }
+    if topo.memif().is_some() {
+        // Both ends' memif buffers hold a whole frame, and their rings the same bytes of
+        // buffers as `knb raw`'s: one link for every stack and the ceiling.
+        let ring = crate::workload::memif_ring_args(crate::workload::memif_bsize(w.mtu))
+            .map_err(|e| e.to_string())?;
         for p in [&mut ep.server, &mut ep.client] {
             for a in p.eal.iter_mut().filter(|a| a.starts_with("net_memif")) {
-                a.push_str(&format!(",bsize={}", crate::workload::memif_bsize(w.mtu)));
-            }
-        }
-    }
-    // The memif rings' size (experiment knob; both stacks get the same link).
-    if let Some(r) =
-        crate::workload::memif_rsize_from_env(std::env::var("KNB_MEMIF_RSIZE").ok().as_deref())
-            .map_err(|e| e.to_string())?
-    {
-        if topo.memif().is_some() {
-            for p in [&mut ep.server, &mut ep.client] {
-                for a in p.eal.iter_mut().filter(|a| a.starts_with("net_memif")) {
-                    a.push_str(&format!(",rsize={r}"));
-                }
+                a.push_str(&ring);
             }
         }
     }

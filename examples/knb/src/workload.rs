@@ -218,9 +218,34 @@ pub fn memif_bsize(mtu: u16) -> u32 {
     (u32::from(mtu) + 14 + 128).next_power_of_two().max(2048)
 }
 
+/// Bytes of frame buffers in each memif ring, whatever the buffer size: the one memif link
+/// every user of it gets (`knb raw`'s ceiling and the stacks alike, at any MTU).
+///
+/// memif copies every frame into and out of its ring's buffers, and the ring is walked in
+/// order, so its buffers' bytes are the link's working set: with 16 MiB (2,048 of 8 KiB,
+/// as `knb raw` had, or 1,024 of 16 KiB at MTU 9000) each copy met cold lines, and raw
+/// memif ran 20–25% slower than with 2 MiB (docs/benchmarks.md, "One memif link for
+/// every user").
+pub const MEMIF_RING_BYTES: u32 = 2 << 20;
+
+/// log2 of the memif ring size (DPDK's `rsize`) for buffers of `bsize` bytes: as many
+/// descriptors as [`MEMIF_RING_BYTES`] hold, 16 to 16,384 (1,024, DPDK's default, for
+/// the 2 KiB buffers of MTU 1500; 128 for the 16 KiB of MTU 9000).
+pub fn memif_rsize(bsize: u32) -> u8 {
+    (MEMIF_RING_BYTES / bsize.max(1)).clamp(16, 1 << 14).ilog2() as u8
+}
+
+/// The memif vdev's ring arguments for buffers of `bsize` bytes:
+/// `,bsize=B,rsize=R`, `R` from [`memif_rsize`] unless `KNB_MEMIF_RSIZE` says otherwise.
+pub fn memif_ring_args(bsize: u32) -> Res<String> {
+    let knob = memif_rsize_from_env(std::env::var("KNB_MEMIF_RSIZE").ok().as_deref())?;
+    let rsize = knob.unwrap_or_else(|| memif_rsize(bsize));
+    Ok(format!(",bsize={bsize},rsize={rsize}"))
+}
+
 /// `KNB_MEMIF_RSIZE` (an experiment knob, unset by default): log2 of the memif rings'
-/// size both ends ask for (DPDK's `rsize`; its default is 10, 1,024 descriptors).
-/// `None` when unset.
+/// size both ends ask for (DPDK's `rsize`), in place of [`memif_rsize`]'s. `None` when
+/// unset.
 pub fn memif_rsize_from_env(v: Option<&str>) -> Res<Option<u8>> {
     let Some(v) = v else {
         return Ok(None);
@@ -456,6 +481,22 @@ mod tests {
         for mtu in [576u16, 1500, 1906, 1907, 8000, 9000] {
             assert!(memif_bsize(mtu) >= u32::from(mtu) + 14, "{mtu}");
         }
+    }
+
+    #[test]
+    fn memif_rings_hold_the_same_bytes_at_every_buffer_size() {
+        // DPDK's default at MTU 1500, the same 2 MiB of buffers at MTU 9000 and for raw's
+        // 4,166-byte frames.
+        assert_eq!(memif_rsize(memif_bsize(1500)), 10);
+        assert_eq!(memif_rsize(memif_bsize(9000)), 7);
+        assert_eq!(memif_rsize(8192), 8);
+        for b in [2048u32, 4096, 8192, 16384] {
+            assert_eq!(b << memif_rsize(b), MEMIF_RING_BYTES, "{b}");
+        }
+        // Bounds: memif takes 2^4 to 2^14 descriptors.
+        assert_eq!(memif_rsize(1 << 20), 4);
+        assert_eq!(memif_rsize(1), 14);
+        assert_eq!(memif_rsize(0), 14);
     }
 
     #[test]

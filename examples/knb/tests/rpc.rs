@@ -336,6 +336,51 @@ fn luna_rpc_run_validates_and_reports() {
     assert_eq!(num(c, &["core", "connected"]), 2.0, "{v:#}");
 }
 
+/// Jumbo frames copied flat: at MTU 9000 a 4 KiB message is one frame, longer than a
+/// standard mbuf holds. With the copy threshold above it (`KNB_LUNA_TX_COPY_MAX`) r2c
+/// copies each such frame whole into one mbuf of its copy pool; with 0 it chains the
+/// payload zero copy. Both keep every byte (`--verify`), and the copy shows in the
+/// counters: before the copy pool, a threshold above 2 KiB silently chained instead.
+#[test]
+fn luna_jumbo_frames_go_whole_copied_or_chained_and_keep_every_byte() {
+    let args = [
+        "--mtu",
+        "9000",
+        "--verify",
+        "--iodepth",
+        "4",
+        "--req-size",
+        "4096",
+        "--resp-size",
+        "4096",
+        "--duration",
+        "1",
+        "--warmup",
+        "0.2",
+    ];
+    for copy_max in ["16384", "0"] {
+        let v = luna_json_run("jumbo", &args, &[("KNB_LUNA_TX_COPY_MAX", copy_max)]);
+        check_rpc_report(&v, "luna");
+        // Bytes each side copied into frames, against the payload the other received.
+        let sides = [
+            (&v["server"]["extra"], num(&v, &["server", "tx_payload"])),
+            (&v["client_extra"][0], num(&v, &["server", "rx_payload"])),
+        ];
+        for (ex, payload) in sides {
+            let copied = num(ex, &["copied_bytes"]);
+            if copy_max == "0" {
+                assert_eq!(copied, 0.0, "chains only: {v:#}");
+            } else {
+                // (Replies still unsent at the client's end: iodepth 4 × 4 KiB.)
+                assert!(
+                    copied >= payload - 4.0 * 4096.0,
+                    "{copied} < {payload}: {v:#}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn luna_two_lanes_and_open_loop() {
     let v = rpc_run(

@@ -54,7 +54,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dpdk_sys::{ffi, Eal, Mbuf, Port, PortConf, RxQueue, TxQueue};
+use dpdk_sys::{ffi, Eal, Mbuf, Mempool, PoolConfig, Port, PortConf, RxQueue, TxQueue};
 use luna_stack::stack::{Transmit, MAX_HEADER_LEN};
 use luna_stack::wire::{Checksum, ChecksumCaps, EthernetAddress};
 use zbuf::dpdk::{
@@ -89,6 +89,24 @@ const VIRTUAL_LINK_PMDS: &[&str] = &["net_memif", "net_ring"];
 /// copy mode: a whole frame at MTU 1500 (1,514 B) and every ACK or small reply, not a
 /// jumbo frame (whose copy costs more than a chain of it).
 pub const SOFTWARE_COPY_TX_MAX: usize = 2048;
+
+/// Mbufs in a queue's copy pool ([`copy_pool_room`]): a flat copy lives until the PMD has
+/// sent it (memif in copy mode: within the burst), so a few hundred cover every burst in
+/// flight; when they are all out, frames go as zero-copy chains.
+const COPY_POOL_MBUFS: u32 = 511;
+
+/// The data room (without headroom) of a queue's copy pool, when flat copies may be longer
+/// than a standard mbuf holds: the frames up to `tx_copy_max` bytes, at most the largest
+/// frame the port receives (`rx_buf_size`: on the software links a receive buffer holds a
+/// whole frame) and what an mbuf's 16-bit room allows. `None`: no pool (standard mbufs
+/// hold every flat copy).
+pub fn copy_pool_room(tx_copy_max: usize, rx_buf_size: usize) -> Option<usize> {
+    let standard = (ffi::RTE_MBUF_DEFAULT_BUF_SIZE - ffi::RTE_PKTMBUF_HEADROOM) as usize;
+    let room = tx_copy_max
+        .min(rx_buf_size)
+        .min(usize::from(u16::MAX) - ffi::RTE_PKTMBUF_HEADROOM as usize);
+    (room > standard).then_some(room)
+}
 
 /// The flat-copy threshold when the configuration leaves it to the device: only net_memif
 /// in copy mode, measured (its PMD copies each transmitted frame into the shared ring, so
@@ -433,6 +451,9 @@ pub struct DpdkDevice {
     caps: ChecksumCaps,
     offload: bool,
     tx_copy_max: usize,
+    /// Mbufs with room for a whole frame above a standard mbuf's 2 KiB, for flat copies
+    /// of such frames (`tx_copy_max` above 2 KiB; see [`copy_pool_room`]).
+    copy_pool: Option<Mempool>,
     /// [`Device::rx_mem_budget`]: this queue's share of half the port's receive pool.
     rx_mem_budget: usize,
     stats: DeviceStats,
@@ -674,6 +695,20 @@ impl DpdkDevice {
                     registry: (dma || zero_copy).then(|| registry.clone()),
                 },
             )?;
+            let copy_pool = copy_pool_room(tx_copy_max, cfg.rx_buf_size)
+                .map(|room| {
+                    Mempool::create(
+                        eal,
+                        &PoolConfig {
+                            data_room: (room + ffi::RTE_PKTMBUF_HEADROOM as usize) as u16,
+                            ..PoolConfig::new(
+                                format!("{}-txc{}-{q}", cfg.pool_prefix, handle_id),
+                                COPY_POOL_MBUFS,
+                            )
+                        },
+                    )
+                })
+                .transpose()?;
             devs.push(DpdkDevice {
                 tap_iface: tap_iface.clone(),
                 tap_kick: None,
@@ -689,6 +724,7 @@ impl DpdkDevice {
                 // Mbuf offload flags only for what the hardware does.
                 offload: hw_caps != ChecksumCaps::software(),
                 tx_copy_max,
+                copy_pool,
                 rx_mem_budget: rx_mem_budget(cfg),
                 stats: DeviceStats::default(),
                 dstats: DpdkStats::default(),
@@ -976,8 +1012,22 @@ fn check_zero_copy_pool(rx: &RxPool) -> Result<(), DeviceError> {
 
 /// `t` copied into one mbuf from the transmit pool; `None` if it does not fit (or no
 /// mbuf is free), so the caller builds a chain instead.
-fn flat_copy(tx: &TxChains, t: &Transmit, req: Option<&TxOffloadRequest>) -> Option<Mbuf> {
-    let mut m = tx.mempool().alloc()?;
+fn flat_copy(
+    pool: &Mempool,
+    copy_pool: Option<&Mempool>,
+    t: &Transmit,
+    req: Option<&TxOffloadRequest>,
+) -> Option<Mbuf> {
+    // A frame longer than a standard mbuf goes into one of the copy pool's, whole: one
+    // segment is what makes the copy pay (a chain of standard mbufs cost memif as much
+    // as the zero-copy chain: docs/benchmarks.md, "Jumbo frames copied flat").
+    let from =
+        if t.len() + ffi::RTE_PKTMBUF_HEADROOM as usize > ffi::RTE_MBUF_DEFAULT_BUF_SIZE as usize {
+            copy_pool?
+        } else {
+            pool
+        };
+    let mut m = from.alloc()?;
     if t.len() > m.tailroom() {
         return None;
     }
@@ -1175,6 +1225,7 @@ impl Device for DpdkDevice {
     fn tx_burst(&mut self, frames: &mut VecDeque<Transmit>) -> usize {
         self.stats.tx_unsent += self.kept.check(frame_front(frames), frames.len());
         let (tx, offload, copy_max) = (&mut self.tx, self.offload, self.tx_copy_max);
+        let copy_pool = self.copy_pool.as_ref();
         let tx_copied = &mut self.tx_copied;
         let queued = &*frames;
         let mut port = ChainPort {
@@ -1185,7 +1236,7 @@ impl Device for DpdkDevice {
                 let t = &queued[i];
                 let req = offload_request(offload, t);
                 if t.len() <= copy_max {
-                    if let Some(m) = flat_copy(tx, t, req.as_ref()) {
+                    if let Some(m) = flat_copy(tx.mempool(), copy_pool, t, req.as_ref()) {
                         *tx_copied += t.payload.len() as u64;
                         return Ok((m, t.len()));
                     }
@@ -1256,7 +1307,15 @@ impl Device for DpdkDevice {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
                 .collect(),
-            pools: vec![pool(self.rx.mempool()), pool(self.tx.mempool())],
+            pools: [
+                Some(self.rx.mempool()),
+                Some(self.tx.mempool()),
+                self.copy_pool.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
+            .map(pool)
+            .collect(),
             ..DeviceObservation::default()
         };
         if self.queue == 0 {
@@ -1319,6 +1378,24 @@ mod tests {
         // No role: DPDK's default is the server.
         let none = args(&["--vdev", "net_memif0,socket=/z"]);
         assert_eq!(memif_client_mode(&none, "net_memif0"), (false, false));
+    }
+
+    #[test]
+    fn a_copy_pool_only_when_flat_copies_outgrow_a_standard_mbuf() {
+        // The default threshold fits a standard mbuf: no pool.
+        assert_eq!(copy_pool_room(SOFTWARE_COPY_TX_MAX, 16384), None);
+        assert_eq!(copy_pool_room(0, 16384), None);
+        // Jumbo frames: room for the largest frame the port receives, not more.
+        assert_eq!(copy_pool_room(16384, 16384), Some(16384));
+        assert_eq!(copy_pool_room(usize::MAX, 16384), Some(16384));
+        assert_eq!(copy_pool_room(9014, 16384), Some(9014));
+        // Receive buffers of 2 KiB: frames are no longer than a standard mbuf holds.
+        assert_eq!(copy_pool_room(16384, 2048), None);
+        // An mbuf's room is 16-bit.
+        assert_eq!(
+            copy_pool_room(usize::MAX, 1 << 20),
+            Some(usize::from(u16::MAX) - ffi::RTE_PKTMBUF_HEADROOM as usize)
+        );
     }
 
     #[test]

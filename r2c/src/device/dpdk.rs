@@ -11,7 +11,10 @@
 //!   ([`TxChains`]); the payload `Zbuf`s stay referenced until DPDK frees the mbufs.
 //!   Frames up to [`DpdkDeviceConfig::tx_copy_max`] bytes are instead copied into one
 //!   flat mbuf (counted in [`DeviceStats::copied_bytes`]): by default only on net_memif
-//!   in copy mode, whose PMD copies every frame into its ring anyway.
+//!   in copy mode, whose PMD copies every frame into its ring anyway. Frames longer than
+//!   a standard mbuf (2 KiB) are copied into one mbuf of a per-queue copy pool sized for
+//!   the largest frame received ([`copy_pool_room`]), made only when the threshold asks
+//!   for such copies; when its mbufs are all out, the frame goes as a chain.
 //! * Checksums: offloads are reported only when the hardware does them. The software
 //!   PMDs (tap, af_packet, null, ...) report none — net_tap advertises checksum offloads
 //!   but computes them in software inside the PMD, on a copy of the header, which gains

@@ -373,6 +373,8 @@ struct TinyPeer {
     persist_stalls: u32,
     /// The windows offered in the connection's ACKs.
     windows: Vec<u16>,
+    /// ACKs that acknowledged nothing new but moved the right edge: window updates.
+    updates: u32,
 }
 
 impl TinyPeer {
@@ -387,6 +389,7 @@ impl TinyPeer {
             rto_rexmits: 0,
             persist_stalls: 0,
             windows: Vec::new(),
+            updates: 0,
         };
         // The window of the handshake's ACK.
         p.edge = u32::from(c.rcv_wnd_for_check().min(u32::from(u16::MAX)) as u16);
@@ -407,6 +410,8 @@ impl TinyPeer {
             if ack > self.una {
                 self.una = ack;
                 self.progress_at = ms;
+            } else if ack == self.una && edge > self.edge {
+                self.updates += 1;
             }
             self.edge = self.edge.max(edge);
             self.windows.push(s.repr.window);
@@ -525,6 +530,9 @@ fn rfc9293_3_8_6_2_2_the_window_follows_receive_memory_for_one_byte_segments() {
             &late[..late.len().min(40)]
         );
         assert!(late.iter().any(|&w| w > 0));
+        // The reads' window updates: what reopened the window each time the peer had
+        // filled it.
+        assert!(peer.updates as usize >= (data.len() - rcv_buf as usize) / holds / 2);
         // The pace memory allows: about the window's worth per read (1 ms), where a
         // retransmission timer would take 200 ms.
         let rest = (data.len() - rcv_buf as usize) as u64;

@@ -27,6 +27,9 @@
 //! [tcp]
 //! mss = 1460
 //! rcv_buf = 1048576
+//! rcv_mem_total = 8388608    # receive memory (truesize) all of a core's connections may hold
+//!                            # together, bytes, at least 65536 (MIN_RCV_MEM_TOTAL); default:
+//!                            # half of the core's receive pools (Device::rx_mem_budget)
 //! snd_buf = 1048576
 //! cc = "newreno"             # or "cubic"
 //! delayed_ack_us = 0         # 0 = ack every segment
@@ -81,7 +84,7 @@ use bifurcation::{
 };
 use core::fmt;
 use core::net::Ipv4Addr;
-use luna_stack::stack::StackConfig;
+use luna_stack::stack::{StackConfig, MIN_RCV_MEM_TOTAL};
 use luna_stack::tables::{NextHop, Route};
 use luna_stack::tcp::config::CcAlgorithm;
 use luna_stack::tcp::TcpConfig;
@@ -212,6 +215,10 @@ pub struct Config {
     pub net: NetConfig,
     /// TCP defaults.
     pub tcp: TcpConfig,
+    /// `tcp.rcv_mem_total`: each core's stack-wide receive-memory bound
+    /// (`StackConfig::rcv_mem_total`); `None`, the default, derives it from the core's
+    /// receive pools (half of them, `Device::rx_mem_budget`).
+    pub rcv_mem_total: Option<usize>,
     /// Ports.
     pub ports: PortsConfig,
     /// Run mode.
@@ -508,7 +515,7 @@ impl Config {
         let (device, steering, tx_copy_max) = Self::device(root.table("device")?)?;
         let (cores, queues_per_core) = Self::cores(root.table("cores")?)?;
         let net = Self::net(root.table("net")?)?;
-        let tcp = Self::tcp(root.table("tcp")?, net.mtu)?;
+        let (tcp, rcv_mem_total) = Self::tcp(root.table("tcp")?, net.mtu)?;
         let traffic_value = root.take("traffic");
         let ports_table = root.table("ports")?;
         let (ports, traffic) = match traffic_value {
@@ -564,6 +571,7 @@ impl Config {
             queues_per_core,
             net,
             tcp,
+            rcv_mem_total,
             ports,
             mode,
             options,
@@ -974,16 +982,33 @@ impl Config {
         })
     }
 
-    fn tcp(w: Option<Walk>, mtu: u16) -> Result<TcpConfig, ConfigError> {
+    /// `[tcp]`: the TCP settings, and `rcv_mem_total` (a stack setting, here with the
+    /// receive buffer it bounds across connections).
+    fn tcp(w: Option<Walk>, mtu: u16) -> Result<(TcpConfig, Option<usize>), ConfigError> {
         let mut c = TcpConfig::default();
         let Some(mut w) = w else {
-            return Ok(c);
+            return Ok((c, None));
         };
         if let Some((k, v)) = w.take("mss") {
             c.mss = int(&k, &v, 88, i64::from(mtu) - 40)? as u16;
         }
         if let Some((k, v)) = w.take("rcv_buf") {
             c.rcv_buf = int(&k, &v, 1, 1 << 30)? as u32;
+        }
+        let mut rcv_mem_total = None;
+        if let Some((k, v)) = w.take("rcv_mem_total") {
+            let min = MIN_RCV_MEM_TOTAL as i64;
+            let n = int(&k, &v, 0, 1 << 40)?;
+            if n < min {
+                return Err(err(
+                    &k,
+                    format!(
+                        "{n} bytes is below the least the stack accepts, {min} (MIN_RCV_MEM_TOTAL)"
+                    ),
+                    format!("use at least {min}, or leave it out for half the receive pools"),
+                ));
+            }
+            rcv_mem_total = Some(n as usize);
         }
         if let Some((k, v)) = w.take("snd_buf") {
             c.snd_buf = int(&k, &v, 1, 1 << 30)? as u32;
@@ -1054,6 +1079,7 @@ impl Config {
         w.finish(&[
             "mss",
             "rcv_buf",
+            "rcv_mem_total",
             "snd_buf",
             "cc",
             "delayed_ack_us",
@@ -1093,7 +1119,7 @@ impl Config {
         }
         c.validate()
             .map_err(|e| err("tcp", e, "adjust the named TCP setting"))?;
-        Ok(c)
+        Ok((c, rcv_mem_total))
     }
 
     fn ports(w: Option<Walk>, threads: usize) -> Result<PortsConfig, ConfigError> {
@@ -1332,6 +1358,9 @@ impl Config {
         s.gateway = self.net.gateway;
         s.mtu = self.net.mtu;
         s.tcp = self.tcp.clone();
+        if let Some(n) = self.rcv_mem_total {
+            s.rcv_mem_total = n;
+        }
         let r = self.ports.range;
         s.ephemeral_ports = (r.first(), r.last());
         // With mirroring the kernel owns ARP: the exception path hands it every ARP frame.
@@ -1367,6 +1396,7 @@ impl Config {
                     )
                 })?;
                 let mut s = CoreSetup::new(i, devs, self.stack_config(mac));
+                s.rcv_mem_total_set = self.rcv_mem_total.is_some();
                 s.cpu = Some(self.cores[i]);
                 s.routes = self.net.routes.clone();
                 s.neighbours = self.net.neighbours.clone();

@@ -174,9 +174,10 @@ impl Default for CoreOptions {
 /// and every other connection need. A value the setup changed from the stack's default
 /// is kept; so is the default when no device has a fixed pool (the in-memory link
 /// receives into heap or slab buffers: the default, half of a default DPDK pool, stands
-/// in for one). Never below the stack's minimum.
-fn rcv_mem_total<D: Device>(cfg: &StackConfig, devices: &[D]) -> usize {
-    if cfg.rcv_mem_total != luna_stack::stack::DEFAULT_RCV_MEM_TOTAL {
+/// in for one). Never below the stack's minimum. `set`: the configuration gave it
+/// (`tcp.rcv_mem_total`), kept as given even when it equals the default.
+fn rcv_mem_total<D: Device>(cfg: &StackConfig, devices: &[D], set: bool) -> usize {
+    if set || cfg.rcv_mem_total != luna_stack::stack::DEFAULT_RCV_MEM_TOTAL {
         return cfg.rcv_mem_total;
     }
     let budget = devices
@@ -206,6 +207,9 @@ pub struct CoreSetup<D> {
     pub neighbours: Vec<(Ipv4Addr, EthernetAddress)>,
     /// This core's client ports (its partition of 61440–65535).
     pub ports: Vec<PortRange>,
+    /// `stack.rcv_mem_total` was configured (`tcp.rcv_mem_total`): kept as it is, not
+    /// derived from the receive pools.
+    pub rcv_mem_total_set: bool,
 }
 
 impl<D> CoreSetup<D> {
@@ -219,6 +223,7 @@ impl<D> CoreSetup<D> {
             routes: Vec::new(),
             neighbours: Vec::new(),
             ports: vec![PortRange::RESERVED],
+            rcv_mem_total_set: false,
         }
     }
 }
@@ -812,7 +817,8 @@ impl<D: Device> CoreLoop<D> {
         // the generator: reproducible under `rng_seed`.
         let port_start = luna_stack::context::Rng::next_u32(&mut rng);
         let mut stack_cfg = setup.stack;
-        stack_cfg.rcv_mem_total = rcv_mem_total(&stack_cfg, &setup.devices);
+        stack_cfg.rcv_mem_total =
+            rcv_mem_total(&stack_cfg, &setup.devices, setup.rcv_mem_total_set);
         let mut stack = Stack::new(stack_cfg, rng).map_err(CoreError::Stack)?;
         for r in setup.routes {
             stack
@@ -1342,14 +1348,19 @@ mod tests {
         let cidr = luna_stack::wire::Ipv4Cidr::new(Ipv4Addr::new(10, 0, 0, 1), 24).unwrap();
         let mut cfg = StackConfig::new(EthernetAddress([2, 0, 0, 0, 0, 1]), cidr);
         let two = [Pooled(Some(3 << 20)), Pooled(Some(1 << 20))];
-        assert_eq!(rcv_mem_total(&cfg, &two), 4 << 20);
-        assert_eq!(rcv_mem_total(&cfg, &[Pooled(None)]), DEFAULT_RCV_MEM_TOTAL);
+        assert_eq!(rcv_mem_total(&cfg, &two, false), 4 << 20);
         assert_eq!(
-            rcv_mem_total(&cfg, &[Pooled(Some(1000))]),
+            rcv_mem_total(&cfg, &[Pooled(None)], false),
+            DEFAULT_RCV_MEM_TOTAL
+        );
+        assert_eq!(
+            rcv_mem_total(&cfg, &[Pooled(Some(1000))], false),
             MIN_RCV_MEM_TOTAL
         );
+        // Configured (`tcp.rcv_mem_total`): kept, even when it is the default's value.
+        assert_eq!(rcv_mem_total(&cfg, &two, true), DEFAULT_RCV_MEM_TOTAL);
         cfg.rcv_mem_total = 1 << 30;
-        assert_eq!(rcv_mem_total(&cfg, &two), 1 << 30);
+        assert_eq!(rcv_mem_total(&cfg, &two, false), 1 << 30);
     }
 
     /// A core on one [`Trickle`] ring (`stuck`: it takes nothing) with `opts`, and one SYN

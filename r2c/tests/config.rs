@@ -444,3 +444,44 @@ fn tx_copy_max_is_the_devices_choice_unless_set() {
     }
     assert_names(&bad(&set("\"auto\"")), "device.tx_copy_max", &["integer"]);
 }
+
+/// `tcp.rcv_mem_total`, the stack-wide receive-memory bound of each core's stack: unset,
+/// r2c derives it from the core's receive pools (the stack's default until then); set,
+/// it is the stack's value, kept as given (even the default's value); below the least
+/// the stack accepts (`MIN_RCV_MEM_TOTAL`), or not a number, it is refused by name.
+#[test]
+fn rcv_mem_total_is_half_the_receive_pools_unless_set() {
+    use luna_stack::stack::{DEFAULT_RCV_MEM_TOTAL, MIN_RCV_MEM_TOTAL};
+    let setup = |c: &Config| {
+        let (a, _b) = MemPair::single();
+        c.core_setups(vec![vec![a]]).unwrap().remove(0)
+    };
+    let d = Config::parse(&with("")).expect("config");
+    assert_eq!(d.rcv_mem_total, None);
+    let s = setup(&d);
+    assert!(!s.rcv_mem_total_set);
+    assert_eq!(s.stack.rcv_mem_total, DEFAULT_RCV_MEM_TOTAL);
+    for n in [MIN_RCV_MEM_TOTAL, DEFAULT_RCV_MEM_TOTAL, 64 << 20] {
+        let c = Config::parse(&with(&format!("[tcp]\nrcv_mem_total = {n}\n"))).expect("set");
+        assert_eq!(c.rcv_mem_total, Some(n));
+        let s = setup(&c);
+        assert!(s.rcv_mem_total_set);
+        assert_eq!(s.stack.rcv_mem_total, n);
+    }
+    let low = MIN_RCV_MEM_TOTAL - 1;
+    assert_names(
+        &bad(&with(&format!("[tcp]\nrcv_mem_total = {low}\n"))),
+        "tcp.rcv_mem_total",
+        &["below", "65536", "MIN_RCV_MEM_TOTAL"],
+    );
+    assert_names(
+        &bad(&with("[tcp]\nrcv_mem_total = -1\n")),
+        "tcp.rcv_mem_total",
+        &["out of range"],
+    );
+    assert_names(
+        &bad(&with("[tcp]\nrcv_mem_total = \"8M\"\n")),
+        "tcp.rcv_mem_total",
+        &["integer"],
+    );
+}

@@ -30,6 +30,14 @@ use zbuf::{IoVec, Zbuf};
 /// RFC 9293 §3.7.1: without an MSS option the peer's MSS is 536.
 pub const DEFAULT_PEER_MSS: u32 = 536;
 
+/// The unit of `Connection::rcv_ratio`: one payload byte per byte of truesize.
+const RCV_RATIO_SHIFT: u32 = 16;
+const RCV_RATIO_ONE: u32 = 1 << RCV_RATIO_SHIFT;
+
+/// The least truesize a sample of `Connection::rcv_ratio` covers: about eight 2 KiB
+/// receive buffers, so that one odd segment does not swing it.
+const RCV_RATIO_SAMPLE: u32 = 16 << 10;
+
 /// Floor for the peer's MSS. A tiny or zero MSS would make us loop over zero-length or
 /// one-byte segments (a bug class found in other stacks; CVE-2019-11479 is its resource
 /// exhaustion variant). 88 leaves 48 payload bytes even with 40 bytes of options.
@@ -338,8 +346,11 @@ pub struct Connection {
     /// once SND.UNA passes it, it follows SND.UNA (compared modulo 2^32, it must not fall
     /// 2^31 behind).
     last_recover: SeqNum,
-    /// Zero-window probing (RFC 9293 §3.8.6.1): backoff exponent of the persist timer.
-    persist_backoff: u32,
+    /// The truesize of the data delivered, as it arrived (before any collapse), modulo
+    /// 2^32: with `counters.bytes_in`, the payload/truesize ratio of what arrives
+    /// (`sample_rcv_ratio`). In the cold bytes of the receive queue's line: each
+    /// delivery adds to it (header prediction once per segment or run).
+    rcv_true_in: u32,
     ooo: Assembler<Zbuf>,
     retries: u32,
     keepalive: Keepalive,
@@ -395,6 +406,31 @@ pub struct Connection {
     /// The last ICMP soft error quoting data in flight, until forward progress
     /// ([`Connection::soft_error`]).
     icmp_soft: Option<Icmpv4DstUnreachable>,
+    /// Zero-window probing (RFC 9293 §3.8.6.1): backoff exponent of the persist timer.
+    persist_backoff: u32,
+    /// Payload bytes per byte of truesize of the data that arrives, in 1/2^16
+    /// (`RCV_RATIO_ONE`): Linux's `scaling_ratio`. It turns receive memory left into the
+    /// window it can hold (`rcv_wnd_mem`). Starts at 2/3, a full-sized segment in a
+    /// 2 KiB receive buffer (Linux starts at 1/2 against a buffer sized for it; against
+    /// luna's bound, twice `rcv_buf`, 1/2 would shrink the window by half of anything held
+    /// before the first sample).
+    rcv_ratio: u32,
+    /// `counters.bytes_in` and `rcv_true_in` when `rcv_ratio` was last sampled.
+    rcv_sample: (u64, u32),
+    /// While the receive queue's memory is below this, the memory left holds a whole
+    /// `rcv_buf` at `rcv_ratio` and the window is the byte window alone (one compare
+    /// where the right edge may move); from it on `rcv_wnd_mem` computes it. Recomputed
+    /// there; 0 (always compute) while the stack-wide bound may limit the window or
+    /// out-of-order data is held (not in the compare).
+    rcv_mem_easy: usize,
+    /// The stack-wide room (`StackConfig::rcv_mem_total` less the stack's total) and
+    /// this connection's [`recv_mem`](Connection::recv_mem) before the last segment that
+    /// recorded them, and RCV.NXT after it: their sum, the most this connection may hold,
+    /// changes only with the other connections. The full path records them for every
+    /// segment, header prediction only when the room is below the connection's own bound
+    /// (`note_rcv_room`); valid while RCV.NXT has not moved since, else the bound is
+    /// taken as not limiting.
+    rcv_room: (usize, usize, SeqNum),
 }
 
 /// A soft error condition (RFC 9293 §3.9.1.8 MUST-47): the connection goes on, but the
@@ -514,6 +550,11 @@ impl Connection {
             dsack_round: None,
             tlp_backoff: 0,
             icmp_soft: None,
+            rcv_true_in: 0,
+            rcv_ratio: RCV_RATIO_ONE / 3 * 2,
+            rcv_sample: (0, 0),
+            rcv_mem_easy: 0,
+            rcv_room: (usize::MAX, 0, SeqNum(0)),
             rexmit_now: None,
             syn_retransmitted: false,
             rcv_mss: DEFAULT_PEER_MSS.min(mss),
@@ -1070,14 +1111,29 @@ impl Connection {
             self.ack_now = true;
             return;
         }
-        let new_edge = self.rcv_nxt + self.rcv_wnd();
-        if new_edge.gt(self.rcv_adv) {
-            let grow = new_edge - self.rcv_adv;
-            let threshold = (self.cfg.rcv_buf / 2).min(self.snd_mss);
-            if grow >= threshold {
-                self.ack_now = true;
-            }
+        if self.window_grew() {
+            self.ack_now = true;
         }
+    }
+
+    /// Whether the window that can be offered now moves the right edge past RCV.ADV by
+    /// the SWS threshold (RFC 9293 §3.8.6.2.2): memory was freed (a read, a collapse) and
+    /// the peer should hear of it at once rather than at its next segment or timer.
+    fn window_grew(&mut self) -> bool {
+        let new_edge = self.rcv_nxt + self.rcv_wnd();
+        if !new_edge.gt(self.rcv_adv)
+            || new_edge - self.rcv_adv < (self.cfg.rcv_buf / 2).min(self.snd_mss)
+        {
+            return false;
+        }
+        // The byte window would move the edge: as far as memory lets it (see
+        // `advertise_window`).
+        if self.rcvq_mem >= self.rcv_mem_easy {
+            let (wnd, threshold) = self.rcv_wnd_mem();
+            let edge = self.rcv_nxt + wnd;
+            return edge.gt(self.rcv_adv) && edge - self.rcv_adv >= threshold;
+        }
+        true
     }
 
     /// Shut down the sending side (RFC 9293 §3.10.4 CLOSE): a FIN follows queued data.
@@ -1258,6 +1314,10 @@ impl Connection {
             self.lt_bytes,
             self.wscale_ok
         );
+        // (`rcv_room` and `rcv_mem_easy` are left out: the full path records the room
+        // for every segment, header prediction only under pressure, and the threshold is
+        // a cache of the cold window computation.)
+        put!(self.rcv_true_in, self.rcv_ratio, self.rcv_sample);
         put!(self.orphaned, self.rst_pending);
         put!(self.close_reason, self.events, counters);
         out

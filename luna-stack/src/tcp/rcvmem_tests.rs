@@ -354,3 +354,221 @@ fn a_segment_over_the_stack_wide_bound_is_refused_with_a_zero_window() {
     let _ = c.on_segment_path(t(2), &seg(2), p, usize::MAX);
     assert_eq!(read_all(&mut c), &data[1000..]);
 }
+
+/// A simulated peer for the window tests: it sends 1-byte segments (each in its own
+/// 2 KiB receive buffer) up to the right edge the connection last offered, at most
+/// `burst` per millisecond, and keeps a retransmission timer and a persist timer as a
+/// sender does. What it was offered is checked as it goes: the right edge never moves left.
+struct TinyPeer {
+    /// Bytes acknowledged, sent, and the right edge offered (offsets from the stream's
+    /// start).
+    una: u32,
+    nxt: u32,
+    edge: u32,
+    /// When `una` last moved (or data was first sent unacknowledged).
+    progress_at: u64,
+    /// Retransmissions on the retransmission timer, and zero-window stalls that only the
+    /// persist timer would have ended.
+    rto_rexmits: u32,
+    persist_stalls: u32,
+    /// The windows offered in the connection's ACKs.
+    windows: Vec<u16>,
+    /// ACKs that acknowledged nothing new but moved the right edge: window updates.
+    updates: u32,
+}
+
+impl TinyPeer {
+    const RTO_MS: u64 = 200;
+
+    fn new(c: &mut Connection) -> Self {
+        let mut p = TinyPeer {
+            una: 0,
+            nxt: 0,
+            edge: 0,
+            progress_at: 0,
+            rto_rexmits: 0,
+            persist_stalls: 0,
+            windows: Vec::new(),
+            updates: 0,
+        };
+        // The window of the handshake's ACK.
+        p.edge = u32::from(c.rcv_wnd_for_check().min(u32::from(u16::MAX)) as u16);
+        p
+    }
+
+    /// Takes every segment the connection sends.
+    fn hear(&mut self, c: &mut Connection, ms: u64) {
+        while let Some(s) = c.poll_segment(t(ms)) {
+            let ack = s.repr.ack.0.wrapping_sub(PEER_ISS + 1);
+            let edge = ack + u32::from(s.repr.window);
+            assert!(
+                edge >= self.edge || ack < self.una,
+                "the right edge moved left: {} after {}",
+                edge,
+                self.edge
+            );
+            if ack > self.una {
+                self.una = ack;
+                self.progress_at = ms;
+            } else if ack == self.una && edge > self.edge {
+                self.updates += 1;
+            }
+            self.edge = self.edge.max(edge);
+            self.windows.push(s.repr.window);
+        }
+    }
+
+    /// One millisecond: the timers, then up to `burst` new bytes (or the retransmission).
+    fn send(
+        &mut self,
+        c: &mut Connection,
+        nic: &mut Nic,
+        data: &[u8],
+        ms: u64,
+        burst: usize,
+        room: impl Fn(&Connection) -> usize,
+    ) {
+        if self.una < self.nxt && ms - self.progress_at >= Self::RTO_MS {
+            // RFC 6298 §5.4: the timer expired, go back to SND.UNA.
+            self.rto_rexmits += 1;
+            self.nxt = self.una;
+            self.progress_at = ms;
+        }
+        if self.una == self.nxt && self.edge <= self.nxt && (self.nxt as usize) < data.len() {
+            if ms - self.progress_at >= Self::RTO_MS {
+                // RFC 9293 §3.8.6.1: only a window probe would reopen it.
+                self.persist_stalls += 1;
+                self.progress_at = ms;
+            }
+            return;
+        }
+        let mut sent = 0;
+        while sent < burst && self.nxt < self.edge && (self.nxt as usize) < data.len() {
+            let i = self.nxt as usize;
+            if self.una == self.nxt {
+                self.progress_at = ms;
+            }
+            let seg = data_seg(PEER_ISS + 1 + self.nxt, 1);
+            let r = room(c);
+            let _ = c.on_segment_path(t(ms), &seg, nic.rx(&data[i..=i]), r);
+            self.nxt += 1;
+            sent += 1;
+            self.hear(c, ms);
+        }
+    }
+}
+
+/// The window a connection offers is what its receive memory holds, at the ratio of
+/// payload to truesize its data arrives with (Linux's `tcp_win_from_space`), under its
+/// own bound (twice `rcv_buf`) and under what the stack-wide bound leaves it (`room`).
+/// A peer sending 1-byte segments, each keeping a 2 KiB receive buffer, to an
+/// application that reads every millisecond: once the window of the handshake is used
+/// up, the window offered shrinks to the few bytes the memory holds of such segments
+/// (16 KiB buffer: 32 KiB of memory, 15 of them), the right edge never moves left, the
+/// reads' window updates go out at once (no zero window that only a probe would
+/// reopen), and nothing is refused, so the peer never retransmits on its timer: the
+/// stream arrives at the pace memory allows, with no collapse after the first window.
+#[test]
+fn rfc9293_3_8_6_2_2_the_window_follows_receive_memory_for_one_byte_segments() {
+    for budget in [None, Some(8 << 10)] {
+        let rcv_buf = 16 << 10;
+        let mut c = established(cfg(rcv_buf));
+        let mut nic = Nic::default();
+        let data = stream(20_000);
+        let mut peer = TinyPeer::new(&mut c);
+        let room =
+            |c: &Connection| budget.map_or(usize::MAX, |b: usize| b.saturating_sub(c.recv_mem()));
+        let mut got = Vec::new();
+        let mut collapsed_after_first_window = None;
+        // The windows offered once the handshake's is used up (and the ratio learnt).
+        let mut late_from = None;
+        let mut ms = 2;
+        while (peer.una as usize) < data.len() {
+            assert!(
+                ms < 60_000,
+                "stalled at {} of {} bytes",
+                peer.una,
+                data.len()
+            );
+            peer.send(&mut c, &mut nic, &data, ms, 64, room);
+            got.extend(read_all(&mut c));
+            peer.hear(&mut c, ms);
+            if peer.una >= rcv_buf && collapsed_after_first_window.is_none() {
+                collapsed_after_first_window = Some(c.counters.rcv_collapsed);
+                late_from = Some((peer.windows.len(), ms));
+            }
+            ms += 1;
+        }
+        assert_eq!(got, data, "in order and intact");
+        assert_eq!(
+            (peer.rto_rexmits, peer.persist_stalls),
+            (0, 0),
+            "budget {budget:?}: no retransmission timeout, no stall"
+        );
+        let k = &c.counters;
+        assert_eq!(
+            (
+                k.drops(DropReason::RcvMemory),
+                k.drops(DropReason::RcvMemoryGlobal)
+            ),
+            (0, 0),
+            "nothing refused: {k:?}"
+        );
+        assert_eq!(
+            Some(k.rcv_collapsed),
+            collapsed_after_first_window,
+            "after the first window the flight fits the memory uncollapsed"
+        );
+        // What 32 KiB (or the 8 KiB budget) holds of 1-byte segments in 2,176-byte
+        // buffers: 15 (3); the window is never more, once the handshake's is used up.
+        let holds = budget.unwrap_or(2 * rcv_buf as usize) / (RX_BUF + crate::tcp::SEG_OVERHEAD);
+        let (late_from, late_ms) = late_from.unwrap();
+        let late = &peer.windows[late_from..];
+        assert!(
+            late.iter().all(|&w| usize::from(w) <= holds),
+            "budget {budget:?}: windows offered {:?}",
+            &late[..late.len().min(40)]
+        );
+        assert!(late.iter().any(|&w| w > 0));
+        // The reads' window updates: what reopened the window each time the peer had
+        // filled it.
+        assert!(peer.updates as usize >= (data.len() - rcv_buf as usize) / holds / 2);
+        // The pace memory allows: about the window's worth per read (1 ms), where a
+        // retransmission timer would take 200 ms.
+        let rest = (data.len() - rcv_buf as usize) as u64;
+        assert!(
+            ms - late_ms <= 2 * rest / holds as u64,
+            "{} ms for the last {rest} bytes",
+            ms - late_ms
+        );
+    }
+}
+
+/// Full-sized segments (truesize about 1.5 times their bytes, a ratio above 1/2) keep
+/// the whole window: the memory bound (twice `rcv_buf`) holds more than the buffer, so
+/// an application that reads is offered all of `rcv_buf` after each read, and every
+/// in-order segment takes header prediction.
+#[test]
+fn full_sized_segments_keep_the_whole_window() {
+    let rcv_buf = 64 << 10;
+    let mut c = established(cfg(rcv_buf));
+    let mut nic = Nic::default();
+    let mss = 1448;
+    let data = stream(40 * mss);
+    let mut acked = 0;
+    for (k, chunk) in data.chunks(mss).enumerate() {
+        let seq = PEER_ISS + 1 + (k * mss) as u32;
+        c.on_segment(t(2), &data_seg(seq, mss), nic.rx(chunk));
+        acks(&mut c, t(2), &mut acked);
+        if k % 8 == 7 {
+            read_all(&mut c);
+            let mut w = Vec::new();
+            while let Some(s) = c.poll_segment(t(2)) {
+                w.push(s.repr.window);
+            }
+            assert_eq!(w, vec![65535], "the read reopens the whole window");
+        }
+    }
+    assert_eq!(c.counters.fast_path_hits, 40);
+    assert_eq!(c.counters.rcv_collapsed, 0);
+}

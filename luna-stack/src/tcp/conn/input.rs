@@ -34,10 +34,12 @@ impl Connection {
     ) -> (Disposition, bool) {
         self.counters.segs_in += 1;
         self.last_rcv = now;
-        if self.cfg.header_prediction
-            && self.header_predicted(seg, payload.len(), payload.truesize(), room)
-        {
-            self.on_segment_predicted(now, seg, payload);
+        let mem = payload.truesize();
+        if self.cfg.header_prediction && self.header_predicted(seg, payload.len(), mem, room) {
+            if room < self.rcv_mem_limit() && !payload.is_empty() {
+                self.note_rcv_room(room, seg.seq + payload.len());
+            }
+            self.on_segment_predicted(now, seg, payload, mem);
             return (Disposition::Keep, true);
         }
         let d = match self.state {
@@ -51,8 +53,18 @@ impl Connection {
                 // The most this connection may hold under the stack-wide budget, fixed
                 // for the whole segment (the full path only; nothing before the data
                 // check changes the held memory).
-                let cap = self.recv_mem().saturating_add(room);
-                self.on_segment_synchronized(now, seg, payload, cap)
+                let held = self.recv_mem();
+                let cap = held.saturating_add(room);
+                let d = self.on_segment_synchronized(now, seg, payload, cap);
+                // Kept for the window (`rcv_wnd_mem`): a bound below the connection's
+                // own may limit it, so the one-compare shortcut is off until recomputed.
+                self.rcv_room = (room, held, self.rcv_nxt);
+                // (The callers compare the receive queue's memory only: out-of-order data
+                // turns the shortcut off too.)
+                if cap < self.rcv_mem_limit() || !self.ooo.is_empty() {
+                    self.rcv_mem_easy = 0;
+                }
+                d
             }
         };
         (d, false)
@@ -80,10 +92,13 @@ impl Connection {
             .iter()
             .fold((0, 0), |(n, m), p| (n + p.len(), m + p.truesize()));
         if self.cfg.header_prediction && self.header_predicted(seg, total, mem, room) {
+            if room < self.rcv_mem_limit() {
+                self.note_rcv_room(room, seg.seq + total);
+            }
             self.counters.segs_in += pieces.len() as u64;
             self.last_rcv = now;
             *readable = pieces.len() as u32;
-            self.on_run_predicted(now, seg, total, pieces);
+            self.on_run_predicted(now, seg, total, mem, pieces);
             return (Disposition::Keep, true);
         }
         // `readable`: how many of the segments made the connection readable, each of
@@ -120,6 +135,7 @@ impl Connection {
         now: Instant,
         seg: &TcpRepr,
         total: usize,
+        mem: usize,
         pieces: &mut Vec<Zbuf>,
     ) {
         self.counters.fast_path_hits += pieces.len() as u64;
@@ -151,7 +167,22 @@ impl Connection {
             self.deliver(p);
             self.schedule_ack(now, true, len);
         }
+        self.rcv_true_in = self.rcv_true_in.wrapping_add(mem as u32);
         self.arm_timers(now);
+    }
+
+    /// Header prediction takes data that moves RCV.NXT to `nxt` with `room` left under
+    /// the stack-wide bound, less than the connection's own bound: the stack-wide one may
+    /// limit the window, so it is kept for `rcv_wnd_mem` (as the full path keeps it).
+    /// With more room than that nothing is kept: it cannot limit the window (the
+    /// connection may hold no more than its own bound), and the RCV.NXT the data moves
+    /// makes an older record void.
+    #[cold]
+    #[inline(never)]
+    fn note_rcv_room(&mut self, room: usize, nxt: SeqNum) {
+        // (The out-of-order queue is empty: header prediction takes the data.)
+        self.rcv_room = (room, self.rcvq_mem, nxt);
+        self.rcv_mem_easy = 0;
     }
 
     /// Header prediction (Van Jacobson, "4BSD header prediction", 1990; BSD tcp_input, Linux
@@ -249,7 +280,13 @@ impl Connection {
 
     /// The full processing of RFC 9293 §3.10.7.4 for a segment `header_predicted` accepted,
     /// with the branches it ruled out left away: the same state changes, in the same order.
-    pub(super) fn on_segment_predicted(&mut self, now: Instant, seg: &TcpRepr, payload: Zbuf) {
+    pub(super) fn on_segment_predicted(
+        &mut self,
+        now: Instant,
+        seg: &TcpRepr,
+        payload: Zbuf,
+        mem: usize,
+    ) {
         self.counters.fast_path_hits += 1;
         let ack = seg.ack;
         let len = payload.len() as u32;
@@ -280,6 +317,7 @@ impl Connection {
         // RFC 9293 §3.10.7.4 seventh: in-order text goes to the application.
         if len > 0 {
             self.deliver(payload);
+            self.rcv_true_in = self.rcv_true_in.wrapping_add(mem as u32);
             self.schedule_ack(now, true, len);
         }
         self.arm_timers(now);
@@ -366,6 +404,92 @@ impl Connection {
         let free = (self.cfg.rcv_buf as usize).saturating_sub(self.rcvq_len);
         let max = u32::from(u16::MAX) << self.rcv_wscale;
         (free.min(u32::MAX as usize) as u32).min(max)
+    }
+
+    /// The window receive memory lets us offer and its SWS threshold, for when memory may
+    /// hold less than the byte window (the receive queue's memory at least
+    /// `rcv_mem_easy`, which the callers check; this recomputes it). Linux's
+    /// `__tcp_select_window` with `tcp_space`: the memory left under the connection's bound
+    /// ([`Connection::rcv_mem_limit`]) and under what the stack-wide one leaves it
+    /// (`rcv_room`), in bytes at the ratio of payload to truesize the data arrives with
+    /// (`rcv_ratio`). A peer sending 1-byte segments, each keeping a 2 KiB receive buffer,
+    /// is offered what the memory holds of them rather than what the byte buffer does, so
+    /// its flight is taken without collapsing or refusing any of it.
+    ///
+    /// Returns (the window, at most the byte window; the SWS threshold). RFC 9293
+    /// §3.8.6.2.2's buffer is what the memory holds at the ratio (at most `rcv_buf`), so
+    /// with little memory the threshold shrinks with it and the window still opens.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn rcv_wnd_mem(&mut self) -> (u32, u32) {
+        self.sample_rcv_ratio();
+        let r = u64::from(self.rcv_ratio);
+        let at_ratio =
+            |mem: usize| ((mem as u64 * r) >> RCV_RATIO_SHIFT).min(u64::from(u32::MAX)) as u32;
+        let limit = self.rcv_mem_limit().min(self.rcv_mem_cap());
+        let mut wnd = at_ratio(limit.saturating_sub(self.recv_mem()));
+        // An in-order segment is taken whatever it costs when nothing is left to read
+        // (`admit_rcv_mem`, Linux's sk_forced_mem_schedule): one segment is always held.
+        let one = self.one_rcv_segment();
+        if self.rcvq.is_empty() && self.ooo.is_empty() {
+            wnd = wnd.max(one);
+        }
+        let buf = at_ratio(limit).min(self.cfg.rcv_buf).max(one);
+        let threshold = (buf / 2).min(self.snd_mss).max(1);
+        // Below `easy` the memory left holds a whole rcv_buf at this ratio: the byte
+        // window alone is right (checked with one compare by the callers).
+        let need = (u64::from(self.cfg.rcv_buf) << RCV_RATIO_SHIFT).div_ceil(r.max(1));
+        // (Out-of-order memory is not in the callers' compare: none while there is any.)
+        self.rcv_mem_easy = match (limit as u64).checked_sub(need) {
+            Some(e) if self.ooo.is_empty() => (e + 1).min(usize::MAX as u64) as usize,
+            _ => 0,
+        };
+        (self.rcv_wnd().min(wnd), threshold)
+    }
+
+    /// The most receive memory this connection may hold under the stack-wide bound, as
+    /// last recorded (`rcv_room`); unbounded once header prediction took data since
+    /// without recording it (the bound could not limit this connection then).
+    fn rcv_mem_cap(&self) -> usize {
+        let (room, held, at) = self.rcv_room;
+        if at == self.rcv_nxt {
+            held.saturating_add(room)
+        } else {
+            usize::MAX
+        }
+    }
+
+    /// One segment's payload at `rcv_ratio`: the MSS we announced in a buffer 1.5 times
+    /// as large (a full-sized segment in a 2 KiB receive buffer), at least one byte. (The
+    /// MSS, not the `rcv_mss` learnt: a window below the peer's segment size would wait
+    /// on its sender SWS avoidance, RFC 9293 §3.8.6.2.1.)
+    fn one_rcv_segment(&self) -> u32 {
+        let mss = u32::from(self.cfg.mss).max(1);
+        let buf = u64::from(mss) * 3 / 2;
+        (((buf * u64::from(self.rcv_ratio)) >> RCV_RATIO_SHIFT) as u32).clamp(1, mss)
+    }
+
+    /// Linux's `scaling_ratio` (`tcp_measure_rcv_mss`), measured on all data rather than
+    /// full-sized segments only: payload bytes over truesize of what was delivered since
+    /// the last sample, once that covers `RCV_RATIO_SAMPLE` of truesize. Taken where the
+    /// window is computed from memory, not per segment (a division).
+    fn sample_rcv_ratio(&mut self) {
+        let (b0, t0) = self.rcv_sample;
+        let bytes = self.counters.bytes_in.wrapping_sub(b0);
+        let mem = self.rcv_true_in.wrapping_sub(t0);
+        // `rcv_true_in` counts modulo 2^32: over 256 KiB of payload its difference may
+        // have wrapped (at 16 KiB of truesize per byte), so such a long interval is not
+        // sampled, only restarted.
+        if bytes >= 256 << 10 {
+            self.rcv_sample = (self.counters.bytes_in, self.rcv_true_in);
+            return;
+        }
+        if mem < RCV_RATIO_SAMPLE {
+            return;
+        }
+        let r = (bytes << RCV_RATIO_SHIFT) / u64::from(mem);
+        self.rcv_ratio = r.clamp(1, u64::from(RCV_RATIO_ONE)) as u32;
+        self.rcv_sample = (self.counters.bytes_in, self.rcv_true_in);
     }
 
     /// The window used for the acceptability test: what we advertised.
@@ -677,9 +801,11 @@ impl Connection {
                 // once (the sender is in loss recovery and waits for it), not delayed.
                 let fills_gap = !payload.is_empty() && !self.ooo.is_empty();
                 let payload_len = payload.len() as u32;
+                self.note_true_in(payload.truesize());
                 self.deliver(payload);
                 // Anything out of order that is now contiguous follows (RFC 9293 §3.10.7.4).
                 while let Some(more) = self.ooo.pop_ready(self.rcv_nxt) {
+                    self.note_true_in(more.truesize());
                     self.deliver(more);
                 }
                 if fills_gap {
@@ -715,6 +841,12 @@ impl Connection {
         Disposition::Keep
     }
 
+    /// Adds a delivered buffer's truesize to `rcv_true_in` (the callers of `deliver`:
+    /// header prediction adds a segment's or a run's at once).
+    fn note_true_in(&mut self, mem: usize) {
+        self.rcv_true_in = self.rcv_true_in.wrapping_add(mem as u32);
+    }
+
     pub(super) fn deliver(&mut self, buf: Zbuf) {
         if buf.is_empty() {
             return;
@@ -745,6 +877,18 @@ impl Connection {
     #[cold]
     #[inline(never)]
     pub(super) fn admit_rcv_mem(&mut self, payload: &mut Zbuf, seq: SeqNum, cap: usize) -> bool {
+        let arrived = payload.truesize();
+        let ok = self.admit_rcv_mem_inner(payload, seq, cap);
+        if ok {
+            // The ratio is of the data as it arrives (`rcv_true_in`): a payload copied
+            // here counts its receive buffer, not its copy.
+            let copied = arrived.saturating_sub(payload.truesize());
+            self.rcv_true_in = self.rcv_true_in.wrapping_add(copied as u32);
+        }
+        ok
+    }
+
+    fn admit_rcv_mem_inner(&mut self, payload: &mut Zbuf, seq: SeqNum, cap: usize) -> bool {
         let own = self.rcv_mem_limit();
         let limit = own.min(cap);
         self.collapse_rcv_mem();
@@ -822,6 +966,13 @@ impl Connection {
         }
         self.counters.rcv_collapsed += (ooo.buffers + run.done.buffers) as u64;
         self.counters.rcv_collapsed_bytes += (ooo.bytes + run.done.bytes) as u64;
+        // The memory freed may open the window: say so now (as a read does).
+        if ooo.buffers + run.done.buffers > 0
+            && self.wnd_nomem == WndNoMem::No
+            && self.window_grew()
+        {
+            self.ack_now = true;
+        }
     }
 
     pub(super) fn on_fin(&mut self, now: Instant) {

@@ -342,13 +342,30 @@ impl Connection {
         }
         let cur_edge = self.rcv_nxt + self.rcv_wnd();
         let threshold = (self.cfg.rcv_buf / 2).min(self.snd_mss).max(1);
-        let edge = if self.rcv_adv.lt(self.rcv_nxt)
+        let mut edge = if self.rcv_adv.lt(self.rcv_nxt)
             || (cur_edge.gt(self.rcv_adv) && cur_edge - self.rcv_adv >= threshold)
         {
             cur_edge
         } else {
             self.rcv_adv
         };
+        // RFC 9293 §3.8.6.2.2 / RFC 7323 §2.4: the right edge only stops; where it would
+        // move, it goes no further than receive memory holds (`rcv_wnd_mem`), with the
+        // SWS threshold of that smaller buffer. One compare while memory is plentiful.
+        // (Where the byte window does not move the edge the memory window, never larger,
+        // moves it by less; only with a threshold below the byte one, a few dozen bytes
+        // of memory window, could it have moved it: the next segment or probe does.)
+        if edge != self.rcv_adv && self.rcvq_mem >= self.rcv_mem_easy {
+            let (wnd, thr) = self.rcv_wnd_mem();
+            let mem_edge = self.rcv_nxt + wnd;
+            edge = if self.rcv_adv.lt(self.rcv_nxt)
+                || (mem_edge.gt(self.rcv_adv) && mem_edge - self.rcv_adv >= thr)
+            {
+                mem_edge
+            } else {
+                self.rcv_adv
+            };
+        }
         let wnd = edge - self.rcv_nxt;
         if syn {
             // RFC 7323 §2.2: the window in a SYN or SYN-ACK is never scaled.

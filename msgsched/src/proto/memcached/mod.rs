@@ -49,6 +49,7 @@
 //! `getkq`, `noop`, `version`, `stat`) and swallowed chunks may still run side by side.
 
 pub mod binary;
+pub mod meta;
 pub mod text;
 
 use crate::parser::{peek, Ordering, ParseError, ParseErrorKind, Parser};

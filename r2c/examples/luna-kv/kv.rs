@@ -1219,7 +1219,7 @@ mod reply_tests {
                 "CLIENT_ERROR usage: stats detail on|off|dump\r\n",
             ),
             ("mn\r\n", "MN\r\n"),
-            ("mg e v\r\n", "ERROR\r\n"),
+            ("mg e v\r\n", "VA 1\r\nx\r\n"),
         ];
         for (input, want) in cases {
             assert_eq!(text(&mut k, input), *want, "{input:?}");

@@ -412,3 +412,346 @@ pub(crate) fn decode(t: &[&[u8]], msg: &IoVec, line_len: usize) -> Decoded {
     }
     Ok(m)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::text::{Command, Request};
+    use super::*;
+    use zbuf::Zbuf;
+
+    fn iov(b: &[u8]) -> IoVec {
+        // Three segments, so decoding crosses segment boundaries.
+        let (a, rest) = b.split_at(b.len() / 3);
+        let (m, c) = rest.split_at(rest.len() / 2);
+        [a, m, c].iter().map(|p| Zbuf::copy_from_slice(p)).collect()
+    }
+
+    fn meta(s: &[u8]) -> Result<Meta, Error> {
+        match Request::decode(&iov(s)) {
+            Ok(Request {
+                cmd: Command::Meta(m),
+                noreply,
+            }) => {
+                assert!(!noreply, "meta commands carry q, not noreply");
+                Ok(*m)
+            }
+            Ok(r) => panic!("not meta: {r:?}"),
+            Err(rej) => {
+                // A meta command's errors are always answered.
+                assert!(!rej.noreply);
+                Err(rej.error)
+            }
+        }
+    }
+
+    fn err(s: &str) -> &'static [u8] {
+        meta(s.as_bytes()).unwrap_err().reply()
+    }
+
+    fn chars(m: &Meta) -> Vec<u8> {
+        m.flags.iter().map(|f| f.c).collect()
+    }
+
+    #[test]
+    fn mg_decodes_every_flag_in_order() {
+        let m = meta(b"mg key s v f t c k O123 h l q u T30 N-1 R+5 P L\r\n").unwrap();
+        assert_eq!(m.verb, Verb::Get);
+        assert_eq!(m.key, b"key");
+        assert_eq!(chars(&m), b"svftckOhlquTNRPL");
+        assert!(m.value && m.quiet && m.no_update && !m.base64);
+        assert_eq!((m.ttl, m.vivify, m.recache), (Some(30), Some(-1), Some(5)));
+        let o = m.flags.iter().find(|f| f.c == b'O').unwrap();
+        assert_eq!(o.token, b"123");
+        // Tokens after a flag that takes none are ignored; mg ignores ms/ma flags.
+        let m = meta(b"mg k vfoo D5 J1 I C7 F3 MZ\r\n").unwrap();
+        assert!(m.value && m.invalidate);
+        assert_eq!(
+            (m.delta, m.initial, m.cas, m.client_flags),
+            (5, 1, Some(7), 3)
+        );
+        // No flags at all; LF-only and extra spaces.
+        assert!(meta(b"mg k\r\n").unwrap().flags.is_empty());
+        assert_eq!(chars(&meta(b"mg   k   v   k  \n").unwrap()), b"vk");
+    }
+
+    #[test]
+    fn flag_errors_are_memcached_1_6_18s() {
+        assert_eq!(err("mg k x\r\n"), b"CLIENT_ERROR invalid flag\r\n");
+        // 1.6.18 has no `E` (explicit CAS) flag yet.
+        assert_eq!(err("mg k E5\r\n"), b"CLIENT_ERROR invalid flag\r\n");
+        assert_eq!(err("mg k v v\r\n"), b"CLIENT_ERROR duplicate flag\r\n");
+        assert_eq!(err("mg k \u{c3}\r\n"), b"CLIENT_ERROR duplicate flag\r\n");
+        for l in [
+            "mg k Tx\r\n",
+            "mg k T\r\n",
+            "mg k N1x\r\n",
+            "mg k R-\r\n",
+            "mg k Cz\r\n",
+        ] {
+            assert_eq!(
+                err(l),
+                b"CLIENT_ERROR bad token in command line format\r\n",
+                "{l}"
+            );
+        }
+        // A bad token is remembered and the check goes on: a duplicate after it wins,
+        // a bad F keeps the earlier message (or the generic one).
+        assert_eq!(err("mg k Tx v v\r\n"), b"CLIENT_ERROR duplicate flag\r\n");
+        assert_eq!(
+            err("mg k Tx Fz\r\n"),
+            b"CLIENT_ERROR bad token in command line format\r\n"
+        );
+        assert_eq!(
+            err("mg k Fz\r\n"),
+            b"CLIENT_ERROR bad command line format\r\n"
+        );
+        assert_eq!(
+            err("mg k F4294967296\r\n"),
+            b"CLIENT_ERROR bad command line format\r\n"
+        );
+        assert_eq!(
+            err("mg k MSS\r\n"),
+            b"CLIENT_ERROR incorrect length for M token\r\n"
+        );
+        assert_eq!(
+            err("mg k Jz\r\n"),
+            b"CLIENT_ERROR invalid numeric initial value\r\n"
+        );
+        assert_eq!(
+            err("mg k Dz\r\n"),
+            b"CLIENT_ERROR invalid numeric delta value\r\n"
+        );
+        assert_eq!(
+            err("ms k 1 Mxx Dx\r\nx\r\n"),
+            b"CLIENT_ERROR invalid numeric delta value\r\n"
+        );
+        // md and ma answer every flag error alike.
+        for l in [
+            "md k x\r\n",
+            "md k q q\r\n",
+            "md k Cx\r\n",
+            "ma k Dx\r\n",
+            "ma k Jx\r\n",
+            "ma k x\r\n",
+            "ma k D-1\r\n",
+        ] {
+            assert_eq!(err(l), b"CLIENT_ERROR invalid or duplicate flag\r\n", "{l}");
+        }
+        // Opaque tokens up to 32 bytes, O included.
+        let ok = format!("mg k O{}\r\n", "x".repeat(31));
+        assert!(meta(ok.as_bytes()).is_ok());
+        for v in ["mg k", "md k", "ma k", "ms k 1"] {
+            let l = format!("{v} O{}\r\nx\r\n", "x".repeat(32));
+            assert_eq!(err(&l), b"CLIENT_ERROR opaque token too long\r\n", "{v}");
+        }
+    }
+
+    #[test]
+    fn token_count_and_key_limits() {
+        let flags = "v s t c f h k l q u O1 P L N1 R1 T1 M1";
+        assert!(meta(format!("mg k {flags}\r\n").as_bytes()).is_ok());
+        let l = format!("mg k {flags} I\r\n");
+        assert_eq!(err(&l), b"CLIENT_ERROR options flags are too long\r\n");
+        let l = "md k a b c d e f g h i j k l m n o p q r\r\n";
+        assert_eq!(err(l), b"CLIENT_ERROR options flags too long\r\n");
+        assert_eq!(
+            err(&l.replace("md", "ma")),
+            b"CLIENT_ERROR options flags too long\r\n"
+        );
+        // The verb alone: ERROR (me: a format error).
+        for v in ["mg", "ms", "md", "ma"] {
+            assert_eq!(err(&format!("{v}\r\n")), b"ERROR\r\n", "{v}");
+        }
+        assert_eq!(err("me\r\n"), b"CLIENT_ERROR bad command line format\r\n");
+        let k251 = "a".repeat(251);
+        for v in ["mg", "md", "ma", "me"] {
+            let l = format!("{v} {k251} v\r\n");
+            assert_eq!(err(&l), b"CLIENT_ERROR bad command line format\r\n", "{v}");
+        }
+        let l = format!("mg {} v\r\n", "a".repeat(250));
+        assert!(meta(l.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn base64_keys_decode_as_memcached_does() {
+        assert_eq!(base64_decode(b"AP9r"), Some(vec![0, 0xff, b'k']));
+        assert_eq!(base64_decode(b"QQ=="), Some(b"A".to_vec()));
+        assert_eq!(base64_decode(b"QUI="), Some(b"AB".to_vec()));
+        // Bytes outside the alphabet are skipped; decoding stops at the first padding.
+        assert_eq!(base64_decode(b"Q!Q=="), Some(b"A".to_vec()));
+        assert_eq!(base64_decode(b"QQ==QUJD"), Some(b"A".to_vec()));
+        for bad in [&b"k"[..], b"k=", b"Q===", b"====", b"", b"!!!!"] {
+            assert_eq!(base64_decode(bad), None, "{bad:?}");
+        }
+        for v in [&b""[..], b"\0", b"ab", b"abc", b"\xff\xfe\xfd\xfc"] {
+            assert_eq!(base64_decode(&base64_encode(v)).unwrap_or_default(), v);
+        }
+        assert_eq!(base64_encode(b"\0\xffk"), b"AP9r");
+        let m = meta(b"mg AP9r b k v\r\n").unwrap();
+        assert_eq!((m.key, m.base64), (vec![0, 0xff, b'k'], true));
+        assert_eq!(err("mg k b\r\n"), b"CLIENT_ERROR error decoding key\r\n");
+        assert_eq!(
+            err("md k b\r\n"),
+            b"CLIENT_ERROR invalid or duplicate flag\r\n"
+        );
+        assert_eq!(
+            err("me k b\r\n"),
+            b"CLIENT_ERROR bad command line format\r\n"
+        );
+        // me: `b` only right after the key, other tokens ignored.
+        let m = meta(b"me AP9r b\r\n").unwrap();
+        assert_eq!(
+            (m.verb, m.key, m.base64),
+            (Verb::Debug, vec![0, 0xff, b'k'], true)
+        );
+        assert!(!meta(b"me k x b\r\n").unwrap().base64);
+    }
+
+    #[test]
+    fn ms_frames_its_data_block_and_decodes_modes() {
+        let s = b"ms k 5 T10 F7 C3 I MA c k Oab q\r\nhe\r\no\r\n";
+        let m = meta(s).unwrap();
+        assert_eq!(m.verb, Verb::Set);
+        assert_eq!(m.data.to_vec(), b"he\r\no");
+        assert_eq!((m.ttl, m.client_flags, m.cas), (Some(10), 7, Some(3)));
+        assert!(m.invalidate && m.quiet);
+        assert_eq!(m.set_mode, SetMode::Append);
+        for (c, mode) in [
+            ('S', SetMode::Set),
+            ('E', SetMode::Add),
+            ('A', SetMode::Append),
+            ('P', SetMode::Prepend),
+            ('R', SetMode::Replace),
+        ] {
+            let l = format!("ms k 1 M{c}\r\nx\r\n");
+            assert_eq!(meta(l.as_bytes()).unwrap().set_mode, mode);
+        }
+        assert_eq!(
+            err("ms k 1 MX\r\nx\r\n"),
+            b"CLIENT_ERROR invalid mode for ms M token\r\n"
+        );
+        // A bad mode is named before a long opaque.
+        let l = format!("ms k 1 O{} MZ\r\nx\r\n", "x".repeat(32));
+        assert_eq!(err(&l), b"CLIENT_ERROR invalid mode for ms M token\r\n");
+        assert_eq!(meta(b"ms k 0\r\n\r\n").unwrap().data.len(), 0);
+        assert_eq!(meta(b"ms k +1\r\nx\r\n").unwrap().data.to_vec(), b"x");
+        // As framed: the line and <datalen> + 2 bytes.
+        assert_eq!(err("ms k 1\r\nxyz"), b"CLIENT_ERROR bad data chunk\r\n");
+        assert_eq!(err("ms k 1 q\r\nx\nz"), b"CLIENT_ERROR bad data chunk\r\n");
+    }
+
+    fn frame_len(s: &[u8]) -> Result<super::super::Frame, crate::parser::ParseErrorKind> {
+        super::super::text::frame(&iov(s), 1 << 20, &super::super::Limits::default(), &mut 0)
+            .map_err(|e| e.kind())
+    }
+
+    #[test]
+    fn ms_lines_memcached_reads_no_data_for_are_framed_alone() {
+        use super::super::Frame;
+        // The data block is framed (stored or swallowed) once the line has a key, a
+        // length and at most 19 tokens ...
+        for s in [
+            &b"ms k 2 Z\r\nab\r\n"[..],
+            b"ms k 2 T1 T2\r\nab\r\n",
+            b"ms k 2 b\r\nab\r\n",
+            b"ms k 2\r\nab\r\n",
+        ] {
+            assert_eq!(frame_len(s), Ok(Frame::msg(s.len())), "{s:?}");
+        }
+        assert_eq!(err("ms k 2 Z\r\nab\r\n"), b"CLIENT_ERROR invalid flag\r\n");
+        assert_eq!(
+            err("ms k 2 b\r\nab\r\n"),
+            b"CLIENT_ERROR error decoding key\r\n"
+        );
+        // ... otherwise the line alone, its data then read as commands.
+        let k251 = format!("ms {} 1\r\n", "a".repeat(251));
+        let many = "ms k 1 a b c d e f g h i j k l m n o p q\r\n";
+        for s in [
+            "ms k\r\n",
+            "ms k x\r\n",
+            "ms k -1\r\n",
+            "ms k 2147483646\r\n",
+            &k251,
+            many,
+        ] {
+            assert_eq!(frame_len(s.as_bytes()), Ok(Frame::msg(s.len())), "{s}");
+        }
+        assert_eq!(err("ms k\r\n"), b"CLIENT_ERROR bad command line format\r\n");
+        assert_eq!(
+            err("ms k x\r\n"),
+            b"CLIENT_ERROR bad command line format\r\n"
+        );
+        assert_eq!(
+            err("ms k 2147483646\r\n"),
+            b"CLIENT_ERROR bad command line format\r\n"
+        );
+        assert_eq!(err(many), b"CLIENT_ERROR options flags too long\r\n");
+        // Above the message cap: answered, and the value swallowed.
+        let s = b"ms k 2147483645 T0\r\n";
+        assert_eq!(
+            frame_len(s),
+            Ok(Frame {
+                len: s.len(),
+                swallow: 2147483647
+            })
+        );
+        assert_eq!(
+            err("ms k 2147483645 T0\r\n"),
+            b"SERVER_ERROR object too large for cache\r\n"
+        );
+    }
+
+    #[test]
+    fn md_and_ma_decode_their_flags() {
+        let m = meta(b"md k C5 I T30 q k O1 b2\r\n");
+        // `b2` is `b` with a token: the key "k" is not base64.
+        assert_eq!(m.unwrap_err(), Error::MetaBadFlag);
+        let m = meta(b"md k C5 I T30 q k O1\r\n").unwrap();
+        assert_eq!((m.verb, m.cas, m.ttl), (Verb::Delete, Some(5), Some(30)));
+        assert!(m.invalidate && m.quiet);
+        // md ignores a mode.
+        assert!(meta(b"md k MZ\r\n").is_ok());
+        let m = meta(b"ma k\r\n").unwrap();
+        assert_eq!(
+            (m.verb, m.incr, m.delta, m.initial),
+            (Verb::Arith, true, 1, 0)
+        );
+        let m = meta(b"ma k N0 J10 D18446744073709551615 MD v t c\r\n").unwrap();
+        assert_eq!(
+            (m.vivify, m.initial, m.delta, m.incr),
+            (Some(0), 10, u64::MAX, false)
+        );
+        for (c, incr) in [('I', true), ('+', true), ('D', false), ('-', false)] {
+            assert_eq!(
+                meta(format!("ma k M{c}\r\n").as_bytes()).unwrap().incr,
+                incr
+            );
+        }
+        assert_eq!(
+            err("ma k MX\r\n"),
+            b"CLIENT_ERROR invalid mode for ma M token\r\n"
+        );
+        assert_eq!(
+            err("ma k D18446744073709551616\r\n"),
+            b"CLIENT_ERROR invalid or duplicate flag\r\n"
+        );
+    }
+
+    /// Regression: every meta line in the differential test decodes without a panic,
+    /// whatever is cut from its end.
+    #[test]
+    fn truncated_meta_lines_never_panic() {
+        let lines: &[&[u8]] = &[
+            b"ms k 5 T10 F7 C3 I MA c k Oab q\r\nhe\r\no\r\n",
+            b"mg AP9r b k v N30 R5 T-1 t\r\n",
+            b"ma k N0 J10 D5 MD v t c q O1 k b\r\n",
+            b"me AP9r b\r\n",
+            b"md k C5 I T30 q k O1\r\n",
+        ];
+        for l in lines {
+            for n in 0..=l.len() {
+                let _ = Request::decode(&iov(&l[..n]));
+            }
+        }
+    }
+}

@@ -33,6 +33,8 @@ const REL_MAX: i64 = 60 * 60 * 24 * 30;
 /// The version luna-kv reports (the memcached protocol level it follows).
 pub const VERSION: &str = "1.6.21-luna";
 
+// A path relative to this file, so that the tests that include kv.rs by path find it too.
+#[path = "kv/meta.rs"]
 mod meta;
 
 #[derive(Clone)]
@@ -349,9 +351,7 @@ impl Store {
         let (mut stale, mut token_sent) = (false, false);
         let (bytes, flags, exp) = match (p.comm, &old) {
             (Comm::Add, Some(_)) => return (Outcome::NotStored, 0),
-            (Comm::Replace | Comm::Append | Comm::Prepend, None) => {
-                return (Outcome::NotStored, 0)
-            }
+            (Comm::Replace | Comm::Append | Comm::Prepend, None) => return (Outcome::NotStored, 0),
             (Comm::Cas, None) => return (Outcome::NotFound, 0),
             (Comm::Cas, Some(it)) if p.cas != 0 && p.cas == it.cas => {
                 (value.to_vec(), p.flags, expiry(p.exptime))

@@ -373,6 +373,12 @@ mod tests {
             ];
             assert_eq!(got, want, "{nl:?}");
         }
+        // Every meta command changes its item (`h`, `l`, `T`, `N`, `R`): alone, an `ms`
+        // with its data block as one message.
+        assert_eq!(
+            exclusives(b"mg a v\r\nms a 1 T0\r\nx\r\nmd a\r\nma a\r\nme a\r\nmn\r\n"),
+            [true; 6]
+        );
         let mut b = Vec::new();
         for opcode in [
             binary::op::GETKQ,

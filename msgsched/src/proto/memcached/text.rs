@@ -1,8 +1,9 @@
 //! The memcached text (ASCII) protocol: framing and request decoding.
 //!
 //! A message is one command line, plus for a storage command (`set`, `add`, `replace`,
-//! `append`, `prepend`, `cas`) its data block: exactly `<bytes>` bytes and `\r\n`,
-//! framed by the count. See the [module docs](super) for errors, line endings and caps.
+//! `append`, `prepend`, `cas`, and the meta `ms`) its data block: exactly `<bytes>` bytes
+//! and `\r\n`, framed by the count. See the [module docs](super) for errors, line endings
+//! and caps, and [`super::meta`] for the meta commands.
 
 use super::{meta, Frame, Limits, KEY_MAX};
 use crate::parser::{peek, ParseError, ParseErrorKind};

@@ -128,8 +128,8 @@ def cases():
     add("ms_bad_data_chunk", b"ms " + k("e") + b" 1\r\nxyz\r\nmn\r\n")
     add("ms_bad_data_chunk_q", b"ms " + k("e") + b" 1 q\r\nxyz\r\nmn\r\n")
     add("ms_data_lf_only", b"ms " + k("e") + b" 1\nx\nmn\r\n")
-    add("ms_split", b"ms " + k("sp2") + b" 5 T0\r\nhe", )
-    c[-1] = ("ms_split", [b"ms " + k("sp2") + b" 5 T0\r\nhe", b"llo\r\nmg " + k("sp2") + b" v\r\n"])
+    # The data block in two sends.
+    c.append(("ms_split", [b"ms " + k("sp2") + b" 5 T0\r\nhe", b"llo\r\nmg " + k("sp2") + b" v\r\n"]))
     # md.
     add("md_basic", b"ms " + k("d") + b" 1\r\nx\r\nmd " + k("d") + b" k O5\r\nmd " + k("d") + b" k O5\r\nmg " + k("d") + b" v\r\n")
     add("md_q", b"ms " + k("dq") + b" 1\r\nx\r\nmd " + k("dq") + b" q\r\nmd " + k("dq") + b" q\r\nmn\r\n")

@@ -811,6 +811,39 @@ mod tests {
         assert!(k.counters.errors.load(Ordering::Relaxed) >= 12);
     }
 
+    /// Differences from memcached 1.6.18 kept on purpose (docs/msgsched-protocols.md,
+    /// "Differences from memcached 1.6.18"); memcached's answers in the comments.
+    #[test]
+    fn kept_meta_differences_from_memcached() {
+        let mut k = kv();
+        let long = format!("O{}", "x".repeat(32));
+        let input = format!(
+            "ms f 1 F4294967296\r\nx\r\nmg f v\r\n\
+             ms o 1 T100\r\n1\r\nmg o T30 {long}\r\nmg o t\r\nma o {long}\r\nmg o v\r\n"
+        );
+        assert_eq!(
+            text(&mut k, input.as_bytes()),
+            // memcached: HD, then VA 1 f0 (the flags truncated to 32 bits).
+            "CLIENT_ERROR bad command line format\r\nEN\r\n\
+             HD\r\n\
+             CLIENT_ERROR opaque token too long\r\n\
+             HD t100\r\n\
+             CLIENT_ERROR opaque token too long\r\n\
+             VA 1\r\n1\r\n" // memcached: the same errors, but HD t30 (T applied) and VA 1 / 2 (the
+                            // delta applied) after them.
+        );
+        // `me` of a chunked item (over 512 KiB): memcached 1.6.18 reports class 39 and
+        // its size, as luna does.
+        let v = "z".repeat(600_000);
+        assert_eq!(
+            text(
+                &mut k,
+                format!("ms bigme 600000 T0\r\n{v}\r\nme bigme\r\n").as_bytes()
+            ),
+            "HD\r\nME bigme exp=-1 la=0 cas=2 fetch=no cls=39 size=600064\r\n"
+        );
+    }
+
     #[test]
     fn quiet_pipelines_end_with_mn() {
         let mut k = kv();

@@ -33,6 +33,10 @@ const REL_MAX: i64 = 60 * 60 * 24 * 30;
 /// The version luna-kv reports (the memcached protocol level it follows).
 pub const VERSION: &str = "1.6.21-luna";
 
+// A path relative to this file, so that the tests that include kv.rs by path find it too.
+#[path = "kv/meta.rs"]
+mod meta;
+
 #[derive(Clone)]
 struct Item {
     value: Zbuf,
@@ -41,6 +45,60 @@ struct Item {
     exp: u64,
     cas: u64,
     stored: u64,
+    /// Unix second of the last access (meta `l`, `me`'s `la`).
+    atime: u64,
+    /// Fetched since it was stored (meta `h`, `me`'s `fetch`).
+    fetched: bool,
+    /// Invalidated (`md I`, `ms I` with an older CAS): meta `X`.
+    stale: bool,
+    /// A client has won the recache token (meta `W` sent; `Z` to the others).
+    token_sent: bool,
+    /// The key was stored by a meta command with `b`: returned base64-encoded.
+    key_b64: bool,
+}
+
+impl Item {
+    fn new(value: Zbuf, flags: u32, exp: u64, cas: u64, t: u64) -> Item {
+        Item {
+            value,
+            flags,
+            exp,
+            cas,
+            stored: t,
+            atime: t,
+            fetched: false,
+            stale: false,
+            token_sent: false,
+            key_b64: false,
+        }
+    }
+}
+
+/// How a store treats the item already there (memcached's `NREAD_*`; `ms`'s modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Comm {
+    Set,
+    Add,
+    Replace,
+    Append,
+    Prepend,
+    /// Store if the CAS value matches (a lower one, with `stale_ok`, stores a stale
+    /// item).
+    Cas,
+}
+
+/// A store request for [`Store::try_store_full`].
+struct Put<'a> {
+    comm: Comm,
+    /// The CAS value to compare (0: none).
+    cas: u64,
+    /// `ms` with `I`: a CAS below the item's stores a stale item.
+    stale_ok: bool,
+    key: &'a [u8],
+    flags: u32,
+    exptime: i64,
+    value: &'a IoVec,
+    key_b64: bool,
 }
 
 /// Outcome of a store operation.
@@ -262,43 +320,70 @@ impl Store {
         exptime: i64,
         value: &IoVec,
     ) -> (Outcome, u64) {
-        let t = now();
+        let (comm, cas) = match op {
+            StoreOp::Set => (Comm::Set, 0),
+            StoreOp::Add => (Comm::Add, 0),
+            StoreOp::Replace => (Comm::Replace, 0),
+            StoreOp::Append => (Comm::Append, 0),
+            StoreOp::Prepend => (Comm::Prepend, 0),
+            StoreOp::Cas(c) => (Comm::Cas, c),
+        };
+        self.try_store_full(&Put {
+            comm,
+            cas,
+            stale_ok: false,
+            key,
+            flags,
+            exptime,
+            value,
+            key_b64: false,
+        })
+    }
+
+    /// memcached's `do_store_item`: the CAS test applies to every mode (a CAS value
+    /// given to append/prepend must match; add ignores it), a CAS store of a missing
+    /// key is NOT_FOUND, and with `stale_ok` a CAS below the item's stores the value
+    /// as a stale item that keeps the old expiry and token.
+    fn try_store_full(&self, p: &Put<'_>) -> (Outcome, u64) {
+        let (t, key, value) = (now(), p.key, p.value);
         let mut m = self.shard(key);
         let old = m.get(key).filter(|it| self.live(it, t)).cloned();
-        let (bytes, flags, exp) = match (op, &old) {
-            (StoreOp::Add, Some(_)) => return (Outcome::NotStored, 0),
-            (StoreOp::Replace | StoreOp::Append | StoreOp::Prepend, None) => {
-                return (Outcome::NotStored, 0)
+        let (mut stale, mut token_sent) = (false, false);
+        let (bytes, flags, exp) = match (p.comm, &old) {
+            (Comm::Add, Some(_)) => return (Outcome::NotStored, 0),
+            (Comm::Replace | Comm::Append | Comm::Prepend, None) => return (Outcome::NotStored, 0),
+            (Comm::Cas, None) => return (Outcome::NotFound, 0),
+            (Comm::Cas, Some(it)) if p.cas != 0 && p.cas == it.cas => {
+                (value.to_vec(), p.flags, expiry(p.exptime))
             }
-            (StoreOp::Cas(_), None) => return (Outcome::NotFound, 0),
-            (StoreOp::Cas(c), Some(it)) if it.cas != c => return (Outcome::Exists, 0),
-            (StoreOp::Append, Some(it)) => {
+            (Comm::Cas, Some(it)) if p.stale_ok && p.cas != 0 && p.cas < it.cas => {
+                (stale, token_sent) = (true, it.token_sent);
+                (value.to_vec(), p.flags, it.exp)
+            }
+            (Comm::Cas, Some(_)) => return (Outcome::Exists, 0),
+            (Comm::Append | Comm::Prepend, Some(it)) if p.cas != 0 && p.cas != it.cas => {
+                return (Outcome::Exists, 0)
+            }
+            (Comm::Append, Some(it)) => {
                 let mut v = it.value.to_vec();
                 v.extend(value.to_vec());
                 (v, it.flags, it.exp)
             }
-            (StoreOp::Prepend, Some(it)) => {
+            (Comm::Prepend, Some(it)) => {
                 let mut v = value.to_vec();
                 v.extend_from_slice(&it.value);
                 (v, it.flags, it.exp)
             }
-            _ => (value.to_vec(), flags, expiry(exptime)),
+            _ => (value.to_vec(), p.flags, expiry(p.exptime)),
         };
         let prev = m.get(key).map_or(0, |it| cost(key, it.value.len()));
         if !self.charge(cost(key, bytes.len()), prev) {
             return (Outcome::NoMemory, 0);
         }
         let cas = self.cas();
-        m.insert(
-            key.to_vec(),
-            Item {
-                value: Zbuf::from_vec(bytes),
-                flags,
-                exp,
-                cas,
-                stored: t,
-            },
-        );
+        let mut it = Item::new(Zbuf::from_vec(bytes), flags, exp, cas, t);
+        (it.stale, it.token_sent, it.key_b64) = (stale, token_sent, p.key_b64);
+        m.insert(key.to_vec(), it);
         (Outcome::Stored, cas)
     }
 
@@ -318,6 +403,8 @@ impl Store {
         if let Some(e) = touch {
             it.exp = expiry(e);
         }
+        it.fetched = true;
+        it.atime = t;
         self.hits.fetch_add(1, Ordering::Relaxed);
         Some((it.value.clone(), it.flags, it.cas))
     }
@@ -394,13 +481,7 @@ impl Store {
         let cas = self.cas();
         m.insert(
             key.to_vec(),
-            Item {
-                value: Zbuf::from_vec(bytes),
-                flags,
-                exp,
-                cas,
-                stored: t,
-            },
+            Item::new(Zbuf::from_vec(bytes), flags, exp, cas, t),
         );
         Ok((n, cas))
     }
@@ -625,6 +706,7 @@ impl Kv {
             Command::MetaNoop => {
                 r.put(b"MN\r\n");
             }
+            Command::Meta(m) => return self.meta(&m),
             Command::Quit => return Answer::Close(IoVec::new()),
         }
         if req.noreply {
@@ -1137,7 +1219,7 @@ mod reply_tests {
                 "CLIENT_ERROR usage: stats detail on|off|dump\r\n",
             ),
             ("mn\r\n", "MN\r\n"),
-            ("mg e v\r\n", "ERROR\r\n"),
+            ("mg e v\r\n", "VA 1\r\nx\r\n"),
         ];
         for (input, want) in cases {
             assert_eq!(text(&mut k, input), *want, "{input:?}");

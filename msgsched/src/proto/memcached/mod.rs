@@ -49,6 +49,7 @@
 //! `getkq`, `noop`, `version`, `stat`) and swallowed chunks may still run side by side.
 
 pub mod binary;
+pub mod meta;
 pub mod text;
 
 use crate::parser::{peek, Ordering, ParseError, ParseErrorKind, Parser};
@@ -372,6 +373,12 @@ mod tests {
             ];
             assert_eq!(got, want, "{nl:?}");
         }
+        // Every meta command changes its item (`h`, `l`, `T`, `N`, `R`): alone, an `ms`
+        // with its data block as one message.
+        assert_eq!(
+            exclusives(b"mg a v\r\nms a 1 T0\r\nx\r\nmd a\r\nma a\r\nme a\r\nmn\r\n"),
+            [true; 6]
+        );
         let mut b = Vec::new();
         for opcode in [
             binary::op::GETKQ,
@@ -382,6 +389,35 @@ mod tests {
             b.extend(binary::Header::request(opcode, 0, 0, 0, 1).bytes());
         }
         assert_eq!(exclusives(&b), [false, false, true, true]);
+    }
+
+    /// A meta stream, any segmentation: `ms` data blocks (holding `\r\n` and a whole
+    /// command) framed by their count, bad `ms` lines alone, a too-large one swallowed.
+    #[test]
+    fn meta_framing_is_independent_of_segmentation() {
+        let input = format!(
+            "ms a 13 T0 q\r\nab\r\nmg x v\r\n!\r\nmg a v k O1\r\nms b x\r\nxy\r\nms c 2 Z\r\nzz\r\nms big 5000 T0\r\n{}\r\nmn\r\n",
+            "z".repeat(5000)
+        );
+        let whole = frames(input.as_bytes(), input.len(), 1024).unwrap();
+        for step in [1, 2, 3, 7, 64, 1000] {
+            assert_eq!(
+                frames(input.as_bytes(), step, 1024).unwrap(),
+                whole,
+                "{step}"
+            );
+        }
+        let msgs: Vec<&[u8]> = whole.iter().filter(|m| !m.1).map(|m| &m.0[..]).collect();
+        let want: [&[u8]; 7] = [
+            b"ms a 13 T0 q\r\nab\r\nmg x v\r\n!\r\n",
+            b"mg a v k O1\r\n",
+            b"ms b x\r\n",
+            b"xy\r\n",
+            b"ms c 2 Z\r\nzz\r\n",
+            b"ms big 5000 T0\r\n",
+            b"mn\r\n",
+        ];
+        assert_eq!(msgs, want);
     }
 
     proptest::proptest! {

@@ -1,10 +1,11 @@
 //! The memcached text (ASCII) protocol: framing and request decoding.
 //!
 //! A message is one command line, plus for a storage command (`set`, `add`, `replace`,
-//! `append`, `prepend`, `cas`) its data block: exactly `<bytes>` bytes and `\r\n`,
-//! framed by the count. See the [module docs](super) for errors, line endings and caps.
+//! `append`, `prepend`, `cas`, and the meta `ms`) its data block: exactly `<bytes>` bytes
+//! and `\r\n`, framed by the count. See the [module docs](super) for errors, line endings
+//! and caps, and [`super::meta`] for the meta commands.
 
-use super::{Frame, Limits, KEY_MAX};
+use super::{meta, Frame, Limits, KEY_MAX};
 use crate::parser::{peek, ParseError, ParseErrorKind};
 use zbuf::IoVec;
 
@@ -71,8 +72,12 @@ const VLEN_MAX: i64 = i32::MAX as i64 - 2;
 
 /// Storage command with a syntactically valid line: its `<bytes>`.
 fn storage_bytes(line: &[u8]) -> Option<usize> {
-    let t: Vec<&[u8]> = tokens(line).take(8).collect();
+    // Enough tokens to tell a meta line over its token limit.
+    let t: Vec<&[u8]> = tokens(line).take(meta::TOKENS_MAX + 1).collect();
     let (cmd, n) = (*t.first()?, t.len());
+    if cmd == b"ms" {
+        return meta::set_bytes(&t);
+    }
     let ok_count = match cmd {
         b"set" | b"add" | b"replace" | b"append" | b"prepend" => n == 5 || n == 6,
         b"cas" => n == 6 || n == 7,
@@ -231,6 +236,8 @@ pub enum Command {
     Stats(StatsGroup),
     /// `mn`, the meta no-op: answered `MN`.
     MetaNoop,
+    /// `mg`, `ms`, `md`, `ma`, `me`: see [`meta`].
+    Meta(Box<meta::Meta>),
     /// `quit`: close the connection.
     Quit,
 }
@@ -283,6 +290,32 @@ pub enum Error {
     /// A value above the cap (the data was swallowed):
     /// `SERVER_ERROR object too large for cache`.
     TooLarge,
+    /// `mg` with more than [`meta::TOKENS_MAX`] tokens.
+    MetaGetFlagsTooLong,
+    /// `ms`, `md`, `ma` with more than [`meta::TOKENS_MAX`] tokens.
+    MetaFlagsTooLong,
+    /// A meta flag given twice (or a byte above 126).
+    MetaDuplicateFlag,
+    /// An unknown meta flag.
+    MetaInvalidFlag,
+    /// `md`/`ma`: any bad flag.
+    MetaBadFlag,
+    /// `b` with a key that is not base64.
+    MetaBadKey,
+    /// `N`, `T`, `R` or `C` with a bad number.
+    MetaBadToken,
+    /// `M` with other than one character.
+    MetaModeLength,
+    /// `J` with a bad number.
+    MetaBadInitial,
+    /// `D` with a bad number.
+    MetaBadDelta,
+    /// An `O` token over 32 bytes.
+    MetaOpaqueTooLong,
+    /// `ms` with a mode other than `SEAPR`.
+    MetaSetMode,
+    /// `ma` with a mode other than `I+D-`.
+    MetaArithMode,
 }
 
 impl Error {
@@ -298,6 +331,19 @@ impl Error {
                 b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n"
             }
             Error::TooLarge => b"SERVER_ERROR object too large for cache\r\n",
+            Error::MetaGetFlagsTooLong => b"CLIENT_ERROR options flags are too long\r\n",
+            Error::MetaFlagsTooLong => b"CLIENT_ERROR options flags too long\r\n",
+            Error::MetaDuplicateFlag => b"CLIENT_ERROR duplicate flag\r\n",
+            Error::MetaInvalidFlag => b"CLIENT_ERROR invalid flag\r\n",
+            Error::MetaBadFlag => b"CLIENT_ERROR invalid or duplicate flag\r\n",
+            Error::MetaBadKey => b"CLIENT_ERROR error decoding key\r\n",
+            Error::MetaBadToken => b"CLIENT_ERROR bad token in command line format\r\n",
+            Error::MetaModeLength => b"CLIENT_ERROR incorrect length for M token\r\n",
+            Error::MetaBadInitial => b"CLIENT_ERROR invalid numeric initial value\r\n",
+            Error::MetaBadDelta => b"CLIENT_ERROR invalid numeric delta value\r\n",
+            Error::MetaOpaqueTooLong => b"CLIENT_ERROR opaque token too long\r\n",
+            Error::MetaSetMode => b"CLIENT_ERROR invalid mode for ms M token\r\n",
+            Error::MetaArithMode => b"CLIENT_ERROR invalid mode for ma M token\r\n",
         }
     }
 }
@@ -503,12 +549,23 @@ impl Request {
                 num::<u64>(t[1]).ok_or(rej(Error::BadFormat))?;
                 done(Command::Verbosity)
             }
-            // The meta no-op; the other meta commands (`mg`, `ms`, `md`, `ma`, `me`)
-            // are not supported: ERROR (an `ms` data block is then read as a command).
+            // memcached answers `mn` whatever follows it.
             b"mn" => Ok(Request {
                 cmd: Command::MetaNoop,
                 noreply: false,
             }),
+            // A meta command's errors are always answered (`q` only quiets nominal
+            // replies, which the server decides).
+            b"mg" | b"ms" | b"md" | b"ma" | b"me" => match meta::decode(&t, msg, line_len) {
+                Ok(m) => Ok(Request {
+                    cmd: Command::Meta(Box::new(m)),
+                    noreply: false,
+                }),
+                Err(error) => Err(Rejected {
+                    error,
+                    noreply: false,
+                }),
+            },
             _ => Err(rej(Error::Unknown)),
         }
     }
@@ -865,9 +922,12 @@ mod tests {
             assert_eq!(d(l).unwrap().cmd, Command::Stats(g), "{l}");
         }
         assert_eq!(reply("stats slabs\r\n"), b"ERROR\r\n");
-        // Meta: `mn` only.
+        // Meta: `mn` whatever follows; `mg` and the others decode (meta.rs tests them);
+        // a two-letter command starting with `m` that is not one is an ERROR.
         assert_eq!(d("mn\r\n").unwrap().cmd, Command::MetaNoop);
-        assert_eq!(reply("mg k v\r\n"), b"ERROR\r\n");
+        assert_eq!(d("mn foo\r\n").unwrap().cmd, Command::MetaNoop);
+        assert!(matches!(d("mg k v\r\n").unwrap().cmd, Command::Meta(_)));
+        assert_eq!(reply("mx k\r\n"), b"ERROR\r\n");
         // Kept: flags are 32 bits (memcached 1.6.18 truncates 2^32 to 0 and stores).
         let s = b"set k 4294967296 0 1\r\n";
         assert_eq!(fr(s, 1 << 20), Ok(Frame::msg(s.len())));

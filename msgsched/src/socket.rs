@@ -118,6 +118,7 @@ impl MsgCounters {
                     ParseErrorKind::Malformed => "parse_malformed",
                     ParseErrorKind::TooLarge => "parse_too_large",
                     ParseErrorKind::BadField => "parse_bad_field",
+                    ParseErrorKind::Memory => "memory_pressure",
                 },
                 self.parse_errors(k),
             ));

@@ -437,6 +437,7 @@ fn run(seed: u64, model: Model, ordering: Ordering) {
     let framer = FramerConfig {
         max_message: MAX_MESSAGE,
         max_in_flight: 1 + rng.below(6),
+        ..FramerConfig::default()
     };
     let (io, sockets) = group::<u32, P>(&sched, framer).unwrap();
     let mut w = World {
@@ -563,6 +564,7 @@ fn run_threaded(seed: u64, model: Model, ordering: Ordering) {
     let framer = FramerConfig {
         max_message: MAX_MESSAGE,
         max_in_flight: 1 + rng.below(6),
+        ..FramerConfig::default()
     };
     let (io, sockets) = group::<u32, P>(&sched, framer).unwrap();
     let acts = Arc::new(Mutex::new(HashMap::new()));

@@ -24,6 +24,45 @@
 //! head first, until the first refusal; a new message joins the line rather than
 //! overtake it.
 //!
+//! Receive memory: each framer is bounded ([`crate::framer`]), but 5,000 connections
+//! each holding a partial 1 MiB message held 5 GB, and 500 each pinning 16 receive
+//! buffers emptied a DPDK pool of 8,191, after which no connection received anything.
+//! So one budget bounds what all of a `MsgIo`'s connections hold before workers get
+//! it ([`FramerConfig::mem_budget`]; measured in the stack's truesize,
+//! [`crate::framer::truesize`], so a 1-byte slice of a 2 KiB receive buffer costs the
+//! buffer): unframed received and heap buffers, spills, held exclusive messages and
+//! messages waiting for the scheduler. Messages at workers are not in it (the
+//! scheduler's queues bound them). Counted in [`MsgCounters`]: `mem_held`,
+//! `mem_high_water`, `mem_refusals`.
+//! 1. Back pressure, never loss: a connection reads only while the total is below the
+//!    budget (one read may cross it; the next waits), so at most the budget plus one
+//!    read's worth is held (a read adds a buffer, or a spill chunk,
+//!    [`crate::framer::SPILL_CHUNK`]). A connection stopped by the budget alone joins a
+//!    FIFO line and is reported by [`MsgIo::poll_resumed`] when memory is released (a
+//!    message goes to a worker, a connection is detached or shut down), about one per
+//!    16 KiB of room, more at each `poll_replies` while room is left. Its bytes wait in
+//!    TCP, whose queues luna-stack bounds (`rcv_mem_total`), and its window closes.
+//!    Framing does not need input: a connection whose next messages are whole in what
+//!    it holds keeps being served as its replies complete.
+//! 2. No deadlock: when the budget is spent and nothing can release memory (no message
+//!    at a worker or in the scheduler, so every holder is a partial message waiting for
+//!    bytes it may not read, or a paused connection whose peer does not read its
+//!    replies), `poll_replies` shuts down the connection holding the most, as for a
+//!    framing error: [`ParseErrorKind::Memory`] (`memory_pressure`), its earlier
+//!    replies first, then the parser's farewell (memcached: `SERVER_ERROR out of memory
+//!    storing object`), then FIN; the others go on. Linux under `tcp_mem` pressure
+//!    collapses its queues and then drops segments before acknowledging them, which
+//!    the peer repairs; above TCP every byte held was acknowledged, so dropping any
+//!    would corrupt the stream, and a partial message cannot be handed to a worker.
+//!    memcached, out of memory for a value, answers `SERVER_ERROR` and swallows the
+//!    rest; that keeps a slow-loris peer connected and needs a protocol that can both
+//!    answer and skip, which knb's framing cannot. Ending the largest holder frees the
+//!    most for one casualty (as the OOM killer picks), and KCM/strparser likewise
+//!    abort a stream whose message cannot be buffered (`EMSGSIZE` past `sk_rcvbuf`).
+//! 3. The common case pays a few instructions: a connection whose reads end on message
+//!    boundaries holds nothing between reads; per read, what it holds is summed over
+//!    its few buffers and compared with what it was charged.
+//!
 //! A worker: [`MsgSocket::recv_timeout`] → handle → [`MsgSocket::reply`] (or
 //! [`MsgSocket::finish`] for a message without a reply). The [`Origin`] is consumed by
 //! the reply, so a message is answered at most once; an origin dropped unanswered (a
@@ -31,7 +70,7 @@
 //! `abandoned`, so an ordered connection never waits for it forever.
 
 use crate::doorbell::Doorbell;
-use crate::framer::{Framed, Framer, FramerConfig, FramerConfigError};
+use crate::framer::{truesize, Framed, Framer, FramerConfig, FramerConfigError, SPILL_MIN};
 use crate::parser::{ParseErrorKind, Parser};
 use crate::reply::{SequenceError, Sequencer, StageError, Staged, Staging};
 use crate::sched::{
@@ -84,6 +123,16 @@ pub struct MsgCounters {
     /// Connections the driver ended because their output made no progress for too long
     /// (a peer that stopped reading, or an HTTP/2 peer holding its windows at zero).
     pub timeout_send: AtomicU64,
+    /// Receive memory the I/O side holds now, in truesize, before workers get it
+    /// ([`FramerConfig::mem_budget`], module docs "Receive memory").
+    pub mem_held: AtomicU64,
+    /// The most `mem_held` has been.
+    pub mem_high_water: AtomicU64,
+    /// Times a connection that would have taken input was stopped because the memory
+    /// budget was spent (each wait counted once; it resumes when memory is released).
+    /// Connections shut down because nothing could release any are counted in
+    /// `parse_errors` as [`ParseErrorKind::Memory`] (`memory_pressure`).
+    pub mem_refusals: AtomicU64,
 }
 
 impl MsgCounters {
@@ -111,6 +160,9 @@ impl MsgCounters {
             ("sequence_errors", l(&self.sequence_errors)),
             ("timeout_idle", l(&self.timeout_idle)),
             ("timeout_send", l(&self.timeout_send)),
+            ("mem_held", l(&self.mem_held)),
+            ("mem_high_water", l(&self.mem_high_water)),
+            ("mem_refusals", l(&self.mem_refusals)),
         ];
         for k in ParseErrorKind::ALL {
             v.push((
@@ -453,6 +505,13 @@ struct ConnState<C, P> {
     failed: Option<ParseErrorKind>,
     /// The parser's last word for `failed` ([`Parser::farewell`]).
     farewell: Option<Zbuf>,
+    /// What this connection counts in `MsgIo::held`: its framer's memory and its
+    /// stalled message's, as of the last `MsgIo::charge`.
+    charged: usize,
+    /// Its messages dispatched and not completed.
+    at_workers: usize,
+    /// In `MsgIo::mem_waiting`: the driver waits for it, and only the budget stops it.
+    mem_wait: bool,
 }
 
 /// The I/O core's side of a message-socket group.
@@ -472,6 +531,17 @@ pub struct MsgIo<C, P> {
     /// Connections whose stream failed, waiting for their earlier replies to go out.
     failing: Vec<u64>,
     events: VecDeque<IoEvent<C>>,
+    /// Sum of the connections' `charged` (module docs, "Receive memory").
+    held: usize,
+    /// The most `held` has been.
+    high_water: usize,
+    /// Messages dispatched and not completed, all connections.
+    at_workers: usize,
+    /// Connections stopped by the budget alone, in the order they stopped (stale
+    /// entries, detached or woken since, are skipped).
+    mem_waiting: VecDeque<u64>,
+    /// Connections with `mem_wait` set.
+    mem_waiting_live: usize,
 }
 
 /// Builds a message-socket group: the I/O side and one socket per worker.
@@ -523,6 +593,11 @@ where
             next_key: 0,
             failing: Vec::new(),
             events: VecDeque::new(),
+            held: 0,
+            high_water: 0,
+            at_workers: 0,
+            mem_waiting: VecDeque::new(),
+            mem_waiting_live: 0,
         },
         sockets,
     ))
@@ -556,6 +631,9 @@ where
                 paused: false,
                 failed: None,
                 farewell: None,
+                charged: 0,
+                at_workers: 0,
+                mem_wait: false,
             },
         );
         self.keys.insert(conn, key);
@@ -567,12 +645,21 @@ where
     }
 
     /// Whether `conn` should be read now (attached, no framing error, not paused by back
-    /// pressure or its in-flight cap with a message's worth buffered).
+    /// pressure or its in-flight cap with a message's worth buffered, and memory left
+    /// in the budget).
     pub fn wants_input(&self, conn: C) -> bool {
-        self.keys
-            .get(&conn)
-            .and_then(|k| self.conns.get(k))
-            .is_some_and(Self::takes_input)
+        self.room()
+            && self
+                .keys
+                .get(&conn)
+                .and_then(|k| self.conns.get(k))
+                .is_some_and(Self::takes_input)
+    }
+
+    /// Whether the memory budget has room: a connection may read (what one read adds
+    /// may cross it; the next read waits).
+    fn room(&self) -> bool {
+        self.held < self.framer_cfg.mem_budget
     }
 
     fn takes_input(c: &ConnState<C, P>) -> bool {
@@ -604,12 +691,111 @@ where
         None
     }
 
-    /// Reports `key` resumed if the driver waits for it and it takes input.
+    /// Reports `key` resumed if the driver waits for it and it takes input; if only the
+    /// memory budget stops it, it joins the line of those woken when memory is released.
     fn check_resumed(&mut self, key: u64) {
+        let room = self.room();
         if let Some(c) = self.conns.get_mut(&key) {
             let takes = Self::takes_input(c);
-            self.resumed.check(key, &mut c.blocked, takes);
+            self.resumed.check(key, &mut c.blocked, takes && room);
+            if c.blocked && takes && !room && !c.mem_wait {
+                c.mem_wait = true;
+                self.mem_waiting.push_back(key);
+                self.mem_waiting_live += 1;
+                self.shared
+                    .counters
+                    .mem_refusals
+                    .fetch_add(1, AtomicOrdering::Relaxed);
+            }
         }
+    }
+
+    /// Brings `key`'s share of `held` up to date (after anything that may change what
+    /// it holds: bytes pushed, messages taken, a stall, a failure) and wakes connections
+    /// waiting for memory if some was released. A few instructions when nothing changed:
+    /// the fast path (whole messages dispatched as they arrive) holds nothing between
+    /// reads.
+    fn charge(&mut self, key: u64) {
+        let Some(c) = self.conns.get_mut(&key) else {
+            return;
+        };
+        let now = c.framer.mem() + c.stalled.as_ref().map_or(0, |(_, m)| truesize(&m.body));
+        if now == c.charged {
+            return;
+        }
+        let was = self.held;
+        self.held = self.held - c.charged + now;
+        c.charged = now;
+        self.note_held();
+        if self.held < was && self.room() && self.mem_waiting_live > 0 {
+            self.wake_mem_waiters();
+        }
+    }
+
+    /// Publishes `held` and its high water.
+    fn note_held(&mut self) {
+        let c = &self.shared.counters;
+        c.mem_held.store(self.held as u64, AtomicOrdering::Relaxed);
+        if self.held > self.high_water {
+            self.high_water = self.held;
+            c.mem_high_water
+                .store(self.held as u64, AtomicOrdering::Relaxed);
+        }
+    }
+
+    /// Memory has room again: wakes connections waiting for it, oldest first, about one
+    /// per [`SPILL_MIN`] of room (at least one), so that a release does not wake every
+    /// waiter only for most to stop again at once; `poll_replies` wakes more while room
+    /// is left.
+    fn wake_mem_waiters(&mut self) {
+        let budget = self.framer_cfg.mem_budget;
+        let mut n = ((budget.saturating_sub(self.held)) / SPILL_MIN).max(1);
+        while n > 0 && self.room() {
+            let Some(key) = self.mem_waiting.pop_front() else {
+                break;
+            };
+            let Some(c) = self.conns.get_mut(&key) else {
+                continue; // stale: detached
+            };
+            if !c.mem_wait {
+                continue; // stale
+            }
+            c.mem_wait = false;
+            self.mem_waiting_live -= 1;
+            self.check_resumed(key);
+            n -= 1;
+        }
+    }
+
+    /// The budget is spent and nothing in flight can release memory (no message at a
+    /// worker or in the scheduler: every holder is a partial message waiting for bytes
+    /// it may not read, or a paused connection whose peer does not read its replies):
+    /// the connection holding the most is shut down as for a framing error
+    /// ([`ParseErrorKind::Memory`], counted `memory_pressure`; its earlier replies have
+    /// gone, the parser's farewell follows, then FIN). Ties: the oldest connection.
+    fn shed(&mut self) {
+        let victim = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.failed.is_none() && c.charged > 0)
+            .max_by_key(|(&k, c)| (c.charged, std::cmp::Reverse(k)))
+            .map(|(&k, _)| k);
+        let Some(key) = victim else {
+            return;
+        };
+        let Some(c) = self.conns.get_mut(&key) else {
+            return;
+        };
+        let e = c.framer.fail_memory();
+        c.failed = Some(e.kind());
+        c.farewell = c.framer.take_farewell();
+        self.failing.push(key);
+        let i = ParseErrorKind::ALL
+            .iter()
+            .position(|k| *k == e.kind())
+            .unwrap_or(0);
+        self.shared.counters.parse_errors[i].fetch_add(1, AtomicOrdering::Relaxed);
+        self.charge(key);
     }
 
     /// Pauses (`true`) or resumes taking messages from `conn`, for a driver whose
@@ -650,6 +836,7 @@ where
     /// round stops: under CP its worker's FIFO is full, under MS and CS every FIFO).
     fn frame(&mut self, key: u64, turn: bool) -> bool {
         let refused = self.frame_messages(key, turn);
+        self.charge(key);
         self.check_resumed(key);
         refused
     }
@@ -717,6 +904,8 @@ where
                         .counters
                         .messages
                         .fetch_add(1, AtomicOrdering::Relaxed);
+                    c.at_workers += 1;
+                    self.at_workers += 1;
                 }
                 Err(rejected) => {
                     // Keep the bytes, not the message: an Origin dropped here would
@@ -800,6 +989,8 @@ where
                         .fetch_add(1, AtomicOrdering::Relaxed);
                 }
             });
+            c.at_workers -= done;
+            self.at_workers -= done;
             for _ in 0..done {
                 self.dispatcher.complete(key);
             }
@@ -831,6 +1022,14 @@ where
             }
         }
         self.ready = ready;
+        if !self.room() {
+            if self.at_workers == 0 {
+                self.shed();
+            }
+        } else if self.mem_waiting_live > 0 {
+            // Those woken at the last release did not take all the room.
+            self.wake_mem_waiters();
+        }
         if !self.failing.is_empty() {
             sent += self.finish_failed(&mut send);
         }
@@ -883,6 +1082,26 @@ where
             .counters
             .detached
             .fetch_add(1, AtomicOrdering::Relaxed);
+        // What its messages at workers hold is theirs now (bounded by the scheduler's
+        // queues); what it held here is released.
+        self.at_workers -= c.at_workers;
+        if c.charged > 0 {
+            self.held -= c.charged;
+            self.note_held();
+        }
+        if c.mem_wait {
+            self.mem_waiting_live -= 1;
+            // Stale entries are skipped when they come up; compact a line that is
+            // mostly stale (connections that waited and closed while nothing was freed).
+            if self.mem_waiting.len() > 2 * self.mem_waiting_live + 32 {
+                let conns = &self.conns;
+                self.mem_waiting
+                    .retain(|k| conns.get(k).is_some_and(|c| c.mem_wait));
+            }
+        }
+        if self.room() && self.mem_waiting_live > 0 {
+            self.wake_mem_waiters();
+        }
         let in_flight = c.framer.in_flight();
         // Completions staged and not drained, and those waiting in the reorder slot for
         // an earlier one: all dropped with the connection, each counted once.
@@ -911,6 +1130,17 @@ where
     pub fn in_flight(&self, conn: C) -> Option<usize> {
         let c = self.conns.get(self.keys.get(&conn)?)?;
         Some(c.framer.in_flight() + usize::from(c.failed.is_some()))
+    }
+
+    /// What `conn` holds in the memory budget, in truesize (`None` if not attached):
+    /// its unframed and held bytes and a message waiting for the scheduler.
+    pub fn mem(&self, conn: C) -> Option<usize> {
+        Some(self.conns.get(self.keys.get(&conn)?)?.charged)
+    }
+
+    /// What all connections hold in the memory budget ([`MsgCounters::mem_held`]).
+    pub fn mem_held(&self) -> usize {
+        self.held
     }
 
     /// Whether `conn` is attached.

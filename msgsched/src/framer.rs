@@ -19,11 +19,10 @@
 //! last byte came (a 1 MiB memcached `set` pins about 720 of them; ten such half-sent
 //! values took all of a server's 8,191 and it received nothing more, its peers' FINs
 //! included: found by an outside test on 2026-12-07). Such a message is instead copied,
-//! as its length becomes known and then as its bytes arrive, into one heap buffer of its
-//! length (in chunks of at most [`SPILL_CHUNK`], allocated as the bytes arrive, so that
-//! what the framer holds grows with what was received, not with what the header
-//! announced), and each received buffer is released as soon as it was copied
-//! ([`Framer::spilled`]).
+//! as its length becomes known and then as its bytes arrive, into heap chunks of at most
+//! [`SPILL_CHUNK`] allocated as the bytes come (so what the framer holds grows with what
+//! was received, not with what the header announced), and each received buffer is
+//! released as soon as it was copied ([`Framer::spilled`]).
 //! Bytes are not the only measure: a peer sending tiny segments makes even a short
 //! message pin one buffer per segment (a 16 KiB message in 1-byte segments, 16,384). So
 //! the framer never holds more than [`SPILL_PIECES`] received buffers it has not copied:
@@ -88,10 +87,11 @@ pub const DEFAULT_MEM_BUDGET: usize = 8191 * (2048 + BUF_OVERHEAD) / 4;
 /// Memory behind `v` in truesize: each segment's whole object ([`Zbuf::object_size`]: a
 /// 1-byte slice of a 2 KiB receive buffer holds all 2 KiB) plus [`BUF_OVERHEAD`].
 pub fn truesize(v: &IoVec) -> usize {
-    v.segments()
-        .iter()
-        .map(|z| z.object_size() + BUF_OVERHEAD)
-        .sum()
+    cost(v.segments())
+}
+
+fn cost(segs: &[Zbuf]) -> usize {
+    segs.iter().map(|z| z.object_size() + BUF_OVERHEAD).sum()
 }
 
 /// Per-connection bounds.
@@ -195,6 +195,9 @@ pub struct Framer<P> {
     /// buffers pushed since the last copy; before them `buf` holds only heap buffers the
     /// framer made.
     loose: usize,
+    /// [`Framer::mem`]: kept as buffers come and go on the fast path (a push adds one,
+    /// a message taken removes its whole ones), recounted on the slow ones.
+    mem: usize,
 }
 
 /// A message being copied out of the received buffers, in heap chunks of at most
@@ -264,6 +267,7 @@ impl<P: Parser> Framer<P> {
             spill: None,
             spilled: 0,
             loose: 0,
+            mem: 0,
         })
     }
 
@@ -275,7 +279,13 @@ impl<P: Parser> Framer<P> {
             return;
         }
         let Some(sp) = &mut self.spill else {
+            let segs = self.buf.num_segments();
+            let cost = data.object_size() + BUF_OVERHEAD;
             self.buf.push(data);
+            // A slice that continues the last one in its object joins it: counted once.
+            if self.buf.num_segments() > segs {
+                self.mem += cost;
+            }
             self.loose += 1;
             if self.loose > SPILL_PIECES {
                 self.copy_out();
@@ -293,6 +303,7 @@ impl<P: Parser> Framer<P> {
             }
             self.buf = b;
         }
+        self.mem = self.recount();
     }
 
     /// More than [`SPILL_PIECES`] received buffers are held: copy them out (module docs).
@@ -315,6 +326,7 @@ impl<P: Parser> Framer<P> {
         self.spilled += bytes.len() as u64;
         self.buf.push(Zbuf::from_vec(bytes));
         self.loose = 0;
+        self.mem = self.recount();
     }
 
     /// Starts copying the head message (of `want` bytes, not all arrived) into heap
@@ -331,6 +343,7 @@ impl<P: Parser> Framer<P> {
         self.buf = IoVec::new();
         self.loose = 0;
         self.spill = Some(sp);
+        self.mem = self.recount();
     }
 
     /// Bytes of unframed input held: the spill and the received buffers.
@@ -342,8 +355,14 @@ impl<P: Parser> Framer<P> {
     /// buffers not framed yet, the spill (its last chunk at its capacity), a held
     /// exclusive message. Not the messages taken. O(buffers held): a few in the common
     /// case, at most [`SPILL_PIECES`] received buffers plus the merged ones and the
-    /// chunks of a spill.
+    /// chunks of a spill. O(1).
     pub fn mem(&self) -> usize {
+        debug_assert_eq!(self.mem, self.recount());
+        self.mem
+    }
+
+    /// [`Framer::mem`] counted over what is held.
+    fn recount(&self) -> usize {
         let mut m = truesize(&self.buf);
         if let Some(sp) = &self.spill {
             m += sp.mem();
@@ -393,6 +412,7 @@ impl<P: Parser> Framer<P> {
                 self.held = Some(m);
                 return Ok(None);
             }
+            self.mem -= truesize(&m.body);
             self.exclusive_out = true;
             self.in_flight += 1;
             return Ok(Some(m));
@@ -422,7 +442,11 @@ impl<P: Parser> Framer<P> {
             }
             return Ok(None);
         }
+        let segs = self.buf.num_segments();
         let body = self.buf.split_to(self.want);
+        // The buffers that left `buf` whole are the message's first ones (one cut in two
+        // stays counted in `buf`).
+        self.mem -= cost(&body.segments()[..segs - self.buf.num_segments()]);
         // What is left is a suffix of what was held.
         self.loose = self.loose.min(self.buf.num_segments());
         self.want = 0;
@@ -435,6 +459,7 @@ impl<P: Parser> Framer<P> {
         };
         let exclusive = self.parser.exclusive(&m.body);
         if exclusive && self.in_flight > 0 {
+            self.mem += truesize(&m.body);
             self.held = Some(m);
             return Ok(None);
         }
@@ -449,6 +474,7 @@ impl<P: Parser> Framer<P> {
         self.buf = IoVec::new();
         self.loose = 0;
         self.spill = None;
+        self.mem = self.recount();
         e
     }
 
@@ -537,10 +563,12 @@ mod tests {
             while at < stream.len() {
                 let n = cuts[k % cuts.len()].min(stream.len() - at);
                 f.push(Zbuf::copy_from_slice(&stream[at..at + n]));
+                prop_assert_eq!(f.mem, f.recount(), "memory kept as counted");
                 at += n;
                 k += 1;
                 while let Some(m) = f.next_message().unwrap() {
                     got.push(m);
+                    prop_assert_eq!(f.mem, f.recount());
                 }
             }
             prop_assert_eq!(got.len(), lens.len());

@@ -123,10 +123,11 @@ pub struct MsgCounters {
     /// Connections the driver ended because their output made no progress for too long
     /// (a peer that stopped reading, or an HTTP/2 peer holding its windows at zero).
     pub timeout_send: AtomicU64,
-    /// Receive memory the I/O side holds now, in truesize, before workers get it
-    /// ([`FramerConfig::mem_budget`], module docs "Receive memory").
+    /// Receive memory the I/O side holds, in truesize, before workers get it
+    /// ([`FramerConfig::mem_budget`], module docs "Receive memory"), as of its last
+    /// `poll_replies` ([`MsgIo::mem_held`] is exact at any time).
     pub mem_held: AtomicU64,
-    /// The most `mem_held` has been.
+    /// The most it has held (exact, also between `poll_replies`; published by them).
     pub mem_high_water: AtomicU64,
     /// Times a connection that would have taken input was stopped because the memory
     /// budget was spent (each wait counted once; it resumes when memory is released).
@@ -676,7 +677,7 @@ where
         if let Some(c) = self.conns.get_mut(&key) {
             c.blocked = true;
         }
-        self.check_resumed(key);
+        self.settle(key);
     }
 
     /// The next connection given to [`MsgIo::wait_input`] that takes input again
@@ -691,62 +692,63 @@ where
         None
     }
 
-    /// Reports `key` resumed if the driver waits for it and it takes input; if only the
-    /// memory budget stops it, it joins the line of those woken when memory is released.
-    fn check_resumed(&mut self, key: u64) {
-        let room = self.room();
-        if let Some(c) = self.conns.get_mut(&key) {
-            let takes = Self::takes_input(c);
-            self.resumed.check(key, &mut c.blocked, takes && room);
-            if c.blocked && takes && !room && !c.mem_wait {
-                c.mem_wait = true;
-                self.mem_waiting.push_back(key);
-                self.mem_waiting_live += 1;
-                self.shared
-                    .counters
-                    .mem_refusals
-                    .fetch_add(1, AtomicOrdering::Relaxed);
-            }
-        }
-    }
-
-    /// Brings `key`'s share of `held` up to date (after anything that may change what
-    /// it holds: bytes pushed, messages taken, a stall, a failure) and wakes connections
-    /// waiting for memory if some was released. A few instructions when nothing changed:
-    /// the fast path (whole messages dispatched as they arrive) holds nothing between
-    /// reads.
-    fn charge(&mut self, key: u64) {
+    /// After anything that may change what `key` holds or whether it takes input (bytes
+    /// pushed, messages taken, a stall, a failure, a pause, a wait): brings its share of
+    /// `held` up to date, reports it resumed if the driver waits for it and it takes
+    /// input, or puts it in the memory line if only the budget stops it; wakes that
+    /// line if memory was released. One map lookup, and a few instructions more when
+    /// nothing changed: the fast path (whole messages dispatched as they arrive) holds
+    /// nothing between reads. Inlined into `frame`, so that its lookup shares the key's
+    /// hash with `frame_messages`' (out of line it cost two hashes per read).
+    #[inline(always)]
+    fn settle(&mut self, key: u64) {
         let Some(c) = self.conns.get_mut(&key) else {
             return;
         };
         let now = c.framer.mem() + c.stalled.as_ref().map_or(0, |(_, m)| truesize(&m.body));
+        let mut released = false;
         if now == c.charged {
-            return;
+            if !c.blocked {
+                // Nothing to report and nothing released: the common case.
+                return;
+            }
+        } else {
+            released = now < c.charged;
+            self.held = self.held - c.charged + now;
+            c.charged = now;
+            // Published at the end of `poll_replies`.
+            self.high_water = self.high_water.max(self.held);
         }
-        let was = self.held;
-        self.held = self.held - c.charged + now;
-        c.charged = now;
-        self.note_held();
-        if self.held < was && self.room() && self.mem_waiting_live > 0 {
+        let room = self.held < self.framer_cfg.mem_budget;
+        let takes = Self::takes_input(c);
+        if room {
+            self.resumed.check(key, &mut c.blocked, takes);
+        } else if c.blocked && takes && !c.mem_wait {
+            c.mem_wait = true;
+            self.wait_for_mem(key);
+        }
+        if released && room && self.mem_waiting_live > 0 {
             self.wake_mem_waiters();
         }
     }
 
-    /// Publishes `held` and its high water.
-    fn note_held(&mut self) {
-        let c = &self.shared.counters;
-        c.mem_held.store(self.held as u64, AtomicOrdering::Relaxed);
-        if self.held > self.high_water {
-            self.high_water = self.held;
-            c.mem_high_water
-                .store(self.held as u64, AtomicOrdering::Relaxed);
-        }
+    /// `key` (its `mem_wait` just set) joins the memory line.
+    #[cold]
+    fn wait_for_mem(&mut self, key: u64) {
+        self.mem_waiting.push_back(key);
+        self.mem_waiting_live += 1;
+        self.shared
+            .counters
+            .mem_refusals
+            .fetch_add(1, AtomicOrdering::Relaxed);
     }
 
     /// Memory has room again: wakes connections waiting for it, oldest first, about one
     /// per [`SPILL_MIN`] of room (at least one), so that a release does not wake every
     /// waiter only for most to stop again at once; `poll_replies` wakes more while room
     /// is left.
+    #[cold]
+    #[inline(never)]
     fn wake_mem_waiters(&mut self) {
         let budget = self.framer_cfg.mem_budget;
         let mut n = ((budget.saturating_sub(self.held)) / SPILL_MIN).max(1);
@@ -762,7 +764,7 @@ where
             }
             c.mem_wait = false;
             self.mem_waiting_live -= 1;
-            self.check_resumed(key);
+            self.settle(key);
             n -= 1;
         }
     }
@@ -795,7 +797,7 @@ where
             .position(|k| *k == e.kind())
             .unwrap_or(0);
         self.shared.counters.parse_errors[i].fetch_add(1, AtomicOrdering::Relaxed);
-        self.charge(key);
+        self.settle(key);
     }
 
     /// Pauses (`true`) or resumes taking messages from `conn`, for a driver whose
@@ -836,8 +838,7 @@ where
     /// round stops: under CP its worker's FIFO is full, under MS and CS every FIFO).
     fn frame(&mut self, key: u64, turn: bool) -> bool {
         let refused = self.frame_messages(key, turn);
-        self.charge(key);
-        self.check_resumed(key);
+        self.settle(key);
         refused
     }
 
@@ -1033,6 +1034,10 @@ where
         if !self.failing.is_empty() {
             sent += self.finish_failed(&mut send);
         }
+        let c = &self.shared.counters;
+        c.mem_held.store(self.held as u64, AtomicOrdering::Relaxed);
+        c.mem_high_water
+            .store(self.high_water as u64, AtomicOrdering::Relaxed);
         sent
     }
 
@@ -1085,10 +1090,7 @@ where
         // What its messages at workers hold is theirs now (bounded by the scheduler's
         // queues); what it held here is released.
         self.at_workers -= c.at_workers;
-        if c.charged > 0 {
-            self.held -= c.charged;
-            self.note_held();
-        }
+        self.held -= c.charged;
         if c.mem_wait {
             self.mem_waiting_live -= 1;
             // Stale entries are skipped when they come up; compact a line that is

@@ -383,3 +383,39 @@ fn rpcs_read_to_their_end_hold_nothing_between_reads() {
     assert!(counters.mem_high_water.load(AO::Relaxed) <= 3 * 2176);
     assert_eq!(net.killed(), 0);
 }
+
+/// The pool-draining attack that remained after the per-connection bounds: many
+/// connections each sending a message's first bytes in 1-byte segments, each segment in
+/// its own 2 KiB receive buffer (16 of them uncopied per connection: 500 connections
+/// took a pool of 8,191). Under a 256 KiB budget the receive buffers the I/O side pins
+/// stay within the budget's worth (256 KiB / 2,176 bytes = 120) plus one read, however
+/// many connections try; the rest of their bytes wait in TCP.
+#[test]
+fn tiny_segments_on_many_connections_pin_at_most_the_budgets_worth_of_receive_buffers() {
+    let budget = 256 << 10;
+    let mut net = Net::new(budget, 4);
+    let mut all: Vec<Zbuf> = Vec::new();
+    for c in 0..1_000 {
+        net.attach(c, knb());
+        // Its header, 16 bytes in 16 segments: SPILL_PIECES, so none is copied.
+        let head = &req(u64::from(c), 4096 - 16)[..16];
+        let segs: Vec<Zbuf> = head.iter().map(|b| rx(std::slice::from_ref(b))).collect();
+        all.extend(segs.iter().cloned());
+        net.tcp.get_mut(&c).unwrap().extend(segs);
+    }
+    let cap = budget / (RX_OBJECT + BUF_OVERHEAD) + 1;
+    let mut most = 0;
+    for _ in 0..5 {
+        net.step();
+        // Pinned: referenced by the I/O side (TCP's copies are in `net.tcp`).
+        let in_tcp: usize = net.tcp.values().map(VecDeque::len).sum();
+        let pinned = all.iter().filter(|z| z.ref_count() > 1).count() - in_tcp;
+        most = most.max(pinned);
+        assert!(pinned <= cap, "{pinned} receive buffers pinned, cap {cap}");
+    }
+    assert!(most > cap / 2, "the budget was used: {most}");
+    assert!(net.io.counters().mem_refusals.load(AO::Relaxed) >= 900);
+    net.detach_all();
+    assert_eq!(net.held(), 0);
+    assert_eq!(all.iter().filter(|z| z.ref_count() > 1).count(), 0);
+}

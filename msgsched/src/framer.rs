@@ -373,6 +373,12 @@ impl<P: Parser> Framer<P> {
         m
     }
 
+    /// Bytes the head message still lacks, once the parser has told its length (`None`
+    /// before that, and after an error).
+    pub fn missing(&self) -> Option<usize> {
+        (self.failed.is_none() && self.want > 0).then(|| self.want.saturating_sub(self.unframed()))
+    }
+
     /// Ends the connection because the I/O core's memory budget is exhausted
     /// ([`ParseErrorKind::Memory`]; [`crate::socket::MsgIo`] decides): as a framing error,
     /// what was buffered is dropped, the parser's farewell kept

@@ -47,7 +47,12 @@
 //! 2. No deadlock: when the budget is spent and nothing can release memory (no message
 //!    at a worker or in the scheduler, so every holder is a partial message waiting for
 //!    bytes it may not read, or a paused connection whose peer does not read its
-//!    replies), `poll_replies` shuts down the connection holding the most, as for a
+//!    replies), `poll_replies` first gives a pass to the waiting connection whose head
+//!    message lacks the fewest bytes, at most [`PASS_MAX`] (16 KiB): it may read past
+//!    the budget until that message goes to a worker, which ends the deadlock without
+//!    a casualty when the rest was already in TCP (small requests stopped halfway when
+//!    the budget filled). If the next `poll_replies` finds it still deadlocked (or no
+//!    connection qualifies), it shuts down the connection holding the most, as for a
 //!    framing error: [`ParseErrorKind::Memory`] (`memory_pressure`), its earlier
 //!    replies first, then the parser's farewell (memcached: `SERVER_ERROR out of memory
 //!    storing object`), then FIN; the others go on. Linux under `tcp_mem` pressure
@@ -87,6 +92,11 @@ use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 use zbuf::{IoVec, Zbuf};
+
+/// Most bytes a connection's head message may lack for it to get a pass past the spent
+/// budget (`MsgIo::grant_pass`): RPC-sized messages, so that what a pass adds to the
+/// budget stays small. A larger partial message that deadlocks the budget is shed.
+pub const PASS_MAX: usize = SPILL_MIN;
 
 /// Counters of a message-socket group (shared by the I/O side and the workers).
 ///
@@ -545,6 +555,9 @@ pub struct MsgIo<C, P> {
     mem_waiting: VecDeque<u64>,
     /// Connections with `mem_wait` set.
     mem_waiting_live: usize,
+    /// The connection allowed to read past the spent budget to finish its head message
+    /// (`MsgIo::grant_pass`), until it releases memory or the next `poll_replies`.
+    pass: Option<u64>,
 }
 
 /// Builds a message-socket group: the I/O side and one socket per worker.
@@ -601,6 +614,7 @@ where
             at_workers: 0,
             mem_waiting: VecDeque::new(),
             mem_waiting_live: 0,
+            pass: None,
         },
         sockets,
     ))
@@ -651,12 +665,11 @@ where
     /// pressure or its in-flight cap with a message's worth buffered, and memory left
     /// in the budget).
     pub fn wants_input(&self, conn: C) -> bool {
-        self.room()
-            && self
-                .keys
-                .get(&conn)
-                .and_then(|k| self.conns.get(k))
-                .is_some_and(Self::takes_input)
+        let Some(&key) = self.keys.get(&conn) else {
+            return false;
+        };
+        (self.room() || self.pass == Some(key))
+            && self.conns.get(&key).is_some_and(Self::takes_input)
     }
 
     /// Whether the memory budget has room: a connection may read (what one read adds
@@ -721,7 +734,11 @@ where
             // Published at the end of `poll_replies`.
             self.high_water = self.high_water.max(self.held);
         }
-        let room = self.held < self.framer_cfg.mem_budget;
+        if released && self.pass == Some(key) {
+            // Its message went to a worker: the deadlock is broken.
+            self.pass = None;
+        }
+        let room = self.held < self.framer_cfg.mem_budget || self.pass == Some(key);
         let takes = Self::takes_input(c);
         if room {
             self.resumed.check(key, &mut c.blocked, takes);
@@ -769,6 +786,39 @@ where
             self.settle(key);
             n -= 1;
         }
+    }
+
+    /// Before shedding: the connection stopped by the budget whose head message lacks
+    /// the fewest bytes, at most [`PASS_MAX`], may read past the budget until that
+    /// message goes to a worker (Linux's `sk_forced_mem_schedule` lets a socket take
+    /// what it must to progress). Small requests whose rest waits in TCP, stopped when
+    /// the budget filled with others like them, then end the deadlock without a
+    /// casualty: the message goes to a worker, its memory is released and the line
+    /// moves. A pass lasts until the next `poll_replies`; a peer that has not sent the
+    /// rest gains nothing (the shedding waits one poll). False if no connection
+    /// qualifies.
+    #[cold]
+    fn grant_pass(&mut self) -> bool {
+        let best = self
+            .mem_waiting
+            .iter()
+            .filter_map(|&k| {
+                let c = self.conns.get(&k)?;
+                let missing = c.framer.missing()?;
+                (c.mem_wait && missing <= PASS_MAX).then_some((missing, k))
+            })
+            .min();
+        let Some((_, key)) = best else {
+            return false;
+        };
+        let Some(c) = self.conns.get_mut(&key) else {
+            return false;
+        };
+        c.mem_wait = false;
+        self.mem_waiting_live -= 1;
+        self.pass = Some(key);
+        self.settle(key);
+        true
     }
 
     /// The budget is spent and nothing in flight can release memory (no message at a
@@ -1029,9 +1079,15 @@ where
         self.ready = ready;
         if !self.room() {
             if self.at_workers == 0 {
-                self.shed();
+                // A pass given at the last poll that did not free anything: shed.
+                if self.pass.take().is_some() || !self.grant_pass() {
+                    self.shed();
+                }
             }
-        } else if self.mem_waiting_live > 0 {
+        } else {
+            self.pass = None;
+        }
+        if self.room() && self.mem_waiting_live > 0 {
             // Those woken at the last release did not take all the room.
             self.wake_mem_waiters();
         }
@@ -1095,6 +1151,9 @@ where
         // queues); what it held here is released.
         self.at_workers = self.at_workers.saturating_sub(c.at_workers);
         self.held -= c.charged;
+        if self.pass == Some(key) {
+            self.pass = None;
+        }
         if c.mem_wait {
             self.mem_waiting_live -= 1;
             // Stale entries are skipped when they come up; compact a line that is

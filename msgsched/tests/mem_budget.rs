@@ -11,7 +11,7 @@ use msgsched::parser::knb::{Header, KnbParser};
 use msgsched::parser::{Ordering, ParseErrorKind, Parser};
 use msgsched::proto::memcached::McParser;
 use msgsched::sched::{Model, SchedConfig};
-use msgsched::socket::{group, IoEvent, MsgIo, MsgSocket};
+use msgsched::socket::{group, IoEvent, MsgIo, MsgSocket, PASS_MAX};
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering as AO;
 use zbuf::{IoVec, Zbuf, ZbufMut};
@@ -20,9 +20,10 @@ use zbuf::{IoVec, Zbuf, ZbufMut};
 const MSS: usize = 1448;
 /// A receive buffer's object (a 2 KiB mbuf's data room).
 const RX_OBJECT: usize = 2048;
-/// What one read can add past the budget: the buffer read, and a heap chunk a spill
-/// allocates for it (a spill's bytes replace the buffers they came from).
-const SLACK: usize = RX_OBJECT + BUF_OVERHEAD + SPILL_CHUNK + BUF_OVERHEAD;
+/// What can be held past the budget: one read (the buffer read, and a heap chunk a
+/// spill allocates for it; a spill's bytes replace the buffers they came from), and
+/// what a pass lets one connection read to finish its head message (`PASS_MAX`).
+const SLACK: usize = RX_OBJECT + BUF_OVERHEAD + SPILL_CHUNK + BUF_OVERHEAD + PASS_MAX;
 
 fn req(id: u64, len: u32) -> Vec<u8> {
     let mut v = Header { id, len, flags: 0 }.bytes().to_vec();
@@ -418,4 +419,40 @@ fn tiny_segments_on_many_connections_pin_at_most_the_budgets_worth_of_receive_bu
     net.detach_all();
     assert_eq!(net.held(), 0);
     assert_eq!(all.iter().filter(|z| z.ref_count() > 1).count(), 0);
+}
+
+/// Forty clients each send the first two segments of a 4 KiB request: 15 of them fill a
+/// 64 KiB budget with partial requests and the rest are refused; then every client sends
+/// its last segment, which the budget keeps in TCP. Nothing is at a worker, so the budget
+/// is deadlocked, but the rest of each request is already in TCP: the waiter lacking the
+/// fewest bytes gets a pass, finishes its request, and the line moves. Every request is
+/// served, nobody is shut down.
+#[test]
+fn a_deadlock_of_small_requests_whose_rest_waits_in_tcp_ends_without_a_shutdown() {
+    let budget = 64 << 10;
+    let mut net = Net::new(budget, 4);
+    let reqs: Vec<Vec<u8>> = (0..40).map(|c| req(c, 4096 - 16)).collect();
+    for c in 0..40u32 {
+        net.attach(c, knb());
+        net.send(c, &reqs[c as usize][..2 * MSS]);
+    }
+    net.step();
+    assert!(net.held() + 2 * (RX_OBJECT + BUF_OVERHEAD) >= budget);
+    assert!(net.io.counters().mem_refusals.load(AO::Relaxed) > 20);
+    for c in 0..40u32 {
+        net.send(c, &reqs[c as usize][2 * MSS..]);
+    }
+    for _ in 0..200 {
+        net.step();
+        if net.got.values().map(Vec::len).sum::<usize>() == 40 {
+            break;
+        }
+    }
+    for c in 0..40u32 {
+        assert_eq!(net.got[&c], vec![(0, reqs[c as usize].clone())], "{c}");
+    }
+    assert_eq!(net.killed(), 0, "no casualty");
+    assert!(net.shut.is_empty());
+    net.step();
+    assert_eq!(net.held(), 0);
 }

@@ -353,9 +353,10 @@ impl<P: Parser> Framer<P> {
 
     /// What this connection holds, in truesize ([`truesize`]): the received and merged
     /// buffers not framed yet, the spill (its last chunk at its capacity), a held
-    /// exclusive message. Not the messages taken. O(buffers held): a few in the common
-    /// case, at most [`SPILL_PIECES`] received buffers plus the merged ones and the
-    /// chunks of a spill. O(1).
+    /// exclusive message. Not the messages taken. O(1): a running sum (a push adds the
+    /// buffer unless it joined the last segment, a message taken subtracts the buffers
+    /// it took whole; the slow paths recount), checked against a recount in debug
+    /// builds.
     pub fn mem(&self) -> usize {
         debug_assert_eq!(self.mem, self.recount());
         self.mem

@@ -67,7 +67,7 @@
 //! 3. The common case pays little: a framer keeps what it holds as a running sum
 //!    ([`Framer::mem`]), and after each read the connection's charge is compared with
 //!    it, returning at once when nothing changed and the driver does not wait for it
-//!    (about 230 instructions per knb 4 KiB request in three reads, 4 %: docs/msgsched.md,
+//!    (about 250 instructions per knb 4 KiB request in three reads, 5 %: docs/msgsched.md,
 //!    "Bounds and receive memory").
 //!
 //! A worker: [`MsgSocket::recv_timeout`] → handle → [`MsgSocket::reply`] (or

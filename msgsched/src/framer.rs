@@ -19,8 +19,10 @@
 //! last byte came (a 1 MiB memcached `set` pins about 720 of them; ten such half-sent
 //! values took all of a server's 8,191 and it received nothing more, its peers' FINs
 //! included: found by an outside test on 2026-12-07). Such a message is instead copied,
-//! as its length becomes known and then as its bytes arrive, into one heap buffer of its
-//! length, and each received buffer is released as soon as it was copied ([`Framer::spilled`]).
+//! as its length becomes known and then as its bytes arrive, into heap chunks of at most
+//! [`SPILL_CHUNK`] allocated as the bytes come (so what the framer holds grows with what
+//! was received, not with what the header announced), and each received buffer is
+//! released as soon as it was copied ([`Framer::spilled`]).
 //! Bytes are not the only measure: a peer sending tiny segments makes even a short
 //! message pin one buffer per segment (a 16 KiB message in 1-byte segments, 16,384). So
 //! the framer never holds more than [`SPILL_PIECES`] received buffers it has not copied:
@@ -34,6 +36,12 @@
 //! [`SPILL_PIECES`] buffers stay zero copy: full-sized segments (1,448 bytes) carry
 //! SPILL_MIN in 12, knb's 4 KiB RPCs in 3. (What TCP's receive queue holds before the
 //! framer reads it is bounded per connection by luna-stack, by the memory behind it.)
+//!
+//! What a framer holds is measured in the stack's truesize ([`Framer::mem`], [`truesize`]:
+//! each buffer's whole object plus [`BUF_OVERHEAD`]), so that the I/O core can bound what
+//! all its connections hold together ([`FramerConfig::mem_budget`], enforced by
+//! [`crate::socket::MsgIo`]: back pressure first, the largest holder shut down when
+//! nothing else can free memory).
 //!
 //! Exclusive messages ([`Parser::exclusive`]): a message the parser says must run alone
 //! is held here until every earlier message of the connection has completed, and no
@@ -59,6 +67,33 @@ pub const SPILL_MIN: usize = 16 << 10;
 /// but pinned buffers.
 pub const SPILL_PIECES: usize = 16;
 
+/// Largest heap chunk a spilled message is copied into: a chunk is allocated only when
+/// the bytes to fill it arrive, so a header announcing 1 MiB costs what was sent, and a
+/// 1 MiB message comes out in 16 chunks. Larger would hold more heap per announced but
+/// unsent message; smaller, more segments per message.
+pub const SPILL_CHUNK: usize = 64 << 10;
+
+/// What holding a buffer costs besides its object: its metadata and queue entry. The same
+/// as luna-stack's `tcp::SEG_OVERHEAD` (r2c checks they agree), so that the message
+/// layer's budget and the stack's `rcv_mem_total` are in one unit, Linux's truesize.
+pub const BUF_OVERHEAD: usize = 128;
+
+/// Default [`FramerConfig::mem_budget`]: a quarter of r2c's default DPDK receive pool
+/// (8,191 buffers of 2 KiB, at 2,048 + [`BUF_OVERHEAD`] bytes each), about 4.25 MiB. The
+/// stack's default `rcv_mem_total` is half of that pool; the other quarter is left to
+/// the rx rings, ARP, ACKs and FINs.
+pub const DEFAULT_MEM_BUDGET: usize = 8191 * (2048 + BUF_OVERHEAD) / 4;
+
+/// Memory behind `v` in truesize: each segment's whole object ([`Zbuf::object_size`]: a
+/// 1-byte slice of a 2 KiB receive buffer holds all 2 KiB) plus [`BUF_OVERHEAD`].
+pub fn truesize(v: &IoVec) -> usize {
+    cost(v.segments())
+}
+
+fn cost(segs: &[Zbuf]) -> usize {
+    segs.iter().map(|z| z.object_size() + BUF_OVERHEAD).sum()
+}
+
 /// Per-connection bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FramerConfig {
@@ -66,6 +101,12 @@ pub struct FramerConfig {
     pub max_message: usize,
     /// Most messages of one connection at workers (or waiting for their reply's turn).
     pub max_in_flight: usize,
+    /// Bytes, in truesize ([`truesize`]), that all the connections of one I/O side
+    /// ([`crate::socket::MsgIo`]) may hold together before their messages go to workers:
+    /// received buffers not yet framed, spilled and merged heap buffers, messages held
+    /// for their turn. Not per connection: one budget per `MsgIo`. Below
+    /// `max_message` a message of that size can only complete alone.
+    pub mem_budget: usize,
 }
 
 impl Default for FramerConfig {
@@ -73,6 +114,7 @@ impl Default for FramerConfig {
         FramerConfig {
             max_message: (1 << 20) + 64,
             max_in_flight: 64,
+            mem_budget: DEFAULT_MEM_BUDGET,
         }
     }
 }
@@ -84,6 +126,8 @@ pub enum FramerConfigError {
     MaxMessage,
     /// `max_in_flight` is 0 or above 65,536.
     MaxInFlight,
+    /// `mem_budget` is 0.
+    MemBudget,
 }
 
 impl fmt::Display for FramerConfigError {
@@ -91,6 +135,7 @@ impl fmt::Display for FramerConfigError {
         match self {
             FramerConfigError::MaxMessage => f.write_str("max_message must be at least 1 byte"),
             FramerConfigError::MaxInFlight => f.write_str("max_in_flight must be in 1..=65536"),
+            FramerConfigError::MemBudget => f.write_str("mem_budget must be at least 1 byte"),
         }
     }
 }
@@ -105,6 +150,9 @@ impl FramerConfig {
         }
         if self.max_in_flight == 0 || self.max_in_flight > 1 << 16 {
             return Err(FramerConfigError::MaxInFlight);
+        }
+        if self.mem_budget == 0 {
+            return Err(FramerConfigError::MemBudget);
         }
         Ok(())
     }
@@ -140,13 +188,65 @@ pub struct Framer<P> {
     /// The head message (of `want` bytes, above [`SPILL_MIN`] or past [`SPILL_PIECES`]
     /// received buffers) being copied out of the received buffers as it arrives; `buf` is
     /// empty meanwhile.
-    spill: Option<Vec<u8>>,
+    spill: Option<Spill>,
     /// Bytes copied into spills and merged buffers.
     spilled: u64,
     /// At least the number of received buffers (never copied) at the end of `buf`: the
     /// buffers pushed since the last copy; before them `buf` holds only heap buffers the
     /// framer made.
     loose: usize,
+    /// [`Framer::mem`]: kept as buffers come and go on the fast path (a push adds one,
+    /// a message taken removes its whole ones), recounted on the slow ones.
+    mem: usize,
+}
+
+/// A message being copied out of the received buffers, in heap chunks of at most
+/// [`SPILL_CHUNK`] allocated as its bytes arrive.
+struct Spill {
+    /// Full chunks.
+    done: IoVec,
+    /// The chunk being filled.
+    cur: Vec<u8>,
+}
+
+impl Spill {
+    fn len(&self) -> usize {
+        self.done.len() + self.cur.len()
+    }
+
+    /// Appends `bytes` of a message of `want` bytes (never more than it lacks).
+    fn extend(&mut self, mut bytes: &[u8], want: usize) {
+        debug_assert!(self.len() + bytes.len() <= want);
+        while !bytes.is_empty() {
+            if self.cur.len() == self.cur.capacity() {
+                let full = std::mem::take(&mut self.cur);
+                if !full.is_empty() {
+                    self.done.push(Zbuf::from_vec(full));
+                }
+                self.cur = Vec::with_capacity(SPILL_CHUNK.min(want - self.done.len()));
+            }
+            let k = (self.cur.capacity() - self.cur.len()).min(bytes.len());
+            self.cur.extend_from_slice(&bytes[..k]);
+            bytes = &bytes[k..];
+        }
+    }
+
+    /// Truesize: the chunks, the one being filled at its capacity.
+    fn mem(&self) -> usize {
+        let cur = match self.cur.capacity() {
+            0 => 0,
+            c => c + BUF_OVERHEAD,
+        };
+        truesize(&self.done) + cur
+    }
+
+    /// The whole message.
+    fn finish(mut self) -> IoVec {
+        if !self.cur.is_empty() {
+            self.done.push(Zbuf::from_vec(self.cur));
+        }
+        self.done
+    }
 }
 
 impl<P: Parser> Framer<P> {
@@ -167,6 +267,7 @@ impl<P: Parser> Framer<P> {
             spill: None,
             spilled: 0,
             loose: 0,
+            mem: 0,
         })
     }
 
@@ -178,7 +279,13 @@ impl<P: Parser> Framer<P> {
             return;
         }
         let Some(sp) = &mut self.spill else {
+            let segs = self.buf.num_segments();
+            let cost = data.object_size() + BUF_OVERHEAD;
             self.buf.push(data);
+            // A slice that continues the last one in its object joins it: counted once.
+            if self.buf.num_segments() > segs {
+                self.mem += cost;
+            }
             self.loose += 1;
             if self.loose > SPILL_PIECES {
                 self.copy_out();
@@ -186,17 +293,17 @@ impl<P: Parser> Framer<P> {
             return;
         };
         let k = (self.want - sp.len()).min(data.len());
-        sp.extend_from_slice(&data[..k]);
+        sp.extend(&data[..k], self.want);
         self.spilled += k as u64;
         if sp.len() == self.want {
-            let whole = self.spill.take().expect("spilling");
-            let mut b = IoVec::from(Zbuf::from_vec(whole));
+            let mut b = self.spill.take().expect("spilling").finish();
             if k < data.len() {
                 b.push(data.slice(k..));
                 self.loose = 1;
             }
             self.buf = b;
         }
+        self.mem = self.recount();
     }
 
     /// More than [`SPILL_PIECES`] received buffers are held: copy them out (module docs).
@@ -219,24 +326,73 @@ impl<P: Parser> Framer<P> {
         self.spilled += bytes.len() as u64;
         self.buf.push(Zbuf::from_vec(bytes));
         self.loose = 0;
+        self.mem = self.recount();
     }
 
-    /// Starts copying the head message (of `want` bytes, not all arrived) into one heap
-    /// buffer of its length: what arrived now, the rest as it comes (`push`).
+    /// Starts copying the head message (of `want` bytes, not all arrived) into heap
+    /// chunks: what arrived now, the rest as it comes (`push`).
     fn start_spill(&mut self) {
-        let mut v = Vec::with_capacity(self.want);
+        let mut sp = Spill {
+            done: IoVec::new(),
+            cur: Vec::new(),
+        };
         for c in self.buf.chunks() {
-            v.extend_from_slice(c);
+            sp.extend(c, self.want);
         }
-        self.spilled += v.len() as u64;
+        self.spilled += sp.len() as u64;
         self.buf = IoVec::new();
         self.loose = 0;
-        self.spill = Some(v);
+        self.spill = Some(sp);
+        self.mem = self.recount();
     }
 
     /// Bytes of unframed input held: the spill and the received buffers.
     fn unframed(&self) -> usize {
-        self.spill.as_ref().map_or(0, Vec::len) + self.buf.len()
+        self.spill.as_ref().map_or(0, Spill::len) + self.buf.len()
+    }
+
+    /// What this connection holds, in truesize ([`truesize`]): the received and merged
+    /// buffers not framed yet, the spill (its last chunk at its capacity), a held
+    /// exclusive message. Not the messages taken. O(1): a running sum (a push adds the
+    /// buffer unless it joined the last segment, a message taken subtracts the buffers
+    /// it took whole; the slow paths recount), checked against a recount in debug
+    /// builds.
+    pub fn mem(&self) -> usize {
+        debug_assert_eq!(self.mem, self.recount());
+        self.mem
+    }
+
+    /// [`Framer::mem`] counted over what is held.
+    fn recount(&self) -> usize {
+        let mut m = truesize(&self.buf);
+        if let Some(sp) = &self.spill {
+            m += sp.mem();
+        }
+        if let Some(h) = &self.held {
+            m += truesize(&h.body);
+        }
+        m
+    }
+
+    /// Bytes the head message still lacks, once the parser has told its length (`None`
+    /// before that, and after an error).
+    pub fn missing(&self) -> Option<usize> {
+        (self.failed.is_none() && self.want > 0).then(|| self.want.saturating_sub(self.unframed()))
+    }
+
+    /// Ends the connection because the I/O core's memory budget is exhausted
+    /// ([`ParseErrorKind::Memory`]; [`crate::socket::MsgIo`] decides): as a framing error,
+    /// what was buffered is dropped, the parser's farewell kept
+    /// ([`Framer::take_farewell`]), and [`Framer::next_message`] returns the error from
+    /// now on. A framer that failed already keeps its error.
+    pub fn fail_memory(&mut self) -> ParseError {
+        if let Some(e) = self.failed {
+            return e;
+        }
+        self.fail(ParseError::new(
+            ParseErrorKind::Memory,
+            "receive memory budget exhausted",
+        ))
     }
 
     /// Whether the I/O core should read more of this connection now (false once a whole
@@ -263,6 +419,7 @@ impl<P: Parser> Framer<P> {
                 self.held = Some(m);
                 return Ok(None);
             }
+            self.mem -= truesize(&m.body);
             self.exclusive_out = true;
             self.in_flight += 1;
             return Ok(Some(m));
@@ -292,7 +449,11 @@ impl<P: Parser> Framer<P> {
             }
             return Ok(None);
         }
+        let segs = self.buf.num_segments();
         let body = self.buf.split_to(self.want);
+        // The buffers that left `buf` whole are the message's first ones (one cut in two
+        // stays counted in `buf`).
+        self.mem -= cost(&body.segments()[..segs - self.buf.num_segments()]);
         // What is left is a suffix of what was held.
         self.loose = self.loose.min(self.buf.num_segments());
         self.want = 0;
@@ -305,6 +466,7 @@ impl<P: Parser> Framer<P> {
         };
         let exclusive = self.parser.exclusive(&m.body);
         if exclusive && self.in_flight > 0 {
+            self.mem += truesize(&m.body);
             self.held = Some(m);
             return Ok(None);
         }
@@ -319,6 +481,7 @@ impl<P: Parser> Framer<P> {
         self.buf = IoVec::new();
         self.loose = 0;
         self.spill = None;
+        self.mem = self.recount();
         e
     }
 
@@ -385,6 +548,7 @@ mod tests {
             FramerConfig {
                 max_message,
                 max_in_flight,
+                ..FramerConfig::default()
             },
         )
         .unwrap()
@@ -406,10 +570,12 @@ mod tests {
             while at < stream.len() {
                 let n = cuts[k % cuts.len()].min(stream.len() - at);
                 f.push(Zbuf::copy_from_slice(&stream[at..at + n]));
+                prop_assert_eq!(f.mem, f.recount(), "memory kept as counted");
                 at += n;
                 k += 1;
                 while let Some(m) = f.next_message().unwrap() {
                     got.push(m);
+                    prop_assert_eq!(f.mem, f.recount());
                 }
             }
             prop_assert_eq!(got.len(), lens.len());
@@ -475,6 +641,7 @@ mod tests {
         let cfg = FramerConfig {
             max_message: 64,
             max_in_flight: 8,
+            ..FramerConfig::default()
         };
         let mut f = Framer::new(Bytes, cfg).unwrap();
         f.push(Zbuf::copy_from_slice(b"rrWrWW"));
@@ -520,6 +687,7 @@ mod tests {
             FramerConfig {
                 max_message: 1000,
                 max_in_flight: 4,
+                ..FramerConfig::default()
             },
         )
         .unwrap();
@@ -545,6 +713,7 @@ mod tests {
         let c = |max_message, max_in_flight| FramerConfig {
             max_message,
             max_in_flight,
+            ..FramerConfig::default()
         };
         assert_eq!(
             Framer::new(p(), c(0, 1)).err(),
@@ -578,7 +747,8 @@ mod tests {
     /// A message above SPILL_MIN that arrives in segments is copied out as it comes: each
     /// received buffer is released once copied (it was held until the message was whole:
     /// a 1 MiB value pinned ~720 NIC receive buffers), the message comes out whole and
-    /// exact, and the next message's bytes that shared the last segment stay zero copy.
+    /// exact (in SPILL_CHUNK heap chunks), and the next message's bytes that shared the
+    /// last segment stay zero copy.
     #[test]
     fn a_large_message_is_copied_out_of_the_receive_buffers_as_it_arrives() {
         let big = req(0, 100_000);
@@ -597,7 +767,11 @@ mod tests {
         }
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].body.to_vec(), big);
-        assert_eq!(out[0].body.num_segments(), 1, "one heap buffer");
+        assert_eq!(
+            out[0].body.num_segments(),
+            big.len().div_ceil(SPILL_CHUNK),
+            "heap chunks"
+        );
         assert_eq!(out[1].body.to_vec(), small);
         let last = kept.last().unwrap();
         assert!(
@@ -673,6 +847,7 @@ mod tests {
             FramerConfig {
                 max_message: 1 << 20,
                 max_in_flight: 4,
+                ..FramerConfig::default()
             },
         )
         .unwrap();
@@ -730,6 +905,57 @@ mod tests {
                 .iter()
                 .all(|z| kept.iter().any(|k| k.same_object(z))));
         }
+    }
+
+    /// What a framer holds is measured in truesize (each buffer's object plus
+    /// BUF_OVERHEAD), and a spill grows with what arrived, not with what its header
+    /// announced: a 1 MiB message with 20 KB sent holds one chunk, not 1 MiB.
+    #[test]
+    fn mem_follows_what_arrived_not_what_was_announced() {
+        let mut f = framer(2 << 20, 8);
+        assert_eq!(f.mem(), 0);
+        let big = req(0, 1 << 20);
+        f.push(Zbuf::copy_from_slice(&big[..20_000]));
+        assert_eq!(f.mem(), 20_000 + BUF_OVERHEAD, "the buffer as received");
+        assert!(f.next_message().unwrap().is_none());
+        assert_eq!(f.mem(), SPILL_CHUNK + BUF_OVERHEAD, "one chunk");
+        f.push(Zbuf::copy_from_slice(&big[20_000..100_000]));
+        assert_eq!(f.mem(), 2 * (SPILL_CHUNK + BUF_OVERHEAD));
+        f.push(Zbuf::copy_from_slice(&big[100_000..]));
+        let m = f.next_message().unwrap().unwrap();
+        assert_eq!(m.body.to_vec(), big);
+        assert_eq!(f.mem(), 0, "a message taken is the worker's");
+        // A 2 KiB receive buffer holding one byte costs the whole buffer.
+        let mut rx = zbuf::ZbufMut::heap(0, 2048);
+        rx.extend_from_slice(&[0]).unwrap();
+        f.push(rx.freeze());
+        assert_eq!(f.mem(), 2048 + BUF_OVERHEAD);
+    }
+
+    #[test]
+    fn failing_for_memory_drops_what_is_held_and_sticks() {
+        let mut f = framer(1 << 20, 8);
+        f.push(Zbuf::copy_from_slice(&req(0, 50_000)[..30_000]));
+        assert!(f.next_message().unwrap().is_none());
+        assert!(f.mem() > 30_000);
+        let e = f.fail_memory();
+        assert_eq!(e.kind(), ParseErrorKind::Memory);
+        assert_eq!((f.mem(), f.buffered()), (0, 0));
+        assert!(!f.wants_input());
+        assert_eq!(f.next_message().unwrap_err(), e);
+        assert_eq!(f.fail_memory(), e, "the first error stays");
+    }
+
+    #[test]
+    fn a_zero_memory_budget_is_refused() {
+        let cfg = FramerConfig {
+            mem_budget: 0,
+            ..FramerConfig::default()
+        };
+        assert_eq!(
+            Framer::new(KnbParser::new(Ordering::Ordered), cfg).err(),
+            Some(FramerConfigError::MemBudget)
+        );
     }
 
     /// While a large message is being copied, what the framer holds counts as buffered

@@ -37,14 +37,19 @@ pub enum ParseErrorKind {
     TooLarge,
     /// A field value the protocol forbids (unknown flags, inconsistent lengths).
     BadField,
+    /// Not the peer's error: the I/O core's receive-memory budget was exhausted with
+    /// nothing in flight to release any, and this connection held the most
+    /// ([`crate::socket`], "Receive memory").
+    Memory,
 }
 
 impl ParseErrorKind {
     /// Every kind, in counter order.
-    pub const ALL: [ParseErrorKind; 3] = [
+    pub const ALL: [ParseErrorKind; 4] = [
         ParseErrorKind::Malformed,
         ParseErrorKind::TooLarge,
         ParseErrorKind::BadField,
+        ParseErrorKind::Memory,
     ];
 
     /// Short name for counters and logs.
@@ -53,6 +58,7 @@ impl ParseErrorKind {
             ParseErrorKind::Malformed => "malformed",
             ParseErrorKind::TooLarge => "too_large",
             ParseErrorKind::BadField => "bad_field",
+            ParseErrorKind::Memory => "memory_pressure",
         }
     }
 }

@@ -24,6 +24,52 @@
 //! head first, until the first refusal; a new message joins the line rather than
 //! overtake it.
 //!
+//! Receive memory: each framer is bounded ([`crate::framer`]), but 5,000 connections
+//! each holding a partial 1 MiB message held 5 GB, and 500 each pinning 16 receive
+//! buffers emptied a DPDK pool of 8,191, after which no connection received anything.
+//! So one budget bounds what all of a `MsgIo`'s connections hold before workers get
+//! it ([`FramerConfig::mem_budget`]; measured in the stack's truesize,
+//! [`crate::framer::truesize`], so a 1-byte slice of a 2 KiB receive buffer costs the
+//! buffer): unframed received and heap buffers, spills, held exclusive messages and
+//! messages waiting for the scheduler. Messages at workers are not in it (the
+//! scheduler's queues bound them). Counted in [`MsgCounters`]: `mem_held`,
+//! `mem_high_water`, `mem_refusals`.
+//! 1. Back pressure, never loss: a connection reads only while the total is below the
+//!    budget (one read may cross it; the next waits), so at most the budget plus one
+//!    read's worth is held (a read adds a buffer, or a spill chunk,
+//!    [`crate::framer::SPILL_CHUNK`]). A connection stopped by the budget alone joins a
+//!    FIFO line and is reported by [`MsgIo::poll_resumed`] when memory is released (a
+//!    message goes to a worker, a connection is detached or shut down), about one per
+//!    16 KiB of room, more at each `poll_replies` while room is left. Its bytes wait in
+//!    TCP, whose queues luna-stack bounds (`rcv_mem_total`), and its window closes.
+//!    Framing does not need input: a connection whose next messages are whole in what
+//!    it holds keeps being served as its replies complete.
+//! 2. No deadlock: when the budget is spent and nothing can release memory (no message
+//!    at a worker or in the scheduler, so every holder is a partial message waiting for
+//!    bytes it may not read, or a paused connection whose peer does not read its
+//!    replies), `poll_replies` first gives a pass to the waiting connection whose head
+//!    message lacks the fewest bytes, at most [`PASS_MAX`] (16 KiB): it may read past
+//!    the budget until that message goes to a worker, which ends the deadlock without
+//!    a casualty when the rest was already in TCP (small requests stopped halfway when
+//!    the budget filled). If the next `poll_replies` finds it still deadlocked (or no
+//!    connection qualifies), it shuts down the connection holding the most, as for a
+//!    framing error: [`ParseErrorKind::Memory`] (`memory_pressure`), its earlier
+//!    replies first, then the parser's farewell (memcached: `SERVER_ERROR out of memory
+//!    storing object`), then FIN; the others go on. Linux under `tcp_mem` pressure
+//!    collapses its queues and then drops segments before acknowledging them, which
+//!    the peer repairs; above TCP every byte held was acknowledged, so dropping any
+//!    would corrupt the stream, and a partial message cannot be handed to a worker.
+//!    memcached, out of memory for a value, answers `SERVER_ERROR` and swallows the
+//!    rest; that keeps a slow-loris peer connected and needs a protocol that can both
+//!    answer and skip, which knb's framing cannot. Ending the largest holder frees the
+//!    most for one casualty (as the OOM killer picks), and KCM/strparser likewise
+//!    abort a stream whose message cannot be buffered (`EMSGSIZE` past `sk_rcvbuf`).
+//! 3. The common case pays little: a framer keeps what it holds as a running sum
+//!    ([`Framer::mem`]), and after each read the connection's charge is compared with
+//!    it, returning at once when nothing changed and the driver does not wait for it
+//!    (about 250 instructions per knb 4 KiB request in three reads, 5 %: docs/msgsched.md,
+//!    "Bounds and receive memory").
+//!
 //! A worker: [`MsgSocket::recv_timeout`] → handle → [`MsgSocket::reply`] (or
 //! [`MsgSocket::finish`] for a message without a reply). The [`Origin`] is consumed by
 //! the reply, so a message is answered at most once; an origin dropped unanswered (a
@@ -31,7 +77,7 @@
 //! `abandoned`, so an ordered connection never waits for it forever.
 
 use crate::doorbell::Doorbell;
-use crate::framer::{Framed, Framer, FramerConfig, FramerConfigError};
+use crate::framer::{truesize, Framed, Framer, FramerConfig, FramerConfigError, SPILL_MIN};
 use crate::parser::{ParseErrorKind, Parser};
 use crate::reply::{SequenceError, Sequencer, StageError, Staged, Staging};
 use crate::sched::{
@@ -46,6 +92,11 @@ use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 use zbuf::{IoVec, Zbuf};
+
+/// Most bytes a connection's head message may lack for it to get a pass past the spent
+/// budget (`MsgIo::grant_pass`): RPC-sized messages, so that what a pass adds to the
+/// budget stays small. A larger partial message that deadlocks the budget is shed.
+pub const PASS_MAX: usize = SPILL_MIN;
 
 /// Counters of a message-socket group (shared by the I/O side and the workers).
 ///
@@ -84,6 +135,17 @@ pub struct MsgCounters {
     /// Connections the driver ended because their output made no progress for too long
     /// (a peer that stopped reading, or an HTTP/2 peer holding its windows at zero).
     pub timeout_send: AtomicU64,
+    /// Receive memory the I/O side holds, in truesize, before workers get it
+    /// ([`FramerConfig::mem_budget`], module docs "Receive memory"), as of its last
+    /// `poll_replies` ([`MsgIo::mem_held`] is exact at any time).
+    pub mem_held: AtomicU64,
+    /// The most it has held (exact, also between `poll_replies`; published by them).
+    pub mem_high_water: AtomicU64,
+    /// Times a connection that would have taken input was stopped because the memory
+    /// budget was spent (each wait counted once; it resumes when memory is released).
+    /// Connections shut down because nothing could release any are counted in
+    /// `parse_errors` as [`ParseErrorKind::Memory`] (`memory_pressure`).
+    pub mem_refusals: AtomicU64,
 }
 
 impl MsgCounters {
@@ -111,6 +173,9 @@ impl MsgCounters {
             ("sequence_errors", l(&self.sequence_errors)),
             ("timeout_idle", l(&self.timeout_idle)),
             ("timeout_send", l(&self.timeout_send)),
+            ("mem_held", l(&self.mem_held)),
+            ("mem_high_water", l(&self.mem_high_water)),
+            ("mem_refusals", l(&self.mem_refusals)),
         ];
         for k in ParseErrorKind::ALL {
             v.push((
@@ -118,6 +183,7 @@ impl MsgCounters {
                     ParseErrorKind::Malformed => "parse_malformed",
                     ParseErrorKind::TooLarge => "parse_too_large",
                     ParseErrorKind::BadField => "parse_bad_field",
+                    ParseErrorKind::Memory => "memory_pressure",
                 },
                 self.parse_errors(k),
             ));
@@ -452,6 +518,13 @@ struct ConnState<C, P> {
     failed: Option<ParseErrorKind>,
     /// The parser's last word for `failed` ([`Parser::farewell`]).
     farewell: Option<Zbuf>,
+    /// What this connection counts in `MsgIo::held`: its framer's memory and its
+    /// stalled message's, as of the last `MsgIo::settle`.
+    charged: usize,
+    /// Its messages dispatched and not completed.
+    at_workers: usize,
+    /// In `MsgIo::mem_waiting`: the driver waits for it, and only the budget stops it.
+    mem_wait: bool,
 }
 
 /// The I/O core's side of a message-socket group.
@@ -471,6 +544,20 @@ pub struct MsgIo<C, P> {
     /// Connections whose stream failed, waiting for their earlier replies to go out.
     failing: Vec<u64>,
     events: VecDeque<IoEvent<C>>,
+    /// Sum of the connections' `charged` (module docs, "Receive memory").
+    held: usize,
+    /// The most `held` has been.
+    high_water: usize,
+    /// Messages dispatched and not completed, all connections.
+    at_workers: usize,
+    /// Connections stopped by the budget alone, in the order they stopped (stale
+    /// entries, detached or woken since, are skipped).
+    mem_waiting: VecDeque<u64>,
+    /// Connections with `mem_wait` set.
+    mem_waiting_live: usize,
+    /// The connection allowed to read past the spent budget to finish its head message
+    /// (`MsgIo::grant_pass`), until it releases memory or the next `poll_replies`.
+    pass: Option<u64>,
 }
 
 /// Builds a message-socket group: the I/O side and one socket per worker.
@@ -522,6 +609,12 @@ where
             next_key: 0,
             failing: Vec::new(),
             events: VecDeque::new(),
+            held: 0,
+            high_water: 0,
+            at_workers: 0,
+            mem_waiting: VecDeque::new(),
+            mem_waiting_live: 0,
+            pass: None,
         },
         sockets,
     ))
@@ -555,6 +648,9 @@ where
                 paused: false,
                 failed: None,
                 farewell: None,
+                charged: 0,
+                at_workers: 0,
+                mem_wait: false,
             },
         );
         self.keys.insert(conn, key);
@@ -566,12 +662,20 @@ where
     }
 
     /// Whether `conn` should be read now (attached, no framing error, not paused by back
-    /// pressure or its in-flight cap with a message's worth buffered).
+    /// pressure or its in-flight cap with a message's worth buffered, and memory left
+    /// in the budget).
     pub fn wants_input(&self, conn: C) -> bool {
-        self.keys
-            .get(&conn)
-            .and_then(|k| self.conns.get(k))
-            .is_some_and(Self::takes_input)
+        let Some(&key) = self.keys.get(&conn) else {
+            return false;
+        };
+        (self.room() || self.pass == Some(key))
+            && self.conns.get(&key).is_some_and(Self::takes_input)
+    }
+
+    /// Whether the memory budget has room: a connection may read (what one read adds
+    /// may cross it; the next read waits).
+    fn room(&self) -> bool {
+        self.held < self.framer_cfg.mem_budget
     }
 
     fn takes_input(c: &ConnState<C, P>) -> bool {
@@ -588,7 +692,7 @@ where
         if let Some(c) = self.conns.get_mut(&key) {
             c.blocked = true;
         }
-        self.check_resumed(key);
+        self.settle(key);
     }
 
     /// The next connection given to [`MsgIo::wait_input`] that takes input again
@@ -603,12 +707,149 @@ where
         None
     }
 
-    /// Reports `key` resumed if the driver waits for it and it takes input.
-    fn check_resumed(&mut self, key: u64) {
-        if let Some(c) = self.conns.get_mut(&key) {
-            let takes = Self::takes_input(c);
-            self.resumed.check(key, &mut c.blocked, takes);
+    /// After anything that may change what `key` holds or whether it takes input (bytes
+    /// pushed, messages taken, a stall, a failure, a pause, a wait): brings its share of
+    /// `held` up to date, reports it resumed if the driver waits for it and it takes
+    /// input, or puts it in the memory line if only the budget stops it; wakes that
+    /// line if memory was released. One map lookup, and a few instructions more when
+    /// nothing changed: the fast path (whole messages dispatched as they arrive) holds
+    /// nothing between reads. Inlined into `frame`, so that its lookup shares the key's
+    /// hash with `frame_messages`' (out of line it cost two hashes per read).
+    #[inline(always)]
+    fn settle(&mut self, key: u64) {
+        let Some(c) = self.conns.get_mut(&key) else {
+            return;
+        };
+        let now = c.framer.mem() + c.stalled.as_ref().map_or(0, |(_, m)| truesize(&m.body));
+        let mut released = false;
+        if now == c.charged {
+            if !c.blocked {
+                // Nothing to report and nothing released: the common case.
+                return;
+            }
+        } else {
+            released = now < c.charged;
+            self.held = self.held - c.charged + now;
+            c.charged = now;
+            // Published at the end of `poll_replies`.
+            self.high_water = self.high_water.max(self.held);
         }
+        if released && self.pass == Some(key) {
+            // Its message went to a worker: the deadlock is broken.
+            self.pass = None;
+        }
+        let room = self.held < self.framer_cfg.mem_budget || self.pass == Some(key);
+        let takes = Self::takes_input(c);
+        if room {
+            self.resumed.check(key, &mut c.blocked, takes);
+        } else if c.blocked && takes && !c.mem_wait {
+            c.mem_wait = true;
+            self.wait_for_mem(key);
+        }
+        if released && room && self.mem_waiting_live > 0 {
+            self.wake_mem_waiters();
+        }
+    }
+
+    /// `key` (its `mem_wait` just set) joins the memory line.
+    #[cold]
+    fn wait_for_mem(&mut self, key: u64) {
+        self.mem_waiting.push_back(key);
+        self.mem_waiting_live += 1;
+        self.shared
+            .counters
+            .mem_refusals
+            .fetch_add(1, AtomicOrdering::Relaxed);
+    }
+
+    /// Memory has room again: wakes connections waiting for it, oldest first, about one
+    /// per [`SPILL_MIN`] of room (at least one), so that a release does not wake every
+    /// waiter only for most to stop again at once; `poll_replies` wakes more while room
+    /// is left.
+    #[cold]
+    #[inline(never)]
+    fn wake_mem_waiters(&mut self) {
+        let budget = self.framer_cfg.mem_budget;
+        let mut n = ((budget.saturating_sub(self.held)) / SPILL_MIN).max(1);
+        while n > 0 && self.room() {
+            let Some(key) = self.mem_waiting.pop_front() else {
+                break;
+            };
+            let Some(c) = self.conns.get_mut(&key) else {
+                continue; // stale: detached
+            };
+            if !c.mem_wait {
+                continue; // stale
+            }
+            c.mem_wait = false;
+            self.mem_waiting_live -= 1;
+            self.settle(key);
+            n -= 1;
+        }
+    }
+
+    /// Before shedding: the connection stopped by the budget whose head message lacks
+    /// the fewest bytes, at most [`PASS_MAX`], may read past the budget until that
+    /// message goes to a worker (Linux's `sk_forced_mem_schedule` lets a socket take
+    /// what it must to progress). Small requests whose rest waits in TCP, stopped when
+    /// the budget filled with others like them, then end the deadlock without a
+    /// casualty: the message goes to a worker, its memory is released and the line
+    /// moves. A pass lasts until the next `poll_replies`; a peer that has not sent the
+    /// rest gains nothing (the shedding waits one poll). False if no connection
+    /// qualifies.
+    #[cold]
+    fn grant_pass(&mut self) -> bool {
+        let best = self
+            .mem_waiting
+            .iter()
+            .filter_map(|&k| {
+                let c = self.conns.get(&k)?;
+                let missing = c.framer.missing()?;
+                (c.mem_wait && missing <= PASS_MAX).then_some((missing, k))
+            })
+            .min();
+        let Some((_, key)) = best else {
+            return false;
+        };
+        let Some(c) = self.conns.get_mut(&key) else {
+            return false;
+        };
+        c.mem_wait = false;
+        self.mem_waiting_live -= 1;
+        self.pass = Some(key);
+        self.settle(key);
+        true
+    }
+
+    /// The budget is spent and nothing in flight can release memory (no message at a
+    /// worker or in the scheduler: every holder is a partial message waiting for bytes
+    /// it may not read, or a paused connection whose peer does not read its replies):
+    /// the connection holding the most is shut down as for a framing error
+    /// ([`ParseErrorKind::Memory`], counted `memory_pressure`; its earlier replies have
+    /// gone, the parser's farewell follows, then FIN). Ties: the oldest connection.
+    fn shed(&mut self) {
+        let victim = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.failed.is_none() && c.charged > 0)
+            .max_by_key(|(&k, c)| (c.charged, std::cmp::Reverse(k)))
+            .map(|(&k, _)| k);
+        let Some(key) = victim else {
+            return;
+        };
+        let Some(c) = self.conns.get_mut(&key) else {
+            return;
+        };
+        let e = c.framer.fail_memory();
+        c.failed = Some(e.kind());
+        c.farewell = c.framer.take_farewell();
+        self.failing.push(key);
+        let i = ParseErrorKind::ALL
+            .iter()
+            .position(|k| *k == e.kind())
+            .unwrap_or(0);
+        self.shared.counters.parse_errors[i].fetch_add(1, AtomicOrdering::Relaxed);
+        self.settle(key);
     }
 
     /// Pauses (`true`) or resumes taking messages from `conn`, for a driver whose
@@ -649,7 +890,7 @@ where
     /// round stops: under CP its worker's FIFO is full, under MS and CS every FIFO).
     fn frame(&mut self, key: u64, turn: bool) -> bool {
         let refused = self.frame_messages(key, turn);
-        self.check_resumed(key);
+        self.settle(key);
         refused
     }
 
@@ -716,6 +957,8 @@ where
                         .counters
                         .messages
                         .fetch_add(1, AtomicOrdering::Relaxed);
+                    c.at_workers += 1;
+                    self.at_workers += 1;
                 }
                 Err(rejected) => {
                     // Keep the bytes, not the message: an Origin dropped here would
@@ -799,6 +1042,10 @@ where
                         .fetch_add(1, AtomicOrdering::Relaxed);
                 }
             });
+            // Each completion is of a message dispatched on this attachment.
+            debug_assert!(c.at_workers >= done);
+            c.at_workers = c.at_workers.saturating_sub(done);
+            self.at_workers = self.at_workers.saturating_sub(done);
             for _ in 0..done {
                 self.dispatcher.complete(key);
             }
@@ -830,9 +1077,27 @@ where
             }
         }
         self.ready = ready;
+        if !self.room() {
+            if self.at_workers == 0 {
+                // A pass given at the last poll that did not free anything: shed.
+                if self.pass.take().is_some() || !self.grant_pass() {
+                    self.shed();
+                }
+            }
+        } else {
+            self.pass = None;
+        }
+        if self.room() && self.mem_waiting_live > 0 {
+            // Those woken at the last release did not take all the room.
+            self.wake_mem_waiters();
+        }
         if !self.failing.is_empty() {
             sent += self.finish_failed(&mut send);
         }
+        let c = &self.shared.counters;
+        c.mem_held.store(self.held as u64, AtomicOrdering::Relaxed);
+        c.mem_high_water
+            .store(self.high_water as u64, AtomicOrdering::Relaxed);
         sent
     }
 
@@ -882,6 +1147,26 @@ where
             .counters
             .detached
             .fetch_add(1, AtomicOrdering::Relaxed);
+        // What its messages at workers hold is theirs now (bounded by the scheduler's
+        // queues); what it held here is released.
+        self.at_workers = self.at_workers.saturating_sub(c.at_workers);
+        self.held -= c.charged;
+        if self.pass == Some(key) {
+            self.pass = None;
+        }
+        if c.mem_wait {
+            self.mem_waiting_live -= 1;
+            // Stale entries are skipped when they come up; compact a line that is
+            // mostly stale (connections that waited and closed while nothing was freed).
+            if self.mem_waiting.len() > 2 * self.mem_waiting_live + 32 {
+                let conns = &self.conns;
+                self.mem_waiting
+                    .retain(|k| conns.get(k).is_some_and(|c| c.mem_wait));
+            }
+        }
+        if self.room() && self.mem_waiting_live > 0 {
+            self.wake_mem_waiters();
+        }
         let in_flight = c.framer.in_flight();
         // Completions staged and not drained, and those waiting in the reorder slot for
         // an earlier one: all dropped with the connection, each counted once.
@@ -910,6 +1195,17 @@ where
     pub fn in_flight(&self, conn: C) -> Option<usize> {
         let c = self.conns.get(self.keys.get(&conn)?)?;
         Some(c.framer.in_flight() + usize::from(c.failed.is_some()))
+    }
+
+    /// What `conn` holds in the memory budget, in truesize (`None` if not attached):
+    /// its unframed and held bytes and a message waiting for the scheduler.
+    pub fn mem(&self, conn: C) -> Option<usize> {
+        Some(self.conns.get(self.keys.get(&conn)?)?.charged)
+    }
+
+    /// What all connections hold in the memory budget ([`MsgCounters::mem_held`]).
+    pub fn mem_held(&self) -> usize {
+        self.held
     }
 
     /// Whether `conn` is attached.

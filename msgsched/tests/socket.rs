@@ -355,6 +355,7 @@ fn the_in_flight_cap_pauses_reading_and_resumes_after_replies() {
     let cap = FramerConfig {
         max_message: 4096,
         max_in_flight: 2,
+        ..FramerConfig::default()
     };
     let (mut io, sockets) = group::<u32, KnbParser>(&cfg(Model::Ms, 2), cap).unwrap();
     io.attach(1, KnbParser::new(Ordering::Ordered)).unwrap();

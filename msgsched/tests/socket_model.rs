@@ -343,6 +343,12 @@ impl World {
 
     /// r2c closes a half-closed connection once `in_flight` is 0: that must mean every
     /// request received so far has been served (none waits unframed or unplaced).
+    /// The memory budget's total is the sum over the connections.
+    fn check_mem(&self) {
+        let sum: usize = (0..5).filter_map(|h| self.io.mem(h)).sum();
+        assert_eq!(self.io.mem_held(), sum, "seed {}", self.seed);
+    }
+
     fn check_idle_means_done(&self) {
         for &h in &self.live {
             let a = &self.atts[&h];
@@ -437,6 +443,7 @@ fn run(seed: u64, model: Model, ordering: Ordering) {
     let framer = FramerConfig {
         max_message: MAX_MESSAGE,
         max_in_flight: 1 + rng.below(6),
+        ..FramerConfig::default()
     };
     let (io, sockets) = group::<u32, P>(&sched, framer).unwrap();
     let mut w = World {
@@ -495,6 +502,7 @@ fn run(seed: u64, model: Model, ordering: Ordering) {
             _ => {}
         }
         w.check_idle_means_done();
+        w.check_mem();
     }
     // The end: unpause, feed everything, take and complete everything.
     for h in 0..HANDLES {
@@ -548,6 +556,11 @@ fn run(seed: u64, model: Model, ordering: Ordering) {
         "seed {seed}: {f:?}"
     );
     assert_eq!(f["sequence_errors"], 0, "seed {seed}: {f:?}");
+    w.check_mem();
+    for h in 0..HANDLES {
+        w.io.detach(h);
+    }
+    assert_eq!(w.io.mem_held(), 0, "seed {seed}: held after every detach");
 }
 
 /// The same hostile clients against real worker threads (they reply, finish, drop or
@@ -563,6 +576,7 @@ fn run_threaded(seed: u64, model: Model, ordering: Ordering) {
     let framer = FramerConfig {
         max_message: MAX_MESSAGE,
         max_in_flight: 1 + rng.below(6),
+        ..FramerConfig::default()
     };
     let (io, sockets) = group::<u32, P>(&sched, framer).unwrap();
     let acts = Arc::new(Mutex::new(HashMap::new()));

@@ -79,6 +79,7 @@ fn run(model: Model, workers: usize, conns: usize, load: f64, total: usize, seed
     let framer = FramerConfig {
         max_message: 64,
         max_in_flight: 1024,
+        ..FramerConfig::default()
     };
     let (mut io, sockets): (MsgIo<u32, KnbParser>, _) = group(&cfg, framer).unwrap();
     for c in 0..conns as u32 {

@@ -45,6 +45,40 @@ use std::sync::Arc;
 use std::time::Duration;
 use zbuf::{AllocError, IoVec, Slab, Zbuf, ZbufMut};
 
+// The message layer's budget and the stack's `rcv_mem_total` are in one unit.
+const _: () = assert!(msgsched::framer::BUF_OVERHEAD == luna_stack::tcp::SEG_OVERHEAD);
+
+/// The per-core receive-memory budget of the message layer
+/// ([`FramerConfig::mem_budget`]): what a framer group may hold before workers get it.
+/// From the devices' fixed receive pools: half of what the stack may hold
+/// ([`Device::rx_mem_budget`] is half of a DPDK port's pool, shared by its queues), so
+/// the stack holds at most half of the pool, the message layer a quarter, and the rx
+/// rings, ARP, ACKs and FINs keep the rest. A budget the setup changed from msgsched's
+/// default is kept; so is the default without a fixed pool (the in-memory link). At
+/// least two of the largest messages, so that one can always complete beside another.
+fn mem_budget<D: Device>(framer: &FramerConfig, devices: &[D]) -> usize {
+    if framer.mem_budget != msgsched::framer::DEFAULT_MEM_BUDGET {
+        return framer.mem_budget;
+    }
+    let pool = devices
+        .iter()
+        .filter_map(Device::rx_mem_budget)
+        .fold(None, |sum: Option<usize>, b| {
+            Some(sum.unwrap_or(0).saturating_add(b))
+        });
+    pool.map_or(framer.mem_budget, |half| {
+        (half / 2).max(framer.max_message.saturating_mul(2))
+    })
+}
+
+/// `cfg.framer` with the budget for `io`'s devices ([`mem_budget`]).
+fn framer_cfg<D: Device>(cfg: &MsgConfig, io: &CoreSetup<D>) -> FramerConfig {
+    FramerConfig {
+        mem_budget: mem_budget(&cfg.framer, &io.devices),
+        ..cfg.framer
+    }
+}
+
 /// Message-mode settings.
 #[derive(Debug, Clone)]
 pub struct MsgConfig {
@@ -52,7 +86,9 @@ pub struct MsgConfig {
     pub listen: Vec<(u16, usize)>,
     /// The scheduler: model (CP / CS / MS), workers, per-worker queue capacity.
     pub sched: SchedConfig,
-    /// Per-connection bounds (largest message, messages in flight).
+    /// Per-connection bounds (largest message, messages in flight) and the core's
+    /// receive-memory budget (`mem_budget`: left at its default, it is set from the
+    /// devices' receive pools, a quarter of a DPDK port's; `mem_budget` in this module).
     pub framer: FramerConfig,
     /// CPUs to pin workers to (index = worker), when [`CoreOptions::pin`].
     pub worker_cpus: Vec<usize>,
@@ -868,7 +904,7 @@ impl Runtime {
         let sleeper = doorbell_for(opts.idle);
         let bell = bell_of(&sleeper);
         let (msg_io, sockets) =
-            group_with_doorbell::<Conn, P>(&cfg.sched, cfg.framer, bell.clone())
+            group_with_doorbell::<Conn, P>(&cfg.sched, framer_cfg(&cfg, &io), bell.clone())
                 .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
         let counters = msg_io.counters_handle();
         let side = Framed {
@@ -914,7 +950,7 @@ impl Runtime {
         let sleeper = doorbell_for(opts.idle);
         let bell = bell_of(&sleeper);
         let (msg_io, sockets) =
-            group_with_doorbell::<Conn, P>(&cfg.sched, cfg.framer, bell.clone())
+            group_with_doorbell::<Conn, P>(&cfg.sched, framer_cfg(&cfg, &io), bell.clone())
                 .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
         let counters = msg_io.counters_handle();
         let workers = sockets.len();
@@ -1095,4 +1131,55 @@ where
         bell,
     };
     Ok((rt, workers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::DeviceStats;
+    use luna_stack::stack::Transmit;
+    use luna_stack::wire::EthernetAddress;
+    use msgsched::framer::DEFAULT_MEM_BUDGET;
+
+    /// A queue of a fixed receive pool ([`Device::rx_mem_budget`]), or none.
+    struct Pooled(Option<usize>);
+
+    impl Device for Pooled {
+        fn rx_burst(&mut self, _out: &mut Vec<Zbuf>, _max: usize) -> usize {
+            0
+        }
+
+        fn tx_burst(&mut self, _frames: &mut VecDeque<Transmit>) -> usize {
+            0
+        }
+
+        fn mac(&self) -> EthernetAddress {
+            EthernetAddress([2, 0, 0, 0, 0, 1])
+        }
+
+        fn stats(&self) -> DeviceStats {
+            DeviceStats::default()
+        }
+
+        fn rx_mem_budget(&self) -> Option<usize> {
+            self.0
+        }
+    }
+
+    /// The message layer gets half of what the stack gets from the same pools (a quarter
+    /// of a DPDK port's), at least two of the largest messages; the default stays
+    /// without a fixed pool, and a budget the setup chose stays.
+    #[test]
+    fn the_message_layers_budget_comes_from_the_devices_pools() {
+        let mut cfg = FramerConfig::default();
+        let two = [Pooled(Some(6 << 20)), Pooled(Some(2 << 20))];
+        assert_eq!(mem_budget(&cfg, &two), 4 << 20);
+        assert_eq!(mem_budget(&cfg, &[Pooled(None)]), DEFAULT_MEM_BUDGET);
+        assert_eq!(
+            mem_budget(&cfg, &[Pooled(Some(1 << 20))]),
+            2 * cfg.max_message
+        );
+        cfg.mem_budget = 1 << 30;
+        assert_eq!(mem_budget(&cfg, &two), 1 << 30);
+    }
 }

@@ -202,6 +202,7 @@ fn message_mode_a_reply_wakes_the_sleeping_io_core() {
         framer: FramerConfig {
             max_message: 1024,
             max_in_flight: 1,
+            ..FramerConfig::default()
         },
         worker_cpus: Vec::new(),
     };

@@ -299,6 +299,7 @@ fn run_cap(model: Model, with_garbage: bool, virt: bool, cap: usize) -> HashMap<
         framer: FramerConfig {
             max_message: 16 << 10,
             max_in_flight: 4,
+            ..FramerConfig::default()
         },
         worker_cpus: Vec::new(),
     };
@@ -508,6 +509,7 @@ fn a_reply_larger_than_the_send_backlog_is_sent_whole() {
         framer: FramerConfig {
             max_message: 16 << 10,
             max_in_flight: 4,
+            ..FramerConfig::default()
         },
         worker_cpus: Vec::new(),
     };

@@ -531,6 +531,7 @@ fn luna_message_mode_serves_scheduled_workers() {
             "parse_malformed",
             "parse_too_large",
             "parse_bad_field",
+            "memory_pressure",
             "sequence_errors",
         ] {
             assert_eq!(num(m, &[k]), 0.0, "{k}: {v:#}");

@@ -20,6 +20,7 @@ fn run(stream: &[u8], cuts: &[u8]) -> (Vec<(MsgKind, Vec<u8>)>, Option<&'static 
         FramerConfig {
             max_message: MAX,
             max_in_flight: 1 << 16,
+            ..FramerConfig::default()
         },
     )
     .expect("config");

@@ -118,6 +118,7 @@ pub fn msg_config(port: u16, model: Model, workers: usize) -> MsgConfig {
         framer: FramerConfig {
             max_message: 1 << 20,
             max_in_flight: 64,
+            ..FramerConfig::default()
         },
         worker_cpus: Vec::new(),
     }

@@ -118,6 +118,7 @@ pub fn serve(port: &DpdkPort, cfg: &ServeConfig, ready: &Path, stop: &Path) -> S
         framer: FramerConfig {
             max_message: cfg.max_message,
             max_in_flight: cfg.max_in_flight,
+            ..FramerConfig::default()
         },
         worker_cpus: Vec::new(),
     };

@@ -1816,6 +1816,7 @@ fn serve_msg(
         framer: msgsched::framer::FramerConfig {
             max_message: crate::proto::HDR_LEN + crate::proto::MAX_PAYLOAD as usize,
             max_in_flight: msg_in_flight(&w),
+            ..msgsched::framer::FramerConfig::default()
         },
         worker_cpus: Vec::new(),
     };

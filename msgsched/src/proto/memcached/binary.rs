@@ -255,6 +255,7 @@ pub(crate) fn farewell(err: &ParseError, buf: &IoVec) -> Option<Vec<u8>> {
     let (code, text): (u16, &[u8]) = match err.kind() {
         ParseErrorKind::BadField => (status::EINVAL, b"Invalid arguments"),
         ParseErrorKind::TooLarge => (status::E2BIG, b"Too large."),
+        ParseErrorKind::Memory => (status::ENOMEM, b"Out of memory"),
         _ => return None,
     };
     if h.magic != REQ_MAGIC {

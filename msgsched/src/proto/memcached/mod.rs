@@ -186,6 +186,8 @@ impl Parser for McParser {
             Protocol::Text if err.kind() == ParseErrorKind::TooLarge => {
                 text::LINE_TOO_LONG.to_vec()
             }
+            // memcached's own answer when it cannot buffer a value.
+            Protocol::Text if err.kind() == ParseErrorKind::Memory => text::OUT_OF_MEMORY.to_vec(),
             Protocol::Text => return None,
             Protocol::Binary => binary::farewell(err, buf)?,
         };
@@ -251,6 +253,7 @@ mod tests {
             FramerConfig {
                 max_message: max,
                 max_in_flight: 1 << 16,
+                ..FramerConfig::default()
             },
         )
         .unwrap()

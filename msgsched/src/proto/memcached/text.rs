@@ -157,6 +157,10 @@ pub(crate) fn frame(
 /// memcached itself closes without it).
 pub(crate) const LINE_TOO_LONG: &[u8] = b"CLIENT_ERROR line too long\r\n";
 
+/// The farewell of a connection shut down for the I/O core's memory budget
+/// ([`crate::parser::ParseErrorKind::Memory`]): memcached's words when it cannot store.
+pub(crate) const OUT_OF_MEMORY: &[u8] = b"SERVER_ERROR out of memory storing object\r\n";
+
 /// A storage command's kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreOp {

@@ -85,7 +85,8 @@ use crate::sched::{
 };
 use crate::stall::Stalls;
 use crossbeam_queue::SegQueue;
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::VecDeque;
 use std::fmt;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
@@ -604,8 +605,8 @@ where
             dispatcher,
             shared,
             framer_cfg,
-            conns: HashMap::new(),
-            keys: HashMap::new(),
+            conns: HashMap::default(),
+            keys: HashMap::default(),
             next_key: 0,
             failing: Vec::new(),
             events: VecDeque::new(),

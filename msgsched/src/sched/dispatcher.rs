@@ -4,7 +4,8 @@
 use super::stats::Stats;
 use super::sync::{fence, Arc, Ordering};
 use super::{partition, Model, Placed, Rejected, SchedConfig, Shared};
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::VecDeque;
 
 /// The I/O core's end of the scheduler. `Send`, but used from one thread (`&mut self`).
 /// Dropping it disconnects the workers: they drain what is queued, then get
@@ -33,7 +34,7 @@ impl<T: Send> Dispatcher<T> {
             shared,
             rng: XorShift::new(cfg.seed),
             held_cap: cfg.queue_capacity,
-            keys: HashMap::new(),
+            keys: HashMap::default(),
             ready: VecDeque::new(),
             held_now: 0,
         }

@@ -39,7 +39,8 @@ use msgsched::socket::{
     group_with_doorbell, Bell, IoEvent, Message, MsgCounters, MsgIo, MsgSocket, Origin,
 };
 use msgsched::virt::{Occupation, VirtStats, VirtualPool};
-use std::collections::{HashMap, HashSet, VecDeque};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -1071,14 +1072,14 @@ where
         };
         MsgMode {
             io,
-            closing: HashMap::new(),
+            closing: HashMap::default(),
             listen: listen.clone(),
-            unread: HashSet::new(),
+            unread: HashSet::default(),
             again: Vec::new(),
-            unsent: HashMap::new(),
-            eof: HashSet::new(),
+            unsent: HashMap::default(),
+            eof: HashSet::default(),
             timeouts,
-            clocks: HashMap::new(),
+            clocks: HashMap::default(),
             last_tick: luna_stack::time::Instant::ZERO,
             virt,
             sleeper,

@@ -32,7 +32,8 @@ use crate::socket::{
     Bell, IoEvent, Message, MsgConfigError, MsgCounters, MsgSocket, Origin, Shared,
 };
 use crate::stall::Stalls;
-use std::collections::{HashMap, HashSet, VecDeque};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::collections::VecDeque;
 use std::hash::Hash;
 use std::sync::atomic::Ordering as AtomicOrdering;
 use std::sync::Arc;
@@ -116,10 +117,10 @@ where
             dispatcher,
             shared,
             cap: framer_cfg.max_in_flight,
-            conns: HashMap::new(),
-            keys: HashMap::new(),
+            conns: HashMap::default(),
+            keys: HashMap::default(),
             next_key: 0,
-            dirty: HashSet::new(),
+            dirty: HashSet::default(),
             events: VecDeque::new(),
         },
         sockets,

@@ -314,7 +314,7 @@ fn luna_rpc_run_validates_and_reports() {
     // (iodepth 4 × 2 connections × 3000 B at most).
     const IN_FLIGHT: f64 = 8.0 * 3000.0;
     // Both sides report their r2c core and device counters. On memif in copy mode r2c
-    // sends frames up to 2 KiB as one flat copy (every frame here, MTU 1500), so each
+    // sends every frame as one flat copy, so each
     // side copied at least the payload the other side received (retransmissions are
     // copied too), and no more than its frames' bytes.
     let ex = &v["server"]["extra"];
@@ -337,10 +337,11 @@ fn luna_rpc_run_validates_and_reports() {
 }
 
 /// Jumbo frames copied flat: at MTU 9000 a 4 KiB message is one frame, longer than a
-/// standard mbuf holds. With the copy threshold above it (`KNB_LUNA_TX_COPY_MAX`) r2c
-/// copies each such frame whole into one mbuf of its copy pool; with 0 it chains the
-/// payload zero copy. Both keep every byte (`--verify`), and the copy shows in the
-/// counters: before the copy pool, a threshold above 2 KiB silently chained instead.
+/// standard mbuf holds. By default on memif in copy mode, and with the copy threshold
+/// above it (`KNB_LUNA_TX_COPY_MAX`), r2c copies each such frame whole into one mbuf of
+/// its copy pool; with 0 it chains the payload zero copy. All keep every byte
+/// (`--verify`), and the copy shows in the counters: before the copy pool, a threshold
+/// above 2 KiB silently chained instead.
 #[test]
 fn luna_jumbo_frames_go_whole_copied_or_chained_and_keep_every_byte() {
     let args = [
@@ -358,8 +359,12 @@ fn luna_jumbo_frames_go_whole_copied_or_chained_and_keep_every_byte() {
         "--warmup",
         "0.2",
     ];
-    for copy_max in ["16384", "0"] {
-        let v = luna_json_run("jumbo", &args, &[("KNB_LUNA_TX_COPY_MAX", copy_max)]);
+    for copy_max in ["16384", "0", "default"] {
+        let env: &[(&str, &str)] = match copy_max {
+            "default" => &[],
+            v => &[("KNB_LUNA_TX_COPY_MAX", v)],
+        };
+        let v = luna_json_run("jumbo", &args, env);
         check_rpc_report(&v, "luna");
         // Bytes each side copied into frames, against the payload the other received.
         let sides = [

@@ -3,10 +3,10 @@
 //! thread; memif pairs client queue *i* with server queue *i*).
 //!
 //! * Device: [`r2c::device::dpdk::DpdkDevice`]: received frames are zbuf zone objects
-//!   handed to the stack as `Zbuf`s (no copy); on transmit, frames up to 2 KiB are one
-//!   flat copy on memif in copy mode (r2c's default there: the PMD copies every frame
-//!   anyway), larger ones and a zero-copy memif client's go out as external-buffer mbufs
-//!   over the application's `Zbuf`s.
+//!   handed to the stack as `Zbuf`s (no copy); on transmit, every frame is one flat copy
+//!   on memif in copy mode (r2c's default there: the PMD copies every frame anyway;
+//!   jumbo frames into r2c's copy pool), a zero-copy memif client's go out as
+//!   external-buffer mbufs over the application's `Zbuf`s.
 //! * Server: an inline-r2c app ([`r2c::InlineApp`]). Received `Zbuf`s are parsed in place
 //!   by [`ServerConn`] (message mode); a response is its 16-byte header (written into a
 //!   small buffer shared by the responses of one batch) followed by a slice of one
@@ -43,9 +43,9 @@
 //! `KNB_LUNA_TX_COPY_MAX=<bytes>` copies frames up to that size into one flat mbuf
 //! instead of attaching the payload ([`DpdkDeviceConfig::tx_copy_max`]); `0` forces the
 //! zero-copy chain. Unset, r2c chooses: memif copies every frame anyway, so in copy mode
-//! frames up to 2 KiB go as one flat copy, which costs less than building and freeing a
-//! chain (docs/benchmarks.md, "Flat transmit copy on memif by default"); a zero-copy
-//! client keeps the chain. The copied bytes show in `copied_bytes`.
+//! every frame goes as one flat copy, which costs less than building and freeing a chain
+//! (docs/benchmarks.md, "Flat transmit copy on memif by default", "Jumbo frames copied
+//! flat"); a zero-copy client keeps the chain. The copied bytes show in `copied_bytes`.
 //!
 //! `KNB_LUNA_SLAB_MB=<MiB>` sets each process's zbuf memory (default 128 MiB, 48 to
 //! 4,096; the device's receive buffers take 32 MiB of it), `KNB_LUNA_SERVER_SLAB_MB` the

@@ -1279,7 +1279,7 @@ impl<D: Device> CoreLoop<D> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A ring its peer drains slowly: takes one frame on every other call (none when
@@ -1314,8 +1314,9 @@ mod tests {
 
     const TRICKLE_PEER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 
-    /// A queue of a fixed receive pool ([`Device::rx_mem_budget`]), or none.
-    struct Pooled(Option<usize>);
+    /// A queue of a fixed receive pool ([`Device::rx_mem_budget`]), or none (also the
+    /// message mode's tests).
+    pub(crate) struct Pooled(pub(crate) Option<usize>);
 
     impl Device for Pooled {
         fn rx_burst(&mut self, _out: &mut Vec<Zbuf>, _max: usize) -> usize {

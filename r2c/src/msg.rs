@@ -1137,35 +1137,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::DeviceStats;
-    use luna_stack::stack::Transmit;
-    use luna_stack::wire::EthernetAddress;
+    use crate::core::tests::Pooled;
     use msgsched::framer::DEFAULT_MEM_BUDGET;
-
-    /// A queue of a fixed receive pool ([`Device::rx_mem_budget`]), or none.
-    struct Pooled(Option<usize>);
-
-    impl Device for Pooled {
-        fn rx_burst(&mut self, _out: &mut Vec<Zbuf>, _max: usize) -> usize {
-            0
-        }
-
-        fn tx_burst(&mut self, _frames: &mut VecDeque<Transmit>) -> usize {
-            0
-        }
-
-        fn mac(&self) -> EthernetAddress {
-            EthernetAddress([2, 0, 0, 0, 0, 1])
-        }
-
-        fn stats(&self) -> DeviceStats {
-            DeviceStats::default()
-        }
-
-        fn rx_mem_budget(&self) -> Option<usize> {
-            self.0
-        }
-    }
 
     /// The message layer gets half of what the stack gets from the same pools (a quarter
     /// of a DPDK port's), at least two of the largest messages; the default stays

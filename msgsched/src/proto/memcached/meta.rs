@@ -415,16 +415,9 @@ pub(crate) fn decode(t: &[&[u8]], msg: &IoVec, line_len: usize) -> Decoded {
 
 #[cfg(test)]
 mod tests {
+    use super::super::text::tests::iov;
     use super::super::text::{Command, Request};
     use super::*;
-    use zbuf::Zbuf;
-
-    fn iov(b: &[u8]) -> IoVec {
-        // Three segments, so decoding crosses segment boundaries.
-        let (a, rest) = b.split_at(b.len() / 3);
-        let (m, c) = rest.split_at(rest.len() / 2);
-        [a, m, c].iter().map(|p| Zbuf::copy_from_slice(p)).collect()
-    }
 
     fn meta(s: &[u8]) -> Result<Meta, Error> {
         match Request::decode(&iov(s)) {

@@ -576,11 +576,12 @@ impl Request {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use zbuf::Zbuf;
 
-    fn iov(b: &[u8]) -> IoVec {
+    /// `b` in three segments (also the meta commands' tests).
+    pub(in crate::proto::memcached) fn iov(b: &[u8]) -> IoVec {
         // Three segments, so decoding crosses segment boundaries.
         let (a, rest) = b.split_at(b.len() / 3);
         let (m, c) = rest.split_at(rest.len() / 2);

@@ -1117,7 +1117,8 @@ mod reply_tests {
     use msgsched::parser::Parser;
     use msgsched::proto::memcached::{Limits, McParser, Protocol};
 
-    fn kv() -> Kv {
+    /// A fresh store's handler (also the meta commands' tests).
+    pub(super) fn kv() -> Kv {
         Kv::new(
             Arc::new(Store::new(1 << 20)),
             Arc::new(KvCounters::default()),
@@ -1151,7 +1152,9 @@ mod reply_tests {
         }
     }
 
-    fn text(kv: &mut Kv, input: &str) -> String {
+    /// The replies to text `input`, the connection left open (also the meta commands'
+    /// tests).
+    pub(super) fn text(kv: &mut Kv, input: &str) -> String {
         let (out, closed) = run(kv, input.as_bytes());
         assert!(!closed, "{input:?}");
         String::from_utf8(out).unwrap()

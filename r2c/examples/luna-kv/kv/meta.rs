@@ -507,43 +507,12 @@ impl Kv {
 /// docs/outside/2026-12-07/proto/mc_meta_diff.py runs the same kinds of cases.
 #[cfg(test)]
 mod tests {
-    use super::super::{KvCounters, Store};
+    use super::super::reply_tests::{kv, text};
     use super::*;
-    use msgsched::parser::Parser;
-    use msgsched::proto::memcached::{Limits, McParser};
-    use std::sync::Arc;
-    use zbuf::IoVec;
-
-    fn kv() -> Kv {
-        Kv::new(
-            Arc::new(Store::new(1 << 20)),
-            Arc::new(KvCounters::default()),
-        )
-    }
-
-    /// Every reply to `input`, framed as the I/O core frames it (the connection must stay
-    /// open).
-    fn text(kv: &mut Kv, input: &[u8]) -> String {
-        let mut p = McParser::new(Limits::default());
-        let mut buf: IoVec = [Zbuf::copy_from_slice(input)].into_iter().collect();
-        let mut out = Vec::new();
-        loop {
-            let n = p.parse(&buf, 1 << 20).expect("framing");
-            if n == 0 {
-                return String::from_utf8_lossy(&out).into_owned();
-            }
-            let m = buf.split_to(n);
-            match kv.text(&m) {
-                Answer::Reply(r) => out.extend(r.to_vec()),
-                Answer::Silent => {}
-                Answer::Close(_) => panic!("closed after {:?}", String::from_utf8_lossy(&out)),
-            }
-        }
-    }
 
     fn cases(k: &mut Kv, cases: &[(&str, &str)]) {
         for (input, want) in cases {
-            assert_eq!(text(k, input.as_bytes()), *want, "{input:?}");
+            assert_eq!(text(k, input), *want, "{input:?}");
         }
     }
 
@@ -806,7 +775,7 @@ mod tests {
             ("mx k\r\nmn foo\r\n".into(), "ERROR\r\nMN\r\n"),
         ];
         for (input, want) in &cases_owned {
-            assert_eq!(text(&mut k, input.as_bytes()), *want, "{input:?}");
+            assert_eq!(text(&mut k, input), *want, "{input:?}");
         }
         assert!(k.counters.errors.load(Ordering::Relaxed) >= 12);
     }
@@ -822,7 +791,7 @@ mod tests {
              ms o 1 T100\r\n1\r\nmg o T30 {long}\r\nmg o t\r\nma o {long}\r\nmg o v\r\n"
         );
         assert_eq!(
-            text(&mut k, input.as_bytes()),
+            text(&mut k, &input),
             // memcached: HD, then VA 1 f0 (the flags truncated to 32 bits).
             "CLIENT_ERROR bad command line format\r\nEN\r\n\
              HD\r\n\
@@ -838,7 +807,7 @@ mod tests {
         assert_eq!(
             text(
                 &mut k,
-                format!("ms bigme 600000 T0\r\n{v}\r\nme bigme\r\n").as_bytes()
+                &format!("ms bigme 600000 T0\r\n{v}\r\nme bigme\r\n")
             ),
             "HD\r\nME bigme exp=-1 la=0 cas=2 fetch=no cls=39 size=600064\r\n"
         );
@@ -860,6 +829,6 @@ mod tests {
             .map(|i| format!("VA 1 kp{i} O{i}\r\n{}\r\n", i / 2))
             .collect::<String>()
             + "MN\r\n";
-        assert_eq!(text(&mut k, input.as_bytes()), want);
+        assert_eq!(text(&mut k, &input), want);
     }
 }

@@ -976,6 +976,20 @@ impl<D: Device> CoreLoop<D> {
     /// backlog -> poll_transmit -> tx burst.
     fn poll_once<M: Mode>(&mut self, mode: &mut M) -> bool {
         self.st.stats.iterations += 1;
+        // Feature `phases`: the clock at each phase's end (`CoreStats::phase_*`); the
+        // iteration began at `st.now`. Without the feature `mark!` is nothing.
+        #[cfg(feature = "phases")]
+        let mut marks = [self.st.now.as_nanos(); 6];
+        #[cfg(feature = "phases")]
+        macro_rules! mark {
+            ($i:expr) => {
+                marks[$i] = self.clock.now().as_nanos()
+            };
+        }
+        #[cfg(not(feature = "phases"))]
+        macro_rules! mark {
+            ($i:expr) => {};
+        }
         if self.mirrors_tables {
             self.apply_table_changes();
         }
@@ -988,6 +1002,7 @@ impl<D: Device> CoreLoop<D> {
             d.rx_burst(&mut self.rx, room);
         }
         let received = self.rx.len();
+        mark!(1);
         // An empty burst skips capture and the drain (the drain's construction and drop
         // cost ~26 instructions per idle iteration, measured with callgrind).
         if received > 0 {
@@ -1008,7 +1023,9 @@ impl<D: Device> CoreLoop<D> {
         {
             self.st.stack.handle_timeouts(self.st.now);
         }
+        mark!(2);
         let worked = mode.iteration(&mut self.st);
+        mark!(3);
         // The empty checks stay here, inline: called, each cost ~20 instructions per idle
         // iteration.
         if !self.st.backlog.is_empty() {
@@ -1017,11 +1034,17 @@ impl<D: Device> CoreLoop<D> {
         if self.st.stack.may_transmit() {
             self.drain_stack_tx();
         }
+        mark!(4);
         let sent = if self.tx.is_empty() {
             0
         } else {
             self.transmit()
         };
+        mark!(5);
+        #[cfg(feature = "phases")]
+        if received > 0 && sent > 0 {
+            self.st.stats.record_phases(&marks);
+        }
         received > 0 || sent > 0 || worked || !self.tx.is_empty()
     }
 

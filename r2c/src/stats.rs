@@ -193,6 +193,23 @@ core_stats! {
     /// Inline mode: readiness events that repeated one already dispatched in the same
     /// pass and said nothing new (see `inline`), so no callback ran.
     events_coalesced,
+    /// Feature `phases` only (0 otherwise): iterations that both received and sent
+    /// frames, over which the `phase_*_ns` times below are summed. Their averages split
+    /// a request's path through the core: device receive, stack input (and timers), the
+    /// mode's callbacks (the application), stack output, device transmit.
+    phase_iterations,
+    /// Feature `phases`: time in the devices' receive bursts (ns, summed).
+    phase_rx_ns,
+    /// Feature `phases`: time in the stack's input and due timers (ns, summed).
+    phase_input_ns,
+    /// Feature `phases`: time in the mode's iteration, the application's callbacks
+    /// included (ns, summed).
+    phase_app_ns,
+    /// Feature `phases`: time building the stack's frames (backlogs and
+    /// `poll_transmit`; ns, summed).
+    phase_output_ns,
+    /// Feature `phases`: time in the devices' transmit bursts (ns, summed).
+    phase_tx_ns,
 }
 
 /// A gap between two poll-loop iterations at least this long is a loop stall (counted
@@ -215,6 +232,22 @@ impl CoreStats {
             self.loop_gap_1ms_ns += ns;
         }
         self.loop_gap_max_ns = self.loop_gap_max_ns.max(ns);
+    }
+}
+
+impl CoreStats {
+    /// Adds one iteration's phase boundaries (clock readings in ns: start, after
+    /// receive, after input, after the mode, after output, after transmit). Called by
+    /// the core loop only when built with feature `phases`.
+    #[cfg_attr(not(feature = "phases"), allow(dead_code))]
+    pub(crate) fn record_phases(&mut self, t: &[u64; 6]) {
+        let d = |i: usize| t[i + 1].saturating_sub(t[i]);
+        self.phase_iterations += 1;
+        self.phase_rx_ns += d(0);
+        self.phase_input_ns += d(1);
+        self.phase_app_ns += d(2);
+        self.phase_output_ns += d(3);
+        self.phase_tx_ns += d(4);
     }
 }
 
@@ -334,5 +367,25 @@ mod tests {
         let c = a.sum(&b);
         assert_eq!(c.loop_gap_max_ns, 7_000_000);
         assert_eq!((c.loop_gaps_1ms, c.loop_gap_1ms_ns), (4, 13_500_000));
+    }
+
+    /// Each phase is the difference of two neighbouring readings, summed per iteration;
+    /// a clock that went backwards adds nothing rather than wrapping.
+    #[test]
+    fn phases_add_up_per_iteration() {
+        let mut s = CoreStats::default();
+        s.record_phases(&[100, 900, 1_150, 1_400, 1_550, 2_300]);
+        s.record_phases(&[0, 1_000, 1_200, 1_500, 1_600, 1_500]);
+        assert_eq!(s.phase_iterations, 2);
+        assert_eq!(
+            [
+                s.phase_rx_ns,
+                s.phase_input_ns,
+                s.phase_app_ns,
+                s.phase_output_ns,
+                s.phase_tx_ns
+            ],
+            [1_800, 450, 550, 250, 750]
+        );
     }
 }

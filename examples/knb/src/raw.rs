@@ -361,6 +361,8 @@ fn reflector(a: &RawArgs) -> Res<()> {
         Vec::<Mbuf>::with_capacity(4 * burst),
     );
     let (mut echoed, mut dropped) = (0u64, 0u64);
+    #[cfg(feature = "phases")]
+    let mut phases = ReflectorPhases::default();
     let mut next_link_check = Instant::now();
     'outer: while Instant::now() < deadline {
         // memif: the initiator leaving takes the link down; stop even if
@@ -372,9 +374,13 @@ fn reflector(a: &RawArgs) -> Res<()> {
             }
         }
         rx.clear();
+        #[cfg(feature = "phases")]
+        let t0 = dpdk_sys::eal::rdtsc();
         if d.rxq.rx_burst(&mut rx, burst) == 0 && pending.is_empty() {
             continue;
         }
+        #[cfg(feature = "phases")]
+        let (t1, received) = (dpdk_sys::eal::rdtsc(), !rx.is_empty());
         for mut m in rx.drain(..) {
             match parse(&m) {
                 Some((KIND_STOP, ..)) => break 'outer,
@@ -393,12 +399,49 @@ fn reflector(a: &RawArgs) -> Res<()> {
                 dropped += 1;
             }
         }
-        echoed += d.txq.tx_burst(&mut pending) as u64;
+        #[cfg(feature = "phases")]
+        let t2 = dpdk_sys::eal::rdtsc();
+        let sent = d.txq.tx_burst(&mut pending);
+        echoed += sent as u64;
+        #[cfg(feature = "phases")]
+        if received && sent > 0 {
+            phases.record([t0, t1, t2, dpdk_sys::eal::rdtsc()]);
+        }
     }
+    #[cfg(feature = "phases")]
+    println!("KNB_PHASES {}", phases.to_json(d.eal.tsc_hz()));
     drop(pending);
     let st = d.port.stats().map_err(|e| e.to_string())?;
     eprintln!("knb raw reflector: echoed {echoed} frames, dropped {dropped}, port {st:?}, mbufs in use {}", d.pool.in_use_count());
     Ok(())
+}
+
+/// Feature `phases`: the reflector's time per iteration that received and echoed, split
+/// as r2c's `phase_*` counters split luna's (receive burst, the echo's own work, transmit
+/// burst), in TSC ticks.
+#[cfg(feature = "phases")]
+#[derive(Default)]
+struct ReflectorPhases {
+    iterations: u64,
+    ticks: [u64; 3],
+}
+
+#[cfg(feature = "phases")]
+impl ReflectorPhases {
+    fn record(&mut self, t: [u64; 4]) {
+        self.iterations += 1;
+        for i in 0..3 {
+            self.ticks[i] += t[i + 1].saturating_sub(t[i]);
+        }
+    }
+
+    fn to_json(&self, hz: u64) -> Value {
+        let ns = |i: usize| {
+            let n = self.iterations.max(1) as f64;
+            (self.ticks[i] as f64 * 1e9 / hz.max(1) as f64 / n * 10.0).round() / 10.0
+        };
+        json!({"iterations": self.iterations, "rx_ns": ns(0), "app_ns": ns(1), "tx_ns": ns(2)})
+    }
 }
 
 fn initiator(a: &RawArgs) -> Res<Value> {
@@ -554,6 +597,17 @@ fn report(a: &RawArgs, r: &Value) -> Res<()> {
         f("rtt_p999_us"),
         u("lost")
     );
+    let p = &r["reflector_phases"];
+    if let Some(n) = p["iterations"].as_u64() {
+        let ns = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "  reflector iterations that received and sent (phases): rx {:.0}, app {:.0}, tx {:.0} ns (sum {:.0}) over {n} iterations",
+            ns("rx_ns"),
+            ns("app_ns"),
+            ns("tx_ns"),
+            ns("rx_ns") + ns("app_ns") + ns("tx_ns")
+        );
+    }
     if let Some(path) = &a.json {
         let text = serde_json::to_string_pretty(r).map_err(|e| e.to_string())?;
         std::fs::write(path, text + "\n")
@@ -866,7 +920,7 @@ fn orchestrate(a: &RawArgs) -> Res<Value> {
     }
     let limit = Duration::from_secs_f64(a.warmup + a.duration + 60.0);
     let (iok, iout, ierr) = initiator.finish(limit);
-    let (_rok, _rout, rerr) = reflector.finish(Duration::from_secs(10));
+    let (_rok, rout, rerr) = reflector.finish(Duration::from_secs(10));
     // A child killed on timeout leaves its EAL runtime directory behind.
     for role in ["initiator", "reflector"] {
         let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{id}-{role}"));
@@ -875,8 +929,18 @@ fn orchestrate(a: &RawArgs) -> Res<Value> {
         .lines()
         .find_map(|l| l.strip_prefix("KNB_RESULT "))
         .map(serde_json::from_str::<Value>);
+    // Feature `phases`: the reflector's phase times, when it printed them.
+    let phases = rout
+        .lines()
+        .find_map(|l| l.strip_prefix("KNB_PHASES "))
+        .and_then(|l| serde_json::from_str::<Value>(l).ok());
     match (iok, result) {
-        (true, Some(Ok(r))) => Ok(r),
+        (true, Some(Ok(mut r))) => {
+            if let Some(p) = phases {
+                r["reflector_phases"] = p;
+            }
+            Ok(r)
+        }
         _ => {
             let tail = |s: &str| {
                 s.lines()

@@ -62,6 +62,9 @@ pub fn print_table(rows: &[Value]) {
         if let Some(l) = crate::stalls::line(r) {
             println!("  {l}");
         }
+        if let Some(l) = crate::stalls::phases_line(r) {
+            println!("  {l}");
+        }
         if let Some(c) = contention_line(r) {
             println!("  {c}");
         }

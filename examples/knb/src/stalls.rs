@@ -35,6 +35,87 @@ pub struct Stalls {
     /// How long apart the two readings were (ns): the measured window, or None for the
     /// whole run.
     pub window_ns: Option<u64>,
+    /// Where the core's time went in its iterations that received and sent (r2c built
+    /// with feature `phases`, knb's `phases`; all zero otherwise).
+    pub phases: Phases,
+}
+
+/// r2c's `phase_*` counters over a window: iterations that both received and sent, and
+/// the time summed per phase (receive, stack input, application, stack output,
+/// transmit), in ns.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Phases {
+    /// Iterations that received and sent.
+    pub iterations: u64,
+    /// Summed ns per phase, in [`PHASE_NAMES`] order.
+    pub ns: [u64; 5],
+}
+
+/// The phases' names in reports, in r2c's order.
+pub const PHASE_NAMES: [&str; 5] = ["rx", "input", "app", "output", "tx"];
+
+fn phase_sums(s: &r2c::CoreStats) -> (u64, [u64; 5]) {
+    (
+        s.phase_iterations,
+        [
+            s.phase_rx_ns,
+            s.phase_input_ns,
+            s.phase_app_ns,
+            s.phase_output_ns,
+            s.phase_tx_ns,
+        ],
+    )
+}
+
+impl Phases {
+    /// Mean ns per iteration of each phase (None without iterations).
+    pub fn means(&self) -> Option<[f64; 5]> {
+        (self.iterations > 0).then(|| self.ns.map(|n| n as f64 / self.iterations as f64))
+    }
+
+    fn combine(&self, o: &Phases) -> Phases {
+        Phases {
+            iterations: self.iterations + o.iterations,
+            ns: std::array::from_fn(|i| self.ns[i] + o.ns[i]),
+        }
+    }
+
+    fn to_json(self) -> Option<Value> {
+        let m = self.means()?;
+        let mut v = json!({ "iterations": self.iterations });
+        for (n, x) in PHASE_NAMES.iter().zip(m) {
+            v[format!("{n}_ns")] = json!((x * 10.0).round() / 10.0);
+        }
+        Some(v)
+    }
+
+    fn from_json(v: &Value) -> Phases {
+        let Some(iterations) = v["iterations"].as_u64() else {
+            return Phases::default();
+        };
+        let ns = PHASE_NAMES.map(|n| {
+            v[format!("{n}_ns")]
+                .as_f64()
+                .map_or(0, |x| (x * iterations as f64).round() as u64)
+        });
+        Phases { iterations, ns }
+    }
+
+    /// `rx 950, input 250, app 240, output 130, tx 800 ns (sum 2370) over 600,000`.
+    pub fn describe(&self) -> Option<String> {
+        let m = self.means()?;
+        let parts: Vec<String> = PHASE_NAMES
+            .iter()
+            .zip(m)
+            .map(|(n, x)| format!("{n} {x:.0}"))
+            .collect();
+        Some(format!(
+            "{} ns (sum {:.0}) over {} iterations",
+            parts.join(", "),
+            m.iter().sum::<f64>(),
+            self.iterations
+        ))
+    }
 }
 
 fn counts(s: &r2c::CoreStats) -> [u64; 5] {
@@ -70,8 +151,14 @@ impl Stalls {
         } else if top.is_some() {
             hi = hi.min(a.loop_gap_max_ns);
         }
+        let ((ia, na), (ib, nb)) = (phase_sums(a), phase_sums(b));
+        let phases = Phases {
+            iterations: ib.saturating_sub(ia),
+            ns: std::array::from_fn(|i| nb[i].saturating_sub(na[i])),
+        };
         Stalls {
             gaps,
+            phases,
             stall_ns: b.loop_gap_ns.saturating_sub(a.loop_gap_ns),
             stall_1ms_ns: b.loop_gap_1ms_ns.saturating_sub(a.loop_gap_1ms_ns),
             max_lo_ns: lo,
@@ -90,6 +177,7 @@ impl Stalls {
             max_lo_ns: self.max_lo_ns.max(o.max_lo_ns),
             max_hi_ns: self.max_hi_ns.max(o.max_hi_ns),
             window_ns: self.window_ns.zip(o.window_ns).map(|(a, b)| a.max(b)),
+            phases: self.phases.combine(&o.phases),
         }
     }
 
@@ -123,6 +211,9 @@ impl Stalls {
         for (n, c) in NAMES.iter().zip(self.gaps) {
             v[*n] = json!(c);
         }
+        if let Some(p) = self.phases.to_json() {
+            v["phases"] = p;
+        }
         v
     }
 
@@ -140,6 +231,7 @@ impl Stalls {
             max_lo_ns: ns("max_at_least_us")?,
             max_hi_ns: ns("max_at_most_us").unwrap_or(u64::MAX),
             window_ns: v["window_s"].as_f64().map(|s| (s * 1e9).round() as u64),
+            phases: Phases::from_json(&v["phases"]),
         })
     }
 
@@ -199,6 +291,23 @@ pub fn line(r: &Value) -> Option<String> {
         "loop stalls ({scope}): server {}; client {}",
         side(s),
         side(c)
+    ))
+}
+
+/// `iterations that received and sent: server rx ..., client ...` when the run's cores
+/// timed their phases (knb built with feature `phases`), else None.
+pub fn phases_line(r: &Value) -> Option<String> {
+    let (s, c) = of_run(r);
+    let side = |x: Option<Stalls>| x.and_then(|x| x.phases.describe());
+    let (s, c) = (side(s), side(c));
+    if s.is_none() && c.is_none() {
+        return None;
+    }
+    let dash = || "-".to_string();
+    Some(format!(
+        "iterations that received and sent (phases): server {}; client {}",
+        s.unwrap_or_else(dash),
+        c.unwrap_or_else(dash)
     ))
 }
 
@@ -280,5 +389,42 @@ mod tests {
             .starts_with("loop stalls (measured window): server 1 gaps"));
         assert_eq!(line(&json!({"server": {"extra": {}}})), None);
         assert_eq!(Stalls::from_json(&Value::Null), None);
+    }
+
+    /// Phase times over a window are differences of the cumulative counters, reported as
+    /// means per iteration, and survive the JSON round trip of the run's report; lanes
+    /// combine by adding. Without phase counters (the default build) nothing is printed.
+    #[test]
+    fn phases_are_window_means_and_only_reported_when_timed() {
+        let mut a = r2c::CoreStats {
+            phase_iterations: 10,
+            phase_rx_ns: 10_000,
+            ..Default::default()
+        };
+        let mut b = a;
+        b.phase_iterations += 4;
+        b.phase_rx_ns += 4 * 800;
+        b.phase_input_ns += 4 * 250;
+        b.phase_app_ns += 4 * 300;
+        b.phase_output_ns += 4 * 150;
+        b.phase_tx_ns += 4 * 700;
+        let w = Stalls::between(&a, &b, Some(1_000_000_000));
+        assert_eq!(w.phases.iterations, 4);
+        assert_eq!(w.phases.means(), Some([800.0, 250.0, 300.0, 150.0, 700.0]));
+        let back = Stalls::from_json(&w.to_json()).expect("round trip");
+        assert_eq!(back.phases, w.phases);
+        let both = w.combine(&w);
+        assert_eq!(both.phases.iterations, 8);
+        assert_eq!(both.phases.means(), w.phases.means());
+        let r = json!({"server": {"extra": {"loop_stalls": w.to_json()}},
+            "client_extra": [{"loop_stalls": w.to_json()}]});
+        let line = phases_line(&r).expect("timed");
+        assert!(line.contains("server rx 800, input 250, app 300, output 150, tx 700 ns (sum 2200) over 4 iterations"), "{line}");
+        // Untimed: no phases in the JSON, no line.
+        a.phase_iterations = 0;
+        let untimed = Stalls::between(&a, &a, None);
+        assert!(untimed.to_json().get("phases").is_none());
+        let r = json!({"server": {"extra": {"loop_stalls": untimed.to_json()}}});
+        assert_eq!(phases_line(&r), None);
     }
 }

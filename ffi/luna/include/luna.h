@@ -276,6 +276,20 @@ typedef struct {
   // pass and said nothing new, so no callback ran (one `on_readable` and one
   // `on_writable` per connection per received burst).
   uint64_t events_coalesced;
+  // Only when r2c is built with its `phases` feature (0 otherwise): iterations that
+  // both received and sent, over which the `phase_*_ns` times are summed.
+  uint64_t phase_iterations;
+  // `phases` feature: ns in the devices' receive bursts (summed).
+  uint64_t phase_rx_ns;
+  // `phases` feature: ns in the stack's input and due timers (summed).
+  uint64_t phase_input_ns;
+  // `phases` feature: ns in the mode's iteration, the application's callbacks
+  // included (summed).
+  uint64_t phase_app_ns;
+  // `phases` feature: ns building the stack's frames (summed).
+  uint64_t phase_output_ns;
+  // `phases` feature: ns in the devices' transmit bursts (summed).
+  uint64_t phase_tx_ns;
 } luna_core_stats_t;
 
 #ifdef __cplusplus

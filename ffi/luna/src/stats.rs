@@ -150,6 +150,20 @@ pub struct luna_core_stats_t {
     /// pass and said nothing new, so no callback ran (one `on_readable` and one
     /// `on_writable` per connection per received burst).
     pub events_coalesced: u64,
+    /// Only when r2c is built with its `phases` feature (0 otherwise): iterations that
+    /// both received and sent, over which the `phase_*_ns` times are summed.
+    pub phase_iterations: u64,
+    /// `phases` feature: ns in the devices' receive bursts (summed).
+    pub phase_rx_ns: u64,
+    /// `phases` feature: ns in the stack's input and due timers (summed).
+    pub phase_input_ns: u64,
+    /// `phases` feature: ns in the mode's iteration, the application's callbacks
+    /// included (summed).
+    pub phase_app_ns: u64,
+    /// `phases` feature: ns building the stack's frames (summed).
+    pub phase_output_ns: u64,
+    /// `phases` feature: ns in the devices' transmit bursts (summed).
+    pub phase_tx_ns: u64,
 }
 
 /// Moves every field of r2c's `CoreStats` into the C struct. Exhaustive both ways: a
@@ -230,6 +244,12 @@ impl From<CoreStats> for luna_core_stats_t {
             loop_gap_1ms_ns,
             loop_gap_max_ns,
             events_coalesced,
+            phase_iterations,
+            phase_rx_ns,
+            phase_input_ns,
+            phase_app_ns,
+            phase_output_ns,
+            phase_tx_ns,
         )
     }
 }

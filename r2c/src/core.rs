@@ -419,7 +419,8 @@ impl CoreState {
     /// this answers `Err(WouldBlock)` and takes nothing, so the two sends never reorder
     /// bytes. After a deferred close (backlog marked `close`) it answers `Shutdown`.
     pub(crate) fn send(&mut self, h: Conn, data: &Zbuf) -> Result<usize, SendError> {
-        if self.backlog.contains_key(&h) {
+        // The emptiness check first: no hashing on the common path (no backlog at all).
+        if !self.backlog.is_empty() && self.backlog.contains_key(&h) {
             self.flush_backlog(h);
             if let Some(b) = self.backlog.get(&h) {
                 return Err(if b.close {
@@ -435,7 +436,7 @@ impl CoreState {
     /// Free send-buffer space of `h` as [`CoreState::send`] sees it: 0 while the
     /// runtime's backlog holds bytes of `h`.
     pub(crate) fn send_capacity(&self, h: Conn) -> usize {
-        if self.backlog.contains_key(&h) {
+        if !self.backlog.is_empty() && self.backlog.contains_key(&h) {
             0
         } else {
             self.stack.send_capacity(h)
@@ -462,6 +463,9 @@ impl CoreState {
 
     /// Bytes of `h` waiting in the runtime's backlog (beyond the TCP send buffer).
     pub(crate) fn backlog_len(&self, h: Conn) -> usize {
+        if self.backlog.is_empty() {
+            return 0;
+        }
         self.backlog.get(&h).map_or(0, |b| b.bytes)
     }
 
@@ -471,7 +475,10 @@ impl CoreState {
         if data.is_empty() {
             return Ok(());
         }
-        if let Some(b) = self.backlog.get_mut(&h) {
+        if let Some(b) = (!self.backlog.is_empty())
+            .then(|| self.backlog.get_mut(&h))
+            .flatten()
+        {
             if b.close {
                 return Err(SendError::Shutdown);
             }
@@ -483,8 +490,11 @@ impl CoreState {
             b.bufs.push_back(data);
             return Ok(());
         }
-        // All or nothing: refuse what neither the send buffer nor the backlog can hold.
-        if data.len() > self.stack.send_capacity(h) + self.max_backlog {
+        // All or nothing: refuse what neither the send buffer nor the backlog can hold
+        // (a buffer no larger than the backlog always fits: no capacity lookup).
+        if data.len() > self.max_backlog
+            && data.len() > self.stack.send_capacity(h) + self.max_backlog
+        {
             return Err(SendError::WouldBlock);
         }
         let n = match self.stack.send(h, &data) {

@@ -101,6 +101,21 @@ impl Connection {
             self.on_run_predicted(now, seg, total, mem, pieces);
             return (Disposition::Keep, true);
         }
+        self.on_run_each(now, seg, pieces, readable, room)
+    }
+
+    /// [`on_segment_run`](Self::on_segment_run) when header prediction declined the run:
+    /// one pass of [`on_segment_path`](Self::on_segment_path) per segment. Out of line, so
+    /// that the predicted run's caller keeps its registers.
+    #[inline(never)]
+    fn on_run_each(
+        &mut self,
+        now: Instant,
+        seg: &mut TcpRepr,
+        pieces: &mut Vec<Zbuf>,
+        readable: &mut u32,
+        room: usize,
+    ) -> (Disposition, bool) {
         // `readable`: how many of the segments made the connection readable, each of
         // which frame-by-frame input would have announced with its own event.
         let was = core::mem::take(&mut self.events.readable);

@@ -118,6 +118,22 @@ impl StackConfig {
     }
 }
 
+impl StackConfig {
+    /// The part of [`rcv_mem_total`](StackConfig::rcv_mem_total) kept for connections
+    /// holding less than their floor (`TcpConfig::rcv_mem_min`, Linux's `tcp_rmem[0]`)
+    /// whose applications read: its top third, as Linux's default `tcp_mem` puts the
+    /// pressure threshold, above which only sockets under `tcp_rmem[0]` are sure to get
+    /// memory, at two thirds of the hard limit. The other connections stop below it.
+    /// None when `tcp.rcv_mem_min` is 0 (every connection may take the whole bound).
+    pub fn rcv_mem_reserve(&self) -> usize {
+        if self.tcp.rcv_mem_min == 0 {
+            0
+        } else {
+            self.rcv_mem_total / 3
+        }
+    }
+}
+
 /// Why a [`StackConfig`] was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfigError {

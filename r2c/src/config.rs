@@ -30,6 +30,9 @@
 //! rcv_mem_total = 8388608    # receive memory (truesize) all of a core's connections may hold
 //!                            # together, bytes, at least 65536 (MIN_RCV_MEM_TOTAL); default:
 //!                            # half of the core's receive pools (Device::rx_mem_budget)
+//! rcv_mem_min = 98304        # what a connection whose application reads may hold out of the
+//!                            # top third of rcv_mem_total, kept for such connections (Linux's
+//!                            # tcp_rmem[0]); 0 = no floor, no reserve; default 96 KiB
 //! snd_buf = 1048576
 //! cc = "newreno"             # or "cubic"
 //! delayed_ack_us = 0         # 0 = ack every segment
@@ -1010,6 +1013,9 @@ impl Config {
             }
             rcv_mem_total = Some(n as usize);
         }
+        if let Some((k, v)) = w.take("rcv_mem_min") {
+            c.rcv_mem_min = int(&k, &v, 0, 1 << 31)? as u32;
+        }
         if let Some((k, v)) = w.take("snd_buf") {
             c.snd_buf = int(&k, &v, 1, 1 << 30)? as u32;
         }
@@ -1080,6 +1086,7 @@ impl Config {
             "mss",
             "rcv_buf",
             "rcv_mem_total",
+            "rcv_mem_min",
             "snd_buf",
             "cc",
             "delayed_ack_us",

@@ -445,6 +445,39 @@ fn tx_copy_max_is_the_devices_choice_unless_set() {
     assert_names(&bad(&set("\"auto\"")), "device.tx_copy_max", &["integer"]);
 }
 
+/// `tcp.rcv_mem_min`, the floor of a connection whose application reads under the
+/// stack-wide bound (`TcpConfig::rcv_mem_min`, Linux's `tcp_rmem[0]`): the stack's
+/// default unset, as given when set (0 turns the floor and its reserve off), refused by
+/// name when negative or not a number.
+#[test]
+fn rcv_mem_min_is_the_stacks_floor() {
+    use luna_stack::tcp::DEFAULT_RCV_MEM_MIN;
+    let setup = |c: &Config| {
+        let (a, _b) = MemPair::single();
+        c.core_setups(vec![vec![a]]).unwrap().remove(0)
+    };
+    let s = setup(&Config::parse(&with("")).expect("config"));
+    assert_eq!(s.stack.tcp.rcv_mem_min, DEFAULT_RCV_MEM_MIN);
+    assert_eq!(s.stack.rcv_mem_reserve(), s.stack.rcv_mem_total / 3);
+    for n in [0, 4096, 1 << 20] {
+        let c = Config::parse(&with(&format!("[tcp]\nrcv_mem_min = {n}\n"))).expect("set");
+        let s = setup(&c);
+        assert_eq!(s.stack.tcp.rcv_mem_min, n);
+        let reserve = if n == 0 { 0 } else { s.stack.rcv_mem_total / 3 };
+        assert_eq!(s.stack.rcv_mem_reserve(), reserve);
+    }
+    assert_names(
+        &bad(&with("[tcp]\nrcv_mem_min = -1\n")),
+        "tcp.rcv_mem_min",
+        &["out of range"],
+    );
+    assert_names(
+        &bad(&with("[tcp]\nrcv_mem_min = \"96K\"\n")),
+        "tcp.rcv_mem_min",
+        &["integer"],
+    );
+}
+
 /// `tcp.rcv_mem_total`, the stack-wide receive-memory bound of each core's stack: unset,
 /// r2c derives it from the core's receive pools (the stack's default until then); set,
 /// it is the stack's value, kept as given (even the default's value); below the least

@@ -292,6 +292,22 @@ impl Harness {
             held <= RCV_MEM_TOTAL as u64 + slack,
             "receive memory {held} over the stack-wide bound"
         );
+        // Connections whose applications never took data stay below the bound's reserve
+        // (kept for readers under their floor, `TcpConfig::rcv_mem_min`), but for the
+        // progress rule's one segment each.
+        let free = (RCV_MEM_TOTAL - self.stack.config().rcv_mem_reserve()) as u64;
+        let never: Vec<u64> = self
+            .stack
+            .connections()
+            .map(|(_, c)| c)
+            .filter(|c| c.counters.bytes_in == c.recv_available() as u64)
+            .map(|c| c.recv_mem() as u64)
+            .collect();
+        let theirs: u64 = never.iter().sum();
+        assert!(
+            theirs <= free + never.len() as u64 * (65_536 + 128),
+            "connections that never read hold {theirs}, over {free} and a segment each"
+        );
         for &h in &self.handles {
             if let Some(c) = self.stack.connection(h) {
                 assert!(

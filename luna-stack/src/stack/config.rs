@@ -58,12 +58,14 @@ pub struct StackConfig {
     /// is held zero copy in the NIC's receive buffers, so what connections hold comes out
     /// of the receive pool that ARP, ACKs and every other connection's segments need too:
     /// each connection's own bound (twice `TcpConfig::rcv_buf`) does not stop a dozen
-    /// applications that do not read from emptying it. Past this total a connection takes
-    /// only an in-order segment when it has nothing left to read (so every reading
-    /// application makes progress); other data is dropped before it is acknowledged
-    /// (`DropReason::RcvMemoryGlobal`) and the peer retransmits it. Default
-    /// [`DEFAULT_RCV_MEM_TOTAL`]; at least [`MIN_RCV_MEM_TOTAL`]. r2c sets it from the
-    /// device's receive pool (half of it for a DPDK port).
+    /// applications that do not read from emptying it. Its top third
+    /// ([`rcv_mem_reserve`](StackConfig::rcv_mem_reserve)) is kept for connections whose
+    /// applications read, each up to its floor (`TcpConfig::rcv_mem_min`). Past what a
+    /// connection may take, it takes only an in-order segment when it has nothing left
+    /// to read (so every reading application makes progress); other data is dropped
+    /// before it is acknowledged (`DropReason::RcvMemoryGlobal`) and the peer retransmits
+    /// it. Default [`DEFAULT_RCV_MEM_TOTAL`]; at least [`MIN_RCV_MEM_TOTAL`]. r2c sets it
+    /// from the device's receive pool (half of it for a DPDK port).
     pub rcv_mem_total: usize,
 }
 
@@ -114,6 +116,20 @@ impl StackConfig {
             fixed_isn: None,
             ttl: 64,
             rcv_mem_total: DEFAULT_RCV_MEM_TOTAL,
+        }
+    }
+
+    /// The part of [`rcv_mem_total`](StackConfig::rcv_mem_total) kept for connections
+    /// holding less than their floor (`TcpConfig::rcv_mem_min`, Linux's `tcp_rmem[0]`)
+    /// whose applications read: its top third, as Linux's default `tcp_mem` puts the
+    /// pressure threshold, above which only sockets under `tcp_rmem[0]` are sure to get
+    /// memory, at two thirds of the hard limit. The other connections stop below it.
+    /// None when `tcp.rcv_mem_min` is 0 (every connection may take the whole bound).
+    pub fn rcv_mem_reserve(&self) -> usize {
+        if self.tcp.rcv_mem_min == 0 {
+            0
+        } else {
+            self.rcv_mem_total / 3
         }
     }
 }

@@ -529,7 +529,7 @@ impl<R: Rng> Stack<R> {
         src_ip: Ipv4Addr,
         src_mac: EthernetAddress,
         delivered: u32,
-        input: impl FnOnce(&mut Connection, usize) -> (Disposition, bool),
+        input: impl FnOnce(&mut Connection, isize) -> (Disposition, bool),
     ) {
         // (`held` is exact here: every change to a connection is synced as it happens.)
         let room = self.rcv_mem_room();

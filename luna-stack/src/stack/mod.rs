@@ -298,6 +298,12 @@ pub struct Stack<R: Rng> {
     /// its cache lines stay hot across thousands of connections. What differs per
     /// connection (timestamps, SACK, window scaling as negotiated) lives in the connection.
     tcp_shared: Arc<TcpConfig>,
+    /// [`StackConfig::rcv_mem_total`] less `rcv_mem_reserve`: what any connection may
+    /// take (Linux's `tcp_mem` pressure threshold).
+    rcv_mem_free: usize,
+    /// The top third of [`StackConfig::rcv_mem_total`], kept for connections under their
+    /// floor whose applications read (`TcpConfig::rcv_mem_min`; none when that is 0).
+    rcv_mem_reserve: usize,
 }
 
 impl<R: Rng> Stack<R> {
@@ -348,7 +354,10 @@ impl<R: Rng> Stack<R> {
         let mut tcp_shared = cfg.tcp.clone();
         // RFC 6691: the MSS is clamped to what the MTU allows.
         tcp_shared.mss = tcp_shared.mss.min(cfg.mtu - (IP_LEN as u16) - 20);
+        let rcv_mem_reserve = cfg.rcv_mem_reserve();
         Ok(Stack {
+            rcv_mem_free: cfg.rcv_mem_total - rcv_mem_reserve,
+            rcv_mem_reserve,
             neighbours: NeighbourTable::new(cfg.neighbour),
             routes,
             slots: Vec::new(),
@@ -455,14 +464,14 @@ impl<R: Rng> Stack<R> {
         self.held
     }
 
-    /// The receive memory the connections may still take under
-    /// [`StackConfig::rcv_mem_total`] (0 when it is reached; it can be passed by one
-    /// segment per connection, see the field).
+    /// The receive memory any connection may still take under
+    /// [`StackConfig::rcv_mem_total`] less its reserve ([`StackConfig::rcv_mem_reserve`],
+    /// which only connections under their floor whose applications read may take):
+    /// negative once the connections hold more. The bound can be passed by one segment
+    /// per connection (see the field).
     #[inline]
-    fn rcv_mem_room(&self) -> usize {
-        self.cfg
-            .rcv_mem_total
-            .saturating_sub(self.held.rcv_mem as usize)
+    fn rcv_mem_room(&self) -> isize {
+        self.rcv_mem_free as isize - self.held.rcv_mem as isize
     }
 
     /// Start a new high-water interval: every mark drops to what is held now (a report

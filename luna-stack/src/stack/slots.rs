@@ -268,10 +268,11 @@ impl<R: Rng> Stack<R> {
         }
     }
 
-    pub(super) fn alloc_slot(&mut self, entry: Entry) -> Option<u32> {
+    pub(super) fn alloc_slot(&mut self, mut entry: Entry) -> Option<u32> {
         if self.live >= self.cfg.max_connections {
             return None;
         }
+        entry.conn.set_rcv_reserve(self.rcv_mem_reserve);
         self.live += 1;
         self.held.connections = self.live as u64;
         self.counters.high_water.raise(&self.held);

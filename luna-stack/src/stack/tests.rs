@@ -4690,78 +4690,106 @@ fn rmem_net(total: usize) -> Net {
     Net::new(cfg(MAC_A, ip_a()), cb)
 }
 
-/// The outside tester's case: 20 connections whose applications never read, each sent
-/// full-sized segments up to its window, would hold about 1.4 MB; the stack holds at
-/// most its 256 KiB bound plus one segment per connection, at every step (and the
-/// total is exactly the sum over its connections). Meanwhile one more connection whose
-/// application reads everything gets its whole stream, intact and in order. Then the
-/// others read: every stream arrives whole and in order, so nothing refused was lost
-/// (refused segments were never acknowledged; their peers sent them again).
-#[test]
-fn rcv_mem_total_bounds_non_reading_connections_and_readers_progress() {
-    const N: usize = 20;
-    let total = 256 << 10;
-    let mut net = rmem_net(total);
-    let l = net.b.listen(7000, 64).unwrap();
-    let (clients, servers) = net.establish(l, N + 1);
-    // Servers 0..N never read until the end; server N reads everything, every step.
-    let data = streams(N + 1, 128 << 10);
-    let mut sent = vec![0; N + 1];
-    let mut got: Vec<Vec<u8>> = vec![Vec::new(); N + 1];
-    let bound = total as u64 + (N as u64 + 1) * SEG_TRUESIZE_MAX;
-    let mut peak = 0;
-    let reader = servers[N];
-    // When the reader had its first 64 KiB: the window it offered at the handshake,
-    // promised while memory was free (RFC 7323 §2.4: kept), so the bound refuses much of
-    // it and its peer resends on its retransmission timer.
-    let mut past_promise = None;
-    for _ in 0..200_000 {
+/// The sum of `recv_mem` over `servers` (some of a stack's connections).
+fn rcv_mem_of(s: &Stack<FakeRng>, servers: &[SocketHandle]) -> u64 {
+    servers
+        .iter()
+        .map(|&h| s.connection(h).map_or(0, |c| c.recv_mem() as u64))
+        .sum()
+}
+
+/// What [`rmem_scenario`] saw of its reader and the stack.
+struct RmemRun {
+    /// Simulated time until the reader had its first 64 KiB (the window it offered at
+    /// the handshake, promised while memory was free; all of it if less) and its whole
+    /// stream.
+    first: Duration,
+    all: Duration,
+    /// The most all connections, and those whose applications never read, held.
+    peak: u64,
+    peak_never: u64,
+    /// The reader's segments refused for the stack-wide bound; its peer's
+    /// retransmission timeouts and loss probes.
+    refused: u64,
+    peer_timers: (u64, u64),
+}
+
+/// Connections to `b` (configured `cb`, with 64 KiB windows), each sent `len` bytes:
+/// `never` whose applications do not read until the end, `stall` whose applications read
+/// what they have once and then nothing until the end, and one reader that reads all it
+/// has at every step. At every step the stack-wide total is exactly the sum over the
+/// connections and within the bound plus one segment per connection, and the
+/// connections that never read hold at most the part of the bound below the reserve
+/// (`StackConfig::rcv_mem_reserve`) plus one segment each (the progress rule). Once the
+/// reader has its stream, every application reads: every stream arrives whole and in
+/// order, so nothing refused was lost (refused segments were never acknowledged; their
+/// peers sent them again), and their peers are still established (told a zero window,
+/// they probe instead of backing off until R2 gives up).
+fn rmem_scenario(mut cb: StackConfig, never: usize, stall: usize, len: usize) -> RmemRun {
+    cb.tcp.rcv_buf = 64 << 10;
+    let total = cb.rcv_mem_total as u64;
+    let free = total - cb.rcv_mem_reserve() as u64;
+    let mut net = Net::new(cfg(MAC_A, ip_a()), cb);
+    let n = never + stall + 1;
+    let l = net.b.listen(7000, n).unwrap();
+    let (clients, servers) = net.establish(l, n);
+    let data = streams(n, len);
+    let mut sent = vec![0; n];
+    let mut got: Vec<Vec<u8>> = vec![Vec::new(); n];
+    let bound = total + n as u64 * SEG_TRUESIZE_MAX;
+    let bound_never = free + never as u64 * SEG_TRUESIZE_MAX;
+    let r = n - 1;
+    let reader = servers[r];
+    let (mut peak, mut peak_never) = (0, 0);
+    let mut check = |net: &Net| {
+        let held = rcv_mem_exact(&net.b);
+        assert!(held <= bound, "{held} held, bound {bound}");
+        let theirs = rcv_mem_of(&net.b, &servers[..never]);
+        assert!(
+            theirs <= bound_never,
+            "the non-readers hold {theirs}, above {bound_never}"
+        );
+        peak = peak.max(held);
+        peak_never = peak_never.max(theirs);
+    };
+    let (start, mut first) = (net.now, None);
+    for _ in 0..400_000 {
         send_rest(&mut net, &clients, &data, &mut sent);
-        read_into(&mut net.b, reader, &mut got[N]);
-        if got[N].len() > 64 << 10 && past_promise.is_none() {
-            past_promise = Some(net.now);
+        for i in never..never + stall {
+            if got[i].is_empty() {
+                read_into(&mut net.b, servers[i], &mut got[i]);
+            }
         }
-        let held = rcv_mem_exact(&net.b);
-        assert!(held <= bound, "{held} held, bound {bound}");
-        peak = peak.max(held);
-        if got[N].len() == data[N].len() {
+        read_into(&mut net.b, reader, &mut got[r]);
+        if got[r].len() >= len.min(64 << 10) && first.is_none() {
+            first = Some(net.now);
+        }
+        check(&net);
+        if got[r].len() == len || !net.step() {
             break;
         }
-        if !net.step() {
-            break;
-        }
-        let held = rcv_mem_exact(&net.b);
-        assert!(held <= bound, "{held} held, bound {bound}");
-        peak = peak.max(held);
+        check(&net);
     }
     assert_eq!(
-        got[N],
-        data[N].as_slice(),
+        got[r],
+        data[r].as_slice(),
         "the reader's stream, intact and in order"
     );
-    // Past that window it offers what memory holds (`Connection::rcv_wnd_mem`: one
-    // segment at a time while the others leave no room, taken by the progress rule) and
-    // announces it when its application reads: the rest arrives with no retransmission
-    // timeout (the harness's one-way delay is 20 us; before, each 8 KiB took 3 s of timeouts).
-    let rest = net.now.saturating_duration_since(past_promise.unwrap());
-    assert!(
-        rest < Duration::from_millis(100),
-        "the last 64 KiB took {rest:?}"
-    );
-    // Their peers were told a zero window (`WndNoMem`), so they probe instead of backing
-    // off until R2 gives up: without it every one of them had timed out by now.
+    let k = &net.b.connection(reader).unwrap().counters;
+    let p = &net.a.connection(clients[r]).unwrap().counters;
+    let run = RmemRun {
+        first: first.unwrap().saturating_duration_since(start),
+        all: net.now.saturating_duration_since(start),
+        peak,
+        peak_never,
+        refused: k.drops(crate::tcp::DropReason::RcvMemoryGlobal),
+        peer_timers: (p.rtos, p.tlp_probes),
+    };
     for &c in &clients {
         assert_eq!(net.a.state(c), Some(State::Established));
     }
-    let k = net.b.tcp_counters();
-    assert!(
-        k.drops(crate::tcp::DropReason::RcvMemoryGlobal) > 0,
-        "the bound was what held the others back: {k:?}"
-    );
-    // The bound was reached (the non-readers together would hold far more).
-    assert!(peak >= total as u64 - 2 * SEG_TRUESIZE_MAX, "peak {peak}");
     assert!(net.b.counters().high_water.held.rcv_mem >= peak);
-    // The non-reading applications read now: everything arrives.
+    // The other applications read now: everything arrives.
     net.run_until(
         |n| {
             send_rest(n, &clients, &data, &mut sent);
@@ -4772,7 +4800,7 @@ fn rcv_mem_total_bounds_non_reading_connections_and_readers_progress() {
             assert!(held <= bound, "{held} held, bound {bound}");
             got.iter().zip(&data).all(|(g, d)| g.len() == d.len())
         },
-        400_000,
+        1_000_000,
     );
     for (i, (g, d)) in got.iter().zip(&data).enumerate() {
         assert!(
@@ -4781,6 +4809,96 @@ fn rcv_mem_total_bounds_non_reading_connections_and_readers_progress() {
         );
     }
     assert_eq!(rcv_mem_exact(&net.b), 0);
+    run
+}
+
+/// The outside tester's case: 20 connections whose applications never read, each sent
+/// full-sized segments up to its window, would hold about 1.4 MB; the stack holds at
+/// most its 256 KiB bound plus one segment per connection, and the non-readers stay
+/// below the reserve (the bound's top third) but for one segment each
+/// ([`rmem_scenario`]'s checks). Meanwhile one more connection whose application reads
+/// everything gets its whole stream at once: its floor (`TcpConfig::rcv_mem_min`) comes
+/// out of the reserve.
+#[test]
+fn rcv_mem_total_bounds_non_reading_connections_and_readers_progress() {
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.rcv_mem_total = 256 << 10;
+    let free = (cb.rcv_mem_total - cb.rcv_mem_total / 3) as u64;
+    assert_eq!(cb.rcv_mem_reserve(), cb.rcv_mem_total / 3);
+    let run = rmem_scenario(cb, 20, 0, 128 << 10);
+    // Its first flight came with all the others' and found the free part full: one
+    // segment was taken (the progress rule), the rest refused. Once its application read,
+    // the floor took its peer's next segments out of the reserve, out of order, and their
+    // SACKs had the refused ones sent again by fast retransmit, with no timer; past the
+    // handshake's window it offers what its floor holds (`Connection::rcv_wnd_mem`).
+    // (Without the floor, 18.6 s for the first 64 KiB: `rcv_mem_min_zero_*`.)
+    assert!(
+        run.first < Duration::from_millis(10),
+        "the first 64 KiB took {:?}",
+        run.first
+    );
+    assert!(
+        run.all < Duration::from_millis(10),
+        "the 128 KiB took {:?}",
+        run.all
+    );
+    assert!(
+        run.refused <= 9,
+        "refused: at most its first flight (IW10) less one segment"
+    );
+    assert!(
+        run.refused > 0,
+        "the bound was reached when its first flight came"
+    );
+    assert_eq!(run.peer_timers, (0, 0), "its peer's RTOs and loss probes");
+    // The free part was reached (the non-readers together would hold far more).
+    assert!(
+        run.peak_never >= free - 2 * SEG_TRUESIZE_MAX,
+        "{}",
+        run.peak_never
+    );
+}
+
+/// With `rcv_mem_min` 0 there is no floor and no reserve: every connection may take the
+/// whole bound, first come first served, as before the floor. The non-readers fill it,
+/// and the reader's handshake window, promised while memory was free, is refused again
+/// and again: its peer resends on its retransmission timer, backing off.
+#[test]
+fn rcv_mem_min_zero_shares_the_whole_bound_and_the_reader_waits_on_timers() {
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.rcv_mem_total = 256 << 10;
+    cb.tcp.rcv_mem_min = 0;
+    assert_eq!(cb.rcv_mem_reserve(), 0);
+    let run = rmem_scenario(cb, 20, 0, 128 << 10);
+    assert!(
+        run.peak_never >= (256 << 10) - 2 * SEG_TRUESIZE_MAX,
+        "{}",
+        run.peak_never
+    );
+    assert!(
+        run.first > Duration::from_secs(10),
+        "the first 64 KiB took {:?}",
+        run.first
+    );
+    assert!(run.peer_timers.0 >= 3, "{:?}", run.peer_timers);
+}
+
+/// The adversarial case for the floor: 100 connections whose applications never read
+/// and 100 whose applications read their first data and then stop. The stoppers count as
+/// readers, each holding up to its floor (96 KiB, more than the 85 KiB reserve): they
+/// use up the reserve between them, but it is part of the bound, so the stack still holds
+/// at most the bound plus one segment per connection (the progress rule's, as without
+/// the floor), and the non-readers stay below the reserve. The reader then makes progress
+/// on the progress rule and what the window offers, as without the floor.
+#[test]
+fn rcv_mem_reserve_bounds_connections_that_never_read_or_stop_reading() {
+    let mut cb = cfg(MAC_B, ip_b());
+    cb.rcv_mem_total = 256 << 10;
+    let run = rmem_scenario(cb, 100, 100, 32 << 10);
+    // The reader still had its stream (checked there), on the progress rule: 7.2 s of
+    // simulated time, as with `rcv_mem_min` 0. The floor never let the stack hold more.
+    assert!(run.peak <= (256 << 10) + 201 * SEG_TRUESIZE_MAX);
+    assert!(run.peak_never <= (256 << 10) - (256 << 10) / 3 + 100 * SEG_TRUESIZE_MAX);
 }
 
 /// Below the bound nothing changes: full-sized segments to connections whose

@@ -41,6 +41,17 @@ pub struct TcpConfig {
     pub mss: u16,
     /// Receive buffer: the most in-order plus out-of-order payload bytes held per connection.
     pub rcv_buf: u32,
+    /// The receive memory (truesize, as `Connection::recv_mem` counts it) a connection
+    /// whose application reads is guaranteed under the stack-wide bound
+    /// (`StackConfig::rcv_mem_total`), Linux's `tcp_rmem[0]`: while it holds less, a
+    /// segment is refused for that bound only when all connections together hold the
+    /// whole of it. The part of the bound above two thirds is kept for such connections;
+    /// the others stop below it. At most the connection's own bound (twice `rcv_buf`)
+    /// counts. Default 96 KiB, what 64 KiB of full-sized segments take in 2 KiB receive
+    /// buffers: the window of the handshake (unscaled, RFC 7323 §2.2), promised before the
+    /// connection's memory was known. `0` turns the floor and the reserve off: every
+    /// connection may then take the whole bound, first come first served.
+    pub rcv_mem_min: u32,
     /// Send buffer: the most unacknowledged plus unsent bytes queued per connection.
     pub snd_buf: u32,
     /// Offer window scaling (RFC 7323 §2); the shift is derived from `rcv_buf`.
@@ -139,11 +150,17 @@ pub struct TcpConfig {
     pub rack: bool,
 }
 
+/// The default [`TcpConfig::rcv_mem_min`]: 96 KiB, the truesize of a 64 KiB window (the
+/// most a SYN or SYN-ACK offers) of full-sized segments in 2 KiB receive buffers (about
+/// 2/3 of their truesize is payload).
+pub const DEFAULT_RCV_MEM_MIN: u32 = 96 << 10;
+
 impl Default for TcpConfig {
     fn default() -> Self {
         TcpConfig {
             mss: 1460,
             rcv_buf: 1 << 20,
+            rcv_mem_min: DEFAULT_RCV_MEM_MIN,
             snd_buf: 1 << 20,
             window_scaling: true,
             timestamps: true,

@@ -423,14 +423,19 @@ pub struct Connection {
     /// there; 0 (always compute) while the stack-wide bound may limit the window or
     /// out-of-order data is held (not in the compare).
     rcv_mem_easy: usize,
-    /// The stack-wide room (`StackConfig::rcv_mem_total` less the stack's total) and
-    /// this connection's [`recv_mem`](Connection::recv_mem) before the last segment that
-    /// recorded them, and RCV.NXT after it: their sum, the most this connection may hold,
-    /// changes only with the other connections. The full path records them for every
-    /// segment, header prediction only when the room is below the connection's own bound
-    /// (`note_rcv_room`); valid while RCV.NXT has not moved since, else the bound is
-    /// taken as not limiting.
-    rcv_room: (usize, usize, SeqNum),
+    /// The stack-wide room (below the reserve, see `rcv_reserve`) and this connection's
+    /// [`recv_mem`](Connection::recv_mem) before the last segment that recorded them, and
+    /// RCV.NXT after it: what they let this connection hold (`rcv_mem_cap`) changes only
+    /// with the other connections (and once with its application's first read). The full
+    /// path records them for every segment, header prediction only when the free room is
+    /// below the connection's own bound (`note_rcv_room`); valid while RCV.NXT has not
+    /// moved since, else the bound is taken as not limiting.
+    rcv_room: (isize, usize, SeqNum),
+    /// The part of the stack-wide bound kept for connections under their floor whose
+    /// application reads (`StackConfig::rcv_mem_reserve`): the room passed with a segment
+    /// is what is left below it (see [`on_segment_path`](Connection::on_segment_path)).
+    /// Set when the connection joins a stack; 0 (no reserve) on its own.
+    rcv_reserve: usize,
 }
 
 /// A soft error condition (RFC 9293 §3.9.1.8 MUST-47): the connection goes on, but the
@@ -554,7 +559,8 @@ impl Connection {
             rcv_ratio: RCV_RATIO_ONE / 3 * 2,
             rcv_sample: (0, 0),
             rcv_mem_easy: 0,
-            rcv_room: (usize::MAX, 0, SeqNum(0)),
+            rcv_room: (isize::MAX, 0, SeqNum(0)),
+            rcv_reserve: 0,
             rexmit_now: None,
             syn_retransmitted: false,
             rcv_mss: DEFAULT_PEER_MSS.min(mss),

@@ -984,7 +984,7 @@ fn a_run_of_segments_ends_where_one_call_per_segment_ends() {
             if run {
                 let mut v = pieces;
                 let mut readable = 0;
-                let (d, p) = c.on_segment_run(t(5), &mut seg, &mut v, &mut readable, usize::MAX);
+                let (d, p) = c.on_segment_run(t(5), &mut seg, &mut v, &mut readable, isize::MAX);
                 // Taken runs deliver every segment; the declined ones here are out of
                 // order (held, nothing readable).
                 assert_eq!(readable, if predicted { n as u32 } else { 0 });

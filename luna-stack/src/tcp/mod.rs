@@ -25,7 +25,7 @@ pub(crate) mod syncookie;
 /// because the TCP layer is where users import it from.
 pub use crate::wire::SeqNum;
 pub use assembler::SEG_OVERHEAD;
-pub use config::TcpConfig;
+pub use config::{TcpConfig, DEFAULT_RCV_MEM_MIN};
 pub use conn::{
     CloseReason, Connection, Disposition, Events, FourTuple, OutSegment, RecvError, SendError,
     SoftError, State,

@@ -163,7 +163,7 @@ fn tiny_in_order_segments_in_runs_pin_a_bounded_number_of_receive_buffers() {
         let mut seg = data_seg(PEER_ISS + 1 + 32 * k as u32, 1);
         let mut pieces: Vec<Zbuf> = run.iter().map(|b| nic.rx(&[*b])).collect();
         let mut readable = 0;
-        let _ = c.on_segment_run(t(2), &mut seg, &mut pieces, &mut readable, usize::MAX);
+        let _ = c.on_segment_run(t(2), &mut seg, &mut pieces, &mut readable, isize::MAX);
         acks(&mut c, t(2), &mut acked);
         most_pinned = most_pinned.max(nic.pinned());
         assert!(c.recv_mem() <= bound(rcv_buf), "{} held", c.recv_mem());
@@ -315,7 +315,7 @@ fn a_segment_over_the_stack_wide_bound_is_refused_with_a_zero_window() {
     };
     // Room for it: taken by header prediction.
     let p = piece(&mut nic, 0);
-    let _ = c.on_segment_path(t(2), &seg(0), p, usize::MAX);
+    let _ = c.on_segment_path(t(2), &seg(0), p, isize::MAX);
     assert_eq!(c.counters.fast_path_hits, 1);
     let w = window_of(&mut c);
     assert!(w.iter().all(|&(a, wnd)| a == 1000 && wnd > 0), "{w:?}");
@@ -351,8 +351,71 @@ fn a_segment_over_the_stack_wide_bound_is_refused_with_a_zero_window() {
     let w = window_of(&mut c);
     assert!(w.iter().any(|&(a, wnd)| a == 2000 && wnd > 0), "{w:?}");
     let p = piece(&mut nic, 2);
-    let _ = c.on_segment_path(t(2), &seg(2), p, usize::MAX);
+    let _ = c.on_segment_path(t(2), &seg(2), p, isize::MAX);
     assert_eq!(read_all(&mut c), &data[1000..]);
+}
+
+/// The floor (`TcpConfig::rcv_mem_min`, Linux's `tcp_rmem[0]`): with the stack-wide
+/// bound's free part used up (`room` below 0), a connection whose application reads may
+/// still take segments out of the reserve while it holds less than its floor, in order
+/// or not (so the SACKs of what arrives after a refused segment repair it by fast
+/// retransmit), and offers the window its floor holds. One whose application has not
+/// read gets only the progress rule's segment, and nobody gets more than the reserve.
+#[test]
+fn the_floor_takes_a_reading_connections_segments_out_of_the_reserve() {
+    let floor = 16 << 10;
+    let mut c = established(TcpConfig {
+        rcv_mem_min: floor,
+        ..cfg(64 << 10)
+    });
+    let reserve = 64 << 10;
+    c.set_rcv_reserve(reserve);
+    let mut nic = Nic::default();
+    // Segments of 1,400 bytes: not sparse in their 2 KiB buffers (nothing is collapsed).
+    const SZ: usize = 1400;
+    let data = stream(40 * SZ);
+    let seg = |i: usize| data_seg(PEER_ISS + 1 + (i * SZ) as u32, SZ);
+    let mut piece = |i: usize| nic.rx(&data[i * SZ..(i + 1) * SZ]);
+    let refused = |c: &Connection| c.counters.drops(DropReason::RcvMemoryGlobal);
+    let truesize = (RX_BUF + crate::tcp::SEG_OVERHEAD) as u32;
+    // The free part is used up: other connections hold 1 KiB of the reserve.
+    let room = -(1 << 10);
+    // Not read yet: the first in-order segment (the progress rule), nothing from the
+    // reserve.
+    let _ = c.on_segment_path(t(2), &seg(0), piece(0), room);
+    let _ = c.on_segment_path(t(2), &seg(1), piece(1), room);
+    assert_eq!(refused(&c), 1);
+    assert_eq!(read_all(&mut c), &data[..SZ]);
+    // It reads: out of order (a hole at 1) and in order, while it holds less than its
+    // floor; then refused, at most one segment past it.
+    let _ = c.on_segment_path(t(3), &seg(2), piece(2), room);
+    assert_eq!((refused(&c), c.ooo_bytes()), (1, SZ), "taken out of order");
+    let mut i = 1;
+    while refused(&c) == 1 {
+        let _ = c.on_segment_path(t(3), &seg(i), piece(i), room);
+        i += if i == 1 { 2 } else { 1 };
+    }
+    let held = c.recv_mem() as u32;
+    assert!(held >= floor && held < floor + truesize, "{held} held");
+    assert_eq!(read_all(&mut c).len(), (i - 2) * SZ);
+    // Nothing held: the window is what the floor holds at the ratio the data comes with
+    // (about 2/3: 1,400 bytes in 2,176 of truesize), not the 64 KiB of the byte window.
+    let (wnd, _) = c.rcv_wnd_mem();
+    assert!(wnd >= floor / 2 && wnd <= floor * 3 / 4, "window {wnd}");
+    // The reserve nearly used up too: the progress rule only, floor or not.
+    let room = 1000 - reserve as isize;
+    let before = refused(&c);
+    let _ = c.on_segment_path(t(4), &seg(i - 1), piece(i - 1), room);
+    let _ = c.on_segment_path(t(4), &seg(i), piece(i), room);
+    assert_eq!(refused(&c), before + 1);
+    assert_eq!(read_all(&mut c), &data[(i - 1) * SZ..i * SZ]);
+    // No reserve (a connection on its own, or a floor of 0): the bound as it was, under
+    // the floor or not.
+    c.set_rcv_reserve(0);
+    let _ = c.on_segment_path(t(5), &seg(i), piece(i), -1);
+    let _ = c.on_segment_path(t(5), &seg(i + 1), piece(i + 1), -1);
+    assert_eq!(refused(&c), before + 2);
+    assert_eq!(read_all(&mut c), &data[i * SZ..(i + 1) * SZ]);
 }
 
 /// A simulated peer for the window tests: it sends 1-byte segments (each in its own
@@ -449,7 +512,7 @@ impl TinyPeer {
                 self.progress_at = ms;
             }
             let seg = data_seg(PEER_ISS + 1 + self.nxt, 1);
-            let r = room(c);
+            let r = room(c).min(isize::MAX as usize) as isize;
             let _ = c.on_segment_path(t(ms), &seg, nic.rx(&data[i..=i]), r);
             self.nxt += 1;
             sent += 1;

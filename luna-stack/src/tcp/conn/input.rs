@@ -12,7 +12,7 @@ impl Connection {
     /// zero-copy slice of the received frame. No stack-wide receive-memory budget applies
     /// (only the connection's own bound, [`Connection::rcv_mem_limit`]).
     pub fn on_segment(&mut self, now: Instant, seg: &TcpRepr, payload: Zbuf) -> Disposition {
-        self.on_segment_path(now, seg, payload, usize::MAX).0
+        self.on_segment_path(now, seg, payload, isize::MAX).0
     }
 
     /// [`Connection::on_segment`], and whether header prediction took the segment: then
@@ -20,23 +20,25 @@ impl Connection {
     /// state, the out-of-order queue and its counters did not (the stack's accounting
     /// relies on it).
     ///
-    /// `room`: the receive memory (truesize) the stack's other connections leave to this
-    /// one beyond what it holds now (`StackConfig::rcv_mem_total` less the stack's
-    /// total; `usize::MAX` for none). A segment that would take more is refused as
-    /// [`DropReason::RcvMemoryGlobal`] unless it is in order and nothing is left to read
-    /// (see [`admit_rcv_mem`](Self::admit_rcv_mem)).
+    /// `room`: the receive memory (truesize) the stack's other connections leave to any
+    /// connection beyond what it holds now: `StackConfig::rcv_mem_total` less its reserve
+    /// (`rcv_reserve`), less the stack's total; negative once the connections hold more,
+    /// `isize::MAX` for no bound. A connection under its floor whose application reads
+    /// may take the reserve too ([`rcv_mem_cap`](Self::rcv_mem_cap)). A segment that would
+    /// take more than it may is refused as [`DropReason::RcvMemoryGlobal`] unless it is in
+    /// order and nothing is left to read (see [`admit_rcv_mem`](Self::admit_rcv_mem)).
     pub(crate) fn on_segment_path(
         &mut self,
         now: Instant,
         seg: &TcpRepr,
         payload: Zbuf,
-        room: usize,
+        room: isize,
     ) -> (Disposition, bool) {
         self.counters.segs_in += 1;
         self.last_rcv = now;
         let mem = payload.truesize();
         if self.cfg.header_prediction && self.header_predicted(seg, payload.len(), mem, room) {
-            if room < self.rcv_mem_limit() && !payload.is_empty() {
+            if room < self.rcv_mem_limit() as isize && !payload.is_empty() {
                 self.note_rcv_room(room, seg.seq + payload.len());
             }
             self.on_segment_predicted(now, seg, payload, mem);
@@ -54,14 +56,17 @@ impl Connection {
                 // for the whole segment (the full path only; nothing before the data
                 // check changes the held memory).
                 let held = self.recv_mem();
-                let cap = held.saturating_add(room);
+                let cap = self.rcv_mem_cap(held, room, true);
                 let d = self.on_segment_synchronized(now, seg, payload, cap);
                 // Kept for the window (`rcv_wnd_mem`): a bound below the connection's
                 // own may limit it, so the one-compare shortcut is off until recomputed.
                 self.rcv_room = (room, held, self.rcv_nxt);
                 // (The callers compare the receive queue's memory only: out-of-order data
-                // turns the shortcut off too.)
-                if cap < self.rcv_mem_limit() || !self.ooo.is_empty() {
+                // turns the shortcut off too. The free room is what may limit the window
+                // of every connection; the reserve only adds to it.)
+                if held.saturating_add(room.max(0) as usize) < self.rcv_mem_limit()
+                    || !self.ooo.is_empty()
+                {
                     self.rcv_mem_easy = 0;
                 }
                 d
@@ -86,13 +91,13 @@ impl Connection {
         seg: &mut TcpRepr,
         pieces: &mut Vec<Zbuf>,
         readable: &mut u32,
-        room: usize,
+        room: isize,
     ) -> (Disposition, bool) {
         let (total, mem) = pieces
             .iter()
             .fold((0, 0), |(n, m), p| (n + p.len(), m + p.truesize()));
         if self.cfg.header_prediction && self.header_predicted(seg, total, mem, room) {
-            if room < self.rcv_mem_limit() {
+            if room < self.rcv_mem_limit() as isize {
                 self.note_rcv_room(room, seg.seq + total);
             }
             self.counters.segs_in += pieces.len() as u64;
@@ -101,16 +106,31 @@ impl Connection {
             self.on_run_predicted(now, seg, total, mem, pieces);
             return (Disposition::Keep, true);
         }
+        self.on_run_each(now, seg, pieces, readable, room)
+    }
+
+    /// [`on_segment_run`](Self::on_segment_run) when header prediction declined the run:
+    /// one pass of [`on_segment_path`](Self::on_segment_path) per segment. Out of line, so
+    /// that the predicted run's caller keeps its registers.
+    #[inline(never)]
+    fn on_run_each(
+        &mut self,
+        now: Instant,
+        seg: &mut TcpRepr,
+        pieces: &mut Vec<Zbuf>,
+        readable: &mut u32,
+        room: isize,
+    ) -> (Disposition, bool) {
         // `readable`: how many of the segments made the connection readable, each of
         // which frame-by-frame input would have announced with its own event.
         let was = core::mem::take(&mut self.events.readable);
         let mut disposition = Disposition::Keep;
         // The stack-wide budget is the run's: what each segment takes (or a collapse
         // frees) moves what is left for the next, as frame-by-frame input would see it.
-        let cap = self.recv_mem().saturating_add(room);
+        let cap = (self.recv_mem() as isize).saturating_add(room);
         for p in pieces.drain(..) {
             let len = p.len();
-            let room = cap.saturating_sub(self.recv_mem());
+            let room = cap.saturating_sub(self.recv_mem() as isize);
             let (d, _) = self.on_segment_path(now, seg, p, room);
             if core::mem::take(&mut self.events.readable) {
                 *readable += 1;
@@ -179,7 +199,7 @@ impl Connection {
     /// makes an older record void.
     #[cold]
     #[inline(never)]
-    fn note_rcv_room(&mut self, room: usize, nxt: SeqNum) {
+    fn note_rcv_room(&mut self, room: isize, nxt: SeqNum) {
         // (The out-of-order queue is empty: header prediction takes the data.)
         self.rcv_room = (room, self.rcvq_mem, nxt);
         self.rcv_mem_easy = 0;
@@ -195,7 +215,7 @@ impl Connection {
         seg: &TcpRepr,
         payload_len: usize,
         mem: usize,
-        room: usize,
+        room: isize,
     ) -> bool {
         // RFC 9293 §3.10.7.4: the other states have their own ACK, text and FIN rules.
         if self.state != State::Established {
@@ -267,14 +287,15 @@ impl Connection {
             // The memory behind the held data stays within its bound with this segment's
             // (`mem`, its buffers' truesize): the out-of-order queue is empty, so the receive
             // queue's is all there is (else `admit_rcv_mem` decides, on the full path); and
-            // within what the stack's other connections leave (`room`: one compare).
+            // within what the stack's other connections leave (`room`: one compare; the
+            // reserve, for a connection under its floor, is the full path's).
             ack.ge(self.snd_una)
                 && ack.le(self.snd_max)
                 && payload_len as u64 <= u64::from(self.rcv_wnd_for_check())
                 && self.ooo.is_empty()
                 && self.fin_seq.is_none()
                 && self.rcvq_mem + mem <= self.rcv_mem_limit()
-                && mem <= room
+                && mem as isize <= room
         }
     }
 
@@ -426,7 +447,7 @@ impl Connection {
         let r = u64::from(self.rcv_ratio);
         let at_ratio =
             |mem: usize| ((mem as u64 * r) >> RCV_RATIO_SHIFT).min(u64::from(u32::MAX)) as u32;
-        let limit = self.rcv_mem_limit().min(self.rcv_mem_cap());
+        let limit = self.rcv_mem_limit().min(self.rcv_wnd_cap());
         let mut wnd = at_ratio(limit.saturating_sub(self.recv_mem()));
         // An in-order segment is taken whatever it costs when nothing is left to read
         // (`admit_rcv_mem`, Linux's sk_forced_mem_schedule): one segment is always held.
@@ -447,16 +468,61 @@ impl Connection {
         (self.rcv_wnd().min(wnd), threshold)
     }
 
-    /// The most receive memory this connection may hold under the stack-wide bound, as
-    /// last recorded (`rcv_room`); unbounded once header prediction took data since
-    /// without recording it (the bound could not limit this connection then).
-    fn rcv_mem_cap(&self) -> usize {
+    /// The most receive memory this connection may hold under the stack-wide bound, for
+    /// the window, as last recorded (`rcv_room`); unbounded once header prediction took
+    /// data since without recording it (the bound could not limit this connection then).
+    fn rcv_wnd_cap(&self) -> usize {
         let (room, held, at) = self.rcv_room;
         if at == self.rcv_nxt {
-            held.saturating_add(room)
+            self.rcv_mem_cap(held, room, false)
         } else {
             usize::MAX
         }
+    }
+
+    /// The most receive memory this connection may hold under the stack-wide bound,
+    /// holding `held` with `room` left below the reserve (see
+    /// [`on_segment_path`](Self::on_segment_path)): what it holds plus that room; and, if
+    /// its application reads, up to its floor ([`TcpConfig::rcv_mem_min`],
+    /// Linux's `tcp_rmem[0]`) out of the reserve. For a segment's admission (`admit`)
+    /// the floor is checked before the segment, as Linux's `__sk_mem_raise_allocated`
+    /// compares `sk_rmem_alloc` with it: a connection under it may take the segment
+    /// whatever it costs (at most one segment past the floor) while the bound itself
+    /// has room; for the window, it is the floor itself, so that a peer sending into the
+    /// window offered never needs more (`rcv_wnd_mem`).
+    ///
+    /// Why only readers: a connection whose application never read (it may never read,
+    /// or not yet) stops at the free room, so however many such connections there are
+    /// they leave the reserve to the readers; those are the connections whose refused
+    /// segments cost a retransmission timeout and an application waiting. A reader that
+    /// stops reading keeps what it holds, at most its floor plus one segment: all such
+    /// connections together are still within the bound (the reserve is part of it).
+    pub(super) fn rcv_mem_cap(&self, held: usize, room: isize, admit: bool) -> usize {
+        let free = held.saturating_add(room.max(0) as usize);
+        if self.rcv_reserve == 0 {
+            return free;
+        }
+        let floor = (self.cfg.rcv_mem_min as usize).min(self.rcv_mem_limit());
+        if (admit && held >= floor) || !self.app_reads() {
+            return free;
+        }
+        let to_bound = room.saturating_add(self.rcv_reserve.min(isize::MAX as usize) as isize);
+        let to_bound = held.saturating_add(to_bound.max(0) as usize);
+        free.max(if admit { to_bound } else { to_bound.min(floor) })
+    }
+
+    /// Sets the stack's reserve (`StackConfig::rcv_mem_reserve`; see `rcv_reserve`).
+    pub(crate) fn set_rcv_reserve(&mut self, reserve: usize) {
+        self.rcv_reserve = reserve;
+    }
+
+    /// Whether the application has taken data from this connection: fewer bytes are
+    /// queued than were delivered (RCV.NXT past the IRS and the FIN; modulo 2^32, which
+    /// may hide a read only after exactly a multiple of 4 GiB was delivered). Read off the
+    /// sequence space, so the reads themselves pay nothing for it.
+    fn app_reads(&self) -> bool {
+        let delivered = (self.rcv_nxt - (self.irs + 1u32)).wrapping_sub(u32::from(self.fin_rcvd));
+        self.state.is_synchronized() && delivered as usize > self.rcvq_len
     }
 
     /// One segment's payload at `rcv_ratio`: the MSS we announced in a buffer 1.5 times

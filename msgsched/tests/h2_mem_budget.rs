@@ -17,6 +17,8 @@ use msgsched::proto::io::{session_group, SessionIo, PASS_MAX};
 use msgsched::sched::{Model, SchedConfig};
 use msgsched::socket::{IoEvent, Message, MsgSocket};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::Ordering as AO;
 use std::sync::Arc;
 use zbuf::{IoVec, Zbuf, ZbufMut};
@@ -90,6 +92,139 @@ struct Client {
     started: bool,
     /// Extra frames to send first (e.g. an unfinished header block).
     raw: Vec<u8>,
+    /// A real client instead of the model: Python's `h2` (below).
+    py: Option<Py>,
+}
+
+/// A Python `h2` client (python-hyper h2, Debian python3-h2, installed by
+/// testbed/setup.sh), sans-IO, driven in lockstep: each step it is given what the server
+/// sent (`S <hex>`) and answers with what it sends (`C <hex>`); at the end it reports.
+struct Py {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+const PYTHON: &str = "/usr/bin/python3";
+
+/// argv: uploads, body size, connection (the body pattern), streams sending at once.
+/// Uploads `POST /up/<n>` with content-length, sending DATA only within the windows h2
+/// tracks (it raises on a server that over-credits or breaks the protocol); counts the
+/// steps a stream had data to send and no window (`waits`).
+const H2_CLIENT: &str = r#"
+import sys, h2.config, h2.connection, h2.events
+n_up, size, tag, max_open = (int(a) for a in sys.argv[1:5])
+conn = h2.connection.H2Connection(
+    config=h2.config.H2Configuration(client_side=True, header_encoding=None))
+conn.initiate_connection()
+conn.increment_flow_control_window(1 << 30)
+def body(n):
+    return bytes((i * 31 + tag * 7 + n * 13) % 251 for i in range(size))
+todo = list(range(n_up))
+sending = {}
+upload = {}
+answered = {}
+resets = []
+goaway = -1
+waits = 0
+for line in sys.stdin:
+    op, _, arg = line.rstrip("\n").partition(" ")
+    for ev in conn.receive_data(bytes.fromhex(arg)) if arg else []:
+        if isinstance(ev, h2.events.ResponseReceived):
+            answered[upload[ev.stream_id]] = int(dict(ev.headers)[b":status"])
+        elif isinstance(ev, h2.events.DataReceived):
+            conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+        elif isinstance(ev, h2.events.StreamReset):
+            resets.append((ev.stream_id, ev.error_code))
+            sending.pop(ev.stream_id, None)
+        elif isinstance(ev, h2.events.ConnectionTerminated):
+            goaway = ev.error_code
+    while todo and sum(1 for s in sending.values() if s[1] < len(s[0])) < max_open:
+        n = todo.pop(0)
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, [(b":method", b"POST"), (b":scheme", b"http"),
+                                (b":path", b"/up/%d" % n), (b":authority", b"t"),
+                                (b"content-length", b"%d" % size)])
+        sending[sid] = [body(n), 0]
+        upload[sid] = n
+    for sid, s in sending.items():
+        while s[1] < len(s[0]):
+            w = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size,
+                    len(s[0]) - s[1])
+            if w <= 0:
+                waits += 1
+                break
+            end = s[1] + w == len(s[0])
+            conn.send_data(sid, s[0][s[1]:s[1] + w], end_stream=end)
+            s[1] += w
+    print("C", conn.data_to_send().hex())
+    sys.stdout.flush()
+ok = sum(1 for v in answered.values() if v == 200)
+print("R", len(answered), ok, len(resets), goaway, waits)
+"#;
+
+/// Whether `/usr/bin/python3` has `h2`.
+fn python_h2() -> bool {
+    Command::new(PYTHON)
+        .args(["-c", "import h2.connection"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl Py {
+    fn spawn(conn: u32, uploads: usize, size: usize, max_open: usize) -> Py {
+        let mut child = Command::new(PYTHON)
+            .args(["-c", H2_CLIENT])
+            .args([uploads, size, conn as usize, max_open].map(|a| a.to_string()))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn python3");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Py {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// One lockstep exchange: the server's bytes in, the client's out.
+    fn exchange(&mut self, from_server: &[u8]) -> Vec<u8> {
+        let hex: String = from_server.iter().map(|b| format!("{b:02x}")).collect();
+        let stdin = self.stdin.as_mut().expect("running");
+        writeln!(stdin, "S {hex}").expect("write to python");
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("read from python");
+        let hex = line
+            .trim_end()
+            .strip_prefix("C")
+            .unwrap_or_else(|| panic!("python h2 client: {line:?}"))
+            .trim();
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// Ends it: (answered, answered 200, resets, GOAWAY code or -1, steps waiting for
+    /// a window).
+    fn report(&mut self) -> [i64; 5] {
+        drop(self.stdin.take());
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("report");
+        assert!(self.child.wait().expect("python exits").success());
+        let v: Vec<i64> = line
+            .trim_end()
+            .strip_prefix("R ")
+            .unwrap_or_else(|| panic!("python h2 client: {line:?}"))
+            .split(' ')
+            .map(|x| x.parse().unwrap())
+            .collect();
+        [v[0], v[1], v[2], v[3], v[4]]
+    }
 }
 
 impl Client {
@@ -111,7 +246,18 @@ impl Client {
             least_window: i64::MAX,
             started: false,
             raw: Vec::new(),
+            py: None,
         }
+    }
+
+    /// What the client sends this step, after reading what the server sent.
+    fn act(&mut self) -> Vec<u8> {
+        if let Some(py) = &mut self.py {
+            let from_server = std::mem::take(&mut self.inbox);
+            return py.exchange(&from_server);
+        }
+        self.receive();
+        self.send()
     }
 
     fn upload(&mut self, conn: u32, n: usize, len: usize, stop_at: usize) {
@@ -422,8 +568,7 @@ impl Net {
         let published = self.io.counters().mem_held.load(AO::Relaxed) as usize;
         assert_eq!(published, self.held(), "published by poll_replies");
         for (c, cl) in &mut self.clients {
-            cl.receive();
-            let bytes = cl.send();
+            let bytes = cl.act();
             if let Some(q) = self.tcp.get_mut(c) {
                 q.extend(bytes.chunks(MSS).map(rx));
             }
@@ -831,6 +976,64 @@ fn a_client_that_honours_flow_control_is_never_reset_while_the_budget_is_merely_
     );
     assert_eq!(net.memory_pressure(), 0);
     assert_eq!(net.counters.rst_for(Reason::MemoryPressure), 0);
+    net.detach_all();
+    assert_eq!(net.held(), 0);
+}
+
+/// The same tight budget against real clients: Python's `h2` (which tracks the windows our
+/// WINDOW_UPDATEs give and raises on a server that over-credits or breaks the protocol),
+/// three connections uploading ten 100 KB bodies each, two streams at a time, to a worker
+/// that answers one per poll. The clients wait for credit, nothing is reset or shed, all
+/// 30 bodies arrive intact. Skipped, with the reason printed, if `/usr/bin/python3` has
+/// no `h2`.
+#[test]
+fn python_h2_clients_are_slowed_by_withheld_credit_not_reset_under_a_tight_budget() {
+    if !python_h2() {
+        println!("SKIPPED: {PYTHON} cannot import h2 (testbed/setup.sh installs python3-h2)");
+        return;
+    }
+    const UPLOADS: usize = 10;
+    let budget = 1 << 20;
+    let mut net = Net::new(budget, 1);
+    net.answer_per_step = 1;
+    for c in 0..3 {
+        let mut cl = Client::new(0, 0);
+        cl.py = Some(Py::spawn(c, UPLOADS, 100_000, 2));
+        net.attach(c, cl);
+    }
+    for _ in 0..300 {
+        net.step();
+        if net.got.len() == 3 * UPLOADS && net.kept.is_empty() {
+            break;
+        }
+    }
+    // The last answers reach the clients.
+    net.step();
+    net.step();
+    for c in 0..3 {
+        let [answered, ok, resets, goaway, waits] = net
+            .clients
+            .get_mut(&c)
+            .unwrap()
+            .py
+            .as_mut()
+            .unwrap()
+            .report();
+        assert_eq!(
+            (answered, ok),
+            (UPLOADS as i64, UPLOADS as i64),
+            "connection {c}"
+        );
+        assert_eq!((resets, goaway), (0, -1), "connection {c}");
+        assert!(waits > 0, "connection {c} waited for credit");
+        for n in 0..UPLOADS {
+            assert!(net.intact(c, n, 100_000), "upload {n} of {c}");
+        }
+    }
+    let counters = net.io.counters();
+    assert!(counters.mem_credit_waits.load(AO::Relaxed) > 0);
+    assert!(net.most >= net.io.credit_mark(), "tight: {}", net.most);
+    assert_eq!(net.memory_pressure(), 0);
     net.detach_all();
     assert_eq!(net.held(), 0);
 }

@@ -94,6 +94,26 @@ fn cost(segs: &[Zbuf]) -> usize {
     segs.iter().map(|z| z.object_size() + BUF_OVERHEAD).sum()
 }
 
+/// Copies the last `loose` segments of `buf` (received buffers), and the segments before
+/// them no longer than what is merged so far, into one heap buffer that replaces them
+/// (module docs: a byte is copied again only into a buffer at least twice as long).
+/// Returns the bytes copied. Shared by the framer and the HTTP/2 session's input.
+pub(crate) fn merge_tail(buf: &mut IoVec, loose: usize) -> usize {
+    let segs = buf.segments();
+    let mut k = segs.len() - loose.min(segs.len());
+    let mut merged: usize = segs[k..].iter().map(Zbuf::len).sum();
+    while k > 0 && segs[k - 1].len() <= merged {
+        k -= 1;
+        merged += segs[k].len();
+    }
+    let tail = buf.split_off(buf.len() - merged);
+    // `IoVec::to_vec` is zbuf's counted copy.
+    let bytes = tail.to_vec();
+    let n = bytes.len();
+    buf.push(Zbuf::from_vec(bytes));
+    n
+}
+
 /// Per-connection bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FramerConfig {
@@ -313,18 +333,7 @@ impl<P: Parser> Framer<P> {
             self.start_spill();
             return;
         }
-        let segs = self.buf.segments();
-        let mut k = segs.len() - self.loose.min(segs.len());
-        let mut merged: usize = segs[k..].iter().map(Zbuf::len).sum();
-        while k > 0 && segs[k - 1].len() <= merged {
-            k -= 1;
-            merged += segs[k].len();
-        }
-        let tail = self.buf.split_off(self.buf.len() - merged);
-        // `IoVec::to_vec` is zbuf's counted copy.
-        let bytes = tail.to_vec();
-        self.spilled += bytes.len() as u64;
-        self.buf.push(Zbuf::from_vec(bytes));
+        self.spilled += merge_tail(&mut self.buf, self.loose) as u64;
         self.loose = 0;
         self.mem = self.recount();
     }

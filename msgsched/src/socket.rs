@@ -122,7 +122,10 @@ pub struct MsgCounters {
     /// after a reply that closes it, or waited in its reorder slot when it was (dropped).
     pub closed_in_flight: AtomicU64,
     /// Connections closed for a framing error, by [`ParseErrorKind`] (index = position
-    /// in [`ParseErrorKind::ALL`]).
+    /// in [`ParseErrorKind::ALL`]). [`ParseErrorKind::Memory`] (`memory_pressure`)
+    /// counts what the memory budget's deadlock breaker shed: connections shut down, and
+    /// HTTP/2 streams refused on connections that go on
+    /// ([`crate::proto::io::SessionIo`]).
     pub parse_errors: [AtomicU64; ParseErrorKind::ALL.len()],
     /// Times a message could not be placed when its connection tried: the scheduler
     /// refused it (no room in the queues it may use; the scheduler's `rejected` counts
@@ -147,6 +150,10 @@ pub struct MsgCounters {
     /// Connections shut down because nothing could release any are counted in
     /// `parse_errors` as [`ParseErrorKind::Memory`] (`memory_pressure`).
     pub mem_refusals: AtomicU64,
+    /// Times a session withheld flow-control credit (HTTP/2 WINDOW_UPDATE), or stopped
+    /// decoding, because memory was tight ([`crate::proto::Session::mem_waits`]; each
+    /// wait counted once; its credit is granted when memory is released). Sessions only.
+    pub mem_credit_waits: AtomicU64,
 }
 
 impl MsgCounters {
@@ -177,6 +184,7 @@ impl MsgCounters {
             ("mem_held", l(&self.mem_held)),
             ("mem_high_water", l(&self.mem_high_water)),
             ("mem_refusals", l(&self.mem_refusals)),
+            ("mem_credit_waits", l(&self.mem_credit_waits)),
         ];
         for k in ParseErrorKind::ALL {
             v.push((

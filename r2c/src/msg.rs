@@ -976,8 +976,11 @@ impl Runtime {
     /// Start message mode with a session protocol ([`msgsched::proto`], e.g. HTTP/2):
     /// each accepted connection gets `make_session()`; the session answers connection
     /// frames on the I/O core and hands whole requests to the workers, which answer as in
-    /// [`Runtime::spawn_msg`]. Of `cfg.framer` only `max_in_flight` applies. Timers:
-    /// nginx's defaults ([`MsgTimeouts::SESSIONS`]).
+    /// [`Runtime::spawn_msg`]. Of `cfg.framer`, `max_in_flight` and `mem_budget` apply
+    /// (the budget set from the devices' receive pools as for framers, [`mem_budget`]:
+    /// what the sessions hold of requests before workers get them; HTTP/2 withholds
+    /// flow-control credit first, `msgsched::proto::io`). Timers: nginx's defaults
+    /// ([`MsgTimeouts::SESSIONS`]).
     pub fn spawn_msg_session<D, FS, H, FH>(
         io: CoreSetup<D>,
         opts: CoreOptions,
@@ -1020,7 +1023,7 @@ impl Runtime {
         let sleeper = doorbell_for(opts.idle);
         let bell = bell_of(&sleeper);
         let (sio, sockets) =
-            session_group_with_doorbell::<Conn>(&cfg.sched, cfg.framer, bell.clone())
+            session_group_with_doorbell::<Conn>(&cfg.sched, framer_cfg(&cfg, &io), bell.clone())
                 .map_err(|e| spawn_error(io_index, &format!("message mode: {e}")))?;
         let counters = sio.counters_handle();
         let side = Sessions {

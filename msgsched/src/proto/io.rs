@@ -21,8 +21,40 @@
 //! A request's [`Origin`] carries the session's request id as both `seq` and
 //! `stream`; at most the framer config's `max_in_flight` requests of one connection are
 //! at workers at once (the session holds the rest, within its own bounds).
+//!
+//! Receive memory: the same budget as `MsgIo`'s ([`FramerConfig::mem_budget`], one per
+//! I/O side, in truesize) bounds what all the sessions hold of their peers' requests
+//! before workers get them ([`Session::mem`]: unprocessed input, header blocks, headers
+//! and bodies until END_STREAM, whole requests not yet dispatched) plus the requests
+//! waiting for the scheduler. A session protocol with flow control (HTTP/2) is asked to
+//! use it first, so that a peer that honours it is slowed without being stopped
+//! (RFC 9113 §5.2.2: the receiver must keep reading TCP, or the frames that would end
+//! the wait are never seen):
+//! 1. *credit*: from three quarters of the budget ([`SessionIo::credit_mark`]) while a
+//!    whole request waits in the budget for a worker (the budget drains as workers take
+//!    them), and always past the budget, sessions grant no flow-control credit for what
+//!    they receive ([`Session::set_mem`]); what they owe is granted, oldest waiter first,
+//!    once credit opens again. With nothing waiting for a worker, withholding credit
+//!    could only deadlock (the partial bodies holding the memory need credit to end), so
+//!    credit flows until the budget itself is spent;
+//! 2. *reads*: as in `MsgIo`, a connection is read only while the total is below the
+//!    budget (the read that crosses it is the last), and a connection stopped by the
+//!    budget waits in a FIFO line for [`SessionIo::poll_resumed`]; a session also stops
+//!    decoding header blocks (which turn a few bytes into a header list) once the room it
+//!    was given is spent. So what is held stays within the budget plus one read's growth;
+//! 3. *no deadlock*: when the budget is spent and nothing is at a worker, `poll_replies`
+//!    first gives a pass to the waiting connection whose nearest request lacks the fewest
+//!    bytes ([`Session::lacks`]: known from its content-length, at most [`PASS_MAX`], and
+//!    sendable without more credit, so maybe in TCP already): it may read past the budget
+//!    by twice what it lacks and a heap chunk (what the rest costs at worst in receive
+//!    buffers and copies) until it releases memory. If the next `poll_replies` is still
+//!    deadlocked, or nobody qualifies, the session holding the largest part
+//!    ([`Session::shed_size`]; ties: the oldest) gives it up ([`Session::shed`]: HTTP/2
+//!    refuses that stream, RST_STREAM REFUSED_STREAM, and the connection goes on; a
+//!    session whose memory is no stream's ends with GOAWAY), counted `memory_pressure`.
+//!    At most one per poll.
 
-use crate::framer::FramerConfig;
+use crate::framer::{truesize, FramerConfig, SPILL_CHUNK, SPILL_MIN};
 use crate::parser::ParseErrorKind;
 use crate::proto::{Session, SessionRequest, SessionState, Timeout};
 use crate::reply::Staging;
@@ -31,6 +63,14 @@ use crate::socket::Out;
 use crate::socket::{
     Bell, IoEvent, Message, MsgConfigError, MsgCounters, MsgSocket, Origin, Shared,
 };
+
+/// Most bytes a session's partial request may lack for its connection to get a pass past
+/// the spent budget (`SessionIo::grant_pass`): HTTP/2's default stream window (65,535),
+/// what a peer that honours flow control may have sent beyond what was processed without
+/// more credit ([`Session::lacks`] says whether it may). Four times the framers'
+/// (`socket::PASS_MAX`): a framer cannot tell whether the rest is on its way, a session
+/// can. A larger partial request that deadlocks the budget is refused.
+pub const PASS_MAX: usize = 65_535;
 use crate::stall::Stalls;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::collections::VecDeque;
@@ -53,6 +93,20 @@ struct SConn<C> {
     queued: Option<usize>,
     /// The driver waits for [`SessionIo::poll_resumed`] to read it again.
     blocked: bool,
+    /// What it counts in `SessionIo::held`: its session's [`Session::mem`] and its
+    /// stalled request, as of the last `SessionIo::settle`.
+    charged: usize,
+    /// Its session's [`Session::mem`] as of the last `SessionIo::settle` (unchanged
+    /// until the next call into the session): the base of the limit it is told.
+    smem: usize,
+    /// Counted in `SessionIo::pending`: a whole request of it waits in the budget (for
+    /// the scheduler, or behind its in-flight cap).
+    pending: bool,
+    /// In `SessionIo::mem_waiting`: the driver waits for it, and only the budget stops it.
+    mem_wait: bool,
+    /// In `SessionIo::credit_waiting`: its session withheld credit, or stopped work, for
+    /// lack of memory ([`Session::mem_waits`]).
+    credit_wait: bool,
 }
 
 /// The I/O core's side of a session group.
@@ -72,10 +126,34 @@ pub struct SessionIo<C> {
     /// Connections whose session may have output.
     dirty: HashSet<u64>,
     events: VecDeque<IoEvent<C>>,
+    /// [`FramerConfig::mem_budget`].
+    budget: usize,
+    /// Sum of the connections' `charged` (module docs, "Receive memory").
+    held: usize,
+    /// The most `held` has been.
+    high_water: usize,
+    /// Requests dispatched and not completed, all connections.
+    at_workers: usize,
+    /// Connections with `pending` set.
+    pending: usize,
+    /// Connections stopped by the budget alone, in the order they stopped (stale entries
+    /// skipped).
+    mem_waiting: VecDeque<u64>,
+    /// Connections with `mem_wait` set.
+    mem_waiting_live: usize,
+    /// Sessions waiting for credit or room, in the order they started (stale entries
+    /// skipped).
+    credit_waiting: VecDeque<u64>,
+    /// Connections with `credit_wait` set.
+    credit_waiting_live: usize,
+    /// The connection allowed to read past the spent budget to finish a request
+    /// (`SessionIo::grant_pass`), and up to what total held, until it releases memory or
+    /// the next `poll_replies`.
+    pass: Option<(u64, usize)>,
 }
 
-/// Builds a session group: the I/O side and one socket per worker. Of `framer_cfg`
-/// only `max_in_flight` applies (a session has its own bounds).
+/// Builds a session group: the I/O side and one socket per worker. Of `framer_cfg`,
+/// `max_in_flight` and `mem_budget` apply (a session has its own per-connection bounds).
 #[allow(clippy::type_complexity)]
 pub fn session_group<C>(
     sched_cfg: &SchedConfig,
@@ -122,6 +200,16 @@ where
             next_key: 0,
             dirty: HashSet::default(),
             events: VecDeque::new(),
+            budget: framer_cfg.mem_budget,
+            held: 0,
+            high_water: 0,
+            at_workers: 0,
+            pending: 0,
+            mem_waiting: VecDeque::new(),
+            mem_waiting_live: 0,
+            credit_waiting: VecDeque::new(),
+            credit_waiting_live: 0,
+            pass: None,
         },
         sockets,
     ))
@@ -149,6 +237,11 @@ where
                 stalled: None,
                 queued: None,
                 blocked: false,
+                charged: 0,
+                smem: 0,
+                pending: false,
+                mem_wait: false,
+                credit_wait: false,
             },
         );
         self.keys.insert(conn, key);
@@ -161,16 +254,69 @@ where
         true
     }
 
-    /// Whether `conn` should be read now.
+    /// Whether `conn` should be read now (its session takes input, no request of it
+    /// waits for the scheduler, and memory is left in the budget).
     pub fn wants_input(&self, conn: C) -> bool {
-        self.keys
-            .get(&conn)
-            .and_then(|k| self.conns.get(k))
-            .is_some_and(Self::takes_input)
+        let Some(&key) = self.keys.get(&conn) else {
+            return false;
+        };
+        self.may_read(key) && self.conns.get(&key).is_some_and(Self::takes_input)
     }
 
     fn takes_input(c: &SConn<C>) -> bool {
         c.stalled.is_none() && c.session.wants_input()
+    }
+
+    /// Whether the budget lets `key` read: below it, or below the pass's limit.
+    fn may_read(&self, key: u64) -> bool {
+        self.held < self.cap_for(key)
+    }
+
+    /// What `key` may make held reach: the budget, or the pass's limit.
+    #[inline]
+    fn cap_for(&self, key: u64) -> usize {
+        match self.pass {
+            Some((k, limit)) if k == key => limit.max(self.budget),
+            _ => self.budget,
+        }
+    }
+
+    fn has_pass(&self, key: u64) -> bool {
+        self.pass.is_some_and(|(k, _)| k == key)
+    }
+
+    /// Whether the budget has room.
+    fn room(&self) -> bool {
+        self.held < self.budget
+    }
+
+    /// Where credit stops while whole requests wait for workers: three quarters of the
+    /// budget (module docs). The quarter above it takes what peers were allowed to send
+    /// before it, so that a peer that honours flow control meets the credit mark rather
+    /// than the read stop.
+    pub fn credit_mark(&self) -> usize {
+        self.budget - self.budget / 4
+    }
+
+    /// Whether sessions may grant flow-control credit now (module docs).
+    fn credit_open(&self) -> bool {
+        self.held < self.credit_mark() || (self.held < self.budget && self.pending == 0)
+    }
+
+    /// The room left to `key` in the budget (more with the pass).
+    #[inline]
+    fn room_for(&self, key: u64) -> usize {
+        self.cap_for(key).saturating_sub(self.held)
+    }
+
+    /// Tells `key`'s session its limits before a call ([`Session::set_mem`]): what it
+    /// holds plus the room left, and whether it may grant credit.
+    #[inline]
+    fn tell(&mut self, key: u64) {
+        let (room, credit) = (self.room_for(key), self.credit_open());
+        if let Some(c) = self.conns.get_mut(&key) {
+            c.session.set_mem(c.smem.saturating_add(room), credit);
+        }
     }
 
     /// The driver stops reading `conn` (its [`SessionIo::wants_input`] said no):
@@ -183,7 +329,7 @@ where
         if let Some(c) = self.conns.get_mut(&key) {
             c.blocked = true;
         }
-        self.check_resumed(key);
+        self.settle(key);
     }
 
     /// The next connection given to [`SessionIo::wait_input`] that takes input again:
@@ -197,11 +343,212 @@ where
         None
     }
 
-    fn check_resumed(&mut self, key: u64) {
-        if let Some(c) = self.conns.get_mut(&key) {
-            let takes = Self::takes_input(c);
-            self.resumed.check(key, &mut c.blocked, takes);
+    /// After anything that may change what `key` holds or whether it takes input (bytes
+    /// pushed, requests taken or stalled, replies, a wait): brings its share of `held` and
+    /// of `pending` up to date, reports it resumed if the driver waits for it and it takes
+    /// input, or puts it in the memory line if only the budget stops it, or in the credit
+    /// line if its session waits for memory; wakes those lines if memory was released.
+    /// A few virtual calls and compares when nothing changed (the fast path: a request
+    /// read whole and dispatched leaves nothing held).
+    #[inline(always)]
+    fn settle(&mut self, key: u64) {
+        let cap = self.cap;
+        let passed = self.pass.is_some_and(|(k, _)| k == key);
+        let Some(c) = self.conns.get_mut(&key) else {
+            return;
+        };
+        c.smem = c.session.mem();
+        let now = c.smem + c.stalled.as_ref().map_or(0, |r| truesize(&r.body));
+        let released = now < c.charged;
+        if now != c.charged {
+            self.held = self.held - c.charged + now;
+            c.charged = now;
+            // Published at the end of `poll_replies`.
+            self.high_water = self.high_water.max(self.held);
         }
+        let pending = c.stalled.is_some() || (c.in_flight >= cap && c.session.has_request());
+        let waiters = self.mem_waiting_live + self.credit_waiting_live > 0;
+        if pending == c.pending
+            && !c.blocked
+            && !(released && (waiters || passed))
+            && !c.session.mem_waits()
+        {
+            // Nothing to report, nobody to wake: the common case.
+            return;
+        }
+        self.settle_slow(key, released, pending);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn settle_slow(&mut self, key: u64, released: bool, pending: bool) {
+        if released && self.has_pass(key) {
+            // It finished (or moved) what the pass was for.
+            self.pass = None;
+        }
+        let may_read = self.held < self.cap_for(key);
+        let Some(c) = self.conns.get_mut(&key) else {
+            return;
+        };
+        if pending != c.pending {
+            c.pending = pending;
+            if pending {
+                self.pending += 1;
+            } else {
+                self.pending -= 1;
+            }
+        }
+        let takes = Self::takes_input(c);
+        if may_read {
+            self.resumed.check(key, &mut c.blocked, takes);
+        } else if c.blocked && takes && !c.mem_wait {
+            c.mem_wait = true;
+            self.mem_waiting.push_back(key);
+            self.mem_waiting_live += 1;
+            self.shared
+                .counters
+                .mem_refusals
+                .fetch_add(1, AtomicOrdering::Relaxed);
+        }
+        if !c.credit_wait && c.session.mem_waits() {
+            c.credit_wait = true;
+            self.credit_waiting.push_back(key);
+            self.credit_waiting_live += 1;
+            self.shared
+                .counters
+                .mem_credit_waits
+                .fetch_add(1, AtomicOrdering::Relaxed);
+        }
+        if released && self.room() && self.mem_waiting_live > 0 {
+            self.wake_mem_waiters();
+        }
+        if self.credit_waiting_live > 0 && self.credit_open() {
+            self.wake_credit_waiters();
+        }
+    }
+
+    /// Memory has room again: wakes connections waiting to read, oldest first, about one
+    /// per [`SPILL_MIN`] of room (at least one), so that a release does not wake every
+    /// waiter only for most to stop again; `poll_replies` wakes more while room is left.
+    #[cold]
+    #[inline(never)]
+    fn wake_mem_waiters(&mut self) {
+        let mut n = (self.budget.saturating_sub(self.held) / SPILL_MIN).max(1);
+        while n > 0 && self.room() {
+            let Some(key) = self.mem_waiting.pop_front() else {
+                break;
+            };
+            let Some(c) = self.conns.get_mut(&key) else {
+                continue; // stale: detached
+            };
+            if !c.mem_wait {
+                continue; // stale
+            }
+            c.mem_wait = false;
+            self.mem_waiting_live -= 1;
+            self.settle(key);
+            n -= 1;
+        }
+    }
+
+    /// Credit is open again: sessions that withheld it (or stopped for room) are told so,
+    /// oldest first, about one per [`SPILL_MIN`] of room, and serviced at the next
+    /// `poll_replies` (their WINDOW_UPDATEs go out; work that waited for room resumes).
+    #[cold]
+    #[inline(never)]
+    fn wake_credit_waiters(&mut self) {
+        let mut n = (self.budget.saturating_sub(self.held) / SPILL_MIN).max(1);
+        while n > 0 && self.credit_open() {
+            let Some(key) = self.credit_waiting.pop_front() else {
+                break;
+            };
+            let Some(c) = self.conns.get_mut(&key) else {
+                continue; // stale: detached
+            };
+            if !c.credit_wait {
+                continue; // stale
+            }
+            c.credit_wait = false;
+            self.credit_waiting_live -= 1;
+            self.tell(key);
+            self.dirty.insert(key);
+            n -= 1;
+        }
+    }
+
+    /// Before shedding: the connection stopped by the budget whose session's nearest
+    /// request lacks the fewest bytes, at most [`PASS_MAX`], and may be sent without more
+    /// credit ([`Session::lacks`]), may read past the budget until it releases memory, by
+    /// up to twice what it lacks and a heap chunk (the rest in receive buffers of 1,448
+    /// bytes each counted at 2,176, and the spill chunk it may start). When the rest is
+    /// already in TCP (uploads stopped near their end when the budget filled) that ends
+    /// the deadlock without a casualty. Lasts until the next `poll_replies`; false if no
+    /// connection qualifies.
+    #[cold]
+    fn grant_pass(&mut self) -> bool {
+        let best = self
+            .mem_waiting
+            .iter()
+            .filter_map(|&k| {
+                let c = self.conns.get(&k)?;
+                let lack = c.session.lacks()?;
+                (c.mem_wait && lack <= PASS_MAX).then_some((lack, k))
+            })
+            .min();
+        let Some((lack, key)) = best else {
+            return false;
+        };
+        let Some(c) = self.conns.get_mut(&key) else {
+            return false;
+        };
+        c.mem_wait = false;
+        self.mem_waiting_live -= 1;
+        self.pass = Some((key, self.held + 2 * lack + SPILL_CHUNK));
+        self.settle(key);
+        true
+    }
+
+    /// The budget is spent and nothing at a worker can release memory: the session
+    /// holding the largest part ([`Session::shed_size`]; ties: the oldest connection)
+    /// gives it up ([`Session::shed`]), counted as [`ParseErrorKind::Memory`]
+    /// (`memory_pressure`). A session that ends for it is shut down by `service` (its
+    /// goodbye written first), one without a goodbye here.
+    #[cold]
+    fn shed(&mut self) {
+        let victim = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.charged > 0)
+            .map(|(&k, c)| (c.session.shed_size(), std::cmp::Reverse(k)))
+            .filter(|&(size, _)| size > 0)
+            .max();
+        let Some((_, std::cmp::Reverse(key))) = victim else {
+            return;
+        };
+        let Some(c) = self.conns.get_mut(&key) else {
+            return;
+        };
+        let conn = c.conn;
+        let ends = c.session.shed();
+        if !ends || c.session.state() == SessionState::Open {
+            // A stream refused (the connection goes on), or a session that ends without
+            // a word: counted here. A goodbye (`Closing(Memory)`) is counted by `service`.
+            let i = ParseErrorKind::ALL
+                .iter()
+                .position(|k| *k == ParseErrorKind::Memory)
+                .unwrap_or(0);
+            self.shared.counters.parse_errors[i].fetch_add(1, AtomicOrdering::Relaxed);
+        }
+        if ends && c.session.state() == SessionState::Open {
+            self.detach(conn);
+            self.events.push_back(IoEvent::Shutdown {
+                conn,
+                reason: Some(ParseErrorKind::Memory),
+            });
+            return;
+        }
+        self.dirty.insert(key);
+        self.settle(key);
     }
 
     /// Bytes received on `conn`, in order (ignored if it is not attached).
@@ -209,12 +556,14 @@ where
         let Some(&key) = self.keys.get(&conn) else {
             return;
         };
+        let (room, credit) = (self.room_for(key), self.credit_open());
         if let Some(c) = self.conns.get_mut(&key) {
+            c.session.set_mem(c.smem.saturating_add(room), credit);
             c.session.push(data);
         }
         self.dirty.insert(key);
         self.dispatch(key, false);
-        self.check_resumed(key);
+        self.settle(key);
     }
 
     /// Hands `key`'s whole requests to the scheduler while it and the in-flight cap
@@ -260,6 +609,7 @@ where
             match self.dispatcher.dispatch(key, msg) {
                 Ok(_) => {
                     c.in_flight += 1;
+                    self.at_workers += 1;
                     self.shared
                         .counters
                         .messages
@@ -325,6 +675,7 @@ where
             });
             c.close_after |= close_after;
             c.in_flight = c.in_flight.saturating_sub(done);
+            self.at_workers = self.at_workers.saturating_sub(done);
             for _ in 0..done {
                 self.dispatcher.complete(key);
             }
@@ -348,16 +699,47 @@ where
             }
         }
         self.ready = ready;
+        self.service_dirty(&mut send);
+        if !self.room() {
+            if self.at_workers == 0 {
+                // A pass given at the last poll that did not free anything: shed.
+                if self.pass.take().is_some() || !self.grant_pass() {
+                    self.shed();
+                }
+            }
+        } else {
+            self.pass = None;
+        }
+        if self.room() && self.mem_waiting_live > 0 {
+            // Those woken at the last release did not take all the room.
+            self.wake_mem_waiters();
+        }
+        if self.credit_waiting_live > 0 && self.credit_open() {
+            self.wake_credit_waiters();
+        }
+        // What was shed or woken: its RST_STREAM, GOAWAY or WINDOW_UPDATEs go out now.
+        self.service_dirty(&mut send);
+        let c = &self.shared.counters;
+        c.mem_held.store(self.held as u64, AtomicOrdering::Relaxed);
+        c.mem_high_water
+            .store(self.high_water as u64, AtomicOrdering::Relaxed);
+        replies
+    }
+
+    fn service_dirty(&mut self, send: &mut impl FnMut(C, IoVec)) {
+        if self.dirty.is_empty() {
+            return;
+        }
         let mut dirty: Vec<u64> = self.dirty.drain().collect();
         dirty.sort_unstable();
         for key in dirty {
-            self.service(key, &mut send);
+            self.service(key, send);
         }
-        replies
     }
 
     /// Dispatches `key`'s requests and writes its output; ends it if its session did.
     fn service(&mut self, key: u64, send: &mut impl FnMut(C, IoVec)) {
+        self.tell(key);
         self.dispatch(key, false);
         let Some(c) = self.conns.get_mut(&key) else {
             return;
@@ -371,7 +753,7 @@ where
             state => state,
         };
         self.dispatch(key, false);
-        self.check_resumed(key);
+        self.settle(key);
         match state {
             SessionState::Open => {}
             SessionState::Closing(e) => {
@@ -428,6 +810,39 @@ where
             }
         }
         self.dirty.remove(&key);
+        // What its requests at workers hold is theirs now; what it held here is released.
+        self.at_workers = self.at_workers.saturating_sub(c.in_flight);
+        self.held -= c.charged;
+        if c.pending {
+            self.pending -= 1;
+        }
+        if self.has_pass(key) {
+            self.pass = None;
+        }
+        if c.mem_wait {
+            self.mem_waiting_live -= 1;
+            // Stale entries are skipped when they come up; compact a line that is
+            // mostly stale (connections that waited and closed while nothing was freed).
+            if self.mem_waiting.len() > 2 * self.mem_waiting_live + 32 {
+                let conns = &self.conns;
+                self.mem_waiting
+                    .retain(|k| conns.get(k).is_some_and(|c| c.mem_wait));
+            }
+        }
+        if c.credit_wait {
+            self.credit_waiting_live -= 1;
+            if self.credit_waiting.len() > 2 * self.credit_waiting_live + 32 {
+                let conns = &self.conns;
+                self.credit_waiting
+                    .retain(|k| conns.get(k).is_some_and(|c| c.credit_wait));
+            }
+        }
+        if self.room() && self.mem_waiting_live > 0 {
+            self.wake_mem_waiters();
+        }
+        if self.credit_waiting_live > 0 && self.credit_open() {
+            self.wake_credit_waiters();
+        }
         c.in_flight
     }
 
@@ -474,6 +889,26 @@ where
     pub fn in_flight(&self, conn: C) -> Option<usize> {
         let c = self.conns.get(self.keys.get(&conn)?)?;
         Some(c.in_flight + usize::from(c.stalled.is_some()))
+    }
+
+    /// What `conn` holds in the memory budget, in truesize (`None` if not attached): its
+    /// session's [`Session::mem`] and a request waiting for the scheduler.
+    pub fn mem(&self, conn: C) -> Option<usize> {
+        Some(self.conns.get(self.keys.get(&conn)?)?.charged)
+    }
+
+    /// What all connections hold in the memory budget ([`MsgCounters::mem_held`]).
+    pub fn mem_held(&self) -> usize {
+        self.held
+    }
+
+    /// What `conn` holds counted afresh: its session's [`Session::mem`] now (an HTTP/2
+    /// session's own running sum is checked against a recount of its streams in debug
+    /// builds) and its stalled request. Equals [`SessionIo::mem`] after every call of
+    /// the driver's (tests).
+    pub fn mem_recount(&self, conn: C) -> Option<usize> {
+        let c = self.conns.get(self.keys.get(&conn)?)?;
+        Some(c.session.mem() + c.stalled.as_ref().map_or(0, |r| truesize(&r.body)))
     }
 
     /// Whether `conn` is attached.

@@ -31,6 +31,14 @@
 //!   timeout applies, else its idle timeout) and, when one expires, calls
 //!   [`Session::timed_out`]: the session says goodbye (HTTP/2: GOAWAY NO_ERROR) and
 //!   ends (`Done`).
+//! - Receive memory ([`FramerConfig::mem_budget`](crate::framer::FramerConfig), one
+//!   budget per I/O side, shared with nothing else): the session reports what it holds of
+//!   its peer's requests before they reach a worker ([`Session::mem`], in truesize, a
+//!   running sum), and the driver tells it before each call how much more it may take
+//!   and whether it may grant its peer flow-control credit ([`Session::set_mem`]). When
+//!   nothing in flight can release memory, the driver asks the session holding the most
+//!   to give up its largest part ([`Session::shed`]). Every method has a default that
+//!   opts out (a session that holds nothing the budget counts).
 
 pub mod grpc;
 pub mod h2;
@@ -107,4 +115,57 @@ pub trait Session: Send {
     /// and end ([`SessionState::Done`]). Default: nothing (the driver then closes the
     /// connection without a word).
     fn timed_out(&mut self, _timer: Timeout) {}
+
+    /// Memory held of the peer's requests that have not gone to a worker, in truesize
+    /// ([`crate::framer::truesize`]: received buffers not processed or held as slices,
+    /// heap copies, decoded headers, partial and whole requests not yet taken by
+    /// [`Session::poll_request`]). Cheap: called after every call that feeds the
+    /// session. Default 0.
+    fn mem(&self) -> usize {
+        0
+    }
+
+    /// Set by the driver before each call that feeds the session: `limit`, the most
+    /// [`Session::mem`] may reach (past it the session stops work that grows memory
+    /// without more input, e.g. decoding header blocks, until told more; `usize::MAX`:
+    /// no limit), and `credit`, whether it may grant its peer flow-control credit for
+    /// what it receives (HTTP/2 WINDOW_UPDATE). Credit withheld is owed, and granted once
+    /// `credit` is true again. Two stores when nothing changed. Default: ignored.
+    fn set_mem(&mut self, _limit: usize, _credit: bool) {}
+
+    /// Whether the session withheld credit or stopped work for lack of room (the driver
+    /// calls [`Session::set_mem`] again, and then [`Session::poll_transmit`], once there
+    /// is room). Default false.
+    fn mem_waits(&self) -> bool {
+        false
+    }
+
+    /// Whether a whole request waits for [`Session::poll_request`] (exact: the driver
+    /// counts it as memory about to be released). Default false.
+    fn has_request(&self) -> bool {
+        false
+    }
+
+    /// For the driver's deadlock pass: the fewest bytes one of its partial requests still
+    /// lacks, when known and when the peer may send them without more credit (they may
+    /// already wait in TCP). Default `None`.
+    fn lacks(&self) -> Option<usize> {
+        None
+    }
+
+    /// The memory the session would release by [`Session::shed`] (its largest part that
+    /// can go alone). Default: all of [`Session::mem`].
+    fn shed_size(&self) -> usize {
+        self.mem()
+    }
+
+    /// Nothing in flight can release memory and this session holds the most: give up its
+    /// largest part ([`Session::shed_size`]). Returns true if the session ends for it
+    /// (its goodbye queued, [`SessionState::Closing`] with
+    /// [`crate::parser::ParseErrorKind::Memory`]); false if only a part went and the
+    /// connection goes on (HTTP/2: one stream refused). Default: true without a word
+    /// (the driver then shuts the connection down itself).
+    fn shed(&mut self) -> bool {
+        true
+    }
 }

@@ -46,6 +46,7 @@
 use super::frame::{self, flag, kind, setting, ErrorCode, FrameHeader, HEADER_LEN};
 use super::hpack::{self, Decoder, Encoder, Field, HpackError, HpackLimits};
 use super::{Request, Response};
+use crate::framer::{merge_tail, truesize, BUF_OVERHEAD, SPILL_PIECES};
 use crate::parser::{peek, ParseError, ParseErrorKind};
 use crate::proto::{Session, SessionRequest, SessionState, Timeout};
 use std::collections::{HashMap, VecDeque};
@@ -100,11 +101,16 @@ pub enum Reason {
     /// opens odd ids and we push none), a HEADERS on an even id, or a new stream whose id
     /// is not above every earlier one.
     StreamId,
+    /// The I/O side's receive-memory budget was spent and nothing in flight could release
+    /// any ([`Session::shed`]): the largest partial request refused (RST_STREAM
+    /// REFUSED_STREAM, safe to retry), or the connection ended (GOAWAY ENHANCE_YOUR_CALM)
+    /// when what it holds is not a stream's.
+    MemoryPressure,
 }
 
 impl Reason {
     /// Every reason, in counter order.
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 21] = [
         Reason::BadPreface,
         Reason::Protocol,
         Reason::FrameSize,
@@ -125,6 +131,7 @@ impl Reason {
         Reason::SendTimeout,
         Reason::BufferFull,
         Reason::StreamId,
+        Reason::MemoryPressure,
     ];
 
     /// Short name for counters.
@@ -150,6 +157,7 @@ impl Reason {
             Reason::SendTimeout => "send_timeout",
             Reason::BufferFull => "buffer_full",
             Reason::StreamId => "stream_id",
+            Reason::MemoryPressure => "memory_pressure",
         }
     }
 
@@ -166,6 +174,7 @@ impl Reason {
             | Reason::WindowOverflow
             | Reason::ZeroWindowUpdate
             | Reason::BadSetting => ParseErrorKind::BadField,
+            Reason::MemoryPressure => ParseErrorKind::Memory,
             _ => ParseErrorKind::Malformed,
         }
     }
@@ -379,20 +388,41 @@ struct Out {
 }
 
 /// A request body as it arrives: slices of the received DATA frames (zero copy) up to
-/// [`SPILL_MIN`](crate::framer::SPILL_MIN) bytes; past that, one heap buffer it is copied
-/// into, the received buffers released. Held zero copy until END_STREAM, a body pinned one
-/// NIC receive buffer per TCP segment, and three connections uploading 100 × 60 KB at once
-/// took a server's whole receive pool (an outside test, 2026-12-07); the framer does the
-/// same for framed protocols.
+/// [`SPILL_MIN`](crate::framer::SPILL_MIN) bytes; past that, heap chunks it is copied into
+/// as its DATA arrives, the received buffers released. Held zero copy until END_STREAM, a
+/// body pinned one NIC receive buffer per TCP segment, and three connections uploading
+/// 100 × 60 KB at once took a server's whole receive pool (an outside test, 2026-12-07);
+/// the framer does the same for framed protocols. The chunks are of at most
+/// [`SPILL_CHUNK`](crate::framer::SPILL_CHUNK), allocated as the bytes come (the last one
+/// no larger than what the content-length says is left), so that what a body holds
+/// follows what arrived, not what was announced (one heap buffer grown by doubling held
+/// up to twice its bytes).
 #[derive(Default)]
 struct Body {
+    /// Zero copy: slices of the received DATA frames (empty once spilled).
     frames: IoVec,
-    spill: Option<Vec<u8>>,
+    /// Past the thresholds: the heap chunks (boxed: the rare path keeps `Stream` small).
+    spill: Option<Box<Spill>>,
+    /// Truesize ([`truesize`]): the slices' buffers, or the chunks (the one being filled
+    /// at its capacity).
+    mem: usize,
+}
+
+/// A spilled body: full heap chunks and the one being filled.
+#[derive(Default)]
+struct Spill {
+    chunks: IoVec,
+    /// Allocated at its full capacity.
+    cur: Vec<u8>,
 }
 
 impl Body {
     fn len(&self) -> usize {
-        self.frames.len() + self.spill.as_ref().map_or(0, Vec::len)
+        self.frames.len()
+            + self
+                .spill
+                .as_ref()
+                .map_or(0, |sp| sp.chunks.len() + sp.cur.len())
     }
 
     fn is_empty(&self) -> bool {
@@ -401,38 +431,94 @@ impl Body {
 
     /// Zero copy while the body is small in bytes and in pieces: past `SPILL_MIN` bytes, or
     /// past `SPILL_PIECES` pieces (a body in 1-byte DATA frames would otherwise pin one
-    /// receive buffer per byte until END_STREAM), it is copied into one heap buffer and
-    /// the receive buffers go (the framer's rule, `crate::framer`).
-    fn append(&mut self, data: IoVec) {
+    /// receive buffer per byte until END_STREAM), it is copied into heap chunks and the
+    /// receive buffers go (the framer's rule, `crate::framer`). `want`: the body's
+    /// content-length, if the request gave one.
+    fn append(&mut self, data: IoVec, want: Option<usize>) {
         if self.spill.is_none()
             && self.frames.len() + data.len() <= crate::framer::SPILL_MIN
-            && self.frames.num_segments() + data.num_segments() <= crate::framer::SPILL_PIECES
+            && self.frames.num_segments() + data.num_segments() <= SPILL_PIECES
         {
             self.frames.append(data);
+            self.mem = truesize(&self.frames);
             return;
         }
         let frames = std::mem::take(&mut self.frames);
-        let sp = self
-            .spill
-            .get_or_insert_with(|| Vec::with_capacity(2 * crate::framer::SPILL_MIN));
+        let sp = self.spill.get_or_insert_with(Box::default);
         for c in frames.chunks().chain(data.chunks()) {
-            sp.extend_from_slice(c);
+            sp.extend(c, want);
         }
+        self.mem = self.recount();
+    }
+
+    /// [`Body::mem`] counted over what is held.
+    fn recount(&self) -> usize {
+        truesize(&self.frames) + self.spill.as_ref().map_or(0, |sp| sp.mem())
     }
 
     fn take(&mut self) -> IoVec {
+        self.mem = 0;
         match self.spill.take() {
-            Some(v) => IoVec::from(Zbuf::from_vec(v)),
             None => std::mem::take(&mut self.frames),
+            Some(sp) => {
+                let Spill { mut chunks, cur } = *sp;
+                if !cur.is_empty() {
+                    chunks.push(Zbuf::from_vec(cur));
+                }
+                chunks
+            }
         }
     }
+}
+
+impl Spill {
+    fn extend(&mut self, mut bytes: &[u8], want: Option<usize>) {
+        while !bytes.is_empty() {
+            if self.cur.len() == self.cur.capacity() {
+                let full = std::mem::take(&mut self.cur);
+                if !full.is_empty() {
+                    self.chunks.push(Zbuf::from_vec(full));
+                }
+                let have = self.chunks.len();
+                let cap = match want {
+                    Some(w) if w > have => crate::framer::SPILL_CHUNK.min(w - have),
+                    // No content-length: a first chunk of twice SPILL_MIN, then full ones.
+                    _ if have == 0 => 2 * crate::framer::SPILL_MIN,
+                    _ => crate::framer::SPILL_CHUNK,
+                };
+                self.cur = Vec::with_capacity(cap);
+            }
+            let k = (self.cur.capacity() - self.cur.len()).min(bytes.len());
+            self.cur.extend_from_slice(&bytes[..k]);
+            bytes = &bytes[k..];
+        }
+    }
+
+    fn mem(&self) -> usize {
+        let cur = match self.cur.capacity() {
+            0 => 0,
+            c => c + BUF_OVERHEAD,
+        };
+        truesize(&self.chunks) + cur
+    }
+}
+
+/// Memory a decoded header list holds: RFC 9113 §6.5.2's measure (name, value and 32
+/// bytes per field), what SETTINGS_MAX_HEADER_LIST_SIZE bounds.
+fn list_mem(fields: &[Field]) -> usize {
+    fields.iter().map(|(n, v)| n.len() + v.len() + 32).sum()
 }
 
 struct Stream {
     /// The peer's side ended (END_STREAM received).
     remote_done: bool,
     headers: Vec<Field>,
+    /// [`list_mem`] of `headers` (0 once handed to a worker).
+    hmem: usize,
     body: Body,
+    /// Stream credit withheld while the I/O side said no ([`Session::set_mem`]): the
+    /// DATA bytes received since, granted back when it says yes.
+    owed: u32,
     /// What the peer may still send on this stream.
     recv_window: i64,
     /// What we may still send on this stream.
@@ -575,6 +661,21 @@ pub struct H2Session {
     /// counters have seen (published only when one grows: no atomics otherwise).
     marks: [usize; Mark::ALL.len()],
     published: [usize; Mark::ALL.len()],
+    /// Segments pushed into `input` since it was last merged (`framer::merge_tail`).
+    input_loose: usize,
+    /// What the streams hold before dispatch, in truesize: their decoded headers
+    /// ([`list_mem`]) and bodies ([`Body::mem`]). [`Session::mem`] adds `input` and the
+    /// header block being assembled.
+    streams_mem: usize,
+    /// [`Session::mem`] may grow up to this before header blocks stop being decoded
+    /// ([`Session::set_mem`]'s room); `usize::MAX` when nobody bounds it.
+    mem_limit: usize,
+    /// Processing stopped at a header block for lack of room.
+    stopped_for_mem: bool,
+    /// Flow-control credit may be granted ([`Session::set_mem`]).
+    credit_open: bool,
+    /// Sum of the streams' `owed`.
+    owed: u64,
 }
 
 impl H2Session {
@@ -624,6 +725,12 @@ impl H2Session {
             held: 0,
             marks: [0; Mark::ALL.len()],
             published: [0; Mark::ALL.len()],
+            input_loose: 0,
+            streams_mem: 0,
+            mem_limit: usize::MAX,
+            stopped_for_mem: false,
+            credit_open: true,
+            owed: 0,
         }
     }
 
@@ -721,9 +828,14 @@ impl H2Session {
     /// Forgets `id`, or marks it reset while its worker still runs it.
     fn close_stream(&mut self, id: u32) {
         if let Some(s) = self.streams.get_mut(&id) {
-            // Only a stream not yet dispatched holds body bytes.
+            // Only a stream not yet dispatched holds body bytes and headers.
             self.buffered -= s.body.len();
+            self.streams_mem -= s.body.mem + s.hmem;
             s.body = Body::default();
+            s.headers = Vec::new();
+            s.hmem = 0;
+            self.owed -= u64::from(s.owed);
+            s.owed = 0;
             self.held -= s.out.as_ref().map_or(0, |o| o.body.len());
             if s.at_worker {
                 s.reset = true;
@@ -734,7 +846,81 @@ impl H2Session {
         }
     }
 
+    /// Removes `id` (its request done, or never dispatched), releasing what it held.
+    fn remove_stream(&mut self, id: u32) {
+        if let Some(s) = self.streams.remove(&id) {
+            self.buffered -= s.body.len();
+            self.streams_mem -= s.body.mem + s.hmem;
+            self.owed -= u64::from(s.owed);
+            self.held -= s.out.as_ref().map_or(0, |o| o.body.len());
+        }
+    }
+
+    /// [`Self::streams_mem`] counted over the streams (debug checks).
+    fn recount_streams(&self) -> usize {
+        self.streams
+            .values()
+            .map(|s| {
+                debug_assert_eq!(s.hmem, list_mem(&s.headers));
+                debug_assert_eq!(s.body.mem, s.body.recount());
+                s.hmem + s.body.mem
+            })
+            .sum()
+    }
+
+    /// What [`Session::mem`] reports: unprocessed input, the header block being
+    /// assembled, and the streams' headers and bodies before dispatch.
+    fn mem_now(&self) -> usize {
+        debug_assert_eq!(self.streams_mem, self.recount_streams());
+        let block = self
+            .block
+            .as_ref()
+            .map_or(0, |b| b.buf.capacity() + BUF_OVERHEAD);
+        truesize(&self.input) + block + self.streams_mem
+    }
+
+    /// Credit may be granted again: the streams still receiving get what they are owed
+    /// (oldest first), and the connection its unreturned credit.
+    #[cold]
+    #[inline(never)]
+    fn give_owed(&mut self) {
+        if self.owed > 0 {
+            let mut ids: Vec<u32> = self
+                .streams
+                .iter()
+                .filter(|(_, s)| s.owed > 0)
+                .map(|(&id, _)| id)
+                .collect();
+            ids.sort_unstable();
+            for id in ids {
+                let Some(s) = self.streams.get_mut(&id) else {
+                    continue;
+                };
+                let n = std::mem::take(&mut s.owed);
+                self.owed -= u64::from(n);
+                if !s.remote_done && !s.reset {
+                    s.recv_window += i64::from(n);
+                    frame::window_update(&mut self.ctl, id, n);
+                }
+            }
+        }
+        self.return_credit();
+        self.flush_ctl();
+    }
+
+    /// The largest partial request (not ended by the peer, not dispatched, not reset)
+    /// holding memory: (what it holds, its id). Ties: the newest.
+    fn largest_partial(&self) -> Option<(usize, u32)> {
+        self.streams
+            .iter()
+            .filter(|(_, s)| !s.remote_done && !s.reset && !s.at_worker)
+            .map(|(&id, s)| (s.hmem + s.body.mem, id))
+            .filter(|&(m, _)| m > 0)
+            .max()
+    }
+
     fn process(&mut self) {
+        self.stopped_for_mem = false;
         while self.out_len() < self.cfg.max_output {
             let r = match self.phase {
                 Phase::Closing(_) => return,
@@ -803,6 +989,7 @@ impl H2Session {
 
     fn return_credit(&mut self) {
         if self.unreturned > 0
+            && self.credit_open
             && self.buffered <= self.cfg.max_buffered
             && !matches!(self.phase, Phase::Closing(_))
         {
@@ -840,6 +1027,16 @@ impl H2Session {
         }
         let total = HEADER_LEN + h.len as usize;
         if self.input.len() < total {
+            return Ok(false);
+        }
+        if matches!(h.kind, kind::HEADERS | kind::CONTINUATION)
+            && h.flags & flag::END_HEADERS != 0
+            && self.mem_limit != usize::MAX
+            && self.mem_now() >= self.mem_limit
+        {
+            // Decoding may turn a few bytes into a header list of max_list_size: not
+            // past the I/O side's memory budget. The frame waits for room.
+            self.stopped_for_mem = true;
             return Ok(false);
         }
         let mut f = self.input.split_to(total);
@@ -988,17 +1185,26 @@ impl H2Session {
             return self.too_large(h.stream, end);
         }
         let dlen = data.len();
-        s.body.append(data);
+        let was = s.body.mem;
+        s.body.append(data, s.content_length.map(|l| l as usize));
+        self.streams_mem = self.streams_mem - was + s.body.mem;
         self.buffered += dlen;
         // Marked here: a reset later in the same input frees it before `publish`.
         let b = &mut self.marks[Mark::Buffered as usize];
         *b = (*b).max(self.buffered);
         if end {
             s.remote_done = true;
+            self.owed -= u64::from(std::mem::take(&mut s.owed));
             self.ready.push_back(h.stream);
         } else if h.len > 0 {
-            s.recv_window += flen;
-            frame::window_update(&mut self.ctl, h.stream, h.len);
+            if self.credit_open {
+                s.recv_window += flen;
+                frame::window_update(&mut self.ctl, h.stream, h.len);
+            } else {
+                // The I/O side's memory is tight: the peer gets this back later.
+                s.owed += h.len;
+                self.owed += u64::from(h.len);
+            }
         }
         if h.len == 0 && !end {
             self.cost(1)?;
@@ -1110,8 +1316,12 @@ impl H2Session {
             {
                 return Err(Fail::Stream(id, ErrorCode::Protocol, Reason::Malformed));
             }
+            let m = list_mem(&fields);
             s.headers.extend(fields);
+            s.hmem += m;
+            self.streams_mem += m;
             s.remote_done = true;
+            self.owed -= u64::from(std::mem::take(&mut s.owed));
             self.ready.push_back(id);
             return Ok(());
         }
@@ -1136,6 +1346,8 @@ impl H2Session {
         let Some(info) = info else {
             return Err(Fail::Stream(id, ErrorCode::Protocol, Reason::Malformed));
         };
+        let hmem = list_mem(&fields);
+        self.streams_mem += hmem;
         self.streams.insert(
             id,
             Stream {
@@ -1143,6 +1355,8 @@ impl H2Session {
                 head: info.head,
                 content_length: info.content_length,
                 headers: fields,
+                hmem,
+                owed: 0,
                 body: Body::default(),
                 recv_window: frame::DEFAULT_WINDOW,
                 send_window: self.peer_initial_window,
@@ -1424,7 +1638,7 @@ impl H2Session {
             (self.budget + i64::from(self.cfg.flood_refund)).min(i64::from(self.cfg.flood_budget));
         if let Some(s) = self.streams.get(&id) {
             if s.remote_done && !s.at_worker {
-                self.streams.remove(&id);
+                self.remove_stream(id);
                 self.history.set(self.last_stream, id, Ended::Done);
             } else if !s.remote_done {
                 // Replied before the request ended: the rest of it is not wanted.
@@ -1468,6 +1682,7 @@ impl H2Session {
         self.counters().too_large.fetch_add(1, Ordering::Relaxed);
         if let Some(s) = self.streams.get_mut(&id) {
             self.buffered -= s.body.len();
+            self.streams_mem -= s.body.mem;
             s.body = Body::default();
             s.remote_done |= ended;
         }
@@ -1706,6 +1921,13 @@ impl Session for H2Session {
             return;
         }
         self.input.push(data);
+        self.input_loose += 1;
+        if self.input.num_segments() > SPILL_PIECES {
+            // A frame in tiny segments would pin one receive buffer per segment until it
+            // is whole: the framer's rule, at most SPILL_PIECES of them uncopied.
+            merge_tail(&mut self.input, self.input_loose);
+            self.input_loose = 0;
+        }
         self.mark(Mark::Input, self.input.len());
         self.process();
         self.publish();
@@ -1713,6 +1935,7 @@ impl Session for H2Session {
 
     fn wants_input(&self) -> bool {
         !matches!(self.phase, Phase::Closing(_))
+            && !self.stopped_for_mem
             && self.input.len() < self.cfg.max_input
             && self.out_len() < self.cfg.max_output
     }
@@ -1726,6 +1949,8 @@ impl Session for H2Session {
                 continue;
             }
             s.at_worker = true;
+            self.streams_mem -= s.body.mem + s.hmem;
+            s.hmem = 0;
             let body = s.body.take();
             let headers = std::mem::take(&mut s.headers);
             self.buffered -= body.len();
@@ -1753,7 +1978,7 @@ impl Session for H2Session {
         }
         s.at_worker = false;
         if s.reset {
-            self.streams.remove(&id);
+            self.remove_stream(id);
             self.counters()
                 .replies_dropped
                 .fetch_add(1, Ordering::Relaxed);
@@ -1806,6 +2031,87 @@ impl Session for H2Session {
         self.goaway(ErrorCode::NoError, reason);
         self.timed_out = true;
         self.publish();
+    }
+
+    fn mem(&self) -> usize {
+        self.mem_now()
+    }
+
+    fn set_mem(&mut self, limit: usize, credit: bool) {
+        self.mem_limit = limit;
+        let reopened = credit && !self.credit_open;
+        self.credit_open = credit;
+        if reopened && !matches!(self.phase, Phase::Closing(_)) {
+            self.give_owed();
+        }
+    }
+
+    fn mem_waits(&self) -> bool {
+        if matches!(self.phase, Phase::Closing(_)) {
+            return false;
+        }
+        self.stopped_for_mem
+            || (!self.credit_open
+                && (self.owed > 0
+                    || (self.unreturned > 0 && self.buffered <= self.cfg.max_buffered)))
+    }
+
+    fn has_request(&self) -> bool {
+        self.ready.iter().any(|id| {
+            self.streams
+                .get(id)
+                .is_some_and(|s| !s.reset && !s.at_worker)
+        })
+    }
+
+    fn lacks(&self) -> Option<usize> {
+        if matches!(self.phase, Phase::Closing(_)) {
+            return None;
+        }
+        self.streams
+            .values()
+            .filter(|s| !s.remote_done && !s.reset && !s.at_worker)
+            .filter_map(|s| {
+                let lack = usize::try_from(s.content_length?)
+                    .ok()?
+                    .checked_sub(s.body.len())?;
+                // Sendable without more credit: maybe in TCP already.
+                let l = i64::try_from(lack).ok()?;
+                (l <= s.recv_window && l <= self.conn_recv_window).then_some(lack)
+            })
+            .min()
+    }
+
+    fn shed_size(&self) -> usize {
+        match self.largest_partial() {
+            Some((m, _)) => m,
+            None => self.mem_now(),
+        }
+    }
+
+    /// The largest partial request is refused: RST_STREAM REFUSED_STREAM (RFC 9113 §8.7:
+    /// no processing happened, the client may retry it), not charged to the peer's flood
+    /// budget (the pressure is ours). With no partial request holding memory (what the
+    /// session holds is unprocessed input or a header block being assembled, which
+    /// cannot be dropped alone: HPACK state depends on every block), GOAWAY
+    /// ENHANCE_YOUR_CALM.
+    fn shed(&mut self) -> bool {
+        if matches!(self.phase, Phase::Closing(_)) {
+            return true;
+        }
+        if let Some((_, id)) = self.largest_partial() {
+            self.counters().rst_sent[Reason::MemoryPressure.index()]
+                .fetch_add(1, Ordering::Relaxed);
+            frame::rst_stream(&mut self.ctl, id, ErrorCode::RefusedStream);
+            self.history.set(self.last_stream, id, Ended::ResetHere);
+            self.close_stream(id);
+            self.flush_ctl();
+            self.publish();
+            return false;
+        }
+        self.goaway(ErrorCode::EnhanceYourCalm, Reason::MemoryPressure);
+        self.publish();
+        true
     }
 }
 

@@ -1841,3 +1841,261 @@ fn self_dependency_and_padding_over_the_priority_fields_are_protocol_errors() {
         Some(ErrorCode::FrameSize as u32)
     );
 }
+
+/// A POST header block with `content-length: len` (if any).
+fn post(p: &mut Peer, len: Option<usize>) -> Vec<u8> {
+    let l = len.map(|l| l.to_string()).unwrap_or_default();
+    let mut f: Vec<(&[u8], &[u8])> = vec![
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", b"/up"),
+        (b":authority", b"x"),
+    ];
+    if len.is_some() {
+        f.push((b"content-length", l.as_bytes()));
+    }
+    let mut b = Vec::new();
+    p.enc.encode(f, &mut b);
+    b
+}
+
+fn window_updates(got: &Got, stream: u32) -> u32 {
+    got.iter()
+        .filter(|(h, _)| h.kind == kind::WINDOW_UPDATE && h.stream == stream)
+        .map(|(_, p)| u32::from_be_bytes([p[0], p[1], p[2], p[3]]))
+        .sum()
+}
+
+/// What a session holds of a request before dispatch is counted in truesize as it comes
+/// and goes: the decoded headers (RFC 9113's measure), the DATA slices' whole buffers,
+/// then heap chunks sized by what arrived (the last by what the content-length says is
+/// left, not by doubling); nothing once the request is taken.
+#[test]
+fn memory_is_counted_as_a_request_arrives_and_released_when_it_is_taken() {
+    let (mut s, mut p, _) = open();
+    assert_eq!(Session::mem(&s), 0);
+    let mut b = Vec::new();
+    let block = post(&mut p, Some(40_000));
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    send(&mut s, b);
+    let headers = Session::mem(&s);
+    // :method POST, :scheme http, :path /up, :authority x, content-length 40000.
+    assert_eq!(
+        headers,
+        (7 + 4) + (7 + 4) + (5 + 3) + (10 + 1) + (14 + 5) + 5 * 32
+    );
+    // 10,000 bytes in one 12 KiB buffer: zero copy, the whole buffer counted.
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::DATA, 0, 1, &[1; 10_000]);
+    let mut z = zbuf::ZbufMut::heap(0, 12 << 10);
+    z.extend_from_slice(&b).unwrap();
+    s.push(z.freeze());
+    drain(&mut s);
+    assert_eq!(Session::mem(&s), headers + (12 << 10) + BUF_OVERHEAD);
+    // Past SPILL_MIN: copied into a 40,000-byte chunk (the body's whole length, below
+    // SPILL_CHUNK), the received buffer released.
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::DATA, 0, 1, &[2; 10_000]);
+    send(&mut s, b);
+    assert_eq!(Session::mem(&s), headers + 40_000 + BUF_OVERHEAD);
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::DATA, 0, 1, &[3; 16_000]);
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, &[3; 4_000]);
+    send(&mut s, b);
+    let r = s.poll_request().unwrap();
+    assert_eq!(Session::mem(&s), 0);
+    let body = Request::parse(&r.body).unwrap().body.to_vec();
+    assert_eq!(body.len(), 40_000);
+    assert!(body[..10_000].iter().all(|&x| x == 1));
+    assert!(body[20_000..].iter().all(|&x| x == 3));
+
+    // Without a content-length: chunks of 32 KiB, then 64 KiB, as the bytes come.
+    let mut b = Vec::new();
+    let block = post(&mut p, None);
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 3, &block);
+    for _ in 0..3 {
+        frame::put(&mut b, kind::DATA, 0, 3, &[4; 12_000]);
+    }
+    send(&mut s, b);
+    let hm = Session::mem(&s) - (32 << 10) - (64 << 10) - 2 * BUF_OVERHEAD;
+    assert!(
+        hm < 300,
+        "the headers and the two chunks: {}",
+        Session::mem(&s)
+    );
+}
+
+/// Told no credit ([`Session::set_mem`]), the session grants none for the DATA it
+/// receives, stream or connection, and says it waits; told yes, it grants what it owes.
+#[test]
+fn credit_withheld_while_memory_is_tight_is_granted_when_it_is_not() {
+    let (mut s, mut p, _) = open();
+    Session::set_mem(&mut s, usize::MAX, false);
+    let mut b = Vec::new();
+    let block = post(&mut p, None);
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame::put(&mut b, kind::DATA, 0, 1, &[1; 5_000]);
+    frame::put(&mut b, kind::DATA, 0, 1, &[1; 3_000]);
+    let got = send(&mut s, b);
+    assert_eq!(window_updates(&got, 1), 0, "{got:?}");
+    assert_eq!(window_updates(&got, 0), 0, "{got:?}");
+    assert!(Session::mem_waits(&s));
+    Session::set_mem(&mut s, usize::MAX, true);
+    assert!(!Session::mem_waits(&s));
+    let got = drain(&mut s);
+    assert_eq!(window_updates(&got, 1), 8_000);
+    assert_eq!(window_updates(&got, 0), 8_000);
+    // A stream that ended meanwhile is owed nothing more (it cannot receive).
+    Session::set_mem(&mut s, usize::MAX, false);
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::DATA, 0, 1, &[1; 2_000]);
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, &[1; 1_000]);
+    send(&mut s, b);
+    assert!(s.poll_request().is_some());
+    Session::set_mem(&mut s, usize::MAX, true);
+    let got = drain(&mut s);
+    assert_eq!(window_updates(&got, 1), 0);
+    assert_eq!(
+        window_updates(&got, 0),
+        3_000,
+        "the connection's credit comes back"
+    );
+}
+
+/// A header block is not decoded while the session has no room left (decoding turns a
+/// few bytes into a header list of up to max_list_size): it waits in the input, the
+/// session takes no more, and it is decoded once the limit is raised.
+#[test]
+fn header_blocks_wait_for_room_and_are_decoded_when_there_is_some() {
+    let (mut s, mut p, _) = open();
+    Session::set_mem(&mut s, 0, true);
+    let mut b = Vec::new();
+    p.get(&mut b, 1, "/a");
+    let got = send(&mut s, b);
+    assert!(got.is_empty(), "{got:?}");
+    assert!(s.poll_request().is_none());
+    assert!(Session::mem_waits(&s));
+    assert!(!s.wants_input());
+    Session::set_mem(&mut s, usize::MAX, true);
+    drain(&mut s);
+    let r = s.poll_request().expect("decoded once there is room");
+    assert_eq!(Request::parse(&r.body).unwrap().path(), b"/a");
+    assert!(!Session::mem_waits(&s));
+    assert!(s.wants_input());
+}
+
+/// The deadlock breaker's part ([`Session::shed`]): the largest partial request is
+/// refused (RST_STREAM REFUSED_STREAM, not charged to the flood budget) and the
+/// connection goes on; with no partial request holding memory, the session ends with
+/// GOAWAY ENHANCE_YOUR_CALM (`memory_pressure`).
+#[test]
+fn shedding_refuses_the_largest_partial_stream_and_then_ends_the_session() {
+    let (mut s, mut p, c) = open();
+    let mut b = Vec::new();
+    // Without content-lengths: stream 3 in a 32 KiB and a 64 KiB chunk, 5 in one 32 KiB
+    // chunk, 1 zero copy.
+    for (id, n) in [(1u32, 10_000), (3, 40_000), (5, 20_000)] {
+        let block = post(&mut p, None);
+        frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, id, &block);
+        for chunk in vec![7u8; n].chunks(10_000) {
+            frame::put(&mut b, kind::DATA, 0, id, chunk);
+        }
+    }
+    send(&mut s, b);
+    let before = Session::mem(&s);
+    let big = Session::shed_size(&s);
+    assert!(big > 96 << 10 && big < 100 << 10, "{big}");
+    assert!(!Session::shed(&mut s), "the connection goes on");
+    let got = drain(&mut s);
+    assert_eq!(rst(&got, 3), Some(ErrorCode::RefusedStream as u32));
+    assert_eq!(Session::mem(&s), before - big);
+    assert_eq!(c.rst_for(Reason::MemoryPressure), 1);
+    assert!(!closing(&s));
+    // The others finish.
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, b"!");
+    send(&mut s, b);
+    let r = s.poll_request().unwrap();
+    assert_eq!(Request::parse(&r.body).unwrap().body.len(), 10_001);
+    // Stream 5 goes next, then a header block being assembled is no stream's: GOAWAY.
+    assert!(!Session::shed(&mut s));
+    assert_eq!(
+        rst(&drain(&mut s), 5),
+        Some(ErrorCode::RefusedStream as u32)
+    );
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::HEADERS, 0, 7, &[0x82; 5_000]);
+    send(&mut s, b);
+    assert!(Session::shed_size(&s) >= 5_000);
+    assert!(Session::shed(&mut s), "the session ends");
+    assert_eq!(
+        goaway_code(&drain(&mut s)),
+        Some(ErrorCode::EnhanceYourCalm as u32)
+    );
+    assert!(matches!(
+        s.state(),
+        SessionState::Closing(e) if e.kind() == ParseErrorKind::Memory
+    ));
+    assert_eq!(c.goaway_for(Reason::MemoryPressure), 1);
+}
+
+/// A frame sent in 1-byte segments, each in its own receive buffer, pins at most
+/// SPILL_PIECES of them while it is incomplete (the input is merged past that, as the
+/// framer's is), and arrives intact.
+#[test]
+fn a_frame_in_tiny_segments_pins_a_bounded_number_of_received_buffers() {
+    let (mut s, mut p, _) = open();
+    let mut b = Vec::new();
+    let block = post(&mut p, Some(3_000));
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame::put(&mut b, kind::DATA, flag::END_STREAM, 1, &[5; 3_000]);
+    let mut kept = Vec::new();
+    for byte in &b {
+        let z = Zbuf::copy_from_slice(std::slice::from_ref(byte));
+        kept.push(z.clone());
+        s.push(z);
+        let pinned = kept.iter().filter(|z| z.ref_count() > 1).count();
+        assert!(pinned <= SPILL_PIECES, "{pinned} buffers pinned");
+        assert!(Session::mem(&s) < 2 * SPILL_PIECES * (1 + BUF_OVERHEAD) + 8_000);
+    }
+    drain(&mut s);
+    let r = s.poll_request().unwrap();
+    assert_eq!(
+        Request::parse(&r.body).unwrap().body.to_vec(),
+        vec![5; 3_000]
+    );
+}
+
+/// What a partial request lacks is known from its content-length, and offered for a pass
+/// only when the peer may send it without more credit.
+#[test]
+fn what_a_partial_request_lacks_is_known_from_its_content_length() {
+    let (mut s, mut p, _) = open();
+    assert_eq!(Session::lacks(&s), None);
+    let mut b = Vec::new();
+    let block = post(&mut p, Some(50_000));
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 1, &block);
+    frame::put(&mut b, kind::DATA, 0, 1, &[1; 10_000]);
+    let block = post(&mut p, None);
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 3, &block);
+    frame::put(&mut b, kind::DATA, 0, 3, &[1; 10_000]);
+    send(&mut s, b);
+    // 40,000 left, within the stream's window (refilled to 65,535).
+    assert_eq!(Session::lacks(&s), Some(40_000));
+    let mut b = Vec::new();
+    let block = post(&mut p, Some(100_000));
+    frame::put(&mut b, kind::HEADERS, flag::END_HEADERS, 5, &block);
+    send(&mut s, b);
+    assert_eq!(
+        Session::lacks(&s),
+        Some(40_000),
+        "100,000 is past its window"
+    );
+    // With credit withheld, the window shrinks below what stream 1 lacks.
+    Session::set_mem(&mut s, usize::MAX, false);
+    let mut b = Vec::new();
+    frame::put(&mut b, kind::DATA, 0, 1, &[1; 16_000]);
+    frame::put(&mut b, kind::DATA, 0, 1, &[1; 14_000]);
+    send(&mut s, b);
+    assert_eq!(Session::lacks(&s), Some(10_000));
+}

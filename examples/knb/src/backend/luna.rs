@@ -435,12 +435,15 @@ impl Env {
     ) -> Result<Lanes, String> {
         let lanes = self.devices.len();
         let cores = setups(self.devices, ip, prefix_len, mtu, cpus)?;
-        let opts = options(
+        let mut opts = options(
             &self.eal,
             &self.slab,
             memif::vdev_of(eal_args).unwrap_or_default(),
             lanes,
         );
+        if let Some(b) = super::env_burst("KNB_LUNA_BURST")? {
+            opts.burst = b;
+        }
         Ok(Lanes {
             eal: self.eal,
             slab: self.slab,

@@ -215,6 +215,25 @@ pub fn virtual_link_checksums() -> bool {
     !std::env::var("KNB_SOFTWARE_CHECKSUMS").is_ok_and(|v| v == "1")
 }
 
+/// A receive-burst size from the environment (`KNB_LUNA_BURST`, `KNB_SMOLTCP_BURST`: an
+/// experiment knob, docs/benchmarks.md "Receive bursts and lock-step"): None when unset,
+/// an error unless 1..=512.
+pub fn env_burst(name: &str) -> Result<Option<usize>, String> {
+    parse_burst(name, std::env::var(name).ok())
+}
+
+fn parse_burst(name: &str, value: Option<String>) -> Result<Option<usize>, String> {
+    match value {
+        None => Ok(None),
+        Some(v) => match v.trim().parse::<usize>() {
+            Ok(n) if (1..=512).contains(&n) => Ok(Some(n)),
+            _ => Err(format!(
+                "{name}={v:?} is not a receive-burst size (frames, 1 to 512; unset: the default)"
+            )),
+        },
+    }
+}
+
 /// The orchestrator asked this server to stop (see [`watch_for_stop`]).
 static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -403,5 +422,22 @@ impl ClientPlan {
             .unwrap_or_else(|p| p.into_inner())
             .failed
             .is_some()
+    }
+}
+
+#[cfg(test)]
+mod burst_tests {
+    use super::parse_burst;
+
+    /// A burst knob is a frame count from 1 to 512; anything else is refused by name.
+    #[test]
+    fn burst_knobs_take_frame_counts_and_refuse_the_rest() {
+        assert_eq!(parse_burst("B", None), Ok(None));
+        assert_eq!(parse_burst("B", Some(" 8 ".into())), Ok(Some(8)));
+        assert_eq!(parse_burst("B", Some("512".into())), Ok(Some(512)));
+        for bad in ["0", "513", "-1", "eight", ""] {
+            let e = parse_burst("B", Some(bad.into())).unwrap_err();
+            assert!(e.starts_with("B=") && e.contains("1 to 512"), "{e}");
+        }
     }
 }

@@ -73,6 +73,8 @@ pub struct DpdkPhy {
     no_checksums: bool,
     /// Counters.
     pub stats: PhyStats,
+    /// Frames per receive burst (`KNB_SMOLTCP_BURST`, default [`TX_BATCH`]).
+    pub rx_burst: usize,
 }
 
 impl DpdkPhy {
@@ -87,6 +89,7 @@ impl DpdkPhy {
             mtu,
             no_checksums: super::virtual_link_checksums(),
             stats: PhyStats::default(),
+            rx_burst: TX_BATCH,
         }
     }
 
@@ -153,7 +156,7 @@ impl Device for DpdkPhy {
         _: smoltcp::time::Instant,
     ) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
         if self.rx.is_empty() {
-            let n = self.rxq.rx_burst(&mut self.rx, TX_BATCH);
+            let n = self.rxq.rx_burst(&mut self.rx, self.rx_burst);
             if n == 0 {
                 return None;
             }
@@ -286,6 +289,7 @@ fn run_lanes<T: Send>(
         vdev,
     } = dev;
     let seed = std::process::id() as u64 ^ 0x5eed;
+    let burst = super::env_burst("KNB_SMOLTCP_BURST")?.unwrap_or(TX_BATCH);
     let results: Vec<Result<T, String>> = std::thread::scope(|s| {
         let mut hs = Vec::new();
         let mut first = None;
@@ -299,13 +303,16 @@ fn run_lanes<T: Send>(
             let eal = &eal;
             hs.push(s.spawn(move || {
                 memif::register_lane(eal, cpu)?;
-                let lane = Lane::new(rxq, txq, pool, mac, cidr, seed + i as u64, mtu);
+                let mut lane = Lane::new(rxq, txq, pool, mac, cidr, seed + i as u64, mtu);
+                lane.phy.rx_burst = burst;
                 body(i, lane)
             }));
         }
         let mut out = Vec::new();
         if let Some((rxq, txq, pool)) = first {
-            out.push(body(0, Lane::new(rxq, txq, pool, mac, cidr, seed, mtu)));
+            let mut lane = Lane::new(rxq, txq, pool, mac, cidr, seed, mtu);
+            lane.phy.rx_burst = burst;
+            out.push(body(0, lane));
         }
         out.extend(hs.into_iter().map(|h| {
             h.join()

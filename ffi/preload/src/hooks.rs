@@ -2155,12 +2155,18 @@ mod tests {
         assert_eq!((n, ts.tv_sec, ts.tv_nsec), (1, 1, 0));
         assert!(isset(fd, &r));
 
-        // A bad descriptor next to a luna one: EBADF.
-        let mut r = fdset(&[fd, nfds + 5]);
+        // A bad descriptor next to a luna one: EBADF. The highest descriptor a set can
+        // hold, not one just past ours: the other tests of this binary open and close
+        // descriptors in parallel, and `nfds + 5` was once theirs (select answered 1).
+        let bad = libc::FD_SETSIZE as c_int - 1;
+        // SAFETY: F_GETFD on a descriptor number only reads its flags.
+        let flags = unsafe { libc::fcntl(bad, libc::F_GETFD) };
+        assert_eq!(flags, -1, "descriptor {bad} is open");
+        let mut r = fdset(&[fd, bad]);
         // SAFETY: the sets and timeval are live on this stack (or null, as select(2) allows).
         let n = unsafe {
             libc::select(
-                nfds + 6,
+                bad + 1,
                 &mut r,
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),

@@ -221,29 +221,38 @@ pub struct Framer<P> {
 }
 
 /// A message being copied out of the received buffers, in heap chunks of at most
-/// [`SPILL_CHUNK`] allocated as its bytes arrive.
-struct Spill {
+/// [`SPILL_CHUNK`] allocated as its bytes arrive. Shared with the HTTP/2 session's
+/// request bodies (`proto::h2`).
+#[derive(Default)]
+pub(crate) struct Spill {
     /// Full chunks.
     done: IoVec,
-    /// The chunk being filled.
+    /// The chunk being filled (allocated at its full capacity).
     cur: Vec<u8>,
 }
 
 impl Spill {
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.done.len() + self.cur.len()
     }
 
-    /// Appends `bytes` of a message of `want` bytes (never more than it lacks).
-    fn extend(&mut self, mut bytes: &[u8], want: usize) {
-        debug_assert!(self.len() + bytes.len() <= want);
+    /// Appends `bytes` of a message of `want` bytes when known (never more than it
+    /// lacks): each chunk is at most [`SPILL_CHUNK`] and what the message still lacks.
+    /// Unknown (or exceeded) length: a first chunk of twice [`SPILL_MIN`], then full ones.
+    pub(crate) fn extend(&mut self, mut bytes: &[u8], want: Option<usize>) {
         while !bytes.is_empty() {
             if self.cur.len() == self.cur.capacity() {
                 let full = std::mem::take(&mut self.cur);
                 if !full.is_empty() {
                     self.done.push(Zbuf::from_vec(full));
                 }
-                self.cur = Vec::with_capacity(SPILL_CHUNK.min(want - self.done.len()));
+                let have = self.done.len();
+                let cap = match want {
+                    Some(w) if w > have => SPILL_CHUNK.min(w - have),
+                    _ if have == 0 => 2 * SPILL_MIN,
+                    _ => SPILL_CHUNK,
+                };
+                self.cur = Vec::with_capacity(cap);
             }
             let k = (self.cur.capacity() - self.cur.len()).min(bytes.len());
             self.cur.extend_from_slice(&bytes[..k]);
@@ -252,7 +261,7 @@ impl Spill {
     }
 
     /// Truesize: the chunks, the one being filled at its capacity.
-    fn mem(&self) -> usize {
+    pub(crate) fn mem(&self) -> usize {
         let cur = match self.cur.capacity() {
             0 => 0,
             c => c + BUF_OVERHEAD,
@@ -261,7 +270,7 @@ impl Spill {
     }
 
     /// The whole message.
-    fn finish(mut self) -> IoVec {
+    pub(crate) fn finish(mut self) -> IoVec {
         if !self.cur.is_empty() {
             self.done.push(Zbuf::from_vec(self.cur));
         }
@@ -313,7 +322,7 @@ impl<P: Parser> Framer<P> {
             return;
         };
         let k = (self.want - sp.len()).min(data.len());
-        sp.extend(&data[..k], self.want);
+        sp.extend(&data[..k], Some(self.want));
         self.spilled += k as u64;
         if sp.len() == self.want {
             let mut b = self.spill.take().expect("spilling").finish();
@@ -341,12 +350,9 @@ impl<P: Parser> Framer<P> {
     /// Starts copying the head message (of `want` bytes, not all arrived) into heap
     /// chunks: what arrived now, the rest as it comes (`push`).
     fn start_spill(&mut self) {
-        let mut sp = Spill {
-            done: IoVec::new(),
-            cur: Vec::new(),
-        };
+        let mut sp = Spill::default();
         for c in self.buf.chunks() {
-            sp.extend(c, self.want);
+            sp.extend(c, Some(self.want));
         }
         self.spilled += sp.len() as u64;
         self.buf = IoVec::new();

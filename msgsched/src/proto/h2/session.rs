@@ -46,7 +46,7 @@
 use super::frame::{self, flag, kind, setting, ErrorCode, FrameHeader, HEADER_LEN};
 use super::hpack::{self, Decoder, Encoder, Field, HpackError, HpackLimits};
 use super::{Request, Response};
-use crate::framer::{merge_tail, truesize, BUF_OVERHEAD, SPILL_PIECES};
+use crate::framer::{merge_tail, truesize, Spill, BUF_OVERHEAD, SPILL_PIECES};
 use crate::parser::{peek, ParseError, ParseErrorKind};
 use crate::proto::{Session, SessionRequest, SessionState, Timeout};
 use std::collections::{HashMap, VecDeque};
@@ -408,21 +408,9 @@ struct Body {
     mem: usize,
 }
 
-/// A spilled body: full heap chunks and the one being filled.
-#[derive(Default)]
-struct Spill {
-    chunks: IoVec,
-    /// Allocated at its full capacity.
-    cur: Vec<u8>,
-}
-
 impl Body {
     fn len(&self) -> usize {
-        self.frames.len()
-            + self
-                .spill
-                .as_ref()
-                .map_or(0, |sp| sp.chunks.len() + sp.cur.len())
+        self.frames.len() + self.spill.as_ref().map_or(0, |sp| sp.len())
     }
 
     fn is_empty(&self) -> bool {
@@ -460,46 +448,8 @@ impl Body {
         self.mem = 0;
         match self.spill.take() {
             None => std::mem::take(&mut self.frames),
-            Some(sp) => {
-                let Spill { mut chunks, cur } = *sp;
-                if !cur.is_empty() {
-                    chunks.push(Zbuf::from_vec(cur));
-                }
-                chunks
-            }
+            Some(sp) => sp.finish(),
         }
-    }
-}
-
-impl Spill {
-    fn extend(&mut self, mut bytes: &[u8], want: Option<usize>) {
-        while !bytes.is_empty() {
-            if self.cur.len() == self.cur.capacity() {
-                let full = std::mem::take(&mut self.cur);
-                if !full.is_empty() {
-                    self.chunks.push(Zbuf::from_vec(full));
-                }
-                let have = self.chunks.len();
-                let cap = match want {
-                    Some(w) if w > have => crate::framer::SPILL_CHUNK.min(w - have),
-                    // No content-length: a first chunk of twice SPILL_MIN, then full ones.
-                    _ if have == 0 => 2 * crate::framer::SPILL_MIN,
-                    _ => crate::framer::SPILL_CHUNK,
-                };
-                self.cur = Vec::with_capacity(cap);
-            }
-            let k = (self.cur.capacity() - self.cur.len()).min(bytes.len());
-            self.cur.extend_from_slice(&bytes[..k]);
-            bytes = &bytes[k..];
-        }
-    }
-
-    fn mem(&self) -> usize {
-        let cur = match self.cur.capacity() {
-            0 => 0,
-            c => c + BUF_OVERHEAD,
-        };
-        truesize(&self.chunks) + cur
     }
 }
 

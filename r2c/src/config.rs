@@ -56,6 +56,8 @@
 //! # core at once (a doorbell: a fence and a load per reply while the core is busy;
 //! # batch mode: threads feeding the application ring `Sockets::doorbell`).
 //! backoff_max_us = 100
+//! burst = 32                 # frames per receive burst
+//! rx_split = 4               # a larger burst is handled in two halves; 0 = never
 //!
 //! # Kernel coexistence (docs/bifurcation.md). `[traffic]` is bifurcation's traffic
 //! # model; it supersedes `[ports]` (only `ports.app` may remain, naming this process's
@@ -1282,6 +1284,9 @@ impl Config {
         if let Some((k, v)) = w.take("burst") {
             o.burst = int(&k, &v, 1, 512)? as usize;
         }
+        if let Some((k, v)) = w.take("rx_split") {
+            o.rx_split = int(&k, &v, 0, 512)? as usize;
+        }
         let mut backoff_max = Duration::from_micros(100);
         if let Some((k, v)) = w.take("backoff_max_us") {
             backoff_max = micros(&k, &v, 1_000_000)?;
@@ -1339,6 +1344,7 @@ impl Config {
         w.finish(&[
             "mode",
             "burst",
+            "rx_split",
             "idle",
             "backoff_max_us",
             "stats_interval",

@@ -92,6 +92,11 @@ pub enum IdleStrategy {
 pub struct CoreOptions {
     /// Frames per receive burst.
     pub burst: usize,
+    /// A receive burst of more than this many frames is handled in two halves: the
+    /// first half's input, application work and transmit before the second half's
+    /// input, so that a burst holding a pipelined peer's whole window does not answer
+    /// it whole and both sides fall into lock-step. 0 = never split.
+    pub rx_split: usize,
     /// What to do when idle.
     pub idle: IdleStrategy,
     /// Publish stats every this many iterations, and at least every
@@ -151,6 +156,7 @@ impl Default for CoreOptions {
     fn default() -> Self {
         CoreOptions {
             burst: 32,
+            rx_split: 4,
             idle: IdleStrategy::BusyPoll,
             stats_interval: 1024,
             tx_retry_limit: 16,
@@ -991,6 +997,8 @@ impl<D: Device> CoreLoop<D> {
         #[cfg(feature = "phases")]
         let mut marks = [self.st.now.as_nanos(); 6];
         #[cfg(feature = "phases")]
+        let mut spent = [0u64; 5];
+        #[cfg(feature = "phases")]
         macro_rules! mark {
             ($i:expr) => {
                 marks[$i] = self.clock.now().as_nanos()
@@ -1021,39 +1029,74 @@ impl<D: Device> CoreLoop<D> {
             }
             self.st.stats.rx_frames += received as u64;
             self.st.stats.rx_bytes += self.rx.iter().map(|f| f.len() as u64).sum::<u64>();
-            // One call for the burst: the stack coalesces a connection's consecutive
-            // in-order segments into one pass of its input (`Stack::handle_frames`).
-            self.st.stack.handle_frames(self.st.now, self.rx.drain(..));
         }
-        if self
-            .st
-            .stack
-            .poll_timeout()
-            .is_some_and(|t| t <= self.st.now)
-        {
-            self.st.stack.handle_timeouts(self.st.now);
-        }
-        mark!(2);
-        let worked = mode.iteration(&mut self.st);
-        mark!(3);
-        // The empty checks stay here, inline: called, each cost ~20 instructions per idle
-        // iteration.
-        if !self.st.backlog.is_empty() {
-            self.st.flush_backlogs();
-        }
-        if self.st.stack.may_transmit() {
-            self.drain_stack_tx();
-        }
-        mark!(4);
-        let sent = if self.tx.is_empty() {
-            0
+        // A burst of more than `rx_split` frames is handled in two halves, the first
+        // half's replies sent before the second half's input: one burst that takes a
+        // pipelined peer's whole window would otherwise answer it whole, and the two sides
+        // would fall into lock-step, each idle while the other works (docs/benchmarks.md,
+        // "Receive bursts and lock-step").
+        let split = self.opts.rx_split;
+        let part = if split != 0 && received > split {
+            received.div_ceil(2)
         } else {
-            self.transmit()
+            received
         };
-        mark!(5);
+        let mut worked = false;
+        let mut sent = 0;
+        loop {
+            if !self.rx.is_empty() {
+                // One call for the part: the stack coalesces a connection's consecutive
+                // in-order segments into one pass of its input (`Stack::handle_frames`).
+                let n = part.min(self.rx.len());
+                self.st.stack.handle_frames(self.st.now, self.rx.drain(..n));
+            }
+            if self
+                .st
+                .stack
+                .poll_timeout()
+                .is_some_and(|t| t <= self.st.now)
+            {
+                self.st.stack.handle_timeouts(self.st.now);
+            }
+            mark!(2);
+            worked |= mode.iteration(&mut self.st);
+            mark!(3);
+            // The empty checks stay here, inline: called, each cost ~20 instructions per
+            // idle iteration.
+            if !self.st.backlog.is_empty() {
+                self.st.flush_backlogs();
+            }
+            if self.st.stack.may_transmit() {
+                if self.rx.is_empty() {
+                    self.drain_stack_tx();
+                } else {
+                    // The first half: its replies go now; an ACK waits to cover the
+                    // second half too (one per burst, as if it were read whole).
+                    self.st.stack.hold_acks();
+                    self.drain_stack_tx();
+                    self.st.stack.release_acks();
+                }
+            }
+            mark!(4);
+            if !self.tx.is_empty() {
+                sent += self.transmit();
+            }
+            mark!(5);
+            #[cfg(feature = "phases")]
+            crate::stats::add_phases(&mut spent, &marks);
+            if self.rx.is_empty() {
+                break;
+            }
+            // The second half's input starts where the first half ended.
+            #[cfg(feature = "phases")]
+            {
+                marks[0] = marks[5];
+                marks[1] = marks[5];
+            }
+        }
         #[cfg(feature = "phases")]
         if received > 0 && sent > 0 {
-            self.st.stats.record_phases(&marks);
+            self.st.stats.record_phases(&spent);
         }
         received > 0 || sent > 0 || worked || !self.tx.is_empty()
     }
@@ -1441,6 +1484,103 @@ pub(crate) mod tests {
         lp.drain_stack_tx();
         assert_eq!(lp.tx.len(), n, "one SYN each");
         lp
+    }
+
+    /// An echo server for the receive-split test: sends back what it reads.
+    struct EchoAll;
+
+    impl crate::inline::InlineApp for EchoAll {
+        fn on_start(&mut self, ctx: &mut crate::Ctx<'_>) {
+            ctx.listen(7, 16).unwrap();
+        }
+        fn on_readable(&mut self, ctx: &mut crate::Ctx<'_>, conn: Conn) {
+            while let Ok(Some(b)) = ctx.recv(conn) {
+                ctx.send_all(conn, b).unwrap();
+            }
+        }
+    }
+
+    /// The data segments a server core sends back for one receive burst of eight
+    /// 100-byte requests, each in a segment of its own: (payload length, ACK number
+    /// relative to the client's first byte).
+    fn echo_of_one_burst(rx_split: usize) -> Vec<(usize, u32)> {
+        use crate::device::mem::MemPair;
+        use crate::inline::InlineMode;
+        use luna_stack::wire::{Ipv4Packet, TcpPacket};
+        let (srv_ip, cli_ip) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
+        let (dev, mut wire) = MemPair::single();
+        let (srv_mac, cli_mac) = (dev.mac(), wire.mac());
+        let cidr = |ip| luna_stack::wire::Ipv4Cidr::new(ip, 24).unwrap();
+        let mut setup = CoreSetup::new(0, vec![dev], StackConfig::new(srv_mac, cidr(srv_ip)));
+        setup.neighbours = vec![(cli_ip, cli_mac)];
+        let shared = Shared {
+            stop: Arc::new(AtomicBool::new(false)),
+            cell: Arc::new(StatsCell::default()),
+            probe: Arc::new(crate::control::Probe::default()),
+        };
+        let opts = CoreOptions {
+            pin: false,
+            rng_seed: Some([7; 32]),
+            rx_split,
+            ..CoreOptions::default()
+        };
+        let mut lp = CoreLoop::new(setup, &opts, shared).unwrap();
+        let mut mode = InlineMode::new(EchoAll, opts.burst);
+        mode.start(&mut lp.st);
+        let mut cli = luna_stack::stack::Stack::new(
+            StackConfig::new(cli_mac, cidr(cli_ip)),
+            crate::rng::CoreRng::from_seed([9; 32]),
+        )
+        .unwrap();
+        cli.neighbour_resolved(srv_ip, srv_mac).unwrap();
+        let now = lp.st.now;
+        let c = cli
+            .connect(now, SocketAddrV4::new(srv_ip, 7), None)
+            .unwrap();
+        let mut frames = Vec::new();
+        // Client frames in, the server's out, until the handshake is done.
+        let mut pump = |cli: &mut luna_stack::stack::Stack<crate::rng::CoreRng>,
+                        lp: &mut CoreLoop<crate::device::mem::MemDevice>,
+                        wire: &mut crate::device::mem::MemDevice,
+                        frames: &mut Vec<Zbuf>| {
+            while let Some(t) = cli.poll_transmit(now) {
+                assert!(wire.inject(Zbuf::copy_from_slice(&t.to_vec())));
+            }
+            lp.poll_once(&mut mode);
+            frames.clear();
+            wire.rx_burst(frames, 512);
+        };
+        for _ in 0..4 {
+            pump(&mut cli, &mut lp, &mut wire, &mut frames);
+            cli.handle_frames(now, frames.drain(..));
+        }
+        assert_eq!(cli.state(c), Some(luna_stack::tcp::State::Established));
+        let base = cli.connection(c).unwrap().snd_una().0;
+        for i in 0..8u8 {
+            cli.send(c, &Zbuf::copy_from_slice(&[i; 100])).unwrap();
+            let t = cli.poll_transmit(now).expect("one segment per send");
+            assert!(wire.inject(Zbuf::copy_from_slice(&t.to_vec())));
+        }
+        // One server iteration takes the eight frames in one burst.
+        pump(&mut cli, &mut lp, &mut wire, &mut frames);
+        frames
+            .iter()
+            .map(|f| {
+                let ip = Ipv4Packet::new_checked(&f[14..]).unwrap();
+                let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+                (tcp.payload().len(), tcp.ack_number().0.wrapping_sub(base))
+            })
+            .collect()
+    }
+
+    /// `rx_split`: a burst of more frames is answered in two halves, the first half's
+    /// replies sent before the second half is read (each acknowledging its own half);
+    /// a burst at or below it is answered whole, as without a split.
+    #[test]
+    fn a_large_burst_is_answered_in_two_halves() {
+        assert_eq!(echo_of_one_burst(4), [(400, 400), (400, 800)]);
+        assert_eq!(echo_of_one_burst(8), [(800, 800)]);
+        assert_eq!(echo_of_one_burst(0), [(800, 800)]);
     }
 
     /// The shutdown's last resort counts each connection it resets once, also one that is

@@ -235,19 +235,27 @@ impl CoreStats {
     }
 }
 
+/// Adds the phases between six clock readings (ns: start, after receive, after input,
+/// after the mode, after output, after transmit) to `spent`; a clock that went backwards
+/// adds nothing rather than wrapping. A burst handled in two halves adds twice.
+#[cfg_attr(not(feature = "phases"), allow(dead_code))]
+pub(crate) fn add_phases(spent: &mut [u64; 5], marks: &[u64; 6]) {
+    for (i, d) in spent.iter_mut().enumerate() {
+        *d += marks[i + 1].saturating_sub(marks[i]);
+    }
+}
+
 impl CoreStats {
-    /// Adds one iteration's phase boundaries (clock readings in ns: start, after
-    /// receive, after input, after the mode, after output, after transmit). Called by
-    /// the core loop only when built with feature `phases`.
+    /// Adds one busy iteration's phases ([`add_phases`]). Called by the core loop only
+    /// when built with feature `phases`.
     #[cfg_attr(not(feature = "phases"), allow(dead_code))]
-    pub(crate) fn record_phases(&mut self, t: &[u64; 6]) {
-        let d = |i: usize| t[i + 1].saturating_sub(t[i]);
+    pub(crate) fn record_phases(&mut self, d: &[u64; 5]) {
         self.phase_iterations += 1;
-        self.phase_rx_ns += d(0);
-        self.phase_input_ns += d(1);
-        self.phase_app_ns += d(2);
-        self.phase_output_ns += d(3);
-        self.phase_tx_ns += d(4);
+        self.phase_rx_ns += d[0];
+        self.phase_input_ns += d[1];
+        self.phase_app_ns += d[2];
+        self.phase_output_ns += d[3];
+        self.phase_tx_ns += d[4];
     }
 }
 
@@ -374,8 +382,14 @@ mod tests {
     #[test]
     fn phases_add_up_per_iteration() {
         let mut s = CoreStats::default();
-        s.record_phases(&[100, 900, 1_150, 1_400, 1_550, 2_300]);
-        s.record_phases(&[0, 1_000, 1_200, 1_500, 1_600, 1_500]);
+        let mut one = [0; 5];
+        add_phases(&mut one, &[100, 900, 1_150, 1_400, 1_550, 2_300]);
+        s.record_phases(&one);
+        // A burst in two halves: both halves' phases, one iteration.
+        let mut two = [0; 5];
+        add_phases(&mut two, &[0, 600, 700, 800, 850, 900]);
+        add_phases(&mut two, &[900, 900, 1_000, 1_200, 1_250, 800]);
+        s.record_phases(&two);
         assert_eq!(s.phase_iterations, 2);
         assert_eq!(
             [
@@ -385,7 +399,7 @@ mod tests {
                 s.phase_output_ns,
                 s.phase_tx_ns
             ],
-            [1_800, 450, 550, 250, 750]
+            [1_400, 450, 550, 250, 800]
         );
     }
 }

@@ -261,6 +261,19 @@ fn bad_tcp_and_runtime_knobs() {
     assert_names(&e, "runtime.mode", &["turbo"]);
     let e = bad(&with("[runtime]\nworkers = [0]\nmode = \"split\"\n"));
     assert_names(&e, "runtime.workers", &["also in cores.list"]);
+    // The receive burst and its split (0 = never split).
+    let d = Config::parse(&with("")).unwrap();
+    assert_eq!(
+        (d.options.burst, d.options.rx_split),
+        (32, 4),
+        "the defaults"
+    );
+    let r = Config::parse(&with("[runtime]\nburst = 64\nrx_split = 0\n")).unwrap();
+    assert_eq!((r.options.burst, r.options.rx_split), (64, 0));
+    let e = bad(&with("[runtime]\nrx_split = 513\n"));
+    assert_names(&e, "runtime.rx_split", &["out of range"]);
+    let e = bad(&with("[runtime]\nburst = 0\n"));
+    assert_names(&e, "runtime.burst", &["out of range"]);
 }
 
 #[test]

@@ -152,6 +152,12 @@ impl<R: Rng> Stack<R> {
                 self.dirty.pop_front();
                 continue;
             };
+            if self.holding_acks && e.held.is_none() && e.conn.owes_pure_ack() {
+                // Its ACK waits for the rest of the burst (`hold_acks`); still dirty.
+                self.dirty.pop_front();
+                self.held_acks.push(idx);
+                continue;
+            }
             let next_hop = e.next_hop;
             // The segment is built in this slot (no move of header and io-vector out of
             // the connection), or is the one parked for ARP.

@@ -263,6 +263,11 @@ pub struct Stack<R: Rng> {
     cookies: SynCookies,
     timers: timerq::TimerQueue,
     dirty: VecDeque<u32>,
+    /// Between [`Stack::hold_acks`] and [`Stack::release_acks`]: connections whose only
+    /// output was a pure ACK, taken off `dirty` (still marked dirty) until the rest of
+    /// the burst has been read.
+    held_acks: Vec<u32>,
+    holding_acks: bool,
     /// Connections parked until their next hop resolves, by next hop.
     arp_wait: HashMap<Ipv4Addr, Vec<u32>, KeyedHasher>,
     /// Next hops whose resolution failed since `fail_parked` last ran.
@@ -372,6 +377,8 @@ impl<R: Rng> Stack<R> {
             cookies,
             timers: timerq::TimerQueue::default(),
             dirty: VecDeque::new(),
+            held_acks: Vec::new(),
+            holding_acks: false,
             arp_wait: HashMap::with_hasher(hasher),
             nb_failed: Vec::new(),
             arp_sent: HashMap::with_hasher(hasher),
@@ -919,6 +926,24 @@ impl<R: Rng> Stack<R> {
     #[inline]
     pub fn has_events(&self) -> bool {
         !self.events.is_empty()
+    }
+
+    /// Until [`release_acks`](Self::release_acks), [`poll_transmit`](Self::poll_transmit)
+    /// skips a connection whose only output is a pure ACK: a poll loop that answers the
+    /// first part of a receive burst before it reads the rest (r2c's `rx_split`) sends its
+    /// replies early, while an ACK waits to cover the rest of the burst too, one ACK per
+    /// burst as if it had been read whole. (A receiver of a bulk flow would otherwise
+    /// send two, and its sender read twice as many.) A data segment still carries its
+    /// ACK at once.
+    pub fn hold_acks(&mut self) {
+        self.holding_acks = true;
+    }
+
+    /// Ends [`hold_acks`](Self::hold_acks): the held connections are due again (their
+    /// ACKs go out on the next [`poll_transmit`](Self::poll_transmit) calls).
+    pub fn release_acks(&mut self) {
+        self.holding_acks = false;
+        self.dirty.extend(self.held_acks.drain(..));
     }
 
     /// Whether [`Stack::poll_transmit`] may have a frame: `false` means it certainly has

@@ -5022,3 +5022,81 @@ fn rcv_mem_total_is_the_sum_over_connections_under_loss_runs_and_resets() {
     assert_eq!(net.b.connection_count(), 0);
     assert_eq!(rcv_mem_exact(&net.b), 0);
 }
+
+/// B's frames until its queue is empty: (destination port, payload length, ACK number).
+fn segments_out_of_b(net: &mut Net) -> Vec<(u16, usize, u32)> {
+    let mut out = Vec::new();
+    while let Some(f) = net.b.poll_transmit(net.now) {
+        let bytes = f.to_vec();
+        assert!(is_tcp(&bytes));
+        let ip = Ipv4Packet::new_checked(&bytes[ETH_LEN..]).unwrap();
+        let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+        out.push((tcp.dst_port(), tcp.payload().len(), tcp.ack_number().0));
+    }
+    out
+}
+
+/// A's frames until its queue is empty, bytes.
+fn frames_out_of_a(net: &mut Net) -> Vec<Zbuf> {
+    std::iter::from_fn(|| net.a.poll_transmit(net.now))
+        .map(|f| Zbuf::copy_from_slice(&f.to_vec()))
+        .collect()
+}
+
+/// `hold_acks` (a poll loop answering the first half of a receive burst before it
+/// reads the rest): a reply leaves at once with its ACK, a connection that owes only a
+/// pure ACK waits; after `release_acks` one ACK covers what both halves brought.
+#[test]
+fn held_acks_wait_for_the_rest_of_the_burst_and_replies_do_not() {
+    let mut net = Net::pair();
+    let l = net.b.listen(7000, 16).unwrap();
+    let (clients, servers) = net.establish(l, 2);
+    net.run_until(|n| n.wire.is_empty(), 100);
+    let mss = 1448;
+    // Two full-sized segments to each server: each owes its ACK now (RFC 5681 §4.2).
+    for &c in &clients {
+        net.a
+            .send(c, &Zbuf::copy_from_slice(&pattern(2 * mss, 1)))
+            .unwrap();
+    }
+    let first = frames_out_of_a(&mut net);
+    assert_eq!(first.len(), 4);
+    net.b.handle_frames(net.now, first);
+    // The first server replies; the second only reads.
+    let port = |net: &Net, c| net.a.connection(c).unwrap().tuple().local.port();
+    let (reply_port, quiet_port) = (port(&net, clients[0]), port(&net, clients[1]));
+    for &s in &servers {
+        while let Ok(Some(_)) = net.b.recv(s) {}
+    }
+    net.b
+        .send(servers[0], &Zbuf::copy_from_slice(b"reply"))
+        .unwrap();
+    net.b.hold_acks();
+    let early = segments_out_of_b(&mut net);
+    assert_eq!(early.len(), 1, "only the reply: {early:?}");
+    assert_eq!((early[0].0, early[0].1), (reply_port, 5));
+    assert!(!net.b.may_transmit(), "the held ACK is not due while held");
+    // The second half of the burst: more for the quiet server.
+    net.a
+        .send(clients[1], &Zbuf::copy_from_slice(&pattern(mss, 2)))
+        .unwrap();
+    let second = frames_out_of_a(&mut net);
+    assert_eq!(second.len(), 1);
+    net.b.handle_frames(net.now, second);
+    net.b.release_acks();
+    while let Ok(Some(_)) = net.b.recv(servers[1]) {}
+    let late = segments_out_of_b(&mut net);
+    assert_eq!(late.len(), 1, "one ACK for both halves: {late:?}");
+    let (port, len, ack) = late[0];
+    assert_eq!((port, len), (quiet_port, 0));
+    let rcv_nxt = net.b.connection(servers[1]).unwrap().rcv_nxt();
+    assert_eq!(ack, rcv_nxt.0, "it covers the second half too");
+    // Not holding: a pure ACK goes at once.
+    net.a
+        .send(clients[1], &Zbuf::copy_from_slice(&pattern(2 * mss, 3)))
+        .unwrap();
+    let third = frames_out_of_a(&mut net);
+    net.b.handle_frames(net.now, third);
+    while let Ok(Some(_)) = net.b.recv(servers[1]) {}
+    assert_eq!(segments_out_of_b(&mut net).len(), 1);
+}

@@ -444,6 +444,9 @@ impl Env {
         if let Some(b) = super::env_burst("KNB_LUNA_BURST")? {
             opts.burst = b;
         }
+        if let Some(s) = super::env_split("KNB_LUNA_RX_SPLIT")? {
+            opts.rx_split = s;
+        }
         Ok(Lanes {
             eal: self.eal,
             slab: self.slab,

@@ -219,16 +219,28 @@ pub fn virtual_link_checksums() -> bool {
 /// experiment knob, docs/benchmarks.md "Receive bursts and lock-step"): None when unset,
 /// an error unless 1..=512.
 pub fn env_burst(name: &str) -> Result<Option<usize>, String> {
-    parse_burst(name, std::env::var(name).ok())
+    parse_frames(name, std::env::var(name).ok(), 1, "a receive-burst size")
 }
 
-fn parse_burst(name: &str, value: Option<String>) -> Result<Option<usize>, String> {
+/// luna's receive split from the environment (`KNB_LUNA_RX_SPLIT`: r2c's
+/// `CoreOptions::rx_split`, a burst of more frames is handled in two halves): None when
+/// unset, an error unless 0..=512 (0 = never split).
+pub fn env_split(name: &str) -> Result<Option<usize>, String> {
+    parse_frames(name, std::env::var(name).ok(), 0, "a receive split")
+}
+
+fn parse_frames(
+    name: &str,
+    value: Option<String>,
+    min: usize,
+    what: &str,
+) -> Result<Option<usize>, String> {
     match value {
         None => Ok(None),
         Some(v) => match v.trim().parse::<usize>() {
-            Ok(n) if (1..=512).contains(&n) => Ok(Some(n)),
+            Ok(n) if (min..=512).contains(&n) => Ok(Some(n)),
             _ => Err(format!(
-                "{name}={v:?} is not a receive-burst size (frames, 1 to 512; unset: the default)"
+                "{name}={v:?} is not {what} (frames, {min} to 512; unset: the default)"
             )),
         },
     }
@@ -427,7 +439,11 @@ impl ClientPlan {
 
 #[cfg(test)]
 mod burst_tests {
-    use super::parse_burst;
+    use super::parse_frames;
+
+    fn parse_burst(name: &str, v: Option<String>) -> Result<Option<usize>, String> {
+        parse_frames(name, v, 1, "a receive-burst size")
+    }
 
     /// A burst knob is a frame count from 1 to 512; anything else is refused by name.
     #[test]
@@ -439,5 +455,15 @@ mod burst_tests {
             let e = parse_burst("B", Some(bad.into())).unwrap_err();
             assert!(e.starts_with("B=") && e.contains("1 to 512"), "{e}");
         }
+    }
+
+    /// The split knob also takes 0 (never split).
+    #[test]
+    fn the_split_knob_takes_zero_too() {
+        let split = |v: &str| parse_frames("S", Some(v.into()), 0, "a receive split");
+        assert_eq!(split("0"), Ok(Some(0)));
+        assert_eq!(split("16"), Ok(Some(16)));
+        let e = split("513").unwrap_err();
+        assert!(e.starts_with("S=") && e.contains("0 to 512"), "{e}");
     }
 }

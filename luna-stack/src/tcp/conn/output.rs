@@ -52,6 +52,27 @@ impl Connection {
         self.poll_burst_into(now, out, 1)
     }
 
+    /// Whether the connection's only output is the ACK that is due: what `next_segment`
+    /// tests before it reaches `ack_segment_if_due`, for the ESTABLISHED state with
+    /// nothing but the ACK to send; and `data_options` adds no SACK blocks. (New data
+    /// first: a response that carries the ACK it owes fails here.)
+    #[inline]
+    pub(crate) fn owes_pure_ack(&self) -> bool {
+        self.ack_now
+            && !self.sndq.end().gt(self.snd_nxt)
+            && self.state == State::Established
+            && self.snd_nxt == self.snd_max
+            && !self.fin_queued
+            && self.rst_pending.is_none()
+            && self.dupacks_owed == 0
+            && self.rexmit_now.is_none()
+            && !self.send_window_probe
+            && !self.send_keepalive
+            && !self.send_tlp
+            && self.recovery.is_none()
+            && !(self.sack_ok && self.ooo.has_sack_info())
+    }
+
     /// The pure-ACK fast path of [`poll_burst_into`](Self::poll_burst_into): when an
     /// established connection's only output is the ACK that is due (no data, FIN, RST,
     /// retransmission, probe, duplicate ACK or SACK information to send), writes that
@@ -67,24 +88,7 @@ impl Connection {
         if !PURE_ACK_FAST_PATH.with(core::cell::Cell::get) {
             return false;
         }
-        // What `next_segment` tests before it reaches `ack_segment_if_due`, for the
-        // ESTABLISHED state with nothing but the ACK to send; and `data_options` adds no
-        // SACK blocks.
-        // (New data first: a response that carries the ACK it owes fails there.)
-        if !(self.ack_now
-            && !self.sndq.end().gt(self.snd_nxt)
-            && self.state == State::Established
-            && self.snd_nxt == self.snd_max
-            && !self.fin_queued
-            && self.rst_pending.is_none()
-            && self.dupacks_owed == 0
-            && self.rexmit_now.is_none()
-            && !self.send_window_probe
-            && !self.send_keepalive
-            && !self.send_tlp
-            && self.recovery.is_none()
-            && !(self.sack_ok && self.ooo.has_sack_info()))
-        {
+        if !self.owes_pure_ack() {
             return false;
         }
         #[cfg(test)]

@@ -88,6 +88,12 @@ pub struct RawArgs {
     /// Frames per rx/tx burst.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=512))]
     burst: u16,
+    /// A receive burst of more frames is handled in two halves, the first half's echoes
+    /// (reflector) or next requests (initiator) sent before the second half is read:
+    /// what luna's cores do (r2c's `rx_split`), so that one burst taking the peer's whole
+    /// window does not put the two sides in lock-step. 0 = never split.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(0..=512))]
+    rx_split: u16,
     /// Frames outstanding (sent, echo not yet received).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     iodepth: u32,
@@ -340,6 +346,16 @@ fn build(pool: &Mempool, len: usize, kind: u8, seq: u64, tsc: u64) -> Option<Mbu
 }
 
 /// (kind, seq, tsc) of a knb frame, None for anything else.
+/// The frames of a receive burst of `n` handled before the first transmit: half of it
+/// (rounded up) when `n` is above `split` (0 = never), else all.
+fn split_at(n: usize, split: u16) -> usize {
+    if split != 0 && n > usize::from(split) {
+        n.div_ceil(2)
+    } else {
+        n
+    }
+}
+
 fn parse(m: &Mbuf) -> Option<(u8, u64, u64)> {
     let mut h = [0u8; HDR];
     if m.read(0, &mut h) != HDR
@@ -381,27 +397,36 @@ fn reflector(a: &RawArgs) -> Res<()> {
         }
         #[cfg(feature = "phases")]
         let (t1, received) = (dpdk_sys::eal::rdtsc(), !rx.is_empty());
-        for mut m in rx.drain(..) {
-            match parse(&m) {
-                Some((KIND_STOP, ..)) => break 'outer,
-                Some(_) => {}
-                None => continue, // not ours (kernel noise on tap/veth)
+        // The first half's echoes leave before the second half is looked at (`rx_split`).
+        let mut part = split_at(rx.len(), a.rx_split);
+        let mut sent = 0;
+        while !rx.is_empty() {
+            for mut m in rx.drain(..part) {
+                match parse(&m) {
+                    Some((KIND_STOP, ..)) => break 'outer,
+                    Some(_) => {}
+                    None => continue, // not ours (kernel noise on tap/veth)
+                }
+                // Echo in place: swap MACs, send the same mbuf back.
+                let Some(eth) = m.data_mut() else { continue };
+                let mut tmp = [0u8; 6];
+                tmp.copy_from_slice(&eth[0..6]);
+                eth.copy_within(6..12, 0);
+                eth[6..12].copy_from_slice(&tmp);
+                if pending.len() < 8 * burst {
+                    pending.push(m);
+                } else {
+                    dropped += 1;
+                }
             }
-            // Echo in place: swap MACs, send the same mbuf back.
-            let Some(eth) = m.data_mut() else { continue };
-            let mut tmp = [0u8; 6];
-            tmp.copy_from_slice(&eth[0..6]);
-            eth.copy_within(6..12, 0);
-            eth[6..12].copy_from_slice(&tmp);
-            if pending.len() < 8 * burst {
-                pending.push(m);
-            } else {
-                dropped += 1;
+            if !rx.is_empty() {
+                sent += d.txq.tx_burst(&mut pending);
+                part = rx.len();
             }
         }
         #[cfg(feature = "phases")]
         let t2 = dpdk_sys::eal::rdtsc();
-        let sent = d.txq.tx_burst(&mut pending);
+        sent += d.txq.tx_burst(&mut pending);
         echoed += sent as u64;
         #[cfg(feature = "phases")]
         if received && sent > 0 {
@@ -444,6 +469,33 @@ impl ReflectorPhases {
     }
 }
 
+/// The initiator's next requests: up to `iodepth` in flight, a burst at most.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn fill(
+    d: &Dev,
+    pending: &mut Vec<Mbuf>,
+    next_seq: &mut u64,
+    nombuf: &mut u64,
+    inflight: usize,
+    iodepth: usize,
+    len: usize,
+    burst: usize,
+) {
+    while inflight + pending.len() < iodepth && pending.len() < burst {
+        match build(&d.pool, len, KIND_DATA, *next_seq, dpdk_sys::eal::rdtsc()) {
+            Some(m) => {
+                pending.push(m);
+                *next_seq += 1;
+            }
+            None => {
+                *nombuf += 1;
+                break;
+            }
+        }
+    }
+}
+
 fn initiator(a: &RawArgs) -> Res<Value> {
     let mut d = open_dev(a, Role::Initiator)?;
     let hz = d.eal.tsc_hz();
@@ -473,18 +525,16 @@ fn initiator(a: &RawArgs) -> Res<Value> {
             measure_start = now;
             window = crate::cpu::Window::start(a.peer_pid);
         }
-        while inflight + pending.len() < iodepth && pending.len() < burst {
-            match build(&d.pool, len, KIND_DATA, next_seq, dpdk_sys::eal::rdtsc()) {
-                Some(m) => {
-                    pending.push(m);
-                    next_seq += 1;
-                }
-                None => {
-                    nombuf += 1;
-                    break;
-                }
-            }
-        }
+        fill(
+            &d,
+            &mut pending,
+            &mut next_seq,
+            &mut nombuf,
+            inflight,
+            iodepth,
+            len,
+            burst,
+        );
         inflight += d.txq.tx_burst(&mut pending);
         rx.clear();
         d.rxq.rx_burst(&mut rx, burst);
@@ -499,20 +549,39 @@ fn initiator(a: &RawArgs) -> Res<Value> {
             continue;
         }
         let t = dpdk_sys::eal::rdtsc();
-        for m in rx.drain(..) {
-            let Some((KIND_DATA, seq, ts)) = parse(&m) else {
-                continue;
-            };
-            if seq < valid_from || seq >= next_seq {
-                late += 1;
-                continue;
+        // The next requests for the first half's answers leave before the second half is
+        // looked at (`rx_split`).
+        let mut part = split_at(rx.len(), a.rx_split);
+        while !rx.is_empty() {
+            for m in rx.drain(..part) {
+                let Some((KIND_DATA, seq, ts)) = parse(&m) else {
+                    continue;
+                };
+                if seq < valid_from || seq >= next_seq {
+                    late += 1;
+                    continue;
+                }
+                inflight = inflight.saturating_sub(1);
+                last_progress = now;
+                if measuring {
+                    frames += 1;
+                    let ns = (t.saturating_sub(ts) as u128 * 1_000_000_000 / hz as u128) as u64;
+                    let _ = hist.record(ns.max(1));
+                }
             }
-            inflight = inflight.saturating_sub(1);
-            last_progress = now;
-            if measuring {
-                frames += 1;
-                let ns = (t.saturating_sub(ts) as u128 * 1_000_000_000 / hz as u128) as u64;
-                let _ = hist.record(ns.max(1));
+            if !rx.is_empty() {
+                fill(
+                    &d,
+                    &mut pending,
+                    &mut next_seq,
+                    &mut nombuf,
+                    inflight,
+                    iodepth,
+                    len,
+                    burst,
+                );
+                inflight += d.txq.tx_burst(&mut pending);
+                part = rx.len();
             }
         }
     }
@@ -778,6 +847,8 @@ impl ChildProc {
                 &a.frame_size.to_string(),
                 "--burst",
                 &a.burst.to_string(),
+                "--rx-split",
+                &a.rx_split.to_string(),
             ])
             .args(["--iodepth", &a.iodepth.to_string()])
             .args([
@@ -863,6 +934,7 @@ impl RawArgs {
             transport: Transport::Memif,
             frame_size: frame_size.clamp(64, 9000),
             burst: 32,
+            rx_split: 4,
             iodepth: iodepth.clamp(1, 4096),
             duration,
             warmup,
@@ -960,5 +1032,22 @@ fn orchestrate(a: &RawArgs) -> Res<Value> {
                 tail(&rerr)
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_at;
+
+    /// A burst above the split is handled in halves (the first rounded up), one at or
+    /// below it whole, and 0 never splits.
+    #[test]
+    fn a_burst_above_the_split_is_halved() {
+        assert_eq!(split_at(5, 4), 3);
+        assert_eq!(split_at(32, 4), 16);
+        assert_eq!(split_at(4, 4), 4);
+        assert_eq!(split_at(1, 4), 1);
+        assert_eq!(split_at(0, 4), 0);
+        assert_eq!(split_at(32, 0), 32);
     }
 }

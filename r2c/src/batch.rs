@@ -777,7 +777,8 @@ fn readiness(st: &CoreState, fd: Fd, s: &Sock) -> PollEvent {
 pub trait BatchApp {
     /// Once on the core's thread before the first poll.
     fn on_start(&mut self, _s: &mut Sockets<'_>) {}
-    /// Once per iteration, after the burst's events are in the readiness set.
+    /// Once per iteration, after the burst's events are in the readiness set (twice when
+    /// the burst is answered in halves, `CoreOptions::rx_split`: once per half).
     fn on_poll(&mut self, s: &mut Sockets<'_>);
     /// Shutdown began; open connections are closed right after this returns.
     fn on_stop(&mut self, _s: &mut Sockets<'_>) {}

@@ -207,7 +207,8 @@ pub trait InlineApp {
     fn on_writable(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn) {}
     /// The connection ended (`reason` from the stack); the handle dies after this returns.
     fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _conn: Conn, _reason: Option<CloseReason>) {}
-    /// Once per poll iteration, after the received burst (clients generate load here).
+    /// Once per poll iteration, after the received burst (clients generate load here);
+    /// once per half when the burst is answered in halves (`CoreOptions::rx_split`).
     fn on_poll(&mut self, _ctx: &mut Ctx<'_>) {}
     /// Shutdown began; open connections are closed right after this returns.
     fn on_stop(&mut self, _ctx: &mut Ctx<'_>) {}

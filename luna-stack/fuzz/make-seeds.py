@@ -148,6 +148,11 @@ def op_app(what, n=0):
     return struct.pack("!BBH", 6, what, n)
 
 
+def op_app1(what):
+    """An application op that reads no more input (recv all, hold, release)."""
+    return struct.pack("!BB", 6, what)
+
+
 def op_raw(frame):
     return struct.pack("!BH", 0, len(frame)) + frame
 
@@ -178,6 +183,11 @@ SEEDS["stack_established"] = {
     "paws-old-ts": op_seg(ACK | PSH, mask=8, extra=struct.pack("!hI", -5000, 0), payload=100),
     "syn-in-window": op_seg(SYN, seq=10),
     "abort": op_app(3) + op_seg(ACK | PSH, payload=10),
+    # r2c's split burst: ACKs held over the first half's output, the second half's input,
+    # a read and a reply, then released.
+    "held-acks": op_seg(ACK | PSH, payload=1448) + op_seg(ACK | PSH, payload=1448)
+    + op_app1(5) + op_seg(ACK | PSH, payload=1448) + op_app1(0)
+    + op_app(1, 100) + b"\x00" + op_app1(6),
 }
 
 

@@ -1043,6 +1043,9 @@ impl<D: Device> CoreLoop<D> {
         };
         let mut worked = false;
         let mut sent = 0;
+        // Whether the device was offered frames (in either half): one try of the
+        // iteration for `tx_retry_limit` and `tx_retries`, counted after the last half.
+        let mut tried = false;
         loop {
             if !self.rx.is_empty() {
                 // One call for the part: the stack coalesces a connection's consecutive
@@ -1050,11 +1053,15 @@ impl<D: Device> CoreLoop<D> {
                 let n = part.min(self.rx.len());
                 self.st.stack.handle_frames(self.st.now, self.rx.drain(..n));
             }
-            if self
-                .st
-                .stack
-                .poll_timeout()
-                .is_some_and(|t| t <= self.st.now)
+            // Timers once the whole burst is in, as when it is read whole: a deadline
+            // due now must see the input already received (an ACK in the second half
+            // makes a retransmission or a probe due after the first half moot).
+            if self.rx.is_empty()
+                && self
+                    .st
+                    .stack
+                    .poll_timeout()
+                    .is_some_and(|t| t <= self.st.now)
             {
                 self.st.stack.handle_timeouts(self.st.now);
             }
@@ -1079,7 +1086,8 @@ impl<D: Device> CoreLoop<D> {
             }
             mark!(4);
             if !self.tx.is_empty() {
-                sent += self.transmit();
+                tried = true;
+                sent += self.offer_tx();
             }
             mark!(5);
             #[cfg(feature = "phases")]
@@ -1093,6 +1101,9 @@ impl<D: Device> CoreLoop<D> {
                 marks[0] = marks[5];
                 marks[1] = marks[5];
             }
+        }
+        if tried {
+            self.tx_tried(sent);
         }
         #[cfg(feature = "phases")]
         if received > 0 && sent > 0 {
@@ -1221,6 +1232,15 @@ impl<D: Device> CoreLoop<D> {
         if self.tx.is_empty() {
             return 0;
         }
+        let sent = self.offer_tx();
+        self.tx_tried(sent);
+        sent
+    }
+
+    /// [`transmit`](Self::transmit)'s offer of the queue to the device, without the
+    /// retry bookkeeping ([`tx_tried`](Self::tx_tried)): a burst handled in two halves
+    /// offers it twice in one iteration, one try.
+    fn offer_tx(&mut self) -> usize {
         if let Some(c) = &mut self.capture {
             c.stage_tx(self.st.now.as_nanos(), &self.tx);
         }
@@ -1232,6 +1252,12 @@ impl<D: Device> CoreLoop<D> {
             c.commit_tx(sent);
         }
         self.st.stats.tx_frames += sent as u64;
+        sent
+    }
+
+    /// After an iteration's try (one or two offers of the queue that took `sent` frames
+    /// in all): what is left waits for the next iteration, but not forever.
+    fn tx_tried(&mut self, sent: usize) {
         if self.tx.is_empty() {
             self.tx_stalled = 0;
         } else {
@@ -1252,7 +1278,6 @@ impl<D: Device> CoreLoop<D> {
                 self.tx_stalled = 0;
             }
         }
-        sent
     }
 
     /// Waits as the idle strategy says; returns the nanoseconds it chose to sleep.
@@ -1365,11 +1390,15 @@ pub(crate) mod tests {
         stuck: bool,
         /// Frames taken.
         taken: usize,
+        /// Frames each receive burst brings (noise: zeros the stack drops).
+        noise: usize,
     }
 
     impl Device for Trickle {
-        fn rx_burst(&mut self, _out: &mut Vec<Zbuf>, _max: usize) -> usize {
-            0
+        fn rx_burst(&mut self, out: &mut Vec<Zbuf>, max: usize) -> usize {
+            let n = self.noise.min(max);
+            out.extend((0..n).map(|_| Zbuf::copy_from_slice(&[0u8; 60])));
+            n
         }
 
         fn tx_burst(&mut self, frames: &mut VecDeque<Transmit>) -> usize {
@@ -1462,6 +1491,7 @@ pub(crate) mod tests {
                     calls: 0,
                     stuck,
                     taken: 0,
+                    noise: 0,
                 })
                 .collect(),
             StackConfig::new(EthernetAddress([2, 0, 0, 0, 0, 1]), cidr),
@@ -1500,75 +1530,110 @@ pub(crate) mod tests {
         }
     }
 
+    /// A server core running [`EchoAll`] on one in-memory port (`rx_split` as given), a
+    /// client stack on the other side, and one connection between them, established.
+    struct EchoPair {
+        lp: CoreLoop<crate::device::mem::MemDevice>,
+        mode: crate::inline::InlineMode<EchoAll>,
+        cli: luna_stack::stack::Stack<CoreRng>,
+        /// The client's end of the wire.
+        wire: crate::device::mem::MemDevice,
+        c: SocketHandle,
+    }
+
+    impl EchoPair {
+        fn new(rx_split: usize) -> EchoPair {
+            use crate::device::mem::MemPair;
+            use crate::inline::InlineMode;
+            let (srv_ip, cli_ip) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
+            let (dev, wire) = MemPair::single();
+            let (srv_mac, cli_mac) = (dev.mac(), wire.mac());
+            let cidr = |ip| luna_stack::wire::Ipv4Cidr::new(ip, 24).unwrap();
+            let mut setup = CoreSetup::new(0, vec![dev], StackConfig::new(srv_mac, cidr(srv_ip)));
+            setup.neighbours = vec![(cli_ip, cli_mac)];
+            let shared = Shared {
+                stop: Arc::new(AtomicBool::new(false)),
+                cell: Arc::new(StatsCell::default()),
+                probe: Arc::new(crate::control::Probe::default()),
+            };
+            let opts = CoreOptions {
+                pin: false,
+                rng_seed: Some([7; 32]),
+                rx_split,
+                ..CoreOptions::default()
+            };
+            let mut lp = CoreLoop::new(setup, &opts, shared).unwrap();
+            let mut mode = InlineMode::new(EchoAll, opts.burst);
+            mode.start(&mut lp.st);
+            let mut cli = luna_stack::stack::Stack::new(
+                StackConfig::new(cli_mac, cidr(cli_ip)),
+                CoreRng::from_seed([9; 32]),
+            )
+            .unwrap();
+            cli.neighbour_resolved(srv_ip, srv_mac).unwrap();
+            let now = lp.st.now;
+            let c = cli
+                .connect(now, SocketAddrV4::new(srv_ip, 7), None)
+                .unwrap();
+            let mut p = EchoPair {
+                lp,
+                mode,
+                cli,
+                wire,
+                c,
+            };
+            // Client frames in, the server's out, until the handshake is done.
+            for _ in 0..4 {
+                p.client_out();
+                let frames = p.server_turn();
+                p.cli.handle_frames(now, frames);
+            }
+            assert_eq!(p.cli.state(c), Some(State::Established));
+            p
+        }
+
+        /// The client's frames onto the wire.
+        fn client_out(&mut self) {
+            while let Some(t) = self.cli.poll_transmit(self.lp.st.now) {
+                assert!(self.wire.inject(Zbuf::copy_from_slice(&t.to_vec())));
+            }
+        }
+
+        /// One server iteration; what it sent.
+        fn server_turn(&mut self) -> Vec<Zbuf> {
+            self.lp.poll_once(&mut self.mode);
+            let mut frames = Vec::new();
+            self.wire.rx_burst(&mut frames, 512);
+            frames
+        }
+    }
+
+    /// A frame's TCP (sequence number, payload length, ACK number).
+    fn tcp_of(f: &[u8]) -> (u32, usize, u32) {
+        use luna_stack::wire::{Ipv4Packet, TcpPacket};
+        let ip = Ipv4Packet::new_checked(&f[14..]).unwrap();
+        let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+        (tcp.seq_number().0, tcp.payload().len(), tcp.ack_number().0)
+    }
+
     /// The data segments a server core sends back for one receive burst of eight
     /// 100-byte requests, each in a segment of its own: (payload length, ACK number
     /// relative to the client's first byte).
     fn echo_of_one_burst(rx_split: usize) -> Vec<(usize, u32)> {
-        use crate::device::mem::MemPair;
-        use crate::inline::InlineMode;
-        use luna_stack::wire::{Ipv4Packet, TcpPacket};
-        let (srv_ip, cli_ip) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
-        let (dev, mut wire) = MemPair::single();
-        let (srv_mac, cli_mac) = (dev.mac(), wire.mac());
-        let cidr = |ip| luna_stack::wire::Ipv4Cidr::new(ip, 24).unwrap();
-        let mut setup = CoreSetup::new(0, vec![dev], StackConfig::new(srv_mac, cidr(srv_ip)));
-        setup.neighbours = vec![(cli_ip, cli_mac)];
-        let shared = Shared {
-            stop: Arc::new(AtomicBool::new(false)),
-            cell: Arc::new(StatsCell::default()),
-            probe: Arc::new(crate::control::Probe::default()),
-        };
-        let opts = CoreOptions {
-            pin: false,
-            rng_seed: Some([7; 32]),
-            rx_split,
-            ..CoreOptions::default()
-        };
-        let mut lp = CoreLoop::new(setup, &opts, shared).unwrap();
-        let mut mode = InlineMode::new(EchoAll, opts.burst);
-        mode.start(&mut lp.st);
-        let mut cli = luna_stack::stack::Stack::new(
-            StackConfig::new(cli_mac, cidr(cli_ip)),
-            crate::rng::CoreRng::from_seed([9; 32]),
-        )
-        .unwrap();
-        cli.neighbour_resolved(srv_ip, srv_mac).unwrap();
-        let now = lp.st.now;
-        let c = cli
-            .connect(now, SocketAddrV4::new(srv_ip, 7), None)
-            .unwrap();
-        let mut frames = Vec::new();
-        // Client frames in, the server's out, until the handshake is done.
-        let mut pump = |cli: &mut luna_stack::stack::Stack<crate::rng::CoreRng>,
-                        lp: &mut CoreLoop<crate::device::mem::MemDevice>,
-                        wire: &mut crate::device::mem::MemDevice,
-                        frames: &mut Vec<Zbuf>| {
-            while let Some(t) = cli.poll_transmit(now) {
-                assert!(wire.inject(Zbuf::copy_from_slice(&t.to_vec())));
-            }
-            lp.poll_once(&mut mode);
-            frames.clear();
-            wire.rx_burst(frames, 512);
-        };
-        for _ in 0..4 {
-            pump(&mut cli, &mut lp, &mut wire, &mut frames);
-            cli.handle_frames(now, frames.drain(..));
-        }
-        assert_eq!(cli.state(c), Some(luna_stack::tcp::State::Established));
-        let base = cli.connection(c).unwrap().snd_una().0;
+        let mut p = EchoPair::new(rx_split);
+        let (c, now) = (p.c, p.lp.st.now);
+        let base = p.cli.connection(c).unwrap().snd_una().0;
         for i in 0..8u8 {
-            cli.send(c, &Zbuf::copy_from_slice(&[i; 100])).unwrap();
-            let t = cli.poll_transmit(now).expect("one segment per send");
-            assert!(wire.inject(Zbuf::copy_from_slice(&t.to_vec())));
+            p.cli.send(c, &Zbuf::copy_from_slice(&[i; 100])).unwrap();
+            let t = p.cli.poll_transmit(now).expect("one segment per send");
+            assert!(p.wire.inject(Zbuf::copy_from_slice(&t.to_vec())));
         }
         // One server iteration takes the eight frames in one burst.
-        pump(&mut cli, &mut lp, &mut wire, &mut frames);
-        frames
+        p.server_turn()
             .iter()
             .map(|f| {
-                let ip = Ipv4Packet::new_checked(&f[14..]).unwrap();
-                let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
-                (tcp.payload().len(), tcp.ack_number().0.wrapping_sub(base))
+                let (_, len, ack) = tcp_of(f);
+                (len, ack.wrapping_sub(base))
             })
             .collect()
     }
@@ -1581,6 +1646,70 @@ pub(crate) mod tests {
         assert_eq!(echo_of_one_burst(4), [(400, 400), (400, 800)]);
         assert_eq!(echo_of_one_burst(8), [(800, 800)]);
         assert_eq!(echo_of_one_burst(0), [(800, 800)]);
+    }
+
+    /// A deadline that falls due while a split burst is read waits for the whole burst:
+    /// the ACK in its second half that makes the retransmission timer's (and the tail
+    /// loss probe's) work moot is taken first, as in a burst read whole. Timers ran after
+    /// the first half, and retransmitted what the ACK already in hand acknowledged.
+    #[test]
+    fn a_timer_due_during_a_split_burst_sees_the_whole_burst_first() {
+        for rx_split in [4, 0] {
+            let mut p = EchoPair::new(rx_split);
+            let (c, now) = (p.c, p.lp.st.now);
+            // A request, its echo (which arms the server's timers), and the client's ACK
+            // of the echo (its delayed ACK, due a while later).
+            p.cli.send(c, &Zbuf::copy_from_slice(&[1; 100])).unwrap();
+            p.client_out();
+            let echo = p.server_turn();
+            assert_eq!(echo.len(), 1);
+            let (seq, len, _) = tcp_of(&echo[0]);
+            assert_eq!(len, 100);
+            p.cli.handle_frames(now, echo);
+            while let Ok(Some(_)) = p.cli.recv(c) {}
+            let later = now + Duration::from_millis(500);
+            p.cli.handle_timeouts(later);
+            let ack: Vec<Zbuf> = std::iter::from_fn(|| p.cli.poll_transmit(later))
+                .map(|t| Zbuf::copy_from_slice(&t.to_vec()))
+                .collect();
+            assert_eq!(ack.len(), 1, "the client's ACK");
+            assert_eq!(tcp_of(&ack[0]).2, seq.wrapping_add(100));
+            // The server's next deadline (the probe's or the retransmission's) has come
+            // when a burst of eight frames arrives, the ACK in its second half (the
+            // others are noise the stack drops).
+            let due = p.lp.st.stack.poll_timeout().expect("a timer is armed");
+            p.lp.st.now = due;
+            let noise = || Zbuf::copy_from_slice(&[0u8; 60]);
+            for i in 0..8 {
+                let f = if i == 5 { ack[0].clone() } else { noise() };
+                assert!(p.wire.inject(f));
+            }
+            let out = p.server_turn();
+            let resent: Vec<_> = out.iter().map(|f| tcp_of(f)).filter(|t| t.1 > 0).collect();
+            assert!(resent.is_empty(), "rx_split {rx_split}: resent {resent:?}");
+            assert_eq!(p.lp.st.stack.counters().tcp_retransmits, 0);
+        }
+    }
+
+    /// `tx_retry_limit` counts iterations whose tries took nothing, and `tx_retries`
+    /// iterations that ended with frames left: a burst answered in two halves is one
+    /// iteration (it tried the ring twice, and used up the limit twice as fast).
+    #[test]
+    fn a_split_burst_is_one_try_of_a_stuck_ring() {
+        let opts = CoreOptions {
+            tx_retry_limit: 3,
+            ..CoreOptions::default()
+        };
+        let mut lp = trickle_core(true, opts, 1);
+        lp.devices[0].noise = 8;
+        let mut mode = crate::inline::InlineMode::new(EchoAll, 32);
+        for i in 1..=3 {
+            lp.poll_once(&mut mode);
+            let s = &lp.st.stats;
+            assert_eq!((s.rx_frames, s.tx_retries, s.tx_dropped), (8 * i, i, 0));
+        }
+        lp.poll_once(&mut mode);
+        assert_eq!(lp.st.stats.tx_dropped, 1, "past the limit");
     }
 
     /// The shutdown's last resort counts each connection it resets once, also one that is

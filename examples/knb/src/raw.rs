@@ -345,7 +345,6 @@ fn build(pool: &Mempool, len: usize, kind: u8, seq: u64, tsc: u64) -> Option<Mbu
     Some(m)
 }
 
-/// (kind, seq, tsc) of a knb frame, None for anything else.
 /// The frames of a receive burst of `n` handled before the first transmit: half of it
 /// (rounded up) when `n` is above `split` (0 = never), else all.
 fn split_at(n: usize, split: u16) -> usize {
@@ -356,6 +355,7 @@ fn split_at(n: usize, split: u16) -> usize {
     }
 }
 
+/// (kind, seq, tsc) of a knb frame, None for anything else.
 fn parse(m: &Mbuf) -> Option<(u8, u64, u64)> {
     let mut h = [0u8; HDR];
     if m.read(0, &mut h) != HDR

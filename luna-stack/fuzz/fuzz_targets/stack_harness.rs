@@ -1,8 +1,8 @@
 //! Shared harness of the stack fuzz targets: decodes the fuzz input into a script of
 //! operations (raw frames, TCP segments built with valid checksums and sequence/ACK numbers
 //! near the live connection's, timer advances, application calls) and checks the stack's
-//! resource bounds after every operation, and that no connection's timer is missing from
-//! the stack's timer queue.
+//! resource bounds after every operation, that no connection's timer is missing from
+//! the stack's timer queue, and that every connection marked for output is listed.
 //!
 //! Input format (every read past the end yields zeros, so any input is a valid script):
 //! ```text
@@ -13,9 +13,12 @@
 //!         [sack: n u8, n x (left delta i16, len u16)], payload len u16 (mod 3000),
 //!         and, with mask bit 6, a peer port u16 (else the tracked peer's port)
 //!   5     advance time: ms u8, shift u8 (mod 12), then handle_timeouts
-//!   6     application: what u8 (recv all / send n / shutdown / abort / listen again);
+//!   6     application: what u8 (recv all / send n / shutdown / abort / recv_iovec n /
+//!         hold ACKs / release ACKs, by what % 7; the connection by what >> 4);
 //!         send n: n u16, then partial u8: with bit 7 set only partial & 7 frames are
-//!         polled (a driver stopping mid-burst), the rest at the next drain
+//!         polled (a driver stopping mid-burst), the rest at the next drain. Hold and
+//!         release are `Stack::hold_acks` / `release_acks` (r2c's split receive burst),
+//!         here spanning any other ops; the script releases before it ends
 //!   7     SYN burst: n u8 (mod 64) SYNs from distinct ports
 //! ```
 //! A TCP segment op with bit 7 set is queued instead: the queue goes to the stack in one
@@ -245,6 +248,7 @@ impl Harness {
         }
         self.check_bounds();
         self.check_timers();
+        self.stack.check_transmit_list();
     }
 
     /// No timer is lost: the stack's next deadline is no later than any connection's own
@@ -401,13 +405,26 @@ impl Harness {
     fn app(&mut self, inp: &mut Input) {
         self.accept_all();
         let what = inp.u8();
+        match what % 7 {
+            5 => {
+                self.stack.hold_acks();
+                self.drain();
+                return;
+            }
+            6 => {
+                self.stack.release_acks();
+                self.drain();
+                return;
+            }
+            _ => {}
+        }
         let Some(&h) = self
             .handles
             .get(usize::from(what >> 4) % self.handles.len().max(1))
         else {
             return;
         };
-        match what % 5 {
+        match what % 7 {
             0 => while let Ok(Some(_)) = self.stack.recv(h) {},
             1 => {
                 let n = usize::from(inp.u16());
@@ -481,6 +498,9 @@ impl Harness {
         }
         self.flush_batch();
         self.accept_all();
+        // A poll loop always releases what it held: the held ACKs go now.
+        self.stack.release_acks();
+        self.drain();
         // Whatever happened, time heals: every timer eventually fires and the stack stays
         // within bounds; a connection never outlives max_retries of backed-off RTOs.
         for _ in 0..64 {

@@ -153,9 +153,12 @@ impl<R: Rng> Stack<R> {
                 continue;
             };
             if self.holding_acks && e.held.is_none() && e.conn.owes_pure_ack() {
-                // Its ACK waits for the rest of the burst (`hold_acks`); still dirty.
+                // Its ACK waits for the rest of the burst (`hold_acks`). Unmarked: any
+                // other output it gets before the release (data, a reset, a timer's)
+                // lists it again and goes at once, carrying the ACK.
+                e.dirty = false;
                 self.dirty.pop_front();
-                self.held_acks.push(idx);
+                self.held_acks.push((idx, gen));
                 continue;
             }
             let next_hop = e.next_hop;

@@ -263,10 +263,11 @@ pub struct Stack<R: Rng> {
     cookies: SynCookies,
     timers: timerq::TimerQueue,
     dirty: VecDeque<u32>,
-    /// Between [`Stack::hold_acks`] and [`Stack::release_acks`]: connections whose only
-    /// output was a pure ACK, taken off `dirty` (still marked dirty) until the rest of
-    /// the burst has been read.
-    held_acks: Vec<u32>,
+    /// Between [`Stack::hold_acks`] and [`Stack::release_acks`]: connections (slot,
+    /// generation) whose only output was a pure ACK, taken off `dirty` and unmarked (any
+    /// other output they get meanwhile lists them again at once) until the rest of the
+    /// burst has been read.
+    held_acks: Vec<(u32, u32)>,
     holding_acks: bool,
     /// Connections parked until their next hop resolves, by next hop.
     arp_wait: HashMap<Ipv4Addr, Vec<u32>, KeyedHasher>,
@@ -940,10 +941,41 @@ impl<R: Rng> Stack<R> {
     }
 
     /// Ends [`hold_acks`](Self::hold_acks): the held connections are due again (their
-    /// ACKs go out on the next [`poll_transmit`](Self::poll_transmit) calls).
+    /// ACKs go out on the next [`poll_transmit`](Self::poll_transmit) calls). One that
+    /// sent its ACK meanwhile (with data or a reset, which are never held), or whose slot
+    /// was freed, is not listed again.
     pub fn release_acks(&mut self) {
         self.holding_acks = false;
-        self.dirty.extend(self.held_acks.drain(..));
+        for (idx, gen) in self.held_acks.drain(..) {
+            let slot = &mut self.slots[idx as usize];
+            if slot.gen != gen {
+                continue;
+            }
+            if let Some(e) = slot.entry.as_deref_mut() {
+                if !e.dirty && !e.conn.nothing_to_send() {
+                    e.dirty = true;
+                    self.dirty.push_back(idx);
+                }
+            }
+        }
+    }
+
+    /// Tests and fuzzing: panics unless every connection marked for output is on the
+    /// transmit list, and no ACK is held while none may be ([`Stack::hold_acks`]).
+    #[cfg(any(test, feature = "testutils"))]
+    pub fn check_transmit_list(&self) {
+        for (idx, slot) in self.slots.iter().enumerate() {
+            if let Some(e) = slot.entry.as_deref() {
+                assert!(
+                    !e.dirty || self.dirty.contains(&(idx as u32)),
+                    "connection {idx} is marked for output but not listed"
+                );
+            }
+        }
+        assert!(
+            self.holding_acks || self.held_acks.is_empty(),
+            "ACKs held after release_acks"
+        );
     }
 
     /// Whether [`Stack::poll_transmit`] may have a frame: `false` means it certainly has

@@ -5100,3 +5100,84 @@ fn held_acks_wait_for_the_rest_of_the_burst_and_replies_do_not() {
     while let Ok(Some(_)) = net.b.recv(servers[1]) {}
     assert_eq!(segments_out_of_b(&mut net).len(), 1);
 }
+
+/// While ACKs are held, only the pure ACK waits: a held connection that gets other
+/// output meanwhile (data the application queues, a reset) sends it at once, the data
+/// with the ACK it owes. (The held connection stayed marked for output off the list, so
+/// new output did not list it again: it waited for `release_acks`.)
+#[test]
+fn a_held_connection_sends_new_output_at_once() {
+    let mut net = Net::pair();
+    let l = net.b.listen(7000, 16).unwrap();
+    let (clients, servers) = net.establish(l, 2);
+    net.run_until(|n| n.wire.is_empty(), 100);
+    for &c in &clients {
+        net.a
+            .send(c, &Zbuf::copy_from_slice(&pattern(2 * 1448, 1)))
+            .unwrap();
+    }
+    let first = frames_out_of_a(&mut net);
+    net.b.handle_frames(net.now, first);
+    for &s in &servers {
+        while let Ok(Some(_)) = net.b.recv(s) {}
+    }
+    net.b.hold_acks();
+    assert!(segments_out_of_b(&mut net).is_empty(), "both ACKs wait");
+    net.b.check_transmit_list();
+    // The first server replies after its ACK was held: the reply goes, with the ACK.
+    net.b
+        .send(servers[0], &Zbuf::copy_from_slice(b"reply"))
+        .unwrap();
+    net.b.check_transmit_list();
+    let out = segments_out_of_b(&mut net);
+    let rcv_nxt = net.b.connection(servers[0]).unwrap().rcv_nxt().0;
+    assert_eq!(out.len(), 1, "the reply: {out:?}");
+    assert_eq!((out[0].1, out[0].2), (5, rcv_nxt));
+    // The second is aborted: its reset goes.
+    net.b.abort(servers[1]);
+    let out = segments_out_of_b(&mut net);
+    assert_eq!(out.len(), 1, "the reset: {out:?}");
+    net.b.check_transmit_list();
+    // Released: nothing is left to send (the first's ACK went with its reply, the
+    // second's with its reset).
+    net.b.release_acks();
+    net.b.check_transmit_list();
+    assert!(segments_out_of_b(&mut net).is_empty());
+    assert!(!net.b.may_transmit());
+}
+
+/// A held connection whose slot is freed and taken by a new connection before the
+/// release: the release leaves the newcomer alone (its own marks list it), and the list
+/// holds no stale entry.
+#[test]
+fn a_slot_freed_while_its_ack_is_held_is_not_listed_again() {
+    let mut net = Net::pair();
+    let l = net.b.listen(7000, 16).unwrap();
+    let (clients, servers) = net.establish(l, 1);
+    net.run_until(|n| n.wire.is_empty(), 100);
+    net.a
+        .send(clients[0], &Zbuf::copy_from_slice(&pattern(2 * 1448, 1)))
+        .unwrap();
+    let first = frames_out_of_a(&mut net);
+    net.b.handle_frames(net.now, first);
+    net.b.hold_acks();
+    assert!(segments_out_of_b(&mut net).is_empty(), "the ACK waits");
+    // The server is aborted and closed: its RST goes and its slot is freed.
+    net.b.abort(servers[0]);
+    assert_eq!(segments_out_of_b(&mut net).len(), 1, "the reset");
+    assert_eq!(net.b.connection_count(), 0);
+    // A new connection takes the slot (its SYN-ACK is not held).
+    let c = net
+        .a
+        .connect(net.now, SocketAddrV4::new(ip_b(), 7000), None)
+        .unwrap();
+    let syn = frames_out_of_a(&mut net);
+    net.b.handle_frames(net.now, syn);
+    assert_eq!(net.b.connection_count(), 1);
+    assert_eq!(segments_out_of_b(&mut net).len(), 1, "the SYN-ACK");
+    net.b.check_transmit_list();
+    net.b.release_acks();
+    net.b.check_transmit_list();
+    assert!(!net.b.may_transmit(), "nothing listed for the newcomer");
+    net.run_until(|n| n.a.state(c) == Some(State::Established), 100);
+}

@@ -1497,6 +1497,17 @@ pub(crate) mod tests {
             StackConfig::new(EthernetAddress([2, 0, 0, 0, 0, 1]), cidr),
         );
         setup.neighbours = vec![(TRICKLE_PEER, EthernetAddress([2, 0, 0, 0, 0, 2]))];
+        let mut lp = test_core(setup, opts);
+        for _ in 0..n {
+            lp.st.connect(SocketAddrV4::new(TRICKLE_PEER, 80)).unwrap();
+        }
+        lp.drain_stack_tx();
+        assert_eq!(lp.tx.len(), n, "one SYN each");
+        lp
+    }
+
+    /// A core loop for tests: unpinned, a fixed RNG seed, its own stop flag and stats.
+    fn test_core<D: Device>(setup: CoreSetup<D>, opts: CoreOptions) -> CoreLoop<D> {
         let shared = Shared {
             stop: Arc::new(AtomicBool::new(false)),
             cell: Arc::new(StatsCell::default()),
@@ -1507,13 +1518,7 @@ pub(crate) mod tests {
             rng_seed: Some([7; 32]),
             ..opts
         };
-        let mut lp = CoreLoop::new(setup, &opts, shared).unwrap();
-        for _ in 0..n {
-            lp.st.connect(SocketAddrV4::new(TRICKLE_PEER, 80)).unwrap();
-        }
-        lp.drain_stack_tx();
-        assert_eq!(lp.tx.len(), n, "one SYN each");
-        lp
+        CoreLoop::new(setup, &opts, shared).unwrap()
     }
 
     /// An echo server for the receive-split test: sends back what it reads.
@@ -1551,18 +1556,11 @@ pub(crate) mod tests {
             let cidr = |ip| luna_stack::wire::Ipv4Cidr::new(ip, 24).unwrap();
             let mut setup = CoreSetup::new(0, vec![dev], StackConfig::new(srv_mac, cidr(srv_ip)));
             setup.neighbours = vec![(cli_ip, cli_mac)];
-            let shared = Shared {
-                stop: Arc::new(AtomicBool::new(false)),
-                cell: Arc::new(StatsCell::default()),
-                probe: Arc::new(crate::control::Probe::default()),
-            };
             let opts = CoreOptions {
-                pin: false,
-                rng_seed: Some([7; 32]),
                 rx_split,
                 ..CoreOptions::default()
             };
-            let mut lp = CoreLoop::new(setup, &opts, shared).unwrap();
+            let mut lp = test_core(setup, opts.clone());
             let mut mode = InlineMode::new(EchoAll, opts.burst);
             mode.start(&mut lp.st);
             let mut cli = luna_stack::stack::Stack::new(

@@ -515,6 +515,22 @@ fn initiator(a: &RawArgs) -> Res<Value> {
     let mut measuring = false;
     let mut measure_start = warm_end;
     let mut window = None;
+    // The next requests (up to `iodepth` in flight), offered to the device.
+    macro_rules! send_more {
+        () => {
+            fill(
+                &d,
+                &mut pending,
+                &mut next_seq,
+                &mut nombuf,
+                inflight,
+                iodepth,
+                len,
+                burst,
+            );
+            inflight += d.txq.tx_burst(&mut pending);
+        };
+    }
     loop {
         let now = Instant::now();
         if now >= end {
@@ -525,17 +541,7 @@ fn initiator(a: &RawArgs) -> Res<Value> {
             measure_start = now;
             window = crate::cpu::Window::start(a.peer_pid);
         }
-        fill(
-            &d,
-            &mut pending,
-            &mut next_seq,
-            &mut nombuf,
-            inflight,
-            iodepth,
-            len,
-            burst,
-        );
-        inflight += d.txq.tx_burst(&mut pending);
+        send_more!();
         rx.clear();
         d.rxq.rx_burst(&mut rx, burst);
         if rx.is_empty() {
@@ -570,17 +576,7 @@ fn initiator(a: &RawArgs) -> Res<Value> {
                 }
             }
             if !rx.is_empty() {
-                fill(
-                    &d,
-                    &mut pending,
-                    &mut next_seq,
-                    &mut nombuf,
-                    inflight,
-                    iodepth,
-                    len,
-                    burst,
-                );
-                inflight += d.txq.tx_burst(&mut pending);
+                send_more!();
                 part = rx.len();
             }
         }

@@ -142,6 +142,17 @@ pub struct CoreOptions {
     pub control: Option<crate::control::ControlConfig>,
 }
 
+/// The frames of a receive burst of `n` handled before its first transmit: the first half
+/// (rounded up) when `n` is above `split` (0 = never split), else all of them
+/// ([`CoreOptions::rx_split`]; `knb raw` splits its bursts by the same rule).
+pub fn rx_split_first(n: usize, split: usize) -> usize {
+    if split != 0 && n > split {
+        n.div_ceil(2)
+    } else {
+        n
+    }
+}
+
 /// See [`CoreOptions::before_release`].
 #[derive(Clone)]
 pub struct ReleaseHook(pub Arc<dyn Fn(usize) + Send + Sync>);
@@ -1035,12 +1046,7 @@ impl<D: Device> CoreLoop<D> {
         // pipelined peer's whole window would otherwise answer it whole, and the two sides
         // would fall into lock-step, each idle while the other works (docs/benchmarks.md,
         // "Receive bursts and lock-step").
-        let split = self.opts.rx_split;
-        let part = if split != 0 && received > split {
-            received.div_ceil(2)
-        } else {
-            received
-        };
+        let part = rx_split_first(received, self.opts.rx_split);
         let mut worked = false;
         let mut sent = 0;
         // Whether the device was offered frames (in either half): one try of the
@@ -1634,6 +1640,18 @@ pub(crate) mod tests {
                 (len, ack.wrapping_sub(base))
             })
             .collect()
+    }
+
+    /// A burst above the split is handled in halves (the first rounded up), one at or
+    /// below it whole, and 0 never splits.
+    #[test]
+    fn a_burst_above_the_split_is_halved() {
+        assert_eq!(rx_split_first(5, 4), 3);
+        assert_eq!(rx_split_first(32, 4), 16);
+        assert_eq!(rx_split_first(4, 4), 4);
+        assert_eq!(rx_split_first(1, 4), 1);
+        assert_eq!(rx_split_first(0, 4), 0);
+        assert_eq!(rx_split_first(32, 0), 32);
     }
 
     /// `rx_split`: a burst of more frames is answered in two halves, the first half's

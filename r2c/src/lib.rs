@@ -52,8 +52,8 @@ pub mod view;
 mod workers;
 
 pub use crate::core::{
-    Conn, CoreError, CoreOptions, CoreReport, CoreSetup, CoreState, HandleHash, HandleHashing,
-    IdleStrategy, Listener, ReleaseHook,
+    rx_split_first, Conn, CoreError, CoreOptions, CoreReport, CoreSetup, CoreState, HandleHash,
+    HandleHashing, IdleStrategy, Listener, ReleaseHook,
 };
 pub use inline::{Ctx, InlineApp};
 pub use runtime::{Runtime, RuntimeError, StatsReader, StopHandle};

@@ -345,16 +345,6 @@ fn build(pool: &Mempool, len: usize, kind: u8, seq: u64, tsc: u64) -> Option<Mbu
     Some(m)
 }
 
-/// The frames of a receive burst of `n` handled before the first transmit: half of it
-/// (rounded up) when `n` is above `split` (0 = never), else all.
-fn split_at(n: usize, split: u16) -> usize {
-    if split != 0 && n > usize::from(split) {
-        n.div_ceil(2)
-    } else {
-        n
-    }
-}
-
 /// (kind, seq, tsc) of a knb frame, None for anything else.
 fn parse(m: &Mbuf) -> Option<(u8, u64, u64)> {
     let mut h = [0u8; HDR];
@@ -398,7 +388,7 @@ fn reflector(a: &RawArgs) -> Res<()> {
         #[cfg(feature = "phases")]
         let (t1, received) = (dpdk_sys::eal::rdtsc(), !rx.is_empty());
         // The first half's echoes leave before the second half is looked at (`rx_split`).
-        let mut part = split_at(rx.len(), a.rx_split);
+        let mut part = r2c::rx_split_first(rx.len(), usize::from(a.rx_split));
         let mut sent = 0;
         while !rx.is_empty() {
             for mut m in rx.drain(..part) {
@@ -469,33 +459,6 @@ impl ReflectorPhases {
     }
 }
 
-/// The initiator's next requests: up to `iodepth` in flight, a burst at most.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-fn fill(
-    d: &Dev,
-    pending: &mut Vec<Mbuf>,
-    next_seq: &mut u64,
-    nombuf: &mut u64,
-    inflight: usize,
-    iodepth: usize,
-    len: usize,
-    burst: usize,
-) {
-    while inflight + pending.len() < iodepth && pending.len() < burst {
-        match build(&d.pool, len, KIND_DATA, *next_seq, dpdk_sys::eal::rdtsc()) {
-            Some(m) => {
-                pending.push(m);
-                *next_seq += 1;
-            }
-            None => {
-                *nombuf += 1;
-                break;
-            }
-        }
-    }
-}
-
 fn initiator(a: &RawArgs) -> Res<Value> {
     let mut d = open_dev(a, Role::Initiator)?;
     let hz = d.eal.tsc_hz();
@@ -515,19 +478,22 @@ fn initiator(a: &RawArgs) -> Res<Value> {
     let mut measuring = false;
     let mut measure_start = warm_end;
     let mut window = None;
-    // The next requests (up to `iodepth` in flight), offered to the device.
+    // The next requests (up to `iodepth` in flight, a burst at most), offered to the
+    // device.
     macro_rules! send_more {
         () => {
-            fill(
-                &d,
-                &mut pending,
-                &mut next_seq,
-                &mut nombuf,
-                inflight,
-                iodepth,
-                len,
-                burst,
-            );
+            while inflight + pending.len() < iodepth && pending.len() < burst {
+                match build(&d.pool, len, KIND_DATA, next_seq, dpdk_sys::eal::rdtsc()) {
+                    Some(m) => {
+                        pending.push(m);
+                        next_seq += 1;
+                    }
+                    None => {
+                        nombuf += 1;
+                        break;
+                    }
+                }
+            }
             inflight += d.txq.tx_burst(&mut pending);
         };
     }
@@ -557,7 +523,7 @@ fn initiator(a: &RawArgs) -> Res<Value> {
         let t = dpdk_sys::eal::rdtsc();
         // The next requests for the first half's answers leave before the second half is
         // looked at (`rx_split`).
-        let mut part = split_at(rx.len(), a.rx_split);
+        let mut part = r2c::rx_split_first(rx.len(), usize::from(a.rx_split));
         while !rx.is_empty() {
             for m in rx.drain(..part) {
                 let Some((KIND_DATA, seq, ts)) = parse(&m) else {
@@ -1028,22 +994,5 @@ fn orchestrate(a: &RawArgs) -> Res<Value> {
                 tail(&rerr)
             ))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::split_at;
-
-    /// A burst above the split is handled in halves (the first rounded up), one at or
-    /// below it whole, and 0 never splits.
-    #[test]
-    fn a_burst_above_the_split_is_halved() {
-        assert_eq!(split_at(5, 4), 3);
-        assert_eq!(split_at(32, 4), 16);
-        assert_eq!(split_at(4, 4), 4);
-        assert_eq!(split_at(1, 4), 1);
-        assert_eq!(split_at(0, 4), 0);
-        assert_eq!(split_at(32, 0), 32);
     }
 }

@@ -5043,31 +5043,37 @@ fn frames_out_of_a(net: &mut Net) -> Vec<Zbuf> {
         .collect()
 }
 
+/// `n` connections from A to B:7000, established and quiet, each server having read two
+/// full-sized segments (so each owes its ACK now, RFC 5681 §4.2): (net, clients, servers).
+fn servers_owing_acks(n: usize) -> (Net, Vec<SocketHandle>, Vec<SocketHandle>) {
+    let mut net = Net::pair();
+    let l = net.b.listen(7000, 16).unwrap();
+    let (clients, servers) = net.establish(l, n);
+    net.run_until(|n| n.wire.is_empty(), 100);
+    for &c in &clients {
+        net.a
+            .send(c, &Zbuf::copy_from_slice(&pattern(2 * 1448, 1)))
+            .unwrap();
+    }
+    let first = frames_out_of_a(&mut net);
+    assert_eq!(first.len(), 2 * n);
+    net.b.handle_frames(net.now, first);
+    for &s in &servers {
+        while let Ok(Some(_)) = net.b.recv(s) {}
+    }
+    (net, clients, servers)
+}
+
 /// `hold_acks` (a poll loop answering the first half of a receive burst before it
 /// reads the rest): a reply leaves at once with its ACK, a connection that owes only a
 /// pure ACK waits; after `release_acks` one ACK covers what both halves brought.
 #[test]
 fn held_acks_wait_for_the_rest_of_the_burst_and_replies_do_not() {
-    let mut net = Net::pair();
-    let l = net.b.listen(7000, 16).unwrap();
-    let (clients, servers) = net.establish(l, 2);
-    net.run_until(|n| n.wire.is_empty(), 100);
+    let (mut net, clients, servers) = servers_owing_acks(2);
     let mss = 1448;
-    // Two full-sized segments to each server: each owes its ACK now (RFC 5681 §4.2).
-    for &c in &clients {
-        net.a
-            .send(c, &Zbuf::copy_from_slice(&pattern(2 * mss, 1)))
-            .unwrap();
-    }
-    let first = frames_out_of_a(&mut net);
-    assert_eq!(first.len(), 4);
-    net.b.handle_frames(net.now, first);
     // The first server replies; the second only reads.
     let port = |net: &Net, c| net.a.connection(c).unwrap().tuple().local.port();
     let (reply_port, quiet_port) = (port(&net, clients[0]), port(&net, clients[1]));
-    for &s in &servers {
-        while let Ok(Some(_)) = net.b.recv(s) {}
-    }
     net.b
         .send(servers[0], &Zbuf::copy_from_slice(b"reply"))
         .unwrap();
@@ -5107,20 +5113,7 @@ fn held_acks_wait_for_the_rest_of_the_burst_and_replies_do_not() {
 /// new output did not list it again: it waited for `release_acks`.)
 #[test]
 fn a_held_connection_sends_new_output_at_once() {
-    let mut net = Net::pair();
-    let l = net.b.listen(7000, 16).unwrap();
-    let (clients, servers) = net.establish(l, 2);
-    net.run_until(|n| n.wire.is_empty(), 100);
-    for &c in &clients {
-        net.a
-            .send(c, &Zbuf::copy_from_slice(&pattern(2 * 1448, 1)))
-            .unwrap();
-    }
-    let first = frames_out_of_a(&mut net);
-    net.b.handle_frames(net.now, first);
-    for &s in &servers {
-        while let Ok(Some(_)) = net.b.recv(s) {}
-    }
+    let (mut net, _clients, servers) = servers_owing_acks(2);
     net.b.hold_acks();
     assert!(segments_out_of_b(&mut net).is_empty(), "both ACKs wait");
     net.b.check_transmit_list();
@@ -5151,15 +5144,7 @@ fn a_held_connection_sends_new_output_at_once() {
 /// holds no stale entry.
 #[test]
 fn a_slot_freed_while_its_ack_is_held_is_not_listed_again() {
-    let mut net = Net::pair();
-    let l = net.b.listen(7000, 16).unwrap();
-    let (clients, servers) = net.establish(l, 1);
-    net.run_until(|n| n.wire.is_empty(), 100);
-    net.a
-        .send(clients[0], &Zbuf::copy_from_slice(&pattern(2 * 1448, 1)))
-        .unwrap();
-    let first = frames_out_of_a(&mut net);
-    net.b.handle_frames(net.now, first);
+    let (mut net, _clients, servers) = servers_owing_acks(1);
     net.b.hold_acks();
     assert!(segments_out_of_b(&mut net).is_empty(), "the ACK waits");
     // The server is aborted and closed: its RST goes and its slot is freed.

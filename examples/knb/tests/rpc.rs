@@ -1461,3 +1461,33 @@ fn a_bad_tx_copy_max_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// A receive-burst knob out of range stops the run before either side starts, with the
+/// variable named as the whole error (it came after the client's failure to reach the
+/// server that refused it).
+#[test]
+fn a_bad_burst_knob_is_refused_before_the_run() {
+    for (stack, var, val) in [
+        ("luna", "KNB_LUNA_BURST", "0"),
+        ("luna", "KNB_LUNA_RX_SPLIT", "x"),
+        ("smoltcp", "KNB_SMOLTCP_BURST", "513"),
+    ] {
+        let out = run_env(
+            &[
+                "rpc",
+                "--stack",
+                stack,
+                "--duration",
+                "0.5",
+                "--warmup",
+                "0.1",
+            ],
+            &[(var, val)],
+            Duration::from_secs(60),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{var}: {err}");
+        assert!(err.contains(&format!("{var}={val:?} is not")), "{err}");
+        assert!(!err.contains("memif"), "refused before set-up: {err}");
+    }
+}

@@ -2101,6 +2101,14 @@ impl Backend for Luna {
         Kind::Memif
     }
 
+    /// A bad receive-burst knob is refused here, before either side starts (in the
+    /// children the server's error came after the client's failure to reach it).
+    fn unavailable(&self) -> Option<String> {
+        super::env_burst("KNB_LUNA_BURST")
+            .and(super::env_split("KNB_LUNA_RX_SPLIT"))
+            .err()
+    }
+
     fn endpoints(
         &self,
         topo: &Topology,

@@ -341,6 +341,11 @@ impl Backend for Smoltcp {
         Kind::Memif
     }
 
+    /// A bad receive-burst knob is refused before either side starts.
+    fn unavailable(&self) -> Option<String> {
+        super::env_burst("KNB_SMOLTCP_BURST").err()
+    }
+
     fn endpoints(
         &self,
         topo: &Topology,

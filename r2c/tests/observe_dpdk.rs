@@ -202,6 +202,8 @@ fn lunactl_reads_a_dpdk_process_and_captures_its_tap_port() {
     let xs = dev["xstats"].as_object().expect("xstats of the port");
     assert!(n(&xs["rx_good_packets"]) > 0, "{xs:?}");
     assert!(n(&xs["tx_good_bytes"]) >= BYTES as u64, "{xs:?}");
+    // The core thread is an EAL lcore: its mbufs go through per-lcore mempool caches.
+    assert!(dev["lcore"].is_u64(), "the core thread's lcore id: {dev}");
     let pools = dev["pools"].as_array().expect("pools");
     assert_eq!(pools.len(), 2, "rx and tx pools: {pools:?}");
     assert!(pools

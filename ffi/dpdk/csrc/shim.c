@@ -20,6 +20,21 @@
 int dpdk_sys_errno(void) { return rte_errno; }
 void dpdk_sys_set_errno(int value) { rte_errno = value; }
 unsigned dpdk_sys_lcore_id(void) { return rte_lcore_id(); }
+
+static void flush_lcore_cache(struct rte_mempool *mp, void *arg)
+{
+	struct rte_mempool_cache *cache =
+		rte_mempool_default_cache(mp, *(const unsigned *)arg);
+	if (cache != NULL)
+		rte_mempool_cache_flush(cache, mp);
+}
+
+void dpdk_sys_flush_lcore_caches(void)
+{
+	unsigned lcore = rte_lcore_id();
+	if (lcore != LCORE_ID_ANY)
+		rte_mempool_walk(flush_lcore_cache, &lcore);
+}
 uint64_t dpdk_sys_rdtsc(void) { return rte_rdtsc(); }
 const char *dpdk_sys_version(void) { return rte_version(); }
 

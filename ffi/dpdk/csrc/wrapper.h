@@ -139,6 +139,9 @@ struct dpdk_sys_link {
 int dpdk_sys_errno(void);
 void dpdk_sys_set_errno(int value);
 unsigned dpdk_sys_lcore_id(void);
+/* Flush the calling lcore's default cache of every mempool back to its ring (before
+ * the lcore id is released: a later owner of the id, or none, would strand them). */
+void dpdk_sys_flush_lcore_caches(void);
 uint64_t dpdk_sys_rdtsc(void);
 const char *dpdk_sys_version(void);
 

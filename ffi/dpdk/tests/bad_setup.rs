@@ -228,6 +228,17 @@ fn mbuf_and_burst_api_behave() {
     assert!(ok.contains("mbuf API checks passed"), "{ok}");
 }
 
+/// Threads register as lcores for as long as they live: 300 in a row (more than
+/// RTE_MAX_LCORE) each get an id, keep their pinning, and give their id and their
+/// mempool cache back when they exit.
+#[test]
+fn lcore_registrations_end_with_their_threads() {
+    let (eal, _g) = with("lcores", &[]);
+    let ok = run(scenario(&["lcores"], &eal), LIMIT).ok();
+    assert!(ok.contains("300 threads registered"), "{ok}");
+    assert!(ok.contains("all 1023 mbufs back in the ring"), "{ok}");
+}
+
 /// The interrupt-thread hold memif teardown relies on: no interrupt or alarm callback
 /// runs while it is held, holders take turns, and EAL still cleans up (its last drop
 /// parks the thread for good) with a clean exit.

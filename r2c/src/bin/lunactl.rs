@@ -216,7 +216,10 @@ fn print_stats(r: &Reply) {
             println!("  capture: port {p}");
         }
         for d in &c.devices {
-            println!("  device port {} queue {}", d.port, d.queue);
+            match d.lcore {
+                Some(l) => println!("  device port {} queue {} (lcore {l})", d.port, d.queue),
+                None => println!("  device port {} queue {}", d.port, d.queue),
+            }
             for (k, v) in &d.stats {
                 println!("    {k:<32} {v}");
             }

@@ -97,6 +97,11 @@ pub struct DeviceObservation {
     /// Buffer pools the queue uses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pools: Vec<PoolOccupancy>,
+    /// The DPDK lcore id of the core thread polling the queue (its mempool caches are
+    /// that lcore's); `None` on devices without one, or a DPDK core thread that could
+    /// not be registered (every mbuf then goes through the pools' shared rings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lcore: Option<u32>,
 }
 
 impl DeviceStats {

@@ -25,6 +25,11 @@
 //! * `intr-hold`: an alarm due while the EAL interrupt thread is held
 //!   (`Eal::hold_interrupt_thread`) runs only after the release; a second holder
 //!   waits for the first; EAL cleans up after (its drop parks the thread for good).
+//! * `lcores`: 300 threads one after the other (more than `RTE_MAX_LCORE`) each
+//!   register as an lcore (`Eal::register_thread`, twice: the same id, not the main
+//!   lcore's, the thread's CPU pinning kept) and cycle mbufs through their mempool
+//!   cache; then a thread without an lcore id (no cache) must get every mbuf of the
+//!   pool: each exiting thread released its id and flushed its cache.
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -125,6 +130,7 @@ fn main() -> ExitCode {
         "intr-hold" => intr_hold(&opts),
         "tap-signal" => tap_signal(&opts),
         "tap-kick" => tap_kick(&opts),
+        "lcores" => lcores(&opts),
         other => Err(check(format!("unknown scenario {other:?}"))),
     };
     match res {
@@ -355,6 +361,98 @@ fn flow(o: &Opts, create: bool) -> R<String> {
         return Ok("flow created and destroyed".into());
     }
     Ok("flow validated".into())
+}
+
+/// The calling thread's allowed CPUs.
+fn affinity() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity writes at most
+    // its size into it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin(cpu: usize) -> bool {
+    // SAFETY: as in `affinity`; CPU_SET stays inside the set for cpu < CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+fn lcores(o: &Opts) -> R<String> {
+    const THREADS: usize = 300;
+    const SIZE: u32 = 1023;
+    let eal = Eal::init(o.eal.clone())?;
+    let cfg = PoolConfig::new("ldp_lcores", SIZE);
+    if cfg.cache_size == 0 {
+        return Err(check("lcores: the pool has no per-lcore caches"));
+    }
+    let mp = Mempool::create(&eal, &cfg)?;
+    let main = dpdk_sys::eal::lcore_id();
+    let cpu = *affinity()
+        .first()
+        .ok_or_else(|| check("no CPU in the affinity"))?;
+    let mut ids = std::collections::BTreeSet::new();
+    for i in 0..THREADS {
+        let one = std::thread::scope(|s| {
+            s.spawn(|| -> Result<u32, String> {
+                if dpdk_sys::eal::lcore_id().is_some() || !pin(cpu) {
+                    return Err("a new thread is no lcore and can be pinned".into());
+                }
+                let id = eal.register_thread().map_err(|e| e.to_string())?;
+                if eal.register_thread().map_err(|e| e.to_string())? != id
+                    || Some(id) == main
+                    || dpdk_sys::eal::lcore_id() != Some(id)
+                {
+                    return Err(format!("id {id}: not this thread's own, once"));
+                }
+                if affinity() != [cpu] {
+                    return Err(format!("registering lost the pinning: {:?}", affinity()));
+                }
+                let mut held = Vec::new();
+                if !mp.alloc_bulk(&mut held, 100) {
+                    return Err("alloc_bulk(100)".into());
+                }
+                drop(held); // into this lcore's cache
+                Ok(id)
+            })
+            .join()
+        });
+        match one {
+            Ok(Ok(id)) => ids.insert(id),
+            Ok(Err(e)) => return Err(check(format!("thread {i}: {e}"))),
+            Err(_) => return Err(check(format!("thread {i} panicked"))),
+        };
+    }
+    // No lcore id, no cache: only what is back in the pool's ring can be had.
+    let got = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut all = Vec::new();
+            while let Some(m) = mp.alloc() {
+                all.push(m);
+            }
+            all.len()
+        })
+        .join()
+    })
+    .map_err(|_| check("the cacheless thread panicked"))?;
+    if got != SIZE as usize {
+        return Err(check(format!(
+            "lcores: a cacheless thread got {got} of {SIZE} mbufs: the rest stayed in caches"
+        )));
+    }
+    Ok(format!(
+        "{THREADS} threads registered (ids used: {ids:?}); all {got} mbufs back in the ring"
+    ))
 }
 
 fn ensure(cond: bool, what: &str) -> R<()> {

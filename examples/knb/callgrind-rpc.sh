@@ -7,7 +7,8 @@
 #   cargo build --release -p knb
 #   examples/knb/callgrind-rpc.sh [luna|smoltcp] [server|client] [seconds] [iodepth]
 #
-# Environment: KNB (binary, default target/release/knb), OUT (callgrind file, default
+# Environment: KNB (binary, default target/release/knb), KNB_ARGS (more knb options for
+# both sides), REQ_SIZE and RESP_SIZE (default 4096), OUT (callgrind file, default
 # /tmp/knb-callgrind.<stack>.<side>), CONNS (connections, default 1), CACHE_SIM=1 (CACHE_ARGS: more cache-sim options, e.g.
 # --I1=65536,8,64 for a larger instruction cache), MTU (the memif link's IP MTU, default
 # 1500; its buffers sized for one frame, as knb's --mtu does), and knb's own
@@ -58,8 +59,12 @@ else
     cpre=$vg
     cmem="--eal-arg=--no-huge --eal-arg=-m --eal-arg=512"
 fi
-common="--stack=$stack --port=7700 --req-size=4096 --resp-size=4096 --iodepth=$depth --connections=$conns --threads=1 --mode=rpc --child --duration=$secs --warmup=1 --prefix-len=24 --eal-arg=--no-pci --eal-arg=--no-telemetry"
+common="--stack=$stack --port=7700 --req-size=${REQ_SIZE:-4096} --resp-size=${RESP_SIZE:-4096} --iodepth=$depth --connections=$conns --threads=1 --mode=rpc --child --duration=$secs --warmup=1 --prefix-len=24 --eal-arg=--no-pci --eal-arg=--no-telemetry"
 [ "$mtu" != 1500 ] && common="$common --mtu=$mtu"
+# KNB_ARGS: more options for both sides, e.g. a message-mode server and an open-loop
+# client: "--server-model=ms --workers=20 --service=fixed:1000ns --service-mode=timer
+# --rate=3000" (with REQ_SIZE/RESP_SIZE for the message sizes).
+common="$common ${KNB_ARGS:-}"
 # One memif buffer per frame (knb's workload::memif_bsize), and rings of 2 MiB of buffers
 # (workload::memif_rsize): the link knb itself sets up.
 b=2048

@@ -199,6 +199,7 @@ impl<T: Send> Dispatcher<T> {
         let s = &*self.shared;
         let w = partition(key, s.slots.len());
         s.slots[w].fifo.push(msg)?;
+        s.publish();
         s.counters.bump(&s.counters.partitioned);
         // Pairs with the worker's fence after announcing idle: it sees the message in
         // its FIFO, or we see its idle bit.
@@ -231,6 +232,7 @@ fn place_shared<T>(s: &Shared<T>, rng: &mut XorShift, mut msg: T) -> Result<Plac
         let slot = &s.slots[w];
         match slot.mailbox.push(msg) {
             Ok(()) => {
+                s.publish();
                 slot.unparker.unpark();
                 s.counters.bump(&s.counters.handoffs);
                 return Ok(Placed::Handoff(w));
@@ -281,6 +283,7 @@ impl<T> Drop for Dispatcher<T> {
     fn drop(&mut self) {
         let s = &*self.shared;
         s.disconnected.store(true, Ordering::SeqCst);
+        s.publish();
         // Pairs with the fence of a worker announcing idle: it sees the flag, or it
         // gets the unpark below.
         fence(Ordering::SeqCst);

@@ -187,6 +187,7 @@ pub fn scheduler<T: Send>(
         idle: Bitmap::new(cfg.workers),
         nonempty: Bitmap::new(cfg.workers),
         disconnected: AtomicBool::new(false),
+        published: AtomicU64::new(0),
         completions: Queue::new(completion_capacity(cfg)),
         counters: stats::Counters::default(),
     });
@@ -221,6 +222,11 @@ struct Shared<T> {
     /// popper that saw the FIFO empty and re-checked (see [`Shared::pop_from`]).
     nonempty: Bitmap,
     disconnected: AtomicBool,
+    /// Publications: bumped (Release) after every message pushed to a FIFO or mailbox and
+    /// after the disconnect. While it does not move, a worker whose poll found nothing
+    /// finds nothing again ([`Worker::published`]; the virtual pool skips its idle
+    /// workers' polls on it). Nothing waits on it: the idle protocol does not use it.
+    published: AtomicU64,
     /// CS completions from [`Worker::finish`], drained by the dispatcher.
     completions: Queue<u64>,
     counters: stats::Counters,
@@ -255,10 +261,16 @@ impl<T> Shared<T> {
         m
     }
 
+    /// Counts a publication (a push, or the disconnect), after it.
+    fn publish(&self) {
+        self.published.fetch_add(1, sync::Ordering::Release);
+    }
+
     /// Publishes that FIFO `j` has work, then wakes an idle worker so it can steal.
     /// The fence pairs with the one a worker issues after announcing idle: either the
     /// worker's re-check sees this bit, or this scan sees the worker's idle bit.
     fn mark_nonempty(&self, j: usize, start: usize) {
+        self.publish();
         self.nonempty.set(j);
         sync::fence(sync::Ordering::SeqCst);
         if let Some(w) = self.idle.iter_from(start).next() {

@@ -89,16 +89,18 @@ impl<T: Send> Worker<T> {
     /// not yet filled its mailbox, this returns `Empty` and the next poll takes it.
     /// After the dispatcher is dropped: what is still queued, then `Disconnected`.
     pub fn poll(&mut self) -> Result<T, TryRecvError> {
-        let s = Arc::clone(&self.shared);
+        // `self.shared` is borrowed per use, not cloned: an `Arc` clone is two atomic
+        // read-modify-writes on a count every worker shares, a cache line bouncing
+        // between the workers' cores on every poll.
         let me = self.index;
         if self.announced {
-            if !s.idle.is_set(me) {
+            if !self.shared.idle.is_set(me) {
                 return self.claimed_now();
             }
             if !self.has_work() {
                 return Err(TryRecvError::Empty);
             }
-            if !s.idle.clear(me) {
+            if !self.shared.idle.clear(me) {
                 // Claimed between the two checks.
                 return self.claimed_now();
             }
@@ -106,7 +108,7 @@ impl<T: Send> Worker<T> {
         }
         // Read before taking: if the dispatcher was gone before we found nothing,
         // nothing can arrive any more.
-        let gone = s.disconnected.load(Ordering::Acquire);
+        let gone = self.shared.disconnected.load(Ordering::Acquire);
         if let Some(m) = self.take() {
             return Ok(m);
         }
@@ -117,14 +119,14 @@ impl<T: Send> Worker<T> {
         // same re-check as a parking worker: work published before the announcement
         // is seen here; work published after it sees the bit (and the next poll's
         // `has_work` sees the work).
-        s.idle.set(me);
+        self.shared.idle.set(me);
         fence(Ordering::SeqCst);
         self.announced = true;
-        if !s.idle.is_set(me) {
+        if !self.shared.idle.is_set(me) {
             return self.claimed_now();
         }
         if self.has_work() {
-            if !s.idle.clear(me) {
+            if !self.shared.idle.clear(me) {
                 return self.claimed_now();
             }
             self.announced = false;
@@ -132,7 +134,7 @@ impl<T: Send> Worker<T> {
             // and the next one announces again.
             return match self.take() {
                 Some(m) => Ok(m),
-                None if s.disconnected.load(Ordering::Acquire) => {
+                None if self.shared.disconnected.load(Ordering::Acquire) => {
                     self.drain_all().ok_or(TryRecvError::Disconnected)
                 }
                 None => Err(TryRecvError::Empty),
@@ -144,6 +146,21 @@ impl<T: Send> Worker<T> {
     /// Whether [`Worker::poll`] left this worker announced idle.
     pub fn is_announced(&self) -> bool {
         self.announced
+    }
+
+    /// How many times the dispatcher has published so far (a message pushed to any FIFO
+    /// or mailbox, or its disconnect; read with Acquire). If it has not moved since
+    /// before a [`Worker::poll`] that found nothing, another poll finds nothing either
+    /// (workers take, they do not publish; a worker dropped with a claimed message
+    /// re-publishes it). A hint for a driver that polls many idle workers in turn (the
+    /// virtual pool): it is no part of the idle protocol and wakes nobody.
+    pub fn published(&self) -> u64 {
+        self.shared.published.load(Ordering::Acquire)
+    }
+
+    /// Whether `other` is a worker of the same scheduler.
+    pub fn same_scheduler(&self, other: &Worker<T>) -> bool {
+        std::ptr::eq(&*self.shared, &*other.shared)
     }
 
     /// Claimed while announced by `poll`: the mailbox message, or `Empty` if the
@@ -299,36 +316,20 @@ impl<T: Send> Worker<T> {
     }
 
     fn take(&mut self) -> Option<T> {
-        let s = Arc::clone(&self.shared);
         let me = self.index;
+        let s = &*self.shared;
         let m = s.slots[me]
             .mailbox
             .pop()
             .or_else(|| s.pop_from(me, self.cursor))
             .or_else(|| match s.model {
                 Model::Cp => None,
-                Model::Ms | Model::Cs => self.steal(&s),
+                Model::Ms | Model::Cs => steal(s, me, &mut self.cursor),
             });
         if m.is_some() {
             self.progress();
         }
         m
-    }
-
-    fn steal(&mut self, s: &Shared<T>) -> Option<T> {
-        let n = s.slots.len();
-        self.cursor = (self.cursor + 1) % n;
-        let start = self.cursor;
-        for j in s.nonempty.iter_from(start) {
-            if j == self.index {
-                continue;
-            }
-            if let Some(m) = s.pop_from(j, start) {
-                s.counters.bump(&s.counters.steals);
-                return Some(m);
-            }
-        }
-        None
     }
 
     /// After disconnect: every FIFO this worker may serve, checked directly rather than
@@ -358,6 +359,24 @@ impl<T: Send> Worker<T> {
         let c = &self.shared.slots[self.index].taken;
         c.fetch_add(1, Ordering::Release);
     }
+}
+
+/// MS, CS: one message from another worker's FIFO, scanning the non-empty bitmap from
+/// the worker's rotating `cursor` (advanced first, so successive steals spread).
+fn steal<T>(s: &Shared<T>, me: usize, cursor: &mut usize) -> Option<T> {
+    let n = s.slots.len();
+    *cursor = (*cursor + 1) % n;
+    let start = *cursor;
+    for j in s.nonempty.iter_from(start) {
+        if j == me {
+            continue;
+        }
+        if let Some(m) = s.pop_from(j, start) {
+            s.counters.bump(&s.counters.steals);
+            return Some(m);
+        }
+    }
+    None
 }
 
 impl<T> Drop for Worker<T> {

@@ -270,8 +270,10 @@ impl<T> Shared<T> {
     /// The fence pairs with the one a worker issues after announcing idle: either the
     /// worker's re-check sees this bit, or this scan sees the worker's idle bit.
     fn mark_nonempty(&self, j: usize, start: usize) {
-        self.publish();
         self.nonempty.set(j);
+        // After the bit, not before: other workers find FIFO `j`'s message through the
+        // bit, so a driver that reads the moved count (Acquire) must see it set.
+        self.publish();
         sync::fence(sync::Ordering::SeqCst);
         if let Some(w) = self.idle.iter_from(start).next() {
             self.slots[w].unparker.unpark();

@@ -65,14 +65,16 @@ pub fn is_zero_copy(eal: &[String]) -> bool {
     vdev_of(eal).is_some_and(|v| v.starts_with("net_memif") && v.contains("zero-copy=yes"))
 }
 
-/// Pins the calling lane thread to `cpu` and gives it an lcore id (per-lcore mempool
-/// caches for every mbuf it allocates and frees).
+/// Pins the calling lane thread to `cpu` and makes sure it has an lcore id (per-lcore
+/// mempool caches for every mbuf it allocates and frees). A luna lane has one already:
+/// r2c registers its core thread when the core starts (before this pin, so DPDK's record
+/// of the lcore's CPU set is the unpinned one: only its NUMA socket id reads it). A
+/// smoltcp lane registers here.
 pub fn register_lane(eal: &Eal, cpu: usize) -> Result<(), String> {
     pin(cpu)?;
     eal.register_thread()
         .map_err(|e| format!("register the lane thread on CPU {cpu} with the EAL: {e}"))?;
-    // Registration may reset the affinity to the EAL's CPU set: pin again.
-    pin(cpu)
+    Ok(())
 }
 
 /// The `--vdev` value in `eal` args.

@@ -235,24 +235,49 @@ trait Emulation: Send {
 struct Virtual<H: VirtualHandler> {
     pool: VirtualPool<Conn>,
     handler: H,
-    epoch: std::time::Instant,
+    clock: VirtualClock,
 }
 
-impl<H: VirtualHandler> Virtual<H> {
-    fn now(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+/// The virtual workers' time, read fresh for every phase and every start: the TSC when
+/// the core runs on it (a read and a multiply; `clock_gettime` through the vDSO cost
+/// the message-mode I/O core ~5% of its samples), else `std::time::Instant` (a manual
+/// test clock does not move the workers' deadlines: they are real time).
+#[derive(Clone, Copy)]
+enum VirtualClock {
+    Std(std::time::Instant),
+    Tsc(crate::clock::TscClock),
+}
+
+impl VirtualClock {
+    fn new(src: &crate::clock::ClockSource) -> Self {
+        match src {
+            crate::clock::ClockSource::Tsc(hz) => crate::clock::TscClock::new(*hz).map_or(
+                VirtualClock::Std(std::time::Instant::now()),
+                VirtualClock::Tsc,
+            ),
+            _ => VirtualClock::Std(std::time::Instant::now()),
+        }
+    }
+
+    fn now(&mut self) -> u64 {
+        match self {
+            VirtualClock::Std(epoch) => {
+                u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+            }
+            VirtualClock::Tsc(t) => crate::clock::Clock::now(t).as_nanos(),
+        }
     }
 }
 
 impl<H: VirtualHandler> Emulation for Virtual<H> {
     fn finish_due(&mut self) -> usize {
-        let now = self.now();
+        let now = self.clock.now();
         self.pool.finish_due(now)
     }
 
     fn take(&mut self, st: &CoreState) -> usize {
-        let epoch = self.epoch;
-        let clock = || u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let mut c = self.clock;
+        let clock = move || c.now();
         let (handler, cache, stop) = (&mut self.handler, st.cache(), st.stop_flag());
         self.pool.take(clock, |socket, m| {
             let mut ctx = MsgCtx {
@@ -962,7 +987,7 @@ impl Runtime {
         let virt: Box<dyn Emulation> = Box::new(Virtual {
             pool: VirtualPool::new(sockets),
             handler,
-            epoch: std::time::Instant::now(),
+            clock: VirtualClock::new(&opts.clock),
         });
         let (rt, _stop) = spawn_io(io, opts, &cfg, MsgTimeouts::NONE, side, Some(virt), sleeper)?;
         let workers = MsgWorkers {

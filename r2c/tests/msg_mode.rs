@@ -11,6 +11,7 @@ use msgsched::parser::{Ordering as Order, ParseErrorKind};
 use msgsched::sched::{Model, SchedConfig};
 use msgsched::socket::Message;
 use msgsched::virt::VirtStats;
+use r2c::clock::ClockSource;
 use r2c::msg::{MsgConfig, MsgCtx, MsgHandler, Occupied, VirtualHandler};
 use r2c::{Conn, Ctx, InlineApp, Runtime};
 use std::collections::{HashMap, VecDeque};
@@ -275,8 +276,26 @@ fn run_with(model: Model, with_garbage: bool, virt: bool) {
     run_cap(model, with_garbage, virt, 16);
 }
 
-/// Runs the server with worker FIFOs of `cap` messages; returns its counters.
 fn run_cap(model: Model, with_garbage: bool, virt: bool, cap: usize) -> HashMap<&'static str, u64> {
+    run_clock(model, with_garbage, virt, cap, ClockSource::default())
+}
+
+/// The TSC's rate, measured against `std::time::Instant` over 50 ms.
+fn tsc_hz() -> u64 {
+    let (t0, c0) = (Instant::now(), dpdk_sys::eal::rdtsc());
+    std::thread::sleep(Duration::from_millis(50));
+    let (t1, c1) = (Instant::now(), dpdk_sys::eal::rdtsc());
+    ((c1 - c0) as f64 / (t1 - t0).as_secs_f64()) as u64
+}
+
+/// Runs the server with worker FIFOs of `cap` messages on `clock`; returns its counters.
+fn run_clock(
+    model: Model,
+    with_garbage: bool,
+    virt: bool,
+    cap: usize,
+    clock: ClockSource,
+) -> HashMap<&'static str, u64> {
     let (mut server, client) = pair(1, 1, |_| {});
     let slab = zbuf::Slab::new(
         zbuf::SlabConfig::new()
@@ -286,6 +305,7 @@ fn run_cap(model: Model, with_garbage: bool, virt: bool, cap: usize) -> HashMap<
     .unwrap();
     let sopts = r2c::CoreOptions {
         slab: Some(slab.clone()),
+        clock,
         ..opts()
     };
     let cfg = MsgConfig {
@@ -433,6 +453,16 @@ fn virtual_workers_answer_in_request_order_and_stay_occupied() {
     run_with(Model::Ms, false, true);
     run_with(Model::Cs, false, true);
     run_with(Model::Cp, false, true);
+}
+
+/// The same on a core that runs on the TSC (as knb's luna server does): the virtual
+/// workers read the TSC too, and each still stays occupied for its service time in real
+/// time (the takes are timed with `std::time::Instant`).
+#[test]
+fn virtual_workers_on_the_tsc_stay_occupied_in_real_time() {
+    let hz = tsc_hz();
+    assert!(hz > 100_000_000, "TSC rate {hz}");
+    run_clock(Model::Ms, false, true, 16, ClockSource::Tsc(hz));
 }
 
 /// FIFOs of one message against 8 connections × 4 in flight: messages are refused, their

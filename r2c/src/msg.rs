@@ -240,7 +240,7 @@ struct Virtual<H: VirtualHandler> {
 
 /// The virtual workers' time, read fresh for every phase and every start: the TSC when
 /// the core runs on it (a read and a multiply; `clock_gettime` through the vDSO cost
-/// the message-mode I/O core ~5% of its samples), else `std::time::Instant` (a manual
+/// the message-mode I/O core ~8% of its samples), else `std::time::Instant` (a manual
 /// test clock does not move the workers' deadlines: they are real time).
 #[derive(Clone, Copy)]
 enum VirtualClock {

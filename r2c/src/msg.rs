@@ -24,6 +24,7 @@
 //! `timeout_idle` / `timeout_send`. Time a request spends at a worker is ours, not the
 //! peer's: it never counts against the send timeout.
 
+use crate::clock::{Clock as _, ClockSource, CoreClock};
 use crate::core::{bell_of, doorbell_for, Conn, CoreOptions, CoreSetup, CoreState, Mode};
 use crate::device::Device;
 use crate::runtime::{Runtime, RuntimeError};
@@ -235,49 +236,30 @@ trait Emulation: Send {
 struct Virtual<H: VirtualHandler> {
     pool: VirtualPool<Conn>,
     handler: H,
-    clock: VirtualClock,
+    clock: CoreClock,
 }
 
-/// The virtual workers' time, read fresh for every phase and every start: the TSC when
-/// the core runs on it (a read and a multiply; `clock_gettime` through the vDSO cost
-/// the message-mode I/O core ~8% of its samples), else `std::time::Instant` (a manual
-/// test clock does not move the workers' deadlines: they are real time).
-#[derive(Clone, Copy)]
-enum VirtualClock {
-    Std(std::time::Instant),
-    Tsc(crate::clock::TscClock),
-}
-
-impl VirtualClock {
-    fn new(src: &crate::clock::ClockSource) -> Self {
-        match src {
-            crate::clock::ClockSource::Tsc(hz) => crate::clock::TscClock::new(*hz).map_or(
-                VirtualClock::Std(std::time::Instant::now()),
-                VirtualClock::Tsc,
-            ),
-            _ => VirtualClock::Std(std::time::Instant::now()),
-        }
-    }
-
-    fn now(&mut self) -> u64 {
-        match self {
-            VirtualClock::Std(epoch) => {
-                u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
-            }
-            VirtualClock::Tsc(t) => crate::clock::Clock::now(t).as_nanos(),
-        }
-    }
+/// The virtual workers' clock, read fresh for every phase and every start: the core's
+/// own source (the TSC when the core runs on it: a read and a multiply, where
+/// `clock_gettime` through the vDSO cost the message-mode I/O core ~8% of its samples),
+/// except that a manual test clock does not move the workers' deadlines: they are real
+/// time.
+fn virtual_clock(src: &ClockSource) -> CoreClock {
+    CoreClock::new(match src {
+        ClockSource::Manual(_) => ClockSource::Std,
+        s => s.clone(),
+    })
 }
 
 impl<H: VirtualHandler> Emulation for Virtual<H> {
     fn finish_due(&mut self) -> usize {
-        let now = self.clock.now();
+        let now = self.clock.now().as_nanos();
         self.pool.finish_due(now)
     }
 
     fn take(&mut self, st: &CoreState) -> usize {
-        let mut c = self.clock;
-        let clock = move || c.now();
+        let mut c = self.clock.clone();
+        let clock = move || c.now().as_nanos();
         let (handler, cache, stop) = (&mut self.handler, st.cache(), st.stop_flag());
         self.pool.take(clock, |socket, m| {
             let mut ctx = MsgCtx {
@@ -987,7 +969,7 @@ impl Runtime {
         let virt: Box<dyn Emulation> = Box::new(Virtual {
             pool: VirtualPool::new(sockets),
             handler,
-            clock: VirtualClock::new(&opts.clock),
+            clock: virtual_clock(&opts.clock),
         });
         let (rt, _stop) = spawn_io(io, opts, &cfg, MsgTimeouts::NONE, side, Some(virt), sleeper)?;
         let workers = MsgWorkers {

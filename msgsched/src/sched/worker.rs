@@ -159,7 +159,7 @@ impl<T: Send> Worker<T> {
     }
 
     /// Whether `other` is a worker of the same scheduler.
-    pub fn same_scheduler(&self, other: &Worker<T>) -> bool {
+    pub(crate) fn same_scheduler(&self, other: &Worker<T>) -> bool {
         std::ptr::eq(&*self.shared, &*other.shared)
     }
 

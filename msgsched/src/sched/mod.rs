@@ -187,7 +187,7 @@ pub fn scheduler<T: Send>(
         idle: Bitmap::new(cfg.workers),
         nonempty: Bitmap::new(cfg.workers),
         disconnected: AtomicBool::new(false),
-        published: AtomicU64::new(0),
+        published: Published(AtomicU64::new(0)),
         completions: Queue::new(completion_capacity(cfg)),
         counters: stats::Counters::default(),
     });
@@ -226,11 +226,17 @@ struct Shared<T> {
     /// after the disconnect. While it does not move, a worker whose poll found nothing
     /// finds nothing again ([`Worker::published`]; the virtual pool skips its idle
     /// workers' polls on it). Nothing waits on it: the idle protocol does not use it.
-    published: AtomicU64,
+    /// A line of its own: the dispatcher writes it for every message, and worker threads
+    /// read `disconnected` and the pointers beside it on every poll.
+    published: Published,
     /// CS completions from [`Worker::finish`], drained by the dispatcher.
     completions: Queue<u64>,
     counters: stats::Counters,
 }
+
+/// [`Shared::published`], alone in its cache line.
+#[repr(align(64))]
+struct Published(AtomicU64);
 
 struct Slot<T> {
     fifo: Queue<T>,
@@ -263,7 +269,7 @@ impl<T> Shared<T> {
 
     /// Counts a publication (a push, or the disconnect), after it.
     fn publish(&self) {
-        self.published.fetch_add(1, sync::Ordering::Release);
+        self.published.0.fetch_add(1, sync::Ordering::Release);
     }
 
     /// Publishes that FIFO `j` has work, then wakes an idle worker so it can steal.

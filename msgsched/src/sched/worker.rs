@@ -155,7 +155,7 @@ impl<T: Send> Worker<T> {
     /// re-publishes it). A hint for a driver that polls many idle workers in turn (the
     /// virtual pool): it is no part of the idle protocol and wakes nobody.
     pub fn published(&self) -> u64 {
-        self.shared.published.load(Ordering::Acquire)
+        self.shared.published.0.load(Ordering::Acquire)
     }
 
     /// Whether `other` is a worker of the same scheduler.

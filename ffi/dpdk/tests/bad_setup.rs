@@ -230,13 +230,14 @@ fn mbuf_and_burst_api_behave() {
 
 /// Threads register as lcores for as long as they live: 300 in a row (more than
 /// RTE_MAX_LCORE) each get an id, keep their pinning, and give their id and their
-/// mempool cache back when they exit.
+/// mempool cache back when they exit; more at once than there are ids get a named error.
 #[test]
 fn lcore_registrations_end_with_their_threads() {
     let (eal, _g) = with("lcores", &[]);
     let ok = run(scenario(&["lcores"], &eal), LIMIT).ok();
     assert!(ok.contains("300 threads registered"), "{ok}");
     assert!(ok.contains("all 1023 mbufs back in the ring"), "{ok}");
+    assert!(ok.contains("of 140 at once refused by name"), "{ok}");
 }
 
 /// The interrupt-thread hold memif teardown relies on: no interrupt or alarm callback

@@ -286,6 +286,8 @@ pub struct Origin<C> {
     pub(crate) key: u64,
     pub(crate) seq: u64,
     pub(crate) stream: Option<u64>,
+    /// The I/O side's epoch in which the message became available to the workers.
+    pub(crate) epoch: u64,
     pub(crate) staging: Arc<Staging<Out>>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) answered: bool,
@@ -305,6 +307,15 @@ impl<C: Copy> Origin<C> {
     /// The message's position in its connection.
     pub fn seq(&self) -> u64 {
         self.seq
+    }
+
+    /// The I/O side's epoch ([`MsgIo::end_epoch`]) in which the message became available
+    /// to the workers: the one it was framed and placed in, or, for a message held under
+    /// CS behind its connection's message in service, the one it was released in. A
+    /// driver that reads its clock at each `end_epoch` knows by when the message could
+    /// have been taken (virtual workers start their occupation there, `crate::virt`).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Whether the connection has gone: a reply would be dropped, so a handler may skip
@@ -567,6 +578,13 @@ pub struct MsgIo<C, P> {
     /// The connection allowed to read past the spent budget to finish its head message
     /// (`MsgIo::grant_pass`), until it releases memory or the next `poll_replies`.
     pass: Option<u64>,
+    /// The current epoch ([`MsgIo::end_epoch`]), stamped on every message placed.
+    epoch: u64,
+}
+
+/// Dispatcher hook: a message held under CS becomes available when it is released.
+pub(crate) fn stamp_release<C>(m: &mut Message<C>, epoch: u64) {
+    m.origin.epoch = m.origin.epoch.max(epoch);
 }
 
 /// Builds a message-socket group: the I/O side and one socket per worker.
@@ -596,7 +614,8 @@ where
     P: Parser,
 {
     framer_cfg.validate().map_err(MsgConfigError::Framer)?;
-    let (dispatcher, workers) = sched::scheduler(sched_cfg).map_err(MsgConfigError::Sched)?;
+    let (mut dispatcher, workers) = sched::scheduler(sched_cfg).map_err(MsgConfigError::Sched)?;
+    dispatcher.stamp_releases(stamp_release::<C>);
     let shared = Arc::new(Shared::new(bell));
     let sockets = workers
         .into_iter()
@@ -624,6 +643,7 @@ where
             mem_waiting: VecDeque::new(),
             mem_waiting_live: 0,
             pass: None,
+            epoch: 0,
         },
         sockets,
     ))
@@ -954,6 +974,7 @@ where
                     key,
                     seq: framed.seq,
                     stream: framed.stream,
+                    epoch: self.epoch,
                     staging: Arc::clone(&c.staging),
                     shared: Arc::clone(&self.shared),
                     answered: false,
@@ -993,6 +1014,23 @@ where
                 }
             }
         }
+    }
+
+    /// The current epoch: messages placed (or, under CS, released) from now until the
+    /// next [`MsgIo::end_epoch`] carry it ([`Origin::epoch`]).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Ends the current epoch and returns it; later placements carry the next one. A
+    /// driver that reads its clock right after this call has an upper bound on when
+    /// every message of the returned epoch became available (r2c does, for its virtual
+    /// workers, once per loop turn before they take messages).
+    pub fn end_epoch(&mut self) -> u64 {
+        let e = self.epoch;
+        self.epoch += 1;
+        self.dispatcher.set_epoch(self.epoch);
+        e
     }
 
     /// Whether a worker's notice waits for [`MsgIo::poll_replies`]: the re-check of an

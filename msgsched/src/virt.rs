@@ -15,9 +15,11 @@
 //!    ([`crate::sched::Worker::poll`], which keeps it announced idle while it finds
 //!    nothing, so the dispatcher's handoff and the idle bitmap see it as idle); a message
 //!    taken goes to the driver's handler, which answers at once or returns an
-//!    [`Occupation`]: the worker is occupied until now + service; a busy worker never
-//!    polls, so it takes, steals and is handed nothing — exactly a real worker occupied
-//!    by its request.
+//!    [`Occupation`]: the worker is occupied for the service time from when a real
+//!    worker would have started it (its previous deadline or the message's arrival,
+//!    whichever is later; [`VirtualPool`], "Start times"); a busy worker never polls,
+//!    so it takes, steals and is handed nothing — exactly a real worker occupied by its
+//!    request.
 //!
 //! The driver never waits inside the pool: it calls both phases every turn of its loop
 //! and may use [`VirtualPool::next_deadline`] to decide how long it may look away.
@@ -218,6 +220,10 @@ pub struct VirtStats {
     pub achieved_ns: u128,
     /// Achieved − requested per ended occupation (ns).
     pub late: Histogram,
+    /// Per started occupation, how much earlier than the pass that took its message it
+    /// started (ns; 0 for most): the time a real worker would not have lost between its
+    /// deadline and the driver noticing it ([`VirtualPool`], "Start times").
+    pub credit: Histogram,
     /// Refused starts (a busy or unknown worker: driver bugs, counted, not panics).
     pub refused: u64,
 }
@@ -296,6 +302,20 @@ impl<T> VirtualWorkers<T> {
         service: u64,
         item: T,
     ) -> Result<u64, StartError<T>> {
+        self.start_from(w, now, now, service, item)
+    }
+
+    /// [`VirtualWorkers::start`] with the occupation starting at `from` (clamped to
+    /// `now`), earlier than the `now` at which it is recorded: the worker is busy until
+    /// `from + service`, and `now − from` is recorded as credit.
+    pub fn start_from(
+        &mut self,
+        w: usize,
+        from: u64,
+        now: u64,
+        service: u64,
+        item: T,
+    ) -> Result<u64, StartError<T>> {
         let Some(slot) = self.slots.get_mut(w) else {
             self.stats.refused += 1;
             return Err(StartError::NoSuchWorker(item));
@@ -304,14 +324,16 @@ impl<T> VirtualWorkers<T> {
             self.stats.refused += 1;
             return Err(StartError::Busy(item));
         }
-        let deadline = now.saturating_add(service);
+        let from = from.min(now);
+        let deadline = from.saturating_add(service);
         *slot = Some(Busy {
             item,
-            started: now,
+            started: from,
             deadline,
         });
         self.heap.push(Reverse((deadline, w)));
         self.stats.started += 1;
+        self.stats.credit.record(now - from);
         Ok(deadline)
     }
 
@@ -363,9 +385,14 @@ impl<T> VirtualWorkers<T> {
 /// A message a virtual worker's handler did not answer at once: the worker stays
 /// occupied for `service_ns`, then `reply` goes out on `origin`.
 pub struct Occupation<C> {
-    /// How long the worker stays occupied (ns), from the time passed to
-    /// [`VirtualPool::take`].
+    /// How long the worker stays occupied (ns), from its start ([`VirtualPool`], "Start
+    /// times").
     pub service_ns: u64,
+    /// By when the message was available to the worker, on the pool's clock (ns), if
+    /// the driver knows: at the latest, the clock read after the
+    /// [`crate::socket::MsgIo::end_epoch`] of the message's [`Origin::epoch`]. `None`:
+    /// the occupation starts when the worker took the message.
+    pub ready_ns: Option<u64>,
     /// The message to answer when the occupation ends.
     pub origin: Origin<C>,
     /// The reply then sent.
@@ -376,6 +403,7 @@ impl<C: fmt::Debug + Copy> fmt::Debug for Occupation<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Occupation")
             .field("service_ns", &self.service_ns)
+            .field("ready_ns", &self.ready_ns)
             .field("origin", &self.origin)
             .finish_non_exhaustive()
     }
@@ -383,9 +411,34 @@ impl<C: fmt::Debug + Copy> fmt::Debug for Occupation<C> {
 
 /// `c` virtual workers on their real message sockets (see the module docs): one
 /// thread advances them with [`VirtualPool::finish_due`] and [`VirtualPool::take`].
+///
+/// # Start times
+///
+/// The driver notices a deadline only when it next calls `finish_due`, and a free
+/// worker polls only when it next calls `take`: with a driver whose loop turns take
+/// `δ`, a worker would lose up to `δ` of capacity per occupation (at 5,000 connections
+/// r2c's turns are long enough that the emulated workers lost 5–37% of theirs, and the
+/// lost capacity lengthened the queue, which lengthened the turns). A real worker
+/// thread loses none of it: at its deadline it takes the next message that is there.
+/// So an occupation starts at the latest of
+/// - the worker's previous deadline (it was busy until then; 0 if it never was),
+/// - when its message became available ([`Occupation::ready_ns`]; the driver's upper
+///   bound: r2c reads its clock at each [`crate::socket::MsgIo::end_epoch`]),
+///
+/// and never later than the clock read after the handler. Each bound is one a real
+/// worker could not have beaten, so no occupation starts before a real worker could
+/// have started it, and none overlaps the worker's previous one; the credit (how much
+/// earlier than that clock read) is in [`VirtStats::credit`]. The reply still goes out
+/// only when the driver notices the deadline, as a real worker's waits for the I/O
+/// core's next turn. [`VirtualPool::set_start_when_taken`] restores starts at the
+/// clock read (for comparison).
 pub struct VirtualPool<C> {
     sockets: Vec<MsgSocket<C>>,
     workers: VirtualWorkers<(Origin<C>, IoVec)>,
+    /// Each worker's last deadline (0: never occupied).
+    free_since: Vec<u64>,
+    /// Occupations start when taken, not when the worker could have taken them.
+    when_taken: bool,
     /// Sockets that reported `Disconnected` (polled no more).
     gone: Vec<bool>,
     live: usize,
@@ -420,6 +473,8 @@ impl<C: Copy + Send> VirtualPool<C> {
         VirtualPool {
             sockets,
             workers: VirtualWorkers::new(n),
+            free_since: vec![0; n],
+            when_taken: false,
             gone: vec![false; n],
             live: n,
             quiet: None,
@@ -430,6 +485,12 @@ impl<C: Copy + Send> VirtualPool<C> {
     /// Number of virtual workers.
     pub fn len(&self) -> usize {
         self.sockets.len()
+    }
+
+    /// Whether every occupation starts at the clock read after its handler (the
+    /// emulation before "Start times", kept to measure what the credit changes).
+    pub fn set_start_when_taken(&mut self, on: bool) {
+        self.when_taken = on;
     }
 
     /// Whether there are none.
@@ -443,6 +504,7 @@ impl<C: Copy + Send> VirtualPool<C> {
     pub fn finish_due(&mut self, now: u64) -> usize {
         let mut n = 0;
         while let Some(d) = self.workers.pop_due(now) {
+            self.free_since[d.worker] = d.deadline;
             let (origin, reply) = d.item;
             self.sockets[d.worker].reply(origin, reply);
             n += 1;
@@ -456,9 +518,11 @@ impl<C: Copy + Send> VirtualPool<C> {
     /// Phase 2: every free worker polls its socket. A message taken goes to
     /// `handler(socket, message)`, which answers it at once through the socket
     /// (`None`: the worker stays free and polls again) or returns the [`Occupation`]:
-    /// the worker is busy from `clock()`, read when the handler has returned (so the
-    /// handler's own time is not counted as occupancy), for its service time. Returns
-    /// messages taken. Never blocks (a worker's poll does not park).
+    /// the worker is busy for its service time from the later of its previous deadline
+    /// and [`Occupation::ready_ns`], but no later than `clock()`, read when the handler
+    /// has returned (so the handler's own time is not counted as occupancy); see
+    /// "Start times". Returns messages taken. Never blocks (a worker's poll does not
+    /// park).
     pub fn take<N, F>(&mut self, mut clock: N, mut handler: F) -> usize
     where
         N: FnMut() -> u64,
@@ -486,9 +550,13 @@ impl<C: Copy + Send> VirtualPool<C> {
                             continue;
                         };
                         let now = clock();
+                        let from = match o.ready_ns {
+                            Some(ready) if !self.when_taken => ready.max(self.free_since[w]),
+                            _ => now,
+                        };
                         if let Err(e) =
                             self.workers
-                                .start(w, now, o.service_ns, (o.origin, o.reply))
+                                .start_from(w, from, now, o.service_ns, (o.origin, o.reply))
                         {
                             // A free worker cannot be busy (counted in the stats if it
                             // were): answer at once rather than lose the reply.
@@ -547,6 +615,61 @@ impl<C: Copy + Send> VirtualPool<C> {
     /// What the emulation did so far.
     pub fn stats(&self) -> &VirtStats {
         self.workers.stats()
+    }
+}
+
+/// The driver's clock at the end of each of the last epochs
+/// ([`crate::socket::MsgIo::end_epoch`]): by then every message of the epoch was
+/// available, so it bounds [`Occupation::ready_ns`] from above. A ring of the last
+/// `keep` epochs; an older epoch reads as the oldest kept (later than its own end, so
+/// still an upper bound).
+#[derive(Debug, Clone)]
+pub struct EpochTimes {
+    times: Box<[u64]>,
+    last: Option<u64>,
+}
+
+impl EpochTimes {
+    /// A ring of `keep` epochs (rounded up to a power of two, at least 1).
+    pub fn new(keep: usize) -> Self {
+        EpochTimes {
+            times: vec![0; keep.max(1).next_power_of_two()].into_boxed_slice(),
+            last: None,
+        }
+    }
+
+    fn slot(&self, epoch: u64) -> usize {
+        (epoch & (self.times.len() as u64 - 1)) as usize
+    }
+
+    /// Epoch `epoch` ended at `t`. Epochs skipped since the last one recorded get `t`
+    /// too; an epoch not after the last one recorded is ignored.
+    pub fn record(&mut self, epoch: u64, t: u64) {
+        let from = match self.last {
+            Some(l) if epoch <= l => return,
+            Some(l) => (l + 1).max(epoch.saturating_sub(self.times.len() as u64 - 1)),
+            None => epoch,
+        };
+        for e in from..=epoch {
+            let i = self.slot(e);
+            self.times[i] = t;
+        }
+        self.last = Some(epoch);
+    }
+
+    /// When epoch `epoch` had ended, at the latest; `None` if it has not been recorded.
+    pub fn ready(&self, epoch: u64) -> Option<u64> {
+        let last = self.last?;
+        if epoch > last {
+            return None;
+        }
+        let keep = self.times.len() as u64;
+        let e = if last - epoch >= keep {
+            last + 1 - keep
+        } else {
+            epoch
+        };
+        Some(self.times[self.slot(e)])
     }
 }
 
@@ -688,6 +811,7 @@ mod tests {
                         }
                         Some(Occupation {
                             service_ns,
+                            ready_ns: None,
                             origin: m.origin,
                             reply,
                         })
@@ -717,6 +841,152 @@ mod tests {
         }
     }
 
+    /// A driver stepping every `step` ns over a pool of `workers` under `model`: at each
+    /// step it hands in the messages due (`arrivals`: time, connection, service ns; knb
+    /// framing with a service tag), ends the due occupations, sends replies, ends the
+    /// epoch (its clock read recorded as the epoch's time, as r2c does) and lets free
+    /// workers take. Returns each occupation as (worker, start, deadline, ready) in the
+    /// order taken, and the pool.
+    #[allow(clippy::type_complexity)]
+    fn stepped_pool(
+        model: crate::model::Model,
+        workers: usize,
+        step: u64,
+        arrivals: &[(u64, u32, u64)],
+        when_taken: bool,
+    ) -> (Vec<(usize, u64, u64, u64)>, VirtualPool<u32>) {
+        use crate::framer::FramerConfig;
+        use crate::parser::knb::{Header, KnbParser, SERVICE};
+        use crate::parser::{peek, Ordering};
+        use crate::sched::SchedConfig;
+        use crate::socket::{group, MsgIo};
+        use zbuf::Zbuf;
+        let cfg = SchedConfig {
+            model,
+            workers,
+            queue_capacity: 256,
+            seed: 3,
+        };
+        let framer = FramerConfig {
+            max_message: 64,
+            max_in_flight: 256,
+            ..FramerConfig::default()
+        };
+        let (mut io, sockets): (MsgIo<u32, KnbParser>, _) = group(&cfg, framer).unwrap();
+        for c in 0..4u32 {
+            io.attach(c, KnbParser::new(Ordering::Unordered)).unwrap();
+        }
+        let mut pool = VirtualPool::new(sockets);
+        pool.set_start_when_taken(when_taken);
+        let mut epochs = Vec::new();
+        let mut taken = Vec::new();
+        let (mut t, mut next, mut answered) = (0u64, 0usize, 0usize);
+        while answered < arrivals.len() {
+            assert!(t < 10_000_000, "the run does not end");
+            while next < arrivals.len() && arrivals[next].0 <= t {
+                let (_, conn, service) = arrivals[next];
+                let h = Header {
+                    id: next as u64,
+                    len: 8,
+                    flags: SERVICE,
+                };
+                let mut v = h.bytes().to_vec();
+                v.extend_from_slice(&service.to_le_bytes());
+                io.on_data(conn, Zbuf::from_vec(v));
+                next += 1;
+            }
+            pool.finish_due(t);
+            answered += io.poll_replies(|_, _| {});
+            let e = io.end_epoch();
+            assert_eq!(e as usize, epochs.len());
+            epochs.push(t);
+            let mut took = Vec::new();
+            pool.take(
+                || t,
+                |socket, m| {
+                    let mut tag = [0u8; 8];
+                    assert!(peek(&m.body, crate::parser::knb::HDR_LEN, &mut tag));
+                    let ready = epochs[m.origin.epoch() as usize];
+                    took.push((socket.index(), ready));
+                    let mut reply = IoVec::new();
+                    reply.push(Zbuf::from_vec(vec![1]));
+                    Some(Occupation {
+                        service_ns: u64::from_le_bytes(tag),
+                        ready_ns: Some(ready),
+                        origin: m.origin,
+                        reply,
+                    })
+                },
+            );
+            for (w, ready) in took {
+                let b = pool.workers.slots[w].as_ref().expect("occupied");
+                taken.push((w, b.started, b.deadline, ready));
+            }
+            t += step;
+        }
+        (taken, pool)
+    }
+
+    /// A driver that notices deadlines late loses the workers no capacity: each worker's
+    /// next occupation starts at its previous deadline when the message was there, and
+    /// never before the message was (its epoch's clock read) nor before the deadline.
+    #[test]
+    fn a_late_driver_costs_the_workers_no_capacity() {
+        use crate::model::Model;
+        // 40 messages of 100 ns at once on 2 workers, then 4 more long after.
+        let mut arrivals: Vec<(u64, u32, u64)> = (0..40).map(|i| (0, i % 4, 100)).collect();
+        arrivals.extend((0..4).map(|i| (5_000, i, 100)));
+        for model in [Model::Ms, Model::Cp] {
+            let (taken, pool) = stepped_pool(model, 2, 37, &arrivals, false);
+            assert_eq!(taken.len(), 44);
+            let mut last = [0u64; 2];
+            for &(w, start, deadline, ready) in &taken {
+                assert_eq!(deadline - start, 100);
+                assert!(
+                    start >= last[w],
+                    "{model}: overlaps the previous occupation"
+                );
+                assert!(start >= ready, "{model}: starts before its message arrived");
+                last[w] = deadline;
+            }
+            // Back to back from 0: the first 40 end at 2,000 exactly though the driver
+            // looked only every 37 ns.
+            let first: Vec<u64> = taken[..40].iter().map(|o| o.2).collect();
+            assert_eq!(first.iter().max(), Some(&2_000), "{model}");
+            // The late batch starts when it arrived (the step at or after 5,000), not at
+            // the workers' last deadlines.
+            for o in &taken[40..] {
+                assert!(o.1 >= 5_000, "{model}: {o:?}");
+            }
+            let s = pool.stats();
+            assert_eq!(s.started, 44);
+            assert!(s.credit.max() > 0 && s.credit.max() < 37, "{:?}", s.credit);
+            // The same run starting each occupation when taken loses capacity.
+            let (old, _) = stepped_pool(model, 2, 37, &arrivals, true);
+            let end = old[..40].iter().map(|o| o.2).max().unwrap();
+            assert!(end > 2_000 + 37, "{model}: {end}");
+        }
+    }
+
+    /// Under CS a connection's next message becomes available only when its previous
+    /// one's completion reaches the I/O side: it is not credited back to the deadline.
+    #[test]
+    fn a_message_held_under_cs_starts_no_earlier_than_its_release() {
+        use crate::model::Model;
+        // One connection, 6 messages at once, 3 workers: one in service at a time.
+        let arrivals: Vec<(u64, u32, u64)> = (0..6).map(|_| (0, 0, 100)).collect();
+        let (taken, _) = stepped_pool(Model::Cs, 3, 37, &arrivals, false);
+        assert_eq!(taken.len(), 6);
+        // Each starts at the step that noticed the previous deadline (the release),
+        // a multiple of 37 after it, not at the previous deadline itself.
+        for pair in taken.windows(2) {
+            let (prev, next) = (pair[0], pair[1]);
+            assert_eq!(next.1, next.3, "starts at its release: {pair:?}");
+            assert!(next.1 >= prev.2 && next.1 < prev.2 + 37, "{pair:?}");
+            assert_eq!(next.1 % 37, 0, "{pair:?}");
+        }
+    }
+
     /// Sockets of two groups (two schedulers): one publication count does not cover
     /// them, so the pool never skips.
     #[test]
@@ -738,6 +1008,39 @@ mod tests {
         let (_a, sa): (MsgIo<u32, KnbParser>, _) = group(&cfg, FramerConfig::default()).unwrap();
         let mixed: Vec<_> = sa.into_iter().chain(sb).collect();
         assert!(!VirtualPool::new(mixed).one_group);
+    }
+
+    #[test]
+    fn epoch_times_bound_every_epoch_from_above() {
+        let mut e = EpochTimes::new(3); // 4 kept
+        assert_eq!(e.ready(0), None);
+        e.record(0, 10);
+        e.record(1, 20);
+        assert_eq!(
+            (e.ready(0), e.ready(1), e.ready(2)),
+            (Some(10), Some(20), None)
+        );
+        // Skipped epochs 2 and 3 get the time of 4.
+        e.record(4, 50);
+        assert_eq!(
+            (e.ready(2), e.ready(3), e.ready(4)),
+            (Some(50), Some(50), Some(50))
+        );
+        // Not after the last: ignored.
+        e.record(3, 1);
+        assert_eq!(e.ready(3), Some(50));
+        e.record(5, 60);
+        e.record(6, 70);
+        // 0 and 1 fell out of the ring: they read as the oldest kept (3: 50), later
+        // than their own ends.
+        assert_eq!(
+            (e.ready(0), e.ready(1), e.ready(3)),
+            (Some(50), Some(50), Some(50))
+        );
+        assert_eq!(e.ready(6), Some(70));
+        // A jump longer than the ring fills it once.
+        e.record(1_000, 99);
+        assert_eq!((e.ready(997), e.ready(6)), (Some(99), Some(99)));
     }
 
     #[test]

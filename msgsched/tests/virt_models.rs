@@ -93,6 +93,7 @@ fn run(model: Model, workers: usize, conns: usize, load: f64, total: usize, seed
     let mut answers = vec![0u32; total];
     let mut occupations = vec![Vec::new(); workers];
     let mut sojourn = Vec::with_capacity(total);
+    let mut epochs = Vec::new();
     let warmup = total / 10;
     let mut next = gap(&mut rng);
     let (mut issued, mut done) = (0usize, 0usize);
@@ -122,6 +123,9 @@ fn run(model: Model, workers: usize, conns: usize, load: f64, total: usize, seed
             done += 1;
         });
         assert!(io.poll_event().is_none(), "no connection may close");
+        // The epoch's clock read, as r2c's (exact here: the driver wakes at every event).
+        assert_eq!(io.end_epoch() as usize, epochs.len());
+        epochs.push(t);
         pool.take(
             || t,
             |socket, m| {
@@ -132,8 +136,11 @@ fn run(model: Model, workers: usize, conns: usize, load: f64, total: usize, seed
                 occupations[socket.index()].push((t, t + service_ns));
                 let mut reply = IoVec::new();
                 reply.push(Zbuf::from_vec(h.id.to_le_bytes().to_vec()));
+                let ready_ns = Some(epochs[m.origin.epoch() as usize]);
+                assert!(ready_ns <= Some(t));
                 Some(Occupation {
                     service_ns,
+                    ready_ns,
                     origin: m.origin,
                     reply,
                 })

@@ -39,7 +39,7 @@ use msgsched::sched::{RecvError as SchedRecvError, SchedConfig};
 use msgsched::socket::{
     group_with_doorbell, Bell, IoEvent, Message, MsgCounters, MsgIo, MsgSocket, Origin,
 };
-use msgsched::virt::{Occupation, VirtStats, VirtualPool};
+use msgsched::virt::{EpochTimes, Occupation, VirtStats, VirtualPool};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -194,7 +194,10 @@ pub trait MsgHandler {
 
 /// A reply held back by an occupied virtual worker ([`VirtualHandler`]).
 pub struct Occupied {
-    /// How long the worker stays occupied, from when its handler returned.
+    /// How long the worker stays occupied: from when a real worker would have started
+    /// the message (its previous occupation's end or the message's arrival, whichever is
+    /// later; msgsched's `VirtualPool`, "Start times"), or from when the handler
+    /// returned if [`VirtualHandler::start_when_taken`] says so.
     pub service: Duration,
     /// The message to answer once the occupation ends.
     pub origin: Origin<Conn>,
@@ -216,6 +219,14 @@ pub trait VirtualHandler: Send + 'static {
     /// been occupied for a while. Must not block: it runs on the I/O core.
     fn on_message(&mut self, ctx: &mut MsgCtx<'_>, msg: Message<Conn>) -> Option<Occupied>;
 
+    /// `true`: every occupation starts when the handler returned, as before the start
+    /// times of msgsched's `VirtualPool` (the workers then lose the time between a
+    /// deadline and the I/O core's next turn). For comparison runs; asked once, at
+    /// spawn.
+    fn start_when_taken(&self) -> bool {
+        false
+    }
+
     /// The I/O core is done (its mode is dropped at the end of its thread; occupations
     /// still pending then are dropped, their messages completed unanswered): what the
     /// emulation did, with its emulation error.
@@ -227,8 +238,9 @@ pub trait VirtualHandler: Send + 'static {
 trait Emulation: Send {
     /// Ends the occupations due now; their replies are staged for `poll_replies`.
     fn finish_due(&mut self) -> usize;
-    /// Free workers take messages (the handler runs here, on the I/O core).
-    fn take(&mut self, st: &CoreState) -> usize;
+    /// Free workers take messages (the handler runs here, on the I/O core); `epoch`
+    /// has just ended on the I/O side (every message placed so far is of it or older).
+    fn take(&mut self, st: &CoreState, epoch: u64) -> usize;
     /// Whether a worker is occupied (a deadline is pending).
     fn busy(&self) -> bool;
 }
@@ -237,7 +249,13 @@ struct Virtual<H: VirtualHandler> {
     pool: VirtualPool<Conn>,
     handler: H,
     clock: CoreClock,
+    /// The clock at the end of each recent epoch: when a message was available.
+    epochs: EpochTimes,
 }
+
+/// Epochs whose end times [`Virtual`] keeps (an older message reads as ready at the
+/// oldest kept: later than it was, never earlier). 8 KiB.
+const EPOCHS_KEPT: usize = 1024;
 
 /// The virtual workers' clock, read fresh for every phase and every start: the core's
 /// own source (the TSC when the core runs on it: a read and a multiply, where
@@ -257,11 +275,15 @@ impl<H: VirtualHandler> Emulation for Virtual<H> {
         self.pool.finish_due(now)
     }
 
-    fn take(&mut self, st: &CoreState) -> usize {
+    fn take(&mut self, st: &CoreState, epoch: u64) -> usize {
+        // Read after the epoch ended: every message of it was placed by now.
+        self.epochs.record(epoch, self.clock.now().as_nanos());
         let mut c = self.clock.clone();
         let clock = move || c.now().as_nanos();
         let (handler, cache, stop) = (&mut self.handler, st.cache(), st.stop_flag());
+        let epochs = &self.epochs;
         self.pool.take(clock, |socket, m| {
+            let ready_ns = epochs.ready(m.origin.epoch());
             let mut ctx = MsgCtx {
                 socket,
                 cache,
@@ -269,6 +291,7 @@ impl<H: VirtualHandler> Emulation for Virtual<H> {
             };
             handler.on_message(&mut ctx, m).map(|o| Occupation {
                 service_ns: u64::try_from(o.service.as_nanos()).unwrap_or(u64::MAX),
+                ready_ns,
                 origin: o.origin,
                 reply: o.reply,
             })
@@ -313,6 +336,8 @@ trait IoSide {
     fn time_out(&mut self, h: Conn, timer: Timeout) -> bool;
     /// A worker's notice waits for `poll_replies` (the re-check before a sleep).
     fn replies_pending(&self) -> bool;
+    /// Ends the I/O side's epoch (msgsched's `MsgIo::end_epoch`) and returns it.
+    fn end_epoch(&mut self) -> u64;
 }
 
 struct Framed<P: Parser, F: Fn() -> P> {
@@ -360,6 +385,9 @@ impl<P: Parser, F: Fn() -> P> IoSide for Framed<P, F> {
     }
     fn replies_pending(&self) -> bool {
         self.io.replies_pending()
+    }
+    fn end_epoch(&mut self) -> u64 {
+        self.io.end_epoch()
     }
     fn time_out(&mut self, _h: Conn, timer: Timeout) -> bool {
         let c = self.io.counters();
@@ -422,6 +450,9 @@ impl<F: Fn() -> Box<dyn Session>> IoSide for Sessions<F> {
     }
     fn replies_pending(&self) -> bool {
         self.io.replies_pending()
+    }
+    fn end_epoch(&mut self) -> u64 {
+        self.io.end_epoch()
     }
 }
 
@@ -792,7 +823,8 @@ impl<S: IoSide> Mode for MsgMode<S> {
         // CS); their replies go out once their occupation ends. While one is occupied
         // the iteration counts as work, so an idle strategy never sleeps past a deadline.
         if let Some(v) = &mut self.virt {
-            if v.take(st) > 0 || v.busy() {
+            let epoch = self.io.as_mut().map_or(0, |io| io.end_epoch());
+            if v.take(st, epoch) > 0 || v.busy() {
                 work = true;
             }
         }
@@ -966,10 +998,13 @@ impl Runtime {
             io: msg_io,
             make: make_parser,
         };
+        let mut pool = VirtualPool::new(sockets);
+        pool.set_start_when_taken(handler.start_when_taken());
         let virt: Box<dyn Emulation> = Box::new(Virtual {
-            pool: VirtualPool::new(sockets),
+            pool,
             handler,
             clock: virtual_clock(&opts.clock),
+            epochs: EpochTimes::new(EPOCHS_KEPT),
         });
         let (rt, _stop) = spawn_io(io, opts, &cfg, MsgTimeouts::NONE, side, Some(virt), sleeper)?;
         let workers = MsgWorkers {

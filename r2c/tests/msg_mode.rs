@@ -84,6 +84,7 @@ struct VirtEcho {
     served: Arc<Mutex<Vec<usize>>>,
     takes: Arc<Mutex<Vec<(usize, Instant, Duration)>>>,
     stats: Arc<Mutex<Option<VirtStats>>>,
+    when_taken: bool,
 }
 
 impl VirtualHandler for VirtEcho {
@@ -104,6 +105,10 @@ impl VirtualHandler for VirtEcho {
             origin: m.origin,
             reply,
         })
+    }
+
+    fn start_when_taken(&self) -> bool {
+        self.when_taken
     }
 
     fn finished(&mut self, stats: &VirtStats) {
@@ -277,7 +282,14 @@ fn run_with(model: Model, with_garbage: bool, virt: bool) {
 }
 
 fn run_cap(model: Model, with_garbage: bool, virt: bool, cap: usize) -> HashMap<&'static str, u64> {
-    run_clock(model, with_garbage, virt, cap, ClockSource::default())
+    run_clock(
+        model,
+        with_garbage,
+        virt,
+        cap,
+        ClockSource::default(),
+        false,
+    )
 }
 
 /// The TSC's rate, measured against `std::time::Instant` over 50 ms.
@@ -288,13 +300,15 @@ fn tsc_hz() -> u64 {
     ((c1 - c0) as f64 / (t1 - t0).as_secs_f64()) as u64
 }
 
-/// Runs the server with worker FIFOs of `cap` messages on `clock`; returns its counters.
+/// Runs the server with worker FIFOs of `cap` messages on `clock`, virtual workers (if
+/// `virt`) starting their occupations when taken if `when_taken`; returns its counters.
 fn run_clock(
     model: Model,
     with_garbage: bool,
     virt: bool,
     cap: usize,
     clock: ClockSource,
+    when_taken: bool,
 ) -> HashMap<&'static str, u64> {
     let (mut server, client) = pair(1, 1, |_| {});
     let slab = zbuf::Slab::new(
@@ -337,6 +351,7 @@ fn run_clock(
                 served: s2,
                 takes: Arc::clone(&takes),
                 stats: Arc::clone(&vstats),
+                when_taken,
             },
         )
     } else {
@@ -405,16 +420,24 @@ fn run_clock(
             "{st:?}"
         );
         assert!(st.achieved_ns >= st.requested_ns);
+        assert_eq!(st.credit.count(), total);
         // An occupied worker takes nothing: each worker's next take comes after its
-        // previous occupation ended.
+        // previous occupation ended. An occupation starts when taken or, by msgsched's
+        // start times, up to its credit earlier (the largest is `credit.max()`).
+        let credit = if when_taken {
+            assert_eq!(st.credit.max(), 0, "{st:?}");
+            Duration::ZERO
+        } else {
+            Duration::from_nanos(st.credit.max())
+        };
         let takes = takes.lock().unwrap();
         assert_eq!(takes.len() as u64, total);
         for w in 0..4 {
             let mine: Vec<_> = takes.iter().filter(|t| t.0 == w).collect();
             for p in mine.windows(2) {
                 assert!(
-                    p[1].1 >= p[0].1 + p[0].2,
-                    "worker {w} took a message while occupied"
+                    p[1].1 + credit >= p[0].1 + p[0].2,
+                    "worker {w} took a message while occupied (credit {credit:?})"
                 );
             }
         }
@@ -450,9 +473,11 @@ fn a_garbage_stream_is_closed_and_the_others_are_served() {
 
 #[test]
 fn virtual_workers_answer_in_request_order_and_stay_occupied() {
-    run_with(Model::Ms, false, true);
-    run_with(Model::Cs, false, true);
-    run_with(Model::Cp, false, true);
+    for model in [Model::Ms, Model::Cs, Model::Cp] {
+        run_with(model, false, true);
+        // Starting when taken, the takes alone show each occupation's full length.
+        run_clock(model, false, true, 16, ClockSource::default(), true);
+    }
 }
 
 /// The same on a core that runs on the TSC (as knb's luna server does): the virtual
@@ -462,7 +487,8 @@ fn virtual_workers_answer_in_request_order_and_stay_occupied() {
 fn virtual_workers_on_the_tsc_stay_occupied_in_real_time() {
     let hz = tsc_hz();
     assert!(hz > 100_000_000, "TSC rate {hz}");
-    run_clock(Model::Ms, false, true, 16, ClockSource::Tsc(hz));
+    run_clock(Model::Ms, false, true, 16, ClockSource::Tsc(hz), true);
+    run_clock(Model::Ms, false, true, 16, ClockSource::Tsc(hz), false);
 }
 
 /// FIFOs of one message against 8 connections × 4 in flight: messages are refused, their

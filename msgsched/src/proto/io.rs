@@ -150,6 +150,8 @@ pub struct SessionIo<C> {
     /// (`SessionIo::grant_pass`), and up to what total held, until it releases memory or
     /// the next `poll_replies`.
     pass: Option<(u64, usize)>,
+    /// The current epoch ([`SessionIo::end_epoch`]), stamped on every request placed.
+    epoch: u64,
 }
 
 /// Builds a session group: the I/O side and one socket per worker. Of `framer_cfg`,
@@ -178,7 +180,8 @@ where
     C: Copy + Eq + Hash + Send,
 {
     framer_cfg.validate().map_err(MsgConfigError::Framer)?;
-    let (dispatcher, workers) = sched::scheduler(sched_cfg).map_err(MsgConfigError::Sched)?;
+    let (mut dispatcher, workers) = sched::scheduler(sched_cfg).map_err(MsgConfigError::Sched)?;
+    dispatcher.stamp_releases(crate::socket::stamp_release::<C>);
     let shared = Arc::new(Shared::new(bell));
     let sockets = workers
         .into_iter()
@@ -210,6 +213,7 @@ where
             credit_waiting: VecDeque::new(),
             credit_waiting_live: 0,
             pass: None,
+            epoch: 0,
         },
         sockets,
     ))
@@ -600,6 +604,7 @@ where
                     key,
                     seq: req.id,
                     stream: Some(req.id),
+                    epoch: self.epoch,
                     staging: Arc::clone(&c.staging),
                     shared: Arc::clone(&self.shared),
                     answered: false,
@@ -634,6 +639,19 @@ where
                 }
             }
         }
+    }
+
+    /// The current epoch, as [`crate::socket::MsgIo::epoch`].
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Ends the current epoch and returns it, as [`crate::socket::MsgIo::end_epoch`].
+    pub fn end_epoch(&mut self) -> u64 {
+        let e = self.epoch;
+        self.epoch += 1;
+        self.dispatcher.set_epoch(self.epoch);
+        e
     }
 
     /// Whether a worker's notice waits for [`SessionIo::poll_replies`]: the re-check

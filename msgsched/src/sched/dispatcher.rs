@@ -21,6 +21,10 @@ pub struct Dispatcher<T> {
     /// room; retried, in order, by [`Dispatcher::poll`].
     ready: VecDeque<u64>,
     held_now: usize,
+    /// The caller's epoch ([`Dispatcher::set_epoch`]), given to `on_release`.
+    epoch: u64,
+    /// CS: applied to a held message when it is released ([`Dispatcher::stamp_releases`]).
+    on_release: Option<fn(&mut T, u64)>,
 }
 
 struct KeyState<T> {
@@ -37,7 +41,22 @@ impl<T: Send> Dispatcher<T> {
             keys: HashMap::default(),
             ready: VecDeque::new(),
             held_now: 0,
+            epoch: 0,
+            on_release: None,
         }
+    }
+
+    /// The caller's current epoch, handed to the [`Dispatcher::stamp_releases`] hook.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+
+    /// CS: `f(message, epoch)` runs on each held message as it is released to the workers
+    /// (after its connection's previous message completed), with the epoch set by
+    /// [`Dispatcher::set_epoch`]: a message held for a while becomes available only
+    /// then, and the caller may record when (msgsched's `Origin::epoch`).
+    pub fn stamp_releases(&mut self, f: fn(&mut T, u64)) {
+        self.on_release = Some(f);
     }
 
     /// Places `msg` of connection `key` according to the model. Under CS, first drains
@@ -176,10 +195,13 @@ impl<T: Send> Dispatcher<T> {
     fn release(&mut self, key: u64) -> bool {
         let st = self.keys.get_mut(&key).expect("released key has state");
         debug_assert!(!st.in_service);
-        let Some(msg) = st.held.pop_front() else {
+        let Some(mut msg) = st.held.pop_front() else {
             self.keys.remove(&key);
             return true;
         };
+        if let Some(f) = self.on_release {
+            f(&mut msg, self.epoch);
+        }
         match place_shared(&self.shared, &mut self.rng, msg) {
             Ok(_) => {
                 st.in_service = true;

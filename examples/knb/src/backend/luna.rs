@@ -59,6 +59,11 @@
 //! ([`luna_stack::tcp::TcpConfig::delayed_ack`]: at least every second full-sized
 //! segment is still acknowledged at once; `0` or unset: every segment, the default).
 //!
+//! `KNB_VIRTUAL_START=taken` (timer mode) starts every virtual worker's occupation when
+//! the I/O core's turn took its message, as before msgsched's start times; `ready` or
+//! unset: when a real worker would have started it ([`msgsched::virt::VirtualPool`],
+//! "Start times"). For comparison runs.
+//!
 //! Observability (environment, read by the server only):
 //! `KNB_LUNA_SERVER_ALLOC_FAIL=<n>` (tests) fails every `n`-th buffer allocation of the
 //! server's packs as an exhausted slab would, so its back pressure path runs in any run.
@@ -1507,6 +1512,19 @@ impl r2c::msg::MsgHandler for MsgWorker {
 struct VirtWorker {
     w: MsgWorker,
     stats: Arc<Mutex<Option<msgsched::virt::VirtStats>>>,
+    /// `KNB_VIRTUAL_START=taken`.
+    when_taken: bool,
+}
+
+/// `KNB_VIRTUAL_START`'s value: whether occupations start when taken.
+fn virtual_start_from_env(v: Option<&str>) -> Result<bool, String> {
+    match v.map(str::trim) {
+        None | Some("" | "ready") => Ok(false),
+        Some("taken") => Ok(true),
+        Some(v) => Err(format!(
+            "KNB_VIRTUAL_START={v:?} is neither \"ready\" nor \"taken\""
+        )),
+    }
 }
 
 impl r2c::msg::VirtualHandler for VirtWorker {
@@ -1521,6 +1539,10 @@ impl r2c::msg::VirtualHandler for VirtWorker {
             origin,
             reply,
         })
+    }
+
+    fn start_when_taken(&self) -> bool {
+        self.when_taken
     }
 
     fn finished(&mut self, stats: &msgsched::virt::VirtStats) {
@@ -1538,6 +1560,11 @@ fn virt_json(s: &msgsched::virt::VirtStats) -> Value {
         "late_mean_us": s.late.mean() / 1e3, "late_p50_us": us(s.late.quantile(0.5)),
         "late_p99_us": us(s.late.quantile(0.99)), "late_p999_us": us(s.late.quantile(0.999)),
         "late_max_us": us(s.late.max()),
+        // Starts earlier than the turn that took the message (msgsched's start times).
+        "credit_mean_us": s.credit.mean() / 1e3, "credit_p99_us": us(s.credit.quantile(0.99)),
+        "credit_share": if s.requested_ns == 0 { 0.0 } else {
+            s.credit.mean() * s.credit.count() as f64 / s.requested_ns as f64
+        },
     })
 }
 
@@ -1840,6 +1867,7 @@ fn serve_msg(
                 served: Arc::clone(&sv),
             },
             stats: Arc::clone(&vstats),
+            when_taken: virtual_start_from_env(std::env::var("KNB_VIRTUAL_START").ok().as_deref())?,
         };
         Runtime::spawn_msg_virtual(cores.remove(0), opts, cfg, parser, h)
     } else {
@@ -2401,6 +2429,18 @@ mod tests {
         let st = w.stalls().expect("both edges");
         assert_eq!(st.gaps[0], 2);
         assert_eq!(st.window_ns, Some(1_950_000_000));
+    }
+
+    #[test]
+    fn virtual_start_env_knob_parses_or_names_the_problem() {
+        assert_eq!(virtual_start_from_env(None), Ok(false));
+        assert_eq!(virtual_start_from_env(Some("ready")), Ok(false));
+        assert_eq!(virtual_start_from_env(Some(" taken ")), Ok(true));
+        let e = virtual_start_from_env(Some("later")).unwrap_err();
+        assert!(
+            e.contains("KNB_VIRTUAL_START") && e.contains("later"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -3134,6 +3134,40 @@ fn hot_fields_share_the_first_cache_lines() {
     assert_eq!(rtt % 64, 0, "RTT estimator at byte {rtt}");
     assert!(size_of::<RttEstimator>() <= 128);
     assert_eq!(offset_of!(Connection, cc) % 64, 0);
+    // The tail's per-ACK fields in the congestion controller's last line and the next:
+    // the undo episode (`active`), what a new ACK clears, the probe state (every send arms
+    // the PTO) and the receive-memory fast compare (every segment).
+    let cc_end = offset_of!(Connection, cc) + size_of::<Cc>();
+    let first = line(cc_end - 1);
+    for (name, off, len) in [
+        (
+            "undo",
+            offset_of!(Connection, undo),
+            size_of::<UndoEpisode>(),
+        ),
+        ("lt_bytes", offset_of!(Connection, lt_bytes), 4),
+        ("icmp_soft", offset_of!(Connection, icmp_soft), 2),
+        ("send_tlp", offset_of!(Connection, send_tlp), 1),
+        ("tlp_backoff", offset_of!(Connection, tlp_backoff), 1),
+        (
+            "persist_backoff",
+            offset_of!(Connection, persist_backoff),
+            4,
+        ),
+        (
+            "tlp",
+            offset_of!(Connection, tlp),
+            size_of::<Option<TlpEpisode>>(),
+        ),
+        ("rcv_mem_easy", offset_of!(Connection, rcv_mem_easy), 8),
+    ] {
+        assert!(
+            line(off) >= first && line(off + len - 1) <= first + 1,
+            "{name} at bytes {off}..{} is outside lines {first} and {}",
+            off + len,
+            first + 1
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -643,12 +643,14 @@ impl EpochTimes {
     }
 
     /// Epoch `epoch` ended at `t`. Epochs skipped since the last one recorded get `t`
-    /// too; an epoch not after the last one recorded is ignored.
+    /// too (so do those before the first one recorded: they had ended by then); an
+    /// epoch not after the last one recorded is ignored.
     pub fn record(&mut self, epoch: u64, t: u64) {
+        let oldest = epoch.saturating_sub(self.times.len() as u64 - 1);
         let from = match self.last {
             Some(l) if epoch <= l => return,
-            Some(l) => (l + 1).max(epoch.saturating_sub(self.times.len() as u64 - 1)),
-            None => epoch,
+            Some(l) => (l + 1).max(oldest),
+            None => oldest,
         };
         for e in from..=epoch {
             let i = self.slot(e);
@@ -665,7 +667,7 @@ impl EpochTimes {
         }
         let keep = self.times.len() as u64;
         let e = if last - epoch >= keep {
-            last + 1 - keep
+            last - (keep - 1)
         } else {
             epoch
         };
@@ -1041,6 +1043,232 @@ mod tests {
         // A jump longer than the ring fills it once.
         e.record(1_000, 99);
         assert_eq!((e.ready(997), e.ready(6)), (Some(99), Some(99)));
+    }
+
+    /// An epoch before the first one recorded (a driver that starts recording late) had
+    /// ended by the first record too: it reads as that record's time, never as an
+    /// unwritten slot's 0 (which would let an occupation start before its message was
+    /// there).
+    #[test]
+    fn epochs_before_the_first_record_read_as_its_time() {
+        let mut e = EpochTimes::new(4);
+        e.record(5, 50);
+        // 2..=5 are in the ring; 0 and 1 are older than it.
+        for old in 0..=5 {
+            assert_eq!(e.ready(old), Some(50), "epoch {old}");
+        }
+        e.record(6, 60);
+        assert_eq!(
+            (e.ready(0), e.ready(3), e.ready(6)),
+            (Some(50), Some(50), Some(60))
+        );
+        // The last epoch a u64 can count: no overflow reading an old one.
+        let mut e = EpochTimes::new(4);
+        e.record(u64::MAX, 7);
+        assert_eq!((e.ready(0), e.ready(u64::MAX)), (Some(7), Some(7)));
+    }
+
+    /// One message taken by a virtual worker: its id, connection, worker, start,
+    /// deadline and epoch time, the step it arrived at, the step it was placed at (if the
+    /// driver could tell) and the step its reply was sent at.
+    #[derive(Debug, Clone, Copy, Default)]
+    struct Took {
+        conn: u32,
+        worker: usize,
+        start: u64,
+        deadline: u64,
+        ready: u64,
+        arrived: u64,
+        placed: Option<u64>,
+        replied: Option<u64>,
+    }
+
+    /// A random driver over a pool (small FIFOs and in-flight caps: back pressure and
+    /// stalled retries; services of 0 answered at once): every step hands in what
+    /// arrived, ends the due occupations, sends replies, ends the epoch at its clock
+    /// read and lets free workers take. With one connection (and not CS, where a held
+    /// message is counted when held) the k-th placement counted is message k: the step
+    /// each message was placed at is then known. Returns every message by id.
+    fn random_drive(
+        model: crate::model::Model,
+        workers: usize,
+        conns: u32,
+        queue_capacity: usize,
+        max_in_flight: usize,
+        seed: u64,
+    ) -> Vec<Took> {
+        use crate::framer::FramerConfig;
+        use crate::parser::knb::{Header, KnbParser, SERVICE};
+        use crate::parser::{peek, Ordering};
+        use crate::sched::SchedConfig;
+        use crate::socket::{group, MsgIo};
+        use std::sync::atomic::Ordering as AtomicOrdering;
+        use zbuf::Zbuf;
+        let cfg = SchedConfig {
+            model,
+            workers,
+            queue_capacity,
+            seed,
+        };
+        let framer = FramerConfig {
+            max_message: 64,
+            max_in_flight,
+            ..FramerConfig::default()
+        };
+        let (mut io, sockets): (MsgIo<u32, KnbParser>, _) = group(&cfg, framer).unwrap();
+        for c in 0..conns {
+            io.attach(c, KnbParser::new(Ordering::Ordered)).unwrap();
+        }
+        let mut pool = VirtualPool::new(sockets);
+        let mut x = seed | 1;
+        let mut rnd = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let track = conns == 1 && model != crate::model::Model::Cs;
+        let mut msgs: Vec<Took> = Vec::new();
+        let mut epochs = EpochTimes::new(8);
+        let mut counted = 0u64;
+        let (mut t, mut answered, total) = (0u64, 0usize, 600usize);
+        let mut placed = |io: &MsgIo<u32, KnbParser>, msgs: &mut Vec<Took>, t: u64| {
+            let now = io.counters().messages.load(AtomicOrdering::Relaxed);
+            for k in counted..now {
+                assert!(msgs[k as usize].placed.is_none());
+                msgs[k as usize].placed = Some(t);
+            }
+            counted = now;
+        };
+        while answered < total {
+            assert!(t < 100_000_000, "the run does not end");
+            for _ in 0..rnd(4) {
+                if msgs.len() == total {
+                    break;
+                }
+                let conn = rnd(u64::from(conns)) as u32;
+                let h = Header {
+                    id: msgs.len() as u64,
+                    len: 8,
+                    flags: SERVICE,
+                };
+                let mut v = h.bytes().to_vec();
+                v.extend_from_slice(&[0u64, 7, 30, 200][rnd(4) as usize].to_le_bytes());
+                msgs.push(Took {
+                    conn,
+                    arrived: t,
+                    ..Took::default()
+                });
+                io.on_data(conn, Zbuf::from_vec(v));
+                if track {
+                    placed(&io, &mut msgs, t);
+                }
+            }
+            pool.finish_due(t);
+            answered += io.poll_replies(|_, r: IoVec| {
+                let mut b = [0u8; 8];
+                assert!(peek(&r, 0, &mut b));
+                let m = &mut msgs[u64::from_le_bytes(b) as usize];
+                assert!(m.replied.is_none(), "answered twice: {m:?}");
+                m.replied = Some(t);
+            });
+            if track {
+                placed(&io, &mut msgs, t);
+            }
+            epochs.record(io.end_epoch(), t);
+            let mut took = Vec::new();
+            pool.take(
+                || t,
+                |socket, m| {
+                    let h = Header::read(&m.body).unwrap().unwrap();
+                    let mut tag = [0u8; 8];
+                    assert!(peek(&m.body, crate::parser::knb::HDR_LEN, &mut tag));
+                    let mut reply = IoVec::new();
+                    reply.push(Zbuf::from_vec(h.id.to_le_bytes().to_vec()));
+                    let service_ns = u64::from_le_bytes(tag);
+                    if service_ns == 0 {
+                        socket.reply(m.origin, reply);
+                        return None;
+                    }
+                    let ready = epochs.ready(m.origin.epoch()).expect("recorded");
+                    took.push((h.id as usize, socket.index(), ready));
+                    Some(Occupation {
+                        service_ns,
+                        ready_ns: Some(ready),
+                        origin: m.origin,
+                        reply,
+                    })
+                },
+            );
+            for (id, w, ready) in took {
+                let b = pool.workers.slots[w].as_ref().expect("occupied");
+                let m = &mut msgs[id];
+                (m.worker, m.start, m.deadline, m.ready) = (w, b.started, b.deadline, ready);
+            }
+            // Often late, sometimes at once.
+            t += [1, 13, 50, 400][rnd(4) as usize];
+        }
+        msgs
+    }
+
+    /// Conservative start times under back pressure, at random: no occupation starts
+    /// before its message was placed (a message refused by a full FIFO and retried
+    /// later carries the epoch of its retry), before its epoch's time, or before the
+    /// worker's previous occupation ended; under CS none before its connection's
+    /// previous reply reached the I/O side; every message answered exactly once.
+    #[test]
+    fn no_occupation_starts_before_its_message_was_placed() {
+        use crate::model::Model;
+        for model in [Model::Cp, Model::Ms, Model::Cs] {
+            for (conns, cap, in_flight) in
+                [(1u32, 1usize, 4usize), (1, 2, 16), (5, 1, 3), (5, 4, 8)]
+            {
+                for seed in 1..=4u64 {
+                    let msgs = random_drive(model, 3, conns, cap, in_flight, seed);
+                    let ctx = format!("{model}, {conns} conns, cap {cap}, seed {seed}");
+                    let mut last = std::collections::HashMap::<usize, (u64, u64)>::new();
+                    let mut occupied: Vec<_> = msgs
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, m)| m.deadline > 0)
+                        .collect();
+                    assert!(occupied.len() > 200, "{ctx}");
+                    occupied.sort_by_key(|(_, m)| (m.worker, m.start, m.deadline));
+                    for (id, m) in &occupied {
+                        assert!(m.replied.is_some(), "{ctx}: {id} {m:?}");
+                        assert!(
+                            m.start >= m.arrived && m.start >= m.ready,
+                            "{ctx}: {id} {m:?}"
+                        );
+                        if let Some(p) = m.placed {
+                            assert!(m.start >= p, "{ctx}: starts before placed: {id} {m:?}");
+                        }
+                        if let Some(&(_, d)) = last.get(&m.worker) {
+                            assert!(m.start >= d, "{ctx}: overlaps: {id} {m:?}");
+                        }
+                        last.insert(m.worker, (m.start, m.deadline));
+                    }
+                    if conns == 1 && model != Model::Cs {
+                        assert!(msgs.iter().all(|m| m.placed.is_some()), "{ctx}");
+                        // Back pressure happened: some message was placed after it arrived.
+                        assert!(msgs.iter().any(|m| m.placed > Some(m.arrived)), "{ctx}");
+                    }
+                    if model == Model::Cs {
+                        // A connection's next message starts once the previous reply
+                        // reached the I/O side (replies in request order per connection).
+                        for c in 0..conns {
+                            let mine: Vec<&Took> = msgs.iter().filter(|m| m.conn == c).collect();
+                            for p in mine.windows(2) {
+                                if p[1].deadline > 0 {
+                                    assert!(p[1].start >= p[0].replied.unwrap(), "{ctx}: {:?}", p);
+                                }
+                            }
+                        }
+                    }
+                    assert!(msgs.iter().all(|m| m.replied.is_some()), "{ctx}");
+                }
+            }
+        }
     }
 
     #[test]

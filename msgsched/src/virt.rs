@@ -337,6 +337,40 @@ impl<T> VirtualWorkers<T> {
         Ok(deadline)
     }
 
+    /// [`VirtualWorkers::start_from`], except that an occupation already over at `now`
+    /// (`from + service <= now`) is not kept: it is counted as started and as ended at
+    /// `now` (late by `now − deadline`) and comes back as `Err(done)`, the worker free —
+    /// a real worker would be on its next message by now. `Ok(deadline)` otherwise.
+    pub fn start_or_end(
+        &mut self,
+        w: usize,
+        from: u64,
+        now: u64,
+        service: u64,
+        item: T,
+    ) -> Result<Result<u64, Done<T>>, StartError<T>> {
+        let from = from.min(now);
+        let deadline = from.saturating_add(service);
+        if deadline > now || !matches!(self.slots.get(w), Some(None)) {
+            return self.start_from(w, from, now, service, item).map(Ok);
+        }
+        let done = Done {
+            worker: w,
+            item,
+            started: from,
+            deadline,
+            ended: now,
+        };
+        let s = &mut self.stats;
+        s.started += 1;
+        s.credit.record(now - from);
+        s.ended += 1;
+        s.requested_ns += u128::from(done.requested());
+        s.achieved_ns += u128::from(done.achieved());
+        s.late.record(done.late());
+        Ok(Err(done))
+    }
+
     /// The earliest deadline of an occupied worker.
     pub fn next_deadline(&self) -> Option<u64> {
         self.heap.peek().map(|Reverse((d, _))| *d)
@@ -425,7 +459,10 @@ impl<C: fmt::Debug + Copy> fmt::Debug for Occupation<C> {
 /// - when its message became available ([`Occupation::ready_ns`]; the driver's upper
 ///   bound: r2c reads its clock at each [`crate::socket::MsgIo::end_epoch`]),
 ///
-/// and never later than the clock read after the handler. Each bound is one a real
+/// and never later than the clock read after the handler. An occupation already over by
+/// then (a turn longer than the service) ends in the same pass, its reply staged, and the
+/// worker polls again: a real worker would have taken its next message at that deadline.
+/// Each bound is one a real
 /// worker could not have beaten, so no occupation starts before a real worker could
 /// have started it, and none overlaps the worker's previous one; the credit (how much
 /// earlier than that clock read) is in [`VirtStats::credit`]. The reply still goes out
@@ -439,6 +476,9 @@ pub struct VirtualPool<C> {
     free_since: Vec<u64>,
     /// Occupations start when taken, not when the worker could have taken them.
     when_taken: bool,
+    /// Every occupation started, in order: (worker, start, deadline) (tests).
+    #[cfg(test)]
+    log: Vec<(usize, u64, u64)>,
     /// Sockets that reported `Disconnected` (polled no more).
     gone: Vec<bool>,
     live: usize,
@@ -475,6 +515,8 @@ impl<C: Copy + Send> VirtualPool<C> {
             workers: VirtualWorkers::new(n),
             free_since: vec![0; n],
             when_taken: false,
+            #[cfg(test)]
+            log: Vec::new(),
             gone: vec![false; n],
             live: n,
             quiet: None,
@@ -554,14 +596,38 @@ impl<C: Copy + Send> VirtualPool<C> {
                             Some(ready) if !self.when_taken => ready.max(self.free_since[w]),
                             _ => now,
                         };
-                        if let Err(e) =
+                        let item = (o.origin, o.reply);
+                        let started = if self.when_taken {
                             self.workers
-                                .start_from(w, from, now, o.service_ns, (o.origin, o.reply))
-                        {
+                                .start_from(w, from, now, o.service_ns, item)
+                                .map(Ok)
+                        } else {
+                            self.workers.start_or_end(w, from, now, o.service_ns, item)
+                        };
+                        #[cfg(test)]
+                        if let Ok(r) = &started {
+                            let (from, deadline) = match r {
+                                Ok(d) => (d - o.service_ns.min(*d), *d),
+                                Err(done) => (done.started, done.deadline),
+                            };
+                            self.log.push((w, from, deadline));
+                        }
+                        match started {
+                            Ok(Ok(_deadline)) => {}
+                            // Over already (a turn longer than the service): the reply is
+                            // staged and the worker polls again, as a real one would have
+                            // at its deadline.
+                            Ok(Err(done)) => {
+                                self.free_since[w] = done.deadline;
+                                let (origin, reply) = done.item;
+                                self.sockets[w].reply(origin, reply);
+                            }
                             // A free worker cannot be busy (counted in the stats if it
                             // were): answer at once rather than lose the reply.
-                            let (origin, reply) = e.into_inner();
-                            self.sockets[w].reply(origin, reply);
+                            Err(e) => {
+                                let (origin, reply) = e.into_inner();
+                                self.sockets[w].reply(origin, reply);
+                            }
                         }
                     }
                     Err(TryRecvError::Empty) => break,
@@ -856,7 +922,7 @@ mod tests {
         step: u64,
         arrivals: &[(u64, u32, u64)],
         when_taken: bool,
-    ) -> (Vec<(usize, u64, u64, u64)>, VirtualPool<u32>) {
+    ) -> (Vec<(usize, u64, u64, u64)>, VirtualPool<u32>, u64) {
         use crate::framer::FramerConfig;
         use crate::parser::knb::{Header, KnbParser, SERVICE};
         use crate::parser::{peek, Ordering};
@@ -882,7 +948,7 @@ mod tests {
         pool.set_start_when_taken(when_taken);
         let mut epochs = Vec::new();
         let mut taken = Vec::new();
-        let (mut t, mut next, mut answered) = (0u64, 0usize, 0usize);
+        let (mut t, mut next, mut answered, mut last_reply) = (0u64, 0usize, 0usize, 0u64);
         while answered < arrivals.len() {
             assert!(t < 10_000_000, "the run does not end");
             while next < arrivals.len() && arrivals[next].0 <= t {
@@ -899,6 +965,7 @@ mod tests {
             }
             pool.finish_due(t);
             answered += io.poll_replies(|_, _| {});
+            last_reply = t;
             let e = io.end_epoch();
             assert_eq!(e as usize, epochs.len());
             epochs.push(t);
@@ -920,13 +987,14 @@ mod tests {
                     })
                 },
             );
-            for (w, ready) in took {
-                let b = pool.workers.slots[w].as_ref().expect("occupied");
-                taken.push((w, b.started, b.deadline, ready));
+            let log = &pool.log[pool.log.len() - took.len()..];
+            for ((w, ready), &(lw, start, deadline)) in took.into_iter().zip(log) {
+                assert_eq!(w, lw);
+                taken.push((w, start, deadline, ready));
             }
             t += step;
         }
-        (taken, pool)
+        (taken, pool, last_reply)
     }
 
     /// A driver that notices deadlines late loses the workers no capacity: each worker's
@@ -939,7 +1007,7 @@ mod tests {
         let mut arrivals: Vec<(u64, u32, u64)> = (0..40).map(|i| (0, i % 4, 100)).collect();
         arrivals.extend((0..4).map(|i| (5_000, i, 100)));
         for model in [Model::Ms, Model::Cp] {
-            let (taken, pool) = stepped_pool(model, 2, 37, &arrivals, false);
+            let (taken, pool, _) = stepped_pool(model, 2, 37, &arrivals, false);
             assert_eq!(taken.len(), 44);
             let mut last = [0u64; 2];
             for &(w, start, deadline, ready) in &taken {
@@ -964,9 +1032,38 @@ mod tests {
             assert_eq!(s.started, 44);
             assert!(s.credit.max() > 0 && s.credit.max() < 37, "{:?}", s.credit);
             // The same run starting each occupation when taken loses capacity.
-            let (old, _) = stepped_pool(model, 2, 37, &arrivals, true);
+            let (old, _, _) = stepped_pool(model, 2, 37, &arrivals, true);
             let end = old[..40].iter().map(|o| o.2).max().unwrap();
             assert!(end > 2_000 + 37, "{model}: {end}");
+        }
+    }
+
+    /// A turn longer than a service: an occupation already over when taken ends in the
+    /// same pass and the worker takes the next message, so 40 × 100 ns on 2 workers
+    /// still end at 2,000 ns with the driver looking every 150 ns, and the last reply
+    /// goes out at the first turn after that (one per worker per turn would take ~3,000).
+    #[test]
+    fn occupations_shorter_than_a_turn_chain_within_it() {
+        use crate::model::Model;
+        let arrivals: Vec<(u64, u32, u64)> = (0..40).map(|i| (0, i % 4, 100)).collect();
+        for model in [Model::Ms, Model::Cp] {
+            let (taken, pool, last) = stepped_pool(model, 2, 150, &arrivals, false);
+            assert_eq!(taken.len(), 40);
+            let mut per_worker = [0u64; 2];
+            for &(w, start, deadline, ready) in &taken {
+                assert!(
+                    start >= per_worker[w] && start >= ready,
+                    "{model}: {taken:?}"
+                );
+                per_worker[w] = deadline;
+            }
+            assert_eq!(per_worker, [2_000, 2_000], "{model}");
+            assert_eq!(last, 2_100, "{model}: last reply");
+            let s = pool.stats();
+            assert_eq!((s.started, s.ended), (40, 40));
+            // Starting when taken, one occupation per worker per turn.
+            let (_, _, old) = stepped_pool(model, 2, 150, &arrivals, true);
+            assert!(old >= 20 * 150, "{model}: {old}");
         }
     }
 
@@ -977,7 +1074,7 @@ mod tests {
         use crate::model::Model;
         // One connection, 6 messages at once, 3 workers: one in service at a time.
         let arrivals: Vec<(u64, u32, u64)> = (0..6).map(|_| (0, 0, 100)).collect();
-        let (taken, _) = stepped_pool(Model::Cs, 3, 37, &arrivals, false);
+        let (taken, _, _) = stepped_pool(Model::Cs, 3, 37, &arrivals, false);
         assert_eq!(taken.len(), 6);
         // Each starts at the step that noticed the previous deadline (the release),
         // a multiple of 37 after it, not at the previous deadline itself.
@@ -1200,10 +1297,11 @@ mod tests {
                     })
                 },
             );
-            for (id, w, ready) in took {
-                let b = pool.workers.slots[w].as_ref().expect("occupied");
+            let log = &pool.log[pool.log.len() - took.len()..];
+            for ((id, w, ready), &(lw, start, deadline)) in took.into_iter().zip(log) {
+                assert_eq!(w, lw);
                 let m = &mut msgs[id];
-                (m.worker, m.start, m.deadline, m.ready) = (w, b.started, b.deadline, ready);
+                (m.worker, m.start, m.deadline, m.ready) = (w, start, deadline, ready);
             }
             // Often late, sometimes at once.
             t += [1, 13, 50, 400][rnd(4) as usize];

@@ -18,8 +18,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use msgsched::sim::plot::{Plot, Series};
 use msgsched::sim::{
-    simulate_many, theory, throughput_under_slos, ConfigError, Model, Pauses, Service, SimConfig,
-    SimResult, SloOutcome, SloSearch,
+    simulate_many, theory, throughput_under_slos, ConfigError, Model, PauseScope, Pauses, Service,
+    SimConfig, SimResult, SloOutcome, SloSearch,
 };
 use serde::Serialize;
 
@@ -90,6 +90,10 @@ struct Common {
     /// convert --pauses.
     #[arg(long)]
     unit: Option<String>,
+    /// What a pause stops: `server` (everything) or `io` (dispatch and delivery only: the
+    /// workers keep working on what was dispatched before; MS and CP).
+    #[arg(long, default_value = "server")]
+    pause_scope: String,
 }
 
 #[derive(Args)]
@@ -299,6 +303,9 @@ fn pauses(c: &Common) -> Result<Option<Pauses>, Failure> {
 
 fn pauses_note(c: &Common) -> String {
     match (&c.pauses, &c.unit) {
+        (Some(p), Some(u)) if c.pause_scope == "io" => {
+            format!("; I/O-side pauses {p} (time unit {u})")
+        }
         (Some(p), Some(u)) => format!("; server pauses {p} (time unit {u})"),
         _ => String::new(),
     }
@@ -314,7 +321,19 @@ fn check_common(c: &Common) -> Result<(), Failure> {
     if c.jobs == 0 {
         return Err(Failure::Usage("jobs must be at least 1".into()));
     }
+    pause_scope(c)?;
     Ok(())
+}
+
+/// `--pause-scope`.
+fn pause_scope(c: &Common) -> Result<PauseScope, Failure> {
+    match c.pause_scope.as_str() {
+        "server" => Ok(PauseScope::Server),
+        "io" => Ok(PauseScope::Io),
+        other => Err(Failure::Usage(format!(
+            "--pause-scope {other:?}: expected server or io"
+        ))),
+    }
 }
 
 fn base(
@@ -330,6 +349,7 @@ fn base(
         warmup: c.warmup.unwrap_or(c.requests / 10),
         seed: c.seed,
         pauses: pauses.clone(),
+        pause_scope: pause_scope(c).unwrap_or_default(),
         ..SimConfig::new(model, c.workers, connections, c.service, load)
     }
 }
@@ -801,5 +821,25 @@ mod tests {
         }
         assert!(parse_duration_s("2ms").is_ok_and(|d| (d - 0.002).abs() < 1e-15));
         assert!(parse_duration_s("-1ms").is_err());
+    }
+
+    #[test]
+    fn pause_scope_parses_or_is_a_usage_error() {
+        use clap::Parser;
+        let scope = |args: &[&str]| {
+            let mut v = vec!["msgsim", "sweep", "--models", "ms"];
+            v.extend_from_slice(args);
+            let Cmd::Sweep(a) = Cli::try_parse_from(v).unwrap().cmd else {
+                panic!()
+            };
+            let r = pause_scope(&a.common);
+            (r.as_ref().ok().copied(), check_common(&a.common).is_err())
+        };
+        assert_eq!(scope(&[]), (Some(PauseScope::Server), false));
+        assert_eq!(
+            scope(&["--pause-scope", "io"]),
+            (Some(PauseScope::Io), false)
+        );
+        assert_eq!(scope(&["--pause-scope", "kernel"]), (None, true));
     }
 }

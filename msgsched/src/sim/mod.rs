@@ -211,6 +211,31 @@ pub struct SimConfig {
     /// The server's pauses (None: it never pauses).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pauses: Option<Pauses>,
+    /// What a pause stops ([`PauseScope::Server`]: everything).
+    #[serde(skip_serializing_if = "PauseScope::is_server")]
+    pub pause_scope: PauseScope,
+}
+
+/// What stops during a pause ([`SimConfig::pauses`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PauseScope {
+    /// The whole server: nothing is dispatched, started or delivered; a worker freed in a
+    /// pause starts its next message at its end.
+    #[default]
+    Server,
+    /// The I/O side only (a stalled I/O core whose workers run on cores of their own, as
+    /// r2c's virtual workers with start times): arrivals are dispatched and replies
+    /// delivered at the pause's end, but a worker freed in a pause starts a message that
+    /// was dispatched before it at once. MS and CP (CS's releases would need the I/O side
+    /// modelled per connection; refused).
+    Io,
+}
+
+impl PauseScope {
+    fn is_server(&self) -> bool {
+        *self == PauseScope::Server
+    }
 }
 
 impl SimConfig {
@@ -234,6 +259,7 @@ impl SimConfig {
             warmup: 100_000,
             seed: 1,
             pauses: None,
+            pause_scope: PauseScope::Server,
         }
     }
 
@@ -256,6 +282,11 @@ impl SimConfig {
         }
         if let Some(p) = &self.pauses {
             p.validate()?;
+        }
+        if self.pause_scope == PauseScope::Io && self.model == Model::Cs {
+            return Err(ConfigError::Pauses(
+                "I/O-side pauses are modelled under MS and CP only",
+            ));
         }
         Ok(())
     }

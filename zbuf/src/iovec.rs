@@ -95,6 +95,11 @@ impl IoVec {
     /// Checked [`IoVec::split_to`].
     pub fn try_split_to(&mut self, n: usize) -> Result<IoVec, OutOfBounds> {
         check_pos(n, self.len)?;
+        if n == self.len {
+            // All of it (a framer's buffer holding exactly one message): a move, not a
+            // drain of every segment into a new vector.
+            return Ok(core::mem::take(self));
+        }
         let (whole, part) = self.locate(n);
         // (No drain when no whole segment moves: the common cut inside the first one.)
         let mut head = IoVec::new();

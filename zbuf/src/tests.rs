@@ -151,6 +151,17 @@ fn iovec_split_and_concat() {
     all.truncate(1);
     all.advance(1);
     assert!(all.is_empty());
+    // Splitting off everything moves the segments as they are and leaves an empty vector
+    // that still takes more.
+    let mut v: IoVec = [Zbuf::from_static(b"xy"), Zbuf::from_vec(b"z".to_vec())]
+        .into_iter()
+        .collect();
+    let head = v.split_to(3);
+    assert_eq!((head.to_vec(), head.num_segments()), (b"xyz".to_vec(), 2));
+    assert!(v.is_empty() && v.num_segments() == 0);
+    v.push(Zbuf::from_static(b"w"));
+    assert_eq!(v.split_to(1).to_vec(), b"w");
+    assert!(v.split_to(0).is_empty());
 }
 
 #[test]

@@ -229,6 +229,13 @@ pub struct VirtStats {
 }
 
 impl VirtStats {
+    fn record_end<T>(&mut self, done: &Done<T>) {
+        self.ended += 1;
+        self.requested_ns += u128::from(done.requested());
+        self.achieved_ns += u128::from(done.achieved());
+        self.late.record(done.late());
+    }
+
     /// Achieved / requested occupancy over the ended occupations (1.0 if none).
     pub fn occupancy_ratio(&self) -> f64 {
         if self.requested_ns == 0 {
@@ -361,13 +368,9 @@ impl<T> VirtualWorkers<T> {
             deadline,
             ended: now,
         };
-        let s = &mut self.stats;
-        s.started += 1;
-        s.credit.record(now - from);
-        s.ended += 1;
-        s.requested_ns += u128::from(done.requested());
-        s.achieved_ns += u128::from(done.achieved());
-        s.late.record(done.late());
+        self.stats.started += 1;
+        self.stats.credit.record(now - from);
+        self.stats.record_end(&done);
         Ok(Err(done))
     }
 
@@ -393,11 +396,7 @@ impl<T> VirtualWorkers<T> {
             deadline: b.deadline,
             ended: now.max(b.deadline),
         };
-        let s = &mut self.stats;
-        s.ended += 1;
-        s.requested_ns += u128::from(done.requested());
-        s.achieved_ns += u128::from(done.achieved());
-        s.late.record(done.late());
+        self.stats.record_end(&done);
         Some(done)
     }
 
@@ -820,33 +819,51 @@ mod tests {
         assert_eq!(v.next_deadline(), None);
     }
 
+    /// A knb-framed message-socket group of `workers` under `model` (FIFOs of
+    /// `queue_capacity`, scheduler seed `seed`), `conns` connections attached (reply
+    /// order `ordering`, `max_in_flight` each), and its sockets as a pool.
+    fn knb_pool(
+        model: crate::model::Model,
+        workers: usize,
+        conns: u32,
+        queue_capacity: usize,
+        max_in_flight: usize,
+        ordering: crate::parser::Ordering,
+        seed: u64,
+    ) -> (
+        crate::socket::MsgIo<u32, crate::parser::knb::KnbParser>,
+        VirtualPool<u32>,
+    ) {
+        use crate::framer::FramerConfig;
+        use crate::parser::knb::KnbParser;
+        use crate::sched::SchedConfig;
+        let cfg = SchedConfig {
+            model,
+            workers,
+            queue_capacity,
+            seed,
+        };
+        let framer = FramerConfig {
+            max_message: 64,
+            max_in_flight,
+            ..FramerConfig::default()
+        };
+        let (mut io, sockets) = crate::socket::group(&cfg, framer).unwrap();
+        for c in 0..conns {
+            io.attach(c, KnbParser::new(ordering)).unwrap();
+        }
+        (io, VirtualPool::new(sockets))
+    }
+
     /// One random schedule of dispatches, deadlines, replies and take passes (several
     /// passes per step, most of them with nothing new) on a pool, under `model`; returns
     /// what every pass took and every reply, in order. `skip` false turns off the skip of
     /// quiet passes (`one_group`), so both runs must agree exactly.
     fn quiet_schedule(model: crate::model::Model, seed: u64, skip: bool) -> Vec<(u64, u64)> {
-        use crate::framer::FramerConfig;
-        use crate::parser::knb::{Header, KnbParser, SERVICE};
+        use crate::parser::knb::{Header, SERVICE};
         use crate::parser::{peek, Ordering};
-        use crate::sched::SchedConfig;
-        use crate::socket::{group, MsgIo};
         use zbuf::Zbuf;
-        let cfg = SchedConfig {
-            model,
-            workers: 4,
-            queue_capacity: 64,
-            seed: 7,
-        };
-        let framer = FramerConfig {
-            max_message: 64,
-            max_in_flight: 16,
-            ..FramerConfig::default()
-        };
-        let (mut io, sockets): (MsgIo<u32, KnbParser>, _) = group(&cfg, framer).unwrap();
-        for c in 0..6u32 {
-            io.attach(c, KnbParser::new(Ordering::Ordered)).unwrap();
-        }
-        let mut pool = VirtualPool::new(sockets);
+        let (mut io, mut pool) = knb_pool(model, 4, 6, 64, 16, Ordering::Ordered, 7);
         assert!(pool.one_group);
         pool.one_group = skip;
         let mut x = seed | 1;
@@ -938,28 +955,10 @@ mod tests {
         arrivals: &[(u64, u32, u64)],
         when_taken: bool,
     ) -> (Vec<(usize, u64, u64, u64)>, VirtualPool<u32>, u64) {
-        use crate::framer::FramerConfig;
-        use crate::parser::knb::{Header, KnbParser, SERVICE};
+        use crate::parser::knb::{Header, SERVICE};
         use crate::parser::{peek, Ordering};
-        use crate::sched::SchedConfig;
-        use crate::socket::{group, MsgIo};
         use zbuf::Zbuf;
-        let cfg = SchedConfig {
-            model,
-            workers,
-            queue_capacity: 256,
-            seed: 3,
-        };
-        let framer = FramerConfig {
-            max_message: 64,
-            max_in_flight: 256,
-            ..FramerConfig::default()
-        };
-        let (mut io, sockets): (MsgIo<u32, KnbParser>, _) = group(&cfg, framer).unwrap();
-        for c in 0..4u32 {
-            io.attach(c, KnbParser::new(Ordering::Unordered)).unwrap();
-        }
-        let mut pool = VirtualPool::new(sockets);
+        let (mut io, mut pool) = knb_pool(model, workers, 4, 256, 256, Ordering::Unordered, 3);
         pool.set_start_when_taken(when_taken);
         let mut epochs = Vec::new();
         let mut taken = Vec::new();
@@ -1209,29 +1208,20 @@ mod tests {
         max_in_flight: usize,
         seed: u64,
     ) -> Vec<Took> {
-        use crate::framer::FramerConfig;
         use crate::parser::knb::{Header, KnbParser, SERVICE};
         use crate::parser::{peek, Ordering};
-        use crate::sched::SchedConfig;
-        use crate::socket::{group, MsgIo};
+        use crate::socket::MsgIo;
         use std::sync::atomic::Ordering as AtomicOrdering;
         use zbuf::Zbuf;
-        let cfg = SchedConfig {
+        let (mut io, mut pool) = knb_pool(
             model,
             workers,
+            conns,
             queue_capacity,
-            seed,
-        };
-        let framer = FramerConfig {
-            max_message: 64,
             max_in_flight,
-            ..FramerConfig::default()
-        };
-        let (mut io, sockets): (MsgIo<u32, KnbParser>, _) = group(&cfg, framer).unwrap();
-        for c in 0..conns {
-            io.attach(c, KnbParser::new(Ordering::Ordered)).unwrap();
-        }
-        let mut pool = VirtualPool::new(sockets);
+            Ordering::Ordered,
+            seed,
+        );
         let mut x = seed | 1;
         let mut rnd = move |n: u64| {
             x ^= x << 13;

@@ -1100,6 +1100,158 @@ mod tests {
         }
     }
 
+    /// A random schedule like `quiet_schedule`, with what it leaves out: start times
+    /// (occupations already over when taken end in the pass and the worker polls again),
+    /// small FIFOs and in-flight caps (refusals, retries, CS releases that find no room),
+    /// connections that go away with messages queued, and the I/O side dropped with
+    /// messages still queued (the workers drain them). Returns every take (pass, worker,
+    /// message) and every reply, in order; `skip` false turns off both skips.
+    fn stress_schedule(
+        model: crate::model::Model,
+        workers: usize,
+        cap: usize,
+        seed: u64,
+        skip: bool,
+    ) -> Vec<(u64, u64, u64)> {
+        use crate::parser::knb::{Header, SERVICE};
+        use crate::parser::{peek, Ordering};
+        use zbuf::Zbuf;
+        let conns = 7u32;
+        let (io, mut pool) = knb_pool(model, workers, conns, cap, 3, Ordering::Ordered, seed);
+        let mut io = Some(io);
+        pool.one_group = skip;
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut rnd = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut log = Vec::new();
+        let mut epochs = EpochTimes::new(64);
+        let (mut t, mut id, mut pass, mut due) = (0u64, 0u64, 0u64, 0u64);
+        let mut attached = vec![true; conns as usize];
+        for step in 0..4_000u64 {
+            if step == 3_500 {
+                // The I/O side goes with messages still queued.
+                io = None;
+            }
+            if let Some(io) = io.as_mut() {
+                for _ in 0..rnd(3) {
+                    let c = rnd(u64::from(conns)) as u32;
+                    if !attached[c as usize] {
+                        continue;
+                    }
+                    let h = Header {
+                        id,
+                        len: 8,
+                        flags: SERVICE,
+                    };
+                    let mut v = h.bytes().to_vec();
+                    v.extend_from_slice(&[0u64, 3, 9, 30, 120][rnd(5) as usize].to_le_bytes());
+                    io.on_data(c, Zbuf::from_vec(v));
+                    id += 1;
+                }
+                if rnd(200) == 0 {
+                    // A connection goes (its queued messages stay queued) and comes back.
+                    let c = rnd(u64::from(conns)) as usize;
+                    if attached[c] {
+                        io.detach(c as u32);
+                        attached[c] = false;
+                    } else {
+                        io.attach(
+                            c as u32,
+                            crate::parser::knb::KnbParser::new(Ordering::Ordered),
+                        )
+                        .unwrap();
+                        attached[c] = true;
+                    }
+                }
+            }
+            if rnd(3) != 0 {
+                due += pool.finish_due(t) as u64;
+            }
+            if let Some(io) = io.as_mut() {
+                io.poll_replies(|c, r: IoVec| {
+                    let mut b = [0u8; 8];
+                    assert!(peek(&r, 0, &mut b));
+                    log.push((u64::MAX, u64::from(c), u64::from_le_bytes(b)));
+                });
+                epochs.record(io.end_epoch(), t);
+            }
+            for _ in 0..1 + rnd(3) {
+                pass += 1;
+                let mut ticks = 0u64;
+                pool.take(
+                    || {
+                        ticks += 1;
+                        t + ticks
+                    },
+                    |socket, m| {
+                        let h = Header::read(&m.body).unwrap().unwrap();
+                        let mut tag = [0u8; 8];
+                        assert!(peek(&m.body, crate::parser::knb::HDR_LEN, &mut tag));
+                        log.push((pass, socket.index() as u64, h.id));
+                        let service_ns = u64::from_le_bytes(tag);
+                        let mut reply = IoVec::new();
+                        reply.push(Zbuf::from_vec(h.id.to_le_bytes().to_vec()));
+                        if service_ns == 0 {
+                            socket.reply(m.origin, reply);
+                            return None;
+                        }
+                        Some(Occupation {
+                            service_ns,
+                            ready_ns: epochs.ready(m.origin.epoch()),
+                            origin: m.origin,
+                            reply,
+                        })
+                    },
+                );
+            }
+            t += [1, 5, 20, 60][rnd(4) as usize];
+        }
+        // Everything ends: the workers drain what was queued when the I/O side went.
+        while !pool.is_finished() {
+            assert!(t < 100_000_000, "the pool does not finish");
+            t += 50;
+            due += pool.finish_due(t) as u64;
+            pass += 1;
+            pool.take(
+                || t,
+                |socket, m| {
+                    let h = Header::read(&m.body).unwrap().unwrap();
+                    log.push((pass, socket.index() as u64, h.id));
+                    None
+                },
+            );
+        }
+        // Some occupations were over when taken and ended in their pass.
+        assert!(pool.stats().ended > due, "{due} {:?}", pool.stats());
+        log
+    }
+
+    /// The skips change nothing but their cost, also with start times chaining
+    /// occupations within a pass, back pressure, connections going and the I/O side
+    /// dropped: the same takes in the same passes by the same workers, the same replies.
+    #[test]
+    fn skips_take_the_same_messages_under_back_pressure_and_start_times() {
+        use crate::model::Model;
+        for model in [Model::Cp, Model::Cs, Model::Ms] {
+            for (workers, cap) in [(3usize, 1usize), (4, 2), (8, 4)] {
+                for seed in 1..=3u64 {
+                    let with = stress_schedule(model, workers, cap, seed, true);
+                    let without = stress_schedule(model, workers, cap, seed, false);
+                    let takes = with.iter().filter(|e| e.0 != u64::MAX).count();
+                    assert!(takes > 1_000, "{model}: {takes} takes");
+                    assert_eq!(
+                        with, without,
+                        "{model}, {workers} workers, cap {cap}, seed {seed}"
+                    );
+                }
+            }
+        }
+    }
+
     /// Sockets of two groups (two schedulers): one publication count does not cover
     /// them, so the pool never skips.
     #[test]

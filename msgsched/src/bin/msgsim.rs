@@ -321,7 +321,13 @@ fn check_common(c: &Common) -> Result<(), Failure> {
     if c.jobs == 0 {
         return Err(Failure::Usage("jobs must be at least 1".into()));
     }
-    pause_scope(c)?;
+    if pause_scope(c)? == PauseScope::Io && c.models.contains(&Model::Cs) {
+        // The simulator refuses it too, but `slo` would find out only after the models
+        // before CS had run their searches.
+        return Err(Failure::Usage(
+            "--pause-scope io is modelled under MS and CP only: leave cs out of --models".into(),
+        ));
+    }
     Ok(())
 }
 
@@ -500,7 +506,14 @@ struct SloRow {
     seed: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pauses: Option<Pauses>,
+    /// Written only when not the default (as in a sweep's `config`).
+    #[serde(skip_serializing_if = "is_server")]
+    pause_scope: PauseScope,
     outcome: SloOutcome,
+}
+
+fn is_server(s: &PauseScope) -> bool {
+    *s == PauseScope::Server
 }
 
 fn slo(a: SloArgs) -> Result<ExitCode, Failure> {
@@ -536,6 +549,7 @@ fn slo(a: SloArgs) -> Result<ExitCode, Failure> {
                     requests: c.requests,
                     seed: c.seed,
                     pauses: pz.clone(),
+                    pause_scope: search.base.pause_scope,
                     outcome: o,
                 });
             }
@@ -841,5 +855,64 @@ mod tests {
             (Some(PauseScope::Io), false)
         );
         assert_eq!(scope(&["--pause-scope", "kernel"]), (None, true));
+        // CS is refused up front (not after the other models' searches have run).
+        assert_eq!(
+            scope(&["--models", "cp,cs,ms", "--pause-scope", "io"]),
+            (Some(PauseScope::Io), true)
+        );
+        assert_eq!(
+            scope(&["--models", "cp,cs,ms", "--pause-scope", "server"]),
+            (Some(PauseScope::Server), false)
+        );
+    }
+
+    /// `msgsim slo --json` says which pauses its rows had: an I/O-side scope is written
+    /// (a row without it reads as server pauses), the default scope is not (the JSON of
+    /// runs without `--pause-scope` is unchanged).
+    #[test]
+    fn slo_json_rows_record_the_pause_scope() {
+        use clap::Parser;
+        let path = std::env::temp_dir().join(format!("msgsim-slo-{}.json", std::process::id()));
+        let run = |scope: &str| {
+            let p = path.to_str().unwrap();
+            let args = [
+                "msgsim",
+                "slo",
+                "--models",
+                "ms",
+                "--workers",
+                "2",
+                "--connections",
+                "2",
+                "--requests",
+                "2000",
+                "--slo",
+                "20",
+                "--grid",
+                "0.3,0.5",
+                "--refine",
+                "0",
+                "--pauses",
+                "list:1ms+2ms",
+                "--unit",
+                "100us",
+                "--pause-scope",
+                scope,
+                "--jobs",
+                "1",
+                "--json",
+                p,
+            ];
+            let Cmd::Slo(a) = Cli::try_parse_from(args).unwrap().cmd else {
+                panic!()
+            };
+            assert!(slo(a).is_ok());
+            let v: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            v[0].get("pause_scope").cloned()
+        };
+        assert_eq!(run("io"), Some(serde_json::json!("io")));
+        assert_eq!(run("server"), None);
     }
 }

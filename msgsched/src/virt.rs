@@ -218,7 +218,9 @@ pub struct VirtStats {
     pub requested_ns: u128,
     /// Sum of achieved occupancy of the ended ones (ns).
     pub achieved_ns: u128,
-    /// Achieved − requested per ended occupation (ns).
+    /// Achieved − requested per ended occupation (ns). An occupation already over when
+    /// taken ([`VirtualWorkers::start_or_end`]) is measured at the take, and its reply
+    /// leaves at the driver's next reply pass, up to one turn later than this says.
     pub late: Histogram,
     /// Per started occupation, how much earlier than the pass that took its message it
     /// started (ns; 0 for most): the time a real worker would not have lost between its

@@ -3145,21 +3145,41 @@ fn hot_fields_share_the_first_cache_lines() {
             offset_of!(Connection, undo),
             size_of::<UndoEpisode>(),
         ),
-        ("lt_bytes", offset_of!(Connection, lt_bytes), 4),
-        ("icmp_soft", offset_of!(Connection, icmp_soft), 2),
-        ("send_tlp", offset_of!(Connection, send_tlp), 1),
-        ("tlp_backoff", offset_of!(Connection, tlp_backoff), 1),
+        (
+            "lt_bytes",
+            offset_of!(Connection, lt_bytes),
+            size_of::<u32>(),
+        ),
+        (
+            "icmp_soft",
+            offset_of!(Connection, icmp_soft),
+            size_of::<Option<Icmpv4DstUnreachable>>(),
+        ),
+        (
+            "send_tlp",
+            offset_of!(Connection, send_tlp),
+            size_of::<bool>(),
+        ),
+        (
+            "tlp_backoff",
+            offset_of!(Connection, tlp_backoff),
+            size_of::<u8>(),
+        ),
         (
             "persist_backoff",
             offset_of!(Connection, persist_backoff),
-            4,
+            size_of::<u32>(),
         ),
         (
             "tlp",
             offset_of!(Connection, tlp),
             size_of::<Option<TlpEpisode>>(),
         ),
-        ("rcv_mem_easy", offset_of!(Connection, rcv_mem_easy), 8),
+        (
+            "rcv_mem_easy",
+            offset_of!(Connection, rcv_mem_easy),
+            size_of::<usize>(),
+        ),
     ] {
         assert!(
             line(off) >= first && line(off + len - 1) <= first + 1,

@@ -447,6 +447,10 @@ pub fn run(a: &SweepArgs) -> Res<()> {
                         "stall_max_us": st.and_then(|s| s.max_ns()).map(|n| n as f64 / 1e3),
                         "stall_max_at_least_us": st.map(|s| s.max_lo_ns as f64 / 1e3),
                         "stalled": st.map(|s| s.had_gap_of((slo_us * 1e3 / 2.0).round() as u64)),
+                        // Timer mode: how much the emulation credited its workers (start
+                        // times) and how late their replies left; null otherwise.
+                        "virtual_credit_share": r["server"]["extra"]["virtual_workers"]["credit_share"],
+                        "virtual_late_p99_us": r["server"]["extra"]["virtual_workers"]["late_p99_us"],
                         "run": r,
                     }));
                 }
@@ -696,7 +700,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
     let dir = &a.out_dir;
     report::write_file(&dir.join("fig-slo.svg"), &svg::render(&chart))?;
     let mut csv = String::from(
-        "model,offered_load,offered_rps,achieved_rps,achieved_load,p50_us,p99_us,p999_us,dropped_arrivals,behind_schedule,client_lag_p99_us,sent_not_answered,cpu_client,cpu_server,loadavg_1m,stall_1ms_us,stall_max_us,stall_max_at_least_us,stalled\n",
+        "model,offered_load,offered_rps,achieved_rps,achieved_load,p50_us,p99_us,p999_us,dropped_arrivals,behind_schedule,client_lag_p99_us,sent_not_answered,cpu_client,cpu_server,loadavg_1m,stall_1ms_us,stall_max_us,stall_max_at_least_us,stalled,virtual_credit_share,virtual_late_p99_us\n",
     );
     for r in &rows {
         let cells: Vec<String> = [
@@ -719,6 +723,8 @@ pub fn run(a: &SweepArgs) -> Res<()> {
             "stall_max_us",
             "stall_max_at_least_us",
             "stalled",
+            "virtual_credit_share",
+            "virtual_late_p99_us",
         ]
         .iter()
         .map(|k| match &r[*k] {
@@ -739,6 +745,7 @@ pub fn run(a: &SweepArgs) -> Res<()> {
         "definition": "highest achieved load among the offered loads that, with every lower one, have p99 <= SLO, no dropped arrival and a client on schedule (p99 send lag <= 5% of the SLO) (msgsched::sim grid rule, no bisection)",
         "client_lag_slo_fraction": CLIENT_LAG_SLO_FRACTION,
         "stalled": "a server or client poll loop (luna) had a gap >= SLO/2 in the measured window (null: the buckets cannot tell); information, not part of the verdict",
+        "virtual_credit_share": "timer mode: time the virtual workers' occupations started before the I/O core's turn took their messages (a real worker's start: its previous deadline or the message's arrival), over the requested occupancy (null: not timer mode); virtual_late_p99_us: how late the I/O core noticed the occupations' ends (the replies' emulation delay)",
         "ideal_ms": ideal_ms,
         "ideal_ms_under_measured_stalls": ideal_stalled.as_ref().zip(measured.as_ref()).map(|(i, m)| json!({
             "note": "a second reference (the goal's is ideal_ms): the simulator's MS with pauses of the I/O side (dispatch and delivery held, workers running through them on what was dispatched before) at the rate and mean of this sweep's server + client loop gaps >= 1 ms, exponential durations",

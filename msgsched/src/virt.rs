@@ -821,6 +821,45 @@ mod tests {
         assert_eq!(v.next_deadline(), None);
     }
 
+    /// A deterministic random stream for the schedule tests: `rnd(n)` in `0..n`.
+    fn xorshift(seed: u64) -> impl FnMut(u64) -> u64 {
+        let mut x = seed;
+        move |n| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        }
+    }
+
+    /// A knb test handler: the request's id, and its answer — at once (the worker stays
+    /// free) for a service tag of 0, else the occupation (`ready_ns` its availability)
+    /// holding a reply that carries the id.
+    fn knb_answer(
+        socket: &mut MsgSocket<u32>,
+        m: Message<u32>,
+        ready_ns: Option<u64>,
+    ) -> (u64, Option<Occupation<u32>>) {
+        use crate::parser::knb::{Header, HDR_LEN};
+        let h = Header::read(&m.body).unwrap().unwrap();
+        let mut tag = [0u8; 8];
+        assert!(crate::parser::peek(&m.body, HDR_LEN, &mut tag));
+        let service_ns = u64::from_le_bytes(tag);
+        let mut reply = IoVec::new();
+        reply.push(zbuf::Zbuf::from_vec(h.id.to_le_bytes().to_vec()));
+        if service_ns == 0 {
+            socket.reply(m.origin, reply);
+            return (h.id, None);
+        }
+        let o = Occupation {
+            service_ns,
+            ready_ns,
+            origin: m.origin,
+            reply,
+        };
+        (h.id, Some(o))
+    }
+
     /// A knb-framed message-socket group of `workers` under `model` (FIFOs of
     /// `queue_capacity`, scheduler seed `seed`), `conns` connections attached (reply
     /// order `ordering`, `max_in_flight` each), and its sockets as a pool.
@@ -868,13 +907,7 @@ mod tests {
         let (mut io, mut pool) = knb_pool(model, 4, 6, 64, 16, Ordering::Ordered, 7);
         assert!(pool.one_group);
         pool.one_group = skip;
-        let mut x = seed | 1;
-        let mut rnd = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rnd = xorshift(seed | 1);
         let mut log = Vec::new();
         let (mut t, mut id) = (0u64, 0u64);
         for _ in 0..3_000 {
@@ -898,27 +931,7 @@ mod tests {
                 log.push((u64::from(c), u64::from_le_bytes(b)));
             });
             for _ in 0..1 + rnd(3) {
-                let n = pool.take(
-                    || t,
-                    |socket, m| {
-                        let h = Header::read(&m.body).unwrap().unwrap();
-                        let mut tag = [0u8; 8];
-                        assert!(peek(&m.body, crate::parser::knb::HDR_LEN, &mut tag));
-                        let service_ns = u64::from_le_bytes(tag);
-                        let mut reply = IoVec::new();
-                        reply.push(Zbuf::from_vec(h.id.to_le_bytes().to_vec()));
-                        if service_ns == 0 {
-                            socket.reply(m.origin, reply);
-                            return None;
-                        }
-                        Some(Occupation {
-                            service_ns,
-                            ready_ns: None,
-                            origin: m.origin,
-                            reply,
-                        })
-                    },
-                );
+                let n = pool.take(|| t, |socket, m| knb_answer(socket, m, None).1);
                 log.push((u64::MAX, n as u64));
             }
             t += rnd(10);
@@ -1122,13 +1135,7 @@ mod tests {
         let (io, mut pool) = knb_pool(model, workers, conns, cap, 3, Ordering::Ordered, seed);
         let mut io = Some(io);
         pool.one_group = skip;
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let mut rnd = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rnd = xorshift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let mut log = Vec::new();
         let mut epochs = EpochTimes::new(64);
         let (mut t, mut id, mut pass, mut due) = (0u64, 0u64, 0u64, 0u64);
@@ -1190,23 +1197,11 @@ mod tests {
                         t + ticks
                     },
                     |socket, m| {
-                        let h = Header::read(&m.body).unwrap().unwrap();
-                        let mut tag = [0u8; 8];
-                        assert!(peek(&m.body, crate::parser::knb::HDR_LEN, &mut tag));
-                        log.push((pass, socket.index() as u64, h.id));
-                        let service_ns = u64::from_le_bytes(tag);
-                        let mut reply = IoVec::new();
-                        reply.push(Zbuf::from_vec(h.id.to_le_bytes().to_vec()));
-                        if service_ns == 0 {
-                            socket.reply(m.origin, reply);
-                            return None;
-                        }
-                        Some(Occupation {
-                            service_ns,
-                            ready_ns: epochs.ready(m.origin.epoch()),
-                            origin: m.origin,
-                            reply,
-                        })
+                        let ready = epochs.ready(m.origin.epoch());
+                        let w = socket.index() as u64;
+                        let (id, o) = knb_answer(socket, m, ready);
+                        log.push((pass, w, id));
+                        o
                     },
                 );
             }
@@ -1376,13 +1371,7 @@ mod tests {
             Ordering::Ordered,
             seed,
         );
-        let mut x = seed | 1;
-        let mut rnd = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rnd = xorshift(seed | 1);
         let track = conns == 1 && model != crate::model::Model::Cs;
         let mut msgs: Vec<Took> = Vec::new();
         let mut epochs = EpochTimes::new(8);
@@ -1436,24 +1425,13 @@ mod tests {
             pool.take(
                 || t,
                 |socket, m| {
-                    let h = Header::read(&m.body).unwrap().unwrap();
-                    let mut tag = [0u8; 8];
-                    assert!(peek(&m.body, crate::parser::knb::HDR_LEN, &mut tag));
-                    let mut reply = IoVec::new();
-                    reply.push(Zbuf::from_vec(h.id.to_le_bytes().to_vec()));
-                    let service_ns = u64::from_le_bytes(tag);
-                    if service_ns == 0 {
-                        socket.reply(m.origin, reply);
-                        return None;
-                    }
                     let ready = epochs.ready(m.origin.epoch()).expect("recorded");
-                    took.push((h.id as usize, socket.index(), ready));
-                    Some(Occupation {
-                        service_ns,
-                        ready_ns: Some(ready),
-                        origin: m.origin,
-                        reply,
-                    })
+                    let w = socket.index();
+                    let (id, o) = knb_answer(socket, m, Some(ready));
+                    if o.is_some() {
+                        took.push((id as usize, w, ready));
+                    }
+                    o
                 },
             );
             let log = &pool.log[pool.log.len() - took.len()..];

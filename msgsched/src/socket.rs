@@ -578,8 +578,6 @@ pub struct MsgIo<C, P> {
     /// The connection allowed to read past the spent budget to finish its head message
     /// (`MsgIo::grant_pass`), until it releases memory or the next `poll_replies`.
     pass: Option<u64>,
-    /// The current epoch ([`MsgIo::end_epoch`]), stamped on every message placed.
-    epoch: u64,
 }
 
 /// Dispatcher hook: a message held under CS becomes available when it is released.
@@ -643,7 +641,6 @@ where
             mem_waiting: VecDeque::new(),
             mem_waiting_live: 0,
             pass: None,
-            epoch: 0,
         },
         sockets,
     ))
@@ -974,7 +971,7 @@ where
                     key,
                     seq: framed.seq,
                     stream: framed.stream,
-                    epoch: self.epoch,
+                    epoch: self.dispatcher.epoch(),
                     staging: Arc::clone(&c.staging),
                     shared: Arc::clone(&self.shared),
                     answered: false,
@@ -1016,21 +1013,13 @@ where
         }
     }
 
-    /// The current epoch: messages placed (or, under CS, released) from now until the
-    /// next [`MsgIo::end_epoch`] carry it ([`Origin::epoch`]).
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// Ends the current epoch and returns it; later placements carry the next one. A
-    /// driver that reads its clock right after this call has an upper bound on when
-    /// every message of the returned epoch became available (r2c does, for its virtual
-    /// workers, once per loop turn before they take messages).
+    /// Ends the current epoch and returns it: messages placed (or, under CS, released)
+    /// until the next call carry the next one ([`Origin::epoch`]; the dispatcher keeps
+    /// the count). A driver that reads its clock right after this call has an upper
+    /// bound on when every message of the returned epoch became available (r2c does,
+    /// for its virtual workers, once per loop turn before they take messages).
     pub fn end_epoch(&mut self) -> u64 {
-        let e = self.epoch;
-        self.epoch += 1;
-        self.dispatcher.set_epoch(self.epoch);
-        e
+        self.dispatcher.end_epoch()
     }
 
     /// Whether a worker's notice waits for [`MsgIo::poll_replies`]: the re-check of an

@@ -150,8 +150,6 @@ pub struct SessionIo<C> {
     /// (`SessionIo::grant_pass`), and up to what total held, until it releases memory or
     /// the next `poll_replies`.
     pass: Option<(u64, usize)>,
-    /// The current epoch ([`SessionIo::end_epoch`]), stamped on every request placed.
-    epoch: u64,
 }
 
 /// Builds a session group: the I/O side and one socket per worker. Of `framer_cfg`,
@@ -213,7 +211,6 @@ where
             credit_waiting: VecDeque::new(),
             credit_waiting_live: 0,
             pass: None,
-            epoch: 0,
         },
         sockets,
     ))
@@ -604,7 +601,7 @@ where
                     key,
                     seq: req.id,
                     stream: Some(req.id),
-                    epoch: self.epoch,
+                    epoch: self.dispatcher.epoch(),
                     staging: Arc::clone(&c.staging),
                     shared: Arc::clone(&self.shared),
                     answered: false,
@@ -641,17 +638,9 @@ where
         }
     }
 
-    /// The current epoch, as [`crate::socket::MsgIo::epoch`].
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
     /// Ends the current epoch and returns it, as [`crate::socket::MsgIo::end_epoch`].
     pub fn end_epoch(&mut self) -> u64 {
-        let e = self.epoch;
-        self.epoch += 1;
-        self.dispatcher.set_epoch(self.epoch);
-        e
+        self.dispatcher.end_epoch()
     }
 
     /// Whether a worker's notice waits for [`SessionIo::poll_replies`]: the re-check

@@ -21,7 +21,7 @@ pub struct Dispatcher<T> {
     /// room; retried, in order, by [`Dispatcher::poll`].
     ready: VecDeque<u64>,
     held_now: usize,
-    /// The caller's epoch ([`Dispatcher::set_epoch`]), given to `on_release`.
+    /// The caller's current epoch ([`Dispatcher::end_epoch`]), given to `on_release`.
     epoch: u64,
     /// CS: applied to a held message when it is released ([`Dispatcher::stamp_releases`]).
     on_release: Option<fn(&mut T, u64)>,
@@ -46,14 +46,22 @@ impl<T: Send> Dispatcher<T> {
         }
     }
 
-    /// The caller's current epoch, handed to the [`Dispatcher::stamp_releases`] hook.
-    pub fn set_epoch(&mut self, epoch: u64) {
-        self.epoch = epoch;
+    /// The current epoch: the caller stamps what it places with it, and the
+    /// [`Dispatcher::stamp_releases`] hook gets it for what is released.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Ends the current epoch and returns it; later placements and releases carry the
+    /// next one (msgsched's `MsgIo::end_epoch`).
+    pub fn end_epoch(&mut self) -> u64 {
+        self.epoch += 1;
+        self.epoch - 1
     }
 
     /// CS: `f(message, epoch)` runs on each held message as it is released to the workers
-    /// (after its connection's previous message completed), with the epoch set by
-    /// [`Dispatcher::set_epoch`]: a message held for a while becomes available only
+    /// (after its connection's previous message completed), with the current
+    /// [`Dispatcher::epoch`]: a message held for a while becomes available only
     /// then, and the caller may record when (msgsched's `Origin::epoch`).
     pub fn stamp_releases(&mut self, f: fn(&mut T, u64)) {
         self.on_release = Some(f);

@@ -394,6 +394,59 @@ fn rx(eal: &Eal) -> String {
     std::thread::spawn(move || drop(z)).join().unwrap();
     assert_eq!(pool.in_use_count(), 0);
 
+    // Deferred frees: inside a scope this thread's last releases queue their mbufs and
+    // the scope's end frees them; other threads and nested scopes change nothing.
+    let scope = zbuf::dpdk::defer_mbuf_frees();
+    let held: Vec<Zbuf> = (0..4)
+        .map(|_| rxp.to_zbuf(fake_rx(&pool, &frame)).unwrap())
+        .collect();
+    let s = held[0].slice(..10);
+    drop(held);
+    assert_eq!(pool.in_use_count(), 4, "held back by the scope");
+    assert_eq!(zbuf::dpdk::deferred_mbufs(), 3, "the slice still holds one");
+    drop(s);
+    assert_eq!(zbuf::dpdk::deferred_mbufs(), 4);
+    let z = rxp.to_zbuf(fake_rx(&pool, &frame)).unwrap();
+    std::thread::spawn(move || drop(z)).join().unwrap();
+    assert_eq!(pool.in_use_count(), 4, "another thread frees at once");
+    drop(zbuf::dpdk::defer_mbuf_frees());
+    assert_eq!(
+        pool.in_use_count(),
+        4,
+        "a nested scope does not free the outer's"
+    );
+    drop(scope);
+    assert_eq!(
+        pool.in_use_count(),
+        0,
+        "the scope's end freed every mbuf once"
+    );
+    assert_eq!(zbuf::dpdk::deferred_mbufs(), 0);
+    // Bounded: past MAX_DEFERRED a release frees at once.
+    let scope = zbuf::dpdk::defer_mbuf_frees();
+    let n = zbuf::dpdk::MAX_DEFERRED + 10;
+    let held: Vec<Zbuf> = (0..n)
+        .map(|_| rxp.to_zbuf(fake_rx(&pool, &frame[..64])).unwrap())
+        .collect();
+    drop(held);
+    assert_eq!(pool.in_use_count() as usize, zbuf::dpdk::MAX_DEFERRED);
+    drop(scope);
+    assert_eq!(pool.in_use_count(), 0);
+    // A panic inside the scope still frees what it held (the scope drops unwinding).
+    let z = rxp.to_zbuf(fake_rx(&pool, &frame)).unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _scope = zbuf::dpdk::defer_mbuf_frees();
+        drop(z);
+        assert_eq!(zbuf::dpdk::deferred_mbufs(), 1);
+        panic!("unwinding with a deferred free");
+    }));
+    assert!(r.is_err());
+    assert_eq!(pool.in_use_count(), 0);
+    assert_eq!(zbuf::dpdk::deferred_mbufs(), 0);
+    // Without a scope nothing waits.
+    drop(rxp.to_zbuf(fake_rx(&pool, &frame)).unwrap());
+    assert_eq!(pool.in_use_count(), 0);
+
     // The only reference is writable: reuse the receive buffer for a reply.
     let z = rxp.to_zbuf(fake_rx(&pool, &frame)).unwrap();
     let mut w = z

@@ -1470,6 +1470,7 @@ fn a_bad_burst_knob_is_refused_before_the_run() {
     for (stack, var, val) in [
         ("luna", "KNB_LUNA_BURST", "0"),
         ("luna", "KNB_LUNA_RX_SPLIT", "x"),
+        ("luna", "KNB_LUNA_DEFER_FREES", "yes"),
         ("smoltcp", "KNB_SMOLTCP_BURST", "513"),
     ] {
         let out = run_env(

@@ -79,6 +79,11 @@ int dpdk_sys_pktmbuf_alloc_bulk(struct rte_mempool *mp, struct rte_mbuf **mbufs,
 
 void dpdk_sys_pktmbuf_free(struct rte_mbuf *m) { rte_pktmbuf_free(m); }
 
+void dpdk_sys_pktmbuf_free_bulk(struct rte_mbuf **mbufs, unsigned count)
+{
+	rte_pktmbuf_free_bulk(mbufs, count);
+}
+
 char *dpdk_sys_pktmbuf_prepend(struct rte_mbuf *m, uint16_t len)
 {
 	return rte_pktmbuf_prepend(m, len);

@@ -49,6 +49,7 @@
 //! leaked rather than freed under them. A [`TxChains`] whose holds are still in flight
 //! when dropped leaks its hold table for the same reason. Both warn.
 
+mod defer;
 mod error;
 mod registry;
 mod rx;
@@ -56,6 +57,7 @@ mod tx;
 
 use std::ptr::NonNull;
 
+pub use defer::{defer_mbuf_frees, deferred_mbufs, DeferredFrees, MAX_DEFERRED};
 pub use error::DpdkError;
 pub use registry::{DmaRegistry, RegistryStats};
 pub use rx::{mbuf_to_zbuf, mbuf_to_zbuf_copied, RxPool, RxPoolConfig};
@@ -77,9 +79,15 @@ pub(crate) unsafe fn release_mbuf_obj(obj: NonNull<ObjMeta>) {
         .cast::<u8>()
         .wrapping_sub(ffi::MBUF_STRUCT_SIZE as usize)
         .cast::<ffi::rte_mbuf>();
+    // SAFETY: `m` is not null: it lies one `struct rte_mbuf` below a live object.
+    let m = unsafe { NonNull::new_unchecked(m) };
+    // Inside a scope of deferred frees the scope's end frees it (`defer`).
+    if defer::defer(m) {
+        return;
+    }
     // SAFETY: per the contract `m` is the owning mbuf, which nobody else references; this
     // is its one free. The metadata is dead from here on (no Drop).
-    unsafe { ffi::dpdk_sys_pktmbuf_free(m) }
+    unsafe { ffi::dpdk_sys_pktmbuf_free(m.as_ptr()) }
 }
 
 #[cfg(test)]

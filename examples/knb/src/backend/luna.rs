@@ -452,6 +452,9 @@ impl Env {
         if let Some(s) = super::env_split("KNB_LUNA_RX_SPLIT")? {
             opts.rx_split = s;
         }
+        if let Some(d) = super::env_switch("KNB_LUNA_DEFER_FREES")? {
+            opts.defer_frees = d;
+        }
         Ok(Lanes {
             eal: self.eal,
             slab: self.slab,
@@ -2134,6 +2137,7 @@ impl Backend for Luna {
     fn unavailable(&self) -> Option<String> {
         super::env_burst("KNB_LUNA_BURST")
             .and(super::env_split("KNB_LUNA_RX_SPLIT"))
+            .and(super::env_switch("KNB_LUNA_DEFER_FREES"))
             .err()
     }
 

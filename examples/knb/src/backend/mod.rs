@@ -229,6 +229,22 @@ pub fn env_split(name: &str) -> Result<Option<usize>, String> {
     parse_frames(name, std::env::var(name).ok(), 0, "a receive split")
 }
 
+/// A switch from the environment (`0` or `1`); `None` when unset.
+pub fn env_switch(name: &str) -> Result<Option<bool>, String> {
+    parse_switch(name, std::env::var(name).ok())
+}
+
+fn parse_switch(name: &str, value: Option<String>) -> Result<Option<bool>, String> {
+    match value {
+        None => Ok(None),
+        Some(v) => match v.trim() {
+            "0" => Ok(Some(false)),
+            "1" => Ok(Some(true)),
+            _ => Err(format!("{name}={v:?} is not 0 or 1 (unset: the default)")),
+        },
+    }
+}
+
 fn parse_frames(
     name: &str,
     value: Option<String>,
@@ -439,7 +455,7 @@ impl ClientPlan {
 
 #[cfg(test)]
 mod burst_tests {
-    use super::parse_frames;
+    use super::{parse_frames, parse_switch};
 
     fn parse_burst(name: &str, v: Option<String>) -> Result<Option<usize>, String> {
         parse_frames(name, v, 1, "a receive-burst size")
@@ -465,5 +481,17 @@ mod burst_tests {
         assert_eq!(split("16"), Ok(Some(16)));
         let e = split("513").unwrap_err();
         assert!(e.starts_with("S=") && e.contains("0 to 512"), "{e}");
+    }
+
+    /// A switch is 0 or 1; anything else is refused by name.
+    #[test]
+    fn switches_take_zero_or_one() {
+        assert_eq!(parse_switch("D", None), Ok(None));
+        assert_eq!(parse_switch("D", Some(" 0".into())), Ok(Some(false)));
+        assert_eq!(parse_switch("D", Some("1".into())), Ok(Some(true)));
+        for bad in ["", "2", "yes", "on"] {
+            let e = parse_switch("D", Some(bad.into())).unwrap_err();
+            assert!(e.starts_with("D=") && e.contains("not 0 or 1"), "{e}");
+        }
     }
 }

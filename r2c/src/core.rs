@@ -607,6 +607,7 @@ impl CoreState {
         reason
     }
 
+    #[inline]
     pub(crate) fn recv(&mut self, h: Conn) -> Result<Option<Zbuf>, RecvError> {
         self.stack.recv(h)
     }

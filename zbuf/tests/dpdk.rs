@@ -448,7 +448,9 @@ fn rx(eal: &Eal) -> String {
     assert_eq!(pool.in_use_count(), 0);
 
     // The only reference is writable: reuse the receive buffer for a reply.
-    let z = rxp.to_zbuf(fake_rx(&pool, &frame)).unwrap();
+    let m = fake_rx(&pool, &frame);
+    assert!(m.is_writable(), "to_zbuf's test is is_writable's");
+    let z = rxp.to_zbuf(m).unwrap();
     let mut w = z
         .try_into_mut()
         .expect("unique mbuf-backed buffer is writable");
@@ -465,6 +467,7 @@ fn rx(eal: &Eal) -> String {
     // An mbuf another handle shares is not this pool's to take over: a read-only view.
     let m = fake_rx(&pool, &frame);
     let mut other = m.share().unwrap();
+    assert!(!m.is_writable(), "to_zbuf's test is is_writable's");
     let z = rxp.to_zbuf(m).unwrap();
     assert!(z.clone().try_into_mut().is_err());
     let z = match z.try_into_mut() {

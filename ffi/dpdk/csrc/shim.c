@@ -137,7 +137,9 @@ void dpdk_sys_pktmbuf_refcnt_update(struct rte_mbuf *m, int16_t v)
 
 uint64_t dpdk_sys_mbuf_ol_flags(const struct rte_mbuf *m) { return m->ol_flags; }
 
-int dpdk_sys_mbuf_owns_buf(const struct rte_mbuf *m)
+/* Inlined into dpdk_sys_mbuf_view (an exported function may be interposed, so the
+ * compiler would call it there). */
+static inline int mbuf_owns_buf(const struct rte_mbuf *m)
 {
 	/* Attached to another mbuf's buffer: that buffer is shared. */
 	if (RTE_MBUF_CLONED(m))
@@ -152,6 +154,7 @@ int dpdk_sys_mbuf_owns_buf(const struct rte_mbuf *m)
 	}
 	return 1;
 }
+int dpdk_sys_mbuf_owns_buf(const struct rte_mbuf *m) { return mbuf_owns_buf(m); }
 void dpdk_sys_mbuf_set_ol_flags(struct rte_mbuf *m, uint64_t flags) { m->ol_flags = flags; }
 
 void dpdk_sys_mbuf_set_tx_offload(struct rte_mbuf *m, uint64_t l2_len,
@@ -196,6 +199,7 @@ void dpdk_sys_mbuf_view(const struct rte_mbuf *m, struct dpdk_sys_mbuf_view *out
 	out->priv_size = m->priv_size;
 	out->nb_segs = m->nb_segs;
 	out->refcnt = rte_mbuf_refcnt_read(m);
+	out->owns_buf = (uint16_t)mbuf_owns_buf(m);
 }
 
 struct rte_mempool *dpdk_sys_pktmbuf_pool_create_extbuf(

@@ -203,6 +203,8 @@ struct dpdk_sys_mbuf_view {
 	uint16_t priv_size;
 	uint16_t nb_segs;
 	uint16_t refcnt;
+	/* dpdk_sys_mbuf_owns_buf(m): the segment owns its data buffer. */
+	uint16_t owns_buf;
 };
 void dpdk_sys_mbuf_view(const struct rte_mbuf *m, struct dpdk_sys_mbuf_view *out);
 

@@ -27,6 +27,18 @@ impl<R: Rng> Stack<R> {
         // again (see `RxPrefix`), so it goes straight to TCP.
         if let Some((src, dst, l4_end)) = self.rx_prefix.matches(&frame, &self.cfg.caps) {
             let src_mac = self.rx_prefix.src_mac();
+            // And above it, inside `handle_frames`: a segment whose TCP header is the held
+            // run's next (see `RunHead`) joins the run as `on_tcp` would join it.
+            if self.rx_run.count != 0 {
+                let at = (src, dst, l4_end, src_mac);
+                if let Some(flags) = self.rx_run.continued_by(&frame, at, &self.cfg.caps) {
+                    let mut payload = frame;
+                    payload.truncate(l4_end);
+                    payload.advance(RX_L4 + RunHead::LEN);
+                    self.rx_run.push_flags(flags, payload);
+                    return;
+                }
+            }
             return self.on_tcp(now, (src, dst), frame, RX_L4, l4_end, src_mac);
         }
         // `parse` checks the length (as `new_checked` would).
@@ -497,7 +509,8 @@ impl<R: Rng> Stack<R> {
                     && RxRun::may_start(&seg, payload.len())
                     && e.conn.state() == State::Established
                 {
-                    self.rx_run.start(idx, src_ip, src_mac, &seg, payload);
+                    self.rx_run
+                        .start(idx, (src_ip, dst_ip), src_mac, &seg, payload);
                     return;
                 }
                 let delivered = payload.len() as u32;
@@ -689,21 +702,33 @@ const RX_L4: usize = ETH_LEN + crate::wire::ipv4::HEADER_LEN;
 /// changes; a change of its addresses forgets the prefix ([`RxPrefix::forget`]).
 #[derive(Default)]
 pub(super) struct RxPrefix {
-    /// Frame bytes 0..15: destination and source MAC, EtherType, version and IHL.
-    head: [u8; 15],
+    /// Frame bytes 0..8 and 7..15 (destination and source MAC, EtherType, version and
+    /// IHL), as two overlapping words: two compares instead of a 15-byte one.
+    head: [u64; 2],
     /// Frame bytes 26..34: source and destination address (the protocol, byte 23, is TCP).
-    proto_addrs: [u8; 8],
+    proto_addrs: u64,
+    /// Frame bytes 6..12, the source MAC.
+    src_mac: [u8; 6],
     valid: bool,
+}
+
+/// The native-endian word at `b[at..at + 8]` (`at + 8 <= N`, checked when compiled).
+#[inline(always)]
+fn word<const N: usize>(b: &[u8; N], at: usize) -> u64 {
+    let mut w = [0; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_ne_bytes(w)
 }
 
 impl RxPrefix {
     /// Remembers `frame`'s prefix (a TCP frame without IP options that passed every check).
     #[inline]
     pub(super) fn learn(&mut self, frame: &[u8]) {
-        if let (Some(h), Some(a)) = (frame.first_chunk::<15>(), frame.get(26..34)) {
-            self.head = *h;
-            self.proto_addrs.copy_from_slice(a);
-            self.valid = frame.get(23) == Some(&u8::from(IpProtocol::Tcp));
+        if let Some(h) = frame.first_chunk::<RX_L4>() {
+            self.head = [word(h, 0), word(h, 7)];
+            self.proto_addrs = word(h, 26);
+            self.src_mac.copy_from_slice(&h[6..12]);
+            self.valid = h[23] == u8::from(IpProtocol::Tcp);
         }
     }
 
@@ -715,9 +740,7 @@ impl RxPrefix {
     /// The source MAC of the remembered prefix.
     #[inline]
     pub(super) fn src_mac(&self) -> EthernetAddress {
-        let mut m = [0; 6];
-        m.copy_from_slice(&self.head[6..12]);
-        EthernetAddress(m)
+        EthernetAddress(self.src_mac)
     }
 
     /// `(source, destination, end of the IPv4 payload)` when `frame` carries the
@@ -734,9 +757,10 @@ impl RxPrefix {
             return None;
         }
         let h = frame.first_chunk::<RX_L4>()?;
-        if h[..15] != self.head
+        if word(h, 0) != self.head[0]
+            || word(h, 7) != self.head[1]
             || h[23] != u8::from(IpProtocol::Tcp)
-            || h[26..34] != self.proto_addrs
+            || word(h, 26) != self.proto_addrs
         {
             return None;
         }
@@ -767,9 +791,16 @@ pub(super) struct RxRun {
     /// The connection's slot.
     pub(super) idx: u32,
     pub(super) src_ip: Ipv4Addr,
+    dst_ip: Ipv4Addr,
     pub(super) src_mac: EthernetAddress,
     /// The first segment's header (its flags gather the others' PSH).
     pub(super) seg: TcpRepr,
+    /// The TCP header bytes a segment continuing the run carries (`None`: the run's
+    /// segments have no timestamps; they all go through `on_tcp`).
+    head: Option<RunHead>,
+    /// Tests: `continued_by` never answers (every segment goes through `on_tcp`).
+    #[cfg(test)]
+    pub(super) no_head: bool,
     /// The payloads, in order.
     pub(super) pieces: Vec<Zbuf>,
     /// Their bytes.
@@ -784,8 +815,12 @@ impl Default for RxRun {
             count: 0,
             idx: 0,
             src_ip: Ipv4Addr::UNSPECIFIED,
+            dst_ip: Ipv4Addr::UNSPECIFIED,
             src_mac: EthernetAddress::default(),
             seg: TcpRepr::default(),
+            head: None,
+            #[cfg(test)]
+            no_head: false,
             pieces: Vec::new(),
             bytes: 0,
             next: SeqNum(0),
@@ -810,7 +845,7 @@ impl RxRun {
     pub(super) fn start(
         &mut self,
         idx: u32,
-        src_ip: Ipv4Addr,
+        (src_ip, dst_ip): (Ipv4Addr, Ipv4Addr),
         src_mac: EthernetAddress,
         seg: &TcpRepr,
         payload: Zbuf,
@@ -819,8 +854,10 @@ impl RxRun {
         self.count = 1;
         self.idx = idx;
         self.src_ip = src_ip;
+        self.dst_ip = dst_ip;
         self.src_mac = src_mac;
         self.seg = *seg;
+        self.head = RunHead::of(seg);
         self.bytes = payload.len() as u32;
         self.next = seg.seq + payload.len();
         self.pieces.push(payload);
@@ -842,11 +879,110 @@ impl RxRun {
             && self.bytes.checked_add(len as u32).is_some()
     }
 
+    /// `frame` (a frame with the remembered Ethernet and IPv4 prefix, `at`: its source
+    /// and destination address, the end of its IPv4 payload and its source MAC)
+    /// carries a segment that `on_tcp` would add to this held run: its flags, else
+    /// `None` (then `on_tcp` decides). The TCP header is the run's `RunHead` with the
+    /// next sequence number (PSH may differ, the urgent pointer and the checksum are
+    /// not compared), from the same addresses and MAC, with payload; the checksum is
+    /// verified unless offloaded, as `TcpRepr::parse` does. Such a segment parses to
+    /// the run's ports, ACK, window and timestamps, so `joins` takes it; the demux cache
+    /// still names this connection (set when the run started; whatever changed it since
+    /// handed the run over first).
+    #[inline]
+    pub(super) fn continued_by(
+        &self,
+        frame: &[u8],
+        (src, dst, l4_end, src_mac): (Ipv4Addr, Ipv4Addr, usize, EthernetAddress),
+        caps: &ChecksumCaps,
+    ) -> Option<TcpFlags> {
+        #[cfg(test)]
+        if self.no_head {
+            return None;
+        }
+        let head = self.head.as_ref()?;
+        let tcp = frame.get(RX_L4..l4_end)?;
+        let h = tcp.first_chunk::<{ RunHead::LEN }>()?;
+        let len = tcp.len() - RunHead::LEN;
+        let seq = SeqNum(u32::from_be_bytes([h[4], h[5], h[6], h[7]]));
+        let same = head.matches(h)
+            && seq == self.next
+            && len > 0
+            && src == self.src_ip
+            && dst == self.dst_ip
+            && src_mac == self.src_mac
+            && self.count < RX_RUN_MAX
+            && self.bytes.checked_add(len as u32).is_some()
+            && (!caps.tcp.rx() || TcpPacket::new_unchecked(tcp).verify_checksum(src, dst));
+        same.then_some(TcpFlags(h[13]))
+    }
+
     pub(super) fn push(&mut self, seg: &TcpRepr, payload: Zbuf) {
+        self.push_flags(seg.flags, payload);
+    }
+
+    /// [`push`](Self::push) of a segment with these flags.
+    #[inline]
+    pub(super) fn push_flags(&mut self, flags: TcpFlags, payload: Zbuf) {
         self.count += 1;
-        self.seg.flags = TcpFlags(self.seg.flags.0 | seg.flags.0);
+        self.seg.flags = TcpFlags(self.seg.flags.0 | flags.0);
         self.bytes += payload.len() as u32;
         self.next += payload.len();
         self.pieces.push(payload);
+    }
+}
+
+/// The TCP header of a held run's segments when timestamps are their only option (the
+/// established connection's usual 32 bytes: RFC 7323 Appendix A's <NOP,NOP,TS>), as the
+/// words `RxRun::continued_by` compares: the ports, then the ACK, data offset, flags
+/// (PSH masked) and window, then the options. Bytes that equal these parse to the same
+/// ports, ACK, flags (but PSH), window and timestamps, and to no other option.
+#[derive(Clone, Copy)]
+pub(super) struct RunHead {
+    ports: u32,
+    ack_to_window: u64,
+    options: [u64; 2],
+}
+
+impl RunHead {
+    /// Header length: 20 bytes and <NOP, NOP, TS>.
+    pub(super) const LEN: usize = 32;
+    /// Byte 13 (the flags) of the ACK-to-window word without PSH.
+    const NO_PSH: u64 = u64::from_ne_bytes([0xff, 0xff, 0xff, 0xff, 0xff, !0x08, 0xff, 0xff]);
+
+    /// The header of a run's first segment `seg` (ACK and PSH only, no option but
+    /// timestamps: `RxRun::may_start`), when it has timestamps.
+    fn of(seg: &TcpRepr) -> Option<RunHead> {
+        let ts = seg.options.timestamps?;
+        let mut h = [0u8; Self::LEN];
+        h[0..2].copy_from_slice(&seg.src_port.to_be_bytes());
+        h[2..4].copy_from_slice(&seg.dst_port.to_be_bytes());
+        h[8..12].copy_from_slice(&seg.ack.0.to_be_bytes());
+        h[12] = ((Self::LEN / 4) as u8) << 4;
+        h[13] = seg.flags.0;
+        h[14..16].copy_from_slice(&seg.window.to_be_bytes());
+        h[20..24].copy_from_slice(&[1, 1, 8, 10]);
+        h[24..28].copy_from_slice(&ts.tsval.to_be_bytes());
+        h[28..32].copy_from_slice(&ts.tsecr.to_be_bytes());
+        Some(RunHead {
+            ports: Self::ports(&h),
+            ack_to_window: word(&h, 8) & Self::NO_PSH,
+            options: [word(&h, 20), word(&h, 24)],
+        })
+    }
+
+    #[inline(always)]
+    fn ports(h: &[u8; Self::LEN]) -> u32 {
+        u32::from_ne_bytes([h[0], h[1], h[2], h[3]])
+    }
+
+    /// Whether header `h` carries these bytes (PSH, the sequence number, the checksum and
+    /// the urgent pointer aside).
+    #[inline(always)]
+    fn matches(&self, h: &[u8; Self::LEN]) -> bool {
+        Self::ports(h) == self.ports
+            && word(h, 8) & Self::NO_PSH == self.ack_to_window
+            && word(h, 20) == self.options[0]
+            && word(h, 24) == self.options[1]
     }
 }

@@ -789,14 +789,13 @@ impl<R: Rng> Stack<R> {
     /// The next received chunk (zero copy); see [`Connection::recv`].
     pub fn recv(&mut self, h: SocketHandle) -> Result<Option<Zbuf>, RecvError> {
         let e = slot_entry(&mut self.slots, h).ok_or(RecvError::InvalidHandle)?;
-        let mem = e.conn.rcvq_mem();
-        let r = e.conn.recv();
-        if let Ok(Some(b)) = &r {
+        // `Connection::recv`, with the memory the chunk released at hand.
+        if let Some((b, released)) = e.conn.recv_chunk() {
             // Reading may open the window: a window update may be due.
-            let released = mem - e.conn.rcvq_mem();
             slots::taken(&mut self.dirty, &mut self.held, e, h.idx, b.len(), released);
+            return Ok(Some(b));
         }
-        r.map_err(RecvError::from)
+        e.conn.stream_status().map_err(RecvError::from)
     }
 
     /// Up to `max` received bytes as an io-vector (zero copy).

@@ -4600,6 +4600,131 @@ fn header_prediction_below_tcp_gives_every_frame_the_full_checks_verdict() {
     }
 }
 
+/// Header prediction of a held run's next segment (`RxRun::continued_by`, in
+/// `handle_frame`): a burst of three data segments whose second differs from the run's
+/// header in any one TCP field (or in its payload length) gets exactly what `on_tcp`
+/// gives it. Two identical connections, fed the same bursts through `handle_frames`;
+/// the second never predicts (every segment through `on_tcp`): counters, frames sent,
+/// events and the bytes read equal; the unchanged burst is coalesced through the
+/// prediction.
+#[test]
+fn a_runs_next_segment_predicted_gets_what_on_tcp_gives_it() {
+    for caps in [ChecksumCaps::default(), ChecksumCaps::offloaded()] {
+        let mk = || {
+            let (mut ca, mut cb) = (cfg(MAC_A, ip_a()), cfg(MAC_B, ip_b()));
+            ca.caps = caps;
+            cb.caps = caps;
+            let mut net = Net::new(ca, cb);
+            let (c, s) = connected(&mut net);
+            (net, c, s)
+        };
+        type Edit = Box<dyn Fn(&mut Vec<u8>)>;
+        let set = |at: usize, v: &'static [u8]| -> Edit {
+            Box::new(move |f: &mut Vec<u8>| f[34 + at..34 + at + v.len()].copy_from_slice(v))
+        };
+        let add = |at: usize, d: u32| -> Edit {
+            Box::new(move |f: &mut Vec<u8>| {
+                let b = &mut f[34 + at..34 + at + 4];
+                let v = u32::from_be_bytes([b[0], b[1], b[2], b[3]]).wrapping_add(d);
+                b.copy_from_slice(&v.to_be_bytes());
+            })
+        };
+        let flag = |bits: u8| -> Edit { Box::new(move |f: &mut Vec<u8>| f[34 + 13] ^= bits) };
+        let cut = |keep: usize| -> Edit {
+            Box::new(move |f: &mut Vec<u8>| {
+                f.truncate(34 + keep);
+                let total = (20 + keep) as u16;
+                f[16..18].copy_from_slice(&total.to_be_bytes());
+                Ipv4Packet::new_unchecked(&mut f[14..34]).fill_checksum();
+            })
+        };
+        let edits: Vec<(&str, Edit, bool)> = vec![
+            ("unchanged", Box::new(|_: &mut Vec<u8>| {}), true),
+            ("src port", set(0, &[0x12, 0x34]), true),
+            ("dst port", set(2, &[0x12, 0x34]), true),
+            ("seq + 1", add(4, 1), true),
+            ("seq - 1", add(4, u32::MAX), true),
+            ("seq + 2^31", add(4, 1 << 31), true),
+            ("ack + 1", add(8, 1), true),
+            ("ack - 1", add(8, u32::MAX), true),
+            ("data offset 7", set(12, &[0x70]), true),
+            ("data offset 9", set(12, &[0x90]), true),
+            ("reserved bit", set(12, &[0x81]), true),
+            ("PSH toggled", flag(0x08), true),
+            ("FIN", flag(0x01), true),
+            ("SYN", flag(0x02), true),
+            ("RST", flag(0x04), true),
+            ("no ACK", flag(0x10), true),
+            ("URG", flag(0x20), true),
+            ("ECE", flag(0x40), true),
+            ("CWR", flag(0x80), true),
+            ("window", set(14, &[0, 7]), true),
+            ("window 0", set(14, &[0, 0]), true),
+            ("bad checksum", set(16, &[0xde, 0xad]), false),
+            ("urgent pointer", set(18, &[0, 9]), true),
+            ("NOP replaced by EOL", set(20, &[0]), true),
+            ("TS kind", set(22, &[5]), true),
+            ("TS length", set(23, &[8]), true),
+            ("TSval + 1", add(24, 1), true),
+            ("TSval - 1", add(24, u32::MAX), true),
+            ("TSecr + 1", add(28, 1), true),
+            ("no payload", cut(32), true),
+            ("one byte", cut(33), true),
+        ];
+        let mut predicted = 0;
+        for (what, edit, fix) in &edits {
+            let (mut fast, c, s) = mk();
+            let (mut full, c2, s2) = mk();
+            assert_eq!((c, s), (c2, s2));
+            full.b.rx_run.no_head = true;
+            // Three full segments from A, as A sends them.
+            let data = Zbuf::copy_from_slice(&pattern(3 * 1448, 7));
+            fast.a.send(c, &data).unwrap();
+            let now = fast.now;
+            let mut segs: Vec<Vec<u8>> = std::iter::from_fn(|| fast.a.poll_transmit(now))
+                .map(|t| t.to_vec())
+                .filter(|f| is_tcp(f))
+                .collect();
+            assert_eq!(segs.len(), 3, "{what}");
+            let f = &mut segs[1];
+            edit(f);
+            if *fix {
+                let (src, dst) = (ip_a(), ip_b());
+                TcpPacket::new_unchecked(&mut f[34..]).fill_checksum(src, dst);
+            }
+            let burst = |s: &mut Stack<FakeRng>| {
+                let frames: Vec<Zbuf> = segs.iter().map(|f| Zbuf::copy_from_slice(f)).collect();
+                s.handle_frames(now, frames);
+            };
+            burst(&mut fast.b);
+            burst(&mut full.b);
+            assert_eq!(fast.b.counters(), full.b.counters(), "{what}, {caps:?}");
+            let out = |s: &mut Stack<FakeRng>| {
+                std::iter::from_fn(|| s.poll_transmit(now))
+                    .map(|t| t.to_vec())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(out(&mut fast.b), out(&mut full.b), "{what}, {caps:?}");
+            assert_eq!(events(&mut fast.b), events(&mut full.b), "{what}");
+            let read = |s: &mut Stack<FakeRng>| {
+                let mut v = Vec::new();
+                while let Ok(Some(b)) = s.recv(s2) {
+                    v.extend_from_slice(&b);
+                }
+                v
+            };
+            let got = read(&mut fast.b);
+            assert_eq!(got, read(&mut full.b), "{what}");
+            if *what == "unchanged" {
+                assert_eq!(got, pattern(3 * 1448, 7));
+                assert_eq!(fast.b.counters().coalesced_segments, 2);
+                predicted += 1;
+            }
+        }
+        assert_eq!(predicted, 1);
+    }
+}
+
 /// A change of the local addresses forgets the prefix: a frame to a removed address is
 /// not for us any more, although it carries the prefix remembered a moment ago.
 #[test]

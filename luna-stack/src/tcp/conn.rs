@@ -1058,17 +1058,27 @@ impl Connection {
     /// `Ok(None)` means no data now; `Err(Finished)` means end of stream.
     #[inline]
     pub fn recv(&mut self) -> Result<Option<Zbuf>, RecvError> {
-        if let Some(buf) = self.rcvq.pop_front() {
-            self.rcvq_len -= buf.len();
-            self.rcvq_mem -= buf.truesize();
-            self.on_app_read();
-            return Ok(Some(buf));
+        match self.recv_chunk() {
+            Some((buf, _)) => Ok(Some(buf)),
+            None => self.stream_status(),
         }
-        self.stream_status()
+    }
+
+    /// [`recv`](Self::recv) when data is queued: the next chunk and the receive memory
+    /// ([`rcvq_mem`](Self::rcvq_mem)) it released; `None` when nothing is queued (then
+    /// [`stream_status`](Self::stream_status) says why).
+    #[inline]
+    pub(crate) fn recv_chunk(&mut self) -> Option<(Zbuf, usize)> {
+        let buf = self.rcvq.pop_front()?;
+        let mem = buf.truesize();
+        self.rcvq_len -= buf.len();
+        self.rcvq_mem -= mem;
+        self.on_app_read();
+        Some((buf, mem))
     }
 
     /// What a read finds when no data is queued: end of stream, an error, or nothing yet.
-    fn stream_status(&self) -> Result<Option<Zbuf>, RecvError> {
+    pub(crate) fn stream_status(&self) -> Result<Option<Zbuf>, RecvError> {
         if self.fin_rcvd {
             return Err(RecvError::Finished);
         }

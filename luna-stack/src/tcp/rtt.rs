@@ -111,9 +111,13 @@ pub enum SampleSource {
     Timestamp,
 }
 
-/// Saturating conversion of a duration to nanoseconds.
+/// Saturating conversion of a duration to nanoseconds: `d.as_nanos()` clamped to
+/// `u64::MAX`, in 64-bit arithmetic (`as_nanos` multiplies in 128 bits).
+#[inline]
 pub(crate) fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+    d.as_secs()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::from(d.subsec_nanos()))
 }
 
 /// A windowed minimum over (time, value) samples: the best, second-best and third-best
@@ -219,8 +223,9 @@ impl RttEstimator {
 
     /// Recompute the cached `rto()` after SRTT, RTTVAR, the unsampled RTO or the back-off
     /// changed.
+    #[inline]
     fn refresh_rto(&mut self, cfg: &RttConfig) {
-        self.rto_ns = nanos(self.computed_rto(cfg));
+        self.rto_ns = self.computed_rto_ns(cfg);
     }
 
     /// Feed one RTT measurement taken at `now`. Returns whether it was used: samples from
@@ -285,6 +290,12 @@ impl RttEstimator {
 
     /// The RTO before back-off: SRTT + max(G, 4 * RTTVAR) clamped to `[min_rto, max_rto]`.
     pub fn base_rto(&self, cfg: &RttConfig) -> Duration {
+        Duration::from_nanos(self.base_rto_ns(cfg))
+    }
+
+    /// [`base_rto`](Self::base_rto) in nanoseconds.
+    #[inline]
+    fn base_rto_ns(&self, cfg: &RttConfig) -> u64 {
         let raw = if self.has_sample {
             // RFC 6298 §2.3: RTO <- SRTT + max (G, K*RTTVAR), K = 4.
             let var = nanos(cfg.granularity).max(self.rttvar.saturating_mul(4));
@@ -296,8 +307,7 @@ impl RttEstimator {
         // for datacenter RTTs). §2.5: a maximum may be placed on RTO (at least 60 s).
         // (`max` then `min`, not `clamp`: an invalid config with min_rto > max_rto must not
         // panic; it gets max_rto.)
-        let clamped = raw.max(nanos(cfg.min_rto)).min(nanos(cfg.max_rto));
-        Duration::from_nanos(clamped)
+        raw.max(nanos(cfg.min_rto)).min(nanos(cfg.max_rto))
     }
 
     /// The current retransmission timeout, including back-off (cached: equal to
@@ -317,15 +327,21 @@ impl RttEstimator {
     /// cap), not from the cache: for checking the cache (the connection compares the two
     /// on every RTO read in debug builds).
     pub fn computed_rto(&self, cfg: &RttConfig) -> Duration {
-        let base = nanos(self.base_rto(cfg));
+        Duration::from_nanos(self.computed_rto_ns(cfg))
+    }
+
+    /// [`computed_rto`](Self::computed_rto) in nanoseconds (no `Duration` round trips:
+    /// the cache is refreshed on every RTT sample).
+    #[inline]
+    fn computed_rto_ns(&self, cfg: &RttConfig) -> u64 {
+        let base = self.base_rto_ns(cfg);
         let max = nanos(cfg.max_rto);
         // RFC 6298 §5.5: RTO <- RTO * 2 per expiry; §2.5: capped at the maximum.
-        let backed = if self.backoff >= 64 || base.leading_zeros() < self.backoff {
+        if self.backoff >= 64 || base.leading_zeros() < self.backoff {
             max
         } else {
             (base << self.backoff).min(max)
-        };
-        Duration::from_nanos(backed)
+        }
     }
 
     /// Number of consecutive timeouts since the last valid sample.
@@ -413,7 +429,42 @@ mod tests {
         }
     }
 
+    /// `nanos` in 64 bits is the 128-bit `as_nanos` clamped to `u64::MAX`.
+    #[test]
+    fn nanos_is_as_nanos_saturated() {
+        let wide = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let max_secs = u64::MAX / 1_000_000_000;
+        let mut cases = vec![
+            Duration::ZERO,
+            Duration::MAX,
+            Duration::from_nanos(u64::MAX),
+        ];
+        for secs in [
+            0,
+            1,
+            max_secs - 1,
+            max_secs,
+            max_secs + 1,
+            u64::MAX / 2,
+            u64::MAX,
+        ] {
+            for sub in [0, 1, 709_551_615, 709_551_616, 999_999_999] {
+                cases.push(Duration::new(secs, sub));
+            }
+        }
+        for d in cases {
+            assert_eq!(nanos(d), wide(d), "{d:?}");
+        }
+    }
+
     proptest! {
+        /// `nanos` agrees with the 128-bit conversion for any duration.
+        #[test]
+        fn nanos_agrees_with_as_nanos(secs in any::<u64>(), sub in 0u32..1_000_000_000) {
+            let d = Duration::new(secs, sub);
+            prop_assert_eq!(nanos(d), u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        }
+
         /// Samples can come from peer timestamps: any sequence keeps the RTO within
         /// [min_rto, max_rto] (RFC 6298 §2.4, §2.5) and never panics.
         #[test]

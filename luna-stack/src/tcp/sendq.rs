@@ -50,7 +50,20 @@ impl SendQueue {
         if ack.le(self.head) {
             return 0;
         }
-        let mut n = (ack - self.head).min(self.len as u32) as usize;
+        let d = ack - self.head;
+        if d as usize >= self.len {
+            // Everything queued is acknowledged (a request-response exchange's common
+            // case): what the loop below ends with, without walking the buffers one by
+            // one (they are non-empty and add up to `len`; test
+            // `a_full_ack_ends_where_the_buffer_walk_ends`).
+            let released = self.len;
+            self.bufs.clear();
+            self.head += released;
+            self.len = 0;
+            self.cursor = (0, self.head);
+            return released;
+        }
+        let mut n = d as usize;
         let released = n;
         while n > 0 {
             let Some(front) = self.bufs.front_mut() else {
@@ -220,6 +233,66 @@ mod tests {
             }
         }
         assert!(checked > 800);
+    }
+
+    /// The general walk of `ack_to` alone (what it did before its full-ack shortcut).
+    fn ack_walk(q: &mut SendQueue, ack: SeqNum) -> usize {
+        if ack.le(q.head) {
+            return 0;
+        }
+        let mut n = (ack - q.head).min(q.len as u32) as usize;
+        let released = n;
+        while n > 0 {
+            let Some(front) = q.bufs.front_mut() else {
+                break;
+            };
+            if front.len() <= n {
+                n -= front.len();
+                q.bufs.pop_front();
+                q.cursor.0 = q.cursor.0.saturating_sub(1);
+            } else {
+                front.advance(n);
+                n = 0;
+            }
+        }
+        q.head += released;
+        q.len -= released;
+        if q.cursor.1.lt(q.head) || q.bufs.is_empty() {
+            q.cursor = (0, q.head);
+        }
+        released
+    }
+
+    #[test]
+    fn a_full_ack_ends_where_the_buffer_walk_ends() {
+        let sizes: [&[usize]; 4] = [&[], &[4096], &[1, 7, 30], &[1448, 1448, 1200, 9]];
+        for (i, sizes) in sizes.into_iter().enumerate() {
+            for start in [0u32, 1000, u32::MAX - 3000] {
+                // Partly acknowledged and sliced before, so the front buffer is cut and
+                // the cursor is somewhere.
+                for (pre_ack, slice_at) in [(0u32, 0u32), (1, 3), (5, 40), (1500, 2900)] {
+                    for extra in [0u32, 1, 1 << 20] {
+                        let mut q = SendQueue::new(SeqNum(start));
+                        for (j, &n) in sizes.iter().enumerate() {
+                            q.push(Zbuf::copy_from_slice(&vec![(i * 16 + j) as u8; n]));
+                        }
+                        let total = q.len() as u32;
+                        q.ack_to(SeqNum(start.wrapping_add(pre_ack.min(total))));
+                        let _ = q.slice(SeqNum(start.wrapping_add(slice_at)), 100);
+                        let mut w = SendQueue::new(q.head);
+                        for b in &q.bufs {
+                            w.push(b.clone());
+                        }
+                        w.cursor = q.cursor;
+                        assert_eq!(q.digest(), w.digest());
+                        let ack = SeqNum(start.wrapping_add(total).wrapping_add(extra));
+                        let (a, b) = (q.ack_to(ack), ack_walk(&mut w, ack));
+                        assert_eq!(a, b, "sizes {sizes:?} start {start} pre {pre_ack}");
+                        assert_eq!(q.digest(), w.digest(), "sizes {sizes:?} start {start}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -195,13 +195,20 @@ impl RxPool {
             .as_ptr()
             .cast::<u8>()
             .wrapping_add(ffi::MBUF_STRUCT_SIZE as usize);
-        // `is_writable`, not `v.refcnt == 1`: its Acquire fence orders the reads of
-        // handles dropped before ours ahead of writes through the object we make, and it
-        // also refuses a buffer shared with indirect mbufs (pinned-extbuf count above 1).
+        // `Mbuf::is_writable` of a single segment, from the same call's fields: the
+        // segment owns its buffer (which refuses one shared with indirect mbufs: a
+        // pinned-extbuf count above 1) and holds the only reference, then the Acquire
+        // fence orders the reads of handles dropped before ours ahead of writes through
+        // the object we make (zbuf/tests/dpdk.rs, `rx`: writable exactly when
+        // `is_writable` says so).
         let ours = v.pool == self.mempool.as_ptr()
-            && m.is_writable()
+            && v.owns_buf != 0
+            && v.refcnt == 1
             && v.priv_size as usize >= META_SIZE
             && (priv_ptr as usize) % META_ALIGN == 0;
+        if ours {
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        }
         let Some(base) = NonNull::new(v.buf_addr.cast::<u8>()).filter(|_| ours) else {
             return mbuf_to_zbuf(m);
         };

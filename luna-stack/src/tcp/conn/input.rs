@@ -184,7 +184,7 @@ impl Connection {
         }
         for p in pieces.drain(..) {
             let len = p.len() as u32;
-            self.deliver(p);
+            self.deliver_inline(p);
             self.schedule_ack(now, true, len);
         }
         self.rcv_true_in = self.rcv_true_in.wrapping_add(mem as u32);
@@ -914,6 +914,13 @@ impl Connection {
     }
 
     pub(super) fn deliver(&mut self, buf: Zbuf) {
+        self.deliver_inline(buf);
+    }
+
+    /// [`deliver`](Self::deliver), inlined into header prediction's loops (a call per
+    /// segment cost more than its body).
+    #[inline(always)]
+    fn deliver_inline(&mut self, buf: Zbuf) {
         if buf.is_empty() {
             return;
         }

@@ -651,8 +651,14 @@ impl SegRun {
         // buffer: a message written at once, or a small header buffer and a body (the
         // reply of knb's server, and many others). The rest by reference to that buffer;
         // the first frame keeps the segments' own references.
-        match first.segments().last() {
-            Some(last) if piece >= first.len() - last.len() => {
+        match first.segments() {
+            // (One buffer tested first: through the general test below it cost 13
+            // instructions more per burst; as it is, 2.)
+            [z] => {
+                self.one = Some(z.slice(piece..));
+                first.truncate(piece);
+            }
+            [.., last] if piece >= first.len() - last.len() => {
                 self.one = Some(last.slice(piece - (first.len() - last.len())..));
                 first.truncate(piece);
             }

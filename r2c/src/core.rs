@@ -520,13 +520,13 @@ impl CoreState {
         {
             return Err(SendError::WouldBlock);
         }
-        let n = match self.stack.send(h, &data) {
-            Ok(n) => n,
-            Err(SendError::WouldBlock) => 0,
-            Err(e) => return Err(e),
+        // The buffer moves into the send queue (no reference taken and dropped).
+        let rest = match self.stack.send_owned(h, data) {
+            Ok((_, rest)) => rest,
+            Err((SendError::WouldBlock, data)) => Some(data),
+            Err((e, _)) => return Err(e),
         };
-        if n < data.len() {
-            let rest = data.slice(n..);
+        if let Some(rest) = rest {
             self.backlog_bytes += rest.len();
             self.backlog.insert(
                 h,

@@ -84,6 +84,35 @@ void dpdk_sys_pktmbuf_free_bulk(struct rte_mbuf **mbufs, unsigned count)
 	rte_pktmbuf_free_bulk(mbufs, count);
 }
 
+/* A fresh mbuf of `mp` holding `len` bytes (not initialised; their address in *data),
+ * with the transmit offload `ol_flags` and header lengths when `ol_flags` is not 0: what
+ * rte_pktmbuf_alloc, rte_pktmbuf_append and the offload fields' writes do, in one call
+ * (a transmit copy's whole mbuf work). NULL when the pool is empty or `len` is more than
+ * one mbuf's tailroom (the mbuf goes back to the pool). */
+struct rte_mbuf *dpdk_sys_pktmbuf_alloc_frame(struct rte_mempool *mp, uint16_t len,
+					      uint64_t ol_flags, uint64_t l2_len,
+					      uint64_t l3_len, uint64_t l4_len, char **data)
+{
+	struct rte_mbuf *m = rte_pktmbuf_alloc(mp);
+	if (m == NULL)
+		return NULL;
+	if (unlikely(rte_pktmbuf_tailroom(m) < len)) {
+		rte_pktmbuf_free(m);
+		return NULL;
+	}
+	m->data_len = len;
+	m->pkt_len = len;
+	if (ol_flags != 0) {
+		m->ol_flags = ol_flags;
+		m->l2_len = l2_len;
+		m->l3_len = l3_len;
+		m->l4_len = l4_len;
+		m->tso_segsz = 0;
+	}
+	*data = rte_pktmbuf_mtod(m, char *);
+	return m;
+}
+
 char *dpdk_sys_pktmbuf_prepend(struct rte_mbuf *m, uint16_t len)
 {
 	return rte_pktmbuf_prepend(m, len);

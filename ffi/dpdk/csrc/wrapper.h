@@ -156,6 +156,9 @@ int dpdk_sys_pktmbuf_alloc_bulk(struct rte_mempool *mp, struct rte_mbuf **mbufs,
 				unsigned count);
 void dpdk_sys_pktmbuf_free(struct rte_mbuf *m);
 void dpdk_sys_pktmbuf_free_bulk(struct rte_mbuf **mbufs, unsigned count);
+struct rte_mbuf *dpdk_sys_pktmbuf_alloc_frame(struct rte_mempool *mp, uint16_t len,
+					      uint64_t ol_flags, uint64_t l2_len,
+					      uint64_t l3_len, uint64_t l4_len, char **data);
 char *dpdk_sys_pktmbuf_prepend(struct rte_mbuf *m, uint16_t len);
 char *dpdk_sys_pktmbuf_append(struct rte_mbuf *m, uint16_t len);
 char *dpdk_sys_pktmbuf_adj(struct rte_mbuf *m, uint16_t len);

@@ -53,7 +53,7 @@ pub use ethdev::{DevInfo, Link, Port, PortConf, RxQueue, Stats, TxQueue};
 pub use flow::{Flow, FlowAction, FlowAttr, FlowItem, FlowRule};
 pub use log::set_forward_to_stderr as set_log_to_stderr;
 pub use mbuf::Mbuf;
-pub use mempool::{ExtMem, Mempool, PoolConfig};
+pub use mempool::{ExtMem, Mempool, PoolConfig, TxOffloadFields};
 
 #[cfg(test)]
 mod tests {

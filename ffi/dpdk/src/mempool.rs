@@ -341,6 +341,48 @@ impl Mempool {
         unsafe { Mbuf::from_raw(m) }
     }
 
+    /// A fresh mbuf holding `len` bytes that `fill` writes (it is given all of them, not
+    /// initialised before: stale bytes of the buffer's last use), with the transmit offload
+    /// `offload` (flags and header lengths) when given: what [`alloc`](Self::alloc),
+    /// [`Mbuf::append`], [`Mbuf::set_ol_flags`] and [`Mbuf::set_tx_offload`] do, in one
+    /// call into DPDK and without their checks, which a fresh mbuf passes (one reference,
+    /// its own buffer). `None` if the pool is empty or `len` is more than one mbuf's
+    /// tailroom (nothing is called then).
+    #[inline]
+    pub fn alloc_frame(
+        &self,
+        len: u16,
+        offload: Option<&TxOffloadFields>,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Option<Mbuf> {
+        let o = offload.copied().unwrap_or_default();
+        let mut data: *mut core::ffi::c_char = core::ptr::null_mut();
+        // SAFETY: live pktmbuf pool; `data` is a valid place for the data pointer. The
+        // header lengths are masked to the mbuf's bitfields (7 and 9 bits), as
+        // `Mbuf::set_tx_offload` does.
+        let m = unsafe {
+            ffi::dpdk_sys_pktmbuf_alloc_frame(
+                self.as_ptr(),
+                len,
+                o.ol_flags,
+                u64::from(o.l2_len) & 0x7f,
+                u64::from(o.l3_len) & 0x1ff,
+                u64::from(o.l4_len),
+                &mut data,
+            )
+        };
+        // SAFETY: a non-null m is a fresh mbuf with one reference, owned by us (freed by
+        // the handle's drop if `fill` panics).
+        let m = unsafe { Mbuf::from_raw(m) }?;
+        // SAFETY: the shim set `data` to the first of the mbuf's `len` data bytes, in its
+        // own buffer (a fresh direct mbuf, or a pinned external buffer nobody else is
+        // attached to), which nothing else references while `m` is ours; the slice lives
+        // only for `fill`, within `m`'s life.
+        let buf = unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), usize::from(len)) };
+        fill(buf);
+        Some(m)
+    }
+
     /// Appends `n` fresh mbufs to `out`, all or nothing (`rte_pktmbuf_alloc_bulk`).
     /// Returns false (and leaves `out` as it was) if the pool has fewer than `n`.
     pub fn alloc_bulk(&self, out: &mut Vec<Mbuf>, n: usize) -> bool {
@@ -378,4 +420,18 @@ impl Mempool {
         }
         Some(head)
     }
+}
+
+/// The transmit offload of a fresh mbuf ([`Mempool::alloc_frame`]): `ol_flags`
+/// (`RTE_MBUF_F_TX_*`) and the header lengths the device needs for them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxOffloadFields {
+    /// `RTE_MBUF_F_TX_*` flags; 0 for no offload (the lengths are not written then).
+    pub ol_flags: u64,
+    /// Ethernet header length (7 bits).
+    pub l2_len: u8,
+    /// IP header length (9 bits).
+    pub l3_len: u16,
+    /// TCP/UDP header length.
+    pub l4_len: u8,
 }

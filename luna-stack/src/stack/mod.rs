@@ -772,6 +772,27 @@ impl<R: Rng> Stack<R> {
         Ok(n)
     }
 
+    /// [`send`](Self::send) of a buffer the caller gives away
+    /// ([`Connection::send_owned`]): the send queue keeps `data` itself (or its first
+    /// part), no new reference. Returns the bytes accepted and the part of `data` not
+    /// taken (`None` when all of it was); on an error `data` comes back with it.
+    pub fn send_owned(
+        &mut self,
+        h: SocketHandle,
+        data: Zbuf,
+    ) -> Result<(usize, Option<Zbuf>), (SendError, Zbuf)> {
+        let Some(e) = slot_entry(&mut self.slots, h) else {
+            return Err((SendError::InvalidHandle, data));
+        };
+        let (n, rest) = e
+            .conn
+            .send_owned(data)
+            .map_err(|(e, data)| (SendError::from(e), data))?;
+        let hw = &mut self.counters.high_water;
+        slots::queued(&mut self.dirty, &mut self.held, hw, e, h.idx, n);
+        Ok((n, rest))
+    }
+
     /// Queue an io-vector; returns the bytes accepted.
     pub fn send_iovec(&mut self, h: SocketHandle, data: &IoVec) -> Result<usize, SendError> {
         let e = slot_entry(&mut self.slots, h).ok_or(SendError::InvalidHandle)?;

@@ -3703,6 +3703,85 @@ fn a_burst_puts_the_same_frames_on_the_wire_as_one_decision_per_segment() {
     }
 }
 
+/// A burst whose payload is several buffers (the message split as an application might
+/// write it: a small header buffer and a body, or several pieces; the first frame's cut
+/// in the last buffer, before it, or at a buffer's end) puts the same frames on the wire,
+/// byte for byte and in order, as one send decision per segment, and every byte arrives.
+#[test]
+fn a_burst_over_several_buffers_puts_the_same_frames_on_the_wire_as_one_per_segment() {
+    let splits: [&[usize]; 8] = [
+        &[16, 4080],
+        &[1, 1447, 3000],
+        &[1448, 1448, 10],
+        &[1447, 2],
+        &[3000, 5],
+        &[700, 700, 700, 700, 5000],
+        &[100, 20_000, 3, 1],
+        &[1448, 1],
+    ];
+    let run = |burst: u16| -> (WireLog, u64, Vec<u8>) {
+        let mut ca = cfg(MAC_A, ip_a());
+        let cb = cfg(MAC_B, ip_b());
+        ca.tcp.send_burst = burst;
+        let mut net = Net::new(ca, cb);
+        let log = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let l2 = log.clone();
+        net.drop = Box::new(move |from_a, bytes| {
+            l2.borrow_mut()
+                .push((Instant::from_micros(0), from_a, bytes.to_vec()));
+            false
+        });
+        let (c, s) = connected(&mut net);
+        let (mut sent, mut got) = (Vec::new(), Vec::new());
+        for (i, sizes) in splits.iter().enumerate() {
+            // The pieces queued together, then the connection polled once for them all.
+            for (j, &k) in sizes.iter().enumerate() {
+                let piece = pattern(k, (i * 7 + j) as u8);
+                assert_eq!(net.a.send(c, &Zbuf::copy_from_slice(&piece)), Ok(k));
+                sent.extend_from_slice(&piece);
+            }
+            for _ in 0..10_000 {
+                let before = log.borrow().len();
+                if !net.step() {
+                    break;
+                }
+                for e in log.borrow_mut()[before..].iter_mut() {
+                    e.0 = net.now;
+                }
+                while let Ok(Some(b)) = net.b.recv(s) {
+                    got.extend_from_slice(&b);
+                }
+                if got.len() == sent.len() {
+                    break;
+                }
+            }
+        }
+        assert!(
+            got == sent,
+            "burst {burst}: got {} of {}",
+            got.len(),
+            sent.len()
+        );
+        let out = log.borrow().clone();
+        (out, net.a.counters().burst_frames, got)
+    };
+    let (one, n1, _) = run(1);
+    assert_eq!(n1, 0);
+    for burst in [2, 16] {
+        let (many, n, _) = run(burst);
+        assert!(n > 0, "burst {burst}: no frame was cut from a burst");
+        assert_eq!(one.len(), many.len(), "frames, burst {burst}");
+        for (i, (x, y)) in one.iter().zip(&many).enumerate() {
+            assert!(
+                x == y,
+                "frame {i} differs (burst {burst}): {:?} / {:?}",
+                x.0,
+                y.0
+            );
+        }
+    }
+}
+
 /// The pure-ACK fast path (`Connection::poll_pure_ack`, which `poll_transmit` tries
 /// before the general output logic and after which it skips `nothing_to_send`) sends the
 /// ACK the general path would: the scripted exchange (delayed and immediate ACKs, small

@@ -953,6 +953,7 @@ impl Connection {
     /// peer acknowledges it). Accepts as much as the send buffer has room for and returns the
     /// number of bytes taken; a prefix is taken by slicing, never by copying.
     pub fn send(&mut self, data: &Zbuf) -> Result<usize, SendError> {
+        // (`send_room`'s tests written out: through it this cost 4 instructions more.)
         match self.state {
             State::SynSent | State::SynReceived | State::Established | State::CloseWait => {}
             State::Closed => return Err(SendError::Closed),
@@ -975,6 +976,48 @@ impl Connection {
             self.sndq.push(data.slice(0..n));
         }
         Ok(n)
+    }
+
+    /// [`send`](Self::send) of a buffer the caller gives away: the queue keeps `data`
+    /// itself (or its first part, cut off it) instead of a new reference to it, so no
+    /// reference is taken and dropped. Returns the bytes taken and the part of `data` not
+    /// taken (`None` when all of it was); on an error `data` comes back whole with it.
+    pub fn send_owned(
+        &mut self,
+        mut data: Zbuf,
+    ) -> Result<(usize, Option<Zbuf>), (SendError, Zbuf)> {
+        let n = match self.send_room(data.len()) {
+            Ok(n) => n,
+            Err(e) => return Err((e, data)),
+        };
+        if n == data.len() {
+            self.sndq.push(data);
+            return Ok((n, None));
+        }
+        self.sndq.push(data.split_to(n));
+        Ok((n, Some(data)))
+    }
+
+    /// How many of `len` bytes [`send`](Self::send) takes now (0 for none offered), or why
+    /// it takes none.
+    #[inline]
+    fn send_room(&self, len: usize) -> Result<usize, SendError> {
+        match self.state {
+            State::SynSent | State::SynReceived | State::Established | State::CloseWait => {}
+            State::Closed => return Err(SendError::Closed),
+            _ => return Err(SendError::Shutdown),
+        }
+        if self.fin_queued {
+            return Err(SendError::Shutdown);
+        }
+        if len == 0 {
+            return Ok(0);
+        }
+        let room = self.send_capacity();
+        if room == 0 {
+            return Err(SendError::WouldBlock);
+        }
+        Ok(room.min(len))
     }
 
     /// Queue every segment of an io-vector that fits; returns bytes taken.

@@ -849,6 +849,53 @@ fn send_buffer_limits_and_writable_event() {
     assert_eq!(c.send_capacity(), 1460);
 }
 
+/// `send_owned` takes what `send` takes, and gives back the rest: the same segments go
+/// out of two connections fed the same buffers either way, whole, cut by the send
+/// buffer, refused when it is full, and empty.
+#[test]
+fn send_owned_queues_what_send_queues_and_returns_the_rest() {
+    let cfg = TcpConfig {
+        snd_buf: 3000,
+        ..plain_cfg()
+    };
+    let mut a = established_with(cfg.clone(), TcpOptions::default());
+    let mut b = established_with(cfg, TcpOptions::default());
+    let feed = [
+        pattern(1200, 1),
+        Vec::new(),
+        pattern(2500, 2),
+        pattern(7, 3),
+    ];
+    for data in &feed {
+        let z = zb(data);
+        let by_ref = a.send(&z);
+        match (by_ref, b.send_owned(zb(data))) {
+            (Ok(n), Ok((m, rest))) => {
+                assert_eq!(n, m);
+                let rest = rest.map(|r| r.to_vec()).unwrap_or_default();
+                assert_eq!(rest, data[n..].to_vec(), "the part not taken");
+            }
+            (Err(e), Err((f, back))) => {
+                assert_eq!(e, f);
+                assert_eq!(back.to_vec(), *data, "refused data comes back whole");
+            }
+            (x, y) => panic!("send {x:?}, send_owned {:?}", y.map(|(n, _)| n)),
+        }
+    }
+    assert_eq!(a.send_capacity(), 0);
+    assert_eq!(
+        b.send_owned(zb(b"x")).map(|(n, _)| n).map_err(|(e, _)| e),
+        Err(SendError::WouldBlock)
+    );
+    let (sa, sb) = (poll_all(&mut a, t(2)), poll_all(&mut b, t(2)));
+    assert_eq!(sa.len(), sb.len());
+    for (x, y) in sa.iter().zip(&sb) {
+        assert_eq!(x.repr, y.repr);
+        assert_eq!(x.payload.to_vec(), y.payload.to_vec());
+    }
+    assert_eq!(sa.iter().map(|s| s.payload.len()).sum::<usize>(), 3000);
+}
+
 /// RFC 9293 §3.8.6.3 / RFC 1122 §4.2.3.2 (MUST-58, MUST-59): ACKs are aggregated, and all
 /// queued segments are processed before one is sent. Three in-order segments and one that
 /// fills nothing (out of order) handed in before the driver polls get a single ACK, of

@@ -4558,6 +4558,17 @@ fn removing_an_address_stops_a_burst_from_it() {
     assert_eq!(tcp, 0, "TCP frames from the removed address");
 }
 
+/// Two stacks with checksum capabilities `caps` and a connection between them: the net,
+/// the client's and the server's handles (the twins of the prediction tests).
+fn connected_with_caps(caps: ChecksumCaps) -> (Net, SocketHandle, SocketHandle) {
+    let (mut ca, mut cb) = (cfg(MAC_A, ip_a()), cfg(MAC_B, ip_b()));
+    ca.caps = caps;
+    cb.caps = caps;
+    let mut net = Net::new(ca, cb);
+    let (c, s) = connected(&mut net);
+    (net, c, s)
+}
+
 /// Header prediction below TCP (`RxPrefix`): a frame that differs from the remembered
 /// prefix in any one Ethernet or IPv4 field gets exactly what the full checks give it.
 /// Two identical connections, fed the same frames; the second stack forgets its prefix
@@ -4565,14 +4576,7 @@ fn removing_an_address_stops_a_burst_from_it() {
 #[test]
 fn header_prediction_below_tcp_gives_every_frame_the_full_checks_verdict() {
     for caps in [ChecksumCaps::default(), ChecksumCaps::offloaded()] {
-        let mk = || {
-            let (mut ca, mut cb) = (cfg(MAC_A, ip_a()), cfg(MAC_B, ip_b()));
-            ca.caps = caps;
-            cb.caps = caps;
-            let mut net = Net::new(ca, cb);
-            let (c, s) = connected(&mut net);
-            (net, c, s)
-        };
+        let mk = || connected_with_caps(caps);
         let (mut fast, c, s) = mk();
         let (mut full, c2, s2) = mk();
         assert_eq!((c, s), (c2, s2));
@@ -4689,14 +4693,7 @@ fn header_prediction_below_tcp_gives_every_frame_the_full_checks_verdict() {
 #[test]
 fn a_runs_next_segment_predicted_gets_what_on_tcp_gives_it() {
     for caps in [ChecksumCaps::default(), ChecksumCaps::offloaded()] {
-        let mk = || {
-            let (mut ca, mut cb) = (cfg(MAC_A, ip_a()), cfg(MAC_B, ip_b()));
-            ca.caps = caps;
-            cb.caps = caps;
-            let mut net = Net::new(ca, cb);
-            let (c, s) = connected(&mut net);
-            (net, c, s)
-        };
+        let mk = || connected_with_caps(caps);
         type Edit = Box<dyn Fn(&mut Vec<u8>)>;
         let set = |at: usize, v: &'static [u8]| -> Edit {
             Box::new(move |f: &mut Vec<u8>| f[34 + at..34 + at + v.len()].copy_from_slice(v))

@@ -953,23 +953,7 @@ impl Connection {
     /// peer acknowledges it). Accepts as much as the send buffer has room for and returns the
     /// number of bytes taken; a prefix is taken by slicing, never by copying.
     pub fn send(&mut self, data: &Zbuf) -> Result<usize, SendError> {
-        // (`send_room`'s tests written out: through it this cost 4 instructions more.)
-        match self.state {
-            State::SynSent | State::SynReceived | State::Established | State::CloseWait => {}
-            State::Closed => return Err(SendError::Closed),
-            _ => return Err(SendError::Shutdown),
-        }
-        if self.fin_queued {
-            return Err(SendError::Shutdown);
-        }
-        if data.is_empty() {
-            return Ok(0);
-        }
-        let room = self.send_capacity();
-        if room == 0 {
-            return Err(SendError::WouldBlock);
-        }
-        let n = room.min(data.len());
+        let n = self.send_room(data.len())?;
         if n == data.len() {
             self.sndq.push(data.clone());
         } else {

@@ -53,7 +53,7 @@ impl SendQueue {
         let d = ack - self.head;
         if d as usize >= self.len {
             // Everything queued is acknowledged (a request-response exchange's common
-            // case): what the loop below ends with, without walking the buffers one by
+            // case): what `release_walk` ends with, without walking the buffers one by
             // one (they are non-empty and add up to `len`; test
             // `a_full_ack_ends_where_the_buffer_walk_ends`).
             let released = self.len;
@@ -63,8 +63,14 @@ impl SendQueue {
             self.cursor = (0, self.head);
             return released;
         }
-        let mut n = d as usize;
+        self.release_walk(d as usize)
+    }
+
+    /// Releases the first `n` bytes (`n <= len`) buffer by buffer: `ack_to`'s general
+    /// case, and what its whole-queue shortcut must end with.
+    fn release_walk(&mut self, n: usize) -> usize {
         let released = n;
+        let mut n = n;
         while n > 0 {
             let Some(front) = self.bufs.front_mut() else {
                 break;
@@ -240,27 +246,7 @@ mod tests {
         if ack.le(q.head) {
             return 0;
         }
-        let mut n = (ack - q.head).min(q.len as u32) as usize;
-        let released = n;
-        while n > 0 {
-            let Some(front) = q.bufs.front_mut() else {
-                break;
-            };
-            if front.len() <= n {
-                n -= front.len();
-                q.bufs.pop_front();
-                q.cursor.0 = q.cursor.0.saturating_sub(1);
-            } else {
-                front.advance(n);
-                n = 0;
-            }
-        }
-        q.head += released;
-        q.len -= released;
-        if q.cursor.1.lt(q.head) || q.bufs.is_empty() {
-            q.cursor = (0, q.head);
-        }
-        released
+        q.release_walk((ack - q.head).min(q.len as u32) as usize)
     }
 
     #[test]
